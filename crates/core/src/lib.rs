@@ -1,0 +1,23 @@
+//! ndd core: the sans-IO heart of the networked device driver.
+//!
+//! Layer: above the wire format, below links and endpoints. Nothing here does I/O, spawns a
+//! thread or reads a clock: time comes in as `now` and deadlines go out via `poll_timeout`.
+//!
+//! - [`frame`]: [`Frame`], a message over reference-counted bytes with headroom, so pairs push
+//!   and pop headers and pass frames on without copying payloads;
+//! - [`half`]: the [`Half`]/[`Pair`] module model;
+//! - [`stack`]: [`Stack`], the ordered halves of one stream on one side.
+//!
+//! Invariants: a frame handed to a stack comes out of it (transformed), is counted as dropped
+//! by a half, or is held by a half that reports it in its queue depth; a module error is fatal
+//! for the stream and names the stream, layer and module.
+
+#![forbid(unsafe_code)]
+
+pub mod frame;
+pub mod half;
+pub mod stack;
+
+pub use frame::{Frame, Meta};
+pub use half::{Half, HalfStats, ModuleError, Output, Pair};
+pub use stack::{LayerStats, Role, Stack, StackError};

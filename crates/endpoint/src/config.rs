@@ -1,0 +1,621 @@
+//! Endpoint configuration, as written in a config file: `{ type = "synthetic", size = 100 }`.
+//!
+//! Config types are plain data (serde), separate from the tasks that run them
+//! ([`SourceConfig::spawn`], [`SinkConfig::spawn`]). Every variant rejects unknown keys, and
+//! [`SOURCES`] / [`SINKS`] list every endpoint with its parameters for `ndd modules`.
+
+use crate::error::EndpointError;
+use crate::framing::{Framing, MAX_LENGTH_FRAME};
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Catalogue entry of an endpoint, for `ndd modules` and the docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndpointInfo {
+    /// `type = "…"` in config files.
+    pub name: &'static str,
+    /// One line.
+    pub summary: &'static str,
+    /// `(key, type, default, doc)` for every parameter; default `required` marks a key that
+    /// must be given, `none` an optional key that is off when absent.
+    pub params: &'static [(&'static str, &'static str, &'static str, &'static str)],
+}
+
+/// Default of a key that must be given.
+pub const REQUIRED: &str = "required";
+
+/// Every source endpoint.
+pub const SOURCES: &[EndpointInfo] = &[
+    EndpointInfo {
+        name: "synthetic",
+        summary: "benchmark device: `size` seeded pseudo-random bytes every `interval_ms`",
+        params: &[
+            (
+                "size",
+                "integer, 0..=67108864",
+                "100",
+                "payload bytes per frame",
+            ),
+            (
+                "interval_ms",
+                "float >= 0",
+                "16.0",
+                "time between frames; 0 = as fast as the stream takes them",
+            ),
+            (
+                "count",
+                "integer",
+                "none",
+                "frames to send, then end the stream; unlimited when absent",
+            ),
+            (
+                "seed",
+                "integer",
+                "1",
+                "content seed; a `check` sink with the same seed verifies every byte",
+            ),
+        ],
+    },
+    EndpointInfo {
+        name: "spacenav-sim",
+        summary: "simulated six-axis 3D mouse: one 14-byte record (6 axes, buttons) per frame",
+        params: &[
+            ("rate_hz", "float > 0", "62.5", "records per second"),
+            (
+                "count",
+                "integer",
+                "none",
+                "records to send, then end the stream; unlimited when absent",
+            ),
+            ("seed", "integer", "1", "motion seed"),
+        ],
+    },
+    EndpointInfo {
+        name: "stdin",
+        summary: "reads standard input until end of file",
+        params: &[(
+            "framing",
+            "raw | lines | length",
+            "raw",
+            "how the bytes are cut into frames",
+        )],
+    },
+    EndpointInfo {
+        name: "file",
+        summary: "reads a file (or named pipe) to its end, then ends the stream",
+        params: &[
+            ("path", "path", REQUIRED, "file to read"),
+            (
+                "framing",
+                "raw | lines | length",
+                "raw",
+                "how the bytes are cut into frames",
+            ),
+        ],
+    },
+];
+
+/// Every sink endpoint.
+pub const SINKS: &[EndpointInfo] = &[
+    EndpointInfo {
+        name: "stdout",
+        summary: "writes frames to standard output",
+        params: &[("framing", "raw | lines | length", "raw", "how frames are written")],
+    },
+    EndpointInfo {
+        name: "file",
+        summary: "writes frames to a file, created or truncated unless `append`",
+        params: &[
+            ("path", "path", REQUIRED, "file to write"),
+            ("framing", "raw | lines | length", "raw", "how frames are written"),
+            ("append", "bool", "false", "append instead of truncating"),
+        ],
+    },
+    EndpointInfo {
+        name: "check",
+        summary: "verifies order, completeness and content; reports gaps, duplicates, reordered and corrupt frames",
+        params: &[
+            ("seed", "integer", "none", "verify synthetic content made with this seed"),
+            ("size", "integer", "none", "expected payload length; default: each frame's own length"),
+            ("expect", "integer", "none", "expected number of frames"),
+        ],
+    },
+    EndpointInfo {
+        name: "null",
+        summary: "counts frames and discards them",
+        params: &[],
+    },
+];
+
+/// `synthetic` source parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SyntheticConfig {
+    /// Payload bytes per frame.
+    pub size: usize,
+    /// Milliseconds between frames; 0 = unpaced.
+    pub interval_ms: f64,
+    /// Frames to send; unlimited when `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+    /// Content seed.
+    pub seed: u64,
+}
+
+impl Default for SyntheticConfig {
+    fn default() -> Self {
+        SyntheticConfig {
+            size: 100,
+            interval_ms: 16.0,
+            count: None,
+            seed: 1,
+        }
+    }
+}
+
+/// `spacenav-sim` source parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SpacenavSimConfig {
+    /// Records per second.
+    pub rate_hz: f64,
+    /// Records to send; unlimited when `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+    /// Motion seed.
+    pub seed: u64,
+}
+
+impl Default for SpacenavSimConfig {
+    fn default() -> Self {
+        SpacenavSimConfig {
+            rate_hz: 62.5,
+            count: None,
+            seed: 1,
+        }
+    }
+}
+
+/// `stdin` source parameters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StdinConfig {
+    /// How input is cut into frames.
+    pub framing: Framing,
+}
+
+/// `file` source parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSourceConfig {
+    /// File to read.
+    pub path: PathBuf,
+    /// How input is cut into frames.
+    #[serde(default)]
+    pub framing: Framing,
+}
+
+/// `stdout` sink parameters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StdoutConfig {
+    /// How frames are written.
+    pub framing: Framing,
+}
+
+/// `file` sink parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSinkConfig {
+    /// File to write.
+    pub path: PathBuf,
+    /// How frames are written.
+    #[serde(default)]
+    pub framing: Framing,
+    /// Append instead of truncating.
+    #[serde(default)]
+    pub append: bool,
+}
+
+/// `check` sink parameters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CheckConfig {
+    /// Verify synthetic content made with this seed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// Expected payload length (default: each frame's own).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size: Option<usize>,
+    /// Expected number of frames.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expect: Option<u64>,
+}
+
+/// `null` sink: no parameters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NullConfig {}
+
+/// Where a stream's frames come from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum SourceConfig {
+    /// Seeded bytes at a fixed rate.
+    Synthetic(SyntheticConfig),
+    /// Simulated 3D mouse.
+    SpacenavSim(SpacenavSimConfig),
+    /// Standard input.
+    Stdin(StdinConfig),
+    /// A file.
+    File(FileSourceConfig),
+}
+
+/// Where a stream's frames go.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum SinkConfig {
+    /// Standard output.
+    Stdout(StdoutConfig),
+    /// A file.
+    File(FileSinkConfig),
+    /// The checker.
+    Check(CheckConfig),
+    /// Counts and discards.
+    Null(NullConfig),
+}
+
+fn fmt_opt<T: std::fmt::Display>(out: &mut String, key: &str, v: Option<T>) {
+    if let Some(v) = v {
+        let _ = write!(out, ", {key}={v}");
+    }
+}
+
+/// Longest delay between frames: longer periods are clamped to it (a timer deadline must stay
+/// representable).
+pub const MAX_PERIOD: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The delay between frames for a period in seconds; `None` when unpaced (zero, or too small
+/// for the timer).
+pub(crate) fn pacing(seconds: f64) -> Option<Duration> {
+    Duration::try_from_secs_f64(seconds.min(MAX_PERIOD.as_secs_f64()))
+        .ok()
+        .filter(|d| !d.is_zero())
+}
+
+impl SourceConfig {
+    /// The `type` key.
+    pub fn name(&self) -> &'static str {
+        self.info().name
+    }
+
+    /// The catalogue entry.
+    pub fn info(&self) -> &'static EndpointInfo {
+        match self {
+            SourceConfig::Synthetic(_) => &SOURCES[0],
+            SourceConfig::SpacenavSim(_) => &SOURCES[1],
+            SourceConfig::Stdin(_) => &SOURCES[2],
+            SourceConfig::File(_) => &SOURCES[3],
+        }
+    }
+
+    /// The name used in error messages and logs, e.g. `file source`.
+    pub fn endpoint(&self) -> &'static str {
+        match self {
+            SourceConfig::Synthetic(_) => "synthetic source",
+            SourceConfig::SpacenavSim(_) => "spacenav-sim source",
+            SourceConfig::Stdin(_) => "stdin source",
+            SourceConfig::File(_) => "file source",
+        }
+    }
+
+    /// Short human text, e.g. `synthetic(size=100, interval_ms=16)`.
+    pub fn describe(&self) -> String {
+        match self {
+            SourceConfig::Synthetic(c) => {
+                let mut s = format!("synthetic(size={}, interval_ms={}", c.size, c.interval_ms);
+                fmt_opt(&mut s, "count", c.count);
+                fmt_opt(&mut s, "seed", Some(c.seed).filter(|&s| s != 1));
+                s + ")"
+            }
+            SourceConfig::SpacenavSim(c) => {
+                let mut s = format!("spacenav-sim(rate_hz={}", c.rate_hz);
+                fmt_opt(&mut s, "count", c.count);
+                fmt_opt(&mut s, "seed", Some(c.seed).filter(|&s| s != 1));
+                s + ")"
+            }
+            SourceConfig::Stdin(c) => format!("stdin(framing={})", c.framing),
+            SourceConfig::File(c) => {
+                format!("file(path={}, framing={})", c.path.display(), c.framing)
+            }
+        }
+    }
+
+    /// Checks parameter ranges; the error names the endpoint, the key and the allowed range.
+    pub fn validate(&self) -> Result<(), EndpointError> {
+        let endpoint = self.endpoint();
+        let bad = |param, reason: &str| {
+            Err(EndpointError::Config {
+                endpoint,
+                param,
+                reason: reason.to_string(),
+            })
+        };
+        match self {
+            SourceConfig::Synthetic(c) => {
+                if c.size > MAX_LENGTH_FRAME {
+                    return bad("size", "must be at most 67108864 (64 MiB)");
+                }
+                if !(c.interval_ms.is_finite() && c.interval_ms >= 0.0) {
+                    return bad("interval_ms", "must be a finite number >= 0");
+                }
+            }
+            SourceConfig::SpacenavSim(c) => {
+                if !(c.rate_hz.is_finite() && c.rate_hz > 0.0) {
+                    return bad("rate_hz", "must be a finite number > 0");
+                }
+            }
+            SourceConfig::Stdin(_) | SourceConfig::File(_) => {}
+        }
+        Ok(())
+    }
+}
+
+impl SinkConfig {
+    /// The `type` key.
+    pub fn name(&self) -> &'static str {
+        self.info().name
+    }
+
+    /// The catalogue entry.
+    pub fn info(&self) -> &'static EndpointInfo {
+        match self {
+            SinkConfig::Stdout(_) => &SINKS[0],
+            SinkConfig::File(_) => &SINKS[1],
+            SinkConfig::Check(_) => &SINKS[2],
+            SinkConfig::Null(_) => &SINKS[3],
+        }
+    }
+
+    /// The name used in error messages and logs, e.g. `file sink`.
+    pub fn endpoint(&self) -> &'static str {
+        match self {
+            SinkConfig::Stdout(_) => "stdout sink",
+            SinkConfig::File(_) => "file sink",
+            SinkConfig::Check(_) => "check sink",
+            SinkConfig::Null(_) => "null sink",
+        }
+    }
+
+    /// Short human text, e.g. `file(path=/tmp/out, framing=lines, append)`.
+    pub fn describe(&self) -> String {
+        match self {
+            SinkConfig::Stdout(c) => format!("stdout(framing={})", c.framing),
+            SinkConfig::File(c) => format!(
+                "file(path={}, framing={}{})",
+                c.path.display(),
+                c.framing,
+                if c.append { ", append" } else { "" }
+            ),
+            SinkConfig::Check(c) => {
+                let mut s = String::new();
+                fmt_opt(&mut s, "seed", c.seed);
+                fmt_opt(&mut s, "size", c.size);
+                fmt_opt(&mut s, "expect", c.expect);
+                match s.strip_prefix(", ") {
+                    Some(args) => format!("check({args})"),
+                    None => "check".to_string(),
+                }
+            }
+            SinkConfig::Null(_) => "null".to_string(),
+        }
+    }
+
+    /// Checks parameter ranges (every sink parameter value is currently valid).
+    pub fn validate(&self) -> Result<(), EndpointError> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Deserialize)]
+    struct Doc<T> {
+        e: T,
+    }
+
+    fn parse<T: serde::de::DeserializeOwned>(table: &str) -> Result<T, String> {
+        toml::from_str::<Doc<T>>(&format!("e = {table}"))
+            .map(|d| d.e)
+            .map_err(|e| e.to_string())
+    }
+
+    /// An inline table for `info` with its required keys filled in.
+    fn minimal(info: &EndpointInfo, extra: &str) -> String {
+        let mut s = format!("{{ type = \"{}\"", info.name);
+        for (key, ty, default, _) in info.params {
+            if *default == REQUIRED {
+                assert_eq!(*ty, "path", "test knows how to fill paths only");
+                s += &format!(", {key} = \"/tmp/ndd-example\"");
+            }
+        }
+        s + extra + " }"
+    }
+
+    #[test]
+    fn every_catalogue_entry_parses_with_defaults_and_rejects_unknown_keys() {
+        for info in SOURCES {
+            let c: SourceConfig = parse(&minimal(info, "")).expect(info.name);
+            assert_eq!(c.name(), info.name);
+            assert_eq!(c.info(), info);
+            c.validate().expect("defaults are valid");
+            let e = parse::<SourceConfig>(&minimal(info, ", bogus_key = 1")).unwrap_err();
+            assert!(
+                e.contains("unknown field `bogus_key`"),
+                "{}: {e}",
+                info.name
+            );
+        }
+        for info in SINKS {
+            let c: SinkConfig = parse(&minimal(info, "")).expect(info.name);
+            assert_eq!(c.name(), info.name);
+            assert_eq!(c.info(), info);
+            c.validate().expect("defaults are valid");
+            let e = parse::<SinkConfig>(&minimal(info, ", bogus_key = 1")).unwrap_err();
+            assert!(
+                e.contains("unknown field `bogus_key`"),
+                "{}: {e}",
+                info.name
+            );
+        }
+    }
+
+    #[test]
+    fn catalogue_params_match_the_config_keys() {
+        // Serialising a fully populated config yields exactly the documented keys.
+        let sources = [
+            SourceConfig::Synthetic(SyntheticConfig {
+                count: Some(1),
+                ..Default::default()
+            }),
+            SourceConfig::SpacenavSim(SpacenavSimConfig {
+                count: Some(1),
+                ..Default::default()
+            }),
+            SourceConfig::Stdin(StdinConfig::default()),
+            SourceConfig::File(FileSourceConfig {
+                path: "/x".into(),
+                framing: Framing::Raw,
+            }),
+        ];
+        let sinks = [
+            SinkConfig::Stdout(StdoutConfig::default()),
+            SinkConfig::File(FileSinkConfig {
+                path: "/x".into(),
+                framing: Framing::Raw,
+                append: false,
+            }),
+            SinkConfig::Check(CheckConfig {
+                seed: Some(1),
+                size: Some(1),
+                expect: Some(1),
+            }),
+            SinkConfig::Null(NullConfig {}),
+        ];
+        assert_eq!(sources.len(), SOURCES.len());
+        assert_eq!(sinks.len(), SINKS.len());
+        let keys = |v: toml::Value| -> Vec<String> {
+            let mut k: Vec<String> = v
+                .as_table()
+                .expect("table")
+                .keys()
+                .filter(|k| *k != "type")
+                .cloned()
+                .collect();
+            k.sort();
+            k
+        };
+        let documented = |info: &EndpointInfo| -> Vec<String> {
+            let mut k: Vec<String> = info.params.iter().map(|p| p.0.to_string()).collect();
+            k.sort();
+            k
+        };
+        for s in &sources {
+            assert_eq!(
+                keys(toml::Value::try_from(s).unwrap()),
+                documented(s.info())
+            );
+        }
+        for s in &sinks {
+            assert_eq!(
+                keys(toml::Value::try_from(s).unwrap()),
+                documented(s.info())
+            );
+        }
+    }
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let c: SourceConfig = parse(r#"{ type = "synthetic" }"#).unwrap();
+        assert_eq!(c, SourceConfig::Synthetic(SyntheticConfig::default()));
+        assert_eq!(c.describe(), "synthetic(size=100, interval_ms=16)");
+        let c: SourceConfig = parse(r#"{ type = "spacenav-sim" }"#).unwrap();
+        assert_eq!(c.describe(), "spacenav-sim(rate_hz=62.5)");
+        let c: SinkConfig = parse(r#"{ type = "file", path = "/tmp/o" }"#).unwrap();
+        assert_eq!(
+            c,
+            SinkConfig::File(FileSinkConfig {
+                path: "/tmp/o".into(),
+                framing: Framing::Raw,
+                append: false
+            })
+        );
+        let c: SinkConfig = parse(r#"{ type = "check" }"#).unwrap();
+        assert_eq!(c, SinkConfig::Check(CheckConfig::default()));
+        assert_eq!(c.describe(), "check");
+    }
+
+    #[test]
+    fn describe_shows_set_parameters() {
+        let c: SourceConfig =
+            parse(r#"{ type = "synthetic", size = 8, interval_ms = 0.5, count = 3, seed = 9 }"#)
+                .unwrap();
+        assert_eq!(
+            c.describe(),
+            "synthetic(size=8, interval_ms=0.5, count=3, seed=9)"
+        );
+        let c: SourceConfig =
+            parse(r#"{ type = "file", path = "/tmp/in", framing = "lines" }"#).unwrap();
+        assert_eq!(c.describe(), "file(path=/tmp/in, framing=lines)");
+        let c: SourceConfig = parse(r#"{ type = "stdin", framing = "length" }"#).unwrap();
+        assert_eq!(c.describe(), "stdin(framing=length)");
+        let c: SinkConfig =
+            parse(r#"{ type = "file", path = "/tmp/o", framing = "length", append = true }"#)
+                .unwrap();
+        assert_eq!(c.describe(), "file(path=/tmp/o, framing=length, append)");
+        let c: SinkConfig = parse(r#"{ type = "check", seed = 1, expect = 50 }"#).unwrap();
+        assert_eq!(c.describe(), "check(seed=1, expect=50)");
+        let c: SinkConfig = parse(r#"{ type = "stdout" }"#).unwrap();
+        assert_eq!(c.describe(), "stdout(framing=raw)");
+        let c: SinkConfig = parse(r#"{ type = "null" }"#).unwrap();
+        assert_eq!(c.describe(), "null");
+    }
+
+    #[test]
+    fn bad_values_are_errors_that_name_them() {
+        let e = parse::<SourceConfig>(r#"{ type = "file" }"#).unwrap_err();
+        assert!(e.contains("missing field `path`"), "{e}");
+        let e = parse::<SourceConfig>(r#"{ type = "stdin", framing = "csv" }"#).unwrap_err();
+        assert!(e.contains("unknown variant `csv`"), "{e}");
+        let e = parse::<SourceConfig>(r#"{ type = "webcam" }"#).unwrap_err();
+        assert!(e.contains("unknown variant `webcam`"), "{e}");
+        let e = parse::<SourceConfig>(r#"{ type = "synthetic", size = -1 }"#).unwrap_err();
+        assert!(e.contains("size") || e.contains("invalid value"), "{e}");
+
+        let c: SourceConfig = parse(r#"{ type = "synthetic", interval_ms = -1.0 }"#).unwrap();
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "synthetic source: invalid parameter interval_ms: must be a finite number >= 0"
+        );
+        let c: SourceConfig = parse(r#"{ type = "synthetic", interval_ms = nan }"#).unwrap();
+        assert!(c.validate().is_err());
+        let c: SourceConfig = parse(r#"{ type = "synthetic", size = 100000000 }"#).unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("size"));
+        let c: SourceConfig = parse(r#"{ type = "spacenav-sim", rate_hz = 0.0 }"#).unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("rate_hz"));
+    }
+
+    #[test]
+    fn pacing_handles_zero_tiny_and_huge_periods() {
+        assert_eq!(pacing(0.0), None);
+        assert_eq!(pacing(1e-12), None);
+        assert_eq!(pacing(-1.0), None);
+        assert_eq!(pacing(f64::INFINITY), Some(MAX_PERIOD));
+        assert_eq!(pacing(1e300), Some(MAX_PERIOD));
+        assert_eq!(pacing(0.016), Some(Duration::from_millis(16)));
+    }
+}

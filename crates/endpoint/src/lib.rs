@@ -1,0 +1,43 @@
+//! ndd endpoints: the dissertation's device and application communication modules.
+//!
+//! Layer: the edges of a stream. A *source* endpoint produces a stream's frames on one side
+//! (reading a device, a file, stdin, or simulating a device); a *sink* endpoint consumes them on
+//! the other (writing a file, stdout, or verifying them). Together with links, this is the only
+//! layer that owns files, timers and tasks (tokio); everything below it is sans-IO.
+//!
+//! - [`config`]: [`SourceConfig`] / [`SinkConfig`], as written in a config file
+//!   (`{ type = "synthetic", size = 100 }`), and the [`SOURCES`] / [`SINKS`] catalogue;
+//! - [`source`] / [`sink`]: [`SourceConfig::spawn`] and [`SinkConfig::spawn`] run them as
+//!   tokio tasks over an `mpsc` channel of [`ndd_core::Frame`]s;
+//! - sans-IO pieces, usable and tested without tokio: [`framing`] (raw / lines / length
+//!   decoders and encoder), [`check`] (the [`Checker`]), [`synthetic`] (the benchmark
+//!   payload), [`spacenav`] (the 3D-mouse record and motion).
+//!
+//! Invariants:
+//! - a source numbers its frames 0, 1, 2, … on the stream it is given, stamps each with its
+//!   creation time (ns since the Unix epoch, source clock) and flags 0; it ends by dropping its
+//!   sender (end of input, `count` reached) and stops quietly when the receiver is gone;
+//! - opening errors (a missing file, a bad parameter, no runtime) come back from `spawn`
+//!   before any task starts; later errors end the task with an [`EndpointError`] naming the
+//!   endpoint and what failed; no input — bytes, config values, sequence numbers — panics;
+//! - a sink consumes until every sender is gone, flushes, and only then reports;
+//! - a source reading bytes copies each frame's payload once (into its [`ndd_core::Frame`]).
+
+pub mod check;
+pub mod config;
+pub mod error;
+pub mod framing;
+pub mod sink;
+pub mod source;
+pub mod spacenav;
+pub mod synthetic;
+
+pub use check::{CheckReport, Checker};
+pub use config::{
+    CheckConfig, EndpointInfo, FileSinkConfig, FileSourceConfig, NullConfig, SinkConfig,
+    SourceConfig, SpacenavSimConfig, StdinConfig, StdoutConfig, SyntheticConfig, SINKS, SOURCES,
+};
+pub use error::EndpointError;
+pub use framing::{encode, FrameDecoder, Framing, FramingError};
+pub use sink::{SinkReport, SinkTask};
+pub use source::{SourceReport, SourceTask};

@@ -1,0 +1,320 @@
+//! Sink tasks: consume a stream's frames from a tokio channel until it closes.
+//!
+//! Byte-stream sinks batch whatever frames are already queued into one write (up to
+//! [`WRITE_BATCH`] bytes) and flush whenever the queue runs dry, so a lone frame is never held
+//! back waiting for company. Opening errors are returned by [`SinkConfig::spawn`] itself.
+
+use crate::check::{CheckReport, Checker};
+use crate::config::SinkConfig;
+use crate::error::EndpointError;
+use crate::framing::{encode, length_prefix, Framing, RAW_CHUNK};
+use ndd_core::Frame;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc::Receiver;
+use tokio::task::JoinHandle;
+
+/// Bytes gathered from queued frames before a write.
+pub const WRITE_BATCH: usize = 256 * 1024;
+
+/// What a sink consumed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SinkReport {
+    /// Frames received.
+    pub frames: u64,
+    /// Payload bytes received.
+    pub bytes: u64,
+    /// The checker's verdict (`check` sinks only).
+    pub check: Option<CheckReport>,
+}
+
+/// A running sink: resolves to its report, or the error that stopped it.
+pub type SinkTask = JoinHandle<Result<SinkReport, EndpointError>>;
+
+impl SinkConfig {
+    /// Starts the sink on the current tokio runtime, consuming `rx` until every sender is gone.
+    /// A file that cannot be created and a missing runtime are errors here, before anything
+    /// is spawned.
+    pub fn spawn(&self, rx: Receiver<Frame>) -> Result<SinkTask, EndpointError> {
+        self.validate()?;
+        let endpoint = self.endpoint();
+        let rt = tokio::runtime::Handle::try_current()
+            .map_err(|_| EndpointError::NoRuntime { endpoint })?;
+        tracing::debug!(endpoint, config = %self.describe(), "sink starting");
+        Ok(match self {
+            SinkConfig::Stdout(c) => rt.spawn(run_writer(
+                endpoint,
+                "stdout".to_string(),
+                tokio::io::stdout(),
+                c.framing,
+                rx,
+            )),
+            SinkConfig::File(c) => {
+                let mut opts = std::fs::OpenOptions::new();
+                opts.create(true);
+                if c.append {
+                    opts.append(true);
+                } else {
+                    opts.write(true).truncate(true);
+                }
+                let file = opts.open(&c.path).map_err(|source| EndpointError::Open {
+                    endpoint,
+                    path: c.path.clone(),
+                    source,
+                })?;
+                rt.spawn(run_writer(
+                    endpoint,
+                    c.path.display().to_string(),
+                    tokio::fs::File::from_std(file),
+                    c.framing,
+                    rx,
+                ))
+            }
+            SinkConfig::Check(c) => {
+                let checker = Checker::new(c.seed, c.size, c.expect);
+                rt.spawn(run_check(endpoint, checker, rx))
+            }
+            SinkConfig::Null(_) => rt.spawn(run_null(endpoint, rx)),
+        })
+    }
+}
+
+async fn run_writer(
+    endpoint: &'static str,
+    what: String,
+    mut out: impl AsyncWrite + Unpin,
+    framing: Framing,
+    mut rx: Receiver<Frame>,
+) -> Result<SinkReport, EndpointError> {
+    let mut report = SinkReport::default();
+    let mut buf: Vec<u8> = Vec::with_capacity(RAW_CHUNK);
+    let write_err = |source| EndpointError::Write {
+        endpoint,
+        what: what.clone(),
+        source,
+    };
+    let framing_err = |source| EndpointError::Framing {
+        endpoint,
+        what: what.clone(),
+        source,
+    };
+    while let Some(mut frame) = rx.recv().await {
+        loop {
+            let payload = frame.payload();
+            report.frames += 1;
+            report.bytes += payload.len() as u64;
+            if payload.len() >= RAW_CHUNK {
+                // Large frames go straight from the frame to the output.
+                if framing == Framing::Length {
+                    buf.extend_from_slice(&length_prefix(payload.len()).map_err(framing_err)?);
+                }
+                out.write_all(&buf).await.map_err(write_err)?;
+                buf.clear();
+                out.write_all(payload).await.map_err(write_err)?;
+            } else {
+                encode(framing, payload, &mut buf).map_err(framing_err)?;
+            }
+            if buf.len() >= WRITE_BATCH {
+                break;
+            }
+            match rx.try_recv() {
+                Ok(next) => frame = next,
+                Err(_) => break,
+            }
+        }
+        out.write_all(&buf).await.map_err(write_err)?;
+        buf.clear();
+        out.flush().await.map_err(write_err)?;
+    }
+    out.flush().await.map_err(write_err)?;
+    tracing::debug!(
+        endpoint,
+        frames = report.frames,
+        bytes = report.bytes,
+        "sink ended"
+    );
+    Ok(report)
+}
+
+async fn run_check(
+    endpoint: &'static str,
+    mut checker: Checker,
+    mut rx: Receiver<Frame>,
+) -> Result<SinkReport, EndpointError> {
+    let mut report = SinkReport::default();
+    while let Some(frame) = rx.recv().await {
+        report.frames += 1;
+        report.bytes += frame.len() as u64;
+        let seen = checker.observe(frame.meta.seq, frame.payload());
+        tracing::trace!(seq = frame.meta.seq, ?seen, "checked");
+    }
+    let check = checker.report();
+    tracing::debug!(endpoint, ok = check.is_ok(), %check, "sink ended");
+    report.check = Some(check);
+    Ok(report)
+}
+
+async fn run_null(
+    endpoint: &'static str,
+    mut rx: Receiver<Frame>,
+) -> Result<SinkReport, EndpointError> {
+    let mut report = SinkReport::default();
+    while let Some(frame) = rx.recv().await {
+        report.frames += 1;
+        report.bytes += frame.len() as u64;
+    }
+    tracing::debug!(
+        endpoint,
+        frames = report.frames,
+        bytes = report.bytes,
+        "sink ended"
+    );
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{CheckConfig, FileSinkConfig, NullConfig};
+    use ndd_core::Meta;
+    use std::path::PathBuf;
+    use tokio::sync::mpsc;
+
+    fn temp_path(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("ndd-endpoint-sink-{}-{name}", std::process::id()))
+    }
+
+    fn frame(seq: u64, payload: &[u8]) -> Frame {
+        Frame::new(
+            Meta {
+                seq,
+                ..Default::default()
+            },
+            payload,
+        )
+    }
+
+    async fn feed(sink: &SinkConfig, frames: Vec<Frame>) -> Result<SinkReport, EndpointError> {
+        let (tx, rx) = mpsc::channel(4);
+        let task = sink.spawn(rx)?;
+        for f in frames {
+            tx.send(f).await.unwrap();
+        }
+        drop(tx);
+        task.await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn file_sink_truncates_or_appends() {
+        let path = temp_path("append");
+        std::fs::write(&path, "old contents\n").unwrap();
+        let mut cfg = FileSinkConfig {
+            path: path.clone(),
+            framing: Framing::Length,
+            append: false,
+        };
+        let r = feed(
+            &SinkConfig::File(cfg.clone()),
+            vec![frame(0, b"ab"), frame(1, b"")],
+        )
+        .await
+        .unwrap();
+        assert_eq!((r.frames, r.bytes, r.check), (2, 2, None));
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            [0, 0, 0, 2, b'a', b'b', 0, 0, 0, 0]
+        );
+        cfg.append = true;
+        cfg.framing = Framing::Raw;
+        feed(&SinkConfig::File(cfg), vec![frame(0, b"cd")])
+            .await
+            .unwrap();
+        let got = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(got, [0, 0, 0, 2, b'a', b'b', 0, 0, 0, 0, b'c', b'd']);
+    }
+
+    #[tokio::test]
+    async fn large_frames_are_written_whole() {
+        let path = temp_path("large");
+        let big: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
+        let cfg = SinkConfig::File(FileSinkConfig {
+            path: path.clone(),
+            framing: Framing::Length,
+            append: false,
+        });
+        feed(&cfg, vec![frame(0, b"s"), frame(1, &big), frame(2, b"t")])
+            .await
+            .unwrap();
+        let got = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let mut want = Vec::new();
+        for p in [&b"s"[..], &big, b"t"] {
+            encode(Framing::Length, p, &mut want).unwrap();
+        }
+        assert_eq!(got, want);
+    }
+
+    #[tokio::test]
+    async fn file_sink_in_missing_directory_fails_before_spawning() {
+        let path = temp_path("no-such-dir").join("out");
+        let (_tx, rx) = mpsc::channel(1);
+        let e = SinkConfig::File(FileSinkConfig {
+            path: path.clone(),
+            framing: Framing::Raw,
+            append: false,
+        })
+        .spawn(rx)
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "file sink: cannot open {}: No such file or directory (os error 2)",
+                path.display()
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn check_sink_reports_problems() {
+        let cfg = SinkConfig::Check(CheckConfig {
+            seed: None,
+            size: None,
+            expect: Some(4),
+        });
+        let frames = [0, 1, 3, 3].iter().map(|&s| frame(s, b"x")).collect();
+        let r = feed(&cfg, frames).await.unwrap();
+        let check = r.check.unwrap();
+        assert_eq!((r.frames, r.bytes), (4, 4));
+        assert!(!check.is_ok());
+        assert_eq!(check.gaps, vec![(2, 2)]);
+        assert_eq!(check.duplicates, 1);
+    }
+
+    #[tokio::test]
+    async fn null_sink_counts() {
+        let r = feed(
+            &SinkConfig::Null(NullConfig {}),
+            vec![frame(0, b"abc"), frame(1, b"de")],
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            r,
+            SinkReport {
+                frames: 2,
+                bytes: 5,
+                check: None
+            }
+        );
+    }
+
+    #[test]
+    fn spawn_outside_a_runtime_is_an_error() {
+        let (_tx, rx) = mpsc::channel(1);
+        let e = SinkConfig::Null(NullConfig {}).spawn(rx).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "null sink: must be started from within a tokio runtime"
+        );
+    }
+}

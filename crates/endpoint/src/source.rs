@@ -1,0 +1,426 @@
+//! Source tasks: produce a stream's frames into a tokio channel.
+//!
+//! Every source numbers its frames 0, 1, 2, … and stamps them with the wall-clock time of
+//! their creation; it ends (dropping the sender) at end of input or after `count` frames, and
+//! stops quietly when the receiver goes away. Opening errors are returned by
+//! [`SourceConfig::spawn`] itself, before any task runs.
+
+use crate::config::{pacing, SourceConfig};
+use crate::error::EndpointError;
+use crate::framing::{FrameDecoder, Framing, RAW_CHUNK};
+use crate::spacenav::Motion;
+use crate::synthetic;
+use ndd_core::frame::DEFAULT_HEADROOM;
+use ndd_core::{Frame, Meta};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::sync::mpsc::Sender;
+use tokio::task::JoinHandle;
+use tokio::time::MissedTickBehavior;
+
+/// What a source produced.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SourceReport {
+    /// Frames handed to the channel.
+    pub frames: u64,
+    /// Payload bytes in those frames.
+    pub bytes: u64,
+}
+
+/// A running source: resolves to its report, or the error that stopped it.
+pub type SourceTask = JoinHandle<Result<SourceReport, EndpointError>>;
+
+/// Nanoseconds since the Unix epoch (0 if the clock is before it).
+pub fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+fn meta(stream: u16, seq: u64) -> Meta {
+    Meta {
+        stream,
+        seq,
+        timestamp_ns: now_ns(),
+        flags: 0,
+    }
+}
+
+impl SourceConfig {
+    /// Starts the source on the current tokio runtime; its frames (stream `stream`) go to
+    /// `tx`. Invalid parameters, a file that cannot be opened and a missing runtime are
+    /// errors here, before anything is spawned.
+    pub fn spawn(&self, stream: u16, tx: Sender<Frame>) -> Result<SourceTask, EndpointError> {
+        self.validate()?;
+        let endpoint = self.endpoint();
+        let rt = tokio::runtime::Handle::try_current()
+            .map_err(|_| EndpointError::NoRuntime { endpoint })?;
+        tracing::debug!(endpoint, stream, config = %self.describe(), "source starting");
+        Ok(match self {
+            SourceConfig::Synthetic(c) => {
+                let (seed, size) = (c.seed, c.size);
+                let period = pacing(c.interval_ms / 1000.0);
+                rt.spawn(run_paced(endpoint, period, c.count, stream, tx, move |m| {
+                    let mut f = Frame::zeroed(m, DEFAULT_HEADROOM, size);
+                    synthetic::fill(seed, m.seq, f.payload_mut());
+                    f
+                }))
+            }
+            SourceConfig::SpacenavSim(c) => {
+                let motion = Motion::new(c.seed, c.rate_hz);
+                let period = pacing(1.0 / c.rate_hz);
+                rt.spawn(run_paced(endpoint, period, c.count, stream, tx, move |m| {
+                    Frame::new(m, &motion.record(m.seq).encode())
+                }))
+            }
+            SourceConfig::Stdin(c) => rt.spawn(run_reader(
+                endpoint,
+                "stdin".to_string(),
+                tokio::io::stdin(),
+                c.framing,
+                stream,
+                tx,
+            )),
+            SourceConfig::File(c) => {
+                let open_err = |source| EndpointError::Open {
+                    endpoint,
+                    path: c.path.clone(),
+                    source,
+                };
+                let file = std::fs::File::open(&c.path).map_err(open_err)?;
+                if file.metadata().map_err(open_err)?.is_dir() {
+                    return Err(open_err(std::io::Error::other("is a directory")));
+                }
+                rt.spawn(run_reader(
+                    endpoint,
+                    c.path.display().to_string(),
+                    tokio::fs::File::from_std(file),
+                    c.framing,
+                    stream,
+                    tx,
+                ))
+            }
+        })
+    }
+}
+
+/// A timer-driven source: `make` builds frame `meta.seq`; the first frame goes at once, the
+/// next ones every `period` (late ticks are caught up in a burst), or back to back when
+/// `period` is `None`.
+async fn run_paced(
+    endpoint: &'static str,
+    period: Option<Duration>,
+    count: Option<u64>,
+    stream: u16,
+    tx: Sender<Frame>,
+    mut make: impl FnMut(Meta) -> Frame + Send + 'static,
+) -> Result<SourceReport, EndpointError> {
+    let mut report = SourceReport::default();
+    let mut ticker = period.map(|p| {
+        let mut t = tokio::time::interval(p);
+        t.set_missed_tick_behavior(MissedTickBehavior::Burst);
+        t
+    });
+    let mut seq = 0u64;
+    while count.map_or(true, |n| seq < n) {
+        if let Some(t) = ticker.as_mut() {
+            tokio::select! {
+                _ = t.tick() => {}
+                _ = tx.closed() => break,
+            }
+        }
+        let frame = make(meta(stream, seq));
+        let len = frame.len() as u64;
+        if tx.send(frame).await.is_err() {
+            break;
+        }
+        report.frames += 1;
+        report.bytes += len;
+        seq += 1;
+    }
+    tracing::debug!(
+        endpoint,
+        stream,
+        frames = report.frames,
+        bytes = report.bytes,
+        "source ended"
+    );
+    Ok(report)
+}
+
+/// A byte-stream source: reads `input` in chunks of up to [`RAW_CHUNK`] bytes and cuts it into
+/// frames with `framing` until end of input.
+async fn run_reader(
+    endpoint: &'static str,
+    what: String,
+    mut input: impl AsyncRead + Unpin,
+    framing: Framing,
+    stream: u16,
+    tx: Sender<Frame>,
+) -> Result<SourceReport, EndpointError> {
+    let mut report = SourceReport::default();
+    let mut decoder = FrameDecoder::new(framing);
+    let mut buf = vec![0u8; RAW_CHUNK];
+    let mut frames: Vec<Frame> = Vec::new();
+    let mut seq = 0u64;
+    let framing_err = |source| EndpointError::Framing {
+        endpoint,
+        what: what.clone(),
+        source,
+    };
+    loop {
+        let n = tokio::select! {
+            r = input.read(&mut buf) => r.map_err(|source| EndpointError::Read {
+                endpoint,
+                what: what.clone(),
+                source,
+            })?,
+            _ = tx.closed() => break,
+        };
+        let mut cut = |payload: &[u8]| {
+            frames.push(Frame::new(meta(stream, seq), payload));
+            seq += 1;
+        };
+        let eof = n == 0;
+        if eof {
+            decoder.finish_with(&mut cut).map_err(framing_err)?;
+        } else {
+            decoder
+                .push_with(&buf[..n], &mut cut)
+                .map_err(framing_err)?;
+        }
+        for frame in frames.drain(..) {
+            let len = frame.len() as u64;
+            if tx.send(frame).await.is_err() {
+                tracing::debug!(endpoint, stream, "receiver gone, source stops");
+                return Ok(report);
+            }
+            report.frames += 1;
+            report.bytes += len;
+        }
+        if eof {
+            break;
+        }
+    }
+    tracing::debug!(
+        endpoint,
+        stream,
+        frames = report.frames,
+        bytes = report.bytes,
+        "source ended"
+    );
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{FileSourceConfig, SpacenavSimConfig, SyntheticConfig};
+    use crate::spacenav::Record;
+    use std::path::PathBuf;
+    use tokio::sync::mpsc;
+
+    fn temp_path(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("ndd-endpoint-src-{}-{name}", std::process::id()))
+    }
+
+    async fn collect(mut rx: mpsc::Receiver<Frame>) -> Vec<Frame> {
+        let mut out = Vec::new();
+        while let Some(f) = rx.recv().await {
+            out.push(f);
+        }
+        out
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn synthetic_numbers_stamps_and_fills_frames() {
+        let (tx, rx) = mpsc::channel(8);
+        let cfg = SourceConfig::Synthetic(SyntheticConfig {
+            size: 13,
+            interval_ms: 16.0,
+            count: Some(5),
+            seed: 4,
+        });
+        let before = now_ns();
+        let start = tokio::time::Instant::now();
+        let task = cfg.spawn(7, tx).unwrap();
+        let frames = collect(rx).await;
+        // First frame at once, then one per interval: four intervals of (paused) time.
+        assert_eq!(start.elapsed(), Duration::from_millis(64));
+        let report = task.await.unwrap().unwrap();
+        assert_eq!(
+            report,
+            SourceReport {
+                frames: 5,
+                bytes: 65
+            }
+        );
+        for (i, f) in frames.iter().enumerate() {
+            assert_eq!(f.meta.seq, i as u64);
+            assert_eq!(f.meta.stream, 7);
+            assert_eq!(f.meta.flags, 0);
+            assert!(f.meta.timestamp_ns >= before);
+            assert_eq!(f.payload(), synthetic::payload(4, i as u64, 13));
+            assert!(f.headroom() >= DEFAULT_HEADROOM);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn spacenav_sends_records_at_its_rate() {
+        let (tx, rx) = mpsc::channel(8);
+        let cfg = SourceConfig::SpacenavSim(SpacenavSimConfig {
+            count: Some(63),
+            ..Default::default()
+        });
+        let start = tokio::time::Instant::now();
+        let task = cfg.spawn(1, tx).unwrap();
+        let frames = collect(rx).await;
+        assert_eq!(start.elapsed(), Duration::from_millis(62 * 16));
+        assert_eq!(task.await.unwrap().unwrap().frames, 63);
+        let motion = Motion::new(1, 62.5);
+        for f in &frames {
+            let r = Record::decode(f.payload()).unwrap();
+            assert_eq!(r, motion.record(f.meta.seq));
+        }
+    }
+
+    #[tokio::test]
+    async fn unpaced_source_stops_quietly_when_receiver_drops() {
+        let (tx, mut rx) = mpsc::channel(4);
+        let cfg = SourceConfig::Synthetic(SyntheticConfig {
+            interval_ms: 0.0,
+            ..Default::default()
+        });
+        let task = cfg.spawn(0, tx).unwrap();
+        for _ in 0..10 {
+            rx.recv().await.unwrap();
+        }
+        drop(rx);
+        let report = task.await.unwrap().unwrap();
+        assert!(report.frames >= 10);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn paced_source_stops_while_waiting_for_its_tick() {
+        let (tx, mut rx) = mpsc::channel(4);
+        let cfg = SourceConfig::Synthetic(SyntheticConfig {
+            interval_ms: 3_600_000.0,
+            ..Default::default()
+        });
+        let task = cfg.spawn(0, tx).unwrap();
+        rx.recv().await.unwrap();
+        let start = tokio::time::Instant::now();
+        drop(rx);
+        assert_eq!(task.await.unwrap().unwrap().frames, 1);
+        assert_eq!(start.elapsed(), Duration::ZERO, "no wait for the next tick");
+    }
+
+    #[tokio::test]
+    async fn missing_file_is_an_error_before_spawning() {
+        let (tx, _rx) = mpsc::channel(1);
+        let path = temp_path("does-not-exist");
+        let cfg = SourceConfig::File(FileSourceConfig {
+            path: path.clone(),
+            framing: Framing::Raw,
+        });
+        let e = cfg.spawn(0, tx).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "file source: cannot open {}: No such file or directory (os error 2)",
+                path.display()
+            )
+        );
+        let (tx, _rx) = mpsc::channel(1);
+        let cfg = SourceConfig::File(FileSourceConfig {
+            path: std::env::temp_dir(),
+            framing: Framing::Raw,
+        });
+        let e = cfg.spawn(0, tx).unwrap_err().to_string();
+        assert!(e.ends_with("is a directory"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn truncated_length_file_is_an_error_naming_the_offset() {
+        let path = temp_path("truncated");
+        std::fs::write(&path, [0, 0, 0, 2, b'o', b'k', 0, 0, 0, 9, b'x']).unwrap();
+        let (tx, rx) = mpsc::channel(8);
+        let cfg = SourceConfig::File(FileSourceConfig {
+            path: path.clone(),
+            framing: Framing::Length,
+        });
+        let task = cfg.spawn(0, tx).unwrap();
+        let frames = collect(rx).await;
+        let e = task.await.unwrap().unwrap_err().to_string();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(frames.len(), 1);
+        assert_eq!(frames[0].payload(), b"ok");
+        assert_eq!(
+            e,
+            format!(
+                "file source: {}: length framing: truncated frame at byte offset 6: \
+                 prefix says 9 bytes, input ends after 1",
+                path.display()
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn lines_file_yields_numbered_lines() {
+        let path = temp_path("lines");
+        std::fs::write(&path, "a\nbb\n\nlast").unwrap();
+        let (tx, rx) = mpsc::channel(8);
+        let cfg = SourceConfig::File(FileSourceConfig {
+            path: path.clone(),
+            framing: Framing::Lines,
+        });
+        let task = cfg.spawn(3, tx).unwrap();
+        let frames = collect(rx).await;
+        std::fs::remove_file(&path).unwrap();
+        let got: Vec<(u64, &[u8])> = frames.iter().map(|f| (f.meta.seq, f.payload())).collect();
+        assert_eq!(
+            got,
+            vec![(0, &b"a\n"[..]), (1, b"bb\n"), (2, b"\n"), (3, b"last")]
+        );
+        assert_eq!(
+            task.await.unwrap().unwrap(),
+            SourceReport {
+                frames: 4,
+                bytes: 10
+            }
+        );
+    }
+
+    #[test]
+    fn spawn_outside_a_runtime_is_an_error() {
+        let (tx, _rx) = mpsc::channel(1);
+        let e = SourceConfig::Synthetic(SyntheticConfig::default())
+            .spawn(0, tx)
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "synthetic source: must be started from within a tokio runtime"
+        );
+    }
+
+    #[test]
+    fn invalid_parameters_are_refused_by_spawn() {
+        let (tx, _rx) = mpsc::channel(1);
+        let e = SourceConfig::SpacenavSim(SpacenavSimConfig {
+            rate_hz: f64::NAN,
+            ..Default::default()
+        })
+        .spawn(0, tx)
+        .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                EndpointError::Config {
+                    param: "rate_hz",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,120 @@
+//! Sink half of `bundle`: unpacks bundles and releases their frames with the original spacing.
+
+use super::format;
+use ndd_core::{Frame, Half, HalfStats, ModuleError, Output};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// A bundle whose first frame would be due more than this far in the future means the source
+/// clock jumped (or restarted): the schedule starts again instead of holding frames.
+const MAX_AHEAD: Duration = Duration::from_secs(2);
+
+/// Unpacks bundles; releases frames at `anchor + (timestamp − anchor timestamp)`.
+#[derive(Debug)]
+pub struct BundleInverse {
+    playout: Duration,
+    /// (local instant, source timestamp) the schedule is measured from.
+    anchor: Option<(Instant, u64)>,
+    queue: VecDeque<(Instant, Frame)>,
+    late: u64,
+    reanchors: u64,
+}
+
+impl BundleInverse {
+    /// An inverse half that adds `playout` before its first release.
+    pub fn new(playout: Duration) -> BundleInverse {
+        BundleInverse {
+            playout,
+            anchor: None,
+            queue: VecDeque::new(),
+            late: 0,
+            reanchors: 0,
+        }
+    }
+
+    fn due(anchor: (Instant, u64), ts: u64) -> Option<Instant> {
+        let ahead = ts.checked_sub(anchor.1)?;
+        anchor.0.checked_add(Duration::from_nanos(ahead))
+    }
+
+    fn release_due(&mut self, now: Instant, out: &mut Output) {
+        while self.queue.front().is_some_and(|(due, _)| *due <= now) {
+            if let Some((_, f)) = self.queue.pop_front() {
+                out.push(f);
+            }
+        }
+    }
+}
+
+impl Half for BundleInverse {
+    fn handle_frame(
+        &mut self,
+        now: Instant,
+        mut frame: Frame,
+        out: &mut Output,
+    ) -> Result<(), ModuleError> {
+        let entries =
+            format::decode(&frame.meta, frame.payload()).map_err(ModuleError::MalformedFrame)?;
+        let first_ts = entries[0].meta.timestamp_ns;
+        let anchor = match self.anchor {
+            None => (now + self.playout, first_ts),
+            Some(a) => match Self::due(a, first_ts) {
+                Some(due) if due < now => {
+                    // Too late to keep the schedule: start it again from this bundle.
+                    self.late += 1;
+                    self.reanchors += 1;
+                    (now, first_ts)
+                }
+                Some(due) if due <= now + self.playout + MAX_AHEAD => a,
+                _ => {
+                    self.reanchors += 1;
+                    tracing::debug!(
+                        seq = frame.meta.seq,
+                        "bundle: source clock moved; schedule restarted"
+                    );
+                    (now + self.playout, first_ts)
+                }
+            },
+        };
+        self.anchor = Some(anchor);
+        let mut last_due = self.queue.back().map(|(d, _)| *d).unwrap_or(now);
+        for e in &entries {
+            let Some(bytes) = frame.slice_payload(e.offset..e.offset + e.len) else {
+                return Err(ModuleError::MalformedFrame(
+                    "bundle: entry outside payload".into(),
+                ));
+            };
+            // Keep release order even if timestamps step back.
+            let due = Self::due(anchor, e.meta.timestamp_ns)
+                .unwrap_or(last_due)
+                .max(last_due);
+            last_due = due;
+            self.queue
+                .push_back((due, Frame::from_bytes(e.meta, bytes)));
+        }
+        self.release_due(now, out);
+        Ok(())
+    }
+
+    fn handle_timeout(&mut self, now: Instant, out: &mut Output) {
+        self.release_due(now, out);
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.queue.front().map(|(d, _)| *d)
+    }
+
+    fn flush(&mut self, out: &mut Output) {
+        for (_, f) in self.queue.drain(..) {
+            out.push(f);
+        }
+    }
+
+    fn stats(&self) -> HalfStats {
+        HalfStats {
+            drops: 0,
+            queue_depth: self.queue.len() as u64,
+            counters: vec![("late", self.late), ("reanchors", self.reanchors)],
+        }
+    }
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Turn the wire test vectors (crates/wire/fixtures/*.hex) into binary seed inputs under
+# fuzz/corpus/<target>/. The corpus is generated and git-ignored.
+#
+#   frame      every fixture, as a whole message
+#   control    every fixture as a whole message, plus the body of each control* fixture
+#   handshake  every fixture as a whole message, plus the body of each hello* fixture
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+fixtures="$here/../crates/wire/fixtures"
+corpus="$here/corpus"
+
+# Hex text (whitespace ignored, '#' comments) to bytes. perl is part of every Debian base.
+hex2bin() {
+    perl -0777 -ne 's/#[^\n]*//g; s/\s+//g; print pack("H*", $_)' "$1"
+}
+
+mkdir -p "$corpus/frame" "$corpus/control" "$corpus/handshake"
+count=0
+for f in "$fixtures"/*.hex; do
+    name="$(basename "$f" .hex)"
+    for t in frame control handshake; do
+        hex2bin "$f" >"$corpus/$t/$name"
+    done
+    case "$name" in
+    control*) hex2bin "$f" | tail -c +11 >"$corpus/control/$name.body" ;;
+    hello* | bad_hello*) hex2bin "$f" | tail -c +11 >"$corpus/handshake/$name.body" ;;
+    esac
+    count=$((count + 1))
+done
+echo "seed-corpus: $count fixtures -> $corpus/{frame,control,handshake}"
