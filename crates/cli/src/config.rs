@@ -1,0 +1,325 @@
+//! The config file: one TOML file describes a driver, its link and its streams, and both
+//! sides run from the same file (`ndd run FILE --side device|app`).
+
+use anyhow::{bail, Context, Result};
+use ndd_core::Pair;
+use ndd_endpoint::{SinkConfig, SourceConfig};
+use ndd_modules::ModuleConfig;
+use ndd_wire::{Direction, LayerDecl, Side, StreamDecl};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use toml::Spanned;
+
+/// Default port of an ndd link.
+pub const DEFAULT_PORT: u16 = 7878;
+
+/// A whole config file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Name of the driver (both sides must use the same).
+    pub driver: String,
+    /// How the two sides connect.
+    #[serde(default)]
+    pub link: LinkConfig,
+    /// The streams, each `[[stream]]` table.
+    #[serde(rename = "stream", default)]
+    pub streams: Vec<StreamConfig>,
+    /// Where the file was read from (for error messages).
+    #[serde(skip)]
+    pub path: PathBuf,
+}
+
+/// `[link]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LinkConfig {
+    /// Address the listening side binds and the connecting side connects to.
+    pub address: String,
+    /// Which side listens (`device` or `app`); the other connects.
+    pub listener: SideName,
+    /// Plain TCP without TLS (prints a warning on every start).
+    pub insecure: bool,
+    /// How long the connecting side keeps retrying, and how long a handshake may take, in ms.
+    pub connect_timeout_ms: u64,
+    /// Largest frame body accepted from the peer, in bytes.
+    pub max_frame_bytes: u32,
+    /// Interval of clock-offset pings, in ms.
+    pub ping_interval_ms: u64,
+}
+
+impl Default for LinkConfig {
+    fn default() -> Self {
+        LinkConfig {
+            address: format!("127.0.0.1:{DEFAULT_PORT}"),
+            listener: SideName::App,
+            insecure: false,
+            connect_timeout_ms: 10_000,
+            max_frame_bytes: 16 << 20,
+            ping_interval_ms: 1000,
+        }
+    }
+}
+
+/// `device` or `app`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum SideName {
+    /// Where the physical device is.
+    Device,
+    /// Where the application runs.
+    App,
+}
+
+impl SideName {
+    /// As the wire names it.
+    pub fn wire(self) -> Side {
+        match self {
+            SideName::Device => Side::Device,
+            SideName::App => Side::App,
+        }
+    }
+}
+
+impl std::fmt::Display for SideName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SideName::Device => "device",
+            SideName::App => "app",
+        })
+    }
+}
+
+/// Which way a stream flows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DirectionName {
+    /// Events, frames, serial RX.
+    DeviceToApp,
+    /// LEDs, force feedback, serial TX.
+    AppToDevice,
+}
+
+impl DirectionName {
+    /// As the wire names it.
+    pub fn wire(self) -> Direction {
+        match self {
+            DirectionName::DeviceToApp => Direction::DeviceToApp,
+            DirectionName::AppToDevice => Direction::AppToDevice,
+        }
+    }
+
+    /// The side that sources this stream.
+    pub fn source_side(self) -> SideName {
+        match self {
+            DirectionName::DeviceToApp => SideName::Device,
+            DirectionName::AppToDevice => SideName::App,
+        }
+    }
+}
+
+/// One `[[stream]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamConfig {
+    /// Stream name (unique in the file).
+    pub name: Spanned<String>,
+    /// `device-to-app` or `app-to-device`.
+    pub direction: DirectionName,
+    /// What produces the frames, on the source side.
+    pub source: SourceConfig,
+    /// What consumes them, on the sink side.
+    pub sink: SinkConfig,
+    /// The pairs, top to bottom.
+    #[serde(default)]
+    pub stack: Vec<Spanned<ModuleConfig>>,
+}
+
+impl StreamConfig {
+    /// The stream's name.
+    pub fn name(&self) -> &str {
+        self.name.get_ref()
+    }
+
+    /// The pairs, in list order.
+    pub fn pairs(&self) -> Vec<&ModuleConfig> {
+        self.stack.iter().map(|s| s.get_ref()).collect()
+    }
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text.as_bytes()[..offset.min(text.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+impl Config {
+    /// Reads and checks a config file. Errors name the file, the line and the key.
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config file {}", path.display()))?;
+        Config::parse(&text, path)
+    }
+
+    /// Parses and checks config text read from `path`.
+    pub fn parse(text: &str, path: &Path) -> Result<Config> {
+        let mut cfg: Config = toml::from_str(text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|s| format!(":{}", line_of(text, s.start)))
+                .unwrap_or_default();
+            anyhow::anyhow!("{}{line}: {}", path.display(), e.message().trim_end())
+        })?;
+        cfg.path = path.to_path_buf();
+        cfg.validate(text)?;
+        Ok(cfg)
+    }
+
+    fn validate(&self, text: &str) -> Result<()> {
+        let file = self.path.display();
+        if self.driver.is_empty() || self.driver.len() > 255 {
+            bail!("{file}: key `driver`: must be 1 to 255 bytes long");
+        }
+        if self.streams.is_empty() {
+            bail!("{file}: no `[[stream]]` configured; a driver needs at least one stream");
+        }
+        if self.streams.len() > 255 {
+            bail!(
+                "{file}: {} streams configured; at most 255 are allowed",
+                self.streams.len()
+            );
+        }
+        if self.link.max_frame_bytes < ndd_wire::MIN_MAX_BODY {
+            bail!(
+                "{file}: key `link.max_frame_bytes`: {} is below the minimum {}",
+                self.link.max_frame_bytes,
+                ndd_wire::MIN_MAX_BODY
+            );
+        }
+        for (i, s) in self.streams.iter().enumerate() {
+            let line = line_of(text, s.name.span().start);
+            let name = s.name();
+            if name.is_empty() || name.len() > 255 {
+                bail!("{file}:{line}: key `name`: a stream name must be 1 to 255 bytes long");
+            }
+            if self.streams[..i].iter().any(|o| o.name() == name) {
+                bail!("{file}:{line}: key `name`: stream \"{name}\" is configured twice");
+            }
+            if s.stack.len() > 64 {
+                bail!(
+                    "{file}:{line}: key `stack`: stream \"{name}\" has {} layers; at most 64",
+                    s.stack.len()
+                );
+            }
+            for (layer, m) in s.stack.iter().enumerate() {
+                if let Err(e) = m.get_ref().validate() {
+                    let line = line_of(text, m.span().start);
+                    bail!(
+                        "{file}:{line}: stream \"{name}\" layer {layer} ({}): {e}",
+                        m.get_ref().name()
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stream id of the stream at `index` (ids are positions, from 1).
+    pub fn stream_id(index: usize) -> u16 {
+        (index + 1) as u16
+    }
+
+    /// What this side announces in its HELLO.
+    pub fn hello(&self, side: SideName) -> ndd_wire::HelloRepr {
+        ndd_wire::HelloRepr {
+            side: side.wire(),
+            max_body: self.link.max_frame_bytes,
+            driver: self.driver.clone(),
+            streams: self
+                .streams
+                .iter()
+                .enumerate()
+                .map(|(i, s)| StreamDecl {
+                    id: Config::stream_id(i),
+                    direction: s.direction.wire(),
+                    name: s.name().to_string(),
+                    layers: s
+                        .pairs()
+                        .iter()
+                        .map(|m| LayerDecl {
+                            module_id: m.id(),
+                            param_hash: m.param_hash(),
+                            description: m.describe(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+driver = "spacenav"
+[link]
+address = "127.0.0.1:9000"
+[[stream]]
+name = "events"
+direction = "device-to-app"
+source = { type = "spacenav-sim" }
+sink = { type = "check" }
+stack = [{ type = "checksum" }, { type = "bundle", count = 4 }]
+"#;
+
+    fn err(text: &str) -> String {
+        format!(
+            "{:#}",
+            Config::parse(text, Path::new("x.toml")).unwrap_err()
+        )
+    }
+
+    #[test]
+    fn good_config_parses() {
+        let c = Config::parse(GOOD, Path::new("x.toml")).unwrap();
+        assert_eq!(c.streams[0].name(), "events");
+        assert_eq!(c.link.address, "127.0.0.1:9000");
+        assert_eq!(c.link.listener, SideName::App);
+        let h = c.hello(SideName::Device);
+        assert_eq!(
+            h.streams[0].layers[1].description,
+            "bundle(count=4, max_delay_ms=100, max_bytes=1048576, playout_ms=0)"
+        );
+    }
+
+    #[test]
+    fn unknown_key_names_file_line_and_key() {
+        let text = GOOD.replace("direction = ", "colour = 1\ndirection = ");
+        let e = err(&text);
+        assert!(e.starts_with("x.toml:7: "), "{e}");
+        assert!(e.contains("unknown field `colour`"), "{e}");
+    }
+
+    #[test]
+    fn unknown_module_and_bad_parameter_name_line() {
+        let e = err(&GOOD.replace("\"checksum\"", "\"chcksum\""));
+        assert!(
+            e.starts_with("x.toml:10: ") && e.contains("unknown variant `chcksum`"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace("count = 4", "count = 0"));
+        assert_eq!(e, "x.toml:10: stream \"events\" layer 1 (bundle): bundle: count = 0 is out of range 1..=65535");
+    }
+
+    #[test]
+    fn duplicate_stream_and_syntax_error() {
+        let twice = format!("{GOOD}{}", &GOOD[GOOD.find("[[stream]]").unwrap()..]);
+        assert!(err(&twice).contains("stream \"events\" is configured twice"));
+        let e = err("driver = \"x\"\n[[stream]\n");
+        assert!(e.starts_with("x.toml:2: "), "{e}");
+    }
+}

@@ -1,0 +1,395 @@
+//! `ndd`: the networked device driver binary.
+//!
+//! Layer: the top. Loads config, wires endpoints, stacks and links together, prints stats,
+//! runs the demo and the benchmarks. Errors are `anyhow` with context; every error ends the
+//! process with one clear line on stderr and a non-zero exit code, never a panic.
+
+mod bench;
+mod config;
+mod demo;
+mod session;
+mod stats;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use config::{Config, SideName};
+use session::{Endpoint, RunOptions};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// ndd — use an I/O device attached to another machine as if it were local.
+///
+/// Each side runs `ndd run CONFIG --side device|app` with the same config file. Streams flow
+/// through stacks of paired transformation modules over a mutually authenticated TLS 1.3 link.
+/// Try `ndd demo` first.
+#[derive(Debug, Parser)]
+#[command(name = "ndd", version, about, long_about, max_term_width = 100)]
+struct Cli {
+    /// Log verbosity (repeat for more). NDD_LOG=target=level also works.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    cmd: Command,
+}
+
+#[derive(Debug, Args)]
+struct HomeArg {
+    /// Directory holding this install's identity and known_peers
+    /// [default: $NDD_HOME, else $XDG_CONFIG_HOME/ndd, else ~/.config/ndd]
+    #[arg(long, value_name = "DIR")]
+    home: Option<PathBuf>,
+}
+
+impl HomeArg {
+    fn dir(&self) -> PathBuf {
+        self.home.clone().unwrap_or_else(ndd_link::default_home)
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run one side of a driver from a config file.
+    ///
+    /// Both sides use the same file. The side named by `link.listener` (default: app) listens
+    /// on `link.address`; the other connects. `--listen`/`--connect` override that.
+    Run {
+        /// The driver's config file (TOML; see examples/).
+        config: PathBuf,
+        /// Which side this machine is.
+        #[arg(long, value_enum)]
+        side: SideName,
+        /// Listen on ADDR (e.g. 0.0.0.0:7878) instead of what the config says.
+        #[arg(long, value_name = "ADDR", conflicts_with = "connect")]
+        listen: Option<String>,
+        /// Connect to ADDR instead of what the config says.
+        #[arg(long, value_name = "ADDR")]
+        connect: Option<String>,
+        /// Plain TCP, no TLS: no authentication, no encryption. Prints a warning.
+        #[arg(long)]
+        insecure: bool,
+        /// Print a live stats line per stream every second (on stderr).
+        #[arg(long)]
+        stats: bool,
+        /// Write the final stats as JSON to FILE on exit.
+        #[arg(long, value_name = "FILE")]
+        stats_json: Option<PathBuf>,
+        /// Stop after SECONDS.
+        #[arg(long, value_name = "SECONDS")]
+        duration: Option<f64>,
+        #[command(flatten)]
+        home: HomeArg,
+    },
+    /// Both halves on this machine over loopback TLS with a simulated 3D mouse, live stats.
+    Demo {
+        /// Stop after SECONDS (default: run until Ctrl-C).
+        #[arg(long, value_name = "SECONDS")]
+        duration: Option<f64>,
+        /// Write the final stats as JSON to FILE.
+        #[arg(long, value_name = "FILE")]
+        stats_json: Option<PathBuf>,
+    },
+    /// Create this install's key pair and self-signed certificate.
+    Keygen {
+        /// Replace an existing identity (peers that trusted the old one must trust the new).
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        home: HomeArg,
+    },
+    /// Print this install's fingerprint (creating the identity on first use).
+    Id {
+        #[command(flatten)]
+        home: HomeArg,
+    },
+    /// Trust a peer's fingerprint (adds it to known_peers).
+    Trust {
+        /// The peer's fingerprint, as `ndd id` prints it on the peer (SHA256:…).
+        fingerprint: String,
+        /// A name to remember the peer by.
+        #[arg(long)]
+        name: Option<String>,
+        #[command(flatten)]
+        home: HomeArg,
+    },
+    /// List every transformation pair and endpoint with its parameters.
+    Modules,
+    /// Check a config file and print the plan for both sides.
+    Check {
+        /// The config file.
+        config: PathBuf,
+    },
+    /// Benchmarks; each prints figures next to a raw baseline measured in the same run.
+    Bench {
+        #[command(subcommand)]
+        which: bench::BenchCmd,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    init_tracing(cli.verbose);
+    let code = match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("ndd: error: {e:#}");
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+fn init_tracing(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_env("NDD_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+fn duration(secs: Option<f64>) -> Result<Option<Duration>> {
+    match secs {
+        None => Ok(None),
+        Some(s) if s.is_finite() && s > 0.0 => Ok(Some(Duration::from_secs_f64(s))),
+        Some(s) => anyhow::bail!("--duration must be a positive number of seconds, not {s}"),
+    }
+}
+
+/// A watch channel that turns true on Ctrl-C.
+fn ctrl_c() -> tokio::sync::watch::Receiver<bool> {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            let _ = tx.send(true);
+        }
+        // Keep the sender alive so receivers do not see a closed channel.
+        std::future::pending::<()>().await;
+    });
+    rx
+}
+
+fn write_json(path: &Path, value: &serde_json::Value) -> Result<()> {
+    let text = serde_json::to_string_pretty(value)?;
+    std::fs::write(path, text + "\n")
+        .with_context(|| format!("cannot write stats to {}", path.display()))
+}
+
+fn run(cli: Cli) -> Result<i32> {
+    match cli.cmd {
+        Command::Run {
+            config,
+            side,
+            listen,
+            connect,
+            insecure,
+            stats,
+            stats_json,
+            duration: d,
+            home,
+        } => {
+            let cfg = Config::load(&config)?;
+            let d = duration(d)?;
+            let endpoint = match (listen, connect) {
+                (Some(a), _) => Endpoint::Listen(a),
+                (None, Some(a)) => Endpoint::Connect(a),
+                (None, None) if cfg.link.listener == side => {
+                    Endpoint::Listen(cfg.link.address.clone())
+                }
+                (None, None) => Endpoint::Connect(cfg.link.address.clone()),
+            };
+            let opts = RunOptions {
+                side,
+                home: home.dir(),
+                endpoint,
+                insecure,
+                live_stats: stats.then_some(Duration::from_secs(1)),
+                duration: d,
+                quiet: false,
+            };
+            let rt = runtime()?;
+            let report = rt.block_on(async {
+                let stop = ctrl_c();
+                session::run_side(&cfg, opts, stop).await
+            })?;
+            if let Some((off, rtt)) = report.clock_offset {
+                eprintln!(
+                    "ndd [{side}]: clock offset to the peer {:+.3} ms (round trip {:.3} ms)",
+                    off as f64 / 1e6,
+                    rtt as f64 / 1e6
+                );
+            }
+            let mut ok = true;
+            for (name, c) in &report.checks {
+                eprintln!("ndd [{side}]: stream \"{name}\": {c}");
+                ok &= c.is_ok();
+            }
+            if let Some(path) = stats_json {
+                write_json(
+                    &path,
+                    &serde_json::json!({
+                        "side": side.to_string(),
+                        "peer": report.peer,
+                        "clock_offset_ns": report.clock_offset.map(|c| c.0),
+                        "rtt_ns": report.clock_offset.map(|c| c.1),
+                        "streams": report.streams,
+                    }),
+                )?;
+            }
+            Ok(if ok { 0 } else { 3 })
+        }
+        Command::Demo {
+            duration: d,
+            stats_json,
+        } => {
+            let rt = runtime()?;
+            rt.block_on(demo::run(duration(d)?, stats_json))
+        }
+        Command::Keygen { force, home } => {
+            let dir = home.dir();
+            let id = ndd_link::Identity::create(&dir, force)
+                .with_context(|| format!("cannot create an identity in {}", dir.display()))?;
+            println!("created identity in {}", dir.display());
+            println!("fingerprint: {}", id.fingerprint());
+            Ok(0)
+        }
+        Command::Id { home } => {
+            let id = session::load_identity(&home.dir())?;
+            println!("{}", id.fingerprint());
+            Ok(0)
+        }
+        Command::Trust {
+            fingerprint,
+            name,
+            home,
+        } => {
+            let dir = home.dir();
+            let added = ndd_link::KnownPeers::trust(&dir, &fingerprint, name.as_deref())
+                .with_context(|| format!("cannot update known_peers in {}", dir.display()))?;
+            if added {
+                println!(
+                    "trusted {fingerprint}{}",
+                    name.map(|n| format!(" ({n})")).unwrap_or_default()
+                );
+            } else {
+                println!("{fingerprint} was already trusted");
+            }
+            Ok(0)
+        }
+        Command::Modules => {
+            print!("{}", catalogue_text());
+            Ok(0)
+        }
+        Command::Check { config } => {
+            let cfg = Config::load(&config)?;
+            println!(
+                "{}: driver \"{}\", {} stream(s), link {}",
+                config.display(),
+                cfg.driver,
+                cfg.streams.len(),
+                cfg.link.address
+            );
+            for (i, s) in cfg.streams.iter().enumerate() {
+                let stack: Vec<String> = s
+                    .pairs()
+                    .iter()
+                    .map(|m| ndd_core::Pair::describe(*m))
+                    .collect();
+                println!(
+                    "  stream {} \"{}\" {}: {} -> [{}] -> {}",
+                    Config::stream_id(i),
+                    s.name(),
+                    s.direction.wire(),
+                    s.source.describe(),
+                    stack.join(", "),
+                    s.sink.describe()
+                );
+            }
+            Ok(0)
+        }
+        Command::Bench { which } => {
+            let rt = runtime()?;
+            rt.block_on(bench::run(which))?;
+            Ok(0)
+        }
+    }
+}
+
+/// The text of `ndd modules`.
+fn catalogue_text() -> String {
+    let mut out = String::from("Transformation pairs (stack = [{ type = \"…\", … }]):\n");
+    for m in ndd_modules::CATALOGUE {
+        out += &format!("\n  {:<10} id {:<3} {}\n", m.name, m.id, m.summary);
+        for p in m.params {
+            out += &format!(
+                "      {:<14} {:<22} default {:<9} {}\n",
+                p.name, p.ty, p.default, p.doc
+            );
+        }
+    }
+    for (title, list) in [
+        ("Sources", ndd_endpoint::SOURCES),
+        ("Sinks", ndd_endpoint::SINKS),
+    ] {
+        out += &format!(
+            "\n{title} ({} = {{ type = \"…\", … }}):\n",
+            title.to_lowercase().trim_end_matches('s')
+        );
+        for e in list {
+            out += &format!("\n  {:<13} {}\n", e.name, e.summary);
+            for (name, ty, default, doc) in e.params {
+                out += &format!("      {name:<14} {ty:<22} default {default:<9} {doc}\n");
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_example_config_parses() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).expect("examples/ exists") {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                Config::load(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+                n += 1;
+            }
+        }
+        assert!(n >= 3, "expected example configs, found {n}");
+    }
+
+    #[test]
+    fn modules_lists_every_pair_and_endpoint() {
+        let text = catalogue_text();
+        for m in ndd_modules::CATALOGUE {
+            assert!(text.contains(m.name), "{}", m.name);
+        }
+        for e in ndd_endpoint::SOURCES.iter().chain(ndd_endpoint::SINKS) {
+            assert!(text.contains(e.name), "{}", e.name);
+        }
+    }
+}

@@ -1,0 +1,256 @@
+//! Runtime statistics: per stream and per module, always on, cheap. Printed live (`--stats`)
+//! and as JSON on exit (`--stats-json FILE`).
+
+use hdrhistogram::Histogram;
+use ndd_core::LayerStats;
+use serde::Serialize;
+use std::time::{Duration, Instant};
+
+/// Counters of one stream on one side.
+#[derive(Debug)]
+pub struct StreamStats {
+    /// Stream name.
+    pub name: String,
+    /// `source` or `sink` on this side.
+    pub role: &'static str,
+    /// Direction, as text.
+    pub direction: String,
+    /// Frames through the endpoint (produced on a source, delivered on a sink).
+    pub frames: u64,
+    /// Payload bytes through the endpoint.
+    pub bytes: u64,
+    /// Frames sent to / received from the link.
+    pub wire_frames: u64,
+    /// Bytes sent to / received from the link (frame payloads, headers of pairs included).
+    pub wire_bytes: u64,
+    /// One-way latency, source timestamp to delivery, in µs (sink only).
+    latency_us: Histogram<u64>,
+    /// Inter-frame spacing error |Δdelivery − Δcreation|, in µs (sink only).
+    jitter_us: Histogram<u64>,
+    last: Option<(u64, u64)>,
+    /// Per-layer stats, refreshed from the stack.
+    pub layers: Vec<LayerStats>,
+    window: (Instant, u64, u64),
+}
+
+/// A point-in-time summary, for the live line and JSON.
+#[derive(Debug, Serialize)]
+pub struct StreamSummary {
+    /// Stream name.
+    pub name: String,
+    /// `source` or `sink` on this side.
+    pub role: &'static str,
+    /// Direction.
+    pub direction: String,
+    /// Frames through the endpoint.
+    pub frames: u64,
+    /// Payload bytes through the endpoint.
+    pub bytes: u64,
+    /// Frames over the link.
+    pub wire_frames: u64,
+    /// Bytes over the link.
+    pub wire_bytes: u64,
+    /// Frames dropped by pairs.
+    pub drops: u64,
+    /// One-way latency p50, ms (sink only).
+    pub latency_p50_ms: Option<f64>,
+    /// One-way latency p99, ms (sink only).
+    pub latency_p99_ms: Option<f64>,
+    /// Mean inter-frame spacing error, ms (sink only).
+    pub jitter_mean_ms: Option<f64>,
+    /// Per-module counters.
+    pub modules: Vec<ModuleSummary>,
+}
+
+/// One layer's counters.
+#[derive(Debug, Serialize)]
+pub struct ModuleSummary {
+    /// Layer index.
+    pub layer: usize,
+    /// Pair name.
+    pub module: &'static str,
+    /// Frames in.
+    pub frames_in: u64,
+    /// Frames out.
+    pub frames_out: u64,
+    /// Bytes in.
+    pub bytes_in: u64,
+    /// Bytes out.
+    pub bytes_out: u64,
+    /// Drops.
+    pub drops: u64,
+    /// Frames held.
+    pub queue_depth: u64,
+    /// Control messages in / out.
+    pub control: (u64, u64),
+    /// Module-specific counters.
+    pub counters: Vec<(&'static str, u64)>,
+}
+
+fn hist() -> Histogram<u64> {
+    // 1 µs .. 1 hour, 3 significant digits.
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("static histogram bounds are valid")
+}
+
+impl StreamStats {
+    /// Empty counters.
+    pub fn new(name: &str, role: &'static str, direction: String) -> StreamStats {
+        StreamStats {
+            name: name.to_string(),
+            role,
+            direction,
+            frames: 0,
+            bytes: 0,
+            wire_frames: 0,
+            wire_bytes: 0,
+            latency_us: hist(),
+            jitter_us: hist(),
+            last: None,
+            layers: Vec::new(),
+            window: (Instant::now(), 0, 0),
+        }
+    }
+
+    /// A frame created at `created_ns` (source clock, already corrected to ours) was delivered
+    /// at `now_ns` (our clock).
+    pub fn delivered(&mut self, len: usize, created_ns: u64, now_ns: u64) {
+        self.frames += 1;
+        self.bytes += len as u64;
+        let lat = now_ns.saturating_sub(created_ns) / 1000;
+        self.latency_us.saturating_record(lat.max(1));
+        if let Some((pc, pn)) = self.last {
+            let dc = created_ns as i128 - pc as i128;
+            let dn = now_ns as i128 - pn as i128;
+            let err = ((dn - dc).unsigned_abs() / 1000) as u64;
+            self.jitter_us.saturating_record(err.max(1));
+        }
+        self.last = Some((created_ns, now_ns));
+    }
+
+    /// A frame was produced by the source endpoint.
+    pub fn produced(&mut self, len: usize) {
+        self.frames += 1;
+        self.bytes += len as u64;
+    }
+
+    /// A frame crossed the link.
+    pub fn wire(&mut self, len: usize) {
+        self.wire_frames += 1;
+        self.wire_bytes += len as u64;
+    }
+
+    /// Summary now.
+    pub fn summary(&self) -> StreamSummary {
+        let sink = self.role == "sink" && !self.latency_us.is_empty();
+        let ms = |us: u64| us as f64 / 1000.0;
+        StreamSummary {
+            name: self.name.clone(),
+            role: self.role,
+            direction: self.direction.clone(),
+            frames: self.frames,
+            bytes: self.bytes,
+            wire_frames: self.wire_frames,
+            wire_bytes: self.wire_bytes,
+            drops: self.layers.iter().map(|l| l.half.drops).sum(),
+            latency_p50_ms: sink.then(|| ms(self.latency_us.value_at_quantile(0.5))),
+            latency_p99_ms: sink.then(|| ms(self.latency_us.value_at_quantile(0.99))),
+            jitter_mean_ms: (sink && !self.jitter_us.is_empty())
+                .then(|| self.jitter_us.mean() / 1000.0),
+            modules: self
+                .layers
+                .iter()
+                .map(|l| ModuleSummary {
+                    layer: l.layer,
+                    module: l.module,
+                    frames_in: l.frames_in,
+                    frames_out: l.frames_out,
+                    bytes_in: l.bytes_in,
+                    bytes_out: l.bytes_out,
+                    drops: l.half.drops,
+                    queue_depth: l.half.queue_depth,
+                    control: (l.control_in, l.control_out),
+                    counters: l.half.counters.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The live line: totals, rate since the last line, latency and jitter.
+    pub fn live_line(&mut self, side: &str) -> String {
+        let now = Instant::now();
+        let (t, f0, b0) = self.window;
+        let dt = now
+            .duration_since(t)
+            .max(Duration::from_millis(1))
+            .as_secs_f64();
+        let fps = (self.frames - f0) as f64 / dt;
+        let bps = (self.bytes - b0) as f64 / dt;
+        self.window = (now, self.frames, self.bytes);
+        let s = self.summary();
+        let mut line = format!(
+            "[{side}] {:<10} {:<5} {} {:>8} frames {:>7.1} f/s {:>9}/s",
+            s.name,
+            s.role,
+            s.direction,
+            s.frames,
+            fps,
+            human_bytes(bps)
+        );
+        if let (Some(p50), Some(p99)) = (s.latency_p50_ms, s.latency_p99_ms) {
+            line += &format!("  latency p50 {p50:.3} ms p99 {p99:.3} ms");
+        }
+        if let Some(j) = s.jitter_mean_ms {
+            line += &format!("  jitter {j:.3} ms");
+        }
+        line += &format!("  drops {}", s.drops);
+        line
+    }
+}
+
+/// `12.3 KB`, `4.0 MB`…
+pub fn human_bytes(b: f64) -> String {
+    const UNITS: [&str; 5] = ["B", "KB", "MB", "GB", "TB"];
+    let mut v = b;
+    let mut u = 0;
+    while v >= 1000.0 && u < UNITS.len() - 1 {
+        v /= 1000.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{v:.0} {}", UNITS[u])
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_and_jitter_are_measured_from_timestamps() {
+        let mut s = StreamStats::new("e", "sink", "device→app".into());
+        // Created every 16 ms, delivered 2 ms later, one frame 5 ms late.
+        for (i, extra) in [(0u64, 0u64), (1, 0), (2, 5), (3, 0)] {
+            let c = i * 16_000_000;
+            s.delivered(10, c, c + 2_000_000 + extra * 1_000_000);
+        }
+        let sum = s.summary();
+        assert_eq!(sum.frames, 4);
+        assert_eq!(sum.bytes, 40);
+        assert!((sum.latency_p50_ms.unwrap() - 2.0).abs() < 0.01, "{sum:?}");
+        assert!((sum.latency_p99_ms.unwrap() - 7.0).abs() < 0.01, "{sum:?}");
+        // Spacing errors: 0, 5, 5 ms (hist floor 1 µs).
+        assert!(
+            (sum.jitter_mean_ms.unwrap() - 10.0 / 3.0).abs() < 0.01,
+            "{sum:?}"
+        );
+    }
+
+    #[test]
+    fn human_units() {
+        assert_eq!(human_bytes(999.0), "999 B");
+        assert_eq!(human_bytes(1500.0), "1.5 KB");
+        assert_eq!(human_bytes(2.5e9), "2.5 GB");
+    }
+}

@@ -1,0 +1,475 @@
+//! Two real `ndd` processes over 127.0.0.1 (the app side listens on port 0 and says where),
+//! TLS on unless a test is about `--insecure`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+struct Dir(PathBuf);
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let p = std::env::temp_dir().join(format!("ndd-it-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Dir(p)
+    }
+}
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn ndd() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ndd"));
+    c.env("NDD_LOG", "warn").env_remove("NDD_HOME");
+    c
+}
+
+fn ok(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("ndd runs");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Two homes; `trust` says who trusts whom (device trusts app, app trusts device).
+fn homes(
+    dir: &Path,
+    dev_trusts_app: bool,
+    app_trusts_dev: bool,
+) -> (PathBuf, PathBuf, String, String) {
+    let (d, a) = (dir.join("dev"), dir.join("app"));
+    let dfp = ok(ndd().args(["id", "--home"]).arg(&d)).trim().to_string();
+    let afp = ok(ndd().args(["id", "--home"]).arg(&a)).trim().to_string();
+    if dev_trusts_app {
+        ok(ndd()
+            .args(["trust", &afp, "--name", "app", "--home"])
+            .arg(&d));
+    }
+    if app_trusts_dev {
+        ok(ndd()
+            .args(["trust", &dfp, "--name", "device", "--home"])
+            .arg(&a));
+    }
+    (d, a, dfp, afp)
+}
+
+/// A running side: its stderr lines are collected; stdout is collected in full.
+struct Side {
+    child: Child,
+    stderr: Arc<Mutex<Vec<String>>>,
+    stdout: Option<thread::JoinHandle<Vec<u8>>>,
+    stderr_done: Option<thread::JoinHandle<()>>,
+    listening: mpsc::Receiver<String>,
+}
+
+impl Side {
+    fn spawn(mut cmd: Command) -> Side {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn ndd");
+        let err = child.stderr.take().unwrap();
+        let mut out = child.stdout.take().unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel();
+        let l2 = lines.clone();
+        let stderr_done = thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                if let Some(addr) = line.split("listening on ").nth(1) {
+                    let _ = tx.send(addr.trim().to_string());
+                }
+                l2.lock().unwrap().push(line);
+            }
+        });
+        let stdout = thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = out.read_to_end(&mut v);
+            v
+        });
+        Side {
+            child,
+            stderr: lines,
+            stdout: Some(stdout),
+            stderr_done: Some(stderr_done),
+            listening: rx,
+        }
+    }
+
+    fn addr(&self) -> String {
+        self.listening.recv_timeout(WAIT).unwrap_or_else(|_| {
+            panic!(
+                "no 'listening on' line; stderr: {:?}",
+                self.stderr.lock().unwrap()
+            )
+        })
+    }
+
+    fn feed(&mut self, data: Vec<u8>) -> thread::JoinHandle<()> {
+        let mut stdin = self.child.stdin.take().unwrap();
+        thread::spawn(move || {
+            let _ = stdin.write_all(&data);
+        })
+    }
+
+    /// Waits for exit (bounded), returns (status, stdout, stderr text).
+    fn finish(mut self) -> (ExitStatus, Vec<u8>, String) {
+        drop(self.child.stdin.take());
+        let (tx, rx) = mpsc::channel();
+        let mut child = self.child;
+        thread::spawn(move || {
+            let _ = tx.send(child.wait());
+        });
+        let status = match rx.recv_timeout(WAIT) {
+            Ok(s) => s.unwrap(),
+            Err(_) => panic!(
+                "ndd did not exit in time; stderr: {:?}",
+                self.stderr.lock().unwrap()
+            ),
+        };
+        let out = self.stdout.take().unwrap().join().unwrap();
+        // The stderr reader ends at EOF, which the exit guarantees.
+        self.stderr_done.take().unwrap().join().unwrap();
+        let err = self.stderr.lock().unwrap().join("\n");
+        (status, out, err)
+    }
+}
+
+fn run_cmd(cfg: &Path, side: &str, home: &Path, extra: &[&str]) -> Command {
+    let mut c = ndd();
+    c.arg("run")
+        .arg(cfg)
+        .args(["--side", side, "--home"])
+        .arg(home)
+        .args(extra);
+    c
+}
+
+fn random(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 33) as u8
+        })
+        .collect()
+}
+
+const STDIO: &str = r#"
+driver = "stdio"
+[[stream]]
+name = "up"
+direction = "device-to-app"
+source = { type = "stdin" }
+sink = { type = "stdout" }
+stack = [{ type = "checksum" }, { type = "bundle", count = 8, max_delay_ms = 5 }]
+[[stream]]
+name = "down"
+direction = "app-to-device"
+source = { type = "stdin" }
+sink = { type = "stdout" }
+stack = [{ type = "checksum" }]
+"#;
+
+#[test]
+fn one_megabyte_each_way_arrives_byte_identical_over_tls() {
+    let dir = Dir::new("stdio");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let cfg = dir.0.join("stdio.toml");
+    std::fs::write(&cfg, STDIO).unwrap();
+    let up = random(1 << 20, 1);
+    let down = random(300_000, 2);
+
+    let mut app = Side::spawn(run_cmd(
+        &cfg,
+        "app",
+        &app_home,
+        &["--listen", "127.0.0.1:0"],
+    ));
+    let addr = app.addr();
+    let mut dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &addr]));
+    // Both directions at the same time.
+    let f1 = dev.feed(up.clone());
+    let f2 = app.feed(down.clone());
+    f1.join().unwrap();
+    f2.join().unwrap();
+    let (ds, dout, derr) = dev.finish();
+    let (as_, aout, aerr) = app.finish();
+    assert!(ds.success(), "device side failed: {derr}");
+    assert!(as_.success(), "app side failed: {aerr}");
+    assert!(
+        aout == up,
+        "app stdout differs from device stdin ({} vs {} bytes)",
+        aout.len(),
+        up.len()
+    );
+    assert!(
+        dout == down,
+        "device stdout differs from app stdin ({} vs {} bytes)",
+        dout.len(),
+        down.len()
+    );
+}
+
+const SYNTH: &str = r#"
+driver = "synth"
+[[stream]]
+name = "events"
+direction = "device-to-app"
+source = { type = "synthetic", size = 64, interval_ms = 1.0, count = 200, seed = 5 }
+sink = { type = "check", seed = 5, size = 64, expect = 200 }
+stack = [{ type = "checksum" }, { type = "bundle", count = COUNT }]
+"#;
+
+#[test]
+fn stack_mismatch_is_reported_on_both_sides_naming_stream_and_layer() {
+    let dir = Dir::new("mismatch");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let (dcfg, acfg) = (dir.0.join("d.toml"), dir.0.join("a.toml"));
+    std::fs::write(&dcfg, SYNTH.replace("COUNT", "4")).unwrap();
+    std::fs::write(&acfg, SYNTH.replace("COUNT", "5")).unwrap();
+    let app = Side::spawn(run_cmd(
+        &acfg,
+        "app",
+        &app_home,
+        &["--listen", "127.0.0.1:0"],
+    ));
+    let addr = app.addr();
+    let dev = Side::spawn(run_cmd(&dcfg, "device", &dev_home, &["--connect", &addr]));
+    let (ds, _, derr) = dev.finish();
+    let (as_, _, aerr) = app.finish();
+    assert!(!ds.success() && !as_.success());
+    let b = |n| format!("bundle(count={n}, max_delay_ms=100, max_bytes=1048576, playout_ms=0)");
+    let want_dev = format!(
+        "stream \"events\" layer 1: this side has {}, peer has {}",
+        b(4),
+        b(5)
+    );
+    let want_app = format!(
+        "stream \"events\" layer 1: this side has {}, peer has {}",
+        b(5),
+        b(4)
+    );
+    assert!(derr.contains(&want_dev), "device stderr: {derr}");
+    assert!(aerr.contains(&want_app), "app stderr: {aerr}");
+    assert_eq!(
+        derr.lines()
+            .filter(|l| l.starts_with("ndd: error:"))
+            .count(),
+        1,
+        "one error line: {derr}"
+    );
+}
+
+#[test]
+fn untrusted_peer_is_refused_on_both_sides_with_the_trust_command() {
+    let dir = Dir::new("untrusted");
+    // The device trusts the app, the app does not know the device.
+    let (dev_home, app_home, dfp, _) = homes(&dir.0, true, false);
+    let cfg = dir.0.join("c.toml");
+    std::fs::write(&cfg, SYNTH.replace("COUNT", "4")).unwrap();
+    let app = Side::spawn(run_cmd(
+        &cfg,
+        "app",
+        &app_home,
+        &["--listen", "127.0.0.1:0"],
+    ));
+    let addr = app.addr();
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &addr]));
+    let (ds, _, derr) = dev.finish();
+    let (as_, _, aerr) = app.finish();
+    assert!(!ds.success() && !as_.success());
+    assert!(
+        aerr.contains("refused untrusted peer")
+            && aerr.contains(&format!("run: ndd trust {dfp} --home")),
+        "app stderr: {aerr}"
+    );
+    assert!(
+        derr.contains(&format!("on the peer's machine run: ndd trust {dfp}")),
+        "device stderr: {derr}"
+    );
+}
+
+#[test]
+fn garbage_to_the_listener_is_rejected_and_the_next_peer_is_served() {
+    for insecure in [false, true] {
+        let dir = Dir::new(if insecure {
+            "garbage-plain"
+        } else {
+            "garbage-tls"
+        });
+        let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+        let cfg = dir.0.join("c.toml");
+        std::fs::write(&cfg, SYNTH.replace("COUNT", "4")).unwrap();
+        let mut extra = vec!["--listen", "127.0.0.1:0"];
+        if insecure {
+            extra.push("--insecure");
+        }
+        let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &extra));
+        let addr = app.addr();
+        // Garbage: random bytes, then an HTTP request.
+        for junk in [
+            random(4096, 9),
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+        ] {
+            let mut s = TcpStream::connect(&addr).unwrap();
+            let _ = s.write_all(&junk);
+            let _ = s.shutdown(std::net::Shutdown::Write);
+            let mut sink = Vec::new();
+            let _ = s.read_to_end(&mut sink);
+        }
+        let mut dextra = vec!["--connect", addr.as_str()];
+        if insecure {
+            dextra.push("--insecure");
+        }
+        let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &dextra));
+        let (ds, _, derr) = dev.finish();
+        let (as_, _, aerr) = app.finish();
+        assert!(ds.success(), "device (insecure={insecure}): {derr}");
+        assert!(as_.success(), "app (insecure={insecure}): {aerr}");
+        assert!(
+            aerr.matches("rejected a connection").count() >= 2,
+            "app stderr: {aerr}"
+        );
+        assert!(
+            aerr.contains("check: 200 frames") && aerr.contains("OK"),
+            "app stderr: {aerr}"
+        );
+        if insecure {
+            assert!(aerr.contains("WARNING: --insecure"), "{aerr}");
+        }
+    }
+}
+
+#[test]
+fn a_peer_that_disconnects_mid_frame_is_a_clear_error() {
+    let dir = Dir::new("midframe");
+    let (_, app_home, _, _) = homes(&dir.0, true, true);
+    let cfg = dir.0.join("c.toml");
+    std::fs::write(&cfg, SYNTH.replace("COUNT", "4")).unwrap();
+    let app = Side::spawn(run_cmd(
+        &cfg,
+        "app",
+        &app_home,
+        &["--listen", "127.0.0.1:0", "--insecure"],
+    ));
+    let addr = app.addr();
+    // Speak just enough of the protocol: the app side's own HELLO tells us what to send back.
+    let mut s = TcpStream::connect(&addr).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let mut got = Vec::new();
+    let hello_len = loop {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "app closed before its HELLO");
+        got.extend_from_slice(&buf[..n]);
+        if got.len() >= 10 {
+            let len = 10 + u32::from_be_bytes(got[6..10].try_into().unwrap()) as usize;
+            if got.len() >= len {
+                break len;
+            }
+        }
+    };
+    let mut hello = got[..hello_len].to_vec();
+    hello[10] = 0; // side: device
+    s.write_all(&hello).unwrap();
+    s.write_all(&[1, 4, 0, 0, 0, 0, 0, 0, 0, 0]).unwrap(); // READY
+                                                           // A DATA header announcing 1000 bytes of payload, then only 10 of them.
+    let mut data = vec![1, 1, 0, 0, 0, 1];
+    data.extend_from_slice(&(16u32 + 1000).to_be_bytes());
+    data.extend_from_slice(&[0; 16]);
+    data.extend_from_slice(&[7; 10]);
+    s.write_all(&data).unwrap();
+    // Half-close (FIN, not RST: unread bytes on a dropped socket would turn it into a reset),
+    // then read until the app side hangs up.
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    let (st, _, err) = app.finish();
+    assert!(!st.success());
+    assert!(err.contains("middle of a message"), "app stderr: {err}");
+}
+
+#[test]
+fn bad_config_and_missing_endpoint_file_give_one_clear_line() {
+    let dir = Dir::new("badcfg");
+    let cfg = dir.0.join("bad.toml");
+    std::fs::write(
+        &cfg,
+        "driver = \"x\"\n[[stream]]\nname = \"s\"\ndirection = \"sideways\"\n",
+    )
+    .unwrap();
+    let out = ndd()
+        .arg("run")
+        .arg(&cfg)
+        .args(["--side", "app", "--home"])
+        .arg(&dir.0)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        err.starts_with(&format!(
+            "ndd: error: {}:4: unknown variant `sideways`",
+            cfg.display()
+        )),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+
+    let missing = dir.0.join("missing.toml");
+    let out = ndd()
+        .arg("run")
+        .arg(&missing)
+        .args(["--side", "app"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot read config file") && err.contains("No such file"),
+        "{err}"
+    );
+
+    // An endpoint file that does not exist: the device side fails before it connects.
+    let cfg = dir.0.join("file.toml");
+    std::fs::write(
+        &cfg,
+        "driver = \"f\"\n[[stream]]\nname = \"s\"\ndirection = \"device-to-app\"\n\
+         source = { type = \"file\", path = \"/nonexistent/input\" }\nsink = { type = \"null\" }\n",
+    )
+    .unwrap();
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let app = Side::spawn(run_cmd(
+        &cfg,
+        "app",
+        &app_home,
+        &["--listen", "127.0.0.1:0", "--duration", "20"],
+    ));
+    let addr = app.addr();
+    let out = run_cmd(&cfg, "device", &dev_home, &["--connect", &addr])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("/nonexistent/input") && err.contains("No such file"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    let (_, _, aerr) = app.finish();
+    assert!(!aerr.contains("panicked"), "{aerr}");
+}

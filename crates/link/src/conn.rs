@@ -1,0 +1,515 @@
+//! TCP connections, with or without TLS, framed into ndd messages.
+//!
+//! [`listen`] / [`Listener::accept`] and [`connect`] give a [`Conn`]; [`Conn::split`] gives a
+//! [`MessageReader`] and a [`MessageWriter`] that can live in different tasks.
+//!
+//! Framing follows `docs/protocol.md` §3: the reader checks the version and the announced body
+//! length against its `max_body` as soon as the 10-byte prefix is in, before buffering the
+//! body. DATA payloads are handed out as slices of the read buffer ([`bytes::Bytes`]), never
+//! copied; DATA headers are written into the frame's headroom, so a frame goes out as one
+//! contiguous write without copying its payload.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use ndd_core::{Frame, Meta};
+use ndd_wire::{
+    peek_message_len, DataHeader, Kind, Message, OwnedMessage, DATA_HEADER_LEN, FLAG_RETRANSMIT,
+    HEADER_LEN,
+};
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, ServerConfig};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf, ReadHalf, WriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::{TlsAcceptor, TlsConnector, TlsStream};
+
+use crate::tls::{peer_fingerprint, SERVER_NAME};
+use crate::{LinkError, Result};
+
+/// The receive limit a [`MessageReader`] starts with: 16 MiB of body. The session lowers or
+/// raises it to the `max_body` it announces in its HELLO ([`MessageReader::set_max_body`]).
+pub const DEFAULT_MAX_BODY: u32 = 16 * 1024 * 1024;
+
+/// First byte of a TLS connection (record type "handshake"); never a valid version byte.
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
+/// Smallest free space the reader offers the socket per read.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Who is on the other end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// The peer's socket address.
+    pub addr: SocketAddr,
+    /// The peer's key fingerprint (`SHA256:…`) on a TLS connection; `None` with `--insecure`.
+    /// Not yet checked against `known_peers`: that is the caller's job
+    /// ([`crate::KnownPeers::verify`]).
+    pub fingerprint: Option<String>,
+}
+
+/// One connection: TLS (either end) or plain TCP (`--insecure`).
+#[derive(Debug)]
+pub enum Conn {
+    /// Mutual TLS 1.3 over TCP.
+    Tls(Box<TlsStream<TcpStream>>),
+    /// Plain TCP: no authentication, no encryption.
+    Plain(TcpStream),
+}
+
+impl Conn {
+    /// Whether this connection is encrypted and authenticated.
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Conn::Tls(_))
+    }
+
+    /// The peer's fingerprint (`None` on plain TCP).
+    pub fn peer_fingerprint(&self) -> Result<Option<String>> {
+        match self {
+            Conn::Tls(tls) => peer_fingerprint(tls.get_ref().1).map(Some),
+            Conn::Plain(_) => Ok(None),
+        }
+    }
+
+    /// The peer's socket address.
+    pub fn peer_addr(&self) -> Result<SocketAddr> {
+        Ok(self.tcp().peer_addr()?)
+    }
+
+    /// Our socket address.
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        Ok(self.tcp().local_addr()?)
+    }
+
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Conn::Tls(tls) => tls.get_ref().0,
+            Conn::Plain(tcp) => tcp,
+        }
+    }
+
+    /// Split into a message reader and a message writer (with `tokio::io::split`).
+    pub fn split(self) -> (MessageReader, MessageWriter) {
+        let tls = self.is_tls();
+        let (read, write) = tokio::io::split(self);
+        (
+            MessageReader {
+                inner: read,
+                buf: BytesMut::new(),
+                max_body: DEFAULT_MAX_BODY,
+                tls,
+                first: true,
+            },
+            MessageWriter {
+                inner: write,
+                scratch: Vec::new(),
+                peer_max_body: u32::MAX,
+            },
+        )
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Conn::Plain(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            Conn::Plain(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+            Conn::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Conn::Tls(s) => s.is_write_vectored(),
+            Conn::Plain(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Conn::Plain(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            Conn::Plain(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// A listening TCP socket.
+#[derive(Debug)]
+pub struct Listener {
+    inner: TcpListener,
+}
+
+/// Listen on `addr` (`host:port`; port 0 picks a free port).
+pub async fn listen(addr: &str) -> Result<Listener> {
+    let inner = TcpListener::bind(addr)
+        .await
+        .map_err(|source| LinkError::Bind {
+            addr: addr.to_owned(),
+            source,
+        })?;
+    Ok(Listener { inner })
+}
+
+impl Listener {
+    /// The address actually bound.
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        Ok(self.inner.local_addr()?)
+    }
+
+    /// Accept one connection and, with `tls`, run the server side of the TLS handshake
+    /// (bounded by `handshake_timeout`).
+    ///
+    /// A failed or timed-out handshake ([`LinkError::Handshake`],
+    /// [`LinkError::HandshakeTimeout`]) concerns that connection only, which is dropped: the
+    /// listener stays usable, so a caller loops and serves the next peer. Only
+    /// [`LinkError::Accept`] comes from the listening socket itself.
+    ///
+    /// The returned fingerprint is not checked against `known_peers` yet.
+    pub async fn accept(
+        &self,
+        tls: Option<&Arc<ServerConfig>>,
+        handshake_timeout: Duration,
+    ) -> Result<(Conn, PeerInfo)> {
+        let (tcp, addr) = self.inner.accept().await.map_err(LinkError::Accept)?;
+        set_nodelay(&tcp);
+        let Some(config) = tls else {
+            tracing::debug!(%addr, "accepted plain TCP connection");
+            return Ok((
+                Conn::Plain(tcp),
+                PeerInfo {
+                    addr,
+                    fingerprint: None,
+                },
+            ));
+        };
+        let acceptor = TlsAcceptor::from(Arc::clone(config));
+        let stream = match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
+            Err(_) => {
+                tracing::debug!(%addr, "TLS handshake timed out");
+                return Err(LinkError::HandshakeTimeout {
+                    addr,
+                    timeout: handshake_timeout,
+                });
+            }
+            Ok(Err(source)) => {
+                tracing::debug!(%addr, error = %source, "TLS handshake failed");
+                return Err(LinkError::Handshake { addr, source });
+            }
+            Ok(Ok(stream)) => stream,
+        };
+        let fingerprint = peer_fingerprint(stream.get_ref().1)?;
+        tracing::debug!(%addr, %fingerprint, "accepted TLS connection");
+        Ok((
+            Conn::Tls(Box::new(TlsStream::Server(stream))),
+            PeerInfo {
+                addr,
+                fingerprint: Some(fingerprint),
+            },
+        ))
+    }
+}
+
+/// Connect to `addr` (`host:port`) and, with `tls`, run the client side of the TLS handshake;
+/// `timeout` bounds both together.
+///
+/// The returned fingerprint is not checked against `known_peers` yet.
+pub async fn connect(
+    addr: &str,
+    tls: Option<&Arc<ClientConfig>>,
+    timeout: Duration,
+) -> Result<(Conn, PeerInfo)> {
+    let attempt = async {
+        let tcp = TcpStream::connect(addr)
+            .await
+            .map_err(|source| LinkError::Connect {
+                addr: addr.to_owned(),
+                source,
+            })?;
+        set_nodelay(&tcp);
+        let peer = tcp.peer_addr()?;
+        let Some(config) = tls else {
+            return Ok((
+                Conn::Plain(tcp),
+                PeerInfo {
+                    addr: peer,
+                    fingerprint: None,
+                },
+            ));
+        };
+        let name = ServerName::try_from(SERVER_NAME)
+            .map_err(|_| rustls::Error::General(format!("invalid SNI name {SERVER_NAME}")))?;
+        let stream = TlsConnector::from(Arc::clone(config))
+            .connect(name, tcp)
+            .await
+            .map_err(|source| LinkError::Handshake { addr: peer, source })?;
+        let fingerprint = peer_fingerprint(stream.get_ref().1)?;
+        tracing::debug!(addr = %peer, %fingerprint, "connected with TLS");
+        Ok((
+            Conn::Tls(Box::new(TlsStream::Client(stream))),
+            PeerInfo {
+                addr: peer,
+                fingerprint: Some(fingerprint),
+            },
+        ))
+    };
+    tokio::time::timeout(timeout, attempt)
+        .await
+        .map_err(|_| LinkError::ConnectTimeout {
+            addr: addr.to_owned(),
+            timeout,
+        })?
+}
+
+fn set_nodelay(tcp: &TcpStream) {
+    if let Err(error) = tcp.set_nodelay(true) {
+        tracing::warn!(%error, "cannot set TCP_NODELAY");
+    }
+}
+
+/// One message read from a link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Incoming {
+    /// A DATA message: its header and its payload, a slice of the read buffer (not a copy).
+    Data {
+        /// Stream, retransmit flag, sequence number, source timestamp.
+        header: DataHeader,
+        /// The payload.
+        payload: Bytes,
+    },
+    /// Any other message.
+    Other(OwnedMessage),
+}
+
+impl Incoming {
+    /// A DATA message as a [`Frame`] (zero copy); any other message back as `Err`.
+    pub fn into_frame(self) -> std::result::Result<Frame, OwnedMessage> {
+        match self {
+            Incoming::Data { header, payload } => Ok(Frame::from_bytes(
+                Meta {
+                    stream: header.stream_id,
+                    seq: header.seq,
+                    timestamp_ns: header.timestamp_ns,
+                    flags: header.flags(),
+                },
+                payload,
+            )),
+            Incoming::Other(msg) => Err(msg),
+        }
+    }
+}
+
+/// The reading half of a [`Conn`]: yields whole messages.
+#[derive(Debug)]
+pub struct MessageReader {
+    inner: ReadHalf<Conn>,
+    buf: BytesMut,
+    max_body: u32,
+    tls: bool,
+    /// No message has been read yet.
+    first: bool,
+}
+
+impl MessageReader {
+    /// Largest body accepted; a message announcing more is an error before its body is read.
+    pub fn set_max_body(&mut self, max_body: u32) {
+        self.max_body = max_body;
+    }
+
+    /// The current receive limit.
+    pub fn max_body(&self) -> u32 {
+        self.max_body
+    }
+
+    /// The next message; `Ok(None)` when the peer closed the connection cleanly between two
+    /// messages.
+    ///
+    /// Errors: bad bytes ([`LinkError::Wire`], with the wire format's text), a connection
+    /// closed inside a message ([`LinkError::ClosedMidMessage`]), a TLS stream cut without
+    /// close_notify ([`LinkError::TlsTruncated`]), socket errors. After an error the
+    /// connection is unusable.
+    ///
+    /// Cancel safe: bytes already read stay buffered for the next call, so this can sit in a
+    /// `tokio::select!`.
+    pub async fn read(&mut self) -> Result<Option<Incoming>> {
+        loop {
+            if self.first && !self.tls && self.buf.first() == Some(&TLS_HANDSHAKE_RECORD) {
+                return Err(LinkError::PeerSpeaksTls);
+            }
+            let need = match peek_message_len(&self.buf, self.max_body)? {
+                Some(total) if self.buf.len() >= total => return self.take(total).map(Some),
+                Some(total) => total - self.buf.len(),
+                None => HEADER_LEN - self.buf.len(),
+            };
+            self.buf.reserve(need.max(READ_CHUNK));
+            match self.inner.read_buf(&mut self.buf).await {
+                Ok(0) => return self.eof(),
+                Ok(_) => {}
+                Err(e) if self.tls && e.kind() == io::ErrorKind::UnexpectedEof => {
+                    // Inside a message, that is the error to report; between messages,
+                    // the missing close_notify is.
+                    self.eof()?;
+                    return Err(LinkError::TlsTruncated);
+                }
+                Err(e) => return Err(LinkError::Io(e)),
+            }
+        }
+    }
+
+    /// The connection ended: clean between messages, an error inside one.
+    fn eof(&self) -> Result<Option<Incoming>> {
+        if self.buf.is_empty() {
+            return Ok(None);
+        }
+        // The prefix has been checked when it is complete, so this cannot fail; if it did,
+        // report the length as unknown.
+        let need = match peek_message_len(&self.buf, self.max_body) {
+            Ok(Some(total)) => total,
+            _ => HEADER_LEN,
+        };
+        Err(LinkError::ClosedMidMessage {
+            got: self.buf.len(),
+            need,
+        })
+    }
+
+    fn take(&mut self, total: usize) -> Result<Incoming> {
+        self.first = false;
+        let mut msg = self.buf.split_to(total);
+        if msg.get(1) == Some(&(Kind::Data as u8)) {
+            let (header, _) = DataHeader::parse(&msg, self.max_body)?;
+            // `parse` succeeded, so the message holds the whole 26-byte header.
+            let payload = msg.split_off(DATA_HEADER_LEN).freeze();
+            tracing::trace!(
+                stream = header.stream_id,
+                seq = header.seq,
+                len = payload.len(),
+                "DATA in"
+            );
+            return Ok(Incoming::Data { header, payload });
+        }
+        let (message, _) = Message::parse(&msg, self.max_body)?;
+        Ok(Incoming::Other(message.to_owned_message()))
+    }
+}
+
+/// The writing half of a [`Conn`].
+///
+/// Writes are not buffered beyond what TLS does: each call is one write of the whole message,
+/// and [`MessageWriter::flush`] pushes out anything TLS still holds.
+#[derive(Debug)]
+pub struct MessageWriter {
+    inner: WriteHalf<Conn>,
+    scratch: Vec<u8>,
+    peer_max_body: u32,
+}
+
+impl MessageWriter {
+    /// The peer's `max_body` (from its HELLO): larger messages are refused locally with
+    /// [`LinkError::TooLargeForPeer`] instead of being sent. Unlimited until set.
+    pub fn set_peer_max_body(&mut self, max_body: u32) {
+        self.peer_max_body = max_body;
+    }
+
+    /// Send `frame` as a DATA message on stream `frame.meta.stream`. The 26-byte DATA header
+    /// goes into the frame's headroom, so header and payload leave in one write without
+    /// copying the payload. The message's retransmit flag is set if `flags` or
+    /// `frame.meta.flags` has [`FLAG_RETRANSMIT`]; other flag bits have no place on the wire.
+    pub async fn write_frame(&mut self, mut frame: Frame, flags: u16) -> Result<()> {
+        let header = DataHeader {
+            stream_id: frame.meta.stream,
+            retransmit: (flags | frame.meta.flags) & FLAG_RETRANSMIT != 0,
+            seq: frame.meta.seq,
+            timestamp_ns: frame.meta.timestamp_ns,
+        };
+        let payload_len = frame.len();
+        self.check_peer_limit((DATA_HEADER_LEN - HEADER_LEN) as u64 + payload_len as u64)?;
+        let mut emitted = Ok(());
+        frame.push_header_with(DATA_HEADER_LEN, |buf| {
+            emitted = header.emit(payload_len, buf);
+        });
+        emitted?;
+        let bytes = frame.into_bytes();
+        tracing::trace!(
+            stream = header.stream_id,
+            seq = header.seq,
+            len = payload_len,
+            "DATA out"
+        );
+        self.inner.write_all(&bytes).await?;
+        Ok(())
+    }
+
+    /// Send any message (CONTROL, HELLO, …; a DATA message too, copying its payload).
+    pub async fn write_message(&mut self, msg: &Message<'_>) -> Result<()> {
+        self.check_peer_limit(msg.body_len() as u64)?;
+        self.scratch.clear();
+        msg.emit_append(&mut self.scratch)?;
+        self.inner.write_all(&self.scratch).await?;
+        if self.scratch.capacity() > READ_CHUNK {
+            // Do not keep a large buffer around for one large message.
+            self.scratch = Vec::new();
+        }
+        Ok(())
+    }
+
+    /// Push out anything still held (TLS records).
+    pub async fn flush(&mut self) -> Result<()> {
+        self.inner.flush().await?;
+        Ok(())
+    }
+
+    /// Flush and close the sending direction: TLS sends close_notify, then TCP sends FIN.
+    /// The peer's reader then sees a clean end (`Ok(None)`).
+    pub async fn shutdown(&mut self) -> Result<()> {
+        self.inner.shutdown().await?;
+        Ok(())
+    }
+
+    fn check_peer_limit(&self, body_len: u64) -> Result<()> {
+        if body_len > u64::from(self.peer_max_body) {
+            return Err(LinkError::TooLargeForPeer {
+                len: body_len,
+                max: self.peer_max_body,
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,305 @@
+//! The one error type of this crate.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Everything that can go wrong in a link: identity files, trust, TLS, sockets and framing.
+///
+/// Every text says what is wrong and, where the user can fix it, how.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LinkError {
+    /// A file or directory operation failed.
+    #[error("{action} {}: {source}", path.display())]
+    File {
+        /// What was being done ("reading", "creating", …).
+        action: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// No identity exists in the home directory.
+    #[error(
+        "no identity in {}: {} is missing; run `ndd keygen` (with `--home {}` if needed)",
+        home.display(),
+        missing.display(),
+        home.display()
+    )]
+    NoIdentity {
+        /// The home directory.
+        home: PathBuf,
+        /// The file that is missing.
+        missing: PathBuf,
+    },
+
+    /// `create` without `force` found an existing key.
+    #[error(
+        "an identity already exists at {}; refusing to overwrite it. Pass `--force` to replace \
+         it (every peer that pinned the old fingerprint will then refuse this machine)",
+        path.display()
+    )]
+    KeyExists {
+        /// The existing key file.
+        path: PathBuf,
+    },
+
+    /// The private key file is readable or writable by others.
+    #[error(
+        "private key {} has permissions {mode:04o}, but it must be readable by its owner only \
+         (0600); fix it with: chmod 600 {}",
+        path.display(),
+        path.display()
+    )]
+    KeyPermissions {
+        /// The key file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+
+    /// A file that others can write to would let them change whom this machine trusts.
+    #[error(
+        "{} has permissions {mode:04o}, writable by other users, who could add peers to it; \
+         fix it with: chmod 600 {}",
+        path.display(),
+        path.display()
+    )]
+    TrustFilePermissions {
+        /// The known_peers file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+
+    /// A PEM file could not be parsed.
+    #[error("{}: not a valid PEM {what}: {reason}", path.display())]
+    BadPem {
+        /// The file.
+        path: PathBuf,
+        /// "certificate" or "private key".
+        what: &'static str,
+        /// What the PEM parser said.
+        reason: String,
+    },
+
+    /// `key.pem` and `cert.pem` do not belong together.
+    #[error(
+        "{} does not hold the key of the certificate in {}; run `ndd keygen --force` to make a \
+         new identity",
+        key.display(),
+        cert.display()
+    )]
+    KeyMismatch {
+        /// The key file.
+        key: PathBuf,
+        /// The certificate file.
+        cert: PathBuf,
+    },
+
+    /// The key in `key.pem` is of a type this build cannot use.
+    #[error("{}: unusable private key: {reason}", path.display())]
+    BadKey {
+        /// The key file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+
+    /// Generating a key or certificate failed.
+    #[error("generating the key pair and certificate failed: {0}")]
+    KeyGen(#[from] rcgen::Error),
+
+    /// Certificate bytes that are not a well-formed X.509 certificate.
+    #[error("malformed certificate: {0}")]
+    BadCertificate(&'static str),
+
+    /// A string that is not a fingerprint.
+    #[error(
+        "`{input}` is not a fingerprint: {reason}; a fingerprint looks like \
+         SHA256:<43 base64 characters>, as printed by `ndd id`"
+    )]
+    BadFingerprint {
+        /// What was given.
+        input: String,
+        /// Why it is rejected.
+        reason: &'static str,
+    },
+
+    /// A peer name that cannot be stored in known_peers.
+    #[error("peer name {name:?} is not allowed: {reason}")]
+    BadPeerName {
+        /// The name.
+        name: String,
+        /// Why.
+        reason: &'static str,
+    },
+
+    /// A line of known_peers that does not parse.
+    #[error("{}:{line}: {reason}", path.display())]
+    KnownPeersLine {
+        /// The known_peers file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// The peer presented a key that is not in known_peers.
+    #[error(
+        "refusing unknown peer {fingerprint}: it is not listed in {}. If you trust this peer \
+         (compare with `ndd id` on the other machine), run: {trust_command}",
+        known_peers.display()
+    )]
+    UnknownPeer {
+        /// The peer's fingerprint.
+        fingerprint: String,
+        /// The known_peers file that was consulted.
+        known_peers: PathBuf,
+        /// The command that trusts this peer (`ndd trust … --name NAME`, with `--home` when
+        /// the home directory is not the default one).
+        trust_command: String,
+    },
+
+    /// A TLS configuration or protocol error.
+    #[error("TLS: {0}")]
+    Tls(#[from] rustls::Error),
+
+    /// A TLS connection has no peer certificate (cannot happen with our verifiers).
+    #[error("the peer presented no certificate")]
+    NoPeerCertificate,
+
+    /// Binding a listening socket failed.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// Accepting a TCP connection failed.
+    #[error("accepting a connection failed: {0}")]
+    Accept(#[source] io::Error),
+
+    /// Connecting failed.
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        /// The address.
+        addr: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// Connecting (TCP and TLS handshake) took too long.
+    #[error("connecting to {addr} timed out after {timeout:?}")]
+    ConnectTimeout {
+        /// The address.
+        addr: String,
+        /// The limit.
+        timeout: Duration,
+    },
+
+    /// The TLS handshake with a peer failed.
+    #[error("TLS handshake with {addr} failed: {source}{}", handshake_hint(source))]
+    Handshake {
+        /// The peer's address.
+        addr: SocketAddr,
+        /// What went wrong.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The TLS handshake with a peer did not finish in time.
+    #[error("TLS handshake with {addr} did not finish within {timeout:?}")]
+    HandshakeTimeout {
+        /// The peer's address.
+        addr: SocketAddr,
+        /// The limit.
+        timeout: Duration,
+    },
+
+    /// The peer closed the connection inside a message.
+    #[error("peer closed the connection in the middle of a message (got {got} of {need} bytes)")]
+    ClosedMidMessage {
+        /// Bytes of the message received.
+        got: usize,
+        /// Bytes the message needs (at least the 10-byte prefix when the length is not known).
+        need: usize,
+    },
+
+    /// The TLS stream ended without a close_notify alert.
+    #[error(
+        "the peer's TLS stream ended without close_notify: the connection was cut (peer \
+         crashed, network failure, or someone truncated the stream)"
+    )]
+    TlsTruncated,
+
+    /// A message larger than the peer accepts, refused before sending.
+    #[error(
+        "message body of {len} bytes exceeds the peer's limit of {max} bytes (its max_body); \
+         send smaller frames or raise max_body on the peer"
+    )]
+    TooLargeForPeer {
+        /// Body length of the message.
+        len: u64,
+        /// The peer's announced max_body.
+        max: u32,
+    },
+
+    /// A plain-TCP (`--insecure`) side received a TLS handshake.
+    #[error(
+        "the peer speaks TLS but this side runs with --insecure; run both sides with \
+         --insecure, or neither"
+    )]
+    PeerSpeaksTls,
+
+    /// Bytes on the link are not a valid message.
+    #[error(transparent)]
+    Wire(#[from] ndd_wire::WireError),
+
+    /// Reading from or writing to the connection failed.
+    #[error("connection: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// Result with [`LinkError`].
+pub type Result<T, E = LinkError> = std::result::Result<T, E>;
+
+/// A guess at the cause of a failed handshake, for the error text.
+fn handshake_hint(e: &io::Error) -> &'static str {
+    if e.kind() == io::ErrorKind::UnexpectedEof {
+        return " (the peer closed the connection during the handshake: it may run with \
+                 --insecure, or not be an ndd)";
+    }
+    match e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    {
+        Some(rustls::Error::InvalidMessage(_)) => {
+            " (the peer does not speak TLS: is it an ndd run with --insecure, or another program?)"
+        }
+        Some(rustls::Error::NoApplicationProtocol) => " (the peer is not an ndd)",
+        Some(rustls::Error::InvalidCertificate(rustls::CertificateError::BadSignature)) => {
+            " (the peer could not prove that it holds the key of the certificate it showed)"
+        }
+        _ => "",
+    }
+}
+
+impl LinkError {
+    pub(crate) fn file(action: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
+        LinkError::File {
+            action,
+            path: path.into(),
+            source,
+        }
+    }
+}

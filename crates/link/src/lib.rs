@@ -1,0 +1,49 @@
+//! # ndd-link — links between the two sides of a driver
+//!
+//! **Layer:** I/O. This is the only crate that owns sockets. It carries the messages of
+//! `ndd-wire` between the device side and the app side, and owns what a link needs besides
+//! bytes: this machine's identity (a key pair and a self-signed certificate), the list of
+//! pinned peers (`known_peers`) and mutual TLS 1.3. The session logic (`ndd-core`) decides
+//! what to send and when; this crate moves it.
+//!
+//! - [`identity`]: `key.pem`/`cert.pem` in the ndd home directory, fingerprints;
+//! - [`trust`]: the `known_peers` file;
+//! - [`tls`]: rustls configurations (ring provider, TLS 1.3 only, client certificates
+//!   required) with verifiers that check handshake signatures but leave trust to pinning;
+//! - [`conn`]: TCP listen/accept/connect, with or without TLS, and message framing.
+//!
+//! A typical server loop: `listen`, then repeatedly `accept` (a failed handshake costs that
+//! connection only), [`KnownPeers::verify`] the peer's fingerprint, `split`, and read and
+//! write messages. `docs/security.md` describes the trust model for users.
+//!
+//! **Invariants**
+//! - Nothing read from a peer can panic this crate: every length is checked by `ndd-wire`
+//!   before it is used, and every failure is a typed [`LinkError`] whose text a user can act
+//!   on. After a read error the connection is to be closed.
+//! - A reader never buffers more than one message past its `max_body` limit: the limit is
+//!   checked as soon as a message's 10-byte prefix is in.
+//! - DATA payloads are never copied: received ones are slices of the read buffer, sent ones
+//!   get their header written into the frame's headroom.
+//! - TLS is 1.3 only, with ring only; each side proves it holds the key of the certificate
+//!   it shows. A TLS connection is authenticated only once the caller has checked the peer's
+//!   fingerprint against `known_peers`. Plain TCP (`--insecure`) authenticates nothing.
+//! - Private keys are written with mode 0600 and refused when others can read them.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod conn;
+mod error;
+pub mod identity;
+pub mod tls;
+pub mod trust;
+
+pub use conn::{
+    connect, listen, Conn, Incoming, Listener, MessageReader, MessageWriter, PeerInfo,
+    DEFAULT_MAX_BODY,
+};
+pub use error::{LinkError, Result};
+pub use identity::{default_home, fingerprint_of_cert, fingerprint_of_spki, Identity};
+pub use rustls::{ClientConfig, ServerConfig};
+pub use tls::{client_config, peer_fingerprint, server_config};
+pub use trust::{validate_fingerprint, KnownPeers, Trusted};
