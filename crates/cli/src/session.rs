@@ -145,7 +145,7 @@ pub async fn run_side(
     let hello = cfg.hello(side);
 
     // Establish the link and agree on the plan.
-    let (reader, mut writer, peer) = match opts.endpoint {
+    let (reader, writer, peer) = match opts.endpoint {
         Endpoint::Connect(ref addr) => {
             let deadline = Instant::now() + timeout;
             let mut backoff = Duration::from_millis(20);
@@ -304,9 +304,9 @@ pub async fn run_side(
     }
     drop(src_tx);
 
-    let (in_tx, mut in_rx) =
-        mpsc::channel::<std::result::Result<Option<Incoming>, ndd_link::LinkError>>(64);
+    let (in_tx, in_rx) = mpsc::channel::<Inbound>(64);
     let reader_task = tokio::spawn(read_loop(reader, in_tx));
+    let mut link = LinkIo::new(writer, in_rx);
 
     let ping_every = Duration::from_millis(cfg.link.ping_interval_ms.max(10));
     let mut next_ping = Instant::now();
@@ -335,12 +335,11 @@ pub async fn run_side(
                 };
                 let said = async {
                     for s in streams.iter_mut().filter(|s| !s.ended) {
-                        end_stream(s, &mut writer, &clock).await?;
+                        end_stream(s, &mut link, &clock).await?;
                     }
-                    writer
-                        .write_message(&close_msg(CloseCode::Normal, reason).as_message())
+                    link.write_message(&close_msg(CloseCode::Normal, reason).as_message())
                         .await?;
-                    writer.flush().await?;
+                    link.flush().await?;
                     anyhow::Ok(())
                 }
                 .await;
@@ -370,22 +369,22 @@ pub async fn run_side(
             tokio::select! {
                 biased;
                 _ = stop.changed(), if !stopping => { stopping = true; }
-                msg = in_rx.recv() => {
+                msg = link.recv() => {
                     match msg {
-                        None | Some(Ok(None)) => {
+                        None | Some((_, Ok(None))) => {
                             if close_sent || peer_closed {
                                 break;
                             }
                             bail!("the peer disconnected without closing the session");
                         }
-                        Some(Err(e)) => {
+                        Some((_, Err(e))) => {
                             if close_sent {
                                 break;
                             }
                             return Err(anyhow!(e).context("link to the peer failed"));
                         }
-                        Some(Ok(Some(m))) => {
-                            if handle_incoming(m, &mut streams, &mut writer, &mut clock).await? {
+                        Some((at, Ok(Some(m)))) => {
+                            if handle_incoming(m, at, &mut streams, &mut link, &mut clock).await? {
                                 peer_closed = true;
                             }
                         }
@@ -398,12 +397,12 @@ pub async fn run_side(
                             if !s.ended {
                                 s.stats.produced(frame.len());
                                 s.stack.handle_frame(now(), frame)?;
-                                pump(s, &mut writer, &clock).await?;
+                                pump(s, &mut link, &clock).await?;
                             }
                         }
                         Some((i, None)) => {
                             sources_open -= 1;
-                            end_stream(&mut streams[i], &mut writer, &clock).await?;
+                            end_stream(&mut streams[i], &mut link, &clock).await?;
                         }
                         None => sources_open = 0,
                     }
@@ -417,12 +416,12 @@ pub async fn run_side(
                     for s in streams.iter_mut() {
                         if s.stack.poll_timeout().is_some_and(|d| d <= t) {
                             s.stack.handle_timeout(t)?;
-                            pump(s, &mut writer, &clock).await?;
+                            pump(s, &mut link, &clock).await?;
                         }
                     }
                     if t >= next_ping && !close_sent {
-                        writer.write_message(&Message::Ping { t1: wall_ns() }).await?;
-                        writer.flush().await?;
+                        link.write_message(&Message::Ping { t1: wall_ns() }).await?;
+                        link.flush().await?;
                         next_ping = t + ping_every;
                     }
                     if let Some(n) = next_stats {
@@ -452,12 +451,12 @@ pub async fn run_side(
         t.abort();
     }
     reader_task.abort();
-    let _ = writer.shutdown().await;
+    let _ = link.shutdown().await;
     if let Err(e) = result {
         for (_, h) in &endpoint_tasks {
             h.abort();
         }
-        let _ = writer
+        let _ = link
             .write_message(&close_msg(CloseCode::InternalError, &format!("{e:#}")).as_message())
             .await;
         return Err(e);
@@ -531,7 +530,7 @@ impl ClockEstimate {
 }
 
 /// Writes what a stack produced: control first, then frames.
-async fn pump(s: &mut StreamRt, writer: &mut MessageWriter, clock: &ClockEstimate) -> Result<()> {
+async fn pump(s: &mut StreamRt, writer: &mut LinkIo, clock: &ClockEstimate) -> Result<()> {
     while let Some((layer, msg)) = s.stack.poll_control() {
         writer
             .write_message(&Message::Control {
@@ -572,11 +571,7 @@ async fn pump(s: &mut StreamRt, writer: &mut MessageWriter, clock: &ClockEstimat
 
 /// Ends a stream on this side: a source flushes its stack and tells the peer; a sink flushes
 /// its stack into the endpoint and closes it.
-async fn end_stream(
-    s: &mut StreamRt,
-    writer: &mut MessageWriter,
-    clock: &ClockEstimate,
-) -> Result<()> {
+async fn end_stream(s: &mut StreamRt, writer: &mut LinkIo, clock: &ClockEstimate) -> Result<()> {
     if s.ended {
         return Ok(());
     }
@@ -600,8 +595,9 @@ async fn end_stream(
 /// Handles one message from the peer. Returns true when the peer closed the session normally.
 async fn handle_incoming(
     m: Incoming,
+    at: u64,
     streams: &mut [StreamRt],
-    writer: &mut MessageWriter,
+    writer: &mut LinkIo,
     clock: &mut ClockEstimate,
 ) -> Result<bool> {
     let find = |streams: &mut [StreamRt], id: u16| -> Result<usize> {
@@ -661,7 +657,7 @@ async fn handle_incoming(
                     .await?;
                 writer.flush().await?;
             }
-            OwnedMessage::Pong { t1, t2, t3 } => clock.sample(t1, t2, t3, wall_ns()),
+            OwnedMessage::Pong { t1, t2, t3 } => clock.sample(t1, t2, t3, at),
             OwnedMessage::Ack { .. } => {}
             OwnedMessage::Close {
                 code: CloseCode::Normal,
@@ -686,16 +682,93 @@ async fn handle_incoming(
     Ok(false)
 }
 
-async fn read_loop(
-    mut reader: MessageReader,
-    tx: mpsc::Sender<std::result::Result<Option<Incoming>, ndd_link::LinkError>>,
-) {
+/// What the reader task hands over: when the message came off the socket (our clock, ns),
+/// and the message, `None` at a clean end, or the link error.
+type Inbound = (
+    u64,
+    std::result::Result<Option<Incoming>, ndd_link::LinkError>,
+);
+
+async fn read_loop(mut reader: MessageReader, tx: mpsc::Sender<Inbound>) {
     loop {
         let r = reader.read().await;
         let end = !matches!(r, Ok(Some(_)));
-        if tx.send(r).await.is_err() || end {
+        if tx.send((wall_ns(), r)).await.is_err() || end {
             return;
         }
+    }
+}
+
+/// The session's side of the link: writes, and the inbound queue from the reader task.
+///
+/// While a write waits for the socket, inbound messages keep being taken off the reader's
+/// channel into `overflow`, so two sides that both write bulk data at each other cannot
+/// deadlock (each blocked on a write the other no longer reads). The overflow only grows
+/// while our write is blocked, i.e. while the peer is not reading, and the peer resumes
+/// reading as soon as its own write, which we are draining, completes.
+struct LinkIo {
+    writer: MessageWriter,
+    in_rx: mpsc::Receiver<Inbound>,
+    overflow: std::collections::VecDeque<Inbound>,
+    in_closed: bool,
+}
+
+/// Runs a write on the writer while draining inbound messages into the overflow queue.
+macro_rules! draining {
+    ($link:expr, $w:ident => $fut:expr) => {{
+        let LinkIo {
+            writer: $w,
+            in_rx,
+            overflow,
+            in_closed,
+        } = $link;
+        let fut = $fut;
+        tokio::pin!(fut);
+        loop {
+            tokio::select! {
+                biased;
+                r = &mut fut => break r,
+                m = in_rx.recv(), if !*in_closed => match m {
+                    Some(m) => overflow.push_back(m),
+                    None => *in_closed = true,
+                },
+            }
+        }
+    }};
+}
+
+impl LinkIo {
+    fn new(writer: MessageWriter, in_rx: mpsc::Receiver<Inbound>) -> LinkIo {
+        LinkIo {
+            writer,
+            in_rx,
+            overflow: Default::default(),
+            in_closed: false,
+        }
+    }
+
+    async fn recv(&mut self) -> Option<Inbound> {
+        match self.overflow.pop_front() {
+            Some(m) => Some(m),
+            None if self.in_closed => None,
+            None => self.in_rx.recv().await,
+        }
+    }
+
+    async fn write_frame(&mut self, f: Frame, flags: u16) -> Result<(), ndd_link::LinkError> {
+        draining!(self, w => w.write_frame(f, flags))
+    }
+
+    async fn write_message(&mut self, m: &Message<'_>) -> Result<(), ndd_link::LinkError> {
+        draining!(self, w => w.write_message(m))
+    }
+
+    async fn flush(&mut self) -> Result<(), ndd_link::LinkError> {
+        draining!(self, w => w.flush())
+    }
+
+    async fn shutdown(&mut self) -> Result<(), ndd_link::LinkError> {
+        self.writer.shutdown().await
     }
 }
 

@@ -356,21 +356,10 @@ fn garbage_to_the_listener_is_rejected_and_the_next_peer_is_served() {
     }
 }
 
-#[test]
-fn a_peer_that_disconnects_mid_frame_is_a_clear_error() {
-    let dir = Dir::new("midframe");
-    let (_, app_home, _, _) = homes(&dir.0, true, true);
-    let cfg = dir.0.join("c.toml");
-    std::fs::write(&cfg, SYNTH.replace("COUNT", "4")).unwrap();
-    let app = Side::spawn(run_cmd(
-        &cfg,
-        "app",
-        &app_home,
-        &["--listen", "127.0.0.1:0", "--insecure"],
-    ));
-    let addr = app.addr();
-    // Speak just enough of the protocol: the app side's own HELLO tells us what to send back.
-    let mut s = TcpStream::connect(&addr).unwrap();
+/// Connects to an insecure app side and completes the handshake by hand, echoing its own
+/// HELLO back with the side flipped to `device`.
+fn fake_device(addr: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
     let mut buf = vec![0u8; 4096];
     let mut got = Vec::new();
     let hello_len = loop {
@@ -388,17 +377,130 @@ fn a_peer_that_disconnects_mid_frame_is_a_clear_error() {
     hello[10] = 0; // side: device
     s.write_all(&hello).unwrap();
     s.write_all(&[1, 4, 0, 0, 0, 0, 0, 0, 0, 0]).unwrap(); // READY
-                                                           // A DATA header announcing 1000 bytes of payload, then only 10 of them.
+    s
+}
+
+/// Half-closes (FIN, not RST: unread bytes on a dropped socket would turn it into a reset)
+/// and reads until the other side hangs up.
+fn hang_up(mut s: TcpStream) -> Vec<u8> {
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    rest
+}
+
+#[test]
+fn an_oversized_frame_is_refused_naming_its_size_and_the_limit() {
+    let dir = Dir::new("oversize");
+    let (_, app_home, _, _) = homes(&dir.0, true, true);
+    let cfg = dir.0.join("c.toml");
+    std::fs::write(&cfg, SYNTH.replace("COUNT", "4")).unwrap();
+    let app = Side::spawn(run_cmd(
+        &cfg,
+        "app",
+        &app_home,
+        &["--listen", "127.0.0.1:0", "--insecure"],
+    ));
+    let mut s = fake_device(&app.addr());
+    let mut data = vec![1, 1, 0, 0, 0, 1];
+    data.extend_from_slice(&(100_000_000u32).to_be_bytes());
+    s.write_all(&data).unwrap();
+    hang_up(s);
+    let (st, _, err) = app.finish();
+    assert!(!st.success());
+    assert!(
+        err.contains("100000000") && err.contains("16777216"),
+        "app stderr: {err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn a_peer_speaking_another_version_is_named_with_both_versions() {
+    let dir = Dir::new("version");
+    let (_, app_home, _, _) = homes(&dir.0, true, true);
+    let cfg = dir.0.join("c.toml");
+    std::fs::write(&cfg, SYNTH.replace("COUNT", "4")).unwrap();
+    let app = Side::spawn(run_cmd(
+        &cfg,
+        "app",
+        &app_home,
+        &["--listen", "127.0.0.1:0", "--insecure"],
+    ));
+    let mut s = TcpStream::connect(app.addr()).unwrap();
+    s.write_all(&[2, 3, 0, 0, 0, 0, 0, 0, 0, 0]).unwrap(); // a version-2 HELLO prefix
+    let back = hang_up(s);
+    let (st, _, err) = app.finish();
+    assert!(!st.success());
+    let want = "peer speaks protocol version 2, this side speaks version 1";
+    assert!(err.contains(want), "app stderr: {err}");
+    // The peer is told too, in a CLOSE (code 3) after the app's HELLO.
+    let text = String::from_utf8_lossy(&back);
+    assert!(text.contains(want), "sent back: {text:?}");
+}
+
+#[test]
+fn the_device_side_may_listen_and_the_app_side_connect() {
+    let dir = Dir::new("devlisten");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let cfg = dir.0.join("c.toml");
+    std::fs::write(
+        &cfg,
+        SYNTH.replace("COUNT", "4").replace(
+            "driver = \"synth\"",
+            "driver = \"synth\"\n[link]\nlistener = \"device\"\naddress = \"127.0.0.1:0\"",
+        ),
+    )
+    .unwrap();
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &[]));
+    let addr = dev.addr();
+    let app = Side::spawn(run_cmd(
+        &cfg,
+        "app",
+        &app_home,
+        &[
+            "--connect",
+            &addr,
+            "--stats-json",
+            dir.0.join("app.json").to_str().unwrap(),
+        ],
+    ));
+    let (as_, _, aerr) = app.finish();
+    let (ds, _, derr) = dev.finish();
+    assert!(ds.success(), "{derr}");
+    assert!(as_.success(), "{aerr}");
+    assert!(
+        aerr.contains("check: 200 frames") && aerr.contains(": OK"),
+        "{aerr}"
+    );
+    let json = std::fs::read_to_string(dir.0.join("app.json")).unwrap();
+    assert!(
+        json.contains("\"frames\": 200") && json.contains("latency_p99_ms"),
+        "{json}"
+    );
+}
+
+#[test]
+fn a_peer_that_disconnects_mid_frame_is_a_clear_error() {
+    let dir = Dir::new("midframe");
+    let (_, app_home, _, _) = homes(&dir.0, true, true);
+    let cfg = dir.0.join("c.toml");
+    std::fs::write(&cfg, SYNTH.replace("COUNT", "4")).unwrap();
+    let app = Side::spawn(run_cmd(
+        &cfg,
+        "app",
+        &app_home,
+        &["--listen", "127.0.0.1:0", "--insecure"],
+    ));
+    let addr = app.addr();
+    let mut s = fake_device(&addr);
+    // A DATA header announcing 1000 bytes of payload, then only 10 of them.
     let mut data = vec![1, 1, 0, 0, 0, 1];
     data.extend_from_slice(&(16u32 + 1000).to_be_bytes());
     data.extend_from_slice(&[0; 16]);
     data.extend_from_slice(&[7; 10]);
     s.write_all(&data).unwrap();
-    // Half-close (FIN, not RST: unread bytes on a dropped socket would turn it into a reset),
-    // then read until the app side hangs up.
-    s.shutdown(std::net::Shutdown::Write).unwrap();
-    let mut rest = Vec::new();
-    let _ = s.read_to_end(&mut rest);
+    hang_up(s);
     let (st, _, err) = app.finish();
     assert!(!st.success());
     assert!(err.contains("middle of a message"), "app stderr: {err}");
