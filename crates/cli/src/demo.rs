@@ -16,23 +16,55 @@ driver = "spacenav-demo"
 [link]
 listener = "app"
 
-# The 3D mouse: 62.5 Hz six-axis records, checksummed, bundled 4 to a wire frame and
-# re-released on the app side with their original 16 ms spacing.
+# The 3D mouse, device -> app. On the device side, top to bottom:
+#   average   two 62.5 Hz six-axis records become one (axes averaged, buttons OR-ed)
+#   buffer    the app side keeps 2..4 records and replays them 32 ms apart (jitter removal)
+#   bundle    2 records travel in one wire frame
+#   compress  lz4 (small bundles are sent as they are when that is smaller)
+#   encrypt   AES-256-GCM end to end, on top of the TLS link
+# The app side runs the inverse halves bottom to top.
 [[stream]]
 name = "motion"
 direction = "device-to-app"
 source = { type = "spacenav-sim" }
-sink = { type = "check" }
-stack = [{ type = "checksum" }, { type = "bundle", count = 4, max_delay_ms = 80 }]
+# Averaging merges records, so the app receives every other sequence number: a `check`
+# sink would call that a gap; `null` just counts.
+sink = { type = "null" }
+stack = [
+  { type = "average", preset = "spacenav", count = 2 },
+  { type = "buffer", min = 2, max = 4, playout_ms = 30 },
+  { type = "bundle", count = 2, max_delay_ms = 80 },
+  { type = "compress", codec = "lz4", min_size = 32 },
+  { type = "encrypt", key_file = "KEY_FILE" },
+]
 
-# The way back: the application sets the device's LEDs ten times a second.
+# The way back, app -> device: the application sets the device's LEDs ten times a second.
 [[stream]]
 name = "leds"
 direction = "app-to-device"
 source = { type = "synthetic", size = 2, interval_ms = 100.0, seed = 7 }
 sink = { type = "check", seed = 7, size = 2 }
-stack = [{ type = "checksum" }]
+stack = [{ type = "checksum" }, { type = "encrypt", key_file = "KEY_FILE" }]
 "#;
+
+/// A random 32-byte key, mode 0600, for the demo's `encrypt` pairs.
+pub fn write_key(path: &Path) -> Result<()> {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut key = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut key))
+        .context("cannot read /dev/urandom")?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    f.write_all(&key)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
 
 /// A temporary directory removed on drop.
 pub struct TempHome(pub PathBuf);
@@ -123,16 +155,24 @@ pub async fn run_loopback(
 
 /// `ndd demo`.
 pub async fn run(duration: Option<Duration>, stats_json: Option<PathBuf>) -> Result<i32> {
-    let cfg = Config::parse(DEMO_CONFIG, Path::new("<embedded demo config>"))?;
+    let keys = TempHome::new("demo-key")?;
+    let key = keys.0.join("demo.key");
+    write_key(&key)?;
+    let text = DEMO_CONFIG.replace("KEY_FILE", &key.display().to_string());
+    let cfg = Config::parse(&text, Path::new("<embedded demo config>"))?;
     eprintln!("ndd demo: a simulated 3D mouse (62.5 Hz) on the device side, used on the app side,");
     eprintln!("          over loopback TLS 1.3 with two fresh identities that trust each other.");
-    eprintln!("          stack: checksum + bundle(4) one way, checksum the other way.");
+    eprintln!("  motion  device→app: average(2) → buffer → bundle(2) → compress(lz4) → encrypt");
+    eprintln!("  leds    app→device: checksum → encrypt");
+    eprintln!("  each line: frames and rate through the endpoint; on the receiving side one-way");
+    eprintln!("  latency (creation → delivery) and spacing error (how far the delivery rhythm is");
+    eprintln!("  from the device's); the summary shows what every pair did.");
     match duration {
         Some(d) => eprintln!(
-            "          running for {:.1} s (Ctrl-C stops earlier)\n",
+            "  running for {:.1} s (Ctrl-C stops earlier)\n",
             d.as_secs_f64()
         ),
-        None => eprintln!("          press Ctrl-C to stop\n"),
+        None => eprintln!("  press Ctrl-C to stop\n"),
     }
     let stop = crate::ctrl_c();
     let (dev, app) = run_loopback(
@@ -162,6 +202,27 @@ pub async fn run(duration: Option<Duration>, stats_json: Option<PathBuf>) -> Res
                 line += &format!("  spacing error {j:.3} ms");
             }
             eprintln!("{line}");
+            for m in &s.modules {
+                let mut extra: Vec<String> = m
+                    .counters
+                    .iter()
+                    .filter(|c| c.1 > 0)
+                    .map(|(k, v)| format!("{k} {v}"))
+                    .collect();
+                if m.drops > 0 {
+                    extra.push(format!("drops {}", m.drops));
+                }
+                eprintln!(
+                    "      layer {} {:<9} {:>6} → {:<6} frames {:>9} → {:<9} {}",
+                    m.layer,
+                    m.module,
+                    m.frames_in,
+                    m.frames_out,
+                    crate::stats::human_bytes(m.bytes_in as f64),
+                    crate::stats::human_bytes(m.bytes_out as f64),
+                    extra.join(", ")
+                );
+            }
         }
         for (name, c) in &rep.checks {
             eprintln!("  [{side}] {name}: {c}");

@@ -80,14 +80,18 @@ pub trait Half: Send {
         out: &mut Output,
     ) -> Result<(), ModuleError>;
 
-    /// A control message from this pair's other half, on the peer.
+    /// A control message from this pair's other half, on the peer. Pairs that define no
+    /// control messages keep this default, which refuses any: the peer is broken or hostile.
     fn handle_control(
         &mut self,
         _now: Instant,
-        _msg: Bytes,
+        msg: Bytes,
         _out: &mut Output,
     ) -> Result<(), ModuleError> {
-        Ok(())
+        Err(ModuleError::MalformedControl(format!(
+            "this pair defines no control messages (got one of {} bytes)",
+            msg.len()
+        )))
     }
 
     /// Called when `now` has reached the deadline given by [`Half::poll_timeout`].

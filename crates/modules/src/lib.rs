@@ -11,9 +11,16 @@
 
 #![forbid(unsafe_code)]
 
+pub mod average;
+pub mod buffer;
 pub mod bundle;
 pub mod checksum;
+pub mod compress;
+pub mod delta;
+pub mod encrypt;
+pub mod latest;
 pub mod pass;
+pub mod periodic;
 pub mod registry;
 mod varint;
 

@@ -3,7 +3,7 @@
 //! pair means adding a variant here and a folder beside this file; the compiler then points
 //! at every place that must learn about it.
 
-use crate::{bundle, checksum, pass};
+use crate::{average, buffer, bundle, checksum, compress, delta, encrypt, latest, pass, periodic};
 use ndd_core::{Half, ModuleError, Pair};
 use serde::Deserialize;
 
@@ -16,6 +16,20 @@ pub struct Ids {
     pub checksum: u16,
     /// `bundle`
     pub bundle: u16,
+    /// `compress`
+    pub compress: u16,
+    /// `encrypt`
+    pub encrypt: u16,
+    /// `buffer`
+    pub buffer: u16,
+    /// `average`
+    pub average: u16,
+    /// `periodic`
+    pub periodic: u16,
+    /// `latest`
+    pub latest: u16,
+    /// `delta`
+    pub delta: u16,
 }
 
 /// The ids in use.
@@ -23,6 +37,13 @@ pub const IDS: Ids = Ids {
     pass: 1,
     checksum: 2,
     bundle: 3,
+    compress: 4,
+    encrypt: 5,
+    buffer: 6,
+    average: 7,
+    periodic: 8,
+    latest: 9,
+    delta: 10,
 };
 
 /// One parameter of a pair, for `ndd modules` and the docs.
@@ -52,7 +73,18 @@ pub struct ModuleInfo {
 }
 
 /// Every pair, in id order.
-pub const CATALOGUE: &[ModuleInfo] = &[pass::INFO, checksum::INFO, bundle::INFO];
+pub const CATALOGUE: &[ModuleInfo] = &[
+    pass::INFO,
+    checksum::INFO,
+    bundle::INFO,
+    compress::INFO,
+    encrypt::INFO,
+    buffer::INFO,
+    average::INFO,
+    periodic::INFO,
+    latest::INFO,
+    delta::INFO,
+];
 
 /// A pair with its parameters, as written in a stack: `{ type = "bundle", count = 10 }`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -64,6 +96,20 @@ pub enum ModuleConfig {
     Checksum(checksum::ChecksumConfig),
     /// See [`bundle`].
     Bundle(bundle::BundleConfig),
+    /// See [`compress`].
+    Compress(compress::CompressConfig),
+    /// See [`encrypt`].
+    Encrypt(encrypt::EncryptConfig),
+    /// See [`buffer`].
+    Buffer(buffer::BufferConfig),
+    /// See [`average`].
+    Average(average::AverageConfig),
+    /// See [`periodic`].
+    Periodic(periodic::PeriodicConfig),
+    /// See [`latest`].
+    Latest(latest::LatestConfig),
+    /// See [`delta`].
+    Delta(delta::DeltaConfig),
 }
 
 impl ModuleConfig {
@@ -72,6 +118,13 @@ impl ModuleConfig {
             ModuleConfig::Pass(c) => c,
             ModuleConfig::Checksum(c) => c,
             ModuleConfig::Bundle(c) => c,
+            ModuleConfig::Compress(c) => c,
+            ModuleConfig::Encrypt(c) => c,
+            ModuleConfig::Buffer(c) => c,
+            ModuleConfig::Average(c) => c,
+            ModuleConfig::Periodic(c) => c,
+            ModuleConfig::Latest(c) => c,
+            ModuleConfig::Delta(c) => c,
         }
     }
 
@@ -81,6 +134,13 @@ impl ModuleConfig {
             ModuleConfig::Pass(_) => &pass::INFO,
             ModuleConfig::Checksum(_) => &checksum::INFO,
             ModuleConfig::Bundle(_) => &bundle::INFO,
+            ModuleConfig::Compress(_) => &compress::INFO,
+            ModuleConfig::Encrypt(_) => &encrypt::INFO,
+            ModuleConfig::Buffer(_) => &buffer::INFO,
+            ModuleConfig::Average(_) => &average::INFO,
+            ModuleConfig::Periodic(_) => &periodic::INFO,
+            ModuleConfig::Latest(_) => &latest::INFO,
+            ModuleConfig::Delta(_) => &delta::INFO,
         }
     }
 
@@ -89,6 +149,13 @@ impl ModuleConfig {
         match self {
             ModuleConfig::Pass(_) | ModuleConfig::Checksum(_) => Ok(()),
             ModuleConfig::Bundle(c) => c.validate(),
+            ModuleConfig::Compress(c) => c.validate(),
+            ModuleConfig::Encrypt(c) => c.validate(),
+            ModuleConfig::Buffer(c) => c.validate(),
+            ModuleConfig::Average(c) => c.validate(),
+            ModuleConfig::Periodic(c) => c.validate(),
+            ModuleConfig::Latest(c) => c.validate(),
+            ModuleConfig::Delta(c) => c.validate(),
         }
     }
 
@@ -163,10 +230,27 @@ mod tests {
 
     #[test]
     fn catalogue_is_complete_and_ids_unique() {
+        // encrypt needs a key: give its default a key file.
+        let dir = std::env::temp_dir().join(format!("ndd-registry-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = dir.join("key");
+        std::fs::write(&key, [7u8; 32]).unwrap();
+        std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
         let all = [
             ModuleConfig::Pass(Default::default()),
             ModuleConfig::Checksum(Default::default()),
             ModuleConfig::Bundle(Default::default()),
+            ModuleConfig::Compress(Default::default()),
+            ModuleConfig::Encrypt(encrypt::EncryptConfig {
+                key_file: key.clone(),
+                ..Default::default()
+            }),
+            ModuleConfig::Buffer(Default::default()),
+            ModuleConfig::Average(Default::default()),
+            ModuleConfig::Periodic(Default::default()),
+            ModuleConfig::Latest(Default::default()),
+            ModuleConfig::Delta(Default::default()),
         ];
         assert_eq!(all.len(), CATALOGUE.len());
         for (m, info) in all.iter().zip(CATALOGUE) {
@@ -177,7 +261,9 @@ mod tests {
             m.forward().expect("forward builds");
             m.inverse().expect("inverse builds");
         }
+        let _ = std::fs::remove_dir_all(&dir);
         let mut ids: Vec<u16> = CATALOGUE.iter().map(|i| i.id).collect();
+        ids.sort();
         ids.dedup();
         assert_eq!(ids.len(), CATALOGUE.len());
     }

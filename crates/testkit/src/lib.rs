@@ -15,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 mod clock;
+pub mod experiments;
 mod link;
 mod pipeline;
 mod rng;

@@ -100,3 +100,16 @@ proptest! {
         prop_assert!(sink.poll_frame().is_none());
     }
 }
+
+#[test]
+fn a_control_message_to_a_pair_without_any_is_refused() {
+    let (mut src, _) = stacks();
+    let e = src
+        .handle_control(Instant::now(), 0, bytes::Bytes::from_static(b"xyz"))
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "stream \"s\" layer 0 (checksum, source side): malformed control message: \
+         this pair defines no control messages (got one of 3 bytes)"
+    );
+}

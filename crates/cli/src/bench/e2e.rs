@@ -1,95 +1,15 @@
-//! `ndd bench`: the dissertation's Chapter 6 measurements, each next to a raw baseline
-//! measured in the same run. Results go to `docs/bench/` as markdown.
+//! `ndd bench e2e`: dissertation Tables 6.1 and 6.2, next to raw TCP and memcpy.
 
+use super::{hardware, hist, p50_p99, size_name, today, SIZES};
 use crate::config::Config;
 use crate::demo;
 use anyhow::{Context, Result};
-use clap::Subcommand;
 use hdrhistogram::Histogram;
 use ndd_core::{Frame, Meta, Pair, Role, Stack};
 use ndd_modules::{bundle::BundleConfig, checksum::ChecksumConfig, pass::PassConfig, ModuleConfig};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// Which benchmark.
-#[derive(Debug, Subcommand)]
-pub enum BenchCmd {
-    /// Tables 6.1/6.2: one-way time across the loopback link (TLS and --insecure) and
-    /// source-to-network-ready time on one machine, by message size; next to raw TCP
-    /// ping-pong and a raw memcpy.
-    E2e {
-        /// A short run (CI smoke test): fewer frames per size.
-        #[arg(long)]
-        quick: bool,
-        /// Directory for e2e.md.
-        #[arg(long, value_name = "DIR", default_value = "docs/bench")]
-        out: PathBuf,
-    },
-}
-
-const SIZES: [usize; 5] = [100, 1_000, 10_000, 100_000, 1_000_000];
-
-fn hist() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("static bounds")
-}
-
-/// p50 and p99 of a histogram of ns, in µs.
-fn p50_p99(h: &Histogram<u64>) -> (f64, f64) {
-    (
-        h.value_at_quantile(0.5) as f64 / 1e3,
-        h.value_at_quantile(0.99) as f64 / 1e3,
-    )
-}
-
-/// Dispatches.
-pub async fn run(cmd: BenchCmd) -> Result<()> {
-    match cmd {
-        BenchCmd::E2e { quick, out } => e2e(quick, &out).await,
-    }
-}
-
-fn size_name(s: usize) -> String {
-    match s {
-        s if s >= 1_000_000 => format!("{} MB", s / 1_000_000),
-        s if s >= 1_000 => format!("{} KB", s / 1_000),
-        s => format!("{s} B"),
-    }
-}
-
-fn hardware() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    format!(
-        "{cpu}, {cores} cores, {} {}",
-        std::env::consts::OS,
-        std::env::consts::ARCH
-    )
-}
-
-fn today() -> String {
-    let secs = crate::session::wall_ns() / 1_000_000_000;
-    // Civil date from days since the epoch (Howard Hinnant's algorithm).
-    let z = (secs / 86_400) as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}")
-}
 
 /// Raw TCP ping-pong over loopback: one-way = RTT / 2, per size.
 async fn raw_tcp_one_way(size: usize, n: usize) -> Result<Histogram<u64>> {
@@ -198,7 +118,7 @@ fn memcpy(size: usize, n: usize) -> Histogram<u64> {
     h
 }
 
-async fn e2e(quick: bool, out: &Path) -> Result<()> {
+pub async fn run(quick: bool, out: &Path) -> Result<()> {
     let n_link = |size: usize| {
         if quick {
             20

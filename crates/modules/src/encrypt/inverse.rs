@@ -1,0 +1,211 @@
+//! Sink half of `encrypt`: authenticates, decrypts in place and strips the header; drops and
+//! counts tampered, truncated and replayed frames.
+
+use super::key::{self, Key};
+use super::window::ReplayWindow;
+use super::{aad, hex, nonce, Cipher, Header, EPOCH_LEN, HEADER_LEN};
+use ndd_core::{Frame, Half, HalfStats, Meta, ModuleError, Output};
+use ring::aead::{Aad, LessSafeKey, Tag};
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Epochs whose subkey and replay window the inverse keeps. Two: the current source and the
+/// one before it, so frames still in flight when a source restarts are delivered (and their
+/// replays caught) rather than refused.
+pub const LIVE_EPOCHS: usize = 2;
+/// Retired epochs remembered (and refused); 16 bytes each.
+pub const RETIRED_EPOCHS: usize = 256;
+
+struct EpochState {
+    epoch: [u8; EPOCH_LEN],
+    key: LessSafeKey,
+    window: ReplayWindow,
+    last_used: u64,
+}
+
+/// Opens frames. See the [module docs](super).
+pub struct EncryptInverse {
+    master: Arc<Key>,
+    cipher: Cipher,
+    window: u32,
+    live: Vec<EpochState>,
+    retired: VecDeque<[u8; EPOCH_LEN]>,
+    tick: u64,
+    auth_failed: u64,
+    replayed: u64,
+    truncated: u64,
+    epochs: u64,
+}
+
+impl fmt::Debug for EncryptInverse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EncryptInverse")
+            .field("cipher", &self.cipher)
+            .field("window", &self.window)
+            .field("live_epochs", &self.live.len())
+            .field("retired_epochs", &self.retired.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Decrypts the frame's payload in place; false when it does not authenticate.
+fn open(key: &LessSafeKey, hdr: &Header, meta: &Meta, frame: &mut Frame) -> bool {
+    key.open_in_place_separate_tag(
+        nonce(hdr.counter),
+        Aad::from(aad(meta)),
+        Tag::from(hdr.tag),
+        frame.payload_mut(),
+        0..,
+    )
+    .is_ok()
+}
+
+impl EncryptInverse {
+    /// An inverse half for `key` with a replay window of `window` counters per epoch.
+    pub fn new(key: Arc<Key>, cipher: Cipher, window: u32) -> EncryptInverse {
+        EncryptInverse {
+            master: key,
+            cipher,
+            window,
+            live: Vec::with_capacity(LIVE_EPOCHS),
+            retired: VecDeque::new(),
+            tick: 0,
+            auth_failed: 0,
+            replayed: 0,
+            truncated: 0,
+            epochs: 0,
+        }
+    }
+
+    fn fail_auth(&mut self, meta: &Meta, hdr: &Header) {
+        self.auth_failed += 1;
+        tracing::warn!(
+            stream = meta.stream,
+            seq = meta.seq,
+            counter = hdr.counter,
+            epoch = %hex(&hdr.epoch[..4]),
+            "encrypt: frame failed authentication (tampered, or the peer uses another key); dropped"
+        );
+    }
+
+    fn replay(&mut self, meta: &Meta, hdr: &Header, reason: &str) {
+        self.replayed += 1;
+        tracing::warn!(
+            stream = meta.stream,
+            seq = meta.seq,
+            counter = hdr.counter,
+            epoch = %hex(&hdr.epoch[..4]),
+            reason,
+            "encrypt: replayed frame dropped"
+        );
+    }
+
+    /// Makes room for a new epoch: the least recently used one is retired.
+    fn retire_oldest(&mut self) {
+        while self.live.len() >= LIVE_EPOCHS {
+            let Some(idx) = self
+                .live
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, s)| s.last_used)
+                .map(|(i, _)| i)
+            else {
+                return;
+            };
+            let old = self.live.swap_remove(idx);
+            if self.retired.len() >= RETIRED_EPOCHS {
+                self.retired.pop_front();
+            }
+            self.retired.push_back(old.epoch);
+        }
+    }
+}
+
+impl Half for EncryptInverse {
+    fn handle_frame(
+        &mut self,
+        _now: Instant,
+        mut frame: Frame,
+        out: &mut Output,
+    ) -> Result<(), ModuleError> {
+        let meta = frame.meta;
+        let Some(hdr) = frame.pop_header(HEADER_LEN).and_then(Header::parse) else {
+            self.truncated += 1;
+            tracing::warn!(
+                stream = meta.stream,
+                seq = meta.seq,
+                len = frame.len(),
+                "encrypt: frame shorter than its 40-byte header; dropped"
+            );
+            return Ok(());
+        };
+        self.tick += 1;
+        let tick = self.tick;
+
+        if let Some(st) = self.live.iter_mut().find(|s| s.epoch == hdr.epoch) {
+            // Known epoch: the replay check is cheap and comes first; the window records a
+            // counter only once its frame authenticated, so forgeries cannot move it.
+            if let Err(why) = st.window.check(hdr.counter) {
+                self.replay(&meta, &hdr, why.as_str());
+                return Ok(());
+            }
+            if !open(&st.key, &hdr, &meta, &mut frame) {
+                self.fail_auth(&meta, &hdr);
+                return Ok(());
+            }
+            st.window.mark(hdr.counter);
+            st.last_used = tick;
+            out.push(frame);
+            return Ok(());
+        }
+
+        if self.retired.contains(&hdr.epoch) {
+            self.replay(&meta, &hdr, "epoch retired");
+            return Ok(());
+        }
+        // A new epoch: derive its subkey, and adopt it only if the frame authenticates.
+        let Some(key) = key::subkey(&self.master, &hdr.epoch, self.cipher) else {
+            self.fail_auth(&meta, &hdr);
+            return Ok(());
+        };
+        if !open(&key, &hdr, &meta, &mut frame) {
+            self.fail_auth(&meta, &hdr);
+            return Ok(());
+        }
+        self.retire_oldest();
+        let mut window = ReplayWindow::new(self.window);
+        window.mark(hdr.counter);
+        self.live.push(EpochState {
+            epoch: hdr.epoch,
+            key,
+            window,
+            last_used: tick,
+        });
+        self.epochs += 1;
+        if self.epochs > 1 {
+            tracing::info!(
+                stream = meta.stream,
+                seq = meta.seq,
+                epoch = %hex(&hdr.epoch[..4]),
+                "encrypt: new key epoch (the source restarted)"
+            );
+        }
+        out.push(frame);
+        Ok(())
+    }
+
+    fn stats(&self) -> HalfStats {
+        HalfStats {
+            drops: self.auth_failed + self.replayed + self.truncated,
+            queue_depth: 0,
+            counters: vec![
+                ("auth_failed", self.auth_failed),
+                ("replayed", self.replayed),
+                ("truncated", self.truncated),
+                ("epochs", self.epochs),
+            ],
+        }
+    }
+}
