@@ -44,8 +44,17 @@ pub struct LinkConfig {
     pub connect_timeout_ms: u64,
     /// Largest frame body accepted from the peer, in bytes.
     pub max_frame_bytes: u32,
-    /// Interval of clock-offset pings, in ms.
+    /// Interval of clock-offset and liveness pings, in ms.
     pub ping_interval_ms: u64,
+    /// A link that carried nothing (not even a ping) for this long is dead, in ms.
+    pub keepalive_timeout_ms: u64,
+    /// Reconnect and resume after a link drop (otherwise a drop ends the run with an error).
+    pub reconnect: bool,
+    /// Longest wait between reconnect attempts (exponential backoff with jitter), in ms.
+    pub max_backoff_ms: u64,
+    /// Per reliable stream, bytes kept until the peer acknowledges them; beyond it the oldest
+    /// are dropped and counted (`overflow`).
+    pub resume_buffer_bytes: u64,
 }
 
 impl Default for LinkConfig {
@@ -57,6 +66,10 @@ impl Default for LinkConfig {
             connect_timeout_ms: 10_000,
             max_frame_bytes: 16 << 20,
             ping_interval_ms: 1000,
+            keepalive_timeout_ms: 5000,
+            reconnect: true,
+            max_backoff_ms: 5000,
+            resume_buffer_bytes: 16 << 20,
         }
     }
 }
@@ -118,6 +131,18 @@ impl DirectionName {
     }
 }
 
+/// Whether a stream's frames must all arrive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reliability {
+    /// Every frame, exactly once, in order, across reconnects.
+    #[default]
+    Reliable,
+    /// Stale frames are dropped rather than queued while the link is down (mouse motion,
+    /// video).
+    Lossy,
+}
+
 /// One `[[stream]]`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -133,6 +158,9 @@ pub struct StreamConfig {
     /// The pairs, top to bottom.
     #[serde(default)]
     pub stack: Vec<Spanned<ModuleConfig>>,
+    /// `reliable` (default) or `lossy`.
+    #[serde(default)]
+    pub reliability: Reliability,
 }
 
 impl StreamConfig {
@@ -189,6 +217,13 @@ impl Config {
             bail!(
                 "{file}: {} streams configured; at most 255 are allowed",
                 self.streams.len()
+            );
+        }
+        if self.link.keepalive_timeout_ms <= self.link.ping_interval_ms {
+            bail!(
+                "{file}: key `link.keepalive_timeout_ms`: {} must be larger than `link.ping_interval_ms` ({})",
+                self.link.keepalive_timeout_ms,
+                self.link.ping_interval_ms
             );
         }
         if self.link.max_frame_bytes < ndd_wire::MIN_MAX_BODY {

@@ -118,6 +118,22 @@ enum Command {
         /// The config file.
         config: PathBuf,
     },
+    /// The RFB Message Accelerator: a VNC proxy, run next to the VNC server, that keeps a
+    /// client-pull viewer fast at high latency (docs/rfb-accel.md).
+    ///
+    /// Point viewers at --listen instead of the server. Security types None and VNC
+    /// authentication pass through untouched.
+    RfbAccel {
+        /// Where viewers connect (e.g. 0.0.0.0:5901).
+        #[arg(long, value_name = "ADDR")]
+        listen: String,
+        /// The VNC server (e.g. 127.0.0.1:5900).
+        #[arg(long, value_name = "ADDR")]
+        server: String,
+        /// Proxy without pipelining requests (for comparison).
+        #[arg(long)]
+        no_accelerate: bool,
+    },
     /// Benchmarks; each prints figures next to a raw baseline measured in the same run.
     Bench {
         #[command(subcommand)]
@@ -169,12 +185,23 @@ fn duration(secs: Option<f64>) -> Result<Option<Duration>> {
     }
 }
 
-/// A watch channel that turns true on Ctrl-C.
+/// A watch channel that turns true on Ctrl-C (SIGINT) or SIGTERM: either stops the side
+/// cleanly (stacks flushed, peer told, pty symlinks removed).
 fn ctrl_c() -> tokio::sync::watch::Receiver<bool> {
     let (tx, rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            let _ = tx.send(true);
+        use tokio::signal::unix::{signal, SignalKind};
+        let term = async {
+            match signal(SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => if r.is_ok() { let _ = tx.send(true); },
+            _ = term => { let _ = tx.send(true); },
         }
         // Keep the sender alive so receivers do not see a closed channel.
         std::future::pending::<()>().await;
@@ -232,6 +259,18 @@ fn run(cli: Cli) -> Result<i32> {
                     rtt as f64 / 1e6
                 );
             }
+            if !report.recoveries.is_empty() {
+                let ms: Vec<String> = report
+                    .recoveries
+                    .iter()
+                    .map(|d| format!("{:.0} ms", d.as_secs_f64() * 1e3))
+                    .collect();
+                eprintln!(
+                    "ndd [{side}]: {} reconnect(s), recovered in {}",
+                    ms.len(),
+                    ms.join(", ")
+                );
+            }
             let mut ok = true;
             for (name, c) in &report.checks {
                 eprintln!("ndd [{side}]: stream \"{name}\": {c}");
@@ -245,6 +284,7 @@ fn run(cli: Cli) -> Result<i32> {
                         "peer": report.peer,
                         "clock_offset_ns": report.clock_offset.map(|c| c.0),
                         "rtt_ns": report.clock_offset.map(|c| c.1),
+                        "recoveries_ms": report.recoveries.iter().map(|d| d.as_secs_f64() * 1e3).collect::<Vec<_>>(),
                         "streams": report.streams,
                     }),
                 )?;
@@ -318,6 +358,25 @@ fn run(cli: Cli) -> Result<i32> {
                     s.sink.describe()
                 );
             }
+            Ok(0)
+        }
+        Command::RfbAccel {
+            listen,
+            server,
+            no_accelerate,
+        } => {
+            let opts = ndd_rfb::AccelOptions {
+                accelerate: !no_accelerate,
+                ..ndd_rfb::AccelOptions::default()
+            };
+            let rt = runtime()?;
+            rt.block_on(async {
+                eprintln!("ndd rfb-accel: viewers connect to {listen}, forwarded to {server}");
+                tokio::select! {
+                    r = ndd_rfb::run_accel(&listen, &server, opts) => r.context("rfb-accel"),
+                    _ = tokio::signal::ctrl_c() => Ok(()),
+                }
+            })?;
             Ok(0)
         }
         Command::Bench { which } => {

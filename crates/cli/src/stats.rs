@@ -30,6 +30,12 @@ pub struct StreamStats {
     last: Option<(u64, u64)>,
     /// Per-layer stats, refreshed from the stack.
     pub layers: Vec<LayerStats>,
+    /// Frames resent after a reconnect (source).
+    pub retransmits: u64,
+    /// Frames received again after a reconnect and dropped (sink).
+    pub duplicates: u64,
+    /// Unacknowledged frames dropped because the resume buffer was full (source).
+    pub overflow: u64,
     window: (Instant, u64, u64),
 }
 
@@ -58,6 +64,12 @@ pub struct StreamSummary {
     pub latency_p99_ms: Option<f64>,
     /// Mean inter-frame spacing error, ms (sink only).
     pub jitter_mean_ms: Option<f64>,
+    /// Frames resent after a reconnect.
+    pub retransmits: u64,
+    /// Resent frames dropped as already delivered.
+    pub duplicates: u64,
+    /// Frames dropped from a full resume buffer.
+    pub overflow: u64,
     /// Per-module counters.
     pub modules: Vec<ModuleSummary>,
 }
@@ -107,6 +119,9 @@ impl StreamStats {
             jitter_us: hist(),
             last: None,
             layers: Vec::new(),
+            retransmits: 0,
+            duplicates: 0,
+            overflow: 0,
             window: (Instant::now(), 0, 0),
         }
     }
@@ -156,6 +171,9 @@ impl StreamStats {
             latency_p99_ms: sink.then(|| ms(self.latency_us.value_at_quantile(0.99))),
             jitter_mean_ms: (sink && !self.jitter_us.is_empty())
                 .then(|| self.jitter_us.mean() / 1000.0),
+            retransmits: self.retransmits,
+            duplicates: self.duplicates,
+            overflow: self.overflow,
             modules: self
                 .layers
                 .iter()

@@ -1,174 +1,11 @@
 //! Two real `ndd` processes over 127.0.0.1 (the app side listens on port 0 and says where),
 //! TLS on unless a test is about `--insecure`.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use common::*;
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
-use std::thread;
-use std::time::Duration;
-
-const WAIT: Duration = Duration::from_secs(90);
-
-struct Dir(PathBuf);
-impl Dir {
-    fn new(name: &str) -> Dir {
-        let p = std::env::temp_dir().join(format!("ndd-it-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Dir(p)
-    }
-}
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn ndd() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_ndd"));
-    c.env("NDD_LOG", "warn").env_remove("NDD_HOME");
-    c
-}
-
-fn ok(cmd: &mut Command) -> String {
-    let out = cmd.output().expect("ndd runs");
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// Two homes; `trust` says who trusts whom (device trusts app, app trusts device).
-fn homes(
-    dir: &Path,
-    dev_trusts_app: bool,
-    app_trusts_dev: bool,
-) -> (PathBuf, PathBuf, String, String) {
-    let (d, a) = (dir.join("dev"), dir.join("app"));
-    let dfp = ok(ndd().args(["id", "--home"]).arg(&d)).trim().to_string();
-    let afp = ok(ndd().args(["id", "--home"]).arg(&a)).trim().to_string();
-    if dev_trusts_app {
-        ok(ndd()
-            .args(["trust", &afp, "--name", "app", "--home"])
-            .arg(&d));
-    }
-    if app_trusts_dev {
-        ok(ndd()
-            .args(["trust", &dfp, "--name", "device", "--home"])
-            .arg(&a));
-    }
-    (d, a, dfp, afp)
-}
-
-/// A running side: its stderr lines are collected; stdout is collected in full.
-struct Side {
-    child: Child,
-    stderr: Arc<Mutex<Vec<String>>>,
-    stdout: Option<thread::JoinHandle<Vec<u8>>>,
-    stderr_done: Option<thread::JoinHandle<()>>,
-    listening: mpsc::Receiver<String>,
-}
-
-impl Side {
-    fn spawn(mut cmd: Command) -> Side {
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn ndd");
-        let err = child.stderr.take().unwrap();
-        let mut out = child.stdout.take().unwrap();
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = mpsc::channel();
-        let l2 = lines.clone();
-        let stderr_done = thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                if let Some(addr) = line.split("listening on ").nth(1) {
-                    let _ = tx.send(addr.trim().to_string());
-                }
-                l2.lock().unwrap().push(line);
-            }
-        });
-        let stdout = thread::spawn(move || {
-            let mut v = Vec::new();
-            let _ = out.read_to_end(&mut v);
-            v
-        });
-        Side {
-            child,
-            stderr: lines,
-            stdout: Some(stdout),
-            stderr_done: Some(stderr_done),
-            listening: rx,
-        }
-    }
-
-    fn addr(&self) -> String {
-        self.listening.recv_timeout(WAIT).unwrap_or_else(|_| {
-            panic!(
-                "no 'listening on' line; stderr: {:?}",
-                self.stderr.lock().unwrap()
-            )
-        })
-    }
-
-    fn feed(&mut self, data: Vec<u8>) -> thread::JoinHandle<()> {
-        let mut stdin = self.child.stdin.take().unwrap();
-        thread::spawn(move || {
-            let _ = stdin.write_all(&data);
-        })
-    }
-
-    /// Waits for exit (bounded), returns (status, stdout, stderr text).
-    fn finish(mut self) -> (ExitStatus, Vec<u8>, String) {
-        drop(self.child.stdin.take());
-        let (tx, rx) = mpsc::channel();
-        let mut child = self.child;
-        thread::spawn(move || {
-            let _ = tx.send(child.wait());
-        });
-        let status = match rx.recv_timeout(WAIT) {
-            Ok(s) => s.unwrap(),
-            Err(_) => panic!(
-                "ndd did not exit in time; stderr: {:?}",
-                self.stderr.lock().unwrap()
-            ),
-        };
-        let out = self.stdout.take().unwrap().join().unwrap();
-        // The stderr reader ends at EOF, which the exit guarantees.
-        self.stderr_done.take().unwrap().join().unwrap();
-        let err = self.stderr.lock().unwrap().join("\n");
-        (status, out, err)
-    }
-}
-
-fn run_cmd(cfg: &Path, side: &str, home: &Path, extra: &[&str]) -> Command {
-    let mut c = ndd();
-    c.arg("run")
-        .arg(cfg)
-        .args(["--side", side, "--home"])
-        .arg(home)
-        .args(extra);
-    c
-}
-
-fn random(n: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (s >> 33) as u8
-        })
-        .collect()
-}
 
 const STDIO: &str = r#"
 driver = "stdio"
@@ -390,7 +227,7 @@ fn hang_up(mut s: TcpStream) -> Vec<u8> {
 }
 
 #[test]
-fn an_oversized_frame_is_refused_naming_its_size_and_the_limit() {
+fn an_oversized_frame_is_refused_naming_its_size_and_the_limit_and_the_listener_waits_on() {
     let dir = Dir::new("oversize");
     let (_, app_home, _, _) = homes(&dir.0, true, true);
     let cfg = dir.0.join("c.toml");
@@ -399,7 +236,7 @@ fn an_oversized_frame_is_refused_naming_its_size_and_the_limit() {
         &cfg,
         "app",
         &app_home,
-        &["--listen", "127.0.0.1:0", "--insecure"],
+        &["--listen", "127.0.0.1:0", "--insecure", "--duration", "3"],
     ));
     let mut s = fake_device(&app.addr());
     let mut data = vec![1, 1, 0, 0, 0, 1];
@@ -407,7 +244,14 @@ fn an_oversized_frame_is_refused_naming_its_size_and_the_limit() {
     s.write_all(&data).unwrap();
     hang_up(s);
     let (st, _, err) = app.finish();
-    assert!(!st.success());
+    // The listener reports the broken link, keeps waiting for the peer to come back, and
+    // stops cleanly at --duration, its check sink reporting that nothing arrived (exit 3).
+    assert_eq!(st.code(), Some(3), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("link lost: ") && err.contains("reconnecting"),
+        "{err}"
+    );
     assert!(
         err.contains("100000000") && err.contains("16777216"),
         "app stderr: {err}"
@@ -481,7 +325,7 @@ fn the_device_side_may_listen_and_the_app_side_connect() {
 }
 
 #[test]
-fn a_peer_that_disconnects_mid_frame_is_a_clear_error() {
+fn a_peer_that_disconnects_mid_frame_is_a_clear_error_and_the_listener_waits_on() {
     let dir = Dir::new("midframe");
     let (_, app_home, _, _) = homes(&dir.0, true, true);
     let cfg = dir.0.join("c.toml");
@@ -490,7 +334,7 @@ fn a_peer_that_disconnects_mid_frame_is_a_clear_error() {
         &cfg,
         "app",
         &app_home,
-        &["--listen", "127.0.0.1:0", "--insecure"],
+        &["--listen", "127.0.0.1:0", "--insecure", "--duration", "3"],
     ));
     let addr = app.addr();
     let mut s = fake_device(&addr);
@@ -502,7 +346,14 @@ fn a_peer_that_disconnects_mid_frame_is_a_clear_error() {
     s.write_all(&data).unwrap();
     hang_up(s);
     let (st, _, err) = app.finish();
-    assert!(!st.success());
+    // The listener reports the broken link, keeps waiting for the peer to come back, and
+    // stops cleanly at --duration, its check sink reporting that nothing arrived (exit 3).
+    assert_eq!(st.code(), Some(3), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("link lost: ") && err.contains("reconnecting"),
+        "{err}"
+    );
     assert!(err.contains("middle of a message"), "app stderr: {err}");
 }
 

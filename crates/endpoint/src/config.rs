@@ -6,6 +6,7 @@
 
 use crate::error::EndpointError;
 use crate::framing::{Framing, MAX_LENGTH_FRAME};
+use crate::serial::{Flow, LineSettings, Parity};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -95,6 +96,30 @@ pub const SOURCES: &[EndpointInfo] = &[
             ),
         ],
     },
+    EndpointInfo {
+        name: "serial",
+        summary: "a tty (serial port) opened raw: bytes read, and CTS/DSR/DCD/RI changes where the port reports them",
+        params: &[
+            ("path", "path", REQUIRED, "the tty, e.g. /dev/ttyUSB0; the serial sink of the other stream shares it"),
+            ("baud", "integer > 0", "115200", "bits per second; any rate the port accepts (Linux: arbitrary rates via BOTHER)"),
+            ("data_bits", "5..=8", "8", "bits per character"),
+            ("parity", "none | odd | even | mark | space", "none", "parity bit"),
+            ("stop_bits", "1 | 2", "1", "stop bits"),
+            ("flow", "none | rtscts | xonxoff", "none", "flow control"),
+        ],
+    },
+    EndpointInfo {
+        name: "pty",
+        summary: "what the app writes to the pty at `link`, and the line settings it sets there",
+        params: &[
+            ("link", "path", REQUIRED, "where the pty's slave is symlinked for the app to open; the pty sink of the other stream shares it"),
+            ("baud", "integer > 0", "115200", "initial line settings the app finds on the pty"),
+            ("data_bits", "5..=8", "8", "bits per character"),
+            ("parity", "none | odd | even | mark | space", "none", "parity bit"),
+            ("stop_bits", "1 | 2", "1", "stop bits"),
+            ("flow", "none | rtscts | xonxoff", "none", "flow control"),
+        ],
+    },
 ];
 
 /// Every sink endpoint.
@@ -126,6 +151,30 @@ pub const SINKS: &[EndpointInfo] = &[
         name: "null",
         summary: "counts frames and discards them",
         params: &[],
+    },
+    EndpointInfo {
+        name: "serial",
+        summary: "a tty (serial port) opened raw: writes data, applies line settings and DTR/RTS",
+        params: &[
+            ("path", "path", REQUIRED, "the tty, e.g. /dev/ttyUSB0; the serial source of the other stream shares it"),
+            ("baud", "integer > 0", "115200", "bits per second; any rate the port accepts (Linux: arbitrary rates via BOTHER)"),
+            ("data_bits", "5..=8", "8", "bits per character"),
+            ("parity", "none | odd | even | mark | space", "none", "parity bit"),
+            ("stop_bits", "1 | 2", "1", "stop bits"),
+            ("flow", "none | rtscts | xonxoff", "none", "flow control"),
+        ],
+    },
+    EndpointInfo {
+        name: "pty",
+        summary: "a pty whose slave is symlinked at `link`: the app reads the stream's bytes there",
+        params: &[
+            ("link", "path", REQUIRED, "where the pty's slave is symlinked for the app to open; the pty source of the other stream shares it"),
+            ("baud", "integer > 0", "115200", "initial line settings the app finds on the pty"),
+            ("data_bits", "5..=8", "8", "bits per character"),
+            ("parity", "none | odd | even | mark | space", "none", "parity bit"),
+            ("stop_bits", "1 | 2", "1", "stop bits"),
+            ("flow", "none | rtscts | xonxoff", "none", "flow control"),
+        ],
     },
 ];
 
@@ -239,6 +288,117 @@ pub struct CheckConfig {
 #[serde(deny_unknown_fields)]
 pub struct NullConfig {}
 
+fn default_baud() -> u32 {
+    115_200
+}
+fn default_data_bits() -> u8 {
+    8
+}
+fn default_stop_bits() -> u8 {
+    1
+}
+
+/// `serial` source and sink parameters: a tty and its line settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SerialConfig {
+    /// The tty, e.g. `/dev/ttyUSB0`.
+    pub path: PathBuf,
+    /// Bits per second.
+    #[serde(default = "default_baud")]
+    pub baud: u32,
+    /// 5..=8.
+    #[serde(default = "default_data_bits")]
+    pub data_bits: u8,
+    /// Parity.
+    #[serde(default)]
+    pub parity: Parity,
+    /// 1 or 2.
+    #[serde(default = "default_stop_bits")]
+    pub stop_bits: u8,
+    /// Flow control.
+    #[serde(default)]
+    pub flow: Flow,
+}
+
+/// `pty` source and sink parameters: where the slave is linked, and its initial settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PtyConfig {
+    /// Symlink to the pty's slave, e.g. `/tmp/ttyREMOTE`.
+    pub link: PathBuf,
+    /// Initial bits per second.
+    #[serde(default = "default_baud")]
+    pub baud: u32,
+    /// Initial character size, 5..=8.
+    #[serde(default = "default_data_bits")]
+    pub data_bits: u8,
+    /// Initial parity.
+    #[serde(default)]
+    pub parity: Parity,
+    /// Initial stop bits, 1 or 2.
+    #[serde(default = "default_stop_bits")]
+    pub stop_bits: u8,
+    /// Initial flow control.
+    #[serde(default)]
+    pub flow: Flow,
+}
+
+macro_rules! settings_of {
+    ($t:ty) => {
+        impl $t {
+            /// The configured line settings.
+            pub fn settings(&self) -> LineSettings {
+                LineSettings {
+                    baud: self.baud,
+                    data_bits: self.data_bits,
+                    parity: self.parity,
+                    stop_bits: self.stop_bits,
+                    flow: self.flow,
+                }
+            }
+        }
+    };
+}
+settings_of!(SerialConfig);
+settings_of!(PtyConfig);
+
+impl SerialConfig {
+    /// A port at `path` with the default settings (115200 8N1, no flow control).
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        SerialConfig {
+            path: path.into(),
+            baud: default_baud(),
+            data_bits: default_data_bits(),
+            parity: Parity::None,
+            stop_bits: default_stop_bits(),
+            flow: Flow::None,
+        }
+    }
+}
+
+impl PtyConfig {
+    /// A pty linked at `link` with the default settings (115200 8N1, no flow control).
+    pub fn new(link: impl Into<PathBuf>) -> Self {
+        PtyConfig {
+            link: link.into(),
+            baud: default_baud(),
+            data_bits: default_data_bits(),
+            parity: Parity::None,
+            stop_bits: default_stop_bits(),
+            flow: Flow::None,
+        }
+    }
+}
+
+fn check_settings(endpoint: &'static str, s: &LineSettings) -> Result<(), EndpointError> {
+    s.check().map_err(|(param, reason)| EndpointError::Config {
+        endpoint,
+        param,
+        reason: reason.to_string(),
+    })
+}
+
 /// Where a stream's frames come from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
@@ -251,6 +411,10 @@ pub enum SourceConfig {
     Stdin(StdinConfig),
     /// A file.
     File(FileSourceConfig),
+    /// A serial port (device side).
+    Serial(SerialConfig),
+    /// A pty the app writes to (app side).
+    Pty(PtyConfig),
 }
 
 /// Where a stream's frames go.
@@ -265,11 +429,30 @@ pub enum SinkConfig {
     Check(CheckConfig),
     /// Counts and discards.
     Null(NullConfig),
+    /// A serial port (device side).
+    Serial(SerialConfig),
+    /// A pty the app reads from (app side).
+    Pty(PtyConfig),
 }
 
 fn fmt_opt<T: std::fmt::Display>(out: &mut String, key: &str, v: Option<T>) {
     if let Some(v) = v {
         let _ = write!(out, ", {key}={v}");
+    }
+}
+
+/// `serial(path=/dev/ttyUSB0, 115200 8N1)` (flow control appended when on).
+fn describe_serial(c: &SerialConfig) -> String {
+    format!("serial(path={}, {})", c.path.display(), c.settings())
+}
+
+/// `pty(link=/tmp/ttyREMOTE)`, with the initial settings when they are not the default.
+fn describe_pty(c: &PtyConfig) -> String {
+    let s = c.settings();
+    if s == LineSettings::default() {
+        format!("pty(link={})", c.link.display())
+    } else {
+        format!("pty(link={}, {s})", c.link.display())
     }
 }
 
@@ -298,6 +481,8 @@ impl SourceConfig {
             SourceConfig::SpacenavSim(_) => &SOURCES[1],
             SourceConfig::Stdin(_) => &SOURCES[2],
             SourceConfig::File(_) => &SOURCES[3],
+            SourceConfig::Serial(_) => &SOURCES[4],
+            SourceConfig::Pty(_) => &SOURCES[5],
         }
     }
 
@@ -308,6 +493,8 @@ impl SourceConfig {
             SourceConfig::SpacenavSim(_) => "spacenav-sim source",
             SourceConfig::Stdin(_) => "stdin source",
             SourceConfig::File(_) => "file source",
+            SourceConfig::Serial(_) => "serial source",
+            SourceConfig::Pty(_) => "pty source",
         }
     }
 
@@ -330,6 +517,8 @@ impl SourceConfig {
             SourceConfig::File(c) => {
                 format!("file(path={}, framing={})", c.path.display(), c.framing)
             }
+            SourceConfig::Serial(c) => describe_serial(c),
+            SourceConfig::Pty(c) => describe_pty(c),
         }
     }
 
@@ -358,6 +547,8 @@ impl SourceConfig {
                 }
             }
             SourceConfig::Stdin(_) | SourceConfig::File(_) => {}
+            SourceConfig::Serial(c) => check_settings(endpoint, &c.settings())?,
+            SourceConfig::Pty(c) => check_settings(endpoint, &c.settings())?,
         }
         Ok(())
     }
@@ -376,6 +567,8 @@ impl SinkConfig {
             SinkConfig::File(_) => &SINKS[1],
             SinkConfig::Check(_) => &SINKS[2],
             SinkConfig::Null(_) => &SINKS[3],
+            SinkConfig::Serial(_) => &SINKS[4],
+            SinkConfig::Pty(_) => &SINKS[5],
         }
     }
 
@@ -386,6 +579,8 @@ impl SinkConfig {
             SinkConfig::File(_) => "file sink",
             SinkConfig::Check(_) => "check sink",
             SinkConfig::Null(_) => "null sink",
+            SinkConfig::Serial(_) => "serial sink",
+            SinkConfig::Pty(_) => "pty sink",
         }
     }
 
@@ -410,12 +605,22 @@ impl SinkConfig {
                 }
             }
             SinkConfig::Null(_) => "null".to_string(),
+            SinkConfig::Serial(c) => describe_serial(c),
+            SinkConfig::Pty(c) => describe_pty(c),
         }
     }
 
-    /// Checks parameter ranges (every sink parameter value is currently valid).
+    /// Checks parameter ranges; the error names the endpoint, the key and the allowed range.
     pub fn validate(&self) -> Result<(), EndpointError> {
-        Ok(())
+        let endpoint = self.endpoint();
+        match self {
+            SinkConfig::Serial(c) => check_settings(endpoint, &c.settings()),
+            SinkConfig::Pty(c) => check_settings(endpoint, &c.settings()),
+            SinkConfig::Stdout(_)
+            | SinkConfig::File(_)
+            | SinkConfig::Check(_)
+            | SinkConfig::Null(_) => Ok(()),
+        }
     }
 }
 
@@ -491,6 +696,8 @@ mod tests {
                 path: "/x".into(),
                 framing: Framing::Raw,
             }),
+            SourceConfig::Serial(SerialConfig::new("/dev/ttyS0")),
+            SourceConfig::Pty(PtyConfig::new("/tmp/ttyX")),
         ];
         let sinks = [
             SinkConfig::Stdout(StdoutConfig::default()),
@@ -505,6 +712,8 @@ mod tests {
                 expect: Some(1),
             }),
             SinkConfig::Null(NullConfig {}),
+            SinkConfig::Serial(SerialConfig::new("/dev/ttyS0")),
+            SinkConfig::Pty(PtyConfig::new("/tmp/ttyX")),
         ];
         assert_eq!(sources.len(), SOURCES.len());
         assert_eq!(sinks.len(), SINKS.len());
@@ -583,6 +792,21 @@ mod tests {
         assert_eq!(c.describe(), "stdout(framing=raw)");
         let c: SinkConfig = parse(r#"{ type = "null" }"#).unwrap();
         assert_eq!(c.describe(), "null");
+        let c: SourceConfig = parse(r#"{ type = "serial", path = "/dev/ttyUSB0" }"#).unwrap();
+        assert_eq!(c.describe(), "serial(path=/dev/ttyUSB0, 115200 8N1)");
+        let c: SinkConfig = parse(
+            r#"{ type = "serial", path = "/dev/ttyS1", baud = 9600, data_bits = 7,
+                 parity = "even", stop_bits = 2, flow = "rtscts" }"#,
+        )
+        .unwrap();
+        assert_eq!(c.describe(), "serial(path=/dev/ttyS1, 9600 7E2 rtscts)");
+        let c: SinkConfig = parse(r#"{ type = "pty", link = "/tmp/ttyREMOTE" }"#).unwrap();
+        assert_eq!(c, SinkConfig::Pty(PtyConfig::new("/tmp/ttyREMOTE")));
+        assert_eq!(c.describe(), "pty(link=/tmp/ttyREMOTE)");
+        let c: SourceConfig =
+            parse(r#"{ type = "pty", link = "/tmp/ttyREMOTE", baud = 9600, parity = "odd" }"#)
+                .unwrap();
+        assert_eq!(c.describe(), "pty(link=/tmp/ttyREMOTE, 9600 8O1)");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! failed, so the binary can print it as is.
 
 use crate::framing::FramingError;
+use crate::serial::SerialFrameError;
 use std::io;
 use std::path::PathBuf;
 
@@ -57,6 +58,28 @@ pub enum EndpointError {
         param: &'static str,
         /// What is allowed.
         reason: String,
+    },
+    /// A serial-stream frame is malformed (unknown type byte, wrong body length, bad value).
+    #[error("{endpoint}: bad serial frame (seq {seq}): {source}")]
+    BadFrame {
+        /// Which endpoint.
+        endpoint: &'static str,
+        /// The frame's sequence number.
+        seq: u64,
+        /// What is wrong.
+        source: SerialFrameError,
+    },
+    /// Line settings could not be applied to a tty.
+    #[error("{endpoint}: cannot apply line settings {settings} to {}: {source}", path.display())]
+    Settings {
+        /// Which endpoint.
+        endpoint: &'static str,
+        /// The tty.
+        path: PathBuf,
+        /// The settings, e.g. `9600 8N1`.
+        settings: String,
+        /// The OS error.
+        source: io::Error,
     },
     /// `spawn` was called outside a tokio runtime.
     #[error("{endpoint}: must be started from within a tokio runtime")]

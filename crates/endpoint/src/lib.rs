@@ -11,7 +11,11 @@
 //!   tokio tasks over an `mpsc` channel of [`ndd_core::Frame`]s;
 //! - sans-IO pieces, usable and tested without tokio: [`framing`] (raw / lines / length
 //!   decoders and encoder), [`check`] (the [`Checker`]), [`synthetic`] (the benchmark
-//!   payload), [`spacenav`] (the 3D-mouse record and motion).
+//!   payload), [`spacenav`] (the 3D-mouse record and motion), [`serial`] (the typed payloads
+//!   of serial streams: data, line settings, modem lines);
+//! - [`tty`]: the `serial` (a tty) and `pty` (a pseudo-terminal symlinked where the app
+//!   expects a port) endpoints; their only unsafe code (modem-line ioctls, registering a
+//!   descriptor with tokio) is in `sys`.
 //!
 //! Invariants:
 //! - a source numbers its frames 0, 1, 2, … on the stream it is given, stamps each with its
@@ -27,17 +31,22 @@ pub mod check;
 pub mod config;
 pub mod error;
 pub mod framing;
+pub mod serial;
 pub mod sink;
 pub mod source;
 pub mod spacenav;
 pub mod synthetic;
+mod sys;
+pub mod tty;
 
 pub use check::{CheckReport, Checker};
 pub use config::{
-    CheckConfig, EndpointInfo, FileSinkConfig, FileSourceConfig, NullConfig, SinkConfig,
-    SourceConfig, SpacenavSimConfig, StdinConfig, StdoutConfig, SyntheticConfig, SINKS, SOURCES,
+    CheckConfig, EndpointInfo, FileSinkConfig, FileSourceConfig, NullConfig, PtyConfig,
+    SerialConfig, SinkConfig, SourceConfig, SpacenavSimConfig, StdinConfig, StdoutConfig,
+    SyntheticConfig, SINKS, SOURCES,
 };
 pub use error::EndpointError;
 pub use framing::{encode, FrameDecoder, Framing, FramingError};
+pub use serial::{Flow, LineSettings, ModemLines, Parity, SerialFrameError, SerialMessage};
 pub use sink::{SinkReport, SinkTask};
 pub use source::{SourceReport, SourceTask};

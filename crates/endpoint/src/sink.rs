@@ -74,6 +74,14 @@ impl SinkConfig {
                 rt.spawn(run_check(endpoint, checker, rx))
             }
             SinkConfig::Null(_) => rt.spawn(run_null(endpoint, rx)),
+            SinkConfig::Serial(c) => {
+                let tty = crate::tty::open_tty(endpoint, c)?;
+                rt.spawn(crate::tty::run_tty_sink(endpoint, tty, rx))
+            }
+            SinkConfig::Pty(c) => {
+                let pty = crate::tty::open_pty(endpoint, c)?;
+                rt.spawn(crate::tty::run_pty_sink(endpoint, pty, rx))
+            }
         })
     }
 }

@@ -37,7 +37,7 @@ pub fn now_ns() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
-fn meta(stream: u16, seq: u64) -> Meta {
+pub(crate) fn meta(stream: u16, seq: u64) -> Meta {
     Meta {
         stream,
         seq,
@@ -99,6 +99,14 @@ impl SourceConfig {
                     stream,
                     tx,
                 ))
+            }
+            SourceConfig::Serial(c) => {
+                let tty = crate::tty::open_tty(endpoint, c)?;
+                rt.spawn(crate::tty::run_tty_source(endpoint, tty, stream, tx))
+            }
+            SourceConfig::Pty(c) => {
+                let pty = crate::tty::open_pty(endpoint, c)?;
+                rt.spawn(crate::tty::run_pty_source(endpoint, pty, stream, tx))
             }
         })
     }

@@ -513,3 +513,59 @@ impl MessageWriter {
         Ok(())
     }
 }
+
+/// Decode one whole message held in `msg` (a datagram's reassembled message or a message
+/// read from a QUIC stream) into an [`Incoming`]; DATA payloads are slices of `msg`. Bytes
+/// after the message are an error ([`ndd_wire::WireError::TrailingBytes`]).
+pub(crate) fn decode_message(msg: Bytes, max_body: u32) -> Result<Incoming> {
+    let total = match peek_message_len(&msg, max_body)? {
+        Some(total) => total,
+        None => {
+            return Err(ndd_wire::WireError::Truncated {
+                need: HEADER_LEN,
+                have: msg.len(),
+            }
+            .into())
+        }
+    };
+    if total != msg.len() {
+        if total > msg.len() {
+            return Err(ndd_wire::WireError::Truncated {
+                need: total,
+                have: msg.len(),
+            }
+            .into());
+        }
+        return Err(ndd_wire::WireError::TrailingBytes {
+            extra: msg.len() - total,
+        }
+        .into());
+    }
+    if msg.get(1) == Some(&(Kind::Data as u8)) {
+        let (header, _) = DataHeader::parse(&msg, max_body)?;
+        return Ok(Incoming::Data {
+            header,
+            payload: msg.slice(DATA_HEADER_LEN..),
+        });
+    }
+    let (message, _) = Message::parse(&msg, max_body)?;
+    Ok(Incoming::Other(message.to_owned_message()))
+}
+
+/// The bytes of `frame` as one DATA message (header written into its headroom, payload not
+/// copied when there is headroom). Used by the datagram and QUIC links.
+pub(crate) fn frame_to_message(mut frame: Frame, flags: u16) -> Result<Bytes> {
+    let header = DataHeader {
+        stream_id: frame.meta.stream,
+        retransmit: (flags | frame.meta.flags) & FLAG_RETRANSMIT != 0,
+        seq: frame.meta.seq,
+        timestamp_ns: frame.meta.timestamp_ns,
+    };
+    let payload_len = frame.len();
+    let mut emitted = Ok(());
+    frame.push_header_with(DATA_HEADER_LEN, |buf| {
+        emitted = header.emit(payload_len, buf);
+    });
+    emitted?;
+    Ok(frame.into_bytes())
+}

@@ -268,6 +268,69 @@ pub enum LinkError {
     /// Reading from or writing to the connection failed.
     #[error("connection: {0}")]
     Io(#[from] io::Error),
+
+    /// Starting a QUIC connection failed before any packet was sent (bad address, bad
+    /// configuration).
+    #[error("cannot connect to {addr} over QUIC: {source}")]
+    QuicConnect {
+        /// The address.
+        addr: String,
+        /// What quinn said.
+        #[source]
+        source: quinn::ConnectError,
+    },
+
+    /// The QUIC handshake with a peer failed (wrong key, not an ndd, timeout…).
+    #[error("QUIC handshake with {addr} failed: {source}")]
+    QuicHandshake {
+        /// The peer's address.
+        addr: SocketAddr,
+        /// What went wrong.
+        #[source]
+        source: quinn::ConnectionError,
+    },
+
+    /// An established QUIC connection failed or was closed by the peer with an error.
+    #[error("QUIC connection: {0}")]
+    QuicConnection(#[from] quinn::ConnectionError),
+
+    /// Writing to a QUIC stream failed.
+    #[error("QUIC stream write: {0}")]
+    QuicWrite(#[from] quinn::WriteError),
+
+    /// Reading a QUIC stream failed.
+    #[error("QUIC stream read: {0}")]
+    QuicRead(#[from] quinn::ReadError),
+
+    /// The peer does not accept QUIC datagrams (or they are disabled), so lossy streams
+    /// cannot be carried.
+    #[error("QUIC datagram: {0}")]
+    QuicDatagram(#[from] quinn::SendDatagramError),
+
+    /// A rustls configuration cannot be used for QUIC.
+    #[error("TLS configuration unusable for QUIC: {0}")]
+    QuicConfig(String),
+
+    /// The UDP link has no peer yet: a bound link learns its peer from the first valid
+    /// datagram it receives.
+    #[error("the UDP link has no peer yet: it learns it from the first datagram it receives")]
+    NoPeer,
+
+    /// A message too large to fragment into datagrams of the link's size.
+    #[error(
+        "message of {len} bytes cannot be sent as datagrams: at most {max} bytes fit in 65535 \
+         fragments; send it on a reliable stream or raise the datagram size"
+    )]
+    DatagramTooLarge {
+        /// Message length.
+        len: usize,
+        /// The most that fits.
+        max: usize,
+    },
+
+    /// The link is closed.
+    #[error("the link is closed")]
+    Closed,
 }
 
 /// Result with [`LinkError`].

@@ -10,7 +10,14 @@
 //! - [`trust`]: the `known_peers` file;
 //! - [`tls`]: rustls configurations (ring provider, TLS 1.3 only, client certificates
 //!   required) with verifiers that check handshake signatures but leave trust to pinning;
-//! - [`conn`]: TCP listen/accept/connect, with or without TLS, and message framing.
+//! - [`conn`]: TCP listen/accept/connect, with or without TLS, and message framing;
+//! - [`quic`]: QUIC (quinn) with the same identities and verifiers: a stream per reliable
+//!   stream, a session stream per direction, lossy streams as datagrams;
+//! - [`udp`]: plain UDP datagrams for LANs (no encryption: that is the `encrypt` pair's job);
+//! - [`frag`]: the sans-IO datagram fragment header and reassembler shared by both;
+//! - [`bench`](mod@bench): raw TCP/UDP throughput baselines.
+//!
+//! `docs/links.md` compares the links: guarantees, wire mapping, limits, when to use which.
 //!
 //! A typical server loop: `listen`, then repeatedly `accept` (a failed handshake costs that
 //! connection only), [`KnownPeers::verify`] the peer's fingerprint, `split`, and read and
@@ -32,18 +39,28 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod bench;
 pub mod conn;
 mod error;
+pub mod frag;
 pub mod identity;
+pub mod quic;
 pub mod tls;
 pub mod trust;
+pub mod udp;
 
 pub use conn::{
     connect, listen, Conn, Incoming, Listener, MessageReader, MessageWriter, PeerInfo,
     DEFAULT_MAX_BODY,
 };
 pub use error::{LinkError, Result};
+pub use frag::{DatagramStats, ReassemblyConfig};
 pub use identity::{default_home, fingerprint_of_cert, fingerprint_of_spki, Identity};
+pub use quic::{
+    quic_connect, quic_connect_with, quic_listen, quic_listen_with, QuicConn, QuicListener,
+    QuicSender,
+};
 pub use rustls::{ClientConfig, ServerConfig};
 pub use tls::{client_config, peer_fingerprint, server_config};
 pub use trust::{validate_fingerprint, KnownPeers, Trusted};
+pub use udp::{udp_bind, udp_connect, UdpLink, UdpSender};

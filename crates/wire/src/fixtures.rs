@@ -224,6 +224,16 @@ fn parse_emit_ping_pong() {
 }
 
 #[test]
+fn parse_emit_resume() {
+    good(
+        &fixture!("resume"),
+        Message::Resume {
+            instance: 0x0123_4567_89ab_cdef,
+        },
+    );
+}
+
+#[test]
 fn parse_emit_end() {
     good(
         &fixture!("end"),
@@ -286,7 +296,7 @@ fn bad_oversize() {
 #[test]
 fn bad_unknown_kind() {
     let b = fixture!("bad_unknown_kind");
-    bad(&b, WireError::UnknownKind(10));
+    bad(&b, WireError::UnknownKind(11));
     // Framing still works.
     assert_eq!(peek_message_len(&b, MAX), Ok(Some(10)));
 }

@@ -54,11 +54,13 @@ pub enum Kind {
     Ack = 0x08,
     /// The sender's source of a stream has ended.
     End = 0x09,
+    /// After a (re)connect: the sender's process-run id; ends its resume ACKs.
+    Resume = 0x0a,
 }
 
 impl Kind {
     /// Every kind, in code order.
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 10] = [
         Kind::Data,
         Kind::Control,
         Kind::Hello,
@@ -68,6 +70,7 @@ impl Kind {
         Kind::Pong,
         Kind::Ack,
         Kind::End,
+        Kind::Resume,
     ];
 
     /// The kind with this code, if any.
@@ -82,6 +85,7 @@ impl Kind {
             0x07 => Kind::Pong,
             0x08 => Kind::Ack,
             0x09 => Kind::End,
+            0x0a => Kind::Resume,
             _ => return None,
         })
     }
@@ -98,6 +102,7 @@ impl Kind {
             Kind::Pong => "PONG",
             Kind::Ack => "ACK",
             Kind::End => "END",
+            Kind::Resume => "RESUME",
         }
     }
 
@@ -446,6 +451,6 @@ mod tests {
             assert_eq!(Kind::from_u8(k.into()), Some(k));
         }
         assert_eq!(Kind::try_from(0), Err(WireError::UnknownKind(0)));
-        assert_eq!(Kind::try_from(10), Err(WireError::UnknownKind(10)));
+        assert_eq!(Kind::try_from(11), Err(WireError::UnknownKind(11)));
     }
 }

@@ -41,6 +41,7 @@ pub mod header;
 pub mod hello;
 pub mod ping;
 pub mod pong;
+pub mod resume;
 
 pub use close::CloseCode;
 pub use data::{DataHeader, DATA_HEADER_LEN, FLAG_RETRANSMIT};
@@ -62,6 +63,7 @@ pub use header::{Packet as HeaderPacket, Repr as HeaderRepr};
 pub use hello::{Packet as HelloPacket, Repr as HelloRepr};
 pub use ping::{Packet as PingPacket, Repr as PingRepr};
 pub use pong::{Packet as PongPacket, Repr as PongRepr};
+pub use resume::{Packet as ResumePacket, Repr as ResumeRepr};
 
 /// The protocol version this crate speaks: byte 0 of every message.
 pub const VERSION: u8 = 1;

@@ -4,7 +4,7 @@ use crate::data::{body_len_u32, check_stream, DataHeader, FLAG_RETRANSMIT};
 use crate::header::{self, HEADER_LEN};
 use crate::hello::Repr as HelloRepr;
 use crate::{
-    ack, close, control, data, end, hello, ping, pong, CloseCode, Kind, Result, WireError,
+    ack, close, control, data, end, hello, ping, pong, resume, CloseCode, Kind, Result, WireError,
 };
 
 /// One message, borrowing its variable-length parts from the buffer it was parsed from.
@@ -70,6 +70,11 @@ pub enum Message<'a> {
         stream: u16,
         /// DATA messages the sender sent on the stream.
         frames: u64,
+    },
+    /// After a (re)connect: the sender's process-run id.
+    Resume {
+        /// Random, fixed for the sender's process lifetime.
+        instance: u64,
     },
 }
 
@@ -151,6 +156,12 @@ impl<'a> Message<'a> {
                     frames: r.frames,
                 }
             }
+            Kind::Resume => {
+                let r = resume::Repr::parse(&resume::Packet::new_unchecked(body))?;
+                Message::Resume {
+                    instance: r.instance,
+                }
+            }
         })
     }
 
@@ -166,6 +177,7 @@ impl<'a> Message<'a> {
             Message::Pong { .. } => Kind::Pong,
             Message::Ack { .. } => Kind::Ack,
             Message::End { .. } => Kind::End,
+            Message::Resume { .. } => Kind::Resume,
         }
     }
 
@@ -202,6 +214,7 @@ impl<'a> Message<'a> {
             Message::Pong { .. } => pong::BODY_LEN,
             Message::Ack { .. } => ack::BODY_LEN,
             Message::End { .. } => end::BODY_LEN,
+            Message::Resume { .. } => resume::BODY_LEN,
         }
     }
 
@@ -264,6 +277,9 @@ impl<'a> Message<'a> {
             }
             Message::End { frames, .. } => {
                 end::Repr { frames }.emit(&mut end::Packet::new_unchecked(body))
+            }
+            Message::Resume { instance } => {
+                resume::Repr { instance }.emit(&mut resume::Packet::new_unchecked(body))
             }
         }?;
         Ok(total)
@@ -332,6 +348,9 @@ impl<'a> Message<'a> {
                 stream: *stream,
                 frames: *frames,
             },
+            Message::Resume { instance } => OwnedMessage::Resume {
+                instance: *instance,
+            },
         }
     }
 }
@@ -373,6 +392,9 @@ pub enum OwnedMessage {
     End {
         stream: u16,
         frames: u64,
+    },
+    Resume {
+        instance: u64,
     },
 }
 
@@ -417,6 +439,9 @@ impl OwnedMessage {
             OwnedMessage::End { stream, frames } => Message::End {
                 stream: *stream,
                 frames: *frames,
+            },
+            OwnedMessage::Resume { instance } => Message::Resume {
+                instance: *instance,
             },
         }
     }

@@ -6,7 +6,7 @@ mod e2e;
 mod jitter;
 mod pairs;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Subcommand;
 use hdrhistogram::Histogram;
 use std::path::PathBuf;
@@ -32,6 +32,16 @@ pub enum BenchCmd {
         #[arg(long)]
         quick: bool,
         /// Directory for jitter.md and jitter.svg.
+        #[arg(long, value_name = "DIR", default_value = "docs/bench")]
+        out: PathBuf,
+    },
+    /// Seed 001 Table 1: time per VNC update vs one-way latency (0–300 ms), unmodified vs
+    /// through the RFB Message Accelerator, with a real Xvnc server; writes rfb.md and rfb.svg.
+    Rfb {
+        /// A short run (CI smoke test): 0, 100 and 300 ms, fewer updates.
+        #[arg(long)]
+        quick: bool,
+        /// Directory for rfb.md and rfb.svg.
         #[arg(long, value_name = "DIR", default_value = "docs/bench")]
         out: PathBuf,
     },
@@ -67,6 +77,21 @@ pub async fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::E2e { quick, out } => e2e::run(quick, &out).await,
         BenchCmd::Pairs { quick, out } => pairs::run(quick, &out),
         BenchCmd::Jitter { quick, out } => jitter::run(quick, &out),
+        BenchCmd::Rfb { quick, out } => {
+            let opts = ndd_rfb::BenchOptions {
+                quick,
+                out_dir: out,
+                command: format!("ndd bench rfb{}", if quick { " --quick" } else { "" }),
+                ..ndd_rfb::BenchOptions::default()
+            };
+            let report = ndd_rfb::bench(opts).await.context("bench rfb")?;
+            eprintln!(
+                "wrote {} and {}",
+                report.markdown.display(),
+                report.svg.display()
+            );
+            Ok(())
+        }
     }
 }
 

@@ -1,0 +1,844 @@
+//! Serial-port (`serial`) and pseudo-terminal (`pty`) endpoints: the I/O half.
+//!
+//! - A `serial` endpoint opens a tty (`/dev/ttyUSB0`) raw with the configured line settings.
+//!   As a source it emits data frames (`0x00`) with the bytes read and modem-line frames
+//!   (`0x02`, CTS/DSR/DCD/RI) when `TIOCMGET` works; as a sink it writes data frames, applies
+//!   line-settings frames (`0x01`) with `tcsetattr` (any baud rate on Linux, via `BOTHER`) and
+//!   DTR/RTS from modem-line frames.
+//! - A `pty` endpoint creates a pseudo-terminal, keeps its own slave fd open (so the app can
+//!   open and close the slave as often as it likes without the master seeing a hang-up) and
+//!   symlinks the slave at `link`. As a sink it writes data frames to the master; as a source
+//!   it emits the bytes the app writes, and polls the slave's termios every
+//!   [`SETTINGS_POLL`] to emit a line-settings frame whenever the app changes them.
+//!
+//! Both streams of a driver name the same path (or link): the two endpoints share one open
+//! file through a process-wide registry keyed by path, reference-counted ([`Arc`]); the file
+//! is closed (and the pty's symlink removed) when the last of them is done.
+//!
+//! Reads and writes are non-blocking through [`AsyncFd`]; after `EAGAIN` a task waits for
+//! readiness for at most [`SETTINGS_POLL`] and then simply retries, so a missed wake-up costs
+//! latency, never a hang.
+
+use crate::config::{PtyConfig, SerialConfig};
+use crate::error::EndpointError;
+use crate::framing::RAW_CHUNK;
+use crate::serial::{Flow, LineSettings, ModemLines, Parity, SerialMessage};
+use crate::sink::SinkReport;
+use crate::source::{meta, SourceReport};
+use crate::sys;
+use ndd_core::Frame;
+use rustix::fs::OFlags;
+use rustix::io::Errno;
+use rustix::termios::{ControlModes, InputModes, OptionalActions, Termios};
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::mpsc::{Receiver, Sender};
+use tokio::time::MissedTickBehavior;
+
+/// How often the pty's termios and the tty's modem lines are polled, and the longest wait
+/// for readiness before a read or write is simply retried.
+pub const SETTINGS_POLL: Duration = Duration::from_millis(50);
+
+// ---------------------------------------------------------------------------------------
+// termios <-> LineSettings
+
+/// Puts `t` in raw mode (`cfmakeraw`) with `s`, receiver on, modem control lines ignored
+/// for opening and reading (`CLOCAL`).
+pub(crate) fn make_raw_with(t: &mut Termios, s: &LineSettings) -> io::Result<()> {
+    t.make_raw();
+    apply_settings(t, s)
+}
+
+/// Changes baud, size, parity, stop bits and flow control of `t`, leaving the rest.
+pub(crate) fn apply_settings(t: &mut Termios, s: &LineSettings) -> io::Result<()> {
+    t.set_speed(s.baud)?;
+    let cm = &mut t.control_modes;
+    cm.remove(
+        ControlModes::CSIZE
+            | ControlModes::PARENB
+            | ControlModes::PARODD
+            | ControlModes::CMSPAR
+            | ControlModes::CSTOPB
+            | ControlModes::CRTSCTS,
+    );
+    cm.insert(match s.data_bits {
+        5 => ControlModes::CS5,
+        6 => ControlModes::CS6,
+        7 => ControlModes::CS7,
+        _ => ControlModes::CS8,
+    });
+    cm.insert(match s.parity {
+        Parity::None => ControlModes::empty(),
+        Parity::Odd => ControlModes::PARENB | ControlModes::PARODD,
+        Parity::Even => ControlModes::PARENB,
+        Parity::Mark => ControlModes::PARENB | ControlModes::CMSPAR | ControlModes::PARODD,
+        Parity::Space => ControlModes::PARENB | ControlModes::CMSPAR,
+    });
+    if s.stop_bits == 2 {
+        cm.insert(ControlModes::CSTOPB);
+    }
+    cm.insert(ControlModes::CREAD | ControlModes::CLOCAL);
+    t.input_modes
+        .remove(InputModes::IXON | InputModes::IXOFF | InputModes::IXANY);
+    match s.flow {
+        Flow::None => {}
+        Flow::Rtscts => t.control_modes.insert(ControlModes::CRTSCTS),
+        Flow::Xonxoff => t.input_modes.insert(InputModes::IXON | InputModes::IXOFF),
+    }
+    Ok(())
+}
+
+/// The line settings `t` describes (baud is the output speed).
+pub(crate) fn read_settings(t: &Termios) -> LineSettings {
+    let cm = t.control_modes;
+    let size = cm & ControlModes::CSIZE;
+    let data_bits = if size == ControlModes::CS5 {
+        5
+    } else if size == ControlModes::CS6 {
+        6
+    } else if size == ControlModes::CS7 {
+        7
+    } else {
+        8
+    };
+    let parity = if !cm.contains(ControlModes::PARENB) {
+        Parity::None
+    } else {
+        match (
+            cm.contains(ControlModes::CMSPAR),
+            cm.contains(ControlModes::PARODD),
+        ) {
+            (false, true) => Parity::Odd,
+            (false, false) => Parity::Even,
+            (true, true) => Parity::Mark,
+            (true, false) => Parity::Space,
+        }
+    };
+    let flow = if cm.contains(ControlModes::CRTSCTS) {
+        Flow::Rtscts
+    } else if t
+        .input_modes
+        .intersects(InputModes::IXON | InputModes::IXOFF)
+    {
+        Flow::Xonxoff
+    } else {
+        Flow::None
+    };
+    LineSettings {
+        baud: t.output_speed(),
+        data_bits,
+        parity,
+        stop_bits: if cm.contains(ControlModes::CSTOPB) {
+            2
+        } else {
+            1
+        },
+        flow,
+    }
+}
+
+fn tiocm_to_lines(bits: libc::c_int) -> ModemLines {
+    let mut state = 0;
+    for (tiocm, bit) in [
+        (libc::TIOCM_CTS, ModemLines::CTS),
+        (libc::TIOCM_DSR, ModemLines::DSR),
+        (libc::TIOCM_CAR, ModemLines::DCD),
+        (libc::TIOCM_RNG, ModemLines::RI),
+    ] {
+        if bits & tiocm != 0 {
+            state |= bit;
+        }
+    }
+    ModemLines {
+        valid: ModemLines::CTS | ModemLines::DSR | ModemLines::DCD | ModemLines::RI,
+        state,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The shared files
+
+/// An open tty, shared by the `serial` source and sink of one path.
+#[derive(Debug)]
+pub(crate) struct Tty {
+    fd: AsyncFd<OwnedFd>,
+    path: PathBuf,
+    opened_with: LineSettings,
+}
+
+/// A pty master plus our own slave fd and the symlink at `link`, shared by the `pty` source
+/// and sink of one link.
+#[derive(Debug)]
+pub(crate) struct Pty {
+    master: AsyncFd<OwnedFd>,
+    slave: OwnedFd,
+    slave_path: PathBuf,
+    link: PathBuf,
+    opened_with: LineSettings,
+    /// [`Pty::seen`] right after creation: the device tty starts with these.
+    baseline: LineSettings,
+}
+
+impl Pty {
+    /// The settings the app has set on the pty. A Linux pty forces `CS8` and clears `PARENB`
+    /// on every `tcsetattr`, so data bits and parity cannot be seen there: they stay as
+    /// configured; baud, stop bits and flow control come from the pty.
+    fn seen(&self, t: &Termios) -> LineSettings {
+        LineSettings {
+            data_bits: self.opened_with.data_bits,
+            parity: self.opened_with.parity,
+            ..read_settings(t)
+        }
+    }
+}
+
+impl Drop for Pty {
+    fn drop(&mut self) {
+        // Remove the link only while it still points at our slave: a newer pty for the same
+        // link (created once our registry entry was dead) has another slave path.
+        if std::fs::read_link(&self.link).is_ok_and(|t| t == self.slave_path) {
+            if let Err(e) = std::fs::remove_file(&self.link) {
+                tracing::warn!(link = %self.link.display(), error = %e, "cannot remove pty link");
+            } else {
+                tracing::debug!(link = %self.link.display(), "pty link removed");
+            }
+        }
+    }
+}
+
+type Registry<T> = Mutex<HashMap<PathBuf, Weak<T>>>;
+
+fn ttys() -> &'static Registry<Tty> {
+    static TTYS: OnceLock<Registry<Tty>> = OnceLock::new();
+    TTYS.get_or_init(Default::default)
+}
+
+fn ptys() -> &'static Registry<Pty> {
+    static PTYS: OnceLock<Registry<Pty>> = OnceLock::new();
+    PTYS.get_or_init(Default::default)
+}
+
+/// Looks `key` up in `registry`, or opens it with `open` and registers it. The lock is held
+/// while opening, so both endpoints of a driver get the same file.
+fn shared<T>(
+    registry: &Registry<T>,
+    key: &Path,
+    open: impl FnOnce() -> Result<Arc<T>, EndpointError>,
+    reuse: impl FnOnce(&T) -> Result<(), EndpointError>,
+) -> Result<Arc<T>, EndpointError> {
+    let mut map = registry.lock().unwrap_or_else(|p| p.into_inner());
+    map.retain(|_, w| w.strong_count() > 0);
+    if let Some(existing) = map.get(key).and_then(Weak::upgrade) {
+        reuse(&existing)?;
+        return Ok(existing);
+    }
+    let new = open()?;
+    map.insert(key.to_path_buf(), Arc::downgrade(&new));
+    Ok(new)
+}
+
+fn open_err<'a>(
+    endpoint: &'static str,
+    path: &'a Path,
+) -> impl Fn(io::Error) -> EndpointError + 'a {
+    move |source| EndpointError::Open {
+        endpoint,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn mismatch(
+    endpoint: &'static str,
+    path: &Path,
+    had: &LineSettings,
+    want: &LineSettings,
+) -> EndpointError {
+    EndpointError::Open {
+        endpoint,
+        path: path.to_path_buf(),
+        source: io::Error::other(format!(
+            "already opened by the other stream with settings {had}, this one asks for {want}; \
+             both endpoints of one port must use the same settings"
+        )),
+    }
+}
+
+/// Opens (or shares) the tty of a `serial` endpoint, raw, with its settings.
+pub(crate) fn open_tty(
+    endpoint: &'static str,
+    c: &SerialConfig,
+) -> Result<Arc<Tty>, EndpointError> {
+    let want = c.settings();
+    let key = std::fs::canonicalize(&c.path).unwrap_or_else(|_| c.path.clone());
+    shared(
+        ttys(),
+        &key,
+        || {
+            let err = open_err(endpoint, &c.path);
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK)
+                .open(&c.path)
+                .map_err(&err)?;
+            let fd = OwnedFd::from(file);
+            let mut t = rustix::termios::tcgetattr(&fd).map_err(|e| {
+                err(if e == Errno::NOTTY {
+                    io::Error::other("not a terminal (tty)")
+                } else {
+                    e.into()
+                })
+            })?;
+            set_termios(endpoint, &c.path, &fd, &mut t, &want, true)?;
+            let fd = sys::async_fd(fd).map_err(&err)?;
+            tracing::debug!(endpoint, path = %c.path.display(), settings = %want, "tty opened");
+            Ok(Arc::new(Tty {
+                fd,
+                path: c.path.clone(),
+                opened_with: want,
+            }))
+        },
+        |t| {
+            if t.opened_with == want {
+                Ok(())
+            } else {
+                Err(mismatch(endpoint, &c.path, &t.opened_with, &want))
+            }
+        },
+    )
+}
+
+fn set_termios(
+    endpoint: &'static str,
+    path: &Path,
+    fd: impl AsFd,
+    t: &mut Termios,
+    s: &LineSettings,
+    raw: bool,
+) -> Result<(), EndpointError> {
+    let settings_err = |source: io::Error| EndpointError::Settings {
+        endpoint,
+        path: path.to_path_buf(),
+        settings: s.to_string(),
+        source,
+    };
+    if raw {
+        make_raw_with(t, s).map_err(settings_err)?;
+    } else {
+        apply_settings(t, s).map_err(settings_err)?;
+    }
+    rustix::termios::tcsetattr(fd, OptionalActions::Now, t).map_err(|e| settings_err(e.into()))
+}
+
+/// Creates (or shares) the pty of a `pty` endpoint and links its slave at `link`.
+pub(crate) fn open_pty(endpoint: &'static str, c: &PtyConfig) -> Result<Arc<Pty>, EndpointError> {
+    let want = c.settings();
+    shared(
+        ptys(),
+        &c.link,
+        || {
+            let link_err = open_err(endpoint, &c.link);
+            let replace = match std::fs::symlink_metadata(&c.link) {
+                Ok(m) if m.file_type().is_symlink() => true,
+                Ok(m) => {
+                    let what = if m.is_dir() {
+                        "a directory"
+                    } else if m.is_file() {
+                        "a regular file"
+                    } else {
+                        "not a symlink"
+                    };
+                    return Err(link_err(io::Error::other(format!(
+                        "{what} is in the way; refusing to replace it (only a symlink is replaced)"
+                    ))));
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+                Err(e) => return Err(link_err(e)),
+            };
+            let pty_err = |e: Errno| EndpointError::Open {
+                endpoint,
+                path: PathBuf::from("/dev/ptmx"),
+                source: e.into(),
+            };
+            use rustix::pty::OpenptFlags;
+            let master =
+                rustix::pty::openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)
+                    .map_err(pty_err)?;
+            rustix::pty::grantpt(&master).map_err(pty_err)?;
+            rustix::pty::unlockpt(&master).map_err(pty_err)?;
+            let name = rustix::pty::ptsname(&master, Vec::new()).map_err(pty_err)?;
+            let slave_path = PathBuf::from(std::ffi::OsStr::from_bytes(name.as_bytes()));
+            let flags = rustix::fs::fcntl_getfl(&master).map_err(pty_err)?;
+            rustix::fs::fcntl_setfl(&master, flags | OFlags::NONBLOCK).map_err(pty_err)?;
+            let slave = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK)
+                .open(&slave_path)
+                .map_err(open_err(endpoint, &slave_path))?;
+            let slave = OwnedFd::from(slave);
+            let mut t = rustix::termios::tcgetattr(&slave).map_err(pty_err)?;
+            set_termios(endpoint, &slave_path, &slave, &mut t, &want, true)?;
+            let master = sys::async_fd(master).map_err(open_err(endpoint, &slave_path))?;
+            if replace {
+                match std::fs::remove_file(&c.link) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(link_err(e)),
+                    _ => {}
+                }
+            }
+            std::os::unix::fs::symlink(&slave_path, &c.link).map_err(&link_err)?;
+            tracing::debug!(
+                endpoint,
+                link = %c.link.display(),
+                slave = %slave_path.display(),
+                settings = %want,
+                "pty created"
+            );
+            let mut pty = Pty {
+                master,
+                slave,
+                slave_path,
+                link: c.link.clone(),
+                opened_with: want,
+                baseline: want,
+            };
+            if let Ok(t) = rustix::termios::tcgetattr(&pty.slave) {
+                pty.baseline = pty.seen(&t);
+            }
+            Ok(Arc::new(pty))
+        },
+        |p| {
+            if p.opened_with == want {
+                Ok(())
+            } else {
+                Err(mismatch(endpoint, &c.link, &p.opened_with, &want))
+            }
+        },
+    )
+}
+
+use std::os::unix::ffi::OsStrExt as _;
+
+// ---------------------------------------------------------------------------------------
+// Non-blocking I/O helpers
+
+/// Reads into `buf`; `Ok(0)` is end of file (a hung-up tty).
+async fn read_some(fd: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match rustix::io::read(fd.get_ref(), &mut *buf) {
+            Ok(n) => return Ok(n),
+            Err(Errno::INTR) => {}
+            Err(Errno::AGAIN) => {
+                if let Ok(guard) = tokio::time::timeout(SETTINGS_POLL, fd.readable()).await {
+                    guard?.clear_ready();
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+async fn write_all(fd: &AsyncFd<OwnedFd>, mut data: &[u8]) -> io::Result<()> {
+    while !data.is_empty() {
+        match rustix::io::write(fd.get_ref(), data) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => data = &data[n..],
+            Err(Errno::INTR) => {}
+            Err(Errno::AGAIN) => {
+                if let Ok(guard) = tokio::time::timeout(SETTINGS_POLL, fd.writable()).await {
+                    guard?.clear_ready();
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Tasks
+
+struct Emitter {
+    stream: u16,
+    seq: u64,
+    tx: Sender<Frame>,
+    report: SourceReport,
+}
+
+impl Emitter {
+    /// Sends one message; false when the receiver is gone.
+    async fn send(&mut self, msg: SerialMessage<'_>) -> bool {
+        let mut frame = Frame::zeroed(
+            meta(self.stream, self.seq),
+            ndd_core::frame::DEFAULT_HEADROOM,
+            msg.len(),
+        );
+        msg.emit_into(frame.payload_mut());
+        let len = frame.len() as u64;
+        if self.tx.send(frame).await.is_err() {
+            return false;
+        }
+        self.seq += 1;
+        self.report.frames += 1;
+        self.report.bytes += len;
+        true
+    }
+}
+
+/// `serial` source: bytes read from the tty, plus modem-line changes.
+pub(crate) async fn run_tty_source(
+    endpoint: &'static str,
+    tty: Arc<Tty>,
+    stream: u16,
+    tx: Sender<Frame>,
+) -> Result<SourceReport, EndpointError> {
+    let what = tty.path.display().to_string();
+    let mut out = Emitter {
+        stream,
+        seq: 0,
+        tx,
+        report: SourceReport::default(),
+    };
+    let mut buf = vec![0u8; RAW_CHUNK];
+    let mut poll = tokio::time::interval(SETTINGS_POLL);
+    poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut modem_ok = true;
+    let mut last_modem: Option<ModemLines> = None;
+    loop {
+        tokio::select! {
+            _ = out.tx.closed() => break,
+            r = read_some(&tty.fd, &mut buf) => {
+                let n = r.map_err(|source| EndpointError::Read { endpoint, what: what.clone(), source })?;
+                if n == 0 {
+                    tracing::debug!(endpoint, path = %what, "tty hung up, source ends");
+                    break;
+                }
+                if !out.send(SerialMessage::Data(&buf[..n])).await {
+                    break;
+                }
+            }
+            _ = poll.tick(), if modem_ok => {
+                match sys::tiocmget(tty.fd.get_ref()) {
+                    Ok(bits) => {
+                        let lines = tiocm_to_lines(bits);
+                        if last_modem != Some(lines) {
+                            last_modem = Some(lines);
+                            if !out.send(SerialMessage::Modem(lines)).await {
+                                break;
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        modem_ok = false;
+                        tracing::debug!(endpoint, path = %what, error = %e,
+                            "modem lines cannot be read here; CTS/DSR/DCD/RI are not forwarded");
+                    }
+                }
+            }
+        }
+    }
+    tracing::debug!(
+        endpoint,
+        stream,
+        frames = out.report.frames,
+        bytes = out.report.bytes,
+        "source ended"
+    );
+    Ok(out.report)
+}
+
+/// `serial` sink: writes data, applies line settings and DTR/RTS.
+pub(crate) async fn run_tty_sink(
+    endpoint: &'static str,
+    tty: Arc<Tty>,
+    mut rx: Receiver<Frame>,
+) -> Result<SinkReport, EndpointError> {
+    let what = tty.path.display().to_string();
+    let mut report = SinkReport::default();
+    let mut modem_warned = false;
+    while let Some(frame) = rx.recv().await {
+        report.frames += 1;
+        report.bytes += frame.len() as u64;
+        let msg =
+            SerialMessage::parse(frame.payload()).map_err(|source| EndpointError::BadFrame {
+                endpoint,
+                seq: frame.meta.seq,
+                source,
+            })?;
+        match msg {
+            SerialMessage::Data(d) => {
+                write_all(&tty.fd, d)
+                    .await
+                    .map_err(|source| EndpointError::Write {
+                        endpoint,
+                        what: what.clone(),
+                        source,
+                    })?
+            }
+            SerialMessage::Settings(s) => {
+                let shared = tty.clone();
+                // TCSADRAIN waits until the bytes written so far have left the port: off the
+                // runtime's threads.
+                let applied = tokio::task::spawn_blocking(move || -> io::Result<()> {
+                    let fd = shared.fd.get_ref();
+                    let mut t = rustix::termios::tcgetattr(fd)?;
+                    apply_settings(&mut t, &s)?;
+                    rustix::termios::tcsetattr(fd, OptionalActions::Drain, &t)?;
+                    Ok(())
+                })
+                .await
+                .unwrap_or_else(|e| Err(io::Error::other(e.to_string())));
+                match applied {
+                    Ok(()) => {
+                        tracing::debug!(endpoint, path = %what, settings = %s, "line settings applied")
+                    }
+                    // The app was already told yes by its pty: report and carry on with the
+                    // old settings rather than end the stream.
+                    Err(e) => tracing::warn!(endpoint, path = %what, settings = %s, error = %e,
+                        "cannot apply line settings; the port keeps its previous ones"),
+                }
+            }
+            SerialMessage::Modem(m) => {
+                for (bit, tiocm) in [
+                    (ModemLines::DTR, libc::TIOCM_DTR),
+                    (ModemLines::RTS, libc::TIOCM_RTS),
+                ] {
+                    if m.valid & bit == 0 {
+                        continue;
+                    }
+                    if let Err(e) = sys::tiocm_set(tty.fd.get_ref(), tiocm, m.state & bit != 0) {
+                        if !modem_warned {
+                            modem_warned = true;
+                            tracing::warn!(endpoint, path = %what, error = %e,
+                                "cannot set DTR/RTS on this tty; modem-line frames are ignored");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    tracing::debug!(
+        endpoint,
+        frames = report.frames,
+        bytes = report.bytes,
+        "sink ended"
+    );
+    Ok(report)
+}
+
+/// `pty` source: what the app writes to the slave, plus its line-settings changes.
+pub(crate) async fn run_pty_source(
+    endpoint: &'static str,
+    pty: Arc<Pty>,
+    stream: u16,
+    tx: Sender<Frame>,
+) -> Result<SourceReport, EndpointError> {
+    let what = pty.link.display().to_string();
+    let mut out = Emitter {
+        stream,
+        seq: 0,
+        tx,
+        report: SourceReport::default(),
+    };
+    let mut buf = vec![0u8; RAW_CHUNK];
+    let mut poll = tokio::time::interval(SETTINGS_POLL);
+    poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // What the pty showed right after it was set up, not when this task first runs: a
+    // change the app makes in between must still be sent.
+    let mut last = pty.baseline;
+    loop {
+        tokio::select! {
+            _ = out.tx.closed() => break,
+            r = read_some(&pty.master, &mut buf) => {
+                let n = r.map_err(|source| EndpointError::Read { endpoint, what: what.clone(), source })?;
+                if n == 0 {
+                    break;
+                }
+                if !out.send(SerialMessage::Data(&buf[..n])).await {
+                    break;
+                }
+            }
+            _ = poll.tick() => {
+                let t = rustix::termios::tcgetattr(&pty.slave).map_err(|e| EndpointError::Read {
+                    endpoint,
+                    what: format!("{what} line settings"),
+                    source: e.into(),
+                })?;
+                let now = pty.seen(&t);
+                // Baud 0 (B0) means "hang up" on a real port: not a line setting.
+                if now != last && now.baud != 0 && now.check().is_ok() {
+                    last = now;
+                    // Bytes the app wrote before the change go out first, with the old
+                    // settings.
+                    loop {
+                        match rustix::io::read(pty.master.get_ref(), &mut buf[..]) {
+                            Ok(n) if n > 0 => {
+                                if !out.send(SerialMessage::Data(&buf[..n])).await {
+                                    return Ok(out.report);
+                                }
+                            }
+                            _ => break,
+                        }
+                    }
+                    tracing::debug!(endpoint, link = %what, settings = %now, "app changed line settings");
+                    if !out.send(SerialMessage::Settings(now)).await {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    tracing::debug!(
+        endpoint,
+        stream,
+        frames = out.report.frames,
+        bytes = out.report.bytes,
+        "source ended"
+    );
+    Ok(out.report)
+}
+
+/// `pty` sink: writes data for the app to read; settings and modem lines are not
+/// representable on a pty and are dropped (counted in the report like every frame).
+pub(crate) async fn run_pty_sink(
+    endpoint: &'static str,
+    pty: Arc<Pty>,
+    mut rx: Receiver<Frame>,
+) -> Result<SinkReport, EndpointError> {
+    let what = pty.link.display().to_string();
+    let mut report = SinkReport::default();
+    while let Some(frame) = rx.recv().await {
+        report.frames += 1;
+        report.bytes += frame.len() as u64;
+        let msg =
+            SerialMessage::parse(frame.payload()).map_err(|source| EndpointError::BadFrame {
+                endpoint,
+                seq: frame.meta.seq,
+                source,
+            })?;
+        match msg {
+            SerialMessage::Data(d) => {
+                write_all(&pty.master, d)
+                    .await
+                    .map_err(|source| EndpointError::Write {
+                        endpoint,
+                        what: what.clone(),
+                        source,
+                    })?
+            }
+            SerialMessage::Settings(s) => {
+                tracing::trace!(endpoint, settings = %s, "line settings frame ignored by a pty")
+            }
+            SerialMessage::Modem(m) => {
+                tracing::trace!(
+                    endpoint,
+                    state = m.state,
+                    "modem lines cannot be shown on a pty"
+                )
+            }
+        }
+    }
+    tracing::debug!(
+        endpoint,
+        frames = report.frames,
+        bytes = report.bytes,
+        "sink ended"
+    );
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs::File;
+
+    fn pty_pair() -> (OwnedFd, File) {
+        use rustix::pty::OpenptFlags;
+        let master = rustix::pty::openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY).unwrap();
+        rustix::pty::grantpt(&master).unwrap();
+        rustix::pty::unlockpt(&master).unwrap();
+        let name = rustix::pty::ptsname(&master, Vec::new()).unwrap();
+        let slave = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOCTTY)
+            .open(std::ffi::OsStr::from_bytes(name.as_bytes()))
+            .unwrap();
+        (master, slave)
+    }
+
+    fn samples() -> [LineSettings; 5] {
+        [
+            LineSettings::default(),
+            LineSettings {
+                baud: 9600,
+                data_bits: 7,
+                parity: Parity::Even,
+                stop_bits: 2,
+                flow: Flow::Rtscts,
+            },
+            LineSettings {
+                baud: 250_000,
+                data_bits: 5,
+                parity: Parity::Odd,
+                stop_bits: 1,
+                flow: Flow::Xonxoff,
+            },
+            LineSettings {
+                baud: 31_250,
+                data_bits: 6,
+                parity: Parity::Mark,
+                stop_bits: 1,
+                flow: Flow::None,
+            },
+            LineSettings {
+                baud: 1200,
+                data_bits: 8,
+                parity: Parity::Space,
+                stop_bits: 2,
+                flow: Flow::None,
+            },
+        ]
+    }
+
+    #[test]
+    fn settings_round_trip_through_a_termios() {
+        let (_master, slave) = pty_pair();
+        for s in samples() {
+            let mut t = rustix::termios::tcgetattr(&slave).unwrap();
+            make_raw_with(&mut t, &s).unwrap();
+            assert_eq!(read_settings(&t), s, "{s}");
+        }
+    }
+
+    #[test]
+    fn a_pty_keeps_baud_stop_bits_and_flow_but_forces_8_bits_no_parity() {
+        let (master, slave) = pty_pair();
+        for s in samples() {
+            let mut t = rustix::termios::tcgetattr(&slave).unwrap();
+            make_raw_with(&mut t, &s).unwrap();
+            rustix::termios::tcsetattr(&slave, OptionalActions::Now, &t).unwrap();
+            let back = read_settings(&rustix::termios::tcgetattr(&master).unwrap());
+            let want = LineSettings {
+                data_bits: 8,
+                parity: Parity::None,
+                ..s
+            };
+            assert_eq!(back, want, "{s}");
+        }
+    }
+
+    #[test]
+    fn modem_bits_map_to_frame_bits() {
+        let m = tiocm_to_lines(libc::TIOCM_CTS | libc::TIOCM_CAR | libc::TIOCM_DTR);
+        assert_eq!(m.state, ModemLines::CTS | ModemLines::DCD);
+        assert_eq!(m.valid, 0x3c);
+    }
+}

@@ -1,0 +1,162 @@
+//! Raw throughput baselines over loopback, for `ndd bench`: what the plain sockets give on
+//! this machine, measured in the same run as the links (DESIGN.md §7).
+//!
+//! No assertion on speed lives here or in tests; these only measure.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+
+use crate::udp::MAX_UDP_PAYLOAD;
+use crate::{LinkError, Result};
+
+/// How long the UDP receiver waits for one more datagram before it counts the rest as lost.
+const UDP_IDLE: Duration = Duration::from_millis(200);
+
+/// The result of one raw throughput run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Throughput {
+    /// Frame (write or datagram) size.
+    pub frame_size: usize,
+    /// Frames sent.
+    pub frames_sent: u64,
+    /// Frames received (UDP may lose some; TCP receives all).
+    pub frames_received: u64,
+    /// Payload bytes received.
+    pub bytes_received: u64,
+    /// From the first send to the last byte received.
+    pub elapsed: Duration,
+}
+
+impl Throughput {
+    /// Received payload bytes per second.
+    pub fn bytes_per_sec(&self) -> f64 {
+        let secs = self.elapsed.as_secs_f64();
+        if secs > 0.0 {
+            self.bytes_received as f64 / secs
+        } else {
+            0.0
+        }
+    }
+
+    /// Received payload in gigabits per second.
+    pub fn gbit_per_sec(&self) -> f64 {
+        self.bytes_per_sec() * 8.0 / 1e9
+    }
+
+    /// Fraction of frames lost (0 for TCP).
+    pub fn loss(&self) -> f64 {
+        if self.frames_sent == 0 {
+            return 0.0;
+        }
+        1.0 - self.frames_received as f64 / self.frames_sent as f64
+    }
+}
+
+/// Send `count` writes of `frame_size` bytes over a plain loopback TCP connection and time
+/// until the receiver has them all.
+pub async fn raw_tcp_throughput(frame_size: usize, count: u64) -> Result<Throughput> {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|source| LinkError::Bind {
+            addr: "127.0.0.1:0".to_owned(),
+            source,
+        })?;
+    let addr = listener.local_addr()?;
+    let total = frame_size as u64 * count;
+    let reader = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await?;
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut got = 0u64;
+        while got < total {
+            let n = s.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            got += n as u64;
+        }
+        Ok::<_, std::io::Error>((got, Instant::now()))
+    });
+    let mut s = TcpStream::connect(addr)
+        .await
+        .map_err(|source| LinkError::Connect {
+            addr: addr.to_string(),
+            source,
+        })?;
+    s.set_nodelay(true)?;
+    let frame = vec![0x5au8; frame_size];
+    let start = Instant::now();
+    for _ in 0..count {
+        s.write_all(&frame).await?;
+    }
+    s.shutdown().await?;
+    let (got, end) = reader
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))??;
+    Ok(Throughput {
+        frame_size,
+        frames_sent: count,
+        frames_received: if frame_size == 0 {
+            count
+        } else {
+            got / frame_size as u64
+        },
+        bytes_received: got,
+        elapsed: end.saturating_duration_since(start),
+    })
+}
+
+/// Send `count` datagrams of `frame_size` bytes (at most 65507) over loopback UDP, with no
+/// pacing, and time until the last one arrives; losses are counted, not retried.
+pub async fn raw_udp_throughput(frame_size: usize, count: u64) -> Result<Throughput> {
+    let frame_size = frame_size.min(MAX_UDP_PAYLOAD);
+    let rx = UdpSocket::bind("127.0.0.1:0")
+        .await
+        .map_err(|source| LinkError::Bind {
+            addr: "127.0.0.1:0".to_owned(),
+            source,
+        })?;
+    let _ = socket2::SockRef::from(&rx).set_recv_buffer_size(8 * 1024 * 1024);
+    let addr: SocketAddr = rx.local_addr()?;
+    let reader = tokio::spawn(async move {
+        let mut buf = vec![0u8; MAX_UDP_PAYLOAD + 1];
+        let (mut frames, mut bytes) = (0u64, 0u64);
+        let mut last = Instant::now();
+        while frames < count {
+            match tokio::time::timeout(UDP_IDLE, rx.recv(&mut buf)).await {
+                Ok(Ok(n)) => {
+                    frames += 1;
+                    bytes += n as u64;
+                    last = Instant::now();
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_) => break,
+            }
+        }
+        Ok((frames, bytes, last))
+    });
+    let tx = UdpSocket::bind("127.0.0.1:0")
+        .await
+        .map_err(|source| LinkError::Bind {
+            addr: "127.0.0.1:0".to_owned(),
+            source,
+        })?;
+    tx.connect(addr).await?;
+    let frame = vec![0xa5u8; frame_size];
+    let start = Instant::now();
+    for _ in 0..count {
+        tx.send(&frame).await?;
+    }
+    let (frames, bytes, last) = reader
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))??;
+    Ok(Throughput {
+        frame_size,
+        frames_sent: count,
+        frames_received: frames,
+        bytes_received: bytes,
+        elapsed: last.saturating_duration_since(start),
+    })
+}
