@@ -202,6 +202,7 @@ impl Config {
         })?;
         cfg.path = path.to_path_buf();
         cfg.validate(text)?;
+        cfg.join_sync_groups()?;
         Ok(cfg)
     }
 
@@ -255,6 +256,52 @@ impl Config {
                         "{file}:{line}: stream \"{name}\" layer {layer} ({}): {e}",
                         m.get_ref().name()
                     );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands every `sync` layer the shared state of its group; a group spans streams of one
+    /// direction and needs at least two of them.
+    fn join_sync_groups(&mut self) -> Result<()> {
+        use std::collections::BTreeMap;
+        let file = self.path.display().to_string();
+        let mut groups: BTreeMap<String, (DirectionName, Vec<String>)> = BTreeMap::new();
+        for s in &self.streams {
+            for m in &s.stack {
+                if let ModuleConfig::Sync(c) = m.get_ref() {
+                    let e = groups
+                        .entry(c.group.clone())
+                        .or_insert((s.direction, Vec::new()));
+                    if e.0 != s.direction {
+                        bail!(
+                            "{file}: sync group \"{}\": stream \"{}\" flows the other way than stream \"{}\"; \
+                             a group orders streams of one direction",
+                            c.group,
+                            s.name(),
+                            e.1.first().map(String::as_str).unwrap_or("?")
+                        );
+                    }
+                    e.1.push(s.name().to_string());
+                }
+            }
+        }
+        for (g, (_, members)) in &groups {
+            if members.len() < 2 {
+                bail!("{file}: sync group \"{g}\" has only stream \"{}\"; it orders two or more streams", members[0]);
+            }
+        }
+        let shared: BTreeMap<String, _> = groups
+            .keys()
+            .map(|g| (g.clone(), ndd_modules::sync::SyncGroup::new_shared()))
+            .collect();
+        for s in &mut self.streams {
+            for m in &mut s.stack {
+                if let ModuleConfig::Sync(c) = m.get_mut() {
+                    if let Some(g) = shared.get(&c.group) {
+                        c.join(g.clone());
+                    }
                 }
             }
         }
@@ -348,6 +395,49 @@ stack = [{ type = "checksum" }, { type = "bundle", count = 4 }]
         );
         let e = err(&GOOD.replace("count = 4", "count = 0"));
         assert_eq!(e, "x.toml:10: stream \"events\" layer 1 (bundle): bundle: count = 0 is out of range 1..=65535");
+    }
+
+    #[test]
+    fn sync_groups_join_streams_of_one_direction() {
+        let two = r#"
+driver = "d"
+[[stream]]
+name = "keys"
+direction = "device-to-app"
+source = { type = "synthetic" }
+sink = { type = "null" }
+stack = [{ type = "sync", group = "input" }]
+[[stream]]
+name = "mouse"
+direction = "DIR"
+source = { type = "synthetic" }
+sink = { type = "null" }
+stack = [{ type = "bundle" }, { type = "sync", group = "input" }]
+"#;
+        let c = Config::parse(&two.replace("DIR", "device-to-app"), Path::new("x.toml")).unwrap();
+        let joined = |i: usize, l: usize| match c.streams[i].stack[l].get_ref() {
+            ModuleConfig::Sync(s) => s.shared.0.clone().expect("joined"),
+            _ => panic!("not sync"),
+        };
+        assert!(std::sync::Arc::ptr_eq(&joined(0, 0), &joined(1, 1)));
+        let e = err(&two.replace("DIR", "app-to-device"));
+        assert!(
+            e.contains("sync group \"input\": stream \"mouse\" flows the other way"),
+            "{e}"
+        );
+        let one = two
+            .replace(
+                r#"{ type = "sync", group = "input" }]
+[[stream]]"#,
+                r#"{ type = "sync", group = "solo" }]
+[[stream]]"#,
+            )
+            .replace("DIR", "device-to-app");
+        assert!(
+            err(&one).contains("sync group \"input\" has only stream \"mouse\""),
+            "{}",
+            err(&one)
+        );
     }
 
     #[test]

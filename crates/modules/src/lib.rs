@@ -22,6 +22,7 @@ pub mod latest;
 pub mod pass;
 pub mod periodic;
 pub mod registry;
+pub mod sync;
 mod varint;
 
 pub use registry::{ModuleConfig, ModuleInfo, ParamInfo, CATALOGUE, IDS};

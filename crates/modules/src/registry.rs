@@ -3,7 +3,9 @@
 //! pair means adding a variant here and a folder beside this file; the compiler then points
 //! at every place that must learn about it.
 
-use crate::{average, buffer, bundle, checksum, compress, delta, encrypt, latest, pass, periodic};
+use crate::{
+    average, buffer, bundle, checksum, compress, delta, encrypt, latest, pass, periodic, sync,
+};
 use ndd_core::{Half, ModuleError, Pair};
 use serde::Deserialize;
 
@@ -30,6 +32,8 @@ pub struct Ids {
     pub latest: u16,
     /// `delta`
     pub delta: u16,
+    /// `sync`
+    pub sync: u16,
 }
 
 /// The ids in use.
@@ -44,6 +48,7 @@ pub const IDS: Ids = Ids {
     periodic: 8,
     latest: 9,
     delta: 10,
+    sync: 11,
 };
 
 /// One parameter of a pair, for `ndd modules` and the docs.
@@ -84,6 +89,7 @@ pub const CATALOGUE: &[ModuleInfo] = &[
     periodic::INFO,
     latest::INFO,
     delta::INFO,
+    sync::INFO,
 ];
 
 /// A pair with its parameters, as written in a stack: `{ type = "bundle", count = 10 }`.
@@ -110,6 +116,8 @@ pub enum ModuleConfig {
     Latest(latest::LatestConfig),
     /// See [`delta`].
     Delta(delta::DeltaConfig),
+    /// See [`sync`].
+    Sync(sync::SyncConfig),
 }
 
 impl ModuleConfig {
@@ -125,6 +133,7 @@ impl ModuleConfig {
             ModuleConfig::Periodic(c) => c,
             ModuleConfig::Latest(c) => c,
             ModuleConfig::Delta(c) => c,
+            ModuleConfig::Sync(c) => c,
         }
     }
 
@@ -141,6 +150,7 @@ impl ModuleConfig {
             ModuleConfig::Periodic(_) => &periodic::INFO,
             ModuleConfig::Latest(_) => &latest::INFO,
             ModuleConfig::Delta(_) => &delta::INFO,
+            ModuleConfig::Sync(_) => &sync::INFO,
         }
     }
 
@@ -156,6 +166,7 @@ impl ModuleConfig {
             ModuleConfig::Periodic(c) => c.validate(),
             ModuleConfig::Latest(c) => c.validate(),
             ModuleConfig::Delta(c) => c.validate(),
+            ModuleConfig::Sync(c) => c.validate(),
         }
     }
 
@@ -251,6 +262,7 @@ mod tests {
             ModuleConfig::Periodic(Default::default()),
             ModuleConfig::Latest(Default::default()),
             ModuleConfig::Delta(Default::default()),
+            ModuleConfig::Sync(Default::default()),
         ];
         assert_eq!(all.len(), CATALOGUE.len());
         for (m, info) in all.iter().zip(CATALOGUE) {
