@@ -38,6 +38,9 @@ pub struct LinkConfig {
     pub address: String,
     /// Which side listens (`device` or `app`); the other connects.
     pub listener: SideName,
+    /// `tcp` (default; TLS 1.3 unless `insecure`), `quic`, or `udp` (no encryption: add an
+    /// `encrypt` pair).
+    pub transport: crate::session::TransportKind,
     /// Plain TCP without TLS (prints a warning on every start).
     pub insecure: bool,
     /// How long the connecting side keeps retrying, and how long a handshake may take, in ms.
@@ -62,6 +65,7 @@ impl Default for LinkConfig {
         LinkConfig {
             address: format!("127.0.0.1:{DEFAULT_PORT}"),
             listener: SideName::App,
+            transport: crate::session::TransportKind::Tcp,
             insecure: false,
             connect_timeout_ms: 10_000,
             max_frame_bytes: 16 << 20,

@@ -116,19 +116,31 @@ pub async fn run_loopback(
 ) -> Result<(RunReport, RunReport)> {
     let tmp = TempHome::new("loopback")?;
     let (dev_home, app_home) = paired_homes(&tmp.0)?;
-    let listener = ndd_link::listen("127.0.0.1:0")
-        .await
-        .context("cannot listen on 127.0.0.1")?;
-    let addr = listener
-        .local_addr()
-        .context("listener address")?
-        .to_string();
+    // TCP: a listener bound here on port 0. QUIC and UDP: a free UDP port, bound by the app
+    // side itself (it is polled first below, so it binds before the device connects).
+    let (app_end, addr) = if cfg.link.transport == crate::session::TransportKind::Tcp {
+        let listener = ndd_link::listen("127.0.0.1:0")
+            .await
+            .context("cannot listen on 127.0.0.1")?;
+        let addr = listener
+            .local_addr()
+            .context("listener address")?
+            .to_string();
+        (Endpoint::ListenOn(listener), addr)
+    } else {
+        let port = std::net::UdpSocket::bind("127.0.0.1:0")
+            .and_then(|s| s.local_addr())
+            .context("cannot find a free UDP port")?
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        (Endpoint::Listen(addr.clone()), addr)
+    };
     let app = session::run_side(
         cfg,
         RunOptions {
             side: SideName::App,
             home: app_home,
-            endpoint: Endpoint::ListenOn(listener),
+            endpoint: app_end,
             insecure,
             live_stats,
             duration: None,

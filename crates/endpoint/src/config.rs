@@ -120,6 +120,22 @@ pub const SOURCES: &[EndpointInfo] = &[
             ("flow", "none | rtscts | xonxoff", "none", "flow control"),
         ],
     },
+    EndpointInfo {
+        name: "evdev",
+        summary: "a Linux input device (/dev/input/eventN): its capabilities, then one input record per SYN_REPORT batch",
+        params: &[
+            ("path", "path", REQUIRED, "the event device, e.g. /dev/input/by-id/…-event-kbd; a file or pipe of recorded `struct input_event`s works too"),
+            ("grab", "bool", "false", "take the device exclusively (EVIOCGRAB): local programs stop seeing its events"),
+        ],
+    },
+    EndpointInfo {
+        name: "x11-input",
+        summary: "keyboard and pointer events of an X display, as input records (keys, buttons, wheel, absolute motion)",
+        params: &[
+            ("display", "string", ":0", "the X display, e.g. :1"),
+            ("window", "root | create", "create", "root: XInput2 raw events of the whole display; create: a window of the screen's size whose events are captured"),
+        ],
+    },
 ];
 
 /// Every sink endpoint.
@@ -176,7 +192,111 @@ pub const SINKS: &[EndpointInfo] = &[
             ("flow", "none | rtscts | xonxoff", "none", "flow control"),
         ],
     },
+    EndpointInfo {
+        name: "uinput",
+        summary: "a uinput virtual input device with the capabilities the source sent; the app sees a new /dev/input/eventN",
+        params: &[("name", "string", "ndd remote input", "device name the app sees (at most 79 bytes)")],
+    },
+    EndpointInfo {
+        name: "xtest",
+        summary: "injects input records into an X display with XTEST (keys, buttons, wheel, absolute or relative motion)",
+        params: &[("display", "string", ":0", "the X display, e.g. :2")],
+    },
 ];
+
+/// `evdev` source parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvdevConfig {
+    /// The event device (or a recording of one).
+    pub path: PathBuf,
+    /// Take the device exclusively (`EVIOCGRAB`).
+    #[serde(default)]
+    pub grab: bool,
+}
+
+/// Which events an `x11-input` source captures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum X11Window {
+    /// XInput2 raw events of the whole display (every client's input).
+    Root,
+    /// A window of the screen's size, created and mapped by the source.
+    #[default]
+    Create,
+}
+
+impl std::fmt::Display for X11Window {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            X11Window::Root => "root",
+            X11Window::Create => "create",
+        })
+    }
+}
+
+fn default_display() -> String {
+    ":0".to_string()
+}
+
+/// `x11-input` source parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct X11InputConfig {
+    /// The X display.
+    #[serde(default = "default_display")]
+    pub display: String,
+    /// What to capture.
+    #[serde(default)]
+    pub window: X11Window,
+}
+
+impl Default for X11InputConfig {
+    fn default() -> Self {
+        X11InputConfig {
+            display: default_display(),
+            window: X11Window::default(),
+        }
+    }
+}
+
+fn default_uinput_name() -> String {
+    "ndd remote input".to_string()
+}
+
+/// `uinput` sink parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UinputConfig {
+    /// Device name the app sees.
+    #[serde(default = "default_uinput_name")]
+    pub name: String,
+}
+
+impl Default for UinputConfig {
+    fn default() -> Self {
+        UinputConfig {
+            name: default_uinput_name(),
+        }
+    }
+}
+
+/// `xtest` sink parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct XtestConfig {
+    /// The X display.
+    #[serde(default = "default_display")]
+    pub display: String,
+}
+
+impl Default for XtestConfig {
+    fn default() -> Self {
+        XtestConfig {
+            display: default_display(),
+        }
+    }
+}
 
 /// `synthetic` source parameters.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -415,6 +535,11 @@ pub enum SourceConfig {
     Serial(SerialConfig),
     /// A pty the app writes to (app side).
     Pty(PtyConfig),
+    /// A Linux input device (device side).
+    Evdev(EvdevConfig),
+    /// Input events of an X display (device side).
+    #[serde(rename = "x11-input")]
+    X11Input(X11InputConfig),
 }
 
 /// Where a stream's frames go.
@@ -433,6 +558,10 @@ pub enum SinkConfig {
     Serial(SerialConfig),
     /// A pty the app reads from (app side).
     Pty(PtyConfig),
+    /// A uinput virtual input device (app side).
+    Uinput(UinputConfig),
+    /// XTEST injection into an X display (app side).
+    Xtest(XtestConfig),
 }
 
 fn fmt_opt<T: std::fmt::Display>(out: &mut String, key: &str, v: Option<T>) {
@@ -483,6 +612,8 @@ impl SourceConfig {
             SourceConfig::File(_) => &SOURCES[3],
             SourceConfig::Serial(_) => &SOURCES[4],
             SourceConfig::Pty(_) => &SOURCES[5],
+            SourceConfig::Evdev(_) => &SOURCES[6],
+            SourceConfig::X11Input(_) => &SOURCES[7],
         }
     }
 
@@ -495,6 +626,8 @@ impl SourceConfig {
             SourceConfig::File(_) => "file source",
             SourceConfig::Serial(_) => "serial source",
             SourceConfig::Pty(_) => "pty source",
+            SourceConfig::Evdev(_) => "evdev source",
+            SourceConfig::X11Input(_) => "x11-input source",
         }
     }
 
@@ -519,6 +652,14 @@ impl SourceConfig {
             }
             SourceConfig::Serial(c) => describe_serial(c),
             SourceConfig::Pty(c) => describe_pty(c),
+            SourceConfig::Evdev(c) => format!(
+                "evdev(path={}{})",
+                c.path.display(),
+                if c.grab { ", grab" } else { "" }
+            ),
+            SourceConfig::X11Input(c) => {
+                format!("x11-input(display={}, window={})", c.display, c.window)
+            }
         }
     }
 
@@ -546,7 +687,10 @@ impl SourceConfig {
                     return bad("rate_hz", "must be a finite number > 0");
                 }
             }
-            SourceConfig::Stdin(_) | SourceConfig::File(_) => {}
+            SourceConfig::Stdin(_)
+            | SourceConfig::File(_)
+            | SourceConfig::Evdev(_)
+            | SourceConfig::X11Input(_) => {}
             SourceConfig::Serial(c) => check_settings(endpoint, &c.settings())?,
             SourceConfig::Pty(c) => check_settings(endpoint, &c.settings())?,
         }
@@ -569,6 +713,8 @@ impl SinkConfig {
             SinkConfig::Null(_) => &SINKS[3],
             SinkConfig::Serial(_) => &SINKS[4],
             SinkConfig::Pty(_) => &SINKS[5],
+            SinkConfig::Uinput(_) => &SINKS[6],
+            SinkConfig::Xtest(_) => &SINKS[7],
         }
     }
 
@@ -581,6 +727,8 @@ impl SinkConfig {
             SinkConfig::Null(_) => "null sink",
             SinkConfig::Serial(_) => "serial sink",
             SinkConfig::Pty(_) => "pty sink",
+            SinkConfig::Uinput(_) => "uinput sink",
+            SinkConfig::Xtest(_) => "xtest sink",
         }
     }
 
@@ -607,6 +755,8 @@ impl SinkConfig {
             SinkConfig::Null(_) => "null".to_string(),
             SinkConfig::Serial(c) => describe_serial(c),
             SinkConfig::Pty(c) => describe_pty(c),
+            SinkConfig::Uinput(c) => format!("uinput(name={})", c.name),
+            SinkConfig::Xtest(c) => format!("xtest(display={})", c.display),
         }
     }
 
@@ -616,10 +766,22 @@ impl SinkConfig {
         match self {
             SinkConfig::Serial(c) => check_settings(endpoint, &c.settings()),
             SinkConfig::Pty(c) => check_settings(endpoint, &c.settings()),
+            SinkConfig::Uinput(c) => {
+                if c.name.is_empty() || c.name.len() > 79 || c.name.contains('\0') {
+                    Err(EndpointError::Config {
+                        endpoint,
+                        param: "name",
+                        reason: "must be 1 to 79 bytes without NUL".to_string(),
+                    })
+                } else {
+                    Ok(())
+                }
+            }
             SinkConfig::Stdout(_)
             | SinkConfig::File(_)
             | SinkConfig::Check(_)
-            | SinkConfig::Null(_) => Ok(()),
+            | SinkConfig::Null(_)
+            | SinkConfig::Xtest(_) => Ok(()),
         }
     }
 }
@@ -698,6 +860,11 @@ mod tests {
             }),
             SourceConfig::Serial(SerialConfig::new("/dev/ttyS0")),
             SourceConfig::Pty(PtyConfig::new("/tmp/ttyX")),
+            SourceConfig::Evdev(EvdevConfig {
+                path: "/dev/input/event3".into(),
+                grab: true,
+            }),
+            SourceConfig::X11Input(X11InputConfig::default()),
         ];
         let sinks = [
             SinkConfig::Stdout(StdoutConfig::default()),
@@ -714,6 +881,8 @@ mod tests {
             SinkConfig::Null(NullConfig {}),
             SinkConfig::Serial(SerialConfig::new("/dev/ttyS0")),
             SinkConfig::Pty(PtyConfig::new("/tmp/ttyX")),
+            SinkConfig::Uinput(UinputConfig::default()),
+            SinkConfig::Xtest(XtestConfig::default()),
         ];
         assert_eq!(sources.len(), SOURCES.len());
         assert_eq!(sinks.len(), SINKS.len());

@@ -2,6 +2,7 @@
 //! failed, so the binary can print it as is.
 
 use crate::framing::FramingError;
+use crate::input::InputFrameError;
 use crate::serial::SerialFrameError;
 use std::io;
 use std::path::PathBuf;
@@ -86,5 +87,26 @@ pub enum EndpointError {
     NoRuntime {
         /// Which endpoint.
         endpoint: &'static str,
+    },
+    /// An input-stream frame is malformed.
+    #[error("{endpoint}: bad input record (seq {seq}): {source}")]
+    BadInput {
+        /// Which endpoint.
+        endpoint: &'static str,
+        /// The frame's sequence number.
+        seq: u64,
+        /// What is wrong.
+        source: InputFrameError,
+    },
+    /// A facility the endpoint needs is missing or refused (no `/dev/uinput`, no X display,
+    /// no XTEST); the message says what and how to get it.
+    #[error("{endpoint}: {what}; {hint}")]
+    Unavailable {
+        /// Which endpoint.
+        endpoint: &'static str,
+        /// What failed, with the OS or X error.
+        what: String,
+        /// What to do about it.
+        hint: String,
     },
 }

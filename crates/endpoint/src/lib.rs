@@ -13,6 +13,10 @@
 //!   decoders and encoder), [`check`] (the [`Checker`]), [`synthetic`] (the benchmark
 //!   payload), [`spacenav`] (the 3D-mouse record and motion), [`serial`] (the typed payloads
 //!   of serial streams: data, line settings, modem lines);
+//! - [`input`] (sans-IO): the versioned input records (event batches, capabilities,
+//!   release-all), kernel `input_event` parsing and batching, held-key tracking and the
+//!   X11 ↔ Linux code mapping; the `evdev` / `x11-input` sources and `uinput` / `xtest`
+//!   sinks that use it run as blocking tasks (evdev crate, x11rb) and have no unsafe code;
 //! - [`tty`]: the `serial` (a tty) and `pty` (a pseudo-terminal symlinked where the app
 //!   expects a port) endpoints; their only unsafe code (modem-line ioctls, registering a
 //!   descriptor with tokio) is in `sys`.
@@ -31,6 +35,8 @@ pub mod check;
 pub mod config;
 pub mod error;
 pub mod framing;
+pub mod input;
+mod inputdev;
 pub mod serial;
 pub mod sink;
 pub mod source;
@@ -41,12 +47,14 @@ pub mod tty;
 
 pub use check::{CheckReport, Checker};
 pub use config::{
-    CheckConfig, EndpointInfo, FileSinkConfig, FileSourceConfig, NullConfig, PtyConfig,
-    SerialConfig, SinkConfig, SourceConfig, SpacenavSimConfig, StdinConfig, StdoutConfig,
-    SyntheticConfig, SINKS, SOURCES,
+    CheckConfig, EndpointInfo, EvdevConfig, FileSinkConfig, FileSourceConfig, NullConfig,
+    PtyConfig, SerialConfig, SinkConfig, SourceConfig, SpacenavSimConfig, StdinConfig,
+    StdoutConfig, SyntheticConfig, UinputConfig, X11InputConfig, X11Window, XtestConfig, SINKS,
+    SOURCES,
 };
 pub use error::EndpointError;
 pub use framing::{encode, FrameDecoder, Framing, FramingError};
+pub use input::{Capabilities, Event, InputFrameError, InputMessage};
 pub use serial::{Flow, LineSettings, ModemLines, Parity, SerialFrameError, SerialMessage};
 pub use sink::{SinkReport, SinkTask};
 pub use source::{SourceReport, SourceTask};

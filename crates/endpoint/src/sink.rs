@@ -82,6 +82,14 @@ impl SinkConfig {
                 let pty = crate::tty::open_pty(endpoint, c)?;
                 rt.spawn(crate::tty::run_pty_sink(endpoint, pty, rx))
             }
+            SinkConfig::Uinput(c) => {
+                let u = crate::inputdev::open_uinput(endpoint, c)?;
+                rt.spawn_blocking(move || crate::inputdev::run_uinput_sink(endpoint, u, rx))
+            }
+            SinkConfig::Xtest(c) => {
+                let x = crate::inputdev::open_xtest(endpoint, c)?;
+                rt.spawn_blocking(move || crate::inputdev::run_xtest_sink(endpoint, x, rx))
+            }
         })
     }
 }

@@ -108,6 +108,16 @@ impl SourceConfig {
                 let pty = crate::tty::open_pty(endpoint, c)?;
                 rt.spawn(crate::tty::run_pty_source(endpoint, pty, stream, tx))
             }
+            SourceConfig::Evdev(c) => {
+                let input = crate::inputdev::open_evdev(endpoint, c)?;
+                rt.spawn_blocking(move || {
+                    crate::inputdev::run_evdev_source(endpoint, input, stream, tx)
+                })
+            }
+            SourceConfig::X11Input(c) => {
+                let x = crate::inputdev::open_x11_input(endpoint, c)?;
+                rt.spawn_blocking(move || crate::inputdev::run_x11_source(endpoint, x, stream, tx))
+            }
         })
     }
 }

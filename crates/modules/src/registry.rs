@@ -34,6 +34,8 @@ pub struct Ids {
     pub delta: u16,
     /// `sync`
     pub sync: u16,
+    /// `external` (a half in another process)
+    pub external: u16,
 }
 
 /// The ids in use.
@@ -49,6 +51,7 @@ pub const IDS: Ids = Ids {
     latest: 9,
     delta: 10,
     sync: 11,
+    external: ndd_ipc::EXTERNAL_ID,
 };
 
 /// One parameter of a pair, for `ndd modules` and the docs.
@@ -90,7 +93,25 @@ pub const CATALOGUE: &[ModuleInfo] = &[
     latest::INFO,
     delta::INFO,
     sync::INFO,
+    EXTERNAL_INFO,
 ];
+
+/// Catalogue entry of `external` (the pair itself lives in `ndd-ipc`).
+pub const EXTERNAL_INFO: ModuleInfo = ModuleInfo {
+    name: "external",
+    id: IDS.external,
+    summary: "a pair whose halves are programs in any language, over pipes or shared memory (docs/external-modules.md)",
+    params: &[
+        ParamInfo { name: "name", ty: "string", default: "(required)", doc: "module name: in errors, logs and the handshake" },
+        ParamInfo { name: "forward", ty: "[string]", default: "(required)", doc: "argv of the source-side program" },
+        ParamInfo { name: "inverse", ty: "[string]", default: "(required)", doc: "argv of the sink-side program" },
+        ParamInfo { name: "placement", ty: "pipe | shm", default: "pipe", doc: "frames over stdin/stdout or a shared-memory ring" },
+        ParamInfo { name: "timeout_ms", ty: "integer", default: "1000", doc: "longest wait for the program's answer" },
+        ParamInfo { name: "restart", ty: "never | on-failure", default: "never", doc: "what happens when the program dies or hangs" },
+        ParamInfo { name: "ring_kib", ty: "integer", default: "1024", doc: "shm ring size per direction" },
+        ParamInfo { name: "spin", ty: "integer", default: "2000", doc: "shm polls before sleeping on the futex" },
+    ],
+};
 
 /// A pair with its parameters, as written in a stack: `{ type = "bundle", count = 10 }`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -118,6 +139,8 @@ pub enum ModuleConfig {
     Delta(delta::DeltaConfig),
     /// See [`sync`].
     Sync(sync::SyncConfig),
+    /// See `ndd_ipc::ExternalConfig`.
+    External(ndd_ipc::ExternalConfig),
 }
 
 impl ModuleConfig {
@@ -134,6 +157,7 @@ impl ModuleConfig {
             ModuleConfig::Latest(c) => c,
             ModuleConfig::Delta(c) => c,
             ModuleConfig::Sync(c) => c,
+            ModuleConfig::External(c) => c,
         }
     }
 
@@ -151,6 +175,7 @@ impl ModuleConfig {
             ModuleConfig::Latest(_) => &latest::INFO,
             ModuleConfig::Delta(_) => &delta::INFO,
             ModuleConfig::Sync(_) => &sync::INFO,
+            ModuleConfig::External(_) => &EXTERNAL_INFO,
         }
     }
 
@@ -167,6 +192,7 @@ impl ModuleConfig {
             ModuleConfig::Latest(c) => c.validate(),
             ModuleConfig::Delta(c) => c.validate(),
             ModuleConfig::Sync(c) => c.validate(),
+            ModuleConfig::External(c) => c.validate(),
         }
     }
 
@@ -264,7 +290,9 @@ mod tests {
             ModuleConfig::Delta(Default::default()),
             ModuleConfig::Sync(Default::default()),
         ];
-        assert_eq!(all.len(), CATALOGUE.len());
+        // `external` needs a program to run; it is tested in ndd-ipc.
+        assert_eq!(all.len() + 1, CATALOGUE.len());
+        assert_eq!(CATALOGUE.last().map(|i| i.name), Some("external"));
         for (m, info) in all.iter().zip(CATALOGUE) {
             assert_eq!(m.info(), info);
             assert_eq!(m.id(), info.id);

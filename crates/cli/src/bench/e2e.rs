@@ -12,7 +12,7 @@ use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Raw TCP ping-pong over loopback: one-way = RTT / 2, per size.
-async fn raw_tcp_one_way(size: usize, n: usize) -> Result<Histogram<u64>> {
+pub(crate) async fn raw_tcp_one_way(size: usize, n: usize) -> Result<Histogram<u64>> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let server = tokio::spawn(async move {
@@ -40,7 +40,17 @@ async fn raw_tcp_one_way(size: usize, n: usize) -> Result<Histogram<u64>> {
 }
 
 /// One-way time through ndd across loopback (both sides in this process, same clock).
-async fn ndd_one_way(size: usize, n: usize, insecure: bool) -> Result<(f64, f64)> {
+pub(crate) async fn ndd_one_way(size: usize, n: usize, insecure: bool) -> Result<(f64, f64)> {
+    ndd_one_way_on(size, n, insecure, "tcp").await
+}
+
+/// One-way time through ndd over `transport` (`tcp`, `quic`, `udp`).
+pub(crate) async fn ndd_one_way_on(
+    size: usize,
+    n: usize,
+    insecure: bool,
+    transport: &str,
+) -> Result<(f64, f64)> {
     // Pace the source so frames do not queue behind each other: the figure is latency, not
     // throughput.
     let interval_ms = (size as f64 / 50_000.0).max(2.0);
@@ -48,6 +58,7 @@ async fn ndd_one_way(size: usize, n: usize, insecure: bool) -> Result<(f64, f64)
         r#"
 driver = "bench"
 [link]
+transport = "{transport}"
 max_frame_bytes = 4194304
 ping_interval_ms = 200
 [[stream]]

@@ -4,6 +4,7 @@
 
 mod e2e;
 mod jitter;
+mod links;
 mod pairs;
 
 use anyhow::{Context, Result};
@@ -32,6 +33,27 @@ pub enum BenchCmd {
         #[arg(long)]
         quick: bool,
         /// Directory for jitter.md and jitter.svg.
+        #[arg(long, value_name = "DIR", default_value = "docs/bench")]
+        out: PathBuf,
+    },
+    /// One-way time and 1 MB throughput by link (TCP, TLS, QUIC, UDP) next to raw TCP/UDP;
+    /// writes links.md.
+    Links {
+        /// A short run (CI smoke test).
+        #[arg(long)]
+        quick: bool,
+        /// Directory for links.md.
+        #[arg(long, value_name = "DIR", default_value = "docs/bench")]
+        out: PathBuf,
+    },
+    /// Tables 6.2, 6.8/6.9, 6.12–6.14: module placement (in process, pipe, shared memory)
+    /// by message size and module count, and the shm slot-count experiment; writes
+    /// placement.md and placement.svg. Process rows need `ndd-ipc-upper` beside `ndd`.
+    Placement {
+        /// A short run (CI smoke test).
+        #[arg(long)]
+        quick: bool,
+        /// Directory for placement.md.
         #[arg(long, value_name = "DIR", default_value = "docs/bench")]
         out: PathBuf,
     },
@@ -77,6 +99,16 @@ pub async fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::E2e { quick, out } => e2e::run(quick, &out).await,
         BenchCmd::Pairs { quick, out } => pairs::run(quick, &out),
         BenchCmd::Jitter { quick, out } => jitter::run(quick, &out),
+        BenchCmd::Links { quick, out } => links::run(quick, &out).await,
+        BenchCmd::Placement { quick, out } => {
+            std::fs::create_dir_all(&out)
+                .with_context(|| format!("cannot create {}", out.display()))?;
+            let md = out.join("placement.md");
+            tokio::task::spawn_blocking(move || ndd_ipc::bench::bench_placement(quick, &md))
+                .await
+                .context("bench placement task")?
+                .with_context(|| format!("bench placement into {}", out.display()))
+        }
         BenchCmd::Rfb { quick, out } => {
             let opts = ndd_rfb::BenchOptions {
                 quick,

@@ -1,9 +1,10 @@
 //! Establishing a link: connecting with backoff or accepting, the trust check and the
 //! HELLO/READY handshake (docs/protocol.md §5).
 
+use super::transport::{Rx, Tx};
 use super::{close_msg, Tls};
 use anyhow::{anyhow, Result};
-use ndd_link::{Conn, Incoming, KnownPeers, Listener, MessageReader, MessageWriter, PeerInfo};
+use ndd_link::{Incoming, KnownPeers, Listener, PeerInfo, QuicListener};
 use ndd_wire::{CloseCode, Message, OwnedMessage, WireError};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,8 +23,8 @@ pub(super) struct Ctx {
 
 /// A link that passed the handshake.
 pub(super) struct Established {
-    pub reader: MessageReader,
-    pub writer: MessageWriter,
+    pub rx: Rx,
+    pub tx: Tx,
     pub peer: String,
 }
 
@@ -31,6 +32,11 @@ pub(super) struct Established {
 pub(super) enum Connector {
     Listen(Listener),
     Connect(String),
+    QuicListen(QuicListener),
+    QuicConnect(String),
+    /// UDP has no connections: the listening side binds afresh for every session.
+    UdpListen(String),
+    UdpConnect(String),
 }
 
 /// Connection errors worth retrying while the peer may still be starting or is coming back.
@@ -42,6 +48,9 @@ fn retryable(e: &ndd_link::LinkError) -> bool {
             | ndd_link::LinkError::Handshake { .. }
             | ndd_link::LinkError::HandshakeTimeout { .. }
             | ndd_link::LinkError::Io(_)
+            | ndd_link::LinkError::QuicConnect { .. }
+            | ndd_link::LinkError::QuicHandshake { .. }
+            | ndd_link::LinkError::QuicConnection { .. }
     )
 }
 
@@ -52,6 +61,103 @@ impl Connector {
     pub(super) async fn establish(&self, ctx: &Ctx, first: bool) -> Result<Established> {
         let side = ctx.side;
         match self {
+            Connector::QuicConnect(addr) | Connector::UdpConnect(addr) => {
+                let deadline = Instant::now() + ctx.timeout;
+                let mut backoff = Duration::from_millis(20);
+                loop {
+                    let attempt = async {
+                        let garbage = |e: ndd_link::LinkError| HandshakeError::Garbage(anyhow!(e));
+                        let (rx, tx, info) = match self {
+                            Connector::QuicConnect(_) => {
+                                let Some(tls) = ctx.tls.as_ref() else {
+                                    return Err(HandshakeError::Fatal(anyhow!(
+                                        "QUIC needs TLS identities: it cannot run with --insecure"
+                                    )));
+                                };
+                                let (c, info) =
+                                    ndd_link::quic_connect(addr, &tls.identity, ctx.timeout)
+                                        .await
+                                        .map_err(garbage)?;
+                                let s = c.sender();
+                                (Rx::Quic(c), Tx::Quic(s), info)
+                            }
+                            _ => {
+                                let u = ndd_link::udp_connect(addr).await.map_err(garbage)?;
+                                let s = u.sender();
+                                let addr = s.peer_addr().ok_or_else(|| {
+                                    HandshakeError::Fatal(anyhow!(
+                                        "UDP link without a peer address"
+                                    ))
+                                })?;
+                                (
+                                    Rx::Udp(u),
+                                    Tx::Udp(s),
+                                    PeerInfo {
+                                        addr,
+                                        fingerprint: None,
+                                    },
+                                )
+                            }
+                        };
+                        handshake(rx, tx, info, ctx).await
+                    };
+                    match attempt.await {
+                        Ok(e) => return Ok(e),
+                        Err(HandshakeError::Fatal(e)) if first => return Err(e),
+                        Err(e) => {
+                            let e = e.into_inner();
+                            if first && Instant::now() + backoff >= deadline {
+                                return Err(e.context(format!("cannot connect to {addr}")));
+                            }
+                            tracing::debug!(%addr, error = %format!("{e:#}"), "connect failed; retrying");
+                        }
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(ctx.max_backoff);
+                }
+            }
+            Connector::QuicListen(l) => loop {
+                let (c, info) = match l.accept(ctx.timeout).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        eprintln!("ndd [{side}]: rejected a connection: {e}");
+                        continue;
+                    }
+                };
+                let s = c.sender();
+                match handshake(Rx::Quic(c), Tx::Quic(s), info, ctx).await {
+                    Ok(x) => return Ok(x),
+                    Err(HandshakeError::Garbage(e)) => {
+                        eprintln!("ndd [{side}]: rejected a connection: {e:#}")
+                    }
+                    Err(HandshakeError::Fatal(e)) if first => return Err(e),
+                    Err(HandshakeError::Fatal(e)) => {
+                        eprintln!("ndd [{side}]: refused a connection: {e:#}")
+                    }
+                }
+            },
+            Connector::UdpListen(addr) => loop {
+                let u = ndd_link::udp_bind(addr)
+                    .await
+                    .map_err(|e| anyhow!(e).context(format!("cannot bind UDP {addr}")))?;
+                let s = u.sender();
+                let local = u.local_addr().map_err(|e| anyhow!(e))?;
+                let info = PeerInfo {
+                    addr: local,
+                    fingerprint: None,
+                };
+                // Wait as long as it takes for a peer's HELLO (bounded per attempt).
+                match handshake(Rx::Udp(u), Tx::Udp(s), info, ctx).await {
+                    Ok(x) => return Ok(x),
+                    Err(HandshakeError::Garbage(e)) => {
+                        tracing::debug!(error = %format!("{e:#}"), "no UDP peer yet")
+                    }
+                    Err(HandshakeError::Fatal(e)) if first => return Err(e),
+                    Err(HandshakeError::Fatal(e)) => {
+                        eprintln!("ndd [{side}]: refused a peer: {e:#}")
+                    }
+                }
+            },
             Connector::Connect(addr) => {
                 let deadline = Instant::now() + ctx.timeout;
                 let mut backoff = Duration::from_millis(20);
@@ -60,7 +166,7 @@ impl Connector {
                     n += 1;
                     let tls = ctx.tls.as_ref().map(|t| &t.client);
                     let err = match ndd_link::connect(addr, tls, ctx.timeout).await {
-                        Ok((conn, info)) => match handshake(conn, info, ctx).await {
+                        Ok((conn, info)) => match split_tcp(conn, info, ctx).await {
                             Ok(e) => return Ok(e),
                             Err(HandshakeError::Fatal(e)) if first => return Err(e),
                             Err(e) => e.into_inner(),
@@ -94,7 +200,7 @@ impl Connector {
                         continue;
                     }
                 };
-                match handshake(conn, info, ctx).await {
+                match split_tcp(conn, info, ctx).await {
                     Ok(x) => return Ok(x),
                     Err(HandshakeError::Garbage(e)) => {
                         eprintln!("ndd [{side}]: rejected a connection: {e:#}");
@@ -124,9 +230,19 @@ impl HandshakeError {
     }
 }
 
+async fn split_tcp(
+    conn: ndd_link::Conn,
+    info: PeerInfo,
+    ctx: &Ctx,
+) -> std::result::Result<Established, HandshakeError> {
+    let (r, w) = conn.split();
+    handshake(Rx::Tcp(r), Tx::Tcp(w), info, ctx).await
+}
+
 /// Runs the handshake on a fresh connection: trust, HELLO, READY.
 pub(super) async fn handshake(
-    conn: Conn,
+    rx: Rx,
+    tx: Tx,
     info: PeerInfo,
     ctx: &Ctx,
 ) -> std::result::Result<Established, HandshakeError> {
@@ -143,7 +259,7 @@ pub(super) async fn handshake(
         None => None,
     };
     let known = known.as_ref();
-    let (mut reader, mut writer) = conn.split();
+    let (mut reader, mut writer) = (rx, tx);
     reader.set_max_body(ctx.max_body);
     let home_arg = format!(" --home {}", home.display());
     // Trust: pinned fingerprints.
@@ -170,21 +286,31 @@ pub(super) async fn handshake(
         },
         _ => info.addr.to_string(),
     };
+    // A UDP listener learns its peer from the first datagram: it can only answer after that.
+    let udp_listener = matches!(&writer, Tx::Udp(s) if s.peer_addr().is_none());
+    let early = if udp_listener {
+        Some(reader.read().await)
+    } else {
+        None
+    };
     let send = async {
         writer.write_message(&Message::Hello(hello.clone())).await?;
         writer.flush().await
     };
     send.await
         .map_err(|e| Garbage(anyhow!(e).context("sending HELLO")))?;
-    let first = tokio::time::timeout(timeout, reader.read())
-        .await
-        .map_err(|_| {
-            Garbage(anyhow!(
-                "{}: no HELLO within {} ms",
-                info.addr,
-                timeout.as_millis()
-            ))
-        })?;
+    let first = match early {
+        Some(r) => r,
+        None => tokio::time::timeout(timeout, reader.read())
+            .await
+            .map_err(|_| {
+                Garbage(anyhow!(
+                    "{}: no HELLO within {} ms",
+                    info.addr,
+                    timeout.as_millis()
+                ))
+            })?,
+    };
     let theirs = match first {
         Ok(Some(Incoming::Other(OwnedMessage::Hello(h)))) => h,
         Ok(Some(Incoming::Other(OwnedMessage::Close { code, reason }))) => {
@@ -226,6 +352,7 @@ pub(super) async fn handshake(
             ));
         }
     };
+    writer.set_peer_max_body(theirs.max_body);
     if let Err(m) = ndd_wire::compare_hello(hello, &theirs) {
         let reason = m.to_string();
         let _ = writer
@@ -244,8 +371,8 @@ pub(super) async fn handshake(
         .map_err(|e| Fatal(anyhow!(e).context("sending READY")))?;
     match tokio::time::timeout(timeout, reader.read()).await {
         Ok(Ok(Some(Incoming::Other(OwnedMessage::Ready)))) => Ok(Established {
-            reader,
-            writer,
+            rx: reader,
+            tx: writer,
             peer: peer_name,
         }),
         Ok(Ok(Some(Incoming::Other(OwnedMessage::Close { code, reason })))) => Err(Fatal(anyhow!(

@@ -1,8 +1,10 @@
 //! The session's side of one live connection: writes, and the inbound queue fed by a reader
 //! task.
 
+use super::transport::{Rx, Tx};
 use anyhow::Result;
-use ndd_link::{Incoming, MessageReader, MessageWriter};
+use bytes::Bytes;
+use ndd_link::Incoming;
 use ndd_wire::Message;
 use std::collections::VecDeque;
 use tokio::sync::mpsc;
@@ -15,7 +17,7 @@ pub(super) type Inbound = (
     std::result::Result<Option<Incoming>, ndd_link::LinkError>,
 );
 
-async fn read_loop(mut reader: MessageReader, tx: mpsc::Sender<Inbound>) {
+async fn read_loop(mut reader: Rx, tx: mpsc::Sender<Inbound>) {
     loop {
         let r = reader.read().await;
         let end = !matches!(r, Ok(Some(_)));
@@ -33,7 +35,7 @@ async fn read_loop(mut reader: MessageReader, tx: mpsc::Sender<Inbound>) {
 /// while our write is blocked, i.e. while the peer is not reading, and the peer resumes
 /// reading as soon as its own write, which we are draining, completes.
 pub(super) struct LinkIo {
-    writer: MessageWriter,
+    writer: Tx,
     in_rx: mpsc::Receiver<Inbound>,
     overflow: VecDeque<Inbound>,
     in_closed: bool,
@@ -67,7 +69,7 @@ macro_rules! draining {
 
 impl LinkIo {
     /// Starts the reader task.
-    pub(super) fn new(reader: MessageReader, writer: MessageWriter) -> LinkIo {
+    pub(super) fn new(reader: Rx, writer: Tx) -> LinkIo {
         let (tx, in_rx) = mpsc::channel::<Inbound>(64);
         let reader_task = tokio::spawn(read_loop(reader, tx));
         LinkIo {
@@ -93,6 +95,20 @@ impl LinkIo {
         m: &Message<'_>,
     ) -> Result<(), ndd_link::LinkError> {
         draining!(self, w => w.write_message(m))
+    }
+
+    /// One DATA message (see [`Tx::write_data`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn write_data(
+        &mut self,
+        stream: u16,
+        retransmit: bool,
+        seq: u64,
+        timestamp_ns: u64,
+        payload: &Bytes,
+        reliable: bool,
+    ) -> Result<(), ndd_link::LinkError> {
+        draining!(self, w => w.write_data(stream, retransmit, seq, timestamp_ns, payload, reliable))
     }
 
     pub(super) async fn flush(&mut self) -> Result<(), ndd_link::LinkError> {

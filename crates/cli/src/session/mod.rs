@@ -16,6 +16,9 @@
 
 mod handshake;
 mod linkio;
+mod transport;
+
+pub use transport::TransportKind;
 
 use crate::config::{Config, SideName};
 use crate::stats::{StreamStats, StreamSummary};
@@ -154,6 +157,9 @@ struct StreamRt {
     overflow: u64,
     // Sink role.
     sink_tx: Option<mpsc::Sender<Frame>>,
+    /// An input device sink (xtest, uinput): told to release every held key and button
+    /// when the link drops.
+    input_sink: bool,
     last_seq: Option<u64>,
     acked_sent: Option<u64>,
     duplicates: u64,
@@ -229,7 +235,7 @@ impl Session {
     /// A new connection: start reading, tell the peer where our sinks are, and wait for its
     /// RESUME before sending data.
     async fn attach(&mut self, e: Established) -> Result<(), LinkLost> {
-        let mut link = LinkIo::new(e.reader, e.writer);
+        let mut link = LinkIo::new(e.rx, e.tx);
         self.resuming = true;
         self.last_rx = now();
         for s in self.streams.iter_mut().filter(|s| s.is_source()) {
@@ -356,17 +362,19 @@ impl Session {
             for s in self.streams.iter_mut().filter(|s| s.is_source()) {
                 while s.next_write < s.out.len() {
                     let p = &mut s.out[s.next_write];
-                    let msg = Message::Data {
-                        stream: s.id,
-                        retransmit: p.written,
-                        seq: p.seq,
-                        timestamp_ns: p.timestamp_ns,
-                        payload: &p.payload,
-                    };
                     if p.written {
                         s.retransmits += 1;
                     }
-                    link.write_message(&msg).await.map_err(lost)?;
+                    link.write_data(
+                        s.id,
+                        p.written,
+                        p.seq,
+                        p.timestamp_ns,
+                        &p.payload,
+                        s.reliable,
+                    )
+                    .await
+                    .map_err(lost)?;
                     p.written = true;
                     if s.reliable {
                         s.next_write += 1;
@@ -415,6 +423,26 @@ impl Session {
         }
         s.ended = true;
         Ok(())
+    }
+
+    /// The link is gone: an application must not be left with a key or button held down.
+    async fn release_inputs(&mut self) {
+        for s in self.streams.iter().filter(|s| s.input_sink) {
+            if let Some(tx) = &s.sink_tx {
+                let meta = Meta {
+                    stream: s.id,
+                    seq: u64::MAX,
+                    timestamp_ns: wall_ns(),
+                    flags: 0,
+                };
+                let _ = tx
+                    .send(Frame::new(
+                        meta,
+                        &ndd_endpoint::InputMessage::release_all_payload(),
+                    ))
+                    .await;
+            }
+        }
     }
 
     fn find(&self, id: u16) -> Result<usize> {
@@ -582,19 +610,55 @@ pub async fn run_side(
         side,
         max_backoff: Duration::from_millis(cfg.link.max_backoff_ms),
     };
-    let connector = match opts.endpoint {
-        Endpoint::Connect(addr) => Connector::Connect(addr),
-        Endpoint::Listen(addr) => Connector::Listen(
+    let transport = cfg.link.transport;
+    if transport == TransportKind::Quic && insecure {
+        bail!("QUIC always encrypts and authenticates: drop --insecure / link.insecure, or use transport = \"tcp\"");
+    }
+    if transport == TransportKind::Udp {
+        let bare: Vec<&str> = cfg
+            .streams
+            .iter()
+            .filter(|s| !s.pairs().iter().any(|m| m.name() == "encrypt"))
+            .map(|s| s.name())
+            .collect();
+        if !bare.is_empty() && !opts.quiet {
+            eprintln!(
+                "ndd [{side}]: WARNING: the UDP link neither encrypts nor authenticates; stream(s) {} \
+                 carry no `encrypt` pair, so anyone on the path can read and inject their frames",
+                bare.join(", ")
+            );
+        }
+    }
+    let connector = match (transport, opts.endpoint) {
+        (TransportKind::Tcp, Endpoint::Connect(addr)) => Connector::Connect(addr),
+        (TransportKind::Tcp, Endpoint::Listen(addr)) => Connector::Listen(
             ndd_link::listen(&addr)
                 .await
                 .with_context(|| format!("cannot listen on {addr}"))?,
         ),
-        Endpoint::ListenOn(l) => Connector::Listen(l),
+        (TransportKind::Tcp, Endpoint::ListenOn(l)) => Connector::Listen(l),
+        (TransportKind::Quic, Endpoint::Connect(addr)) => Connector::QuicConnect(addr),
+        (TransportKind::Quic, Endpoint::Listen(addr)) => {
+            let id = &ctx.tls.as_ref().context("QUIC needs an identity")?.identity;
+            Connector::QuicListen(
+                ndd_link::quic_listen(&addr, id)
+                    .await
+                    .with_context(|| format!("cannot listen (QUIC) on {addr}"))?,
+            )
+        }
+        (TransportKind::Udp, Endpoint::Connect(addr)) => Connector::UdpConnect(addr),
+        (TransportKind::Udp, Endpoint::Listen(addr)) => Connector::UdpListen(addr),
+        (_, Endpoint::ListenOn(_)) => bail!("a pre-bound listener is TCP only"),
     };
-    if let (Connector::Listen(l), false) = (&connector, opts.quiet) {
-        match l.local_addr() {
-            Ok(a) => eprintln!("ndd [{side}]: listening on {a}"),
-            Err(e) => eprintln!("ndd [{side}]: listening (address unknown: {e})"),
+    if !opts.quiet {
+        let addr = match &connector {
+            Connector::Listen(l) => l.local_addr().map(|a| a.to_string()).ok(),
+            Connector::QuicListen(l) => l.local_addr().map(|a| format!("{a} (QUIC)")).ok(),
+            Connector::UdpListen(a) => Some(format!("{a} (UDP)")),
+            _ => None,
+        };
+        if let Some(a) = addr {
+            eprintln!("ndd [{side}]: listening on {a}");
         }
     }
 
@@ -649,6 +713,10 @@ pub async fn run_side(
             retransmits: 0,
             overflow: 0,
             sink_tx: None,
+            input_sink: matches!(
+                s.sink,
+                ndd_endpoint::SinkConfig::Xtest(_) | ndd_endpoint::SinkConfig::Uinput(_)
+            ),
             last_seq: None,
             acked_sent: None,
             duplicates: 0,
@@ -761,6 +829,7 @@ pub async fn run_side(
                     return Err(e.context("link to the peer failed"));
                 }
                 sess.link = None;
+                sess.release_inputs().await;
                 sess.lost_at = Some(now());
                 sess.log(format_args!("link lost: {e:#}; reconnecting"));
                 reconnect = Some(Box::pin(connector.establish(&ctx, false)));
@@ -879,6 +948,7 @@ pub async fn run_side(
                 if let Some(link) = sess.link.take() {
                     link.shutdown().await;
                 }
+                sess.release_inputs().await;
                 sess.lost_at = Some(now());
                 sess.log(format_args!("link lost: {e:#}; reconnecting"));
                 reconnect = Some(Box::pin(connector.establish(&ctx, false)));

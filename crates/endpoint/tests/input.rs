@@ -1,0 +1,609 @@
+//! Input endpoints against real programs: two Xvfb displays, `xdotool` typing and clicking on
+//! the device side's display, the `x11-input` source capturing it, the `xtest` sink injecting
+//! into the app side's display, and an unmodified `xev` there reporting what it received.
+//! Also: the `evdev` source on a recorded event stream, and the `uinput` sink where
+//! `/dev/uinput` exists. Tests that need a missing program print `SKIPPED: …` and pass.
+
+use ndd_core::Frame;
+use ndd_endpoint::input::{
+    Capabilities, Event, InputMessage, RawEvent, ABS_X, ABS_Y, BTN_LEFT, BTN_RIGHT, EV_ABS, EV_KEY,
+    EV_REL, EV_SYN, KEY_A, REL_WHEEL, SYN_REPORT,
+};
+use ndd_endpoint::{
+    EvdevConfig, SinkConfig, SourceConfig, UinputConfig, X11InputConfig, X11Window, XtestConfig,
+};
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use x11rb::connection::Connection;
+use x11rb::protocol::xproto::ConnectionExt as _;
+
+fn have(program: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {program}"))
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn missing(programs: &[&str]) -> Option<String> {
+    let m: Vec<&str> = programs.iter().copied().filter(|p| !have(p)).collect();
+    (!m.is_empty()).then(|| m.join(", "))
+}
+
+/// An Xvfb server on a free display number (`-displayfd`), killed on drop.
+struct Xvfb {
+    child: Child,
+    display: String,
+}
+
+impl Xvfb {
+    fn start() -> Xvfb {
+        let mut child = Command::new("Xvfb")
+            .args([
+                "-displayfd",
+                "1",
+                "-screen",
+                "0",
+                "640x480x24",
+                "-nolisten",
+                "tcp",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start Xvfb");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("Xvfb display number");
+        let n: u32 = line.trim().parse().expect("display number");
+        Xvfb {
+            child,
+            display: format!(":{n}"),
+        }
+    }
+}
+
+impl Drop for Xvfb {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A child process killed on drop.
+struct Killed(Child);
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One event as xev prints it: kind, detail (keycode or button; 0 for motion), root x, y.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct XevEvent {
+    kind: String,
+    detail: u32,
+    root: (i32, i32),
+}
+
+fn parse_xev(text: &str) -> Vec<XevEvent> {
+    let mut out: Vec<XevEvent> = Vec::new();
+    let mut cur: Option<XevEvent> = None;
+    let num_after = |s: &str, key: &str| -> Option<u32> {
+        let i = s.find(key)? + key.len();
+        s[i..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()
+    };
+    for line in text.lines() {
+        if !line.starts_with(' ') && line.contains(" event, serial") {
+            out.extend(cur.take());
+            let kind = line.split(' ').next().unwrap_or("").to_string();
+            if matches!(
+                kind.as_str(),
+                "KeyPress" | "KeyRelease" | "ButtonPress" | "ButtonRelease" | "MotionNotify"
+            ) {
+                cur = Some(XevEvent {
+                    kind,
+                    detail: 0,
+                    root: (-1, -1),
+                });
+            }
+            continue;
+        }
+        let Some(ev) = cur.as_mut() else { continue };
+        if let Some(i) = line.find("root:(") {
+            let rest = &line[i + 6..];
+            let inner = &rest[..rest.find(')').unwrap_or(0)];
+            let mut it = inner.split(',').map(|v| v.trim().parse().unwrap_or(-1));
+            ev.root = (it.next().unwrap_or(-1), it.next().unwrap_or(-1));
+        }
+        if let Some(k) = num_after(line, "keycode ") {
+            ev.detail = k;
+        }
+        if let Some(b) = num_after(line, "button ") {
+            ev.detail = b;
+        }
+    }
+    out.extend(cur);
+    out
+}
+
+/// Motion events collapsed: only the last position before each non-motion event is kept.
+fn collapse(events: &[XevEvent]) -> Vec<XevEvent> {
+    let mut out: Vec<XevEvent> = Vec::new();
+    for e in events {
+        if e.kind == "MotionNotify" && out.last().is_some_and(|l| l.kind == "MotionNotify") {
+            out.pop();
+        }
+        out.push(e.clone());
+    }
+    out
+}
+
+fn ev(kind: &str, detail: u32, root: (i32, i32)) -> XevEvent {
+    XevEvent {
+        kind: kind.into(),
+        detail,
+        root,
+    }
+}
+
+/// Starts xev on `display` with a window covering the screen; returns it and its output.
+fn start_xev(display: &str) -> (Killed, Arc<Mutex<String>>) {
+    let mut child = Command::new("xev")
+        .args(["-display", display, "-geometry", "640x480+0+0"])
+        .args(["-event", "keyboard", "-event", "mouse", "-event", "button"])
+        .args(["-event", "structure"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start xev");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let text = Arc::new(Mutex::new(String::new()));
+    let t = text.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            t.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    (Killed(child), text)
+}
+
+fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn decode(f: &Frame) -> InputMessage {
+    InputMessage::parse(f.payload()).expect("valid input record")
+}
+
+#[test]
+fn x11_input_to_xtest_end_to_end_reaches_an_unmodified_xev() {
+    end_to_end(X11Window::Create);
+}
+
+#[test]
+fn x11_input_root_raw_events_to_xtest_end_to_end() {
+    end_to_end(X11Window::Root);
+}
+
+fn end_to_end(window: X11Window) {
+    if let Some(m) = missing(&["Xvfb", "xdotool", "xev"]) {
+        println!("SKIPPED: x11 end-to-end test needs {m} (apt-get install xvfb xdotool x11-utils)");
+        return;
+    }
+    let a = Xvfb::start();
+    let b = Xvfb::start();
+    let (_xev, xev_out) = start_xev(&b.display);
+    wait_for("xev window", Duration::from_secs(10), || {
+        xev_out.lock().unwrap().contains("MapNotify")
+    });
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (seen_tx, seen_rx) = std::sync::mpsc::channel::<Frame>();
+    let (source, sink) = rt.block_on(async {
+        let (tx, mut mid) = mpsc::channel::<Frame>(64);
+        let (fwd, rx) = mpsc::channel::<Frame>(64);
+        let source = SourceConfig::X11Input(X11InputConfig {
+            display: a.display.clone(),
+            window,
+        })
+        .spawn(1, tx)
+        .expect("x11-input source");
+        let sink = SinkConfig::Xtest(XtestConfig {
+            display: b.display.clone(),
+        })
+        .spawn(rx)
+        .expect("xtest sink");
+        // The "network": forward every frame, keeping a copy.
+        tokio::spawn(async move {
+            while let Some(f) = mid.recv().await {
+                let _ = seen_tx.send(Frame::new(f.meta, f.payload()));
+                if fwd.send(f).await.is_err() {
+                    break;
+                }
+            }
+        });
+        (source, sink)
+    });
+    // The capabilities record comes once the capture window is mapped and focused.
+    let caps = seen_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("capabilities frame");
+    let InputMessage::Capabilities(c) = decode(&caps) else {
+        panic!("first frame is not capabilities");
+    };
+    assert_eq!(c.abs_axis(ABS_X).map(|a| a.max), Some(639));
+    assert_eq!(c.abs_axis(ABS_Y).map(|a| a.max), Some(479));
+
+    let status = Command::new("xdotool")
+        .env("DISPLAY", &a.display)
+        .args([
+            "mousemove",
+            "100",
+            "120",
+            "click",
+            "1",
+            "mousemove",
+            "200",
+            "150",
+        ])
+        .args(["key", "a", "keydown", "shift", "key", "b", "keyup", "shift"])
+        .args(["click", "3", "click", "4"])
+        .status()
+        .expect("xdotool");
+    assert!(status.success());
+
+    let want = vec![
+        ev("MotionNotify", 0, (100, 120)),
+        ev("ButtonPress", 1, (100, 120)),
+        ev("ButtonRelease", 1, (100, 120)),
+        ev("MotionNotify", 0, (200, 150)),
+        ev("KeyPress", 38, (200, 150)),
+        ev("KeyRelease", 38, (200, 150)),
+        ev("KeyPress", 50, (200, 150)),
+        ev("KeyPress", 56, (200, 150)),
+        ev("KeyRelease", 56, (200, 150)),
+        ev("KeyRelease", 50, (200, 150)),
+        ev("ButtonPress", 3, (200, 150)),
+        ev("ButtonRelease", 3, (200, 150)),
+        ev("ButtonPress", 4, (200, 150)),
+        ev("ButtonRelease", 4, (200, 150)),
+    ];
+    wait_for("the last event at xev", Duration::from_secs(10), || {
+        let got = parse_xev(&xev_out.lock().unwrap());
+        got.last() == want.last()
+    });
+    let got = collapse(&parse_xev(&xev_out.lock().unwrap()));
+    // The pointer starts in the middle of B's screen; xev may report that before any move.
+    let got: Vec<XevEvent> = got
+        .into_iter()
+        .skip_while(|e| e.kind == "MotionNotify" && e.root != (100, 120))
+        .collect();
+    assert_eq!(got, want, "xev on the app side's display");
+
+    // The records on the wire: Linux codes, one batch per X event.
+    let frames: Vec<InputMessage> = seen_rx.try_iter().map(|f| decode(&f)).collect();
+    let events: Vec<Event> = frames
+        .iter()
+        .flat_map(|m| match m {
+            InputMessage::Events(e) => e.clone(),
+            _ => vec![],
+        })
+        .filter(|e| e.ty != EV_ABS)
+        .collect();
+    let key = |code, v| Event::new(EV_KEY, code, v);
+    assert_eq!(
+        events,
+        vec![
+            key(BTN_LEFT, 1),
+            key(BTN_LEFT, 0),
+            key(KEY_A, 1),
+            key(KEY_A, 0),
+            key(42, 1), // KEY_LEFTSHIFT
+            key(48, 1), // KEY_B
+            key(48, 0),
+            key(42, 0),
+            key(BTN_RIGHT, 1),
+            key(BTN_RIGHT, 0),
+            Event::new(EV_REL, REL_WHEEL, 1),
+        ]
+    );
+
+    drop(a); // the source sees its display go away and ends with an error
+    let r = rt.block_on(source).unwrap();
+    assert!(r.is_err(), "{r:?}");
+    let report = rt.block_on(sink).unwrap().expect("sink report");
+    assert!(report.frames >= 12, "{report:?}");
+}
+
+fn keymap_has(conn: &impl Connection, keycode: u8) -> bool {
+    let km = conn.query_keymap().unwrap().reply().unwrap();
+    km.keys[usize::from(keycode / 8)] & (1 << (keycode % 8)) != 0
+}
+
+fn button1_down(conn: &impl Connection) -> bool {
+    let root = conn.setup().roots[0].root;
+    let p = conn.query_pointer(root).unwrap().reply().unwrap();
+    u16::from(p.mask) & u16::from(x11rb::protocol::xproto::KeyButMask::BUTTON1) != 0
+}
+
+fn frame(seq: u64, m: &InputMessage) -> Frame {
+    Frame::new(
+        ndd_core::Meta {
+            seq,
+            ..Default::default()
+        },
+        &m.emit().unwrap(),
+    )
+}
+
+#[test]
+fn xtest_sink_releases_held_keys_and_buttons_when_the_stream_ends() {
+    if let Some(m) = missing(&["Xvfb"]) {
+        println!("SKIPPED: xtest release test needs {m} (apt-get install xvfb)");
+        return;
+    }
+    let b = Xvfb::start();
+    let (conn, _) = x11rb::connect(Some(&b.display)).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (tx, rx) = mpsc::channel(8);
+    let sink = {
+        let _rt = rt.enter();
+        SinkConfig::Xtest(XtestConfig {
+            display: b.display.clone(),
+        })
+        .spawn(rx)
+        .unwrap()
+    };
+    let held = InputMessage::Events(vec![
+        Event::new(EV_KEY, KEY_A, 1),
+        Event::new(EV_KEY, BTN_LEFT, 1),
+    ]);
+    tx.blocking_send(frame(
+        0,
+        &InputMessage::Capabilities(Capabilities::default()),
+    ))
+    .unwrap();
+    tx.blocking_send(frame(1, &held)).unwrap();
+    wait_for("key held on the display", Duration::from_secs(5), || {
+        keymap_has(&conn, 38) && button1_down(&conn)
+    });
+
+    // A release-all record (what the session injects when the link drops).
+    tx.blocking_send(frame(2, &InputMessage::ReleaseAll))
+        .unwrap();
+    wait_for("release-all", Duration::from_secs(5), || {
+        !keymap_has(&conn, 38) && !button1_down(&conn)
+    });
+
+    // Held again, then the stream ends: everything is released.
+    tx.blocking_send(frame(3, &held)).unwrap();
+    wait_for("key held again", Duration::from_secs(5), || {
+        keymap_has(&conn, 38)
+    });
+    drop(tx);
+    let report = rt.block_on(sink).unwrap().unwrap();
+    assert_eq!(report.frames, 4);
+    assert!(
+        !keymap_has(&conn, 38),
+        "KEY_A still held after the stream ended"
+    );
+    assert!(
+        !button1_down(&conn),
+        "BTN_LEFT still held after the stream ended"
+    );
+}
+
+#[test]
+fn unreachable_display_fails_at_spawn() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (_tx, rx) = mpsc::channel(1);
+        let e = SinkConfig::Xtest(XtestConfig {
+            display: ":987".into(),
+        })
+        .spawn(rx)
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("xtest sink: cannot connect to X display :987"),
+            "{e}"
+        );
+        let (tx, _rx) = mpsc::channel(1);
+        let e = SourceConfig::X11Input(X11InputConfig {
+            display: ":987".into(),
+            window: X11Window::Root,
+        })
+        .spawn(0, tx)
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("x11-input source: cannot connect to X display :987"),
+            "{e}"
+        );
+    });
+}
+
+fn raw(t: i64, ty: u16, code: u16, value: i32) -> RawEvent {
+    RawEvent {
+        time_us: t,
+        ty,
+        code,
+        value,
+    }
+}
+
+#[test]
+fn evdev_source_reads_a_recorded_event_stream() {
+    let path = std::env::temp_dir().join(format!("ndd-input-rec-{}", std::process::id()));
+    let t0 = 1_763_000_000_000_000;
+    let rec: Vec<u8> = [
+        raw(t0, EV_KEY, KEY_A, 1),
+        raw(t0, EV_SYN, SYN_REPORT, 0),
+        raw(t0 + 5000, EV_REL, 0, 4),
+        raw(t0 + 5100, EV_REL, 1, -2),
+        raw(t0 + 5100, EV_SYN, SYN_REPORT, 0),
+        raw(t0 + 90_000, EV_KEY, KEY_A, 0),
+        raw(t0 + 90_000, EV_SYN, SYN_REPORT, 0),
+    ]
+    .iter()
+    .flat_map(|e| e.emit())
+    .collect();
+    std::fs::write(&path, &rec).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (frames, report) = rt.block_on(async {
+        let (tx, mut rx) = mpsc::channel(8);
+        let task = SourceConfig::Evdev(EvdevConfig {
+            path: path.clone(),
+            grab: false,
+        })
+        .spawn(2, tx)
+        .unwrap();
+        let mut frames = Vec::new();
+        while let Some(f) = rx.recv().await {
+            frames.push(f);
+        }
+        (frames, task.await.unwrap())
+    });
+    let report = report.unwrap();
+    assert_eq!(report.frames, 4);
+    let msgs: Vec<InputMessage> = frames.iter().map(decode).collect();
+    for (i, f) in frames.iter().enumerate() {
+        assert_eq!((f.meta.seq, f.meta.stream), (i as u64, 2));
+    }
+    assert!(matches!(&msgs[0], InputMessage::Capabilities(c) if c.keys.contains(&KEY_A)));
+    assert_eq!(
+        msgs[1..],
+        [
+            InputMessage::Events(vec![Event::new(EV_KEY, KEY_A, 1)]),
+            InputMessage::Events(vec![
+                Event::new(EV_REL, 0, 4),
+                Event {
+                    ty: EV_REL,
+                    code: 1,
+                    value: -2,
+                    dt_us: 100
+                }
+            ]),
+            InputMessage::Events(vec![Event::new(EV_KEY, KEY_A, 0)]),
+        ]
+    );
+
+    // A recording cut inside a record is an error naming it; grab needs a device.
+    std::fs::write(&path, &rec[..rec.len() - 5]).unwrap();
+    let e = rt.block_on(async {
+        let (tx, mut rx) = mpsc::channel(8);
+        let task = SourceConfig::Evdev(EvdevConfig {
+            path: path.clone(),
+            grab: false,
+        })
+        .spawn(0, tx)
+        .unwrap();
+        while rx.recv().await.is_some() {}
+        task.await.unwrap().unwrap_err().to_string()
+    });
+    assert!(
+        e.ends_with("recording ends inside an input_event record (19 of 24 bytes)"),
+        "{e}"
+    );
+    let e = rt.block_on(async {
+        let (tx, _rx) = mpsc::channel(8);
+        SourceConfig::Evdev(EvdevConfig {
+            path: path.clone(),
+            grab: true,
+        })
+        .spawn(0, tx)
+        .unwrap_err()
+        .to_string()
+    });
+    assert!(e.contains("invalid parameter grab"), "{e}");
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn uinput_sink_creates_a_device_or_says_clearly_why_not() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let name = format!("ndd test {}", std::process::id());
+    let cfg = SinkConfig::Uinput(UinputConfig { name: name.clone() });
+    if !std::path::Path::new("/dev/uinput").exists() {
+        let (_tx, rx) = mpsc::channel(1);
+        let e = rt.block_on(async { cfg.spawn(rx).unwrap_err().to_string() });
+        assert!(
+            e.starts_with("uinput sink: cannot open /dev/uinput: No such file or directory")
+                && e.contains("modprobe uinput"),
+            "{e}"
+        );
+        println!("SKIPPED: uinput device test: /dev/uinput is absent on this machine ({e})");
+        return;
+    }
+    let (tx, rx) = mpsc::channel(8);
+    let task = rt.block_on(async { cfg.spawn(rx) });
+    let task = match task {
+        Ok(t) => t,
+        Err(e) => {
+            println!("SKIPPED: uinput device test: {e}");
+            return;
+        }
+    };
+    let caps = Capabilities {
+        name: "ignored".into(),
+        keys: vec![KEY_A, BTN_LEFT],
+        abs: vec![ndd_endpoint::input::AbsAxis {
+            code: ABS_X,
+            max: 1000,
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    tx.blocking_send(frame(0, &InputMessage::Capabilities(caps)))
+        .unwrap();
+    tx.blocking_send(frame(
+        1,
+        &InputMessage::Events(vec![
+            Event::new(EV_KEY, KEY_A, 1),
+            Event::new(EV_ABS, ABS_Y, 5),
+        ]),
+    ))
+    .unwrap();
+    wait_for("the virtual device", Duration::from_secs(5), || {
+        std::fs::read_to_string("/proc/bus/input/devices").is_ok_and(|d| d.contains(&name))
+    });
+    drop(tx);
+    rt.block_on(task).unwrap().unwrap();
+}

@@ -1,0 +1,737 @@
+//! `external`: a pair whose halves are separate programs.
+//!
+//! Synopsis:
+//! `{ type = "external", name = "upper", forward = ["python3", "upper.py"], inverse =
+//! ["python3", "lower.py"], placement = "pipe", timeout_ms = 1000, restart = "never" }`.
+//!
+//! | key | type | default | meaning |
+//! |---|---|---|---|
+//! | `name` | string | required | module name: in errors, logs and the handshake |
+//! | `forward` | [string] | required | argv of the source-side program |
+//! | `inverse` | [string] | required | argv of the sink-side program |
+//! | `placement` | `"pipe"` \| `"shm"` | `"pipe"` | how frames reach the child |
+//! | `timeout_ms` | 1..=600000 | 1000 | longest wait for a reply to one request |
+//! | `restart` | `"never"` \| `"on-failure"` | `"never"` | restart a child that died, hung or wrote garbage, once per failure |
+//! | `ring_kib` | power of two, 4..=1048576 | 1024 | shm: bytes per ring direction |
+//! | `spin` | 0..=1000000 | 2000 | shm: polls of the ring index before sleeping on the futex |
+//!
+//! Handshake: [`Pair::describe`] is `external(name=…)`. Only the name takes part: commands,
+//! placement, timeout, restart and ring settings are local choices that may differ between the
+//! two machines (paths differ; one side may use shm and the other pipes) without changing what
+//! the frames look like. Rename the module when you change its format.
+
+use crate::child::{self, Handler};
+use crate::proto::{HalfRole, Reply, Request};
+use crate::shm;
+use crate::transport::{Liveness, PipeTransport, ShmTransport, Transport, TransportError};
+use bytes::Bytes;
+use ndd_core::frame::DEFAULT_HEADROOM;
+use ndd_core::{Frame, Half, HalfStats, ModuleError, Output, Pair};
+use serde::Deserialize;
+use std::io::BufRead;
+use std::os::fd::OwnedFd;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Module id of `external` in the handshake.
+pub const EXTERNAL_ID: u16 = 100;
+/// The parameters of `external` as `(key, type, default, doc)`, in canonical order, for the
+/// module catalogue (`ndd modules`).
+pub const PARAMS: &[(&str, &str, &str, &str)] = &[
+    (
+        "name",
+        "string",
+        "(required)",
+        "module name: in errors, logs and the handshake",
+    ),
+    (
+        "forward",
+        "[string]",
+        "(required)",
+        "argv of the source-side program",
+    ),
+    (
+        "inverse",
+        "[string]",
+        "(required)",
+        "argv of the sink-side program",
+    ),
+    (
+        "placement",
+        "\"pipe\" | \"shm\"",
+        "\"pipe\"",
+        "how frames reach the child",
+    ),
+    (
+        "timeout_ms",
+        "1..=600000",
+        "1000",
+        "longest wait for the reply to one request",
+    ),
+    (
+        "restart",
+        "\"never\" | \"on-failure\"",
+        "\"never\"",
+        "restart a child that died, hung or wrote garbage, once per failure",
+    ),
+    (
+        "ring_kib",
+        "power of two, 4..=1048576",
+        "1024",
+        "shm: bytes per ring direction",
+    ),
+    (
+        "spin",
+        "0..=1000000",
+        "2000",
+        "shm: polls before sleeping on the futex",
+    ),
+];
+
+/// Default `spin`.
+pub const DEFAULT_SPIN: u32 = 2000;
+
+/// How frames reach the child.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// Length-prefixed messages on the child's stdin/stdout.
+    #[default]
+    Pipe,
+    /// The same messages through a shared-memory ring (the child needs a ring library).
+    Shm,
+}
+
+impl Placement {
+    /// `pipe` or `shm`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Placement::Pipe => "pipe",
+            Placement::Shm => "shm",
+        }
+    }
+}
+
+/// What happens after a child fails.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Restart {
+    /// The failure is a module error (fatal for the stream).
+    #[default]
+    Never,
+    /// Start a new child and retry the request once; a second failure is a module error.
+    OnFailure,
+}
+
+fn default_timeout_ms() -> u64 {
+    1000
+}
+fn default_ring_kib() -> u32 {
+    1024
+}
+fn default_spin() -> u32 {
+    DEFAULT_SPIN
+}
+
+/// Parameters of `external`. See the module docs.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExternalConfig {
+    /// Module name.
+    pub name: String,
+    /// Source-side argv.
+    pub forward: Vec<String>,
+    /// Sink-side argv.
+    pub inverse: Vec<String>,
+    /// Pipe or shared memory.
+    #[serde(default)]
+    pub placement: Placement,
+    /// Reply timeout.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Restart policy.
+    #[serde(default)]
+    pub restart: Restart,
+    /// shm ring size per direction, KiB.
+    #[serde(default = "default_ring_kib")]
+    pub ring_kib: u32,
+    /// shm spin count.
+    #[serde(default = "default_spin")]
+    pub spin: u32,
+}
+
+impl ExternalConfig {
+    /// A config with defaults for everything but the name and the two commands.
+    pub fn new(name: &str, forward: &[&str], inverse: &[&str]) -> ExternalConfig {
+        ExternalConfig {
+            name: name.to_string(),
+            forward: forward.iter().map(|s| s.to_string()).collect(),
+            inverse: inverse.iter().map(|s| s.to_string()).collect(),
+            placement: Placement::Pipe,
+            timeout_ms: default_timeout_ms(),
+            restart: Restart::Never,
+            ring_kib: default_ring_kib(),
+            spin: default_spin(),
+        }
+    }
+
+    /// Checks ranges; the message names the parameter.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.name.is_empty()
+            || !self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return Err(format!(
+                "external: name {:?} must be non-empty ASCII letters, digits, '-', '_' or '.'",
+                self.name
+            ));
+        }
+        if self.forward.is_empty() || self.inverse.is_empty() {
+            return Err(format!(
+                "external {:?}: forward and inverse must each name a program",
+                self.name
+            ));
+        }
+        if !(1..=600_000).contains(&self.timeout_ms) {
+            return Err(format!(
+                "external {:?}: timeout_ms must be in 1..=600000",
+                self.name
+            ));
+        }
+        if !(4..=1 << 20).contains(&self.ring_kib) || !self.ring_kib.is_power_of_two() {
+            return Err(format!(
+                "external {:?}: ring_kib must be a power of two in 4..=1048576",
+                self.name
+            ));
+        }
+        if self.spin > 1_000_000 {
+            return Err(format!(
+                "external {:?}: spin must be in 0..=1000000",
+                self.name
+            ));
+        }
+        Ok(())
+    }
+
+    fn argv(&self, role: HalfRole) -> &[String] {
+        match role {
+            HalfRole::Forward => &self.forward,
+            HalfRole::Inverse => &self.inverse,
+        }
+    }
+}
+
+impl Pair for ExternalConfig {
+    fn name(&self) -> &'static str {
+        "external"
+    }
+    fn id(&self) -> u16 {
+        EXTERNAL_ID
+    }
+    fn describe(&self) -> String {
+        format!("external(name={})", self.name)
+    }
+    fn forward(&self) -> Result<Box<dyn Half>, ModuleError> {
+        Ok(Box::new(ExternalHalf::spawn(self, HalfRole::Forward)?))
+    }
+    fn inverse(&self) -> Result<Box<dyn Half>, ModuleError> {
+        Ok(Box::new(ExternalHalf::spawn(self, HalfRole::Inverse)?))
+    }
+}
+
+/// Makes a fresh handler for an in-process child (called again on restart).
+pub type HandlerFactory = Arc<dyn Fn() -> Box<dyn Handler> + Send + Sync>;
+
+enum Launcher {
+    Process(Vec<String>),
+    Thread(HandlerFactory),
+}
+
+/// A running child and the channel to it. Dropping it closes the channel, kills and reaps a
+/// process child, and joins a thread child that ends within 100 ms.
+struct Conn {
+    transport: Option<Box<dyn Transport>>,
+    process: Option<Child>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Conn {
+    fn pid(&self) -> Option<u32> {
+        self.process.as_ref().map(|c| c.id())
+    }
+
+    /// After the channel closed: how the child ended, if it did within 200 ms.
+    fn exit_status(&mut self) -> String {
+        if let Some(c) = &mut self.process {
+            for _ in 0..200 {
+                match c.try_wait() {
+                    Ok(Some(st)) => return format!("exited ({st})"),
+                    Ok(None) => std::thread::sleep(Duration::from_millis(1)),
+                    Err(e) => return format!("closed its channel (wait failed: {e})"),
+                }
+            }
+            return "closed its channel but is still running".to_string();
+        }
+        "ended (in-process thread)".to_string()
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.transport = None;
+        if let Some(mut c) = self.process.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Some(t) = self.thread.take() {
+            for _ in 0..100 {
+                if t.is_finished() {
+                    let _ = t.join();
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            tracing::warn!("external: in-process child thread did not end; detached");
+        }
+    }
+}
+
+enum Failure {
+    /// The child died, hung or wrote garbage: restartable.
+    Broken(String),
+    /// The child answered ERROR: the request itself is bad.
+    Reported(String),
+}
+
+/// The host half of an external module: each call becomes one request to the child and
+/// blocks until its `DONE` (or the timeout).
+pub struct ExternalHalf {
+    name: String,
+    role: HalfRole,
+    placement: Placement,
+    launcher: Launcher,
+    conn: Option<Conn>,
+    epoch: Instant,
+    wake: Option<Instant>,
+    timeout: Duration,
+    restart: Restart,
+    ring_bytes: usize,
+    spin: u32,
+    restarts: u64,
+    failures: u64,
+    poisoned: Option<ModuleError>,
+    frames: Vec<Frame>,
+    control: Vec<Bytes>,
+}
+
+impl std::fmt::Debug for ExternalHalf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExternalHalf")
+            .field("name", &self.name)
+            .field("role", &self.role)
+            .field("placement", &self.placement)
+            .field("pid", &self.pid())
+            .finish()
+    }
+}
+
+impl ExternalHalf {
+    fn new(cfg: &ExternalConfig, role: HalfRole, launcher: Launcher) -> ExternalHalf {
+        ExternalHalf {
+            name: cfg.name.clone(),
+            role,
+            placement: cfg.placement,
+            launcher,
+            conn: None,
+            epoch: Instant::now(),
+            wake: None,
+            timeout: Duration::from_millis(cfg.timeout_ms.max(1)),
+            restart: cfg.restart,
+            ring_bytes: (cfg.ring_kib as usize) << 10,
+            spin: cfg.spin,
+            restarts: 0,
+            failures: 0,
+            poisoned: None,
+            frames: Vec::new(),
+            control: Vec::new(),
+        }
+    }
+
+    /// Starts the program of `role` and greets it.
+    pub fn spawn(cfg: &ExternalConfig, role: HalfRole) -> Result<ExternalHalf, ModuleError> {
+        cfg.validate().map_err(ModuleError::Setup)?;
+        let mut h = ExternalHalf::new(cfg, role, Launcher::Process(cfg.argv(role).to_vec()));
+        h.connect()?;
+        Ok(h)
+    }
+
+    /// Runs the same protocol with an in-process child: a thread serving `make()`'s handler
+    /// over real pipes or a real shared-memory region (`cfg.placement`; the commands in `cfg`
+    /// are ignored). For tests and for measuring placement overhead.
+    pub fn in_process(
+        cfg: &ExternalConfig,
+        role: HalfRole,
+        make: impl Fn() -> Box<dyn Handler> + Send + Sync + 'static,
+    ) -> Result<ExternalHalf, ModuleError> {
+        let mut h = ExternalHalf::new(cfg, role, Launcher::Thread(Arc::new(make)));
+        h.connect()?;
+        Ok(h)
+    }
+
+    /// Pid of the current child process (none for in-process children or between restarts).
+    pub fn pid(&self) -> Option<u32> {
+        self.conn.as_ref().and_then(|c| c.pid())
+    }
+
+    /// Restarts so far.
+    pub fn restarts(&self) -> u64 {
+        self.restarts
+    }
+
+    fn who(&self) -> String {
+        let pid = self.pid().map(|p| format!(", pid {p}")).unwrap_or_default();
+        format!(
+            "external module \"{}\" ({} half, {}{pid})",
+            self.name,
+            self.role.as_str(),
+            self.placement.as_str()
+        )
+    }
+
+    fn start(&self) -> Result<Conn, String> {
+        match &self.launcher {
+            Launcher::Process(argv) => self.start_process(argv),
+            Launcher::Thread(make) => self.start_thread(make.clone()),
+        }
+    }
+
+    fn start_process(&self, argv: &[String]) -> Result<Conn, String> {
+        let (prog, args) = argv.split_first().ok_or("empty command")?;
+        let mut cmd = Command::new(prog);
+        cmd.args(args)
+            .env("NDD_MODULE_NAME", &self.name)
+            .env("NDD_MODULE_ROLE", self.role.as_str())
+            .stderr(Stdio::piped());
+        let mut region = None;
+        match self.placement {
+            Placement::Pipe => {
+                cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
+            }
+            Placement::Shm => {
+                let (fd, p, c) = shm::create(self.ring_bytes, self.spin)
+                    .map_err(|e| format!("cannot create the shared-memory ring: {e}"))?;
+                shm::pass_fd(&mut cmd, &fd, 3);
+                cmd.env("NDD_SHM_FD", "3")
+                    .env("NDD_SHM_SPIN", self.spin.to_string())
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null());
+                region = Some((fd, p, c));
+            }
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start {argv:?}: {e}"))?;
+        if let Some(err) = child.stderr.take() {
+            let name = self.name.clone();
+            let role = self.role.as_str();
+            let pid = child.id();
+            let _ = std::thread::Builder::new()
+                .name(format!("ndd-ipc-stderr-{name}"))
+                .spawn(move || {
+                    for line in std::io::BufReader::new(err).lines() {
+                        match line {
+                            Ok(l) => tracing::info!(module = %name, role, pid, "{l}"),
+                            Err(_) => break,
+                        }
+                    }
+                });
+        }
+        let transport: Box<dyn Transport> = match region {
+            None => {
+                let (Some(out), Some(inp)) = (child.stdout.take(), child.stdin.take()) else {
+                    return Err("child has no stdin/stdout".to_string());
+                };
+                // 1 MiB pipe buffers (the default is 64 KiB) cut wake-ups for big frames;
+                // refused above /proc/sys/fs/pipe-max-size, which is harmless.
+                let _ = rustix::pipe::fcntl_setpipe_size(&out, 1 << 20);
+                let _ = rustix::pipe::fcntl_setpipe_size(&inp, 1 << 20);
+                Box::new(
+                    PipeTransport::new(OwnedFd::from(out), OwnedFd::from(inp))
+                        .map_err(|e| e.to_string())?,
+                )
+            }
+            Some((fd, p, c)) => {
+                drop(fd); // the child has its copy; our mapping keeps the memory
+                let pid = rustix::process::Pid::from_raw(child.id() as i32);
+                let live = pid
+                    .and_then(|p| {
+                        rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
+                    })
+                    .map(Liveness::Pidfd)
+                    .unwrap_or(Liveness::None);
+                Box::new(ShmTransport::new(p, c, live))
+            }
+        };
+        Ok(Conn {
+            transport: Some(transport),
+            process: Some(child),
+            thread: None,
+        })
+    }
+
+    fn start_thread(&self, make: HandlerFactory) -> Result<Conn, String> {
+        let name = format!("ndd-ipc-{}", self.name);
+        let (host, thread): (Box<dyn Transport>, JoinHandle<()>) = match self.placement {
+            Placement::Pipe => {
+                let (host, mut child_t) = PipeTransport::pair().map_err(|e| e.to_string())?;
+                let t = std::thread::Builder::new()
+                    .name(name)
+                    .spawn(move || {
+                        let mut h = make();
+                        if let Err(e) = child::serve(&mut child_t, h.as_mut()) {
+                            tracing::debug!(error = %e, "in-process child ended");
+                        }
+                    })
+                    .map_err(|e| e.to_string())?;
+                (Box::new(host), t)
+            }
+            Placement::Shm => {
+                let (fd, p, c) =
+                    shm::create(self.ring_bytes, self.spin).map_err(|e| e.to_string())?;
+                let (cp, cc) = shm::open_in_process(&fd, self.spin).map_err(|e| e.to_string())?;
+                let alive = Arc::new(AtomicBool::new(true));
+                let flag = alive.clone();
+                let t = std::thread::Builder::new()
+                    .name(name)
+                    .spawn(move || {
+                        struct Bye(Arc<AtomicBool>);
+                        impl Drop for Bye {
+                            fn drop(&mut self) {
+                                self.0.store(false, Ordering::SeqCst);
+                            }
+                        }
+                        let _bye = Bye(flag);
+                        let mut t = ShmTransport::new(cp, cc, Liveness::None);
+                        let mut h = make();
+                        if let Err(e) = child::serve(&mut t, h.as_mut()) {
+                            tracing::debug!(error = %e, "in-process child ended");
+                        }
+                    })
+                    .map_err(|e| e.to_string())?;
+                (Box::new(ShmTransport::new(p, c, Liveness::Flag(alive))), t)
+            }
+        };
+        Ok(Conn {
+            transport: Some(host),
+            process: None,
+            thread: Some(thread),
+        })
+    }
+
+    /// Starts the child and sends `HELLO`.
+    fn connect(&mut self) -> Result<(), ModuleError> {
+        let conn = self
+            .start()
+            .map_err(|e| ModuleError::Setup(format!("{}: {e}", self.who())))?;
+        self.conn = Some(conn);
+        self.wake = None;
+        let name = self.name.clone();
+        let hello = Request::Hello {
+            version: crate::proto::VERSION,
+            role: self.role,
+            name: &name,
+        };
+        let (h, t) = hello.encode();
+        match self.exchange(&h, t) {
+            Ok(()) => Ok(()),
+            Err(Failure::Broken(m)) | Err(Failure::Reported(m)) => {
+                let who = self.who();
+                self.conn = None;
+                Err(ModuleError::Setup(format!("{who}: refused HELLO: {m}")))
+            }
+        }
+    }
+
+    fn now_ns(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.epoch).as_nanos() as u64
+    }
+
+    /// One request/response exchange; outputs land in `self.frames`/`self.control`.
+    fn exchange(&mut self, head: &[u8], tail: &[u8]) -> Result<(), Failure> {
+        self.frames.clear();
+        self.control.clear();
+        let timeout = self.timeout;
+        let Some(conn) = self.conn.as_mut() else {
+            return Err(Failure::Broken("not running".into()));
+        };
+        let deadline = Instant::now() + timeout;
+        let describe = |conn: &mut Conn, e: TransportError| -> Failure {
+            Failure::Broken(match e {
+                TransportError::Timeout => {
+                    format!("did not answer within {} ms (hung?)", timeout.as_millis())
+                }
+                TransportError::Closed => conn.exit_status(),
+                TransportError::Garbage(g) => format!("wrote garbage: {g}"),
+                TransportError::Io(e) => format!("i/o error: {e}"),
+            })
+        };
+        let Some(t) = conn.transport.as_mut() else {
+            return Err(Failure::Broken("not running".into()));
+        };
+        if let Err(e) = t.send(&[head, tail], deadline) {
+            return Err(describe(conn, e));
+        }
+        loop {
+            let Some(t) = conn.transport.as_mut() else {
+                return Err(Failure::Broken("not running".into()));
+            };
+            let msg = match t.recv(deadline) {
+                Ok(m) => m,
+                Err(e) => return Err(describe(conn, e)),
+            };
+            match Reply::parse(&msg) {
+                Ok(Reply::Frame { meta, payload }) => {
+                    let f = if payload.len() >= 64 << 10 {
+                        // Big: keep the received buffer, no copy (a later header push copies).
+                        let off = Reply::FRAME_PAYLOAD_OFFSET;
+                        Frame::from_bytes(meta, Bytes::from(msg).slice(off..))
+                    } else {
+                        let mut f = Frame::zeroed(meta, DEFAULT_HEADROOM, payload.len());
+                        f.payload_mut().copy_from_slice(payload);
+                        f
+                    };
+                    self.frames.push(f);
+                }
+                Ok(Reply::Control { msg: m }) => self.control.push(Bytes::copy_from_slice(m)),
+                Ok(Reply::Done { wake_ns }) => {
+                    self.wake = wake_ns.map(|ns| self.epoch + Duration::from_nanos(ns));
+                    return Ok(());
+                }
+                Ok(Reply::Error { message }) => return Err(Failure::Reported(message.to_string())),
+                Err(e) => return Err(Failure::Broken(format!("wrote garbage: {e}"))),
+            }
+        }
+    }
+
+    fn call(
+        &mut self,
+        req: Request<'_>,
+        what: &str,
+        out: &mut Output,
+        mk: fn(String) -> ModuleError,
+    ) -> Result<(), ModuleError> {
+        if let Some(e) = &self.poisoned {
+            return Err(e.clone());
+        }
+        let (head, tail) = req.encode();
+        for attempt in 0..2 {
+            if self.conn.is_none() {
+                self.connect()?;
+            }
+            match self.exchange(&head, tail) {
+                Ok(()) => {
+                    for f in self.frames.drain(..) {
+                        out.push(f);
+                    }
+                    for c in self.control.drain(..) {
+                        out.control(c);
+                    }
+                    return Ok(());
+                }
+                Err(Failure::Reported(m)) => {
+                    return Err(mk(format!("{} failed on a {what}: {m}", self.who())));
+                }
+                Err(Failure::Broken(m)) => {
+                    let who = self.who();
+                    self.failures += 1;
+                    self.conn = None; // kill and reap
+                    self.wake = None;
+                    if self.restart == Restart::OnFailure && attempt == 0 {
+                        self.restarts += 1;
+                        tracing::warn!(module = %self.name, role = self.role.as_str(),
+                            restarts = self.restarts, "{who} {m} on a {what}; restarting it");
+                        continue;
+                    }
+                    let policy = match self.restart {
+                        Restart::Never => "restart = \"never\"",
+                        Restart::OnFailure => "failed again after a restart",
+                    };
+                    return Err(mk(format!("{who} {m} on a {what} ({policy})")));
+                }
+            }
+        }
+        unreachable!("the loop returns on its second attempt")
+    }
+
+    fn poison(&mut self, r: Result<(), ModuleError>) {
+        if let Err(e) = r {
+            tracing::error!(module = %self.name, error = %e, "external module failed");
+            self.poisoned = Some(e);
+        }
+    }
+}
+
+impl Half for ExternalHalf {
+    fn handle_frame(
+        &mut self,
+        now: Instant,
+        frame: Frame,
+        out: &mut Output,
+    ) -> Result<(), ModuleError> {
+        let req = Request::Frame {
+            now_ns: self.now_ns(now),
+            meta: frame.meta,
+            payload: frame.payload(),
+        };
+        self.call(req, "frame", out, ModuleError::MalformedFrame)
+    }
+
+    fn handle_control(
+        &mut self,
+        now: Instant,
+        msg: Bytes,
+        out: &mut Output,
+    ) -> Result<(), ModuleError> {
+        let req = Request::Control {
+            now_ns: self.now_ns(now),
+            msg: &msg,
+        };
+        self.call(req, "control message", out, ModuleError::MalformedControl)
+    }
+
+    fn handle_timeout(&mut self, now: Instant, out: &mut Output) {
+        if self.wake.is_some_and(|w| w <= now) {
+            self.wake = None;
+            let req = Request::Timeout {
+                now_ns: self.now_ns(now),
+            };
+            let r = self.call(req, "timeout", out, ModuleError::MalformedFrame);
+            self.poison(r);
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.wake
+    }
+
+    fn flush(&mut self, out: &mut Output) {
+        let req = Request::Flush {
+            now_ns: self.now_ns(Instant::now()),
+        };
+        let r = self.call(req, "flush", out, ModuleError::MalformedFrame);
+        self.poison(r);
+    }
+
+    fn stats(&self) -> HalfStats {
+        HalfStats {
+            drops: 0,
+            queue_depth: 0,
+            counters: vec![("restarts", self.restarts), ("failures", self.failures)],
+        }
+    }
+}
