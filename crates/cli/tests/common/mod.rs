@@ -109,6 +109,16 @@ impl Side {
         }
     }
 
+    /// Kills the process at once (SIGKILL: no cleanup, no goodbye) and reaps it.
+    pub fn kill(mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(t) = self.stderr_done.take() {
+            let _ = t.join();
+        }
+        self.stderr_now()
+    }
+
     /// Stderr lines so far.
     pub fn stderr_now(&self) -> String {
         self.stderr.lock().unwrap().join("\n")
