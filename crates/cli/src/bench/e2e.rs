@@ -11,6 +11,39 @@ use std::path::Path;
 use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// A link for `ndd bench e2e --link`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LinkChoice {
+    /// Plain TCP (`--insecure`).
+    Tcp,
+    /// TCP with TLS 1.3.
+    Tls,
+    /// QUIC.
+    Quic,
+    /// UDP datagrams.
+    Udp,
+}
+
+impl LinkChoice {
+    fn label(self) -> &'static str {
+        match self {
+            LinkChoice::Tcp => "--insecure",
+            LinkChoice::Tls => "TLS",
+            LinkChoice::Quic => "QUIC",
+            LinkChoice::Udp => "UDP",
+        }
+    }
+
+    fn transport(self) -> (bool, &'static str) {
+        match self {
+            LinkChoice::Tcp => (true, "tcp"),
+            LinkChoice::Tls => (false, "tcp"),
+            LinkChoice::Quic => (false, "quic"),
+            LinkChoice::Udp => (false, "udp"),
+        }
+    }
+}
+
 /// Raw TCP ping-pong over loopback: one-way = RTT / 2, per size.
 pub(crate) async fn raw_tcp_one_way(size: usize, n: usize) -> Result<Histogram<u64>> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -40,10 +73,6 @@ pub(crate) async fn raw_tcp_one_way(size: usize, n: usize) -> Result<Histogram<u
 }
 
 /// One-way time through ndd across loopback (both sides in this process, same clock).
-pub(crate) async fn ndd_one_way(size: usize, n: usize, insecure: bool) -> Result<(f64, f64)> {
-    ndd_one_way_on(size, n, insecure, "tcp").await
-}
-
 /// One-way time through ndd over `transport` (`tcp`, `quic`, `udp`).
 pub(crate) async fn ndd_one_way_on(
     size: usize,
@@ -129,7 +158,7 @@ fn memcpy(size: usize, n: usize) -> Histogram<u64> {
     h
 }
 
-pub async fn run(quick: bool, out: &Path) -> Result<()> {
+pub async fn run(quick: bool, out: &Path, links: &[LinkChoice]) -> Result<()> {
     let n_link = |size: usize| {
         if quick {
             20
@@ -152,15 +181,27 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
     md += "Both sides in one process on 127.0.0.1, synthetic source paced so frames never queue, \
            empty stack, `null` sink. One-way = delivery time − source timestamp (same clock). \
            Baseline: raw TCP ping-pong of the same size in the same run, RTT/2.\n\n";
-    md += "| size | raw TCP p50 | raw TCP p99 | ndd --insecure p50 | p99 | ndd TLS p50 | p99 |\n|---:|---:|---:|---:|---:|---:|---:|\n";
+    md += "| size | raw TCP p50 | raw TCP p99 |";
+    for l in links {
+        md += &format!(" ndd {} p50 | p99 |", l.label());
+    }
+    md += "\n|---:|---:|---:|";
+    md += &"---:|---:|".repeat(links.len());
+    md += "\n";
     eprintln!("bench e2e (a): one-way across loopback, µs");
     for size in SIZES {
         let n = n_link(size);
         let raw = raw_tcp_one_way(size, n).await.context("raw TCP baseline")?;
         let (r50, r99) = p50_p99(&raw);
-        let (i50, i99) = ndd_one_way(size, n, true).await.context("ndd --insecure")?;
-        let (t50, t99) = ndd_one_way(size, n, false).await.context("ndd TLS")?;
-        let row = format!("| {} | {r50:.1} µs | {r99:.1} µs | {i50:.1} µs | {i99:.1} µs | {t50:.1} µs | {t99:.1} µs |\n", size_name(size));
+        let mut row = format!("| {} | {r50:.1} µs | {r99:.1} µs |", size_name(size));
+        for l in links {
+            let (insecure, transport) = l.transport();
+            let (a, b) = ndd_one_way_on(size, n, insecure, transport)
+                .await
+                .with_context(|| format!("ndd {}", l.label()))?;
+            row += &format!(" {a:.1} µs | {b:.1} µs |");
+        }
+        row += "\n";
         eprint!("{row}");
         md += &row;
     }

@@ -25,6 +25,9 @@ pub enum BenchCmd {
         /// Directory for e2e.md.
         #[arg(long, value_name = "DIR", default_value = "docs/bench")]
         out: PathBuf,
+        /// Links to measure in (a), comma-separated (all four: tcp,tls,quic,udp).
+        #[arg(long, value_enum, value_delimiter = ',', default_value = "tcp,tls")]
+        link: Vec<e2e::LinkChoice>,
     },
     /// Figures 6.12/6.14: spacing error under 5–200 ms of jitter for a bare stack, buffer
     /// and bundle, in virtual time; writes jitter.md and jitter.svg.
@@ -96,7 +99,7 @@ pub(crate) fn p50_p99(h: &Histogram<u64>) -> (f64, f64) {
 /// Dispatches.
 pub async fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
-        BenchCmd::E2e { quick, out } => e2e::run(quick, &out).await,
+        BenchCmd::E2e { quick, out, link } => e2e::run(quick, &out, &link).await,
         BenchCmd::Pairs { quick, out } => pairs::run(quick, &out),
         BenchCmd::Jitter { quick, out } => jitter::run(quick, &out),
         BenchCmd::Links { quick, out } => links::run(quick, &out).await,
