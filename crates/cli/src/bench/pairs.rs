@@ -198,7 +198,7 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
     let budget: usize = if quick { 4 << 20 } else { 256 << 20 };
     let tmp = crate::demo::TempHome::new("bench-pairs")?;
     let key = tmp.0.join("key");
-    write_key(&key)?;
+    crate::demo::write_key(&key)?;
     let mut md = String::new();
     md += "# Pair throughput (forward and inverse half)\n\n";
     md += &format!(
@@ -250,27 +250,5 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
     let path = out.join("pairs.md");
     std::fs::write(&path, md).with_context(|| format!("cannot write {}", path.display()))?;
     eprintln!("wrote {}", path.display());
-    Ok(())
-}
-
-/// A random 32-byte key file, mode 0600, for the `encrypt` cases.
-fn write_key(path: &Path) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut key = [0u8; 32];
-    let mut s = crate::session::wall_ns() | 1;
-    for b in key.iter_mut() {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        *b = s as u8;
-    }
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("cannot create {}", path.display()))?;
-    f.write_all(&key)?;
     Ok(())
 }

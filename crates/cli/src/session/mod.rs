@@ -425,6 +425,32 @@ impl Session {
         Ok(())
     }
 
+    /// The link is gone. Returns true when the session is over anyway (we or the peer had
+    /// closed it), an error when reconnecting is off; otherwise the caller reconnects.
+    /// `graceful` says goodbye (close_notify) on a connection that may still carry it.
+    async fn link_lost(
+        &mut self,
+        e: anyhow::Error,
+        reconnect: bool,
+        graceful: bool,
+    ) -> Result<bool> {
+        if self.close_sent || self.peer_closed {
+            return Ok(true);
+        }
+        if !reconnect {
+            return Err(e.context("link to the peer failed"));
+        }
+        if let Some(link) = self.link.take() {
+            if graceful {
+                link.shutdown().await;
+            }
+        }
+        self.release_inputs().await;
+        self.lost_at = Some(now());
+        self.log(format_args!("link lost: {e:#}; reconnecting"));
+        Ok(false)
+    }
+
     /// The link is gone: an application must not be left with a key or button held down.
     async fn release_inputs(&mut self) {
         for s in self.streams.iter().filter(|s| s.input_sink) {
@@ -822,16 +848,9 @@ pub async fn run_side(
                 break;
             }
             if let Some(e) = lost {
-                if sess.close_sent || sess.peer_closed {
+                if sess.link_lost(e, cfg.link.reconnect, false).await? {
                     break;
                 }
-                if !cfg.link.reconnect {
-                    return Err(e.context("link to the peer failed"));
-                }
-                sess.link = None;
-                sess.release_inputs().await;
-                sess.lost_at = Some(now());
-                sess.log(format_args!("link lost: {e:#}; reconnecting"));
                 reconnect = Some(Box::pin(connector.establish(&ctx, false)));
                 continue;
             }
@@ -939,18 +958,9 @@ pub async fn run_side(
                 }
             }
             if let Some(e) = lost {
-                if sess.close_sent || sess.peer_closed {
+                if sess.link_lost(e, cfg.link.reconnect, true).await? {
                     break;
                 }
-                if !cfg.link.reconnect {
-                    return Err(e.context("link to the peer failed"));
-                }
-                if let Some(link) = sess.link.take() {
-                    link.shutdown().await;
-                }
-                sess.release_inputs().await;
-                sess.lost_at = Some(now());
-                sess.log(format_args!("link lost: {e:#}; reconnecting"));
                 reconnect = Some(Box::pin(connector.establish(&ctx, false)));
             }
         }
