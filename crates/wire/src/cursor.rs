@@ -147,3 +147,11 @@ pub(crate) fn need(buf: &[u8], need: usize) -> Result<()> {
         Ok(())
     }
 }
+
+/// `Err(TrailingBytes)` when a body of `have` bytes is longer than its fixed `len`.
+pub(crate) fn exact(have: usize, len: usize) -> crate::Result<()> {
+    match have.saturating_sub(len) {
+        0 => Ok(()),
+        extra => Err(crate::WireError::TrailingBytes { extra }),
+    }
+}

@@ -29,6 +29,8 @@
 #![warn(missing_docs)]
 
 mod cursor;
+#[macro_use]
+mod u64body;
 mod error;
 mod message;
 

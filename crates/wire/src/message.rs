@@ -121,7 +121,7 @@ impl<'a> Message<'a> {
             }
             Kind::Hello => Message::Hello(HelloRepr::parse(&hello::Packet::new_unchecked(body))?),
             Kind::Ready => {
-                ping::exact(body.len(), 0)?;
+                crate::cursor::exact(body.len(), 0)?;
                 Message::Ready
             }
             Kind::Close => {

@@ -10,8 +10,8 @@
 //! All clocks are ns since the Unix epoch. With `t4` = the PING sender's clock when the PONG
 //! arrives, [`clock_offset_ns`] gives the NTP-style offset and round-trip time.
 
+use crate::cursor::exact;
 use crate::cursor::{get, need, set};
-use crate::ping::exact;
 use crate::{Kind, Result, WireError};
 
 /// Length of a PONG body.
