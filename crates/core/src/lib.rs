@@ -6,7 +6,9 @@
 //! - [`frame`]: [`Frame`], a message over reference-counted bytes with headroom, so pairs push
 //!   and pop headers and pass frames on without copying payloads;
 //! - [`half`]: the [`Half`]/[`Pair`] module model;
-//! - [`stack`]: [`Stack`], the ordered halves of one stream on one side.
+//! - [`stack`]: [`Stack`], the ordered halves of one stream on one side;
+//! - [`ratelimit`]: [`RateLimit`], so a half that drops untrusted frames logs once a second,
+//!   not once a frame.
 //!
 //! Invariants: a frame handed to a stack comes out of it (transformed), is counted as dropped
 //! by a half, or is held by a half that reports it in its queue depth; a module error is fatal
@@ -16,8 +18,10 @@
 
 pub mod frame;
 pub mod half;
+pub mod ratelimit;
 pub mod stack;
 
 pub use frame::{Frame, Meta};
 pub use half::{Half, HalfStats, ModuleError, Output, Pair};
+pub use ratelimit::RateLimit;
 pub use stack::{LayerStats, Role, Stack, StackError};

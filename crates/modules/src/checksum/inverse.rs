@@ -1,26 +1,32 @@
 //! Sink half of `checksum`: verifies and strips the header; drops corrupted frames.
 
 use super::{crc, HEADER_LEN};
-use ndd_core::{Frame, Half, HalfStats, ModuleError, Output};
+use ndd_core::{Frame, Half, HalfStats, ModuleError, Output, RateLimit};
 use std::time::Instant;
 
 /// Verifies and strips the checksum header.
 #[derive(Debug, Default)]
 pub struct ChecksumInverse {
     corrupted: u64,
+    /// One warning a second, however many corrupted frames arrive.
+    pub(super) noisy: RateLimit,
 }
 
 impl Half for ChecksumInverse {
     fn handle_frame(
         &mut self,
-        _now: Instant,
+        now: Instant,
         mut frame: Frame,
         out: &mut Output,
     ) -> Result<(), ModuleError> {
         let meta = frame.meta;
         let Some(h) = frame.pop_header(HEADER_LEN) else {
             self.corrupted += 1;
+            let Some(suppressed) = self.noisy.admit(now) else {
+                return Ok(());
+            };
             tracing::warn!(
+                suppressed,
                 stream = meta.stream,
                 seq = meta.seq,
                 len = frame.len(),
@@ -32,7 +38,11 @@ impl Half for ChecksumInverse {
         let actual = crc(&meta, frame.payload());
         if carried != actual {
             self.corrupted += 1;
+            let Some(suppressed) = self.noisy.admit(now) else {
+                return Ok(());
+            };
             tracing::warn!(
+                suppressed,
                 stream = meta.stream,
                 seq = meta.seq,
                 carried = format_args!("{carried:08x}"),

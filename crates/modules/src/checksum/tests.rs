@@ -113,3 +113,20 @@ fn a_control_message_to_a_pair_without_any_is_refused() {
          this pair defines no control messages (got one of 3 bytes)"
     );
 }
+
+#[test]
+fn a_flood_of_corrupted_frames_warns_once_a_second_and_counts_every_one() {
+    let mut sink = inverse::ChecksumInverse::default();
+    let mut out = Output::new();
+    let t0 = Instant::now();
+    for i in 0..1000u64 {
+        // 1000 bad frames over 2.5 s: warnings at 0 s, 1 s and 2 s only.
+        let now = t0 + std::time::Duration::from_micros(i * 2_500);
+        sink.handle_frame(now, Frame::new(meta(i), b"xxxxhello"), &mut out)
+            .unwrap();
+    }
+    assert!(out.take_frames().is_empty());
+    assert_eq!(sink.stats().drops, 1000);
+    // 3 admitted; the 199 after the last admission are pending.
+    assert_eq!(sink.noisy.suppressed(), 199);
+}

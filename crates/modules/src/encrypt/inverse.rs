@@ -4,7 +4,7 @@
 use super::key::{self, Key};
 use super::window::ReplayWindow;
 use super::{aad, hex, nonce, Cipher, Header, EPOCH_LEN, HEADER_LEN};
-use ndd_core::{Frame, Half, HalfStats, Meta, ModuleError, Output};
+use ndd_core::{Frame, Half, HalfStats, Meta, ModuleError, Output, RateLimit};
 use ring::aead::{Aad, LessSafeKey, Tag};
 use std::collections::VecDeque;
 use std::fmt;
@@ -37,6 +37,8 @@ pub struct EncryptInverse {
     replayed: u64,
     truncated: u64,
     epochs: u64,
+    /// One warning a second for dropped frames, however many a peer forges.
+    noisy: RateLimit,
 }
 
 impl fmt::Debug for EncryptInverse {
@@ -76,12 +78,17 @@ impl EncryptInverse {
             replayed: 0,
             truncated: 0,
             epochs: 0,
+            noisy: RateLimit::default(),
         }
     }
 
-    fn fail_auth(&mut self, meta: &Meta, hdr: &Header) {
+    fn fail_auth(&mut self, now: Instant, meta: &Meta, hdr: &Header) {
         self.auth_failed += 1;
+        let Some(suppressed) = self.noisy.admit(now) else {
+            return;
+        };
         tracing::warn!(
+            suppressed,
             stream = meta.stream,
             seq = meta.seq,
             counter = hdr.counter,
@@ -90,9 +97,13 @@ impl EncryptInverse {
         );
     }
 
-    fn replay(&mut self, meta: &Meta, hdr: &Header, reason: &str) {
+    fn replay(&mut self, now: Instant, meta: &Meta, hdr: &Header, reason: &str) {
         self.replayed += 1;
+        let Some(suppressed) = self.noisy.admit(now) else {
+            return;
+        };
         tracing::warn!(
+            suppressed,
             stream = meta.stream,
             seq = meta.seq,
             counter = hdr.counter,
@@ -126,14 +137,18 @@ impl EncryptInverse {
 impl Half for EncryptInverse {
     fn handle_frame(
         &mut self,
-        _now: Instant,
+        now: Instant,
         mut frame: Frame,
         out: &mut Output,
     ) -> Result<(), ModuleError> {
         let meta = frame.meta;
         let Some(hdr) = frame.pop_header(HEADER_LEN).and_then(Header::parse) else {
             self.truncated += 1;
+            let Some(suppressed) = self.noisy.admit(now) else {
+                return Ok(());
+            };
             tracing::warn!(
+                suppressed,
                 stream = meta.stream,
                 seq = meta.seq,
                 len = frame.len(),
@@ -148,11 +163,11 @@ impl Half for EncryptInverse {
             // Known epoch: the replay check is cheap and comes first; the window records a
             // counter only once its frame authenticated, so forgeries cannot move it.
             if let Err(why) = st.window.check(hdr.counter) {
-                self.replay(&meta, &hdr, why.as_str());
+                self.replay(now, &meta, &hdr, why.as_str());
                 return Ok(());
             }
             if !open(&st.key, &hdr, &meta, &mut frame) {
-                self.fail_auth(&meta, &hdr);
+                self.fail_auth(now, &meta, &hdr);
                 return Ok(());
             }
             st.window.mark(hdr.counter);
@@ -162,16 +177,16 @@ impl Half for EncryptInverse {
         }
 
         if self.retired.contains(&hdr.epoch) {
-            self.replay(&meta, &hdr, "epoch retired");
+            self.replay(now, &meta, &hdr, "epoch retired");
             return Ok(());
         }
         // A new epoch: derive its subkey, and adopt it only if the frame authenticates.
         let Some(key) = key::subkey(&self.master, &hdr.epoch, self.cipher) else {
-            self.fail_auth(&meta, &hdr);
+            self.fail_auth(now, &meta, &hdr);
             return Ok(());
         };
         if !open(&key, &hdr, &meta, &mut frame) {
-            self.fail_auth(&meta, &hdr);
+            self.fail_auth(now, &meta, &hdr);
             return Ok(());
         }
         self.retire_oldest();
