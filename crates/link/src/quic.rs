@@ -74,6 +74,9 @@ fn quic_server_config(tls: Arc<ServerConfig>) -> Result<quinn::ServerConfig> {
         QuicServerConfig::try_from(tls).map_err(|e| LinkError::QuicConfig(e.to_string()))?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     config.transport_config(transport());
+    // Follow a client whose address changes (quinn's default, stated because the link
+    // promises it: tests/quic_migration.rs).
+    config.migration(true);
     Ok(config)
 }
 
@@ -340,6 +343,22 @@ impl QuicConn {
     /// The peer's current address (it can change: QUIC follows a migrating peer).
     pub fn peer_addr(&self) -> SocketAddr {
         self.tx.inner.conn.remote_address()
+    }
+
+    /// Moves this side to a new UDP socket while the connection goes on: connection
+    /// migration, for a side whose address changes (another network, a NAT rebinding). The
+    /// peer validates the new path and follows it ([`QuicConn::peer_addr`]); data in flight is
+    /// resent on the new path by QUIC. Only the connecting side owns its endpoint: on an
+    /// accepted connection (the listener's one socket serves every connection) this fails
+    /// with an I/O error of kind `Unsupported`. On error the old socket stays in use.
+    pub fn rebind(&self, socket: std::net::UdpSocket) -> Result<()> {
+        match &self.tx.inner.endpoint {
+            Some(endpoint) => Ok(endpoint.rebind(socket)?),
+            None => Err(LinkError::Io(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "an accepted QUIC connection shares its listener's socket: only the connecting side can rebind",
+            ))),
+        }
     }
 
     /// Largest body accepted on every stream and in datagrams (default 16 MiB).

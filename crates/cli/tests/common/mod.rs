@@ -1,14 +1,16 @@
 //! Helpers shared by the process-level tests: temporary homes, spawning `ndd` sides and
-//! collecting their output with bounded waits.
+//! collecting their output with bounded waits, and a TCP proxy that injects link faults.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub const WAIT: Duration = Duration::from_secs(90);
 
@@ -65,9 +67,10 @@ pub fn homes(
     (d, a, dfp, afp)
 }
 
-/// A running side: its stderr lines are collected; stdout is collected in full.
+/// A running side: its stderr lines are collected; stdout is collected in full. Killed on
+/// drop, so a failing test leaves no `ndd` behind.
 pub struct Side {
-    child: Child,
+    child: Option<Child>,
     stderr: Arc<Mutex<Vec<String>>>,
     stdout: Option<thread::JoinHandle<Vec<u8>>>,
     stderr_done: Option<thread::JoinHandle<()>>,
@@ -101,7 +104,7 @@ impl Side {
             v
         });
         Side {
-            child,
+            child: Some(child),
             stderr: lines,
             stdout: Some(stdout),
             stderr_done: Some(stderr_done),
@@ -111,12 +114,21 @@ impl Side {
 
     /// Kills the process at once (SIGKILL: no cleanup, no goodbye) and reaps it.
     pub fn kill(mut self) -> String {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
         if let Some(t) = self.stderr_done.take() {
             let _ = t.join();
         }
         self.stderr_now()
+    }
+
+    /// Whether the process is still running (it has not exited, cleanly or not).
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
     /// Stderr lines so far.
@@ -134,7 +146,7 @@ impl Side {
     }
 
     pub fn feed(&mut self, data: Vec<u8>) -> thread::JoinHandle<()> {
-        let mut stdin = self.child.stdin.take().unwrap();
+        let mut stdin = self.child.as_mut().unwrap().stdin.take().unwrap();
         thread::spawn(move || {
             let _ = stdin.write_all(&data);
         })
@@ -142,24 +154,37 @@ impl Side {
 
     /// Waits for exit (bounded), returns (status, stdout, stderr text).
     pub fn finish(mut self) -> (ExitStatus, Vec<u8>, String) {
-        drop(self.child.stdin.take());
-        let (tx, rx) = mpsc::channel();
-        let mut child = self.child;
-        thread::spawn(move || {
-            let _ = tx.send(child.wait());
-        });
-        let status = match rx.recv_timeout(WAIT) {
-            Ok(s) => s.unwrap(),
-            Err(_) => panic!(
-                "ndd did not exit in time; stderr: {:?}",
-                self.stderr.lock().unwrap()
-            ),
+        let mut child = self.child.take().expect("not finished yet");
+        drop(child.stdin.take());
+        let t = Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if t.elapsed() > WAIT {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "ndd did not exit in time; stderr: {:?}",
+                    self.stderr.lock().unwrap()
+                );
+            }
+            thread::sleep(Duration::from_millis(20));
         };
         let out = self.stdout.take().unwrap().join().unwrap();
         // The stderr reader ends at EOF, which the exit guarantees.
         self.stderr_done.take().unwrap().join().unwrap();
         let err = self.stderr.lock().unwrap().join("\n");
         (status, out, err)
+    }
+}
+
+impl Drop for Side {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
@@ -183,4 +208,120 @@ pub fn random(n: usize, seed: u64) -> Vec<u8> {
             (s >> 33) as u8
         })
         .collect()
+}
+
+/// Polls `f` every 10 ms until it holds; fails the test after `deadline`.
+pub fn wait_for(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < deadline, "timed out waiting for {what}");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The recovery times a side logged (`link restored after N ms`), in order.
+pub fn recoveries(err: &str) -> Vec<String> {
+    err.lines()
+        .filter_map(|l| l.split("link restored after ").nth(1))
+        .map(|r| r.split(';').next().unwrap_or("").to_string())
+        .collect()
+}
+
+/// The check line a `check` sink prints for a stream that got `n` frames, all correct.
+pub fn check_ok(stream: &str, n: u64) -> String {
+    format!(
+        "stream \"{stream}\": check: {n} frames, seq 0..={}, 0 missing, 0 duplicate, 0 reordered, 0 corrupt: OK",
+        n - 1
+    )
+}
+
+/// Proxy modes.
+pub const PASS: u8 = 0;
+/// Hold every byte back (a blackhole): nothing is closed, nothing gets through.
+pub const BLOCK: u8 = 1;
+/// Close every new connection at once without reaching upstream (the peer is unreachable).
+pub const REFUSE: u8 = 2;
+
+/// A TCP proxy in front of `upstream` that the test controls: forwards both ways, can cut
+/// every connection at once (mid-frame, whatever is in flight), stop forwarding without
+/// closing anything, or turn new connections away.
+pub struct Proxy {
+    pub addr: String,
+    mode: Arc<AtomicU8>,
+    conns: Arc<Mutex<Vec<TcpStream>>>,
+    /// Connections accepted and forwarded upstream so far.
+    pub accepted: Arc<AtomicUsize>,
+}
+
+impl Proxy {
+    pub fn start(upstream: String) -> Proxy {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let mode = Arc::new(AtomicU8::new(PASS));
+        let conns: Arc<Mutex<Vec<TcpStream>>> = Arc::new(Mutex::new(Vec::new()));
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let (m, c, a) = (mode.clone(), conns.clone(), accepted.clone());
+        thread::spawn(move || {
+            for client in l.incoming() {
+                let Ok(client) = client else { return };
+                if m.load(Ordering::SeqCst) == REFUSE {
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                a.fetch_add(1, Ordering::SeqCst);
+                c.lock().unwrap().push(client.try_clone().unwrap());
+                c.lock().unwrap().push(server.try_clone().unwrap());
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    let m = m.clone();
+                    thread::spawn(move || {
+                        let mut buf = [0u8; 1500];
+                        loop {
+                            let n = match from.read(&mut buf) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            // Blackhole: hold the bytes back until forwarding resumes; a
+                            // connection cut meanwhile just ends here.
+                            while m.load(Ordering::SeqCst) == BLOCK {
+                                thread::sleep(Duration::from_millis(5));
+                            }
+                            if to.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        let _ = to.shutdown(Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Proxy {
+            addr,
+            mode,
+            conns,
+            accepted,
+        }
+    }
+
+    /// Switches to `PASS`, `BLOCK` or `REFUSE`.
+    pub fn set(&self, mode: u8) {
+        self.mode.store(mode, Ordering::SeqCst);
+    }
+
+    /// Cuts every connection now, in whatever state it is.
+    pub fn cut(&self) {
+        for s in self.conns.lock().unwrap().drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Connections forwarded so far.
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
 }
