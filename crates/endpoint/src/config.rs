@@ -133,7 +133,16 @@ pub const SOURCES: &[EndpointInfo] = &[
         summary: "keyboard and pointer events of an X display, as input records (keys, buttons, wheel, absolute motion)",
         params: &[
             ("display", "string", ":0", "the X display, e.g. :1"),
-            ("window", "root | create", "create", "root: XInput2 raw events of the whole display; create: a window of the screen's size whose events are captured"),
+            ("window", "root | create | viewer", "create", "root: XInput2 raw events of the whole display; create: a window of the screen's size whose events are captured; viewer: the window of this process's x11-window sink on the same display (a remote desktop)"),
+        ],
+    },
+    EndpointInfo {
+        name: "x11-screen",
+        summary: "the screen of an X display as display updates: the rectangles DAMAGE reports changed, captured with MIT-SHM",
+        params: &[
+            ("display", "string", ":0", "the X display the application draws on, e.g. :1"),
+            ("max_fps", "float > 0", "30", "at most this many updates per second; damage between two captures is merged"),
+            ("refresh_s", "float >= 0", "0", "a keyframe of the whole screen every this many seconds (heals a lossy or spoiling stack); 0 = only the first"),
         ],
     },
 ];
@@ -202,6 +211,19 @@ pub const SINKS: &[EndpointInfo] = &[
         summary: "injects input records into an X display with XTEST (keys, buttons, wheel, absolute or relative motion)",
         params: &[("display", "string", ":0", "the X display, e.g. :2")],
     },
+    EndpointInfo {
+        name: "x11-window",
+        summary: "shows display updates in a window of an X display (MIT-SHM PutImage), sized like the app's screen",
+        params: &[
+            ("display", "string", ":0", "the X display the person looks at, e.g. :0"),
+            ("title", "string", "ndd display", "the window's title (WM_NAME)"),
+        ],
+    },
+    EndpointInfo {
+        name: "framebuffer",
+        summary: "writes display updates into a raw 32-bpp framebuffer file (BGRX, row-major, no header) or a /dev/fbN of the same size",
+        params: &[("path", "path", REQUIRED, "the file, created and sized on the first update, or a framebuffer device such as /dev/fb0")],
+    },
 ];
 
 /// `evdev` source parameters.
@@ -224,6 +246,9 @@ pub enum X11Window {
     /// A window of the screen's size, created and mapped by the source.
     #[default]
     Create,
+    /// The window of the `x11-window` sink of the same display in this process: input typed
+    /// into the remote desktop's viewer.
+    Viewer,
 }
 
 impl std::fmt::Display for X11Window {
@@ -231,6 +256,7 @@ impl std::fmt::Display for X11Window {
         f.write_str(match self {
             X11Window::Root => "root",
             X11Window::Create => "create",
+            X11Window::Viewer => "viewer",
         })
     }
 }
@@ -296,6 +322,68 @@ impl Default for XtestConfig {
             display: default_display(),
         }
     }
+}
+
+fn default_max_fps() -> f64 {
+    30.0
+}
+
+/// `x11-screen` source parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct X11ScreenConfig {
+    /// The X display.
+    #[serde(default = "default_display")]
+    pub display: String,
+    /// At most this many updates per second.
+    #[serde(default = "default_max_fps")]
+    pub max_fps: f64,
+    /// Seconds between keyframes of the whole screen; 0 = only the first.
+    #[serde(default)]
+    pub refresh_s: f64,
+}
+
+impl Default for X11ScreenConfig {
+    fn default() -> Self {
+        X11ScreenConfig {
+            display: default_display(),
+            max_fps: default_max_fps(),
+            refresh_s: 0.0,
+        }
+    }
+}
+
+fn default_window_title() -> String {
+    "ndd display".to_string()
+}
+
+/// `x11-window` sink parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct X11WindowConfig {
+    /// The X display.
+    #[serde(default = "default_display")]
+    pub display: String,
+    /// The window's title.
+    #[serde(default = "default_window_title")]
+    pub title: String,
+}
+
+impl Default for X11WindowConfig {
+    fn default() -> Self {
+        X11WindowConfig {
+            display: default_display(),
+            title: default_window_title(),
+        }
+    }
+}
+
+/// `framebuffer` sink parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FramebufferConfig {
+    /// The file or framebuffer device.
+    pub path: PathBuf,
 }
 
 /// `synthetic` source parameters.
@@ -540,6 +628,9 @@ pub enum SourceConfig {
     /// Input events of an X display (device side).
     #[serde(rename = "x11-input")]
     X11Input(X11InputConfig),
+    /// The screen of an X display (app side).
+    #[serde(rename = "x11-screen")]
+    X11Screen(X11ScreenConfig),
 }
 
 /// Where a stream's frames go.
@@ -562,6 +653,11 @@ pub enum SinkConfig {
     Uinput(UinputConfig),
     /// XTEST injection into an X display (app side).
     Xtest(XtestConfig),
+    /// A window showing display updates (device side).
+    #[serde(rename = "x11-window")]
+    X11Window(X11WindowConfig),
+    /// A raw framebuffer file or device (device side).
+    Framebuffer(FramebufferConfig),
 }
 
 fn fmt_opt<T: std::fmt::Display>(out: &mut String, key: &str, v: Option<T>) {
@@ -614,6 +710,7 @@ impl SourceConfig {
             SourceConfig::Pty(_) => &SOURCES[5],
             SourceConfig::Evdev(_) => &SOURCES[6],
             SourceConfig::X11Input(_) => &SOURCES[7],
+            SourceConfig::X11Screen(_) => &SOURCES[8],
         }
     }
 
@@ -628,6 +725,7 @@ impl SourceConfig {
             SourceConfig::Pty(_) => "pty source",
             SourceConfig::Evdev(_) => "evdev source",
             SourceConfig::X11Input(_) => "x11-input source",
+            SourceConfig::X11Screen(_) => "x11-screen source",
         }
     }
 
@@ -660,6 +758,11 @@ impl SourceConfig {
             SourceConfig::X11Input(c) => {
                 format!("x11-input(display={}, window={})", c.display, c.window)
             }
+            SourceConfig::X11Screen(c) => {
+                let mut s = format!("x11-screen(display={}, max_fps={}", c.display, c.max_fps);
+                fmt_opt(&mut s, "refresh_s", Some(c.refresh_s).filter(|&r| r != 0.0));
+                s + ")"
+            }
         }
     }
 
@@ -685,6 +788,14 @@ impl SourceConfig {
             SourceConfig::SpacenavSim(c) => {
                 if !(c.rate_hz.is_finite() && c.rate_hz > 0.0) {
                     return bad("rate_hz", "must be a finite number > 0");
+                }
+            }
+            SourceConfig::X11Screen(c) => {
+                if !(c.max_fps.is_finite() && c.max_fps > 0.0) {
+                    return bad("max_fps", "must be a finite number > 0");
+                }
+                if !(c.refresh_s.is_finite() && c.refresh_s >= 0.0) {
+                    return bad("refresh_s", "must be a finite number >= 0 (0 = off)");
                 }
             }
             SourceConfig::Stdin(_)
@@ -715,6 +826,8 @@ impl SinkConfig {
             SinkConfig::Pty(_) => &SINKS[5],
             SinkConfig::Uinput(_) => &SINKS[6],
             SinkConfig::Xtest(_) => &SINKS[7],
+            SinkConfig::X11Window(_) => &SINKS[8],
+            SinkConfig::Framebuffer(_) => &SINKS[9],
         }
     }
 
@@ -729,6 +842,8 @@ impl SinkConfig {
             SinkConfig::Pty(_) => "pty sink",
             SinkConfig::Uinput(_) => "uinput sink",
             SinkConfig::Xtest(_) => "xtest sink",
+            SinkConfig::X11Window(_) => "x11-window sink",
+            SinkConfig::Framebuffer(_) => "framebuffer sink",
         }
     }
 
@@ -757,6 +872,10 @@ impl SinkConfig {
             SinkConfig::Pty(c) => describe_pty(c),
             SinkConfig::Uinput(c) => format!("uinput(name={})", c.name),
             SinkConfig::Xtest(c) => format!("xtest(display={})", c.display),
+            SinkConfig::X11Window(c) => {
+                format!("x11-window(display={}, title={})", c.display, c.title)
+            }
+            SinkConfig::Framebuffer(c) => format!("framebuffer(path={})", c.path.display()),
         }
     }
 
@@ -777,11 +896,23 @@ impl SinkConfig {
                     Ok(())
                 }
             }
+            SinkConfig::X11Window(c) => {
+                if c.title.contains('\0') {
+                    Err(EndpointError::Config {
+                        endpoint,
+                        param: "title",
+                        reason: "must not contain NUL".to_string(),
+                    })
+                } else {
+                    Ok(())
+                }
+            }
             SinkConfig::Stdout(_)
             | SinkConfig::File(_)
             | SinkConfig::Check(_)
             | SinkConfig::Null(_)
-            | SinkConfig::Xtest(_) => Ok(()),
+            | SinkConfig::Xtest(_)
+            | SinkConfig::Framebuffer(_) => Ok(()),
         }
     }
 }
@@ -865,6 +996,10 @@ mod tests {
                 grab: true,
             }),
             SourceConfig::X11Input(X11InputConfig::default()),
+            SourceConfig::X11Screen(X11ScreenConfig {
+                refresh_s: 5.0,
+                ..Default::default()
+            }),
         ];
         let sinks = [
             SinkConfig::Stdout(StdoutConfig::default()),
@@ -883,6 +1018,10 @@ mod tests {
             SinkConfig::Pty(PtyConfig::new("/tmp/ttyX")),
             SinkConfig::Uinput(UinputConfig::default()),
             SinkConfig::Xtest(XtestConfig::default()),
+            SinkConfig::X11Window(X11WindowConfig::default()),
+            SinkConfig::Framebuffer(FramebufferConfig {
+                path: "/dev/fb0".into(),
+            }),
         ];
         assert_eq!(sources.len(), SOURCES.len());
         assert_eq!(sinks.len(), SINKS.len());
@@ -935,6 +1074,14 @@ mod tests {
         let c: SinkConfig = parse(r#"{ type = "check" }"#).unwrap();
         assert_eq!(c, SinkConfig::Check(CheckConfig::default()));
         assert_eq!(c.describe(), "check");
+        let c: SourceConfig = parse(r#"{ type = "x11-screen" }"#).unwrap();
+        assert_eq!(c, SourceConfig::X11Screen(X11ScreenConfig::default()));
+        assert_eq!(c.describe(), "x11-screen(display=:0, max_fps=30)");
+        let c: SinkConfig = parse(r#"{ type = "x11-window" }"#).unwrap();
+        assert_eq!(c, SinkConfig::X11Window(X11WindowConfig::default()));
+        assert_eq!(c.describe(), "x11-window(display=:0, title=ndd display)");
+        let c: SourceConfig = parse(r#"{ type = "x11-input" }"#).unwrap();
+        assert_eq!(c.describe(), "x11-input(display=:0, window=create)");
     }
 
     #[test]
@@ -976,6 +1123,20 @@ mod tests {
             parse(r#"{ type = "pty", link = "/tmp/ttyREMOTE", baud = 9600, parity = "odd" }"#)
                 .unwrap();
         assert_eq!(c.describe(), "pty(link=/tmp/ttyREMOTE, 9600 8O1)");
+        let c: SourceConfig =
+            parse(r#"{ type = "x11-screen", display = ":1", max_fps = 60.0, refresh_s = 2.5 }"#)
+                .unwrap();
+        assert_eq!(
+            c.describe(),
+            "x11-screen(display=:1, max_fps=60, refresh_s=2.5)"
+        );
+        let c: SinkConfig =
+            parse(r#"{ type = "x11-window", display = ":2", title = "remote" }"#).unwrap();
+        assert_eq!(c.describe(), "x11-window(display=:2, title=remote)");
+        let c: SinkConfig = parse(r#"{ type = "framebuffer", path = "/dev/fb0" }"#).unwrap();
+        assert_eq!(c.describe(), "framebuffer(path=/dev/fb0)");
+        let c: SourceConfig = parse(r#"{ type = "x11-input", window = "viewer" }"#).unwrap();
+        assert_eq!(c.describe(), "x11-input(display=:0, window=viewer)");
     }
 
     #[test]
@@ -1000,6 +1161,28 @@ mod tests {
         assert!(c.validate().unwrap_err().to_string().contains("size"));
         let c: SourceConfig = parse(r#"{ type = "spacenav-sim", rate_hz = 0.0 }"#).unwrap();
         assert!(c.validate().unwrap_err().to_string().contains("rate_hz"));
+
+        let c: SourceConfig = parse(r#"{ type = "x11-screen", max_fps = 0.0 }"#).unwrap();
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "x11-screen source: invalid parameter max_fps: must be a finite number > 0"
+        );
+        let c: SourceConfig = parse(r#"{ type = "x11-screen", max_fps = inf }"#).unwrap();
+        assert!(c.validate().is_err());
+        let c: SourceConfig = parse(r#"{ type = "x11-screen", refresh_s = -1.0 }"#).unwrap();
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "x11-screen source: invalid parameter refresh_s: must be a finite number >= 0 (0 = off)"
+        );
+        let e = parse::<SinkConfig>(r#"{ type = "framebuffer" }"#).unwrap_err();
+        assert!(e.contains("missing field `path`"), "{e}");
+        let e = parse::<SourceConfig>(r#"{ type = "x11-input", window = "other" }"#).unwrap_err();
+        assert!(e.contains("unknown variant `other`"), "{e}");
+        let c = SinkConfig::X11Window(X11WindowConfig {
+            title: "a\0b".into(),
+            ..Default::default()
+        });
+        assert!(c.validate().unwrap_err().to_string().contains("title"));
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! All four run as blocking tasks (`spawn_blocking`): evdev reads and X11 connections are
 //! blocking APIs, and an input stream carries a few hundred small frames per second at most.
 //! A source waits for its input at most [`POLL`] at a time, so it notices within that time
-//! that its receiver is gone. Every sink releases the keys and buttons it still holds when
+//! that its receiver is gone. An `x11-input` source with `window = "viewer"` captures the
+//! window of the `x11-window` sink of its display (found through the registry in
+//! `displaydev`), in window coordinates. Every sink releases the keys and buttons it still holds when
 //! its channel closes, on a release-all record, and before it reports an error.
 
 use crate::config::{EvdevConfig, UinputConfig, X11InputConfig, X11Window, XtestConfig};
@@ -35,11 +37,16 @@ pub const POLL: Duration = Duration::from_millis(100);
 
 /// Waits until `fd` is readable or [`POLL`] passes.
 fn wait_readable(fd: impl AsFd) -> std::io::Result<()> {
+    wait_readable_for(fd, POLL)
+}
+
+/// Waits until `fd` is readable or `timeout` (at most one second) passes.
+pub(crate) fn wait_readable_for(fd: impl AsFd, timeout: Duration) -> std::io::Result<()> {
     use rustix::event::{poll, PollFd, PollFlags, Timespec};
     let mut fds = [PollFd::new(&fd, PollFlags::IN)];
     let timeout = Timespec {
         tv_sec: 0,
-        tv_nsec: POLL.as_nanos() as _,
+        tv_nsec: timeout.min(Duration::from_millis(999)).as_nanos() as _,
     };
     match poll(&mut fds, Some(&timeout)) {
         Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
@@ -307,7 +314,7 @@ pub(crate) fn run_evdev_source(
 // ---------------------------------------------------------------------------------------
 // X11 connections
 
-fn x11_connect(
+pub(crate) fn x11_connect(
     endpoint: &'static str,
     display: &str,
 ) -> Result<(RustConnection, usize), EndpointError> {
@@ -319,7 +326,11 @@ fn x11_connect(
     })
 }
 
-fn x11_err(endpoint: &'static str, display: &str, e: impl std::fmt::Display) -> EndpointError {
+pub(crate) fn x11_err(
+    endpoint: &'static str,
+    display: &str,
+    e: impl std::fmt::Display,
+) -> EndpointError {
     EndpointError::Unavailable {
         endpoint,
         what: format!("X display {display}: {e}"),
@@ -338,7 +349,13 @@ pub(crate) struct X11Input {
     height: u16,
     display: String,
     window: X11Window,
+    /// `viewer`: the viewer window, once found.
+    viewer: xproto::Window,
 }
+
+/// How long an `x11-input` source with `window = "viewer"` waits for the `x11-window` sink of
+/// its display to show its window.
+pub const VIEWER_WAIT: Duration = Duration::from_secs(10);
 
 impl std::fmt::Debug for X11Input {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -382,6 +399,7 @@ pub(crate) fn open_x11_input(
         height: screen.height_in_pixels,
         display: c.display.clone(),
         window: c.window,
+        viewer: x11rb::NONE,
     })
 }
 
@@ -409,10 +427,47 @@ impl X11Input {
         }
     }
 
-    /// Selects the events to capture; for `create`, makes, maps and focuses the window.
-    fn setup(&self) -> Result<(), String> {
+    /// Selects the events to capture; for `create`, makes, maps and focuses the window; for
+    /// `viewer`, selects input on the viewer window (already found) and focuses it.
+    fn setup(&mut self) -> Result<(), String> {
         let c = &self.conn;
         match self.window {
+            X11Window::Viewer => {
+                let win = self.viewer;
+                let mask = xproto::EventMask::KEY_PRESS
+                    | xproto::EventMask::KEY_RELEASE
+                    | xproto::EventMask::BUTTON_PRESS
+                    | xproto::EventMask::BUTTON_RELEASE
+                    | xproto::EventMask::POINTER_MOTION
+                    | xproto::EventMask::STRUCTURE_NOTIFY;
+                c.change_window_attributes(
+                    win,
+                    &xproto::ChangeWindowAttributesAux::new().event_mask(mask),
+                )
+                .map_err(|e| e.to_string())?
+                .check()
+                .map_err(|e| {
+                    format!(
+                        "cannot select key and button events on the viewer window {win:#x} \
+                         (does another client take its button presses?): {e}"
+                    )
+                })?;
+                // The size after the selection: a resize from now on comes as ConfigureNotify.
+                let g = c
+                    .get_geometry(win)
+                    .map_err(|e| e.to_string())?
+                    .reply()
+                    .map_err(|e| format!("viewer window {win:#x}: {e}"))?;
+                self.width = g.width;
+                self.height = g.height;
+                if let Err(e) = c
+                    .set_input_focus(xproto::InputFocus::POINTER_ROOT, win, x11rb::CURRENT_TIME)
+                    .map_err(|e| e.to_string())?
+                    .check()
+                {
+                    tracing::warn!(display = %self.display, error = %e, "cannot focus the viewer window");
+                }
+            }
             X11Window::Create => {
                 let win = c.generate_id().map_err(|e| e.to_string())?;
                 let mask = xproto::EventMask::KEY_PRESS
@@ -515,6 +570,13 @@ impl X11Input {
             XEvent::KeyRelease(e) => key(e.detail.into(), false),
             XEvent::ButtonPress(e) => button(e.detail.into(), true),
             XEvent::ButtonRelease(e) => button(e.detail.into(), false),
+            XEvent::MotionNotify(e) if self.window == X11Window::Viewer => {
+                // Window coordinates, inside the window (an implicit grab reports motion
+                // beyond its edges).
+                let clamp =
+                    |v: i16, size: u16| v.clamp(0, (size.max(1) - 1).min(i16::MAX as u16) as i16);
+                motion(clamp(e.event_x, self.width), clamp(e.event_y, self.height))
+            }
             XEvent::MotionNotify(e) => motion(e.root_x, e.root_y),
             XEvent::XinputRawKeyPress(e) => key(e.detail, true),
             XEvent::XinputRawKeyRelease(e) => key(e.detail, false),
@@ -538,11 +600,32 @@ impl X11Input {
 /// record per X input event.
 pub(crate) fn run_x11_source(
     endpoint: &'static str,
-    x: X11Input,
+    mut x: X11Input,
     stream: u16,
     tx: Sender<Frame>,
 ) -> Result<SourceReport, EndpointError> {
-    let err = |e: String| x11_err(endpoint, &x.display, e);
+    if x.window == X11Window::Viewer {
+        match crate::displaydev::wait_for_viewer(&x.display, VIEWER_WAIT, || tx.is_closed()) {
+            Some(win) => x.viewer = win,
+            None if tx.is_closed() => return Ok(SourceReport::default()),
+            None => {
+                return Err(EndpointError::Unavailable {
+                    endpoint,
+                    what: format!(
+                        "no x11-window sink showed a viewer window on X display {} within {} s",
+                        x.display,
+                        VIEWER_WAIT.as_secs()
+                    ),
+                    hint: "window = \"viewer\" captures input in the window of an x11-window \
+                           sink of the same `display` in the same ndd process (the display \
+                           stream of a remote desktop); use window = \"create\" otherwise"
+                        .to_string(),
+                })
+            }
+        }
+    }
+    let display = x.display.clone();
+    let err = |e: String| x11_err(endpoint, &display, e);
     x.setup().map_err(err)?;
     let mut em = Emitter {
         endpoint,
@@ -557,6 +640,26 @@ pub(crate) fn run_x11_source(
     let mut down = Held::default();
     loop {
         while let Some(ev) = x.conn.poll_for_event().map_err(|e| err(e.to_string()))? {
+            if x.window == X11Window::Viewer {
+                match &ev {
+                    XEvent::ConfigureNotify(c)
+                        if c.window == x.viewer && (c.width, c.height) != (x.width, x.height) =>
+                    {
+                        // The viewer was resized (the app's screen changed size): new ranges.
+                        x.width = c.width;
+                        x.height = c.height;
+                        if !em.send(&InputMessage::Capabilities(x.capabilities())) {
+                            return em.done();
+                        }
+                        continue;
+                    }
+                    XEvent::DestroyNotify(d) if d.window == x.viewer => {
+                        tracing::info!(endpoint, display = %x.display, "viewer window closed, source ends");
+                        return em.done();
+                    }
+                    _ => {}
+                }
+            }
             let Some(mut events) = x.map_event(&ev).map_err(err)? else {
                 continue;
             };

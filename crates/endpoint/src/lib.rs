@@ -19,7 +19,12 @@
 //!   sinks that use it run as blocking tasks (evdev crate, x11rb) and have no unsafe code;
 //! - [`tty`]: the `serial` (a tty) and `pty` (a pseudo-terminal symlinked where the app
 //!   expects a port) endpoints; their only unsafe code (modem-line ioctls, registering a
-//!   descriptor with tokio) is in `sys`.
+//!   descriptor with tokio) is in `sys`;
+//! - [`display`] (sans-IO): the versioned display records (updates: rectangles of BGRX
+//!   pixels), a client-side [`Framebuffer`], damage coalescing and cutting captures into
+//!   frames; the `x11-screen` source (DAMAGE, MIT-SHM `ShmGetImage`) and the `x11-window` and
+//!   `framebuffer` sinks that use it run as blocking tasks, their shared-memory segments being
+//!   the only unsafe code (in `sys`).
 //!
 //! Invariants:
 //! - a source numbers its frames 0, 1, 2, … on the stream it is given, stamps each with its
@@ -33,6 +38,8 @@
 
 pub mod check;
 pub mod config;
+pub mod display;
+mod displaydev;
 pub mod error;
 pub mod framing;
 pub mod input;
@@ -52,6 +59,8 @@ pub use config::{
     StdoutConfig, SyntheticConfig, UinputConfig, X11InputConfig, X11Window, XtestConfig, SINKS,
     SOURCES,
 };
+pub use config::{FramebufferConfig, X11ScreenConfig, X11WindowConfig};
+pub use display::{DisplayFrameError, Framebuffer, PixelFormat, Rect, Update};
 pub use error::EndpointError;
 pub use framing::{encode, FrameDecoder, Framing, FramingError};
 pub use input::{Capabilities, Event, InputFrameError, InputMessage};

@@ -90,6 +90,14 @@ impl SinkConfig {
                 let x = crate::inputdev::open_xtest(endpoint, c)?;
                 rt.spawn_blocking(move || crate::inputdev::run_xtest_sink(endpoint, x, rx))
             }
+            SinkConfig::X11Window(c) => {
+                let x = crate::displaydev::open_x11_window(endpoint, c)?;
+                rt.spawn_blocking(move || crate::displaydev::run_x11_window_sink(endpoint, x, rx))
+            }
+            SinkConfig::Framebuffer(c) => {
+                let f = crate::displaydev::open_framebuffer(endpoint, c)?;
+                rt.spawn_blocking(move || crate::displaydev::run_framebuffer_sink(endpoint, f, rx))
+            }
         })
     }
 }

@@ -118,6 +118,12 @@ impl SourceConfig {
                 let x = crate::inputdev::open_x11_input(endpoint, c)?;
                 rt.spawn_blocking(move || crate::inputdev::run_x11_source(endpoint, x, stream, tx))
             }
+            SourceConfig::X11Screen(c) => {
+                let x = crate::displaydev::open_x11_screen(endpoint, c)?;
+                rt.spawn_blocking(move || {
+                    crate::displaydev::run_x11_screen(endpoint, x, stream, tx)
+                })
+            }
         })
     }
 }

@@ -1,7 +1,8 @@
 //! The only unsafe code of this crate: modem-line ioctls (`TIOCMGET`, `TIOCMBIS`,
-//! `TIOCMBIC`) on a tty, which `rustix` has no safe wrapper for, and registering an owned
-//! descriptor with tokio's reactor (`AsyncFd::register`, unsafe since tokio 1.54). Termios and
-//! pty calls go through `rustix`'s safe API elsewhere.
+//! `TIOCMBIC`) on a tty, which `rustix` has no safe wrapper for, registering an owned
+//! descriptor with tokio's reactor (`AsyncFd::register`, unsafe since tokio 1.54), and the
+//! System V shared-memory segments that MIT-SHM images live in ([`ShmSegment`]: `shmget`,
+//! `shmat`, `shmdt`, `shmctl`). Termios and pty calls go through `rustix`'s safe API elsewhere.
 
 use rustix::ioctl::{ioctl, Getter, Opcode, Setter};
 use std::os::fd::AsFd;
@@ -39,4 +40,110 @@ pub(crate) fn async_fd(
     // `AsyncFd`, which never replaces it, so `as_raw_fd()` returns that same descriptor, still
     // open and referring to the same file description, until the `AsyncFd` is dropped.
     unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)
+}
+
+/// A System V shared-memory segment attached to this process, for MIT-SHM images: the X
+/// server attaches the same segment (`ShmAttach` with [`ShmSegment::id`]) and reads or writes
+/// image data in it.
+///
+/// The owner must only touch the bytes ([`ShmSegment::bytes`], [`ShmSegment::bytes_mut`])
+/// while no request that uses the segment is pending at the X server: after the reply of a
+/// `ShmGetImage`, and after a round trip following a `ShmPutImage`. Dropping it detaches it
+/// and removes the segment (if [`ShmSegment::remove`] has not already marked it).
+pub(crate) struct ShmSegment {
+    id: libc::c_int,
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+    removed: bool,
+}
+
+// SAFETY: the segment is plain memory mapped into the whole process; the pointer has no
+// thread affinity, and `ShmSegment` hands out references only through `&self` / `&mut self`,
+// so moving it to another thread is as safe as moving a `Vec<u8>`.
+unsafe impl Send for ShmSegment {}
+
+impl std::fmt::Debug for ShmSegment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ShmSegment(id {}, {} bytes)", self.id, self.len)
+    }
+}
+
+impl ShmSegment {
+    /// Creates a private segment of `len` bytes (mode 0600) and attaches it read-write.
+    pub(crate) fn new(len: usize) -> std::io::Result<ShmSegment> {
+        if len == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "empty shared-memory segment",
+            ));
+        }
+        // SAFETY: shmget takes no pointers; IPC_PRIVATE always creates a new segment.
+        let id = unsafe { libc::shmget(libc::IPC_PRIVATE, len, libc::IPC_CREAT | 0o600) };
+        if id < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `id` is the segment just created; a null address lets the kernel choose
+        // where to map it; flags 0 = read-write. The result is checked below.
+        let addr = unsafe { libc::shmat(id, std::ptr::null(), 0) };
+        if addr as isize == -1 {
+            let e = std::io::Error::last_os_error();
+            // SAFETY: IPC_RMID on our own segment with a null buffer, as shmctl(2) allows.
+            unsafe { libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()) };
+            return Err(e);
+        }
+        let Some(ptr) = std::ptr::NonNull::new(addr.cast::<u8>()) else {
+            return Err(std::io::Error::other("shmat returned a null address"));
+        };
+        Ok(ShmSegment {
+            id,
+            ptr,
+            len,
+            removed: false,
+        })
+    }
+
+    /// The segment id (`shmid`) to pass to `ShmAttach`.
+    pub(crate) fn id(&self) -> u32 {
+        // shmget never returns a negative id on success.
+        self.id as u32
+    }
+
+    /// Size in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Marks the segment for removal: it disappears once every process (this one and the X
+    /// server) has detached, even if this process dies. Call it once the server has attached.
+    pub(crate) fn remove(&mut self) {
+        if !self.removed {
+            // SAFETY: IPC_RMID on our own segment with a null buffer, as shmctl(2) allows.
+            unsafe { libc::shmctl(self.id, libc::IPC_RMID, std::ptr::null_mut()) };
+            self.removed = true;
+        }
+    }
+
+    /// The segment's bytes (see the type's rule on when they may be read).
+    pub(crate) fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr` is the start of a live mapping of `len` bytes (shmat succeeded and it
+        // stays attached until drop); the owner reads only while the X server does not write
+        // (no ShmGetImage pending), which the type's contract requires.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The segment's bytes, writable (see the type's rule on when they may be written).
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`; `&mut self` makes this the only reference this process holds,
+        // and the owner writes only while no request using the segment is pending.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for ShmSegment {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` is the address shmat returned, still attached; no reference from
+        // `bytes`/`bytes_mut` outlives `self`.
+        unsafe { libc::shmdt(self.ptr.as_ptr().cast()) };
+        self.remove();
+    }
 }

@@ -1,0 +1,937 @@
+//! Display endpoints against real programs: an Xvfb "app" display runs unmodified X programs
+//! (`xsetroot`, `xlogo`, `xterm`, `xclock`, `ffplay`), the `x11-screen` source captures it,
+//! and the `x11-window` sink on a second Xvfb (or the `framebuffer` sink in a file) must show
+//! the same pixels once the content settles. Also: the viewer window as an `x11-input`
+//! source, the non-SHM path, bad records, and the frame rate of an animation. Tests that need
+//! a missing program print `SKIPPED: …` and pass.
+
+use ndd_core::Frame;
+use ndd_endpoint::display::{Update, FLAG_KEYFRAME};
+use ndd_endpoint::input::{InputMessage, ABS_X, ABS_Y, BTN_LEFT, EV_ABS, EV_KEY, KEY_A};
+use ndd_endpoint::{
+    FramebufferConfig, SinkConfig, SinkReport, SourceConfig, SourceReport, X11InputConfig,
+    X11ScreenConfig, X11Window, X11WindowConfig,
+};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot};
+use x11rb::connection::Connection;
+use x11rb::protocol::xproto::{self, ConnectionExt as _};
+use x11rb::rust_connection::RustConnection;
+
+fn have(program: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {program}"))
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn missing(programs: &[&str]) -> Option<String> {
+    let m: Vec<&str> = programs.iter().copied().filter(|p| !have(p)).collect();
+    (!m.is_empty()).then(|| m.join(", "))
+}
+
+const APT: &str = "apt-get install xvfb x11-apps x11-xserver-utils xterm xdotool ffmpeg";
+
+/// A child process killed on drop.
+struct Killed(Child);
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// An Xvfb server on a free display number (`-displayfd`), killed on drop.
+struct Xvfb {
+    _child: Killed,
+    display: String,
+}
+
+impl Xvfb {
+    fn start(screen: &str) -> Xvfb {
+        let mut child = Command::new("Xvfb")
+            .args([
+                "-displayfd",
+                "1",
+                "-screen",
+                "0",
+                screen,
+                "-nolisten",
+                "tcp",
+                // Without it the server resets when its last client leaves (after
+                // `xsetroot`): the background is lost and connections are refused meanwhile.
+                "-noreset",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start Xvfb");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("Xvfb display number");
+        let n: u32 = line.trim().parse().expect("display number");
+        Xvfb {
+            _child: Killed(child),
+            display: format!(":{n}"),
+        }
+    }
+
+    /// Runs `program` on this display; killed on drop.
+    fn run(&self, program: &str, args: &[&str]) -> Killed {
+        Killed(
+            Command::new(program)
+                .env("DISPLAY", &self.display)
+                .env("SDL_AUDIODRIVER", "dummy")
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("start {program}: {e}")),
+        )
+    }
+
+    /// Runs `program` on this display to its end.
+    fn call(&self, program: &str, args: &[&str]) {
+        let status = Command::new(program)
+            .env("DISPLAY", &self.display)
+            .args(args)
+            .status()
+            .unwrap_or_else(|e| panic!("{program}: {e}"));
+        assert!(status.success(), "{program} {args:?}: {status}");
+    }
+
+    fn connect(&self) -> RustConnection {
+        RustConnection::connect(Some(&self.display))
+            .expect("connect")
+            .0
+    }
+}
+
+fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn root(conn: &RustConnection) -> xproto::Window {
+    conn.setup().roots[0].root
+}
+
+/// The pixels of `w`×`h` at the origin of `drawable` (32 bpp ZPixmap), or `None` while they
+/// cannot be read (a window not mapped yet).
+fn grab(conn: &RustConnection, drawable: u32, w: u16, h: u16) -> Option<Vec<u8>> {
+    conn.get_image(xproto::ImageFormat::Z_PIXMAP, drawable, 0, 0, w, h, !0)
+        .ok()?
+        .reply()
+        .ok()
+        .map(|r| r.data)
+}
+
+/// The pixels of an area of the root window.
+fn grab_at(conn: &RustConnection, (x, y, w, h): (i16, i16, u16, u16)) -> Vec<u8> {
+    conn.get_image(xproto::ImageFormat::Z_PIXMAP, root(conn), x, y, w, h, !0)
+        .unwrap()
+        .reply()
+        .unwrap()
+        .data
+}
+
+/// Pixels that differ in B, G or R (the fourth byte is unspecified); a length mismatch counts
+/// every missing pixel.
+fn differing(a: &[u8], b: &[u8]) -> usize {
+    a.chunks(4)
+        .zip(b.chunks(4))
+        .filter(|(p, q)| p[..3] != q[..3])
+        .count()
+        + a.len().abs_diff(b.len()) / 4
+}
+
+/// The top-level window called `title`.
+fn window_named(conn: &RustConnection, title: &str) -> Option<xproto::Window> {
+    let tree = conn.query_tree(root(conn)).ok()?.reply().ok()?;
+    tree.children.into_iter().find(|&w| {
+        conn.get_property(
+            false,
+            w,
+            xproto::AtomEnum::WM_NAME,
+            xproto::AtomEnum::STRING,
+            0,
+            256,
+        )
+        .ok()
+        .and_then(|c| c.reply().ok())
+        .is_some_and(|p| p.value == title.as_bytes())
+    })
+}
+
+/// What passed between source and sink.
+#[derive(Debug, Default, Clone)]
+struct Tap {
+    frames: u64,
+    bytes: u64,
+    rects: u64,
+    keyframes: u64,
+    first: Option<Instant>,
+    last: Option<Instant>,
+}
+
+/// A source → (tap) → sink pipeline on its own runtime.
+struct Pipeline {
+    rt: tokio::runtime::Runtime,
+    source: Option<ndd_endpoint::SourceTask>,
+    sink: Option<ndd_endpoint::SinkTask>,
+    stop: Option<oneshot::Sender<()>>,
+    tap: Arc<Mutex<Tap>>,
+}
+
+impl Pipeline {
+    fn start(source: SourceConfig, sink: SinkConfig) -> Pipeline {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let tap = Arc::new(Mutex::new(Tap::default()));
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (source, sink) = rt.block_on(async {
+            let (tx, mut mid) = mpsc::channel::<Frame>(8);
+            let (fwd, rx) = mpsc::channel::<Frame>(8);
+            let source = source.spawn(3, tx).expect("source");
+            let sink = sink.spawn(rx).expect("sink");
+            let t = tap.clone();
+            tokio::spawn(async move {
+                let mut stopped = stopped;
+                loop {
+                    let f = tokio::select! {
+                        f = mid.recv() => f,
+                        _ = &mut stopped => None,
+                    };
+                    let Some(f) = f else { break };
+                    {
+                        let mut t = t.lock().unwrap();
+                        let now = Instant::now();
+                        t.first.get_or_insert(now);
+                        t.last = Some(now);
+                        t.frames += 1;
+                        t.bytes += f.len() as u64;
+                        if let Ok(u) = Update::parse(f.payload()) {
+                            t.rects += u.rects.len() as u64;
+                            if u.header.flags & FLAG_KEYFRAME != 0 {
+                                t.keyframes += 1;
+                            }
+                        }
+                    }
+                    if fwd.send(f).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            (source, sink)
+        });
+        Pipeline {
+            rt,
+            source: Some(source),
+            sink: Some(sink),
+            stop: Some(stop),
+            tap,
+        }
+    }
+
+    fn tap(&self) -> Tap {
+        self.tap.lock().unwrap().clone()
+    }
+
+    /// Stops the stream (the source sees its receiver gone, the sink its sender) and returns
+    /// both reports.
+    fn finish(&mut self) -> (SourceReport, SinkReport) {
+        let _ = self.stop.take().unwrap().send(());
+        let source = self.source.take().unwrap();
+        let sink = self.sink.take().unwrap();
+        let (a, b) = self.rt.block_on(async {
+            let a = tokio::time::timeout(Duration::from_secs(10), source).await;
+            let b = tokio::time::timeout(Duration::from_secs(10), sink).await;
+            (a, b)
+        });
+        let a = a
+            .expect("source stops within 10 s")
+            .unwrap()
+            .expect("source report");
+        let b = b
+            .expect("sink stops within 10 s")
+            .unwrap()
+            .expect("sink report");
+        (a, b)
+    }
+}
+
+fn screen_source(display: &str) -> SourceConfig {
+    SourceConfig::X11Screen(X11ScreenConfig {
+        display: display.to_string(),
+        max_fps: 60.0,
+        refresh_s: 0.0,
+    })
+}
+
+fn window_sink(display: &str, title: &str) -> SinkConfig {
+    SinkConfig::X11Window(X11WindowConfig {
+        display: display.to_string(),
+        title: title.to_string(),
+    })
+}
+
+/// Waits (up to 30 s) until the viewer shows exactly the app's screen; returns how long it
+/// took. Panics with the number of differing pixels otherwise.
+fn wait_identical(
+    app: &RustConnection,
+    viewer_conn: &RustConnection,
+    viewer: u32,
+    (w, h): (u16, u16),
+) -> Duration {
+    let t0 = Instant::now();
+    let mut diff = usize::MAX;
+    while t0.elapsed() < Duration::from_secs(30) {
+        let want = grab(app, root(app), w, h);
+        let got = grab(viewer_conn, viewer, w, h);
+        if let (Some(want), Some(got)) = (want, got) {
+            diff = differing(&want, &got);
+            if diff == 0 {
+                return t0.elapsed();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!(
+        "viewer differs from the app's screen in {diff} of {} pixels",
+        u32::from(w) * u32::from(h)
+    );
+}
+
+/// Waits until `area` of the app's screen shows its programs (at least `min_px` pixels
+/// differ from the background `bg`, as B, G, R) and has not changed for half a second.
+fn wait_settled(app: &RustConnection, area: (i16, i16, u16, u16), bg: [u8; 3], min_px: usize) {
+    let (x, y, w, h) = area;
+    let shot = || {
+        app.get_image(xproto::ImageFormat::Z_PIXMAP, root(app), x, y, w, h, !0)
+            .unwrap()
+            .reply()
+            .unwrap()
+            .data
+    };
+    let t0 = Instant::now();
+    let mut prev: Option<(Vec<u8>, Instant)> = None;
+    loop {
+        let img = shot();
+        let drawn = img.chunks(4).filter(|p| p[..3] != bg).count();
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the app's programs did not draw and settle ({drawn} pixels drawn)"
+        );
+        match &prev {
+            Some((p, since)) if *p == img && drawn >= min_px => {
+                if since.elapsed() >= Duration::from_millis(500) {
+                    return;
+                }
+            }
+            _ => prev = Some((img, Instant::now())),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The app display with settled content: a background colour, `xlogo`, an `xterm` with text.
+fn desktop(app: &Xvfb) -> Vec<Killed> {
+    app.call("xsetroot", &["-solid", "#204060"]);
+    vec![
+        app.run("xlogo", &["-geometry", "200x150+400+300"]),
+        app.run(
+            "xterm",
+            &[
+                "-geometry",
+                "50x8+10+10",
+                "-e",
+                "sh",
+                "-c",
+                "printf 'ndd display test\\nline two\\n'; sleep 600",
+            ],
+        ),
+    ]
+}
+
+fn show_screen_in_a_window(label: &str) {
+    if let Some(m) = missing(&["Xvfb", "xsetroot", "xlogo", "xterm", "xclock"]) {
+        println!("SKIPPED: display test needs {m} ({APT})");
+        return;
+    }
+    let app = Xvfb::start("640x480x24");
+    let dev = Xvfb::start("800x600x24");
+    let _programs = desktop(&app);
+    let title = format!("ndd display test {label}");
+    let mut p = Pipeline::start(
+        screen_source(&app.display),
+        window_sink(&dev.display, &title),
+    );
+    let a = app.connect();
+    let d = dev.connect();
+    let mut viewer = None;
+    wait_for("the viewer window", Duration::from_secs(20), || {
+        viewer = window_named(&d, &title);
+        viewer.is_some()
+    });
+    let viewer = viewer.unwrap();
+    // xlogo (200x150) and xterm have drawn, and nothing moves any more.
+    wait_settled(&a, (0, 0, 640, 480), [0x60, 0x40, 0x20], 30_000);
+    let t = wait_identical(&a, &d, viewer, (640, 480));
+    println!(
+        "display ({label}): viewer identical to the app's 640x480 screen {:.2} s after it settled: 0 differing pixels",
+        t.as_secs_f64()
+    );
+    // Another window covers part of the viewer, then goes: the sink redraws the exposed part
+    // from its image (Expose), without needing a new frame.
+    let frames_before = p.tap().frames;
+    {
+        let _cover = dev.run("xlogo", &["-geometry", "200x150+100+100"]);
+        wait_for(
+            "a window over the viewer",
+            Duration::from_secs(20),
+            || match (grab(&a, root(&a), 640, 480), grab(&d, viewer, 640, 480)) {
+                (Some(want), Some(got)) => differing(&want, &got) > 10_000,
+                _ => false,
+            },
+        );
+    }
+    let t = wait_identical(&a, &d, viewer, (640, 480));
+    println!(
+        "display ({label}): exposed part redrawn {:.2} s after the covering window went ({} frames meanwhile)",
+        t.as_secs_f64(),
+        p.tap().frames - frames_before
+    );
+    // The content changes: a new background, a new program.
+    app.call("xsetroot", &["-solid", "#a03010"]);
+    let _clock = app.run("xclock", &["-geometry", "120x120+300+50", "-update", "1"]);
+    wait_for(
+        "xclock on the app's screen",
+        Duration::from_secs(30),
+        || {
+            grab_at(&a, (300, 50, 120, 120))
+                .chunks(4)
+                .filter(|p| p[..3] != [0x10, 0x30, 0xa0])
+                .count()
+                > 5000
+        },
+    );
+    let t = wait_identical(&a, &d, viewer, (640, 480));
+    let corner = grab(&d, viewer, 1, 1).unwrap();
+    assert_eq!(
+        &corner[..3],
+        &[0x10, 0x30, 0xa0],
+        "new background in the viewer"
+    );
+    println!(
+        "display ({label}): caught up with a new background and xclock after {:.2} s",
+        t.as_secs_f64()
+    );
+    let tap = p.tap();
+    assert!(tap.keyframes >= 1, "{tap:?}");
+    let (src, sink) = p.finish();
+    assert_eq!(src.frames, sink.frames);
+    assert!(sink.frames >= 2, "{sink:?}");
+}
+
+#[test]
+fn x11_screen_to_x11_window_shows_the_same_pixels() {
+    show_screen_in_a_window("shm");
+}
+
+/// The same with MIT-SHM turned off (`NDD_X11_NO_SHM=1`): plain GetImage / PutImage. The
+/// variable is process-wide, so the test runs in a child process of this test binary.
+#[test]
+fn without_mit_shm_the_pixels_are_the_same() {
+    if std::env::var_os("NDD_DISPLAY_TEST_CHILD").is_some() {
+        return;
+    }
+    if let Some(m) = missing(&["Xvfb", "xsetroot", "xlogo", "xterm", "xclock"]) {
+        println!("SKIPPED: display test needs {m} ({APT})");
+        return;
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "no_shm_child",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("NDD_DISPLAY_TEST_CHILD", "1")
+        .env("NDD_X11_NO_SHM", "1")
+        .output()
+        .expect("run the child test");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "child test failed:\n{text}");
+    assert!(text.contains("0 differing pixels"), "{text}");
+    assert!(
+        text.contains("paths: capture=GetImage draw=PutImage"),
+        "{text}"
+    );
+    for line in text
+        .lines()
+        .filter_map(|l| l.find("display (no-shm)").map(|i| &l[i..]))
+    {
+        println!("{line}");
+    }
+}
+
+/// Runs only as the child of `without_mit_shm_the_pixels_are_the_same`.
+#[test]
+fn no_shm_child() {
+    if std::env::var_os("NDD_DISPLAY_TEST_CHILD").is_none() {
+        return;
+    }
+    let log = capture_logs();
+    show_screen_in_a_window("no-shm");
+    let log = log.lock().unwrap().join("\n");
+    let field = |key: &str| {
+        log.lines()
+            .find_map(|l| {
+                l.split_whitespace()
+                    .find_map(|w| w.strip_prefix(&format!("{key}=")))
+            })
+            .unwrap_or("?")
+            .trim_matches('"')
+            .to_string()
+    };
+    println!("paths: capture={} draw={}", field("capture"), field("draw"));
+}
+
+/// Installs a global tracing subscriber that keeps every event's fields as `key=value` text.
+fn capture_logs() -> Arc<Mutex<Vec<String>>> {
+    use tracing::field::{Field, Visit};
+    struct Fields(String);
+    impl Visit for Fields {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            self.0 += &format!(" {}={:?}", field.name(), value);
+        }
+        fn record_str(&mut self, field: &Field, value: &str) {
+            self.0 += &format!(" {}={}", field.name(), value);
+        }
+    }
+    struct Capture(Arc<Mutex<Vec<String>>>);
+    impl tracing::Subscriber for Capture {
+        fn enabled(&self, m: &tracing::Metadata<'_>) -> bool {
+            *m.level() <= tracing::Level::INFO
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, e: &tracing::Event<'_>) {
+            let mut f = Fields(String::new());
+            e.record(&mut f);
+            self.0.lock().unwrap().push(f.0);
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+    let log = Arc::new(Mutex::new(Vec::new()));
+    tracing::subscriber::set_global_default(Capture(log.clone())).expect("one subscriber");
+    log
+}
+
+#[test]
+fn frame_rate_of_an_animation() {
+    if let Some(m) = missing(&["Xvfb", "xsetroot"]) {
+        println!("SKIPPED: display frame-rate test needs {m} ({APT})");
+        return;
+    }
+    let app = Xvfb::start("640x480x24");
+    let dev = Xvfb::start("640x480x24");
+    app.call("xsetroot", &["-solid", "#000000"]);
+    let (what, _anim) = if have("ffplay") {
+        (
+            "ffplay testsrc 320x240 at 30 fps",
+            app.run(
+                "ffplay",
+                &[
+                    "-loglevel",
+                    "quiet",
+                    "-an",
+                    "-noborder",
+                    "-left",
+                    "0",
+                    "-top",
+                    "0",
+                    "-f",
+                    "lavfi",
+                    "-i",
+                    "testsrc=size=320x240:rate=30",
+                ],
+            ),
+        )
+    } else if have("xclock") {
+        ("xclock -update 1", app.run("xclock", &["-update", "1"]))
+    } else {
+        println!("SKIPPED: display frame-rate test needs ffplay or xclock ({APT})");
+        return;
+    };
+    let mut p = Pipeline::start(
+        screen_source(&app.display),
+        window_sink(&dev.display, "ndd display fps"),
+    );
+    // Wait for the animation to be running (frames beyond the first keyframe), then measure.
+    wait_for("the first updates", Duration::from_secs(30), || {
+        p.tap().frames >= 3
+    });
+    let before = p.tap();
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
+    let after = p.tap();
+    let secs = t0.elapsed().as_secs_f64();
+    let frames = after.frames - before.frames;
+    let bytes = after.bytes - before.bytes;
+    let rects = after.rects - before.rects;
+    println!(
+        "display: {what}: {frames} frames in {secs:.2} s = {:.1} fps, {:.2} MB/s, mean {:.1} rects/frame, {:.0} KB/frame (raw)",
+        frames as f64 / secs,
+        bytes as f64 / secs / 1e6,
+        rects as f64 / frames.max(1) as f64,
+        bytes as f64 / frames.max(1) as f64 / 1e3
+    );
+    assert!(frames >= 2, "{after:?}");
+    let (src, sink) = p.finish();
+    assert_eq!(src.frames, sink.frames);
+}
+
+#[test]
+fn framebuffer_sink_file_equals_the_app_screen() {
+    if let Some(m) = missing(&["Xvfb", "xsetroot", "xlogo", "xterm"]) {
+        println!("SKIPPED: framebuffer test needs {m} ({APT})");
+        return;
+    }
+    let app = Xvfb::start("640x480x24");
+    let _programs = desktop(&app);
+    let path = std::env::temp_dir().join(format!("ndd-fb-{}.raw", std::process::id()));
+    std::fs::write(&path, b"old contents").unwrap();
+    let mut p = Pipeline::start(
+        screen_source(&app.display),
+        SinkConfig::Framebuffer(FramebufferConfig { path: path.clone() }),
+    );
+    let a = app.connect();
+    wait_settled(&a, (0, 0, 640, 480), [0x60, 0x40, 0x20], 30_000);
+    let t0 = Instant::now();
+    let mut diff = usize::MAX;
+    while t0.elapsed() < Duration::from_secs(30) {
+        let want = grab(&a, root(&a), 640, 480).unwrap();
+        let got = std::fs::read(&path).unwrap();
+        diff = differing(&want, &got);
+        if diff == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        diff, 0,
+        "framebuffer file differs from the screen in {diff} pixels"
+    );
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 640 * 480 * 4);
+    println!(
+        "display: framebuffer file identical to the app's screen {:.2} s after it settled",
+        t0.elapsed().as_secs_f64()
+    );
+    p.finish();
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn the_viewer_window_is_an_input_source() {
+    if let Some(m) = missing(&["Xvfb", "xsetroot", "xdotool"]) {
+        println!("SKIPPED: viewer input test needs {m} ({APT})");
+        return;
+    }
+    // The app's screen is larger than the viewer's first size: the viewer grows, and the
+    // input source announces the new ranges.
+    let app = Xvfb::start("800x600x24");
+    let dev = Xvfb::start("1024x768x24");
+    app.call("xsetroot", &["-solid", "#336699"]);
+    let title = "ndd viewer input test";
+    let mut p = Pipeline::start(
+        screen_source(&app.display),
+        window_sink(&dev.display, title),
+    );
+    let (tx, mut rx) = mpsc::channel::<Frame>(64);
+    let input = {
+        let _rt = p.rt.enter();
+        SourceConfig::X11Input(X11InputConfig {
+            display: dev.display.clone(),
+            window: X11Window::Viewer,
+        })
+        .spawn(4, tx)
+        .expect("x11-input source")
+    };
+    let d = dev.connect();
+    let mut viewer = None;
+    wait_for("the viewer window", Duration::from_secs(20), || {
+        viewer = window_named(&d, title);
+        viewer.is_some()
+    });
+    let viewer = viewer.unwrap();
+    wait_for(
+        "the viewer at the app's size",
+        Duration::from_secs(30),
+        || {
+            d.get_geometry(viewer)
+                .ok()
+                .and_then(|c| c.reply().ok())
+                .is_some_and(|g| (g.width, g.height) == (800, 600))
+        },
+    );
+    let mut msgs: Vec<InputMessage> = Vec::new();
+    let mut recv = |msgs: &mut Vec<InputMessage>, until: &dyn Fn(&[InputMessage]) -> bool| {
+        let t0 = Instant::now();
+        while !until(msgs) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "timed out; got {msgs:?}"
+            );
+            match rx.try_recv() {
+                Ok(f) => msgs.push(InputMessage::parse(f.payload()).expect("input record")),
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    };
+    let caps_800 = |m: &[InputMessage]| {
+        m.iter().any(|m| {
+            matches!(m, InputMessage::Capabilities(c)
+                if c.abs_axis(ABS_X).map(|a| a.max) == Some(799)
+                    && c.abs_axis(ABS_Y).map(|a| a.max) == Some(599))
+        })
+    };
+    recv(&mut msgs, &caps_800);
+
+    let status = Command::new("xdotool")
+        .env("DISPLAY", &dev.display)
+        .args(["mousemove", "--window", &viewer.to_string(), "100", "120"])
+        .args(["click", "1", "key", "a"])
+        .status()
+        .expect("xdotool");
+    assert!(status.success());
+    let events = |m: &[InputMessage]| -> Vec<(u16, u16, i32)> {
+        m.iter()
+            .flat_map(|m| match m {
+                InputMessage::Events(e) => e.clone(),
+                _ => vec![],
+            })
+            .map(|e| (e.ty, e.code, e.value))
+            .collect()
+    };
+    recv(&mut msgs, &|m| events(m).contains(&(EV_KEY, KEY_A, 0)));
+    let ev = events(&msgs);
+    let pos = ev
+        .iter()
+        .position(|&e| e == (EV_ABS, ABS_X, 100))
+        .expect("motion to x=100 in window coordinates");
+    assert_eq!(ev[pos + 1], (EV_ABS, ABS_Y, 120), "{ev:?}");
+    let keys: Vec<(u16, u16, i32)> = ev.iter().copied().filter(|e| e.0 == EV_KEY).collect();
+    assert_eq!(
+        keys,
+        vec![
+            (EV_KEY, BTN_LEFT, 1),
+            (EV_KEY, BTN_LEFT, 0),
+            (EV_KEY, KEY_A, 1),
+            (EV_KEY, KEY_A, 0)
+        ]
+    );
+    println!(
+        "display: viewer window input: {} records, clicks and keys in window coordinates",
+        msgs.len()
+    );
+
+    // The display stream ends: the viewer window goes, and the input source ends with it.
+    p.finish();
+    let r = p.rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(10), input)
+            .await
+            .expect("the input source stops when the viewer goes")
+            .unwrap()
+    });
+    let r = r.expect("input source report");
+    let mut rest = 0;
+    while rx.try_recv().is_ok() {
+        rest += 1;
+    }
+    assert_eq!(r.frames as usize, msgs.len() + rest);
+}
+
+#[test]
+fn viewer_input_without_a_viewer_is_a_clear_error() {
+    if let Some(m) = missing(&["Xvfb"]) {
+        println!("SKIPPED: viewer error test needs {m} ({APT})");
+        return;
+    }
+    let dev = Xvfb::start("320x240x24");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (tx, _rx) = mpsc::channel::<Frame>(4);
+    let task = {
+        let _rt = rt.enter();
+        SourceConfig::X11Input(X11InputConfig {
+            display: dev.display.clone(),
+            window: X11Window::Viewer,
+        })
+        .spawn(0, tx)
+        .unwrap()
+    };
+    let e = rt.block_on(task).unwrap().unwrap_err().to_string();
+    assert!(
+        e.starts_with(&format!(
+            "x11-input source: no x11-window sink showed a viewer window on X display {} within 10 s",
+            dev.display
+        )),
+        "{e}"
+    );
+}
+
+#[test]
+fn bad_records_do_not_stop_the_display_sinks() {
+    if let Some(m) = missing(&["Xvfb"]) {
+        println!("SKIPPED: bad-record test needs {m} ({APT})");
+        return;
+    }
+    let dev = Xvfb::start("320x240x24");
+    let path = std::env::temp_dir().join(format!("ndd-fb-bad-{}.raw", std::process::id()));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    // A valid 4x2 update: one red 2x1 rect at (1,1).
+    let good = ndd_endpoint::display::Update {
+        header: ndd_endpoint::display::UpdateHeader {
+            width: 4,
+            height: 2,
+            format: ndd_endpoint::PixelFormat::Bgrx32,
+            flags: 0,
+        },
+        rects: vec![ndd_endpoint::display::RectPixels {
+            rect: ndd_endpoint::Rect::new(1, 1, 2, 1),
+            encoding: ndd_endpoint::display::Encoding::Raw,
+            pixels: &[0, 0, 0xff, 0, 0, 0, 0xff, 0],
+        }],
+    }
+    .emit()
+    .unwrap();
+    let garbage: Vec<Vec<u8>> = vec![
+        vec![],
+        vec![1],
+        vec![2, 0, 1, 2, 3],
+        vec![1, 0, 0, 4, 0, 2, 0, 0, 0, 1, 0, 3, 0, 0, 0, 9, 0, 1, 0],
+        good[..good.len() - 1].to_vec(),
+        (0..1000u32).map(|i| (i * 7919 % 251) as u8).collect(),
+    ];
+    let frames = |garbage: &[Vec<u8>]| -> Vec<Frame> {
+        garbage
+            .iter()
+            .chain(std::iter::once(&good))
+            .enumerate()
+            .map(|(i, p)| {
+                Frame::new(
+                    ndd_core::Meta {
+                        seq: i as u64,
+                        ..Default::default()
+                    },
+                    p,
+                )
+            })
+            .collect()
+    };
+    let title = "ndd bad records";
+    for sink in [
+        window_sink(&dev.display, title),
+        SinkConfig::Framebuffer(FramebufferConfig { path: path.clone() }),
+    ] {
+        let (tx, rx) = mpsc::channel::<Frame>(16);
+        let task = {
+            let _rt = rt.enter();
+            sink.spawn(rx).expect("sink")
+        };
+        for f in frames(&garbage) {
+            tx.blocking_send(f).unwrap();
+        }
+        if matches!(sink, SinkConfig::X11Window(_)) {
+            let d = dev.connect();
+            let mut viewer = None;
+            wait_for("the viewer window", Duration::from_secs(20), || {
+                viewer = window_named(&d, title);
+                viewer.is_some()
+            });
+            let viewer = viewer.unwrap();
+            wait_for("the good update drawn", Duration::from_secs(20), || {
+                grab(&d, viewer, 4, 2)
+                    .is_some_and(|p| p[20..23] == [0, 0, 0xff] && p[0..3] == [0, 0, 0])
+            });
+        }
+        drop(tx);
+        let r = rt.block_on(task).unwrap().expect("the sink keeps going");
+        assert_eq!(r.frames, garbage.len() as u64 + 1);
+        if matches!(sink, SinkConfig::Framebuffer(_)) {
+            let got = std::fs::read(&path).unwrap();
+            let mut want = vec![0u8; 4 * 2 * 4];
+            want[20..28].copy_from_slice(&[0, 0, 0xff, 0, 0, 0, 0xff, 0]);
+            assert_eq!(got, want);
+        }
+    }
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn unsupported_screens_and_unreachable_displays_fail_at_spawn() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _rt = rt.enter();
+    let (tx, _rx) = mpsc::channel(1);
+    let e = screen_source(":987").spawn(0, tx).unwrap_err().to_string();
+    assert!(
+        e.starts_with("x11-screen source: cannot connect to X display :987"),
+        "{e}"
+    );
+    let (_tx, rx) = mpsc::channel(1);
+    let e = window_sink(":987", "x").spawn(rx).unwrap_err().to_string();
+    assert!(
+        e.starts_with("x11-window sink: cannot connect to X display :987"),
+        "{e}"
+    );
+    let (_tx, rx) = mpsc::channel(1);
+    let e = SinkConfig::Framebuffer(FramebufferConfig {
+        path: "/dev/null".into(),
+    })
+    .spawn(rx)
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("not a framebuffer (major 29)"), "{e}");
+    if missing(&["Xvfb"]).is_some() {
+        println!("SKIPPED: depth-16 check needs Xvfb ({APT})");
+        return;
+    }
+    let x = Xvfb::start("320x240x16");
+    let (tx, _rx) = mpsc::channel(1);
+    let e = screen_source(&x.display)
+        .spawn(0, tx)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("depth 16 (16 bits per pixel"), "{e}");
+    assert!(e.contains("only 24- or 32-bit TrueColor"), "{e}");
+}
