@@ -205,9 +205,33 @@ impl Config {
             anyhow::anyhow!("{}{line}: {}", path.display(), e.message().trim_end())
         })?;
         cfg.path = path.to_path_buf();
+        cfg.resolve_paths();
         cfg.validate(text)?;
         cfg.join_sync_groups()?;
         Ok(cfg)
+    }
+
+    /// Relative paths in endpoint and pair parameters (files, ports, pty links, key files)
+    /// are relative to the directory of the config file, not to where `ndd` runs, so
+    /// `key_file = "mouse.key"` next to the config works from anywhere.
+    fn resolve_paths(&mut self) {
+        let Some(base) = self.path.parent().filter(|b| !b.as_os_str().is_empty()) else {
+            return;
+        };
+        let base = base.to_path_buf();
+        for s in &mut self.streams {
+            let paths = s
+                .source
+                .paths_mut()
+                .into_iter()
+                .chain(s.sink.paths_mut())
+                .chain(s.stack.iter_mut().flat_map(|m| m.get_mut().paths_mut()));
+            for p in paths {
+                if p.is_relative() && !p.as_os_str().is_empty() {
+                    *p = base.join(&*p);
+                }
+            }
+        }
     }
 
     fn validate(&self, text: &str) -> Result<()> {
@@ -442,6 +466,39 @@ stack = [{ type = "bundle" }, { type = "sync", group = "input" }]
             "{}",
             err(&one)
         );
+    }
+
+    #[test]
+    fn relative_paths_are_relative_to_the_config_file() {
+        let text = r#"
+driver = "paths"
+[[stream]]
+name = "a"
+direction = "device-to-app"
+source = { type = "file", path = "in.txt" }
+sink = { type = "file", path = "/abs/out.txt" }
+stack = [{ type = "encrypt", key_file = "keys/k.key" }]
+[[stream]]
+name = "b"
+direction = "app-to-device"
+source = { type = "pty", link = "../ttyX" }
+sink = { type = "framebuffer", path = "fb.raw" }
+"#;
+        let c = Config::parse(text, Path::new("/etc/ndd/x.toml")).unwrap();
+        let mut s0 = c.streams[0].source.clone();
+        let mut k0 = c.streams[0].sink.clone();
+        assert_eq!(*s0.paths_mut()[0], PathBuf::from("/etc/ndd/in.txt"));
+        assert_eq!(*k0.paths_mut()[0], PathBuf::from("/abs/out.txt"));
+        let mut m = c.streams[0].stack[0].get_ref().clone();
+        assert_eq!(*m.paths_mut()[0], PathBuf::from("/etc/ndd/keys/k.key"));
+        let mut s1 = c.streams[1].source.clone();
+        let mut k1 = c.streams[1].sink.clone();
+        assert_eq!(*s1.paths_mut()[0], PathBuf::from("/etc/ndd/../ttyX"));
+        assert_eq!(*k1.paths_mut()[0], PathBuf::from("/etc/ndd/fb.raw"));
+        // A config without a directory (embedded, or in the working directory) keeps them.
+        let c = Config::parse(text, Path::new("x.toml")).unwrap();
+        let mut s0 = c.streams[0].source.clone();
+        assert_eq!(*s0.paths_mut()[0], PathBuf::from("in.txt"));
     }
 
     #[test]

@@ -699,6 +699,22 @@ impl SourceConfig {
         self.info().name
     }
 
+    /// Every file-system path among the parameters (so a config loader can resolve relative
+    /// ones against the config file's directory).
+    pub fn paths_mut(&mut self) -> Vec<&mut PathBuf> {
+        match self {
+            SourceConfig::File(c) => vec![&mut c.path],
+            SourceConfig::Serial(c) => vec![&mut c.path],
+            SourceConfig::Pty(c) => vec![&mut c.link],
+            SourceConfig::Evdev(c) => vec![&mut c.path],
+            SourceConfig::Synthetic(_)
+            | SourceConfig::SpacenavSim(_)
+            | SourceConfig::Stdin(_)
+            | SourceConfig::X11Input(_)
+            | SourceConfig::X11Screen(_) => vec![],
+        }
+    }
+
     /// The catalogue entry.
     pub fn info(&self) -> &'static EndpointInfo {
         match self {
@@ -813,6 +829,22 @@ impl SinkConfig {
     /// The `type` key.
     pub fn name(&self) -> &'static str {
         self.info().name
+    }
+
+    /// Every file-system path among the parameters (see [`SourceConfig::paths_mut`]).
+    pub fn paths_mut(&mut self) -> Vec<&mut PathBuf> {
+        match self {
+            SinkConfig::File(c) => vec![&mut c.path],
+            SinkConfig::Serial(c) => vec![&mut c.path],
+            SinkConfig::Pty(c) => vec![&mut c.link],
+            SinkConfig::Framebuffer(c) => vec![&mut c.path],
+            SinkConfig::Stdout(_)
+            | SinkConfig::Check(_)
+            | SinkConfig::Null(_)
+            | SinkConfig::Uinput(_)
+            | SinkConfig::Xtest(_)
+            | SinkConfig::X11Window(_) => vec![],
+        }
     }
 
     /// The catalogue entry.
@@ -1052,6 +1084,26 @@ mod tests {
                 keys(toml::Value::try_from(s).unwrap()),
                 documented(s.info())
             );
+        }
+    }
+
+    #[test]
+    fn paths_mut_names_every_path_parameter() {
+        for info in SOURCES {
+            let mut c: SourceConfig = parse(&minimal(info, "")).expect(info.name);
+            let want = info.params.iter().filter(|p| p.1 == "path").count();
+            assert_eq!(c.paths_mut().len(), want, "{}", info.name);
+            for p in c.paths_mut() {
+                assert_eq!(*p, PathBuf::from("/tmp/ndd-example"), "{}", info.name);
+            }
+        }
+        for info in SINKS {
+            let mut c: SinkConfig = parse(&minimal(info, "")).expect(info.name);
+            let want = info.params.iter().filter(|p| p.1 == "path").count();
+            assert_eq!(c.paths_mut().len(), want, "{}", info.name);
+            for p in c.paths_mut() {
+                assert_eq!(*p, PathBuf::from("/tmp/ndd-example"), "{}", info.name);
+            }
         }
     }
 

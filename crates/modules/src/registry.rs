@@ -179,6 +179,30 @@ impl ModuleConfig {
         }
     }
 
+    /// The file-system paths among the parameters that are set (the `encrypt` key or
+    /// passphrase file), so a config loader can resolve relative ones against the config
+    /// file's directory. `external` argv is not included: it is part of the handshake's
+    /// parameter hash and must read the same on both sides.
+    pub fn paths_mut(&mut self) -> Vec<&mut std::path::PathBuf> {
+        match self {
+            ModuleConfig::Encrypt(c) => [&mut c.key_file, &mut c.passphrase_file]
+                .into_iter()
+                .filter(|p| !p.as_os_str().is_empty())
+                .collect(),
+            ModuleConfig::Pass(_)
+            | ModuleConfig::Checksum(_)
+            | ModuleConfig::Bundle(_)
+            | ModuleConfig::Compress(_)
+            | ModuleConfig::Buffer(_)
+            | ModuleConfig::Average(_)
+            | ModuleConfig::Periodic(_)
+            | ModuleConfig::Latest(_)
+            | ModuleConfig::Delta(_)
+            | ModuleConfig::Sync(_)
+            | ModuleConfig::External(_) => vec![],
+        }
+    }
+
     /// Checks parameter ranges; the message names the parameter and the allowed range.
     pub fn validate(&self) -> Result<(), String> {
         match self {
