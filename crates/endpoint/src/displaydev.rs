@@ -18,6 +18,7 @@
 //! the person's input.
 
 use crate::config::{FramebufferConfig, X11ScreenConfig, X11WindowConfig};
+use crate::delivered::Delivered;
 use crate::display::{
     bands, coalesce, plan_frames, Framebuffer, PixelFormat, Rect, Update, UpdateHeader,
     UpdateLayout, FLAG_KEYFRAME, FLAG_MORE, MAX_UPDATE_PAYLOAD,
@@ -1017,6 +1018,7 @@ pub(crate) fn run_x11_window_sink(
     endpoint: &'static str,
     s: X11WindowSink,
     mut rx: Receiver<Frame>,
+    delivered: Delivered,
 ) -> Result<SinkReport, EndpointError> {
     let fatal = |e: String| x11_err(endpoint, &s.display, e);
     let view = match create_view(&s) {
@@ -1055,6 +1057,7 @@ pub(crate) fn run_x11_window_sink(
                 Ok(u) => u,
                 Err(e) => {
                     bad.report(frame.meta.seq, &e);
+                    delivered.mark(frame.meta.seq);
                     continue;
                 }
             };
@@ -1069,6 +1072,9 @@ pub(crate) fn run_x11_window_sink(
                     }
                 }
             }
+            // Drawn and flushed (synced with MIT-SHM) by `apply`, or dropped as bad or
+            // refused by the server.
+            delivered.mark(frame.meta.seq);
         }
         Ok(())
     })();
@@ -1285,6 +1291,7 @@ pub(crate) fn run_framebuffer_sink(
     endpoint: &'static str,
     mut fb: FbSink,
     mut rx: Receiver<Frame>,
+    delivered: Delivered,
 ) -> Result<SinkReport, EndpointError> {
     let mut report = SinkReport::default();
     let mut bad = BadFrames::new(endpoint);
@@ -1296,6 +1303,8 @@ pub(crate) fn run_framebuffer_sink(
             Ok(u) => fb.write(endpoint, &u, &mut size)?,
             Err(e) => bad.report(frame.meta.seq, &e),
         }
+        // Written to the file (`write_all_at`, no user-space buffer), or dropped as bad.
+        delivered.mark(frame.meta.seq);
     }
     bad.done();
     tracing::debug!(endpoint, frames = report.frames, "sink ended");

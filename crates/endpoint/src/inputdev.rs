@@ -10,6 +10,7 @@
 //! its channel closes, on a release-all record, and before it reports an error.
 
 use crate::config::{EvdevConfig, UinputConfig, X11InputConfig, X11Window, XtestConfig};
+use crate::delivered::Delivered;
 use crate::error::EndpointError;
 use crate::input::{
     x_button_to_linux, x_keycode_to_linux, x_wheel, AbsAxis, Batcher, Capabilities, Event, Held,
@@ -704,11 +705,13 @@ trait Injector {
 }
 
 /// Decodes records and applies them; releases everything held at a release-all record, at
-/// the end of the stream and before returning an error.
+/// the end of the stream and before returning an error. Marks each frame in `delivered` once
+/// applied (injected and flushed; a bad record, which stops the sink, once rejected).
 fn run_injector(
     endpoint: &'static str,
     inj: &mut dyn Injector,
     mut rx: Receiver<Frame>,
+    delivered: &Delivered,
 ) -> Result<SinkReport, EndpointError> {
     let mut held = Held::default();
     let mut report = SinkReport::default();
@@ -724,12 +727,18 @@ fn run_injector(
         while let Some(frame) = rx.blocking_recv() {
             report.frames += 1;
             report.bytes += frame.len() as u64;
-            let msg =
-                InputMessage::parse(frame.payload()).map_err(|source| EndpointError::BadInput {
-                    endpoint,
-                    seq: frame.meta.seq,
-                    source,
-                })?;
+            let msg = match InputMessage::parse(frame.payload()) {
+                Ok(msg) => msg,
+                Err(source) => {
+                    // Rejected: nothing more will ever be done with it.
+                    delivered.mark(frame.meta.seq);
+                    return Err(EndpointError::BadInput {
+                        endpoint,
+                        seq: frame.meta.seq,
+                        source,
+                    });
+                }
+            };
             match msg {
                 InputMessage::Capabilities(c) => {
                     release(inj, &mut held)?;
@@ -743,6 +752,9 @@ fn run_injector(
                 }
                 InputMessage::ReleaseAll => release(inj, &mut held)?,
             }
+            // Injected and flushed (xtest flushes, uinput writes, in `events`). The session's
+            // own release-all records (seq u64::MAX) are not marked.
+            delivered.mark(frame.meta.seq);
         }
         Ok(())
     })();
@@ -854,8 +866,9 @@ pub(crate) fn run_xtest_sink(
     endpoint: &'static str,
     mut x: Xtest,
     rx: Receiver<Frame>,
+    delivered: Delivered,
 ) -> Result<SinkReport, EndpointError> {
-    let r = run_injector(endpoint, &mut x, rx);
+    let r = run_injector(endpoint, &mut x, rx, &delivered);
     // Make sure the server has processed everything (the releases above all) before the
     // connection closes.
     let _ = x.conn.sync();
@@ -1006,8 +1019,9 @@ pub(crate) fn run_uinput_sink(
     endpoint: &'static str,
     mut u: Uinput,
     rx: Receiver<Frame>,
+    delivered: Delivered,
 ) -> Result<SinkReport, EndpointError> {
-    run_injector(endpoint, &mut u, rx)
+    run_injector(endpoint, &mut u, rx, &delivered)
 }
 
 #[cfg(test)]
@@ -1050,6 +1064,35 @@ mod tests {
     }
 
     #[test]
+    fn injector_marks_applied_frames_but_not_injected_release_alls() {
+        let press = |c| Event::new(EV_KEY, c, 1);
+        let delivered = Delivered::default();
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        tx.try_send(frame(u64::MAX, &InputMessage::ReleaseAll))
+            .unwrap();
+        drop(tx);
+        run_injector("test sink", &mut Log::default(), rx, &delivered).unwrap();
+        assert_eq!(delivered.get(), None);
+
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        tx.try_send(frame(
+            0,
+            &InputMessage::Capabilities(Capabilities::default()),
+        ))
+        .unwrap();
+        tx.try_send(frame(1, &InputMessage::Events(vec![press(30)])))
+            .unwrap();
+        tx.try_send(frame(u64::MAX, &InputMessage::ReleaseAll))
+            .unwrap();
+        drop(tx);
+        let mut log = Log::default();
+        let r = run_injector("test sink", &mut log, rx, &delivered).unwrap();
+        assert_eq!(r.frames, 3);
+        assert_eq!(log.0, vec![press(30), Event::new(EV_KEY, 30, 0)]);
+        assert_eq!(delivered.get(), Some(1));
+    }
+
+    #[test]
     fn injector_releases_at_release_all_end_and_error() {
         let press = |c| Event::new(EV_KEY, c, 1);
         let up = |c| Event::new(EV_KEY, c, 0);
@@ -1069,7 +1112,7 @@ mod tests {
             .unwrap();
         drop(tx);
         let mut log = Log::default();
-        let r = run_injector("test sink", &mut log, rx).unwrap();
+        let r = run_injector("test sink", &mut log, rx, &Delivered::default()).unwrap();
         assert_eq!(r.frames, 4);
         assert_eq!(log.1, 1);
         assert_eq!(
@@ -1098,7 +1141,10 @@ mod tests {
         tx.try_send(bad).unwrap();
         drop(tx);
         let mut log = Log::default();
-        let e = run_injector("test sink", &mut log, rx).unwrap_err();
+        let delivered = Delivered::default();
+        let e = run_injector("test sink", &mut log, rx, &delivered).unwrap_err();
+        // The bad record stopped the sink: rejected, it is done with too.
+        assert_eq!(delivered.get(), Some(1));
         assert_eq!(
             e.to_string(),
             "test sink: bad input record (seq 1): input record: unknown kind 0x09 \

@@ -8,7 +8,8 @@
 //! - [`config`]: [`SourceConfig`] / [`SinkConfig`], as written in a config file
 //!   (`{ type = "synthetic", size = 100 }`), and the [`SOURCES`] / [`SINKS`] catalogue;
 //! - [`source`] / [`sink`]: [`SourceConfig::spawn`] and [`SinkConfig::spawn`] run them as
-//!   tokio tasks over an `mpsc` channel of [`ndd_core::Frame`]s;
+//!   tokio tasks over an `mpsc` channel of [`ndd_core::Frame`]s; [`SinkConfig::spawn_tracked`]
+//!   also reports, through a [`Delivered`], the highest frame the sink has completed;
 //! - sans-IO pieces, usable and tested without tokio: [`framing`] (raw / lines / length
 //!   decoders and encoder), [`check`] (the [`Checker`]), [`synthetic`] (the benchmark
 //!   payload), [`spacenav`] (the 3D-mouse record and motion), [`serial`] (the typed payloads
@@ -34,10 +35,14 @@
 //!   before any task starts; later errors end the task with an [`EndpointError`] naming the
 //!   endpoint and what failed; no input — bytes, config values, sequence numbers — panics;
 //! - a sink consumes until every sender is gone, flushes, and only then reports;
+//! - a sink marks a frame in its [`Delivered`] only once the frame's effect is complete
+//!   (written and flushed, injected, drawn, checked, counted, or dropped as invalid), never
+//!   before;
 //! - a source reading bytes copies each frame's payload once (into its [`ndd_core::Frame`]).
 
 pub mod check;
 pub mod config;
+pub mod delivered;
 pub mod display;
 mod displaydev;
 pub mod error;
@@ -60,6 +65,7 @@ pub use config::{
     SOURCES,
 };
 pub use config::{FramebufferConfig, X11ScreenConfig, X11WindowConfig};
+pub use delivered::Delivered;
 pub use display::{DisplayFrameError, Framebuffer, PixelFormat, Rect, Update};
 pub use error::EndpointError;
 pub use framing::{encode, FrameDecoder, Framing, FramingError};

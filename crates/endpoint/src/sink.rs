@@ -3,9 +3,13 @@
 //! Byte-stream sinks batch whatever frames are already queued into one write (up to
 //! [`WRITE_BATCH`] bytes) and flush whenever the queue runs dry, so a lone frame is never held
 //! back waiting for company. Opening errors are returned by [`SinkConfig::spawn`] itself.
+//!
+//! Every sink marks the frames it has completed in a [`Delivered`]
+//! ([`SinkConfig::spawn_tracked`]): a byte sink after the write and flush that covered them.
 
 use crate::check::{CheckReport, Checker};
 use crate::config::SinkConfig;
+use crate::delivered::Delivered;
 use crate::error::EndpointError;
 use crate::framing::{encode, length_prefix, Framing, RAW_CHUNK};
 use ndd_core::Frame;
@@ -35,6 +39,17 @@ impl SinkConfig {
     /// A file that cannot be created and a missing runtime are errors here, before anything
     /// is spawned.
     pub fn spawn(&self, rx: Receiver<Frame>) -> Result<SinkTask, EndpointError> {
+        self.spawn_tracked(rx, Delivered::default())
+    }
+
+    /// [`spawn`](SinkConfig::spawn), marking in `delivered` every frame (by `meta.seq`) once
+    /// the sink has completed it: its effect done as far as this process can tell (written
+    /// and flushed, injected, drawn, checked, counted, or dropped as an invalid record).
+    pub fn spawn_tracked(
+        &self,
+        rx: Receiver<Frame>,
+        delivered: Delivered,
+    ) -> Result<SinkTask, EndpointError> {
         self.validate()?;
         let endpoint = self.endpoint();
         let rt = tokio::runtime::Handle::try_current()
@@ -47,6 +62,7 @@ impl SinkConfig {
                 tokio::io::stdout(),
                 c.framing,
                 rx,
+                delivered,
             )),
             SinkConfig::File(c) => {
                 let mut opts = std::fs::OpenOptions::new();
@@ -67,36 +83,45 @@ impl SinkConfig {
                     tokio::fs::File::from_std(file),
                     c.framing,
                     rx,
+                    delivered,
                 ))
             }
             SinkConfig::Check(c) => {
                 let checker = Checker::new(c.seed, c.size, c.expect);
-                rt.spawn(run_check(endpoint, checker, rx))
+                rt.spawn(run_check(endpoint, checker, rx, delivered))
             }
-            SinkConfig::Null(_) => rt.spawn(run_null(endpoint, rx)),
+            SinkConfig::Null(_) => rt.spawn(run_null(endpoint, rx, delivered)),
             SinkConfig::Serial(c) => {
                 let tty = crate::tty::open_tty(endpoint, c)?;
-                rt.spawn(crate::tty::run_tty_sink(endpoint, tty, rx))
+                rt.spawn(crate::tty::run_tty_sink(endpoint, tty, rx, delivered))
             }
             SinkConfig::Pty(c) => {
                 let pty = crate::tty::open_pty(endpoint, c)?;
-                rt.spawn(crate::tty::run_pty_sink(endpoint, pty, rx))
+                rt.spawn(crate::tty::run_pty_sink(endpoint, pty, rx, delivered))
             }
             SinkConfig::Uinput(c) => {
                 let u = crate::inputdev::open_uinput(endpoint, c)?;
-                rt.spawn_blocking(move || crate::inputdev::run_uinput_sink(endpoint, u, rx))
+                rt.spawn_blocking(move || {
+                    crate::inputdev::run_uinput_sink(endpoint, u, rx, delivered)
+                })
             }
             SinkConfig::Xtest(c) => {
                 let x = crate::inputdev::open_xtest(endpoint, c)?;
-                rt.spawn_blocking(move || crate::inputdev::run_xtest_sink(endpoint, x, rx))
+                rt.spawn_blocking(move || {
+                    crate::inputdev::run_xtest_sink(endpoint, x, rx, delivered)
+                })
             }
             SinkConfig::X11Window(c) => {
                 let x = crate::displaydev::open_x11_window(endpoint, c)?;
-                rt.spawn_blocking(move || crate::displaydev::run_x11_window_sink(endpoint, x, rx))
+                rt.spawn_blocking(move || {
+                    crate::displaydev::run_x11_window_sink(endpoint, x, rx, delivered)
+                })
             }
             SinkConfig::Framebuffer(c) => {
                 let f = crate::displaydev::open_framebuffer(endpoint, c)?;
-                rt.spawn_blocking(move || crate::displaydev::run_framebuffer_sink(endpoint, f, rx))
+                rt.spawn_blocking(move || {
+                    crate::displaydev::run_framebuffer_sink(endpoint, f, rx, delivered)
+                })
             }
         })
     }
@@ -108,6 +133,7 @@ async fn run_writer(
     mut out: impl AsyncWrite + Unpin,
     framing: Framing,
     mut rx: Receiver<Frame>,
+    delivered: Delivered,
 ) -> Result<SinkReport, EndpointError> {
     let mut report = SinkReport::default();
     let mut buf: Vec<u8> = Vec::with_capacity(RAW_CHUNK);
@@ -122,7 +148,12 @@ async fn run_writer(
         source,
     };
     while let Some(mut frame) = rx.recv().await {
+        // The highest seq of this batch and its size: marked once it is written and flushed.
+        let mut last = frame.meta.seq;
+        let mut batch = 0u64;
         loop {
+            last = last.max(frame.meta.seq);
+            batch += 1;
             let payload = frame.payload();
             report.frames += 1;
             report.bytes += payload.len() as u64;
@@ -148,6 +179,7 @@ async fn run_writer(
         out.write_all(&buf).await.map_err(write_err)?;
         buf.clear();
         out.flush().await.map_err(write_err)?;
+        delivered.mark_batch(last, batch);
     }
     out.flush().await.map_err(write_err)?;
     tracing::debug!(
@@ -163,6 +195,7 @@ async fn run_check(
     endpoint: &'static str,
     mut checker: Checker,
     mut rx: Receiver<Frame>,
+    delivered: Delivered,
 ) -> Result<SinkReport, EndpointError> {
     let mut report = SinkReport::default();
     while let Some(frame) = rx.recv().await {
@@ -170,6 +203,7 @@ async fn run_check(
         report.bytes += frame.len() as u64;
         let seen = checker.observe(frame.meta.seq, frame.payload());
         tracing::trace!(seq = frame.meta.seq, ?seen, "checked");
+        delivered.mark(frame.meta.seq);
     }
     let check = checker.report();
     tracing::debug!(endpoint, ok = check.is_ok(), %check, "sink ended");
@@ -180,11 +214,13 @@ async fn run_check(
 async fn run_null(
     endpoint: &'static str,
     mut rx: Receiver<Frame>,
+    delivered: Delivered,
 ) -> Result<SinkReport, EndpointError> {
     let mut report = SinkReport::default();
     while let Some(frame) = rx.recv().await {
         report.frames += 1;
         report.bytes += frame.len() as u64;
+        delivered.mark(frame.meta.seq);
     }
     tracing::debug!(
         endpoint,
@@ -330,6 +366,108 @@ mod tests {
                 check: None
             }
         );
+    }
+
+    /// Feeds `frames` to a tracked sink and returns its report and what it marked delivered.
+    async fn feed_tracked(sink: &SinkConfig, frames: Vec<Frame>) -> (SinkReport, Delivered) {
+        let (tx, rx) = mpsc::channel(4);
+        let delivered = Delivered::default();
+        let task = sink.spawn_tracked(rx, delivered.clone()).unwrap();
+        for f in frames {
+            tx.send(f).await.unwrap();
+        }
+        drop(tx);
+        (task.await.unwrap().unwrap(), delivered)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn file_sink_marks_frames_only_once_their_bytes_are_in_the_file() {
+        const N: usize = 300;
+        let path = temp_path("delivered");
+        let sizes: Vec<usize> = (0..N)
+            .map(|i| match i % 7 {
+                0 => 0,
+                1 => 1,
+                2 => 100,
+                3 => 4096,
+                4 => RAW_CHUNK + 17,
+                5 => 3 * RAW_CHUNK,
+                _ => 777 + i,
+            })
+            .collect();
+        // Bytes in the file once frames 0..=k are written (raw framing: just the payloads).
+        let ends: Vec<u64> = sizes
+            .iter()
+            .scan(0u64, |sum, &n| {
+                *sum += n as u64;
+                Some(*sum)
+            })
+            .collect();
+        let cfg = SinkConfig::File(FileSinkConfig {
+            path: path.clone(),
+            framing: Framing::Raw,
+            append: false,
+        });
+        let (tx, rx) = mpsc::channel(4);
+        let delivered = Delivered::default();
+        let task = cfg.spawn_tracked(rx, delivered.clone()).unwrap();
+        let feeder = tokio::spawn(async move {
+            for (seq, &n) in sizes.iter().enumerate() {
+                let payload: Vec<u8> = (0..n).map(|i| (i + seq) as u8).collect();
+                tx.send(frame(seq as u64, &payload)).await.unwrap();
+            }
+        });
+        let mut checks = 0u64;
+        let mut seen = Vec::new();
+        loop {
+            let finished = feeder.is_finished();
+            // Read the mark first, the file second: a mark must never run ahead of the data.
+            if let Some(k) = delivered.get() {
+                let len = std::fs::metadata(&path).unwrap().len();
+                assert!(
+                    len >= ends[k as usize],
+                    "frame {k} marked delivered with {len} bytes in the file, {} needed",
+                    ends[k as usize]
+                );
+                checks += 1;
+                if seen.last() != Some(&k) {
+                    seen.push(k);
+                }
+            }
+            if finished {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        feeder.await.unwrap();
+        let r = task.await.unwrap().unwrap();
+        let len = std::fs::metadata(&path).unwrap().len();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(r.frames, N as u64);
+        assert_eq!(len, ends[N - 1]);
+        assert_eq!(delivered.get(), Some(N as u64 - 1));
+        assert!(checks > 0);
+        assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
+    }
+
+    #[tokio::test]
+    async fn check_and_null_sinks_mark_every_frame() {
+        const N: u64 = 50;
+        let frames = || (0..N).map(|s| frame(s, b"x")).collect::<Vec<_>>();
+        let check = SinkConfig::Check(CheckConfig {
+            seed: None,
+            size: None,
+            expect: Some(N),
+        });
+        let (r, delivered) = feed_tracked(&check, frames()).await;
+        assert_eq!(r.frames, N);
+        assert_eq!(delivered.get(), Some(N - 1));
+        let (r, delivered) = feed_tracked(&SinkConfig::Null(NullConfig {}), frames()).await;
+        assert_eq!(r.frames, N);
+        assert_eq!(delivered.get(), Some(N - 1));
+        // Nothing received, nothing delivered.
+        let (_, delivered) = feed_tracked(&SinkConfig::Null(NullConfig {}), vec![]).await;
+        assert_eq!(delivered.get(), None);
     }
 
     #[test]

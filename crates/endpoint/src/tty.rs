@@ -20,6 +20,7 @@
 //! latency, never a hang.
 
 use crate::config::{PtyConfig, SerialConfig};
+use crate::delivered::Delivered;
 use crate::error::EndpointError;
 use crate::framing::RAW_CHUNK;
 use crate::serial::{Flow, LineSettings, ModemLines, Parity, SerialMessage};
@@ -559,6 +560,7 @@ pub(crate) async fn run_tty_sink(
     endpoint: &'static str,
     tty: Arc<Tty>,
     mut rx: Receiver<Frame>,
+    delivered: Delivered,
 ) -> Result<SinkReport, EndpointError> {
     let what = tty.path.display().to_string();
     let mut report = SinkReport::default();
@@ -566,12 +568,18 @@ pub(crate) async fn run_tty_sink(
     while let Some(frame) = rx.recv().await {
         report.frames += 1;
         report.bytes += frame.len() as u64;
-        let msg =
-            SerialMessage::parse(frame.payload()).map_err(|source| EndpointError::BadFrame {
-                endpoint,
-                seq: frame.meta.seq,
-                source,
-            })?;
+        let msg = match SerialMessage::parse(frame.payload()) {
+            Ok(msg) => msg,
+            Err(source) => {
+                // Rejected: nothing more will ever be done with it.
+                delivered.mark(frame.meta.seq);
+                return Err(EndpointError::BadFrame {
+                    endpoint,
+                    seq: frame.meta.seq,
+                    source,
+                });
+            }
+        };
         match msg {
             SerialMessage::Data(d) => {
                 write_all(&tty.fd, d)
@@ -623,6 +631,9 @@ pub(crate) async fn run_tty_sink(
                 }
             }
         }
+        // Written to the tty (or line settings / modem lines applied, or refused by the port
+        // and reported): as complete as this process can make it.
+        delivered.mark(frame.meta.seq);
     }
     tracing::debug!(
         endpoint,
@@ -711,18 +722,25 @@ pub(crate) async fn run_pty_sink(
     endpoint: &'static str,
     pty: Arc<Pty>,
     mut rx: Receiver<Frame>,
+    delivered: Delivered,
 ) -> Result<SinkReport, EndpointError> {
     let what = pty.link.display().to_string();
     let mut report = SinkReport::default();
     while let Some(frame) = rx.recv().await {
         report.frames += 1;
         report.bytes += frame.len() as u64;
-        let msg =
-            SerialMessage::parse(frame.payload()).map_err(|source| EndpointError::BadFrame {
-                endpoint,
-                seq: frame.meta.seq,
-                source,
-            })?;
+        let msg = match SerialMessage::parse(frame.payload()) {
+            Ok(msg) => msg,
+            Err(source) => {
+                // Rejected: nothing more will ever be done with it.
+                delivered.mark(frame.meta.seq);
+                return Err(EndpointError::BadFrame {
+                    endpoint,
+                    seq: frame.meta.seq,
+                    source,
+                });
+            }
+        };
         match msg {
             SerialMessage::Data(d) => {
                 write_all(&pty.master, d)
@@ -744,6 +762,8 @@ pub(crate) async fn run_pty_sink(
                 )
             }
         }
+        // Written to the pty's master (or dropped, not representable).
+        delivered.mark(frame.meta.seq);
     }
     tracing::debug!(
         endpoint,

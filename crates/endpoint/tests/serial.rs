@@ -579,3 +579,34 @@ async fn a_pyserial_program_talks_to_the_device_unmodified() {
     d.stop().await;
     assert!(std::fs::symlink_metadata(&link).is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pty_sink_marks_every_frame_delivered_once_written() {
+    const N: u64 = 40;
+    let link = temp_path("delivered");
+    let (tx, rx) = mpsc::channel(4);
+    let delivered = ndd_endpoint::Delivered::default();
+    let sink = SinkConfig::Pty(PtyConfig::new(&link))
+        .spawn_tracked(rx, delivered.clone())
+        .unwrap();
+    wait_for("the pty link", || std::fs::symlink_metadata(&link).is_ok()).await;
+    let app = app_open(&link);
+    let data: Vec<Vec<u8>> = (0..N as usize).map(|i| pattern(1 + i * 37, 7, i)).collect();
+    let total: usize = data.iter().map(Vec::len).sum();
+    let reader = read_exact_within(app, total);
+    assert_eq!(delivered.get(), None);
+    for (seq, d) in data.iter().enumerate() {
+        tx.send(frame(seq as u64, &SerialMessage::Data(d).emit()))
+            .await
+            .unwrap();
+    }
+    assert_eq!(join(reader, "the app's bytes").await, data.concat());
+    wait_for("the last frame delivered", || {
+        delivered.get() == Some(N - 1)
+    })
+    .await;
+    drop(tx);
+    let r = sink.await.unwrap().unwrap();
+    assert_eq!(r.frames, N);
+    assert_eq!(delivered.get(), Some(N - 1));
+}

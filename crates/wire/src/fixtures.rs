@@ -250,6 +250,17 @@ fn parse_emit_ack() {
 }
 
 #[test]
+fn parse_emit_delivered() {
+    good(
+        &fixture!("delivered"),
+        Message::Delivered {
+            stream: 2,
+            seq: 300,
+        },
+    );
+}
+
+#[test]
 fn bad_truncated() {
     let b = fixture!("bad_truncated");
     bad(&b, WireError::Truncated { need: 18, have: 14 });
@@ -296,7 +307,7 @@ fn bad_oversize() {
 #[test]
 fn bad_unknown_kind() {
     let b = fixture!("bad_unknown_kind");
-    bad(&b, WireError::UnknownKind(11));
+    bad(&b, WireError::UnknownKind(12));
     // Framing still works.
     assert_eq!(peek_message_len(&b, MAX), Ok(Some(10)));
 }

@@ -56,11 +56,13 @@ pub enum Kind {
     End = 0x09,
     /// After a (re)connect: the sender's process-run id; ends its resume ACKs.
     Resume = 0x0a,
+    /// Highest endpoint sequence a stream's sink has completed.
+    Delivered = 0x0b,
 }
 
 impl Kind {
     /// Every kind, in code order.
-    pub const ALL: [Kind; 10] = [
+    pub const ALL: [Kind; 11] = [
         Kind::Data,
         Kind::Control,
         Kind::Hello,
@@ -71,6 +73,7 @@ impl Kind {
         Kind::Ack,
         Kind::End,
         Kind::Resume,
+        Kind::Delivered,
     ];
 
     /// The kind with this code, if any.
@@ -86,6 +89,7 @@ impl Kind {
             0x08 => Kind::Ack,
             0x09 => Kind::End,
             0x0a => Kind::Resume,
+            0x0b => Kind::Delivered,
             _ => return None,
         })
     }
@@ -103,13 +107,17 @@ impl Kind {
             Kind::Ack => "ACK",
             Kind::End => "END",
             Kind::Resume => "RESUME",
+            Kind::Delivered => "DELIVERED",
         }
     }
 
     /// Whether messages of this kind belong to a stream (stream id ≠ 0) rather than to the
     /// session (stream id = 0).
     pub const fn is_stream_level(self) -> bool {
-        matches!(self, Kind::Data | Kind::Control | Kind::Ack | Kind::End)
+        matches!(
+            self,
+            Kind::Data | Kind::Control | Kind::Ack | Kind::End | Kind::Delivered
+        )
     }
 }
 
@@ -451,6 +459,6 @@ mod tests {
             assert_eq!(Kind::from_u8(k.into()), Some(k));
         }
         assert_eq!(Kind::try_from(0), Err(WireError::UnknownKind(0)));
-        assert_eq!(Kind::try_from(11), Err(WireError::UnknownKind(11)));
+        assert_eq!(Kind::try_from(12), Err(WireError::UnknownKind(12)));
     }
 }

@@ -4,7 +4,8 @@ use crate::data::{body_len_u32, check_stream, DataHeader, FLAG_RETRANSMIT};
 use crate::header::{self, HEADER_LEN};
 use crate::hello::Repr as HelloRepr;
 use crate::{
-    ack, close, control, data, end, hello, ping, pong, resume, CloseCode, Kind, Result, WireError,
+    ack, close, control, data, delivered, end, hello, ping, pong, resume, CloseCode, Kind, Result,
+    WireError,
 };
 
 /// One message, borrowing its variable-length parts from the buffer it was parsed from.
@@ -70,6 +71,13 @@ pub enum Message<'a> {
         stream: u16,
         /// DATA messages the sender sent on the stream.
         frames: u64,
+    },
+    /// Highest endpoint sequence the sender's sink has completed on a stream.
+    Delivered {
+        /// Stream id (≠ 0).
+        stream: u16,
+        /// Endpoint sequence.
+        seq: u64,
     },
     /// After a (re)connect: the sender's process-run id.
     Resume {
@@ -156,6 +164,11 @@ impl<'a> Message<'a> {
                     frames: r.frames,
                 }
             }
+            Kind::Delivered => {
+                check_stream(Kind::Delivered, stream)?;
+                let r = delivered::Repr::parse(&delivered::Packet::new_unchecked(body))?;
+                Message::Delivered { stream, seq: r.seq }
+            }
             Kind::Resume => {
                 let r = resume::Repr::parse(&resume::Packet::new_unchecked(body))?;
                 Message::Resume {
@@ -178,6 +191,7 @@ impl<'a> Message<'a> {
             Message::Ack { .. } => Kind::Ack,
             Message::End { .. } => Kind::End,
             Message::Resume { .. } => Kind::Resume,
+            Message::Delivered { .. } => Kind::Delivered,
         }
     }
 
@@ -187,7 +201,8 @@ impl<'a> Message<'a> {
             Message::Data { stream, .. }
             | Message::Control { stream, .. }
             | Message::Ack { stream, .. }
-            | Message::End { stream, .. } => *stream,
+            | Message::End { stream, .. }
+            | Message::Delivered { stream, .. } => *stream,
             _ => 0,
         }
     }
@@ -215,6 +230,7 @@ impl<'a> Message<'a> {
             Message::Ack { .. } => ack::BODY_LEN,
             Message::End { .. } => end::BODY_LEN,
             Message::Resume { .. } => resume::BODY_LEN,
+            Message::Delivered { .. } => delivered::BODY_LEN,
         }
     }
 
@@ -280,6 +296,9 @@ impl<'a> Message<'a> {
             }
             Message::Resume { instance } => {
                 resume::Repr { instance }.emit(&mut resume::Packet::new_unchecked(body))
+            }
+            Message::Delivered { seq, .. } => {
+                delivered::Repr { seq }.emit(&mut delivered::Packet::new_unchecked(body))
             }
         }?;
         Ok(total)
@@ -351,6 +370,10 @@ impl<'a> Message<'a> {
             Message::Resume { instance } => OwnedMessage::Resume {
                 instance: *instance,
             },
+            Message::Delivered { stream, seq } => OwnedMessage::Delivered {
+                stream: *stream,
+                seq: *seq,
+            },
         }
     }
 }
@@ -395,6 +418,10 @@ pub enum OwnedMessage {
     },
     Resume {
         instance: u64,
+    },
+    Delivered {
+        stream: u16,
+        seq: u64,
     },
 }
 
@@ -442,6 +469,10 @@ impl OwnedMessage {
             },
             OwnedMessage::Resume { instance } => Message::Resume {
                 instance: *instance,
+            },
+            OwnedMessage::Delivered { stream, seq } => Message::Delivered {
+                stream: *stream,
+                seq: *seq,
             },
         }
     }

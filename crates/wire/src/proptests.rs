@@ -102,6 +102,8 @@ fn message() -> impl Strategy<Value = OwnedMessage> {
         (1..=u16::MAX, any::<u64>()).prop_map(|(stream, seq)| OwnedMessage::Ack { stream, seq }),
         (1..=u16::MAX, any::<u64>())
             .prop_map(|(stream, frames)| OwnedMessage::End { stream, frames }),
+        (1..=u16::MAX, any::<u64>())
+            .prop_map(|(stream, seq)| OwnedMessage::Delivered { stream, seq }),
     ]
 }
 

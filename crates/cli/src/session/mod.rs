@@ -13,6 +13,14 @@
 //! delivered twice. After a reconnect each side sends its ACKs and a RESUME carrying its
 //! process-run id; the source then resends what was not acknowledged, in order, flagged
 //! RETRANSMIT. Lossy streams keep only their newest frame while the link is down.
+//!
+//! A crash of the peer's process loses what it had taken in but not finished, so a reliable
+//! source also keeps its endpoint's frames from *before* its stack until the peer's sink
+//! endpoint has completed them (DELIVERED, endpoint sequence). When the peer's RESUME shows a
+//! new process, the source builds its stack afresh (new pair state for the new peer: a key
+//! frame first, a new encryption epoch) and encodes those frames again: across a peer restart
+//! delivery is at least once, the duplicates being what the dead sink completed in its last
+//! ~20 ms.
 
 mod handshake;
 mod linkio;
@@ -27,8 +35,9 @@ use bytes::Bytes;
 use handshake::{Connector, Ctx, Established};
 use linkio::LinkIo;
 use ndd_core::{Frame, Meta, Pair, Role, Stack};
-use ndd_endpoint::{CheckReport, SinkReport, SourceReport};
+use ndd_endpoint::{CheckReport, Delivered, SinkReport, SourceReport};
 use ndd_link::{Identity, Incoming, Listener};
+use ndd_modules::ModuleConfig;
 use ndd_wire::{CloseCode, Message, OwnedMessage};
 use std::collections::VecDeque;
 use std::future::Future;
@@ -155,8 +164,26 @@ struct StreamRt {
     end_written: bool,
     retransmits: u64,
     overflow: u64,
+    /// Source, reliable: the endpoint's frames from before the stack, until the peer's sink
+    /// has completed them (DELIVERED); encoded again for a restarted peer.
+    kept: VecDeque<Frame>,
+    kept_bytes: usize,
+    /// Kept frames dropped over the budget (a restarted peer would miss them).
+    kept_overflow: u64,
+    /// Source: the pairs, to build the stack afresh for a restarted peer.
+    pairs: Vec<ModuleConfig>,
     // Sink role.
     sink_tx: Option<mpsc::Sender<Frame>>,
+    /// Frames handed to the sink endpoint, oldest first: the peer generation they came from
+    /// and their endpoint sequence. (Release-all records the session injects are not in it:
+    /// sinks do not count them.)
+    handed: VecDeque<(u64, u64)>,
+    /// How many handed frames the endpoint has completed.
+    completed: Delivered,
+    completed_seen: u64,
+    /// Highest endpoint sequence of the current peer generation completed, and last told.
+    delivered: Option<u64>,
+    delivered_sent: Option<u64>,
     /// An input device sink (xtest, uinput): told to release every held key and button
     /// when the link drops.
     input_sink: bool,
@@ -168,6 +195,53 @@ struct StreamRt {
 impl StreamRt {
     fn is_source(&self) -> bool {
         self.stack.role() == Role::Source
+    }
+
+    /// Sink: takes the frames the endpoint completed since last time off `handed`; the last
+    /// one of the current peer generation is what DELIVERED reports.
+    fn note_completed(&mut self, peer_gen: u64) {
+        let done = self.completed.count();
+        while self.completed_seen < done {
+            let Some((gen, seq)) = self.handed.pop_front() else {
+                break;
+            };
+            self.completed_seen += 1;
+            if gen == peer_gen {
+                self.delivered = Some(seq);
+            }
+        }
+    }
+
+    /// Source, reliable: keeps a copy of an endpoint frame until the peer completes it.
+    fn keep(&mut self, f: &Frame, budget: usize) {
+        self.kept_bytes += f.len();
+        self.kept.push_back(Frame::new(f.meta, f.payload()));
+        while self.kept_bytes > budget && self.kept.len() > 1 {
+            if let Some(old) = self.kept.pop_front() {
+                self.kept_bytes -= old.len();
+                self.kept_overflow += 1;
+            }
+        }
+    }
+
+    /// Source: the peer process restarted. Its sink state is gone, so the stack starts
+    /// afresh and every frame it has not completed is encoded again, ahead of new ones.
+    fn restart_for_new_peer(&mut self) -> Result<()> {
+        let pairs: Vec<&dyn Pair> = self.pairs.iter().map(|m| m as &dyn Pair).collect();
+        self.stack = Stack::build(Role::Source, &self.name, &pairs)?;
+        self.out.clear();
+        self.out_bytes = 0;
+        self.next_write = 0;
+        self.end_written = false;
+        let t = now();
+        for f in &self.kept {
+            self.stack
+                .handle_frame(t, Frame::new(f.meta, f.payload()))?;
+        }
+        if self.ended {
+            self.stack.flush(t)?;
+        }
+        Ok(())
     }
 }
 
@@ -220,6 +294,8 @@ struct Session {
     peer_closed: bool,
     budget: usize,
     warned_overflow: bool,
+    /// Bumped each time the peer's process restarts.
+    peer_gen: u64,
 }
 
 /// Why the link is gone.
@@ -260,6 +336,7 @@ impl Session {
             .map_err(|e| LinkLost(anyhow!(e).context("resuming")))?;
         for s in self.streams.iter_mut().filter(|s| !s.is_source()) {
             s.acked_sent = s.last_seq;
+            s.delivered_sent = None;
         }
         self.link = Some(link);
         Ok(())
@@ -270,6 +347,7 @@ impl Session {
     async fn pump(&mut self, i: usize) -> Result<()> {
         let clock = &self.clock;
         let budget = self.budget;
+        let peer_gen = self.peer_gen;
         let link_up = self.link.is_some();
         let s = &mut self.streams[i];
         while let Some((layer, msg)) = s.stack.poll_control() {
@@ -320,6 +398,10 @@ impl Session {
                 s.stats
                     .delivered(f.len(), clock.to_local(f.meta.timestamp_ns), wall_ns());
                 if let Some(tx) = &s.sink_tx {
+                    if f.meta.seq != u64::MAX {
+                        // (Sinks do not count u64::MAX, the session's own release-all.)
+                        s.handed.push_back((peer_gen, f.meta.seq));
+                    }
                     if tx.send(f).await.is_err() {
                         bail!(
                             "stream \"{}\": the sink endpoint stopped accepting frames",
@@ -356,6 +438,15 @@ impl Session {
                         .map_err(lost)?;
                 }
                 s.acked_sent = s.last_seq;
+            }
+            s.note_completed(self.peer_gen);
+            if s.delivered != s.delivered_sent {
+                if let Some(seq) = s.delivered {
+                    link.write_message(&Message::Delivered { stream: s.id, seq })
+                        .await
+                        .map_err(lost)?;
+                }
+                s.delivered_sent = s.delivered;
             }
         }
         if !self.resuming {
@@ -538,14 +629,50 @@ impl Session {
                         }
                     }
                 }
+                OwnedMessage::Delivered { stream, seq } => {
+                    let i = self.find(stream)?;
+                    let s = &mut self.streams[i];
+                    if !s.is_source() {
+                        bail!(
+                            "the peer reported deliveries on stream \"{}\", which it does not sink",
+                            s.name
+                        );
+                    }
+                    while s.kept.front().is_some_and(|f| f.meta.seq <= seq) {
+                        if let Some(f) = s.kept.pop_front() {
+                            s.kept_bytes -= f.len();
+                        }
+                    }
+                }
                 OwnedMessage::Resume { instance } => {
                     if self.peer_instance.is_some_and(|p| p != instance) {
-                        // The peer restarted: its numbering starts again.
-                        self.log(format_args!("the peer restarted; its streams start again"));
-                        for s in self.streams.iter_mut().filter(|s| !s.is_source()) {
-                            s.last_seq = None;
-                            s.acked_sent = None;
+                        // The peer restarted: its numbering starts again, and what it had
+                        // not completed is encoded again for it.
+                        self.peer_gen += 1;
+                        let mut again = 0;
+                        for i in 0..self.streams.len() {
+                            let s = &mut self.streams[i];
+                            if !s.is_source() {
+                                s.last_seq = None;
+                                s.acked_sent = None;
+                                s.delivered = None;
+                                s.delivered_sent = None;
+                            } else if s.reliable {
+                                again += s.kept.len();
+                                s.restart_for_new_peer()?;
+                                if s.kept_overflow > 0 {
+                                    let (name, n) = (s.name.clone(), s.kept_overflow);
+                                    self.log(format_args!(
+                                        "stream \"{name}\": {n} frame(s) the peer had not completed were \
+                                         dropped over the resume budget and cannot be sent again"
+                                    ));
+                                }
+                                self.pump(i).await?;
+                            }
                         }
+                        self.log(format_args!(
+                            "the peer restarted; its streams start again ({again} frame(s) it had not completed are sent again)"
+                        ));
                     }
                     self.peer_instance = Some(instance);
                     self.resuming = false;
@@ -738,7 +865,16 @@ pub async fn run_side(
             end_written: false,
             retransmits: 0,
             overflow: 0,
+            kept: VecDeque::new(),
+            kept_bytes: 0,
+            kept_overflow: 0,
+            pairs: s.pairs().into_iter().cloned().collect(),
             sink_tx: None,
+            handed: VecDeque::new(),
+            completed: Delivered::default(),
+            completed_seen: 0,
+            delivered: None,
+            delivered_sent: None,
             input_sink: matches!(
                 s.sink,
                 ndd_endpoint::SinkConfig::Xtest(_) | ndd_endpoint::SinkConfig::Uinput(_)
@@ -770,13 +906,16 @@ pub async fn run_side(
             }
             Role::Sink => {
                 let (tx, rx) = mpsc::channel::<Frame>(64);
-                let h = s.sink.spawn(rx).with_context(|| {
-                    format!(
-                        "stream \"{}\": cannot start sink {}",
-                        s.name(),
-                        s.sink.describe()
-                    )
-                })?;
+                let h = s
+                    .sink
+                    .spawn_tracked(rx, rt.completed.clone())
+                    .with_context(|| {
+                        format!(
+                            "stream \"{}\": cannot start sink {}",
+                            s.name(),
+                            s.sink.describe()
+                        )
+                    })?;
                 sink_tasks.push((i, h));
                 rt.sink_tx = Some(tx);
             }
@@ -803,6 +942,7 @@ pub async fn run_side(
         peer_closed: false,
         budget: cfg.link.resume_buffer_bytes as usize,
         warned_overflow: false,
+        peer_gen: 0,
     };
     if let Err(LinkLost(e)) = sess.attach(first).await {
         bail!(e.context("the link failed right after the handshake"));
@@ -905,6 +1045,10 @@ pub async fn run_side(
                         Some((i, Some(frame))) => {
                             if !sess.streams[i].ended {
                                 sess.streams[i].stats.produced(frame.len());
+                                if sess.streams[i].reliable {
+                                    let budget = sess.budget;
+                                    sess.streams[i].keep(&frame, budget);
+                                }
                                 sess.streams[i].stack.handle_frame(now(), frame)?;
                                 sess.pump(i).await?;
                             }
