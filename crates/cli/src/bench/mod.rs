@@ -2,6 +2,7 @@
 //! measured in the same run. Results go to `docs/bench/` as markdown (and SVG where a plot
 //! helps).
 
+mod display;
 mod e2e;
 mod jitter;
 mod links;
@@ -15,6 +16,17 @@ use std::path::PathBuf;
 /// Which benchmark.
 #[derive(Debug, Subcommand)]
 pub enum BenchCmd {
+    /// The display stream (x11-screen → x11-window on a second Xvfb) with ffplay playing a
+    /// test pattern at 320x240, 640x480 and 1280x720: fps, MB/s and rects per update next to
+    /// full-screen ShmGetImage/GetImage and memcpy, and compress on the wire; writes display.md.
+    Display {
+        /// A short run (CI smoke test): 320x240 only, about 2 s.
+        #[arg(long)]
+        quick: bool,
+        /// Directory for display.md.
+        #[arg(long, value_name = "DIR", default_value = "docs/bench")]
+        out: PathBuf,
+    },
     /// Tables 6.1/6.2: one-way time across the loopback link (TLS and --insecure) and
     /// source-to-network-ready time on one machine, by message size; next to raw TCP
     /// ping-pong and a raw memcpy.
@@ -99,6 +111,7 @@ pub(crate) fn p50_p99(h: &Histogram<u64>) -> (f64, f64) {
 /// Dispatches.
 pub async fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
+        BenchCmd::Display { quick, out } => display::run(quick, &out).await,
         BenchCmd::E2e { quick, out, link } => e2e::run(quick, &out, &link).await,
         BenchCmd::Pairs { quick, out } => pairs::run(quick, &out),
         BenchCmd::Jitter { quick, out } => jitter::run(quick, &out),
