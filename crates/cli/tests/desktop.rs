@@ -7,85 +7,12 @@
 mod common;
 
 use common::*;
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, Stdio};
+use std::io::Read;
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use x11rb::connection::Connection;
 use x11rb::protocol::xproto::{self, ConnectionExt as _};
-
-fn have(program: &str) -> bool {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {program}"))
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// A child process killed on drop.
-struct Killed(Child);
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// An Xvfb server on a free display number, killed on drop.
-struct Xvfb {
-    _child: Killed,
-    display: String,
-}
-
-impl Xvfb {
-    fn start(size: &str) -> Xvfb {
-        let mut child = Command::new("Xvfb")
-            .args([
-                "-displayfd",
-                "1",
-                "-noreset",
-                "-screen",
-                "0",
-                size,
-                "-nolisten",
-                "tcp",
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start Xvfb");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("Xvfb display number");
-        let n: u32 = line.trim().parse().expect("display number");
-        Xvfb {
-            _child: Killed(child),
-            display: format!(":{n}"),
-        }
-    }
-
-    fn spawn(&self, program: &str, args: &[&str]) -> Killed {
-        Killed(
-            Command::new(program)
-                .env("DISPLAY", &self.display)
-                .args(args)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap_or_else(|e| panic!("start {program}: {e}")),
-        )
-    }
-}
-
-fn wait_for(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(t0.elapsed() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// The pixels of `win` (32 bpp ZPixmap), or `None` while it cannot be read.
 fn pixels(conn: &impl Connection, win: xproto::Window, w: u16, h: u16) -> Option<Vec<u8>> {
@@ -148,10 +75,14 @@ fn a_remote_x_desktop_shows_the_same_pixels_and_takes_clicks_and_keys() {
         println!("SKIPPED: remote desktop test needs {m} (apt-get install xvfb xdotool x11-apps x11-utils x11-xserver-utils)");
         return;
     }
-    let app_x = Xvfb::start("640x480x24");
-    let dev_x = Xvfb::start("800x600x24");
-    let _bg = app_x.spawn("xsetroot", &["-solid", "#204060"]);
-    let _logo = app_x.spawn("xlogo", &["-geometry", "200x150+400+300"]);
+    let app_x = Xvfb::start("640x480x24").expect("start Xvfb");
+    let dev_x = Xvfb::start("800x600x24").expect("start Xvfb");
+    let _bg = app_x
+        .spawn("xsetroot", &["-solid", "#204060"])
+        .expect("xsetroot");
+    let _logo = app_x
+        .spawn("xlogo", &["-geometry", "200x150+400+300"])
+        .expect("xlogo");
     // xev's window at the top left of the app display records what reaches it.
     let mut xev = Command::new("xev")
         .env("DISPLAY", &app_x.display)
@@ -262,7 +193,9 @@ fn a_remote_x_desktop_shows_the_same_pixels_and_takes_clicks_and_keys() {
     );
 
     // A change on the app side reaches the viewer too.
-    let _bg2 = app_x.spawn("xsetroot", &["-solid", "#a03010"]);
+    let _bg2 = app_x
+        .spawn("xsetroot", &["-solid", "#a03010"])
+        .expect("xsetroot");
     let t1 = Instant::now();
     wait_for(
         "the new background in the viewer",

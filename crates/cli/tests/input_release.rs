@@ -12,8 +12,8 @@ mod common;
 use common::*;
 use ndd_endpoint::input::{Capabilities, Event, InputMessage, BTN_LEFT, EV_KEY, KEY_A};
 use std::fs::File;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+use std::io::Write;
+use std::process::Command;
 use std::time::{Duration, Instant};
 use x11rb::connection::Connection;
 use x11rb::protocol::xproto::{ConnectionExt as _, KeyButMask};
@@ -21,56 +21,6 @@ use x11rb::protocol::xproto::{ConnectionExt as _, KeyButMask};
 const KEY_LEFTSHIFT: u16 = 42;
 const KEY_B: u16 = 48;
 const KEY_C: u16 = 46;
-
-fn have(program: &str) -> bool {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {program}"))
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// An Xvfb server on a free display number (`-displayfd`), killed on drop.
-struct Xvfb {
-    child: Child,
-    display: String,
-}
-
-impl Xvfb {
-    fn start() -> Xvfb {
-        let mut child = Command::new("Xvfb")
-            .args([
-                "-displayfd",
-                "1",
-                "-screen",
-                "0",
-                "640x480x24",
-                "-nolisten",
-                "tcp",
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start Xvfb");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("Xvfb display number");
-        let n: u32 = line.trim().parse().expect("display number");
-        Xvfb {
-            child,
-            display: format!(":{n}"),
-        }
-    }
-}
-
-impl Drop for Xvfb {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// The X keycode of a Linux key code (what the `xtest` sink injects).
 fn x(code: u16) -> u8 {
@@ -119,7 +69,7 @@ fn held_keys_are_released_while_the_link_is_down_and_the_stream_goes_on() {
         println!("SKIPPED: the input release test needs Xvfb and mkfifo (apt-get install xvfb)");
         return;
     }
-    let xvfb = Xvfb::start();
+    let xvfb = Xvfb::start("640x480x24").expect("start Xvfb");
     let (conn, _) = x11rb::connect(Some(&xvfb.display)).expect("connect to Xvfb");
     let dir = Dir::new("input-release");
     let (dev_home, app_home, _, _) = homes(&dir.0, true, true);

@@ -12,8 +12,8 @@ use ndd_endpoint::{
     FramebufferConfig, SinkConfig, SinkReport, SourceConfig, SourceReport, X11InputConfig,
     X11ScreenConfig, X11Window, X11WindowConfig,
 };
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use ndd_procs::{have, missing, wait_for, Killed, Xvfb};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
@@ -21,80 +21,25 @@ use x11rb::connection::Connection;
 use x11rb::protocol::xproto::{self, ConnectionExt as _};
 use x11rb::rust_connection::RustConnection;
 
-fn have(program: &str) -> bool {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {program}"))
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-fn missing(programs: &[&str]) -> Option<String> {
-    let m: Vec<&str> = programs.iter().copied().filter(|p| !have(p)).collect();
-    (!m.is_empty()).then(|| m.join(", "))
-}
-
 const APT: &str = "apt-get install xvfb x11-apps x11-xserver-utils xterm xdotool ffmpeg";
 
-/// A child process killed on drop.
-struct Killed(Child);
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// An Xvfb, or the test fails.
+fn xvfb(screen: &str) -> Xvfb {
+    Xvfb::start(screen).expect("start Xvfb")
 }
 
-/// An Xvfb server on a free display number (`-displayfd`), killed on drop.
-struct Xvfb {
-    _child: Killed,
-    display: String,
+/// What these tests do with a display besides starting programs on it.
+trait XvfbExt {
+    fn run(&self, program: &str, args: &[&str]) -> Killed;
+    fn call(&self, program: &str, args: &[&str]);
+    fn connect(&self) -> RustConnection;
 }
 
-impl Xvfb {
-    fn start(screen: &str) -> Xvfb {
-        let mut child = Command::new("Xvfb")
-            .args([
-                "-displayfd",
-                "1",
-                "-screen",
-                "0",
-                screen,
-                "-nolisten",
-                "tcp",
-                // Without it the server resets when its last client leaves (after
-                // `xsetroot`): the background is lost and connections are refused meanwhile.
-                "-noreset",
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start Xvfb");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("Xvfb display number");
-        let n: u32 = line.trim().parse().expect("display number");
-        Xvfb {
-            _child: Killed(child),
-            display: format!(":{n}"),
-        }
-    }
-
-    /// Runs `program` on this display; killed on drop.
+impl XvfbExt for Xvfb {
+    /// Starts `program` on this display; killed on drop.
     fn run(&self, program: &str, args: &[&str]) -> Killed {
-        Killed(
-            Command::new(program)
-                .env("DISPLAY", &self.display)
-                .env("SDL_AUDIODRIVER", "dummy")
-                .args(args)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap_or_else(|e| panic!("start {program}: {e}")),
-        )
+        self.spawn(program, args)
+            .unwrap_or_else(|e| panic!("start {program}: {e}"))
     }
 
     /// Runs `program` on this display to its end.
@@ -111,14 +56,6 @@ impl Xvfb {
         RustConnection::connect(Some(&self.display))
             .expect("connect")
             .0
-    }
-}
-
-fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -371,8 +308,8 @@ fn show_screen_in_a_window(label: &str) {
         println!("SKIPPED: display test needs {m} ({APT})");
         return;
     }
-    let app = Xvfb::start("640x480x24");
-    let dev = Xvfb::start("800x600x24");
+    let app = xvfb("640x480x24");
+    let dev = xvfb("800x600x24");
     let _programs = desktop(&app);
     let title = format!("ndd display test {label}");
     let mut p = Pipeline::start(
@@ -553,8 +490,8 @@ fn frame_rate_of_an_animation() {
         println!("SKIPPED: display frame-rate test needs {m} ({APT})");
         return;
     }
-    let app = Xvfb::start("640x480x24");
-    let dev = Xvfb::start("640x480x24");
+    let app = xvfb("640x480x24");
+    let dev = xvfb("640x480x24");
     app.call("xsetroot", &["-solid", "#000000"]);
     let (what, _anim) = if have("ffplay") {
         (
@@ -617,7 +554,7 @@ fn framebuffer_sink_file_equals_the_app_screen() {
         println!("SKIPPED: framebuffer test needs {m} ({APT})");
         return;
     }
-    let app = Xvfb::start("640x480x24");
+    let app = xvfb("640x480x24");
     let _programs = desktop(&app);
     let path = std::env::temp_dir().join(format!("ndd-fb-{}.raw", std::process::id()));
     std::fs::write(&path, b"old contents").unwrap();
@@ -659,8 +596,8 @@ fn the_viewer_window_is_an_input_source() {
     }
     // The app's screen is larger than the viewer's first size: the viewer grows, and the
     // input source announces the new ranges.
-    let app = Xvfb::start("800x600x24");
-    let dev = Xvfb::start("1024x768x24");
+    let app = xvfb("800x600x24");
+    let dev = xvfb("1024x768x24");
     app.call("xsetroot", &["-solid", "#336699"]);
     let title = "ndd viewer input test";
     let mut p = Pipeline::start(
@@ -777,7 +714,7 @@ fn viewer_input_without_a_viewer_is_a_clear_error() {
         println!("SKIPPED: viewer error test needs {m} ({APT})");
         return;
     }
-    let dev = Xvfb::start("320x240x24");
+    let dev = xvfb("320x240x24");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -809,7 +746,7 @@ fn bad_records_do_not_stop_the_display_sinks() {
         println!("SKIPPED: bad-record test needs {m} ({APT})");
         return;
     }
-    let dev = Xvfb::start("320x240x24");
+    let dev = xvfb("320x240x24");
     let path = std::env::temp_dir().join(format!("ndd-fb-bad-{}.raw", std::process::id()));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -926,7 +863,7 @@ fn unsupported_screens_and_unreachable_displays_fail_at_spawn() {
         println!("SKIPPED: depth-16 check needs Xvfb ({APT})");
         return;
     }
-    let x = Xvfb::start("320x240x16");
+    let x = xvfb("320x240x16");
     let (tx, _rx) = mpsc::channel(1);
     let e = screen_source(&x.display)
         .spawn(0, tx)

@@ -12,77 +12,14 @@ use ndd_endpoint::input::{
 use ndd_endpoint::{
     EvdevConfig, SinkConfig, SourceConfig, UinputConfig, X11InputConfig, X11Window, XtestConfig,
 };
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, Stdio};
+use ndd_procs::{missing, wait_for, Killed, Xvfb};
+use std::io::Read;
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use x11rb::connection::Connection;
 use x11rb::protocol::xproto::ConnectionExt as _;
-
-fn have(program: &str) -> bool {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {program}"))
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-fn missing(programs: &[&str]) -> Option<String> {
-    let m: Vec<&str> = programs.iter().copied().filter(|p| !have(p)).collect();
-    (!m.is_empty()).then(|| m.join(", "))
-}
-
-/// An Xvfb server on a free display number (`-displayfd`), killed on drop.
-struct Xvfb {
-    child: Child,
-    display: String,
-}
-
-impl Xvfb {
-    fn start() -> Xvfb {
-        let mut child = Command::new("Xvfb")
-            .args([
-                "-displayfd",
-                "1",
-                "-screen",
-                "0",
-                "640x480x24",
-                "-nolisten",
-                "tcp",
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start Xvfb");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("Xvfb display number");
-        let n: u32 = line.trim().parse().expect("display number");
-        Xvfb {
-            child,
-            display: format!(":{n}"),
-        }
-    }
-}
-
-impl Drop for Xvfb {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A child process killed on drop.
-struct Killed(Child);
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// One event as xev prints it: kind, detail (keycode or button; 0 for motion), root x, y.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -184,14 +121,6 @@ fn start_xev(display: &str) -> (Killed, Arc<Mutex<String>>) {
     (Killed(child), text)
 }
 
-fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn decode(f: &Frame) -> InputMessage {
     InputMessage::parse(f.payload()).expect("valid input record")
 }
@@ -211,8 +140,8 @@ fn end_to_end(window: X11Window) {
         println!("SKIPPED: x11 end-to-end test needs {m} (apt-get install xvfb xdotool x11-utils)");
         return;
     }
-    let a = Xvfb::start();
-    let b = Xvfb::start();
+    let a = Xvfb::start("640x480x24").expect("start Xvfb");
+    let b = Xvfb::start("640x480x24").expect("start Xvfb");
     let (_xev, xev_out) = start_xev(&b.display);
     wait_for("xev window", Duration::from_secs(10), || {
         xev_out.lock().unwrap().contains("MapNotify")
@@ -367,7 +296,7 @@ fn xtest_sink_releases_held_keys_and_buttons_when_the_stream_ends() {
         println!("SKIPPED: xtest release test needs {m} (apt-get install xvfb)");
         return;
     }
-    let b = Xvfb::start();
+    let b = Xvfb::start("640x480x24").expect("start Xvfb");
     let (conn, _) = x11rb::connect(Some(&b.display)).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -11,9 +11,8 @@ use ndd_core::{Frame, Meta, Pair, Role, Stack};
 use ndd_endpoint::display::{Update, FLAG_KEYFRAME};
 use ndd_endpoint::source::now_ns;
 use ndd_endpoint::{SinkConfig, SourceConfig, X11ScreenConfig, X11WindowConfig};
-use std::io::{BufRead, BufReader};
+use ndd_procs::{have, Killed, Xvfb};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
@@ -31,74 +30,32 @@ const RATES: [u32; 2] = [60, 240];
 /// `max_fps` of the source: high enough not to limit.
 const MAX_FPS: f64 = 240.0;
 
-fn have(program: &str) -> bool {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {program}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+/// An Xvfb of `w`×`h` at depth 24.
+fn xvfb(w: u32, h: u32) -> Result<Xvfb> {
+    Xvfb::start(&format!("{w}x{h}x24")).context("cannot start Xvfb")
 }
 
-/// A child process killed on drop.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// An Xvfb server on a free display number (`-displayfd`), killed on drop.
-struct Xvfb {
-    _child: Killed,
-    display: String,
-}
-
-impl Xvfb {
-    fn start(w: u32, h: u32) -> Result<Xvfb> {
-        let mut child = Command::new("Xvfb")
-            .args(["-displayfd", "1", "-screen", "0"])
-            .arg(format!("{w}x{h}x24"))
-            .args(["-nolisten", "tcp", "-noreset"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("cannot start Xvfb")?;
-        let out = child.stdout.take().context("Xvfb stdout")?;
-        let child = Killed(child);
-        let mut line = String::new();
-        BufReader::new(out)
-            .read_line(&mut line)
-            .context("reading Xvfb's display number")?;
-        let n: u32 = line
-            .trim()
-            .parse()
-            .with_context(|| format!("Xvfb printed {line:?}, not a display number"))?;
-        Ok(Xvfb {
-            _child: child,
-            display: format!(":{n}"),
-        })
-    }
-
-    /// `ffplay` playing `testsrc` at the top left, borderless, until dropped.
-    fn ffplay(&self, w: u32, h: u32, rate: u32) -> Result<Killed> {
-        let child = Command::new("ffplay")
-            .env("DISPLAY", &self.display)
-            .env("SDL_AUDIODRIVER", "dummy")
-            .args(["-loglevel", "quiet", "-an", "-noborder"])
-            .args(["-left", "0", "-top", "0", "-f", "lavfi", "-i"])
-            .arg(format!("testsrc=size={w}x{h}:rate={rate}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("cannot start ffplay")?;
-        Ok(Killed(child))
-    }
+/// `ffplay` playing `testsrc` at the top left of `x`, borderless, until dropped.
+fn ffplay(x: &Xvfb, w: u32, h: u32, rate: u32) -> Result<Killed> {
+    let src = format!("testsrc=size={w}x{h}:rate={rate}");
+    x.spawn(
+        "ffplay",
+        &[
+            "-loglevel",
+            "quiet",
+            "-an",
+            "-noborder",
+            "-left",
+            "0",
+            "-top",
+            "0",
+            "-f",
+            "lavfi",
+            "-i",
+            &src,
+        ],
+    )
+    .context("cannot start ffplay")
 }
 
 /// What passed between source and sink.
@@ -275,8 +232,8 @@ fn compress(case: &str, samples: &[Vec<u8>]) -> Result<(u64, u64, f64)> {
 /// One size: an app Xvfb of exactly the video's size with ffplay on it, the stream into a
 /// window on `viewer`, then the capture baselines on the same (still playing) display.
 async fn one_size(w: u32, h: u32, rate: u32, viewer: &Xvfb, quick: bool) -> Result<Row> {
-    let app = Xvfb::start(w, h)?;
-    let _ffplay = app.ffplay(w, h, rate)?;
+    let app = xvfb(w, h)?;
+    let _ffplay = ffplay(&app, w, h, rate)?;
     let shared = Arc::new(Mutex::new(Shared::default()));
     let (stop, stopped) = oneshot::channel::<()>();
     let (tx, mut mid) = mpsc::channel::<Frame>(8);
@@ -428,7 +385,7 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
         &[(320, 240), (640, 480), (1280, 720)]
     };
     let rates: &[u32] = if quick { &RATES[..1] } else { &RATES };
-    let viewer = Xvfb::start(1920, 1080)?;
+    let viewer = xvfb(1920, 1080)?;
     let mut rows = Vec::new();
     for (&(w, h), &rate) in sizes.iter().flat_map(|s| rates.iter().map(move |r| (s, r))) {
         let row = one_size(w, h, rate, &viewer, quick)

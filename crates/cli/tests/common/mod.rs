@@ -2,6 +2,8 @@
 //! collecting their output with bounded waits, and a TCP proxy that injects link faults.
 #![allow(dead_code)]
 
+#[allow(unused_imports)] // each test binary uses some of them
+pub use ndd_procs::{have, missing, wait_for, Killed, Xvfb};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -208,15 +210,6 @@ pub fn random(n: usize, seed: u64) -> Vec<u8> {
             (s >> 33) as u8
         })
         .collect()
-}
-
-/// Polls `f` every 10 ms until it holds; fails the test after `deadline`.
-pub fn wait_for(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < deadline, "timed out waiting for {what}");
-        thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// The recovery times a side logged (`link restored after N ms`), in order.

@@ -1,0 +1,138 @@
+//! Real processes for process-level tests and benchmarks: an Xvfb server on a free display
+//! number, programs started on it, and children that are killed when dropped — so a failing
+//! test leaves nothing running behind it.
+//!
+//! Layer: test and benchmark support, outside the sans-IO core (the simulation testkit is
+//! `ndd-testkit`); it starts processes and waits on the wall clock.
+
+#![forbid(unsafe_code)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Whether `program` is on the `PATH`.
+pub fn have(program: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {program}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The programs of `programs` that are not on the `PATH`, comma-separated; `None` when all
+/// are there.
+pub fn missing(programs: &[&str]) -> Option<String> {
+    let m: Vec<&str> = programs.iter().copied().filter(|p| !have(p)).collect();
+    (!m.is_empty()).then(|| m.join(", "))
+}
+
+/// Polls `f` every 10 ms until it holds; panics naming `what` after `deadline` (tests).
+pub fn wait_for(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A child process, killed and reaped on drop.
+#[derive(Debug)]
+pub struct Killed(pub Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// An Xvfb server on a free display number (`-displayfd`), killed on drop.
+#[derive(Debug)]
+pub struct Xvfb {
+    _child: Killed,
+    /// `:N`.
+    pub display: String,
+}
+
+impl Xvfb {
+    /// Starts Xvfb with one screen of `screen` (`WIDTHxHEIGHTxDEPTH`, e.g. `640x480x24`), no
+    /// TCP listener, and `-noreset` (without it the server resets when its last client
+    /// leaves, e.g. after `xsetroot`: the root background is lost and connections are
+    /// refused meanwhile). Returns once the server has said which display it took.
+    pub fn start(screen: &str) -> std::io::Result<Xvfb> {
+        let mut child = Command::new("Xvfb")
+            .args(["-displayfd", "1", "-screen", "0", screen])
+            .args(["-nolisten", "tcp", "-noreset"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let stdout = child.stdout.take();
+        let child = Killed(child);
+        let mut line = String::new();
+        if let Some(out) = stdout {
+            BufReader::new(out).read_line(&mut line)?;
+        }
+        let n: u32 = line.trim().parse().map_err(|_| {
+            std::io::Error::other(format!(
+                "Xvfb did not report a display number (said {line:?})"
+            ))
+        })?;
+        Ok(Xvfb {
+            _child: child,
+            display: format!(":{n}"),
+        })
+    }
+
+    /// Starts `program` with `args` on this display (output discarded, no audio device);
+    /// it is killed when the returned handle is dropped.
+    pub fn spawn(&self, program: &str, args: &[&str]) -> std::io::Result<Killed> {
+        Command::new(program)
+            .env("DISPLAY", &self.display)
+            .env("SDL_AUDIODRIVER", "dummy")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map(Killed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn have_and_missing_look_at_the_path() {
+        assert!(have("sh"));
+        assert!(!have("ndd-no-such-program"));
+        assert_eq!(missing(&["sh"]), None);
+        assert_eq!(
+            missing(&["sh", "ndd-no-such-program", "ndd-nor-this"]).as_deref(),
+            Some("ndd-no-such-program, ndd-nor-this")
+        );
+    }
+
+    #[test]
+    fn an_xvfb_takes_a_display_and_is_gone_after_drop() {
+        if !have("Xvfb") {
+            println!("SKIPPED: needs Xvfb (apt-get install xvfb)");
+            return;
+        }
+        let x = Xvfb::start("320x240x24").expect("Xvfb starts");
+        assert!(x.display.starts_with(':'), "{}", x.display);
+        let n: u32 = x.display[1..].parse().expect("a display number");
+        let socket = format!("/tmp/.X11-unix/X{n}");
+        wait_for("the X socket", Duration::from_secs(10), || {
+            std::path::Path::new(&socket).exists()
+        });
+        assert!(std::os::unix::net::UnixStream::connect(&socket).is_ok());
+        drop(x);
+        // Killed and reaped: nothing accepts on its socket any more.
+        assert!(std::os::unix::net::UnixStream::connect(&socket).is_err());
+    }
+}
