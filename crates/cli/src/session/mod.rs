@@ -166,7 +166,7 @@ struct StreamRt {
     overflow: u64,
     /// Source, reliable: the endpoint's frames from before the stack, until the peer's sink
     /// has completed them (DELIVERED); encoded again for a restarted peer.
-    kept: VecDeque<Frame>,
+    kept: VecDeque<(Meta, Bytes)>,
     kept_bytes: usize,
     /// Kept frames dropped over the budget (a restarted peer would miss them).
     kept_overflow: u64,
@@ -212,16 +212,21 @@ impl StreamRt {
         }
     }
 
-    /// Source, reliable: keeps a copy of an endpoint frame until the peer completes it.
-    fn keep(&mut self, f: &Frame, budget: usize) {
-        self.kept_bytes += f.len();
-        self.kept.push_back(Frame::new(f.meta, f.payload()));
+    /// Source, reliable: keeps an endpoint frame until the peer completes it, and returns the
+    /// frame for the stack. Both share the bytes: no copy here; a pair that changes the
+    /// payload in place copies it then (counted), one that does not never does.
+    fn keep(&mut self, f: Frame, budget: usize) -> Frame {
+        let meta = f.meta;
+        let bytes = f.into_bytes();
+        self.kept_bytes += bytes.len();
+        self.kept.push_back((meta, bytes.clone()));
         while self.kept_bytes > budget && self.kept.len() > 1 {
-            if let Some(old) = self.kept.pop_front() {
+            if let Some((_, old)) = self.kept.pop_front() {
                 self.kept_bytes -= old.len();
                 self.kept_overflow += 1;
             }
         }
+        Frame::from_bytes(meta, bytes)
     }
 
     /// Source: the peer process restarted. Its sink state is gone, so the stack starts
@@ -234,9 +239,9 @@ impl StreamRt {
         self.next_write = 0;
         self.end_written = false;
         let t = now();
-        for f in &self.kept {
+        for (meta, bytes) in &self.kept {
             self.stack
-                .handle_frame(t, Frame::new(f.meta, f.payload()))?;
+                .handle_frame(t, Frame::from_bytes(*meta, bytes.clone()))?;
         }
         if self.ended {
             self.stack.flush(t)?;
@@ -638,9 +643,9 @@ impl Session {
                             s.name
                         );
                     }
-                    while s.kept.front().is_some_and(|f| f.meta.seq <= seq) {
-                        if let Some(f) = s.kept.pop_front() {
-                            s.kept_bytes -= f.len();
+                    while s.kept.front().is_some_and(|(m, _)| m.seq <= seq) {
+                        if let Some((_, b)) = s.kept.pop_front() {
+                            s.kept_bytes -= b.len();
                         }
                     }
                 }
@@ -1045,10 +1050,12 @@ pub async fn run_side(
                         Some((i, Some(frame))) => {
                             if !sess.streams[i].ended {
                                 sess.streams[i].stats.produced(frame.len());
-                                if sess.streams[i].reliable {
+                                let frame = if sess.streams[i].reliable {
                                     let budget = sess.budget;
-                                    sess.streams[i].keep(&frame, budget);
-                                }
+                                    sess.streams[i].keep(frame, budget)
+                                } else {
+                                    frame
+                                };
                                 sess.streams[i].stack.handle_frame(now(), frame)?;
                                 sess.pump(i).await?;
                             }
