@@ -5,6 +5,7 @@
 #   frame      every fixture, as a whole message
 #   control    every fixture as a whole message, plus the body of each control* fixture
 #   handshake  every fixture as a whole message, plus the body of each hello* fixture
+#   records    a few device records (input, display)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -16,7 +17,7 @@ hex2bin() {
     perl -0777 -ne 's/#[^\n]*//g; s/\s+//g; print pack("H*", $_)' "$1"
 }
 
-mkdir -p "$corpus/frame" "$corpus/control" "$corpus/handshake"
+mkdir -p "$corpus/frame" "$corpus/control" "$corpus/handshake" "$corpus/records"
 count=0
 for f in "$fixtures"/*.hex; do
     name="$(basename "$f" .hex)"
@@ -29,4 +30,9 @@ for f in "$fixtures"/*.hex; do
     esac
     count=$((count + 1))
 done
-echo "seed-corpus: $count fixtures -> $corpus/{frame,control,handshake}"
+# Device records (docs/endpoints.md): an input release-all, an input batch with one key
+# press, and a 1x1 display keyframe update.
+printf '\x01\x02' >"$corpus/records/input_release_all"
+printf '\x01\x00\x00\x01\x00\x01\x00\x1e\x00\x00\x00\x01\x00\x00\x00\x00' >"$corpus/records/input_key"
+printf '\x01\x00\x00\x01\x00\x01\x00\x01\x00\x01\x00\x00\x00\x00\x00\x01\x00\x01\x00\x10\x20\x30\x00' >"$corpus/records/display_1x1"
+echo "seed-corpus: $count fixtures -> $corpus/{frame,control,handshake}, 3 device records -> $corpus/records"

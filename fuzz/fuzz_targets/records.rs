@@ -1,0 +1,27 @@
+//! Device records, as a sink endpoint receives them from the peer: display updates (applied
+//! to a framebuffer, as the `x11-window` and `framebuffer` sinks do), input records and serial
+//! records. Nothing may panic; whatever parses emits bytes that parse to the same value.
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use ndd_endpoint::display::Update;
+use ndd_endpoint::{Framebuffer, InputMessage, PixelFormat, SerialMessage};
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(u) = Update::parse(data) {
+        let bytes = u.emit().expect("a parsed update emits");
+        assert_eq!(Update::parse(&bytes).as_ref(), Ok(&u));
+        // A small screen first: updates for a larger one resize it (bounded by u16 sizes).
+        let mut fb = Framebuffer::new(16, 16, PixelFormat::Bgrx32);
+        let _ = fb.apply(&u);
+    }
+    if let Ok(m) = InputMessage::parse(data) {
+        let bytes = m.emit().expect("a parsed input record emits");
+        assert_eq!(InputMessage::parse(&bytes), Ok(m));
+    }
+    if let Ok(m) = SerialMessage::parse(data) {
+        let bytes = m.emit();
+        assert_eq!(SerialMessage::parse(&bytes), Ok(m));
+    }
+});
