@@ -477,6 +477,35 @@ impl MessageWriter {
         Ok(())
     }
 
+    /// Send a DATA message whose payload stays where it is (a frame kept for resending):
+    /// the 26-byte header and the payload leave in vectored writes, without copying the
+    /// payload (TLS still copies it once, into the records it encrypts).
+    pub async fn write_data(&mut self, header: &DataHeader, payload: &[u8]) -> Result<()> {
+        self.check_peer_limit((DATA_HEADER_LEN - HEADER_LEN) as u64 + payload.len() as u64)?;
+        let mut head = [0u8; DATA_HEADER_LEN];
+        header.emit(payload.len(), &mut head)?;
+        tracing::trace!(
+            stream = header.stream_id,
+            seq = header.seq,
+            len = payload.len(),
+            "DATA out"
+        );
+        let (mut a, mut b): (&[u8], &[u8]) = (&head, payload);
+        while !a.is_empty() || !b.is_empty() {
+            let n = self
+                .inner
+                .write_vectored(&[io::IoSlice::new(a), io::IoSlice::new(b)])
+                .await?;
+            if n == 0 {
+                return Err(io::Error::from(io::ErrorKind::WriteZero).into());
+            }
+            let from_a = n.min(a.len());
+            a = &a[from_a..];
+            b = &b[n - from_a..];
+        }
+        Ok(())
+    }
+
     /// Send any message (CONTROL, HELLO, …; a DATA message too, copying its payload).
     pub async fn write_message(&mut self, msg: &Message<'_>) -> Result<()> {
         self.check_peer_limit(msg.body_len() as u64)?;

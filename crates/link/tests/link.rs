@@ -358,6 +358,52 @@ async fn megabyte_frame_crosses_intact() {
 }
 
 #[tokio::test]
+async fn write_data_sends_a_kept_payload_intact_over_plain_and_tls() {
+    // Several megabytes at once so the vectored writes come back partial (the peer reads
+    // only when the writer has filled the socket buffers), plus an empty payload.
+    let payload: Vec<u8> = (0..3_000_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+        .collect();
+    let (_hs, server_id) = identity("wd-server");
+    let (_hc, client_id) = identity("wd-client");
+    for (name, ((sconn, _), (cconn, _))) in [
+        ("plain", plain_pair().await),
+        ("tls", tls_pair(&server_id, &client_id).await),
+    ] {
+        let (mut sr, _sw) = sconn.split();
+        let (_cr, mut cw) = cconn.split();
+        let header = |seq, retransmit| ndd_wire::DataHeader {
+            stream_id: 4,
+            retransmit,
+            seq,
+            timestamp_ns: 77,
+        };
+        let send = async {
+            cw.write_data(&header(1, false), &payload).await.unwrap();
+            cw.write_data(&header(2, true), b"").await.unwrap();
+            cw.write_data(&header(3, false), b"tail").await.unwrap();
+            cw.flush().await.unwrap();
+        };
+        let recv = async {
+            let mut got = Vec::new();
+            for _ in 0..3 {
+                got.push(expect_data(sr.read().await.unwrap()));
+            }
+            got
+        };
+        let ((), got) = tokio::join!(send, recv);
+        assert_eq!(got[0].0, header(1, false), "{name}");
+        assert!(got[0].1[..] == payload[..], "{name}: payload corrupted");
+        assert_eq!((got[1].0, got[1].1.len()), (header(2, true), 0), "{name}");
+        assert_eq!(
+            (got[2].0, &got[2].1[..]),
+            (header(3, false), &b"tail"[..]),
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn plain_mode_carries_messages() {
     let ((sconn, speer), (cconn, cpeer)) = plain_pair().await;
     assert_eq!(speer.fingerprint, None);

@@ -7,7 +7,7 @@ use ndd_core::{Frame, Meta};
 use ndd_link::{
     Incoming, LinkError, MessageReader, MessageWriter, QuicConn, QuicSender, UdpLink, UdpSender,
 };
-use ndd_wire::{Message, FLAG_RETRANSMIT};
+use ndd_wire::{DataHeader, Message, FLAG_RETRANSMIT};
 
 /// Which link a side uses (`[link] transport`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, Default)]
@@ -88,14 +88,13 @@ impl Tx {
     ) -> Result<(), LinkError> {
         match self {
             Tx::Tcp(w) => {
-                w.write_message(&Message::Data {
-                    stream,
+                let header = DataHeader {
+                    stream_id: stream,
                     retransmit,
                     seq,
                     timestamp_ns,
-                    payload,
-                })
-                .await
+                };
+                w.write_data(&header, payload).await
             }
             Tx::Quic(_) | Tx::Udp(_) => {
                 let flags = if retransmit { FLAG_RETRANSMIT } else { 0 };
