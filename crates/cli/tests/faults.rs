@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const CFG: &str = r#"
 driver = "faults"
@@ -34,32 +34,7 @@ fn cut_connections_mid_frame_lose_and_duplicate_nothing() {
     let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
     let cfg = dir.0.join("c.toml");
     std::fs::write(&cfg, CFG).unwrap();
-    let app = Side::spawn(run_cmd(
-        &cfg,
-        "app",
-        &app_home,
-        &["--listen", "127.0.0.1:0"],
-    ));
-    let proxy = Proxy::start(app.addr());
-    let dev = Side::spawn(run_cmd(
-        &cfg,
-        "device",
-        &dev_home,
-        &["--connect", &proxy.addr],
-    ));
-    for round in 1..=3 {
-        wait_for("a connection", Duration::from_secs(30), || {
-            proxy.accepted() >= round
-        });
-        thread::sleep(Duration::from_millis(400));
-        proxy.cut();
-    }
-    let (ds, _, derr) = dev.finish();
-    let (as_, _, aerr) = app.finish();
-    println!("recoveries (device side): {:?}", recoveries(&derr));
-    println!("recoveries (app side): {:?}", recoveries(&aerr));
-    assert!(ds.success(), "device: {derr}");
-    assert!(as_.success(), "app: {aerr}");
+    let (derr, aerr) = run_with_cuts(&cfg, &dev_home, &app_home, 3, Duration::from_millis(400));
     assert!(aerr.contains("stream \"events\": check: 3000 frames, seq 0..=2999, 0 missing, 0 duplicate, 0 reordered, 0 corrupt: OK"), "{aerr}");
     assert!(derr.contains("stream \"back\": check: 1500 frames, seq 0..=1499, 0 missing, 0 duplicate, 0 reordered, 0 corrupt: OK"), "{derr}");
     assert!(
@@ -141,35 +116,14 @@ sink = {{ type = "file", path = "{}", framing = "length", append = true }}
         ),
     )
     .unwrap();
-    let port = std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let app1 = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &addr]));
-    let _ = app1.addr();
-    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &addr]));
-    wait_for("frames to flow", Duration::from_secs(30), || {
-        std::fs::metadata(&out)
-            .map(|m| m.len() > 30_000)
-            .unwrap_or(false)
-    });
-    let t_kill = Instant::now();
-    app1.kill();
-    // What the first app wrote, to the byte: its life ends here.
-    let written1 = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0) as usize;
-    let app2 = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &addr]));
-    let (ds, _, derr) = dev.finish();
-    let (as_, _, aerr) = app2.finish();
-    println!(
-        "recovered after the restart: {:?} (kill to end {:?})",
-        recoveries(&derr),
-        t_kill.elapsed()
+    let (_, _, written1) = run_with_app_restart(
+        &cfg,
+        &dev_home,
+        &app_home,
+        || std::fs::metadata(&out).is_ok_and(|m| m.len() > 30_000),
+        // What the first app wrote, to the byte: its life ends here.
+        || std::fs::metadata(&out).map_or(0, |m| m.len()) as usize,
     );
-    assert!(ds.success(), "device: {derr}");
-    assert!(as_.success(), "app: {aerr}");
-    assert!(derr.contains("the peer restarted"), "{derr}");
     // Every frame, in order, none lost: the device keeps what the app's sink had not completed
     // and sends it again to the new app. A frame the first app completed in its last moments
     // (before its DELIVERED went out) may come twice: at least once across a process restart
@@ -191,19 +145,7 @@ sink = {{ type = "file", path = "{}", framing = "length", append = true }}
         }
     }
     assert_eq!(at, bytes.len(), "whole frames only");
-    let mut expect = 0u64;
-    let mut dups = 0;
-    let mut lost = Vec::new();
-    for &s in &seqs {
-        if s < expect {
-            dups += 1;
-        } else {
-            if s > expect {
-                lost.push(expect..s);
-            }
-            expect = s + 1;
-        }
-    }
+    let (expect, dups, lost) = order(seqs.iter().copied());
     assert_eq!(expect, 2000, "the stream went on to its end");
     assert!(
         lost.is_empty(),

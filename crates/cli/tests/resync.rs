@@ -142,32 +142,7 @@ fn stateful_pairs_resynchronise_across_cuts_mid_frame() {
     cfg_text += &back.toml("app-to-device", &back.check_sink());
     let cfg = dir.0.join("c.toml");
     std::fs::write(&cfg, cfg_text).unwrap();
-    let app = Side::spawn(run_cmd(
-        &cfg,
-        "app",
-        &app_home,
-        &["--listen", "127.0.0.1:0"],
-    ));
-    let proxy = Proxy::start(app.addr());
-    let dev = Side::spawn(run_cmd(
-        &cfg,
-        "device",
-        &dev_home,
-        &["--connect", &proxy.addr],
-    ));
-    for round in 1..=4 {
-        wait_for("a connection", Duration::from_secs(30), || {
-            proxy.accepted() >= round
-        });
-        thread::sleep(Duration::from_millis(350));
-        proxy.cut();
-    }
-    let (ds, _, derr) = dev.finish();
-    let (as_, _, aerr) = app.finish();
-    println!("recoveries (device side): {:?}", recoveries(&derr));
-    println!("recoveries (app side): {:?}", recoveries(&aerr));
-    assert!(ds.success(), "device: {derr}");
-    assert!(as_.success(), "app: {aerr}");
+    let (derr, aerr) = run_with_cuts(&cfg, &dev_home, &app_home, 4, Duration::from_millis(350));
     for (name, count) in expect {
         assert!(aerr.contains(&check_ok(name, count)), "{name}: {aerr}");
     }
@@ -234,39 +209,19 @@ fn stateful_pairs_resynchronise_across_a_restart_of_the_app_side() {
     }
     let cfg = dir.0.join("c.toml");
     std::fs::write(&cfg, cfg_text).unwrap();
-    let port = std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let app1 = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &addr]));
-    let _ = app1.addr();
-    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &addr]));
     let delta_out = outs[0].3.clone();
-    wait_for("frames to flow", Duration::from_secs(30), || {
-        std::fs::metadata(&delta_out)
-            .map(|m| m.len() > 100_000)
-            .unwrap_or(false)
-    });
-    let t_kill = Instant::now();
-    app1.kill();
-    // What the first app wrote, to the byte: its life ends here.
-    let written1: Vec<u64> = outs
-        .iter()
-        .map(|o| std::fs::metadata(&o.3).map(|m| m.len()).unwrap_or(0))
-        .collect();
-    let app2 = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &addr]));
-    let (ds, _, derr) = dev.finish();
-    let (as_, _, aerr) = app2.finish();
-    println!(
-        "recovered after the restart: {:?} (kill to end {:?})",
-        recoveries(&derr),
-        t_kill.elapsed()
+    let (_, _, written1) = run_with_app_restart(
+        &cfg,
+        &dev_home,
+        &app_home,
+        || std::fs::metadata(&delta_out).is_ok_and(|m| m.len() > 100_000),
+        // What the first app wrote, to the byte: its life ends here.
+        || -> Vec<u64> {
+            outs.iter()
+                .map(|o| std::fs::metadata(&o.3).map_or(0, |m| m.len()))
+                .collect()
+        },
     );
-    assert!(ds.success(), "device: {derr}");
-    assert!(as_.success(), "app: {aerr}");
-    assert!(derr.contains("the peer restarted"), "{derr}");
     let mut failures = Vec::new();
     for ((name, seed, count, out), written1) in outs.into_iter().zip(written1) {
         let frames = seqs_in(&out, seed, count);
@@ -278,19 +233,7 @@ fn stateful_pairs_resynchronise_across_a_restart_of_the_app_side() {
             .map(|(s, _)| *s);
         // In order; a frame the first app took in but had not acknowledged when it died may
         // come twice (protocol §5a).
-        let mut expect = 0u64;
-        let mut dups = 0;
-        let mut lost = Vec::new();
-        for &(s, _) in &frames {
-            if s < expect {
-                dups += 1;
-            } else {
-                if s > expect {
-                    lost.push(expect..s);
-                }
-                expect = s + 1;
-            }
-        }
+        let (expect, dups, lost) = order(frames.iter().map(|(s, _)| *s));
         println!(
             "{name}: {} frames written ({} by the first app), {dups} twice across the restart, lost {lost:?}",
             frames.len(),

@@ -318,3 +318,92 @@ impl Proxy {
         self.accepted.load(Ordering::SeqCst)
     }
 }
+
+/// Runs `cfg` with the device side connecting through a [`Proxy`] that cuts every
+/// connection `cuts` times, `after` once each new connection is up; waits for both sides to
+/// end, prints the recovery times, checks both succeeded and returns (device, app) stderr.
+pub fn run_with_cuts(
+    cfg: &Path,
+    dev_home: &Path,
+    app_home: &Path,
+    cuts: usize,
+    after: Duration,
+) -> (String, String) {
+    let app = Side::spawn(run_cmd(cfg, "app", app_home, &["--listen", "127.0.0.1:0"]));
+    let proxy = Proxy::start(app.addr());
+    let dev = Side::spawn(run_cmd(
+        cfg,
+        "device",
+        dev_home,
+        &["--connect", &proxy.addr],
+    ));
+    for round in 1..=cuts {
+        wait_for("a connection", Duration::from_secs(30), || {
+            proxy.accepted() >= round
+        });
+        thread::sleep(after);
+        proxy.cut();
+    }
+    let (ds, _, derr) = dev.finish();
+    let (as_, _, aerr) = app.finish();
+    println!("recoveries (device side): {:?}", recoveries(&derr));
+    println!("recoveries (app side): {:?}", recoveries(&aerr));
+    assert!(ds.success(), "device: {derr}");
+    assert!(as_.success(), "app: {aerr}");
+    (derr, aerr)
+}
+
+/// Runs `cfg` on a fixed loopback port; once `flowing()` holds, kills the app side (SIGKILL:
+/// no goodbye), calls `at_kill` (to note what the first app wrote) and starts the app side
+/// again. Waits for both sides to end, prints the recovery time, checks both succeeded and
+/// the device saw a new peer; returns (device stderr, app stderr, what `at_kill` returned).
+pub fn run_with_app_restart<T>(
+    cfg: &Path,
+    dev_home: &Path,
+    app_home: &Path,
+    flowing: impl FnMut() -> bool,
+    at_kill: impl FnOnce() -> T,
+) -> (String, String, T) {
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let app1 = Side::spawn(run_cmd(cfg, "app", app_home, &["--listen", &addr]));
+    let _ = app1.addr();
+    let dev = Side::spawn(run_cmd(cfg, "device", dev_home, &["--connect", &addr]));
+    wait_for("frames to flow", Duration::from_secs(30), flowing);
+    let t_kill = std::time::Instant::now();
+    app1.kill();
+    let noted = at_kill();
+    let app2 = Side::spawn(run_cmd(cfg, "app", app_home, &["--listen", &addr]));
+    let (ds, _, derr) = dev.finish();
+    let (as_, _, aerr) = app2.finish();
+    println!(
+        "recovered after the restart: {:?} (kill to end {:?})",
+        recoveries(&derr),
+        t_kill.elapsed()
+    );
+    assert!(ds.success(), "device: {derr}");
+    assert!(as_.success(), "app: {aerr}");
+    assert!(derr.contains("the peer restarted"), "{derr}");
+    (derr, aerr, noted)
+}
+
+/// How a stream's sequence numbers arrived: the next one expected after the highest seen,
+/// how many came again (at or below one already seen), and the ranges never seen.
+pub fn order(seqs: impl IntoIterator<Item = u64>) -> (u64, usize, Vec<std::ops::Range<u64>>) {
+    let (mut expect, mut dups, mut lost) = (0u64, 0, Vec::new());
+    for s in seqs {
+        if s < expect {
+            dups += 1;
+        } else {
+            if s > expect {
+                lost.push(expect..s);
+            }
+            expect = s + 1;
+        }
+    }
+    (expect, dups, lost)
+}
