@@ -126,14 +126,7 @@ fn a_remote_x_desktop_shows_the_same_pixels_and_takes_clicks_and_keys() {
             .replace("DEV", &dev_x.display),
     )
     .unwrap();
-    let app = Side::spawn(run_cmd(
-        &cfg,
-        "app",
-        &app_home,
-        &["--listen", "127.0.0.1:0"],
-    ));
-    let addr = app.addr();
-    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &addr]));
+    let (app, dev) = start_pair(&cfg, &cfg, &app_home, &dev_home);
 
     let (a, _) = x11rb::connect(Some(&app_x.display)).expect("connect to the app display");
     let (d, _) = x11rb::connect(Some(&dev_x.display)).expect("connect to the device display");

@@ -32,14 +32,7 @@ fn one_megabyte_each_way_arrives_byte_identical_over_tls() {
     let up = random(1 << 20, 1);
     let down = random(300_000, 2);
 
-    let mut app = Side::spawn(run_cmd(
-        &cfg,
-        "app",
-        &app_home,
-        &["--listen", "127.0.0.1:0"],
-    ));
-    let addr = app.addr();
-    let mut dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &addr]));
+    let (mut app, mut dev) = start_pair(&cfg, &cfg, &app_home, &dev_home);
     // Both directions at the same time.
     let f1 = dev.feed(up.clone());
     let f2 = app.feed(down.clone());
@@ -80,14 +73,7 @@ fn stack_mismatch_is_reported_on_both_sides_naming_stream_and_layer() {
     let (dcfg, acfg) = (dir.0.join("d.toml"), dir.0.join("a.toml"));
     std::fs::write(&dcfg, SYNTH.replace("COUNT", "4")).unwrap();
     std::fs::write(&acfg, SYNTH.replace("COUNT", "5")).unwrap();
-    let app = Side::spawn(run_cmd(
-        &acfg,
-        "app",
-        &app_home,
-        &["--listen", "127.0.0.1:0"],
-    ));
-    let addr = app.addr();
-    let dev = Side::spawn(run_cmd(&dcfg, "device", &dev_home, &["--connect", &addr]));
+    let (app, dev) = start_pair(&acfg, &dcfg, &app_home, &dev_home);
     let (ds, _, derr) = dev.finish();
     let (as_, _, aerr) = app.finish();
     assert!(!ds.success() && !as_.success());
@@ -120,14 +106,7 @@ fn untrusted_peer_is_refused_on_both_sides_with_the_trust_command() {
     let (dev_home, app_home, dfp, _) = homes(&dir.0, true, false);
     let cfg = dir.0.join("c.toml");
     std::fs::write(&cfg, SYNTH.replace("COUNT", "4")).unwrap();
-    let app = Side::spawn(run_cmd(
-        &cfg,
-        "app",
-        &app_home,
-        &["--listen", "127.0.0.1:0"],
-    ));
-    let addr = app.addr();
-    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &addr]));
+    let (app, dev) = start_pair(&cfg, &cfg, &app_home, &dev_home);
     let (ds, _, derr) = dev.finish();
     let (as_, _, aerr) = app.finish();
     assert!(!ds.success() && !as_.success());

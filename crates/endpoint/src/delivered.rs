@@ -8,6 +8,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+/// The sequence number of records the session injects itself (release-all on a link drop):
+/// not frames of the peer's, so sinks never count them as completed.
+pub const INJECTED_SEQ: u64 = u64::MAX;
+
 /// What a sink has completed, shared between the sink task and whoever acknowledges (clones
 /// share the same counters): the highest sequence number, and how many frames.
 ///
@@ -26,8 +30,8 @@ struct Counters {
 
 impl Delivered {
     /// Records that frame `seq` is complete (and that the sink is done with every frame it
-    /// received before it). `u64::MAX` — the sequence number of records the session injects
-    /// itself, such as release-all — is ignored.
+    /// received before it). [`INJECTED_SEQ`] — records the session injects itself, such as
+    /// release-all — is ignored.
     pub fn mark(&self, seq: u64) {
         self.mark_batch(seq, 1);
     }
@@ -35,7 +39,7 @@ impl Delivered {
     /// Records that `frames` frames, the highest numbered `seq`, are complete (a batch
     /// written with one flush).
     pub fn mark_batch(&self, seq: u64, frames: u64) {
-        if seq == u64::MAX {
+        if seq == INJECTED_SEQ {
             return;
         }
         self.0.highest.fetch_max(seq + 1, Ordering::Release);
@@ -47,7 +51,7 @@ impl Delivered {
         self.0.highest.load(Ordering::Acquire).checked_sub(1)
     }
 
-    /// How many frames were completed (injected `u64::MAX` records not counted).
+    /// How many frames were completed ([`INJECTED_SEQ`] records not counted).
     pub fn count(&self) -> u64 {
         self.0.count.load(Ordering::Acquire)
     }

@@ -753,7 +753,7 @@ fn run_injector(
                 InputMessage::ReleaseAll => release(inj, &mut held)?,
             }
             // Injected and flushed (xtest flushes, uinput writes, in `events`). The session's
-            // own release-all records (seq u64::MAX) are not marked.
+            // own release-all records (seq `INJECTED_SEQ`) are not marked.
             delivered.mark(frame.meta.seq);
         }
         Ok(())

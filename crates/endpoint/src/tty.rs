@@ -555,6 +555,31 @@ pub(crate) async fn run_tty_source(
     Ok(out.report)
 }
 
+/// A serial sink's record, or the error that ends the sink (a bad record is rejected:
+/// nothing more will ever be done with it, so it counts as completed).
+fn parse_or_reject<'a>(
+    endpoint: &'static str,
+    frame: &'a Frame,
+    delivered: &Delivered,
+) -> Result<SerialMessage<'a>, EndpointError> {
+    SerialMessage::parse(frame.payload()).map_err(|source| {
+        delivered.mark(frame.meta.seq);
+        EndpointError::BadFrame {
+            endpoint,
+            seq: frame.meta.seq,
+            source,
+        }
+    })
+}
+
+fn write_err(endpoint: &'static str, what: &str, source: io::Error) -> EndpointError {
+    EndpointError::Write {
+        endpoint,
+        what: what.to_string(),
+        source,
+    }
+}
+
 /// `serial` sink: writes data, applies line settings and DTR/RTS.
 pub(crate) async fn run_tty_sink(
     endpoint: &'static str,
@@ -568,28 +593,10 @@ pub(crate) async fn run_tty_sink(
     while let Some(frame) = rx.recv().await {
         report.frames += 1;
         report.bytes += frame.len() as u64;
-        let msg = match SerialMessage::parse(frame.payload()) {
-            Ok(msg) => msg,
-            Err(source) => {
-                // Rejected: nothing more will ever be done with it.
-                delivered.mark(frame.meta.seq);
-                return Err(EndpointError::BadFrame {
-                    endpoint,
-                    seq: frame.meta.seq,
-                    source,
-                });
-            }
-        };
-        match msg {
-            SerialMessage::Data(d) => {
-                write_all(&tty.fd, d)
-                    .await
-                    .map_err(|source| EndpointError::Write {
-                        endpoint,
-                        what: what.clone(),
-                        source,
-                    })?
-            }
+        match parse_or_reject(endpoint, &frame, &delivered)? {
+            SerialMessage::Data(d) => write_all(&tty.fd, d)
+                .await
+                .map_err(|source| write_err(endpoint, &what, source))?,
             SerialMessage::Settings(s) => {
                 let shared = tty.clone();
                 // TCSADRAIN waits until the bytes written so far have left the port: off the
@@ -729,28 +736,10 @@ pub(crate) async fn run_pty_sink(
     while let Some(frame) = rx.recv().await {
         report.frames += 1;
         report.bytes += frame.len() as u64;
-        let msg = match SerialMessage::parse(frame.payload()) {
-            Ok(msg) => msg,
-            Err(source) => {
-                // Rejected: nothing more will ever be done with it.
-                delivered.mark(frame.meta.seq);
-                return Err(EndpointError::BadFrame {
-                    endpoint,
-                    seq: frame.meta.seq,
-                    source,
-                });
-            }
-        };
-        match msg {
-            SerialMessage::Data(d) => {
-                write_all(&pty.master, d)
-                    .await
-                    .map_err(|source| EndpointError::Write {
-                        endpoint,
-                        what: what.clone(),
-                        source,
-                    })?
-            }
+        match parse_or_reject(endpoint, &frame, &delivered)? {
+            SerialMessage::Data(d) => write_all(&pty.master, d)
+                .await
+                .map_err(|source| write_err(endpoint, &what, source))?,
             SerialMessage::Settings(s) => {
                 tracing::trace!(endpoint, settings = %s, "line settings frame ignored by a pty")
             }

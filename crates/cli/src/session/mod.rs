@@ -35,6 +35,7 @@ use bytes::Bytes;
 use handshake::{Connector, Ctx, Established};
 use linkio::LinkIo;
 use ndd_core::{Frame, Meta, Pair, Role, Stack};
+use ndd_endpoint::delivered::INJECTED_SEQ;
 use ndd_endpoint::{CheckReport, Delivered, SinkReport, SourceReport};
 use ndd_link::{Identity, Incoming, Listener};
 use ndd_modules::ModuleConfig;
@@ -232,8 +233,7 @@ impl StreamRt {
     /// Source: the peer process restarted. Its sink state is gone, so the stack starts
     /// afresh and every frame it has not completed is encoded again, ahead of new ones.
     fn restart_for_new_peer(&mut self) -> Result<()> {
-        let pairs: Vec<&dyn Pair> = self.pairs.iter().map(|m| m as &dyn Pair).collect();
-        self.stack = Stack::build(Role::Source, &self.name, &pairs)?;
+        self.stack = build_stack(Role::Source, &self.name, &self.pairs)?;
         self.out.clear();
         self.out_bytes = 0;
         self.next_write = 0;
@@ -248,6 +248,12 @@ impl StreamRt {
         }
         Ok(())
     }
+}
+
+/// A stream's stack of `pairs`, for `role`.
+fn build_stack(role: Role, name: &str, pairs: &[ModuleConfig]) -> Result<Stack> {
+    let pairs: Vec<&dyn Pair> = pairs.iter().map(|m| m as &dyn Pair).collect();
+    Ok(Stack::build(role, name, &pairs)?)
 }
 
 /// Clock offset to the peer from PING/PONG: the sample with the smallest RTT wins.
@@ -301,7 +307,13 @@ struct Session {
     warned_overflow: bool,
     /// Bumped each time the peer's process restarts.
     peer_gen: u64,
+    /// When ACK and DELIVERED may next go out (at most every [`ACK_EVERY`], not per frame).
+    next_ack: Instant,
 }
+
+/// Longest wait before a sink tells its source what it took in (ACK) and completed
+/// (DELIVERED).
+const ACK_EVERY: Duration = Duration::from_millis(20);
 
 /// Why the link is gone.
 struct LinkLost(anyhow::Error);
@@ -403,8 +415,7 @@ impl Session {
                 s.stats
                     .delivered(f.len(), clock.to_local(f.meta.timestamp_ns), wall_ns());
                 if let Some(tx) = &s.sink_tx {
-                    if f.meta.seq != u64::MAX {
-                        // (Sinks do not count u64::MAX, the session's own release-all.)
+                    if f.meta.seq != INJECTED_SEQ {
                         s.handed.push_back((peer_gen, f.meta.seq));
                     }
                     if tx.send(f).await.is_err() {
@@ -435,7 +446,16 @@ impl Session {
             .await
             .map_err(lost)?;
         }
-        for s in self.streams.iter_mut().filter(|s| !s.is_source()) {
+        let t = now();
+        let acks_due = t >= self.next_ack;
+        if acks_due {
+            self.next_ack = t + ACK_EVERY;
+        }
+        for s in self
+            .streams
+            .iter_mut()
+            .filter(|s| acks_due && !s.is_source())
+        {
             if s.last_seq != s.acked_sent {
                 if let Some(seq) = s.last_seq {
                     link.write_message(&Message::Ack { stream: s.id, seq })
@@ -553,7 +573,7 @@ impl Session {
             if let Some(tx) = &s.sink_tx {
                 let meta = Meta {
                     stream: s.id,
-                    seq: u64::MAX,
+                    seq: INJECTED_SEQ,
                     timestamp_ns: wall_ns(),
                     flags: 0,
                 };
@@ -845,8 +865,8 @@ pub async fn run_side(
         } else {
             Role::Sink
         };
-        let pairs: Vec<&dyn Pair> = s.pairs().into_iter().map(|m| m as &dyn Pair).collect();
-        let stack = Stack::build(role, s.name(), &pairs)?;
+        let pairs: Vec<ModuleConfig> = s.pairs().into_iter().cloned().collect();
+        let stack = build_stack(role, s.name(), &pairs)?;
         let dir = s.direction.wire().to_string();
         let mut rt = StreamRt {
             id,
@@ -873,7 +893,7 @@ pub async fn run_side(
             kept: VecDeque::new(),
             kept_bytes: 0,
             kept_overflow: 0,
-            pairs: s.pairs().into_iter().cloned().collect(),
+            pairs,
             sink_tx: None,
             handed: VecDeque::new(),
             completed: Delivered::default(),
@@ -948,6 +968,7 @@ pub async fn run_side(
         budget: cfg.link.resume_buffer_bytes as usize,
         warned_overflow: false,
         peer_gen: 0,
+        next_ack: now(),
     };
     if let Err(LinkLost(e)) = sess.attach(first).await {
         bail!(e.context("the link failed right after the handshake"));
@@ -955,9 +976,7 @@ pub async fn run_side(
 
     let ping_every = Duration::from_millis(cfg.link.ping_interval_ms.max(10));
     let keepalive = Duration::from_millis(cfg.link.keepalive_timeout_ms);
-    let ack_every = Duration::from_millis(20);
     let mut next_ping = now();
-    let mut next_ack = now();
     let mut next_stats = opts.live_stats.map(|d| now() + d);
     let deadline = opts.duration.map(|d| now() + d);
     let mut sources_open = sess.streams.iter().filter(|s| s.is_source()).count();
@@ -1002,7 +1021,7 @@ pub async fn run_side(
             let wake = [
                 sess.streams.iter().filter_map(|s| s.stack.poll_timeout()).min(),
                 Some(next_ping),
-                Some(next_ack),
+                Some(sess.next_ack),
                 next_stats,
                 deadline,
                 linger_until,
@@ -1078,9 +1097,6 @@ pub async fn run_side(
                             sess.streams[i].stack.handle_timeout(t)?;
                             sess.pump(i).await?;
                         }
-                    }
-                    if t >= next_ack {
-                        next_ack = t + ack_every; // ACKs go out in flush_out
                     }
                     if let Some(link) = sess.link.as_mut() {
                         if t >= sess.last_rx + keepalive {

@@ -319,6 +319,25 @@ impl Proxy {
     }
 }
 
+/// Starts the app side listening on a free loopback port, then the device side connecting
+/// to it: (app, device).
+pub fn start_pair(
+    app_cfg: &Path,
+    dev_cfg: &Path,
+    app_home: &Path,
+    dev_home: &Path,
+) -> (Side, Side) {
+    let app = Side::spawn(run_cmd(
+        app_cfg,
+        "app",
+        app_home,
+        &["--listen", "127.0.0.1:0"],
+    ));
+    let addr = app.addr();
+    let dev = Side::spawn(run_cmd(dev_cfg, "device", dev_home, &["--connect", &addr]));
+    (app, dev)
+}
+
 /// Runs `cfg` with the device side connecting through a [`Proxy`] that cuts every
 /// connection `cuts` times, `after` once each new connection is up; waits for both sides to
 /// end, prints the recovery times, checks both succeeded and returns (device, app) stderr.
