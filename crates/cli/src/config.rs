@@ -96,14 +96,19 @@ impl SideName {
             SideName::App => Side::App,
         }
     }
+
+    /// `device` or `app`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SideName::Device => "device",
+            SideName::App => "app",
+        }
+    }
 }
 
 impl std::fmt::Display for SideName {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            SideName::Device => "device",
-            SideName::App => "app",
-        })
+        f.write_str(self.as_str())
     }
 }
 

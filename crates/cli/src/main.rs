@@ -7,6 +7,7 @@
 mod bench;
 mod config;
 mod demo;
+mod logfmt;
 mod session;
 mod stats;
 
@@ -155,9 +156,12 @@ fn main() {
 }
 
 fn init_tracing(verbose: u8) {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
+    // The session's notes (connected, link lost, restored) are ndd's own INFO lines: shown by
+    // default; other crates' only from -v.
     let default = match verbose {
-        0 => "warn",
+        0 => "warn,ndd=info",
         1 => "info",
         2 => "debug",
         _ => "trace",
@@ -166,6 +170,8 @@ fn init_tracing(verbose: u8) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .event_format(logfmt::Compact)
         .try_init();
 }
 
@@ -180,8 +186,14 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 fn duration(secs: Option<f64>) -> Result<Option<Duration>> {
     match secs {
         None => Ok(None),
-        Some(s) if s.is_finite() && s > 0.0 => Ok(Some(Duration::from_secs_f64(s))),
-        Some(s) => anyhow::bail!("--duration must be a positive number of seconds, not {s}"),
+        // At most a year: beyond that, leave --duration out (run until stopped).
+        Some(s) if s.is_finite() && s > 0.0 && s <= 366.0 * 86400.0 => {
+            Ok(Duration::try_from_secs_f64(s).ok())
+        }
+        Some(s) => anyhow::bail!(
+            "--duration must be a positive number of seconds up to one year (31622400), not {s}; \
+             leave it out to run until stopped"
+        ),
     }
 }
 

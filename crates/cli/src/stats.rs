@@ -148,12 +148,6 @@ impl StreamStats {
         self.bytes += len as u64;
     }
 
-    /// A frame crossed the link.
-    pub fn wire(&mut self, len: usize) {
-        self.wire_frames += 1;
-        self.wire_bytes += len as u64;
-    }
-
     /// Summary now.
     pub fn summary(&self) -> StreamSummary {
         let sink = self.role == "sink" && !self.latency_us.is_empty();

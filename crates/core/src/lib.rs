@@ -8,7 +8,11 @@
 //! - [`half`]: the [`Half`]/[`Pair`] module model;
 //! - [`stack`]: [`Stack`], the ordered halves of one stream on one side;
 //! - [`ratelimit`]: [`RateLimit`], so a half that drops untrusted frames logs once a second,
-//!   not once a frame.
+//!   not once a frame;
+//! - [`session`]: [`Session`], one side of a driver as a state machine: handshake decision,
+//!   ACK/DELIVERED/RESUME, retransmission, dedupe, peer restarts, keepalive, close, and the
+//!   clock offset to the peer. The `ndd` binary drives it over a real link; the testkit drives
+//!   two of them over a simulated one.
 //!
 //! Invariants: a frame handed to a stack comes out of it (transformed), is counted as dropped
 //! by a half, or is held by a half that reports it in its queue depth; a module error is fatal
@@ -19,9 +23,13 @@
 pub mod frame;
 pub mod half;
 pub mod ratelimit;
+pub mod session;
 pub mod stack;
 
 pub use frame::{Frame, Meta};
 pub use half::{Half, HalfStats, ModuleError, Output, Pair};
 pub use ratelimit::RateLimit;
+pub use session::{
+    Event, Incoming, Session, SessionConfig, SessionError, State, StreamPlan, Transmit,
+};
 pub use stack::{LayerStats, Role, Stack, StackError};

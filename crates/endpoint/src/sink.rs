@@ -35,6 +35,17 @@ pub struct SinkReport {
 pub type SinkTask = JoinHandle<Result<SinkReport, EndpointError>>;
 
 impl SinkConfig {
+    /// For input-device sinks (uinput, XTEST): the record that releases every held key and
+    /// button, injected when the link to the device is lost. `None` for other sinks.
+    pub fn release_record(&self) -> Option<Vec<u8>> {
+        match self {
+            SinkConfig::Uinput(_) | SinkConfig::Xtest(_) => {
+                Some(crate::InputMessage::release_all_payload().to_vec())
+            }
+            _ => None,
+        }
+    }
+
     /// Starts the sink on the current tokio runtime, consuming `rx` until every sender is gone.
     /// A file that cannot be created and a missing runtime are errors here, before anything
     /// is spawned.

@@ -17,10 +17,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use ndd_core::{Frame, Meta};
+use ndd_core::Frame;
 use ndd_wire::{
-    peek_message_len, DataHeader, Kind, Message, OwnedMessage, DATA_HEADER_LEN, FLAG_RETRANSMIT,
-    HEADER_LEN,
+    peek_message_len, DataHeader, Kind, Message, DATA_HEADER_LEN, FLAG_RETRANSMIT, HEADER_LEN,
 };
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, ServerConfig};
@@ -304,37 +303,7 @@ fn set_nodelay(tcp: &TcpStream) {
     }
 }
 
-/// One message read from a link.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Incoming {
-    /// A DATA message: its header and its payload, a slice of the read buffer (not a copy).
-    Data {
-        /// Stream, retransmit flag, sequence number, source timestamp.
-        header: DataHeader,
-        /// The payload.
-        payload: Bytes,
-    },
-    /// Any other message.
-    Other(OwnedMessage),
-}
-
-impl Incoming {
-    /// A DATA message as a [`Frame`] (zero copy); any other message back as `Err`.
-    pub fn into_frame(self) -> std::result::Result<Frame, OwnedMessage> {
-        match self {
-            Incoming::Data { header, payload } => Ok(Frame::from_bytes(
-                Meta {
-                    stream: header.stream_id,
-                    seq: header.seq,
-                    timestamp_ns: header.timestamp_ns,
-                    flags: header.flags(),
-                },
-                payload,
-            )),
-            Incoming::Other(msg) => Err(msg),
-        }
-    }
-}
+pub use ndd_core::Incoming;
 
 /// The reading half of a [`Conn`]: yields whole messages.
 #[derive(Debug)]

@@ -14,6 +14,8 @@
 //! - [`quic`]: QUIC (quinn) with the same identities and verifiers: a stream per reliable
 //!   stream, a session stream per direction, lossy streams as datagrams;
 //! - [`udp`]: plain UDP datagrams for LANs (no encryption: that is the `encrypt` pair's job);
+//! - [`establish`]: one face for the three links ([`Rx`], [`Tx`]) and the [`Connector`]
+//!   that listens or connects with backoff, checks trust and runs the handshake;
 //! - [`frag`]: the sans-IO datagram fragment header and reassembler shared by both;
 //! - [`bench`](mod@bench): raw TCP/UDP throughput baselines.
 //!
@@ -42,6 +44,7 @@
 pub mod bench;
 pub mod conn;
 mod error;
+pub mod establish;
 pub mod frag;
 pub mod identity;
 pub mod quic;
@@ -54,6 +57,9 @@ pub use conn::{
     DEFAULT_MAX_BODY,
 };
 pub use error::{LinkError, Result};
+pub use establish::{
+    Connector, EstablishError, Established, HandshakeCtx, Rx, Tls, TransportKind, Tx,
+};
 pub use frag::{DatagramStats, ReassemblyConfig};
 pub use identity::{default_home, fingerprint_of_cert, fingerprint_of_spki, Identity};
 pub use quic::{

@@ -10,7 +10,9 @@
 //! - [`SimLink`]: a one-way simulated network (delay, uniform jitter, loss, reordering or
 //!   TCP-like in-order delivery, bandwidth, bit corruption);
 //! - [`Pipeline`]: a source stack, a data link, a sink stack and control links both ways,
-//!   driven event by event; [`spacing_error`] is the dissertation's jitter metric.
+//!   driven event by event; [`spacing_error`] is the dissertation's jitter metric;
+//! - [`session`]: two real `ndd_core::Session`s over simulated links, with cuts, blackholes
+//!   and peer restarts, for whole-session property tests.
 
 #![forbid(unsafe_code)]
 
@@ -19,6 +21,7 @@ pub mod experiments;
 mod link;
 mod pipeline;
 mod rng;
+pub mod session;
 
 pub use clock::{SimClock, EPOCH_NS};
 pub use link::{LinkConfig, SimLink};

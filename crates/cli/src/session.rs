@@ -1,0 +1,661 @@
+//! Runs one side of a driver: the tokio driver of the sans-IO [`ndd_core::Session`].
+//!
+//! It gets a link from an [`ndd_link::Connector`] (listen or connect, trust, handshake),
+//! starts the endpoints, and then loops: it selects over the link's messages, the sources'
+//! frames (only from sources the session is ready for: backpressure), the write in flight,
+//! the user's stop and the session's next deadline; it feeds each to the session, hands the
+//! session's events to the endpoints and writes what `poll_transmit` yields. The protocol
+//! (ACK, DELIVERED, RESUME, resend, dedupe, peer restart, keepalive, close) lives in the
+//! session, not here.
+//!
+//! Writes run as one future at a time that owns the writer, so reading goes on while a
+//! write waits for the socket: two sides writing bulk data at each other cannot deadlock.
+
+use crate::config::{Config, SideName};
+use crate::stats::{StreamStats, StreamSummary};
+use anyhow::{anyhow, bail, Context, Result};
+use ndd_core::session::{Ending, Event, Incoming, Session, SessionConfig, StreamPlan, Transmit};
+use ndd_core::{Frame, Meta, Pair, Role};
+use ndd_endpoint::delivered::INJECTED_SEQ;
+use ndd_endpoint::{CheckReport, Delivered, SinkReport, SourceReport};
+use ndd_link::{Connector, EstablishError, Established, HandshakeCtx, Identity, Listener, Rx, Tx};
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+pub use ndd_link::TransportKind;
+
+/// Where this side's link comes from.
+#[derive(Debug)]
+pub enum Endpoint {
+    /// Bind this address and wait for the peer.
+    Listen(String),
+    /// Wait for the peer on a listener already bound (demo, tests).
+    ListenOn(Listener),
+    /// Connect to this address (retrying until the connect timeout).
+    Connect(String),
+}
+
+/// How to run one side.
+#[derive(Debug)]
+pub struct RunOptions {
+    /// Which side this is.
+    pub side: SideName,
+    /// Identity and known_peers directory.
+    pub home: PathBuf,
+    /// Listen or connect.
+    pub endpoint: Endpoint,
+    /// Plain TCP.
+    pub insecure: bool,
+    /// Print a live stats line per stream at this interval.
+    pub live_stats: Option<Duration>,
+    /// Stop after this long (counted from the start, connected or not).
+    pub duration: Option<Duration>,
+    /// No informational lines on stderr (benchmarks); errors still surface as `Err`.
+    pub quiet: bool,
+}
+
+/// What a side did.
+#[derive(Debug)]
+pub struct RunReport {
+    /// Per-stream stats.
+    pub streams: Vec<StreamSummary>,
+    /// Reports of `check` sinks.
+    pub checks: Vec<(String, CheckReport)>,
+    /// The peer's fingerprint (TLS) or address.
+    pub peer: String,
+    /// Clock offset estimate to the peer (peer − local), ns, and the RTT it came with.
+    pub clock_offset: Option<(i64, u64)>,
+    /// Time from each link loss to the resumed session, in order.
+    pub recoveries: Vec<Duration>,
+}
+
+/// Nanoseconds since the Unix epoch, our clock.
+pub fn wall_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// Sets up TLS material for a side (creating the identity on first use).
+pub fn load_identity(home: &std::path::Path) -> Result<Identity> {
+    let (id, created) = Identity::load_or_create(home)
+        .with_context(|| format!("cannot load or create the identity in {}", home.display()))?;
+    if created {
+        tracing::warn!(
+            "created a new identity in {} (fingerprint {})",
+            home.display(),
+            id.fingerprint()
+        );
+    }
+    Ok(id)
+}
+
+/// A random id for this process run (RESUME).
+fn run_id() -> u64 {
+    use std::io::Read;
+    let mut b = [0u8; 8];
+    match std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)) {
+        Ok(()) => u64::from_be_bytes(b),
+        Err(_) => wall_ns() ^ u64::from(std::process::id()).rotate_left(32),
+    }
+}
+
+/// What a link's reader task hands over: when the message came off the socket (our wall
+/// clock, ns) and the message, `None` at a clean end, or the link error.
+type Inbound = (u64, Result<Option<Incoming>, ndd_link::LinkError>);
+
+async fn read_loop(mut reader: Rx, tx: mpsc::Sender<Inbound>) {
+    loop {
+        let r = reader.read().await;
+        let end = !matches!(r, Ok(Some(_)));
+        if tx.send((wall_ns(), r)).await.is_err() || end {
+            return;
+        }
+    }
+}
+
+/// Writes a batch of transmits and flushes; hands the writer back.
+async fn write_batch(mut tx: Tx, batch: Vec<Transmit>) -> (Tx, Result<(), ndd_link::LinkError>) {
+    for t in &batch {
+        let r = match t {
+            Transmit::Data {
+                stream,
+                retransmit,
+                seq,
+                timestamp_ns,
+                payload,
+                reliable,
+            } => {
+                tx.write_data(
+                    *stream,
+                    *retransmit,
+                    *seq,
+                    *timestamp_ns,
+                    payload,
+                    *reliable,
+                )
+                .await
+            }
+            Transmit::Message(m) => tx.write_message(&m.as_message()).await,
+        };
+        if let Err(e) = r {
+            return (tx, Err(e));
+        }
+    }
+    let r = tx.flush().await;
+    (tx, r)
+}
+
+type Writing = Pin<Box<dyn Future<Output = (Tx, Result<(), ndd_link::LinkError>)> + Send>>;
+type Reconnect<'a> = Pin<Box<dyn Future<Output = Result<Established, EstablishError>> + Send + 'a>>;
+
+/// Most transmits or bytes written in one go before the driver looks around again.
+const BATCH_FRAMES: usize = 64;
+const BATCH_BYTES: usize = 1 << 20;
+
+/// One live connection: its reader task's channel and the writer (or the write in flight).
+struct Link {
+    inbound: mpsc::Receiver<Inbound>,
+    reader: JoinHandle<()>,
+    idle: Option<Tx>,
+    writing: Option<Writing>,
+}
+
+impl Link {
+    fn new(e: Established) -> Link {
+        let (tx, inbound) = mpsc::channel(64);
+        Link {
+            inbound,
+            reader: tokio::spawn(read_loop(e.rx, tx)),
+            idle: Some(e.tx),
+            writing: None,
+        }
+    }
+
+    /// Starts writing what the session has to send, if the writer is free.
+    fn start_write(&mut self, sess: &mut Session) {
+        let Some(tx) = self.idle.take() else { return };
+        let mut batch = Vec::new();
+        let mut bytes = 0;
+        let (now, wall) = (Instant::now(), wall_ns());
+        while batch.len() < BATCH_FRAMES && bytes < BATCH_BYTES {
+            let Some(t) = sess.poll_transmit(now, wall) else {
+                break;
+            };
+            if let Transmit::Data { payload, .. } = &t {
+                bytes += payload.len();
+            }
+            batch.push(t);
+        }
+        if batch.is_empty() {
+            self.idle = Some(tx);
+        } else {
+            self.writing = Some(Box::pin(write_batch(tx, batch)));
+        }
+    }
+
+    /// Finishes the write in flight and anything left, then closes our direction.
+    async fn goodbye(mut self, sess: &mut Session) {
+        let finish = async {
+            if let Some(w) = self.writing.take() {
+                let (tx, r) = w.await;
+                if r.is_err() {
+                    return;
+                }
+                self.idle = Some(tx);
+            }
+            loop {
+                self.start_write(sess);
+                match self.writing.take() {
+                    Some(w) => {
+                        let (tx, r) = w.await;
+                        if r.is_err() {
+                            return;
+                        }
+                        self.idle = Some(tx);
+                    }
+                    None => break,
+                }
+            }
+            if let Some(mut tx) = self.idle.take() {
+                let _ = tx.shutdown().await;
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(1), finish).await;
+        self.reader.abort();
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// Prints informational lines unless the side runs quietly.
+macro_rules! note {
+    ($quiet:expr, $side:expr, $($arg:tt)*) => {
+        if !$quiet {
+            tracing::info!(side = %$side, $($arg)*);
+        }
+    };
+}
+
+/// Runs one side until all streams end, the peer closes, or `stop` turns true.
+pub async fn run_side(
+    cfg: &Config,
+    opts: RunOptions,
+    mut stop: watch::Receiver<bool>,
+) -> Result<RunReport> {
+    let side = opts.side;
+    let quiet = opts.quiet;
+    let started = Instant::now();
+    let deadline = opts.duration.map(|d| started + d);
+    let insecure = opts.insecure || cfg.link.insecure;
+    if insecure && !quiet {
+        tracing::warn!(
+            side = %side,
+            "WARNING: --insecure: the link is plain TCP, neither authenticated nor encrypted; \
+             anyone on the path can read and inject frames"
+        );
+    }
+    let transport = cfg.link.transport;
+    if transport == TransportKind::Quic && insecure {
+        bail!("QUIC always encrypts and authenticates: drop --insecure / link.insecure, or use transport = \"tcp\"");
+    }
+    let tls = if insecure {
+        None
+    } else {
+        let identity = load_identity(&opts.home)?;
+        Some(Arc::new(ndd_link::Tls::new(identity).context("TLS setup")?))
+    };
+    if transport == TransportKind::Udp && !quiet {
+        let bare: Vec<&str> = cfg
+            .streams
+            .iter()
+            .filter(|s| !s.pairs().iter().any(|m| m.name() == "encrypt"))
+            .map(|s| s.name())
+            .collect();
+        if !bare.is_empty() {
+            tracing::warn!(
+                side = %side,
+                "WARNING: the UDP link neither encrypts nor authenticates; stream(s) {} carry no \
+                 `encrypt` pair, so anyone on the path can read and inject their frames",
+                bare.join(", ")
+            );
+        }
+    }
+    let ctx = HandshakeCtx {
+        hello: cfg.hello(side),
+        max_body: cfg.link.max_frame_bytes,
+        tls: tls.clone(),
+        home: opts.home.clone(),
+        timeout: Duration::from_millis(cfg.link.connect_timeout_ms),
+        max_backoff: Duration::from_millis(cfg.link.max_backoff_ms),
+        side: side.as_str(),
+    };
+    let connector = match opts.endpoint {
+        Endpoint::ListenOn(l) if transport == TransportKind::Tcp => Connector::Listen(l),
+        Endpoint::ListenOn(_) => bail!("a pre-bound listener is TCP only"),
+        Endpoint::Listen(addr) => Connector::new(transport, true, &addr, tls.as_deref()).await?,
+        Endpoint::Connect(addr) => Connector::new(transport, false, &addr, tls.as_deref()).await?,
+    };
+    if let Some(a) = connector.local_addr() {
+        note!(quiet, side, "listening on {a}");
+    }
+
+    // The first link: any failure here ends the run (mismatch, untrusted, nobody there).
+    let first = tokio::select! {
+        e = connector.establish(&ctx, true) => e?,
+        _ = stop.changed() => bail!("stopped before a peer connected"),
+        _ = sleep_until_opt(deadline) => bail!(
+            "no peer connected within --duration ({:.1} s)",
+            opts.duration.unwrap_or_default().as_secs_f64()
+        ),
+    };
+    let peer = first.peer.clone();
+    note!(quiet, side, "connected to {peer}; streams agreed");
+
+    // Streams: plans for the session, endpoints as tasks.
+    let n = cfg.streams.len();
+    let mut plans = Vec::with_capacity(n);
+    let mut stats = Vec::with_capacity(n);
+    let mut sources: Vec<Option<mpsc::Receiver<Frame>>> = (0..n).map(|_| None).collect();
+    let mut sinks: Vec<Option<mpsc::Sender<Frame>>> = (0..n).map(|_| None).collect();
+    let mut completed: Vec<Option<Delivered>> = (0..n).map(|_| None).collect();
+    let mut release: Vec<Option<Vec<u8>>> = (0..n).map(|_| None).collect();
+    type SrcTask = JoinHandle<std::result::Result<SourceReport, ndd_endpoint::EndpointError>>;
+    type SinkTask = JoinHandle<std::result::Result<SinkReport, ndd_endpoint::EndpointError>>;
+    let mut source_tasks: Vec<SrcTask> = Vec::new();
+    let mut sink_tasks: Vec<(usize, SinkTask)> = Vec::new();
+    for (i, s) in cfg.streams.iter().enumerate() {
+        let id = Config::stream_id(i);
+        let role = if s.direction.source_side() == side {
+            Role::Source
+        } else {
+            Role::Sink
+        };
+        plans.push(StreamPlan {
+            id,
+            name: s.name().to_string(),
+            role,
+            reliable: s.reliability == crate::config::Reliability::Reliable,
+            release_on_loss: role == Role::Sink && s.sink.release_record().is_some(),
+            pairs: s
+                .pairs()
+                .into_iter()
+                .map(|m| Arc::new(m.clone()) as Arc<dyn Pair + Send + Sync>)
+                .collect(),
+        });
+        stats.push(StreamStats::new(
+            s.name(),
+            if role == Role::Source {
+                "source"
+            } else {
+                "sink"
+            },
+            s.direction.wire().to_string(),
+        ));
+        match role {
+            Role::Source => {
+                let (tx, rx) = mpsc::channel::<Frame>(64);
+                let h = s.source.spawn(id, tx).with_context(|| {
+                    format!(
+                        "stream \"{}\": cannot start source {}",
+                        s.name(),
+                        s.source.describe()
+                    )
+                })?;
+                source_tasks.push(h);
+                sources[i] = Some(rx);
+            }
+            Role::Sink => {
+                let (tx, rx) = mpsc::channel::<Frame>(64);
+                let done = Delivered::default();
+                let h = s.sink.spawn_tracked(rx, done.clone()).with_context(|| {
+                    format!(
+                        "stream \"{}\": cannot start sink {}",
+                        s.name(),
+                        s.sink.describe()
+                    )
+                })?;
+                sink_tasks.push((i, h));
+                sinks[i] = Some(tx);
+                completed[i] = Some(done);
+                release[i] = s.sink.release_record();
+            }
+        }
+    }
+
+    let scfg = SessionConfig {
+        resume_buffer_bytes: cfg.link.resume_buffer_bytes as usize,
+        ping_interval: Duration::from_millis(cfg.link.ping_interval_ms.max(10)),
+        keepalive_timeout: Duration::from_millis(cfg.link.keepalive_timeout_ms),
+        reconnect: cfg.link.reconnect,
+        ..SessionConfig::default()
+    };
+    let mut sess = Session::new(scfg, plans, run_id())?;
+    sess.handle_link_up(Instant::now());
+    let mut link = Some(Link::new(first));
+    let mut reconnect: Option<Reconnect<'_>> = None;
+    let mut next_stats = opts.live_stats.map(|d| Instant::now() + d);
+    let mut cursor = 0usize;
+    let mut stopping = false;
+
+    let result: Result<()> = async {
+        loop {
+            // What the session has for the endpoints and the user.
+            while let Some(ev) = sess.poll_event() {
+                match ev {
+                    Event::Deliver { stream, frame } => {
+                        let created = sess.peer_to_local(frame.meta.timestamp_ns);
+                        stats[stream].delivered(frame.len(), created, wall_ns());
+                        if let Some(tx) = &sinks[stream] {
+                            if tx.send(frame).await.is_err() {
+                                bail!(
+                                    "stream \"{}\": the sink endpoint stopped accepting frames",
+                                    sess.plan(stream).name
+                                );
+                            }
+                        }
+                    }
+                    Event::ReleaseInputs { stream } => {
+                        if let (Some(tx), Some(rec)) = (&sinks[stream], &release[stream]) {
+                            let meta = Meta {
+                                stream: sess.plan(stream).id,
+                                seq: INJECTED_SEQ,
+                                timestamp_ns: wall_ns(),
+                                flags: 0,
+                            };
+                            let _ = tx.send(Frame::new(meta, rec)).await;
+                        }
+                    }
+                    Event::StreamEnded { stream } => sinks[stream] = None,
+                    Event::LinkLost { reason } => {
+                        note!(quiet, side, "link lost: {reason}; reconnecting");
+                        link = None;
+                        reconnect = Some(Box::pin(connector.establish(&ctx, false)));
+                    }
+                    Event::Resumed { after, resending } => note!(
+                        quiet,
+                        side,
+                        "link restored after {:.0} ms; resending {resending} unacknowledged frame(s)",
+                        after.as_secs_f64() * 1e3
+                    ),
+                    Event::PeerRestarted { resending } => note!(
+                        quiet,
+                        side,
+                        "the peer restarted; its streams start again ({resending} frame(s) it had not completed are sent again)"
+                    ),
+                    Event::Warning(w) => tracing::warn!(side = %side, "{w}"),
+                    Event::Closed(how) => {
+                        tracing::debug!(side = %side, ?how, "session closed");
+                        if how == Ending::NoAnswer {
+                            tracing::debug!("the peer did not confirm the close; leaving");
+                        }
+                    }
+                }
+            }
+            if sess.state() == ndd_core::State::Closed {
+                break;
+            }
+            // What our sinks completed, then what goes out.
+            for (i, c) in completed.iter().enumerate() {
+                if let Some(c) = c {
+                    sess.handle_sink_completed(i, c.count());
+                }
+            }
+            if let Some(l) = link.as_mut() {
+                if l.writing.is_none() {
+                    l.start_write(&mut sess);
+                }
+            }
+            let ready: Vec<bool> = (0..n).map(|i| sources[i].is_some() && sess.source_ready(i)).collect();
+            let sinks_busy = sess.awaiting_completion();
+            let wake = [
+                sess.poll_timeout(),
+                next_stats,
+                deadline.filter(|_| !stopping),
+                sinks_busy.then(|| Instant::now() + sess.ack_every()),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            let source_next = std::future::poll_fn(|cx| {
+                for k in 0..n {
+                    let i = (cursor + k) % n;
+                    if !ready[i] {
+                        continue;
+                    }
+                    if let Some(rx) = sources[i].as_mut() {
+                        if let Poll::Ready(f) = rx.poll_recv(cx) {
+                            return Poll::Ready((i, f));
+                        }
+                    }
+                }
+                Poll::Pending
+            });
+            let (inbound_rx, in_flight) = match link.as_mut() {
+                Some(l) => (Some(&mut l.inbound), l.writing.as_mut()),
+                None => (None, None),
+            };
+            let writing = async {
+                match in_flight {
+                    Some(w) => w.await,
+                    None => std::future::pending().await,
+                }
+            };
+            let inbound = async {
+                match inbound_rx {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let reconnected = async {
+                match reconnect.as_mut() {
+                    Some(r) => r.await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                _ = stop.changed(), if !stopping => {
+                    stopping = true;
+                    sess.close(Instant::now());
+                }
+                (tx, r) = writing => {
+                    let now = Instant::now();
+                    if let Some(l) = link.as_mut() {
+                        l.writing = None;
+                        l.idle = Some(tx);
+                    }
+                    if let Err(e) = r {
+                        sess.handle_link_lost(now, &e.to_string())?;
+                    }
+                }
+                m = inbound => {
+                    let now = Instant::now();
+                    match m {
+                        Some((at, Ok(Some(m)))) => sess.handle_message(now, at, m)?,
+                        None | Some((_, Ok(None))) => {
+                            sess.handle_link_lost(now, "the peer disconnected without closing the session")?
+                        }
+                        Some((_, Err(e))) => sess.handle_link_lost(now, &e.to_string())?,
+                    }
+                }
+                est = reconnected => {
+                    reconnect = None;
+                    match est {
+                        Ok(e) => {
+                            note!(quiet, side, "reconnected to {}", e.peer);
+                            link = Some(Link::new(e));
+                            sess.handle_link_up(Instant::now());
+                        }
+                        Err(e) => return Err(anyhow!(e).context("cannot reconnect")),
+                    }
+                }
+                (i, f) = source_next => {
+                    cursor = (i + 1) % n;
+                    let now = Instant::now();
+                    match f {
+                        Some(frame) => {
+                            stats[i].produced(frame.len());
+                            sess.handle_source_frame(now, i, frame)?;
+                        }
+                        None => {
+                            sources[i] = None;
+                            sess.handle_source_end(now, i)?;
+                        }
+                    }
+                }
+                _ = sleep_until_opt(wake) => {
+                    let now = Instant::now();
+                    sess.handle_timeout(now)?;
+                    if next_stats.is_some_and(|t| now >= t) {
+                        for (i, s) in stats.iter_mut().enumerate() {
+                            refresh(s, &sess, i);
+                            eprintln!("{}", s.live_line(&side.to_string()));
+                        }
+                        next_stats = opts.live_stats.map(|d| now + d);
+                    }
+                    if !stopping && deadline.is_some_and(|d| now >= d) {
+                        stopping = true;
+                        sess.close(now);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+    .await;
+
+    // Wind down: say what is left to say, stop the sources, let the sinks finish.
+    drop(reconnect);
+    if let Err(e) = &result {
+        sess.abort(&format!("{e:#}"));
+    }
+    if let Some(l) = link.take() {
+        l.goodbye(&mut sess).await;
+    }
+    for s in sinks.iter_mut() {
+        *s = None;
+    }
+    drop(sources);
+    for t in &source_tasks {
+        t.abort();
+    }
+    result?;
+    let mut checks = Vec::new();
+    for (i, h) in sink_tasks {
+        let name = cfg.streams[i].name().to_string();
+        match h.await {
+            Ok(Ok(rep)) => {
+                if let Some(c) = rep.check {
+                    checks.push((name, c));
+                }
+            }
+            Ok(Err(e)) => return Err(anyhow!(e).context(format!("stream \"{name}\": sink failed"))),
+            Err(e) => return Err(anyhow!("stream \"{name}\": sink task failed: {e}")),
+        }
+    }
+    let summaries = stats
+        .iter_mut()
+        .enumerate()
+        .map(|(i, s)| {
+            refresh(s, &sess, i);
+            s.summary()
+        })
+        .collect();
+    Ok(RunReport {
+        streams: summaries,
+        checks,
+        peer,
+        clock_offset: sess.clock().map(|c| (c.offset_ns, c.rtt_ns)),
+        recoveries: sess.recoveries().to_vec(),
+    })
+}
+
+/// Copies the session's counters of stream `i` into its stats.
+fn refresh(s: &mut StreamStats, sess: &Session, i: usize) {
+    let c = sess.counters(i);
+    s.layers = sess.layer_stats(i);
+    s.wire_frames = c.wire_frames;
+    s.wire_bytes = c.wire_bytes;
+    s.retransmits = c.retransmits;
+    s.duplicates = c.duplicates;
+    s.overflow = c.overflow;
+}
+
+async fn sleep_until_opt(t: Option<Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
+        None => std::future::pending().await,
+    }
+}

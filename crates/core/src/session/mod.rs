@@ -1,0 +1,1112 @@
+//! The session: one side of a driver as a sans-IO state machine (docs/protocol.md §6,
+//! docs/links.md), in the style of quinn-proto's `Connection`.
+//!
+//! Inputs are `handle_*` calls: a link came up ([`Session::handle_link_up`]), a message
+//! arrived ([`Session::handle_message`]), a source endpoint produced a frame or ended, a sink
+//! endpoint completed frames, the link was lost, a deadline passed. Outputs are polled:
+//! [`Session::poll_transmit`] (what to write on the link, control first, data streams
+//! interleaved), [`Session::poll_event`] (frames for sink endpoints, input release, stream
+//! ends, link status, the end of the session) and [`Session::poll_timeout`]. The session
+//! reads no clock (`now` and the wall clock come in), does no I/O, spawns nothing, prints
+//! nothing, and draws no randomness: the run id comes in.
+//!
+//! Reliability: a source keeps every DATA message of a reliable stream until the peer ACKs
+//! it, and every endpoint frame from before its stack until the peer's sink endpoint
+//! completed it (DELIVERED). Both are bounded by `resume_buffer_bytes`: when either is full
+//! [`Session::source_ready`] turns false and the driver stops reading that endpoint
+//! (backpressure), so a reliable frame is never dropped. The sink ACKs what it took in (at
+//! most every `ack_every`) and drops anything at or below that sequence, so a resend is never
+//! delivered twice. After a reconnect each side sends a RESUME with its run id, answers the
+//! peer's with its ACKs and a second RESUME, and once it has the peer's second RESUME resends
+//! what was not acknowledged, flagged RETRANSMIT. A RESUME with a new run id means the peer
+//! restarted: the sink forgets the old numbering (no stale ACK reaches the new process) and
+//! the source builds its stack afresh and encodes the kept frames again. Lossy streams keep only their newest frame while the link is down.
+
+mod clock;
+mod handshake;
+mod incoming;
+mod stream;
+
+pub use clock::{ClockFilter, ClockSample};
+pub use handshake::{decide as decide_handshake, HandshakeDecision, PeerOpening};
+pub use incoming::Incoming;
+pub use stream::{StreamCounters, StreamPlan};
+
+use crate::frame::Frame;
+use crate::stack::{LayerStats, StackError};
+use bytes::Bytes;
+use ndd_wire::{CloseCode, OwnedMessage};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+use stream::{End, Pending, StreamRt};
+use thiserror::Error;
+
+/// How a session behaves (from `[link]` in the config).
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// Bound on what a source keeps for resending, per stream, in bytes.
+    pub resume_buffer_bytes: usize,
+    /// PING period (keepalive and clock offset).
+    pub ping_interval: Duration,
+    /// No message for this long: the link is lost.
+    pub keepalive_timeout: Duration,
+    /// Reconnect after a loss; otherwise a loss ends the session with an error.
+    pub reconnect: bool,
+    /// Longest a sink waits before telling its source what it took in and completed.
+    pub ack_every: Duration,
+    /// How long to wait for the peer's CLOSE after ours.
+    pub close_linger: Duration,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            resume_buffer_bytes: 16 << 20,
+            ping_interval: Duration::from_secs(1),
+            keepalive_timeout: Duration::from_secs(5),
+            reconnect: true,
+            ack_every: Duration::from_millis(20),
+            close_linger: Duration::from_secs(3),
+        }
+    }
+}
+
+/// Where the session stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// No link yet.
+    Connecting,
+    /// A link is up; no DATA goes out until the peer's RESUME.
+    Resuming,
+    /// Frames flow.
+    Running,
+    /// The link was lost; the driver is getting a new one.
+    Disconnected,
+    /// Over: nothing more will be transmitted after what `poll_transmit` still yields.
+    Closed,
+}
+
+/// Why a session ended without error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// Every stream ended on both sides.
+    AllEnded,
+    /// The peer closed the session normally.
+    PeerClosed,
+    /// This side was told to stop.
+    Stopped,
+    /// Our CLOSE went out and the peer did not answer within the linger time.
+    NoAnswer,
+}
+
+/// Something for the driver to do or report.
+#[derive(Debug)]
+pub enum Event {
+    /// Hand this frame to stream `stream`'s sink endpoint (index in the plans).
+    Deliver {
+        /// Stream index.
+        stream: usize,
+        /// The frame, after the stack.
+        frame: Frame,
+    },
+    /// The link is lost: the sink endpoint of `stream` (an input device) must release every
+    /// held key and button. Its own records, not counted as delivered frames.
+    ReleaseInputs {
+        /// Stream index.
+        stream: usize,
+    },
+    /// Stream `stream`'s sink has got everything: close its endpoint.
+    StreamEnded {
+        /// Stream index.
+        stream: usize,
+    },
+    /// The link is lost; get a new one and call [`Session::handle_link_up`].
+    LinkLost {
+        /// What happened.
+        reason: String,
+    },
+    /// The peer confirmed the new link.
+    Resumed {
+        /// From the loss to the peer's RESUME.
+        after: Duration,
+        /// Unacknowledged frames about to be sent again.
+        resending: usize,
+    },
+    /// The peer's process restarted: its streams start again.
+    PeerRestarted {
+        /// Frames it had not completed, encoded again for it.
+        resending: usize,
+    },
+    /// Worth a line in the log; the session goes on.
+    Warning(String),
+    /// The session is over.
+    Closed(Ending),
+}
+
+/// One message to write on the link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transmit {
+    /// A DATA message, its payload shared with the resume buffer (no copy).
+    Data {
+        /// Stream id.
+        stream: u16,
+        /// Sent before on an earlier connection.
+        retransmit: bool,
+        /// Sequence number.
+        seq: u64,
+        /// Source timestamp.
+        timestamp_ns: u64,
+        /// Payload.
+        payload: Bytes,
+        /// The stream is reliable (QUIC puts lossy ones in datagrams).
+        reliable: bool,
+    },
+    /// Any other message.
+    Message(OwnedMessage),
+}
+
+/// Why a session cannot go on.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum SessionError {
+    /// A pair failed.
+    #[error(transparent)]
+    Stack(#[from] StackError),
+    /// The peer named a stream we do not have.
+    #[error("the peer sent a message for stream id {0}, which is not configured")]
+    UnknownStream(u16),
+    /// DATA, END or DELIVERED that goes the wrong way.
+    #[error("the peer {what} on stream \"{stream}\", which it does not {role}")]
+    WrongDirection {
+        /// What the peer did.
+        what: &'static str,
+        /// Stream name.
+        stream: String,
+        /// What it would have to be.
+        role: &'static str,
+    },
+    /// The peer closed with an error code.
+    #[error("the peer closed the session ({code}): {reason}")]
+    PeerClosed {
+        /// Its code.
+        code: CloseCode,
+        /// Its reason.
+        reason: String,
+    },
+    /// A link that hands DATA over as a plain message is broken.
+    #[error("the link delivered a frame as a plain message")]
+    PlainData,
+    /// The link failed and reconnecting is off.
+    #[error("link to the peer failed: {0}")]
+    LinkFailed(String),
+}
+
+impl SessionError {
+    /// The code our CLOSE carries for this error (`None`: the peer already knows).
+    pub fn close_code(&self) -> Option<CloseCode> {
+        match self {
+            SessionError::PeerClosed { .. } | SessionError::LinkFailed(_) => None,
+            SessionError::Stack(_) => Some(CloseCode::InternalError),
+            _ => Some(CloseCode::ProtocolError),
+        }
+    }
+}
+
+/// A CLOSE this side has decided to send.
+#[derive(Debug, Clone, Copy)]
+struct Closing {
+    reason: Ending,
+    /// Yielded by `poll_transmit` on the current link.
+    sent: bool,
+    /// From the first time it went out: until when we wait for the peer's (reconnecting if
+    /// the link breaks while reliable frames are outstanding).
+    linger_until: Option<Instant>,
+}
+
+/// One side of a driver. See the module docs.
+pub struct Session {
+    cfg: SessionConfig,
+    streams: Vec<StreamRt>,
+    state: State,
+    run_id: u64,
+    peer_run_id: Option<u64>,
+    /// Bumped each time the peer's process restarts.
+    peer_gen: u64,
+    clock: ClockFilter,
+    /// RESUME, connection-start ACKs, PING/PONG: ahead of everything.
+    urgent: VecDeque<Urgent>,
+    /// Control messages between pair halves: ahead of data.
+    control: VecDeque<OwnedMessage>,
+    events: VecDeque<Event>,
+    last_rx: Option<Instant>,
+    next_ping: Option<Instant>,
+    next_ack: Option<Instant>,
+    lost_at: Option<Instant>,
+    recoveries: Vec<Duration>,
+    close: Option<Closing>,
+    peer_closed: bool,
+    stopping: bool,
+    /// Where the data round-robin starts next.
+    cursor: usize,
+    /// RESUMEs the peer sent on this link (two: who it is, then its ACKs are in).
+    peer_resumes: u32,
+    ignored_handshakes: u64,
+}
+
+/// Urgent messages; PING and PONG are stamped with the wall clock when they are polled.
+#[derive(Debug)]
+enum Urgent {
+    Message(OwnedMessage),
+    Ping,
+    Pong { t1: u64, t2: u64 },
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("state", &self.state)
+            .field("streams", &self.streams.len())
+            .field("run_id", &self.run_id)
+            .field("peer_run_id", &self.peer_run_id)
+            .finish()
+    }
+}
+
+impl Session {
+    /// A session for these streams (ids unique), with this process run's id.
+    pub fn new(
+        cfg: SessionConfig,
+        plans: Vec<StreamPlan>,
+        run_id: u64,
+    ) -> Result<Session, StackError> {
+        let streams = plans
+            .into_iter()
+            .map(StreamRt::new)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Session {
+            cfg,
+            streams,
+            state: State::Connecting,
+            run_id,
+            peer_run_id: None,
+            peer_gen: 0,
+            clock: ClockFilter::default(),
+            urgent: VecDeque::new(),
+            control: VecDeque::new(),
+            events: VecDeque::new(),
+            last_rx: None,
+            next_ping: None,
+            next_ack: None,
+            lost_at: None,
+            recoveries: Vec::new(),
+            close: None,
+            peer_closed: false,
+            stopping: false,
+            cursor: 0,
+            peer_resumes: 0,
+            ignored_handshakes: 0,
+        })
+    }
+
+    /// Where the session stands.
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    /// This process run's id (RESUME).
+    pub fn run_id(&self) -> u64 {
+        self.run_id
+    }
+
+    /// How many streams.
+    pub fn stream_count(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// The plan of stream `i`.
+    pub fn plan(&self, i: usize) -> &StreamPlan {
+        &self.streams[i].plan
+    }
+
+    /// The session's counters of stream `i`.
+    pub fn counters(&self, i: usize) -> StreamCounters {
+        let s = &self.streams[i];
+        let mut c = s.counters;
+        if let End::Source(src) = &s.end {
+            c.unacked = src.out.len() as u64;
+            c.unacked_bytes = src.out_bytes as u64;
+        }
+        c
+    }
+
+    /// The per-layer stats of stream `i`'s stack.
+    pub fn layer_stats(&self, i: usize) -> Vec<LayerStats> {
+        self.streams[i].stack.stats()
+    }
+
+    /// The clock offset to the peer, from the best recent PING/PONG.
+    pub fn clock(&self) -> Option<ClockSample> {
+        self.clock.best()
+    }
+
+    /// A timestamp of the peer's moved to our wall clock.
+    pub fn peer_to_local(&self, peer_ns: u64) -> u64 {
+        self.clock.to_local(peer_ns)
+    }
+
+    /// Time from each link loss to the peer's RESUME, in order.
+    pub fn recoveries(&self) -> &[Duration] {
+        &self.recoveries
+    }
+
+    /// Whether some sink endpoint holds frames it has not reported complete (the driver then
+    /// looks at its progress every `ack_every`).
+    pub fn awaiting_completion(&self) -> bool {
+        self.link_up()
+            && self
+                .streams
+                .iter()
+                .any(|s| matches!(&s.end, End::Sink(k) if !k.handed.is_empty()))
+    }
+
+    /// Gives up on a local error: a CLOSE naming it is the last thing `poll_transmit` yields.
+    pub fn abort(&mut self, reason: &str) {
+        if self.state == State::Closed {
+            return;
+        }
+        let was_up = self.link_up();
+        self.urgent.clear();
+        self.control.clear();
+        if was_up {
+            self.urgent.push_back(Urgent::Message(OwnedMessage::Close {
+                code: CloseCode::InternalError,
+                reason: reason.to_string(),
+            }));
+        }
+        self.state = State::Closed;
+    }
+
+    /// The interval at which a sink's completions are worth reporting.
+    pub fn ack_every(&self) -> Duration {
+        self.cfg.ack_every
+    }
+
+    /// Whether a link is up (handshake done).
+    pub fn link_up(&self) -> bool {
+        matches!(self.state, State::Resuming | State::Running)
+    }
+
+    /// Whether source stream `i` takes another endpoint frame now. False while its resume
+    /// buffer is full (reliable: backpressure, the driver stops reading the endpoint), after
+    /// it ended, and once the session closes.
+    pub fn source_ready(&self, i: usize) -> bool {
+        let s = &self.streams[i];
+        let End::Source(src) = &s.end else {
+            return false;
+        };
+        if s.ended || self.state == State::Closed || self.close.is_some() {
+            return false;
+        }
+        !s.plan.reliable
+            || ((src.out.is_empty() || src.out_bytes < self.cfg.resume_buffer_bytes)
+                && (src.kept.is_empty() || src.kept_bytes < self.cfg.resume_buffer_bytes))
+    }
+
+    // ---- inputs ----
+
+    /// A new link passed the handshake: send our RESUME, and no data before the peer's second
+    /// RESUME (see `resume`).
+    pub fn handle_link_up(&mut self, now: Instant) {
+        if self.state == State::Closed {
+            return;
+        }
+        self.state = State::Resuming;
+        self.last_rx = Some(now);
+        self.next_ping = Some(now);
+        self.next_ack = Some(now + self.cfg.ack_every);
+        self.urgent.clear();
+        self.control.clear();
+        self.peer_resumes = 0;
+        for s in self.streams.iter_mut() {
+            match &mut s.end {
+                End::Source(src) => {
+                    src.next_write = 0;
+                    src.end_written = false;
+                }
+                End::Sink(k) => k.delivered_sent = None,
+            }
+        }
+        self.urgent.push_back(Urgent::Message(OwnedMessage::Resume {
+            instance: self.run_id,
+        }));
+    }
+
+    /// A message from the peer: `now` on our monotonic clock, `wall_ns` when it came off the
+    /// socket on our wall clock (clock offset). On error the session is closed and a CLOSE
+    /// naming the error is the last thing `poll_transmit` yields.
+    pub fn handle_message(
+        &mut self,
+        now: Instant,
+        wall_ns: u64,
+        msg: Incoming,
+    ) -> Result<(), SessionError> {
+        if !self.link_up() {
+            return Ok(()); // a straggler from a link already given up
+        }
+        self.last_rx = Some(now);
+        let r = self.message(now, wall_ns, msg);
+        self.after(now, r)
+    }
+
+    /// Source stream `i`'s endpoint produced a frame.
+    pub fn handle_source_frame(
+        &mut self,
+        now: Instant,
+        i: usize,
+        frame: Frame,
+    ) -> Result<(), SessionError> {
+        let s = &mut self.streams[i];
+        if s.ended || !s.is_source() {
+            return Ok(());
+        }
+        let frame = if s.plan.reliable {
+            s.keep(frame)
+        } else {
+            frame
+        };
+        let r = s
+            .stack
+            .handle_frame(now, frame)
+            .map_err(SessionError::from)
+            .map(|()| self.pump(i, now));
+        self.after(now, r)
+    }
+
+    /// Source stream `i`'s endpoint ended: flush the stack, END after the last frame.
+    pub fn handle_source_end(&mut self, now: Instant, i: usize) -> Result<(), SessionError> {
+        let r = self.end_stream(i, now);
+        self.after(now, r)
+    }
+
+    /// Sink stream `i`'s endpoint has completed `total` frames so far (a running count).
+    pub fn handle_sink_completed(&mut self, i: usize, total: u64) {
+        let peer_gen = self.peer_gen;
+        let End::Sink(k) = &mut self.streams[i].end else {
+            return;
+        };
+        while k.completed_seen < total {
+            let Some((gen, seq)) = k.handed.pop_front() else {
+                break;
+            };
+            k.completed_seen += 1;
+            if gen == peer_gen {
+                k.delivered = Some(seq);
+            }
+        }
+    }
+
+    /// The link is gone (read or write failed, the peer hung up). Unless the session was
+    /// closing anyway, held inputs are released and [`Event::LinkLost`] asks for a new link;
+    /// with reconnecting off this is the end, as an error.
+    pub fn handle_link_lost(&mut self, now: Instant, reason: &str) -> Result<(), SessionError> {
+        if matches!(self.state, State::Closed | State::Disconnected) {
+            return Ok(());
+        }
+        let closing = self.close.is_some_and(|c| c.sent) || self.peer_closed;
+        if closing && (self.stopping || !self.outstanding()) {
+            self.finish(self.close.map_or(Ending::PeerClosed, |c| c.reason));
+            return Ok(());
+        }
+        if let Some(c) = self.close.as_mut() {
+            // Our CLOSE went out but the peer has not got everything: say it again after
+            // the resend.
+            c.sent = false;
+        }
+        if !self.cfg.reconnect {
+            let e = SessionError::LinkFailed(reason.to_string());
+            self.state = State::Closed;
+            return Err(e);
+        }
+        self.state = State::Disconnected;
+        self.lost_at.get_or_insert(now);
+        self.urgent.clear();
+        self.control.clear();
+        for (i, s) in self.streams.iter().enumerate() {
+            if s.plan.release_on_loss && !s.is_source() && !s.ended {
+                self.events.push_back(Event::ReleaseInputs { stream: i });
+            }
+        }
+        self.events.push_back(Event::LinkLost {
+            reason: reason.to_string(),
+        });
+        self.check_close();
+        Ok(())
+    }
+
+    /// Deadlines: stacks' timers, keepalive, PING, ACK, the close linger.
+    pub fn handle_timeout(&mut self, now: Instant) -> Result<(), SessionError> {
+        let mut r = Ok(());
+        for i in 0..self.streams.len() {
+            if self.streams[i]
+                .stack
+                .poll_timeout()
+                .is_some_and(|d| d <= now)
+            {
+                r = self.streams[i]
+                    .stack
+                    .handle_timeout(now)
+                    .map_err(SessionError::from);
+                if r.is_err() {
+                    break;
+                }
+                self.pump(i, now);
+            }
+        }
+        if r.is_ok() && self.link_up() {
+            let silent_since = self.last_rx.unwrap_or(now);
+            if now >= silent_since + self.cfg.keepalive_timeout {
+                let reason = format!(
+                    "no message from the peer for {} ms",
+                    self.cfg.keepalive_timeout.as_millis()
+                );
+                return self.handle_link_lost(now, &reason);
+            }
+            if self.next_ping.is_some_and(|p| now >= p) && !self.close_sent() {
+                self.urgent.push_back(Urgent::Ping);
+                self.next_ping = Some(now + self.cfg.ping_interval);
+            }
+            self.queue_acks(now);
+        }
+        if let Some(until) = self.close.and_then(|c| c.linger_until) {
+            if now >= until && self.state != State::Closed {
+                self.finish(Ending::NoAnswer);
+            }
+        }
+        self.after(now, r)
+    }
+
+    /// Stop: end every source (flushing its stack), send END for each, then CLOSE.
+    pub fn close(&mut self, now: Instant) {
+        self.stopping = true;
+        let _ = self.after(now, Ok(()));
+    }
+
+    // ---- outputs ----
+
+    /// The next message to write, or `None` for now. Urgent messages first, then control
+    /// messages of pairs, then DATA interleaved across streams one frame at a time, ENDs after
+    /// a stream's last frame, CLOSE last. `wall_ns` stamps PING and PONG.
+    pub fn poll_transmit(&mut self, now: Instant, wall_ns: u64) -> Option<Transmit> {
+        if !self.link_up() {
+            // Only a CLOSE for an error may still go out (queued by `fail`).
+            return self.urgent.pop_front().map(|u| match u {
+                Urgent::Message(m) => Transmit::Message(m),
+                Urgent::Ping => Transmit::Message(OwnedMessage::Ping { t1: wall_ns }),
+                Urgent::Pong { t1, t2 } => Transmit::Message(OwnedMessage::Pong {
+                    t1,
+                    t2,
+                    t3: wall_ns,
+                }),
+            });
+        }
+        self.queue_acks(now);
+        if let Some(u) = self.urgent.pop_front() {
+            return Some(Transmit::Message(match u {
+                Urgent::Message(m) => m,
+                Urgent::Ping => OwnedMessage::Ping { t1: wall_ns },
+                Urgent::Pong { t1, t2 } => OwnedMessage::Pong {
+                    t1,
+                    t2,
+                    t3: wall_ns,
+                },
+            }));
+        }
+        if let Some(m) = self.control.pop_front() {
+            return Some(Transmit::Message(m));
+        }
+        if self.state != State::Running {
+            return None;
+        }
+        let n = self.streams.len();
+        for k in 0..n {
+            let i = (self.cursor + k) % n;
+            if let Some(t) = self.next_data(i) {
+                self.cursor = (i + 1) % n;
+                return Some(t);
+            }
+        }
+        if let Some(c) = self.close {
+            let all_ends = self
+                .streams
+                .iter()
+                .all(|s| matches!(&s.end, End::Source(src) if src.end_written) || !s.is_source());
+            if !c.sent && (all_ends || self.peer_closed) {
+                self.close = Some(Closing {
+                    sent: true,
+                    linger_until: Some(c.linger_until.unwrap_or(now + self.cfg.close_linger)),
+                    ..c
+                });
+                if self.peer_closed {
+                    self.finish(c.reason);
+                }
+                return Some(Transmit::Message(OwnedMessage::Close {
+                    code: CloseCode::Normal,
+                    reason: match c.reason {
+                        Ending::Stopped => "stopped",
+                        _ => "all streams ended",
+                    }
+                    .to_string(),
+                }));
+            }
+        }
+        None
+    }
+
+    /// The next thing for the driver to do.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When [`Session::handle_timeout`] wants to be called next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.state == State::Closed {
+            return None;
+        }
+        let stacks = self
+            .streams
+            .iter()
+            .filter_map(|s| s.stack.poll_timeout())
+            .min();
+        let t = [stacks, self.close.and_then(|c| c.linger_until)];
+        if self.link_up() {
+            let keepalive = self.last_rx.map(|r| r + self.cfg.keepalive_timeout);
+            let ack = self
+                .next_ack
+                .filter(|_| self.streams.iter().any(|s| s.ack_pending()));
+            let ping = self.next_ping.filter(|_| !self.close_sent());
+            return [keepalive, ack, ping].into_iter().chain(t).flatten().min();
+        }
+        t.into_iter().flatten().min()
+    }
+
+    // ---- internals ----
+
+    /// Some reliable frame the peer has not completed yet.
+    fn outstanding(&self) -> bool {
+        self.streams.iter().any(|s| {
+            s.plan.reliable
+                && matches!(&s.end, End::Source(src) if !src.out.is_empty() || !src.kept.is_empty())
+        })
+    }
+
+    fn close_sent(&self) -> bool {
+        self.close.is_some_and(|c| c.sent)
+    }
+
+    fn find(&self, id: u16) -> Result<usize, SessionError> {
+        self.streams
+            .iter()
+            .position(|s| s.id() == id)
+            .ok_or(SessionError::UnknownStream(id))
+    }
+
+    fn message(&mut self, now: Instant, wall_ns: u64, msg: Incoming) -> Result<(), SessionError> {
+        match msg {
+            Incoming::Data { header, payload } => {
+                let i = self.find(header.stream_id)?;
+                let s = &mut self.streams[i];
+                let End::Sink(k) = &mut s.end else {
+                    return Err(SessionError::WrongDirection {
+                        what: "sent a frame",
+                        stream: s.plan.name.clone(),
+                        role: "source",
+                    });
+                };
+                if s.ended || k.last_seq.is_some_and(|l| header.seq <= l) {
+                    // Taken in before a reconnect: never deliver twice.
+                    s.counters.duplicates += 1;
+                    return Ok(());
+                }
+                k.last_seq = Some(header.seq);
+                s.counters.wire_frames += 1;
+                s.counters.wire_bytes += payload.len() as u64;
+                let meta = crate::frame::Meta {
+                    stream: header.stream_id,
+                    seq: header.seq,
+                    // As the source wrote it: pairs (checksum, encrypt) cover it.
+                    timestamp_ns: header.timestamp_ns,
+                    flags: 0,
+                };
+                s.stack
+                    .handle_frame(now, Frame::from_bytes(meta, payload))?;
+                self.pump(i, now);
+            }
+            Incoming::Other(msg) => match msg {
+                OwnedMessage::Control { stream, layer, msg } => {
+                    let i = self.find(stream)?;
+                    self.streams[i]
+                        .stack
+                        .handle_control(now, layer as usize, Bytes::from(msg))?;
+                    self.pump(i, now);
+                }
+                OwnedMessage::End { stream, .. } => {
+                    let i = self.find(stream)?;
+                    if self.streams[i].is_source() {
+                        return Err(SessionError::WrongDirection {
+                            what: "ended",
+                            stream: self.streams[i].plan.name.clone(),
+                            role: "source",
+                        });
+                    }
+                    self.end_stream(i, now)?;
+                }
+                OwnedMessage::Ack { stream, seq } => {
+                    let i = self.find(stream)?;
+                    if let End::Source(src) = &mut self.streams[i].end {
+                        while src.out.front().is_some_and(|p| p.seq <= seq) {
+                            if let Some(p) = src.out.pop_front() {
+                                src.out_bytes -= p.payload.len();
+                                src.next_write = src.next_write.saturating_sub(1);
+                            }
+                        }
+                    }
+                }
+                OwnedMessage::Delivered { stream, seq } => {
+                    let i = self.find(stream)?;
+                    let s = &mut self.streams[i];
+                    let End::Source(src) = &mut s.end else {
+                        return Err(SessionError::WrongDirection {
+                            what: "reported deliveries",
+                            stream: s.plan.name.clone(),
+                            role: "sink",
+                        });
+                    };
+                    while src.kept.front().is_some_and(|(m, _)| m.seq <= seq) {
+                        if let Some((_, b)) = src.kept.pop_front() {
+                            src.kept_bytes -= b.len();
+                        }
+                    }
+                }
+                OwnedMessage::Resume { instance } => self.resume(now, instance)?,
+                OwnedMessage::Ping { t1 } => {
+                    self.urgent.push_back(Urgent::Pong { t1, t2: wall_ns })
+                }
+                OwnedMessage::Pong { t1, t2, t3 } => self.clock.sample(t1, t2, t3, wall_ns),
+                OwnedMessage::Close {
+                    code: CloseCode::Normal,
+                    ..
+                } => {
+                    // No more frames will come: deliver what our sinks hold. Our sources end
+                    // when we send our CLOSE.
+                    self.peer_closed = true;
+                    for i in 0..self.streams.len() {
+                        if !self.streams[i].is_source() {
+                            self.end_stream(i, now)?;
+                        }
+                    }
+                    if self.close_sent() {
+                        self.finish(self.close.map_or(Ending::PeerClosed, |c| c.reason));
+                    }
+                }
+                OwnedMessage::Close { code, reason } => {
+                    return Err(SessionError::PeerClosed { code, reason })
+                }
+                OwnedMessage::Data { .. } => return Err(SessionError::PlainData),
+                OwnedMessage::Hello(_) | OwnedMessage::Ready => {
+                    // Only a datagram link can bring these from a stranger mid-session; on an
+                    // authenticated link it is a confused peer. Neither stops the session.
+                    self.ignored_handshakes += 1;
+                    if self.ignored_handshakes.is_power_of_two() {
+                        self.events.push_back(Event::Warning(format!(
+                            "ignored {} handshake message(s) in the middle of the session",
+                            self.ignored_handshakes
+                        )));
+                    }
+                }
+            },
+        }
+        Ok(())
+    }
+
+    /// RESUME, twice per link from each side (docs/protocol.md §6): the first says who the
+    /// peer is (a new run id means it restarted); we answer it with our ACKs, which now refer
+    /// to the right run of the peer, and our second RESUME. The peer's second RESUME says its
+    /// ACKs are all in: resend what is still unacknowledged, then new frames.
+    fn resume(&mut self, now: Instant, instance: u64) -> Result<(), SessionError> {
+        self.peer_resumes += 1;
+        if self.peer_resumes == 1 {
+            if self.peer_run_id.is_some_and(|p| p != instance) {
+                // The peer restarted: its numbering starts again, and what it had not
+                // completed is encoded again for it.
+                self.peer_gen += 1;
+                let mut again = 0;
+                for i in 0..self.streams.len() {
+                    let s = &mut self.streams[i];
+                    match &mut s.end {
+                        End::Sink(k) => {
+                            k.last_seq = None;
+                            k.acked_sent = None;
+                            k.delivered = None;
+                            k.delivered_sent = None;
+                        }
+                        End::Source(_) if s.plan.reliable => {
+                            again += s.restart_for_new_peer(now)?;
+                            self.pump(i, now);
+                        }
+                        End::Source(_) => {}
+                    }
+                }
+                self.events
+                    .push_back(Event::PeerRestarted { resending: again });
+            }
+            self.peer_run_id = Some(instance);
+            for s in self.streams.iter_mut() {
+                if let End::Sink(k) = &mut s.end {
+                    if let Some(seq) = k.last_seq {
+                        self.urgent.push_back(Urgent::Message(OwnedMessage::Ack {
+                            stream: s.plan.id,
+                            seq,
+                        }));
+                    }
+                    k.acked_sent = k.last_seq;
+                }
+            }
+            self.urgent.push_back(Urgent::Message(OwnedMessage::Resume {
+                instance: self.run_id,
+            }));
+            return Ok(());
+        }
+        if self.state == State::Resuming {
+            self.state = State::Running;
+        }
+        if let Some(t) = self.lost_at.take() {
+            let after = now.saturating_duration_since(t);
+            self.recoveries.push(after);
+            let resending = self.streams.iter().map(|s| s.unwritten()).sum();
+            self.events.push_back(Event::Resumed { after, resending });
+        }
+        Ok(())
+    }
+
+    /// Moves what stack `i` produced: a source's frames into its outbox, a sink's to its
+    /// endpoint (events); control messages into the control queue while a link is up.
+    fn pump(&mut self, i: usize, _now: Instant) {
+        let link_up = self.link_up();
+        let budget = self.cfg.resume_buffer_bytes;
+        let s = &mut self.streams[i];
+        while let Some((layer, msg)) = s.stack.poll_control() {
+            if link_up {
+                self.control.push_back(OwnedMessage::Control {
+                    stream: s.plan.id,
+                    layer: layer as u8,
+                    msg: msg.to_vec(),
+                });
+            }
+        }
+        match &mut s.end {
+            End::Source(src) => {
+                while let Some(f) = s.stack.poll_frame() {
+                    s.counters.wire_frames += 1;
+                    s.counters.wire_bytes += f.len() as u64;
+                    src.sent += 1;
+                    let p = Pending {
+                        seq: f.meta.seq,
+                        timestamp_ns: f.meta.timestamp_ns,
+                        payload: f.into_bytes(),
+                        written: false,
+                    };
+                    if !s.plan.reliable {
+                        // Lossy: while the link is down only the newest frame is worth
+                        // sending; above the budget the oldest goes.
+                        if !link_up {
+                            while src.out.len() > src.next_write {
+                                if let Some(old) = src.out.pop_back() {
+                                    src.out_bytes -= old.payload.len();
+                                    s.counters.overflow += 1;
+                                }
+                            }
+                        }
+                        while !src.out.is_empty() && src.out_bytes + p.payload.len() > budget {
+                            if let Some(old) = src.out.pop_front() {
+                                src.out_bytes -= old.payload.len();
+                                src.next_write = src.next_write.saturating_sub(1);
+                                s.counters.overflow += 1;
+                            }
+                        }
+                    }
+                    src.out_bytes += p.payload.len();
+                    src.out.push_back(p);
+                }
+            }
+            End::Sink(k) => {
+                while let Some(f) = s.stack.poll_frame() {
+                    k.handed.push_back((self.peer_gen, f.meta.seq));
+                    self.events.push_back(Event::Deliver {
+                        stream: i,
+                        frame: f,
+                    });
+                }
+            }
+        }
+    }
+
+    fn next_data(&mut self, i: usize) -> Option<Transmit> {
+        let s = &mut self.streams[i];
+        let End::Source(src) = &mut s.end else {
+            return None;
+        };
+        if src.next_write < src.out.len() {
+            let reliable = s.plan.reliable;
+            let p = &mut src.out[src.next_write];
+            let t = Transmit::Data {
+                stream: s.plan.id,
+                retransmit: p.written,
+                seq: p.seq,
+                timestamp_ns: p.timestamp_ns,
+                payload: p.payload.clone(),
+                reliable,
+            };
+            if p.written {
+                s.counters.retransmits += 1;
+            }
+            p.written = true;
+            if reliable {
+                src.next_write += 1;
+            } else if let Some(done) = src.out.remove(src.next_write) {
+                src.out_bytes -= done.payload.len();
+            }
+            return Some(t);
+        }
+        if s.ended && !src.end_written {
+            src.end_written = true;
+            return Some(Transmit::Message(OwnedMessage::End {
+                stream: s.plan.id,
+                frames: src.sent,
+            }));
+        }
+        None
+    }
+
+    /// ACK and DELIVERED for every sink with news, at most every `ack_every`.
+    fn queue_acks(&mut self, now: Instant) {
+        if self.next_ack.is_none_or(|t| now < t) || !self.streams.iter().any(|s| s.ack_pending()) {
+            return;
+        }
+        self.next_ack = Some(now + self.cfg.ack_every);
+        for s in self.streams.iter_mut() {
+            let End::Sink(k) = &mut s.end else { continue };
+            if k.last_seq != k.acked_sent {
+                if let Some(seq) = k.last_seq {
+                    self.urgent.push_back(Urgent::Message(OwnedMessage::Ack {
+                        stream: s.plan.id,
+                        seq,
+                    }));
+                }
+                k.acked_sent = k.last_seq;
+            }
+            if k.delivered != k.delivered_sent {
+                if let Some(seq) = k.delivered {
+                    self.urgent
+                        .push_back(Urgent::Message(OwnedMessage::Delivered {
+                            stream: s.plan.id,
+                            seq,
+                        }));
+                }
+                k.delivered_sent = k.delivered;
+            }
+        }
+    }
+
+    /// Ends stream `i` on this side: a source flushes its stack (END follows its last frame);
+    /// a sink flushes its stack into the endpoint and closes it.
+    fn end_stream(&mut self, i: usize, now: Instant) -> Result<(), SessionError> {
+        if self.streams[i].ended {
+            return Ok(());
+        }
+        self.streams[i].stack.flush(now)?;
+        self.pump(i, now);
+        let s = &mut self.streams[i];
+        s.ended = true;
+        if !s.is_source() {
+            self.events.push_back(Event::StreamEnded { stream: i });
+        }
+        Ok(())
+    }
+
+    /// After every input: on error close with a CLOSE naming it; otherwise see whether the
+    /// session is finishing.
+    fn after(&mut self, now: Instant, r: Result<(), SessionError>) -> Result<(), SessionError> {
+        match r {
+            Ok(()) => {
+                self.check_close_at(now);
+                Ok(())
+            }
+            Err(e) => {
+                self.fail(&e);
+                Err(e)
+            }
+        }
+    }
+
+    fn fail(&mut self, e: &SessionError) {
+        let was_up = self.link_up();
+        self.urgent.clear();
+        self.control.clear();
+        if let (true, Some(code)) = (was_up, e.close_code()) {
+            self.urgent.push_back(Urgent::Message(OwnedMessage::Close {
+                code,
+                reason: e.to_string(),
+            }));
+        }
+        self.state = State::Closed;
+    }
+
+    fn check_close(&mut self) {
+        // Without a time only the decisions that need none.
+        if self.close.is_some() && !self.link_up() && (self.stopping || self.peer_closed) {
+            let reason = self.close.map_or(Ending::Stopped, |c| c.reason);
+            self.finish(reason);
+        }
+    }
+
+    /// Finished when every stream ended (ours flushed, theirs got END), the peer closed, or
+    /// we were told to stop: ends our sources and queues CLOSE (it goes out after all ENDs).
+    fn check_close_at(&mut self, now: Instant) {
+        if self.state == State::Closed {
+            return;
+        }
+        let all_done = self.streams.iter().all(|s| s.ended);
+        if self.close.is_none() && (all_done || self.peer_closed || self.stopping) {
+            for i in 0..self.streams.len() {
+                if self.streams[i].is_source() && !self.streams[i].ended {
+                    if let Err(e) = self.end_stream(i, now) {
+                        self.fail(&e);
+                        self.events.push_back(Event::Warning(e.to_string()));
+                        return;
+                    }
+                }
+            }
+            self.close = Some(Closing {
+                reason: if self.stopping {
+                    Ending::Stopped
+                } else if all_done {
+                    Ending::AllEnded
+                } else {
+                    Ending::PeerClosed
+                },
+                sent: false,
+                linger_until: None,
+            });
+        }
+        self.check_close();
+    }
+
+    fn finish(&mut self, how: Ending) {
+        if self.state != State::Closed {
+            self.state = State::Closed;
+            self.events.push_back(Event::Closed(how));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,224 @@
+//! Per-stream state of a session: what a source keeps until the peer acknowledges it, and
+//! what a sink has taken in, handed over and seen completed.
+
+use crate::frame::{Frame, Meta};
+use crate::half::Pair;
+use crate::stack::{Role, Stack, StackError};
+use bytes::Bytes;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// One stream as the session runs it: what the config says about it.
+#[derive(Clone)]
+pub struct StreamPlan {
+    /// Stream id on the wire (≠ 0).
+    pub id: u16,
+    /// Name from the config, for errors and stats.
+    pub name: String,
+    /// Whether this side sources or sinks the stream.
+    pub role: Role,
+    /// Reliable: kept until acknowledged and resent after a reconnect; otherwise lossy: only
+    /// the newest frame is worth sending after an outage.
+    pub reliable: bool,
+    /// Sink of an input device: when the link is lost the session asks the endpoint (through
+    /// [`Event::ReleaseInputs`](super::Event::ReleaseInputs)) to release every held key and
+    /// button.
+    pub release_on_loss: bool,
+    /// The pairs in the user's order; the session builds the stack from them, and builds it
+    /// afresh for a restarted peer.
+    pub pairs: Vec<Arc<dyn Pair + Send + Sync>>,
+}
+
+impl std::fmt::Debug for StreamPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamPlan")
+            .field("id", &self.id)
+            .field("name", &self.name)
+            .field("role", &self.role)
+            .field("reliable", &self.reliable)
+            .field("release_on_loss", &self.release_on_loss)
+            .field(
+                "pairs",
+                &self.pairs.iter().map(|p| p.describe()).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl StreamPlan {
+    /// A fresh stack of this stream's pairs for its role.
+    pub fn build_stack(&self) -> Result<Stack, StackError> {
+        let pairs: Vec<&dyn Pair> = self.pairs.iter().map(|p| p.as_ref() as &dyn Pair).collect();
+        Stack::build(self.role, &self.name, &pairs)
+    }
+}
+
+/// Counters the session keeps per stream (the driver adds endpoint-side figures).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamCounters {
+    /// Frames sent to (source) or received from (sink) the link.
+    pub wire_frames: u64,
+    /// Their payload bytes (module headers included).
+    pub wire_bytes: u64,
+    /// Frames sent again after a reconnect (source).
+    pub retransmits: u64,
+    /// Frames received again after a reconnect and dropped (sink).
+    pub duplicates: u64,
+    /// Lossy frames dropped because newer ones superseded them or the buffer was full.
+    pub overflow: u64,
+    /// Source: frames currently held until the peer acknowledges them.
+    pub unacked: u64,
+    /// Their bytes.
+    pub unacked_bytes: u64,
+}
+
+/// A DATA message kept by the source until the peer acknowledges it.
+#[derive(Debug)]
+pub(crate) struct Pending {
+    pub seq: u64,
+    pub timestamp_ns: u64,
+    pub payload: Bytes,
+    /// Yielded on some connection already: a resend carries RETRANSMIT.
+    pub written: bool,
+}
+
+/// The source end of a stream.
+#[derive(Debug)]
+pub(crate) struct SourceState {
+    /// What goes out, oldest first; `out[..next_write]` went out on this connection.
+    pub out: VecDeque<Pending>,
+    pub out_bytes: usize,
+    pub next_write: usize,
+    /// DATA frames the stack produced (END announces it).
+    pub sent: u64,
+    pub end_written: bool,
+    /// Reliable: the endpoint's frames from before the stack, until the peer's sink
+    /// completed them (DELIVERED); encoded again for a restarted peer.
+    pub kept: VecDeque<(Meta, Bytes)>,
+    pub kept_bytes: usize,
+}
+
+/// The sink end of a stream.
+#[derive(Debug)]
+pub(crate) struct SinkState {
+    /// Highest sequence taken in from the current peer run, and the last one ACKed.
+    pub last_seq: Option<u64>,
+    pub acked_sent: Option<u64>,
+    /// Frames handed to the endpoint, oldest first: the peer generation they came from and
+    /// their endpoint sequence.
+    pub handed: VecDeque<(u64, u64)>,
+    /// How many handed frames the endpoint reported complete.
+    pub completed_seen: u64,
+    /// Highest endpoint sequence of the current peer generation completed, and last told.
+    pub delivered: Option<u64>,
+    pub delivered_sent: Option<u64>,
+}
+
+/// Source or sink.
+#[derive(Debug)]
+pub(crate) enum End {
+    Source(SourceState),
+    Sink(SinkState),
+}
+
+/// One stream at run time.
+pub(crate) struct StreamRt {
+    pub plan: StreamPlan,
+    pub stack: Stack,
+    /// A source's endpoint finished (END queued), or a sink got END.
+    pub ended: bool,
+    pub end: End,
+    pub counters: StreamCounters,
+}
+
+impl StreamRt {
+    pub fn new(plan: StreamPlan) -> Result<StreamRt, StackError> {
+        let stack = plan.build_stack()?;
+        let end = match plan.role {
+            Role::Source => End::Source(SourceState {
+                out: VecDeque::new(),
+                out_bytes: 0,
+                next_write: 0,
+                sent: 0,
+                end_written: false,
+                kept: VecDeque::new(),
+                kept_bytes: 0,
+            }),
+            Role::Sink => End::Sink(SinkState {
+                last_seq: None,
+                acked_sent: None,
+                handed: VecDeque::new(),
+                completed_seen: 0,
+                delivered: None,
+                delivered_sent: None,
+            }),
+        };
+        Ok(StreamRt {
+            plan,
+            stack,
+            ended: false,
+            end,
+            counters: StreamCounters::default(),
+        })
+    }
+
+    pub fn id(&self) -> u16 {
+        self.plan.id
+    }
+
+    pub fn is_source(&self) -> bool {
+        self.plan.role == Role::Source
+    }
+
+    /// Source: frames not yet written on this connection.
+    pub fn unwritten(&self) -> usize {
+        match &self.end {
+            End::Source(s) => s.out.len() - s.next_write.min(s.out.len()),
+            End::Sink(_) => 0,
+        }
+    }
+
+    /// Sink: an ACK or DELIVERED would say something new.
+    pub fn ack_pending(&self) -> bool {
+        match &self.end {
+            End::Sink(k) => k.last_seq != k.acked_sent || k.delivered != k.delivered_sent,
+            End::Source(_) => false,
+        }
+    }
+
+    /// Source, reliable: keeps an endpoint frame until the peer completes it and returns it
+    /// for the stack. Both share the bytes: no copy here.
+    pub fn keep(&mut self, f: Frame) -> Frame {
+        let End::Source(s) = &mut self.end else {
+            return f;
+        };
+        let meta = f.meta;
+        let bytes = f.into_bytes();
+        s.kept_bytes += bytes.len();
+        s.kept.push_back((meta, bytes.clone()));
+        Frame::from_bytes(meta, bytes)
+    }
+
+    /// Source: the peer process restarted. Its sink state is gone, so the stack starts afresh
+    /// and every frame it has not completed is encoded again, ahead of new ones.
+    pub fn restart_for_new_peer(&mut self, now: Instant) -> Result<usize, StackError> {
+        self.stack = self.plan.build_stack()?;
+        let End::Source(s) = &mut self.end else {
+            return Ok(0);
+        };
+        s.out.clear();
+        s.out_bytes = 0;
+        s.next_write = 0;
+        s.end_written = false;
+        let again = s.kept.len();
+        for (meta, bytes) in &s.kept {
+            self.stack
+                .handle_frame(now, Frame::from_bytes(*meta, bytes.clone()))?;
+        }
+        if self.ended {
+            self.stack.flush(now)?;
+        }
+        Ok(again)
+    }
+}

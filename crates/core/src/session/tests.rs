@@ -1,0 +1,231 @@
+//! Unit tests of the session's single steps; whole sessions against each other under faults
+//! are in `crates/testkit/tests/session.rs`.
+
+use super::*;
+use crate::frame::Meta;
+use crate::stack::Role;
+use ndd_wire::DataHeader;
+
+fn plan(id: u16, role: Role, reliable: bool) -> StreamPlan {
+    StreamPlan {
+        id,
+        name: format!("s{id}"),
+        role,
+        reliable,
+        release_on_loss: role == Role::Sink,
+        pairs: vec![],
+    }
+}
+
+fn session(plans: Vec<StreamPlan>, budget: usize) -> Session {
+    let cfg = SessionConfig {
+        resume_buffer_bytes: budget,
+        ..SessionConfig::default()
+    };
+    Session::new(cfg, plans, 7).unwrap()
+}
+
+fn frame(stream: u16, seq: u64, len: usize) -> Frame {
+    Frame::new(
+        Meta {
+            stream,
+            seq,
+            timestamp_ns: 0,
+            flags: 0,
+        },
+        &vec![1; len],
+    )
+}
+
+fn drain(s: &mut Session, now: Instant) -> Vec<Transmit> {
+    std::iter::from_fn(|| s.poll_transmit(now, 1)).collect()
+}
+
+fn resume(instance: u64) -> Incoming {
+    Incoming::Other(OwnedMessage::Resume { instance })
+}
+
+#[test]
+fn a_new_link_says_only_resume_until_the_peer_has_said_who_it_is() {
+    let now = Instant::now();
+    let mut s = session(vec![plan(1, Role::Sink, true)], 1 << 20);
+    s.handle_link_up(now);
+    s.handle_message(now, 1, resume(9)).unwrap();
+    let data = Incoming::Data {
+        header: DataHeader {
+            stream_id: 1,
+            retransmit: false,
+            seq: 5,
+            timestamp_ns: 0,
+        },
+        payload: Bytes::from_static(b"x"),
+    };
+    s.handle_message(now, 1, data).unwrap();
+    s.handle_link_lost(now, "cut").unwrap();
+    // Reconnected: only RESUME, no ACK about seq 5 before the peer's RESUME.
+    s.handle_link_up(now);
+    let first = drain(&mut s, now);
+    assert_eq!(
+        first,
+        vec![Transmit::Message(OwnedMessage::Resume { instance: 7 })]
+    );
+    // A restarted peer gets no stale ACK either: just our second RESUME.
+    s.handle_message(now, 1, resume(10)).unwrap();
+    let second = drain(&mut s, now);
+    assert_eq!(
+        second,
+        vec![Transmit::Message(OwnedMessage::Resume { instance: 7 })]
+    );
+}
+
+#[test]
+fn the_same_peer_gets_its_acks_between_the_two_resumes() {
+    let now = Instant::now();
+    let mut s = session(vec![plan(1, Role::Sink, true)], 1 << 20);
+    s.handle_link_up(now);
+    s.handle_message(now, 1, resume(9)).unwrap();
+    s.handle_message(
+        now,
+        1,
+        Incoming::Data {
+            header: DataHeader {
+                stream_id: 1,
+                retransmit: false,
+                seq: 5,
+                timestamp_ns: 0,
+            },
+            payload: Bytes::from_static(b"x"),
+        },
+    )
+    .unwrap();
+    s.handle_link_lost(now, "cut").unwrap();
+    s.handle_link_up(now);
+    drain(&mut s, now);
+    s.handle_message(now, 1, resume(9)).unwrap();
+    assert_eq!(
+        drain(&mut s, now),
+        vec![
+            Transmit::Message(OwnedMessage::Ack { stream: 1, seq: 5 }),
+            Transmit::Message(OwnedMessage::Resume { instance: 7 }),
+        ]
+    );
+}
+
+#[test]
+fn a_full_resume_buffer_stops_a_reliable_source_but_not_a_lossy_one() {
+    let now = Instant::now();
+    let mut s = session(
+        vec![plan(1, Role::Source, true), plan(2, Role::Source, false)],
+        1000,
+    );
+    s.handle_link_up(now);
+    for seq in 0..3 {
+        assert!(s.source_ready(0));
+        s.handle_source_frame(now, 0, frame(1, seq, 400)).unwrap();
+        s.handle_source_frame(now, 1, frame(2, seq, 400)).unwrap();
+    }
+    assert!(
+        !s.source_ready(0),
+        "1200 bytes kept over a 1000-byte budget"
+    );
+    assert!(s.source_ready(1));
+    assert_eq!(s.counters(0).overflow, 0);
+    assert_eq!(
+        s.counters(1).overflow,
+        1,
+        "the lossy stream dropped its oldest"
+    );
+    // The peer acknowledges and completes everything: room again.
+    s.handle_message(now, 1, resume(9)).unwrap();
+    s.handle_message(now, 1, resume(9)).unwrap();
+    drain(&mut s, now);
+    s.handle_message(
+        now,
+        1,
+        Incoming::Other(OwnedMessage::Ack { stream: 1, seq: 2 }),
+    )
+    .unwrap();
+    s.handle_message(
+        now,
+        1,
+        Incoming::Other(OwnedMessage::Delivered { stream: 1, seq: 2 }),
+    )
+    .unwrap();
+    assert!(s.source_ready(0));
+}
+
+#[test]
+fn a_stray_hello_is_a_warning_and_an_unknown_stream_closes_with_a_reason() {
+    let now = Instant::now();
+    let mut s = session(vec![plan(1, Role::Sink, true)], 1 << 20);
+    s.handle_link_up(now);
+    s.handle_message(now, 1, Incoming::Other(OwnedMessage::Ready))
+        .unwrap();
+    assert!(matches!(s.poll_event(), Some(Event::Warning(w)) if w.contains("handshake")));
+    let e = s
+        .handle_message(
+            now,
+            1,
+            Incoming::Other(OwnedMessage::Ack { stream: 4, seq: 0 }),
+        )
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "the peer sent a message for stream id 4, which is not configured"
+    );
+    assert_eq!(s.state(), State::Closed);
+    let out = drain(&mut s, now);
+    assert_eq!(
+        out,
+        vec![Transmit::Message(OwnedMessage::Close {
+            code: CloseCode::ProtocolError,
+            reason: e.to_string()
+        })]
+    );
+}
+
+#[test]
+fn losing_the_link_releases_input_sinks_and_asks_for_a_new_link() {
+    let now = Instant::now();
+    let mut s = session(
+        vec![plan(1, Role::Sink, true), plan(2, Role::Source, true)],
+        1 << 20,
+    );
+    s.handle_link_up(now);
+    s.handle_link_lost(now, "cut").unwrap();
+    assert!(matches!(
+        s.poll_event(),
+        Some(Event::ReleaseInputs { stream: 0 })
+    ));
+    assert!(matches!(s.poll_event(), Some(Event::LinkLost { reason }) if reason == "cut"));
+    assert_eq!(s.state(), State::Disconnected);
+    let mut once = session(vec![plan(1, Role::Sink, true)], 1 << 20);
+    once.cfg.reconnect = false;
+    once.handle_link_up(now);
+    assert_eq!(
+        once.handle_link_lost(now, "cut").unwrap_err().to_string(),
+        "link to the peer failed: cut"
+    );
+}
+
+#[test]
+fn keepalive_declares_a_silent_link_lost() {
+    let now = Instant::now();
+    let mut s = session(vec![plan(1, Role::Sink, true)], 1 << 20);
+    s.handle_link_up(now);
+    let t = s.poll_timeout().unwrap();
+    assert_eq!(t, now, "the first PING is due at once");
+    s.handle_timeout(now).unwrap();
+    let later = now + Duration::from_secs(5);
+    s.handle_timeout(later).unwrap();
+    let mut reasons = vec![];
+    while let Some(e) = s.poll_event() {
+        if let Event::LinkLost { reason } = e {
+            reasons.push(reason);
+        }
+    }
+    assert_eq!(
+        reasons,
+        vec!["no message from the peer for 5000 ms".to_string()]
+    );
+}

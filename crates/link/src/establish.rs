@@ -1,0 +1,624 @@
+//! The three links behind one face, and how a side gets one: TCP (plain or TLS) with a
+//! byte-stream reader and writer, QUIC (a stream per reliable ndd stream, datagrams for lossy
+//! ones) and UDP (datagrams, fragmented). A [`Connector`] listens or connects (with capped
+//! exponential backoff), checks the peer's pinned identity and runs the HELLO/READY handshake
+//! (docs/protocol.md §5) whose decision is `ndd_core::session::decide_handshake`; the driver
+//! then reads with [`Rx`] and writes with [`Tx`].
+
+use crate::{
+    Incoming, KnownPeers, LinkError, Listener, MessageReader, MessageWriter, PeerInfo, QuicConn,
+    QuicListener, QuicSender, UdpLink, UdpSender,
+};
+use bytes::Bytes;
+use ndd_core::session::{decide_handshake, HandshakeDecision, PeerOpening};
+use ndd_core::{Frame, Meta};
+use ndd_wire::{CloseCode, OwnedMessage, WireError};
+use ndd_wire::{DataHeader, Message, FLAG_RETRANSMIT};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Which link a side uses (`[link] transport`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportKind {
+    /// TCP, with TLS 1.3 unless `insecure`.
+    #[default]
+    Tcp,
+    /// QUIC (always TLS 1.3, same identities).
+    Quic,
+    /// Plain UDP datagrams: no retransmission, no encryption (use the `encrypt` pair).
+    Udp,
+}
+
+impl std::fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TransportKind::Tcp => "tcp",
+            TransportKind::Quic => "quic",
+            TransportKind::Udp => "udp",
+        })
+    }
+}
+
+/// The receiving half of a connection.
+#[derive(Debug)]
+#[allow(missing_docs)]
+pub enum Rx {
+    Tcp(MessageReader),
+    Quic(QuicConn),
+    Udp(UdpLink),
+}
+
+impl Rx {
+    /// The next message; `None` at a clean end.
+    pub async fn read(&mut self) -> Result<Option<Incoming>, LinkError> {
+        match self {
+            Rx::Tcp(r) => r.read().await,
+            Rx::Quic(c) => c.recv().await,
+            Rx::Udp(u) => u.recv().await,
+        }
+    }
+
+    /// Largest body accepted from the peer.
+    pub fn set_max_body(&mut self, max: u32) {
+        match self {
+            Rx::Tcp(r) => r.set_max_body(max),
+            Rx::Quic(c) => c.set_max_body(max),
+            Rx::Udp(u) => u.set_max_body(max),
+        }
+    }
+}
+
+/// The sending half of a connection.
+#[derive(Debug)]
+#[allow(missing_docs)]
+pub enum Tx {
+    Tcp(MessageWriter),
+    Quic(QuicSender),
+    Udp(UdpSender),
+}
+
+impl Tx {
+    /// Any message but DATA.
+    pub async fn write_message(&mut self, m: &Message<'_>) -> Result<(), LinkError> {
+        match self {
+            Tx::Tcp(w) => w.write_message(m).await,
+            Tx::Quic(s) => s.send_message(m).await,
+            Tx::Udp(s) => s.send_message(m).await,
+        }
+    }
+
+    /// One DATA message. On TCP it goes in line with everything else; QUIC puts a reliable
+    /// stream's frames on that stream's own QUIC stream and a lossy stream's in datagrams; UDP
+    /// sends datagrams either way.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn write_data(
+        &mut self,
+        stream: u16,
+        retransmit: bool,
+        seq: u64,
+        timestamp_ns: u64,
+        payload: &Bytes,
+        reliable: bool,
+    ) -> Result<(), LinkError> {
+        match self {
+            Tx::Tcp(w) => {
+                let header = DataHeader {
+                    stream_id: stream,
+                    retransmit,
+                    seq,
+                    timestamp_ns,
+                };
+                w.write_data(&header, payload).await
+            }
+            Tx::Quic(_) | Tx::Udp(_) => {
+                let flags = if retransmit { FLAG_RETRANSMIT } else { 0 };
+                let frame = Frame::from_bytes(
+                    Meta {
+                        stream,
+                        seq,
+                        timestamp_ns,
+                        flags,
+                    },
+                    payload.clone(),
+                );
+                match self {
+                    Tx::Quic(s) => s.send_frame(frame, reliable).await,
+                    Tx::Udp(s) => s.send_frame(frame, reliable).await,
+                    Tx::Tcp(_) => unreachable!("matched above"),
+                }
+            }
+        }
+    }
+
+    /// Pushes buffered bytes to the socket (TCP).
+    pub async fn flush(&mut self) -> Result<(), LinkError> {
+        match self {
+            Tx::Tcp(w) => w.flush().await,
+            Tx::Quic(_) | Tx::Udp(_) => Ok(()),
+        }
+    }
+
+    /// Closes our direction (TLS close_notify).
+    pub async fn shutdown(&mut self) -> Result<(), LinkError> {
+        match self {
+            Tx::Tcp(w) => w.shutdown().await,
+            Tx::Quic(s) => s.shutdown().await,
+            Tx::Udp(_) => Ok(()),
+        }
+    }
+
+    /// Largest body the peer accepts.
+    pub fn set_peer_max_body(&mut self, max: u32) {
+        match self {
+            Tx::Tcp(w) => w.set_peer_max_body(max),
+            Tx::Quic(s) => s.set_peer_max_body(max),
+            Tx::Udp(s) => s.set_peer_max_body(max),
+        }
+    }
+}
+
+/// TLS material of a side: its identity and the rustls configurations built from it.
+#[derive(Debug)]
+pub struct Tls {
+    /// This install's identity.
+    pub identity: crate::Identity,
+    /// Accepting side.
+    pub server: Arc<crate::ServerConfig>,
+    /// Connecting side.
+    pub client: Arc<crate::ClientConfig>,
+}
+
+impl Tls {
+    /// Both configurations for `identity`.
+    pub fn new(identity: crate::Identity) -> Result<Tls, LinkError> {
+        Ok(Tls {
+            server: crate::server_config(&identity)?,
+            client: crate::client_config(&identity)?,
+            identity,
+        })
+    }
+}
+
+/// What every handshake needs, shared by the first connection and every reconnect.
+#[derive(Debug)]
+pub struct HandshakeCtx {
+    /// Our HELLO.
+    pub hello: ndd_wire::HelloRepr,
+    /// Largest body we accept.
+    pub max_body: u32,
+    /// `None`: plain TCP (`--insecure`).
+    pub tls: Option<Arc<Tls>>,
+    /// Where `known_peers` lives (reloaded on every connection).
+    pub home: PathBuf,
+    /// Connect and handshake timeout.
+    pub timeout: Duration,
+    /// Longest wait between reconnect attempts.
+    pub max_backoff: Duration,
+    /// `device` or `app`, for log lines.
+    pub side: &'static str,
+}
+
+/// A link that passed the handshake.
+#[derive(Debug)]
+pub struct Established {
+    /// Reading half.
+    pub rx: Rx,
+    /// Writing half.
+    pub tx: Tx,
+    /// The peer's trusted name or fingerprint (TLS), or its address.
+    pub peer: String,
+}
+
+/// Why no link came of an attempt.
+#[derive(Debug, thiserror::Error)]
+pub enum EstablishError {
+    /// Nobody there, a network failure, or something that is no ndd peer: worth retrying
+    /// (connecting) or ignoring (listening).
+    #[error("{0}")]
+    Transient(String),
+    /// A real peer we cannot work with: stack or version mismatch, untrusted identity, or it
+    /// refused us. Both sides report it.
+    #[error("{0}")]
+    Refused(String),
+    /// A local problem no retry fixes (a port that cannot be bound, unreadable trust file).
+    #[error("{0}")]
+    Local(String),
+}
+
+/// Where links come from: a listener we accept on, or an address we connect to.
+#[derive(Debug)]
+pub enum Connector {
+    /// TCP (TLS unless insecure), accepting.
+    Listen(Listener),
+    /// TCP, connecting.
+    Connect(String),
+    /// QUIC, accepting.
+    QuicListen(QuicListener),
+    /// QUIC, connecting.
+    QuicConnect(String),
+    /// UDP has no connections: the listening side binds afresh for every session.
+    UdpListen(String),
+    /// UDP, sending to this address.
+    UdpConnect(String),
+}
+
+/// Connection errors worth retrying while the peer may still be starting or is coming back.
+fn retryable(e: &LinkError) -> bool {
+    matches!(
+        e,
+        LinkError::Connect { .. }
+            | LinkError::ConnectTimeout { .. }
+            | LinkError::Handshake { .. }
+            | LinkError::HandshakeTimeout { .. }
+            | LinkError::Io(_)
+            | LinkError::QuicConnect { .. }
+            | LinkError::QuicHandshake { .. }
+            | LinkError::QuicConnection { .. }
+    )
+}
+
+/// ±20 % jitter so many clients do not retry in step.
+fn jittered(d: Duration, n: u64) -> Duration {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() as u64)
+        .unwrap_or(0);
+    let x = (t ^ n.wrapping_mul(0x9e37_79b9)) % 1000;
+    d.mul_f64(0.8 + 0.4 * x as f64 / 1000.0)
+}
+
+fn transient(e: LinkError) -> EstablishError {
+    EstablishError::Transient(e.to_string())
+}
+
+impl Connector {
+    /// A connector for `transport`: binds now when listening (so the port is known and its
+    /// errors come at once).
+    pub async fn new(
+        transport: TransportKind,
+        listen: bool,
+        addr: &str,
+        tls: Option<&Tls>,
+    ) -> Result<Connector, EstablishError> {
+        Ok(match (transport, listen) {
+            (TransportKind::Tcp, false) => Connector::Connect(addr.to_string()),
+            (TransportKind::Tcp, true) => Connector::Listen(
+                crate::listen(addr)
+                    .await
+                    .map_err(|e| EstablishError::Local(format!("cannot listen on {addr}: {e}")))?,
+            ),
+            (TransportKind::Quic, false) => Connector::QuicConnect(addr.to_string()),
+            (TransportKind::Quic, true) => {
+                let id = &tls
+                    .ok_or_else(|| EstablishError::Local("QUIC needs an identity".into()))?
+                    .identity;
+                Connector::QuicListen(crate::quic_listen(addr, id).await.map_err(|e| {
+                    EstablishError::Local(format!("cannot listen (QUIC) on {addr}: {e}"))
+                })?)
+            }
+            (TransportKind::Udp, false) => Connector::UdpConnect(addr.to_string()),
+            (TransportKind::Udp, true) => Connector::UdpListen(addr.to_string()),
+        })
+    }
+
+    /// Where a listening connector waits, for the "listening on" line.
+    pub fn local_addr(&self) -> Option<String> {
+        match self {
+            Connector::Listen(l) => l.local_addr().map(|a| a.to_string()).ok(),
+            Connector::QuicListen(l) => l.local_addr().map(|a| format!("{a} (QUIC)")).ok(),
+            Connector::UdpListen(a) => Some(format!("{a} (UDP)")),
+            _ => None,
+        }
+    }
+
+    /// The next link. The first connection gives up on the connect timeout and on any
+    /// refusal (mismatch, untrusted); later ones (reconnects) keep trying, with capped
+    /// exponential backoff and jitter, and only log what goes wrong.
+    pub async fn establish(
+        &self,
+        ctx: &HandshakeCtx,
+        first: bool,
+    ) -> Result<Established, EstablishError> {
+        let side = ctx.side;
+        match self {
+            Connector::QuicConnect(addr) | Connector::UdpConnect(addr) => {
+                let deadline = Instant::now() + ctx.timeout;
+                let mut backoff = Duration::from_millis(20);
+                loop {
+                    let attempt = async {
+                        let (rx, tx, info) = match self {
+                            Connector::QuicConnect(_) => {
+                                let Some(tls) = ctx.tls.as_ref() else {
+                                    return Err(EstablishError::Local(
+                                        "QUIC needs TLS identities: it cannot run with --insecure"
+                                            .into(),
+                                    ));
+                                };
+                                let (c, info) =
+                                    crate::quic_connect(addr, &tls.identity, ctx.timeout)
+                                        .await
+                                        .map_err(transient)?;
+                                let s = c.sender();
+                                (Rx::Quic(c), Tx::Quic(s), info)
+                            }
+                            _ => {
+                                let u = crate::udp_connect(addr).await.map_err(transient)?;
+                                let s = u.sender();
+                                let addr = s.peer_addr().ok_or_else(|| {
+                                    EstablishError::Local("UDP link without a peer address".into())
+                                })?;
+                                (
+                                    Rx::Udp(u),
+                                    Tx::Udp(s),
+                                    PeerInfo {
+                                        addr,
+                                        fingerprint: None,
+                                    },
+                                )
+                            }
+                        };
+                        handshake(rx, tx, info, ctx).await
+                    };
+                    match attempt.await {
+                        Ok(e) => return Ok(e),
+                        Err(e @ EstablishError::Local(_)) => return Err(e),
+                        Err(e @ EstablishError::Refused(_)) if first => return Err(e),
+                        Err(e) => {
+                            if first && Instant::now() + backoff >= deadline {
+                                return Err(EstablishError::Transient(format!(
+                                    "cannot connect to {addr}: {e}"
+                                )));
+                            }
+                            tracing::debug!(%addr, error = %e, "connect failed; retrying");
+                        }
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(ctx.max_backoff);
+                }
+            }
+            Connector::QuicListen(l) => loop {
+                let (c, info) = match l.accept(ctx.timeout).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!(side, "rejected a connection: {e}");
+                        continue;
+                    }
+                };
+                let s = c.sender();
+                match handshake(Rx::Quic(c), Tx::Quic(s), info, ctx).await {
+                    Ok(x) => return Ok(x),
+                    Err(e @ EstablishError::Local(_)) => return Err(e),
+                    Err(e @ EstablishError::Refused(_)) if first => return Err(e),
+                    Err(EstablishError::Refused(e)) => {
+                        tracing::warn!(side, "refused a connection: {e}")
+                    }
+                    Err(EstablishError::Transient(e)) => {
+                        tracing::warn!(side, "rejected a connection: {e}")
+                    }
+                }
+            },
+            Connector::UdpListen(addr) => loop {
+                let u = crate::udp_bind(addr)
+                    .await
+                    .map_err(|e| EstablishError::Local(format!("cannot bind UDP {addr}: {e}")))?;
+                let s = u.sender();
+                let local = u
+                    .local_addr()
+                    .map_err(|e| EstablishError::Local(e.to_string()))?;
+                let info = PeerInfo {
+                    addr: local,
+                    fingerprint: None,
+                };
+                // Wait as long as it takes for a peer's HELLO (bounded per attempt).
+                match handshake(Rx::Udp(u), Tx::Udp(s), info, ctx).await {
+                    Ok(x) => return Ok(x),
+                    Err(e @ EstablishError::Local(_)) => return Err(e),
+                    Err(e @ EstablishError::Refused(_)) if first => return Err(e),
+                    Err(EstablishError::Refused(e)) => {
+                        tracing::warn!(side, "refused a peer: {e}")
+                    }
+                    Err(EstablishError::Transient(e)) => {
+                        tracing::debug!(error = %e, "no UDP peer yet")
+                    }
+                }
+            },
+            Connector::Connect(addr) => {
+                let deadline = Instant::now() + ctx.timeout;
+                let mut backoff = Duration::from_millis(20);
+                let mut n: u64 = 0;
+                loop {
+                    n += 1;
+                    let tls = ctx.tls.as_ref().map(|t| &t.client);
+                    let err = match crate::connect(addr, tls, ctx.timeout).await {
+                        Ok((conn, info)) => {
+                            let (r, w) = conn.split();
+                            match handshake(Rx::Tcp(r), Tx::Tcp(w), info, ctx).await {
+                                Ok(e) => return Ok(e),
+                                Err(e @ EstablishError::Local(_)) => return Err(e),
+                                Err(e @ EstablishError::Refused(_)) if first => return Err(e),
+                                Err(e) => e.to_string(),
+                            }
+                        }
+                        Err(e) if retryable(&e) || !first => e.to_string(),
+                        Err(e) => {
+                            return Err(EstablishError::Transient(format!(
+                                "cannot connect to {addr}: {e}"
+                            )))
+                        }
+                    };
+                    if first && Instant::now() + backoff >= deadline {
+                        return Err(EstablishError::Transient(format!(
+                            "cannot connect to {addr}: {err}"
+                        )));
+                    }
+                    tracing::debug!(%addr, error = %err, "connect failed; retrying");
+                    tokio::time::sleep(jittered(backoff, n)).await;
+                    backoff = (backoff * 2).min(ctx.max_backoff);
+                }
+            }
+            Connector::Listen(listener) => loop {
+                let tls = ctx.tls.as_ref().map(|t| &t.server);
+                let (conn, info) = match listener.accept(tls, ctx.timeout).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!(side, "rejected a connection: {e}");
+                        continue;
+                    }
+                };
+                let (r, w) = conn.split();
+                match handshake(Rx::Tcp(r), Tx::Tcp(w), info, ctx).await {
+                    Ok(x) => return Ok(x),
+                    Err(e @ EstablishError::Local(_)) => return Err(e),
+                    Err(e @ EstablishError::Refused(_)) if first => return Err(e),
+                    Err(EstablishError::Refused(e)) => {
+                        tracing::warn!(side, "refused a connection: {e}")
+                    }
+                    Err(EstablishError::Transient(e)) => {
+                        tracing::warn!(side, "rejected a connection: {e}")
+                    }
+                }
+            },
+        }
+    }
+}
+
+/// Tells the peer why we refuse it (best effort) and closes our direction.
+async fn refuse(writer: &mut Tx, code: CloseCode, reason: &str) {
+    let close = OwnedMessage::Close {
+        code,
+        reason: reason.to_string(),
+    };
+    let _ = writer.write_message(&close.as_message()).await;
+    let _ = writer.flush().await;
+    let _ = writer.shutdown().await;
+}
+
+/// Runs the handshake on a fresh connection: trust, HELLO, READY.
+pub async fn handshake(
+    rx: Rx,
+    tx: Tx,
+    info: PeerInfo,
+    ctx: &HandshakeCtx,
+) -> Result<Established, EstablishError> {
+    use EstablishError::{Local, Refused, Transient};
+    let home = ctx.home.as_path();
+    let timeout = ctx.timeout;
+    let tls = ctx.tls.as_deref();
+    let (mut reader, mut writer) = (rx, tx);
+    reader.set_max_body(ctx.max_body);
+    // Trust: pinned fingerprints, reloaded on every connection (a peer trusted meanwhile is
+    // admitted on reconnect).
+    let peer_name = match (tls, &info.fingerprint) {
+        (Some(tls), Some(fp)) => {
+            let known = KnownPeers::load(home).map_err(|e| {
+                Local(format!(
+                    "cannot read known_peers in {}: {e}",
+                    home.display()
+                ))
+            })?;
+            match known.lookup(fp) {
+                Some(t) => t.name.clone().unwrap_or_else(|| fp.clone()),
+                None => {
+                    // Told to the refused peer, about itself: its own fingerprint and how we
+                    // would come to trust it.
+                    let reason = format!(
+                        "this install ({fp}) is not trusted by the peer ({}); on the peer's machine run: ndd trust {fp}",
+                        tls.identity.fingerprint()
+                    );
+                    refuse(&mut writer, CloseCode::UntrustedPeer, &reason).await;
+                    return Err(Refused(format!(
+                        "refused untrusted peer {} with fingerprint {fp}; if you trust it, run: ndd trust {fp} --home {}",
+                        info.addr,
+                        home.display()
+                    )));
+                }
+            }
+        }
+        _ => info.addr.to_string(),
+    };
+    // A UDP listener learns its peer from the first datagram: it can only answer after that.
+    let udp_listener = matches!(&writer, Tx::Udp(s) if s.peer_addr().is_none());
+    let early = if udp_listener {
+        Some(reader.read().await)
+    } else {
+        None
+    };
+    let hello = OwnedMessage::Hello(ctx.hello.clone());
+    let sent = async {
+        writer.write_message(&hello.as_message()).await?;
+        writer.flush().await
+    };
+    sent.await
+        .map_err(|e| Transient(format!("{}: sending HELLO: {e}", info.addr)))?;
+    let first = match early {
+        Some(r) => r,
+        None => tokio::time::timeout(timeout, reader.read())
+            .await
+            .map_err(|_| {
+                Transient(format!(
+                    "{}: no HELLO within {} ms",
+                    info.addr,
+                    timeout.as_millis()
+                ))
+            })?,
+    };
+    let garbage_text;
+    let opening = match &first {
+        Ok(Some(Incoming::Other(m))) => PeerOpening::Message(m),
+        Ok(Some(Incoming::Data { .. })) => PeerOpening::Message(&OwnedMessage::Ready),
+        Ok(None) => PeerOpening::Closed,
+        Err(LinkError::Wire(WireError::UnknownVersion { got, expected })) => PeerOpening::Version {
+            got: *got,
+            expected: *expected,
+        },
+        Err(e) => {
+            garbage_text = format!("bad handshake: {e}");
+            PeerOpening::Garbage(garbage_text)
+        }
+    };
+    match decide_handshake(&ctx.hello, opening) {
+        HandshakeDecision::Agree(theirs) => writer.set_peer_max_body(theirs.max_body),
+        HandshakeDecision::Refuse { code, reason } => {
+            refuse(&mut writer, code, &reason).await;
+            return Err(Refused(reason));
+        }
+        HandshakeDecision::RefusedByPeer { code, reason } => {
+            return Err(Refused(format!(
+                "the peer refused the session ({code}): {reason}"
+            )))
+        }
+        HandshakeDecision::NotAPeer(why) => return Err(Transient(format!("{}: {why}", info.addr))),
+    }
+    let ready = async {
+        writer
+            .write_message(&OwnedMessage::Ready.as_message())
+            .await?;
+        writer.flush().await
+    };
+    ready
+        .await
+        .map_err(|e| Transient(format!("handshake: sending READY: {e}")))?;
+    match tokio::time::timeout(timeout, reader.read()).await {
+        Ok(Ok(Some(Incoming::Other(OwnedMessage::Ready)))) => Ok(Established {
+            rx: reader,
+            tx: writer,
+            peer: peer_name,
+        }),
+        Ok(Ok(Some(Incoming::Other(OwnedMessage::Close { code, reason })))) => Err(Refused(
+            format!("the peer refused the session ({code}): {reason}"),
+        )),
+        Ok(Ok(Some(_))) => Err(Refused(
+            "the peer sent something else than READY after HELLO".into(),
+        )),
+        Ok(Ok(None)) => Err(Transient(
+            "the peer closed the connection during the handshake".into(),
+        )),
+        Ok(Err(e)) => Err(Transient(format!("handshake: {e}"))),
+        Err(_) => Err(Transient(format!(
+            "the peer did not confirm the handshake within {} ms",
+            timeout.as_millis()
+        ))),
+    }
+}
