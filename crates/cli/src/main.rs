@@ -161,7 +161,7 @@ fn init_tracing(verbose: u8) {
     // The session's notes (connected, link lost, restored) are ndd's own INFO lines: shown by
     // default; other crates' only from -v.
     let default = match verbose {
-        0 => "warn,ndd=info",
+        0 => "warn,ndd::session=info",
         1 => "info",
         2 => "debug",
         _ => "trace",

@@ -33,7 +33,8 @@ impl Drop for Dir {
 
 pub fn ndd() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_ndd"));
-    c.env("NDD_LOG", "warn,ndd=info").env_remove("NDD_HOME");
+    c.env("NDD_LOG", "warn,ndd::session=info")
+        .env_remove("NDD_HOME");
     c
 }
 
