@@ -14,7 +14,7 @@
 use crate::config::{Config, SideName};
 use crate::stats::{StreamStats, StreamSummary};
 use anyhow::{anyhow, bail, Context, Result};
-use ndd_core::session::{Ending, Event, Incoming, Session, SessionConfig, StreamPlan, Transmit};
+use ndd_core::session::{Event, Incoming, Session, SessionConfig, StreamPlan, Transmit};
 use ndd_core::{Frame, Meta, Pair, Role};
 use ndd_endpoint::delivered::INJECTED_SEQ;
 use ndd_endpoint::{CheckReport, Delivered, SinkReport, SourceReport};
@@ -121,39 +121,27 @@ async fn read_loop(mut reader: Rx, tx: mpsc::Sender<Inbound>) {
     }
 }
 
-/// Writes a batch of transmits and flushes; hands the writer back.
-async fn write_batch(mut tx: Tx, batch: Vec<Transmit>) -> (Tx, Result<(), ndd_link::LinkError>) {
+/// What a finished write hands back: the writer, the emptied batch (its allocation is used
+/// again), and how it went.
+type Written = (Tx, Vec<Transmit>, Result<(), ndd_link::LinkError>);
+
+/// Writes a batch of transmits and flushes.
+async fn write_batch(mut tx: Tx, mut batch: Vec<Transmit>) -> Written {
+    let mut r = Ok(());
     for t in &batch {
-        let r = match t {
-            Transmit::Data {
-                stream,
-                retransmit,
-                seq,
-                timestamp_ns,
-                payload,
-                reliable,
-            } => {
-                tx.write_data(
-                    *stream,
-                    *retransmit,
-                    *seq,
-                    *timestamp_ns,
-                    payload,
-                    *reliable,
-                )
-                .await
-            }
-            Transmit::Message(m) => tx.write_message(&m.as_message()).await,
-        };
-        if let Err(e) = r {
-            return (tx, Err(e));
+        r = tx.write_transmit(t).await;
+        if r.is_err() {
+            break;
         }
     }
-    let r = tx.flush().await;
-    (tx, r)
+    if r.is_ok() {
+        r = tx.flush().await;
+    }
+    batch.clear();
+    (tx, batch, r)
 }
 
-type Writing = Pin<Box<dyn Future<Output = (Tx, Result<(), ndd_link::LinkError>)> + Send>>;
+type Writing = Pin<Box<dyn Future<Output = Written> + Send>>;
 type Reconnect<'a> = Pin<Box<dyn Future<Output = Result<Established, EstablishError>> + Send + 'a>>;
 
 /// Most transmits or bytes written in one go before the driver looks around again.
@@ -166,6 +154,8 @@ struct Link {
     reader: JoinHandle<()>,
     idle: Option<Tx>,
     writing: Option<Writing>,
+    /// The batch vector between writes.
+    spare: Vec<Transmit>,
 }
 
 impl Link {
@@ -176,13 +166,14 @@ impl Link {
             reader: tokio::spawn(read_loop(e.rx, tx)),
             idle: Some(e.tx),
             writing: None,
+            spare: Vec::with_capacity(BATCH_FRAMES),
         }
     }
 
     /// Starts writing what the session has to send, if the writer is free.
     fn start_write(&mut self, sess: &mut Session) {
         let Some(tx) = self.idle.take() else { return };
-        let mut batch = Vec::new();
+        let mut batch = std::mem::take(&mut self.spare);
         let mut bytes = 0;
         let (now, wall) = (Instant::now(), wall_ns());
         while batch.len() < BATCH_FRAMES && bytes < BATCH_BYTES {
@@ -196,46 +187,70 @@ impl Link {
         }
         if batch.is_empty() {
             self.idle = Some(tx);
+            self.spare = batch;
         } else {
             self.writing = Some(Box::pin(write_batch(tx, batch)));
         }
     }
 
-    /// Finishes the write in flight and anything left, then closes our direction.
+    /// A write finished: the writer and the batch vector are free again.
+    fn done_writing(&mut self, tx: Tx, spare: Vec<Transmit>) {
+        self.writing = None;
+        self.idle = Some(tx);
+        self.spare = spare;
+    }
+
+    /// Finishes the write in flight and anything left, then closes our direction (within a
+    /// second; the reader task stops when the link is dropped).
     async fn goodbye(mut self, sess: &mut Session) {
         let finish = async {
-            if let Some(w) = self.writing.take() {
-                let (tx, r) = w.await;
+            loop {
+                if self.writing.is_none() {
+                    self.start_write(sess);
+                }
+                let Some(w) = self.writing.take() else { break };
+                let (tx, spare, r) = w.await;
                 if r.is_err() {
                     return;
                 }
-                self.idle = Some(tx);
-            }
-            loop {
-                self.start_write(sess);
-                match self.writing.take() {
-                    Some(w) => {
-                        let (tx, r) = w.await;
-                        if r.is_err() {
-                            return;
-                        }
-                        self.idle = Some(tx);
-                    }
-                    None => break,
-                }
+                self.done_writing(tx, spare);
             }
             if let Some(mut tx) = self.idle.take() {
                 let _ = tx.shutdown().await;
             }
         };
         let _ = tokio::time::timeout(Duration::from_secs(1), finish).await;
-        self.reader.abort();
     }
 }
 
 impl Drop for Link {
     fn drop(&mut self) {
         self.reader.abort();
+    }
+}
+
+/// One stream's endpoint end on this side: its task, the channel to or from it, and its stats.
+struct StreamIo {
+    stats: StreamStats,
+    /// Source: frames from the endpoint (`None` once it ended).
+    source: Option<mpsc::Receiver<Frame>>,
+    source_task: Option<SourceTask>,
+    /// Sink: frames for the endpoint (`None` once the stream ended).
+    sink: Option<mpsc::Sender<Frame>>,
+    sink_task: Option<SinkTask>,
+    /// Sink: what the endpoint has completed.
+    completed: Option<Delivered>,
+    /// Sink of an input device: the record that releases every held key and button.
+    release: Option<Vec<u8>>,
+}
+
+type SourceTask = JoinHandle<std::result::Result<SourceReport, ndd_endpoint::EndpointError>>;
+type SinkTask = JoinHandle<std::result::Result<SinkReport, ndd_endpoint::EndpointError>>;
+
+fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::Source => "source",
+        Role::Sink => "sink",
     }
 }
 
@@ -324,17 +339,8 @@ pub async fn run_side(
     note!(quiet, side, "connected to {peer}; streams agreed");
 
     // Streams: plans for the session, endpoints as tasks.
-    let n = cfg.streams.len();
-    let mut plans = Vec::with_capacity(n);
-    let mut stats = Vec::with_capacity(n);
-    let mut sources: Vec<Option<mpsc::Receiver<Frame>>> = (0..n).map(|_| None).collect();
-    let mut sinks: Vec<Option<mpsc::Sender<Frame>>> = (0..n).map(|_| None).collect();
-    let mut completed: Vec<Option<Delivered>> = (0..n).map(|_| None).collect();
-    let mut release: Vec<Option<Vec<u8>>> = (0..n).map(|_| None).collect();
-    type SrcTask = JoinHandle<std::result::Result<SourceReport, ndd_endpoint::EndpointError>>;
-    type SinkTask = JoinHandle<std::result::Result<SinkReport, ndd_endpoint::EndpointError>>;
-    let mut source_tasks: Vec<SrcTask> = Vec::new();
-    let mut sink_tasks: Vec<(usize, SinkTask)> = Vec::new();
+    let mut plans = Vec::with_capacity(cfg.streams.len());
+    let mut io: Vec<StreamIo> = Vec::with_capacity(cfg.streams.len());
     for (i, s) in cfg.streams.iter().enumerate() {
         let id = Config::stream_id(i);
         let role = if s.direction.source_side() == side {
@@ -342,57 +348,59 @@ pub async fn run_side(
         } else {
             Role::Sink
         };
+        let release = match role {
+            Role::Sink => s.sink.release_record(),
+            Role::Source => None,
+        };
         plans.push(StreamPlan {
             id,
             name: s.name().to_string(),
             role,
             reliable: s.reliability == crate::config::Reliability::Reliable,
-            release_on_loss: role == Role::Sink && s.sink.release_record().is_some(),
+            release_on_loss: release.is_some(),
             pairs: s
                 .pairs()
                 .into_iter()
                 .map(|m| Arc::new(m.clone()) as Arc<dyn Pair + Send + Sync>)
                 .collect(),
         });
-        stats.push(StreamStats::new(
-            s.name(),
-            if role == Role::Source {
-                "source"
-            } else {
-                "sink"
-            },
-            s.direction.wire().to_string(),
-        ));
+        let mut e = StreamIo {
+            stats: StreamStats::new(s.name(), role_name(role), s.direction.wire().to_string()),
+            source: None,
+            source_task: None,
+            sink: None,
+            sink_task: None,
+            completed: None,
+            release,
+        };
+        let (tx, rx) = mpsc::channel::<Frame>(64);
         match role {
             Role::Source => {
-                let (tx, rx) = mpsc::channel::<Frame>(64);
-                let h = s.source.spawn(id, tx).with_context(|| {
+                e.source_task = Some(s.source.spawn(id, tx).with_context(|| {
                     format!(
                         "stream \"{}\": cannot start source {}",
                         s.name(),
                         s.source.describe()
                     )
-                })?;
-                source_tasks.push(h);
-                sources[i] = Some(rx);
+                })?);
+                e.source = Some(rx);
             }
             Role::Sink => {
-                let (tx, rx) = mpsc::channel::<Frame>(64);
                 let done = Delivered::default();
-                let h = s.sink.spawn_tracked(rx, done.clone()).with_context(|| {
+                e.sink_task = Some(s.sink.spawn_tracked(rx, done.clone()).with_context(|| {
                     format!(
                         "stream \"{}\": cannot start sink {}",
                         s.name(),
                         s.sink.describe()
                     )
-                })?;
-                sink_tasks.push((i, h));
-                sinks[i] = Some(tx);
-                completed[i] = Some(done);
-                release[i] = s.sink.release_record();
+                })?);
+                e.sink = Some(tx);
+                e.completed = Some(done);
             }
         }
+        io.push(e);
     }
+    let n = io.len();
 
     let scfg = SessionConfig {
         resume_buffer_bytes: cfg.link.resume_buffer_bytes as usize,
@@ -416,8 +424,8 @@ pub async fn run_side(
                 match ev {
                     Event::Deliver { stream, frame } => {
                         let created = sess.peer_to_local(frame.meta.timestamp_ns);
-                        stats[stream].delivered(frame.len(), created, wall_ns());
-                        if let Some(tx) = &sinks[stream] {
+                        io[stream].stats.delivered(frame.len(), created, wall_ns());
+                        if let Some(tx) = &io[stream].sink {
                             if tx.send(frame).await.is_err() {
                                 bail!(
                                     "stream \"{}\": the sink endpoint stopped accepting frames",
@@ -427,7 +435,7 @@ pub async fn run_side(
                         }
                     }
                     Event::ReleaseInputs { stream } => {
-                        if let (Some(tx), Some(rec)) = (&sinks[stream], &release[stream]) {
+                        if let (Some(tx), Some(rec)) = (&io[stream].sink, &io[stream].release) {
                             let meta = Meta {
                                 stream: sess.plan(stream).id,
                                 seq: INJECTED_SEQ,
@@ -437,7 +445,7 @@ pub async fn run_side(
                             let _ = tx.send(Frame::new(meta, rec)).await;
                         }
                     }
-                    Event::StreamEnded { stream } => sinks[stream] = None,
+                    Event::StreamEnded { stream } => io[stream].sink = None,
                     Event::LinkLost { reason } => {
                         note!(quiet, side, "link lost: {reason}; reconnecting");
                         link = None;
@@ -455,20 +463,15 @@ pub async fn run_side(
                         "the peer restarted; its streams start again ({resending} frame(s) it had not completed are sent again)"
                     ),
                     Event::Warning(w) => tracing::warn!(side = %side, "{w}"),
-                    Event::Closed(how) => {
-                        tracing::debug!(side = %side, ?how, "session closed");
-                        if how == Ending::NoAnswer {
-                            tracing::debug!("the peer did not confirm the close; leaving");
-                        }
-                    }
+                    Event::Closed(how) => tracing::debug!(side = %side, ?how, "session closed"),
                 }
             }
             if sess.state() == ndd_core::State::Closed {
                 break;
             }
             // What our sinks completed, then what goes out.
-            for (i, c) in completed.iter().enumerate() {
-                if let Some(c) = c {
+            for (i, e) in io.iter().enumerate() {
+                if let Some(c) = &e.completed {
                     sess.handle_sink_completed(i, c.count());
                 }
             }
@@ -477,7 +480,6 @@ pub async fn run_side(
                     l.start_write(&mut sess);
                 }
             }
-            let ready: Vec<bool> = (0..n).map(|i| sources[i].is_some() && sess.source_ready(i)).collect();
             let sinks_busy = sess.awaiting_completion();
             let wake = [
                 sess.poll_timeout(),
@@ -488,13 +490,12 @@ pub async fn run_side(
             .into_iter()
             .flatten()
             .min();
+            // Only the sources the session takes frames from now (backpressure).
+            let sess_ref = &sess;
             let source_next = std::future::poll_fn(|cx| {
                 for k in 0..n {
                     let i = (cursor + k) % n;
-                    if !ready[i] {
-                        continue;
-                    }
-                    if let Some(rx) = sources[i].as_mut() {
+                    if let Some(rx) = io[i].source.as_mut().filter(|_| sess_ref.source_ready(i)) {
                         if let Poll::Ready(f) = rx.poll_recv(cx) {
                             return Poll::Ready((i, f));
                         }
@@ -528,13 +529,12 @@ pub async fn run_side(
                 biased;
                 _ = stop.changed(), if !stopping => {
                     stopping = true;
-                    sess.close(Instant::now());
+                    sess.close(Instant::now())?;
                 }
-                (tx, r) = writing => {
+                (tx, spare, r) = writing => {
                     let now = Instant::now();
                     if let Some(l) = link.as_mut() {
-                        l.writing = None;
-                        l.idle = Some(tx);
+                        l.done_writing(tx, spare);
                     }
                     if let Err(e) = r {
                         sess.handle_link_lost(now, &e.to_string())?;
@@ -566,11 +566,11 @@ pub async fn run_side(
                     let now = Instant::now();
                     match f {
                         Some(frame) => {
-                            stats[i].produced(frame.len());
+                            io[i].stats.produced(frame.len());
                             sess.handle_source_frame(now, i, frame)?;
                         }
                         None => {
-                            sources[i] = None;
+                            io[i].source = None;
                             sess.handle_source_end(now, i)?;
                         }
                     }
@@ -579,15 +579,15 @@ pub async fn run_side(
                     let now = Instant::now();
                     sess.handle_timeout(now)?;
                     if next_stats.is_some_and(|t| now >= t) {
-                        for (i, s) in stats.iter_mut().enumerate() {
-                            refresh(s, &sess, i);
-                            eprintln!("{}", s.live_line(&side.to_string()));
+                        for (i, e) in io.iter_mut().enumerate() {
+                            refresh(&mut e.stats, &sess, i);
+                            eprintln!("{}", e.stats.live_line(side.as_str()));
                         }
                         next_stats = opts.live_stats.map(|d| now + d);
                     }
                     if !stopping && deadline.is_some_and(|d| now >= d) {
                         stopping = true;
-                        sess.close(now);
+                        sess.close(now)?;
                     }
                 }
             }
@@ -604,16 +604,19 @@ pub async fn run_side(
     if let Some(l) = link.take() {
         l.goodbye(&mut sess).await;
     }
-    for s in sinks.iter_mut() {
-        *s = None;
-    }
-    drop(sources);
-    for t in &source_tasks {
-        t.abort();
+    for e in io.iter_mut() {
+        e.sink = None;
+        e.source = None;
+        if let Some(t) = &e.source_task {
+            t.abort();
+        }
     }
     result?;
     let mut checks = Vec::new();
-    for (i, h) in sink_tasks {
+    for (i, e) in io.iter_mut().enumerate() {
+        let Some(h) = e.sink_task.take() else {
+            continue;
+        };
         let name = cfg.streams[i].name().to_string();
         match h.await {
             Ok(Ok(rep)) => {
@@ -625,12 +628,12 @@ pub async fn run_side(
             Err(e) => return Err(anyhow!("stream \"{name}\": sink task failed: {e}")),
         }
     }
-    let summaries = stats
+    let summaries = io
         .iter_mut()
         .enumerate()
-        .map(|(i, s)| {
-            refresh(s, &sess, i);
-            s.summary()
+        .map(|(i, e)| {
+            refresh(&mut e.stats, &sess, i);
+            e.stats.summary()
         })
         .collect();
     Ok(RunReport {

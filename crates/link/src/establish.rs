@@ -9,11 +9,10 @@ use crate::{
     Incoming, KnownPeers, LinkError, Listener, MessageReader, MessageWriter, PeerInfo, QuicConn,
     QuicListener, QuicSender, UdpLink, UdpSender,
 };
-use bytes::Bytes;
-use ndd_core::session::{decide_handshake, HandshakeDecision, PeerOpening};
+use ndd_core::session::{decide_handshake, HandshakeDecision, PeerOpening, Transmit};
 use ndd_core::{Frame, Meta};
 use ndd_wire::{CloseCode, OwnedMessage, WireError};
-use ndd_wire::{DataHeader, Message, FLAG_RETRANSMIT};
+use ndd_wire::{DataHeader, Message};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -89,46 +88,45 @@ impl Tx {
         }
     }
 
-    /// One DATA message. On TCP it goes in line with everything else; QUIC puts a reliable
-    /// stream's frames on that stream's own QUIC stream and a lossy stream's in datagrams; UDP
-    /// sends datagrams either way.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn write_data(
-        &mut self,
-        stream: u16,
-        retransmit: bool,
-        seq: u64,
-        timestamp_ns: u64,
-        payload: &Bytes,
-        reliable: bool,
-    ) -> Result<(), LinkError> {
+    /// One message the session yielded. DATA on TCP goes in line with everything else; QUIC
+    /// puts a reliable stream's frames on that stream's own QUIC stream and a lossy stream's
+    /// in datagrams; UDP sends datagrams either way. The payload is not copied.
+    pub async fn write_transmit(&mut self, t: &Transmit) -> Result<(), LinkError> {
+        let (header, payload, reliable) = match t {
+            Transmit::Message(m) => return self.write_message(&m.as_message()).await,
+            Transmit::Data {
+                stream,
+                retransmit,
+                seq,
+                timestamp_ns,
+                payload,
+                reliable,
+            } => (
+                DataHeader {
+                    stream_id: *stream,
+                    retransmit: *retransmit,
+                    seq: *seq,
+                    timestamp_ns: *timestamp_ns,
+                },
+                payload,
+                *reliable,
+            ),
+        };
+        let frame = || {
+            Frame::from_bytes(
+                Meta {
+                    stream: header.stream_id,
+                    seq: header.seq,
+                    timestamp_ns: header.timestamp_ns,
+                    flags: header.flags(),
+                },
+                payload.clone(),
+            )
+        };
         match self {
-            Tx::Tcp(w) => {
-                let header = DataHeader {
-                    stream_id: stream,
-                    retransmit,
-                    seq,
-                    timestamp_ns,
-                };
-                w.write_data(&header, payload).await
-            }
-            Tx::Quic(_) | Tx::Udp(_) => {
-                let flags = if retransmit { FLAG_RETRANSMIT } else { 0 };
-                let frame = Frame::from_bytes(
-                    Meta {
-                        stream,
-                        seq,
-                        timestamp_ns,
-                        flags,
-                    },
-                    payload.clone(),
-                );
-                match self {
-                    Tx::Quic(s) => s.send_frame(frame, reliable).await,
-                    Tx::Udp(s) => s.send_frame(frame, reliable).await,
-                    Tx::Tcp(_) => unreachable!("matched above"),
-                }
-            }
+            Tx::Tcp(w) => w.write_data(&header, payload).await,
+            Tx::Quic(s) => s.send_frame(frame(), reliable).await,
+            Tx::Udp(s) => s.send_frame(frame(), reliable).await,
         }
     }
 
@@ -313,93 +311,65 @@ impl Connector {
         }
     }
 
-    /// The next link. The first connection gives up on the connect timeout and on any
-    /// refusal (mismatch, untrusted); later ones (reconnects) keep trying, with capped
-    /// exponential backoff and jitter, and only log what goes wrong.
-    pub async fn establish(
-        &self,
-        ctx: &HandshakeCtx,
-        first: bool,
-    ) -> Result<Established, EstablishError> {
-        let side = ctx.side;
-        match self {
-            Connector::QuicConnect(addr) | Connector::UdpConnect(addr) => {
-                let deadline = Instant::now() + ctx.timeout;
-                let mut backoff = Duration::from_millis(20);
-                loop {
-                    let attempt = async {
-                        let (rx, tx, info) = match self {
-                            Connector::QuicConnect(_) => {
-                                let Some(tls) = ctx.tls.as_ref() else {
-                                    return Err(EstablishError::Local(
-                                        "QUIC needs TLS identities: it cannot run with --insecure"
-                                            .into(),
-                                    ));
-                                };
-                                let (c, info) =
-                                    crate::quic_connect(addr, &tls.identity, ctx.timeout)
-                                        .await
-                                        .map_err(transient)?;
-                                let s = c.sender();
-                                (Rx::Quic(c), Tx::Quic(s), info)
-                            }
-                            _ => {
-                                let u = crate::udp_connect(addr).await.map_err(transient)?;
-                                let s = u.sender();
-                                let addr = s.peer_addr().ok_or_else(|| {
-                                    EstablishError::Local("UDP link without a peer address".into())
-                                })?;
-                                (
-                                    Rx::Udp(u),
-                                    Tx::Udp(s),
-                                    PeerInfo {
-                                        addr,
-                                        fingerprint: None,
-                                    },
-                                )
-                            }
-                        };
-                        handshake(rx, tx, info, ctx).await
-                    };
-                    match attempt.await {
-                        Ok(e) => return Ok(e),
-                        Err(e @ EstablishError::Local(_)) => return Err(e),
-                        Err(e @ EstablishError::Refused(_)) if first => return Err(e),
-                        Err(e) => {
-                            if first && Instant::now() + backoff >= deadline {
-                                return Err(EstablishError::Transient(format!(
-                                    "cannot connect to {addr}: {e}"
-                                )));
-                            }
-                            tracing::debug!(%addr, error = %e, "connect failed; retrying");
-                        }
-                    }
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(ctx.max_backoff);
-                }
+    /// One try: connect once, or accept one connection (a UDP listener binds and waits for
+    /// a first datagram), then trust and handshake.
+    async fn attempt(&self, ctx: &HandshakeCtx) -> Result<Established, EstablishError> {
+        let tls = ctx.tls.as_deref();
+        // The link's own errors name the address already.
+        let connect_error = |e: LinkError| {
+            let text = e.to_string();
+            if retryable(&e) {
+                EstablishError::Transient(text)
+            } else {
+                EstablishError::Local(text)
             }
-            Connector::QuicListen(l) => loop {
-                let (c, info) = match l.accept(ctx.timeout).await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::warn!(side, "rejected a connection: {e}");
-                        continue;
-                    }
+        };
+        let (rx, tx, info) = match self {
+            Connector::Connect(addr) => {
+                let (conn, info) = crate::connect(addr, tls.map(|t| &t.client), ctx.timeout)
+                    .await
+                    .map_err(connect_error)?;
+                let (r, w) = conn.split();
+                (Rx::Tcp(r), Tx::Tcp(w), info)
+            }
+            Connector::Listen(l) => {
+                let (conn, info) = l
+                    .accept(tls.map(|t| &t.server), ctx.timeout)
+                    .await
+                    .map_err(transient)?;
+                let (r, w) = conn.split();
+                (Rx::Tcp(r), Tx::Tcp(w), info)
+            }
+            Connector::QuicConnect(addr) => {
+                let Some(tls) = tls else {
+                    return Err(EstablishError::Local(
+                        "QUIC needs TLS identities: it cannot run with --insecure".into(),
+                    ));
                 };
+                let (c, info) = crate::quic_connect(addr, &tls.identity, ctx.timeout)
+                    .await
+                    .map_err(connect_error)?;
                 let s = c.sender();
-                match handshake(Rx::Quic(c), Tx::Quic(s), info, ctx).await {
-                    Ok(x) => return Ok(x),
-                    Err(e @ EstablishError::Local(_)) => return Err(e),
-                    Err(e @ EstablishError::Refused(_)) if first => return Err(e),
-                    Err(EstablishError::Refused(e)) => {
-                        tracing::warn!(side, "refused a connection: {e}")
-                    }
-                    Err(EstablishError::Transient(e)) => {
-                        tracing::warn!(side, "rejected a connection: {e}")
-                    }
-                }
-            },
-            Connector::UdpListen(addr) => loop {
+                (Rx::Quic(c), Tx::Quic(s), info)
+            }
+            Connector::QuicListen(l) => {
+                let (c, info) = l.accept(ctx.timeout).await.map_err(transient)?;
+                let s = c.sender();
+                (Rx::Quic(c), Tx::Quic(s), info)
+            }
+            Connector::UdpConnect(addr) => {
+                let u = crate::udp_connect(addr).await.map_err(connect_error)?;
+                let s = u.sender();
+                let addr = s.peer_addr().ok_or_else(|| {
+                    EstablishError::Local("UDP link without a peer address".into())
+                })?;
+                let info = PeerInfo {
+                    addr,
+                    fingerprint: None,
+                };
+                (Rx::Udp(u), Tx::Udp(s), info)
+            }
+            Connector::UdpListen(addr) => {
                 let u = crate::udp_bind(addr)
                     .await
                     .map_err(|e| EstablishError::Local(format!("cannot bind UDP {addr}: {e}")))?;
@@ -411,75 +381,70 @@ impl Connector {
                     addr: local,
                     fingerprint: None,
                 };
-                // Wait as long as it takes for a peer's HELLO (bounded per attempt).
-                match handshake(Rx::Udp(u), Tx::Udp(s), info, ctx).await {
-                    Ok(x) => return Ok(x),
-                    Err(e @ EstablishError::Local(_)) => return Err(e),
-                    Err(e @ EstablishError::Refused(_)) if first => return Err(e),
-                    Err(EstablishError::Refused(e)) => {
-                        tracing::warn!(side, "refused a peer: {e}")
-                    }
-                    Err(EstablishError::Transient(e)) => {
-                        tracing::debug!(error = %e, "no UDP peer yet")
-                    }
+                (Rx::Udp(u), Tx::Udp(s), info)
+            }
+        };
+        handshake(rx, tx, info, ctx).await
+    }
+
+    /// A listener's loop: serves on past anything a connection does; stops on a local
+    /// problem, or on the first refusal when `first`.
+    async fn serve(&self, ctx: &HandshakeCtx, first: bool) -> Result<Established, EstablishError> {
+        let side = ctx.side;
+        loop {
+            match self.attempt(ctx).await {
+                Ok(x) => return Ok(x),
+                Err(e @ EstablishError::Local(_)) => return Err(e),
+                Err(e @ EstablishError::Refused(_)) if first => return Err(e),
+                Err(EstablishError::Refused(e)) => {
+                    tracing::warn!(side, "refused a connection: {e}")
                 }
-            },
-            Connector::Connect(addr) => {
-                let deadline = Instant::now() + ctx.timeout;
-                let mut backoff = Duration::from_millis(20);
-                let mut n: u64 = 0;
-                loop {
-                    n += 1;
-                    let tls = ctx.tls.as_ref().map(|t| &t.client);
-                    let err = match crate::connect(addr, tls, ctx.timeout).await {
-                        Ok((conn, info)) => {
-                            let (r, w) = conn.split();
-                            match handshake(Rx::Tcp(r), Tx::Tcp(w), info, ctx).await {
-                                Ok(e) => return Ok(e),
-                                Err(e @ EstablishError::Local(_)) => return Err(e),
-                                Err(e @ EstablishError::Refused(_)) if first => return Err(e),
-                                Err(e) => e.to_string(),
-                            }
-                        }
-                        Err(e) if retryable(&e) || !first => e.to_string(),
-                        Err(e) => {
-                            return Err(EstablishError::Transient(format!(
-                                "cannot connect to {addr}: {e}"
-                            )))
-                        }
-                    };
-                    if first && Instant::now() + backoff >= deadline {
-                        return Err(EstablishError::Transient(format!(
-                            "cannot connect to {addr}: {err}"
-                        )));
-                    }
-                    tracing::debug!(%addr, error = %err, "connect failed; retrying");
-                    tokio::time::sleep(jittered(backoff, n)).await;
-                    backoff = (backoff * 2).min(ctx.max_backoff);
+                Err(EstablishError::Transient(e)) if matches!(self, Connector::UdpListen(_)) => {
+                    tracing::debug!(error = %e, "no UDP peer yet")
+                }
+                Err(EstablishError::Transient(e)) => {
+                    tracing::warn!(side, "rejected a connection: {e}")
                 }
             }
-            Connector::Listen(listener) => loop {
-                let tls = ctx.tls.as_ref().map(|t| &t.server);
-                let (conn, info) = match listener.accept(tls, ctx.timeout).await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::warn!(side, "rejected a connection: {e}");
-                        continue;
-                    }
-                };
-                let (r, w) = conn.split();
-                match handshake(Rx::Tcp(r), Tx::Tcp(w), info, ctx).await {
-                    Ok(x) => return Ok(x),
-                    Err(e @ EstablishError::Local(_)) => return Err(e),
-                    Err(e @ EstablishError::Refused(_)) if first => return Err(e),
-                    Err(EstablishError::Refused(e)) => {
-                        tracing::warn!(side, "refused a connection: {e}")
-                    }
-                    Err(EstablishError::Transient(e)) => {
-                        tracing::warn!(side, "rejected a connection: {e}")
-                    }
+        }
+    }
+
+    /// The next link. The first connection gives up on the connect timeout, on any refusal
+    /// (mismatch, untrusted) and on a local problem; later ones (reconnects) keep trying, with
+    /// capped exponential backoff and ±20 % jitter, and only log what goes wrong. A listener
+    /// serves on past anything a connection does, and stops only on a local problem.
+    pub async fn establish(
+        &self,
+        ctx: &HandshakeCtx,
+        first: bool,
+    ) -> Result<Established, EstablishError> {
+        let addr = match self {
+            Connector::Connect(a) | Connector::QuicConnect(a) | Connector::UdpConnect(a) => a,
+            _ => return self.serve(ctx, first).await,
+        };
+        let deadline = Instant::now() + ctx.timeout;
+        let mut backoff = Duration::from_millis(20);
+        let mut n: u64 = 0;
+        loop {
+            n += 1;
+            let err = match self.attempt(ctx).await {
+                Ok(x) => return Ok(x),
+                Err(e @ (EstablishError::Local(_) | EstablishError::Refused(_))) if first => {
+                    return Err(e)
                 }
-            },
+                Err(e) => e,
+            };
+            if first && Instant::now() + backoff >= deadline {
+                let text = err.to_string();
+                return Err(EstablishError::Transient(if text.contains(addr.as_str()) {
+                    text
+                } else {
+                    format!("cannot connect to {addr}: {text}")
+                }));
+            }
+            tracing::debug!(%addr, error = %err, "connect failed; retrying");
+            tokio::time::sleep(jittered(backoff, n)).await;
+            backoff = (backoff * 2).min(ctx.max_backoff);
         }
     }
 }

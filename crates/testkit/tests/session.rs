@@ -138,13 +138,48 @@ fn ordered(o: &Outcome, stream: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// What docs/links.md promises for the scenario's streams with `count` events: the session
+/// ends without error; `events` and `back` exactly once in order (across a restart of the app
+/// side: `events` at least once, in order within each app run); `motion` never out of order.
+fn promises(o: &Outcome, count: u64, restarted: bool) -> Result<(), String> {
+    if let Some(e) = &o.error {
+        return Err(format!("session error: {e}"));
+    }
+    if !o.closed {
+        return Err(format!(
+            "not closed after {:?}: states {:?}, produced {:?}, delivered {:?}",
+            o.elapsed,
+            o.states,
+            o.produced,
+            o.sinks
+                .iter()
+                .map(|l| l.runs.iter().map(|r| r.len()).collect::<Vec<_>>())
+                .collect::<Vec<_>>()
+        ));
+    }
+    ordered(o, 0)?;
+    ordered(o, 2)?;
+    if !restarted {
+        exact(o, 0, count)?;
+        return exact(o, 1, count / 2);
+    }
+    // App→device starts its numbering again with each app run; device→app covers all.
+    let mut all = o.sinks[0].runs.concat();
+    all.sort_unstable();
+    all.dedup();
+    if all != (0..count).collect::<Vec<_>>() {
+        return Err(format!(
+            "device→app lost frames across a restart: {} of {count}",
+            all.len()
+        ));
+    }
+    Ok(())
+}
+
 #[test]
 fn a_clean_link_delivers_every_frame_once_in_order_and_closes() {
     let o = run(&scenario(500, 1));
-    assert_eq!(o.error, None);
-    assert!(o.closed, "{o:?}");
-    exact(&o, 0, 500).unwrap();
-    exact(&o, 1, 250).unwrap();
+    promises(&o, 500, false).unwrap();
     exact(&o, 2, 500).unwrap();
     assert_eq!(o.losses, 0);
 }
@@ -158,11 +193,7 @@ fn cuts_mid_stream_lose_and_duplicate_nothing() {
         (ms(2100), Fault::Cut),
     ];
     let o = run(&sc);
-    assert_eq!(o.error, None);
-    assert!(o.closed);
-    exact(&o, 0, 3000).unwrap();
-    exact(&o, 1, 1500).unwrap();
-    ordered(&o, 2).unwrap();
+    promises(&o, 3000, false).unwrap();
     assert_eq!(o.losses, 6, "three cuts, seen by both sides");
 }
 
@@ -171,11 +202,7 @@ fn a_blackhole_longer_than_the_keepalive_is_detected_released_and_resumed() {
     let mut sc = scenario(3000, 3);
     sc.faults = vec![(ms(800), Fault::Blackhole(ms(1500)))];
     let o = run(&sc);
-    assert_eq!(o.error, None);
-    assert!(o.closed);
-    exact(&o, 0, 3000).unwrap();
-    exact(&o, 1, 1500).unwrap();
-    ordered(&o, 2).unwrap();
+    promises(&o, 3000, false).unwrap();
     assert_eq!(o.losses, 2, "each side's keepalive fired once");
     assert_eq!(
         o.sinks[2].releases, 1,
@@ -199,14 +226,7 @@ fn a_restarted_app_side_gets_every_frame_the_first_did_not_complete() {
     let mut sc = scenario(3000, 4);
     sc.faults = vec![(ms(1000), Fault::RestartApp)];
     let o = run(&sc);
-    assert_eq!(o.error, None);
-    assert!(o.closed);
-    // Device→app reliable: each run in order; together they cover every frame.
-    ordered(&o, 0).unwrap();
-    let mut all = o.sinks[0].runs.concat();
-    all.sort_unstable();
-    all.dedup();
-    assert_eq!(all, (0..3000).collect::<Vec<_>>());
+    promises(&o, 3000, true).unwrap();
     let dups = o.sinks[0].runs.concat().len() - 3000;
     assert!(dups <= 30, "at most the last ack interval again: {dups}");
     assert_eq!(o.sinks[0].runs.len(), 2);
@@ -219,10 +239,7 @@ fn a_full_resume_buffer_holds_the_source_back_instead_of_dropping() {
     sc.session.resume_buffer_bytes = 6000;
     sc.faults = vec![(ms(500), Fault::Blackhole(ms(3000)))];
     let o = run(&sc);
-    assert_eq!(o.error, None);
-    assert!(o.closed);
-    exact(&o, 0, 4000).unwrap();
-    exact(&o, 1, 2000).unwrap();
+    promises(&o, 4000, false).unwrap();
     assert!(
         o.max_unacked_bytes <= 6000 + 1000,
         "unacknowledged bytes stayed within the budget and one bundle: {}",
@@ -285,53 +302,8 @@ fn random_fault_schedules_keep_every_promise() {
             };
             sc.faults.push((at, f));
         }
-        let t1 = Instant::now();
         let o = run(&sc);
-        if std::env::var("NDD_SIM_SLOW").is_ok() && t1.elapsed() > Duration::from_millis(100) {
-            println!(
-                "seed {seed}: {:?} for {:?} virtual, faults {:?}",
-                t1.elapsed(),
-                o.elapsed,
-                sc.faults
-            );
-        }
-        let check = || -> Result<(), String> {
-            if let Some(e) = &o.error {
-                return Err(format!("session error: {e}"));
-            }
-            if !o.closed {
-                return Err(format!(
-                    "not closed after {:?}: states {:?}, produced {:?}, delivered {:?}",
-                    o.elapsed,
-                    o.states,
-                    o.produced,
-                    o.sinks
-                        .iter()
-                        .map(|l| l.runs.iter().map(|r| r.len()).collect::<Vec<_>>())
-                        .collect::<Vec<_>>()
-                ));
-            }
-            ordered(&o, 0)?;
-            ordered(&o, 2)?;
-            if restarts == 0 {
-                exact(&o, 0, count)?;
-                exact(&o, 1, count / 2)?;
-            } else {
-                let mut all = o.sinks[0].runs.concat();
-                all.sort_unstable();
-                all.dedup();
-                if all != (0..count).collect::<Vec<_>>() {
-                    return Err(format!(
-                        "device→app lost frames across a restart: {} of {count}",
-                        all.len()
-                    ));
-                }
-                // App→device: each app run starts its numbering again; what the device got
-                // is in order within each app run.
-            }
-            Ok(())
-        };
-        if let Err(e) = check() {
+        if let Err(e) = promises(&o, count, restarts > 0) {
             panic!(
                 "seed {seed} failed: {e}\ncounters {:?}\nfaults: {:?}\nreplay: NDD_SIM_SEED={seed} cargo test -p ndd-testkit --test session random",
                 o.counters, sc.faults

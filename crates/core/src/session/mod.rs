@@ -33,6 +33,7 @@ pub use incoming::Incoming;
 pub use stream::{StreamCounters, StreamPlan};
 
 use crate::frame::Frame;
+use crate::ratelimit::RateLimit;
 use crate::stack::{LayerStats, StackError};
 use bytes::Bytes;
 use ndd_wire::{CloseCode, OwnedMessage};
@@ -249,7 +250,8 @@ pub struct Session {
     cursor: usize,
     /// RESUMEs the peer sent on this link (two: who it is, then its ACKs are in).
     peer_resumes: u32,
-    ignored_handshakes: u64,
+    /// Handshake messages mid-session: warned about at most once a second.
+    ignored_handshakes: RateLimit,
 }
 
 /// Urgent messages; PING and PONG are stamped with the wall clock when they are polled.
@@ -258,6 +260,21 @@ enum Urgent {
     Message(OwnedMessage),
     Ping,
     Pong { t1: u64, t2: u64 },
+}
+
+impl Urgent {
+    /// The message, PING and PONG stamped with the wall clock now.
+    fn stamp(self, wall_ns: u64) -> Transmit {
+        Transmit::Message(match self {
+            Urgent::Message(m) => m,
+            Urgent::Ping => OwnedMessage::Ping { t1: wall_ns },
+            Urgent::Pong { t1, t2 } => OwnedMessage::Pong {
+                t1,
+                t2,
+                t3: wall_ns,
+            },
+        })
+    }
 }
 
 impl std::fmt::Debug for Session {
@@ -303,7 +320,7 @@ impl Session {
             stopping: false,
             cursor: 0,
             peer_resumes: 0,
-            ignored_handshakes: 0,
+            ignored_handshakes: RateLimit::default(),
         })
     }
 
@@ -370,19 +387,7 @@ impl Session {
 
     /// Gives up on a local error: a CLOSE naming it is the last thing `poll_transmit` yields.
     pub fn abort(&mut self, reason: &str) {
-        if self.state == State::Closed {
-            return;
-        }
-        let was_up = self.link_up();
-        self.urgent.clear();
-        self.control.clear();
-        if was_up {
-            self.urgent.push_back(Urgent::Message(OwnedMessage::Close {
-                code: CloseCode::InternalError,
-                reason: reason.to_string(),
-            }));
-        }
-        self.state = State::Closed;
+        self.close_now(Some(CloseCode::InternalError), reason);
     }
 
     /// The interval at which a sink's completions are worth reporting.
@@ -477,7 +482,7 @@ impl Session {
             .stack
             .handle_frame(now, frame)
             .map_err(SessionError::from)
-            .map(|()| self.pump(i, now));
+            .map(|()| self.pump(i));
         self.after(now, r)
     }
 
@@ -522,9 +527,7 @@ impl Session {
             c.sent = false;
         }
         if !self.cfg.reconnect {
-            let e = SessionError::LinkFailed(reason.to_string());
-            self.state = State::Closed;
-            return Err(e);
+            return self.after(now, Err(SessionError::LinkFailed(reason.to_string())));
         }
         self.state = State::Disconnected;
         self.lost_at.get_or_insert(now);
@@ -538,8 +541,7 @@ impl Session {
         self.events.push_back(Event::LinkLost {
             reason: reason.to_string(),
         });
-        self.check_close();
-        Ok(())
+        self.after(now, Ok(()))
     }
 
     /// Deadlines: stacks' timers, keepalive, PING, ACK, the close linger.
@@ -558,7 +560,7 @@ impl Session {
                 if r.is_err() {
                     break;
                 }
-                self.pump(i, now);
+                self.pump(i);
             }
         }
         if r.is_ok() && self.link_up() {
@@ -585,9 +587,9 @@ impl Session {
     }
 
     /// Stop: end every source (flushing its stack), send END for each, then CLOSE.
-    pub fn close(&mut self, now: Instant) {
+    pub fn close(&mut self, now: Instant) -> Result<(), SessionError> {
         self.stopping = true;
-        let _ = self.after(now, Ok(()));
+        self.after(now, Ok(()))
     }
 
     // ---- outputs ----
@@ -597,28 +599,12 @@ impl Session {
     /// a stream's last frame, CLOSE last. `wall_ns` stamps PING and PONG.
     pub fn poll_transmit(&mut self, now: Instant, wall_ns: u64) -> Option<Transmit> {
         if !self.link_up() {
-            // Only a CLOSE for an error may still go out (queued by `fail`).
-            return self.urgent.pop_front().map(|u| match u {
-                Urgent::Message(m) => Transmit::Message(m),
-                Urgent::Ping => Transmit::Message(OwnedMessage::Ping { t1: wall_ns }),
-                Urgent::Pong { t1, t2 } => Transmit::Message(OwnedMessage::Pong {
-                    t1,
-                    t2,
-                    t3: wall_ns,
-                }),
-            });
+            // Only a CLOSE for an error may still go out (queued by `close_now`).
+            return self.urgent.pop_front().map(|u| u.stamp(wall_ns));
         }
         self.queue_acks(now);
         if let Some(u) = self.urgent.pop_front() {
-            return Some(Transmit::Message(match u {
-                Urgent::Message(m) => m,
-                Urgent::Ping => OwnedMessage::Ping { t1: wall_ns },
-                Urgent::Pong { t1, t2 } => OwnedMessage::Pong {
-                    t1,
-                    t2,
-                    t3: wall_ns,
-                },
-            }));
+            return Some(u.stamp(wall_ns));
         }
         if let Some(m) = self.control.pop_front() {
             return Some(Transmit::Message(m));
@@ -738,7 +724,7 @@ impl Session {
                 };
                 s.stack
                     .handle_frame(now, Frame::from_bytes(meta, payload))?;
-                self.pump(i, now);
+                self.pump(i);
             }
             Incoming::Other(msg) => match msg {
                 OwnedMessage::Control { stream, layer, msg } => {
@@ -746,7 +732,7 @@ impl Session {
                     self.streams[i]
                         .stack
                         .handle_control(now, layer as usize, Bytes::from(msg))?;
-                    self.pump(i, now);
+                    self.pump(i);
                 }
                 OwnedMessage::End { stream, .. } => {
                     let i = self.find(stream)?;
@@ -814,11 +800,10 @@ impl Session {
                 OwnedMessage::Hello(_) | OwnedMessage::Ready => {
                     // Only a datagram link can bring these from a stranger mid-session; on an
                     // authenticated link it is a confused peer. Neither stops the session.
-                    self.ignored_handshakes += 1;
-                    if self.ignored_handshakes.is_power_of_two() {
+                    if let Some(suppressed) = self.ignored_handshakes.admit(now) {
                         self.events.push_back(Event::Warning(format!(
-                            "ignored {} handshake message(s) in the middle of the session",
-                            self.ignored_handshakes
+                            "ignored a handshake message in the middle of the session \
+                             ({suppressed} more since the last warning)"
                         )));
                     }
                 }
@@ -850,7 +835,7 @@ impl Session {
                         }
                         End::Source(_) if s.plan.reliable => {
                             again += s.restart_for_new_peer(now)?;
-                            self.pump(i, now);
+                            self.pump(i);
                         }
                         End::Source(_) => {}
                     }
@@ -889,7 +874,7 @@ impl Session {
 
     /// Moves what stack `i` produced: a source's frames into its outbox, a sink's to its
     /// endpoint (events); control messages into the control queue while a link is up.
-    fn pump(&mut self, i: usize, _now: Instant) {
+    fn pump(&mut self, i: usize) {
         let link_up = self.link_up();
         let budget = self.cfg.resume_buffer_bytes;
         let s = &mut self.streams[i];
@@ -1023,7 +1008,7 @@ impl Session {
             return Ok(());
         }
         self.streams[i].stack.flush(now)?;
-        self.pump(i, now);
+        self.pump(i);
         let s = &mut self.streams[i];
         s.ended = true;
         if !s.is_source() {
@@ -1035,54 +1020,45 @@ impl Session {
     /// After every input: on error close with a CLOSE naming it; otherwise see whether the
     /// session is finishing.
     fn after(&mut self, now: Instant, r: Result<(), SessionError>) -> Result<(), SessionError> {
-        match r {
-            Ok(()) => {
-                self.check_close_at(now);
-                Ok(())
-            }
+        match r.and_then(|()| self.check_close(now)) {
+            Ok(()) => Ok(()),
             Err(e) => {
-                self.fail(&e);
+                self.close_now(e.close_code(), &e.to_string());
                 Err(e)
             }
         }
     }
 
-    fn fail(&mut self, e: &SessionError) {
+    /// Closed at once: whatever was queued is dropped; a CLOSE with `code` (if any, and if a
+    /// link is up) is the last thing `poll_transmit` yields.
+    fn close_now(&mut self, code: Option<CloseCode>, reason: &str) {
+        if self.state == State::Closed {
+            return;
+        }
         let was_up = self.link_up();
         self.urgent.clear();
         self.control.clear();
-        if let (true, Some(code)) = (was_up, e.close_code()) {
+        if let (true, Some(code)) = (was_up, code) {
             self.urgent.push_back(Urgent::Message(OwnedMessage::Close {
                 code,
-                reason: e.to_string(),
+                reason: reason.to_string(),
             }));
         }
         self.state = State::Closed;
     }
 
-    fn check_close(&mut self) {
-        // Without a time only the decisions that need none.
-        if self.close.is_some() && !self.link_up() && (self.stopping || self.peer_closed) {
-            let reason = self.close.map_or(Ending::Stopped, |c| c.reason);
-            self.finish(reason);
-        }
-    }
-
     /// Finished when every stream ended (ours flushed, theirs got END), the peer closed, or
     /// we were told to stop: ends our sources and queues CLOSE (it goes out after all ENDs).
-    fn check_close_at(&mut self, now: Instant) {
+    /// Without a link, stopping or a closed peer means nobody is left to tell: over.
+    fn check_close(&mut self, now: Instant) -> Result<(), SessionError> {
         if self.state == State::Closed {
-            return;
+            return Ok(());
         }
         let all_done = self.streams.iter().all(|s| s.ended);
         if self.close.is_none() && (all_done || self.peer_closed || self.stopping) {
             for i in 0..self.streams.len() {
-                if self.streams[i].is_source() && !self.streams[i].ended {
-                    if let Err(e) = self.end_stream(i, now) {
-                        self.fail(&e);
-                        self.events.push_back(Event::Warning(e.to_string()));
-                        return;
-                    }
+                if self.streams[i].is_source() {
+                    self.end_stream(i, now)?;
                 }
             }
             self.close = Some(Closing {
@@ -1097,7 +1073,12 @@ impl Session {
                 linger_until: None,
             });
         }
-        self.check_close();
+        if let Some(c) = self.close {
+            if !self.link_up() && (self.stopping || self.peer_closed) {
+                self.finish(c.reason);
+            }
+        }
+        Ok(())
     }
 
     fn finish(&mut self, how: Ending) {

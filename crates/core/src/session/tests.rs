@@ -41,6 +41,19 @@ fn drain(s: &mut Session, now: Instant) -> Vec<Transmit> {
     std::iter::from_fn(|| s.poll_transmit(now, 1)).collect()
 }
 
+/// DATA `seq` on `stream`, one byte.
+fn data(stream: u16, seq: u64) -> Incoming {
+    Incoming::Data {
+        header: DataHeader {
+            stream_id: stream,
+            retransmit: false,
+            seq,
+            timestamp_ns: 0,
+        },
+        payload: Bytes::from_static(b"x"),
+    }
+}
+
 fn resume(instance: u64) -> Incoming {
     Incoming::Other(OwnedMessage::Resume { instance })
 }
@@ -51,16 +64,7 @@ fn a_new_link_says_only_resume_until_the_peer_has_said_who_it_is() {
     let mut s = session(vec![plan(1, Role::Sink, true)], 1 << 20);
     s.handle_link_up(now);
     s.handle_message(now, 1, resume(9)).unwrap();
-    let data = Incoming::Data {
-        header: DataHeader {
-            stream_id: 1,
-            retransmit: false,
-            seq: 5,
-            timestamp_ns: 0,
-        },
-        payload: Bytes::from_static(b"x"),
-    };
-    s.handle_message(now, 1, data).unwrap();
+    s.handle_message(now, 1, data(1, 5)).unwrap();
     s.handle_link_lost(now, "cut").unwrap();
     // Reconnected: only RESUME, no ACK about seq 5 before the peer's RESUME.
     s.handle_link_up(now);
@@ -84,20 +88,7 @@ fn the_same_peer_gets_its_acks_between_the_two_resumes() {
     let mut s = session(vec![plan(1, Role::Sink, true)], 1 << 20);
     s.handle_link_up(now);
     s.handle_message(now, 1, resume(9)).unwrap();
-    s.handle_message(
-        now,
-        1,
-        Incoming::Data {
-            header: DataHeader {
-                stream_id: 1,
-                retransmit: false,
-                seq: 5,
-                timestamp_ns: 0,
-            },
-            payload: Bytes::from_static(b"x"),
-        },
-    )
-    .unwrap();
+    s.handle_message(now, 1, data(1, 5)).unwrap();
     s.handle_link_lost(now, "cut").unwrap();
     s.handle_link_up(now);
     drain(&mut s, now);
