@@ -43,8 +43,11 @@ pub struct LinkConfig {
     pub transport: crate::session::TransportKind,
     /// Plain TCP without TLS (prints a warning on every start).
     pub insecure: bool,
-    /// How long the connecting side keeps retrying, and how long a handshake may take, in ms.
+    /// How long the connecting side keeps retrying its first connection, in ms.
     pub connect_timeout_ms: u64,
+    /// How long one handshake (TLS, trust, HELLO, READY) may take, in ms; a listener drops a
+    /// connection that has not finished by then and serves the others meanwhile.
+    pub handshake_timeout_ms: u64,
     /// Largest frame body accepted from the peer, in bytes.
     pub max_frame_bytes: u32,
     /// Interval of clock-offset and liveness pings, in ms.
@@ -55,8 +58,9 @@ pub struct LinkConfig {
     pub reconnect: bool,
     /// Longest wait between reconnect attempts (exponential backoff with jitter), in ms.
     pub max_backoff_ms: u64,
-    /// Per reliable stream, bytes kept until the peer acknowledges them; beyond it the oldest
-    /// are dropped and counted (`overflow`).
+    /// Per stream, bytes kept until the peer acknowledges them. A reliable stream whose
+    /// buffer is full stops reading its endpoint until the peer catches up (nothing dropped);
+    /// a lossy one drops its oldest (`overflow`).
     pub resume_buffer_bytes: u64,
 }
 
@@ -68,6 +72,7 @@ impl Default for LinkConfig {
             transport: crate::session::TransportKind::Tcp,
             insecure: false,
             connect_timeout_ms: 10_000,
+            handshake_timeout_ms: 3_000,
             max_frame_bytes: 16 << 20,
             ping_interval_ms: 1000,
             keepalive_timeout_ms: 5000,
@@ -259,6 +264,9 @@ impl Config {
                 self.link.keepalive_timeout_ms,
                 self.link.ping_interval_ms
             );
+        }
+        if self.link.handshake_timeout_ms == 0 {
+            bail!("{file}: key `link.handshake_timeout_ms`: must be at least 1 ms");
         }
         if self.link.max_frame_bytes < ndd_wire::MIN_MAX_BODY {
             bail!(

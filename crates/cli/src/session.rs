@@ -289,6 +289,9 @@ pub async fn run_side(
         None
     } else {
         let identity = load_identity(&opts.home)?;
+        // Read now, so a broken trust file is reported before any peer connects (it is read
+        // again on every connection: a peer trusted meanwhile is admitted).
+        ndd_link::KnownPeers::load(&opts.home)?;
         Some(Arc::new(ndd_link::Tls::new(identity).context("TLS setup")?))
     };
     if transport == TransportKind::Udp && !quiet {
@@ -313,6 +316,7 @@ pub async fn run_side(
         tls: tls.clone(),
         home: opts.home.clone(),
         timeout: Duration::from_millis(cfg.link.connect_timeout_ms),
+        handshake_timeout: Duration::from_millis(cfg.link.handshake_timeout_ms),
         max_backoff: Duration::from_millis(cfg.link.max_backoff_ms),
         side: side.as_str(),
     };

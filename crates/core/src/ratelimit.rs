@@ -15,7 +15,10 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone)]
 pub struct RateLimit {
     interval: Duration,
-    last: Option<Instant>,
+    /// Reports admitted per interval.
+    burst: u32,
+    /// Start of the current interval and reports admitted in it.
+    window: Option<(Instant, u32)>,
     suppressed: u64,
 }
 
@@ -28,9 +31,16 @@ impl Default for RateLimit {
 impl RateLimit {
     /// At most one admitted occurrence per `interval`.
     pub fn new(interval: Duration) -> RateLimit {
+        RateLimit::with_burst(interval, 1)
+    }
+
+    /// At most `burst` admitted occurrences per `interval` (a few distinct events in a row
+    /// are each worth a line; a flood is not).
+    pub fn with_burst(interval: Duration, burst: u32) -> RateLimit {
         RateLimit {
             interval,
-            last: None,
+            burst: burst.max(1),
+            window: None,
             suppressed: 0,
         }
     }
@@ -38,12 +48,13 @@ impl RateLimit {
     /// One occurrence at `now`: `Some(n)` when it may be reported, `n` being the occurrences
     /// suppressed since the previous report; `None` when it must stay quiet (it is counted).
     pub fn admit(&mut self, now: Instant) -> Option<u64> {
-        let due = match self.last {
-            None => true,
-            Some(last) => now.saturating_duration_since(last) >= self.interval,
+        let (start, admitted) = match self.window {
+            Some((start, n)) if now.saturating_duration_since(start) < self.interval => (start, n),
+            Some((start, _)) if now < start => (start, self.burst), // the clock went back
+            _ => (now, 0),
         };
-        if due {
-            self.last = Some(now);
+        if admitted < self.burst {
+            self.window = Some((start, admitted + 1));
             Some(std::mem::take(&mut self.suppressed))
         } else {
             self.suppressed += 1;
@@ -77,5 +88,18 @@ mod tests {
         // A clock that goes backwards is not a reason to report.
         assert_eq!(r.admit(t0), None);
         assert_eq!(r.admit(t0 + ms(2500)), Some(1));
+    }
+
+    #[test]
+    fn a_burst_is_admitted_whole_then_the_rest_is_counted() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut r = RateLimit::with_burst(ms(1000), 3);
+        assert_eq!(r.admit(t0), Some(0));
+        assert_eq!(r.admit(t0 + ms(10)), Some(0));
+        assert_eq!(r.admit(t0 + ms(20)), Some(0));
+        assert_eq!(r.admit(t0 + ms(30)), None);
+        assert_eq!(r.admit(t0 + ms(40)), None);
+        assert_eq!(r.admit(t0 + ms(1000)), Some(2));
     }
 }

@@ -201,49 +201,68 @@ impl Listener {
     /// listener stays usable, so a caller loops and serves the next peer. Only
     /// [`LinkError::Accept`] comes from the listening socket itself.
     ///
-    /// The returned fingerprint is not checked against `known_peers` yet.
+    /// The returned fingerprint is not checked against `known_peers` yet. A server that must
+    /// not let one slow peer hold up the next uses [`Listener::accept_tcp`] and runs
+    /// [`secure`] for each connection concurrently.
     pub async fn accept(
         &self,
         tls: Option<&Arc<ServerConfig>>,
         handshake_timeout: Duration,
     ) -> Result<(Conn, PeerInfo)> {
+        let (tcp, addr) = self.accept_tcp().await?;
+        secure(tcp, addr, tls, handshake_timeout).await
+    }
+
+    /// Accept one TCP connection, nothing more (no TLS yet).
+    pub async fn accept_tcp(&self) -> Result<(TcpStream, SocketAddr)> {
         let (tcp, addr) = self.inner.accept().await.map_err(LinkError::Accept)?;
         set_nodelay(&tcp);
-        let Some(config) = tls else {
-            tracing::debug!(%addr, "accepted plain TCP connection");
-            return Ok((
-                Conn::Plain(tcp),
-                PeerInfo {
-                    addr,
-                    fingerprint: None,
-                },
-            ));
-        };
-        let acceptor = TlsAcceptor::from(Arc::clone(config));
-        let stream = match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
-            Err(_) => {
-                tracing::debug!(%addr, "TLS handshake timed out");
-                return Err(LinkError::HandshakeTimeout {
-                    addr,
-                    timeout: handshake_timeout,
-                });
-            }
-            Ok(Err(source)) => {
-                tracing::debug!(%addr, error = %source, "TLS handshake failed");
-                return Err(LinkError::Handshake { addr, source });
-            }
-            Ok(Ok(stream)) => stream,
-        };
-        let fingerprint = peer_fingerprint(stream.get_ref().1)?;
-        tracing::debug!(%addr, %fingerprint, "accepted TLS connection");
-        Ok((
-            Conn::Tls(Box::new(TlsStream::Server(stream))),
+        Ok((tcp, addr))
+    }
+}
+
+/// The server side of a freshly accepted connection: with `tls`, the TLS handshake (bounded
+/// by `handshake_timeout`); without, the plain stream.
+pub async fn secure(
+    tcp: TcpStream,
+    addr: SocketAddr,
+    tls: Option<&Arc<ServerConfig>>,
+    handshake_timeout: Duration,
+) -> Result<(Conn, PeerInfo)> {
+    let Some(config) = tls else {
+        tracing::debug!(%addr, "accepted plain TCP connection");
+        return Ok((
+            Conn::Plain(tcp),
             PeerInfo {
                 addr,
-                fingerprint: Some(fingerprint),
+                fingerprint: None,
             },
-        ))
-    }
+        ));
+    };
+    let acceptor = TlsAcceptor::from(Arc::clone(config));
+    let stream = match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
+        Err(_) => {
+            tracing::debug!(%addr, "TLS handshake timed out");
+            return Err(LinkError::HandshakeTimeout {
+                addr,
+                timeout: handshake_timeout,
+            });
+        }
+        Ok(Err(source)) => {
+            tracing::debug!(%addr, error = %source, "TLS handshake failed");
+            return Err(LinkError::Handshake { addr, source });
+        }
+        Ok(Ok(stream)) => stream,
+    };
+    let fingerprint = peer_fingerprint(stream.get_ref().1)?;
+    tracing::debug!(%addr, %fingerprint, "accepted TLS connection");
+    Ok((
+        Conn::Tls(Box::new(TlsStream::Server(stream))),
+        PeerInfo {
+            addr,
+            fingerprint: Some(fingerprint),
+        },
+    ))
 }
 
 /// Connect to `addr` (`host:port`) and, with `tls`, run the client side of the TLS handshake;

@@ -76,6 +76,32 @@ pub enum LinkError {
         mode: u32,
     },
 
+    /// An identity or trust file that is not a plain file of sensible size.
+    #[error("{}: {reason}; it must be a regular file of at most {max} bytes", path.display())]
+    FileShape {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+        /// The size limit.
+        max: u64,
+    },
+
+    /// The ndd home directory is writable by others, who could replace the key or the list
+    /// of trusted peers.
+    #[error(
+        "{} has permissions {mode:04o}, writable by other users, who could replace this \
+         machine's key or the peers it trusts; fix it with: chmod 700 {}",
+        path.display(),
+        path.display()
+    )]
+    HomePermissions {
+        /// The home directory.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+
     /// A PEM file could not be parsed.
     #[error("{}: not a valid PEM {what}: {reason}", path.display())]
     BadPem {

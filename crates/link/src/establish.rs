@@ -10,12 +10,16 @@ use crate::{
     QuicListener, QuicSender, UdpLink, UdpSender,
 };
 use ndd_core::session::{decide_handshake, HandshakeDecision, PeerOpening, Transmit};
+use ndd_core::RateLimit;
 use ndd_core::{Frame, Meta};
 use ndd_wire::{CloseCode, OwnedMessage, WireError};
 use ndd_wire::{DataHeader, Message};
+use std::collections::VecDeque;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::task::{AbortHandle, JoinSet};
 
 /// Which link a side uses (`[link] transport`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
@@ -180,7 +184,7 @@ impl Tls {
 }
 
 /// What every handshake needs, shared by the first connection and every reconnect.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct HandshakeCtx {
     /// Our HELLO.
     pub hello: ndd_wire::HelloRepr,
@@ -190,8 +194,11 @@ pub struct HandshakeCtx {
     pub tls: Option<Arc<Tls>>,
     /// Where `known_peers` lives (reloaded on every connection).
     pub home: PathBuf,
-    /// Connect and handshake timeout.
+    /// How long the first connect keeps retrying; bound of one connect attempt.
     pub timeout: Duration,
+    /// Bound of one whole handshake (TLS, trust, HELLO, READY): a connection that has not
+    /// finished by then is dropped.
+    pub handshake_timeout: Duration,
     /// Longest wait between reconnect attempts.
     pub max_backoff: Duration,
     /// `device` or `app`, for log lines.
@@ -240,6 +247,99 @@ pub enum Connector {
     UdpListen(String),
     /// UDP, sending to this address.
     UdpConnect(String),
+}
+
+/// Handshakes in flight on one listener, at most.
+pub const MAX_PENDING: usize = 64;
+/// Handshakes in flight from one source address, at most.
+pub const MAX_PENDING_PER_ADDR: usize = 8;
+
+/// A connection a listener accepted, before its handshake.
+enum Accepted {
+    Tcp(tokio::net::TcpStream, std::net::SocketAddr),
+    Quic(Box<quinn::Incoming>),
+}
+
+impl Accepted {
+    fn ip(&self) -> IpAddr {
+        match self {
+            Accepted::Tcp(_, a) => a.ip(),
+            Accepted::Quic(i) => i.remote_address().ip(),
+        }
+    }
+
+    /// TLS (or QUIC's handshake), trust, HELLO, READY.
+    async fn handshake(self, ctx: &HandshakeCtx) -> Result<Established, EstablishError> {
+        let (rx, tx, info) = match self {
+            Accepted::Tcp(tcp, addr) => {
+                let tls = ctx.tls.as_ref().map(|t| &t.server);
+                let (conn, info) = crate::conn::secure(tcp, addr, tls, ctx.handshake_timeout)
+                    .await
+                    .map_err(transient)?;
+                let (r, w) = conn.split();
+                (Rx::Tcp(r), Tx::Tcp(w), info)
+            }
+            Accepted::Quic(incoming) => {
+                let (c, info) = crate::quic::quic_secure(*incoming, ctx.handshake_timeout)
+                    .await
+                    .map_err(transient)?;
+                let s = c.sender();
+                (Rx::Quic(c), Tx::Quic(s), info)
+            }
+        };
+        handshake(rx, tx, info, ctx).await
+    }
+}
+
+/// A listener's log lines, each kind at most five a second with the count it held back:
+/// strangers must not be able to flood the log.
+struct ServeLogs {
+    refused: RateLimit,
+    rejected: RateLimit,
+    evicted: RateLimit,
+}
+
+impl Default for ServeLogs {
+    fn default() -> Self {
+        let limit = || RateLimit::with_burst(std::time::Duration::from_secs(1), 5);
+        ServeLogs {
+            refused: limit(),
+            rejected: limit(),
+            evicted: limit(),
+        }
+    }
+}
+
+impl ServeLogs {
+    fn refused(&mut self, side: &str, e: &str) {
+        if let Some(n) = self.refused.admit(Instant::now()) {
+            tracing::warn!(side, "refused a connection: {e}{}", more(n));
+        }
+    }
+
+    fn rejected(&mut self, side: &str, e: &str) {
+        if let Some(n) = self.rejected.admit(Instant::now()) {
+            tracing::warn!(side, "rejected a connection: {e}{}", more(n));
+        }
+    }
+
+    fn evicted(&mut self, side: &str, ip: IpAddr) {
+        if let Some(n) = self.evicted.admit(Instant::now()) {
+            tracing::warn!(
+                side,
+                "too many unfinished handshakes: dropped the oldest, from {ip}{}",
+                more(n)
+            );
+        }
+    }
+}
+
+fn more(n: u64) -> String {
+    if n == 0 {
+        String::new()
+    } else {
+        format!(" ({n} more like it not shown)")
+    }
 }
 
 /// Connection errors worth retrying while the peer may still be starting or is coming back.
@@ -332,14 +432,6 @@ impl Connector {
                 let (r, w) = conn.split();
                 (Rx::Tcp(r), Tx::Tcp(w), info)
             }
-            Connector::Listen(l) => {
-                let (conn, info) = l
-                    .accept(tls.map(|t| &t.server), ctx.timeout)
-                    .await
-                    .map_err(transient)?;
-                let (r, w) = conn.split();
-                (Rx::Tcp(r), Tx::Tcp(w), info)
-            }
             Connector::QuicConnect(addr) => {
                 let Some(tls) = tls else {
                     return Err(EstablishError::Local(
@@ -349,11 +441,6 @@ impl Connector {
                 let (c, info) = crate::quic_connect(addr, &tls.identity, ctx.timeout)
                     .await
                     .map_err(connect_error)?;
-                let s = c.sender();
-                (Rx::Quic(c), Tx::Quic(s), info)
-            }
-            Connector::QuicListen(l) => {
-                let (c, info) = l.accept(ctx.timeout).await.map_err(transient)?;
                 let s = c.sender();
                 (Rx::Quic(c), Tx::Quic(s), info)
             }
@@ -383,29 +470,104 @@ impl Connector {
                 };
                 (Rx::Udp(u), Tx::Udp(s), info)
             }
+            Connector::Listen(_) | Connector::QuicListen(_) => {
+                unreachable!("stream listeners accept in serve()")
+            }
         };
         handshake(rx, tx, info, ctx).await
     }
 
-    /// A listener's loop: serves on past anything a connection does; stops on a local
-    /// problem, or on the first refusal when `first`.
-    async fn serve(&self, ctx: &HandshakeCtx, first: bool) -> Result<Established, EstablishError> {
-        let side = ctx.side;
-        loop {
-            match self.attempt(ctx).await {
-                Ok(x) => return Ok(x),
-                Err(e @ EstablishError::Local(_)) => return Err(e),
-                Err(e @ EstablishError::Refused(_)) if first => return Err(e),
-                Err(EstablishError::Refused(e)) => {
-                    tracing::warn!(side, "refused a connection: {e}")
-                }
-                Err(EstablishError::Transient(e)) if matches!(self, Connector::UdpListen(_)) => {
-                    tracing::debug!(error = %e, "no UDP peer yet")
-                }
-                Err(EstablishError::Transient(e)) => {
-                    tracing::warn!(side, "rejected a connection: {e}")
+    /// A listener's loop: serves on past anything a connection does (garbage, a stranger, a
+    /// peer that disagrees, one that stalls), and stops only on a local problem.
+    ///
+    /// TCP and QUIC handshakes run concurrently, each bounded by `handshake_timeout`, at most
+    /// [`MAX_PENDING`] at once and [`MAX_PENDING_PER_ADDR`] per source address; a new
+    /// connection over a bound evicts the oldest one still in its handshake (from the same
+    /// address first), so idle or dripping connections cannot keep a real peer out.
+    async fn serve(&self, ctx: &HandshakeCtx) -> Result<Established, EstablishError> {
+        if let Connector::UdpListen(_) = self {
+            loop {
+                match self.attempt(ctx).await {
+                    Ok(x) => return Ok(x),
+                    Err(e @ EstablishError::Local(_)) => return Err(e),
+                    Err(EstablishError::Refused(e)) => {
+                        tracing::warn!(side = ctx.side, "refused a peer: {e}")
+                    }
+                    Err(EstablishError::Transient(e)) => {
+                        tracing::debug!(error = %e, "no UDP peer yet")
+                    }
                 }
             }
+        }
+        let shared = Arc::new(ctx.clone());
+        let mut tasks: JoinSet<Result<Established, EstablishError>> = JoinSet::new();
+        // Oldest first: task id, source address, handle to evict it.
+        let mut pending: VecDeque<(tokio::task::Id, IpAddr, AbortHandle)> = VecDeque::new();
+        let mut logs = ServeLogs::default();
+        loop {
+            tokio::select! {
+                accepted = self.accept_one() => {
+                    let accepted = match accepted {
+                        Ok(a) => a,
+                        Err(e) => {
+                            logs.rejected(ctx.side, &e.to_string());
+                            continue;
+                        }
+                    };
+                    let ip = accepted.ip();
+                    let from_ip = pending.iter().filter(|p| p.1 == ip).count();
+                    let evict = if from_ip >= MAX_PENDING_PER_ADDR {
+                        pending.iter().position(|p| p.1 == ip)
+                    } else if pending.len() >= MAX_PENDING {
+                        Some(0)
+                    } else {
+                        None
+                    };
+                    if let Some(k) = evict.and_then(|k| pending.remove(k)) {
+                        k.2.abort();
+                        logs.evicted(ctx.side, k.1);
+                    }
+                    let ctx = Arc::clone(&shared);
+                    let handle = tasks.spawn(async move {
+                        let timeout = ctx.handshake_timeout;
+                        tokio::time::timeout(timeout, accepted.handshake(&ctx))
+                            .await
+                            .unwrap_or_else(|_| {
+                                Err(EstablishError::Transient(format!(
+                                    "{ip}: no complete handshake within {} ms",
+                                    timeout.as_millis()
+                                )))
+                            })
+                    });
+                    pending.push_back((handle.id(), ip, handle));
+                }
+                Some(done) = tasks.join_next_with_id() => {
+                    let id = match &done {
+                        Ok((id, _)) => *id,
+                        Err(e) => e.id(),
+                    };
+                    pending.retain(|p| p.0 != id);
+                    match done {
+                        Ok((_, Ok(x))) => return Ok(x),
+                        Ok((_, Err(e @ EstablishError::Local(_)))) => return Err(e),
+                        Ok((_, Err(EstablishError::Refused(e)))) => logs.refused(ctx.side, &e),
+                        Ok((_, Err(EstablishError::Transient(e)))) => logs.rejected(ctx.side, &e),
+                        Err(_) => {} // evicted
+                    }
+                }
+            }
+        }
+    }
+
+    /// The next connection on a TCP or QUIC listener, before any handshake.
+    async fn accept_one(&self) -> Result<Accepted, LinkError> {
+        match self {
+            Connector::Listen(l) => l.accept_tcp().await.map(|(t, a)| Accepted::Tcp(t, a)),
+            Connector::QuicListen(l) => l
+                .accept_incoming()
+                .await
+                .map(|i| Accepted::Quic(Box::new(i))),
+            _ => unreachable!("only stream listeners accept"),
         }
     }
 
@@ -420,7 +582,7 @@ impl Connector {
     ) -> Result<Established, EstablishError> {
         let addr = match self {
             Connector::Connect(a) | Connector::QuicConnect(a) | Connector::UdpConnect(a) => a,
-            _ => return self.serve(ctx, first).await,
+            _ => return self.serve(ctx).await,
         };
         let deadline = Instant::now() + ctx.timeout;
         let mut backoff = Duration::from_millis(20);
@@ -469,7 +631,7 @@ pub async fn handshake(
 ) -> Result<Established, EstablishError> {
     use EstablishError::{Local, Refused, Transient};
     let home = ctx.home.as_path();
-    let timeout = ctx.timeout;
+    let timeout = ctx.handshake_timeout;
     let tls = ctx.tls.as_deref();
     let (mut reader, mut writer) = (rx, tx);
     reader.set_max_body(ctx.max_body);

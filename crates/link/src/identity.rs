@@ -109,6 +109,7 @@ impl Identity {
                 });
             }
         }
+        check_home(home)?;
         check_private_mode(&key_path)?;
         let key_pem = read(&key_path)?;
         let cert_pem = read(&cert_path)?;
@@ -243,8 +244,71 @@ fn exists(path: &Path) -> Result<bool> {
         .map_err(|e| LinkError::file("checking", path, e))
 }
 
+/// Largest identity or trust file read: far above any real one (a PEM key or certificate
+/// is about 1 KB, a `known_peers` line about 100 bytes), far below what could hurt.
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+
 fn read(path: &Path) -> Result<Vec<u8>> {
-    fs::read(path).map_err(|e| LinkError::file("reading", path, e))
+    read_bounded(path).map_err(|e| match e {
+        BoundedRead::Io(e) => LinkError::file("reading", path, e),
+        BoundedRead::Shape(e) => e,
+    })
+}
+
+/// Why [`read_bounded`] failed.
+pub(crate) enum BoundedRead {
+    /// Opening or reading failed (`NotFound` included, for callers that allow a missing file).
+    Io(std::io::Error),
+    /// Not a regular file, or larger than [`MAX_FILE_BYTES`].
+    Shape(LinkError),
+}
+
+/// Reads a small file: a regular file of at most [`MAX_FILE_BYTES`] (so `/dev/zero`, a FIFO
+/// or a huge file is an error naming it, not a hang or an out-of-memory).
+pub(crate) fn read_bounded(path: &Path) -> std::result::Result<Vec<u8>, BoundedRead> {
+    use std::io::Read;
+    let shape = |reason: String| {
+        BoundedRead::Shape(LinkError::FileShape {
+            path: path.to_owned(),
+            reason,
+            max: MAX_FILE_BYTES,
+        })
+    };
+    let meta = fs::metadata(path).map_err(BoundedRead::Io)?;
+    if !meta.is_file() {
+        return Err(shape("not a regular file".into()));
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(shape(format!("{} bytes", meta.len())));
+    }
+    let mut buf = Vec::new();
+    fs::File::open(path)
+        .and_then(|f| f.take(MAX_FILE_BYTES + 1).read_to_end(&mut buf))
+        .map_err(BoundedRead::Io)?;
+    if buf.len() as u64 > MAX_FILE_BYTES {
+        return Err(shape("it grew while being read".into()));
+    }
+    Ok(buf)
+}
+
+/// Refuse a home directory others can write to; warn when others can read it (as ssh does).
+pub fn check_home(home: &Path) -> Result<()> {
+    let meta = fs::metadata(home).map_err(|e| LinkError::file("checking", home, e))?;
+    let mode = meta.permissions().mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(LinkError::HomePermissions {
+            path: home.to_owned(),
+            mode,
+        });
+    }
+    if mode & 0o055 != 0 {
+        tracing::warn!(
+            "{} has permissions {mode:04o}: other users can list it; chmod 700 {} keeps it private",
+            home.display(),
+            home.display()
+        );
+    }
+    Ok(())
 }
 
 /// Refuse a key file that anyone but its owner may read or write.

@@ -139,31 +139,13 @@ impl QuicListener {
     /// [`LinkError::HandshakeTimeout`]) concerns that connection only; loop and serve the
     /// next. The fingerprint is not checked against `known_peers` yet.
     pub async fn accept(&self, handshake_timeout: Duration) -> Result<(QuicConn, PeerInfo)> {
-        let incoming = self.endpoint.accept().await.ok_or(LinkError::Closed)?;
-        let addr = incoming.remote_address();
-        let conn = match tokio::time::timeout(handshake_timeout, incoming).await {
-            Err(_) => {
-                return Err(LinkError::HandshakeTimeout {
-                    addr,
-                    timeout: handshake_timeout,
-                })
-            }
-            Ok(Err(source)) => {
-                tracing::debug!(%addr, error = %source, "QUIC handshake failed");
-                return Err(LinkError::QuicHandshake { addr, source });
-            }
-            Ok(Ok(conn)) => conn,
-        };
-        let fingerprint = quic_peer_fingerprint(&conn)?;
-        tracing::debug!(%addr, %fingerprint, "accepted QUIC connection");
-        let quic = QuicConn::start(conn, None).await?;
-        Ok((
-            quic,
-            PeerInfo {
-                addr,
-                fingerprint: Some(fingerprint),
-            },
-        ))
+        let incoming = self.accept_incoming().await?;
+        quic_secure(incoming, handshake_timeout).await
+    }
+
+    /// The next incoming connection attempt, before its handshake.
+    pub async fn accept_incoming(&self) -> Result<quinn::Incoming> {
+        self.endpoint.accept().await.ok_or(LinkError::Closed)
     }
 
     /// Stop accepting and close every connection of this endpoint.
@@ -171,6 +153,38 @@ impl QuicListener {
         self.endpoint
             .close(quinn::VarInt::from_u32(CLOSE_NORMAL), b"");
     }
+}
+
+/// The server side of an incoming QUIC connection: its handshake, bounded by
+/// `handshake_timeout`, and the session streams.
+pub async fn quic_secure(
+    incoming: quinn::Incoming,
+    handshake_timeout: Duration,
+) -> Result<(QuicConn, PeerInfo)> {
+    let addr = incoming.remote_address();
+    let conn = match tokio::time::timeout(handshake_timeout, incoming).await {
+        Err(_) => {
+            return Err(LinkError::HandshakeTimeout {
+                addr,
+                timeout: handshake_timeout,
+            })
+        }
+        Ok(Err(source)) => {
+            tracing::debug!(%addr, error = %source, "QUIC handshake failed");
+            return Err(LinkError::QuicHandshake { addr, source });
+        }
+        Ok(Ok(conn)) => conn,
+    };
+    let fingerprint = quic_peer_fingerprint(&conn)?;
+    tracing::debug!(%addr, %fingerprint, "accepted QUIC connection");
+    let quic = QuicConn::start(conn, None).await?;
+    Ok((
+        quic,
+        PeerInfo {
+            addr,
+            fingerprint: Some(fingerprint),
+        },
+    ))
 }
 
 /// Connect over QUIC to `addr` with this identity; `timeout` bounds the handshake. The

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
 
-use crate::identity::{create_home, FINGERPRINT_PREFIX};
+use crate::identity::{create_home, read_bounded, BoundedRead, FINGERPRINT_PREFIX};
 use crate::{LinkError, Result};
 
 /// File name of the trust list inside the home directory.
@@ -43,15 +43,16 @@ impl KnownPeers {
     /// naming the file and the line.
     pub fn load(home: &Path) -> Result<KnownPeers> {
         let path = home.join(KNOWN_PEERS_FILE);
-        let text = match fs::read(&path) {
+        let text = match read_bounded(&path) {
             Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(BoundedRead::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Ok(KnownPeers {
                     path,
                     peers: HashMap::new(),
                 })
             }
-            Err(e) => return Err(LinkError::file("reading", &path, e)),
+            Err(BoundedRead::Io(e)) => return Err(LinkError::file("reading", &path, e)),
+            Err(BoundedRead::Shape(e)) => return Err(e),
         };
         check_not_writable_by_others(&path)?;
         let peers = parse(&path, &text)?;
@@ -123,7 +124,8 @@ impl KnownPeers {
         }
         create_home(home)?;
         let path = existing.path;
-        let needs_newline = match fs::read(&path) {
+        // `load` above has read it already, bounded: it is a small regular file or missing.
+        let needs_newline = match read_bounded(&path) {
             Ok(bytes) => bytes.last().is_some_and(|&b| b != b'\n'),
             Err(_) => false,
         };

@@ -674,3 +674,44 @@ async fn stolen_certificate_without_its_key_is_refused() {
     let e = s.unwrap_err();
     assert!(matches!(e, LinkError::Handshake { .. }), "{e}");
 }
+
+/// Identity and trust files are read with a bound and checked at load (issue 17, D8): a
+/// device file, a huge file or a home others can write to is one clear error, never a hang.
+#[test]
+fn identity_and_trust_files_are_bounded_and_their_home_private() {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    let home = Home::new("files");
+    Identity::create(home.path(), false).unwrap();
+    // known_peers pointing at /dev/zero: refused by name, not read until memory runs out.
+    let kp = home.path().join("known_peers");
+    symlink("/dev/zero", &kp).unwrap();
+    let e = KnownPeers::load(home.path()).unwrap_err().to_string();
+    assert!(e.contains("known_peers: not a regular file"), "{e}");
+    fs::remove_file(&kp).unwrap();
+    // A 2 MiB known_peers.
+    fs::write(&kp, vec![b'#'; 2 << 20]).unwrap();
+    fs::set_permissions(&kp, fs::Permissions::from_mode(0o600)).unwrap();
+    let e = KnownPeers::load(home.path()).unwrap_err().to_string();
+    assert!(
+        e.contains("2097152 bytes") && e.contains("at most 1048576"),
+        "{e}"
+    );
+    fs::remove_file(&kp).unwrap();
+    // cert.pem replaced by /dev/zero.
+    let cert = home.path().join("cert.pem");
+    fs::remove_file(&cert).unwrap();
+    symlink("/dev/zero", &cert).unwrap();
+    let e = Identity::load(home.path()).unwrap_err().to_string();
+    assert!(e.contains("cert.pem: not a regular file"), "{e}");
+    fs::remove_file(&cert).unwrap();
+    // A home directory others can write to.
+    Identity::create(home.path(), true).unwrap();
+    fs::set_permissions(home.path(), fs::Permissions::from_mode(0o775)).unwrap();
+    let e = Identity::load(home.path()).unwrap_err().to_string();
+    assert!(
+        e.contains("permissions 0775") && e.contains("chmod 700"),
+        "{e}"
+    );
+    fs::set_permissions(home.path(), fs::Permissions::from_mode(0o700)).unwrap();
+    Identity::load(home.path()).unwrap();
+}

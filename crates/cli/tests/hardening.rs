@@ -1,0 +1,138 @@
+//! Nothing one peer does stops a listener (issue 17, D1 and D2), with real `ndd` processes:
+//! a stranger with its own (untrusted) identity connects first, over TLS and over QUIC; then
+//! 200 idle TCP connections and a few that drip one byte at a time sit on the listener. The
+//! listener refuses the stranger, keeps serving, and the trusted device connects and delivers
+//! every frame. How long the trusted connect took is printed (`--nocapture`), not asserted.
+
+mod common;
+
+use common::*;
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::Instant;
+
+const CFG: &str = r#"
+driver = "hardening"
+[link]
+transport = "TRANSPORT"
+[[stream]]
+name = "events"
+direction = "device-to-app"
+source = { type = "synthetic", size = 100, interval_ms = 1.0, count = 200, seed = 3 }
+sink = { type = "check", seed = 3, size = 100, expect = 200 }
+"#;
+
+fn free_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A stranger (an install nobody trusts) connects first; the listener must refuse it and go
+/// on to serve the trusted device.
+fn stranger_first(transport: &str) {
+    let dir = Dir::new(&format!("stranger-{transport}"));
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let stranger_home = dir.0.join("stranger");
+    let sfp = ok(ndd().args(["id", "--home"]).arg(&stranger_home))
+        .trim()
+        .to_string();
+    // The stranger trusts the app (it has learnt its fingerprint); the app does not trust it.
+    let afp = ok(ndd().args(["id", "--home"]).arg(&app_home))
+        .trim()
+        .to_string();
+    ok(ndd().args(["trust", &afp, "--home"]).arg(&stranger_home));
+    let cfg = dir.0.join("c.toml");
+    std::fs::write(&cfg, CFG.replace("TRANSPORT", transport)).unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut app = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &addr]));
+    let _ = app.addr();
+    let stranger = Side::spawn(run_cmd(
+        &cfg,
+        "device",
+        &stranger_home,
+        &["--connect", &addr],
+    ));
+    let (ss, _, serr) = stranger.finish();
+    assert!(!ss.success(), "the stranger is refused: {serr}");
+    wait_for("the refusal on the app side", WAIT, || {
+        app.stderr_now()
+            .contains(&format!("with fingerprint {sfp}"))
+    });
+    assert!(
+        app.running(),
+        "{transport}: a stranger stopped the listener"
+    );
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &addr]));
+    let (ds, _, derr) = dev.finish();
+    let (as_, _, aerr) = app.finish();
+    assert!(ds.success(), "{transport} device: {derr}");
+    assert!(as_.success(), "{transport} app: {aerr}");
+    assert!(aerr.contains(&check_ok("events", 200)), "{aerr}");
+}
+
+#[test]
+fn a_stranger_connecting_first_over_tls_does_not_stop_the_listener() {
+    stranger_first("tcp");
+}
+
+#[test]
+fn a_stranger_connecting_first_over_quic_does_not_stop_the_listener() {
+    stranger_first("quic");
+}
+
+#[test]
+fn two_hundred_idle_and_dripping_connections_do_not_keep_the_real_peer_out() {
+    let dir = Dir::new("idle-conns");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let cfg = dir.0.join("c.toml");
+    std::fs::write(
+        &cfg,
+        CFG.replace("TRANSPORT", "tcp")
+            .replace("[link]", "[link]\nhandshake_timeout_ms = 3000"),
+    )
+    .unwrap();
+    let mut app = Side::spawn(run_cmd(
+        &cfg,
+        "app",
+        &app_home,
+        &["--listen", "127.0.0.1:0"],
+    ));
+    let addr = app.addr();
+    let idle: Vec<TcpStream> = (0..200)
+        .map(|_| TcpStream::connect(&addr).expect("idle connection"))
+        .collect();
+    // A few that drip: one byte of a TLS ClientHello now and then.
+    let mut drip: Vec<TcpStream> = (0..5)
+        .map(|_| TcpStream::connect(&addr).expect("dripping connection"))
+        .collect();
+    for s in drip.iter_mut() {
+        let _ = s.write_all(&[0x16]);
+    }
+    let t0 = Instant::now();
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &addr]));
+    wait_for("the trusted device to connect", WAIT, || {
+        dev.stderr_now().contains("streams agreed")
+    });
+    println!(
+        "trusted connect with 200 idle and 5 dripping connections: {:.0} ms",
+        t0.elapsed().as_secs_f64() * 1e3
+    );
+    for s in drip.iter_mut() {
+        let _ = s.write_all(&[0x03]);
+    }
+    let (ds, _, derr) = dev.finish();
+    assert!(ds.success(), "device: {derr}");
+    drop(idle);
+    drop(drip);
+    wait_for("the app side to finish", WAIT, || !app.running());
+    let (as_, _, aerr) = app.finish();
+    assert!(as_.success(), "app: {aerr}");
+    assert!(aerr.contains(&check_ok("events", 200)), "{aerr}");
+    assert!(
+        aerr.contains("too many unfinished handshakes"),
+        "the eviction is logged: {aerr}"
+    );
+}
