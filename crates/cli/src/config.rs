@@ -291,11 +291,20 @@ impl Config {
                 );
             }
             for (layer, m) in s.stack.iter().enumerate() {
+                let line = line_of(text, m.span().start);
                 if let Err(e) = m.get_ref().validate() {
-                    let line = line_of(text, m.span().start);
                     bail!(
                         "{file}:{line}: stream \"{name}\" layer {layer} ({}): {e}",
                         m.get_ref().name()
+                    );
+                }
+                if let (Reliability::Reliable, Some(why)) =
+                    (s.reliability, m.get_ref().drops_frames())
+                {
+                    bail!(
+                        "{file}:{line}: stream \"{name}\" layer {layer}: {why}, but the stream is \
+                         reliable (every frame must arrive); set `reliability = \"lossy\"` on it, \
+                         or remove the layer"
                     );
                 }
             }
@@ -436,6 +445,24 @@ stack = [{ type = "checksum" }, { type = "bundle", count = 4 }]
         );
         let e = err(&GOOD.replace("count = 4", "count = 0"));
         assert_eq!(e, "x.toml:10: stream \"events\" layer 1 (bundle): bundle: count = 0 is out of range 1..=65535");
+    }
+
+    #[test]
+    fn a_pair_that_drops_frames_is_refused_on_a_reliable_stream() {
+        let latest = GOOD.replace("{ type = \"checksum\" }", "{ type = \"latest\" }");
+        assert_eq!(
+            err(&latest),
+            "x.toml:10: stream \"events\" layer 0: `latest` drops the frames that are stale \
+             while the link is busy, but the stream is reliable (every frame must arrive); set \
+             `reliability = \"lossy\"` on it, or remove the layer"
+        );
+        let lossy = latest.replace("stack =", "reliability = \"lossy\"\nstack =");
+        Config::parse(&lossy, Path::new("x.toml")).unwrap();
+        let periodic = GOOD.replace(
+            "{ type = \"checksum\" }",
+            "{ type = \"periodic\", interval_ms = 16 }",
+        );
+        assert!(err(&periodic).contains("`periodic` forwards only the latest value"));
     }
 
     #[test]

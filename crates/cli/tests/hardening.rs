@@ -136,3 +136,40 @@ fn two_hundred_idle_and_dripping_connections_do_not_keep_the_real_peer_out() {
         "the eviction is logged: {aerr}"
     );
 }
+
+/// `--duration` never panics and is honoured from the start (issue 17, D5 and D6).
+#[test]
+fn duration_is_bounded_and_honoured_before_a_peer_connects() {
+    let dir = Dir::new("duration");
+    let (_, app_home, _, _) = homes(&dir.0, true, true);
+    let cfg = dir.0.join("c.toml");
+    std::fs::write(&cfg, CFG.replace("TRANSPORT", "tcp")).unwrap();
+    let huge = run_cmd(
+        &cfg,
+        "app",
+        &app_home,
+        &["--listen", "127.0.0.1:0", "--duration", "1e20"],
+    )
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&huge.stderr);
+    assert_eq!(huge.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--duration must be a positive number of seconds up to one year"),
+        "{err}"
+    );
+    let alone = run_cmd(
+        &cfg,
+        "app",
+        &app_home,
+        &["--listen", "127.0.0.1:0", "--duration", "0.3"],
+    )
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&alone.stderr);
+    assert_eq!(alone.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("no peer connected within --duration (0.3 s)"),
+        "{err}"
+    );
+}

@@ -102,6 +102,14 @@ pub trait Half: Send {
         None
     }
 
+    /// Whether this half takes another frame now without dropping one it holds. A source
+    /// half that queues (`buffer`) says no while it is full: on a reliable stream the session
+    /// then stops reading the endpoint (backpressure) instead of letting the half drop frames;
+    /// on a lossy stream the half drops its oldest as before.
+    fn ready(&self) -> bool {
+        true
+    }
+
     /// Releases everything held, at once (end of stream).
     fn flush(&mut self, _out: &mut Output) {}
 

@@ -257,6 +257,11 @@ impl Stack {
         Ok(())
     }
 
+    /// Whether every half takes another frame without dropping one ([`Half::ready`]).
+    pub fn ready(&self) -> bool {
+        self.layers.iter().all(|l| l.half.ready())
+    }
+
     /// The earliest deadline of any half.
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.layers

@@ -144,6 +144,29 @@ pub enum ModuleConfig {
 }
 
 impl ModuleConfig {
+    /// Why this pair drops frames by design, if it does: such a pair cannot run on a
+    /// `reliable` stream (whose frames must all arrive), only on a `lossy` one.
+    pub fn drops_frames(&self) -> Option<&'static str> {
+        match self {
+            ModuleConfig::Periodic(_) => {
+                Some("`periodic` forwards only the latest value every interval")
+            }
+            ModuleConfig::Latest(_) => {
+                Some("`latest` drops the frames that are stale while the link is busy")
+            }
+            ModuleConfig::Pass(_)
+            | ModuleConfig::Checksum(_)
+            | ModuleConfig::Bundle(_)
+            | ModuleConfig::Compress(_)
+            | ModuleConfig::Encrypt(_)
+            | ModuleConfig::Buffer(_)
+            | ModuleConfig::Average(_)
+            | ModuleConfig::Delta(_)
+            | ModuleConfig::Sync(_)
+            | ModuleConfig::External(_) => None,
+        }
+    }
+
     fn pair(&self) -> &dyn Pair {
         match self {
             ModuleConfig::Pass(c) => c,

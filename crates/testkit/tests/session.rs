@@ -9,6 +9,7 @@
 
 use ndd_core::session::{SessionConfig, StreamPlan};
 use ndd_core::{Pair, Role};
+use ndd_modules::buffer::BufferConfig;
 use ndd_modules::bundle::BundleConfig;
 use ndd_modules::checksum::ChecksumConfig;
 use ndd_modules::ModuleConfig;
@@ -245,6 +246,27 @@ fn a_full_resume_buffer_holds_the_source_back_instead_of_dropping() {
         "unacknowledged bytes stayed within the budget and one bundle: {}",
         o.max_unacked_bytes
     );
+}
+
+#[test]
+fn a_full_buffer_pair_holds_a_reliable_source_back_instead_of_dropping() {
+    let mut sc = scenario(3000, 7);
+    // `buffer` holds at most 20 frames on the source side: without backpressure each 1 s
+    // blackhole would cost hundreds of frames (issue 17, D4).
+    sc.streams[0].0.pairs = pairs(vec![
+        checksum(),
+        ModuleConfig::Buffer(BufferConfig {
+            min: 2,
+            max: 8,
+            source_max: 20,
+            playout_ms: 0,
+        }),
+    ]);
+    sc.faults = (1..=5)
+        .map(|k| (ms(400 * k), Fault::Blackhole(ms(1000))))
+        .collect();
+    let o = run(&sc);
+    promises(&o, 3000, false).unwrap();
 }
 
 #[test]

@@ -400,9 +400,9 @@ impl Session {
         matches!(self.state, State::Resuming | State::Running)
     }
 
-    /// Whether source stream `i` takes another endpoint frame now. False while its resume
-    /// buffer is full (reliable: backpressure, the driver stops reading the endpoint), after
-    /// it ended, and once the session closes.
+    /// Whether source stream `i` takes another endpoint frame now. False for a reliable
+    /// stream while its resume buffer is full or a half of its stack is (backpressure: the
+    /// driver stops reading the endpoint), after it ended, and once the session closes.
     pub fn source_ready(&self, i: usize) -> bool {
         let s = &self.streams[i];
         let End::Source(src) = &s.end else {
@@ -413,7 +413,8 @@ impl Session {
         }
         !s.plan.reliable
             || ((src.out.is_empty() || src.out_bytes < self.cfg.resume_buffer_bytes)
-                && (src.kept.is_empty() || src.kept_bytes < self.cfg.resume_buffer_bytes))
+                && (src.kept.is_empty() || src.kept_bytes < self.cfg.resume_buffer_bytes)
+                && s.stack.ready())
     }
 
     // ---- inputs ----

@@ -6,8 +6,9 @@ use ndd_core::{Frame, Half, HalfStats, ModuleError, Output};
 use std::collections::VecDeque;
 use std::time::Instant;
 
-/// Releases one frame per unit of credit; holds at most `source_max` frames, dropping the
-/// oldest.
+/// Releases one frame per unit of credit; holds at most `source_max` frames. Full, it is not
+/// [`ready`](Half::ready) (a reliable stream's session stops feeding it); fed anyway (a lossy
+/// stream), it drops the oldest.
 #[derive(Debug)]
 pub struct BufferForward {
     max: u64,
@@ -112,6 +113,10 @@ impl Half for BufferForward {
 
     fn poll_timeout(&self) -> Option<Instant> {
         self.held_since.map(|t| t + SOURCE_STALL)
+    }
+
+    fn ready(&self) -> bool {
+        self.queue.len() < self.source_max
     }
 
     fn flush(&mut self, out: &mut Output) {
