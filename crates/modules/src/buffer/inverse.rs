@@ -43,6 +43,7 @@ pub struct BufferInverse {
     late: u64,
     stale: u64,
     restarts: u64,
+    reanchors: u64,
     requests: u64,
 }
 
@@ -68,6 +69,7 @@ impl BufferInverse {
             late: 0,
             stale: 0,
             restarts: 0,
+            reanchors: 0,
             requests: 0,
         }
     }
@@ -168,6 +170,36 @@ impl BufferInverse {
                 self.request(out);
             }
         }
+        self.catch_up(now, out);
+    }
+
+    /// More than twice `max` frames held is a backlog, not the refill overshoot of frames
+    /// already in flight (at most one refill, `max`): frames resent after a stall or an
+    /// outage. Played with their original spacing they would add the stall's length to every
+    /// later frame, for good. So the excess above `max` goes out now and the schedule is
+    /// anchored again at the head: the added delay is back to at most `max` frames.
+    fn catch_up(&mut self, now: Instant, out: &mut Output) {
+        if !self.started || self.queue.len() <= 2 * self.max {
+            return;
+        }
+        while self.queue.len() > self.max {
+            let Some(f) = self.queue.pop_front() else {
+                break;
+            };
+            let ts = f.meta.timestamp_ns;
+            if let Some((_, lts, _)) = self.last {
+                if ts > lts {
+                    self.gap = Some(Duration::from_nanos(ts - lts));
+                }
+            }
+            self.last = Some((now, ts, f.meta.seq));
+            out.push(f);
+        }
+        if let Some(head) = self.queue.front() {
+            self.anchor = Some((now, head.meta.timestamp_ns));
+        }
+        self.reanchors += 1;
+        self.in_underrun = false;
     }
 
     /// When the queue is empty: the instant the next frame was expected.
@@ -270,6 +302,7 @@ impl Half for BufferInverse {
                 ("delay_us", self.delay_us()),
                 ("stale", self.stale),
                 ("restarts", self.restarts),
+                ("reanchors", self.reanchors),
             ],
         }
     }

@@ -276,6 +276,33 @@ fn sink_plays_out_with_original_spacing_refills_and_reanchors_when_late() {
 }
 
 #[test]
+fn after_a_stall_the_backlog_goes_out_and_the_delay_comes_back_down() {
+    // Frames every 16 ms, 5 ms transit; a 2 s stall holds frames 10..135 back, then they
+    // arrive at once (resent after a reconnect), then the stream goes on as before.
+    let mut sink = BufferInverse::new(2, 5, Duration::ZERO);
+    let mut arrivals = vec![];
+    for seq in 0..150u64 {
+        let ts = seq * 16;
+        let arrival = if (10..135).contains(&seq) {
+            2170
+        } else {
+            ts + 5
+        };
+        arrivals.push((arrival, seq, ts));
+    }
+    let tr = drive(&mut sink, &arrivals);
+    let order: Vec<u64> = tr.released.iter().map(|r| r.0).collect();
+    assert_eq!(order, (0..150).collect::<Vec<_>>(), "every frame, in order");
+    // The last frame arrives at 2389 ms: with the backlog played at its original spacing it
+    // would leave about 2 s later (4394 ms); caught up, it leaves within twice `max` frames
+    // (160 ms).
+    let (_, last) = tr.released[149];
+    assert!(last <= 2389 + 160, "frame 149 released at {last} ms");
+    let st = sink.stats();
+    assert!(counter(&st.counters, "reanchors") >= 1);
+}
+
+#[test]
 fn playout_waits_for_min_frames_or_the_playout_time() {
     // Only two frames ever come; min 3: playout starts 100 ms after the first arrival.
     let mut sink = BufferInverse::new(3, 5, Duration::from_millis(100));
