@@ -484,12 +484,21 @@ impl Connector {
     /// [`MAX_PENDING`] at once and [`MAX_PENDING_PER_ADDR`] per source address; a new
     /// connection over a bound evicts the oldest one still in its handshake (from the same
     /// address first), so idle or dripping connections cannot keep a real peer out.
-    async fn serve(&self, ctx: &HandshakeCtx) -> Result<Established, EstablishError> {
+    ///
+    /// A UDP listener binds afresh for every session: on a reconnect (`first` false) a bind
+    /// that fails (the old socket not yet gone) is retried, not fatal.
+    async fn serve(&self, ctx: &HandshakeCtx, first: bool) -> Result<Established, EstablishError> {
         if let Connector::UdpListen(_) = self {
+            let mut backoff = Duration::from_millis(20);
             loop {
                 match self.attempt(ctx).await {
                     Ok(x) => return Ok(x),
-                    Err(e @ EstablishError::Local(_)) => return Err(e),
+                    Err(e @ EstablishError::Local(_)) if first => return Err(e),
+                    Err(EstablishError::Local(e)) => {
+                        tracing::warn!(side = ctx.side, "{e}; retrying");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(ctx.max_backoff);
+                    }
                     Err(EstablishError::Refused(e)) => {
                         tracing::warn!(side = ctx.side, "refused a peer: {e}")
                     }
@@ -582,7 +591,7 @@ impl Connector {
     ) -> Result<Established, EstablishError> {
         let addr = match self {
             Connector::Connect(a) | Connector::QuicConnect(a) | Connector::UdpConnect(a) => a,
-            _ => return self.serve(ctx).await,
+            _ => return self.serve(ctx, first).await,
         };
         let deadline = Instant::now() + ctx.timeout;
         let mut backoff = Duration::from_millis(20);

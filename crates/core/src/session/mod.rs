@@ -802,9 +802,12 @@ impl Session {
                     // Only a datagram link can bring these from a stranger mid-session; on an
                     // authenticated link it is a confused peer. Neither stops the session.
                     if let Some(suppressed) = self.ignored_handshakes.admit(now) {
+                        let more = match suppressed {
+                            0 => String::new(),
+                            n => format!(" ({n} more since the last warning)"),
+                        };
                         self.events.push_back(Event::Warning(format!(
-                            "ignored a handshake message in the middle of the session \
-                             ({suppressed} more since the last warning)"
+                            "ignored a handshake message in the middle of the session{more}"
                         )));
                     }
                 }
