@@ -362,6 +362,7 @@ pub async fn run_side(
             role,
             reliable: s.reliability == crate::config::Reliability::Reliable,
             release_on_loss: release.is_some(),
+            replay_outage: true,
             pairs: s
                 .pairs()
                 .into_iter()
@@ -658,6 +659,7 @@ fn refresh(s: &mut StreamStats, sess: &Session, i: usize) {
     s.retransmits = c.retransmits;
     s.duplicates = c.duplicates;
     s.overflow = c.overflow;
+    s.stale = c.stale;
 }
 
 async fn sleep_until_opt(t: Option<Instant>) {

@@ -36,6 +36,9 @@ pub struct StreamStats {
     pub duplicates: u64,
     /// Unacknowledged frames dropped because the resume buffer was full (source).
     pub overflow: u64,
+    /// Input frames not replayed after an outage: produced while the link was down, or
+    /// unacknowledged when it went (source).
+    pub stale: u64,
     window: (Instant, u64, u64),
 }
 
@@ -70,6 +73,9 @@ pub struct StreamSummary {
     pub duplicates: u64,
     /// Frames dropped from a full resume buffer.
     pub overflow: u64,
+    /// Input frames not replayed after an outage: produced while the link was down, or
+    /// unacknowledged when it went (source).
+    pub stale: u64,
     /// Per-module counters.
     pub modules: Vec<ModuleSummary>,
 }
@@ -122,6 +128,7 @@ impl StreamStats {
             retransmits: 0,
             duplicates: 0,
             overflow: 0,
+            stale: 0,
             window: (Instant::now(), 0, 0),
         }
     }
@@ -168,6 +175,7 @@ impl StreamStats {
             retransmits: self.retransmits,
             duplicates: self.duplicates,
             overflow: self.overflow,
+            stale: self.stale,
             modules: self
                 .layers
                 .iter()

@@ -470,8 +470,13 @@ impl Session {
         i: usize,
         frame: Frame,
     ) -> Result<(), SessionError> {
+        let link_up = self.link_up();
         let s = &mut self.streams[i];
         if s.ended || !s.is_source() {
+            return Ok(());
+        }
+        if !link_up && !s.plan.replay_outage {
+            s.counters.stale += 1;
             return Ok(());
         }
         let frame = if s.plan.reliable {
@@ -532,6 +537,9 @@ impl Session {
         }
         self.state = State::Disconnected;
         self.lost_at.get_or_insert(now);
+        for s in self.streams.iter_mut().filter(|s| !s.plan.replay_outage) {
+            s.forget_unsent();
+        }
         self.urgent.clear();
         self.control.clear();
         for (i, s) in self.streams.iter().enumerate() {
@@ -894,6 +902,11 @@ impl Session {
         match &mut s.end {
             End::Source(src) => {
                 while let Some(f) = s.stack.poll_frame() {
+                    if !link_up && !s.plan.replay_outage {
+                        // Held in a pair when the link went (a bundle's timer): history too.
+                        s.counters.stale += 1;
+                        continue;
+                    }
                     s.counters.wire_frames += 1;
                     s.counters.wire_bytes += f.len() as u64;
                     src.sent += 1;

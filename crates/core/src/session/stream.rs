@@ -25,6 +25,12 @@ pub struct StreamPlan {
     /// [`Event::ReleaseInputs`](super::Event::ReleaseInputs)) to release every held key and
     /// button.
     pub release_on_loss: bool,
+    /// Source: whether frames produced while the link is down are kept and sent after the
+    /// reconnect (a byte stream's history matters). `false` for input devices, whose state,
+    /// not their history, matters: what they produce while the link is down is dropped and
+    /// counted (`stale`), and nothing unacknowledged is sent again after a reconnect (the
+    /// app side released every held key and button when the link went).
+    pub replay_outage: bool,
     /// The pairs in the user's order; the session builds the stack from them, and builds it
     /// afresh for a restarted peer.
     pub pairs: Vec<Arc<dyn Pair + Send + Sync>>,
@@ -38,6 +44,7 @@ impl std::fmt::Debug for StreamPlan {
             .field("role", &self.role)
             .field("reliable", &self.reliable)
             .field("release_on_loss", &self.release_on_loss)
+            .field("replay_outage", &self.replay_outage)
             .field(
                 "pairs",
                 &self.pairs.iter().map(|p| p.describe()).collect::<Vec<_>>(),
@@ -67,6 +74,9 @@ pub struct StreamCounters {
     pub duplicates: u64,
     /// Lossy frames dropped because newer ones superseded them or the buffer was full.
     pub overflow: u64,
+    /// Source that does not replay an outage: endpoint frames dropped while the link was
+    /// down, and unacknowledged ones not sent again.
+    pub stale: u64,
     /// Source: frames currently held until the peer acknowledges them.
     pub unacked: u64,
     /// Their bytes.
@@ -198,6 +208,19 @@ impl StreamRt {
         s.kept_bytes += bytes.len();
         s.kept.push_back((meta, bytes.clone()));
         Frame::from_bytes(meta, bytes)
+    }
+
+    /// Source that does not replay an outage: the link went, so what the peer has not
+    /// acknowledged (and not completed) will not be sent again.
+    pub fn forget_unsent(&mut self) {
+        if let End::Source(src) = &mut self.end {
+            self.counters.stale += src.out.len() as u64;
+            src.out.clear();
+            src.out_bytes = 0;
+            src.next_write = 0;
+            src.kept.clear();
+            src.kept_bytes = 0;
+        }
     }
 
     /// Source: the peer process restarted. Its sink state is gone, so the stack starts afresh

@@ -13,6 +13,7 @@ fn plan(id: u16, role: Role, reliable: bool) -> StreamPlan {
         role,
         reliable,
         release_on_loss: role == Role::Sink,
+        replay_outage: true,
         pairs: vec![],
     }
 }
