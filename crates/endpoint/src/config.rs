@@ -4,13 +4,13 @@
 //! ([`SourceConfig::spawn`], [`SinkConfig::spawn`]). Every variant rejects unknown keys, and
 //! [`SOURCES`] / [`SINKS`] list every endpoint with its parameters for `ndd modules`.
 
-use crate::error::EndpointError;
-use crate::framing::{Framing, MAX_LENGTH_FRAME};
+use crate::common::error::EndpointError;
+use crate::common::framing::{Framing, MAX_LENGTH_FRAME};
+use crate::common::x11::default_display;
 use crate::serial::{Flow, LineSettings, Parity};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::time::Duration;
 
 /// Catalogue entry of an endpoint, for `ndd modules` and the docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -259,10 +259,6 @@ impl std::fmt::Display for X11Window {
             X11Window::Viewer => "viewer",
         })
     }
-}
-
-fn default_display() -> String {
-    ":0".to_string()
 }
 
 /// `x11-input` source parameters.
@@ -679,18 +675,6 @@ fn describe_pty(c: &PtyConfig) -> String {
     } else {
         format!("pty(link={}, {s})", c.link.display())
     }
-}
-
-/// Longest delay between frames: longer periods are clamped to it (a timer deadline must stay
-/// representable).
-pub const MAX_PERIOD: Duration = Duration::from_secs(365 * 24 * 3600);
-
-/// The delay between frames for a period in seconds; `None` when unpaced (zero, or too small
-/// for the timer).
-pub(crate) fn pacing(seconds: f64) -> Option<Duration> {
-    Duration::try_from_secs_f64(seconds.min(MAX_PERIOD.as_secs_f64()))
-        .ok()
-        .filter(|d| !d.is_zero())
 }
 
 impl SourceConfig {
@@ -1235,15 +1219,5 @@ mod tests {
             ..Default::default()
         });
         assert!(c.validate().unwrap_err().to_string().contains("title"));
-    }
-
-    #[test]
-    fn pacing_handles_zero_tiny_and_huge_periods() {
-        assert_eq!(pacing(0.0), None);
-        assert_eq!(pacing(1e-12), None);
-        assert_eq!(pacing(-1.0), None);
-        assert_eq!(pacing(f64::INFINITY), Some(MAX_PERIOD));
-        assert_eq!(pacing(1e300), Some(MAX_PERIOD));
-        assert_eq!(pacing(0.016), Some(Duration::from_millis(16)));
     }
 }

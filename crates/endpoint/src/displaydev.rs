@@ -17,16 +17,16 @@
 //! ([`wait_for_viewer`]): the viewer of a remote desktop shows the app's screen and captures
 //! the person's input.
 
+use crate::common::clock::{meta, pacing};
+use crate::common::delivered::Delivered;
+use crate::common::error::EndpointError;
+use crate::common::report::{SinkReport, SourceReport};
+use crate::common::x11::{wait_readable_for, x11_connect, x11_err};
 use crate::config::{FramebufferConfig, X11ScreenConfig, X11WindowConfig};
-use crate::delivered::Delivered;
 use crate::display::{
     bands, coalesce, plan_frames, Framebuffer, PixelFormat, Rect, Update, UpdateHeader,
     UpdateLayout, FLAG_KEYFRAME, FLAG_MORE, MAX_UPDATE_PAYLOAD,
 };
-use crate::error::EndpointError;
-use crate::inputdev::{wait_readable_for, x11_connect, x11_err};
-use crate::sink::SinkReport;
-use crate::source::{meta, SourceReport};
 use crate::sys::ShmSegment;
 use ndd_core::frame::DEFAULT_HEADROOM;
 use ndd_core::{Frame, RateLimit};
@@ -362,7 +362,7 @@ pub(crate) fn open_x11_screen(
         region,
         shm,
         min_gap: Duration::try_from_secs_f64(1.0 / c.max_fps).unwrap_or(Duration::ZERO),
-        refresh: crate::config::pacing(c.refresh_s),
+        refresh: pacing(c.refresh_s),
         max_get_bytes,
     })
 }

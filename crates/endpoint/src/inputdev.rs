@@ -9,16 +9,17 @@
 //! `displaydev`), in window coordinates. Every sink releases the keys and buttons it still holds when
 //! its channel closes, on a release-all record, and before it reports an error.
 
+use crate::common::clock::meta;
+use crate::common::delivered::Delivered;
+use crate::common::error::EndpointError;
+use crate::common::report::{SinkReport, SourceReport};
+use crate::common::x11::{wait_readable_for, x11_connect, x11_err};
 use crate::config::{EvdevConfig, UinputConfig, X11InputConfig, X11Window, XtestConfig};
-use crate::delivered::Delivered;
-use crate::error::EndpointError;
 use crate::input::{
     x_button_to_linux, x_keycode_to_linux, x_wheel, AbsAxis, Batcher, Capabilities, Event, Held,
     InputMessage, RawDecoder, RawEvent, XAction, XMapper, ABS_X, ABS_Y, BTN_EXTRA, BTN_LEFT,
     EV_ABS, EV_KEY, REL_HWHEEL, REL_WHEEL,
 };
-use crate::sink::SinkReport;
-use crate::source::{meta, SourceReport};
 use ndd_core::Frame;
 use std::io::Read;
 use std::os::fd::AsFd;
@@ -39,20 +40,6 @@ pub const POLL: Duration = Duration::from_millis(100);
 /// Waits until `fd` is readable or [`POLL`] passes.
 fn wait_readable(fd: impl AsFd) -> std::io::Result<()> {
     wait_readable_for(fd, POLL)
-}
-
-/// Waits until `fd` is readable or `timeout` (at most one second) passes.
-pub(crate) fn wait_readable_for(fd: impl AsFd, timeout: Duration) -> std::io::Result<()> {
-    use rustix::event::{poll, PollFd, PollFlags, Timespec};
-    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
-    let timeout = Timespec {
-        tv_sec: 0,
-        tv_nsec: timeout.min(Duration::from_millis(999)).as_nanos() as _,
-    };
-    match poll(&mut fds, Some(&timeout)) {
-        Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
 }
 
 /// Sends frames of one input stream: numbers them, encodes records, counts.
@@ -310,33 +297,6 @@ pub(crate) fn run_evdev_source(
         );
     }
     em.done()
-}
-
-// ---------------------------------------------------------------------------------------
-// X11 connections
-
-pub(crate) fn x11_connect(
-    endpoint: &'static str,
-    display: &str,
-) -> Result<(RustConnection, usize), EndpointError> {
-    RustConnection::connect(Some(display)).map_err(|e| EndpointError::Unavailable {
-        endpoint,
-        what: format!("cannot connect to X display {display}: {e}"),
-        hint: "is the X server running, and may this user connect (DISPLAY, XAUTHORITY, xhost)?"
-            .to_string(),
-    })
-}
-
-pub(crate) fn x11_err(
-    endpoint: &'static str,
-    display: &str,
-    e: impl std::fmt::Display,
-) -> EndpointError {
-    EndpointError::Unavailable {
-        endpoint,
-        what: format!("X display {display}: {e}"),
-        hint: "the X server closed the connection or refused a request".to_string(),
-    }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -41,12 +41,10 @@
 //! - a source reading bytes copies each frame's payload once (into its [`ndd_core::Frame`]).
 
 pub mod check;
+mod common;
 pub mod config;
-pub mod delivered;
 pub mod display;
 mod displaydev;
-pub mod error;
-pub mod framing;
 pub mod input;
 mod inputdev;
 pub mod serial;
@@ -57,7 +55,9 @@ pub mod synthetic;
 mod sys;
 pub mod tty;
 
-pub use check::{CheckReport, Checker};
+pub use check::Checker;
+pub use common::report::{CheckReport, SinkReport, SinkTask, SourceReport, SourceTask};
+pub use common::{clock, delivered, error, framing, report};
 pub use config::{
     CheckConfig, EndpointInfo, EvdevConfig, FileSinkConfig, FileSourceConfig, NullConfig,
     PtyConfig, SerialConfig, SinkConfig, SourceConfig, SpacenavSimConfig, StdinConfig,
@@ -71,5 +71,3 @@ pub use error::EndpointError;
 pub use framing::{encode, FrameDecoder, Framing, FramingError};
 pub use input::{Capabilities, Event, InputFrameError, InputMessage};
 pub use serial::{Flow, LineSettings, ModemLines, Parity, SerialFrameError, SerialMessage};
-pub use sink::{SinkReport, SinkTask};
-pub use source::{SourceReport, SourceTask};

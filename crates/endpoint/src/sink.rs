@@ -1,38 +1,20 @@
 //! Sink tasks: consume a stream's frames from a tokio channel until it closes.
 //!
 //! Byte-stream sinks batch whatever frames are already queued into one write (up to
-//! [`WRITE_BATCH`] bytes) and flush whenever the queue runs dry, so a lone frame is never held
+//! `WRITE_BATCH` bytes) and flush whenever the queue runs dry, so a lone frame is never held
 //! back waiting for company. Opening errors are returned by [`SinkConfig::spawn`] itself.
 //!
 //! Every sink marks the frames it has completed in a [`Delivered`]
 //! ([`SinkConfig::spawn_tracked`]): a byte sink after the write and flush that covered them.
 
-use crate::check::{CheckReport, Checker};
+use crate::check::Checker;
+use crate::common::byte_stream::run_writer;
+use crate::common::delivered::Delivered;
+use crate::common::error::EndpointError;
+use crate::common::report::{SinkReport, SinkTask};
 use crate::config::SinkConfig;
-use crate::delivered::Delivered;
-use crate::error::EndpointError;
-use crate::framing::{encode, length_prefix, Framing, RAW_CHUNK};
 use ndd_core::Frame;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc::Receiver;
-use tokio::task::JoinHandle;
-
-/// Bytes gathered from queued frames before a write.
-pub const WRITE_BATCH: usize = 256 * 1024;
-
-/// What a sink consumed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SinkReport {
-    /// Frames received.
-    pub frames: u64,
-    /// Payload bytes received.
-    pub bytes: u64,
-    /// The checker's verdict (`check` sinks only).
-    pub check: Option<CheckReport>,
-}
-
-/// A running sink: resolves to its report, or the error that stopped it.
-pub type SinkTask = JoinHandle<Result<SinkReport, EndpointError>>;
 
 impl SinkConfig {
     /// For input-device sinks (uinput, XTEST): the record that releases every held key and
@@ -138,70 +120,6 @@ impl SinkConfig {
     }
 }
 
-async fn run_writer(
-    endpoint: &'static str,
-    what: String,
-    mut out: impl AsyncWrite + Unpin,
-    framing: Framing,
-    mut rx: Receiver<Frame>,
-    delivered: Delivered,
-) -> Result<SinkReport, EndpointError> {
-    let mut report = SinkReport::default();
-    let mut buf: Vec<u8> = Vec::with_capacity(RAW_CHUNK);
-    let write_err = |source| EndpointError::Write {
-        endpoint,
-        what: what.clone(),
-        source,
-    };
-    let framing_err = |source| EndpointError::Framing {
-        endpoint,
-        what: what.clone(),
-        source,
-    };
-    while let Some(mut frame) = rx.recv().await {
-        // The highest seq of this batch and its size: marked once it is written and flushed.
-        let mut last = frame.meta.seq;
-        let mut batch = 0u64;
-        loop {
-            last = last.max(frame.meta.seq);
-            batch += 1;
-            let payload = frame.payload();
-            report.frames += 1;
-            report.bytes += payload.len() as u64;
-            if payload.len() >= RAW_CHUNK {
-                // Large frames go straight from the frame to the output.
-                if framing == Framing::Length {
-                    buf.extend_from_slice(&length_prefix(payload.len()).map_err(framing_err)?);
-                }
-                out.write_all(&buf).await.map_err(write_err)?;
-                buf.clear();
-                out.write_all(payload).await.map_err(write_err)?;
-            } else {
-                encode(framing, payload, &mut buf).map_err(framing_err)?;
-            }
-            if buf.len() >= WRITE_BATCH {
-                break;
-            }
-            match rx.try_recv() {
-                Ok(next) => frame = next,
-                Err(_) => break,
-            }
-        }
-        out.write_all(&buf).await.map_err(write_err)?;
-        buf.clear();
-        out.flush().await.map_err(write_err)?;
-        delivered.mark_batch(last, batch);
-    }
-    out.flush().await.map_err(write_err)?;
-    tracing::debug!(
-        endpoint,
-        frames = report.frames,
-        bytes = report.bytes,
-        "sink ended"
-    );
-    Ok(report)
-}
-
 async fn run_check(
     endpoint: &'static str,
     mut checker: Checker,
@@ -245,6 +163,7 @@ async fn run_null(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::common::framing::{encode, Framing, RAW_CHUNK};
     use crate::config::{CheckConfig, FileSinkConfig, NullConfig};
     use ndd_core::Meta;
     use std::path::PathBuf;

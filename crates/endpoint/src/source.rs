@@ -5,46 +5,18 @@
 //! stops quietly when the receiver goes away. Opening errors are returned by
 //! [`SourceConfig::spawn`] itself, before any task runs.
 
-use crate::config::{pacing, SourceConfig};
-use crate::error::EndpointError;
-use crate::framing::{FrameDecoder, Framing, RAW_CHUNK};
+use crate::common::byte_stream::run_reader;
+use crate::common::clock::{meta, pacing};
+use crate::common::error::EndpointError;
+use crate::common::report::{SourceReport, SourceTask};
+use crate::config::SourceConfig;
 use crate::spacenav::Motion;
 use crate::synthetic;
 use ndd_core::frame::DEFAULT_HEADROOM;
 use ndd_core::{Frame, Meta};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tokio::io::{AsyncRead, AsyncReadExt};
+use std::time::Duration;
 use tokio::sync::mpsc::Sender;
-use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
-
-/// What a source produced.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SourceReport {
-    /// Frames handed to the channel.
-    pub frames: u64,
-    /// Payload bytes in those frames.
-    pub bytes: u64,
-}
-
-/// A running source: resolves to its report, or the error that stopped it.
-pub type SourceTask = JoinHandle<Result<SourceReport, EndpointError>>;
-
-/// Nanoseconds since the Unix epoch (0 if the clock is before it).
-pub fn now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-}
-
-pub(crate) fn meta(stream: u16, seq: u64) -> Meta {
-    Meta {
-        stream,
-        seq,
-        timestamp_ns: now_ns(),
-        flags: 0,
-    }
-}
 
 impl SourceConfig {
     /// Starts the source on the current tokio runtime; its frames (stream `stream`) go to
@@ -172,73 +144,11 @@ async fn run_paced(
     Ok(report)
 }
 
-/// A byte-stream source: reads `input` in chunks of up to [`RAW_CHUNK`] bytes and cuts it into
-/// frames with `framing` until end of input.
-async fn run_reader(
-    endpoint: &'static str,
-    what: String,
-    mut input: impl AsyncRead + Unpin,
-    framing: Framing,
-    stream: u16,
-    tx: Sender<Frame>,
-) -> Result<SourceReport, EndpointError> {
-    let mut report = SourceReport::default();
-    let mut decoder = FrameDecoder::new(framing);
-    let mut buf = vec![0u8; RAW_CHUNK];
-    let mut frames: Vec<Frame> = Vec::new();
-    let mut seq = 0u64;
-    let framing_err = |source| EndpointError::Framing {
-        endpoint,
-        what: what.clone(),
-        source,
-    };
-    loop {
-        let n = tokio::select! {
-            r = input.read(&mut buf) => r.map_err(|source| EndpointError::Read {
-                endpoint,
-                what: what.clone(),
-                source,
-            })?,
-            _ = tx.closed() => break,
-        };
-        let mut cut = |payload: &[u8]| {
-            frames.push(Frame::new(meta(stream, seq), payload));
-            seq += 1;
-        };
-        let eof = n == 0;
-        if eof {
-            decoder.finish_with(&mut cut).map_err(framing_err)?;
-        } else {
-            decoder
-                .push_with(&buf[..n], &mut cut)
-                .map_err(framing_err)?;
-        }
-        for frame in frames.drain(..) {
-            let len = frame.len() as u64;
-            if tx.send(frame).await.is_err() {
-                tracing::debug!(endpoint, stream, "receiver gone, source stops");
-                return Ok(report);
-            }
-            report.frames += 1;
-            report.bytes += len;
-        }
-        if eof {
-            break;
-        }
-    }
-    tracing::debug!(
-        endpoint,
-        stream,
-        frames = report.frames,
-        bytes = report.bytes,
-        "source ended"
-    );
-    Ok(report)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::common::clock::now_ns;
+    use crate::common::framing::Framing;
     use crate::config::{FileSourceConfig, SpacenavSimConfig, SyntheticConfig};
     use crate::spacenav::Record;
     use std::path::PathBuf;

@@ -19,13 +19,13 @@
 //! readiness for at most [`SETTINGS_POLL`] and then simply retries, so a missed wake-up costs
 //! latency, never a hang.
 
+use crate::common::clock::meta;
+use crate::common::delivered::Delivered;
+use crate::common::error::EndpointError;
+use crate::common::framing::RAW_CHUNK;
+use crate::common::report::{SinkReport, SourceReport};
 use crate::config::{PtyConfig, SerialConfig};
-use crate::delivered::Delivered;
-use crate::error::EndpointError;
-use crate::framing::RAW_CHUNK;
 use crate::serial::{Flow, LineSettings, ModemLines, Parity, SerialMessage};
-use crate::sink::SinkReport;
-use crate::source::{meta, SourceReport};
 use crate::sys;
 use ndd_core::Frame;
 use rustix::fs::OFlags;
