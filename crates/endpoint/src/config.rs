@@ -8,6 +8,7 @@ use crate::common::error::EndpointError;
 use crate::common::framing::{Framing, MAX_LENGTH_FRAME};
 use crate::common::x11::default_display;
 use crate::serial::{Flow, LineSettings, Parity};
+use crate::synthetic::{SpacenavSimConfig, SyntheticConfig};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -380,55 +381,6 @@ impl Default for X11WindowConfig {
 pub struct FramebufferConfig {
     /// The file or framebuffer device.
     pub path: PathBuf,
-}
-
-/// `synthetic` source parameters.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct SyntheticConfig {
-    /// Payload bytes per frame.
-    pub size: usize,
-    /// Milliseconds between frames; 0 = unpaced.
-    pub interval_ms: f64,
-    /// Frames to send; unlimited when `None`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub count: Option<u64>,
-    /// Content seed.
-    pub seed: u64,
-}
-
-impl Default for SyntheticConfig {
-    fn default() -> Self {
-        SyntheticConfig {
-            size: 100,
-            interval_ms: 16.0,
-            count: None,
-            seed: 1,
-        }
-    }
-}
-
-/// `spacenav-sim` source parameters.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct SpacenavSimConfig {
-    /// Records per second.
-    pub rate_hz: f64,
-    /// Records to send; unlimited when `None`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub count: Option<u64>,
-    /// Motion seed.
-    pub seed: u64,
-}
-
-impl Default for SpacenavSimConfig {
-    fn default() -> Self {
-        SpacenavSimConfig {
-            rate_hz: 62.5,
-            count: None,
-            seed: 1,
-        }
-    }
 }
 
 /// `stdin` source parameters.

@@ -50,7 +50,6 @@ mod inputdev;
 pub mod serial;
 pub mod sink;
 pub mod source;
-pub mod spacenav;
 pub mod synthetic;
 mod sys;
 pub mod tty;
@@ -60,9 +59,8 @@ pub use common::report::{CheckReport, SinkReport, SinkTask, SourceReport, Source
 pub use common::{clock, delivered, error, framing, report};
 pub use config::{
     CheckConfig, EndpointInfo, EvdevConfig, FileSinkConfig, FileSourceConfig, NullConfig,
-    PtyConfig, SerialConfig, SinkConfig, SourceConfig, SpacenavSimConfig, StdinConfig,
-    StdoutConfig, SyntheticConfig, UinputConfig, X11InputConfig, X11Window, XtestConfig, SINKS,
-    SOURCES,
+    PtyConfig, SerialConfig, SinkConfig, SourceConfig, StdinConfig, StdoutConfig, UinputConfig,
+    X11InputConfig, X11Window, XtestConfig, SINKS, SOURCES,
 };
 pub use config::{FramebufferConfig, X11ScreenConfig, X11WindowConfig};
 pub use delivered::Delivered;
@@ -71,3 +69,4 @@ pub use error::EndpointError;
 pub use framing::{encode, FrameDecoder, Framing, FramingError};
 pub use input::{Capabilities, Event, InputFrameError, InputMessage};
 pub use serial::{Flow, LineSettings, ModemLines, Parity, SerialFrameError, SerialMessage};
+pub use synthetic::{SpacenavSimConfig, SyntheticConfig};

@@ -6,17 +6,12 @@
 //! [`SourceConfig::spawn`] itself, before any task runs.
 
 use crate::common::byte_stream::run_reader;
-use crate::common::clock::{meta, pacing};
 use crate::common::error::EndpointError;
-use crate::common::report::{SourceReport, SourceTask};
+use crate::common::report::SourceTask;
 use crate::config::SourceConfig;
-use crate::spacenav::Motion;
 use crate::synthetic;
-use ndd_core::frame::DEFAULT_HEADROOM;
-use ndd_core::{Frame, Meta};
-use std::time::Duration;
+use ndd_core::Frame;
 use tokio::sync::mpsc::Sender;
-use tokio::time::MissedTickBehavior;
 
 impl SourceConfig {
     /// Starts the source on the current tokio runtime; its frames (stream `stream`) go to
@@ -30,20 +25,10 @@ impl SourceConfig {
         tracing::debug!(endpoint, stream, config = %self.describe(), "source starting");
         Ok(match self {
             SourceConfig::Synthetic(c) => {
-                let (seed, size) = (c.seed, c.size);
-                let period = pacing(c.interval_ms / 1000.0);
-                rt.spawn(run_paced(endpoint, period, c.count, stream, tx, move |m| {
-                    let mut f = Frame::zeroed(m, DEFAULT_HEADROOM, size);
-                    synthetic::fill(seed, m.seq, f.payload_mut());
-                    f
-                }))
+                return synthetic::spawn_synthetic_source(&rt, endpoint, c, stream, tx)
             }
             SourceConfig::SpacenavSim(c) => {
-                let motion = Motion::new(c.seed, c.rate_hz);
-                let period = pacing(1.0 / c.rate_hz);
-                rt.spawn(run_paced(endpoint, period, c.count, stream, tx, move |m| {
-                    Frame::new(m, &motion.record(m.seq).encode())
-                }))
+                return synthetic::spawn_spacenav_sim_source(&rt, endpoint, c, stream, tx)
             }
             SourceConfig::Stdin(c) => rt.spawn(run_reader(
                 endpoint,
@@ -100,58 +85,18 @@ impl SourceConfig {
     }
 }
 
-/// A timer-driven source: `make` builds frame `meta.seq`; the first frame goes at once, the
-/// next ones every `period` (late ticks are caught up in a burst), or back to back when
-/// `period` is `None`.
-async fn run_paced(
-    endpoint: &'static str,
-    period: Option<Duration>,
-    count: Option<u64>,
-    stream: u16,
-    tx: Sender<Frame>,
-    mut make: impl FnMut(Meta) -> Frame + Send + 'static,
-) -> Result<SourceReport, EndpointError> {
-    let mut report = SourceReport::default();
-    let mut ticker = period.map(|p| {
-        let mut t = tokio::time::interval(p);
-        t.set_missed_tick_behavior(MissedTickBehavior::Burst);
-        t
-    });
-    let mut seq = 0u64;
-    while count.map_or(true, |n| seq < n) {
-        if let Some(t) = ticker.as_mut() {
-            tokio::select! {
-                _ = t.tick() => {}
-                _ = tx.closed() => break,
-            }
-        }
-        let frame = make(meta(stream, seq));
-        let len = frame.len() as u64;
-        if tx.send(frame).await.is_err() {
-            break;
-        }
-        report.frames += 1;
-        report.bytes += len;
-        seq += 1;
-    }
-    tracing::debug!(
-        endpoint,
-        stream,
-        frames = report.frames,
-        bytes = report.bytes,
-        "source ended"
-    );
-    Ok(report)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::common::clock::now_ns;
     use crate::common::framing::Framing;
-    use crate::config::{FileSourceConfig, SpacenavSimConfig, SyntheticConfig};
-    use crate::spacenav::Record;
+    use crate::common::report::SourceReport;
+    use crate::config::FileSourceConfig;
+    use crate::synthetic::spacenav::{Motion, Record};
+    use crate::synthetic::{SpacenavSimConfig, SyntheticConfig};
+    use ndd_core::frame::DEFAULT_HEADROOM;
     use std::path::PathBuf;
+    use std::time::Duration;
     use tokio::sync::mpsc;
 
     fn temp_path(name: &str) -> PathBuf {
