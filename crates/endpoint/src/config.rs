@@ -4,6 +4,7 @@
 //! ([`SourceConfig::spawn`], [`SinkConfig::spawn`]). Every variant rejects unknown keys, and
 //! [`SOURCES`] / [`SINKS`] list every endpoint with its parameters for `ndd modules`.
 
+use crate::check::{CheckConfig, NullConfig};
 use crate::common::error::EndpointError;
 use crate::common::framing::{Framing, MAX_LENGTH_FRAME};
 use crate::common::x11::default_display;
@@ -423,26 +424,6 @@ pub struct FileSinkConfig {
     #[serde(default)]
     pub append: bool,
 }
-
-/// `check` sink parameters.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct CheckConfig {
-    /// Verify synthetic content made with this seed.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub seed: Option<u64>,
-    /// Expected payload length (default: each frame's own).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub size: Option<usize>,
-    /// Expected number of frames.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub expect: Option<u64>,
-}
-
-/// `null` sink: no parameters.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NullConfig {}
 
 fn default_baud() -> u32 {
     115_200

@@ -54,13 +54,13 @@ pub mod synthetic;
 mod sys;
 pub mod tty;
 
-pub use check::Checker;
+pub use check::{CheckConfig, Checker, NullConfig};
 pub use common::report::{CheckReport, SinkReport, SinkTask, SourceReport, SourceTask};
 pub use common::{clock, delivered, error, framing, report};
 pub use config::{
-    CheckConfig, EndpointInfo, EvdevConfig, FileSinkConfig, FileSourceConfig, NullConfig,
-    PtyConfig, SerialConfig, SinkConfig, SourceConfig, StdinConfig, StdoutConfig, UinputConfig,
-    X11InputConfig, X11Window, XtestConfig, SINKS, SOURCES,
+    EndpointInfo, EvdevConfig, FileSinkConfig, FileSourceConfig, PtyConfig, SerialConfig,
+    SinkConfig, SourceConfig, StdinConfig, StdoutConfig, UinputConfig, X11InputConfig, X11Window,
+    XtestConfig, SINKS, SOURCES,
 };
 pub use config::{FramebufferConfig, X11ScreenConfig, X11WindowConfig};
 pub use delivered::Delivered;

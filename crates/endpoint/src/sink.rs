@@ -7,11 +7,11 @@
 //! Every sink marks the frames it has completed in a [`Delivered`]
 //! ([`SinkConfig::spawn_tracked`]): a byte sink after the write and flush that covered them.
 
-use crate::check::Checker;
+use crate::check;
 use crate::common::byte_stream::run_writer;
 use crate::common::delivered::Delivered;
 use crate::common::error::EndpointError;
-use crate::common::report::{SinkReport, SinkTask};
+use crate::common::report::SinkTask;
 use crate::config::SinkConfig;
 use ndd_core::Frame;
 use tokio::sync::mpsc::Receiver;
@@ -80,10 +80,9 @@ impl SinkConfig {
                 ))
             }
             SinkConfig::Check(c) => {
-                let checker = Checker::new(c.seed, c.size, c.expect);
-                rt.spawn(run_check(endpoint, checker, rx, delivered))
+                return check::spawn_check_sink(&rt, endpoint, c, rx, delivered)
             }
-            SinkConfig::Null(_) => rt.spawn(run_null(endpoint, rx, delivered)),
+            SinkConfig::Null(_) => return check::spawn_null_sink(&rt, endpoint, rx, delivered),
             SinkConfig::Serial(c) => {
                 let tty = crate::tty::open_tty(endpoint, c)?;
                 rt.spawn(crate::tty::run_tty_sink(endpoint, tty, rx, delivered))
@@ -120,51 +119,13 @@ impl SinkConfig {
     }
 }
 
-async fn run_check(
-    endpoint: &'static str,
-    mut checker: Checker,
-    mut rx: Receiver<Frame>,
-    delivered: Delivered,
-) -> Result<SinkReport, EndpointError> {
-    let mut report = SinkReport::default();
-    while let Some(frame) = rx.recv().await {
-        report.frames += 1;
-        report.bytes += frame.len() as u64;
-        let seen = checker.observe(frame.meta.seq, frame.payload());
-        tracing::trace!(seq = frame.meta.seq, ?seen, "checked");
-        delivered.mark(frame.meta.seq);
-    }
-    let check = checker.report();
-    tracing::debug!(endpoint, ok = check.is_ok(), %check, "sink ended");
-    report.check = Some(check);
-    Ok(report)
-}
-
-async fn run_null(
-    endpoint: &'static str,
-    mut rx: Receiver<Frame>,
-    delivered: Delivered,
-) -> Result<SinkReport, EndpointError> {
-    let mut report = SinkReport::default();
-    while let Some(frame) = rx.recv().await {
-        report.frames += 1;
-        report.bytes += frame.len() as u64;
-        delivered.mark(frame.meta.seq);
-    }
-    tracing::debug!(
-        endpoint,
-        frames = report.frames,
-        bytes = report.bytes,
-        "sink ended"
-    );
-    Ok(report)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::check::{CheckConfig, NullConfig};
     use crate::common::framing::{encode, Framing, RAW_CHUNK};
-    use crate::config::{CheckConfig, FileSinkConfig, NullConfig};
+    use crate::common::report::SinkReport;
+    use crate::config::FileSinkConfig;
     use ndd_core::Meta;
     use std::path::PathBuf;
     use tokio::sync::mpsc;

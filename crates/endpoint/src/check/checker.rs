@@ -1,17 +1,6 @@
-//! The checker: verifies a stream's order, completeness and (optionally) content. Sans-IO and
-//! deterministic: feed it `(seq, payload)` pairs with [`Checker::observe`] and read
-//! [`Checker::report`].
-//!
-//! Rules, relative to the sequence numbers seen so far:
-//! - the next frame is expected to carry the highest seq seen + 1;
-//! - a higher seq opens a *gap* (the skipped range counts as missing);
-//! - a seq inside an open gap is *reordered* (late): it leaves the missing count;
-//! - a seq below the lowest seen is *reordered* too, and the range up to the lowest becomes a
-//!   gap;
-//! - any other lower seq was already received: a *duplicate*;
-//! - with a `seed`, a payload that is not `synthetic::payload(seed, seq, size)` (size defaults
-//!   to the payload's own length) is *corrupt*; with only a `size`, a payload of another length
-//!   is corrupt. Corrupt frames still count for order.
+//! The [`Checker`]: verifies a stream's order, completeness and (optionally) content, by the
+//! rules in the `check` module's docs. Sans-IO and deterministic: feed it `(seq, payload)`
+//! pairs with [`Checker::observe`] and read [`Checker::report`].
 
 pub use crate::common::report::{CheckReport, MAX_LISTED_GAPS};
 use crate::synthetic;
