@@ -6,9 +6,11 @@
 
 use crate::check::{CheckConfig, NullConfig};
 use crate::common::error::EndpointError;
-use crate::common::framing::{Framing, MAX_LENGTH_FRAME};
+use crate::common::framing::MAX_LENGTH_FRAME;
 use crate::common::x11::default_display;
+use crate::file::{FileSinkConfig, FileSourceConfig};
 use crate::serial::{Flow, LineSettings, Parity};
+use crate::stdio::{StdinConfig, StdoutConfig};
 use crate::synthetic::{SpacenavSimConfig, SyntheticConfig};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -382,47 +384,6 @@ impl Default for X11WindowConfig {
 pub struct FramebufferConfig {
     /// The file or framebuffer device.
     pub path: PathBuf,
-}
-
-/// `stdin` source parameters.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct StdinConfig {
-    /// How input is cut into frames.
-    pub framing: Framing,
-}
-
-/// `file` source parameters.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileSourceConfig {
-    /// File to read.
-    pub path: PathBuf,
-    /// How input is cut into frames.
-    #[serde(default)]
-    pub framing: Framing,
-}
-
-/// `stdout` sink parameters.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct StdoutConfig {
-    /// How frames are written.
-    pub framing: Framing,
-}
-
-/// `file` sink parameters.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileSinkConfig {
-    /// File to write.
-    pub path: PathBuf,
-    /// How frames are written.
-    #[serde(default)]
-    pub framing: Framing,
-    /// Append instead of truncating.
-    #[serde(default)]
-    pub append: bool,
 }
 
 fn default_baud() -> u32 {
@@ -869,6 +830,7 @@ impl SinkConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::common::framing::Framing;
 
     #[derive(Debug, Deserialize)]
     struct Doc<T> {

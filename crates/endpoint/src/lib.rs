@@ -45,11 +45,13 @@ mod common;
 pub mod config;
 pub mod display;
 mod displaydev;
+pub mod file;
 pub mod input;
 mod inputdev;
 pub mod serial;
 pub mod sink;
 pub mod source;
+pub mod stdio;
 pub mod synthetic;
 mod sys;
 pub mod tty;
@@ -58,15 +60,16 @@ pub use check::{CheckConfig, Checker, NullConfig};
 pub use common::report::{CheckReport, SinkReport, SinkTask, SourceReport, SourceTask};
 pub use common::{clock, delivered, error, framing, report};
 pub use config::{
-    EndpointInfo, EvdevConfig, FileSinkConfig, FileSourceConfig, PtyConfig, SerialConfig,
-    SinkConfig, SourceConfig, StdinConfig, StdoutConfig, UinputConfig, X11InputConfig, X11Window,
-    XtestConfig, SINKS, SOURCES,
+    EndpointInfo, EvdevConfig, PtyConfig, SerialConfig, SinkConfig, SourceConfig, UinputConfig,
+    X11InputConfig, X11Window, XtestConfig, SINKS, SOURCES,
 };
 pub use config::{FramebufferConfig, X11ScreenConfig, X11WindowConfig};
 pub use delivered::Delivered;
 pub use display::{DisplayFrameError, Framebuffer, PixelFormat, Rect, Update};
 pub use error::EndpointError;
+pub use file::{FileSinkConfig, FileSourceConfig};
 pub use framing::{encode, FrameDecoder, Framing, FramingError};
 pub use input::{Capabilities, Event, InputFrameError, InputMessage};
 pub use serial::{Flow, LineSettings, ModemLines, Parity, SerialFrameError, SerialMessage};
+pub use stdio::{StdinConfig, StdoutConfig};
 pub use synthetic::{SpacenavSimConfig, SyntheticConfig};

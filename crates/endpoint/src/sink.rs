@@ -7,12 +7,11 @@
 //! Every sink marks the frames it has completed in a [`Delivered`]
 //! ([`SinkConfig::spawn_tracked`]): a byte sink after the write and flush that covered them.
 
-use crate::check;
-use crate::common::byte_stream::run_writer;
 use crate::common::delivered::Delivered;
 use crate::common::error::EndpointError;
 use crate::common::report::SinkTask;
 use crate::config::SinkConfig;
+use crate::{check, file, stdio};
 use ndd_core::Frame;
 use tokio::sync::mpsc::Receiver;
 
@@ -49,36 +48,10 @@ impl SinkConfig {
             .map_err(|_| EndpointError::NoRuntime { endpoint })?;
         tracing::debug!(endpoint, config = %self.describe(), "sink starting");
         Ok(match self {
-            SinkConfig::Stdout(c) => rt.spawn(run_writer(
-                endpoint,
-                "stdout".to_string(),
-                tokio::io::stdout(),
-                c.framing,
-                rx,
-                delivered,
-            )),
-            SinkConfig::File(c) => {
-                let mut opts = std::fs::OpenOptions::new();
-                opts.create(true);
-                if c.append {
-                    opts.append(true);
-                } else {
-                    opts.write(true).truncate(true);
-                }
-                let file = opts.open(&c.path).map_err(|source| EndpointError::Open {
-                    endpoint,
-                    path: c.path.clone(),
-                    source,
-                })?;
-                rt.spawn(run_writer(
-                    endpoint,
-                    c.path.display().to_string(),
-                    tokio::fs::File::from_std(file),
-                    c.framing,
-                    rx,
-                    delivered,
-                ))
+            SinkConfig::Stdout(c) => {
+                return stdio::spawn_stdout_sink(&rt, endpoint, c, rx, delivered)
             }
+            SinkConfig::File(c) => return file::spawn_file_sink(&rt, endpoint, c, rx, delivered),
             SinkConfig::Check(c) => {
                 return check::spawn_check_sink(&rt, endpoint, c, rx, delivered)
             }
@@ -125,7 +98,7 @@ mod tests {
     use crate::check::{CheckConfig, NullConfig};
     use crate::common::framing::{encode, Framing, RAW_CHUNK};
     use crate::common::report::SinkReport;
-    use crate::config::FileSinkConfig;
+    use crate::file::FileSinkConfig;
     use ndd_core::Meta;
     use std::path::PathBuf;
     use tokio::sync::mpsc;

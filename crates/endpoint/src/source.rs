@@ -5,11 +5,10 @@
 //! stops quietly when the receiver goes away. Opening errors are returned by
 //! [`SourceConfig::spawn`] itself, before any task runs.
 
-use crate::common::byte_stream::run_reader;
 use crate::common::error::EndpointError;
 use crate::common::report::SourceTask;
 use crate::config::SourceConfig;
-use crate::synthetic;
+use crate::{file, stdio, synthetic};
 use ndd_core::Frame;
 use tokio::sync::mpsc::Sender;
 
@@ -30,33 +29,10 @@ impl SourceConfig {
             SourceConfig::SpacenavSim(c) => {
                 return synthetic::spawn_spacenav_sim_source(&rt, endpoint, c, stream, tx)
             }
-            SourceConfig::Stdin(c) => rt.spawn(run_reader(
-                endpoint,
-                "stdin".to_string(),
-                tokio::io::stdin(),
-                c.framing,
-                stream,
-                tx,
-            )),
-            SourceConfig::File(c) => {
-                let open_err = |source| EndpointError::Open {
-                    endpoint,
-                    path: c.path.clone(),
-                    source,
-                };
-                let file = std::fs::File::open(&c.path).map_err(open_err)?;
-                if file.metadata().map_err(open_err)?.is_dir() {
-                    return Err(open_err(std::io::Error::other("is a directory")));
-                }
-                rt.spawn(run_reader(
-                    endpoint,
-                    c.path.display().to_string(),
-                    tokio::fs::File::from_std(file),
-                    c.framing,
-                    stream,
-                    tx,
-                ))
+            SourceConfig::Stdin(c) => {
+                return stdio::spawn_stdin_source(&rt, endpoint, c, stream, tx)
             }
+            SourceConfig::File(c) => return file::spawn_file_source(&rt, endpoint, c, stream, tx),
             SourceConfig::Serial(c) => {
                 let tty = crate::tty::open_tty(endpoint, c)?;
                 rt.spawn(crate::tty::run_tty_source(endpoint, tty, stream, tx))
@@ -91,7 +67,7 @@ mod tests {
     use crate::common::clock::now_ns;
     use crate::common::framing::Framing;
     use crate::common::report::SourceReport;
-    use crate::config::FileSourceConfig;
+    use crate::file::FileSourceConfig;
     use crate::synthetic::spacenav::{Motion, Record};
     use crate::synthetic::{SpacenavSimConfig, SyntheticConfig};
     use ndd_core::frame::DEFAULT_HEADROOM;
