@@ -54,14 +54,13 @@ pub mod source;
 pub mod stdio;
 pub mod synthetic;
 mod sys;
-pub mod tty;
 
 pub use check::{CheckConfig, Checker, NullConfig};
 pub use common::report::{CheckReport, SinkReport, SinkTask, SourceReport, SourceTask};
 pub use common::{clock, delivered, error, framing, report};
 pub use config::{
-    EndpointInfo, EvdevConfig, PtyConfig, SerialConfig, SinkConfig, SourceConfig, UinputConfig,
-    X11InputConfig, X11Window, XtestConfig, SINKS, SOURCES,
+    EndpointInfo, EvdevConfig, SinkConfig, SourceConfig, UinputConfig, X11InputConfig, X11Window,
+    XtestConfig, SINKS, SOURCES,
 };
 pub use config::{FramebufferConfig, X11ScreenConfig, X11WindowConfig};
 pub use delivered::Delivered;
@@ -70,6 +69,9 @@ pub use error::EndpointError;
 pub use file::{FileSinkConfig, FileSourceConfig};
 pub use framing::{encode, FrameDecoder, Framing, FramingError};
 pub use input::{Capabilities, Event, InputFrameError, InputMessage};
-pub use serial::{Flow, LineSettings, ModemLines, Parity, SerialFrameError, SerialMessage};
+pub use serial::{
+    Flow, LineSettings, ModemLines, Parity, PtyConfig, SerialConfig, SerialFrameError,
+    SerialMessage,
+};
 pub use stdio::{StdinConfig, StdoutConfig};
 pub use synthetic::{SpacenavSimConfig, SyntheticConfig};

@@ -11,7 +11,7 @@ use crate::common::delivered::Delivered;
 use crate::common::error::EndpointError;
 use crate::common::report::SinkTask;
 use crate::config::SinkConfig;
-use crate::{check, file, stdio};
+use crate::{check, file, serial, stdio};
 use ndd_core::Frame;
 use tokio::sync::mpsc::Receiver;
 
@@ -57,13 +57,9 @@ impl SinkConfig {
             }
             SinkConfig::Null(_) => return check::spawn_null_sink(&rt, endpoint, rx, delivered),
             SinkConfig::Serial(c) => {
-                let tty = crate::tty::open_tty(endpoint, c)?;
-                rt.spawn(crate::tty::run_tty_sink(endpoint, tty, rx, delivered))
+                return serial::spawn_serial_sink(&rt, endpoint, c, rx, delivered)
             }
-            SinkConfig::Pty(c) => {
-                let pty = crate::tty::open_pty(endpoint, c)?;
-                rt.spawn(crate::tty::run_pty_sink(endpoint, pty, rx, delivered))
-            }
+            SinkConfig::Pty(c) => return serial::spawn_pty_sink(&rt, endpoint, c, rx, delivered),
             SinkConfig::Uinput(c) => {
                 let u = crate::inputdev::open_uinput(endpoint, c)?;
                 rt.spawn_blocking(move || {

@@ -8,7 +8,7 @@
 use crate::common::error::EndpointError;
 use crate::common::report::SourceTask;
 use crate::config::SourceConfig;
-use crate::{file, stdio, synthetic};
+use crate::{file, serial, stdio, synthetic};
 use ndd_core::Frame;
 use tokio::sync::mpsc::Sender;
 
@@ -34,13 +34,9 @@ impl SourceConfig {
             }
             SourceConfig::File(c) => return file::spawn_file_source(&rt, endpoint, c, stream, tx),
             SourceConfig::Serial(c) => {
-                let tty = crate::tty::open_tty(endpoint, c)?;
-                rt.spawn(crate::tty::run_tty_source(endpoint, tty, stream, tx))
+                return serial::spawn_serial_source(&rt, endpoint, c, stream, tx)
             }
-            SourceConfig::Pty(c) => {
-                let pty = crate::tty::open_pty(endpoint, c)?;
-                rt.spawn(crate::tty::run_pty_source(endpoint, pty, stream, tx))
-            }
+            SourceConfig::Pty(c) => return serial::spawn_pty_source(&rt, endpoint, c, stream, tx),
             SourceConfig::Evdev(c) => {
                 let input = crate::inputdev::open_evdev(endpoint, c)?;
                 rt.spawn_blocking(move || {
