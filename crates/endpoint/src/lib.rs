@@ -47,7 +47,6 @@ pub mod display;
 mod displaydev;
 pub mod file;
 pub mod input;
-mod inputdev;
 pub mod serial;
 pub mod sink;
 pub mod source;
@@ -58,17 +57,17 @@ mod sys;
 pub use check::{CheckConfig, Checker, NullConfig};
 pub use common::report::{CheckReport, SinkReport, SinkTask, SourceReport, SourceTask};
 pub use common::{clock, delivered, error, framing, report};
-pub use config::{
-    EndpointInfo, EvdevConfig, SinkConfig, SourceConfig, UinputConfig, X11InputConfig, X11Window,
-    XtestConfig, SINKS, SOURCES,
-};
+pub use config::{EndpointInfo, SinkConfig, SourceConfig, SINKS, SOURCES};
 pub use config::{FramebufferConfig, X11ScreenConfig, X11WindowConfig};
 pub use delivered::Delivered;
 pub use display::{DisplayFrameError, Framebuffer, PixelFormat, Rect, Update};
 pub use error::EndpointError;
 pub use file::{FileSinkConfig, FileSourceConfig};
 pub use framing::{encode, FrameDecoder, Framing, FramingError};
-pub use input::{Capabilities, Event, InputFrameError, InputMessage};
+pub use input::{
+    Capabilities, EvdevConfig, Event, InputFrameError, InputMessage, UinputConfig, X11InputConfig,
+    X11Window, XtestConfig,
+};
 pub use serial::{
     Flow, LineSettings, ModemLines, Parity, PtyConfig, SerialConfig, SerialFrameError,
     SerialMessage,

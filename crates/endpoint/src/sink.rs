@@ -11,7 +11,7 @@ use crate::common::delivered::Delivered;
 use crate::common::error::EndpointError;
 use crate::common::report::SinkTask;
 use crate::config::SinkConfig;
-use crate::{check, file, serial, stdio};
+use crate::{check, file, input, serial, stdio};
 use ndd_core::Frame;
 use tokio::sync::mpsc::Receiver;
 
@@ -21,7 +21,7 @@ impl SinkConfig {
     pub fn release_record(&self) -> Option<Vec<u8>> {
         match self {
             SinkConfig::Uinput(_) | SinkConfig::Xtest(_) => {
-                Some(crate::InputMessage::release_all_payload().to_vec())
+                Some(input::InputMessage::release_all_payload().to_vec())
             }
             _ => None,
         }
@@ -61,16 +61,10 @@ impl SinkConfig {
             }
             SinkConfig::Pty(c) => return serial::spawn_pty_sink(&rt, endpoint, c, rx, delivered),
             SinkConfig::Uinput(c) => {
-                let u = crate::inputdev::open_uinput(endpoint, c)?;
-                rt.spawn_blocking(move || {
-                    crate::inputdev::run_uinput_sink(endpoint, u, rx, delivered)
-                })
+                return input::spawn_uinput_sink(&rt, endpoint, c, rx, delivered)
             }
             SinkConfig::Xtest(c) => {
-                let x = crate::inputdev::open_xtest(endpoint, c)?;
-                rt.spawn_blocking(move || {
-                    crate::inputdev::run_xtest_sink(endpoint, x, rx, delivered)
-                })
+                return input::spawn_xtest_sink(&rt, endpoint, c, rx, delivered)
             }
             SinkConfig::X11Window(c) => {
                 let x = crate::displaydev::open_x11_window(endpoint, c)?;

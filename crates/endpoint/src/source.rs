@@ -8,7 +8,7 @@
 use crate::common::error::EndpointError;
 use crate::common::report::SourceTask;
 use crate::config::SourceConfig;
-use crate::{file, serial, stdio, synthetic};
+use crate::{file, input, serial, stdio, synthetic};
 use ndd_core::Frame;
 use tokio::sync::mpsc::Sender;
 
@@ -38,14 +38,10 @@ impl SourceConfig {
             }
             SourceConfig::Pty(c) => return serial::spawn_pty_source(&rt, endpoint, c, stream, tx),
             SourceConfig::Evdev(c) => {
-                let input = crate::inputdev::open_evdev(endpoint, c)?;
-                rt.spawn_blocking(move || {
-                    crate::inputdev::run_evdev_source(endpoint, input, stream, tx)
-                })
+                return input::spawn_evdev_source(&rt, endpoint, c, stream, tx)
             }
             SourceConfig::X11Input(c) => {
-                let x = crate::inputdev::open_x11_input(endpoint, c)?;
-                rt.spawn_blocking(move || crate::inputdev::run_x11_source(endpoint, x, stream, tx))
+                return input::spawn_x11_input_source(&rt, endpoint, c, stream, tx)
             }
             SourceConfig::X11Screen(c) => {
                 let x = crate::displaydev::open_x11_screen(endpoint, c)?;
