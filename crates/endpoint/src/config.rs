@@ -7,7 +7,7 @@
 use crate::check::{CheckConfig, NullConfig};
 use crate::common::error::EndpointError;
 use crate::common::framing::MAX_LENGTH_FRAME;
-use crate::common::x11::default_display;
+use crate::display::{FramebufferConfig, X11ScreenConfig, X11WindowConfig};
 use crate::file::{FileSinkConfig, FileSourceConfig};
 use crate::input::{EvdevConfig, UinputConfig, X11InputConfig, XtestConfig};
 use crate::serial::{LineSettings, PtyConfig, SerialConfig};
@@ -230,68 +230,6 @@ pub const SINKS: &[EndpointInfo] = &[
         params: &[("path", "path", REQUIRED, "the file, created and sized on the first update, or a framebuffer device such as /dev/fb0")],
     },
 ];
-
-fn default_max_fps() -> f64 {
-    30.0
-}
-
-/// `x11-screen` source parameters.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct X11ScreenConfig {
-    /// The X display.
-    #[serde(default = "default_display")]
-    pub display: String,
-    /// At most this many updates per second.
-    #[serde(default = "default_max_fps")]
-    pub max_fps: f64,
-    /// Seconds between keyframes of the whole screen; 0 = only the first.
-    #[serde(default)]
-    pub refresh_s: f64,
-}
-
-impl Default for X11ScreenConfig {
-    fn default() -> Self {
-        X11ScreenConfig {
-            display: default_display(),
-            max_fps: default_max_fps(),
-            refresh_s: 0.0,
-        }
-    }
-}
-
-fn default_window_title() -> String {
-    "ndd display".to_string()
-}
-
-/// `x11-window` sink parameters.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct X11WindowConfig {
-    /// The X display.
-    #[serde(default = "default_display")]
-    pub display: String,
-    /// The window's title.
-    #[serde(default = "default_window_title")]
-    pub title: String,
-}
-
-impl Default for X11WindowConfig {
-    fn default() -> Self {
-        X11WindowConfig {
-            display: default_display(),
-            title: default_window_title(),
-        }
-    }
-}
-
-/// `framebuffer` sink parameters.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FramebufferConfig {
-    /// The file or framebuffer device.
-    pub path: PathBuf,
-}
 
 fn check_settings(endpoint: &'static str, s: &LineSettings) -> Result<(), EndpointError> {
     s.check().map_err(|(param, reason)| EndpointError::Config {

@@ -44,7 +44,6 @@ pub mod check;
 mod common;
 pub mod config;
 pub mod display;
-mod displaydev;
 pub mod file;
 pub mod input;
 pub mod serial;
@@ -58,9 +57,11 @@ pub use check::{CheckConfig, Checker, NullConfig};
 pub use common::report::{CheckReport, SinkReport, SinkTask, SourceReport, SourceTask};
 pub use common::{clock, delivered, error, framing, report};
 pub use config::{EndpointInfo, SinkConfig, SourceConfig, SINKS, SOURCES};
-pub use config::{FramebufferConfig, X11ScreenConfig, X11WindowConfig};
 pub use delivered::Delivered;
-pub use display::{DisplayFrameError, Framebuffer, PixelFormat, Rect, Update};
+pub use display::{
+    DisplayFrameError, Framebuffer, FramebufferConfig, PixelFormat, Rect, Update, X11ScreenConfig,
+    X11WindowConfig,
+};
 pub use error::EndpointError;
 pub use file::{FileSinkConfig, FileSourceConfig};
 pub use framing::{encode, FrameDecoder, Framing, FramingError};

@@ -11,7 +11,7 @@ use crate::common::delivered::Delivered;
 use crate::common::error::EndpointError;
 use crate::common::report::SinkTask;
 use crate::config::SinkConfig;
-use crate::{check, file, input, serial, stdio};
+use crate::{check, display, file, input, serial, stdio};
 use ndd_core::Frame;
 use tokio::sync::mpsc::Receiver;
 
@@ -47,38 +47,22 @@ impl SinkConfig {
         let rt = tokio::runtime::Handle::try_current()
             .map_err(|_| EndpointError::NoRuntime { endpoint })?;
         tracing::debug!(endpoint, config = %self.describe(), "sink starting");
-        Ok(match self {
-            SinkConfig::Stdout(c) => {
-                return stdio::spawn_stdout_sink(&rt, endpoint, c, rx, delivered)
-            }
-            SinkConfig::File(c) => return file::spawn_file_sink(&rt, endpoint, c, rx, delivered),
-            SinkConfig::Check(c) => {
-                return check::spawn_check_sink(&rt, endpoint, c, rx, delivered)
-            }
-            SinkConfig::Null(_) => return check::spawn_null_sink(&rt, endpoint, rx, delivered),
-            SinkConfig::Serial(c) => {
-                return serial::spawn_serial_sink(&rt, endpoint, c, rx, delivered)
-            }
-            SinkConfig::Pty(c) => return serial::spawn_pty_sink(&rt, endpoint, c, rx, delivered),
-            SinkConfig::Uinput(c) => {
-                return input::spawn_uinput_sink(&rt, endpoint, c, rx, delivered)
-            }
-            SinkConfig::Xtest(c) => {
-                return input::spawn_xtest_sink(&rt, endpoint, c, rx, delivered)
-            }
+        match self {
+            SinkConfig::Stdout(c) => stdio::spawn_stdout_sink(&rt, endpoint, c, rx, delivered),
+            SinkConfig::File(c) => file::spawn_file_sink(&rt, endpoint, c, rx, delivered),
+            SinkConfig::Check(c) => check::spawn_check_sink(&rt, endpoint, c, rx, delivered),
+            SinkConfig::Null(_) => check::spawn_null_sink(&rt, endpoint, rx, delivered),
+            SinkConfig::Serial(c) => serial::spawn_serial_sink(&rt, endpoint, c, rx, delivered),
+            SinkConfig::Pty(c) => serial::spawn_pty_sink(&rt, endpoint, c, rx, delivered),
+            SinkConfig::Uinput(c) => input::spawn_uinput_sink(&rt, endpoint, c, rx, delivered),
+            SinkConfig::Xtest(c) => input::spawn_xtest_sink(&rt, endpoint, c, rx, delivered),
             SinkConfig::X11Window(c) => {
-                let x = crate::displaydev::open_x11_window(endpoint, c)?;
-                rt.spawn_blocking(move || {
-                    crate::displaydev::run_x11_window_sink(endpoint, x, rx, delivered)
-                })
+                display::spawn_x11_window_sink(&rt, endpoint, c, rx, delivered)
             }
             SinkConfig::Framebuffer(c) => {
-                let f = crate::displaydev::open_framebuffer(endpoint, c)?;
-                rt.spawn_blocking(move || {
-                    crate::displaydev::run_framebuffer_sink(endpoint, f, rx, delivered)
-                })
+                display::spawn_framebuffer_sink(&rt, endpoint, c, rx, delivered)
             }
-        })
+        }
     }
 }
 

@@ -8,7 +8,7 @@
 use crate::common::error::EndpointError;
 use crate::common::report::SourceTask;
 use crate::config::SourceConfig;
-use crate::{file, input, serial, stdio, synthetic};
+use crate::{display, file, input, serial, stdio, synthetic};
 use ndd_core::Frame;
 use tokio::sync::mpsc::Sender;
 
@@ -22,34 +22,25 @@ impl SourceConfig {
         let rt = tokio::runtime::Handle::try_current()
             .map_err(|_| EndpointError::NoRuntime { endpoint })?;
         tracing::debug!(endpoint, stream, config = %self.describe(), "source starting");
-        Ok(match self {
+        match self {
             SourceConfig::Synthetic(c) => {
-                return synthetic::spawn_synthetic_source(&rt, endpoint, c, stream, tx)
+                synthetic::spawn_synthetic_source(&rt, endpoint, c, stream, tx)
             }
             SourceConfig::SpacenavSim(c) => {
-                return synthetic::spawn_spacenav_sim_source(&rt, endpoint, c, stream, tx)
+                synthetic::spawn_spacenav_sim_source(&rt, endpoint, c, stream, tx)
             }
-            SourceConfig::Stdin(c) => {
-                return stdio::spawn_stdin_source(&rt, endpoint, c, stream, tx)
-            }
-            SourceConfig::File(c) => return file::spawn_file_source(&rt, endpoint, c, stream, tx),
-            SourceConfig::Serial(c) => {
-                return serial::spawn_serial_source(&rt, endpoint, c, stream, tx)
-            }
-            SourceConfig::Pty(c) => return serial::spawn_pty_source(&rt, endpoint, c, stream, tx),
-            SourceConfig::Evdev(c) => {
-                return input::spawn_evdev_source(&rt, endpoint, c, stream, tx)
-            }
+            SourceConfig::Stdin(c) => stdio::spawn_stdin_source(&rt, endpoint, c, stream, tx),
+            SourceConfig::File(c) => file::spawn_file_source(&rt, endpoint, c, stream, tx),
+            SourceConfig::Serial(c) => serial::spawn_serial_source(&rt, endpoint, c, stream, tx),
+            SourceConfig::Pty(c) => serial::spawn_pty_source(&rt, endpoint, c, stream, tx),
+            SourceConfig::Evdev(c) => input::spawn_evdev_source(&rt, endpoint, c, stream, tx),
             SourceConfig::X11Input(c) => {
-                return input::spawn_x11_input_source(&rt, endpoint, c, stream, tx)
+                input::spawn_x11_input_source(&rt, endpoint, c, stream, tx)
             }
             SourceConfig::X11Screen(c) => {
-                let x = crate::displaydev::open_x11_screen(endpoint, c)?;
-                rt.spawn_blocking(move || {
-                    crate::displaydev::run_x11_screen(endpoint, x, stream, tx)
-                })
+                display::spawn_x11_screen_source(&rt, endpoint, c, stream, tx)
             }
-        })
+        }
     }
 }
 

@@ -583,7 +583,7 @@ fn run_x11_source(
     tx: Sender<Frame>,
 ) -> Result<SourceReport, EndpointError> {
     if x.window == X11Window::Viewer {
-        match crate::displaydev::wait_for_viewer(&x.display, VIEWER_WAIT, || tx.is_closed()) {
+        match crate::display::wait_for_viewer(&x.display, VIEWER_WAIT, || tx.is_closed()) {
             Some(win) => x.viewer = win,
             None if tx.is_closed() => return Ok(SourceReport::default()),
             None => {
