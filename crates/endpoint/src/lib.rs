@@ -42,13 +42,11 @@
 
 pub mod check;
 mod common;
-pub mod config;
 pub mod display;
 pub mod file;
 pub mod input;
+pub mod registry;
 pub mod serial;
-pub mod sink;
-pub mod source;
 pub mod stdio;
 pub mod synthetic;
 mod sys;
@@ -56,7 +54,6 @@ mod sys;
 pub use check::{CheckConfig, Checker, NullConfig};
 pub use common::report::{CheckReport, SinkReport, SinkTask, SourceReport, SourceTask};
 pub use common::{clock, delivered, error, framing, report};
-pub use config::{EndpointInfo, SinkConfig, SourceConfig, SINKS, SOURCES};
 pub use delivered::Delivered;
 pub use display::{
     DisplayFrameError, Framebuffer, FramebufferConfig, PixelFormat, Rect, Update, X11ScreenConfig,
@@ -69,6 +66,7 @@ pub use input::{
     Capabilities, EvdevConfig, Event, InputFrameError, InputMessage, UinputConfig, X11InputConfig,
     X11Window, XtestConfig,
 };
+pub use registry::{EndpointInfo, SinkConfig, SourceConfig, SINKS, SOURCES};
 pub use serial::{
     Flow, LineSettings, ModemLines, Parity, PtyConfig, SerialConfig, SerialFrameError,
     SerialMessage,
