@@ -1,6 +1,6 @@
 //! Tests of [`SinkConfig::spawn`](super::SinkConfig::spawn) and
 //! [`SinkConfig::spawn_tracked`](super::SinkConfig::spawn_tracked) over the file, check and
-//! null sinks (the other classes are tested in `crates/endpoint/tests/`).
+//! null sinks.
 
 use super::*;
 use crate::check::{CheckConfig, NullConfig};

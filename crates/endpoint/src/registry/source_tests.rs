@@ -1,5 +1,5 @@
 //! Tests of [`SourceConfig::spawn`](super::SourceConfig::spawn) over the synthetic,
-//! spacenav-sim and file sources (the other classes are tested in `crates/endpoint/tests/`).
+//! spacenav-sim and file sources.
 
 use super::*;
 use crate::common::clock::now_ns;
