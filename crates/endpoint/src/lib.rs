@@ -5,27 +5,34 @@
 //! the other (writing a file, stdout, or verifying them). Together with links, this is the only
 //! layer that owns files, timers and tasks (tokio); everything below it is sans-IO.
 //!
-//! - [`config`]: [`SourceConfig`] / [`SinkConfig`], as written in a config file
-//!   (`{ type = "synthetic", size = 100 }`), and the [`SOURCES`] / [`SINKS`] catalogue;
-//! - [`source`] / [`sink`]: [`SourceConfig::spawn`] and [`SinkConfig::spawn`] run them as
-//!   tokio tasks over an `mpsc` channel of [`ndd_core::Frame`]s; [`SinkConfig::spawn_tracked`]
-//!   also reports, through a [`Delivered`], the highest frame the sink has completed;
-//! - sans-IO pieces, usable and tested without tokio: [`framing`] (raw / lines / length
-//!   decoders and encoder), [`check`] (the [`Checker`]), [`synthetic`] (the benchmark
-//!   payload), [`spacenav`] (the 3D-mouse record and motion), [`serial`] (the typed payloads
-//!   of serial streams: data, line settings, modem lines);
-//! - [`input`] (sans-IO): the versioned input records (event batches, capabilities,
-//!   release-all), kernel `input_event` parsing and batching, held-key tracking and the
-//!   X11 ↔ Linux code mapping; the `evdev` / `x11-input` sources and `uinput` / `xtest`
-//!   sinks that use it run as blocking tasks (evdev crate, x11rb) and have no unsafe code;
-//! - [`tty`]: the `serial` (a tty) and `pty` (a pseudo-terminal symlinked where the app
-//!   expects a port) endpoints; their only unsafe code (modem-line ioctls, registering a
-//!   descriptor with tokio) is in `sys`;
-//! - [`display`] (sans-IO): the versioned display records (updates: rectangles of BGRX
-//!   pixels), a client-side [`Framebuffer`], damage coalescing and cutting captures into
-//!   frames; the `x11-screen` source (DAMAGE, MIT-SHM `ShmGetImage`) and the `x11-window` and
-//!   `framebuffer` sinks that use it run as blocking tasks, their shared-memory segments being
-//!   the only unsafe code (in `sys`).
+//! Layout: one folder per device class, the way vector keeps one folder per source and sink.
+//! Each holds that class's config structs, its sources and sinks, its record format (sans-IO,
+//! usable and tested without tokio) and their unit tests:
+//!
+//! | folder | endpoints | record format |
+//! |---|---|---|
+//! | [`synthetic`] | `synthetic` and `spacenav-sim` sources | the benchmark payload ([`synthetic::payload`]); the 3D-mouse record ([`synthetic::spacenav`]) |
+//! | [`stdio`] | `stdin` source, `stdout` sink | bytes cut by a [`Framing`] |
+//! | [`file`](mod@file) | `file` source and sink | bytes cut by a [`Framing`] |
+//! | [`check`] | `check` and `null` sinks | — (the [`Checker`] verifies synthetic content) |
+//! | [`serial`] | `serial` (a tty) and `pty` (symlinked where the app expects a port), both ways | [`SerialMessage`]: data, line settings, modem lines |
+//! | [`input`] | `evdev` and `x11-input` sources, `uinput` and `xtest` sinks | [`InputMessage`]: event batches, capabilities, release-all |
+//! | [`display`] | `x11-screen` source, `x11-window` and `framebuffer` sinks | [`Update`]: rectangles of BGRX pixels |
+//!
+//! Around them:
+//! - [`registry`]: the one module that knows every endpoint: [`SourceConfig`] / [`SinkConfig`]
+//!   as written in a config file (`{ type = "synthetic", size = 100 }`), the [`SOURCES`] /
+//!   [`SINKS`] catalogue, and one `match` each for `describe`, `validate` and `spawn`
+//!   ([`SourceConfig::spawn`], [`SinkConfig::spawn_tracked`], which also reports through a
+//!   [`Delivered`] the frames the sink has completed); it imports the device folders, none of
+//!   them imports it;
+//! - `common/`, shared by every class and importing none: [`error`] ([`EndpointError`]),
+//!   [`report`] ([`SourceReport`], [`SinkReport`], the task handles), [`delivered`],
+//!   [`clock`] (the source clock and pacing), [`framing`] (raw / lines / length decoders and
+//!   encoder, sans-IO), the byte-stream reader and writer loops, and the X11 connection
+//!   helpers;
+//! - `sys/`: the only unsafe code (modem-line ioctls, registering a descriptor with tokio,
+//!   the System V shared memory of MIT-SHM), every block with its `// SAFETY:` comment.
 //!
 //! Invariants:
 //! - a source numbers its frames 0, 1, 2, … on the stream it is given, stamps each with its
@@ -41,35 +48,35 @@
 //! - a source reading bytes copies each frame's payload once (into its [`ndd_core::Frame`]).
 
 pub mod check;
-pub mod config;
-pub mod delivered;
+mod common;
 pub mod display;
-mod displaydev;
-pub mod error;
-pub mod framing;
+pub mod file;
 pub mod input;
-mod inputdev;
+pub mod registry;
 pub mod serial;
-pub mod sink;
-pub mod source;
-pub mod spacenav;
+pub mod stdio;
 pub mod synthetic;
 mod sys;
-pub mod tty;
 
-pub use check::{CheckReport, Checker};
-pub use config::{
-    CheckConfig, EndpointInfo, EvdevConfig, FileSinkConfig, FileSourceConfig, NullConfig,
-    PtyConfig, SerialConfig, SinkConfig, SourceConfig, SpacenavSimConfig, StdinConfig,
-    StdoutConfig, SyntheticConfig, UinputConfig, X11InputConfig, X11Window, XtestConfig, SINKS,
-    SOURCES,
-};
-pub use config::{FramebufferConfig, X11ScreenConfig, X11WindowConfig};
+pub use check::{CheckConfig, Checker, NullConfig};
+pub use common::report::{CheckReport, SinkReport, SinkTask, SourceReport, SourceTask};
+pub use common::{clock, delivered, error, framing, report};
 pub use delivered::Delivered;
-pub use display::{DisplayFrameError, Framebuffer, PixelFormat, Rect, Update};
+pub use display::{
+    DisplayFrameError, Framebuffer, FramebufferConfig, PixelFormat, Rect, Update, X11ScreenConfig,
+    X11WindowConfig,
+};
 pub use error::EndpointError;
+pub use file::{FileSinkConfig, FileSourceConfig};
 pub use framing::{encode, FrameDecoder, Framing, FramingError};
-pub use input::{Capabilities, Event, InputFrameError, InputMessage};
-pub use serial::{Flow, LineSettings, ModemLines, Parity, SerialFrameError, SerialMessage};
-pub use sink::{SinkReport, SinkTask};
-pub use source::{SourceReport, SourceTask};
+pub use input::{
+    Capabilities, EvdevConfig, Event, InputFrameError, InputMessage, UinputConfig, X11InputConfig,
+    X11Window, XtestConfig,
+};
+pub use registry::{EndpointInfo, SinkConfig, SourceConfig, SINKS, SOURCES};
+pub use serial::{
+    Flow, LineSettings, ModemLines, Parity, PtyConfig, SerialConfig, SerialFrameError,
+    SerialMessage,
+};
+pub use stdio::{StdinConfig, StdoutConfig};
+pub use synthetic::{SpacenavSimConfig, SyntheticConfig};

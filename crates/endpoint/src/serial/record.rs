@@ -13,6 +13,7 @@
 //! [`SerialMessage::parse`] checks the type, the body length and every value; nothing it is
 //! given makes it panic. [`SerialMessage::emit`] writes the same bytes back.
 
+pub use crate::common::error::SerialFrameError;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -268,40 +269,6 @@ pub enum SerialMessage<'a> {
     Settings(LineSettings),
     /// Modem-line states.
     Modem(ModemLines),
-}
-
-/// What is wrong with a serial-stream payload.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SerialFrameError {
-    /// A payload must hold at least the type byte.
-    #[error("empty payload (no type byte)")]
-    Empty,
-    /// Unknown type byte.
-    #[error(
-        "unknown type byte {0:#04x} (expected 0x00 data, 0x01 line settings, 0x02 modem lines)"
-    )]
-    UnknownType(u8),
-    /// Wrong body length for the type.
-    #[error("{kind} body must be {want} bytes, got {got}")]
-    BodyLength {
-        /// Which frame type.
-        kind: &'static str,
-        /// Expected body length.
-        want: usize,
-        /// Actual body length.
-        got: usize,
-    },
-    /// A field is out of range.
-    #[error("line settings: invalid {field} {value}")]
-    Value {
-        /// The field.
-        field: &'static str,
-        /// Its value.
-        value: u32,
-    },
-    /// Undefined modem-line bits.
-    #[error("modem lines: undefined bits in {0:#04x} (defined: 0x3f)")]
-    ModemBits(u8),
 }
 
 impl<'a> SerialMessage<'a> {

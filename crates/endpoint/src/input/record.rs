@@ -15,6 +15,7 @@
 //! [`InputMessage::parse`] checks the version, kind, lengths and every code; nothing it is
 //! given makes it panic. [`InputMessage::emit`] writes the same bytes back.
 
+pub use crate::common::error::InputFrameError;
 use std::collections::BTreeSet;
 use std::fmt;
 
@@ -183,64 +184,6 @@ pub enum InputMessage {
     Capabilities(Capabilities),
     /// Release every held key and button (the link dropped, or the source stopped).
     ReleaseAll,
-}
-
-/// What is wrong with an input-stream payload.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum InputFrameError {
-    /// Fewer than the two header bytes.
-    #[error("input record: {0} bytes, shorter than the 2-byte header")]
-    Short(usize),
-    /// A version this build does not speak.
-    #[error("input record: unsupported version {0} (this build speaks version 1)")]
-    Version(u8),
-    /// Unknown kind byte.
-    #[error("input record: unknown kind {0:#04x} (expected 0x00 events, 0x01 capabilities, 0x02 release-all)")]
-    UnknownKind(u8),
-    /// The body ends early or has bytes left over.
-    #[error("input record: {kind} body must be {want} bytes, got {got}")]
-    Length {
-        /// Which kind.
-        kind: &'static str,
-        /// Bytes the counts call for (or at least that many, when the body ends early).
-        want: usize,
-        /// Bytes present.
-        got: usize,
-    },
-    /// An event with a type or code outside the Linux ranges.
-    #[error("input record: event {index}: invalid type {ty:#x} / code {code:#x}")]
-    Event {
-        /// Index of the event in the batch.
-        index: usize,
-        /// Its type.
-        ty: u16,
-        /// Its code.
-        code: u16,
-    },
-    /// A capability code outside its range or out of order.
-    #[error("input record: capabilities: {what} code {code:#x} out of range or not ascending")]
-    Code {
-        /// `key`, `rel` or `abs`.
-        what: &'static str,
-        /// The code.
-        code: u16,
-    },
-    /// An absolute axis whose minimum exceeds its maximum.
-    #[error("input record: capabilities: abs axis {code:#x} has min {min} > max {max}")]
-    AbsRange {
-        /// The axis.
-        code: u16,
-        /// Its minimum.
-        min: i32,
-        /// Its maximum.
-        max: i32,
-    },
-    /// The name is not UTF-8.
-    #[error("input record: capabilities: device name is not UTF-8")]
-    Name,
-    /// More events or codes than a u16 count holds.
-    #[error("input record: too many {0} for one record (at most 65535)")]
-    TooMany(&'static str),
 }
 
 /// A checked reader over a body.

@@ -1,9 +1,12 @@
 //! Typed errors. Every message names the endpoint (`file source`, `stdout sink`, …) and what
 //! failed, so the binary can print it as is.
+//!
+//! [`EndpointError`] carries the record-format errors of the serial and input classes
+//! ([`SerialFrameError`], [`InputFrameError`]), so they are defined here, where every class
+//! can reach them without this module importing a device module; `serial` and `input`
+//! re-export them with their record formats.
 
-use crate::framing::FramingError;
-use crate::input::InputFrameError;
-use crate::serial::SerialFrameError;
+use super::framing::FramingError;
 use std::io;
 use std::path::PathBuf;
 
@@ -109,4 +112,96 @@ pub enum EndpointError {
         /// What to do about it.
         hint: String,
     },
+}
+
+/// What is wrong with a serial-stream payload.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SerialFrameError {
+    /// A payload must hold at least the type byte.
+    #[error("empty payload (no type byte)")]
+    Empty,
+    /// Unknown type byte.
+    #[error(
+        "unknown type byte {0:#04x} (expected 0x00 data, 0x01 line settings, 0x02 modem lines)"
+    )]
+    UnknownType(u8),
+    /// Wrong body length for the type.
+    #[error("{kind} body must be {want} bytes, got {got}")]
+    BodyLength {
+        /// Which frame type.
+        kind: &'static str,
+        /// Expected body length.
+        want: usize,
+        /// Actual body length.
+        got: usize,
+    },
+    /// A field is out of range.
+    #[error("line settings: invalid {field} {value}")]
+    Value {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: u32,
+    },
+    /// Undefined modem-line bits.
+    #[error("modem lines: undefined bits in {0:#04x} (defined: 0x3f)")]
+    ModemBits(u8),
+}
+
+/// What is wrong with an input-stream payload.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InputFrameError {
+    /// Fewer than the two header bytes.
+    #[error("input record: {0} bytes, shorter than the 2-byte header")]
+    Short(usize),
+    /// A version this build does not speak.
+    #[error("input record: unsupported version {0} (this build speaks version 1)")]
+    Version(u8),
+    /// Unknown kind byte.
+    #[error("input record: unknown kind {0:#04x} (expected 0x00 events, 0x01 capabilities, 0x02 release-all)")]
+    UnknownKind(u8),
+    /// The body ends early or has bytes left over.
+    #[error("input record: {kind} body must be {want} bytes, got {got}")]
+    Length {
+        /// Which kind.
+        kind: &'static str,
+        /// Bytes the counts call for (or at least that many, when the body ends early).
+        want: usize,
+        /// Bytes present.
+        got: usize,
+    },
+    /// An event with a type or code outside the Linux ranges.
+    #[error("input record: event {index}: invalid type {ty:#x} / code {code:#x}")]
+    Event {
+        /// Index of the event in the batch.
+        index: usize,
+        /// Its type.
+        ty: u16,
+        /// Its code.
+        code: u16,
+    },
+    /// A capability code outside its range or out of order.
+    #[error("input record: capabilities: {what} code {code:#x} out of range or not ascending")]
+    Code {
+        /// `key`, `rel` or `abs`.
+        what: &'static str,
+        /// The code.
+        code: u16,
+    },
+    /// An absolute axis whose minimum exceeds its maximum.
+    #[error("input record: capabilities: abs axis {code:#x} has min {min} > max {max}")]
+    AbsRange {
+        /// The axis.
+        code: u16,
+        /// Its minimum.
+        min: i32,
+        /// Its maximum.
+        max: i32,
+    },
+    /// The name is not UTF-8.
+    #[error("input record: capabilities: device name is not UTF-8")]
+    Name,
+    /// More events or codes than a u16 count holds.
+    #[error("input record: too many {0} for one record (at most 65535)")]
+    TooMany(&'static str),
 }

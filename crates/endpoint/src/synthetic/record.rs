@@ -1,4 +1,5 @@
-//! The dissertation's benchmark device: `size` bytes every `interval_ms`.
+//! The `synthetic` record: the payload of the dissertation's benchmark device (`size` bytes
+//! every `interval_ms`).
 //!
 //! The payload of frame `seq` is a pure function of `(seed, seq, size)` — [`payload`] — so a
 //! `check` sink on the other side can verify every byte without any shared state. The bytes

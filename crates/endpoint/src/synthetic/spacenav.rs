@@ -16,7 +16,7 @@
 //! a sum of two sines with seeded amplitudes, frequencies and phases plus a little noise, and
 //! button 0 is held now and then. Record `seq` is a pure function of `(seed, rate_hz, seq)`.
 
-use crate::synthetic::{SplitMix64, GOLDEN};
+use super::record::{SplitMix64, GOLDEN};
 use std::f64::consts::TAU;
 
 /// Size of an encoded [`Record`].

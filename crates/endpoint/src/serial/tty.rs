@@ -1,15 +1,7 @@
-//! Serial-port (`serial`) and pseudo-terminal (`pty`) endpoints: the I/O half.
-//!
-//! - A `serial` endpoint opens a tty (`/dev/ttyUSB0`) raw with the configured line settings.
-//!   As a source it emits data frames (`0x00`) with the bytes read and modem-line frames
-//!   (`0x02`, CTS/DSR/DCD/RI) when `TIOCMGET` works; as a sink it writes data frames, applies
-//!   line-settings frames (`0x01`) with `tcsetattr` (any baud rate on Linux, via `BOTHER`) and
-//!   DTR/RTS from modem-line frames.
-//! - A `pty` endpoint creates a pseudo-terminal, keeps its own slave fd open (so the app can
-//!   open and close the slave as often as it likes without the master seeing a hang-up) and
-//!   symlinks the slave at `link`. As a sink it writes data frames to the master; as a source
-//!   it emits the bytes the app writes, and polls the slave's termios every
-//!   [`SETTINGS_POLL`] to emit a line-settings frame whenever the app changes them.
+//! The devices of the `serial` class: opening a tty raw with its line settings, creating a
+//! pty and symlinking its slave, and sharing each between the source and the sink of one
+//! path (or link); converting between termios and [`LineSettings`], and modem-line bits; and
+//! the non-blocking reads and writes both tasks use.
 //!
 //! Both streams of a driver name the same path (or link): the two endpoints share one open
 //! file through a process-wide registry keyed by path, reference-counted ([`Arc`]); the file
@@ -19,15 +11,10 @@
 //! readiness for at most [`SETTINGS_POLL`] and then simply retries, so a missed wake-up costs
 //! latency, never a hang.
 
-use crate::config::{PtyConfig, SerialConfig};
-use crate::delivered::Delivered;
-use crate::error::EndpointError;
-use crate::framing::RAW_CHUNK;
-use crate::serial::{Flow, LineSettings, ModemLines, Parity, SerialMessage};
-use crate::sink::SinkReport;
-use crate::source::{meta, SourceReport};
+use super::config::{PtyConfig, SerialConfig};
+use super::record::{Flow, LineSettings, ModemLines, Parity};
+use crate::common::error::EndpointError;
 use crate::sys;
-use ndd_core::Frame;
 use rustix::fs::OFlags;
 use rustix::io::Errno;
 use rustix::termios::{ControlModes, InputModes, OptionalActions, Termios};
@@ -39,8 +26,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 use tokio::io::unix::AsyncFd;
-use tokio::sync::mpsc::{Receiver, Sender};
-use tokio::time::MissedTickBehavior;
 
 /// How often the pty's termios and the tty's modem lines are polled, and the longest wait
 /// for readiness before a read or write is simply retried.
@@ -144,7 +129,7 @@ pub(crate) fn read_settings(t: &Termios) -> LineSettings {
     }
 }
 
-fn tiocm_to_lines(bits: libc::c_int) -> ModemLines {
+pub(super) fn tiocm_to_lines(bits: libc::c_int) -> ModemLines {
     let mut state = 0;
     for (tiocm, bit) in [
         (libc::TIOCM_CTS, ModemLines::CTS),
@@ -168,8 +153,8 @@ fn tiocm_to_lines(bits: libc::c_int) -> ModemLines {
 /// An open tty, shared by the `serial` source and sink of one path.
 #[derive(Debug)]
 pub(crate) struct Tty {
-    fd: AsyncFd<OwnedFd>,
-    path: PathBuf,
+    pub(super) fd: AsyncFd<OwnedFd>,
+    pub(super) path: PathBuf,
     opened_with: LineSettings,
 }
 
@@ -177,20 +162,20 @@ pub(crate) struct Tty {
 /// and sink of one link.
 #[derive(Debug)]
 pub(crate) struct Pty {
-    master: AsyncFd<OwnedFd>,
-    slave: OwnedFd,
+    pub(super) master: AsyncFd<OwnedFd>,
+    pub(super) slave: OwnedFd,
     slave_path: PathBuf,
-    link: PathBuf,
+    pub(super) link: PathBuf,
     opened_with: LineSettings,
     /// [`Pty::seen`] right after creation: the device tty starts with these.
-    baseline: LineSettings,
+    pub(super) baseline: LineSettings,
 }
 
 impl Pty {
     /// The settings the app has set on the pty. A Linux pty forces `CS8` and clears `PARENB`
     /// on every `tcsetattr`, so data bits and parity cannot be seen there: they stay as
     /// configured; baud, stop bits and flow control come from the pty.
-    fn seen(&self, t: &Termios) -> LineSettings {
+    pub(super) fn seen(&self, t: &Termios) -> LineSettings {
         LineSettings {
             data_bits: self.opened_with.data_bits,
             parity: self.opened_with.parity,
@@ -431,7 +416,7 @@ use std::os::unix::ffi::OsStrExt as _;
 // Non-blocking I/O helpers
 
 /// Reads into `buf`; `Ok(0)` is end of file (a hung-up tty).
-async fn read_some(fd: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> io::Result<usize> {
+pub(super) async fn read_some(fd: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> io::Result<usize> {
     loop {
         match rustix::io::read(fd.get_ref(), &mut *buf) {
             Ok(n) => return Ok(n),
@@ -446,7 +431,7 @@ async fn read_some(fd: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> io::Result<usize> {
     }
 }
 
-async fn write_all(fd: &AsyncFd<OwnedFd>, mut data: &[u8]) -> io::Result<()> {
+pub(super) async fn write_all(fd: &AsyncFd<OwnedFd>, mut data: &[u8]) -> io::Result<()> {
     while !data.is_empty() {
         match rustix::io::write(fd.get_ref(), data) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
@@ -461,306 +446,6 @@ async fn write_all(fd: &AsyncFd<OwnedFd>, mut data: &[u8]) -> io::Result<()> {
         }
     }
     Ok(())
-}
-
-// ---------------------------------------------------------------------------------------
-// Tasks
-
-struct Emitter {
-    stream: u16,
-    seq: u64,
-    tx: Sender<Frame>,
-    report: SourceReport,
-}
-
-impl Emitter {
-    /// Sends one message; false when the receiver is gone.
-    async fn send(&mut self, msg: SerialMessage<'_>) -> bool {
-        let mut frame = Frame::zeroed(
-            meta(self.stream, self.seq),
-            ndd_core::frame::DEFAULT_HEADROOM,
-            msg.len(),
-        );
-        msg.emit_into(frame.payload_mut());
-        let len = frame.len() as u64;
-        if self.tx.send(frame).await.is_err() {
-            return false;
-        }
-        self.seq += 1;
-        self.report.frames += 1;
-        self.report.bytes += len;
-        true
-    }
-}
-
-/// `serial` source: bytes read from the tty, plus modem-line changes.
-pub(crate) async fn run_tty_source(
-    endpoint: &'static str,
-    tty: Arc<Tty>,
-    stream: u16,
-    tx: Sender<Frame>,
-) -> Result<SourceReport, EndpointError> {
-    let what = tty.path.display().to_string();
-    let mut out = Emitter {
-        stream,
-        seq: 0,
-        tx,
-        report: SourceReport::default(),
-    };
-    let mut buf = vec![0u8; RAW_CHUNK];
-    let mut poll = tokio::time::interval(SETTINGS_POLL);
-    poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut modem_ok = true;
-    let mut last_modem: Option<ModemLines> = None;
-    loop {
-        tokio::select! {
-            _ = out.tx.closed() => break,
-            r = read_some(&tty.fd, &mut buf) => {
-                let n = r.map_err(|source| EndpointError::Read { endpoint, what: what.clone(), source })?;
-                if n == 0 {
-                    tracing::debug!(endpoint, path = %what, "tty hung up, source ends");
-                    break;
-                }
-                if !out.send(SerialMessage::Data(&buf[..n])).await {
-                    break;
-                }
-            }
-            _ = poll.tick(), if modem_ok => {
-                match sys::tiocmget(tty.fd.get_ref()) {
-                    Ok(bits) => {
-                        let lines = tiocm_to_lines(bits);
-                        if last_modem != Some(lines) {
-                            last_modem = Some(lines);
-                            if !out.send(SerialMessage::Modem(lines)).await {
-                                break;
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        modem_ok = false;
-                        tracing::debug!(endpoint, path = %what, error = %e,
-                            "modem lines cannot be read here; CTS/DSR/DCD/RI are not forwarded");
-                    }
-                }
-            }
-        }
-    }
-    tracing::debug!(
-        endpoint,
-        stream,
-        frames = out.report.frames,
-        bytes = out.report.bytes,
-        "source ended"
-    );
-    Ok(out.report)
-}
-
-/// A serial sink's record, or the error that ends the sink (a bad record is rejected:
-/// nothing more will ever be done with it, so it counts as completed).
-fn parse_or_reject<'a>(
-    endpoint: &'static str,
-    frame: &'a Frame,
-    delivered: &Delivered,
-) -> Result<SerialMessage<'a>, EndpointError> {
-    SerialMessage::parse(frame.payload()).map_err(|source| {
-        delivered.mark(frame.meta.seq);
-        EndpointError::BadFrame {
-            endpoint,
-            seq: frame.meta.seq,
-            source,
-        }
-    })
-}
-
-fn write_err(endpoint: &'static str, what: &str, source: io::Error) -> EndpointError {
-    EndpointError::Write {
-        endpoint,
-        what: what.to_string(),
-        source,
-    }
-}
-
-/// `serial` sink: writes data, applies line settings and DTR/RTS.
-pub(crate) async fn run_tty_sink(
-    endpoint: &'static str,
-    tty: Arc<Tty>,
-    mut rx: Receiver<Frame>,
-    delivered: Delivered,
-) -> Result<SinkReport, EndpointError> {
-    let what = tty.path.display().to_string();
-    let mut report = SinkReport::default();
-    let mut modem_warned = false;
-    while let Some(frame) = rx.recv().await {
-        report.frames += 1;
-        report.bytes += frame.len() as u64;
-        match parse_or_reject(endpoint, &frame, &delivered)? {
-            SerialMessage::Data(d) => write_all(&tty.fd, d)
-                .await
-                .map_err(|source| write_err(endpoint, &what, source))?,
-            SerialMessage::Settings(s) => {
-                let shared = tty.clone();
-                // TCSADRAIN waits until the bytes written so far have left the port: off the
-                // runtime's threads.
-                let applied = tokio::task::spawn_blocking(move || -> io::Result<()> {
-                    let fd = shared.fd.get_ref();
-                    let mut t = rustix::termios::tcgetattr(fd)?;
-                    apply_settings(&mut t, &s)?;
-                    rustix::termios::tcsetattr(fd, OptionalActions::Drain, &t)?;
-                    Ok(())
-                })
-                .await
-                .unwrap_or_else(|e| Err(io::Error::other(e.to_string())));
-                match applied {
-                    Ok(()) => {
-                        tracing::debug!(endpoint, path = %what, settings = %s, "line settings applied")
-                    }
-                    // The app was already told yes by its pty: report and carry on with the
-                    // old settings rather than end the stream.
-                    Err(e) => tracing::warn!(endpoint, path = %what, settings = %s, error = %e,
-                        "cannot apply line settings; the port keeps its previous ones"),
-                }
-            }
-            SerialMessage::Modem(m) => {
-                for (bit, tiocm) in [
-                    (ModemLines::DTR, libc::TIOCM_DTR),
-                    (ModemLines::RTS, libc::TIOCM_RTS),
-                ] {
-                    if m.valid & bit == 0 {
-                        continue;
-                    }
-                    if let Err(e) = sys::tiocm_set(tty.fd.get_ref(), tiocm, m.state & bit != 0) {
-                        if !modem_warned {
-                            modem_warned = true;
-                            tracing::warn!(endpoint, path = %what, error = %e,
-                                "cannot set DTR/RTS on this tty; modem-line frames are ignored");
-                        }
-                    }
-                }
-            }
-        }
-        // Written to the tty (or line settings / modem lines applied, or refused by the port
-        // and reported): as complete as this process can make it.
-        delivered.mark(frame.meta.seq);
-    }
-    tracing::debug!(
-        endpoint,
-        frames = report.frames,
-        bytes = report.bytes,
-        "sink ended"
-    );
-    Ok(report)
-}
-
-/// `pty` source: what the app writes to the slave, plus its line-settings changes.
-pub(crate) async fn run_pty_source(
-    endpoint: &'static str,
-    pty: Arc<Pty>,
-    stream: u16,
-    tx: Sender<Frame>,
-) -> Result<SourceReport, EndpointError> {
-    let what = pty.link.display().to_string();
-    let mut out = Emitter {
-        stream,
-        seq: 0,
-        tx,
-        report: SourceReport::default(),
-    };
-    let mut buf = vec![0u8; RAW_CHUNK];
-    let mut poll = tokio::time::interval(SETTINGS_POLL);
-    poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    // What the pty showed right after it was set up, not when this task first runs: a
-    // change the app makes in between must still be sent.
-    let mut last = pty.baseline;
-    loop {
-        tokio::select! {
-            _ = out.tx.closed() => break,
-            r = read_some(&pty.master, &mut buf) => {
-                let n = r.map_err(|source| EndpointError::Read { endpoint, what: what.clone(), source })?;
-                if n == 0 {
-                    break;
-                }
-                if !out.send(SerialMessage::Data(&buf[..n])).await {
-                    break;
-                }
-            }
-            _ = poll.tick() => {
-                let t = rustix::termios::tcgetattr(&pty.slave).map_err(|e| EndpointError::Read {
-                    endpoint,
-                    what: format!("{what} line settings"),
-                    source: e.into(),
-                })?;
-                let now = pty.seen(&t);
-                // Baud 0 (B0) means "hang up" on a real port: not a line setting.
-                if now != last && now.baud != 0 && now.check().is_ok() {
-                    last = now;
-                    // Bytes the app wrote before the change go out first, with the old
-                    // settings.
-                    loop {
-                        match rustix::io::read(pty.master.get_ref(), &mut buf[..]) {
-                            Ok(n) if n > 0 => {
-                                if !out.send(SerialMessage::Data(&buf[..n])).await {
-                                    return Ok(out.report);
-                                }
-                            }
-                            _ => break,
-                        }
-                    }
-                    tracing::debug!(endpoint, link = %what, settings = %now, "app changed line settings");
-                    if !out.send(SerialMessage::Settings(now)).await {
-                        break;
-                    }
-                }
-            }
-        }
-    }
-    tracing::debug!(
-        endpoint,
-        stream,
-        frames = out.report.frames,
-        bytes = out.report.bytes,
-        "source ended"
-    );
-    Ok(out.report)
-}
-
-/// `pty` sink: writes data for the app to read; settings and modem lines are not
-/// representable on a pty and are dropped (counted in the report like every frame).
-pub(crate) async fn run_pty_sink(
-    endpoint: &'static str,
-    pty: Arc<Pty>,
-    mut rx: Receiver<Frame>,
-    delivered: Delivered,
-) -> Result<SinkReport, EndpointError> {
-    let what = pty.link.display().to_string();
-    let mut report = SinkReport::default();
-    while let Some(frame) = rx.recv().await {
-        report.frames += 1;
-        report.bytes += frame.len() as u64;
-        match parse_or_reject(endpoint, &frame, &delivered)? {
-            SerialMessage::Data(d) => write_all(&pty.master, d)
-                .await
-                .map_err(|source| write_err(endpoint, &what, source))?,
-            SerialMessage::Settings(s) => {
-                tracing::trace!(endpoint, settings = %s, "line settings frame ignored by a pty")
-            }
-            SerialMessage::Modem(m) => {
-                tracing::trace!(
-                    endpoint,
-                    state = m.state,
-                    "modem lines cannot be shown on a pty"
-                )
-            }
-        }
-        // Written to the pty's master (or dropped, not representable).
-        delivered.mark(frame.meta.seq);
-    }
-    tracing::debug!(
-        endpoint,
-        frames = report.frames,
-        bytes = report.bytes,
-        "sink ended"
-    );
-    Ok(report)
 }
 
 #[cfg(test)]

@@ -1,37 +1,61 @@
-//! Input endpoints, the I/O half: `evdev` and `x11-input` sources, `uinput` and `xtest`
-//! sinks. The record format and every decision that needs no device live in [`crate::input`].
+//! The input sources: `evdev` (a Linux input device, or a recording of one) and `x11-input`
+//! (keyboard and pointer events of an X display). Each sends a capabilities record first,
+//! then one input record per batch of events.
 //!
-//! All four run as blocking tasks (`spawn_blocking`): evdev reads and X11 connections are
+//! Both run as blocking tasks (`spawn_blocking`): evdev reads and X11 connections are
 //! blocking APIs, and an input stream carries a few hundred small frames per second at most.
 //! A source waits for its input at most [`POLL`] at a time, so it notices within that time
 //! that its receiver is gone. An `x11-input` source with `window = "viewer"` captures the
-//! window of the `x11-window` sink of its display (found through the registry in
-//! `displaydev`), in window coordinates. Every sink releases the keys and buttons it still holds when
-//! its channel closes, on a release-all record, and before it reports an error.
+//! window of the `x11-window` sink of its display (found through the viewer registry of the
+//! `display` class), in window coordinates.
 
-use crate::config::{EvdevConfig, UinputConfig, X11InputConfig, X11Window, XtestConfig};
-use crate::delivered::Delivered;
-use crate::error::EndpointError;
-use crate::input::{
+use super::config::{EvdevConfig, X11InputConfig, X11Window};
+use super::record::{
     x_button_to_linux, x_keycode_to_linux, x_wheel, AbsAxis, Batcher, Capabilities, Event, Held,
-    InputMessage, RawDecoder, RawEvent, XAction, XMapper, ABS_X, ABS_Y, BTN_EXTRA, BTN_LEFT,
-    EV_ABS, EV_KEY, REL_HWHEEL, REL_WHEEL,
+    InputMessage, RawDecoder, RawEvent, ABS_X, ABS_Y, BTN_EXTRA, BTN_LEFT, EV_ABS, EV_KEY,
+    RAW_EVENT_LEN, REL_HWHEEL, REL_WHEEL,
 };
-use crate::sink::SinkReport;
-use crate::source::{meta, SourceReport};
+use crate::common::clock::meta;
+use crate::common::error::EndpointError;
+use crate::common::report::{SourceReport, SourceTask};
+use crate::common::x11::{wait_readable_for, x11_connect, x11_err};
 use ndd_core::Frame;
 use std::io::Read;
 use std::os::fd::AsFd;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, UNIX_EPOCH};
-use tokio::sync::mpsc::{Receiver, Sender};
+use tokio::runtime::Handle;
+use tokio::sync::mpsc::Sender;
 use x11rb::connection::Connection;
 use x11rb::protocol::xinput::{self, ConnectionExt as _};
 use x11rb::protocol::xproto::{self, ConnectionExt as _};
-use x11rb::protocol::xtest::ConnectionExt as _;
 use x11rb::protocol::Event as XEvent;
 use x11rb::rust_connection::RustConnection;
 use x11rb::wrapper::ConnectionExt as _;
+
+/// Opens the device (or recording) of an `evdev` source and starts it.
+pub(crate) fn spawn_evdev_source(
+    rt: &Handle,
+    endpoint: &'static str,
+    c: &EvdevConfig,
+    stream: u16,
+    tx: Sender<Frame>,
+) -> Result<SourceTask, EndpointError> {
+    let input = open_evdev(endpoint, c)?;
+    Ok(rt.spawn_blocking(move || run_evdev_source(endpoint, input, stream, tx)))
+}
+
+/// Connects an `x11-input` source to its display and starts it.
+pub(crate) fn spawn_x11_input_source(
+    rt: &Handle,
+    endpoint: &'static str,
+    c: &X11InputConfig,
+    stream: u16,
+    tx: Sender<Frame>,
+) -> Result<SourceTask, EndpointError> {
+    let x = open_x11_input(endpoint, c)?;
+    Ok(rt.spawn_blocking(move || run_x11_source(endpoint, x, stream, tx)))
+}
 
 /// Longest wait for input before a source checks whether its receiver is still there.
 pub const POLL: Duration = Duration::from_millis(100);
@@ -39,20 +63,6 @@ pub const POLL: Duration = Duration::from_millis(100);
 /// Waits until `fd` is readable or [`POLL`] passes.
 fn wait_readable(fd: impl AsFd) -> std::io::Result<()> {
     wait_readable_for(fd, POLL)
-}
-
-/// Waits until `fd` is readable or `timeout` (at most one second) passes.
-pub(crate) fn wait_readable_for(fd: impl AsFd, timeout: Duration) -> std::io::Result<()> {
-    use rustix::event::{poll, PollFd, PollFlags, Timespec};
-    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
-    let timeout = Timespec {
-        tv_sec: 0,
-        tv_nsec: timeout.min(Duration::from_millis(999)).as_nanos() as _,
-    };
-    match poll(&mut fds, Some(&timeout)) {
-        Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
 }
 
 /// Sends frames of one input stream: numbers them, encodes records, counts.
@@ -155,10 +165,7 @@ fn device_capabilities(dev: &evdev::raw_stream::RawDevice) -> Capabilities {
 }
 
 /// Opens the device (reading its capabilities, grabbing it if asked) or the recording.
-pub(crate) fn open_evdev(
-    endpoint: &'static str,
-    c: &EvdevConfig,
-) -> Result<EvdevInput, EndpointError> {
+fn open_evdev(endpoint: &'static str, c: &EvdevConfig) -> Result<EvdevInput, EndpointError> {
     use std::os::unix::fs::FileTypeExt;
     let open_err = |source| EndpointError::Open {
         endpoint,
@@ -204,7 +211,7 @@ fn timestamp_us(t: std::time::SystemTime) -> i64 {
 }
 
 /// The `evdev` source loop: a capabilities record, then a record per SYN_REPORT batch.
-pub(crate) fn run_evdev_source(
+fn run_evdev_source(
     endpoint: &'static str,
     input: EvdevInput,
     stream: u16,
@@ -269,7 +276,7 @@ pub(crate) fn run_evdev_source(
             }
             let what = path.display().to_string();
             let mut dec = RawDecoder::new();
-            let mut buf = vec![0u8; 64 * crate::input::RAW_EVENT_LEN];
+            let mut buf = vec![0u8; 64 * RAW_EVENT_LEN];
             loop {
                 let n = f.read(&mut buf).map_err(|source| EndpointError::Read {
                     endpoint,
@@ -313,33 +320,6 @@ pub(crate) fn run_evdev_source(
 }
 
 // ---------------------------------------------------------------------------------------
-// X11 connections
-
-pub(crate) fn x11_connect(
-    endpoint: &'static str,
-    display: &str,
-) -> Result<(RustConnection, usize), EndpointError> {
-    RustConnection::connect(Some(display)).map_err(|e| EndpointError::Unavailable {
-        endpoint,
-        what: format!("cannot connect to X display {display}: {e}"),
-        hint: "is the X server running, and may this user connect (DISPLAY, XAUTHORITY, xhost)?"
-            .to_string(),
-    })
-}
-
-pub(crate) fn x11_err(
-    endpoint: &'static str,
-    display: &str,
-    e: impl std::fmt::Display,
-) -> EndpointError {
-    EndpointError::Unavailable {
-        endpoint,
-        what: format!("X display {display}: {e}"),
-        hint: "the X server closed the connection or refused a request".to_string(),
-    }
-}
-
-// ---------------------------------------------------------------------------------------
 // x11-input source
 
 /// An `x11-input` source, connected.
@@ -365,10 +345,7 @@ impl std::fmt::Debug for X11Input {
 }
 
 /// Connects to the display and checks the extensions `window` needs.
-pub(crate) fn open_x11_input(
-    endpoint: &'static str,
-    c: &X11InputConfig,
-) -> Result<X11Input, EndpointError> {
+fn open_x11_input(endpoint: &'static str, c: &X11InputConfig) -> Result<X11Input, EndpointError> {
     let (conn, screen_num) = x11_connect(endpoint, &c.display)?;
     let screen = conn
         .setup()
@@ -599,14 +576,14 @@ impl X11Input {
 
 /// The `x11-input` source loop: a capabilities record once the capture is set up, then one
 /// record per X input event.
-pub(crate) fn run_x11_source(
+fn run_x11_source(
     endpoint: &'static str,
     mut x: X11Input,
     stream: u16,
     tx: Sender<Frame>,
 ) -> Result<SourceReport, EndpointError> {
     if x.window == X11Window::Viewer {
-        match crate::displaydev::wait_for_viewer(&x.display, VIEWER_WAIT, || tx.is_closed()) {
+        match crate::display::wait_for_viewer(&x.display, VIEWER_WAIT, || tx.is_closed()) {
             Some(win) => x.viewer = win,
             None if tx.is_closed() => return Ok(SourceReport::default()),
             None => {
@@ -691,465 +668,5 @@ pub(crate) fn run_x11_source(
             return em.done();
         }
         wait_readable(x.conn.stream()).map_err(|e| err(e.to_string()))?;
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// Sinks: shared loop
-
-/// What a sink endpoint does with decoded records.
-trait Injector {
-    fn capabilities(&mut self, caps: &Capabilities) -> Result<(), EndpointError>;
-    /// Applies one batch (already observed by `held`).
-    fn events(&mut self, events: &[Event]) -> Result<(), EndpointError>;
-}
-
-/// Decodes records and applies them; releases everything held at a release-all record, at
-/// the end of the stream and before returning an error. Marks each frame in `delivered` once
-/// applied (injected and flushed; a bad record, which stops the sink, once rejected).
-fn run_injector(
-    endpoint: &'static str,
-    inj: &mut dyn Injector,
-    mut rx: Receiver<Frame>,
-    delivered: &Delivered,
-) -> Result<SinkReport, EndpointError> {
-    let mut held = Held::default();
-    let mut report = SinkReport::default();
-    let release = |inj: &mut dyn Injector, held: &mut Held| {
-        let ev = held.release_all();
-        if ev.is_empty() {
-            return Ok(());
-        }
-        tracing::debug!(endpoint, keys = ev.len(), "releasing held keys and buttons");
-        inj.events(&ev)
-    };
-    let result = (|| {
-        while let Some(frame) = rx.blocking_recv() {
-            report.frames += 1;
-            report.bytes += frame.len() as u64;
-            let msg = match InputMessage::parse(frame.payload()) {
-                Ok(msg) => msg,
-                Err(source) => {
-                    // Rejected: nothing more will ever be done with it.
-                    delivered.mark(frame.meta.seq);
-                    return Err(EndpointError::BadInput {
-                        endpoint,
-                        seq: frame.meta.seq,
-                        source,
-                    });
-                }
-            };
-            match msg {
-                InputMessage::Capabilities(c) => {
-                    release(inj, &mut held)?;
-                    inj.capabilities(&c)?;
-                }
-                InputMessage::Events(ev) => {
-                    for e in &ev {
-                        held.observe(e);
-                    }
-                    inj.events(&ev)?;
-                }
-                InputMessage::ReleaseAll => release(inj, &mut held)?,
-            }
-            // Injected and flushed (xtest flushes, uinput writes, in `events`). The session's
-            // own release-all records (seq `INJECTED_SEQ`) are not marked.
-            delivered.mark(frame.meta.seq);
-        }
-        Ok(())
-    })();
-    let released = release(inj, &mut held);
-    result?;
-    released?;
-    tracing::debug!(endpoint, frames = report.frames, "sink ended");
-    Ok(report)
-}
-
-// ---------------------------------------------------------------------------------------
-// xtest sink
-
-pub(crate) struct Xtest {
-    conn: RustConnection,
-    root: xproto::Window,
-    mapper: XMapper,
-    display: String,
-    endpoint: &'static str,
-    actions: Vec<XAction>,
-}
-
-impl std::fmt::Debug for Xtest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Xtest({})", self.display)
-    }
-}
-
-/// Connects and checks for the XTEST extension.
-pub(crate) fn open_xtest(endpoint: &'static str, c: &XtestConfig) -> Result<Xtest, EndpointError> {
-    let (conn, screen_num) = x11_connect(endpoint, &c.display)?;
-    let screen = conn
-        .setup()
-        .roots
-        .get(screen_num)
-        .cloned()
-        .ok_or_else(|| x11_err(endpoint, &c.display, format!("no screen {screen_num}")))?;
-    conn.xtest_get_version(2, 2)
-        .map_err(|e| x11_err(endpoint, &c.display, e))?
-        .reply()
-        .map_err(|e| EndpointError::Unavailable {
-            endpoint,
-            what: format!("X display {}: no XTEST extension ({e})", c.display),
-            hint: "start the X server with XTEST enabled (Xorg and Xvfb have it by default)"
-                .to_string(),
-        })?;
-    Ok(Xtest {
-        conn,
-        root: screen.root,
-        mapper: XMapper::new(screen.width_in_pixels, screen.height_in_pixels),
-        display: c.display.clone(),
-        endpoint,
-        actions: Vec::new(),
-    })
-}
-
-impl Injector for Xtest {
-    fn capabilities(&mut self, caps: &Capabilities) -> Result<(), EndpointError> {
-        self.mapper.set_capabilities(caps);
-        Ok(())
-    }
-
-    fn events(&mut self, events: &[Event]) -> Result<(), EndpointError> {
-        self.actions.clear();
-        self.mapper.map(events, &mut self.actions);
-        for a in &self.actions {
-            let (ty, detail, x, y) = match *a {
-                XAction::Key { keycode, press } => (
-                    if press {
-                        xproto::KEY_PRESS_EVENT
-                    } else {
-                        xproto::KEY_RELEASE_EVENT
-                    },
-                    keycode,
-                    0,
-                    0,
-                ),
-                XAction::Button { button, press } => (
-                    if press {
-                        xproto::BUTTON_PRESS_EVENT
-                    } else {
-                        xproto::BUTTON_RELEASE_EVENT
-                    },
-                    button,
-                    0,
-                    0,
-                ),
-                XAction::MoveTo { x, y } => (xproto::MOTION_NOTIFY_EVENT, 0, x, y),
-                XAction::MoveBy { dx, dy } => (xproto::MOTION_NOTIFY_EVENT, 1, dx, dy),
-            };
-            let root = if matches!(a, XAction::MoveTo { .. }) {
-                self.root
-            } else {
-                x11rb::NONE
-            };
-            self.conn
-                .xtest_fake_input(ty, detail, x11rb::CURRENT_TIME, root, x, y, 0)
-                .map_err(|e| x11_err(self.endpoint, &self.display, e))?;
-        }
-        self.conn
-            .flush()
-            .map_err(|e| x11_err(self.endpoint, &self.display, e))?;
-        Ok(())
-    }
-}
-
-/// The `xtest` sink loop.
-pub(crate) fn run_xtest_sink(
-    endpoint: &'static str,
-    mut x: Xtest,
-    rx: Receiver<Frame>,
-    delivered: Delivered,
-) -> Result<SinkReport, EndpointError> {
-    let r = run_injector(endpoint, &mut x, rx, &delivered);
-    // Make sure the server has processed everything (the releases above all) before the
-    // connection closes.
-    let _ = x.conn.sync();
-    if x.mapper.unmapped > 0 {
-        tracing::info!(
-            endpoint,
-            unmapped = x.mapper.unmapped,
-            "events XTEST cannot express"
-        );
-    }
-    r
-}
-
-// ---------------------------------------------------------------------------------------
-// uinput sink
-
-/// Where uinput lives.
-pub const UINPUT_PATH: &str = "/dev/uinput";
-
-/// Checks that `/dev/uinput` can be opened read-write, with an error that says how to fix it.
-pub(crate) fn check_uinput(endpoint: &'static str, path: &Path) -> Result<(), EndpointError> {
-    match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-    {
-        Ok(_) => Ok(()),
-        Err(e) => {
-            let hint = match e.kind() {
-                std::io::ErrorKind::NotFound => format!(
-                    "this kernel has no uinput device: load the module (`sudo modprobe uinput`, \
-                     and `uinput` in /etc/modules-load.d/ to keep it), or use the `xtest` sink \
-                     on X11 (see docs/devices.md#input); {} is absent here",
-                    path.display()
-                ),
-                std::io::ErrorKind::PermissionDenied => "add the user to group `input` and \
-                     install the udev rule KERNEL==\"uinput\", GROUP=\"input\", MODE=\"0660\" \
-                     (see docs/devices.md#input)"
-                    .to_string(),
-                _ => "see docs/devices.md#input".to_string(),
-            };
-            Err(EndpointError::Unavailable {
-                endpoint,
-                what: format!("cannot open {}: {e}", path.display()),
-                hint,
-            })
-        }
-    }
-}
-
-pub(crate) struct Uinput {
-    name: String,
-    endpoint: &'static str,
-    dev: Option<evdev::uinput::VirtualDevice>,
-    buf: Vec<evdev::InputEvent>,
-}
-
-impl std::fmt::Debug for Uinput {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Uinput({})", self.name)
-    }
-}
-
-fn build_virtual_device(
-    name: &str,
-    caps: &Capabilities,
-) -> std::io::Result<evdev::uinput::VirtualDevice> {
-    use evdev::{AbsInfo, AbsoluteAxisCode, AttributeSet, KeyCode, RelativeAxisCode};
-    let keys: AttributeSet<KeyCode> = caps.keys.iter().map(|&k| KeyCode(k)).collect();
-    let rel: AttributeSet<RelativeAxisCode> =
-        caps.rel.iter().map(|&r| RelativeAxisCode(r)).collect();
-    let mut b = evdev::uinput::VirtualDevice::builder()?
-        .name(name)
-        .input_id(evdev::InputId::new(
-            evdev::BusType(caps.bustype),
-            caps.vendor,
-            caps.product,
-            caps.version,
-        ));
-    if !caps.keys.is_empty() {
-        b = b.with_keys(&keys)?;
-    }
-    if !caps.rel.is_empty() {
-        b = b.with_relative_axes(&rel)?;
-    }
-    for a in &caps.abs {
-        let info = AbsInfo::new(a.value, a.min, a.max, a.fuzz, a.flat, a.resolution);
-        b = b.with_absolute_axis(&evdev::UinputAbsSetup::new(AbsoluteAxisCode(a.code), info))?;
-    }
-    b.build()
-}
-
-impl Injector for Uinput {
-    fn capabilities(&mut self, caps: &Capabilities) -> Result<(), EndpointError> {
-        // A new capabilities record (the source restarted, maybe another device): a new
-        // virtual device, the old one is destroyed.
-        self.dev = None;
-        let dev =
-            build_virtual_device(&self.name, caps).map_err(|e| EndpointError::Unavailable {
-                endpoint: self.endpoint,
-                what: format!("cannot create uinput device {:?}: {e}", self.name),
-                hint: "see docs/devices.md#input".to_string(),
-            })?;
-        tracing::info!(endpoint = self.endpoint, name = %self.name, "uinput device created");
-        self.dev = Some(dev);
-        Ok(())
-    }
-
-    fn events(&mut self, events: &[Event]) -> Result<(), EndpointError> {
-        if self.dev.is_none() {
-            // Events before any capabilities record: a keyboard and wheel mouse.
-            self.capabilities(&Capabilities::keyboard_and_mouse(""))?;
-        }
-        let Some(dev) = self.dev.as_mut() else {
-            return Ok(());
-        };
-        self.buf.clear();
-        self.buf.extend(
-            events
-                .iter()
-                .map(|e| evdev::InputEvent::new(e.ty, e.code, e.value)),
-        );
-        // `emit` appends the SYN_REPORT that ends the batch.
-        dev.emit(&self.buf).map_err(|source| EndpointError::Write {
-            endpoint: self.endpoint,
-            what: UINPUT_PATH.to_string(),
-            source,
-        })?;
-        Ok(())
-    }
-}
-
-pub(crate) fn open_uinput(
-    endpoint: &'static str,
-    c: &UinputConfig,
-) -> Result<Uinput, EndpointError> {
-    check_uinput(endpoint, Path::new(UINPUT_PATH))?;
-    Ok(Uinput {
-        name: c.name.clone(),
-        endpoint,
-        dev: None,
-        buf: Vec::new(),
-    })
-}
-
-/// The `uinput` sink loop.
-pub(crate) fn run_uinput_sink(
-    endpoint: &'static str,
-    mut u: Uinput,
-    rx: Receiver<Frame>,
-    delivered: Delivered,
-) -> Result<SinkReport, EndpointError> {
-    run_injector(endpoint, &mut u, rx, &delivered)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn missing_uinput_names_the_fix() {
-        let e = check_uinput("uinput sink", Path::new("/nonexistent/uinput")).unwrap_err();
-        let s = e.to_string();
-        assert!(
-            s.starts_with("uinput sink: cannot open /nonexistent/uinput: No such file"),
-            "{s}"
-        );
-        assert!(s.contains("modprobe uinput"), "{s}");
-    }
-
-    /// Records what a sink would inject.
-    #[derive(Default)]
-    struct Log(Vec<Event>, u32);
-    impl Injector for Log {
-        fn capabilities(&mut self, _: &Capabilities) -> Result<(), EndpointError> {
-            self.1 += 1;
-            Ok(())
-        }
-        fn events(&mut self, events: &[Event]) -> Result<(), EndpointError> {
-            self.0.extend_from_slice(events);
-            Ok(())
-        }
-    }
-
-    fn frame(seq: u64, m: &InputMessage) -> Frame {
-        Frame::new(
-            ndd_core::Meta {
-                seq,
-                ..Default::default()
-            },
-            &m.emit().unwrap(),
-        )
-    }
-
-    #[test]
-    fn injector_marks_applied_frames_but_not_injected_release_alls() {
-        let press = |c| Event::new(EV_KEY, c, 1);
-        let delivered = Delivered::default();
-        let (tx, rx) = tokio::sync::mpsc::channel(8);
-        tx.try_send(frame(u64::MAX, &InputMessage::ReleaseAll))
-            .unwrap();
-        drop(tx);
-        run_injector("test sink", &mut Log::default(), rx, &delivered).unwrap();
-        assert_eq!(delivered.get(), None);
-
-        let (tx, rx) = tokio::sync::mpsc::channel(8);
-        tx.try_send(frame(
-            0,
-            &InputMessage::Capabilities(Capabilities::default()),
-        ))
-        .unwrap();
-        tx.try_send(frame(1, &InputMessage::Events(vec![press(30)])))
-            .unwrap();
-        tx.try_send(frame(u64::MAX, &InputMessage::ReleaseAll))
-            .unwrap();
-        drop(tx);
-        let mut log = Log::default();
-        let r = run_injector("test sink", &mut log, rx, &delivered).unwrap();
-        assert_eq!(r.frames, 3);
-        assert_eq!(log.0, vec![press(30), Event::new(EV_KEY, 30, 0)]);
-        assert_eq!(delivered.get(), Some(1));
-    }
-
-    #[test]
-    fn injector_releases_at_release_all_end_and_error() {
-        let press = |c| Event::new(EV_KEY, c, 1);
-        let up = |c| Event::new(EV_KEY, c, 0);
-        let (tx, rx) = tokio::sync::mpsc::channel(8);
-        tx.try_send(frame(
-            0,
-            &InputMessage::Capabilities(Capabilities::default()),
-        ))
-        .unwrap();
-        tx.try_send(frame(
-            1,
-            &InputMessage::Events(vec![press(30), press(BTN_LEFT)]),
-        ))
-        .unwrap();
-        tx.try_send(frame(2, &InputMessage::ReleaseAll)).unwrap();
-        tx.try_send(frame(3, &InputMessage::Events(vec![press(31)])))
-            .unwrap();
-        drop(tx);
-        let mut log = Log::default();
-        let r = run_injector("test sink", &mut log, rx, &Delivered::default()).unwrap();
-        assert_eq!(r.frames, 4);
-        assert_eq!(log.1, 1);
-        assert_eq!(
-            log.0,
-            vec![
-                press(30),
-                press(BTN_LEFT),
-                up(30),
-                up(BTN_LEFT),
-                press(31),
-                up(31)
-            ]
-        );
-
-        let (tx, rx) = tokio::sync::mpsc::channel(8);
-        tx.try_send(frame(0, &InputMessage::Events(vec![press(44)])))
-            .unwrap();
-        let mut bad = Frame::new(
-            ndd_core::Meta {
-                seq: 1,
-                ..Default::default()
-            },
-            &[1, 9],
-        );
-        bad.meta.seq = 1;
-        tx.try_send(bad).unwrap();
-        drop(tx);
-        let mut log = Log::default();
-        let delivered = Delivered::default();
-        let e = run_injector("test sink", &mut log, rx, &delivered).unwrap_err();
-        // The bad record stopped the sink: rejected, it is done with too.
-        assert_eq!(delivered.get(), Some(1));
-        assert_eq!(
-            e.to_string(),
-            "test sink: bad input record (seq 1): input record: unknown kind 0x09 \
-             (expected 0x00 events, 0x01 capabilities, 0x02 release-all)"
-        );
-        assert_eq!(log.0, vec![press(44), up(44)]);
     }
 }

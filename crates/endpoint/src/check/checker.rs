@@ -1,24 +1,11 @@
-//! The checker: verifies a stream's order, completeness and (optionally) content. Sans-IO and
-//! deterministic: feed it `(seq, payload)` pairs with [`Checker::observe`] and read
-//! [`Checker::report`].
-//!
-//! Rules, relative to the sequence numbers seen so far:
-//! - the next frame is expected to carry the highest seq seen + 1;
-//! - a higher seq opens a *gap* (the skipped range counts as missing);
-//! - a seq inside an open gap is *reordered* (late): it leaves the missing count;
-//! - a seq below the lowest seen is *reordered* too, and the range up to the lowest becomes a
-//!   gap;
-//! - any other lower seq was already received: a *duplicate*;
-//! - with a `seed`, a payload that is not `synthetic::payload(seed, seq, size)` (size defaults
-//!   to the payload's own length) is *corrupt*; with only a `size`, a payload of another length
-//!   is corrupt. Corrupt frames still count for order.
+//! The [`Checker`]: verifies a stream's order, completeness and (optionally) content, by the
+//! rules in the `check` module's docs. Sans-IO and deterministic: feed it `(seq, payload)`
+//! pairs with [`Checker::observe`] and read [`Checker::report`].
 
+pub use crate::common::report::{CheckReport, MAX_LISTED_GAPS};
 use crate::synthetic;
 use std::collections::BTreeMap;
-use std::fmt;
 
-/// Gap ranges listed in a [`CheckReport`]; all of them are counted.
-pub const MAX_LISTED_GAPS: usize = 100;
 /// Open gaps remembered for recognising late frames; beyond this the lowest gap is settled as
 /// missing and a frame that later fills it counts as a duplicate.
 pub const MAX_TRACKED_GAPS: usize = 65_536;
@@ -50,94 +37,6 @@ pub struct Observation {
     pub order: Order,
     /// Content verdict (false when content is not checked).
     pub corrupt: bool,
-}
-
-/// Result of a check, see the module docs.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CheckReport {
-    /// Frames received, duplicates included.
-    pub received: u64,
-    /// Lowest seq received.
-    pub first_seq: Option<u64>,
-    /// Highest seq received.
-    pub last_seq: Option<u64>,
-    /// Missing inclusive seq ranges between `first_seq` and `last_seq`, in order; at most
-    /// [`MAX_LISTED_GAPS`] (see `gap_count`).
-    pub gaps: Vec<(u64, u64)>,
-    /// Number of missing ranges, all of them.
-    pub gap_count: u64,
-    /// Seqs never received between `first_seq` and `last_seq`.
-    pub missing: u64,
-    /// Frames whose seq was already received.
-    pub duplicates: u64,
-    /// Frames that arrived after a higher seq.
-    pub reordered: u64,
-    /// Frames whose content or length was wrong.
-    pub corrupt: u64,
-    /// Expected frame count, when configured.
-    pub expect: Option<u64>,
-}
-
-impl CheckReport {
-    /// No gaps, duplicates, reordered or corrupt frames, and `received == expect` when an
-    /// expected count is set.
-    pub fn is_ok(&self) -> bool {
-        self.missing == 0
-            && self.duplicates == 0
-            && self.reordered == 0
-            && self.corrupt == 0
-            && match self.expect {
-                Some(e) => e == self.received,
-                None => true,
-            }
-    }
-}
-
-impl fmt::Display for CheckReport {
-    /// `check: 1000 frames, seq 0..=999, 0 missing, 0 duplicate, 0 reordered, 0 corrupt: OK`
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "check: {} frames, ", self.received)?;
-        match (self.first_seq, self.last_seq) {
-            (Some(a), Some(b)) => write!(f, "seq {a}..={b}, ")?,
-            _ => write!(f, "no seq, ")?,
-        }
-        write!(
-            f,
-            "{} missing, {} duplicate, {} reordered, {} corrupt: ",
-            self.missing, self.duplicates, self.reordered, self.corrupt
-        )?;
-        if self.is_ok() {
-            return f.write_str("OK");
-        }
-        f.write_str("FAILED (")?;
-        let mut sep = "";
-        if !self.gaps.is_empty() {
-            f.write_str("missing ")?;
-            for (i, (a, b)) in self.gaps.iter().take(5).enumerate() {
-                write!(f, "{}{a}..={b}", if i > 0 { ", " } else { "" })?;
-            }
-            if self.gap_count > 5 {
-                write!(f, " and {} more ranges", self.gap_count - 5)?;
-            }
-            sep = "; ";
-        }
-        for (n, what) in [
-            (self.duplicates, "duplicate"),
-            (self.reordered, "reordered"),
-            (self.corrupt, "corrupt"),
-        ] {
-            if n > 0 {
-                write!(f, "{sep}{n} {what}")?;
-                sep = "; ";
-            }
-        }
-        if let Some(e) = self.expect {
-            if e != self.received {
-                write!(f, "{sep}expected {e} frames, got {}", self.received)?;
-            }
-        }
-        f.write_str(")")
-    }
 }
 
 /// Verifies order, completeness and content of a stream. See the module docs.

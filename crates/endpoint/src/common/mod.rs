@@ -1,0 +1,22 @@
+//! What every device class shares, in one place; no module here imports a device module.
+//!
+//! - [`error`]: [`EndpointError`](error::EndpointError), and the serial and input record
+//!   errors it carries;
+//! - [`report`]: what a source or sink task resolves to ([`SourceReport`](report::SourceReport),
+//!   [`SinkReport`](report::SinkReport) with the `check` sink's
+//!   [`CheckReport`](report::CheckReport)) and the task handles;
+//! - [`delivered`]: [`Delivered`](delivered::Delivered), the frames a sink has completed;
+//! - [`clock`]: the source clock (`now_ns`), frame metadata (`meta`), and pacing of
+//!   timer-driven sources;
+//! - [`framing`]: how a byte stream is cut into frames and put back together (sans-IO);
+//! - `byte_stream`: the reader and writer loops of the byte-stream classes (`stdio`, `file`);
+//! - `x11`: connecting to an X display and waiting for it, for the `input` and `display`
+//!   classes.
+
+pub(crate) mod byte_stream;
+pub mod clock;
+pub mod delivered;
+pub mod error;
+pub mod framing;
+pub mod report;
+pub(crate) mod x11;

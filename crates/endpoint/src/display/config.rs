@@ -1,0 +1,68 @@
+//! Parameters of the `x11-screen` source and the `x11-window` and `framebuffer` sinks, as
+//! written in a config file.
+
+use crate::common::x11::default_display;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+fn default_max_fps() -> f64 {
+    30.0
+}
+
+/// `x11-screen` source parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct X11ScreenConfig {
+    /// The X display.
+    #[serde(default = "default_display")]
+    pub display: String,
+    /// At most this many updates per second.
+    #[serde(default = "default_max_fps")]
+    pub max_fps: f64,
+    /// Seconds between keyframes of the whole screen; 0 = only the first.
+    #[serde(default)]
+    pub refresh_s: f64,
+}
+
+impl Default for X11ScreenConfig {
+    fn default() -> Self {
+        X11ScreenConfig {
+            display: default_display(),
+            max_fps: default_max_fps(),
+            refresh_s: 0.0,
+        }
+    }
+}
+
+fn default_window_title() -> String {
+    "ndd display".to_string()
+}
+
+/// `x11-window` sink parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct X11WindowConfig {
+    /// The X display.
+    #[serde(default = "default_display")]
+    pub display: String,
+    /// The window's title.
+    #[serde(default = "default_window_title")]
+    pub title: String,
+}
+
+impl Default for X11WindowConfig {
+    fn default() -> Self {
+        X11WindowConfig {
+            display: default_display(),
+            title: default_window_title(),
+        }
+    }
+}
+
+/// `framebuffer` sink parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FramebufferConfig {
+    /// The file or framebuffer device.
+    pub path: PathBuf,
+}

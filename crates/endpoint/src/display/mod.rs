@@ -1,0 +1,35 @@
+//! The `display` class: screens and what shows them.
+//!
+//! - `x11-screen` source: the screen of an X display (DAMAGE for the changed rectangles,
+//!   MIT-SHM `ShmGetImage` to capture them);
+//! - `x11-window` sink: a window of an X display showing the updates (the viewer of a remote
+//!   desktop, which an `x11-input` source can capture input from); `framebuffer` sink: a raw
+//!   32-bpp framebuffer file or device.
+//!
+//! Every frame carries one versioned display record ([`Update`]: rectangles of BGRX pixels).
+//! The record format and every decision that needs no X server (a client-side
+//! [`Framebuffer`], damage [`coalesce`]-ing, cutting a capture into frames) are sans-IO, in
+//! `record.rs`, re-exported here.
+//!
+//! All three endpoints run as blocking tasks (`spawn_blocking`). MIT-SHM images live in System
+//! V shared memory (`sys::ShmSegment`, the only unsafe code); where the extension is missing or
+//! the server cannot attach the segment (a remote X server over TCP), plain `GetImage` /
+//! `PutImage` requests, cut under the server's maximum request length, do the same job.
+//! Setting the environment variable `NDD_X11_NO_SHM=1` forces that path; it is read whenever
+//! an endpoint opens.
+//!
+//! Files: `config.rs` ([`X11ScreenConfig`], [`X11WindowConfig`], [`FramebufferConfig`]),
+//! `record.rs`, `x11.rs` (what the source and sinks share: screen format, MIT-SHM, the viewer
+//! registry), `source.rs` and `sink.rs` (the tasks).
+
+mod config;
+mod record;
+mod sink;
+mod source;
+mod x11;
+
+pub use config::{FramebufferConfig, X11ScreenConfig, X11WindowConfig};
+pub use record::*;
+pub(crate) use sink::{spawn_framebuffer_sink, spawn_x11_window_sink};
+pub(crate) use source::spawn_x11_screen_source;
+pub(crate) use x11::wait_for_viewer;

@@ -1,0 +1,751 @@
+//! The display sinks: `x11-window` shows display updates in a window of an X display
+//! (MIT-SHM `ShmPutImage`, or `PutImage`), sized like the app's screen, redrawing exposed parts
+//! from a second thread, and publishes it as the viewer of its display; `framebuffer` writes
+//! them into a raw 32-bpp framebuffer file or a `/dev/fbN` of the same size.
+//!
+//! Both run as blocking tasks (`spawn_blocking`): X11 connections and file writes are
+//! blocking APIs. A bad record is logged (at most once a second) and dropped.
+
+use super::config::{FramebufferConfig, X11WindowConfig};
+use super::record::{
+    bands, blit, DisplayFrameError, Framebuffer, PixelFormat, Rect, Update, MAX_UPDATE_PAYLOAD,
+};
+use super::x11::{
+    attach_shm, check_screen, coord, lock, publish_viewer, shm_disabled, Shm, XFail, POLL,
+};
+use crate::common::delivered::Delivered;
+use crate::common::error::EndpointError;
+use crate::common::report::{SinkReport, SinkTask};
+use crate::common::x11::{wait_readable_for, x11_connect, x11_err};
+use ndd_core::{Frame, RateLimit};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::runtime::Handle;
+use tokio::sync::mpsc::Receiver;
+use x11rb::connection::{Connection, RequestConnection};
+use x11rb::protocol::shm::ConnectionExt as _;
+use x11rb::protocol::xproto::{self, ConnectionExt as _};
+use x11rb::protocol::Event as XEvent;
+use x11rb::rust_connection::RustConnection;
+use x11rb::wrapper::ConnectionExt as _;
+
+/// Size of the `x11-window` sink's window until the first update says the screen's size.
+pub const INITIAL_SIZE: (u16, u16) = (640, 480);
+/// Bytes of a `PutImage` request before its data.
+const PUT_IMAGE_HEADER: usize = 24;
+
+/// Connects an `x11-window` sink to its display and starts it.
+pub(crate) fn spawn_x11_window_sink(
+    rt: &Handle,
+    endpoint: &'static str,
+    c: &X11WindowConfig,
+    rx: Receiver<Frame>,
+    delivered: Delivered,
+) -> Result<SinkTask, EndpointError> {
+    let x = open_x11_window(endpoint, c)?;
+    Ok(rt.spawn_blocking(move || run_x11_window_sink(endpoint, x, rx, delivered)))
+}
+
+/// Opens the file or framebuffer device of a `framebuffer` sink and starts it.
+pub(crate) fn spawn_framebuffer_sink(
+    rt: &Handle,
+    endpoint: &'static str,
+    c: &FramebufferConfig,
+    rx: Receiver<Frame>,
+    delivered: Delivered,
+) -> Result<SinkTask, EndpointError> {
+    let f = open_framebuffer(endpoint, c)?;
+    Ok(rt.spawn_blocking(move || run_framebuffer_sink(endpoint, f, rx, delivered)))
+}
+
+// ---------------------------------------------------------------------------------------
+// x11-window sink
+
+/// An `x11-window` sink, connected.
+pub(crate) struct X11WindowSink {
+    conn: Arc<RustConnection>,
+    display: String,
+    title: String,
+    screen: xproto::Screen,
+    shm: bool,
+}
+
+impl std::fmt::Debug for X11WindowSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "X11WindowSink({})", self.display)
+    }
+}
+
+/// Connects and checks the screen format and whether MIT-SHM can be tried.
+fn open_x11_window(
+    endpoint: &'static str,
+    c: &X11WindowConfig,
+) -> Result<X11WindowSink, EndpointError> {
+    let (conn, screen_num) = x11_connect(endpoint, &c.display)?;
+    let screen = check_screen(endpoint, &c.display, &conn, screen_num)?;
+    Ok(X11WindowSink {
+        conn: Arc::new(conn),
+        display: c.display.clone(),
+        title: c.title.clone(),
+        screen,
+        shm: !shm_disabled(),
+    })
+}
+
+/// Where the window's pixels are kept: in a segment the server reads (MIT-SHM), or in this
+/// process only.
+#[derive(Debug)]
+enum Store {
+    Shm(Shm),
+    Local(Framebuffer),
+}
+
+/// The window and its pixels, shared by the frame loop and the Expose thread.
+#[derive(Debug)]
+struct View {
+    conn: Arc<RustConnection>,
+    win: xproto::Window,
+    gc: xproto::Gcontext,
+    depth: u8,
+    width: u16,
+    height: u16,
+    store: Store,
+    use_shm: bool,
+    max_put_bytes: usize,
+}
+
+impl View {
+    /// A black image of `width`×`height` in shared memory if possible.
+    fn new_store(&mut self, width: u16, height: u16) -> Result<(), XFail> {
+        if let Store::Shm(old) = &self.store {
+            self.conn.shm_detach(old.xid)?;
+        }
+        let len = usize::from(width) * usize::from(height) * 4;
+        self.store = Store::Local(Framebuffer::new(width, height, PixelFormat::Bgrx32));
+        if self.use_shm {
+            match attach_shm(&self.conn, len.max(4), true) {
+                Ok(shm) => self.store = Store::Shm(shm),
+                Err(reason) => {
+                    tracing::info!(%reason, "no MIT-SHM, drawing with PutImage");
+                    self.use_shm = false;
+                }
+            }
+        }
+        self.width = width;
+        self.height = height;
+        Ok(())
+    }
+
+    /// Resizes the window and its image (cleared to black).
+    fn resize(&mut self, width: u16, height: u16) -> Result<(), XFail> {
+        self.conn.configure_window(
+            self.win,
+            &xproto::ConfigureWindowAux::new()
+                .width(u32::from(width))
+                .height(u32::from(height)),
+        )?;
+        self.new_store(width, height)?;
+        self.draw(Rect::new(0, 0, width, height), None)?;
+        Ok(())
+    }
+
+    /// Draws `rect` of the image; `pixels` are its pixels when the caller has them
+    /// contiguous (an update's rect), for the non-SHM path.
+    fn draw(&self, rect: Rect, pixels: Option<&[u8]>) -> Result<(), XFail> {
+        let Some(rect) = rect.clip(self.width, self.height) else {
+            return Ok(());
+        };
+        match &self.store {
+            Store::Shm(shm) => {
+                self.conn.shm_put_image(
+                    self.win,
+                    self.gc,
+                    self.width,
+                    self.height,
+                    rect.x,
+                    rect.y,
+                    rect.w,
+                    rect.h,
+                    coord(rect.x)?,
+                    coord(rect.y)?,
+                    self.depth,
+                    xproto::ImageFormat::Z_PIXMAP.into(),
+                    false,
+                    shm.xid,
+                    0,
+                )?;
+            }
+            Store::Local(fb) => {
+                let owned;
+                let pixels = match pixels {
+                    Some(p) => p,
+                    None => {
+                        owned = fb.rect_pixels(rect).unwrap_or_default();
+                        &owned
+                    }
+                };
+                let row = usize::from(rect.w) * 4;
+                for band in bands(rect, 4, self.max_put_bytes) {
+                    let start = usize::from(band.y - rect.y) * row;
+                    let data = pixels
+                        .get(start..start + usize::from(band.h) * row)
+                        .ok_or_else(|| XFail::Proto(format!("no pixels for {band}")))?;
+                    self.conn.put_image(
+                        xproto::ImageFormat::Z_PIXMAP,
+                        self.win,
+                        self.gc,
+                        band.w,
+                        band.h,
+                        coord(band.x)?,
+                        coord(band.y)?,
+                        0,
+                        self.depth,
+                        data,
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until the server has done everything asked so far (the segment may then be
+    /// written again).
+    fn finish(&self) -> Result<(), XFail> {
+        match self.store {
+            Store::Shm(_) => self.conn.sync().map_err(XFail::from),
+            Store::Local(_) => self.conn.flush().map_err(XFail::from),
+        }
+    }
+
+    /// Applies one update to the image and draws its rects. `Ok(Err(_))`: the update is bad
+    /// (the window is unchanged); `Err(_)`: an X failure.
+    fn apply(&mut self, u: &Update<'_>) -> Result<Result<(), DisplayFrameError>, XFail> {
+        let h = u.header;
+        if (h.width, h.height) != (self.width, self.height) {
+            tracing::info!(
+                width = h.width,
+                height = h.height,
+                "viewer resized to the app's screen"
+            );
+            self.resize(h.width, h.height)?;
+        }
+        match &mut self.store {
+            Store::Shm(shm) => {
+                for r in &u.rects {
+                    if let Err(e) =
+                        blit(shm.seg.bytes_mut(), h.width, h.height, 4, r.rect, r.pixels)
+                    {
+                        return Ok(Err(e));
+                    }
+                }
+            }
+            Store::Local(fb) => {
+                if let Err(e) = fb.apply(u) {
+                    return Ok(Err(e));
+                }
+            }
+        }
+        for r in &u.rects {
+            self.draw(r.rect, Some(r.pixels))?;
+        }
+        self.finish()?;
+        Ok(Ok(()))
+    }
+}
+
+/// Creates, names and maps the window, and waits (up to 5 s) until it is mapped.
+fn create_view(s: &X11WindowSink) -> Result<View, XFail> {
+    let conn = &s.conn;
+    let win = conn.generate_id()?;
+    let gc = conn.generate_id()?;
+    let (w, h) = INITIAL_SIZE;
+    conn.create_window(
+        x11rb::COPY_DEPTH_FROM_PARENT,
+        win,
+        s.screen.root,
+        0,
+        0,
+        w,
+        h,
+        0,
+        xproto::WindowClass::INPUT_OUTPUT,
+        x11rb::COPY_FROM_PARENT,
+        // Exposure and StructureNotify only: ButtonPress (one client per window) is left to
+        // an `x11-input` source with `window = "viewer"`.
+        &xproto::CreateWindowAux::new()
+            .event_mask(xproto::EventMask::EXPOSURE | xproto::EventMask::STRUCTURE_NOTIFY),
+    )?;
+    conn.create_gc(gc, win, &xproto::CreateGCAux::new().graphics_exposures(0))?;
+    conn.change_property8(
+        xproto::PropMode::REPLACE,
+        win,
+        xproto::AtomEnum::WM_NAME,
+        xproto::AtomEnum::STRING,
+        s.title.as_bytes(),
+    )?;
+    conn.change_property8(
+        xproto::PropMode::REPLACE,
+        win,
+        xproto::AtomEnum::WM_CLASS,
+        xproto::AtomEnum::STRING,
+        b"ndd\0ndd\0",
+    )?;
+    let net_wm_name = conn.intern_atom(false, b"_NET_WM_NAME")?.reply()?.atom;
+    let utf8 = conn.intern_atom(false, b"UTF8_STRING")?.reply()?.atom;
+    conn.change_property8(
+        xproto::PropMode::REPLACE,
+        win,
+        net_wm_name,
+        utf8,
+        s.title.as_bytes(),
+    )?;
+    let max_put_bytes = conn
+        .maximum_request_bytes()
+        .saturating_sub(PUT_IMAGE_HEADER + 64)
+        .clamp(4096, MAX_UPDATE_PAYLOAD);
+    let mut view = View {
+        conn: s.conn.clone(),
+        win,
+        gc,
+        depth: s.screen.root_depth,
+        width: w,
+        height: h,
+        store: Store::Local(Framebuffer::default()),
+        use_shm: s.shm,
+        max_put_bytes,
+    };
+    view.new_store(w, h)?;
+    conn.map_window(win)?;
+    conn.flush()?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    'mapped: while Instant::now() < deadline {
+        while let Some(ev) = conn.poll_for_event()? {
+            if matches!(ev, XEvent::MapNotify(m) if m.window == win) {
+                break 'mapped;
+            }
+        }
+        let _ = wait_readable_for(conn.stream(), Duration::from_millis(50));
+    }
+    view.draw(Rect::new(0, 0, w, h), None)?;
+    view.finish()?;
+    Ok(view)
+}
+
+/// Redraws exposed parts of the window from the image, until `stop`.
+fn expose_loop(endpoint: &'static str, view: Arc<Mutex<View>>, stop: Arc<AtomicBool>) {
+    let conn = lock(&view).conn.clone();
+    let mut refused = RateLimit::default();
+    loop {
+        loop {
+            let ev = match conn.poll_for_event() {
+                Ok(Some(ev)) => ev,
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::debug!(endpoint, error = %e, "X connection closed");
+                    return;
+                }
+            };
+            match ev {
+                XEvent::Expose(e) => {
+                    let v = lock(&view);
+                    let r = Rect::new(e.x, e.y, e.width, e.height);
+                    if let Err(e) = v.draw(r, None).and_then(|()| v.finish()) {
+                        tracing::debug!(endpoint, error = ?e, "redraw failed");
+                    }
+                }
+                XEvent::Error(e) => {
+                    if let Some(suppressed) = refused.admit(Instant::now()) {
+                        tracing::warn!(endpoint, error = ?e.error_kind, request = e.major_opcode, suppressed, "X error");
+                    }
+                }
+                _ => {}
+            }
+        }
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let _ = wait_readable_for(conn.stream(), POLL);
+    }
+}
+
+/// Logs bad frames at most once a second, with a count.
+struct BadFrames {
+    endpoint: &'static str,
+    limit: RateLimit,
+    total: u64,
+}
+
+impl BadFrames {
+    fn new(endpoint: &'static str) -> BadFrames {
+        BadFrames {
+            endpoint,
+            limit: RateLimit::default(),
+            total: 0,
+        }
+    }
+
+    fn report(&mut self, seq: u64, error: &dyn std::fmt::Display) {
+        self.total += 1;
+        if let Some(suppressed) = self.limit.admit(Instant::now()) {
+            tracing::warn!(
+                endpoint = self.endpoint,
+                seq,
+                %error,
+                suppressed,
+                "bad display record dropped"
+            );
+        }
+    }
+
+    fn done(&self) {
+        if self.total > 0 {
+            tracing::warn!(
+                endpoint = self.endpoint,
+                dropped = self.total,
+                "bad display records dropped in all"
+            );
+        }
+    }
+}
+
+/// The `x11-window` sink loop: creates and publishes the window, draws every update, and
+/// redraws exposed parts from a second thread.
+fn run_x11_window_sink(
+    endpoint: &'static str,
+    s: X11WindowSink,
+    mut rx: Receiver<Frame>,
+    delivered: Delivered,
+) -> Result<SinkReport, EndpointError> {
+    let fatal = |e: String| x11_err(endpoint, &s.display, e);
+    let view = match create_view(&s) {
+        Ok(v) => v,
+        Err(XFail::Conn(e) | XFail::Proto(e)) => {
+            return Err(fatal(format!("cannot create the window: {e}")))
+        }
+    };
+    tracing::info!(
+        endpoint,
+        display = %s.display,
+        window = view.win,
+        draw = if matches!(view.store, Store::Shm(_)) { "MIT-SHM ShmPutImage" } else { "PutImage" },
+        "viewer window shown"
+    );
+    let _published = publish_viewer(&s.display, view.win);
+    let view = Arc::new(Mutex::new(view));
+    let stop = Arc::new(AtomicBool::new(false));
+    let expose = {
+        let (view, stop) = (view.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("ndd-x11-window".into())
+            .spawn(move || expose_loop(endpoint, view, stop))
+            .map_err(|e| fatal(format!("cannot start the expose thread: {e}")))?
+    };
+    let mut report = SinkReport::default();
+    let mut bad = BadFrames::new(endpoint);
+    let mut refused = RateLimit::default();
+    let mut rects = 0u64;
+    let started = Instant::now();
+    let result = (|| {
+        while let Some(frame) = rx.blocking_recv() {
+            report.frames += 1;
+            report.bytes += frame.len() as u64;
+            let u = match Update::parse(frame.payload()) {
+                Ok(u) => u,
+                Err(e) => {
+                    bad.report(frame.meta.seq, &e);
+                    delivered.mark(frame.meta.seq);
+                    continue;
+                }
+            };
+            rects += u.rects.len() as u64;
+            match lock(&view).apply(&u) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => bad.report(frame.meta.seq, &e),
+                Err(XFail::Conn(e)) => return Err(fatal(e)),
+                Err(XFail::Proto(e)) => {
+                    if let Some(suppressed) = refused.admit(Instant::now()) {
+                        tracing::warn!(endpoint, error = %e, suppressed, "X server refused a drawing request");
+                    }
+                }
+            }
+            // Drawn and flushed (synced with MIT-SHM) by `apply`, or dropped as bad or
+            // refused by the server.
+            delivered.mark(frame.meta.seq);
+        }
+        Ok(())
+    })();
+    stop.store(true, Ordering::Relaxed);
+    let _ = expose.join();
+    bad.done();
+    let secs = started.elapsed().as_secs_f64();
+    tracing::debug!(
+        endpoint,
+        frames = report.frames,
+        bytes = report.bytes,
+        rects,
+        fps = report.frames as f64 / secs.max(1e-9),
+        "sink ended"
+    );
+    result.map(|()| report)
+}
+
+// ---------------------------------------------------------------------------------------
+// framebuffer sink
+
+/// Geometry of a Linux framebuffer device, from sysfs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FbGeometry {
+    width: u32,
+    height: u32,
+    bits_per_pixel: u32,
+    stride: usize,
+}
+
+/// An open `framebuffer` sink target.
+#[derive(Debug)]
+pub(crate) struct FbSink {
+    file: File,
+    path: PathBuf,
+    /// `Some` for a framebuffer device.
+    device: Option<FbGeometry>,
+}
+
+/// Major number of Linux framebuffer devices.
+const FB_MAJOR: u64 = 29;
+
+fn dev_major_minor(rdev: u64) -> (u64, u64) {
+    // glibc's encoding (gnu_dev_major / gnu_dev_minor).
+    let major = ((rdev >> 8) & 0xfff) | ((rdev >> 32) & !0xfff);
+    let minor = (rdev & 0xff) | ((rdev >> 12) & !0xff);
+    (major, minor)
+}
+
+/// Reads `/sys/class/graphics/fbN/{virtual_size,bits_per_pixel,stride}`.
+fn fb_geometry(sys: &Path) -> Result<FbGeometry, String> {
+    let read = |name: &str| {
+        std::fs::read_to_string(sys.join(name))
+            .map(|s| s.trim().to_string())
+            .map_err(|e| format!("cannot read {}: {e}", sys.join(name).display()))
+    };
+    let size = read("virtual_size")?;
+    let (w, h) = size
+        .split_once(',')
+        .and_then(|(w, h)| Some((w.trim().parse().ok()?, h.trim().parse().ok()?)))
+        .ok_or_else(|| format!("cannot parse virtual_size {size:?}"))?;
+    let bpp: u32 = read("bits_per_pixel")?
+        .parse()
+        .map_err(|e| format!("cannot parse bits_per_pixel: {e}"))?;
+    let stride = read("stride")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(w as usize * (bpp as usize).div_ceil(8));
+    Ok(FbGeometry {
+        width: w,
+        height: h,
+        bits_per_pixel: bpp,
+        stride,
+    })
+}
+
+/// Opens (creating it if needed) the file, or the framebuffer device after reading its
+/// geometry.
+fn open_framebuffer(
+    endpoint: &'static str,
+    c: &FramebufferConfig,
+) -> Result<FbSink, EndpointError> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let open_err = |source| EndpointError::Open {
+        endpoint,
+        path: c.path.clone(),
+        source,
+    };
+    let meta = std::fs::metadata(&c.path).ok();
+    if meta.as_ref().is_some_and(|m| m.is_dir()) {
+        return Err(open_err(std::io::Error::other("is a directory")));
+    }
+    let device = match meta {
+        Some(m) if m.file_type().is_char_device() => {
+            let (major, minor) = dev_major_minor(m.rdev());
+            if major != FB_MAJOR {
+                return Err(EndpointError::Unavailable {
+                    endpoint,
+                    what: format!(
+                        "{} is a character device {major}:{minor}, not a framebuffer (major 29)",
+                        c.path.display()
+                    ),
+                    hint: "give a /dev/fbN device or a regular file".to_string(),
+                });
+            }
+            let sys = PathBuf::from(format!("/sys/class/graphics/fb{minor}"));
+            let g = fb_geometry(&sys).map_err(|what| EndpointError::Unavailable {
+                endpoint,
+                what,
+                hint: "the framebuffer's size and format come from sysfs".to_string(),
+            })?;
+            if g.bits_per_pixel != 32 {
+                return Err(EndpointError::Unavailable {
+                    endpoint,
+                    what: format!(
+                        "{} has {} bits per pixel; the display stream is 32-bit BGRX",
+                        c.path.display(),
+                        g.bits_per_pixel
+                    ),
+                    hint: "switch the framebuffer to 32 bpp (`fbset -depth 32`) or write to a \
+                           regular file"
+                        .to_string(),
+                });
+            }
+            Some(g)
+        }
+        _ => None,
+    };
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(device.is_none())
+        .truncate(false)
+        .open(&c.path)
+        .map_err(open_err)?;
+    Ok(FbSink {
+        file,
+        path: c.path.clone(),
+        device,
+    })
+}
+
+impl FbSink {
+    /// Writes the rects of `u` at their offsets; sizes the file on the first update and on
+    /// every change of screen size.
+    fn write(
+        &mut self,
+        endpoint: &'static str,
+        u: &Update<'_>,
+        size: &mut Option<(u16, u16)>,
+    ) -> Result<(), EndpointError> {
+        let h = u.header;
+        let what = || self.path.display().to_string();
+        let stride = match self.device {
+            Some(g) => {
+                if (g.width, g.height) != (u32::from(h.width), u32::from(h.height)) {
+                    return Err(EndpointError::Unavailable {
+                        endpoint,
+                        what: format!(
+                            "{} is {}x{}, the app's screen is {}x{}",
+                            self.path.display(),
+                            g.width,
+                            g.height,
+                            h.width,
+                            h.height
+                        ),
+                        hint: "give the app's X screen the framebuffer's size (e.g. \
+                               `Xvfb -screen 0 WxHx24`, `xrandr -s WxH`), or write to a regular file"
+                            .to_string(),
+                    });
+                }
+                g.stride
+            }
+            None => {
+                let stride = usize::from(h.width) * 4;
+                if *size != Some((h.width, h.height)) {
+                    let len = stride as u64 * u64::from(h.height);
+                    self.file
+                        .set_len(0)
+                        .and_then(|()| self.file.set_len(len))
+                        .map_err(|source| EndpointError::Write {
+                            endpoint,
+                            what: what(),
+                            source,
+                        })?;
+                    *size = Some((h.width, h.height));
+                }
+                stride
+            }
+        };
+        for r in &u.rects {
+            let row = usize::from(r.rect.w) * 4;
+            let at = |y: u16| (usize::from(y) * stride + usize::from(r.rect.x) * 4) as u64;
+            let res = if row == stride {
+                // Whole rows: one write.
+                self.file.write_all_at(r.pixels, at(r.rect.y))
+            } else {
+                r.pixels
+                    .chunks_exact(row)
+                    .zip(r.rect.y..)
+                    .try_for_each(|(line, y)| self.file.write_all_at(line, at(y)))
+            };
+            res.map_err(|source| EndpointError::Write {
+                endpoint,
+                what: what(),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// The `framebuffer` sink loop.
+fn run_framebuffer_sink(
+    endpoint: &'static str,
+    mut fb: FbSink,
+    mut rx: Receiver<Frame>,
+    delivered: Delivered,
+) -> Result<SinkReport, EndpointError> {
+    let mut report = SinkReport::default();
+    let mut bad = BadFrames::new(endpoint);
+    let mut size = None;
+    while let Some(frame) = rx.blocking_recv() {
+        report.frames += 1;
+        report.bytes += frame.len() as u64;
+        match Update::parse(frame.payload()) {
+            Ok(u) => fb.write(endpoint, &u, &mut size)?,
+            Err(e) => bad.report(frame.meta.seq, &e),
+        }
+        // Written to the file (`write_all_at`, no user-space buffer), or dropped as bad.
+        delivered.mark(frame.meta.seq);
+    }
+    bad.done();
+    tracing::debug!(endpoint, frames = report.frames, "sink ended");
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_numbers_decode() {
+        // /dev/fb0 (29:0), /dev/tty0 (4:0), a large minor.
+        assert_eq!(dev_major_minor(0x1d00), (29, 0));
+        assert_eq!(dev_major_minor(0x0400), (4, 0));
+        assert_eq!(
+            dev_major_minor((29 << 8) | 0x12 | (0x34500 << 12)),
+            (29, 0x34512)
+        );
+    }
+
+    #[test]
+    fn fb_geometry_reads_sysfs_files() {
+        let dir = std::env::temp_dir().join(format!("ndd-fbsys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("virtual_size"), "1920,1080\n").unwrap();
+        std::fs::write(dir.join("bits_per_pixel"), "32\n").unwrap();
+        assert_eq!(
+            fb_geometry(&dir),
+            Ok(FbGeometry {
+                width: 1920,
+                height: 1080,
+                bits_per_pixel: 32,
+                stride: 7680
+            })
+        );
+        std::fs::write(dir.join("stride"), "8192\n").unwrap();
+        assert_eq!(fb_geometry(&dir).unwrap().stride, 8192);
+        std::fs::write(dir.join("virtual_size"), "junk").unwrap();
+        assert!(fb_geometry(&dir).unwrap_err().contains("virtual_size"));
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(fb_geometry(&dir).unwrap_err().contains("cannot read"));
+    }
+}

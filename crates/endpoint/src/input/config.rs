@@ -1,0 +1,100 @@
+//! Parameters of the `evdev` and `x11-input` sources and the `uinput` and `xtest` sinks, as
+//! written in a config file.
+
+use crate::common::x11::default_display;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// `evdev` source parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvdevConfig {
+    /// The event device (or a recording of one).
+    pub path: PathBuf,
+    /// Take the device exclusively (`EVIOCGRAB`).
+    #[serde(default)]
+    pub grab: bool,
+}
+
+/// Which events an `x11-input` source captures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum X11Window {
+    /// XInput2 raw events of the whole display (every client's input).
+    Root,
+    /// A window of the screen's size, created and mapped by the source.
+    #[default]
+    Create,
+    /// The window of the `x11-window` sink of the same display in this process: input typed
+    /// into the remote desktop's viewer.
+    Viewer,
+}
+
+impl std::fmt::Display for X11Window {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            X11Window::Root => "root",
+            X11Window::Create => "create",
+            X11Window::Viewer => "viewer",
+        })
+    }
+}
+
+/// `x11-input` source parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct X11InputConfig {
+    /// The X display.
+    #[serde(default = "default_display")]
+    pub display: String,
+    /// What to capture.
+    #[serde(default)]
+    pub window: X11Window,
+}
+
+impl Default for X11InputConfig {
+    fn default() -> Self {
+        X11InputConfig {
+            display: default_display(),
+            window: X11Window::default(),
+        }
+    }
+}
+
+fn default_uinput_name() -> String {
+    "ndd remote input".to_string()
+}
+
+/// `uinput` sink parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UinputConfig {
+    /// Device name the app sees.
+    #[serde(default = "default_uinput_name")]
+    pub name: String,
+}
+
+impl Default for UinputConfig {
+    fn default() -> Self {
+        UinputConfig {
+            name: default_uinput_name(),
+        }
+    }
+}
+
+/// `xtest` sink parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct XtestConfig {
+    /// The X display.
+    #[serde(default = "default_display")]
+    pub display: String,
+}
+
+impl Default for XtestConfig {
+    fn default() -> Self {
+        XtestConfig {
+            display: default_display(),
+        }
+    }
+}

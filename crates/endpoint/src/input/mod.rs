@@ -1,0 +1,27 @@
+//! The `input` class: keyboards, mice and other input devices.
+//!
+//! - `evdev` source: a Linux input device (`/dev/input/eventN`, optionally grabbed) or a
+//!   recording of one; `x11-input` source: the keyboard and pointer events of an X display
+//!   (XInput2 raw events of the whole display, a window of its own, or the viewer window of an
+//!   `x11-window` sink);
+//! - `uinput` sink: a virtual input device with the source's capabilities; `xtest` sink:
+//!   injection into an X display.
+//!
+//! Every frame carries one versioned input record ([`InputMessage`]: an event batch, the
+//! device's capabilities, or release-all). The record format and every decision that needs no
+//! device (kernel `input_event` parsing and batching, held-key tracking, the X11 ↔ Linux code
+//! mapping) are sans-IO, in `record.rs`, re-exported here.
+//!
+//! Files: `config.rs` ([`EvdevConfig`], [`X11InputConfig`], [`UinputConfig`],
+//! [`XtestConfig`]), `record.rs`, `source.rs` and `sink.rs` (the tasks: blocking, over the
+//! `evdev` crate and `x11rb`, with no unsafe code).
+
+mod config;
+mod record;
+mod sink;
+mod source;
+
+pub use config::{EvdevConfig, UinputConfig, X11InputConfig, X11Window, XtestConfig};
+pub use record::*;
+pub(crate) use sink::{spawn_uinput_sink, spawn_xtest_sink};
+pub(crate) use source::{spawn_evdev_source, spawn_x11_input_source};

@@ -1,0 +1,503 @@
+//! The input sinks: `uinput` (a virtual input device with the capabilities the source sent)
+//! and `xtest` (injection into an X display). Both run the same loop over an [`Injector`]:
+//! decode each record, track the keys and buttons held, apply it.
+//!
+//! Both run as blocking tasks (`spawn_blocking`). Every sink releases the keys and buttons it
+//! still holds when its channel closes, on a release-all record, and before it reports an
+//! error.
+
+use super::config::{UinputConfig, XtestConfig};
+use super::record::{Capabilities, Event, Held, InputMessage, XAction, XMapper};
+use crate::common::delivered::Delivered;
+use crate::common::error::EndpointError;
+use crate::common::report::{SinkReport, SinkTask};
+use crate::common::x11::{x11_connect, x11_err};
+use ndd_core::Frame;
+use std::path::Path;
+use tokio::runtime::Handle;
+use tokio::sync::mpsc::Receiver;
+use x11rb::connection::Connection;
+use x11rb::protocol::xproto;
+use x11rb::protocol::xtest::ConnectionExt as _;
+use x11rb::rust_connection::RustConnection;
+use x11rb::wrapper::ConnectionExt as _;
+
+/// Checks for `/dev/uinput` and starts a `uinput` sink (the device is created on the first
+/// capabilities record).
+pub(crate) fn spawn_uinput_sink(
+    rt: &Handle,
+    endpoint: &'static str,
+    c: &UinputConfig,
+    rx: Receiver<Frame>,
+    delivered: Delivered,
+) -> Result<SinkTask, EndpointError> {
+    let u = open_uinput(endpoint, c)?;
+    Ok(rt.spawn_blocking(move || run_uinput_sink(endpoint, u, rx, delivered)))
+}
+
+/// Connects an `xtest` sink to its display and starts it.
+pub(crate) fn spawn_xtest_sink(
+    rt: &Handle,
+    endpoint: &'static str,
+    c: &XtestConfig,
+    rx: Receiver<Frame>,
+    delivered: Delivered,
+) -> Result<SinkTask, EndpointError> {
+    let x = open_xtest(endpoint, c)?;
+    Ok(rt.spawn_blocking(move || run_xtest_sink(endpoint, x, rx, delivered)))
+}
+
+/// What a sink endpoint does with decoded records.
+trait Injector {
+    fn capabilities(&mut self, caps: &Capabilities) -> Result<(), EndpointError>;
+    /// Applies one batch (already observed by `held`).
+    fn events(&mut self, events: &[Event]) -> Result<(), EndpointError>;
+}
+
+/// Decodes records and applies them; releases everything held at a release-all record, at
+/// the end of the stream and before returning an error. Marks each frame in `delivered` once
+/// applied (injected and flushed; a bad record, which stops the sink, once rejected).
+fn run_injector(
+    endpoint: &'static str,
+    inj: &mut dyn Injector,
+    mut rx: Receiver<Frame>,
+    delivered: &Delivered,
+) -> Result<SinkReport, EndpointError> {
+    let mut held = Held::default();
+    let mut report = SinkReport::default();
+    let release = |inj: &mut dyn Injector, held: &mut Held| {
+        let ev = held.release_all();
+        if ev.is_empty() {
+            return Ok(());
+        }
+        tracing::debug!(endpoint, keys = ev.len(), "releasing held keys and buttons");
+        inj.events(&ev)
+    };
+    let result = (|| {
+        while let Some(frame) = rx.blocking_recv() {
+            report.frames += 1;
+            report.bytes += frame.len() as u64;
+            let msg = match InputMessage::parse(frame.payload()) {
+                Ok(msg) => msg,
+                Err(source) => {
+                    // Rejected: nothing more will ever be done with it.
+                    delivered.mark(frame.meta.seq);
+                    return Err(EndpointError::BadInput {
+                        endpoint,
+                        seq: frame.meta.seq,
+                        source,
+                    });
+                }
+            };
+            match msg {
+                InputMessage::Capabilities(c) => {
+                    release(inj, &mut held)?;
+                    inj.capabilities(&c)?;
+                }
+                InputMessage::Events(ev) => {
+                    for e in &ev {
+                        held.observe(e);
+                    }
+                    inj.events(&ev)?;
+                }
+                InputMessage::ReleaseAll => release(inj, &mut held)?,
+            }
+            // Injected and flushed (xtest flushes, uinput writes, in `events`). The session's
+            // own release-all records (seq `INJECTED_SEQ`) are not marked.
+            delivered.mark(frame.meta.seq);
+        }
+        Ok(())
+    })();
+    let released = release(inj, &mut held);
+    result?;
+    released?;
+    tracing::debug!(endpoint, frames = report.frames, "sink ended");
+    Ok(report)
+}
+
+// ---------------------------------------------------------------------------------------
+// xtest sink
+
+pub(crate) struct Xtest {
+    conn: RustConnection,
+    root: xproto::Window,
+    mapper: XMapper,
+    display: String,
+    endpoint: &'static str,
+    actions: Vec<XAction>,
+}
+
+impl std::fmt::Debug for Xtest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Xtest({})", self.display)
+    }
+}
+
+/// Connects and checks for the XTEST extension.
+fn open_xtest(endpoint: &'static str, c: &XtestConfig) -> Result<Xtest, EndpointError> {
+    let (conn, screen_num) = x11_connect(endpoint, &c.display)?;
+    let screen = conn
+        .setup()
+        .roots
+        .get(screen_num)
+        .cloned()
+        .ok_or_else(|| x11_err(endpoint, &c.display, format!("no screen {screen_num}")))?;
+    conn.xtest_get_version(2, 2)
+        .map_err(|e| x11_err(endpoint, &c.display, e))?
+        .reply()
+        .map_err(|e| EndpointError::Unavailable {
+            endpoint,
+            what: format!("X display {}: no XTEST extension ({e})", c.display),
+            hint: "start the X server with XTEST enabled (Xorg and Xvfb have it by default)"
+                .to_string(),
+        })?;
+    Ok(Xtest {
+        conn,
+        root: screen.root,
+        mapper: XMapper::new(screen.width_in_pixels, screen.height_in_pixels),
+        display: c.display.clone(),
+        endpoint,
+        actions: Vec::new(),
+    })
+}
+
+impl Injector for Xtest {
+    fn capabilities(&mut self, caps: &Capabilities) -> Result<(), EndpointError> {
+        self.mapper.set_capabilities(caps);
+        Ok(())
+    }
+
+    fn events(&mut self, events: &[Event]) -> Result<(), EndpointError> {
+        self.actions.clear();
+        self.mapper.map(events, &mut self.actions);
+        for a in &self.actions {
+            let (ty, detail, x, y) = match *a {
+                XAction::Key { keycode, press } => (
+                    if press {
+                        xproto::KEY_PRESS_EVENT
+                    } else {
+                        xproto::KEY_RELEASE_EVENT
+                    },
+                    keycode,
+                    0,
+                    0,
+                ),
+                XAction::Button { button, press } => (
+                    if press {
+                        xproto::BUTTON_PRESS_EVENT
+                    } else {
+                        xproto::BUTTON_RELEASE_EVENT
+                    },
+                    button,
+                    0,
+                    0,
+                ),
+                XAction::MoveTo { x, y } => (xproto::MOTION_NOTIFY_EVENT, 0, x, y),
+                XAction::MoveBy { dx, dy } => (xproto::MOTION_NOTIFY_EVENT, 1, dx, dy),
+            };
+            let root = if matches!(a, XAction::MoveTo { .. }) {
+                self.root
+            } else {
+                x11rb::NONE
+            };
+            self.conn
+                .xtest_fake_input(ty, detail, x11rb::CURRENT_TIME, root, x, y, 0)
+                .map_err(|e| x11_err(self.endpoint, &self.display, e))?;
+        }
+        self.conn
+            .flush()
+            .map_err(|e| x11_err(self.endpoint, &self.display, e))?;
+        Ok(())
+    }
+}
+
+/// The `xtest` sink loop.
+fn run_xtest_sink(
+    endpoint: &'static str,
+    mut x: Xtest,
+    rx: Receiver<Frame>,
+    delivered: Delivered,
+) -> Result<SinkReport, EndpointError> {
+    let r = run_injector(endpoint, &mut x, rx, &delivered);
+    // Make sure the server has processed everything (the releases above all) before the
+    // connection closes.
+    let _ = x.conn.sync();
+    if x.mapper.unmapped > 0 {
+        tracing::info!(
+            endpoint,
+            unmapped = x.mapper.unmapped,
+            "events XTEST cannot express"
+        );
+    }
+    r
+}
+
+// ---------------------------------------------------------------------------------------
+// uinput sink
+
+/// Where uinput lives.
+pub const UINPUT_PATH: &str = "/dev/uinput";
+
+/// Checks that `/dev/uinput` can be opened read-write, with an error that says how to fix it.
+pub(crate) fn check_uinput(endpoint: &'static str, path: &Path) -> Result<(), EndpointError> {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let hint = match e.kind() {
+                std::io::ErrorKind::NotFound => format!(
+                    "this kernel has no uinput device: load the module (`sudo modprobe uinput`, \
+                     and `uinput` in /etc/modules-load.d/ to keep it), or use the `xtest` sink \
+                     on X11 (see docs/devices.md#input); {} is absent here",
+                    path.display()
+                ),
+                std::io::ErrorKind::PermissionDenied => "add the user to group `input` and \
+                     install the udev rule KERNEL==\"uinput\", GROUP=\"input\", MODE=\"0660\" \
+                     (see docs/devices.md#input)"
+                    .to_string(),
+                _ => "see docs/devices.md#input".to_string(),
+            };
+            Err(EndpointError::Unavailable {
+                endpoint,
+                what: format!("cannot open {}: {e}", path.display()),
+                hint,
+            })
+        }
+    }
+}
+
+pub(crate) struct Uinput {
+    name: String,
+    endpoint: &'static str,
+    dev: Option<evdev::uinput::VirtualDevice>,
+    buf: Vec<evdev::InputEvent>,
+}
+
+impl std::fmt::Debug for Uinput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Uinput({})", self.name)
+    }
+}
+
+fn build_virtual_device(
+    name: &str,
+    caps: &Capabilities,
+) -> std::io::Result<evdev::uinput::VirtualDevice> {
+    use evdev::{AbsInfo, AbsoluteAxisCode, AttributeSet, KeyCode, RelativeAxisCode};
+    let keys: AttributeSet<KeyCode> = caps.keys.iter().map(|&k| KeyCode(k)).collect();
+    let rel: AttributeSet<RelativeAxisCode> =
+        caps.rel.iter().map(|&r| RelativeAxisCode(r)).collect();
+    let mut b = evdev::uinput::VirtualDevice::builder()?
+        .name(name)
+        .input_id(evdev::InputId::new(
+            evdev::BusType(caps.bustype),
+            caps.vendor,
+            caps.product,
+            caps.version,
+        ));
+    if !caps.keys.is_empty() {
+        b = b.with_keys(&keys)?;
+    }
+    if !caps.rel.is_empty() {
+        b = b.with_relative_axes(&rel)?;
+    }
+    for a in &caps.abs {
+        let info = AbsInfo::new(a.value, a.min, a.max, a.fuzz, a.flat, a.resolution);
+        b = b.with_absolute_axis(&evdev::UinputAbsSetup::new(AbsoluteAxisCode(a.code), info))?;
+    }
+    b.build()
+}
+
+impl Injector for Uinput {
+    fn capabilities(&mut self, caps: &Capabilities) -> Result<(), EndpointError> {
+        // A new capabilities record (the source restarted, maybe another device): a new
+        // virtual device, the old one is destroyed.
+        self.dev = None;
+        let dev =
+            build_virtual_device(&self.name, caps).map_err(|e| EndpointError::Unavailable {
+                endpoint: self.endpoint,
+                what: format!("cannot create uinput device {:?}: {e}", self.name),
+                hint: "see docs/devices.md#input".to_string(),
+            })?;
+        tracing::info!(endpoint = self.endpoint, name = %self.name, "uinput device created");
+        self.dev = Some(dev);
+        Ok(())
+    }
+
+    fn events(&mut self, events: &[Event]) -> Result<(), EndpointError> {
+        if self.dev.is_none() {
+            // Events before any capabilities record: a keyboard and wheel mouse.
+            self.capabilities(&Capabilities::keyboard_and_mouse(""))?;
+        }
+        let Some(dev) = self.dev.as_mut() else {
+            return Ok(());
+        };
+        self.buf.clear();
+        self.buf.extend(
+            events
+                .iter()
+                .map(|e| evdev::InputEvent::new(e.ty, e.code, e.value)),
+        );
+        // `emit` appends the SYN_REPORT that ends the batch.
+        dev.emit(&self.buf).map_err(|source| EndpointError::Write {
+            endpoint: self.endpoint,
+            what: UINPUT_PATH.to_string(),
+            source,
+        })?;
+        Ok(())
+    }
+}
+
+fn open_uinput(endpoint: &'static str, c: &UinputConfig) -> Result<Uinput, EndpointError> {
+    check_uinput(endpoint, Path::new(UINPUT_PATH))?;
+    Ok(Uinput {
+        name: c.name.clone(),
+        endpoint,
+        dev: None,
+        buf: Vec::new(),
+    })
+}
+
+/// The `uinput` sink loop.
+fn run_uinput_sink(
+    endpoint: &'static str,
+    mut u: Uinput,
+    rx: Receiver<Frame>,
+    delivered: Delivered,
+) -> Result<SinkReport, EndpointError> {
+    run_injector(endpoint, &mut u, rx, &delivered)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::input::record::{BTN_LEFT, EV_KEY};
+
+    #[test]
+    fn missing_uinput_names_the_fix() {
+        let e = check_uinput("uinput sink", Path::new("/nonexistent/uinput")).unwrap_err();
+        let s = e.to_string();
+        assert!(
+            s.starts_with("uinput sink: cannot open /nonexistent/uinput: No such file"),
+            "{s}"
+        );
+        assert!(s.contains("modprobe uinput"), "{s}");
+    }
+
+    /// Records what a sink would inject.
+    #[derive(Default)]
+    struct Log(Vec<Event>, u32);
+    impl Injector for Log {
+        fn capabilities(&mut self, _: &Capabilities) -> Result<(), EndpointError> {
+            self.1 += 1;
+            Ok(())
+        }
+        fn events(&mut self, events: &[Event]) -> Result<(), EndpointError> {
+            self.0.extend_from_slice(events);
+            Ok(())
+        }
+    }
+
+    fn frame(seq: u64, m: &InputMessage) -> Frame {
+        Frame::new(
+            ndd_core::Meta {
+                seq,
+                ..Default::default()
+            },
+            &m.emit().unwrap(),
+        )
+    }
+
+    #[test]
+    fn injector_marks_applied_frames_but_not_injected_release_alls() {
+        let press = |c| Event::new(EV_KEY, c, 1);
+        let delivered = Delivered::default();
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        tx.try_send(frame(u64::MAX, &InputMessage::ReleaseAll))
+            .unwrap();
+        drop(tx);
+        run_injector("test sink", &mut Log::default(), rx, &delivered).unwrap();
+        assert_eq!(delivered.get(), None);
+
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        tx.try_send(frame(
+            0,
+            &InputMessage::Capabilities(Capabilities::default()),
+        ))
+        .unwrap();
+        tx.try_send(frame(1, &InputMessage::Events(vec![press(30)])))
+            .unwrap();
+        tx.try_send(frame(u64::MAX, &InputMessage::ReleaseAll))
+            .unwrap();
+        drop(tx);
+        let mut log = Log::default();
+        let r = run_injector("test sink", &mut log, rx, &delivered).unwrap();
+        assert_eq!(r.frames, 3);
+        assert_eq!(log.0, vec![press(30), Event::new(EV_KEY, 30, 0)]);
+        assert_eq!(delivered.get(), Some(1));
+    }
+
+    #[test]
+    fn injector_releases_at_release_all_end_and_error() {
+        let press = |c| Event::new(EV_KEY, c, 1);
+        let up = |c| Event::new(EV_KEY, c, 0);
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        tx.try_send(frame(
+            0,
+            &InputMessage::Capabilities(Capabilities::default()),
+        ))
+        .unwrap();
+        tx.try_send(frame(
+            1,
+            &InputMessage::Events(vec![press(30), press(BTN_LEFT)]),
+        ))
+        .unwrap();
+        tx.try_send(frame(2, &InputMessage::ReleaseAll)).unwrap();
+        tx.try_send(frame(3, &InputMessage::Events(vec![press(31)])))
+            .unwrap();
+        drop(tx);
+        let mut log = Log::default();
+        let r = run_injector("test sink", &mut log, rx, &Delivered::default()).unwrap();
+        assert_eq!(r.frames, 4);
+        assert_eq!(log.1, 1);
+        assert_eq!(
+            log.0,
+            vec![
+                press(30),
+                press(BTN_LEFT),
+                up(30),
+                up(BTN_LEFT),
+                press(31),
+                up(31)
+            ]
+        );
+
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        tx.try_send(frame(0, &InputMessage::Events(vec![press(44)])))
+            .unwrap();
+        let mut bad = Frame::new(
+            ndd_core::Meta {
+                seq: 1,
+                ..Default::default()
+            },
+            &[1, 9],
+        );
+        bad.meta.seq = 1;
+        tx.try_send(bad).unwrap();
+        drop(tx);
+        let mut log = Log::default();
+        let delivered = Delivered::default();
+        let e = run_injector("test sink", &mut log, rx, &delivered).unwrap_err();
+        // The bad record stopped the sink: rejected, it is done with too.
+        assert_eq!(delivered.get(), Some(1));
+        assert_eq!(
+            e.to_string(),
+            "test sink: bad input record (seq 1): input record: unknown kind 0x09 \
+             (expected 0x00 events, 0x01 capabilities, 0x02 release-all)"
+        );
+        assert_eq!(log.0, vec![press(44), up(44)]);
+    }
+}

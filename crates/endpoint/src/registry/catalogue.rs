@@ -1,0 +1,217 @@
+//! The catalogue: every source and sink endpoint with its parameters, in the order of the
+//! [`SourceConfig`](super::SourceConfig) / [`SinkConfig`](super::SinkConfig) variants, for
+//! `ndd modules` and the docs (a test checks it against the config structs).
+
+/// Catalogue entry of an endpoint, for `ndd modules` and the docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndpointInfo {
+    /// `type = "…"` in config files.
+    pub name: &'static str,
+    /// One line.
+    pub summary: &'static str,
+    /// `(key, type, default, doc)` for every parameter; default `required` marks a key that
+    /// must be given, `none` an optional key that is off when absent.
+    pub params: &'static [(&'static str, &'static str, &'static str, &'static str)],
+}
+
+/// Default of a key that must be given.
+pub const REQUIRED: &str = "required";
+
+/// Every source endpoint.
+pub const SOURCES: &[EndpointInfo] = &[
+    EndpointInfo {
+        name: "synthetic",
+        summary: "benchmark device: `size` seeded pseudo-random bytes every `interval_ms`",
+        params: &[
+            (
+                "size",
+                "integer, 0..=67108864",
+                "100",
+                "payload bytes per frame",
+            ),
+            (
+                "interval_ms",
+                "float >= 0",
+                "16.0",
+                "time between frames; 0 = as fast as the stream takes them",
+            ),
+            (
+                "count",
+                "integer",
+                "none",
+                "frames to send, then end the stream; unlimited when absent",
+            ),
+            (
+                "seed",
+                "integer",
+                "1",
+                "content seed; a `check` sink with the same seed verifies every byte",
+            ),
+        ],
+    },
+    EndpointInfo {
+        name: "spacenav-sim",
+        summary: "simulated six-axis 3D mouse: one 14-byte record (6 axes, buttons) per frame",
+        params: &[
+            ("rate_hz", "float > 0", "62.5", "records per second"),
+            (
+                "count",
+                "integer",
+                "none",
+                "records to send, then end the stream; unlimited when absent",
+            ),
+            ("seed", "integer", "1", "motion seed"),
+        ],
+    },
+    EndpointInfo {
+        name: "stdin",
+        summary: "reads standard input until end of file",
+        params: &[(
+            "framing",
+            "raw | lines | length",
+            "raw",
+            "how the bytes are cut into frames",
+        )],
+    },
+    EndpointInfo {
+        name: "file",
+        summary: "reads a file (or named pipe) to its end, then ends the stream",
+        params: &[
+            ("path", "path", REQUIRED, "file to read"),
+            (
+                "framing",
+                "raw | lines | length",
+                "raw",
+                "how the bytes are cut into frames",
+            ),
+        ],
+    },
+    EndpointInfo {
+        name: "serial",
+        summary: "a tty (serial port) opened raw: bytes read, and CTS/DSR/DCD/RI changes where the port reports them",
+        params: &[
+            ("path", "path", REQUIRED, "the tty, e.g. /dev/ttyUSB0; the serial sink of the other stream shares it"),
+            ("baud", "integer > 0", "115200", "bits per second; any rate the port accepts (Linux: arbitrary rates via BOTHER)"),
+            ("data_bits", "5..=8", "8", "bits per character"),
+            ("parity", "none | odd | even | mark | space", "none", "parity bit"),
+            ("stop_bits", "1 | 2", "1", "stop bits"),
+            ("flow", "none | rtscts | xonxoff", "none", "flow control"),
+        ],
+    },
+    EndpointInfo {
+        name: "pty",
+        summary: "what the app writes to the pty at `link`, and the line settings it sets there",
+        params: &[
+            ("link", "path", REQUIRED, "where the pty's slave is symlinked for the app to open; the pty sink of the other stream shares it"),
+            ("baud", "integer > 0", "115200", "initial line settings the app finds on the pty"),
+            ("data_bits", "5..=8", "8", "bits per character"),
+            ("parity", "none | odd | even | mark | space", "none", "parity bit"),
+            ("stop_bits", "1 | 2", "1", "stop bits"),
+            ("flow", "none | rtscts | xonxoff", "none", "flow control"),
+        ],
+    },
+    EndpointInfo {
+        name: "evdev",
+        summary: "a Linux input device (/dev/input/eventN): its capabilities, then one input record per SYN_REPORT batch",
+        params: &[
+            ("path", "path", REQUIRED, "the event device, e.g. /dev/input/by-id/…-event-kbd; a file or pipe of recorded `struct input_event`s works too"),
+            ("grab", "bool", "false", "take the device exclusively (EVIOCGRAB): local programs stop seeing its events"),
+        ],
+    },
+    EndpointInfo {
+        name: "x11-input",
+        summary: "keyboard and pointer events of an X display, as input records (keys, buttons, wheel, absolute motion)",
+        params: &[
+            ("display", "string", ":0", "the X display, e.g. :1"),
+            ("window", "root | create | viewer", "create", "root: XInput2 raw events of the whole display; create: a window of the screen's size whose events are captured; viewer: the window of this process's x11-window sink on the same display (a remote desktop)"),
+        ],
+    },
+    EndpointInfo {
+        name: "x11-screen",
+        summary: "the screen of an X display as display updates: the rectangles DAMAGE reports changed, captured with MIT-SHM",
+        params: &[
+            ("display", "string", ":0", "the X display the application draws on, e.g. :1"),
+            ("max_fps", "float > 0", "30", "at most this many updates per second; damage between two captures is merged"),
+            ("refresh_s", "float >= 0", "0", "a keyframe of the whole screen every this many seconds (heals a lossy or spoiling stack); 0 = only the first"),
+        ],
+    },
+];
+
+/// Every sink endpoint.
+pub const SINKS: &[EndpointInfo] = &[
+    EndpointInfo {
+        name: "stdout",
+        summary: "writes frames to standard output",
+        params: &[("framing", "raw | lines | length", "raw", "how frames are written")],
+    },
+    EndpointInfo {
+        name: "file",
+        summary: "writes frames to a file, created or truncated unless `append`",
+        params: &[
+            ("path", "path", REQUIRED, "file to write"),
+            ("framing", "raw | lines | length", "raw", "how frames are written"),
+            ("append", "bool", "false", "append instead of truncating"),
+        ],
+    },
+    EndpointInfo {
+        name: "check",
+        summary: "verifies order, completeness and content; reports gaps, duplicates, reordered and corrupt frames",
+        params: &[
+            ("seed", "integer", "none", "verify synthetic content made with this seed"),
+            ("size", "integer", "none", "expected payload length; default: each frame's own length"),
+            ("expect", "integer", "none", "expected number of frames"),
+        ],
+    },
+    EndpointInfo {
+        name: "null",
+        summary: "counts frames and discards them",
+        params: &[],
+    },
+    EndpointInfo {
+        name: "serial",
+        summary: "a tty (serial port) opened raw: writes data, applies line settings and DTR/RTS",
+        params: &[
+            ("path", "path", REQUIRED, "the tty, e.g. /dev/ttyUSB0; the serial source of the other stream shares it"),
+            ("baud", "integer > 0", "115200", "bits per second; any rate the port accepts (Linux: arbitrary rates via BOTHER)"),
+            ("data_bits", "5..=8", "8", "bits per character"),
+            ("parity", "none | odd | even | mark | space", "none", "parity bit"),
+            ("stop_bits", "1 | 2", "1", "stop bits"),
+            ("flow", "none | rtscts | xonxoff", "none", "flow control"),
+        ],
+    },
+    EndpointInfo {
+        name: "pty",
+        summary: "a pty whose slave is symlinked at `link`: the app reads the stream's bytes there",
+        params: &[
+            ("link", "path", REQUIRED, "where the pty's slave is symlinked for the app to open; the pty source of the other stream shares it"),
+            ("baud", "integer > 0", "115200", "initial line settings the app finds on the pty"),
+            ("data_bits", "5..=8", "8", "bits per character"),
+            ("parity", "none | odd | even | mark | space", "none", "parity bit"),
+            ("stop_bits", "1 | 2", "1", "stop bits"),
+            ("flow", "none | rtscts | xonxoff", "none", "flow control"),
+        ],
+    },
+    EndpointInfo {
+        name: "uinput",
+        summary: "a uinput virtual input device with the capabilities the source sent; the app sees a new /dev/input/eventN",
+        params: &[("name", "string", "ndd remote input", "device name the app sees (at most 79 bytes)")],
+    },
+    EndpointInfo {
+        name: "xtest",
+        summary: "injects input records into an X display with XTEST (keys, buttons, wheel, absolute or relative motion)",
+        params: &[("display", "string", ":0", "the X display, e.g. :2")],
+    },
+    EndpointInfo {
+        name: "x11-window",
+        summary: "shows display updates in a window of an X display (MIT-SHM PutImage), sized like the app's screen",
+        params: &[
+            ("display", "string", ":0", "the X display the person looks at, e.g. :0"),
+            ("title", "string", "ndd display", "the window's title (WM_NAME)"),
+        ],
+    },
+    EndpointInfo {
+        name: "framebuffer",
+        summary: "writes display updates into a raw 32-bpp framebuffer file (BGRX, row-major, no header) or a /dev/fbN of the same size",
+        params: &[("path", "path", REQUIRED, "the file, created and sized on the first update, or a framebuffer device such as /dev/fb0")],
+    },
+];

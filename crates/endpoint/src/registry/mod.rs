@@ -1,0 +1,467 @@
+//! The registry: the one place that knows every endpoint.
+//!
+//! - [`SourceConfig`] / [`SinkConfig`]: where a stream's frames come from and where they go,
+//!   as written in a config file (`{ type = "synthetic", size = 100 }`): tagged by `type`, one
+//!   variant per endpoint, holding the config struct of that endpoint's device folder (plain
+//!   data, each rejecting unknown keys), separate from the tasks that run it;
+//! - one `match` per operation over them: the catalogue entry and names (`info`, `name`,
+//!   `endpoint`), `paths_mut`, `describe`, `validate`, `spawn` ([`SourceConfig::spawn`],
+//!   [`SinkConfig::spawn_tracked`]: each arm calls the spawn function of the endpoint's
+//!   folder) and [`SinkConfig::release_record`];
+//! - the catalogue, [`SOURCES`] / [`SINKS`] (`catalogue.rs`): every endpoint with its
+//!   parameters, for `ndd modules` and the docs.
+//!
+//! This module imports the device folders; none of them imports it.
+//!
+//! `spawn` checks the parameters and that it runs inside a tokio runtime, then has the folder
+//! open its device: opening errors come back from `spawn` itself, before any task runs. Every
+//! source numbers its frames 0, 1, 2, … and stamps them with the wall-clock time of their
+//! creation; it ends (dropping the sender) at end of input or after `count` frames, and stops
+//! quietly when the receiver goes away. A sink consumes its channel until it closes, and marks
+//! the frames it has completed in a [`Delivered`] ([`SinkConfig::spawn_tracked`]).
+
+mod catalogue;
+
+pub use catalogue::{EndpointInfo, REQUIRED, SINKS, SOURCES};
+
+use crate::check::{CheckConfig, NullConfig};
+use crate::common::delivered::Delivered;
+use crate::common::error::EndpointError;
+use crate::common::framing::MAX_LENGTH_FRAME;
+use crate::common::report::{SinkTask, SourceTask};
+use crate::display::{FramebufferConfig, X11ScreenConfig, X11WindowConfig};
+use crate::file::{FileSinkConfig, FileSourceConfig};
+use crate::input::{EvdevConfig, UinputConfig, X11InputConfig, XtestConfig};
+use crate::serial::{LineSettings, PtyConfig, SerialConfig};
+use crate::stdio::{StdinConfig, StdoutConfig};
+use crate::synthetic::{SpacenavSimConfig, SyntheticConfig};
+use crate::{check, display, file, input, serial, stdio, synthetic};
+use ndd_core::Frame;
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use tokio::sync::mpsc::{Receiver, Sender};
+
+fn check_settings(endpoint: &'static str, s: &LineSettings) -> Result<(), EndpointError> {
+    s.check().map_err(|(param, reason)| EndpointError::Config {
+        endpoint,
+        param,
+        reason: reason.to_string(),
+    })
+}
+
+/// Where a stream's frames come from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum SourceConfig {
+    /// Seeded bytes at a fixed rate.
+    Synthetic(SyntheticConfig),
+    /// Simulated 3D mouse.
+    SpacenavSim(SpacenavSimConfig),
+    /// Standard input.
+    Stdin(StdinConfig),
+    /// A file.
+    File(FileSourceConfig),
+    /// A serial port (device side).
+    Serial(SerialConfig),
+    /// A pty the app writes to (app side).
+    Pty(PtyConfig),
+    /// A Linux input device (device side).
+    Evdev(EvdevConfig),
+    /// Input events of an X display (device side).
+    #[serde(rename = "x11-input")]
+    X11Input(X11InputConfig),
+    /// The screen of an X display (app side).
+    #[serde(rename = "x11-screen")]
+    X11Screen(X11ScreenConfig),
+}
+
+/// Where a stream's frames go.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum SinkConfig {
+    /// Standard output.
+    Stdout(StdoutConfig),
+    /// A file.
+    File(FileSinkConfig),
+    /// The checker.
+    Check(CheckConfig),
+    /// Counts and discards.
+    Null(NullConfig),
+    /// A serial port (device side).
+    Serial(SerialConfig),
+    /// A pty the app reads from (app side).
+    Pty(PtyConfig),
+    /// A uinput virtual input device (app side).
+    Uinput(UinputConfig),
+    /// XTEST injection into an X display (app side).
+    Xtest(XtestConfig),
+    /// A window showing display updates (device side).
+    #[serde(rename = "x11-window")]
+    X11Window(X11WindowConfig),
+    /// A raw framebuffer file or device (device side).
+    Framebuffer(FramebufferConfig),
+}
+
+fn fmt_opt<T: std::fmt::Display>(out: &mut String, key: &str, v: Option<T>) {
+    if let Some(v) = v {
+        let _ = write!(out, ", {key}={v}");
+    }
+}
+
+/// `serial(path=/dev/ttyUSB0, 115200 8N1)` (flow control appended when on).
+fn describe_serial(c: &SerialConfig) -> String {
+    format!("serial(path={}, {})", c.path.display(), c.settings())
+}
+
+/// `pty(link=/tmp/ttyREMOTE)`, with the initial settings when they are not the default.
+fn describe_pty(c: &PtyConfig) -> String {
+    let s = c.settings();
+    if s == LineSettings::default() {
+        format!("pty(link={})", c.link.display())
+    } else {
+        format!("pty(link={}, {s})", c.link.display())
+    }
+}
+
+impl SourceConfig {
+    /// The `type` key.
+    pub fn name(&self) -> &'static str {
+        self.info().name
+    }
+
+    /// Every file-system path among the parameters (so a config loader can resolve relative
+    /// ones against the config file's directory).
+    pub fn paths_mut(&mut self) -> Vec<&mut PathBuf> {
+        match self {
+            SourceConfig::File(c) => vec![&mut c.path],
+            SourceConfig::Serial(c) => vec![&mut c.path],
+            SourceConfig::Pty(c) => vec![&mut c.link],
+            SourceConfig::Evdev(c) => vec![&mut c.path],
+            SourceConfig::Synthetic(_)
+            | SourceConfig::SpacenavSim(_)
+            | SourceConfig::Stdin(_)
+            | SourceConfig::X11Input(_)
+            | SourceConfig::X11Screen(_) => vec![],
+        }
+    }
+
+    /// The catalogue entry.
+    pub fn info(&self) -> &'static EndpointInfo {
+        match self {
+            SourceConfig::Synthetic(_) => &SOURCES[0],
+            SourceConfig::SpacenavSim(_) => &SOURCES[1],
+            SourceConfig::Stdin(_) => &SOURCES[2],
+            SourceConfig::File(_) => &SOURCES[3],
+            SourceConfig::Serial(_) => &SOURCES[4],
+            SourceConfig::Pty(_) => &SOURCES[5],
+            SourceConfig::Evdev(_) => &SOURCES[6],
+            SourceConfig::X11Input(_) => &SOURCES[7],
+            SourceConfig::X11Screen(_) => &SOURCES[8],
+        }
+    }
+
+    /// The name used in error messages and logs, e.g. `file source`.
+    pub fn endpoint(&self) -> &'static str {
+        match self {
+            SourceConfig::Synthetic(_) => "synthetic source",
+            SourceConfig::SpacenavSim(_) => "spacenav-sim source",
+            SourceConfig::Stdin(_) => "stdin source",
+            SourceConfig::File(_) => "file source",
+            SourceConfig::Serial(_) => "serial source",
+            SourceConfig::Pty(_) => "pty source",
+            SourceConfig::Evdev(_) => "evdev source",
+            SourceConfig::X11Input(_) => "x11-input source",
+            SourceConfig::X11Screen(_) => "x11-screen source",
+        }
+    }
+
+    /// Short human text, e.g. `synthetic(size=100, interval_ms=16)`.
+    pub fn describe(&self) -> String {
+        match self {
+            SourceConfig::Synthetic(c) => {
+                let mut s = format!("synthetic(size={}, interval_ms={}", c.size, c.interval_ms);
+                fmt_opt(&mut s, "count", c.count);
+                fmt_opt(&mut s, "seed", Some(c.seed).filter(|&s| s != 1));
+                s + ")"
+            }
+            SourceConfig::SpacenavSim(c) => {
+                let mut s = format!("spacenav-sim(rate_hz={}", c.rate_hz);
+                fmt_opt(&mut s, "count", c.count);
+                fmt_opt(&mut s, "seed", Some(c.seed).filter(|&s| s != 1));
+                s + ")"
+            }
+            SourceConfig::Stdin(c) => format!("stdin(framing={})", c.framing),
+            SourceConfig::File(c) => {
+                format!("file(path={}, framing={})", c.path.display(), c.framing)
+            }
+            SourceConfig::Serial(c) => describe_serial(c),
+            SourceConfig::Pty(c) => describe_pty(c),
+            SourceConfig::Evdev(c) => format!(
+                "evdev(path={}{})",
+                c.path.display(),
+                if c.grab { ", grab" } else { "" }
+            ),
+            SourceConfig::X11Input(c) => {
+                format!("x11-input(display={}, window={})", c.display, c.window)
+            }
+            SourceConfig::X11Screen(c) => {
+                let mut s = format!("x11-screen(display={}, max_fps={}", c.display, c.max_fps);
+                fmt_opt(&mut s, "refresh_s", Some(c.refresh_s).filter(|&r| r != 0.0));
+                s + ")"
+            }
+        }
+    }
+
+    /// Checks parameter ranges; the error names the endpoint, the key and the allowed range.
+    pub fn validate(&self) -> Result<(), EndpointError> {
+        let endpoint = self.endpoint();
+        let bad = |param, reason: &str| {
+            Err(EndpointError::Config {
+                endpoint,
+                param,
+                reason: reason.to_string(),
+            })
+        };
+        match self {
+            SourceConfig::Synthetic(c) => {
+                if c.size > MAX_LENGTH_FRAME {
+                    return bad("size", "must be at most 67108864 (64 MiB)");
+                }
+                if !(c.interval_ms.is_finite() && c.interval_ms >= 0.0) {
+                    return bad("interval_ms", "must be a finite number >= 0");
+                }
+            }
+            SourceConfig::SpacenavSim(c) => {
+                if !(c.rate_hz.is_finite() && c.rate_hz > 0.0) {
+                    return bad("rate_hz", "must be a finite number > 0");
+                }
+            }
+            SourceConfig::X11Screen(c) => {
+                if !(c.max_fps.is_finite() && c.max_fps > 0.0) {
+                    return bad("max_fps", "must be a finite number > 0");
+                }
+                if !(c.refresh_s.is_finite() && c.refresh_s >= 0.0) {
+                    return bad("refresh_s", "must be a finite number >= 0 (0 = off)");
+                }
+            }
+            SourceConfig::Stdin(_)
+            | SourceConfig::File(_)
+            | SourceConfig::Evdev(_)
+            | SourceConfig::X11Input(_) => {}
+            SourceConfig::Serial(c) => check_settings(endpoint, &c.settings())?,
+            SourceConfig::Pty(c) => check_settings(endpoint, &c.settings())?,
+        }
+        Ok(())
+    }
+
+    /// Starts the source on the current tokio runtime; its frames (stream `stream`) go to
+    /// `tx`. Invalid parameters, a file that cannot be opened and a missing runtime are
+    /// errors here, before anything is spawned.
+    pub fn spawn(&self, stream: u16, tx: Sender<Frame>) -> Result<SourceTask, EndpointError> {
+        self.validate()?;
+        let endpoint = self.endpoint();
+        let rt = tokio::runtime::Handle::try_current()
+            .map_err(|_| EndpointError::NoRuntime { endpoint })?;
+        tracing::debug!(endpoint, stream, config = %self.describe(), "source starting");
+        match self {
+            SourceConfig::Synthetic(c) => {
+                synthetic::spawn_synthetic_source(&rt, endpoint, c, stream, tx)
+            }
+            SourceConfig::SpacenavSim(c) => {
+                synthetic::spawn_spacenav_sim_source(&rt, endpoint, c, stream, tx)
+            }
+            SourceConfig::Stdin(c) => stdio::spawn_stdin_source(&rt, endpoint, c, stream, tx),
+            SourceConfig::File(c) => file::spawn_file_source(&rt, endpoint, c, stream, tx),
+            SourceConfig::Serial(c) => serial::spawn_serial_source(&rt, endpoint, c, stream, tx),
+            SourceConfig::Pty(c) => serial::spawn_pty_source(&rt, endpoint, c, stream, tx),
+            SourceConfig::Evdev(c) => input::spawn_evdev_source(&rt, endpoint, c, stream, tx),
+            SourceConfig::X11Input(c) => {
+                input::spawn_x11_input_source(&rt, endpoint, c, stream, tx)
+            }
+            SourceConfig::X11Screen(c) => {
+                display::spawn_x11_screen_source(&rt, endpoint, c, stream, tx)
+            }
+        }
+    }
+}
+
+impl SinkConfig {
+    /// The `type` key.
+    pub fn name(&self) -> &'static str {
+        self.info().name
+    }
+
+    /// Every file-system path among the parameters (see [`SourceConfig::paths_mut`]).
+    pub fn paths_mut(&mut self) -> Vec<&mut PathBuf> {
+        match self {
+            SinkConfig::File(c) => vec![&mut c.path],
+            SinkConfig::Serial(c) => vec![&mut c.path],
+            SinkConfig::Pty(c) => vec![&mut c.link],
+            SinkConfig::Framebuffer(c) => vec![&mut c.path],
+            SinkConfig::Stdout(_)
+            | SinkConfig::Check(_)
+            | SinkConfig::Null(_)
+            | SinkConfig::Uinput(_)
+            | SinkConfig::Xtest(_)
+            | SinkConfig::X11Window(_) => vec![],
+        }
+    }
+
+    /// The catalogue entry.
+    pub fn info(&self) -> &'static EndpointInfo {
+        match self {
+            SinkConfig::Stdout(_) => &SINKS[0],
+            SinkConfig::File(_) => &SINKS[1],
+            SinkConfig::Check(_) => &SINKS[2],
+            SinkConfig::Null(_) => &SINKS[3],
+            SinkConfig::Serial(_) => &SINKS[4],
+            SinkConfig::Pty(_) => &SINKS[5],
+            SinkConfig::Uinput(_) => &SINKS[6],
+            SinkConfig::Xtest(_) => &SINKS[7],
+            SinkConfig::X11Window(_) => &SINKS[8],
+            SinkConfig::Framebuffer(_) => &SINKS[9],
+        }
+    }
+
+    /// The name used in error messages and logs, e.g. `file sink`.
+    pub fn endpoint(&self) -> &'static str {
+        match self {
+            SinkConfig::Stdout(_) => "stdout sink",
+            SinkConfig::File(_) => "file sink",
+            SinkConfig::Check(_) => "check sink",
+            SinkConfig::Null(_) => "null sink",
+            SinkConfig::Serial(_) => "serial sink",
+            SinkConfig::Pty(_) => "pty sink",
+            SinkConfig::Uinput(_) => "uinput sink",
+            SinkConfig::Xtest(_) => "xtest sink",
+            SinkConfig::X11Window(_) => "x11-window sink",
+            SinkConfig::Framebuffer(_) => "framebuffer sink",
+        }
+    }
+
+    /// Short human text, e.g. `file(path=/tmp/out, framing=lines, append)`.
+    pub fn describe(&self) -> String {
+        match self {
+            SinkConfig::Stdout(c) => format!("stdout(framing={})", c.framing),
+            SinkConfig::File(c) => format!(
+                "file(path={}, framing={}{})",
+                c.path.display(),
+                c.framing,
+                if c.append { ", append" } else { "" }
+            ),
+            SinkConfig::Check(c) => {
+                let mut s = String::new();
+                fmt_opt(&mut s, "seed", c.seed);
+                fmt_opt(&mut s, "size", c.size);
+                fmt_opt(&mut s, "expect", c.expect);
+                match s.strip_prefix(", ") {
+                    Some(args) => format!("check({args})"),
+                    None => "check".to_string(),
+                }
+            }
+            SinkConfig::Null(_) => "null".to_string(),
+            SinkConfig::Serial(c) => describe_serial(c),
+            SinkConfig::Pty(c) => describe_pty(c),
+            SinkConfig::Uinput(c) => format!("uinput(name={})", c.name),
+            SinkConfig::Xtest(c) => format!("xtest(display={})", c.display),
+            SinkConfig::X11Window(c) => {
+                format!("x11-window(display={}, title={})", c.display, c.title)
+            }
+            SinkConfig::Framebuffer(c) => format!("framebuffer(path={})", c.path.display()),
+        }
+    }
+
+    /// Checks parameter ranges; the error names the endpoint, the key and the allowed range.
+    pub fn validate(&self) -> Result<(), EndpointError> {
+        let endpoint = self.endpoint();
+        match self {
+            SinkConfig::Serial(c) => check_settings(endpoint, &c.settings()),
+            SinkConfig::Pty(c) => check_settings(endpoint, &c.settings()),
+            SinkConfig::Uinput(c) => {
+                if c.name.is_empty() || c.name.len() > 79 || c.name.contains('\0') {
+                    Err(EndpointError::Config {
+                        endpoint,
+                        param: "name",
+                        reason: "must be 1 to 79 bytes without NUL".to_string(),
+                    })
+                } else {
+                    Ok(())
+                }
+            }
+            SinkConfig::X11Window(c) => {
+                if c.title.contains('\0') {
+                    Err(EndpointError::Config {
+                        endpoint,
+                        param: "title",
+                        reason: "must not contain NUL".to_string(),
+                    })
+                } else {
+                    Ok(())
+                }
+            }
+            SinkConfig::Stdout(_)
+            | SinkConfig::File(_)
+            | SinkConfig::Check(_)
+            | SinkConfig::Null(_)
+            | SinkConfig::Xtest(_)
+            | SinkConfig::Framebuffer(_) => Ok(()),
+        }
+    }
+
+    /// For input-device sinks (uinput, XTEST): the record that releases every held key and
+    /// button, injected when the link to the device is lost. `None` for other sinks.
+    pub fn release_record(&self) -> Option<Vec<u8>> {
+        match self {
+            SinkConfig::Uinput(_) | SinkConfig::Xtest(_) => {
+                Some(input::InputMessage::release_all_payload().to_vec())
+            }
+            _ => None,
+        }
+    }
+
+    /// Starts the sink on the current tokio runtime, consuming `rx` until every sender is gone.
+    /// A file that cannot be created and a missing runtime are errors here, before anything
+    /// is spawned.
+    pub fn spawn(&self, rx: Receiver<Frame>) -> Result<SinkTask, EndpointError> {
+        self.spawn_tracked(rx, Delivered::default())
+    }
+
+    /// [`spawn`](SinkConfig::spawn), marking in `delivered` every frame (by `meta.seq`) once
+    /// the sink has completed it: its effect done as far as this process can tell (written
+    /// and flushed, injected, drawn, checked, counted, or dropped as an invalid record).
+    pub fn spawn_tracked(
+        &self,
+        rx: Receiver<Frame>,
+        delivered: Delivered,
+    ) -> Result<SinkTask, EndpointError> {
+        self.validate()?;
+        let endpoint = self.endpoint();
+        let rt = tokio::runtime::Handle::try_current()
+            .map_err(|_| EndpointError::NoRuntime { endpoint })?;
+        tracing::debug!(endpoint, config = %self.describe(), "sink starting");
+        match self {
+            SinkConfig::Stdout(c) => stdio::spawn_stdout_sink(&rt, endpoint, c, rx, delivered),
+            SinkConfig::File(c) => file::spawn_file_sink(&rt, endpoint, c, rx, delivered),
+            SinkConfig::Check(c) => check::spawn_check_sink(&rt, endpoint, c, rx, delivered),
+            SinkConfig::Null(_) => check::spawn_null_sink(&rt, endpoint, rx, delivered),
+            SinkConfig::Serial(c) => serial::spawn_serial_sink(&rt, endpoint, c, rx, delivered),
+            SinkConfig::Pty(c) => serial::spawn_pty_sink(&rt, endpoint, c, rx, delivered),
+            SinkConfig::Uinput(c) => input::spawn_uinput_sink(&rt, endpoint, c, rx, delivered),
+            SinkConfig::Xtest(c) => input::spawn_xtest_sink(&rt, endpoint, c, rx, delivered),
+            SinkConfig::X11Window(c) => {
+                display::spawn_x11_window_sink(&rt, endpoint, c, rx, delivered)
+            }
+            SinkConfig::Framebuffer(c) => {
+                display::spawn_framebuffer_sink(&rt, endpoint, c, rx, delivered)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod config_tests;
+#[cfg(test)]
+mod sink_tests;
+#[cfg(test)]
+mod source_tests;

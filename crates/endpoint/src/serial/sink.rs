@@ -1,0 +1,177 @@
+//! The `serial` and `pty` sinks: a serial sink writes data frames to the tty, applies
+//! line-settings frames and sets DTR/RTS from modem-line frames; a pty sink writes data frames
+//! for the app to read and drops what a pty cannot show.
+
+use super::config::{PtyConfig, SerialConfig};
+use super::record::{ModemLines, SerialMessage};
+use super::tty::{apply_settings, open_pty, open_tty, write_all, Pty, Tty};
+use crate::common::delivered::Delivered;
+use crate::common::error::EndpointError;
+use crate::common::report::{SinkReport, SinkTask};
+use crate::sys;
+use ndd_core::Frame;
+use rustix::termios::OptionalActions;
+use std::io;
+use std::sync::Arc;
+use tokio::runtime::Handle;
+use tokio::sync::mpsc::Receiver;
+
+/// Opens (or shares) the tty of a `serial` sink and starts it.
+pub(crate) fn spawn_serial_sink(
+    rt: &Handle,
+    endpoint: &'static str,
+    c: &SerialConfig,
+    rx: Receiver<Frame>,
+    delivered: Delivered,
+) -> Result<SinkTask, EndpointError> {
+    let tty = open_tty(endpoint, c)?;
+    Ok(rt.spawn(run_tty_sink(endpoint, tty, rx, delivered)))
+}
+
+/// Creates (or shares) the pty of a `pty` sink and starts it.
+pub(crate) fn spawn_pty_sink(
+    rt: &Handle,
+    endpoint: &'static str,
+    c: &PtyConfig,
+    rx: Receiver<Frame>,
+    delivered: Delivered,
+) -> Result<SinkTask, EndpointError> {
+    let pty = open_pty(endpoint, c)?;
+    Ok(rt.spawn(run_pty_sink(endpoint, pty, rx, delivered)))
+}
+
+/// A serial sink's record, or the error that ends the sink (a bad record is rejected:
+/// nothing more will ever be done with it, so it counts as completed).
+fn parse_or_reject<'a>(
+    endpoint: &'static str,
+    frame: &'a Frame,
+    delivered: &Delivered,
+) -> Result<SerialMessage<'a>, EndpointError> {
+    SerialMessage::parse(frame.payload()).map_err(|source| {
+        delivered.mark(frame.meta.seq);
+        EndpointError::BadFrame {
+            endpoint,
+            seq: frame.meta.seq,
+            source,
+        }
+    })
+}
+
+fn write_err(endpoint: &'static str, what: &str, source: io::Error) -> EndpointError {
+    EndpointError::Write {
+        endpoint,
+        what: what.to_string(),
+        source,
+    }
+}
+
+/// `serial` sink: writes data, applies line settings and DTR/RTS.
+async fn run_tty_sink(
+    endpoint: &'static str,
+    tty: Arc<Tty>,
+    mut rx: Receiver<Frame>,
+    delivered: Delivered,
+) -> Result<SinkReport, EndpointError> {
+    let what = tty.path.display().to_string();
+    let mut report = SinkReport::default();
+    let mut modem_warned = false;
+    while let Some(frame) = rx.recv().await {
+        report.frames += 1;
+        report.bytes += frame.len() as u64;
+        match parse_or_reject(endpoint, &frame, &delivered)? {
+            SerialMessage::Data(d) => write_all(&tty.fd, d)
+                .await
+                .map_err(|source| write_err(endpoint, &what, source))?,
+            SerialMessage::Settings(s) => {
+                let shared = tty.clone();
+                // TCSADRAIN waits until the bytes written so far have left the port: off the
+                // runtime's threads.
+                let applied = tokio::task::spawn_blocking(move || -> io::Result<()> {
+                    let fd = shared.fd.get_ref();
+                    let mut t = rustix::termios::tcgetattr(fd)?;
+                    apply_settings(&mut t, &s)?;
+                    rustix::termios::tcsetattr(fd, OptionalActions::Drain, &t)?;
+                    Ok(())
+                })
+                .await
+                .unwrap_or_else(|e| Err(io::Error::other(e.to_string())));
+                match applied {
+                    Ok(()) => {
+                        tracing::debug!(endpoint, path = %what, settings = %s, "line settings applied")
+                    }
+                    // The app was already told yes by its pty: report and carry on with the
+                    // old settings rather than end the stream.
+                    Err(e) => tracing::warn!(endpoint, path = %what, settings = %s, error = %e,
+                        "cannot apply line settings; the port keeps its previous ones"),
+                }
+            }
+            SerialMessage::Modem(m) => {
+                for (bit, tiocm) in [
+                    (ModemLines::DTR, libc::TIOCM_DTR),
+                    (ModemLines::RTS, libc::TIOCM_RTS),
+                ] {
+                    if m.valid & bit == 0 {
+                        continue;
+                    }
+                    if let Err(e) = sys::tiocm_set(tty.fd.get_ref(), tiocm, m.state & bit != 0) {
+                        if !modem_warned {
+                            modem_warned = true;
+                            tracing::warn!(endpoint, path = %what, error = %e,
+                                "cannot set DTR/RTS on this tty; modem-line frames are ignored");
+                        }
+                    }
+                }
+            }
+        }
+        // Written to the tty (or line settings / modem lines applied, or refused by the port
+        // and reported): as complete as this process can make it.
+        delivered.mark(frame.meta.seq);
+    }
+    tracing::debug!(
+        endpoint,
+        frames = report.frames,
+        bytes = report.bytes,
+        "sink ended"
+    );
+    Ok(report)
+}
+
+/// `pty` sink: writes data for the app to read; settings and modem lines are not
+/// representable on a pty and are dropped (counted in the report like every frame).
+async fn run_pty_sink(
+    endpoint: &'static str,
+    pty: Arc<Pty>,
+    mut rx: Receiver<Frame>,
+    delivered: Delivered,
+) -> Result<SinkReport, EndpointError> {
+    let what = pty.link.display().to_string();
+    let mut report = SinkReport::default();
+    while let Some(frame) = rx.recv().await {
+        report.frames += 1;
+        report.bytes += frame.len() as u64;
+        match parse_or_reject(endpoint, &frame, &delivered)? {
+            SerialMessage::Data(d) => write_all(&pty.master, d)
+                .await
+                .map_err(|source| write_err(endpoint, &what, source))?,
+            SerialMessage::Settings(s) => {
+                tracing::trace!(endpoint, settings = %s, "line settings frame ignored by a pty")
+            }
+            SerialMessage::Modem(m) => {
+                tracing::trace!(
+                    endpoint,
+                    state = m.state,
+                    "modem lines cannot be shown on a pty"
+                )
+            }
+        }
+        // Written to the pty's master (or dropped, not representable).
+        delivered.mark(frame.meta.seq);
+    }
+    tracing::debug!(
+        endpoint,
+        frames = report.frames,
+        bytes = report.bytes,
+        "sink ended"
+    );
+    Ok(report)
+}
