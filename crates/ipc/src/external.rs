@@ -26,7 +26,10 @@ use crate::shm;
 use crate::transport::{Liveness, PipeTransport, ShmTransport, Transport, TransportError};
 use bytes::Bytes;
 use ndd_core::frame::DEFAULT_HEADROOM;
-use ndd_core::{Frame, Half, HalfStats, ModuleError, Output, Pair};
+use ndd_core::{
+    ControlError, ForeignError, Frame, FrameError, Half, HalfStats, ModuleError, Output, Pair,
+    ParamError, SetupError,
+};
 use serde::Deserialize;
 use std::io::BufRead;
 use std::os::fd::OwnedFd;
@@ -35,6 +38,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// The pair's name, first in its parameter errors.
+const PAIR: &str = "external";
 
 /// Module id of `external` in the handshake.
 pub const EXTERNAL_ID: u16 = 100;
@@ -178,44 +184,40 @@ impl ExternalConfig {
         }
     }
 
-    /// Checks ranges; the message names the parameter.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks ranges; the error names the parameter.
+    pub fn validate(&self) -> Result<(), ParamError> {
         if self.name.is_empty()
             || !self
                 .name
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
         {
-            return Err(format!(
-                "external: name {:?} must be non-empty ASCII letters, digits, '-', '_' or '.'",
-                self.name
-            ));
+            return Err(ParamError::Invalid {
+                pair: PAIR,
+                param: "name",
+                value: self.name.clone(),
+                reason: "must be non-empty ASCII letters, digits, '-', '_' or '.'",
+            });
         }
-        if self.forward.is_empty() || self.inverse.is_empty() {
-            return Err(format!(
-                "external {:?}: forward and inverse must each name a program",
-                self.name
-            ));
+        for (param, argv) in [("forward", &self.forward), ("inverse", &self.inverse)] {
+            if argv.is_empty() {
+                return Err(ParamError::Missing {
+                    pair: PAIR,
+                    param,
+                    what: "a program",
+                });
+            }
         }
-        if !(1..=600_000).contains(&self.timeout_ms) {
-            return Err(format!(
-                "external {:?}: timeout_ms must be in 1..=600000",
-                self.name
-            ));
+        ParamError::check_range(PAIR, "timeout_ms", self.timeout_ms, 1..=600_000)?;
+        ParamError::check_range(PAIR, "ring_kib", self.ring_kib, 4..=1 << 20)?;
+        if !self.ring_kib.is_power_of_two() {
+            return Err(ParamError::NotPowerOfTwo {
+                pair: PAIR,
+                param: "ring_kib",
+                value: self.ring_kib.into(),
+            });
         }
-        if !(4..=1 << 20).contains(&self.ring_kib) || !self.ring_kib.is_power_of_two() {
-            return Err(format!(
-                "external {:?}: ring_kib must be a power of two in 4..=1048576",
-                self.name
-            ));
-        }
-        if self.spin > 1_000_000 {
-            return Err(format!(
-                "external {:?}: spin must be in 0..=1000000",
-                self.name
-            ));
-        }
-        Ok(())
+        ParamError::check_range(PAIR, "spin", self.spin, 0..=1_000_000)
     }
 
     fn argv(&self, role: HalfRole) -> &[String] {
@@ -228,7 +230,7 @@ impl ExternalConfig {
 
 impl Pair for ExternalConfig {
     fn name(&self) -> &'static str {
-        "external"
+        PAIR
     }
     fn id(&self) -> u16 {
         EXTERNAL_ID
@@ -364,7 +366,7 @@ impl ExternalHalf {
 
     /// Starts the program of `role` and greets it.
     pub fn spawn(cfg: &ExternalConfig, role: HalfRole) -> Result<ExternalHalf, ModuleError> {
-        cfg.validate().map_err(ModuleError::Setup)?;
+        cfg.validate()?;
         let mut h = ExternalHalf::new(cfg, role, Launcher::Process(cfg.argv(role).to_vec()));
         h.connect()?;
         Ok(h)
@@ -537,7 +539,7 @@ impl ExternalHalf {
     fn connect(&mut self) -> Result<(), ModuleError> {
         let conn = self
             .start()
-            .map_err(|e| ModuleError::Setup(format!("{}: {e}", self.who())))?;
+            .map_err(|e| foreign(setup_error, format!("{}: {e}", self.who())))?;
         self.conn = Some(conn);
         self.wake = None;
         let name = self.name.clone();
@@ -552,7 +554,7 @@ impl ExternalHalf {
             Err(Failure::Broken(m)) | Err(Failure::Reported(m)) => {
                 let who = self.who();
                 self.conn = None;
-                Err(ModuleError::Setup(format!("{who}: refused HELLO: {m}")))
+                Err(foreign(setup_error, format!("{who}: refused HELLO: {m}")))
             }
         }
     }
@@ -623,7 +625,7 @@ impl ExternalHalf {
         req: Request<'_>,
         what: &str,
         out: &mut Output,
-        mk: fn(String) -> ModuleError,
+        mk: fn(ForeignError) -> ModuleError,
     ) -> Result<(), ModuleError> {
         if let Some(e) = &self.poisoned {
             return Err(e.clone());
@@ -644,7 +646,10 @@ impl ExternalHalf {
                     return Ok(());
                 }
                 Err(Failure::Reported(m)) => {
-                    return Err(mk(format!("{} failed on a {what}: {m}", self.who())));
+                    return Err(foreign(
+                        mk,
+                        format!("{} failed on a {what}: {m}", self.who()),
+                    ));
                 }
                 Err(Failure::Broken(m)) => {
                     let who = self.who();
@@ -661,7 +666,7 @@ impl ExternalHalf {
                         Restart::Never => "restart = \"never\"",
                         Restart::OnFailure => "failed again after a restart",
                     };
-                    return Err(mk(format!("{who} {m} on a {what} ({policy})")));
+                    return Err(foreign(mk, format!("{who} {m} on a {what} ({policy})")));
                 }
             }
         }
@@ -676,6 +681,22 @@ impl ExternalHalf {
     }
 }
 
+fn foreign(mk: fn(ForeignError) -> ModuleError, text: String) -> ModuleError {
+    mk(ForeignError::new(text))
+}
+
+fn setup_error(e: ForeignError) -> ModuleError {
+    ModuleError::from(SetupError::Foreign(e))
+}
+
+fn frame_error(e: ForeignError) -> ModuleError {
+    ModuleError::from(FrameError::Foreign(e))
+}
+
+fn control_error(e: ForeignError) -> ModuleError {
+    ModuleError::from(ControlError::Foreign(e))
+}
+
 impl Half for ExternalHalf {
     fn handle_frame(
         &mut self,
@@ -688,7 +709,7 @@ impl Half for ExternalHalf {
             meta: frame.meta,
             payload: frame.payload(),
         };
-        self.call(req, "frame", out, ModuleError::MalformedFrame)
+        self.call(req, "frame", out, frame_error)
     }
 
     fn handle_control(
@@ -701,7 +722,7 @@ impl Half for ExternalHalf {
             now_ns: self.now_ns(now),
             msg: &msg,
         };
-        self.call(req, "control message", out, ModuleError::MalformedControl)
+        self.call(req, "control message", out, control_error)
     }
 
     fn handle_timeout(&mut self, now: Instant, out: &mut Output) {
@@ -710,7 +731,7 @@ impl Half for ExternalHalf {
             let req = Request::Timeout {
                 now_ns: self.now_ns(now),
             };
-            let r = self.call(req, "timeout", out, ModuleError::MalformedFrame);
+            let r = self.call(req, "timeout", out, frame_error);
             self.poison(r);
         }
     }
@@ -723,7 +744,7 @@ impl Half for ExternalHalf {
         let req = Request::Flush {
             now_ns: self.now_ns(Instant::now()),
         };
-        let r = self.call(req, "flush", out, ModuleError::MalformedFrame);
+        let r = self.call(req, "flush", out, frame_error);
         self.poison(r);
     }
 

@@ -1,7 +1,7 @@
 //! External modules end to end: real processes (Python, C, Rust) and in-process children,
 //! over pipes and shared memory; failures, restarts, zombies; interchangeability.
 
-use ndd_core::{Frame, Half, HalfStats, Meta, ModuleError, Output, Pair, Role, Stack};
+use ndd_core::{Frame, FrameError, Half, HalfStats, Meta, ModuleError, Output, Pair, Role, Stack};
 use ndd_ipc::child::{from_fn, Handler, Replies};
 use ndd_ipc::{ExternalConfig, ExternalHalf, HalfRole, Placement, Restart};
 use std::path::PathBuf;
@@ -88,13 +88,17 @@ impl Half for Sum {
             let s: u32 = f.payload().iter().map(|&b| b as u32).sum();
             f.push_header(&s.to_be_bytes());
         } else {
-            let h = f
-                .pop_header(4)
-                .ok_or(ModuleError::MalformedFrame("short".into()))?;
+            let h = f.pop_header(4).ok_or(FrameError::Invalid {
+                pair: "sum",
+                rule: "short",
+            })?;
             let want = u32::from_be_bytes([h[0], h[1], h[2], h[3]]);
             let s: u32 = f.payload().iter().map(|&b| b as u32).sum();
             if s != want {
-                return Err(ModuleError::MalformedFrame("sum".into()));
+                return Err(ModuleError::from(FrameError::Invalid {
+                    pair: "sum",
+                    rule: "sum",
+                }));
             }
         }
         out.push(f);
@@ -471,5 +475,5 @@ restart = "on-failure""#,
     assert!(e.contains("unknown field `timeout`"), "{e}");
     let mut bad = c.clone();
     bad.ring_kib = 3;
-    assert!(bad.validate().unwrap_err().contains("ring_kib"));
+    assert!(bad.validate().unwrap_err().to_string().contains("ring_kib"));
 }
