@@ -21,6 +21,7 @@
 //! the frames look like. Rename the module when you change its format.
 
 use crate::child::{self, Handler};
+use crate::error::{ChildFault, ExternalError, Failure, StartError, Who};
 use crate::proto::{HalfRole, Reply, Request};
 use crate::shm;
 use crate::transport::{Liveness, PipeTransport, ShmTransport, Transport, TransportError};
@@ -268,18 +269,18 @@ impl Conn {
     }
 
     /// After the channel closed: how the child ended, if it did within 200 ms.
-    fn exit_status(&mut self) -> String {
+    fn exit_status(&mut self) -> ChildFault {
         if let Some(c) = &mut self.process {
             for _ in 0..200 {
                 match c.try_wait() {
-                    Ok(Some(st)) => return format!("exited ({st})"),
+                    Ok(Some(st)) => return ChildFault::Exited(st),
                     Ok(None) => std::thread::sleep(Duration::from_millis(1)),
-                    Err(e) => return format!("closed its channel (wait failed: {e})"),
+                    Err(e) => return ChildFault::WaitFailed(e),
                 }
             }
-            return "closed its channel but is still running".to_string();
+            return ChildFault::StillRunning;
         }
-        "ended (in-process thread)".to_string()
+        ChildFault::ThreadEnded
     }
 }
 
@@ -301,13 +302,6 @@ impl Drop for Conn {
             tracing::warn!("external: in-process child thread did not end; detached");
         }
     }
-}
-
-enum Failure {
-    /// The child died, hung or wrote garbage: restartable.
-    Broken(String),
-    /// The child answered ERROR: the request itself is bad.
-    Reported(String),
 }
 
 /// The host half of an external module: each call becomes one request to the child and
@@ -395,25 +389,24 @@ impl ExternalHalf {
         self.restarts
     }
 
-    fn who(&self) -> String {
-        let pid = self.pid().map(|p| format!(", pid {p}")).unwrap_or_default();
-        format!(
-            "external module \"{}\" ({} half, {}{pid})",
-            self.name,
-            self.role.as_str(),
-            self.placement.as_str()
-        )
+    fn who(&self) -> Who {
+        Who {
+            name: self.name.clone(),
+            role: self.role,
+            placement: self.placement,
+            pid: self.pid(),
+        }
     }
 
-    fn start(&self) -> Result<Conn, String> {
+    fn start(&self) -> Result<Conn, StartError> {
         match &self.launcher {
             Launcher::Process(argv) => self.start_process(argv),
             Launcher::Thread(make) => self.start_thread(make.clone()),
         }
     }
 
-    fn start_process(&self, argv: &[String]) -> Result<Conn, String> {
-        let (prog, args) = argv.split_first().ok_or("empty command")?;
+    fn start_process(&self, argv: &[String]) -> Result<Conn, StartError> {
+        let (prog, args) = argv.split_first().ok_or(StartError::EmptyCommand)?;
         let mut cmd = Command::new(prog);
         cmd.args(args)
             .env("NDD_MODULE_NAME", &self.name)
@@ -425,8 +418,8 @@ impl ExternalHalf {
                 cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
             }
             Placement::Shm => {
-                let (fd, p, c) = shm::create(self.ring_bytes, self.spin)
-                    .map_err(|e| format!("cannot create the shared-memory ring: {e}"))?;
+                let (fd, p, c) =
+                    shm::create(self.ring_bytes, self.spin).map_err(StartError::Ring)?;
                 shm::pass_fd(&mut cmd, &fd, 3);
                 cmd.env("NDD_SHM_FD", "3")
                     .env("NDD_SHM_SPIN", self.spin.to_string())
@@ -435,9 +428,10 @@ impl ExternalHalf {
                 region = Some((fd, p, c));
             }
         }
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start {argv:?}: {e}"))?;
+        let mut child = cmd.spawn().map_err(|source| StartError::Spawn {
+            argv: argv.to_vec(),
+            source,
+        })?;
         if let Some(err) = child.stderr.take() {
             let name = self.name.clone();
             let role = self.role.as_str();
@@ -456,16 +450,13 @@ impl ExternalHalf {
         let transport: Box<dyn Transport> = match region {
             None => {
                 let (Some(out), Some(inp)) = (child.stdout.take(), child.stdin.take()) else {
-                    return Err("child has no stdin/stdout".to_string());
+                    return Err(StartError::NoStdio);
                 };
                 // 1 MiB pipe buffers (the default is 64 KiB) cut wake-ups for big frames;
                 // refused above /proc/sys/fs/pipe-max-size, which is harmless.
                 let _ = rustix::pipe::fcntl_setpipe_size(&out, 1 << 20);
                 let _ = rustix::pipe::fcntl_setpipe_size(&inp, 1 << 20);
-                Box::new(
-                    PipeTransport::new(OwnedFd::from(out), OwnedFd::from(inp))
-                        .map_err(|e| e.to_string())?,
-                )
+                Box::new(PipeTransport::new(OwnedFd::from(out), OwnedFd::from(inp))?)
             }
             Some((fd, p, c)) => {
                 drop(fd); // the child has its copy; our mapping keeps the memory
@@ -486,45 +477,38 @@ impl ExternalHalf {
         })
     }
 
-    fn start_thread(&self, make: HandlerFactory) -> Result<Conn, String> {
+    fn start_thread(&self, make: HandlerFactory) -> Result<Conn, StartError> {
         let name = format!("ndd-ipc-{}", self.name);
         let (host, thread): (Box<dyn Transport>, JoinHandle<()>) = match self.placement {
             Placement::Pipe => {
-                let (host, mut child_t) = PipeTransport::pair().map_err(|e| e.to_string())?;
-                let t = std::thread::Builder::new()
-                    .name(name)
-                    .spawn(move || {
-                        let mut h = make();
-                        if let Err(e) = child::serve(&mut child_t, h.as_mut()) {
-                            tracing::debug!(error = %e, "in-process child ended");
-                        }
-                    })
-                    .map_err(|e| e.to_string())?;
+                let (host, mut child_t) = PipeTransport::pair()?;
+                let t = std::thread::Builder::new().name(name).spawn(move || {
+                    let mut h = make();
+                    if let Err(e) = child::serve(&mut child_t, h.as_mut()) {
+                        tracing::debug!(error = %e, "in-process child ended");
+                    }
+                })?;
                 (Box::new(host), t)
             }
             Placement::Shm => {
-                let (fd, p, c) =
-                    shm::create(self.ring_bytes, self.spin).map_err(|e| e.to_string())?;
-                let (cp, cc) = shm::open_in_process(&fd, self.spin).map_err(|e| e.to_string())?;
+                let (fd, p, c) = shm::create(self.ring_bytes, self.spin)?;
+                let (cp, cc) = shm::open_in_process(&fd, self.spin)?;
                 let alive = Arc::new(AtomicBool::new(true));
                 let flag = alive.clone();
-                let t = std::thread::Builder::new()
-                    .name(name)
-                    .spawn(move || {
-                        struct Bye(Arc<AtomicBool>);
-                        impl Drop for Bye {
-                            fn drop(&mut self) {
-                                self.0.store(false, Ordering::SeqCst);
-                            }
+                let t = std::thread::Builder::new().name(name).spawn(move || {
+                    struct Bye(Arc<AtomicBool>);
+                    impl Drop for Bye {
+                        fn drop(&mut self) {
+                            self.0.store(false, Ordering::SeqCst);
                         }
-                        let _bye = Bye(flag);
-                        let mut t = ShmTransport::new(cp, cc, Liveness::None);
-                        let mut h = make();
-                        if let Err(e) = child::serve(&mut t, h.as_mut()) {
-                            tracing::debug!(error = %e, "in-process child ended");
-                        }
-                    })
-                    .map_err(|e| e.to_string())?;
+                    }
+                    let _bye = Bye(flag);
+                    let mut t = ShmTransport::new(cp, cc, Liveness::None);
+                    let mut h = make();
+                    if let Err(e) = child::serve(&mut t, h.as_mut()) {
+                        tracing::debug!(error = %e, "in-process child ended");
+                    }
+                })?;
                 (Box::new(ShmTransport::new(p, c, Liveness::Flag(alive))), t)
             }
         };
@@ -537,9 +521,12 @@ impl ExternalHalf {
 
     /// Starts the child and sends `HELLO`.
     fn connect(&mut self) -> Result<(), ModuleError> {
-        let conn = self
-            .start()
-            .map_err(|e| foreign(setup_error, format!("{}: {e}", self.who())))?;
+        let conn = self.start().map_err(|source| {
+            setup_error(ExternalError::Start {
+                who: self.who(),
+                source,
+            })
+        })?;
         self.conn = Some(conn);
         self.wake = None;
         let name = self.name.clone();
@@ -551,10 +538,10 @@ impl ExternalHalf {
         let (h, t) = hello.encode();
         match self.exchange(&h, t) {
             Ok(()) => Ok(()),
-            Err(Failure::Broken(m)) | Err(Failure::Reported(m)) => {
+            Err(failure) => {
                 let who = self.who();
                 self.conn = None;
-                Err(foreign(setup_error, format!("{who}: refused HELLO: {m}")))
+                Err(setup_error(ExternalError::Hello { who, failure }))
             }
         }
     }
@@ -569,28 +556,28 @@ impl ExternalHalf {
         self.control.clear();
         let timeout = self.timeout;
         let Some(conn) = self.conn.as_mut() else {
-            return Err(Failure::Broken("not running".into()));
+            return Err(ChildFault::NotRunning.into());
         };
         let deadline = Instant::now() + timeout;
         let describe = |conn: &mut Conn, e: TransportError| -> Failure {
             Failure::Broken(match e {
-                TransportError::Timeout => {
-                    format!("did not answer within {} ms (hung?)", timeout.as_millis())
-                }
+                TransportError::Timeout => ChildFault::Timeout {
+                    ms: timeout.as_millis(),
+                },
                 TransportError::Closed => conn.exit_status(),
-                TransportError::Garbage(g) => format!("wrote garbage: {g}"),
-                TransportError::Io(e) => format!("i/o error: {e}"),
+                TransportError::Garbage(g) => ChildFault::Garbage(g),
+                TransportError::Io(e) => ChildFault::Io(e),
             })
         };
         let Some(t) = conn.transport.as_mut() else {
-            return Err(Failure::Broken("not running".into()));
+            return Err(ChildFault::NotRunning.into());
         };
         if let Err(e) = t.send(&[head, tail], deadline) {
             return Err(describe(conn, e));
         }
         loop {
             let Some(t) = conn.transport.as_mut() else {
-                return Err(Failure::Broken("not running".into()));
+                return Err(ChildFault::NotRunning.into());
             };
             let msg = match t.recv(deadline) {
                 Ok(m) => m,
@@ -615,7 +602,7 @@ impl ExternalHalf {
                     return Ok(());
                 }
                 Ok(Reply::Error { message }) => return Err(Failure::Reported(message.to_string())),
-                Err(e) => return Err(Failure::Broken(format!("wrote garbage: {e}"))),
+                Err(e) => return Err(ChildFault::BadReply(e).into()),
             }
         }
     }
@@ -623,9 +610,9 @@ impl ExternalHalf {
     fn call(
         &mut self,
         req: Request<'_>,
-        what: &str,
+        what: &'static str,
         out: &mut Output,
-        mk: fn(ForeignError) -> ModuleError,
+        mk: fn(ExternalError) -> ModuleError,
     ) -> Result<(), ModuleError> {
         if let Some(e) = &self.poisoned {
             return Err(e.clone());
@@ -645,13 +632,14 @@ impl ExternalHalf {
                     }
                     return Ok(());
                 }
-                Err(Failure::Reported(m)) => {
-                    return Err(foreign(
-                        mk,
-                        format!("{} failed on a {what}: {m}", self.who()),
-                    ));
+                Err(Failure::Reported(message)) => {
+                    return Err(mk(ExternalError::Reported {
+                        who: self.who(),
+                        request: what,
+                        message,
+                    }));
                 }
-                Err(Failure::Broken(m)) => {
+                Err(Failure::Broken(fault)) => {
                     let who = self.who();
                     self.failures += 1;
                     self.conn = None; // kill and reap
@@ -659,14 +647,15 @@ impl ExternalHalf {
                     if self.restart == Restart::OnFailure && attempt == 0 {
                         self.restarts += 1;
                         tracing::warn!(module = %self.name, role = self.role.as_str(),
-                            restarts = self.restarts, "{who} {m} on a {what}; restarting it");
+                            restarts = self.restarts, "{who} {fault} on a {what}; restarting it");
                         continue;
                     }
-                    let policy = match self.restart {
-                        Restart::Never => "restart = \"never\"",
-                        Restart::OnFailure => "failed again after a restart",
-                    };
-                    return Err(foreign(mk, format!("{who} {m} on a {what} ({policy})")));
+                    return Err(mk(ExternalError::Broken {
+                        who,
+                        fault,
+                        request: what,
+                        restart: self.restart,
+                    }));
                 }
             }
         }
@@ -681,20 +670,16 @@ impl ExternalHalf {
     }
 }
 
-fn foreign(mk: fn(ForeignError) -> ModuleError, text: String) -> ModuleError {
-    mk(ForeignError::new(text))
+fn setup_error(e: ExternalError) -> ModuleError {
+    ModuleError::from(SetupError::Foreign(ForeignError::new(e)))
 }
 
-fn setup_error(e: ForeignError) -> ModuleError {
-    ModuleError::from(SetupError::Foreign(e))
+fn frame_error(e: ExternalError) -> ModuleError {
+    ModuleError::from(FrameError::Foreign(ForeignError::new(e)))
 }
 
-fn frame_error(e: ForeignError) -> ModuleError {
-    ModuleError::from(FrameError::Foreign(e))
-}
-
-fn control_error(e: ForeignError) -> ModuleError {
-    ModuleError::from(ControlError::Foreign(e))
+fn control_error(e: ExternalError) -> ModuleError {
+    ModuleError::from(ControlError::Foreign(ForeignError::new(e)))
 }
 
 impl Half for ExternalHalf {

@@ -363,6 +363,31 @@ fn a_child_writing_garbage_is_refused_at_start() {
 }
 
 #[test]
+fn a_failing_program_is_a_typed_external_error() {
+    use ndd_core::SetupError;
+    use ndd_ipc::error::StartError;
+    use ndd_ipc::ExternalError;
+    let c = ExternalConfig::new("missing", &["/nonexistent/module"], &["x"]);
+    let Err(ModuleError::Setup(e)) = ExternalHalf::spawn(&c, HalfRole::Forward) else {
+        panic!("a missing program is a setup error");
+    };
+    let SetupError::Foreign(f) = &*e else {
+        panic!("not an external module's error: {e:?}");
+    };
+    match f.downcast_ref::<ExternalError>() {
+        Some(ExternalError::Start {
+            who,
+            source: StartError::Spawn { argv, source },
+        }) => {
+            assert_eq!(who.name, "missing");
+            assert_eq!(argv, &["/nonexistent/module"]);
+            assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
 fn dropping_halves_leaves_no_zombies() {
     let mut pids = vec![];
     for c in [python(), c_module(), rust(Placement::Shm)] {
