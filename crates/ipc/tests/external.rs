@@ -2,7 +2,7 @@
 //! over pipes and shared memory; failures, restarts, zombies; interchangeability.
 
 use ndd_core::{Frame, FrameError, Half, HalfStats, Meta, ModuleError, Output, Pair, Role, Stack};
-use ndd_ipc::child::{from_fn, Handler, Replies};
+use ndd_ipc::child::{from_fn, Handler, HandlerError, Replies};
 use ndd_ipc::{ExternalConfig, ExternalHalf, HalfRole, Placement, Restart};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -412,19 +412,24 @@ impl Handler for Holder {
         m: Meta,
         p: &'a [u8],
         out: &mut Replies<'a>,
-    ) -> Result<(), String> {
+    ) -> Result<(), HandlerError> {
         self.held.push((m, p.to_vec()));
         out.wake_at(Some(now + 5_000_000));
         Ok(())
     }
-    fn control<'a>(&mut self, _: u64, msg: &'a [u8], out: &mut Replies<'a>) -> Result<(), String> {
+    fn control<'a>(
+        &mut self,
+        _: u64,
+        msg: &'a [u8],
+        out: &mut Replies<'a>,
+    ) -> Result<(), HandlerError> {
         if msg == b"bad" {
-            return Err("bad control".into());
+            return Err(HandlerError::module("bad control"));
         }
         out.control(&[msg, b"!"].concat());
         Ok(())
     }
-    fn timeout(&mut self, _: u64, out: &mut Replies<'_>) -> Result<(), String> {
+    fn timeout(&mut self, _: u64, out: &mut Replies<'_>) -> Result<(), HandlerError> {
         for (m, p) in self.held.drain(..) {
             out.frame_owned(m, p);
         }
