@@ -2,6 +2,7 @@
 //! and an inverse [`Half`] on the sink side. Halves do no I/O and read no clock: time comes in
 //! as `now`, deadlines go out through [`Half::poll_timeout`].
 
+use crate::error::{ControlError, FrameError, ParamError, SetupError};
 use crate::frame::Frame;
 use bytes::Bytes;
 use std::time::Instant;
@@ -46,17 +47,44 @@ impl Output {
 /// Why a half could not process its input. Fatal for the stream: the session reports it with
 /// the stream and layer and closes. Recoverable conditions (a corrupted frame a checksum
 /// catches) are counted in [`HalfStats`] instead.
+///
+/// The causes are boxed so that the `Result` every call of a half returns stays small; build
+/// one with `ModuleError::from(cause)` or `?` on a cause.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum ModuleError {
     /// A frame from the twin half does not have the shape this half expects.
     #[error("malformed frame: {0}")]
-    MalformedFrame(String),
+    MalformedFrame(Box<FrameError>),
     /// A control message from the twin half does not have the shape this half expects.
     #[error("malformed control message: {0}")]
-    MalformedControl(String),
+    MalformedControl(Box<ControlError>),
     /// The half could not be built from its parameters (missing key file, ...).
     #[error("cannot start: {0}")]
-    Setup(String),
+    Setup(Box<SetupError>),
+}
+
+impl From<FrameError> for ModuleError {
+    fn from(e: FrameError) -> ModuleError {
+        ModuleError::MalformedFrame(Box::new(e))
+    }
+}
+
+impl From<ControlError> for ModuleError {
+    fn from(e: ControlError) -> ModuleError {
+        ModuleError::MalformedControl(Box::new(e))
+    }
+}
+
+impl From<SetupError> for ModuleError {
+    fn from(e: SetupError) -> ModuleError {
+        ModuleError::Setup(Box::new(e))
+    }
+}
+
+impl From<ParamError> for ModuleError {
+    fn from(e: ParamError) -> ModuleError {
+        ModuleError::Setup(Box::new(SetupError::Param(e)))
+    }
 }
 
 /// Module-specific statistics a half reports; the stack adds frame and byte counts.
@@ -88,10 +116,10 @@ pub trait Half: Send {
         msg: Bytes,
         _out: &mut Output,
     ) -> Result<(), ModuleError> {
-        Err(ModuleError::MalformedControl(format!(
-            "this pair defines no control messages (got one of {} bytes)",
-            msg.len()
-        )))
+        Err(ModuleError::from(ControlError::NoControl {
+            pair: None,
+            len: Some(msg.len()),
+        }))
     }
 
     /// Called when `now` has reached the deadline given by [`Half::poll_timeout`].

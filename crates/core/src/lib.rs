@@ -6,6 +6,8 @@
 //! - [`frame`]: [`Frame`], a message over reference-counted bytes with headroom, so pairs push
 //!   and pop headers and pass frames on without copying payloads;
 //! - [`half`]: the [`Half`]/[`Pair`] module model;
+//! - [`error`]: the typed causes of a [`ModuleError`] and [`ParamError`], the error of a
+//!   pair's parameter check;
 //! - [`stack`]: [`Stack`], the ordered halves of one stream on one side;
 //! - [`ratelimit`]: [`RateLimit`], so a half that drops untrusted frames logs once a second,
 //!   not once a frame;
@@ -20,12 +22,14 @@
 
 #![forbid(unsafe_code)]
 
+pub mod error;
 pub mod frame;
 pub mod half;
 pub mod ratelimit;
 pub mod session;
 pub mod stack;
 
+pub use error::{ControlError, ForeignError, FrameError, ParamError, SetupError};
 pub use frame::{Frame, Meta};
 pub use half::{Half, HalfStats, ModuleError, Output, Pair};
 pub use ratelimit::RateLimit;

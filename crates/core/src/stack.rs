@@ -5,6 +5,7 @@
 //! messages are addressed by the pair's index in the user's list (its *layer*), which is the
 //! same number on both sides.
 
+use crate::error::ControlError;
 use crate::frame::Frame;
 use crate::half::{Half, HalfStats, ModuleError, Output, Pair};
 use bytes::Bytes;
@@ -225,10 +226,10 @@ impl Stack {
             layer,
             module: "?",
             role: self.role,
-            error: ModuleError::MalformedControl(format!(
-                "no layer {layer} in a stack of {}",
-                self.layers.len()
-            )),
+            error: ModuleError::from(ControlError::NoLayer {
+                layer,
+                layers: self.layers.len(),
+            }),
         })?;
         let l = &mut self.layers[pos];
         l.stats.control_in += 1;
@@ -357,6 +358,7 @@ impl Stack {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::{ForeignError, FrameError};
     use crate::frame::Meta;
 
     /// Forward appends its tag to the payload; inverse checks and removes it. Control "ping"
@@ -378,10 +380,9 @@ mod tests {
                 match f.pop_header(1) {
                     Some(&[t]) if t == self.tag => {}
                     other => {
-                        return Err(ModuleError::MalformedFrame(format!(
-                            "expected tag {} got {other:?}",
-                            self.tag
-                        )))
+                        return Err(ModuleError::from(FrameError::Foreign(ForeignError::new(
+                            format!("expected tag {} got {other:?}", self.tag),
+                        ))))
                     }
                 }
                 out.control(format!("seen:{}", self.tag as char).into_bytes());
@@ -399,7 +400,9 @@ mod tests {
         ) -> Result<(), ModuleError> {
             self.controls += 1;
             if &msg[..] == b"bad" {
-                return Err(ModuleError::MalformedControl("bad".into()));
+                return Err(ModuleError::from(ControlError::Foreign(ForeignError::new(
+                    "bad",
+                ))));
             }
             out.control(format!("pong:{}", self.tag as char).into_bytes());
             Ok(())

@@ -9,6 +9,7 @@ use crate::proto::{HalfRole, Reply, Request};
 use crate::transport::{Liveness, PipeTransport, ShmTransport, Transport, TransportError};
 use ndd_core::Meta;
 use std::time::{Duration, Instant};
+use thiserror::Error;
 
 /// One piece of a reply batch.
 #[derive(Debug)]
@@ -58,10 +59,42 @@ impl<'a> Replies<'a> {
     }
 }
 
+/// Why a handler refuses a request. Sent to the host as the text of an `ERROR` reply (fatal
+/// for the stream).
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum HandlerError {
+    /// A control message to a module that defines none (the default [`Handler::control`]).
+    #[error("this module defines no control messages (got one of {len} bytes)")]
+    NoControl {
+        /// Length of the message.
+        len: usize,
+    },
+    /// The host speaks a protocol version this runtime does not.
+    #[error("unsupported protocol version {version} (this runtime speaks {supported})")]
+    Version {
+        /// The host's version.
+        version: u16,
+        /// This runtime's version.
+        supported: u16,
+    },
+    /// The module's own error: any error value, or a message
+    /// (`HandlerError::module("bad checksum")`).
+    #[error(transparent)]
+    Module(Box<dyn std::error::Error + Send + Sync + 'static>),
+}
+
+impl HandlerError {
+    /// The module's own error (or message).
+    pub fn module(e: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
+        HandlerError::Module(e.into())
+    }
+}
+
 /// A module implemented in Rust. Errors are sent as `ERROR` (fatal for the stream).
 pub trait Handler: Send {
     /// `HELLO`: the host's protocol version, the half to implement and the module name.
-    fn hello(&mut self, _role: HalfRole, _name: &str) -> Result<(), String> {
+    fn hello(&mut self, _role: HalfRole, _name: &str) -> Result<(), HandlerError> {
         Ok(())
     }
     /// `FRAME`.
@@ -71,25 +104,22 @@ pub trait Handler: Send {
         meta: Meta,
         payload: &'a [u8],
         out: &mut Replies<'a>,
-    ) -> Result<(), String>;
+    ) -> Result<(), HandlerError>;
     /// `CONTROL`; the default refuses (the pair defines none).
     fn control<'a>(
         &mut self,
         _now_ns: u64,
         msg: &'a [u8],
         _out: &mut Replies<'a>,
-    ) -> Result<(), String> {
-        Err(format!(
-            "this module defines no control messages (got one of {} bytes)",
-            msg.len()
-        ))
+    ) -> Result<(), HandlerError> {
+        Err(HandlerError::NoControl { len: msg.len() })
     }
     /// `TIMEOUT`.
-    fn timeout(&mut self, _now_ns: u64, _out: &mut Replies<'_>) -> Result<(), String> {
+    fn timeout(&mut self, _now_ns: u64, _out: &mut Replies<'_>) -> Result<(), HandlerError> {
         Ok(())
     }
     /// `FLUSH`.
-    fn flush(&mut self, _now_ns: u64, _out: &mut Replies<'_>) -> Result<(), String> {
+    fn flush(&mut self, _now_ns: u64, _out: &mut Replies<'_>) -> Result<(), HandlerError> {
         Ok(())
     }
 }
@@ -106,14 +136,14 @@ impl<F> std::fmt::Debug for FnHandler<F> {
 /// Wraps `f(now_ns, meta, payload, out)` as a [`Handler`].
 pub fn from_fn<F>(f: F) -> FnHandler<F>
 where
-    F: for<'a> FnMut(u64, Meta, &'a [u8], &mut Replies<'a>) -> Result<(), String> + Send,
+    F: for<'a> FnMut(u64, Meta, &'a [u8], &mut Replies<'a>) -> Result<(), HandlerError> + Send,
 {
     FnHandler(f)
 }
 
 impl<F> Handler for FnHandler<F>
 where
-    F: for<'a> FnMut(u64, Meta, &'a [u8], &mut Replies<'a>) -> Result<(), String> + Send,
+    F: for<'a> FnMut(u64, Meta, &'a [u8], &mut Replies<'a>) -> Result<(), HandlerError> + Send,
 {
     fn frame<'a>(
         &mut self,
@@ -121,7 +151,7 @@ where
         meta: Meta,
         payload: &'a [u8],
         out: &mut Replies<'a>,
-    ) -> Result<(), String> {
+    ) -> Result<(), HandlerError> {
         (self.0)(now_ns, meta, payload, out)
     }
 }
@@ -154,10 +184,12 @@ pub fn serve(t: &mut dyn Transport, h: &mut dyn Handler) -> Result<(), Transport
             wake_ns: wake,
         };
         let res = match req {
-            Request::Hello { version, .. } if version != crate::proto::VERSION => Err(format!(
-                "unsupported protocol version {version} (this runtime speaks {})",
-                crate::proto::VERSION
-            )),
+            Request::Hello { version, .. } if version != crate::proto::VERSION => {
+                Err(HandlerError::Version {
+                    version,
+                    supported: crate::proto::VERSION,
+                })
+            }
             Request::Hello { role, name, .. } => h.hello(role, name),
             Request::Frame {
                 now_ns,
@@ -187,7 +219,8 @@ pub fn serve(t: &mut dyn Transport, h: &mut dyn Handler) -> Result<(), Transport
                 // One message per reply, but the transport takes them as one gather write.
                 t.send(&parts, far())?;
             }
-            Err(text) => {
+            Err(e) => {
+                let text = e.to_string();
                 let (hd, tl) = Reply::Error { message: &text }.encode();
                 t.send(&[&hd, tl], far())?;
             }

@@ -21,12 +21,16 @@
 //! the frames look like. Rename the module when you change its format.
 
 use crate::child::{self, Handler};
+use crate::error::{ChildFault, ExternalError, Failure, StartError, Who};
 use crate::proto::{HalfRole, Reply, Request};
 use crate::shm;
 use crate::transport::{Liveness, PipeTransport, ShmTransport, Transport, TransportError};
 use bytes::Bytes;
 use ndd_core::frame::DEFAULT_HEADROOM;
-use ndd_core::{Frame, Half, HalfStats, ModuleError, Output, Pair};
+use ndd_core::{
+    ControlError, ForeignError, Frame, FrameError, Half, HalfStats, ModuleError, Output, Pair,
+    ParamError, SetupError,
+};
 use serde::Deserialize;
 use std::io::BufRead;
 use std::os::fd::OwnedFd;
@@ -35,6 +39,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// The pair's name, first in its parameter errors.
+const PAIR: &str = "external";
 
 /// Module id of `external` in the handshake.
 pub const EXTERNAL_ID: u16 = 100;
@@ -178,44 +185,40 @@ impl ExternalConfig {
         }
     }
 
-    /// Checks ranges; the message names the parameter.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks ranges; the error names the parameter.
+    pub fn validate(&self) -> Result<(), ParamError> {
         if self.name.is_empty()
             || !self
                 .name
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
         {
-            return Err(format!(
-                "external: name {:?} must be non-empty ASCII letters, digits, '-', '_' or '.'",
-                self.name
-            ));
+            return Err(ParamError::Invalid {
+                pair: PAIR,
+                param: "name",
+                value: self.name.clone(),
+                reason: "must be non-empty ASCII letters, digits, '-', '_' or '.'",
+            });
         }
-        if self.forward.is_empty() || self.inverse.is_empty() {
-            return Err(format!(
-                "external {:?}: forward and inverse must each name a program",
-                self.name
-            ));
+        for (param, argv) in [("forward", &self.forward), ("inverse", &self.inverse)] {
+            if argv.is_empty() {
+                return Err(ParamError::Missing {
+                    pair: PAIR,
+                    param,
+                    what: "a program",
+                });
+            }
         }
-        if !(1..=600_000).contains(&self.timeout_ms) {
-            return Err(format!(
-                "external {:?}: timeout_ms must be in 1..=600000",
-                self.name
-            ));
+        ParamError::check_range(PAIR, "timeout_ms", self.timeout_ms, 1..=600_000)?;
+        ParamError::check_range(PAIR, "ring_kib", self.ring_kib, 4..=1 << 20)?;
+        if !self.ring_kib.is_power_of_two() {
+            return Err(ParamError::NotPowerOfTwo {
+                pair: PAIR,
+                param: "ring_kib",
+                value: self.ring_kib.into(),
+            });
         }
-        if !(4..=1 << 20).contains(&self.ring_kib) || !self.ring_kib.is_power_of_two() {
-            return Err(format!(
-                "external {:?}: ring_kib must be a power of two in 4..=1048576",
-                self.name
-            ));
-        }
-        if self.spin > 1_000_000 {
-            return Err(format!(
-                "external {:?}: spin must be in 0..=1000000",
-                self.name
-            ));
-        }
-        Ok(())
+        ParamError::check_range(PAIR, "spin", self.spin, 0..=1_000_000)
     }
 
     fn argv(&self, role: HalfRole) -> &[String] {
@@ -228,7 +231,7 @@ impl ExternalConfig {
 
 impl Pair for ExternalConfig {
     fn name(&self) -> &'static str {
-        "external"
+        PAIR
     }
     fn id(&self) -> u16 {
         EXTERNAL_ID
@@ -266,18 +269,18 @@ impl Conn {
     }
 
     /// After the channel closed: how the child ended, if it did within 200 ms.
-    fn exit_status(&mut self) -> String {
+    fn exit_status(&mut self) -> ChildFault {
         if let Some(c) = &mut self.process {
             for _ in 0..200 {
                 match c.try_wait() {
-                    Ok(Some(st)) => return format!("exited ({st})"),
+                    Ok(Some(st)) => return ChildFault::Exited(st),
                     Ok(None) => std::thread::sleep(Duration::from_millis(1)),
-                    Err(e) => return format!("closed its channel (wait failed: {e})"),
+                    Err(e) => return ChildFault::WaitFailed(e),
                 }
             }
-            return "closed its channel but is still running".to_string();
+            return ChildFault::StillRunning;
         }
-        "ended (in-process thread)".to_string()
+        ChildFault::ThreadEnded
     }
 }
 
@@ -299,13 +302,6 @@ impl Drop for Conn {
             tracing::warn!("external: in-process child thread did not end; detached");
         }
     }
-}
-
-enum Failure {
-    /// The child died, hung or wrote garbage: restartable.
-    Broken(String),
-    /// The child answered ERROR: the request itself is bad.
-    Reported(String),
 }
 
 /// The host half of an external module: each call becomes one request to the child and
@@ -364,7 +360,7 @@ impl ExternalHalf {
 
     /// Starts the program of `role` and greets it.
     pub fn spawn(cfg: &ExternalConfig, role: HalfRole) -> Result<ExternalHalf, ModuleError> {
-        cfg.validate().map_err(ModuleError::Setup)?;
+        cfg.validate()?;
         let mut h = ExternalHalf::new(cfg, role, Launcher::Process(cfg.argv(role).to_vec()));
         h.connect()?;
         Ok(h)
@@ -393,25 +389,24 @@ impl ExternalHalf {
         self.restarts
     }
 
-    fn who(&self) -> String {
-        let pid = self.pid().map(|p| format!(", pid {p}")).unwrap_or_default();
-        format!(
-            "external module \"{}\" ({} half, {}{pid})",
-            self.name,
-            self.role.as_str(),
-            self.placement.as_str()
-        )
+    fn who(&self) -> Who {
+        Who {
+            name: self.name.clone(),
+            role: self.role,
+            placement: self.placement,
+            pid: self.pid(),
+        }
     }
 
-    fn start(&self) -> Result<Conn, String> {
+    fn start(&self) -> Result<Conn, StartError> {
         match &self.launcher {
             Launcher::Process(argv) => self.start_process(argv),
             Launcher::Thread(make) => self.start_thread(make.clone()),
         }
     }
 
-    fn start_process(&self, argv: &[String]) -> Result<Conn, String> {
-        let (prog, args) = argv.split_first().ok_or("empty command")?;
+    fn start_process(&self, argv: &[String]) -> Result<Conn, StartError> {
+        let (prog, args) = argv.split_first().ok_or(StartError::EmptyCommand)?;
         let mut cmd = Command::new(prog);
         cmd.args(args)
             .env("NDD_MODULE_NAME", &self.name)
@@ -423,8 +418,8 @@ impl ExternalHalf {
                 cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
             }
             Placement::Shm => {
-                let (fd, p, c) = shm::create(self.ring_bytes, self.spin)
-                    .map_err(|e| format!("cannot create the shared-memory ring: {e}"))?;
+                let (fd, p, c) =
+                    shm::create(self.ring_bytes, self.spin).map_err(StartError::Ring)?;
                 shm::pass_fd(&mut cmd, &fd, 3);
                 cmd.env("NDD_SHM_FD", "3")
                     .env("NDD_SHM_SPIN", self.spin.to_string())
@@ -433,9 +428,10 @@ impl ExternalHalf {
                 region = Some((fd, p, c));
             }
         }
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start {argv:?}: {e}"))?;
+        let mut child = cmd.spawn().map_err(|source| StartError::Spawn {
+            argv: argv.to_vec(),
+            source,
+        })?;
         if let Some(err) = child.stderr.take() {
             let name = self.name.clone();
             let role = self.role.as_str();
@@ -454,16 +450,13 @@ impl ExternalHalf {
         let transport: Box<dyn Transport> = match region {
             None => {
                 let (Some(out), Some(inp)) = (child.stdout.take(), child.stdin.take()) else {
-                    return Err("child has no stdin/stdout".to_string());
+                    return Err(StartError::NoStdio);
                 };
                 // 1 MiB pipe buffers (the default is 64 KiB) cut wake-ups for big frames;
                 // refused above /proc/sys/fs/pipe-max-size, which is harmless.
                 let _ = rustix::pipe::fcntl_setpipe_size(&out, 1 << 20);
                 let _ = rustix::pipe::fcntl_setpipe_size(&inp, 1 << 20);
-                Box::new(
-                    PipeTransport::new(OwnedFd::from(out), OwnedFd::from(inp))
-                        .map_err(|e| e.to_string())?,
-                )
+                Box::new(PipeTransport::new(OwnedFd::from(out), OwnedFd::from(inp))?)
             }
             Some((fd, p, c)) => {
                 drop(fd); // the child has its copy; our mapping keeps the memory
@@ -484,45 +477,38 @@ impl ExternalHalf {
         })
     }
 
-    fn start_thread(&self, make: HandlerFactory) -> Result<Conn, String> {
+    fn start_thread(&self, make: HandlerFactory) -> Result<Conn, StartError> {
         let name = format!("ndd-ipc-{}", self.name);
         let (host, thread): (Box<dyn Transport>, JoinHandle<()>) = match self.placement {
             Placement::Pipe => {
-                let (host, mut child_t) = PipeTransport::pair().map_err(|e| e.to_string())?;
-                let t = std::thread::Builder::new()
-                    .name(name)
-                    .spawn(move || {
-                        let mut h = make();
-                        if let Err(e) = child::serve(&mut child_t, h.as_mut()) {
-                            tracing::debug!(error = %e, "in-process child ended");
-                        }
-                    })
-                    .map_err(|e| e.to_string())?;
+                let (host, mut child_t) = PipeTransport::pair()?;
+                let t = std::thread::Builder::new().name(name).spawn(move || {
+                    let mut h = make();
+                    if let Err(e) = child::serve(&mut child_t, h.as_mut()) {
+                        tracing::debug!(error = %e, "in-process child ended");
+                    }
+                })?;
                 (Box::new(host), t)
             }
             Placement::Shm => {
-                let (fd, p, c) =
-                    shm::create(self.ring_bytes, self.spin).map_err(|e| e.to_string())?;
-                let (cp, cc) = shm::open_in_process(&fd, self.spin).map_err(|e| e.to_string())?;
+                let (fd, p, c) = shm::create(self.ring_bytes, self.spin)?;
+                let (cp, cc) = shm::open_in_process(&fd, self.spin)?;
                 let alive = Arc::new(AtomicBool::new(true));
                 let flag = alive.clone();
-                let t = std::thread::Builder::new()
-                    .name(name)
-                    .spawn(move || {
-                        struct Bye(Arc<AtomicBool>);
-                        impl Drop for Bye {
-                            fn drop(&mut self) {
-                                self.0.store(false, Ordering::SeqCst);
-                            }
+                let t = std::thread::Builder::new().name(name).spawn(move || {
+                    struct Bye(Arc<AtomicBool>);
+                    impl Drop for Bye {
+                        fn drop(&mut self) {
+                            self.0.store(false, Ordering::SeqCst);
                         }
-                        let _bye = Bye(flag);
-                        let mut t = ShmTransport::new(cp, cc, Liveness::None);
-                        let mut h = make();
-                        if let Err(e) = child::serve(&mut t, h.as_mut()) {
-                            tracing::debug!(error = %e, "in-process child ended");
-                        }
-                    })
-                    .map_err(|e| e.to_string())?;
+                    }
+                    let _bye = Bye(flag);
+                    let mut t = ShmTransport::new(cp, cc, Liveness::None);
+                    let mut h = make();
+                    if let Err(e) = child::serve(&mut t, h.as_mut()) {
+                        tracing::debug!(error = %e, "in-process child ended");
+                    }
+                })?;
                 (Box::new(ShmTransport::new(p, c, Liveness::Flag(alive))), t)
             }
         };
@@ -535,9 +521,12 @@ impl ExternalHalf {
 
     /// Starts the child and sends `HELLO`.
     fn connect(&mut self) -> Result<(), ModuleError> {
-        let conn = self
-            .start()
-            .map_err(|e| ModuleError::Setup(format!("{}: {e}", self.who())))?;
+        let conn = self.start().map_err(|source| {
+            setup_error(ExternalError::Start {
+                who: self.who(),
+                source,
+            })
+        })?;
         self.conn = Some(conn);
         self.wake = None;
         let name = self.name.clone();
@@ -549,10 +538,10 @@ impl ExternalHalf {
         let (h, t) = hello.encode();
         match self.exchange(&h, t) {
             Ok(()) => Ok(()),
-            Err(Failure::Broken(m)) | Err(Failure::Reported(m)) => {
+            Err(failure) => {
                 let who = self.who();
                 self.conn = None;
-                Err(ModuleError::Setup(format!("{who}: refused HELLO: {m}")))
+                Err(setup_error(ExternalError::Hello { who, failure }))
             }
         }
     }
@@ -567,28 +556,28 @@ impl ExternalHalf {
         self.control.clear();
         let timeout = self.timeout;
         let Some(conn) = self.conn.as_mut() else {
-            return Err(Failure::Broken("not running".into()));
+            return Err(ChildFault::NotRunning.into());
         };
         let deadline = Instant::now() + timeout;
         let describe = |conn: &mut Conn, e: TransportError| -> Failure {
             Failure::Broken(match e {
-                TransportError::Timeout => {
-                    format!("did not answer within {} ms (hung?)", timeout.as_millis())
-                }
+                TransportError::Timeout => ChildFault::Timeout {
+                    ms: timeout.as_millis(),
+                },
                 TransportError::Closed => conn.exit_status(),
-                TransportError::Garbage(g) => format!("wrote garbage: {g}"),
-                TransportError::Io(e) => format!("i/o error: {e}"),
+                TransportError::Garbage(g) => ChildFault::Garbage(g),
+                TransportError::Io(e) => ChildFault::Io(e),
             })
         };
         let Some(t) = conn.transport.as_mut() else {
-            return Err(Failure::Broken("not running".into()));
+            return Err(ChildFault::NotRunning.into());
         };
         if let Err(e) = t.send(&[head, tail], deadline) {
             return Err(describe(conn, e));
         }
         loop {
             let Some(t) = conn.transport.as_mut() else {
-                return Err(Failure::Broken("not running".into()));
+                return Err(ChildFault::NotRunning.into());
             };
             let msg = match t.recv(deadline) {
                 Ok(m) => m,
@@ -613,7 +602,7 @@ impl ExternalHalf {
                     return Ok(());
                 }
                 Ok(Reply::Error { message }) => return Err(Failure::Reported(message.to_string())),
-                Err(e) => return Err(Failure::Broken(format!("wrote garbage: {e}"))),
+                Err(e) => return Err(ChildFault::BadReply(e).into()),
             }
         }
     }
@@ -621,9 +610,9 @@ impl ExternalHalf {
     fn call(
         &mut self,
         req: Request<'_>,
-        what: &str,
+        what: &'static str,
         out: &mut Output,
-        mk: fn(String) -> ModuleError,
+        mk: fn(ExternalError) -> ModuleError,
     ) -> Result<(), ModuleError> {
         if let Some(e) = &self.poisoned {
             return Err(e.clone());
@@ -643,10 +632,14 @@ impl ExternalHalf {
                     }
                     return Ok(());
                 }
-                Err(Failure::Reported(m)) => {
-                    return Err(mk(format!("{} failed on a {what}: {m}", self.who())));
+                Err(Failure::Reported(message)) => {
+                    return Err(mk(ExternalError::Reported {
+                        who: self.who(),
+                        request: what,
+                        message,
+                    }));
                 }
-                Err(Failure::Broken(m)) => {
+                Err(Failure::Broken(fault)) => {
                     let who = self.who();
                     self.failures += 1;
                     self.conn = None; // kill and reap
@@ -654,14 +647,15 @@ impl ExternalHalf {
                     if self.restart == Restart::OnFailure && attempt == 0 {
                         self.restarts += 1;
                         tracing::warn!(module = %self.name, role = self.role.as_str(),
-                            restarts = self.restarts, "{who} {m} on a {what}; restarting it");
+                            restarts = self.restarts, "{who} {fault} on a {what}; restarting it");
                         continue;
                     }
-                    let policy = match self.restart {
-                        Restart::Never => "restart = \"never\"",
-                        Restart::OnFailure => "failed again after a restart",
-                    };
-                    return Err(mk(format!("{who} {m} on a {what} ({policy})")));
+                    return Err(mk(ExternalError::Broken {
+                        who,
+                        fault,
+                        request: what,
+                        restart: self.restart,
+                    }));
                 }
             }
         }
@@ -676,6 +670,18 @@ impl ExternalHalf {
     }
 }
 
+fn setup_error(e: ExternalError) -> ModuleError {
+    ModuleError::from(SetupError::Foreign(ForeignError::new(e)))
+}
+
+fn frame_error(e: ExternalError) -> ModuleError {
+    ModuleError::from(FrameError::Foreign(ForeignError::new(e)))
+}
+
+fn control_error(e: ExternalError) -> ModuleError {
+    ModuleError::from(ControlError::Foreign(ForeignError::new(e)))
+}
+
 impl Half for ExternalHalf {
     fn handle_frame(
         &mut self,
@@ -688,7 +694,7 @@ impl Half for ExternalHalf {
             meta: frame.meta,
             payload: frame.payload(),
         };
-        self.call(req, "frame", out, ModuleError::MalformedFrame)
+        self.call(req, "frame", out, frame_error)
     }
 
     fn handle_control(
@@ -701,7 +707,7 @@ impl Half for ExternalHalf {
             now_ns: self.now_ns(now),
             msg: &msg,
         };
-        self.call(req, "control message", out, ModuleError::MalformedControl)
+        self.call(req, "control message", out, control_error)
     }
 
     fn handle_timeout(&mut self, now: Instant, out: &mut Output) {
@@ -710,7 +716,7 @@ impl Half for ExternalHalf {
             let req = Request::Timeout {
                 now_ns: self.now_ns(now),
             };
-            let r = self.call(req, "timeout", out, ModuleError::MalformedFrame);
+            let r = self.call(req, "timeout", out, frame_error);
             self.poison(r);
         }
     }
@@ -723,7 +729,7 @@ impl Half for ExternalHalf {
         let req = Request::Flush {
             now_ns: self.now_ns(Instant::now()),
         };
-        let r = self.call(req, "flush", out, ModuleError::MalformedFrame);
+        let r = self.call(req, "flush", out, frame_error);
         self.poison(r);
     }
 

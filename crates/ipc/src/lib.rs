@@ -11,6 +11,7 @@
 //! - [`shm`]: the shared-memory SPSC ring (the only module with `unsafe`);
 //! - [`child`]: the runtime a Rust child (or an in-process thread child) runs;
 //! - [`external`]: the config, the host half and child-process management;
+//! - [`error`]: [`ExternalError`], how the host half reports a failing program;
 //! - [`bench`]: the placement overhead study.
 //!
 //! Invariants: nothing the child sends is trusted (bad bytes are a [`ModuleError`] naming the
@@ -23,12 +24,14 @@
 
 pub mod bench;
 pub mod child;
+pub mod error;
 pub mod external;
 pub mod proto;
 #[allow(unsafe_code)]
 pub mod shm;
 pub mod transport;
 
+pub use error::ExternalError;
 pub use external::{ExternalConfig, ExternalHalf, Placement, Restart, EXTERNAL_ID};
 pub use proto::HalfRole;
 pub use transport::{PipeTransport, ShmTransport, Transport, TransportError};

@@ -1,8 +1,8 @@
 //! External modules end to end: real processes (Python, C, Rust) and in-process children,
 //! over pipes and shared memory; failures, restarts, zombies; interchangeability.
 
-use ndd_core::{Frame, Half, HalfStats, Meta, ModuleError, Output, Pair, Role, Stack};
-use ndd_ipc::child::{from_fn, Handler, Replies};
+use ndd_core::{Frame, FrameError, Half, HalfStats, Meta, ModuleError, Output, Pair, Role, Stack};
+use ndd_ipc::child::{from_fn, Handler, HandlerError, Replies};
 use ndd_ipc::{ExternalConfig, ExternalHalf, HalfRole, Placement, Restart};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -88,13 +88,17 @@ impl Half for Sum {
             let s: u32 = f.payload().iter().map(|&b| b as u32).sum();
             f.push_header(&s.to_be_bytes());
         } else {
-            let h = f
-                .pop_header(4)
-                .ok_or(ModuleError::MalformedFrame("short".into()))?;
+            let h = f.pop_header(4).ok_or(FrameError::Invalid {
+                pair: "sum",
+                rule: "short",
+            })?;
             let want = u32::from_be_bytes([h[0], h[1], h[2], h[3]]);
             let s: u32 = f.payload().iter().map(|&b| b as u32).sum();
             if s != want {
-                return Err(ModuleError::MalformedFrame("sum".into()));
+                return Err(ModuleError::from(FrameError::Invalid {
+                    pair: "sum",
+                    rule: "sum",
+                }));
             }
         }
         out.push(f);
@@ -359,6 +363,31 @@ fn a_child_writing_garbage_is_refused_at_start() {
 }
 
 #[test]
+fn a_failing_program_is_a_typed_external_error() {
+    use ndd_core::SetupError;
+    use ndd_ipc::error::StartError;
+    use ndd_ipc::ExternalError;
+    let c = ExternalConfig::new("missing", &["/nonexistent/module"], &["x"]);
+    let Err(ModuleError::Setup(e)) = ExternalHalf::spawn(&c, HalfRole::Forward) else {
+        panic!("a missing program is a setup error");
+    };
+    let SetupError::Foreign(f) = &*e else {
+        panic!("not an external module's error: {e:?}");
+    };
+    match f.downcast_ref::<ExternalError>() {
+        Some(ExternalError::Start {
+            who,
+            source: StartError::Spawn { argv, source },
+        }) => {
+            assert_eq!(who.name, "missing");
+            assert_eq!(argv, &["/nonexistent/module"]);
+            assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
 fn dropping_halves_leaves_no_zombies() {
     let mut pids = vec![];
     for c in [python(), c_module(), rust(Placement::Shm)] {
@@ -383,19 +412,24 @@ impl Handler for Holder {
         m: Meta,
         p: &'a [u8],
         out: &mut Replies<'a>,
-    ) -> Result<(), String> {
+    ) -> Result<(), HandlerError> {
         self.held.push((m, p.to_vec()));
         out.wake_at(Some(now + 5_000_000));
         Ok(())
     }
-    fn control<'a>(&mut self, _: u64, msg: &'a [u8], out: &mut Replies<'a>) -> Result<(), String> {
+    fn control<'a>(
+        &mut self,
+        _: u64,
+        msg: &'a [u8],
+        out: &mut Replies<'a>,
+    ) -> Result<(), HandlerError> {
         if msg == b"bad" {
-            return Err("bad control".into());
+            return Err(HandlerError::module("bad control"));
         }
         out.control(&[msg, b"!"].concat());
         Ok(())
     }
-    fn timeout(&mut self, _: u64, out: &mut Replies<'_>) -> Result<(), String> {
+    fn timeout(&mut self, _: u64, out: &mut Replies<'_>) -> Result<(), HandlerError> {
         for (m, p) in self.held.drain(..) {
             out.frame_owned(m, p);
         }
@@ -471,5 +505,5 @@ restart = "on-failure""#,
     assert!(e.contains("unknown field `timeout`"), "{e}");
     let mut bad = c.clone();
     bad.ring_kib = 3;
-    assert!(bad.validate().unwrap_err().contains("ring_kib"));
+    assert!(bad.validate().unwrap_err().to_string().contains("ring_kib"));
 }

@@ -6,7 +6,7 @@
 use crate::{
     average, buffer, bundle, checksum, compress, delta, encrypt, latest, pass, periodic, sync,
 };
-use ndd_core::{Half, ModuleError, Pair};
+use ndd_core::{Half, ModuleError, Pair, ParamError};
 use serde::Deserialize;
 
 /// Module ids announced in the handshake. Never reuse or renumber one: peers compare them.
@@ -226,8 +226,8 @@ impl ModuleConfig {
         }
     }
 
-    /// Checks parameter ranges; the message names the parameter and the allowed range.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks parameter ranges; the error names the parameter and the allowed range.
+    pub fn validate(&self) -> Result<(), ParamError> {
         match self {
             ModuleConfig::Pass(_) | ModuleConfig::Checksum(_) => Ok(()),
             ModuleConfig::Bundle(c) => c.validate(),

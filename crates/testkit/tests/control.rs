@@ -1,7 +1,7 @@
 //! Control messages go straight to the twin half and never wait behind queued frames.
 
 use bytes::Bytes;
-use ndd_core::{Frame, Half, HalfStats, ModuleError, Output, Role, Stack};
+use ndd_core::{ControlError, Frame, Half, HalfStats, ModuleError, Output, Role, Stack};
 use ndd_testkit::{LinkConfig, Pipeline};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -32,11 +32,13 @@ impl Half for Echo {
         msg: Bytes,
         _out: &mut Output,
     ) -> Result<(), ModuleError> {
-        let seq = u64::from_be_bytes(
-            msg[..8]
-                .try_into()
-                .map_err(|_| ModuleError::MalformedControl("short".into()))?,
-        );
+        let seq =
+            u64::from_be_bytes(msg[..8].try_into().map_err(|_| ControlError::WrongLength {
+                pair: "echo",
+                what: "announcement",
+                len: msg.len(),
+                expected: 8,
+            })?);
         self.arrivals.lock().unwrap().push((seq, now));
         Ok(())
     }

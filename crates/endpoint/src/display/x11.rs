@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 use x11rb::connection::{Connection, RequestConnection};
-use x11rb::errors::{ConnectionError, ReplyError};
+use x11rb::errors::{ConnectionError, ReplyError, ReplyOrIdError};
 use x11rb::protocol::shm::{self, ConnectionExt as _};
 use x11rb::protocol::xproto;
 use x11rb::rust_connection::RustConnection;
@@ -121,33 +121,45 @@ pub(super) struct Shm {
     pub(super) xid: shm::Seg,
 }
 
+/// Why MIT-SHM cannot be used (the endpoint then captures with GetImage or draws with
+/// PutImage).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ShmError {
+    #[error("the X server has no MIT-SHM extension")]
+    NoExtension,
+    #[error("{0}")]
+    Connection(#[from] ConnectionError),
+    #[error("MIT-SHM version query failed: {0}")]
+    Version(ReplyError),
+    #[error("cannot create a {len}-byte segment: {source}")]
+    Segment { len: usize, source: std::io::Error },
+    #[error("{0}")]
+    Id(#[from] ReplyOrIdError),
+    #[error("the X server cannot attach the segment (not on this host?): {0:?}")]
+    Attach(ReplyError),
+}
+
 /// Creates a segment of `len` bytes and has the server attach it (read-only: the server only
 /// reads it, for ShmPutImage).
 pub(super) fn attach_shm(
     conn: &RustConnection,
     len: usize,
     read_only: bool,
-) -> Result<Shm, String> {
+) -> Result<Shm, ShmError> {
     if conn
-        .extension_information(shm::X11_EXTENSION_NAME)
-        .map_err(|e| e.to_string())?
+        .extension_information(shm::X11_EXTENSION_NAME)?
         .is_none()
     {
-        return Err("the X server has no MIT-SHM extension".to_string());
+        return Err(ShmError::NoExtension);
     }
-    conn.shm_query_version()
-        .map_err(|e| e.to_string())?
+    conn.shm_query_version()?
         .reply()
-        .map_err(|e| format!("MIT-SHM version query failed: {e}"))?;
-    let mut seg =
-        ShmSegment::new(len).map_err(|e| format!("cannot create a {len}-byte segment: {e}"))?;
-    let xid = conn.generate_id().map_err(|e| e.to_string())?;
-    conn.shm_attach(xid, seg.id(), read_only)
-        .map_err(|e| e.to_string())?
+        .map_err(ShmError::Version)?;
+    let mut seg = ShmSegment::new(len).map_err(|source| ShmError::Segment { len, source })?;
+    let xid = conn.generate_id()?;
+    conn.shm_attach(xid, seg.id(), read_only)?
         .check()
-        .map_err(|e| {
-            format!("the X server cannot attach the segment (not on this host?): {e:?}")
-        })?;
+        .map_err(ShmError::Attach)?;
     // Attached by both: the segment goes away when both detach, even if this process dies.
     seg.remove();
     Ok(Shm { seg, xid })

@@ -1,7 +1,7 @@
 //! Source half of `average`: combines windows of records into one record.
 
 use super::layout::{fields_text, Accumulator, Field};
-use ndd_core::{Frame, Half, HalfStats, ModuleError, Output};
+use ndd_core::{Frame, FrameError, Half, HalfStats, ModuleError, Output};
 use std::time::{Duration, Instant};
 
 /// Collects records until the window is full (`count`) or old (`window`), then emits one
@@ -62,12 +62,12 @@ impl Half for AverageForward {
         let len = frame.len();
         let rec = self.acc.record_len();
         if len == 0 || !len.is_multiple_of(rec) {
-            return Err(ModuleError::MalformedFrame(format!(
-                "average: frame of {len} bytes is not a whole number of {rec}-byte records \
-                 (expected {rec}, {}, … bytes for layout [{}])",
-                2 * rec,
-                self.layout
-            )));
+            return Err(ModuleError::from(FrameError::NotWholeRecords {
+                pair: super::PAIR,
+                len,
+                record_len: rec,
+                layout: self.layout.clone(),
+            }));
         }
         // A window whose time is up closes before this frame opens the next one.
         if self.deadline.is_some_and(|d| d <= now) {

@@ -16,9 +16,12 @@
 //! Floats are combined in `f64` (IEEE: a sum that overflows an `f32` becomes ±infinity, a NaN
 //! in a sum stays NaN, `max`/`min` skip NaN) and rounded to the field's type at the end.
 
+use super::PAIR;
+use ndd_core::ParamError;
 use serde::Deserialize;
 use std::fmt;
 use std::str::FromStr;
+use thiserror::Error;
 
 /// The type of a field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,11 +179,14 @@ impl Field {
     }
 
     /// Checks the combination (`or` needs an integer type).
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), ParamError> {
         if self.mode == Mode::Or && self.ty.is_float() {
-            return Err(format!(
-                "average: field \"{self}\": mode \"or\" needs an integer type"
-            ));
+            return Err(ParamError::Invalid {
+                pair: PAIR,
+                param: "field",
+                value: self.to_string(),
+                reason: "mode \"or\" needs an integer type",
+            });
         }
         Ok(())
     }
@@ -192,24 +198,60 @@ impl fmt::Display for Field {
     }
 }
 
-impl FromStr for Field {
-    type Err = String;
+/// Why the text of a field (`TYPE:MODE`) is refused.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum FieldError {
+    /// Not two words around a colon.
+    #[error("average: field \"{text}\" must be TYPE:MODE, e.g. \"i16:avg\"")]
+    Syntax {
+        /// The text.
+        text: String,
+    },
+    /// The type is none of [`FieldType`]'s.
+    #[error(
+        "average: field \"{text}\": unknown type \"{ty}\" (allowed: u8, i8, u16, i16, u32, i32, \
+         f32, f64)"
+    )]
+    UnknownType {
+        /// The text.
+        text: String,
+        /// The type given.
+        ty: String,
+    },
+    /// The mode is none of [`Mode`]'s.
+    #[error(
+        "average: field \"{text}\": unknown mode \"{mode}\" (allowed: avg, sum, last, or, max, \
+         min)"
+    )]
+    UnknownMode {
+        /// The text.
+        text: String,
+        /// The mode given.
+        mode: String,
+    },
+    /// A type and a mode that do not combine ([`Field::check`]).
+    #[error(transparent)]
+    Combination(#[from] ParamError),
+}
 
-    fn from_str(s: &str) -> Result<Field, String> {
+impl FromStr for Field {
+    type Err = FieldError;
+
+    fn from_str(s: &str) -> Result<Field, FieldError> {
         let Some((ty, mode)) = s.split_once(':') else {
-            return Err(format!(
-                "average: field \"{s}\" must be TYPE:MODE, e.g. \"i16:avg\""
-            ));
+            return Err(FieldError::Syntax { text: s.into() });
         };
         let Some(&(_, ty)) = TYPES.iter().find(|(n, _)| *n == ty) else {
-            return Err(format!(
-                "average: field \"{s}\": unknown type \"{ty}\" (allowed: u8, i8, u16, i16, u32, i32, f32, f64)"
-            ));
+            return Err(FieldError::UnknownType {
+                text: s.into(),
+                ty: ty.into(),
+            });
         };
         let Some(&(_, mode)) = MODES.iter().find(|(n, _)| *n == mode) else {
-            return Err(format!(
-                "average: field \"{s}\": unknown mode \"{mode}\" (allowed: avg, sum, last, or, max, min)"
-            ));
+            return Err(FieldError::UnknownMode {
+                text: s.into(),
+                mode: mode.into(),
+            });
         };
         let f = Field { ty, mode };
         f.check()?;
@@ -218,9 +260,9 @@ impl FromStr for Field {
 }
 
 impl TryFrom<String> for Field {
-    type Error = String;
+    type Error = FieldError;
 
-    fn try_from(s: String) -> Result<Field, String> {
+    fn try_from(s: String) -> Result<Field, FieldError> {
         s.parse()
     }
 }

@@ -35,11 +35,11 @@ mod tests;
 
 pub use forward::AverageForward;
 pub use inverse::AverageInverse;
-pub use layout::{Accumulator, Endian, Field, FieldType, Mode, Preset};
+pub use layout::{Accumulator, Endian, Field, FieldError, FieldType, Mode, Preset};
 
 use crate::registry::{ModuleInfo, ParamInfo, IDS};
 use layout::fields_text;
-use ndd_core::{Half, ModuleError, Pair};
+use ndd_core::{ControlError, Half, ModuleError, Pair, ParamError};
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -74,9 +74,12 @@ impl Default for AverageConfig {
     }
 }
 
+/// The pair's name, first in its error texts.
+const PAIR: &str = "average";
+
 /// Catalogue entry.
 pub const INFO: ModuleInfo = ModuleInfo {
-    name: "average",
+    name: PAIR,
     id: IDS.average,
     summary: "combines N records or T ms of typed records into one (avg, sum, or, last, max, min per field)",
     params: &[
@@ -115,9 +118,10 @@ pub const INFO: ModuleInfo = ModuleInfo {
 
 /// The error for a control message to a pair that defines none.
 fn no_control(len: usize) -> ModuleError {
-    ModuleError::MalformedControl(format!(
-        "average: defines no control messages, got one of {len} bytes"
-    ))
+    ModuleError::from(ControlError::NoControl {
+        pair: Some(PAIR),
+        len: Some(len),
+    })
 }
 
 impl AverageConfig {
@@ -131,40 +135,38 @@ impl AverageConfig {
     }
 
     /// Checks ranges.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ParamError> {
         if let (Some(_), Some(p)) = (&self.fields, self.preset) {
-            return Err(format!(
-                "average: preset = \"{}\" and fields are mutually exclusive; give one",
-                p.name()
-            ));
+            return Err(ParamError::Exclusive {
+                pair: PAIR,
+                param: "preset",
+                value: p.name().to_string(),
+                other: "fields",
+            });
         }
         let fields = self.layout();
         if !(1..=MAX_FIELDS).contains(&fields.len()) {
-            return Err(format!(
-                "average: fields lists {} fields; allowed 1..={MAX_FIELDS}",
-                fields.len()
-            ));
+            return Err(ParamError::Count {
+                pair: PAIR,
+                param: "fields",
+                len: fields.len(),
+                min: 1,
+                max: MAX_FIELDS,
+            });
         }
         for f in &fields {
             f.check()?;
         }
-        if self.count > 65535 {
-            return Err(format!(
-                "average: count = {} is out of range 0..=65535",
-                self.count
-            ));
-        }
-        if self.window_ms > 60_000 {
-            return Err(format!(
-                "average: window_ms = {} is out of range 0..=60000",
-                self.window_ms
-            ));
-        }
+        ParamError::check_range(PAIR, "count", self.count, 0..=65535)?;
+        ParamError::check_range(PAIR, "window_ms", self.window_ms, 0..=60_000)?;
         if self.count == 0 && self.window_ms == 0 {
-            return Err(
-                "average: count and window_ms are both 0; set count (1..=65535) or window_ms (1..=60000)"
-                    .into(),
-            );
+            return Err(ParamError::BothZero {
+                pair: PAIR,
+                first: "count",
+                first_max: 65535,
+                second: "window_ms",
+                second_max: 60_000,
+            });
         }
         Ok(())
     }
@@ -189,7 +191,7 @@ impl Pair for AverageConfig {
         )
     }
     fn forward(&self) -> Result<Box<dyn Half>, ModuleError> {
-        self.validate().map_err(ModuleError::Setup)?;
+        self.validate()?;
         let fields = self.layout();
         let window = (self.window_ms > 0).then(|| Duration::from_millis(self.window_ms));
         Ok(Box::new(AverageForward::new(
@@ -200,7 +202,7 @@ impl Pair for AverageConfig {
         )))
     }
     fn inverse(&self) -> Result<Box<dyn Half>, ModuleError> {
-        self.validate().map_err(ModuleError::Setup)?;
+        self.validate()?;
         Ok(Box::new(AverageInverse))
     }
 }

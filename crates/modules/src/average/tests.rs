@@ -76,7 +76,7 @@ fn field_text_parses_prints_and_rejects_with_clear_messages() {
                 Err(e) => {
                     assert!(ty.starts_with('f') && mode == "or", "{s}: {e}");
                     assert_eq!(
-                        e,
+                        e.to_string(),
                         format!("average: field \"{s}\": mode \"or\" needs an integer type")
                     );
                 }
@@ -100,7 +100,7 @@ fn field_text_parses_prints_and_rejects_with_clear_messages() {
         ),
     ];
     for (s, want) in cases {
-        assert_eq!(s.parse::<Field>().unwrap_err(), want);
+        assert_eq!(s.parse::<Field>().unwrap_err().to_string(), want);
     }
 }
 
@@ -324,12 +324,12 @@ fn config_parses_validates_and_describes_presets_as_their_fields() {
     )
     .unwrap();
     assert_eq!(
-        both.validate().unwrap_err(),
+        both.validate().unwrap_err().to_string(),
         "average: preset = \"spacenav\" and fields are mutually exclusive; give one"
     );
     assert_eq!(
         both.forward().err(),
-        Some(ModuleError::Setup(both.validate().unwrap_err()))
+        Some(ModuleError::from(both.validate().unwrap_err()))
     );
     let errs = [
         (r#"fields = []"#, "average: fields lists 0 fields; allowed 1..=256"),
@@ -344,7 +344,11 @@ fn config_parses_validates_and_describes_presets_as_their_fields() {
         ),
     ];
     for (s, want) in errs {
-        assert_eq!(parse(s).unwrap().validate().unwrap_err(), want, "{s}");
+        assert_eq!(
+            parse(s).unwrap().validate().unwrap_err().to_string(),
+            want,
+            "{s}"
+        );
     }
     let e = parse(r#"fields = ["i16:mean"]"#).unwrap_err();
     assert!(e.contains("unknown mode \"mean\""), "{e}");
@@ -360,7 +364,7 @@ fn config_parses_validates_and_describes_presets_as_their_fields() {
         ..AverageConfig::default()
     };
     assert_eq!(
-        c.validate().unwrap_err(),
+        c.validate().unwrap_err().to_string(),
         "average: field \"f32:or\": mode \"or\" needs an integer type"
     );
     assert_eq!(INFO.id, 7);
@@ -397,9 +401,10 @@ fn a_frame_that_is_not_whole_records_fails_the_stream_naming_the_expected_length
 fn control_messages_are_refused_by_both_halves() {
     let c = spacenav(4, 0);
     let now = Instant::now();
-    let want = ModuleError::MalformedControl(
-        "average: defines no control messages, got one of 3 bytes".into(),
-    );
+    let want = ModuleError::from(ControlError::NoControl {
+        pair: Some("average"),
+        len: Some(3),
+    });
     for mut h in [c.forward().unwrap(), c.inverse().unwrap()] {
         let e = h
             .handle_control(now, bytes::Bytes::from_static(b"abc"), &mut Output::new())

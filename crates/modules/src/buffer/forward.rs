@@ -87,7 +87,7 @@ impl Half for BufferForward {
         msg: Bytes,
         out: &mut Output,
     ) -> Result<(), ModuleError> {
-        let n = decode_refill(&msg).map_err(ModuleError::MalformedControl)?;
+        let n = decode_refill(&msg)?;
         self.refills += 1;
         // Never more than the sink could ask for at once.
         self.credit = self.credit.saturating_add(u64::from(n)).min(self.max);

@@ -39,7 +39,7 @@ pub use forward::BufferForward;
 pub use inverse::BufferInverse;
 
 use crate::registry::{ModuleInfo, ParamInfo, IDS};
-use ndd_core::{Half, ModuleError, Pair};
+use ndd_core::{ControlError, Half, ModuleError, Pair, ParamError};
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -79,9 +79,12 @@ impl Default for BufferConfig {
     }
 }
 
+/// The pair's name, first in its error texts.
+const PAIR: &str = "buffer";
+
 /// Catalogue entry.
 pub const INFO: ModuleInfo = ModuleInfo {
-    name: "buffer",
+    name: PAIR,
     id: IDS.buffer,
     summary: "jitter buffer: the sink releases frames with their original spacing and asks the source for refills",
     params: &[
@@ -114,32 +117,20 @@ pub const INFO: ModuleInfo = ModuleInfo {
 
 impl BufferConfig {
     /// Checks ranges.
-    pub fn validate(&self) -> Result<(), String> {
-        if !(1..=65535).contains(&self.max) {
-            return Err(format!(
-                "buffer: max = {} is out of range 1..=65535",
-                self.max
-            ));
-        }
+    pub fn validate(&self) -> Result<(), ParamError> {
+        ParamError::check_range(PAIR, "max", self.max, 1..=65535)?;
         if !(1..=self.max).contains(&self.min) {
-            return Err(format!(
-                "buffer: min = {} is out of range 1..={} (1..=max)",
-                self.min, self.max
-            ));
+            return Err(ParamError::OutOfRange {
+                pair: PAIR,
+                param: "min",
+                value: self.min.into(),
+                min: 1,
+                max: self.max.into(),
+                max_param: Some("max"),
+            });
         }
-        if !(1..=1_000_000).contains(&self.source_max) {
-            return Err(format!(
-                "buffer: source_max = {} is out of range 1..=1000000",
-                self.source_max
-            ));
-        }
-        if self.playout_ms > 60_000 {
-            return Err(format!(
-                "buffer: playout_ms = {} is out of range 0..=60000",
-                self.playout_ms
-            ));
-        }
-        Ok(())
+        ParamError::check_range(PAIR, "source_max", self.source_max, 1..=1_000_000)?;
+        ParamError::check_range(PAIR, "playout_ms", self.playout_ms, 0..=60_000)
     }
 }
 
@@ -157,11 +148,11 @@ impl Pair for BufferConfig {
         )
     }
     fn forward(&self) -> Result<Box<dyn Half>, ModuleError> {
-        self.validate().map_err(ModuleError::Setup)?;
+        self.validate()?;
         Ok(Box::new(BufferForward::new(self.max, self.source_max)))
     }
     fn inverse(&self) -> Result<Box<dyn Half>, ModuleError> {
-        self.validate().map_err(ModuleError::Setup)?;
+        self.validate()?;
         Ok(Box::new(BufferInverse::new(
             self.min,
             self.max,
@@ -177,14 +168,16 @@ pub fn encode_refill(count: u32) -> [u8; REFILL_LEN] {
 }
 
 /// Decodes a control message from the sink half; the error names what is wrong.
-pub fn decode_refill(msg: &[u8]) -> Result<u32, String> {
+pub fn decode_refill(msg: &[u8]) -> Result<u32, ControlError> {
     match msg {
-        [] => Err("buffer: empty control message".into()),
+        [] => Err(ControlError::Empty { pair: PAIR }),
         [REFILL, a, b, c, d] => Ok(u32::from_be_bytes([*a, *b, *c, *d])),
-        [REFILL, ..] => Err(format!(
-            "buffer: refill message is {} bytes, expected {REFILL_LEN}",
-            msg.len()
-        )),
-        [t, ..] => Err(format!("buffer: unknown control message type 0x{t:02x}")),
+        [REFILL, ..] => Err(ControlError::WrongLength {
+            pair: PAIR,
+            what: "refill message",
+            len: msg.len(),
+            expected: REFILL_LEN,
+        }),
+        [t, ..] => Err(ControlError::UnknownType { pair: PAIR, ty: *t }),
     }
 }

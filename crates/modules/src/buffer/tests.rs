@@ -90,16 +90,14 @@ fn refill_format_matches_vector_and_rejects_garbage() {
     assert_eq!(hex(&encode_refill(7)), "0100000007");
     assert_eq!(hex(&encode_refill(0x0102_0304)), "0101020304");
     assert_eq!(decode_refill(&encode_refill(65_535)), Ok(65_535));
+    let text = |msg: &[u8]| decode_refill(msg).map_err(|e| e.to_string());
+    assert_eq!(text(&[]), Err("buffer: empty control message".to_string()));
     assert_eq!(
-        decode_refill(&[]),
-        Err("buffer: empty control message".to_string())
-    );
-    assert_eq!(
-        decode_refill(&[1, 0, 0, 7]),
+        text(&[1, 0, 0, 7]),
         Err("buffer: refill message is 4 bytes, expected 5".to_string())
     );
     assert_eq!(
-        decode_refill(&[2, 0, 0, 0, 7]),
+        text(&[2, 0, 0, 0, 7]),
         Err("buffer: unknown control message type 0x02".to_string())
     );
 }
@@ -152,7 +150,10 @@ fn config_validates_and_describes_every_parameter() {
         ),
     ];
     for (cfg, want) in cases {
-        assert_eq!(cfg.validate(), Err(want.to_string()));
+        assert_eq!(
+            cfg.validate().map_err(|e| e.to_string()),
+            Err(want.to_string())
+        );
         assert_eq!(
             cfg.inverse().err().map(|e| e.to_string()),
             Some(format!("cannot start: {want}"))

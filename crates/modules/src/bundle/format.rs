@@ -12,8 +12,9 @@
 //! The bundle frame itself carries the meta (seq, timestamp) of its first frame, so the first
 //! entry's deltas are normally 0. The lengths must add up exactly to the bytes that follow.
 
+use super::PAIR;
 use crate::varint::{self, unzigzag};
-use ndd_core::Meta;
+use ndd_core::{FrameError, Meta};
 
 /// One frame's entry in a bundle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,25 +47,36 @@ pub fn encode_header(
 }
 
 /// Parses a bundle payload carried by a frame with meta `base`.
-pub fn decode(base: &Meta, buf: &[u8]) -> Result<Vec<Entry>, String> {
-    let (count, mut pos) = varint::get_u64(buf).ok_or("bundle: truncated count")?;
+pub fn decode(base: &Meta, buf: &[u8]) -> Result<Vec<Entry>, FrameError> {
+    let (count, mut pos) = varint::get_u64(buf).ok_or(FrameError::Truncated {
+        pair: PAIR,
+        field: "count",
+    })?;
     if count == 0 {
-        return Err("bundle: count is 0".into());
+        return Err(FrameError::Invalid {
+            pair: PAIR,
+            rule: "count is 0",
+        });
     }
     // Each entry takes at least 4 bytes: a count beyond that is a lie, refuse before allocating.
     if count > (buf.len() as u64) / 4 {
-        return Err(format!(
-            "bundle: count {count} does not fit in {} bytes",
-            buf.len()
-        ));
+        return Err(FrameError::DoesNotFit {
+            pair: PAIR,
+            field: "count",
+            value: count,
+            len: buf.len(),
+        });
     }
     let mut entries = Vec::with_capacity(count as usize);
     let (mut seq, mut ts) = (base.seq, base.timestamp_ns);
     let mut total: u64 = 0;
     for i in 0..count {
-        let mut next_u = |what: &str| -> Result<u64, String> {
-            let (v, n) = varint::get_u64(&buf[pos..])
-                .ok_or_else(|| format!("bundle: entry {i}: bad {what}"))?;
+        let mut next_u = |field: &'static str| -> Result<u64, FrameError> {
+            let (v, n) = varint::get_u64(&buf[pos..]).ok_or(FrameError::BadEntry {
+                pair: PAIR,
+                entry: i,
+                field,
+            })?;
             pos += n;
             Ok(v)
         };
@@ -74,8 +86,13 @@ pub fn decode(base: &Meta, buf: &[u8]) -> Result<Vec<Entry>, String> {
         let len = next_u("length")?;
         seq = seq.wrapping_add(dseq as u64);
         ts = ts.wrapping_add(dts as u64);
-        let flags = u16::try_from(flags)
-            .map_err(|_| format!("bundle: entry {i}: flags {flags} exceed 16 bits"))?;
+        let flags = u16::try_from(flags).map_err(|_| FrameError::EntryTooWide {
+            pair: PAIR,
+            entry: i,
+            field: "flags",
+            value: flags,
+            bits: 16,
+        })?;
         total = total.saturating_add(len);
         entries.push(Entry {
             meta: Meta {
@@ -90,9 +107,12 @@ pub fn decode(base: &Meta, buf: &[u8]) -> Result<Vec<Entry>, String> {
     }
     let rest = (buf.len() - pos) as u64;
     if total != rest {
-        return Err(format!(
-            "bundle: entry lengths add up to {total} bytes but {rest} follow"
-        ));
+        return Err(FrameError::LengthMismatch {
+            pair: PAIR,
+            what: "entry lengths",
+            total,
+            rest,
+        });
     }
     let mut off = pos;
     for e in &mut entries {

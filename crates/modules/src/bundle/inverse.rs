@@ -1,7 +1,7 @@
 //! Sink half of `bundle`: unpacks bundles and releases their frames with the original spacing.
 
 use super::format;
-use ndd_core::{Frame, Half, HalfStats, ModuleError, Output};
+use ndd_core::{Frame, FrameError, Half, HalfStats, ModuleError, Output};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -53,8 +53,7 @@ impl Half for BundleInverse {
         mut frame: Frame,
         out: &mut Output,
     ) -> Result<(), ModuleError> {
-        let entries =
-            format::decode(&frame.meta, frame.payload()).map_err(ModuleError::MalformedFrame)?;
+        let entries = format::decode(&frame.meta, frame.payload())?;
         let first_ts = entries[0].meta.timestamp_ns;
         let anchor = match self.anchor {
             None => (now + self.playout, first_ts),
@@ -80,9 +79,10 @@ impl Half for BundleInverse {
         let mut last_due = self.queue.back().map(|(d, _)| *d).unwrap_or(now);
         for e in &entries {
             let Some(bytes) = frame.slice_payload(e.offset..e.offset + e.len) else {
-                return Err(ModuleError::MalformedFrame(
-                    "bundle: entry outside payload".into(),
-                ));
+                return Err(ModuleError::from(FrameError::Invalid {
+                    pair: super::PAIR,
+                    rule: "entry outside payload",
+                }));
             };
             // Keep release order even if timestamps step back.
             let due = Self::due(anchor, e.meta.timestamp_ns)

@@ -24,7 +24,7 @@ pub use forward::BundleForward;
 pub use inverse::BundleInverse;
 
 use crate::registry::{ModuleInfo, ParamInfo, IDS};
-use ndd_core::{Half, ModuleError, Pair};
+use ndd_core::{Half, ModuleError, Pair, ParamError};
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -54,9 +54,12 @@ impl Default for BundleConfig {
     }
 }
 
+/// The pair's name, first in its error texts.
+const PAIR: &str = "bundle";
+
 /// Catalogue entry.
 pub const INFO: ModuleInfo = ModuleInfo {
-    name: "bundle",
+    name: PAIR,
     id: IDS.bundle,
     summary:
         "N frames or T ms per wire frame; the sink re-releases them with their original spacing",
@@ -90,32 +93,11 @@ pub const INFO: ModuleInfo = ModuleInfo {
 
 impl BundleConfig {
     /// Checks ranges.
-    pub fn validate(&self) -> Result<(), String> {
-        if !(1..=65535).contains(&self.count) {
-            return Err(format!(
-                "bundle: count = {} is out of range 1..=65535",
-                self.count
-            ));
-        }
-        if self.max_delay_ms > 60_000 {
-            return Err(format!(
-                "bundle: max_delay_ms = {} is out of range 0..=60000",
-                self.max_delay_ms
-            ));
-        }
-        if !(64..=64 << 20).contains(&self.max_bytes) {
-            return Err(format!(
-                "bundle: max_bytes = {} is out of range 64..=67108864",
-                self.max_bytes
-            ));
-        }
-        if self.playout_ms > 60_000 {
-            return Err(format!(
-                "bundle: playout_ms = {} is out of range 0..=60000",
-                self.playout_ms
-            ));
-        }
-        Ok(())
+    pub fn validate(&self) -> Result<(), ParamError> {
+        ParamError::check_range(PAIR, "count", self.count, 1..=65535)?;
+        ParamError::check_range(PAIR, "max_delay_ms", self.max_delay_ms, 0..=60_000)?;
+        ParamError::check_range(PAIR, "max_bytes", self.max_bytes, 64..=64 << 20)?;
+        ParamError::check_range(PAIR, "playout_ms", self.playout_ms, 0..=60_000)
     }
 }
 
@@ -133,7 +115,7 @@ impl Pair for BundleConfig {
         )
     }
     fn forward(&self) -> Result<Box<dyn Half>, ModuleError> {
-        self.validate().map_err(ModuleError::Setup)?;
+        self.validate()?;
         Ok(Box::new(BundleForward::new(
             self.count as usize,
             Duration::from_millis(self.max_delay_ms),
@@ -141,7 +123,7 @@ impl Pair for BundleConfig {
         )))
     }
     fn inverse(&self) -> Result<Box<dyn Half>, ModuleError> {
-        self.validate().map_err(ModuleError::Setup)?;
+        self.validate()?;
         Ok(Box::new(BundleInverse::new(Duration::from_millis(
             self.playout_ms,
         ))))

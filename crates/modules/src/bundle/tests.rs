@@ -79,7 +79,7 @@ fn malformed_bundles_give_clear_errors() {
         ),
     ];
     for (bytes, want) in cases {
-        let e = format::decode(&base, bytes).unwrap_err();
+        let e = format::decode(&base, bytes).unwrap_err().to_string();
         assert!(e.contains(want), "{bytes:?}: got {e:?}, want {want:?}");
     }
     // Through the inverse half: a module error, not a panic.

@@ -10,7 +10,8 @@
 //! (`lz4_flex::block` format, no size prefix) or one zstd frame, which must decompress to
 //! exactly the original length.
 
-use super::Codec;
+use super::{Codec, PAIR};
+use ndd_core::FrameError;
 
 /// Method byte of a frame sent as it is.
 pub const METHOD_STORED: u8 = 0;
@@ -40,25 +41,36 @@ pub enum Header {
 
 impl Header {
     /// Parses the header at the start of `buf` (the frame payload as received).
-    pub fn parse(buf: &[u8]) -> Result<Header, String> {
+    pub fn parse(buf: &[u8]) -> Result<Header, FrameError> {
         let Some(&method) = buf.first() else {
-            return Err("compress: empty frame (no method byte)".into());
+            return Err(FrameError::Empty {
+                pair: PAIR,
+                missing: "method byte",
+            });
         };
         let codec = match method {
             METHOD_STORED => return Ok(Header::Stored),
             METHOD_LZ4 => Codec::Lz4,
             METHOD_ZSTD => Codec::Zstd,
-            m => return Err(format!("compress: unknown method {m}")),
+            m => {
+                return Err(FrameError::UnknownValue {
+                    pair: PAIR,
+                    field: "method",
+                    value: m.into(),
+                })
+            }
         };
         match buf.get(1..COMPRESSED_LEN) {
             Some(&[a, b, c, d]) => Ok(Header::Compressed {
                 codec,
                 original_len: u32::from_be_bytes([a, b, c, d]),
             }),
-            _ => Err(format!(
-                "compress: frame of {} bytes is shorter than the {COMPRESSED_LEN}-byte {codec} header",
-                buf.len()
-            )),
+            _ => Err(FrameError::ShortHeader {
+                pair: PAIR,
+                len: buf.len(),
+                need: COMPRESSED_LEN,
+                header: codec.name(),
+            }),
         }
     }
 

@@ -1,10 +1,12 @@
 //! Source half of `compress`: compresses each frame, or sends it stored (no copy).
 
 use super::format::{Header, COMPRESSED_LEN, STORED_LEN};
-use super::Codec;
+use super::{Codec, PAIR};
 use bytes::Bytes;
 use ndd_core::frame::DEFAULT_HEADROOM;
-use ndd_core::{Frame, Half, HalfStats, ModuleError, Output};
+use ndd_core::{
+    ControlError, ForeignError, Frame, Half, HalfStats, ModuleError, Output, SetupError,
+};
 use std::fmt;
 use std::time::Instant;
 
@@ -44,13 +46,18 @@ impl CompressForward {
         min_size: usize,
         max_size: usize,
     ) -> Result<CompressForward, ModuleError> {
-        let zstd =
-            match codec {
-                Codec::Lz4 => None,
-                Codec::Zstd => Some(zstd::bulk::Compressor::new(level).map_err(|e| {
-                    ModuleError::Setup(format!("compress: zstd level {level}: {e}"))
-                })?),
-            };
+        let zstd = match codec {
+            Codec::Lz4 => None,
+            Codec::Zstd => {
+                Some(
+                    zstd::bulk::Compressor::new(level).map_err(|e| SetupError::Library {
+                        pair: PAIR,
+                        context: format!("zstd level {level}"),
+                        source: ForeignError::new(e),
+                    })?,
+                )
+            }
+        };
         Ok(CompressForward {
             codec,
             min_size,
@@ -120,9 +127,10 @@ impl Half for CompressForward {
         _msg: Bytes,
         _out: &mut Output,
     ) -> Result<(), ModuleError> {
-        Err(ModuleError::MalformedControl(
-            "compress: this pair has no control messages".into(),
-        ))
+        Err(ModuleError::from(ControlError::NoControl {
+            pair: Some(PAIR),
+            len: None,
+        }))
     }
 
     fn stats(&self) -> HalfStats {

@@ -2,10 +2,12 @@
 //! length against `max_size`.
 
 use super::format::{Header, COMPRESSED_LEN, STORED_LEN};
-use super::Codec;
+use super::{Codec, PAIR};
 use bytes::Bytes;
 use ndd_core::frame::DEFAULT_HEADROOM;
-use ndd_core::{Frame, Half, HalfStats, ModuleError, Output};
+use ndd_core::{
+    ControlError, ForeignError, Frame, FrameError, Half, HalfStats, ModuleError, Output, SetupError,
+};
 use std::fmt;
 use std::time::Instant;
 
@@ -29,10 +31,6 @@ impl fmt::Debug for CompressInverse {
     }
 }
 
-fn malformed(msg: String) -> ModuleError {
-    ModuleError::MalformedFrame(msg)
-}
-
 impl CompressInverse {
     /// An inverse half that refuses original lengths above `max_size`.
     pub fn new(max_size: usize) -> CompressInverse {
@@ -45,14 +43,15 @@ impl CompressInverse {
     }
 
     fn zstd(&mut self) -> Result<&mut zstd::bulk::Decompressor<'static>, ModuleError> {
-        if self.zstd.is_none() {
-            let d = zstd::bulk::Decompressor::new()
-                .map_err(|e| ModuleError::Setup(format!("compress: zstd decompressor: {e}")))?;
-            self.zstd = Some(d);
-        }
-        self.zstd
-            .as_mut()
-            .ok_or_else(|| ModuleError::Setup("compress: zstd decompressor missing".into()))
+        let d = match self.zstd.take() {
+            Some(d) => d,
+            None => zstd::bulk::Decompressor::new().map_err(|e| SetupError::Library {
+                pair: PAIR,
+                context: "zstd decompressor".into(),
+                source: ForeignError::new(e),
+            })?,
+        };
+        Ok(self.zstd.insert(d))
     }
 }
 
@@ -63,7 +62,7 @@ impl Half for CompressInverse {
         mut frame: Frame,
         out: &mut Output,
     ) -> Result<(), ModuleError> {
-        let (codec, original_len) = match Header::parse(frame.payload()).map_err(malformed)? {
+        let (codec, original_len) = match Header::parse(frame.payload())? {
             Header::Stored => {
                 frame.pop_header(STORED_LEN);
                 self.stored += 1;
@@ -77,25 +76,36 @@ impl Half for CompressInverse {
         };
         // The decompression-bomb guard: before anything is allocated.
         if original_len > self.max_size {
-            return Err(malformed(format!(
-                "compress: original length {original_len} exceeds max_size {}",
-                self.max_size
-            )));
+            return Err(ModuleError::from(FrameError::OverLimit {
+                pair: PAIR,
+                field: "original length",
+                value: original_len as u64,
+                limit: "max_size",
+                max: self.max_size as u64,
+            }));
         }
         let mut restored = Frame::zeroed(frame.meta, DEFAULT_HEADROOM, original_len);
         let data = frame.payload().get(COMPRESSED_LEN..).unwrap_or_default();
+        let corrupt = |e: ForeignError| FrameError::Corrupt {
+            pair: PAIR,
+            codec: codec.name(),
+            source: e,
+        };
         let n = match codec {
             Codec::Lz4 => lz4_flex::block::decompress_into(data, restored.payload_mut())
-                .map_err(|e| malformed(format!("compress: corrupt lz4 data: {e}")))?,
+                .map_err(|e| corrupt(ForeignError::new(e)))?,
             Codec::Zstd => self
                 .zstd()?
                 .decompress_to_buffer(data, restored.payload_mut())
-                .map_err(|e| malformed(format!("compress: corrupt zstd data: {e}")))?,
+                .map_err(|e| corrupt(ForeignError::new(e)))?,
         };
         if n != original_len {
-            return Err(malformed(format!(
-                "compress: {codec} data decompressed to {n} bytes, {original_len} announced"
-            )));
+            return Err(ModuleError::from(FrameError::Decompressed {
+                pair: PAIR,
+                codec: codec.name(),
+                len: n,
+                announced: original_len,
+            }));
         }
         self.decompressed += 1;
         out.push(restored);
@@ -108,9 +118,10 @@ impl Half for CompressInverse {
         _msg: Bytes,
         _out: &mut Output,
     ) -> Result<(), ModuleError> {
-        Err(ModuleError::MalformedControl(
-            "compress: this pair has no control messages".into(),
-        ))
+        Err(ModuleError::from(ControlError::NoControl {
+            pair: Some(PAIR),
+            len: None,
+        }))
     }
 
     fn stats(&self) -> HalfStats {

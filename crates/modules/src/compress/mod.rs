@@ -31,7 +31,7 @@ pub use forward::CompressForward;
 pub use inverse::CompressInverse;
 
 use crate::registry::{ModuleInfo, ParamInfo, IDS};
-use ndd_core::{Half, ModuleError, Pair};
+use ndd_core::{Half, ModuleError, Pair, ParamError};
 use serde::Deserialize;
 use std::fmt;
 
@@ -45,12 +45,19 @@ pub enum Codec {
     Zstd,
 }
 
-impl fmt::Display for Codec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl Codec {
+    /// Name as written in config files: `lz4` or `zstd`.
+    pub fn name(self) -> &'static str {
+        match self {
             Codec::Lz4 => "lz4",
             Codec::Zstd => "zstd",
-        })
+        }
+    }
+}
+
+impl fmt::Display for Codec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -83,9 +90,12 @@ impl Default for CompressConfig {
     }
 }
 
+/// The pair's name, first in its error texts.
+const PAIR: &str = "compress";
+
 /// Catalogue entry.
 pub const INFO: ModuleInfo = ModuleInfo {
-    name: "compress",
+    name: PAIR,
     id: IDS.compress,
     summary: "LZ4 or zstd per frame; small or incompressible frames travel stored (no copy)",
     params: &[
@@ -118,26 +128,10 @@ pub const INFO: ModuleInfo = ModuleInfo {
 
 impl CompressConfig {
     /// Checks ranges.
-    pub fn validate(&self) -> Result<(), String> {
-        if !(1..=19).contains(&self.level) {
-            return Err(format!(
-                "compress: level = {} is out of range 1..=19",
-                self.level
-            ));
-        }
-        if self.min_size > MAX_SIZE_LIMIT {
-            return Err(format!(
-                "compress: min_size = {} is out of range 0..=1073741824",
-                self.min_size
-            ));
-        }
-        if !(64..=MAX_SIZE_LIMIT).contains(&self.max_size) {
-            return Err(format!(
-                "compress: max_size = {} is out of range 64..=1073741824",
-                self.max_size
-            ));
-        }
-        Ok(())
+    pub fn validate(&self) -> Result<(), ParamError> {
+        ParamError::check_range(PAIR, "level", self.level, 1..=19)?;
+        ParamError::check_range(PAIR, "min_size", self.min_size, 0..=MAX_SIZE_LIMIT)?;
+        ParamError::check_range(PAIR, "max_size", self.max_size, 64..=MAX_SIZE_LIMIT)
     }
 }
 
@@ -155,7 +149,7 @@ impl Pair for CompressConfig {
         )
     }
     fn forward(&self) -> Result<Box<dyn Half>, ModuleError> {
-        self.validate().map_err(ModuleError::Setup)?;
+        self.validate()?;
         Ok(Box::new(CompressForward::new(
             self.codec,
             self.level,
@@ -164,7 +158,7 @@ impl Pair for CompressConfig {
         )?))
     }
     fn inverse(&self) -> Result<Box<dyn Half>, ModuleError> {
-        self.validate().map_err(ModuleError::Setup)?;
+        self.validate()?;
         Ok(Box::new(CompressInverse::new(self.max_size as usize)))
     }
 }

@@ -16,6 +16,9 @@
 //! u64 BE  last        sequence number of the last frame the inverse rebuilt; all ones if none
 //! ```
 
+use super::PAIR;
+use ndd_core::{ControlError, FrameError};
+
 /// Kind byte of a key frame.
 pub const KIND_KEY: u8 = 0;
 /// Kind byte of a delta frame.
@@ -46,20 +49,29 @@ pub enum Header {
 
 impl Header {
     /// Parses the header at the start of `buf` (the frame payload as received).
-    pub fn parse(buf: &[u8]) -> Result<Header, String> {
+    pub fn parse(buf: &[u8]) -> Result<Header, FrameError> {
         match buf.first() {
-            None => Err("delta: empty frame (no kind byte)".into()),
+            None => Err(FrameError::Empty {
+                pair: PAIR,
+                missing: "kind byte",
+            }),
             Some(&KIND_KEY) => Ok(Header::Key),
             Some(&KIND_DELTA) => match buf.get(1..DELTA_LEN) {
                 Some(&[a, b, c, d, e, f, g, h]) => Ok(Header::Delta {
                     reference: u64::from_be_bytes([a, b, c, d, e, f, g, h]),
                 }),
-                _ => Err(format!(
-                    "delta: frame of {} bytes is shorter than the {DELTA_LEN}-byte delta header",
-                    buf.len()
-                )),
+                _ => Err(FrameError::ShortHeader {
+                    pair: PAIR,
+                    len: buf.len(),
+                    need: DELTA_LEN,
+                    header: "delta",
+                }),
             },
-            Some(k) => Err(format!("delta: unknown kind {k}")),
+            Some(&k) => Err(FrameError::UnknownValue {
+                pair: PAIR,
+                field: "kind",
+                value: k.into(),
+            }),
         }
     }
 
@@ -92,7 +104,7 @@ pub struct KeyRequest {
 
 impl KeyRequest {
     /// Parses a control message.
-    pub fn parse(msg: &[u8]) -> Result<KeyRequest, String> {
+    pub fn parse(msg: &[u8]) -> Result<KeyRequest, ControlError> {
         match msg {
             [CONTROL_KEY_REQUEST, a, b, c, d, e, f, g, h] => {
                 let last = u64::from_be_bytes([*a, *b, *c, *d, *e, *f, *g, *h]);
@@ -100,13 +112,17 @@ impl KeyRequest {
                     last: (last != NO_FRAME).then_some(last),
                 })
             }
-            [t, ..] if *t != CONTROL_KEY_REQUEST => {
-                Err(format!("delta: unknown control message type {t}"))
-            }
-            _ => Err(format!(
-                "delta: key request of {} bytes, expected {CONTROL_LEN}",
-                msg.len()
-            )),
+            [t, ..] if *t != CONTROL_KEY_REQUEST => Err(ControlError::UnknownValue {
+                pair: PAIR,
+                field: "control message type",
+                value: (*t).into(),
+            }),
+            _ => Err(ControlError::WrongSize {
+                pair: PAIR,
+                what: "key request",
+                len: msg.len(),
+                expected: CONTROL_LEN,
+            }),
         }
     }
 

@@ -95,7 +95,7 @@ impl Half for DeltaForward {
         msg: Bytes,
         _out: &mut Output,
     ) -> Result<(), ModuleError> {
-        let req = KeyRequest::parse(&msg).map_err(ModuleError::MalformedControl)?;
+        let req = KeyRequest::parse(&msg)?;
         tracing::debug!(last = ?req.last, "delta: key frame requested");
         self.key_requested = true;
         self.key_requests += 1;

@@ -55,7 +55,7 @@ impl Half for DeltaInverse {
         mut frame: Frame,
         out: &mut Output,
     ) -> Result<(), ModuleError> {
-        let header = Header::parse(frame.payload()).map_err(ModuleError::MalformedFrame)?;
+        let header = Header::parse(frame.payload())?;
         let seq = frame.meta.seq;
         match header {
             Header::Key => {

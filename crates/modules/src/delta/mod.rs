@@ -34,7 +34,7 @@ pub use forward::DeltaForward;
 pub use inverse::{DeltaInverse, RETRY_AFTER_DROPS};
 
 use crate::registry::{ModuleInfo, ParamInfo, IDS};
-use ndd_core::{Half, ModuleError, Pair};
+use ndd_core::{Half, ModuleError, Pair, ParamError};
 use serde::Deserialize;
 
 /// Largest `keyframe_interval`.
@@ -57,9 +57,12 @@ impl Default for DeltaConfig {
     }
 }
 
+/// The pair's name, first in its error texts.
+const PAIR: &str = "delta";
+
 /// Catalogue entry.
 pub const INFO: ModuleInfo = ModuleInfo {
-    name: "delta",
+    name: PAIR,
     id: IDS.delta,
     summary: "XOR against the previous frame of the same size; key frames on size change, \
               every N frames and on the sink's request after a loss",
@@ -73,14 +76,13 @@ pub const INFO: ModuleInfo = ModuleInfo {
 
 impl DeltaConfig {
     /// Checks ranges.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.keyframe_interval > MAX_KEYFRAME_INTERVAL {
-            return Err(format!(
-                "delta: keyframe_interval = {} is out of range 0..=1000000",
-                self.keyframe_interval
-            ));
-        }
-        Ok(())
+    pub fn validate(&self) -> Result<(), ParamError> {
+        ParamError::check_range(
+            PAIR,
+            "keyframe_interval",
+            self.keyframe_interval,
+            0..=MAX_KEYFRAME_INTERVAL,
+        )
     }
 }
 
@@ -95,11 +97,11 @@ impl Pair for DeltaConfig {
         format!("delta(keyframe_interval={})", self.keyframe_interval)
     }
     fn forward(&self) -> Result<Box<dyn Half>, ModuleError> {
-        self.validate().map_err(ModuleError::Setup)?;
+        self.validate()?;
         Ok(Box::new(DeltaForward::new(self.keyframe_interval)))
     }
     fn inverse(&self) -> Result<Box<dyn Half>, ModuleError> {
-        self.validate().map_err(ModuleError::Setup)?;
+        self.validate()?;
         Ok(Box::new(DeltaInverse::default()))
     }
 }

@@ -1,8 +1,8 @@
 //! Source half of `encrypt`: seals every frame in place under this half's epoch subkey.
 
 use super::key::{self, Key};
-use super::{aad, nonce, Cipher, Header, EPOCH_LEN, HEADER_LEN, TAG_LEN};
-use ndd_core::{Frame, Half, HalfStats, ModuleError, Output};
+use super::{aad, nonce, Cipher, Header, EPOCH_LEN, HEADER_LEN, PAIR, TAG_LEN};
+use ndd_core::{Frame, FrameError, Half, HalfStats, ModuleError, Output, SetupError};
 use ring::aead::{Aad, LessSafeKey};
 use ring::rand::{SecureRandom, SystemRandom};
 use std::fmt;
@@ -30,9 +30,12 @@ impl EncryptForward {
     /// A forward half with a fresh random epoch (from the operating system's generator).
     pub fn new(key: &Key, cipher: Cipher) -> Result<EncryptForward, ModuleError> {
         let mut epoch = [0u8; EPOCH_LEN];
-        SystemRandom::new().fill(&mut epoch).map_err(|_| {
-            ModuleError::Setup("encrypt: the system random number generator failed".into())
-        })?;
+        SystemRandom::new()
+            .fill(&mut epoch)
+            .map_err(|_| SetupError::Failed {
+                pair: PAIR,
+                what: "the system random number generator failed",
+            })?;
         EncryptForward::with_epoch(key, cipher, epoch)
     }
 
@@ -43,8 +46,10 @@ impl EncryptForward {
         cipher: Cipher,
         epoch: [u8; EPOCH_LEN],
     ) -> Result<EncryptForward, ModuleError> {
-        let key = key::subkey(key, &epoch, cipher)
-            .ok_or_else(|| ModuleError::Setup("encrypt: cannot derive the epoch key".into()))?;
+        let key = key::subkey(key, &epoch, cipher).ok_or(SetupError::Failed {
+            pair: PAIR,
+            what: "cannot derive the epoch key",
+        })?;
         Ok(EncryptForward {
             key,
             cipher,
@@ -64,8 +69,9 @@ impl Half for EncryptForward {
     ) -> Result<(), ModuleError> {
         let counter = self.counter;
         // Never reached (2^64 frames), but a nonce must never repeat.
-        self.counter = counter.checked_add(1).ok_or_else(|| {
-            ModuleError::Setup("encrypt: nonce counter exhausted; restart the stream".into())
+        self.counter = counter.checked_add(1).ok_or(SetupError::Failed {
+            pair: PAIR,
+            what: "nonce counter exhausted; restart the stream",
         })?;
         let aad = aad(&frame.meta);
         // Header space first, so that a frame without headroom is copied at most once; then
@@ -73,21 +79,19 @@ impl Half for EncryptForward {
         frame.push_header_with(HEADER_LEN, |h| h.fill(0));
         let buf = frame.payload_mut();
         let Some((hdr, body)) = buf.split_first_chunk_mut::<HEADER_LEN>() else {
-            return Err(ModuleError::MalformedFrame(
-                "encrypt: header space missing after push".into(),
-            ));
+            return Err(ModuleError::from(FrameError::Invalid {
+                pair: PAIR,
+                rule: "header space missing after push",
+            }));
         };
         let len = body.len();
         let tag = self
             .key
             .seal_in_place_separate_tag(nonce(counter), Aad::from(aad), body)
-            .map_err(|_| {
-                ModuleError::MalformedFrame(format!(
-                    "encrypt: a frame of {len} bytes is too large to seal"
-                ))
-            })?;
-        let tag = <[u8; TAG_LEN]>::try_from(tag.as_ref()).map_err(|_| {
-            ModuleError::MalformedFrame("encrypt: the cipher returned a tag of another size".into())
+            .map_err(|_| FrameError::TooLargeToSeal { pair: PAIR, len })?;
+        let tag = <[u8; TAG_LEN]>::try_from(tag.as_ref()).map_err(|_| FrameError::Invalid {
+            pair: PAIR,
+            rule: "the cipher returned a tag of another size",
         })?;
         Header {
             epoch: self.epoch,

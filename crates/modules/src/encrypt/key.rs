@@ -2,7 +2,8 @@
 //! the per-epoch subkey. Nothing here runs in the data path except `subkey`, which the
 //! inverse calls once per new epoch.
 
-use super::{hex, Cipher, EPOCH_LEN};
+use super::{hex, Cipher, EPOCH_LEN, PAIR};
+use ndd_core::{ForeignError, SetupError};
 use ring::{aead, digest, hkdf, pbkdf2};
 use std::fmt;
 use std::fs::File;
@@ -88,7 +89,7 @@ impl fmt::Debug for Key {
 pub struct KeyCache(Mutex<Option<Arc<Key>>>);
 
 impl KeyCache {
-    pub(crate) fn get_or_load(&self, source: &Source) -> Result<Arc<Key>, String> {
+    pub(crate) fn get_or_load(&self, source: &Source) -> Result<Arc<Key>, SetupError> {
         let mut slot = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(k) = slot.as_ref().filter(|k| &k.source == source) {
             return Ok(Arc::clone(k));
@@ -124,70 +125,84 @@ impl fmt::Debug for KeyCache {
     }
 }
 
-fn load(source: &Source) -> Result<Key, String> {
+fn load(source: &Source) -> Result<Key, SetupError> {
     match source {
         Source::KeyFile(path) => {
             let max = 2 * KEY_LEN + 2;
-            let bytes = read_private(path, "key file", max, |n| wrong_size(path, n))?;
+            let bytes = read_private(path, "key file", max, |len| SetupError::KeySize {
+                pair: PAIR,
+                path: path.clone(),
+                len,
+                key_len: KEY_LEN,
+            })?;
             Ok(Key::from_bytes(parse_key(path, &bytes)?, source.clone()))
         }
         Source::Passphrase(path) => {
-            let bytes = read_private(path, "passphrase file", MAX_PASSPHRASE, |n| {
-                format!(
-                    "encrypt: passphrase file {} holds {n} bytes; a passphrase is at most \
-                     {MAX_PASSPHRASE} bytes",
-                    path.display()
-                )
+            let bytes = read_private(path, "passphrase file", MAX_PASSPHRASE, |len| {
+                SetupError::PassphraseTooLong {
+                    pair: PAIR,
+                    path: path.clone(),
+                    len,
+                    max: MAX_PASSPHRASE,
+                }
             })?;
             let pass = strip_newline(&bytes);
             if pass.len() < MIN_PASSPHRASE {
-                return Err(format!(
-                    "encrypt: passphrase file {} holds a passphrase of {} bytes; use at least \
-                     {MIN_PASSPHRASE}",
-                    path.display(),
-                    pass.len()
-                ));
+                return Err(SetupError::PassphraseTooShort {
+                    pair: PAIR,
+                    path: path.clone(),
+                    len: pass.len(),
+                    min: MIN_PASSPHRASE,
+                });
             }
             Ok(Key::from_bytes(passphrase_key(pass), source.clone()))
         }
     }
 }
 
-fn wrong_size(path: &Path, n: u64) -> String {
-    format!(
-        "encrypt: key file {} holds {n} bytes, but a key is exactly 32 raw bytes or 64 hex \
-         digits (plus an optional newline)",
-        path.display()
-    )
+fn wrong_size(path: &Path, len: u64) -> SetupError {
+    SetupError::KeySize {
+        pair: PAIR,
+        path: path.to_path_buf(),
+        len,
+        key_len: KEY_LEN,
+    }
 }
 
 /// Reads a secret file: a regular file that only its owner may read or write, of at most
 /// `max` bytes (`too_big(len)` is the error otherwise).
 fn read_private(
     path: &Path,
-    what: &str,
+    what: &'static str,
     max: usize,
-    too_big: impl Fn(u64) -> String,
-) -> Result<Vec<u8>, String> {
-    let io = |e: std::io::Error| format!("encrypt: cannot read {what} {}: {e}", path.display());
+    too_big: impl Fn(u64) -> SetupError,
+) -> Result<Vec<u8>, SetupError> {
+    let io = |e: std::io::Error| SetupError::Read {
+        pair: PAIR,
+        what,
+        path: path.to_path_buf(),
+        source: ForeignError::new(e),
+    };
     let file = File::open(path).map_err(io)?;
     let meta = file.metadata().map_err(io)?;
     if !meta.is_file() {
-        return Err(format!(
-            "encrypt: {what} {} is not a regular file",
-            path.display()
-        ));
+        return Err(SetupError::NotAFile {
+            pair: PAIR,
+            what,
+            path: path.to_path_buf(),
+        });
     }
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
         let mode = meta.permissions().mode() & 0o7777;
         if mode & 0o077 != 0 {
-            return Err(format!(
-                "encrypt: {what} {p} has permissions {mode:04o}, but it must be readable by its \
-                 owner only (0600); fix it with: chmod 600 {p}",
-                p = path.display()
-            ));
+            return Err(SetupError::Permissions {
+                pair: PAIR,
+                what,
+                path: path.to_path_buf(),
+                mode,
+            });
         }
     }
     if meta.len() > max as u64 {
@@ -210,14 +225,14 @@ fn strip_newline(b: &[u8]) -> &[u8] {
 }
 
 /// A key file's contents: exactly 32 raw bytes, or 64 hex digits plus an optional newline.
-fn parse_key(path: &Path, bytes: &[u8]) -> Result<[u8; KEY_LEN], String> {
+fn parse_key(path: &Path, bytes: &[u8]) -> Result<[u8; KEY_LEN], SetupError> {
     if let Ok(raw) = <[u8; KEY_LEN]>::try_from(bytes) {
         if raw.iter().all(u8::is_ascii_hexdigit) {
-            return Err(format!(
-                "encrypt: key file {} holds 32 hex digits (a 16-byte key), but a key is 32 raw \
-                 bytes or 64 hex digits",
-                path.display()
-            ));
+            return Err(SetupError::HalfKey {
+                pair: PAIR,
+                path: path.to_path_buf(),
+                key_len: KEY_LEN,
+            });
         }
         return Ok(raw);
     }
@@ -231,10 +246,11 @@ fn parse_key(path: &Path, bytes: &[u8]) -> Result<[u8; KEY_LEN], String> {
             [hi, lo] => match (nibble(*hi), nibble(*lo)) {
                 (Some(h), Some(l)) => *k = h << 4 | l,
                 _ => {
-                    return Err(format!(
-                        "encrypt: key file {} holds 64 characters that are not all hex digits",
-                        path.display()
-                    ))
+                    return Err(SetupError::NotHex {
+                        pair: PAIR,
+                        path: path.to_path_buf(),
+                        key_len: KEY_LEN,
+                    })
                 }
             },
             _ => return Err(wrong_size(path, bytes.len() as u64)),

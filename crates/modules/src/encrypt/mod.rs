@@ -48,7 +48,7 @@ pub use inverse::{EncryptInverse, LIVE_EPOCHS, RETIRED_EPOCHS};
 pub use key::KeyCache;
 
 use crate::registry::{ModuleInfo, ParamInfo, IDS};
-use ndd_core::{Half, Meta, ModuleError, Pair};
+use ndd_core::{Half, Meta, ModuleError, Pair, ParamError, SetupError};
 use ring::aead;
 use serde::Deserialize;
 use std::path::PathBuf;
@@ -125,9 +125,12 @@ impl Default for EncryptConfig {
     }
 }
 
+/// The pair's name, first in its error texts.
+const PAIR: &str = "encrypt";
+
 /// Catalogue entry.
 pub const INFO: ModuleInfo = ModuleInfo {
-    name: "encrypt",
+    name: PAIR,
     id: IDS.encrypt,
     summary: "AEAD (AES-256-GCM / ChaCha20-Poly1305) per frame; the inverse drops and counts \
               tampered, truncated and replayed frames",
@@ -161,29 +164,24 @@ pub const INFO: ModuleInfo = ModuleInfo {
 
 impl EncryptConfig {
     /// Checks ranges and that exactly one key source is set. Reads no file.
-    pub fn validate(&self) -> Result<(), String> {
-        if !(1..=MAX_WINDOW).contains(&self.window) {
-            return Err(format!(
-                "encrypt: window = {} is out of range 1..={MAX_WINDOW}",
-                self.window
-            ));
-        }
+    pub fn validate(&self) -> Result<(), ParamError> {
+        ParamError::check_range(PAIR, "window", self.window, 1..=MAX_WINDOW)?;
         match (
             self.key_file.as_os_str().is_empty(),
             self.passphrase_file.as_os_str().is_empty(),
         ) {
-            (true, true) => Err(
-                "encrypt: set exactly one of key_file and passphrase_file (neither is set)".into(),
-            ),
-            (false, false) => Err(
-                "encrypt: set exactly one of key_file and passphrase_file (both are set)".into(),
-            ),
+            (true, true) | (false, false) => Err(ParamError::ExactlyOne {
+                pair: PAIR,
+                first: "key_file",
+                second: "passphrase_file",
+                both: !self.key_file.as_os_str().is_empty(),
+            }),
             _ => Ok(()),
         }
     }
 
     /// The key, loaded from its file on first use and cached (see [`KeyCache`]).
-    fn key(&self) -> Result<std::sync::Arc<key::Key>, String> {
+    fn key(&self) -> Result<std::sync::Arc<key::Key>, SetupError> {
         self.validate()?;
         let source = if self.key_file.as_os_str().is_empty() {
             key::Source::Passphrase(self.passphrase_file.clone())
@@ -194,7 +192,7 @@ impl EncryptConfig {
     }
 
     /// `key_id` as shown in [`Pair::describe`], or the reason the key cannot be loaded.
-    pub fn key_id(&self) -> Result<String, String> {
+    pub fn key_id(&self) -> Result<String, SetupError> {
         self.key().map(|k| k.id_hex())
     }
 }
@@ -219,11 +217,11 @@ impl Pair for EncryptConfig {
         )
     }
     fn forward(&self) -> Result<Box<dyn Half>, ModuleError> {
-        let key = self.key().map_err(ModuleError::Setup)?;
+        let key = self.key()?;
         Ok(Box::new(EncryptForward::new(&key, self.cipher)?))
     }
     fn inverse(&self) -> Result<Box<dyn Half>, ModuleError> {
-        let key = self.key().map_err(ModuleError::Setup)?;
+        let key = self.key()?;
         Ok(Box::new(EncryptInverse::new(key, self.cipher, self.window)))
     }
 }

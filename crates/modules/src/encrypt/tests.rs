@@ -404,17 +404,13 @@ fn key_file_errors_have_the_documented_texts() {
             "encrypt: window = 65537 is out of range 1..=65536".into(),
         ),
     ];
+    let setup_text = |r: Result<Box<dyn Half>, ModuleError>| match r {
+        Err(ModuleError::Setup(e)) => Some(e.to_string()),
+        _ => None,
+    };
     for (cfg, want) in cases {
-        assert_eq!(
-            cfg.forward().err(),
-            Some(ModuleError::Setup(want.clone())),
-            "forward"
-        );
-        assert_eq!(
-            cfg.inverse().err(),
-            Some(ModuleError::Setup(want.clone())),
-            "inverse"
-        );
+        assert_eq!(setup_text(cfg.forward()), Some(want.clone()), "forward");
+        assert_eq!(setup_text(cfg.inverse()), Some(want.clone()), "inverse");
         assert!(
             cfg.describe().ends_with(", key_id=unavailable)"),
             "{}",

@@ -78,7 +78,7 @@ impl Half for LatestForward {
         msg: Bytes,
         out: &mut Output,
     ) -> Result<(), ModuleError> {
-        let seq = decode_ack(&msg).map_err(ModuleError::MalformedControl)?;
+        let seq = decode_ack(&msg)?;
         self.acks += 1;
         // Everything sent up to the acknowledged frame is settled: delivered, or lost on the
         // way (the sink never waits for an older frame once a newer one is through).

@@ -28,7 +28,7 @@ pub use forward::LatestForward;
 pub use inverse::LatestInverse;
 
 use crate::registry::{ModuleInfo, ParamInfo, IDS};
-use ndd_core::{Half, ModuleError, Pair};
+use ndd_core::{ControlError, Half, ModuleError, Pair, ParamError};
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -56,9 +56,12 @@ impl Default for LatestConfig {
     }
 }
 
+/// The pair's name, first in its error texts.
+const PAIR: &str = "latest";
+
 /// Catalogue entry.
 pub const INFO: ModuleInfo = ModuleInfo {
-    name: "latest",
+    name: PAIR,
     id: IDS.latest,
     summary: "frame spoiling: while the link or sink is busy, only the newest frame waits",
     params: &[
@@ -79,20 +82,9 @@ pub const INFO: ModuleInfo = ModuleInfo {
 
 impl LatestConfig {
     /// Checks ranges.
-    pub fn validate(&self) -> Result<(), String> {
-        if !(1..=1024).contains(&self.in_flight) {
-            return Err(format!(
-                "latest: in_flight = {} is out of range 1..=1024",
-                self.in_flight
-            ));
-        }
-        if !(1..=60_000).contains(&self.ack_timeout_ms) {
-            return Err(format!(
-                "latest: ack_timeout_ms = {} is out of range 1..=60000",
-                self.ack_timeout_ms
-            ));
-        }
-        Ok(())
+    pub fn validate(&self) -> Result<(), ParamError> {
+        ParamError::check_range(PAIR, "in_flight", self.in_flight, 1..=1024)?;
+        ParamError::check_range(PAIR, "ack_timeout_ms", self.ack_timeout_ms, 1..=60_000)
     }
 }
 
@@ -110,14 +102,14 @@ impl Pair for LatestConfig {
         )
     }
     fn forward(&self) -> Result<Box<dyn Half>, ModuleError> {
-        self.validate().map_err(ModuleError::Setup)?;
+        self.validate()?;
         Ok(Box::new(LatestForward::new(
             self.in_flight,
             Duration::from_millis(self.ack_timeout_ms),
         )))
     }
     fn inverse(&self) -> Result<Box<dyn Half>, ModuleError> {
-        self.validate().map_err(ModuleError::Setup)?;
+        self.validate()?;
         Ok(Box::new(LatestInverse::default()))
     }
 }
@@ -131,16 +123,18 @@ pub fn encode_ack(seq: u64) -> [u8; ACK_LEN] {
 }
 
 /// Decodes a control message from the inverse half; the error names what is wrong.
-pub fn decode_ack(msg: &[u8]) -> Result<u64, String> {
+pub fn decode_ack(msg: &[u8]) -> Result<u64, ControlError> {
     match msg {
-        [] => Err("latest: empty control message".into()),
+        [] => Err(ControlError::Empty { pair: PAIR }),
         [ACK, rest @ ..] => match <[u8; 8]>::try_from(rest) {
             Ok(b) => Ok(u64::from_be_bytes(b)),
-            Err(_) => Err(format!(
-                "latest: ack message is {} bytes, expected {ACK_LEN}",
-                msg.len()
-            )),
+            Err(_) => Err(ControlError::WrongLength {
+                pair: PAIR,
+                what: "ack message",
+                len: msg.len(),
+                expected: ACK_LEN,
+            }),
         },
-        [t, ..] => Err(format!("latest: unknown control message type 0x{t:02x}")),
+        [t, ..] => Err(ControlError::UnknownType { pair: PAIR, ty: *t }),
     }
 }

@@ -34,15 +34,15 @@ fn ack_format_matches_vector_and_rejects_garbage() {
     );
     assert_eq!(decode_ack(&encode_ack(42)), Ok(42));
     assert_eq!(
-        decode_ack(&[]),
+        decode_ack(&[]).map_err(|e| e.to_string()),
         Err("latest: empty control message".to_string())
     );
     assert_eq!(
-        decode_ack(&[1, 0, 0]),
+        decode_ack(&[1, 0, 0]).map_err(|e| e.to_string()),
         Err("latest: ack message is 3 bytes, expected 9".to_string())
     );
     assert_eq!(
-        decode_ack(&[7; 9]),
+        decode_ack(&[7; 9]).map_err(|e| e.to_string()),
         Err("latest: unknown control message type 0x07".to_string())
     );
 }
@@ -59,7 +59,7 @@ fn config_validates_and_describes_every_parameter() {
         ..c.clone()
     };
     assert_eq!(
-        bad.validate(),
+        bad.validate().map_err(|e| e.to_string()),
         Err("latest: in_flight = 0 is out of range 1..=1024".to_string())
     );
     assert!(bad.forward().is_err());
@@ -68,7 +68,7 @@ fn config_validates_and_describes_every_parameter() {
         ..c
     };
     assert_eq!(
-        bad.validate(),
+        bad.validate().map_err(|e| e.to_string()),
         Err("latest: ack_timeout_ms = 0 is out of range 1..=60000".to_string())
     );
 }

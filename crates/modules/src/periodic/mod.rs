@@ -36,7 +36,7 @@ pub use forward::PeriodicForward;
 pub use inverse::PeriodicInverse;
 
 use crate::registry::{ModuleInfo, ParamInfo, IDS};
-use ndd_core::{Half, ModuleError, Pair};
+use ndd_core::{ControlError, Half, ModuleError, Pair, ParamError};
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -59,9 +59,12 @@ impl Default for PeriodicConfig {
     }
 }
 
+/// The pair's name, first in its error texts.
+const PAIR: &str = "periodic";
+
 /// Catalogue entry.
 pub const INFO: ModuleInfo = ModuleInfo {
-    name: "periodic",
+    name: PAIR,
     id: IDS.periodic,
     summary: "the latest frame every T ms on a fixed grid; older frames are dropped",
     params: &[
@@ -82,21 +85,16 @@ pub const INFO: ModuleInfo = ModuleInfo {
 
 /// The error for a control message to a pair that defines none.
 fn no_control(len: usize) -> ModuleError {
-    ModuleError::MalformedControl(format!(
-        "periodic: defines no control messages, got one of {len} bytes"
-    ))
+    ModuleError::from(ControlError::NoControl {
+        pair: Some(PAIR),
+        len: Some(len),
+    })
 }
 
 impl PeriodicConfig {
     /// Checks ranges.
-    pub fn validate(&self) -> Result<(), String> {
-        if !(1..=60_000).contains(&self.interval_ms) {
-            return Err(format!(
-                "periodic: interval_ms = {} is out of range 1..=60000",
-                self.interval_ms
-            ));
-        }
-        Ok(())
+    pub fn validate(&self) -> Result<(), ParamError> {
+        ParamError::check_range(PAIR, "interval_ms", self.interval_ms, 1..=60_000)
     }
 }
 
@@ -114,14 +112,14 @@ impl Pair for PeriodicConfig {
         )
     }
     fn forward(&self) -> Result<Box<dyn Half>, ModuleError> {
-        self.validate().map_err(ModuleError::Setup)?;
+        self.validate()?;
         Ok(Box::new(PeriodicForward::new(
             Duration::from_millis(self.interval_ms),
             self.repeat,
         )))
     }
     fn inverse(&self) -> Result<Box<dyn Half>, ModuleError> {
-        self.validate().map_err(ModuleError::Setup)?;
+        self.validate()?;
         Ok(Box::new(PeriodicInverse))
     }
 }

@@ -254,8 +254,11 @@ fn config_parses_validates_and_describes() {
         ),
     ] {
         let c = parse(s).unwrap();
-        assert_eq!(c.validate().unwrap_err(), want);
-        assert_eq!(c.inverse().err(), Some(ModuleError::Setup(want.into())));
+        assert_eq!(c.validate().unwrap_err().to_string(), want);
+        assert_eq!(
+            c.inverse().err(),
+            Some(ModuleError::from(c.validate().unwrap_err()))
+        );
     }
     assert!(parse("intervall_ms = 3")
         .unwrap_err()

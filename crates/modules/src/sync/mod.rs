@@ -30,7 +30,7 @@ pub use inverse::SyncInverse;
 
 use crate::pass::PassHalf;
 use crate::registry::{ModuleInfo, ParamInfo, IDS};
-use ndd_core::{Half, ModuleError, Pair};
+use ndd_core::{Half, ModuleError, Pair, ParamError};
 use serde::Deserialize;
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -113,9 +113,12 @@ impl fmt::Debug for SyncHandle {
     }
 }
 
+/// The pair's name, first in its error texts.
+const PAIR: &str = "sync";
+
 /// Catalogue entry.
 pub const INFO: ModuleInfo = ModuleInfo {
-    name: "sync",
+    name: PAIR,
     id: IDS.sync,
     summary: "orders the frames of several streams by source timestamp, at most T ms late",
     params: &[
@@ -136,20 +139,16 @@ pub const INFO: ModuleInfo = ModuleInfo {
 
 impl SyncConfig {
     /// Checks ranges.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ParamError> {
         if self.group.is_empty() || self.group.len() > 64 {
-            return Err(format!(
-                "sync: group = {:?} must be 1 to 64 bytes long",
-                self.group
-            ));
+            return Err(ParamError::Invalid {
+                pair: PAIR,
+                param: "group",
+                value: self.group.clone(),
+                reason: "must be 1 to 64 bytes long",
+            });
         }
-        if self.max_delay_ms > 10_000 {
-            return Err(format!(
-                "sync: max_delay_ms = {} is out of range 0..=10000",
-                self.max_delay_ms
-            ));
-        }
-        Ok(())
+        ParamError::check_range(PAIR, "max_delay_ms", self.max_delay_ms, 0..=10_000)
     }
 
     /// Makes this member part of `group` (the config loader calls it for every member).
@@ -172,11 +171,11 @@ impl Pair for SyncConfig {
         )
     }
     fn forward(&self) -> Result<Box<dyn Half>, ModuleError> {
-        self.validate().map_err(ModuleError::Setup)?;
+        self.validate()?;
         Ok(Box::new(PassHalf))
     }
     fn inverse(&self) -> Result<Box<dyn Half>, ModuleError> {
-        self.validate().map_err(ModuleError::Setup)?;
+        self.validate()?;
         let group = self.shared.0.clone().unwrap_or_else(SyncGroup::new_shared);
         Ok(Box::new(SyncInverse::new(
             group,

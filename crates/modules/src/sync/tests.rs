@@ -159,7 +159,8 @@ fn parameters_are_checked_and_described() {
         ..SyncConfig::default()
     }
     .validate()
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert_eq!(e, "sync: max_delay_ms = 20000 is out of range 0..=10000");
     assert!(SyncConfig {
         group: String::new(),
