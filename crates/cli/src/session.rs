@@ -362,7 +362,7 @@ pub async fn run_side(
             role,
             reliable: s.reliability == crate::config::Reliability::Reliable,
             release_on_loss: release.is_some(),
-            replay_outage: true,
+            replay_outage: role == Role::Sink || s.source.replays_outage(),
             pairs: s
                 .pairs()
                 .into_iter()

@@ -480,6 +480,11 @@ impl Held {
         }
     }
 
+    /// Whether `code` is held.
+    pub fn holds(&self, code: u16) -> bool {
+        self.keys.contains(&code)
+    }
+
     /// The held key and button codes, ascending.
     pub fn held(&self) -> impl Iterator<Item = u16> + '_ {
         self.keys.iter().copied()
@@ -562,6 +567,12 @@ pub struct Batcher {
     pub dropped: u64,
     /// Events skipped.
     pub skipped: u64,
+    /// Autorepeat presses (`EV_KEY` value 2) left out: the app side's X server or kernel
+    /// repeats held keys by itself, and repeats replayed after a stall would type stale
+    /// characters.
+    pub repeats: u64,
+    /// The batch being built lost a repeat (a batch of repeats only is not sent at all).
+    repeat_in_batch: bool,
 }
 
 /// Most events in one batch; a longer run without `SYN_REPORT` is cut there.
@@ -585,15 +596,21 @@ impl Batcher {
         }
         if e.ty == EV_SYN && e.code == SYN_REPORT {
             let was_dropping = std::mem::replace(&mut self.in_drop, false);
+            let only_repeats = std::mem::take(&mut self.repeat_in_batch) && self.batch.is_empty();
             self.start_us = None;
             let batch = std::mem::take(&mut self.batch);
-            return (!was_dropping).then_some(batch);
+            return (!was_dropping && !only_repeats).then_some(batch);
         }
         if self.in_drop {
             return None;
         }
         if !valid_event(e.ty, e.code) {
             self.skipped += 1;
+            return None;
+        }
+        if e.ty == EV_KEY && e.value == 2 {
+            self.repeats += 1;
+            self.repeat_in_batch = true;
             return None;
         }
         let start = *self.start_us.get_or_insert(e.time_us);
@@ -1005,6 +1022,35 @@ mod tests {
             code,
             value,
         }
+    }
+
+    #[test]
+    fn autorepeat_is_never_forwarded() {
+        let mut b = Batcher::new();
+        let t = 1_700_000_000_000_000;
+        let mut batches = Vec::new();
+        for e in [
+            raw(t, EV_KEY, KEY_A, 1),
+            raw(t, EV_SYN, SYN_REPORT, 0),
+            raw(t + 500_000, EV_KEY, KEY_A, 2), // the kernel's repeats: a batch of its own
+            raw(t + 500_000, EV_SYN, SYN_REPORT, 0),
+            raw(t + 533_000, EV_KEY, KEY_A, 2),
+            raw(t + 533_000, EV_REL, REL_X, 3), // a repeat next to motion: the motion goes
+            raw(t + 533_000, EV_SYN, SYN_REPORT, 0),
+            raw(t + 600_000, EV_KEY, KEY_A, 0),
+            raw(t + 600_000, EV_SYN, SYN_REPORT, 0),
+        ] {
+            batches.extend(b.push(e));
+        }
+        assert_eq!(
+            batches,
+            vec![
+                vec![Event::new(EV_KEY, KEY_A, 1)],
+                vec![Event::new(EV_REL, REL_X, 3)],
+                vec![Event::new(EV_KEY, KEY_A, 0)],
+            ]
+        );
+        assert_eq!(b.repeats, 2);
     }
 
     #[test]

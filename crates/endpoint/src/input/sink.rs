@@ -7,7 +7,7 @@
 //! error.
 
 use super::config::{UinputConfig, XtestConfig};
-use super::record::{Capabilities, Event, Held, InputMessage, XAction, XMapper};
+use super::record::{Capabilities, Event, Held, InputMessage, XAction, XMapper, EV_KEY};
 use crate::common::delivered::Delivered;
 use crate::common::error::EndpointError;
 use crate::common::report::{SinkReport, SinkTask};
@@ -94,11 +94,16 @@ fn run_injector(
                     release(inj, &mut held)?;
                     inj.capabilities(&c)?;
                 }
-                InputMessage::Events(ev) => {
+                InputMessage::Events(mut ev) => {
+                    // A release of a key this sink does not hold (released already when the
+                    // link went) is not applied: the application sees one release per press.
+                    ev.retain(|e| e.ty != EV_KEY || e.value != 0 || held.holds(e.code));
                     for e in &ev {
                         held.observe(e);
                     }
-                    inj.events(&ev)?;
+                    if !ev.is_empty() {
+                        inj.events(&ev)?;
+                    }
                 }
                 InputMessage::ReleaseAll => release(inj, &mut held)?,
             }

@@ -644,11 +644,11 @@ fn run_x11_source(
             if let [e @ Event { ty: EV_KEY, .. }] = events.as_mut_slice() {
                 // Raw events report a release of a key that is not down (a repeated
                 // `keyup`), and presses of a key held down (autorepeat): send a release only
-                // for a key that is down, and a repeated press as autorepeat (value 2).
+                // for a key that is down, and no autorepeat at all (the app side's X server
+                // repeats by itself; repeats replayed after a stall would type stale text).
                 let is_down = down.held().any(|k| k == e.code);
                 match (e.value, is_down) {
-                    (0, false) => continue,
-                    (1, true) => e.value = 2,
+                    (0, false) | (1, true) => continue,
                     _ => down.observe(e),
                 }
             }

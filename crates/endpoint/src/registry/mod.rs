@@ -125,6 +125,23 @@ fn describe_pty(c: &PtyConfig) -> String {
 }
 
 impl SourceConfig {
+    /// Whether what this source produced while the link was down is worth sending after the
+    /// reconnect. Not for input devices: their state matters, not their history (the app side
+    /// released every held key and button when the link went; a click or keys typed into a
+    /// frozen viewer must not be replayed seconds later).
+    pub fn replays_outage(&self) -> bool {
+        match self {
+            SourceConfig::Evdev(_) | SourceConfig::X11Input(_) => false,
+            SourceConfig::Synthetic(_)
+            | SourceConfig::SpacenavSim(_)
+            | SourceConfig::Stdin(_)
+            | SourceConfig::File(_)
+            | SourceConfig::Serial(_)
+            | SourceConfig::Pty(_)
+            | SourceConfig::X11Screen(_) => true,
+        }
+    }
+
     /// The `type` key.
     pub fn name(&self) -> &'static str {
         self.info().name
