@@ -1,12 +1,12 @@
-//! Fault tests with real processes over loopback (issue 8): the connection is cut mid-frame
-//! and traffic is blackholed for longer than the keepalive timeout, through a proxy the test
-//! controls. The `check` sink proves that no reliable frame is lost or duplicated; the time
+//! Fault smoke tests with real processes over loopback: the connection is cut mid-frame
+//! through a proxy the test controls, and the app side is killed with SIGKILL and started
+//! again. (Blackholes, stateful pairs, lossy streams and thousands of other fault schedules
+//! run in virtual time: `crates/testkit/tests/session.rs`.) The `check` sink proves that no reliable frame is lost or duplicated; the time
 //! to recover is printed (run with `--nocapture` to see it).
 
 mod common;
 
 use common::*;
-use std::thread;
 use std::time::Duration;
 
 const CFG: &str = r#"
@@ -40,53 +40,6 @@ fn cut_connections_mid_frame_lose_and_duplicate_nothing() {
     assert!(
         recoveries(&derr).len() >= 3,
         "three cuts, three recoveries: {derr}"
-    );
-}
-
-#[test]
-fn a_blackholed_link_is_detected_by_keepalive_and_recovers() {
-    let dir = Dir::new("fault-block");
-    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
-    let cfg = dir.0.join("c.toml");
-    std::fs::write(&cfg, CFG).unwrap();
-    let app = Side::spawn(run_cmd(
-        &cfg,
-        "app",
-        &app_home,
-        &["--listen", "127.0.0.1:0"],
-    ));
-    let proxy = Proxy::start(app.addr());
-    let dev = Side::spawn(run_cmd(
-        &cfg,
-        "device",
-        &dev_home,
-        &["--connect", &proxy.addr],
-    ));
-    wait_for("a connection", Duration::from_secs(30), || {
-        proxy.accepted() >= 1
-    });
-    thread::sleep(Duration::from_millis(500));
-    // Nothing gets through for 1.5 s (keepalive timeout 0.6 s); then new connections pass.
-    proxy.set(BLOCK);
-    wait_for("keepalive to fire", Duration::from_secs(10), || {
-        dev.stderr_now().contains("no message from the peer")
-    });
-    proxy.cut();
-    thread::sleep(Duration::from_millis(900));
-    proxy.set(PASS);
-    let (ds, _, derr) = dev.finish();
-    let (as_, _, aerr) = app.finish();
-    println!("recoveries (device side): {:?}", recoveries(&derr));
-    assert!(ds.success(), "device: {derr}");
-    assert!(as_.success(), "app: {aerr}");
-    assert!(
-        derr.contains("no message from the peer for 600 ms"),
-        "{derr}"
-    );
-    assert!(aerr.contains("stream \"events\": check: 3000 frames, seq 0..=2999, 0 missing, 0 duplicate, 0 reordered, 0 corrupt: OK"), "{aerr}");
-    assert!(
-        derr.contains("stream \"back\": check: 1500 frames") && derr.contains(": OK"),
-        "{derr}"
     );
 }
 

@@ -308,6 +308,87 @@ fn an_input_stream_replays_no_history_after_an_outage() {
     exact(&o, 1, 1500).unwrap();
 }
 
+/// A pair from its config text, as a user writes it.
+fn pair(text: &str) -> ModuleConfig {
+    toml::from_str(text).expect("pair config")
+}
+
+/// A 32-byte key file, mode 0600, for `encrypt`.
+fn key_file(name: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let p = std::env::temp_dir().join(format!("ndd-sim-{name}-{}.key", std::process::id()));
+    std::fs::write(&p, [7u8; 32]).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    p.display().to_string()
+}
+
+/// Pairs with state (delta with key frames only at the start and on request, buffer,
+/// encrypt, all three stacked) across cuts mid-stream, a blackhole past the keepalive and a
+/// restart of the app side: their two halves resynchronise (what cli/tests/resync.rs checked
+/// with real processes, in virtual time).
+#[test]
+fn stateful_pairs_resynchronise_across_cuts_blackholes_and_restarts() {
+    let key = key_file("stateful");
+    let delta = r#"type = "delta"
+keyframe_interval = 0"#;
+    let stacks: Vec<(&str, Vec<ModuleConfig>, Vec<ModuleConfig>)> = vec![
+        (
+            "delta + compress / encrypt",
+            vec![pair(delta), pair(r#"type = "compress""#)],
+            vec![pair(&format!("type = \"encrypt\"\nkey_file = \"{key}\""))],
+        ),
+        (
+            "buffer / delta",
+            vec![pair(
+                r#"type = "buffer"
+min = 5
+max = 20
+source_max = 100000"#,
+            )],
+            vec![pair(delta)],
+        ),
+        (
+            "delta + buffer + encrypt",
+            vec![
+                pair(delta),
+                pair(
+                    r#"type = "buffer"
+min = 5
+max = 10
+source_max = 100000"#,
+                ),
+                pair(&format!(
+                    "type = \"encrypt\"\ncipher = \"chacha20-poly1305\"\nkey_file = \"{key}\""
+                )),
+            ],
+            vec![pair(delta), pair(r#"type = "checksum""#)],
+        ),
+    ];
+    for (name, events, back) in stacks {
+        for (faults, restarted) in [
+            (
+                vec![
+                    (ms(300), Fault::Cut),
+                    (ms(900), Fault::Cut),
+                    (ms(1500), Fault::Blackhole(ms(1200))),
+                    (ms(3200), Fault::Cut),
+                ],
+                false,
+            ),
+            (vec![(ms(1000), Fault::RestartApp)], true),
+        ] {
+            let mut sc = scenario(3000, 9);
+            sc.streams[0].0.pairs = pairs(events.clone());
+            sc.streams[1].0.pairs = pairs(back.clone());
+            sc.faults = faults;
+            let o = run(&sc);
+            if let Err(e) = promises(&o, 3000, restarted) {
+                panic!("{name}, restarted {restarted}: {e}");
+            }
+        }
+    }
+}
+
 #[test]
 fn lossy_frames_over_a_datagram_link_are_never_out_of_order_or_twice() {
     let mut sc = scenario(2000, 6);
@@ -341,11 +422,28 @@ fn random_fault_schedules_keep_every_promise() {
         Some(s) => vec![s],
         None => (1..=n).collect(),
     };
+    let key = key_file("random");
+    let stateful = vec![
+        pair(
+            r#"type = "delta"
+keyframe_interval = 0"#,
+        ),
+        pair(
+            r#"type = "buffer"
+min = 2
+max = 8
+source_max = 100000"#,
+        ),
+        pair(&format!("type = \"encrypt\"\nkey_file = \"{key}\"")),
+    ];
     let t0 = Instant::now();
     for &seed in &seeds {
         let mut rng = SimRng::new(seed);
         let count = rng.range(50, 400);
         let mut sc = scenario(count, seed);
+        if rng.chance(0.5) {
+            sc.streams[0].0.pairs = pairs(stateful.clone());
+        }
         sc.link = LinkConfig::tcp(ms(rng.range(0, 20)), ms(rng.range(0, 20)));
         if rng.chance(0.3) {
             sc.session.resume_buffer_bytes = rng.range(400, 5000) as usize;
