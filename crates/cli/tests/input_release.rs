@@ -13,7 +13,6 @@ use common::*;
 use ndd_endpoint::input::{Capabilities, Event, InputMessage, BTN_LEFT, EV_KEY, KEY_A};
 use std::fs::File;
 use std::io::Write;
-use std::process::Command;
 use std::time::{Duration, Instant};
 use x11rb::connection::Connection;
 use x11rb::protocol::xproto::{ConnectionExt as _, KeyButMask};
@@ -73,19 +72,7 @@ fn held_keys_are_released_while_the_link_is_down_and_the_stream_goes_on() {
     let (conn, _) = x11rb::connect(Some(&xvfb.display)).expect("connect to Xvfb");
     let dir = Dir::new("input-release");
     let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
-    let fifo = dir.0.join("keys.fifo");
-    assert!(Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap()
-        .success());
-    // Opened read-write: does not block, and the pipe never reports end of file while the
-    // test holds it, so the stream cannot end behind the test's back.
-    let mut pipe = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&fifo)
-        .unwrap();
+    let (fifo, mut pipe) = fifo(&dir.0, "keys.fifo");
     let cfg = dir.0.join("c.toml");
     std::fs::write(
         &cfg,

@@ -14,7 +14,6 @@ use common::*;
 use ndd_endpoint::input::{RawEvent, BTN_LEFT, EV_KEY, EV_SYN, KEY_A, SYN_REPORT};
 use std::fs::File;
 use std::io::Write;
-use std::process::Command;
 use x11rb::connection::Connection;
 use x11rb::protocol::xinput::{self, ConnectionExt as _};
 use x11rb::protocol::Event as XEvent;
@@ -94,17 +93,7 @@ fn a_key_held_across_an_outage_is_one_press_and_one_release_and_no_history_is_re
 
     let dir = Dir::new("input-state");
     let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
-    let fifo = dir.0.join("events.fifo");
-    assert!(Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap()
-        .success());
-    let mut pipe = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&fifo)
-        .unwrap();
+    let (fifo, mut pipe) = fifo(&dir.0, "events.fifo");
     let cfg = dir.0.join("c.toml");
     let json = dir.0.join("dev.json");
     std::fs::write(

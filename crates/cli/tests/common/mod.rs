@@ -427,3 +427,21 @@ pub fn order(seqs: impl IntoIterator<Item = u64>) -> (u64, usize, Vec<std::ops::
     }
     (expect, dups, lost)
 }
+
+/// A named pipe `name` in `dir`, opened read-write: opening does not block, and the pipe
+/// never reports end of file while the test holds it, so a stream reading it cannot end
+/// behind the test's back (dropping the returned file ends it).
+pub fn fifo(dir: &Path, name: &str) -> (PathBuf, std::fs::File) {
+    let path = dir.join(name);
+    assert!(Command::new("mkfifo")
+        .arg(&path)
+        .status()
+        .expect("mkfifo runs")
+        .success());
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .expect("open the fifo");
+    (path, file)
+}

@@ -59,16 +59,22 @@ fn resume(instance: u64) -> Incoming {
     Incoming::Other(OwnedMessage::Resume { instance })
 }
 
-#[test]
-fn a_new_link_says_only_resume_until_the_peer_has_said_who_it_is() {
-    let now = Instant::now();
+/// A sink that took in DATA 5 from peer run 9, lost the link and has a new one.
+fn sink_reconnected_after_seq_5(now: Instant) -> Session {
     let mut s = session(vec![plan(1, Role::Sink, true)], 1 << 20);
     s.handle_link_up(now);
     s.handle_message(now, 1, resume(9)).unwrap();
     s.handle_message(now, 1, data(1, 5)).unwrap();
     s.handle_link_lost(now, "cut").unwrap();
-    // Reconnected: only RESUME, no ACK about seq 5 before the peer's RESUME.
     s.handle_link_up(now);
+    s
+}
+
+#[test]
+fn a_new_link_says_only_resume_until_the_peer_has_said_who_it_is() {
+    let now = Instant::now();
+    let mut s = sink_reconnected_after_seq_5(now);
+    // Only RESUME, no ACK about seq 5 before the peer's RESUME.
     let first = drain(&mut s, now);
     assert_eq!(
         first,
@@ -86,12 +92,7 @@ fn a_new_link_says_only_resume_until_the_peer_has_said_who_it_is() {
 #[test]
 fn the_same_peer_gets_its_acks_between_the_two_resumes() {
     let now = Instant::now();
-    let mut s = session(vec![plan(1, Role::Sink, true)], 1 << 20);
-    s.handle_link_up(now);
-    s.handle_message(now, 1, resume(9)).unwrap();
-    s.handle_message(now, 1, data(1, 5)).unwrap();
-    s.handle_link_lost(now, "cut").unwrap();
-    s.handle_link_up(now);
+    let mut s = sink_reconnected_after_seq_5(now);
     drain(&mut s, now);
     s.handle_message(now, 1, resume(9)).unwrap();
     assert_eq!(
