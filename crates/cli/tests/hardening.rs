@@ -173,3 +173,49 @@ fn duration_is_bounded_and_honoured_before_a_peer_connects() {
         "{err}"
     );
 }
+
+/// On a UDP link a stranger's HELLO datagram, in the middle of a session, is ignored (with a
+/// warning): the session goes on and every frame arrives (issue 17, D3).
+#[test]
+fn a_strangers_hello_datagram_does_not_stop_a_udp_session() {
+    let dir = Dir::new("udp-stranger");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let cfg = dir.0.join("c.toml");
+    std::fs::write(
+        &cfg,
+        CFG.replace("TRANSPORT", "udp").replace("= 200", "= 1500"),
+    )
+    .unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &addr]));
+    let _ = app.addr();
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &addr]));
+    wait_for("the session", WAIT, || {
+        app.stderr_now().contains("streams agreed")
+    });
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let stranger = ndd_link::udp_connect(&addr).await.unwrap();
+        let hello = ndd_wire::OwnedMessage::Hello(ndd_wire::HelloRepr {
+            side: ndd_wire::Side::Device,
+            max_body: 1 << 20,
+            driver: "someone-else".into(),
+            streams: vec![],
+        });
+        for _ in 0..3 {
+            stranger.send_message(&hello.as_message()).await.unwrap();
+        }
+    });
+    wait_for("the warning", WAIT, || {
+        app.stderr_now()
+            .contains("ignored a handshake message in the middle of the session")
+    });
+    let (ds, _, derr) = dev.finish();
+    let (as_, _, aerr) = app.finish();
+    assert!(ds.success(), "device: {derr}");
+    assert!(as_.success(), "app: {aerr}");
+    assert!(aerr.contains(&check_ok("events", 1500)), "{aerr}");
+}
