@@ -17,13 +17,15 @@ hex2bin() {
     perl -0777 -ne 's/#[^\n]*//g; s/\s+//g; print pack("H*", $_)' "$1"
 }
 
-mkdir -p "$corpus/frame" "$corpus/control" "$corpus/handshake" "$corpus/records"
+mkdir -p "$corpus/frame" "$corpus/control" "$corpus/handshake" "$corpus/records" "$corpus/session"
 count=0
 for f in "$fixtures"/*.hex; do
     name="$(basename "$f" .hex)"
     for t in frame control handshake; do
         hex2bin "$f" >"$corpus/$t/$name"
     done
+    # The session target reads an opcode byte (0x00: a message follows) before each message.
+    { printf '\x00'; hex2bin "$f"; } >"$corpus/session/$name"
     case "$name" in
     control*) hex2bin "$f" | tail -c +11 >"$corpus/control/$name.body" ;;
     hello* | bad_hello*) hex2bin "$f" | tail -c +11 >"$corpus/handshake/$name.body" ;;
@@ -35,4 +37,4 @@ done
 printf '\x01\x02' >"$corpus/records/input_release_all"
 printf '\x01\x00\x00\x01\x00\x01\x00\x1e\x00\x00\x00\x01\x00\x00\x00\x00' >"$corpus/records/input_key"
 printf '\x01\x00\x00\x01\x00\x01\x00\x01\x00\x01\x00\x00\x00\x00\x00\x01\x00\x01\x00\x10\x20\x30\x00' >"$corpus/records/display_1x1"
-echo "seed-corpus: $count fixtures -> $corpus/{frame,control,handshake}, 3 device records -> $corpus/records"
+echo "seed-corpus: $count fixtures -> $corpus/{frame,control,handshake,session}, 3 device records -> $corpus/records"
