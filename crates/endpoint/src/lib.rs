@@ -28,7 +28,8 @@
 //!   them imports it;
 //! - `common/`, shared by every class and importing none: [`error`] ([`EndpointError`]),
 //!   [`report`] ([`SourceReport`], [`SinkReport`], the task handles), [`delivered`],
-//!   [`clock`] (the source clock and pacing), [`framing`] (raw / lines / length decoders and
+//!   [`clock`] (the source clock and pacing), the emitter every source sends through
+//!   (numbering, stamping, counting), [`framing`] (raw / lines / length decoders and
 //!   encoder, sans-IO), the byte-stream reader and writer loops, and the X11 connection
 //!   helpers;
 //! - `sys/`: the only unsafe code (modem-line ioctls, registering a descriptor with tokio,

@@ -7,6 +7,7 @@
 
 use super::clock::meta;
 use super::delivered::Delivered;
+use super::emitter::Emitter;
 use super::error::EndpointError;
 use super::framing::{encode, length_prefix, FrameDecoder, Framing, RAW_CHUNK};
 use super::report::{SinkReport, SourceReport};
@@ -24,7 +25,7 @@ pub(crate) async fn run_reader(
     stream: u16,
     tx: Sender<Frame>,
 ) -> Result<SourceReport, EndpointError> {
-    let mut report = SourceReport::default();
+    let mut out = Emitter::new(stream, tx);
     let mut decoder = FrameDecoder::new(framing);
     let mut buf = vec![0u8; RAW_CHUNK];
     let mut frames: Vec<Frame> = Vec::new();
@@ -41,8 +42,9 @@ pub(crate) async fn run_reader(
                 what: what.clone(),
                 source,
             })?,
-            _ = tx.closed() => break,
+            _ = out.tx.closed() => break,
         };
+        // Stamped when cut (when the bytes came in), numbered in order.
         let mut cut = |payload: &[u8]| {
             frames.push(Frame::new(meta(stream, seq), payload));
             seq += 1;
@@ -56,13 +58,10 @@ pub(crate) async fn run_reader(
                 .map_err(framing_err)?;
         }
         for frame in frames.drain(..) {
-            let len = frame.len() as u64;
-            if tx.send(frame).await.is_err() {
+            if !out.send(frame).await {
                 tracing::debug!(endpoint, stream, "receiver gone, source stops");
-                return Ok(report);
+                return Ok(out.report);
             }
-            report.frames += 1;
-            report.bytes += len;
         }
         if eof {
             break;
@@ -71,11 +70,11 @@ pub(crate) async fn run_reader(
     tracing::debug!(
         endpoint,
         stream,
-        frames = report.frames,
-        bytes = report.bytes,
+        frames = out.report.frames,
+        bytes = out.report.bytes,
         "source ended"
     );
-    Ok(report)
+    Ok(out.report)
 }
 
 /// Bytes gathered from queued frames before a write.

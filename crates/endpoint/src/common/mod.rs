@@ -6,6 +6,8 @@
 //!   [`SinkReport`](report::SinkReport) with the `check` sink's
 //!   [`CheckReport`](report::CheckReport)) and the task handles;
 //! - [`delivered`]: [`Delivered`](delivered::Delivered), the frames a sink has completed;
+//! - `emitter`: how every device source numbers, stamps and sends its frames and counts
+//!   them in its report;
 //! - [`clock`]: the source clock (`now_ns`), frame metadata (`meta`), and pacing of
 //!   timer-driven sources;
 //! - [`framing`]: how a byte stream is cut into frames and put back together (sans-IO);
@@ -16,6 +18,7 @@
 pub(crate) mod byte_stream;
 pub mod clock;
 pub mod delivered;
+pub(crate) mod emitter;
 pub mod error;
 pub mod framing;
 pub mod report;

@@ -11,7 +11,8 @@ use super::record::{
     FLAG_MORE, MAX_UPDATE_PAYLOAD,
 };
 use super::x11::{attach_shm, check_screen, coord, shm_disabled, Shm, XFail, NO_SHM_ENV, POLL};
-use crate::common::clock::{meta, pacing};
+use crate::common::clock::pacing;
+use crate::common::emitter::Emitter;
 use crate::common::error::EndpointError;
 use crate::common::report::{SourceReport, SourceTask};
 use crate::common::x11::{wait_readable_for, x11_connect, x11_err};
@@ -256,13 +257,6 @@ impl X11Screen {
     }
 }
 
-/// Numbers and sends the frames of a display stream.
-struct Emitter {
-    stream: u16,
-    tx: Sender<Frame>,
-    report: SourceReport,
-}
-
 /// The `x11-screen` source loop: a keyframe first, then the damaged rects at most `max_fps`
 /// times a second, and a keyframe every `refresh_s`.
 fn run_x11_screen(
@@ -273,11 +267,7 @@ fn run_x11_screen(
 ) -> Result<SourceReport, EndpointError> {
     let display = s.display.clone();
     let fatal = |e: String| x11_err(endpoint, &display, e);
-    let mut em = Emitter {
-        stream,
-        tx,
-        report: SourceReport::default(),
-    };
+    let mut em = Emitter::new(stream, tx);
     let mut keyframe_due = true;
     let mut damaged = false;
     let mut next_capture = Instant::now();
@@ -405,22 +395,16 @@ fn send_capture(
             flags,
         };
         let layout = UpdateLayout::new(header, rects).map_err(|e| XFail::Proto(e.to_string()))?;
-        let mut frame = Frame::zeroed(
-            meta(em.stream, em.report.frames),
-            DEFAULT_HEADROOM,
-            layout.len(),
-        );
+        let mut frame = Frame::zeroed(em.next_meta(), DEFAULT_HEADROOM, layout.len());
         let payload = frame.payload_mut();
         layout
             .write_headers(payload)
             .map_err(|e| XFail::Proto(e.to_string()))?;
         s.capture_into(&layout, payload)?;
         let len = layout.len() as u64;
-        if em.tx.blocking_send(frame).is_err() {
+        if !em.send_blocking(frame) {
             return Ok(false);
         }
-        em.report.frames += 1;
-        em.report.bytes += len;
         tracing::trace!(
             seq = em.report.frames - 1,
             rects = layout.rects().len(),

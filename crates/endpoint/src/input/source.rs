@@ -15,7 +15,7 @@ use super::record::{
     InputMessage, RawDecoder, RawEvent, ABS_X, ABS_Y, BTN_EXTRA, BTN_LEFT, EV_ABS, EV_KEY,
     RAW_EVENT_LEN, REL_HWHEEL, REL_WHEEL,
 };
-use crate::common::clock::meta;
+use crate::common::emitter::Emitter;
 use crate::common::error::EndpointError;
 use crate::common::report::{SourceReport, SourceTask};
 use crate::common::x11::{wait_readable_for, x11_connect, x11_err};
@@ -65,15 +65,20 @@ fn wait_readable(fd: impl AsFd) -> std::io::Result<()> {
     wait_readable_for(fd, POLL)
 }
 
-/// Sends frames of one input stream: numbers them, encodes records, counts.
-struct Emitter {
+/// An input stream's way out: the shared emitter, and the endpoint name for log lines.
+struct InputOut {
     endpoint: &'static str,
-    stream: u16,
-    tx: Sender<Frame>,
-    report: SourceReport,
+    em: Emitter,
 }
 
-impl Emitter {
+impl InputOut {
+    fn new(endpoint: &'static str, stream: u16, tx: Sender<Frame>) -> InputOut {
+        InputOut {
+            endpoint,
+            em: Emitter::new(stream, tx),
+        }
+    }
+
     /// Sends one record; `false` when the receiver is gone.
     fn send(&mut self, msg: &InputMessage) -> bool {
         let payload = match msg.emit() {
@@ -83,23 +88,22 @@ impl Emitter {
                 return true;
             }
         };
-        let frame = Frame::new(meta(self.stream, self.report.frames), &payload);
-        if self.tx.blocking_send(frame).is_err() {
-            return false;
-        }
-        self.report.frames += 1;
-        self.report.bytes += payload.len() as u64;
-        true
+        self.em
+            .send_blocking(Frame::new(self.em.next_meta(), &payload))
+    }
+
+    fn is_closed(&self) -> bool {
+        self.em.tx.is_closed()
     }
 
     fn done(self) -> Result<SourceReport, EndpointError> {
         tracing::debug!(
             endpoint = self.endpoint,
-            stream = self.stream,
-            frames = self.report.frames,
+            stream = self.em.stream,
+            frames = self.em.report.frames,
             "source ended"
         );
-        Ok(self.report)
+        Ok(self.em.report)
     }
 }
 
@@ -217,12 +221,7 @@ fn run_evdev_source(
     stream: u16,
     tx: Sender<Frame>,
 ) -> Result<SourceReport, EndpointError> {
-    let mut em = Emitter {
-        endpoint,
-        stream,
-        tx,
-        report: SourceReport::default(),
-    };
+    let mut em = InputOut::new(endpoint, stream, tx);
     let mut batcher = Batcher::new();
     match input {
         EvdevInput::Device(mut dev, caps) => {
@@ -236,7 +235,7 @@ fn run_evdev_source(
                 source,
             };
             loop {
-                if em.tx.is_closed() {
+                if em.is_closed() {
                     break;
                 }
                 wait_readable(&*dev).map_err(read_err)?;
@@ -605,12 +604,7 @@ fn run_x11_source(
     let display = x.display.clone();
     let err = |e: String| x11_err(endpoint, &display, e);
     x.setup().map_err(err)?;
-    let mut em = Emitter {
-        endpoint,
-        stream,
-        tx,
-        report: SourceReport::default(),
-    };
+    let mut em = InputOut::new(endpoint, stream, tx);
     if !em.send(&InputMessage::Capabilities(x.capabilities())) {
         return em.done();
     }
@@ -664,7 +658,7 @@ fn run_x11_source(
                 return em.done();
             }
         }
-        if em.tx.is_closed() {
+        if em.is_closed() {
             return em.done();
         }
         wait_readable(x.conn.stream()).map_err(|e| err(e.to_string()))?;

@@ -5,7 +5,7 @@
 use super::config::{PtyConfig, SerialConfig};
 use super::record::{ModemLines, SerialMessage};
 use super::tty::{open_pty, open_tty, read_some, tiocm_to_lines, Pty, Tty, SETTINGS_POLL};
-use crate::common::clock::meta;
+use crate::common::emitter::Emitter;
 use crate::common::error::EndpointError;
 use crate::common::framing::RAW_CHUNK;
 use crate::common::report::{SourceReport, SourceTask};
@@ -40,31 +40,15 @@ pub(crate) fn spawn_pty_source(
     Ok(rt.spawn(run_pty_source(endpoint, pty, stream, tx)))
 }
 
-struct Emitter {
-    stream: u16,
-    seq: u64,
-    tx: Sender<Frame>,
-    report: SourceReport,
-}
-
-impl Emitter {
-    /// Sends one message; false when the receiver is gone.
-    async fn send(&mut self, msg: SerialMessage<'_>) -> bool {
-        let mut frame = Frame::zeroed(
-            meta(self.stream, self.seq),
-            ndd_core::frame::DEFAULT_HEADROOM,
-            msg.len(),
-        );
-        msg.emit_into(frame.payload_mut());
-        let len = frame.len() as u64;
-        if self.tx.send(frame).await.is_err() {
-            return false;
-        }
-        self.seq += 1;
-        self.report.frames += 1;
-        self.report.bytes += len;
-        true
-    }
+/// Sends one serial message; `false` when the session no longer takes frames.
+async fn send(out: &mut Emitter, msg: SerialMessage<'_>) -> bool {
+    let mut frame = Frame::zeroed(
+        out.next_meta(),
+        ndd_core::frame::DEFAULT_HEADROOM,
+        msg.len(),
+    );
+    msg.emit_into(frame.payload_mut());
+    out.send(frame).await
 }
 
 /// `serial` source: bytes read from the tty, plus modem-line changes.
@@ -75,12 +59,7 @@ async fn run_tty_source(
     tx: Sender<Frame>,
 ) -> Result<SourceReport, EndpointError> {
     let what = tty.path.display().to_string();
-    let mut out = Emitter {
-        stream,
-        seq: 0,
-        tx,
-        report: SourceReport::default(),
-    };
+    let mut out = Emitter::new(stream, tx);
     let mut buf = vec![0u8; RAW_CHUNK];
     let mut poll = tokio::time::interval(SETTINGS_POLL);
     poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -95,7 +74,7 @@ async fn run_tty_source(
                     tracing::debug!(endpoint, path = %what, "tty hung up, source ends");
                     break;
                 }
-                if !out.send(SerialMessage::Data(&buf[..n])).await {
+                if !send(&mut out, SerialMessage::Data(&buf[..n])).await {
                     break;
                 }
             }
@@ -105,7 +84,7 @@ async fn run_tty_source(
                         let lines = tiocm_to_lines(bits);
                         if last_modem != Some(lines) {
                             last_modem = Some(lines);
-                            if !out.send(SerialMessage::Modem(lines)).await {
+                            if !send(&mut out, SerialMessage::Modem(lines)).await {
                                 break;
                             }
                         }
@@ -137,12 +116,7 @@ async fn run_pty_source(
     tx: Sender<Frame>,
 ) -> Result<SourceReport, EndpointError> {
     let what = pty.link.display().to_string();
-    let mut out = Emitter {
-        stream,
-        seq: 0,
-        tx,
-        report: SourceReport::default(),
-    };
+    let mut out = Emitter::new(stream, tx);
     let mut buf = vec![0u8; RAW_CHUNK];
     let mut poll = tokio::time::interval(SETTINGS_POLL);
     poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -157,7 +131,7 @@ async fn run_pty_source(
                 if n == 0 {
                     break;
                 }
-                if !out.send(SerialMessage::Data(&buf[..n])).await {
+                if !send(&mut out, SerialMessage::Data(&buf[..n])).await {
                     break;
                 }
             }
@@ -176,7 +150,7 @@ async fn run_pty_source(
                     loop {
                         match rustix::io::read(pty.master.get_ref(), &mut buf[..]) {
                             Ok(n) if n > 0 => {
-                                if !out.send(SerialMessage::Data(&buf[..n])).await {
+                                if !send(&mut out, SerialMessage::Data(&buf[..n])).await {
                                     return Ok(out.report);
                                 }
                             }
@@ -184,7 +158,7 @@ async fn run_pty_source(
                         }
                     }
                     tracing::debug!(endpoint, link = %what, settings = %now, "app changed line settings");
-                    if !out.send(SerialMessage::Settings(now)).await {
+                    if !send(&mut out, SerialMessage::Settings(now)).await {
                         break;
                     }
                 }

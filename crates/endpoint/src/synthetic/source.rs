@@ -4,7 +4,8 @@
 use super::config::{SpacenavSimConfig, SyntheticConfig};
 use super::record;
 use super::spacenav::Motion;
-use crate::common::clock::{meta, pacing};
+use crate::common::clock::pacing;
+use crate::common::emitter::Emitter;
 use crate::common::error::EndpointError;
 use crate::common::report::{SourceReport, SourceTask};
 use ndd_core::frame::DEFAULT_HEADROOM;
@@ -61,35 +62,30 @@ async fn run_paced(
     tx: Sender<Frame>,
     mut make: impl FnMut(Meta) -> Frame + Send + 'static,
 ) -> Result<SourceReport, EndpointError> {
-    let mut report = SourceReport::default();
+    let mut out = Emitter::new(stream, tx);
     let mut ticker = period.map(|p| {
         let mut t = tokio::time::interval(p);
         t.set_missed_tick_behavior(MissedTickBehavior::Burst);
         t
     });
-    let mut seq = 0u64;
-    while count.map_or(true, |n| seq < n) {
+    while count.map_or(true, |n| out.report.frames < n) {
         if let Some(t) = ticker.as_mut() {
             tokio::select! {
                 _ = t.tick() => {}
-                _ = tx.closed() => break,
+                _ = out.tx.closed() => break,
             }
         }
-        let frame = make(meta(stream, seq));
-        let len = frame.len() as u64;
-        if tx.send(frame).await.is_err() {
+        let frame = make(out.next_meta());
+        if !out.send(frame).await {
             break;
         }
-        report.frames += 1;
-        report.bytes += len;
-        seq += 1;
     }
     tracing::debug!(
         endpoint,
         stream,
-        frames = report.frames,
-        bytes = report.bytes,
+        frames = out.report.frames,
+        bytes = out.report.bytes,
         "source ended"
     );
-    Ok(report)
+    Ok(out.report)
 }
