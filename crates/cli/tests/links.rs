@@ -50,6 +50,9 @@ fn run(transport: &str) {
             derr.contains("WARNING: the UDP link neither encrypts nor authenticates"),
             "{derr}"
         );
+        // The listener names its peer, not its own address.
+        assert!(aerr.contains("connected to 127.0.0.1:"), "{aerr}");
+        assert!(!aerr.contains(&format!("connected to {addr}")), "{aerr}");
     }
 }
 

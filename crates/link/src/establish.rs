@@ -681,6 +681,11 @@ pub async fn handshake(
     } else {
         None
     };
+    // A UDP listener's `info` is its own address; the peer is whoever sent that datagram.
+    let peer_name = match &writer {
+        Tx::Udp(s) if udp_listener => s.peer_addr().map_or(peer_name, |a| a.to_string()),
+        _ => peer_name,
+    };
     let hello = OwnedMessage::Hello(ctx.hello.clone());
     let sent = async {
         writer.write_message(&hello.as_message()).await?;
