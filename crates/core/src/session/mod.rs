@@ -522,14 +522,16 @@ impl Session {
         if matches!(self.state, State::Closed | State::Disconnected) {
             return Ok(());
         }
-        let closing = self.close.is_some_and(|c| c.sent) || self.peer_closed;
-        if closing && (self.stopping || !self.outstanding()) {
+        // The peer's CLOSE says it has everything (it closes only once our ENDs are in); told
+        // to stop, we leave anyway. Otherwise our CLOSE (if it went out) may have been lost
+        // with our last frames or ENDs: reconnect, resend and close again, within the close
+        // linger.
+        let sent = self.close.is_some_and(|c| c.sent);
+        if self.peer_closed || (sent && self.stopping) {
             self.finish(self.close.map_or(Ending::PeerClosed, |c| c.reason));
             return Ok(());
         }
         if let Some(c) = self.close.as_mut() {
-            // Our CLOSE went out but the peer has not got everything: say it again after
-            // the resend.
             c.sent = false;
         }
         if !self.cfg.reconnect {
@@ -684,14 +686,6 @@ impl Session {
     }
 
     // ---- internals ----
-
-    /// Some reliable frame the peer has not completed yet.
-    fn outstanding(&self) -> bool {
-        self.streams.iter().any(|s| {
-            s.plan.reliable
-                && matches!(&s.end, End::Source(src) if !src.out.is_empty() || !src.kept.is_empty())
-        })
-    }
 
     fn close_sent(&self) -> bool {
         self.close.is_some_and(|c| c.sent)
