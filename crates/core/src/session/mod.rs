@@ -351,6 +351,7 @@ impl Session {
         if let End::Source(src) = &s.end {
             c.unacked = src.out.len() as u64;
             c.unacked_bytes = src.out_bytes as u64;
+            c.undelivered = src.kept.len() as u64;
         }
         c
     }
@@ -676,9 +677,7 @@ impl Session {
         let t = [stacks, self.close.and_then(|c| c.linger_until)];
         if self.link_up() {
             let keepalive = self.last_rx.map(|r| r + self.cfg.keepalive_timeout);
-            let ack = self
-                .next_ack
-                .filter(|_| self.streams.iter().any(|s| s.ack_pending()));
+            let ack = self.next_ack.filter(|_| self.acks_wanted());
             let ping = self.next_ping.filter(|_| !self.close_sent());
             return [keepalive, ack, ping].into_iter().chain(t).flatten().min();
         }
@@ -686,6 +685,15 @@ impl Session {
     }
 
     // ---- internals ----
+
+    /// Some sink has news for the peer, and the peer has said who it is on this link.
+    fn acks_wanted(&self) -> bool {
+        self.peer_resumes > 0 && self.streams.iter().any(|s| s.ack_pending())
+    }
+
+    fn acks_due(&self, now: Instant) -> bool {
+        self.next_ack.is_some_and(|t| now >= t) && self.acks_wanted()
+    }
 
     fn close_sent(&self) -> bool {
         self.close.is_some_and(|c| c.sent)
@@ -983,8 +991,11 @@ impl Session {
     }
 
     /// ACK and DELIVERED for every sink with news, at most every `ack_every`.
+    /// Not before the peer's first RESUME on this link: until then we do not know which run
+    /// of the peer is there, and an ACK about a dead run's frames would discard a restarted
+    /// peer's first frames.
     fn queue_acks(&mut self, now: Instant) {
-        if self.next_ack.is_none_or(|t| now < t) || !self.streams.iter().any(|s| s.ack_pending()) {
+        if !self.acks_due(now) {
             return;
         }
         self.next_ack = Some(now + self.cfg.ack_every);

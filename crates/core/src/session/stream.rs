@@ -81,6 +81,9 @@ pub struct StreamCounters {
     pub unacked: u64,
     /// Their bytes.
     pub unacked_bytes: u64,
+    /// Reliable source: endpoint frames kept until the peer's sink completes them
+    /// (DELIVERED), to encode again for a restarted peer.
+    pub undelivered: u64,
 }
 
 /// A DATA message kept by the source until the peer acknowledges it.

@@ -80,6 +80,18 @@ fn a_new_link_says_only_resume_until_the_peer_has_said_who_it_is() {
         first,
         vec![Transmit::Message(OwnedMessage::Resume { instance: 7 })]
     );
+    // Not when the ACK timer comes due either (found by the simulation, seed 122260).
+    let later = now + Duration::from_millis(50);
+    s.handle_timeout(later).unwrap();
+    let acks = drain(&mut s, later)
+        .into_iter()
+        .filter(|t| matches!(t, Transmit::Message(OwnedMessage::Ack { .. })))
+        .count();
+    assert_eq!(acks, 0);
+    assert!(
+        s.poll_timeout().is_some_and(|t| t > later),
+        "no spin on a held-back ACK"
+    );
     // A restarted peer gets no stale ACK either: just our second RESUME.
     s.handle_message(now, 1, resume(10)).unwrap();
     let second = drain(&mut s, now);
