@@ -307,6 +307,14 @@ impl Config {
                          or remove the layer"
                     );
                 }
+                if let (Reliability::Lossy, Some(why)) =
+                    (s.reliability, m.get_ref().needs_every_frame())
+                {
+                    bail!(
+                        "{file}:{line}: stream \"{name}\" layer {layer}: {why}, but the stream is \
+                         lossy; remove `reliability = \"lossy\"` from it"
+                    );
+                }
             }
         }
         Ok(())
@@ -463,6 +471,19 @@ stack = [{ type = "checksum" }, { type = "bundle", count = 4 }]
             "{ type = \"periodic\", interval_ms = 16 }",
         );
         assert!(err(&periodic).contains("`periodic` forwards only the latest value"));
+    }
+
+    #[test]
+    fn the_image_codec_is_refused_on_a_lossy_stream() {
+        let image = GOOD.replace("{ type = \"checksum\" }", "{ type = \"image\" }");
+        Config::parse(&image, Path::new("x.toml")).unwrap();
+        let lossy = image.replace("stack =", "reliability = \"lossy\"\nstack =");
+        assert_eq!(
+            err(&lossy),
+            "x.toml:11: stream \"events\" layer 0: `image` sends only what changed since its \
+             earlier frames, and paces the source by its credit, but the stream is lossy; remove \
+             `reliability = \"lossy\"` from it"
+        );
     }
 
     #[test]

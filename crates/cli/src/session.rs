@@ -17,7 +17,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use ndd_core::session::{Event, Incoming, Session, SessionConfig, StreamPlan, Transmit};
 use ndd_core::{Frame, Meta, Pair, Role};
 use ndd_endpoint::delivered::INJECTED_SEQ;
-use ndd_endpoint::{CheckReport, Delivered, SinkReport, SourceReport};
+use ndd_endpoint::{CheckReport, Delivered, Demand, SinkReport, SourceReport};
 use ndd_link::{Connector, EstablishError, Established, HandshakeCtx, Identity, Listener, Rx, Tx};
 use std::future::Future;
 use std::path::PathBuf;
@@ -242,6 +242,8 @@ struct StreamIo {
     completed: Option<Delivered>,
     /// Sink of an input device: the record that releases every held key and button.
     release: Option<Vec<u8>>,
+    /// Source that captures on demand: when the session wants its next frame.
+    demand: Option<Demand>,
 }
 
 type SourceTask = JoinHandle<std::result::Result<SourceReport, ndd_endpoint::EndpointError>>;
@@ -377,17 +379,21 @@ pub async fn run_side(
             sink_task: None,
             completed: None,
             release,
+            demand: None,
         };
         let (tx, rx) = mpsc::channel::<Frame>(64);
         match role {
             Role::Source => {
-                e.source_task = Some(s.source.spawn(id, tx).with_context(|| {
-                    format!(
-                        "stream \"{}\": cannot start source {}",
-                        s.name(),
-                        s.source.describe()
-                    )
-                })?);
+                e.demand = s.source.captures_on_demand().then(Demand::new);
+                let demand = e.demand.clone();
+                e.source_task =
+                    Some(s.source.spawn_on_demand(id, tx, demand).with_context(|| {
+                        format!(
+                            "stream \"{}\": cannot start source {}",
+                            s.name(),
+                            s.source.describe()
+                        )
+                    })?);
                 e.source = Some(rx);
             }
             Role::Sink => {
@@ -496,6 +502,11 @@ pub async fn run_side(
             .flatten()
             .min();
             // Only the sources the session takes frames from now (backpressure).
+            for (i, e) in io.iter().enumerate() {
+                if let (Some(d), Some(rx)) = (&e.demand, &e.source) {
+                    d.set(rx.is_empty() && sess.source_ready(i));
+                }
+            }
             let sess_ref = &sess;
             let source_next = std::future::poll_fn(|cx| {
                 for k in 0..n {

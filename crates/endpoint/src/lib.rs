@@ -61,8 +61,9 @@ mod sys;
 
 pub use check::{CheckConfig, Checker, NullConfig};
 pub use common::report::{CheckReport, SinkReport, SinkTask, SourceReport, SourceTask};
-pub use common::{clock, delivered, error, framing, report};
+pub use common::{clock, delivered, demand, error, framing, report};
 pub use delivered::Delivered;
+pub use demand::Demand;
 pub use display::{
     DisplayFrameError, Framebuffer, FramebufferConfig, PixelFormat, Rect, Update, X11ScreenConfig,
     X11WindowConfig,

@@ -18,6 +18,7 @@ pub mod checksum;
 pub mod compress;
 pub mod delta;
 pub mod encrypt;
+pub mod image;
 pub mod latest;
 pub mod pass;
 pub mod periodic;

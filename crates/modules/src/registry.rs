@@ -4,7 +4,8 @@
 //! at every place that must learn about it.
 
 use crate::{
-    average, buffer, bundle, checksum, compress, delta, encrypt, latest, pass, periodic, sync,
+    average, buffer, bundle, checksum, compress, delta, encrypt, image, latest, pass, periodic,
+    sync,
 };
 use ndd_core::{Half, ModuleError, Pair, ParamError};
 use serde::Deserialize;
@@ -34,6 +35,8 @@ pub struct Ids {
     pub delta: u16,
     /// `sync`
     pub sync: u16,
+    /// `image`
+    pub image: u16,
     /// `external` (a half in another process)
     pub external: u16,
 }
@@ -51,6 +54,7 @@ pub const IDS: Ids = Ids {
     latest: 9,
     delta: 10,
     sync: 11,
+    image: 12,
     external: ndd_ipc::EXTERNAL_ID,
 };
 
@@ -93,6 +97,7 @@ pub const CATALOGUE: &[ModuleInfo] = &[
     latest::INFO,
     delta::INFO,
     sync::INFO,
+    image::INFO,
     EXTERNAL_INFO,
 ];
 
@@ -139,6 +144,8 @@ pub enum ModuleConfig {
     Delta(delta::DeltaConfig),
     /// See [`sync`].
     Sync(sync::SyncConfig),
+    /// See [`image`].
+    Image(image::ImageConfig),
     /// See `ndd_ipc::ExternalConfig`.
     External(ndd_ipc::ExternalConfig),
 }
@@ -163,6 +170,29 @@ impl ModuleConfig {
             | ModuleConfig::Average(_)
             | ModuleConfig::Delta(_)
             | ModuleConfig::Sync(_)
+            | ModuleConfig::Image(_)
+            | ModuleConfig::External(_) => None,
+        }
+    }
+
+    /// Why this pair needs every frame, in order, if it does: such a pair cannot run on a
+    /// `lossy` stream.
+    pub fn needs_every_frame(&self) -> Option<&'static str> {
+        match self {
+            ModuleConfig::Image(_) => Some(
+                "`image` sends only what changed since its earlier frames, and paces the source by its credit",
+            ),
+            ModuleConfig::Pass(_)
+            | ModuleConfig::Checksum(_)
+            | ModuleConfig::Bundle(_)
+            | ModuleConfig::Compress(_)
+            | ModuleConfig::Encrypt(_)
+            | ModuleConfig::Buffer(_)
+            | ModuleConfig::Average(_)
+            | ModuleConfig::Periodic(_)
+            | ModuleConfig::Latest(_)
+            | ModuleConfig::Delta(_)
+            | ModuleConfig::Sync(_)
             | ModuleConfig::External(_) => None,
         }
     }
@@ -180,6 +210,7 @@ impl ModuleConfig {
             ModuleConfig::Latest(c) => c,
             ModuleConfig::Delta(c) => c,
             ModuleConfig::Sync(c) => c,
+            ModuleConfig::Image(c) => c,
             ModuleConfig::External(c) => c,
         }
     }
@@ -198,6 +229,7 @@ impl ModuleConfig {
             ModuleConfig::Latest(_) => &latest::INFO,
             ModuleConfig::Delta(_) => &delta::INFO,
             ModuleConfig::Sync(_) => &sync::INFO,
+            ModuleConfig::Image(_) => &image::INFO,
             ModuleConfig::External(_) => &EXTERNAL_INFO,
         }
     }
@@ -222,6 +254,7 @@ impl ModuleConfig {
             | ModuleConfig::Latest(_)
             | ModuleConfig::Delta(_)
             | ModuleConfig::Sync(_)
+            | ModuleConfig::Image(_)
             | ModuleConfig::External(_) => vec![],
         }
     }
@@ -239,6 +272,7 @@ impl ModuleConfig {
             ModuleConfig::Latest(c) => c.validate(),
             ModuleConfig::Delta(c) => c.validate(),
             ModuleConfig::Sync(c) => c.validate(),
+            ModuleConfig::Image(c) => c.validate(),
             ModuleConfig::External(c) => c.validate(),
         }
     }
@@ -336,6 +370,7 @@ mod tests {
             ModuleConfig::Latest(Default::default()),
             ModuleConfig::Delta(Default::default()),
             ModuleConfig::Sync(Default::default()),
+            ModuleConfig::Image(Default::default()),
         ];
         // `external` needs a program to run; it is tested in ndd-ipc.
         assert_eq!(all.len() + 1, CATALOGUE.len());

@@ -39,6 +39,7 @@ pub mod close;
 pub mod control;
 pub mod data;
 pub mod delivered;
+pub mod display;
 pub mod end;
 pub mod header;
 pub mod hello;

@@ -18,6 +18,7 @@
 pub(crate) mod byte_stream;
 pub mod clock;
 pub mod delivered;
+pub mod demand;
 pub(crate) mod emitter;
 pub mod error;
 pub mod framing;

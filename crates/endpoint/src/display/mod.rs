@@ -9,7 +9,7 @@
 //! Every frame carries one versioned display record ([`Update`]: rectangles of BGRX pixels).
 //! The record format and every decision that needs no X server (a client-side
 //! [`Framebuffer`], damage [`coalesce`]-ing, cutting a capture into frames) are sans-IO, in
-//! `record.rs`, re-exported here.
+//! `ndd_wire::display` (shared with the `image` codec pair), re-exported here.
 //!
 //! All three endpoints run as blocking tasks (`spawn_blocking`). MIT-SHM images live in System
 //! V shared memory (`sys::ShmSegment`, the only unsafe code); where the extension is missing or
@@ -19,17 +19,16 @@
 //! an endpoint opens.
 //!
 //! Files: `config.rs` ([`X11ScreenConfig`], [`X11WindowConfig`], [`FramebufferConfig`]),
-//! `record.rs`, `x11.rs` (what the source and sinks share: screen format, MIT-SHM, the viewer
+//! `x11.rs` (what the source and sinks share: screen format, MIT-SHM, the viewer
 //! registry), `source.rs` and `sink.rs` (the tasks).
 
 mod config;
-mod record;
 mod sink;
 mod source;
 mod x11;
 
 pub use config::{FramebufferConfig, X11ScreenConfig, X11WindowConfig};
-pub use record::*;
+pub use ndd_wire::display::*;
 pub(crate) use sink::{spawn_framebuffer_sink, spawn_x11_window_sink};
 pub(crate) use source::spawn_x11_screen_source;
 pub(crate) use x11::wait_for_viewer;

@@ -7,9 +7,6 @@
 //! blocking APIs. A bad record is logged (at most once a second) and dropped.
 
 use super::config::{FramebufferConfig, X11WindowConfig};
-use super::record::{
-    bands, blit, DisplayFrameError, Framebuffer, PixelFormat, Rect, Update, MAX_UPDATE_PAYLOAD,
-};
 use super::x11::{
     attach_shm, check_screen, coord, lock, publish_viewer, shm_disabled, Shm, XFail, POLL,
 };
@@ -18,6 +15,9 @@ use crate::common::error::EndpointError;
 use crate::common::report::{SinkReport, SinkTask};
 use crate::common::x11::{wait_readable_for, x11_connect, x11_err};
 use ndd_core::{Frame, RateLimit};
+use ndd_wire::display::{
+    bands, blit, DisplayFrameError, Framebuffer, PixelFormat, Rect, Update, MAX_UPDATE_PAYLOAD,
+};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};

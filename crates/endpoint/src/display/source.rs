@@ -4,20 +4,26 @@
 //!
 //! It runs as a blocking task (`spawn_blocking`), and waits for X events at most [`POLL`] at a
 //! time, so it notices within that time that its receiver is gone.
+//!
+//! Frame spoiling: it captures only when the path can take the update: when the driver's
+//! [`Demand`] says the session wants a frame, or (without one) when its previous update has
+//! left the channel. Damage reported in between is merged by the Damage object, so the next
+//! capture covers all of it and no stale update ever waits in a queue.
 
 use super::config::X11ScreenConfig;
-use super::record::{
-    bands, coalesce, plan_frames, PixelFormat, Rect, UpdateHeader, UpdateLayout, FLAG_KEYFRAME,
-    FLAG_MORE, MAX_UPDATE_PAYLOAD,
-};
 use super::x11::{attach_shm, check_screen, coord, shm_disabled, Shm, XFail, NO_SHM_ENV, POLL};
 use crate::common::clock::pacing;
+use crate::common::demand::Demand;
 use crate::common::emitter::Emitter;
 use crate::common::error::EndpointError;
 use crate::common::report::{SourceReport, SourceTask};
 use crate::common::x11::{wait_readable_for, x11_connect, x11_err};
 use ndd_core::frame::DEFAULT_HEADROOM;
 use ndd_core::{Frame, RateLimit};
+use ndd_wire::display::{
+    bands, coalesce, plan_frames, PixelFormat, Rect, UpdateHeader, UpdateLayout, FLAG_KEYFRAME,
+    FLAG_MORE, MAX_UPDATE_PAYLOAD,
+};
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::Sender;
@@ -30,6 +36,9 @@ use x11rb::protocol::Event as XEvent;
 use x11rb::rust_connection::RustConnection;
 use x11rb::wrapper::ConnectionExt as _;
 
+/// How often a source with damage pending looks whether the path takes an update.
+const SPOIL_POLL: Duration = Duration::from_millis(2);
+
 /// Most rects one capture sends after damage coalescing.
 pub const MAX_RECTS: usize = 32;
 
@@ -40,9 +49,10 @@ pub(crate) fn spawn_x11_screen_source(
     c: &X11ScreenConfig,
     stream: u16,
     tx: Sender<Frame>,
+    demand: Option<Demand>,
 ) -> Result<SourceTask, EndpointError> {
     let x = open_x11_screen(endpoint, c)?;
-    Ok(rt.spawn_blocking(move || run_x11_screen(endpoint, x, stream, tx)))
+    Ok(rt.spawn_blocking(move || run_x11_screen(endpoint, x, stream, tx, demand)))
 }
 
 /// An `x11-screen` source, connected, with its Damage object.
@@ -264,6 +274,7 @@ fn run_x11_screen(
     mut s: X11Screen,
     stream: u16,
     tx: Sender<Frame>,
+    demand: Option<Demand>,
 ) -> Result<SourceReport, EndpointError> {
     let display = s.display.clone();
     let fatal = |e: String| x11_err(endpoint, &display, e);
@@ -307,7 +318,17 @@ fn run_x11_screen(
         if s.refresh.is_some_and(|r| now >= last_keyframe + r) {
             keyframe_due = true;
         }
-        if (keyframe_due || damaged) && now >= next_capture {
+        let pending = keyframe_due || damaged;
+        // Frame spoiling: capture only when the path takes the update now.
+        let path_free = pending
+            && match &demand {
+                Some(d) => d.wanted(),
+                None => em.tx.capacity() == em.tx.max_capacity(),
+            };
+        if pending && path_free && now >= next_capture {
+            if let Some(d) = &demand {
+                d.take();
+            }
             let keyframe = keyframe_due;
             let rects = if keyframe {
                 s.clear_damage()
@@ -343,7 +364,10 @@ fn run_x11_screen(
             continue;
         }
         let mut wait = POLL;
-        if keyframe_due || damaged {
+        if pending && !path_free {
+            // Waiting for the path: look again soon (damage keeps merging meanwhile).
+            wait = SPOIL_POLL;
+        } else if pending {
             wait = wait.min(next_capture.saturating_duration_since(now));
         }
         if let Some(r) = s.refresh {

@@ -1,5 +1,5 @@
 //! What the display source and sinks share: the X screen they can work with
-//! ([`PixelFormat::Bgrx32`](super::record::PixelFormat::Bgrx32) only), MIT-SHM segments the X server attaches too (or why not:
+//! ([`PixelFormat::Bgrx32`](ndd_wire::display::PixelFormat::Bgrx32) only), MIT-SHM segments the X server attaches too (or why not:
 //! [`NO_SHM_ENV`]), failed requests ([`XFail`]), and the viewer registry.
 //!
 //! The `x11-window` sink publishes its window in a process-wide registry keyed by the
@@ -63,7 +63,7 @@ impl From<x11rb::errors::ReplyOrIdError> for XFail {
     }
 }
 
-/// What an X screen must be for [`PixelFormat::Bgrx32`](super::record::PixelFormat::Bgrx32): depth 24 or 32, TrueColor with
+/// What an X screen must be for [`PixelFormat::Bgrx32`](ndd_wire::display::PixelFormat::Bgrx32): depth 24 or 32, TrueColor with
 /// masks 0xff0000 / 0xff00 / 0xff, 32 bits per pixel, LSBFirst images.
 pub(super) fn check_screen(
     endpoint: &'static str,

@@ -26,6 +26,7 @@ pub use catalogue::{EndpointInfo, REQUIRED, SINKS, SOURCES};
 
 use crate::check::{CheckConfig, NullConfig};
 use crate::common::delivered::Delivered;
+use crate::common::demand::Demand;
 use crate::common::error::EndpointError;
 use crate::common::framing::MAX_LENGTH_FRAME;
 use crate::common::report::{SinkTask, SourceTask};
@@ -276,6 +277,24 @@ impl SourceConfig {
     /// `tx`. Invalid parameters, a file that cannot be opened and a missing runtime are
     /// errors here, before anything is spawned.
     pub fn spawn(&self, stream: u16, tx: Sender<Frame>) -> Result<SourceTask, EndpointError> {
+        self.spawn_on_demand(stream, tx, None)
+    }
+
+    /// Whether this source captures on [`Demand`] (see [`SourceConfig::spawn_on_demand`]).
+    pub fn captures_on_demand(&self) -> bool {
+        matches!(self, SourceConfig::X11Screen(_))
+    }
+
+    /// [`SourceConfig::spawn`], with the driver's [`Demand`] for a source that
+    /// [captures on demand](SourceConfig::captures_on_demand): it then captures only when the
+    /// session wants a frame. Without one (or for other sources) it captures when its
+    /// previous frame has left the channel.
+    pub fn spawn_on_demand(
+        &self,
+        stream: u16,
+        tx: Sender<Frame>,
+        demand: Option<Demand>,
+    ) -> Result<SourceTask, EndpointError> {
         self.validate()?;
         let endpoint = self.endpoint();
         let rt = tokio::runtime::Handle::try_current()
@@ -297,7 +316,7 @@ impl SourceConfig {
                 input::spawn_x11_input_source(&rt, endpoint, c, stream, tx)
             }
             SourceConfig::X11Screen(c) => {
-                display::spawn_x11_screen_source(&rt, endpoint, c, stream, tx)
+                display::spawn_x11_screen_source(&rt, endpoint, c, stream, tx, demand)
             }
         }
     }

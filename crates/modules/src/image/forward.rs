@@ -1,0 +1,675 @@
+//! Source half of `image`: interframe comparison, per-part classification, JPEG / palette /
+//! lossless encoding, lossless refinement, credit and the `auto` preset controller.
+
+use super::format::{self, Header, Kind, CREDIT_LEN, CTRL_CREDIT};
+use super::tiles::{self, Class, Screen};
+use super::{ImageConfig, Quality, Subsampling, PAIR};
+use bytes::Bytes;
+use ndd_core::frame::Meta;
+use ndd_core::{
+    ControlError, ForeignError, Frame, FrameError, Half, HalfStats, ModuleError, Output, SetupError,
+};
+use ndd_wire::display::{Encoding, Rect, Update, FLAG_KEYFRAME};
+use std::collections::VecDeque;
+use std::fmt;
+use std::time::{Duration, Instant};
+use zstd::stream::raw::{CParameter, InBuffer, Operation, OutBuffer};
+
+/// zstd level of the lossless block.
+const ZSTD_LEVEL: i32 = 3;
+/// zstd window: 8 MiB, more than a 1920×1080 screen's palette indices, so a scrolled page
+/// finds its text in the previous frame.
+pub(crate) const WINDOW_LOG: u32 = 23;
+/// How often `auto` decides.
+const DECIDE_EVERY: Duration = Duration::from_secs(1);
+/// Calm seconds before `auto` steps up.
+const CALM_TO_STEP_UP: u32 = 3;
+
+#[derive(Debug, Clone, Copy)]
+struct Tile {
+    /// Last sent as JPEG (refinement pending).
+    lossy: bool,
+    /// Last time its pixels changed.
+    changed: Instant,
+}
+
+/// A part's encoding, owning its data until the frame is written.
+enum Owned {
+    Lossless,
+    Solid([u8; 3]),
+    Palette(Vec<u8>),
+    Jpeg(Vec<u8>),
+}
+
+/// The `auto` controller's measurements.
+#[derive(Debug, Default)]
+struct Path {
+    /// Smallest send → credit time seen recently, and when.
+    min_ack: Option<(Duration, Instant)>,
+    /// Moving average of send → credit times.
+    avg_ack: Option<Duration>,
+    /// Bytes credited since the last decision.
+    bytes: u64,
+    /// Estimated bandwidth at the last decision, kbit/s.
+    kbps: u64,
+    calm: u32,
+    next_decision: Option<Instant>,
+}
+
+/// Encodes display updates (see the pair's docs).
+pub struct ImageForward {
+    cfg: ImageConfig,
+    preset: Quality,
+    screen: Option<Screen>,
+    grid_w: usize,
+    tiles: Vec<Tile>,
+    jpeg: turbojpeg::Compressor,
+    jpeg_set: Option<(u8, Subsampling)>,
+    zstd: zstd::stream::raw::Encoder<'static>,
+    /// Credit number of the last frame sent, and the highest the inverse reported decoded.
+    sent: u32,
+    acked: u32,
+    in_flight: VecDeque<(u32, Instant, usize)>,
+    last_meta: Option<Meta>,
+    /// Seq of the frame emitted last: every frame's seq must grow (the session numbers DATA
+    /// by it), so a refinement takes last + 1 and a later update whose own seq is not above
+    /// that is renumbered too.
+    last_seq: Option<u64>,
+    next_refine: Option<Instant>,
+    path: Path,
+    scratch: Vec<u8>,
+    block: Vec<u8>,
+    blob: Vec<u8>,
+    stats: Counters,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Counters {
+    frames: u64,
+    unchanged: u64,
+    solid: u64,
+    palette: u64,
+    jpeg: u64,
+    lossless: u64,
+    refined: u64,
+    preset_changes: u64,
+}
+
+impl fmt::Debug for ImageForward {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ImageForward")
+            .field("preset", &self.preset)
+            .field("sent", &self.sent)
+            .field("acked", &self.acked)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+fn library(context: &str, e: impl std::error::Error + Send + Sync + 'static) -> ModuleError {
+    ModuleError::from(SetupError::Library {
+        pair: PAIR,
+        context: context.to_string(),
+        source: ForeignError::new(e),
+    })
+}
+
+fn frame_err(
+    codec: &'static str,
+    e: impl std::error::Error + Send + Sync + 'static,
+) -> ModuleError {
+    ModuleError::from(FrameError::Corrupt {
+        pair: PAIR,
+        codec,
+        source: ForeignError::new(e),
+    })
+}
+
+impl ImageForward {
+    /// A forward half with validated parameters.
+    pub fn new(cfg: ImageConfig) -> Result<ImageForward, ModuleError> {
+        let jpeg = turbojpeg::Compressor::new().map_err(|e| library("libjpeg-turbo", e))?;
+        let mut zstd =
+            zstd::stream::raw::Encoder::new(ZSTD_LEVEL).map_err(|e| library("zstd stream", e))?;
+        zstd.set_parameter(CParameter::WindowLog(WINDOW_LOG))
+            .map_err(|e| library("zstd window", e))?;
+        // Palette indices are bytes of a few values: zstd's short hashes find only local
+        // matches in them; long-distance matching finds the rows seen in earlier frames.
+        zstd.set_parameter(CParameter::EnableLongDistanceMatching(true))
+            .map_err(|e| library("zstd long-distance matching", e))?;
+        let preset = match cfg.quality {
+            Quality::Auto => Quality::Medium,
+            q => q,
+        };
+        Ok(ImageForward {
+            cfg,
+            preset,
+            screen: None,
+            grid_w: 0,
+            tiles: Vec::new(),
+            jpeg,
+            jpeg_set: None,
+            zstd,
+            sent: 0,
+            acked: 0,
+            in_flight: VecDeque::new(),
+            last_meta: None,
+            last_seq: None,
+            next_refine: None,
+            path: Path::default(),
+            scratch: Vec::new(),
+            block: Vec::new(),
+            blob: Vec::new(),
+            stats: Counters::default(),
+        })
+    }
+
+    /// The preset in use (for `auto`, the one it moved to).
+    pub fn preset(&self) -> Quality {
+        self.preset
+    }
+
+    fn window_open(&self) -> bool {
+        self.sent.wrapping_sub(self.acked) < self.cfg.window
+    }
+
+    fn tile_size(&self) -> u16 {
+        self.cfg.tile
+    }
+
+    /// Starts over with a screen of a new size: every tile unknown.
+    fn reset_screen(&mut self, width: u16, height: u16, now: Instant) {
+        let t = usize::from(self.tile_size());
+        self.grid_w = usize::from(width).div_ceil(t);
+        let grid_h = usize::from(height).div_ceil(t);
+        self.tiles = vec![
+            Tile {
+                lossy: false,
+                changed: now,
+            };
+            self.grid_w * grid_h
+        ];
+        self.screen = Some(Screen::new(width, height));
+        self.next_refine = None;
+    }
+
+    /// The tile grid cells `r` touches, as (tile index, part of `r` inside the tile).
+    fn parts(&self, r: Rect) -> Vec<(usize, Rect)> {
+        let t = u32::from(self.tile_size());
+        let mut out = Vec::new();
+        let (x0, y0) = (u32::from(r.x) / t, u32::from(r.y) / t);
+        let (x1, y1) = ((r.right() - 1) / t, (r.bottom() - 1) / t);
+        for ty in y0..=y1 {
+            for tx in x0..=x1 {
+                // Inside the screen (r is), so every coordinate fits u16.
+                let cell = Rect::new((tx * t) as u16, (ty * t) as u16, t as u16, t as u16);
+                if let Some(p) = r.intersection(&cell) {
+                    out.push((ty as usize * self.grid_w + tx as usize, p));
+                }
+            }
+        }
+        out
+    }
+
+    /// The whole tile `i`, clipped to the screen.
+    fn tile_rect(&self, i: usize) -> Option<Rect> {
+        let s = self.screen.as_ref()?;
+        let t = u32::from(self.tile_size());
+        let (tx, ty) = ((i % self.grid_w) as u32, (i / self.grid_w) as u32);
+        Rect::new((tx * t) as u16, (ty * t) as u16, t as u16, t as u16).clip(s.width, s.height)
+    }
+
+    /// Copies an update into the screen copy; returns the parts that changed (all of them
+    /// when `force`).
+    fn absorb(&mut self, u: &Update<'_>, force: bool, now: Instant) -> Vec<(usize, Rect)> {
+        let mut changed = Vec::new();
+        for rp in &u.rects {
+            let r = rp.rect;
+            let w = usize::from(r.w) * 4;
+            for (i, p) in self.parts(r) {
+                let Some(s) = self.screen.as_mut() else {
+                    return changed;
+                };
+                let mut differs = force;
+                for y in p.y..p.y + p.h {
+                    let src_row = usize::from(y - r.y) * w + usize::from(p.x - r.x) * 4;
+                    let src = &rp.pixels[src_row..src_row + usize::from(p.w) * 4];
+                    let dst = s.row(p.x, y, p.w);
+                    if differs || s.px[dst.clone()] != *src {
+                        s.px[dst].copy_from_slice(src);
+                        differs = true;
+                    }
+                }
+                if differs {
+                    self.tiles[i].changed = now;
+                    changed.push((i, p));
+                }
+            }
+        }
+        changed
+    }
+
+    /// Encodes `parts` into one frame; `lossless` forces lossless encoding of photo parts.
+    fn encode(
+        &mut self,
+        meta: Meta,
+        flags: u8,
+        parts: &[(usize, Rect)],
+        lossless: bool,
+        now: Instant,
+        out: &mut Output,
+    ) -> Result<(), ModuleError> {
+        let Some(s) = self.screen.take() else {
+            return Ok(());
+        };
+        let r = self.encode_with(&s, meta, flags, parts, lossless, now, out);
+        self.screen = Some(s);
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn encode_with(
+        &mut self,
+        s: &Screen,
+        meta: Meta,
+        flags: u8,
+        parts: &[(usize, Rect)],
+        lossless: bool,
+        now: Instant,
+        out: &mut Output,
+    ) -> Result<(), ModuleError> {
+        let palette_max = usize::from(self.cfg.palette_max);
+        let jpeg = if lossless {
+            None
+        } else {
+            self.cfg.jpeg(self.preset)
+        };
+        let mut rects: Vec<(Rect, Owned)> = Vec::with_capacity(parts.len());
+        let mut photos = Vec::new();
+        let mut photo_tiles = Vec::new();
+        self.block.clear();
+        for &(i, p) in parts {
+            match tiles::classify(s, p, palette_max) {
+                Class::Solid(c) => {
+                    self.stats.solid += 1;
+                    rects.push((p, Owned::Solid(c)));
+                }
+                Class::Palette(pal) => {
+                    self.stats.palette += 1;
+                    tiles::index(s, p, &pal, &mut self.block);
+                    rects.push((p, Owned::Palette(pal)));
+                }
+                Class::Photo => {
+                    photos.push(p);
+                    photo_tiles.push(i);
+                }
+            }
+        }
+        let whole_tile = |f: &ImageForward, i: usize, p: Rect| f.tile_rect(i) == Some(p);
+        for &(i, p) in parts {
+            // A tile sent whole and losslessly needs no refinement any more.
+            if !photo_tiles.contains(&i) && whole_tile(self, i, p) {
+                self.tiles[i].lossy = false;
+            }
+        }
+        for p in tiles::merge(photos) {
+            match jpeg {
+                None => {
+                    self.stats.lossless += 1;
+                    tiles::bgr(s, p, &mut self.block);
+                    rects.push((p, Owned::Lossless));
+                }
+                Some((q, sub)) => {
+                    self.stats.jpeg += 1;
+                    rects.push((p, Owned::Jpeg(self.jpeg_rect(s, p, q, sub)?)));
+                }
+            }
+        }
+        for &i in &photo_tiles {
+            if jpeg.is_some() {
+                self.tiles[i].lossy = true;
+                let due = now + Duration::from_millis(u64::from(self.cfg.refine_ms));
+                if self.cfg.refine_ms > 0 {
+                    self.next_refine = Some(self.next_refine.map_or(due, |d| d.min(due)));
+                }
+            } else if let Some(p) = parts.iter().find(|(k, _)| *k == i).map(|(_, p)| *p) {
+                if whole_tile(self, i, p) {
+                    self.tiles[i].lossy = false;
+                }
+            }
+        }
+        self.compress_block()?;
+        let kinds: Vec<(Rect, Kind<'_>)> = rects
+            .iter()
+            .map(|(r, o)| {
+                let k = match o {
+                    Owned::Lossless => Kind::Lossless,
+                    Owned::Solid(c) => Kind::Solid(*c),
+                    Owned::Palette(p) => Kind::Palette(p),
+                    Owned::Jpeg(j) => Kind::Jpeg(j),
+                };
+                (*r, k)
+            })
+            .collect();
+        self.sent = self.sent.wrapping_add(1);
+        let mut meta = meta;
+        meta.seq = match self.last_seq {
+            Some(l) if meta.seq <= l => l.saturating_add(1),
+            _ => meta.seq,
+        };
+        self.last_seq = Some(meta.seq);
+        let header = Header {
+            width: s.width,
+            height: s.height,
+            flags,
+            credit: self.sent,
+            raw_len: self.block.len() as u32,
+            blob_len: self.blob.len() as u32,
+        };
+        let mut bytes = Vec::with_capacity(format::emitted_len(&kinds, self.blob.len()));
+        format::emit(&header, &kinds, &self.blob, &mut bytes);
+        self.in_flight.push_back((self.sent, now, bytes.len()));
+        self.stats.frames += 1;
+        out.push(Frame::from_bytes(meta, Bytes::from(bytes)));
+        Ok(())
+    }
+
+    fn jpeg_rect(
+        &mut self,
+        s: &Screen,
+        r: Rect,
+        q: u8,
+        sub: Subsampling,
+    ) -> Result<Vec<u8>, ModuleError> {
+        if self.jpeg_set != Some((q, sub)) {
+            self.jpeg
+                .set_quality(i32::from(q))
+                .map_err(|e| library("jpeg quality", e))?;
+            self.jpeg
+                .set_subsamp(sub.turbo())
+                .map_err(|e| library("jpeg subsampling", e))?;
+            self.jpeg_set = Some((q, sub));
+        }
+        s.copy_out(r, &mut self.scratch);
+        let img = turbojpeg::Image {
+            pixels: self.scratch.as_slice(),
+            width: usize::from(r.w),
+            pitch: usize::from(r.w) * 4,
+            height: usize::from(r.h),
+            format: turbojpeg::PixelFormat::BGRX,
+        };
+        self.jpeg
+            .compress_to_vec(img)
+            .map_err(|e| frame_err("jpeg", e))
+    }
+
+    /// Compresses `block` into `blob` as one flushed chunk of the zstd stream.
+    fn compress_block(&mut self) -> Result<(), ModuleError> {
+        self.blob.clear();
+        if self.block.is_empty() {
+            return Ok(());
+        }
+        self.blob
+            .reserve(zstd::zstd_safe::compress_bound(self.block.len()) + 64);
+        let mut input = InBuffer::around(&self.block);
+        loop {
+            if self.blob.capacity() - self.blob.len() < 64 {
+                self.blob.reserve(self.blob.capacity());
+            }
+            let pos = self.blob.len();
+            let mut output = OutBuffer::around_pos(&mut self.blob, pos);
+            self.zstd
+                .run(&mut input, &mut output)
+                .map_err(|e| frame_err("zstd", e))?;
+            if input.pos == self.block.len() {
+                break;
+            }
+        }
+        loop {
+            if self.blob.capacity() - self.blob.len() < 64 {
+                self.blob.reserve(self.blob.capacity());
+            }
+            let pos = self.blob.len();
+            let mut output = OutBuffer::around_pos(&mut self.blob, pos);
+            let left = self
+                .zstd
+                .flush(&mut output)
+                .map_err(|e| frame_err("zstd", e))?;
+            if left == 0 {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Sends the tiles due for refinement, losslessly, if the window is open.
+    fn refine(&mut self, now: Instant, out: &mut Output) -> Result<(), ModuleError> {
+        let Some(meta) = self.last_meta else {
+            return Ok(());
+        };
+        if !self.window_open() {
+            // Picked up again when credit comes back.
+            self.next_refine = None;
+            return Ok(());
+        }
+        let after = Duration::from_millis(u64::from(self.cfg.refine_ms));
+        let mut due = Vec::new();
+        let mut next: Option<Instant> = None;
+        for (i, t) in self.tiles.iter().enumerate() {
+            if !t.lossy {
+                continue;
+            }
+            if t.changed + after <= now {
+                due.push(i);
+            } else {
+                let at = t.changed + after;
+                next = Some(next.map_or(at, |n| n.min(at)));
+            }
+        }
+        self.next_refine = next;
+        let parts: Vec<(usize, Rect)> = due
+            .iter()
+            .filter_map(|&i| Some((i, self.tile_rect(i)?)))
+            .collect();
+        if parts.is_empty() {
+            return Ok(());
+        }
+        self.stats.refined += parts.len() as u64;
+        for &(i, _) in &parts {
+            self.tiles[i].lossy = false;
+        }
+        self.encode(meta, 0, &parts, true, now, out)
+    }
+
+    /// Credit for everything up to `credit`: measure the path, maybe change the preset.
+    fn credit(&mut self, now: Instant, credit: u32) -> Result<(), ModuleError> {
+        if credit.wrapping_sub(self.acked) > self.sent.wrapping_sub(self.acked) {
+            return Err(ModuleError::from(ControlError::UnknownValue {
+                pair: PAIR,
+                field: "credit for a frame not sent",
+                value: u64::from(credit),
+            }));
+        }
+        self.acked = credit;
+        while let Some(&(c, at, len)) = self.in_flight.front() {
+            if c.wrapping_sub(credit) as i32 > 0 {
+                break;
+            }
+            self.in_flight.pop_front();
+            self.measure(now, now.saturating_duration_since(at), len);
+        }
+        if self.next_refine.is_none()
+            && self.tiles.iter().any(|t| t.lossy)
+            && self.cfg.refine_ms > 0
+        {
+            self.next_refine = Some(now);
+        }
+        Ok(())
+    }
+
+    fn measure(&mut self, now: Instant, d: Duration, len: usize) {
+        let p = &mut self.path;
+        p.bytes += len as u64;
+        p.min_ack = match p.min_ack {
+            Some((m, at)) if m <= d && now < at + Duration::from_secs(10) => Some((m, at)),
+            _ => Some((d, now)),
+        };
+        p.avg_ack = Some(match p.avg_ack {
+            Some(a) => (a * 7 + d) / 8,
+            None => d,
+        });
+        let next = *p.next_decision.get_or_insert(now + DECIDE_EVERY);
+        if now < next {
+            return;
+        }
+        p.kbps = p.bytes * 8 / 1000;
+        p.bytes = 0;
+        p.next_decision = Some(now + DECIDE_EVERY);
+        if self.cfg.quality != Quality::Auto {
+            return;
+        }
+        let (Some((min, _)), Some(avg)) = (p.min_ack, p.avg_ack) else {
+            return;
+        };
+        let congested = avg > min * 2 + Duration::from_millis(20);
+        let calm = avg < min * 5 / 4 + Duration::from_millis(5);
+        let before = self.preset;
+        if congested {
+            p.calm = 0;
+            self.preset = match self.preset {
+                Quality::High => Quality::Medium,
+                _ => Quality::Low,
+            };
+        } else if calm {
+            p.calm += 1;
+            if p.calm >= CALM_TO_STEP_UP {
+                p.calm = 0;
+                self.preset = match self.preset {
+                    Quality::Low => Quality::Medium,
+                    _ => Quality::High,
+                };
+            }
+        } else {
+            p.calm = 0;
+        }
+        if self.preset != before {
+            self.stats.preset_changes += 1;
+            tracing::debug!(from = %before, to = %self.preset, avg_ms = avg.as_millis() as u64, min_ms = min.as_millis() as u64, "image: preset changed");
+        }
+    }
+}
+
+impl Half for ImageForward {
+    fn handle_frame(
+        &mut self,
+        now: Instant,
+        frame: Frame,
+        out: &mut Output,
+    ) -> Result<(), ModuleError> {
+        let u = Update::parse(frame.payload())
+            .map_err(|e| ModuleError::from(FrameError::Foreign(ForeignError::new(e))))?;
+        if let Some(rp) = u.rects.iter().find(|r| r.encoding != Encoding::Raw) {
+            return Err(ModuleError::from(FrameError::UnknownValue {
+                pair: PAIR,
+                field: "display rect encoding",
+                value: u64::from(rp.encoding as u8),
+            }));
+        }
+        let (w, h) = (u.header.width, u.header.height);
+        let mut force = u.header.flags & FLAG_KEYFRAME != 0;
+        if self
+            .screen
+            .as_ref()
+            .is_none_or(|s| (s.width, s.height) != (w, h))
+        {
+            self.reset_screen(w, h, now);
+            force = true;
+        }
+        self.last_meta = Some(frame.meta);
+        let parts = self.absorb(&u, force, now);
+        if parts.is_empty() {
+            self.stats.unchanged += 1;
+            return Ok(());
+        }
+        self.encode(
+            frame.meta,
+            u.header.flags,
+            &parts,
+            self.preset == Quality::Lossless,
+            now,
+            out,
+        )
+    }
+
+    fn handle_control(
+        &mut self,
+        now: Instant,
+        msg: Bytes,
+        _out: &mut Output,
+    ) -> Result<(), ModuleError> {
+        match msg.first() {
+            None => Err(ModuleError::from(ControlError::Empty { pair: PAIR })),
+            Some(&CTRL_CREDIT) if msg.len() == CREDIT_LEN => {
+                self.credit(now, u32::from_be_bytes([msg[1], msg[2], msg[3], msg[4]]))
+            }
+            Some(&CTRL_CREDIT) => Err(ModuleError::from(ControlError::WrongLength {
+                pair: PAIR,
+                what: "credit message",
+                len: msg.len(),
+                expected: CREDIT_LEN,
+            })),
+            Some(&ty) => Err(ModuleError::from(ControlError::UnknownType {
+                pair: PAIR,
+                ty,
+            })),
+        }
+    }
+
+    fn handle_timeout(&mut self, now: Instant, out: &mut Output) {
+        if self.next_refine.is_some_and(|t| t <= now) {
+            if let Err(e) = self.refine(now, out) {
+                // Encoding what the screen copy holds cannot meet bad input; a library
+                // failure leaves the tile lossy, for the next update to cover.
+                tracing::warn!(error = %e, "image: refinement failed");
+                self.next_refine = None;
+            }
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.next_refine
+    }
+
+    fn ready(&self) -> bool {
+        self.window_open()
+    }
+
+    fn stats(&self) -> HalfStats {
+        let c = self.stats;
+        let preset = match self.preset {
+            Quality::Low => 1,
+            Quality::Medium => 2,
+            Quality::High => 3,
+            Quality::Lossless | Quality::Auto => 4,
+        };
+        HalfStats {
+            drops: 0,
+            queue_depth: u64::from(self.sent.wrapping_sub(self.acked)),
+            counters: vec![
+                ("updates", c.frames),
+                ("unchanged", c.unchanged),
+                ("solid", c.solid),
+                ("palette", c.palette),
+                ("jpeg", c.jpeg),
+                ("lossless", c.lossless),
+                ("refined_tiles", c.refined),
+                ("preset", preset),
+                ("preset_changes", c.preset_changes),
+                (
+                    "ack_ms",
+                    self.path.avg_ack.map_or(0, |d| d.as_millis() as u64),
+                ),
+                ("kbps", self.path.kbps),
+            ],
+        }
+    }
+}

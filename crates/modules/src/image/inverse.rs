@@ -1,0 +1,230 @@
+//! Sink half of `image`: decodes each frame into a display record of raw rectangles and
+//! gives credit back to the forward half.
+
+use super::format::{self, Kind, CREDIT_LEN, CTRL_CREDIT};
+use super::forward::WINDOW_LOG;
+use super::PAIR;
+use ndd_core::frame::DEFAULT_HEADROOM;
+use ndd_core::{ForeignError, Frame, FrameError, Half, HalfStats, ModuleError, Output, SetupError};
+use ndd_wire::display::{PixelFormat, UpdateHeader, UpdateLayout};
+use std::fmt;
+use std::time::{Duration, Instant};
+use zstd::stream::raw::{DParameter, InBuffer, Operation, OutBuffer};
+
+/// The credit is sent again this often, so a credit lost with a link never stalls the source.
+const CREDIT_AGAIN: Duration = Duration::from_millis(500);
+
+/// Decodes frames of the `image` pair.
+pub struct ImageInverse {
+    max_size: usize,
+    zstd: zstd::stream::raw::Decoder<'static>,
+    jpeg: turbojpeg::Decompressor,
+    credit: Option<u32>,
+    credit_again: Option<Instant>,
+    block: Vec<u8>,
+    decoded: u64,
+}
+
+impl fmt::Debug for ImageInverse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ImageInverse")
+            .field("max_size", &self.max_size)
+            .field("credit", &self.credit)
+            .field("decoded", &self.decoded)
+            .finish_non_exhaustive()
+    }
+}
+
+fn library(context: &str, e: impl std::error::Error + Send + Sync + 'static) -> ModuleError {
+    ModuleError::from(SetupError::Library {
+        pair: PAIR,
+        context: context.to_string(),
+        source: ForeignError::new(e),
+    })
+}
+
+fn corrupt(
+    codec: &'static str,
+    e: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> ModuleError {
+    ModuleError::from(FrameError::Corrupt {
+        pair: PAIR,
+        codec,
+        source: ForeignError::new(e),
+    })
+}
+
+fn invalid(rule: &'static str) -> ModuleError {
+    ModuleError::from(FrameError::Invalid { pair: PAIR, rule })
+}
+
+impl ImageInverse {
+    /// An inverse half that refuses decoded updates above `max_size` bytes.
+    pub fn new(max_size: usize) -> Result<ImageInverse, ModuleError> {
+        let mut zstd = zstd::stream::raw::Decoder::new().map_err(|e| library("zstd stream", e))?;
+        zstd.set_parameter(DParameter::WindowLogMax(WINDOW_LOG))
+            .map_err(|e| library("zstd window", e))?;
+        Ok(ImageInverse {
+            max_size,
+            zstd,
+            jpeg: turbojpeg::Decompressor::new().map_err(|e| library("libjpeg-turbo", e))?,
+            credit: None,
+            credit_again: None,
+            block: Vec::new(),
+            decoded: 0,
+        })
+    }
+
+    /// Decompresses `blob` into exactly `raw_len` bytes of `self.block`.
+    fn inflate(&mut self, blob: &[u8], raw_len: usize) -> Result<(), ModuleError> {
+        self.block.clear();
+        self.block.resize(raw_len, 0);
+        if blob.is_empty() {
+            return Ok(());
+        }
+        let mut input = InBuffer::around(blob);
+        let mut output = OutBuffer::around(self.block.as_mut_slice());
+        while input.pos < blob.len() {
+            let before = (input.pos, output.pos());
+            self.zstd
+                .run(&mut input, &mut output)
+                .map_err(|e| corrupt("zstd", e))?;
+            if (input.pos, output.pos()) == before {
+                return Err(invalid("zstd block decompresses to more than raw_len"));
+            }
+        }
+        if output.pos() != raw_len {
+            return Err(invalid("zstd block decompresses to less than raw_len"));
+        }
+        Ok(())
+    }
+
+    fn send_credit(&self, out: &mut Output) {
+        if let Some(c) = self.credit {
+            let mut m = [0u8; CREDIT_LEN];
+            m[0] = CTRL_CREDIT;
+            m[1..].copy_from_slice(&c.to_be_bytes());
+            out.control(m.to_vec());
+        }
+    }
+}
+
+impl Half for ImageInverse {
+    fn handle_frame(
+        &mut self,
+        now: Instant,
+        frame: Frame,
+        out: &mut Output,
+    ) -> Result<(), ModuleError> {
+        let p = format::parse(frame.payload())?;
+        let h = p.header;
+        if let Some(c) = self.credit {
+            if h.credit.wrapping_sub(c) as i32 <= 0 {
+                return Err(invalid("credit number did not increase"));
+            }
+        }
+        if h.raw_len as usize > self.max_size {
+            return Err(ModuleError::from(FrameError::OverLimit {
+                pair: PAIR,
+                field: "zstd block length",
+                value: u64::from(h.raw_len),
+                limit: "max_size",
+                max: self.max_size as u64,
+            }));
+        }
+        let layout = UpdateLayout::new(
+            UpdateHeader {
+                width: h.width,
+                height: h.height,
+                format: PixelFormat::Bgrx32,
+                flags: h.flags,
+            },
+            p.rects.iter().map(|(r, _)| *r).collect(),
+        )
+        .map_err(|e| ModuleError::from(FrameError::Foreign(ForeignError::new(e))))?;
+        if layout.len() > self.max_size {
+            return Err(ModuleError::from(FrameError::OverLimit {
+                pair: PAIR,
+                field: "decoded update length",
+                value: layout.len() as u64,
+                limit: "max_size",
+                max: self.max_size as u64,
+            }));
+        }
+        self.inflate(p.blob, h.raw_len as usize)?;
+        let mut f = Frame::zeroed(frame.meta, DEFAULT_HEADROOM, layout.len());
+        let dst = f.payload_mut();
+        layout
+            .write_headers(dst)
+            .map_err(|e| ModuleError::from(FrameError::Foreign(ForeignError::new(e))))?;
+        let mut at = 0usize;
+        for (i, (r, k)) in p.rects.iter().enumerate() {
+            let px = &mut dst[layout.pixels(i)];
+            let n = k.block_len(*r);
+            let block = &self.block[at..at + n];
+            at += n;
+            match k {
+                Kind::Solid(c) => {
+                    for d in px.chunks_exact_mut(4) {
+                        d[..3].copy_from_slice(c);
+                    }
+                }
+                Kind::Lossless => {
+                    for (d, s) in px.chunks_exact_mut(4).zip(block.chunks_exact(3)) {
+                        d[..3].copy_from_slice(s);
+                    }
+                }
+                Kind::Palette(pal) => {
+                    let colours = pal.len() / 3;
+                    for (d, &ix) in px.chunks_exact_mut(4).zip(block) {
+                        let ix = usize::from(ix);
+                        if ix >= colours {
+                            return Err(invalid("palette index past the palette"));
+                        }
+                        d[..3].copy_from_slice(&pal[ix * 3..ix * 3 + 3]);
+                    }
+                }
+                Kind::Jpeg(j) => {
+                    let hdr = self.jpeg.read_header(j).map_err(|e| corrupt("jpeg", e))?;
+                    if (hdr.width, hdr.height) != (usize::from(r.w), usize::from(r.h)) {
+                        return Err(invalid("jpeg size differs from its rect"));
+                    }
+                    let img = turbojpeg::Image {
+                        pixels: px,
+                        width: usize::from(r.w),
+                        pitch: usize::from(r.w) * 4,
+                        height: usize::from(r.h),
+                        format: turbojpeg::PixelFormat::BGRX,
+                    };
+                    self.jpeg
+                        .decompress(j, img)
+                        .map_err(|e| corrupt("jpeg", e))?;
+                }
+            }
+        }
+        self.decoded += 1;
+        self.credit = Some(h.credit);
+        self.send_credit(out);
+        self.credit_again = Some(now + CREDIT_AGAIN);
+        out.push(f);
+        Ok(())
+    }
+
+    fn handle_timeout(&mut self, now: Instant, out: &mut Output) {
+        if self.credit_again.is_some_and(|t| t <= now) {
+            self.send_credit(out);
+            self.credit_again = Some(now + CREDIT_AGAIN);
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.credit_again
+    }
+
+    fn stats(&self) -> HalfStats {
+        HalfStats {
+            counters: vec![("decoded", self.decoded)],
+            ..HalfStats::default()
+        }
+    }
+}

@@ -1,0 +1,290 @@
+//! `image`: a content-adaptive codec for display records (`x11-screen` → `x11-window`), after
+//! TurboVNC's Tight encoder (seed 000; DESIGN.md §6), with interframe comparison, lossless
+//! refinement, frame spoiling credit and bandwidth adaptation.
+//!
+//! Synopsis: `{ type = "image", quality = "auto", tile = 64, palette_max = 64, refine_ms = 300,
+//! window = 2 }`
+//!
+//! - **forward half** (source side): keeps a copy of the screen as it last saw it, cut into a
+//!   grid of `tile`×`tile` tiles. Of every incoming display update it sends only the parts of
+//!   tiles whose pixels changed (a keyframe travels whole). Each changed part is classified by
+//!   its content: one colour → *solid* (3 bytes); at most `palette_max` colours → *palette*
+//!   (the colours, then one index byte per pixel); more → *photo*. Photo parts next to each
+//!   other are merged into larger rectangles and sent as JPEG (libjpeg-turbo) at the preset's
+//!   quality and chroma subsampling, or losslessly (BGR bytes) with `quality = "lossless"`.
+//!   Palette indices and lossless pixels of a frame travel in one zstd block of a stream whose
+//!   window spans earlier frames, so text that scrolled or was drawn before costs little.
+//! - **lossless refinement**: a tile last sent as JPEG that has not changed for `refine_ms`
+//!   is sent again losslessly (TurboVNC's automatic lossless refresh), so still content ends
+//!   pixel-identical in the viewer whatever the preset.
+//!   A refinement frame carries the seq of the update before it plus one (seqs must grow);
+//!   a later update whose own seq is not above that is renumbered, as `periodic` does.
+//! - **credit** (frame spoiling): the inverse tells the forward half, out of band, which frame
+//!   it has decoded; the forward half says it is not [`ready`](ndd_core::Half::ready) while
+//!   `window` frames are unacknowledged, so the session stops reading the source, the
+//!   `x11-screen` source stops capturing and merges damage until the path takes another
+//!   update (VirtualGL's frame spoiling, VNC's deferred updates). No deep queue builds up.
+//! - **`quality = "auto"`**: the forward half measures the time from sending a frame to its
+//!   credit coming back against the smallest such time seen (the path's round trip), and moves
+//!   between the `low`, `medium` and `high` presets: down when frames queue in the network,
+//!   up when they do not. Counters `preset`, `ack_ms`, `kbps` show it in the stats.
+//! - **inverse half** (sink side): decodes each frame into a plain display record with raw
+//!   rectangles, which every display sink understands; unchanged tiles are simply not in it.
+//!
+//! Presets (seed 000): `lossless`; `high` = JPEG Q95 4:4:4 (perceptually lossless); `medium`
+//! = Q80 4:2:2; `low` = Q30 4:2:0. `jpeg_quality` (1..=100) and `subsampling` (`"444"`,
+//! `"422"`, `"420"`, `"gray"`) override the preset's.
+//!
+//! The pair needs a reliable stream (its frames reference earlier ones). Frame format and
+//! control messages in [`format`]; every length and count the inverse reads is checked
+//! before anything is allocated, and a decoded update may not exceed `max_size` bytes.
+//! Errors read `image: …`.
+
+pub mod format;
+mod forward;
+mod inverse;
+#[cfg(test)]
+mod tests;
+mod tiles;
+
+pub use forward::ImageForward;
+pub use inverse::ImageInverse;
+
+use crate::registry::{ModuleInfo, ParamInfo, IDS};
+use ndd_core::{Half, ModuleError, Pair, ParamError};
+use serde::Deserialize;
+use std::fmt;
+
+/// The pair's name, first in its error texts.
+pub(crate) const PAIR: &str = "image";
+
+/// Seed 000's quality presets, plus `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum Quality {
+    /// JPEG Q30 4:2:0.
+    Low,
+    /// JPEG Q80 4:2:2.
+    Medium,
+    /// JPEG Q95 4:4:4, perceptually lossless.
+    High,
+    /// No JPEG: photo parts travel as zstd-compressed pixels.
+    Lossless,
+    /// Moves between `low`, `medium` and `high` with the measured path.
+    Auto,
+}
+
+impl Quality {
+    /// Name as written in config files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Quality::Low => "low",
+            Quality::Medium => "medium",
+            Quality::High => "high",
+            Quality::Lossless => "lossless",
+            Quality::Auto => "auto",
+        }
+    }
+
+    /// JPEG quality and subsampling of a preset (`None` for lossless; `auto` starts at
+    /// `medium`).
+    pub fn jpeg(self) -> Option<(u8, Subsampling)> {
+        match self {
+            Quality::Low => Some((30, Subsampling::S420)),
+            Quality::Medium | Quality::Auto => Some((80, Subsampling::S422)),
+            Quality::High => Some((95, Subsampling::S444)),
+            Quality::Lossless => None,
+        }
+    }
+}
+
+impl fmt::Display for Quality {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// JPEG chroma subsampling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum Subsampling {
+    /// Full chroma.
+    #[serde(rename = "444")]
+    S444,
+    /// Half horizontal chroma.
+    #[serde(rename = "422")]
+    S422,
+    /// Half horizontal and vertical chroma.
+    #[serde(rename = "420")]
+    S420,
+    /// Luminance only.
+    #[serde(rename = "gray")]
+    Gray,
+}
+
+impl Subsampling {
+    /// Name as written in config files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Subsampling::S444 => "444",
+            Subsampling::S422 => "422",
+            Subsampling::S420 => "420",
+            Subsampling::Gray => "gray",
+        }
+    }
+
+    pub(crate) fn turbo(self) -> turbojpeg::Subsamp {
+        match self {
+            Subsampling::S444 => turbojpeg::Subsamp::None,
+            Subsampling::S422 => turbojpeg::Subsamp::Sub2x1,
+            Subsampling::S420 => turbojpeg::Subsamp::Sub2x2,
+            Subsampling::Gray => turbojpeg::Subsamp::Gray,
+        }
+    }
+}
+
+/// Parameters of `image`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ImageConfig {
+    /// Preset.
+    pub quality: Quality,
+    /// JPEG quality 1..=100 overriding the preset's; 0 = the preset's.
+    pub jpeg_quality: u8,
+    /// Chroma subsampling overriding the preset's.
+    pub subsampling: Option<Subsampling>,
+    /// Tile edge in pixels (interframe comparison and refinement granularity).
+    pub tile: u16,
+    /// Most colours a part may have to travel as a palette.
+    pub palette_max: u16,
+    /// A tile sent as JPEG and unchanged this long is sent again losslessly; 0 = never.
+    pub refine_ms: u32,
+    /// Frames sent but not yet decoded by the inverse before the source waits.
+    pub window: u32,
+    /// Largest decoded update the inverse accepts, bytes (decompression-bomb guard).
+    pub max_size: u32,
+}
+
+impl Default for ImageConfig {
+    fn default() -> Self {
+        ImageConfig {
+            quality: Quality::Auto,
+            jpeg_quality: 0,
+            subsampling: None,
+            tile: 64,
+            palette_max: 64,
+            refine_ms: 300,
+            window: 2,
+            max_size: 64 << 20,
+        }
+    }
+}
+
+/// Catalogue entry.
+pub const INFO: ModuleInfo = ModuleInfo {
+    name: PAIR,
+    id: IDS.image,
+    summary: "display records: solid / palette / JPEG per changed tile, lossless refinement, frame spoiling credit",
+    params: &[
+        ParamInfo {
+            name: "quality",
+            ty: "\"auto\" | \"lossless\" | \"high\" | \"medium\" | \"low\"",
+            default: "\"auto\"",
+            doc: "preset (high = Q95 4:4:4, medium = Q80 4:2:2, low = Q30 4:2:0); auto follows the path",
+        },
+        ParamInfo {
+            name: "jpeg_quality",
+            ty: "integer 0..=100",
+            default: "0",
+            doc: "JPEG quality overriding the preset's (0 = the preset's)",
+        },
+        ParamInfo {
+            name: "subsampling",
+            ty: "\"444\" | \"422\" | \"420\" | \"gray\"",
+            default: "(the preset's)",
+            doc: "JPEG chroma subsampling overriding the preset's",
+        },
+        ParamInfo {
+            name: "tile",
+            ty: "integer 16..=256",
+            default: "64",
+            doc: "tile edge in pixels: what is compared between updates and refined",
+        },
+        ParamInfo {
+            name: "palette_max",
+            ty: "integer 2..=256",
+            default: "64",
+            doc: "most colours a tile may have to travel as a lossless palette",
+        },
+        ParamInfo {
+            name: "refine_ms",
+            ty: "integer 0..=60000",
+            default: "300",
+            doc: "a JPEG tile unchanged this long is sent again losslessly (0 = never)",
+        },
+        ParamInfo {
+            name: "window",
+            ty: "integer 1..=64",
+            default: "2",
+            doc: "frames in flight before the source waits (frame spoiling)",
+        },
+        ParamInfo {
+            name: "max_size",
+            ty: "integer 1024..=1073741824",
+            default: "67108864",
+            doc: "largest decoded update the inverse accepts",
+        },
+    ],
+};
+
+impl ImageConfig {
+    /// Checks ranges.
+    pub fn validate(&self) -> Result<(), ParamError> {
+        ParamError::check_range(PAIR, "jpeg_quality", self.jpeg_quality, 0..=100)?;
+        ParamError::check_range(PAIR, "tile", self.tile, 16..=256)?;
+        ParamError::check_range(PAIR, "palette_max", self.palette_max, 2..=256)?;
+        ParamError::check_range(PAIR, "refine_ms", self.refine_ms, 0..=60_000)?;
+        ParamError::check_range(PAIR, "window", self.window, 1..=64)?;
+        ParamError::check_range(PAIR, "max_size", self.max_size, 1024..=1 << 30)
+    }
+
+    /// The fixed JPEG settings, `None` for lossless; `auto` gives its starting preset.
+    pub(crate) fn jpeg(&self, preset: Quality) -> Option<(u8, Subsampling)> {
+        let (q, s) = preset.jpeg()?;
+        let q = if self.jpeg_quality > 0 {
+            self.jpeg_quality
+        } else {
+            q
+        };
+        Some((q, self.subsampling.unwrap_or(s)))
+    }
+}
+
+impl Pair for ImageConfig {
+    fn name(&self) -> &'static str {
+        INFO.name
+    }
+    fn id(&self) -> u16 {
+        INFO.id
+    }
+    fn describe(&self) -> String {
+        format!(
+            "image(quality={}, jpeg_quality={}, subsampling={}, tile={}, palette_max={}, refine_ms={}, window={}, max_size={})",
+            self.quality,
+            self.jpeg_quality,
+            self.subsampling.map_or("preset", Subsampling::name),
+            self.tile,
+            self.palette_max,
+            self.refine_ms,
+            self.window,
+            self.max_size
+        )
+    }
+    fn forward(&self) -> Result<Box<dyn Half>, ModuleError> {
+        self.validate()?;
+        Ok(Box::new(ImageForward::new(self.clone())?))
+    }
+    fn inverse(&self) -> Result<Box<dyn Half>, ModuleError> {
+        self.validate()?;
+        Ok(Box::new(ImageInverse::new(self.max_size as usize)?))
+    }
+}

@@ -1,0 +1,461 @@
+use super::format::{self, CTRL_CREDIT};
+use super::*;
+use bytes::Bytes;
+use ndd_core::frame::Meta;
+use ndd_core::{Frame, Half, Output};
+use ndd_wire::display::{
+    Framebuffer, PixelFormat, Rect, Update, UpdateHeader, UpdateLayout, FLAG_KEYFRAME,
+};
+use proptest::prelude::*;
+use std::time::{Duration, Instant};
+
+const W: u16 = 200;
+const H: u16 = 150;
+
+/// A screen image as a closure of (x, y) → B, G, R.
+fn update(flags: u8, rects: &[Rect], px: impl Fn(u16, u16) -> [u8; 3]) -> Frame {
+    let header = UpdateHeader {
+        width: W,
+        height: H,
+        format: PixelFormat::Bgrx32,
+        flags,
+    };
+    let layout = UpdateLayout::new(header, rects.to_vec()).unwrap();
+    let mut buf = vec![0u8; layout.len()];
+    layout.write_headers(&mut buf).unwrap();
+    for (i, r) in rects.iter().enumerate() {
+        let range = layout.pixels(i);
+        let dst = &mut buf[range];
+        let mut k = 0;
+        for y in r.y..r.y + r.h {
+            for x in r.x..r.x + r.w {
+                dst[k..k + 3].copy_from_slice(&px(x, y));
+                k += 4;
+            }
+        }
+    }
+    Frame::new(Meta::default(), &buf)
+}
+
+fn whole() -> Rect {
+    Rect::new(0, 0, W, H)
+}
+
+fn text(x: u16, y: u16) -> [u8; 3] {
+    // Two colours in a glyph-like pattern.
+    if (x / 3 + y / 5).is_multiple_of(4) || (u32::from(x) * u32::from(y)).is_multiple_of(7) {
+        [0, 0, 0]
+    } else {
+        [255, 255, 255]
+    }
+}
+
+fn photo(x: u16, y: u16) -> [u8; 3] {
+    // Smooth gradients plus a little pseudo-random texture: many colours, JPEG-friendly.
+    let n = ((u32::from(x) * 7919 + u32::from(y) * 104_729) % 13) as u8;
+    [
+        (x as u8).wrapping_add(n),
+        (y as u8).wrapping_mul(2).wrapping_add(n),
+        ((x + y) / 2) as u8,
+    ]
+}
+
+struct Pipe {
+    fwd: ImageForward,
+    inv: ImageInverse,
+    fb: Framebuffer,
+    wire_bytes: usize,
+    frames: usize,
+    last_seq: Option<u64>,
+}
+
+impl Pipe {
+    fn new(cfg: ImageConfig) -> Pipe {
+        Pipe {
+            inv: ImageInverse::new(cfg.max_size as usize).unwrap(),
+            fwd: ImageForward::new(cfg).unwrap(),
+            fb: Framebuffer::new(W, H, PixelFormat::Bgrx32),
+            wire_bytes: 0,
+            frames: 0,
+            last_seq: None,
+        }
+    }
+
+    /// Delivers what the forward half produced, and the inverse's credit back.
+    fn deliver(&mut self, now: Instant, mut out: Output) -> Vec<Rect> {
+        let mut rects = Vec::new();
+        for f in out.take_frames() {
+            // The session numbers DATA by seq: it must grow, refinements included.
+            assert!(
+                self.last_seq.is_none_or(|l| f.meta.seq > l),
+                "seq {} after {:?}",
+                f.meta.seq,
+                self.last_seq
+            );
+            self.last_seq = Some(f.meta.seq);
+            self.wire_bytes += f.len();
+            self.frames += 1;
+            let mut o = Output::new();
+            self.inv.handle_frame(now, f, &mut o).unwrap();
+            for d in o.take_frames() {
+                let u = Update::parse(d.payload()).unwrap();
+                rects.extend(u.rects.iter().map(|r| r.rect));
+                self.fb.apply(&u).unwrap();
+            }
+            for c in o.take_control() {
+                self.fwd.handle_control(now, c, &mut Output::new()).unwrap();
+            }
+        }
+        rects
+    }
+
+    fn send(&mut self, now: Instant, f: Frame) -> Vec<Rect> {
+        let mut out = Output::new();
+        self.fwd.handle_frame(now, f, &mut out).unwrap();
+        self.deliver(now, out)
+    }
+
+    fn tick(&mut self, now: Instant) -> Vec<Rect> {
+        let mut out = Output::new();
+        if self.fwd.poll_timeout().is_some_and(|t| t <= now) {
+            self.fwd.handle_timeout(now, &mut out);
+        }
+        self.deliver(now, out)
+    }
+
+    /// B, G, R of every pixel the viewer shows.
+    fn shown(&self) -> Vec<[u8; 3]> {
+        self.fb
+            .pixels()
+            .chunks_exact(4)
+            .map(|p| [p[0], p[1], p[2]])
+            .collect()
+    }
+}
+
+fn expected(px: impl Fn(u16, u16) -> [u8; 3]) -> Vec<[u8; 3]> {
+    (0..H)
+        .flat_map(|y| (0..W).map(move |x| (x, y)))
+        .map(|(x, y)| px(x, y))
+        .collect()
+}
+
+fn psnr(a: &[[u8; 3]], b: &[[u8; 3]]) -> f64 {
+    let mut se = 0f64;
+    for (p, q) in a.iter().zip(b) {
+        for c in 0..3 {
+            let d = f64::from(p[c]) - f64::from(q[c]);
+            se += d * d;
+        }
+    }
+    let mse = se / (a.len() * 3) as f64;
+    if mse == 0.0 {
+        return f64::INFINITY;
+    }
+    10.0 * (255.0 * 255.0 / mse).log10()
+}
+
+fn cfg(quality: Quality) -> ImageConfig {
+    ImageConfig {
+        quality,
+        ..ImageConfig::default()
+    }
+}
+
+#[test]
+fn solid_and_palette_screens_arrive_byte_exact_and_small() {
+    let t0 = Instant::now();
+    let mut p = Pipe::new(cfg(Quality::Medium));
+    p.send(t0, update(FLAG_KEYFRAME, &[whole()], |_, _| [10, 20, 30]));
+    assert_eq!(p.shown(), expected(|_, _| [10, 20, 30]));
+    let solid_bytes = p.wire_bytes;
+    // 12 tiles of one colour: a few bytes each, nothing like the 120 kB of raw pixels.
+    assert!(solid_bytes < 400, "solid screen took {solid_bytes} bytes");
+    p.send(t0, update(FLAG_KEYFRAME, &[whole()], text));
+    assert_eq!(p.shown(), expected(text));
+    assert_eq!(
+        p.fwd.stats().counters[4],
+        ("jpeg", 0),
+        "text must not go through JPEG"
+    );
+}
+
+#[test]
+fn photo_travels_as_jpeg_within_the_presets_quality_then_refines_to_identical() {
+    let t0 = Instant::now();
+    for (q, min_psnr) in [
+        (Quality::Low, 22.0),
+        (Quality::Medium, 28.0),
+        (Quality::High, 34.0),
+    ] {
+        let mut p = Pipe::new(cfg(q));
+        p.send(t0, update(FLAG_KEYFRAME, &[whole()], photo));
+        let got = psnr(&p.shown(), &expected(photo));
+        assert!(got >= min_psnr, "{q}: PSNR {got:.1} dB < {min_psnr}");
+        assert!(got.is_finite(), "{q}: JPEG should be lossy here");
+        // Nothing changes for refine_ms: the tiles travel again losslessly.
+        assert!(p.tick(t0 + Duration::from_millis(299)).is_empty());
+        let refined = p.tick(t0 + Duration::from_millis(300));
+        assert!(!refined.is_empty(), "{q}: no refinement");
+        assert_eq!(
+            p.shown(),
+            expected(photo),
+            "{q}: not pixel-identical after refinement"
+        );
+        assert_eq!(p.fwd.poll_timeout(), None, "{q}: nothing left to refine");
+    }
+}
+
+#[test]
+fn lossless_preset_is_byte_exact_for_photos() {
+    let t0 = Instant::now();
+    let mut p = Pipe::new(cfg(Quality::Lossless));
+    p.send(t0, update(FLAG_KEYFRAME, &[whole()], photo));
+    assert_eq!(p.shown(), expected(photo));
+    assert_eq!(p.fwd.poll_timeout(), None);
+}
+
+#[test]
+fn only_changed_tiles_travel() {
+    let t0 = Instant::now();
+    let mut p = Pipe::new(cfg(Quality::Lossless));
+    p.send(t0, update(FLAG_KEYFRAME, &[whole()], text));
+    let before = p.frames;
+    // The source reports the whole screen damaged, but nothing changed: no frame at all.
+    assert!(p.send(t0, update(0, &[whole()], text)).is_empty());
+    assert_eq!(p.frames, before);
+    // One pixel changes: one part of one tile travels, whatever the damage said.
+    let changed = |x: u16, y: u16| {
+        if (x, y) == (130, 70) {
+            [1, 2, 3]
+        } else {
+            text(x, y)
+        }
+    };
+    let rects = p.send(t0, update(0, &[Rect::new(0, 0, W, 100)], changed));
+    assert_eq!(rects, vec![Rect::new(128, 64, 64, 36)]);
+    assert_eq!(p.shown(), expected(changed));
+    // A keyframe travels whole even when unchanged (a new viewer needs all of it).
+    let rects = p.send(t0, update(FLAG_KEYFRAME, &[whole()], changed));
+    let area: u64 = rects.iter().map(|r| r.area()).sum();
+    assert_eq!(area, whole().area());
+}
+
+#[test]
+fn scrolled_text_costs_less_than_new_text() {
+    // The zstd stream remembers earlier frames: text that moved finds itself there.
+    let t0 = Instant::now();
+    let mut p = Pipe::new(cfg(Quality::Medium));
+    let glyphs = |x: u16, y: u16| {
+        let h = (u32::from(x / 6).wrapping_mul(2_654_435_761)
+            ^ u32::from(y / 12).wrapping_mul(40503))
+            >> 7;
+        if (h >> (u32::from(x % 6) + u32::from(y % 12))) & 1 == 1 {
+            [0, 0, 0]
+        } else {
+            [230, 230, 230]
+        }
+    };
+    p.send(t0, update(FLAG_KEYFRAME, &[whole()], glyphs));
+    let first = p.wire_bytes;
+    p.send(t0, update(0, &[whole()], |x, y| glyphs(x, y + 12)));
+    let scrolled = p.wire_bytes - first;
+    assert_eq!(p.shown(), expected(|x, y| glyphs(x, y + 12)));
+    assert!(
+        scrolled * 2 < first,
+        "scroll took {scrolled} bytes, the first screen {first}"
+    );
+}
+
+#[test]
+fn the_window_closes_until_credit_comes_back() {
+    let t0 = Instant::now();
+    let c = ImageConfig {
+        window: 2,
+        ..cfg(Quality::Lossless)
+    };
+    let mut fwd = ImageForward::new(c.clone()).unwrap();
+    let mut inv = ImageInverse::new(c.max_size as usize).unwrap();
+    let mut frames = Vec::new();
+    for i in 0..3u8 {
+        assert_eq!(fwd.ready(), i < 2, "frame {i}");
+        let mut out = Output::new();
+        fwd.handle_frame(
+            t0,
+            update(FLAG_KEYFRAME, &[whole()], |_, _| [i, i, i]),
+            &mut out,
+        )
+        .unwrap();
+        frames.extend(out.take_frames());
+    }
+    assert!(!fwd.ready());
+    let mut credits = Vec::new();
+    for f in frames {
+        let mut o = Output::new();
+        inv.handle_frame(t0, f, &mut o).unwrap();
+        credits.extend(o.take_control());
+    }
+    assert_eq!(credits.len(), 3);
+    fwd.handle_control(t0, credits[0].clone(), &mut Output::new())
+        .unwrap();
+    assert!(!fwd.ready(), "two still in flight");
+    fwd.handle_control(t0, credits[2].clone(), &mut Output::new())
+        .unwrap();
+    assert!(fwd.ready());
+    // A lost credit is sent again: the inverse repeats its latest every 500 ms.
+    let again = inv.poll_timeout().unwrap();
+    let mut o = Output::new();
+    inv.handle_timeout(again, &mut o);
+    assert_eq!(o.take_control(), vec![credits[2].clone()]);
+}
+
+#[test]
+fn bad_credit_and_control_are_refused_with_clear_errors() {
+    let mut fwd = ImageForward::new(cfg(Quality::Medium)).unwrap();
+    let now = Instant::now();
+    let err = |m: &[u8], f: &mut ImageForward| {
+        f.handle_control(now, Bytes::copy_from_slice(m), &mut Output::new())
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        err(&[CTRL_CREDIT, 0, 0, 0, 5], &mut fwd),
+        "malformed control message: image: unknown credit for a frame not sent 5"
+    );
+    assert_eq!(
+        err(&[CTRL_CREDIT, 0], &mut fwd),
+        "malformed control message: image: credit message is 2 bytes, expected 5"
+    );
+    assert_eq!(
+        err(&[9], &mut fwd),
+        "malformed control message: image: unknown control message type 0x09"
+    );
+}
+
+#[test]
+fn malformed_frames_are_refused_with_clear_errors() {
+    let t0 = Instant::now();
+    let mut fwd = ImageForward::new(cfg(Quality::Medium)).unwrap();
+    let mut out = Output::new();
+    fwd.handle_frame(t0, update(FLAG_KEYFRAME, &[whole()], text), &mut out)
+        .unwrap();
+    let good = out.take_frames().remove(0).payload().to_vec();
+    let decode = |b: &[u8]| {
+        let mut inv = ImageInverse::new(1 << 20).unwrap();
+        inv.handle_frame(t0, Frame::new(Meta::default(), b), &mut Output::new())
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    assert_eq!(decode(&good), Ok(()));
+    assert_eq!(
+        decode(&[]),
+        Err("malformed frame: image: empty frame (no version byte)".into())
+    );
+    assert_eq!(
+        decode(&good[..10]),
+        Err(
+            "malformed frame: image: frame of 10 bytes is shorter than the 20-byte frame header"
+                .into()
+        )
+    );
+    let mut bad = good.clone();
+    bad[format::HEADER_LEN + 8] = 7;
+    assert_eq!(
+        decode(&bad),
+        Err("malformed frame: image: unknown rect kind 7".into())
+    );
+    assert!(decode(&good[..good.len() - 1]).is_err());
+    // The decoded size limit is checked before anything is decoded.
+    let mut inv = ImageInverse::new(1024).unwrap();
+    let e = inv
+        .handle_frame(t0, Frame::new(Meta::default(), &good), &mut Output::new())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("exceeds max_size 1024"), "{e}");
+    // A display record with an encoded rect is refused by the forward half.
+    let e = fwd
+        .handle_frame(t0, Frame::new(Meta::default(), &good), &mut Output::new())
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("malformed frame: display record"), "{e}");
+}
+
+#[test]
+fn parameters_are_checked() {
+    let bad = ImageConfig {
+        window: 0,
+        ..ImageConfig::default()
+    };
+    assert_eq!(
+        bad.validate().unwrap_err().to_string(),
+        "image: window = 0 is out of range 1..=64"
+    );
+    let c: ImageConfig = toml::from_str("quality = \"high\"\nsubsampling = \"420\"").unwrap();
+    assert_eq!(c.jpeg(c.quality), Some((95, Subsampling::S420)));
+    assert!(toml::from_str::<ImageConfig>("quality = \"best\"").is_err());
+}
+
+fn small_update(rects: &[Rect], seed: u8) -> impl Fn(u16, u16) -> [u8; 3] + Clone {
+    let rects = rects.to_vec();
+    move |x, y| {
+        // Regions of different kinds: solid, few colours, many colours.
+        let k = rects
+            .iter()
+            .position(|r| {
+                x >= r.x && u32::from(x) < r.right() && y >= r.y && u32::from(y) < r.bottom()
+            })
+            .map_or(0, |i| i + 1);
+        match (k + usize::from(seed)) % 3 {
+            0 => [seed, 40, 80],
+            1 => text(x.wrapping_add(u16::from(seed)), y),
+            _ => photo(x ^ u16::from(seed), y),
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Any sequence of updates through the lossless preset leaves the viewer byte-exact, and
+    /// through a lossy preset byte-exact once refinement has run.
+    #[test]
+    fn sequences_end_pixel_identical(
+        steps in prop::collection::vec(
+            (prop::collection::vec((0u16..W - 1, 0u16..H - 1, 1u16..120, 1u16..120), 1..4), any::<u8>()),
+            1..6),
+        lossy in any::<bool>(),
+    ) {
+        let t0 = Instant::now();
+        let mut p = Pipe::new(cfg(if lossy { Quality::Medium } else { Quality::Lossless }));
+        let mut current: Box<dyn Fn(u16, u16) -> [u8; 3]> = Box::new(|_, _| [0, 0, 0]);
+        p.send(t0, update(FLAG_KEYFRAME, &[whole()], &current));
+        for (rects, seed) in steps {
+            let rects: Vec<Rect> = rects
+                .into_iter()
+                .filter_map(|(x, y, w, h)| Rect::new(x, y, w, h).clip(W, H))
+                .collect();
+            let paint = small_update(&rects, seed);
+            let prev = current;
+            let r2 = rects.clone();
+            let next = move |x: u16, y: u16| {
+                if r2.iter().any(|r| x >= r.x && u32::from(x) < r.right() && y >= r.y && u32::from(y) < r.bottom()) {
+                    paint(x, y)
+                } else {
+                    prev(x, y)
+                }
+            };
+            p.send(t0, update(0, &rects, &next));
+            current = Box::new(next);
+        }
+        p.tick(t0 + Duration::from_secs(1));
+        prop_assert_eq!(p.shown(), expected(&current));
+    }
+
+    /// Whatever bytes arrive, the inverse answers with an error or a valid record, never a
+    /// panic.
+    #[test]
+    fn the_inverse_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..400)) {
+        let mut inv = ImageInverse::new(1 << 16).unwrap();
+        let _ = inv.handle_frame(Instant::now(), Frame::new(Meta::default(), &bytes), &mut Output::new());
+    }
+}
