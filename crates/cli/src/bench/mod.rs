@@ -7,6 +7,7 @@ mod e2e;
 mod jitter;
 mod links;
 mod pairs;
+mod vnc;
 
 use anyhow::{Context, Result};
 use clap::Subcommand;
@@ -19,10 +20,19 @@ pub enum BenchCmd {
     /// The display stream (x11-screen → x11-window on a second Xvfb) with ffplay playing a
     /// test pattern at 320x240, 640x480 and 1280x720: fps, MB/s and rects per update next to
     /// full-screen ShmGetImage/GetImage and memcpy, and compress on the wire; writes display.md.
+    ///
+    /// With --vs-vnc: seed 000's metrics against TigerVNC (Xtigervnc + vncviewer) on real
+    /// peers: fps at the viewer (DAMAGE), CPU-limited fps, Mbit per frame, quality on still
+    /// content and key-to-echo time, over 0 ms, 50 ms and 50 ms + 20 Mbit/s; writes
+    /// display-vnc.md and display-vnc.svg.
     Display {
-        /// A short run (CI smoke test): 320x240 only, about 2 s.
+        /// A short run (CI smoke test): 320x240 only, about 2 s; with --vs-vnc one workload
+        /// and one network.
         #[arg(long)]
         quick: bool,
+        /// Compare ndd's remote desktop with TigerVNC instead.
+        #[arg(long)]
+        vs_vnc: bool,
         /// Directory for display.md.
         #[arg(long, value_name = "DIR", default_value = "docs/bench")]
         out: PathBuf,
@@ -111,7 +121,12 @@ pub(crate) fn p50_p99(h: &Histogram<u64>) -> (f64, f64) {
 /// Dispatches.
 pub async fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
-        BenchCmd::Display { quick, out } => display::run(quick, &out).await,
+        BenchCmd::Display {
+            quick,
+            vs_vnc: true,
+            out,
+        } => vnc::run(quick, &out).await,
+        BenchCmd::Display { quick, out, .. } => display::run(quick, &out).await,
         BenchCmd::E2e { quick, out, link } => e2e::run(quick, &out, &link).await,
         BenchCmd::Pairs { quick, out } => pairs::run(quick, &out),
         BenchCmd::Jitter { quick, out } => jitter::run(quick, &out),

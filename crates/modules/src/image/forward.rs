@@ -2,6 +2,7 @@
 //! lossless encoding, lossless refinement, credit and the `auto` preset controller.
 
 use super::format::{self, Header, Kind, CREDIT_LEN, CTRL_CREDIT};
+use super::pacer::{Pacer, Step};
 use super::tiles::{self, Class, Screen};
 use super::{ImageConfig, Quality, Subsampling, PAIR};
 use bytes::Bytes;
@@ -10,7 +11,6 @@ use ndd_core::{
     ControlError, ForeignError, Frame, FrameError, Half, HalfStats, ModuleError, Output, SetupError,
 };
 use ndd_wire::display::{Encoding, Rect, Update, FLAG_KEYFRAME};
-use std::collections::VecDeque;
 use std::fmt;
 use std::time::{Duration, Instant};
 use zstd::stream::raw::{CParameter, InBuffer, Operation, OutBuffer};
@@ -20,10 +20,6 @@ const ZSTD_LEVEL: i32 = 3;
 /// zstd window: 8 MiB, more than a 1920×1080 screen's palette indices, so a scrolled page
 /// finds its text in the previous frame.
 pub(crate) const WINDOW_LOG: u32 = 23;
-/// How often `auto` decides.
-const DECIDE_EVERY: Duration = Duration::from_secs(1);
-/// Calm seconds before `auto` steps up.
-const CALM_TO_STEP_UP: u32 = 3;
 
 #[derive(Debug, Clone, Copy)]
 struct Tile {
@@ -41,21 +37,6 @@ enum Owned {
     Jpeg(Vec<u8>),
 }
 
-/// The `auto` controller's measurements.
-#[derive(Debug, Default)]
-struct Path {
-    /// Smallest send → credit time seen recently, and when.
-    min_ack: Option<(Duration, Instant)>,
-    /// Moving average of send → credit times.
-    avg_ack: Option<Duration>,
-    /// Bytes credited since the last decision.
-    bytes: u64,
-    /// Estimated bandwidth at the last decision, kbit/s.
-    kbps: u64,
-    calm: u32,
-    next_decision: Option<Instant>,
-}
-
 /// Encodes display updates (see the pair's docs).
 pub struct ImageForward {
     cfg: ImageConfig,
@@ -66,17 +47,15 @@ pub struct ImageForward {
     jpeg: turbojpeg::Compressor,
     jpeg_set: Option<(u8, Subsampling)>,
     zstd: zstd::stream::raw::Encoder<'static>,
-    /// Credit number of the last frame sent, and the highest the inverse reported decoded.
+    /// Credit number of the last frame sent.
     sent: u32,
-    acked: u32,
-    in_flight: VecDeque<(u32, Instant, usize)>,
+    pacer: Pacer,
     last_meta: Option<Meta>,
     /// Seq of the frame emitted last: every frame's seq must grow (the session numbers DATA
     /// by it), so a refinement takes last + 1 and a later update whose own seq is not above
     /// that is renumbered too.
     last_seq: Option<u64>,
     next_refine: Option<Instant>,
-    path: Path,
     scratch: Vec<u8>,
     block: Vec<u8>,
     blob: Vec<u8>,
@@ -100,7 +79,7 @@ impl fmt::Debug for ImageForward {
         f.debug_struct("ImageForward")
             .field("preset", &self.preset)
             .field("sent", &self.sent)
-            .field("acked", &self.acked)
+            .field("in_flight", &self.pacer.frames())
             .field("stats", &self.stats)
             .finish_non_exhaustive()
     }
@@ -137,6 +116,7 @@ impl ImageForward {
         // matches in them; long-distance matching finds the rows seen in earlier frames.
         zstd.set_parameter(CParameter::EnableLongDistanceMatching(true))
             .map_err(|e| library("zstd long-distance matching", e))?;
+        let window = cfg.window;
         let preset = match cfg.quality {
             Quality::Auto => Quality::Medium,
             q => q,
@@ -151,12 +131,10 @@ impl ImageForward {
             jpeg_set: None,
             zstd,
             sent: 0,
-            acked: 0,
-            in_flight: VecDeque::new(),
+            pacer: Pacer::new(window),
             last_meta: None,
             last_seq: None,
             next_refine: None,
-            path: Path::default(),
             scratch: Vec::new(),
             block: Vec::new(),
             blob: Vec::new(),
@@ -170,7 +148,7 @@ impl ImageForward {
     }
 
     fn window_open(&self) -> bool {
-        self.sent.wrapping_sub(self.acked) < self.cfg.window
+        self.pacer.open()
     }
 
     fn tile_size(&self) -> u16 {
@@ -368,7 +346,7 @@ impl ImageForward {
         };
         let mut bytes = Vec::with_capacity(format::emitted_len(&kinds, self.blob.len()));
         format::emit(&header, &kinds, &self.blob, &mut bytes);
-        self.in_flight.push_back((self.sent, now, bytes.len()));
+        self.pacer.on_send(now, self.sent, bytes.len() as u64);
         self.stats.frames += 1;
         out.push(Frame::from_bytes(meta, Bytes::from(bytes)));
         Ok(())
@@ -482,20 +460,17 @@ impl ImageForward {
 
     /// Credit for everything up to `credit`: measure the path, maybe change the preset.
     fn credit(&mut self, now: Instant, credit: u32) -> Result<(), ModuleError> {
-        if credit.wrapping_sub(self.acked) > self.sent.wrapping_sub(self.acked) {
-            return Err(ModuleError::from(ControlError::UnknownValue {
-                pair: PAIR,
-                field: "credit for a frame not sent",
-                value: u64::from(credit),
-            }));
-        }
-        self.acked = credit;
-        while let Some(&(c, at, len)) = self.in_flight.front() {
-            if c.wrapping_sub(credit) as i32 > 0 {
-                break;
+        if !self.pacer.on_credit(now, credit) {
+            // Repeated credits (sent again every 500 ms) for frames already settled are
+            // normal; one for a frame never sent is not.
+            if credit.wrapping_sub(self.sent) as i32 > 0 {
+                return Err(ModuleError::from(ControlError::UnknownValue {
+                    pair: PAIR,
+                    field: "credit for a frame not sent",
+                    value: u64::from(credit),
+                }));
             }
-            self.in_flight.pop_front();
-            self.measure(now, now.saturating_duration_since(at), len);
+            return Ok(());
         }
         if self.next_refine.is_none()
             && self.tiles.iter().any(|t| t.lossy)
@@ -503,58 +478,29 @@ impl ImageForward {
         {
             self.next_refine = Some(now);
         }
-        Ok(())
-    }
-
-    fn measure(&mut self, now: Instant, d: Duration, len: usize) {
-        let p = &mut self.path;
-        p.bytes += len as u64;
-        p.min_ack = match p.min_ack {
-            Some((m, at)) if m <= d && now < at + Duration::from_secs(10) => Some((m, at)),
-            _ => Some((d, now)),
-        };
-        p.avg_ack = Some(match p.avg_ack {
-            Some(a) => (a * 7 + d) / 8,
-            None => d,
-        });
-        let next = *p.next_decision.get_or_insert(now + DECIDE_EVERY);
-        if now < next {
-            return;
-        }
-        p.kbps = p.bytes * 8 / 1000;
-        p.bytes = 0;
-        p.next_decision = Some(now + DECIDE_EVERY);
+        let step = self.pacer.decide(now);
         if self.cfg.quality != Quality::Auto {
-            return;
+            return Ok(());
         }
-        let (Some((min, _)), Some(avg)) = (p.min_ack, p.avg_ack) else {
-            return;
-        };
-        let congested = avg > min * 2 + Duration::from_millis(20);
-        let calm = avg < min * 5 / 4 + Duration::from_millis(5);
         let before = self.preset;
-        if congested {
-            p.calm = 0;
-            self.preset = match self.preset {
-                Quality::High => Quality::Medium,
-                _ => Quality::Low,
-            };
-        } else if calm {
-            p.calm += 1;
-            if p.calm >= CALM_TO_STEP_UP {
-                p.calm = 0;
-                self.preset = match self.preset {
-                    Quality::Low => Quality::Medium,
-                    _ => Quality::High,
-                };
-            }
-        } else {
-            p.calm = 0;
-        }
+        self.preset = match (step, self.preset) {
+            (Some(Step::Down), Quality::High) => Quality::Medium,
+            (Some(Step::Down), _) => Quality::Low,
+            (Some(Step::Up), Quality::Low) => Quality::Medium,
+            (Some(Step::Up), _) => Quality::High,
+            (None, p) => p,
+        };
         if self.preset != before {
             self.stats.preset_changes += 1;
-            tracing::debug!(from = %before, to = %self.preset, avg_ms = avg.as_millis() as u64, min_ms = min.as_millis() as u64, "image: preset changed");
+            tracing::debug!(
+                from = %before,
+                to = %self.preset,
+                fps = self.pacer.fps,
+                kbps = self.pacer.kbps,
+                "image: preset changed"
+            );
         }
+        Ok(())
     }
 }
 
@@ -653,7 +599,7 @@ impl Half for ImageForward {
         };
         HalfStats {
             drops: 0,
-            queue_depth: u64::from(self.sent.wrapping_sub(self.acked)),
+            queue_depth: u64::from(self.pacer.frames()),
             counters: vec![
                 ("updates", c.frames),
                 ("unchanged", c.unchanged),
@@ -666,9 +612,17 @@ impl Half for ImageForward {
                 ("preset_changes", c.preset_changes),
                 (
                     "ack_ms",
-                    self.path.avg_ack.map_or(0, |d| d.as_millis() as u64),
+                    self.pacer.avg_ack().map_or(0, |d| d.as_millis() as u64),
                 ),
-                ("kbps", self.path.kbps),
+                (
+                    "rtt_ms",
+                    self.pacer.min_rtt().map_or(0, |d| d.as_millis() as u64),
+                ),
+                ("kbps", self.pacer.kbps),
+                (
+                    "bottleneck_kbps",
+                    self.pacer.rate().map_or(0, |r| (r * 8.0 / 1000.0) as u64),
+                ),
             ],
         }
     }

@@ -3,7 +3,7 @@
 //! refinement, frame spoiling credit and bandwidth adaptation.
 //!
 //! Synopsis: `{ type = "image", quality = "auto", tile = 64, palette_max = 64, refine_ms = 300,
-//! window = 2 }`
+//! window = 8 }`
 //!
 //! - **forward half** (source side): keeps a copy of the screen as it last saw it, cut into a
 //!   grid of `tile`×`tile` tiles. Of every incoming display update it sends only the parts of
@@ -21,13 +21,14 @@
 //!   a later update whose own seq is not above that is renumbered, as `periodic` does.
 //! - **credit** (frame spoiling): the inverse tells the forward half, out of band, which frame
 //!   it has decoded; the forward half says it is not [`ready`](ndd_core::Half::ready) while
-//!   `window` frames are unacknowledged, so the session stops reading the source, the
+//!   the path holds what it can carry without a queue (`pacer.rs`: bottleneck rate × round
+//!   trip + one frame, at most `window` frames), so the session stops reading the source, the
 //!   `x11-screen` source stops capturing and merges damage until the path takes another
 //!   update (VirtualGL's frame spoiling, VNC's deferred updates). No deep queue builds up.
-//! - **`quality = "auto"`**: the forward half measures the time from sending a frame to its
-//!   credit coming back against the smallest such time seen (the path's round trip), and moves
-//!   between the `low`, `medium` and `high` presets: down when frames queue in the network,
-//!   up when they do not. Counters `preset`, `ack_ms`, `kbps` show it in the stats.
+//! - **`quality = "auto"`**: once a second, when the window held the source back most of the
+//!   time and fewer than 20 frames went out, the preset steps down (`high` → `medium` →
+//!   `low`); after 3 seconds in which it rarely did, it steps up. Counters `preset`, `ack_ms`,
+//!   `rtt_ms`, `kbps`, `bottleneck_kbps` show it in the stats.
 //! - **inverse half** (sink side): decodes each frame into a plain display record with raw
 //!   rectangles, which every display sink understands; unchanged tiles are simply not in it.
 //!
@@ -43,6 +44,7 @@
 pub mod format;
 mod forward;
 mod inverse;
+mod pacer;
 #[cfg(test)]
 mod tests;
 mod tiles;
@@ -158,7 +160,8 @@ pub struct ImageConfig {
     pub palette_max: u16,
     /// A tile sent as JPEG and unchanged this long is sent again losslessly; 0 = never.
     pub refine_ms: u32,
-    /// Frames sent but not yet decoded by the inverse before the source waits.
+    /// Most frames sent but not yet decoded by the inverse before the source waits (the
+    /// window is sized to the path below that).
     pub window: u32,
     /// Largest decoded update the inverse accepts, bytes (decompression-bomb guard).
     pub max_size: u32,
@@ -173,7 +176,7 @@ impl Default for ImageConfig {
             tile: 64,
             palette_max: 64,
             refine_ms: 300,
-            window: 2,
+            window: 8,
             max_size: 64 << 20,
         }
     }
@@ -224,8 +227,8 @@ pub const INFO: ModuleInfo = ModuleInfo {
         ParamInfo {
             name: "window",
             ty: "integer 1..=64",
-            default: "2",
-            doc: "frames in flight before the source waits (frame spoiling)",
+            default: "8",
+            doc: "most frames in flight; fewer when the path holds fewer (frame spoiling)",
         },
         ParamInfo {
             name: "max_size",

@@ -1,0 +1,1035 @@
+//! `ndd bench display --vs-vnc`: seed 000's remote-display metrics and the dissertation's
+//! ndd-vs-VNC comparison (Tables 6.4/6.5) in one run, on real peers.
+//!
+//! Per workload (a noisy 30 fps video, scrolling text in an xterm, glxgears) and network
+//! (0 ms, 50 ms one way, 50 ms + 20 Mbit/s), the same 800x600 screen is shown on a viewer X
+//! server by TigerVNC (Xtigervnc + vncviewer from Debian, defaults) and by ndd (`x11-screen`
+//! → `image` → `x11-window`, two `ndd` processes over TLS). Everything is measured from
+//! outside both programs:
+//!
+//! - **fps**: updates drawn on the viewer's X server, counted with DAMAGE (bursts of damage
+//!   more than [`BURST_GAP`] apart);
+//! - **Mbit per frame**: bytes the shaping proxy carried towards the viewer, per update;
+//! - **CPU-limited fps**: updates per CPU-second of the app side (Xtigervnc, which is the X
+//!   server and the encoder; for ndd the app's Xvfb plus the `ndd` app process);
+//! - **quality** on still content: differing pixels and PSNR between the app screen and the
+//!   viewer screen 1 s and 2.5 s after a still picture appears;
+//! - **responsiveness** (seed 004): a key typed with XTEST into the viewer → the last damage
+//!   its echo causes in the viewer's xterm area, alone and with the video playing below.
+//!
+//! The network is a proxy on loopback between viewer and server: it holds every chunk for the
+//! one-way latency in each direction and, with a rate, serialises it at that rate behind a
+//! queue of at most [`MAX_QUEUE`] (a bottleneck router's buffer; the kernel's socket buffers
+//! before it fill as they would behind a real one).
+
+use super::{hardware, today};
+use anyhow::{bail, Context, Result};
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use x11rb::connection::Connection;
+use x11rb::protocol::damage::{self, ConnectionExt as _};
+use x11rb::protocol::xfixes::ConnectionExt as _;
+use x11rb::protocol::xproto::{self, ConnectionExt as _};
+use x11rb::protocol::xtest::ConnectionExt as _;
+use x11rb::protocol::Event;
+use x11rb::wrapper::ConnectionExt as _;
+
+/// Damage events closer than this belong to one update: a viewer draws an update's rects as
+/// it decodes them (TigerVNC on several threads), so one update is several damage events a
+/// few ms apart; distinct frames of a 30 fps source are 33 ms apart.
+const BURST_GAP: Duration = Duration::from_millis(12);
+/// Most the shaped link queues at its bottleneck, as time at its rate.
+const MAX_QUEUE: Duration = Duration::from_millis(100);
+const W: u16 = 800;
+const H: u16 = 600;
+/// The xterm of the typing test: 80x12 at the top left.
+const XTERM_AREA: (u16, u16, u16, u16) = (0, 0, 500, 200);
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Net {
+    name: &'static str,
+    one_way: Duration,
+    mbit: Option<f64>,
+}
+
+const NETS: [Net; 3] = [
+    Net {
+        name: "0 ms",
+        one_way: Duration::ZERO,
+        mbit: None,
+    },
+    Net {
+        name: "50 ms",
+        one_way: Duration::from_millis(50),
+        mbit: None,
+    },
+    Net {
+        name: "50 ms + 20 Mbit/s",
+        one_way: Duration::from_millis(50),
+        mbit: Some(20.0),
+    },
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Peer {
+    Vnc,
+    Ndd,
+}
+
+impl Peer {
+    fn name(self) -> &'static str {
+        match self {
+            Peer::Vnc => "TigerVNC",
+            Peer::Ndd => "ndd",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Workload {
+    Video,
+    Text,
+    Gears,
+}
+
+impl Workload {
+    fn name(self) -> &'static str {
+        match self {
+            Workload::Video => "video (testsrc + noise, 30 fps)",
+            Workload::Text => "scrolling text (xterm)",
+            Workload::Gears => "3D (glxgears, llvmpipe)",
+        }
+    }
+
+    /// Starts the workload's programs on `display`.
+    fn start(self, display: &str) -> Result<Vec<Killed>> {
+        Ok(match self {
+            Workload::Video => vec![spawn_on(display, "ffplay", &video_args(W, H, 0))?],
+            Workload::Text => vec![spawn_on(
+                display,
+                "xterm",
+                &[
+                    "-geometry",
+                    "132x45+0+0",
+                    "-e",
+                    "sh",
+                    "-c",
+                    "while :; do ls -lR /usr/share/doc /usr/lib; done",
+                ],
+            )?],
+            Workload::Gears => vec![spawn_on(
+                display,
+                "glxgears",
+                &["-geometry", "800x600+0+0"],
+            )?],
+        })
+    }
+}
+
+fn video_args(w: u16, h: u16, top: u16) -> Vec<String> {
+    [
+        "-loglevel",
+        "error",
+        "-noborder",
+        "-an",
+        "-left",
+        "0",
+        "-top",
+        &top.to_string(),
+        "-f",
+        "lavfi",
+        "-i",
+        &format!("testsrc=size={w}x{h}:rate=30,noise=alls=12:allf=t+u"),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// A child process killed and reaped on drop.
+#[derive(Debug)]
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_on<S: AsRef<str>>(display: &str, program: &str, args: &[S]) -> Result<Killed> {
+    Command::new(program)
+        .env("DISPLAY", display)
+        .env("SDL_AUDIODRIVER", "dummy")
+        .args(args.iter().map(|a| a.as_ref()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map(Killed)
+        .with_context(|| format!("cannot start {program} (is it installed?)"))
+}
+
+/// Starts an X server that reports its display on fd 1 (`-displayfd 1`).
+fn start_x(program: &str, args: &[&str]) -> Result<(Killed, String)> {
+    use std::io::BufRead;
+    let mut child = Command::new(program)
+        .args(["-displayfd", "1"])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("cannot start {program}"))?;
+    let out = child.stdout.take();
+    let child = Killed(child);
+    let mut line = String::new();
+    if let Some(out) = out {
+        std::io::BufReader::new(out).read_line(&mut line)?;
+    }
+    let n: u32 = line
+        .trim()
+        .parse()
+        .with_context(|| format!("{program} did not say which display it took ({line:?})"))?;
+    Ok((child, format!(":{n}")))
+}
+
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// CPU seconds (user + system) a process has used.
+fn cpu_secs(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command (which may hold spaces) start after the last ')'.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of stat, 12 and 13 after the ')'.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+// ---- the network ----
+
+/// Accepts connections on `listener` and joins each to a new connection to `upstream`
+/// through the shaped link. Bytes towards the client are added to `down`.
+async fn shaped_proxy(
+    listener: TcpListener,
+    upstream: SocketAddr,
+    net: Net,
+    down: Arc<AtomicU64>,
+) {
+    while let Ok((client, _)) = listener.accept().await {
+        let down = down.clone();
+        tokio::spawn(async move {
+            let Ok(server) = TcpStream::connect(upstream).await else {
+                return;
+            };
+            let _ = client.set_nodelay(true);
+            let _ = server.set_nodelay(true);
+            let (cr, cw) = client.into_split();
+            let (sr, sw) = server.into_split();
+            let up = tokio::spawn(shaped_pipe(cr, sw, net, None));
+            shaped_pipe(sr, cw, net, Some(down)).await;
+            up.abort();
+        });
+    }
+}
+
+/// One direction of the shaped link: each chunk leaves `one_way` after it was read and, with
+/// a rate, not before the chunks ahead of it have been serialised.
+async fn shaped_pipe(
+    mut r: tokio::net::tcp::OwnedReadHalf,
+    mut w: tokio::net::tcp::OwnedWriteHalf,
+    net: Net,
+    count: Option<Arc<AtomicU64>>,
+) {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let writer = tokio::spawn(async move {
+        while let Some((at, buf)) = rx.recv().await {
+            tokio::time::sleep_until(at).await;
+            if w.write_all(&buf).await.is_err() {
+                return;
+            }
+        }
+    });
+    let rate = net.mbit.map(|m| m * 1e6 / 8.0);
+    let mut free_at = tokio::time::Instant::now();
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        // A full bottleneck queue: read no more until it drains (TCP backpressure).
+        let now = tokio::time::Instant::now();
+        if rate.is_some() && free_at > now + MAX_QUEUE {
+            tokio::time::sleep_until(free_at - MAX_QUEUE).await;
+        }
+        let n = match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if let Some(c) = &count {
+            c.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        let now = tokio::time::Instant::now();
+        let leaves = match rate {
+            Some(bps) => {
+                free_at = free_at.max(now) + Duration::from_secs_f64(n as f64 / bps);
+                free_at
+            }
+            None => now,
+        };
+        if tx.send((leaves + net.one_way, buf[..n].to_vec())).is_err() {
+            break;
+        }
+    }
+    drop(tx);
+    let _ = writer.await;
+}
+
+// ---- watching the viewer ----
+
+/// Damage on the viewer's X server: (when, rects) per notify, recorded by a thread.
+struct DamageLog {
+    events: Arc<Mutex<Vec<(Instant, Vec<xproto::Rectangle>)>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl DamageLog {
+    fn start(display: &str) -> Result<DamageLog> {
+        let (conn, screen) = x11rb::connect(Some(display))
+            .with_context(|| format!("cannot connect to the viewer display {display}"))?;
+        let root = conn.setup().roots[screen].root;
+        conn.damage_query_version(1, 1)?.reply()?;
+        conn.xfixes_query_version(5, 0)?.reply()?;
+        let dmg = conn.generate_id()?;
+        let region = conn.generate_id()?;
+        conn.damage_create(dmg, root, damage::ReportLevel::NON_EMPTY)?;
+        conn.xfixes_create_region(region, &[])?;
+        conn.flush()?;
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (e2, s2) = (events.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !s2.load(Ordering::Relaxed) {
+                match conn.poll_for_event() {
+                    Ok(Some(Event::DamageNotify(_))) => {
+                        let at = Instant::now();
+                        let rects = conn
+                            .damage_subtract(dmg, x11rb::NONE, region)
+                            .ok()
+                            .and_then(|_| conn.xfixes_fetch_region(region).ok())
+                            .and_then(|c| c.reply().ok())
+                            .map(|r| r.rectangles)
+                            .unwrap_or_default();
+                        if let Ok(mut e) = e2.lock() {
+                            e.push((at, rects));
+                        }
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) => std::thread::sleep(Duration::from_micros(300)),
+                    Err(_) => return,
+                }
+            }
+        });
+        Ok(DamageLog {
+            events,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    fn snapshot(&self) -> Vec<(Instant, Vec<xproto::Rectangle>)> {
+        self.events.lock().map(|e| e.clone()).unwrap_or_default()
+    }
+
+    /// Updates (damage bursts) between `from` and `to`.
+    fn updates(&self, from: Instant, to: Instant) -> u64 {
+        let mut n = 0;
+        let mut last: Option<Instant> = None;
+        for (at, _) in self.snapshot() {
+            if at < from || at > to {
+                continue;
+            }
+            if last.is_none_or(|l| at.duration_since(l) > BURST_GAP) {
+                n += 1;
+            }
+            last = Some(at);
+        }
+        n
+    }
+}
+
+impl Drop for DamageLog {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn intersects(r: &xproto::Rectangle, (x, y, w, h): (u16, u16, u16, u16)) -> bool {
+    let (rx, ry) = (i32::from(r.x), i32::from(r.y));
+    rx < i32::from(x + w)
+        && rx + i32::from(r.width) > i32::from(x)
+        && ry < i32::from(y + h)
+        && ry + i32::from(r.height) > i32::from(y)
+}
+
+/// The B, G, R of every pixel of a display's root window.
+fn screenshot(display: &str) -> Result<Vec<u8>> {
+    let (conn, screen) = x11rb::connect(Some(display))?;
+    let root = conn.setup().roots[screen].root;
+    let img = conn
+        .get_image(xproto::ImageFormat::Z_PIXMAP, root, 0, 0, W, H, !0)?
+        .reply()?;
+    Ok(img.data)
+}
+
+/// Differing pixels and PSNR (dB; infinite when identical) of two BGRX screenshots.
+fn compare(a: &[u8], b: &[u8]) -> (u64, f64) {
+    let mut diff = 0u64;
+    let mut se = 0f64;
+    for (p, q) in a.chunks_exact(4).zip(b.chunks_exact(4)) {
+        if p[..3] != q[..3] {
+            diff += 1;
+        }
+        for c in 0..3 {
+            let d = f64::from(p[c]) - f64::from(q[c]);
+            se += d * d;
+        }
+    }
+    let mse = se / (a.len() / 4 * 3).max(1) as f64;
+    let psnr = if mse == 0.0 {
+        f64::INFINITY
+    } else {
+        10.0 * (255.0f64 * 255.0 / mse).log10()
+    };
+    (diff, psnr)
+}
+
+// ---- one peer's setup ----
+
+/// The app side (server and its screen) and the viewer side, joined by the shaped link.
+struct Setup {
+    peer: Peer,
+    app_display: String,
+    viewer_display: String,
+    /// Processes whose CPU counts as the app side's.
+    app_pids: Vec<u32>,
+    down: Arc<AtomicU64>,
+    proxy: tokio::task::JoinHandle<()>,
+    // Dropped last to first: viewer, then app side.
+    _viewer: Vec<Killed>,
+    _app: Vec<Killed>,
+    _dir: Option<PathBuf>,
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        self.proxy.abort();
+        if let Some(d) = &self._dir {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+fn ndd_exe() -> Result<PathBuf> {
+    std::env::current_exe().context("cannot find the ndd executable")
+}
+
+fn ndd_ok(args: &[&str]) -> Result<String> {
+    let out = Command::new(ndd_exe()?)
+        .args(args)
+        .output()
+        .context("cannot run ndd")?;
+    if !out.status.success() {
+        bail!(
+            "ndd {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+const NDD_DESKTOP: &str = r#"
+driver = "bench-desktop"
+[[stream]]
+name = "screen"
+direction = "app-to-device"
+source = { type = "x11-screen", display = "APP", max_fps = 60 }
+sink = { type = "x11-window", display = "VIEW", title = "ndd bench viewer" }
+stack = [{ type = "image", quality = "auto" }]
+[[stream]]
+name = "input"
+direction = "device-to-app"
+source = { type = "x11-input", display = "VIEW", window = "viewer" }
+sink = { type = "xtest", display = "APP" }
+"#;
+
+impl Setup {
+    async fn start(peer: Peer, net: Net) -> Result<Setup> {
+        let down = Arc::new(AtomicU64::new(0));
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let front = listener.local_addr()?;
+        let server_port = free_port()?;
+        let upstream: SocketAddr = format!("127.0.0.1:{server_port}").parse()?;
+        let proxy = tokio::spawn(shaped_proxy(listener, upstream, net, down.clone()));
+        let (vx, viewer_display) = start_x(
+            "Xvfb",
+            &["-screen", "0", "800x600x24", "-nolisten", "tcp", "-noreset"],
+        )?;
+        let mut viewer = vec![vx];
+        let mut app = Vec::new();
+        let mut app_pids = Vec::new();
+        let mut dir = None;
+        let app_display;
+        match peer {
+            Peer::Vnc => {
+                let port = server_port.to_string();
+                let (x, d) = start_x(
+                    "Xtigervnc",
+                    &[
+                        "-geometry",
+                        "800x600",
+                        "-depth",
+                        "24",
+                        "-SecurityTypes",
+                        "None",
+                        "-rfbport",
+                        &port,
+                        "-nolisten",
+                        "tcp",
+                        "-AlwaysShared",
+                    ],
+                )?;
+                app_pids.push(x.0.id());
+                app.push(x);
+                app_display = d;
+                // The viewer gives up if the server is not listening yet.
+                let t = Instant::now();
+                while TcpStream::connect(upstream).await.is_err() {
+                    if t.elapsed() > Duration::from_secs(10) {
+                        bail!("Xtigervnc does not listen on {upstream}");
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                viewer.push(spawn_on(
+                    &viewer_display,
+                    "vncviewer",
+                    &["-FullScreen", &format!("127.0.0.1::{}", front.port())],
+                )?);
+            }
+            Peer::Ndd => {
+                let (x, d) = start_x(
+                    "Xvfb",
+                    &["-screen", "0", "800x600x24", "-nolisten", "tcp", "-noreset"],
+                )?;
+                app_pids.push(x.0.id());
+                app.push(x);
+                app_display = d;
+                let base = std::env::temp_dir().join(format!(
+                    "ndd-bench-vnc-{}-{}",
+                    std::process::id(),
+                    server_port
+                ));
+                let (ah, vh) = (base.join("app"), base.join("view"));
+                let (ahs, vhs) = (ah.display().to_string(), vh.display().to_string());
+                let afp = ndd_ok(&["id", "--home", &ahs])?;
+                let vfp = ndd_ok(&["id", "--home", &vhs])?;
+                ndd_ok(&["trust", &vfp, "--name", "viewer", "--home", &ahs])?;
+                ndd_ok(&["trust", &afp, "--name", "app", "--home", &vhs])?;
+                let cfg = base.join("desktop.toml");
+                std::fs::write(
+                    &cfg,
+                    NDD_DESKTOP
+                        .replace("APP", &app_display)
+                        .replace("VIEW", &viewer_display),
+                )?;
+                let run = |side: &str, flag: &str, addr: String, home: &str| -> Result<Killed> {
+                    Command::new(ndd_exe()?)
+                        .arg("run")
+                        .arg(&cfg)
+                        .args(["--side", side, flag, &addr, "--home", home])
+                        .env("NDD_LOG", "error")
+                        .stdin(Stdio::null())
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .spawn()
+                        .map(Killed)
+                        .context("cannot start ndd")
+                };
+                let a = run("app", "--listen", upstream.to_string(), &ahs)?;
+                app_pids.push(a.0.id());
+                app.push(a);
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                viewer.push(run("device", "--connect", front.to_string(), &vhs)?);
+                dir = Some(base);
+            }
+        }
+        Ok(Setup {
+            peer,
+            app_display,
+            viewer_display,
+            app_pids,
+            down,
+            proxy,
+            _viewer: viewer,
+            _app: app,
+            _dir: dir,
+        })
+    }
+
+    fn cpu(&self) -> f64 {
+        self.app_pids.iter().map(|&p| cpu_secs(p)).sum()
+    }
+}
+
+// ---- the measurements ----
+
+#[derive(Debug, Clone)]
+struct RateRow {
+    workload: Workload,
+    net: Net,
+    peer: Peer,
+    fps: f64,
+    cpu_fps: f64,
+    mbit_per_frame: f64,
+    mbit_s: f64,
+}
+
+async fn measure_rate(peer: Peer, workload: Workload, net: Net, secs: f64) -> Result<RateRow> {
+    let s = Setup::start(peer, net).await?;
+    let _work = workload.start(&s.app_display)?;
+    let log = DamageLog::start(&s.viewer_display)?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (t0, b0, c0) = (Instant::now(), s.down.load(Ordering::Relaxed), s.cpu());
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    let (t1, b1, c1) = (Instant::now(), s.down.load(Ordering::Relaxed), s.cpu());
+    let updates = log.updates(t0, t1);
+    let el = t1.duration_since(t0).as_secs_f64();
+    let mbit = (b1 - b0) as f64 * 8.0 / 1e6;
+    let row = RateRow {
+        workload,
+        net,
+        peer: s.peer,
+        fps: updates as f64 / el,
+        cpu_fps: if c1 > c0 {
+            updates as f64 / (c1 - c0)
+        } else {
+            0.0
+        },
+        mbit_per_frame: if updates > 0 {
+            mbit / updates as f64
+        } else {
+            0.0
+        },
+        mbit_s: mbit / el,
+    };
+    eprintln!(
+        "  {:<9} {:<34} {:<18} {:6.1} fps  {:7.1} fps/CPU-s  {:6.3} Mbit/frame  {:6.2} Mbit/s",
+        row.peer.name(),
+        row.workload.name(),
+        row.net.name,
+        row.fps,
+        row.cpu_fps,
+        row.mbit_per_frame,
+        row.mbit_s
+    );
+    Ok(row)
+}
+
+#[derive(Debug, Clone)]
+struct StillRow {
+    net: Net,
+    peer: Peer,
+    at_1s: (u64, f64),
+    at_2_5s: (u64, f64),
+}
+
+async fn measure_still(peer: Peer, net: Net) -> Result<StillRow> {
+    let s = Setup::start(peer, net).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let _still = spawn_on(
+        &s.app_display,
+        "ffplay",
+        &[
+            "-loglevel",
+            "error",
+            "-noborder",
+            "-an",
+            "-left",
+            "0",
+            "-top",
+            "0",
+            "-f",
+            "lavfi",
+            "-i",
+            "testsrc2=size=800x600:rate=5:duration=0.4",
+        ],
+    )?;
+    // The picture is up once the app screen stops changing.
+    let start = Instant::now();
+    let mut prev = screenshot(&s.app_display)?;
+    let mut stable_since = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = screenshot(&s.app_display)?;
+        if now != prev {
+            stable_since = Instant::now();
+            prev = now;
+        } else if stable_since.elapsed() > Duration::from_millis(300) {
+            break;
+        }
+    }
+    let shown = stable_since;
+    let at = |t: f64| shown + Duration::from_secs_f64(t);
+    tokio::time::sleep_until(at(1.0).into()).await;
+    let r1 = compare(&prev, &screenshot(&s.viewer_display)?);
+    tokio::time::sleep_until(at(2.5).into()).await;
+    let r2 = compare(&prev, &screenshot(&s.viewer_display)?);
+    eprintln!(
+        "  {:<9} still picture {:<18} after 1 s: {} px differ ({:.1} dB); after 2.5 s: {} px ({:.1} dB)",
+        peer.name(),
+        net.name,
+        r1.0,
+        r1.1,
+        r2.0,
+        r2.1
+    );
+    Ok(StillRow {
+        net,
+        peer,
+        at_1s: r1,
+        at_2_5s: r2,
+    })
+}
+
+#[derive(Debug, Clone)]
+struct TypingRow {
+    net: Net,
+    peer: Peer,
+    video: bool,
+    times_ms: Vec<f64>,
+    keys: usize,
+}
+
+async fn measure_typing(peer: Peer, net: Net, video: bool, keys: usize) -> Result<TypingRow> {
+    let s = Setup::start(peer, net).await?;
+    let mut work = vec![spawn_on(
+        &s.app_display,
+        "xterm",
+        &["-geometry", "80x12+0+0", "-e", "sh"],
+    )?];
+    if video {
+        work.push(spawn_on(&s.app_display, "ffplay", &video_args(W, 300, 300))?);
+    }
+    // ffplay takes the keyboard focus when it maps its window: give it back to the window
+    // under the pointer (the xterm) once it has, as a user clicking there would with a
+    // window manager.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    {
+        let (app, _) = x11rb::connect(Some(&s.app_display))?;
+        app.set_input_focus(
+            xproto::InputFocus::POINTER_ROOT,
+            xproto::InputFocus::POINTER_ROOT,
+            x11rb::CURRENT_TIME,
+        )?
+        .check()?;
+    }
+    let log = DamageLog::start(&s.viewer_display)?;
+    let (conn, screen) = x11rb::connect(Some(&s.viewer_display))?;
+    let root = conn.setup().roots[screen].root;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The pointer over the xterm (in the viewer, so on the app side too).
+    conn.xtest_fake_input(xproto::MOTION_NOTIFY_EVENT, 0, 0, root, 100, 60, 0)?;
+    conn.flush()?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let keycode = {
+        let map = conn
+            .get_keyboard_mapping(conn.setup().min_keycode, 200)?
+            .reply()?;
+        let per = usize::from(map.keysyms_per_keycode);
+        map.keysyms
+            .chunks(per.max(1))
+            .position(|k| k.first() == Some(&0x78)) // 'x'
+            .map(|i| conn.setup().min_keycode + i as u8)
+            .context("no keycode for 'x' on the viewer display")?
+    };
+    let mut times = Vec::new();
+    for _ in 0..keys {
+        let t0 = Instant::now();
+        conn.xtest_fake_input(xproto::KEY_PRESS_EVENT, keycode, 0, root, 0, 0, 0)?;
+        conn.xtest_fake_input(xproto::KEY_RELEASE_EVENT, keycode, 0, root, 0, 0, 0)?;
+        conn.sync()?;
+        // The echo: damage in the xterm's area; the last of it once 400 ms pass quietly.
+        let deadline = t0 + Duration::from_secs(3);
+        let mut last = None;
+        loop {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let now = Instant::now();
+            last = log
+                .snapshot()
+                .into_iter()
+                .filter(|(at, rects)| *at > t0 && rects.iter().any(|r| intersects(r, XTERM_AREA)))
+                .map(|(at, _)| at)
+                .last()
+                .or(last);
+            let quiet = last.is_some_and(|l| now.duration_since(l) > Duration::from_millis(400));
+            if quiet || now > deadline {
+                break;
+            }
+        }
+        if let Some(l) = last {
+            times.push(l.duration_since(t0).as_secs_f64() * 1e3);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let row = TypingRow {
+        net,
+        peer,
+        video,
+        times_ms: times,
+        keys,
+    };
+    eprintln!(
+        "  {:<9} typing {:<18} {:<12} echo median {:.0} ms, {} of {} echoed",
+        peer.name(),
+        net.name,
+        if video { "with video" } else { "alone" },
+        median(&row.times_ms),
+        row.times_ms.len(),
+        keys
+    );
+    Ok(row)
+}
+
+fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s[s.len() / 2]
+}
+
+// ---- the report ----
+
+fn missing_programs() -> Vec<&'static str> {
+    [
+        "Xvfb",
+        "Xtigervnc",
+        "vncviewer",
+        "ffplay",
+        "xterm",
+        "glxgears",
+    ]
+    .into_iter()
+    .filter(|p| !ndd_procs::have(p))
+    .collect()
+}
+
+/// Runs the comparison and writes `display-vnc.md` and `display-vnc.svg` into `out`.
+pub async fn run(quick: bool, out: &Path) -> Result<()> {
+    let missing = missing_programs();
+    if !missing.is_empty() {
+        bail!(
+            "bench display --vs-vnc needs {} (apt-get install xvfb tigervnc-standalone-server \
+             tigervnc-viewer ffmpeg xterm mesa-utils, or ./run bench display --vs-vnc)",
+            missing.join(", ")
+        );
+    }
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let secs = if quick { 2.0 } else { 6.0 };
+    let keys = if quick { 3 } else { 12 };
+    let (nets, workloads): (Vec<Net>, Vec<Workload>) = if quick {
+        (vec![NETS[2]], vec![Workload::Video])
+    } else {
+        (
+            NETS.to_vec(),
+            vec![Workload::Video, Workload::Text, Workload::Gears],
+        )
+    };
+    let peers = [Peer::Vnc, Peer::Ndd];
+    eprintln!("frame rate and bytes per frame ({secs} s per row):");
+    let mut rates = Vec::new();
+    for &w in &workloads {
+        for &n in &nets {
+            for &p in &peers {
+                rates.push(measure_rate(p, w, n, secs).await?);
+            }
+        }
+    }
+    eprintln!("quality on a still picture:");
+    let mut stills = Vec::new();
+    for &n in &nets {
+        for &p in &peers {
+            stills.push(measure_still(p, n).await?);
+        }
+    }
+    eprintln!("typing: key → echo in the viewer ({keys} keys per row):");
+    let mut typing = Vec::new();
+    let typing_nets: Vec<Net> = if quick { vec![NETS[2]] } else { NETS.to_vec() };
+    for &n in &typing_nets {
+        for video in [false, true] {
+            for &p in &peers {
+                typing.push(measure_typing(p, n, video, keys).await?);
+            }
+        }
+    }
+    let md = report(quick, &rates, &stills, &typing);
+    let path = out.join("display-vnc.md");
+    std::fs::write(&path, md).with_context(|| format!("cannot write {}", path.display()))?;
+    let svg = out.join("display-vnc.svg");
+    std::fs::write(&svg, plot(&rates)).with_context(|| format!("cannot write {}", svg.display()))?;
+    eprintln!("wrote {} and {}", path.display(), svg.display());
+    Ok(())
+}
+
+fn report(quick: bool, rates: &[RateRow], stills: &[StillRow], typing: &[TypingRow]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# Remote display: ndd vs TigerVNC\n");
+    let _ = writeln!(
+        s,
+        "Hardware: {}. Date: {}. Command: `ndd bench display --vs-vnc{}`.\n",
+        hardware(),
+        today(),
+        if quick { " --quick" } else { "" }
+    );
+    let _ = writeln!(
+        s,
+        "Both peers show the same 800x600x24 screen on a second X server (Xvfb, 800x600): \
+         **TigerVNC** 1.12 from Debian (`Xtigervnc -SecurityTypes None`, `vncviewer -FullScreen`, \
+         default encoding: Tight with automatic quality) and **ndd** (two `ndd` processes over \
+         TLS: `x11-screen` (max_fps 60) → `image` (quality auto) → `x11-window`, plus the input \
+         stream). Between viewer and server a proxy on loopback holds every chunk for the \
+         one-way latency in each direction and, with a rate, serialises it at that rate behind a \
+         queue of at most 100 ms (netem is absent on this kernel). Everything is counted from \
+         outside both programs: **fps** = updates drawn on the viewer's X server (DAMAGE \
+         bursts more than 12 ms apart: a viewer draws one update's rects as it decodes them); **Mbit/frame** = bytes the proxy carried towards the \
+         viewer per update; **CPU-limited fps** = updates per CPU-second of the app side \
+         (Xtigervnc, which is both X server and encoder; for ndd the app's Xvfb plus the `ndd` \
+         app process). 3 s of warm-up, then the measured window.\n"
+    );
+    let _ = writeln!(s, "## Frame rate and bytes per frame\n");
+    let _ = writeln!(
+        s,
+        "| workload | network | peer | fps | CPU-limited fps | Mbit/frame | Mbit/s |"
+    );
+    let _ = writeln!(s, "|---|---|---|---:|---:|---:|---:|");
+    for r in rates {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.1} | {:.0} | {:.3} | {:.2} |",
+            r.workload.name(),
+            r.net.name,
+            r.peer.name(),
+            r.fps,
+            r.cpu_fps,
+            r.mbit_per_frame,
+            r.mbit_s
+        );
+    }
+    let _ = writeln!(s, "\n![fps by workload and network](display-vnc.svg)\n");
+    let _ = writeln!(s, "## Quality on still content\n");
+    let _ = writeln!(
+        s,
+        "A still `testsrc2` picture (gradients, many colours) fills the app screen; the viewer's \
+         screen is compared with it 1 s and 2.5 s after the picture stopped changing. PSNR over \
+         B, G, R; `inf` = identical.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| network | peer | differing pixels at 1 s | PSNR at 1 s | differing pixels at 2.5 s | PSNR at 2.5 s |"
+    );
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|");
+    for r in stills {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.1} | {} | {:.1} |",
+            r.net.name,
+            r.peer.name(),
+            r.at_1s.0,
+            r.at_1s.1,
+            r.at_2_5s.0,
+            r.at_2_5s.1
+        );
+    }
+    let _ = writeln!(s, "\n## Responsiveness (seed 004)\n");
+    let _ = writeln!(
+        s,
+        "A key typed with XTEST into the viewer → the last damage its echo causes in the \
+         viewer's xterm area (a shell in an 80x12 xterm at the top left; the next key 200 ms \
+         after the echo settled). With video: the noisy test video plays in the 800x300 below \
+         the xterm.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| network | video beside it | peer | echo median ms | min | max | echoed |"
+    );
+    let _ = writeln!(s, "|---|---|---|---:|---:|---:|---:|");
+    for r in typing {
+        let min = r.times_ms.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = r.times_ms.iter().copied().fold(0.0, f64::max);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {} of {} |",
+            r.net.name,
+            if r.video { "yes" } else { "no" },
+            r.peer.name(),
+            median(&r.times_ms),
+            min,
+            max,
+            r.times_ms.len(),
+            r.keys
+        );
+    }
+    s
+}
+
+fn plot(rates: &[RateRow]) -> String {
+    let bar_h = 14.0;
+    let left = 330.0;
+    let width = 760.0;
+    let max_fps = rates.iter().map(|r| r.fps).fold(1.0, f64::max);
+    let scale = (width - left - 60.0) / max_fps;
+    let height = 30.0 + rates.len() as f64 * (bar_h + 4.0) + 20.0;
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"11\">\n<text x=\"10\" y=\"18\" font-size=\"13\">Updates per second at the viewer (DAMAGE), ndd vs TigerVNC</text>\n"
+    );
+    for (i, r) in rates.iter().enumerate() {
+        let y = 30.0 + i as f64 * (bar_h + 4.0);
+        let colour = match r.peer {
+            Peer::Ndd => "#2a7ab0",
+            Peer::Vnc => "#b0702a",
+        };
+        let label = format!(
+            "{} · {} · {}",
+            r.workload.name().split(' ').next().unwrap_or(""),
+            r.net.name,
+            r.peer.name()
+        );
+        let _ = writeln!(
+            s,
+            "<text x=\"10\" y=\"{:.0}\">{label}</text><rect x=\"{left}\" y=\"{y:.0}\" width=\"{:.1}\" height=\"{bar_h}\" fill=\"{colour}\"/><text x=\"{:.1}\" y=\"{:.0}\">{:.1}</text>",
+            y + 11.0,
+            r.fps * scale,
+            left + r.fps * scale + 4.0,
+            y + 11.0,
+            r.fps
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}

@@ -1,0 +1,341 @@
+//! The `image` forward half's view of the path, sans-IO: which frames are in flight, when the
+//! source may send another (the credit window), and whether the `auto` preset should step.
+//!
+//! The window is sized to the path, as BBR sizes its congestion window: every credit gives a
+//! delivery-rate sample (bytes credited since that frame was sent, over the time since the
+//! credit before it was sent), the bottleneck rate is the largest sample of the last
+//! [`RATE_WINDOW`], the round trip the smallest send → credit time of the last
+//! [`RTT_WINDOW`]. The source may send while the bytes in flight are under rate × round trip
+//! plus one average frame, and fewer than `max_frames` frames are in flight (at first, before
+//! any sample: 2). So the link stays busy and no queue builds up behind it.
+//!
+//! Once a second: when the window held the source back more than half the time and fewer than
+//! [`LOW_FPS`] frames went out, the path is the limit: step down a preset. When it held the
+//! source back less than a fifth of the time for [`CALM_TO_STEP_UP`] seconds running, there is
+//! room: step up.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// How long a delivery-rate sample counts.
+pub(crate) const RATE_WINDOW: Duration = Duration::from_secs(2);
+/// How long a round-trip sample counts.
+pub(crate) const RTT_WINDOW: Duration = Duration::from_secs(10);
+/// How often the preset is reconsidered.
+pub(crate) const DECIDE_EVERY: Duration = Duration::from_secs(1);
+/// Below this many frames a second, a held-back source means the preset is too heavy.
+pub(crate) const LOW_FPS: f64 = 20.0;
+/// Calm seconds before stepping up.
+pub(crate) const CALM_TO_STEP_UP: u32 = 3;
+/// Frames in flight before the first sample.
+const INITIAL_FRAMES: u32 = 2;
+
+#[derive(Debug, Clone, Copy)]
+struct Sent {
+    credit: u32,
+    at: Instant,
+    bytes: u64,
+    delivered_at_send: u64,
+    last_credit_at_send: Instant,
+}
+
+/// What the preset should do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    Down,
+    Up,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub(crate) struct Pacer {
+    max_frames: u32,
+    in_flight: VecDeque<Sent>,
+    in_flight_bytes: u64,
+    delivered: u64,
+    last_credit: Option<Instant>,
+    rates: VecDeque<(Instant, f64)>,
+    min_rtt: Option<(Duration, Instant)>,
+    avg_ack: Option<Duration>,
+    avg_frame: Option<f64>,
+    blocked_since: Option<Instant>,
+    blocked: Duration,
+    period_start: Option<Instant>,
+    period_frames: u64,
+    period_bytes: u64,
+    calm: u32,
+    /// Credited kbit/s over the last period.
+    pub kbps: u64,
+    /// Frames per second sent over the last period.
+    pub fps: f64,
+}
+
+impl Pacer {
+    pub fn new(max_frames: u32) -> Pacer {
+        Pacer {
+            max_frames,
+            in_flight: VecDeque::new(),
+            in_flight_bytes: 0,
+            delivered: 0,
+            last_credit: None,
+            rates: VecDeque::new(),
+            min_rtt: None,
+            avg_ack: None,
+            avg_frame: None,
+            blocked_since: None,
+            blocked: Duration::ZERO,
+            period_start: None,
+            period_frames: 0,
+            period_bytes: 0,
+            calm: 0,
+            kbps: 0,
+            fps: 0.0,
+        }
+    }
+
+    /// Frames sent and not credited.
+    pub fn frames(&self) -> u32 {
+        self.in_flight.len() as u32
+    }
+
+    /// The bottleneck rate, bytes per second, if measured.
+    pub fn rate(&self) -> Option<f64> {
+        self.rates.iter().map(|(_, r)| *r).reduce(f64::max)
+    }
+
+    /// The round trip (smallest send → credit time), if measured.
+    pub fn min_rtt(&self) -> Option<Duration> {
+        self.min_rtt.map(|(d, _)| d)
+    }
+
+    /// Moving average of send → credit times.
+    pub fn avg_ack(&self) -> Option<Duration> {
+        self.avg_ack
+    }
+
+    /// Bytes the path holds without a queue, plus one frame: the window in bytes.
+    pub fn cap_bytes(&self) -> Option<u64> {
+        let (rate, rtt) = (self.rate()?, self.min_rtt()?);
+        Some((rate * rtt.as_secs_f64() + self.avg_frame.unwrap_or(0.0)) as u64)
+    }
+
+    /// Whether the source may send another frame now.
+    pub fn open(&self) -> bool {
+        let n = self.frames();
+        if n == 0 {
+            return true;
+        }
+        match self.cap_bytes() {
+            None => n < INITIAL_FRAMES.min(self.max_frames),
+            Some(cap) => n < self.max_frames && self.in_flight_bytes < cap,
+        }
+    }
+
+    /// A frame went out.
+    pub fn on_send(&mut self, now: Instant, credit: u32, bytes: u64) {
+        self.period_start.get_or_insert(now);
+        self.period_frames += 1;
+        self.in_flight.push_back(Sent {
+            credit,
+            at: now,
+            bytes,
+            delivered_at_send: self.delivered,
+            last_credit_at_send: self.last_credit.unwrap_or(now),
+        });
+        self.in_flight_bytes += bytes;
+        self.avg_frame = Some(match self.avg_frame {
+            Some(a) => a * 0.875 + bytes as f64 * 0.125,
+            None => bytes as f64,
+        });
+        if !self.open() && self.blocked_since.is_none() {
+            self.blocked_since = Some(now);
+        }
+    }
+
+    /// Credit for every frame up to `credit`; `false` when no such frame is in flight or
+    /// was sent before (a credit from nowhere).
+    pub fn on_credit(&mut self, now: Instant, credit: u32) -> bool {
+        let Some(pos) = self.in_flight.iter().position(|s| s.credit == credit) else {
+            return false;
+        };
+        for _ in 0..=pos {
+            let Some(s) = self.in_flight.pop_front() else {
+                break;
+            };
+            self.in_flight_bytes -= s.bytes;
+            self.delivered += s.bytes;
+            self.period_bytes += s.bytes;
+            let ack = now.saturating_duration_since(s.at);
+            self.min_rtt = match self.min_rtt {
+                Some((m, at)) if m <= ack && now < at + RTT_WINDOW => Some((m, at)),
+                _ => Some((ack, now)),
+            };
+            self.avg_ack = Some(match self.avg_ack {
+                Some(a) => (a * 7 + ack) / 8,
+                None => ack,
+            });
+            let span = now.saturating_duration_since(s.last_credit_at_send);
+            if span > Duration::ZERO {
+                let rate = (self.delivered - s.delivered_at_send) as f64 / span.as_secs_f64();
+                self.rates.push_back((now, rate));
+            }
+        }
+        self.last_credit = Some(now);
+        while self
+            .rates
+            .front()
+            .is_some_and(|(at, _)| *at + RATE_WINDOW < now)
+        {
+            self.rates.pop_front();
+        }
+        if self.open() {
+            if let Some(b) = self.blocked_since.take() {
+                self.blocked += now.saturating_duration_since(b);
+            }
+        }
+        true
+    }
+
+    /// Once a period has passed: whether the preset should step.
+    pub fn decide(&mut self, now: Instant) -> Option<Step> {
+        let start = *self.period_start.get_or_insert(now);
+        let len = now.saturating_duration_since(start);
+        if len < DECIDE_EVERY {
+            return None;
+        }
+        let mut blocked = self.blocked;
+        if let Some(b) = self.blocked_since {
+            blocked += now.saturating_duration_since(b);
+            self.blocked_since = Some(now);
+        }
+        let secs = len.as_secs_f64();
+        let held = blocked.as_secs_f64() / secs;
+        self.fps = self.period_frames as f64 / secs;
+        self.kbps = (self.period_bytes as f64 * 8.0 / 1000.0 / secs) as u64;
+        self.period_start = Some(now);
+        self.period_frames = 0;
+        self.period_bytes = 0;
+        self.blocked = Duration::ZERO;
+        if held > 0.5 && self.fps < LOW_FPS {
+            self.calm = 0;
+            Some(Step::Down)
+        } else if held < 0.2 {
+            self.calm += 1;
+            if self.calm >= CALM_TO_STEP_UP {
+                self.calm = 0;
+                Some(Step::Up)
+            } else {
+                None
+            }
+        } else {
+            self.calm = 0;
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A link of `bps` bytes per second and `one_way` delay; frames of `size` bytes offered
+    /// every `every`; the inverse credits a frame when it has fully arrived. Returns the
+    /// pacer, frames sent, and the largest time a frame waited in the link's queue.
+    fn simulate(
+        bps: f64,
+        one_way: Duration,
+        size: u64,
+        every: Duration,
+        secs: u64,
+    ) -> (Pacer, u64, Duration) {
+        let t0 = Instant::now();
+        let mut p = Pacer::new(8);
+        let mut link_free = t0;
+        let mut arrivals: VecDeque<(Instant, u32)> = VecDeque::new();
+        let mut credits: VecDeque<(Instant, u32)> = VecDeque::new();
+        let mut next_offer = t0;
+        let (mut sent, mut credit, mut max_queue) = (0u64, 0u32, Duration::ZERO);
+        let step = Duration::from_micros(500);
+        let mut now = t0;
+        while now < t0 + Duration::from_secs(secs) {
+            while credits.front().is_some_and(|(at, _)| *at <= now) {
+                let (_, c) = credits.pop_front().unwrap();
+                assert!(p.on_credit(now, c));
+            }
+            while arrivals.front().is_some_and(|(at, _)| *at <= now) {
+                let (at, c) = arrivals.pop_front().unwrap();
+                credits.push_back((at + one_way, c));
+            }
+            if now >= next_offer && p.open() {
+                credit += 1;
+                sent += 1;
+                p.on_send(now, credit, size);
+                let start = link_free.max(now);
+                max_queue = max_queue.max(start - now);
+                link_free = start + Duration::from_secs_f64(size as f64 / bps);
+                arrivals.push_back((link_free + one_way, credit));
+                next_offer = now + every;
+            }
+            p.decide(now);
+            now += step;
+        }
+        (p, sent, max_queue)
+    }
+
+    #[test]
+    fn a_slow_long_link_is_kept_busy_without_a_standing_queue() {
+        // 20 Mbit/s, 50 ms each way, 100 kB frames offered at 30 fps: the link takes 25.
+        let (p, sent, max_queue) = simulate(
+            2.5e6,
+            Duration::from_millis(50),
+            100_000,
+            Duration::from_millis(33),
+            10,
+        );
+        let fps = sent as f64 / 10.0;
+        assert!(fps > 20.0, "only {fps} fps of the 25 the link carries");
+        // A queue of more than two frames' time (80 ms) would delay every update that much.
+        assert!(max_queue < Duration::from_millis(90), "queue {max_queue:?}");
+        let rate = p.rate().unwrap();
+        assert!((2.2e6..2.8e6).contains(&rate), "rate {rate}");
+        let rtt = p.min_rtt().unwrap();
+        assert!(rtt >= Duration::from_millis(140) && rtt < Duration::from_millis(160), "{rtt:?}");
+    }
+
+    #[test]
+    fn a_fast_link_takes_every_frame_offered() {
+        let (_, sent, max_queue) = simulate(
+            125e6,
+            Duration::from_millis(1),
+            100_000,
+            Duration::from_millis(33),
+            5,
+        );
+        assert!(sent >= 150, "{sent}");
+        assert!(max_queue < Duration::from_millis(2));
+    }
+
+    #[test]
+    fn the_preset_steps_down_on_a_congested_path_and_up_on_a_free_one() {
+        let t0 = Instant::now();
+        let mut p = Pacer::new(8);
+        // Held back all period long, 5 fps: down.
+        p.on_send(t0, 1, 1_000_000);
+        p.on_send(t0, 2, 1_000_000);
+        assert!(!p.open());
+        assert_eq!(p.decide(t0 + Duration::from_millis(1100)), Some(Step::Down));
+        // Never held back for three periods: up.
+        assert!(p.on_credit(t0 + Duration::from_millis(1200), 2));
+        let mut t = t0 + Duration::from_millis(1200);
+        let mut steps = Vec::new();
+        for i in 0..3u32 {
+            t += Duration::from_millis(1000);
+            p.on_send(t, 3 + i, 1000);
+            assert!(p.on_credit(t + Duration::from_millis(1), 3 + i));
+            steps.push(p.decide(t + Duration::from_millis(2)));
+        }
+        assert_eq!(steps, vec![None, None, Some(Step::Up)]);
+        // A credit for a frame never sent is refused.
+        assert!(!p.on_credit(t, 99));
+    }
+}
