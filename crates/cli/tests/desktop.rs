@@ -69,6 +69,11 @@ name = "input"
 direction = "device-to-app"
 source = { type = "x11-input", display = "DEV", window = "viewer" }
 sink = { type = "xtest", display = "APP" }
+[[stream]]
+name = "cursor"
+direction = "app-to-device"
+source = { type = "x11-cursor", display = "APP" }
+sink = { type = "x11-cursor", display = "DEV" }
 "#;
 
 #[test]
@@ -264,6 +269,41 @@ fn a_remote_x_desktop_shows_the_same_pixels_and_takes_clicks_and_keys() {
     assert!(t.contains("keycode 38 "), "{t}");
     // Root coordinates on the app display are the viewer coordinates.
     assert!(t.contains("root:(110,60)"), "{t}");
+
+    // The cursor: the viewer's X server shows the app's cursor image (local cursor), and
+    // follows its shape when the app's pointer enters a window with another cursor (xterm's
+    // text beam).
+    let cursor = |c: &x11rb::rust_connection::RustConnection| {
+        use x11rb::protocol::xfixes::ConnectionExt as _;
+        c.xfixes_query_version(5, 0).ok()?.reply().ok()?;
+        let r = c.xfixes_get_cursor_image().ok()?.reply().ok()?;
+        Some((r.width, r.height, r.xhot, r.yhot, r.cursor_image))
+    };
+    wait_for(
+        "the app's cursor on the viewer",
+        Duration::from_secs(20),
+        || cursor(&a).is_some() && cursor(&a) == cursor(&d),
+    );
+    let arrow = cursor(&a).unwrap();
+    let _xterm = app_x
+        .spawn("xterm", &["-geometry", "20x5+300+40"])
+        .expect("xterm");
+    std::thread::sleep(Duration::from_millis(800));
+    let status = Command::new("xdotool")
+        .env("DISPLAY", &dev_x.display)
+        .args(["mousemove", "--window", &viewer.to_string(), "340", "60"])
+        .status()
+        .expect("xdotool");
+    assert!(status.success());
+    wait_for(
+        "the text cursor on the viewer",
+        Duration::from_secs(20),
+        || {
+            let (ca, cd) = (cursor(&a), cursor(&d));
+            ca.is_some() && ca != Some(arrow.clone()) && ca == cd
+        },
+    );
+    println!("desktop: the viewer shows the app's cursor and its change of shape");
 
     let _ = dev.kill();
     let _ = app.kill();

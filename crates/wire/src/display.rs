@@ -8,6 +8,7 @@
 //! | kind | body |
 //! |---|---|
 //! | `0x00` update | width u16, height u16 (the whole screen), pixel format u8, flags u8, rect count u16, then per rect x u16, y u16, w u16, h u16, encoding u8, then its pixels |
+//! | `0x01` cursor | width u16, height u16, hot spot x u16, y u16, then width × height pixels B, G, R, A ([`Cursor`]) |
 //!
 //! Pixel format `0` is [`PixelFormat::Bgrx32`]: 4 bytes per pixel, B, G, R and an unspecified
 //! fourth byte, rows top to bottom without padding (the memory layout of a 24/32-bit
@@ -206,7 +207,7 @@ pub enum DisplayFrameError {
     #[error("display record: unsupported version {0} (this build speaks version 1)")]
     Version(u8),
     /// Unknown kind byte.
-    #[error("display record: unknown kind {0:#04x} (expected 0x00 update)")]
+    #[error("display record: unknown kind {0:#04x} (known: 0x00 update, 0x01 cursor)")]
     UnknownKind(u8),
     /// The payload ends inside a header.
     #[error("display record: update truncated: {what} needs bytes {start}..{end}, the payload has {got}")]
@@ -282,6 +283,9 @@ pub enum DisplayFrameError {
     /// More rects than a u16 count holds.
     #[error("display record: {0} rects, at most 65535 fit one update")]
     TooManyRects(usize),
+    /// A cursor record that breaks a rule (size, hot spot, pixel bytes).
+    #[error("display record: cursor: {0}")]
+    Cursor(String),
     /// An emit buffer of the wrong size.
     #[error("display record: buffer of {got} bytes for an update of {want}")]
     Buffer {
@@ -828,6 +832,114 @@ pub fn plan_frames(rects: &[Rect], format: PixelFormat, max_payload: usize) -> V
     frames
 }
 
+/// Kind byte: a cursor image (the `x11-cursor` endpoints).
+pub const KIND_CURSOR: u8 = 0x01;
+/// Bytes of a cursor record's header: version, kind, width, height, hot spot x and y.
+pub const CURSOR_HEADER_LEN: usize = 10;
+/// Largest cursor edge a record may carry (X servers use 64 or less).
+pub const MAX_CURSOR_EDGE: u16 = 256;
+
+/// A cursor image: what the pointer looks like, drawn by the viewer's X server itself so it
+/// moves with no network delay (VNC's cursor pseudo-encoding).
+///
+/// Record: version `1`, kind `0x01`, width u16, height u16, hot spot x u16 and y u16, then
+/// `width * height` pixels of 4 bytes B, G, R, A (premultiplied alpha, as XFIXES gives it:
+/// an ARGB32 value in little-endian byte order), rows top to bottom.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cursor {
+    /// Width in pixels, 1..=[`MAX_CURSOR_EDGE`].
+    pub width: u16,
+    /// Height in pixels, 1..=[`MAX_CURSOR_EDGE`].
+    pub height: u16,
+    /// Hot spot (the pointer's position inside the image), inside the image.
+    pub xhot: u16,
+    /// Hot spot.
+    pub yhot: u16,
+    /// `width * height * 4` bytes B, G, R, A.
+    pub pixels: Vec<u8>,
+}
+
+impl Cursor {
+    /// Parses a cursor record.
+    pub fn parse(p: &[u8]) -> Result<Cursor, DisplayFrameError> {
+        let [version, kind, ..] = p else {
+            return Err(DisplayFrameError::Short(p.len()));
+        };
+        if *version != VERSION {
+            return Err(DisplayFrameError::Version(*version));
+        }
+        if *kind != KIND_CURSOR {
+            return Err(DisplayFrameError::Cursor(format!(
+                "kind {kind:#04x} is not a cursor record (0x01)"
+            )));
+        }
+        if p.len() < CURSOR_HEADER_LEN {
+            return Err(DisplayFrameError::Cursor(format!(
+                "{} bytes, shorter than the {CURSOR_HEADER_LEN}-byte header",
+                p.len()
+            )));
+        }
+        let c = Cursor {
+            width: be16(p, 2),
+            height: be16(p, 4),
+            xhot: be16(p, 6),
+            yhot: be16(p, 8),
+            pixels: Vec::new(),
+        };
+        c.check()?;
+        let need = usize::from(c.width) * usize::from(c.height) * 4;
+        let got = p.len() - CURSOR_HEADER_LEN;
+        if got != need {
+            return Err(DisplayFrameError::Cursor(format!(
+                "{}x{} needs {need} pixel bytes, the record has {got}",
+                c.width, c.height
+            )));
+        }
+        Ok(Cursor {
+            pixels: p[CURSOR_HEADER_LEN..].to_vec(),
+            ..c
+        })
+    }
+
+    fn check(&self) -> Result<(), DisplayFrameError> {
+        let edge = 1..=MAX_CURSOR_EDGE;
+        if !edge.contains(&self.width) || !edge.contains(&self.height) {
+            return Err(DisplayFrameError::Cursor(format!(
+                "size {}x{} outside 1..={MAX_CURSOR_EDGE}",
+                self.width, self.height
+            )));
+        }
+        if self.xhot >= self.width || self.yhot >= self.height {
+            return Err(DisplayFrameError::Cursor(format!(
+                "hot spot ({}, {}) outside the {}x{} image",
+                self.xhot, self.yhot, self.width, self.height
+            )));
+        }
+        Ok(())
+    }
+
+    /// Writes the record; checks the same rules as [`Cursor::parse`].
+    pub fn emit(&self) -> Result<Vec<u8>, DisplayFrameError> {
+        self.check()?;
+        let need = usize::from(self.width) * usize::from(self.height) * 4;
+        if self.pixels.len() != need {
+            return Err(DisplayFrameError::Cursor(format!(
+                "{}x{} needs {need} pixel bytes, {} given",
+                self.width,
+                self.height,
+                self.pixels.len()
+            )));
+        }
+        let mut out = Vec::with_capacity(CURSOR_HEADER_LEN + need);
+        out.extend_from_slice(&[VERSION, KIND_CURSOR]);
+        for v in [self.width, self.height, self.xhot, self.yhot] {
+            out.extend_from_slice(&v.to_be_bytes());
+        }
+        out.extend_from_slice(&self.pixels);
+        Ok(out)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -883,7 +995,7 @@ mod tests {
         );
         assert_eq!(
             err("01 05"),
-            "display record: unknown kind 0x05 (expected 0x00 update)"
+            "display record: unknown kind 0x05 (known: 0x00 update, 0x01 cursor)"
         );
         assert_eq!(
             err("01 00 0004 0003 00"),
@@ -1215,5 +1327,44 @@ mod tests {
                 prop_assert!(l.len() <= max || f.len() == 1 && f[0].h == 1);
             }
         }
+    }
+
+    #[test]
+    fn cursor_records_round_trip_and_refuse_bad_ones() {
+        let c = Cursor {
+            width: 2,
+            height: 1,
+            xhot: 1,
+            yhot: 0,
+            pixels: vec![1, 2, 3, 255, 0, 0, 0, 0],
+        };
+        let bytes = c.emit().unwrap();
+        assert_eq!(
+            bytes,
+            [1, 1, 0, 2, 0, 1, 0, 1, 0, 0, 1, 2, 3, 255, 0, 0, 0, 0]
+        );
+        assert_eq!(Cursor::parse(&bytes).unwrap(), c);
+        let err = |b: &[u8]| Cursor::parse(b).unwrap_err().to_string();
+        assert_eq!(
+            err(&bytes[..bytes.len() - 1]),
+            "display record: cursor: 2x1 needs 8 pixel bytes, the record has 7"
+        );
+        assert_eq!(
+            err(&[1, 1, 0, 0, 0, 1, 0, 0, 0, 0]),
+            "display record: cursor: size 0x1 outside 1..=256"
+        );
+        assert_eq!(
+            err(&[1, 1, 0, 1, 0, 1, 0, 9, 0, 0, 0, 0, 0, 0]),
+            "display record: cursor: hot spot (9, 0) outside the 1x1 image"
+        );
+        assert_eq!(
+            err(&[1, 1, 0, 1]),
+            "display record: cursor: 4 bytes, shorter than the 10-byte header"
+        );
+        assert_eq!(
+            err(&[1, 0, 0, 1]),
+            "display record: cursor: kind 0x00 is not a cursor record (0x01)"
+        );
+        assert!(Update::parse(&bytes).is_err(), "a cursor is not an update");
     }
 }

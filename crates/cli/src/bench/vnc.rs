@@ -223,12 +223,7 @@ fn cpu_secs(pid: u32) -> f64 {
 
 /// Accepts connections on `listener` and joins each to a new connection to `upstream`
 /// through the shaped link. Bytes towards the client are added to `down`.
-async fn shaped_proxy(
-    listener: TcpListener,
-    upstream: SocketAddr,
-    net: Net,
-    down: Arc<AtomicU64>,
-) {
+async fn shaped_proxy(listener: TcpListener, upstream: SocketAddr, net: Net, down: Arc<AtomicU64>) {
     while let Ok((client, _)) = listener.accept().await {
         let down = down.clone();
         tokio::spawn(async move {
@@ -297,9 +292,12 @@ async fn shaped_pipe(
 
 // ---- watching the viewer ----
 
+/// One damage notify: when, and the rects damaged.
+type Damaged = (Instant, Vec<xproto::Rectangle>);
+
 /// Damage on the viewer's X server: (when, rects) per notify, recorded by a thread.
 struct DamageLog {
-    events: Arc<Mutex<Vec<(Instant, Vec<xproto::Rectangle>)>>>,
+    events: Arc<Mutex<Vec<Damaged>>>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -348,7 +346,7 @@ impl DamageLog {
         })
     }
 
-    fn snapshot(&self) -> Vec<(Instant, Vec<xproto::Rectangle>)> {
+    fn snapshot(&self) -> Vec<Damaged> {
         self.events.lock().map(|e| e.clone()).unwrap_or_default()
     }
 
@@ -476,6 +474,11 @@ name = "input"
 direction = "device-to-app"
 source = { type = "x11-input", display = "VIEW", window = "viewer" }
 sink = { type = "xtest", display = "APP" }
+[[stream]]
+name = "cursor"
+direction = "app-to-device"
+source = { type = "x11-cursor", display = "APP" }
+sink = { type = "x11-cursor", display = "VIEW" }
 "#;
 
 impl Setup {
@@ -733,7 +736,11 @@ async fn measure_typing(peer: Peer, net: Net, video: bool, keys: usize) -> Resul
         &["-geometry", "80x12+0+0", "-e", "sh"],
     )?];
     if video {
-        work.push(spawn_on(&s.app_display, "ffplay", &video_args(W, 300, 300))?);
+        work.push(spawn_on(
+            &s.app_display,
+            "ffplay",
+            &video_args(W, 300, 300),
+        )?);
     }
     // ffplay takes the keyboard focus when it maps its window: give it back to the window
     // under the pointer (the xterm) once it has, as a user clicking there would with a
@@ -784,7 +791,7 @@ async fn measure_typing(peer: Peer, net: Net, video: bool, keys: usize) -> Resul
                 .into_iter()
                 .filter(|(at, rects)| *at > t0 && rects.iter().any(|r| intersects(r, XTERM_AREA)))
                 .map(|(at, _)| at)
-                .last()
+                .next_back()
                 .or(last);
             let quiet = last.is_some_and(|l| now.duration_since(l) > Duration::from_millis(400));
             if quiet || now > deadline {
@@ -892,7 +899,8 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
     let path = out.join("display-vnc.md");
     std::fs::write(&path, md).with_context(|| format!("cannot write {}", path.display()))?;
     let svg = out.join("display-vnc.svg");
-    std::fs::write(&svg, plot(&rates)).with_context(|| format!("cannot write {}", svg.display()))?;
+    std::fs::write(&svg, plot(&rates))
+        .with_context(|| format!("cannot write {}", svg.display()))?;
     eprintln!("wrote {} and {}", path.display(), svg.display());
     Ok(())
 }
@@ -942,6 +950,7 @@ fn report(quick: bool, rates: &[RateRow], stills: &[StillRow], typing: &[TypingR
         );
     }
     let _ = writeln!(s, "\n![fps by workload and network](display-vnc.svg)\n");
+    let _ = writeln!(s, "{}", targets(rates, stills, typing));
     let _ = writeln!(s, "## Quality on still content\n");
     let _ = writeln!(
         s,
@@ -993,6 +1002,58 @@ fn report(quick: bool, rates: &[RateRow], stills: &[StillRow], typing: &[TypingR
             max,
             r.times_ms.len(),
             r.keys
+        );
+    }
+    s
+}
+
+/// The issue's targets at 50 ms + 20 Mbit/s, each met or missed, with the figures.
+fn targets(rates: &[RateRow], stills: &[StillRow], typing: &[TypingRow]) -> String {
+    let slow = NETS[2];
+    let mut s = String::from("## Targets at 50 ms + 20 Mbit/s\n\n");
+    let verdict = |ok: bool| if ok { "met" } else { "**missed**" };
+    let find = |w: Workload, p: Peer| {
+        rates
+            .iter()
+            .find(|r| r.workload == w && r.net == slow && r.peer == p)
+    };
+    for w in [Workload::Video, Workload::Text, Workload::Gears] {
+        if let (Some(n), Some(v)) = (find(w, Peer::Ndd), find(w, Peer::Vnc)) {
+            let _ = writeln!(
+                s,
+                "- {}: fps ≥ TigerVNC's: {} ({:.1} vs {:.1}); Mbit/frame ≤ TigerVNC's: {} ({:.3} vs {:.3})",
+                w.name(),
+                verdict(n.fps >= v.fps),
+                n.fps,
+                v.fps,
+                verdict(n.mbit_per_frame <= v.mbit_per_frame),
+                n.mbit_per_frame,
+                v.mbit_per_frame
+            );
+        }
+    }
+    let echo = |p: Peer| {
+        typing
+            .iter()
+            .find(|t| t.net == slow && t.video && t.peer == p)
+            .map(|t| median(&t.times_ms))
+    };
+    if let (Some(n), Some(v)) = (echo(Peer::Ndd), echo(Peer::Vnc)) {
+        // One round trip plus two frame intervals of the 30 fps video.
+        let bound = 2.0 * slow.one_way.as_secs_f64() * 1e3 + 2.0 * 1000.0 / 30.0;
+        let _ = writeln!(
+            s,
+            "- typing echo with a video playing ≤ TigerVNC's: {} ({n:.0} vs {v:.0} ms); ≤ RTT + 2 frame intervals ({bound:.0} ms): {}",
+            verdict(n <= v),
+            verdict(n <= bound)
+        );
+    }
+    if let Some(st) = stills.iter().find(|r| r.net == slow && r.peer == Peer::Ndd) {
+        let _ = writeln!(
+            s,
+            "- still content pixel-identical in the viewer within 1 s: {} ({} pixels differ at 1 s)",
+            verdict(st.at_1s.0 == 0),
+            st.at_1s.0
         );
     }
     s

@@ -59,6 +59,41 @@ impl Default for X11WindowConfig {
     }
 }
 
+/// `x11-cursor` source parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct X11CursorSourceConfig {
+    /// The X display whose cursor travels.
+    #[serde(default = "default_display")]
+    pub display: String,
+}
+
+impl Default for X11CursorSourceConfig {
+    fn default() -> Self {
+        X11CursorSourceConfig {
+            display: default_display(),
+        }
+    }
+}
+
+/// `x11-cursor` sink parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct X11CursorSinkConfig {
+    /// The X display of the viewer window (an `x11-window` sink of this display in the same
+    /// process) whose cursor is set.
+    #[serde(default = "default_display")]
+    pub display: String,
+}
+
+impl Default for X11CursorSinkConfig {
+    fn default() -> Self {
+        X11CursorSinkConfig {
+            display: default_display(),
+        }
+    }
+}
+
 /// `framebuffer` sink parameters.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -4,7 +4,9 @@
 //!   MIT-SHM `ShmGetImage` to capture them);
 //! - `x11-window` sink: a window of an X display showing the updates (the viewer of a remote
 //!   desktop, which an `x11-input` source can capture input from); `framebuffer` sink: a raw
-//!   32-bpp framebuffer file or device.
+//!   32-bpp framebuffer file or device;
+//! - `x11-cursor` source and sink: the app display's cursor image, set as the viewer window's
+//!   cursor (drawn locally by the viewer's X server).
 //!
 //! Every frame carries one versioned display record ([`Update`]: rectangles of BGRX pixels).
 //! The record format and every decision that needs no X server (a client-side
@@ -23,11 +25,15 @@
 //! registry), `source.rs` and `sink.rs` (the tasks).
 
 mod config;
+mod cursor;
 mod sink;
 mod source;
 mod x11;
 
-pub use config::{FramebufferConfig, X11ScreenConfig, X11WindowConfig};
+pub use config::{
+    FramebufferConfig, X11CursorSinkConfig, X11CursorSourceConfig, X11ScreenConfig, X11WindowConfig,
+};
+pub(crate) use cursor::{spawn_x11_cursor_sink, spawn_x11_cursor_source};
 pub use ndd_wire::display::*;
 pub(crate) use sink::{spawn_framebuffer_sink, spawn_x11_window_sink};
 pub(crate) use source::spawn_x11_screen_source;

@@ -135,6 +135,11 @@ pub const SOURCES: &[EndpointInfo] = &[
             ("refresh_s", "float >= 0", "0", "a keyframe of the whole screen every this many seconds (heals a lossy or spoiling stack); 0 = only the first"),
         ],
     },
+    EndpointInfo {
+        name: "x11-cursor",
+        summary: "the cursor image of an X display (XFIXES), each time its shape changes",
+        params: &[("display", "string", ":0", "the X display the application draws on, e.g. :1")],
+    },
 ];
 
 /// Every sink endpoint.
@@ -213,5 +218,10 @@ pub const SINKS: &[EndpointInfo] = &[
         name: "framebuffer",
         summary: "writes display updates into a raw 32-bpp framebuffer file (BGRX, row-major, no header) or a /dev/fbN of the same size",
         params: &[("path", "path", REQUIRED, "the file, created and sized on the first update, or a framebuffer device such as /dev/fb0")],
+    },
+    EndpointInfo {
+        name: "x11-cursor",
+        summary: "sets cursor images as the cursor of the viewer window (the x11-window sink of the same display in this process): the viewer's X server draws the pointer, with no network delay",
+        params: &[("display", "string", ":0", "the X display of the viewer window")],
     },
 ];

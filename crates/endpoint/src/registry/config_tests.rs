@@ -84,6 +84,7 @@ fn catalogue_params_match_the_config_keys() {
             refresh_s: 5.0,
             ..Default::default()
         }),
+        SourceConfig::X11Cursor(X11CursorSourceConfig::default()),
     ];
     let sinks = [
         SinkConfig::Stdout(StdoutConfig::default()),
@@ -106,6 +107,7 @@ fn catalogue_params_match_the_config_keys() {
         SinkConfig::Framebuffer(FramebufferConfig {
             path: "/dev/fb0".into(),
         }),
+        SinkConfig::X11Cursor(X11CursorSinkConfig::default()),
     ];
     assert_eq!(sources.len(), SOURCES.len());
     assert_eq!(sinks.len(), SINKS.len());

@@ -30,7 +30,9 @@ use crate::common::demand::Demand;
 use crate::common::error::EndpointError;
 use crate::common::framing::MAX_LENGTH_FRAME;
 use crate::common::report::{SinkTask, SourceTask};
-use crate::display::{FramebufferConfig, X11ScreenConfig, X11WindowConfig};
+use crate::display::{
+    FramebufferConfig, X11CursorSinkConfig, X11CursorSourceConfig, X11ScreenConfig, X11WindowConfig,
+};
 use crate::file::{FileSinkConfig, FileSourceConfig};
 use crate::input::{EvdevConfig, UinputConfig, X11InputConfig, XtestConfig};
 use crate::serial::{LineSettings, PtyConfig, SerialConfig};
@@ -75,6 +77,9 @@ pub enum SourceConfig {
     /// The screen of an X display (app side).
     #[serde(rename = "x11-screen")]
     X11Screen(X11ScreenConfig),
+    /// The cursor image of an X display (app side).
+    #[serde(rename = "x11-cursor")]
+    X11Cursor(X11CursorSourceConfig),
 }
 
 /// Where a stream's frames go.
@@ -102,6 +107,9 @@ pub enum SinkConfig {
     X11Window(X11WindowConfig),
     /// A raw framebuffer file or device (device side).
     Framebuffer(FramebufferConfig),
+    /// The cursor of the viewer window (device side).
+    #[serde(rename = "x11-cursor")]
+    X11Cursor(X11CursorSinkConfig),
 }
 
 fn fmt_opt<T: std::fmt::Display>(out: &mut String, key: &str, v: Option<T>) {
@@ -139,7 +147,8 @@ impl SourceConfig {
             | SourceConfig::File(_)
             | SourceConfig::Serial(_)
             | SourceConfig::Pty(_)
-            | SourceConfig::X11Screen(_) => true,
+            | SourceConfig::X11Screen(_)
+            | SourceConfig::X11Cursor(_) => true,
         }
     }
 
@@ -160,7 +169,8 @@ impl SourceConfig {
             | SourceConfig::SpacenavSim(_)
             | SourceConfig::Stdin(_)
             | SourceConfig::X11Input(_)
-            | SourceConfig::X11Screen(_) => vec![],
+            | SourceConfig::X11Screen(_)
+            | SourceConfig::X11Cursor(_) => vec![],
         }
     }
 
@@ -176,6 +186,7 @@ impl SourceConfig {
             SourceConfig::Evdev(_) => &SOURCES[6],
             SourceConfig::X11Input(_) => &SOURCES[7],
             SourceConfig::X11Screen(_) => &SOURCES[8],
+            SourceConfig::X11Cursor(_) => &SOURCES[9],
         }
     }
 
@@ -191,6 +202,7 @@ impl SourceConfig {
             SourceConfig::Evdev(_) => "evdev source",
             SourceConfig::X11Input(_) => "x11-input source",
             SourceConfig::X11Screen(_) => "x11-screen source",
+            SourceConfig::X11Cursor(_) => "x11-cursor source",
         }
     }
 
@@ -228,6 +240,7 @@ impl SourceConfig {
                 fmt_opt(&mut s, "refresh_s", Some(c.refresh_s).filter(|&r| r != 0.0));
                 s + ")"
             }
+            SourceConfig::X11Cursor(c) => format!("x11-cursor(display={})", c.display),
         }
     }
 
@@ -266,7 +279,8 @@ impl SourceConfig {
             SourceConfig::Stdin(_)
             | SourceConfig::File(_)
             | SourceConfig::Evdev(_)
-            | SourceConfig::X11Input(_) => {}
+            | SourceConfig::X11Input(_)
+            | SourceConfig::X11Cursor(_) => {}
             SourceConfig::Serial(c) => check_settings(endpoint, &c.settings())?,
             SourceConfig::Pty(c) => check_settings(endpoint, &c.settings())?,
         }
@@ -318,6 +332,9 @@ impl SourceConfig {
             SourceConfig::X11Screen(c) => {
                 display::spawn_x11_screen_source(&rt, endpoint, c, stream, tx, demand)
             }
+            SourceConfig::X11Cursor(c) => {
+                display::spawn_x11_cursor_source(&rt, endpoint, c, stream, tx)
+            }
         }
     }
 }
@@ -340,7 +357,8 @@ impl SinkConfig {
             | SinkConfig::Null(_)
             | SinkConfig::Uinput(_)
             | SinkConfig::Xtest(_)
-            | SinkConfig::X11Window(_) => vec![],
+            | SinkConfig::X11Window(_)
+            | SinkConfig::X11Cursor(_) => vec![],
         }
     }
 
@@ -356,6 +374,7 @@ impl SinkConfig {
             SinkConfig::Uinput(_) => &SINKS[6],
             SinkConfig::Xtest(_) => &SINKS[7],
             SinkConfig::X11Window(_) => &SINKS[8],
+            SinkConfig::X11Cursor(_) => &SINKS[10],
             SinkConfig::Framebuffer(_) => &SINKS[9],
         }
     }
@@ -372,6 +391,7 @@ impl SinkConfig {
             SinkConfig::Uinput(_) => "uinput sink",
             SinkConfig::Xtest(_) => "xtest sink",
             SinkConfig::X11Window(_) => "x11-window sink",
+            SinkConfig::X11Cursor(_) => "x11-cursor sink",
             SinkConfig::Framebuffer(_) => "framebuffer sink",
         }
     }
@@ -405,6 +425,7 @@ impl SinkConfig {
                 format!("x11-window(display={}, title={})", c.display, c.title)
             }
             SinkConfig::Framebuffer(c) => format!("framebuffer(path={})", c.path.display()),
+            SinkConfig::X11Cursor(c) => format!("x11-cursor(display={})", c.display),
         }
     }
 
@@ -441,7 +462,8 @@ impl SinkConfig {
             | SinkConfig::Check(_)
             | SinkConfig::Null(_)
             | SinkConfig::Xtest(_)
-            | SinkConfig::Framebuffer(_) => Ok(()),
+            | SinkConfig::Framebuffer(_)
+            | SinkConfig::X11Cursor(_) => Ok(()),
         }
     }
 
@@ -490,6 +512,9 @@ impl SinkConfig {
             }
             SinkConfig::Framebuffer(c) => {
                 display::spawn_framebuffer_sink(&rt, endpoint, c, rx, delivered)
+            }
+            SinkConfig::X11Cursor(c) => {
+                display::spawn_x11_cursor_sink(&rt, endpoint, c, rx, delivered)
             }
         }
     }
