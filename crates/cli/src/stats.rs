@@ -39,6 +39,8 @@ pub struct StreamStats {
     /// Input frames not replayed after an outage: produced while the link was down, or
     /// unacknowledged when it went (source).
     pub stale: u64,
+    /// The `image` layer's (frames out, bytes out) at the last live line.
+    image_window: (u64, u64),
     window: (Instant, u64, u64),
 }
 
@@ -130,6 +132,7 @@ impl StreamStats {
             overflow: 0,
             stale: 0,
             window: (Instant::now(), 0, 0),
+            image_window: (0, 0),
         }
     }
 
@@ -223,7 +226,55 @@ impl StreamStats {
             line += &format!("  jitter {j:.3} ms");
         }
         line += &format!("  drops {}", s.drops);
+        if let Some(l) = self
+            .layers
+            .iter()
+            .find(|l| l.module == "image" && l.frames_in > 0)
+        {
+            line += &self.image_part(l.frames_out, l.bytes_out, &l.half.counters.clone(), dt);
+        }
         line
+    }
+
+    /// `  image medium 28.7 fps 0.33 Mbit/frame path 19.8 Mbit/s rtt 102 ms`: the display
+    /// codec's preset, its frame rate and frame size on the wire since the last line, and its
+    /// estimate of the path (source side only).
+    fn image_part(
+        &mut self,
+        frames: u64,
+        bytes: u64,
+        counters: &[(&'static str, u64)],
+        dt: f64,
+    ) -> String {
+        let get = |k: &str| counters.iter().find(|(n, _)| *n == k).map(|(_, v)| *v);
+        let Some(preset) = get("preset") else {
+            return String::new();
+        };
+        let (f0, b0) = self.image_window;
+        self.image_window = (frames, bytes);
+        let (df, db) = (frames.saturating_sub(f0), bytes.saturating_sub(b0));
+        let name = match preset {
+            1 => "low",
+            2 => "medium",
+            3 => "high",
+            _ => "lossless",
+        };
+        let mbit_frame = if df > 0 {
+            db as f64 * 8.0 / 1e6 / df as f64
+        } else {
+            0.0
+        };
+        let mut out = format!(
+            "  image {name} {:.1} fps {mbit_frame:.3} Mbit/frame",
+            df as f64 / dt
+        );
+        if let Some(k) = get("bottleneck_kbps").filter(|&k| k > 0) {
+            out += &format!(" path {:.1} Mbit/s", k as f64 / 1000.0);
+        }
+        if let Some(r) = get("rtt_ms").filter(|&r| r > 0) {
+            out += &format!(" rtt {r} ms");
+        }
+        out
     }
 }
 
@@ -246,6 +297,38 @@ pub fn human_bytes(b: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_live_line_shows_the_display_codec() {
+        let mut s = StreamStats::new("screen", "source", "app→device".into());
+        let layer = |frames: u64, bytes: u64| LayerStats {
+            layer: 0,
+            module: "image",
+            frames_in: frames,
+            bytes_in: bytes * 10,
+            frames_out: frames,
+            bytes_out: bytes,
+            control_in: 0,
+            control_out: 0,
+            half: ndd_core::HalfStats {
+                drops: 0,
+                queue_depth: 2,
+                counters: vec![("preset", 1), ("rtt_ms", 104), ("bottleneck_kbps", 19_800)],
+            },
+        };
+        s.layers = vec![layer(0, 0)];
+        let _ = s.live_line("app");
+        // 30 frames of 41 625 bytes (0.333 Mbit) since the last line.
+        s.layers = vec![layer(30, 30 * 41_625)];
+        let line = s.live_line("app");
+        let part = line.split("  image ").nth(1).expect(&line);
+        let (fps, rest) = part
+            .strip_prefix("low ")
+            .and_then(|p| p.split_once(" fps "))
+            .expect(&line);
+        assert!(fps.parse::<f64>().unwrap() > 0.0, "{line}");
+        assert_eq!(rest, "0.333 Mbit/frame path 19.8 Mbit/s rtt 104 ms");
+    }
 
     #[test]
     fn latency_and_jitter_are_measured_from_timestamps() {

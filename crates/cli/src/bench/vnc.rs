@@ -514,6 +514,7 @@ impl Setup {
                         &port,
                         "-nolisten",
                         "tcp",
+                        "-noreset",
                         "-AlwaysShared",
                     ],
                 )?;
@@ -528,11 +529,18 @@ impl Setup {
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
-                viewer.push(spawn_on(
-                    &viewer_display,
-                    "vncviewer",
-                    &["-FullScreen", &format!("127.0.0.1::{}", front.port())],
-                )?);
+                let log = std::fs::File::create("/tmp/ndd-bench-vncviewer.log")?;
+                viewer.push(
+                    Command::new("vncviewer")
+                        .env("DISPLAY", &viewer_display)
+                        .args(["-FullScreen", &format!("127.0.0.1::{}", front.port())])
+                        .stdin(Stdio::null())
+                        .stdout(log.try_clone()?)
+                        .stderr(log)
+                        .spawn()
+                        .map(Killed)
+                        .context("cannot start vncviewer")?,
+                );
             }
             Peer::Ndd => {
                 let (x, d) = start_x(
@@ -581,7 +589,7 @@ impl Setup {
                 dir = Some(base);
             }
         }
-        Ok(Setup {
+        let setup = Setup {
             peer,
             app_display,
             viewer_display,
@@ -591,7 +599,36 @@ impl Setup {
             _viewer: viewer,
             _app: app,
             _dir: dir,
-        })
+        };
+        setup.wait_mirrored().await?;
+        Ok(setup)
+    }
+
+    /// Waits until the viewer shows the app's screen (a root background painted on the app
+    /// side, identical on the viewer): a viewer that failed to connect would otherwise
+    /// measure nothing.
+    async fn wait_mirrored(&self) -> Result<()> {
+        let _bg = spawn_on(&self.app_display, "xsetroot", &["-solid", "#336699"])?;
+        let t = Instant::now();
+        loop {
+            let (a, v) = (
+                screenshot(&self.app_display),
+                screenshot(&self.viewer_display),
+            );
+            if let (Ok(a), Ok(v)) = (a, v) {
+                if compare(&a, &v).0 == 0 && a.get(..3) == Some(&[0x99, 0x66, 0x33][..]) {
+                    return Ok(());
+                }
+            }
+            if t.elapsed() > Duration::from_secs(20) {
+                bail!(
+                    "{}'s viewer does not show the app's screen after 20 s (is it connected? \
+                     see /tmp/ndd-bench-vncviewer.log for vncviewer's output)",
+                    self.peer.name()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     fn cpu(&self) -> f64 {
@@ -836,6 +873,7 @@ fn median(v: &[f64]) -> f64 {
 fn missing_programs() -> Vec<&'static str> {
     [
         "Xvfb",
+        "xsetroot",
         "Xtigervnc",
         "vncviewer",
         "ffplay",

@@ -25,10 +25,12 @@
 //!   trip + one frame, at most `window` frames), so the session stops reading the source, the
 //!   `x11-screen` source stops capturing and merges damage until the path takes another
 //!   update (VirtualGL's frame spoiling, VNC's deferred updates). No deep queue builds up.
-//! - **`quality = "auto"`**: once a second, when the window held the source back most of the
-//!   time and fewer than 20 frames went out, the preset steps down (`high` → `medium` →
-//!   `low`); after 3 seconds in which it rarely did, it steps up. Counters `preset`, `ack_ms`,
-//!   `rtt_ms`, `kbps`, `bottleneck_kbps` show it in the stats.
+//! - **`quality = "auto"`**: every 0.5 s, when the window held the source back more than half
+//!   the time while frames queued in the path, the preset steps down (`high` → `medium` →
+//!   `low`); after four periods in which it rarely did (and, within 10 s of a congestion, only with measured room for about twice
+//!   the bytes), it steps up. Counters `preset`, `ack_ms`, `rtt_ms`, `kbps`,
+//!   `bottleneck_kbps`; the `--stats` line shows the preset, fps, Mbit per frame, path rate and
+//!   round trip.
 //! - **inverse half** (sink side): decodes each frame into a plain display record with raw
 //!   rectangles, which every display sink understands; unchanged tiles are simply not in it.
 //!
