@@ -17,7 +17,7 @@ hex2bin() {
     perl -0777 -ne 's/#[^\n]*//g; s/\s+//g; print pack("H*", $_)' "$1"
 }
 
-mkdir -p "$corpus/frame" "$corpus/control" "$corpus/handshake" "$corpus/records" "$corpus/session"
+mkdir -p "$corpus/frame" "$corpus/control" "$corpus/handshake" "$corpus/records" "$corpus/session" "$corpus/image"
 count=0
 for f in "$fixtures"/*.hex; do
     name="$(basename "$f" .hex)"
@@ -37,4 +37,10 @@ done
 printf '\x01\x02' >"$corpus/records/input_release_all"
 printf '\x01\x00\x00\x01\x00\x01\x00\x1e\x00\x00\x00\x01\x00\x00\x00\x00' >"$corpus/records/input_key"
 printf '\x01\x00\x00\x01\x00\x01\x00\x01\x00\x01\x00\x00\x00\x00\x00\x01\x00\x01\x00\x10\x20\x30\x00' >"$corpus/records/display_1x1"
-echo "seed-corpus: $count fixtures -> $corpus/{frame,control,handshake,session}, 3 device records -> $corpus/records"
+# A 1x1 cursor record (hot spot 0,0; one opaque pixel).
+printf '\x01\x01\x00\x01\x00\x01\x00\x00\x00\x00\x10\x20\x30\xff' >"$corpus/records/cursor_1x1"
+# The image pair: one frame of a 1x1 screen with a solid rect (docs/modules.md, "image"), and
+# the 1x1 display update (which the target also runs through the forward half).
+printf '\x01\x00\x01\x00\x01\x01\x00\x01\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01\x00\x01\x01\x10\x20\x30' >"$corpus/image/solid_1x1"
+cp "$corpus/records/display_1x1" "$corpus/image/display_1x1"
+echo "seed-corpus: $count fixtures -> $corpus/{frame,control,handshake,session}, 4 device records -> $corpus/records, 2 -> $corpus/image"

@@ -21,7 +21,7 @@ fi
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-targets=(frame control handshake records session)
+targets=(frame control handshake records session image)
 
 bash fuzz/seed-corpus.sh
 mkdir -p fuzz/artifacts

@@ -1,11 +1,11 @@
 //! Device records, as a sink endpoint receives them from the peer: display updates (applied
-//! to a framebuffer, as the `x11-window` and `framebuffer` sinks do), input records and serial
-//! records. Nothing may panic; whatever parses emits bytes that parse to the same value.
+//! to a framebuffer, as the `x11-window` and `framebuffer` sinks do), cursor records, input
+//! records and serial records. Nothing may panic; whatever parses emits bytes that parse to the same value.
 
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use ndd_endpoint::display::Update;
+use ndd_endpoint::display::{Cursor, Update};
 use ndd_endpoint::{Framebuffer, InputMessage, PixelFormat, SerialMessage};
 
 fuzz_target!(|data: &[u8]| {
@@ -19,6 +19,10 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(m) = InputMessage::parse(data) {
         let bytes = m.emit().expect("a parsed input record emits");
         assert_eq!(InputMessage::parse(&bytes), Ok(m));
+    }
+    if let Ok(c) = Cursor::parse(data) {
+        let bytes = c.emit().expect("a parsed cursor emits");
+        assert_eq!(Cursor::parse(&bytes), Ok(c));
     }
     if let Ok(m) = SerialMessage::parse(data) {
         let bytes = m.emit();
