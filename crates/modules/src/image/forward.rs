@@ -4,11 +4,11 @@
 use super::format::{self, Header, Kind, CREDIT_LEN, CTRL_CREDIT};
 use super::pacer::{Pacer, Step};
 use super::tiles::{self, Class, Screen};
-use super::{ImageConfig, Quality, Subsampling, PAIR};
+use super::{corrupt, library, ImageConfig, Quality, Subsampling, PAIR};
 use bytes::Bytes;
 use ndd_core::frame::Meta;
 use ndd_core::{
-    ControlError, ForeignError, Frame, FrameError, Half, HalfStats, ModuleError, Output, SetupError,
+    ControlError, ForeignError, Frame, FrameError, Half, HalfStats, ModuleError, Output,
 };
 use ndd_wire::display::{Encoding, Rect, Update, FLAG_KEYFRAME};
 use std::fmt;
@@ -83,25 +83,6 @@ impl fmt::Debug for ImageForward {
             .field("stats", &self.stats)
             .finish_non_exhaustive()
     }
-}
-
-fn library(context: &str, e: impl std::error::Error + Send + Sync + 'static) -> ModuleError {
-    ModuleError::from(SetupError::Library {
-        pair: PAIR,
-        context: context.to_string(),
-        source: ForeignError::new(e),
-    })
-}
-
-fn frame_err(
-    codec: &'static str,
-    e: impl std::error::Error + Send + Sync + 'static,
-) -> ModuleError {
-    ModuleError::from(FrameError::Corrupt {
-        pair: PAIR,
-        codec,
-        source: ForeignError::new(e),
-    })
 }
 
 impl ImageForward {
@@ -378,7 +359,7 @@ impl ImageForward {
         };
         self.jpeg
             .compress_to_vec(img)
-            .map_err(|e| frame_err("jpeg", e))
+            .map_err(|e| corrupt("jpeg", e))
     }
 
     /// Compresses `block` into `blob` as one flushed chunk of the zstd stream.
@@ -398,7 +379,7 @@ impl ImageForward {
             let mut output = OutBuffer::around_pos(&mut self.blob, pos);
             self.zstd
                 .run(&mut input, &mut output)
-                .map_err(|e| frame_err("zstd", e))?;
+                .map_err(|e| corrupt("zstd", e))?;
             if input.pos == self.block.len() {
                 break;
             }
@@ -412,7 +393,7 @@ impl ImageForward {
             let left = self
                 .zstd
                 .flush(&mut output)
-                .map_err(|e| frame_err("zstd", e))?;
+                .map_err(|e| corrupt("zstd", e))?;
             if left == 0 {
                 return Ok(());
             }

@@ -3,9 +3,9 @@
 
 use super::format::{self, Kind, CREDIT_LEN, CTRL_CREDIT};
 use super::forward::WINDOW_LOG;
-use super::PAIR;
+use super::{corrupt, library, PAIR};
 use ndd_core::frame::DEFAULT_HEADROOM;
-use ndd_core::{ForeignError, Frame, FrameError, Half, HalfStats, ModuleError, Output, SetupError};
+use ndd_core::{ForeignError, Frame, FrameError, Half, HalfStats, ModuleError, Output};
 use ndd_wire::display::{PixelFormat, UpdateHeader, UpdateLayout};
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -33,25 +33,6 @@ impl fmt::Debug for ImageInverse {
             .field("decoded", &self.decoded)
             .finish_non_exhaustive()
     }
-}
-
-fn library(context: &str, e: impl std::error::Error + Send + Sync + 'static) -> ModuleError {
-    ModuleError::from(SetupError::Library {
-        pair: PAIR,
-        context: context.to_string(),
-        source: ForeignError::new(e),
-    })
-}
-
-fn corrupt(
-    codec: &'static str,
-    e: impl Into<Box<dyn std::error::Error + Send + Sync>>,
-) -> ModuleError {
-    ModuleError::from(FrameError::Corrupt {
-        pair: PAIR,
-        codec,
-        source: ForeignError::new(e),
-    })
 }
 
 fn invalid(rule: &'static str) -> ModuleError {

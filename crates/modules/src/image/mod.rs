@@ -62,6 +62,30 @@ use std::fmt;
 /// The pair's name, first in its error texts.
 pub(crate) const PAIR: &str = "image";
 
+/// A library (libjpeg-turbo, zstd) could not be set up.
+pub(crate) fn library(
+    context: &str,
+    e: impl std::error::Error + Send + Sync + 'static,
+) -> ModuleError {
+    ModuleError::from(ndd_core::SetupError::Library {
+        pair: PAIR,
+        context: context.to_string(),
+        source: ndd_core::ForeignError::new(e),
+    })
+}
+
+/// A codec refused the data of a frame.
+pub(crate) fn corrupt(
+    codec: &'static str,
+    e: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> ModuleError {
+    ModuleError::from(ndd_core::FrameError::Corrupt {
+        pair: PAIR,
+        codec,
+        source: ndd_core::ForeignError::new(e),
+    })
+}
+
 /// Seed 000's quality presets, plus `auto`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, PartialOrd, Ord)]
 #[serde(rename_all = "lowercase")]
