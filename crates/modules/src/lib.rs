@@ -23,6 +23,7 @@ pub mod latest;
 pub mod pass;
 pub mod periodic;
 pub mod registry;
+mod seq;
 pub mod sync;
 mod varint;
 

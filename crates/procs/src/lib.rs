@@ -49,6 +49,31 @@ impl Drop for Killed {
     }
 }
 
+/// Starts an X server (`Xvfb`, `Xtigervnc`, any server that takes `-displayfd`) on a free
+/// display number with `args`; returns it, killed on drop, and its display (`:N`) once the
+/// server has said which it took.
+pub fn start_display(program: &str, args: &[&str]) -> std::io::Result<(Killed, String)> {
+    let mut child = Command::new(program)
+        .args(["-displayfd", "1"])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let stdout = child.stdout.take();
+    let child = Killed(child);
+    let mut line = String::new();
+    if let Some(out) = stdout {
+        BufReader::new(out).read_line(&mut line)?;
+    }
+    let n: u32 = line.trim().parse().map_err(|_| {
+        std::io::Error::other(format!(
+            "{program} did not report a display number (said {line:?})"
+        ))
+    })?;
+    Ok((child, format!(":{n}")))
+}
+
 /// An Xvfb server on a free display number (`-displayfd`), killed on drop.
 #[derive(Debug)]
 pub struct Xvfb {
@@ -63,27 +88,13 @@ impl Xvfb {
     /// leaves, e.g. after `xsetroot`: the root background is lost and connections are
     /// refused meanwhile). Returns once the server has said which display it took.
     pub fn start(screen: &str) -> std::io::Result<Xvfb> {
-        let mut child = Command::new("Xvfb")
-            .args(["-displayfd", "1", "-screen", "0", screen])
-            .args(["-nolisten", "tcp", "-noreset"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()?;
-        let stdout = child.stdout.take();
-        let child = Killed(child);
-        let mut line = String::new();
-        if let Some(out) = stdout {
-            BufReader::new(out).read_line(&mut line)?;
-        }
-        let n: u32 = line.trim().parse().map_err(|_| {
-            std::io::Error::other(format!(
-                "Xvfb did not report a display number (said {line:?})"
-            ))
-        })?;
+        let (child, display) = start_display(
+            "Xvfb",
+            &["-screen", "0", screen, "-nolisten", "tcp", "-noreset"],
+        )?;
         Ok(Xvfb {
             _child: child,
-            display: format!(":{n}"),
+            display,
         })
     }
 

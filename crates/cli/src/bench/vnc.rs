@@ -24,10 +24,11 @@
 
 use super::{hardware, today};
 use anyhow::{bail, Context, Result};
+use ndd_procs::Killed;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -133,7 +134,9 @@ impl Workload {
     }
 }
 
-fn video_args(w: u16, h: u16, top: u16) -> Vec<String> {
+/// ffplay showing lavfi `source` borderless at (0, `top`), without sound.
+fn ffplay_args(source: &str, top: u16) -> Vec<String> {
+    let top = top.to_string();
     [
         "-loglevel",
         "error",
@@ -142,26 +145,23 @@ fn video_args(w: u16, h: u16, top: u16) -> Vec<String> {
         "-left",
         "0",
         "-top",
-        &top.to_string(),
+        &top,
         "-f",
         "lavfi",
         "-i",
-        &format!("testsrc=size={w}x{h}:rate=30,noise=alls=12:allf=t+u"),
+        source,
     ]
     .iter()
     .map(|s| s.to_string())
     .collect()
 }
 
-/// A child process killed and reaped on drop.
-#[derive(Debug)]
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// The noisy 30 fps test video, `w`x`h`, at (0, `top`).
+fn video_args(w: u16, h: u16, top: u16) -> Vec<String> {
+    ffplay_args(
+        &format!("testsrc=size={w}x{h}:rate=30,noise=alls=12:allf=t+u"),
+        top,
+    )
 }
 
 fn spawn_on<S: AsRef<str>>(display: &str, program: &str, args: &[S]) -> Result<Killed> {
@@ -177,28 +177,9 @@ fn spawn_on<S: AsRef<str>>(display: &str, program: &str, args: &[S]) -> Result<K
         .with_context(|| format!("cannot start {program} (is it installed?)"))
 }
 
-/// Starts an X server that reports its display on fd 1 (`-displayfd 1`).
+/// Starts an X server on a free display (`ndd_procs::start_display`).
 fn start_x(program: &str, args: &[&str]) -> Result<(Killed, String)> {
-    use std::io::BufRead;
-    let mut child = Command::new(program)
-        .args(["-displayfd", "1"])
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .with_context(|| format!("cannot start {program}"))?;
-    let out = child.stdout.take();
-    let child = Killed(child);
-    let mut line = String::new();
-    if let Some(out) = out {
-        std::io::BufReader::new(out).read_line(&mut line)?;
-    }
-    let n: u32 = line
-        .trim()
-        .parse()
-        .with_context(|| format!("{program} did not say which display it took ({line:?})"))?;
-    Ok((child, format!(":{n}")))
+    ndd_procs::start_display(program, args).with_context(|| format!("cannot start {program}"))
 }
 
 fn free_port() -> Result<u16> {
@@ -704,20 +685,7 @@ async fn measure_still(peer: Peer, net: Net) -> Result<StillRow> {
     let _still = spawn_on(
         &s.app_display,
         "ffplay",
-        &[
-            "-loglevel",
-            "error",
-            "-noborder",
-            "-an",
-            "-left",
-            "0",
-            "-top",
-            "0",
-            "-f",
-            "lavfi",
-            "-i",
-            "testsrc2=size=800x600:rate=5:duration=0.4",
-        ],
+        &ffplay_args("testsrc2=size=800x600:rate=5:duration=0.4", 0),
     )?;
     // The picture is up once the app screen stops changing.
     let start = Instant::now();

@@ -19,7 +19,6 @@ use crate::common::emitter::Emitter;
 use crate::common::error::EndpointError;
 use crate::common::report::{SinkReport, SinkTask, SourceReport, SourceTask};
 use crate::common::x11::{wait_readable_for, x11_connect, x11_err};
-use ndd_core::frame::DEFAULT_HEADROOM;
 use ndd_core::Frame;
 use ndd_wire::display::Cursor;
 use std::time::Duration;
@@ -112,12 +111,10 @@ fn run_source(
             if last.as_ref() != Some(&c) {
                 match c.emit() {
                     Ok(bytes) => {
-                        let mut f = Frame::zeroed(em.next_meta(), DEFAULT_HEADROOM, bytes.len());
-                        f.payload_mut().copy_from_slice(&bytes);
-                        if !em.send_blocking(f) {
+                        if !em.send_blocking(Frame::new(em.next_meta(), &bytes)) {
                             break;
                         }
-                        tracing::debug!(
+                        tracing::trace!(
                             endpoint,
                             width = c.width,
                             height = c.height,

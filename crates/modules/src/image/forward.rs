@@ -5,6 +5,7 @@ use super::format::{self, Header, Kind, CREDIT_LEN, CTRL_CREDIT};
 use super::pacer::{Pacer, Step};
 use super::tiles::{self, Class, Screen};
 use super::{corrupt, library, ImageConfig, Quality, Subsampling, PAIR};
+use crate::seq::RisingSeq;
 use bytes::Bytes;
 use ndd_core::frame::Meta;
 use ndd_core::{
@@ -51,10 +52,9 @@ pub struct ImageForward {
     sent: u32,
     pacer: Pacer,
     last_meta: Option<Meta>,
-    /// Seq of the frame emitted last: every frame's seq must grow (the session numbers DATA
-    /// by it), so a refinement takes last + 1 and a later update whose own seq is not above
-    /// that is renumbered too.
-    last_seq: Option<u64>,
+    /// Every frame's seq must grow: a refinement takes last + 1, and a later update whose own
+    /// seq is not above that is renumbered too.
+    seq: RisingSeq,
     next_refine: Option<Instant>,
     scratch: Vec<u8>,
     block: Vec<u8>,
@@ -114,7 +114,7 @@ impl ImageForward {
             sent: 0,
             pacer: Pacer::new(window),
             last_meta: None,
-            last_seq: None,
+            seq: RisingSeq::default(),
             next_refine: None,
             scratch: Vec::new(),
             block: Vec::new(),
@@ -264,13 +264,6 @@ impl ImageForward {
                 }
             }
         }
-        let whole_tile = |f: &ImageForward, i: usize, p: Rect| f.tile_rect(i) == Some(p);
-        for &(i, p) in parts {
-            // A tile sent whole and losslessly needs no refinement any more.
-            if !photo_tiles.contains(&i) && whole_tile(self, i, p) {
-                self.tiles[i].lossy = false;
-            }
-        }
         for p in tiles::merge(photos) {
             match jpeg {
                 None => {
@@ -284,17 +277,20 @@ impl ImageForward {
                 }
             }
         }
-        for &i in &photo_tiles {
-            if jpeg.is_some() {
+        // Refinement: a tile sent whole and losslessly needs none any more; one with a JPEG
+        // part does, `refine_ms` from now.
+        for &(i, p) in parts {
+            if self.tile_rect(i) == Some(p) {
+                self.tiles[i].lossy = false;
+            }
+        }
+        if jpeg.is_some() && !photo_tiles.is_empty() {
+            for &i in &photo_tiles {
                 self.tiles[i].lossy = true;
+            }
+            if self.cfg.refine_ms > 0 {
                 let due = now + Duration::from_millis(u64::from(self.cfg.refine_ms));
-                if self.cfg.refine_ms > 0 {
-                    self.next_refine = Some(self.next_refine.map_or(due, |d| d.min(due)));
-                }
-            } else if let Some(p) = parts.iter().find(|(k, _)| *k == i).map(|(_, p)| *p) {
-                if whole_tile(self, i, p) {
-                    self.tiles[i].lossy = false;
-                }
+                self.next_refine = Some(self.next_refine.map_or(due, |d| d.min(due)));
             }
         }
         self.compress_block()?;
@@ -312,11 +308,7 @@ impl ImageForward {
             .collect();
         self.sent = self.sent.wrapping_add(1);
         let mut meta = meta;
-        meta.seq = match self.last_seq {
-            Some(l) if meta.seq <= l => l.saturating_add(1),
-            _ => meta.seq,
-        };
-        self.last_seq = Some(meta.seq);
+        meta.seq = self.seq.take(meta.seq);
         let header = Header {
             width: s.width,
             height: s.height,
@@ -371,30 +363,23 @@ impl ImageForward {
         self.blob
             .reserve(zstd::zstd_safe::compress_bound(self.block.len()) + 64);
         let mut input = InBuffer::around(&self.block);
+        // Feed all of the block, then flush until zstd holds nothing back.
         loop {
             if self.blob.capacity() - self.blob.len() < 64 {
                 self.blob.reserve(self.blob.capacity());
             }
             let pos = self.blob.len();
             let mut output = OutBuffer::around_pos(&mut self.blob, pos);
-            self.zstd
-                .run(&mut input, &mut output)
-                .map_err(|e| corrupt("zstd", e))?;
-            if input.pos == self.block.len() {
-                break;
-            }
-        }
-        loop {
-            if self.blob.capacity() - self.blob.len() < 64 {
-                self.blob.reserve(self.blob.capacity());
-            }
-            let pos = self.blob.len();
-            let mut output = OutBuffer::around_pos(&mut self.blob, pos);
-            let left = self
+            if input.pos < self.block.len() {
+                self.zstd
+                    .run(&mut input, &mut output)
+                    .map_err(|e| corrupt("zstd", e))?;
+            } else if self
                 .zstd
                 .flush(&mut output)
-                .map_err(|e| corrupt("zstd", e))?;
-            if left == 0 {
+                .map_err(|e| corrupt("zstd", e))?
+                == 0
+            {
                 return Ok(());
             }
         }

@@ -1,5 +1,6 @@
 //! Source half of `periodic`: holds the newest frame and emits it on a fixed grid of ticks.
 
+use crate::seq::RisingSeq;
 use bytes::Bytes;
 use ndd_core::{Frame, Half, HalfStats, Meta, ModuleError, Output};
 use std::time::{Duration, Instant};
@@ -15,7 +16,7 @@ pub struct PeriodicForward {
     pending: Option<Frame>,
     /// The frame emitted last, kept for repeats (only with `repeat`).
     last: Option<(Meta, Bytes)>,
-    last_seq: Option<u64>,
+    seq: RisingSeq,
     superseded: u64,
     emitted: u64,
     repeats: u64,
@@ -31,25 +32,15 @@ impl PeriodicForward {
             next_tick: None,
             pending: None,
             last: None,
-            last_seq: None,
+            seq: RisingSeq::default(),
             superseded: 0,
             emitted: 0,
             repeats: 0,
         }
     }
 
-    /// The seq an emitted frame gets: its own, or last + 1 if its own is not above the last.
-    fn take_seq(&mut self, own: u64) -> u64 {
-        let seq = match self.last_seq {
-            Some(l) if own <= l => l.saturating_add(1),
-            _ => own,
-        };
-        self.last_seq = Some(seq);
-        seq
-    }
-
     fn emit_fresh(&mut self, mut frame: Frame, out: &mut Output) {
-        frame.meta.seq = self.take_seq(frame.meta.seq);
+        frame.meta.seq = self.seq.take(frame.meta.seq);
         self.emitted += 1;
         if self.repeat {
             let meta = frame.meta;
@@ -65,7 +56,7 @@ impl PeriodicForward {
         let Some((meta, _)) = self.last else {
             return;
         };
-        let seq = self.take_seq(meta.seq);
+        let seq = self.seq.take(meta.seq);
         if let Some((meta, bytes)) = &mut self.last {
             meta.seq = seq;
             out.push(Frame::from_bytes(*meta, bytes.clone()));
