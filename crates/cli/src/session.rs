@@ -468,11 +468,17 @@ pub async fn run_side(
                         "link restored after {:.0} ms; resending {resending} unacknowledged frame(s)",
                         after.as_secs_f64() * 1e3
                     ),
-                    Event::PeerRestarted { resending } => note!(
-                        quiet,
-                        side,
-                        "the peer restarted; its streams start again ({resending} frame(s) it had not completed are sent again)"
-                    ),
+                    Event::PeerRestarted { resending } => {
+                        note!(
+                            quiet,
+                            side,
+                            "the peer restarted; its streams start again ({resending} frame(s) it had not completed are sent again)"
+                        );
+                        // A restarted viewer has none of the screen: send all of it.
+                        for d in io.iter().filter_map(|e| e.demand.as_ref()) {
+                            d.request_keyframe();
+                        }
+                    }
                     Event::Warning(w) => tracing::warn!(side = %side, "{w}"),
                     Event::Closed(how) => tracing::debug!(side = %side, ?how, "session closed"),
                 }

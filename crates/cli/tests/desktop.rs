@@ -305,6 +305,45 @@ fn a_remote_x_desktop_shows_the_same_pixels_and_takes_clicks_and_keys() {
     );
     println!("desktop: the viewer shows the app's cursor and its change of shape");
 
+    // The viewer crashes and starts again: the app side sends the new one the whole screen
+    // (a keyframe on the peer's restart; this config has no periodic keyframes), not only
+    // what changes from now on.
+    let addr = app
+        .stderr_now()
+        .lines()
+        .find_map(|l| {
+            l.split("listening on ")
+                .nth(1)
+                .map(|a| a.trim().to_string())
+        })
+        .expect("the app's 'listening on' line");
+    let _ = dev.kill();
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &addr]));
+    let t2 = Instant::now();
+    let mut viewer = None;
+    wait_for(
+        "the restarted viewer window",
+        Duration::from_secs(30),
+        || {
+            viewer = window_named(&d, "ndd desktop test");
+            viewer.is_some()
+        },
+    );
+    let viewer = viewer.unwrap();
+    wait_for(
+        "the whole screen in the restarted viewer",
+        Duration::from_secs(20),
+        || {
+            let want = pixels(&a, app_root, 640, 480);
+            let got = pixels(&d, viewer, 640, 480);
+            matches!((want, got), (Some(w), Some(g)) if differing_pixels(&w, &g) == 0)
+        },
+    );
+    println!(
+        "desktop: a restarted viewer shows the whole screen after {:.2} s",
+        t2.elapsed().as_secs_f64()
+    );
+
     let _ = dev.kill();
     let _ = app.kill();
 }

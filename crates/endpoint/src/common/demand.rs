@@ -5,13 +5,23 @@
 //! The driver sets it on every turn of its loop: wanted when the session takes the stream's
 //! next frame now and none is waiting in the channel; not wanted otherwise. The source takes
 //! it (clearing it) when it captures, so one signal gives at most one capture.
+//!
+//! It also carries a keyframe request: when the peer restarted, its sink (and the stack's
+//! pairs, rebuilt for it) know nothing of the screen, so the source sends the whole of it
+//! next instead of only what changed.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-/// A shared "one frame wanted" flag. Clones share the flag.
+/// A shared "one frame wanted" flag, and a "whole keyframe wanted" flag. Clones share them.
 #[derive(Debug, Clone, Default)]
-pub struct Demand(Arc<AtomicBool>);
+pub struct Demand(Arc<Flags>);
+
+#[derive(Debug, Default)]
+struct Flags {
+    frame: AtomicBool,
+    keyframe: AtomicBool,
+}
 
 impl Demand {
     /// Not wanted yet.
@@ -21,17 +31,27 @@ impl Demand {
 
     /// Driver side: whether the session wants a frame now.
     pub fn set(&self, wanted: bool) {
-        self.0.store(wanted, Ordering::Release);
+        self.0.frame.store(wanted, Ordering::Release);
     }
 
     /// Source side: whether a frame is wanted; clears the flag when it was.
     pub fn take(&self) -> bool {
-        self.0.swap(false, Ordering::AcqRel)
+        self.0.frame.swap(false, Ordering::AcqRel)
     }
 
     /// Whether a frame is wanted (without clearing it).
     pub fn wanted(&self) -> bool {
-        self.0.load(Ordering::Acquire)
+        self.0.frame.load(Ordering::Acquire)
+    }
+
+    /// Driver side: the next frame should be a whole keyframe (the peer restarted).
+    pub fn request_keyframe(&self) {
+        self.0.keyframe.store(true, Ordering::Release);
+    }
+
+    /// Source side: whether a keyframe was requested; clears the request.
+    pub fn take_keyframe(&self) -> bool {
+        self.0.keyframe.swap(false, Ordering::AcqRel)
     }
 }
 
@@ -51,5 +71,9 @@ mod tests {
         d.set(true);
         d.set(false);
         assert!(!src.take(), "withdrawn before the source looked");
+        assert!(!src.take_keyframe());
+        d.request_keyframe();
+        assert!(src.take_keyframe());
+        assert!(!src.take_keyframe(), "one request, one keyframe");
     }
 }

@@ -8,7 +8,8 @@
 //! Frame spoiling: it captures only when the path can take the update: when the driver's
 //! [`Demand`] says the session wants a frame, or (without one) when its previous update has
 //! left the channel. Damage reported in between is merged by the Damage object, so the next
-//! capture covers all of it and no stale update ever waits in a queue.
+//! capture covers all of it and no stale update ever waits in a queue. A keyframe request on
+//! the demand (the peer restarted) makes the next capture the whole screen.
 
 use super::config::X11ScreenConfig;
 use super::x11::{attach_shm, check_screen, coord, shm_disabled, Shm, XFail, NO_SHM_ENV, POLL};
@@ -316,6 +317,9 @@ fn run_x11_screen(
         }
         let now = Instant::now();
         if s.refresh.is_some_and(|r| now >= last_keyframe + r) {
+            keyframe_due = true;
+        }
+        if demand.as_ref().is_some_and(Demand::take_keyframe) {
             keyframe_due = true;
         }
         let pending = keyframe_due || damaged;
