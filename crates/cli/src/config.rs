@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Context, Result};
 use ndd_core::Pair;
-use ndd_endpoint::{SinkConfig, SourceConfig};
+use ndd_endpoint::{SinkConfig, SourceConfig, X11Window};
 use ndd_modules::ModuleConfig;
 use ndd_wire::{Direction, LayerDecl, Side, StreamDecl};
 use serde::Deserialize;
@@ -141,6 +141,14 @@ impl DirectionName {
         match self {
             DirectionName::DeviceToApp => SideName::Device,
             DirectionName::AppToDevice => SideName::App,
+        }
+    }
+
+    /// The side that sinks this stream.
+    pub fn sink_side(self) -> SideName {
+        match self.source_side() {
+            SideName::Device => SideName::App,
+            SideName::App => SideName::Device,
         }
     }
 }
@@ -317,6 +325,46 @@ impl Config {
                 }
             }
         }
+        self.check_viewers(text)
+    }
+
+    /// The endpoints that work in the viewer window of an `x11-window` sink (an `x11-cursor`
+    /// sink, an `x11-input` source with `window = "viewer"`) need that sink, on the same
+    /// display and the same side; without it they would wait 30 s at run time and fail.
+    fn check_viewers(&self, text: &str) -> Result<()> {
+        let file = self.path.display();
+        let viewer_on = |side: SideName, display: &str| {
+            self.streams.iter().any(|o| {
+                o.direction.sink_side() == side
+                    && matches!(&o.sink, SinkConfig::X11Window(w) if w.display == display)
+            })
+        };
+        for s in &self.streams {
+            let (what, side, display) = match (&s.source, &s.sink) {
+                (_, SinkConfig::X11Cursor(c)) => {
+                    ("the x11-cursor sink", s.direction.sink_side(), &c.display)
+                }
+                (SourceConfig::X11Input(c), _) if c.window == X11Window::Viewer => (
+                    "the x11-input source with window = \"viewer\"",
+                    s.direction.source_side(),
+                    &c.display,
+                ),
+                _ => continue,
+            };
+            if !viewer_on(side, display) {
+                let line = line_of(text, s.name.span().start);
+                let side = match side {
+                    SideName::Device => "device",
+                    SideName::App => "app",
+                };
+                bail!(
+                    "{file}:{line}: stream \"{}\": {what} works in the viewer window of an \
+                     x11-window sink on display {display} on the {side} side, and no stream has \
+                     one; add a stream with sink = {{ type = \"x11-window\", display = \"{display}\" }}",
+                    s.name()
+                );
+            }
+        }
         Ok(())
     }
 
@@ -471,6 +519,48 @@ stack = [{ type = "checksum" }, { type = "bundle", count = 4 }]
             "{ type = \"periodic\", interval_ms = 16 }",
         );
         assert!(err(&periodic).contains("`periodic` forwards only the latest value"));
+    }
+
+    #[test]
+    fn viewer_endpoints_need_an_x11_window_sink_on_their_display_and_side() {
+        let cursor = r#"
+driver = "d"
+[[stream]]
+name = "cursor"
+direction = "app-to-device"
+source = { type = "x11-cursor", display = ":1" }
+sink = { type = "x11-cursor", display = ":0" }
+"#;
+        assert_eq!(
+            err(cursor),
+            "x.toml:4: stream \"cursor\": the x11-cursor sink works in the viewer window of an \
+             x11-window sink on display :0 on the device side, and no stream has one; add a \
+             stream with sink = { type = \"x11-window\", display = \":0\" }"
+        );
+        let screen = r#"
+[[stream]]
+name = "screen"
+direction = "app-to-device"
+source = { type = "x11-screen", display = ":1" }
+sink = { type = "x11-window", display = ":0" }
+"#;
+        Config::parse(&format!("{cursor}{screen}"), Path::new("x.toml")).unwrap();
+        let input = r#"
+driver = "d"
+[[stream]]
+name = "input"
+direction = "device-to-app"
+source = { type = "x11-input", display = ":0", window = "viewer" }
+sink = { type = "xtest", display = ":1" }
+"#;
+        assert!(err(input).contains("the x11-input source with window = \"viewer\" works in"));
+        Config::parse(&format!("{input}{screen}"), Path::new("x.toml")).unwrap();
+        // A window on the other display does not count.
+        assert!(err(&format!(
+            "{input}{}",
+            screen.replace("\":0\" }", "\":5\" }")
+        ))
+        .contains("display :0"));
     }
 
     #[test]
