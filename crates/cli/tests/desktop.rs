@@ -344,6 +344,35 @@ fn a_remote_x_desktop_shows_the_same_pixels_and_takes_clicks_and_keys() {
         t2.elapsed().as_secs_f64()
     );
 
+    // The app side crashes and starts again on the same address: the viewer (still running)
+    // reconnects, its image decoder starts afresh with the new run's, and it shows the screen.
+    let _ = app.kill();
+    let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &addr]));
+    let _bg3 = app_x
+        .spawn("xsetroot", &["-solid", "#208040"])
+        .expect("xsetroot");
+    let t3 = Instant::now();
+    wait_for(
+        "the restarted app's screen in the viewer",
+        Duration::from_secs(30),
+        || {
+            let want = pixels(&a, app_root, 640, 480);
+            let got = pixels(&d, viewer, 640, 480);
+            matches!((want, got), (Some(w), Some(g)) if differing_pixels(&w, &g) == 0)
+                && pixels(&d, viewer, 1, 1).unwrap_or_default().get(..3)
+                    == Some(&[0x40, 0x80, 0x20][..])
+        },
+    );
+    assert!(
+        !dev.stderr_now().contains("error"),
+        "the viewer failed: {}",
+        dev.stderr_now()
+    );
+    println!(
+        "desktop: the viewer shows a restarted app side after {:.2} s",
+        t3.elapsed().as_secs_f64()
+    );
+
     let _ = dev.kill();
     let _ = app.kill();
 }

@@ -834,8 +834,20 @@ impl Session {
         self.peer_resumes += 1;
         if self.peer_resumes == 1 {
             if self.peer_run_id.is_some_and(|p| p != instance) {
-                // The peer restarted: its numbering starts again, and what it had not
-                // completed is encoded again for it.
+                // The peer restarted: its numbering starts again, what it had not completed
+                // is encoded again for it, and every stack starts afresh for it.
+                for i in 0..self.streams.len() {
+                    if !self.streams[i].is_source() {
+                        // What the old run sent and a pair still holds goes to the endpoint
+                        // (counted as the old run's); then the inverse halves start afresh,
+                        // as the restarted peer's forward halves do (a codec's stream state,
+                        // a delta's reference).
+                        self.streams[i].stack.flush(now)?;
+                        self.pump(i);
+                        let s = &mut self.streams[i];
+                        s.stack = s.plan.build_stack()?;
+                    }
+                }
                 self.peer_gen += 1;
                 let mut again = 0;
                 for i in 0..self.streams.len() {
