@@ -4,7 +4,8 @@
 #
 #   frame      every fixture, as a whole message
 #   control    every fixture as a whole message, plus the body of each control* fixture
-#   handshake  every fixture as a whole message, plus the body of each hello* fixture
+#   handshake  every fixture as a whole message, plus the body of each hello* fixture, plus
+#              one of each sealed UDP datagram (crates/link/fixtures/sealed_*.hex)
 #   records    a few device records (input, display)
 set -euo pipefail
 
@@ -32,6 +33,9 @@ for f in "$fixtures"/*.hex; do
     esac
     count=$((count + 1))
 done
+for f in "$here"/../crates/link/fixtures/sealed_*.hex; do
+    hex2bin "$f" >"$corpus/handshake/$(basename "$f" .hex)"
+done
 # Device records (docs/endpoints.md): an input release-all, an input batch with one key
 # press, and a 1x1 display keyframe update.
 printf '\x01\x02' >"$corpus/records/input_release_all"
@@ -41,6 +45,6 @@ printf '\x01\x00\x00\x01\x00\x01\x00\x01\x00\x01\x00\x00\x00\x00\x00\x01\x00\x01
 printf '\x01\x01\x00\x01\x00\x01\x00\x00\x00\x00\x10\x20\x30\xff' >"$corpus/records/cursor_1x1"
 # The image pair: one frame of a 1x1 screen with a solid rect (docs/modules.md, "image"), and
 # the 1x1 display update (which the target also runs through the forward half).
-printf '\x01\x00\x01\x00\x01\x01\x00\x01\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01\x00\x01\x01\x10\x20\x30' >"$corpus/image/solid_1x1"
+printf '\x02\x00\x01\x00\x01\x01\x00\x01\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01\x00\x01\x01\x10\x20\x30' >"$corpus/image/solid_1x1"
 cp "$corpus/records/display_1x1" "$corpus/image/display_1x1"
-echo "seed-corpus: $count fixtures -> $corpus/{frame,control,handshake,session}, 4 device records -> $corpus/records, 2 -> $corpus/image"
+echo "seed-corpus: $count fixtures -> $corpus/{frame,control,handshake,session}, 4 sealed UDP datagrams -> $corpus/handshake, 4 device records -> $corpus/records, 2 -> $corpus/image"

@@ -5,6 +5,9 @@
 # Exits non-zero if any target crashed (the crashing input stays under fuzz/artifacts/).
 #
 #   scripts/fuzz-long.sh [SECONDS]
+#
+# NDD_FUZZ_TARGETS and NDD_FUZZ_PARALLEL pass through to fuzz-smoke.sh (a subset of the
+# targets; several at once, niced).
 set -euo pipefail
 
 secs="${1:-1800}"
@@ -12,10 +15,12 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 mkdir -p target
 log="target/fuzz-long.log"
+# The commit the targets are built from (HEAD may move while they run).
+commit="$(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo '+changes')"
 status=0
 bash scripts/fuzz-smoke.sh "$secs" 2>&1 | tee "$log" || status=$?
 {
-    echo "Fuzz run of $(date -u +%Y-%m-%d), ${secs} s per target, $(nproc) cores, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'):"
+    echo "Fuzz run of $(date -u +%Y-%m-%d), ${secs} s per target, ${NDD_FUZZ_PARALLEL:-1} at once on $(nproc) cores, commit $commit:"
     echo
     echo "| target | executions | corpus inputs | result |"
     echo "|---|---:|---:|---|"

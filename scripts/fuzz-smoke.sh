@@ -6,6 +6,10 @@
 #
 #   scripts/fuzz-smoke.sh [SECONDS]
 #
+# NDD_FUZZ_TARGETS="frame image" runs only those targets; NDD_FUZZ_PARALLEL=N runs N targets
+# at once (each under `nice`, so a build or test beside it keeps priority; the executions
+# each one reached are in the result line).
+#
 # Works on stable Rust without cargo-fuzz: the targets are built with
 # `cargo build --release --manifest-path fuzz/Cargo.toml` and the sanitizer-coverage flags
 # cargo-fuzz would pass (no AddressSanitizer; the wire crate is `forbid(unsafe_code)`). If
@@ -21,7 +25,19 @@ fi
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-targets=(frame control handshake records session image)
+all_targets=(frame control handshake records session image)
+read -r -a targets <<<"${NDD_FUZZ_TARGETS:-${all_targets[*]}}"
+for t in "${targets[@]}"; do
+    if ! [[ " ${all_targets[*]} " == *" $t "* ]]; then
+        echo "fuzz-smoke: unknown target '$t' (targets: ${all_targets[*]})" >&2
+        exit 2
+    fi
+done
+parallel="${NDD_FUZZ_PARALLEL:-1}"
+if ! [[ "$parallel" =~ ^[0-9]+$ ]] || [ "$parallel" -lt 1 ]; then
+    echo "fuzz-smoke: NDD_FUZZ_PARALLEL must be a whole number >= 1" >&2
+    exit 2
+fi
 
 bash fuzz/seed-corpus.sh
 mkdir -p fuzz/artifacts
@@ -51,18 +67,22 @@ else
     cargo build --release --manifest-path fuzz/Cargo.toml --target "$host" --bins
 fi
 
-failed=()
-for t in "${targets[@]}"; do
-    log="fuzz/artifacts/$t.log"
-    mkdir -p "fuzz/artifacts/$t"
-    echo "fuzz-smoke: running $t for ${secs}s"
-    args=(-max_total_time="$secs" -artifact_prefix="fuzz/artifacts/$t/" -print_final_stats=1)
+# One target: its command line; the result line comes from report().
+command_for() {
+    local t="$1"
+    local args=(-max_total_time="$secs" -artifact_prefix="fuzz/artifacts/$t/" -print_final_stats=1)
     if [ "$use_cargo_fuzz" = 1 ]; then
-        cmd=(cargo +nightly fuzz run --release "$t" "fuzz/corpus/$t" -- "${args[@]}")
+        echo cargo +nightly fuzz run --release "$t" "fuzz/corpus/$t" -- "${args[@]}"
     else
-        cmd=("fuzz/target/$host/release/$t" "${args[@]}" "fuzz/corpus/$t")
+        echo "fuzz/target/$host/release/$t" "${args[@]}" "fuzz/corpus/$t"
     fi
-    if "${cmd[@]}" >"$log" 2>&1; then
+}
+
+failed=()
+report() {
+    local t="$1" rc="$2" log="fuzz/artifacts/$1.log"
+    if [ "$rc" = 0 ]; then
+        local runs
         runs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)"
         echo "fuzz-smoke: $t ok (${runs:-?} runs, corpus $(find "fuzz/corpus/$t" -type f | wc -l) inputs)"
     else
@@ -70,6 +90,35 @@ for t in "${targets[@]}"; do
         tail -n 40 "$log" >&2
         failed+=("$t")
     fi
+}
+
+# Runs the targets, at most $parallel at once (in order of the list).
+running=()
+wait_oldest() {
+    local entry="${running[0]}"
+    running=("${running[@]:1}")
+    local rc=0
+    wait "${entry%%:*}" || rc=$?
+    report "${entry#*:}" "$rc"
+}
+for t in "${targets[@]}"; do
+    mkdir -p "fuzz/artifacts/$t"
+    echo "fuzz-smoke: running $t for ${secs}s"
+    read -r -a cmd <<<"$(command_for "$t")"
+    if [ "$parallel" = 1 ]; then
+        rc=0
+        "${cmd[@]}" >"fuzz/artifacts/$t.log" 2>&1 || rc=$?
+        report "$t" "$rc"
+    else
+        nice -n 10 "${cmd[@]}" >"fuzz/artifacts/$t.log" 2>&1 &
+        running+=("$!:$t")
+        if [ "${#running[@]}" -ge "$parallel" ]; then
+            wait_oldest
+        fi
+    fi
+done
+while [ "${#running[@]}" -gt 0 ]; do
+    wait_oldest
 done
 
 if [ "${#failed[@]}" -gt 0 ]; then

@@ -1,12 +1,13 @@
 //! Device records, as a sink endpoint receives them from the peer: display updates (applied
 //! to a framebuffer, as the `x11-window` and `framebuffer` sinks do), cursor records, input
-//! records and serial records. Nothing may panic; whatever parses emits bytes that parse to the same value.
+//! records, serial records and clipboard records. Nothing may panic; whatever parses emits bytes that parse to the same value.
 
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use ndd_endpoint::display::{Cursor, Update};
 use ndd_endpoint::{Framebuffer, InputMessage, PixelFormat, SerialMessage};
+use ndd_wire::clipboard::Contents;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(u) = Update::parse(data) {
@@ -27,5 +28,9 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(m) = SerialMessage::parse(data) {
         let bytes = m.emit();
         assert_eq!(SerialMessage::parse(&bytes), Ok(m));
+    }
+    if let Ok(c) = Contents::parse(data) {
+        let bytes = c.emit().expect("a parsed clipboard record emits");
+        assert_eq!(bytes, data, "clipboard records have one encoding");
     }
 });

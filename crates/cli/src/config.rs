@@ -38,10 +38,10 @@ pub struct LinkConfig {
     pub address: String,
     /// Which side listens (`device` or `app`); the other connects.
     pub listener: SideName,
-    /// `tcp` (default; TLS 1.3 unless `insecure`), `quic`, or `udp` (no encryption: add an
-    /// `encrypt` pair).
+    /// `tcp` (default; TLS 1.3 unless `insecure`), `quic`, or `udp` (sealed datagrams unless
+    /// `insecure`).
     pub transport: crate::session::TransportKind,
-    /// Plain TCP without TLS (prints a warning on every start).
+    /// Plain TCP without TLS, plain UDP without sealing (prints a warning on every start).
     pub insecure: bool,
     /// How long the connecting side keeps retrying its first connection, in ms.
     pub connect_timeout_ms: u64,
@@ -62,6 +62,11 @@ pub struct LinkConfig {
     /// buffer is full stops reading its endpoint until the peer catches up (nothing dropped);
     /// a lossy one drops its oldest (`overflow`).
     pub resume_buffer_bytes: u64,
+    /// Per reliable stream, the smallest in-flight window: bytes written and not yet
+    /// acknowledged. It grows to twice the path's bandwidth-delay product, at most
+    /// `resume_buffer_bytes`; small, it keeps other streams' frames from waiting behind this
+    /// one's in the link's byte stream.
+    pub flight_min_bytes: u64,
 }
 
 impl Default for LinkConfig {
@@ -79,6 +84,7 @@ impl Default for LinkConfig {
             reconnect: true,
             max_backoff_ms: 5000,
             resume_buffer_bytes: 16 << 20,
+            flight_min_bytes: 2 << 20,
         }
     }
 }
@@ -205,6 +211,62 @@ fn line_of(text: &str, offset: usize) -> usize {
         + 1
 }
 
+/// TOML allows `nan` and `inf`; no ndd parameter means them. The first one is an error that
+/// names its key and line.
+fn non_finite(text: &str, path: &Path) -> Result<()> {
+    fn walk(v: &toml::Value, key: &str) -> Option<(String, f64)> {
+        match v {
+            toml::Value::Float(f) if !f.is_finite() => Some((key.to_string(), *f)),
+            toml::Value::Table(t) => t.iter().find_map(|(k, v)| {
+                walk(
+                    v,
+                    &if key.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{key}.{k}")
+                    },
+                )
+            }),
+            toml::Value::Array(a) => a
+                .iter()
+                .enumerate()
+                .find_map(|(i, v)| walk(v, &format!("{key}[{i}]"))),
+            _ => None,
+        }
+    }
+    let Ok(table) = text.parse::<toml::Table>() else {
+        return Ok(());
+    };
+    let Some((key, value)) = walk(&toml::Value::Table(table), "") else {
+        return Ok(());
+    };
+    let last = key.rsplit('.').next().unwrap_or(&key).to_string();
+    let line = text
+        .lines()
+        .position(|l| l.contains(&last) && (l.contains("nan") || l.contains("inf")))
+        .map(|i| format!(":{}", i + 1))
+        .unwrap_or_default();
+    bail!(
+        "{}{line}: key `{key}`: {value} is not a number ndd can use; write a finite number",
+        path.display()
+    )
+}
+
+/// A `host:port` whose port is a number from 0 to 65535 (the host is checked when it is
+/// resolved). `what` names the key or option in the error.
+pub fn check_address(addr: &str, what: &str) -> Result<()> {
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        bail!("{what}: \"{addr}\" has no port; write host:port, e.g. 0.0.0.0:{DEFAULT_PORT}");
+    };
+    if host.is_empty() {
+        bail!("{what}: \"{addr}\" has no host; write host:port, e.g. 0.0.0.0:{port}");
+    }
+    if port.parse::<u16>().is_err() {
+        bail!("{what}: \"{addr}\": port {port} is not a number from 0 to 65535");
+    }
+    Ok(())
+}
+
 impl Config {
     /// Reads and checks a config file. Errors name the file, the line and the key.
     pub fn load(path: &Path) -> Result<Config> {
@@ -223,6 +285,7 @@ impl Config {
             anyhow::anyhow!("{}{line}: {}", path.display(), e.message().trim_end())
         })?;
         cfg.path = path.to_path_buf();
+        non_finite(text, path)?;
         cfg.resolve_paths();
         cfg.validate(text)?;
         cfg.join_sync_groups()?;
@@ -273,6 +336,7 @@ impl Config {
                 self.link.ping_interval_ms
             );
         }
+        check_address(&self.link.address, &format!("{file}: key `link.address`"))?;
         if self.link.handshake_timeout_ms == 0 {
             bail!("{file}: key `link.handshake_timeout_ms`: must be at least 1 ms");
         }
@@ -326,6 +390,27 @@ impl Config {
             }
         }
         self.check_viewers(text)
+    }
+
+    /// Probes the endpoints `side` runs (files, device nodes, directories, X displays; see
+    /// `ndd_endpoint`'s `probe`): a wrong path or display fails here, on the machine that can
+    /// fix it, before any link is up. Errors name the file, the stream, the key and the fix.
+    pub fn probe_side(&self, side: SideName) -> Result<()> {
+        let file = self.path.display();
+        for s in &self.streams {
+            let name = s.name();
+            if s.direction.source_side() == side {
+                s.source
+                    .probe()
+                    .map_err(|e| anyhow::anyhow!("{file}: stream \"{name}\": {e}"))?;
+            }
+            if s.direction.sink_side() == side {
+                s.sink
+                    .probe()
+                    .map_err(|e| anyhow::anyhow!("{file}: stream \"{name}\": {e}"))?;
+            }
+        }
+        Ok(())
     }
 
     /// The endpoints that work in the viewer window of an `x11-window` sink (an `x11-cursor`
@@ -658,5 +743,49 @@ sink = { type = "framebuffer", path = "fb.raw" }
         assert!(err(&twice).contains("stream \"events\" is configured twice"));
         let e = err("driver = \"x\"\n[[stream]\n");
         assert!(e.starts_with("x.toml:2: "), "{e}");
+    }
+
+    #[test]
+    fn nan_inf_and_out_of_range_ports_are_refused_with_their_key() {
+        let nan = GOOD.replace(
+            "source = { type = \"spacenav-sim\" }",
+            "source = { type = \"synthetic\", interval_ms = nan }",
+        );
+        let e = err(&nan);
+        assert_eq!(
+            e,
+            "x.toml:8: key `stream[0].source.interval_ms`: NaN is not a number ndd can use; write a finite number"
+        );
+        let inf = nan.replace("= nan", "= -inf");
+        assert!(err(&inf).contains("key `stream[0].source.interval_ms`: -inf is not"));
+        let port = GOOD.replace("127.0.0.1:9000", "127.0.0.1:78822");
+        assert_eq!(
+            err(&port),
+            "x.toml: key `link.address`: \"127.0.0.1:78822\": port 78822 is not a number from 0 to 65535"
+        );
+        assert!(err(&GOOD.replace("127.0.0.1:9000", "localhost")).contains("has no port"));
+        assert!(check_address("[::1]:7878", "x").is_ok());
+        assert!(check_address(":7878", "x")
+            .unwrap_err()
+            .to_string()
+            .contains("has no host"));
+    }
+
+    #[test]
+    fn probing_a_side_names_the_stream_and_the_key() {
+        let text = GOOD.replace(
+            "sink = { type = \"check\" }",
+            "sink = { type = \"file\", path = \"/nonexistent/dir/out\" }",
+        );
+        let c = Config::parse(&text, Path::new("x.toml")).unwrap();
+        // The device side runs the source only: nothing to probe there.
+        c.probe_side(SideName::Device).unwrap();
+        let e = format!("{:#}", c.probe_side(SideName::App).unwrap_err());
+        assert!(
+            e.starts_with(
+                "x.toml: stream \"events\": file sink: key `path`: directory /nonexistent/dir: "
+            ),
+            "{e}"
+        );
     }
 }

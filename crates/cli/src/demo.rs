@@ -145,6 +145,8 @@ pub async fn run_loopback(
             live_stats,
             duration: None,
             quiet,
+            once: true,
+            metrics: None,
         },
         stop.clone(),
     );
@@ -158,6 +160,8 @@ pub async fn run_loopback(
             live_stats,
             duration,
             quiet,
+            once: true,
+            metrics: None,
         },
         stop,
     );
@@ -196,7 +200,9 @@ pub async fn run(duration: Option<Duration>, stats_json: Option<PathBuf>) -> Res
         stop,
     )
     .await?;
-    eprintln!("\nsummary");
+    // The result goes to stdout (the live lines and notes are on stderr): `ndd demo >
+    // result.txt` keeps it.
+    println!("summary");
     let mut ok = true;
     for (side, rep) in [("device", &dev), ("app", &app)] {
         for s in &rep.streams {
@@ -213,7 +219,7 @@ pub async fn run(duration: Option<Duration>, stats_json: Option<PathBuf>) -> Res
             if let Some(j) = s.jitter_mean_ms {
                 line += &format!("  spacing error {j:.3} ms");
             }
-            eprintln!("{line}");
+            println!("{line}");
             for m in &s.modules {
                 let mut extra: Vec<String> = m
                     .counters
@@ -224,7 +230,7 @@ pub async fn run(duration: Option<Duration>, stats_json: Option<PathBuf>) -> Res
                 if m.drops > 0 {
                     extra.push(format!("drops {}", m.drops));
                 }
-                eprintln!(
+                println!(
                     "      layer {} {:<9} {:>6} → {:<6} frames {:>9} → {:<9} {}",
                     m.layer,
                     m.module,
@@ -237,7 +243,7 @@ pub async fn run(duration: Option<Duration>, stats_json: Option<PathBuf>) -> Res
             }
         }
         for (name, c) in &rep.checks {
-            eprintln!("  [{side}] {name}: {c}");
+            println!("  [{side}] {name}: {c}");
             ok &= c.is_ok();
         }
     }

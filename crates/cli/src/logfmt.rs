@@ -72,3 +72,70 @@ where
         writeln!(writer, "{}{}", f.message, f.rest)
     }
 }
+
+/// An error and its causes on one line, each cause once: a cause already in the text is
+/// left out, and a cause that repeats the one before it and adds to it replaces it (a typed
+/// error often shows its source in its own message too).
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let t = cause.to_string();
+        if t.is_empty() || parts.iter().any(|p| p.contains(&t)) {
+            continue;
+        }
+        match parts.last_mut() {
+            Some(last) if t.contains(last.as_str()) => *last = t,
+            _ => parts.push(t),
+        }
+    }
+    parts.join(": ")
+}
+
+#[cfg(test)]
+mod error_text_tests {
+    use super::error_text;
+    use anyhow::Context;
+
+    /// Shows its source in its own message, and gives it as its source too.
+    #[derive(Debug)]
+    struct Bind {
+        addr: &'static str,
+        source: std::io::Error,
+    }
+
+    impl std::fmt::Display for Bind {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "cannot listen on {}: {}", self.addr, self.source)
+        }
+    }
+
+    impl std::error::Error for Bind {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.source)
+        }
+    }
+
+    #[test]
+    fn each_cause_appears_once() {
+        let io = || std::io::Error::new(std::io::ErrorKind::AddrNotAvailable, "no such address");
+        let e = Err::<(), _>(Bind {
+            addr: "1.2.3.4:99",
+            source: io(),
+        })
+        .context("cannot listen on 1.2.3.4:99")
+        .unwrap_err();
+        assert_eq!(
+            format!("{e:#}"),
+            "cannot listen on 1.2.3.4:99: cannot listen on 1.2.3.4:99: no such address: no such address"
+        );
+        assert_eq!(
+            error_text(&e),
+            "cannot listen on 1.2.3.4:99: no such address"
+        );
+        let e = Err::<(), _>(io())
+            .context("reading x")
+            .context("loading y")
+            .unwrap_err();
+        assert_eq!(error_text(&e), "loading y: reading x: no such address");
+    }
+}

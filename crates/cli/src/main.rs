@@ -5,9 +5,11 @@
 //! process with one clear line on stderr and a non-zero exit code, never a panic.
 
 mod bench;
+mod board;
 mod config;
 mod demo;
 mod logfmt;
+mod rfbaccel;
 mod session;
 mod stats;
 
@@ -77,6 +79,15 @@ enum Command {
         /// Stop after SECONDS.
         #[arg(long, value_name = "SECONDS")]
         duration: Option<f64>,
+        /// One session: give up connecting after link.connect_timeout_ms, stop when the peer
+        /// stops, and end the peer's streams when this side stops. Without it a side outlives
+        /// its peer (keeps its endpoints, waits and reconnects forever).
+        #[arg(long)]
+        once: bool,
+        /// Serve the counters (per stream frames, bytes, drops, latency; link state) in
+        /// Prometheus' text format at http://ADDR/metrics (e.g. 127.0.0.1:9187).
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<String>,
         #[command(flatten)]
         home: HomeArg,
     },
@@ -114,31 +125,62 @@ enum Command {
     },
     /// List every transformation pair and endpoint with its parameters.
     Modules,
-    /// Check a config file and print the plan for both sides.
+    /// Check config files and print the plan for both sides; with --side, also probe that
+    /// side's endpoints (files, device nodes, X displays) on this machine.
     Check {
-        /// The config file.
-        config: PathBuf,
+        /// The config files (each is checked; the exit code is 1 if any fails).
+        #[arg(required = true, num_args = 1..)]
+        configs: Vec<PathBuf>,
+        /// Probe the endpoints this side runs, as `ndd run --side` does before connecting.
+        #[arg(long, value_enum)]
+        side: Option<SideName>,
     },
     /// The RFB Message Accelerator: a VNC proxy, run next to the VNC server, that keeps a
     /// client-pull viewer fast at high latency (docs/rfb-accel.md).
     ///
     /// Point viewers at --listen instead of the server. Security types None and VNC
-    /// authentication pass through untouched.
+    /// authentication pass through untouched. To keep the network leg encrypted and limited to
+    /// pinned peers, run it with --tls-listen next to the server, and on each viewer's machine
+    /// `ndd rfb-accel --listen 127.0.0.1:5901 --tls-connect SERVER-HOST:PORT`.
+    #[command(group(clap::ArgGroup::new("upstream").required(true).args(["server", "tls_connect"])))]
+    #[command(group(clap::ArgGroup::new("viewers").required(true).multiple(true).args(["listen", "tls_listen"])))]
     RfbAccel {
-        /// Where viewers connect (e.g. 0.0.0.0:5901).
+        /// Where viewers connect in plain RFB (e.g. 127.0.0.1:5901).
         #[arg(long, value_name = "ADDR")]
-        listen: String,
-        /// The VNC server (e.g. 127.0.0.1:5900).
+        listen: Option<String>,
+        /// Where `ndd rfb-accel --tls-connect` peers connect: TLS 1.3 with this install's
+        /// identity, only peers in known_peers (e.g. 0.0.0.0:5902).
         #[arg(long, value_name = "ADDR")]
-        server: String,
+        tls_listen: Option<String>,
+        /// The VNC server (e.g. 127.0.0.1:5900): accelerate here.
+        #[arg(long, value_name = "ADDR")]
+        server: Option<String>,
+        /// Instead of a server: carry each viewer of --listen over a pinned TLS tunnel to the
+        /// `ndd rfb-accel --tls-listen` at ADDR, which accelerates next to the server.
+        #[arg(long, value_name = "ADDR", conflicts_with_all = ["server", "tls_listen", "no_accelerate"])]
+        tls_connect: Option<String>,
         /// Proxy without pipelining requests (for comparison).
         #[arg(long)]
         no_accelerate: bool,
+        #[command(flatten)]
+        home: HomeArg,
     },
     /// Benchmarks; each prints figures next to a raw baseline measured in the same run.
     Bench {
         #[command(subcommand)]
         which: bench::BenchCmd,
+    },
+    /// Print a shell completion script (e.g. `ndd completions bash > /etc/bash_completion.d/ndd`).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages (ndd.1 and one per subcommand, ndd-run.1 …) into DIR.
+    Man {
+        /// Where to write them.
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
     },
 }
 
@@ -148,7 +190,7 @@ fn main() {
     let code = match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("ndd: error: {e:#}");
+            eprintln!("ndd: error: {}", logfmt::error_text(&e));
             1
         }
     };
@@ -161,7 +203,7 @@ fn init_tracing(verbose: u8) {
     // The session's notes (connected, link lost, restored) are ndd's own INFO lines: shown by
     // default; other crates' only from -v.
     let default = match verbose {
-        0 => "warn,ndd::session=info",
+        0 => "warn,ndd::session=info,ndd::rfbaccel=info,ndd_link::establish=info",
         1 => "info",
         2 => "debug",
         _ => "trace",
@@ -169,7 +211,7 @@ fn init_tracing(verbose: u8) {
     let filter = EnvFilter::try_from_env("NDD_LOG").unwrap_or_else(|_| EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(board::LogWriter)
         .with_ansi(std::io::stderr().is_terminal())
         .event_format(logfmt::Compact)
         .try_init();
@@ -238,10 +280,18 @@ fn run(cli: Cli) -> Result<i32> {
             stats,
             stats_json,
             duration: d,
+            once,
+            metrics,
             home,
         } => {
             let cfg = Config::load(&config)?;
             let d = duration(d)?;
+            if let Some(a) = &listen {
+                config::check_address(a, "--listen")?;
+            }
+            if let Some(a) = &connect {
+                config::check_address(a, "--connect")?;
+            }
             let endpoint = match (listen, connect) {
                 (Some(a), _) => Endpoint::Listen(a),
                 (None, Some(a)) => Endpoint::Connect(a),
@@ -258,6 +308,8 @@ fn run(cli: Cli) -> Result<i32> {
                 live_stats: stats.then_some(Duration::from_secs(1)),
                 duration: d,
                 quiet: false,
+                once,
+                metrics,
             };
             let rt = runtime()?;
             let report = rt.block_on(async {
@@ -345,47 +397,45 @@ fn run(cli: Cli) -> Result<i32> {
             print!("{}", catalogue_text());
             Ok(0)
         }
-        Command::Check { config } => {
-            let cfg = Config::load(&config)?;
-            println!(
-                "{}: driver \"{}\", {} stream(s), link {}",
-                config.display(),
-                cfg.driver,
-                cfg.streams.len(),
-                cfg.link.address
-            );
-            for (i, s) in cfg.streams.iter().enumerate() {
-                let stack: Vec<String> = s
-                    .pairs()
-                    .iter()
-                    .map(|m| ndd_core::Pair::describe(*m))
-                    .collect();
-                println!(
-                    "  stream {} \"{}\" {}: {} -> [{}] -> {}",
-                    Config::stream_id(i),
-                    s.name(),
-                    s.direction.wire(),
-                    s.source.describe(),
-                    stack.join(", "),
-                    s.sink.describe()
-                );
+        Command::Check { configs, side } => {
+            let mut failed = 0;
+            for config in &configs {
+                match check_one(config, side) {
+                    Ok(()) => {}
+                    Err(e) => {
+                        failed += 1;
+                        eprintln!("ndd: error: {}", logfmt::error_text(&e));
+                    }
+                }
             }
-            Ok(0)
+            if failed > 0 && configs.len() > 1 {
+                eprintln!("ndd: {failed} of {} config files failed", configs.len());
+            }
+            Ok(if failed > 0 { 1 } else { 0 })
         }
         Command::RfbAccel {
             listen,
+            tls_listen,
             server,
+            tls_connect,
             no_accelerate,
+            home,
         } => {
             let opts = ndd_rfb::AccelOptions {
                 accelerate: !no_accelerate,
                 ..ndd_rfb::AccelOptions::default()
             };
+            let plan = rfbaccel::Plan {
+                listen,
+                tls_listen,
+                server,
+                tls_connect,
+                home: home.dir(),
+            };
             let rt = runtime()?;
             rt.block_on(async {
-                eprintln!("ndd rfb-accel: viewers connect to {listen}, forwarded to {server}");
                 tokio::select! {
-                    r = ndd_rfb::run_accel(&listen, &server, opts) => r.context("rfb-accel"),
+                    r = rfbaccel::run(plan, opts) => r,
                     _ = tokio::signal::ctrl_c() => Ok(()),
                 }
             })?;
@@ -396,10 +446,61 @@ fn run(cli: Cli) -> Result<i32> {
             rt.block_on(bench::run(which))?;
             Ok(0)
         }
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "ndd", &mut std::io::stdout());
+            Ok(0)
+        }
+        Command::Man { dir } => {
+            use clap::CommandFactory;
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            let cmd = Cli::command();
+            clap_mangen::generate_to(cmd, &dir)
+                .with_context(|| format!("cannot write man pages into {}", dir.display()))?;
+            println!("wrote the man pages into {}", dir.display());
+            Ok(0)
+        }
     }
 }
 
 /// The text of `ndd modules`.
+/// `ndd check` of one file: the plan, and with `side` that side's endpoints probed.
+fn check_one(config: &Path, side: Option<SideName>) -> Result<()> {
+    let cfg = Config::load(config)?;
+    if let Some(side) = side {
+        cfg.probe_side(side)?;
+    }
+    println!(
+        "{}: driver \"{}\", {} stream(s), link {}{}",
+        config.display(),
+        cfg.driver,
+        cfg.streams.len(),
+        cfg.link.address,
+        match side {
+            Some(s) => format!("; the {s} side's endpoints are there"),
+            None => String::new(),
+        }
+    );
+    for (i, s) in cfg.streams.iter().enumerate() {
+        let stack: Vec<String> = s
+            .pairs()
+            .iter()
+            .map(|m| ndd_core::Pair::describe(*m))
+            .collect();
+        println!(
+            "  stream {} \"{}\" {}: {} -> [{}] -> {}",
+            Config::stream_id(i),
+            s.name(),
+            s.direction.wire(),
+            s.source.describe(),
+            stack.join(", "),
+            s.sink.describe()
+        );
+    }
+    Ok(())
+}
+
 fn catalogue_text() -> String {
     let mut out = String::from("Transformation pairs (stack = [{ type = \"…\", … }]):\n");
     for m in ndd_modules::CATALOGUE {

@@ -17,6 +17,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use ndd_core::session::{Event, Incoming, Session, SessionConfig, StreamPlan, Transmit};
 use ndd_core::{Frame, Meta, Pair, Role};
 use ndd_endpoint::delivered::INJECTED_SEQ;
+use ndd_endpoint::display::LinkState;
 use ndd_endpoint::{CheckReport, Delivered, Demand, SinkReport, SourceReport};
 use ndd_link::{Connector, EstablishError, Established, HandshakeCtx, Identity, Listener, Rx, Tx};
 use std::future::Future;
@@ -58,6 +59,65 @@ pub struct RunOptions {
     pub duration: Option<Duration>,
     /// No informational lines on stderr (benchmarks); errors still surface as `Err`.
     pub quiet: bool,
+    /// One session (`--once`): the first connect gives up after `connect_timeout_ms`, the
+    /// peer's stop ends this side, and this side's stop ends the peer's streams (END). Without
+    /// it a side outlives its peer: it keeps its endpoints and waits for the peer forever.
+    pub once: bool,
+    /// Serve the counters in Prometheus' text format at `http://ADDR/metrics`.
+    pub metrics: Option<String>,
+}
+
+/// What `--metrics` serves, refreshed every second.
+type Metrics = Arc<std::sync::Mutex<String>>;
+
+/// Binds `addr` and answers every `GET /metrics` with the latest snapshot (404 otherwise).
+async fn serve_metrics(addr: &str) -> Result<(Metrics, JoinHandle<()>)> {
+    let l = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("--metrics: cannot listen on {addr}"))?;
+    let snapshot: Metrics = Arc::default();
+    let s = snapshot.clone();
+    let task = tokio::spawn(async move {
+        while let Ok((mut c, _)) = l.accept().await {
+            let s = s.clone();
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut req = Vec::new();
+                let mut buf = [0u8; 1024];
+                let read = async {
+                    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 8192 {
+                        match c.read(&mut buf).await {
+                            Ok(0) | Err(_) => return false,
+                            Ok(n) => req.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    true
+                };
+                if !matches!(
+                    tokio::time::timeout(Duration::from_secs(2), read).await,
+                    Ok(true)
+                ) {
+                    return;
+                }
+                let ok = req.starts_with(b"GET /metrics ") || req.starts_with(b"GET /metrics?");
+                let body = if ok {
+                    s.lock().unwrap_or_else(|p| p.into_inner()).clone()
+                } else {
+                    "not found: the counters are at /metrics\n".to_string()
+                };
+                let head = format!(
+                    "HTTP/1.1 {}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
+                     Content-Length: {}\r\nConnection: close\r\n\r\n",
+                    if ok { "200 OK" } else { "404 Not Found" },
+                    body.len()
+                );
+                let _ = c.write_all(head.as_bytes()).await;
+                let _ = c.write_all(body.as_bytes()).await;
+                let _ = c.shutdown().await;
+            });
+        }
+    });
+    Ok((snapshot, task))
 }
 
 /// What a side did.
@@ -215,8 +275,16 @@ impl Link {
                 }
                 self.done_writing(tx, spare);
             }
-            if let Some(mut tx) = self.idle.take() {
-                let _ = tx.shutdown().await;
+            let Some(mut tx) = self.idle.take() else {
+                return;
+            };
+            let tcp = matches!(tx, Tx::Tcp(_));
+            let _ = tx.shutdown().await;
+            // On TCP, read on until the peer closes too: closing a socket with unread bytes
+            // (the peer's last PINGs and ACKs) resets the connection, and the peer could lose
+            // our CLOSE to the reset. (Datagram links have no reset and no end.)
+            if tcp {
+                while let Some((_, Ok(Some(_)))) = self.inbound.recv().await {}
             }
         };
         let _ = tokio::time::timeout(Duration::from_secs(1), finish).await;
@@ -242,6 +310,8 @@ struct StreamIo {
     completed: Option<Delivered>,
     /// Sink of an input device: the record that releases every held key and button.
     release: Option<Vec<u8>>,
+    /// Sink that shows the link's state (a viewer window).
+    shows_link: bool,
     /// Source that captures on demand: when the session wants its next frame.
     demand: Option<Demand>,
 }
@@ -276,14 +346,17 @@ pub async fn run_side(
     let started = Instant::now();
     let deadline = opts.duration.map(|d| started + d);
     let insecure = opts.insecure || cfg.link.insecure;
-    if insecure && !quiet {
+    // This side's endpoints, before anything connects: a wrong path or display is reported
+    // here, not after the peer came.
+    cfg.probe_side(side)?;
+    let transport = cfg.link.transport;
+    if insecure && !quiet && transport != TransportKind::Udp {
         tracing::warn!(
             side = %side,
             "WARNING: --insecure: the link is plain TCP, neither authenticated nor encrypted; \
              anyone on the path can read and inject frames"
         );
     }
-    let transport = cfg.link.transport;
     if transport == TransportKind::Quic && insecure {
         bail!("QUIC always encrypts and authenticates: drop --insecure / link.insecure, or use transport = \"tcp\"");
     }
@@ -296,7 +369,7 @@ pub async fn run_side(
         ndd_link::KnownPeers::load(&opts.home)?;
         Some(Arc::new(ndd_link::Tls::new(identity).context("TLS setup")?))
     };
-    if transport == TransportKind::Udp && !quiet {
+    if transport == TransportKind::Udp && insecure && !quiet {
         let bare: Vec<&str> = cfg
             .streams
             .iter()
@@ -306,8 +379,8 @@ pub async fn run_side(
         if !bare.is_empty() {
             tracing::warn!(
                 side = %side,
-                "WARNING: the UDP link neither encrypts nor authenticates; stream(s) {} carry no \
-                 `encrypt` pair, so anyone on the path can read and inject their frames",
+                "WARNING: --insecure: the UDP link neither encrypts nor authenticates; stream(s) {} \
+                 carry no `encrypt` pair, so anyone on the path can read and inject their frames",
                 bare.join(", ")
             );
         }
@@ -318,9 +391,21 @@ pub async fn run_side(
         tls: tls.clone(),
         home: opts.home.clone(),
         timeout: Duration::from_millis(cfg.link.connect_timeout_ms),
+        keep_trying: !opts.once,
         handshake_timeout: Duration::from_millis(cfg.link.handshake_timeout_ms),
         max_backoff: Duration::from_millis(cfg.link.max_backoff_ms),
         side: side.as_str(),
+    };
+    let metrics = match &opts.metrics {
+        Some(addr) => {
+            let (m, task) = serve_metrics(addr).await?;
+            // Before the first peer: the link is down, no stream has moved.
+            *m.lock().unwrap_or_else(|p| p.into_inner()) =
+                crate::stats::prometheus(side.as_str(), false, 0, &[]);
+            note!(quiet, side, "metrics at http://{addr}/metrics");
+            Some((m, AbortOnDrop(task)))
+        }
+        None => None,
     };
     let connector = match opts.endpoint {
         Endpoint::ListenOn(l) if transport == TransportKind::Tcp => Connector::Listen(l),
@@ -335,7 +420,20 @@ pub async fn run_side(
     // The first link: any failure here ends the run (mismatch, untrusted, nobody there).
     let first = tokio::select! {
         e = connector.establish(&ctx, true) => e?,
-        _ = stop.changed() => bail!("stopped before a peer connected"),
+        _ = stop.changed() => {
+            if opts.once {
+                bail!("stopped before a peer connected");
+            }
+            // A side that outlives its peers stopped cleanly: nothing to report.
+            note!(quiet, side, "stopped before a peer connected");
+            return Ok(RunReport {
+                streams: Vec::new(),
+                checks: Vec::new(),
+                peer: String::new(),
+                clock_offset: None,
+                recoveries: Vec::new(),
+            });
+        }
         _ = sleep_until_opt(deadline) => bail!(
             "no peer connected within --duration ({:.1} s)",
             opts.duration.unwrap_or_default().as_secs_f64()
@@ -379,6 +477,7 @@ pub async fn run_side(
             sink_task: None,
             completed: None,
             release,
+            shows_link: role == Role::Sink && s.sink.shows_link_state(),
             demand: None,
         };
         let (tx, rx) = mpsc::channel::<Frame>(64);
@@ -415,18 +514,25 @@ pub async fn run_side(
 
     let scfg = SessionConfig {
         resume_buffer_bytes: cfg.link.resume_buffer_bytes as usize,
+        flight_min_bytes: cfg.link.flight_min_bytes as usize,
         ping_interval: Duration::from_millis(cfg.link.ping_interval_ms.max(10)),
         keepalive_timeout: Duration::from_millis(cfg.link.keepalive_timeout_ms),
         reconnect: cfg.link.reconnect,
+        outlive_peer: !opts.once,
         ..SessionConfig::default()
     };
     let mut sess = Session::new(scfg, plans, run_id())?;
     sess.handle_link_up(Instant::now());
     let mut link = Some(Link::new(first));
     let mut reconnect: Option<Reconnect<'_>> = None;
-    let mut next_stats = opts.live_stats.map(|d| Instant::now() + d);
+    // Live lines and the metrics snapshot are refreshed on the same tick.
+    let tick = opts
+        .live_stats
+        .or(metrics.as_ref().map(|_| Duration::from_secs(1)));
+    let mut next_stats = tick.map(|d| Instant::now() + d);
     let mut cursor = 0usize;
     let mut stopping = false;
+    let mut link_state = "up";
 
     let result: Result<()> = async {
         loop {
@@ -459,21 +565,38 @@ pub async fn run_side(
                     Event::StreamEnded { stream } => io[stream].sink = None,
                     Event::LinkLost { reason } => {
                         note!(quiet, side, "link lost: {reason}; reconnecting");
+                        show_link(&io, LinkState::Down).await;
+                        link_state = "down, reconnecting";
                         link = None;
                         reconnect = Some(Box::pin(connector.establish(&ctx, false)));
                     }
-                    Event::Resumed { after, resending } => note!(
-                        quiet,
-                        side,
-                        "link restored after {:.0} ms; resending {resending} unacknowledged frame(s)",
-                        after.as_secs_f64() * 1e3
-                    ),
+                    Event::PeerStopped { reason } => {
+                        note!(
+                            quiet,
+                            side,
+                            "{reason}; this side keeps its endpoints and waits for it to come back"
+                        );
+                        show_link(&io, LinkState::PeerStopped).await;
+                        link_state = "down: the peer stopped; waiting for it";
+                        link = None;
+                        reconnect = Some(Box::pin(connector.establish(&ctx, false)));
+                    }
+                    Event::Resumed { after, resending } => {
+                        note!(
+                            quiet,
+                            side,
+                            "link restored after {:.0} ms; resending {resending} unacknowledged frame(s)",
+                            after.as_secs_f64() * 1e3
+                        );
+                        show_link(&io, LinkState::Up).await;
+                    }
                     Event::PeerRestarted { resending } => {
                         note!(
                             quiet,
                             side,
                             "the peer restarted; its streams start again ({resending} frame(s) it had not completed are sent again)"
                         );
+                        show_link(&io, LinkState::Up).await;
                         // A restarted viewer has none of the screen: send all of it.
                         for d in io.iter().filter_map(|e| e.demand.as_ref()) {
                             d.request_keyframe();
@@ -559,6 +682,13 @@ pub async fn run_side(
                         l.done_writing(tx, spare);
                     }
                     if let Err(e) = r {
+                        // What the peer said before the link broke counts first (its CLOSE
+                        // explains the break).
+                        if let Some(l) = link.as_mut() {
+                            while let Ok((at, Ok(Some(m)))) = l.inbound.try_recv() {
+                                sess.handle_message(now, at, m)?;
+                            }
+                        }
                         sess.handle_link_lost(now, &e.to_string())?;
                     }
                 }
@@ -578,6 +708,7 @@ pub async fn run_side(
                         Ok(e) => {
                             note!(quiet, side, "reconnected to {}", e.peer);
                             link = Some(Link::new(e));
+                            link_state = "up";
                             sess.handle_link_up(Instant::now());
                         }
                         Err(e) => return Err(anyhow!(e).context("cannot reconnect")),
@@ -601,11 +732,42 @@ pub async fn run_side(
                     let now = Instant::now();
                     sess.handle_timeout(now)?;
                     if next_stats.is_some_and(|t| now >= t) {
+                        // On a terminal a table redrawn in place, every stream every tick;
+                        // otherwise lines for the streams that moved.
+                        let table = crate::board::live_table();
+                        let mut rows = Vec::new();
                         for (i, e) in io.iter_mut().enumerate() {
                             refresh(&mut e.stats, &sess, i);
-                            eprintln!("{}", e.stats.live_line(side.as_str()));
+                            if opts.live_stats.is_some() && table {
+                                rows.push(e.stats.live_row());
+                            } else if opts.live_stats.is_some() && e.stats.due(now) {
+                                rows.push(e.stats.live_line(side.as_str()));
+                            }
                         }
-                        next_stats = opts.live_stats.map(|d| now + d);
+                        if opts.live_stats.is_some() {
+                            let rtt = sess
+                                .clock()
+                                .filter(|_| link.is_some())
+                                .map(|c| format!(" · rtt {:.2} ms", c.rtt_ns as f64 / 1e6))
+                                .unwrap_or_default();
+                            let heading = format!(
+                                "[{side}] link {link_state} · peer {peer}{rtt} · {} recoveries",
+                                sess.recoveries().len()
+                            );
+                            crate::board::show(side.as_str(), crate::board::Panel { heading, rows });
+                        }
+                        if let Some((m, _)) = &metrics {
+                            let streams: Vec<StreamSummary> =
+                                io.iter().map(|e| e.stats.summary()).collect();
+                            let text = crate::stats::prometheus(
+                                side.as_str(),
+                                link.is_some(),
+                                sess.recoveries().len(),
+                                &streams,
+                            );
+                            *m.lock().unwrap_or_else(|p| p.into_inner()) = text;
+                        }
+                        next_stats = tick.map(|d| now + d);
                     }
                     if !stopping && deadline.is_some_and(|d| now >= d) {
                         stopping = true;
@@ -620,8 +782,9 @@ pub async fn run_side(
 
     // Wind down: say what is left to say, stop the sources, let the sinks finish.
     drop(reconnect);
+    crate::board::leave(side.as_str());
     if let Err(e) = &result {
-        sess.abort(&format!("{e:#}"));
+        sess.abort(&crate::logfmt::error_text(e));
     }
     if let Some(l) = link.take() {
         l.goodbye(&mut sess).await;
@@ -677,6 +840,30 @@ fn refresh(s: &mut StreamStats, sess: &Session, i: usize) {
     s.duplicates = c.duplicates;
     s.overflow = c.overflow;
     s.stale = c.stale;
+}
+
+/// Tells the sinks that show the link's state (viewer windows) what it is now.
+async fn show_link(io: &[StreamIo], state: LinkState) {
+    for e in io.iter().filter(|e| e.shows_link) {
+        if let Some(tx) = &e.sink {
+            let meta = Meta {
+                stream: 0,
+                seq: INJECTED_SEQ,
+                timestamp_ns: wall_ns(),
+                flags: 0,
+            };
+            let _ = tx.send(Frame::new(meta, &state.payload())).await;
+        }
+    }
+}
+
+/// Aborts its task when dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 async fn sleep_until_opt(t: Option<Instant>) {

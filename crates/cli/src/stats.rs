@@ -6,6 +6,9 @@ use ndd_core::LayerStats;
 use serde::Serialize;
 use std::time::{Duration, Instant};
 
+/// An idle stream's live line comes this often (one with traffic, every stats period).
+pub const IDLE_LINE_EVERY: Duration = Duration::from_secs(10);
+
 /// Counters of one stream on one side.
 #[derive(Debug)]
 pub struct StreamStats {
@@ -198,8 +201,20 @@ impl StreamStats {
         }
     }
 
-    /// The live line: totals, rate since the last line, latency and jitter.
+    /// Whether the stream gets a live line at `now`: it moved frames since its last line, or
+    /// its last line is [`IDLE_LINE_EVERY`] old (an idle stream is not printed every second).
+    pub fn due(&self, now: Instant) -> bool {
+        self.frames != self.window.1
+            || now.saturating_duration_since(self.window.0) >= IDLE_LINE_EVERY
+    }
+
+    /// The live line: `[side]` and the [`Self::live_row`].
     pub fn live_line(&mut self, side: &str) -> String {
+        format!("[{side}] {}", self.live_row())
+    }
+
+    /// Totals, rate since the last row, latency, jitter and drops (the live table's row).
+    pub fn live_row(&mut self) -> String {
         let now = Instant::now();
         let (t, f0, b0) = self.window;
         let dt = now
@@ -211,7 +226,7 @@ impl StreamStats {
         self.window = (now, self.frames, self.bytes);
         let s = self.summary();
         let mut line = format!(
-            "[{side}] {:<10} {:<5} {} {:>8} frames {:>7.1} f/s {:>9}/s",
+            "{:<10} {:<6} {} {:>8} frames {:>7.1} f/s {:>9}/s",
             s.name,
             s.role,
             s.direction,
@@ -236,7 +251,7 @@ impl StreamStats {
         line
     }
 
-    /// `  image medium 28.7 fps 0.33 Mbit/frame path 19.8 Mbit/s rtt 102 ms`: the display
+    /// `  image medium q80 28.7 fps 0.33 Mbit/frame path 19.8 Mbit/s rtt 102 ms`: the display
     /// codec's preset, its frame rate and frame size on the wire since the last line, and its
     /// estimate of the path (source side only).
     fn image_part(
@@ -264,8 +279,13 @@ impl StreamStats {
         } else {
             0.0
         };
+        // The JPEG quality in use: `auto` moves between the presets in finer steps.
+        let q = match get("jpeg_q") {
+            Some(q) if q > 0 => format!(" q{q}"),
+            _ => String::new(),
+        };
         let mut out = format!(
-            "  image {name} {:.1} fps {mbit_frame:.3} Mbit/frame",
+            "  image {name}{q} {:.1} fps {mbit_frame:.3} Mbit/frame",
             df as f64 / dt
         );
         if let Some(k) = get("bottleneck_kbps").filter(|&k| k > 0) {
@@ -294,6 +314,130 @@ pub fn human_bytes(b: f64) -> String {
     }
 }
 
+/// The Prometheus text exposition (version 0.0.4) of one side's counters (`--metrics`).
+pub fn prometheus(
+    side: &str,
+    link_up: bool,
+    recoveries: usize,
+    streams: &[StreamSummary],
+) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let mut family =
+        |name: &str, kind: &str, help: &str, values: &mut dyn Iterator<Item = (String, String)>| {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (labels, v) in values {
+                let _ = writeln!(s, "{name}{{{labels}}} {v}");
+            }
+        };
+    let side_label = format!("side=\"{side}\"");
+    family(
+        "ndd_link_up",
+        "gauge",
+        "1 while a link to the peer is up, 0 while this side waits or reconnects.",
+        &mut std::iter::once((side_label.clone(), u8::from(link_up).to_string())),
+    );
+    family(
+        "ndd_link_recoveries_total",
+        "counter",
+        "Link losses recovered (reconnected and resumed).",
+        &mut std::iter::once((side_label.clone(), recoveries.to_string())),
+    );
+    let labels = |st: &StreamSummary| {
+        format!(
+            "side=\"{side}\",stream=\"{}\",role=\"{}\"",
+            st.name.replace('\\', "\\\\").replace('"', "\\\""),
+            st.role
+        )
+    };
+    type Get = fn(&StreamSummary) -> Option<f64>;
+    let counters: [(&str, &str, Get); 9] = [
+        (
+            "ndd_stream_frames_total",
+            "Frames through the stream's endpoint on this side.",
+            |s| Some(s.frames as f64),
+        ),
+        (
+            "ndd_stream_bytes_total",
+            "Payload bytes through the stream's endpoint on this side.",
+            |s| Some(s.bytes as f64),
+        ),
+        (
+            "ndd_stream_wire_frames_total",
+            "Frames of the stream over the link.",
+            |s| Some(s.wire_frames as f64),
+        ),
+        (
+            "ndd_stream_wire_bytes_total",
+            "Bytes of the stream over the link.",
+            |s| Some(s.wire_bytes as f64),
+        ),
+        (
+            "ndd_stream_drops_total",
+            "Frames dropped by the stream's pairs.",
+            |s| Some(s.drops as f64),
+        ),
+        (
+            "ndd_stream_retransmits_total",
+            "Frames resent after a reconnect.",
+            |s| Some(s.retransmits as f64),
+        ),
+        (
+            "ndd_stream_duplicates_total",
+            "Resent frames dropped as already delivered.",
+            |s| Some(s.duplicates as f64),
+        ),
+        (
+            "ndd_stream_overflow_total",
+            "Frames dropped from a full resume buffer.",
+            |s| Some(s.overflow as f64),
+        ),
+        (
+            "ndd_stream_stale_total",
+            "Input frames not replayed after an outage.",
+            |s| Some(s.stale as f64),
+        ),
+    ];
+    for (name, help, get) in counters {
+        family(
+            name,
+            "counter",
+            help,
+            &mut streams
+                .iter()
+                .filter_map(|st| Some((labels(st), get(st)?.to_string()))),
+        );
+    }
+    let gauges: [(&str, &str, Get); 3] = [
+        (
+            "ndd_stream_latency_p50_seconds",
+            "One-way latency, median since start (sink side).",
+            |s| s.latency_p50_ms.map(|v| v / 1e3),
+        ),
+        (
+            "ndd_stream_latency_p99_seconds",
+            "One-way latency, 99th percentile since start (sink side).",
+            |s| s.latency_p99_ms.map(|v| v / 1e3),
+        ),
+        (
+            "ndd_stream_jitter_mean_seconds",
+            "Mean inter-frame spacing error (sink side).",
+            |s| s.jitter_mean_ms.map(|v| v / 1e3),
+        ),
+    ];
+    for (name, help, get) in gauges {
+        family(
+            name,
+            "gauge",
+            help,
+            &mut streams
+                .iter()
+                .filter_map(|st| Some((labels(st), get(st)?.to_string()))),
+        );
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -313,7 +457,12 @@ mod tests {
             half: ndd_core::HalfStats {
                 drops: 0,
                 queue_depth: 2,
-                counters: vec![("preset", 1), ("rtt_ms", 104), ("bottleneck_kbps", 19_800)],
+                counters: vec![
+                    ("preset", 1),
+                    ("jpeg_q", 45),
+                    ("rtt_ms", 104),
+                    ("bottleneck_kbps", 19_800),
+                ],
             },
         };
         s.layers = vec![layer(0, 0)];
@@ -323,7 +472,7 @@ mod tests {
         let line = s.live_line("app");
         let part = line.split("  image ").nth(1).expect(&line);
         let (fps, rest) = part
-            .strip_prefix("low ")
+            .strip_prefix("low q45 ")
             .and_then(|p| p.split_once(" fps "))
             .expect(&line);
         assert!(fps.parse::<f64>().unwrap() > 0.0, "{line}");
@@ -355,5 +504,17 @@ mod tests {
         assert_eq!(human_bytes(999.0), "999 B");
         assert_eq!(human_bytes(1500.0), "1.5 KB");
         assert_eq!(human_bytes(2.5e9), "2.5 GB");
+    }
+
+    #[test]
+    fn an_idle_stream_gets_a_line_only_every_ten_seconds() {
+        let mut s = StreamStats::new("e", "sink", "device→app".into());
+        let now = Instant::now();
+        assert!(!s.due(now), "no frames yet, just started");
+        s.frames += 1;
+        assert!(s.due(now));
+        let _ = s.live_line("app");
+        assert!(!s.due(Instant::now()), "nothing new since that line");
+        assert!(s.due(Instant::now() + IDLE_LINE_EVERY));
     }
 }

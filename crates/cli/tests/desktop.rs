@@ -74,6 +74,16 @@ name = "cursor"
 direction = "app-to-device"
 source = { type = "x11-cursor", display = "APP" }
 sink = { type = "x11-cursor", display = "DEV" }
+[[stream]]
+name = "clipboard-to-app"
+direction = "device-to-app"
+source = { type = "x11-clipboard", display = "DEV" }
+sink = { type = "x11-clipboard", display = "APP" }
+[[stream]]
+name = "clipboard-to-device"
+direction = "app-to-device"
+source = { type = "x11-clipboard", display = "APP" }
+sink = { type = "x11-clipboard", display = "DEV" }
 "#;
 
 #[test]
@@ -305,6 +315,64 @@ fn a_remote_x_desktop_shows_the_same_pixels_and_takes_clicks_and_keys() {
     );
     println!("desktop: the viewer shows the app's cursor and its change of shape");
 
+    // The clipboard both ways, copied and pasted with xclip (when installed).
+    if have("xclip") {
+        let xclip = |display: &str, args: &[&str], input: Option<&str>| -> Option<String> {
+            let mut c = Command::new("xclip");
+            c.env("DISPLAY", display)
+                .args(args)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null());
+            let mut child = c.spawn().expect("xclip");
+            if let Some(text) = input {
+                use std::io::Write;
+                let _ = child
+                    .stdin
+                    .take()
+                    .expect("stdin")
+                    .write_all(text.as_bytes());
+                // `xclip -i` forks a child that owns the selection; the parent exits.
+                let _ = child.wait();
+                return None;
+            }
+            drop(child.stdin.take());
+            let out = child.wait_with_output().ok()?;
+            out.status
+                .success()
+                .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+        };
+        xclip(
+            &app_x.display,
+            &["-selection", "clipboard", "-i"],
+            Some("from the app ✓"),
+        );
+        wait_for(
+            "the app's copy pasted on the device",
+            Duration::from_secs(15),
+            || {
+                xclip(&dev_x.display, &["-selection", "clipboard", "-o"], None).as_deref()
+                    == Some("from the app ✓")
+            },
+        );
+        xclip(
+            &dev_x.display,
+            &["-selection", "primary", "-i"],
+            Some("selected on the device"),
+        );
+        wait_for(
+            "the device's selection pasted on the app",
+            Duration::from_secs(15),
+            || {
+                xclip(&app_x.display, &["-selection", "primary", "-o"], None).as_deref()
+                    == Some("selected on the device")
+            },
+        );
+        println!("desktop: the clipboard goes both ways");
+    } else {
+        println!("clipboard part SKIPPED: needs xclip (apt-get install xclip)");
+    }
+
     // The viewer crashes and starts again: the app side sends the new one the whole screen
     // (a keyframe on the peer's restart; this config has no periodic keyframes), not only
     // what changes from now on.
@@ -347,6 +415,12 @@ fn a_remote_x_desktop_shows_the_same_pixels_and_takes_clicks_and_keys() {
     // The app side crashes and starts again on the same address: the viewer (still running)
     // reconnects, its image decoder starts afresh with the new run's, and it shows the screen.
     let _ = app.kill();
+    // Meanwhile the viewer says the link is down (its title; the image is dimmed).
+    wait_for(
+        "the viewer's title naming the lost link",
+        Duration::from_secs(30),
+        || window_named(&d, "ndd desktop test (link down, reconnecting)") == Some(viewer),
+    );
     let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &addr]));
     let _bg3 = app_x
         .spawn("xsetroot", &["-solid", "#208040"])
@@ -362,6 +436,11 @@ fn a_remote_x_desktop_shows_the_same_pixels_and_takes_clicks_and_keys() {
                 && pixels(&d, viewer, 1, 1).unwrap_or_default().get(..3)
                     == Some(&[0x40, 0x80, 0x20][..])
         },
+    );
+    wait_for(
+        "the viewer's title as it was",
+        Duration::from_secs(20),
+        || window_named(&d, "ndd desktop test") == Some(viewer),
     );
     assert!(
         !dev.stderr_now().contains("error"),

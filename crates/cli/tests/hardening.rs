@@ -1,15 +1,17 @@
-//! Nothing one peer does stops a listener (issue 17, D1 and D2), with real `ndd` processes:
-//! a stranger with its own (untrusted) identity connects first, over TLS and over QUIC; then
-//! 200 idle TCP connections and a few that drip one byte at a time sit on the listener. The
-//! listener refuses the stranger, keeps serving, and the trusted device connects and delivers
-//! every frame. How long the trusted connect took is printed (`--nocapture`), not asserted.
+//! Nothing one peer does stops a listener (issue 17, D1 to D3), with real `ndd` processes:
+//! a stranger with its own (untrusted) identity connects first, over TLS, QUIC and UDP; 200
+//! idle TCP connections and a few that drip one byte at a time, or 150 half-open and 50
+//! silent QUIC connections, sit on the listener; a stranger's datagrams hit a live UDP
+//! session. The listener refuses the stranger, keeps serving, and the trusted device connects
+//! and delivers every frame. How long the trusted connect took is printed (`--nocapture`), not
+//! asserted.
 
 mod common;
 
 use common::*;
 use std::io::Write;
 use std::net::TcpStream;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 const CFG: &str = r#"
 driver = "hardening"
@@ -84,23 +86,124 @@ fn a_stranger_connecting_first_over_quic_does_not_stop_the_listener() {
 }
 
 #[test]
-fn two_hundred_idle_and_dripping_connections_do_not_keep_the_real_peer_out() {
-    let dir = Dir::new("idle-conns");
+fn a_stranger_connecting_first_over_udp_does_not_stop_the_listener() {
+    stranger_first("udp");
+}
+
+/// A listener for a flood test: (dir, device home, config, address, app side).
+fn flood_listener(
+    name: &str,
+    transport: &str,
+) -> (Dir, std::path::PathBuf, std::path::PathBuf, String, Side) {
+    let dir = Dir::new(name);
     let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
     let cfg = dir.0.join("c.toml");
     std::fs::write(
         &cfg,
-        CFG.replace("TRANSPORT", "tcp")
+        CFG.replace("TRANSPORT", transport)
             .replace("[link]", "[link]\nhandshake_timeout_ms = 3000"),
     )
     .unwrap();
-    let mut app = Side::spawn(run_cmd(
+    let addr = format!("127.0.0.1:{}", free_port());
+    let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &addr]));
+    let _ = app.addr();
+    (dir, dev_home, cfg, addr, app)
+}
+
+/// The trusted device connects through the flood (the time it took is printed) and delivers
+/// everything.
+fn trusted_device_gets_through(
+    cfg: &std::path::Path,
+    dev_home: &std::path::Path,
+    addr: &str,
+    flood: &str,
+) {
+    let t0 = Instant::now();
+    let dev = Side::spawn(run_cmd(cfg, "device", dev_home, &["--connect", addr]));
+    wait_for("the trusted device to connect", WAIT, || {
+        dev.stderr_now().contains("streams agreed")
+    });
+    println!(
+        "trusted connect with {flood}: {:.0} ms",
+        t0.elapsed().as_secs_f64() * 1e3
+    );
+    let (ds, _, derr) = dev.finish();
+    assert!(ds.success(), "device: {derr}");
+}
+
+/// Once the flood is gone the app side ends well, with everything, having evicted some.
+fn flood_listener_ends_well(mut app: Side) {
+    wait_for("the app side to finish", WAIT, || !app.running());
+    let (as_, _, aerr) = app.finish();
+    assert!(as_.success(), "app: {aerr}");
+    assert!(aerr.contains(&check_ok("events", 200)), "{aerr}");
+    assert!(
+        aerr.contains("too many unfinished handshakes"),
+        "the flood reached the listener and the eviction is logged: {aerr}"
+    );
+}
+
+/// QUIC's D2: 150 half-open handshakes (real client Initial packets replayed from sockets
+/// that never answer) and 50 connections that finish the QUIC handshake with the trusted
+/// identity and then say nothing sit on the listener; the trusted device still connects and
+/// delivers everything.
+#[test]
+fn two_hundred_half_open_and_silent_quic_connections_do_not_keep_the_real_peer_out() {
+    let (_dir, dev_home, cfg, addr, mut app) = flood_listener("idle-quic", "quic");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let id = ndd_link::Identity::load(&dev_home).unwrap();
+    let (half_open, silent) = rt.block_on(async {
+        // Client Initials (each with its own connection id), caught on a socket of ours,
+        // then sent to the listener from sockets that never answer.
+        let catcher = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let target = catcher.local_addr().unwrap().to_string();
+        let mut half_open = Vec::new();
+        for _ in 0..150 {
+            let (t, i) = (target.clone(), id.clone());
+            let attempt = tokio::spawn(async move {
+                let _ = ndd_link::quic_connect(&t, &i, Duration::from_millis(300)).await;
+            });
+            let mut initial = vec![0u8; 2000];
+            let n = catcher.recv(&mut initial).await.unwrap();
+            attempt.abort();
+            let s = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            s.send_to(&initial[..n], &addr).await.unwrap();
+            half_open.push(s);
+        }
+        let mut silent = Vec::new();
+        for _ in 0..50 {
+            if let Ok(Ok((c, _))) = tokio::time::timeout(
+                Duration::from_secs(2),
+                ndd_link::quic_connect(&addr, &id, Duration::from_secs(2)),
+            )
+            .await
+            {
+                silent.push(c);
+            }
+        }
+        (half_open, silent)
+    });
+    assert_eq!(silent.len(), 50, "silent QUIC connections made");
+    assert!(app.running(), "the flood stopped the listener");
+    trusted_device_gets_through(
         &cfg,
-        "app",
-        &app_home,
-        &["--listen", "127.0.0.1:0"],
-    ));
-    let addr = app.addr();
+        &dev_home,
+        &addr,
+        "150 half-open and 50 silent QUIC connections",
+    );
+    drop(half_open);
+    drop(silent);
+    drop(rt);
+    flood_listener_ends_well(app);
+}
+
+#[test]
+fn two_hundred_idle_and_dripping_connections_do_not_keep_the_real_peer_out() {
+    let (_dir, dev_home, cfg, addr, app) = flood_listener("idle-conns", "tcp");
     let idle: Vec<TcpStream> = (0..200)
         .map(|_| TcpStream::connect(&addr).expect("idle connection"))
         .collect();
@@ -111,30 +214,18 @@ fn two_hundred_idle_and_dripping_connections_do_not_keep_the_real_peer_out() {
     for s in drip.iter_mut() {
         let _ = s.write_all(&[0x16]);
     }
-    let t0 = Instant::now();
-    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &addr]));
-    wait_for("the trusted device to connect", WAIT, || {
-        dev.stderr_now().contains("streams agreed")
-    });
-    println!(
-        "trusted connect with 200 idle and 5 dripping connections: {:.0} ms",
-        t0.elapsed().as_secs_f64() * 1e3
+    trusted_device_gets_through(
+        &cfg,
+        &dev_home,
+        &addr,
+        "200 idle and 5 dripping connections",
     );
     for s in drip.iter_mut() {
         let _ = s.write_all(&[0x03]);
     }
-    let (ds, _, derr) = dev.finish();
-    assert!(ds.success(), "device: {derr}");
     drop(idle);
     drop(drip);
-    wait_for("the app side to finish", WAIT, || !app.running());
-    let (as_, _, aerr) = app.finish();
-    assert!(as_.success(), "app: {aerr}");
-    assert!(aerr.contains(&check_ok("events", 200)), "{aerr}");
-    assert!(
-        aerr.contains("too many unfinished handshakes"),
-        "the eviction is logged: {aerr}"
-    );
+    flood_listener_ends_well(app);
 }
 
 /// `--duration` never panics and is honoured from the start (issue 17, D5 and D6).
@@ -174,10 +265,11 @@ fn duration_is_bounded_and_honoured_before_a_peer_connects() {
     );
 }
 
-/// On a UDP link a stranger's HELLO datagram, in the middle of a session, is ignored (with a
-/// warning): the session goes on and every frame arrives (issue 17, D3).
+/// On a sealed UDP link a stranger's datagrams in the middle of a session (a plain HELLO,
+/// forged DATA, a whole key exchange of its own) are dropped with a warning: the session goes
+/// on and every frame arrives (issue 17, D3).
 #[test]
-fn a_strangers_hello_datagram_does_not_stop_a_udp_session() {
+fn a_strangers_datagrams_do_not_touch_a_udp_session() {
     let dir = Dir::new("udp-stranger");
     let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
     let cfg = dir.0.join("c.toml");
@@ -205,13 +297,33 @@ fn a_strangers_hello_datagram_does_not_stop_a_udp_session() {
             driver: "someone-else".into(),
             streams: vec![],
         });
+        let data = ndd_wire::OwnedMessage::Data {
+            stream: 1,
+            retransmit: false,
+            seq: 5,
+            timestamp_ns: 0,
+            payload: vec![0; 100],
+        };
         for _ in 0..3 {
             stranger.send_message(&hello.as_message()).await.unwrap();
         }
+        for _ in 0..20 {
+            stranger.send_message(&data.as_message()).await.unwrap();
+        }
+        // A key exchange of its own: the live link does not answer it.
+        let id = ndd_link::Identity::load(&dev_home).unwrap();
+        let me = ndd_link::seal::LocalIdentity::new(&id).unwrap();
+        let e = ndd_link::udp_connect_secure(&addr, &me, Duration::from_millis(600))
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("no answer to the UDP key exchange"),
+            "{e}"
+        );
     });
     wait_for("the warning", WAIT, || {
         app.stderr_now()
-            .contains("ignored a handshake message in the middle of the session")
+            .contains("UDP link: dropped datagrams that did not authenticate")
     });
     let (ds, _, derr) = dev.finish();
     let (as_, _, aerr) = app.finish();

@@ -31,14 +31,32 @@ fn free_udp_port() -> u16 {
 }
 
 fn run(transport: &str) {
-    let dir = Dir::new(&format!("link-{transport}"));
+    run_with(transport, &[]);
+}
+
+fn run_with(transport: &str, extra: &[&str]) {
+    let insecure = extra.contains(&"--insecure");
+    let dir = Dir::new(&format!(
+        "link-{transport}{}",
+        if insecure { "-insecure" } else { "" }
+    ));
     let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
     let cfg = dir.0.join("c.toml");
     std::fs::write(&cfg, CFG.replace("TRANSPORT", transport)).unwrap();
     let addr = format!("127.0.0.1:{}", free_udp_port());
-    let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &addr]));
+    let app = Side::spawn(run_cmd(
+        &cfg,
+        "app",
+        &app_home,
+        &[&["--listen", &addr][..], extra].concat(),
+    ));
     let _ = app.addr(); // wait until it listens
-    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &addr]));
+    let dev = Side::spawn(run_cmd(
+        &cfg,
+        "device",
+        &dev_home,
+        &[&["--connect", &addr][..], extra].concat(),
+    ));
     let (ds, _, derr) = dev.finish();
     let (as_, _, aerr) = app.finish();
     assert!(ds.success(), "{transport} device: {derr}");
@@ -46,12 +64,19 @@ fn run(transport: &str) {
     assert!(aerr.contains("stream \"events\": check: 400 frames, seq 0..=399, 0 missing, 0 duplicate, 0 reordered, 0 corrupt: OK"), "{aerr}");
     assert!(derr.contains("stream \"back\": check: 150 frames, seq 0..=149, 0 missing, 0 duplicate, 0 reordered, 0 corrupt: OK"), "{derr}");
     if transport == "udp" {
-        assert!(
-            derr.contains("WARNING: the UDP link neither encrypts nor authenticates"),
+        // Sealed unless --insecure: only then the warning about streams without `encrypt`.
+        assert_eq!(
+            derr.contains("WARNING: --insecure: the UDP link neither encrypts nor authenticates"),
+            insecure,
             "{derr}"
         );
-        // The listener names its peer, not its own address.
-        assert!(aerr.contains("connected to 127.0.0.1:"), "{aerr}");
+        // The listener names its peer (by its trusted name when sealed), not its own address.
+        if insecure {
+            assert!(aerr.contains("connected to 127.0.0.1:"), "{aerr}");
+        } else {
+            assert!(aerr.contains("connected to device"), "{aerr}");
+            assert!(derr.contains("connected to app"), "{derr}");
+        }
         assert!(!aerr.contains(&format!("connected to {addr}")), "{aerr}");
     }
 }
@@ -62,8 +87,13 @@ fn quic_carries_both_directions() {
 }
 
 #[test]
-fn udp_carries_both_directions_and_warns_without_encrypt() {
+fn udp_carries_both_directions_sealed() {
     run("udp");
+}
+
+#[test]
+fn insecure_udp_carries_both_directions_and_warns_without_encrypt() {
+    run_with("udp", &["--insecure"]);
 }
 
 #[test]
@@ -84,5 +114,47 @@ fn quic_refuses_insecure() {
     assert!(
         err.contains("QUIC always encrypts and authenticates"),
         "{err}"
+    );
+}
+
+/// One side with --insecure, the other sealed: neither hangs silently; each says what is
+/// wrong (the sealed side names the mismatch, the plain device times out).
+#[test]
+fn udp_with_insecure_on_one_side_only_says_so() {
+    let dir = Dir::new("link-udp-mismatch");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let cfg = dir.0.join("c.toml");
+    std::fs::write(
+        &cfg,
+        CFG.replace("TRANSPORT", "udp").replace(
+            "[link]",
+            "[link]\nconnect_timeout_ms = 1500\nhandshake_timeout_ms = 500",
+        ),
+    )
+    .unwrap();
+    let addr = format!("127.0.0.1:{}", free_udp_port());
+    let app = Side::spawn(run_cmd(
+        &cfg,
+        "app",
+        &app_home,
+        &["--listen", &addr, "--duration", "3"],
+    ));
+    let _ = app.addr();
+    let dev = run_cmd(
+        &cfg,
+        "device",
+        &dev_home,
+        &["--connect", &addr, "--insecure", "--once"],
+    )
+    .output()
+    .unwrap();
+    let derr = String::from_utf8_lossy(&dev.stderr);
+    assert!(!dev.status.success());
+    assert!(derr.contains("no HELLO within 500 ms"), "{derr}");
+    let (as_, _, aerr) = app.finish();
+    assert!(!as_.success());
+    assert!(
+        aerr.contains("the peer runs with --insecure and this side does not"),
+        "{aerr}"
     );
 }

@@ -422,3 +422,115 @@ fn bad_config_and_missing_endpoint_file_give_one_clear_line() {
     let (_, _, aerr) = app.finish();
     assert!(!aerr.contains("panicked"), "{aerr}");
 }
+
+/// `ndd demo`: the live lines and notes on stderr, the summary (every stream, every layer,
+/// the checks) on stdout, so `ndd demo > result.txt` keeps the result.
+#[test]
+fn the_demo_prints_its_summary_on_stdout() {
+    let out = ndd()
+        .args(["demo", "--duration", "2"])
+        .output()
+        .expect("ndd demo runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.starts_with("summary\n"), "{stdout}");
+    assert!(stdout.contains("[app] motion"), "{stdout}");
+    assert!(stdout.contains("layer 0"), "{stdout}");
+    assert!(!stderr.contains("\nsummary\n"), "{stderr}");
+    assert!(
+        stderr.contains("ndd demo: a simulated 3D mouse"),
+        "{stderr}"
+    );
+    // stderr is a pipe here: plain aligned lines, no escape codes, no table.
+    assert!(!stderr.contains('\x1b'), "{stderr}");
+    assert!(
+        stderr.contains("[device] motion     source device→app"),
+        "{stderr}"
+    );
+}
+
+/// On a terminal the live stats are a table redrawn in place: a heading per side with the
+/// link's state and a row per stream, erased and drawn again every second.
+#[test]
+fn on_a_terminal_the_live_stats_are_a_table_redrawn_in_place() {
+    if !std::path::Path::new("/usr/bin/script").exists() {
+        println!("SKIPPED: needs script(1) for a pty (apt-get install bsdutils)");
+        return;
+    }
+    let cmd = format!("{} demo --duration 3.5", env!("CARGO_BIN_EXE_ndd"));
+    let out = std::process::Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .output()
+        .expect("script runs");
+    let tty = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{tty}");
+    for want in [
+        "[app] link up · peer demo-device · rtt ",
+        "[device] link up · peer demo-app · rtt ",
+        "  motion     sink   device→app ",
+        "  leds       source app→device ",
+        // Six lines (two headings, two rows each) erased before each redraw.
+        "\x1b[6A\x1b[J",
+    ] {
+        assert!(tty.contains(want), "{want:?} missing from {tty:?}");
+    }
+    // The table is drawn some three times, not a line per stream per second scrolling.
+    assert!(!tty.contains("[app] motion     sink"), "{tty:?}");
+}
+
+/// GET `path` from `addr`; the whole response.
+fn http_get(addr: &str, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+/// `--metrics ADDR`: the counters in Prometheus' text format, from before the peer comes
+/// (link down) to frames moving.
+#[test]
+fn metrics_are_served_in_prometheus_text_format() {
+    let dir = Dir::new("metrics");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let cfg = dir.0.join("c.toml");
+    // Three seconds of frames: the snapshot is refreshed every second.
+    let text = SYNTH
+        .replace("COUNT", "4")
+        .replace("count = 200", "count = 3000")
+        .replace("expect = 200", "expect = 3000");
+    std::fs::write(&cfg, text).unwrap();
+    let metrics = free_addr();
+    let app = Side::spawn(run_cmd(
+        &cfg,
+        "app",
+        &app_home,
+        &["--listen", "127.0.0.1:0", "--metrics", &metrics],
+    ));
+    let addr = app.addr();
+    let before = http_get(&metrics, "/metrics");
+    assert!(before.starts_with("HTTP/1.1 200 OK"), "{before}");
+    assert!(before.contains("text/plain; version=0.0.4"), "{before}");
+    assert!(before.contains("ndd_link_up{side=\"app\"} 0"), "{before}");
+    assert!(http_get(&metrics, "/").starts_with("HTTP/1.1 404"));
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &addr]));
+    wait_for("frames in the metrics", WAIT, || {
+        let m = http_get(&metrics, "/metrics");
+        m.contains("ndd_link_up{side=\"app\"} 1")
+            && m.lines().any(|l| {
+                l.starts_with(
+                    "ndd_stream_frames_total{side=\"app\",stream=\"events\",role=\"sink\"} ",
+                ) && !l.ends_with(" 0")
+            })
+    });
+    let m = http_get(&metrics, "/metrics");
+    assert!(
+        m.contains("# TYPE ndd_stream_latency_p99_seconds gauge"),
+        "{m}"
+    );
+    let (ds, _, derr) = dev.finish();
+    assert!(ds.success(), "{derr}");
+    let (st, _, err) = app.finish();
+    assert!(st.success(), "{err}");
+}

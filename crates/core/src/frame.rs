@@ -90,8 +90,8 @@ impl Frame {
     /// A frame with a zero-filled payload of `len` bytes and `headroom` bytes in front, for
     /// endpoints and pairs that write the payload in place (see [`Frame::payload_mut`]).
     pub fn zeroed(meta: Meta, headroom: usize, len: usize) -> Frame {
-        let mut buf = BytesMut::with_capacity(headroom + len);
-        buf.resize(headroom + len, 0);
+        // calloc: fresh pages come zeroed from the kernel, with no second pass over them.
+        let buf = BytesMut::zeroed(headroom + len);
         Frame {
             meta,
             store: Storage::Unique(buf),

@@ -872,3 +872,93 @@ fn unsupported_screens_and_unreachable_displays_fail_at_spawn() {
     assert!(e.contains("depth 16 (16 bits per pixel"), "{e}");
     assert!(e.contains("only 24- or 32-bit TrueColor"), "{e}");
 }
+
+/// While the link is down the viewer window is dimmed and its title says so; when frames
+/// flow again the image and the title are as they were.
+#[test]
+fn the_viewer_dims_and_names_a_lost_link() {
+    use ndd_endpoint::display::LinkState;
+    if let Some(m) = missing(&["Xvfb"]) {
+        println!("SKIPPED: link-state test needs {m} ({APT})");
+        return;
+    }
+    let dev = xvfb("320x240x24");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    // A 4x2 screen, all of it grey 0xc8.
+    let grey = [0xc8u8; 4 * 2 * 4];
+    let update = ndd_endpoint::display::Update {
+        header: ndd_endpoint::display::UpdateHeader {
+            width: 4,
+            height: 2,
+            format: ndd_endpoint::PixelFormat::Bgrx32,
+            flags: FLAG_KEYFRAME,
+        },
+        rects: vec![ndd_endpoint::display::RectPixels {
+            rect: ndd_endpoint::Rect::new(0, 0, 4, 2),
+            encoding: ndd_endpoint::display::Encoding::Raw,
+            pixels: &grey,
+        }],
+    }
+    .emit()
+    .unwrap();
+    let frame = |seq: u64, p: &[u8]| {
+        Frame::new(
+            ndd_core::Meta {
+                seq,
+                ..Default::default()
+            },
+            p,
+        )
+    };
+    let title = "ndd link state";
+    let (tx, rx) = mpsc::channel::<Frame>(16);
+    let task = {
+        let _rt = rt.enter();
+        window_sink(&dev.display, title).spawn(rx).expect("sink")
+    };
+    tx.blocking_send(frame(0, &update)).unwrap();
+    let d = dev.connect();
+    let mut viewer = None;
+    wait_for("the viewer window", Duration::from_secs(20), || {
+        viewer = window_named(&d, title);
+        viewer.is_some()
+    });
+    let viewer = viewer.unwrap();
+    let d = &d;
+    let shows = |v: u8| {
+        move || grab(d, viewer, 4, 2).is_some_and(|p| p.chunks(4).all(|px| px[..3] == [v; 3]))
+    };
+    wait_for("the grey screen", Duration::from_secs(20), shows(0xc8));
+    tx.blocking_send(frame(u64::MAX, &LinkState::Down.payload()))
+        .unwrap();
+    wait_for("the dimmed screen", Duration::from_secs(20), shows(0x64));
+    let down = format!("{title} (link down, reconnecting)");
+    wait_for(
+        "the title naming the lost link",
+        Duration::from_secs(20),
+        || window_named(d, &down) == Some(viewer),
+    );
+    tx.blocking_send(frame(u64::MAX, &LinkState::Up.payload()))
+        .unwrap();
+    wait_for("the screen as it was", Duration::from_secs(20), shows(0xc8));
+    wait_for("the title as it was", Duration::from_secs(20), || {
+        window_named(d, title) == Some(viewer)
+    });
+    // Down again, then an update: the image as it was with the update on top.
+    tx.blocking_send(frame(u64::MAX, &LinkState::PeerStopped.payload()))
+        .unwrap();
+    wait_for("dimmed again", Duration::from_secs(20), shows(0x64));
+    tx.blocking_send(frame(1, &update)).unwrap();
+    wait_for(
+        "undimmed by the next update",
+        Duration::from_secs(20),
+        shows(0xc8),
+    );
+    drop(tx);
+    let r = rt.block_on(task).unwrap().expect("the sink ends cleanly");
+    assert_eq!(r.frames, 2, "link-state records are not frames");
+}

@@ -55,6 +55,148 @@ impl Throughput {
     }
 }
 
+impl Throughput {
+    /// A byte-stream run: `got` bytes of `count` writes of `frame_size` in `elapsed`.
+    fn stream(frame_size: usize, count: u64, got: u64, elapsed: Duration) -> Throughput {
+        Throughput {
+            frame_size,
+            frames_sent: count,
+            frames_received: if frame_size == 0 {
+                count
+            } else {
+                got / frame_size as u64
+            },
+            bytes_received: got,
+            elapsed,
+        }
+    }
+}
+
+/// Two throwaway identities (server, client) for a baseline run; nothing stays on disk.
+fn throwaway_identities(tag: &str) -> Result<(crate::Identity, crate::Identity)> {
+    let dir = std::env::temp_dir().join(format!(
+        "ndd-bench-{tag}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    let ids = (
+        crate::Identity::create(&dir.join("server"), true),
+        crate::Identity::create(&dir.join("client"), true),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok((ids.0?, ids.1?))
+}
+
+/// Send `count` writes of `frame_size` bytes over a loopback TLS 1.3 connection — rustls
+/// with the same configuration ndd's TLS link uses (two throwaway identities, mutual
+/// authentication, ring), but no ndd framing, session or tasks — and time until the receiver
+/// has them all: the mechanism ndd's TLS link is built on.
+pub async fn raw_tls_throughput(frame_size: usize, count: u64) -> Result<Throughput> {
+    let (server, client) = throwaway_identities("tls")?;
+    let (server, client) = (crate::Tls::new(server)?, crate::Tls::new(client)?);
+    let listener = crate::listen("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let total = frame_size as u64 * count;
+    let reader = tokio::spawn(async move {
+        let (mut s, _) = listener
+            .accept(Some(&server.server), Duration::from_secs(10))
+            .await?;
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut got = 0u64;
+        while got < total {
+            let n = s.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            got += n as u64;
+        }
+        Ok::<_, LinkError>((got, Instant::now()))
+    });
+    let (mut s, _) = crate::connect(
+        &addr.to_string(),
+        Some(&client.client),
+        Duration::from_secs(10),
+    )
+    .await?;
+    let frame = vec![0x5au8; frame_size];
+    let start = Instant::now();
+    for _ in 0..count {
+        s.write_all(&frame).await?;
+    }
+    s.flush().await?;
+    let (got, end) = reader
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))??;
+    Ok(Throughput::stream(
+        frame_size,
+        count,
+        got,
+        end.saturating_duration_since(start),
+    ))
+}
+
+/// Send `count` writes of `frame_size` bytes on one raw quinn stream over loopback — quinn
+/// with ndd's QUIC configuration (same identities, rustls, transport settings) but no ndd
+/// framing, session or tasks on the stream — and time until the receiver has them all.
+pub async fn raw_quic_throughput(frame_size: usize, count: u64) -> Result<Throughput> {
+    let (server_id, client_id) = throwaway_identities("quic")?;
+    let listener = crate::quic_listen("127.0.0.1:0", &server_id).await?;
+    let addr = listener.local_addr()?;
+    let total = frame_size as u64 * count;
+    let reader = tokio::spawn(async move {
+        let conn = listener
+            .accept_incoming()
+            .await?
+            .await
+            .map_err(|e| LinkError::QuicConfig(format!("raw QUIC accept: {e}")))?;
+        // The connecting side is ndd's QUIC connection, which opens its session stream
+        // first (stream ids come in order): skip it, read the raw stream after it.
+        let mut rx = None;
+        for _ in 0..2 {
+            rx = Some(
+                conn.accept_uni()
+                    .await
+                    .map_err(|e| LinkError::QuicConfig(format!("raw QUIC stream: {e}")))?,
+            );
+        }
+        let mut rx = rx.ok_or(LinkError::Closed)?;
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut got = 0u64;
+        while got < total {
+            match rx.read(&mut buf).await {
+                Ok(Some(n)) => got += n as u64,
+                Ok(None) => break,
+                Err(e) => return Err(LinkError::QuicConfig(format!("raw QUIC read: {e}"))),
+            }
+        }
+        Ok::<_, LinkError>((got, Instant::now(), conn))
+    });
+    let (client, _) =
+        crate::quic_connect(&addr.to_string(), &client_id, Duration::from_secs(10)).await?;
+    let mut tx = client
+        .connection()
+        .open_uni()
+        .await
+        .map_err(|e| LinkError::QuicConfig(format!("raw QUIC open: {e}")))?;
+    let frame = vec![0x5au8; frame_size];
+    let start = Instant::now();
+    for _ in 0..count {
+        tx.write_all(&frame).await?;
+    }
+    let _ = tx.finish();
+    let (got, end, _conn) = reader
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))??;
+    Ok(Throughput::stream(
+        frame_size,
+        count,
+        got,
+        end.saturating_duration_since(start),
+    ))
+}
+
 /// Send `count` writes of `frame_size` bytes over a plain loopback TCP connection and time
 /// until the receiver has them all.
 pub async fn raw_tcp_throughput(frame_size: usize, count: u64) -> Result<Throughput> {
@@ -95,17 +237,12 @@ pub async fn raw_tcp_throughput(frame_size: usize, count: u64) -> Result<Through
     let (got, end) = reader
         .await
         .map_err(|e| std::io::Error::other(e.to_string()))??;
-    Ok(Throughput {
+    Ok(Throughput::stream(
         frame_size,
-        frames_sent: count,
-        frames_received: if frame_size == 0 {
-            count
-        } else {
-            got / frame_size as u64
-        },
-        bytes_received: got,
-        elapsed: end.saturating_duration_since(start),
-    })
+        count,
+        got,
+        end.saturating_duration_since(start),
+    ))
 }
 
 /// Send `count` datagrams of `frame_size` bytes (at most 65507) over loopback UDP, with no

@@ -275,13 +275,7 @@ pub async fn connect(
     timeout: Duration,
 ) -> Result<(Conn, PeerInfo)> {
     let attempt = async {
-        let tcp = TcpStream::connect(addr)
-            .await
-            .map_err(|source| LinkError::Connect {
-                addr: addr.to_owned(),
-                source,
-            })?;
-        set_nodelay(&tcp);
+        let tcp = connect_tcp(addr).await?;
         let peer = tcp.peer_addr()?;
         let Some(config) = tls else {
             return Ok((
@@ -292,12 +286,7 @@ pub async fn connect(
                 },
             ));
         };
-        let name = ServerName::try_from(SERVER_NAME)
-            .map_err(|_| rustls::Error::General(format!("invalid SNI name {SERVER_NAME}")))?;
-        let stream = TlsConnector::from(Arc::clone(config))
-            .connect(name, tcp)
-            .await
-            .map_err(|source| LinkError::Handshake { addr: peer, source })?;
+        let stream = tls_connect(tcp, config, peer).await?;
         let fingerprint = peer_fingerprint(stream.get_ref().1)?;
         tracing::debug!(addr = %peer, %fingerprint, "connected with TLS");
         Ok((
@@ -314,6 +303,32 @@ pub async fn connect(
             addr: addr.to_owned(),
             timeout,
         })?
+}
+
+/// A TCP connection to `addr` (`host:port`), without Nagle's delay.
+pub(crate) async fn connect_tcp(addr: &str) -> Result<TcpStream> {
+    let tcp = TcpStream::connect(addr)
+        .await
+        .map_err(|source| LinkError::Connect {
+            addr: addr.to_owned(),
+            source,
+        })?;
+    set_nodelay(&tcp);
+    Ok(tcp)
+}
+
+/// The client side of ndd's TLS handshake on `tcp` (to `peer`, for the error text).
+pub(crate) async fn tls_connect(
+    tcp: TcpStream,
+    config: &Arc<ClientConfig>,
+    peer: SocketAddr,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let name = ServerName::try_from(SERVER_NAME)
+        .map_err(|_| rustls::Error::General(format!("invalid SNI name {SERVER_NAME}")))?;
+    TlsConnector::from(Arc::clone(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|source| LinkError::Handshake { addr: peer, source })
 }
 
 fn set_nodelay(tcp: &TcpStream) {
@@ -571,7 +586,12 @@ pub(crate) fn decode_message(msg: Bytes, max_body: u32) -> Result<Incoming> {
 
 /// The bytes of `frame` as one DATA message (header written into its headroom, payload not
 /// copied when there is headroom). Used by the datagram and QUIC links.
-pub(crate) fn frame_to_message(mut frame: Frame, flags: u16) -> Result<Bytes> {
+pub(crate) fn frame_to_message(frame: Frame, flags: u16) -> Result<Bytes> {
+    Ok(data_frame(frame, flags)?.into_bytes())
+}
+
+/// `frame` with its DATA header written into its headroom: the whole message.
+pub(crate) fn data_frame(mut frame: Frame, flags: u16) -> Result<Frame> {
     let header = DataHeader {
         stream_id: frame.meta.stream,
         retransmit: (flags | frame.meta.flags) & FLAG_RETRANSMIT != 0,
@@ -584,5 +604,5 @@ pub(crate) fn frame_to_message(mut frame: Frame, flags: u16) -> Result<Bytes> {
         emitted = header.emit(payload_len, buf);
     });
     emitted?;
-    Ok(frame.into_bytes())
+    Ok(frame)
 }

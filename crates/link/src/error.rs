@@ -357,6 +357,43 @@ pub enum LinkError {
     /// The link is closed.
     #[error("the link is closed")]
     Closed,
+
+    /// The accepting side of a tunnel said no (or hung up) after TLS.
+    #[error("the tunnel peer {addr} refused this install: {reason}")]
+    TunnelRefused {
+        /// The peer's address.
+        addr: SocketAddr,
+        /// What it said.
+        reason: String,
+    },
+
+    /// No answer to the UDP key exchange in time.
+    #[error(
+        "no answer to the UDP key exchange from {addr} in {} ms (is an ndd listening there with \
+         transport = \"udp\", and not with --insecure?)",
+        timeout.as_millis()
+    )]
+    UdpKeyExchangeTimeout {
+        /// The peer's address.
+        addr: SocketAddr,
+        /// The limit.
+        timeout: Duration,
+    },
+
+    /// A key exchange started while the sealed UDP link was up, and the peer did not answer
+    /// a probe on the live keys: it restarted (or its keys are gone).
+    #[error(
+        "a new UDP key exchange began and the peer did not answer on the current keys within {} ms: it restarted",
+        waited.as_millis()
+    )]
+    PeerRekeyed {
+        /// How long the probe waited.
+        waited: Duration,
+    },
+
+    /// This side cannot take part in the UDP key exchange (its key cannot sign).
+    #[error("UDP key exchange: {0}")]
+    Seal(#[from] crate::seal::SealError),
 }
 
 /// Result with [`LinkError`].

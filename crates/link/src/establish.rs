@@ -30,7 +30,8 @@ pub enum TransportKind {
     Tcp,
     /// QUIC (always TLS 1.3, same identities).
     Quic,
-    /// Plain UDP datagrams: no retransmission, no encryption (use the `encrypt` pair).
+    /// UDP datagrams, sealed with keys from a key exchange between the two identities
+    /// (plain with `insecure`); reliable messages are retransmitted (`crate::arq`).
     Udp,
 }
 
@@ -50,7 +51,7 @@ impl std::fmt::Display for TransportKind {
 pub enum Rx {
     Tcp(MessageReader),
     Quic(QuicConn),
-    Udp(UdpLink),
+    Udp(Box<UdpLink>),
 }
 
 impl Rx {
@@ -170,6 +171,8 @@ pub struct Tls {
     pub server: Arc<crate::ServerConfig>,
     /// Connecting side.
     pub client: Arc<crate::ClientConfig>,
+    /// What signs the UDP key exchange.
+    pub udp: crate::seal::LocalIdentity,
 }
 
 impl Tls {
@@ -178,6 +181,7 @@ impl Tls {
         Ok(Tls {
             server: crate::server_config(&identity)?,
             client: crate::client_config(&identity)?,
+            udp: crate::seal::LocalIdentity::new(&identity)?,
             identity,
         })
     }
@@ -194,8 +198,12 @@ pub struct HandshakeCtx {
     pub tls: Option<Arc<Tls>>,
     /// Where `known_peers` lives (reloaded on every connection).
     pub home: PathBuf,
-    /// How long the first connect keeps retrying; bound of one connect attempt.
+    /// How long the first connect keeps retrying (unless `keep_trying`); bound of one
+    /// connect attempt.
     pub timeout: Duration,
+    /// The first connect keeps retrying past `timeout` while the peer is unreachable (not
+    /// when it refuses us): a side that outlives its peer may start before it.
+    pub keep_trying: bool,
     /// Bound of one whole handshake (TLS, trust, HELLO, READY): a connection that has not
     /// finished by then is dropped.
     pub handshake_timeout: Duration,
@@ -354,6 +362,7 @@ fn retryable(e: &LinkError) -> bool {
             | LinkError::QuicConnect { .. }
             | LinkError::QuicHandshake { .. }
             | LinkError::QuicConnection { .. }
+            | LinkError::UdpKeyExchangeTimeout { .. }
     )
 }
 
@@ -385,7 +394,8 @@ impl Connector {
             (TransportKind::Tcp, true) => Connector::Listen(
                 crate::listen(addr)
                     .await
-                    .map_err(|e| EstablishError::Local(format!("cannot listen on {addr}: {e}")))?,
+                    // The error names the address already.
+                    .map_err(|e| EstablishError::Local(e.to_string()))?,
             ),
             (TransportKind::Quic, false) => Connector::QuicConnect(addr.to_string()),
             (TransportKind::Quic, true) => {
@@ -393,7 +403,11 @@ impl Connector {
                     .ok_or_else(|| EstablishError::Local("QUIC needs an identity".into()))?
                     .identity;
                 Connector::QuicListen(crate::quic_listen(addr, id).await.map_err(|e| {
-                    EstablishError::Local(format!("cannot listen (QUIC) on {addr}: {e}"))
+                    EstablishError::Local(match e {
+                        // The error names the address already.
+                        LinkError::Bind { .. } => format!("QUIC: {e}"),
+                        e => format!("cannot listen (QUIC) on {addr}: {e}"),
+                    })
                 })?)
             }
             (TransportKind::Udp, false) => Connector::UdpConnect(addr.to_string()),
@@ -413,7 +427,13 @@ impl Connector {
 
     /// One try: connect once, or accept one connection (a UDP listener binds and waits for
     /// a first datagram), then trust and handshake.
-    async fn attempt(&self, ctx: &HandshakeCtx) -> Result<Established, EstablishError> {
+    ///
+    /// `until`: a first connection's deadline, which bounds the UDP key exchange too.
+    async fn attempt(
+        &self,
+        ctx: &HandshakeCtx,
+        until: Option<Instant>,
+    ) -> Result<Established, EstablishError> {
         let tls = ctx.tls.as_deref();
         // The link's own errors name the address already.
         let connect_error = |e: LinkError| {
@@ -445,16 +465,25 @@ impl Connector {
                 (Rx::Quic(c), Tx::Quic(s), info)
             }
             Connector::UdpConnect(addr) => {
-                let u = crate::udp_connect(addr).await.map_err(connect_error)?;
+                let (u, fingerprint) = match tls {
+                    Some(tls) => {
+                        let limit = until.map_or(ctx.handshake_timeout, |u| {
+                            u.saturating_duration_since(Instant::now())
+                                .clamp(Duration::from_millis(200), ctx.handshake_timeout)
+                        });
+                        let (u, fp) = crate::udp_connect_secure(addr, &tls.udp, limit)
+                            .await
+                            .map_err(connect_error)?;
+                        (u, Some(fp))
+                    }
+                    None => (crate::udp_connect(addr).await.map_err(connect_error)?, None),
+                };
                 let s = u.sender();
                 let addr = s.peer_addr().ok_or_else(|| {
                     EstablishError::Local("UDP link without a peer address".into())
                 })?;
-                let info = PeerInfo {
-                    addr,
-                    fingerprint: None,
-                };
-                (Rx::Udp(u), Tx::Udp(s), info)
+                let info = PeerInfo { addr, fingerprint };
+                (Rx::Udp(Box::new(u)), Tx::Udp(s), info)
             }
             Connector::UdpListen(addr) => {
                 let u = crate::udp_bind(addr)
@@ -468,7 +497,7 @@ impl Connector {
                     addr: local,
                     fingerprint: None,
                 };
-                (Rx::Udp(u), Tx::Udp(s), info)
+                (Rx::Udp(Box::new(u)), Tx::Udp(s), info)
             }
             Connector::Listen(_) | Connector::QuicListen(_) => {
                 unreachable!("stream listeners accept in serve()")
@@ -488,14 +517,25 @@ impl Connector {
     /// A UDP listener binds afresh for every session: on a reconnect (`first` false) a bind
     /// that fails (the old socket not yet gone) is retried, not fatal.
     async fn serve(&self, ctx: &HandshakeCtx, first: bool) -> Result<Established, EstablishError> {
-        if let Connector::UdpListen(_) = self {
+        let mut logs = ServeLogs::default();
+        if let Connector::UdpListen(addr) = self {
             let mut backoff = Duration::from_millis(20);
             loop {
-                match self.attempt(ctx).await {
+                let attempt = match ctx.tls.as_deref() {
+                    Some(tls) => accept_udp_secure(addr, tls, ctx, &mut logs).await,
+                    None => self.attempt(ctx, None).await,
+                };
+                match attempt {
                     Ok(x) => return Ok(x),
                     Err(e @ EstablishError::Local(_)) if first => return Err(e),
                     Err(EstablishError::Local(e)) => {
-                        tracing::warn!(side = ctx.side, "{e}; retrying");
+                        // The old link's socket may take a moment to go: say so only when
+                        // it lasts.
+                        if backoff >= Duration::from_millis(640) {
+                            tracing::warn!(side = ctx.side, "{e}; retrying");
+                        } else {
+                            tracing::debug!(side = ctx.side, "{e}; retrying");
+                        }
                         tokio::time::sleep(backoff).await;
                         backoff = (backoff * 2).min(ctx.max_backoff);
                     }
@@ -512,7 +552,6 @@ impl Connector {
         let mut tasks: JoinSet<Result<Established, EstablishError>> = JoinSet::new();
         // Oldest first: task id, source address, handle to evict it.
         let mut pending: VecDeque<(tokio::task::Id, IpAddr, AbortHandle)> = VecDeque::new();
-        let mut logs = ServeLogs::default();
         loop {
             tokio::select! {
                 accepted = self.accept_one() => {
@@ -594,18 +633,27 @@ impl Connector {
             _ => return self.serve(ctx, first).await,
         };
         let deadline = Instant::now() + ctx.timeout;
+        let bounded = first && !ctx.keep_trying;
         let mut backoff = Duration::from_millis(20);
         let mut n: u64 = 0;
+        let mut told = RateLimit::new(Duration::from_secs(30));
         loop {
             n += 1;
-            let err = match self.attempt(ctx).await {
+            let err = match self.attempt(ctx, bounded.then_some(deadline)).await {
                 Ok(x) => return Ok(x),
                 Err(e @ (EstablishError::Local(_) | EstablishError::Refused(_))) if first => {
                     return Err(e)
                 }
                 Err(e) => e,
             };
-            if first && Instant::now() + backoff >= deadline {
+            if first && !bounded && told.admit(Instant::now()).is_some() {
+                tracing::info!(
+                    side = ctx.side,
+                    "{err}; waiting for the peer, retrying every {} s at most",
+                    ctx.max_backoff.as_secs_f64()
+                );
+            }
+            if bounded && Instant::now() + backoff >= deadline {
                 let text = err.to_string();
                 return Err(EstablishError::Transient(if text.contains(addr.as_str()) {
                     text
@@ -618,6 +666,54 @@ impl Connector {
             backoff = (backoff * 2).min(ctx.max_backoff);
         }
     }
+}
+
+/// A sealed UDP link from the first peer on `addr` that finishes the key exchange and is in
+/// `known_peers` (untrusted ones are told why and logged, and the wait goes on), then the
+/// HELLO/READY handshake.
+async fn accept_udp_secure(
+    addr: &str,
+    tls: &Tls,
+    ctx: &HandshakeCtx,
+    logs: &mut ServeLogs,
+) -> Result<Established, EstablishError> {
+    let home = ctx.home.as_path();
+    let ours = tls.identity.fingerprint();
+    let admit = |fp: &str, from: std::net::SocketAddr| {
+        let known = KnownPeers::load(home)?;
+        if known.lookup(fp).is_some() {
+            return Ok(crate::Admission::Admit);
+        }
+        logs.refused(ctx.side, &untrusted_here(&from.to_string(), fp, home));
+        Ok(crate::Admission::Refuse(untrusted_for_peer(fp, &ours)))
+    };
+    let (u, fingerprint) = crate::udp_accept_secure(addr, &tls.udp, ctx.handshake_timeout, admit)
+        .await
+        .map_err(|e| EstablishError::Local(format!("UDP on {addr}: {e}")))?;
+    let s = u.sender();
+    let peer = s
+        .peer_addr()
+        .ok_or_else(|| EstablishError::Local("UDP link without a peer address".into()))?;
+    let info = PeerInfo {
+        addr: peer,
+        fingerprint: Some(fingerprint),
+    };
+    handshake(Rx::Udp(Box::new(u)), Tx::Udp(s), info, ctx).await
+}
+
+/// Told to a refused peer, about itself: its own fingerprint and how we would come to trust it.
+fn untrusted_for_peer(fp: &str, ours: &str) -> String {
+    format!(
+        "this install ({fp}) is not trusted by the peer ({ours}); on the peer's machine run: ndd trust {fp}"
+    )
+}
+
+/// Logged here about a refused peer.
+fn untrusted_here(addr: &str, fp: &str, home: &std::path::Path) -> String {
+    format!(
+        "refused untrusted peer {addr} with fingerprint {fp}; if you trust it, run: ndd trust {fp} --home {}",
+        home.display()
+    )
 }
 
 /// Tells the peer why we refuse it (best effort) and closes our direction.
@@ -657,18 +753,9 @@ pub async fn handshake(
             match known.lookup(fp) {
                 Some(t) => t.name.clone().unwrap_or_else(|| fp.clone()),
                 None => {
-                    // Told to the refused peer, about itself: its own fingerprint and how we
-                    // would come to trust it.
-                    let reason = format!(
-                        "this install ({fp}) is not trusted by the peer ({}); on the peer's machine run: ndd trust {fp}",
-                        tls.identity.fingerprint()
-                    );
+                    let reason = untrusted_for_peer(fp, &tls.identity.fingerprint());
                     refuse(&mut writer, CloseCode::UntrustedPeer, &reason).await;
-                    return Err(Refused(format!(
-                        "refused untrusted peer {} with fingerprint {fp}; if you trust it, run: ndd trust {fp} --home {}",
-                        info.addr,
-                        home.display()
-                    )));
+                    return Err(Refused(untrusted_here(&info.addr.to_string(), fp, home)));
                 }
             }
         }

@@ -194,7 +194,8 @@ pub struct DatagramStats {
     pub datagrams: u64,
     /// Datagrams that are not fragments (bad magic, version, index, too short).
     pub garbage: u64,
-    /// Whole messages received again after delivery (dropped).
+    /// Whole messages received again after delivery (dropped): the same message id, or on a
+    /// UDP link the same number (a retransmission that crossed its acknowledgement).
     pub duplicates: u64,
     /// Fragments whose index was already held (dropped).
     pub duplicate_fragments: u64,
@@ -214,6 +215,20 @@ pub struct DatagramStats {
     pub bad_messages: u64,
     /// Datagrams from an address that is not the peer's (UDP link, dropped).
     pub foreign: u64,
+    /// Sealed UDP link: datagrams that did not authenticate (forged, damaged, for another
+    /// session, plain, or a stranger's key exchange), dropped.
+    pub unauthenticated: u64,
+    /// Sealed UDP link: datagrams whose counter was already seen or is too old, dropped.
+    pub replayed: u64,
+    /// UDP link: numbered messages sent again (lost, or not acknowledged in time).
+    pub retransmitted: u64,
+    /// UDP link: expiries of the retransmission timer.
+    pub retransmit_timeouts: u64,
+    /// UDP link: tail loss probes (the newest message sent again after two round trips
+    /// without an acknowledgement).
+    pub tail_probes: u64,
+    /// UDP link: numbered messages that arrived ahead of a gap (held until it fills).
+    pub out_of_order: u64,
     /// Messages delivered.
     pub delivered: u64,
     /// Messages sent.

@@ -56,6 +56,7 @@ pub struct Identity {
     home: PathBuf,
     cert: CertificateDer<'static>,
     key: PrivateKeyDer<'static>,
+    spki: Vec<u8>,
     fingerprint: String,
 }
 
@@ -75,6 +76,7 @@ impl Clone for Identity {
             home: self.home.clone(),
             cert: self.cert.clone(),
             key: self.key.clone_key(),
+            spki: self.spki.clone(),
             fingerprint: self.fingerprint.clone(),
         }
     }
@@ -167,7 +169,8 @@ impl Identity {
         key_path: &Path,
         cert_path: &Path,
     ) -> Result<Identity> {
-        let fingerprint = fingerprint_of_cert(&cert)?;
+        let spki = der::cert_spki(&cert)?.to_vec();
+        let fingerprint = fingerprint_of_spki(&spki);
         let provider = crate::tls::provider();
         // Loads the key with the provider we will sign with, and compares its public key with
         // the certificate's.
@@ -190,6 +193,7 @@ impl Identity {
             home: home.to_owned(),
             cert,
             key,
+            spki,
             fingerprint,
         })
     }
@@ -207,6 +211,11 @@ impl Identity {
     /// The certificate, DER.
     pub fn cert_der(&self) -> &CertificateDer<'static> {
         &self.cert
+    }
+
+    /// The certificate's SubjectPublicKeyInfo, DER (what the fingerprint hashes).
+    pub fn spki_der(&self) -> &[u8] {
+        &self.spki
     }
 
     /// The private key, DER (PKCS#8).

@@ -13,10 +13,14 @@
 //! - [`conn`]: TCP listen/accept/connect, with or without TLS, and message framing;
 //! - [`quic`]: QUIC (quinn) with the same identities and verifiers: a stream per reliable
 //!   stream, a session stream per direction, lossy streams as datagrams;
-//! - [`udp`]: plain UDP datagrams for LANs (no encryption: that is the `encrypt` pair's job);
+//! - [`udp`]: UDP datagrams for LANs, sealed unless `--insecure`, reliable messages
+//!   retransmitted ([`arq`]);
 //! - [`establish`]: one face for the three links ([`Rx`], [`Tx`]) and the [`Connector`]
 //!   that listens or connects with backoff, checks trust and runs the handshake;
 //! - [`frag`]: the sans-IO datagram fragment header and reassembler shared by both;
+//! - [`arq`]: the sans-IO retransmission that makes reliable messages reliable over UDP;
+//! - [`tunnel`]: a pinned TLS byte tunnel for another protocol's TCP bytes (the RFB
+//!   accelerator's slow leg);
 //! - [`bench`](mod@bench): raw TCP/UDP throughput baselines.
 //!
 //! `docs/links.md` compares the links: guarantees, wire mapping, limits, when to use which.
@@ -41,6 +45,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod arq;
 pub mod bench;
 pub mod conn;
 mod error;
@@ -48,8 +53,10 @@ pub mod establish;
 pub mod frag;
 pub mod identity;
 pub mod quic;
+pub mod seal;
 pub mod tls;
 pub mod trust;
+pub mod tunnel;
 pub mod udp;
 
 pub use conn::{
@@ -69,4 +76,6 @@ pub use quic::{
 pub use rustls::{ClientConfig, ServerConfig};
 pub use tls::{client_config, peer_fingerprint, server_config};
 pub use trust::{validate_fingerprint, KnownPeers, Trusted};
-pub use udp::{udp_bind, udp_connect, UdpLink, UdpSender};
+pub use udp::{
+    udp_accept_secure, udp_bind, udp_connect, udp_connect_secure, Admission, UdpLink, UdpSender,
+};

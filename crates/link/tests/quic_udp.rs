@@ -262,6 +262,11 @@ async fn quic_data_waits_for_ready_and_works_both_ways() {
 // ---------------------------------------------------------------------------------------
 // UDP
 
+/// A message as a UDP link carries it unnumbered (PING, PONG, lossy DATA).
+fn plain(message: &[u8]) -> Vec<u8> {
+    ndd_link::arq::plain(message)
+}
+
 async fn udp_pair() -> (ndd_link::UdpLink, ndd_link::UdpLink) {
     let server = udp_bind("127.0.0.1:0").await.unwrap();
     let addr = server.local_addr().unwrap().to_string();
@@ -336,7 +341,7 @@ async fn udp_duplicates_and_reordering_deliver_each_message_once() {
         .collect();
     let mut datagrams = Vec::new();
     for (i, m) in msgs.iter().enumerate() {
-        datagrams.extend(fragment(77, i as u64 + 1, m, 200).unwrap());
+        datagrams.extend(fragment(77, i as u64 + 1, &plain(m), 200).unwrap());
     }
     datagrams.reverse();
     let copy = datagrams.clone();
@@ -349,7 +354,7 @@ async fn udp_duplicates_and_reordering_deliver_each_message_once() {
     }
     // A final marker message, so we know when everything before it has been processed.
     let marker = Message::Ping { t1: 42 }.emit_to_vec().unwrap();
-    raw.send(&fragment(77, 100, &marker, 200).unwrap()[0])
+    raw.send(&fragment(77, 100, &plain(&marker), 200).unwrap()[0])
         .await
         .unwrap();
 
@@ -397,7 +402,7 @@ async fn udp_memory_cap_and_stale_fragments() {
         raw.send(&frags[0]).await.unwrap();
     }
     let marker = Message::Ping { t1: 1 }.emit_to_vec().unwrap();
-    raw.send(&fragment(5, 50, &marker, 1020).unwrap()[0])
+    raw.send(&fragment(5, 50, &plain(&marker), 1020).unwrap()[0])
         .await
         .unwrap();
     assert_eq!(
@@ -411,7 +416,7 @@ async fn udp_memory_cap_and_stale_fragments() {
     tokio::time::sleep(Duration::from_millis(60)).await;
     assert!(started.elapsed() >= Duration::from_millis(50));
     let marker = Message::Ping { t1: 2 }.emit_to_vec().unwrap();
-    raw.send(&fragment(5, 51, &marker, 1020).unwrap()[0])
+    raw.send(&fragment(5, 51, &plain(&marker), 1020).unwrap()[0])
         .await
         .unwrap();
     assert_eq!(
@@ -436,12 +441,12 @@ async fn udp_ignores_foreign_senders_and_follows_a_restarted_peer() {
     let raw = UdpSocket::bind("127.0.0.1:0").await.unwrap();
     raw.connect(server.local_addr().unwrap()).await.unwrap();
     let ping = Message::Ping { t1: 2 }.emit_to_vec().unwrap();
-    raw.send(&fragment(client.session_id(), 2, &ping, 1400).unwrap()[0])
+    raw.send(&fragment(client.session_id(), 2, &plain(&ping), 1400).unwrap()[0])
         .await
         .unwrap();
     // A restarted peer: a new session id from a new address is followed.
     let ping3 = Message::Ping { t1: 3 }.emit_to_vec().unwrap();
-    raw.send(&fragment(client.session_id() ^ 1, 1, &ping3, 1400).unwrap()[0])
+    raw.send(&fragment(client.session_id() ^ 1, 1, &plain(&ping3), 1400).unwrap()[0])
         .await
         .unwrap();
     assert_eq!(
@@ -464,6 +469,18 @@ async fn raw_throughput_baselines_run() {
     assert_eq!(tcp.frames_received, 64);
     assert_eq!(tcp.bytes_received, 64 * 64 * 1024);
     assert!(tcp.bytes_per_sec() > 0.0);
+    let tls = ndd_link::bench::raw_tls_throughput(64 * 1024, 64)
+        .await
+        .unwrap();
+    assert_eq!(tls.bytes_received, 64 * 64 * 1024, "every byte through TLS");
+    let quic = ndd_link::bench::raw_quic_throughput(64 * 1024, 64)
+        .await
+        .unwrap();
+    assert_eq!(
+        quic.bytes_received,
+        64 * 64 * 1024,
+        "every byte through QUIC"
+    );
     let udp = ndd_link::bench::raw_udp_throughput(1400, 200)
         .await
         .unwrap();

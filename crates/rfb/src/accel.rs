@@ -14,13 +14,12 @@
 //! At most one request is outstanding, so the proxy buffers at most one update, and input never
 //! waits behind a backlog (the server queue holds only small client messages).
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
 
@@ -82,7 +81,8 @@ pub async fn serve_accel(
         let opts = opts.clone();
         let server = server.clone();
         tokio::spawn(async move {
-            match session(client, peer, &server, &opts).await {
+            let _ = client.set_nodelay(true);
+            match accel_client(client, &peer.to_string(), &server, &opts).await {
                 Ok(stats) => info!(
                     session = id,
                     %peer,
@@ -105,13 +105,18 @@ pub struct SessionStats {
     pub bytes_to_client: u64,
 }
 
-async fn session(
-    mut client: TcpStream,
-    peer: SocketAddr,
+/// Accelerate one client already connected: any byte stream (a TCP socket, or the TLS stream
+/// of an ndd tunnel), proxied to the server at `server_addr`. `peer` names the client in logs.
+/// Returns when either side closes.
+pub async fn accel_client<C>(
+    mut client: C,
+    peer: &str,
     server_addr: &str,
     opts: &AccelOptions,
-) -> Result<SessionStats, RfbError> {
-    client.set_nodelay(true)?;
+) -> Result<SessionStats, RfbError>
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+{
     let setup = async {
         let mut server = TcpStream::connect(server_addr).await?;
         server.set_nodelay(true)?;
@@ -123,22 +128,33 @@ async fn session(
         .map_err(|_| RfbError::Timeout("connect and handshake".into()))??;
     debug!(%peer, bits_per_pixel = pf.bits_per_pixel, "rfb handshake done");
     let mut s = Session::new(pf, opts);
-    s.run(&client, &server).await
+    s.run(client, &server).await
 }
 
-async fn read_n(s: &mut TcpStream, n: usize) -> Result<Vec<u8>, RfbError> {
+/// Read `n` bytes from a peer, after flushing what was written to it (a TLS stream may hold
+/// the last bytes the peer must see before it answers).
+async fn read_n<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    n: usize,
+) -> Result<Vec<u8>, RfbError> {
+    s.flush().await?;
     let mut b = vec![0u8; n];
     s.read_exact(&mut b).await?;
     Ok(b)
 }
 
 /// Relay a u32-length-prefixed reason string from `from` to `to`, returning it.
-async fn relay_reason(from: &mut TcpStream, to: &mut TcpStream) -> Result<String, RfbError> {
+async fn relay_reason<A, B>(from: &mut A, to: &mut B) -> Result<String, RfbError>
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncWrite + Unpin,
+{
     let len = read_n(from, 4).await?;
     let n = u32::from_be_bytes([len[0], len[1], len[2], len[3]]).min(64 << 10);
     let text = read_n(from, n as usize).await?;
     to.write_all(&(n).to_be_bytes()).await?;
     to.write_all(&text).await?;
+    to.flush().await?;
     Ok(String::from_utf8_lossy(&text).into_owned())
 }
 
@@ -147,8 +163,8 @@ fn hs_err(peer: Peer, error: ParseError) -> RfbError {
 }
 
 /// Forward the initialisation phase; returns the server's pixel format.
-async fn handshake_passthrough(
-    client: &mut TcpStream,
+async fn handshake_passthrough<C: AsyncRead + AsyncWrite + Unpin>(
+    client: &mut C,
     server: &mut TcpStream,
 ) -> Result<PixelFormat, RfbError> {
     let sv = read_n(server, 12).await?;
@@ -193,6 +209,7 @@ async fn handshake_passthrough(
                 .write_all(&(reason.len() as u32).to_be_bytes())
                 .await?;
             client.write_all(reason.as_bytes()).await?;
+            client.flush().await?;
             return Err(RfbError::Handshake(reason));
         }
         client.write_all(&[kept.len() as u8]).await?;
@@ -241,6 +258,7 @@ async fn handshake_passthrough(
     let name = read_n(server, si.name_len as usize).await?;
     client.write_all(&fixed).await?;
     client.write_all(&name).await?;
+    client.flush().await?;
     Ok(si.pixel_format)
 }
 
@@ -296,24 +314,26 @@ impl Session {
         }
     }
 
-    async fn run(
+    async fn run<C: AsyncRead + AsyncWrite + Unpin>(
         &mut self,
-        client: &TcpStream,
+        client: C,
         server: &TcpStream,
     ) -> Result<SessionStats, RfbError> {
+        let (mut cr, mut cw) = tokio::io::split(client);
         let mut buf = vec![0u8; 256 << 10];
+        let mut cbuf = vec![0u8; 64 << 10];
+        // Bytes given to the client's stream that it may still hold (a TLS stream's records):
+        // flushed as soon as nothing else is to be written.
+        let mut unflushed = false;
         loop {
             self.pump();
             let read_server = self.to_client.len() < self.max_buffered;
             tokio::select! {
                 biased;
-                r = client.readable() => {
-                    r?;
-                    match client.try_read(&mut buf) {
-                        Ok(0) => return Ok(self.stats),
-                        Ok(n) => self.on_client(&buf[..n])?,
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                        Err(e) => return Err(e.into()),
+                r = cr.read(&mut cbuf) => {
+                    match r? {
+                        0 => return Ok(self.stats),
+                        n => self.on_client(&cbuf[..n])?,
                     }
                 }
                 r = server.writable(), if !self.to_server.is_empty() => {
@@ -324,22 +344,31 @@ impl Session {
                         Err(e) => return Err(e.into()),
                     }
                 }
-                r = client.writable(), if !self.to_client.is_empty() => {
-                    r?;
-                    match client.try_write(&self.to_client) {
-                        Ok(n) => {
+                // Write what is queued; once the queue is empty, flush.
+                r = async {
+                    if self.to_client.is_empty() {
+                        cw.flush().await.map(|()| None)
+                    } else {
+                        cw.write(&self.to_client).await.map(Some)
+                    }
+                }, if !self.to_client.is_empty() || unflushed => {
+                    match r? {
+                        None => unflushed = false,
+                        Some(0) => {
+                            return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into())
+                        }
+                        Some(n) => {
                             self.to_client.advance(n);
                             self.stats.bytes_to_client += n as u64;
+                            unflushed = true;
                         }
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                        Err(e) => return Err(e.into()),
                     }
                 }
                 r = server.readable(), if read_server => {
                     r?;
                     match server.try_read(&mut buf) {
                         Ok(0) => {
-                            self.flush_client(client).await;
+                            self.flush_client(&mut cw).await;
                             return Ok(self.stats);
                         }
                         Ok(n) => self.on_server(&buf[..n])?,
@@ -351,22 +380,15 @@ impl Session {
         }
     }
 
-    /// Best effort: the server closed; give the client what is left.
-    async fn flush_client(&mut self, client: &TcpStream) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while !self.to_client.is_empty() {
-            if tokio::time::timeout_at(deadline, client.writable())
-                .await
-                .is_err()
-            {
-                return;
-            }
-            match client.try_write(&self.to_client) {
-                Ok(n) => self.to_client.advance(n),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(_) => return,
-            }
-        }
+    /// Best effort: the server closed; give the client what is left (5 s at most).
+    async fn flush_client<W: AsyncWrite + Unpin>(&mut self, client: &mut W) {
+        let rest = std::mem::take(&mut self.to_client);
+        let give = async {
+            client.write_all(&rest).await?;
+            client.flush().await?;
+            client.shutdown().await
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(5), give).await;
     }
 
     fn on_server(&mut self, data: &[u8]) -> Result<(), RfbError> {

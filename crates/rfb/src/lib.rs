@@ -19,7 +19,7 @@ pub mod handshake;
 pub mod proto;
 pub mod server;
 
-pub use accel::{run_accel, serve_accel, AccelOptions};
+pub use accel::{accel_client, run_accel, serve_accel, AccelOptions, SessionStats};
 pub use bench::{bench, BenchOptions, BenchReport};
 pub use proto::{PixelFormat, UpdateRequest};
 

@@ -87,6 +87,13 @@ impl Pipeline {
         self.pending.push_back((t, payload.into()));
     }
 
+    /// Whether the source stack takes another frame now (a pair with a window, as `image`,
+    /// says no while the path holds what it can carry): a source that captures on demand
+    /// (frame spoiling) produces only then.
+    pub fn source_ready(&self) -> bool {
+        self.src.ready()
+    }
+
     /// What the sink endpoint received, in order.
     pub fn deliveries(&self) -> &[Delivery] {
         &self.deliveries

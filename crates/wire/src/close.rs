@@ -39,6 +39,9 @@ pub enum CloseCode {
     UntrustedPeer,
     /// 5: the sender hit an internal error.
     InternalError,
+    /// 6: the sender's process is stopping but its streams did not end: a receiver that
+    /// outlives its peer keeps its endpoints and waits for the peer to come back.
+    GoingAway,
     /// Any other code, kept as received.
     Unknown(u16),
 }
@@ -53,6 +56,7 @@ impl CloseCode {
             CloseCode::VersionMismatch => 3,
             CloseCode::UntrustedPeer => 4,
             CloseCode::InternalError => 5,
+            CloseCode::GoingAway => 6,
             CloseCode::Unknown(code) => code,
         }
     }
@@ -66,6 +70,7 @@ impl CloseCode {
             3 => CloseCode::VersionMismatch,
             4 => CloseCode::UntrustedPeer,
             5 => CloseCode::InternalError,
+            6 => CloseCode::GoingAway,
             other => CloseCode::Unknown(other),
         }
     }
@@ -92,6 +97,7 @@ impl fmt::Display for CloseCode {
             CloseCode::VersionMismatch => f.write_str("protocol version mismatch"),
             CloseCode::UntrustedPeer => f.write_str("untrusted peer"),
             CloseCode::InternalError => f.write_str("internal error"),
+            CloseCode::GoingAway => f.write_str("peer stopped"),
             CloseCode::Unknown(code) => write!(f, "unknown close code {code}"),
         }
     }

@@ -207,7 +207,9 @@ pub enum DisplayFrameError {
     #[error("display record: unsupported version {0} (this build speaks version 1)")]
     Version(u8),
     /// Unknown kind byte.
-    #[error("display record: unknown kind {0:#04x} (known: 0x00 update, 0x01 cursor)")]
+    #[error(
+        "display record: unknown kind {0:#04x} (known: 0x00 update, 0x01 cursor, 0x02 link state)"
+    )]
     UnknownKind(u8),
     /// The payload ends inside a header.
     #[error("display record: update truncated: {what} needs bytes {start}..{end}, the payload has {got}")]
@@ -667,6 +669,11 @@ impl Framebuffer {
         &self.pixels
     }
 
+    /// All pixels, writable (the size stays).
+    pub fn pixels_mut(&mut self) -> &mut [u8] {
+        &mut self.pixels
+    }
+
     /// Applies an update: a different screen size or format first resizes the framebuffer
     /// and clears it to black (returns `true` then). Every rect is bounds-checked.
     pub fn apply(&mut self, u: &Update<'_>) -> Result<bool, DisplayFrameError> {
@@ -832,6 +839,44 @@ pub fn plan_frames(rects: &[Rect], format: PixelFormat, max_payload: usize) -> V
     frames
 }
 
+/// A link-state record: version, kind `0x02`, state. The side that runs a viewer puts it in
+/// front of the viewer when the link goes down or comes back (it never crosses the link), so
+/// the viewer can show it.
+pub const KIND_LINK_STATE: u8 = 0x02;
+
+/// What a link-state record says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkState {
+    /// `0`: frames flow.
+    Up,
+    /// `1`: the link is lost; reconnecting.
+    Down,
+    /// `2`: the peer stopped; waiting for it to come back.
+    PeerStopped,
+}
+
+impl LinkState {
+    /// The 3-byte record.
+    pub fn payload(self) -> [u8; 3] {
+        let state = match self {
+            LinkState::Up => 0,
+            LinkState::Down => 1,
+            LinkState::PeerStopped => 2,
+        };
+        [VERSION, KIND_LINK_STATE, state]
+    }
+
+    /// The state, if `payload` is a link-state record (anything else: `None`).
+    pub fn parse(payload: &[u8]) -> Option<LinkState> {
+        match payload {
+            [VERSION, KIND_LINK_STATE, 0] => Some(LinkState::Up),
+            [VERSION, KIND_LINK_STATE, 1] => Some(LinkState::Down),
+            [VERSION, KIND_LINK_STATE, 2] => Some(LinkState::PeerStopped),
+            _ => None,
+        }
+    }
+}
+
 /// Kind byte: a cursor image (the `x11-cursor` endpoints).
 pub const KIND_CURSOR: u8 = 0x01;
 /// Bytes of a cursor record's header: version, kind, width, height, hot spot x and y.
@@ -995,7 +1040,7 @@ mod tests {
         );
         assert_eq!(
             err("01 05"),
-            "display record: unknown kind 0x05 (known: 0x00 update, 0x01 cursor)"
+            "display record: unknown kind 0x05 (known: 0x00 update, 0x01 cursor, 0x02 link state)"
         );
         assert_eq!(
             err("01 00 0004 0003 00"),

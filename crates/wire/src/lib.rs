@@ -35,6 +35,7 @@ mod error;
 mod message;
 
 pub mod ack;
+pub mod clipboard;
 pub mod close;
 pub mod control;
 pub mod data;

@@ -6,7 +6,9 @@ mod display;
 mod e2e;
 mod jitter;
 mod links;
+mod mixed;
 mod pairs;
+mod soak;
 mod vnc;
 
 use anyhow::{Context, Result};
@@ -33,6 +35,10 @@ pub enum BenchCmd {
         /// Compare ndd's remote desktop with TigerVNC instead.
         #[arg(long)]
         vs_vnc: bool,
+        /// With --vs-vnc: shape the rate in the proxy, not with `tc tbf` on a veth pair to a
+        /// network namespace (which needs root, ip and tc; used when available).
+        #[arg(long)]
+        no_netns: bool,
         /// Directory for display.md.
         #[arg(long, value_name = "DIR", default_value = "docs/bench")]
         out: PathBuf,
@@ -67,6 +73,11 @@ pub enum BenchCmd {
         /// A short run (CI smoke test).
         #[arg(long)]
         quick: bool,
+        /// Instead: a small stream's one-way time alone and beside a saturating bulk stream,
+        /// ndd (in-flight window as shipped, and unbounded) next to raw TCP; writes
+        /// links-mixed.md.
+        #[arg(long)]
+        mixed: bool,
         /// Directory for links.md.
         #[arg(long, value_name = "DIR", default_value = "docs/bench")]
         out: PathBuf,
@@ -89,6 +100,21 @@ pub enum BenchCmd {
         #[arg(long)]
         quick: bool,
         /// Directory for rfb.md and rfb.svg.
+        #[arg(long, value_name = "DIR", default_value = "docs/bench")]
+        out: PathBuf,
+    },
+    /// Two real `ndd run` processes for N minutes with a device-rate mix (1 kHz × 64 B
+    /// input, 30 fps × 100 KB display-like, a serial-like stream back) through a proxy that
+    /// cuts the link every minute: RSS, open fds and frames delivered per minute, the check
+    /// sinks' verdicts at the end; writes soak.md.
+    Soak {
+        /// A short run (CI smoke test): one minute, a cut every 20 s.
+        #[arg(long)]
+        quick: bool,
+        /// How long the sources run.
+        #[arg(long, default_value_t = 10)]
+        minutes: u64,
+        /// Directory for soak.md.
         #[arg(long, value_name = "DIR", default_value = "docs/bench")]
         out: PathBuf,
     },
@@ -124,13 +150,25 @@ pub async fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Display {
             quick,
             vs_vnc: true,
+            no_netns,
             out,
-        } => vnc::run(quick, &out).await,
+        } => vnc::run(quick, no_netns, &out).await,
         BenchCmd::Display { quick, out, .. } => display::run(quick, &out).await,
         BenchCmd::E2e { quick, out, link } => e2e::run(quick, &out, &link).await,
         BenchCmd::Pairs { quick, out } => pairs::run(quick, &out),
+        BenchCmd::Soak {
+            quick,
+            minutes,
+            out,
+        } => soak::run(quick, minutes, &out).await,
         BenchCmd::Jitter { quick, out } => jitter::run(quick, &out),
-        BenchCmd::Links { quick, out } => links::run(quick, &out).await,
+        BenchCmd::Links { quick, out, mixed } => {
+            if mixed {
+                mixed::run(quick, &out).await
+            } else {
+                links::run(quick, &out).await
+            }
+        }
         BenchCmd::Placement { quick, out } => {
             std::fs::create_dir_all(&out)
                 .with_context(|| format!("cannot create {}", out.display()))?;

@@ -17,10 +17,14 @@
 //! - **responsiveness** (seed 004): a key typed with XTEST into the viewer → the last damage
 //!   its echo causes in the viewer's xterm area, alone and with the video playing below.
 //!
-//! The network is a proxy on loopback between viewer and server: it holds every chunk for the
-//! one-way latency in each direction and, with a rate, serialises it at that rate behind a
-//! queue of at most [`MAX_QUEUE`] (a bottleneck router's buffer; the kernel's socket buffers
-//! before it fill as they would behind a real one).
+//! The network: a proxy between viewer and server holds every chunk for the one-way latency in
+//! each direction (netem is absent on this kernel). The rate is the kernel's: when run as root
+//! with `ip` and `tc`, the viewer side (its viewer program, or ndd's device side) runs in a
+//! network namespace joined to this one by a veth pair, and `tc tbf` on both ends of the pair
+//! limits the rate with a queue of [`MAX_QUEUE`] ([`Netns`]). Without them (`--no-netns`, or not
+//! root), the proxy also serialises each direction at the rate behind a queue of at most
+//! [`MAX_QUEUE`] (a bottleneck router's buffer; the kernel's socket buffers before it fill as
+//! they would behind a real one). The report says which.
 
 use super::{hardware, today};
 use anyhow::{bail, Context, Result};
@@ -53,6 +57,138 @@ const H: u16 = 600;
 /// The xterm of the typing test: 80x12 at the top left.
 const XTERM_AREA: (u16, u16, u16, u16) = (0, 0, 500, 200);
 
+/// The viewer side's network namespace, joined to this one by a veth pair whose two ends
+/// carry `tc tbf` when a net has a rate. Deleted on drop.
+#[derive(Debug)]
+pub(crate) struct Netns;
+
+impl Netns {
+    const NAME: &'static str = "ndd-bench-view";
+    const HOST_IF: &'static str = "nddb-host";
+    const NS_IF: &'static str = "nddb-view";
+    const HOST_IP: &'static str = "10.77.0.1";
+
+    /// Creates the namespace and the veth pair (removing what a crashed run left behind).
+    fn create() -> Result<Netns> {
+        let _ = ip(&["netns", "del", Self::NAME]);
+        let _ = ip(&["link", "del", Self::HOST_IF]);
+        ip(&["netns", "add", Self::NAME])?;
+        let ns = Netns;
+        ip(&[
+            "link",
+            "add",
+            Self::HOST_IF,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            Self::NS_IF,
+        ])?;
+        ip(&["link", "set", Self::NS_IF, "netns", Self::NAME])?;
+        ip(&[
+            "addr",
+            "add",
+            &format!("{}/30", Self::HOST_IP),
+            "dev",
+            Self::HOST_IF,
+        ])?;
+        ip(&["link", "set", Self::HOST_IF, "up"])?;
+        for args in [
+            vec!["addr", "add", "10.77.0.2/30", "dev", Self::NS_IF],
+            vec!["link", "set", Self::NS_IF, "up"],
+            vec!["link", "set", "lo", "up"],
+        ] {
+            ip(&[&["-n", Self::NAME][..], &args].concat())?;
+        }
+        Ok(ns)
+    }
+
+    /// `tc tbf` at `mbit` on both ends of the pair (none: no qdisc).
+    fn shape(&self, mbit: Option<f64>) -> Result<()> {
+        for ns in [None, Some(Self::NAME)] {
+            let dev = if ns.is_some() {
+                Self::NS_IF
+            } else {
+                Self::HOST_IF
+            };
+            let mut args: Vec<String> = Vec::new();
+            if let Some(n) = ns {
+                args.extend(["-n".into(), n.into()]);
+            }
+            match mbit {
+                None => {
+                    args.extend(["qdisc", "del", "dev", dev, "root"].map(String::from));
+                    let _ = tc(&args);
+                }
+                Some(m) => {
+                    args.extend(["qdisc", "replace", "dev", dev, "root", "tbf"].map(String::from));
+                    args.extend([
+                        "rate".into(),
+                        format!("{}kbit", (m * 1000.0) as u64),
+                        "burst".into(),
+                        "32kbit".into(),
+                        "latency".into(),
+                        format!("{}ms", MAX_QUEUE.as_millis()),
+                    ]);
+                    tc(&args)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `program` run inside the namespace (`ip netns exec` execs it: same pid).
+    fn command(&self, program: &Path) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", Self::NAME]).arg(program);
+        c
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = ip(&["netns", "del", Self::NAME]);
+        let _ = ip(&["link", "del", Self::HOST_IF]);
+    }
+}
+
+fn ip(args: &[&str]) -> Result<()> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .context("cannot run ip")?;
+    if !out.status.success() {
+        bail!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+fn tc(args: &[String]) -> Result<()> {
+    let out = Command::new("tc")
+        .args(args)
+        .output()
+        .context("cannot run tc")?;
+    if !out.status.success() {
+        bail!(
+            "tc {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// The namespace of this run, when the kernel shapes the rate.
+static NETNS: Mutex<Option<Netns>> = Mutex::new(None);
+
+fn netns_active() -> bool {
+    NETNS.lock().map(|g| g.is_some()).unwrap_or(false)
+}
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Net {
     name: &'static str,
@@ -82,6 +218,9 @@ const NETS: [Net; 3] = [
 enum Peer {
     Vnc,
     Ndd,
+    /// ndd at JPEG Q92 4:4:4: the quality TigerVNC's automatic selection uses above
+    /// 16 Mbit/s (Tight level 8), for a comparison at equal quality.
+    NddHigh,
 }
 
 impl Peer {
@@ -89,6 +228,7 @@ impl Peer {
         match self {
             Peer::Vnc => "TigerVNC",
             Peer::Ndd => "ndd",
+            Peer::NddHigh => "ndd Q92",
         }
     }
 }
@@ -408,6 +548,8 @@ struct Setup {
     app_pids: Vec<u32>,
     down: Arc<AtomicU64>,
     proxy: tokio::task::JoinHandle<()>,
+    /// ndd's app side's stderr (its `--stats` lines).
+    app_log: Option<PathBuf>,
     // Dropped last to first: viewer, then app side.
     _viewer: Vec<Killed>,
     _app: Vec<Killed>,
@@ -465,11 +607,35 @@ sink = { type = "x11-cursor", display = "VIEW" }
 impl Setup {
     async fn start(peer: Peer, net: Net) -> Result<Setup> {
         let down = Arc::new(AtomicU64::new(0));
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        // With the kernel shaping, the viewer side reaches the proxy over the veth pair and
+        // `tc tbf` is the rate; the proxy adds the latency only.
+        let kernel = netns_active();
+        let listener = if kernel {
+            if let Ok(g) = NETNS.lock() {
+                if let Some(ns) = g.as_ref() {
+                    ns.shape(net.mbit)?;
+                }
+            }
+            TcpListener::bind(format!("{}:0", Netns::HOST_IP)).await?
+        } else {
+            TcpListener::bind("127.0.0.1:0").await?
+        };
         let front = listener.local_addr()?;
         let server_port = free_port()?;
         let upstream: SocketAddr = format!("127.0.0.1:{server_port}").parse()?;
-        let proxy = tokio::spawn(shaped_proxy(listener, upstream, net, down.clone()));
+        let proxied = if kernel {
+            Net { mbit: None, ..net }
+        } else {
+            net
+        };
+        let proxy = tokio::spawn(shaped_proxy(listener, upstream, proxied, down.clone()));
+        // The viewer side's programs: in the namespace when the kernel shapes.
+        let viewer_cmd = |program: &Path| -> Command {
+            match NETNS.lock().ok().as_ref().and_then(|g| g.as_ref()) {
+                Some(ns) => ns.command(program),
+                None => Command::new(program),
+            }
+        };
         let (vx, viewer_display) = start_x(
             "Xvfb",
             &["-screen", "0", "800x600x24", "-nolisten", "tcp", "-noreset"],
@@ -478,6 +644,7 @@ impl Setup {
         let mut app = Vec::new();
         let mut app_pids = Vec::new();
         let mut dir = None;
+        let mut app_log = None;
         let app_display;
         match peer {
             Peer::Vnc => {
@@ -512,9 +679,9 @@ impl Setup {
                 }
                 let log = std::fs::File::create("/tmp/ndd-bench-vncviewer.log")?;
                 viewer.push(
-                    Command::new("vncviewer")
+                    viewer_cmd(Path::new("vncviewer"))
                         .env("DISPLAY", &viewer_display)
-                        .args(["-FullScreen", &format!("127.0.0.1::{}", front.port())])
+                        .args(["-FullScreen", &format!("{}::{}", front.ip(), front.port())])
                         .stdin(Stdio::null())
                         .stdout(log.try_clone()?)
                         .stderr(log)
@@ -523,7 +690,7 @@ impl Setup {
                         .context("cannot start vncviewer")?,
                 );
             }
-            Peer::Ndd => {
+            Peer::Ndd | Peer::NddHigh => {
                 let (x, d) = start_x(
                     "Xvfb",
                     &["-screen", "0", "800x600x24", "-nolisten", "tcp", "-noreset"],
@@ -547,21 +714,41 @@ impl Setup {
                     &cfg,
                     NDD_DESKTOP
                         .replace("APP", &app_display)
-                        .replace("VIEW", &viewer_display),
+                        .replace("VIEW", &viewer_display)
+                        .replace(
+                            "quality = \"auto\"",
+                            if peer == Peer::NddHigh {
+                                "quality = \"high\", jpeg_quality = 92"
+                            } else {
+                                "quality = \"auto\""
+                            },
+                        ),
                 )?;
+                let log = base.join("app.log");
                 let run = |side: &str, flag: &str, addr: String, home: &str| -> Result<Killed> {
-                    Command::new(ndd_exe()?)
-                        .arg("run")
+                    let stderr = if side == "app" {
+                        Stdio::from(std::fs::File::create(&log)?)
+                    } else {
+                        Stdio::null()
+                    };
+                    let exe = ndd_exe()?;
+                    let mut cmd = if side == "device" {
+                        viewer_cmd(&exe)
+                    } else {
+                        Command::new(&exe)
+                    };
+                    cmd.arg("run")
                         .arg(&cfg)
-                        .args(["--side", side, flag, &addr, "--home", home])
+                        .args(["--side", side, flag, &addr, "--home", home, "--stats"])
                         .env("NDD_LOG", "error")
                         .stdin(Stdio::null())
                         .stdout(Stdio::null())
-                        .stderr(Stdio::null())
+                        .stderr(stderr)
                         .spawn()
                         .map(Killed)
                         .context("cannot start ndd")
                 };
+                app_log = Some(log.clone());
                 let a = run("app", "--listen", upstream.to_string(), &ahs)?;
                 app_pids.push(a.0.id());
                 app.push(a);
@@ -577,6 +764,7 @@ impl Setup {
             app_pids,
             down,
             proxy,
+            app_log,
             _viewer: viewer,
             _app: app,
             _dir: dir,
@@ -628,6 +816,19 @@ struct RateRow {
     cpu_fps: f64,
     mbit_per_frame: f64,
     mbit_s: f64,
+    /// ndd: the JPEG quality `auto` was at when the window ended.
+    jpeg_q: Option<u32>,
+}
+
+/// The JPEG quality in the last `--stats` line of ndd's app side (`image low q45 …`).
+fn last_jpeg_quality(log: &Path) -> Option<u32> {
+    let text = std::fs::read_to_string(log).ok()?;
+    text.lines().rev().find_map(|l| {
+        let after = l.split("  image ").nth(1)?;
+        after
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix('q')?.parse().ok())
+    })
 }
 
 async fn measure_rate(peer: Peer, workload: Workload, net: Net, secs: f64) -> Result<RateRow> {
@@ -638,6 +839,7 @@ async fn measure_rate(peer: Peer, workload: Workload, net: Net, secs: f64) -> Re
     let (t0, b0, c0) = (Instant::now(), s.down.load(Ordering::Relaxed), s.cpu());
     tokio::time::sleep(Duration::from_secs_f64(secs)).await;
     let (t1, b1, c1) = (Instant::now(), s.down.load(Ordering::Relaxed), s.cpu());
+    let jpeg_q = s.app_log.as_deref().and_then(last_jpeg_quality);
     let updates = log.updates(t0, t1);
     let el = t1.duration_since(t0).as_secs_f64();
     let mbit = (b1 - b0) as f64 * 8.0 / 1e6;
@@ -657,16 +859,18 @@ async fn measure_rate(peer: Peer, workload: Workload, net: Net, secs: f64) -> Re
             0.0
         },
         mbit_s: mbit / el,
+        jpeg_q,
     };
     eprintln!(
-        "  {:<9} {:<34} {:<18} {:6.1} fps  {:7.1} fps/CPU-s  {:6.3} Mbit/frame  {:6.2} Mbit/s",
+        "  {:<9} {:<34} {:<18} {:6.1} fps  {:7.1} fps/CPU-s  {:6.3} Mbit/frame  {:6.2} Mbit/s{}",
         row.peer.name(),
         row.workload.name(),
         row.net.name,
         row.fps,
         row.cpu_fps,
         row.mbit_per_frame,
-        row.mbit_s
+        row.mbit_s,
+        row.jpeg_q.map_or(String::new(), |q| format!("  JPEG q{q}"))
     );
     Ok(row)
 }
@@ -687,17 +891,21 @@ async fn measure_still(peer: Peer, net: Net) -> Result<StillRow> {
         "ffplay",
         &ffplay_args("testsrc2=size=800x600:rate=5:duration=0.4", 0),
     )?;
-    // The picture is up once the app screen stops changing.
+    // The picture is up once the app screen has changed and then stops changing. (Stable
+    // alone is not enough: a slow ffplay start left the screen as it was for 300 ms, and the
+    // first row then compared the viewer with the screen from before the picture.)
     let start = Instant::now();
     let mut prev = screenshot(&s.app_display)?;
     let mut stable_since = Instant::now();
+    let mut changed = false;
     while start.elapsed() < Duration::from_secs(10) {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let now = screenshot(&s.app_display)?;
         if now != prev {
             stable_since = Instant::now();
             prev = now;
-        } else if stable_since.elapsed() > Duration::from_millis(300) {
+            changed = true;
+        } else if changed && stable_since.elapsed() > Duration::from_millis(300) {
             break;
         }
     }
@@ -854,7 +1062,7 @@ fn missing_programs() -> Vec<&'static str> {
 }
 
 /// Runs the comparison and writes `display-vnc.md` and `display-vnc.svg` into `out`.
-pub async fn run(quick: bool, out: &Path) -> Result<()> {
+pub async fn run(quick: bool, no_netns: bool, out: &Path) -> Result<()> {
     let missing = missing_programs();
     if !missing.is_empty() {
         bail!(
@@ -864,6 +1072,23 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
         );
     }
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    // The kernel shapes the rate when it can (root, ip, tc); otherwise the proxy does.
+    if !no_netns {
+        match Netns::create() {
+            Ok(ns) => {
+                eprintln!(
+                    "rate: tc tbf on a veth pair, the viewer side in network namespace {}",
+                    Netns::NAME
+                );
+                if let Ok(mut g) = NETNS.lock() {
+                    *g = Some(ns);
+                }
+            }
+            Err(e) => eprintln!(
+                "rate: the in-process proxy (no network namespace: {e:#}; run as root with ip and tc)"
+            ),
+        }
+    }
     let secs = if quick { 2.0 } else { 6.0 };
     let keys = if quick { 3 } else { 12 };
     let (nets, workloads): (Vec<Net>, Vec<Workload>) = if quick {
@@ -881,6 +1106,9 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
         for &n in &nets {
             for &p in &peers {
                 rates.push(measure_rate(p, w, n, secs).await?);
+            }
+            if w == Workload::Video && !quick {
+                rates.push(measure_rate(Peer::NddHigh, w, n, secs).await?);
             }
         }
     }
@@ -901,7 +1129,11 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
             }
         }
     }
-    let md = report(quick, &rates, &stills, &typing);
+    let kernel = netns_active();
+    let md = report(quick, kernel, &rates, &stills, &typing);
+    if let Ok(mut g) = NETNS.lock() {
+        g.take();
+    }
     let path = out.join("display-vnc.md");
     std::fs::write(&path, md).with_context(|| format!("cannot write {}", path.display()))?;
     let svg = out.join("display-vnc.svg");
@@ -911,7 +1143,13 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
     Ok(())
 }
 
-fn report(quick: bool, rates: &[RateRow], stills: &[StillRow], typing: &[TypingRow]) -> String {
+fn report(
+    quick: bool,
+    kernel: bool,
+    rates: &[RateRow],
+    stills: &[StillRow],
+    typing: &[TypingRow],
+) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "# Remote display: ndd vs TigerVNC\n");
     let _ = writeln!(
@@ -927,32 +1165,42 @@ fn report(quick: bool, rates: &[RateRow], stills: &[StillRow], typing: &[TypingR
          **TigerVNC** 1.12 from Debian (`Xtigervnc -SecurityTypes None`, `vncviewer -FullScreen`, \
          default encoding: Tight with automatic quality) and **ndd** (two `ndd` processes over \
          TLS: `x11-screen` (max_fps 60) → `image` (quality auto) → `x11-window`, plus the input \
-         stream). Between viewer and server a proxy on loopback holds every chunk for the \
-         one-way latency in each direction and, with a rate, serialises it at that rate behind a \
-         queue of at most 100 ms (netem is absent on this kernel). Everything is counted from \
+         stream). {} Everything is counted from \
          outside both programs: **fps** = updates drawn on the viewer's X server (DAMAGE \
          bursts more than 12 ms apart: a viewer draws one update's rects as it decodes them); **Mbit/frame** = bytes the proxy carried towards the \
          viewer per update; **CPU-limited fps** = updates per CPU-second of the app side \
          (Xtigervnc, which is both X server and encoder; for ndd the app's Xvfb plus the `ndd` \
-         app process). 3 s of warm-up, then the measured window.\n"
+         app process). 3 s of warm-up, then the measured window.\n",
+        if kernel {
+            "The viewer side (vncviewer, or ndd's device side) runs in a network namespace \
+             joined to the server side by a veth pair; the rate is the kernel's `tc tbf` on \
+             both ends of the pair (queue 100 ms), and a proxy on the server side holds every \
+             chunk for the one-way latency in each direction (netem is absent on this kernel)."
+        } else {
+            "Between viewer and server a proxy on loopback holds every chunk for the one-way \
+             latency in each direction and, with a rate, serialises it at that rate behind a \
+             queue of at most 100 ms (netem is absent on this kernel; run as root with `ip` and \
+             `tc` for the kernel's `tc tbf` instead)."
+        }
     );
     let _ = writeln!(s, "## Frame rate and bytes per frame\n");
     let _ = writeln!(
         s,
-        "| workload | network | peer | fps | CPU-limited fps | Mbit/frame | Mbit/s |"
+        "| workload | network | peer | fps | CPU-limited fps | Mbit/frame | Mbit/s | ndd JPEG quality at the end |"
     );
-    let _ = writeln!(s, "|---|---|---|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---|---|---:|---:|---:|---:|---:|");
     for r in rates {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.1} | {:.0} | {:.3} | {:.2} |",
+            "| {} | {} | {} | {:.1} | {:.0} | {:.3} | {:.2} | {} |",
             r.workload.name(),
             r.net.name,
             r.peer.name(),
             r.fps,
             r.cpu_fps,
             r.mbit_per_frame,
-            r.mbit_s
+            r.mbit_s,
+            r.jpeg_q.map_or(String::new(), |q| format!("q{q}"))
         );
     }
     let _ = writeln!(s, "\n![fps by workload and network](display-vnc.svg)\n");
@@ -1087,6 +1335,16 @@ fn targets(rates: &[RateRow], stills: &[StillRow], typing: &[TypingRow]) -> Stri
             verdict(n <= bound)
         );
     }
+    if let (Some(h), Some(v)) = (
+        find(Workload::Video, Peer::NddHigh),
+        find(Workload::Video, Peer::Vnc),
+    ) {
+        let _ = writeln!(
+            s,
+            "- video at equal quality (ndd at JPEG Q92 4:4:4, the setting TigerVNC's automatic selection uses above 16 Mbit/s: Tight level 8): fps {:.1} vs {:.1}, Mbit/frame {:.3} vs {:.3}; ndd `auto` instead keeps the frame rate and lowers the quality",
+            h.fps, v.fps, h.mbit_per_frame, v.mbit_per_frame
+        );
+    }
     if let Some(st) = stills.iter().find(|r| r.net == slow && r.peer == Peer::Ndd) {
         let _ = writeln!(
             s,
@@ -1112,6 +1370,7 @@ fn plot(rates: &[RateRow]) -> String {
         let y = 30.0 + i as f64 * (bar_h + 4.0);
         let colour = match r.peer {
             Peer::Ndd => "#2a7ab0",
+            Peer::NddHigh => "#7ab0d8",
             Peer::Vnc => "#b0702a",
         };
         let label = format!(

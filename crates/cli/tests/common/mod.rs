@@ -33,7 +33,7 @@ impl Drop for Dir {
 
 pub fn ndd() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_ndd"));
-    c.env("NDD_LOG", "warn,ndd::session=info")
+    c.env("NDD_LOG", "warn,ndd::session=info,ndd_link::establish=info")
         .env_remove("NDD_HOME");
     c
 }
@@ -125,6 +125,15 @@ impl Side {
             let _ = t.join();
         }
         self.stderr_now()
+    }
+
+    /// Sends SIGTERM (a clean stop, as systemd or `kill` would ask).
+    pub fn terminate(&self) {
+        if let Some(c) = &self.child {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+        }
     }
 
     /// Whether the process is still running (it has not exited, cleanly or not).
@@ -377,6 +386,36 @@ pub fn run_with_cuts(
 /// no goodbye), calls `at_kill` (to note what the first app wrote) and starts the app side
 /// again. Waits for both sides to end, prints the recovery time, checks both succeeded and
 /// the device saw a new peer; returns (device stderr, app stderr, what `at_kill` returned).
+/// A loopback `host:port` free right now (UDP and TCP listeners alike).
+pub fn free_addr() -> String {
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("127.0.0.1:{port}")
+}
+
+/// The sequence numbers of the synthetic frames (`seed`, `count` made) in a file a `file`
+/// sink wrote with `framing = "length"`; panics on anything else in it.
+pub fn synthetic_seqs_in(path: &Path, seed: u64, count: u64) -> Vec<u64> {
+    let bytes = std::fs::read(path).unwrap();
+    let mut seqs = Vec::new();
+    let mut at = 0;
+    while at + 4 <= bytes.len() {
+        let n = u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        let p = &bytes[at + 4..at + 4 + n];
+        seqs.push(
+            (0..count)
+                .find(|&s| ndd_endpoint::synthetic::verify(seed, s, p))
+                .expect("a frame the source made"),
+        );
+        at += 4 + n;
+    }
+    assert_eq!(at, bytes.len(), "whole frames only");
+    seqs
+}
+
 pub fn run_with_app_restart<T>(
     cfg: &Path,
     dev_home: &Path,
@@ -384,12 +423,7 @@ pub fn run_with_app_restart<T>(
     flowing: impl FnMut() -> bool,
     at_kill: impl FnOnce() -> T,
 ) -> (String, String, T) {
-    let port = std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
+    let addr = free_addr();
     let app1 = Side::spawn(run_cmd(cfg, "app", app_home, &["--listen", &addr]));
     let _ = app1.addr();
     let dev = Side::spawn(run_cmd(cfg, "device", dev_home, &["--connect", &addr]));

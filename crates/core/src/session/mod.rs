@@ -23,6 +23,7 @@
 //! the source builds its stack afresh and encodes the kept frames again. Lossy streams keep only their newest frame while the link is down.
 
 mod clock;
+mod flight;
 mod handshake;
 mod incoming;
 mod stream;
@@ -55,8 +56,19 @@ pub struct SessionConfig {
     pub reconnect: bool,
     /// Longest a sink waits before telling its source what it took in and completed.
     pub ack_every: Duration,
+    /// A sink also tells as soon as this many bytes came in since it last told (so a source
+    /// with a small in-flight window is not starved of ACKs).
+    pub ack_bytes: usize,
+    /// Smallest in-flight window of a reliable source stream: bytes written and not yet
+    /// acknowledged (see `flight.rs`; it grows to twice the path's bandwidth-delay product,
+    /// at most `resume_buffer_bytes`).
+    pub flight_min_bytes: usize,
     /// How long to wait for the peer's CLOSE after ours.
     pub close_linger: Duration,
+    /// This side outlives its peer (`ndd run` without `--once`): told to stop, it sends its
+    /// frames, no END, and a CLOSE "going away" (the peer keeps its endpoints and waits for
+    /// it); the peer's "going away" is a lost link (reconnect and wait), not the end.
+    pub outlive_peer: bool,
 }
 
 impl Default for SessionConfig {
@@ -67,7 +79,10 @@ impl Default for SessionConfig {
             keepalive_timeout: Duration::from_secs(5),
             reconnect: true,
             ack_every: Duration::from_millis(20),
+            ack_bytes: 256 << 10,
+            flight_min_bytes: 2 << 20,
             close_linger: Duration::from_secs(3),
+            outlive_peer: false,
         }
     }
 }
@@ -132,6 +147,12 @@ pub enum Event {
         after: Duration,
         /// Unacknowledged frames about to be sent again.
         resending: usize,
+    },
+    /// The peer stopped (CLOSE "going away") and this side outlives it: the link is lost;
+    /// get a new one as after [`Event::LinkLost`] (the peer comes back as a restarted one).
+    PeerStopped {
+        /// What it said.
+        reason: String,
     },
     /// The peer's process restarted: its streams start again.
     PeerRestarted {
@@ -241,11 +262,19 @@ pub struct Session {
     last_rx: Option<Instant>,
     next_ping: Option<Instant>,
     next_ack: Option<Instant>,
+    /// DATA bytes taken in since the last ACK round.
+    since_ack: usize,
+    /// The in-flight window of reliable source streams.
+    flight: flight::Flight,
     lost_at: Option<Instant>,
     recoveries: Vec<Duration>,
     close: Option<Closing>,
     peer_closed: bool,
     stopping: bool,
+    /// Told to stop while outliving the peer: our frames go out, no END, CLOSE going away.
+    going_away: bool,
+    /// The peer said it is going away (handled once its message is processed).
+    peer_gone: Option<String>,
     /// Where the data round-robin starts next.
     cursor: usize,
     /// RESUMEs the peer sent on this link (two: who it is, then its ACKs are in).
@@ -299,6 +328,7 @@ impl Session {
             .into_iter()
             .map(StreamRt::new)
             .collect::<Result<Vec<_>, _>>()?;
+        let flight = flight::Flight::new(cfg.flight_min_bytes, cfg.resume_buffer_bytes);
         Ok(Session {
             cfg,
             streams,
@@ -313,11 +343,15 @@ impl Session {
             last_rx: None,
             next_ping: None,
             next_ack: None,
+            since_ack: 0,
+            flight,
             lost_at: None,
             recoveries: Vec::new(),
             close: None,
             peer_closed: false,
             stopping: false,
+            going_away: false,
+            peer_gone: None,
             cursor: 0,
             peer_resumes: 0,
             ignored_handshakes: RateLimit::default(),
@@ -412,8 +446,11 @@ impl Session {
         if s.ended || self.state == State::Closed || self.close.is_some() {
             return false;
         }
+        let window = self
+            .flight
+            .limit(self.clock.best().map(|c| Duration::from_nanos(c.rtt_ns)));
         !s.plan.reliable
-            || ((src.out.is_empty() || src.out_bytes < self.cfg.resume_buffer_bytes)
+            || ((src.out.is_empty() || src.out_bytes < window)
                 && (src.kept.is_empty() || src.kept_bytes < self.cfg.resume_buffer_bytes)
                 && s.stack.ready())
     }
@@ -461,6 +498,11 @@ impl Session {
         }
         self.last_rx = Some(now);
         let r = self.message(now, wall_ns, msg);
+        if r.is_ok() {
+            if let Some(reason) = self.peer_gone.take() {
+                return self.lose_link(now, &reason, true);
+            }
+        }
         self.after(now, r)
     }
 
@@ -472,8 +514,9 @@ impl Session {
         frame: Frame,
     ) -> Result<(), SessionError> {
         let link_up = self.link_up();
+        let going_away = self.going_away;
         let s = &mut self.streams[i];
-        if s.ended || !s.is_source() {
+        if s.ended || !s.is_source() || going_away {
             return Ok(());
         }
         if !link_up && !s.plan.replay_outage {
@@ -520,6 +563,16 @@ impl Session {
     /// closing anyway, held inputs are released and [`Event::LinkLost`] asks for a new link;
     /// with reconnecting off this is the end, as an error.
     pub fn handle_link_lost(&mut self, now: Instant, reason: &str) -> Result<(), SessionError> {
+        self.lose_link(now, reason, false)
+    }
+
+    /// The link is gone (`peer_stopped`: the peer said it is going away).
+    fn lose_link(
+        &mut self,
+        now: Instant,
+        reason: &str,
+        peer_stopped: bool,
+    ) -> Result<(), SessionError> {
         if matches!(self.state, State::Closed | State::Disconnected) {
             return Ok(());
         }
@@ -550,8 +603,11 @@ impl Session {
                 self.events.push_back(Event::ReleaseInputs { stream: i });
             }
         }
-        self.events.push_back(Event::LinkLost {
-            reason: reason.to_string(),
+        let reason = reason.to_string();
+        self.events.push_back(if peer_stopped {
+            Event::PeerStopped { reason }
+        } else {
+            Event::LinkLost { reason }
         });
         self.after(now, Ok(()))
     }
@@ -631,6 +687,15 @@ impl Session {
                 self.cursor = (i + 1) % n;
                 return Some(t);
             }
+        }
+        if let Some(c) = self.close.filter(|c| !c.sent && self.going_away) {
+            // Everything we had went out above; the peer does not answer a going away.
+            self.close = Some(Closing { sent: true, ..c });
+            self.finish(Ending::Stopped);
+            return Some(Transmit::Message(OwnedMessage::Close {
+                code: CloseCode::GoingAway,
+                reason: "stopped".to_string(),
+            }));
         }
         if let Some(c) = self.close {
             let all_ends = self
@@ -724,6 +789,10 @@ impl Session {
                     return Ok(());
                 }
                 k.last_seq = Some(header.seq);
+                self.since_ack += payload.len();
+                if self.since_ack >= self.cfg.ack_bytes {
+                    self.next_ack = Some(now);
+                }
                 s.counters.wire_frames += 1;
                 s.counters.wire_bytes += payload.len() as u64;
                 let meta = crate::frame::Meta {
@@ -759,12 +828,15 @@ impl Session {
                 OwnedMessage::Ack { stream, seq } => {
                     let i = self.find(stream)?;
                     if let End::Source(src) = &mut self.streams[i].end {
+                        let mut freed = 0;
                         while src.out.front().is_some_and(|p| p.seq <= seq) {
                             if let Some(p) = src.out.pop_front() {
                                 src.out_bytes -= p.payload.len();
+                                freed += p.payload.len();
                                 src.next_write = src.next_write.saturating_sub(1);
                             }
                         }
+                        self.flight.on_acked(now, freed);
                     }
                 }
                 OwnedMessage::Delivered { stream, seq } => {
@@ -789,7 +861,16 @@ impl Session {
                 }
                 OwnedMessage::Pong { t1, t2, t3 } => self.clock.sample(t1, t2, t3, wall_ns),
                 OwnedMessage::Close {
-                    code: CloseCode::Normal,
+                    code: CloseCode::GoingAway,
+                    reason,
+                } if self.cfg.outlive_peer && self.cfg.reconnect && !self.stopping => {
+                    self.peer_gone = Some(match reason.as_str() {
+                        "" | "stopped" => "the peer stopped".to_string(),
+                        r => format!("the peer stopped ({r})"),
+                    });
+                }
+                OwnedMessage::Close {
+                    code: CloseCode::Normal | CloseCode::GoingAway,
                     ..
                 } => {
                     // No more frames will come: deliver what our sinks hold. Our sources end
@@ -1011,6 +1092,7 @@ impl Session {
             return;
         }
         self.next_ack = Some(now + self.cfg.ack_every);
+        self.since_ack = 0;
         for s in self.streams.iter_mut() {
             let End::Sink(k) = &mut s.end else { continue };
             if k.last_seq != k.acked_sent {
@@ -1090,9 +1172,20 @@ impl Session {
         }
         let all_done = self.streams.iter().all(|s| s.ended);
         if self.close.is_none() && (all_done || self.peer_closed || self.stopping) {
+            // Outliving the peer, a stop is not the end of the streams: what the stacks
+            // hold goes out, but no END (the peer keeps its endpoints).
+            self.going_away =
+                self.stopping && self.cfg.outlive_peer && !all_done && !self.peer_closed;
             for i in 0..self.streams.len() {
                 if self.streams[i].is_source() {
-                    self.end_stream(i, now)?;
+                    if self.going_away {
+                        if !self.streams[i].ended {
+                            self.streams[i].stack.flush(now)?;
+                            self.pump(i);
+                        }
+                    } else {
+                        self.end_stream(i, now)?;
+                    }
                 }
             }
             self.close = Some(Closing {

@@ -234,3 +234,149 @@ fn keepalive_declares_a_silent_link_lost() {
         vec!["no message from the peer for 5000 ms".to_string()]
     );
 }
+
+/// Sessions that outlive their peer.
+fn outliving(plans: Vec<StreamPlan>) -> Session {
+    let cfg = SessionConfig {
+        outlive_peer: true,
+        ..SessionConfig::default()
+    };
+    Session::new(cfg, plans, 7).unwrap()
+}
+
+#[test]
+fn told_to_stop_an_outliving_side_sends_its_frames_no_end_and_going_away() {
+    let now = Instant::now();
+    let mut s = outliving(vec![plan(1, Role::Source, true), plan(2, Role::Sink, true)]);
+    s.handle_link_up(now);
+    s.handle_message(now, 1, resume(9)).unwrap();
+    s.handle_message(now, 1, resume(9)).unwrap();
+    drain(&mut s, now);
+    s.handle_source_frame(now, 0, frame(1, 0, 3)).unwrap();
+    s.close(now).unwrap();
+    assert!(!s.source_ready(0), "no new frames once stopping");
+    s.handle_source_frame(now, 0, frame(1, 1, 3)).unwrap();
+    let out = drain(&mut s, now);
+    let kinds: Vec<String> = out
+        .iter()
+        .map(|t| match t {
+            Transmit::Data { seq, .. } => format!("data {seq}"),
+            Transmit::Message(m) => format!("{m:?}"),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            "data 0".to_string(),
+            format!(
+                "{:?}",
+                OwnedMessage::Close {
+                    code: CloseCode::GoingAway,
+                    reason: "stopped".into()
+                }
+            )
+        ],
+        "the frame, no END, then going away"
+    );
+    assert_eq!(s.state(), State::Closed);
+    assert!(!std::iter::from_fn(|| s.poll_event()).any(|e| matches!(e, Event::StreamEnded { .. })));
+}
+
+#[test]
+fn a_peer_going_away_is_a_lost_link_for_an_outliving_side_and_the_end_with_once() {
+    let now = Instant::now();
+    let going = Incoming::Other(OwnedMessage::Close {
+        code: CloseCode::GoingAway,
+        reason: "stopped".into(),
+    });
+    let mut s = outliving(vec![plan(1, Role::Sink, true), plan(2, Role::Source, true)]);
+    s.handle_link_up(now);
+    s.handle_message(now, 1, resume(9)).unwrap();
+    s.handle_message(now, 1, data(1, 0)).unwrap();
+    s.handle_message(now, 1, going.clone()).unwrap();
+    let events: Vec<Event> = std::iter::from_fn(|| s.poll_event()).collect();
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, Event::PeerStopped { reason } if reason == "the peer stopped")),
+        "{events:?}"
+    );
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, Event::StreamEnded { .. })),
+        "the sink stays: {events:?}"
+    );
+    assert_eq!(s.state(), State::Disconnected, "waiting for the peer");
+    // It comes back as a new run: its streams start again.
+    s.handle_link_up(now);
+    s.handle_message(now, 1, resume(10)).unwrap();
+    assert!(std::iter::from_fn(|| s.poll_event()).any(|e| matches!(e, Event::PeerRestarted { .. })));
+
+    // With --once (not outliving), going away ends the session as a normal close does.
+    let mut once = session(vec![plan(1, Role::Sink, true)], 1 << 20);
+    once.handle_link_up(now);
+    once.handle_message(now, 1, resume(9)).unwrap();
+    once.handle_message(now, 1, going).unwrap();
+    let events: Vec<Event> = std::iter::from_fn(|| once.poll_event()).collect();
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, Event::StreamEnded { stream: 0 })),
+        "{events:?}"
+    );
+    assert!(!events
+        .iter()
+        .any(|e| matches!(e, Event::PeerStopped { .. })));
+}
+
+#[test]
+fn a_reliable_source_stops_at_its_in_flight_window_and_a_sink_acks_by_bytes() {
+    let now = Instant::now();
+    // Source: resume buffer 16 MiB, window 1000 bytes.
+    let cfg = SessionConfig {
+        flight_min_bytes: 1000,
+        ..SessionConfig::default()
+    };
+    let mut s = Session::new(cfg, vec![plan(1, Role::Source, true)], 7).unwrap();
+    s.handle_link_up(now);
+    s.handle_message(now, 1, resume(9)).unwrap();
+    s.handle_message(now, 1, resume(9)).unwrap();
+    s.handle_source_frame(now, 0, frame(1, 0, 600)).unwrap();
+    assert!(s.source_ready(0), "600 bytes in flight, window 1000");
+    s.handle_source_frame(now, 0, frame(1, 1, 600)).unwrap();
+    assert!(
+        !s.source_ready(0),
+        "1200 bytes in flight: no more until an ACK, though the resume buffer has room"
+    );
+    drain(&mut s, now);
+    s.handle_message(
+        now,
+        1,
+        Incoming::Other(OwnedMessage::Ack { stream: 1, seq: 1 }),
+    )
+    .unwrap();
+    assert!(s.source_ready(0), "acknowledged: room again");
+
+    // Sink: ACKs after `ack_bytes` without waiting for `ack_every`.
+    let cfg = SessionConfig {
+        ack_bytes: 3,
+        ..SessionConfig::default()
+    };
+    let mut k = Session::new(cfg, vec![plan(1, Role::Sink, true)], 8).unwrap();
+    k.handle_link_up(now);
+    k.handle_message(now, 1, resume(9)).unwrap();
+    k.handle_message(now, 1, resume(9)).unwrap();
+    drain(&mut k, now);
+    let acks = |k: &mut Session| {
+        drain(k, now)
+            .into_iter()
+            .filter(|t| matches!(t, Transmit::Message(OwnedMessage::Ack { .. })))
+            .count()
+    };
+    k.handle_message(now, 1, data(1, 0)).unwrap();
+    k.handle_message(now, 1, data(1, 1)).unwrap();
+    assert_eq!(acks(&mut k), 0, "2 bytes in: the timer decides");
+    k.handle_message(now, 1, data(1, 2)).unwrap();
+    assert_eq!(acks(&mut k), 1, "3 bytes in: ACK at once");
+}

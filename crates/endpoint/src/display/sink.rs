@@ -16,7 +16,8 @@ use crate::common::report::{SinkReport, SinkTask};
 use crate::common::x11::{wait_readable_for, x11_connect, x11_err};
 use ndd_core::{Frame, RateLimit};
 use ndd_wire::display::{
-    bands, blit, DisplayFrameError, Framebuffer, PixelFormat, Rect, Update, MAX_UPDATE_PAYLOAD,
+    bands, blit, DisplayFrameError, Framebuffer, LinkState, PixelFormat, Rect, Update,
+    MAX_UPDATE_PAYLOAD,
 };
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -116,6 +117,8 @@ struct View {
     store: Store,
     use_shm: bool,
     max_put_bytes: usize,
+    /// While the link is down: the image as it was (the store holds it dimmed).
+    dimmed: Option<Vec<u8>>,
 }
 
 impl View {
@@ -221,9 +224,72 @@ impl View {
         }
     }
 
+    /// The image's bytes (bgrx32, rows top to bottom).
+    fn pixels_mut(&mut self) -> &mut [u8] {
+        match &mut self.store {
+            Store::Shm(shm) => shm.seg.bytes_mut(),
+            Store::Local(fb) => fb.pixels_mut(),
+        }
+    }
+
+    /// The link went down (the image is dimmed to half brightness and the title says why)
+    /// or came back (the image and title as they were).
+    fn link_state(&mut self, state: LinkState, title: &str) -> Result<(), XFail> {
+        let (name, dim) = match state {
+            LinkState::Up => (title.to_string(), false),
+            LinkState::Down => (format!("{title} (link down, reconnecting)"), true),
+            LinkState::PeerStopped => (format!("{title} (the peer stopped, waiting for it)"), true),
+        };
+        let net_wm_name = self.conn.intern_atom(false, b"_NET_WM_NAME")?.reply()?.atom;
+        let utf8 = self.conn.intern_atom(false, b"UTF8_STRING")?.reply()?.atom;
+        self.conn.change_property8(
+            xproto::PropMode::REPLACE,
+            self.win,
+            xproto::AtomEnum::WM_NAME,
+            xproto::AtomEnum::STRING,
+            name.as_bytes(),
+        )?;
+        self.conn.change_property8(
+            xproto::PropMode::REPLACE,
+            self.win,
+            net_wm_name,
+            utf8,
+            name.as_bytes(),
+        )?;
+        match (dim, self.dimmed.is_some()) {
+            (true, false) => {
+                let px = self.pixels_mut();
+                let saved = px.to_vec();
+                for b in px.iter_mut() {
+                    *b /= 2;
+                }
+                self.dimmed = Some(saved);
+            }
+            (false, true) => self.undim(),
+            _ => {}
+        }
+        self.draw(Rect::new(0, 0, self.width, self.height), None)?;
+        self.finish()
+    }
+
+    /// Puts the image back as it was before the link went down.
+    fn undim(&mut self) {
+        if let Some(saved) = self.dimmed.take() {
+            let px = self.pixels_mut();
+            if px.len() == saved.len() {
+                px.copy_from_slice(&saved);
+            }
+        }
+    }
+
     /// Applies one update to the image and draws its rects. `Ok(Err(_))`: the update is bad
     /// (the window is unchanged); `Err(_)`: an X failure.
     fn apply(&mut self, u: &Update<'_>) -> Result<Result<(), DisplayFrameError>, XFail> {
+        if self.dimmed.is_some() {
+            // Frames flow again: the image as it was, then the update on top.
+            self.undim();
+            self.draw(Rect::new(0, 0, self.width, self.height), None)?;
+        }
         let h = u.header;
         if (h.width, h.height) != (self.width, self.height) {
             tracing::info!(
@@ -317,6 +383,7 @@ fn create_view(s: &X11WindowSink) -> Result<View, XFail> {
         store: Store::Local(Framebuffer::default()),
         use_shm: s.shm,
         max_put_bytes,
+        dimmed: None,
     };
     view.new_store(w, h)?;
     conn.map_window(win)?;
@@ -451,6 +518,16 @@ fn run_x11_window_sink(
     let started = Instant::now();
     let result = (|| {
         while let Some(frame) = rx.blocking_recv() {
+            if let Some(state) = LinkState::parse(frame.payload()) {
+                match lock(&view).link_state(state, &s.title) {
+                    Ok(()) => {}
+                    Err(XFail::Conn(e)) => return Err(fatal(e)),
+                    Err(XFail::Proto(e)) => {
+                        tracing::warn!(endpoint, error = %e, "cannot show the link state")
+                    }
+                }
+                continue;
+            }
             report.frames += 1;
             report.bytes += frame.len() as u64;
             let u = match Update::parse(frame.payload()) {

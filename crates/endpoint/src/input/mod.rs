@@ -23,5 +23,5 @@ mod source;
 
 pub use config::{EvdevConfig, UinputConfig, X11InputConfig, X11Window, XtestConfig};
 pub use record::*;
-pub(crate) use sink::{spawn_uinput_sink, spawn_xtest_sink};
+pub(crate) use sink::{check_uinput, spawn_uinput_sink, spawn_xtest_sink, UINPUT_PATH};
 pub(crate) use source::{spawn_evdev_source, spawn_x11_input_source};

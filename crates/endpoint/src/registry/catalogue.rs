@@ -17,6 +17,34 @@ pub struct EndpointInfo {
 /// Default of a key that must be given.
 pub const REQUIRED: &str = "required";
 
+/// The parameters of the `x11-clipboard` source and sink (the same for both).
+const CLIPBOARD_PARAMS: &[(&str, &str, &str, &str)] = &[
+    (
+        "display",
+        "string",
+        ":0",
+        "the X display whose selections are shared",
+    ),
+    (
+        "selections",
+        "list of CLIPBOARD | PRIMARY",
+        "[\"CLIPBOARD\", \"PRIMARY\"]",
+        "which selections; an empty list turns the endpoint off",
+    ),
+    (
+        "max_bytes",
+        "integer, 1..=67108864",
+        "8388608",
+        "largest selection (all formats together) sent or accepted",
+    ),
+    (
+        "images",
+        "bool",
+        "true",
+        "share PNG images too (text always)",
+    ),
+];
+
 /// Every source endpoint.
 pub const SOURCES: &[EndpointInfo] = &[
     EndpointInfo {
@@ -140,6 +168,11 @@ pub const SOURCES: &[EndpointInfo] = &[
         summary: "the cursor image of an X display (XFIXES), each time its shape changes",
         params: &[("display", "string", ":0", "the X display the application draws on, e.g. :1")],
     },
+    EndpointInfo {
+        name: "x11-clipboard",
+        summary: "the X selections (CLIPBOARD, PRIMARY) of a display: text and PNG images each time a program takes one (XFIXES), never what an x11-clipboard sink put there",
+        params: CLIPBOARD_PARAMS,
+    },
 ];
 
 /// Every sink endpoint.
@@ -223,5 +256,10 @@ pub const SINKS: &[EndpointInfo] = &[
         name: "x11-cursor",
         summary: "sets cursor images as the cursor of the viewer window (the x11-window sink of the same display in this process): the viewer's X server draws the pointer, with no network delay",
         params: &[("display", "string", ":0", "the X display of the viewer window")],
+    },
+    EndpointInfo {
+        name: "x11-clipboard",
+        summary: "owns the selections on a display with what the peer's x11-clipboard source sent, and answers the programs that paste (text as UTF8_STRING/STRING/TEXT, image/png; INCR for large ones)",
+        params: CLIPBOARD_PARAMS,
     },
 ];

@@ -3,6 +3,7 @@
 //! `validate` say what the docs say.
 
 use super::*;
+use crate::clipboard::X11ClipboardConfig;
 use crate::common::framing::Framing;
 
 #[derive(Debug, Deserialize)]
@@ -85,6 +86,7 @@ fn catalogue_params_match_the_config_keys() {
             ..Default::default()
         }),
         SourceConfig::X11Cursor(X11CursorSourceConfig::default()),
+        SourceConfig::X11Clipboard(X11ClipboardConfig::default()),
     ];
     let sinks = [
         SinkConfig::Stdout(StdoutConfig::default()),
@@ -108,6 +110,7 @@ fn catalogue_params_match_the_config_keys() {
             path: "/dev/fb0".into(),
         }),
         SinkConfig::X11Cursor(X11CursorSinkConfig::default()),
+        SinkConfig::X11Clipboard(X11ClipboardConfig::default()),
     ];
     assert_eq!(sources.len(), SOURCES.len());
     assert_eq!(sinks.len(), SINKS.len());

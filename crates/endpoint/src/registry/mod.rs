@@ -21,10 +21,12 @@
 //! the frames it has completed in a [`Delivered`] ([`SinkConfig::spawn_tracked`]).
 
 mod catalogue;
+mod probe;
 
 pub use catalogue::{EndpointInfo, REQUIRED, SINKS, SOURCES};
 
 use crate::check::{CheckConfig, NullConfig};
+use crate::clipboard::X11ClipboardConfig;
 use crate::common::delivered::Delivered;
 use crate::common::demand::Demand;
 use crate::common::error::EndpointError;
@@ -38,7 +40,7 @@ use crate::input::{EvdevConfig, UinputConfig, X11InputConfig, XtestConfig};
 use crate::serial::{LineSettings, PtyConfig, SerialConfig};
 use crate::stdio::{StdinConfig, StdoutConfig};
 use crate::synthetic::{SpacenavSimConfig, SyntheticConfig};
-use crate::{check, display, file, input, serial, stdio, synthetic};
+use crate::{check, clipboard, display, file, input, serial, stdio, synthetic};
 use ndd_core::Frame;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -80,6 +82,9 @@ pub enum SourceConfig {
     /// The cursor image of an X display (app side).
     #[serde(rename = "x11-cursor")]
     X11Cursor(X11CursorSourceConfig),
+    /// The X selections of a display (either side).
+    #[serde(rename = "x11-clipboard")]
+    X11Clipboard(X11ClipboardConfig),
 }
 
 /// Where a stream's frames go.
@@ -110,6 +115,41 @@ pub enum SinkConfig {
     /// The cursor of the viewer window (device side).
     #[serde(rename = "x11-cursor")]
     X11Cursor(X11CursorSinkConfig),
+    /// The X selections of a display (either side).
+    #[serde(rename = "x11-clipboard")]
+    X11Clipboard(X11ClipboardConfig),
+}
+
+/// `x11-clipboard(display=:0, selections=CLIPBOARD+PRIMARY, max_bytes=8388608, images)`.
+fn describe_clipboard(c: &X11ClipboardConfig) -> String {
+    format!(
+        "x11-clipboard(display={}, selections={}, max_bytes={}{})",
+        c.display,
+        if c.selections.is_empty() {
+            "none (off)".to_string()
+        } else {
+            c.selections.join("+")
+        },
+        c.max_bytes,
+        if c.images { ", images" } else { "" }
+    )
+}
+
+fn check_clipboard(endpoint: &'static str, c: &X11ClipboardConfig) -> Result<(), EndpointError> {
+    c.parsed_selections()
+        .map_err(|reason| EndpointError::Config {
+            endpoint,
+            param: "selections",
+            reason,
+        })?;
+    if c.max_bytes == 0 || c.max_bytes > MAX_LENGTH_FRAME as u64 {
+        return Err(EndpointError::Config {
+            endpoint,
+            param: "max_bytes",
+            reason: "must be 1 to 67108864 (64 MiB)".to_string(),
+        });
+    }
+    Ok(())
 }
 
 fn fmt_opt<T: std::fmt::Display>(out: &mut String, key: &str, v: Option<T>) {
@@ -148,7 +188,8 @@ impl SourceConfig {
             | SourceConfig::Serial(_)
             | SourceConfig::Pty(_)
             | SourceConfig::X11Screen(_)
-            | SourceConfig::X11Cursor(_) => true,
+            | SourceConfig::X11Cursor(_)
+            | SourceConfig::X11Clipboard(_) => true,
         }
     }
 
@@ -170,7 +211,8 @@ impl SourceConfig {
             | SourceConfig::Stdin(_)
             | SourceConfig::X11Input(_)
             | SourceConfig::X11Screen(_)
-            | SourceConfig::X11Cursor(_) => vec![],
+            | SourceConfig::X11Cursor(_)
+            | SourceConfig::X11Clipboard(_) => vec![],
         }
     }
 
@@ -187,6 +229,7 @@ impl SourceConfig {
             SourceConfig::X11Input(_) => &SOURCES[7],
             SourceConfig::X11Screen(_) => &SOURCES[8],
             SourceConfig::X11Cursor(_) => &SOURCES[9],
+            SourceConfig::X11Clipboard(_) => &SOURCES[10],
         }
     }
 
@@ -203,6 +246,7 @@ impl SourceConfig {
             SourceConfig::X11Input(_) => "x11-input source",
             SourceConfig::X11Screen(_) => "x11-screen source",
             SourceConfig::X11Cursor(_) => "x11-cursor source",
+            SourceConfig::X11Clipboard(_) => "x11-clipboard source",
         }
     }
 
@@ -241,6 +285,7 @@ impl SourceConfig {
                 s + ")"
             }
             SourceConfig::X11Cursor(c) => format!("x11-cursor(display={})", c.display),
+            SourceConfig::X11Clipboard(c) => describe_clipboard(c),
         }
     }
 
@@ -281,6 +326,7 @@ impl SourceConfig {
             | SourceConfig::Evdev(_)
             | SourceConfig::X11Input(_)
             | SourceConfig::X11Cursor(_) => {}
+            SourceConfig::X11Clipboard(c) => check_clipboard(endpoint, c)?,
             SourceConfig::Serial(c) => check_settings(endpoint, &c.settings())?,
             SourceConfig::Pty(c) => check_settings(endpoint, &c.settings())?,
         }
@@ -335,6 +381,9 @@ impl SourceConfig {
             SourceConfig::X11Cursor(c) => {
                 display::spawn_x11_cursor_source(&rt, endpoint, c, stream, tx)
             }
+            SourceConfig::X11Clipboard(c) => {
+                clipboard::spawn_x11_clipboard_source(&rt, endpoint, c, stream, tx)
+            }
         }
     }
 }
@@ -358,7 +407,8 @@ impl SinkConfig {
             | SinkConfig::Uinput(_)
             | SinkConfig::Xtest(_)
             | SinkConfig::X11Window(_)
-            | SinkConfig::X11Cursor(_) => vec![],
+            | SinkConfig::X11Cursor(_)
+            | SinkConfig::X11Clipboard(_) => vec![],
         }
     }
 
@@ -376,6 +426,7 @@ impl SinkConfig {
             SinkConfig::X11Window(_) => &SINKS[8],
             SinkConfig::X11Cursor(_) => &SINKS[10],
             SinkConfig::Framebuffer(_) => &SINKS[9],
+            SinkConfig::X11Clipboard(_) => &SINKS[11],
         }
     }
 
@@ -392,6 +443,7 @@ impl SinkConfig {
             SinkConfig::Xtest(_) => "xtest sink",
             SinkConfig::X11Window(_) => "x11-window sink",
             SinkConfig::X11Cursor(_) => "x11-cursor sink",
+            SinkConfig::X11Clipboard(_) => "x11-clipboard sink",
             SinkConfig::Framebuffer(_) => "framebuffer sink",
         }
     }
@@ -426,6 +478,7 @@ impl SinkConfig {
             }
             SinkConfig::Framebuffer(c) => format!("framebuffer(path={})", c.path.display()),
             SinkConfig::X11Cursor(c) => format!("x11-cursor(display={})", c.display),
+            SinkConfig::X11Clipboard(c) => describe_clipboard(c),
         }
     }
 
@@ -464,6 +517,7 @@ impl SinkConfig {
             | SinkConfig::Xtest(_)
             | SinkConfig::Framebuffer(_)
             | SinkConfig::X11Cursor(_) => Ok(()),
+            SinkConfig::X11Clipboard(c) => check_clipboard(endpoint, c),
         }
     }
 
@@ -476,6 +530,13 @@ impl SinkConfig {
             }
             _ => None,
         }
+    }
+
+    /// Whether the sink shows the link's state (`x11-window`: a dimmed image and a title while
+    /// the link is down): the session then puts display link-state records
+    /// (`ndd_wire::display::LinkState`) in front of it.
+    pub fn shows_link_state(&self) -> bool {
+        matches!(self, SinkConfig::X11Window(_))
     }
 
     /// Starts the sink on the current tokio runtime, consuming `rx` until every sender is gone.
@@ -515,6 +576,9 @@ impl SinkConfig {
             }
             SinkConfig::X11Cursor(c) => {
                 display::spawn_x11_cursor_sink(&rt, endpoint, c, rx, delivered)
+            }
+            SinkConfig::X11Clipboard(c) => {
+                clipboard::spawn_x11_clipboard_sink(&rt, endpoint, c, rx, delivered)
             }
         }
     }

@@ -18,11 +18,15 @@
 //! |---|---|---|
 //! | `0` lossless | — | `w*h*3` bytes B, G, R |
 //! | `1` solid | B, G, R | — |
-//! | `2` palette | colours − 1 (u8), then colours × B, G, R | `w*h` index bytes |
+//! | `2` palette | colours − 1 (u8), then colours × B, G, R | `h` rows of packed indices |
 //! | `3` jpeg | length u32, JPEG data | — |
 //!
 //! then the zstd block: one flushed chunk of a zstd stream that runs for the life of the pair
 //! (its window spans earlier frames), holding the rects' block data in rect order.
+//!
+//! Palette indices are numbered in ascending colour order (B | G << 8 | R << 16) and packed
+//! 1 bit for 2 colours, 2 bits for up to 4, 4 bits for up to 16, else a byte; most
+//! significant bits first, each row starting on a byte (its last byte padded with zeros).
 //!
 //! Control, inverse → forward: `0x01` + u32, "decoded every frame up to this credit number".
 
@@ -31,7 +35,7 @@ use ndd_core::FrameError;
 use ndd_wire::display::Rect;
 
 /// Version byte.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Frame header bytes.
 pub const HEADER_LEN: usize = 20;
 /// Rect header bytes (x, y, w, h, kind).
@@ -70,7 +74,10 @@ impl Kind<'_> {
         let px = usize::from(r.w) * usize::from(r.h);
         match self {
             Kind::Lossless => px * 3,
-            Kind::Palette(_) => px,
+            Kind::Palette(p) => {
+                let bits = super::tiles::index_bits(p.len() / 3);
+                super::tiles::index_row_len(r.w, bits) * usize::from(r.h)
+            }
             Kind::Solid(_) | Kind::Jpeg(_) => 0,
         }
     }

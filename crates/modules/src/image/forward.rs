@@ -41,7 +41,8 @@ enum Owned {
 /// Encodes display updates (see the pair's docs).
 pub struct ImageForward {
     cfg: ImageConfig,
-    preset: Quality,
+    /// Rung of `AUTO_LADDER` in use (`auto` only).
+    level: usize,
     screen: Option<Screen>,
     grid_w: usize,
     tiles: Vec<Tile>,
@@ -58,6 +59,8 @@ pub struct ImageForward {
     next_refine: Option<Instant>,
     scratch: Vec<u8>,
     block: Vec<u8>,
+    /// First-seen palette indices of the part being classified.
+    indices: Vec<u8>,
     blob: Vec<u8>,
     stats: Counters,
 }
@@ -77,7 +80,7 @@ struct Counters {
 impl fmt::Debug for ImageForward {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ImageForward")
-            .field("preset", &self.preset)
+            .field("preset", &self.preset())
             .field("sent", &self.sent)
             .field("in_flight", &self.pacer.frames())
             .field("stats", &self.stats)
@@ -98,13 +101,9 @@ impl ImageForward {
         zstd.set_parameter(CParameter::EnableLongDistanceMatching(true))
             .map_err(|e| library("zstd long-distance matching", e))?;
         let window = cfg.window;
-        let preset = match cfg.quality {
-            Quality::Auto => Quality::Medium,
-            q => q,
-        };
         Ok(ImageForward {
             cfg,
-            preset,
+            level: super::AUTO_START,
             screen: None,
             grid_w: 0,
             tiles: Vec::new(),
@@ -118,14 +117,26 @@ impl ImageForward {
             next_refine: None,
             scratch: Vec::new(),
             block: Vec::new(),
+            indices: Vec::new(),
             blob: Vec::new(),
             stats: Counters::default(),
         })
     }
 
-    /// The preset in use (for `auto`, the one it moved to).
+    /// The preset in use (for `auto`, the one its rung is, or is between).
     pub fn preset(&self) -> Quality {
-        self.preset
+        match self.cfg.quality {
+            Quality::Auto => super::ladder_preset(self.level),
+            q => q,
+        }
+    }
+
+    /// JPEG quality and subsampling for photo parts now (`None`: lossless).
+    fn jpeg_now(&self) -> Option<(u8, Subsampling)> {
+        match self.cfg.quality {
+            Quality::Auto => Some(self.cfg.jpeg_over(super::AUTO_LADDER[self.level])),
+            q => self.cfg.jpeg(q),
+        }
     }
 
     fn window_open(&self) -> bool {
@@ -238,24 +249,19 @@ impl ImageForward {
         out: &mut Output,
     ) -> Result<(), ModuleError> {
         let palette_max = usize::from(self.cfg.palette_max);
-        let jpeg = if lossless {
-            None
-        } else {
-            self.cfg.jpeg(self.preset)
-        };
+        let jpeg = if lossless { None } else { self.jpeg_now() };
         let mut rects: Vec<(Rect, Owned)> = Vec::with_capacity(parts.len());
         let mut photos = Vec::new();
         let mut photo_tiles = Vec::new();
         self.block.clear();
         for &(i, p) in parts {
-            match tiles::classify(s, p, palette_max) {
+            match tiles::classify_index(s, p, palette_max, &mut self.indices, &mut self.block) {
                 Class::Solid(c) => {
                     self.stats.solid += 1;
                     rects.push((p, Owned::Solid(c)));
                 }
                 Class::Palette(pal) => {
                     self.stats.palette += 1;
-                    tiles::index(s, p, &pal, &mut self.block);
                     rects.push((p, Owned::Palette(pal)));
                 }
                 Class::Photo => {
@@ -448,19 +454,17 @@ impl ImageForward {
         if self.cfg.quality != Quality::Auto {
             return Ok(());
         }
-        let before = self.preset;
-        self.preset = match (step, self.preset) {
-            (Some(Step::Down), Quality::High) => Quality::Medium,
-            (Some(Step::Down), _) => Quality::Low,
-            (Some(Step::Up), Quality::Low) => Quality::Medium,
-            (Some(Step::Up), _) => Quality::High,
-            (None, p) => p,
+        let before = self.level;
+        self.level = match step {
+            Some(Step::Down) => self.level.saturating_sub(1),
+            Some(Step::Up) => (self.level + 1).min(super::AUTO_LADDER.len() - 1),
+            None => self.level,
         };
-        if self.preset != before {
+        if self.level != before {
             self.stats.preset_changes += 1;
             tracing::debug!(
-                from = %before,
-                to = %self.preset,
+                from = super::AUTO_LADDER[before].0,
+                to = super::AUTO_LADDER[self.level].0,
                 fps = self.pacer.fps,
                 kbps = self.pacer.kbps,
                 "image: preset changed"
@@ -506,7 +510,7 @@ impl Half for ImageForward {
             frame.meta,
             u.header.flags,
             &parts,
-            self.preset == Quality::Lossless,
+            self.preset() == Quality::Lossless,
             now,
             out,
         )
@@ -557,7 +561,7 @@ impl Half for ImageForward {
 
     fn stats(&self) -> HalfStats {
         let c = self.stats;
-        let preset = match self.preset {
+        let preset = match self.preset() {
             Quality::Low => 1,
             Quality::Medium => 2,
             Quality::High => 3,
@@ -575,6 +579,7 @@ impl Half for ImageForward {
                 ("lossless", c.lossless),
                 ("refined_tiles", c.refined),
                 ("preset", preset),
+                ("jpeg_q", self.jpeg_now().map_or(0, |(q, _)| u64::from(q))),
                 ("preset_changes", c.preset_changes),
                 (
                     "ack_ms",

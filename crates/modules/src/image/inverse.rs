@@ -3,7 +3,7 @@
 
 use super::format::{self, Kind, CREDIT_LEN, CTRL_CREDIT};
 use super::forward::WINDOW_LOG;
-use super::{corrupt, library, PAIR};
+use super::{corrupt, library, tiles, PAIR};
 use ndd_core::frame::DEFAULT_HEADROOM;
 use ndd_core::{ForeignError, Frame, FrameError, Half, HalfStats, ModuleError, Output};
 use ndd_wire::display::{PixelFormat, UpdateHeader, UpdateLayout};
@@ -22,6 +22,8 @@ pub struct ImageInverse {
     credit: Option<u32>,
     credit_again: Option<Instant>,
     block: Vec<u8>,
+    /// One unpacked row of palette indices.
+    row: Vec<u8>,
     decoded: u64,
 }
 
@@ -52,6 +54,7 @@ impl ImageInverse {
             credit: None,
             credit_again: None,
             block: Vec::new(),
+            row: Vec::new(),
             decoded: 0,
         })
     }
@@ -157,12 +160,21 @@ impl Half for ImageInverse {
                 }
                 Kind::Palette(pal) => {
                     let colours = pal.len() / 3;
-                    for (d, &ix) in px.chunks_exact_mut(4).zip(block) {
-                        let ix = usize::from(ix);
-                        if ix >= colours {
-                            return Err(invalid("palette index past the palette"));
+                    let bits = tiles::index_bits(colours);
+                    let (w, row_len) = (usize::from(r.w), tiles::index_row_len(r.w, bits));
+                    if w > 0 {
+                        for (drow, packed) in
+                            px.chunks_exact_mut(w * 4).zip(block.chunks_exact(row_len))
+                        {
+                            tiles::unpack_row(packed, w, bits, &mut self.row);
+                            for (d, &ix) in drow.chunks_exact_mut(4).zip(&self.row) {
+                                let ix = usize::from(ix);
+                                if ix >= colours {
+                                    return Err(invalid("palette index past the palette"));
+                                }
+                                d[..3].copy_from_slice(&pal[ix * 3..ix * 3 + 3]);
+                            }
                         }
-                        d[..3].copy_from_slice(&pal[ix * 3..ix * 3 + 3]);
                     }
                 }
                 Kind::Jpeg(j) => {

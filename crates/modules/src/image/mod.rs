@@ -98,8 +98,32 @@ pub enum Quality {
     High,
     /// No JPEG: photo parts travel as zstd-compressed pixels.
     Lossless,
-    /// Moves between `low`, `medium` and `high` with the measured path.
+    /// Moves along [`AUTO_LADDER`] (from `low` through `medium` to `high`, with steps
+    /// between) with the measured path.
     Auto,
+}
+
+/// The JPEG settings `auto` moves between, one rung at a time: `low`, two steps, `medium`,
+/// one step, `high`. The steps let it fill a path that carries more than `low` but less than
+/// `medium` (seed 000's presets are far apart: 0.51 → 0.90 → 1.9 bit/pixel).
+pub const AUTO_LADDER: [(u8, Subsampling); 6] = [
+    (30, Subsampling::S420),
+    (45, Subsampling::S420),
+    (60, Subsampling::S420),
+    (80, Subsampling::S422),
+    (90, Subsampling::S444),
+    (95, Subsampling::S444),
+];
+/// Where `auto` starts: `medium`.
+pub const AUTO_START: usize = 3;
+
+/// The preset a rung of [`AUTO_LADDER`] is, or is between (for the stats line).
+pub fn ladder_preset(level: usize) -> Quality {
+    match level {
+        0..=2 => Quality::Low,
+        3..=4 => Quality::Medium,
+        _ => Quality::High,
+    }
 }
 
 impl Quality {
@@ -278,13 +302,17 @@ impl ImageConfig {
 
     /// The fixed JPEG settings, `None` for lossless; `auto` gives its starting preset.
     pub(crate) fn jpeg(&self, preset: Quality) -> Option<(u8, Subsampling)> {
-        let (q, s) = preset.jpeg()?;
+        preset.jpeg().map(|base| self.jpeg_over(base))
+    }
+
+    /// `base` with the explicit `jpeg_quality` and `subsampling` put over it.
+    pub(crate) fn jpeg_over(&self, (q, s): (u8, Subsampling)) -> (u8, Subsampling) {
         let q = if self.jpeg_quality > 0 {
             self.jpeg_quality
         } else {
             q
         };
-        Some((q, self.subsampling.unwrap_or(s)))
+        (q, self.subsampling.unwrap_or(s))
     }
 }
 

@@ -459,3 +459,74 @@ proptest! {
         let _ = inv.handle_frame(Instant::now(), Frame::new(Meta::default(), &bytes), &mut Output::new());
     }
 }
+
+proptest! {
+    /// Palette parts: the colours come back sorted, the indices packed 1/2/4/8 bits to the
+    /// right length, and unpacking them gives every pixel's colour back.
+    #[test]
+    fn palette_indices_pack_and_unpack_to_every_pixel(
+        w in 1u16..70,
+        h in 1u16..6,
+        n in 2usize..40,
+        picks in proptest::collection::vec(0usize..1000, 70 * 6),
+    ) {
+        let colours: Vec<[u8; 3]> = (0..n).map(|i| [(i * 37) as u8, (i * 11) as u8, (255 - i) as u8]).collect();
+        let mut s = tiles::Screen::new(w, h);
+        // Every colour at least once (the first n pixels, when there are that many).
+        for k in 0..usize::from(w) * usize::from(h) {
+            let c = if k < n { colours[k] } else { colours[picks[k] % n] };
+            s.px[k * 4..k * 4 + 3].copy_from_slice(&c);
+        }
+        let present: std::collections::BTreeSet<u32> = s.px.chunks_exact(4)
+            .map(|p| u32::from(p[0]) | u32::from(p[1]) << 8 | u32::from(p[2]) << 16).collect();
+        let r = Rect::new(0, 0, w, h);
+        let (mut scratch, mut out) = (Vec::new(), Vec::new());
+        let class = tiles::classify_index(&s, r, 64, &mut scratch, &mut out);
+        if present.len() == 1 {
+            prop_assert!(matches!(class, tiles::Class::Solid(_)));
+            return Ok(());
+        }
+        let tiles::Class::Palette(pal) = class else { panic!("{class:?}") };
+        let sorted: Vec<u32> = present.iter().copied().collect();
+        let got: Vec<u32> = pal.chunks_exact(3)
+            .map(|c| u32::from(c[0]) | u32::from(c[1]) << 8 | u32::from(c[2]) << 16).collect();
+        prop_assert_eq!(&got, &sorted);
+        let bits = tiles::index_bits(sorted.len());
+        let row_len = tiles::index_row_len(w, bits);
+        prop_assert_eq!(out.len(), row_len * usize::from(h));
+        let mut row = Vec::new();
+        for y in 0..usize::from(h) {
+            tiles::unpack_row(&out[y * row_len..(y + 1) * row_len], usize::from(w), bits, &mut row);
+            prop_assert_eq!(row.len(), usize::from(w));
+            for (x, &ix) in row.iter().enumerate() {
+                let k = (y * usize::from(w) + x) * 4;
+                prop_assert_eq!(&pal[usize::from(ix) * 3..usize::from(ix) * 3 + 3], &s.px[k..k + 3]);
+            }
+        }
+    }
+}
+
+#[test]
+fn two_colour_text_costs_one_bit_a_pixel_before_zstd() {
+    assert_eq!(tiles::index_bits(2), 1);
+    assert_eq!(tiles::index_bits(3), 2);
+    assert_eq!(tiles::index_bits(16), 4);
+    assert_eq!(tiles::index_bits(17), 8);
+    assert_eq!(tiles::index_row_len(64, 1), 8);
+    assert_eq!(tiles::index_row_len(63, 2), 16);
+}
+
+#[test]
+fn the_auto_ladder_runs_from_low_through_medium_to_high_in_rising_steps() {
+    assert_eq!(Some(AUTO_LADDER[0]), Quality::Low.jpeg());
+    assert_eq!(Some(AUTO_LADDER[AUTO_START]), Quality::Medium.jpeg());
+    assert_eq!(
+        Some(AUTO_LADDER[AUTO_LADDER.len() - 1]),
+        Quality::High.jpeg()
+    );
+    assert!(AUTO_LADDER.windows(2).all(|w| w[0].0 < w[1].0));
+    let names: Vec<Quality> = (0..AUTO_LADDER.len()).map(ladder_preset).collect();
+    assert_eq!(names[0], Quality::Low);
+    assert_eq!(names[AUTO_START], Quality::Medium);
+    assert_eq!(names[AUTO_LADDER.len() - 1], Quality::High);
+}

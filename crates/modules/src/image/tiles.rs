@@ -39,65 +39,129 @@ impl Screen {
     }
 }
 
-/// A colour without its X byte.
-#[inline]
-fn colour(p: &[u8]) -> u32 {
-    u32::from(p[0]) | u32::from(p[1]) << 8 | u32::from(p[2]) << 16
-}
-
 /// What a part of the screen looks like.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Class {
     /// One colour (B, G, R).
     Solid([u8; 3]),
-    /// At most `palette_max` colours, as B, G, R triples, in ascending order.
+    /// At most `palette_max` colours, as B, G, R triples, in ascending order; the packed
+    /// indices were appended to the output.
     Palette(Vec<u8>),
     /// More colours.
     Photo,
 }
 
-/// Classifies `r` of `s`, stopping as soon as it has more than `palette_max` colours.
-pub(crate) fn classify(s: &Screen, r: Rect, palette_max: usize) -> Class {
-    let mut colours: Vec<u32> = Vec::with_capacity(16);
-    let mut last = u32::MAX;
-    for y in r.y..r.y + r.h {
-        for p in s.px[s.row(r.x, y, r.w)].chunks_exact(4) {
-            let c = colour(p);
-            if c == last {
-                continue;
-            }
-            last = c;
-            if !colours.contains(&c) {
-                if colours.len() == palette_max {
-                    return Class::Photo;
-                }
-                colours.push(c);
-            }
-        }
-    }
-    let bgr = |c: u32| [c as u8, (c >> 8) as u8, (c >> 16) as u8];
-    // A fixed order, so the same content gives the same indices wherever it moves (the zstd
-    // stream then finds scrolled text in earlier frames).
-    colours.sort_unstable();
-    match colours.as_slice() {
-        [c] => Class::Solid(bgr(*c)),
-        cs => Class::Palette(cs.iter().flat_map(|c| bgr(*c)).collect()),
+/// Bits per palette index for `colours` colours: 1, 2, 4 or 8 (as Tight's mono and indexed
+/// rects, with two steps between).
+pub(crate) fn index_bits(colours: usize) -> u32 {
+    match colours {
+        0..=2 => 1,
+        3..=4 => 2,
+        5..=16 => 4,
+        _ => 8,
     }
 }
 
-/// Appends the palette index of every pixel of `r` (palette as B, G, R triples, holding
-/// every colour of `r`).
-pub(crate) fn index(s: &Screen, r: Rect, palette: &[u8], out: &mut Vec<u8>) {
-    let colours: Vec<u32> = palette.chunks_exact(3).map(colour).collect();
+/// Bytes of one packed index row `w` pixels wide (each row starts on a byte).
+pub(crate) fn index_row_len(w: u16, bits: u32) -> usize {
+    (usize::from(w) * bits as usize).div_ceil(8)
+}
+
+/// Classifies `r` of `s` in one pass, stopping as soon as it has more than `palette_max`
+/// colours. For a palette, appends the rows of packed indices to `out` (most significant
+/// bits first; a row's last byte padded with zeros), indexing the colours in ascending
+/// order so that the same content gives the same bytes wherever it moves (the zstd stream
+/// then finds scrolled text in earlier frames). `scratch` is reused between calls.
+pub(crate) fn classify_index(
+    s: &Screen,
+    r: Rect,
+    palette_max: usize,
+    scratch: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+) -> Class {
+    let mut colours: Vec<u32> = Vec::with_capacity(16);
+    scratch.clear();
+    scratch.reserve(usize::from(r.w) * usize::from(r.h));
     let (mut last, mut last_i) = (u32::MAX, 0u8);
+    let mut photo = false;
     for y in r.y..r.y + r.h {
-        for p in s.px[s.row(r.x, y, r.w)].chunks_exact(4) {
-            let c = colour(p);
+        // One row at a time through `extend` (no capacity check per pixel); a part found to
+        // have too many colours stops at the end of its row.
+        scratch.extend(s.px[s.row(r.x, y, r.w)].chunks_exact(4).map(|p| {
+            let c = u32::from_le_bytes([p[0], p[1], p[2], 0]);
             if c != last {
                 last = c;
-                last_i = colours.iter().position(|&k| k == c).unwrap_or(0) as u8;
+                last_i = match colours.iter().position(|&k| k == c) {
+                    Some(i) => i as u8,
+                    None if colours.len() == palette_max => {
+                        photo = true;
+                        0
+                    }
+                    None => {
+                        colours.push(c);
+                        (colours.len() - 1) as u8
+                    }
+                };
             }
-            out.push(last_i);
+            last_i
+        }));
+        if photo {
+            return Class::Photo;
+        }
+    }
+    let bgr = |c: u32| [c as u8, (c >> 8) as u8, (c >> 16) as u8];
+    if let [c] = colours.as_slice() {
+        return Class::Solid(bgr(*c));
+    }
+    // First-seen order → ascending colour order.
+    let mut order: Vec<usize> = (0..colours.len()).collect();
+    order.sort_unstable_by_key(|&i| colours[i]);
+    let mut remap = [0u8; 256];
+    for (sorted, &first_seen) in order.iter().enumerate() {
+        remap[first_seen] = sorted as u8;
+    }
+    let bits = index_bits(colours.len());
+    pack_rows(scratch, usize::from(r.w), bits, &remap, out);
+    Class::Palette(order.iter().flat_map(|&i| bgr(colours[i])).collect())
+}
+
+/// Appends `indices` (rows of `w`), mapped through `remap`, packed `bits` to an index.
+fn pack_rows(indices: &[u8], w: usize, bits: u32, remap: &[u8; 256], out: &mut Vec<u8>) {
+    if w == 0 {
+        return;
+    }
+    if bits == 8 {
+        out.extend(indices.iter().map(|&i| remap[usize::from(i)]));
+        return;
+    }
+    let per_byte = (8 / bits) as usize;
+    for row in indices.chunks(w) {
+        for group in row.chunks(per_byte) {
+            let mut b = 0u8;
+            for (k, &i) in group.iter().enumerate() {
+                b |= remap[usize::from(i)] << (8 - bits as usize * (k + 1));
+            }
+            out.push(b);
+        }
+    }
+}
+
+/// Unpacks one row of `w` indices, `bits` each, from `packed` (at least
+/// [`index_row_len`] bytes) into `out`.
+pub(crate) fn unpack_row(packed: &[u8], w: usize, bits: u32, out: &mut Vec<u8>) {
+    out.clear();
+    if bits == 8 {
+        out.extend_from_slice(&packed[..w]);
+        return;
+    }
+    let per_byte = (8 / bits) as usize;
+    let mask = (1u8 << bits) - 1;
+    for &b in packed {
+        for k in 0..per_byte {
+            if out.len() == w {
+                return;
+            }
+            out.push((b >> (8 - bits as usize * (k + 1))) & mask);
         }
     }
 }

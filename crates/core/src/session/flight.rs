@@ -1,0 +1,156 @@
+//! How many bytes a reliable source stream may have written and not yet acknowledged: twice
+//! what the path delivers in a round trip (its bandwidth-delay product, measured from the
+//! peer's ACKs and the PING/PONG round trip), at least `min`, at most the resume buffer.
+//!
+//! Why: a TCP-like link delivers in order, so whatever a bulk stream has in the pipe (socket
+//! buffers, the peer's read queue) is ahead of the next small frame of any other stream. With
+//! the resume buffer (16 MiB) as the only bound, an input event waited behind up to 16 MiB of
+//! display frames; bounded at about two round trips' worth, it waits at most that long, while
+//! the bulk stream still fills the path (the window doubles every sample while the ACKs keep
+//! up, like slow start, and settles at twice the bandwidth-delay product). The peer ACKs every
+//! `ack_bytes` it takes in, not only every `ack_every`, so a small window is not starved of
+//! ACKs.
+
+use std::time::{Duration, Instant};
+
+/// Shortest interval a delivery-rate sample covers.
+const SAMPLE: Duration = Duration::from_millis(10);
+/// The floor of the window is at most what the path delivers in this time…
+const FLOOR_TIME: Duration = Duration::from_millis(10);
+/// …and at least this.
+const FLOOR_BYTES: usize = 64 << 10;
+
+/// The delivery rate estimate behind the window.
+#[derive(Debug, Clone)]
+pub(crate) struct Flight {
+    min: usize,
+    max: usize,
+    /// Bytes per second the peer acknowledged, smoothed.
+    rate: f64,
+    /// Start of the current sample: when, and the acknowledged total then.
+    mark: Option<(Instant, u64)>,
+    acked: u64,
+}
+
+impl Flight {
+    pub(crate) fn new(min: usize, max: usize) -> Flight {
+        Flight {
+            min: min.min(max),
+            max,
+            rate: 0.0,
+            mark: None,
+            acked: 0,
+        }
+    }
+
+    /// The peer acknowledged `bytes` more.
+    pub(crate) fn on_acked(&mut self, now: Instant, bytes: usize) {
+        self.acked += bytes as u64;
+        let Some((t0, b0)) = self.mark else {
+            self.mark = Some((now, self.acked - bytes as u64));
+            return;
+        };
+        let dt = now.saturating_duration_since(t0);
+        if dt >= SAMPLE {
+            let sample = (self.acked - b0) as f64 / dt.as_secs_f64();
+            // Up at once (a window that just grew shows it in the next sample), down slowly
+            // (an idle moment is not a slow path).
+            self.rate = if sample >= self.rate {
+                sample
+            } else {
+                0.75 * self.rate + 0.25 * sample
+            };
+            self.mark = Some((now, self.acked));
+        }
+    }
+
+    /// The window for a path with round trip `rtt`: twice the bandwidth-delay product, at
+    /// least the floor, at most the resume buffer. The floor is `min`, or less on a slow path:
+    /// what the path delivers in [`FLOOR_TIME`] (at least [`FLOOR_BYTES`]), so on a 20 Mbit/s
+    /// link a small frame does not wait behind `min` bytes (0.8 s there) when the
+    /// bandwidth-delay product is far smaller. Before any ACK the floor is [`FLOOR_BYTES`],
+    /// and the window doubles with each sample while the ACKs keep up.
+    pub(crate) fn limit(&self, rtt: Option<Duration>) -> usize {
+        let bdp = rtt.map_or(0.0, |r| self.rate * r.as_secs_f64());
+        let floor = ((self.rate * FLOOR_TIME.as_secs_f64()) as usize)
+            .max(FLOOR_BYTES)
+            .min(self.min);
+        ((2.0 * bdp) as usize).clamp(floor, self.max.max(floor))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A path of `rate` bytes/s and round trip `rtt`, driven by a sender that keeps its
+    /// window full: returns (the window at the end, the throughput over the last second).
+    fn run(rate: f64, rtt: Duration, secs: u64) -> (usize, f64) {
+        let mut f = Flight::new(2 << 20, 64 << 20);
+        let t0 = Instant::now();
+        let step = Duration::from_micros(500);
+        // Bytes in flight, each with the time its ACK comes back.
+        let mut flight: std::collections::VecDeque<(Instant, usize)> = Default::default();
+        let (mut in_flight, mut link_free) = (0usize, t0);
+        let mut delivered_last_second = 0usize;
+        let end = t0 + Duration::from_secs(secs);
+        let mut now = t0;
+        while now < end {
+            while flight.front().is_some_and(|(t, _)| *t <= now) {
+                let (_, n) = flight.pop_front().unwrap_or((now, 0));
+                in_flight -= n;
+                f.on_acked(now, n);
+                if now + Duration::from_secs(1) >= end {
+                    delivered_last_second += n;
+                }
+            }
+            // The sender writes 64 KiB chunks while the window allows; the link serialises
+            // them at `rate`, the ACK comes back half a round trip after the far end got it.
+            while in_flight < f.limit(Some(rtt)) {
+                let n = 64 << 10;
+                let start = link_free.max(now);
+                let arrive = start + Duration::from_secs_f64(n as f64 / rate) + rtt / 2;
+                link_free = start + Duration::from_secs_f64(n as f64 / rate);
+                flight.push_back((arrive + rtt / 2, n));
+                in_flight += n;
+            }
+            now += step;
+        }
+        (f.limit(Some(rtt)), delivered_last_second as f64)
+    }
+
+    #[test]
+    fn the_window_fills_a_long_fat_path_and_stays_small_on_a_short_one() {
+        // 100 MB/s at 50 ms: the BDP is 5 MB; the path is kept full.
+        let (w, got) = run(100e6, Duration::from_millis(50), 4);
+        assert!((5_000_000..=12_000_000).contains(&w), "window {w}");
+        assert!(got >= 0.9 * 100e6, "throughput {got}");
+        // 1 GB/s at 0.1 ms (loopback): the BDP is 100 kB, the window stays at its 2 MiB
+        // minimum, and that still fills the path.
+        let (w, got) = run(1e9, Duration::from_micros(100), 2);
+        assert_eq!(w, 2 << 20);
+        assert!(got >= 0.9 * 1e9, "throughput {got}");
+    }
+
+    #[test]
+    fn a_slow_path_gets_a_window_of_its_own_size_not_the_minimum() {
+        // 2.5 MB/s (20 Mbit/s) at 50 ms: the BDP is 125 kB; the window stays near twice
+        // that, far below the 2 MiB minimum (0.8 s of this link), and fills the path.
+        let (w, got) = run(2.5e6, Duration::from_millis(50), 6);
+        assert!((125_000..=600_000).contains(&w), "window {w}");
+        assert!(got >= 0.9 * 2.5e6, "throughput {got}");
+    }
+
+    #[test]
+    fn without_acks_it_starts_small_and_never_exceeds_the_resume_buffer() {
+        let f = Flight::new(2 << 20, 16 << 20);
+        assert_eq!(f.limit(None), FLOOR_BYTES);
+        assert_eq!(f.limit(Some(Duration::from_millis(100))), FLOOR_BYTES);
+        // Never above the resume buffer.
+        let mut f = Flight::new(2 << 20, 4 << 20);
+        let t = Instant::now();
+        f.on_acked(t, 0);
+        f.on_acked(t + Duration::from_millis(20), 100 << 20);
+        assert_eq!(f.limit(Some(Duration::from_secs(1))), 4 << 20);
+    }
+}

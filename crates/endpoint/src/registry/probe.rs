@@ -1,0 +1,168 @@
+//! Probing an endpoint before the link is up: the local things it needs (a file, a device
+//! node, a directory, an X display) are there and usable, so a wrong path or display fails on
+//! the machine that can fix it, at start, in one line naming the key, the value and the fix,
+//! instead of after the peer connected (and there as a network failure).
+//!
+//! Probes have no lasting effect: files are opened for reading and closed, directories and
+//! device nodes looked at, X displays connected to and left.
+
+use super::{SinkConfig, SourceConfig};
+use crate::common::error::EndpointError;
+use std::path::Path;
+
+fn unavailable(endpoint: &'static str, what: String, hint: &str) -> EndpointError {
+    EndpointError::Unavailable {
+        endpoint,
+        what,
+        hint: hint.to_string(),
+    }
+}
+
+/// `key` names an existing file or device node this user may open for reading.
+fn readable(endpoint: &'static str, key: &str, path: &Path) -> Result<(), EndpointError> {
+    match std::fs::File::open(path) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(unavailable(
+            endpoint,
+            format!("key `{key}`: cannot open {}: {e}", path.display()),
+            "check the path (a relative one is relative to the config file's directory) and \
+             this user's permissions",
+        )),
+    }
+}
+
+/// `key` names a device node or file that exists (not opened: opening a serial port can
+/// change its modem lines).
+fn exists(endpoint: &'static str, key: &str, path: &Path) -> Result<(), EndpointError> {
+    match std::fs::metadata(path) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(unavailable(
+            endpoint,
+            format!("key `{key}`: {}: {e}", path.display()),
+            "check the path (is the device plugged in? `ls /dev/serial/by-id/` lists serial \
+             adapters)",
+        )),
+    }
+}
+
+/// `key` names a file or link to be created: its directory must exist.
+fn creatable(endpoint: &'static str, key: &str, path: &Path) -> Result<(), EndpointError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(unavailable(
+            endpoint,
+            format!("key `{key}`: {} is not a directory", dir.display()),
+            "point the path into an existing directory",
+        )),
+        Err(e) => Err(unavailable(
+            endpoint,
+            format!("key `{key}`: directory {}: {e}", dir.display()),
+            "create the directory or fix the path (a relative one is relative to the config \
+             file's directory)",
+        )),
+    }
+}
+
+fn display(endpoint: &'static str, display: &str) -> Result<(), EndpointError> {
+    crate::common::x11::x11_connect(endpoint, display).map(drop)
+}
+
+impl SourceConfig {
+    /// Checks, without side effects, that what this source needs on this machine is there.
+    pub fn probe(&self) -> Result<(), EndpointError> {
+        let endpoint = self.endpoint();
+        match self {
+            SourceConfig::File(c) => readable(endpoint, "path", &c.path),
+            SourceConfig::Serial(c) => exists(endpoint, "path", &c.path),
+            SourceConfig::Evdev(c) => readable(endpoint, "path", &c.path),
+            SourceConfig::Pty(c) => creatable(endpoint, "link", &c.link),
+            SourceConfig::X11Input(c) => display(endpoint, &c.display),
+            SourceConfig::X11Screen(c) => display(endpoint, &c.display),
+            SourceConfig::X11Cursor(c) => display(endpoint, &c.display),
+            SourceConfig::X11Clipboard(c) => display(endpoint, &c.display),
+            SourceConfig::Synthetic(_) | SourceConfig::SpacenavSim(_) | SourceConfig::Stdin(_) => {
+                Ok(())
+            }
+        }
+    }
+}
+
+impl SinkConfig {
+    /// Checks, without side effects, that what this sink needs on this machine is there.
+    pub fn probe(&self) -> Result<(), EndpointError> {
+        let endpoint = self.endpoint();
+        match self {
+            SinkConfig::File(c) => creatable(endpoint, "path", &c.path),
+            SinkConfig::Serial(c) => exists(endpoint, "path", &c.path),
+            SinkConfig::Pty(c) => creatable(endpoint, "link", &c.link),
+            SinkConfig::Framebuffer(c) => creatable(endpoint, "path", &c.path),
+            SinkConfig::Uinput(_) => {
+                crate::input::check_uinput(endpoint, Path::new(crate::input::UINPUT_PATH))
+            }
+            SinkConfig::Xtest(c) => display(endpoint, &c.display),
+            SinkConfig::X11Window(c) => display(endpoint, &c.display),
+            SinkConfig::X11Cursor(c) => display(endpoint, &c.display),
+            SinkConfig::X11Clipboard(c) => display(endpoint, &c.display),
+            SinkConfig::Stdout(_) | SinkConfig::Check(_) | SinkConfig::Null(_) => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::file::{FileSinkConfig, FileSourceConfig};
+    use crate::serial::SerialConfig;
+
+    #[test]
+    fn a_wrong_path_is_named_with_its_key_and_a_fix() {
+        let src = SourceConfig::File(FileSourceConfig {
+            path: "/nonexistent/input.bin".into(),
+            ..toml::from_str("path = \"x\"").unwrap()
+        });
+        let e = src.probe().unwrap_err().to_string();
+        assert!(
+            e.starts_with("file source: key `path`: cannot open /nonexistent/input.bin: "),
+            "{e}"
+        );
+        assert!(e.contains("relative to the config file's directory"), "{e}");
+        let sink = SinkConfig::File(FileSinkConfig {
+            path: "/nonexistent/dir/out.bin".into(),
+            ..toml::from_str("path = \"x\"").unwrap()
+        });
+        let e = sink.probe().unwrap_err().to_string();
+        assert!(
+            e.starts_with("file sink: key `path`: directory /nonexistent/dir: "),
+            "{e}"
+        );
+        let serial = SinkConfig::Serial(SerialConfig {
+            path: "/dev/ttyNOPE9".into(),
+            ..toml::from_str("path = \"x\"").unwrap()
+        });
+        let e = serial.probe().unwrap_err().to_string();
+        assert!(e.contains("key `path`: /dev/ttyNOPE9: "), "{e}");
+        assert!(e.contains("/dev/serial/by-id/"), "{e}");
+    }
+
+    #[test]
+    fn what_is_there_passes() {
+        let dir = std::env::temp_dir();
+        let f = dir.join(format!("ndd-probe-{}", std::process::id()));
+        std::fs::write(&f, b"x").unwrap();
+        let src = SourceConfig::File(FileSourceConfig {
+            path: f.clone(),
+            ..toml::from_str("path = \"x\"").unwrap()
+        });
+        assert!(src.probe().is_ok());
+        let sink = SinkConfig::File(FileSinkConfig {
+            path: dir.join("a-new-file"),
+            ..toml::from_str("path = \"x\"").unwrap()
+        });
+        assert!(sink.probe().is_ok());
+        let _ = std::fs::remove_file(&f);
+    }
+}
