@@ -6,7 +6,7 @@
 #   control    every fixture as a whole message, plus the body of each control* fixture
 #   handshake  every fixture as a whole message, plus the body of each hello* fixture, plus
 #              one of each sealed UDP datagram (crates/link/fixtures/sealed_*.hex)
-#   records    a few device records (input, display)
+#   records    a few device records (input, display, cursor) and an RFC 2217 opening
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -43,8 +43,11 @@ printf '\x01\x00\x00\x01\x00\x01\x00\x1e\x00\x00\x00\x01\x00\x00\x00\x00' >"$cor
 printf '\x01\x00\x00\x01\x00\x01\x00\x01\x00\x01\x00\x00\x00\x00\x00\x01\x00\x01\x00\x10\x20\x30\x00' >"$corpus/records/display_1x1"
 # A 1x1 cursor record (hot spot 0,0; one opaque pixel).
 printf '\x01\x01\x00\x01\x00\x01\x00\x00\x00\x00\x10\x20\x30\xff' >"$corpus/records/cursor_1x1"
+# RFC 2217: pyserial's opening (WILL/DO BINARY, SGA, COM-PORT) then SET-BAUDRATE 9600 and
+# data with a doubled IAC.
+printf '\xff\xfb\x00\xff\xfd\x00\xff\xfb\x03\xff\xfd\x03\xff\xfb\x2c\xff\xfa\x2c\x01\x00\x00\x25\x80\xff\xf0hi\xff\xff' >"$corpus/records/rfc2217_open"
 # The image pair: one frame of a 1x1 screen with a solid rect (docs/modules.md, "image"), and
 # the 1x1 display update (which the target also runs through the forward half).
 printf '\x02\x00\x01\x00\x01\x01\x00\x01\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01\x00\x01\x01\x10\x20\x30' >"$corpus/image/solid_1x1"
 cp "$corpus/records/display_1x1" "$corpus/image/display_1x1"
-echo "seed-corpus: $count fixtures -> $corpus/{frame,control,handshake,session}, 4 sealed UDP datagrams -> $corpus/handshake, 4 device records -> $corpus/records, 2 -> $corpus/image"
+echo "seed-corpus: $count fixtures -> $corpus/{frame,control,handshake,session}, 4 sealed UDP datagrams -> $corpus/handshake, 5 device records -> $corpus/records, 2 -> $corpus/image"

@@ -1,12 +1,15 @@
 //! Device records, as a sink endpoint receives them from the peer: display updates (applied
 //! to a framebuffer, as the `x11-window` and `framebuffer` sinks do), cursor records, input
-//! records, serial records and clipboard records. Nothing may panic; whatever parses emits bytes that parse to the same value.
+//! records, serial records and clipboard records; and the RFC 2217 (telnet) stream an
+//! `rfc2217-server` or `rfc2217-client` reads from its peer. Nothing may panic; whatever
+//! parses emits bytes that parse to the same value.
 
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use ndd_endpoint::display::{Cursor, Update};
-use ndd_endpoint::{Framebuffer, InputMessage, PixelFormat, SerialMessage};
+use ndd_endpoint::serial::rfc2217::telnet::{Note, Role, Telnet};
+use ndd_endpoint::{Framebuffer, InputMessage, LineSettings, PixelFormat, SerialMessage};
 use ndd_wire::clipboard::Contents;
 
 fuzz_target!(|data: &[u8]| {
@@ -28,6 +31,23 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(m) = SerialMessage::parse(data) {
         let bytes = m.emit();
         assert_eq!(SerialMessage::parse(&bytes), Ok(m));
+    }
+    for role in [Role::Server, Role::Client] {
+        let mut t = Telnet::new(role, LineSettings::default());
+        let mut notes = Vec::new();
+        t.feed(data, &mut notes);
+        let bytes: usize = notes
+            .iter()
+            .map(|n| match n {
+                Note::Data(d) => d.len(),
+                _ => 0,
+            })
+            .sum();
+        assert!(bytes <= data.len(), "more data out than bytes in");
+        if let Some(Note::Settings(s)) = notes.iter().find(|n| matches!(n, Note::Settings(_))) {
+            assert!(s.check().is_ok(), "settings out of range: {s:?}");
+        }
+        let _ = t.take_out();
     }
     if let Ok(c) = Contents::parse(data) {
         let bytes = c.emit().expect("a parsed clipboard record emits");

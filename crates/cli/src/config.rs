@@ -356,6 +356,14 @@ impl Config {
             if self.streams[..i].iter().any(|o| o.name() == name) {
                 bail!("{file}:{line}: key `name`: stream \"{name}\" is configured twice");
             }
+            // Endpoint parameters (ranges, addresses), here at check time rather than when
+            // the endpoint starts after the link is up.
+            if let Err(e) = s.source.validate() {
+                bail!("{file}:{line}: stream \"{name}\": {e}");
+            }
+            if let Err(e) = s.sink.validate() {
+                bail!("{file}:{line}: stream \"{name}\": {e}");
+            }
             if s.stack.len() > 64 {
                 bail!(
                     "{file}:{line}: key `stack`: stream \"{name}\" has {} layers; at most 64",

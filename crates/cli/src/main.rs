@@ -464,7 +464,6 @@ fn run(cli: Cli) -> Result<i32> {
     }
 }
 
-/// The text of `ndd modules`.
 /// `ndd check` of one file: the plan, and with `side` that side's endpoints probed.
 fn check_one(config: &Path, side: Option<SideName>) -> Result<()> {
     let cfg = Config::load(config)?;

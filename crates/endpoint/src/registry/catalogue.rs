@@ -173,6 +173,30 @@ pub const SOURCES: &[EndpointInfo] = &[
         summary: "the X selections (CLIPBOARD, PRIMARY) of a display: text and PNG images each time a program takes one (XFIXES), never what an x11-clipboard sink put there",
         params: CLIPBOARD_PARAMS,
     },
+    EndpointInfo {
+        name: "rfc2217-server",
+        summary: "what an RFC 2217 client writes to the port, the line settings and DTR/RTS it sets",
+        params: &[
+            ("listen", "IP:PORT", REQUIRED, "where RFC 2217 clients (pyserial `rfc2217://HOST:PORT`, …) connect; one client at a time; the other RFC 2217 endpoint of the driver shares it"),
+            ("baud", "integer > 0", "115200", "line settings a client finds before it sets its own"),
+            ("data_bits", "5..=8", "8", "bits per character"),
+            ("parity", "none | odd | even | mark | space", "none", "parity bit"),
+            ("stop_bits", "1 | 2", "1", "stop bits"),
+            ("flow", "none | rtscts | xonxoff", "none", "flow control"),
+        ],
+    },
+    EndpointInfo {
+        name: "rfc2217-client",
+        summary: "what the RFC 2217 server's port receives, and its CTS/DSR/DCD/RI",
+        params: &[
+            ("address", "HOST:PORT", REQUIRED, "the RFC 2217 server (ser2net in telnet mode, pyserial's PortManager, …); reconnects when it goes away; the other RFC 2217 endpoint of the driver shares it"),
+            ("baud", "integer > 0", "115200", "bits per second asked for on connecting"),
+            ("data_bits", "5..=8", "8", "bits per character"),
+            ("parity", "none | odd | even | mark | space", "none", "parity bit"),
+            ("stop_bits", "1 | 2", "1", "stop bits"),
+            ("flow", "none | rtscts | xonxoff", "none", "flow control"),
+        ],
+    },
 ];
 
 /// Every sink endpoint.
@@ -261,5 +285,29 @@ pub const SINKS: &[EndpointInfo] = &[
         name: "x11-clipboard",
         summary: "owns the selections on a display with what the peer's x11-clipboard source sent, and answers the programs that paste (text as UTF8_STRING/STRING/TEXT, image/png; INCR for large ones)",
         params: CLIPBOARD_PARAMS,
+    },
+    EndpointInfo {
+        name: "rfc2217-server",
+        summary: "data and CTS/DSR/DCD/RI for the RFC 2217 client (dropped while none is connected)",
+        params: &[
+            ("listen", "IP:PORT", REQUIRED, "where RFC 2217 clients (pyserial `rfc2217://HOST:PORT`, …) connect; one client at a time; the other RFC 2217 endpoint of the driver shares it"),
+            ("baud", "integer > 0", "115200", "line settings a client finds before it sets its own"),
+            ("data_bits", "5..=8", "8", "bits per character"),
+            ("parity", "none | odd | even | mark | space", "none", "parity bit"),
+            ("stop_bits", "1 | 2", "1", "stop bits"),
+            ("flow", "none | rtscts | xonxoff", "none", "flow control"),
+        ],
+    },
+    EndpointInfo {
+        name: "rfc2217-client",
+        summary: "data, line settings and DTR/RTS for the RFC 2217 server's port",
+        params: &[
+            ("address", "HOST:PORT", REQUIRED, "the RFC 2217 server (ser2net in telnet mode, pyserial's PortManager, …); reconnects when it goes away; the other RFC 2217 endpoint of the driver shares it"),
+            ("baud", "integer > 0", "115200", "bits per second asked for on connecting"),
+            ("data_bits", "5..=8", "8", "bits per character"),
+            ("parity", "none | odd | even | mark | space", "none", "parity bit"),
+            ("stop_bits", "1 | 2", "1", "stop bits"),
+            ("flow", "none | rtscts | xonxoff", "none", "flow control"),
+        ],
     },
 ];

@@ -22,8 +22,13 @@ fn minimal(info: &EndpointInfo, extra: &str) -> String {
     let mut s = format!("{{ type = \"{}\"", info.name);
     for (key, ty, default, _) in info.params {
         if *default == REQUIRED {
-            assert_eq!(*ty, "path", "test knows how to fill paths only");
-            s += &format!(", {key} = \"/tmp/ndd-example\"");
+            let value = match *ty {
+                "path" => "/tmp/ndd-example",
+                "IP:PORT" => "127.0.0.1:2217",
+                "HOST:PORT" => "localhost:2217",
+                other => panic!("test knows how to fill paths and addresses, not {other}"),
+            };
+            s += &format!(", {key} = \"{value}\"");
         }
     }
     s + extra + " }"
@@ -87,6 +92,8 @@ fn catalogue_params_match_the_config_keys() {
         }),
         SourceConfig::X11Cursor(X11CursorSourceConfig::default()),
         SourceConfig::X11Clipboard(X11ClipboardConfig::default()),
+        SourceConfig::Rfc2217Server(parse("{ listen = \"127.0.0.1:2217\" }").unwrap()),
+        SourceConfig::Rfc2217Client(parse("{ address = \"h:1\" }").unwrap()),
     ];
     let sinks = [
         SinkConfig::Stdout(StdoutConfig::default()),
@@ -111,6 +118,8 @@ fn catalogue_params_match_the_config_keys() {
         }),
         SinkConfig::X11Cursor(X11CursorSinkConfig::default()),
         SinkConfig::X11Clipboard(X11ClipboardConfig::default()),
+        SinkConfig::Rfc2217Server(parse("{ listen = \"127.0.0.1:2217\" }").unwrap()),
+        SinkConfig::Rfc2217Client(parse("{ address = \"h:1\" }").unwrap()),
     ];
     assert_eq!(sources.len(), SOURCES.len());
     assert_eq!(sinks.len(), SINKS.len());

@@ -37,7 +37,11 @@ use crate::display::{
 };
 use crate::file::{FileSinkConfig, FileSourceConfig};
 use crate::input::{EvdevConfig, UinputConfig, X11InputConfig, XtestConfig};
-use crate::serial::{LineSettings, PtyConfig, SerialConfig};
+use crate::serial::rfc2217;
+use crate::serial::{
+    check_address, check_listen, LineSettings, PtyConfig, Rfc2217ClientConfig, Rfc2217ServerConfig,
+    SerialConfig,
+};
 use crate::stdio::{StdinConfig, StdoutConfig};
 use crate::synthetic::{SpacenavSimConfig, SyntheticConfig};
 use crate::{check, clipboard, display, file, input, serial, stdio, synthetic};
@@ -85,6 +89,12 @@ pub enum SourceConfig {
     /// The X selections of a display (either side).
     #[serde(rename = "x11-clipboard")]
     X11Clipboard(X11ClipboardConfig),
+    /// An RFC 2217 server: RFC 2217 clients use the port through it (app side).
+    #[serde(rename = "rfc2217-server")]
+    Rfc2217Server(Rfc2217ServerConfig),
+    /// An RFC 2217 client of ser2net & co., whose port is the device (device side).
+    #[serde(rename = "rfc2217-client")]
+    Rfc2217Client(Rfc2217ClientConfig),
 }
 
 /// Where a stream's frames go.
@@ -118,6 +128,12 @@ pub enum SinkConfig {
     /// The X selections of a display (either side).
     #[serde(rename = "x11-clipboard")]
     X11Clipboard(X11ClipboardConfig),
+    /// An RFC 2217 server: RFC 2217 clients use the port through it (app side).
+    #[serde(rename = "rfc2217-server")]
+    Rfc2217Server(Rfc2217ServerConfig),
+    /// An RFC 2217 client of ser2net & co., whose port is the device (device side).
+    #[serde(rename = "rfc2217-client")]
+    Rfc2217Client(Rfc2217ClientConfig),
 }
 
 /// `x11-clipboard(display=:0, selections=CLIPBOARD+PRIMARY, max_bytes=8388608, images)`.
@@ -173,6 +189,45 @@ fn describe_pty(c: &PtyConfig) -> String {
     }
 }
 
+/// `rfc2217-server(listen=127.0.0.1:2217)`, with the initial settings when not the default.
+fn describe_rfc2217_server(c: &Rfc2217ServerConfig) -> String {
+    let s = c.settings();
+    if s == LineSettings::default() {
+        format!("rfc2217-server(listen={})", c.listen)
+    } else {
+        format!("rfc2217-server(listen={}, {s})", c.listen)
+    }
+}
+
+/// `rfc2217-client(address=host:2000, 115200 8N1)`.
+fn describe_rfc2217_client(c: &Rfc2217ClientConfig) -> String {
+    format!("rfc2217-client(address={}, {})", c.address, c.settings())
+}
+
+fn check_rfc2217_server(
+    endpoint: &'static str,
+    c: &Rfc2217ServerConfig,
+) -> Result<(), EndpointError> {
+    check_listen(&c.listen).map_err(|reason| EndpointError::Config {
+        endpoint,
+        param: "listen",
+        reason,
+    })?;
+    check_settings(endpoint, &c.settings())
+}
+
+fn check_rfc2217_client(
+    endpoint: &'static str,
+    c: &Rfc2217ClientConfig,
+) -> Result<(), EndpointError> {
+    check_address(&c.address).map_err(|reason| EndpointError::Config {
+        endpoint,
+        param: "address",
+        reason,
+    })?;
+    check_settings(endpoint, &c.settings())
+}
+
 impl SourceConfig {
     /// Whether what this source produced while the link was down is worth sending after the
     /// reconnect. Not for input devices: their state matters, not their history (the app side
@@ -189,7 +244,9 @@ impl SourceConfig {
             | SourceConfig::Pty(_)
             | SourceConfig::X11Screen(_)
             | SourceConfig::X11Cursor(_)
-            | SourceConfig::X11Clipboard(_) => true,
+            | SourceConfig::X11Clipboard(_)
+            | SourceConfig::Rfc2217Server(_)
+            | SourceConfig::Rfc2217Client(_) => true,
         }
     }
 
@@ -212,7 +269,9 @@ impl SourceConfig {
             | SourceConfig::X11Input(_)
             | SourceConfig::X11Screen(_)
             | SourceConfig::X11Cursor(_)
-            | SourceConfig::X11Clipboard(_) => vec![],
+            | SourceConfig::X11Clipboard(_)
+            | SourceConfig::Rfc2217Server(_)
+            | SourceConfig::Rfc2217Client(_) => vec![],
         }
     }
 
@@ -230,6 +289,8 @@ impl SourceConfig {
             SourceConfig::X11Screen(_) => &SOURCES[8],
             SourceConfig::X11Cursor(_) => &SOURCES[9],
             SourceConfig::X11Clipboard(_) => &SOURCES[10],
+            SourceConfig::Rfc2217Server(_) => &SOURCES[11],
+            SourceConfig::Rfc2217Client(_) => &SOURCES[12],
         }
     }
 
@@ -247,6 +308,8 @@ impl SourceConfig {
             SourceConfig::X11Screen(_) => "x11-screen source",
             SourceConfig::X11Cursor(_) => "x11-cursor source",
             SourceConfig::X11Clipboard(_) => "x11-clipboard source",
+            SourceConfig::Rfc2217Server(_) => "rfc2217-server source",
+            SourceConfig::Rfc2217Client(_) => "rfc2217-client source",
         }
     }
 
@@ -286,6 +349,8 @@ impl SourceConfig {
             }
             SourceConfig::X11Cursor(c) => format!("x11-cursor(display={})", c.display),
             SourceConfig::X11Clipboard(c) => describe_clipboard(c),
+            SourceConfig::Rfc2217Server(c) => describe_rfc2217_server(c),
+            SourceConfig::Rfc2217Client(c) => describe_rfc2217_client(c),
         }
     }
 
@@ -329,6 +394,8 @@ impl SourceConfig {
             SourceConfig::X11Clipboard(c) => check_clipboard(endpoint, c)?,
             SourceConfig::Serial(c) => check_settings(endpoint, &c.settings())?,
             SourceConfig::Pty(c) => check_settings(endpoint, &c.settings())?,
+            SourceConfig::Rfc2217Server(c) => check_rfc2217_server(endpoint, c)?,
+            SourceConfig::Rfc2217Client(c) => check_rfc2217_client(endpoint, c)?,
         }
         Ok(())
     }
@@ -384,6 +451,14 @@ impl SourceConfig {
             SourceConfig::X11Clipboard(c) => {
                 clipboard::spawn_x11_clipboard_source(&rt, endpoint, c, stream, tx)
             }
+            SourceConfig::Rfc2217Server(c) => {
+                let port = rfc2217::Rfc2217::server(&rt, endpoint, c)?;
+                rfc2217::spawn_rfc2217_source(&rt, endpoint, port, stream, tx)
+            }
+            SourceConfig::Rfc2217Client(c) => {
+                let port = rfc2217::Rfc2217::client(&rt, endpoint, c)?;
+                rfc2217::spawn_rfc2217_source(&rt, endpoint, port, stream, tx)
+            }
         }
     }
 }
@@ -408,7 +483,9 @@ impl SinkConfig {
             | SinkConfig::Xtest(_)
             | SinkConfig::X11Window(_)
             | SinkConfig::X11Cursor(_)
-            | SinkConfig::X11Clipboard(_) => vec![],
+            | SinkConfig::X11Clipboard(_)
+            | SinkConfig::Rfc2217Server(_)
+            | SinkConfig::Rfc2217Client(_) => vec![],
         }
     }
 
@@ -427,6 +504,8 @@ impl SinkConfig {
             SinkConfig::X11Cursor(_) => &SINKS[10],
             SinkConfig::Framebuffer(_) => &SINKS[9],
             SinkConfig::X11Clipboard(_) => &SINKS[11],
+            SinkConfig::Rfc2217Server(_) => &SINKS[12],
+            SinkConfig::Rfc2217Client(_) => &SINKS[13],
         }
     }
 
@@ -444,6 +523,8 @@ impl SinkConfig {
             SinkConfig::X11Window(_) => "x11-window sink",
             SinkConfig::X11Cursor(_) => "x11-cursor sink",
             SinkConfig::X11Clipboard(_) => "x11-clipboard sink",
+            SinkConfig::Rfc2217Server(_) => "rfc2217-server sink",
+            SinkConfig::Rfc2217Client(_) => "rfc2217-client sink",
             SinkConfig::Framebuffer(_) => "framebuffer sink",
         }
     }
@@ -479,6 +560,8 @@ impl SinkConfig {
             SinkConfig::Framebuffer(c) => format!("framebuffer(path={})", c.path.display()),
             SinkConfig::X11Cursor(c) => format!("x11-cursor(display={})", c.display),
             SinkConfig::X11Clipboard(c) => describe_clipboard(c),
+            SinkConfig::Rfc2217Server(c) => describe_rfc2217_server(c),
+            SinkConfig::Rfc2217Client(c) => describe_rfc2217_client(c),
         }
     }
 
@@ -518,6 +601,8 @@ impl SinkConfig {
             | SinkConfig::Framebuffer(_)
             | SinkConfig::X11Cursor(_) => Ok(()),
             SinkConfig::X11Clipboard(c) => check_clipboard(endpoint, c),
+            SinkConfig::Rfc2217Server(c) => check_rfc2217_server(endpoint, c),
+            SinkConfig::Rfc2217Client(c) => check_rfc2217_client(endpoint, c),
         }
     }
 
@@ -579,6 +664,14 @@ impl SinkConfig {
             }
             SinkConfig::X11Clipboard(c) => {
                 clipboard::spawn_x11_clipboard_sink(&rt, endpoint, c, rx, delivered)
+            }
+            SinkConfig::Rfc2217Server(c) => {
+                let port = rfc2217::Rfc2217::server(&rt, endpoint, c)?;
+                rfc2217::spawn_rfc2217_sink(&rt, endpoint, port, rx, delivered)
+            }
+            SinkConfig::Rfc2217Client(c) => {
+                let port = rfc2217::Rfc2217::client(&rt, endpoint, c)?;
+                rfc2217::spawn_rfc2217_sink(&rt, endpoint, port, rx, delivered)
             }
         }
     }

@@ -67,6 +67,19 @@ fn creatable(endpoint: &'static str, key: &str, path: &Path) -> Result<(), Endpo
     }
 }
 
+/// `listen` can be listened on now (bound and released; the RFC 2217 server of a client
+/// endpoint may come later, so only the server is probed).
+fn listenable(endpoint: &'static str, listen: &str) -> Result<(), EndpointError> {
+    match std::net::TcpListener::bind(listen) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(unavailable(
+            endpoint,
+            format!("key `listen`: cannot listen on {listen}: {e}"),
+            "pick a free port (`ss -ltn` lists the ones in use) and an address of this machine",
+        )),
+    }
+}
+
 fn display(endpoint: &'static str, display: &str) -> Result<(), EndpointError> {
     crate::common::x11::x11_connect(endpoint, display).map(drop)
 }
@@ -84,6 +97,8 @@ impl SourceConfig {
             SourceConfig::X11Screen(c) => display(endpoint, &c.display),
             SourceConfig::X11Cursor(c) => display(endpoint, &c.display),
             SourceConfig::X11Clipboard(c) => display(endpoint, &c.display),
+            SourceConfig::Rfc2217Server(c) => listenable(endpoint, &c.listen),
+            SourceConfig::Rfc2217Client(_) => Ok(()),
             SourceConfig::Synthetic(_) | SourceConfig::SpacenavSim(_) | SourceConfig::Stdin(_) => {
                 Ok(())
             }
@@ -107,6 +122,8 @@ impl SinkConfig {
             SinkConfig::X11Window(c) => display(endpoint, &c.display),
             SinkConfig::X11Cursor(c) => display(endpoint, &c.display),
             SinkConfig::X11Clipboard(c) => display(endpoint, &c.display),
+            SinkConfig::Rfc2217Server(c) => listenable(endpoint, &c.listen),
+            SinkConfig::Rfc2217Client(_) => Ok(()),
             SinkConfig::Stdout(_) | SinkConfig::Check(_) | SinkConfig::Null(_) => Ok(()),
         }
     }

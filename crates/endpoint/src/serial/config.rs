@@ -61,6 +61,54 @@ pub struct PtyConfig {
     pub flow: Flow,
 }
 
+/// `rfc2217-server` source and sink parameters: where RFC 2217 clients connect, and the line
+/// settings a client finds before it sets its own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rfc2217ServerConfig {
+    /// `IP:PORT` to listen on, e.g. `127.0.0.1:2217`.
+    pub listen: String,
+    /// Initial bits per second.
+    #[serde(default = "default_baud")]
+    pub baud: u32,
+    /// Initial character size, 5..=8.
+    #[serde(default = "default_data_bits")]
+    pub data_bits: u8,
+    /// Initial parity.
+    #[serde(default)]
+    pub parity: Parity,
+    /// Initial stop bits, 1 or 2.
+    #[serde(default = "default_stop_bits")]
+    pub stop_bits: u8,
+    /// Initial flow control.
+    #[serde(default)]
+    pub flow: Flow,
+}
+
+/// `rfc2217-client` source and sink parameters: the RFC 2217 server (ser2net, …) whose port
+/// is the device, and the line settings asked for when connecting.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rfc2217ClientConfig {
+    /// `HOST:PORT` of the server, e.g. `ser2net-host:2000`.
+    pub address: String,
+    /// Bits per second.
+    #[serde(default = "default_baud")]
+    pub baud: u32,
+    /// 5..=8.
+    #[serde(default = "default_data_bits")]
+    pub data_bits: u8,
+    /// Parity.
+    #[serde(default)]
+    pub parity: Parity,
+    /// 1 or 2.
+    #[serde(default = "default_stop_bits")]
+    pub stop_bits: u8,
+    /// Flow control.
+    #[serde(default)]
+    pub flow: Flow,
+}
+
 macro_rules! settings_of {
     ($t:ty) => {
         impl $t {
@@ -79,6 +127,32 @@ macro_rules! settings_of {
 }
 settings_of!(SerialConfig);
 settings_of!(PtyConfig);
+settings_of!(Rfc2217ServerConfig);
+settings_of!(Rfc2217ClientConfig);
+
+/// Why `listen` is not an `IP:PORT` to listen on, if it is not.
+pub(crate) fn check_listen(listen: &str) -> Result<(), String> {
+    match listen.parse::<std::net::SocketAddr>() {
+        Ok(a) if a.port() != 0 => Ok(()),
+        Ok(_) => Err(format!(
+            "{listen:?}: port 0 is not a fixed port clients can find"
+        )),
+        Err(_) => Err(format!(
+            "{listen:?} is not IP:PORT (e.g. \"127.0.0.1:2217\", or \"[::1]:2217\")"
+        )),
+    }
+}
+
+/// Why `address` is not a `HOST:PORT` to connect to, if it is not.
+pub(crate) fn check_address(address: &str) -> Result<(), String> {
+    let bad = || format!("{address:?} is not HOST:PORT (e.g. \"ser2net-host:2000\")");
+    let (host, port) = address.rsplit_once(':').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    if host.is_empty() || port == 0 {
+        return Err(bad());
+    }
+    Ok(())
+}
 
 impl SerialConfig {
     /// A port at `path` with the default settings (115200 8N1, no flow control).

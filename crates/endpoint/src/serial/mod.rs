@@ -15,6 +15,10 @@
 //! lines; the format is in `record.rs`, re-exported here). Both streams of a driver name the
 //! same port, and share its open file.
 //!
+//! - `rfc2217-server` and `rfc2217-client` speak RFC 2217 (telnet COM-port control) instead:
+//!   the first is the port to RFC 2217 clients such as pyserial's `rfc2217://`, the second
+//!   uses an RFC 2217 server such as ser2net as the device (`rfc2217/`).
+//!
 //! Files: `config.rs` ([`SerialConfig`], [`PtyConfig`]), `record.rs` (the sans-IO
 //! [`SerialMessage`] and [`LineSettings`]), `tty.rs` (opening and sharing the tty or pty,
 //! termios, non-blocking I/O; its only unsafe code, modem-line ioctls and registering a
@@ -22,11 +26,13 @@
 
 mod config;
 mod record;
+pub mod rfc2217;
 mod sink;
 mod source;
 mod tty;
 
-pub use config::{PtyConfig, SerialConfig};
+pub(crate) use config::{check_address, check_listen};
+pub use config::{PtyConfig, Rfc2217ClientConfig, Rfc2217ServerConfig, SerialConfig};
 pub use record::*;
 pub(crate) use sink::{spawn_pty_sink, spawn_serial_sink};
 pub(crate) use source::{spawn_pty_source, spawn_serial_source};

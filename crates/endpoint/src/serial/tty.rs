@@ -198,7 +198,7 @@ impl Drop for Pty {
     }
 }
 
-type Registry<T> = Mutex<HashMap<PathBuf, Weak<T>>>;
+pub(super) type Registry<T> = Mutex<HashMap<PathBuf, Weak<T>>>;
 
 fn ttys() -> &'static Registry<Tty> {
     static TTYS: OnceLock<Registry<Tty>> = OnceLock::new();
@@ -212,7 +212,7 @@ fn ptys() -> &'static Registry<Pty> {
 
 /// Looks `key` up in `registry`, or opens it with `open` and registers it. The lock is held
 /// while opening, so both endpoints of a driver get the same file.
-fn shared<T>(
+pub(super) fn shared<T>(
     registry: &Registry<T>,
     key: &Path,
     open: impl FnOnce() -> Result<Arc<T>, EndpointError>,

@@ -1,0 +1,223 @@
+//! RFC 2217 on the serial path, with real processes and pyserial's own RFC 2217 classes on
+//! both ends: an unmodified pyserial program opens `rfc2217://` on the app side's
+//! `rfc2217-server`; the device side's `rfc2217-client` uses pyserial's `PortManager` (the
+//! reference RFC 2217 server, standing in for ser2net) over a loop:// port. Bytes (every
+//! value, 255 included), baud/parity/data bits/stop bits and RTS→CTS, DTR→DSR travel the
+//! whole way and back; the server restarting, a second client and bad addresses are handled.
+
+mod common;
+
+use common::*;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+fn python_with_pyserial() -> Option<&'static str> {
+    ["/usr/bin/python3", "python3"].into_iter().find(|py| {
+        Command::new(py)
+            .args(["-c", "import serial.rfc2217"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}
+
+fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../scripts")
+        .join(name)
+}
+
+/// pyserial's PortManager on a loop:// port at `addr`; its stdout lines are collected.
+fn loop_server(python: &str, addr: &str) -> (Killed, Arc<Mutex<String>>) {
+    let mut child = Command::new(python)
+        .arg(script("rfc2217-loop-server.py"))
+        .arg(addr)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("python runs");
+    let out = child.stdout.take().unwrap();
+    let lines = Arc::new(Mutex::new(String::new()));
+    let l = lines.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            let mut l = l.lock().unwrap();
+            l.push_str(&line);
+            l.push('\n');
+        }
+    });
+    let server = Killed(child);
+    wait_for("the RFC 2217 loop server", WAIT, || {
+        lines.lock().unwrap().contains("listening")
+    });
+    (server, lines)
+}
+
+fn config(dir: &Path, server: &str, listen: &str) -> PathBuf {
+    let cfg = dir.join("rfc2217.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+driver = "rfc2217"
+[[stream]]
+name = "rx"
+direction = "device-to-app"
+source = {{ type = "rfc2217-client", address = "{server}" }}
+sink = {{ type = "rfc2217-server", listen = "{listen}" }}
+[[stream]]
+name = "tx"
+direction = "app-to-device"
+source = {{ type = "rfc2217-server", listen = "{listen}" }}
+sink = {{ type = "rfc2217-client", address = "{server}" }}
+"#
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+/// The unmodified pyserial program: `ok …` lines, exit 0 when every check passed.
+fn client_check(python: &str, listen: &str) -> (bool, String) {
+    let out = Command::new(python)
+        .arg(script("rfc2217-client-check.py"))
+        .arg(listen)
+        .output()
+        .expect("python runs");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[test]
+fn pyserial_uses_a_port_behind_an_rfc2217_server_through_ndd() {
+    let Some(python) = python_with_pyserial() else {
+        println!("SKIPPED: no python3 with pyserial (Debian: apt-get install python3-serial)");
+        return;
+    };
+    let dir = Dir::new("rfc2217");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let (server_addr, listen, link) = (free_addr(), free_addr(), free_addr());
+    let (server, server_says) = loop_server(python, &server_addr);
+    let cfg = config(&dir.0, &server_addr, &listen);
+    let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &link]));
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &link]));
+    wait_for("the session", WAIT, || {
+        dev.stderr_now().contains("streams agreed")
+    });
+
+    // 1. Everything there and back.
+    let (ok, said) = client_check(python, &listen);
+    assert!(
+        ok,
+        "pyserial program: {said}\nserver: {}\napp: {}\ndevice: {}",
+        server_says.lock().unwrap(),
+        app.stderr_now(),
+        dev.stderr_now()
+    );
+    for line in [
+        "ok echo 1030 bytes",
+        "ok cts=False after rts=False",
+        "ok dsr=True after dtr=True",
+        "ok echo after settings",
+    ] {
+        assert!(said.contains(line), "{line:?} missing: {said}");
+    }
+    // The far port got the settings the program set, through both ndd sides.
+    let says = server_says.lock().unwrap().clone();
+    assert!(says.contains("settings 9600 8 N 1"), "{says}");
+    assert!(says.contains("settings 57600 7 E 2"), "{says}");
+
+    // 2. The RFC 2217 server goes away and comes back: the device side reconnects and the
+    //    program's next session works again, the far port set as the program asks.
+    drop(server);
+    let (server, server_says) = loop_server(python, &server_addr);
+    wait_for("the device side to reconnect", WAIT, || {
+        server_says.lock().unwrap().contains("client ")
+    });
+    let (ok, said) = client_check(python, &listen);
+    assert!(
+        ok,
+        "after the server's restart: {said}\napp: {}\ndevice: {}",
+        app.stderr_now(),
+        dev.stderr_now()
+    );
+    assert!(
+        dev.stderr_now().contains("reconnecting"),
+        "{}",
+        dev.stderr_now()
+    );
+
+    // 3. One client at a time: a second one is told the port is busy.
+    let first = std::net::TcpStream::connect(&listen).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut second = std::net::TcpStream::connect(&listen).unwrap();
+    second
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut busy = String::new();
+    let _ = std::io::Read::read_to_string(&mut second, &mut busy);
+    assert!(busy.contains("in use by another client"), "{busy:?}");
+    drop(first);
+    drop(server);
+    drop(app.kill());
+    drop(dev.kill());
+}
+
+#[test]
+fn bad_addresses_are_refused_at_check_time_with_the_key_and_an_example() {
+    let dir = Dir::new("rfc2217-bad");
+    for (source, want) in [
+        (
+            r#"{ type = "rfc2217-server", listen = "localhost" }"#,
+            "rfc2217-server source: invalid parameter listen: \"localhost\" is not IP:PORT (e.g. \"127.0.0.1:2217\"",
+        ),
+        (
+            r#"{ type = "rfc2217-client", address = "ser2net-host" }"#,
+            "rfc2217-client source: invalid parameter address: \"ser2net-host\" is not HOST:PORT (e.g. \"ser2net-host:2000\")",
+        ),
+        (
+            r#"{ type = "rfc2217-client", address = "h:2000", data_bits = 9 }"#,
+            "rfc2217-client source: invalid parameter data_bits: must be 5, 6, 7 or 8",
+        ),
+    ] {
+        let cfg = dir.0.join("bad.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "driver = \"x\"\n[[stream]]\nname = \"s\"\ndirection = \"device-to-app\"\n\
+                 source = {source}\nsink = {{ type = \"null\" }}\n"
+            ),
+        )
+        .unwrap();
+        let out = ndd().arg("check").arg(&cfg).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{source} passed");
+        assert!(err.contains(want), "{source}: {err}");
+    }
+    // A port in use fails on the machine that has it, before any peer connects.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let cfg = config(&dir.0, "127.0.0.1:9", &addr);
+    let out = ndd()
+        .arg("check")
+        .arg(&cfg)
+        .args(["--side", "app"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains(&format!("key `listen`: cannot listen on {addr}")),
+        "{err}"
+    );
+}
