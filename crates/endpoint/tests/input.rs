@@ -7,7 +7,7 @@
 use ndd_core::Frame;
 use ndd_endpoint::input::{
     Capabilities, Event, InputMessage, RawEvent, ABS_X, ABS_Y, BTN_LEFT, BTN_RIGHT, EV_ABS, EV_KEY,
-    EV_REL, EV_SYN, KEY_A, REL_WHEEL, SYN_REPORT,
+    EV_KEYSYM, EV_REL, EV_SYN, KEY_A, REL_WHEEL, SYN_REPORT,
 };
 use ndd_endpoint::{
     EvdevConfig, SinkConfig, SourceConfig, UinputConfig, X11InputConfig, X11Window, XtestConfig,
@@ -140,6 +140,13 @@ fn end_to_end(window: X11Window) {
         println!("SKIPPED: x11 end-to-end test needs {m} (apt-get install xvfb xdotool x11-utils)");
         return;
     }
+    // First, so it is dropped last: a failed assertion drops the displays, the endpoints'
+    // blocking tasks end, and the runtime's drop does not wait on them forever.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let a = Xvfb::start("640x480x24").expect("start Xvfb");
     let b = Xvfb::start("640x480x24").expect("start Xvfb");
     let (_xev, xev_out) = start_xev(&b.display);
@@ -147,11 +154,6 @@ fn end_to_end(window: X11Window) {
         xev_out.lock().unwrap().contains("MapNotify")
     });
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
     let (seen_tx, seen_rx) = std::sync::mpsc::channel::<Frame>();
     let (source, sink) = rt.block_on(async {
         let (tx, mut mid) = mpsc::channel::<Frame>(64);
@@ -245,15 +247,20 @@ fn end_to_end(window: X11Window) {
         .filter(|e| e.ty != EV_ABS)
         .collect();
     let key = |code, v| Event::new(EV_KEY, code, v);
+    // Each key press comes with the keysym it gives on the source's display (Shift held: B).
+    let sym = |code, keysym| Event::new(EV_KEYSYM, code, keysym);
     assert_eq!(
         events,
         vec![
             key(BTN_LEFT, 1),
             key(BTN_LEFT, 0),
+            sym(KEY_A, 0x61),
             key(KEY_A, 1),
             key(KEY_A, 0),
-            key(42, 1), // KEY_LEFTSHIFT
-            key(48, 1), // KEY_B
+            sym(42, 0xffe1), // Shift_L
+            key(42, 1),      // KEY_LEFTSHIFT
+            sym(48, 0x42),   // B
+            key(48, 1),      // KEY_B
             key(48, 0),
             key(42, 0),
             key(BTN_RIGHT, 1),
@@ -535,4 +542,133 @@ fn uinput_sink_creates_a_device_or_says_clearly_why_not() {
     });
     drop(tx);
     rt.block_on(task).unwrap().unwrap();
+}
+
+/// A text file written by an unmodified `xterm` on `display` (a UTF-8 locale, so it composes
+/// dead keys as a local keyboard's would), focused.
+fn xterm_writing_to(x: &Xvfb, file: &std::path::Path) -> Killed {
+    let script = format!("stty -echo; exec cat > '{}'", file.display());
+    let term = Command::new("xterm")
+        .env("DISPLAY", &x.display)
+        .env("LC_ALL", "C.UTF-8")
+        .args(["-geometry", "80x10+0+0", "-e", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map(Killed)
+        .expect("start xterm");
+    wait_for("the xterm's file", Duration::from_secs(10), || {
+        file.exists()
+    });
+    let status = Command::new("xdotool")
+        .env("DISPLAY", &x.display)
+        .args([
+            "search",
+            "--sync",
+            "--class",
+            "xterm",
+            "windowfocus",
+            "--sync",
+        ])
+        .status()
+        .expect("xdotool");
+    assert!(status.success());
+    term
+}
+
+fn setxkbmap(x: &Xvfb, args: &[&str]) {
+    let status = Command::new("setxkbmap")
+        .args(["-display", &x.display])
+        .args(args)
+        .status()
+        .expect("setxkbmap");
+    assert!(status.success(), "setxkbmap {args:?}");
+}
+
+#[test]
+fn text_typed_with_one_layout_arrives_as_the_same_characters_with_another() {
+    if let Some(m) = missing(&["Xvfb", "xdotool", "xterm", "setxkbmap"]) {
+        println!(
+            "SKIPPED: keyboard layout test needs {m} (apt-get install xvfb xdotool xterm \
+             x11-xkb-utils)"
+        );
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("ndd-layouts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("typed.txt");
+    let _ = std::fs::remove_file(&file);
+    // First, so it is dropped last (see end_to_end).
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    // The device side types on a German keyboard; the app side's display is US.
+    let dev = Xvfb::start("640x480x24").expect("start Xvfb");
+    let app = Xvfb::start("640x480x24").expect("start Xvfb");
+    setxkbmap(&dev, &["de"]);
+    setxkbmap(&app, &["us"]);
+    let _term = xterm_writing_to(&app, &file);
+
+    let (source, sink) = rt.block_on(async {
+        let (tx, rx) = mpsc::channel::<Frame>(64);
+        let source = SourceConfig::X11Input(X11InputConfig {
+            display: dev.display.clone(),
+            window: X11Window::Create,
+        })
+        .spawn(1, tx)
+        .expect("x11-input source");
+        let sink = SinkConfig::Xtest(XtestConfig {
+            display: app.display.clone(),
+        })
+        .spawn(rx)
+        .expect("xtest sink");
+        (source, sink)
+    });
+    // The capture window is mapped and focused once the capabilities record went out.
+    std::thread::sleep(Duration::from_millis(800));
+    let xdotool = |args: &[&str]| {
+        let status = Command::new("xdotool")
+            .env("DISPLAY", &dev.display)
+            .args(args)
+            .status()
+            .expect("xdotool");
+        assert!(status.success(), "xdotool {args:?}");
+    };
+    // z and y swap places on de; @ is AltGr+q there and Shift+2 on us; ü and ß have keys of
+    // their own on de and none on us; ^ is a dead key on de (with e: ê), absent from us.
+    xdotool(&["type", "--delay", "40", "zy@Zü"]);
+    xdotool(&[
+        "key",
+        "--delay",
+        "40",
+        "dead_circumflex",
+        "e",
+        "ssharp",
+        "Return",
+    ]);
+    let want = "zy@Züêß\n";
+    wait_for(
+        "the typed line in the app's xterm",
+        Duration::from_secs(15),
+        || std::fs::read_to_string(&file).is_ok_and(|t| t.contains('\n')),
+    );
+    let got = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(got, want, "what the app's xterm read");
+
+    drop(dev);
+    let _ = rt.block_on(source);
+    drop(rt.block_on(sink));
+    // The spare keys the sink gave keysyms the us layout lacks are given back.
+    let out = Command::new("xmodmap")
+        .args(["-display", &app.display, "-pke"])
+        .output()
+        .expect("xmodmap");
+    let map = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !map.contains("udiaeresis") && !map.contains("dead_circumflex"),
+        "{map}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

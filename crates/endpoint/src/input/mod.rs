@@ -17,6 +17,7 @@
 //! `evdev` crate and `x11rb`, with no unsafe code).
 
 mod config;
+pub mod keymap;
 mod record;
 mod sink;
 mod source;

@@ -44,6 +44,11 @@ pub const EV_ABS: u16 = 0x03;
 pub const EV_MSC: u16 = 0x04;
 /// Highest Linux event type.
 pub const EV_MAX: u16 = 0x1f;
+/// ndd's own event type, above Linux's: the keysym (`value`) that the key press right after
+/// it in the batch (`code`, the same key) gives on the source's X display, with its layout,
+/// Shift, AltGr and Caps Lock state. `x11-input` sources send it; the `xtest` sink types that
+/// keysym with its own display's layout (`keymap.rs`); `uinput` ignores it.
+pub const EV_KEYSYM: u16 = 0x20;
 /// `SYN_REPORT`: end of a batch.
 pub const SYN_REPORT: u16 = 0;
 /// `SYN_DROPPED`: the kernel's buffer overran; events were lost.
@@ -235,9 +240,10 @@ impl<'a> Reader<'a> {
 }
 
 /// Whether `(ty, code)` may appear inside a batch: a Linux type other than `SYN_REPORT` /
-/// `SYN_DROPPED` (batch boundaries are frame boundaries), and a code ≤ [`KEY_MAX`].
+/// `SYN_DROPPED` (batch boundaries are frame boundaries), or [`EV_KEYSYM`], and a code ≤
+/// [`KEY_MAX`].
 pub fn valid_event(ty: u16, code: u16) -> bool {
-    ty <= EV_MAX
+    (ty <= EV_MAX || ty == EV_KEYSYM)
         && code <= KEY_MAX
         && !(ty == EV_SYN && (code == SYN_REPORT || code == SYN_DROPPED))
 }
@@ -752,6 +758,17 @@ pub enum XAction {
         /// Press or release.
         press: bool,
     },
+    /// A key press that should type `keysym` (an [`EV_KEYSYM`] annotation): the sink finds
+    /// the key and Shift/AltGr state that give it on its display, and remembers which key it
+    /// pressed for `code`'s release.
+    Sym {
+        /// The source's key (Linux code).
+        code: u16,
+        /// What the source's layout gave.
+        keysym: u32,
+        /// The source's X keycode, tried first.
+        hint: Option<u8>,
+    },
     /// `FakeInput` ButtonPress / ButtonRelease.
     Button {
         /// X button.
@@ -821,16 +838,25 @@ impl XMapper {
     pub fn map(&mut self, events: &[Event], out: &mut Vec<XAction>) {
         let mut motion_at: Option<usize> = None;
         let (mut abs_moved, mut rel) = (false, (0i32, 0i32));
+        let mut keysym: Option<(u16, u32)> = None;
         for e in events {
             match (e.ty, e.code) {
+                (EV_KEYSYM, code) => keysym = Some((code, e.value as u32)),
                 (EV_KEY, code) => {
                     let press = e.value != 0;
                     if e.value == 2 {
                         // Autorepeat: the target X server repeats by itself.
                         continue;
                     }
+                    let sym = keysym.take().filter(|&(c, k)| c == code && k != 0);
                     if let Some(button) = linux_to_x_button(code) {
                         out.push(XAction::Button { button, press });
+                    } else if let (Some((_, keysym)), true) = (sym, press) {
+                        out.push(XAction::Sym {
+                            code,
+                            keysym,
+                            hint: linux_to_x_keycode(code),
+                        });
                     } else if let Some(keycode) = linux_to_x_keycode(code) {
                         out.push(XAction::Key { keycode, press });
                     } else {
@@ -923,6 +949,37 @@ mod tests {
             InputMessage::parse(&hex("01 00 0000")),
             Ok(InputMessage::Events(vec![]))
         );
+        // The docs' keysym vector: KEY_A's key giving @, then its press.
+        let p = hex("01 00 0002 0020 001e 00000040 00000000 0001 001e 00000001 00000000");
+        let m = InputMessage::Events(vec![
+            Event::new(EV_KEYSYM, KEY_A, 0x40),
+            Event::new(EV_KEY, KEY_A, 1),
+        ]);
+        assert_eq!(InputMessage::parse(&p), Ok(m.clone()));
+        assert_eq!(m.emit().unwrap(), p);
+        // The xtest mapping types the keysym; the release goes by keycode.
+        let mut x = XMapper::new(640, 480);
+        let mut out = Vec::new();
+        let InputMessage::Events(ev) = m else {
+            unreachable!()
+        };
+        x.map(&ev, &mut out);
+        x.map(&[Event::new(EV_KEY, KEY_A, 0)], &mut out);
+        assert_eq!(
+            out,
+            vec![
+                XAction::Sym {
+                    code: KEY_A,
+                    keysym: 0x40,
+                    hint: Some(38)
+                },
+                XAction::Key {
+                    keycode: 38,
+                    press: false
+                }
+            ]
+        );
+        assert_eq!(x.unmapped, 0);
     }
 
     #[test]
@@ -972,7 +1029,8 @@ mod tests {
             ("01 00 00", "input record: events body must be 2 bytes, got 1"),
             ("01 00 0001 0001 001e 00000001", "input record: events body must be 14 bytes, got 10"),
             ("01 00 0000 00", "input record: events body must be 2 bytes, got 3"),
-            ("01 00 0001 0020 0000 00000000 00000000", "input record: event 0: invalid type 0x20 / code 0x0"),
+            ("01 00 0001 0021 0000 00000000 00000000", "input record: event 0: invalid type 0x21 / code 0x0"),
+            ("01 00 0001 0020 0300 00000061 00000000", "input record: event 0: invalid type 0x20 / code 0x300"),
             ("01 00 0001 0001 0300 00000000 00000000", "input record: event 0: invalid type 0x1 / code 0x300"),
             ("01 00 0001 0000 0000 00000000 00000000", "input record: event 0: invalid type 0x0 / code 0x0"),
             ("01 02 00", "input record: release-all body must be 0 bytes, got 1"),

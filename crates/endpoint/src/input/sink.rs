@@ -7,17 +7,22 @@
 //! error.
 
 use super::config::{UinputConfig, XtestConfig};
-use super::record::{Capabilities, Event, Held, InputMessage, XAction, XMapper, EV_KEY};
+use super::keymap::{is_lock, is_modifier, Keymap, Place, XK_ISO_LEVEL3_SHIFT, XK_SHIFT_L};
+use super::record::{
+    x_keycode_to_linux, Capabilities, Event, Held, InputMessage, XAction, XMapper, EV_KEY,
+    EV_KEYSYM,
+};
 use crate::common::delivered::Delivered;
 use crate::common::error::EndpointError;
 use crate::common::report::{SinkReport, SinkTask};
 use crate::common::x11::{x11_connect, x11_err};
 use ndd_core::Frame;
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::Receiver;
 use x11rb::connection::Connection;
-use x11rb::protocol::xproto;
+use x11rb::protocol::xproto::{self, ConnectionExt as _};
 use x11rb::protocol::xtest::ConnectionExt as _;
 use x11rb::rust_connection::RustConnection;
 use x11rb::wrapper::ConnectionExt as _;
@@ -130,12 +135,43 @@ pub(crate) struct Xtest {
     display: String,
     endpoint: &'static str,
     actions: Vec<XAction>,
+    /// This display's layout, for keysyms (refreshed on `MappingNotify`).
+    keymap: Keymap,
+    /// The key pressed for each source key typed by keysym (released with it); `None` for
+    /// a lock key, which is not pressed here (the source applied it to its keysyms).
+    typed: HashMap<u16, Option<u8>>,
+    /// Keycodes this sink holds down.
+    down: BTreeSet<u8>,
+    /// Spare keycodes this sink gave a keysym, oldest first (given back at the end).
+    remapped: Vec<u8>,
 }
 
 impl std::fmt::Debug for Xtest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Xtest({})", self.display)
     }
+}
+
+/// Reads a display's keyboard and modifier mapping.
+pub(crate) fn read_keymap(conn: &RustConnection) -> Result<Keymap, String> {
+    let setup = conn.setup();
+    let (min, max) = (setup.min_keycode, setup.max_keycode);
+    let map = conn
+        .get_keyboard_mapping(min, max - min + 1)
+        .map_err(|e| e.to_string())?
+        .reply()
+        .map_err(|e| e.to_string())?;
+    let mods = conn
+        .get_modifier_mapping()
+        .map_err(|e| e.to_string())?
+        .reply()
+        .map_err(|e| e.to_string())?;
+    Ok(Keymap::new(
+        min,
+        usize::from(map.keysyms_per_keycode),
+        map.keysyms,
+        &mods.keycodes,
+    ))
 }
 
 /// Connects and checks for the XTEST extension.
@@ -156,6 +192,7 @@ fn open_xtest(endpoint: &'static str, c: &XtestConfig) -> Result<Xtest, Endpoint
             hint: "start the X server with XTEST enabled (Xorg and Xvfb have it by default)"
                 .to_string(),
         })?;
+    let keymap = read_keymap(&conn).map_err(|e| x11_err(endpoint, &c.display, e))?;
     Ok(Xtest {
         conn,
         root: screen.root,
@@ -163,7 +200,166 @@ fn open_xtest(endpoint: &'static str, c: &XtestConfig) -> Result<Xtest, Endpoint
         display: c.display.clone(),
         endpoint,
         actions: Vec::new(),
+        keymap,
+        typed: HashMap::new(),
+        down: BTreeSet::new(),
+        remapped: Vec::new(),
     })
+}
+
+impl Xtest {
+    fn fake(&mut self, ty: u8, detail: u8, x: i16, y: i16) -> Result<(), EndpointError> {
+        let root = if ty == xproto::MOTION_NOTIFY_EVENT && detail == 0 {
+            self.root
+        } else {
+            x11rb::NONE
+        };
+        self.conn
+            .xtest_fake_input(ty, detail, x11rb::CURRENT_TIME, root, x, y, 0)
+            .map_err(|e| x11_err(self.endpoint, &self.display, e))?;
+        Ok(())
+    }
+
+    fn key(&mut self, keycode: u8, press: bool) -> Result<(), EndpointError> {
+        if press {
+            self.down.insert(keycode);
+            self.fake(xproto::KEY_PRESS_EVENT, keycode, 0, 0)
+        } else {
+            self.down.remove(&keycode);
+            self.fake(xproto::KEY_RELEASE_EVENT, keycode, 0, 0)
+        }
+    }
+
+    /// Takes in `MappingNotify` (another program, or `setxkbmap`, changed the layout).
+    fn refresh_keymap(&mut self) -> Result<(), EndpointError> {
+        let mut changed = false;
+        while let Some(ev) = self
+            .conn
+            .poll_for_event()
+            .map_err(|e| x11_err(self.endpoint, &self.display, e))?
+        {
+            changed |= matches!(ev, x11rb::protocol::Event::MappingNotify(_));
+        }
+        if changed {
+            self.keymap =
+                read_keymap(&self.conn).map_err(|e| x11_err(self.endpoint, &self.display, e))?;
+        }
+        Ok(())
+    }
+
+    /// Gives a spare keycode `keysym` (every level), for a keysym this layout lacks.
+    fn remap_spare(&mut self, keysym: u32) -> Result<Option<Place>, EndpointError> {
+        let spares: Vec<u8> = self
+            .keymap
+            .spare_keycodes()
+            .into_iter()
+            .chain(self.remapped.iter().copied())
+            .filter(|c| !self.down.contains(c))
+            .collect();
+        // A never-used spare first, else the one given a keysym longest ago.
+        let Some(&keycode) = spares
+            .iter()
+            .find(|c| !self.remapped.contains(c))
+            .or_else(|| self.remapped.iter().find(|c| spares.contains(c)))
+        else {
+            return Ok(None);
+        };
+        let per = self.keymap.per().max(1);
+        self.conn
+            .change_keyboard_mapping(1, keycode, per as u8, &vec![keysym; per])
+            .map_err(|e| x11_err(self.endpoint, &self.display, e))?;
+        self.keymap.remap(keycode, keysym);
+        self.remapped.retain(|&c| c != keycode);
+        self.remapped.push(keycode);
+        tracing::debug!(
+            endpoint = self.endpoint,
+            keycode,
+            keysym,
+            "spare key given a keysym this layout lacks"
+        );
+        Ok(Some(Place {
+            keycode,
+            shift: None,
+            level3: false,
+        }))
+    }
+
+    /// Types `keysym` for source key `code`: its key, with Shift and AltGr set as this
+    /// layout needs for the press only (then as they were), so held modifiers keep working
+    /// for shortcuts and clicks.
+    fn press_sym(&mut self, code: u16, keysym: u32, hint: Option<u8>) -> Result<(), EndpointError> {
+        if let Some(old) = self.typed.remove(&code).flatten() {
+            self.key(old, false)?;
+        }
+        if is_lock(keysym) {
+            self.typed.insert(code, None);
+            return Ok(());
+        }
+        let place = match self.keymap.find(keysym, hint) {
+            Some(p) => p,
+            None => match self.remap_spare(keysym)? {
+                Some(p) => p,
+                None => {
+                    self.mapper.unmapped += 1;
+                    return Ok(());
+                }
+            },
+        };
+        let mut undo: Vec<(u8, bool)> = Vec::new();
+        if !is_modifier(keysym) {
+            let shift_keys = self.keymap.shift_keycodes().to_vec();
+            let l3_keys = self.keymap.level3_keycodes();
+            let shift_key = self
+                .keymap
+                .key_of(XK_SHIFT_L)
+                .or(shift_keys.first().copied());
+            let l3_key = self
+                .keymap
+                .key_of(XK_ISO_LEVEL3_SHIFT)
+                .or(l3_keys.first().copied());
+            for (want, keys, key) in [
+                (place.shift, shift_keys, shift_key),
+                (Some(place.level3), l3_keys, l3_key),
+            ] {
+                let held: Vec<u8> = keys
+                    .iter()
+                    .copied()
+                    .filter(|k| self.down.contains(k))
+                    .collect();
+                match want {
+                    Some(true) if held.is_empty() => {
+                        if let Some(k) = key {
+                            self.key(k, true)?;
+                            undo.push((k, false));
+                        }
+                    }
+                    Some(false) => {
+                        for k in held {
+                            self.key(k, false)?;
+                            undo.push((k, true));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        self.key(place.keycode, true)?;
+        for (k, press) in undo.into_iter().rev() {
+            self.key(k, press)?;
+        }
+        self.typed.insert(code, Some(place.keycode));
+        Ok(())
+    }
+
+    /// Gives the spare keycodes back their NoSymbol.
+    fn restore_spares(&mut self) {
+        let per = self.keymap.per().max(1);
+        for keycode in std::mem::take(&mut self.remapped) {
+            let _ = self
+                .conn
+                .change_keyboard_mapping(1, keycode, per as u8, &vec![0; per]);
+        }
+    }
 }
 
 impl Injector for Xtest {
@@ -173,42 +369,41 @@ impl Injector for Xtest {
     }
 
     fn events(&mut self, events: &[Event]) -> Result<(), EndpointError> {
-        self.actions.clear();
-        self.mapper.map(events, &mut self.actions);
-        for a in &self.actions {
-            let (ty, detail, x, y) = match *a {
-                XAction::Key { keycode, press } => (
-                    if press {
-                        xproto::KEY_PRESS_EVENT
-                    } else {
-                        xproto::KEY_RELEASE_EVENT
-                    },
-                    keycode,
-                    0,
-                    0,
-                ),
-                XAction::Button { button, press } => (
-                    if press {
+        self.refresh_keymap()?;
+        let mut actions = std::mem::take(&mut self.actions);
+        actions.clear();
+        self.mapper.map(events, &mut actions);
+        for a in &actions {
+            match *a {
+                XAction::Sym { code, keysym, hint } => self.press_sym(code, keysym, hint)?,
+                XAction::Key { keycode, press } => {
+                    // A key typed by keysym is released where it was pressed.
+                    let typed = x_keycode_to_linux(keycode).and_then(|c| {
+                        if press {
+                            None
+                        } else {
+                            self.typed.remove(&c)
+                        }
+                    });
+                    match typed {
+                        Some(Some(k)) => self.key(k, false)?,
+                        Some(None) => {}
+                        None => self.key(keycode, press)?,
+                    }
+                }
+                XAction::Button { button, press } => {
+                    let ty = if press {
                         xproto::BUTTON_PRESS_EVENT
                     } else {
                         xproto::BUTTON_RELEASE_EVENT
-                    },
-                    button,
-                    0,
-                    0,
-                ),
-                XAction::MoveTo { x, y } => (xproto::MOTION_NOTIFY_EVENT, 0, x, y),
-                XAction::MoveBy { dx, dy } => (xproto::MOTION_NOTIFY_EVENT, 1, dx, dy),
-            };
-            let root = if matches!(a, XAction::MoveTo { .. }) {
-                self.root
-            } else {
-                x11rb::NONE
-            };
-            self.conn
-                .xtest_fake_input(ty, detail, x11rb::CURRENT_TIME, root, x, y, 0)
-                .map_err(|e| x11_err(self.endpoint, &self.display, e))?;
+                    };
+                    self.fake(ty, button, 0, 0)?;
+                }
+                XAction::MoveTo { x, y } => self.fake(xproto::MOTION_NOTIFY_EVENT, 0, x, y)?,
+                XAction::MoveBy { dx, dy } => self.fake(xproto::MOTION_NOTIFY_EVENT, 1, dx, dy)?,
+            }
         }
+        self.actions = actions;
         self.conn
             .flush()
             .map_err(|e| x11_err(self.endpoint, &self.display, e))?;
@@ -224,6 +419,7 @@ fn run_xtest_sink(
     delivered: Delivered,
 ) -> Result<SinkReport, EndpointError> {
     let r = run_injector(endpoint, &mut x, rx, &delivered);
+    x.restore_spares();
     // Make sure the server has processed everything (the releases above all) before the
     // connection closes.
     let _ = x.conn.sync();
@@ -344,6 +540,8 @@ impl Injector for Uinput {
         self.buf.extend(
             events
                 .iter()
+                // Keysyms are for X sinks; a virtual device has keys only.
+                .filter(|e| e.ty != EV_KEYSYM)
                 .map(|e| evdev::InputEvent::new(e.ty, e.code, e.value)),
         );
         // `emit` appends the SYN_REPORT that ends the batch.

@@ -10,11 +10,13 @@
 //! `display` class), in window coordinates.
 
 use super::config::{EvdevConfig, X11InputConfig, X11Window};
+use super::keymap::Keymap;
 use super::record::{
     x_button_to_linux, x_keycode_to_linux, x_wheel, AbsAxis, Batcher, Capabilities, Event, Held,
     InputMessage, RawDecoder, RawEvent, ABS_X, ABS_Y, BTN_EXTRA, BTN_LEFT, EV_ABS, EV_KEY,
-    RAW_EVENT_LEN, REL_HWHEEL, REL_WHEEL,
+    EV_KEYSYM, RAW_EVENT_LEN, REL_HWHEEL, REL_WHEEL,
 };
+use super::sink::read_keymap;
 use crate::common::emitter::Emitter;
 use crate::common::error::EndpointError;
 use crate::common::report::{SourceReport, SourceTask};
@@ -331,6 +333,8 @@ pub(crate) struct X11Input {
     window: X11Window,
     /// `viewer`: the viewer window, once found.
     viewer: xproto::Window,
+    /// The display's layout: each key press is sent with the keysym it gives here.
+    keymap: Keymap,
 }
 
 /// How long an `x11-input` source with `window = "viewer"` waits for the `x11-window` sink of
@@ -369,7 +373,9 @@ fn open_x11_input(endpoint: &'static str, c: &X11InputConfig) -> Result<X11Input
             "XInput"
         );
     }
+    let keymap = read_keymap(&conn).map_err(|e| x11_err(endpoint, &c.display, e))?;
     Ok(X11Input {
+        keymap,
         conn,
         root: screen.root,
         width: screen.width_in_pixels,
@@ -381,6 +387,25 @@ fn open_x11_input(endpoint: &'static str, c: &X11InputConfig) -> Result<X11Input
 }
 
 impl X11Input {
+    /// The keysym a key press event gives with this display's layout and modifier state
+    /// (raw events carry no state: the pointer query's modifier mask stands in).
+    fn keysym(&self, ev: &XEvent) -> Result<Option<u32>, String> {
+        let (keycode, state) = match ev {
+            XEvent::KeyPress(e) => (e.detail, u16::from(e.state)),
+            XEvent::XinputRawKeyPress(e) => {
+                let p = self
+                    .conn
+                    .query_pointer(self.root)
+                    .map_err(|e| e.to_string())?
+                    .reply()
+                    .map_err(|e| e.to_string())?;
+                (u8::try_from(e.detail).unwrap_or(0), u16::from(p.mask))
+            }
+            _ => return Ok(None),
+        };
+        Ok(self.keymap.keysym(keycode, state))
+    }
+
     fn capabilities(&self) -> Capabilities {
         let axis = |code, size: u16| AbsAxis {
             code,
@@ -632,6 +657,11 @@ fn run_x11_source(
                     _ => {}
                 }
             }
+            if let XEvent::MappingNotify(_) = ev {
+                // The layout changed (setxkbmap, xmodmap, a program remapping a key).
+                x.keymap = read_keymap(&x.conn).map_err(err)?;
+                continue;
+            }
             let Some(mut events) = x.map_event(&ev).map_err(err)? else {
                 continue;
             };
@@ -644,6 +674,13 @@ fn run_x11_source(
                 match (e.value, is_down) {
                     (0, false) | (1, true) => continue,
                     _ => down.observe(e),
+                }
+                if e.value == 1 {
+                    // With the keysym it gives here, for a sink with another layout.
+                    if let Some(keysym) = x.keysym(&ev).map_err(err)? {
+                        let code = e.code;
+                        events.insert(0, Event::new(EV_KEYSYM, code, keysym as i32));
+                    }
                 }
             }
             if events.first().is_some_and(|e| e.ty == EV_ABS) {
