@@ -46,8 +46,10 @@ printf '\x01\x01\x00\x01\x00\x01\x00\x00\x00\x00\x10\x20\x30\xff' >"$corpus/reco
 # RFC 2217: pyserial's opening (WILL/DO BINARY, SGA, COM-PORT) then SET-BAUDRATE 9600 and
 # data with a doubled IAC.
 printf '\xff\xfb\x00\xff\xfd\x00\xff\xfb\x03\xff\xfd\x03\xff\xfb\x2c\xff\xfa\x2c\x01\x00\x00\x25\x80\xff\xf0hi\xff\xff' >"$corpus/records/rfc2217_open"
+# Audio: 48 kHz mono PCM, two samples (docs/endpoints.md, "Audio records").
+printf '\x01\x00\x00\x00\xbb\x80\x01\x00\x02\x01\x00\xfe\xff' >"$corpus/records/audio_pcm"
 # The image pair: one frame of a 1x1 screen with a solid rect (docs/modules.md, "image"), and
 # the 1x1 display update (which the target also runs through the forward half).
 printf '\x02\x00\x01\x00\x01\x01\x00\x01\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01\x00\x01\x01\x10\x20\x30' >"$corpus/image/solid_1x1"
 cp "$corpus/records/display_1x1" "$corpus/image/display_1x1"
-echo "seed-corpus: $count fixtures -> $corpus/{frame,control,handshake,session}, 4 sealed UDP datagrams -> $corpus/handshake, 5 device records -> $corpus/records, 2 -> $corpus/image"
+echo "seed-corpus: $count fixtures -> $corpus/{frame,control,handshake,session}, 4 sealed UDP datagrams -> $corpus/handshake, 6 device records -> $corpus/records, 2 -> $corpus/image"

@@ -1,6 +1,6 @@
 //! Device records, as a sink endpoint receives them from the peer: display updates (applied
 //! to a framebuffer, as the `x11-window` and `framebuffer` sinks do), cursor records, input
-//! records, serial records and clipboard records; and the RFC 2217 (telnet) stream an
+//! records, serial records, clipboard records and audio records; and the RFC 2217 (telnet) stream an
 //! `rfc2217-server` or `rfc2217-client` reads from its peer. Nothing may panic; whatever
 //! parses emits bytes that parse to the same value.
 
@@ -10,6 +10,7 @@ use libfuzzer_sys::fuzz_target;
 use ndd_endpoint::display::{Cursor, Update};
 use ndd_endpoint::serial::rfc2217::telnet::{Note, Role, Telnet};
 use ndd_endpoint::{Framebuffer, InputMessage, LineSettings, PixelFormat, SerialMessage};
+use ndd_wire::audio::Block;
 use ndd_wire::clipboard::Contents;
 
 fuzz_target!(|data: &[u8]| {
@@ -48,6 +49,10 @@ fuzz_target!(|data: &[u8]| {
             assert!(s.check().is_ok(), "settings out of range: {s:?}");
         }
         let _ = t.take_out();
+    }
+    if let Ok(b) = Block::parse(data) {
+        let bytes = b.emit().expect("a parsed audio record emits");
+        assert_eq!(bytes, data, "audio records have one encoding");
     }
     if let Ok(c) = Contents::parse(data) {
         let bytes = c.emit().expect("a parsed clipboard record emits");

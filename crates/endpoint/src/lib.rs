@@ -48,6 +48,7 @@
 //!   before;
 //! - a source reading bytes copies each frame's payload once (into its [`ndd_core::Frame`]).
 
+pub mod audio;
 pub mod check;
 pub mod clipboard;
 mod common;

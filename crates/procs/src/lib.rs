@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -110,6 +111,73 @@ impl Xvfb {
             .stderr(Stdio::null())
             .spawn()
             .map(Killed)
+    }
+}
+
+/// A private PulseAudio daemon, killed on drop.
+#[derive(Debug)]
+pub struct Pulse {
+    _daemon: Killed,
+    /// `unix:…/native`: give it to `pactl --server=`, `PULSE_SERVER` or an endpoint's `server`.
+    pub server: String,
+    /// Its own directory (removed on drop): a place for test files.
+    pub dir: PathBuf,
+}
+
+impl Pulse {
+    /// Starts `pulseaudio` (no default script, anonymous access on its own socket) with its
+    /// home and runtime directory under the temporary directory, named after `name`.
+    pub fn start(name: &str) -> Pulse {
+        let dir = std::env::temp_dir().join(format!("ndd-pulse-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("run")).unwrap();
+        let socket = dir.join("native");
+        let daemon = Command::new("pulseaudio")
+            .env("HOME", &dir)
+            .env("XDG_RUNTIME_DIR", dir.join("run"))
+            .args([
+                "--daemonize=no",
+                "--exit-idle-time=-1",
+                "-n",
+                "--log-level=error",
+            ])
+            .arg(format!(
+                "--load=module-native-protocol-unix auth-anonymous=1 socket={}",
+                socket.display()
+            ))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map(Killed)
+            .expect("pulseaudio starts");
+        let server = format!("unix:{}", socket.display());
+        let p = Pulse {
+            _daemon: daemon,
+            server,
+            dir,
+        };
+        wait_for("the PulseAudio daemon", Duration::from_secs(10), || {
+            p.pactl(&["info"]).is_some()
+        });
+        p
+    }
+
+    /// `pactl args…` against this daemon: its stdout, `None` when it failed.
+    pub fn pactl(&self, args: &[&str]) -> Option<String> {
+        let out = Command::new("pactl")
+            .arg(format!("--server={}", self.server))
+            .args(args)
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+impl Drop for Pulse {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

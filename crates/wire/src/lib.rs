@@ -35,6 +35,7 @@ mod error;
 mod message;
 
 pub mod ack;
+pub mod audio;
 pub mod clipboard;
 pub mod close;
 pub mod control;

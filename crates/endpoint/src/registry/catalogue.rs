@@ -197,6 +197,18 @@ pub const SOURCES: &[EndpointInfo] = &[
             ("flow", "none | rtscts | xonxoff", "none", "flow control"),
         ],
     },
+    EndpointInfo {
+        name: "pulse-capture",
+        summary: "sound recorded from PulseAudio (a microphone, a sink's monitor, or a virtual sink programs play into), one PCM audio record per block",
+        params: &[
+            ("device", "string", "none", "the PulseAudio source to record (`pactl list short sources`); the default source when absent"),
+            ("virtual_sink", "string", "none", "create a null sink of this name on this side (programs play into it) and record what they play"),
+            ("rate", "integer, 8000..=192000", "48000", "samples per second"),
+            ("channels", "1..=8", "2", "channels"),
+            ("frame_ms", "1..=100", "10", "length of one block (one frame), ms"),
+            ("server", "string", "none", "the PulseAudio server (`unix:/run/user/1000/pulse/native`); the session's when absent"),
+        ],
+    },
 ];
 
 /// Every sink endpoint.
@@ -308,6 +320,18 @@ pub const SINKS: &[EndpointInfo] = &[
             ("parity", "none | odd | even | mark | space", "none", "parity bit"),
             ("stop_bits", "1 | 2", "1", "stop bits"),
             ("flow", "none | rtscts | xonxoff", "none", "flow control"),
+        ],
+    },
+    EndpointInfo {
+        name: "pulse-playback",
+        summary: "PCM audio records played through PulseAudio (the speakers, or a virtual source programs record from)",
+        params: &[
+            ("device", "string", "none", "the PulseAudio sink to play into (`pactl list short sinks`); the default sink when absent"),
+            ("virtual_source", "string", "none", "create a source of this name on this side that programs record from (`parecord -d NAME`), and play into it"),
+            ("latency_ms", "1..=2000", "30", "sound PulseAudio keeps buffered ahead of the speaker, ms"),
+            ("rate", "integer, 8000..=192000", "48000", "with `virtual_source`: its sample rate (the capture's)"),
+            ("channels", "1..=8", "2", "with `virtual_source`: its channels (the capture's)"),
+            ("server", "string", "none", "the PulseAudio server; the session's when absent"),
         ],
     },
 ];

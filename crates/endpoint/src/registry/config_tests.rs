@@ -94,6 +94,12 @@ fn catalogue_params_match_the_config_keys() {
         SourceConfig::X11Clipboard(X11ClipboardConfig::default()),
         SourceConfig::Rfc2217Server(parse("{ listen = \"127.0.0.1:2217\" }").unwrap()),
         SourceConfig::Rfc2217Client(parse("{ address = \"h:1\" }").unwrap()),
+        SourceConfig::PulseCapture(crate::audio::PulseCaptureConfig {
+            device: Some("d".into()),
+            virtual_sink: Some("v".into()),
+            server: Some("s".into()),
+            ..Default::default()
+        }),
     ];
     let sinks = [
         SinkConfig::Stdout(StdoutConfig::default()),
@@ -120,6 +126,12 @@ fn catalogue_params_match_the_config_keys() {
         SinkConfig::X11Clipboard(X11ClipboardConfig::default()),
         SinkConfig::Rfc2217Server(parse("{ listen = \"127.0.0.1:2217\" }").unwrap()),
         SinkConfig::Rfc2217Client(parse("{ address = \"h:1\" }").unwrap()),
+        SinkConfig::PulsePlayback(crate::audio::PulsePlaybackConfig {
+            device: Some("d".into()),
+            virtual_source: Some("v".into()),
+            server: Some("s".into()),
+            ..Default::default()
+        }),
     ];
     assert_eq!(sources.len(), SOURCES.len());
     assert_eq!(sinks.len(), SINKS.len());

@@ -25,6 +25,7 @@ mod probe;
 
 pub use catalogue::{EndpointInfo, REQUIRED, SINKS, SOURCES};
 
+use crate::audio::{PulseCaptureConfig, PulsePlaybackConfig};
 use crate::check::{CheckConfig, NullConfig};
 use crate::clipboard::X11ClipboardConfig;
 use crate::common::delivered::Delivered;
@@ -44,7 +45,7 @@ use crate::serial::{
 };
 use crate::stdio::{StdinConfig, StdoutConfig};
 use crate::synthetic::{SpacenavSimConfig, SyntheticConfig};
-use crate::{check, clipboard, display, file, input, serial, stdio, synthetic};
+use crate::{audio, check, clipboard, display, file, input, serial, stdio, synthetic};
 use ndd_core::Frame;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -95,6 +96,9 @@ pub enum SourceConfig {
     /// An RFC 2217 client of ser2net & co., whose port is the device (device side).
     #[serde(rename = "rfc2217-client")]
     Rfc2217Client(Rfc2217ClientConfig),
+    /// Sound recorded from PulseAudio (either side).
+    #[serde(rename = "pulse-capture")]
+    PulseCapture(PulseCaptureConfig),
 }
 
 /// Where a stream's frames go.
@@ -134,6 +138,9 @@ pub enum SinkConfig {
     /// An RFC 2217 client of ser2net & co., whose port is the device (device side).
     #[serde(rename = "rfc2217-client")]
     Rfc2217Client(Rfc2217ClientConfig),
+    /// Sound played through PulseAudio (either side).
+    #[serde(rename = "pulse-playback")]
+    PulsePlayback(PulsePlaybackConfig),
 }
 
 /// `x11-clipboard(display=:0, selections=CLIPBOARD+PRIMARY, max_bytes=8388608, images)`.
@@ -247,6 +254,8 @@ impl SourceConfig {
             | SourceConfig::X11Clipboard(_)
             | SourceConfig::Rfc2217Server(_)
             | SourceConfig::Rfc2217Client(_) => true,
+            // Sound is only worth hearing now.
+            SourceConfig::PulseCapture(_) => false,
         }
     }
 
@@ -271,7 +280,8 @@ impl SourceConfig {
             | SourceConfig::X11Cursor(_)
             | SourceConfig::X11Clipboard(_)
             | SourceConfig::Rfc2217Server(_)
-            | SourceConfig::Rfc2217Client(_) => vec![],
+            | SourceConfig::Rfc2217Client(_)
+            | SourceConfig::PulseCapture(_) => vec![],
         }
     }
 
@@ -291,6 +301,7 @@ impl SourceConfig {
             SourceConfig::X11Clipboard(_) => &SOURCES[10],
             SourceConfig::Rfc2217Server(_) => &SOURCES[11],
             SourceConfig::Rfc2217Client(_) => &SOURCES[12],
+            SourceConfig::PulseCapture(_) => &SOURCES[13],
         }
     }
 
@@ -310,6 +321,7 @@ impl SourceConfig {
             SourceConfig::X11Clipboard(_) => "x11-clipboard source",
             SourceConfig::Rfc2217Server(_) => "rfc2217-server source",
             SourceConfig::Rfc2217Client(_) => "rfc2217-client source",
+            SourceConfig::PulseCapture(_) => "pulse-capture source",
         }
     }
 
@@ -351,6 +363,17 @@ impl SourceConfig {
             SourceConfig::X11Clipboard(c) => describe_clipboard(c),
             SourceConfig::Rfc2217Server(c) => describe_rfc2217_server(c),
             SourceConfig::Rfc2217Client(c) => describe_rfc2217_client(c),
+            SourceConfig::PulseCapture(c) => {
+                let what = match (&c.device, &c.virtual_sink) {
+                    (_, Some(v)) => format!("virtual_sink={v}, "),
+                    (Some(d), None) => format!("device={d}, "),
+                    (None, None) => String::new(),
+                };
+                format!(
+                    "pulse-capture({what}{} Hz, {} ch, {} ms)",
+                    c.rate, c.channels, c.frame_ms
+                )
+            }
         }
     }
 
@@ -396,6 +419,15 @@ impl SourceConfig {
             SourceConfig::Pty(c) => check_settings(endpoint, &c.settings())?,
             SourceConfig::Rfc2217Server(c) => check_rfc2217_server(endpoint, c)?,
             SourceConfig::Rfc2217Client(c) => check_rfc2217_client(endpoint, c)?,
+            SourceConfig::PulseCapture(c) => {
+                if let Err((param, reason)) = c.check() {
+                    return Err(EndpointError::Config {
+                        endpoint,
+                        param,
+                        reason,
+                    });
+                }
+            }
         }
         Ok(())
     }
@@ -459,6 +491,9 @@ impl SourceConfig {
                 let port = rfc2217::Rfc2217::client(&rt, endpoint, c)?;
                 rfc2217::spawn_rfc2217_source(&rt, endpoint, port, stream, tx)
             }
+            SourceConfig::PulseCapture(c) => {
+                audio::spawn_pulse_capture(&rt, endpoint, c, stream, tx)
+            }
         }
     }
 }
@@ -485,7 +520,8 @@ impl SinkConfig {
             | SinkConfig::X11Cursor(_)
             | SinkConfig::X11Clipboard(_)
             | SinkConfig::Rfc2217Server(_)
-            | SinkConfig::Rfc2217Client(_) => vec![],
+            | SinkConfig::Rfc2217Client(_)
+            | SinkConfig::PulsePlayback(_) => vec![],
         }
     }
 
@@ -506,6 +542,7 @@ impl SinkConfig {
             SinkConfig::X11Clipboard(_) => &SINKS[11],
             SinkConfig::Rfc2217Server(_) => &SINKS[12],
             SinkConfig::Rfc2217Client(_) => &SINKS[13],
+            SinkConfig::PulsePlayback(_) => &SINKS[14],
         }
     }
 
@@ -525,6 +562,7 @@ impl SinkConfig {
             SinkConfig::X11Clipboard(_) => "x11-clipboard sink",
             SinkConfig::Rfc2217Server(_) => "rfc2217-server sink",
             SinkConfig::Rfc2217Client(_) => "rfc2217-client sink",
+            SinkConfig::PulsePlayback(_) => "pulse-playback sink",
             SinkConfig::Framebuffer(_) => "framebuffer sink",
         }
     }
@@ -562,6 +600,14 @@ impl SinkConfig {
             SinkConfig::X11Clipboard(c) => describe_clipboard(c),
             SinkConfig::Rfc2217Server(c) => describe_rfc2217_server(c),
             SinkConfig::Rfc2217Client(c) => describe_rfc2217_client(c),
+            SinkConfig::PulsePlayback(c) => {
+                let what = match (&c.device, &c.virtual_source) {
+                    (_, Some(v)) => format!("virtual_source={v}, "),
+                    (Some(d), None) => format!("device={d}, "),
+                    (None, None) => String::new(),
+                };
+                format!("pulse-playback({what}latency_ms={})", c.latency_ms)
+            }
         }
     }
 
@@ -603,6 +649,13 @@ impl SinkConfig {
             SinkConfig::X11Clipboard(c) => check_clipboard(endpoint, c),
             SinkConfig::Rfc2217Server(c) => check_rfc2217_server(endpoint, c),
             SinkConfig::Rfc2217Client(c) => check_rfc2217_client(endpoint, c),
+            SinkConfig::PulsePlayback(c) => {
+                c.check().map_err(|(param, reason)| EndpointError::Config {
+                    endpoint,
+                    param,
+                    reason,
+                })
+            }
         }
     }
 
@@ -672,6 +725,9 @@ impl SinkConfig {
             SinkConfig::Rfc2217Client(c) => {
                 let port = rfc2217::Rfc2217::client(&rt, endpoint, c)?;
                 rfc2217::spawn_rfc2217_sink(&rt, endpoint, port, rx, delivered)
+            }
+            SinkConfig::PulsePlayback(c) => {
+                audio::spawn_pulse_playback(&rt, endpoint, c, rx, delivered)
             }
         }
     }

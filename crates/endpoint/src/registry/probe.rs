@@ -80,6 +80,31 @@ fn listenable(endpoint: &'static str, listen: &str) -> Result<(), EndpointError>
     }
 }
 
+/// A PulseAudio server answers (`pactl info`).
+fn pulse(endpoint: &'static str, server: &Option<String>) -> Result<(), EndpointError> {
+    let mut c = std::process::Command::new("pactl");
+    if let Some(s) = server {
+        c.arg(format!("--server={s}"));
+    }
+    match c.arg("info").output() {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(unavailable(
+            endpoint,
+            format!(
+                "no PulseAudio server answers: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            ),
+            "start PulseAudio (or PipeWire's pipewire-pulse) for this user, e.g. `pulseaudio \
+             --start`, or give `server`",
+        )),
+        Err(e) => Err(unavailable(
+            endpoint,
+            format!("cannot run pactl: {e}"),
+            "install PulseAudio's tools (Debian: apt-get install pulseaudio-utils)",
+        )),
+    }
+}
+
 fn display(endpoint: &'static str, display: &str) -> Result<(), EndpointError> {
     crate::common::x11::x11_connect(endpoint, display).map(drop)
 }
@@ -99,6 +124,7 @@ impl SourceConfig {
             SourceConfig::X11Clipboard(c) => display(endpoint, &c.display),
             SourceConfig::Rfc2217Server(c) => listenable(endpoint, &c.listen),
             SourceConfig::Rfc2217Client(_) => Ok(()),
+            SourceConfig::PulseCapture(c) => pulse(endpoint, &c.server),
             SourceConfig::Synthetic(_) | SourceConfig::SpacenavSim(_) | SourceConfig::Stdin(_) => {
                 Ok(())
             }
@@ -124,6 +150,7 @@ impl SinkConfig {
             SinkConfig::X11Clipboard(c) => display(endpoint, &c.display),
             SinkConfig::Rfc2217Server(c) => listenable(endpoint, &c.listen),
             SinkConfig::Rfc2217Client(_) => Ok(()),
+            SinkConfig::PulsePlayback(c) => pulse(endpoint, &c.server),
             SinkConfig::Stdout(_) | SinkConfig::Check(_) | SinkConfig::Null(_) => Ok(()),
         }
     }

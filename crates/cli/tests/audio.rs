@@ -1,0 +1,187 @@
+//! Sound both ways between two real `ndd` processes over TLS, on one private PulseAudio
+//! daemon (the two sides' sound devices are null sinks on it): a 440 Hz tone played with
+//! `paplay` into the device side's "microphone" is recorded with `parecord` from the app
+//! side's virtual source `ndd_mic`, and a 660 Hz tone played into the app side's virtual
+//! sink `ndd_speaker` is recorded from the device side's "speakers", at the same time. The
+//! streams are lossy with the `buffer` pair, as `examples/audio.toml` has them.
+
+mod common;
+
+use common::*;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+fn samples(path: &Path) -> Vec<i16> {
+    std::fs::read(path)
+        .unwrap_or_default()
+        .chunks_exact(2)
+        .map(|b| i16::from_le_bytes([b[0], b[1]]))
+        .collect()
+}
+
+/// Length (samples) and frequency (zero crossings) of the loud part of a mono recording.
+fn tone(s: &[i16]) -> Option<(usize, f64)> {
+    let loud = |x: &i16| x.unsigned_abs() > 3000;
+    let start = s.iter().position(loud)?;
+    let end = s.len() - s.iter().rev().position(loud)?;
+    let t = &s[start..end];
+    let crossings = t.windows(2).filter(|w| (w[0] < 0) != (w[1] < 0)).count();
+    Some((
+        t.len(),
+        crossings as f64 / 2.0 / (t.len() as f64 / 48_000.0),
+    ))
+}
+
+fn parecord(pa: &Pulse, source: &str, file: &Path) -> Killed {
+    Command::new("parecord")
+        .arg(format!("--server={}", pa.server))
+        .args([
+            "-d",
+            source,
+            "--raw",
+            "--format=s16le",
+            "--rate=48000",
+            "--channels=1",
+        ])
+        .arg("--latency-msec=10")
+        .arg(file)
+        .spawn()
+        .map(Killed)
+        .expect("parecord")
+}
+
+fn paplay(pa: &Pulse, sink: &str, file: &Path) -> std::process::Child {
+    Command::new("paplay")
+        .arg(format!("--server={}", pa.server))
+        .args(["-d", sink, "--latency-msec=10"])
+        .arg(file)
+        .spawn()
+        .expect("paplay")
+}
+
+#[test]
+fn a_microphone_and_speakers_work_both_ways_between_two_processes() {
+    if let Some(m) = missing(&["pulseaudio", "pactl", "paplay", "parecord", "sox"]) {
+        println!("SKIPPED: audio test needs {m} (apt-get install pulseaudio pulseaudio-utils sox)");
+        return;
+    }
+    let pa = Pulse::start("cli-audio");
+    for sink in ["dev_mic", "dev_speakers"] {
+        pa.pactl(&[
+            "load-module",
+            "module-null-sink",
+            &format!("sink_name={sink}"),
+            "rate=48000",
+        ])
+        .expect("null sink");
+    }
+    let dir = Dir::new("audio");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let cfg = dir.0.join("audio.toml");
+    let server = &pa.server;
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+driver = "audio"
+[[stream]]
+name = "mic"
+direction = "device-to-app"
+reliability = "lossy"
+source = {{ type = "pulse-capture", device = "dev_mic.monitor", rate = 48000, channels = 1, server = "{server}" }}
+stack = [{{ type = "buffer", min = 4, max = 8, playout_ms = 40 }}]
+sink = {{ type = "pulse-playback", virtual_source = "ndd_mic", rate = 48000, channels = 1, server = "{server}" }}
+[[stream]]
+name = "speaker"
+direction = "app-to-device"
+reliability = "lossy"
+source = {{ type = "pulse-capture", virtual_sink = "ndd_speaker", rate = 48000, channels = 2, server = "{server}" }}
+stack = [{{ type = "buffer", min = 4, max = 8, playout_ms = 40 }}]
+sink = {{ type = "pulse-playback", device = "dev_speakers", server = "{server}" }}
+"#
+        ),
+    )
+    .unwrap();
+    let mut tones = Vec::new();
+    for hz in ["440", "660"] {
+        let f = pa.dir.join(format!("tone{hz}.wav"));
+        let ok = Command::new("sox")
+            .args(["-n", "-r", "48000", "-c", "1", "-b", "16"])
+            .arg(&f)
+            .args(["synth", "2", "sine", hz, "vol", "0.5"])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        tones.push(f);
+    }
+    // The device side's microphone runs steadily, as a real one does (an idle null sink wakes
+    // with a 2 s block, which the capture skips and a playback waits behind): 30 s of silence
+    // playing into it.
+    let silence = pa.dir.join("silence.wav");
+    let ok = Command::new("sox")
+        .args(["-n", "-r", "48000", "-c", "1", "-b", "16"])
+        .arg(&silence)
+        .args(["trim", "0", "30"])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let _mic_running = Killed(paplay(&pa, "dev_mic", &silence));
+    // And its speakers are a running sink, as a sound card is.
+    let _speakers_running = Killed(paplay(&pa, "dev_speakers", &silence));
+    let link = free_addr();
+    let mut app = run_cmd(&cfg, "app", &app_home, &["--listen", &link]);
+    let mut dev = run_cmd(&cfg, "device", &dev_home, &["--connect", &link]);
+    // The endpoints' own reports too (a dropped or late sound block).
+    for side in [&mut app, &mut dev] {
+        side.env("NDD_LOG", "info");
+    }
+    let (app, dev) = (Side::spawn(app), Side::spawn(dev));
+    wait_for("the app side's virtual devices", WAIT, || {
+        let s = pa.pactl(&["list", "short", "sources"]).unwrap_or_default();
+        s.contains("ndd_mic\t") && s.contains("ndd_speaker.monitor\t")
+    });
+    // PulseAudio's null sinks, the test's stand-ins for sound cards, start with a 2 s block
+    // (the playback's first write waits it out); real devices do not. Past it, the streams run
+    // as they would on real ones.
+    std::thread::sleep(Duration::from_millis(2500));
+
+    let (mic_rec, spk_rec) = (pa.dir.join("mic.raw"), pa.dir.join("spk.raw"));
+    let r1 = parecord(&pa, "ndd_mic", &mic_rec);
+    let r2 = parecord(&pa, "dev_speakers.monitor", &spk_rec);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut p1 = paplay(&pa, "dev_mic", &tones[0]);
+    let mut p2 = paplay(&pa, "ndd_speaker", &tones[1]);
+    assert!(p1.wait().unwrap().success() && p2.wait().unwrap().success());
+    std::thread::sleep(Duration::from_millis(1500));
+    drop((r1, r2));
+
+    for (rec, hz, what) in [
+        (&mic_rec, 440.0, "microphone"),
+        (&spk_rec, 660.0, "speakers"),
+    ] {
+        let got = tone(&samples(rec));
+        let Some((len, f)) = got else {
+            panic!(
+                "no {what} tone arrived; app: {}\ndevice: {}",
+                app.stderr_now(),
+                dev.stderr_now()
+            );
+        };
+        assert!(
+            (f - hz).abs() < 3.0,
+            "{what}: {f} Hz, not {hz}; app: {}\ndevice: {}",
+            app.stderr_now(),
+            dev.stderr_now()
+        );
+        // 2 s of it, whole (a block lost or doubled is 480 samples).
+        assert!(
+            (len as i64 - 96_000).abs() < 480,
+            "{what}: {len} samples of tone; app: {}\ndevice: {}",
+            app.stderr_now(),
+            dev.stderr_now()
+        );
+    }
+    drop(app.kill());
+    drop(dev.kill());
+}

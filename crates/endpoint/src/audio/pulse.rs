@@ -1,0 +1,477 @@
+//! The PulseAudio tasks and virtual devices. See the module docs in `mod.rs`.
+
+use super::config::{PulseCaptureConfig, PulsePlaybackConfig};
+use crate::common::delivered::Delivered;
+use crate::common::emitter::Emitter;
+use crate::common::error::EndpointError;
+use crate::common::report::{SinkReport, SinkTask, SourceReport, SourceTask};
+use libpulse_binding::def::BufferAttr;
+use libpulse_binding::sample::{Format, Spec};
+use libpulse_binding::stream::Direction;
+use libpulse_simple_binding::Simple;
+use ndd_core::ratelimit::RateLimit;
+use ndd_core::Frame;
+use ndd_wire::audio::{Block, Codec, HEADER_LEN};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+use tokio::runtime::Handle;
+use tokio::sync::mpsc::{Receiver, Sender};
+
+/// Recorded sound waiting longer than this (or three blocks) is skipped (see the capture).
+const STALE_CAPTURE_US: u64 = 60_000;
+
+/// Queued sound beyond the target latency that the playback tolerates before dropping: a
+/// playback stream's write blocks while the server plays out what it holds, in chunks, so a
+/// few blocks queue behind it in the normal course; only a lasting backlog is dropped.
+const LATE_SLACK_MS: u64 = 200;
+
+const HINT: &str = "start PulseAudio (or PipeWire's pipewire-pulse) for this user, e.g. \
+                    `pulseaudio --start`, or give `server` (or PULSE_SERVER); `pactl info` \
+                    shows what a program reaches";
+
+fn unavailable(endpoint: &'static str, what: String) -> EndpointError {
+    EndpointError::Unavailable {
+        endpoint,
+        what,
+        hint: HINT.to_string(),
+    }
+}
+
+/// Runs `pactl` (against `server` when given); its stdout, or why it failed.
+fn pactl(server: &Option<String>, args: &[&str]) -> Result<String, String> {
+    let mut c = Command::new("pactl");
+    if let Some(s) = server {
+        c.arg(format!("--server={s}"));
+    }
+    let out = c
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run pactl ({e}; Debian: apt-get install pulseaudio-utils)"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "pactl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A PulseAudio module this endpoint loaded; unloaded when dropped.
+#[derive(Debug)]
+struct Module {
+    index: String,
+    server: Option<String>,
+    what: String,
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        match pactl(&self.server, &["unload-module", &self.index]) {
+            Ok(_) => {
+                tracing::debug!(module = %self.index, what = %self.what, "PulseAudio module unloaded")
+            }
+            Err(e) => tracing::warn!(what = %self.what, "cannot unload PulseAudio module: {e}"),
+        }
+    }
+}
+
+/// Loads a module and puts the server's default sink and source back as they were: a new
+/// null sink or virtual source may otherwise become the default (PulseAudio prefers any real
+/// source to a monitor), and streams that follow the default, this process's among them,
+/// would move into it.
+fn load(server: &Option<String>, what: &str, args: &[&str]) -> Result<Module, String> {
+    let defaults: Vec<(&str, Option<String>)> = ["sink", "source"]
+        .into_iter()
+        .map(|kind| {
+            let d = pactl(server, &[&format!("get-default-{kind}")])
+                .ok()
+                .map(|d| d.trim().to_string())
+                .filter(|d| !d.is_empty() && d != "@DEFAULT_SINK@");
+            (kind, d)
+        })
+        .collect();
+    let index = pactl(server, &[&["load-module"], args].concat())?
+        .trim()
+        .to_string();
+    for (kind, old) in defaults {
+        if let Some(old) = old {
+            let now = pactl(server, &[&format!("get-default-{kind}")]).unwrap_or_default();
+            if now.trim() != old {
+                let _ = pactl(server, &[&format!("set-default-{kind}"), &old]);
+            }
+        }
+    }
+    tracing::debug!(module = %index, what, "PulseAudio module loaded");
+    Ok(Module {
+        index,
+        server: server.clone(),
+        what: what.to_string(),
+    })
+}
+
+/// Whether `pactl list short KIND` names `name`.
+fn exists(server: &Option<String>, kind: &str, name: &str) -> Result<bool, String> {
+    Ok(pactl(server, &["list", "short", kind])?
+        .lines()
+        .any(|l| l.split('\t').nth(1) == Some(name)))
+}
+
+/// A null sink `name` (programs play into it; its monitor is what they played), unless one
+/// exists.
+fn null_sink(server: &Option<String>, name: &str, rate: u32) -> Result<Option<Module>, String> {
+    if exists(server, "sinks", name)? {
+        tracing::info!(sink = name, "PulseAudio sink exists already; used as it is");
+        return Ok(None);
+    }
+    let desc = format!("sink_properties=device.description=ndd:{name}");
+    load(
+        server,
+        &format!("null sink {name}"),
+        &[
+            "module-null-sink",
+            &format!("sink_name={name}"),
+            // At the capture's rate: no resampling, no rate switch of the sink.
+            &format!("rate={rate}"),
+            &desc,
+        ],
+    )
+    .map(Some)
+}
+
+/// A source `name` programs record from, fed through a FIFO this process writes
+/// (`module-pipe-source`: what is written is recorded at once, at the writer's pace, with no
+/// sink clock in between), unless a source of that name exists. The FIFO's path, the module.
+fn virtual_source(
+    server: &Option<String>,
+    name: &str,
+    rate: u32,
+    channels: u8,
+) -> Result<(PathBuf, Option<Module>), String> {
+    let fifo = std::env::temp_dir().join(format!("ndd-pulse-{}-{name}.fifo", std::process::id()));
+    if exists(server, "sources", name)? {
+        return Err(format!(
+            "a PulseAudio source named {name} exists already (another ndd, or a leftover: \
+             `pactl list short modules | grep {name}` and `pactl unload-module N`)"
+        ));
+    }
+    let _ = std::fs::remove_file(&fifo);
+    let module = load(
+        server,
+        &format!("source {name}"),
+        &[
+            "module-pipe-source",
+            &format!("source_name={name}"),
+            &format!("file={}", fifo.display()),
+            "format=s16le",
+            &format!("rate={rate}"),
+            &format!("channels={channels}"),
+            &format!("source_properties=device.description=ndd:{name}"),
+        ],
+    )?;
+    Ok((fifo, Some(module)))
+}
+
+fn spec(rate: u32, channels: u8) -> Spec {
+    Spec {
+        format: Format::S16le,
+        rate,
+        channels,
+    }
+}
+
+/// Starts a `pulse-capture` source: creates its virtual sink if asked, connects now (a
+/// missing server or device fails here, at start).
+pub(crate) fn spawn_pulse_capture(
+    rt: &Handle,
+    endpoint: &'static str,
+    c: &PulseCaptureConfig,
+    stream: u16,
+    tx: Sender<Frame>,
+) -> Result<SourceTask, EndpointError> {
+    let mut modules = Vec::new();
+    let device = match &c.virtual_sink {
+        Some(name) => {
+            modules
+                .extend(null_sink(&c.server, name, c.rate).map_err(|e| unavailable(endpoint, e))?);
+            Some(format!("{name}.monitor"))
+        }
+        None => c.device.clone(),
+    };
+    let samples = c.block_samples() as usize;
+    let block = samples * usize::from(c.channels) * 2;
+    let attr = BufferAttr {
+        maxlength: u32::MAX,
+        tlength: u32::MAX,
+        prebuf: u32::MAX,
+        minreq: u32::MAX,
+        fragsize: block as u32,
+    };
+    let pa = Simple::new(
+        c.server.as_deref(),
+        "ndd",
+        Direction::Record,
+        device.as_deref(),
+        "ndd capture",
+        &spec(c.rate, c.channels),
+        None,
+        Some(&attr),
+    )
+    .map_err(|e| {
+        unavailable(
+            endpoint,
+            format!(
+                "cannot record from PulseAudio source {}: {e}",
+                device.as_deref().unwrap_or("(default)")
+            ),
+        )
+    })?;
+    if let (Some(name), false) = (&c.virtual_sink, modules.is_empty()) {
+        // A new null sink starts rendering in blocks of its longest latency (2 s) before any
+        // stream asked for less; restarted now that this recording asks for short blocks, it
+        // renders in those at once instead of stuttering for its first seconds.
+        for on in ["1", "0"] {
+            let _ = pactl(&c.server, &["suspend-sink", name, on]);
+        }
+    }
+    tracing::info!(
+        endpoint,
+        source = device.as_deref().unwrap_or("(default)"),
+        rate = c.rate,
+        channels = c.channels,
+        frame_ms = c.frame_ms,
+        "recording"
+    );
+    let (rate, channels) = (c.rate, c.channels);
+    Ok(rt.spawn_blocking(move || {
+        let _modules = modules;
+        let mut em = Emitter::new(stream, tx);
+        let head = Block {
+            codec: Codec::Pcm,
+            rate,
+            channels,
+            samples: samples as u16,
+            data: &[],
+        };
+        let block_ns = samples as u64 * 1_000_000_000 / u64::from(rate);
+        // Sound older than this waiting in PulseAudio's buffer is flushed: a stall here, or
+        // the burst an idle source delivers when it wakes, must not become a lasting delay.
+        let stale_us = (3 * block_ns / 1000).max(STALE_CAPTURE_US);
+        let (mut flushed, mut flush_log) = (0u64, RateLimit::new(Duration::from_secs(5)));
+        loop {
+            if em.tx.is_closed() {
+                break;
+            }
+            let mut frame = Frame::zeroed(
+                em.next_meta(),
+                ndd_core::frame::DEFAULT_HEADROOM,
+                HEADER_LEN + block,
+            );
+            let p = frame.payload_mut();
+            head.emit_header(p);
+            pa.read(&mut p[HEADER_LEN..])
+                .map_err(|e| EndpointError::Read {
+                    endpoint,
+                    what: "the PulseAudio recording".into(),
+                    source: std::io::Error::other(format!("{e}")),
+                })?;
+            // Stamped with when its first sample was recorded: now, less what still waits
+            // behind it in PulseAudio's buffers, less its own length.
+            let waiting_us = pa.get_latency().map_or(0, |l| l.0);
+            frame.meta.timestamp_ns = crate::clock::now_ns()
+                .saturating_sub(waiting_us.saturating_mul(1000))
+                .saturating_sub(block_ns);
+            if waiting_us > stale_us {
+                let _ = pa.flush();
+                flushed += 1;
+                if let Some(suppressed) = flush_log.admit(Instant::now()) {
+                    tracing::info!(
+                        endpoint,
+                        waited_ms = waiting_us / 1000,
+                        flushed,
+                        suppressed,
+                        "recorded sound waited too long to be read; skipped to the present"
+                    );
+                }
+            }
+            if !em.send_blocking(frame) {
+                break;
+            }
+        }
+        tracing::debug!(endpoint, stream, frames = em.report.frames, "source ended");
+        Ok::<SourceReport, EndpointError>(em.report)
+    }))
+}
+
+/// Where a `pulse-playback` sink's sound goes.
+enum Out {
+    /// A playback stream into a sink, opened with the first block's format.
+    Stream(Option<(u32, u8, Simple)>),
+    /// The FIFO of its virtual source (`rate`, `channels` fixed when it was made).
+    Fifo(std::fs::File, u32, u8),
+}
+
+/// Starts a `pulse-playback` sink: creates its virtual source, or checks that the server
+/// answers and has the sink (the playback stream opens with the first block's format).
+pub(crate) fn spawn_pulse_playback(
+    rt: &Handle,
+    endpoint: &'static str,
+    c: &PulsePlaybackConfig,
+    rx: Receiver<Frame>,
+    delivered: Delivered,
+) -> Result<SinkTask, EndpointError> {
+    let mut modules = Vec::new();
+    let server = c.server.clone();
+    let device = c.device.clone();
+    let latency_ms = c.latency_ms;
+    let open = move |rate: u32, channels: u8| {
+        let bytes_per_ms = u64::from(rate) * u64::from(channels) * 2 / 1000;
+        let target = (bytes_per_ms * u64::from(latency_ms)).min(u64::from(u32::MAX)) as u32;
+        let attr = BufferAttr {
+            maxlength: u32::MAX,
+            tlength: target.saturating_mul(2),
+            prebuf: target,
+            minreq: (bytes_per_ms * 5) as u32,
+            fragsize: u32::MAX,
+        };
+        Simple::new(
+            server.as_deref(),
+            "ndd",
+            Direction::Playback,
+            device.as_deref(),
+            "ndd playback",
+            &spec(rate, channels),
+            None,
+            Some(&attr),
+        )
+    };
+    let (mut out, what) = match &c.virtual_source {
+        Some(name) => {
+            let (fifo, module) = virtual_source(&c.server, name, c.rate, c.channels)
+                .map_err(|e| unavailable(endpoint, e))?;
+            modules.extend(module);
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&fifo)
+                .map_err(|e| {
+                    unavailable(endpoint, format!("cannot open {}: {e}", fifo.display()))
+                })?;
+            tracing::info!(endpoint, source = %name, rate = c.rate, channels = c.channels,
+                "programs record from PulseAudio source {name}");
+            (
+                Out::Fifo(file, c.rate, c.channels),
+                format!("virtual source {name}"),
+            )
+        }
+        None => {
+            // Fails here, at start, when there is no server or no such sink.
+            let what = c.device.clone().unwrap_or_else(|| "(default)".into());
+            drop(open(48_000, 2).map_err(|e| {
+                unavailable(
+                    endpoint,
+                    format!("cannot play into PulseAudio sink {what}: {e}"),
+                )
+            })?);
+            (Out::Stream(None), format!("sink {what}"))
+        }
+    };
+    Ok(rt.spawn_blocking(move || {
+        let _modules = modules;
+        let mut rx = rx;
+        let mut report = SinkReport::default();
+        let mut bad = ndd_core::ratelimit::RateLimit::default();
+        let mut late_log = ndd_core::ratelimit::RateLimit::new(std::time::Duration::from_secs(5));
+        let mut late = 0u64;
+        let mut catching_up = false;
+        while let Some(frame) = rx.blocking_recv() {
+            report.frames += 1;
+            report.bytes += frame.len() as u64;
+            let block = match Block::parse(frame.payload()) {
+                Ok(b) if b.codec == Codec::Pcm => b,
+                Ok(b) => {
+                    delivered.mark(frame.meta.seq);
+                    return Err(EndpointError::Unavailable {
+                        endpoint,
+                        what: format!("an {} record reached the sink, which plays PCM", b.codec),
+                        hint: "put the `opus` pair in the stream's stack (it decodes before \
+                               the sink)"
+                            .into(),
+                    });
+                }
+                Err(e) => {
+                    if let Some(suppressed) = bad.admit(std::time::Instant::now()) {
+                        tracing::warn!(endpoint, seq = frame.meta.seq, suppressed, "bad audio record dropped: {e}");
+                    }
+                    delivered.mark(frame.meta.seq);
+                    continue;
+                }
+            };
+            // Live sound: never fall behind. Blocks that queued up (a burst from the other
+            // side, a stall here) beyond the target latency are dropped, oldest first.
+            let block_us = u64::from(block.samples) * 1_000_000 / u64::from(block.rate);
+            let queued_us = rx.len() as u64 * block_us;
+            if queued_us > (u64::from(latency_ms) + LATE_SLACK_MS) * 1000 {
+                catching_up = true;
+            }
+            // Once behind, catch up all the way down to the target, not just under the limit.
+            if catching_up && queued_us <= u64::from(latency_ms) * 1000 {
+                catching_up = false;
+            }
+            if catching_up {
+                late += 1;
+                if let Some(suppressed) = late_log.admit(std::time::Instant::now()) {
+                    tracing::info!(endpoint, dropped = late, suppressed, queued = rx.len(),
+                        "sound blocks arrived faster than they play; dropping the oldest to keep the latency");
+                }
+                delivered.mark(frame.meta.seq);
+                continue;
+            }
+            let write_err = |e: String| EndpointError::Write {
+                endpoint,
+                what: format!("PulseAudio {what}"),
+                source: std::io::Error::other(e),
+            };
+            match &mut out {
+                Out::Fifo(file, rate, channels) => {
+                    if (block.rate, block.channels) != (*rate, *channels) {
+                        delivered.mark(frame.meta.seq);
+                        return Err(EndpointError::Config {
+                            endpoint,
+                            param: "rate",
+                            reason: format!(
+                                "the sound arrives as {} Hz, {} channel(s); the virtual source \
+                                 was made for {rate} Hz, {channels}: give `rate` and `channels` \
+                                 the capture's values",
+                                block.rate, block.channels
+                            ),
+                        });
+                    }
+                    std::io::Write::write_all(file, block.data)
+                        .map_err(|e| write_err(e.to_string()))?;
+                }
+                Out::Stream(pa) => {
+                    if !pa.as_ref().is_some_and(|(r, ch, _)| (*r, *ch) == (block.rate, block.channels)) {
+                        if let Some((_, _, old)) = pa.take() {
+                            let _ = old.drain();
+                        }
+                        let s = open(block.rate, block.channels).map_err(|e| {
+                            unavailable(endpoint, format!("cannot play into PulseAudio {what}: {e}"))
+                        })?;
+                        tracing::info!(endpoint, sink = %what, rate = block.rate, channels = block.channels, "playing");
+                        *pa = Some((block.rate, block.channels, s));
+                    }
+                    if let Some((_, _, s)) = pa {
+                        s.write(block.data).map_err(|e| write_err(format!("{e}")))?;
+                    }
+                }
+            }
+            delivered.mark(frame.meta.seq);
+        }
+        if let Out::Stream(Some((_, _, s))) = out {
+            let _ = s.drain();
+        }
+        tracing::debug!(endpoint, frames = report.frames, dropped_late = late, "sink ended");
+        Ok::<SinkReport, EndpointError>(report)
+    }))
+}

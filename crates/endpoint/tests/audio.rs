@@ -1,0 +1,198 @@
+//! Audio endpoints against a real PulseAudio daemon (a private one, with null sinks, as
+//! Debian's `pulseaudio` runs for a user): a tone made with `sox` and played with the
+//! unmodified `paplay` into a sink on the "device side" is recorded by `pulse-capture`, played
+//! by `pulse-playback` into the virtual source it creates, and recorded there by the
+//! unmodified `parecord`: its frequency, length and continuity are checked.
+
+use ndd_core::Frame;
+use ndd_endpoint::audio::{PulseCaptureConfig, PulsePlaybackConfig};
+use ndd_endpoint::{SinkConfig, SourceConfig};
+use ndd_procs::{missing, wait_for, Killed, Pulse};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Mono s16le samples of a file.
+fn samples(path: &Path) -> Vec<i16> {
+    std::fs::read(path)
+        .unwrap()
+        .chunks_exact(2)
+        .map(|b| i16::from_le_bytes([b[0], b[1]]))
+        .collect()
+}
+
+/// What a recording of a tone shows: its length, its frequency (zero crossings), and the
+/// quietest 5 ms window inside it relative to the tone's RMS.
+#[derive(Debug)]
+struct Tone {
+    len: usize,
+    hz: f64,
+    weakest: f64,
+}
+
+fn analyse(s: &[i16], rate: usize) -> Option<Tone> {
+    let loud = |x: &i16| x.unsigned_abs() > 3000;
+    let start = s.iter().position(loud)?;
+    let end = s.len() - s.iter().rev().position(loud)?;
+    let tone = &s[start..end];
+    let crossings = tone.windows(2).filter(|w| (w[0] < 0) != (w[1] < 0)).count();
+    let hz = crossings as f64 / 2.0 / (tone.len() as f64 / rate as f64);
+    let rms =
+        |w: &[i16]| (w.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>() / w.len() as f64).sqrt();
+    let all = rms(tone);
+    let weakest = tone
+        .chunks_exact(rate / 200)
+        .map(rms)
+        .fold(f64::INFINITY, f64::min)
+        / all;
+    Some(Tone {
+        len: tone.len(),
+        hz,
+        weakest,
+    })
+}
+
+/// `parecord` of `source` into `file`, raw mono s16le at 48 kHz, in 10 ms fragments (so
+/// nothing is held back in a large fragment when it is stopped).
+fn parecord(pa: &Pulse, source: &str, file: &Path) -> Killed {
+    Command::new("parecord")
+        .arg(format!("--server={}", pa.server))
+        .args([
+            "-d",
+            source,
+            "--raw",
+            "--format=s16le",
+            "--rate=48000",
+            "--channels=1",
+        ])
+        .arg("--latency-msec=10")
+        .arg(file)
+        .spawn()
+        .map(Killed)
+        .expect("parecord")
+}
+
+#[test]
+fn a_tone_played_on_one_side_is_recorded_whole_on_the_other() {
+    if let Some(m) = missing(&["pulseaudio", "pactl", "paplay", "parecord", "sox"]) {
+        println!("SKIPPED: audio test needs {m} (apt-get install pulseaudio pulseaudio-utils sox)");
+        return;
+    }
+    let pa = Pulse::start("tone");
+    // The device side's "microphone": a null sink the test plays into.
+    pa.pactl(&[
+        "load-module",
+        "module-null-sink",
+        "sink_name=dev_mic",
+        "rate=48000",
+    ])
+    .expect("null sink");
+    let tone = pa.dir.join("tone.wav");
+    let ok = Command::new("sox")
+        .args(["-n", "-r", "48000", "-c", "1", "-b", "16"])
+        .arg(&tone)
+        .args(["synth", "2", "sine", "440", "vol", "0.5"])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+
+    // First, so it is dropped last (the blocking tasks end when the daemon goes).
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = Some(pa.server.clone());
+    let (source, sink, network) = rt.block_on(async {
+        let (tx, mut mid) = mpsc::channel::<Frame>(64);
+        let (fwd, rx) = mpsc::channel::<Frame>(64);
+        // The "network" between the halves; aborting it ends both.
+        let network = tokio::spawn(async move {
+            while let Some(f) = mid.recv().await {
+                if fwd.send(f).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let source = SourceConfig::PulseCapture(PulseCaptureConfig {
+            device: Some("dev_mic.monitor".into()),
+            rate: 48_000,
+            channels: 1,
+            frame_ms: 10,
+            server: server.clone(),
+            ..Default::default()
+        })
+        .spawn(1, tx)
+        .expect("pulse-capture source");
+        let sink = SinkConfig::PulsePlayback(PulsePlaybackConfig {
+            virtual_source: Some("ndd_mic".into()),
+            latency_ms: 30,
+            rate: 48_000,
+            channels: 1,
+            server: server.clone(),
+            ..Default::default()
+        })
+        .spawn(rx)
+        .expect("pulse-playback sink");
+        (source, sink, network)
+    });
+    // The app side's programs see a new source.
+    let sources = pa.pactl(&["list", "short", "sources"]).unwrap();
+    assert!(sources.contains("ndd_mic\t"), "{sources}");
+
+    let rec = pa.dir.join("rec.raw");
+    let recording = parecord(&pa, "ndd_mic", &rec);
+    std::thread::sleep(Duration::from_millis(300));
+    let ok = Command::new("paplay")
+        .arg(format!("--server={}", pa.server))
+        // A steady source, as a microphone is: small blocks, not PulseAudio's default 2 s.
+        .args(["-d", "dev_mic", "--latency-msec=10"])
+        .arg(&tone)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    std::thread::sleep(Duration::from_millis(500));
+    drop(recording);
+
+    let t = analyse(&samples(&rec), 48_000).expect("the tone reached parecord");
+    assert!((t.hz - 440.0).abs() < 2.0, "{t:?}");
+    // 2 s of tone, whole: no block lost, none twice.
+    assert!((t.len as i64 - 96_000).abs() < 480, "{t:?}");
+    assert!(t.weakest > 0.5, "a gap in the tone: {t:?}");
+
+    network.abort();
+    let report = rt.block_on(source).unwrap().expect("source report");
+    assert!(report.frames > 200, "{report:?}");
+    rt.block_on(sink).unwrap().expect("sink report");
+    // The virtual source goes with the sink: its module is unloaded.
+    wait_for("the virtual source to go", Duration::from_secs(10), || {
+        !pa.pactl(&["list", "short", "sources"])
+            .unwrap_or_default()
+            .contains("ndd_mic\t")
+    });
+}
+
+#[test]
+fn no_server_is_one_clear_line_at_start() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (tx, _rx) = mpsc::channel::<Frame>(1);
+    let e = rt
+        .block_on(async {
+            SourceConfig::PulseCapture(PulseCaptureConfig {
+                server: Some("unix:/nonexistent/pulse/native".into()),
+                ..Default::default()
+            })
+            .spawn(1, tx)
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("pulse-capture source: cannot record from PulseAudio source (default): "),
+        "{e}"
+    );
+    assert!(e.contains("pulseaudio --start"), "{e}");
+}
