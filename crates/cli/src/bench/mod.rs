@@ -2,6 +2,7 @@
 //! measured in the same run. Results go to `docs/bench/` as markdown (and SVG where a plot
 //! helps).
 
+mod audio;
 mod display;
 mod e2e;
 mod jitter;
@@ -19,6 +20,17 @@ use std::path::PathBuf;
 /// Which benchmark.
 #[derive(Debug, Subcommand)]
 pub enum BenchCmd {
+    /// Mouth-to-ear latency of the audio stream on a private PulseAudio daemon: a click train
+    /// played into the device side's microphone, heard by `pacat --record` on both ends, next
+    /// to PulseAudio's own module-loopback; writes audio.md.
+    Audio {
+        /// A short run (CI smoke test): 4 clicks per row.
+        #[arg(long)]
+        quick: bool,
+        /// Directory for audio.md.
+        #[arg(long, value_name = "DIR", default_value = "docs/bench")]
+        out: PathBuf,
+    },
     /// The display stream (x11-screen → x11-window on a second Xvfb) with ffplay playing a
     /// test pattern at 320x240, 640x480 and 1280x720: fps, MB/s and rects per update next to
     /// full-screen ShmGetImage/GetImage and memcpy, and compress on the wire; writes display.md.
@@ -147,6 +159,11 @@ pub(crate) fn p50_p99(h: &Histogram<u64>) -> (f64, f64) {
 /// Dispatches.
 pub async fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
+        BenchCmd::Audio { quick, out } => {
+            tokio::task::spawn_blocking(move || audio::run(quick, &out))
+                .await
+                .context("bench audio task")?
+        }
         BenchCmd::Display {
             quick,
             vs_vnc: true,

@@ -140,6 +140,40 @@ fn null_sink(server: &Option<String>, name: &str, rate: u32) -> Result<Option<Mo
     .map(Some)
 }
 
+/// Unloads a `module-pipe-source` named `name` that an ndd process no longer running left
+/// behind (killed before it could unload it): its FIFO is `…/ndd-pulse-PID-NAME.fifo`.
+fn unload_leftover(server: &Option<String>, name: &str) -> Result<(), String> {
+    let suffix = format!("-{name}.fifo");
+    for line in pactl(server, &["list", "short", "modules"])?.lines() {
+        let mut f = line.split('\t');
+        let (Some(index), Some("module-pipe-source"), Some(args)) = (f.next(), f.next(), f.next())
+        else {
+            continue;
+        };
+        if !args.split(' ').any(|a| a == format!("source_name={name}")) {
+            continue;
+        }
+        let pid = args
+            .split(' ')
+            .find_map(|a| a.strip_prefix("file="))
+            .and_then(|file| file.strip_suffix(&suffix))
+            .and_then(|f| f.rsplit("ndd-pulse-").next())
+            .and_then(|pid| pid.parse::<u32>().ok());
+        if let Some(pid) = pid {
+            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                tracing::info!(
+                    source = name,
+                    module = index,
+                    pid,
+                    "unloading the PulseAudio source an ndd that stopped left behind"
+                );
+                pactl(server, &["unload-module", index])?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A source `name` programs record from, fed through a FIFO this process writes
 /// (`module-pipe-source`: what is written is recorded at once, at the writer's pace, with no
 /// sink clock in between), unless a source of that name exists. The FIFO's path, the module.
@@ -150,6 +184,7 @@ fn virtual_source(
     channels: u8,
 ) -> Result<(PathBuf, Option<Module>), String> {
     let fifo = std::env::temp_dir().join(format!("ndd-pulse-{}-{name}.fifo", std::process::id()));
+    unload_leftover(server, name)?;
     if exists(server, "sources", name)? {
         return Err(format!(
             "a PulseAudio source named {name} exists already (another ndd, or a leftover: \
@@ -283,6 +318,9 @@ pub(crate) fn spawn_pulse_capture(
                 .saturating_sub(waiting_us.saturating_mul(1000))
                 .saturating_sub(block_ns);
             if waiting_us > stale_us {
+                // This block and what waits behind it are old: neither is sent (a stale
+                // timestamp would also make a jitter buffer hold everything after it that
+                // much later).
                 let _ = pa.flush();
                 flushed += 1;
                 if let Some(suppressed) = flush_log.admit(Instant::now()) {
@@ -294,6 +332,7 @@ pub(crate) fn spawn_pulse_capture(
                         "recorded sound waited too long to be read; skipped to the present"
                     );
                 }
+                continue;
             }
             if !em.send_blocking(frame) {
                 break;
