@@ -18,6 +18,29 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::{Receiver, Sender};
 
+/// A sample clock for block timestamps: each block one block length after the previous,
+/// anchored at the first block's recording time and again whenever the wall clock and the
+/// sample clock part by more than [`RESYNC_NS`]. Sans-IO: the recording time comes in.
+#[derive(Debug, Default)]
+struct SampleClock {
+    next: Option<u64>,
+}
+
+/// How far the sample clock may part from the recording times before it is anchored again.
+const RESYNC_NS: u64 = 30_000_000;
+
+impl SampleClock {
+    /// The timestamp of a block of `len_ns` recorded at about `recorded`.
+    fn stamp(&mut self, recorded: u64, len_ns: u64) -> u64 {
+        let ts = match self.next {
+            Some(n) if n.abs_diff(recorded) <= RESYNC_NS => n,
+            _ => recorded,
+        };
+        self.next = Some(ts + len_ns);
+        ts
+    }
+}
+
 /// Recorded sound waiting longer than this (or three blocks) is skipped (see the capture).
 const STALE_CAPTURE_US: u64 = 60_000;
 
@@ -294,6 +317,7 @@ pub(crate) fn spawn_pulse_capture(
         // the burst an idle source delivers when it wakes, must not become a lasting delay.
         let stale_us = (3 * block_ns / 1000).max(STALE_CAPTURE_US);
         let (mut flushed, mut flush_log) = (0u64, RateLimit::new(Duration::from_secs(5)));
+        let mut clock = SampleClock::default();
         loop {
             if em.tx.is_closed() {
                 break;
@@ -311,17 +335,21 @@ pub(crate) fn spawn_pulse_capture(
                     what: "the PulseAudio recording".into(),
                     source: std::io::Error::other(format!("{e}")),
                 })?;
-            // Stamped with when its first sample was recorded: now, less what still waits
-            // behind it in PulseAudio's buffers, less its own length.
+            // Stamped with when its first sample was recorded: on the sample clock (blocks
+            // exactly their length apart, as the sound was), anchored at the wall clock less
+            // what still waits behind the block in PulseAudio's buffers, and anchored again
+            // when the two part by more than `RESYNC` (a skip, a drifting sound card).
             let waiting_us = pa.get_latency().map_or(0, |l| l.0);
-            frame.meta.timestamp_ns = crate::clock::now_ns()
+            let recorded = crate::clock::now_ns()
                 .saturating_sub(waiting_us.saturating_mul(1000))
                 .saturating_sub(block_ns);
+            frame.meta.timestamp_ns = clock.stamp(recorded, block_ns);
             if waiting_us > stale_us {
                 // This block and what waits behind it are old: neither is sent (a stale
                 // timestamp would also make a jitter buffer hold everything after it that
                 // much later).
                 let _ = pa.flush();
+                clock = SampleClock::default();
                 flushed += 1;
                 if let Some(suppressed) = flush_log.admit(Instant::now()) {
                     tracing::info!(
@@ -513,4 +541,24 @@ pub(crate) fn spawn_pulse_playback(
         tracing::debug!(endpoint, frames = report.frames, dropped_late = late, "sink ended");
         Ok::<SinkReport, EndpointError>(report)
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SampleClock;
+
+    #[test]
+    fn the_sample_clock_keeps_blocks_their_length_apart_and_follows_real_jumps() {
+        let mut c = SampleClock::default();
+        let ms = 1_000_000;
+        // Recording times that wobble by a few ms: the stamps do not.
+        let got: Vec<u64> = [1000, 1013, 1018, 1031, 1040]
+            .iter()
+            .map(|t| c.stamp(t * ms, 10 * ms))
+            .collect();
+        assert_eq!(got, [1000 * ms, 1010 * ms, 1020 * ms, 1030 * ms, 1040 * ms]);
+        // Half a second of sound skipped: anchored again.
+        assert_eq!(c.stamp(1550 * ms, 10 * ms), 1550 * ms);
+        assert_eq!(c.stamp(1561 * ms, 10 * ms), 1560 * ms);
+    }
 }

@@ -542,3 +542,29 @@ fn jitter_experiment_buffer_removes_jitter_at_every_level() {
         }
     }
 }
+
+#[test]
+fn an_audio_rate_stream_never_waits_for_the_self_refill() {
+    // 10 ms sound blocks over a fast link: the refills keep the source going.
+    let c = BufferConfig {
+        min: 4,
+        max: 8,
+        source_max: 400,
+        playout_ms: 40,
+    };
+    let link = LinkConfig::tcp(Duration::from_micros(200), Duration::from_millis(15));
+    let mut p = Pipeline::new(&[&c], link, 3).unwrap();
+    for i in 0..600u64 {
+        p.send_at(Duration::from_millis(10 * i), vec![i as u8; 960]);
+    }
+    p.finish().unwrap();
+    let src = &p.source_stats()[0].half;
+    assert_eq!(counter(&src.counters, "self_refills"), 0, "{src:?}");
+    let worst = p
+        .deliveries()
+        .iter()
+        .map(|d| d.released - d.created)
+        .max()
+        .unwrap();
+    assert!(worst < Duration::from_millis(100), "{worst:?}");
+}
