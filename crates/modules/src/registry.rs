@@ -4,8 +4,8 @@
 //! at every place that must learn about it.
 
 use crate::{
-    average, buffer, bundle, checksum, compress, delta, encrypt, image, latest, pass, periodic,
-    sync,
+    average, buffer, bundle, checksum, compress, delta, encrypt, image, latest, opus, pass,
+    periodic, sync,
 };
 use ndd_core::{Half, ModuleError, Pair, ParamError};
 use serde::Deserialize;
@@ -37,6 +37,8 @@ pub struct Ids {
     pub sync: u16,
     /// `image`
     pub image: u16,
+    /// `opus`
+    pub opus: u16,
     /// `external` (a half in another process)
     pub external: u16,
 }
@@ -55,6 +57,7 @@ pub const IDS: Ids = Ids {
     delta: 10,
     sync: 11,
     image: 12,
+    opus: 13,
     external: ndd_ipc::EXTERNAL_ID,
 };
 
@@ -98,6 +101,7 @@ pub const CATALOGUE: &[ModuleInfo] = &[
     delta::INFO,
     sync::INFO,
     image::INFO,
+    opus::INFO,
     EXTERNAL_INFO,
 ];
 
@@ -146,6 +150,8 @@ pub enum ModuleConfig {
     Sync(sync::SyncConfig),
     /// See [`image`].
     Image(image::ImageConfig),
+    /// See [`opus`].
+    Opus(opus::OpusConfig),
     /// See `ndd_ipc::ExternalConfig`.
     External(ndd_ipc::ExternalConfig),
 }
@@ -171,6 +177,7 @@ impl ModuleConfig {
             | ModuleConfig::Delta(_)
             | ModuleConfig::Sync(_)
             | ModuleConfig::Image(_)
+            | ModuleConfig::Opus(_)
             | ModuleConfig::External(_) => None,
         }
     }
@@ -193,6 +200,7 @@ impl ModuleConfig {
             | ModuleConfig::Latest(_)
             | ModuleConfig::Delta(_)
             | ModuleConfig::Sync(_)
+            | ModuleConfig::Opus(_)
             | ModuleConfig::External(_) => None,
         }
     }
@@ -211,6 +219,7 @@ impl ModuleConfig {
             ModuleConfig::Delta(c) => c,
             ModuleConfig::Sync(c) => c,
             ModuleConfig::Image(c) => c,
+            ModuleConfig::Opus(c) => c,
             ModuleConfig::External(c) => c,
         }
     }
@@ -230,6 +239,7 @@ impl ModuleConfig {
             ModuleConfig::Delta(_) => &delta::INFO,
             ModuleConfig::Sync(_) => &sync::INFO,
             ModuleConfig::Image(_) => &image::INFO,
+            ModuleConfig::Opus(_) => &opus::INFO,
             ModuleConfig::External(_) => &EXTERNAL_INFO,
         }
     }
@@ -255,6 +265,7 @@ impl ModuleConfig {
             | ModuleConfig::Delta(_)
             | ModuleConfig::Sync(_)
             | ModuleConfig::Image(_)
+            | ModuleConfig::Opus(_)
             | ModuleConfig::External(_) => vec![],
         }
     }
@@ -273,6 +284,7 @@ impl ModuleConfig {
             ModuleConfig::Delta(c) => c.validate(),
             ModuleConfig::Sync(c) => c.validate(),
             ModuleConfig::Image(c) => c.validate(),
+            ModuleConfig::Opus(c) => c.validate(),
             ModuleConfig::External(c) => c.validate(),
         }
     }
@@ -371,6 +383,7 @@ mod tests {
             ModuleConfig::Delta(Default::default()),
             ModuleConfig::Sync(Default::default()),
             ModuleConfig::Image(Default::default()),
+            ModuleConfig::Opus(Default::default()),
         ];
         // `external` needs a program to run; it is tested in ndd-ipc.
         assert_eq!(all.len() + 1, CATALOGUE.len());

@@ -5,8 +5,9 @@
 //! fragments, what the microphone hears (its monitor) and what programs on the app side hear
 //! (ndd's virtual source `ndd_mic`), and the time between each click's onset in the two is
 //! the latency. Rows: PulseAudio's own `module-loopback` between the same two points (the
-//! mechanism a local program would use; same run), ndd as `examples/audio.toml` has it (no
-//! jitter buffer), ndd with the `buffer` pair. Writes audio.md.
+//! mechanism a local program would use; same run), ndd with PCM, ndd with the `opus` pair as
+//! `examples/audio.toml` has it (no jitter buffer), ndd with the `buffer` pair. Writes
+//! audio.md.
 
 use super::{hardware, today};
 use anyhow::{bail, Context, Result};
@@ -264,7 +265,11 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
     ndd_ok(&exe, &["trust", &fd, "--home", &ha_s])?;
     ndd_ok(&exe, &["trust", &fa, "--home", &hd_s])?;
     for (stack, what) in [
-        ("", "ndd over TLS, no jitter buffer"),
+        ("", "ndd over TLS, PCM, no jitter buffer"),
+        (
+            r#"{ type = "opus", bitrate = 32000, application = "voip" }"#,
+            "ndd over TLS, opus(bitrate=32000, application=voip) as in examples/audio.toml",
+        ),
         (
             r#"{ type = "buffer", min = 4, max = 8, playout_ms = 40 }"#,
             "ndd over TLS, with buffer(min=4, max=8, playout_ms=40)",
@@ -339,7 +344,7 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
          running with silence, 48 kHz mono); `pacat --record` in 5 ms fragments reads what the \
          microphone hears (its monitor) and what a program on the app side hears; the time \
          between a click's onset sounding at the microphone (its sample's time in the chunk that \
-         brought it) and its reaching the program (the arrival of that chunk) is the latency. PCM, 10 ms blocks, lossy streams, both `ndd` processes on this machine \
+         brought it) and its reaching the program (the arrival of that chunk) is the latency. 10 ms blocks, lossy streams, both `ndd` processes on this machine \
          over TLS on loopback, one private PulseAudio daemon. The microphone's own recording \
          is delivered in 5 ms fragments, so every row reads up to ~5 ms low alike. Issue \
          target: ≤ 40 ms with the jitter buffer on.\n"
@@ -366,7 +371,8 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
     let _ = writeln!(
         md,
         "\nndd without a jitter buffer is the capture's block (10 ms, a click lands at the same \
-         place in it every time here) plus the link; PulseAudio's loopback keeps its \
+         place in it every time here) plus the link, and with Opus its coding delay (a few \
+         ms); PulseAudio's loopback keeps its \
          configured 20 ms. With the `buffer` pair the stream stalls about a second after it \
          starts (the pair's source half waits for refills that do not come until its 1 s \
          self-refill) and the pair then holds the worst transit it saw for good: the target is \
