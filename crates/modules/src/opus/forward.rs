@@ -49,11 +49,11 @@ impl OpusForward {
     }
 
     fn encoder(&mut self, rate: u32, ch: u8) -> Result<&mut opus::Encoder, ModuleError> {
-        if !self
-            .encoder
-            .as_ref()
-            .is_some_and(|(r, c, _)| (*r, *c) == (rate, ch))
-        {
+        let stale = match &self.encoder {
+            Some((r, c, _)) => (*r, *c) != (rate, ch),
+            None => true,
+        };
+        if stale {
             let lib = |e: opus::Error| {
                 ModuleError::from(SetupError::Library {
                     pair: PAIR,

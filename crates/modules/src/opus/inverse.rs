@@ -65,11 +65,11 @@ impl Half for OpusInverse {
         }
         let (rate, ch, samples) = (b.rate, b.channels, b.samples);
         let c = channels(ch).ok_or_else(|| refuse(format!("an Opus record of {ch} channels")))?;
-        if !self
-            .decoder
-            .as_ref()
-            .is_some_and(|(r, k, _)| (*r, *k) == (rate, ch))
-        {
+        let stale = match &self.decoder {
+            Some((r, k, _)) => (*r, *k) != (rate, ch),
+            None => true,
+        };
+        if stale {
             let d = opus::Decoder::new(rate, c).map_err(|e| {
                 ModuleError::from(SetupError::Library {
                     pair: PAIR,
