@@ -3,7 +3,8 @@
 //! `paplay` into the device side's "microphone" is recorded with `parecord` from the app
 //! side's virtual source `ndd_mic`, and a 660 Hz tone played into the app side's virtual
 //! sink `ndd_speaker` is recorded from the device side's "speakers", at the same time. The
-//! streams are lossy and coded with the `opus` pair, as `examples/audio.toml` has them.
+//! streams are lossy, coded with the `opus` pair and played out by the `buffer` pair, as
+//! `examples/audio.toml` has them.
 
 mod common;
 
@@ -90,14 +91,14 @@ name = "mic"
 direction = "device-to-app"
 reliability = "lossy"
 source = {{ type = "pulse-capture", device = "dev_mic.monitor", rate = 48000, channels = 1, server = "{server}" }}
-stack = [{{ type = "opus", bitrate = 32000, application = "voip" }}]
+stack = [{{ type = "opus", bitrate = 32000, application = "voip" }}, {{ type = "buffer", min = 4, max = 8, playout_ms = 40 }}]
 sink = {{ type = "pulse-playback", virtual_source = "ndd_mic", rate = 48000, channels = 1, server = "{server}" }}
 [[stream]]
 name = "speaker"
 direction = "app-to-device"
 reliability = "lossy"
 source = {{ type = "pulse-capture", virtual_sink = "ndd_speaker", rate = 48000, channels = 2, server = "{server}" }}
-stack = [{{ type = "opus", bitrate = 64000 }}]
+stack = [{{ type = "opus", bitrate = 64000 }}, {{ type = "buffer", min = 4, max = 8, playout_ms = 40 }}]
 sink = {{ type = "pulse-playback", device = "dev_speakers", server = "{server}" }}
 "#
         ),

@@ -5,9 +5,8 @@
 //! fragments, what the microphone hears (its monitor) and what programs on the app side hear
 //! (ndd's virtual source `ndd_mic`), and the time between each click's onset in the two is
 //! the latency. Rows: PulseAudio's own `module-loopback` between the same two points (the
-//! mechanism a local program would use; same run), ndd with PCM, ndd with the `opus` pair as
-//! `examples/audio.toml` has it (no jitter buffer), ndd with the `buffer` pair. Writes
-//! audio.md.
+//! mechanism a local program would use; same run), ndd with PCM, with the `opus` pair, and
+//! with `opus` and the `buffer` pair as `examples/audio.toml` has them. Writes audio.md.
 
 use super::{hardware, today};
 use anyhow::{bail, Context, Result};
@@ -268,11 +267,11 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
         ("", "ndd over TLS, PCM, no jitter buffer"),
         (
             r#"{ type = "opus", bitrate = 32000, application = "voip" }"#,
-            "ndd over TLS, opus(bitrate=32000, application=voip) as in examples/audio.toml",
+            "ndd over TLS, opus(bitrate=32000, application=voip), no jitter buffer",
         ),
         (
-            r#"{ type = "buffer", min = 4, max = 8, playout_ms = 40 }"#,
-            "ndd over TLS, with buffer(min=4, max=8, playout_ms=40)",
+            r#"{ type = "opus", bitrate = 32000, application = "voip" }, { type = "buffer", min = 4, max = 8, playout_ms = 40 }"#,
+            "ndd over TLS, opus + buffer(min=4, max=8, playout_ms=40) as in examples/audio.toml",
         ),
     ] {
         let cfg = dir.join("audio.toml");
@@ -370,14 +369,10 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
     }
     let _ = writeln!(
         md,
-        "\nndd without a jitter buffer is the capture's block (10 ms, a click lands at the same \
-         place in it every time here) plus the link, and with Opus its coding delay (a few \
-         ms); PulseAudio's loopback keeps its \
-         configured 20 ms. With the `buffer` pair the stream stalls about a second after it \
-         starts (the pair's source half waits for refills that do not come until its 1 s \
-         self-refill) and the pair then holds the worst transit it saw for good: the target is \
-         missed and the pair is not used for audio until that is fixed (`examples/audio.toml` \
-         has none)."
+        "\nndd without a jitter buffer is the capture's block (10 ms; a click lands at the same \
+         place in it every time in one run, so runs differ by a few ms) plus the link, and \
+         with Opus its coding delay; the `buffer` pair adds its playout (40 ms here, which \
+         absorbs that much jitter). PulseAudio's loopback keeps its configured 20 ms."
     );
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let path = out.join("audio.md");

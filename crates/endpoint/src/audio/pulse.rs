@@ -12,6 +12,7 @@ use libpulse_simple_binding::Simple;
 use ndd_core::ratelimit::RateLimit;
 use ndd_core::Frame;
 use ndd_wire::audio::{Block, Codec, HEADER_LEN};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -418,12 +419,18 @@ pub(crate) fn spawn_pulse_playback(
             let (fifo, module) = virtual_source(&c.server, name, c.rate, c.channels)
                 .map_err(|e| unavailable(endpoint, e))?;
             modules.extend(module);
+            // Non-blocking, and a pipe of one page: when no program records from the source,
+            // PulseAudio does not read the FIFO; sound then is dropped here (it is live) instead
+            // of blocking this sink, and a program that starts recording hears at most a
+            // page of old sound, not the 64 KiB a pipe holds by default.
             let file = std::fs::OpenOptions::new()
                 .write(true)
+                .custom_flags(libc::O_NONBLOCK)
                 .open(&fifo)
                 .map_err(|e| {
                     unavailable(endpoint, format!("cannot open {}: {e}", fifo.display()))
                 })?;
+            let _ = rustix::pipe::fcntl_setpipe_size(&file, 4096);
             tracing::info!(endpoint, source = %name, rate = c.rate, channels = c.channels,
                 "programs record from PulseAudio source {name}");
             (
@@ -451,6 +458,7 @@ pub(crate) fn spawn_pulse_playback(
         let mut late_log = ndd_core::ratelimit::RateLimit::new(std::time::Duration::from_secs(5));
         let mut late = 0u64;
         let mut catching_up = false;
+        let mut unheard = 0u64;
         while let Some(frame) = rx.blocking_recv() {
             report.frames += 1;
             report.bytes += frame.len() as u64;
@@ -514,8 +522,19 @@ pub(crate) fn spawn_pulse_playback(
                             ),
                         });
                     }
-                    std::io::Write::write_all(file, block.data)
-                        .map_err(|e| write_err(e.to_string()))?;
+                    // What fits; the rest is dropped when no program reads (see above).
+                    let mut rest = block.data;
+                    while !rest.is_empty() {
+                        match std::io::Write::write(file, rest) {
+                            Ok(n) => rest = &rest[n..],
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                                unheard += 1;
+                                break;
+                            }
+                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                            Err(e) => return Err(write_err(e.to_string())),
+                        }
+                    }
                 }
                 Out::Stream(pa) => {
                     if !pa.as_ref().is_some_and(|(r, ch, _)| (*r, *ch) == (block.rate, block.channels)) {
@@ -538,7 +557,7 @@ pub(crate) fn spawn_pulse_playback(
         if let Out::Stream(Some((_, _, s))) = out {
             let _ = s.drain();
         }
-        tracing::debug!(endpoint, frames = report.frames, dropped_late = late, "sink ended");
+        tracing::debug!(endpoint, frames = report.frames, dropped_late = late, unheard, "sink ended");
         Ok::<SinkReport, EndpointError>(report)
     }))
 }
