@@ -186,3 +186,143 @@ sink = {{ type = "pulse-playback", device = "dev_speakers", server = "{server}" 
     drop(app.kill());
     drop(dev.kill());
 }
+
+/// A TCP proxy that holds each chunk for a random 0..`jitter_ms` (in order, as TCP delivers):
+/// the link's delay varies by up to that much.
+fn jittery_proxy(upstream: String, jitter_ms: u64) -> String {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for client in l.incoming() {
+            let Ok(client) = client else { return };
+            let Ok(server) = std::net::TcpStream::connect(&upstream) else {
+                continue;
+            };
+            for (mut from, mut to, seed) in [
+                (
+                    client.try_clone().unwrap(),
+                    server.try_clone().unwrap(),
+                    7u64,
+                ),
+                (server, client, 11),
+            ] {
+                std::thread::spawn(move || {
+                    let mut x = seed;
+                    let mut due = std::time::Instant::now();
+                    let mut buf = [0u8; 4096];
+                    loop {
+                        let n = match from.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let hold = Duration::from_micros(x % (jitter_ms * 1000));
+                        due = due.max(std::time::Instant::now() + hold);
+                        std::thread::sleep(
+                            due.saturating_duration_since(std::time::Instant::now()),
+                        );
+                        if to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        }
+    });
+    addr
+}
+
+#[test]
+fn sound_stays_whole_through_50_ms_of_jitter_with_the_buffer_sized_for_it() {
+    if let Some(m) = missing(&["pulseaudio", "pactl", "paplay", "parecord", "sox"]) {
+        println!("SKIPPED: audio test needs {m} (apt-get install pulseaudio pulseaudio-utils sox)");
+        return;
+    }
+    let pa = Pulse::start("cli-audio-jitter");
+    pa.pactl(&[
+        "load-module",
+        "module-null-sink",
+        "sink_name=dev_mic",
+        "rate=48000",
+    ])
+    .expect("null sink");
+    let dir = Dir::new("audio-jitter");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let cfg = dir.0.join("audio.toml");
+    let server = &pa.server;
+    // playout_ms above the jitter: the buffer absorbs it.
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+driver = "audio"
+[[stream]]
+name = "mic"
+direction = "device-to-app"
+reliability = "lossy"
+source = {{ type = "pulse-capture", device = "dev_mic.monitor", rate = 48000, channels = 1, server = "{server}" }}
+stack = [{{ type = "opus", bitrate = 32000, application = "voip" }}, {{ type = "buffer", min = 8, max = 16, playout_ms = 80 }}]
+sink = {{ type = "pulse-playback", virtual_source = "ndd_mic", rate = 48000, channels = 1, server = "{server}" }}
+"#
+        ),
+    )
+    .unwrap();
+    let (silence, tone_wav) = (pa.dir.join("silence.wav"), pa.dir.join("tone.wav"));
+    for (f, args) in [
+        (&silence, &["trim", "0", "30"][..]),
+        (&tone_wav, &["synth", "2", "sine", "440", "vol", "0.5"][..]),
+    ] {
+        let ok = Command::new("sox")
+            .args(["-n", "-r", "48000", "-c", "1", "-b", "16"])
+            .arg(f)
+            .args(args)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+    let _mic_running = Killed(paplay(&pa, "dev_mic", &silence));
+    let link = free_addr();
+    let via = jittery_proxy(link.clone(), 50);
+    let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &link]));
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &via]));
+    wait_for("the virtual source", WAIT, || {
+        pa.pactl(&["list", "short", "sources"])
+            .unwrap_or_default()
+            .contains("ndd_mic\t")
+    });
+    std::thread::sleep(Duration::from_millis(2500));
+    let rec = pa.dir.join("mic.raw");
+    let r = parecord(&pa, "ndd_mic", &rec);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(paplay(&pa, "dev_mic", &tone_wav).wait().unwrap().success());
+    std::thread::sleep(Duration::from_millis(1500));
+    drop(r);
+    let s = samples(&rec);
+    let (len, hz) = tone(&s).unwrap_or_else(|| {
+        panic!(
+            "no tone arrived; app: {}\ndevice: {}",
+            app.stderr_now(),
+            dev.stderr_now()
+        )
+    });
+    assert!((hz - 440.0).abs() < 3.0, "{hz} Hz");
+    assert!((len as i64 - 96_000).abs() < 480, "{len} samples of tone");
+    // No gap: every 5 ms of the tone keeps at least half its level.
+    let loud = |x: &i16| x.unsigned_abs() > 3000;
+    let start = s.iter().position(loud).unwrap();
+    let t = &s[start..start + len];
+    let rms =
+        |w: &[i16]| (w.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>() / w.len() as f64).sqrt();
+    let all = rms(t);
+    let weakest = t.chunks_exact(240).map(rms).fold(f64::INFINITY, f64::min);
+    assert!(
+        weakest > 0.5 * all,
+        "a gap: weakest 5 ms at {weakest:.0} of {all:.0}"
+    );
+    drop(app.kill());
+    drop(dev.kill());
+}
