@@ -49,6 +49,7 @@
 //! - a source reading bytes copies each frame's payload once (into its [`ndd_core::Frame`]).
 
 pub mod audio;
+pub mod camera;
 pub mod check;
 pub mod clipboard;
 mod common;

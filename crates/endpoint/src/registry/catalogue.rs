@@ -209,6 +209,16 @@ pub const SOURCES: &[EndpointInfo] = &[
             ("server", "string", "none", "the PulseAudio server (`unix:/run/user/1000/pulse/native`); the session's when absent"),
         ],
     },
+    EndpointInfo {
+        name: "camera-sim",
+        summary: "a synthetic camera: a moving test pattern as display records (BGRX keyframes), its frame number written in the picture",
+        params: &[
+            ("width", "even, 32..=4096", "640", "picture width"),
+            ("height", "even, 16..=4096", "480", "picture height"),
+            ("fps", "number in (0, 1000]", "30", "frames per second"),
+            ("count", "integer", "none", "frames to send, then end; endless when absent"),
+        ],
+    },
 ];
 
 /// Every sink endpoint.
@@ -332,6 +342,14 @@ pub const SINKS: &[EndpointInfo] = &[
             ("rate", "integer, 8000..=192000", "48000", "with `virtual_source`: its sample rate (the capture's)"),
             ("channels", "1..=8", "2", "with `virtual_source`: its channels (the capture's)"),
             ("server", "string", "none", "the PulseAudio server; the session's when absent"),
+        ],
+    },
+    EndpointInfo {
+        name: "y4m",
+        summary: "display records as a YUV4MPEG2 stream (C420jpeg) on a named pipe it makes: ffplay, ffmpeg and GStreamer read it",
+        params: &[
+            ("path", "path", REQUIRED, "where the stream goes; a named pipe is made there if nothing is"),
+            ("fps", "number in (0, 1000]", "30", "the frame rate written in the stream's header"),
         ],
     },
 ];

@@ -94,6 +94,10 @@ fn catalogue_params_match_the_config_keys() {
         SourceConfig::X11Clipboard(X11ClipboardConfig::default()),
         SourceConfig::Rfc2217Server(parse("{ listen = \"127.0.0.1:2217\" }").unwrap()),
         SourceConfig::Rfc2217Client(parse("{ address = \"h:1\" }").unwrap()),
+        SourceConfig::CameraSim(crate::camera::CameraSimConfig {
+            count: Some(1),
+            ..Default::default()
+        }),
         SourceConfig::PulseCapture(crate::audio::PulseCaptureConfig {
             device: Some("d".into()),
             virtual_sink: Some("v".into()),
@@ -126,6 +130,7 @@ fn catalogue_params_match_the_config_keys() {
         SinkConfig::X11Clipboard(X11ClipboardConfig::default()),
         SinkConfig::Rfc2217Server(parse("{ listen = \"127.0.0.1:2217\" }").unwrap()),
         SinkConfig::Rfc2217Client(parse("{ address = \"h:1\" }").unwrap()),
+        SinkConfig::Y4m(parse("{ path = \"/tmp/c.y4m\" }").unwrap()),
         SinkConfig::PulsePlayback(crate::audio::PulsePlaybackConfig {
             device: Some("d".into()),
             virtual_source: Some("v".into()),

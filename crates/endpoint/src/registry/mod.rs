@@ -26,6 +26,7 @@ mod probe;
 pub use catalogue::{EndpointInfo, REQUIRED, SINKS, SOURCES};
 
 use crate::audio::{PulseCaptureConfig, PulsePlaybackConfig};
+use crate::camera::{CameraSimConfig, Y4mConfig};
 use crate::check::{CheckConfig, NullConfig};
 use crate::clipboard::X11ClipboardConfig;
 use crate::common::delivered::Delivered;
@@ -45,7 +46,7 @@ use crate::serial::{
 };
 use crate::stdio::{StdinConfig, StdoutConfig};
 use crate::synthetic::{SpacenavSimConfig, SyntheticConfig};
-use crate::{audio, check, clipboard, display, file, input, serial, stdio, synthetic};
+use crate::{audio, camera, check, clipboard, display, file, input, serial, stdio, synthetic};
 use ndd_core::Frame;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -99,6 +100,9 @@ pub enum SourceConfig {
     /// Sound recorded from PulseAudio (either side).
     #[serde(rename = "pulse-capture")]
     PulseCapture(PulseCaptureConfig),
+    /// A synthetic camera (either side).
+    #[serde(rename = "camera-sim")]
+    CameraSim(CameraSimConfig),
 }
 
 /// Where a stream's frames go.
@@ -141,6 +145,8 @@ pub enum SinkConfig {
     /// Sound played through PulseAudio (either side).
     #[serde(rename = "pulse-playback")]
     PulsePlayback(PulsePlaybackConfig),
+    /// A YUV4MPEG2 stream for ffplay, ffmpeg, GStreamer (app side).
+    Y4m(Y4mConfig),
 }
 
 /// `x11-clipboard(display=:0, selections=CLIPBOARD+PRIMARY, max_bytes=8388608, images)`.
@@ -256,6 +262,7 @@ impl SourceConfig {
             | SourceConfig::Rfc2217Client(_) => true,
             // Sound is only worth hearing now.
             SourceConfig::PulseCapture(_) => false,
+            SourceConfig::CameraSim(_) => true,
         }
     }
 
@@ -281,7 +288,8 @@ impl SourceConfig {
             | SourceConfig::X11Clipboard(_)
             | SourceConfig::Rfc2217Server(_)
             | SourceConfig::Rfc2217Client(_)
-            | SourceConfig::PulseCapture(_) => vec![],
+            | SourceConfig::PulseCapture(_)
+            | SourceConfig::CameraSim(_) => vec![],
         }
     }
 
@@ -302,6 +310,7 @@ impl SourceConfig {
             SourceConfig::Rfc2217Server(_) => &SOURCES[11],
             SourceConfig::Rfc2217Client(_) => &SOURCES[12],
             SourceConfig::PulseCapture(_) => &SOURCES[13],
+            SourceConfig::CameraSim(_) => &SOURCES[14],
         }
     }
 
@@ -322,6 +331,7 @@ impl SourceConfig {
             SourceConfig::Rfc2217Server(_) => "rfc2217-server source",
             SourceConfig::Rfc2217Client(_) => "rfc2217-client source",
             SourceConfig::PulseCapture(_) => "pulse-capture source",
+            SourceConfig::CameraSim(_) => "camera-sim source",
         }
     }
 
@@ -373,6 +383,11 @@ impl SourceConfig {
                     "pulse-capture({what}{} Hz, {} ch, {} ms)",
                     c.rate, c.channels, c.frame_ms
                 )
+            }
+            SourceConfig::CameraSim(c) => {
+                let mut s = format!("camera-sim({}x{}, fps={}", c.width, c.height, c.fps);
+                fmt_opt(&mut s, "count", c.count);
+                s + ")"
             }
         }
     }
@@ -426,6 +441,11 @@ impl SourceConfig {
                         param,
                         reason,
                     });
+                }
+            }
+            SourceConfig::CameraSim(c) => {
+                if let Err((param, reason)) = c.check() {
+                    return bad(param, reason);
                 }
             }
         }
@@ -494,6 +514,7 @@ impl SourceConfig {
             SourceConfig::PulseCapture(c) => {
                 audio::spawn_pulse_capture(&rt, endpoint, c, stream, tx)
             }
+            SourceConfig::CameraSim(c) => camera::spawn_camera_sim(&rt, endpoint, c, stream, tx),
         }
     }
 }
@@ -522,6 +543,7 @@ impl SinkConfig {
             | SinkConfig::Rfc2217Server(_)
             | SinkConfig::Rfc2217Client(_)
             | SinkConfig::PulsePlayback(_) => vec![],
+            SinkConfig::Y4m(c) => vec![&mut c.path],
         }
     }
 
@@ -543,6 +565,7 @@ impl SinkConfig {
             SinkConfig::Rfc2217Server(_) => &SINKS[12],
             SinkConfig::Rfc2217Client(_) => &SINKS[13],
             SinkConfig::PulsePlayback(_) => &SINKS[14],
+            SinkConfig::Y4m(_) => &SINKS[15],
         }
     }
 
@@ -563,6 +586,7 @@ impl SinkConfig {
             SinkConfig::Rfc2217Server(_) => "rfc2217-server sink",
             SinkConfig::Rfc2217Client(_) => "rfc2217-client sink",
             SinkConfig::PulsePlayback(_) => "pulse-playback sink",
+            SinkConfig::Y4m(_) => "y4m sink",
             SinkConfig::Framebuffer(_) => "framebuffer sink",
         }
     }
@@ -608,6 +632,7 @@ impl SinkConfig {
                 };
                 format!("pulse-playback({what}latency_ms={})", c.latency_ms)
             }
+            SinkConfig::Y4m(c) => format!("y4m(path={}, fps={})", c.path.display(), c.fps),
         }
     }
 
@@ -656,6 +681,11 @@ impl SinkConfig {
                     reason,
                 })
             }
+            SinkConfig::Y4m(c) => c.check().map_err(|(param, reason)| EndpointError::Config {
+                endpoint,
+                param,
+                reason: reason.to_string(),
+            }),
         }
     }
 
@@ -729,6 +759,7 @@ impl SinkConfig {
             SinkConfig::PulsePlayback(c) => {
                 audio::spawn_pulse_playback(&rt, endpoint, c, rx, delivered)
             }
+            SinkConfig::Y4m(c) => camera::spawn_y4m(&rt, endpoint, c, rx, delivered),
         }
     }
 }

@@ -125,6 +125,7 @@ impl SourceConfig {
             SourceConfig::Rfc2217Server(c) => listenable(endpoint, &c.listen),
             SourceConfig::Rfc2217Client(_) => Ok(()),
             SourceConfig::PulseCapture(c) => pulse(endpoint, &c.server),
+            SourceConfig::CameraSim(_) => Ok(()),
             SourceConfig::Synthetic(_) | SourceConfig::SpacenavSim(_) | SourceConfig::Stdin(_) => {
                 Ok(())
             }
@@ -151,6 +152,7 @@ impl SinkConfig {
             SinkConfig::Rfc2217Server(c) => listenable(endpoint, &c.listen),
             SinkConfig::Rfc2217Client(_) => Ok(()),
             SinkConfig::PulsePlayback(c) => pulse(endpoint, &c.server),
+            SinkConfig::Y4m(c) => creatable(endpoint, "path", &c.path),
             SinkConfig::Stdout(_) | SinkConfig::Check(_) | SinkConfig::Null(_) => Ok(()),
         }
     }

@@ -17,4 +17,4 @@ pub mod spacenav;
 
 pub use config::{SpacenavSimConfig, SyntheticConfig};
 pub use record::*;
-pub(crate) use source::{spawn_spacenav_sim_source, spawn_synthetic_source};
+pub(crate) use source::{run_paced, spawn_spacenav_sim_source, spawn_synthetic_source};

@@ -54,7 +54,7 @@ pub(crate) fn spawn_spacenav_sim_source(
 /// A timer-driven source: `make` builds frame `meta.seq`; the first frame goes at once, the
 /// next ones every `period` (late ticks are caught up in a burst), or back to back when
 /// `period` is `None`.
-async fn run_paced(
+pub(crate) async fn run_paced(
     endpoint: &'static str,
     period: Option<Duration>,
     count: Option<u64>,
