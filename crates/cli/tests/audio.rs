@@ -9,57 +9,8 @@
 mod common;
 
 use common::*;
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
-
-fn samples(path: &Path) -> Vec<i16> {
-    std::fs::read(path)
-        .unwrap_or_default()
-        .chunks_exact(2)
-        .map(|b| i16::from_le_bytes([b[0], b[1]]))
-        .collect()
-}
-
-/// Length (samples) and frequency (zero crossings) of the loud part of a mono recording.
-fn tone(s: &[i16]) -> Option<(usize, f64)> {
-    let loud = |x: &i16| x.unsigned_abs() > 3000;
-    let start = s.iter().position(loud)?;
-    let end = s.len() - s.iter().rev().position(loud)?;
-    let t = &s[start..end];
-    let crossings = t.windows(2).filter(|w| (w[0] < 0) != (w[1] < 0)).count();
-    Some((
-        t.len(),
-        crossings as f64 / 2.0 / (t.len() as f64 / 48_000.0),
-    ))
-}
-
-fn parecord(pa: &Pulse, source: &str, file: &Path) -> Killed {
-    Command::new("parecord")
-        .arg(format!("--server={}", pa.server))
-        .args([
-            "-d",
-            source,
-            "--raw",
-            "--format=s16le",
-            "--rate=48000",
-            "--channels=1",
-        ])
-        .arg("--latency-msec=10")
-        .arg(file)
-        .spawn()
-        .map(Killed)
-        .expect("parecord")
-}
-
-fn paplay(pa: &Pulse, sink: &str, file: &Path) -> std::process::Child {
-    Command::new("paplay")
-        .arg(format!("--server={}", pa.server))
-        .args(["-d", sink, "--latency-msec=10"])
-        .arg(file)
-        .spawn()
-        .expect("paplay")
-}
 
 #[test]
 fn a_microphone_and_speakers_work_both_ways_between_two_processes() {
@@ -127,9 +78,12 @@ sink = {{ type = "pulse-playback", device = "dev_speakers", server = "{server}" 
         .status()
         .unwrap();
     assert!(ok.success());
-    let _mic_running = Killed(paplay(&pa, "dev_mic", &silence));
+    let _mic_running = pa.paplay("dev_mic", &silence).map(Killed).expect("paplay");
     // And its speakers are a running sink, as a sound card is.
-    let _speakers_running = Killed(paplay(&pa, "dev_speakers", &silence));
+    let _speakers_running = pa
+        .paplay("dev_speakers", &silence)
+        .map(Killed)
+        .expect("paplay");
     let link = free_addr();
     let mut app = run_cmd(&cfg, "app", &app_home, &["--listen", &link]);
     let mut dev = run_cmd(&cfg, "device", &dev_home, &["--connect", &link]);
@@ -148,11 +102,13 @@ sink = {{ type = "pulse-playback", device = "dev_speakers", server = "{server}" 
     std::thread::sleep(Duration::from_millis(2500));
 
     let (mic_rec, spk_rec) = (pa.dir.join("mic.raw"), pa.dir.join("spk.raw"));
-    let r1 = parecord(&pa, "ndd_mic", &mic_rec);
-    let r2 = parecord(&pa, "dev_speakers.monitor", &spk_rec);
+    let r1 = pa.parecord("ndd_mic", &mic_rec).expect("parecord");
+    let r2 = pa
+        .parecord("dev_speakers.monitor", &spk_rec)
+        .expect("parecord");
     std::thread::sleep(Duration::from_millis(300));
-    let mut p1 = paplay(&pa, "dev_mic", &tones[0]);
-    let mut p2 = paplay(&pa, "ndd_speaker", &tones[1]);
+    let mut p1 = pa.paplay("dev_mic", &tones[0]).expect("paplay");
+    let mut p2 = pa.paplay("ndd_speaker", &tones[1]).expect("paplay");
     assert!(p1.wait().unwrap().success() && p2.wait().unwrap().success());
     std::thread::sleep(Duration::from_millis(1500));
     drop((r1, r2));
@@ -161,8 +117,7 @@ sink = {{ type = "pulse-playback", device = "dev_speakers", server = "{server}" 
         (&mic_rec, 440.0, "microphone"),
         (&spk_rec, 660.0, "speakers"),
     ] {
-        let got = tone(&samples(rec));
-        let Some((len, f)) = got else {
+        let Some(Tone { len, hz: f, .. }) = Tone::of(&read_s16le(rec)) else {
             panic!(
                 "no {what} tone arrived; app: {}\ndevice: {}",
                 app.stderr_now(),
@@ -284,7 +239,7 @@ sink = {{ type = "pulse-playback", virtual_source = "ndd_mic", rate = 48000, cha
             .unwrap();
         assert!(ok.success());
     }
-    let _mic_running = Killed(paplay(&pa, "dev_mic", &silence));
+    let _mic_running = pa.paplay("dev_mic", &silence).map(Killed).expect("paplay");
     let link = free_addr();
     let via = jittery_proxy(link.clone(), 50);
     let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &link]));
@@ -296,33 +251,27 @@ sink = {{ type = "pulse-playback", virtual_source = "ndd_mic", rate = 48000, cha
     });
     std::thread::sleep(Duration::from_millis(2500));
     let rec = pa.dir.join("mic.raw");
-    let r = parecord(&pa, "ndd_mic", &rec);
+    let r = pa.parecord("ndd_mic", &rec).expect("parecord");
     std::thread::sleep(Duration::from_millis(300));
-    assert!(paplay(&pa, "dev_mic", &tone_wav).wait().unwrap().success());
+    assert!(pa
+        .paplay("dev_mic", &tone_wav)
+        .expect("paplay")
+        .wait()
+        .unwrap()
+        .success());
     std::thread::sleep(Duration::from_millis(1500));
     drop(r);
-    let s = samples(&rec);
-    let (len, hz) = tone(&s).unwrap_or_else(|| {
+    let t = Tone::of(&read_s16le(&rec)).unwrap_or_else(|| {
         panic!(
             "no tone arrived; app: {}\ndevice: {}",
             app.stderr_now(),
             dev.stderr_now()
         )
     });
-    assert!((hz - 440.0).abs() < 3.0, "{hz} Hz");
-    assert!((len as i64 - 96_000).abs() < 480, "{len} samples of tone");
+    assert!((t.hz - 440.0).abs() < 3.0, "{t:?}");
+    assert!((t.len as i64 - 96_000).abs() < 480, "{t:?}");
     // No gap: every 5 ms of the tone keeps at least half its level.
-    let loud = |x: &i16| x.unsigned_abs() > 3000;
-    let start = s.iter().position(loud).unwrap();
-    let t = &s[start..start + len];
-    let rms =
-        |w: &[i16]| (w.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>() / w.len() as f64).sqrt();
-    let all = rms(t);
-    let weakest = t.chunks_exact(240).map(rms).fold(f64::INFINITY, f64::min);
-    assert!(
-        weakest > 0.5 * all,
-        "a gap: weakest 5 ms at {weakest:.0} of {all:.0}"
-    );
+    assert!(t.weakest > 0.5, "a gap: {t:?}");
     drop(app.kill());
     drop(dev.kill());
 }

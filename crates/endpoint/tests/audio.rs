@@ -7,71 +7,10 @@
 use ndd_core::Frame;
 use ndd_endpoint::audio::{PulseCaptureConfig, PulsePlaybackConfig};
 use ndd_endpoint::{SinkConfig, SourceConfig};
-use ndd_procs::{missing, wait_for, Killed, Pulse};
-use std::path::Path;
+use ndd_procs::{missing, read_s16le, wait_for, Killed, Pulse, Tone};
 use std::process::Command;
 use std::time::Duration;
 use tokio::sync::mpsc;
-
-/// Mono s16le samples of a file.
-fn samples(path: &Path) -> Vec<i16> {
-    std::fs::read(path)
-        .unwrap()
-        .chunks_exact(2)
-        .map(|b| i16::from_le_bytes([b[0], b[1]]))
-        .collect()
-}
-
-/// What a recording of a tone shows: its length, its frequency (zero crossings), and the
-/// quietest 5 ms window inside it relative to the tone's RMS.
-#[derive(Debug)]
-struct Tone {
-    len: usize,
-    hz: f64,
-    weakest: f64,
-}
-
-fn analyse(s: &[i16], rate: usize) -> Option<Tone> {
-    let loud = |x: &i16| x.unsigned_abs() > 3000;
-    let start = s.iter().position(loud)?;
-    let end = s.len() - s.iter().rev().position(loud)?;
-    let tone = &s[start..end];
-    let crossings = tone.windows(2).filter(|w| (w[0] < 0) != (w[1] < 0)).count();
-    let hz = crossings as f64 / 2.0 / (tone.len() as f64 / rate as f64);
-    let rms =
-        |w: &[i16]| (w.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>() / w.len() as f64).sqrt();
-    let all = rms(tone);
-    let weakest = tone
-        .chunks_exact(rate / 200)
-        .map(rms)
-        .fold(f64::INFINITY, f64::min)
-        / all;
-    Some(Tone {
-        len: tone.len(),
-        hz,
-        weakest,
-    })
-}
-
-/// `parecord` of `source` into `file`, raw mono s16le at 48 kHz, in 10 ms fragments (so
-/// nothing is held back in a large fragment when it is stopped).
-fn parecord(pa: &Pulse, source: &str, file: &Path) -> Killed {
-    Command::new("parecord")
-        .arg(format!("--server={}", pa.server))
-        .args([
-            "-d",
-            source,
-            "--raw",
-            "--format=s16le",
-            "--rate=48000",
-            "--channels=1",
-        ])
-        .arg("--latency-msec=10")
-        .arg(file)
-        .spawn()
-        .map(Killed)
-        .expect("parecord")
-}
 
 #[test]
 fn a_tone_played_on_one_side_is_recorded_whole_on_the_other() {
@@ -98,13 +37,7 @@ fn a_tone_played_on_one_side_is_recorded_whole_on_the_other() {
         .status()
         .unwrap();
     assert!(ok.success());
-    let _mic_running = Command::new("paplay")
-        .arg(format!("--server={}", pa.server))
-        .args(["-d", "dev_mic", "--latency-msec=10"])
-        .arg(&silence)
-        .spawn()
-        .map(Killed)
-        .expect("paplay");
+    let _mic_running = pa.paplay("dev_mic", &silence).map(Killed).expect("paplay");
     let tone = pa.dir.join("tone.wav");
     let ok = Command::new("sox")
         .args(["-n", "-r", "48000", "-c", "1", "-b", "16"])
@@ -162,20 +95,14 @@ fn a_tone_played_on_one_side_is_recorded_whole_on_the_other() {
     // recorded late and skipped as stale; past it the capture runs as on a real microphone.
     std::thread::sleep(Duration::from_millis(2500));
     let rec = pa.dir.join("rec.raw");
-    let recording = parecord(&pa, "ndd_mic", &rec);
+    let recording = pa.parecord("ndd_mic", &rec).expect("parecord");
     std::thread::sleep(Duration::from_millis(300));
-    let ok = Command::new("paplay")
-        .arg(format!("--server={}", pa.server))
-        // A steady source, as a microphone is: small blocks, not PulseAudio's default 2 s.
-        .args(["-d", "dev_mic", "--latency-msec=10"])
-        .arg(&tone)
-        .status()
-        .unwrap();
-    assert!(ok.success());
+    let played = pa.paplay("dev_mic", &tone).expect("paplay").wait().unwrap();
+    assert!(played.success());
     std::thread::sleep(Duration::from_millis(500));
     drop(recording);
 
-    let t = analyse(&samples(&rec), 48_000).expect("the tone reached parecord");
+    let t = Tone::of(&read_s16le(&rec)).expect("the tone reached parecord");
     assert!((t.hz - 440.0).abs() < 2.0, "{t:?}");
     // 2 s of tone, whole: no block lost, none twice.
     assert!((t.len as i64 - 96_000).abs() < 480, "{t:?}");

@@ -181,6 +181,79 @@ impl Drop for Pulse {
     }
 }
 
+impl Pulse {
+    /// `parecord` of `source` into `file`, raw mono s16le at 48 kHz, in 10 ms fragments (so
+    /// nothing is held back in a large fragment when it is stopped); killed on drop.
+    pub fn parecord(&self, source: &str, file: &std::path::Path) -> std::io::Result<Killed> {
+        Command::new("parecord")
+            .arg(format!("--server={}", self.server))
+            .args([
+                "-d",
+                source,
+                "--raw",
+                "--format=s16le",
+                "--rate=48000",
+                "--channels=1",
+            ])
+            .arg("--latency-msec=10")
+            .arg(file)
+            .spawn()
+            .map(Killed)
+    }
+
+    /// `paplay` of `file` into `sink` in 10 ms blocks (a steady stream, as a microphone's).
+    pub fn paplay(&self, sink: &str, file: &std::path::Path) -> std::io::Result<Child> {
+        Command::new("paplay")
+            .arg(format!("--server={}", self.server))
+            .args(["-d", sink, "--latency-msec=10"])
+            .arg(file)
+            .spawn()
+    }
+}
+
+/// The mono s16le samples of a raw recording (empty when it cannot be read).
+pub fn read_s16le(path: &std::path::Path) -> Vec<i16> {
+    std::fs::read(path)
+        .unwrap_or_default()
+        .chunks_exact(2)
+        .map(|b| i16::from_le_bytes([b[0], b[1]]))
+        .collect()
+}
+
+/// What a 48 kHz mono recording of a tone shows: the length of its loud part (samples), its
+/// frequency (zero crossings), and its quietest 5 ms window relative to its RMS (a gap shows
+/// as a low one).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tone {
+    /// Samples from the first to the last loud one.
+    pub len: usize,
+    /// Hz.
+    pub hz: f64,
+    /// RMS of the quietest 5 ms window over the tone's RMS.
+    pub weakest: f64,
+}
+
+impl Tone {
+    /// The tone in `s`, if anything in it is loud (above 3000).
+    pub fn of(s: &[i16]) -> Option<Tone> {
+        let loud = |x: &i16| x.unsigned_abs() > 3000;
+        let start = s.iter().position(loud)?;
+        let end = s.len() - s.iter().rev().position(loud)?;
+        let t = &s[start..end];
+        let crossings = t.windows(2).filter(|w| (w[0] < 0) != (w[1] < 0)).count();
+        let rms = |w: &[i16]| {
+            (w.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>() / w.len().max(1) as f64).sqrt()
+        };
+        let all = rms(t);
+        let weakest = t.chunks_exact(240).map(rms).fold(f64::INFINITY, f64::min) / all;
+        Some(Tone {
+            len: t.len(),
+            hz: crossings as f64 / 2.0 / (t.len() as f64 / 48_000.0),
+            weakest,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
