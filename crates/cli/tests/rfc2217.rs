@@ -221,3 +221,107 @@ fn bad_addresses_are_refused_at_check_time_with_the_key_and_an_example() {
         "{err}"
     );
 }
+
+/// Debian's ser2net (4.x, `telnet(rfc2217)` accepter) sharing one end of a pty pair made by
+/// socat; the test plays the device on the other end. An unmodified pyserial program on the
+/// app side's `rfc2217-server` talks through both ndd sides and ser2net to the "device", and
+/// its baud rate change reaches the port ser2net holds.
+#[test]
+fn a_real_ser2net_port_is_the_device() {
+    let Some(python) = python_with_pyserial() else {
+        println!("SKIPPED: no python3 with pyserial (Debian: apt-get install python3-serial)");
+        return;
+    };
+    if let Some(m) = missing(&["ser2net", "socat", "stty"]) {
+        println!("SKIPPED: needs {m} (apt-get install ser2net socat)");
+        return;
+    }
+    let dir = Dir::new("rfc2217-ser2net");
+    let (port, device) = (dir.0.join("port"), dir.0.join("device"));
+    let _pair = Killed(
+        Command::new("socat")
+            .arg(format!("pty,raw,echo=0,link={}", port.display()))
+            .arg(format!("pty,raw,echo=0,link={}", device.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("socat"),
+    );
+    wait_for("the pty pair", WAIT, || port.exists() && device.exists());
+    let server_addr = free_addr();
+    let (host, tcp) = server_addr.rsplit_once(':').unwrap();
+    let yaml = dir.0.join("ser2net.yaml");
+    std::fs::write(
+        &yaml,
+        format!(
+            "connection: &con0\n  accepter: telnet(rfc2217),tcp,{host},{tcp}\n  connector: \
+             serialdev,{},9600n81,local\n",
+            port.display()
+        ),
+    )
+    .unwrap();
+    let _ser2net = Killed(
+        Command::new("ser2net")
+            .args(["-n", "-d", "-c"])
+            .arg(&yaml)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("ser2net"),
+    );
+    wait_for("ser2net to listen", WAIT, || {
+        std::net::TcpStream::connect(&server_addr).is_ok()
+    });
+    let listen = free_addr();
+    let cfg = config(&dir.0, &server_addr, &listen);
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let link = free_addr();
+    let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &link]));
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &link]));
+    wait_for("the session", WAIT, || {
+        dev.stderr_now().contains("streams agreed")
+    });
+    // The "device": answers one line with another.
+    let dev_path = device.clone();
+    let device_side = std::thread::spawn(move || {
+        use std::io::{BufRead, Write};
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&dev_path)
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(f.try_clone().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        (&f).write_all(b"pong from the device\n").unwrap();
+        line
+    });
+    let program = format!(
+        "import serial, subprocess, time\n\
+         s = serial.serial_for_url('rfc2217://{listen}', baudrate=9600, timeout=5)\n\
+         s.write(b'ping from the program\\n')\n\
+         print(s.readline().decode().strip())\n\
+         s.baudrate = 57600\n\
+         time.sleep(0.5)\n\
+         print(subprocess.run(['stty', '-F', '{}', 'speed'], capture_output=True, text=True).stdout.strip())\n\
+         s.close()\n",
+        port.display()
+    );
+    let out = Command::new(python)
+        .args(["-c", &program])
+        .output()
+        .expect("python");
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{said}{}\napp: {}\ndevice: {}",
+        String::from_utf8_lossy(&out.stderr),
+        app.stderr_now(),
+        dev.stderr_now()
+    );
+    assert_eq!(device_side.join().unwrap(), "ping from the program\n");
+    assert_eq!(said, "pong from the device\n57600\n", "the program saw");
+    drop(app.kill());
+    drop(dev.kill());
+}
