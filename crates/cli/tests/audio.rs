@@ -9,7 +9,6 @@
 mod common;
 
 use common::*;
-use std::process::Command;
 use std::time::Duration;
 
 #[test]
@@ -55,29 +54,20 @@ sink = {{ type = "pulse-playback", device = "dev_speakers", server = "{server}" 
         ),
     )
     .unwrap();
-    let mut tones = Vec::new();
-    for hz in ["440", "660"] {
-        let f = pa.dir.join(format!("tone{hz}.wav"));
-        let ok = Command::new("sox")
-            .args(["-n", "-r", "48000", "-c", "1", "-b", "16"])
-            .arg(&f)
-            .args(["synth", "2", "sine", hz, "vol", "0.5"])
-            .status()
-            .unwrap();
-        assert!(ok.success());
-        tones.push(f);
-    }
+    let tones: Vec<_> = ["440", "660"]
+        .map(|hz| {
+            pa.sox(
+                &format!("tone{hz}.wav"),
+                &["synth", "2", "sine", hz, "vol", "0.5"],
+            )
+        })
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .expect("sox");
     // The device side's microphone runs steadily, as a real one does (an idle null sink wakes
     // with a 2 s block, which the capture skips and a playback waits behind): 30 s of silence
     // playing into it.
-    let silence = pa.dir.join("silence.wav");
-    let ok = Command::new("sox")
-        .args(["-n", "-r", "48000", "-c", "1", "-b", "16"])
-        .arg(&silence)
-        .args(["trim", "0", "30"])
-        .status()
-        .unwrap();
-    assert!(ok.success());
+    let silence = pa.sox("silence.wav", &["trim", "0", "30"]).expect("sox");
     let _mic_running = pa.paplay("dev_mic", &silence).map(Killed).expect("paplay");
     // And its speakers are a running sink, as a sound card is.
     let _speakers_running = pa
@@ -226,19 +216,10 @@ sink = {{ type = "pulse-playback", virtual_source = "ndd_mic", rate = 48000, cha
         ),
     )
     .unwrap();
-    let (silence, tone_wav) = (pa.dir.join("silence.wav"), pa.dir.join("tone.wav"));
-    for (f, args) in [
-        (&silence, &["trim", "0", "30"][..]),
-        (&tone_wav, &["synth", "2", "sine", "440", "vol", "0.5"][..]),
-    ] {
-        let ok = Command::new("sox")
-            .args(["-n", "-r", "48000", "-c", "1", "-b", "16"])
-            .arg(f)
-            .args(args)
-            .status()
-            .unwrap();
-        assert!(ok.success());
-    }
+    let silence = pa.sox("silence.wav", &["trim", "0", "30"]).expect("sox");
+    let tone_wav = pa
+        .sox("tone.wav", &["synth", "2", "sine", "440", "vol", "0.5"])
+        .expect("sox");
     let _mic_running = pa.paplay("dev_mic", &silence).map(Killed).expect("paplay");
     let link = free_addr();
     let via = jittery_proxy(link.clone(), 50);

@@ -15,14 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 fn python_with_pyserial() -> Option<&'static str> {
-    ["/usr/bin/python3", "python3"].into_iter().find(|py| {
-        Command::new(py)
-            .args(["-c", "import serial.rfc2217"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    })
+    python_with("serial.rfc2217")
 }
 
 fn script(name: &str) -> PathBuf {

@@ -8,7 +8,6 @@ use ndd_core::Frame;
 use ndd_endpoint::audio::{PulseCaptureConfig, PulsePlaybackConfig};
 use ndd_endpoint::{SinkConfig, SourceConfig};
 use ndd_procs::{missing, read_s16le, wait_for, Killed, Pulse, Tone};
-use std::process::Command;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -29,23 +28,11 @@ fn a_tone_played_on_one_side_is_recorded_whole_on_the_other() {
     .expect("null sink");
     // The microphone runs steadily, as a real one does (an idle null sink wakes with a 2 s
     // block, which the capture skips as stale): silence playing into it throughout.
-    let silence = pa.dir.join("silence.wav");
-    let ok = Command::new("sox")
-        .args(["-n", "-r", "48000", "-c", "1", "-b", "16"])
-        .arg(&silence)
-        .args(["trim", "0", "30"])
-        .status()
-        .unwrap();
-    assert!(ok.success());
+    let silence = pa.sox("silence.wav", &["trim", "0", "30"]).expect("sox");
     let _mic_running = pa.paplay("dev_mic", &silence).map(Killed).expect("paplay");
-    let tone = pa.dir.join("tone.wav");
-    let ok = Command::new("sox")
-        .args(["-n", "-r", "48000", "-c", "1", "-b", "16"])
-        .arg(&tone)
-        .args(["synth", "2", "sine", "440", "vol", "0.5"])
-        .status()
-        .unwrap();
-    assert!(ok.success());
+    let tone = pa
+        .sox("tone.wav", &["synth", "2", "sine", "440", "vol", "0.5"])
+        .expect("sox");
 
     // First, so it is dropped last (the blocking tasks end when the daemon goes).
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -492,12 +492,7 @@ async fn serial_sink_applies_settings_frames_and_refuses_malformed_ones() {
 
 /// A python3 that has pyserial, if any.
 fn python_with_pyserial() -> Option<&'static str> {
-    ["python3", "/usr/bin/python3"].into_iter().find(|py| {
-        std::process::Command::new(py)
-            .args(["-c", "import serial"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    })
+    ndd_procs::python_with("serial")
 }
 
 const PYSERIAL_APP: &str = r#"

@@ -201,6 +201,22 @@ impl Pulse {
             .map(Killed)
     }
 
+    /// A 48 kHz mono 16-bit WAV named `name` in this daemon's directory, made by `sox -n`
+    /// with `effects` (`["synth", "2", "sine", "440"]`, `["trim", "0", "30"]` for silence).
+    pub fn sox(&self, name: &str, effects: &[&str]) -> std::io::Result<PathBuf> {
+        let f = self.dir.join(name);
+        let ok = Command::new("sox")
+            .args(["-n", "-r", "48000", "-c", "1", "-b", "16"])
+            .arg(&f)
+            .args(effects)
+            .stderr(Stdio::null())
+            .status()?;
+        if !ok.success() {
+            return Err(std::io::Error::other(format!("sox {effects:?} failed")));
+        }
+        Ok(f)
+    }
+
     /// `paplay` of `file` into `sink` in 10 ms blocks (a steady stream, as a microphone's).
     pub fn paplay(&self, sink: &str, file: &std::path::Path) -> std::io::Result<Child> {
         Command::new("paplay")
@@ -209,6 +225,18 @@ impl Pulse {
             .arg(file)
             .spawn()
     }
+}
+
+/// A python3 that can `import module`, if any (Debian's, then the one on PATH).
+pub fn python_with(module: &str) -> Option<&'static str> {
+    ["/usr/bin/python3", "python3"].into_iter().find(|py| {
+        Command::new(py)
+            .args(["-c", &format!("import {module}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
 }
 
 /// The mono s16le samples of a raw recording (empty when it cannot be read).

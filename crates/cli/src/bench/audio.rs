@@ -8,12 +8,12 @@
 //! mechanism a local program would use; same run), ndd with PCM, with the `opus` pair, and
 //! with `opus` and the `buffer` pair as `examples/audio.toml` has them. Writes audio.md.
 
-use super::{hardware, today};
+use super::{hardware, ndd_ok, today};
 use anyhow::{bail, Context, Result};
 use ndd_procs::{missing, Killed, Pulse};
 use std::fmt::Write as _;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -119,21 +119,6 @@ struct Row {
     ms: Vec<f64>,
 }
 
-fn ndd_ok(exe: &Path, args: &[&str]) -> Result<String> {
-    let out = Command::new(exe)
-        .args(args)
-        .output()
-        .context("cannot run ndd")?;
-    if !out.status.success() {
-        bail!(
-            "ndd {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
-
 /// Plays the clicks into the microphone while recording the mouth and `ear`.
 fn measure(pa: &Pulse, clicks_wav: &Path, clicks: usize, ear: &str, what: &str) -> Result<Row> {
     let (m_rec, mouth) = record(pa, "dev_mic.monitor")?;
@@ -203,33 +188,21 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
         ])
         .with_context(|| format!("cannot make the null sink {sink}"))?;
     }
-    let wav = |name: &str, args: &[&str]| -> Result<PathBuf> {
-        let f = pa.dir.join(name);
-        let ok = Command::new("sox")
-            .args(["-n", "-r", "48000", "-c", "1", "-b", "16"])
-            .arg(&f)
-            .args(args)
-            .status()
-            .context("cannot run sox")?;
-        if !ok.success() {
-            bail!("sox {args:?} failed");
-        }
-        Ok(f)
-    };
-    let silence = wav("silence.wav", &["trim", "0", "600"])?;
+    let silence = pa
+        .sox("silence.wav", &["trim", "0", "600"])
+        .context("cannot run sox")?;
     let repeat = (clicks - 1).to_string();
-    let clicks_wav = wav(
-        "clicks.wav",
-        &[
-            "synth", "0.004", "sine", "1000", "pad", "0", "0.396", "repeat", &repeat,
-        ],
-    )?;
+    let clicks_wav = pa
+        .sox(
+            "clicks.wav",
+            &[
+                "synth", "0.004", "sine", "1000", "pad", "0", "0.396", "repeat", &repeat,
+            ],
+        )
+        .context("cannot run sox")?;
     // The microphone runs steadily, as a real one does.
-    let _mic = Command::new("paplay")
-        .arg(format!("--server={}", pa.server))
-        .args(["-d", "dev_mic", "--latency-msec=10"])
-        .arg(&silence)
-        .spawn()
+    let _mic = pa
+        .paplay("dev_mic", &silence)
         .map(Killed)
         .context("cannot run paplay")?;
     let mut rows = Vec::new();

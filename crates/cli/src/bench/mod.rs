@@ -12,10 +12,10 @@ mod pairs;
 mod soak;
 mod vnc;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use hdrhistogram::Histogram;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Which benchmark.
 #[derive(Debug, Subcommand)]
@@ -211,6 +211,23 @@ pub async fn run(cmd: BenchCmd) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// Runs `ndd ARGS` (the binary at `exe`) to completion: its stdout, trimmed, or its stderr as
+/// the error.
+pub(crate) fn ndd_ok(exe: &Path, args: &[&str]) -> Result<String> {
+    let out = std::process::Command::new(exe)
+        .args(args)
+        .output()
+        .context("cannot run ndd")?;
+    if !out.status.success() {
+        bail!(
+            "ndd {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 pub(crate) fn size_name(s: usize) -> String {

@@ -5,7 +5,7 @@
 //! (from their `--stats` lines); at the end the `check` sinks' verdicts (missing, duplicate,
 //! reordered, corrupt) on the reliable streams. Writes soak.md.
 
-use super::{hardware, today};
+use super::{hardware, ndd_ok, today};
 use anyhow::{bail, Context, Result};
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -204,21 +204,6 @@ struct Minute {
     app: (u64, usize),
     dev: (u64, usize),
     delivered: Vec<u64>,
-}
-
-fn ndd_ok(exe: &Path, args: &[&str]) -> Result<String> {
-    let out = std::process::Command::new(exe)
-        .args(args)
-        .output()
-        .context("cannot run ndd")?;
-    if !out.status.success() {
-        bail!(
-            "ndd {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 /// Runs the soak for `minutes` (1 minute with a cut every 20 s when `quick`).

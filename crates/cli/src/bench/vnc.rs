@@ -570,18 +570,7 @@ fn ndd_exe() -> Result<PathBuf> {
 }
 
 fn ndd_ok(args: &[&str]) -> Result<String> {
-    let out = Command::new(ndd_exe()?)
-        .args(args)
-        .output()
-        .context("cannot run ndd")?;
-    if !out.status.success() {
-        bail!(
-            "ndd {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    super::ndd_ok(&ndd_exe()?, args)
 }
 
 const NDD_DESKTOP: &str = r#"

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 #[allow(unused_imports)] // each test binary uses some of them
-pub use ndd_procs::{have, missing, read_s16le, wait_for, Killed, Pulse, Tone, Xvfb};
+pub use ndd_procs::{have, missing, python_with, read_s16le, wait_for, Killed, Pulse, Tone, Xvfb};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

@@ -1,5 +1,4 @@
 use super::*;
-use bytes::Bytes;
 use ndd_core::{Frame, Half, Meta, Output};
 use ndd_wire::audio::{Block, Codec};
 use std::time::Instant;
@@ -167,7 +166,7 @@ fn what_opus_cannot_code_fails_with_what_it_takes() {
         e.contains("opus: audio record: 4 bytes, shorter than the 9-byte header"),
         "{e}"
     );
-    // A corrupt packet at the inverse: an error, not a panic.
+    // A corrupt packet at the inverse: an error or a decoded guess, never a panic.
     let mut inv = OpusInverse::new();
     let bad = Block {
         codec: Codec::Opus,
@@ -180,7 +179,6 @@ fn what_opus_cannot_code_fails_with_what_it_takes() {
     .unwrap();
     let r = inv.handle_frame(now, Frame::new(meta(0), &bad), &mut out);
     assert!(r.is_err() || out.take_frames().len() == 1);
-    let _ = Bytes::new();
 }
 
 #[test]
