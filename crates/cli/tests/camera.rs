@@ -84,3 +84,92 @@ sink = {{ type = "y4m", path = "{}", fps = 30 }}
     drop(app.kill());
     drop(dev.kill());
 }
+
+/// A player that quits does not stop anything: the next one that opens the pipe gets the
+/// stream again, from a new header, with the frames that follow.
+#[test]
+fn a_second_player_gets_the_stream_after_the_first_quits() {
+    if let Some(m) = missing(&["ffmpeg"]) {
+        println!("SKIPPED: camera test needs {m} (apt-get install ffmpeg)");
+        return;
+    }
+    let dir = Dir::new("camera-replay");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let fifo = dir.0.join("camera.y4m");
+    let cfg = dir.0.join("camera.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+driver = "camera"
+[[stream]]
+name = "camera"
+direction = "device-to-app"
+source = {{ type = "camera-sim", width = 640, height = 480, fps = 30, count = 90 }}
+sink = {{ type = "y4m", path = "{}", fps = 30 }}
+"#,
+            fifo.display()
+        ),
+    )
+    .unwrap();
+    let link = free_addr();
+    let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &link]));
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &link]));
+    wait_for("the y4m pipe", WAIT, || fifo.exists());
+    let read = |frames: Option<&str>, name: &str| -> Vec<u32> {
+        let out = dir.0.join(name);
+        // Bounded: with no stream to read, ffmpeg would wait on the pipe for good.
+        let mut c = Command::new("timeout");
+        c.args([
+            "20",
+            "ffmpeg",
+            "-loglevel",
+            "error",
+            "-f",
+            "yuv4mpegpipe",
+            "-i",
+        ])
+        .arg(&fifo);
+        if let Some(n) = frames {
+            c.args(["-frames:v", n]);
+        }
+        let ok = c
+            .args([
+                "-vf",
+                "crop=512:16:0:0",
+                "-pix_fmt",
+                "gray",
+                "-f",
+                "rawvideo",
+                "-y",
+            ])
+            .arg(&out)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("ffmpeg");
+        assert!(
+            ok.success(),
+            "ffmpeg {name}: {ok}; app: {}",
+            app.stderr_now()
+        );
+        std::fs::read(&out)
+            .unwrap()
+            .chunks_exact(512 * 16)
+            .map(|f| read_number(f, 512).expect("a strip"))
+            .collect()
+    };
+    let first = read(Some("30"), "first.raw");
+    assert_eq!(first, (0..30).collect::<Vec<u32>>());
+    let second = read(None, "second.raw");
+    // The frame being written when the first player quit is lost with its pipe; the rest
+    // follow in order to the camera's last.
+    assert!(second.windows(2).all(|w| w[1] == w[0] + 1), "{second:?}");
+    assert!(
+        second.first().is_some_and(|&f| (30..=33).contains(&f)),
+        "{second:?}"
+    );
+    assert_eq!(second.last(), Some(&89), "{second:?}");
+    drop(app.kill());
+    drop(dev.kill());
+}

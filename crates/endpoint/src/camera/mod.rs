@@ -227,9 +227,21 @@ pub(crate) fn spawn_y4m(
                 }
                 pattern::bgrx_to_i420(f.pixels(), w, h, &mut yuv);
                 if let Some(o) = &mut out {
-                    o.write_all(b"FRAME\n").map_err(write_err)?;
-                    o.write_all(&yuv).map_err(write_err)?;
-                    o.flush().map_err(write_err)?;
+                    let written = o
+                        .write_all(b"FRAME\n")
+                        .and_then(|()| o.write_all(&yuv))
+                        .and_then(|()| o.flush());
+                    match written {
+                        Ok(()) => {}
+                        // The player quit: the stream starts again, with a new header, for
+                        // the next one that opens the pipe (meanwhile the frames wait).
+                        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                            tracing::info!(endpoint, path = %path.display(),
+                                "the reader closed the y4m stream; waiting for the next");
+                            out = None;
+                        }
+                        Err(e) => return Err(write_err(e)),
+                    }
                 }
             }
             delivered.mark(frame.meta.seq);
