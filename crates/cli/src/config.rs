@@ -62,6 +62,8 @@ pub struct LinkConfig {
     /// buffer is full stops reading its endpoint until the peer catches up (nothing dropped);
     /// a lossy one drops its oldest (`overflow`).
     pub resume_buffer_bytes: u64,
+    /// `transport = "nats"`: the NATS server(s), credentials and subject prefix.
+    pub nats: ndd_link::nats::NatsConfig,
     /// Per reliable stream, the smallest in-flight window: bytes written and not yet
     /// acknowledged. It grows to twice the path's bandwidth-delay product, at most
     /// `resume_buffer_bytes`; small, it keeps other streams' frames from waiting behind this
@@ -85,6 +87,7 @@ impl Default for LinkConfig {
             max_backoff_ms: 5000,
             resume_buffer_bytes: 16 << 20,
             flight_min_bytes: 2 << 20,
+            nats: ndd_link::nats::NatsConfig::default(),
         }
     }
 }
@@ -347,9 +350,66 @@ impl Config {
                 ndd_wire::MIN_MAX_BODY
             );
         }
+        let nats = self.link.transport == crate::session::TransportKind::Nats;
+        if nats {
+            if let Err(e) = self.link.nats.validate() {
+                bail!("{file}: {e}");
+            }
+            if let Err(e) = ndd_link::nats::subjects::check_token("driver", &self.driver) {
+                bail!("{file}: key `{e}` (the NATS link puts the driver's name in its subjects)");
+            }
+        }
         for (i, s) in self.streams.iter().enumerate() {
             let line = line_of(text, s.name.span().start);
             let name = s.name();
+            if let Some((layer, m)) = s
+                .stack
+                .iter()
+                .enumerate()
+                .find(|(_, m)| matches!(m.get_ref(), ModuleConfig::Multiplex(_)))
+            {
+                let line = line_of(text, m.span().start);
+                if !nats {
+                    bail!(
+                        "{file}:{line}: stream \"{name}\" layer {layer}: `multiplex` sends frames to many app sides, which only the NATS link has; set `transport = \"nats\"` in [link], or remove the layer"
+                    );
+                }
+                if layer + 1 != s.stack.len() {
+                    bail!(
+                        "{file}:{line}: stream \"{name}\" layer {layer}: `multiplex` must be the last layer of its stack (it decides where each frame goes)"
+                    );
+                }
+                if matches!(m.get_ref(), ModuleConfig::Multiplex(c) if c.mode == ndd_modules::multiplex::Mode::Split)
+                    && layer > 0
+                {
+                    bail!(
+                        "{file}:{line}: stream \"{name}\" layer {layer}: with mode = \"split\", `multiplex` \
+                         must be the only layer: each app side gets one piece of every frame, so the \
+                         inverse of a pair before it would never see the whole frame it made"
+                    );
+                }
+                if s.direction != DirectionName::DeviceToApp {
+                    bail!(
+                        "{file}:{line}: stream \"{name}\" layer {layer}: `multiplex` spreads a device's frames over app sides; an app-to-device stream has no use for it"
+                    );
+                }
+            }
+            if nats {
+                if let Some((layer, m)) = s.stack.iter().enumerate().find(|(_, m)| {
+                    matches!(
+                        m.get_ref(),
+                        ModuleConfig::Latest(_) | ModuleConfig::Image(_)
+                    )
+                }) {
+                    let line = line_of(text, m.span().start);
+                    bail!(
+                        "{file}:{line}: stream \"{name}\" layer {layer}: `{}` paces its source by \
+                         acknowledgements from the sink, which the NATS link does not carry (many app \
+                         sides); use a direct link for it",
+                        m.get_ref().name()
+                    );
+                }
+            }
             if name.is_empty() || name.len() > 255 {
                 bail!("{file}:{line}: key `name`: a stream name must be 1 to 255 bytes long");
             }

@@ -8,6 +8,7 @@ mod bench;
 mod board;
 mod config;
 mod demo;
+mod fanout;
 mod logfmt;
 mod rfbaccel;
 mod session;
@@ -475,7 +476,16 @@ fn check_one(config: &Path, side: Option<SideName>) -> Result<()> {
         config.display(),
         cfg.driver,
         cfg.streams.len(),
-        cfg.link.address,
+        if cfg.link.transport == session::TransportKind::Nats {
+            format!(
+                "nats {} (subjects {}.{}.*)",
+                cfg.link.nats.servers.join(","),
+                cfg.link.nats.subject_prefix,
+                cfg.driver
+            )
+        } else {
+            format!("{} {}", cfg.link.transport, cfg.link.address)
+        },
         match side {
             Some(s) => format!("; the {s} side's endpoints are there"),
             None => String::new(),

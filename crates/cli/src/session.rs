@@ -341,6 +341,9 @@ pub async fn run_side(
     opts: RunOptions,
     mut stop: watch::Receiver<bool>,
 ) -> Result<RunReport> {
+    if cfg.link.transport == TransportKind::Nats {
+        return crate::fanout::run_side(cfg, opts, stop).await;
+    }
     let side = opts.side;
     let quiet = opts.quiet;
     let started = Instant::now();

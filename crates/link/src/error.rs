@@ -358,6 +358,10 @@ pub enum LinkError {
     #[error("the link is closed")]
     Closed,
 
+    /// The NATS link: the server, its credentials or the join handshake over it.
+    #[error("{0}")]
+    Nats(String),
+
     /// The accepting side of a tunnel said no (or hung up) after TLS.
     #[error("the tunnel peer {addr} refused this install: {reason}")]
     TunnelRefused {

@@ -33,6 +33,8 @@ pub enum TransportKind {
     /// UDP datagrams, sealed with keys from a key exchange between the two identities
     /// (plain with `insecure`); reliable messages are retransmitted (`crate::arq`).
     Udp,
+    /// Through a NATS server ([`crate::nats`]): one device, many app sides.
+    Nats,
 }
 
 impl std::fmt::Display for TransportKind {
@@ -41,6 +43,7 @@ impl std::fmt::Display for TransportKind {
             TransportKind::Tcp => "tcp",
             TransportKind::Quic => "quic",
             TransportKind::Udp => "udp",
+            TransportKind::Nats => "nats",
         })
     }
 }
@@ -412,6 +415,11 @@ impl Connector {
             }
             (TransportKind::Udp, false) => Connector::UdpConnect(addr.to_string()),
             (TransportKind::Udp, true) => Connector::UdpListen(addr.to_string()),
+            (TransportKind::Nats, _) => {
+                return Err(EstablishError::Local(
+                    "the NATS link has no peer connection; it runs through a NATS server".into(),
+                ))
+            }
         })
     }
 
@@ -702,14 +710,14 @@ async fn accept_udp_secure(
 }
 
 /// Told to a refused peer, about itself: its own fingerprint and how we would come to trust it.
-fn untrusted_for_peer(fp: &str, ours: &str) -> String {
+pub(crate) fn untrusted_for_peer(fp: &str, ours: &str) -> String {
     format!(
         "this install ({fp}) is not trusted by the peer ({ours}); on the peer's machine run: ndd trust {fp}"
     )
 }
 
 /// Logged here about a refused peer.
-fn untrusted_here(addr: &str, fp: &str, home: &std::path::Path) -> String {
+pub(crate) fn untrusted_here(addr: &str, fp: &str, home: &std::path::Path) -> String {
     format!(
         "refused untrusted peer {addr} with fingerprint {fp}; if you trust it, run: ndd trust {fp} --home {}",
         home.display()

@@ -19,6 +19,8 @@
 //!   that listens or connects with backoff, checks trust and runs the handshake;
 //! - [`frag`]: the sans-IO datagram fragment header and reassembler shared by both;
 //! - [`arq`]: the sans-IO retransmission that makes reliable messages reliable over UDP;
+//! - [`nats`]: the NATS link (one device, many app sides, through Debian's `nats-server`),
+//!   with its join handshake and group key;
 //! - [`tunnel`]: a pinned TLS byte tunnel for another protocol's TCP bytes (the RFB
 //!   accelerator's slow leg);
 //! - [`bench`](mod@bench): raw TCP/UDP throughput baselines.
@@ -52,6 +54,7 @@ mod error;
 pub mod establish;
 pub mod frag;
 pub mod identity;
+pub mod nats;
 pub mod quic;
 pub mod seal;
 pub mod tls;

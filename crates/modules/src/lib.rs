@@ -20,6 +20,7 @@ pub mod delta;
 pub mod encrypt;
 pub mod image;
 pub mod latest;
+pub mod multiplex;
 pub mod opus;
 pub mod pass;
 pub mod periodic;

@@ -4,8 +4,8 @@
 //! at every place that must learn about it.
 
 use crate::{
-    average, buffer, bundle, checksum, compress, delta, encrypt, image, latest, opus, pass,
-    periodic, sync,
+    average, buffer, bundle, checksum, compress, delta, encrypt, image, latest, multiplex, opus,
+    pass, periodic, sync,
 };
 use ndd_core::{Half, ModuleError, Pair, ParamError};
 use serde::Deserialize;
@@ -39,6 +39,8 @@ pub struct Ids {
     pub image: u16,
     /// `opus`
     pub opus: u16,
+    /// `multiplex`
+    pub multiplex: u16,
     /// `external` (a half in another process)
     pub external: u16,
 }
@@ -58,6 +60,7 @@ pub const IDS: Ids = Ids {
     sync: 11,
     image: 12,
     opus: 13,
+    multiplex: 14,
     external: ndd_ipc::EXTERNAL_ID,
 };
 
@@ -102,6 +105,7 @@ pub const CATALOGUE: &[ModuleInfo] = &[
     sync::INFO,
     image::INFO,
     opus::INFO,
+    multiplex::INFO,
     EXTERNAL_INFO,
 ];
 
@@ -152,6 +156,8 @@ pub enum ModuleConfig {
     Image(image::ImageConfig),
     /// See [`opus`].
     Opus(opus::OpusConfig),
+    /// See [`multiplex`].
+    Multiplex(multiplex::MultiplexConfig),
     /// See `ndd_ipc::ExternalConfig`.
     External(ndd_ipc::ExternalConfig),
 }
@@ -178,6 +184,7 @@ impl ModuleConfig {
             | ModuleConfig::Sync(_)
             | ModuleConfig::Image(_)
             | ModuleConfig::Opus(_)
+            | ModuleConfig::Multiplex(_)
             | ModuleConfig::External(_) => None,
         }
     }
@@ -201,6 +208,7 @@ impl ModuleConfig {
             | ModuleConfig::Delta(_)
             | ModuleConfig::Sync(_)
             | ModuleConfig::Opus(_)
+            | ModuleConfig::Multiplex(_)
             | ModuleConfig::External(_) => None,
         }
     }
@@ -220,6 +228,7 @@ impl ModuleConfig {
             ModuleConfig::Sync(c) => c,
             ModuleConfig::Image(c) => c,
             ModuleConfig::Opus(c) => c,
+            ModuleConfig::Multiplex(c) => c,
             ModuleConfig::External(c) => c,
         }
     }
@@ -240,6 +249,7 @@ impl ModuleConfig {
             ModuleConfig::Sync(_) => &sync::INFO,
             ModuleConfig::Image(_) => &image::INFO,
             ModuleConfig::Opus(_) => &opus::INFO,
+            ModuleConfig::Multiplex(_) => &multiplex::INFO,
             ModuleConfig::External(_) => &EXTERNAL_INFO,
         }
     }
@@ -266,6 +276,7 @@ impl ModuleConfig {
             | ModuleConfig::Sync(_)
             | ModuleConfig::Image(_)
             | ModuleConfig::Opus(_)
+            | ModuleConfig::Multiplex(_)
             | ModuleConfig::External(_) => vec![],
         }
     }
@@ -285,6 +296,7 @@ impl ModuleConfig {
             ModuleConfig::Sync(c) => c.validate(),
             ModuleConfig::Image(c) => c.validate(),
             ModuleConfig::Opus(c) => c.validate(),
+            ModuleConfig::Multiplex(c) => c.validate(),
             ModuleConfig::External(c) => c.validate(),
         }
     }
@@ -384,6 +396,7 @@ mod tests {
             ModuleConfig::Sync(Default::default()),
             ModuleConfig::Image(Default::default()),
             ModuleConfig::Opus(Default::default()),
+            ModuleConfig::Multiplex(Default::default()),
         ];
         // `external` needs a program to run; it is tested in ndd-ipc.
         assert_eq!(all.len() + 1, CATALOGUE.len());

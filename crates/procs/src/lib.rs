@@ -316,3 +316,103 @@ mod tests {
         assert!(std::os::unix::net::UnixStream::connect(&socket).is_err());
     }
 }
+
+/// A private `nats-server` (Debian's package) on loopback with JetStream, killed on drop;
+/// [`Nats::restart`] brings it back on the same port with the same store (fault tests).
+#[derive(Debug)]
+pub struct Nats {
+    daemon: Option<Killed>,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    /// Its own directory (JetStream store and test files), removed on drop.
+    pub dir: PathBuf,
+    extra: Vec<String>,
+}
+
+impl Nats {
+    /// Starts one named after `name`, with `extra` arguments (`-c FILE` for TLS or users).
+    pub fn start(name: &str, extra: &[&str]) -> Nats {
+        let dir = std::env::temp_dir().join(format!("ndd-nats-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let mut n = Nats {
+            daemon: None,
+            port,
+            dir,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        n.restart();
+        n
+    }
+
+    /// `nats://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the server (SIGKILL: no goodbye to its clients, nothing flushed).
+    pub fn kill(&mut self) {
+        self.daemon = None;
+    }
+
+    /// Stops the server as an administrator would (SIGTERM: it flushes its store and says
+    /// goodbye), and waits for it to exit.
+    pub fn stop(&mut self) {
+        if let Some(mut d) = self.daemon.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &d.0.id().to_string()])
+                .status();
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(10) {
+                if matches!(d.0.try_wait(), Ok(Some(_))) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+
+    /// (Re)starts the server on its port and store, and waits until it accepts connections.
+    pub fn restart(&mut self) {
+        self.daemon = None;
+        let log = std::fs::File::create(self.dir.join("server.log")).unwrap();
+        let child = Command::new("nats-server")
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-sd",
+            ])
+            .arg(self.dir.join("store"))
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map(Killed)
+            .expect("nats-server starts (Debian package nats-server; ./run installs it)");
+        self.daemon = Some(child);
+        let port = self.port;
+        wait_for("nats-server to listen", Duration::from_secs(10), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+    }
+
+    /// What the server logged.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        self.daemon = None;
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

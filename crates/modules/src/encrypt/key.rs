@@ -38,6 +38,8 @@ const ITERATIONS: NonZeroU32 = match NonZeroU32::new(PBKDF2_ITERATIONS) {
 pub(crate) enum Source {
     KeyFile(PathBuf),
     Passphrase(PathBuf),
+    /// Handed over in memory (a link's key exchange), never read from a file.
+    Given,
 }
 
 /// A loaded key with its id. Its `Debug` shows the id only; its bytes are overwritten with
@@ -59,6 +61,12 @@ impl Key {
 
     pub(crate) fn bytes(&self) -> &[u8; KEY_LEN] {
         &self.bytes
+    }
+
+    /// A key handed over in memory: the NATS link's group key, which the device draws and
+    /// gives every admitted app side in its join handshake.
+    pub fn given(bytes: [u8; KEY_LEN]) -> Key {
+        Key::from_bytes(bytes, Source::Given)
     }
 
     /// The key id in hex (16 digits).
@@ -157,6 +165,12 @@ fn load(source: &Source) -> Result<Key, SetupError> {
             }
             Ok(Key::from_bytes(passphrase_key(pass), source.clone()))
         }
+        // Only `Key::given` makes such a key, and no config points at one.
+        Source::Given => Err(SetupError::NotAFile {
+            pair: PAIR,
+            what: "key handed over in memory",
+            path: PathBuf::from("(none)"),
+        }),
     }
 }
 

@@ -1,0 +1,1372 @@
+//! The NATS link's driver (`[link] transport = "nats"`): one device side, any number of app
+//! sides, all talking to a NATS server instead of to each other (docs/links.md "NATS").
+//!
+//! - The device side answers joins on `P.D.join` ([`ndd_link::nats::join`]): it checks the
+//!   app side's pinned identity and HELLO exactly as a direct link does, then hands it the
+//!   group key (and a split slot) sealed for it alone.
+//! - Every frame leaves its stack encrypted under the group key (the `encrypt` pair's format,
+//!   [`ndd_modules::encrypt`]), so the server and any subscriber that was not admitted see
+//!   ciphertext only. The key is kept in the ndd home (`nats-group-PREFIX-DRIVER.key`, mode
+//!   0600) so a restarted device side keeps the app sides it had.
+//! - Device → app frames of lossy streams go over core NATS (the newest frame wins; a slow
+//!   app side loses frames, never stalls the device); those of reliable streams are stored by
+//!   JetStream (a durable consumer per app side, acknowledged once its sink completed them),
+//!   so an app side that goes away and comes back resumes where it stopped, no loss, no
+//!   duplicates.
+//! - A `multiplex` layer at the end of a device → app stack says where each frame goes: to
+//!   every app side, to one of them (queue group / shared consumer), or piece `i` to slot `i`.
+//! - App → device frames go to `P.D.u.S` on core NATS: the device receives every app side's.
+
+use crate::config::{Config, Reliability, SideName};
+use crate::session::{load_identity, wall_ns, RunOptions, RunReport};
+use crate::stats::StreamStats;
+use anyhow::{anyhow, bail, Context, Result};
+use async_nats::jetstream;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use ndd_core::session::{decide_handshake, HandshakeDecision, PeerOpening};
+use ndd_core::{Frame, Half, Meta, Output, Pair, Role, Stack};
+use ndd_endpoint::Delivered;
+use ndd_link::nats::async_nats;
+use ndd_link::nats::join::{Admission, Host, Joiner, Welcome};
+use ndd_link::nats::record::{FrameRecord, END_SEQ};
+use ndd_link::nats::subjects::Subjects;
+use ndd_link::seal::LocalIdentity;
+use ndd_link::KnownPeers;
+use ndd_modules::encrypt::key::Key;
+use ndd_modules::encrypt::{Cipher, EncryptForward, EncryptInverse};
+use ndd_modules::multiplex::{route_of, Route};
+use ndd_modules::ModuleConfig;
+use ndd_wire::{CloseCode, Message, OwnedMessage};
+use std::collections::{HashMap, VecDeque};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+/// Replay window of the group key's inverse halves, in frames.
+const SEAL_WINDOW: u32 = 4096;
+/// JetStream publishes awaiting their acknowledgement, per stream, at most.
+const JS_IN_FLIGHT: usize = 256;
+/// How long JetStream keeps a message id to drop a republished duplicate.
+const JS_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+/// How far back a reliable stream publishes again after a reconnect to the server.
+const REPUBLISH_WINDOW: Duration = Duration::from_secs(5);
+/// At most this many bytes of it.
+const REPUBLISH_BYTES: usize = 64 << 20;
+
+type Shared<T> = Arc<Mutex<T>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The group key of `driver`: read from the ndd home, or drawn and written there (0600).
+fn group_key(home: &Path, prefix: &str, driver: &str) -> Result<[u8; 32]> {
+    use ring::rand::SecureRandom;
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let path = home.join(format!("nats-group-{prefix}-{driver}.key"));
+    match std::fs::read(&path) {
+        Ok(b) => {
+            let mode = std::fs::metadata(&path)?.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                bail!(
+                    "{} has permissions {mode:04o}, but it must be readable by its owner only; fix it with: chmod 600 {}",
+                    path.display(),
+                    path.display()
+                );
+            }
+            <[u8; 32]>::try_from(b.as_slice()).map_err(|_| {
+                anyhow!(
+                    "{} holds {} bytes, not a 32-byte group key; delete it to draw a new one (app sides then join again)",
+                    path.display(),
+                    b.len()
+                )
+            })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut k = [0u8; 32];
+            ring::rand::SystemRandom::new()
+                .fill(&mut k)
+                .map_err(|_| anyhow!("the system random number generator failed"))?;
+            std::fs::create_dir_all(home)
+                .with_context(|| format!("cannot create {}", home.display()))?;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .with_context(|| format!("cannot write the group key {}", path.display()))?;
+            f.write_all(&k)?;
+            Ok(k)
+        }
+        Err(e) => Err(anyhow!(e).context(format!("cannot read {}", path.display()))),
+    }
+}
+
+/// A random u64 (run ids).
+fn random_u64() -> u64 {
+    use ring::rand::SecureRandom;
+    let mut b = [0u8; 8];
+    if ring::rand::SystemRandom::new().fill(&mut b).is_err() {
+        return wall_ns() ^ u64::from(std::process::id()).rotate_left(32);
+    }
+    u64::from_be_bytes(b)
+}
+
+/// A short, subject-safe id of an identity (durable consumer names).
+fn short_id(fingerprint: &str) -> String {
+    let h = ndd_wire::param_hash(fingerprint);
+    format!("a{h:016x}")
+}
+
+/// What a stream is on the NATS link.
+#[derive(Debug, Clone)]
+struct Plan {
+    index: usize,
+    id: u16,
+    name: String,
+    reliable: bool,
+    /// This side runs the stream's source.
+    source: bool,
+    /// `split` pieces per frame, if the stream splits.
+    split: Option<u16>,
+    /// The stream goes round-robin.
+    round_robin: bool,
+}
+
+fn plans(cfg: &Config, side: SideName) -> Vec<Plan> {
+    cfg.streams
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let mux = s.pairs().into_iter().find_map(|m| match m {
+                ModuleConfig::Multiplex(c) => Some(c.clone()),
+                _ => None,
+            });
+            Plan {
+                index: i,
+                id: Config::stream_id(i),
+                name: s.name().to_string(),
+                reliable: s.reliability == Reliability::Reliable,
+                source: s.direction.source_side() == side,
+                split: mux
+                    .as_ref()
+                    .filter(|m| m.mode == ndd_modules::multiplex::Mode::Split)
+                    .map(|m| m.parts),
+                round_robin: mux
+                    .as_ref()
+                    .is_some_and(|m| m.mode == ndd_modules::multiplex::Mode::RoundRobin),
+            }
+        })
+        .collect()
+}
+
+fn user_stack(cfg: &Config, plan: &Plan, role: Role) -> Result<Stack> {
+    let pairs: Vec<&dyn Pair> = cfg.streams[plan.index]
+        .pairs()
+        .into_iter()
+        .map(|m| m as &dyn Pair)
+        .collect();
+    Stack::build(role, &plan.name, &pairs).map_err(|e| anyhow!("{e}"))
+}
+
+/// Runs one side over NATS until stopped, the duration ends, or (with `--once`) the
+/// sources end.
+pub async fn run_side(
+    cfg: &Config,
+    opts: RunOptions,
+    mut stop: watch::Receiver<bool>,
+) -> Result<RunReport> {
+    let side = opts.side;
+    let quiet = opts.quiet;
+    if opts.insecure || cfg.link.insecure {
+        bail!("the NATS link always authenticates both sides and encrypts every frame: drop --insecure / link.insecure");
+    }
+    cfg.probe_side(side)?;
+    let nats = &cfg.link.nats;
+    let subjects = Subjects::new(&nats.subject_prefix, &cfg.driver).map_err(|e| anyhow!(e))?;
+    let identity = load_identity(&opts.home)?;
+    KnownPeers::load(&opts.home)?;
+    let local = LocalIdentity::new(&identity).context("identity")?;
+    if !nats.tls_required() && !quiet {
+        tracing::warn!(side = %side, "the connection to the NATS server is plain TCP (allowed on loopback); frames are still encrypted end to end");
+    }
+    let connects = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let client = ndd_link::nats::connect(
+        nats,
+        &format!("ndd {side} {}", cfg.driver),
+        Duration::from_millis(cfg.link.connect_timeout_ms),
+        connects.clone(),
+    )
+    .await?;
+    if !quiet {
+        tracing::info!(side = %side, servers = %nats.servers.join(","), "connected to NATS");
+    }
+    let deadline = opts.duration.map(|d| Instant::now() + d);
+    let plans = plans(cfg, side);
+    let stats: Vec<Shared<StreamStats>> = plans
+        .iter()
+        .map(|p| {
+            Arc::new(Mutex::new(StreamStats::new(
+                &p.name,
+                if p.source { "source" } else { "sink" },
+                cfg.streams[p.index].direction.wire().to_string(),
+            )))
+        })
+        .collect();
+    let ctx = Ctx {
+        client: client.clone(),
+        subjects,
+        side,
+        quiet,
+        connects,
+        // The server's INFO may not be in yet right after connecting; 1 MiB is its default.
+        max_payload: match client.server_info().max_payload {
+            0 => 1 << 20,
+            n => n,
+        },
+    };
+    let mut tasks: JoinSet<Result<Option<(String, ndd_endpoint::CheckReport)>>> = JoinSet::new();
+    let peer;
+    match side {
+        SideName::Device => {
+            let key = group_key(&opts.home, &nats.subject_prefix, &cfg.driver)?;
+            let run = random_u64();
+            let slots = plans.iter().filter_map(|p| p.split).max().unwrap_or(0);
+            // The JetStream stream exists before any app side can join (they read where it
+            // stands when they join).
+            let js = if plans.iter().any(|p| p.source && p.reliable) {
+                Some(ensure_jetstream(&ctx, nats.store_mib).await?)
+            } else {
+                None
+            };
+            let (joined, mut joined_rx) = watch::channel(std::collections::HashSet::new());
+            serve_ready(&ctx, &key, joined).await?;
+            let host = JoinService {
+                ctx: ctx.clone(),
+                local,
+                hello: cfg.hello(side),
+                home: opts.home.clone(),
+                key,
+                run,
+                slots,
+                taken: HashMap::new(),
+                expiry: Duration::from_millis(cfg.link.handshake_timeout_ms.max(1000) * 2),
+            };
+            let joins = host.serve().await?;
+            tasks.spawn(async move {
+                joins.await.map_err(|e| anyhow!("join service: {e}"))??;
+                Ok(None)
+            });
+            let want = nats.min_app_sides as usize;
+            if want > 0 {
+                if !quiet {
+                    tracing::info!(side = %side, "waiting for {want} app side(s) to join before starting the sources");
+                }
+                let enough = joined_rx.wait_for(|j| j.len() >= want);
+                tokio::select! {
+                    r = enough => { r.map_err(|_| anyhow!("the join service stopped"))?; }
+                    _ = stop.changed() => bail!("stopped while waiting for {want} app side(s) to join"),
+                    _ = sleep_until_opt(deadline) => bail!("fewer than {want} app side(s) joined within --duration"),
+                }
+            }
+            for p in &plans {
+                spawn_stream(
+                    cfg,
+                    &ctx,
+                    p,
+                    &key,
+                    run,
+                    js.clone(),
+                    None,
+                    opts.once,
+                    &stats,
+                    &mut tasks,
+                )
+                .await?;
+            }
+            peer = format!("NATS {}", nats.servers.join(","));
+            if !quiet {
+                tracing::info!(side = %side, join = %ctx.subjects.join(), "serving app sides through NATS");
+            }
+        }
+        SideName::App => {
+            let hello = OwnedMessage::Hello(cfg.hello(side))
+                .as_message()
+                .emit_to_vec()
+                .context("encoding HELLO")?;
+            let js = if plans.iter().any(|p| !p.source && p.reliable) {
+                Some(jetstream::new(client.clone()))
+            } else {
+                None
+            };
+            let (admission, device, start) = tokio::select! {
+                a = join(&ctx, &local, &hello, &opts, cfg, js.as_ref()) => a?,
+                _ = stop.changed() => bail!("stopped before the device side admitted this side"),
+            };
+            if !quiet {
+                let slot = admission
+                    .slot
+                    .map(|s| format!(", split slot {s}"))
+                    .unwrap_or_default();
+                tracing::info!(side = %side, "joined device {device} through NATS{slot}; streams agreed");
+            }
+            let me = short_id(&local.fingerprint());
+            for p in &plans {
+                spawn_stream(
+                    cfg,
+                    &ctx,
+                    p,
+                    &admission.group_key,
+                    admission.run,
+                    js.clone(),
+                    Some((&admission, me.as_str(), start)),
+                    opts.once,
+                    &stats,
+                    &mut tasks,
+                )
+                .await?;
+            }
+            // Every subscription is in place at the server: tell the device.
+            client.flush().await.map_err(|e| anyhow!("NATS: {e}"))?;
+            let mut seal =
+                EncryptForward::new(&Key::given(admission.group_key), Cipher::Aes256Gcm)?;
+            let mut out = Output::new();
+            let meta = Meta {
+                stream: 0,
+                seq: 0,
+                timestamp_ns: wall_ns(),
+                flags: 0,
+            };
+            seal.handle_frame(
+                Instant::now(),
+                Frame::new(meta, local.fingerprint().as_bytes()),
+                &mut out,
+            )?;
+            for f in out.take_frames() {
+                client
+                    .publish(ctx.subjects.ready(), record(&f, admission.run))
+                    .await
+                    .map_err(|e| anyhow!("NATS: {e}"))?;
+            }
+            peer = device;
+        }
+    }
+
+    // Live stats and the stop conditions.
+    let mut checks = Vec::new();
+    let tick = opts.live_stats.unwrap_or(Duration::from_secs(3600));
+    let mut next = tokio::time::Instant::now() + tick;
+    let sources = plans.iter().filter(|p| p.source).count();
+    let mut result = Ok(());
+    loop {
+        tokio::select! {
+            _ = stop.changed() => break,
+            _ = sleep_until_opt(deadline) => break,
+            _ = tokio::time::sleep_until(next) => {
+                next += tick;
+                if opts.live_stats.is_some() {
+                    for s in &stats {
+                        let mut s = lock(s);
+                        if s.due(Instant::now()) {
+                            eprintln!("{}", s.live_line(side.as_str()));
+                        }
+                    }
+                }
+            }
+            done = tasks.join_next() => match done {
+                None => break,
+                Some(Ok(Ok(Some(c)))) => checks.push(c),
+                Some(Ok(Ok(None))) => {
+                    // A source stream ended; with --once the side ends with its sources.
+                    if opts.once && sources > 0 && tasks.len() <= usize::from(side == SideName::Device) {
+                        break;
+                    }
+                }
+                Some(Ok(Err(e))) => { result = Err(e); break; }
+                Some(Err(e)) => { result = Err(anyhow!("stream task failed: {e}")); break; }
+            },
+        }
+    }
+    let _ = client.flush().await;
+    tasks.abort_all();
+    while let Some(r) = tasks.join_next().await {
+        if let Ok(Ok(Some(c))) = r {
+            checks.push(c);
+        }
+    }
+    result?;
+    Ok(RunReport {
+        streams: stats.iter().map(|s| lock(s).summary()).collect(),
+        checks,
+        peer,
+        clock_offset: None,
+        recoveries: Vec::new(),
+    })
+}
+
+async fn sleep_until_opt(t: Option<Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What every task needs.
+#[derive(Clone)]
+struct Ctx {
+    client: async_nats::Client,
+    subjects: Subjects,
+    side: SideName,
+    quiet: bool,
+    /// Connections made to the server so far (a reconnect adds one).
+    connects: Arc<std::sync::atomic::AtomicU64>,
+    max_payload: usize,
+}
+
+/// The JetStream stream of the driver's reliable streams.
+async fn ensure_jetstream(ctx: &Ctx, store_mib: u64) -> Result<jetstream::Context> {
+    let js = jetstream::new(ctx.client.clone());
+    let config = jetstream::stream::Config {
+        name: ctx.subjects.jetstream(),
+        subjects: vec![ctx.subjects.jetstream_subjects()],
+        storage: jetstream::stream::StorageType::File,
+        max_bytes: i64::try_from(store_mib.saturating_mul(1 << 20)).unwrap_or(i64::MAX),
+        discard: jetstream::stream::DiscardPolicy::Old,
+        duplicate_window: JS_DUPLICATE_WINDOW,
+        ..Default::default()
+    };
+    js.get_or_create_stream(config).await.map_err(|e| {
+        anyhow!(
+            "JetStream stream {}: {e} (reliable streams need JetStream: start nats-server with -js, or set reliability = \"lossy\")",
+            ctx.subjects.jetstream()
+        )
+    })?;
+    Ok(js)
+}
+
+/// Counts the app sides that said they are ready (a frame sealed under the group key
+/// carrying their fingerprint: nobody else can make one).
+async fn serve_ready(
+    ctx: &Ctx,
+    key: &[u8; 32],
+    joined: watch::Sender<std::collections::HashSet<String>>,
+) -> Result<()> {
+    let subject = ctx.subjects.ready();
+    let mut sub = ctx
+        .client
+        .subscribe(subject.clone())
+        .await
+        .map_err(|e| anyhow!("cannot subscribe to {subject}: {e}"))?;
+    let mut open = EncryptInverse::new(Arc::new(Key::given(*key)), Cipher::Aes256Gcm, SEAL_WINDOW);
+    tokio::spawn(async move {
+        let mut out = Output::new();
+        while let Some(m) = sub.next().await {
+            let Some(rec) = FrameRecord::parse(&m.payload) else {
+                continue;
+            };
+            let meta = Meta {
+                stream: rec.stream,
+                seq: rec.seq,
+                timestamp_ns: rec.timestamp_ns,
+                flags: rec.flags,
+            };
+            if open
+                .handle_frame(
+                    Instant::now(),
+                    Frame::from_bytes(meta, rec.payload),
+                    &mut out,
+                )
+                .is_err()
+            {
+                continue;
+            }
+            for f in out.take_frames() {
+                let fp = String::from_utf8_lossy(f.payload()).into_owned();
+                joined.send_modify(|j| {
+                    j.insert(fp);
+                });
+            }
+        }
+    });
+    Ok(())
+}
+
+/// The device's join service.
+struct JoinService {
+    ctx: Ctx,
+    local: LocalIdentity,
+    hello: ndd_wire::HelloRepr,
+    home: std::path::PathBuf,
+    key: [u8; 32],
+    run: u64,
+    /// Split slots (0: the driver does not split).
+    slots: u16,
+    /// Slot of each app side that holds one, by fingerprint.
+    taken: HashMap<String, u16>,
+    expiry: Duration,
+}
+
+impl JoinService {
+    async fn serve(mut self) -> Result<tokio::task::JoinHandle<Result<()>>> {
+        let subject = self.ctx.subjects.join();
+        let mut sub = self
+            .ctx
+            .client
+            .subscribe(subject.clone())
+            .await
+            .map_err(|e| anyhow!("cannot subscribe to {subject}: {e}"))?;
+        Ok(tokio::spawn(async move {
+            let mut host = Host::new(self.expiry);
+            let mut logs = ndd_core::RateLimit::with_burst(Duration::from_secs(1), 5);
+            while let Some(m) = sub.next().await {
+                let Some(reply) = m.reply.clone() else {
+                    continue;
+                };
+                let answer = self.answer(&mut host, &m.payload);
+                match answer {
+                    Ok(a) => {
+                        let _ = self.ctx.client.publish(reply, a.into()).await;
+                    }
+                    Err(e) => {
+                        if let Some(n) = logs.admit(Instant::now()) {
+                            let more = if n > 0 {
+                                format!(" ({n} more like it not shown)")
+                            } else {
+                                String::new()
+                            };
+                            tracing::warn!(side = "device", "rejected a join request: {e}{more}");
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }))
+    }
+
+    fn answer(&mut self, host: &mut Host, msg: &[u8]) -> Result<Vec<u8>> {
+        let now = Instant::now();
+        match ndd_link::nats::join::message_type(msg) {
+            Some(1) => Ok(host.handle_init(now, &self.local, msg)?),
+            Some(3) => {
+                let f = host.handle_finish(now, msg)?;
+                let welcome = self.decide(&f.peer_fingerprint, &f.hello);
+                if let Welcome::Refused { reason, .. } = &welcome {
+                    if !self.ctx.quiet {
+                        tracing::warn!(side = "device", "refused an app side: {reason}");
+                    }
+                }
+                Ok(f.welcome(&welcome)?)
+            }
+            _ => bail!("not a join message"),
+        }
+    }
+
+    fn decide(&mut self, fp: &str, hello: &[u8]) -> Welcome {
+        let refuse = |code: CloseCode, reason: String| Welcome::Refused {
+            code: code.to_u16(),
+            reason,
+        };
+        let known = match KnownPeers::load(&self.home) {
+            Ok(k) => k,
+            Err(e) => {
+                return refuse(
+                    CloseCode::InternalError,
+                    format!("the device side cannot read its known_peers: {e}"),
+                )
+            }
+        };
+        let Some(t) = known.lookup(fp) else {
+            tracing::warn!(
+                side = "device",
+                "refused untrusted app side with fingerprint {fp}; if you trust it, run: ndd trust {fp} --home {}",
+                self.home.display()
+            );
+            return refuse(
+                CloseCode::UntrustedPeer,
+                format!(
+                    "this install ({fp}) is not trusted by the device side ({}); on the device's machine run: ndd trust {fp}",
+                    self.local.fingerprint()
+                ),
+            );
+        };
+        let name = t.name.clone().unwrap_or_else(|| fp.to_string());
+        let opening = match Message::parse(hello, 1 << 20) {
+            Ok((m, _)) => Some(m.to_owned_message()),
+            Err(_) => None,
+        };
+        let decision = match &opening {
+            Some(m) => decide_handshake(&self.hello, PeerOpening::Message(m)),
+            None => HandshakeDecision::NotAPeer("its HELLO does not parse".into()),
+        };
+        match decision {
+            HandshakeDecision::Agree(_) => {}
+            HandshakeDecision::Refuse { code, reason } => return refuse(code, reason),
+            HandshakeDecision::RefusedByPeer { reason, .. }
+            | HandshakeDecision::NotAPeer(reason) => {
+                return refuse(CloseCode::ProtocolError, reason);
+            }
+        }
+        let slot = if self.slots == 0 {
+            None
+        } else if let Some(s) = self.taken.get(fp) {
+            Some(*s)
+        } else {
+            match (0..self.slots).find(|s| !self.taken.values().any(|t| t == s)) {
+                Some(s) => {
+                    self.taken.insert(fp.to_string(), s);
+                    Some(s)
+                }
+                None => {
+                    return refuse(
+                        CloseCode::InternalError,
+                        format!(
+                            "all {} split slots are taken (by {}); a slot stays with the app side that had it",
+                            self.slots,
+                            self.taken.keys().cloned().collect::<Vec<_>>().join(", ")
+                        ),
+                    )
+                }
+            }
+        };
+        if !self.ctx.quiet {
+            let s = slot
+                .map(|s| format!(" (split slot {s})"))
+                .unwrap_or_default();
+            tracing::info!(side = "device", "app side {name} joined{s}");
+        }
+        Welcome::Admitted(Admission {
+            group_key: self.key,
+            slot,
+            run: self.run,
+        })
+    }
+}
+
+/// The app side's join: retried while no device answers (unless `--once` and the connect
+/// timeout passed); a refusal or an untrusted device ends it.
+async fn join(
+    ctx: &Ctx,
+    local: &LocalIdentity,
+    hello: &[u8],
+    opts: &RunOptions,
+    cfg: &Config,
+    js: Option<&jetstream::Context>,
+) -> Result<(Admission, String, u64)> {
+    let started = Instant::now();
+    let give_up = Duration::from_millis(cfg.link.connect_timeout_ms);
+    let per_try = Duration::from_millis(cfg.link.handshake_timeout_ms);
+    let subject = ctx.subjects.join();
+    let mut backoff = Duration::from_millis(100);
+    let mut said = false;
+    loop {
+        let attempt = async {
+            let mut j = Joiner::new()?;
+            let reply = request(ctx, &subject, j.init(), per_try).await?;
+            let (fp, finish) = j.handle_reply(local, &reply, hello)?;
+            let known = KnownPeers::load(&opts.home)?;
+            let Some(t) = known.lookup(&fp) else {
+                return Ok::<_, anyhow::Error>(Err(anyhow!(
+                    "refused untrusted device side with fingerprint {fp} (answering on {subject}); if you trust it, run: ndd trust {fp} --home {}",
+                    opts.home.display()
+                )));
+            };
+            let name = t.name.clone().unwrap_or(fp);
+            // Where the device's stored streams stand before it admits us: everything
+            // after this is ours.
+            let start = match js {
+                Some(js) => {
+                    let s = js.get_stream(ctx.subjects.jetstream()).await.map_err(|e| {
+                        anyhow!("JetStream stream {}: {e}", ctx.subjects.jetstream())
+                    })?;
+                    s.get_info()
+                        .await
+                        .map_err(|e| anyhow!("JetStream stream {}: {e}", ctx.subjects.jetstream()))?
+                        .state
+                        .last_sequence
+                        + 1
+                }
+                None => 1,
+            };
+            let welcome = request(ctx, &subject, finish, per_try).await?;
+            Ok(match j.handle_welcome(&welcome)? {
+                Welcome::Admitted(a) => Ok((a, name, start)),
+                Welcome::Refused { reason, .. } => {
+                    Err(anyhow!("the device side refused this side: {reason}"))
+                }
+            })
+        };
+        match attempt.await {
+            Ok(final_answer) => return final_answer,
+            Err(e) => {
+                if opts.once && started.elapsed() >= give_up {
+                    return Err(e.context(format!(
+                        "no device side answered on {subject} within {:.1} s",
+                        give_up.as_secs_f64()
+                    )));
+                }
+                if !said && !ctx.quiet {
+                    tracing::info!(
+                        side = "app",
+                        "waiting for the device side on {subject}: {e:#}"
+                    );
+                    said = true;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff =
+                    (backoff * 2).min(Duration::from_millis(cfg.link.max_backoff_ms.max(100)));
+            }
+        }
+    }
+}
+
+async fn request(ctx: &Ctx, subject: &str, body: Vec<u8>, limit: Duration) -> Result<Bytes> {
+    let r = tokio::time::timeout(limit, ctx.client.request(subject.to_string(), body.into()))
+        .await
+        .map_err(|_| anyhow!("no answer within {:.1} s", limit.as_secs_f64()))?;
+    match r {
+        Ok(m) => Ok(m.payload),
+        Err(e) if e.kind() == async_nats::client::RequestErrorKind::NoResponders => {
+            bail!("no device side is serving {subject}")
+        }
+        Err(e) => bail!("join request on {subject}: {e}"),
+    }
+}
+
+/// Starts one stream's endpoint and its task.
+#[allow(clippy::too_many_arguments)]
+async fn spawn_stream(
+    cfg: &Config,
+    ctx: &Ctx,
+    plan: &Plan,
+    key: &[u8; 32],
+    run: u64,
+    js: Option<jetstream::Context>,
+    app: Option<(&Admission, &str, u64)>,
+    once: bool,
+    stats: &[Shared<StreamStats>],
+    tasks: &mut JoinSet<Result<Option<(String, ndd_endpoint::CheckReport)>>>,
+) -> Result<()> {
+    let s = &cfg.streams[plan.index];
+    let stats = stats[plan.index].clone();
+    let name = plan.name.clone();
+    let (tx, rx) = mpsc::channel::<Frame>(64);
+    if plan.source {
+        let source = s
+            .source
+            .spawn_on_demand(plan.id, tx, None)
+            .with_context(|| {
+                format!(
+                    "stream \"{name}\": cannot start source {}",
+                    s.source.describe()
+                )
+            })?;
+        let stack = user_stack(cfg, plan, Role::Source)?;
+        let seal = EncryptForward::new(&Key::given(*key), Cipher::Aes256Gcm)?;
+        let out = Publisher {
+            ctx: ctx.clone(),
+            plan: plan.clone(),
+            run,
+            js: if plan.reliable && app.is_none() {
+                js
+            } else {
+                None
+            },
+            acks: VecDeque::new(),
+            recent: VecDeque::new(),
+            recent_bytes: 0,
+            connects: ctx.connects.load(std::sync::atomic::Ordering::Acquire),
+        };
+        tasks.spawn(async move {
+            let r = pump_source(rx, stack, seal, out, stats).await;
+            source.abort();
+            r.map(|()| None)
+        });
+    } else {
+        let done = Delivered::default();
+        let sink = s.sink.spawn_tracked(rx, done.clone()).with_context(|| {
+            format!("stream \"{name}\": cannot start sink {}", s.sink.describe())
+        })?;
+        let stack = user_stack(cfg, plan, Role::Sink)?;
+        let seal = EncryptInverse::new(Arc::new(Key::given(*key)), Cipher::Aes256Gcm, SEAL_WINDOW);
+        let input = subscribe(ctx, plan, js, app).await?;
+        let end_sub = if plan.round_robin && app.is_some() {
+            let subject = ctx.subjects.end(plan.id);
+            Some(
+                ctx.client
+                    .subscribe(subject.clone())
+                    .await
+                    .map_err(|e| anyhow!("cannot subscribe to {subject}: {e}"))?,
+            )
+        } else {
+            None
+        };
+        tasks.spawn(async move {
+            let r = pump_sink(input, end_sub, once, stack, seal, tx, done, stats).await;
+            let report = match sink.await {
+                Ok(Ok(rep)) => rep.check.map(|c| (name.clone(), c)),
+                Ok(Err(e)) => {
+                    return Err(anyhow!(e).context(format!("stream \"{name}\": sink failed")))
+                }
+                Err(_) => None,
+            };
+            r?;
+            Ok(report)
+        });
+    }
+    Ok(())
+}
+
+/// Where a source's frames go.
+struct Publisher {
+    ctx: Ctx,
+    plan: Plan,
+    run: u64,
+    js: Option<jetstream::Context>,
+    acks: VecDeque<(String, String, Bytes, jetstream::context::PublishAckFuture)>,
+    /// What went to JetStream in the last [`REPUBLISH_WINDOW`]: published again, in order,
+    /// after a reconnect, because a server that died may have acknowledged messages it had
+    /// not written yet (JetStream drops the ones it has by their message id).
+    recent: VecDeque<(Instant, String, String, Bytes)>,
+    recent_bytes: usize,
+    /// The connection count when this publisher last looked.
+    connects: u64,
+}
+
+impl Publisher {
+    fn subject(&self, route: Route) -> (String, Option<String>) {
+        let part = match route {
+            Route::Part { part, .. } => Some(part),
+            Route::All | Route::Any => None,
+        };
+        let s = if self.plan.source && self.ctx.side == SideName::App {
+            self.ctx.subjects.up(self.plan.id)
+        } else {
+            self.ctx
+                .subjects
+                .down(self.plan.id, self.js.is_some(), part)
+        };
+        (s, part.map(|p| p.to_string()))
+    }
+
+    async fn publish(&mut self, frame: Frame, route: Route) -> Result<()> {
+        let rec = record(&frame, self.run);
+        if rec.len() > self.ctx.max_payload {
+            bail!(
+                "stream \"{}\": a frame of {} bytes exceeds the NATS server's max_payload ({} bytes); raise max_payload in the server's configuration, or cut frames with multiplex split",
+                self.plan.name,
+                rec.len(),
+                self.ctx.max_payload
+            );
+        }
+        let (subject, part) = self.subject(route);
+        match self.js.clone() {
+            None => {
+                self.ctx
+                    .client
+                    .publish(subject, rec)
+                    .await
+                    .map_err(|e| anyhow!("stream \"{}\": publish: {e}", self.plan.name))?;
+            }
+            Some(js) => {
+                let id = format!(
+                    "{:x}-{}-{}-{}",
+                    self.run,
+                    self.plan.id,
+                    u64::from_be_bytes(rec[12..20].try_into().unwrap_or_default()),
+                    part.unwrap_or_default()
+                );
+                self.republish_after_reconnect(&js).await;
+                let fut = js_publish(&js, &subject, &id, rec.clone()).await;
+                let now = Instant::now();
+                self.recent_bytes += rec.len();
+                self.recent
+                    .push_back((now, subject.clone(), id.clone(), rec.clone()));
+                while self.recent.front().is_some_and(|(t, ..)| {
+                    now.duration_since(*t) > REPUBLISH_WINDOW || self.recent_bytes > REPUBLISH_BYTES
+                }) {
+                    if let Some((_, _, _, r)) = self.recent.pop_front() {
+                        self.recent_bytes -= r.len();
+                    }
+                }
+                self.acks.push_back((subject, id, rec, fut));
+                while self.acks.len() > JS_IN_FLIGHT {
+                    self.settle_one(&js).await;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// After a reconnect: everything of the last few seconds again, in order, before
+    /// anything new.
+    async fn republish_after_reconnect(&mut self, js: &jetstream::Context) {
+        let now = self.ctx.connects.load(std::sync::atomic::Ordering::Acquire);
+        if now == self.connects {
+            return;
+        }
+        self.connects = now;
+        tracing::debug!(
+            stream = %self.plan.name,
+            messages = self.recent.len(),
+            "reconnected to NATS: publishing the recent frames again"
+        );
+        let recent: Vec<_> = self.recent.iter().cloned().collect();
+        for (_, subject, id, rec) in recent {
+            let fut = js_publish(js, &subject, &id, rec.clone()).await;
+            self.acks.push_back((subject, id, rec, fut));
+            while self.acks.len() > JS_IN_FLIGHT {
+                self.settle_one(js).await;
+            }
+        }
+    }
+
+    /// Waits for the oldest JetStream acknowledgement; a failed one is published again
+    /// (same message id: JetStream drops it if the first did arrive) until it is stored.
+    async fn settle_one(&mut self, js: &jetstream::Context) {
+        let Some((subject, id, rec, fut)) = self.acks.pop_front() else {
+            return;
+        };
+        let mut fut = fut;
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match fut.await {
+                Ok(_) => return,
+                Err(e) => {
+                    tracing::debug!(%subject, error = %e, "JetStream publish not acknowledged; again");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                    fut = js_publish(js, &subject, &id, rec.clone()).await;
+                }
+            }
+        }
+    }
+
+    /// Tells the app sides the stream ended: a sealed empty frame numbered [`END_SEQ`] on
+    /// every subject the stream uses, after everything else.
+    async fn end(&mut self, seal: &mut EncryptForward) -> Result<()> {
+        let routes: Vec<Route> = match self.plan.split {
+            Some(parts) => (0..parts).map(|part| Route::Part { part, parts }).collect(),
+            None => vec![Route::All],
+        };
+        for route in routes {
+            let meta = Meta {
+                stream: self.plan.id,
+                seq: END_SEQ,
+                timestamp_ns: wall_ns(),
+                flags: 0,
+            };
+            let mut out = Output::new();
+            seal.handle_frame(Instant::now(), Frame::new(meta, &[]), &mut out)?;
+            for f in out.take_frames() {
+                if self.plan.round_robin {
+                    let rec = record(&f, self.run);
+                    let _ = self
+                        .ctx
+                        .client
+                        .publish(self.ctx.subjects.end(self.plan.id), rec)
+                        .await;
+                }
+                self.publish(f, route).await?;
+            }
+        }
+        self.flush().await;
+        Ok(())
+    }
+
+    async fn flush(&mut self) {
+        if let Some(js) = self.js.clone() {
+            while !self.acks.is_empty() {
+                self.settle_one(&js).await;
+            }
+        }
+        let _ = self.ctx.client.flush().await;
+    }
+}
+
+/// The NATS message of a frame.
+fn record(frame: &Frame, run: u64) -> Bytes {
+    FrameRecord {
+        stream: frame.meta.stream,
+        flags: frame.meta.flags,
+        run,
+        seq: frame.meta.seq,
+        timestamp_ns: frame.meta.timestamp_ns,
+        payload: Bytes::copy_from_slice(frame.payload()),
+    }
+    .encode()
+}
+
+/// Publishes once; a publish that cannot even be sent comes back as a failed ack future
+/// after a short wait (the caller retries).
+async fn js_publish(
+    js: &jetstream::Context,
+    subject: &str,
+    id: &str,
+    rec: Bytes,
+) -> jetstream::context::PublishAckFuture {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, id);
+        match js
+            .publish_with_headers(subject.to_string(), headers, rec.clone())
+            .await
+        {
+            Ok(f) => return f,
+            Err(e) => {
+                tracing::debug!(%subject, error = %e, "JetStream publish failed; again");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+/// Source endpoint → stack → route → group key → NATS.
+async fn pump_source(
+    mut rx: mpsc::Receiver<Frame>,
+    mut stack: Stack,
+    mut seal: EncryptForward,
+    mut out: Publisher,
+    stats: Shared<StreamStats>,
+) -> Result<()> {
+    let name = out.plan.name.clone();
+    let mut sealed = Output::new();
+    loop {
+        let wake = stack.poll_timeout();
+        let frame = tokio::select! {
+            f = rx.recv() => f,
+            _ = sleep_until_opt(wake) => {
+                stack.handle_timeout(Instant::now()).map_err(|e| anyhow!("{e}"))?;
+                drain(&mut stack, &mut seal, &mut sealed, &mut out, &stats, &name).await?;
+                continue;
+            }
+        };
+        let Some(frame) = frame else {
+            stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
+            drain(&mut stack, &mut seal, &mut sealed, &mut out, &stats, &name).await?;
+            out.flush().await;
+            out.end(&mut seal).await?;
+            return Ok(());
+        };
+        lock(&stats).produced(frame.len());
+        stack
+            .handle_frame(Instant::now(), frame)
+            .map_err(|e| anyhow!("{e}"))?;
+        drain(&mut stack, &mut seal, &mut sealed, &mut out, &stats, &name).await?;
+    }
+}
+
+async fn drain(
+    stack: &mut Stack,
+    seal: &mut EncryptForward,
+    sealed: &mut Output,
+    out: &mut Publisher,
+    stats: &Shared<StreamStats>,
+    name: &str,
+) -> Result<()> {
+    while let Some(f) = stack.poll_frame() {
+        let route = if out.plan.split.is_some() || out.plan.round_robin || has_mux(stack) {
+            route_of(f.payload()).map_err(|e| anyhow!("stream \"{name}\": {e}"))?
+        } else {
+            Route::All
+        };
+        seal.handle_frame(Instant::now(), f, sealed)
+            .map_err(|e| anyhow!("stream \"{name}\": encrypt: {e}"))?;
+        for f in sealed.take_frames() {
+            {
+                let mut s = lock(stats);
+                s.wire_frames += 1;
+                s.wire_bytes += f.len() as u64;
+                s.layers = stack.stats();
+            }
+            out.publish(f, route).await?;
+        }
+    }
+    Ok(())
+}
+
+fn has_mux(stack: &Stack) -> bool {
+    stack.modules().last() == Some(&"multiplex")
+}
+
+/// Where a sink's records come from.
+enum Input {
+    Core(async_nats::Subscriber),
+    Stored(Box<jetstream::consumer::pull::Stream>),
+}
+
+async fn subscribe(
+    ctx: &Ctx,
+    plan: &Plan,
+    js: Option<jetstream::Context>,
+    app: Option<(&Admission, &str, u64)>,
+) -> Result<Input> {
+    let Some((adm, me, start)) = app else {
+        // The device side's sinks: every app side's frames on the stream's up subject.
+        let subject = ctx.subjects.up(plan.id);
+        let sub = ctx
+            .client
+            .subscribe(subject.clone())
+            .await
+            .map_err(|e| anyhow!("cannot subscribe to {subject}: {e}"))?;
+        return Ok(Input::Core(sub));
+    };
+    let part = match plan.split {
+        Some(parts) => match adm.slot {
+            Some(s) if s < parts => Some(s),
+            _ => bail!(
+                "stream \"{}\": the device side split it in {parts} parts but gave this side no slot below {parts}",
+                plan.name
+            ),
+        },
+        None => None,
+    };
+    match js.filter(|_| plan.reliable) {
+        None => {
+            let subject = ctx.subjects.down(plan.id, false, part);
+            let sub = if plan.round_robin {
+                ctx.client
+                    .queue_subscribe(subject.clone(), ctx.subjects.group(plan.id))
+                    .await
+            } else {
+                ctx.client.subscribe(subject.clone()).await
+            }
+            .map_err(|e| anyhow!("cannot subscribe to {subject}: {e}"))?;
+            Ok(Input::Core(sub))
+        }
+        Some(js) => {
+            let stream = js.get_stream(ctx.subjects.jetstream()).await.map_err(|e| {
+                anyhow!(
+                    "JetStream stream {}: {e} (the device side creates it when it starts)",
+                    ctx.subjects.jetstream()
+                )
+            })?;
+            let durable = if plan.round_robin {
+                ctx.subjects.group(plan.id)
+            } else {
+                ctx.subjects.durable(me, plan.id, part)
+            };
+            // This side's own consumer, back again (a restart, a crash): it starts over at the
+            // first message it had not acknowledged, so frames come in order and none is
+            // lost; what it had delivered but not yet acknowledged comes again and is
+            // dropped by sequence number below.
+            let mut start = start;
+            if !plan.round_robin {
+                if let Ok(c) = stream
+                    .get_consumer::<jetstream::consumer::pull::Config>(&durable)
+                    .await
+                {
+                    start = c.cached_info().ack_floor.stream_sequence + 1;
+                    let _ = stream.delete_consumer(&durable).await;
+                }
+            }
+            let config = jetstream::consumer::pull::Config {
+                durable_name: Some(durable.clone()),
+                filter_subject: ctx.subjects.down(plan.id, true, part),
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                // A new consumer starts at the first message stored after this side asked
+                // to join.
+                deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: start,
+                },
+                ack_wait: Duration::from_secs(10),
+                max_ack_pending: 4096,
+                ..Default::default()
+            };
+            let consumer = stream
+                .get_or_create_consumer(&durable, config)
+                .await
+                .map_err(|e| anyhow!("JetStream consumer {durable}: {e}"))?;
+            let messages = consumer
+                .messages()
+                .await
+                .map_err(|e| anyhow!("JetStream consumer {durable}: {e}"))?;
+            Ok(Input::Stored(Box::new(messages)))
+        }
+    }
+}
+
+/// NATS → group key → stack → sink endpoint; JetStream messages are acknowledged once the
+/// sink completed everything handed to it.
+#[allow(clippy::too_many_arguments)]
+async fn pump_sink(
+    mut input: Input,
+    mut end_sub: Option<async_nats::Subscriber>,
+    once: bool,
+    mut stack: Stack,
+    mut seal: EncryptInverse,
+    tx: mpsc::Sender<Frame>,
+    done: Delivered,
+    stats: Shared<StreamStats>,
+) -> Result<()> {
+    let mut opened = Output::new();
+    let mut last: Option<(u64, u64)> = None;
+    let mut handed = 0u64;
+    let mut unacked: VecDeque<jetstream::Message> = VecDeque::new();
+    // JetStream sequence up to which this process acknowledged everything.
+    let mut acked_to = 0u64;
+    let mut bad = ndd_core::RateLimit::with_burst(Duration::from_secs(1), 5);
+    let mut check = tokio::time::interval(Duration::from_millis(20));
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let wake = stack.poll_timeout();
+        let next = tokio::select! {
+            m = async {
+                match &mut input {
+                    Input::Core(s) => s.next().await.map(|m| Ok((m.payload, None))),
+                    Input::Stored(s) => s.next().await.map(|r| r.map(|m| (m.payload.clone(), Some(m)))),
+                }
+            } => m,
+            Some(m) = async {
+                match end_sub.as_mut() {
+                    Some(s) => s.next().await,
+                    None => std::future::pending().await,
+                }
+            } => Some(Ok((m.payload, None))),
+            _ = sleep_until_opt(wake) => {
+                stack.handle_timeout(Instant::now()).map_err(|e| anyhow!("{e}"))?;
+                handed += deliver(&mut stack, &tx, &stats).await?;
+                continue;
+            }
+            _ = check.tick(), if !unacked.is_empty() => {
+                if done.count() >= handed && stack.poll_timeout().is_none() {
+                    ack_all(&mut unacked, &mut acked_to).await;
+                }
+                continue;
+            }
+        };
+        let (payload, stored) = match next {
+            None => return Ok(()),
+            Some(Ok(x)) => x,
+            Some(Err(e)) => {
+                tracing::warn!("JetStream: {e}; going on");
+                continue;
+            }
+        };
+        let rec = FrameRecord::parse(&payload);
+        let fresh = match &stored {
+            // JetStream delivers again what was not acknowledged in time: a frame this
+            // process handled already is still waiting for its acknowledgement.
+            Some(m) => {
+                let sseq = m.info().map(|i| i.stream_sequence).unwrap_or(0);
+                let again = sseq <= acked_to
+                    || unacked
+                        .iter()
+                        .any(|u| u.info().is_ok_and(|i| i.stream_sequence == sseq));
+                rec.is_some() && !again
+            }
+            None => rec.as_ref().is_some_and(|r| match last {
+                Some((run, seq)) if run == r.run => r.seq > seq,
+                _ => true,
+            }),
+        };
+        if let Some(m) = stored {
+            if fresh {
+                unacked.push_back(m);
+            }
+        }
+        let Some(rec) = rec else {
+            if bad.admit(Instant::now()).is_some() {
+                tracing::warn!("dropped a NATS message shorter than a frame record");
+            }
+            continue;
+        };
+        if !fresh {
+            lock(&stats).duplicates += 1;
+            continue;
+        }
+        let meta = Meta {
+            stream: rec.stream,
+            seq: rec.seq,
+            timestamp_ns: rec.timestamp_ns,
+            flags: rec.flags,
+        };
+        {
+            let mut s = lock(&stats);
+            s.wire_frames += 1;
+            s.wire_bytes += rec.payload.len() as u64;
+        }
+        if let Err(e) = seal.handle_frame(
+            Instant::now(),
+            Frame::from_bytes(meta, rec.payload),
+            &mut opened,
+        ) {
+            if bad.admit(Instant::now()).is_some() {
+                tracing::warn!("dropped a frame that does not open under the group key: {e}");
+            }
+            continue;
+        }
+        for f in opened.take_frames() {
+            if f.meta.seq == END_SEQ && f.is_empty() {
+                if once {
+                    stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
+                    handed += deliver(&mut stack, &tx, &stats).await?;
+                    // Everything before the end is acknowledged once the sink completed it.
+                    drop(tx);
+                    let t0 = Instant::now();
+                    while done.count() < handed && t0.elapsed() < Duration::from_secs(10) {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    if done.count() >= handed {
+                        ack_all(&mut unacked, &mut acked_to).await;
+                    }
+                    return Ok(());
+                }
+                tracing::info!(
+                    "the device side's source of this stream ended; waiting for it to start again"
+                );
+                continue;
+            }
+            last = Some((rec.run, rec.seq));
+            if let Err(e) = stack.handle_frame(Instant::now(), f) {
+                if bad.admit(Instant::now()).is_some() {
+                    tracing::warn!("{e}; frame dropped");
+                }
+            }
+        }
+        handed += deliver(&mut stack, &tx, &stats).await?;
+    }
+}
+
+/// Acknowledges every stored message handed on (in order; the last one waits for the
+/// server's confirmation, which covers the others).
+async fn ack_all(unacked: &mut VecDeque<jetstream::Message>, acked_to: &mut u64) {
+    let n = unacked.len();
+    for (i, m) in unacked.drain(..).enumerate() {
+        let r = if i + 1 == n {
+            m.double_ack().await
+        } else {
+            m.ack().await
+        };
+        if r.is_ok() {
+            if let Ok(info) = m.info() {
+                *acked_to = (*acked_to).max(info.stream_sequence);
+            }
+        }
+    }
+}
+
+async fn deliver(
+    stack: &mut Stack,
+    tx: &mpsc::Sender<Frame>,
+    stats: &Shared<StreamStats>,
+) -> Result<u64> {
+    let mut n = 0;
+    while let Some(f) = stack.poll_frame() {
+        {
+            let mut s = lock(stats);
+            s.delivered(f.len(), f.meta.timestamp_ns, wall_ns());
+            s.layers = stack.stats();
+        }
+        if tx.send(f).await.is_err() {
+            bail!("the sink endpoint stopped accepting frames");
+        }
+        n += 1;
+    }
+    Ok(n)
+}

@@ -1,0 +1,450 @@
+//! The NATS link with real processes and Debian's `nats-server`: one device side feeding
+//! three app sides (every frame to each, on core NATS and on JetStream), round-robin and
+//! split spreading, strangers that get nothing they can read, and the faults that must lose
+//! nothing on reliable streams: an app side killed and started again, the server restarted.
+
+mod common;
+
+use common::*;
+use ndd_procs::Nats;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+fn nats_or_skip() -> bool {
+    if let Some(m) = missing(&["nats-server"]) {
+        eprintln!("SKIPPED: {m} not installed (./run installs Debian's nats-server)");
+        return false;
+    }
+    true
+}
+
+/// `ndd run` with the NATS driver's log lines on.
+fn side(cfg: &Path, side: &str, home: &Path, extra: &[&str]) -> Side {
+    let mut c = run_cmd(cfg, side, home, extra);
+    c.env("NDD_LOG", "warn,ndd::fanout=info");
+    Side::spawn(c)
+}
+
+/// A device home and `n` app homes, each app trusting the device and trusted by it.
+fn homes_n(dir: &Path, n: usize) -> (PathBuf, Vec<PathBuf>) {
+    let d = dir.join("dev");
+    let dfp = ok(ndd().args(["id", "--home"]).arg(&d)).trim().to_string();
+    let apps = (0..n)
+        .map(|i| {
+            let a = dir.join(format!("app{i}"));
+            let afp = ok(ndd().args(["id", "--home"]).arg(&a)).trim().to_string();
+            ok(ndd()
+                .args(["trust", &afp, "--name", &format!("app{i}"), "--home"])
+                .arg(&d));
+            ok(ndd()
+                .args(["trust", &dfp, "--name", "device", "--home"])
+                .arg(&a));
+            a
+        })
+        .collect();
+    (d, apps)
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn link(url: &str, min: usize) -> String {
+    format!(
+        "[link]\ntransport = \"nats\"\nconnect_timeout_ms = 20000\n[link.nats]\nservers = [\"{url}\"]\nmin_app_sides = {min}\n"
+    )
+}
+
+#[test]
+fn every_app_side_gets_every_frame_on_core_nats_and_on_jetstream() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-all");
+    let nats = Nats::start("all", &[]);
+    let (dev, apps) = homes_n(&dir.0, 3);
+    let cfg = write(
+        &dir.0,
+        "all.toml",
+        &format!(
+            "driver = \"fan\"\n{}\n{}",
+            link(&nats.url(), 3),
+            r#"
+[[stream]]
+name = "lossy"
+direction = "device-to-app"
+reliability = "lossy"
+source = { type = "synthetic", size = 100, interval_ms = 4.0, count = 300, seed = 1 }
+sink = { type = "check", seed = 1, size = 100, expect = 300 }
+stack = [{ type = "checksum" }, { type = "multiplex", mode = "all" }]
+
+[[stream]]
+name = "reliable"
+direction = "device-to-app"
+source = { type = "synthetic", size = 1000, interval_ms = 2.0, count = 600, seed = 2 }
+sink = { type = "check", seed = 2, size = 1000, expect = 600 }
+stack = [{ type = "compress" }]
+"#
+        ),
+    );
+    let app_sides: Vec<Side> = apps
+        .iter()
+        .map(|a| side(&cfg, "app", a, &["--once"]))
+        .collect();
+    let d = side(&cfg, "device", &dev, &["--once"]);
+    let (ds, _, derr) = d.finish();
+    assert!(ds.success(), "device: {derr}");
+    assert_eq!(derr.matches("joined").count(), 3, "{derr}");
+    for (i, a) in app_sides.into_iter().enumerate() {
+        let (s, _, err) = a.finish();
+        assert!(s.success(), "app {i}: {err}");
+        assert!(err.contains(&check_ok("lossy", 300)), "app {i}: {err}");
+        assert!(err.contains(&check_ok("reliable", 600)), "app {i}: {err}");
+        assert!(err.contains("joined device device through NATS"), "{err}");
+    }
+}
+
+/// Synthetic frames of `size` bytes, the sequence numbers of those in a length-framed file.
+fn frames_in(path: &Path) -> Vec<Vec<u8>> {
+    let bytes = std::fs::read(path).unwrap_or_default();
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + 4 <= bytes.len() {
+        let n = u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        out.push(bytes[at + 4..at + 4 + n].to_vec());
+        at += 4 + n;
+    }
+    out
+}
+
+#[test]
+fn round_robin_gives_each_frame_to_one_app_side_and_split_cuts_frames_across_slots() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-rr");
+    let nats = Nats::start("rr", &[]);
+    let (dev, apps) = homes_n(&dir.0, 2);
+    let n = 400u64;
+    let mut cfgs = Vec::new();
+    for (i, _) in apps.iter().enumerate() {
+        let out = dir.0.join(format!("rr{i}.bin"));
+        let pieces = dir.0.join(format!("split{i}.bin"));
+        cfgs.push(write(
+            &dir.0,
+            &format!("rr{i}.toml"),
+            &format!(
+                "driver = \"spread\"\n{}\n{}",
+                link(&nats.url(), 2),
+                format_args!(
+                    r#"
+[[stream]]
+name = "rr"
+direction = "device-to-app"
+source = {{ type = "synthetic", size = 64, interval_ms = 3.0, count = {n}, seed = 5 }}
+sink = {{ type = "file", path = "{}", framing = "length" }}
+stack = [{{ type = "multiplex", mode = "round-robin" }}]
+
+[[stream]]
+name = "split"
+direction = "device-to-app"
+source = {{ type = "synthetic", size = 100, interval_ms = 3.0, count = {n}, seed = 6 }}
+sink = {{ type = "file", path = "{}", framing = "length" }}
+stack = [{{ type = "multiplex", mode = "split", parts = 2 }}]
+"#,
+                    out.display(),
+                    pieces.display()
+                )
+            ),
+        ));
+    }
+    let app_sides: Vec<Side> = apps
+        .iter()
+        .zip(&cfgs)
+        .map(|(a, c)| side(c, "app", a, &["--once"]))
+        .collect();
+    let d = side(&cfgs[0], "device", &dev, &["--once"]);
+    let (ds, _, derr) = d.finish();
+    assert!(ds.success(), "device: {derr}");
+    assert!(
+        derr.contains("(split slot 0)") && derr.contains("(split slot 1)"),
+        "{derr}"
+    );
+    let mut slot_of = Vec::new();
+    for (i, a) in app_sides.into_iter().enumerate() {
+        let (s, _, err) = a.finish();
+        assert!(s.success(), "app {i}: {err}");
+        println!("app {i}: {err}");
+        slot_of.push(if err.contains("split slot 0") { 0 } else { 1 });
+    }
+    // Round-robin: every frame at exactly one app side, and both got some.
+    let mut all = Vec::new();
+    for i in 0..2 {
+        let seqs = synthetic_seqs_in(&dir.0.join(format!("rr{i}.bin")), 5, n);
+        assert!(seqs.len() > 50, "app {i} got {} frames", seqs.len());
+        all.extend(seqs);
+    }
+    all.sort();
+    assert_eq!(all, (0..n).collect::<Vec<_>>(), "each frame exactly once");
+    // Split: piece k of slot 0 followed by piece k of slot 1 is synthetic frame k.
+    let by_slot: Vec<Vec<Vec<u8>>> = {
+        let mut v = vec![Vec::new(), Vec::new()];
+        for i in 0..2 {
+            v[slot_of[i]] = frames_in(&dir.0.join(format!("split{i}.bin")));
+        }
+        v
+    };
+    assert_eq!(by_slot[0].len() as u64, n);
+    assert_eq!(by_slot[1].len() as u64, n);
+    for (k, (first, second)) in by_slot[0].iter().zip(&by_slot[1]).enumerate() {
+        assert_eq!(first.len(), 50);
+        let whole = [first.as_slice(), second.as_slice()].concat();
+        assert!(
+            ndd_endpoint::synthetic::verify(6, k as u64, &whole),
+            "frame {k} reassembled from its two pieces"
+        );
+    }
+}
+
+/// Everything a plain NATS subscriber sees under `ndd.>` (the server's own protocol, no
+/// client library): the bytes of every MSG.
+fn eavesdrop(port: u16) -> (std::thread::JoinHandle<Vec<u8>>, std::net::TcpStream) {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(b"CONNECT {\"verbose\":false}\r\nSUB ndd.> 1\r\nPING\r\n")
+        .unwrap();
+    let r = s.try_clone().unwrap();
+    let mut w = s.try_clone().unwrap();
+    let t = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        let mut rd = BufReader::new(r);
+        let mut line = String::new();
+        while rd.read_line(&mut line).is_ok_and(|n| n > 0) {
+            if line.starts_with("PING") {
+                let _ = w.write_all(b"PONG\r\n");
+            } else if line.starts_with("MSG ") {
+                let len: usize = line.split_whitespace().last().unwrap().parse().unwrap();
+                let mut body = vec![0u8; len + 2];
+                std::io::Read::read_exact(&mut rd, &mut body).unwrap();
+                seen.extend_from_slice(&body[..len]);
+            }
+            line.clear();
+        }
+        seen
+    });
+    (t, s)
+}
+
+#[test]
+fn strangers_get_nothing_they_can_read() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-stranger");
+    let nats = Nats::start("stranger", &[]);
+    let (dev, apps) = homes_n(&dir.0, 1);
+    // An app side the device does not trust (it trusts the device).
+    let stranger = dir.0.join("stranger");
+    let dfp = ok(ndd().args(["id", "--home"]).arg(&dev))
+        .trim()
+        .to_string();
+    let sfp = ok(ndd().args(["id", "--home"]).arg(&stranger))
+        .trim()
+        .to_string();
+    ok(ndd()
+        .args(["trust", &dfp, "--name", "device", "--home"])
+        .arg(&stranger));
+    let secret = dir.0.join("secret.txt");
+    let text: String = (0..200)
+        .map(|i| format!("the secret line number {i:04}\n"))
+        .collect();
+    std::fs::write(&secret, &text).unwrap();
+    let out = dir.0.join("out.txt");
+    let cfg = write(
+        &dir.0,
+        "s.toml",
+        &format!(
+            "driver = \"secret\"\n{}\n{}",
+            link(&nats.url(), 1),
+            format_args!(
+                r#"
+[[stream]]
+name = "lines"
+direction = "device-to-app"
+source = {{ type = "file", path = "{}", framing = "lines" }}
+sink = {{ type = "file", path = "{}", framing = "lines" }}
+"#,
+                secret.display(),
+                out.display()
+            )
+        ),
+    );
+    let (spy, conn) = eavesdrop(nats.port);
+    // The stranger is refused by name, with the command that would trust it.
+    let s = side(&cfg, "app", &stranger, &["--once"]);
+    let d = side(&cfg, "device", &dev, &["--once"]);
+    let (ss, _, serr) = s.finish();
+    assert!(!ss.success());
+    assert!(
+        serr.contains(&format!(
+            "the device side refused this side: this install ({sfp}) is not trusted by the device side"
+        )) && serr.contains(&format!("ndd trust {sfp}")),
+        "{serr}"
+    );
+    let a = side(&cfg, "app", &apps[0], &["--once"]);
+    let (ds, _, derr) = d.finish();
+    assert!(ds.success(), "{derr}");
+    assert!(derr.contains("refused untrusted app side"), "{derr}");
+    let (as_, _, aerr) = a.finish();
+    assert!(as_.success(), "{aerr}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), text);
+    // What went through the server: the frames (all of them), but no line of the text.
+    std::thread::sleep(Duration::from_millis(200));
+    conn.shutdown(std::net::Shutdown::Both).unwrap();
+    let seen = spy.join().unwrap();
+    assert!(seen.len() > text.len(), "the eavesdropper saw the traffic");
+    assert!(
+        !seen.windows(11).any(|w| w == b"secret line"),
+        "plaintext went through the server"
+    );
+}
+
+#[test]
+fn reliable_streams_lose_nothing_when_an_app_side_is_killed_or_the_server_restarts() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-faults");
+    let mut nats = Nats::start("faults", &[]);
+    let (dev, apps) = homes_n(&dir.0, 1);
+    let n = 1500u64;
+    let out = dir.0.join("out.bin");
+    let cfg = write(
+        &dir.0,
+        "f.toml",
+        &format!(
+            "driver = \"faults\"\n{}\n{}",
+            link(&nats.url(), 1),
+            format_args!(
+                r#"
+[[stream]]
+name = "events"
+direction = "device-to-app"
+source = {{ type = "synthetic", size = 200, interval_ms = 4.0, count = {n}, seed = 9 }}
+sink = {{ type = "file", path = "{}", framing = "length", append = true }}
+"#,
+                out.display()
+            )
+        ),
+    );
+    let got = || {
+        if out.exists() {
+            synthetic_seqs_in(&out, 9, n).len()
+        } else {
+            0
+        }
+    };
+    let a1 = side(&cfg, "app", &apps[0], &[]);
+    let d = side(&cfg, "device", &dev, &["--once"]);
+    wait_for("frames to flow", WAIT, || got() > 100);
+    // The app side dies without a goodbye; its frames wait in JetStream meanwhile.
+    a1.kill();
+    std::thread::sleep(Duration::from_millis(500));
+    let a2 = side(&cfg, "app", &apps[0], &["--once"]);
+    wait_for("frames to flow again", WAIT, || got() > 500);
+    // The server is restarted (as `systemctl restart nats-server` would) and comes back a
+    // second later on the same store.
+    nats.stop();
+    std::thread::sleep(Duration::from_secs(1));
+    nats.restart();
+    let (ds, _, derr) = d.finish();
+    assert!(ds.success(), "device: {derr}");
+    let (as_, _, aerr) = a2.finish();
+    assert!(as_.success(), "app: {aerr}");
+    let seqs = synthetic_seqs_in(&out, 9, n);
+    let (next, dups, lost) = order(seqs.iter().copied());
+    assert_eq!(next, n, "every frame up to the last");
+    assert!(lost.is_empty(), "frames lost: {lost:?}");
+    // Frames the killed side had written but not yet acknowledged come again (at most
+    // a few); the server restart duplicates nothing.
+    println!("duplicates after the kill: {dups}");
+    assert!(dups < 64, "{dups} duplicates");
+}
+
+#[test]
+fn bad_nats_settings_are_named_at_check_time() {
+    let dir = Dir::new("nats-check");
+    let stream = "[[stream]]\nname = \"s\"\ndirection = \"device-to-app\"\nsource = { type = \"synthetic\", size = 10, interval_ms = 10.0, count = 1 }\nsink = { type = \"check\", size = 10, expect = 1 }\n";
+    for (link, expect) in [
+        (
+            "[link]\ntransport = \"nats\"\n[link.nats]\nservers = [\"127.0.0.1:4222\"]\n",
+            "link.nats.servers: \"127.0.0.1:4222\" is not a NATS URL (nats://HOST:PORT or tls://HOST:PORT)",
+        ),
+        (
+            "[link]\ntransport = \"nats\"\n[link.nats]\nsubject_prefix = \"a.b\"\n",
+            "'.' cannot be part of a NATS subject token",
+        ),
+        (
+            "[link]\ntransport = \"nats\"\n[link.nats]\nuser = \"u\"\n",
+            "link.nats: user and password_file go together",
+        ),
+    ] {
+        let cfg = write(&dir.0, "c.toml", &format!("driver = \"d\"\n{link}{stream}"));
+        let out = ndd().arg("check").arg(&cfg).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(err.contains(expect), "{err}");
+    }
+    // split leaves every app side a piece: no pair may come before it.
+    let cfg = write(
+        &dir.0,
+        "split.toml",
+        &format!(
+            "driver = \"d\"\n[link]\ntransport = \"nats\"\n{}stack = [{{ type = \"checksum\" }}, {{ type = \"multiplex\", mode = \"split\", parts = 2 }}]\n",
+            stream
+        ),
+    );
+    let out = ndd().arg("check").arg(&cfg).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("with mode = \"split\", `multiplex` must be the only layer"),
+        "{err}"
+    );
+    // multiplex needs the NATS link.
+    let cfg = write(
+        &dir.0,
+        "m.toml",
+        &format!(
+            "driver = \"d\"\n{}stack = [{{ type = \"multiplex\" }}]\n",
+            stream
+        ),
+    );
+    let out = ndd().arg("check").arg(&cfg).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("`multiplex` sends frames to many app sides, which only the NATS link has"),
+        "{err}"
+    );
+    // A NATS server that is not there: a clear error within the connect timeout.
+    let cfg = write(
+        &dir.0,
+        "gone.toml",
+        &format!(
+            "driver = \"d\"\n[link]\ntransport = \"nats\"\nconnect_timeout_ms = 1000\n[link.nats]\nservers = [\"nats://127.0.0.1:{}\"]\n{stream}",
+            free_addr().rsplit(':').next().unwrap()
+        ),
+    );
+    let home = dir.0.join("h");
+    let out = run_cmd(&cfg, "device", &home, &["--once"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("cannot connect to NATS at nats://127.0.0.1:")
+            && err.contains("is nats-server running?"),
+        "{err}"
+    );
+}

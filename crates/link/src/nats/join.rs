@@ -1,0 +1,404 @@
+//! The join handshake of the NATS link (sans-IO): how an app side proves who it is to the
+//! device through an untrusted broker and receives the driver's group key.
+//!
+//! It is the sealed UDP link's key exchange ([`crate::seal`]) carried as two NATS
+//! request/reply rounds on `P.D.join`:
+//!
+//! ```text
+//! app side                                              device side
+//!   JOIN-INIT   seal INIT                          ──►
+//!                                                  ◄──  JOIN-REPLY  seal REPLY (device's
+//!                                                        identity, signed transcript)
+//!   (checks the device's fingerprint: known_peers)
+//!   JOIN-FINISH seal FINISH, sealed HELLO          ──►
+//!                                                        (checks the app's fingerprint and
+//!                                                         its HELLO against its own)
+//!                                                  ◄──  JOIN-WELCOME sealed: group key,
+//!                                                        slot, run id — or a refusal
+//! ```
+//!
+//! Every message starts with `"NJ"`, version 1 and a type byte (1 INIT, 2 REPLY, 3 FINISH,
+//! 4 WELCOME). FINISH: `u16 length ‖ seal FINISH ‖ seal DATA(HELLO message)`. WELCOME: seal
+//! DATA of `0 ‖ group key (32) ‖ slot (u16, 0xFFFF: none) ‖ run id (u64)` when admitted, or
+//! `1 ‖ close code (u16) ‖ reason (UTF-8)` when refused. All integers big-endian.
+//!
+//! The pairwise keys protect only the HELLO and the WELCOME; the frames then travel under
+//! the group key, which only admitted app sides hold.
+
+use crate::seal::{Initiator, Keys, LocalIdentity, Responder, SealError, Sealed};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// First bytes of every join message.
+pub const MAGIC: [u8; 2] = *b"NJ";
+/// Format version.
+pub const VERSION: u8 = 1;
+/// Bytes of the group key.
+pub const GROUP_KEY_LEN: usize = 32;
+/// Slot value meaning "no slot" (modes other than split).
+pub const NO_SLOT: u16 = 0xFFFF;
+/// Exchanges the device keeps open between INIT and FINISH, at most.
+pub const MAX_PENDING: usize = 256;
+
+const INIT: u8 = 1;
+const REPLY: u8 = 2;
+const FINISH: u8 = 3;
+const WELCOME: u8 = 4;
+
+/// What went wrong in a join.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JoinError {
+    /// Not a join message of ours.
+    #[error("not an ndd join message ({0})")]
+    NotJoin(&'static str),
+    /// Another version.
+    #[error("join message version {0}, this side speaks version {VERSION}")]
+    Version(u8),
+    /// The key exchange failed.
+    #[error("key exchange: {0}")]
+    Seal(#[from] SealError),
+    /// A FINISH for an exchange the device no longer (or never) had.
+    #[error("join FINISH for an unknown or expired exchange")]
+    Expired,
+    /// A WELCOME whose record does not parse.
+    #[error("malformed WELCOME from the device")]
+    BadWelcome,
+}
+
+fn head(ty: u8) -> Vec<u8> {
+    vec![MAGIC[0], MAGIC[1], VERSION, ty]
+}
+
+fn body(msg: &[u8], ty: u8) -> Result<&[u8], JoinError> {
+    let h = msg.get(..4).ok_or(JoinError::NotJoin("too short"))?;
+    if h[..2] != MAGIC {
+        return Err(JoinError::NotJoin("bad magic"));
+    }
+    if h[2] != VERSION {
+        return Err(JoinError::Version(h[2]));
+    }
+    if h[3] != ty {
+        return Err(JoinError::NotJoin("unexpected type"));
+    }
+    Ok(&msg[4..])
+}
+
+/// The message type of a join message (1 INIT, 3 FINISH are what the device receives).
+pub fn message_type(msg: &[u8]) -> Option<u8> {
+    (msg.len() >= 4 && msg[..2] == MAGIC).then(|| msg[3])
+}
+
+/// What the device gives an admitted app side.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Admission {
+    /// The group key every frame is encrypted under.
+    pub group_key: [u8; GROUP_KEY_LEN],
+    /// Its split slot, if the driver splits frames.
+    pub slot: Option<u16>,
+    /// The device run's id (a new one after a device restart).
+    pub run: u64,
+}
+
+impl std::fmt::Debug for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admission")
+            .field("slot", &self.slot)
+            .field("run", &self.run)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a join ended for the app side.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Welcome {
+    /// Admitted.
+    Admitted(Admission),
+    /// Refused, with the device's close code and reason.
+    Refused {
+        /// `ndd_wire::CloseCode` value.
+        code: u16,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Welcome {
+    fn encode(&self) -> Vec<u8> {
+        match self {
+            Welcome::Admitted(a) => {
+                let mut v = vec![0u8];
+                v.extend_from_slice(&a.group_key);
+                v.extend_from_slice(&a.slot.unwrap_or(NO_SLOT).to_be_bytes());
+                v.extend_from_slice(&a.run.to_be_bytes());
+                v
+            }
+            Welcome::Refused { code, reason } => {
+                let mut v = vec![1u8];
+                v.extend_from_slice(&code.to_be_bytes());
+                v.extend_from_slice(reason.as_bytes());
+                v
+            }
+        }
+    }
+
+    fn parse(b: &[u8]) -> Result<Welcome, JoinError> {
+        match b.split_first() {
+            Some((0, rest)) if rest.len() == GROUP_KEY_LEN + 10 => {
+                let mut group_key = [0u8; GROUP_KEY_LEN];
+                group_key.copy_from_slice(&rest[..GROUP_KEY_LEN]);
+                let slot = u16::from_be_bytes([rest[32], rest[33]]);
+                let mut run = [0u8; 8];
+                run.copy_from_slice(&rest[34..42]);
+                Ok(Welcome::Admitted(Admission {
+                    group_key,
+                    slot: (slot != NO_SLOT).then_some(slot),
+                    run: u64::from_be_bytes(run),
+                }))
+            }
+            Some((1, rest)) if rest.len() >= 2 => Ok(Welcome::Refused {
+                code: u16::from_be_bytes([rest[0], rest[1]]),
+                reason: String::from_utf8_lossy(&rest[2..]).into_owned(),
+            }),
+            _ => Err(JoinError::BadWelcome),
+        }
+    }
+}
+
+/// The app side's join.
+#[derive(Debug)]
+pub struct Joiner {
+    init: Initiator,
+    keys: Option<Keys>,
+}
+
+impl Joiner {
+    /// A fresh exchange.
+    pub fn new() -> Result<Joiner, JoinError> {
+        Ok(Joiner {
+            init: Initiator::new()?,
+            keys: None,
+        })
+    }
+
+    /// JOIN-INIT, the first request.
+    pub fn init(&self) -> Vec<u8> {
+        let mut m = head(INIT);
+        m.extend_from_slice(self.init.init());
+        m
+    }
+
+    /// Takes JOIN-REPLY: gives the device's fingerprint (for the caller to check against
+    /// `known_peers` before going on) and JOIN-FINISH carrying our `hello` (an encoded HELLO
+    /// message), sealed.
+    pub fn handle_reply(
+        &mut self,
+        me: &LocalIdentity,
+        reply: &[u8],
+        hello: &[u8],
+    ) -> Result<(String, Vec<u8>), JoinError> {
+        let reply = body(reply, REPLY)?;
+        let keys = self.init.handle_reply(me, reply)?;
+        let finish = self.init.finish().ok_or(JoinError::Expired)?;
+        let sealed = keys.tx.seal(hello)?;
+        let mut m = head(FINISH);
+        m.extend_from_slice(&(finish.len() as u16).to_be_bytes());
+        m.extend_from_slice(finish);
+        m.extend_from_slice(&sealed);
+        let fp = keys.peer_fingerprint.clone();
+        self.keys = Some(keys);
+        Ok((fp, m))
+    }
+
+    /// Takes JOIN-WELCOME.
+    pub fn handle_welcome(&mut self, msg: &[u8]) -> Result<Welcome, JoinError> {
+        let sealed = body(msg, WELCOME)?;
+        let keys = self.keys.as_mut().ok_or(JoinError::Expired)?;
+        let mut d = sealed.to_vec();
+        let range = keys.rx.open(&mut d)?;
+        Welcome::parse(&d[range])
+    }
+}
+
+/// What the device learns from a JOIN-FINISH; answer it with [`Finished::welcome`].
+#[derive(Debug)]
+pub struct Finished {
+    keys: Keys,
+    /// The app side's fingerprint (check it against `known_peers`).
+    pub peer_fingerprint: String,
+    /// Its HELLO message, as sent.
+    pub hello: Vec<u8>,
+}
+
+impl Finished {
+    /// JOIN-WELCOME carrying `welcome`, sealed for this app side only.
+    pub fn welcome(&self, welcome: &Welcome) -> Result<Vec<u8>, JoinError> {
+        let mut m = head(WELCOME);
+        m.extend_from_slice(&self.keys.tx.seal(&welcome.encode())?);
+        Ok(m)
+    }
+}
+
+/// The device side's joins in progress.
+#[derive(Debug)]
+pub struct Host {
+    pending: HashMap<u32, (Responder, Instant)>,
+    expiry: Duration,
+}
+
+impl Host {
+    /// Exchanges not finished within `expiry` are forgotten.
+    pub fn new(expiry: Duration) -> Host {
+        Host {
+            pending: HashMap::new(),
+            expiry,
+        }
+    }
+
+    /// Exchanges waiting for their FINISH.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Takes JOIN-INIT; gives JOIN-REPLY. The oldest exchange is forgotten when
+    /// [`MAX_PENDING`] are open.
+    pub fn handle_init(
+        &mut self,
+        now: Instant,
+        me: &LocalIdentity,
+        msg: &[u8],
+    ) -> Result<Vec<u8>, JoinError> {
+        let init = body(msg, INIT)?;
+        self.expire(now);
+        if self.pending.len() >= MAX_PENDING {
+            if let Some(oldest) = self
+                .pending
+                .iter()
+                .min_by_key(|(_, (_, t))| *t)
+                .map(|(i, _)| *i)
+            {
+                self.pending.remove(&oldest);
+            }
+        }
+        let r = Responder::new(me, init)?;
+        let mut m = head(REPLY);
+        m.extend_from_slice(r.reply());
+        self.pending.insert(r.index(), (r, now));
+        Ok(m)
+    }
+
+    /// Takes JOIN-FINISH: checks the app side's signature, opens its HELLO.
+    pub fn handle_finish(&mut self, now: Instant, msg: &[u8]) -> Result<Finished, JoinError> {
+        let b = body(msg, FINISH)?;
+        self.expire(now);
+        let len = b
+            .get(..2)
+            .map(|l| usize::from(u16::from_be_bytes([l[0], l[1]])))
+            .ok_or(JoinError::NotJoin("short FINISH"))?;
+        let finish = b
+            .get(2..2 + len)
+            .ok_or(JoinError::NotJoin("short FINISH"))?;
+        let Sealed::Finish { responder, .. } = Sealed::parse(finish)? else {
+            return Err(JoinError::NotJoin("FINISH expected"));
+        };
+        let (r, _) = self.pending.remove(&responder).ok_or(JoinError::Expired)?;
+        let mut keys = r.handle_finish(finish)?;
+        let mut hello = b[2 + len..].to_vec();
+        let range = keys.rx.open(&mut hello)?;
+        Ok(Finished {
+            peer_fingerprint: keys.peer_fingerprint.clone(),
+            hello: hello[range].to_vec(),
+            keys,
+        })
+    }
+
+    fn expire(&mut self, now: Instant) {
+        let expiry = self.expiry;
+        self.pending
+            .retain(|_, (_, t)| now.saturating_duration_since(*t) < expiry);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity(dir: &std::path::Path) -> LocalIdentity {
+        let (id, _) = crate::Identity::load_or_create(dir).unwrap();
+        LocalIdentity::new(&id).unwrap()
+    }
+
+    fn tmp(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("ndd-join-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn a_join_admits_with_the_group_key_and_both_learn_the_right_fingerprints() {
+        let (a, d) = (tmp("a"), tmp("d"));
+        let (app, dev) = (identity(&a), identity(&d));
+        let now = Instant::now();
+        let mut host = Host::new(Duration::from_secs(3));
+        let mut j = Joiner::new().unwrap();
+        let reply = host.handle_init(now, &dev, &j.init()).unwrap();
+        let (dev_fp, finish) = j.handle_reply(&app, &reply, b"HELLO bytes").unwrap();
+        assert_eq!(dev_fp, dev.fingerprint());
+        let f = host.handle_finish(now, &finish).unwrap();
+        assert_eq!(f.peer_fingerprint, app.fingerprint());
+        assert_eq!(f.hello, b"HELLO bytes");
+        assert_eq!(host.pending(), 0);
+        let adm = Admission {
+            group_key: [7; 32],
+            slot: Some(2),
+            run: 99,
+        };
+        let w = f.welcome(&Welcome::Admitted(adm.clone())).unwrap();
+        assert!(
+            !w.windows(32).any(|x| x == [7; 32]),
+            "the group key never travels in the clear"
+        );
+        assert_eq!(j.handle_welcome(&w).unwrap(), Welcome::Admitted(adm));
+        // A refusal reads back as sent.
+        let refused = Welcome::Refused {
+            code: 4,
+            reason: "not trusted".into(),
+        };
+        let w = f.welcome(&refused).unwrap();
+        assert_eq!(j.handle_welcome(&w).unwrap(), refused);
+        let _ = std::fs::remove_dir_all(a);
+        let _ = std::fs::remove_dir_all(d);
+    }
+
+    #[test]
+    fn garbage_replays_and_expired_exchanges_are_errors_not_panics() {
+        let d = tmp("g");
+        let dev = identity(&d);
+        let now = Instant::now();
+        let mut host = Host::new(Duration::from_secs(3));
+        assert!(matches!(
+            host.handle_init(now, &dev, b"GET / HTTP/1.1"),
+            Err(JoinError::NotJoin(_))
+        ));
+        assert_eq!(
+            host.handle_init(now, &dev, &[b'N', b'J', 9, 1])
+                .unwrap_err(),
+            JoinError::Version(9)
+        );
+        let j = Joiner::new().unwrap();
+        host.handle_init(now, &dev, &j.init()).unwrap();
+        assert_eq!(host.pending(), 1);
+        // Forgotten after the expiry.
+        assert!(host
+            .handle_finish(now + Duration::from_secs(4), &[b'N', b'J', 1, 3, 0, 0])
+            .is_err());
+        assert_eq!(host.pending(), 0);
+        for n in 0..64 {
+            let junk: Vec<u8> = (0..n).map(|i| (i * 37) as u8).collect();
+            let mut m = head(FINISH);
+            m.extend_from_slice(&junk);
+            let _ = host.handle_finish(now, &m);
+        }
+        let _ = std::fs::remove_dir_all(d);
+    }
+}

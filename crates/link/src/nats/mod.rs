@@ -1,0 +1,275 @@
+//! The NATS link: each side talks to a NATS server (Debian's `nats-server`) instead of to its
+//! peer, so one device's streams reach many app sides (the `multiplex` pair says how).
+//!
+//! The broker is not trusted. Every app side joins with the same key exchange as the sealed
+//! UDP link ([`crate::seal`]), run as NATS request/reply on the driver's join subject
+//! ([`join`]): both identities sign the transcript, each side checks the other's fingerprint
+//! against `known_peers`, and the device compares the app side's HELLO as on a direct link.
+//! Only then does the device hand the app side, sealed under their pairwise keys, the
+//! driver's *group key*: every frame travels encrypted under it (the `encrypt` pair's format),
+//! so the server and any subscriber that was not admitted see ciphertext only.
+//!
+//! - [`subjects`]: the subject layout (sans-IO);
+//! - [`join`]: the join handshake (sans-IO);
+//! - [`record`]: the frame record every data message carries (packet/repr);
+//! - [`NatsConfig`] / [`connect`]: the connection to the server (TLS, credentials).
+
+pub mod join;
+pub mod record;
+pub mod subjects;
+
+use crate::LinkError;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// `[link.nats]`: how to reach the NATS server and which subjects to use.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NatsConfig {
+    /// Server URLs (`nats://host:4222`, `tls://host:4222`); the client fails over between
+    /// them.
+    pub servers: Vec<String>,
+    /// First token of every subject (`PREFIX.DRIVER.…`).
+    pub subject_prefix: String,
+    /// A NATS credentials file (`.creds`: user JWT and nkey seed), as `nsc` writes them.
+    pub credentials: PathBuf,
+    /// A file holding an nkey seed (`SU…`), for servers that list users by nkey.
+    pub nkey_file: PathBuf,
+    /// User name for user/password authentication (with `password_file`).
+    pub user: String,
+    /// File holding the password (one line; mode 0600).
+    pub password_file: PathBuf,
+    /// PEM file of the CA that signed the server's certificate; setting it requires TLS.
+    pub ca_file: PathBuf,
+    /// Refuse a server that does not offer TLS (on by default unless every server is on
+    /// loopback).
+    pub require_tls: Option<bool>,
+    /// JetStream storage the device asks for its reliable streams, in MiB.
+    pub store_mib: u64,
+    /// The device side starts its sources once this many app sides joined (0: at once).
+    pub min_app_sides: u32,
+}
+
+impl Default for NatsConfig {
+    fn default() -> Self {
+        NatsConfig {
+            servers: vec!["nats://127.0.0.1:4222".into()],
+            subject_prefix: "ndd".into(),
+            credentials: PathBuf::new(),
+            nkey_file: PathBuf::new(),
+            user: String::new(),
+            password_file: PathBuf::new(),
+            ca_file: PathBuf::new(),
+            require_tls: None,
+            store_mib: 256,
+            min_app_sides: 0,
+        }
+    }
+}
+
+fn set(p: &std::path::Path) -> bool {
+    !p.as_os_str().is_empty()
+}
+
+impl NatsConfig {
+    /// Checks what can be checked without the network: server URLs, subject tokens, one
+    /// authentication method at most. Errors name the key.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.servers.is_empty() {
+            return Err("link.nats.servers is empty: name at least one server, e.g. servers = [\"nats://127.0.0.1:4222\"]".into());
+        }
+        for s in &self.servers {
+            let rest = s
+                .strip_prefix("nats://")
+                .or_else(|| s.strip_prefix("tls://"))
+                .ok_or_else(|| {
+                    format!("link.nats.servers: {s:?} is not a NATS URL (nats://HOST:PORT or tls://HOST:PORT)")
+                })?;
+            let hostport = rest.rsplit('@').next().unwrap_or(rest);
+            let ok = hostport
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+            if !ok {
+                return Err(format!(
+                    "link.nats.servers: {s:?} has no HOST:PORT (e.g. nats://127.0.0.1:4222)"
+                ));
+            }
+        }
+        subjects::check_token("link.nats.subject_prefix", &self.subject_prefix)?;
+        let methods = [
+            set(&self.credentials),
+            set(&self.nkey_file),
+            !self.user.is_empty() || set(&self.password_file),
+        ];
+        if methods.iter().filter(|m| **m).count() > 1 {
+            return Err(
+                "link.nats: set one of credentials, nkey_file, and user + password_file".into(),
+            );
+        }
+        if self.user.is_empty() == set(&self.password_file) {
+            return Err("link.nats: user and password_file go together".into());
+        }
+        if self.store_mib == 0 {
+            return Err(
+                "link.nats.store_mib = 0: JetStream needs room for reliable streams (default 256)"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Whether every server is on loopback (then plain NATS is allowed by default).
+    pub fn all_loopback(&self) -> bool {
+        self.servers.iter().all(|s| {
+            let rest = s.split("://").nth(1).unwrap_or(s);
+            let host = rest
+                .rsplit('@')
+                .next()
+                .unwrap_or(rest)
+                .rsplit_once(':')
+                .map_or(rest, |(h, _)| h);
+            matches!(host, "127.0.0.1" | "localhost" | "[::1]" | "::1")
+        })
+    }
+
+    /// Whether the connection must be TLS.
+    pub fn tls_required(&self) -> bool {
+        self.require_tls.unwrap_or(!self.all_loopback())
+            || set(&self.ca_file)
+            || self.servers.iter().any(|s| s.starts_with("tls://"))
+    }
+}
+
+/// A password file's first line (mode 0600 required, as for keys).
+fn read_secret(path: &std::path::Path, what: &str) -> Result<String, LinkError> {
+    use std::os::unix::fs::PermissionsExt;
+    let bad = |reason: String| LinkError::Nats(format!("{what} {}: {reason}", path.display()));
+    let meta = std::fs::metadata(path).map_err(|e| bad(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(bad("not a regular file".into()));
+    }
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(bad(format!(
+            "has permissions {mode:04o}, but it must be readable by its owner only; fix it with: chmod 600 {}",
+            path.display()
+        )));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let line = text.lines().next().unwrap_or("").trim().to_string();
+    if line.is_empty() {
+        return Err(bad("is empty".into()));
+    }
+    Ok(line)
+}
+
+/// Connects to the NATS server(s) with the configured TLS and credentials; `name` is how
+/// the connection shows in the server's monitoring. Fails (with the server's words) when
+/// the server is unreachable within `timeout` or refuses the credentials.
+///
+/// `connects` counts the connections made (the first and every reconnect), for callers that
+/// act on a reconnect.
+pub async fn connect(
+    cfg: &NatsConfig,
+    name: &str,
+    timeout: Duration,
+    connects: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) -> Result<async_nats::Client, LinkError> {
+    cfg.validate().map_err(LinkError::Nats)?;
+    let mut opts = async_nats::ConnectOptions::new()
+        .name(name)
+        .max_reconnects(None)
+        .ping_interval(Duration::from_secs(2))
+        .client_capacity(8192)
+        .subscription_capacity(1 << 16);
+    if set(&cfg.credentials) {
+        opts = opts.credentials_file(&cfg.credentials).await.map_err(|e| {
+            LinkError::Nats(format!(
+                "link.nats.credentials {}: {e}",
+                cfg.credentials.display()
+            ))
+        })?;
+    }
+    if set(&cfg.nkey_file) {
+        opts = opts.nkey(read_secret(&cfg.nkey_file, "link.nats.nkey_file")?);
+    }
+    if !cfg.user.is_empty() {
+        let password = read_secret(&cfg.password_file, "link.nats.password_file")?;
+        opts = opts.user_and_password(cfg.user.clone(), password);
+    }
+    if set(&cfg.ca_file) {
+        if !cfg.ca_file.is_file() {
+            return Err(LinkError::Nats(format!(
+                "link.nats.ca_file {}: no such file",
+                cfg.ca_file.display()
+            )));
+        }
+        opts = opts.add_root_certificates(cfg.ca_file.clone());
+    }
+    if cfg.tls_required() {
+        opts = opts.require_tls(true);
+    }
+    let servers = cfg.servers.join(",");
+    let who = name.to_string();
+    opts = opts.event_callback(move |ev| {
+        let who = who.clone();
+        if matches!(ev, async_nats::Event::Connected) {
+            connects.fetch_add(1, std::sync::atomic::Ordering::Release);
+        }
+        async move {
+            match ev {
+                async_nats::Event::Disconnected => {
+                    tracing::warn!("{who}: lost the NATS server; reconnecting")
+                }
+                async_nats::Event::Connected => tracing::info!("{who}: connected to NATS"),
+                ev => tracing::debug!(event = %ev, "{who}: NATS"),
+            }
+        }
+    });
+    // Once connected the client reconnects by itself, forever; the first connection is
+    // tried again until `timeout` (the server may be starting too), except when the server
+    // refuses us: credentials and TLS problems do not fix themselves.
+    let started = std::time::Instant::now();
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let left = timeout.saturating_sub(started.elapsed());
+        let attempt = opts
+            .clone()
+            .connection_timeout(left.max(Duration::from_millis(100)))
+            .connect(servers.as_str())
+            .await;
+        let e = match attempt {
+            Ok(c) => return Ok(c),
+            Err(e) => e,
+        };
+        use async_nats::ConnectErrorKind as K;
+        match e.kind() {
+            K::Authentication | K::AuthorizationViolation => {
+                return Err(LinkError::Nats(format!(
+                    "NATS at {servers} refused the credentials: {e} (check link.nats credentials, nkey_file or user/password_file against the server's authorization block)"
+                )))
+            }
+            K::Tls => {
+                return Err(LinkError::Nats(format!(
+                    "TLS with NATS at {servers} failed: {e} (link.nats.ca_file must name the CA that signed the server's certificate; a server without TLS cannot serve require_tls)"
+                )))
+            }
+            K::ServerParse | K::Dns => {
+                return Err(LinkError::Nats(format!(
+                    "cannot connect to NATS at {servers}: {e}"
+                )))
+            }
+            K::TimedOut | K::Io | K::MaxReconnects => {}
+        }
+        if started.elapsed() + backoff >= timeout {
+            return Err(LinkError::Nats(format!(
+                "cannot connect to NATS at {servers} within {:.1} s: {e} (is nats-server running? `nats-server -a 127.0.0.1 -p 4222 -js` starts one)",
+                timeout.as_secs_f64()
+            )));
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+pub use async_nats;

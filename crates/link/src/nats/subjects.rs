@@ -1,0 +1,141 @@
+//! Where things go on the NATS server (sans-IO). With prefix `P` and driver `D`:
+//!
+//! | subject | what |
+//! |---|---|
+//! | `P.D.join` | app sides' join requests (the device answers: [`super::join`]) |
+//! | `P.D.d.S` | device → app frames of stream `S`, core NATS (lossy streams) |
+//! | `P.D.d.S.I` | piece `I` of each frame (`multiplex` split) |
+//! | `P.D.r.S` / `P.D.r.S.I` | the same for reliable streams, stored by JetStream |
+//! | `P.D.d.S.end` | the end of stream `S`, for round-robin app sides |
+//! | `P.D.ready` | an admitted app side has subscribed (a frame sealed under the group key) |
+//! | `P.D.u.S` | app → device frames of stream `S` (every app side publishes there) |
+//!
+//! JetStream stream `NDD_P_D` holds `P.D.r.>`; round-robin app sides share the queue group
+//! (core) or durable consumer (JetStream) `P_D_S`.
+
+/// Longest prefix or driver name, in bytes.
+pub const MAX_TOKEN: usize = 64;
+
+/// Checks that `s` can be one subject token: 1..=64 bytes of letters, digits, `-` and `_`.
+/// `key` names the setting in the error.
+pub fn check_token(key: &str, s: &str) -> Result<(), String> {
+    if s.is_empty() || s.len() > MAX_TOKEN {
+        return Err(format!(
+            "{key} = {s:?}: must be 1 to {MAX_TOKEN} characters"
+        ));
+    }
+    if let Some(c) = s
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '_'))
+    {
+        return Err(format!(
+            "{key} = {s:?}: {c:?} cannot be part of a NATS subject token (use letters, digits, - and _)"
+        ));
+    }
+    Ok(())
+}
+
+/// The subjects of one driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subjects {
+    base: String,
+    prefix: String,
+    driver: String,
+}
+
+impl Subjects {
+    /// The subjects under `prefix.driver`; both must pass [`check_token`].
+    pub fn new(prefix: &str, driver: &str) -> Result<Subjects, String> {
+        check_token("link.nats.subject_prefix", prefix)?;
+        check_token("driver (on the NATS link)", driver)?;
+        Ok(Subjects {
+            base: format!("{prefix}.{driver}"),
+            prefix: prefix.into(),
+            driver: driver.into(),
+        })
+    }
+
+    /// Join requests.
+    pub fn join(&self) -> String {
+        format!("{}.join", self.base)
+    }
+
+    /// Device → app frames of `stream` (`part` for a split piece); `reliable` puts them
+    /// under JetStream's subjects.
+    pub fn down(&self, stream: u16, reliable: bool, part: Option<u16>) -> String {
+        let kind = if reliable { "r" } else { "d" };
+        match part {
+            Some(i) => format!("{}.{kind}.{stream}.{i}", self.base),
+            None => format!("{}.{kind}.{stream}", self.base),
+        }
+    }
+
+    /// Where the device also says that `stream` ended, for app sides that share a
+    /// round-robin stream (each of them sees only some of its frames).
+    pub fn end(&self, stream: u16) -> String {
+        format!("{}.d.{stream}.end", self.base)
+    }
+
+    /// Where an admitted app side says it subscribed everything (the device's
+    /// `min_app_sides` counts these).
+    pub fn ready(&self) -> String {
+        format!("{}.ready", self.base)
+    }
+
+    /// App → device frames of `stream`.
+    pub fn up(&self, stream: u16) -> String {
+        format!("{}.u.{stream}", self.base)
+    }
+
+    /// The JetStream stream holding the reliable streams.
+    pub fn jetstream(&self) -> String {
+        format!("NDD_{}_{}", self.prefix, self.driver)
+    }
+
+    /// What the JetStream stream holds.
+    pub fn jetstream_subjects(&self) -> String {
+        format!("{}.r.>", self.base)
+    }
+
+    /// The queue group (and shared durable consumer) of round-robin app sides of `stream`.
+    pub fn group(&self, stream: u16) -> String {
+        format!("{}_{}_{stream}", self.prefix, self.driver)
+    }
+
+    /// The durable consumer of one app side (`who`: a short id of its identity) on
+    /// `stream` (`part`: its split slot).
+    pub fn durable(&self, who: &str, stream: u16, part: Option<u16>) -> String {
+        match part {
+            Some(i) => format!("{who}_{stream}_{i}"),
+            None => format!("{who}_{stream}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout() {
+        let s = Subjects::new("ndd", "cam").unwrap();
+        assert_eq!(s.join(), "ndd.cam.join");
+        assert_eq!(s.down(1, false, None), "ndd.cam.d.1");
+        assert_eq!(s.down(1, true, Some(3)), "ndd.cam.r.1.3");
+        assert_eq!(s.up(2), "ndd.cam.u.2");
+        assert_eq!(s.jetstream(), "NDD_ndd_cam");
+        assert_eq!(s.jetstream_subjects(), "ndd.cam.r.>");
+        assert_eq!(s.group(1), "ndd_cam_1");
+    }
+
+    #[test]
+    fn tokens_that_would_break_subjects_are_refused_by_name() {
+        assert_eq!(
+            Subjects::new("ndd", "my.cam").unwrap_err(),
+            "driver (on the NATS link) = \"my.cam\": '.' cannot be part of a NATS subject token (use letters, digits, - and _)"
+        );
+        assert!(Subjects::new("a>", "x").is_err());
+        assert!(Subjects::new("", "x").is_err());
+        assert!(Subjects::new("x", &"y".repeat(65)).is_err());
+    }
+}
