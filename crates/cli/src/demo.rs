@@ -169,6 +169,125 @@ pub async fn run_loopback(
     Ok((d.context("device side")?, a.context("app side")?))
 }
 
+/// The driver of `ndd demo --fanout`: one simulated 3D mouse to every app side, through NATS.
+pub const FANOUT_CONFIG: &str = r#"
+driver = "spacenav-fanout"
+
+[link]
+transport = "nats"
+
+[link.nats]
+servers = ["NATS_URL"]
+min_app_sides = 3
+
+# The 3D mouse, to every app side (a copy each), through the NATS server. Every frame is
+# encrypted under the group key the device gave each app side when it joined.
+[[stream]]
+name = "motion"
+direction = "device-to-app"
+reliability = "lossy"
+source = { type = "spacenav-sim" }
+sink = { type = "null" }
+stack = [{ type = "multiplex", mode = "all" }]
+
+# Its buttons, reliable (JetStream keeps them for an app side that goes away).
+[[stream]]
+name = "buttons"
+direction = "device-to-app"
+source = { type = "synthetic", size = 16, interval_ms = 50.0, seed = 7 }
+sink = { type = "check", seed = 7, size = 16 }
+stack = [{ type = "checksum" }, { type = "multiplex", mode = "all" }]
+"#;
+
+/// `ndd demo --fanout`: a private nats-server on loopback, one device side and three app
+/// sides in this process, each with its own identity, live stats per app side.
+pub async fn run_fanout(duration: Option<Duration>) -> Result<i32> {
+    if let Some(m) = ndd_procs::missing(&["nats-server"]) {
+        anyhow::bail!(
+            "ndd demo --fanout needs {m} (Debian: apt install nats-server; ./run demo --fanout installs it)"
+        );
+    }
+    let nats = tokio::task::spawn_blocking(|| ndd_procs::Nats::start("demo", &[]))
+        .await
+        .context("starting nats-server")?;
+    let text = FANOUT_CONFIG.replace("NATS_URL", &nats.url());
+    let cfg = Config::parse(&text, Path::new("<embedded fan-out demo config>"))?;
+    let tmp = TempHome::new("fanout")?;
+    let dev_home = tmp.0.join("device");
+    let d = ndd_link::Identity::create(&dev_home, false).context("device identity")?;
+    let mut app_homes = Vec::new();
+    for i in 0..3 {
+        let home = tmp.0.join(format!("app{i}"));
+        let a = ndd_link::Identity::create(&home, false).context("app identity")?;
+        ndd_link::KnownPeers::trust(&dev_home, &a.fingerprint(), Some(&format!("app{i}")))?;
+        ndd_link::KnownPeers::trust(&home, &d.fingerprint(), Some("demo-device"))?;
+        app_homes.push(home);
+    }
+    eprintln!(
+        "ndd demo --fanout: a simulated 3D mouse on one device side, used by three app sides,"
+    );
+    eprintln!(
+        "          through a private nats-server on {} (JetStream on).",
+        nats.url()
+    );
+    eprintln!("  motion   device→apps: multiplex(all), lossy on core NATS");
+    eprintln!("  buttons  device→apps: checksum → multiplex(all), reliable on JetStream");
+    eprintln!(
+        "  every frame is encrypted under a group key only the three admitted app sides hold;"
+    );
+    eprintln!("  each line: [side fingerprint] stream, frames, rate, one-way latency.");
+    match duration {
+        Some(d) => eprintln!(
+            "  running for {:.1} s (Ctrl-C stops earlier)\n",
+            d.as_secs_f64()
+        ),
+        None => eprintln!("  press Ctrl-C to stop\n"),
+    }
+    let stop = crate::ctrl_c();
+    let opts = |side, home: PathBuf, duration| RunOptions {
+        side,
+        home,
+        endpoint: Endpoint::Connect(String::new()),
+        insecure: false,
+        live_stats: Some(Duration::from_secs(1)),
+        duration,
+        quiet: false,
+        once: true,
+        metrics: None,
+    };
+    let apps = app_homes
+        .iter()
+        .map(|h| session::run_side(&cfg, opts(SideName::App, h.clone(), None), stop.clone()));
+    let dev = session::run_side(
+        &cfg,
+        opts(SideName::Device, dev_home, duration),
+        stop.clone(),
+    );
+    let (dev, apps) = tokio::join!(dev, futures_util::future::join_all(apps));
+    let dev = dev.context("device side")?;
+    println!("summary");
+    let mut ok = true;
+    for s in &dev.streams {
+        println!("  [device] {:<8} {:>6} frames sent", s.name, s.frames);
+    }
+    for (i, a) in apps.into_iter().enumerate() {
+        let a = a.with_context(|| format!("app side {i}"))?;
+        for s in &a.streams {
+            let mut line = format!("  [app{i}] {:<8} {:>6} frames", s.name, s.frames);
+            if let (Some(p50), Some(p99)) = (s.latency_p50_ms, s.latency_p99_ms) {
+                line += &format!("  latency p50 {p50:.3} ms p99 {p99:.3} ms");
+            }
+            println!("{line}");
+        }
+        for (name, c) in &a.checks {
+            println!("  [app{i}] {name}: {c}");
+            ok &= c.is_ok();
+        }
+    }
+    drop(nats);
+    Ok(if ok { 0 } else { 3 })
+}
+
 /// `ndd demo`.
 pub async fn run(duration: Option<Duration>, stats_json: Option<PathBuf>) -> Result<i32> {
     let keys = TempHome::new("demo-key")?;

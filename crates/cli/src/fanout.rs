@@ -29,7 +29,7 @@ use ndd_core::{Frame, Half, Meta, Output, Pair, Role, Stack};
 use ndd_endpoint::Delivered;
 use ndd_link::nats::async_nats;
 use ndd_link::nats::join::{Admission, Host, Joiner, Welcome};
-use ndd_link::nats::record::{FrameRecord, END_SEQ};
+use ndd_link::nats::record::{FrameRecord, Reorder, END_SEQ};
 use ndd_link::nats::subjects::Subjects;
 use ndd_link::seal::LocalIdentity;
 use ndd_link::KnownPeers;
@@ -51,6 +51,11 @@ const SEAL_WINDOW: u32 = 4096;
 const JS_IN_FLIGHT: usize = 256;
 /// How long JetStream keeps a message id to drop a republished duplicate.
 const JS_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+/// How long stored frames wait behind one that has not come (published again after a
+/// server restart, it is on its way).
+const REORDER_WAIT: Duration = Duration::from_secs(10);
+/// How long an app side that got a stream's END waits for stored frames still on their way.
+const ENDING_WAIT: Duration = Duration::from_secs(15);
 /// How far back a reliable stream publishes again after a reconnect to the server.
 const REPUBLISH_WINDOW: Duration = Duration::from_secs(5);
 /// At most this many bytes of it.
@@ -191,6 +196,19 @@ pub async fn run_side(
     let identity = load_identity(&opts.home)?;
     KnownPeers::load(&opts.home)?;
     let local = LocalIdentity::new(&identity).context("identity")?;
+    // Live lines name the app side (many run at once): `[app 7M2Xq3J5]`.
+    let label = match side {
+        SideName::Device => "device".to_string(),
+        SideName::App => format!(
+            "app {}",
+            local
+                .fingerprint()
+                .trim_start_matches("SHA256:")
+                .chars()
+                .take(8)
+                .collect::<String>()
+        ),
+    };
     if !nats.tls_required() && !quiet {
         tracing::warn!(side = %side, "the connection to the NATS server is plain TCP (allowed on loopback); frames are still encrypted end to end");
     }
@@ -230,6 +248,8 @@ pub async fn run_side(
         },
     };
     let mut tasks: JoinSet<Result<Option<(String, ndd_endpoint::CheckReport)>>> = JoinSet::new();
+    // The source endpoints' tasks: stopping them ends their streams cleanly (flushed, END).
+    let mut endpoints: Vec<tokio::task::AbortHandle> = Vec::new();
     let peer;
     match side {
         SideName::Device => {
@@ -274,19 +294,21 @@ pub async fn run_side(
                 }
             }
             for p in &plans {
-                spawn_stream(
-                    cfg,
-                    &ctx,
-                    p,
-                    &key,
-                    run,
-                    js.clone(),
-                    None,
-                    opts.once,
-                    &stats,
-                    &mut tasks,
-                )
-                .await?;
+                endpoints.extend(
+                    spawn_stream(
+                        cfg,
+                        &ctx,
+                        p,
+                        &key,
+                        run,
+                        js.clone(),
+                        None,
+                        opts.once,
+                        &stats,
+                        &mut tasks,
+                    )
+                    .await?,
+                );
             }
             peer = format!("NATS {}", nats.servers.join(","));
             if !quiet {
@@ -316,19 +338,21 @@ pub async fn run_side(
             }
             let me = short_id(&local.fingerprint());
             for p in &plans {
-                spawn_stream(
-                    cfg,
-                    &ctx,
-                    p,
-                    &admission.group_key,
-                    admission.run,
-                    js.clone(),
-                    Some((&admission, me.as_str(), start)),
-                    opts.once,
-                    &stats,
-                    &mut tasks,
-                )
-                .await?;
+                endpoints.extend(
+                    spawn_stream(
+                        cfg,
+                        &ctx,
+                        p,
+                        &admission.group_key,
+                        admission.run,
+                        js.clone(),
+                        Some((&admission, me.as_str(), start)),
+                        opts.once,
+                        &stats,
+                        &mut tasks,
+                    )
+                    .await?,
+                );
             }
             // Every subscription is in place at the server: tell the device.
             client.flush().await.map_err(|e| anyhow!("NATS: {e}"))?;
@@ -348,7 +372,7 @@ pub async fn run_side(
             )?;
             for f in out.take_frames() {
                 client
-                    .publish(ctx.subjects.ready(), record(&f, admission.run))
+                    .publish(ctx.subjects.ready(), record(&f, admission.run, 0))
                     .await
                     .map_err(|e| anyhow!("NATS: {e}"))?;
             }
@@ -372,7 +396,7 @@ pub async fn run_side(
                     for s in &stats {
                         let mut s = lock(s);
                         if s.due(Instant::now()) {
-                            eprintln!("{}", s.live_line(side.as_str()));
+                            eprintln!("{}", s.live_line(&label));
                         }
                     }
                 }
@@ -391,8 +415,28 @@ pub async fn run_side(
             },
         }
     }
+    // Sources stop first: their streams flush and say END; then what is left stops.
+    for e in &endpoints {
+        e.abort();
+    }
+    let drain = async {
+        while tasks.len() > usize::from(side == SideName::Device) {
+            match tasks.join_next().await {
+                Some(Ok(Ok(Some(c)))) => checks.push(c),
+                Some(_) => {}
+                None => break,
+            }
+        }
+    };
+    if result.is_ok() && !endpoints.is_empty() {
+        let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
+    } else {
+        drop(drain);
+    }
     let _ = client.flush().await;
     tasks.abort_all();
+    // Closes the connection for every clone (no reconnect attempts after this side ended).
+    let _ = tokio::time::timeout(Duration::from_secs(1), client.drain()).await;
     while let Some(r) = tasks.join_next().await {
         if let Ok(Ok(Some(c))) = r {
             checks.push(c);
@@ -749,7 +793,7 @@ async fn spawn_stream(
     once: bool,
     stats: &[Shared<StreamStats>],
     tasks: &mut JoinSet<Result<Option<(String, ndd_endpoint::CheckReport)>>>,
-) -> Result<()> {
+) -> Result<Option<tokio::task::AbortHandle>> {
     let s = &cfg.streams[plan.index];
     let stats = stats[plan.index].clone();
     let name = plan.name.clone();
@@ -779,12 +823,15 @@ async fn spawn_stream(
             recent: VecDeque::new(),
             recent_bytes: 0,
             connects: ctx.connects.load(std::sync::atomic::Ordering::Acquire),
+            wseq: HashMap::new(),
         };
+        let endpoint = source.abort_handle();
         tasks.spawn(async move {
             let r = pump_source(rx, stack, seal, out, stats).await;
             source.abort();
             r.map(|()| None)
         });
+        return Ok(Some(endpoint));
     } else {
         let done = Delivered::default();
         let sink = s.sink.spawn_tracked(rx, done.clone()).with_context(|| {
@@ -817,7 +864,7 @@ async fn spawn_stream(
             Ok(report)
         });
     }
-    Ok(())
+    Ok(None)
 }
 
 /// Where a source's frames go.
@@ -834,6 +881,8 @@ struct Publisher {
     recent_bytes: usize,
     /// The connection count when this publisher last looked.
     connects: u64,
+    /// Next subject sequence, per subject.
+    wseq: HashMap<String, u64>,
 }
 
 impl Publisher {
@@ -853,7 +902,10 @@ impl Publisher {
     }
 
     async fn publish(&mut self, frame: Frame, route: Route) -> Result<()> {
-        let rec = record(&frame, self.run);
+        let (subject, part) = self.subject(route);
+        let counter = self.wseq.entry(subject.clone()).or_insert(0);
+        let rec = record(&frame, self.run, *counter);
+        *counter += 1;
         if rec.len() > self.ctx.max_payload {
             bail!(
                 "stream \"{}\": a frame of {} bytes exceeds the NATS server's max_payload ({} bytes); raise max_payload in the server's configuration, or cut frames with multiplex split",
@@ -862,7 +914,6 @@ impl Publisher {
                 self.ctx.max_payload
             );
         }
-        let (subject, part) = self.subject(route);
         match self.js.clone() {
             None => {
                 self.ctx
@@ -963,7 +1014,7 @@ impl Publisher {
             seal.handle_frame(Instant::now(), Frame::new(meta, &[]), &mut out)?;
             for f in out.take_frames() {
                 if self.plan.round_robin {
-                    let rec = record(&f, self.run);
+                    let rec = record(&f, self.run, 0);
                     let _ = self
                         .ctx
                         .client
@@ -987,14 +1038,15 @@ impl Publisher {
     }
 }
 
-/// The NATS message of a frame.
-fn record(frame: &Frame, run: u64) -> Bytes {
+/// The NATS message of a frame, `wseq`-th on its subject.
+fn record(frame: &Frame, run: u64, wseq: u64) -> Bytes {
     FrameRecord {
         stream: frame.meta.stream,
         flags: frame.meta.flags,
         run,
         seq: frame.meta.seq,
         timestamp_ns: frame.meta.timestamp_ns,
+        wseq,
         payload: Bytes::copy_from_slice(frame.payload()),
     }
     .encode()
@@ -1097,7 +1149,7 @@ fn has_mux(stack: &Stack) -> bool {
 /// Where a sink's records come from.
 enum Input {
     Core(async_nats::Subscriber),
-    Stored(Box<jetstream::consumer::pull::Stream>),
+    Stored(Box<Stored>),
 }
 
 async fn subscribe(
@@ -1151,42 +1203,99 @@ async fn subscribe(
             } else {
                 ctx.subjects.durable(me, plan.id, part)
             };
-            // This side's own consumer, back again (a restart, a crash): it starts over at the
-            // first message it had not acknowledged, so frames come in order and none is
-            // lost; what it had delivered but not yet acknowledged comes again and is
-            // dropped by sequence number below.
-            let mut start = start;
-            if !plan.round_robin {
-                if let Ok(c) = stream
-                    .get_consumer::<jetstream::consumer::pull::Config>(&durable)
-                    .await
-                {
-                    start = c.cached_info().ack_floor.stream_sequence + 1;
-                    let _ = stream.delete_consumer(&durable).await;
-                }
-            }
-            let config = jetstream::consumer::pull::Config {
-                durable_name: Some(durable.clone()),
-                filter_subject: ctx.subjects.down(plan.id, true, part),
-                ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                // A new consumer starts at the first message stored after this side asked
-                // to join.
-                deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
-                    start_sequence: start,
-                },
-                ack_wait: Duration::from_secs(10),
-                max_ack_pending: 4096,
-                ..Default::default()
+            let mut stored = Stored {
+                stream,
+                durable,
+                filter: ctx.subjects.down(plan.id, true, part),
+                shared: plan.round_robin,
+                messages: None,
+                connects: ctx.connects.clone(),
+                seen: ctx.connects.load(std::sync::atomic::Ordering::Acquire),
             };
-            let consumer = stream
-                .get_or_create_consumer(&durable, config)
+            stored.attach(start).await?;
+            Ok(Input::Stored(Box::new(stored)))
+        }
+    }
+}
+
+/// A JetStream consumer of one app side (or the shared one of a round-robin stream).
+struct Stored {
+    stream: jetstream::stream::Stream,
+    durable: String,
+    filter: String,
+    /// Round-robin: shared with the other members, never deleted.
+    shared: bool,
+    messages: Option<jetstream::consumer::pull::Stream>,
+    connects: Arc<std::sync::atomic::AtomicU64>,
+    seen: u64,
+}
+
+impl Stored {
+    /// (Re)attaches: this side's own consumer, if it exists (a restart, a crash, a server
+    /// that came back), starts over at the first message it had not acknowledged, so frames
+    /// come in order and none is lost; what it had delivered but not yet acknowledged comes
+    /// again and is dropped by its stream sequence. A new consumer starts at `start` (the
+    /// first message stored after this side asked to join).
+    async fn attach(&mut self, start: u64) -> Result<()> {
+        let durable = self.durable.clone();
+        let mut start = start;
+        if !self.shared {
+            if let Ok(c) = self
+                .stream
+                .get_consumer::<jetstream::consumer::pull::Config>(&durable)
                 .await
-                .map_err(|e| anyhow!("JetStream consumer {durable}: {e}"))?;
-            let messages = consumer
+            {
+                start = c.cached_info().ack_floor.stream_sequence + 1;
+                let _ = self.stream.delete_consumer(&durable).await;
+            }
+        }
+        let config = jetstream::consumer::pull::Config {
+            durable_name: Some(durable.clone()),
+            filter_subject: self.filter.clone(),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: start,
+            },
+            ack_wait: Duration::from_secs(5),
+            max_ack_pending: 4096,
+            ..Default::default()
+        };
+        let consumer = self
+            .stream
+            .get_or_create_consumer(&durable, config)
+            .await
+            .map_err(|e| anyhow!("JetStream consumer {durable}: {e}"))?;
+        self.messages = Some(
+            consumer
                 .messages()
                 .await
-                .map_err(|e| anyhow!("JetStream consumer {durable}: {e}"))?;
-            Ok(Input::Stored(Box::new(messages)))
+                .map_err(|e| anyhow!("JetStream consumer {durable}: {e}"))?,
+        );
+        Ok(())
+    }
+
+    /// Whether nothing is left for this consumer: every stored frame delivered and
+    /// acknowledged (by this side or, round-robin, by another member).
+    async fn drained(&mut self) -> bool {
+        match self.stream.consumer_info(&self.durable).await {
+            Ok(i) => i.num_pending == 0 && i.num_ack_pending == 0,
+            Err(_) => false,
+        }
+    }
+
+    /// Whether the connection to the server was made again since the last look.
+    fn reconnected(&mut self) -> bool {
+        let now = self.connects.load(std::sync::atomic::Ordering::Acquire);
+        std::mem::replace(&mut self.seen, now) != now
+    }
+
+    async fn next(&mut self) -> Option<Result<jetstream::Message>> {
+        match self.messages.as_mut() {
+            Some(m) => m
+                .next()
+                .await
+                .map(|r| r.map_err(|e| anyhow!("JetStream: {e}"))),
+            None => std::future::pending().await,
         }
     }
 }
@@ -1210,76 +1319,136 @@ async fn pump_sink(
     let mut unacked: VecDeque<jetstream::Message> = VecDeque::new();
     // JetStream sequence up to which this process acknowledged everything.
     let mut acked_to = 0u64;
+    let mut seen = Seen::default();
+    // When the END came, if this side waits for stored frames still on their way.
+    let mut ending: Option<Instant> = None;
     let mut bad = ndd_core::RateLimit::with_burst(Duration::from_secs(1), 5);
     let mut check = tokio::time::interval(Duration::from_millis(20));
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Stored frames of this side's own consumer come back in their order after a server
+    // restart (round-robin members each see only some of a subject's frames: no order).
+    let mut reorder = match &input {
+        Input::Stored(s) if !s.shared => Some(Reorder::new(REORDER_WAIT, 65_536)),
+        _ => None,
+    };
+    let mut ready: VecDeque<FrameRecord> = VecDeque::new();
     loop {
-        let wake = stack.poll_timeout();
-        let next = tokio::select! {
-            m = async {
-                match &mut input {
-                    Input::Core(s) => s.next().await.map(|m| Ok((m.payload, None))),
-                    Input::Stored(s) => s.next().await.map(|r| r.map(|m| (m.payload.clone(), Some(m)))),
+        let rec = if let Some(rec) = ready.pop_front() {
+            rec
+        } else {
+            let wake = stack.poll_timeout();
+            let next = tokio::select! {
+                m = async {
+                    match &mut input {
+                        Input::Core(s) => s.next().await.map(|m| Ok((m.payload, None))),
+                        Input::Stored(s) => s.next().await.map(|r| r.map(|m| (m.payload.clone(), Some(m)))),
+                    }
+                } => m,
+                Some(m) = async {
+                    match end_sub.as_mut() {
+                        Some(s) => s.next().await,
+                        None => std::future::pending().await,
+                    }
+                } => Some(Ok((m.payload, None))),
+                _ = sleep_until_opt(wake) => {
+                    stack.handle_timeout(Instant::now()).map_err(|e| anyhow!("{e}"))?;
+                    handed += deliver(&mut stack, &tx, &stats).await?;
+                    continue;
                 }
-            } => m,
-            Some(m) = async {
-                match end_sub.as_mut() {
-                    Some(s) => s.next().await,
-                    None => std::future::pending().await,
+                _ = check.tick() => {
+                    if let Some(r) = reorder.as_mut() {
+                        let late = r.poll(Instant::now());
+                        if !late.is_empty() {
+                            tracing::warn!(
+                                skipped = r.skipped,
+                                "stored frames that never came were given up after {REORDER_WAIT:?}"
+                            );
+                        }
+                        ready.extend(late);
+                    }
+                    // Acknowledged only once everything taken is through the sink (nothing held
+                // behind a gap, nothing in the stack).
+                let all_through = ready.is_empty()
+                    && reorder.as_ref().map(Reorder::is_empty).unwrap_or(true)
+                    && done.count() >= handed
+                    && stack.poll_timeout().is_none();
+                if !unacked.is_empty() && all_through {
+                        ack_all(&mut unacked, &mut acked_to).await;
+                    }
+                    if let (Some(t), Input::Stored(st)) = (ending, &mut input) {
+                        if unacked.is_empty() && (st.drained().await || t.elapsed() > ENDING_WAIT) {
+                            if t.elapsed() > ENDING_WAIT {
+                                tracing::warn!("the stream ended with stored frames still unacknowledged after {ENDING_WAIT:?}; stopping anyway");
+                            }
+                            stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
+                            deliver(&mut stack, &tx, &stats).await?;
+                            return Ok(());
+                        }
+                    }
+                    // Back from a server restart: what was on its way to this side when the
+                    // server went comes again at once and in order (not after the ack wait).
+                    if let Input::Stored(s) = &mut input {
+                        if s.reconnected() {
+                            if let Err(e) = s.attach(acked_to + 1).await {
+                                tracing::warn!("{e}; trying again");
+                                s.seen = s.seen.wrapping_sub(1);
+                            }
+                        }
+                    }
+                    continue;
                 }
-            } => Some(Ok((m.payload, None))),
-            _ = sleep_until_opt(wake) => {
-                stack.handle_timeout(Instant::now()).map_err(|e| anyhow!("{e}"))?;
-                handed += deliver(&mut stack, &tx, &stats).await?;
-                continue;
-            }
-            _ = check.tick(), if !unacked.is_empty() => {
-                if done.count() >= handed && stack.poll_timeout().is_none() {
-                    ack_all(&mut unacked, &mut acked_to).await;
+            };
+            let (payload, stored) = match next {
+                None => return Ok(()),
+                Some(Ok(x)) => x,
+                Some(Err(e)) => {
+                    tracing::warn!("JetStream: {e}; going on");
+                    continue;
                 }
-                continue;
-            }
-        };
-        let (payload, stored) = match next {
-            None => return Ok(()),
-            Some(Ok(x)) => x,
-            Some(Err(e)) => {
-                tracing::warn!("JetStream: {e}; going on");
-                continue;
-            }
-        };
-        let rec = FrameRecord::parse(&payload);
-        let fresh = match &stored {
-            // JetStream delivers again what was not acknowledged in time: a frame this
-            // process handled already is still waiting for its acknowledgement.
-            Some(m) => {
-                let sseq = m.info().map(|i| i.stream_sequence).unwrap_or(0);
-                let again = sseq <= acked_to
-                    || unacked
-                        .iter()
-                        .any(|u| u.info().is_ok_and(|i| i.stream_sequence == sseq));
-                rec.is_some() && !again
-            }
-            None => rec.as_ref().is_some_and(|r| match last {
-                Some((run, seq)) if run == r.run => r.seq > seq,
-                _ => true,
-            }),
-        };
-        if let Some(m) = stored {
-            if fresh {
+            };
+            let rec = FrameRecord::parse(&payload);
+            let fresh = match &stored {
+                // JetStream delivers again what was not acknowledged in time: a frame this
+                // process handled already is still waiting for its acknowledgement.
+                // A copy is recognised by its sealed header (the sending half's epoch and frame
+                // counter: unique per frame, the same in every copy), whatever stream sequence
+                // the server gave it (a republished frame gets a new one).
+                Some(m) => rec.as_ref().is_some_and(|r| {
+                    let new = seen.insert(&r.payload);
+                    tracing::trace!(
+                        seq = r.seq,
+                        stream_seq = m.info().map(|i| i.stream_sequence).unwrap_or(0),
+                        new,
+                        "stored frame"
+                    );
+                    new
+                }),
+                None => rec.as_ref().is_some_and(|r| match last {
+                    Some((run, seq)) if run == r.run => r.seq > seq,
+                    _ => true,
+                }),
+            };
+            // A message delivered again is acknowledged with the others once the sink completed
+            // what it had been handed (the first copy is among it).
+            if let Some(m) = stored {
                 unacked.push_back(m);
             }
-        }
-        let Some(rec) = rec else {
-            if bad.admit(Instant::now()).is_some() {
-                tracing::warn!("dropped a NATS message shorter than a frame record");
+            let Some(rec) = rec else {
+                if bad.admit(Instant::now()).is_some() {
+                    tracing::warn!("dropped a NATS message shorter than a frame record");
+                }
+                continue;
+            };
+            if !fresh {
+                lock(&stats).duplicates += 1;
+                continue;
+            }
+            match reorder.as_mut() {
+                Some(r) => ready.extend(r.push(rec, Instant::now())),
+                None => ready.push_back(rec),
             }
             continue;
         };
-        if !fresh {
-            lock(&stats).duplicates += 1;
-            continue;
-        }
         let meta = Meta {
             stream: rec.stream,
             seq: rec.seq,
@@ -1304,6 +1473,16 @@ async fn pump_sink(
         for f in opened.take_frames() {
             if f.meta.seq == END_SEQ && f.is_empty() {
                 if once {
+                    // Stored frames still on their way to this side (delivered before a
+                    // server restart, or to a round-robin member that left) come first.
+                    if let Input::Stored(st) = &mut input {
+                        if ending.is_none() {
+                            ending = Some(Instant::now());
+                        }
+                        if !st.drained().await {
+                            continue;
+                        }
+                    }
                     stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
                     handed += deliver(&mut stack, &tx, &stats).await?;
                     // Everything before the end is acknowledged once the sink completed it.
@@ -1330,6 +1509,37 @@ async fn pump_sink(
             }
         }
         handed += deliver(&mut stack, &tx, &stats).await?;
+    }
+}
+
+/// The sealed headers (epoch ‖ counter) of the last [`SEEN`] stored frames this process
+/// took: a frame JetStream delivers again is dropped silently.
+#[derive(Default)]
+struct Seen {
+    set: std::collections::HashSet<[u8; 24]>,
+    order: VecDeque<[u8; 24]>,
+}
+
+/// Stored frames remembered for dropping copies.
+const SEEN: usize = 16_384;
+
+impl Seen {
+    /// Whether `sealed` is new (and remembers it); a frame too short to carry the header
+    /// counts as new (the encrypt inverse refuses it).
+    fn insert(&mut self, sealed: &[u8]) -> bool {
+        let Some(k) = sealed.get(..24).and_then(|k| <[u8; 24]>::try_from(k).ok()) else {
+            return true;
+        };
+        if !self.set.insert(k) {
+            return false;
+        }
+        self.order.push_back(k);
+        if self.order.len() > SEEN {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+        true
     }
 }
 

@@ -97,6 +97,10 @@ enum Command {
         /// Stop after SECONDS (default: run until Ctrl-C).
         #[arg(long, value_name = "SECONDS")]
         duration: Option<f64>,
+        /// One device side feeding three app sides through a private nats-server (Debian's
+        /// nats-server) instead: the NATS link and the multiplex pair.
+        #[arg(long)]
+        fanout: bool,
         /// Write the final stats as JSON to FILE.
         #[arg(long, value_name = "FILE")]
         stats_json: Option<PathBuf>,
@@ -358,10 +362,18 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Command::Demo {
             duration: d,
+            fanout,
             stats_json,
         } => {
             let rt = runtime()?;
-            rt.block_on(demo::run(duration(d)?, stats_json))
+            if fanout {
+                if stats_json.is_some() {
+                    anyhow::bail!("--stats-json is not available with --fanout");
+                }
+                rt.block_on(demo::run_fanout(duration(d)?))
+            } else {
+                rt.block_on(demo::run(duration(d)?, stats_json))
+            }
         }
         Command::Keygen { force, home } => {
             let dir = home.dir();

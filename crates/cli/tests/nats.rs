@@ -347,12 +347,22 @@ sink = {{ type = "file", path = "{}", framing = "length", append = true }}
         }
     };
     let a1 = side(&cfg, "app", &apps[0], &[]);
-    let d = side(&cfg, "device", &dev, &["--once"]);
+    let mut c = run_cmd(&cfg, "device", &dev, &["--once"]);
+    c.env(
+        "NDD_LOG",
+        std::env::var("NDD_TEST_LOG").unwrap_or("warn,ndd::fanout=info".into()),
+    );
+    let d = Side::spawn(c);
     wait_for("frames to flow", WAIT, || got() > 100);
     // The app side dies without a goodbye; its frames wait in JetStream meanwhile.
     a1.kill();
     std::thread::sleep(Duration::from_millis(500));
-    let a2 = side(&cfg, "app", &apps[0], &["--once"]);
+    let mut c = run_cmd(&cfg, "app", &apps[0], &["--once"]);
+    c.env(
+        "NDD_LOG",
+        std::env::var("NDD_TEST_LOG").unwrap_or("warn,ndd::fanout=info".into()),
+    );
+    let a2 = Side::spawn(c);
     wait_for("frames to flow again", WAIT, || got() > 500);
     // The server is restarted (as `systemctl restart nats-server` would) and comes back a
     // second later on the same store.
@@ -366,7 +376,10 @@ sink = {{ type = "file", path = "{}", framing = "length", append = true }}
     let seqs = synthetic_seqs_in(&out, 9, n);
     let (next, dups, lost) = order(seqs.iter().copied());
     assert_eq!(next, n, "every frame up to the last");
-    assert!(lost.is_empty(), "frames lost: {lost:?}");
+    assert!(
+        lost.is_empty(),
+        "frames lost: {lost:?}\napp: {aerr}\ndevice: {derr}"
+    );
     // Frames the killed side had written but not yet acknowledged come again (at most
     // a few); the server restart duplicates nothing.
     println!("duplicates after the kill: {dups}");
@@ -445,6 +458,160 @@ fn bad_nats_settings_are_named_at_check_time() {
     assert!(
         err.contains("cannot connect to NATS at nats://127.0.0.1:")
             && err.contains("is nats-server running?"),
+        "{err}"
+    );
+}
+
+/// A CA and a server certificate for 127.0.0.1 (openssl), and a nats-server config with TLS
+/// and a user whose password is `password`.
+fn tls_server_config(dir: &Path, password: &str) -> PathBuf {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl runs");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        "ca-key.pem",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=ndd test CA",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        "server-key.pem",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    std::fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca-key.pem",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+    ]);
+    write(
+        dir,
+        "nats.conf",
+        &format!(
+            "tls {{ cert_file: \"{}\", key_file: \"{}\" }}\nauthorization {{ users = [ {{ user: ndd, password: \"{password}\" }} ] }}\n",
+            dir.join("server.pem").display(),
+            dir.join("server-key.pem").display()
+        ),
+    )
+}
+
+#[test]
+fn the_server_connection_uses_tls_and_a_password_and_wrong_ones_are_named() {
+    if !nats_or_skip() || missing(&["openssl"]).is_some() {
+        return;
+    }
+    let dir = Dir::new("nats-tls");
+    let conf = tls_server_config(&dir.0, "s3cret-pass");
+    let nats = Nats::start("tls", &["-c", conf.to_str().unwrap()]);
+    let (dev, apps) = homes_n(&dir.0, 1);
+    let pass = dir.0.join("pass");
+    std::fs::write(&pass, "s3cret-pass\n").unwrap();
+    let wrong = dir.0.join("wrong");
+    std::fs::write(&wrong, "nope\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    for p in [&pass, &wrong] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let cfg_with = |password: &Path, ca: bool| {
+        let ca = if ca {
+            format!("ca_file = \"{}\"\n", dir.0.join("ca.pem").display())
+        } else {
+            String::new()
+        };
+        write(
+            &dir.0,
+            "tls.toml",
+            &format!(
+                "driver = \"tls\"\n[link]\ntransport = \"nats\"\nconnect_timeout_ms = 5000\n[link.nats]\nservers = [\"tls://127.0.0.1:{}\"]\nmin_app_sides = 1\nuser = \"ndd\"\npassword_file = \"{}\"\n{ca}{}",
+                nats.port,
+                password.display(),
+                r#"
+[[stream]]
+name = "s"
+direction = "device-to-app"
+source = { type = "synthetic", size = 100, interval_ms = 2.0, count = 200, seed = 3 }
+sink = { type = "check", seed = 3, size = 100, expect = 200 }
+"#
+            ),
+        )
+    };
+    // Right CA and password: through.
+    let cfg = cfg_with(&pass, true);
+    let a = side(&cfg, "app", &apps[0], &["--once"]);
+    let d = side(&cfg, "device", &dev, &["--once"]);
+    let (ds, _, derr) = d.finish();
+    assert!(ds.success(), "{derr}");
+    let (as_, _, aerr) = a.finish();
+    assert!(
+        as_.success() && aerr.contains(&check_ok("s", 200)),
+        "{aerr}"
+    );
+    assert!(!aerr.contains("plain TCP"), "{aerr}");
+    // A wrong password: refused at once, by name.
+    let cfg = cfg_with(&wrong, true);
+    let out = run_cmd(&cfg, "device", &dev, &["--once"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("refused the credentials"), "{err}");
+    // Without the CA the server's certificate cannot be checked.
+    let cfg = cfg_with(&pass, false);
+    let out = run_cmd(&cfg, "device", &dev, &["--once"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("TLS with NATS at tls://127.0.0.1:"), "{err}");
+    // A password file others can read is refused before connecting.
+    std::fs::set_permissions(&pass, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let cfg = cfg_with(&pass, true);
+    let out = run_cmd(&cfg, "device", &dev, &["--once"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("has permissions 0644, but it must be readable by its owner only"),
         "{err}"
     );
 }

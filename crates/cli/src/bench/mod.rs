@@ -5,6 +5,7 @@
 mod audio;
 mod display;
 mod e2e;
+mod fanout;
 mod jitter;
 mod links;
 mod mixed;
@@ -28,6 +29,18 @@ pub enum BenchCmd {
         #[arg(long)]
         quick: bool,
         /// Directory for audio.md.
+        #[arg(long, value_name = "DIR", default_value = "docs/bench")]
+        out: PathBuf,
+    },
+    /// One device side to 1, 4 and 16 app sides through a private nats-server: an input-like
+    /// stream (64 B at 1 kHz, lossy) and a bulk one (100 KB at 30/s, reliable on JetStream),
+    /// one-way p50/p99 per app side and aggregate throughput, next to raw async-nats
+    /// publish/subscribe and the direct TLS link; writes fanout.md and fanout.svg.
+    Fanout {
+        /// A short run (CI smoke test): 1 and 4 app sides, 1.5 s per row.
+        #[arg(long)]
+        quick: bool,
+        /// Directory for fanout.md.
         #[arg(long, value_name = "DIR", default_value = "docs/bench")]
         out: PathBuf,
     },
@@ -164,6 +177,7 @@ pub async fn run(cmd: BenchCmd) -> Result<()> {
                 .await
                 .context("bench audio task")?
         }
+        BenchCmd::Fanout { quick, out } => fanout::run(quick, &out).await,
         BenchCmd::Display {
             quick,
             vs_vnc: true,

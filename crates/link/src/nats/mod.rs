@@ -243,15 +243,21 @@ pub async fn connect(
             Err(e) => e,
         };
         use async_nats::ConnectErrorKind as K;
+        // The client reports a certificate it cannot check as an IO error.
+        let text = e.to_string();
+        let tls = matches!(e.kind(), K::Tls)
+            || text.contains("certificate")
+            || text.contains("TLS")
+            || text.contains("tls");
         match e.kind() {
+            _ if tls => {
+                return Err(LinkError::Nats(format!(
+                    "TLS with NATS at {servers} failed: {e} (link.nats.ca_file must name the CA that signed the server's certificate; a server without TLS cannot serve require_tls)"
+                )))
+            }
             K::Authentication | K::AuthorizationViolation => {
                 return Err(LinkError::Nats(format!(
                     "NATS at {servers} refused the credentials: {e} (check link.nats credentials, nkey_file or user/password_file against the server's authorization block)"
-                )))
-            }
-            K::Tls => {
-                return Err(LinkError::Nats(format!(
-                    "TLS with NATS at {servers} failed: {e} (link.nats.ca_file must name the CA that signed the server's certificate; a server without TLS cannot serve require_tls)"
                 )))
             }
             K::ServerParse | K::Dns => {
@@ -259,7 +265,7 @@ pub async fn connect(
                     "cannot connect to NATS at {servers}: {e}"
                 )))
             }
-            K::TimedOut | K::Io | K::MaxReconnects => {}
+            K::Tls | K::TimedOut | K::Io | K::MaxReconnects => {}
         }
         if started.elapsed() + backoff >= timeout {
             return Err(LinkError::Nats(format!(

@@ -7,7 +7,9 @@
 //!  4   8   run id of the device side (a restarted device numbers its frames afresh)
 //! 12   8   sequence number
 //! 20   8   timestamp, ns since the Unix epoch (source clock)
-//! 28   …   payload (the frame after its stack, encrypted under the group key)
+//! 28   8   subject sequence: 0, 1, 2 … per run on each subject (a receiver of stored frames
+//!          puts them back in this order: [`Reorder`])
+//! 36   …   payload (the frame after its stack, encrypted under the group key)
 //! ```
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -17,7 +19,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 pub const END_SEQ: u64 = u64::MAX;
 
 /// Header length.
-pub const HEADER_LEN: usize = 28;
+pub const HEADER_LEN: usize = 36;
 
 /// A parsed record; the payload is a slice of the message (no copy).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +34,8 @@ pub struct FrameRecord {
     pub timestamp_ns: u64,
     /// Flags.
     pub flags: u16,
+    /// Position on its subject in this run.
+    pub wseq: u64,
     /// The frame's bytes.
     pub payload: Bytes,
 }
@@ -51,6 +55,7 @@ impl FrameRecord {
             run: u64_at(4),
             seq: u64_at(12),
             timestamp_ns: u64_at(20),
+            wseq: u64_at(28),
             payload: b.slice(HEADER_LEN..),
         })
     }
@@ -63,8 +68,113 @@ impl FrameRecord {
         b.put_u64(self.run);
         b.put_u64(self.seq);
         b.put_u64(self.timestamp_ns);
+        b.put_u64(self.wseq);
         b.put_slice(&self.payload);
         b.freeze()
+    }
+}
+
+/// Puts the records of one subject back in their subject sequence (sans-IO): a frame the
+/// server stored late (published again after a server restart, behind newer ones) waits for
+/// nothing; the newer ones wait for it, at most `wait` (then the gap is given up, counted).
+#[derive(Debug)]
+pub struct Reorder {
+    /// (run, next subject sequence expected).
+    next: Option<(u64, u64)>,
+    held: std::collections::BTreeMap<u64, FrameRecord>,
+    since: Option<std::time::Instant>,
+    wait: std::time::Duration,
+    max: usize,
+    /// Records never seen: gaps given up.
+    pub skipped: u64,
+}
+
+impl Reorder {
+    /// Holds at most `max` records for at most `wait` behind a gap.
+    pub fn new(wait: std::time::Duration, max: usize) -> Reorder {
+        Reorder {
+            next: None,
+            held: Default::default(),
+            since: None,
+            wait,
+            max: max.max(1),
+            skipped: 0,
+        }
+    }
+
+    /// Takes a record; gives the records now in order (none while a gap is open). The first
+    /// record, and the first of a new run, start the order.
+    pub fn push(&mut self, rec: FrameRecord, now: std::time::Instant) -> Vec<FrameRecord> {
+        match self.next {
+            Some((run, n)) if run == rec.run => {
+                if rec.wseq < n || self.held.contains_key(&rec.wseq) {
+                    return Vec::new();
+                }
+                if rec.wseq > n {
+                    self.held.insert(rec.wseq, rec);
+                    self.since.get_or_insert(now);
+                    if self.held.len() > self.max {
+                        return self.skip();
+                    }
+                    return Vec::new();
+                }
+                self.next = Some((run, n + 1));
+                let mut out = vec![rec];
+                self.drain(&mut out);
+                out
+            }
+            _ => {
+                // A new run's frames: what the old one left waiting goes first.
+                let mut out: Vec<FrameRecord> =
+                    std::mem::take(&mut self.held).into_values().collect();
+                self.next = Some((rec.run, rec.wseq + 1));
+                out.push(rec);
+                self.since = None;
+                out
+            }
+        }
+    }
+
+    /// Gives up a gap held longer than `wait`.
+    pub fn poll(&mut self, now: std::time::Instant) -> Vec<FrameRecord> {
+        match self.since {
+            Some(t) if now.saturating_duration_since(t) >= self.wait => self.skip(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Whether no record waits behind a gap.
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    /// When [`Reorder::poll`] has something to do.
+    pub fn deadline(&self) -> Option<std::time::Instant> {
+        self.since.map(|t| t + self.wait)
+    }
+
+    fn skip(&mut self) -> Vec<FrameRecord> {
+        let (Some((run, n)), Some(&first)) = (self.next, self.held.keys().next()) else {
+            return Vec::new();
+        };
+        self.skipped += first - n;
+        self.next = Some((run, first));
+        let mut out = Vec::new();
+        self.drain(&mut out);
+        out
+    }
+
+    fn drain(&mut self, out: &mut Vec<FrameRecord>) {
+        while let Some((run, n)) = self.next {
+            match self.held.remove(&n) {
+                Some(r) => {
+                    out.push(r);
+                    self.next = Some((run, n + 1));
+                }
+                None => break,
+            }
+        }
+        self.since = (!self.held.is_empty()).then(std::time::Instant::now);
     }
 }
 
@@ -80,6 +190,7 @@ mod tests {
             seq: 2,
             timestamp_ns: 3,
             flags: 4,
+            wseq: 6,
             payload: Bytes::from_static(b"hi"),
         };
         let b = r.encode();
@@ -87,10 +198,43 @@ mod tests {
             &b[..],
             &[
                 0, 1, 0, 4, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3,
-                b'h', b'i'
+                0, 0, 0, 0, 0, 0, 0, 6, b'h', b'i'
             ]
         );
         assert_eq!(FrameRecord::parse(&b), Some(r));
-        assert_eq!(FrameRecord::parse(&b.slice(..27)), None);
+        assert_eq!(FrameRecord::parse(&b.slice(..35)), None);
+    }
+
+    fn rec(run: u64, wseq: u64) -> FrameRecord {
+        FrameRecord {
+            stream: 1,
+            run,
+            seq: wseq,
+            timestamp_ns: 0,
+            flags: 0,
+            wseq,
+            payload: Bytes::new(),
+        }
+    }
+
+    fn w(v: Vec<FrameRecord>) -> Vec<u64> {
+        v.into_iter().map(|r| r.wseq).collect()
+    }
+
+    #[test]
+    fn a_late_record_is_put_back_in_its_place_and_a_gap_is_given_up_in_time() {
+        let t = std::time::Instant::now();
+        let mut r = Reorder::new(std::time::Duration::from_secs(1), 100);
+        assert_eq!(w(r.push(rec(1, 5), t)), vec![5]);
+        assert_eq!(w(r.push(rec(1, 7), t)), Vec::<u64>::new());
+        assert_eq!(w(r.push(rec(1, 8), t)), Vec::<u64>::new());
+        assert_eq!(w(r.push(rec(1, 6), t)), vec![6, 7, 8]);
+        assert_eq!(w(r.push(rec(1, 6), t)), Vec::<u64>::new(), "a copy");
+        assert_eq!(w(r.push(rec(1, 10), t)), Vec::<u64>::new());
+        assert!(r.poll(t + std::time::Duration::from_millis(10)).is_empty());
+        assert_eq!(w(r.poll(t + std::time::Duration::from_secs(2))), vec![10]);
+        assert_eq!(r.skipped, 1);
+        // A new run starts afresh.
+        assert_eq!(w(r.push(rec(2, 0), t)), vec![0]);
     }
 }

@@ -1,0 +1,444 @@
+//! `ndd bench fanout`: one device side → 1, 4 and 16 app sides (separate `ndd` processes on
+//! this machine) through a private `nats-server`, for an input-like stream (64 B at 1 kHz,
+//! lossy: core NATS) and a bulk stream (100 KB frames at 30/s, reliable: JetStream). Per
+//! row: one-way latency p50/p99 per app side (source timestamp to the sink, the same clock),
+//! frames delivered, aggregate throughput. Next to it, same run and same payloads: raw
+//! `async-nats` publish/subscribe (one publisher, N subscriber connections, no ndd, no
+//! encryption) and the direct TLS link (one app side, TCP + TLS). Writes fanout.md and
+//! fanout.svg.
+
+use super::{hardware, hist, ndd_ok, p50_p99, today};
+use anyhow::{anyhow, bail, Context, Result};
+use futures_util::StreamExt;
+use ndd_link::nats::async_nats;
+use ndd_procs::{missing, Nats};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A workload: what the device's source makes.
+#[derive(Debug, Clone, Copy)]
+struct Load {
+    name: &'static str,
+    size: usize,
+    interval_ms: f64,
+    reliable: bool,
+}
+
+const INPUT: Load = Load {
+    name: "input 64 B × 1 kHz (lossy)",
+    size: 64,
+    interval_ms: 1.0,
+    reliable: false,
+};
+const BULK: Load = Load {
+    name: "bulk 100 KB × 30/s (reliable)",
+    size: 100_000,
+    interval_ms: 33.333,
+    reliable: true,
+};
+
+/// One measured row.
+#[derive(Debug, Clone)]
+struct Row {
+    load: &'static str,
+    peer: &'static str,
+    subscribers: usize,
+    /// Median of the per-subscriber medians, ms.
+    p50: f64,
+    /// Worst per-subscriber p99, ms.
+    p99: f64,
+    /// Frames delivered / (frames sent × subscribers).
+    delivered: f64,
+    /// Bytes delivered to all subscribers per second of the run, MB/s.
+    mb_s: f64,
+}
+
+fn config(dir: &Path, url: &str, load: Load, count: u64, n: usize, transport: &str) -> PathBuf {
+    let link = if transport == "nats" {
+        format!(
+            "[link]\ntransport = \"nats\"\nconnect_timeout_ms = 30000\n[link.nats]\nservers = [\"{url}\"]\nmin_app_sides = {n}\nstore_mib = 1024\n"
+        )
+    } else {
+        "[link]\nconnect_timeout_ms = 30000\n".to_string()
+    };
+    let stack = if transport == "nats" {
+        "stack = [{ type = \"multiplex\", mode = \"all\" }]"
+    } else {
+        "stack = []"
+    };
+    let text = format!(
+        "driver = \"fanbench\"\n{link}\n[[stream]]\nname = \"s\"\ndirection = \"device-to-app\"\nreliability = \"{}\"\nsource = {{ type = \"synthetic\", size = {}, interval_ms = {}, count = {count}, seed = 1 }}\nsink = {{ type = \"null\" }}\n{stack}\n",
+        if load.reliable { "reliable" } else { "lossy" },
+        load.size,
+        load.interval_ms,
+    );
+    let p = dir.join(format!("{transport}-{n}.toml"));
+    let _ = std::fs::write(&p, text);
+    p
+}
+
+fn spawn(exe: &Path, args: &[&str]) -> Result<Child> {
+    Command::new(exe)
+        .args(args)
+        .env("NDD_LOG", "error")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("cannot run ndd")
+}
+
+fn wait(mut c: Child, what: &str, limit: Duration) -> Result<()> {
+    let t0 = Instant::now();
+    loop {
+        if let Some(s) = c.try_wait()? {
+            if s.success() {
+                return Ok(());
+            }
+            let mut err = String::new();
+            if let Some(mut e) = c.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            bail!("{what} failed: {err}");
+        }
+        if t0.elapsed() > limit {
+            let _ = c.kill();
+            bail!("{what} did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The app sides' latency and bytes from their `--stats-json` files.
+fn collect(files: &[PathBuf], load: Load, count: u64, secs: f64) -> Result<(f64, f64, f64, f64)> {
+    let mut p50s = Vec::new();
+    let mut p99 = 0f64;
+    let (mut frames, mut bytes) = (0u64, 0u64);
+    for f in files {
+        let v: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(f).with_context(|| format!("{}", f.display()))?,
+        )?;
+        let s = &v["streams"][0];
+        frames += s["frames"].as_u64().unwrap_or(0);
+        bytes += s["bytes"].as_u64().unwrap_or(0);
+        if let Some(x) = s["latency_p50_ms"].as_f64() {
+            p50s.push(x);
+        }
+        p99 = p99.max(s["latency_p99_ms"].as_f64().unwrap_or(0.0));
+    }
+    p50s.sort_by(f64::total_cmp);
+    let p50 = p50s.get(p50s.len() / 2).copied().unwrap_or(f64::NAN);
+    let delivered = frames as f64 / (count as f64 * files.len() as f64);
+    let _ = load;
+    Ok((p50, p99, delivered, bytes as f64 / secs / 1e6))
+}
+
+/// ndd: one device, `n` app sides over `transport` (`nats`, or `tcp` for the direct link).
+#[allow(clippy::too_many_arguments)]
+fn ndd_row(
+    exe: &Path,
+    dir: &Path,
+    url: &str,
+    dev: &Path,
+    apps: &[PathBuf],
+    load: Load,
+    count: u64,
+    n: usize,
+    transport: &str,
+) -> Result<Row> {
+    let cfg = config(dir, url, load, count, n, transport);
+    let cfg_s = cfg.to_string_lossy().to_string();
+    let mut files = Vec::new();
+    let mut children = Vec::new();
+    let secs = count as f64 * load.interval_ms / 1e3;
+    for (i, home) in apps.iter().take(n).enumerate() {
+        let f = dir.join(format!("{transport}-{n}-{i}.json"));
+        let _ = std::fs::remove_file(&f);
+        let mut args = vec![
+            "run".to_string(),
+            cfg_s.clone(),
+            "--side".into(),
+            "app".into(),
+            "--once".into(),
+            "--home".into(),
+            home.to_string_lossy().to_string(),
+            "--stats-json".into(),
+            f.to_string_lossy().to_string(),
+        ];
+        if transport == "tcp" {
+            args.extend(["--listen".into(), "127.0.0.1:7898".into()]);
+        }
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        children.push(spawn(exe, &a)?);
+        files.push(f);
+    }
+    let home = dev.to_string_lossy().to_string();
+    let mut args = vec!["run", &cfg_s, "--side", "device", "--once", "--home", &home];
+    if transport == "tcp" {
+        std::thread::sleep(Duration::from_millis(300));
+        args.extend(["--connect", "127.0.0.1:7898"]);
+    }
+    let limit = Duration::from_secs_f64(secs + 60.0);
+    let d = spawn(exe, &args)?;
+    wait(d, "the device side", limit)?;
+    for (i, c) in children.into_iter().enumerate() {
+        wait(c, &format!("app side {i}"), Duration::from_secs(30))?;
+    }
+    let (p50, p99, delivered, mb_s) = collect(&files, load, count, secs)?;
+    Ok(Row {
+        load: load.name,
+        peer: if transport == "nats" {
+            "ndd over NATS"
+        } else {
+            "ndd direct TLS link"
+        },
+        subscribers: n,
+        p50,
+        p99,
+        delivered,
+        mb_s,
+    })
+}
+
+/// Raw async-nats: one publisher paced like the source, `n` subscriber connections; the
+/// send time travels in the payload's first 8 bytes.
+async fn raw_row(url: &str, load: Load, count: u64, n: usize) -> Result<Row> {
+    let subject = format!("raw.bench.{n}");
+    let mut subs = Vec::new();
+    for _ in 0..n {
+        let c = async_nats::connect(url).await.map_err(|e| anyhow!("{e}"))?;
+        let s = c
+            .subscribe(subject.clone())
+            .await
+            .map_err(|e| anyhow!("{e}"))?;
+        c.flush().await.map_err(|e| anyhow!("{e}"))?;
+        subs.push((c, s));
+    }
+    let publisher = async_nats::connect(url).await.map_err(|e| anyhow!("{e}"))?;
+    let epoch = Instant::now();
+    let mut tasks = Vec::new();
+    for (c, mut s) in subs {
+        tasks.push(tokio::spawn(async move {
+            let _keep = c;
+            let mut h = hist();
+            let (mut frames, mut bytes) = (0u64, 0u64);
+            while let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(3), s.next()).await {
+                let sent = u64::from_be_bytes(m.payload[..8].try_into().unwrap_or([0; 8]));
+                let now = epoch.elapsed().as_nanos() as u64;
+                h.saturating_record((now.saturating_sub(sent) / 1000).max(1));
+                frames += 1;
+                bytes += m.payload.len() as u64;
+                if frames == count {
+                    break;
+                }
+            }
+            (h, frames, bytes)
+        }));
+    }
+    let mut payload = vec![0u8; load.size.max(8)];
+    let t0 = Instant::now();
+    for i in 0..count {
+        let due = t0 + Duration::from_secs_f64(i as f64 * load.interval_ms / 1e3);
+        tokio::time::sleep_until(due.into()).await;
+        let now = epoch.elapsed().as_nanos() as u64;
+        payload[..8].copy_from_slice(&now.to_be_bytes());
+        publisher
+            .publish(subject.clone(), payload.clone().into())
+            .await
+            .map_err(|e| anyhow!("{e}"))?;
+    }
+    publisher.flush().await.map_err(|e| anyhow!("{e}"))?;
+    let secs = count as f64 * load.interval_ms / 1e3;
+    let (mut p50s, mut p99, mut frames, mut bytes) = (Vec::new(), 0f64, 0u64, 0u64);
+    for t in tasks {
+        let (h, f, b) = t.await?;
+        let (a, b99) = p50_p99(&h);
+        p50s.push(a);
+        p99 = p99.max(b99);
+        frames += f;
+        bytes += b;
+    }
+    p50s.sort_by(f64::total_cmp);
+    Ok(Row {
+        load: load.name,
+        peer: "raw async-nats",
+        subscribers: n,
+        p50: p50s[p50s.len() / 2],
+        p99,
+        delivered: frames as f64 / (count * n as u64) as f64,
+        mb_s: bytes as f64 / secs / 1e6,
+    })
+}
+
+/// Runs the benchmark and writes fanout.md and fanout.svg into `out`.
+pub async fn run(quick: bool, out: &Path) -> Result<()> {
+    if let Some(m) = missing(&["nats-server"]) {
+        bail!("ndd bench fanout needs {m} (Debian: apt install nats-server; ./run installs it)");
+    }
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let exe = std::env::current_exe().context("own path")?;
+    let dir = std::env::temp_dir().join(format!("ndd-bench-fanout-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let nats = Nats::start("bench-fanout", &[]);
+    let url = nats.url();
+    let counts: &[usize] = if quick { &[1, 4] } else { &[1, 4, 16] };
+    let max_n = *counts.iter().max().unwrap_or(&1);
+    // Identities: one device, max_n app sides, each pair trusting the other.
+    let dev = dir.join("dev");
+    let dfp = ndd_ok(&exe, &["id", "--home", &dev.to_string_lossy()])?;
+    let mut apps = Vec::new();
+    for i in 0..max_n {
+        let a = dir.join(format!("app{i}"));
+        let afp = ndd_ok(&exe, &["id", "--home", &a.to_string_lossy()])?;
+        ndd_ok(&exe, &["trust", &afp, "--home", &dev.to_string_lossy()])?;
+        ndd_ok(&exe, &["trust", &dfp, "--home", &a.to_string_lossy()])?;
+        apps.push(a);
+    }
+    let secs = if quick { 1.5 } else { 6.0 };
+    let mut rows = Vec::new();
+    for load in [INPUT, BULK] {
+        let count = (secs * 1e3 / load.interval_ms) as u64;
+        for &n in counts {
+            eprintln!("fanout: {} to {n} app side(s)…", load.name);
+            rows.push(raw_row(&url, load, count, n).await?);
+            let (d, a, u) = (dev.clone(), apps.clone(), url.clone());
+            let (e, di) = (exe.clone(), dir.clone());
+            rows.push(
+                tokio::task::spawn_blocking(move || {
+                    ndd_row(&e, &di, &u, &d, &a, load, count, n, "nats")
+                })
+                .await??,
+            );
+            if n == 1 {
+                let (d, a, u) = (dev.clone(), apps.clone(), url.clone());
+                let (e, di) = (exe.clone(), dir.clone());
+                rows.push(
+                    tokio::task::spawn_blocking(move || {
+                        ndd_row(&e, &di, &u, &d, &a, load, count, 1, "tcp")
+                    })
+                    .await??,
+                );
+            }
+        }
+    }
+    let md = report(&rows, quick, secs);
+    print!("{md}");
+    std::fs::write(out.join("fanout.md"), &md)?;
+    std::fs::write(out.join("fanout.svg"), plot(&rows))?;
+    eprintln!("wrote {} and fanout.svg", out.join("fanout.md").display());
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+fn report(rows: &[Row], quick: bool, secs: f64) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# Fan-out through NATS: one device, many app sides\n");
+    let _ = writeln!(
+        s,
+        "Command: `ndd bench fanout{}`. Date: {}. Hardware: {}. Each row runs {secs} s of the source; every app side is its own `ndd` process on this machine, as is the device side and `nats-server` {} (loopback, JetStream on). Latency is one-way, from the source's timestamp to the app side's sink (one clock); p50 is the median of the app sides' medians, p99 the worst app side's. `raw async-nats` is one publisher and N subscriber connections with the same payload sizes and pacing, no ndd and no encryption; `ndd direct TLS link` is the same stream to one app side over TCP + TLS.\n",
+        if quick { " --quick" } else { "" },
+        today(),
+        hardware(),
+        Command::new("nats-server")
+            .arg("--version")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    );
+    let _ = writeln!(
+        s,
+        "| stream | peer | app sides | p50 ms | p99 ms | delivered | aggregate MB/s |\n|---|---|---:|---:|---:|---:|---:|"
+    );
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.3} | {:.3} | {:.1} % | {:.2} |",
+            r.load,
+            r.peer,
+            r.subscribers,
+            r.p50,
+            r.p99,
+            r.delivered * 100.0,
+            r.mb_s
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nThe bulk stream is `reliable`, so ndd stores it in JetStream (file storage, a durable consumer per app side, acknowledged once the sink completed each frame) while the raw baseline is core NATS publish/subscribe (no storage, no acknowledgement): the difference in those rows is what not losing frames across app side and server restarts costs. The input stream is `lossy`: core NATS on both.\n"
+    );
+    let _ = writeln!(s, "\n## Targets (reported, not asserted)\n");
+    let find = |load: &str, peer: &str, n: usize| {
+        rows.iter()
+            .find(|r| r.load == load && r.peer == peer && r.subscribers == n)
+    };
+    let n_in = rows
+        .iter()
+        .filter(|r| r.load == INPUT.name)
+        .map(|r| r.subscribers)
+        .max()
+        .unwrap_or(1);
+    if let Some(r) = find(INPUT.name, "ndd over NATS", n_in) {
+        let _ = writeln!(
+            s,
+            "- {n_in} app sides at 1 kHz × 64 B with p99 ≤ 2 ms: {} (p99 {:.3} ms{})",
+            if r.p99 <= 2.0 { "met" } else { "**missed**" },
+            r.p99,
+            if n_in < 16 {
+                "; the target is for 16, run without --quick"
+            } else {
+                ""
+            }
+        );
+    }
+    if let (Some(n), Some(raw)) = (
+        find(BULK.name, "ndd over NATS", 4),
+        find(BULK.name, "raw async-nats", 4),
+    ) {
+        let ratio = n.mb_s / raw.mb_s.max(1e-9);
+        let _ = writeln!(
+            s,
+            "- bulk throughput to 4 app sides ≥ 0.8× raw NATS: {} ({:.2} vs {:.2} MB/s, {ratio:.2}×; both paced at 30 frames/s, so this says whether ndd keeps up)",
+            if ratio >= 0.8 { "met" } else { "**missed**" },
+            n.mb_s,
+            raw.mb_s
+        );
+    }
+    s
+}
+
+fn plot(rows: &[Row]) -> String {
+    let bar_h = 14.0;
+    let left = 360.0;
+    let width = 800.0;
+    let max = rows.iter().map(|r| r.p99).fold(0.1, f64::max);
+    let scale = (width - left - 70.0) / max;
+    let height = 30.0 + rows.len() as f64 * (bar_h + 4.0) + 20.0;
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"11\">\n<text x=\"10\" y=\"18\" font-size=\"13\">One-way p99 latency (ms) per app side count: ndd over NATS, raw NATS, direct TLS</text>\n"
+    );
+    for (i, r) in rows.iter().enumerate() {
+        let y = 30.0 + i as f64 * (bar_h + 4.0);
+        let colour = match r.peer {
+            "ndd over NATS" => "#2a7ab0",
+            "raw async-nats" => "#b0702a",
+            _ => "#5a9a5a",
+        };
+        let _ = writeln!(
+            s,
+            "<text x=\"10\" y=\"{:.0}\">{} · {} · {}</text><rect x=\"{left}\" y=\"{y:.0}\" width=\"{:.1}\" height=\"{bar_h}\" fill=\"{colour}\"/><text x=\"{:.1}\" y=\"{:.0}\">{:.2}</text>",
+            y + 11.0,
+            r.load.split(" (").next().unwrap_or(""),
+            r.peer,
+            r.subscribers,
+            r.p99 * scale,
+            left + r.p99 * scale + 4.0,
+            y + 11.0,
+            r.p99
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
