@@ -840,6 +840,7 @@ async fn spawn_stream(
         let stack = user_stack(cfg, plan, Role::Sink)?;
         let seal = EncryptInverse::new(Arc::new(Key::given(*key)), Cipher::Aes256Gcm, SEAL_WINDOW);
         let input = subscribe(ctx, plan, js, app).await?;
+        let lossy = !plan.reliable;
         let end_sub = if plan.round_robin && app.is_some() {
             let subject = ctx.subjects.end(plan.id);
             Some(
@@ -852,7 +853,7 @@ async fn spawn_stream(
             None
         };
         tasks.spawn(async move {
-            let r = pump_sink(input, end_sub, once, stack, seal, tx, done, stats).await;
+            let r = pump_sink(input, end_sub, once, lossy, stack, seal, tx, done, stats).await;
             let report = match sink.await {
                 Ok(Ok(rep)) => rep.check.map(|c| (name.clone(), c)),
                 Ok(Err(e)) => {
@@ -1307,6 +1308,7 @@ async fn pump_sink(
     mut input: Input,
     mut end_sub: Option<async_nats::Subscriber>,
     once: bool,
+    lossy: bool,
     mut stack: Stack,
     mut seal: EncryptInverse,
     tx: mpsc::Sender<Frame>,
@@ -1332,6 +1334,9 @@ async fn pump_sink(
         _ => None,
     };
     let mut ready: VecDeque<FrameRecord> = VecDeque::new();
+    // Lossy: while the sink is busy only the newest frame waits (older ones are stale).
+    let mut newest: Option<Frame> = None;
+    let mut spare = lossy.then_some(&mut newest);
     loop {
         let rec = if let Some(rec) = ready.pop_front() {
             rec
@@ -1352,7 +1357,7 @@ async fn pump_sink(
                 } => Some(Ok((m.payload, None))),
                 _ = sleep_until_opt(wake) => {
                     stack.handle_timeout(Instant::now()).map_err(|e| anyhow!("{e}"))?;
-                    handed += deliver(&mut stack, &tx, &stats).await?;
+                    handed += deliver(&mut stack, &tx, &stats, spare.as_deref_mut()).await?;
                     continue;
                 }
                 _ = check.tick() => {
@@ -1381,7 +1386,7 @@ async fn pump_sink(
                                 tracing::warn!("the stream ended with stored frames still unacknowledged after {ENDING_WAIT:?}; stopping anyway");
                             }
                             stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
-                            deliver(&mut stack, &tx, &stats).await?;
+                            deliver(&mut stack, &tx, &stats, spare.as_deref_mut()).await?;
                             return Ok(());
                         }
                     }
@@ -1484,7 +1489,12 @@ async fn pump_sink(
                         }
                     }
                     stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
-                    handed += deliver(&mut stack, &tx, &stats).await?;
+                    handed += deliver(&mut stack, &tx, &stats, spare.as_deref_mut()).await?;
+                    if let Some(f) = spare.as_mut().and_then(|n| n.take()) {
+                        if tx.send(f).await.is_ok() {
+                            handed += 1;
+                        }
+                    }
                     // Everything before the end is acknowledged once the sink completed it.
                     drop(tx);
                     let t0 = Instant::now();
@@ -1508,7 +1518,7 @@ async fn pump_sink(
                 }
             }
         }
-        handed += deliver(&mut stack, &tx, &stats).await?;
+        handed += deliver(&mut stack, &tx, &stats, spare.as_deref_mut()).await?;
     }
 }
 
@@ -1561,10 +1571,13 @@ async fn ack_all(unacked: &mut VecDeque<jetstream::Message>, acked_to: &mut u64)
     }
 }
 
+/// Hands the stack's frames to the sink. With `newest` (a lossy stream), a frame the sink
+/// has no room for waits there, replacing (and counting as stale) the one that waited.
 async fn deliver(
     stack: &mut Stack,
     tx: &mpsc::Sender<Frame>,
     stats: &Shared<StreamStats>,
+    mut newest: Option<&mut Option<Frame>>,
 ) -> Result<u64> {
     let mut n = 0;
     while let Some(f) = stack.poll_frame() {
@@ -1573,10 +1586,109 @@ async fn deliver(
             s.delivered(f.len(), f.meta.timestamp_ns, wall_ns());
             s.layers = stack.stats();
         }
-        if tx.send(f).await.is_err() {
-            bail!("the sink endpoint stopped accepting frames");
+        match newest.as_deref_mut() {
+            Some(slot) => {
+                let f = match slot.take() {
+                    // Order: what waited goes first when there is room.
+                    Some(old) => match tx.try_send(old) {
+                        Ok(()) => {
+                            n += 1;
+                            f
+                        }
+                        Err(mpsc::error::TrySendError::Full(_)) => {
+                            lock(stats).stale += 1;
+                            f
+                        }
+                        Err(mpsc::error::TrySendError::Closed(_)) => {
+                            bail!("the sink endpoint stopped accepting frames")
+                        }
+                    },
+                    None => f,
+                };
+                match tx.try_send(f) {
+                    Ok(()) => n += 1,
+                    Err(mpsc::error::TrySendError::Full(f)) => *slot = Some(f),
+                    Err(mpsc::error::TrySendError::Closed(_)) => {
+                        bail!("the sink endpoint stopped accepting frames")
+                    }
+                }
+            }
+            None => {
+                if tx.send(f).await.is_err() {
+                    bail!("the sink endpoint stopped accepting frames");
+                }
+                n += 1;
+            }
         }
-        n += 1;
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(seq: u64) -> Frame {
+        Frame::new(
+            Meta {
+                stream: 1,
+                seq,
+                timestamp_ns: 0,
+                flags: 0,
+            },
+            &[seq as u8],
+        )
+    }
+
+    #[tokio::test]
+    async fn a_lossy_stream_keeps_only_the_newest_frame_while_the_sink_is_busy() {
+        let mut stack = Stack::build(Role::Sink, "s", &[]).unwrap();
+        let (tx, mut rx) = mpsc::channel(1);
+        let stats = Arc::new(Mutex::new(StreamStats::new("s", "sink", "d".into())));
+        let mut newest = None;
+        for seq in 0..5 {
+            stack.handle_frame(Instant::now(), frame(seq)).unwrap();
+        }
+        let n = deliver(&mut stack, &tx, &stats, Some(&mut newest))
+            .await
+            .unwrap();
+        assert_eq!(n, 1, "the sink had room for one");
+        assert_eq!(rx.recv().await.unwrap().meta.seq, 0);
+        assert_eq!(
+            newest.as_ref().map(|f| f.meta.seq),
+            Some(4),
+            "the newest waits"
+        );
+        assert_eq!(lock(&stats).stale, 3, "1, 2 and 3 were stale");
+        // The next frame: what waited goes first, then this one waits.
+        stack.handle_frame(Instant::now(), frame(5)).unwrap();
+        deliver(&mut stack, &tx, &stats, Some(&mut newest))
+            .await
+            .unwrap();
+        assert_eq!(rx.recv().await.unwrap().meta.seq, 4);
+        assert_eq!(newest.as_ref().map(|f| f.meta.seq), Some(5));
+        // A reliable stream waits for room instead: nothing dropped.
+        let (tx, mut rx) = mpsc::channel(8);
+        for seq in 0..5 {
+            stack.handle_frame(Instant::now(), frame(seq)).unwrap();
+        }
+        assert_eq!(deliver(&mut stack, &tx, &stats, None).await.unwrap(), 5);
+        for seq in 0..5 {
+            assert_eq!(rx.recv().await.unwrap().meta.seq, seq);
+        }
+    }
+
+    #[test]
+    fn seen_drops_copies_by_their_sealed_header() {
+        let mut s = Seen::default();
+        let a = [1u8; 40];
+        let b = [2u8; 40];
+        assert!(s.insert(&a));
+        assert!(s.insert(&b));
+        assert!(!s.insert(&a));
+        assert!(
+            s.insert(&[9u8; 3]),
+            "too short to tell: the encrypt inverse decides"
+        );
+    }
 }

@@ -615,3 +615,58 @@ sink = { type = "check", seed = 3, size = 100, expect = 200 }
         "{err}"
     );
 }
+
+#[test]
+fn an_nkey_user_connects_with_its_seed_file() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-nkey");
+    let user = nkeys::KeyPair::new_user();
+    let conf = write(
+        &dir.0,
+        "nats.conf",
+        &format!(
+            "authorization {{ users = [ {{ nkey: \"{}\" }} ] }}\n",
+            user.public_key()
+        ),
+    );
+    let nats = Nats::start("nkey", &["-c", conf.to_str().unwrap()]);
+    let seed = dir.0.join("user.nk");
+    std::fs::write(&seed, format!("{}\n", user.seed().unwrap())).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&seed, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (dev, apps) = homes_n(&dir.0, 1);
+    let cfg = write(
+        &dir.0,
+        "nk.toml",
+        &format!(
+            "driver = \"nk\"\n[link]\ntransport = \"nats\"\nconnect_timeout_ms = 5000\n[link.nats]\nservers = [\"{}\"]\nmin_app_sides = 1\nnkey_file = \"{}\"\n{}",
+            nats.url(),
+            seed.display(),
+            r#"
+[[stream]]
+name = "s"
+direction = "device-to-app"
+source = { type = "synthetic", size = 100, interval_ms = 2.0, count = 100, seed = 3 }
+sink = { type = "check", seed = 3, size = 100, expect = 100 }
+"#
+        ),
+    );
+    let a = side(&cfg, "app", &apps[0], &["--once"]);
+    let d = side(&cfg, "device", &dev, &["--once"]);
+    let (ds, _, derr) = d.finish();
+    assert!(ds.success(), "{derr}");
+    let (as_, _, aerr) = a.finish();
+    assert!(
+        as_.success() && aerr.contains(&check_ok("s", 100)),
+        "{aerr}"
+    );
+    // Another user's seed: refused by name.
+    let other = nkeys::KeyPair::new_user();
+    std::fs::write(&seed, format!("{}\n", other.seed().unwrap())).unwrap();
+    let out = run_cmd(&cfg, "device", &dev, &["--once"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("refused the credentials"), "{err}");
+}
