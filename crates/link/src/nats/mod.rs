@@ -249,6 +249,12 @@ pub async fn connect(
             || text.contains("certificate")
             || text.contains("TLS")
             || text.contains("tls");
+        // A plain server answering our TLS handshake: its INFO line reads as a corrupt record.
+        if text.contains("InvalidContentType") || text.contains("corrupt message") {
+            return Err(LinkError::Nats(format!(
+                "NATS at {servers} does not speak TLS, and the NATS link requires TLS to a server off loopback: give the server a certificate (docs/links.md, \"Running nats-server with TLS\"), or set link.nats.require_tls = false on a network you trust (frames stay encrypted end to end either way; the credentials would not be)"
+            )));
+        }
         match e.kind() {
             _ if tls => {
                 return Err(LinkError::Nats(format!(
