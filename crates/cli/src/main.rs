@@ -191,6 +191,13 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
+    // Commands that only print end quietly when their reader goes away (`| head`).
+    if matches!(
+        cli.cmd,
+        Command::Check { .. } | Command::Modules | Command::Id { .. } | Command::Completions { .. }
+    ) {
+        ndd_endpoint::default_sigpipe();
+    }
     init_tracing(cli.verbose);
     let code = match run(cli) {
         Ok(code) => code,
@@ -208,7 +215,7 @@ fn init_tracing(verbose: u8) {
     // The session's notes (connected, link lost, restored) are ndd's own INFO lines: shown by
     // default; other crates' only from -v.
     let default = match verbose {
-        0 => "warn,ndd::session=info,ndd::rfbaccel=info,ndd_link::establish=info",
+        0 => "warn,ndd::session=info,ndd::fanout=info,ndd::rfbaccel=info,ndd_link::establish=info",
         1 => "info",
         2 => "debug",
         _ => "trace",

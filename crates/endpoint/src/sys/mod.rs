@@ -2,7 +2,8 @@
 //! `TIOCMBIC`) on a tty, which `rustix` has no safe wrapper for, registering an owned
 //! descriptor with tokio's reactor (`AsyncFd::register`, unsafe since tokio 1.54), and the
 //! System V shared-memory segments that MIT-SHM images live in ([`ShmSegment`]: `shmget`,
-//! `shmat`, `shmdt`, `shmctl`). Termios and pty calls go through `rustix`'s safe API elsewhere.
+//! `shmat`, `shmdt`, `shmctl`), and resetting SIGPIPE for the printing commands
+//! ([`default_sigpipe`]). Termios and pty calls go through `rustix`'s safe API elsewhere.
 
 use rustix::ioctl::{ioctl, Getter, Opcode, Setter};
 use std::os::fd::AsFd;
@@ -145,5 +146,17 @@ impl Drop for ShmSegment {
         // `bytes`/`bytes_mut` outlives `self`.
         unsafe { libc::shmdt(self.ptr.as_ptr().cast()) };
         self.remove();
+    }
+}
+
+/// Restores the default action of SIGPIPE (end quietly), as Unix tools have, for commands
+/// that only print: `ndd check FILE | head -1` must not panic on the closed pipe. (Rust
+/// starts programs with SIGPIPE ignored; commands that stream frames to stdout keep that
+/// and handle EPIPE themselves.)
+pub fn default_sigpipe() {
+    // SAFETY: signal(2) with SIG_DFL installs no handler code; it only resets the action of
+    // one signal for the process and is called at start-up, before any other thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
