@@ -250,6 +250,8 @@ pub async fn run_side(
     let mut tasks: JoinSet<Result<Option<(String, ndd_endpoint::CheckReport)>>> = JoinSet::new();
     // The source endpoints' tasks: stopping them ends their streams cleanly (flushed, END).
     let mut endpoints: Vec<tokio::task::AbortHandle> = Vec::new();
+    // The app side's ready heartbeat runs among the tasks.
+    let mut heartbeat = false;
     let peer;
     match side {
         SideName::Device => {
@@ -258,7 +260,7 @@ pub async fn run_side(
             let slots = plans.iter().filter_map(|p| p.split).max().unwrap_or(0);
             // The JetStream stream exists before any app side can join (they read where it
             // stands when they join).
-            let js = if plans.iter().any(|p| p.source && p.reliable) {
+            let js = if plans.iter().any(|p| p.reliable) {
                 Some(ensure_jetstream(&ctx, nats.store_mib).await?)
             } else {
                 None
@@ -281,8 +283,25 @@ pub async fn run_side(
                 joins.await.map_err(|e| anyhow!("join service: {e}"))??;
                 Ok(None)
             });
+            // Sinks at once (what app sides send, and sent while this side was away, comes
+            // in now); sources once enough app sides are there to get their frames.
+            for p in plans.iter().filter(|p| !p.source) {
+                spawn_stream(
+                    cfg,
+                    &ctx,
+                    p,
+                    &key,
+                    run,
+                    js.clone(),
+                    None,
+                    opts.once,
+                    &stats,
+                    &mut tasks,
+                )
+                .await?;
+            }
             let want = nats.min_app_sides as usize;
-            if want > 0 {
+            if want > 0 && plans.iter().any(|p| p.source) {
                 if !quiet {
                     tracing::info!(side = %side, "waiting for {want} app side(s) to join before starting the sources");
                 }
@@ -293,7 +312,7 @@ pub async fn run_side(
                     _ = sleep_until_opt(deadline) => bail!("fewer than {want} app side(s) joined within --duration"),
                 }
             }
-            for p in &plans {
+            for p in plans.iter().filter(|p| p.source) {
                 endpoints.extend(
                     spawn_stream(
                         cfg,
@@ -320,7 +339,7 @@ pub async fn run_side(
                 .as_message()
                 .emit_to_vec()
                 .context("encoding HELLO")?;
-            let js = if plans.iter().any(|p| !p.source && p.reliable) {
+            let js = if plans.iter().any(|p| p.reliable) {
                 Some(jetstream::new(client.clone()))
             } else {
                 None
@@ -354,28 +373,25 @@ pub async fn run_side(
                     .await?,
                 );
             }
-            // Every subscription is in place at the server: tell the device.
+            // Every subscription is in place at the server: tell the device, and keep telling
+            // it (a device that restarts learns who is there).
             client.flush().await.map_err(|e| anyhow!("NATS: {e}"))?;
-            let mut seal =
-                EncryptForward::new(&Key::given(admission.group_key), Cipher::Aes256Gcm)?;
-            let mut out = Output::new();
-            let meta = Meta {
-                stream: 0,
-                seq: 0,
-                timestamp_ns: wall_ns(),
-                flags: 0,
-            };
-            seal.handle_frame(
-                Instant::now(),
-                Frame::new(meta, local.fingerprint().as_bytes()),
-                &mut out,
-            )?;
-            for f in out.take_frames() {
-                client
-                    .publish(ctx.subjects.ready(), record(&f, admission.run, 0))
-                    .await
-                    .map_err(|e| anyhow!("NATS: {e}"))?;
-            }
+            let ready = ready_message(&admission, &local.fingerprint())?;
+            client
+                .publish(ctx.subjects.ready(), ready.clone())
+                .await
+                .map_err(|e| anyhow!("NATS: {e}"))?;
+            let (c, subject) = (client.clone(), ctx.subjects.ready());
+            let every = Duration::from_millis(cfg.link.ping_interval_ms.max(100));
+            tasks.spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.tick().await;
+                loop {
+                    tick.tick().await;
+                    let _ = c.publish(subject.clone(), ready.clone()).await;
+                }
+            });
+            heartbeat = true;
             peer = device;
         }
     }
@@ -384,7 +400,6 @@ pub async fn run_side(
     let mut checks = Vec::new();
     let tick = opts.live_stats.unwrap_or(Duration::from_secs(3600));
     let mut next = tokio::time::Instant::now() + tick;
-    let sources = plans.iter().filter(|p| p.source).count();
     let mut result = Ok(());
     loop {
         tokio::select! {
@@ -403,10 +418,10 @@ pub async fn run_side(
             }
             done = tasks.join_next() => match done {
                 None => break,
-                Some(Ok(Ok(Some(c)))) => checks.push(c),
-                Some(Ok(Ok(None))) => {
-                    // A source stream ended; with --once the side ends with its sources.
-                    if opts.once && sources > 0 && tasks.len() <= usize::from(side == SideName::Device) {
+                Some(Ok(Ok(c))) => {
+                    checks.extend(c);
+                    // A stream ended; with --once the side ends with its last stream.
+                    if opts.once && tasks.len() <= usize::from(side == SideName::Device) + usize::from(heartbeat) {
                         break;
                     }
                 }
@@ -420,7 +435,7 @@ pub async fn run_side(
         e.abort();
     }
     let drain = async {
-        while tasks.len() > usize::from(side == SideName::Device) {
+        while tasks.len() > usize::from(side == SideName::Device) + usize::from(heartbeat) {
             match tasks.join_next().await {
                 Some(Ok(Ok(Some(c)))) => checks.push(c),
                 Some(_) => {}
@@ -490,6 +505,27 @@ async fn ensure_jetstream(ctx: &Ctx, store_mib: u64) -> Result<jetstream::Contex
         )
     })?;
     Ok(js)
+}
+
+/// An app side's READY: its fingerprint in a frame sealed under the group key.
+fn ready_message(admission: &Admission, fingerprint: &str) -> Result<Bytes> {
+    let mut seal = EncryptForward::new(&Key::given(admission.group_key), Cipher::Aes256Gcm)?;
+    let mut out = Output::new();
+    let meta = Meta {
+        stream: 0,
+        seq: 0,
+        timestamp_ns: wall_ns(),
+        flags: 0,
+    };
+    seal.handle_frame(
+        Instant::now(),
+        Frame::new(meta, fingerprint.as_bytes()),
+        &mut out,
+    )?;
+    out.take_frames()
+        .pop()
+        .map(|f| record(&f, admission.run, 0))
+        .ok_or_else(|| anyhow!("encrypt made no frame"))
 }
 
 /// Counts the app sides that said they are ready (a frame sealed under the group key
@@ -814,11 +850,7 @@ async fn spawn_stream(
             ctx: ctx.clone(),
             plan: plan.clone(),
             run,
-            js: if plan.reliable && app.is_none() {
-                js
-            } else {
-                None
-            },
+            js: if plan.reliable { js } else { None },
             acks: VecDeque::new(),
             recent: VecDeque::new(),
             recent_bytes: 0,
@@ -893,7 +925,11 @@ impl Publisher {
             Route::All | Route::Any => None,
         };
         let s = if self.plan.source && self.ctx.side == SideName::App {
-            self.ctx.subjects.up(self.plan.id)
+            if self.js.is_some() {
+                self.ctx.subjects.up_stored(self.plan.id)
+            } else {
+                self.ctx.subjects.up(self.plan.id)
+            }
         } else {
             self.ctx
                 .subjects
@@ -1160,7 +1196,35 @@ async fn subscribe(
     app: Option<(&Admission, &str, u64)>,
 ) -> Result<Input> {
     let Some((adm, me, start)) = app else {
-        // The device side's sinks: every app side's frames on the stream's up subject.
+        // The device side's sinks: every app side's frames on the stream's up subject;
+        // reliable ones through the device's own durable consumer (what app sides sent
+        // while the device was away waits there).
+        if let Some(js) = js.filter(|_| plan.reliable) {
+            let name = ctx.subjects.jetstream();
+            let stream = js
+                .get_stream(&name)
+                .await
+                .map_err(|e| anyhow!("JetStream stream {name}: {e}"))?;
+            let start = stream
+                .get_info()
+                .await
+                .map_err(|e| anyhow!("JetStream stream {name}: {e}"))?
+                .state
+                .last_sequence
+                + 1;
+            let mut stored = Stored {
+                stream,
+                durable: ctx.subjects.device_durable(plan.id),
+                filter: ctx.subjects.up_stored(plan.id),
+                shared: false,
+                ordered: false,
+                messages: None,
+                connects: ctx.connects.clone(),
+                seen: ctx.connects.load(std::sync::atomic::Ordering::Acquire),
+            };
+            stored.attach(start).await?;
+            return Ok(Input::Stored(Box::new(stored)));
+        }
         let subject = ctx.subjects.up(plan.id);
         let sub = ctx
             .client
@@ -1209,6 +1273,7 @@ async fn subscribe(
                 durable,
                 filter: ctx.subjects.down(plan.id, true, part),
                 shared: plan.round_robin,
+                ordered: !plan.round_robin,
                 messages: None,
                 connects: ctx.connects.clone(),
                 seen: ctx.connects.load(std::sync::atomic::Ordering::Acquire),
@@ -1226,6 +1291,9 @@ struct Stored {
     filter: String,
     /// Round-robin: shared with the other members, never deleted.
     shared: bool,
+    /// One publisher whose subject sequence orders the frames (not round-robin members, not
+    /// the many app sides of an app → device stream).
+    ordered: bool,
     messages: Option<jetstream::consumer::pull::Stream>,
     connects: Arc<std::sync::atomic::AtomicU64>,
     seen: u64,
@@ -1330,7 +1398,7 @@ async fn pump_sink(
     // Stored frames of this side's own consumer come back in their order after a server
     // restart (round-robin members each see only some of a subject's frames: no order).
     let mut reorder = match &input {
-        Input::Stored(s) if !s.shared => Some(Reorder::new(REORDER_WAIT, 65_536)),
+        Input::Stored(s) if s.ordered => Some(Reorder::new(REORDER_WAIT, 65_536)),
         _ => None,
     };
     let mut ready: VecDeque<FrameRecord> = VecDeque::new();

@@ -670,3 +670,57 @@ sink = { type = "check", seed = 3, size = 100, expect = 100 }
     assert!(!out.status.success());
     assert!(err.contains("refused the credentials"), "{err}");
 }
+
+#[test]
+fn reliable_app_to_device_frames_wait_in_jetstream_while_the_device_is_away() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-up");
+    let nats = Nats::start("up", &[]);
+    let (dev, apps) = homes_n(&dir.0, 1);
+    let n = 600u64;
+    let out = dir.0.join("up.bin");
+    let cfg = write(
+        &dir.0,
+        "up.toml",
+        &format!(
+            "driver = \"up\"\n{}\n{}",
+            link(&nats.url(), 1),
+            format_args!(
+                r#"
+[[stream]]
+name = "commands"
+direction = "app-to-device"
+source = {{ type = "synthetic", size = 120, interval_ms = 5.0, count = {n}, seed = 12 }}
+sink = {{ type = "file", path = "{}", framing = "length", append = true }}
+"#,
+                out.display()
+            )
+        ),
+    );
+    let got = || {
+        if out.exists() {
+            synthetic_seqs_in(&out, 12, n).len()
+        } else {
+            0
+        }
+    };
+    let d1 = side(&cfg, "device", &dev, &["--once"]);
+    let a = side(&cfg, "app", &apps[0], &["--once"]);
+    wait_for("frames to flow", WAIT, || got() > 100);
+    // The device dies; the app side goes on sending into JetStream.
+    d1.kill();
+    std::thread::sleep(Duration::from_millis(800));
+    let d2 = side(&cfg, "device", &dev, &["--once"]);
+    let (as_, _, aerr) = a.finish();
+    assert!(as_.success(), "app: {aerr}");
+    let (ds, _, derr) = d2.finish();
+    assert!(ds.success(), "device: {derr}");
+    let seqs = synthetic_seqs_in(&out, 12, n);
+    let (next, dups, lost) = order(seqs.iter().copied());
+    assert_eq!(next, n, "every frame up to the last");
+    assert!(lost.is_empty(), "frames lost: {lost:?}");
+    println!("duplicates after the device's kill: {dups}");
+    assert!(dups < 64, "{dups} duplicates");
+}

@@ -8,7 +8,7 @@
 //! | `P.D.r.S` / `P.D.r.S.I` | the same for reliable streams, stored by JetStream |
 //! | `P.D.d.S.end` | the end of stream `S`, for round-robin app sides |
 //! | `P.D.ready` | an admitted app side has subscribed (a frame sealed under the group key) |
-//! | `P.D.u.S` | app → device frames of stream `S` (every app side publishes there) |
+//! | `P.D.u.S` / `P.D.r.u.S` | app → device frames of stream `S`, lossy / reliable (every app side publishes there) |
 //!
 //! JetStream stream `NDD_P_D` holds `P.D.r.>`; round-robin app sides share the queue group
 //! (core) or durable consumer (JetStream) `P_D_S`.
@@ -80,6 +80,17 @@ impl Subjects {
     /// `min_app_sides` counts these).
     pub fn ready(&self) -> String {
         format!("{}.ready", self.base)
+    }
+
+    /// App → device frames of `stream`; `reliable` puts them under JetStream's subjects
+    /// (`P.D.r.u.S`).
+    pub fn up_stored(&self, stream: u16) -> String {
+        format!("{}.r.u.{stream}", self.base)
+    }
+
+    /// The device's durable consumer of a reliable app → device stream.
+    pub fn device_durable(&self, stream: u16) -> String {
+        format!("device_{stream}")
     }
 
     /// App → device frames of `stream`.
