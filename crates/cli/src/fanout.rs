@@ -266,8 +266,11 @@ pub async fn run_side(
                 None
             };
             let (joined, mut joined_rx) = watch::channel(std::collections::HashSet::new());
-            serve_ready(&ctx, &key, joined).await?;
+            let seen: Shared<HashMap<String, Instant>> = Arc::default();
+            serve_ready(&ctx, &key, joined, seen.clone()).await?;
             let host = JoinService {
+                seen,
+                gone_after: Duration::from_millis(cfg.link.keepalive_timeout_ms),
                 ctx: ctx.clone(),
                 local,
                 hello: cfg.hello(side),
@@ -534,6 +537,7 @@ async fn serve_ready(
     ctx: &Ctx,
     key: &[u8; 32],
     joined: watch::Sender<std::collections::HashSet<String>>,
+    seen: Shared<HashMap<String, Instant>>,
 ) -> Result<()> {
     let subject = ctx.subjects.ready();
     let mut sub = ctx
@@ -566,9 +570,8 @@ async fn serve_ready(
             }
             for f in out.take_frames() {
                 let fp = String::from_utf8_lossy(f.payload()).into_owned();
-                joined.send_modify(|j| {
-                    j.insert(fp);
-                });
+                lock(&seen).insert(fp.clone(), Instant::now());
+                joined.send_if_modified(|j| j.insert(fp));
             }
         }
     });
@@ -587,6 +590,10 @@ struct JoinService {
     slots: u16,
     /// Slot of each app side that holds one, by fingerprint.
     taken: HashMap<String, u16>,
+    /// When each app side last said it is there (its ready heartbeat).
+    seen: Shared<HashMap<String, Instant>>,
+    /// An app side not heard from for this long has left: its split slot is free again.
+    gone_after: Duration,
     expiry: Duration,
 }
 
@@ -690,11 +697,28 @@ impl JoinService {
                 return refuse(CloseCode::ProtocolError, reason);
             }
         }
+        // Admitted now: it counts as present until its heartbeat says otherwise.
+        lock(&self.seen).insert(fp.to_string(), Instant::now());
         let slot = if self.slots == 0 {
             None
         } else if let Some(s) = self.taken.get(fp) {
             Some(*s)
         } else {
+            // Slots of app sides that left (no heartbeat for `gone_after`) are free again.
+            {
+                let seen = lock(&self.seen);
+                let gone_after = self.gone_after;
+                self.taken.retain(|holder, slot| {
+                    let here = seen.get(holder).is_some_and(|t| t.elapsed() < gone_after);
+                    if !here {
+                        tracing::info!(
+                            side = "device",
+                            "split slot {slot} is free again: its app side {holder} left"
+                        );
+                    }
+                    here
+                });
+            }
             match (0..self.slots).find(|s| !self.taken.values().any(|t| t == s)) {
                 Some(s) => {
                     self.taken.insert(fp.to_string(), s);
@@ -704,7 +728,7 @@ impl JoinService {
                     return refuse(
                         CloseCode::InternalError,
                         format!(
-                            "all {} split slots are taken (by {}); a slot stays with the app side that had it",
+                            "all {} split slots are taken (by {}); a slot is free again once its app side has been silent for link.keepalive_timeout_ms",
                             self.slots,
                             self.taken.keys().cloned().collect::<Vec<_>>().join(", ")
                         ),

@@ -107,6 +107,12 @@ stack = [{ type = "compress" }]
     }
 }
 
+/// Whole length-framed records in a file a sink is still writing (a partial last one is not
+/// counted).
+fn complete_frames(path: &Path) -> usize {
+    frames_in(path).len()
+}
+
 /// Synthetic frames of `size` bytes, the sequence numbers of those in a length-framed file.
 fn frames_in(path: &Path) -> Vec<Vec<u8>> {
     let bytes = std::fs::read(path).unwrap_or_default();
@@ -114,7 +120,10 @@ fn frames_in(path: &Path) -> Vec<Vec<u8>> {
     let mut at = 0;
     while at + 4 <= bytes.len() {
         let n = u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
-        out.push(bytes[at + 4..at + 4 + n].to_vec());
+        let Some(p) = bytes.get(at + 4..at + 4 + n) else {
+            break;
+        };
+        out.push(p.to_vec());
         at += 4 + n;
     }
     out
@@ -339,13 +348,7 @@ sink = {{ type = "file", path = "{}", framing = "length", append = true }}
             )
         ),
     );
-    let got = || {
-        if out.exists() {
-            synthetic_seqs_in(&out, 9, n).len()
-        } else {
-            0
-        }
-    };
+    let got = || complete_frames(&out);
     let a1 = side(&cfg, "app", &apps[0], &[]);
     let mut c = run_cmd(&cfg, "device", &dev, &["--once"]);
     c.env(
@@ -699,13 +702,7 @@ sink = {{ type = "file", path = "{}", framing = "length", append = true }}
             )
         ),
     );
-    let got = || {
-        if out.exists() {
-            synthetic_seqs_in(&out, 12, n).len()
-        } else {
-            0
-        }
-    };
+    let got = || complete_frames(&out);
     let d1 = side(&cfg, "device", &dev, &["--once"]);
     let a = side(&cfg, "app", &apps[0], &["--once"]);
     wait_for("frames to flow", WAIT, || got() > 100);
@@ -723,4 +720,64 @@ sink = {{ type = "file", path = "{}", framing = "length", append = true }}
     assert!(lost.is_empty(), "frames lost: {lost:?}");
     println!("duplicates after the device's kill: {dups}");
     assert!(dups < 64, "{dups} duplicates");
+}
+
+#[test]
+fn a_split_slot_is_free_again_once_its_app_side_left() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-slots");
+    let nats = Nats::start("slots", &[]);
+    let (dev, apps) = homes_n(&dir.0, 3);
+    let cfg = write(
+        &dir.0,
+        "slots.toml",
+        &format!(
+            "driver = \"slots\"\n[link]\ntransport = \"nats\"\nkeepalive_timeout_ms = 1500\nping_interval_ms = 300\n[link.nats]\nservers = [\"{}\"]\n{}",
+            nats.url(),
+            r#"
+[[stream]]
+name = "bands"
+direction = "device-to-app"
+reliability = "lossy"
+source = { type = "synthetic", size = 100, interval_ms = 20.0, seed = 2 }
+sink = { type = "null" }
+stack = [{ type = "multiplex", mode = "split", parts = 2 }]
+"#
+        ),
+    );
+    let d = side(&cfg, "device", &dev, &[]);
+    let a0 = side(&cfg, "app", &apps[0], &[]);
+    wait_for("app 0 joined", WAIT, || {
+        d.stderr_now().contains("(split slot 0)")
+    });
+    let a1 = side(&cfg, "app", &apps[1], &[]);
+    wait_for("app 1 joined", WAIT, || {
+        d.stderr_now().contains("(split slot 1)")
+    });
+    // A third one finds both slots taken, by name.
+    let out = run_cmd(&cfg, "app", &apps[2], &["--once"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("all 2 split slots are taken"), "{err}");
+    // App 0 goes away; after the keepalive its slot is app 2's.
+    a0.kill();
+    std::thread::sleep(Duration::from_millis(2000));
+    let a2 = side(&cfg, "app", &apps[2], &[]);
+    wait_for("app 2 took slot 0", WAIT, || {
+        d.stderr_now().contains("split slot 0 is free again")
+            && d.stderr_now().matches("(split slot 0)").count() == 2
+    });
+    assert!(
+        a2.stderr_now().contains("split slot 0") || {
+            wait_for("app 2's line", WAIT, || {
+                a2.stderr_now().contains("split slot 0")
+            });
+            true
+        }
+    );
+    drop((a1, a2, d));
 }
