@@ -288,49 +288,36 @@ pub async fn run_side(
             });
             // Sinks at once (what app sides send, and sent while this side was away, comes
             // in now); sources once enough app sides are there to get their frames.
-            for p in plans.iter().filter(|p| !p.source) {
-                spawn_stream(
-                    cfg,
-                    &ctx,
-                    p,
-                    &key,
-                    run,
-                    js.clone(),
-                    None,
-                    opts.once,
-                    &stats,
-                    &mut tasks,
-                )
-                .await?;
-            }
             let want = nats.min_app_sides as usize;
-            if want > 0 && plans.iter().any(|p| p.source) {
-                if !quiet {
-                    tracing::info!(side = %side, "waiting for {want} app side(s) to join before starting the sources");
+            for sources in [false, true] {
+                if sources && want > 0 && plans.iter().any(|p| p.source) {
+                    if !quiet {
+                        tracing::info!(side = %side, "waiting for {want} app side(s) to join before starting the sources");
+                    }
+                    let enough = joined_rx.wait_for(|j| j.len() >= want);
+                    tokio::select! {
+                        r = enough => { r.map_err(|_| anyhow!("the join service stopped"))?; }
+                        _ = stop.changed() => bail!("stopped while waiting for {want} app side(s) to join"),
+                        _ = sleep_until_opt(deadline) => bail!("fewer than {want} app side(s) joined within --duration"),
+                    }
                 }
-                let enough = joined_rx.wait_for(|j| j.len() >= want);
-                tokio::select! {
-                    r = enough => { r.map_err(|_| anyhow!("the join service stopped"))?; }
-                    _ = stop.changed() => bail!("stopped while waiting for {want} app side(s) to join"),
-                    _ = sleep_until_opt(deadline) => bail!("fewer than {want} app side(s) joined within --duration"),
+                for p in plans.iter().filter(|p| p.source == sources) {
+                    endpoints.extend(
+                        spawn_stream(
+                            cfg,
+                            &ctx,
+                            p,
+                            &key,
+                            run,
+                            js.clone(),
+                            None,
+                            opts.once,
+                            &stats,
+                            &mut tasks,
+                        )
+                        .await?,
+                    );
                 }
-            }
-            for p in plans.iter().filter(|p| p.source) {
-                endpoints.extend(
-                    spawn_stream(
-                        cfg,
-                        &ctx,
-                        p,
-                        &key,
-                        run,
-                        js.clone(),
-                        None,
-                        opts.once,
-                        &stats,
-                        &mut tasks,
-                    )
-                    .await?,
-                );
             }
             peer = format!("NATS {}", nats.servers.join(","));
             if !quiet {

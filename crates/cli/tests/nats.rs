@@ -52,6 +52,27 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     p
 }
 
+/// A driver with one synthetic stream (`direction`, `count` frames of `size` bytes every
+/// `interval_ms`) into a length-framed file the sink appends to.
+fn one_stream_to_file(
+    dir: &Path,
+    driver: &str,
+    url: &str,
+    direction: &str,
+    (size, interval_ms, count, seed): (usize, f64, u64, u64),
+    out: &Path,
+) -> PathBuf {
+    write(
+        dir,
+        &format!("{driver}.toml"),
+        &format!(
+            "driver = \"{driver}\"\n{}\n[[stream]]\nname = \"s\"\ndirection = \"{direction}\"\nsource = {{ type = \"synthetic\", size = {size}, interval_ms = {interval_ms:?}, count = {count}, seed = {seed} }}\nsink = {{ type = \"file\", path = \"{}\", framing = \"length\", append = true }}\n",
+            link(url, 1),
+            out.display()
+        ),
+    )
+}
+
 fn link(url: &str, min: usize) -> String {
     format!(
         "[link]\ntransport = \"nats\"\nconnect_timeout_ms = 20000\n[link.nats]\nservers = [\"{url}\"]\nmin_app_sides = {min}\n"
@@ -330,23 +351,13 @@ fn reliable_streams_lose_nothing_when_an_app_side_is_killed_or_the_server_restar
     let (dev, apps) = homes_n(&dir.0, 1);
     let n = 1500u64;
     let out = dir.0.join("out.bin");
-    let cfg = write(
+    let cfg = one_stream_to_file(
         &dir.0,
-        "f.toml",
-        &format!(
-            "driver = \"faults\"\n{}\n{}",
-            link(&nats.url(), 1),
-            format_args!(
-                r#"
-[[stream]]
-name = "events"
-direction = "device-to-app"
-source = {{ type = "synthetic", size = 200, interval_ms = 4.0, count = {n}, seed = 9 }}
-sink = {{ type = "file", path = "{}", framing = "length", append = true }}
-"#,
-                out.display()
-            )
-        ),
+        "faults",
+        &nats.url(),
+        "device-to-app",
+        (200, 4.0, n, 9),
+        &out,
     );
     let got = || complete_frames(&out);
     let a1 = side(&cfg, "app", &apps[0], &[]);
@@ -684,23 +695,13 @@ fn reliable_app_to_device_frames_wait_in_jetstream_while_the_device_is_away() {
     let (dev, apps) = homes_n(&dir.0, 1);
     let n = 600u64;
     let out = dir.0.join("up.bin");
-    let cfg = write(
+    let cfg = one_stream_to_file(
         &dir.0,
-        "up.toml",
-        &format!(
-            "driver = \"up\"\n{}\n{}",
-            link(&nats.url(), 1),
-            format_args!(
-                r#"
-[[stream]]
-name = "commands"
-direction = "app-to-device"
-source = {{ type = "synthetic", size = 120, interval_ms = 5.0, count = {n}, seed = 12 }}
-sink = {{ type = "file", path = "{}", framing = "length", append = true }}
-"#,
-                out.display()
-            )
-        ),
+        "up",
+        &nats.url(),
+        "app-to-device",
+        (120, 5.0, n, 12),
+        &out,
     );
     let got = || complete_frames(&out);
     let d1 = side(&cfg, "device", &dev, &["--once"]);
