@@ -31,6 +31,8 @@ pub struct StreamStats {
     /// Inter-frame spacing error |Δdelivery − Δcreation|, in µs (sink only).
     jitter_us: Histogram<u64>,
     last: Option<(u64, u64)>,
+    /// When the first frame was delivered (our clock, ns).
+    first_delivery_ns: Option<u64>,
     /// Per-layer stats, refreshed from the stack.
     pub layers: Vec<LayerStats>,
     /// Frames resent after a reconnect (source).
@@ -72,6 +74,8 @@ pub struct StreamSummary {
     pub latency_p99_ms: Option<f64>,
     /// Mean inter-frame spacing error, ms (sink only).
     pub jitter_mean_ms: Option<f64>,
+    /// Seconds from the first delivered frame to the last (sink; throughput = bytes / span).
+    pub delivery_span_s: Option<f64>,
     /// Frames resent after a reconnect.
     pub retransmits: u64,
     /// Resent frames dropped as already delivered.
@@ -129,6 +133,7 @@ impl StreamStats {
             latency_us: hist(),
             jitter_us: hist(),
             last: None,
+            first_delivery_ns: None,
             layers: Vec::new(),
             retransmits: 0,
             duplicates: 0,
@@ -142,6 +147,7 @@ impl StreamStats {
     /// A frame created at `created_ns` (source clock, already corrected to ours) was delivered
     /// at `now_ns` (our clock).
     pub fn delivered(&mut self, len: usize, created_ns: u64, now_ns: u64) {
+        self.first_delivery_ns.get_or_insert(now_ns);
         self.frames += 1;
         self.bytes += len as u64;
         let lat = now_ns.saturating_sub(created_ns) / 1000;
@@ -176,6 +182,10 @@ impl StreamStats {
             drops: self.layers.iter().map(|l| l.half.drops).sum(),
             latency_p50_ms: sink.then(|| ms(self.latency_us.value_at_quantile(0.5))),
             latency_p99_ms: sink.then(|| ms(self.latency_us.value_at_quantile(0.99))),
+            delivery_span_s: match (self.first_delivery_ns, self.last) {
+                (Some(first), Some((_, last))) if last > first => Some((last - first) as f64 / 1e9),
+                _ => None,
+            },
             jitter_mean_ms: (sink && !self.jitter_us.is_empty())
                 .then(|| self.jitter_us.mean() / 1000.0),
             retransmits: self.retransmits,

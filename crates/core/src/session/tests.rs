@@ -380,3 +380,34 @@ fn a_reliable_source_stops_at_its_in_flight_window_and_a_sink_acks_by_bytes() {
     k.handle_message(now, 1, data(1, 2)).unwrap();
     assert_eq!(acks(&mut k), 1, "3 bytes in: ACK at once");
 }
+
+#[test]
+fn a_sink_acks_a_window_floor_of_bytes_at_once_so_a_source_at_its_floor_is_never_starved() {
+    // The smallest window a reliable source can have is 64 KiB (flight.rs FLOOR_BYTES). If
+    // the sink waited for more than that before an ACK, a source at its floor would send one
+    // window per `ack_every` (20 ms): 100 KB frames between two processes ran at 4.7 MB/s.
+    let now = Instant::now();
+    let mut k = session(vec![plan(1, Role::Sink, true)], 1 << 20);
+    k.handle_link_up(now);
+    k.handle_message(now, 1, resume(9)).unwrap();
+    k.handle_message(now, 1, resume(9)).unwrap();
+    drain(&mut k, now);
+    let frame = Incoming::Data {
+        header: DataHeader {
+            stream_id: 1,
+            retransmit: false,
+            seq: 0,
+            timestamp_ns: 0,
+        },
+        payload: Bytes::from(vec![0u8; 64 << 10]),
+    };
+    k.handle_message(now, 1, frame).unwrap();
+    let acks = drain(&mut k, now)
+        .into_iter()
+        .filter(|t| matches!(t, Transmit::Message(OwnedMessage::Ack { .. })))
+        .count();
+    assert_eq!(
+        acks, 1,
+        "one window floor in: ACK at once, not on the next tick"
+    );
+}
