@@ -442,7 +442,9 @@ async fn settle(
             }
         }
     }
-    ack.await.map(|_| ()).map_err(|e| anyhow!("raw JetStream: {e}"))
+    ack.await
+        .map(|_| ())
+        .map_err(|e| anyhow!("raw JetStream: {e}"))
 }
 
 /// Runs the benchmark and writes fanout.md and fanout.svg into `out`.
