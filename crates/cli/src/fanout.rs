@@ -514,7 +514,7 @@ fn ready_message(admission: &Admission, fingerprint: &str) -> Result<Bytes> {
     )?;
     out.take_frames()
         .pop()
-        .map(|f| record(&f, admission.run, 0))
+        .map(|f| record(f, admission.run, 0))
         .ok_or_else(|| anyhow!("encrypt made no frame"))
 }
 
@@ -870,7 +870,9 @@ async fn spawn_stream(
         };
         let endpoint = source.abort_handle();
         tasks.spawn(async move {
-            let r = pump_source(rx, stack, seal, out, stats).await;
+            let mut stack = stack;
+            let r = pump_source(rx, &mut stack, seal, out, stats.clone()).await;
+            lock(&stats).layers = stack.stats();
             source.abort();
             r.map(|()| None)
         });
@@ -896,7 +898,20 @@ async fn spawn_stream(
             None
         };
         tasks.spawn(async move {
-            let r = pump_sink(input, end_sub, once, lossy, stack, seal, tx, done, stats).await;
+            let mut stack = stack;
+            let r = pump_sink(
+                input,
+                end_sub,
+                once,
+                lossy,
+                &mut stack,
+                seal,
+                tx,
+                done,
+                stats.clone(),
+            )
+            .await;
+            lock(&stats).layers = stack.stats();
             let report = match sink.await {
                 Ok(Ok(rep)) => rep.check.map(|c| (name.clone(), c)),
                 Ok(Err(e)) => {
@@ -952,7 +967,7 @@ impl Publisher {
     async fn publish(&mut self, frame: Frame, route: Route) -> Result<()> {
         let (subject, part) = self.subject(route);
         let counter = self.wseq.entry(subject.clone()).or_insert(0);
-        let rec = record(&frame, self.run, *counter);
+        let rec = record(frame, self.run, *counter);
         *counter += 1;
         if rec.len() > self.ctx.max_payload {
             bail!(
@@ -1062,7 +1077,7 @@ impl Publisher {
             seal.handle_frame(Instant::now(), Frame::new(meta, &[]), &mut out)?;
             for f in out.take_frames() {
                 if self.plan.round_robin {
-                    let rec = record(&f, self.run, 0);
+                    let rec = record(Frame::new(f.meta, f.payload()), self.run, 0);
                     let _ = self
                         .ctx
                         .client
@@ -1086,18 +1101,21 @@ impl Publisher {
     }
 }
 
-/// The NATS message of a frame, `wseq`-th on its subject.
-fn record(frame: &Frame, run: u64, wseq: u64) -> Bytes {
-    FrameRecord {
+/// The NATS message of a frame, `wseq`-th on its subject: the record header goes into the
+/// frame's headroom, the payload is not copied.
+fn record(mut frame: Frame, run: u64, wseq: u64) -> Bytes {
+    let header = FrameRecord {
         stream: frame.meta.stream,
         flags: frame.meta.flags,
         run,
         seq: frame.meta.seq,
         timestamp_ns: frame.meta.timestamp_ns,
         wseq,
-        payload: Bytes::copy_from_slice(frame.payload()),
+        payload: Bytes::new(),
     }
-    .encode()
+    .header();
+    frame.push_header(&header);
+    frame.into_bytes()
 }
 
 /// Publishes once; a publish that cannot even be sent comes back as a failed ack future
@@ -1129,7 +1147,7 @@ async fn js_publish(
 /// Source endpoint → stack → route → group key → NATS.
 async fn pump_source(
     mut rx: mpsc::Receiver<Frame>,
-    mut stack: Stack,
+    stack: &mut Stack,
     mut seal: EncryptForward,
     mut out: Publisher,
     stats: Shared<StreamStats>,
@@ -1142,13 +1160,13 @@ async fn pump_source(
             f = rx.recv() => f,
             _ = sleep_until_opt(wake) => {
                 stack.handle_timeout(Instant::now()).map_err(|e| anyhow!("{e}"))?;
-                drain(&mut stack, &mut seal, &mut sealed, &mut out, &stats, &name).await?;
+                drain(stack, &mut seal, &mut sealed, &mut out, &stats, &name).await?;
                 continue;
             }
         };
         let Some(frame) = frame else {
             stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
-            drain(&mut stack, &mut seal, &mut sealed, &mut out, &stats, &name).await?;
+            drain(stack, &mut seal, &mut sealed, &mut out, &stats, &name).await?;
             out.flush().await;
             out.end(&mut seal).await?;
             return Ok(());
@@ -1157,7 +1175,7 @@ async fn pump_source(
         stack
             .handle_frame(Instant::now(), frame)
             .map_err(|e| anyhow!("{e}"))?;
-        drain(&mut stack, &mut seal, &mut sealed, &mut out, &stats, &name).await?;
+        drain(stack, &mut seal, &mut sealed, &mut out, &stats, &name).await?;
     }
 }
 
@@ -1182,7 +1200,6 @@ async fn drain(
                 let mut s = lock(stats);
                 s.wire_frames += 1;
                 s.wire_bytes += f.len() as u64;
-                s.layers = stack.stats();
             }
             out.publish(f, route).await?;
         }
@@ -1388,7 +1405,7 @@ async fn pump_sink(
     mut end_sub: Option<async_nats::Subscriber>,
     once: bool,
     lossy: bool,
-    mut stack: Stack,
+    stack: &mut Stack,
     mut seal: EncryptInverse,
     tx: mpsc::Sender<Frame>,
     done: Delivered,
@@ -1436,7 +1453,7 @@ async fn pump_sink(
                 } => Some(Ok((m.payload, None))),
                 _ = sleep_until_opt(wake) => {
                     stack.handle_timeout(Instant::now()).map_err(|e| anyhow!("{e}"))?;
-                    handed += deliver(&mut stack, &tx, &stats, spare.as_deref_mut()).await?;
+                    handed += deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
                     continue;
                 }
                 _ = check.tick() => {
@@ -1465,7 +1482,7 @@ async fn pump_sink(
                                 tracing::warn!("the stream ended with stored frames still unacknowledged after {ENDING_WAIT:?}; stopping anyway");
                             }
                             stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
-                            deliver(&mut stack, &tx, &stats, spare.as_deref_mut()).await?;
+                            deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
                             return Ok(());
                         }
                     }
@@ -1568,7 +1585,7 @@ async fn pump_sink(
                         }
                     }
                     stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
-                    handed += deliver(&mut stack, &tx, &stats, spare.as_deref_mut()).await?;
+                    handed += deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
                     if let Some(f) = spare.as_mut().and_then(|n| n.take()) {
                         if tx.send(f).await.is_ok() {
                             handed += 1;
@@ -1597,7 +1614,7 @@ async fn pump_sink(
                 }
             }
         }
-        handed += deliver(&mut stack, &tx, &stats, spare.as_deref_mut()).await?;
+        handed += deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
     }
 }
 
@@ -1660,11 +1677,7 @@ async fn deliver(
 ) -> Result<u64> {
     let mut n = 0;
     while let Some(f) = stack.poll_frame() {
-        {
-            let mut s = lock(stats);
-            s.delivered(f.len(), f.meta.timestamp_ns, wall_ns());
-            s.layers = stack.stats();
-        }
+        lock(stats).delivered(f.len(), f.meta.timestamp_ns, wall_ns());
         match newest.as_deref_mut() {
             Some(slot) => {
                 let f = match slot.take() {

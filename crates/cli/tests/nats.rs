@@ -404,56 +404,46 @@ fn reliable_streams_lose_nothing_when_an_app_side_is_killed_or_the_server_restar
 fn bad_nats_settings_are_named_at_check_time() {
     let dir = Dir::new("nats-check");
     let stream = "[[stream]]\nname = \"s\"\ndirection = \"device-to-app\"\nsource = { type = \"synthetic\", size = 10, interval_ms = 10.0, count = 1 }\nsink = { type = \"check\", size = 10, expect = 1 }\n";
-    for (link, expect) in [
+    let split = "stack = [{ type = \"checksum\" }, { type = \"multiplex\", mode = \"split\", parts = 2 }]\n";
+    for (link, stack, expect) in [
         (
             "[link]\ntransport = \"nats\"\n[link.nats]\nservers = [\"127.0.0.1:4222\"]\n",
+            "",
             "link.nats.servers: \"127.0.0.1:4222\" is not a NATS URL (nats://HOST:PORT or tls://HOST:PORT)",
         ),
         (
             "[link]\ntransport = \"nats\"\n[link.nats]\nsubject_prefix = \"a.b\"\n",
+            "",
             "'.' cannot be part of a NATS subject token",
         ),
         (
             "[link]\ntransport = \"nats\"\n[link.nats]\nuser = \"u\"\n",
+            "",
             "link.nats: user and password_file go together",
         ),
+        // split leaves every app side a piece: no pair may come before it.
+        (
+            "[link]\ntransport = \"nats\"\n",
+            split,
+            "with mode = \"split\", `multiplex` must be the only layer",
+        ),
+        // multiplex needs the NATS link.
+        (
+            "",
+            "stack = [{ type = \"multiplex\" }]\n",
+            "`multiplex` sends frames to many app sides, which only the NATS link has",
+        ),
     ] {
-        let cfg = write(&dir.0, "c.toml", &format!("driver = \"d\"\n{link}{stream}"));
+        let cfg = write(
+            &dir.0,
+            "c.toml",
+            &format!("driver = \"d\"\n{link}{stream}{stack}"),
+        );
         let out = ndd().arg("check").arg(&cfg).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success());
         assert!(err.contains(expect), "{err}");
     }
-    // split leaves every app side a piece: no pair may come before it.
-    let cfg = write(
-        &dir.0,
-        "split.toml",
-        &format!(
-            "driver = \"d\"\n[link]\ntransport = \"nats\"\n{}stack = [{{ type = \"checksum\" }}, {{ type = \"multiplex\", mode = \"split\", parts = 2 }}]\n",
-            stream
-        ),
-    );
-    let out = ndd().arg("check").arg(&cfg).output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("with mode = \"split\", `multiplex` must be the only layer"),
-        "{err}"
-    );
-    // multiplex needs the NATS link.
-    let cfg = write(
-        &dir.0,
-        "m.toml",
-        &format!(
-            "driver = \"d\"\n{}stack = [{{ type = \"multiplex\" }}]\n",
-            stream
-        ),
-    );
-    let out = ndd().arg("check").arg(&cfg).output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("`multiplex` sends frames to many app sides, which only the NATS link has"),
-        "{err}"
-    );
     // A NATS server that is not there: a clear error within the connect timeout.
     let cfg = write(
         &dir.0,

@@ -229,6 +229,70 @@ fn ndd_row(
     })
 }
 
+/// What one raw subscriber received: latency (the send time travels in the payload's first
+/// 8 bytes), frames, bytes, and the span from its first to its last message.
+struct Received {
+    h: hdrhistogram::Histogram<u64>,
+    frames: u64,
+    bytes: u64,
+    span: Option<(Instant, Instant)>,
+}
+
+impl Received {
+    fn new() -> Received {
+        Received {
+            h: hist(),
+            frames: 0,
+            bytes: 0,
+            span: None,
+        }
+    }
+
+    fn take(&mut self, payload: &[u8], epoch: Instant) {
+        let sent = payload
+            .get(..8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map_or(0, u64::from_be_bytes);
+        let now = epoch.elapsed().as_nanos() as u64;
+        self.h
+            .saturating_record((now.saturating_sub(sent) / 1000).max(1));
+        self.frames += 1;
+        self.bytes += payload.len() as u64;
+        let t = Instant::now();
+        self.span = Some(self.span.map_or((t, t), |(a, _)| (a, t)));
+    }
+}
+
+/// The row of a raw baseline from what its subscribers received.
+fn raw_summary(peer: &'static str, load: Load, count: u64, got: Vec<Received>) -> Row {
+    let n = got.len();
+    let secs = count as f64 * load.interval_ms / 1e3;
+    let (mut p50s, mut p99, mut frames, mut bytes, mut rate) = (Vec::new(), 0f64, 0u64, 0u64, 0f64);
+    for r in got {
+        let (a, b99) = p50_p99(&r.h);
+        p50s.push(a);
+        p99 = p99.max(b99);
+        frames += r.frames;
+        bytes += r.bytes;
+        let span = r.span.map_or(0.0, |(a, b)| (b - a).as_secs_f64());
+        rate += r.bytes as f64 / span.max(1e-6);
+    }
+    p50s.sort_by(f64::total_cmp);
+    Row {
+        load: load.name,
+        peer,
+        subscribers: n,
+        p50: p50s.get(n / 2).copied().unwrap_or(f64::NAN),
+        p99,
+        delivered: frames as f64 / (count * n.max(1) as u64) as f64,
+        mb_s: if unpaced(load) {
+            rate / 1e6
+        } else {
+            bytes as f64 / secs / 1e6
+        },
+    }
+}
+
 /// Raw async-nats: one publisher paced like the source, `n` subscriber connections; the
 /// send time travels in the payload's first 8 bytes.
 async fn raw_row(url: &str, load: Load, count: u64, n: usize) -> Result<Row> {
@@ -249,23 +313,14 @@ async fn raw_row(url: &str, load: Load, count: u64, n: usize) -> Result<Row> {
     for (c, mut s) in subs {
         tasks.push(tokio::spawn(async move {
             let _keep = c;
-            let mut h = hist();
-            let (mut frames, mut bytes) = (0u64, 0u64);
-            let mut span: Option<(Instant, Instant)> = None;
+            let mut r = Received::new();
             while let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(3), s.next()).await {
-                let sent = u64::from_be_bytes(m.payload[..8].try_into().unwrap_or([0; 8]));
-                let now = epoch.elapsed().as_nanos() as u64;
-                h.saturating_record((now.saturating_sub(sent) / 1000).max(1));
-                frames += 1;
-                bytes += m.payload.len() as u64;
-                let t = Instant::now();
-                span = Some(span.map_or((t, t), |(a, _)| (a, t)));
-                if frames == count {
+                r.take(&m.payload, epoch);
+                if r.frames == count {
                     break;
                 }
             }
-            let secs = span.map_or(0.0, |(a, b)| (b - a).as_secs_f64());
-            (h, frames, bytes, secs)
+            r
         }));
     }
     let mut payload = vec![0u8; load.size.max(8)];
@@ -281,32 +336,11 @@ async fn raw_row(url: &str, load: Load, count: u64, n: usize) -> Result<Row> {
             .map_err(|e| anyhow!("{e}"))?;
     }
     publisher.flush().await.map_err(|e| anyhow!("{e}"))?;
-    let secs = count as f64 * load.interval_ms / 1e3;
-    let (mut p50s, mut p99, mut frames, mut bytes) = (Vec::new(), 0f64, 0u64, 0u64);
-    let mut rate = 0f64;
+    let mut got = Vec::new();
     for t in tasks {
-        let (h, f, b, span) = t.await?;
-        let (a, b99) = p50_p99(&h);
-        p50s.push(a);
-        p99 = p99.max(b99);
-        frames += f;
-        bytes += b;
-        rate += b as f64 / span.max(1e-6);
+        got.push(t.await?);
     }
-    p50s.sort_by(f64::total_cmp);
-    Ok(Row {
-        load: load.name,
-        peer: "raw async-nats",
-        subscribers: n,
-        p50: p50s[p50s.len() / 2],
-        p99,
-        delivered: frames as f64 / (count * n as u64) as f64,
-        mb_s: if unpaced(load) {
-            rate / 1e6
-        } else {
-            bytes as f64 / secs / 1e6
-        },
-    })
+    Ok(raw_summary("raw async-nats", load, count, got))
 }
 
 /// Raw JetStream: one publisher (acknowledgements awaited 256 at a time) into a file-stored
@@ -346,26 +380,17 @@ async fn raw_js_row(url: &str, load: Load, count: u64, n: usize) -> Result<Row> 
             .map_err(|e| anyhow!("{e}"))?;
         let mut messages = consumer.messages().await.map_err(|e| anyhow!("{e}"))?;
         tasks.push(tokio::spawn(async move {
-            let mut h = hist();
-            let (mut frames, mut bytes) = (0u64, 0u64);
-            let mut span: Option<(Instant, Instant)> = None;
+            let mut r = Received::new();
             while let Ok(Some(Ok(m))) =
                 tokio::time::timeout(Duration::from_secs(5), messages.next()).await
             {
-                let sent = u64::from_be_bytes(m.payload[..8].try_into().unwrap_or([0; 8]));
-                let now = epoch.elapsed().as_nanos() as u64;
-                h.saturating_record((now.saturating_sub(sent) / 1000).max(1));
+                r.take(&m.payload, epoch);
                 let _ = m.ack().await;
-                frames += 1;
-                bytes += m.payload.len() as u64;
-                let t = Instant::now();
-                span = Some(span.map_or((t, t), |(a, _)| (a, t)));
-                if frames == count {
+                if r.frames == count {
                     break;
                 }
             }
-            let secs = span.map_or(0.0, |(a, b)| (b - a).as_secs_f64());
-            (h, frames, bytes, secs)
+            r
         }));
     }
     let mut payload = vec![0u8; load.size.max(8)];
@@ -392,32 +417,12 @@ async fn raw_js_row(url: &str, load: Load, count: u64, n: usize) -> Result<Row> 
     for a in acks {
         settle(&js, &subject, a).await?;
     }
-    let secs = count as f64 * load.interval_ms / 1e3;
-    let (mut p50s, mut p99, mut frames, mut bytes, mut rate) = (Vec::new(), 0f64, 0u64, 0u64, 0f64);
+    let mut got = Vec::new();
     for t in tasks {
-        let (h, f, b, span) = t.await?;
-        let (a, b99) = p50_p99(&h);
-        p50s.push(a);
-        p99 = p99.max(b99);
-        frames += f;
-        bytes += b;
-        rate += b as f64 / span.max(1e-6);
+        got.push(t.await?);
     }
     let _ = js.delete_stream(&name).await;
-    p50s.sort_by(f64::total_cmp);
-    Ok(Row {
-        load: load.name,
-        peer: "raw JetStream",
-        subscribers: n,
-        p50: p50s[p50s.len() / 2],
-        p99,
-        delivered: frames as f64 / (count * n as u64) as f64,
-        mb_s: if unpaced(load) {
-            rate / 1e6
-        } else {
-            bytes as f64 / secs / 1e6
-        },
-    })
+    Ok(raw_summary("raw JetStream", load, count, got))
 }
 
 /// Waits for a raw JetStream acknowledgement; a server too busy to answer in time gets the

@@ -60,15 +60,24 @@ impl FrameRecord {
         })
     }
 
-    /// The message body.
-    pub fn encode(&self) -> Bytes {
-        let mut b = BytesMut::with_capacity(HEADER_LEN + self.payload.len());
+    /// The header alone, for a sender that puts it in front of a payload it already holds
+    /// (in a frame's headroom: no copy of the payload).
+    pub fn header(&self) -> [u8; HEADER_LEN] {
+        let mut h = [0u8; HEADER_LEN];
+        let mut b = &mut h[..];
         b.put_u16(self.stream);
         b.put_u16(self.flags);
         b.put_u64(self.run);
         b.put_u64(self.seq);
         b.put_u64(self.timestamp_ns);
         b.put_u64(self.wseq);
+        h
+    }
+
+    /// The message body.
+    pub fn encode(&self) -> Bytes {
+        let mut b = BytesMut::with_capacity(HEADER_LEN + self.payload.len());
+        b.put_slice(&self.header());
         b.put_slice(&self.payload);
         b.freeze()
     }
@@ -146,11 +155,6 @@ impl Reorder {
     /// Whether no record waits behind a gap.
     pub fn is_empty(&self) -> bool {
         self.held.is_empty()
-    }
-
-    /// When [`Reorder::poll`] has something to do.
-    pub fn deadline(&self) -> Option<std::time::Instant> {
-        self.since.map(|t| t + self.wait)
     }
 
     fn skip(&mut self) -> Vec<FrameRecord> {
