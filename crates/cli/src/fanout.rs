@@ -1200,6 +1200,9 @@ async fn drain(
                 let mut s = lock(stats);
                 s.wire_frames += 1;
                 s.wire_bytes += f.len() as u64;
+                if s.layers_due(Instant::now()) {
+                    s.layers = stack.stats();
+                }
             }
             out.publish(f, route).await?;
         }
@@ -1677,7 +1680,13 @@ async fn deliver(
 ) -> Result<u64> {
     let mut n = 0;
     while let Some(f) = stack.poll_frame() {
-        lock(stats).delivered(f.len(), f.meta.timestamp_ns, wall_ns());
+        {
+            let mut s = lock(stats);
+            s.delivered(f.len(), f.meta.timestamp_ns, wall_ns());
+            if s.layers_due(Instant::now()) {
+                s.layers = stack.stats();
+            }
+        }
         match newest.as_deref_mut() {
             Some(slot) => {
                 let f = match slot.take() {

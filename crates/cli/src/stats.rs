@@ -33,6 +33,8 @@ pub struct StreamStats {
     last: Option<(u64, u64)>,
     /// When the first frame was delivered (our clock, ns).
     first_delivery_ns: Option<u64>,
+    /// When `layers` was last refreshed by a caller that throttles it ([`Self::layers_due`]).
+    layers_at: Option<Instant>,
     /// Per-layer stats, refreshed from the stack.
     pub layers: Vec<LayerStats>,
     /// Frames resent after a reconnect (source).
@@ -134,6 +136,7 @@ impl StreamStats {
             jitter_us: hist(),
             last: None,
             first_delivery_ns: None,
+            layers_at: None,
             layers: Vec::new(),
             retransmits: 0,
             duplicates: 0,
@@ -159,6 +162,19 @@ impl StreamStats {
             self.jitter_us.saturating_record(err.max(1));
         }
         self.last = Some((created_ns, now_ns));
+    }
+
+    /// Whether the per-layer stats are worth refreshing now (at most every 250 ms: building
+    /// them allocates, too much to do per frame); marks them refreshed.
+    pub fn layers_due(&mut self, now: Instant) -> bool {
+        if self
+            .layers_at
+            .is_some_and(|t| now.saturating_duration_since(t) < Duration::from_millis(250))
+        {
+            return false;
+        }
+        self.layers_at = Some(now);
+        true
     }
 
     /// A frame was produced by the source endpoint.
