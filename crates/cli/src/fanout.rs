@@ -252,6 +252,9 @@ pub async fn run_side(
     let mut endpoints: Vec<tokio::task::AbortHandle> = Vec::new();
     // The app side's ready heartbeat runs among the tasks.
     let mut heartbeat = false;
+    // Turns true when this side stops: sink streams hand over what they hold and end, so
+    // their sinks finish (and `check` sinks report).
+    let (finish_tx, finish_rx) = watch::channel(false);
     let peer;
     match side {
         SideName::Device => {
@@ -312,6 +315,7 @@ pub async fn run_side(
                             js.clone(),
                             None,
                             opts.once,
+                            &finish_rx,
                             &stats,
                             &mut tasks,
                         )
@@ -357,6 +361,7 @@ pub async fn run_side(
                         js.clone(),
                         Some((&admission, me.as_str(), start)),
                         opts.once,
+                        &finish_rx,
                         &stats,
                         &mut tasks,
                     )
@@ -420,10 +425,12 @@ pub async fn run_side(
             },
         }
     }
-    // Sources stop first: their streams flush and say END; then what is left stops.
+    // Sources stop first: their streams flush and say END; sink streams hand over what
+    // they hold; then what is left stops.
     for e in &endpoints {
         e.abort();
     }
+    let _ = finish_tx.send(true);
     let drain = async {
         while tasks.len() > usize::from(side == SideName::Device) + usize::from(heartbeat) {
             match tasks.join_next().await {
@@ -433,7 +440,7 @@ pub async fn run_side(
             }
         }
     };
-    if result.is_ok() && !endpoints.is_empty() {
+    if result.is_ok() {
         let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
     } else {
         drop(drain);
@@ -838,6 +845,7 @@ async fn spawn_stream(
     js: Option<jetstream::Context>,
     app: Option<(&Admission, &str, u64)>,
     once: bool,
+    finish: &watch::Receiver<bool>,
     stats: &[Shared<StreamStats>],
     tasks: &mut JoinSet<Result<Option<(String, ndd_endpoint::CheckReport)>>>,
 ) -> Result<Option<tokio::task::AbortHandle>> {
@@ -897,12 +905,14 @@ async fn spawn_stream(
         } else {
             None
         };
+        let finish = finish.clone();
         tasks.spawn(async move {
             let mut stack = stack;
             let r = pump_sink(
                 input,
                 end_sub,
                 once,
+                finish,
                 lossy,
                 &mut stack,
                 seal,
@@ -1407,6 +1417,7 @@ async fn pump_sink(
     mut input: Input,
     mut end_sub: Option<async_nats::Subscriber>,
     once: bool,
+    mut finish: watch::Receiver<bool>,
     lossy: bool,
     stack: &mut Stack,
     mut seal: EncryptInverse,
@@ -1441,7 +1452,26 @@ async fn pump_sink(
             rec
         } else {
             let wake = stack.poll_timeout();
+            let waiting = spare.as_ref().is_some_and(|n| n.is_some());
             let next = tokio::select! {
+                _ = finish.changed() => {
+                    // This side stops: what the stack holds goes to the sink, and the stream
+                    // ends (its sink finishes and reports).
+                    stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
+                    deliver(stack, &tx, &stats, None).await?;
+                    if let Some(f) = spare.as_mut().and_then(|n| n.take()) {
+                        let _ = tx.send(f).await;
+                    }
+                    return Ok(());
+                }
+                // Lossy: the frame that waited for a busy sink goes as soon as it has room.
+                permit = tx.reserve(), if waiting => {
+                    if let (Ok(p), Some(f)) = (permit, spare.as_mut().and_then(|n| n.take())) {
+                        p.send(f);
+                        handed += 1;
+                    }
+                    continue;
+                }
                 m = async {
                     match &mut input {
                         Input::Core(s) => s.next().await.map(|m| Ok((m.payload, None))),

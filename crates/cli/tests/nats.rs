@@ -772,3 +772,39 @@ stack = [{ type = "multiplex", mode = "split", parts = 2 }]
     );
     drop((a1, a2, d));
 }
+
+#[test]
+fn an_app_side_told_to_stop_hands_over_what_it_holds_and_its_sinks_report() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-stop");
+    let nats = Nats::start("stop", &[]);
+    let (dev, apps) = homes_n(&dir.0, 1);
+    let cfg = write(
+        &dir.0,
+        "stop.toml",
+        &format!(
+            "driver = \"stop\"\n{}\n{}",
+            link(&nats.url(), 1),
+            r#"
+[[stream]]
+name = "s"
+direction = "device-to-app"
+source = { type = "synthetic", size = 50, interval_ms = 5.0, seed = 4 }
+sink = { type = "check", seed = 4, size = 50 }
+"#
+        ),
+    );
+    let d = side(&cfg, "device", &dev, &[]);
+    let a = side(&cfg, "app", &apps[0], &["--stats"]);
+    wait_for("frames to flow", WAIT, || a.stderr_now().contains("] s "));
+    a.terminate();
+    let (s, _, err) = a.finish();
+    assert!(s.success(), "{err}");
+    assert!(
+        err.contains("stream \"s\": check:") && err.contains("0 missing, 0 duplicate"),
+        "{err}"
+    );
+    drop(d);
+}
