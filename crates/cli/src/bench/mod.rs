@@ -64,6 +64,10 @@ pub enum BenchCmd {
         /// network namespace (which needs root, ip and tc; used when available).
         #[arg(long)]
         no_netns: bool,
+        /// With --vs-vnc: measure only the key → echo rows, with this many keys per row
+        /// (the full run types 12; the typing race is close, more keys settle it).
+        #[arg(long, value_name = "N")]
+        typing_only: Option<usize>,
         /// Directory for display.md.
         #[arg(long, value_name = "DIR", default_value = "docs/bench")]
         out: PathBuf,
@@ -182,8 +186,9 @@ pub async fn run(cmd: BenchCmd) -> Result<()> {
             quick,
             vs_vnc: true,
             no_netns,
+            typing_only,
             out,
-        } => vnc::run(quick, no_netns, &out).await,
+        } => vnc::run(quick, no_netns, typing_only, &out).await,
         BenchCmd::Display { quick, out, .. } => display::run(quick, &out).await,
         BenchCmd::E2e { quick, out, link } => e2e::run(quick, &out, &link).await,
         BenchCmd::Pairs { quick, out } => pairs::run(quick, &out),

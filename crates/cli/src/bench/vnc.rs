@@ -1051,7 +1051,12 @@ fn missing_programs() -> Vec<&'static str> {
 }
 
 /// Runs the comparison and writes `display-vnc.md` and `display-vnc.svg` into `out`.
-pub async fn run(quick: bool, no_netns: bool, out: &Path) -> Result<()> {
+pub async fn run(
+    quick: bool,
+    no_netns: bool,
+    typing_only: Option<usize>,
+    out: &Path,
+) -> Result<()> {
     let missing = missing_programs();
     if !missing.is_empty() {
         bail!(
@@ -1079,8 +1084,10 @@ pub async fn run(quick: bool, no_netns: bool, out: &Path) -> Result<()> {
         }
     }
     let secs = if quick { 2.0 } else { 6.0 };
-    let keys = if quick { 3 } else { 12 };
-    let (nets, workloads): (Vec<Net>, Vec<Workload>) = if quick {
+    let keys = typing_only.unwrap_or(if quick { 3 } else { 12 });
+    let (nets, workloads): (Vec<Net>, Vec<Workload>) = if typing_only.is_some() {
+        (Vec::new(), Vec::new())
+    } else if quick {
         (vec![NETS[2]], vec![Workload::Video])
     } else {
         (
@@ -1110,9 +1117,19 @@ pub async fn run(quick: bool, no_netns: bool, out: &Path) -> Result<()> {
     }
     eprintln!("typing: key → echo in the viewer ({keys} keys per row):");
     let mut typing = Vec::new();
-    let typing_nets: Vec<Net> = if quick { vec![NETS[2]] } else { NETS.to_vec() };
+    let typing_nets: Vec<Net> = if quick || typing_only.is_some() {
+        vec![NETS[2]]
+    } else {
+        NETS.to_vec()
+    };
     for &n in &typing_nets {
-        for video in [false, true] {
+        // --typing-only: the row the race is about (a video playing beside the xterm).
+        let videos: &[bool] = if typing_only.is_some() {
+            &[true]
+        } else {
+            &[false, true]
+        };
+        for &video in videos {
             for &p in &peers {
                 typing.push(measure_typing(p, n, video, keys).await?);
             }
@@ -1122,6 +1139,13 @@ pub async fn run(quick: bool, no_netns: bool, out: &Path) -> Result<()> {
     let md = report(quick, kernel, &rates, &stills, &typing);
     if let Ok(mut g) = NETNS.lock() {
         g.take();
+    }
+    if typing_only.is_some() {
+        // A partial run does not overwrite the whole report.
+        let path = out.join("display-vnc-typing.md");
+        std::fs::write(&path, md).with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+        return Ok(());
     }
     let path = out.join("display-vnc.md");
     std::fs::write(&path, md).with_context(|| format!("cannot write {}", path.display()))?;

@@ -530,3 +530,67 @@ fn the_auto_ladder_runs_from_low_through_medium_to_high_in_rising_steps() {
     assert_eq!(names[AUTO_START], Quality::Medium);
     assert_eq!(names[AUTO_LADDER.len() - 1], Quality::High);
 }
+
+#[test]
+fn text_beside_a_picture_travels_first_in_a_frame_of_its_own() {
+    let t0 = Instant::now();
+    let mut p = Pipe::new(cfg(Quality::Medium));
+    // Top 64 rows text (an xterm), the rest a picture (a video below it).
+    let screen = |x: u16, y: u16| if y < 64 { text(x, y) } else { photo(x, y) };
+    let mut out = Output::new();
+    p.fwd
+        .handle_frame(t0, update(FLAG_KEYFRAME, &[whole()], screen), &mut out)
+        .unwrap();
+    let frames = out.take_frames();
+    assert_eq!(
+        frames.len(),
+        2,
+        "lossless parts and JPEG parts in one frame"
+    );
+    let first = format::parse(frames[0].payload()).unwrap();
+    let second = format::parse(frames[1].payload()).unwrap();
+    assert_eq!(
+        first.header.flags,
+        FLAG_KEYFRAME | ndd_wire::display::FLAG_MORE,
+        "the first frame says the capture goes on"
+    );
+    assert_eq!(second.header.flags, FLAG_KEYFRAME);
+    assert!(
+        first
+            .rects
+            .iter()
+            .all(|(r, k)| r.bottom() <= 64 && !matches!(k, format::Kind::Jpeg(_))),
+        "the first frame holds the text only: {:?}",
+        first.rects.iter().map(|(r, _)| *r).collect::<Vec<_>>()
+    );
+    assert!(second
+        .rects
+        .iter()
+        .all(|(r, k)| r.y >= 64 && matches!(k, format::Kind::Jpeg(_))));
+    assert!(frames[0].len() < frames[1].len());
+    // Delivered in order, the viewer shows the text exactly and the picture within JPEG's
+    // bound; a capture with text alone (the echo) is one frame.
+    let mut o = Output::new();
+    for f in frames {
+        o.push(f);
+    }
+    p.deliver(t0, o);
+    let shown = p.shown();
+    let want = expected(screen);
+    let top = usize::from(W) * 64;
+    assert_eq!(shown[..top], want[..top]);
+    let q = psnr(&shown[top..], &want[top..]);
+    assert!(q >= 25.0, "picture PSNR {q:.1} dB");
+    let echo = |x: u16, y: u16| {
+        if x < 16 && y < 16 {
+            [0, 0, 255]
+        } else {
+            screen(x, y)
+        }
+    };
+    let mut out = Output::new();
+    p.fwd
+        .handle_frame(t0, update(0, &[Rect::new(0, 0, 16, 16)], echo), &mut out)
+        .unwrap();
+    assert_eq!(out.take_frames().len(), 1);
+}
