@@ -11,7 +11,7 @@ use ndd_core::frame::Meta;
 use ndd_core::{
     ControlError, ForeignError, Frame, FrameError, Half, HalfStats, ModuleError, Output,
 };
-use ndd_wire::display::{Encoding, Rect, Update, FLAG_KEYFRAME, FLAG_MORE};
+use ndd_wire::display::{Encoding, Rect, Update, FLAG_KEYFRAME};
 use std::fmt;
 use std::time::{Duration, Instant};
 use zstd::stream::raw::{CParameter, InBuffer, Operation, OutBuffer};
@@ -270,6 +270,19 @@ impl ImageForward {
                 }
             }
         }
+        for p in tiles::merge(photos) {
+            match jpeg {
+                None => {
+                    self.stats.lossless += 1;
+                    tiles::bgr(s, p, &mut self.block);
+                    rects.push((p, Owned::Lossless));
+                }
+                Some((q, sub)) => {
+                    self.stats.jpeg += 1;
+                    rects.push((p, Owned::Jpeg(self.jpeg_rect(s, p, q, sub)?)));
+                }
+            }
+        }
         // Refinement: a tile sent whole and losslessly needs none any more; one with a JPEG
         // part does, `refine_ms` from now.
         for &(i, p) in parts {
@@ -286,41 +299,6 @@ impl ImageForward {
                 self.next_refine = Some(self.next_refine.map_or(due, |d| d.min(due)));
             }
         }
-        let photos = tiles::merge(photos);
-        // Text and UI first: when a capture holds both lossless parts (solid, palette) and
-        // JPEG parts, the lossless ones travel in a frame of their own ahead of the picture
-        // (FLAG_MORE: the capture goes on in the next frame), so a key's echo beside a playing
-        // video is not held behind the video's bytes on a slow link.
-        if jpeg.is_some() && !photos.is_empty() && !rects.is_empty() {
-            self.emit(s, meta, flags | FLAG_MORE, &mut rects, now, out)?;
-            self.block.clear();
-        }
-        for p in photos {
-            match jpeg {
-                None => {
-                    self.stats.lossless += 1;
-                    tiles::bgr(s, p, &mut self.block);
-                    rects.push((p, Owned::Lossless));
-                }
-                Some((q, sub)) => {
-                    self.stats.jpeg += 1;
-                    rects.push((p, Owned::Jpeg(self.jpeg_rect(s, p, q, sub)?)));
-                }
-            }
-        }
-        self.emit(s, meta, flags, &mut rects, now, out)
-    }
-
-    /// Writes `rects` (and the lossless block) as one frame; empties `rects`.
-    fn emit(
-        &mut self,
-        s: &Screen,
-        meta: Meta,
-        flags: u8,
-        rects: &mut Vec<(Rect, Owned)>,
-        now: Instant,
-        out: &mut Output,
-    ) -> Result<(), ModuleError> {
         self.compress_block()?;
         let kinds: Vec<(Rect, Kind<'_>)> = rects
             .iter()
@@ -347,8 +325,6 @@ impl ImageForward {
         };
         let mut bytes = Vec::with_capacity(format::emitted_len(&kinds, self.blob.len()));
         format::emit(&header, &kinds, &self.blob, &mut bytes);
-        drop(kinds);
-        rects.clear();
         self.pacer.on_send(now, self.sent, bytes.len() as u64);
         self.stats.frames += 1;
         out.push(Frame::from_bytes(meta, Bytes::from(bytes)));
