@@ -93,7 +93,7 @@ ping_interval_ms = 200
 [[stream]]
 name = "bench"
 direction = "device-to-app"
-source = {{ type = "synthetic", size = {size}, interval_ms = {interval_ms}, count = {n} }}
+source = {{ type = "synthetic", size = {size}, interval_ms = {interval_ms}, count = {n}, repeat = true }}
 sink = {{ type = "null" }}
 "#
     );
@@ -178,8 +178,8 @@ pub async fn run(quick: bool, out: &Path, links: &[LinkChoice]) -> Result<()> {
         if quick { " --quick" } else { "" }
     );
     md += "## (a) One-way time across the loopback link\n\n";
-    md += "Both sides in one process on 127.0.0.1, synthetic source paced so frames never queue, \
-           empty stack, `null` sink. One-way = delivery time − source timestamp (same clock). \
+    md += "Both sides in one process on 127.0.0.1, synthetic source paced so frames never queue \
+           (`repeat = true`: its payload made once, not per frame), empty stack, `null` sink. One-way = delivery time − source timestamp (same clock). \
            Baseline: raw TCP ping-pong of the same size in the same run, RTT/2.\n\n";
     md += "| size | raw TCP p50 | raw TCP p99 |";
     for l in links {

@@ -44,7 +44,7 @@ sink = {{ type = "null" }}
 [[stream]]
 name = "bulk"
 direction = "device-to-app"
-source = {{ type = "synthetic", size = 1000000, interval_ms = 0.0, count = {bulk} }}
+source = {{ type = "synthetic", size = 1000000, interval_ms = 0.0, count = {bulk}, repeat = true }}
 sink = {{ type = "null" }}
 "#
         );
@@ -326,7 +326,7 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
     );
     md += &format!(
         "An input-like stream ({small} × 64 B, one every 1 ms) alone and beside a bulk stream of \
-         1 MB frames sent as fast as the link takes them, both device→app on one link (ndd: \
+         1 MB frames sent as fast as the link takes them (a `synthetic` source with `repeat = true`: made once), both device→app on one link (ndd: \
          TLS 1.3 on loopback, `null` sinks, both sides in one process, then as two `ndd run` \
          processes; one-way = delivery − source timestamp, same clock; the bulk rate of the \
          two-process rows counts their start-up). Baseline in the same run: one raw TCP socket carrying \

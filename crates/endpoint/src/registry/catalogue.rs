@@ -75,6 +75,12 @@ pub const SOURCES: &[EndpointInfo] = &[
                 "1",
                 "content seed; a `check` sink with the same seed verifies every byte",
             ),
+            (
+                "repeat",
+                "bool",
+                "false",
+                "every frame carries frame 0's payload, made once (throughput benchmarks)",
+            ),
         ],
     },
     EndpointInfo {

@@ -68,6 +68,7 @@ fn catalogue_params_match_the_config_keys() {
     let sources = [
         SourceConfig::Synthetic(SyntheticConfig {
             count: Some(1),
+            repeat: true,
             ..Default::default()
         }),
         SourceConfig::SpacenavSim(SpacenavSimConfig {

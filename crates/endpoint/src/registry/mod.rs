@@ -342,6 +342,9 @@ impl SourceConfig {
                 let mut s = format!("synthetic(size={}, interval_ms={}", c.size, c.interval_ms);
                 fmt_opt(&mut s, "count", c.count);
                 fmt_opt(&mut s, "seed", Some(c.seed).filter(|&s| s != 1));
+                if c.repeat {
+                    s += ", repeat=true";
+                }
                 s + ")"
             }
             SourceConfig::SpacenavSim(c) => {

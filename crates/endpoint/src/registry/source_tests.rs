@@ -33,6 +33,7 @@ async fn synthetic_numbers_stamps_and_fills_frames() {
         interval_ms: 16.0,
         count: Some(5),
         seed: 4,
+        repeat: false,
     });
     let before = now_ns();
     let start = tokio::time::Instant::now();
@@ -215,4 +216,31 @@ fn invalid_parameters_are_refused_by_spawn() {
         ),
         "{e}"
     );
+}
+
+#[tokio::test]
+async fn repeat_sends_frame_zeros_payload_every_time_from_one_buffer() {
+    let (tx, rx) = mpsc::channel(8);
+    let cfg = SourceConfig::Synthetic(SyntheticConfig {
+        size: 4096,
+        interval_ms: 0.0,
+        count: Some(3),
+        seed: 7,
+        repeat: true,
+    });
+    assert_eq!(
+        cfg.describe(),
+        "synthetic(size=4096, interval_ms=0, count=3, seed=7, repeat=true)"
+    );
+    let task = cfg.spawn(0, tx).unwrap();
+    let frames = collect(rx).await;
+    assert_eq!(task.await.unwrap().unwrap().frames, 3);
+    let want = crate::synthetic::payload(7, 0, 4096);
+    let seqs: Vec<u64> = frames.iter().map(|f| f.meta.seq).collect();
+    assert_eq!(seqs, [0, 1, 2]);
+    for f in &frames {
+        assert_eq!(f.payload(), want.as_slice());
+        // Shared, not copied per frame.
+        assert_eq!(f.payload().as_ptr(), frames[0].payload().as_ptr());
+    }
 }

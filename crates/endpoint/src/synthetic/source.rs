@@ -8,6 +8,7 @@ use crate::common::clock::pacing;
 use crate::common::emitter::Emitter;
 use crate::common::error::EndpointError;
 use crate::common::report::{SourceReport, SourceTask};
+use bytes::Bytes;
 use ndd_core::frame::DEFAULT_HEADROOM;
 use ndd_core::{Frame, Meta};
 use std::time::Duration;
@@ -25,6 +26,16 @@ pub(crate) fn spawn_synthetic_source(
 ) -> Result<SourceTask, EndpointError> {
     let (seed, size) = (c.seed, c.size);
     let period = pacing(c.interval_ms / 1000.0);
+    if c.repeat {
+        // Made once; every frame shares it (the links write a DATA header and a shared
+        // payload without copying it; a pair that rewrites the payload copies it once).
+        let once = Bytes::from(record::payload(seed, 0, size));
+        return Ok(
+            rt.spawn(run_paced(endpoint, period, c.count, stream, tx, move |m| {
+                Frame::from_bytes(m, once.clone())
+            })),
+        );
+    }
     Ok(
         rt.spawn(run_paced(endpoint, period, c.count, stream, tx, move |m| {
             let mut f = Frame::zeroed(m, DEFAULT_HEADROOM, size);
