@@ -17,7 +17,7 @@
 //! of a gap is held (at most [`ArqConfig::max_held`] messages and
 //! [`ArqConfig::max_held_bytes`]; past that it is dropped and will come again), a repeat is
 //! dropped. It acknowledges at once when something is out of order or repeated, otherwise
-//! every [`ArqConfig::ack_every`] messages or [`ArqConfig::ack_delay`] after the first
+//! every [`ArqConfig::ack_every`] messages or [`ArqConfig::ack_bytes`] bytes, or [`ArqConfig::ack_delay`] after the first
 //! unacknowledged one.
 //!
 //! [`ArqTx`] keeps every sequenced message until it is acknowledged, within a window
@@ -64,8 +64,11 @@ pub struct ArqConfig {
     pub max_held_bytes: usize,
     /// An acknowledgement after this many in-order messages…
     pub ack_every: u32,
-    /// …or this long after the first unacknowledged one.
+    /// …or this long after the first unacknowledged one…
     pub ack_delay: Duration,
+    /// …or once this many bytes arrived unacknowledged (large messages are acknowledged at
+    /// once: a window of two 1 MB messages waited `ack_delay` for every pair).
+    pub ack_bytes: usize,
     /// Retransmission timeout before the first round trip is measured.
     pub initial_rto: Duration,
     /// Bounds of the retransmission timeout.
@@ -80,7 +83,7 @@ pub struct ArqConfig {
 
 impl Default for ArqConfig {
     /// 2 MiB and 4096 messages kept, the same held by a receiver (8 MiB), an
-    /// acknowledgement every 8 messages or 5 ms, timeout 200 ms at first, 20 ms to 2 s,
+    /// acknowledgement every 8 messages, 64 KiB or 5 ms, timeout 200 ms at first, 20 ms to 2 s,
     /// congestion window 64 KiB at first, 4 KiB at least.
     fn default() -> Self {
         ArqConfig {
@@ -90,6 +93,7 @@ impl Default for ArqConfig {
             max_held_bytes: 8 << 20,
             ack_every: 8,
             ack_delay: Duration::from_millis(5),
+            ack_bytes: 64 << 10,
             initial_rto: Duration::from_millis(200),
             min_rto: Duration::from_millis(20),
             max_rto: Duration::from_secs(2),
@@ -619,6 +623,7 @@ pub struct ArqRx {
     held: BTreeMap<u64, Bytes>,
     held_bytes: usize,
     unacked: u32,
+    unacked_bytes: usize,
     ack_at: Option<Instant>,
     ack_now: bool,
     stats: ArqStats,
@@ -633,6 +638,7 @@ impl ArqRx {
             held: BTreeMap::new(),
             held_bytes: 0,
             unacked: 0,
+            unacked_bytes: 0,
             ack_at: None,
             ack_now: false,
             stats: ArqStats::default(),
@@ -676,15 +682,20 @@ impl ArqRx {
             self.held.insert(seq, message);
             return;
         }
+        self.unacked_bytes += message.len();
         out.push(message);
         self.delivered = seq;
         while let Some(m) = self.held.remove(&(self.delivered + 1)) {
             self.held_bytes -= m.len();
+            self.unacked_bytes += m.len();
             out.push(m);
             self.delivered += 1;
         }
         self.unacked += 1;
-        if self.unacked >= self.cfg.ack_every || !self.held.is_empty() {
+        if self.unacked >= self.cfg.ack_every
+            || self.unacked_bytes >= self.cfg.ack_bytes
+            || !self.held.is_empty()
+        {
             self.ack_now = true;
         } else if self.ack_at.is_none() {
             self.ack_at = Some(now + self.cfg.ack_delay);
@@ -699,6 +710,7 @@ impl ArqRx {
         self.ack_now = false;
         self.ack_at = None;
         self.unacked = 0;
+        self.unacked_bytes = 0;
         Some(self.ack())
     }
 

@@ -458,3 +458,24 @@ fn the_congestion_window_keeps_a_burst_from_overflowing_a_small_queue() {
     assert!(stats.retransmitted < 500, "{stats:?}");
     assert!(took < Duration::from_millis(1000), "took {took:?}");
 }
+
+#[test]
+fn a_large_message_is_acknowledged_at_once_small_ones_wait_for_the_batch() {
+    let t0 = Instant::now();
+    let mut rx = ArqRx::new(cfg());
+    let mut out = Vec::new();
+    // Small messages: no acknowledgement before 8 of them or 5 ms.
+    rx.handle(t0, 1, Bytes::from(vec![0u8; 100]), &mut out);
+    assert_eq!(rx.poll_ack(t0), None);
+    assert_eq!(rx.poll_timeout(), Some(t0 + cfg().ack_delay));
+    // 64 KiB arrived unacknowledged: one goes now, not after the delay (a sender whose window
+    // holds two 1 MB messages would otherwise wait 5 ms for every pair).
+    rx.handle(t0, 2, Bytes::from(vec![0u8; 64 << 10]), &mut out);
+    let ack = rx.poll_ack(t0).expect("acknowledged at once");
+    assert_eq!(ack.cumulative, 2);
+    assert_eq!(rx.poll_ack(t0), None);
+    // The count starts again after an acknowledgement.
+    rx.handle(t0, 3, Bytes::from(vec![0u8; 100]), &mut out);
+    assert_eq!(rx.poll_ack(t0), None);
+    assert_eq!(out.len(), 3);
+}
