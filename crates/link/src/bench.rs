@@ -137,6 +137,46 @@ pub async fn raw_tls_throughput(frame_size: usize, count: u64) -> Result<Through
     ))
 }
 
+/// Raw TLS 1.3 ping-pong over loopback (rustls with ndd's configuration and identities, no
+/// ndd framing, session or tasks): `n` round trips of `size` bytes each way; each RTT / 2 in
+/// nanoseconds, the baseline of the TLS link's one-way time.
+pub async fn raw_tls_one_way_ns(size: usize, n: usize) -> Result<Vec<u64>> {
+    let (server, client) = throwaway_identities("tls-rtt")?;
+    let (server, client) = (crate::Tls::new(server)?, crate::Tls::new(client)?);
+    let listener = crate::listen("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let echo = tokio::spawn(async move {
+        let (mut s, _) = listener
+            .accept(Some(&server.server), Duration::from_secs(10))
+            .await?;
+        let mut buf = vec![0u8; size];
+        for _ in 0..n {
+            s.read_exact(&mut buf).await?;
+            s.write_all(&buf).await?;
+            s.flush().await?;
+        }
+        Ok::<_, LinkError>(())
+    });
+    let (mut s, _) = crate::connect(
+        &addr.to_string(),
+        Some(&client.client),
+        Duration::from_secs(10),
+    )
+    .await?;
+    let mut buf = vec![7u8; size];
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        s.write_all(&buf).await?;
+        s.flush().await?;
+        s.read_exact(&mut buf).await?;
+        out.push((t.elapsed().as_nanos() as u64 / 2).max(1));
+    }
+    echo.await
+        .map_err(|e| std::io::Error::other(e.to_string()))??;
+    Ok(out)
+}
+
 /// Send `count` writes of `frame_size` bytes on one raw quinn stream over loopback — quinn
 /// with ndd's QUIC configuration (same identities, rustls, transport settings) but no ndd
 /// framing, session or tasks on the stream — and time until the receiver has them all.

@@ -2,7 +2,7 @@
 //! raw TCP and raw UDP measured in the same run.
 
 use super::e2e::{ndd_one_way_on, raw_tcp_one_way};
-use super::{hardware, p50_p99, size_name, today};
+use super::{hardware, hist, p50_p99, size_name, today};
 use crate::config::Config;
 use crate::demo;
 use anyhow::{Context, Result};
@@ -70,18 +70,30 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
     );
     md += "## One-way time by message size\n\nBoth sides in one process on 127.0.0.1, paced \
            synthetic source (`repeat = true`: its payload made once), empty stack, `null` sink; one-way = delivery − source timestamp \
-           (same clock); p50 / p99 in µs. Baseline: raw TCP ping-pong, RTT/2, same run.\n\n";
-    md += "| size | raw TCP |";
+           (same clock); p50 / p99 in µs. Baselines: raw TCP ping-pong and raw TLS 1.3 ping-pong \
+           (rustls with ndd's configuration, no ndd framing or session), RTT/2, same run.\n\n";
+    md += "| size | raw TCP | raw TLS 1.3 |";
     for (name, _, _) in LINKS {
         md += &format!(" {name} |");
     }
-    md += "\n|---:|---:|";
+    md += "\n|---:|---:|---:|";
     md += &"---:|".repeat(LINKS.len());
     md += "\n";
     eprintln!("bench links: one-way µs p50 / p99");
     for size in [100usize, 1_000, 10_000, 100_000, 1_000_000] {
         let (r50, r99) = p50_p99(&raw_tcp_one_way(size, n(size)).await.context("raw TCP")?);
-        let mut row = format!("| {} | {r50:.0} / {r99:.0} |", size_name(size));
+        let mut tls = hist();
+        for ns in ndd_link::bench::raw_tls_one_way_ns(size, n(size))
+            .await
+            .context("raw TLS")?
+        {
+            tls.saturating_record(ns);
+        }
+        let (t50, t99) = p50_p99(&tls);
+        let mut row = format!(
+            "| {} | {r50:.0} / {r99:.0} | {t50:.0} / {t99:.0} |",
+            size_name(size)
+        );
         for (name, t, insecure) in LINKS {
             let (a, b) = ndd_one_way_on(size, n(size), insecure, t)
                 .await
