@@ -117,6 +117,46 @@ struct Row {
     clicks: usize,
     heard: usize,
     ms: Vec<f64>,
+    /// ndd rows: what the app side counted over the whole run (its `--stats-json`).
+    counts: Option<Counts>,
+}
+
+/// Underruns and overruns of an ndd row, from the app side's final stats.
+#[derive(Debug, Default, Clone, Copy)]
+struct Counts {
+    /// The `buffer` pair found its queue empty when the next block was due.
+    underruns: u64,
+    /// Blocks that came after their playout time (the schedule started again from them).
+    late: u64,
+    /// Blocks dropped: stale ones in `buffer`, blocks the sink had no room for (overruns).
+    dropped: u64,
+}
+
+/// The counts in the app side's `--stats-json` file (`None` if it is missing or unreadable).
+fn counts(path: &Path) -> Option<Counts> {
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+    let s = v.get("streams")?.as_array()?.first()?;
+    let n = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
+    let mut c = Counts {
+        dropped: n(s, "drops") + n(s, "overflow"),
+        ..Counts::default()
+    };
+    for m in s.get("modules")?.as_array()? {
+        if m.get("module").and_then(|x| x.as_str()) != Some("buffer") {
+            continue;
+        }
+        for pair in m.get("counters")?.as_array()? {
+            match (
+                pair.get(0).and_then(|x| x.as_str()),
+                pair.get(1).and_then(|x| x.as_u64()),
+            ) {
+                (Some("underruns"), Some(v)) => c.underruns += v,
+                (Some("late"), Some(v)) => c.late += v,
+                _ => {}
+            }
+        }
+    }
+    Some(c)
 }
 
 /// Plays the clicks into the microphone while recording the mouth and `ear`.
@@ -148,6 +188,7 @@ fn measure(pa: &Pulse, clicks_wav: &Path, clicks: usize, ear: &str, what: &str) 
         clicks,
         heard: ms.len().min(m.len()),
         ms,
+        counts: None,
     })
 }
 
@@ -262,8 +303,20 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
                 .map(Killed)
                 .context("cannot start ndd")
         };
+        let stats = dir.join("app-stats.json");
+        let _ = std::fs::remove_file(&stats);
+        let stats_s = stats.display().to_string();
         let app = side(&[
-            "run", &cfg_s, "--side", "app", "--listen", &listen, "--home", &ha_s,
+            "run",
+            &cfg_s,
+            "--side",
+            "app",
+            "--listen",
+            &listen,
+            "--home",
+            &ha_s,
+            "--stats-json",
+            &stats_s,
         ])?;
         let dev = side(&[
             "run",
@@ -287,7 +340,7 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
             std::thread::sleep(Duration::from_millis(50));
         }
         std::thread::sleep(Duration::from_millis(2500));
-        rows.push(measure(&pa, &clicks_wav, clicks, "ndd_mic", what)?);
+        let mut row = measure(&pa, &clicks_wav, clicks, "ndd_mic", what)?;
         // A clean stop: the app side unloads its virtual source.
         for mut side in [dev, app] {
             let _ = Command::new("kill")
@@ -298,6 +351,14 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
+        row.counts = counts(&stats);
+        if let Some(c) = row.counts {
+            eprintln!(
+                "bench audio: {what}: {} underruns, {} late, {} dropped",
+                c.underruns, c.late, c.dropped
+            );
+        }
+        rows.push(row);
     }
 
     let mut md = String::new();
@@ -323,15 +384,23 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
     );
     let _ = writeln!(
         md,
-        "| path | clicks heard | median ms | min ms | max ms |\n|---|---:|---:|---:|---:|"
+        "| path | clicks heard | median ms | min ms | max ms | underruns | late | dropped |\n|---|---:|---:|---:|---:|---:|---:|---:|"
     );
     for r in &rows {
         let (lo, hi) =
             r.ms.iter()
                 .fold((f64::INFINITY, 0f64), |(a, b), &x| (a.min(x), b.max(x)));
+        let (u, l, d) = match r.counts {
+            Some(c) => (
+                c.underruns.to_string(),
+                c.late.to_string(),
+                c.dropped.to_string(),
+            ),
+            None => Default::default(),
+        };
         let _ = writeln!(
             md,
-            "| {} | {} of {} | {:.1} | {:.1} | {:.1} |",
+            "| {} | {} of {} | {:.1} | {:.1} | {:.1} | {u} | {l} | {d} |",
             r.what,
             r.heard,
             r.clicks,
@@ -345,11 +414,35 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
         "\nndd without a jitter buffer is the capture's block (10 ms; a click lands at the same \
          place in it every time in one run, so runs differ by a few ms) plus the link, and \
          with Opus its coding delay; the `buffer` pair adds its playout (40 ms here, which \
-         absorbs that much jitter). PulseAudio's loopback keeps its configured 20 ms."
+         absorbs that much jitter). PulseAudio's loopback keeps its configured 20 ms. \
+         Underruns, late and dropped blocks are what ndd's app side counted over the whole \
+         row (its `--stats-json`, written when it stops): `underruns`, the `buffer` pair found \
+         its queue empty when the next block was due; `late`, a block came after its playout \
+         time; `dropped`, stale blocks and blocks the sink had no room for (overruns). Without \
+         the `buffer` pair there is no schedule, so no underrun is counted."
     );
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let path = out.join("audio.md");
     std::fs::write(&path, md).with_context(|| format!("cannot write {}", path.display()))?;
     eprintln!("wrote {}", path.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn counts_come_from_the_buffer_layer_and_the_streams_drops() {
+        // The shape `ndd run --stats-json` writes (a real file's stream, trimmed).
+        let json = r#"{"side": "app", "streams": [{"name": "mic", "drops": 1, "overflow": 4,
+            "modules": [
+              {"layer": 0, "module": "opus", "counters": [["underruns", 99]]},
+              {"layer": 1, "module": "buffer", "counters": [["underruns", 3], ["late", 2],
+               ["requests", 49], ["stale", 1]], "drops": 1}]}]}"#;
+        let dir = std::env::temp_dir().join(format!("ndd-audio-counts-{}", std::process::id()));
+        std::fs::write(&dir, json).unwrap();
+        let c = super::counts(&dir).unwrap();
+        let _ = std::fs::remove_file(&dir);
+        assert_eq!((c.underruns, c.late, c.dropped), (3, 2, 5));
+        assert!(super::counts(std::path::Path::new("/nonexistent/stats.json")).is_none());
+    }
 }
