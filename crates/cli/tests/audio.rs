@@ -41,14 +41,14 @@ name = "mic"
 direction = "device-to-app"
 reliability = "lossy"
 source = {{ type = "pulse-capture", device = "dev_mic.monitor", rate = 48000, channels = 1, server = "{server}" }}
-stack = [{{ type = "opus", bitrate = 32000, application = "voip" }}, {{ type = "buffer", min = 4, max = 8, playout_ms = 40 }}]
+stack = [{{ type = "opus", bitrate = 32000, application = "voip" }}, {{ type = "buffer", min = 3, max = 6, playout_ms = 30 }}]
 sink = {{ type = "pulse-playback", virtual_source = "ndd_mic", rate = 48000, channels = 1, server = "{server}" }}
 [[stream]]
 name = "speaker"
 direction = "app-to-device"
 reliability = "lossy"
 source = {{ type = "pulse-capture", virtual_sink = "ndd_speaker", rate = 48000, channels = 2, server = "{server}" }}
-stack = [{{ type = "opus", bitrate = 64000 }}, {{ type = "buffer", min = 4, max = 8, playout_ms = 40 }}]
+stack = [{{ type = "opus", bitrate = 64000 }}, {{ type = "buffer", min = 3, max = 6, playout_ms = 30 }}]
 sink = {{ type = "pulse-playback", device = "dev_speakers", server = "{server}" }}
 "#
         ),

@@ -130,6 +130,8 @@ struct Counts {
     late: u64,
     /// Blocks dropped: stale ones in `buffer`, blocks the sink had no room for (overruns).
     dropped: u64,
+    /// The delay `buffer`'s schedule added above the fastest transit it saw, at the end (µs).
+    delay_us: u64,
 }
 
 /// The counts in the app side's `--stats-json` file (`None` if it is missing or unreadable).
@@ -152,6 +154,7 @@ fn counts(path: &Path) -> Option<Counts> {
             ) {
                 (Some("underruns"), Some(v)) => c.underruns += v,
                 (Some("late"), Some(v)) => c.late += v,
+                (Some("delay_us"), Some(v)) => c.delay_us += v,
                 _ => {}
             }
         }
@@ -284,8 +287,8 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
             "ndd over TLS, opus(bitrate=32000, application=voip), no jitter buffer",
         ),
         (
-            r#"{ type = "opus", bitrate = 32000, application = "voip" }, { type = "buffer", min = 4, max = 8, playout_ms = 40 }"#,
-            "ndd over TLS, opus + buffer(min=4, max=8, playout_ms=40) as in examples/audio.toml",
+            r#"{ type = "opus", bitrate = 32000, application = "voip" }, { type = "buffer", min = 3, max = 6, playout_ms = 30 }"#,
+            "ndd over TLS, opus + buffer(min=3, max=6, playout_ms=30) as in examples/audio.toml",
         ),
     ] {
         let cfg = dir.join("audio.toml");
@@ -354,8 +357,11 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
         row.counts = counts(&stats);
         if let Some(c) = row.counts {
             eprintln!(
-                "bench audio: {what}: {} underruns, {} late, {} dropped",
-                c.underruns, c.late, c.dropped
+                "bench audio: {what}: {} underruns, {} late, {} dropped, buffer delay {:.1} ms",
+                c.underruns,
+                c.late,
+                c.dropped,
+                c.delay_us as f64 / 1000.0
             );
         }
         rows.push(row);
@@ -384,23 +390,24 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
     );
     let _ = writeln!(
         md,
-        "| path | clicks heard | median ms | min ms | max ms | underruns | late | dropped |\n|---|---:|---:|---:|---:|---:|---:|---:|"
+        "| path | clicks heard | median ms | min ms | max ms | underruns | late | dropped | buffer delay ms |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for r in &rows {
         let (lo, hi) =
             r.ms.iter()
                 .fold((f64::INFINITY, 0f64), |(a, b), &x| (a.min(x), b.max(x)));
-        let (u, l, d) = match r.counts {
+        let (u, l, d, b) = match r.counts {
             Some(c) => (
                 c.underruns.to_string(),
                 c.late.to_string(),
                 c.dropped.to_string(),
+                format!("{:.1}", c.delay_us as f64 / 1000.0),
             ),
             None => Default::default(),
         };
         let _ = writeln!(
             md,
-            "| {} | {} of {} | {:.1} | {:.1} | {:.1} | {u} | {l} | {d} |",
+            "| {} | {} of {} | {:.1} | {:.1} | {:.1} | {u} | {l} | {d} | {b} |",
             r.what,
             r.heard,
             r.clicks,
@@ -418,8 +425,9 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
          Underruns, late and dropped blocks are what ndd's app side counted over the whole \
          row (its `--stats-json`, written when it stops): `underruns`, the `buffer` pair found \
          its queue empty when the next block was due; `late`, a block came after its playout \
-         time; `dropped`, stale blocks and blocks the sink had no room for (overruns). Without \
-         the `buffer` pair there is no schedule, so no underrun is counted."
+         time; `dropped`, stale blocks and blocks the sink had no room for (overruns); `buffer delay`, \
+         what the `buffer` pair's schedule added above the fastest transit it saw, at the end. \
+         Without the `buffer` pair there is no schedule, so no underrun is counted."
     );
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let path = out.join("audio.md");
