@@ -37,7 +37,14 @@ sink = {{ type = "y4m", path = "{}", fps = 30 }}
     )
     .unwrap();
     let link = free_addr();
-    let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &link]));
+    let stats = dir.0.join("app-stats.json");
+    let stats_s = stats.display().to_string();
+    let app = Side::spawn(run_cmd(
+        &cfg,
+        "app",
+        &app_home,
+        &["--listen", &link, "--stats-json", &stats_s],
+    ));
     let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &link]));
     // The app side makes the pipe when its endpoints start, once the link is up; the sink
     // waits for a reader, the camera's frames wait for it (the stream is reliable).
@@ -80,8 +87,22 @@ sink = {{ type = "y4m", path = "{}", fps = 30 }}
         (0..60).collect::<Vec<u32>>(),
         "frame numbers ffmpeg decoded"
     );
-    std::thread::sleep(Duration::from_millis(100));
-    drop(app.kill());
+    // Timing: the frames reached the player at the camera's pace, 30 a second (the first
+    // few wait for ffmpeg to open the pipe, so the span may be a little short; a camera
+    // that ran unpaced, or a path that held frames back, would be far off).
+    app.terminate();
+    let (_, _, app_err) = app.finish();
+    let json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(&stats).unwrap_or_else(|e| panic!("{e}: app: {app_err}")),
+    )
+    .unwrap();
+    let s = &json["streams"][0];
+    assert_eq!(s["frames"].as_u64(), Some(60), "{s}");
+    let span = s["delivery_span_s"].as_f64().unwrap();
+    assert!(
+        (1.6..=2.3).contains(&span),
+        "60 frames at 30 fps span 1.97 s at the sink, got {span:.3} s"
+    );
     drop(dev.kill());
 }
 
