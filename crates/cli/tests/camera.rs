@@ -8,7 +8,6 @@ mod common;
 use common::*;
 use ndd_endpoint::camera::pattern::read_number;
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 #[test]
 fn every_camera_frame_reaches_ffmpeg_once_in_order() {
