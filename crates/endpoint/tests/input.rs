@@ -587,6 +587,44 @@ fn setxkbmap(x: &Xvfb, args: &[&str]) {
 
 #[test]
 fn text_typed_with_one_layout_arrives_as_the_same_characters_with_another() {
+    // z and y swap places on de; @ is AltGr+q there and Shift+2 on us; ü and ß have keys of
+    // their own on de and none on us; ^ is a dead key on de (with e: ê), absent from us.
+    typed_across(
+        "de",
+        "us",
+        "zy@Zü",
+        &["dead_circumflex", "e", "ssharp", "Return"],
+        "zy@Züêß\n",
+        &["udiaeresis", "dead_circumflex"],
+    );
+}
+
+#[test]
+fn text_typed_on_azerty_arrives_on_a_german_display() {
+    // fr (AZERTY) to de (QWERTZ): a/q and z/w move, digits are shifted on fr and not on de, é
+    // has a key on fr and none on de, ¨ is a dead key on fr (with u: ü, a key of its own on
+    // de), € is AltGr+e on both.
+    typed_across(
+        "fr",
+        "de",
+        "aqzw1é€",
+        &["dead_diaeresis", "u", "Return"],
+        "aqzw1é€ü\n",
+        &["eacute"],
+    );
+}
+
+/// Types `text` (xdotool type) then `keys` (xdotool key) on a display with layout `dev_layout`
+/// through `x11-input` → `xtest` into an xterm on a display with layout `app_layout`, which
+/// must read `want`; the spare keycodes given to `spare` keysyms are given back at the end.
+fn typed_across(
+    dev_layout: &str,
+    app_layout: &str,
+    text: &str,
+    keys: &[&str],
+    want: &str,
+    spare: &[&str],
+) {
     if let Some(m) = missing(&["Xvfb", "xdotool", "xterm", "setxkbmap"]) {
         println!(
             "SKIPPED: keyboard layout test needs {m} (apt-get install xvfb xdotool xterm \
@@ -594,7 +632,10 @@ fn text_typed_with_one_layout_arrives_as_the_same_characters_with_another() {
         );
         return;
     }
-    let dir = std::env::temp_dir().join(format!("ndd-layouts-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "ndd-layouts-{}-{dev_layout}-{app_layout}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("typed.txt");
     let _ = std::fs::remove_file(&file);
@@ -604,11 +645,10 @@ fn text_typed_with_one_layout_arrives_as_the_same_characters_with_another() {
         .enable_all()
         .build()
         .unwrap();
-    // The device side types on a German keyboard; the app side's display is US.
     let dev = Xvfb::start("640x480x24").expect("start Xvfb");
     let app = Xvfb::start("640x480x24").expect("start Xvfb");
-    setxkbmap(&dev, &["de"]);
-    setxkbmap(&app, &["us"]);
+    setxkbmap(&dev, &[dev_layout]);
+    setxkbmap(&app, &[app_layout]);
     let _term = xterm_writing_to(&app, &file);
 
     let (source, sink) = rt.block_on(async {
@@ -636,39 +676,35 @@ fn text_typed_with_one_layout_arrives_as_the_same_characters_with_another() {
             .expect("xdotool");
         assert!(status.success(), "xdotool {args:?}");
     };
-    // z and y swap places on de; @ is AltGr+q there and Shift+2 on us; ü and ß have keys of
-    // their own on de and none on us; ^ is a dead key on de (with e: ê), absent from us.
-    xdotool(&["type", "--delay", "40", "zy@Zü"]);
-    xdotool(&[
-        "key",
-        "--delay",
-        "40",
-        "dead_circumflex",
-        "e",
-        "ssharp",
-        "Return",
-    ]);
-    let want = "zy@Züêß\n";
+    xdotool(&["type", "--delay", "40", text]);
+    let mut key = vec!["key", "--delay", "40"];
+    key.extend_from_slice(keys);
+    xdotool(&key);
     wait_for(
         "the typed line in the app's xterm",
         Duration::from_secs(15),
         || std::fs::read_to_string(&file).is_ok_and(|t| t.contains('\n')),
     );
     let got = std::fs::read_to_string(&file).unwrap();
-    assert_eq!(got, want, "what the app's xterm read");
+    assert_eq!(
+        got, want,
+        "what the app's xterm ({app_layout}) read, typed on {dev_layout}"
+    );
 
     drop(dev);
     let _ = rt.block_on(source);
     drop(rt.block_on(sink));
-    // The spare keys the sink gave keysyms the us layout lacks are given back.
+    // The spare keys the sink gave keysyms the app's layout lacks are given back.
     let out = Command::new("xmodmap")
         .args(["-display", &app.display, "-pke"])
         .output()
         .expect("xmodmap");
     let map = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        !map.contains("udiaeresis") && !map.contains("dead_circumflex"),
-        "{map}"
-    );
+    for k in spare {
+        assert!(
+            !map.split_whitespace().any(|w| w == *k),
+            "{k} still mapped: {map}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
