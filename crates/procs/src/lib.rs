@@ -335,13 +335,11 @@ impl Nats {
         let dir = std::env::temp_dir().join(format!("ndd-nats-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port");
+        // Port 0: the server picks a free one itself and reports it (no window in which
+        // another test could take a port we picked and released); restarts reuse it.
         let mut n = Nats {
             daemon: None,
-            port,
+            port: 0,
             dir,
             extra: extra.iter().map(|s| s.to_string()).collect(),
         };
@@ -376,20 +374,24 @@ impl Nats {
         }
     }
 
-    /// (Re)starts the server on its port and store, and waits until it accepts connections.
+    /// (Re)starts the server on its port and store (the first time on a port it picks,
+    /// read from its ports file), and waits until it accepts connections.
     pub fn restart(&mut self) {
         self.daemon = None;
         let log = std::fs::File::create(self.dir.join("server.log")).unwrap();
+        let ports = self.dir.join("ports");
+        let _ = std::fs::remove_dir_all(&ports);
+        std::fs::create_dir_all(&ports).unwrap();
+        let port = if self.port == 0 {
+            "-1".to_string()
+        } else {
+            self.port.to_string()
+        };
         let child = Command::new("nats-server")
-            .args([
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-js",
-                "-sd",
-            ])
+            .args(["-a", "127.0.0.1", "-p", &port, "-js", "-sd"])
             .arg(self.dir.join("store"))
+            .arg("--ports_file_dir")
+            .arg(&ports)
             .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -397,7 +399,25 @@ impl Nats {
             .spawn()
             .map(Killed)
             .expect("nats-server starts (Debian package nats-server; ./run installs it)");
+        let pid = child.0.id();
         self.daemon = Some(child);
+        // It writes nats-server_PID.ports ({"nats":["nats://127.0.0.1:PORT"]}) once it
+        // listens.
+        let file = ports.join(format!("nats-server_{pid}.ports"));
+        let mut reported = None;
+        wait_for(
+            "nats-server to report its port",
+            Duration::from_secs(10),
+            || {
+                reported = std::fs::read_to_string(&file).ok().and_then(|t| {
+                    let at = t.find("127.0.0.1:")? + "127.0.0.1:".len();
+                    let digits: String = t[at..].chars().take_while(char::is_ascii_digit).collect();
+                    digits.parse::<u16>().ok()
+                });
+                reported.is_some()
+            },
+        );
+        self.port = reported.unwrap_or(self.port);
         let port = self.port;
         wait_for("nats-server to listen", Duration::from_secs(10), || {
             std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
