@@ -50,6 +50,39 @@ sink = {{ type = "null" }}
     Ok((bytes as f64 / secs / 1e9, s.frames))
 }
 
+/// The same over TLS between two `ndd run` processes (each side its own runtime, as users run
+/// it; steadier than one process, where both sides share one runtime's threads).
+async fn ndd_throughput_processes(frames: u64) -> Result<(f64, u64)> {
+    let v = super::mixed::two_processes(
+        "links",
+        &format!(
+            r#"
+driver = "bench-throughput"
+[link]
+max_frame_bytes = 4194304
+resume_buffer_bytes = 1073741824
+[[stream]]
+name = "bulk"
+direction = "device-to-app"
+reliability = "reliable"
+source = {{ type = "synthetic", size = 1000000, interval_ms = 0.0, count = {frames}, repeat = true }}
+sink = {{ type = "null" }}
+"#
+        ),
+    )
+    .await?;
+    let s = &v["streams"][0];
+    let (bytes, got) = (
+        s["bytes"].as_u64().unwrap_or(0),
+        s["frames"].as_u64().unwrap_or(0),
+    );
+    let span = s["delivery_span_s"]
+        .as_f64()
+        .filter(|&x| x > 0.0 && got > 1)
+        .context("no delivery span in the app side's stats")?;
+    Ok(((bytes - bytes / got) as f64 / span / 1e9, got))
+}
+
 /// Runs the benchmark and writes `links.md` into `out`.
 pub async fn run(quick: bool, out: &Path) -> Result<()> {
     let n = |size: usize| {
@@ -131,6 +164,7 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
     ]
     .into_iter()
     .chain(LINKS.iter().map(|(name, _, _)| format!("ndd {name}")))
+    .chain(["ndd TCP + TLS 1.3, two `ndd run` processes".to_string()])
     .collect();
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
     let mut delivered: Vec<String> = vec![String::new(); names.len()];
@@ -166,6 +200,10 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
                 .with_context(|| format!("{name} throughput"))?;
             put(g, format!("{got} of {frames}"));
         }
+        let (g, got) = ndd_throughput_processes(frames)
+            .await
+            .context("TLS throughput, two processes")?;
+        put(g, format!("{got} of {frames}"));
     }
     for ((name, mut r), got) in names.iter().zip(rates).zip(delivered) {
         r.sort_by(f64::total_cmp);
@@ -177,7 +215,8 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
     md += "\nEvery link delivers every frame (UDP retransmits what a burst loses to socket \
            buffer overflow, paced by its congestion window). TLS, QUIC and sealed UDP \
            (ChaCha20-Poly1305 on every datagram) encrypt and authenticate; `--insecure` links \
-           do not.\n";
+           do not. The rows above it run both sides in this process (sharing its runtime's two \
+           threads); the last row runs them as two `ndd run` processes, as users do.\n";
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let path = out.join("links.md");
     std::fs::write(&path, md).with_context(|| format!("cannot write {}", path.display()))?;

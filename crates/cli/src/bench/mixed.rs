@@ -73,8 +73,27 @@ async fn ndd_mixed(small: u64, bulk: u64, flight_min: u64) -> Result<Row> {
 /// Through ndd as users run it: two `ndd run` processes (TLS, loopback), the app side's
 /// `--stats-json` read back.
 async fn ndd_mixed_processes(small: u64, bulk: u64, flight_min: u64) -> Result<Row> {
+    let t = Instant::now();
+    let v = two_processes("mixed", &mixed_config(small, bulk, flight_min)).await?;
+    let secs = t.elapsed().as_secs_f64();
+    let streams = v["streams"]
+        .as_array()
+        .context("no streams in the stats JSON")?;
+    let f = |i: usize, k: &str| streams.get(i).and_then(|s| s[k].as_f64());
+    Ok(Row {
+        name: String::new(),
+        p50: f(0, "latency_p50_ms").unwrap_or(f64::NAN),
+        p99: f(0, "latency_p99_ms").unwrap_or(f64::NAN),
+        small: f(0, "frames").unwrap_or(0.0) as u64,
+        bulk_gbs: f(1, "bytes").map(|b| b / secs / 1e9),
+    })
+}
+
+/// Runs `config` as two `ndd run` processes on loopback (TLS, fresh identities trusting each
+/// other, `--once`), within 120 s; the app side's `--stats-json`.
+pub(crate) async fn two_processes(tag: &str, config: &str) -> Result<serde_json::Value> {
     let exe = std::env::current_exe().context("cannot find the ndd executable")?;
-    let dir = std::env::temp_dir().join(format!("ndd-mixed-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("ndd-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let ndd = |args: &[&str]| -> Result<String> {
@@ -100,8 +119,8 @@ async fn ndd_mixed_processes(small: u64, bulk: u64, flight_min: u64) -> Result<R
     let addr = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .to_string();
-    let cfg = dir.join("mixed.toml");
-    std::fs::write(&cfg, mixed_config(small, bulk, flight_min))?;
+    let cfg = dir.join(format!("{tag}.toml"));
+    std::fs::write(&cfg, config)?;
     let (cfg, json) = (cfg.display().to_string(), dir.join("app.json"));
     let json_s = json.display().to_string();
     let spawn = |args: &[&str]| {
@@ -139,12 +158,10 @@ async fn ndd_mixed_processes(small: u64, bulk: u64, flight_min: u64) -> Result<R
         &hd,
         "--once",
     ])?;
-    let t = Instant::now();
     let limit = Duration::from_secs(120);
     let (a, d) = tokio::time::timeout(limit, async { (app.wait().await, dev.wait().await) })
         .await
         .context("the two ndd processes did not finish within 120 s")?;
-    let secs = t.elapsed().as_secs_f64();
     if !(a?.success() && d?.success()) {
         anyhow::bail!(
             "an ndd process failed (run the config in {} by hand)",
@@ -155,18 +172,8 @@ async fn ndd_mixed_processes(small: u64, bulk: u64, flight_min: u64) -> Result<R
         &std::fs::read_to_string(&json).with_context(|| format!("cannot read {json_s}"))?,
     )
     .context("the app side's stats JSON")?;
-    let streams = v["streams"]
-        .as_array()
-        .context("no streams in the stats JSON")?;
-    let f = |i: usize, k: &str| streams.get(i).and_then(|s| s[k].as_f64());
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(Row {
-        name: String::new(),
-        p50: f(0, "latency_p50_ms").unwrap_or(f64::NAN),
-        p99: f(0, "latency_p99_ms").unwrap_or(f64::NAN),
-        small: f(0, "frames").unwrap_or(0.0) as u64,
-        bulk_gbs: f(1, "bytes").map(|b| b / secs / 1e9),
-    })
+    Ok(v)
 }
 
 fn wall_ns() -> u64 {
