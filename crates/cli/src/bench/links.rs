@@ -17,10 +17,10 @@ const LINKS: [(&str, &str, bool); 5] = [
     ("UDP (sealed)", "udp", false),
 ];
 
-/// Throughput of 1 MB frames through ndd over one link, in GB/s at the app side.
-async fn ndd_throughput(transport: &str, insecure: bool, frames: u64) -> Result<(f64, u64)> {
-    let size = 1_000_000;
-    let text = format!(
+/// The throughput rows' config: `frames` unpaced 1 MB frames on a reliable stream, the
+/// payload made once, a `null` sink.
+fn throughput_config(transport: &str, frames: u64) -> String {
+    format!(
         r#"
 driver = "bench-throughput"
 [link]
@@ -31,10 +31,15 @@ resume_buffer_bytes = 1073741824
 name = "bulk"
 direction = "device-to-app"
 reliability = "reliable"
-source = {{ type = "synthetic", size = {size}, interval_ms = 0.0, count = {frames}, repeat = true }}
+source = {{ type = "synthetic", size = 1000000, interval_ms = 0.0, count = {frames}, repeat = true }}
 sink = {{ type = "null" }}
 "#
-    );
+    )
+}
+
+/// Throughput of 1 MB frames through ndd over one link, in GB/s at the app side.
+async fn ndd_throughput(transport: &str, insecure: bool, frames: u64) -> Result<(f64, u64)> {
+    let text = throughput_config(transport, frames);
     let cfg = Config::parse(&text, Path::new("<bench links>"))?;
     let (_tx, stop) = tokio::sync::watch::channel(false);
     let t = Instant::now();
@@ -53,24 +58,7 @@ sink = {{ type = "null" }}
 /// The same over TLS between two `ndd run` processes (each side its own runtime, as users run
 /// it; steadier than one process, where both sides share one runtime's threads).
 async fn ndd_throughput_processes(frames: u64) -> Result<(f64, u64)> {
-    let v = super::mixed::two_processes(
-        "links",
-        &format!(
-            r#"
-driver = "bench-throughput"
-[link]
-max_frame_bytes = 4194304
-resume_buffer_bytes = 1073741824
-[[stream]]
-name = "bulk"
-direction = "device-to-app"
-reliability = "reliable"
-source = {{ type = "synthetic", size = 1000000, interval_ms = 0.0, count = {frames}, repeat = true }}
-sink = {{ type = "null" }}
-"#
-        ),
-    )
-    .await?;
+    let v = super::mixed::two_processes("links", &throughput_config("tcp", frames)).await?;
     let s = &v["streams"][0];
     let (bytes, got) = (
         s["bytes"].as_u64().unwrap_or(0),
