@@ -62,14 +62,25 @@ fn one_stream_to_file(
     (size, interval_ms, count, seed): (usize, f64, u64, u64),
     out: &Path,
 ) -> PathBuf {
+    fan_config(
+        dir,
+        driver,
+        url,
+        1,
+        &format!(
+            "[[stream]]\nname = \"s\"\ndirection = \"{direction}\"\nsource = {{ type = \"synthetic\", size = {size}, interval_ms = {interval_ms:?}, count = {count}, seed = {seed} }}\nsink = {{ type = \"file\", path = \"{}\", framing = \"length\", append = true }}\n",
+            out.display()
+        ),
+    )
+}
+
+/// `DRIVER.toml` in `dir`: driver `driver` on the NATS server at `url` (waiting for `min` app
+/// sides) with `streams` (TOML of `[[stream]]` tables).
+fn fan_config(dir: &Path, driver: &str, url: &str, min: usize, streams: &str) -> PathBuf {
     write(
         dir,
         &format!("{driver}.toml"),
-        &format!(
-            "driver = \"{driver}\"\n{}\n[[stream]]\nname = \"s\"\ndirection = \"{direction}\"\nsource = {{ type = \"synthetic\", size = {size}, interval_ms = {interval_ms:?}, count = {count}, seed = {seed} }}\nsink = {{ type = \"file\", path = \"{}\", framing = \"length\", append = true }}\n",
-            link(url, 1),
-            out.display()
-        ),
+        &format!("driver = \"{driver}\"\n{}\n{streams}", link(url, min)),
     )
 }
 
@@ -87,13 +98,12 @@ fn every_app_side_gets_every_frame_on_core_nats_and_on_jetstream() {
     let dir = Dir::new("nats-all");
     let nats = Nats::start("all", &[]);
     let (dev, apps) = homes_n(&dir.0, 3);
-    let cfg = write(
+    let cfg = fan_config(
         &dir.0,
-        "all.toml",
-        &format!(
-            "driver = \"fan\"\n{}\n{}",
-            link(&nats.url(), 3),
-            r#"
+        "fan",
+        &nats.url(),
+        3,
+        r#"
 [[stream]]
 name = "lossy"
 direction = "device-to-app"
@@ -108,8 +118,7 @@ direction = "device-to-app"
 source = { type = "synthetic", size = 1000, interval_ms = 2.0, count = 600, seed = 2 }
 sink = { type = "check", seed = 2, size = 1000, expect = 600 }
 stack = [{ type = "compress" }]
-"#
-        ),
+"#,
     );
     let app_sides: Vec<Side> = apps
         .iter()
@@ -292,23 +301,21 @@ fn strangers_get_nothing_they_can_read() {
         .collect();
     std::fs::write(&secret, &text).unwrap();
     let out = dir.0.join("out.txt");
-    let cfg = write(
+    let cfg = fan_config(
         &dir.0,
-        "s.toml",
+        "secret",
+        &nats.url(),
+        1,
         &format!(
-            "driver = \"secret\"\n{}\n{}",
-            link(&nats.url(), 1),
-            format_args!(
-                r#"
+            r#"
 [[stream]]
 name = "lines"
 direction = "device-to-app"
 source = {{ type = "file", path = "{}", framing = "lines" }}
 sink = {{ type = "file", path = "{}", framing = "lines" }}
 "#,
-                secret.display(),
-                out.display()
-            )
+            secret.display(),
+            out.display()
         ),
     );
     let (spy, conn) = eavesdrop(nats.port);
@@ -781,20 +788,18 @@ fn an_app_side_told_to_stop_hands_over_what_it_holds_and_its_sinks_report() {
     let dir = Dir::new("nats-stop");
     let nats = Nats::start("stop", &[]);
     let (dev, apps) = homes_n(&dir.0, 1);
-    let cfg = write(
+    let cfg = fan_config(
         &dir.0,
-        "stop.toml",
-        &format!(
-            "driver = \"stop\"\n{}\n{}",
-            link(&nats.url(), 1),
-            r#"
+        "stop",
+        &nats.url(),
+        1,
+        r#"
 [[stream]]
 name = "s"
 direction = "device-to-app"
 source = { type = "synthetic", size = 50, interval_ms = 5.0, seed = 4 }
 sink = { type = "check", seed = 4, size = 50 }
-"#
-        ),
+"#,
     );
     let d = side(&cfg, "device", &dev, &[]);
     let a = side(&cfg, "app", &apps[0], &["--stats"]);

@@ -969,14 +969,18 @@ impl UdpSender {
         let Some(control) = gso::control(size) else {
             return Ok(false);
         };
-        let bufs: Vec<std::io::IoSlice<'_>> =
-            run.iter().map(|d| std::io::IoSlice::new(d)).collect();
+        // At most gso::MAX_SEGMENTS slices: on the stack, no allocation per call.
+        let mut slices = [std::io::IoSlice::new(&[]); gso::MAX_SEGMENTS];
+        for (slot, d) in slices.iter_mut().zip(run) {
+            *slot = std::io::IoSlice::new(d);
+        }
+        let bufs = &slices[..run.len().min(gso::MAX_SEGMENTS)];
         let addr = peer.map(socket2::SockAddr::from);
         let socket = &self.inner.socket;
         let sent = socket
             .async_io(tokio::io::Interest::WRITABLE, || {
                 let mut msg = socket2::MsgHdr::new()
-                    .with_buffers(&bufs)
+                    .with_buffers(bufs)
                     .with_control(&control);
                 if let Some(a) = &addr {
                     msg = msg.with_addr(a);
@@ -1060,7 +1064,7 @@ mod gso {
     const SOL_UDP: i32 = 17;
     const UDP_SEGMENT: i32 = 103;
     /// The kernel's `UDP_MAX_SEGMENTS` (64 before Linux 6.1; 128 after).
-    const MAX_SEGMENTS: usize = 64;
+    pub(super) const MAX_SEGMENTS: usize = 64;
     /// Most bytes in one call: one IPv4/IPv6 packet before segmentation.
     const MAX_BYTES: usize = 65_000;
 
@@ -1072,17 +1076,16 @@ mod gso {
     /// The control message `UDP_SEGMENT = size`: a `cmsghdr` (length, level, type) and the
     /// u16, padded to 8 bytes (`CMSG_SPACE(2)` = 24, `CMSG_LEN(2)` = 18). The kernel copies
     /// it before reading, so the buffer's alignment does not matter.
-    pub(super) fn control(size: usize) -> Option<Vec<u8>> {
+    pub(super) fn control(size: usize) -> Option<[u8; 24]> {
         if !AVAILABLE {
             return None;
         }
         let size = u16::try_from(size).ok()?;
-        let mut c = Vec::with_capacity(24);
-        c.extend_from_slice(&18u64.to_ne_bytes());
-        c.extend_from_slice(&SOL_UDP.to_ne_bytes());
-        c.extend_from_slice(&UDP_SEGMENT.to_ne_bytes());
-        c.extend_from_slice(&size.to_ne_bytes());
-        c.resize(24, 0);
+        let mut c = [0u8; 24];
+        c[0..8].copy_from_slice(&18u64.to_ne_bytes());
+        c[8..12].copy_from_slice(&SOL_UDP.to_ne_bytes());
+        c[12..16].copy_from_slice(&UDP_SEGMENT.to_ne_bytes());
+        c[16..18].copy_from_slice(&size.to_ne_bytes());
         Some(c)
     }
 
