@@ -57,6 +57,10 @@ fn a_tone_played_on_one_side_is_recorded_whole_on_the_other() {
             rate: 48_000,
             channels: 1,
             frame_ms: 10,
+            // Whole, not fresh, is what this test checks: a capture thread held off the core
+            // for over 60 ms by a loaded CI host must not skip a block (by design at the
+            // default); the null sink's first 2 s block is still skipped.
+            max_wait_ms: 1000,
             server: server.clone(),
             ..Default::default()
         })

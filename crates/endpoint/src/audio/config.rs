@@ -11,6 +11,9 @@ fn default_channels() -> u8 {
 fn default_frame_ms() -> u32 {
     10
 }
+fn default_max_wait_ms() -> u32 {
+    60
+}
 fn default_latency_ms() -> u32 {
     30
 }
@@ -35,6 +38,11 @@ pub struct PulseCaptureConfig {
     /// Length of one block (one frame), ms.
     #[serde(default = "default_frame_ms")]
     pub frame_ms: u32,
+    /// Recorded sound that waited longer than this (ms, or three blocks when longer) before it
+    /// was read is skipped: after a stall the stream jumps to the present instead of keeping
+    /// the delay. Larger keeps every block through longer stalls, at the cost of latency.
+    #[serde(default = "default_max_wait_ms")]
+    pub max_wait_ms: u32,
     /// The PulseAudio server (`unix:/run/user/1000/pulse/native`, `tcp:host`); the usual one
     /// (`PULSE_SERVER`, the user's session) when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -49,6 +57,7 @@ impl Default for PulseCaptureConfig {
             rate: default_rate(),
             channels: default_channels(),
             frame_ms: default_frame_ms(),
+            max_wait_ms: default_max_wait_ms(),
             server: None,
         }
     }
@@ -123,6 +132,9 @@ impl PulseCaptureConfig {
         }
         if !(1..=100).contains(&self.frame_ms) {
             return Err(("frame_ms", "must be 1..=100".into()));
+        }
+        if !(10..=10_000).contains(&self.max_wait_ms) {
+            return Err(("max_wait_ms", "must be 10..=10000".into()));
         }
         if self.device.is_some() && self.virtual_sink.is_some() {
             return Err((

@@ -42,9 +42,6 @@ impl SampleClock {
     }
 }
 
-/// Recorded sound waiting longer than this (or three blocks) is skipped (see the capture).
-const STALE_CAPTURE_US: u64 = 60_000;
-
 /// Queued sound beyond the target latency that the playback tolerates before dropping: a
 /// playback stream's write blocks while the server plays out what it holds, in chunks, so a
 /// few blocks queue behind it in the normal course; only a lasting backlog is dropped.
@@ -302,7 +299,7 @@ pub(crate) fn spawn_pulse_capture(
         frame_ms = c.frame_ms,
         "recording"
     );
-    let (rate, channels) = (c.rate, c.channels);
+    let (rate, channels, max_wait_ms) = (c.rate, c.channels, c.max_wait_ms);
     Ok(rt.spawn_blocking(move || {
         let _modules = modules;
         let mut em = Emitter::new(stream, tx);
@@ -316,7 +313,7 @@ pub(crate) fn spawn_pulse_capture(
         let block_ns = samples as u64 * 1_000_000_000 / u64::from(rate);
         // Sound older than this waiting in PulseAudio's buffer is flushed: a stall here, or
         // the burst an idle source delivers when it wakes, must not become a lasting delay.
-        let stale_us = (3 * block_ns / 1000).max(STALE_CAPTURE_US);
+        let stale_us = (3 * block_ns / 1000).max(u64::from(max_wait_ms) * 1000);
         let (mut flushed, mut flush_log) = (0u64, RateLimit::new(Duration::from_secs(5)));
         let mut clock = SampleClock::default();
         loop {

@@ -212,6 +212,7 @@ pub const SOURCES: &[EndpointInfo] = &[
             ("rate", "integer, 8000..=192000", "48000", "samples per second"),
             ("channels", "1..=8", "2", "channels"),
             ("frame_ms", "1..=100", "10", "length of one block (one frame), ms"),
+            ("max_wait_ms", "10..=10000", "60", "recorded sound that waited longer than this to be read is skipped (back to the present after a stall)"),
             ("server", "string", "none", "the PulseAudio server (`unix:/run/user/1000/pulse/native`); the session's when absent"),
         ],
     },

@@ -308,6 +308,11 @@ fn bad_values_are_errors_that_name_them() {
         c.validate().unwrap_err().to_string(),
         "x11-screen source: invalid parameter refresh_s: must be a finite number >= 0 (0 = off)"
     );
+    let c: SourceConfig = parse(r#"{ type = "pulse-capture", max_wait_ms = 5 }"#).unwrap();
+    assert_eq!(
+        c.validate().unwrap_err().to_string(),
+        "pulse-capture source: invalid parameter max_wait_ms: must be 10..=10000"
+    );
     let e = parse::<SinkConfig>(r#"{ type = "framebuffer" }"#).unwrap_err();
     assert!(e.contains("missing field `path`"), "{e}");
     let e = parse::<SourceConfig>(r#"{ type = "x11-input", window = "other" }"#).unwrap_err();
