@@ -71,6 +71,9 @@ fn stack_spin(place: &str, n: usize, ring_kib: u32, spin: u32) -> Stack {
             p => {
                 let mut c = ExternalConfig::new("pass", &["-"], &["-"]);
                 c.spin = if p == "shm-nospin" { 0 } else { spin };
+                if p == "shm-copy" {
+                    c.arena_kib = 0;
+                }
                 c.placement = if p.starts_with("shm") {
                     Placement::Shm
                 } else {
@@ -214,6 +217,7 @@ pub fn bench_placement(quick: bool, out: &Path) -> std::io::Result<()> {
             rows.push((place, n));
         }
     }
+    rows.push(("shm-copy", 1));
     rows.push(("shm-nospin", 1));
     rows.push(("shm-nospin", 8));
     let have_exe = child_exe().is_some();
@@ -234,7 +238,9 @@ pub fn bench_placement(quick: bool, out: &Path) -> std::io::Result<()> {
     }
     let _ = writeln!(
         md,
-        "\n`pipe`/`shm`: thread children. `shm-nospin`: `spin = 0` (futex only). `*-process`: the `ndd-ipc-upper --pass` binary as a \
+        "\n`pipe`/`shm`: thread children. `shm`: frames up to the frame area (4 MiB) in place \
+         (`FRAME_IN_ARENA`); `shm-copy`: `arena_kib = 0`, every frame through the ring. \
+         `shm-nospin`: `spin = 0` (futex only). `*-process`: the `ndd-ipc-upper --pass` binary as a \
          real child process{}.",
         if have_exe {
             ""
@@ -245,12 +251,12 @@ pub fn bench_placement(quick: bool, out: &Path) -> std::io::Result<()> {
     let _ = writeln!(
         md,
         "\n## Shared-memory ring size (one module, 100 KB frames)\n\n\
-         How many chunks a frame needs when it is larger than the ring (chunking is the \
-         large-frame fallback; there is no separate copy path).\n\n\
+         Through the ring (`arena_kib = 0`, as `shm-copy`): how many chunks a frame needs \
+         when it is larger than the ring (chunking is the ring's large-frame path).\n\n\
          | ring KiB | ring / frame | p50 µs | p99 µs |\n|---:|---:|---:|---:|"
     );
     for kib in [16u32, 64, 128, 256, 1024] {
-        let mut st = stack("shm", 1, kib);
+        let mut st = stack("shm-copy", 1, kib);
         let (a, b) = measure(&mut st, 100_000, iters(100_000));
         let _ = writeln!(
             md,
@@ -322,15 +328,20 @@ pub fn bench_placement(quick: bool, out: &Path) -> std::io::Result<()> {
             s1 / 2.0
         );
     }
-    if let (Some(s1), Some(p1)) = (find("shm", 1, big), find("pipe", 1, big)) {
+    if let (Some(s1), Some(p1), Some(c1)) = (
+        find("shm", 1, big),
+        find("pipe", 1, big),
+        find("shm-copy", 1, big),
+    ) {
         let _ = writeln!(
             md,
-            "- At {big} B, shm takes {s1:.0} µs and pipes {p1:.0} µs ({:.1}×; target ≥ 5×). \
-             Both copy the frame four times (into the channel and out, both ways); shm saves \
-             the system calls and the kernel's page-sized pipe buffers, not the copies. A 5× gap \
-             needs the child to transform frames in place in the ring, which the protocol \
-             does not do yet.",
-            p1 / s1
+            "- At {big} B one module takes {s1:.0} µs in shm with the frame in place, \
+             {c1:.0} µs in shm through the ring and {p1:.0} µs over pipes: in place is \
+             {:.1}× the pipe (target ≥ 5×), the ring {:.1}×. Pipes and the ring copy the frame \
+             four times (into the channel and out, both ways); in place, the host copies it into \
+             the frame area and the result out, and the module copies nothing.",
+            p1 / s1,
+            p1 / c1
         );
     }
     let _ = writeln!(

@@ -6,6 +6,7 @@
 //! the host closes the channel.
 
 use crate::proto::{HalfRole, Reply, Request};
+use crate::shm::ChildArena;
 use crate::transport::{Liveness, PipeTransport, ShmTransport, Transport, TransportError};
 use ndd_core::Meta;
 use std::time::{Duration, Instant};
@@ -24,11 +25,28 @@ enum Part<'a> {
 pub struct Replies<'a> {
     parts: Vec<Part<'a>>,
     wake_ns: Option<u64>,
+    /// Start and length of the shared frame area in this process, when there is one.
+    arena: Option<(usize, usize)>,
 }
 
 impl<'a> Replies<'a> {
-    /// A frame for the next layer; `payload` may borrow the request (no copy).
+    /// A frame for the next layer; `payload` may borrow the request (no copy). A payload
+    /// that lies in the shared frame area (a frame rewritten in place, or a part of it) is
+    /// answered with its offset and length there: no copy at all.
     pub fn frame(&mut self, meta: Meta, payload: &'a [u8]) {
+        if let Some((base, len)) = self.arena {
+            let p = payload.as_ptr() as usize;
+            if p >= base && p + payload.len() <= base + len {
+                let (h, _) = Reply::FrameInArena {
+                    meta,
+                    off: (p - base) as u32,
+                    len: payload.len() as u32,
+                }
+                .encode();
+                self.parts.push(Part::Owned(h));
+                return;
+            }
+        }
         let (h, t) = Reply::Frame { meta, payload }.encode();
         self.parts.push(Part::Owned(h));
         self.parts.push(Part::Borrowed(t));
@@ -105,6 +123,20 @@ pub trait Handler: Send {
         payload: &'a [u8],
         out: &mut Replies<'a>,
     ) -> Result<(), HandlerError>;
+    /// A frame in the shared frame area (`FRAME_IN_ARENA`, shm placement): rewrite it in
+    /// place and answer `out.frame(meta, &payload[..n])` (or any part of it) — neither side
+    /// copies. Frames that grow answer with [`Replies::frame_owned`]. The default hands the
+    /// payload to [`Handler::frame`], which is just as fast for a module that passes or cuts
+    /// its input.
+    fn frame_in_place<'a>(
+        &mut self,
+        now_ns: u64,
+        meta: Meta,
+        payload: &'a mut [u8],
+        out: &mut Replies<'a>,
+    ) -> Result<(), HandlerError> {
+        self.frame(now_ns, meta, payload, out)
+    }
     /// `CONTROL`; the default refuses (the pair defines none).
     fn control<'a>(
         &mut self,
@@ -162,8 +194,23 @@ fn far() -> Instant {
 
 /// Serves requests from `t` with `h` until the host closes the channel.
 pub fn serve(t: &mut dyn Transport, h: &mut dyn Handler) -> Result<(), TransportError> {
+    serve_with_arena(t, None, h)
+}
+
+/// Like [`serve`], over shared memory with the region's frame area: the child tells the host
+/// it takes frames in place, and `FRAME_IN_ARENA` requests reach
+/// [`Handler::frame_in_place`].
+pub fn serve_with_arena(
+    t: &mut dyn Transport,
+    mut arena: Option<ChildArena>,
+    h: &mut dyn Handler,
+) -> Result<(), TransportError> {
     let mut wake: Option<u64> = None;
     let mut msg = Vec::new();
+    let span = arena.as_ref().map(|a| a.span());
+    if let Some(a) = &arena {
+        a.announce_in_place();
+    }
     loop {
         match t.recv_into(&mut msg, far()) {
             Ok(()) => {}
@@ -182,6 +229,7 @@ pub fn serve(t: &mut dyn Transport, h: &mut dyn Handler) -> Result<(), Transport
         let mut out = Replies {
             parts: Vec::new(),
             wake_ns: wake,
+            arena: span,
         };
         let res = match req {
             Request::Hello { version, .. } if version != crate::proto::VERSION => {
@@ -202,6 +250,20 @@ pub fn serve(t: &mut dyn Transport, h: &mut dyn Handler) -> Result<(), Transport
                 h.timeout(now_ns, &mut out)
             }
             Request::Flush { now_ns } => h.flush(now_ns, &mut out),
+            Request::FrameInArena { now_ns, meta, len } => {
+                match arena.as_mut().and_then(|a| a.frame_mut(len as usize)) {
+                    Some(payload) => h.frame_in_place(now_ns, meta, payload, &mut out),
+                    None => {
+                        let text = format!(
+                            "bad request: a frame of {len} bytes in a frame area of {} bytes",
+                            arena.as_ref().map_or(0, |a| a.len())
+                        );
+                        let (hd, tl) = Reply::Error { message: &text }.encode();
+                        t.send(&[&hd, tl], far())?;
+                        return Err(TransportError::Garbage(text));
+                    }
+                }
+            }
         };
         match res {
             Ok(()) => {
@@ -231,7 +293,7 @@ pub fn serve(t: &mut dyn Transport, h: &mut dyn Handler) -> Result<(), Transport
 /// Runs a child module: serves the host over shared memory (`NDD_SHM_FD` set) or over
 /// stdin/stdout, until the host closes the channel.
 pub fn run(mut handler: impl Handler) -> std::io::Result<()> {
-    let mut t: Box<dyn Transport> = match std::env::var("NDD_SHM_FD") {
+    let r = match std::env::var("NDD_SHM_FD") {
         Ok(v) => {
             let fd: i32 = v
                 .parse()
@@ -248,16 +310,17 @@ pub fn run(mut handler: impl Handler) -> std::io::Result<()> {
                 Some(p) => Liveness::Parent(p),
                 None => Liveness::None,
             };
-            Box::new(ShmTransport::new(p, c, live))
+            let arena = p.child_arena();
+            serve_with_arena(&mut ShmTransport::new(p, c, live), arena, &mut handler)
         }
         Err(_) => {
             use std::os::fd::AsFd;
             let rx = std::io::stdin().as_fd().try_clone_to_owned()?;
             let tx = std::io::stdout().as_fd().try_clone_to_owned()?;
-            Box::new(PipeTransport::new(rx, tx)?)
+            serve(&mut PipeTransport::new(rx, tx)?, &mut handler)
         }
     };
-    serve(t.as_mut(), &mut handler).map_err(|e| match e {
+    r.map_err(|e| match e {
         TransportError::Io(e) => e,
         other => std::io::Error::other(other.to_string()),
     })

@@ -14,6 +14,7 @@
 //! | `restart` | `"never"` \| `"on-failure"` | `"never"` | restart a child that died, hung or wrote garbage, once per failure |
 //! | `ring_kib` | power of two, 4..=1048576 | 1024 | shm: bytes per ring direction |
 //! | `spin` | 0..=1000000 | 2000 | shm: polls of the ring index before sleeping on the futex |
+//! | `arena_kib` | 0..=1048576, a multiple of 4 | 4096 | shm: the frame area where a child transforms frames in place (0 = off; larger frames go through the ring) |
 //!
 //! Handshake: [`Pair::describe`] is `external(name=…)`. Only the name takes part: commands,
 //! placement, timeout, restart and ring settings are local choices that may differ between the
@@ -22,7 +23,7 @@
 
 use crate::child::{self, Handler};
 use crate::error::{ChildFault, ExternalError, Failure, StartError, Who};
-use crate::proto::{HalfRole, Reply, Request};
+use crate::proto::{HalfRole, ProtoError, Reply, Request};
 use crate::shm;
 use crate::transport::{Liveness, PipeTransport, ShmTransport, Transport, TransportError};
 use bytes::Bytes;
@@ -96,6 +97,12 @@ pub const PARAMS: &[(&str, &str, &str, &str)] = &[
         "2000",
         "shm: polls before sleeping on the futex",
     ),
+    (
+        "arena_kib",
+        "0..=1048576, a multiple of 4",
+        "4096",
+        "shm: frame area where a child transforms frames in place (0 = off)",
+    ),
 ];
 
 /// Default `spin`.
@@ -142,6 +149,9 @@ fn default_ring_kib() -> u32 {
 fn default_spin() -> u32 {
     DEFAULT_SPIN
 }
+fn default_arena_kib() -> u32 {
+    4096
+}
 
 /// Parameters of `external`. See the module docs.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -168,6 +178,9 @@ pub struct ExternalConfig {
     /// shm spin count.
     #[serde(default = "default_spin")]
     pub spin: u32,
+    /// shm frame area, KiB (0 = none).
+    #[serde(default = "default_arena_kib")]
+    pub arena_kib: u32,
 }
 
 impl ExternalConfig {
@@ -182,6 +195,7 @@ impl ExternalConfig {
             restart: Restart::Never,
             ring_kib: default_ring_kib(),
             spin: default_spin(),
+            arena_kib: default_arena_kib(),
         }
     }
 
@@ -216,6 +230,15 @@ impl ExternalConfig {
                 pair: PAIR,
                 param: "ring_kib",
                 value: self.ring_kib.into(),
+            });
+        }
+        ParamError::check_range(PAIR, "arena_kib", self.arena_kib, 0..=1 << 20)?;
+        if self.arena_kib & 3 != 0 {
+            return Err(ParamError::Invalid {
+                pair: PAIR,
+                param: "arena_kib",
+                value: self.arena_kib.to_string(),
+                reason: "must be a multiple of 4 (whole 4 KiB pages)",
             });
         }
         ParamError::check_range(PAIR, "spin", self.spin, 0..=1_000_000)
@@ -261,6 +284,10 @@ struct Conn {
     transport: Option<Box<dyn Transport>>,
     process: Option<Child>,
     thread: Option<JoinHandle<()>>,
+    /// The shared frame area (shm with `arena_kib` > 0).
+    arena: Option<shm::Arena>,
+    /// The child said (before its answer to `HELLO`) that it takes frames in the area.
+    in_place: bool,
 }
 
 impl Conn {
@@ -317,6 +344,7 @@ pub struct ExternalHalf {
     timeout: Duration,
     restart: Restart,
     ring_bytes: usize,
+    arena_bytes: usize,
     spin: u32,
     restarts: u64,
     failures: u64,
@@ -349,6 +377,7 @@ impl ExternalHalf {
             timeout: Duration::from_millis(cfg.timeout_ms.max(1)),
             restart: cfg.restart,
             ring_bytes: (cfg.ring_kib as usize) << 10,
+            arena_bytes: (cfg.arena_kib as usize) << 10,
             spin: cfg.spin,
             restarts: 0,
             failures: 0,
@@ -419,7 +448,8 @@ impl ExternalHalf {
             }
             Placement::Shm => {
                 let (fd, p, c) =
-                    shm::create(self.ring_bytes, self.spin).map_err(StartError::Ring)?;
+                    shm::create_with_arena(self.ring_bytes, self.arena_bytes, self.spin)
+                        .map_err(StartError::Ring)?;
                 shm::pass_fd(&mut cmd, &fd, 3);
                 cmd.env("NDD_SHM_FD", "3")
                     .env("NDD_SHM_SPIN", self.spin.to_string())
@@ -447,6 +477,7 @@ impl ExternalHalf {
                     }
                 });
         }
+        let arena = region.as_ref().and_then(|(_, p, _)| p.arena());
         let transport: Box<dyn Transport> = match region {
             None => {
                 let (Some(out), Some(inp)) = (child.stdout.take(), child.stdin.take()) else {
@@ -474,11 +505,14 @@ impl ExternalHalf {
             transport: Some(transport),
             process: Some(child),
             thread: None,
+            arena,
+            in_place: false,
         })
     }
 
     fn start_thread(&self, make: HandlerFactory) -> Result<Conn, StartError> {
         let name = format!("ndd-ipc-{}", self.name);
+        let mut arena = None;
         let (host, thread): (Box<dyn Transport>, JoinHandle<()>) = match self.placement {
             Placement::Pipe => {
                 let (host, mut child_t) = PipeTransport::pair()?;
@@ -491,8 +525,10 @@ impl ExternalHalf {
                 (Box::new(host), t)
             }
             Placement::Shm => {
-                let (fd, p, c) = shm::create(self.ring_bytes, self.spin)?;
+                let (fd, p, c) =
+                    shm::create_with_arena(self.ring_bytes, self.arena_bytes, self.spin)?;
                 let (cp, cc) = shm::open_in_process(&fd, self.spin)?;
+                arena = p.arena();
                 let alive = Arc::new(AtomicBool::new(true));
                 let flag = alive.clone();
                 let t = std::thread::Builder::new().name(name).spawn(move || {
@@ -503,9 +539,10 @@ impl ExternalHalf {
                         }
                     }
                     let _bye = Bye(flag);
+                    let child_arena = cp.child_arena();
                     let mut t = ShmTransport::new(cp, cc, Liveness::None);
                     let mut h = make();
-                    if let Err(e) = child::serve(&mut t, h.as_mut()) {
+                    if let Err(e) = child::serve_with_arena(&mut t, child_arena, h.as_mut()) {
                         tracing::debug!(error = %e, "in-process child ended");
                     }
                 })?;
@@ -516,6 +553,8 @@ impl ExternalHalf {
             transport: Some(host),
             process: None,
             thread: Some(thread),
+            arena,
+            in_place: false,
         })
     }
 
@@ -537,7 +576,12 @@ impl ExternalHalf {
         };
         let (h, t) = hello.encode();
         match self.exchange(&h, t) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                if let Some(c) = &mut self.conn {
+                    c.in_place = c.arena.as_ref().is_some_and(|a| a.child_in_place());
+                }
+                Ok(())
+            }
             Err(failure) => {
                 let who = self.who();
                 self.conn = None;
@@ -597,6 +641,22 @@ impl ExternalHalf {
                     self.frames.push(f);
                 }
                 Ok(Reply::Control { msg: m }) => self.control.push(Bytes::copy_from_slice(m)),
+                Ok(Reply::FrameInArena { meta, off, len }) => {
+                    let (off, len) = (off as usize, len as usize);
+                    let fits = conn
+                        .arena
+                        .as_ref()
+                        .filter(|a| off.checked_add(len).is_some_and(|end| end <= a.len()));
+                    let Some(arena) = fits else {
+                        return Err(ChildFault::BadReply(ProtoError::Invalid(
+                            "OUT_FRAME_IN_ARENA outside the frame area",
+                        ))
+                        .into());
+                    };
+                    let mut f = Frame::zeroed(meta, DEFAULT_HEADROOM, len);
+                    arena.copy_out(off, f.payload_mut());
+                    self.frames.push(f);
+                }
                 Ok(Reply::Done { wake_ns }) => {
                     self.wake = wake_ns.map(|ns| self.epoch + Duration::from_nanos(ns));
                     return Ok(());
@@ -622,7 +682,36 @@ impl ExternalHalf {
             if self.conn.is_none() {
                 self.connect()?;
             }
-            match self.exchange(&head, tail) {
+            // A frame for a child that takes frames in place goes into the frame area (again
+            // after a restart: a new child has a new area); the request carries its length.
+            let in_arena = match (&req, &self.conn) {
+                (
+                    Request::Frame {
+                        now_ns,
+                        meta,
+                        payload,
+                    },
+                    Some(Conn {
+                        arena: Some(arena),
+                        in_place: true,
+                        ..
+                    }),
+                ) if arena.put(payload) => Some(
+                    Request::FrameInArena {
+                        now_ns: *now_ns,
+                        meta: *meta,
+                        len: payload.len() as u32,
+                    }
+                    .encode()
+                    .0,
+                ),
+                _ => None,
+            };
+            let sent = match &in_arena {
+                Some(h) => self.exchange(h, &[]),
+                None => self.exchange(&head, tail),
+            };
+            match sent {
                 Ok(()) => {
                     for f in self.frames.drain(..) {
                         out.push(f);

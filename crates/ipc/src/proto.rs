@@ -29,6 +29,9 @@ pub mod ty {
     pub const TIMEOUT: u8 = 0x04;
     /// host → child: end of stream, release everything held.
     pub const FLUSH: u8 = 0x05;
+    /// host → child (shm, a child that transforms in place): a frame whose payload is at the
+    /// start of the shared frame area.
+    pub const FRAME_IN_ARENA: u8 = 0x06;
     /// child → host: a frame for the next layer.
     pub const OUT_FRAME: u8 = 0x81;
     /// child → host: a control message for the twin half on the peer.
@@ -37,6 +40,8 @@ pub mod ty {
     pub const DONE: u8 = 0x83;
     /// child → host: the request failed (fatal for the stream); carries a UTF-8 reason.
     pub const ERROR: u8 = 0x84;
+    /// child → host: a frame for the next layer whose payload lies in the frame area.
+    pub const OUT_FRAME_IN_ARENA: u8 = 0x85;
 }
 
 /// Which half of the pair a child implements.
@@ -120,6 +125,15 @@ pub enum Request<'a> {
         /// Host time.
         now_ns: u64,
     },
+    /// A frame from the previous layer, its payload the first `len` bytes of the frame area.
+    FrameInArena {
+        /// Host time.
+        now_ns: u64,
+        /// Frame meta.
+        meta: Meta,
+        /// Payload length.
+        len: u32,
+    },
 }
 
 /// A child → host message.
@@ -147,6 +161,15 @@ pub enum Reply<'a> {
         /// Reason.
         message: &'a str,
     },
+    /// A frame for the next layer, its payload `len` bytes at offset `off` of the frame area.
+    FrameInArena {
+        /// Frame meta.
+        meta: Meta,
+        /// Offset in the frame area.
+        off: u32,
+        /// Payload length.
+        len: u32,
+    },
 }
 
 const META_LEN: usize = 2 + 8 + 8 + 2;
@@ -165,6 +188,10 @@ fn get_meta(b: &[u8]) -> Meta {
         timestamp_ns: be64(&b[10..18]),
         flags: u16::from_be_bytes([b[18], b[19]]),
     }
+}
+
+fn be32(b: &[u8]) -> u32 {
+    u32::from_be_bytes([b[0], b[1], b[2], b[3]])
 }
 
 fn be64(b: &[u8]) -> u64 {
@@ -246,6 +273,13 @@ impl<'a> Request<'a> {
                 v.extend_from_slice(&now_ns.to_be_bytes());
                 (v, &[])
             }
+            Request::FrameInArena { now_ns, meta, len } => {
+                let mut v = start(ty::FRAME_IN_ARENA, 8 + META_LEN + 4, 0);
+                v.extend_from_slice(&now_ns.to_be_bytes());
+                put_meta(&mut v, &meta);
+                v.extend_from_slice(&len.to_be_bytes());
+                (v, &[])
+            }
         }
     }
 
@@ -292,6 +326,17 @@ impl<'a> Request<'a> {
                     Request::Flush { now_ns }
                 })
             }
+            ty::FRAME_IN_ARENA => {
+                need(t, body, 8 + META_LEN + 4)?;
+                if body.len() != 8 + META_LEN + 4 {
+                    return Err(ProtoError::Invalid("FRAME_IN_ARENA has a fixed length"));
+                }
+                Ok(Request::FrameInArena {
+                    now_ns: be64(body),
+                    meta: get_meta(&body[8..]),
+                    len: be32(&body[8 + META_LEN..]),
+                })
+            }
             other => Err(ProtoError::UnknownType(other)),
         }
     }
@@ -313,6 +358,13 @@ impl<'a> Reply<'a> {
                 (v, &[])
             }
             Reply::Error { message } => (start(ty::ERROR, 0, message.len()), message.as_bytes()),
+            Reply::FrameInArena { meta, off, len } => {
+                let mut v = start(ty::OUT_FRAME_IN_ARENA, META_LEN + 8, 0);
+                put_meta(&mut v, &meta);
+                v.extend_from_slice(&off.to_be_bytes());
+                v.extend_from_slice(&len.to_be_bytes());
+                (v, &[])
+            }
         }
     }
 
@@ -339,6 +391,17 @@ impl<'a> Reply<'a> {
                 message: std::str::from_utf8(body)
                     .map_err(|_| ProtoError::Invalid("error message is not UTF-8"))?,
             }),
+            ty::OUT_FRAME_IN_ARENA => {
+                need(t, body, META_LEN + 8)?;
+                if body.len() != META_LEN + 8 {
+                    return Err(ProtoError::Invalid("OUT_FRAME_IN_ARENA has a fixed length"));
+                }
+                Ok(Reply::FrameInArena {
+                    meta: get_meta(body),
+                    off: be32(&body[META_LEN..]),
+                    len: be32(&body[META_LEN + 4..]),
+                })
+            }
             other => Err(ProtoError::UnknownType(other)),
         }
     }
@@ -405,6 +468,16 @@ mod tests {
                 Request::Flush { now_ns: 2 },
                 "00000009 05 0000000000000002".replace(' ', "").leak(),
             ),
+            (
+                Request::FrameInArena {
+                    now_ns: 5000,
+                    meta: META,
+                    len: 3,
+                },
+                "00000021 06 0000000000001388 0003 0000000000000001 00000000000003e9 0000 00000003"
+                    .replace(' ', "")
+                    .leak(),
+            ),
         ];
         for (r, h) in reqs {
             let bytes = whole(r.encode());
@@ -439,6 +512,16 @@ mod tests {
                 Reply::Error { message: "bad" },
                 "00000004 84 626164".replace(' ', "").leak(),
             ),
+            (
+                Reply::FrameInArena {
+                    meta: META,
+                    off: 0,
+                    len: 3,
+                },
+                "0000001d 85 0003 0000000000000001 00000000000003e9 0000 00000000 00000003"
+                    .replace(' ', "")
+                    .leak(),
+            ),
         ];
         for (r, h) in reps {
             let bytes = whole(r.encode());
@@ -458,6 +541,19 @@ mod tests {
         assert!(Reply::parse(&[]).is_err());
         assert!(Reply::parse(&[ty::ERROR, 0xff]).is_err());
         assert!(Request::parse(&[ty::HELLO, 0, 1, 7]).is_err());
+        let mut long = whole(
+            Reply::FrameInArena {
+                meta: META,
+                off: 1,
+                len: 2,
+            }
+            .encode(),
+        );
+        long.push(0);
+        assert_eq!(
+            Reply::parse(&long[4..]),
+            Err(ProtoError::Invalid("OUT_FRAME_IN_ARENA has a fixed length"))
+        );
         assert!(check_len(0).is_err());
         assert!(check_len(u32::MAX).is_err());
         for n in 0..64u8 {

@@ -13,9 +13,18 @@
 //!         +64  u64 read index  (bytes ever read; only the consumer stores it)
 //!         +128 u32 reader_sleeping (futex word; 1 while the consumer sleeps or is about to)
 //!         +192 u32 writer_sleeping (futex word; 1 while the producer waits for space)
+//! 16    u32 arena_bytes (0 = no frame area)     20 u32 child features (bit 0: in place)
 //! 4096              ring 0 data, ring_bytes
 //! 4096 + ring_bytes ring 1 data, ring_bytes
+//! 4096 + 2 * ring_bytes  frame area (arena), arena_bytes
 //! ```
+//!
+//! The frame area ([`Arena`]) is where the host puts a frame for a child that transforms
+//! frames in place (it says so by setting feature bit 0 before it answers `HELLO`): the
+//! request then carries only the frame's meta and length, the child rewrites the bytes where
+//! they are and answers with an offset and length in the area, and the host copies the result
+//! out once. Two copies of the payload per round trip instead of four, and the module itself
+//! copies nothing.
 //!
 //! Each ring carries the same byte stream as a pipe would (length-prefixed messages), so a
 //! message larger than the ring simply goes through in chunks: the producer publishes what
@@ -57,6 +66,12 @@ const OFF_MAGIC: usize = 0;
 const OFF_VERSION: usize = 4;
 const OFF_RING_BYTES: usize = 8;
 const OFF_CLOSED: usize = 12;
+const OFF_ARENA_BYTES: usize = 16;
+const OFF_FEATURES: usize = 20;
+/// Child feature bit: it handles `FRAME_IN_ARENA` (transforms frames in the frame area).
+pub const FEATURE_IN_PLACE: u32 = 1;
+/// Largest frame area (1 GiB).
+pub const MAX_ARENA_BYTES: usize = 1 << 30;
 const RING_CTL: [usize; 2] = [64, 1024];
 const OFF_WRITE: usize = 0;
 const OFF_READ: usize = 64;
@@ -102,6 +117,9 @@ impl Side {
 struct Region {
     map: MmapRaw,
     ring_bytes: usize,
+    arena_bytes: usize,
+    /// A [`ChildArena`] was handed out for this mapping (there is only ever one).
+    child_arena_taken: std::sync::atomic::AtomicBool,
 }
 
 impl Region {
@@ -130,6 +148,17 @@ impl Region {
         }
     }
 
+    fn arena(&self) -> *mut u8 {
+        // SAFETY: the mapping is HEADER_BYTES + 2 * ring_bytes + arena_bytes long (checked
+        // when mapping), so the area's start is inside it (or one past its end when the area
+        // is empty, which is never dereferenced).
+        unsafe {
+            self.map
+                .as_mut_ptr()
+                .add(HEADER_BYTES + 2 * self.ring_bytes)
+        }
+    }
+
     fn ctl(&self, ring: usize, off: usize) -> usize {
         RING_CTL[ring] + off
     }
@@ -139,7 +168,12 @@ impl Region {
         if map.len() < HEADER_BYTES {
             return Err(bad("shared-memory file shorter than its header"));
         }
-        let mut r = Region { map, ring_bytes: 0 };
+        let mut r = Region {
+            map,
+            ring_bytes: 0,
+            arena_bytes: 0,
+            child_arena_taken: Default::default(),
+        };
         let ring_bytes = r.u32_at(OFF_RING_BYTES).load(SeqCst) as usize;
         if !(MIN_RING_BYTES..=MAX_RING_BYTES).contains(&ring_bytes)
             || !ring_bytes.is_power_of_two()
@@ -147,7 +181,15 @@ impl Region {
         {
             return Err(bad("shared-memory header: bad ring size"));
         }
+        let arena_bytes = r.u32_at(OFF_ARENA_BYTES).load(SeqCst) as usize;
+        if arena_bytes > MAX_ARENA_BYTES
+            || arena_bytes & 4095 != 0
+            || r.map.len() < HEADER_BYTES + 2 * ring_bytes + arena_bytes
+        {
+            return Err(bad("shared-memory header: bad frame area size"));
+        }
         r.ring_bytes = ring_bytes;
+        r.arena_bytes = arena_bytes;
         Ok(r)
     }
 }
@@ -159,18 +201,36 @@ fn bad(msg: &str) -> std::io::Error {
 /// Creates a region with two rings of `ring_bytes` each (rounded up to a power of two) and
 /// returns its file descriptor (to pass to the child) and the host's endpoints.
 pub fn create(ring_bytes: usize, spin: u32) -> std::io::Result<(OwnedFd, Producer, Consumer)> {
+    create_with_arena(ring_bytes, 0, spin)
+}
+
+/// Like [`create`], with a frame area of `arena_bytes` (rounded up to whole pages; 0 = none)
+/// after the rings: see [`Arena`]. The file is sparse: pages of the area cost memory only
+/// once a frame has been put there.
+pub fn create_with_arena(
+    ring_bytes: usize,
+    arena_bytes: usize,
+    spin: u32,
+) -> std::io::Result<(OwnedFd, Producer, Consumer)> {
     let ring_bytes = ring_bytes
         .clamp(MIN_RING_BYTES, MAX_RING_BYTES)
         .next_power_of_two();
+    let arena_bytes = arena_bytes.min(MAX_ARENA_BYTES).div_ceil(4096) * 4096;
     let fd = memfd_create("ndd-ipc-ring", MemfdFlags::CLOEXEC)?;
-    ftruncate(&fd, (HEADER_BYTES + 2 * ring_bytes) as u64)?;
+    ftruncate(&fd, (HEADER_BYTES + 2 * ring_bytes + arena_bytes) as u64)?;
     let map = MmapRaw::map_raw(&fd)?;
-    let r = Region { map, ring_bytes };
+    let r = Region {
+        map,
+        ring_bytes,
+        arena_bytes,
+        child_arena_taken: Default::default(),
+    };
     // SAFETY: the file is HEADER_BYTES + 2 * ring_bytes long (ftruncate above) and mapped
     // whole; nobody else has it yet, so writing the magic bytes races with no one.
     unsafe { std::ptr::copy_nonoverlapping(MAGIC.as_ptr(), r.map.as_mut_ptr().add(OFF_MAGIC), 4) };
     r.u32_at(OFF_VERSION).store(LAYOUT_VERSION, SeqCst);
     r.u32_at(OFF_RING_BYTES).store(ring_bytes as u32, SeqCst);
+    r.u32_at(OFF_ARENA_BYTES).store(arena_bytes as u32, SeqCst);
     let (p, c) = endpoints(Arc::new(r), Side::Host, spin);
     Ok((fd, p, c))
 }
@@ -345,6 +405,22 @@ impl Producer {
     /// Ring capacity in bytes.
     pub fn capacity(&self) -> usize {
         self.region.ring_bytes
+    }
+
+    /// The host's handle on the region's frame area (`None` when it has none, or on the
+    /// child's side: see [`Producer::child_arena`]).
+    pub fn arena(&self) -> Option<Arena> {
+        (self.side == Side::Host && self.region.arena_bytes > 0).then(|| Arena {
+            region: self.region.clone(),
+        })
+    }
+
+    /// The child's handle on the region's frame area: `None` when it has none, on the host's
+    /// side, or when it was taken before (there is one per mapping).
+    pub fn child_arena(&self) -> Option<ChildArena> {
+        let r = &self.region;
+        (self.side == Side::Child && r.arena_bytes > 0 && !r.child_arena_taken.swap(true, SeqCst))
+            .then(|| ChildArena { region: r.clone() })
     }
 
     fn load_read(&mut self) -> Result<(), TransportError> {
@@ -568,6 +644,110 @@ impl Drop for Consumer {
     }
 }
 
+/// The host's side of the frame area: it puts a frame there between requests and copies
+/// results out. It never forms a reference into the area (the child may scribble on it at any
+/// time): every access is a copy, validated against the area's size.
+#[derive(Debug, Clone)]
+pub struct Arena {
+    region: Arc<Region>,
+}
+
+impl Arena {
+    /// Size of the area in bytes.
+    pub fn len(&self) -> usize {
+        self.region.arena_bytes
+    }
+
+    /// Whether the area is empty (never, for an area handed out).
+    pub fn is_empty(&self) -> bool {
+        self.region.arena_bytes == 0
+    }
+
+    /// Whether the child said it transforms frames in place (feature bit 0).
+    pub fn child_in_place(&self) -> bool {
+        self.region.u32_at(OFF_FEATURES).load(SeqCst) & FEATURE_IN_PLACE != 0
+    }
+
+    /// Copies `src` to the start of the area; `false` (nothing copied) when it does not fit.
+    /// Only between requests: the protocol gives the area to the child from a `FRAME_IN_ARENA`
+    /// until its `DONE`.
+    pub fn put(&self, src: &[u8]) -> bool {
+        if src.len() > self.len() {
+            return false;
+        }
+        // SAFETY: `src.len() <= arena_bytes`, so the destination lies inside the area, which
+        // lies inside the mapping. No request is outstanding (the caller's contract above), so
+        // a well-behaved child does not touch the area; a misbehaving one can only spoil its
+        // own input. Caller memory and the shared mapping do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.region.arena(), src.len()) };
+        true
+    }
+
+    /// Copies `dst.len()` bytes from offset `off` of the area into `dst`; `false` (nothing
+    /// copied) when that range is not inside the area.
+    pub fn copy_out(&self, off: usize, dst: &mut [u8]) -> bool {
+        if !matches!(off.checked_add(dst.len()), Some(end) if end <= self.len()) {
+            return false;
+        }
+        // SAFETY: `off + dst.len() <= arena_bytes` (checked above) keeps the source inside the
+        // area. The child may still be writing there (only a misbehaving one): the bytes are
+        // copied with a raw copy, never through a reference, so the worst outcome is wrong
+        // bytes in its own result. The regions do not overlap (shared mapping vs. our buffer).
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.region.arena().add(off), dst.as_mut_ptr(), dst.len())
+        };
+        true
+    }
+}
+
+/// The child's side of the frame area: the frame the host put there, to rewrite in place.
+#[derive(Debug)]
+pub struct ChildArena {
+    region: Arc<Region>,
+}
+
+impl ChildArena {
+    /// Size of the area in bytes.
+    pub fn len(&self) -> usize {
+        self.region.arena_bytes
+    }
+
+    /// Whether the area is empty (never, for an area handed out).
+    pub fn is_empty(&self) -> bool {
+        self.region.arena_bytes == 0
+    }
+
+    /// Tells the host this child transforms frames in place (feature bit 0). Before the
+    /// answer to `HELLO`: the host reads the bit once that answer is in.
+    pub fn announce_in_place(&self) {
+        self.region
+            .u32_at(OFF_FEATURES)
+            .fetch_or(FEATURE_IN_PLACE, SeqCst);
+    }
+
+    /// The start and length of the area in this process's address space (to recognise a
+    /// reply payload that lies inside it).
+    pub fn span(&self) -> (usize, usize) {
+        (self.region.arena() as usize, self.region.arena_bytes)
+    }
+
+    /// The first `len` bytes of the area (`None` when `len` exceeds it), for the duration of
+    /// one request.
+    pub fn frame_mut(&mut self, len: usize) -> Option<&mut [u8]> {
+        if len > self.len() {
+            return None;
+        }
+        // SAFETY: `len <= arena_bytes`, so the slice lies inside the area, inside the mapping,
+        // which lives as long as `self.region` (the slice borrows `self`). Exclusive access:
+        // the protocol gives the area to the child from a `FRAME_IN_ARENA` request until the
+        // child's `DONE`, and the host (the program that started this child, which it trusts
+        // with its whole memory anyway) writes it only between requests; in this process
+        // only this `ChildArena` hands out references to it (one per mapping: see
+        // `Producer::child_arena`), one at a time (`&mut self`).
+        Some(unsafe { std::slice::from_raw_parts_mut(self.region.arena(), len) })
+    }
+}
+
 /// Arranges for `fd` to be open as descriptor `target` in the child spawned by `cmd` (and
 /// only there: ours stays close-on-exec).
 pub fn pass_fd(cmd: &mut std::process::Command, fd: &OwnedFd, target: RawFd) {
@@ -666,6 +846,37 @@ mod tests {
             }
             child.join().unwrap();
         }
+    }
+
+    #[test]
+    fn the_frame_area_is_shared_bounded_and_handed_out_once() {
+        let (fd, hp, _hc) = create_with_arena(4096, 5000, 0).unwrap();
+        let host = hp.arena().expect("host side");
+        assert_eq!(host.len(), 8192, "rounded up to whole pages");
+        assert!(hp.child_arena().is_none(), "the host gets no child view");
+        let (cp, _cc) = open_in_process(&fd, 0).unwrap();
+        assert!(cp.arena().is_none(), "the child gets no host view");
+        let mut child = cp.child_arena().expect("child side");
+        assert!(cp.child_arena().is_none(), "one child view per mapping");
+        assert!(!host.child_in_place());
+        child.announce_in_place();
+        assert!(host.child_in_place());
+
+        assert!(host.put(b"hello"));
+        assert!(!host.put(&[0u8; 8193]), "larger than the area");
+        let f = child.frame_mut(5).unwrap();
+        assert_eq!(f, b"hello");
+        f.make_ascii_uppercase();
+        assert!(child.frame_mut(8193).is_none());
+        let mut out = [0u8; 4];
+        assert!(host.copy_out(1, &mut out));
+        assert_eq!(&out, b"ELLO");
+        assert!(host.copy_out(8188, &mut out), "up to the last byte");
+        assert!(!host.copy_out(8189, &mut out), "past the end");
+        assert!(!host.copy_out(usize::MAX, &mut out), "overflowing offset");
+
+        let (_fd, hp, _hc) = create(4096, 0).unwrap();
+        assert!(hp.arena().is_none(), "no area unless asked for");
     }
 
     #[test]

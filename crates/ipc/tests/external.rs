@@ -5,6 +5,8 @@ use ndd_core::{Frame, FrameError, Half, HalfStats, Meta, ModuleError, Output, Pa
 use ndd_ipc::child::{from_fn, Handler, HandlerError, Replies};
 use ndd_ipc::{ExternalConfig, ExternalHalf, HalfRole, Placement, Restart};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn examples() -> PathBuf {
@@ -208,9 +210,13 @@ fn placements_are_interchangeable_byte_for_byte() {
     }
     let mut shm_small = rust(Placement::Shm);
     shm_small.ring_kib = 4; // frames up to 75x the ring
+    shm_small.arena_kib = 64; // the 70 KB and 300 KB frames take the ring, the rest the area
+    let mut shm_no_area = rust(Placement::Shm);
+    shm_no_area.arena_kib = 0;
     let variants = [
         ("thread pipe", Variant::Thread(Placement::Pipe)),
         ("thread shm", Variant::Thread(Placement::Shm)),
+        ("rust shm, no frame area", Variant::Process(shm_no_area)),
         ("python pipe", Variant::Process(python())),
         ("c pipe", Variant::Process(c_module())),
         ("rust pipe", Variant::Process(rust(Placement::Pipe))),
@@ -255,6 +261,109 @@ fn two_process_shm_stress_random_sizes_every_byte() {
         assert_eq!(f[0].meta, meta(i));
         assert!(f[0].payload() == &p[..], "frame {i} of {n} bytes");
     }
+}
+
+/// Counts how the child got its frames: in place (`FRAME_IN_ARENA`) or copied (`FRAME`).
+struct Counting {
+    in_place: Arc<AtomicU64>,
+    copied: Arc<AtomicU64>,
+}
+
+impl Handler for Counting {
+    fn frame<'a>(
+        &mut self,
+        _: u64,
+        meta: Meta,
+        p: &'a [u8],
+        out: &mut Replies<'a>,
+    ) -> Result<(), HandlerError> {
+        self.copied.fetch_add(1, Ordering::SeqCst);
+        out.frame_owned(meta, p.to_ascii_uppercase());
+        Ok(())
+    }
+
+    fn frame_in_place<'a>(
+        &mut self,
+        _: u64,
+        meta: Meta,
+        p: &'a mut [u8],
+        out: &mut Replies<'a>,
+    ) -> Result<(), HandlerError> {
+        self.in_place.fetch_add(1, Ordering::SeqCst);
+        p.make_ascii_uppercase();
+        // Answer with a part of the area (the frame less its first byte): an offset too.
+        out.frame(meta, &p[1..]);
+        Ok(())
+    }
+}
+
+#[test]
+fn shm_children_rewrite_frames_in_place_and_larger_frames_take_the_ring() {
+    for (placement, arena_kib, sizes, want_in_place) in [
+        (Placement::Shm, 64, vec![1, 100, 65_536], 3),
+        (Placement::Shm, 64, vec![65_537, 200_000], 0),
+        (Placement::Shm, 0, vec![1, 100], 0),
+        (Placement::Pipe, 64, vec![1, 100], 0),
+    ] {
+        let in_place = Arc::new(AtomicU64::new(0));
+        let copied = Arc::new(AtomicU64::new(0));
+        let mut c = ExternalConfig::new("count", &["-"], &["-"]);
+        c.placement = placement;
+        c.ring_kib = 16;
+        c.arena_kib = arena_kib;
+        let (a, b) = (in_place.clone(), copied.clone());
+        let mut h = ExternalHalf::in_process(&c, HalfRole::Forward, move || {
+            Box::new(Counting {
+                in_place: a.clone(),
+                copied: b.clone(),
+            })
+        })
+        .unwrap();
+        let now = Instant::now();
+        for (i, &n) in sizes.iter().enumerate() {
+            let p: Vec<u8> = (0..n).map(|j| b'a' + (j % 26) as u8).collect();
+            let mut out = Output::new();
+            h.handle_frame(now, Frame::new(meta(i as u64), &p), &mut out)
+                .unwrap();
+            let f = out.take_frames();
+            assert_eq!(f.len(), 1);
+            assert_eq!(f[0].meta, meta(i as u64));
+            let mut want = p.to_ascii_uppercase();
+            if want_in_place > 0 {
+                want.remove(0);
+            }
+            assert!(f[0].payload() == &want[..], "{placement:?} {n} bytes");
+        }
+        let case = format!("{placement:?}, area {arena_kib} KiB, sizes {sizes:?}");
+        assert_eq!(in_place.load(Ordering::SeqCst), want_in_place, "{case}");
+        assert_eq!(
+            copied.load(Ordering::SeqCst),
+            sizes.len() as u64 - want_in_place,
+            "{case}"
+        );
+    }
+}
+
+#[test]
+fn a_frame_said_to_lie_outside_the_area_is_refused() {
+    let b = rust_upper();
+    let mut c = ExternalConfig::new("hostile", &[&b, "--bad-arena"], &[&b]);
+    c.placement = Placement::Shm;
+    c.arena_kib = 4;
+    let mut h = ExternalHalf::spawn(&c, HalfRole::Forward).unwrap();
+    let mut out = Output::new();
+    let e = h
+        .handle_frame(Instant::now(), Frame::new(meta(0), b"abc"), &mut out)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("\"hostile\"")
+            && e.contains(
+                "wrote garbage: invalid field: OUT_FRAME_IN_ARENA outside the frame area"
+            ),
+        "{e}"
+    );
+    assert!(out.take_frames().is_empty());
 }
 
 fn pid_gone(pid: u32) -> bool {
@@ -506,4 +615,12 @@ restart = "on-failure""#,
     let mut bad = c.clone();
     bad.ring_kib = 3;
     assert!(bad.validate().unwrap_err().to_string().contains("ring_kib"));
+    assert_eq!(c.arena_kib, 4096);
+    let mut bad = c.clone();
+    bad.arena_kib = 6;
+    let e = bad.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("arena_kib") && e.contains("multiple of 4"),
+        "{e}"
+    );
 }

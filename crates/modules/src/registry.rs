@@ -123,6 +123,7 @@ pub const EXTERNAL_INFO: ModuleInfo = ModuleInfo {
         ParamInfo { name: "restart", ty: "never | on-failure", default: "never", doc: "what happens when the program dies or hangs" },
         ParamInfo { name: "ring_kib", ty: "integer", default: "1024", doc: "shm ring size per direction" },
         ParamInfo { name: "spin", ty: "integer", default: "2000", doc: "shm polls before sleeping on the futex" },
+        ParamInfo { name: "arena_kib", ty: "integer", default: "4096", doc: "shm frame area where a child rewrites frames in place (0 = off)" },
     ],
 };
 
