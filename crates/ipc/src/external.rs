@@ -653,8 +653,15 @@ impl ExternalHalf {
                         ))
                         .into());
                     };
-                    let mut f = Frame::zeroed(meta, DEFAULT_HEADROOM, len);
-                    arena.copy_out(off, f.payload_mut());
+                    let f = if len >= 64 << 10 {
+                        // Big: one pass, no zero-fill, no headroom (as a big ring frame).
+                        let v = arena.copy_out_vec(off, len).unwrap_or_default();
+                        Frame::from_bytes(meta, Bytes::from(v))
+                    } else {
+                        let mut f = Frame::zeroed(meta, DEFAULT_HEADROOM, len);
+                        arena.copy_out(off, f.payload_mut());
+                        f
+                    };
                     self.frames.push(f);
                 }
                 Ok(Reply::Done { wake_ns }) => {

@@ -700,6 +700,26 @@ impl Arena {
     }
 }
 
+impl Arena {
+    /// Copies `len` bytes from offset `off` of the area into a new vector (no zero-fill
+    /// first: one pass over the bytes); `None` when that range is not inside the area.
+    pub fn copy_out_vec(&self, off: usize, len: usize) -> Option<Vec<u8>> {
+        if !matches!(off.checked_add(len), Some(end) if end <= self.len()) {
+            return None;
+        }
+        let mut v = Vec::with_capacity(len);
+        // SAFETY: `off + len <= arena_bytes` (checked above) keeps the source inside the area;
+        // the vector has capacity for `len` bytes, all of which the copy initialises before
+        // `set_len`. As in `copy_out`: a raw copy from the shared mapping (never a reference),
+        // into memory that does not overlap it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.region.arena().add(off), v.as_mut_ptr(), len);
+            v.set_len(len);
+        }
+        Some(v)
+    }
+}
+
 /// The child's side of the frame area: the frame the host put there, to rewrite in place.
 #[derive(Debug)]
 pub struct ChildArena {
