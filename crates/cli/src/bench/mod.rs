@@ -68,6 +68,10 @@ pub enum BenchCmd {
         /// (the full run types 12; the typing race is close, more keys settle it).
         #[arg(long, value_name = "N")]
         typing_only: Option<usize>,
+        /// With --vs-vnc: measure only this workload's frame-rate rows (the three networks),
+        /// 20 s per row, into display-vnc-WORKLOAD.md (the full report is left as it is).
+        #[arg(long, value_name = "WORKLOAD", conflicts_with = "typing_only")]
+        workload: Option<vnc::Workload>,
         /// Directory for display.md.
         #[arg(long, value_name = "DIR", default_value = "docs/bench")]
         out: PathBuf,
@@ -187,8 +191,9 @@ pub async fn run(cmd: BenchCmd) -> Result<()> {
             vs_vnc: true,
             no_netns,
             typing_only,
+            workload,
             out,
-        } => vnc::run(quick, no_netns, typing_only, &out).await,
+        } => vnc::run(quick, no_netns, typing_only, workload, &out).await,
         BenchCmd::Display { quick, out, .. } => display::run(quick, &out).await,
         BenchCmd::E2e { quick, out, link } => e2e::run(quick, &out, &link).await,
         BenchCmd::Pairs { quick, out } => pairs::run(quick, &out),

@@ -233,10 +233,14 @@ impl Peer {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Workload {
+/// A workload of the frame-rate rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Workload {
+    /// A noisy 30 fps test video.
     Video,
+    /// Scrolling text in an xterm.
     Text,
+    /// glxgears (Mesa llvmpipe).
     Gears,
 }
 
@@ -830,6 +834,22 @@ async fn measure_rate(peer: Peer, workload: Workload, net: Net, secs: f64) -> Re
     let (t1, b1, c1) = (Instant::now(), s.down.load(Ordering::Relaxed), s.cpu());
     let jpeg_q = s.app_log.as_deref().and_then(last_jpeg_quality);
     let updates = log.updates(t0, t1);
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        // How far apart the viewer's damage events came (3 ms bins, the last one 33 ms and
+        // more): bursts closer than BURST_GAP count as one update.
+        let at: Vec<Instant> = log
+            .snapshot()
+            .into_iter()
+            .map(|(a, _)| a)
+            .filter(|a| (t0..=t1).contains(a))
+            .collect();
+        let mut bins = [0u32; 12];
+        for w in at.windows(2) {
+            let ms = w[1].duration_since(w[0]).as_secs_f64() * 1000.0;
+            bins[((ms / 3.0) as usize).min(11)] += 1;
+        }
+        tracing::debug!(peer = ?peer, events = at.len(), ?bins, "viewer damage spacing");
+    }
     let el = t1.duration_since(t0).as_secs_f64();
     let mbit = (b1 - b0) as f64 * 8.0 / 1e6;
     let row = RateRow {
@@ -1055,6 +1075,7 @@ pub async fn run(
     quick: bool,
     no_netns: bool,
     typing_only: Option<usize>,
+    workload: Option<Workload>,
     out: &Path,
 ) -> Result<()> {
     let missing = missing_programs();
@@ -1083,10 +1104,16 @@ pub async fn run(
             ),
         }
     }
-    let secs = if quick { 2.0 } else { 6.0 };
+    let secs = match (quick, workload) {
+        (true, _) => 2.0,
+        (false, Some(_)) => 20.0,
+        (false, None) => 6.0,
+    };
     let keys = typing_only.unwrap_or(if quick { 3 } else { 12 });
     let (nets, workloads): (Vec<Net>, Vec<Workload>) = if typing_only.is_some() {
         (Vec::new(), Vec::new())
+    } else if let Some(w) = workload {
+        (NETS.to_vec(), vec![w])
     } else if quick {
         (vec![NETS[2]], vec![Workload::Video])
     } else {
@@ -1108,16 +1135,19 @@ pub async fn run(
             }
         }
     }
+    let partial = typing_only.is_some() || workload.is_some();
     eprintln!("quality on a still picture:");
     let mut stills = Vec::new();
-    for &n in &nets {
+    for &n in nets.iter().filter(|_| workload.is_none()) {
         for &p in &peers {
             stills.push(measure_still(p, n).await?);
         }
     }
     eprintln!("typing: key → echo in the viewer ({keys} keys per row):");
     let mut typing = Vec::new();
-    let typing_nets: Vec<Net> = if quick || typing_only.is_some() {
+    let typing_nets: Vec<Net> = if workload.is_some() {
+        Vec::new()
+    } else if quick || typing_only.is_some() {
         vec![NETS[2]]
     } else {
         NETS.to_vec()
@@ -1140,9 +1170,17 @@ pub async fn run(
     if let Ok(mut g) = NETNS.lock() {
         g.take();
     }
-    if typing_only.is_some() {
+    if partial {
         // A partial run does not overwrite the whole report.
-        let path = out.join("display-vnc-typing.md");
+        let name = match workload {
+            Some(w) => format!(
+                "display-vnc-{}.md",
+                clap::ValueEnum::to_possible_value(&w)
+                    .map_or("workload".to_string(), |v| v.get_name().to_string())
+            ),
+            None => "display-vnc-typing.md".to_string(),
+        };
+        let path = out.join(name);
         std::fs::write(&path, md).with_context(|| format!("cannot write {}", path.display()))?;
         eprintln!("wrote {}", path.display());
         return Ok(());

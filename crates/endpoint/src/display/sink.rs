@@ -39,6 +39,30 @@ pub const INITIAL_SIZE: (u16, u16) = (640, 480);
 /// Bytes of a `PutImage` request before its data.
 const PUT_IMAGE_HEADER: usize = 24;
 
+/// Captures further apart than this are drawn as they come (no pacing).
+const PACE_MAX: Duration = Duration::from_millis(20);
+/// Pacing draws a capture this much sooner than its capture spacing, so a backlog drains.
+const PACE_SLACK: Duration = Duration::from_millis(1);
+/// Pacing never holds a capture longer than this after the one before: enough to show it in a
+/// refresh of its own (60–75 Hz), no more (a held frame is late: a key's echo among them).
+const PACE_HOLD: Duration = Duration::from_millis(13);
+
+/// When to draw the first frame of a capture stamped `ts` (ns, the source's clock), given the
+/// capture drawn before it (`last`: its stamp and when it was drawn): as far after that one as
+/// the two were captured apart, less [`PACE_SLACK`], at most [`PACE_HOLD`], so two updates
+/// that the path bunched together are not drawn a few ms apart (a viewer, and a person, see
+/// them as one). Not when
+/// more frames wait (the viewer is behind: catch up), nor for captures more than
+/// [`PACE_MAX`] apart (a pause, a slow source), nor for a frame of the same capture.
+fn pace_until(last: Option<(u64, Instant)>, ts: u64, more_waiting: bool) -> Option<Instant> {
+    let (last_ts, drawn) = last?;
+    let spacing = Duration::from_nanos(ts.checked_sub(last_ts).filter(|&d| d > 0)?);
+    if more_waiting || spacing > PACE_MAX {
+        return None;
+    }
+    Some(drawn + spacing.saturating_sub(PACE_SLACK).min(PACE_HOLD))
+}
+
 /// Connects an `x11-window` sink to its display and starts it.
 pub(crate) fn spawn_x11_window_sink(
     rt: &Handle,
@@ -515,6 +539,7 @@ fn run_x11_window_sink(
     let mut bad = BadFrames::new(endpoint);
     let mut refused = RateLimit::default();
     let mut rects = 0u64;
+    let mut paced: Option<(u64, Instant)> = None;
     let started = Instant::now();
     let result = (|| {
         while let Some(frame) = rx.blocking_recv() {
@@ -539,6 +564,16 @@ fn run_x11_window_sink(
                 }
             };
             rects += u.rects.len() as u64;
+            let ts = frame.meta.timestamp_ns;
+            if let Some(at) = pace_until(paced, ts, !rx.is_empty()) {
+                let now = Instant::now();
+                if at > now {
+                    std::thread::sleep(at - now);
+                }
+            }
+            if !matches!(paced, Some((t, _)) if t == ts) {
+                paced = Some((ts, Instant::now()));
+            }
             match lock(&view).apply(&u) {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => bad.report(frame.meta.seq, &e),
@@ -791,6 +826,34 @@ fn run_framebuffer_sink(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bunched_captures_are_drawn_as_far_apart_as_they_were_taken() {
+        let t0 = Instant::now();
+        let ms = |n: u64| n * 1_000_000;
+        let last = Some((ms(1000), t0));
+        // Captured 16 ms apart, arrived at once: drawn 13 ms after the one before (as far
+        // apart as captured, less 1 ms, at most 13 ms); 10 ms apart: 9 ms.
+        assert_eq!(
+            pace_until(last, ms(1016), false),
+            Some(t0 + Duration::from_millis(13))
+        );
+        assert_eq!(
+            pace_until(last, ms(1010), false),
+            Some(t0 + Duration::from_millis(9))
+        );
+        // The first capture, another frame of the same capture, an older stamp: no wait.
+        assert_eq!(pace_until(None, ms(1016), false), None);
+        assert_eq!(pace_until(last, ms(1000), false), None);
+        assert_eq!(pace_until(last, ms(990), false), None);
+        // More frames waiting (the viewer is behind), or a pause between captures: no wait.
+        assert_eq!(pace_until(last, ms(1016), true), None);
+        assert_eq!(pace_until(last, ms(1021), false), None);
+        assert_eq!(
+            pace_until(last, ms(1020), false),
+            Some(t0 + Duration::from_millis(13))
+        );
+    }
 
     #[test]
     fn device_numbers_decode() {

@@ -40,6 +40,12 @@ use x11rb::wrapper::ConnectionExt as _;
 /// How often a source with damage pending looks whether the path takes an update.
 const SPOIL_POLL: Duration = Duration::from_millis(2);
 
+/// How long after the first damage of an update the capture waits (when its slot has come):
+/// a program draws one change as several requests (an xterm scrolls with a copy, then draws
+/// the new line), and a capture right at the first of them shows half the change and spends
+/// the slot on it. VNC servers defer the same way (Xvnc's `-DeferUpdate`, 1 ms).
+const DEFER: Duration = Duration::from_millis(1);
+
 /// Most rects one capture sends after damage coalescing.
 pub const MAX_RECTS: usize = 32;
 
@@ -271,10 +277,17 @@ impl X11Screen {
 /// When the capture after one taken at `now` for the slot `slot` may be: a grid, not a gap.
 /// A capture that came late (damage after its slot, a busy path) does not push the later ones
 /// back, so content changing `max_fps` times a second is captured `max_fps` times a second;
-/// at most one slot is caught up (a capture later than a whole gap starts a new grid).
+/// at most one slot is caught up (a capture later than a whole gap starts a new grid). Two
+/// captures are never closer than [`MIN_SPACING`] of a gap, though: a viewer shows two
+/// updates drawn a few ms apart as one (and a person sees one), so catching up a slot at once
+/// would spend a capture on nothing visible.
 fn next_slot(slot: Instant, now: Instant, gap: Duration) -> Instant {
-    now.checked_sub(gap).map_or(now, |t| slot.max(t)) + gap
+    let grid = now.checked_sub(gap).map_or(now, |t| slot.max(t)) + gap;
+    grid.max(now + gap.mul_f64(MIN_SPACING))
 }
+
+/// The least spacing of two captures, as a fraction of `1 / max_fps` (13.3 ms at 60 fps).
+const MIN_SPACING: f64 = 0.8;
 
 /// The `x11-screen` source loop: a keyframe first, then the damaged rects at most `max_fps`
 /// times a second, and a keyframe every `refresh_s`.
@@ -290,6 +303,8 @@ fn run_x11_screen(
     let mut em = Emitter::new(stream, tx);
     let mut keyframe_due = true;
     let mut damaged = false;
+    // When the first damage since the last capture came in.
+    let mut damaged_at = Instant::now();
     let mut next_capture = Instant::now();
     let mut last_keyframe = Instant::now();
     let mut captures = 0u64;
@@ -298,7 +313,12 @@ fn run_x11_screen(
     loop {
         while let Some(ev) = s.conn.poll_for_event().map_err(|e| fatal(e.to_string()))? {
             match ev {
-                XEvent::DamageNotify(_) => damaged = true,
+                XEvent::DamageNotify(_) => {
+                    if !damaged {
+                        damaged_at = Instant::now();
+                    }
+                    damaged = true;
+                }
                 XEvent::ConfigureNotify(c)
                     if c.window == s.root && (c.width, c.height) != (s.width, s.height) =>
                 {
@@ -337,7 +357,14 @@ fn run_x11_screen(
                 Some(d) => d.wanted(),
                 None => em.tx.capacity() == em.tx.max_capacity(),
             };
-        if pending && path_free && now >= next_capture {
+        // The moment this update may be captured: its slot, and the deferral after its first
+        // damage (a keyframe does not wait).
+        let due = if keyframe_due {
+            next_capture
+        } else {
+            next_capture.max(damaged_at + DEFER)
+        };
+        if pending && path_free && now >= due {
             if let Some(d) = &demand {
                 d.take();
             }
@@ -380,7 +407,7 @@ fn run_x11_screen(
             // Waiting for the path: look again soon (damage keeps merging meanwhile).
             wait = SPOIL_POLL;
         } else if pending {
-            wait = wait.min(next_capture.saturating_duration_since(now));
+            wait = wait.min(due.saturating_duration_since(now));
         }
         if let Some(r) = s.refresh {
             wait = wait.min((last_keyframe + r).saturating_duration_since(now));
@@ -463,12 +490,19 @@ mod pacing_tests {
         let t0 = Instant::now() + Duration::from_secs(1);
         // On time: the next slot is one gap on.
         assert_eq!(next_slot(t0, t0, gap), t0 + gap);
-        // 5 ms late: still on the grid (the next one comes 11.7 ms after this one).
-        let late = t0 + Duration::from_millis(5);
+        // 3 ms late: still on the grid (the next one comes 13.7 ms after this one).
+        let late = t0 + Duration::from_millis(3);
         assert_eq!(next_slot(t0, late, gap), t0 + gap);
-        // More than a gap late: one slot caught up at most (the next may come at once).
+        // 5 ms late: the grid would put the next 11.7 ms after this one; it comes 13.3 ms on.
+        let late = t0 + Duration::from_millis(5);
+        assert_eq!(next_slot(t0, late, gap), late + gap.mul_f64(0.8));
+        // More than a gap late: a new grid, the next capture 0.8 of a gap on (not at once:
+        // two updates drawn a few ms apart look like one).
         let very = t0 + Duration::from_millis(40);
-        assert_eq!(next_slot(t0, very, gap), very);
+        assert_eq!(next_slot(t0, very, gap), very + gap.mul_f64(0.8));
+        // 10 ms late: the grid would allow the next 6.7 ms on; it comes 13.3 ms on.
+        let ten = t0 + Duration::from_millis(10);
+        assert_eq!(next_slot(t0, ten, gap), ten + gap.mul_f64(0.8));
 
         // Damage always pending (a 3D program drawing as fast as it can), each capture taken
         // up to 3 ms after it is allowed (the loop's wake-up, a path busy for a moment): on
