@@ -44,8 +44,21 @@ const PACE_MAX: Duration = Duration::from_millis(20);
 /// Pacing draws a capture this much sooner than its capture spacing, so a backlog drains.
 const PACE_SLACK: Duration = Duration::from_millis(1);
 /// Pacing never holds a capture longer than this after the one before: enough to show it in a
-/// refresh of its own (60–75 Hz), no more (a held frame is late: a key's echo among them).
+/// refresh of its own (60–75 Hz), no more (a held frame is late).
 const PACE_HOLD: Duration = Duration::from_millis(13);
+
+/// Whether an update changes enough of the screen to be paced: a sixteenth of it or more. Two
+/// large changes drawn in one refresh of the person's screen lose a step of the motion (text
+/// scrolling, a 3D view); a small one (a key's echo, a cursor blink) drawn right behind another
+/// update loses nothing, and holding it would only make it late.
+fn worth_pacing(u: &Update<'_>) -> bool {
+    let area: u64 = u
+        .rects
+        .iter()
+        .map(|r| u64::from(r.rect.w) * u64::from(r.rect.h))
+        .sum();
+    area * 16 >= u64::from(u.header.width) * u64::from(u.header.height)
+}
 
 /// When to draw the first frame of a capture stamped `ts` (ns, the source's clock), given the
 /// capture drawn before it (`last`: its stamp and when it was drawn): as far after that one as
@@ -565,7 +578,10 @@ fn run_x11_window_sink(
             };
             rects += u.rects.len() as u64;
             let ts = frame.meta.timestamp_ns;
-            if let Some(at) = pace_until(paced, ts, !rx.is_empty()) {
+            let pace = worth_pacing(&u)
+                .then(|| pace_until(paced, ts, !rx.is_empty()))
+                .flatten();
+            if let Some(at) = pace {
                 let now = Instant::now();
                 if at > now {
                     std::thread::sleep(at - now);
@@ -826,6 +842,34 @@ fn run_framebuffer_sink(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_updates_of_a_sixteenth_of_the_screen_or_more_are_paced() {
+        let update = |rects: &[(u16, u16)]| Update {
+            header: ndd_wire::display::UpdateHeader {
+                width: 800,
+                height: 600,
+                format: PixelFormat::Bgrx32,
+                flags: 0,
+            },
+            rects: rects
+                .iter()
+                .map(|&(w, h)| ndd_wire::display::RectPixels {
+                    rect: Rect::new(0, 0, w, h),
+                    encoding: ndd_wire::display::Encoding::Raw,
+                    pixels: &[],
+                })
+                .collect(),
+        };
+        // A key's echo (one character cell), or a cursor: drawn at once.
+        assert!(!worth_pacing(&update(&[(6, 13)])));
+        // A sixteenth of 800x600 is 30 000 pixels: in one rect or several.
+        assert!(worth_pacing(&update(&[(200, 150)])));
+        assert!(!worth_pacing(&update(&[(200, 149)])));
+        assert!(worth_pacing(&update(&[(200, 75), (200, 75)])));
+        // Scrolling text, a video frame: paced.
+        assert!(worth_pacing(&update(&[(800, 600)])));
+    }
 
     #[test]
     fn bunched_captures_are_drawn_as_far_apart_as_they_were_taken() {
