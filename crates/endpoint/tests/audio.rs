@@ -1,5 +1,5 @@
 //! Audio endpoints against a real PulseAudio daemon (a private one, with null sinks, as
-//! Debian's `pulseaudio` runs for a user): a tone made with `sox` and played with the
+//! Debian's `pulseaudio` runs for a user), and against PipeWire through `pipewire-pulse`: a tone made with `sox` and played with the
 //! unmodified `paplay` into a sink on the "device side" is recorded by `pulse-capture`, played
 //! by `pulse-playback` into the virtual source it creates, and recorded there by the
 //! unmodified `parecord`: its frequency, length and continuity are checked.
@@ -17,7 +17,24 @@ fn a_tone_played_on_one_side_is_recorded_whole_on_the_other() {
         println!("SKIPPED: audio test needs {m} (apt-get install pulseaudio pulseaudio-utils sox)");
         return;
     }
-    let pa = Pulse::start("tone");
+    tone_recorded_whole(&Pulse::start("tone"));
+}
+
+/// The same through PipeWire (`pipewire` + `wireplumber` + `pipewire-pulse`, as current
+/// desktops run it): the endpoints speak PulseAudio's protocol to `pipewire-pulse`.
+#[test]
+fn the_tone_goes_through_pipewire_too() {
+    if let Some(m) = missing(&["pactl", "paplay", "parecord", "sox"]) {
+        println!("SKIPPED: audio test needs {m} (apt-get install pulseaudio-utils sox)");
+        return;
+    }
+    match Pulse::start_pipewire("tone") {
+        Ok(pw) => tone_recorded_whole(&pw),
+        Err(e) => println!("SKIPPED: PipeWire test: {e}"),
+    }
+}
+
+fn tone_recorded_whole(pa: &Pulse) {
     // The device side's "microphone": a null sink the test plays into.
     pa.pactl(&[
         "load-module",

@@ -114,10 +114,12 @@ impl Xvfb {
     }
 }
 
-/// A private PulseAudio daemon, killed on drop.
+/// A private sound server that speaks PulseAudio's protocol — `pulseaudio` itself, or PipeWire
+/// with `pipewire-pulse` ([`Pulse::start_pipewire`]) — killed on drop.
 #[derive(Debug)]
 pub struct Pulse {
-    _daemon: Killed,
+    /// Its processes, stopped in reverse order of start.
+    _daemons: Vec<Killed>,
     /// `unix:…/native`: give it to `pactl --server=`, `PULSE_SERVER` or an endpoint's `server`.
     pub server: String,
     /// Its own directory (removed on drop): a place for test files.
@@ -152,7 +154,7 @@ impl Pulse {
             .expect("pulseaudio starts");
         let server = format!("unix:{}", socket.display());
         let p = Pulse {
-            _daemon: daemon,
+            _daemons: vec![daemon],
             server,
             dir,
         };
@@ -160,6 +162,71 @@ impl Pulse {
             p.pactl(&["info"]).is_some()
         });
         p
+    }
+
+    /// Starts PipeWire as a desktop runs it — `pipewire`, the `wireplumber` session manager (on
+    /// a private D-Bus session bus, which it needs) and `pipewire-pulse` — with its home and
+    /// runtime directory under the temporary directory; programs reach it as a PulseAudio
+    /// server. `Err` names what is missing (`apt-get install pipewire pipewire-pulse
+    /// wireplumber`) or what did not come up.
+    pub fn start_pipewire(name: &str) -> Result<Pulse, String> {
+        let needed = ["pipewire", "pipewire-pulse", "wireplumber", "dbus-daemon"];
+        if let Some(m) = needed.iter().find(|p| !have(p)) {
+            return Err(format!(
+                "{m} is not installed (apt-get install pipewire pipewire-pulse wireplumber dbus-daemon)"
+            ));
+        }
+        let dir = std::env::temp_dir().join(format!("ndd-pipewire-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let run = dir.join("run");
+        std::fs::create_dir_all(&run).map_err(|e| e.to_string())?;
+        // The runtime directory must be private, as a login's is.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| e.to_string())?;
+        let bus = format!("unix:path={}", dir.join("bus").display());
+        let spawn = |program: &str, args: &[&str]| {
+            Command::new(program)
+                .args(args)
+                .env("HOME", &dir)
+                .env("XDG_RUNTIME_DIR", &run)
+                .env("DBUS_SESSION_BUS_ADDRESS", &bus)
+                .env_remove("PULSE_SERVER")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map(Killed)
+                .map_err(|e| format!("{program} does not start: {e}"))
+        };
+        let mut daemons = vec![spawn(
+            "dbus-daemon",
+            &[
+                "--session",
+                "--nofork",
+                "--nopidfile",
+                &format!("--address={bus}"),
+            ],
+        )?];
+        wait_for("the D-Bus session bus", Duration::from_secs(10), || {
+            dir.join("bus").exists()
+        });
+        daemons.push(spawn("pipewire", &[])?);
+        wait_for("pipewire", Duration::from_secs(10), || {
+            run.join("pipewire-0").exists()
+        });
+        daemons.push(spawn("wireplumber", &[])?);
+        daemons.push(spawn("pipewire-pulse", &[])?);
+        let p = Pulse {
+            _daemons: daemons,
+            server: format!("unix:{}", run.join("pulse").join("native").display()),
+            dir,
+        };
+        wait_for("pipewire-pulse", Duration::from_secs(10), || {
+            p.pactl(&["info"])
+                .is_some_and(|i| i.contains("on PipeWire"))
+        });
+        Ok(p)
     }
 
     /// `pactl args…` against this daemon: its stdout, `None` when it failed.
@@ -177,6 +244,7 @@ impl Pulse {
 
 impl Drop for Pulse {
     fn drop(&mut self) {
+        while self._daemons.pop().is_some() {}
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

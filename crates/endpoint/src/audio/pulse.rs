@@ -161,8 +161,20 @@ fn null_sink(server: &Option<String>, name: &str, rate: u32) -> Result<Option<Mo
     .map(Some)
 }
 
+/// The pid of the ndd process whose FIFO (`file=…/ndd-pulse-PID[.N]{suffix}`) a
+/// `module-pipe-source`'s arguments name.
+fn fifo_owner(args: &str, suffix: &str) -> Option<u32> {
+    args.split(' ')
+        .find_map(|a| a.strip_prefix("file="))
+        .and_then(|file| file.strip_suffix(suffix))
+        .and_then(|f| f.rsplit("ndd-pulse-").next())
+        .and_then(|pid_n| pid_n.split('.').next())
+        .and_then(|pid| pid.parse::<u32>().ok())
+}
+
 /// Unloads a `module-pipe-source` named `name` that an ndd process no longer running left
-/// behind (killed before it could unload it): its FIFO is `…/ndd-pulse-PID-NAME.fifo`.
+/// behind (killed before it could unload it): its FIFO is `…/ndd-pulse-PID.N-NAME.fifo`
+/// (`…/ndd-pulse-PID-NAME.fifo` before the sink counter `N`).
 fn unload_leftover(server: &Option<String>, name: &str) -> Result<(), String> {
     let suffix = format!("-{name}.fifo");
     for line in pactl(server, &["list", "short", "modules"])?.lines() {
@@ -174,13 +186,7 @@ fn unload_leftover(server: &Option<String>, name: &str) -> Result<(), String> {
         if !args.split(' ').any(|a| a == format!("source_name={name}")) {
             continue;
         }
-        let pid = args
-            .split(' ')
-            .find_map(|a| a.strip_prefix("file="))
-            .and_then(|file| file.strip_suffix(&suffix))
-            .and_then(|f| f.rsplit("ndd-pulse-").next())
-            .and_then(|pid| pid.parse::<u32>().ok());
-        if let Some(pid) = pid {
+        if let Some(pid) = fifo_owner(args, &suffix) {
             if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
                 tracing::info!(
                     source = name,
@@ -204,7 +210,11 @@ fn virtual_source(
     rate: u32,
     channels: u8,
 ) -> Result<(PathBuf, Option<Module>), String> {
-    let fifo = std::env::temp_dir().join(format!("ndd-pulse-{}-{name}.fifo", std::process::id()));
+    // Numbered per sink: two sinks of one process (on two servers) may name the same source.
+    static SINKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = SINKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let fifo =
+        std::env::temp_dir().join(format!("ndd-pulse-{}.{n}-{name}.fifo", std::process::id()));
     unload_leftover(server, name)?;
     if exists(server, "sources", name)? {
         return Err(format!(
@@ -416,10 +426,12 @@ pub(crate) fn spawn_pulse_playback(
             let (fifo, module) = virtual_source(&c.server, name, c.rate, c.channels)
                 .map_err(|e| unavailable(endpoint, e))?;
             modules.extend(module);
-            // Non-blocking, and a pipe of one page: when no program records from the source,
-            // PulseAudio does not read the FIFO; sound then is dropped here (it is live) instead
-            // of blocking this sink, and a program that starts recording hears at most a
-            // page of old sound, not the 64 KiB a pipe holds by default.
+            // Non-blocking, and a pipe of about 100 ms of sound: when no program records from
+            // the source, the server does not read the FIFO; sound then is dropped here (it is
+            // live) instead of blocking this sink, and a program that starts recording hears
+            // little old sound, not the 64 KiB a pipe holds by default. Not less: PipeWire's
+            // pipe source reads in chunks of its own period (tens of ms), and with one page
+            // (42 ms of mono) every other 10 ms block found the pipe full and lost its tail.
             let file = std::fs::OpenOptions::new()
                 .write(true)
                 .custom_flags(libc::O_NONBLOCK)
@@ -427,7 +439,8 @@ pub(crate) fn spawn_pulse_playback(
                 .map_err(|e| {
                     unavailable(endpoint, format!("cannot open {}: {e}", fifo.display()))
                 })?;
-            let _ = rustix::pipe::fcntl_setpipe_size(&file, 4096);
+            let pipe_bytes = c.rate as usize * usize::from(c.channels) * 2 / 10;
+            let _ = rustix::pipe::fcntl_setpipe_size(&file, pipe_bytes.max(4096));
             tracing::info!(endpoint, source = %name, rate = c.rate, channels = c.channels,
                 "programs record from PulseAudio source {name}");
             (
@@ -561,7 +574,29 @@ pub(crate) fn spawn_pulse_playback(
 
 #[cfg(test)]
 mod tests {
-    use super::SampleClock;
+    use super::{fifo_owner, SampleClock};
+
+    #[test]
+    fn a_leftover_fifo_names_its_process_in_either_form() {
+        let args = |file: &str| {
+            format!("source_name=ndd_mic file={file} format=s16le rate=48000 channels=1")
+        };
+        let suffix = "-ndd_mic.fifo";
+        assert_eq!(
+            fifo_owner(&args("/tmp/ndd-pulse-4242.3-ndd_mic.fifo"), suffix),
+            Some(4242)
+        );
+        assert_eq!(
+            fifo_owner(&args("/tmp/ndd-pulse-4242-ndd_mic.fifo"), suffix),
+            Some(4242)
+        );
+        assert_eq!(
+            fifo_owner(&args("/tmp/ndd-pulse-4242.3-other.fifo"), suffix),
+            None
+        );
+        assert_eq!(fifo_owner(&args("/tmp/something-else.fifo"), suffix), None);
+        assert_eq!(fifo_owner("source_name=ndd_mic", suffix), None);
+    }
 
     #[test]
     fn the_sample_clock_keeps_blocks_their_length_apart_and_follows_real_jumps() {
