@@ -217,12 +217,27 @@ sink = {{ type = "pulse-playback", virtual_source = "ndd_mic", rate = 48000, cha
 }
 
 /// Runs the benchmark (4 clicks per row when `quick`, 25 otherwise) and writes audio.md.
-pub fn run(quick: bool, out: &Path) -> Result<()> {
-    if let Some(m) = missing(&["pulseaudio", "pactl", "paplay", "pacat", "sox"]) {
-        bail!("bench audio needs {m} (Debian: apt-get install pulseaudio pulseaudio-utils sox)");
-    }
-    let clicks = if quick { 4 } else { 25 };
-    let pa = Pulse::start("bench-audio");
+/// The ndd stacks of the rows: `(stack, description)`.
+const STACKS: &[(&str, &str)] = &[
+    ("", "ndd over TLS, PCM, no jitter buffer"),
+    (
+        r#"{ type = "opus", bitrate = 32000, application = "voip" }"#,
+        "ndd over TLS, opus(bitrate=32000, application=voip), no jitter buffer",
+    ),
+    (
+        r#"{ type = "opus", bitrate = 32000, application = "voip" }, { type = "buffer", min = 3, max = 6, playout_ms = 30 }"#,
+        "ndd over TLS, opus + buffer(min=3, max=6, playout_ms=30) as in examples/audio.toml",
+    ),
+];
+
+/// The rows of one sound server (`server`: its name in the rows): its own loopback, then ndd
+/// with each of `stacks`.
+fn server_rows(
+    pa: &Pulse,
+    server: &str,
+    clicks: usize,
+    stacks: &[(&str, &str)],
+) -> Result<Vec<Row>> {
     for sink in ["dev_mic", "loop_out"] {
         pa.pactl(&[
             "load-module",
@@ -263,11 +278,11 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
         .context("cannot load module-loopback")?;
     std::thread::sleep(Duration::from_millis(2500));
     rows.push(measure(
-        &pa,
+        pa,
         &clicks_wav,
         clicks,
         "loop_out.monitor",
-        "PulseAudio module-loopback (latency_msec=20), no network",
+        &format!("{server} module-loopback (latency_msec=20), no network"),
     )?);
     let _ = pa.pactl(&["unload-module", module.trim()]);
 
@@ -280,17 +295,8 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
     let fd = ndd_ok(&exe, &["id", "--home", &hd_s])?;
     ndd_ok(&exe, &["trust", &fd, "--home", &ha_s])?;
     ndd_ok(&exe, &["trust", &fa, "--home", &hd_s])?;
-    for (stack, what) in [
-        ("", "ndd over TLS, PCM, no jitter buffer"),
-        (
-            r#"{ type = "opus", bitrate = 32000, application = "voip" }"#,
-            "ndd over TLS, opus(bitrate=32000, application=voip), no jitter buffer",
-        ),
-        (
-            r#"{ type = "opus", bitrate = 32000, application = "voip" }, { type = "buffer", min = 3, max = 6, playout_ms = 30 }"#,
-            "ndd over TLS, opus + buffer(min=3, max=6, playout_ms=30) as in examples/audio.toml",
-        ),
-    ] {
+    for &(stack, what) in stacks {
+        let what = &format!("{what} ({server})");
         let cfg = dir.join("audio.toml");
         std::fs::write(&cfg, config(&pa.server, stack))?;
         let cfg_s = cfg.display().to_string();
@@ -343,7 +349,7 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
             std::thread::sleep(Duration::from_millis(50));
         }
         std::thread::sleep(Duration::from_millis(2500));
-        let mut row = measure(&pa, &clicks_wav, clicks, "ndd_mic", what)?;
+        let mut row = measure(pa, &clicks_wav, clicks, "ndd_mic", what)?;
         // A clean stop: the app side unloads its virtual source.
         for mut side in [dev, app] {
             let _ = Command::new("kill")
@@ -367,6 +373,27 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
         rows.push(row);
     }
 
+    Ok(rows)
+}
+
+pub fn run(quick: bool, out: &Path) -> Result<()> {
+    if let Some(m) = missing(&["pulseaudio", "pactl", "paplay", "pacat", "sox"]) {
+        bail!("bench audio needs {m} (Debian: apt-get install pulseaudio pulseaudio-utils sox)");
+    }
+    let clicks = if quick { 4 } else { 25 };
+    let mut rows = server_rows(&Pulse::start("bench-audio"), "PulseAudio", clicks, STACKS)?;
+    // The same through PipeWire, as current desktops run it: the baseline and the example's
+    // stack (its ndd rows otherwise say what the PulseAudio ones say).
+    let pipewire = match Pulse::start_pipewire("bench-audio") {
+        Ok(pw) => {
+            rows.extend(server_rows(&pw, "PipeWire", clicks, &STACKS[2..])?);
+            None
+        }
+        Err(e) => {
+            eprintln!("bench audio: no PipeWire rows: {e}");
+            Some(e)
+        }
+    };
     let mut md = String::new();
     let _ = writeln!(md, "# Audio: mouth-to-ear latency\n");
     let _ = writeln!(
@@ -384,7 +411,7 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
          microphone hears (its monitor) and what a program on the app side hears; the time \
          between a click's onset sounding at the microphone (its sample's time in the chunk that \
          brought it) and its reaching the program (the arrival of that chunk) is the latency. 10 ms blocks, lossy streams, both `ndd` processes on this machine \
-         over TLS on loopback, one private PulseAudio daemon. The microphone's own recording \
+         over TLS on loopback, one private PulseAudio daemon (or PipeWire). The microphone's own recording \
          is delivered in 5 ms fragments, so every row reads up to ~5 ms low alike. Issue \
          target: ≤ 40 ms with the jitter buffer on.\n"
     );
@@ -428,6 +455,16 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
          time; `dropped`, stale blocks and blocks the sink had no room for (overruns); `buffer delay`, \
          what the `buffer` pair's schedule added above the fastest transit it saw, at the end. \
          Without the `buffer` pair there is no schedule, so no underrun is counted."
+    );
+    let _ = writeln!(
+        md,
+        "\nThe `(PipeWire)` rows run the same through PipeWire 0.3 as current desktops run it \
+         (`pipewire`, `wireplumber`, `pipewire-pulse`, at its default quantum), the endpoints \
+         speaking PulseAudio's protocol to `pipewire-pulse`{}.",
+        match &pipewire {
+            None => String::new(),
+            Some(e) => format!(" — not in this run: {e}"),
+        }
     );
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let path = out.join("audio.md");

@@ -532,6 +532,22 @@ pub(crate) fn spawn_pulse_playback(
                             ),
                         });
                     }
+                    // A server that reads the FIFO at its own pace (PipeWire's pipe source
+                    // takes what each period needs, no more) keeps whatever queued there:
+                    // more than the target latency waiting in the FIFO is a lasting delay,
+                    // so this block is dropped instead (PulseAudio reads eagerly: it never
+                    // comes to this).
+                    let fifo_ms = rustix::io::ioctl_fionread(&*file).unwrap_or(0)
+                        / (u64::from(*rate) * u64::from(*channels) * 2 / 1000).max(1);
+                    if fifo_ms > u64::from(latency_ms) {
+                        late += 1;
+                        if let Some(suppressed) = late_log.admit(std::time::Instant::now()) {
+                            tracing::info!(endpoint, dropped = late, suppressed, fifo_ms,
+                                "sound waits in the virtual source's FIFO beyond the target latency; dropping a block");
+                        }
+                        delivered.mark(frame.meta.seq);
+                        continue;
+                    }
                     // What fits; the rest is dropped when no program reads (see above).
                     let mut rest = block.data;
                     while !rest.is_empty() {
