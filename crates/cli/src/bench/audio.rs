@@ -382,11 +382,11 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
     }
     let clicks = if quick { 4 } else { 25 };
     let mut rows = server_rows(&Pulse::start("bench-audio"), "PulseAudio", clicks, STACKS)?;
-    // The same through PipeWire, as current desktops run it: the baseline and the example's
-    // stack (its ndd rows otherwise say what the PulseAudio ones say).
+    // The same through PipeWire, as current desktops run it (every row: the PCM row shows
+    // what the server's path adds by itself).
     let pipewire = match Pulse::start_pipewire("bench-audio") {
         Ok(pw) => {
-            rows.extend(server_rows(&pw, "PipeWire", clicks, &STACKS[2..])?);
+            rows.extend(server_rows(&pw, "PipeWire", clicks, STACKS)?);
             None
         }
         Err(e) => {
