@@ -330,6 +330,21 @@ impl Pair for ModuleConfig {
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_external_entry_lists_the_pairs_own_parameters() {
+        // The pair lives in ndd-ipc with its own table; this catalogue entry must not drift.
+        let ours: Vec<(&str, String)> = EXTERNAL_INFO
+            .params
+            .iter()
+            .map(|p| (p.name, p.default.replace('"', "")))
+            .collect();
+        let theirs: Vec<(&str, String)> = ndd_ipc::external::PARAMS
+            .iter()
+            .map(|&(name, _, default, _)| (name, default.replace('"', "")))
+            .collect();
+        assert_eq!(ours, theirs);
+    }
+
     #[derive(Debug, Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Doc {
