@@ -533,17 +533,18 @@ pub(crate) fn spawn_pulse_playback(
                         });
                     }
                     // A server that reads the FIFO at its own pace (PipeWire's pipe source
-                    // takes what each period needs, no more) keeps whatever queued there:
-                    // more than the target latency waiting in the FIFO is a lasting delay,
-                    // so this block is dropped instead (PulseAudio reads eagerly: it never
-                    // comes to this).
-                    let fifo_ms = rustix::io::ioctl_fionread(&*file).unwrap_or(0)
-                        / (u64::from(*rate) * u64::from(*channels) * 2 / 1000).max(1);
-                    if fifo_ms > u64::from(latency_ms) {
+                    // takes what each period needs, no more) keeps whatever queued there, and
+                    // the level it had when a program started recording stays as delay: a
+                    // block is dropped while a whole block or more still waits in the FIFO,
+                    // so the level settles under one block (PulseAudio reads eagerly: it
+                    // never comes to this).
+                    let fifo_us = rustix::io::ioctl_fionread(&*file).unwrap_or(0) * 1_000_000
+                        / (u64::from(*rate) * u64::from(*channels) * 2).max(1);
+                    if fifo_us >= block_us {
                         late += 1;
                         if let Some(suppressed) = late_log.admit(std::time::Instant::now()) {
-                            tracing::info!(endpoint, dropped = late, suppressed, fifo_ms,
-                                "sound waits in the virtual source's FIFO beyond the target latency; dropping a block");
+                            tracing::info!(endpoint, dropped = late, suppressed, fifo_us,
+                                "a block of sound still waits in the virtual source's FIFO; dropping this one");
                         }
                         delivered.mark(frame.meta.seq);
                         continue;
