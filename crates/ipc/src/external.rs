@@ -29,8 +29,8 @@ use crate::transport::{Liveness, PipeTransport, ShmTransport, Transport, Transpo
 use bytes::Bytes;
 use ndd_core::frame::DEFAULT_HEADROOM;
 use ndd_core::{
-    ControlError, ForeignError, Frame, FrameError, Half, HalfStats, ModuleError, Output, Pair,
-    ParamError, SetupError,
+    ControlError, ForeignError, Frame, FrameError, Half, HalfStats, Meta, ModuleError, Output,
+    Pair, ParamError, SetupError,
 };
 use serde::Deserialize;
 use std::io::BufRead;
@@ -291,6 +291,24 @@ struct Conn {
 }
 
 impl Conn {
+    /// For a frame to a child that takes frames in place, when it fits the frame area: puts
+    /// its payload there and returns the `FRAME_IN_ARENA` request to send instead.
+    fn put_in_arena(&self, req: &Request<'_>) -> Option<Vec<u8>> {
+        let Request::Frame {
+            now_ns,
+            meta,
+            payload,
+        } = *req
+        else {
+            return None;
+        };
+        let arena = self.arena.as_ref().filter(|_| self.in_place)?;
+        arena.put(payload).then(|| {
+            let len = payload.len() as u32;
+            Request::FrameInArena { now_ns, meta, len }.encode().0
+        })
+    }
+
     fn pid(&self) -> Option<u32> {
         self.process.as_ref().map(|c| c.id())
     }
@@ -629,7 +647,7 @@ impl ExternalHalf {
             };
             match Reply::parse(&msg) {
                 Ok(Reply::Frame { meta, payload }) => {
-                    let f = if payload.len() >= 64 << 10 {
+                    let f = if payload.len() >= BIG_FRAME {
                         // Big: keep the received buffer, no copy (a later header push copies).
                         let off = Reply::FRAME_PAYLOAD_OFFSET;
                         Frame::from_bytes(meta, Bytes::from(msg).slice(off..))
@@ -642,25 +660,15 @@ impl ExternalHalf {
                 }
                 Ok(Reply::Control { msg: m }) => self.control.push(Bytes::copy_from_slice(m)),
                 Ok(Reply::FrameInArena { meta, off, len }) => {
-                    let (off, len) = (off as usize, len as usize);
-                    let fits = conn
+                    let f = conn
                         .arena
                         .as_ref()
-                        .filter(|a| off.checked_add(len).is_some_and(|end| end <= a.len()));
-                    let Some(arena) = fits else {
+                        .and_then(|a| arena_frame(a, meta, off as usize, len as usize));
+                    let Some(f) = f else {
                         return Err(ChildFault::BadReply(ProtoError::Invalid(
                             "OUT_FRAME_IN_ARENA outside the frame area",
                         ))
                         .into());
-                    };
-                    let f = if len >= 64 << 10 {
-                        // Big: one pass, no zero-fill, no headroom (as a big ring frame).
-                        let v = arena.copy_out_vec(off, len).unwrap_or_default();
-                        Frame::from_bytes(meta, Bytes::from(v))
-                    } else {
-                        let mut f = Frame::zeroed(meta, DEFAULT_HEADROOM, len);
-                        arena.copy_out(off, f.payload_mut());
-                        f
                     };
                     self.frames.push(f);
                 }
@@ -691,29 +699,7 @@ impl ExternalHalf {
             }
             // A frame for a child that takes frames in place goes into the frame area (again
             // after a restart: a new child has a new area); the request carries its length.
-            let in_arena = match (&req, &self.conn) {
-                (
-                    Request::Frame {
-                        now_ns,
-                        meta,
-                        payload,
-                    },
-                    Some(Conn {
-                        arena: Some(arena),
-                        in_place: true,
-                        ..
-                    }),
-                ) if arena.put(payload) => Some(
-                    Request::FrameInArena {
-                        now_ns: *now_ns,
-                        meta: *meta,
-                        len: payload.len() as u32,
-                    }
-                    .encode()
-                    .0,
-                ),
-                _ => None,
-            };
+            let in_arena = self.conn.as_ref().and_then(|c| c.put_in_arena(&req));
             let sent = match &in_arena {
                 Some(h) => self.exchange(h, &[]),
                 None => self.exchange(&head, tail),
@@ -776,6 +762,20 @@ fn frame_error(e: ExternalError) -> ModuleError {
 
 fn control_error(e: ExternalError) -> ModuleError {
     ModuleError::from(ControlError::Foreign(ForeignError::new(e)))
+}
+
+/// From this size on a child's result becomes a frame without headroom over bytes made once
+/// (no zero-fill, no second copy; a later header push copies); smaller ones get headroom.
+const BIG_FRAME: usize = 64 << 10;
+
+/// A frame of the `len` bytes at `off` in the frame area; `None` when they are not inside it.
+fn arena_frame(arena: &shm::Arena, meta: Meta, off: usize, len: usize) -> Option<Frame> {
+    if len >= BIG_FRAME {
+        let v = arena.copy_out_vec(off, len)?;
+        return Some(Frame::from_bytes(meta, Bytes::from(v)));
+    }
+    let mut f = Frame::zeroed(meta, DEFAULT_HEADROOM, len);
+    arena.copy_out(off, f.payload_mut()).then_some(f)
 }
 
 impl Half for ExternalHalf {

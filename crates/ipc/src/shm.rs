@@ -683,10 +683,15 @@ impl Arena {
         true
     }
 
+    /// Whether `len` bytes at offset `off` lie inside the area.
+    fn holds(&self, off: usize, len: usize) -> bool {
+        matches!(off.checked_add(len), Some(end) if end <= self.len())
+    }
+
     /// Copies `dst.len()` bytes from offset `off` of the area into `dst`; `false` (nothing
     /// copied) when that range is not inside the area.
     pub fn copy_out(&self, off: usize, dst: &mut [u8]) -> bool {
-        if !matches!(off.checked_add(dst.len()), Some(end) if end <= self.len()) {
+        if !self.holds(off, dst.len()) {
             return false;
         }
         // SAFETY: `off + dst.len() <= arena_bytes` (checked above) keeps the source inside the
@@ -698,13 +703,11 @@ impl Arena {
         };
         true
     }
-}
 
-impl Arena {
     /// Copies `len` bytes from offset `off` of the area into a new vector (no zero-fill
     /// first: one pass over the bytes); `None` when that range is not inside the area.
     pub fn copy_out_vec(&self, off: usize, len: usize) -> Option<Vec<u8>> {
-        if !matches!(off.checked_add(len), Some(end) if end <= self.len()) {
+        if !self.holds(off, len) {
             return None;
         }
         let mut v = Vec::with_capacity(len);

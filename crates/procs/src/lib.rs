@@ -119,7 +119,7 @@ impl Xvfb {
 #[derive(Debug)]
 pub struct Pulse {
     /// Its processes, stopped in reverse order of start.
-    _daemons: Vec<Killed>,
+    daemons: Vec<Killed>,
     /// `unix:…/native`: give it to `pactl --server=`, `PULSE_SERVER` or an endpoint's `server`.
     pub server: String,
     /// Its own directory (removed on drop): a place for test files.
@@ -154,7 +154,7 @@ impl Pulse {
             .expect("pulseaudio starts");
         let server = format!("unix:{}", socket.display());
         let p = Pulse {
-            _daemons: vec![daemon],
+            daemons: vec![daemon],
             server,
             dir,
         };
@@ -168,7 +168,8 @@ impl Pulse {
     /// a private D-Bus session bus, which it needs) and `pipewire-pulse` — with its home and
     /// runtime directory under the temporary directory; programs reach it as a PulseAudio
     /// server. `Err` names what is missing (`apt-get install pipewire pipewire-pulse
-    /// wireplumber`) or what did not come up.
+    /// wireplumber dbus-daemon`) or what did not start; a daemon that starts but does not come
+    /// up within 10 s panics, as [`wait_for`] does.
     pub fn start_pipewire(name: &str) -> Result<Pulse, String> {
         let needed = ["pipewire", "pipewire-pulse", "wireplumber", "dbus-daemon"];
         if let Some(m) = needed.iter().find(|p| !have(p)) {
@@ -218,7 +219,7 @@ impl Pulse {
         daemons.push(spawn("wireplumber", &[])?);
         daemons.push(spawn("pipewire-pulse", &[])?);
         let p = Pulse {
-            _daemons: daemons,
+            daemons,
             server: format!("unix:{}", run.join("pulse").join("native").display()),
             dir,
         };
@@ -244,7 +245,7 @@ impl Pulse {
 
 impl Drop for Pulse {
     fn drop(&mut self) {
-        while self._daemons.pop().is_some() {}
+        while self.daemons.pop().is_some() {}
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -426,12 +426,12 @@ pub(crate) fn spawn_pulse_playback(
             let (fifo, module) = virtual_source(&c.server, name, c.rate, c.channels)
                 .map_err(|e| unavailable(endpoint, e))?;
             modules.extend(module);
-            // Non-blocking, and a pipe of about 100 ms of sound: when no program records from
-            // the source, the server does not read the FIFO; sound then is dropped here (it is
-            // live) instead of blocking this sink, and a program that starts recording hears
-            // little old sound, not the 64 KiB a pipe holds by default. Not less: PipeWire's
-            // pipe source reads in chunks of its own period (tens of ms), and with one page
-            // (42 ms of mono) every other 10 ms block found the pipe full and lost its tail.
+            // Non-blocking: when no program records from the source, the server does not read
+            // the FIFO; sound is then dropped here (it is live) instead of blocking this sink
+            // (a block is written only while less than one waits: see below, which also bounds
+            // the old sound a program hears when it starts recording). The pipe holds 100 ms so
+            // a block is never cut short: PipeWire's pipe source reads in chunks of its own
+            // period, and with one page (42 ms of mono) every other 10 ms block lost its tail.
             let file = std::fs::OpenOptions::new()
                 .write(true)
                 .custom_flags(libc::O_NONBLOCK)

@@ -64,9 +64,8 @@ fn worth_pacing(u: &Update<'_>) -> bool {
 /// capture drawn before it (`last`: its stamp and when it was drawn): as far after that one as
 /// the two were captured apart, less [`PACE_SLACK`], at most [`PACE_HOLD`], so two updates
 /// that the path bunched together are not drawn a few ms apart (a viewer, and a person, see
-/// them as one). Not when
-/// more frames wait (the viewer is behind: catch up), nor for captures more than
-/// [`PACE_MAX`] apart (a pause, a slow source), nor for a frame of the same capture.
+/// them as one). Not when more frames wait (the viewer is behind: catch up), nor for captures
+/// more than [`PACE_MAX`] apart (a pause, a slow source), nor for a frame of the same capture.
 fn pace_until(last: Option<(u64, Instant)>, ts: u64, more_waiting: bool) -> Option<Instant> {
     let (last_ts, drawn) = last?;
     let spacing = Duration::from_nanos(ts.checked_sub(last_ts).filter(|&d| d > 0)?);

@@ -79,7 +79,7 @@ fn bad_arena() -> std::io::Result<()> {
         } else {
             let (bad, _) = Reply::FrameInArena {
                 meta: Meta::default(),
-                off: arena as u32 - 2,
+                off: (arena as u32).wrapping_sub(2),
                 len: 3,
             }
             .encode();
