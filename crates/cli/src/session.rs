@@ -203,6 +203,7 @@ async fn write_batch(mut tx: Tx, mut batch: Vec<Transmit>) -> Written {
 
 type Writing = Pin<Box<dyn Future<Output = Written> + Send>>;
 type Reconnect<'a> = Pin<Box<dyn Future<Output = Result<Established, EstablishError>> + Send + 'a>>;
+type Busy<'a> = Pin<Box<dyn Future<Output = EstablishError> + Send + 'a>>;
 
 /// Most transmits or bytes written in one go before the driver looks around again.
 const BATCH_FRAMES: usize = 64;
@@ -398,6 +399,7 @@ pub async fn run_side(
         handshake_timeout: Duration::from_millis(cfg.link.handshake_timeout_ms),
         max_backoff: Duration::from_millis(cfg.link.max_backoff_ms),
         side: side.as_str(),
+        busy_with: None,
     };
     let metrics = match &opts.metrics {
         Some(addr) => {
@@ -528,6 +530,9 @@ pub async fn run_side(
     sess.handle_link_up(Instant::now());
     let mut link = Some(Link::new(first));
     let mut reconnect: Option<Reconnect<'_>> = None;
+    // While a link is up, a listener tells any other peer that connects that it is busy.
+    let mut busy: Option<Busy<'_>> =
+        Some(Box::pin(connector.refuse_while_busy(&ctx, peer.clone())));
     // Live lines and the metrics snapshot are refreshed on the same tick.
     let tick = opts
         .live_stats
@@ -571,6 +576,7 @@ pub async fn run_side(
                         show_link(&io, LinkState::Down).await;
                         link_state = "down, reconnecting";
                         link = None;
+                        busy = None;
                         reconnect = Some(Box::pin(connector.establish(&ctx, false)));
                     }
                     Event::PeerStopped { reason } => {
@@ -582,6 +588,7 @@ pub async fn run_side(
                         show_link(&io, LinkState::PeerStopped).await;
                         link_state = "down: the peer stopped; waiting for it";
                         link = None;
+                        busy = None;
                         reconnect = Some(Box::pin(connector.establish(&ctx, false)));
                     }
                     Event::Resumed { after, resending } => {
@@ -673,6 +680,12 @@ pub async fn run_side(
                     None => std::future::pending().await,
                 }
             };
+            let refusing = async {
+                match busy.as_mut() {
+                    Some(b) => b.await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 biased;
                 _ = stop.changed(), if !stopping => {
@@ -710,12 +723,17 @@ pub async fn run_side(
                     match est {
                         Ok(e) => {
                             note!(quiet, side, "reconnected to {}", e.peer);
+                            busy = Some(Box::pin(connector.refuse_while_busy(&ctx, e.peer.clone())));
                             link = Some(Link::new(e));
                             link_state = "up";
                             sess.handle_link_up(Instant::now());
                         }
                         Err(e) => return Err(anyhow!(e).context("cannot reconnect")),
                     }
+                }
+                e = refusing => {
+                    busy = None;
+                    return Err(anyhow!(e).context("the listener failed"));
                 }
                 (i, f) = source_next => {
                     cursor = (i + 1) % n;
@@ -785,6 +803,7 @@ pub async fn run_side(
 
     // Wind down: say what is left to say, stop the sources, let the sinks finish.
     drop(reconnect);
+    drop(busy);
     crate::board::leave(side.as_str());
     if let Err(e) = &result {
         sess.abort(&crate::logfmt::error_text(e));

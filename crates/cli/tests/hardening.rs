@@ -331,3 +331,90 @@ fn a_strangers_datagrams_do_not_touch_a_udp_session() {
     assert!(as_.success(), "app: {aerr}");
     assert!(aerr.contains(&check_ok("events", 1500)), "{aerr}");
 }
+
+/// A second trusted device connecting while the app side serves one is told the app side is
+/// busy, and by whom (not left to time out in the listen queue), and the first one's session
+/// goes on untouched.
+fn second_device_is_told_busy(transport: &str) {
+    let dir = Dir::new(&format!("busy-{transport}"));
+    let (dev_home, app_home, _, afp) = homes(&dir.0, true, true);
+    let other_home = dir.0.join("other");
+    let ofp = ok(ndd().args(["id", "--home"]).arg(&other_home))
+        .trim()
+        .to_string();
+    ok(ndd().args(["trust", &afp, "--home"]).arg(&other_home));
+    ok(ndd()
+        .args(["trust", &ofp, "--name", "other", "--home"])
+        .arg(&app_home));
+    let cfg = dir.0.join("c.toml");
+    std::fs::write(
+        &cfg,
+        CFG.replace("TRANSPORT", transport)
+            .replace("[link]", "[link]\nconnect_timeout_ms = 1500")
+            .replace("count = 200", "count = 3000")
+            .replace("expect = 200", "expect = 3000"),
+    )
+    .unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &addr]));
+    let _ = app.addr();
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &addr]));
+    wait_for("the first device to connect", WAIT, || {
+        dev.stderr_now().contains("streams agreed")
+    });
+    let t0 = Instant::now();
+    // `--once`: give up at the connect timeout (without it a device waits for a busy app side
+    // to be free, saying so).
+    let other = Side::spawn(run_cmd(
+        &cfg,
+        "device",
+        &other_home,
+        &["--connect", &addr, "--once"],
+    ));
+    let (os, _, oerr) = other.finish();
+    let took = t0.elapsed();
+    assert!(
+        !os.success(),
+        "{transport}: the second device gets no session: {oerr}"
+    );
+    let why = if transport == "udp" {
+        // The session owns the listener's socket: nobody answers the second key exchange.
+        "no answer to the UDP key exchange"
+    } else {
+        "busy: the app side already serves device and takes one peer at a time"
+    };
+    assert!(
+        oerr.contains(why),
+        "{transport}: the second device is told why: {oerr}"
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "{transport}: refused within its connect timeout, not after a handshake timeout ({took:?})"
+    );
+    let (ds, _, derr) = dev.finish();
+    let (as_, _, aerr) = app.finish();
+    assert!(ds.success(), "{transport} device: {derr}");
+    assert!(as_.success(), "{transport} app: {aerr}");
+    assert!(aerr.contains(&check_ok("events", 3000)), "{aerr}");
+    assert!(
+        transport == "udp"
+            || aerr.contains("refused a connection: other at 127.0.0.1:")
+                && aerr.contains(": busy serving device"),
+        "{transport}: the app side logs whom it refused and why: {aerr}"
+    );
+}
+
+#[test]
+fn a_second_device_is_told_the_app_side_is_busy_over_tls() {
+    second_device_is_told_busy("tcp");
+}
+
+#[test]
+fn a_second_device_is_told_the_app_side_is_busy_over_quic() {
+    second_device_is_told_busy("quic");
+}
+
+#[test]
+fn a_second_device_over_udp_gets_no_answer_and_the_session_goes_on() {
+    second_device_is_told_busy("udp");
+}

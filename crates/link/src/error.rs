@@ -374,7 +374,7 @@ pub enum LinkError {
     /// No answer to the UDP key exchange in time.
     #[error(
         "no answer to the UDP key exchange from {addr} in {} ms (is an ndd listening there with \
-         transport = \"udp\", and not with --insecure?)",
+         transport = \"udp\", not with --insecure, and not busy with another device?)",
         timeout.as_millis()
     )]
     UdpKeyExchangeTimeout {

@@ -214,6 +214,9 @@ pub struct HandshakeCtx {
     pub max_backoff: Duration,
     /// `device` or `app`, for log lines.
     pub side: &'static str,
+    /// The peer this (listening) side serves now: a trusted peer that connects meanwhile is
+    /// refused with CLOSE code 7 (busy), naming it, instead of waiting in the listen queue.
+    pub busy_with: Option<String>,
 }
 
 /// A link that passed the handshake.
@@ -615,6 +618,28 @@ impl Connector {
         }
     }
 
+    /// While this side serves `serving`, a TCP or QUIC listener goes on accepting: a trusted
+    /// peer that connects meanwhile is told at once that this side is busy (CLOSE code 7,
+    /// naming whom it serves; the peer retries) instead of waiting unanswered in the listen
+    /// queue; strangers are refused as ever. Returns only on a local problem of the listener.
+    /// Other connectors have nothing to refuse and never return.
+    pub async fn refuse_while_busy(&self, ctx: &HandshakeCtx, serving: String) -> EstablishError {
+        if !matches!(self, Connector::Listen(_) | Connector::QuicListen(_)) {
+            return std::future::pending().await;
+        }
+        let busy = HandshakeCtx {
+            busy_with: Some(serving),
+            ..ctx.clone()
+        };
+        loop {
+            // Every handshake under `busy` ends refused: `Ok` cannot come, and serving on is
+            // right if it did.
+            if let Err(e) = self.serve(&busy, false).await {
+                return e;
+            }
+        }
+    }
+
     /// The next connection on a TCP or QUIC listener, before any handshake.
     async fn accept_one(&self) -> Result<Accepted, LinkError> {
         match self {
@@ -769,6 +794,17 @@ pub async fn handshake(
         }
         _ => info.addr.to_string(),
     };
+    if let Some(serving) = &ctx.busy_with {
+        let reason = format!(
+            "busy: the {} side already serves {serving} and takes one peer at a time",
+            ctx.side
+        );
+        refuse(&mut writer, CloseCode::Busy, &reason).await;
+        return Err(Refused(format!(
+            "{peer_name} at {}: busy serving {serving}",
+            info.addr
+        )));
+    }
     // A UDP listener learns its peer from the first datagram: it can only answer after that.
     let udp_listener = matches!(&writer, Tx::Udp(s) if s.peer_addr().is_none());
     let early = if udp_listener {
@@ -820,6 +856,11 @@ pub async fn handshake(
             refuse(&mut writer, code, &reason).await;
             return Err(Refused(reason));
         }
+        // A busy listener may be free soon: retry as if nobody were there yet.
+        HandshakeDecision::RefusedByPeer {
+            code: CloseCode::Busy,
+            reason,
+        } => return Err(Transient(reason)),
         HandshakeDecision::RefusedByPeer { code, reason } => {
             return Err(Refused(format!(
                 "the peer refused the session ({code}): {reason}"

@@ -42,6 +42,9 @@ pub enum CloseCode {
     /// 6: the sender's process is stopping but its streams did not end: a receiver that
     /// outlives its peer keeps its endpoints and waits for the peer to come back.
     GoingAway,
+    /// 7: the sender serves another peer and takes one at a time; worth trying again later
+    /// (a listening side busy with its current peer refuses a second one with it).
+    Busy,
     /// Any other code, kept as received.
     Unknown(u16),
 }
@@ -57,6 +60,7 @@ impl CloseCode {
             CloseCode::UntrustedPeer => 4,
             CloseCode::InternalError => 5,
             CloseCode::GoingAway => 6,
+            CloseCode::Busy => 7,
             CloseCode::Unknown(code) => code,
         }
     }
@@ -71,6 +75,7 @@ impl CloseCode {
             4 => CloseCode::UntrustedPeer,
             5 => CloseCode::InternalError,
             6 => CloseCode::GoingAway,
+            7 => CloseCode::Busy,
             other => CloseCode::Unknown(other),
         }
     }
@@ -98,6 +103,7 @@ impl fmt::Display for CloseCode {
             CloseCode::UntrustedPeer => f.write_str("untrusted peer"),
             CloseCode::InternalError => f.write_str("internal error"),
             CloseCode::GoingAway => f.write_str("peer stopped"),
+            CloseCode::Busy => f.write_str("busy with another peer"),
             CloseCode::Unknown(code) => write!(f, "unknown close code {code}"),
         }
     }
@@ -219,6 +225,8 @@ mod tests {
             assert_eq!(CloseCode::from_u16(code).to_u16(), code);
         }
         assert_eq!(CloseCode::from_u16(2), CloseCode::StackMismatch);
+        assert_eq!(CloseCode::from_u16(7), CloseCode::Busy);
+        assert_eq!(CloseCode::Busy.to_string(), "busy with another peer");
         assert_eq!(CloseCode::from_u16(77), CloseCode::Unknown(77));
         assert_eq!(CloseCode::Unknown(77).to_string(), "unknown close code 77");
     }

@@ -197,6 +197,13 @@ fn parse_emit_close() {
         },
     );
     good(
+        &fixture!("close_busy"),
+        Message::Close {
+            code: CloseCode::Busy,
+            reason: "busy",
+        },
+    );
+    good(
         &fixture!("close_unknown_code"),
         Message::Close {
             code: CloseCode::Unknown(257),
