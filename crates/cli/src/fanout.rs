@@ -7,7 +7,9 @@
 //! - Every frame leaves its stack encrypted under the group key (the `encrypt` pair's format,
 //!   [`ndd_modules::encrypt`]), so the server and any subscriber that was not admitted see
 //!   ciphertext only. The key is kept in the ndd home (`nats-group-PREFIX-DRIVER.key`, mode
-//!   0600) so a restarted device side keeps the app sides it had.
+//!   0600) so a restarted device side keeps the app sides it had. Once an app side that
+//!   was handed it is no longer trusted, the device rotates it ([`KeyKeeper`]) and the app
+//!   sides still trusted follow by joining again ([`KeyFollower`]).
 //! - Device → app frames of lossy streams go over core NATS (the newest frame wins; a slow
 //!   app side loses frames, never stalls the device); those of reliable streams are stored by
 //!   JetStream (a durable consumer per app side, acknowledged once its sink completed them),
@@ -67,12 +69,53 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Where the group key of `driver` lives in the ndd home.
+fn key_path(home: &Path, prefix: &str, driver: &str) -> std::path::PathBuf {
+    home.join(format!("nats-group-{prefix}-{driver}.key"))
+}
+
+/// Who was handed the group key now in `key_path` (one fingerprint a line): if one of them
+/// is no longer trusted, the key is rotated.
+fn holders_path(home: &Path, prefix: &str, driver: &str) -> std::path::PathBuf {
+    home.join(format!("nats-group-{prefix}-{driver}.holders"))
+}
+
+/// 32 fresh random bytes.
+fn draw_key() -> Result<[u8; 32]> {
+    use ring::rand::SecureRandom;
+    let mut k = [0u8; 32];
+    ring::rand::SystemRandom::new()
+        .fill(&mut k)
+        .map_err(|_| anyhow!("the system random number generator failed"))?;
+    Ok(k)
+}
+
+/// Replaces `path` with `bytes` atomically, readable by its owner only.
+fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let tmp = path.with_extension("new");
+    let _ = std::fs::remove_file(&tmp);
+    (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })()
+    .with_context(|| format!("cannot write {}", path.display()))
+}
+
 /// The group key of `driver`: read from the ndd home, or drawn and written there (0600).
 fn group_key(home: &Path, prefix: &str, driver: &str) -> Result<[u8; 32]> {
-    use ring::rand::SecureRandom;
-    use std::io::Write;
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let path = home.join(format!("nats-group-{prefix}-{driver}.key"));
+    use std::os::unix::fs::PermissionsExt;
+    let path = key_path(home, prefix, driver);
     match std::fs::read(&path) {
         Ok(b) => {
             let mode = std::fs::metadata(&path)?.permissions().mode() & 0o777;
@@ -92,22 +135,203 @@ fn group_key(home: &Path, prefix: &str, driver: &str) -> Result<[u8; 32]> {
             })
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let mut k = [0u8; 32];
-            ring::rand::SystemRandom::new()
-                .fill(&mut k)
-                .map_err(|_| anyhow!("the system random number generator failed"))?;
-            std::fs::create_dir_all(home)
-                .with_context(|| format!("cannot create {}", home.display()))?;
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&path)
+            let k = draw_key()?;
+            write_private(&path, &k)
                 .with_context(|| format!("cannot write the group key {}", path.display()))?;
-            f.write_all(&k)?;
+            let _ = std::fs::remove_file(holders_path(home, prefix, driver));
             Ok(k)
         }
         Err(e) => Err(anyhow!(e).context(format!("cannot read {}", path.display()))),
+    }
+}
+
+/// The fingerprints in a holders file (missing: none).
+fn holders(path: &Path) -> Result<Vec<String>> {
+    match std::fs::read_to_string(path) {
+        Ok(t) => Ok(t
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(anyhow!(e).context(format!("cannot read {}", path.display()))),
+    }
+}
+
+/// Notes that `fp` holds the current group key.
+fn add_holder(path: &Path, fp: &str) -> Result<()> {
+    let mut all = holders(path)?;
+    if all.iter().any(|h| h == fp) {
+        return Ok(());
+    }
+    all.push(fp.to_owned());
+    write_private(path, (all.join("\n") + "\n").as_bytes())
+}
+
+/// The device side's group key and who holds it. When a holder is no longer in
+/// `known_peers` (`ndd untrust`), the key is rotated: a new one is drawn and written, every
+/// stream seals under it from its next frame, nobody holds it until they join again (the
+/// trusted app sides do so by themselves; the untrusted one is refused), and `P.D.rekey`
+/// tells the app sides.
+struct KeyKeeper {
+    home: std::path::PathBuf,
+    prefix: String,
+    driver: String,
+    tx: watch::Sender<[u8; 32]>,
+}
+
+impl KeyKeeper {
+    fn holders_path(&self) -> std::path::PathBuf {
+        holders_path(&self.home, &self.prefix, &self.driver)
+    }
+
+    /// Rotates the key if one of its holders is no longer trusted; returns who was revoked.
+    fn rotate_if_revoked(&self) -> Result<Vec<String>> {
+        let known = KnownPeers::load(&self.home)?;
+        let revoked: Vec<String> = holders(&self.holders_path())?
+            .into_iter()
+            .filter(|h| known.lookup(h).is_none())
+            .collect();
+        if revoked.is_empty() {
+            return Ok(revoked);
+        }
+        let k = draw_key()?;
+        let path = key_path(&self.home, &self.prefix, &self.driver);
+        write_private(&path, &k)
+            .with_context(|| format!("cannot write the rotated group key {}", path.display()))?;
+        write_private(&self.holders_path(), b"")?;
+        self.tx.send_replace(k);
+        Ok(revoked)
+    }
+
+    /// Checks now and every `every`, saying when it rotated.
+    async fn watch(self, ctx: Ctx, every: Duration) -> Result<()> {
+        loop {
+            match self.rotate_if_revoked() {
+                Ok(revoked) if !revoked.is_empty() => {
+                    tracing::warn!(
+                        side = "device",
+                        "rotated the group key: {} held it and is no longer trusted; trusted app sides get the new key by joining again",
+                        revoked.join(", ")
+                    );
+                    let _ = ctx
+                        .client
+                        .publish(ctx.subjects.rekey(), Bytes::from_static(b"rekey"))
+                        .await;
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(
+                    side = "device",
+                    "cannot check who holds the group key: {e:#}"
+                ),
+            }
+            tokio::time::sleep(every).await;
+        }
+    }
+}
+
+/// An app side's way to ask for the group key again (after a frame that does not open):
+/// answered once it has asked the device.
+type Refresh = mpsc::Sender<tokio::sync::oneshot::Sender<()>>;
+
+/// The sending half under the group key as it stands: rebuilt when the key rotates.
+struct GroupSeal {
+    key: watch::Receiver<[u8; 32]>,
+    seal: EncryptForward,
+}
+
+impl GroupSeal {
+    fn new(mut key: watch::Receiver<[u8; 32]>) -> Result<GroupSeal> {
+        let k = *key.borrow_and_update();
+        Ok(GroupSeal {
+            key,
+            seal: EncryptForward::new(&Key::given(k), Cipher::Aes256Gcm)?,
+        })
+    }
+
+    fn current(&mut self) -> Result<&mut EncryptForward> {
+        if self.key.has_changed().unwrap_or(false) {
+            let k = *self.key.borrow_and_update();
+            self.seal = EncryptForward::new(&Key::given(k), Cipher::Aes256Gcm)?;
+        }
+        Ok(&mut self.seal)
+    }
+}
+
+/// The receiving half under the group key as it stands. On an app side, a frame that does
+/// not open asks for the key again (the device may have rotated it) and is tried once more,
+/// so no stored frame is dropped for a rotation.
+struct GroupOpen {
+    key: watch::Receiver<[u8; 32]>,
+    open: EncryptInverse,
+    refresh: Option<Refresh>,
+    /// When asking last brought no new key: garbage (anyone may publish on the server), so
+    /// the next bad frames are dropped at once for a while ([`FRUITLESS_PAUSE`]).
+    fruitless: Option<Instant>,
+}
+
+/// How long after a fruitless ask for the key a frame that does not open is dropped without
+/// asking again (a rotation announced meanwhile is still followed).
+const FRUITLESS_PAUSE: Duration = Duration::from_secs(5);
+
+impl GroupOpen {
+    fn new(mut key: watch::Receiver<[u8; 32]>, refresh: Option<Refresh>) -> GroupOpen {
+        let k = *key.borrow_and_update();
+        GroupOpen {
+            key,
+            open: Self::inverse(k),
+            refresh,
+            fruitless: None,
+        }
+    }
+
+    fn inverse(k: [u8; 32]) -> EncryptInverse {
+        EncryptInverse::new(Arc::new(Key::given(k)), Cipher::Aes256Gcm, SEAL_WINDOW)
+    }
+
+    fn follow(&mut self) -> bool {
+        if !self.key.has_changed().unwrap_or(false) {
+            return false;
+        }
+        self.open = Self::inverse(*self.key.borrow_and_update());
+        true
+    }
+
+    async fn open(
+        &mut self,
+        meta: Meta,
+        payload: Bytes,
+        out: &mut Output,
+    ) -> Result<(), ndd_core::ModuleError> {
+        self.follow();
+        let failed = self.open.auth_failures();
+        self.open.handle_frame(
+            Instant::now(),
+            Frame::from_bytes(meta, payload.clone()),
+            out,
+        )?;
+        if self.open.auth_failures() == failed {
+            return Ok(());
+        }
+        // It did not open (dropped and counted): the key may have been rotated.
+        let paused = self
+            .fruitless
+            .is_some_and(|t| t.elapsed() < FRUITLESS_PAUSE);
+        if let Some(r) = self.refresh.as_ref().filter(|_| !paused) {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            if r.send(tx).await.is_ok() {
+                let _ = rx.await;
+            }
+        }
+        if !self.follow() {
+            if !paused && self.refresh.is_some() {
+                self.fruitless = Some(Instant::now());
+            }
+            return Ok(());
+        }
+        self.open
+            .handle_frame(Instant::now(), Frame::from_bytes(meta, payload), out)
     }
 }
 
@@ -250,15 +474,42 @@ pub async fn run_side(
     let mut tasks: JoinSet<Result<Option<(String, ndd_endpoint::CheckReport)>>> = JoinSet::new();
     // The source endpoints' tasks: stopping them ends their streams cleanly (flushed, END).
     let mut endpoints: Vec<tokio::task::AbortHandle> = Vec::new();
-    // The app side's ready heartbeat runs among the tasks.
-    let mut heartbeat = false;
+    // Tasks that serve as long as the side runs (the device's join service and key keeper,
+    // the app side's key follower and ready heartbeat) run among the stream tasks.
+    let mut services = 0usize;
     // Turns true when this side stops: sink streams hand over what they hold and end, so
     // their sinks finish (and `check` sinks report).
     let (finish_tx, finish_rx) = watch::channel(false);
     let peer;
     match side {
         SideName::Device => {
-            let key = group_key(&opts.home, &nats.subject_prefix, &cfg.driver)?;
+            let (key_tx, key) =
+                watch::channel(group_key(&opts.home, &nats.subject_prefix, &cfg.driver)?);
+            let keeper = KeyKeeper {
+                home: opts.home.clone(),
+                prefix: nats.subject_prefix.clone(),
+                driver: cfg.driver.clone(),
+                tx: key_tx,
+            };
+            // An app side revoked while this side was away never sees a frame under its key.
+            let revoked = keeper.rotate_if_revoked()?;
+            if !revoked.is_empty() {
+                tracing::warn!(
+                    side = %side,
+                    "rotated the group key: {} held it and is no longer trusted; trusted app sides get the new key by joining again",
+                    revoked.join(", ")
+                );
+                let _ = client
+                    .publish(ctx.subjects.rekey(), Bytes::from_static(b"rekey"))
+                    .await;
+            }
+            let holders = keeper.holders_path();
+            let every = Duration::from_millis(cfg.link.ping_interval_ms.clamp(100, 2000));
+            let kctx = ctx.clone();
+            tasks.spawn(async move {
+                keeper.watch(kctx, every).await?;
+                Ok(None)
+            });
             let run = random_u64();
             let slots = plans.iter().filter_map(|p| p.split).max().unwrap_or(0);
             // The JetStream stream exists before any app side can join (they read where it
@@ -270,7 +521,7 @@ pub async fn run_side(
             };
             let (joined, mut joined_rx) = watch::channel(std::collections::HashSet::new());
             let seen: Shared<HashMap<String, Instant>> = Arc::default();
-            serve_ready(&ctx, &key, joined, seen.clone()).await?;
+            serve_ready(&ctx, key.clone(), joined, seen.clone()).await?;
             let host = JoinService {
                 seen,
                 gone_after: Duration::from_millis(cfg.link.keepalive_timeout_ms),
@@ -278,7 +529,8 @@ pub async fn run_side(
                 local,
                 hello: cfg.hello(side),
                 home: opts.home.clone(),
-                key,
+                key: key.clone(),
+                holders,
                 run,
                 slots,
                 taken: HashMap::new(),
@@ -289,6 +541,7 @@ pub async fn run_side(
                 joins.await.map_err(|e| anyhow!("join service: {e}"))??;
                 Ok(None)
             });
+            services += 2;
             // Sinks at once (what app sides send, and sent while this side was away, comes
             // in now); sources once enough app sides are there to get their frames.
             let want = nats.min_app_sides as usize;
@@ -311,6 +564,7 @@ pub async fn run_side(
                             &ctx,
                             p,
                             &key,
+                            None,
                             run,
                             js.clone(),
                             None,
@@ -350,13 +604,31 @@ pub async fn run_side(
                 tracing::info!(side = %side, "joined device {device} through NATS{slot}; streams agreed");
             }
             let me = short_id(&local.fingerprint());
+            // The device may rotate the group key: follow it (joining again when told, or
+            // when a frame does not open).
+            let (key_tx, key) = watch::channel(admission.group_key);
+            let (refresh, asks) = mpsc::channel(16);
+            let follower = KeyFollower {
+                ctx: ctx.clone(),
+                local: local.clone(),
+                hello: hello.clone(),
+                home: opts.home.clone(),
+                per_try: Duration::from_millis(cfg.link.handshake_timeout_ms),
+                key: key_tx,
+            };
+            let notices = follower.subscribe().await?;
+            tasks.spawn(async move {
+                follower.serve(notices, asks).await?;
+                Ok(None)
+            });
             for p in &plans {
                 endpoints.extend(
                     spawn_stream(
                         cfg,
                         &ctx,
                         p,
-                        &admission.group_key,
+                        &key,
+                        Some(&refresh),
                         admission.run,
                         js.clone(),
                         Some((&admission, me.as_str(), start)),
@@ -371,9 +643,11 @@ pub async fn run_side(
             // Every subscription is in place at the server: tell the device, and keep telling
             // it (a device that restarts learns who is there).
             client.flush().await.map_err(|e| anyhow!("NATS: {e}"))?;
-            let ready = ready_message(&admission, &local.fingerprint())?;
+            let fp = local.fingerprint();
+            let run = admission.run;
+            let ready = ready_message(*key.borrow(), run, &fp)?;
             client
-                .publish(ctx.subjects.ready(), ready.clone())
+                .publish(ctx.subjects.ready(), ready)
                 .await
                 .map_err(|e| anyhow!("NATS: {e}"))?;
             let (c, subject) = (client.clone(), ctx.subjects.ready());
@@ -383,10 +657,12 @@ pub async fn run_side(
                 tick.tick().await;
                 loop {
                     tick.tick().await;
-                    let _ = c.publish(subject.clone(), ready.clone()).await;
+                    // Sealed under the key as it stands (the device may have rotated it).
+                    let ready = ready_message(*key.borrow(), run, &fp)?;
+                    let _ = c.publish(subject.clone(), ready).await;
                 }
             });
-            heartbeat = true;
+            services += 2;
             peer = device;
         }
     }
@@ -416,7 +692,7 @@ pub async fn run_side(
                 Some(Ok(Ok(c))) => {
                     checks.extend(c);
                     // A stream ended; with --once the side ends with its last stream.
-                    if opts.once && tasks.len() <= usize::from(side == SideName::Device) + usize::from(heartbeat) {
+                    if opts.once && tasks.len() <= services {
                         break;
                     }
                 }
@@ -432,7 +708,7 @@ pub async fn run_side(
     }
     let _ = finish_tx.send(true);
     let drain = async {
-        while tasks.len() > usize::from(side == SideName::Device) + usize::from(heartbeat) {
+        while tasks.len() > services {
             match tasks.join_next().await {
                 Some(Ok(Ok(Some(c)))) => checks.push(c),
                 Some(_) => {}
@@ -505,8 +781,8 @@ async fn ensure_jetstream(ctx: &Ctx, store_mib: u64) -> Result<jetstream::Contex
 }
 
 /// An app side's READY: its fingerprint in a frame sealed under the group key.
-fn ready_message(admission: &Admission, fingerprint: &str) -> Result<Bytes> {
-    let mut seal = EncryptForward::new(&Key::given(admission.group_key), Cipher::Aes256Gcm)?;
+fn ready_message(key: [u8; 32], run: u64, fingerprint: &str) -> Result<Bytes> {
+    let mut seal = EncryptForward::new(&Key::given(key), Cipher::Aes256Gcm)?;
     let mut out = Output::new();
     let meta = Meta {
         stream: 0,
@@ -521,7 +797,7 @@ fn ready_message(admission: &Admission, fingerprint: &str) -> Result<Bytes> {
     )?;
     out.take_frames()
         .pop()
-        .map(|f| record(f, admission.run, 0))
+        .map(|f| record(f, run, 0))
         .ok_or_else(|| anyhow!("encrypt made no frame"))
 }
 
@@ -529,7 +805,7 @@ fn ready_message(admission: &Admission, fingerprint: &str) -> Result<Bytes> {
 /// carrying their fingerprint: nobody else can make one).
 async fn serve_ready(
     ctx: &Ctx,
-    key: &[u8; 32],
+    mut key: watch::Receiver<[u8; 32]>,
     joined: watch::Sender<std::collections::HashSet<String>>,
     seen: Shared<HashMap<String, Instant>>,
 ) -> Result<()> {
@@ -539,10 +815,15 @@ async fn serve_ready(
         .subscribe(subject.clone())
         .await
         .map_err(|e| anyhow!("cannot subscribe to {subject}: {e}"))?;
-    let mut open = EncryptInverse::new(Arc::new(Key::given(*key)), Cipher::Aes256Gcm, SEAL_WINDOW);
+    let inverse =
+        |k: [u8; 32]| EncryptInverse::new(Arc::new(Key::given(k)), Cipher::Aes256Gcm, SEAL_WINDOW);
+    let mut open = inverse(*key.borrow_and_update());
     tokio::spawn(async move {
         let mut out = Output::new();
         while let Some(m) = sub.next().await {
+            if key.has_changed().unwrap_or(false) {
+                open = inverse(*key.borrow_and_update());
+            }
             let Some(rec) = FrameRecord::parse(&m.payload) else {
                 continue;
             };
@@ -578,7 +859,10 @@ struct JoinService {
     local: LocalIdentity,
     hello: ndd_wire::HelloRepr,
     home: std::path::PathBuf,
-    key: [u8; 32],
+    /// The group key as it stands (rotated by [`KeyKeeper`]).
+    key: watch::Receiver<[u8; 32]>,
+    /// Who was handed it.
+    holders: std::path::PathBuf,
     run: u64,
     /// Split slots (0: the driver does not split).
     slots: u16,
@@ -736,8 +1020,14 @@ impl JoinService {
                 .unwrap_or_default();
             tracing::info!(side = "device", "app side {name} joined{s}");
         }
+        if let Err(e) = add_holder(&self.holders, fp) {
+            return refuse(
+                CloseCode::InternalError,
+                format!("the device side cannot note who holds its group key: {e:#}"),
+            );
+        }
         Welcome::Admitted(Admission {
-            group_key: self.key,
+            group_key: *self.key.borrow(),
             slot,
             run: self.run,
         })
@@ -761,42 +1051,7 @@ async fn join(
     let mut backoff = Duration::from_millis(100);
     let mut said = false;
     loop {
-        let attempt = async {
-            let mut j = Joiner::new()?;
-            let reply = request(ctx, &subject, j.init(), per_try).await?;
-            let (fp, finish) = j.handle_reply(local, &reply, hello)?;
-            let known = KnownPeers::load(&opts.home)?;
-            let Some(t) = known.lookup(&fp) else {
-                return Ok::<_, anyhow::Error>(Err(anyhow!(
-                    "refused untrusted device side with fingerprint {fp} (answering on {subject}); if you trust it, run: ndd trust {fp} --home {}",
-                    opts.home.display()
-                )));
-            };
-            let name = t.name.clone().unwrap_or(fp);
-            // Where the device's stored streams stand before it admits us: everything
-            // after this is ours.
-            let start = match js {
-                Some(js) => {
-                    let s = js.get_stream(ctx.subjects.jetstream()).await.map_err(|e| {
-                        anyhow!("JetStream stream {}: {e}", ctx.subjects.jetstream())
-                    })?;
-                    s.get_info()
-                        .await
-                        .map_err(|e| anyhow!("JetStream stream {}: {e}", ctx.subjects.jetstream()))?
-                        .state
-                        .last_sequence
-                        + 1
-                }
-                None => 1,
-            };
-            let welcome = request(ctx, &subject, finish, per_try).await?;
-            Ok(match j.handle_welcome(&welcome)? {
-                Welcome::Admitted(a) => Ok((a, name, start)),
-                Welcome::Refused { reason, .. } => {
-                    Err(anyhow!("the device side refused this side: {reason}"))
-                }
-            })
-        };
+        let attempt = join_once(ctx, local, hello, &opts.home, js, per_try);
         match attempt.await {
             Ok(final_answer) => return final_answer,
             Err(e) => {
@@ -821,6 +1076,150 @@ async fn join(
     }
 }
 
+/// One join: `Err` when it could not be done (nobody answered, the server), `Ok(Err)` when
+/// the device side refused this side or is not trusted here (final), `Ok(Ok)` admitted:
+/// the admission, the device's name, and (with `js`) where its stored streams stood.
+async fn join_once(
+    ctx: &Ctx,
+    local: &LocalIdentity,
+    hello: &[u8],
+    home: &Path,
+    js: Option<&jetstream::Context>,
+    per_try: Duration,
+) -> Result<Result<(Admission, String, u64)>> {
+    let subject = ctx.subjects.join();
+    let mut j = Joiner::new()?;
+    let reply = request(ctx, &subject, j.init(), per_try).await?;
+    let (fp, finish) = j.handle_reply(local, &reply, hello)?;
+    let known = KnownPeers::load(home)?;
+    let Some(t) = known.lookup(&fp) else {
+        return Ok(Err(anyhow!(
+            "refused untrusted device side with fingerprint {fp} (answering on {subject}); if you trust it, run: ndd trust {fp} --home {}",
+            home.display()
+        )));
+    };
+    let name = t.name.clone().unwrap_or(fp);
+    // Where the device's stored streams stand before it admits us: everything after this
+    // is ours.
+    let start = match js {
+        Some(js) => {
+            let s = js
+                .get_stream(ctx.subjects.jetstream())
+                .await
+                .map_err(|e| anyhow!("JetStream stream {}: {e}", ctx.subjects.jetstream()))?;
+            s.get_info()
+                .await
+                .map_err(|e| anyhow!("JetStream stream {}: {e}", ctx.subjects.jetstream()))?
+                .state
+                .last_sequence
+                + 1
+        }
+        None => 1,
+    };
+    let welcome = request(ctx, &subject, finish, per_try).await?;
+    Ok(match j.handle_welcome(&welcome)? {
+        Welcome::Admitted(a) => Ok((a, name, start)),
+        Welcome::Refused { reason, .. } => {
+            Err(anyhow!("the device side refused this side: {reason}"))
+        }
+    })
+}
+
+/// An app side's follower of the group key: joins again when the device says it rotated
+/// the key (`P.D.rekey`) or a stream asks (a frame that does not open), at most every
+/// [`REJOIN_SPACING`]. A refusal (this side is no longer trusted) ends the app side.
+struct KeyFollower {
+    ctx: Ctx,
+    local: LocalIdentity,
+    hello: Vec<u8>,
+    home: std::path::PathBuf,
+    per_try: Duration,
+    key: watch::Sender<[u8; 32]>,
+}
+
+/// Joins for a new group key come at least this far apart.
+const REJOIN_SPACING: Duration = Duration::from_millis(250);
+
+impl KeyFollower {
+    async fn subscribe(&self) -> Result<async_nats::Subscriber> {
+        let subject = self.ctx.subjects.rekey();
+        self.ctx
+            .client
+            .subscribe(subject.clone())
+            .await
+            .map_err(|e| anyhow!("cannot subscribe to {subject}: {e}"))
+    }
+
+    async fn serve(
+        self,
+        mut notices: async_nats::Subscriber,
+        mut asks: mpsc::Receiver<tokio::sync::oneshot::Sender<()>>,
+    ) -> Result<()> {
+        let mut last: Option<Instant> = None;
+        // No stream may ask (a side without sink streams): then notices alone.
+        let mut asking = true;
+        loop {
+            let mut waiting = Vec::new();
+            tokio::select! {
+                a = asks.recv(), if asking => match a {
+                    Some(a) => waiting.push(a),
+                    None => {
+                        asking = false;
+                        continue;
+                    }
+                },
+                n = notices.next() => if n.is_none() {
+                    return Ok(());
+                },
+            }
+            if let Some(t) = last {
+                tokio::time::sleep_until((t + REJOIN_SPACING).into()).await;
+            }
+            // Everyone who asked meanwhile gets this join's answer.
+            while let Ok(a) = asks.try_recv() {
+                waiting.push(a);
+            }
+            last = Some(Instant::now());
+            match join_once(
+                &self.ctx,
+                &self.local,
+                &self.hello,
+                &self.home,
+                None,
+                self.per_try,
+            )
+            .await
+            {
+                Ok(Ok((a, _, _))) => {
+                    let changed = self.key.send_if_modified(|k| {
+                        let changed = *k != a.group_key;
+                        *k = a.group_key;
+                        changed
+                    });
+                    if changed && !self.ctx.quiet {
+                        tracing::info!(
+                            side = "app",
+                            "the device side rotated its group key; this side has the new one"
+                        );
+                    }
+                }
+                Ok(Err(refused)) => {
+                    return Err(refused.context(
+                        "the device side changed its group key and no longer admits this side",
+                    ))
+                }
+                Err(e) => tracing::debug!(
+                    side = "app",
+                    "asking the device side for its group key: {e:#}"
+                ),
+            }
+            for a in waiting {
+                let _ = a.send(());
+            }
+        }
+    }
+}
+
 async fn request(ctx: &Ctx, subject: &str, body: Vec<u8>, limit: Duration) -> Result<Bytes> {
     let r = tokio::time::timeout(limit, ctx.client.request(subject.to_string(), body.into()))
         .await
@@ -840,7 +1239,8 @@ async fn spawn_stream(
     cfg: &Config,
     ctx: &Ctx,
     plan: &Plan,
-    key: &[u8; 32],
+    key: &watch::Receiver<[u8; 32]>,
+    refresh: Option<&Refresh>,
     run: u64,
     js: Option<jetstream::Context>,
     app: Option<(&Admission, &str, u64)>,
@@ -864,7 +1264,7 @@ async fn spawn_stream(
                 )
             })?;
         let stack = user_stack(cfg, plan, Role::Source)?;
-        let seal = EncryptForward::new(&Key::given(*key), Cipher::Aes256Gcm)?;
+        let seal = GroupSeal::new(key.clone())?;
         let out = Publisher {
             ctx: ctx.clone(),
             plan: plan.clone(),
@@ -891,7 +1291,7 @@ async fn spawn_stream(
             format!("stream \"{name}\": cannot start sink {}", s.sink.describe())
         })?;
         let stack = user_stack(cfg, plan, Role::Sink)?;
-        let seal = EncryptInverse::new(Arc::new(Key::given(*key)), Cipher::Aes256Gcm, SEAL_WINDOW);
+        let seal = GroupOpen::new(key.clone(), refresh.cloned());
         let input = subscribe(ctx, plan, js, app).await?;
         let lossy = !plan.reliable;
         let end_sub = if plan.round_robin && app.is_some() {
@@ -1158,7 +1558,7 @@ async fn js_publish(
 async fn pump_source(
     mut rx: mpsc::Receiver<Frame>,
     stack: &mut Stack,
-    mut seal: EncryptForward,
+    mut seal: GroupSeal,
     mut out: Publisher,
     stats: Shared<StreamStats>,
 ) -> Result<()> {
@@ -1178,7 +1578,7 @@ async fn pump_source(
             stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
             drain(stack, &mut seal, &mut sealed, &mut out, &stats, &name).await?;
             out.flush().await;
-            out.end(&mut seal).await?;
+            out.end(seal.current()?).await?;
             return Ok(());
         };
         lock(&stats).produced(frame.len());
@@ -1191,7 +1591,7 @@ async fn pump_source(
 
 async fn drain(
     stack: &mut Stack,
-    seal: &mut EncryptForward,
+    seal: &mut GroupSeal,
     sealed: &mut Output,
     out: &mut Publisher,
     stats: &Shared<StreamStats>,
@@ -1203,7 +1603,8 @@ async fn drain(
         } else {
             Route::All
         };
-        seal.handle_frame(Instant::now(), f, sealed)
+        seal.current()?
+            .handle_frame(Instant::now(), f, sealed)
             .map_err(|e| anyhow!("stream \"{name}\": encrypt: {e}"))?;
         for f in sealed.take_frames() {
             {
@@ -1420,7 +1821,7 @@ async fn pump_sink(
     mut finish: watch::Receiver<bool>,
     lossy: bool,
     stack: &mut Stack,
-    mut seal: EncryptInverse,
+    mut seal: GroupOpen,
     tx: mpsc::Sender<Frame>,
     done: Delivered,
     stats: Shared<StreamStats>,
@@ -1594,11 +1995,7 @@ async fn pump_sink(
             s.wire_frames += 1;
             s.wire_bytes += rec.payload.len() as u64;
         }
-        if let Err(e) = seal.handle_frame(
-            Instant::now(),
-            Frame::from_bytes(meta, rec.payload),
-            &mut opened,
-        ) {
+        if let Err(e) = seal.open(meta, rec.payload, &mut opened).await {
             if bad.admit(Instant::now()).is_some() {
                 tracing::warn!("dropped a frame that does not open under the group key: {e}");
             }

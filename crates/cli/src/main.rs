@@ -14,7 +14,7 @@ mod rfbaccel;
 mod session;
 mod stats;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use config::{Config, SideName};
 use session::{Endpoint, RunOptions};
@@ -125,6 +125,14 @@ enum Command {
         /// A name to remember the peer by.
         #[arg(long)]
         name: Option<String>,
+        #[command(flatten)]
+        home: HomeArg,
+    },
+    /// Stop trusting a peer (removes it from known_peers): its next connection or join is
+    /// refused; a NATS device side also rotates its group key.
+    Untrust {
+        /// The peer's fingerprint (SHA256:…) or the name it was trusted with.
+        peer: String,
         #[command(flatten)]
         home: HomeArg,
     },
@@ -410,6 +418,21 @@ fn run(cli: Cli) -> Result<i32> {
                 );
             } else {
                 println!("{fingerprint} was already trusted");
+            }
+            Ok(0)
+        }
+        Command::Untrust { peer, home } => {
+            let dir = home.dir();
+            let removed = ndd_link::KnownPeers::untrust(&dir, &peer)
+                .with_context(|| format!("cannot update known_peers in {}", dir.display()))?;
+            if removed.is_empty() {
+                bail!(
+                    "no peer with fingerprint or name {peer:?} in {}",
+                    dir.join(ndd_link::KNOWN_PEERS_FILE).display()
+                );
+            }
+            for fp in removed {
+                println!("no longer trusted: {fp}");
             }
             Ok(0)
         }

@@ -813,3 +813,77 @@ sink = { type = "check", seed = 4, size = 50 }
     );
     drop(d);
 }
+
+/// `ndd untrust` of an app side that holds the group key: the device draws a new key at once
+/// and says so, the app side still trusted follows it (joining again by itself) and loses no
+/// stored frame across the change, the untrusted one is refused when it asks and ends with
+/// the reason; it never gets the new key.
+#[test]
+fn untrusting_an_app_side_rotates_the_group_key_and_the_others_follow_without_loss() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-rotate");
+    let nats = Nats::start("rotate", &[]);
+    let (dev, apps) = homes_n(&dir.0, 2);
+    let n = 2000u64;
+    let cfg = fan_config(
+        &dir.0,
+        "rotate",
+        &nats.url(),
+        2,
+        &format!(
+            r#"
+[[stream]]
+name = "s"
+direction = "device-to-app"
+source = {{ type = "synthetic", size = 200, interval_ms = 3.0, count = {n}, seed = 4 }}
+sink = {{ type = "check", seed = 4, size = 200, expect = {n} }}
+"#
+        ),
+    );
+    let keep = side(&cfg, "app", &apps[0], &["--once"]);
+    let mut gone = side(&cfg, "app", &apps[1], &["--once"]);
+    let d = side(&cfg, "device", &dev, &["--once"]);
+    wait_for("both app sides to join", WAIT, || {
+        d.stderr_now().matches("joined").count() >= 2
+    });
+    let key_file = dev.join("nats-group-ndd-rotate.key");
+    let old_key = std::fs::read(&key_file).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let out = ok(ndd().args(["untrust", "app1", "--home"]).arg(&dev));
+    assert!(out.starts_with("no longer trusted: SHA256:"), "{out}");
+    wait_for("the untrusted app side to end", WAIT, || !gone.running());
+    let (gs, _, gerr) = gone.finish();
+    assert!(
+        !gs.success(),
+        "the untrusted app side ends with an error: {gerr}"
+    );
+    assert!(
+        gerr.contains("no longer admits this side")
+            && gerr.contains("is not trusted by the device side"),
+        "it is told why: {gerr}"
+    );
+    let (ds, _, derr) = d.finish();
+    assert!(ds.success(), "device: {derr}");
+    assert!(
+        derr.contains("rotated the group key: SHA256:")
+            && derr.contains("held it and is no longer trusted"),
+        "the device says it rotated the key: {derr}"
+    );
+    assert_ne!(
+        std::fs::read(&key_file).unwrap(),
+        old_key,
+        "a new key is on disk"
+    );
+    let (ks, _, kerr) = keep.finish();
+    assert!(ks.success(), "app 0: {kerr}");
+    assert!(
+        kerr.contains("the device side rotated its group key; this side has the new one"),
+        "{kerr}"
+    );
+    assert!(
+        kerr.contains(&check_ok("s", n)),
+        "nothing lost across the rotation: {kerr}"
+    );
+}

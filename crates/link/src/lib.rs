@@ -78,7 +78,7 @@ pub use quic::{
 };
 pub use rustls::{ClientConfig, ServerConfig};
 pub use tls::{client_config, peer_fingerprint, server_config};
-pub use trust::{validate_fingerprint, KnownPeers, Trusted};
+pub use trust::{validate_fingerprint, KnownPeers, Trusted, KNOWN_PEERS_FILE};
 pub use udp::{
     udp_accept_secure, udp_bind, udp_connect, udp_connect_secure, Admission, UdpLink, UdpSender,
 };

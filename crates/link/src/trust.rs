@@ -154,6 +154,60 @@ impl KnownPeers {
     }
 }
 
+impl KnownPeers {
+    /// Stop trusting a peer: remove every line of `home/known_peers` whose fingerprint is
+    /// `who`, or whose name is exactly `who` (comments and other lines are kept; the file is
+    /// replaced atomically, mode 0600). Returns the fingerprints removed (empty: nobody
+    /// matched, the file is untouched).
+    pub fn untrust(home: &Path, who: &str) -> Result<Vec<String>> {
+        let who = who.trim();
+        let existing = KnownPeers::load(home)?;
+        let path = existing.path;
+        let text = match read_bounded(&path) {
+            Ok(bytes) => bytes,
+            Err(_) => return Ok(Vec::new()),
+        };
+        let mut kept = Vec::with_capacity(text.len());
+        let mut removed = Vec::new();
+        for raw in text.split_inclusive(|&b| b == b'\n') {
+            // `load` parsed every line: each is UTF-8 and each peer line starts with a
+            // valid fingerprint.
+            let line = String::from_utf8_lossy(raw);
+            let line = line.trim();
+            let (fp, name) = match line.split_once(char::is_whitespace) {
+                Some((fp, rest)) => (fp, rest.trim()),
+                None => (line, ""),
+            };
+            let peer_line = !line.is_empty() && !line.starts_with('#');
+            if peer_line && (fp == who || (!name.is_empty() && name == who)) {
+                if !removed.iter().any(|r| r == fp) {
+                    removed.push(fp.to_owned());
+                }
+                continue;
+            }
+            kept.extend_from_slice(raw);
+        }
+        if removed.is_empty() {
+            return Ok(removed);
+        }
+        let tmp = path.with_extension("new");
+        let result = (|| {
+            let _ = fs::remove_file(&tmp);
+            let mut file = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            file.write_all(&kept)?;
+            file.sync_all()?;
+            fs::rename(&tmp, &path)
+        })();
+        result.map_err(|e| LinkError::file("writing", &path, e))?;
+        tracing::info!(who, file = %path.display(), "peer no longer trusted");
+        Ok(removed)
+    }
+}
+
 /// Check that `s` is a fingerprint: `SHA256:` + 43 base64 characters (standard alphabet, no
 /// padding) encoding 32 bytes.
 pub fn validate_fingerprint(s: &str) -> Result<()> {
@@ -268,6 +322,44 @@ mod tests {
             let e = validate_fingerprint(bad).unwrap_err().to_string();
             assert!(e.contains("is not a fingerprint"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn untrust_removes_by_fingerprint_or_name_and_keeps_the_rest() {
+        let dir = std::env::temp_dir().join(format!("ndd-untrust-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let other = "SHA256:n4bQgYhMfWWaL+qgxVrQFaO/TxsrC4Is0V1sFbDwCgg";
+        assert!(KnownPeers::trust(&dir, FP, Some("laptop")).unwrap());
+        assert!(KnownPeers::trust(&dir, other, Some("desk")).unwrap());
+        let path = dir.join(KNOWN_PEERS_FILE);
+        let mut text = fs::read_to_string(&path).unwrap();
+        text.insert_str(0, "# mine\n");
+        fs::write(&path, &text).unwrap();
+        assert_eq!(
+            KnownPeers::untrust(&dir, "nobody").unwrap(),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            KnownPeers::untrust(&dir, "laptop").unwrap(),
+            vec![FP.to_string()]
+        );
+        let left = KnownPeers::load(&dir).unwrap();
+        assert!(left.lookup(FP).is_none());
+        assert_eq!(left.lookup(other).unwrap().name.as_deref(), Some("desk"));
+        assert_eq!(
+            fs::read_to_string(&path).unwrap(),
+            format!("# mine\n{other} desk\n")
+        );
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(
+            KnownPeers::untrust(&dir, other).unwrap(),
+            vec![other.to_string()]
+        );
+        assert!(KnownPeers::load(&dir).unwrap().is_empty());
+        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -82,6 +82,13 @@ impl Subjects {
         format!("{}.ready", self.base)
     }
 
+    /// Where the device says it rotated the group key (an app side that was not told so
+    /// learns it from a frame that does not open): app sides ask for the new one by joining
+    /// again. The message carries nothing secret (anyone may publish one: it costs a join).
+    pub fn rekey(&self) -> String {
+        format!("{}.rekey", self.base)
+    }
+
     /// App → device frames of `stream`; `reliable` puts them under JetStream's subjects
     /// (`P.D.r.u.S`).
     pub fn up_stored(&self, stream: u16) -> String {

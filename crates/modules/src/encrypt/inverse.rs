@@ -82,6 +82,13 @@ impl EncryptInverse {
         }
     }
 
+    /// Frames dropped so far because they failed authentication (tampered, or sealed under
+    /// another key): a caller that may hold an outdated key asks for the new one when this
+    /// grows.
+    pub fn auth_failures(&self) -> u64 {
+        self.auth_failed
+    }
+
     fn fail_auth(&mut self, now: Instant, meta: &Meta, hdr: &Header) {
         self.auth_failed += 1;
         let Some(suppressed) = self.noisy.admit(now) else {
