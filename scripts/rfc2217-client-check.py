@@ -67,6 +67,13 @@ def main():
     else:
         ok = False
         print("FAIL echo after settings: {!r}".format(got), flush=True)
+    # A break held for 0.3 s, then both buffers purged: the far port's server prints them.
+    s.break_condition = True
+    time.sleep(0.3)
+    s.break_condition = False
+    s.reset_input_buffer()
+    s.reset_output_buffer()
+    print("ok break and purge sent", flush=True)
     s.close()
     sys.exit(0 if ok else 1)
 

@@ -6,8 +6,9 @@ RFC 2217 tests and handy for trying `rfc2217-client` by hand.
 
     python3 scripts/rfc2217-loop-server.py 127.0.0.1:2217
 
-Prints one line per client and whenever the port's settings or DTR/RTS change:
-    settings 57600 8 E 1 rtscts=False xonxoff=False dtr=True rts=False
+Prints one line per client and whenever the port's settings, DTR/RTS or break change:
+    settings 57600 8 E 1 rtscts=False xonxoff=False dtr=True rts=False break=False
+and one line per purge the client asks for (`purge input`, `purge output`).
 """
 
 import socket
@@ -20,9 +21,9 @@ import serial.rfc2217
 
 
 def state(port):
-    return "settings {} {} {} {} rtscts={} xonxoff={} dtr={} rts={}".format(
+    return "settings {} {} {} {} rtscts={} xonxoff={} dtr={} rts={} break={}".format(
         port.baudrate, port.bytesize, port.parity, port.stopbits,
-        port.rtscts, port.xonxoff, port.dtr, port.rts)
+        port.rtscts, port.xonxoff, port.dtr, port.rts, port.break_condition)
 
 
 def serve(client, port):
@@ -71,6 +72,15 @@ def main():
     host, port_no = sys.argv[1].rsplit(":", 1)
     port = serial.serial_for_url("loop://", timeout=0.02, do_not_open=True)
     port.open()
+    # PortManager purges through these: say so, then purge.
+    for name in ("input", "output"):
+        original = getattr(port, "reset_{}_buffer".format(name))
+
+        def purge(original=original, name=name):
+            print("purge {}".format(name), flush=True)
+            original()
+
+        setattr(port, "reset_{}_buffer".format(name), purge)
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.bind((host, int(port_no)))

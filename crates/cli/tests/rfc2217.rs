@@ -3,7 +3,7 @@
 //! `rfc2217-server`; the device side's `rfc2217-client` uses pyserial's `PortManager` (the
 //! reference RFC 2217 server, standing in for ser2net) over a loop:// port. Bytes (every
 //! value, 255 included), baud/parity/data bits/stop bits and RTS→CTS, DTR→DSR travel the
-//! whole way and back; the server restarting, a second client and bad addresses are handled.
+//! whole way and back, a break and purges reach the far port; the server restarting, a second client and bad addresses are handled.
 
 mod common;
 
@@ -122,6 +122,7 @@ fn pyserial_uses_a_port_behind_an_rfc2217_server_through_ndd() {
         "ok cts=False after rts=False",
         "ok dsr=True after dtr=True",
         "ok echo after settings",
+        "ok break and purge sent",
     ] {
         assert!(said.contains(line), "{line:?} missing: {said}");
     }
@@ -129,6 +130,26 @@ fn pyserial_uses_a_port_behind_an_rfc2217_server_through_ndd() {
     let says = server_says.lock().unwrap().clone();
     assert!(says.contains("settings 9600 8 N 1"), "{says}");
     assert!(says.contains("settings 57600 7 E 2"), "{says}");
+    // The break and the purges too, in order (the server prints a changed state as its
+    // reader thread polls it: the break is held 0.3 s).
+    wait_for("the purges at the far port", WAIT, || {
+        server_says.lock().unwrap().contains("purge output")
+    });
+    let says = server_says.lock().unwrap().clone();
+    // (pyserial's client also purges both buffers when it opens the port: those come first.)
+    let after_break = says
+        .find("break=True")
+        .map(|i| &says[i..])
+        .unwrap_or_else(|| panic!("no break at the far port: {says}"));
+    let (end, input, output) = (
+        after_break.find("break=False"),
+        after_break.find("purge input"),
+        after_break.find("purge output"),
+    );
+    assert!(
+        end.is_some() && end < input && input < output,
+        "the break ends, then both purges, in order: {says}"
+    );
 
     // 2. The RFC 2217 server goes away and comes back: the device side reconnects and the
     //    program's next session works again, the far port set as the program asks.

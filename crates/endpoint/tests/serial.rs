@@ -465,7 +465,7 @@ async fn serial_sink_applies_settings_frames_and_refuses_malformed_ones() {
     assert_eq!(
         e,
         "serial sink: bad serial frame (seq 3): unknown type byte 0x07 \
-         (expected 0x00 data, 0x01 line settings, 0x02 modem lines)"
+         (expected 0x00 data, 0x01 line settings, 0x02 modem lines, 0x03 break, 0x04 purge)"
     );
 
     let link = temp_path("malformed");

@@ -122,7 +122,7 @@ pub enum SerialFrameError {
     Empty,
     /// Unknown type byte.
     #[error(
-        "unknown type byte {0:#04x} (expected 0x00 data, 0x01 line settings, 0x02 modem lines)"
+        "unknown type byte {0:#04x} (expected 0x00 data, 0x01 line settings, 0x02 modem lines, 0x03 break, 0x04 purge)"
     )]
     UnknownType(u8),
     /// Wrong body length for the type.
@@ -146,6 +146,16 @@ pub enum SerialFrameError {
     /// Undefined modem-line bits.
     #[error("modem lines: undefined bits in {0:#04x} (defined: 0x3f)")]
     ModemBits(u8),
+    /// A break or purge value out of range.
+    #[error("{kind}: invalid value {value:#04x} (expected {expected})")]
+    Control {
+        /// Which frame type.
+        kind: &'static str,
+        /// The value.
+        value: u8,
+        /// What it may be.
+        expected: &'static str,
+    },
 }
 
 /// What is wrong with an input-stream payload.

@@ -9,6 +9,8 @@
 //! | `0x00` | the bytes | data |
 //! | `0x01` | baud u32 BE, data bits u8, parity u8, stop bits u8, flow u8 (8 bytes) | line settings |
 //! | `0x02` | valid mask u8, state u8 (2 bytes) | modem lines |
+//! | `0x03` | u8: 1 on, 0 off | break condition (RFC 2217 SET-CONTROL 5/6) |
+//! | `0x04` | u8: bit 0 received data, bit 1 data to send (1..=3) | purge the port's buffers (RFC 2217 PURGE-DATA) |
 //!
 //! [`SerialMessage::parse`] checks the type, the body length and every value; nothing it is
 //! given makes it panic. [`SerialMessage::emit`] writes the same bytes back.
@@ -23,6 +25,14 @@ pub const TYPE_DATA: u8 = 0x00;
 pub const TYPE_SETTINGS: u8 = 0x01;
 /// Type byte of a modem-lines frame.
 pub const TYPE_MODEM: u8 = 0x02;
+/// Type byte of a break frame.
+pub const TYPE_BREAK: u8 = 0x03;
+/// Type byte of a purge frame.
+pub const TYPE_PURGE: u8 = 0x04;
+/// Purge: what the port received and has not handed on yet.
+pub const PURGE_RECEIVED: u8 = 0x01;
+/// Purge: what waits to be sent out of the port.
+pub const PURGE_TO_SEND: u8 = 0x02;
 /// Body length of a line-settings frame.
 pub const SETTINGS_LEN: usize = 8;
 /// Body length of a modem-lines frame.
@@ -269,6 +279,10 @@ pub enum SerialMessage<'a> {
     Settings(LineSettings),
     /// Modem-line states.
     Modem(ModemLines),
+    /// The break condition on (`true`) or off: the line held at space.
+    Break(bool),
+    /// Drop what the port holds: [`PURGE_RECEIVED`] and/or [`PURGE_TO_SEND`].
+    Purge(u8),
 }
 
 impl<'a> SerialMessage<'a> {
@@ -291,6 +305,29 @@ impl<'a> SerialMessage<'a> {
                 }
                 Ok(SerialMessage::Modem(ModemLines { valid, state }))
             }
+            TYPE_BREAK | TYPE_PURGE => {
+                let (kind, expected) = if ty == TYPE_BREAK {
+                    ("break", "0 off or 1 on")
+                } else {
+                    ("purge", "1 received, 2 to send or 3 both")
+                };
+                let &[v] = body else {
+                    return Err(SerialFrameError::BodyLength {
+                        kind,
+                        want: 1,
+                        got: body.len(),
+                    });
+                };
+                match (ty, v) {
+                    (TYPE_BREAK, 0 | 1) => Ok(SerialMessage::Break(v == 1)),
+                    (TYPE_PURGE, 1..=3) => Ok(SerialMessage::Purge(v)),
+                    _ => Err(SerialFrameError::Control {
+                        kind,
+                        value: v,
+                        expected,
+                    }),
+                }
+            }
             other => Err(SerialFrameError::UnknownType(other)),
         }
     }
@@ -301,6 +338,7 @@ impl<'a> SerialMessage<'a> {
             SerialMessage::Data(d) => d.len(),
             SerialMessage::Settings(_) => SETTINGS_LEN,
             SerialMessage::Modem(_) => MODEM_LEN,
+            SerialMessage::Break(_) | SerialMessage::Purge(_) => 1,
         }
     }
 
@@ -323,6 +361,8 @@ impl<'a> SerialMessage<'a> {
             SerialMessage::Modem(m) => {
                 out.copy_from_slice(&[TYPE_MODEM, m.valid, m.state]);
             }
+            SerialMessage::Break(on) => out.copy_from_slice(&[TYPE_BREAK, u8::from(*on)]),
+            SerialMessage::Purge(what) => out.copy_from_slice(&[TYPE_PURGE, *what]),
         }
     }
 
@@ -388,12 +428,40 @@ mod tests {
     }
 
     #[test]
+    fn parse_emit_break_and_purge() {
+        for (p, m) in [
+            ("03 01", SerialMessage::Break(true)),
+            ("03 00", SerialMessage::Break(false)),
+            ("04 01", SerialMessage::Purge(PURGE_RECEIVED)),
+            ("04 02", SerialMessage::Purge(PURGE_TO_SEND)),
+            (
+                "04 03",
+                SerialMessage::Purge(PURGE_RECEIVED | PURGE_TO_SEND),
+            ),
+        ] {
+            assert_eq!(SerialMessage::parse(&hex(p)), Ok(m), "{p}");
+            assert_eq!(m.emit(), hex(p));
+        }
+    }
+
+    #[test]
     fn malformed_payloads_are_errors() {
         let cases: &[(&str, &str)] = &[
             ("", "empty payload (no type byte)"),
             (
                 "07",
-                "unknown type byte 0x07 (expected 0x00 data, 0x01 line settings, 0x02 modem lines)",
+                "unknown type byte 0x07 (expected 0x00 data, 0x01 line settings, 0x02 modem lines, 0x03 break, 0x04 purge)",
+            ),
+            ("03", "break body must be 1 bytes, got 0"),
+            ("03 02", "break: invalid value 0x02 (expected 0 off or 1 on)"),
+            ("04 01 02", "purge body must be 1 bytes, got 2"),
+            (
+                "04 00",
+                "purge: invalid value 0x00 (expected 1 received, 2 to send or 3 both)",
+            ),
+            (
+                "04 04",
+                "purge: invalid value 0x04 (expected 1 received, 2 to send or 3 both)",
             ),
             (
                 "01 00002580 08 00 01",

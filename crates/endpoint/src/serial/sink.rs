@@ -3,7 +3,7 @@
 //! for the app to read and drops what a pty cannot show.
 
 use super::config::{PtyConfig, SerialConfig};
-use super::record::{ModemLines, SerialMessage};
+use super::record::{ModemLines, SerialMessage, PURGE_RECEIVED, PURGE_TO_SEND};
 use super::tty::{apply_settings, open_pty, open_tty, write_all, Pty, Tty};
 use crate::common::delivered::Delivered;
 use crate::common::error::EndpointError;
@@ -105,6 +105,28 @@ async fn run_tty_sink(
                         "cannot apply line settings; the port keeps its previous ones"),
                 }
             }
+            SerialMessage::Break(on) => {
+                if let Err(e) = sys::set_break(tty.fd.get_ref(), on) {
+                    tracing::warn!(endpoint, path = %what, on, error = %e,
+                        "cannot set the break condition on this tty; ignored");
+                } else {
+                    tracing::debug!(endpoint, path = %what, on, "break condition set");
+                }
+            }
+            SerialMessage::Purge(which) => {
+                use rustix::termios::QueueSelector;
+                let queue = match which {
+                    PURGE_RECEIVED => QueueSelector::IFlush,
+                    PURGE_TO_SEND => QueueSelector::OFlush,
+                    _ => QueueSelector::IOFlush,
+                };
+                if let Err(e) = rustix::termios::tcflush(tty.fd.get_ref(), queue) {
+                    tracing::warn!(endpoint, path = %what, which, error = %e,
+                        "cannot purge this tty's buffers; ignored");
+                } else {
+                    tracing::debug!(endpoint, path = %what, which, "buffers purged");
+                }
+            }
             SerialMessage::Modem(m) => {
                 for (bit, tiocm) in [
                     (ModemLines::DTR, libc::TIOCM_DTR),
@@ -136,7 +158,7 @@ async fn run_tty_sink(
     Ok(report)
 }
 
-/// `pty` sink: writes data for the app to read; settings and modem lines are not
+/// `pty` sink: writes data for the app to read; settings, modem lines, break and purge are not
 /// representable on a pty and are dropped (counted in the report like every frame).
 async fn run_pty_sink(
     endpoint: &'static str,
@@ -162,6 +184,9 @@ async fn run_pty_sink(
                     state = m.state,
                     "modem lines cannot be shown on a pty"
                 )
+            }
+            SerialMessage::Break(_) | SerialMessage::Purge(_) => {
+                tracing::trace!(endpoint, "break and purge have no meaning on a pty")
             }
         }
         // Written to the pty's master (or dropped, not representable).

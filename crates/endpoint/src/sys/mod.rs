@@ -1,16 +1,30 @@
-//! The only unsafe code of this crate: modem-line ioctls (`TIOCMGET`, `TIOCMBIS`,
-//! `TIOCMBIC`) on a tty, which `rustix` has no safe wrapper for, registering an owned
+//! The only unsafe code of this crate: modem-line and break ioctls (`TIOCMGET`, `TIOCMBIS`,
+//! `TIOCMBIC`, `TIOCSBRK`, `TIOCCBRK`) on a tty, which `rustix` has no safe wrapper for, registering an owned
 //! descriptor with tokio's reactor (`AsyncFd::register`, unsafe since tokio 1.54), and the
 //! System V shared-memory segments that MIT-SHM images live in ([`ShmSegment`]: `shmget`,
 //! `shmat`, `shmdt`, `shmctl`), and resetting SIGPIPE for the printing commands
 //! ([`default_sigpipe`]). Termios and pty calls go through `rustix`'s safe API elsewhere.
 
-use rustix::ioctl::{ioctl, Getter, Opcode, Setter};
+use rustix::ioctl::{ioctl, Getter, NoArg, Opcode, Setter};
 use std::os::fd::AsFd;
 
 const TIOCMGET: Opcode = libc::TIOCMGET as Opcode;
 const TIOCMBIS: Opcode = libc::TIOCMBIS as Opcode;
 const TIOCMBIC: Opcode = libc::TIOCMBIC as Opcode;
+const TIOCSBRK: Opcode = libc::TIOCSBRK as Opcode;
+const TIOCCBRK: Opcode = libc::TIOCCBRK as Opcode;
+
+/// Holds the line at space (a break) until told otherwise (`on` false ends it).
+pub(crate) fn set_break(fd: impl AsFd, on: bool) -> std::io::Result<()> {
+    if on {
+        // SAFETY: TIOCSBRK takes no argument; `NoArg` passes none.
+        unsafe { ioctl(fd, NoArg::<TIOCSBRK>::new()) }?;
+    } else {
+        // SAFETY: as above, for TIOCCBRK.
+        unsafe { ioctl(fd, NoArg::<TIOCCBRK>::new()) }?;
+    }
+    Ok(())
+}
 
 /// The modem-line bits of a tty (`TIOCM_*`).
 pub(crate) fn tiocmget(fd: impl AsFd) -> std::io::Result<libc::c_int> {

@@ -47,6 +47,8 @@ enum Msg {
     Data(Vec<u8>),
     Settings(LineSettings),
     Modem(ModemLines),
+    Break(bool),
+    Purge(u8),
 }
 
 /// The connection task's ends of the channels.
@@ -230,6 +232,8 @@ async fn run_source(
             Msg::Data(d) => SerialMessage::Data(d),
             Msg::Settings(s) => SerialMessage::Settings(*s),
             Msg::Modem(m) => SerialMessage::Modem(*m),
+            Msg::Break(on) => SerialMessage::Break(*on),
+            Msg::Purge(w) => SerialMessage::Purge(*w),
         };
         let mut frame = Frame::zeroed(
             out.next_meta(),
@@ -277,6 +281,8 @@ async fn run_sink(
             Ok(SerialMessage::Data(d)) => Msg::Data(d.to_vec()),
             Ok(SerialMessage::Settings(s)) => Msg::Settings(s),
             Ok(SerialMessage::Modem(m)) => Msg::Modem(m),
+            Ok(SerialMessage::Break(on)) => Msg::Break(on),
+            Ok(SerialMessage::Purge(w)) => Msg::Purge(w),
             Err(source) => {
                 delivered.mark(frame.meta.seq);
                 return Err(EndpointError::BadFrame {
@@ -336,9 +342,18 @@ impl Between {
                     endpoint = self.endpoint,
                     peer,
                     on,
-                    "break is not carried by ndd's serial stream; ignored"
+                    "client set the break condition"
                 );
-                None
+                Some(Msg::Break(on))
+            }
+            Note::Purge(which) => {
+                tracing::debug!(
+                    endpoint = self.endpoint,
+                    peer,
+                    which,
+                    "client purged the port's buffers"
+                );
+                Some(Msg::Purge(which))
             }
             Note::Refused(what, asked, got) => {
                 tracing::warn!(
@@ -439,6 +454,18 @@ async fn session(
                             }
                         }
                     }
+                    // The far port's break and purge: the client asks its server; a server
+                    // (the app side) has no use for them from the device.
+                    Msg::Break(on) => {
+                        if role == Role::Client && t.agreed() {
+                            t.set_break(on);
+                        }
+                    }
+                    Msg::Purge(which) => {
+                        if role == Role::Client && t.agreed() {
+                            t.purge(which);
+                        }
+                    }
                 }
                 sock.write_all(&t.take_out()).await?;
             }
@@ -487,6 +514,8 @@ fn away(b: &mut Between, m: Option<Msg>, role: Role) -> bool {
                 b.settings = s;
             }
         }
+        // A break or purge of a port nobody is connected to: nothing to do.
+        Some(Msg::Break(_) | Msg::Purge(_)) => {}
         Some(Msg::Modem(m)) => {
             let mine = match role {
                 Role::Server => {

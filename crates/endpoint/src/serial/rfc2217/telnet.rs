@@ -147,6 +147,9 @@ pub enum Note {
     Modem(ModemLines),
     /// Server role: the client asked for a break (`true`) or its end.
     Break(bool),
+    /// Server role: the client asked to purge the port's buffers (PURGE-DATA: 1 what the
+    /// port received, 2 what waits to be sent, 3 both).
+    Purge(u8),
     /// Client role: the server answered a SET with another value than asked (what, asked,
     /// got).
     Refused(&'static str, u32, u32),
@@ -307,6 +310,21 @@ impl Telnet {
                 self.send_sub(cmd::SET_CONTROL, &[value]);
             }
         }
+    }
+
+    /// Client role: asks the server to hold the line at space (`on`) or to end the break.
+    pub fn set_break(&mut self, on: bool) {
+        let v = if on {
+            control::BREAK_ON
+        } else {
+            control::BREAK_OFF
+        };
+        self.send_sub(cmd::SET_CONTROL, &[v]);
+    }
+
+    /// Client role: asks the server to purge its buffers (1 received, 2 to send, 3 both).
+    pub fn purge(&mut self, which: u8) {
+        self.send_sub(cmd::PURGE_DATA, &[which]);
     }
 
     /// Client role: DTR/RTS as last asked (sent again after a reconnect).
@@ -634,6 +652,7 @@ impl Telnet {
                 if let Some(v) = one(notes, "PURGE-DATA") {
                     if (1..=3).contains(&v) {
                         self.send_sub(code, &[v]);
+                        notes.push(Note::Purge(v));
                     } else {
                         notes.push(Note::Bad(format!("PURGE-DATA value {v}")));
                     }
@@ -820,6 +839,53 @@ mod tests {
             s.take_out(),
             [IAC, WONT, ECHO, IAC, DONT, 24, IAC, WONT, 31]
         );
+    }
+
+    #[test]
+    fn break_and_purge_travel_from_the_client_to_the_server() {
+        let mut c = Telnet::new(Role::Client, LineSettings::default());
+        let mut s = Telnet::new(Role::Server, LineSettings::default());
+        settle(&mut c, &mut s);
+        c.set_break(true);
+        assert_eq!(
+            c.take_out(),
+            [
+                IAC,
+                SB,
+                COM_PORT,
+                cmd::SET_CONTROL,
+                control::BREAK_ON,
+                IAC,
+                SE
+            ]
+        );
+        c.set_break(true);
+        c.purge(3);
+        c.set_break(false);
+        let (_, notes) = feed(&mut s, &c.take_out());
+        assert_eq!(
+            notes,
+            vec![Note::Break(true), Note::Purge(3), Note::Break(false)]
+        );
+        // Each answered as asked (server codes are +100); the client takes the answers quietly.
+        let answers = s.take_out();
+        assert_eq!(
+            &answers[..7],
+            [
+                IAC,
+                SB,
+                COM_PORT,
+                cmd::SET_CONTROL + SERVER_OFFSET,
+                control::BREAK_ON,
+                IAC,
+                SE
+            ]
+        );
+        let (_, cn) = feed(&mut c, &answers);
+        assert!(cn.is_empty(), "{cn:?}");
+        // A purge value out of range is reported, not carried.
+        let (_, notes) = feed(&mut s, &[IAC, SB, COM_PORT, cmd::PURGE_DATA, 4, IAC, SE]);
+        assert_eq!(notes, vec![Note::Bad("PURGE-DATA value 4".into())]);
     }
 
     #[test]
