@@ -590,10 +590,21 @@ fn text_typed_with_one_layout_arrives_as_the_same_characters_with_another() {
     // z and y swap places on de; @ is AltGr+q there and Shift+2 on us; ü and ß have keys of
     // their own on de and none on us; ^ is a dead key on de (with e: ê), absent from us.
     typed_across(
+        X11Window::Create,
         "de",
         "us",
-        "zy@Zü",
-        &["dead_circumflex", "e", "ssharp", "Return"],
+        &[
+            &["type", "--delay", "40", "zy@Zü"],
+            &[
+                "key",
+                "--delay",
+                "40",
+                "dead_circumflex",
+                "e",
+                "ssharp",
+                "Return",
+            ],
+        ],
         "zy@Züêß\n",
         &["udiaeresis", "dead_circumflex"],
     );
@@ -605,23 +616,49 @@ fn text_typed_on_azerty_arrives_on_a_german_display() {
     // has a key on fr and none on de, ¨ is a dead key on fr (with u: ü, a key of its own on
     // de), € is AltGr+e on both.
     typed_across(
+        X11Window::Create,
         "fr",
         "de",
-        "aqzw1é€",
-        &["dead_diaeresis", "u", "Return"],
+        &[
+            &["type", "--delay", "40", "aqzw1é€"],
+            &["key", "--delay", "40", "dead_diaeresis", "u", "Return"],
+        ],
         "aqzw1é€ü\n",
         &["eacute"],
     );
 }
 
-/// Types `text` (xdotool type) then `keys` (xdotool key) on a display with layout `dev_layout`
-/// through `x11-input` → `xtest` into an xterm on a display with layout `app_layout`, which
-/// must read `want`; the spare keycodes given to `spare` keysyms are given back at the end.
+#[test]
+fn a_held_key_typed_with_another_shift_state_repeats_as_itself() {
+    // @ is AltGr+q on de and Shift+2 on us: held for 1.2 s on de, the app's X server
+    // repeats it (660 ms delay, 25/s) with the Shift the sink pressed for it, so the app
+    // reads @ again and again, never 2; then b (no modifier) and Return. Root mode: the
+    // device's own repeats are not forwarded (a capture window gets them as releases and
+    // presses, which arrive as such), so the key is held on the app side.
+    typed_across(
+        X11Window::Root,
+        "de",
+        "us",
+        &[
+            &["keydown", "ISO_Level3_Shift", "q"],
+            &["sleep", "1.2"],
+            &["keyup", "q", "ISO_Level3_Shift"],
+            &["key", "--delay", "40", "b", "Return"],
+        ],
+        "@@@@@@",
+        &[],
+    );
+}
+
+/// Runs the xdotool commands `steps` on a display with layout `dev_layout` through
+/// `x11-input` (capturing with `window`) → `xtest` into an xterm on a display with layout `app_layout`, whose line must
+/// be `want` (or, for `want` of repeated `@`, a line of at least that many `@` then `b`); the
+/// spare keycodes given to `spare` keysyms are given back at the end.
 fn typed_across(
+    window: X11Window,
     dev_layout: &str,
     app_layout: &str,
-    text: &str,
-    keys: &[&str],
+    steps: &[&[&str]],
     want: &str,
     spare: &[&str],
 ) {
@@ -632,9 +669,12 @@ fn typed_across(
         );
         return;
     }
+    // One directory per call: tests between the same layouts run in parallel.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let dir = std::env::temp_dir().join(format!(
-        "ndd-layouts-{}-{dev_layout}-{app_layout}",
-        std::process::id()
+        "ndd-layouts-{}-{dev_layout}-{app_layout}-{}",
+        std::process::id(),
+        CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("typed.txt");
@@ -655,7 +695,7 @@ fn typed_across(
         let (tx, rx) = mpsc::channel::<Frame>(64);
         let source = SourceConfig::X11Input(X11InputConfig {
             display: dev.display.clone(),
-            window: X11Window::Create,
+            window,
         })
         .spawn(1, tx)
         .expect("x11-input source");
@@ -676,20 +716,34 @@ fn typed_across(
             .expect("xdotool");
         assert!(status.success(), "xdotool {args:?}");
     };
-    xdotool(&["type", "--delay", "40", text]);
-    let mut key = vec!["key", "--delay", "40"];
-    key.extend_from_slice(keys);
-    xdotool(&key);
+    for step in steps {
+        if step[0] == "sleep" {
+            std::thread::sleep(Duration::from_secs_f64(step[1].parse().unwrap()));
+        } else {
+            xdotool(step);
+        }
+    }
     wait_for(
         "the typed line in the app's xterm",
         Duration::from_secs(15),
         || std::fs::read_to_string(&file).is_ok_and(|t| t.contains('\n')),
     );
     let got = std::fs::read_to_string(&file).unwrap();
-    assert_eq!(
-        got, want,
-        "what the app's xterm ({app_layout}) read, typed on {dev_layout}"
-    );
+    if want.chars().all(|c| c == '@') {
+        let line = got.trim_end_matches('\n');
+        let repeats = line.trim_end_matches('b');
+        assert!(
+            line.ends_with('b') && repeats.chars().all(|c| c == '@') && repeats.len() >= want.len(),
+            "a held @ repeats as @ ({} at least) in the app's xterm ({app_layout}), typed on \
+             {dev_layout}: {got:?}",
+            want.len()
+        );
+    } else {
+        assert_eq!(
+            got, want,
+            "what the app's xterm ({app_layout}) read, typed on {dev_layout}"
+        );
+    }
 
     drop(dev);
     let _ = rt.block_on(source);

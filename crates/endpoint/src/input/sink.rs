@@ -144,6 +144,10 @@ pub(crate) struct Xtest {
     down: BTreeSet<u8>,
     /// Spare keycodes this sink gave a keysym, oldest first (given back at the end).
     remapped: Vec<u8>,
+    /// The Shift/AltGr changes made for the key typed last (by source key code), undone when
+    /// it is released or anything else happens: while it is held alone, the X server's
+    /// autorepeat repeats it as typed (`@` as Shift+2 repeats `@`, not `2`).
+    held_with: Option<(u16, Vec<(u8, bool)>)>,
 }
 
 impl std::fmt::Debug for Xtest {
@@ -204,6 +208,7 @@ fn open_xtest(endpoint: &'static str, c: &XtestConfig) -> Result<Xtest, Endpoint
         typed: HashMap::new(),
         down: BTreeSet::new(),
         remapped: Vec::new(),
+        held_with: None,
     })
 }
 
@@ -228,6 +233,16 @@ impl Xtest {
             self.down.remove(&keycode);
             self.fake(xproto::KEY_RELEASE_EVENT, keycode, 0, 0)
         }
+    }
+
+    /// Undoes the modifier changes made for the key typed last, if any.
+    fn settle(&mut self) -> Result<(), EndpointError> {
+        if let Some((_, undo)) = self.held_with.take() {
+            for (k, press) in undo.into_iter().rev() {
+                self.key(k, press)?;
+            }
+        }
+        Ok(())
     }
 
     /// Takes in `MappingNotify` (another program, or `setxkbmap`, changed the layout).
@@ -288,6 +303,7 @@ impl Xtest {
     /// layout needs for the press only (then as they were), so held modifiers keep working
     /// for shortcuts and clicks.
     fn press_sym(&mut self, code: u16, keysym: u32, hint: Option<u8>) -> Result<(), EndpointError> {
+        self.settle()?;
         if let Some(old) = self.typed.remove(&code).flatten() {
             self.key(old, false)?;
         }
@@ -344,8 +360,9 @@ impl Xtest {
             }
         }
         self.key(place.keycode, true)?;
-        for (k, press) in undo.into_iter().rev() {
-            self.key(k, press)?;
+        // Undone at its release or at the next event (see `held_with`).
+        if !undo.is_empty() {
+            self.held_with = Some((code, undo));
         }
         self.typed.insert(code, Some(place.keycode));
         Ok(())
@@ -386,12 +403,19 @@ impl Injector for Xtest {
                         }
                     });
                     match typed {
-                        Some(Some(k)) => self.key(k, false)?,
+                        Some(Some(k)) => {
+                            self.key(k, false)?;
+                            self.settle()?;
+                        }
                         Some(None) => {}
-                        None => self.key(keycode, press)?,
+                        None => {
+                            self.settle()?;
+                            self.key(keycode, press)?
+                        }
                     }
                 }
                 XAction::Button { button, press } => {
+                    self.settle()?;
                     let ty = if press {
                         xproto::BUTTON_PRESS_EVENT
                     } else {
