@@ -455,3 +455,37 @@ fn a_remote_x_desktop_shows_the_same_pixels_and_takes_clicks_and_keys() {
     let _ = dev.kill();
     let _ = app.kill();
 }
+
+/// A bare `Xvfb :N &` (no `-noreset`, as the example's comment suggests) resets whenever its
+/// last client leaves: `ndd check --side` probes every endpoint on it one after the other, and
+/// a probe that came during a reset was cut ("Connection reset by peer", "failed to read whole
+/// buffer"). It connects again now: five checks in a row pass.
+#[test]
+fn a_bare_xvfb_that_resets_between_clients_passes_the_start_up_probes() {
+    if let Some(m) = missing(&["Xvfb"]) {
+        println!("SKIPPED: needs {m} (apt-get install xvfb)");
+        return;
+    }
+    let (_x, display) =
+        ndd_procs::start_display("Xvfb", &["-screen", "0", "640x480x24", "-nolisten", "tcp"])
+            .expect("start Xvfb");
+    let dir = Dir::new("bare-xvfb");
+    let example = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/desktop.toml"),
+    )
+    .unwrap();
+    let cfg = dir.0.join("desktop.toml");
+    std::fs::write(&cfg, example.replace("\":0\"", &format!("\"{display}\""))).unwrap();
+    for i in 0..5 {
+        let out = ndd()
+            .args(["check", "--side", "device"])
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "check {i}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -26,16 +26,38 @@ pub(crate) fn wait_readable_for(fd: impl AsFd, timeout: Duration) -> std::io::Re
     }
 }
 
+/// Connects to `display`. An X server whose last client just left resets (a bare `Xvfb`
+/// started without `-noreset` does, after ndd's own start-up probe): a connection made during
+/// the reset is cut before the setup completes. Such a cut is tried again for about 300 ms.
 pub(crate) fn x11_connect(
     endpoint: &'static str,
     display: &str,
 ) -> Result<(RustConnection, usize), EndpointError> {
-    RustConnection::connect(Some(display)).map_err(|e| EndpointError::Unavailable {
-        endpoint,
-        what: format!("cannot connect to X display {display}: {e}"),
-        hint: "is the X server running, and may this user connect (DISPLAY, XAUTHORITY, xhost)?"
-            .to_string(),
-    })
+    use std::io::ErrorKind::{BrokenPipe, ConnectionReset, UnexpectedEof};
+    use x11rb::errors::ConnectError;
+    let mut wait = Duration::from_millis(10);
+    loop {
+        match RustConnection::connect(Some(display)) {
+            Ok(c) => return Ok(c),
+            Err(ConnectError::IoError(e))
+                if wait <= Duration::from_millis(160)
+                    && matches!(e.kind(), ConnectionReset | UnexpectedEof | BrokenPipe) =>
+            {
+                let server: &str = display;
+                tracing::debug!(endpoint, server, error = %e, "X server resetting; connecting again");
+                std::thread::sleep(wait);
+                wait *= 2;
+            }
+            Err(e) => {
+                return Err(EndpointError::Unavailable {
+                    endpoint,
+                    what: format!("cannot connect to X display {display}: {e}"),
+                    hint: "is the X server running, and may this user connect (DISPLAY, XAUTHORITY, xhost)?"
+                        .to_string(),
+                })
+            }
+        }
+    }
 }
 
 pub(crate) fn x11_err(
