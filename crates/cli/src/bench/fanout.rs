@@ -592,11 +592,15 @@ fn report(rows: &[Row], quick: bool, secs: f64) -> String {
             }
         );
     }
-    if let (Some(n), Some(raw)) = (
-        find(BULK.name, "ndd over NATS", 4),
-        find(BULK.name, "raw async-nats", 4),
-    ) {
-        let ratio = n.mb_s / raw.mb_s.max(1e-9);
+    // ndd over NATS and raw async-nats with `load` to 4 app sides, and their throughput ratio.
+    let vs_raw = |load: &str| {
+        let (n, raw) = (
+            find(load, "ndd over NATS", 4)?,
+            find(load, "raw async-nats", 4)?,
+        );
+        Some((n, raw, n.mb_s / raw.mb_s.max(1e-9)))
+    };
+    if let Some((n, raw, ratio)) = vs_raw(BULK.name) {
         let _ = writeln!(
             s,
             "- bulk at 30 frames/s to 4 app sides keeps up with raw NATS: {} ({:.2} vs {:.2} MB/s, {ratio:.2}×)",
@@ -605,12 +609,10 @@ fn report(rows: &[Row], quick: bool, secs: f64) -> String {
             raw.mb_s
         );
     }
-    if let (Some(n), Some(raw), Some(js)) = (
-        find(BULK_MAX.name, "ndd over NATS", 4),
-        find(BULK_MAX.name, "raw async-nats", 4),
+    if let (Some((n, raw, ratio)), Some(js)) = (
+        vs_raw(BULK_MAX.name),
         find(BULK_MAX.name, "raw JetStream", 4),
     ) {
-        let ratio = n.mb_s / raw.mb_s.max(1e-9);
         let _ = writeln!(
             s,
             "- bulk throughput to 4 app sides ≥ 0.8× raw NATS (unpaced): {} ({:.1} vs {:.1} MB/s aggregate, {ratio:.2}×); against raw JetStream, which stores and acknowledges as ndd does (no encryption, no sink): {:.1} MB/s, {:.2}×",
@@ -621,11 +623,7 @@ fn report(rows: &[Row], quick: bool, secs: f64) -> String {
             n.mb_s / js.mb_s.max(1e-9)
         );
     }
-    if let (Some(n), Some(raw)) = (
-        find(BULK_MAX_LOSSY.name, "ndd over NATS", 4),
-        find(BULK_MAX_LOSSY.name, "raw async-nats", 4),
-    ) {
-        let ratio = n.mb_s / raw.mb_s.max(1e-9);
+    if let Some((n, raw, ratio)) = vs_raw(BULK_MAX_LOSSY.name) {
         let _ = writeln!(
             s,
             "- the same unpaced bulk as a lossy stream (core NATS for both, nothing stored, encrypted and through the sink on ndd's side): {} ({:.1} vs {:.1} MB/s aggregate to 4 app sides, {ratio:.2}×; delivered {:.1} % vs {:.1} %)",
