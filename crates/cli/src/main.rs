@@ -198,6 +198,7 @@ enum Command {
 }
 
 fn main() {
+    ndd_endpoint::tune_allocator();
     let cli = Cli::parse();
     // Commands that only print end quietly when their reader goes away (`| head`).
     if matches!(

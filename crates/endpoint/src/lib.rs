@@ -61,7 +61,7 @@ pub mod serial;
 pub mod stdio;
 pub mod synthetic;
 mod sys;
-pub use sys::default_sigpipe;
+pub use sys::{default_sigpipe, tune_allocator};
 
 pub use check::{CheckConfig, Checker, NullConfig};
 pub use common::report::{CheckReport, SinkReport, SinkTask, SourceReport, SourceTask};
