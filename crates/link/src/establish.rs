@@ -244,6 +244,9 @@ pub enum EstablishError {
     /// A local problem no retry fixes (a port that cannot be bound, unreadable trust file).
     #[error("{0}")]
     Local(String),
+    /// A trusted peer this listener turned away because it serves another (CLOSE code 7).
+    #[error("{0}")]
+    Busy(String),
 }
 
 /// Where links come from: a listener we accept on, or an address we connect to.
@@ -311,6 +314,8 @@ struct ServeLogs {
     refused: RateLimit,
     rejected: RateLimit,
     evicted: RateLimit,
+    /// A peer waiting for a busy listener retries every few seconds: one line per 30 s.
+    busy: RateLimit,
 }
 
 impl Default for ServeLogs {
@@ -320,6 +325,7 @@ impl Default for ServeLogs {
             refused: limit(),
             rejected: limit(),
             evicted: limit(),
+            busy: RateLimit::new(std::time::Duration::from_secs(30)),
         }
     }
 }
@@ -327,6 +333,12 @@ impl Default for ServeLogs {
 impl ServeLogs {
     fn refused(&mut self, side: &str, e: &str) {
         if let Some(n) = self.refused.admit(Instant::now()) {
+            tracing::warn!(side, "refused a connection: {e}{}", more(n));
+        }
+    }
+
+    fn busy(&mut self, side: &str, e: &str) {
+        if let Some(n) = self.busy.admit(Instant::now()) {
             tracing::warn!(side, "refused a connection: {e}{}", more(n));
         }
     }
@@ -553,6 +565,7 @@ impl Connector {
                     Err(EstablishError::Refused(e)) => {
                         tracing::warn!(side = ctx.side, "refused a peer: {e}")
                     }
+                    Err(EstablishError::Busy(e)) => logs.busy(ctx.side, &e),
                     Err(EstablishError::Transient(e)) => {
                         tracing::debug!(error = %e, "no UDP peer yet")
                     }
@@ -610,6 +623,7 @@ impl Connector {
                         Ok((_, Ok(x))) => return Ok(x),
                         Ok((_, Err(e @ EstablishError::Local(_)))) => return Err(e),
                         Ok((_, Err(EstablishError::Refused(e)))) => logs.refused(ctx.side, &e),
+                        Ok((_, Err(EstablishError::Busy(e)))) => logs.busy(ctx.side, &e),
                         Ok((_, Err(EstablishError::Transient(e)))) => logs.rejected(ctx.side, &e),
                         Err(_) => {} // evicted
                     }
@@ -800,7 +814,7 @@ pub async fn handshake(
             ctx.side
         );
         refuse(&mut writer, CloseCode::Busy, &reason).await;
-        return Err(Refused(format!(
+        return Err(EstablishError::Busy(format!(
             "{peer_name} at {}: busy serving {serving}",
             info.addr
         )));
