@@ -205,6 +205,9 @@ type Writing = Pin<Box<dyn Future<Output = Written> + Send>>;
 type Reconnect<'a> = Pin<Box<dyn Future<Output = Result<Established, EstablishError>> + Send + 'a>>;
 type Busy<'a> = Pin<Box<dyn Future<Output = EstablishError> + Send + 'a>>;
 
+/// How often a side with a link up checks that its peer is still in `known_peers`.
+const TRUST_CHECK: Duration = Duration::from_secs(2);
+
 /// Most transmits or bytes written in one go before the driver looks around again.
 const BATCH_FRAMES: usize = 64;
 const BATCH_BYTES: usize = 1 << 20;
@@ -445,6 +448,9 @@ pub async fn run_side(
         ),
     };
     let peer = first.peer.clone();
+    // Checked against known_peers while the link is up: `ndd untrust` ends a live link.
+    let mut peer_fp = first.fingerprint.clone();
+    let mut next_trust_check = Instant::now() + TRUST_CHECK;
     note!(quiet, side, "connected to {peer}; streams agreed");
 
     // Streams: plans for the session, endpoints as tasks.
@@ -636,6 +642,7 @@ pub async fn run_side(
                 next_stats,
                 deadline.filter(|_| !stopping),
                 sinks_busy.then(|| Instant::now() + sess.ack_every()),
+                peer_fp.as_ref().filter(|_| link.is_some()).map(|_| next_trust_check),
             ]
             .into_iter()
             .flatten()
@@ -724,6 +731,7 @@ pub async fn run_side(
                         Ok(e) => {
                             note!(quiet, side, "reconnected to {}", e.peer);
                             busy = Some(Box::pin(connector.refuse_while_busy(&ctx, e.peer.clone())));
+                            peer_fp = e.fingerprint.clone();
                             link = Some(Link::new(e));
                             link_state = "up";
                             sess.handle_link_up(Instant::now());
@@ -752,6 +760,19 @@ pub async fn run_side(
                 _ = sleep_until_opt(wake) => {
                     let now = Instant::now();
                     sess.handle_timeout(now)?;
+                    if now >= next_trust_check {
+                        next_trust_check = now + TRUST_CHECK;
+                        if let (Some(fp), true) = (&peer_fp, link.is_some()) {
+                            match ndd_link::KnownPeers::load(&opts.home) {
+                                Ok(k) if k.lookup(fp).is_none() => {
+                                    tracing::warn!(side = %side, "the peer {fp} is no longer trusted (not in known_peers): closing the link; it is refused until trusted again");
+                                    sess.handle_link_lost(now, "the peer is no longer trusted")?;
+                                }
+                                Ok(_) => {}
+                                Err(e) => tracing::debug!(side = %side, "cannot read known_peers: {e}"),
+                            }
+                        }
+                    }
                     if next_stats.is_some_and(|t| now >= t) {
                         // On a terminal a table redrawn in place, every stream every tick;
                         // otherwise lines for the streams that moved.

@@ -418,3 +418,46 @@ fn a_second_device_is_told_the_app_side_is_busy_over_quic() {
 fn a_second_device_over_udp_gets_no_answer_and_the_session_goes_on() {
     second_device_is_told_busy("udp");
 }
+
+/// `ndd untrust` on a side whose link is up ends that link within a few seconds (it is not
+/// left to run until it drops), and the peer's reconnects are refused as untrusted.
+#[test]
+fn untrusting_the_connected_peer_closes_the_link_and_its_reconnects_are_refused() {
+    let dir = Dir::new("untrust-live");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let cfg = dir.0.join("c.toml");
+    std::fs::write(
+        &cfg,
+        CFG.replace("TRANSPORT", "tcp")
+            .replace("count = 200", "count = 100000")
+            .replace("expect = 200", "expect = 100000"),
+    )
+    .unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &addr]));
+    let _ = app.addr();
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &addr]));
+    wait_for("the session", WAIT, || {
+        app.stderr_now().contains("streams agreed")
+    });
+    let out = ok(ndd().args(["untrust", "device", "--home"]).arg(&app_home));
+    assert!(out.starts_with("no longer trusted: SHA256:"), "{out}");
+    let t0 = Instant::now();
+    wait_for("the app side to close the link", WAIT, || {
+        app.stderr_now()
+            .contains("is no longer trusted (not in known_peers): closing the link")
+    });
+    println!(
+        "link closed {:.1} s after ndd untrust",
+        t0.elapsed().as_secs_f64()
+    );
+    wait_for("the device's reconnect to be refused", WAIT, || {
+        app.stderr_now().contains("refused untrusted peer")
+    });
+    let derr = dev.kill();
+    assert!(
+        derr.contains("not trusted by the peer"),
+        "the device is told why: {derr}"
+    );
+    drop(app.kill());
+}

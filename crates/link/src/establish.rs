@@ -228,6 +228,8 @@ pub struct Established {
     pub tx: Tx,
     /// The peer's trusted name or fingerprint (TLS), or its address.
     pub peer: String,
+    /// The peer's fingerprint, checked against `known_peers` (`None` with `--insecure`).
+    pub fingerprint: Option<String>,
 }
 
 /// Why no link came of an attempt.
@@ -699,6 +701,17 @@ impl Connector {
                     "{err}; waiting for the peer, retrying every {} s at most",
                     ctx.max_backoff.as_secs_f64()
                 );
+            } else if !first
+                && matches!(err, EstablishError::Refused(_))
+                && told.admit(Instant::now()).is_some()
+            {
+                // A reconnect the peer refuses (it no longer trusts this side, or its stack
+                // changed) will not heal by itself: say so, once in a while.
+                tracing::warn!(
+                    side = ctx.side,
+                    "reconnecting: {err}; retrying every {} s at most",
+                    ctx.max_backoff.as_secs_f64()
+                );
             }
             if bounded && Instant::now() + backoff >= deadline {
                 let text = err.to_string();
@@ -896,6 +909,7 @@ pub async fn handshake(
             rx: reader,
             tx: writer,
             peer: peer_name,
+            fingerprint: info.fingerprint.filter(|_| tls.is_some()),
         }),
         Ok(Ok(Some(Incoming::Other(OwnedMessage::Close { code, reason })))) => Err(Refused(
             format!("the peer refused the session ({code}): {reason}"),
