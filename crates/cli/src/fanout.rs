@@ -531,6 +531,7 @@ pub async fn run_side(
                 home: opts.home.clone(),
                 key: key.clone(),
                 holders,
+                said_joined: HashMap::new(),
                 run,
                 slots,
                 taken: HashMap::new(),
@@ -872,6 +873,8 @@ struct JoinService {
     seen: Shared<HashMap<String, Instant>>,
     /// An app side not heard from for this long has left: its split slot is free again.
     gone_after: Duration,
+    /// When each app side's join was last logged.
+    said_joined: HashMap<String, Instant>,
     expiry: Duration,
 }
 
@@ -1014,11 +1017,24 @@ impl JoinService {
                 }
             }
         };
-        if !self.ctx.quiet {
-            let s = slot
-                .map(|s| format!(" (split slot {s})"))
-                .unwrap_or_default();
+        // An app side joins again to follow a rotated key, and anyone able to publish on the
+        // server can make every app side do that (a rekey notice carries nothing secret): say
+        // so once per identity per 10 s.
+        let now = Instant::now();
+        let said = self
+            .said_joined
+            .get(fp)
+            .is_some_and(|t| now.duration_since(*t) < Duration::from_secs(10));
+        if !said {
+            self.said_joined.insert(fp.to_string(), now);
+        }
+        let s = slot
+            .map(|s| format!(" (split slot {s})"))
+            .unwrap_or_default();
+        if !self.ctx.quiet && !said {
             tracing::info!(side = "device", "app side {name} joined{s}");
+        } else {
+            tracing::debug!(side = "device", "app side {name} joined again{s}");
         }
         if let Err(e) = add_holder(&self.holders, fp) {
             return refuse(
