@@ -205,28 +205,34 @@ impl KeyKeeper {
         Ok(revoked)
     }
 
-    /// Checks now and every `every`, saying when it rotated.
+    /// Rotates the key if a holder was revoked, and says so: in the log and, for the app
+    /// sides, on `P.D.rekey`.
+    async fn check(&self, ctx: &Ctx) -> Result<()> {
+        let revoked = self.rotate_if_revoked()?;
+        if !revoked.is_empty() {
+            tracing::warn!(
+                side = "device",
+                "rotated the group key: {} held it and is no longer trusted; trusted app sides get the new key by joining again",
+                revoked.join(", ")
+            );
+            let _ = ctx
+                .client
+                .publish(ctx.subjects.rekey(), Bytes::from_static(b"rekey"))
+                .await;
+        }
+        Ok(())
+    }
+
+    /// Checks every `every` (the first check is the caller's, at start).
     async fn watch(self, ctx: Ctx, every: Duration) -> Result<()> {
         loop {
-            match self.rotate_if_revoked() {
-                Ok(revoked) if !revoked.is_empty() => {
-                    tracing::warn!(
-                        side = "device",
-                        "rotated the group key: {} held it and is no longer trusted; trusted app sides get the new key by joining again",
-                        revoked.join(", ")
-                    );
-                    let _ = ctx
-                        .client
-                        .publish(ctx.subjects.rekey(), Bytes::from_static(b"rekey"))
-                        .await;
-                }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(
+            tokio::time::sleep(every).await;
+            if let Err(e) = self.check(&ctx).await {
+                tracing::warn!(
                     side = "device",
                     "cannot check who holds the group key: {e:#}"
-                ),
+                );
             }
-            tokio::time::sleep(every).await;
         }
     }
 }
@@ -492,17 +498,7 @@ pub async fn run_side(
                 tx: key_tx,
             };
             // An app side revoked while this side was away never sees a frame under its key.
-            let revoked = keeper.rotate_if_revoked()?;
-            if !revoked.is_empty() {
-                tracing::warn!(
-                    side = %side,
-                    "rotated the group key: {} held it and is no longer trusted; trusted app sides get the new key by joining again",
-                    revoked.join(", ")
-                );
-                let _ = client
-                    .publish(ctx.subjects.rekey(), Bytes::from_static(b"rekey"))
-                    .await;
-            }
+            keeper.check(&ctx).await?;
             let holders = keeper.holders_path();
             let every = Duration::from_millis(cfg.link.ping_interval_ms.clamp(100, 2000));
             let kctx = ctx.clone();

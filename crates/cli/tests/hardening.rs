@@ -332,6 +332,42 @@ fn a_strangers_datagrams_do_not_touch_a_udp_session() {
     assert!(aerr.contains(&check_ok("events", 1500)), "{aerr}");
 }
 
+/// `c.toml` in `dir`: [`CFG`] over `transport` with `count` frames, `link` added to `[link]`.
+fn long_config(
+    dir: &std::path::Path,
+    transport: &str,
+    count: u64,
+    link: &str,
+) -> std::path::PathBuf {
+    let cfg = dir.join("c.toml");
+    std::fs::write(
+        &cfg,
+        CFG.replace("TRANSPORT", transport)
+            .replace("[link]", &format!("[link]\n{link}"))
+            .replace("count = 200", &format!("count = {count}"))
+            .replace("expect = 200", &format!("expect = {count}")),
+    )
+    .unwrap();
+    cfg
+}
+
+/// An app side listening on a free port and a device connected to it, both sides' streams
+/// agreed: (address, app, device).
+fn app_and_device(
+    cfg: &std::path::Path,
+    app_home: &std::path::Path,
+    dev_home: &std::path::Path,
+) -> (String, Side, Side) {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let app = Side::spawn(run_cmd(cfg, "app", app_home, &["--listen", &addr]));
+    let _ = app.addr();
+    let dev = Side::spawn(run_cmd(cfg, "device", dev_home, &["--connect", &addr]));
+    wait_for("the session", WAIT, || {
+        dev.stderr_now().contains("streams agreed") && app.stderr_now().contains("streams agreed")
+    });
+    (addr, app, dev)
+}
+
 /// A second trusted device connecting while the app side serves one is told the app side is
 /// busy, and by whom (not left to time out in the listen queue), and the first one's session
 /// goes on untouched.
@@ -346,22 +382,8 @@ fn second_device_is_told_busy(transport: &str) {
     ok(ndd()
         .args(["trust", &ofp, "--name", "other", "--home"])
         .arg(&app_home));
-    let cfg = dir.0.join("c.toml");
-    std::fs::write(
-        &cfg,
-        CFG.replace("TRANSPORT", transport)
-            .replace("[link]", "[link]\nconnect_timeout_ms = 1500")
-            .replace("count = 200", "count = 3000")
-            .replace("expect = 200", "expect = 3000"),
-    )
-    .unwrap();
-    let addr = format!("127.0.0.1:{}", free_port());
-    let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &addr]));
-    let _ = app.addr();
-    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &addr]));
-    wait_for("the first device to connect", WAIT, || {
-        dev.stderr_now().contains("streams agreed")
-    });
+    let cfg = long_config(&dir.0, transport, 3000, "connect_timeout_ms = 1500");
+    let (addr, app, dev) = app_and_device(&cfg, &app_home, &dev_home);
     let t0 = Instant::now();
     // `--once`: give up at the connect timeout (without it a device waits for a busy app side
     // to be free, saying so).
@@ -425,21 +447,8 @@ fn a_second_device_over_udp_gets_no_answer_and_the_session_goes_on() {
 fn untrusting_the_connected_peer_closes_the_link_and_its_reconnects_are_refused() {
     let dir = Dir::new("untrust-live");
     let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
-    let cfg = dir.0.join("c.toml");
-    std::fs::write(
-        &cfg,
-        CFG.replace("TRANSPORT", "tcp")
-            .replace("count = 200", "count = 100000")
-            .replace("expect = 200", "expect = 100000"),
-    )
-    .unwrap();
-    let addr = format!("127.0.0.1:{}", free_port());
-    let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &addr]));
-    let _ = app.addr();
-    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &addr]));
-    wait_for("the session", WAIT, || {
-        app.stderr_now().contains("streams agreed")
-    });
+    let cfg = long_config(&dir.0, "tcp", 100_000, "");
+    let (_, app, dev) = app_and_device(&cfg, &app_home, &dev_home);
     let out = ok(ndd().args(["untrust", "device", "--home"]).arg(&app_home));
     assert!(out.starts_with("no longer trusted: SHA256:"), "{out}");
     let t0 = Instant::now();
