@@ -177,6 +177,100 @@ pub async fn raw_tls_one_way_ns(size: usize, n: usize) -> Result<Vec<u64>> {
     Ok(out)
 }
 
+/// One message every `period` from a sender task to a receiver task over `w` → `r` (each
+/// message `size` bytes, at least 8, its first 8 the send time in ns since `base`); the
+/// receiver's arrival time minus the send time, per message, in ns. Both tasks run on the
+/// caller's runtime, as ndd's source, session and sink tasks do: the like-for-like baseline of
+/// a paced one-way time (threads idle between messages, as they are under ndd).
+async fn paced_one_way_ns<W, R>(
+    mut w: W,
+    mut r: R,
+    size: usize,
+    n: usize,
+    period: Duration,
+) -> Result<Vec<u64>>
+where
+    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+{
+    let size = size.max(8);
+    let base = Instant::now();
+    let receiver = tokio::spawn(async move {
+        let mut buf = vec![0u8; size];
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            r.read_exact(&mut buf).await?;
+            let now = base.elapsed().as_nanos() as u64;
+            let sent = u64::from_le_bytes(buf[..8].try_into().expect("8 bytes"));
+            out.push(now.saturating_sub(sent).max(1));
+        }
+        Ok::<_, std::io::Error>(out)
+    });
+    let mut msg = vec![0x5au8; size];
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    for _ in 0..n {
+        tick.tick().await;
+        msg[..8].copy_from_slice(&(base.elapsed().as_nanos() as u64).to_le_bytes());
+        w.write_all(&msg).await?;
+        w.flush().await?;
+    }
+    let out = receiver
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))??;
+    drop(w);
+    Ok(out)
+}
+
+/// Raw TCP over loopback, paced: one `size`-byte write every `period` (`TCP_NODELAY`), one-way
+/// time per message in ns (see [`paced_one_way_ns`]).
+pub async fn raw_tcp_paced_one_way_ns(size: usize, n: usize, period: Duration) -> Result<Vec<u64>> {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|source| LinkError::Bind {
+            addr: "127.0.0.1:0".to_owned(),
+            source,
+        })?;
+    let addr = listener.local_addr()?;
+    let accept = tokio::spawn(async move { listener.accept().await });
+    let s = TcpStream::connect(addr)
+        .await
+        .map_err(|source| LinkError::Connect {
+            addr: addr.to_string(),
+            source,
+        })?;
+    s.set_nodelay(true)?;
+    let (r, _) = accept
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))??;
+    r.set_nodelay(true)?;
+    paced_one_way_ns(s, r, size, n, period).await
+}
+
+/// Raw TLS 1.3 over loopback (rustls with ndd's configuration, as [`raw_tls_throughput`]),
+/// paced: one `size`-byte write and flush every `period`, one-way time per message in ns.
+pub async fn raw_tls_paced_one_way_ns(size: usize, n: usize, period: Duration) -> Result<Vec<u64>> {
+    let (server, client) = throwaway_identities("tls-paced")?;
+    let (server, client) = (crate::Tls::new(server)?, crate::Tls::new(client)?);
+    let listener = crate::listen("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let accept = tokio::spawn(async move {
+        listener
+            .accept(Some(&server.server), Duration::from_secs(10))
+            .await
+    });
+    let (s, _) = crate::connect(
+        &addr.to_string(),
+        Some(&client.client),
+        Duration::from_secs(10),
+    )
+    .await?;
+    let (r, _) = accept
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))??;
+    paced_one_way_ns(s, r, size, n, period).await
+}
+
 /// Send `count` writes of `frame_size` bytes on one raw quinn stream over loopback — quinn
 /// with ndd's QUIC configuration (same identities, rustls, transport settings) but no ndd
 /// framing, session or tasks on the stream — and time until the receiver has them all.

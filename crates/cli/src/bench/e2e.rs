@@ -72,17 +72,21 @@ pub(crate) async fn raw_tcp_one_way(size: usize, n: usize) -> Result<Histogram<u
     Ok(h)
 }
 
-/// One-way time through ndd across loopback (both sides in this process, same clock).
-/// One-way time through ndd over `transport` (`tcp`, `quic`, `udp`).
+/// The one-way rows' spacing between frames of `size` bytes, in ms: frames must not queue
+/// behind each other (the figure is latency, not throughput).
+pub(crate) fn pacing_ms(size: usize) -> f64 {
+    (size as f64 / 50_000.0).max(2.0)
+}
+
+/// One-way time through ndd over `transport` (`tcp`, `quic`, `udp`) across loopback, both
+/// sides in this process (same clock), frames every [`pacing_ms`].
 pub(crate) async fn ndd_one_way_on(
     size: usize,
     n: usize,
     insecure: bool,
     transport: &str,
 ) -> Result<(f64, f64)> {
-    // Pace the source so frames do not queue behind each other: the figure is latency, not
-    // throughput.
-    let interval_ms = (size as f64 / 50_000.0).max(2.0);
+    let interval_ms = pacing_ms(size);
     let text = format!(
         r#"
 driver = "bench"

@@ -1,13 +1,13 @@
 //! `ndd bench links`: one-way time and throughput by link (TCP, TCP+TLS, QUIC, UDP), next to
 //! raw TCP and raw UDP measured in the same run.
 
-use super::e2e::{ndd_one_way_on, raw_tcp_one_way};
+use super::e2e::{ndd_one_way_on, pacing_ms, raw_tcp_one_way};
 use super::{hardware, hist, p50_p99, size_name, today};
 use crate::config::Config;
 use crate::demo;
 use anyhow::{Context, Result};
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 const LINKS: [(&str, &str, bool); 5] = [
     ("TCP (--insecure)", "tcp", true),
@@ -55,10 +55,12 @@ async fn ndd_throughput(transport: &str, insecure: bool, frames: u64) -> Result<
     Ok((bytes as f64 / secs / 1e9, s.frames))
 }
 
-/// The same over TLS between two `ndd run` processes (each side its own runtime, as users run
-/// it; steadier than one process, where both sides share one runtime's threads).
-async fn ndd_throughput_processes(frames: u64) -> Result<(f64, u64)> {
-    let v = super::mixed::two_processes("links", &throughput_config("tcp", frames)).await?;
+/// The same over TCP (TLS, or plain with `insecure`) between two `ndd run` processes (each
+/// side its own runtime, as users run it; steadier than one process, where both sides share
+/// one runtime's threads).
+async fn ndd_throughput_processes(frames: u64, insecure: bool) -> Result<(f64, u64)> {
+    let v =
+        super::mixed::two_processes("links", &throughput_config("tcp", frames), insecure).await?;
     let s = &v["streams"][0];
     let (bytes, got) = (
         s["bytes"].as_u64().unwrap_or(0),
@@ -91,13 +93,18 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
     );
     md += "## One-way time by message size\n\nBoth sides in one process on 127.0.0.1, paced \
            synthetic source (`repeat = true`: its payload made once), empty stack, `null` sink; one-way = delivery − source timestamp \
-           (same clock); p50 / p99 in µs. Baselines: raw TCP ping-pong and raw TLS 1.3 ping-pong \
-           (rustls with ndd's configuration, no ndd framing or session), RTT/2, same run.\n\n";
-    md += "| size | raw TCP | raw TLS 1.3 |";
+           (same clock); p50 / p99 in µs. Baselines, same run: raw TCP ping-pong and raw TLS 1.3 ping-pong \
+           (rustls with ndd's configuration, no ndd framing or session), RTT/2 (the issue's \
+           yardstick: both threads busy, never idle); and the same sockets paced as ndd's \
+           source is (one message every max(2 ms, size / 50 MB/s), a sender task and a receiver \
+           task on the same runtime, one-way = arrival − send time): the like-for-like \
+           baseline, where threads sleep between messages and each message pays their \
+           wake-ups.\n\n";
+    md += "| size | raw TCP RTT/2 | raw TLS RTT/2 | raw TCP paced | raw TLS paced |";
     for (name, _, _) in LINKS {
         md += &format!(" {name} |");
     }
-    md += "\n|---:|---:|---:|";
+    md += "\n|---:|---:|---:|---:|---:|";
     md += &"---:|".repeat(LINKS.len());
     md += "\n";
     eprintln!("bench links: one-way µs p50 / p99");
@@ -111,9 +118,31 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
             tls.saturating_record(ns);
         }
         let (t50, t99) = p50_p99(&tls);
+        let period = Duration::from_secs_f64(pacing_ms(size) / 1e3);
+        let mut paced = Vec::new();
+        for (name, ns) in [
+            (
+                "raw TCP paced",
+                ndd_link::bench::raw_tcp_paced_one_way_ns(size, n(size), period).await,
+            ),
+            (
+                "raw TLS paced",
+                ndd_link::bench::raw_tls_paced_one_way_ns(size, n(size), period).await,
+            ),
+        ] {
+            let mut h = hist();
+            for ns in ns.context(name)? {
+                h.saturating_record(ns);
+            }
+            paced.push(p50_p99(&h));
+        }
         let mut row = format!(
-            "| {} | {r50:.0} / {r99:.0} | {t50:.0} / {t99:.0} |",
-            size_name(size)
+            "| {} | {r50:.0} / {r99:.0} | {t50:.0} / {t99:.0} | {:.0} / {:.0} | {:.0} / {:.0} |",
+            size_name(size),
+            paced[0].0,
+            paced[0].1,
+            paced[1].0,
+            paced[1].1
         );
         for (name, t, insecure) in LINKS {
             let (a, b) = ndd_one_way_on(size, n(size), insecure, t)
@@ -152,7 +181,10 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
     ]
     .into_iter()
     .chain(LINKS.iter().map(|(name, _, _)| format!("ndd {name}")))
-    .chain(["ndd TCP + TLS 1.3, two `ndd run` processes".to_string()])
+    .chain([
+        "ndd TCP (--insecure), two `ndd run` processes".to_string(),
+        "ndd TCP + TLS 1.3, two `ndd run` processes".to_string(),
+    ])
     .collect();
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
     let mut delivered: Vec<String> = vec![String::new(); names.len()];
@@ -188,10 +220,12 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
                 .with_context(|| format!("{name} throughput"))?;
             put(g, format!("{got} of {frames}"));
         }
-        let (g, got) = ndd_throughput_processes(frames)
-            .await
-            .context("TLS throughput, two processes")?;
-        put(g, format!("{got} of {frames}"));
+        for (insecure, what) in [(true, "plain TCP"), (false, "TLS")] {
+            let (g, got) = ndd_throughput_processes(frames, insecure)
+                .await
+                .with_context(|| format!("{what} throughput, two processes"))?;
+            put(g, format!("{got} of {frames}"));
+        }
     }
     for ((name, mut r), got) in names.iter().zip(rates).zip(delivered) {
         r.sort_by(f64::total_cmp);
@@ -204,7 +238,7 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
            buffer overflow, paced by its congestion window). TLS, QUIC and sealed UDP \
            (ChaCha20-Poly1305 on every datagram) encrypt and authenticate; `--insecure` links \
            do not. The rows above it run both sides in this process (sharing its runtime's two \
-           threads); the last row runs them as two `ndd run` processes, as users do.\n";
+           threads); the last two rows run them as two `ndd run` processes, as users do.\n";
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let path = out.join("links.md");
     std::fs::write(&path, md).with_context(|| format!("cannot write {}", path.display()))?;

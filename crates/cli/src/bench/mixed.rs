@@ -74,7 +74,7 @@ async fn ndd_mixed(small: u64, bulk: u64, flight_min: u64) -> Result<Row> {
 /// `--stats-json` read back.
 async fn ndd_mixed_processes(small: u64, bulk: u64, flight_min: u64) -> Result<Row> {
     let t = Instant::now();
-    let v = two_processes("mixed", &mixed_config(small, bulk, flight_min)).await?;
+    let v = two_processes("mixed", &mixed_config(small, bulk, flight_min), false).await?;
     let secs = t.elapsed().as_secs_f64();
     let streams = v["streams"]
         .as_array()
@@ -89,9 +89,13 @@ async fn ndd_mixed_processes(small: u64, bulk: u64, flight_min: u64) -> Result<R
     })
 }
 
-/// Runs `config` as two `ndd run` processes on loopback (TLS, fresh identities trusting each
-/// other, `--once`), within 120 s; the app side's `--stats-json`.
-pub(crate) async fn two_processes(tag: &str, config: &str) -> Result<serde_json::Value> {
+/// Runs `config` as two `ndd run` processes on loopback (TLS, or plain with `insecure`; fresh
+/// identities trusting each other, `--once`), within 120 s; the app side's `--stats-json`.
+pub(crate) async fn two_processes(
+    tag: &str,
+    config: &str,
+    insecure: bool,
+) -> Result<serde_json::Value> {
     let exe = std::env::current_exe().context("cannot find the ndd executable")?;
     let dir = std::env::temp_dir().join(format!("ndd-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -133,31 +137,44 @@ pub(crate) async fn two_processes(tag: &str, config: &str) -> Result<serde_json:
             .spawn()
             .context("cannot start ndd")
     };
-    let mut app = spawn(&[
-        "run",
-        &cfg,
-        "--side",
-        "app",
-        "--listen",
-        &addr,
-        "--home",
-        &ha,
-        "--once",
-        "--stats-json",
-        &json_s,
-    ])?;
+    let plain: &[&str] = if insecure { &["--insecure"] } else { &[] };
+    let mut app = spawn(
+        &[
+            &[
+                "run",
+                &cfg,
+                "--side",
+                "app",
+                "--listen",
+                &addr,
+                "--home",
+                &ha,
+                "--once",
+                "--stats-json",
+                &json_s,
+            ],
+            plain,
+        ]
+        .concat(),
+    )?;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let mut dev = spawn(&[
-        "run",
-        &cfg,
-        "--side",
-        "device",
-        "--connect",
-        &addr,
-        "--home",
-        &hd,
-        "--once",
-    ])?;
+    let mut dev = spawn(
+        &[
+            &[
+                "run",
+                &cfg,
+                "--side",
+                "device",
+                "--connect",
+                &addr,
+                "--home",
+                &hd,
+                "--once",
+            ],
+            plain,
+        ]
+        .concat(),
+    )?;
     let limit = Duration::from_secs(120);
     let (a, d) = tokio::time::timeout(limit, async { (app.wait().await, dev.wait().await) })
         .await
