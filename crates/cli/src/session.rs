@@ -20,6 +20,7 @@ use ndd_endpoint::delivered::INJECTED_SEQ;
 use ndd_endpoint::display::LinkState;
 use ndd_endpoint::{CheckReport, Delivered, Demand, SinkReport, SourceReport};
 use ndd_link::{Connector, EstablishError, Established, HandshakeCtx, Identity, Listener, Rx, Tx};
+use ndd_wire::{CloseCode, OwnedMessage};
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -205,6 +206,9 @@ type Writing = Pin<Box<dyn Future<Output = Written> + Send>>;
 type Reconnect<'a> = Pin<Box<dyn Future<Output = Result<Established, EstablishError>> + Send + 'a>>;
 type Busy<'a> = Pin<Box<dyn Future<Output = EstablishError> + Send + 'a>>;
 
+/// The reason a revoked peer is given when its live link is closed.
+const UNTRUSTED_NOW: &str = "its fingerprint was removed from known_peers (ndd untrust)";
+
 /// How often a side with a link up checks that its peer is still in `known_peers`.
 const TRUST_CHECK: Duration = Duration::from_secs(2);
 
@@ -262,6 +266,26 @@ impl Link {
         self.writing = None;
         self.idle = Some(tx);
         self.spare = spare;
+    }
+
+    /// Tells the peer it is no longer trusted (a CLOSE with code 4, after the write in flight;
+    /// within half a second), before the link is dropped.
+    async fn say_untrusted(&mut self) {
+        let say = async {
+            if let Some(w) = self.writing.take() {
+                let (tx, spare, r) = w.await;
+                self.done_writing(tx, spare);
+                r.ok()?;
+            }
+            let tx = self.idle.as_mut()?;
+            let close = Transmit::Message(OwnedMessage::Close {
+                code: CloseCode::UntrustedPeer,
+                reason: UNTRUSTED_NOW.to_string(),
+            });
+            tx.write_transmit(&close).await.ok()?;
+            tx.flush().await.ok()
+        };
+        let _ = tokio::time::timeout(Duration::from_millis(500), say).await;
     }
 
     /// Finishes the write in flight and anything left, then closes our direction (within a
@@ -766,7 +790,10 @@ pub async fn run_side(
                             match ndd_link::KnownPeers::load(&opts.home) {
                                 Ok(k) if k.lookup(fp).is_none() => {
                                     tracing::warn!(side = %side, "the peer {fp} is no longer trusted (not in known_peers): closing the link; it is refused until trusted again");
-                                    sess.handle_link_lost(now, "the peer is no longer trusted")?;
+                                    if let Some(l) = link.as_mut() {
+                                        l.say_untrusted().await;
+                                    }
+                                    sess.handle_link_lost(Instant::now(), "the peer is no longer trusted")?;
                                 }
                                 Ok(_) => {}
                                 Err(e) => tracing::debug!(side = %side, "cannot read known_peers: {e}"),

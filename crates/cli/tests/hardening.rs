@@ -465,8 +465,19 @@ fn untrusting_the_connected_peer_closes_the_link_and_its_reconnects_are_refused(
     });
     let derr = dev.kill();
     assert!(
+        derr.contains(
+            "link lost: the peer no longer trusts this side: its fingerprint was removed from \
+             known_peers (ndd untrust); reconnecting"
+        ),
+        "the device is told at once why its link closed: {derr}"
+    );
+    assert!(
+        !derr.contains("close_notify"),
+        "not as if the app side had crashed: {derr}"
+    );
+    assert!(
         derr.contains("not trusted by the peer"),
-        "the device is told why: {derr}"
+        "and why its reconnects are refused: {derr}"
     );
     drop(app.kill());
 }

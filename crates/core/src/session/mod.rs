@@ -887,6 +887,19 @@ impl Session {
                         self.finish(self.close.map_or(Ending::PeerClosed, |c| c.reason));
                     }
                 }
+                OwnedMessage::Close {
+                    code: CloseCode::UntrustedPeer,
+                    reason,
+                } if self.cfg.reconnect && !self.stopping => {
+                    // The peer revoked us mid-session (`ndd untrust`): a lost link with the
+                    // reason, so its refusals of our reconnects say the rest (and a peer that
+                    // trusts us again takes us back).
+                    let reason = match reason.as_str() {
+                        "" => "the peer no longer trusts this side".to_string(),
+                        r => format!("the peer no longer trusts this side: {r}"),
+                    };
+                    return self.handle_link_lost(now, &reason);
+                }
                 OwnedMessage::Close { code, reason } => {
                     return Err(SessionError::PeerClosed { code, reason })
                 }

@@ -411,3 +411,42 @@ fn a_sink_acks_a_window_floor_of_bytes_at_once_so_a_source_at_its_floor_is_never
         "one window floor in: ACK at once, not on the next tick"
     );
 }
+
+#[test]
+fn a_peer_that_revokes_us_mid_session_is_a_lost_link_with_its_reason_and_the_end_with_once() {
+    let now = Instant::now();
+    let revoked = Incoming::Other(OwnedMessage::Close {
+        code: CloseCode::UntrustedPeer,
+        reason: "removed from known_peers".into(),
+    });
+    let mut s = session(vec![plan(1, Role::Source, true)], 1 << 20);
+    s.handle_link_up(now);
+    s.handle_message(now, 1, resume(9)).unwrap();
+    s.handle_message(now, 1, revoked.clone()).unwrap();
+    let events: Vec<Event> = std::iter::from_fn(|| s.poll_event()).collect();
+    assert!(
+        events.iter().any(|e| matches!(e, Event::LinkLost { reason }
+            if reason == "the peer no longer trusts this side: removed from known_peers")),
+        "{events:?}"
+    );
+    assert_eq!(s.state(), State::Disconnected, "reconnecting");
+
+    // Without reconnecting, it ends the session with the peer's code and reason.
+    let mut once = Session::new(
+        SessionConfig {
+            reconnect: false,
+            ..SessionConfig::default()
+        },
+        vec![plan(1, Role::Source, true)],
+        7,
+    )
+    .unwrap();
+    once.handle_link_up(now);
+    once.handle_message(now, 1, resume(9)).unwrap();
+    let e = once.handle_message(now, 1, revoked).unwrap_err();
+    assert!(
+        matches!(&e, SessionError::PeerClosed { code: CloseCode::UntrustedPeer, reason }
+            if reason == "removed from known_peers"),
+        "{e:?}"
+    );
+}
