@@ -193,3 +193,152 @@ sink = {{ type = "y4m", path = "{}", fps = 30 }}
     drop(app.kill());
     drop(dev.kill());
 }
+
+/// The v4l2loopback nodes to test with: `NDD_V4L2_LOOPBACK` (a path), or the first node whose
+/// name says v4l2loopback (`/sys/class/video4linux/*/name`: "Dummy video device …").
+fn loopback_node() -> Option<std::path::PathBuf> {
+    if let Ok(p) = std::env::var("NDD_V4L2_LOOPBACK") {
+        return Some(p.into());
+    }
+    let mut nodes: Vec<_> = std::fs::read_dir("/sys/class/video4linux")
+        .ok()?
+        .flatten()
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("name"))
+                .is_ok_and(|n| n.contains("Dummy video device") || n.contains("loopback"))
+        })
+        .map(|e| std::path::Path::new("/dev").join(e.file_name()))
+        .collect();
+    nodes.sort();
+    nodes.into_iter().next()
+}
+
+/// A remote camera through real V4L2 both ways: `camera-sim` → `image` → two ndd processes →
+/// the `v4l2loopback` sink on a loopback node; there a second pair's `v4l2` source captures it
+/// → `y4m` pipe → ffmpeg, which reads the frame numbers back (increasing: a loopback device
+/// keeps only its newest picture, so some may be skipped, none repeated backwards). Needs a
+/// kernel with V4L2 and `modprobe v4l2loopback video_nr=10` (exclusive_caps=0, its default).
+#[test]
+fn a_camera_through_v4l2loopback_and_the_v4l2_source_reaches_ffmpeg() {
+    if let Some(m) = missing(&["ffmpeg"]) {
+        println!("SKIPPED: v4l2 camera test needs {m} (apt-get install ffmpeg)");
+        return;
+    }
+    let Some(node) = loopback_node() else {
+        println!(
+            "SKIPPED: v4l2 camera test needs a v4l2loopback device (this kernel has {}; on a \
+             machine with V4L2: apt-get install v4l2loopback-dkms && modprobe v4l2loopback \
+             video_nr=10, or set NDD_V4L2_LOOPBACK=/dev/videoN)",
+            if std::path::Path::new("/sys/class/video4linux").exists() {
+                "V4L2 but no loopback node"
+            } else {
+                "no V4L2 at all"
+            }
+        );
+        return;
+    };
+    let dir = Dir::new("camera-v4l2");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let write = |name: &str, text: String| {
+        let p = dir.0.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    // Pair 1: the synthetic camera into the loopback node (its app side writes it).
+    let into = write(
+        "into.toml",
+        format!(
+            r#"
+driver = "camera-in"
+[[stream]]
+name = "camera"
+direction = "device-to-app"
+source = {{ type = "camera-sim", width = 640, height = 480, fps = 30, count = 300 }}
+stack = [{{ type = "image", quality = "high" }}]
+sink = {{ type = "v4l2loopback", path = "{}" }}
+"#,
+            node.display()
+        ),
+    );
+    let link1 = free_addr();
+    let app1 = Side::spawn(run_cmd(&into, "app", &app_home, &["--listen", &link1]));
+    let dev1 = Side::spawn(run_cmd(&into, "device", &dev_home, &["--connect", &link1]));
+    wait_for("the loopback output to be set", WAIT, || {
+        app1.stderr_now()
+            .contains("v4l2loopback output set to YUYV")
+    });
+    // Pair 2: the loopback node as the device side's camera, to a y4m pipe on the app side.
+    let fifo = dir.0.join("camera.y4m");
+    let out = write(
+        "out.toml",
+        format!(
+            r#"
+driver = "camera-out"
+[[stream]]
+name = "camera"
+direction = "device-to-app"
+source = {{ type = "v4l2", path = "{}", width = 640, height = 480, fps = 30, format = "yuyv" }}
+sink = {{ type = "y4m", path = "{}", fps = 30 }}
+"#,
+            node.display(),
+            fifo.display()
+        ),
+    );
+    let link2 = free_addr();
+    let app2 = Side::spawn(run_cmd(&out, "app", &app_home, &["--listen", &link2]));
+    let dev2 = Side::spawn(run_cmd(&out, "device", &dev_home, &["--connect", &link2]));
+    wait_for("the y4m pipe", WAIT, || fifo.exists());
+    let strip = dir.0.join("strip.raw");
+    let ffmpeg = Command::new("ffmpeg")
+        .args(["-loglevel", "error", "-f", "yuv4mpegpipe", "-i"])
+        .arg(&fifo)
+        .args([
+            "-frames:v",
+            "60",
+            "-vf",
+            "crop=512:16:0:0",
+            "-pix_fmt",
+            "gray",
+            "-f",
+            "rawvideo",
+            "-y",
+        ])
+        .arg(&strip)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ffmpeg")
+        .wait_with_output()
+        .expect("ffmpeg ends");
+    let logs = || {
+        format!(
+            "sink app: {}\nsource device: {}",
+            app1.stderr_now(),
+            dev2.stderr_now()
+        )
+    };
+    assert!(
+        ffmpeg.status.success(),
+        "ffmpeg: {}\n{}",
+        String::from_utf8_lossy(&ffmpeg.stderr),
+        logs()
+    );
+    let numbers: Vec<u32> = std::fs::read(&strip)
+        .unwrap()
+        .chunks_exact(512 * 16)
+        .filter_map(|f| read_number(f, 512))
+        .collect();
+    assert_eq!(
+        numbers.len(),
+        60,
+        "60 pictures read: {numbers:?}\n{}",
+        logs()
+    );
+    assert!(
+        numbers.windows(2).all(|w| w[0] <= w[1]) && numbers[59] > numbers[0],
+        "the camera's frames in order and moving: {numbers:?}"
+    );
+    for s in [app2, dev2, app1, dev1] {
+        drop(s.kill());
+    }
+}

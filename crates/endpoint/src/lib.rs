@@ -33,7 +33,8 @@
 //!   encoder, sans-IO), the byte-stream reader and writer loops, and the X11 connection
 //!   helpers;
 //! - `sys/`: the only unsafe code (modem-line ioctls, registering a descriptor with tokio,
-//!   the System V shared memory of MIT-SHM), every block with its `// SAFETY:` comment.
+//!   the System V shared memory of MIT-SHM, Video4Linux2 ioctls and buffer mappings), every
+//!   block with its `// SAFETY:` comment.
 //!
 //! Invariants:
 //! - a source numbers its frames 0, 1, 2, … on the stream it is given, stamps each with its

@@ -10,12 +10,17 @@
 //!   `ffmpeg -i /tmp/camera.y4m …`, GStreamer's `filesrc ! y4mdec`. A frame is written once an
 //!   update is complete (the last frame of a capture cut in several).
 //!
-//! Not here yet: a V4L2 capture source and a v4l2loopback sink (this machine's kernel has
-//! neither V4L2 nor the module, so they could not be tested; docs/devices.md).
+//! - `v4l2` source: a real camera (a webcam's YUYV or MJPEG through Video4Linux2), as display
+//!   records like `camera-sim`'s; `v4l2loopback` sink: the pictures as YUYV on a v4l2loopback
+//!   device, the remote camera as `/dev/videoN` for any program (`v4l2.rs`).
 //!
-//! Files: `pattern.rs` (sans-IO: the test pattern, the frame-number strip, BGRX → I420).
+//! Files: `pattern.rs` (sans-IO: the test pattern, the frame-number strip, BGRX → I420),
+//! `v4l2.rs` (the V4L2 source and sink; their ioctls in `sys/v4l2.rs`).
 
 pub mod pattern;
+pub mod v4l2;
+
+pub use v4l2::{CaptureFormat, V4l2Config, V4l2LoopbackConfig};
 
 use crate::common::delivered::Delivered;
 use crate::common::error::EndpointError;

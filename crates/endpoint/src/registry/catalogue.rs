@@ -226,6 +226,18 @@ pub const SOURCES: &[EndpointInfo] = &[
             ("count", "integer", "none", "frames to send, then end; endless when absent"),
         ],
     },
+    EndpointInfo {
+        name: "v4l2",
+        summary: "a Video4Linux2 camera (a webcam's YUYV or MJPEG, streaming I/O) as display records (BGRX keyframes)",
+        params: &[
+            ("path", "path", REQUIRED, "the camera's device node, e.g. /dev/video0 or /dev/v4l/by-id/…"),
+            ("width", "even, 16..=8192", "640", "width asked for (the camera may give the nearest it has)"),
+            ("height", "even, 16..=8192", "480", "height asked for"),
+            ("fps", "number in (0, 1000]", "30", "frame rate asked for"),
+            ("format", "auto | yuyv | mjpeg", "auto", "pixel format asked for; auto: YUYV, else MJPEG"),
+            ("count", "integer", "none", "frames to send, then end; endless when absent"),
+        ],
+    },
 ];
 
 /// Every sink endpoint.
@@ -357,6 +369,13 @@ pub const SINKS: &[EndpointInfo] = &[
         params: &[
             ("path", "path", REQUIRED, "where the stream goes; a named pipe is made there if nothing is"),
             ("fps", "number in (0, 1000]", "30", "the frame rate written in the stream's header"),
+        ],
+    },
+    EndpointInfo {
+        name: "v4l2loopback",
+        summary: "display records written as YUYV to a v4l2loopback device: the remote camera as /dev/videoN for browsers and video-call programs",
+        params: &[
+            ("path", "path", REQUIRED, "the v4l2loopback node (`modprobe v4l2loopback video_nr=10 exclusive_caps=1`: /dev/video10)"),
         ],
     },
 ];

@@ -105,6 +105,7 @@ fn catalogue_params_match_the_config_keys() {
             server: Some("s".into()),
             ..Default::default()
         }),
+        SourceConfig::V4l2(parse("{ path = \"/dev/video0\", count = 1 }").unwrap()),
     ];
     let sinks = [
         SinkConfig::Stdout(StdoutConfig::default()),
@@ -132,6 +133,7 @@ fn catalogue_params_match_the_config_keys() {
         SinkConfig::Rfc2217Server(parse("{ listen = \"127.0.0.1:2217\" }").unwrap()),
         SinkConfig::Rfc2217Client(parse("{ address = \"h:1\" }").unwrap()),
         SinkConfig::Y4m(parse("{ path = \"/tmp/c.y4m\" }").unwrap()),
+        SinkConfig::V4l2loopback(parse("{ path = \"/dev/video10\" }").unwrap()),
         SinkConfig::PulsePlayback(crate::audio::PulsePlaybackConfig {
             device: Some("d".into()),
             virtual_source: Some("v".into()),

@@ -26,7 +26,7 @@ mod probe;
 pub use catalogue::{EndpointInfo, REQUIRED, SINKS, SOURCES};
 
 use crate::audio::{PulseCaptureConfig, PulsePlaybackConfig};
-use crate::camera::{CameraSimConfig, Y4mConfig};
+use crate::camera::{CameraSimConfig, V4l2Config, V4l2LoopbackConfig, Y4mConfig};
 use crate::check::{CheckConfig, NullConfig};
 use crate::clipboard::X11ClipboardConfig;
 use crate::common::delivered::Delivered;
@@ -103,6 +103,8 @@ pub enum SourceConfig {
     /// A synthetic camera (either side).
     #[serde(rename = "camera-sim")]
     CameraSim(CameraSimConfig),
+    /// A Video4Linux2 camera (device side).
+    V4l2(V4l2Config),
 }
 
 /// Where a stream's frames go.
@@ -147,6 +149,8 @@ pub enum SinkConfig {
     PulsePlayback(PulsePlaybackConfig),
     /// A YUV4MPEG2 stream for ffplay, ffmpeg, GStreamer (app side).
     Y4m(Y4mConfig),
+    /// A v4l2loopback device: the remote camera as `/dev/videoN` (app side).
+    V4l2loopback(V4l2LoopbackConfig),
 }
 
 /// `x11-clipboard(display=:0, selections=CLIPBOARD+PRIMARY, max_bytes=8388608, images)`.
@@ -263,6 +267,8 @@ impl SourceConfig {
             // Sound is only worth hearing now.
             SourceConfig::PulseCapture(_) => false,
             SourceConfig::CameraSim(_) => true,
+            // A live camera: what it saw while the link was down is stale.
+            SourceConfig::V4l2(_) => false,
         }
     }
 
@@ -279,6 +285,7 @@ impl SourceConfig {
             SourceConfig::Serial(c) => vec![&mut c.path],
             SourceConfig::Pty(c) => vec![&mut c.link],
             SourceConfig::Evdev(c) => vec![&mut c.path],
+            SourceConfig::V4l2(c) => vec![&mut c.path],
             SourceConfig::Synthetic(_)
             | SourceConfig::SpacenavSim(_)
             | SourceConfig::Stdin(_)
@@ -311,6 +318,7 @@ impl SourceConfig {
             SourceConfig::Rfc2217Client(_) => &SOURCES[12],
             SourceConfig::PulseCapture(_) => &SOURCES[13],
             SourceConfig::CameraSim(_) => &SOURCES[14],
+            SourceConfig::V4l2(_) => &SOURCES[15],
         }
     }
 
@@ -332,6 +340,7 @@ impl SourceConfig {
             SourceConfig::Rfc2217Client(_) => "rfc2217-client source",
             SourceConfig::PulseCapture(_) => "pulse-capture source",
             SourceConfig::CameraSim(_) => "camera-sim source",
+            SourceConfig::V4l2(_) => "v4l2 source",
         }
     }
 
@@ -392,6 +401,19 @@ impl SourceConfig {
                 fmt_opt(&mut s, "count", c.count);
                 s + ")"
             }
+            SourceConfig::V4l2(c) => {
+                let mut s = format!(
+                    "v4l2(path={}, {}x{}, fps={}, format={:?}",
+                    c.path.display(),
+                    c.width,
+                    c.height,
+                    c.fps,
+                    c.format
+                )
+                .to_lowercase();
+                fmt_opt(&mut s, "count", c.count);
+                s + ")"
+            }
         }
     }
 
@@ -447,6 +469,11 @@ impl SourceConfig {
                 }
             }
             SourceConfig::CameraSim(c) => {
+                if let Err((param, reason)) = c.check() {
+                    return bad(param, reason);
+                }
+            }
+            SourceConfig::V4l2(c) => {
                 if let Err((param, reason)) = c.check() {
                     return bad(param, reason);
                 }
@@ -518,6 +545,7 @@ impl SourceConfig {
                 audio::spawn_pulse_capture(&rt, endpoint, c, stream, tx)
             }
             SourceConfig::CameraSim(c) => camera::spawn_camera_sim(&rt, endpoint, c, stream, tx),
+            SourceConfig::V4l2(c) => camera::v4l2::spawn_v4l2(&rt, endpoint, c, stream, tx),
         }
     }
 }
@@ -547,6 +575,7 @@ impl SinkConfig {
             | SinkConfig::Rfc2217Client(_)
             | SinkConfig::PulsePlayback(_) => vec![],
             SinkConfig::Y4m(c) => vec![&mut c.path],
+            SinkConfig::V4l2loopback(c) => vec![&mut c.path],
         }
     }
 
@@ -569,6 +598,7 @@ impl SinkConfig {
             SinkConfig::Rfc2217Client(_) => &SINKS[13],
             SinkConfig::PulsePlayback(_) => &SINKS[14],
             SinkConfig::Y4m(_) => &SINKS[15],
+            SinkConfig::V4l2loopback(_) => &SINKS[16],
         }
     }
 
@@ -590,6 +620,7 @@ impl SinkConfig {
             SinkConfig::Rfc2217Client(_) => "rfc2217-client sink",
             SinkConfig::PulsePlayback(_) => "pulse-playback sink",
             SinkConfig::Y4m(_) => "y4m sink",
+            SinkConfig::V4l2loopback(_) => "v4l2loopback sink",
             SinkConfig::Framebuffer(_) => "framebuffer sink",
         }
     }
@@ -636,6 +667,7 @@ impl SinkConfig {
                 format!("pulse-playback({what}latency_ms={})", c.latency_ms)
             }
             SinkConfig::Y4m(c) => format!("y4m(path={}, fps={})", c.path.display(), c.fps),
+            SinkConfig::V4l2loopback(c) => format!("v4l2loopback(path={})", c.path.display()),
         }
     }
 
@@ -689,6 +721,7 @@ impl SinkConfig {
                 param,
                 reason: reason.to_string(),
             }),
+            SinkConfig::V4l2loopback(_) => Ok(()),
         }
     }
 
@@ -763,6 +796,9 @@ impl SinkConfig {
                 audio::spawn_pulse_playback(&rt, endpoint, c, rx, delivered)
             }
             SinkConfig::Y4m(c) => camera::spawn_y4m(&rt, endpoint, c, rx, delivered),
+            SinkConfig::V4l2loopback(c) => {
+                camera::v4l2::spawn_v4l2loopback(&rt, endpoint, c, rx, delivered)
+            }
         }
     }
 }

@@ -33,17 +33,24 @@ fn readable(endpoint: &'static str, key: &str, path: &Path) -> Result<(), Endpoi
 
 /// `key` names a device node or file that exists (not opened: opening a serial port can
 /// change its modem lines).
-fn exists(endpoint: &'static str, key: &str, path: &Path) -> Result<(), EndpointError> {
+/// `key` names an existing device node; `hint` says how to find the right one.
+fn exists(endpoint: &'static str, key: &str, path: &Path, hint: &str) -> Result<(), EndpointError> {
     match std::fs::metadata(path) {
         Ok(_) => Ok(()),
         Err(e) => Err(unavailable(
             endpoint,
             format!("key `{key}`: {}: {e}", path.display()),
-            "check the path (is the device plugged in? `ls /dev/serial/by-id/` lists serial \
-             adapters)",
+            hint,
         )),
     }
 }
+
+const SERIAL_HINT: &str =
+    "check the path (is the device plugged in? `ls /dev/serial/by-id/` lists serial adapters)";
+const CAMERA_HINT: &str = "check the path (is the camera plugged in? `v4l2-ctl --list-devices` \
+     (package v4l-utils) lists the cameras; no /dev/video* at all: this kernel has no V4L2)";
+const LOOPBACK_HINT: &str = "create the node: `modprobe v4l2loopback video_nr=10` (package \
+     v4l2loopback-dkms) makes /dev/video10";
 
 /// `key` names a file or link to be created: its directory must exist.
 fn creatable(endpoint: &'static str, key: &str, path: &Path) -> Result<(), EndpointError> {
@@ -115,7 +122,7 @@ impl SourceConfig {
         let endpoint = self.endpoint();
         match self {
             SourceConfig::File(c) => readable(endpoint, "path", &c.path),
-            SourceConfig::Serial(c) => exists(endpoint, "path", &c.path),
+            SourceConfig::Serial(c) => exists(endpoint, "path", &c.path, SERIAL_HINT),
             SourceConfig::Evdev(c) => readable(endpoint, "path", &c.path),
             SourceConfig::Pty(c) => creatable(endpoint, "link", &c.link),
             SourceConfig::X11Input(c) => display(endpoint, &c.display),
@@ -126,6 +133,7 @@ impl SourceConfig {
             SourceConfig::Rfc2217Client(_) => Ok(()),
             SourceConfig::PulseCapture(c) => pulse(endpoint, &c.server),
             SourceConfig::CameraSim(_) => Ok(()),
+            SourceConfig::V4l2(c) => exists(endpoint, "path", &c.path, CAMERA_HINT),
             SourceConfig::Synthetic(_) | SourceConfig::SpacenavSim(_) | SourceConfig::Stdin(_) => {
                 Ok(())
             }
@@ -139,7 +147,7 @@ impl SinkConfig {
         let endpoint = self.endpoint();
         match self {
             SinkConfig::File(c) => creatable(endpoint, "path", &c.path),
-            SinkConfig::Serial(c) => exists(endpoint, "path", &c.path),
+            SinkConfig::Serial(c) => exists(endpoint, "path", &c.path, SERIAL_HINT),
             SinkConfig::Pty(c) => creatable(endpoint, "link", &c.link),
             SinkConfig::Framebuffer(c) => creatable(endpoint, "path", &c.path),
             SinkConfig::Uinput(_) => {
@@ -153,6 +161,7 @@ impl SinkConfig {
             SinkConfig::Rfc2217Client(_) => Ok(()),
             SinkConfig::PulsePlayback(c) => pulse(endpoint, &c.server),
             SinkConfig::Y4m(c) => creatable(endpoint, "path", &c.path),
+            SinkConfig::V4l2loopback(c) => exists(endpoint, "path", &c.path, LOOPBACK_HINT),
             SinkConfig::Stdout(_) | SinkConfig::Check(_) | SinkConfig::Null(_) => Ok(()),
         }
     }
@@ -192,6 +201,16 @@ mod tests {
         let e = serial.probe().unwrap_err().to_string();
         assert!(e.contains("key `path`: /dev/ttyNOPE9: "), "{e}");
         assert!(e.contains("/dev/serial/by-id/"), "{e}");
+        let camera = SourceConfig::V4l2(toml::from_str("path = \"/dev/videoNOPE\"").unwrap());
+        let e = camera.probe().unwrap_err().to_string();
+        assert!(
+            e.starts_with("v4l2 source: key `path`: /dev/videoNOPE: "),
+            "{e}"
+        );
+        assert!(e.contains("v4l2-ctl --list-devices"), "{e}");
+        let out = SinkConfig::V4l2loopback(toml::from_str("path = \"/dev/videoNOPE\"").unwrap());
+        let e = out.probe().unwrap_err().to_string();
+        assert!(e.contains("modprobe v4l2loopback"), "{e}");
     }
 
     #[test]

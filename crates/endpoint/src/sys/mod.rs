@@ -3,8 +3,11 @@
 //! descriptor with tokio's reactor (`AsyncFd::register`, unsafe since tokio 1.54), and the
 //! System V shared-memory segments that MIT-SHM images live in ([`ShmSegment`]: `shmget`,
 //! `shmat`, `shmdt`, `shmctl`), resetting SIGPIPE for the printing commands
-//! ([`default_sigpipe`]) and setting glibc's allocator thresholds ([`tune_allocator`]).
+//! ([`default_sigpipe`]) and setting glibc's allocator thresholds ([`tune_allocator`]);
+//! Video4Linux2 ioctls and capture-buffer mappings in `v4l2.rs`.
 //! Termios and pty calls go through `rustix`'s safe API elsewhere.
+
+pub(crate) mod v4l2;
 
 use rustix::ioctl::{ioctl, Getter, NoArg, Opcode, Setter};
 use std::os::fd::AsFd;
