@@ -174,6 +174,18 @@ pub enum Reliability {
     Lossy,
 }
 
+/// Which stream's frames leave first when several are ready (`priority = …`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PriorityName {
+    /// Before every `normal` and `low` stream (input devices, audio, serial lines).
+    High,
+    /// The default for screens, cameras, files, synthetic data.
+    Normal,
+    /// After everything else (bulk that may wait).
+    Low,
+}
+
 /// One `[[stream]]`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -192,12 +204,28 @@ pub struct StreamConfig {
     /// `reliable` (default) or `lossy`.
     #[serde(default)]
     pub reliability: Reliability,
+    /// `high`, `normal` or `low`; by default `high` for interactive sources (input devices,
+    /// audio, serial lines, the clipboard, the cursor) and `normal` for the others.
+    #[serde(default)]
+    pub priority: Option<PriorityName>,
 }
 
 impl StreamConfig {
     /// The stream's name.
     pub fn name(&self) -> &str {
         self.name.get_ref()
+    }
+
+    /// The send priority: as set, or `high` for an interactive source, else `normal`.
+    pub fn priority(&self) -> ndd_core::session::Priority {
+        use ndd_core::session::Priority;
+        match self.priority {
+            Some(PriorityName::High) => Priority::High,
+            Some(PriorityName::Normal) => Priority::Normal,
+            Some(PriorityName::Low) => Priority::Low,
+            None if self.source.interactive() => Priority::High,
+            None => Priority::Normal,
+        }
     }
 
     /// The pairs, in list order.
@@ -634,6 +662,25 @@ stack = [{ type = "checksum" }, { type = "bundle", count = 4 }]
         assert_eq!(
             h.streams[0].layers[1].description,
             "bundle(count=4, max_delay_ms=100, max_bytes=1048576, playout_ms=0)"
+        );
+    }
+
+    #[test]
+    fn priority_defaults_by_source_and_a_wrong_one_is_named() {
+        use ndd_core::session::Priority;
+        let c = Config::parse(GOOD, Path::new("x.toml")).unwrap();
+        assert_eq!(c.streams[0].priority(), Priority::High, "a 3D mouse");
+        let synthetic = GOOD.replace("\"spacenav-sim\"", "\"synthetic\"");
+        let c = Config::parse(&synthetic, Path::new("x.toml")).unwrap();
+        assert_eq!(c.streams[0].priority(), Priority::Normal);
+        let low = GOOD.replace("direction = ", "priority = \"low\"\ndirection = ");
+        let c = Config::parse(&low, Path::new("x.toml")).unwrap();
+        assert_eq!(c.streams[0].priority(), Priority::Low, "as set");
+        let e = err(&GOOD.replace("direction = ", "priority = \"urgent\"\ndirection = "));
+        assert!(
+            e.starts_with("x.toml:7: ")
+                && e.contains("unknown variant `urgent`, expected one of `high`, `normal`, `low`"),
+            "{e}"
         );
     }
 

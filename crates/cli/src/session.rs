@@ -227,7 +227,12 @@ struct Link {
 }
 
 impl Link {
-    fn new(e: Established) -> Link {
+    fn new(mut e: Established, sess: &Session) -> Link {
+        for p in (0..sess.stream_count()).map(|i| sess.plan(i)) {
+            if p.role == Role::Source {
+                e.tx.set_stream_priority(p.id, p.priority);
+            }
+        }
         let (tx, inbound) = mpsc::channel(64);
         Link {
             inbound,
@@ -498,6 +503,7 @@ pub async fn run_side(
             reliable: s.reliability == crate::config::Reliability::Reliable,
             release_on_loss: release.is_some(),
             replay_outage: role == Role::Sink || s.source.replays_outage(),
+            priority: s.priority(),
             pairs: s
                 .pairs()
                 .into_iter()
@@ -558,7 +564,7 @@ pub async fn run_side(
     };
     let mut sess = Session::new(scfg, plans, run_id())?;
     sess.handle_link_up(Instant::now());
-    let mut link = Some(Link::new(first));
+    let mut link = Some(Link::new(first, &sess));
     let mut reconnect: Option<Reconnect<'_>> = None;
     // While a link is up, a listener tells any other peer that connects that it is busy.
     let mut busy: Option<Busy<'_>> =
@@ -756,7 +762,7 @@ pub async fn run_side(
                             note!(quiet, side, "reconnected to {}", e.peer);
                             busy = Some(Box::pin(connector.refuse_while_busy(&ctx, e.peer.clone())));
                             peer_fp = e.fingerprint.clone();
-                            link = Some(Link::new(e));
+                            link = Some(Link::new(e, &sess));
                             link_state = "up";
                             sess.handle_link_up(Instant::now());
                         }

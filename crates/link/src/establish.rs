@@ -87,6 +87,15 @@ pub enum Tx {
 }
 
 impl Tx {
+    /// The send priority of ndd stream `stream`: on QUIC its QUIC stream's priority (a
+    /// stream's bytes already handed to QUIC leave before a lower one's); nothing to do on
+    /// TCP and UDP, where the session's order is the wire's.
+    pub fn set_stream_priority(&mut self, stream: u16, priority: ndd_core::session::Priority) {
+        if let Tx::Quic(s) = self {
+            s.set_stream_priority(stream, priority);
+        }
+    }
+
     /// Any message but DATA.
     pub async fn write_message(&mut self, m: &Message<'_>) -> Result<(), LinkError> {
         match self {

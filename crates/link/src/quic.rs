@@ -291,6 +291,8 @@ struct SenderInner {
     endpoint: Option<Endpoint>,
     session: tokio::sync::Mutex<SendStream>,
     streams: tokio::sync::Mutex<HashMap<u16, Arc<tokio::sync::Mutex<SendStream>>>>,
+    /// QUIC send priority of each ndd stream's QUIC stream (absent: 0, normal).
+    priorities: Mutex<HashMap<u16, i32>>,
     next_datagram: AtomicU64,
     peer_max_body: AtomicU32,
     stats: Arc<Mutex<DatagramStats>>,
@@ -299,8 +301,9 @@ struct SenderInner {
 impl QuicConn {
     async fn start(conn: Connection, endpoint: Option<Endpoint>) -> Result<QuicConn> {
         let session = conn.open_uni().await?;
-        // Control first: a higher priority than every data stream.
-        let _ = session.set_priority(1);
+        // Control first: a higher priority than every data stream (whose QUIC priority is
+        // their ndd stream's: 1 high, 0 normal, -1 low).
+        let _ = session.set_priority(SESSION_PRIORITY);
         let stats = Arc::new(Mutex::new(DatagramStats::default()));
         let max_body = Arc::new(AtomicU32::new(DEFAULT_MAX_BODY));
         let flush = Arc::new(Notify::new());
@@ -326,6 +329,7 @@ impl QuicConn {
                     endpoint,
                     session: tokio::sync::Mutex::new(session),
                     streams: tokio::sync::Mutex::new(HashMap::new()),
+                    priorities: Mutex::new(HashMap::new()),
                     next_datagram: AtomicU64::new(1),
                     peer_max_body: AtomicU32::new(u32::MAX),
                     stats,
@@ -692,7 +696,33 @@ fn publish(stats: &Mutex<DatagramStats>, reassembler: &Reassembler) {
     s.datagrams_sent = sent_d;
 }
 
+/// The session stream's QUIC send priority: above every data stream's.
+const SESSION_PRIORITY: i32 = 2;
+
 impl QuicSender {
+    /// The send priority of ndd stream `stream`'s QUIC stream (opened at its first frame; one
+    /// already open changes now): quinn sends a higher priority's buffered bytes first.
+    pub fn set_stream_priority(&self, stream: u16, priority: ndd_core::session::Priority) {
+        use ndd_core::session::Priority;
+        let p = match priority {
+            Priority::High => 1,
+            Priority::Normal => 0,
+            Priority::Low => -1,
+        };
+        self.inner
+            .priorities
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(stream, p);
+        if let Ok(streams) = self.inner.streams.try_lock() {
+            if let Some(s) = streams.get(&stream) {
+                if let Ok(s) = s.try_lock() {
+                    let _ = s.set_priority(p);
+                }
+            }
+        }
+    }
+
     /// The peer's `max_body` (from its HELLO): larger messages are refused locally with
     /// [`LinkError::TooLargeForPeer`]. Unlimited until set.
     pub fn set_peer_max_body(&self, max_body: u32) {
@@ -798,6 +828,15 @@ impl QuicSender {
                 Some(s) => Arc::clone(s),
                 None => {
                     let s = self.inner.conn.open_uni().await?;
+                    let p = self
+                        .inner
+                        .priorities
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get(&stream)
+                        .copied()
+                        .unwrap_or(0);
+                    let _ = s.set_priority(p);
                     let s = Arc::new(tokio::sync::Mutex::new(s));
                     streams.insert(stream, Arc::clone(&s));
                     s

@@ -53,6 +53,7 @@ fn scenario(count: u64, seed: u64) -> Scenario {
                     reliable: true,
                     release_on_loss: false,
                     replay_outage: true,
+                    priority: Default::default(),
                     pairs: pairs(vec![checksum(), bundle(3)]),
                 },
                 SourceSpec {
@@ -69,6 +70,7 @@ fn scenario(count: u64, seed: u64) -> Scenario {
                     reliable: true,
                     release_on_loss: false,
                     replay_outage: true,
+                    priority: Default::default(),
                     pairs: pairs(vec![]),
                 },
                 SourceSpec {
@@ -85,6 +87,7 @@ fn scenario(count: u64, seed: u64) -> Scenario {
                     reliable: false,
                     release_on_loss: true,
                     replay_outage: true,
+                    priority: Default::default(),
                     pairs: pairs(vec![checksum()]),
                 },
                 SourceSpec {

@@ -24,8 +24,9 @@ struct Row {
     bulk_gbs: Option<f64>,
 }
 
-/// The driver: `small` input frames at 1 kHz, with `bulk` 1 MB frames beside them unless 0.
-fn mixed_config(small: u64, bulk: u64, flight_min: u64) -> String {
+/// The driver: `small` input frames at 1 kHz (the stream at `priority`), with `bulk` 1 MB
+/// frames beside them unless 0.
+fn mixed_config(small: u64, bulk: u64, flight_min: u64, priority: &str) -> String {
     let mut text = format!(
         r#"
 driver = "bench-mixed"
@@ -34,6 +35,7 @@ flight_min_bytes = {flight_min}
 [[stream]]
 name = "input"
 direction = "device-to-app"
+priority = "{priority}"
 source = {{ type = "synthetic", size = 64, interval_ms = 1.0, count = {small} }}
 sink = {{ type = "null" }}
 "#
@@ -53,8 +55,8 @@ sink = {{ type = "null" }}
 }
 
 /// Through ndd, both sides in this process.
-async fn ndd_mixed(small: u64, bulk: u64, flight_min: u64) -> Result<Row> {
-    let text = mixed_config(small, bulk, flight_min);
+async fn ndd_mixed(small: u64, bulk: u64, flight_min: u64, priority: &str) -> Result<Row> {
+    let text = mixed_config(small, bulk, flight_min, priority);
     let cfg = Config::parse(&text, Path::new("<bench links --mixed>"))?;
     let (_tx, stop) = tokio::sync::watch::channel(false);
     let t = Instant::now();
@@ -72,9 +74,19 @@ async fn ndd_mixed(small: u64, bulk: u64, flight_min: u64) -> Result<Row> {
 
 /// Through ndd as users run it: two `ndd run` processes (TLS, loopback), the app side's
 /// `--stats-json` read back.
-async fn ndd_mixed_processes(small: u64, bulk: u64, flight_min: u64) -> Result<Row> {
+async fn ndd_mixed_processes(
+    small: u64,
+    bulk: u64,
+    flight_min: u64,
+    priority: &str,
+) -> Result<Row> {
     let t = Instant::now();
-    let v = two_processes("mixed", &mixed_config(small, bulk, flight_min), false).await?;
+    let v = two_processes(
+        "mixed",
+        &mixed_config(small, bulk, flight_min, priority),
+        false,
+    )
+    .await?;
     let secs = t.elapsed().as_secs_f64();
     let streams = v["streams"]
         .as_array()
@@ -311,33 +323,49 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
     );
     add(
         "ndd TLS, input stream alone",
-        ndd_mixed(small, 0, shipped).await.context("ndd alone")?,
+        ndd_mixed(small, 0, shipped, "high")
+            .await
+            .context("ndd alone")?,
     );
     add(
-        "ndd TLS, beside a bulk stream, in-flight window as shipped",
-        ndd_mixed(small, bulk, shipped).await.context("ndd mixed")?,
+        "ndd TLS, beside a bulk stream, as shipped (input priority high)",
+        ndd_mixed(small, bulk, shipped, "high")
+            .await
+            .context("ndd mixed")?,
+    );
+    add(
+        "ndd TLS, beside a bulk stream, both priority normal",
+        ndd_mixed(small, bulk, shipped, "normal")
+            .await
+            .context("ndd mixed, equal priority")?,
     );
     add(
         "ndd TLS, beside a bulk stream, window = resume buffer (before)",
-        ndd_mixed(small, bulk, unbounded)
+        ndd_mixed(small, bulk, unbounded, "normal")
             .await
             .context("ndd mixed, unbounded window")?,
     );
     add(
         "ndd TLS, two processes, input stream alone",
-        ndd_mixed_processes(small, 0, shipped)
+        ndd_mixed_processes(small, 0, shipped, "high")
             .await
             .context("ndd processes alone")?,
     );
     add(
-        "ndd TLS, two processes, beside a bulk stream, window as shipped",
-        ndd_mixed_processes(small, bulk, shipped)
+        "ndd TLS, two processes, beside a bulk stream, as shipped (input priority high)",
+        ndd_mixed_processes(small, bulk, shipped, "high")
             .await
             .context("ndd processes mixed")?,
     );
     add(
+        "ndd TLS, two processes, beside a bulk stream, both priority normal",
+        ndd_mixed_processes(small, bulk, shipped, "normal")
+            .await
+            .context("ndd processes mixed, equal priority")?,
+    );
+    add(
         "ndd TLS, two processes, beside a bulk stream, window = resume buffer (before)",
-        ndd_mixed_processes(small, bulk, unbounded)
+        ndd_mixed_processes(small, bulk, unbounded, "normal")
             .await
             .context("ndd processes mixed, unbounded window")?,
     );
@@ -356,7 +384,10 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
          two-process rows counts their start-up). Baseline in the same run: one raw TCP socket carrying \
          the small messages between back-to-back 1 MB writes. `window = resume buffer` sets \
          `flight_min_bytes` to the resume buffer (16 MiB), as ndd behaved before the in-flight \
-         window.\n\n| run | small p50 ms | small p99 ms | small delivered | bulk GB/s |\n\
+         window (and the streams at equal priority, as before stream priorities). `as shipped`: \
+         the input stream at `priority = \"high\"` (the default of input-device sources; the \
+         bench's synthetic source sets it), its frames leaving before any bulk frame waiting \
+         beside them; `both priority normal`: round-robin between the two streams.\n\n| run | small p50 ms | small p99 ms | small delivered | bulk GB/s |\n\
          |---|---:|---:|---:|---:|\n"
     );
     for r in &rows {

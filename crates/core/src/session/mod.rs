@@ -31,7 +31,7 @@ mod stream;
 pub use clock::{ClockFilter, ClockSample};
 pub use handshake::{decide as decide_handshake, HandshakeDecision, PeerOpening};
 pub use incoming::Incoming;
-pub use stream::{StreamCounters, StreamPlan};
+pub use stream::{Priority, StreamCounters, StreamPlan};
 
 use crate::frame::Frame;
 use crate::ratelimit::RateLimit;
@@ -683,11 +683,16 @@ impl Session {
             return None;
         }
         let n = self.streams.len();
-        for k in 0..n {
-            let i = (self.cursor + k) % n;
-            if let Some(t) = self.next_data(i) {
-                self.cursor = (i + 1) % n;
-                return Some(t);
+        for class in Priority::ALL {
+            for k in 0..n {
+                let i = (self.cursor + k) % n;
+                if self.streams[i].plan.priority != class {
+                    continue;
+                }
+                if let Some(t) = self.next_data(i) {
+                    self.cursor = (i + 1) % n;
+                    return Some(t);
+                }
             }
         }
         if let Some(c) = self.close.filter(|c| !c.sent && self.going_away) {

@@ -31,6 +31,10 @@ pub struct StreamPlan {
     /// counted (`stale`), and nothing unacknowledged is sent again after a reconnect (the
     /// app side released every held key and button when the link went).
     pub replay_outage: bool,
+    /// Which streams' frames go out first when several have frames ready: every `High`
+    /// stream's before any `Normal` one's, and those before `Low` ones (round-robin within a
+    /// class). Urgent and control messages go before all.
+    pub priority: Priority,
     /// The pairs in the user's order; the session builds the stack from them, and builds it
     /// afresh for a restarted peer.
     pub pairs: Vec<Arc<dyn Pair + Send + Sync>>,
@@ -45,12 +49,30 @@ impl std::fmt::Debug for StreamPlan {
             .field("reliable", &self.reliable)
             .field("release_on_loss", &self.release_on_loss)
             .field("replay_outage", &self.replay_outage)
+            .field("priority", &self.priority)
             .field(
                 "pairs",
                 &self.pairs.iter().map(|p| p.describe()).collect::<Vec<_>>(),
             )
             .finish()
     }
+}
+
+/// A stream's send priority (see [`StreamPlan::priority`]); ordered most urgent first.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Priority {
+    /// Input devices, audio, serial lines: small frames someone waits for.
+    High,
+    /// The default.
+    #[default]
+    Normal,
+    /// Bulk that may wait behind everything else.
+    Low,
+}
+
+impl Priority {
+    /// Every class, most urgent first.
+    pub const ALL: [Priority; 3] = [Priority::High, Priority::Normal, Priority::Low];
 }
 
 impl StreamPlan {

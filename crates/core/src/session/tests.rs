@@ -14,6 +14,7 @@ fn plan(id: u16, role: Role, reliable: bool) -> StreamPlan {
         reliable,
         release_on_loss: role == Role::Sink,
         replay_outage: true,
+        priority: Default::default(),
         pairs: vec![],
     }
 }
@@ -448,5 +449,53 @@ fn a_peer_that_revokes_us_mid_session_is_a_lost_link_with_its_reason_and_the_end
         matches!(&e, SessionError::PeerClosed { code: CloseCode::UntrustedPeer, reason }
             if reason == "removed from known_peers"),
         "{e:?}"
+    );
+}
+
+#[test]
+fn a_high_priority_stream_goes_before_normal_and_low_ones_round_robin_within_a_class() {
+    let now = Instant::now();
+    let with = |id, priority| StreamPlan {
+        priority,
+        ..plan(id, Role::Source, true)
+    };
+    let mut s = session(
+        vec![
+            with(1, Priority::Low),
+            with(2, Priority::Normal),
+            with(3, Priority::High),
+            with(4, Priority::High),
+        ],
+        1 << 20,
+    );
+    s.handle_link_up(now);
+    s.handle_message(now, 1, resume(9)).unwrap();
+    s.handle_message(now, 1, resume(9)).unwrap();
+    drain(&mut s, now);
+    // Low and normal frames were ready first; the high ones came after them.
+    for seq in 0..2 {
+        for (i, id) in [(0, 1), (1, 2), (2, 3), (3, 4)] {
+            s.handle_source_frame(now, i, frame(id, seq, 3)).unwrap();
+        }
+    }
+    let order: Vec<(u16, u64)> = drain(&mut s, now)
+        .into_iter()
+        .filter_map(|t| match t {
+            Transmit::Data { stream, seq, .. } => Some((stream, seq)),
+            Transmit::Message(_) => None,
+        })
+        .collect();
+    assert_eq!(
+        order,
+        vec![
+            (3, 0),
+            (4, 0),
+            (3, 1),
+            (4, 1),
+            (2, 0),
+            (2, 1),
+            (1, 0),
+            (1, 1)
+        ]
     );
 }

@@ -246,6 +246,30 @@ fn check_rfc2217_client(
 }
 
 impl SourceConfig {
+    /// Whether someone waits on this source's frames as they happen (input devices, sound,
+    /// serial lines, the clipboard, the cursor): its stream's frames then leave before those
+    /// of screens, cameras and files by default.
+    pub fn interactive(&self) -> bool {
+        match self {
+            SourceConfig::Evdev(_)
+            | SourceConfig::X11Input(_)
+            | SourceConfig::SpacenavSim(_)
+            | SourceConfig::X11Cursor(_)
+            | SourceConfig::X11Clipboard(_)
+            | SourceConfig::Stdin(_)
+            | SourceConfig::Serial(_)
+            | SourceConfig::Pty(_)
+            | SourceConfig::Rfc2217Server(_)
+            | SourceConfig::Rfc2217Client(_)
+            | SourceConfig::PulseCapture(_) => true,
+            SourceConfig::Synthetic(_)
+            | SourceConfig::File(_)
+            | SourceConfig::X11Screen(_)
+            | SourceConfig::CameraSim(_)
+            | SourceConfig::V4l2(_) => false,
+        }
+    }
+
     /// Whether what this source produced while the link was down is worth sending after the
     /// reconnect. Not for input devices: their state matters, not their history (the app side
     /// released every held key and button when the link went; a click or keys typed into a
