@@ -37,6 +37,7 @@ fn session() -> Session {
             reliable: true,
             release_on_loss: true,
             replay_outage: true,
+            priority: Default::default(),
             pairs: pairs(&["type = \"checksum\"", "type = \"bundle\"\ncount = 3"]),
         },
         StreamPlan {
@@ -46,6 +47,7 @@ fn session() -> Session {
             reliable: true,
             release_on_loss: false,
             replay_outage: true,
+            priority: Default::default(),
             pairs: pairs(&["type = \"bundle\"\ncount = 2"]),
         },
         StreamPlan {
@@ -55,6 +57,7 @@ fn session() -> Session {
             reliable: false,
             release_on_loss: false,
             replay_outage: false,
+            priority: Default::default(),
             pairs: vec![],
         },
     ];
