@@ -91,15 +91,19 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
         today(),
         if quick { " --quick" } else { "" }
     );
-    md += "## One-way time by message size\n\nBoth sides in one process on 127.0.0.1, paced \
+    md += &format!("## One-way time by message size\n\nBoth sides in one process on 127.0.0.1, paced \
            synthetic source (`repeat = true`: its payload made once), empty stack, `null` sink; one-way = delivery − source timestamp \
-           (same clock); p50 / p99 in µs. Baselines, same run: raw TCP ping-pong and raw TLS 1.3 ping-pong \
+           (same clock); p50 / p99 in µs{}. Baselines, same run: raw TCP ping-pong and raw TLS 1.3 ping-pong \
            (rustls with ndd's configuration, no ndd framing or session), RTT/2 (the issue's \
            yardstick: both threads busy, never idle); and the same sockets paced as ndd's \
            source is (one message every max(2 ms, size / 50 MB/s), a sender task and a receiver \
            task on the same runtime, one-way = arrival − send time): the like-for-like \
            baseline, where threads sleep between messages and each message pays their \
-           wake-ups.\n\n";
+           wake-ups.\n\n", if quick {
+               " (one round, --quick)"
+           } else {
+               ", each the median of 3 rounds' figures, the rounds interleaved across columns"
+           });
     md += "| size | raw TCP RTT/2 | raw TLS RTT/2 | raw TCP paced | raw TLS paced |";
     for (name, _, _) in LINKS {
         md += &format!(" {name} |");
@@ -108,47 +112,51 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
     md += &"---:|".repeat(LINKS.len());
     md += "\n";
     eprintln!("bench links: one-way µs p50 / p99");
+    // Every column is measured `rounds` times per size, the rounds interleaved across the
+    // columns (a slow moment of the machine hits them alike); the medians of the rounds' p50s
+    // and p99s are reported.
+    let rounds = if quick { 1 } else { 3 };
     for size in [100usize, 1_000, 10_000, 100_000, 1_000_000] {
-        let (r50, r99) = p50_p99(&raw_tcp_one_way(size, n(size)).await.context("raw TCP")?);
-        let mut tls = hist();
-        for ns in ndd_link::bench::raw_tls_one_way_ns(size, n(size))
-            .await
-            .context("raw TLS")?
-        {
-            tls.saturating_record(ns);
-        }
-        let (t50, t99) = p50_p99(&tls);
-        let period = Duration::from_secs_f64(pacing_ms(size) / 1e3);
-        let mut paced = Vec::new();
-        for (name, ns) in [
-            (
-                "raw TCP paced",
-                ndd_link::bench::raw_tcp_paced_one_way_ns(size, n(size), period).await,
-            ),
-            (
-                "raw TLS paced",
-                ndd_link::bench::raw_tls_paced_one_way_ns(size, n(size), period).await,
-            ),
-        ] {
-            let mut h = hist();
-            for ns in ns.context(name)? {
-                h.saturating_record(ns);
+        let mut cols: Vec<Vec<(f64, f64)>> = vec![Vec::new(); 4 + LINKS.len()];
+        for _ in 0..rounds {
+            cols[0].push(p50_p99(
+                &raw_tcp_one_way(size, n(size)).await.context("raw TCP")?,
+            ));
+            let period = Duration::from_secs_f64(pacing_ms(size) / 1e3);
+            let raws = [
+                ndd_link::bench::raw_tls_one_way_ns(size, n(size))
+                    .await
+                    .context("raw TLS")?,
+                ndd_link::bench::raw_tcp_paced_one_way_ns(size, n(size), period)
+                    .await
+                    .context("raw TCP paced")?,
+                ndd_link::bench::raw_tls_paced_one_way_ns(size, n(size), period)
+                    .await
+                    .context("raw TLS paced")?,
+            ];
+            for (k, ns) in raws.into_iter().enumerate() {
+                let mut h = hist();
+                for ns in ns {
+                    h.saturating_record(ns);
+                }
+                cols[1 + k].push(p50_p99(&h));
             }
-            paced.push(p50_p99(&h));
+            for (k, (name, t, insecure)) in LINKS.iter().enumerate() {
+                cols[4 + k].push(
+                    ndd_one_way_on(size, n(size), *insecure, t)
+                        .await
+                        .with_context(|| format!("{name} at {}", size_name(size)))?,
+                );
+            }
         }
-        let mut row = format!(
-            "| {} | {r50:.0} / {r99:.0} | {t50:.0} / {t99:.0} | {:.0} / {:.0} | {:.0} / {:.0} |",
-            size_name(size),
-            paced[0].0,
-            paced[0].1,
-            paced[1].0,
-            paced[1].1
-        );
-        for (name, t, insecure) in LINKS {
-            let (a, b) = ndd_one_way_on(size, n(size), insecure, t)
-                .await
-                .with_context(|| format!("{name} at {}", size_name(size)))?;
-            row += &format!(" {a:.0} / {b:.0} |");
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let mut row = format!("| {} |", size_name(size));
+        for c in cols {
+            let (mut a, mut b): (Vec<f64>, Vec<f64>) = c.into_iter().unzip();
+            row += &format!(" {:.0} / {:.0} |", median(&mut a), median(&mut b));
         }
         row += "\n";
         eprint!("{row}");
