@@ -75,11 +75,14 @@ fn sink_reconnected_after_seq_5(now: Instant) -> Session {
 fn a_new_link_says_only_resume_until_the_peer_has_said_who_it_is() {
     let now = Instant::now();
     let mut s = sink_reconnected_after_seq_5(now);
-    // Only RESUME, no ACK about seq 5 before the peer's RESUME.
+    // Only RESUME (and the link's first PING), no ACK about seq 5 before the peer's RESUME.
     let first = drain(&mut s, now);
     assert_eq!(
         first,
-        vec![Transmit::Message(OwnedMessage::Resume { instance: 7 })]
+        vec![
+            Transmit::Message(OwnedMessage::Resume { instance: 7 }),
+            Transmit::Message(OwnedMessage::Ping { t1: 1 })
+        ]
     );
     // Not when the ACK timer comes due either (found by the simulation, seed 122260).
     let later = now + Duration::from_millis(50);
@@ -219,8 +222,10 @@ fn keepalive_declares_a_silent_link_lost() {
     let now = Instant::now();
     let mut s = session(vec![plan(1, Role::Sink, true)], 1 << 20);
     s.handle_link_up(now);
-    let t = s.poll_timeout().unwrap();
-    assert_eq!(t, now, "the first PING is due at once");
+    assert!(
+        drain(&mut s, now).contains(&Transmit::Message(OwnedMessage::Ping { t1: 1 })),
+        "the first PING goes at once, behind the RESUME"
+    );
     s.handle_timeout(now).unwrap();
     let later = now + Duration::from_secs(5);
     s.handle_timeout(later).unwrap();
@@ -498,4 +503,62 @@ fn a_high_priority_stream_goes_before_normal_and_low_ones_round_robin_within_a_c
             (1, 1)
         ]
     );
+}
+
+#[test]
+fn the_in_flight_window_is_sized_by_the_shortest_round_trip_since_the_link_came_up() {
+    // A bulk stream that fills a shaper's queue makes every later PONG wait in it: sized by
+    // those round trips, the window would keep the queue full (and every small frame in it).
+    let t0 = Instant::now();
+    let mut s = session(vec![plan(1, Role::Source, true)], 64 << 20);
+    s.handle_link_up(t0);
+    s.handle_message(t0, 1, resume(9)).unwrap();
+    s.handle_message(t0, 1, resume(9)).unwrap();
+    // PING at 0, answered at once, back 20 ms later: the path's own round trip.
+    let pong = |t4_ms: u64, rtt_ms: u64| {
+        let t1 = (t4_ms - rtt_ms) * 1_000_000;
+        (
+            t4_ms * 1_000_000,
+            Incoming::Other(OwnedMessage::Pong {
+                t1,
+                t2: t1 + 5,
+                t3: t1 + 5,
+            }),
+        )
+    };
+    let (at, p) = pong(20, 20);
+    s.handle_message(t0, at, p).unwrap();
+    // 200 MB/s acknowledged: two 1 MB frames, the second ACK 10 ms after the first.
+    for seq in 0..3 {
+        s.handle_source_frame(t0, 0, frame(1, seq, 1_000_000))
+            .unwrap();
+    }
+    drain(&mut s, t0);
+    for (seq, ms) in [(0, 0), (1, 10)] {
+        let at = t0 + Duration::from_millis(ms);
+        s.handle_message(at, 1, Incoming::Other(OwnedMessage::Ack { stream: 1, seq }))
+            .unwrap();
+    }
+    let path = s.flight_window();
+    assert!(
+        (7_900_000..=8_100_000).contains(&path),
+        "2 × 200 MB/s × 20 ms, got {path}"
+    );
+    // Now 40 PONGs that waited 200 ms in the queue: more than the clock filter keeps.
+    for k in 0..40 {
+        let (at, p) = pong(1000 + k * 250, 200);
+        s.handle_message(t0, at, p).unwrap();
+    }
+    assert_eq!(
+        s.clock().map(|c| c.rtt_ns),
+        Some(200_000_000),
+        "the clock filter follows the recent round trips"
+    );
+    assert_eq!(s.flight_window(), path, "the window does not");
+    // A new connection measures its path afresh.
+    s.handle_link_lost(t0, "cut").unwrap();
+    s.handle_link_up(t0);
+    let (at, p) = pong(20_000, 200);
+    s.handle_message(t0, at, p).unwrap();
+    assert!(s.flight_window() > 30_000_000, "{}", s.flight_window());
 }
