@@ -9,6 +9,52 @@ use common::*;
 use ndd_endpoint::camera::pattern::read_number;
 use std::process::{Command, Stdio};
 
+/// Runs an unmodified ffmpeg on the y4m stream `fifo` (at most `frames` pictures, within
+/// `limit_s` seconds when given) keeping each picture's frame-number strip as gray bytes in
+/// `strip`; its output and the numbers read back (`None` for a strip that does not read).
+fn frame_numbers(
+    fifo: &std::path::Path,
+    strip: &std::path::Path,
+    frames: Option<&str>,
+    limit_s: Option<&str>,
+) -> (std::process::Output, Vec<Option<u32>>) {
+    let mut c = match limit_s {
+        // Bounded: with no stream to read, ffmpeg would wait on the pipe for good.
+        Some(s) => {
+            let mut c = Command::new("timeout");
+            c.args([s, "ffmpeg"]);
+            c
+        }
+        None => Command::new("ffmpeg"),
+    };
+    c.args(["-loglevel", "error", "-f", "yuv4mpegpipe", "-i"])
+        .arg(fifo);
+    if let Some(n) = frames {
+        c.args(["-frames:v", n]);
+    }
+    let out = c
+        .args([
+            "-vf",
+            "crop=512:16:0:0",
+            "-pix_fmt",
+            "gray",
+            "-f",
+            "rawvideo",
+            "-y",
+        ])
+        .arg(strip)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .expect("ffmpeg");
+    let numbers = std::fs::read(strip)
+        .unwrap_or_default()
+        .chunks_exact(512 * 16)
+        .map(|f| read_number(f, 512))
+        .collect();
+    (out, numbers)
+}
+
 #[test]
 fn every_camera_frame_reaches_ffmpeg_once_in_order() {
     if let Some(m) = missing(&["ffmpeg"]) {
@@ -48,27 +94,7 @@ sink = {{ type = "y4m", path = "{}", fps = 30 }}
     // The app side makes the pipe when its endpoints start, once the link is up; the sink
     // waits for a reader, the camera's frames wait for it (the stream is reliable).
     wait_for("the y4m pipe", WAIT, || fifo.exists());
-    let strip = dir.0.join("strip.raw");
-    let ffmpeg = Command::new("ffmpeg")
-        .args(["-loglevel", "error", "-f", "yuv4mpegpipe", "-i"])
-        .arg(&fifo)
-        .args([
-            "-vf",
-            "crop=512:16:0:0",
-            "-pix_fmt",
-            "gray",
-            "-f",
-            "rawvideo",
-            "-y",
-        ])
-        .arg(&strip)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("ffmpeg");
-    let out = ffmpeg
-        .wait_with_output()
-        .expect("ffmpeg ends with the stream");
+    let (out, numbers) = frame_numbers(&fifo, &dir.0.join("strip.raw"), None, None);
     assert!(
         out.status.success(),
         "ffmpeg: {}\napp: {}\ndevice: {}",
@@ -76,14 +102,9 @@ sink = {{ type = "y4m", path = "{}", fps = 30 }}
         app.stderr_now(),
         dev.stderr_now()
     );
-    let raw = std::fs::read(&strip).unwrap();
-    let numbers: Vec<u32> = raw
-        .chunks_exact(512 * 16)
-        .map(|f| read_number(f, 512).expect("a strip"))
-        .collect();
     assert_eq!(
         numbers,
-        (0..60).collect::<Vec<u32>>(),
+        (0..60).map(Some).collect::<Vec<_>>(),
         "frame numbers ffmpeg decoded"
     );
     // Timing: the frames reached the player at the camera's pace, 30 a second (the first
@@ -137,47 +158,17 @@ sink = {{ type = "y4m", path = "{}", fps = 30 }}
     let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &link]));
     wait_for("the y4m pipe", WAIT, || fifo.exists());
     let read = |frames: Option<&str>, name: &str| -> Vec<u32> {
-        let out = dir.0.join(name);
-        // Bounded: with no stream to read, ffmpeg would wait on the pipe for good.
-        let mut c = Command::new("timeout");
-        c.args([
-            "20",
-            "ffmpeg",
-            "-loglevel",
-            "error",
-            "-f",
-            "yuv4mpegpipe",
-            "-i",
-        ])
-        .arg(&fifo);
-        if let Some(n) = frames {
-            c.args(["-frames:v", n]);
-        }
-        let ok = c
-            .args([
-                "-vf",
-                "crop=512:16:0:0",
-                "-pix_fmt",
-                "gray",
-                "-f",
-                "rawvideo",
-                "-y",
-            ])
-            .arg(&out)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("ffmpeg");
+        let (out, numbers) = frame_numbers(&fifo, &dir.0.join(name), frames, Some("20"));
         assert!(
-            ok.success(),
-            "ffmpeg {name}: {ok}; app: {}",
+            out.status.success(),
+            "ffmpeg {name}: {}; app: {}",
+            out.status,
             app.stderr_now()
         );
-        std::fs::read(&out)
-            .unwrap()
-            .chunks_exact(512 * 16)
-            .map(|f| read_number(f, 512).expect("a strip"))
-            .collect()
+        numbers
+            .into_iter()
+            .map(|n| n.expect("a strip"))
+            .collect::<Vec<u32>>()
     };
     let first = read(Some("30"), "first.raw");
     assert_eq!(first, (0..30).collect::<Vec<u32>>());
@@ -288,28 +279,7 @@ sink = {{ type = "y4m", path = "{}", fps = 30 }}
     let app2 = Side::spawn(run_cmd(&out, "app", &app_home, &["--listen", &link2]));
     let dev2 = Side::spawn(run_cmd(&out, "device", &dev_home, &["--connect", &link2]));
     wait_for("the y4m pipe", WAIT, || fifo.exists());
-    let strip = dir.0.join("strip.raw");
-    let ffmpeg = Command::new("ffmpeg")
-        .args(["-loglevel", "error", "-f", "yuv4mpegpipe", "-i"])
-        .arg(&fifo)
-        .args([
-            "-frames:v",
-            "60",
-            "-vf",
-            "crop=512:16:0:0",
-            "-pix_fmt",
-            "gray",
-            "-f",
-            "rawvideo",
-            "-y",
-        ])
-        .arg(&strip)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("ffmpeg")
-        .wait_with_output()
-        .expect("ffmpeg ends");
+    let (ffmpeg, numbers) = frame_numbers(&fifo, &dir.0.join("strip.raw"), Some("60"), None);
     let logs = || {
         format!(
             "sink app: {}\nsource device: {}",
@@ -323,11 +293,7 @@ sink = {{ type = "y4m", path = "{}", fps = 30 }}
         String::from_utf8_lossy(&ffmpeg.stderr),
         logs()
     );
-    let numbers: Vec<u32> = std::fs::read(&strip)
-        .unwrap()
-        .chunks_exact(512 * 16)
-        .filter_map(|f| read_number(f, 512))
-        .collect();
+    let numbers: Vec<u32> = numbers.into_iter().flatten().collect();
     assert_eq!(
         numbers.len(),
         60,

@@ -177,6 +177,26 @@ pub async fn raw_tls_one_way_ns(size: usize, n: usize) -> Result<Vec<u64>> {
     Ok(out)
 }
 
+/// A TCP listener on a free loopback port.
+async fn loopback_listener() -> Result<TcpListener> {
+    TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|source| LinkError::Bind {
+            addr: "127.0.0.1:0".to_owned(),
+            source,
+        })
+}
+
+/// A plain TCP connection to `addr`.
+async fn connect_to(addr: SocketAddr) -> Result<TcpStream> {
+    TcpStream::connect(addr)
+        .await
+        .map_err(|source| LinkError::Connect {
+            addr: addr.to_string(),
+            source,
+        })
+}
+
 /// One message every `period` from a sender task to a receiver task over `w` → `r` (each
 /// message `size` bytes, at least 8, its first 8 the send time in ns since `base`); the
 /// receiver's arrival time minus the send time, per message, in ns. Both tasks run on the
@@ -225,20 +245,10 @@ where
 /// Raw TCP over loopback, paced: one `size`-byte write every `period` (`TCP_NODELAY`), one-way
 /// time per message in ns (see [`paced_one_way_ns`]).
 pub async fn raw_tcp_paced_one_way_ns(size: usize, n: usize, period: Duration) -> Result<Vec<u64>> {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|source| LinkError::Bind {
-            addr: "127.0.0.1:0".to_owned(),
-            source,
-        })?;
+    let listener = loopback_listener().await?;
     let addr = listener.local_addr()?;
     let accept = tokio::spawn(async move { listener.accept().await });
-    let s = TcpStream::connect(addr)
-        .await
-        .map_err(|source| LinkError::Connect {
-            addr: addr.to_string(),
-            source,
-        })?;
+    let s = connect_to(addr).await?;
     s.set_nodelay(true)?;
     let (r, _) = accept
         .await
@@ -334,12 +344,7 @@ pub async fn raw_quic_throughput(frame_size: usize, count: u64) -> Result<Throug
 /// Send `count` writes of `frame_size` bytes over a plain loopback TCP connection and time
 /// until the receiver has them all.
 pub async fn raw_tcp_throughput(frame_size: usize, count: u64) -> Result<Throughput> {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|source| LinkError::Bind {
-            addr: "127.0.0.1:0".to_owned(),
-            source,
-        })?;
+    let listener = loopback_listener().await?;
     let addr = listener.local_addr()?;
     let total = frame_size as u64 * count;
     let reader = tokio::spawn(async move {
@@ -355,12 +360,7 @@ pub async fn raw_tcp_throughput(frame_size: usize, count: u64) -> Result<Through
         }
         Ok::<_, std::io::Error>((got, Instant::now()))
     });
-    let mut s = TcpStream::connect(addr)
-        .await
-        .map_err(|source| LinkError::Connect {
-            addr: addr.to_string(),
-            source,
-        })?;
+    let mut s = connect_to(addr).await?;
     s.set_nodelay(true)?;
     let frame = vec![0x5au8; frame_size];
     let start = Instant::now();

@@ -87,6 +87,14 @@ pub struct Y4mConfig {
     pub fps: f64,
 }
 
+/// A frame rate key: a number in (0, 1000].
+fn check_fps(fps: f64) -> Result<(), (&'static str, &'static str)> {
+    if !(fps.is_finite() && fps > 0.0 && fps <= 1000.0) {
+        return Err(("fps", "must be a number in (0, 1000]"));
+    }
+    Ok(())
+}
+
 impl CameraSimConfig {
     /// Checks the ranges; the error names the key.
     pub fn check(&self) -> Result<(), (&'static str, &'static str)> {
@@ -96,20 +104,14 @@ impl CameraSimConfig {
         if !(16..=4096).contains(&self.height) || self.height % 2 != 0 {
             return Err(("height", "must be even, 16..=4096"));
         }
-        if !(self.fps.is_finite() && self.fps > 0.0 && self.fps <= 1000.0) {
-            return Err(("fps", "must be a number in (0, 1000]"));
-        }
-        Ok(())
+        check_fps(self.fps)
     }
 }
 
 impl Y4mConfig {
     /// Checks the ranges; the error names the key.
     pub fn check(&self) -> Result<(), (&'static str, &'static str)> {
-        if !(self.fps.is_finite() && self.fps > 0.0 && self.fps <= 1000.0) {
-            return Err(("fps", "must be a number in (0, 1000]"));
-        }
-        Ok(())
+        check_fps(self.fps)
     }
 }
 

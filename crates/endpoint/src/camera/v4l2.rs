@@ -43,16 +43,6 @@ pub enum CaptureFormat {
     Mjpeg,
 }
 
-fn default_width() -> u16 {
-    640
-}
-fn default_height() -> u16 {
-    480
-}
-fn default_fps() -> f64 {
-    30.0
-}
-
 /// `v4l2` source parameters.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -60,13 +50,13 @@ pub struct V4l2Config {
     /// The camera's device node, e.g. `/dev/video0` (or a stable `/dev/v4l/by-id/…` name).
     pub path: PathBuf,
     /// Width asked for (the driver may pick the nearest it has; the log says what it gave).
-    #[serde(default = "default_width")]
+    #[serde(default = "super::default_width")]
     pub width: u16,
     /// Height asked for.
-    #[serde(default = "default_height")]
+    #[serde(default = "super::default_height")]
     pub height: u16,
     /// Frame rate asked for.
-    #[serde(default = "default_fps")]
+    #[serde(default = "super::default_fps")]
     pub fps: f64,
     /// Pixel format asked for.
     #[serde(default)]
@@ -85,10 +75,7 @@ impl V4l2Config {
         if !(16..=8192).contains(&self.height) || self.height % 2 != 0 {
             return Err(("height", "must be even, 16..=8192"));
         }
-        if !(self.fps.is_finite() && self.fps > 0.0 && self.fps <= 1000.0) {
-            return Err(("fps", "must be a number in (0, 1000]"));
-        }
-        Ok(())
+        super::check_fps(self.fps)
     }
 }
 
