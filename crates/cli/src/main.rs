@@ -541,10 +541,15 @@ fn check_one(config: &Path, side: Option<SideName>) -> Result<()> {
             .map(|m| ndd_core::Pair::describe(*m))
             .collect();
         println!(
-            "  stream {} \"{}\" {}: {} -> [{}] -> {}",
+            "  stream {} \"{}\" {}, {}, priority {}: {} -> [{}] -> {}",
             Config::stream_id(i),
             s.name(),
             s.direction.wire(),
+            match s.reliability {
+                config::Reliability::Reliable => "reliable",
+                config::Reliability::Lossy => "lossy",
+            },
+            format!("{:?}", s.priority()).to_lowercase(),
             s.source.describe(),
             stack.join(", "),
             s.sink.describe()

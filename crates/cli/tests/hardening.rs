@@ -481,3 +481,26 @@ fn untrusting_the_connected_peer_closes_the_link_and_its_reconnects_are_refused(
     );
     drop(app.kill());
 }
+
+/// `ndd check` says each stream's reliability and send priority, the defaults included: the
+/// desktop's keyboard and mouse before its screen.
+#[test]
+fn check_shows_each_streams_reliability_and_priority() {
+    let example =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/desktop.toml");
+    let out = ok(ndd().arg("check").arg(&example));
+    assert!(
+        out.contains("stream 1 \"screen\" app→device, reliable, priority normal: x11-screen("),
+        "{out}"
+    );
+    assert!(
+        out.contains("stream 2 \"input\" device→app, reliable, priority high: x11-input("),
+        "{out}"
+    );
+    let audio = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/audio.toml");
+    let out = ok(ndd().arg("check").arg(&audio));
+    assert!(
+        out.contains("stream 1 \"mic\" device→app, lossy, priority high: pulse-capture("),
+        "{out}"
+    );
+}
