@@ -549,7 +549,7 @@ fn check_one(config: &Path, side: Option<SideName>) -> Result<()> {
                 config::Reliability::Reliable => "reliable",
                 config::Reliability::Lossy => "lossy",
             },
-            format!("{:?}", s.priority()).to_lowercase(),
+            s.priority().name(),
             s.source.describe(),
             stack.join(", "),
             s.sink.describe()

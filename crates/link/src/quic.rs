@@ -700,8 +700,9 @@ fn publish(stats: &Mutex<DatagramStats>, reassembler: &Reassembler) {
 const SESSION_PRIORITY: i32 = 2;
 
 impl QuicSender {
-    /// The send priority of ndd stream `stream`'s QUIC stream (opened at its first frame; one
-    /// already open changes now): quinn sends a higher priority's buffered bytes first.
+    /// The send priority of ndd stream `stream`'s QUIC stream, given to it when it opens at
+    /// the stream's first frame (the session sets it on each new connection, before any
+    /// frame): quinn sends a higher priority's buffered bytes first.
     pub fn set_stream_priority(&self, stream: u16, priority: ndd_core::session::Priority) {
         use ndd_core::session::Priority;
         let p = match priority {
@@ -714,13 +715,6 @@ impl QuicSender {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(stream, p);
-        if let Ok(streams) = self.inner.streams.try_lock() {
-            if let Some(s) = streams.get(&stream) {
-                if let Ok(s) = s.try_lock() {
-                    let _ = s.set_priority(p);
-                }
-            }
-        }
     }
 
     /// The peer's `max_body` (from its HELLO): larger messages are refused locally with

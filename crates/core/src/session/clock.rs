@@ -27,13 +27,15 @@ pub struct ClockFilter {
 
 impl ClockFilter {
     /// Adds an exchange: PING sent at `t1` (ours), received at `t2` (theirs), PONG sent at
-    /// `t3` (theirs), received at `t4` (ours).
-    pub fn sample(&mut self, t1: u64, t2: u64, t3: u64, t4: u64) {
+    /// `t3` (theirs), received at `t4` (ours); returns it.
+    pub fn sample(&mut self, t1: u64, t2: u64, t3: u64, t4: u64) -> ClockSample {
         let (offset_ns, rtt_ns) = ndd_wire::clock_offset_ns(t1, t2, t3, t4);
         if self.recent.len() == WINDOW {
             self.recent.pop_front();
         }
-        self.recent.push_back(ClockSample { offset_ns, rtt_ns });
+        let s = ClockSample { offset_ns, rtt_ns };
+        self.recent.push_back(s);
+        s
     }
 
     /// The sample with the smallest round trip among the recent ones (the latest on a tie).

@@ -889,8 +889,7 @@ impl Session {
                     self.urgent.push_back(Urgent::Pong { t1, t2: wall_ns })
                 }
                 OwnedMessage::Pong { t1, t2, t3 } => {
-                    self.clock.sample(t1, t2, t3, wall_ns);
-                    let (_, rtt) = ndd_wire::clock_offset_ns(t1, t2, t3, wall_ns);
+                    let rtt = self.clock.sample(t1, t2, t3, wall_ns).rtt_ns;
                     if rtt > 0 {
                         self.base_rtt_ns = Some(self.base_rtt_ns.map_or(rtt, |b| b.min(rtt)));
                     }

@@ -73,6 +73,15 @@ pub enum Priority {
 impl Priority {
     /// Every class, most urgent first.
     pub const ALL: [Priority; 3] = [Priority::High, Priority::Normal, Priority::Low];
+
+    /// Its name in a config file: `high`, `normal`, `low`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Priority::High => "high",
+            Priority::Normal => "normal",
+            Priority::Low => "low",
+        }
+    }
 }
 
 impl StreamPlan {

@@ -87,6 +87,66 @@ pub struct Y4mConfig {
     pub fps: f64,
 }
 
+/// The picture a camera sink builds from display records (`y4m`, `v4l2loopback`): made at
+/// the first record's size, and made again at a new size when `follow_size`.
+struct Pictures {
+    endpoint: &'static str,
+    follow_size: bool,
+    fb: Option<Framebuffer>,
+    bad: ndd_core::ratelimit::RateLimit,
+}
+
+impl Pictures {
+    fn new(endpoint: &'static str, follow_size: bool) -> Pictures {
+        Pictures {
+            endpoint,
+            follow_size,
+            fb: None,
+            bad: ndd_core::ratelimit::RateLimit::default(),
+        }
+    }
+
+    /// Applies `frame`'s record; the picture once an update is complete (the last record of a
+    /// capture cut in several). A record that does not parse or apply is dropped with a
+    /// rate-limited warning.
+    fn apply(&mut self, frame: &Frame) -> Option<&Framebuffer> {
+        let endpoint = self.endpoint;
+        let seq = frame.meta.seq;
+        let u = match Update::parse(frame.payload()) {
+            Ok(u) => u,
+            Err(e) => {
+                if let Some(suppressed) = self.bad.admit(std::time::Instant::now()) {
+                    tracing::warn!(endpoint, seq, suppressed, "bad picture record dropped: {e}");
+                }
+                return None;
+            }
+        };
+        let (w, h) = (u.header.width, u.header.height);
+        let stale = self.fb.as_ref().map_or(true, |f| {
+            self.follow_size && (f.width(), f.height()) != (w, h)
+        });
+        if stale {
+            self.fb = Some(Framebuffer::new(w, h, PixelFormat::Bgrx32));
+        }
+        let f = self.fb.as_mut()?;
+        if let Err(e) = f.apply(&u) {
+            if let Some(suppressed) = self.bad.admit(std::time::Instant::now()) {
+                tracing::warn!(endpoint, seq, suppressed, "picture record not applied: {e}");
+            }
+            return None;
+        }
+        (!u.header.more()).then_some(&*f)
+    }
+
+    /// Says (rate-limited) that a picture was dropped for `why`.
+    fn dropped(&mut self, why: std::fmt::Arguments<'_>) {
+        let endpoint = self.endpoint;
+        if let Some(suppressed) = self.bad.admit(std::time::Instant::now()) {
+            tracing::warn!(endpoint, suppressed, "{why}; dropped");
+        }
+    }
+}
+
 /// A frame rate key: a number in (0, 1000].
 fn check_fps(fps: f64) -> Result<(), (&'static str, &'static str)> {
     if !(fps.is_finite() && fps > 0.0 && fps <= 1000.0) {
@@ -182,10 +242,9 @@ pub(crate) fn spawn_y4m(
     let fps = c.fps;
     Ok(rt.spawn_blocking(move || {
         let mut report = SinkReport::default();
-        let mut fb: Option<Framebuffer> = None;
+        let mut pictures = Pictures::new(endpoint, false);
         let mut out: Option<std::io::BufWriter<std::fs::File>> = None;
         let mut yuv = Vec::new();
-        let mut bad = ndd_core::ratelimit::RateLimit::default();
         let write_err = |e: std::io::Error| EndpointError::Write {
             endpoint,
             what: path.display().to_string(),
@@ -194,26 +253,7 @@ pub(crate) fn spawn_y4m(
         while let Some(frame) = rx.blocking_recv() {
             report.frames += 1;
             report.bytes += frame.len() as u64;
-            let u = match Update::parse(frame.payload()) {
-                Ok(u) => u,
-                Err(e) => {
-                    if let Some(suppressed) = bad.admit(std::time::Instant::now()) {
-                        tracing::warn!(endpoint, seq = frame.meta.seq, suppressed, "bad picture record dropped: {e}");
-                    }
-                    delivered.mark(frame.meta.seq);
-                    continue;
-                }
-            };
-            let (w, h) = (u.header.width, u.header.height);
-            let f = fb.get_or_insert_with(|| Framebuffer::new(w, h, PixelFormat::Bgrx32));
-            if let Err(e) = f.apply(&u) {
-                if let Some(suppressed) = bad.admit(std::time::Instant::now()) {
-                    tracing::warn!(endpoint, seq = frame.meta.seq, suppressed, "picture record not applied: {e}");
-                }
-                delivered.mark(frame.meta.seq);
-                continue;
-            }
-            if !u.header.more() {
+            if let Some(f) = pictures.apply(&frame) {
                 let (w, h) = (usize::from(f.width()), usize::from(f.height()));
                 if out.is_none() {
                     // For a pipe this waits for a reader.

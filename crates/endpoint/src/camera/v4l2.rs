@@ -12,9 +12,7 @@ use crate::common::delivered::Delivered;
 use crate::common::emitter::Emitter;
 use crate::common::error::EndpointError;
 use crate::common::report::{SinkReport, SinkTask, SourceTask};
-use crate::display::{
-    Framebuffer, PixelFormat, Rect, Update, UpdateHeader, UpdateLayout, FLAG_KEYFRAME,
-};
+use crate::display::{PixelFormat, Rect, UpdateHeader, UpdateLayout, FLAG_KEYFRAME};
 use crate::sys::v4l2 as sys;
 use ndd_core::frame::DEFAULT_HEADROOM;
 use ndd_core::Frame;
@@ -464,10 +462,9 @@ pub(crate) fn spawn_v4l2loopback(
     }
     Ok(rt.spawn_blocking(move || {
         let mut report = SinkReport::default();
-        let mut fb: Option<Framebuffer> = None;
+        let mut pictures = super::Pictures::new(endpoint, true);
         let mut size = None;
         let mut yuyv = Vec::new();
-        let mut bad = ndd_core::ratelimit::RateLimit::default();
         let write_err = |e: std::io::Error| EndpointError::Write {
             endpoint,
             what: path.display().to_string(),
@@ -476,46 +473,26 @@ pub(crate) fn spawn_v4l2loopback(
         while let Some(frame) = rx.blocking_recv() {
             report.frames += 1;
             report.bytes += frame.len() as u64;
-            let applied = Update::parse(frame.payload())
-                .map_err(|e| e.to_string())
-                .and_then(|u| {
-                    let (w, h) = (u.header.width, u.header.height);
-                    let f = match &mut fb {
-                        Some(f) if (f.width(), f.height()) == (w, h) => f,
-                        _ => fb.insert(Framebuffer::new(w, h, PixelFormat::Bgrx32)),
-                    };
-                    f.apply(&u).map_err(|e| e.to_string())?;
-                    Ok(!u.header.more())
-                });
-            match applied {
-                Err(e) => {
-                    if let Some(suppressed) = bad.admit(Instant::now()) {
-                        tracing::warn!(endpoint, seq = frame.meta.seq, suppressed, "bad picture record dropped: {e}");
+            if let Some(f) = pictures.apply(&frame) {
+                let (w, h) = (usize::from(f.width()), usize::from(f.height()));
+                if w % 2 != 0 {
+                    pictures.dropped(format_args!(
+                        "a {w}-pixel-wide picture cannot be YUYV (even widths only)"
+                    ));
+                } else {
+                    if size != Some((w, h)) {
+                        set_output_format(&file, w, h).map_err(|e| {
+                            write_err(std::io::Error::other(format!(
+                                "cannot set the output format {w}x{h} YUYV (VIDIOC_S_FMT: {e}); a v4l2loopback device takes a new format only while no program reads it"
+                            )))
+                        })?;
+                        tracing::info!(endpoint, path = %path.display(), width = w, height = h, "v4l2loopback output set to YUYV");
+                        size = Some((w, h));
                     }
+                    bgrx_to_yuyv(f.pixels(), w, h, &mut yuyv);
+                    use std::io::Write;
+                    file.write_all(&yuyv).map_err(write_err)?;
                 }
-                Ok(true) => {
-                    let f = fb.as_ref().expect("applied to a framebuffer");
-                    let (w, h) = (usize::from(f.width()), usize::from(f.height()));
-                    if w % 2 != 0 {
-                        if let Some(suppressed) = bad.admit(Instant::now()) {
-                            tracing::warn!(endpoint, suppressed, "a {w}-pixel-wide picture cannot be YUYV (even widths only); dropped");
-                        }
-                    } else {
-                        if size != Some((w, h)) {
-                            set_output_format(&file, w, h).map_err(|e| {
-                                write_err(std::io::Error::other(format!(
-                                    "cannot set the output format {w}x{h} YUYV (VIDIOC_S_FMT: {e}); a v4l2loopback device takes a new format only while no program reads it"
-                                )))
-                            })?;
-                            tracing::info!(endpoint, path = %path.display(), width = w, height = h, "v4l2loopback output set to YUYV");
-                            size = Some((w, h));
-                        }
-                        bgrx_to_yuyv(f.pixels(), w, h, &mut yuyv);
-                        use std::io::Write;
-                        file.write_all(&yuyv).map_err(write_err)?;
-                    }
-                }
-                Ok(false) => {}
             }
             delivered.mark(frame.meta.seq);
         }
