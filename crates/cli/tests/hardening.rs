@@ -358,9 +358,18 @@ fn app_and_device(
     app_home: &std::path::Path,
     dev_home: &std::path::Path,
 ) -> (String, Side, Side) {
-    let addr = format!("127.0.0.1:{}", free_port());
-    let app = Side::spawn(run_cmd(cfg, "app", app_home, &["--listen", &addr]));
-    let _ = app.addr();
+    // TCP and QUIC listeners bind port 0 and say which port they got (a port picked free
+    // beforehand can be taken meanwhile: seen once in CI, "Address already in use"); a UDP
+    // listener binds at each attempt, so it needs its port up front.
+    let udp = std::fs::read_to_string(cfg).is_ok_and(|t| t.contains("transport = \"udp\""));
+    let listen = if udp {
+        format!("127.0.0.1:{}", free_port())
+    } else {
+        "127.0.0.1:0".to_string()
+    };
+    let app = Side::spawn(run_cmd(cfg, "app", app_home, &["--listen", &listen]));
+    let said = app.addr();
+    let addr = said.split(' ').next().unwrap_or(&said).to_string();
     let dev = Side::spawn(run_cmd(cfg, "device", dev_home, &["--connect", &addr]));
     wait_for("the session", WAIT, || {
         dev.stderr_now().contains("streams agreed") && app.stderr_now().contains("streams agreed")
