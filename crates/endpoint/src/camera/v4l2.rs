@@ -174,6 +174,48 @@ fn open_device(
     Ok((file, cap))
 }
 
+/// Opens a camera's capture node: a Video4Linux2 device that captures video with streaming
+/// I/O (also `ndd check --side device`'s probe).
+pub(crate) fn open_capture(
+    endpoint: &'static str,
+    path: &Path,
+) -> Result<(std::fs::File, sys::Capability), EndpointError> {
+    let (file, cap) = open_device(endpoint, path)?;
+    let caps = cap.caps();
+    if caps & sys::CAP_VIDEO_CAPTURE == 0 || caps & sys::CAP_STREAMING == 0 {
+        return Err(EndpointError::Unavailable {
+            endpoint,
+            what: format!(
+                "{} ({}) cannot capture video with streaming I/O (capabilities {caps:#010x})",
+                path.display(),
+                cap.card()
+            ),
+            hint: "name the camera's capture node (a camera may have several /dev/videoN; `v4l2-ctl --list-devices`)".to_string(),
+        });
+    }
+    Ok((file, cap))
+}
+
+/// Opens a video output node, as v4l2loopback makes (also `ndd check --side app`'s probe).
+pub(crate) fn open_output(
+    endpoint: &'static str,
+    path: &Path,
+) -> Result<std::fs::File, EndpointError> {
+    let (file, cap) = open_device(endpoint, path)?;
+    if cap.caps() & sys::CAP_VIDEO_OUTPUT == 0 {
+        return Err(EndpointError::Unavailable {
+            endpoint,
+            what: format!(
+                "{} ({}) is not a video output device",
+                path.display(),
+                cap.card()
+            ),
+            hint: "create one with `modprobe v4l2loopback video_nr=10 exclusive_caps=1` (package v4l2loopback-dkms) and name /dev/video10".to_string(),
+        });
+    }
+    Ok(file)
+}
+
 /// Negotiates a capture format: the formats to try in order, the size asked; the driver's
 /// answer (its size may differ).
 fn negotiate(
@@ -241,19 +283,7 @@ pub(crate) fn spawn_v4l2(
     tx: Sender<Frame>,
 ) -> Result<SourceTask, EndpointError> {
     let path = c.path.clone();
-    let (file, cap) = open_device(endpoint, &path)?;
-    let caps = cap.caps();
-    if caps & sys::CAP_VIDEO_CAPTURE == 0 || caps & sys::CAP_STREAMING == 0 {
-        return Err(EndpointError::Unavailable {
-            endpoint,
-            what: format!(
-                "{} ({}) cannot capture video with streaming I/O (capabilities {caps:#010x})",
-                path.display(),
-                cap.card()
-            ),
-            hint: "name the camera's capture node (a camera may have several /dev/videoN; `v4l2-ctl --list-devices`)".to_string(),
-        });
-    }
+    let (file, cap) = open_capture(endpoint, &path)?;
     let pix = negotiate(endpoint, &path, file.as_fd(), c)?;
     let fps = match sys::s_parm(file.as_fd(), sys::StreamParm::capture_fps(c.fps)) {
         Ok(p) if p.capture.timeperframe.numerator > 0 => {
@@ -448,18 +478,7 @@ pub(crate) fn spawn_v4l2loopback(
     delivered: Delivered,
 ) -> Result<SinkTask, EndpointError> {
     let path = c.path.clone();
-    let (mut file, cap) = open_device(endpoint, &path)?;
-    if cap.caps() & sys::CAP_VIDEO_OUTPUT == 0 {
-        return Err(EndpointError::Unavailable {
-            endpoint,
-            what: format!(
-                "{} ({}) is not a video output device",
-                path.display(),
-                cap.card()
-            ),
-            hint: "create one with `modprobe v4l2loopback video_nr=10 exclusive_caps=1` (package v4l2loopback-dkms) and name /dev/video10".to_string(),
-        });
-    }
+    let mut file = open_output(endpoint, &path)?;
     Ok(rt.spawn_blocking(move || {
         let mut report = SinkReport::default();
         let mut pictures = super::Pictures::new(endpoint, true);

@@ -133,7 +133,8 @@ impl SourceConfig {
             SourceConfig::Rfc2217Client(_) => Ok(()),
             SourceConfig::PulseCapture(c) => pulse(endpoint, &c.server),
             SourceConfig::CameraSim(_) => Ok(()),
-            SourceConfig::V4l2(c) => exists(endpoint, "path", &c.path, CAMERA_HINT),
+            SourceConfig::V4l2(c) => exists(endpoint, "path", &c.path, CAMERA_HINT)
+                .and_then(|()| crate::camera::v4l2::open_capture(endpoint, &c.path).map(|_| ())),
             SourceConfig::Synthetic(_) | SourceConfig::SpacenavSim(_) | SourceConfig::Stdin(_) => {
                 Ok(())
             }
@@ -161,7 +162,8 @@ impl SinkConfig {
             SinkConfig::Rfc2217Client(_) => Ok(()),
             SinkConfig::PulsePlayback(c) => pulse(endpoint, &c.server),
             SinkConfig::Y4m(c) => creatable(endpoint, "path", &c.path),
-            SinkConfig::V4l2loopback(c) => exists(endpoint, "path", &c.path, LOOPBACK_HINT),
+            SinkConfig::V4l2loopback(c) => exists(endpoint, "path", &c.path, LOOPBACK_HINT)
+                .and_then(|()| crate::camera::v4l2::open_output(endpoint, &c.path).map(|_| ())),
             SinkConfig::Stdout(_) | SinkConfig::Check(_) | SinkConfig::Null(_) => Ok(()),
         }
     }
@@ -211,6 +213,14 @@ mod tests {
         let out = SinkConfig::V4l2loopback(toml::from_str("path = \"/dev/videoNOPE\"").unwrap());
         let e = out.probe().unwrap_err().to_string();
         assert!(e.contains("modprobe v4l2loopback"), "{e}");
+        // A node that is there but is not a camera is refused by the probe too, not only once
+        // the link is up.
+        let null = SourceConfig::V4l2(toml::from_str("path = \"/dev/null\"").unwrap());
+        let e = null.probe().unwrap_err().to_string();
+        assert!(
+            e.contains("/dev/null is not a Video4Linux2 device (VIDIOC_QUERYCAP"),
+            "{e}"
+        );
     }
 
     #[test]
