@@ -63,6 +63,9 @@ fn session() -> Session {
     ];
     let cfg = SessionConfig {
         resume_buffer_bytes: 4096,
+        // Small chunks and a small largest frame: the fuzzer reaches cutting and joining.
+        chunk_bytes: 16,
+        max_frame_bytes: 4096,
         ..SessionConfig::default()
     };
     Session::new(cfg, plans, 7).expect("plans build")
@@ -85,6 +88,7 @@ fuzz_target!(|data: &[u8]| {
                         Message::Data {
                             stream,
                             retransmit,
+                            more,
                             seq,
                             timestamp_ns,
                             payload,
@@ -92,6 +96,7 @@ fuzz_target!(|data: &[u8]| {
                             header: DataHeader {
                                 stream_id: stream,
                                 retransmit,
+                                more,
                                 seq,
                                 timestamp_ns,
                             },

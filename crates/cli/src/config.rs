@@ -69,6 +69,11 @@ pub struct LinkConfig {
     /// `resume_buffer_bytes`; small, it keeps other streams' frames from waiting behind this
     /// one's in the link's byte stream.
     pub flight_min_bytes: u64,
+    /// On TCP and TLS, large frames go out cut into chunks of what the path carries in 1 ms
+    /// and at least this many bytes, so another stream's frame can go between them (a mouse
+    /// event need not wait behind a whole screen update on a slow link); 0 never cuts. QUIC
+    /// and UDP do not use it.
+    pub chunk_bytes: u64,
 }
 
 impl Default for LinkConfig {
@@ -87,6 +92,7 @@ impl Default for LinkConfig {
             max_backoff_ms: 5000,
             resume_buffer_bytes: 16 << 20,
             flight_min_bytes: 2 << 20,
+            chunk_bytes: ndd_link::CHUNK_BYTES as u64,
             nats: ndd_link::nats::NatsConfig::default(),
         }
     }
@@ -370,6 +376,13 @@ impl Config {
         check_address(&self.link.address, &format!("{file}: key `link.address`"))?;
         if self.link.handshake_timeout_ms == 0 {
             bail!("{file}: key `link.handshake_timeout_ms`: must be at least 1 ms");
+        }
+        if self.link.chunk_bytes != 0 && self.link.chunk_bytes < 1024 {
+            bail!(
+                "{file}: key `link.chunk_bytes`: {} is too small: 0 (never cut frames) or at \
+                 least 1024",
+                self.link.chunk_bytes
+            );
         }
         if self.link.max_frame_bytes < ndd_wire::MIN_MAX_BODY {
             bail!(
@@ -681,6 +694,26 @@ stack = [{ type = "checksum" }, { type = "bundle", count = 4 }]
             e.starts_with("x.toml:7: ")
                 && e.contains("unknown variant `urgent`, expected one of `high`, `normal`, `low`"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn chunk_bytes_defaults_to_4_kib_and_a_tiny_one_is_refused() {
+        let c = Config::parse(GOOD, Path::new("x.toml")).unwrap();
+        assert_eq!(c.link.chunk_bytes, 4096);
+        let off = GOOD.replace("[link]\n", "[link]\nchunk_bytes = 0\n");
+        assert_eq!(
+            Config::parse(&off, Path::new("x.toml"))
+                .unwrap()
+                .link
+                .chunk_bytes,
+            0
+        );
+        let e = err(&GOOD.replace("[link]\n", "[link]\nchunk_bytes = 100\n"));
+        assert_eq!(
+            e,
+            "x.toml: key `link.chunk_bytes`: 100 is too small: 0 (never cut frames) or at least \
+             1024"
         );
     }
 

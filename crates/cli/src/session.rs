@@ -227,7 +227,9 @@ struct Link {
 }
 
 impl Link {
-    fn new(mut e: Established, sess: &Session) -> Link {
+    fn new(mut e: Established, sess: &mut Session, chunk_bytes: usize) -> Link {
+        let (cuts, peer_max_body) = e.tx.chunking();
+        sess.set_chunking(if cuts { chunk_bytes } else { 0 }, peer_max_body);
         for p in (0..sess.stream_count()).map(|i| sess.plan(i)) {
             if p.role == Role::Source {
                 e.tx.set_stream_priority(p.id, p.priority);
@@ -245,7 +247,12 @@ impl Link {
 
     /// Starts writing what the session has to send, if the writer is free.
     fn start_write(&mut self, sess: &mut Session) {
-        let Some(tx) = self.idle.take() else { return };
+        let Some(mut tx) = self.idle.take() else {
+            return;
+        };
+        if let Some(limit) = sess.unsent_limit() {
+            tx.set_unsent_limit(limit);
+        }
         let mut batch = std::mem::take(&mut self.spare);
         let mut bytes = 0;
         let (now, wall) = (Instant::now(), wall_ns());
@@ -253,10 +260,16 @@ impl Link {
             let Some(t) = sess.poll_transmit(now, wall) else {
                 break;
             };
+            let chunk = matches!(t, Transmit::Data { more: true, .. });
             if let Transmit::Data { payload, .. } = &t {
                 bytes += payload.len();
             }
             batch.push(t);
+            if chunk {
+                // The rest of a cut frame waits for the next batch, which a more urgent
+                // stream's frame that came meanwhile goes ahead of (a batch is written whole).
+                break;
+            }
         }
         if batch.is_empty() {
             self.idle = Some(tx);
@@ -560,11 +573,13 @@ pub async fn run_side(
         keepalive_timeout: Duration::from_millis(cfg.link.keepalive_timeout_ms),
         reconnect: cfg.link.reconnect,
         outlive_peer: !opts.once,
+        max_frame_bytes: cfg.link.max_frame_bytes as usize,
+        chunk_bytes: cfg.link.chunk_bytes as usize,
         ..SessionConfig::default()
     };
     let mut sess = Session::new(scfg, plans, run_id())?;
     sess.handle_link_up(Instant::now());
-    let mut link = Some(Link::new(first, &sess));
+    let mut link = Some(Link::new(first, &mut sess, cfg.link.chunk_bytes as usize));
     let mut reconnect: Option<Reconnect<'_>> = None;
     // While a link is up, a listener tells any other peer that connects that it is busy.
     let mut busy: Option<Busy<'_>> =
@@ -762,7 +777,7 @@ pub async fn run_side(
                             note!(quiet, side, "reconnected to {}", e.peer);
                             busy = Some(Box::pin(connector.refuse_while_busy(&ctx, e.peer.clone())));
                             peer_fp = e.fingerprint.clone();
-                            link = Some(Link::new(e, &sess));
+                            link = Some(Link::new(e, &mut sess, cfg.link.chunk_bytes as usize));
                             link_state = "up";
                             sess.handle_link_up(Instant::now());
                         }

@@ -300,6 +300,7 @@ fn a_strangers_datagrams_do_not_touch_a_udp_session() {
         let data = ndd_wire::OwnedMessage::Data {
             stream: 1,
             retransmit: false,
+            more: false,
             seq: 5,
             timestamp_ns: 0,
             payload: vec![0; 100],

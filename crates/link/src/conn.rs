@@ -19,7 +19,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use ndd_core::Frame;
 use ndd_wire::{
-    peek_message_len, DataHeader, Kind, Message, DATA_HEADER_LEN, FLAG_RETRANSMIT, HEADER_LEN,
+    peek_message_len, DataHeader, Kind, Message, DATA_HEADER_LEN, FLAG_MORE, FLAG_RETRANSMIT,
+    HEADER_LEN,
 };
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, ServerConfig};
@@ -94,6 +95,11 @@ impl Conn {
     /// Split into a message reader and a message writer (with `tokio::io::split`).
     pub fn split(self) -> (MessageReader, MessageWriter) {
         let tls = self.is_tls();
+        // A second descriptor of the socket, to set its options once it is split.
+        let socket = {
+            use std::os::fd::AsFd;
+            self.tcp().as_fd().try_clone_to_owned().ok()
+        };
         let (read, write) = tokio::io::split(self);
         (
             MessageReader {
@@ -107,6 +113,8 @@ impl Conn {
                 inner: write,
                 scratch: Vec::new(),
                 peer_max_body: u32::MAX,
+                socket,
+                unsent_limit: None,
             },
         )
     }
@@ -442,6 +450,10 @@ pub struct MessageWriter {
     inner: WriteHalf<Conn>,
     scratch: Vec<u8>,
     peer_max_body: u32,
+    /// The socket (a second descriptor of it), for [`MessageWriter::set_unsent_limit`].
+    socket: Option<std::os::fd::OwnedFd>,
+    /// The TCP_NOTSENT_LOWAT last set.
+    unsent_limit: Option<u32>,
 }
 
 impl MessageWriter {
@@ -451,14 +463,51 @@ impl MessageWriter {
         self.peer_max_body = max_body;
     }
 
+    /// At most about `bytes` of what we wrote wait unsent in the socket (TCP_NOTSENT_LOWAT):
+    /// a write blocks beyond that, so what we have not written yet (the rest of a cut frame)
+    /// waits in ndd, where a more urgent stream's frame can still go before it. Set again
+    /// only when it changes by more than a quarter (a system call).
+    pub fn set_unsent_limit(&mut self, bytes: usize) {
+        let want = u32::try_from(bytes).unwrap_or(u32::MAX);
+        if self
+            .unsent_limit
+            .is_some_and(|have| want >= have - have / 4 && want <= have + have / 4)
+        {
+            return;
+        }
+        let Some(fd) = &self.socket else { return };
+        match socket2::SockRef::from(fd).set_tcp_notsent_lowat(want) {
+            Ok(()) => self.unsent_limit = Some(want),
+            Err(error) => {
+                tracing::debug!(%error, "cannot set TCP_NOTSENT_LOWAT");
+                self.socket = None;
+            }
+        }
+    }
+
+    /// The socket's TCP_NOTSENT_LOWAT as the kernel reports it, `None` until
+    /// [`MessageWriter::set_unsent_limit`] set one.
+    pub fn unsent_limit(&self) -> Result<Option<u32>> {
+        match (&self.socket, self.unsent_limit) {
+            (Some(fd), Some(_)) => Ok(Some(socket2::SockRef::from(fd).tcp_notsent_lowat()?)),
+            _ => Ok(None),
+        }
+    }
+
+    /// The peer's `max_body` (`u32::MAX` until set).
+    pub fn peer_max_body(&self) -> u32 {
+        self.peer_max_body
+    }
+
     /// Send `frame` as a DATA message on stream `frame.meta.stream`. The 26-byte DATA header
     /// goes into the frame's headroom, so header and payload leave in one write without
-    /// copying the payload. The message's retransmit flag is set if `flags` or
-    /// `frame.meta.flags` has [`FLAG_RETRANSMIT`]; other flag bits have no place on the wire.
+    /// copying the payload. The message's RETRANSMIT and MORE flags are set if `flags` or
+    /// `frame.meta.flags` has them; other flag bits have no place on the wire.
     pub async fn write_frame(&mut self, mut frame: Frame, flags: u16) -> Result<()> {
         let header = DataHeader {
             stream_id: frame.meta.stream,
             retransmit: (flags | frame.meta.flags) & FLAG_RETRANSMIT != 0,
+            more: (flags | frame.meta.flags) & FLAG_MORE != 0,
             seq: frame.meta.seq,
             timestamp_ns: frame.meta.timestamp_ns,
         };
@@ -595,6 +644,7 @@ pub(crate) fn data_frame(mut frame: Frame, flags: u16) -> Result<Frame> {
     let header = DataHeader {
         stream_id: frame.meta.stream,
         retransmit: (flags | frame.meta.flags) & FLAG_RETRANSMIT != 0,
+        more: (flags | frame.meta.flags) & FLAG_MORE != 0,
         seq: frame.meta.seq,
         timestamp_ns: frame.meta.timestamp_ns,
     };

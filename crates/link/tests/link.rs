@@ -375,18 +375,25 @@ async fn write_data_sends_a_kept_payload_intact_over_plain_and_tls() {
         let header = |seq, retransmit| ndd_wire::DataHeader {
             stream_id: 4,
             retransmit,
+            more: false,
             seq,
             timestamp_ns: 77,
+        };
+        // A chunk of a cut frame keeps its MORE flag across the link.
+        let chunk = ndd_wire::DataHeader {
+            more: true,
+            ..header(4, false)
         };
         let send = async {
             cw.write_data(&header(1, false), &payload).await.unwrap();
             cw.write_data(&header(2, true), b"").await.unwrap();
             cw.write_data(&header(3, false), b"tail").await.unwrap();
+            cw.write_data(&chunk, b"chunk").await.unwrap();
             cw.flush().await.unwrap();
         };
         let recv = async {
             let mut got = Vec::new();
-            for _ in 0..3 {
+            for _ in 0..4 {
                 got.push(expect_data(sr.read().await.unwrap()));
             }
             got
@@ -400,6 +407,27 @@ async fn write_data_sends_a_kept_payload_intact_over_plain_and_tls() {
             (header(3, false), &b"tail"[..]),
             "{name}"
         );
+        assert_eq!((got[3].0, &got[3].1[..]), (chunk, &b"chunk"[..]), "{name}");
+    }
+}
+
+#[tokio::test]
+async fn the_unsent_limit_reaches_the_socket() {
+    let (_hs, server_id) = identity("ul-server");
+    let (_hc, client_id) = identity("ul-client");
+    for (name, ((_s, _), (cconn, _))) in [
+        ("plain", plain_pair().await),
+        ("tls", tls_pair(&server_id, &client_id).await),
+    ] {
+        let (_cr, mut cw) = cconn.split();
+        assert_eq!(cw.unsent_limit().unwrap(), None, "{name}: not set yet");
+        cw.set_unsent_limit(4096);
+        assert_eq!(cw.unsent_limit().unwrap(), Some(4096), "{name}");
+        // Within a quarter of the last value: no system call, the option stays.
+        cw.set_unsent_limit(4500);
+        assert_eq!(cw.unsent_limit().unwrap(), Some(4096), "{name}");
+        cw.set_unsent_limit(1 << 20);
+        assert_eq!(cw.unsent_limit().unwrap(), Some(1 << 20), "{name}");
     }
 }
 

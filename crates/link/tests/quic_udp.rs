@@ -331,6 +331,7 @@ async fn udp_duplicates_and_reordering_deliver_each_message_once() {
             Message::Data {
                 stream: 4,
                 retransmit: false,
+                more: false,
                 seq: i,
                 timestamp_ns: 0,
                 payload: &pattern(700 + i as usize * 100, i as u8),

@@ -130,6 +130,7 @@ async fn spoofed_datagrams_are_dropped_and_counted_never_delivered() {
     let data = OwnedMessage::Data {
         stream: 1,
         retransmit: false,
+        more: false,
         seq: 77,
         timestamp_ns: 0,
         payload: b"forged".to_vec(),

@@ -139,6 +139,7 @@ fn to_incoming(t: Transmit) -> Incoming {
         Transmit::Data {
             stream,
             retransmit,
+            more,
             seq,
             timestamp_ns,
             payload,
@@ -147,6 +148,7 @@ fn to_incoming(t: Transmit) -> Incoming {
             header: DataHeader {
                 stream_id: stream,
                 retransmit,
+                more,
                 seq,
                 timestamp_ns,
             },

@@ -410,7 +410,7 @@ fn lossy_frames_over_a_datagram_link_are_never_out_of_order_or_twice() {
 }
 
 /// Random fault schedules: cuts, blackholes (some past the keepalive), app restarts, small
-/// resume buffers, jitter. Reliable streams exact (or at least once, in order per run, across
+/// resume buffers, jitter, frames cut into chunks. Reliable streams exact (or at least once, in order per run, across
 /// restarts); lossy never out of order; the session always closes.
 #[test]
 fn random_fault_schedules_keep_every_promise() {
@@ -463,6 +463,11 @@ source_max = 100000"#,
                 }
             };
             sc.faults.push((at, f));
+        }
+        if rng.chance(0.5) {
+            // Frames cut into chunks (a bundle of three events is ~900 bytes): a cut or a
+            // restart mid-frame must still lose and duplicate nothing.
+            sc.session.chunk_bytes = rng.range(16, 400) as usize;
         }
         let o = run(&sc);
         if let Err(e) = promises(&o, count, restarts > 0) {

@@ -7,7 +7,7 @@
 //! 8   8    timestamp_ns   source clock, ns since the Unix epoch
 //! 16  …    payload        rest of the body (may be empty)
 //! ```
-//! Flags: bit 0 = [`FLAG_RETRANSMIT`]. Stream id ≠ 0.
+//! Flags: bit 0 = [`FLAG_RETRANSMIT`], bit 1 = [`FLAG_MORE`]. Stream id ≠ 0.
 //!
 //! The hot path does not use [`Packet`]/[`Repr`] but [`DataHeader`], which writes or reads the
 //! whole 26-byte header (prefix + seq + timestamp) so a link can write it into a frame's
@@ -19,6 +19,10 @@ use crate::{Kind, Result, WireError};
 
 /// Flag bit 0: this frame is a resend after a reconnect.
 pub const FLAG_RETRANSMIT: u16 = 0x0001;
+
+/// Flag bit 1: this message carries one chunk of a frame and the frame goes on in the
+/// stream's next DATA message (same seq and timestamp); the chunk without it ends the frame.
+pub const FLAG_MORE: u16 = 0x0002;
 
 /// Smallest DATA body: seq + timestamp.
 pub const BODY_MIN_LEN: usize = 16;
@@ -171,7 +175,7 @@ impl<'a> Repr<'a> {
 /// // A frame buffer with DATA_HEADER_LEN bytes of headroom before the payload.
 /// let mut frame = vec![0u8; DATA_HEADER_LEN];
 /// frame.extend_from_slice(payload);
-/// let hdr = DataHeader { stream_id: 1, retransmit: false, seq: 7, timestamp_ns: 99 };
+/// let hdr = DataHeader { stream_id: 1, retransmit: false, more: false, seq: 7, timestamp_ns: 99 };
 /// hdr.emit(payload.len(), &mut frame[..DATA_HEADER_LEN]).unwrap();
 ///
 /// let (parsed, body) = DataHeader::parse(&frame, 1 << 20).unwrap();
@@ -186,6 +190,8 @@ pub struct DataHeader {
     pub stream_id: u16,
     /// Flag bit 0: frame resent after a reconnect.
     pub retransmit: bool,
+    /// Flag bit 1: a chunk of a frame that goes on in the stream's next DATA message.
+    pub more: bool,
     /// Sequence number.
     pub seq: u64,
     /// Source timestamp, ns since the Unix epoch.
@@ -195,11 +201,7 @@ pub struct DataHeader {
 impl DataHeader {
     /// Prefix flags for this header.
     pub const fn flags(&self) -> u16 {
-        if self.retransmit {
-            FLAG_RETRANSMIT
-        } else {
-            0
-        }
+        data_flags(self.retransmit, self.more)
     }
 
     /// Write the 26-byte header of a DATA message carrying `payload_len` payload bytes into
@@ -249,12 +251,18 @@ impl DataHeader {
             DataHeader {
                 stream_id: prefix.stream_id,
                 retransmit: prefix.flags & FLAG_RETRANSMIT != 0,
+                more: prefix.flags & FLAG_MORE != 0,
                 seq: repr.seq,
                 timestamp_ns: repr.timestamp_ns,
             },
             repr.payload,
         ))
     }
+}
+
+/// The prefix flags of a DATA message.
+pub(crate) const fn data_flags(retransmit: bool, more: bool) -> u16 {
+    (if retransmit { FLAG_RETRANSMIT } else { 0 }) | (if more { FLAG_MORE } else { 0 })
 }
 
 /// Stream-level kinds need a stream id ≠ 0.
@@ -324,6 +332,7 @@ mod tests {
         let h = DataHeader {
             stream_id: 0,
             retransmit: true,
+            more: false,
             seq: 0,
             timestamp_ns: 0,
         };

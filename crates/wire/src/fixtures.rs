@@ -69,6 +69,7 @@ fn parse_emit_data() {
         Message::Data {
             stream: 1,
             retransmit: false,
+            more: false,
             seq: 42,
             timestamp_ns: 1_700_000_000_123_456_789,
             payload: b"hello",
@@ -78,6 +79,7 @@ fn parse_emit_data() {
     let hdr = DataHeader {
         stream_id: 1,
         retransmit: false,
+        more: false,
         seq: 42,
         timestamp_ns: 1_700_000_000_123_456_789,
     };
@@ -92,6 +94,33 @@ fn parse_emit_data() {
 }
 
 #[test]
+fn parse_emit_data_chunk() {
+    let b = fixture!("data_more");
+    good(
+        &b,
+        Message::Data {
+            stream: 2,
+            retransmit: true,
+            more: true,
+            seq: 7,
+            timestamp_ns: 1_700_000_000_123_456_789,
+            payload: b"chunk",
+        },
+    );
+    let hdr = DataHeader {
+        stream_id: 2,
+        retransmit: true,
+        more: true,
+        seq: 7,
+        timestamp_ns: 1_700_000_000_123_456_789,
+    };
+    assert_eq!(DataHeader::parse(&b, MAX), Ok((hdr, &b"chunk"[..])));
+    let mut out = [0u8; DATA_HEADER_LEN];
+    hdr.emit(5, &mut out).unwrap();
+    assert_eq!(out[..], b[..DATA_HEADER_LEN]);
+}
+
+#[test]
 fn parse_emit_data_empty_payload() {
     let b = fixture!("data_empty");
     good(
@@ -99,6 +128,7 @@ fn parse_emit_data_empty_payload() {
         Message::Data {
             stream: 3,
             retransmit: true,
+            more: false,
             seq: 0,
             timestamp_ns: 1,
             payload: &[],
@@ -107,6 +137,7 @@ fn parse_emit_data_empty_payload() {
     let hdr = DataHeader {
         stream_id: 3,
         retransmit: true,
+        more: false,
         seq: 0,
         timestamp_ns: 1,
     };
@@ -430,12 +461,13 @@ fn unknown_flag_bits_are_ignored() {
     b[3] = 0xfe;
     assert_eq!(Message::parse(&b, MAX), Ok((Message::Ready, 10)));
     let mut b = fixture!("data");
-    b[2] = 0x80; // unknown bit; RETRANSMIT (bit 0) clear
+    b[2] = 0x80; // unknown bit; RETRANSMIT (bit 0) and MORE (bit 1) clear
     assert!(matches!(
         Message::parse(&b, MAX),
         Ok((
             Message::Data {
                 retransmit: false,
+                more: false,
                 ..
             },
             _

@@ -50,7 +50,7 @@ pub mod pong;
 pub mod resume;
 
 pub use close::CloseCode;
-pub use data::{DataHeader, DATA_HEADER_LEN, FLAG_RETRANSMIT};
+pub use data::{DataHeader, DATA_HEADER_LEN, FLAG_MORE, FLAG_RETRANSMIT};
 pub use error::{Result, WireError};
 pub use header::{peek_message_len, Kind, HEADER_LEN};
 pub use hello::{

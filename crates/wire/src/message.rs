@@ -1,6 +1,6 @@
 //! [`Message`]: any one message on a link, parsed or to be emitted.
 
-use crate::data::{body_len_u32, check_stream, DataHeader, FLAG_RETRANSMIT};
+use crate::data::{body_len_u32, check_stream, data_flags, DataHeader};
 use crate::header::{self, HEADER_LEN};
 use crate::hello::Repr as HelloRepr;
 use crate::{
@@ -17,6 +17,8 @@ pub enum Message<'a> {
         stream: u16,
         /// Flag bit 0: resent after a reconnect.
         retransmit: bool,
+        /// Flag bit 1: a chunk of a frame that goes on in the stream's next DATA message.
+        more: bool,
         /// Sequence number.
         seq: u64,
         /// Source clock, ns since the Unix epoch.
@@ -113,6 +115,7 @@ impl<'a> Message<'a> {
                 Message::Data {
                     stream: h.stream_id,
                     retransmit: h.retransmit,
+                    more: h.more,
                     seq: h.seq,
                     timestamp_ns: h.timestamp_ns,
                     payload,
@@ -211,8 +214,8 @@ impl<'a> Message<'a> {
     pub const fn flags(&self) -> u16 {
         match self {
             Message::Data {
-                retransmit: true, ..
-            } => FLAG_RETRANSMIT,
+                retransmit, more, ..
+            } => data_flags(*retransmit, *more),
             _ => 0,
         }
     }
@@ -332,12 +335,14 @@ impl<'a> Message<'a> {
             Message::Data {
                 stream,
                 retransmit,
+                more,
                 seq,
                 timestamp_ns,
                 payload,
             } => OwnedMessage::Data {
                 stream: *stream,
                 retransmit: *retransmit,
+                more: *more,
                 seq: *seq,
                 timestamp_ns: *timestamp_ns,
                 payload: payload.to_vec(),
@@ -385,6 +390,7 @@ pub enum OwnedMessage {
     Data {
         stream: u16,
         retransmit: bool,
+        more: bool,
         seq: u64,
         timestamp_ns: u64,
         payload: Vec<u8>,
@@ -432,12 +438,14 @@ impl OwnedMessage {
             OwnedMessage::Data {
                 stream,
                 retransmit,
+                more,
                 seq,
                 timestamp_ns,
                 payload,
             } => Message::Data {
                 stream: *stream,
                 retransmit: *retransmit,
+                more: *more,
                 seq: *seq,
                 timestamp_ns: *timestamp_ns,
                 payload,

@@ -75,14 +75,16 @@ fn message() -> impl Strategy<Value = OwnedMessage> {
         (
             1..=u16::MAX,
             any::<bool>(),
+            any::<bool>(),
             any::<u64>(),
             any::<u64>(),
             vec(any::<u8>(), 0..64)
         )
-            .prop_map(|(stream, retransmit, seq, timestamp_ns, payload)| {
+            .prop_map(|(stream, retransmit, more, seq, timestamp_ns, payload)| {
                 OwnedMessage::Data {
                     stream,
                     retransmit,
+                    more,
                     seq,
                     timestamp_ns,
                     payload,
@@ -188,16 +190,17 @@ proptest! {
     fn data_header_round_trips(
         stream_id in 1..=u16::MAX,
         retransmit in any::<bool>(),
+        more in any::<bool>(),
         seq in any::<u64>(),
         timestamp_ns in any::<u64>(),
         payload in vec(any::<u8>(), 0..64),
     ) {
-        let hdr = DataHeader { stream_id, retransmit, seq, timestamp_ns };
+        let hdr = DataHeader { stream_id, retransmit, more, seq, timestamp_ns };
         let mut frame = vec![0u8; DATA_HEADER_LEN];
         frame.extend_from_slice(&payload);
         hdr.emit(payload.len(), &mut frame[..DATA_HEADER_LEN]).unwrap();
         prop_assert_eq!(DataHeader::parse(&frame, u32::MAX), Ok((hdr, &payload[..])));
-        let msg = Message::Data { stream: stream_id, retransmit, seq, timestamp_ns, payload: &payload };
+        let msg = Message::Data { stream: stream_id, retransmit, more, seq, timestamp_ns, payload: &payload };
         prop_assert_eq!(msg.emit_to_vec().unwrap(), frame);
     }
 

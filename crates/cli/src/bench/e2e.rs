@@ -137,6 +137,7 @@ fn network_ready(size: usize, n: usize, stack: &[ModuleConfig]) -> Result<Histog
         let hdr = ndd_wire::DataHeader {
             stream_id: 1,
             retransmit: false,
+            more: false,
             seq,
             timestamp_ns: seq,
         };

@@ -24,14 +24,28 @@ struct Row {
     bulk_gbs: Option<f64>,
 }
 
-/// The driver: `small` input frames at 1 kHz (the stream at `priority`), with `bulk` 1 MB
+/// The link settings and the input stream's priority a row runs with.
+#[derive(Clone, Copy)]
+struct Variant {
+    flight_min: u64,
+    chunk: u64,
+    priority: &'static str,
+}
+
+/// The driver: `small` input frames at 1 kHz (the stream at `v.priority`), with `bulk` 1 MB
 /// frames beside them unless 0.
-fn mixed_config(small: u64, bulk: u64, flight_min: u64, priority: &str) -> String {
+fn mixed_config(small: u64, bulk: u64, v: Variant) -> String {
+    let Variant {
+        flight_min,
+        chunk,
+        priority,
+    } = v;
     let mut text = format!(
         r#"
 driver = "bench-mixed"
 [link]
 flight_min_bytes = {flight_min}
+chunk_bytes = {chunk}
 [[stream]]
 name = "input"
 direction = "device-to-app"
@@ -55,8 +69,8 @@ sink = {{ type = "null" }}
 }
 
 /// Through ndd, both sides in this process.
-async fn ndd_mixed(small: u64, bulk: u64, flight_min: u64, priority: &str) -> Result<Row> {
-    let text = mixed_config(small, bulk, flight_min, priority);
+async fn ndd_mixed(small: u64, bulk: u64, v: Variant) -> Result<Row> {
+    let text = mixed_config(small, bulk, v);
     let cfg = Config::parse(&text, Path::new("<bench links --mixed>"))?;
     let (_tx, stop) = tokio::sync::watch::channel(false);
     let t = Instant::now();
@@ -74,19 +88,9 @@ async fn ndd_mixed(small: u64, bulk: u64, flight_min: u64, priority: &str) -> Re
 
 /// Through ndd as users run it: two `ndd run` processes (TLS, loopback), the app side's
 /// `--stats-json` read back.
-async fn ndd_mixed_processes(
-    small: u64,
-    bulk: u64,
-    flight_min: u64,
-    priority: &str,
-) -> Result<Row> {
+async fn ndd_mixed_processes(small: u64, bulk: u64, v: Variant) -> Result<Row> {
     let t = Instant::now();
-    let v = two_processes(
-        "mixed",
-        &mixed_config(small, bulk, flight_min, priority),
-        false,
-    )
-    .await?;
+    let v = two_processes("mixed", &mixed_config(small, bulk, v), false).await?;
     let secs = t.elapsed().as_secs_f64();
     let streams = v["streams"]
         .as_array()
@@ -295,8 +299,25 @@ async fn raw_mixed(small: u64, bulk: bool) -> Result<Row> {
 pub async fn run(quick: bool, out: &Path) -> Result<()> {
     let small: u64 = if quick { 500 } else { 5000 };
     let bulk: u64 = if quick { 600 } else { 6000 };
-    let shipped = crate::config::LinkConfig::default().flight_min_bytes;
-    let unbounded = crate::config::LinkConfig::default().resume_buffer_bytes;
+    let link = crate::config::LinkConfig::default();
+    let shipped = Variant {
+        flight_min: link.flight_min_bytes,
+        chunk: link.chunk_bytes,
+        priority: "high",
+    };
+    let whole = Variant {
+        chunk: 0,
+        ..shipped
+    };
+    let normal = Variant {
+        priority: "normal",
+        ..shipped
+    };
+    let before = Variant {
+        flight_min: link.resume_buffer_bytes,
+        chunk: 0,
+        priority: "normal",
+    };
     eprintln!("bench links --mixed: {small} × 64 B at 1 kHz, alone and beside 1 MB bulk frames");
     let mut rows = Vec::new();
     let mut add = |name: &str, mut r: Row| {
@@ -323,51 +344,53 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
     );
     add(
         "ndd TLS, input stream alone",
-        ndd_mixed(small, 0, shipped, "high")
-            .await
-            .context("ndd alone")?,
+        ndd_mixed(small, 0, shipped).await.context("ndd alone")?,
     );
     add(
-        "ndd TLS, beside a bulk stream, as shipped (input priority high)",
-        ndd_mixed(small, bulk, shipped, "high")
+        "ndd TLS, beside a bulk stream, as shipped (input priority high, frames cut in 1 ms chunks)",
+        ndd_mixed(small, bulk, shipped).await.context("ndd mixed")?,
+    );
+    add(
+        "ndd TLS, beside a bulk stream, frames whole (chunk_bytes = 0)",
+        ndd_mixed(small, bulk, whole)
             .await
-            .context("ndd mixed")?,
+            .context("ndd mixed, whole frames")?,
     );
     add(
         "ndd TLS, beside a bulk stream, both priority normal",
-        ndd_mixed(small, bulk, shipped, "normal")
+        ndd_mixed(small, bulk, normal)
             .await
             .context("ndd mixed, equal priority")?,
     );
     add(
-        "ndd TLS, beside a bulk stream, window = resume buffer (before)",
-        ndd_mixed(small, bulk, unbounded, "normal")
-            .await
-            .context("ndd mixed, unbounded window")?,
+        "ndd TLS, beside a bulk stream, as before (window = resume buffer, frames whole, equal priority)",
+        ndd_mixed(small, bulk, before).await.context("ndd mixed, as before")?,
     );
     add(
         "ndd TLS, two processes, input stream alone",
-        ndd_mixed_processes(small, 0, shipped, "high")
+        ndd_mixed_processes(small, 0, shipped)
             .await
             .context("ndd processes alone")?,
     );
     add(
-        "ndd TLS, two processes, beside a bulk stream, as shipped (input priority high)",
-        ndd_mixed_processes(small, bulk, shipped, "high")
+        "ndd TLS, two processes, beside a bulk stream, as shipped (input priority high, frames cut in 1 ms chunks)",
+        ndd_mixed_processes(small, bulk, shipped).await.context("ndd processes mixed")?,
+    );
+    add(
+        "ndd TLS, two processes, beside a bulk stream, frames whole (chunk_bytes = 0)",
+        ndd_mixed_processes(small, bulk, whole)
             .await
-            .context("ndd processes mixed")?,
+            .context("ndd processes mixed, whole frames")?,
     );
     add(
         "ndd TLS, two processes, beside a bulk stream, both priority normal",
-        ndd_mixed_processes(small, bulk, shipped, "normal")
+        ndd_mixed_processes(small, bulk, normal)
             .await
             .context("ndd processes mixed, equal priority")?,
     );
     add(
-        "ndd TLS, two processes, beside a bulk stream, window = resume buffer (before)",
-        ndd_mixed_processes(small, bulk, unbounded, "normal")
-            .await
-            .context("ndd processes mixed, unbounded window")?,
+        "ndd TLS, two processes, beside a bulk stream, as before (window = resume buffer, frames whole, equal priority)",
+        ndd_mixed_processes(small, bulk, before).await.context("ndd processes mixed, as before")?,
     );
     let mut md = String::from("# Links: small frames beside a bulk stream\n\n");
     md += &format!(
@@ -387,7 +410,9 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
          window (and the streams at equal priority, as before stream priorities). `as shipped`: \
          the input stream at `priority = \"high\"` (the default of input-device sources; the \
          bench's synthetic source sets it), its frames leaving before any bulk frame waiting \
-         beside them; `both priority normal`: round-robin between the two streams.\n\n| run | small p50 ms | small p99 ms | small delivered | bulk GB/s |\n\
+         beside them, and large frames cut into chunks of 1 ms of the path (at least `link.chunk_bytes`, 4 KiB; on loopback a 1 MB frame is one chunk once the rate is measured) that \
+         an input frame can go between; `frames whole`: the same with `chunk_bytes = 0`; \
+         `both priority normal`: round-robin between the two streams.\n\n| run | small p50 ms | small p99 ms | small delivered | bulk GB/s |\n\
          |---|---:|---:|---:|---:|\n"
     );
     for r in &rows {

@@ -70,6 +70,11 @@ impl Flight {
     /// link a small frame does not wait behind `min` bytes (0.8 s there) when the
     /// bandwidth-delay product is far smaller. Before any ACK the floor is [`FLOOR_BYTES`],
     /// and the window doubles with each sample while the ACKs keep up.
+    /// The delivery rate the ACKs report, bytes per second (0 before any).
+    pub(crate) fn rate(&self) -> f64 {
+        self.rate
+    }
+
     pub(crate) fn limit(&self, rtt: Option<Duration>) -> usize {
         let bdp = rtt.map_or(0.0, |r| self.rate * r.as_secs_f64());
         let floor = ((self.rate * FLOOR_TIME.as_secs_f64()) as usize)

@@ -43,6 +43,15 @@ use std::time::{Duration, Instant};
 use stream::{End, Pending, StreamRt};
 use thiserror::Error;
 
+/// How long a chunk of a cut frame occupies the path (at the rate the ACKs report): the
+/// longest another stream's frame waits for one. On a 20 Mbit/s link that is the smallest
+/// chunk (`link.chunk_bytes`, 4 KiB: 1.6 ms); on loopback (GB/s) a 1 MB frame is one chunk, not
+/// cut at all, so the receiver does not pay for joining it.
+pub const CHUNK_TIME: Duration = Duration::from_millis(1);
+
+/// DATA body bytes before the payload: seq and timestamp.
+const DATA_BODY_MIN: usize = ndd_wire::DATA_HEADER_LEN - ndd_wire::HEADER_LEN;
+
 /// How a session behaves (from `[link]` in the config).
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
@@ -71,6 +80,16 @@ pub struct SessionConfig {
     /// frames, no END, and a CLOSE "going away" (the peer keeps its endpoints and waits for
     /// it); the peer's "going away" is a lost link (reconnect and wait), not the end.
     pub outlive_peer: bool,
+    /// Smallest chunk: frames longer than a chunk go out cut into DATA messages (flag MORE on
+    /// all but the last), so that another stream's frame can go between them
+    /// (docs/protocol.md §4.1). A chunk is what the path carries in [`CHUNK_TIME`] at the rate
+    /// the ACKs report, at least this many bytes; 0: never cut. Set for links that deliver in
+    /// order on one byte stream (TCP, TLS); QUIC has a stream per ndd stream and UDP
+    /// fragments below.
+    pub chunk_bytes: usize,
+    /// Largest frame taken in from the peer once its chunks are joined (this side's
+    /// `max_body`: a frame in chunks is no larger than one that comes whole).
+    pub max_frame_bytes: usize,
 }
 
 impl Default for SessionConfig {
@@ -85,6 +104,8 @@ impl Default for SessionConfig {
             flight_min_bytes: 2 << 20,
             close_linger: Duration::from_secs(3),
             outlive_peer: false,
+            chunk_bytes: 0,
+            max_frame_bytes: 16 << 20,
         }
     }
 }
@@ -176,6 +197,8 @@ pub enum Transmit {
         stream: u16,
         /// Sent before on an earlier connection.
         retransmit: bool,
+        /// One chunk of a frame that goes on in the stream's next DATA message.
+        more: bool,
         /// Sequence number.
         seq: u64,
         /// Source timestamp.
@@ -215,6 +238,14 @@ pub enum SessionError {
         code: CloseCode,
         /// Its reason.
         reason: String,
+    },
+    /// The peer's chunks of a frame do not make a frame.
+    #[error("the peer sent a broken frame on stream \"{stream}\": {what}")]
+    BrokenFrame {
+        /// Stream name.
+        stream: String,
+        /// What was wrong.
+        what: String,
     },
     /// A link that hands DATA over as a plain message is broken.
     #[error("the link delivered a frame as a plain message")]
@@ -286,6 +317,9 @@ pub struct Session {
     peer_resumes: u32,
     /// Handshake messages mid-session: warned about at most once a second.
     ignored_handshakes: RateLimit,
+    /// The peer's `max_body`: a longer frame is never cut (the link refuses it whole, as
+    /// it would uncut).
+    peer_max_body: usize,
 }
 
 /// Urgent messages; PING and PONG are stamped with the wall clock when they are polled.
@@ -361,7 +395,34 @@ impl Session {
             cursor: 0,
             peer_resumes: 0,
             ignored_handshakes: RateLimit::default(),
+            peer_max_body: usize::MAX,
         })
+    }
+
+    /// How many bytes a chunk of a cut frame has now (0: frames are not cut): what the path
+    /// carries in [`CHUNK_TIME`] at the rate the ACKs report, at least
+    /// [`SessionConfig::chunk_bytes`].
+    pub fn chunk_size(&self) -> usize {
+        match self.cfg.chunk_bytes {
+            0 => 0,
+            least => least.max((self.flight.rate() * CHUNK_TIME.as_secs_f64()) as usize),
+        }
+    }
+
+    /// How many written bytes should wait unsent in the link's socket at most, once the path's
+    /// rate is known and frames are cut: one chunk. Beyond that the rest of a cut frame waits
+    /// in the session, where a more urgent stream's frame can go before it. (`None`: no
+    /// limit. A fixed small limit would cost a third of loopback's throughput.)
+    pub fn unsent_limit(&self) -> Option<usize> {
+        (self.cfg.chunk_bytes > 0 && self.flight.rate() > 0.0).then(|| self.chunk_size())
+    }
+
+    /// How the current link wants frames cut (see [`SessionConfig::chunk_bytes`]; 0: never)
+    /// and the peer's `max_body` from its HELLO: longer frames are not cut (they are the
+    /// sender's error, refused whole by the link as they would be uncut).
+    pub fn set_chunking(&mut self, chunk_bytes: usize, peer_max_body: usize) {
+        self.cfg.chunk_bytes = chunk_bytes;
+        self.peer_max_body = peer_max_body;
     }
 
     /// Where the session stands.
@@ -491,9 +552,14 @@ impl Session {
             match &mut s.end {
                 End::Source(src) => {
                     src.next_write = 0;
+                    src.chunk_off = 0;
                     src.end_written = false;
                 }
-                End::Sink(k) => k.delivered_sent = None,
+                End::Sink(k) => {
+                    k.delivered_sent = None;
+                    // The rest of a frame cut short by the old link comes again, whole.
+                    k.partial = None;
+                }
             }
         }
         self.urgent.push_back(Urgent::Message(OwnedMessage::Resume {
@@ -812,6 +878,50 @@ impl Session {
                         role: "source",
                     });
                 };
+                let broken = |what: String| SessionError::BrokenFrame {
+                    stream: s.plan.name.clone(),
+                    what,
+                };
+                let payload = if header.more || k.partial.is_some() {
+                    // A frame in chunks: they come one after the other on this stream, all
+                    // with the frame's seq; the one without MORE ends it.
+                    let p = k.partial.get_or_insert_with(|| stream::Partial {
+                        seq: header.seq,
+                        timestamp_ns: header.timestamp_ns,
+                        chunks: Vec::new(),
+                        len: 0,
+                    });
+                    if p.seq != header.seq {
+                        return Err(broken(format!(
+                            "frame {} began in chunks and frame {} came before its last chunk",
+                            p.seq, header.seq
+                        )));
+                    }
+                    if p.timestamp_ns != header.timestamp_ns {
+                        return Err(broken(format!(
+                            "the chunks of frame {} carry different timestamps",
+                            p.seq
+                        )));
+                    }
+                    p.len += payload.len();
+                    if p.len > self.cfg.max_frame_bytes {
+                        return Err(broken(format!(
+                            "frame {} in chunks is over {} bytes, the largest frame this side \
+                             takes (link.max_frame_bytes)",
+                            p.seq, self.cfg.max_frame_bytes
+                        )));
+                    }
+                    p.chunks.push(payload);
+                    if header.more {
+                        return Ok(());
+                    }
+                    match k.partial.take() {
+                        Some(p) => p.join(),
+                        None => return Ok(()),
+                    }
+                } else {
+                    payload
+                };
                 if s.ended || k.last_seq.is_some_and(|l| header.seq <= l) {
                     // Taken in before a reconnect: never deliver twice.
                     s.counters.duplicates += 1;
@@ -845,12 +955,26 @@ impl Session {
                 }
                 OwnedMessage::End { stream, .. } => {
                     let i = self.find(stream)?;
-                    if self.streams[i].is_source() {
-                        return Err(SessionError::WrongDirection {
-                            what: "ended",
-                            stream: self.streams[i].plan.name.clone(),
-                            role: "source",
-                        });
+                    let s = &self.streams[i];
+                    match &s.end {
+                        End::Source(_) => {
+                            return Err(SessionError::WrongDirection {
+                                what: "ended",
+                                stream: s.plan.name.clone(),
+                                role: "source",
+                            })
+                        }
+                        End::Sink(k) => {
+                            if let Some(p) = &k.partial {
+                                return Err(SessionError::BrokenFrame {
+                                    stream: s.plan.name.clone(),
+                                    what: format!(
+                                        "the stream ended before the last chunk of frame {}",
+                                        p.seq
+                                    ),
+                                });
+                            }
+                        }
                     }
                     self.end_stream(i, now)?;
                 }
@@ -858,7 +982,11 @@ impl Session {
                     let i = self.find(stream)?;
                     if let End::Source(src) = &mut self.streams[i].end {
                         let mut freed = 0;
-                        while src.out.front().is_some_and(|p| p.seq <= seq) {
+                        // A frame half written in chunks is finished first (the peer is
+                        // joining it), even if this ACK covers it: it is dropped at the next.
+                        while src.out.front().is_some_and(|p| p.seq <= seq)
+                            && !(src.next_write == 0 && src.chunk_off > 0)
+                        {
                             if let Some(p) = src.out.pop_front() {
                                 src.out_bytes -= p.payload.len();
                                 freed += p.payload.len();
@@ -1069,10 +1197,15 @@ impl Session {
                                 }
                             }
                         }
-                        while !src.out.is_empty() && src.out_bytes + p.payload.len() > budget {
-                            if let Some(old) = src.out.pop_front() {
+                        // The oldest goes, but not a frame half written in chunks (the peer
+                        // is joining it).
+                        let oldest = usize::from(src.chunk_off > 0);
+                        while src.out.len() > oldest && src.out_bytes + p.payload.len() > budget {
+                            if let Some(old) = src.out.remove(oldest) {
                                 src.out_bytes -= old.payload.len();
-                                src.next_write = src.next_write.saturating_sub(1);
+                                if oldest < src.next_write {
+                                    src.next_write -= 1;
+                                }
                                 s.counters.overflow += 1;
                             }
                         }
@@ -1094,6 +1227,8 @@ impl Session {
     }
 
     fn next_data(&mut self, i: usize) -> Option<Transmit> {
+        let room = self.peer_max_body.saturating_sub(DATA_BODY_MIN);
+        let chunk = self.chunk_size().min(room);
         let s = &mut self.streams[i];
         let End::Source(src) = &mut s.end else {
             return None;
@@ -1101,14 +1236,32 @@ impl Session {
         if src.next_write < src.out.len() {
             let reliable = s.plan.reliable;
             let p = &mut src.out[src.next_write];
+            let len = p.payload.len();
+            // A chunk's body (seq, timestamp, bytes) fits the peer's max_body; a frame whose
+            // whole body would not is not cut (the link refuses it, as it would uncut).
+            let payload = if chunk > 0 && len > chunk && len <= room {
+                // Cut: another stream's frame may go before the next chunk.
+                let end = (src.chunk_off + chunk).min(len);
+                let part = p.payload.slice(src.chunk_off..end);
+                src.chunk_off = end;
+                part
+            } else {
+                p.payload.clone()
+            };
+            let more = src.chunk_off > 0 && src.chunk_off < len;
             let t = Transmit::Data {
                 stream: s.plan.id,
                 retransmit: p.written,
+                more,
                 seq: p.seq,
                 timestamp_ns: p.timestamp_ns,
-                payload: p.payload.clone(),
+                payload,
                 reliable,
             };
+            if more {
+                return Some(t);
+            }
+            src.chunk_off = 0;
             if p.written {
                 s.counters.retransmits += 1;
             }

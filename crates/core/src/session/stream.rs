@@ -134,6 +134,10 @@ pub(crate) struct SourceState {
     pub out: VecDeque<Pending>,
     pub out_bytes: usize,
     pub next_write: usize,
+    /// Bytes of `out[next_write]` already written on this connection, in chunks (0: none;
+    /// the frame is not started). A started frame is finished before any other of the
+    /// stream's frames goes out, and it is never dropped half written.
+    pub chunk_off: usize,
     /// DATA frames the stack produced (END announces it).
     pub sent: u64,
     pub end_written: bool,
@@ -157,6 +161,32 @@ pub(crate) struct SinkState {
     /// Highest endpoint sequence of the current peer generation completed, and last told.
     pub delivered: Option<u64>,
     pub delivered_sent: Option<u64>,
+    /// The chunks of a frame that came cut (DATA with MORE) and is not complete yet.
+    pub partial: Option<Partial>,
+}
+
+/// A frame arriving in chunks: its seq and timestamp, and the chunks so far (slices of the
+/// link's read buffer; copied once, into the whole frame, when its last chunk is in).
+#[derive(Debug)]
+pub(crate) struct Partial {
+    pub seq: u64,
+    pub timestamp_ns: u64,
+    pub chunks: Vec<Bytes>,
+    pub len: usize,
+}
+
+impl Partial {
+    /// The whole payload: the one chunk as it is, or all of them copied into one buffer.
+    pub fn join(mut self) -> Bytes {
+        if self.chunks.len() == 1 {
+            return self.chunks.pop().unwrap_or_default();
+        }
+        let mut whole = bytes::BytesMut::with_capacity(self.len);
+        for c in &self.chunks {
+            whole.extend_from_slice(c);
+        }
+        whole.freeze()
+    }
 }
 
 /// Source or sink.
@@ -184,6 +214,7 @@ impl StreamRt {
                 out: VecDeque::new(),
                 out_bytes: 0,
                 next_write: 0,
+                chunk_off: 0,
                 sent: 0,
                 end_written: false,
                 kept: VecDeque::new(),
@@ -196,6 +227,7 @@ impl StreamRt {
                 completed_seen: 0,
                 delivered: None,
                 delivered_sent: None,
+                partial: None,
             }),
         };
         Ok(StreamRt {
@@ -252,6 +284,7 @@ impl StreamRt {
             src.out.clear();
             src.out_bytes = 0;
             src.next_write = 0;
+            src.chunk_off = 0;
             src.kept.clear();
             src.kept_bytes = 0;
         }
@@ -267,6 +300,7 @@ impl StreamRt {
         s.out.clear();
         s.out_bytes = 0;
         s.next_write = 0;
+        s.chunk_off = 0;
         s.end_written = false;
         let again = s.kept.len();
         for (meta, bytes) in &s.kept {

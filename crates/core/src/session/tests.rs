@@ -49,6 +49,7 @@ fn data(stream: u16, seq: u64) -> Incoming {
         header: DataHeader {
             stream_id: stream,
             retransmit: false,
+            more: false,
             seq,
             timestamp_ns: 0,
         },
@@ -402,6 +403,7 @@ fn a_sink_acks_a_window_floor_of_bytes_at_once_so_a_source_at_its_floor_is_never
         header: DataHeader {
             stream_id: 1,
             retransmit: false,
+            more: false,
             seq: 0,
             timestamp_ns: 0,
         },
@@ -561,4 +563,290 @@ fn the_in_flight_window_is_sized_by_the_shortest_round_trip_since_the_link_came_
     let (at, p) = pong(20_000, 200);
     s.handle_message(t0, at, p).unwrap();
     assert!(s.flight_window() > 30_000_000, "{}", s.flight_window());
+}
+
+/// A session past both RESUMEs of peer run 9, its first transmits drained.
+fn resumed(mut s: Session, now: Instant) -> Session {
+    s.handle_link_up(now);
+    s.handle_message(now, 1, resume(9)).unwrap();
+    s.handle_message(now, 1, resume(9)).unwrap();
+    drain(&mut s, now);
+    s
+}
+
+/// A new link to the same peer run 9, up to its second RESUME (what it resends not drained).
+fn reconnected(mut s: Session, now: Instant) -> Session {
+    s.handle_link_up(now);
+    s.handle_message(now, 1, resume(9)).unwrap();
+    let greeting = drain(&mut s, now);
+    assert!(data_shape(&greeting).is_empty());
+    s.handle_message(now, 1, resume(9)).unwrap();
+    s
+}
+
+fn chunked(mut cfg: SessionConfig, plans: Vec<StreamPlan>) -> Session {
+    cfg.chunk_bytes = 100;
+    Session::new(cfg, plans, 7).unwrap()
+}
+
+/// A transmit as the peer's link hands it over.
+fn incoming(t: Transmit) -> Incoming {
+    match t {
+        Transmit::Data {
+            stream,
+            retransmit,
+            more,
+            seq,
+            timestamp_ns,
+            payload,
+            ..
+        } => Incoming::Data {
+            header: DataHeader {
+                stream_id: stream,
+                retransmit,
+                more,
+                seq,
+                timestamp_ns,
+            },
+            payload,
+        },
+        Transmit::Message(m) => Incoming::Other(m),
+    }
+}
+
+/// (stream, seq, more, payload length) of each DATA transmit.
+fn data_shape(ts: &[Transmit]) -> Vec<(u16, u64, bool, usize)> {
+    ts.iter()
+        .filter_map(|t| match t {
+            Transmit::Data {
+                stream,
+                seq,
+                more,
+                payload,
+                ..
+            } => Some((*stream, *seq, *more, payload.len())),
+            Transmit::Message(_) => None,
+        })
+        .collect()
+}
+
+fn delivered(s: &mut Session) -> Vec<(usize, Vec<u8>)> {
+    std::iter::from_fn(|| s.poll_event())
+        .filter_map(|e| match e {
+            Event::Deliver { stream, frame } => Some((stream, frame.payload().to_vec())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_large_frame_goes_out_in_chunks_and_a_small_frame_goes_between_them() {
+    let now = Instant::now();
+    let high = StreamPlan {
+        priority: Priority::High,
+        ..plan(2, Role::Source, true)
+    };
+    let mut src = resumed(
+        chunked(
+            SessionConfig::default(),
+            vec![plan(1, Role::Source, true), high],
+        ),
+        now,
+    );
+    let big: Vec<u8> = (0..250u32).map(|i| i as u8).collect();
+    src.handle_source_frame(
+        now,
+        0,
+        Frame::new(
+            Meta {
+                stream: 1,
+                seq: 0,
+                timestamp_ns: 5,
+                flags: 0,
+            },
+            &big,
+        ),
+    )
+    .unwrap();
+    let first = src.poll_transmit(now, 1).unwrap();
+    assert_eq!(
+        data_shape(std::slice::from_ref(&first)),
+        vec![(1, 0, true, 100)]
+    );
+    // A small frame of a more urgent stream comes while the big one is half out.
+    src.handle_source_frame(now, 1, frame(2, 0, 3)).unwrap();
+    let rest = drain(&mut src, now);
+    assert_eq!(
+        data_shape(&rest),
+        vec![(2, 0, false, 3), (1, 0, true, 100), (1, 0, false, 50)]
+    );
+    // The peer joins the chunks into the frame as it was, and takes the small one whole.
+    let mut sink = resumed(
+        chunked(
+            SessionConfig::default(),
+            vec![plan(1, Role::Sink, true), plan(2, Role::Sink, true)],
+        ),
+        now,
+    );
+    for t in std::iter::once(first).chain(rest) {
+        sink.handle_message(now, 1, incoming(t)).unwrap();
+    }
+    assert_eq!(delivered(&mut sink), vec![(1, vec![1; 3]), (0, big)]);
+    assert_eq!(sink.counters(0).wire_frames, 1);
+    assert_eq!(sink.counters(0).wire_bytes, 250);
+}
+
+#[test]
+fn a_frame_cut_short_by_a_lost_link_comes_again_whole_and_once() {
+    let now = Instant::now();
+    let mut src = resumed(
+        chunked(SessionConfig::default(), vec![plan(1, Role::Source, true)]),
+        now,
+    );
+    let mut sink = resumed(
+        chunked(SessionConfig::default(), vec![plan(1, Role::Sink, true)]),
+        now,
+    );
+    let big: Vec<u8> = (0..250u32).map(|i| (i * 7) as u8).collect();
+    src.handle_source_frame(
+        now,
+        0,
+        Frame::new(
+            Meta {
+                stream: 1,
+                seq: 0,
+                timestamp_ns: 5,
+                flags: 0,
+            },
+            &big,
+        ),
+    )
+    .unwrap();
+    let first = src.poll_transmit(now, 1).unwrap();
+    sink.handle_message(now, 1, incoming(first)).unwrap();
+    // The link goes after the first chunk.
+    src.handle_link_lost(now, "cut").unwrap();
+    sink.handle_link_lost(now, "cut").unwrap();
+    assert!(delivered(&mut sink).is_empty());
+    let (mut src, mut sink) = (reconnected(src, now), resumed(sink, now));
+    let again = drain(&mut src, now);
+    // From its first byte, not from where the old link stopped.
+    assert_eq!(
+        data_shape(&again),
+        vec![(1, 0, true, 100), (1, 0, true, 100), (1, 0, false, 50)]
+    );
+    for t in again {
+        sink.handle_message(now, 1, incoming(t)).unwrap();
+    }
+    assert_eq!(delivered(&mut sink), vec![(0, big.clone())]);
+    // Resent once more whole (its ACK was lost with a link), it is a duplicate, not a frame.
+    src.handle_link_lost(now, "cut").unwrap();
+    let mut src = reconnected(src, now);
+    for t in drain(&mut src, now) {
+        sink.handle_message(now, 1, incoming(t)).unwrap();
+    }
+    assert!(delivered(&mut sink).is_empty());
+    assert_eq!(sink.counters(0).duplicates, 1);
+}
+
+#[test]
+fn chunks_that_do_not_make_a_frame_close_the_session_with_the_reason() {
+    let now = Instant::now();
+    let chunk = |seq: u64, more: bool, ts: u64, len: usize| Incoming::Data {
+        header: DataHeader {
+            stream_id: 1,
+            retransmit: false,
+            more,
+            seq,
+            timestamp_ns: ts,
+        },
+        payload: Bytes::from(vec![0u8; len]),
+    };
+    let sink = || {
+        let cfg = SessionConfig {
+            max_frame_bytes: 150,
+            ..SessionConfig::default()
+        };
+        resumed(chunked(cfg, vec![plan(1, Role::Sink, true)]), now)
+    };
+    let cases: [(Vec<Incoming>, &str); 4] = [
+        (
+            vec![chunk(3, true, 0, 10), chunk(4, false, 0, 10)],
+            "the peer sent a broken frame on stream \"s1\": frame 3 began in chunks and frame 4 \
+             came before its last chunk",
+        ),
+        (
+            vec![chunk(3, true, 0, 10), chunk(3, false, 1, 10)],
+            "the peer sent a broken frame on stream \"s1\": the chunks of frame 3 carry \
+             different timestamps",
+        ),
+        (
+            vec![chunk(3, true, 0, 100), chunk(3, true, 0, 100)],
+            "the peer sent a broken frame on stream \"s1\": frame 3 in chunks is over 150 bytes, \
+             the largest frame this side takes (link.max_frame_bytes)",
+        ),
+        (
+            vec![
+                chunk(3, true, 0, 10),
+                Incoming::Other(OwnedMessage::End {
+                    stream: 1,
+                    frames: 4,
+                }),
+            ],
+            "the peer sent a broken frame on stream \"s1\": the stream ended before the last \
+             chunk of frame 3",
+        ),
+    ];
+    for (msgs, want) in cases {
+        let mut s = sink();
+        let mut got = None;
+        for m in msgs {
+            if let Err(e) = s.handle_message(now, 1, m) {
+                got = Some(e.to_string());
+                break;
+            }
+        }
+        assert_eq!(got.as_deref(), Some(want));
+        assert!(delivered(&mut s).is_empty());
+        // The CLOSE says why, as a protocol error.
+        let close = drain(&mut s, now).into_iter().find_map(|t| match t {
+            Transmit::Message(OwnedMessage::Close { code, reason }) => Some((code, reason)),
+            _ => None,
+        });
+        assert_eq!(close, Some((CloseCode::ProtocolError, want.to_string())));
+    }
+}
+
+#[test]
+fn a_lossy_stream_never_drops_a_frame_it_has_half_written() {
+    let now = Instant::now();
+    let mut src = resumed(
+        chunked(
+            SessionConfig {
+                resume_buffer_bytes: 1 << 20,
+                ..SessionConfig::default()
+            },
+            vec![plan(1, Role::Source, false)],
+        ),
+        now,
+    );
+    // Budget 1 MiB; frames of 300 KiB: the fourth pushes the oldest unwritten one out.
+    let f = |seq| frame(1, seq, 300 << 10);
+    src.handle_source_frame(now, 0, f(0)).unwrap();
+    let first = src.poll_transmit(now, 1).unwrap();
+    assert_eq!(data_shape(&[first]), vec![(1, 0, true, 100)]);
+    for seq in 1..4 {
+        src.handle_source_frame(now, 0, f(seq)).unwrap();
+    }
+    let rest = drain(&mut src, now);
+    let seqs: Vec<u64> = data_shape(&rest).iter().map(|d| d.1).collect();
+    // Frame 0 finishes (no other frame's chunk comes between its chunks); 1 was dropped.
+    let firsts: Vec<u64> = seqs.iter().copied().fold(Vec::new(), |mut v, s| {
+        if v.last() != Some(&s) {
+            v.push(s);
+        }
+        v
+    });
+    assert_eq!(firsts, vec![0, 2, 3]);
+    assert_eq!(src.counters(0).overflow, 1);
 }
