@@ -6,6 +6,10 @@
 #
 #   sudo scripts/shaped-link.sh [RATE] [RUNS]      RATE: tc rate (default 20mbit), RUNS: per row
 #
+# Environment: CHUNK (the cut row's chunk_bytes, default 4096), BULK_COUNT (bulk frames,
+# default 500; 1 leaves the small stream alone), NDD_ENV (VAR=value for both ndd processes),
+# SS_PROBE=1 (print `ss -tinm` and the shaper's backlog 4 s into each run).
+#
 # Needs root (namespaces), `ip` and `tc` (iproute2), python3, and a built target/release/ndd.
 set -euo pipefail
 RATE=${1:-20mbit}
