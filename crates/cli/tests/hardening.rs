@@ -265,6 +265,30 @@ fn duration_is_bounded_and_honoured_before_a_peer_connects() {
     );
 }
 
+/// A UDP listener on port 0 is refused up front: it binds again for each peer, so the port it
+/// printed would not be the one the next peer must use (found by hand: it said `listening on
+/// 127.0.0.1:0 (UDP)`).
+#[test]
+fn a_udp_listener_on_port_0_is_refused_with_the_reason() {
+    let dir = Dir::new("udp-port-0");
+    let (_, app_home, _, _) = homes(&dir.0, true, true);
+    let cfg = dir.0.join("c.toml");
+    std::fs::write(&cfg, CFG.replace("TRANSPORT", "udp")).unwrap();
+    let out = run_cmd(&cfg, "app", &app_home, &["--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(
+            "cannot listen (UDP) on 127.0.0.1:0: port 0 picks a new port at each bind, and a UDP \
+             listener binds again for every peer; name a fixed port"
+        ),
+        "{err}"
+    );
+    assert!(!err.contains("listening on"), "{err}");
+}
+
 /// On a sealed UDP link a stranger's datagrams in the middle of a session (a plain HELLO,
 /// forged DATA, a whole key exchange of its own) are dropped with a warning: the session goes
 /// on and every frame arrives (issue 17, D3).

@@ -469,7 +469,17 @@ impl Connector {
                 })?)
             }
             (TransportKind::Udp, false) => Connector::UdpConnect(addr.to_string()),
-            (TransportKind::Udp, true) => Connector::UdpListen(addr.to_string()),
+            (TransportKind::Udp, true) => {
+                // A UDP listener binds afresh for each peer (after a link is lost too), so an
+                // ephemeral port would change under the peer's feet.
+                if addr.rsplit_once(':').is_some_and(|(_, port)| port == "0") {
+                    return Err(EstablishError::Local(format!(
+                        "cannot listen (UDP) on {addr}: port 0 picks a new port at each \
+                         bind, and a UDP listener binds again for every peer; name a fixed port"
+                    )));
+                }
+                Connector::UdpListen(addr.to_string())
+            }
             (TransportKind::Nats, _) => {
                 return Err(EstablishError::Local(
                     "the NATS link has no peer connection; it runs through a NATS server".into(),
