@@ -443,12 +443,21 @@ impl Config {
                     )
                 }) {
                     let line = line_of(text, m.span().start);
-                    bail!(
-                        "{file}:{line}: stream \"{name}\" layer {layer}: `{}` paces its source by \
-                         acknowledgements from the sink, which the NATS link does not carry (many app \
-                         sides); use a direct link for it",
-                        m.get_ref().name()
-                    );
+                    match m.get_ref() {
+                        ModuleConfig::Image(c) if !c.broadcast() => bail!(
+                            "{file}:{line}: stream \"{name}\" layer {layer}: `image` paces its \
+                             source by one app side's credit, which the NATS link does not carry \
+                             (many app sides); set `keyframe_ms` (e.g. 2000) to broadcast: a \
+                             whole-screen keyframe that often, no credit"
+                        ),
+                        ModuleConfig::Image(_) => {}
+                        other => bail!(
+                            "{file}:{line}: stream \"{name}\" layer {layer}: `{}` paces its source \
+                             by acknowledgements from the sink, which the NATS link does not carry \
+                             (many app sides); use a direct link for it",
+                            other.name()
+                        ),
+                    }
                 }
             }
             if name.is_empty() || name.len() > 255 {
@@ -693,6 +702,36 @@ stack = [{ type = "checksum" }, { type = "bundle", count = 4 }]
         assert!(
             e.starts_with("x.toml:7: ")
                 && e.contains("unknown variant `urgent`, expected one of `high`, `normal`, `low`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn image_over_nats_needs_broadcast_and_latest_is_refused_there() {
+        let nats = |stack: &str| {
+            format!(
+                "driver = \"screen\"\n[link]\ntransport = \"nats\"\n[[stream]]\nname = \"screen\"\n\
+                 direction = \"device-to-app\"\nsource = {{ type = \"camera-sim\" }}\n\
+                 sink = {{ type = \"null\" }}\nstack = [{stack}]\n"
+            )
+        };
+        let e = err(&nats(r#"{ type = "image" }"#));
+        assert_eq!(
+            e,
+            "x.toml:9: stream \"screen\" layer 0: `image` paces its source by one app side's \
+             credit, which the NATS link does not carry (many app sides); set `keyframe_ms` (e.g. \
+             2000) to broadcast: a whole-screen keyframe that often, no credit"
+        );
+        Config::parse(
+            &nats(
+                r#"{ type = "image", keyframe_ms = 2000 }, { type = "multiplex", mode = "all" }"#,
+            ),
+            Path::new("x.toml"),
+        )
+        .unwrap();
+        let e = err(&nats(r#"{ type = "latest" }"#));
+        assert!(
+            e.contains("`latest` paces its source by acknowledgements from the sink"),
             "{e}"
         );
     }

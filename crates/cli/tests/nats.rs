@@ -887,3 +887,76 @@ sink = {{ type = "check", seed = 4, size = 200, expect = {n} }}
         "nothing lost across the rotation: {kerr}"
     );
 }
+
+/// One screen to many app sides: `camera-sim` → `image` in broadcast (`keyframe_ms`) →
+/// `multiplex` all → JetStream → `y4m` files read by an unmodified ffmpeg. The app side there
+/// from the start shows every picture; one that joins 1.5 s later starts at the next keyframe
+/// and shows every picture from there on, in order (the frame number in each picture read back).
+#[test]
+fn a_screen_broadcast_reaches_an_app_side_that_joins_late_from_its_next_keyframe() {
+    if !nats_or_skip() {
+        return;
+    }
+    if let Some(m) = missing(&["ffmpeg"]) {
+        println!("SKIPPED: needs {m} (apt-get install ffmpeg)");
+        return;
+    }
+    let dir = Dir::new("nats-screen");
+    let nats = Nats::start("screen", &[]);
+    let (dev, apps) = homes_n(&dir.0, 2);
+    let config = |name: &str, y4m: &Path| {
+        // An existing file is written as it is (no pipe).
+        std::fs::write(y4m, b"").unwrap();
+        write(
+            &dir.0,
+            name,
+            &format!(
+                "driver = \"screen\"\n{}\n[[stream]]\nname = \"screen\"\ndirection = \"device-to-app\"\nsource = {{ type = \"camera-sim\", width = 640, height = 480, fps = 30, count = 150 }}\nstack = [{{ type = \"image\", quality = \"high\", keyframe_ms = 500 }}, {{ type = \"multiplex\", mode = \"all\" }}]\nsink = {{ type = \"y4m\", path = \"{}\", fps = 30 }}\n",
+                link(&nats.url(), 1),
+                y4m.display()
+            ),
+        )
+    };
+    let (ya, yb) = (dir.0.join("a.y4m"), dir.0.join("b.y4m"));
+    let (ca, cb) = (config("a.toml", &ya), config("b.toml", &yb));
+    let a = side(&ca, "app", &apps[0], &["--once"]);
+    let d = side(&ca, "device", &dev, &["--once"]);
+    wait_for("the first app side joined", WAIT, || {
+        d.stderr_now().contains("joined")
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let b = side(&cb, "app", &apps[1], &["--once"]);
+    let (ds, _, derr) = d.finish();
+    assert!(ds.success(), "device: {derr}");
+    let (sa, _, aerr) = a.finish();
+    let (sb, _, berr) = b.finish();
+    assert!(sa.success() && sb.success(), "app a: {aerr}\napp b: {berr}");
+    let (out, first) = frame_numbers(&ya, &dir.0.join("a.strip"), None, None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(first, (0..150).map(Some).collect::<Vec<_>>(), "app a");
+    let (out, late) = frame_numbers(&yb, &dir.0.join("b.strip"), None, None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let from = late
+        .first()
+        .copied()
+        .flatten()
+        .expect("app b showed no picture");
+    println!("app b started at frame {from}");
+    assert!(
+        from > 0 && from < 140,
+        "app b joined late: started at {from}"
+    );
+    assert_eq!(
+        late,
+        (from..150).map(Some).collect::<Vec<_>>(),
+        "app b: every picture from its first keyframe on, in order"
+    );
+}

@@ -479,3 +479,49 @@ pub fn fifo(dir: &Path, name: &str) -> (PathBuf, std::fs::File) {
         .expect("open the fifo");
     (path, file)
 }
+
+/// Runs an unmodified ffmpeg on the y4m stream `fifo` (at most `frames` pictures, within
+/// `limit_s` seconds when given) keeping each picture's frame-number strip as gray bytes in
+/// `strip`; its output and the numbers read back (`None` for a strip that does not read).
+pub fn frame_numbers(
+    fifo: &std::path::Path,
+    strip: &std::path::Path,
+    frames: Option<&str>,
+    limit_s: Option<&str>,
+) -> (std::process::Output, Vec<Option<u32>>) {
+    let mut c = match limit_s {
+        // Bounded: with no stream to read, ffmpeg would wait on the pipe for good.
+        Some(s) => {
+            let mut c = std::process::Command::new("timeout");
+            c.args([s, "ffmpeg"]);
+            c
+        }
+        None => std::process::Command::new("ffmpeg"),
+    };
+    c.args(["-loglevel", "error", "-f", "yuv4mpegpipe", "-i"])
+        .arg(fifo);
+    if let Some(n) = frames {
+        c.args(["-frames:v", n]);
+    }
+    let out = c
+        .args([
+            "-vf",
+            "crop=512:16:0:0",
+            "-pix_fmt",
+            "gray",
+            "-f",
+            "rawvideo",
+            "-y",
+        ])
+        .arg(strip)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("ffmpeg");
+    let numbers = std::fs::read(strip)
+        .unwrap_or_default()
+        .chunks_exact(512 * 16)
+        .map(|f| ndd_endpoint::camera::pattern::read_number(f, 512))
+        .collect();
+    (out, numbers)
+}

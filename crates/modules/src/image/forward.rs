@@ -57,6 +57,8 @@ pub struct ImageForward {
     /// seq is not above that is renumbered too.
     seq: RisingSeq,
     next_refine: Option<Instant>,
+    /// Broadcast: when the next whole-screen keyframe is due.
+    next_keyframe: Option<Instant>,
     scratch: Vec<u8>,
     block: Vec<u8>,
     /// First-seen palette indices of the part being classified.
@@ -75,6 +77,7 @@ struct Counters {
     lossless: u64,
     refined: u64,
     preset_changes: u64,
+    keyframes: u64,
 }
 
 impl fmt::Debug for ImageForward {
@@ -115,6 +118,7 @@ impl ImageForward {
             last_meta: None,
             seq: RisingSeq::default(),
             next_refine: None,
+            next_keyframe: None,
             scratch: Vec::new(),
             block: Vec::new(),
             indices: Vec::new(),
@@ -140,7 +144,19 @@ impl ImageForward {
     }
 
     fn window_open(&self) -> bool {
-        self.pacer.open()
+        // Broadcast: no app side's credit holds the source back.
+        self.cfg.broadcast() || self.pacer.open()
+    }
+
+    /// Broadcast: the zstd stream starts afresh (an app side that joins decodes from this
+    /// frame on) and the next keyframe is due `keyframe_ms` from now. Every tile goes.
+    fn start_keyframe(&mut self, now: Instant) -> Result<Vec<(usize, Rect)>, ModuleError> {
+        self.zstd.reinit().map_err(|e| corrupt("zstd", e))?;
+        self.next_keyframe = Some(now + Duration::from_millis(u64::from(self.cfg.keyframe_ms)));
+        self.stats.keyframes += 1;
+        Ok((0..self.tiles.len())
+            .filter_map(|i| Some((i, self.tile_rect(i)?)))
+            .collect())
     }
 
     fn tile_size(&self) -> u16 {
@@ -325,7 +341,10 @@ impl ImageForward {
         };
         let mut bytes = Vec::with_capacity(format::emitted_len(&kinds, self.blob.len()));
         format::emit(&header, &kinds, &self.blob, &mut bytes);
-        self.pacer.on_send(now, self.sent, bytes.len() as u64);
+        if !self.cfg.broadcast() {
+            // (Broadcast: no credit comes back to settle what the pacer would keep.)
+            self.pacer.on_send(now, self.sent, bytes.len() as u64);
+        }
         self.stats.frames += 1;
         out.push(Frame::from_bytes(meta, Bytes::from(bytes)));
         Ok(())
@@ -501,14 +520,19 @@ impl Half for ImageForward {
             force = true;
         }
         self.last_meta = Some(frame.meta);
-        let parts = self.absorb(&u, force, now);
+        let mut parts = self.absorb(&u, force, now);
+        let mut flags = u.header.flags;
+        if self.cfg.broadcast() && (force || self.next_keyframe.is_none_or(|t| t <= now)) {
+            parts = self.start_keyframe(now)?;
+            flags |= FLAG_KEYFRAME;
+        }
         if parts.is_empty() {
             self.stats.unchanged += 1;
             return Ok(());
         }
         self.encode(
             frame.meta,
-            u.header.flags,
+            flags,
             &parts,
             self.preset() == Quality::Lossless,
             now,
@@ -541,6 +565,19 @@ impl Half for ImageForward {
     }
 
     fn handle_timeout(&mut self, now: Instant, out: &mut Output) {
+        if self.next_keyframe.is_some_and(|t| t <= now) {
+            // A still screen: the keyframe comes from the screen copy, for app sides that
+            // joined since the last one.
+            if let Some(meta) = self.last_meta {
+                let r = self.start_keyframe(now).and_then(|parts| {
+                    let lossless = self.preset() == Quality::Lossless;
+                    self.encode(meta, FLAG_KEYFRAME, &parts, lossless, now, out)
+                });
+                if let Err(e) = r {
+                    tracing::warn!(error = %e, "image: keyframe failed");
+                }
+            }
+        }
         if self.next_refine.is_some_and(|t| t <= now) {
             if let Err(e) = self.refine(now, out) {
                 // Encoding what the screen copy holds cannot meet bad input; a library
@@ -552,7 +589,10 @@ impl Half for ImageForward {
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
-        self.next_refine
+        [self.next_refine, self.next_keyframe]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     fn ready(&self) -> bool {
@@ -578,6 +618,7 @@ impl Half for ImageForward {
                 ("jpeg", c.jpeg),
                 ("lossless", c.lossless),
                 ("refined_tiles", c.refined),
+                ("keyframes", c.keyframes),
                 ("preset", preset),
                 ("jpeg_q", self.jpeg_now().map_or(0, |(q, _)| u64::from(q))),
                 ("preset_changes", c.preset_changes),

@@ -6,7 +6,7 @@ use super::forward::WINDOW_LOG;
 use super::{corrupt, library, tiles, PAIR};
 use ndd_core::frame::DEFAULT_HEADROOM;
 use ndd_core::{ForeignError, Frame, FrameError, Half, HalfStats, ModuleError, Output};
-use ndd_wire::display::{PixelFormat, UpdateHeader, UpdateLayout};
+use ndd_wire::display::{PixelFormat, UpdateHeader, UpdateLayout, FLAG_KEYFRAME};
 use std::fmt;
 use std::time::{Duration, Instant};
 use zstd::stream::raw::{DParameter, InBuffer, Operation, OutBuffer};
@@ -25,6 +25,12 @@ pub struct ImageInverse {
     /// One unpacked row of palette indices.
     row: Vec<u8>,
     decoded: u64,
+    /// Broadcast: no credit is sent, and nothing is decoded before the first keyframe.
+    broadcast: bool,
+    /// Broadcast: a keyframe came (the zstd stream is in step with the forward half's).
+    started: bool,
+    /// Broadcast: frames dropped while waiting for the first keyframe.
+    skipped: u64,
 }
 
 impl fmt::Debug for ImageInverse {
@@ -42,8 +48,9 @@ fn invalid(rule: &'static str) -> ModuleError {
 }
 
 impl ImageInverse {
-    /// An inverse half that refuses decoded updates above `max_size` bytes.
-    pub fn new(max_size: usize) -> Result<ImageInverse, ModuleError> {
+    /// An inverse half that refuses decoded updates above `max_size` bytes; `broadcast`: see
+    /// [`ImageConfig::keyframe_ms`](super::ImageConfig::keyframe_ms).
+    pub fn new(max_size: usize, broadcast: bool) -> Result<ImageInverse, ModuleError> {
         let mut zstd = zstd::stream::raw::Decoder::new().map_err(|e| library("zstd stream", e))?;
         zstd.set_parameter(DParameter::WindowLogMax(WINDOW_LOG))
             .map_err(|e| library("zstd window", e))?;
@@ -56,6 +63,9 @@ impl ImageInverse {
             block: Vec::new(),
             row: Vec::new(),
             decoded: 0,
+            broadcast,
+            started: false,
+            skipped: 0,
         })
     }
 
@@ -102,6 +112,16 @@ impl Half for ImageInverse {
     ) -> Result<(), ModuleError> {
         let p = format::parse(frame.payload())?;
         let h = p.header;
+        if self.broadcast {
+            if h.flags & FLAG_KEYFRAME != 0 {
+                // The forward half started a new zstd stream with this frame.
+                self.zstd.reinit().map_err(|e| corrupt("zstd", e))?;
+                self.started = true;
+            } else if !self.started {
+                self.skipped += 1;
+                return Ok(());
+            }
+        }
         if let Some(c) = self.credit {
             if h.credit.wrapping_sub(c) as i32 <= 0 {
                 return Err(invalid("credit number did not increase"));
@@ -197,8 +217,10 @@ impl Half for ImageInverse {
         }
         self.decoded += 1;
         self.credit = Some(h.credit);
-        self.send_credit(out);
-        self.credit_again = Some(now + CREDIT_AGAIN);
+        if !self.broadcast {
+            self.send_credit(out);
+            self.credit_again = Some(now + CREDIT_AGAIN);
+        }
         out.push(f);
         Ok(())
     }
@@ -216,7 +238,7 @@ impl Half for ImageInverse {
 
     fn stats(&self) -> HalfStats {
         HalfStats {
-            counters: vec![("decoded", self.decoded)],
+            counters: vec![("decoded", self.decoded), ("skipped", self.skipped)],
             ..HalfStats::default()
         }
     }

@@ -38,6 +38,14 @@
 //! = Q80 4:2:2; `low` = Q30 4:2:0. `jpeg_quality` (1..=100) and `subsampling` (`"444"`,
 //! `"422"`, `"420"`, `"gray"`) override the preset's.
 //!
+//! - **broadcast** (`keyframe_ms` > 0, for one screen to many app sides over NATS, where no
+//!   single app side's credit can pace the source): the forward half is always ready (the
+//!   source runs at its own rate; `auto` stays at `medium`, having no acknowledgements to
+//!   adapt by), and every `keyframe_ms` — on the next update, or from its screen copy if the
+//!   screen is still — it sends the whole screen as a keyframe that starts a new zstd stream.
+//!   The inverse sends no credit and drops frames until its first keyframe, so an app side
+//!   that joins late starts within `keyframe_ms` (counter `skipped`).
+//!
 //! The pair needs a reliable stream (its frames reference earlier ones). Frame format and
 //! control messages in [`format`]; every length and count the inverse reads is checked
 //! before anything is allocated, and a decoded update may not exceed `max_size` bytes.
@@ -215,6 +223,10 @@ pub struct ImageConfig {
     pub window: u32,
     /// Largest decoded update the inverse accepts, bytes (decompression-bomb guard).
     pub max_size: u32,
+    /// 0: paced by one sink's credit (a direct link). Above 0, *broadcast* for many app
+    /// sides (NATS): no credit, a keyframe of the whole screen every `keyframe_ms` that
+    /// restarts the compression stream, and an inverse that starts at a keyframe.
+    pub keyframe_ms: u32,
 }
 
 impl Default for ImageConfig {
@@ -228,6 +240,7 @@ impl Default for ImageConfig {
             refine_ms: 300,
             window: 16,
             max_size: 64 << 20,
+            keyframe_ms: 0,
         }
     }
 }
@@ -286,6 +299,12 @@ pub const INFO: ModuleInfo = ModuleInfo {
             default: "67108864",
             doc: "largest decoded update the inverse accepts",
         },
+        ParamInfo {
+            name: "keyframe_ms",
+            ty: "integer 0 or 100..=60000",
+            default: "0",
+            doc: "0: paced by the app side's credit; above 0: broadcast to many app sides (NATS), no credit, a whole-screen keyframe this often, an app side starts at one",
+        },
     ],
 };
 
@@ -297,7 +316,16 @@ impl ImageConfig {
         ParamError::check_range(PAIR, "palette_max", self.palette_max, 2..=256)?;
         ParamError::check_range(PAIR, "refine_ms", self.refine_ms, 0..=60_000)?;
         ParamError::check_range(PAIR, "window", self.window, 1..=64)?;
-        ParamError::check_range(PAIR, "max_size", self.max_size, 1024..=1 << 30)
+        ParamError::check_range(PAIR, "max_size", self.max_size, 1024..=1 << 30)?;
+        if self.keyframe_ms != 0 {
+            ParamError::check_range(PAIR, "keyframe_ms", self.keyframe_ms, 100..=60_000)?;
+        }
+        Ok(())
+    }
+
+    /// Broadcast: no credit, periodic keyframes (see [`ImageConfig::keyframe_ms`]).
+    pub fn broadcast(&self) -> bool {
+        self.keyframe_ms > 0
     }
 
     /// The fixed JPEG settings, `None` for lossless; `auto` gives its starting preset.
@@ -325,7 +353,7 @@ impl Pair for ImageConfig {
     }
     fn describe(&self) -> String {
         format!(
-            "image(quality={}, jpeg_quality={}, subsampling={}, tile={}, palette_max={}, refine_ms={}, window={}, max_size={})",
+            "image(quality={}, jpeg_quality={}, subsampling={}, tile={}, palette_max={}, refine_ms={}, window={}, max_size={}, keyframe_ms={})",
             self.quality,
             self.jpeg_quality,
             self.subsampling.map_or("preset", Subsampling::name),
@@ -333,7 +361,8 @@ impl Pair for ImageConfig {
             self.palette_max,
             self.refine_ms,
             self.window,
-            self.max_size
+            self.max_size,
+            self.keyframe_ms
         )
     }
     fn forward(&self) -> Result<Box<dyn Half>, ModuleError> {
@@ -342,6 +371,9 @@ impl Pair for ImageConfig {
     }
     fn inverse(&self) -> Result<Box<dyn Half>, ModuleError> {
         self.validate()?;
-        Ok(Box::new(ImageInverse::new(self.max_size as usize)?))
+        Ok(Box::new(ImageInverse::new(
+            self.max_size as usize,
+            self.broadcast(),
+        )?))
     }
 }

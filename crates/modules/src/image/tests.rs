@@ -72,7 +72,7 @@ struct Pipe {
 impl Pipe {
     fn new(cfg: ImageConfig) -> Pipe {
         Pipe {
-            inv: ImageInverse::new(cfg.max_size as usize).unwrap(),
+            inv: ImageInverse::new(cfg.max_size as usize, cfg.broadcast()).unwrap(),
             fwd: ImageForward::new(cfg).unwrap(),
             fb: Framebuffer::new(W, H, PixelFormat::Bgrx32),
             wire_bytes: 0,
@@ -275,7 +275,7 @@ fn the_window_closes_until_credit_comes_back() {
         ..cfg(Quality::Lossless)
     };
     let mut fwd = ImageForward::new(c.clone()).unwrap();
-    let mut inv = ImageInverse::new(c.max_size as usize).unwrap();
+    let mut inv = ImageInverse::new(c.max_size as usize, false).unwrap();
     let mut frames = Vec::new();
     for i in 0..3u8 {
         assert_eq!(fwd.ready(), i < 2, "frame {i}");
@@ -341,7 +341,7 @@ fn malformed_frames_are_refused_with_clear_errors() {
         .unwrap();
     let good = out.take_frames().remove(0).payload().to_vec();
     let decode = |b: &[u8]| {
-        let mut inv = ImageInverse::new(1 << 20).unwrap();
+        let mut inv = ImageInverse::new(1 << 20, false).unwrap();
         inv.handle_frame(t0, Frame::new(Meta::default(), b), &mut Output::new())
             .map(|_| ())
             .map_err(|e| e.to_string())
@@ -366,7 +366,7 @@ fn malformed_frames_are_refused_with_clear_errors() {
     );
     assert!(decode(&good[..good.len() - 1]).is_err());
     // The decoded size limit is checked before anything is decoded.
-    let mut inv = ImageInverse::new(1024).unwrap();
+    let mut inv = ImageInverse::new(1024, false).unwrap();
     let e = inv
         .handle_frame(t0, Frame::new(Meta::default(), &good), &mut Output::new())
         .unwrap_err()
@@ -455,7 +455,7 @@ proptest! {
     /// panic.
     #[test]
     fn the_inverse_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..400)) {
-        let mut inv = ImageInverse::new(1 << 16).unwrap();
+        let mut inv = ImageInverse::new(1 << 16, false).unwrap();
         let _ = inv.handle_frame(Instant::now(), Frame::new(Meta::default(), &bytes), &mut Output::new());
     }
 }
@@ -529,4 +529,139 @@ fn the_auto_ladder_runs_from_low_through_medium_to_high_in_rising_steps() {
     assert_eq!(names[0], Quality::Low);
     assert_eq!(names[AUTO_START], Quality::Medium);
     assert_eq!(names[AUTO_LADDER.len() - 1], Quality::High);
+}
+
+/// Decodes `frames` with `inv` into `fb`; the control messages it wanted to send.
+fn decode_into(
+    inv: &mut ImageInverse,
+    fb: &mut Framebuffer,
+    now: Instant,
+    frames: &[Frame],
+) -> Vec<Bytes> {
+    let mut control = Vec::new();
+    for f in frames {
+        let mut o = Output::new();
+        inv.handle_frame(
+            now,
+            Frame::from_bytes(f.meta, Bytes::copy_from_slice(f.payload())),
+            &mut o,
+        )
+        .unwrap();
+        for d in o.take_frames() {
+            fb.apply(&Update::parse(d.payload()).unwrap()).unwrap();
+        }
+        control.extend(o.take_control());
+    }
+    control
+}
+
+fn shown_in(fb: &Framebuffer) -> Vec<[u8; 3]> {
+    fb.pixels()
+        .chunks_exact(4)
+        .map(|p| [p[0], p[1], p[2]])
+        .collect()
+}
+
+#[test]
+fn broadcast_never_waits_for_credit_and_a_late_app_side_starts_at_the_next_keyframe() {
+    let t0 = Instant::now();
+    let c = ImageConfig {
+        keyframe_ms: 1000,
+        window: 2,
+        ..cfg(Quality::Lossless)
+    };
+    let mut fwd = ImageForward::new(c.clone()).unwrap();
+    // The screen after update i: text, with a 16×16 square of grey i in the corner.
+    let corner = Rect::new(0, 0, 16, 16);
+    let screen = |i: u8| {
+        move |x: u16, y: u16| {
+            if x < 16 && y < 16 {
+                [i, i, i]
+            } else {
+                text(x, y)
+            }
+        }
+    };
+    let mut frames = Vec::new();
+    for i in 0..10u8 {
+        assert!(fwd.ready(), "update {i}: broadcast waits for no credit");
+        let f = if i == 0 {
+            update(0, &[whole()], screen(0))
+        } else {
+            update(0, &[corner], screen(i))
+        };
+        let mut out = Output::new();
+        fwd.handle_frame(t0 + Duration::from_millis(10 * u64::from(i)), f, &mut out)
+            .unwrap();
+        frames.extend(out.take_frames());
+    }
+    assert_eq!(frames.len(), 10);
+    let keyframe =
+        |f: &Frame| format::parse(f.payload()).unwrap().header.flags & FLAG_KEYFRAME != 0;
+    assert!(keyframe(&frames[0]));
+    assert!(frames[1..].iter().all(|f| !keyframe(f)), "only the first");
+    // An app side there from the start shows every update and sends no credit.
+    let mut early = ImageInverse::new(c.max_size as usize, true).unwrap();
+    let mut early_fb = Framebuffer::new(W, H, PixelFormat::Bgrx32);
+    assert!(decode_into(&mut early, &mut early_fb, t0, &frames).is_empty());
+    assert_eq!(shown_in(&early_fb), expected(screen(9)));
+    assert_eq!(early.poll_timeout(), None, "no credit to send again either");
+    // One that joins at update 3 shows nothing until a keyframe (its zstd stream would not
+    // be in step), and says how many it skipped.
+    let mut late = ImageInverse::new(c.max_size as usize, true).unwrap();
+    let mut late_fb = Framebuffer::new(W, H, PixelFormat::Bgrx32);
+    decode_into(&mut late, &mut late_fb, t0, &frames[3..]);
+    assert_eq!(late.stats().counters, vec![("decoded", 0), ("skipped", 7)]);
+    // The screen stays still; the keyframe comes from the forward half's copy on time.
+    let due = fwd.poll_timeout().unwrap();
+    assert_eq!(due, t0 + Duration::from_millis(1000));
+    let mut out = Output::new();
+    fwd.handle_timeout(due, &mut out);
+    let kf = out.take_frames();
+    assert_eq!(kf.len(), 1);
+    assert!(keyframe(&kf[0]));
+    assert!(kf[0].meta.seq > frames[9].meta.seq, "seq keeps growing");
+    decode_into(&mut late, &mut late_fb, due, &kf);
+    assert_eq!(
+        shown_in(&late_fb),
+        expected(screen(9)),
+        "the whole screen, exact"
+    );
+    // The early one takes the keyframe in its stride (its zstd stream restarts too), and
+    // both decode what follows.
+    decode_into(&mut early, &mut early_fb, due, &kf);
+    let mut out = Output::new();
+    fwd.handle_frame(due, update(0, &[corner], screen(42)), &mut out)
+        .unwrap();
+    let next = out.take_frames();
+    decode_into(&mut early, &mut early_fb, due, &next);
+    decode_into(&mut late, &mut late_fb, due, &next);
+    assert_eq!(shown_in(&early_fb), expected(screen(42)));
+    assert_eq!(shown_in(&late_fb), expected(screen(42)));
+    assert_eq!(fwd.poll_timeout(), Some(due + Duration::from_millis(1000)));
+}
+
+#[test]
+fn keyframe_ms_is_0_or_100_to_60000() {
+    for (ms, ok) in [
+        (0, true),
+        (99, false),
+        (100, true),
+        (60_000, true),
+        (60_001, false),
+    ] {
+        let c = ImageConfig {
+            keyframe_ms: ms,
+            ..ImageConfig::default()
+        };
+        assert_eq!(c.validate().is_ok(), ok, "{ms}");
+    }
+    let e = ImageConfig {
+        keyframe_ms: 50,
+        ..ImageConfig::default()
+    }
+    .validate()
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("keyframe_ms"), "{e}");
 }
