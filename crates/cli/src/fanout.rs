@@ -507,6 +507,7 @@ pub async fn run_side(
                 Ok(None)
             });
             let run = random_u64();
+            claim_device(&ctx, &cfg.driver, run).await?;
             let slots = plans.iter().filter_map(|p| p.split).max().unwrap_or(0);
             // The JetStream stream exists before any app side can join (they read where it
             // stands when they join).
@@ -800,6 +801,59 @@ fn ready_message(key: [u8; 32], run: u64, fingerprint: &str) -> Result<Bytes> {
 
 /// Counts the app sides that said they are ready (a frame sealed under the group key
 /// carrying their fingerprint: nobody else can make one).
+/// Makes sure no other device side serves the driver on this server, then answers for this
+/// one (run `run`) as long as the side runs. Two device sides on one driver would both
+/// publish on its subjects: every app side would get two interleaved runs (found by hand: a
+/// device side started twice went unnoticed, and the app sides' pairs restarted at every
+/// frame). Two that start within the same few milliseconds are not caught.
+async fn claim_device(ctx: &Ctx, driver: &str, run: u64) -> Result<()> {
+    let subject = ctx.subjects.device();
+    // One that was just told to stop answers until it is gone: it gets a few seconds.
+    let give_up = Instant::now() + Duration::from_secs(5);
+    loop {
+        let ask = ctx.client.request(subject.clone(), Bytes::new());
+        match tokio::time::timeout(Duration::from_millis(500), ask).await {
+            Ok(Ok(answer)) if Instant::now() >= give_up => {
+                let who = String::from_utf8_lossy(&answer.payload).into_owned();
+                bail!(
+                    "another device side is already serving driver \"{driver}\" through this \
+                     NATS server ({who}); stop it first, or give this one another driver name \
+                     or link.nats.subject_prefix"
+                );
+            }
+            Ok(Ok(_)) => tokio::time::sleep(Duration::from_millis(250)).await,
+            // Nobody answers (no responders), or not in time: this side is the only one.
+            Ok(Err(_)) | Err(_) => break,
+        }
+    }
+    let mut sub = ctx
+        .client
+        .subscribe(subject.clone())
+        .await
+        .map_err(|e| anyhow!("cannot subscribe to {subject}: {e}"))?;
+    let client = ctx.client.clone();
+    let me = format!(
+        "run {run:016x}, process {} on {}",
+        std::process::id(),
+        hostname()
+    );
+    tokio::spawn(async move {
+        while let Some(m) = sub.next().await {
+            if let Some(reply) = m.reply {
+                let _ = client.publish(reply, Bytes::from(me.clone())).await;
+            }
+        }
+    });
+    Ok(())
+}
+
+/// This machine's name, for messages (`?` if unknown).
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
 async fn serve_ready(
     ctx: &Ctx,
     mut key: watch::Receiver<[u8; 32]>,
@@ -1303,6 +1357,19 @@ async fn spawn_stream(
             format!("stream \"{name}\": cannot start sink {}", s.sink.describe())
         })?;
         let stack = user_stack(cfg, plan, Role::Sink)?;
+        // For a restarted device side: the same pairs, afresh.
+        let rebuild: Rebuild = {
+            let pairs: Vec<ModuleConfig> = cfg.streams[plan.index]
+                .pairs()
+                .into_iter()
+                .cloned()
+                .collect();
+            let name = plan.name.clone();
+            Box::new(move || {
+                let pairs: Vec<&dyn Pair> = pairs.iter().map(|m| m as &dyn Pair).collect();
+                Stack::build(Role::Sink, &name, &pairs).map_err(|e| anyhow!("{e}"))
+            })
+        };
         let seal = GroupOpen::new(key.clone(), refresh.cloned());
         let input = subscribe(ctx, plan, js, app).await?;
         let lossy = !plan.reliable;
@@ -1327,6 +1394,7 @@ async fn spawn_stream(
                 finish,
                 lossy,
                 &mut stack,
+                rebuild,
                 seal,
                 tx,
                 done,
@@ -1823,6 +1891,9 @@ impl Stored {
     }
 }
 
+/// Builds a stream's sink stack afresh.
+type Rebuild = Box<dyn Fn() -> Result<Stack> + Send>;
+
 /// NATS → group key → stack → sink endpoint; JetStream messages are acknowledged once the
 /// sink completed everything handed to it.
 #[allow(clippy::too_many_arguments)]
@@ -1833,6 +1904,7 @@ async fn pump_sink(
     mut finish: watch::Receiver<bool>,
     lossy: bool,
     stack: &mut Stack,
+    rebuild: Rebuild,
     mut seal: GroupOpen,
     tx: mpsc::Sender<Frame>,
     done: Delivered,
@@ -2048,6 +2120,24 @@ async fn pump_sink(
                     "the device side's source of this stream ended; waiting for it to start again"
                 );
                 continue;
+            }
+            if let Some((old, old_seq)) = last.filter(|(run, _)| *run != rec.run) {
+                // The device side restarted: its forward halves start from nothing (an
+                // `image` zstd stream and credit numbers, a `delta` reference). What ours
+                // still hold of its last run goes to the sink, then they start afresh too, as
+                // on a direct link (found by hand: after a device restart every app side's
+                // `image` inverse refused the new run's frames, `credit number did not
+                // increase`).
+                stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
+                handed += deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
+                *stack = rebuild()?;
+                tracing::info!(
+                    old = format_args!("{old:016x}"),
+                    old_seq,
+                    new = format_args!("{:016x}", rec.run),
+                    seq = rec.seq,
+                    "the device side restarted; this stream's pairs start afresh"
+                );
             }
             last = Some((rec.run, rec.seq));
             if let Err(e) = stack.handle_frame(Instant::now(), f) {

@@ -960,3 +960,118 @@ fn a_screen_broadcast_reaches_an_app_side_that_joins_late_from_its_next_keyframe
         "app b: every picture from its first keyframe on, in order"
     );
 }
+
+/// A device side started twice on one driver is refused (both would publish on its subjects,
+/// and every app side would get two runs interleaved); once the first is gone, the next one
+/// starts.
+#[test]
+fn a_second_device_side_on_the_same_driver_is_refused() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-two-devices");
+    let nats = Nats::start("two-devices", &[]);
+    let (dev, _) = homes_n(&dir.0, 1);
+    let cfg = fan_config(
+        &dir.0,
+        "twice",
+        &nats.url(),
+        0,
+        r#"
+[[stream]]
+name = "s"
+direction = "device-to-app"
+reliability = "lossy"
+source = { type = "synthetic", size = 10, interval_ms = 10.0 }
+sink = { type = "null" }
+"#,
+    );
+    let first = side(&cfg, "device", &dev, &[]);
+    wait_for("the first device side serves", WAIT, || {
+        first
+            .stderr_now()
+            .contains("serving app sides through NATS")
+    });
+    let out = run_cmd(&cfg, "device", &dev, &["--once"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("another device side is already serving driver \"twice\" through this NATS server (run "),
+        "{err}"
+    );
+    assert!(err.contains("stop it first"), "{err}");
+    first.terminate();
+    drop(first.finish());
+    let again = side(&cfg, "device", &dev, &[]);
+    wait_for("a device side after the first stopped", WAIT, || {
+        again
+            .stderr_now()
+            .contains("serving app sides through NATS")
+    });
+}
+
+/// A device side that dies and comes back: an app side's pairs start afresh with the new run
+/// (an `image` inverse would otherwise refuse its frames: `credit number did not increase`),
+/// and the pictures go on, readable, numbered from the new run's start.
+#[test]
+fn an_app_side_follows_a_restarted_device_side_with_fresh_pairs() {
+    if !nats_or_skip() {
+        return;
+    }
+    if let Some(m) = missing(&["ffmpeg"]) {
+        println!("SKIPPED: needs {m} (apt-get install ffmpeg)");
+        return;
+    }
+    let dir = Dir::new("nats-device-restart");
+    let nats = Nats::start("device-restart", &[]);
+    let (dev, apps) = homes_n(&dir.0, 1);
+    let y4m = dir.0.join("a.y4m");
+    std::fs::write(&y4m, b"").unwrap();
+    let cfg = write(
+        &dir.0,
+        "restart.toml",
+        &format!(
+            "driver = \"restart\"\n{}\n[[stream]]\nname = \"screen\"\ndirection = \"device-to-app\"\nsource = {{ type = \"camera-sim\", width = 640, height = 480, fps = 30 }}\nstack = [{{ type = \"image\", quality = \"high\", keyframe_ms = 500 }}, {{ type = \"multiplex\", mode = \"all\" }}]\nsink = {{ type = \"y4m\", path = \"{}\", fps = 30 }}\n",
+            link(&nats.url(), 1),
+            y4m.display()
+        ),
+    );
+    let a = side(&cfg, "app", &apps[0], &[]);
+    let d = side(&cfg, "device", &dev, &[]);
+    wait_for("the app side joined", WAIT, || {
+        d.stderr_now().contains("joined")
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    drop(d.kill());
+    let d = side(&cfg, "device", &dev, &[]);
+    wait_for("the app side follows the new run", WAIT, || {
+        a.stderr_now()
+            .contains("the device side restarted; this stream's pairs start afresh")
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    drop(d.kill());
+    let err = a.kill();
+    assert!(!err.contains("credit number did not increase"), "{err}");
+    assert!(!err.contains("frame dropped"), "{err}");
+    let (out, numbers) = frame_numbers(&y4m, &dir.0.join("a.strip"), None, None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let numbers: Vec<u32> = numbers
+        .into_iter()
+        .map(|n| n.expect("every picture readable"))
+        .collect();
+    // One drop back to a new start, rising runs on either side.
+    let back: Vec<usize> = (1..numbers.len())
+        .filter(|&i| numbers[i] < numbers[i - 1])
+        .collect();
+    assert_eq!(back.len(), 1, "one restart: {numbers:?}");
+    let i = back[0];
+    assert!(i >= 20 && numbers.len() - i >= 20, "{numbers:?}");
+    assert!(
+        numbers[i..].windows(2).all(|w| w[1] == w[0] + 1),
+        "the new run's pictures in order: {numbers:?}"
+    );
+}

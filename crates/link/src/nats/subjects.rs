@@ -60,6 +60,12 @@ impl Subjects {
         format!("{}.join", self.base)
     }
 
+    /// Where the device side that serves the driver answers (another device side starting on
+    /// the same driver asks here first, and stops if it gets an answer).
+    pub fn device(&self) -> String {
+        format!("{}.device", self.base)
+    }
+
     /// Device → app frames of `stream` (`part` for a split piece); `reliable` puts them
     /// under JetStream's subjects.
     pub fn down(&self, stream: u16, reliable: bool, part: Option<u16>) -> String {
