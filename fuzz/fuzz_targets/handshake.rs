@@ -12,8 +12,8 @@
 
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
 use bytes::Bytes;
+use libfuzzer_sys::fuzz_target;
 use ndd_link::arq::{self, ArqConfig, ArqRx, ArqTx, Envelope};
 use ndd_link::seal::{Initiator, Keys, LocalIdentity, Responder, Sealed};
 use ndd_wire::{compare_hello, HelloPacket, HelloRepr, Message, Mismatch};
@@ -63,7 +63,10 @@ fn sealed(data: &[u8]) {
             let mut init = Initiator::new().expect("randomness");
             let index = u32::from_be_bytes(init.init()[4..8].try_into().unwrap());
             d[8..12].copy_from_slice(&index.to_be_bytes());
-            assert!(init.handle_reply(&live.me, &d).is_err(), "a forged REPLY passed");
+            assert!(
+                init.handle_reply(&live.me, &d).is_err(),
+                "a forged REPLY passed"
+            );
         }
         Sealed::Finish { .. } => {
             let theirs = &live.responder.reply()[8..12];
@@ -101,7 +104,11 @@ fn envelope(data: &[u8]) {
             let before = rx.ack().cumulative;
             rx.handle(now, seq, message, &mut out);
             let after = rx.ack().cumulative;
-            assert_eq!(after - before, out.len() as u64, "handed on = cumulative moved");
+            assert_eq!(
+                after - before,
+                out.len() as u64,
+                "handed on = cumulative moved"
+            );
             *delivered += out.len() as u64;
             assert_eq!(*delivered, after);
         }

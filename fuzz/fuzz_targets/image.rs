@@ -13,7 +13,10 @@ use std::time::Instant;
 
 fuzz_target!(|data: &[u8]| {
     let now = Instant::now();
-    let mut inv = ImageInverse::new(1 << 20).expect("inverse builds");
+    // Either mode: paced by credit, or broadcast (it waits for a keyframe, restarts its zstd
+    // stream at each).
+    let broadcast = data.first().is_some_and(|b| b & 1 == 1);
+    let mut inv = ImageInverse::new(1 << 20, broadcast).expect("inverse builds");
     let mut out = Output::new();
     if inv
         .handle_frame(now, Frame::new(Meta::default(), data), &mut out)
@@ -30,10 +33,11 @@ fuzz_target!(|data: &[u8]| {
     }
     let cfg = ImageConfig {
         quality: Quality::Lossless,
+        keyframe_ms: if broadcast { 1000 } else { 0 },
         ..ImageConfig::default()
     };
     let mut fwd = ImageForward::new(cfg).expect("forward builds");
-    let mut inv = ImageInverse::new(1 << 20).expect("inverse builds");
+    let mut inv = ImageInverse::new(1 << 20, broadcast).expect("inverse builds");
     let mut out = Output::new();
     fwd.handle_frame(now, Frame::new(Meta::default(), data), &mut out)
         .expect("a valid update encodes");
@@ -45,7 +49,8 @@ fuzz_target!(|data: &[u8]| {
     want.apply(&u).expect("applies");
     for f in out.take_frames() {
         let mut o = Output::new();
-        inv.handle_frame(now, f, &mut o).expect("our own frame decodes");
+        inv.handle_frame(now, f, &mut o)
+            .expect("our own frame decodes");
         for d in o.take_frames() {
             got.apply(&Update::parse(d.payload()).expect("parses"))
                 .expect("applies");
