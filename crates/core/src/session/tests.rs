@@ -850,3 +850,27 @@ fn a_lossy_stream_never_drops_a_frame_it_has_half_written() {
     assert_eq!(firsts, vec![0, 2, 3]);
     assert_eq!(src.counters(0).overflow, 1);
 }
+
+#[test]
+fn a_frame_begun_in_chunks_ends_in_chunks_when_the_chunk_size_grows_meanwhile() {
+    let now = Instant::now();
+    let mut src = resumed(
+        chunked(SessionConfig::default(), vec![plan(1, Role::Source, true)]),
+        now,
+    );
+    src.handle_source_frame(now, 0, frame(1, 0, 250)).unwrap();
+    src.handle_source_frame(now, 0, frame(1, 1, 250)).unwrap();
+    let first = src.poll_transmit(now, 1).unwrap();
+    assert_eq!(data_shape(&[first]), vec![(1, 0, true, 100)]);
+    // The path turned out fast: a chunk is now larger than the frame.
+    src.set_chunking(1000, usize::MAX);
+    // (Bounded: the bug this guards against sent the whole frame with MORE, forever.)
+    let rest: Vec<Transmit> = std::iter::from_fn(|| src.poll_transmit(now, 1))
+        .take(10)
+        .collect();
+    assert_eq!(
+        data_shape(&rest),
+        vec![(1, 0, false, 150), (1, 1, false, 250)],
+        "the rest of frame 0 in one last chunk, then frame 1 whole"
+    );
+}
