@@ -12,7 +12,7 @@
 //! Frames carry their endpoint number in `meta.seq` and in the first 8 payload bytes, so
 //! every delivery is checked against what was produced.
 
-use crate::{LinkConfig, SimClock, SimLink, EPOCH_NS};
+use crate::{LinkConfig, SimClock, SimLink, SimRng, EPOCH_NS};
 use ndd_core::session::{Event, Incoming, Session, SessionConfig, State, StreamPlan, Transmit};
 use ndd_core::{Frame, Meta, Role};
 use ndd_wire::DataHeader;
@@ -27,6 +27,9 @@ pub enum Fault {
     Blackhole(Duration),
     /// The app side's process dies and starts again (new session, new run id).
     RestartApp,
+    /// Both sides cut frames into chunks of this size from now on (0: whole), as when the
+    /// path's measured rate changes in the middle of a frame.
+    Rechunk(usize),
 }
 
 /// A source endpoint: `count` frames of `size` bytes, one every `interval`.
@@ -185,6 +188,10 @@ pub fn run(sc: &Scenario) -> Outcome {
     let mut losses = 0;
     let mut max_unacked = 0;
     let mut restarts = 2u64;
+    // A writer busy with a chunk: the rest of a cut frame is taken a moment later, so other
+    // streams' frames, timers and faults (a new chunk size) come between its chunks.
+    let mut writer = SimRng::new(sc.seed ^ 0x5eed_c4a2);
+    let mut busy = [false; 2];
 
     // The first connection.
     conn += 1;
@@ -216,6 +223,11 @@ pub fn run(sc: &Scenario) -> Outcome {
                     }
                 }
                 Fault::Blackhole(d) => blackhole_until = Some(now + d),
+                Fault::Rechunk(n) => {
+                    for side in sides.iter_mut() {
+                        side.sess.set_chunking(n, usize::MAX);
+                    }
+                }
                 Fault::RestartApp => {
                     restarts += 1;
                     let dev_conn = sides[0].conn;
@@ -360,7 +372,9 @@ pub fn run(sc: &Scenario) -> Outcome {
             }
             let c = s.conn;
             let wall = EPOCH_NS + clock.since_start(now).as_nanos() as u64;
+            busy[k] = false;
             while let Some(t) = s.sess.poll_transmit(now, wall) {
+                let chunk = matches!(t, Transmit::Data { more: true, .. });
                 let size = match &t {
                     Transmit::Data { payload, .. } => payload.len() + 26,
                     Transmit::Message(_) => 32,
@@ -370,6 +384,10 @@ pub fn run(sc: &Scenario) -> Outcome {
                         links[k].send(now, (c, to_incoming(t)), size)
                     }
                     _ => {}
+                }
+                if chunk && writer.chance(0.5) {
+                    busy[k] = true;
+                    break;
                 }
             }
             for i in 0..n {
@@ -414,6 +432,11 @@ pub fn run(sc: &Scenario) -> Outcome {
             reconnect_at.map(|t| blackhole_until.map_or(t, |b| b.max(t))),
             notices.iter().map(|n| n.0).min(),
         ];
+        for b in busy {
+            if b {
+                next.push(Some(now + Duration::from_micros(50)));
+            }
+        }
         for s in sides.iter() {
             next.push(s.sess.poll_timeout());
         }

@@ -466,8 +466,16 @@ source_max = 100000"#,
         }
         if rng.chance(0.5) {
             // Frames cut into chunks (a bundle of three events is ~900 bytes): a cut or a
-            // restart mid-frame must still lose and duplicate nothing.
+            // restart mid-frame must still lose and duplicate nothing, nor a chunk size that
+            // changes mid-frame (the path's rate moved; a frame begun in chunks was once sent
+            // whole with MORE set, forever).
             sc.session.chunk_bytes = rng.range(16, 400) as usize;
+            for _ in 0..rng.range(0, 4) {
+                let at = ms(rng.range(0, count + 200));
+                let n = [0, 16, 100, 2000][rng.range(0, 3) as usize];
+                sc.faults.push((at, Fault::Rechunk(n)));
+            }
+            sc.faults.sort_by_key(|f| f.0);
         }
         let o = run(&sc);
         if let Err(e) = promises(&o, count, restarts > 0) {
