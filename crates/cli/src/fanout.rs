@@ -179,6 +179,22 @@ struct KeyKeeper {
     prefix: String,
     driver: String,
     tx: watch::Sender<[u8; 32]>,
+    /// Signs the rekey notice.
+    local: LocalIdentity,
+}
+
+/// What a rekey notice's signature covers besides its body: the kind of note and the
+/// driver's subjects (a notice for one driver is no use for another).
+fn rekey_label(subjects: &Subjects) -> Vec<u8> {
+    format!("ndd nats rekey v1 {}", subjects.rekey()).into_bytes()
+}
+
+/// A rekey notice's body: `rekey` and the device side's wall clock in ns (app sides take only
+/// notices newer than the last they took: a replayed one costs nothing).
+fn rekey_body(wall_ns: u64) -> Vec<u8> {
+    let mut b = b"rekey".to_vec();
+    b.extend_from_slice(&wall_ns.to_be_bytes());
+    b
 }
 
 impl KeyKeeper {
@@ -215,10 +231,20 @@ impl KeyKeeper {
                 "rotated the group key: {} held it and is no longer trusted; trusted app sides get the new key by joining again",
                 revoked.join(", ")
             );
-            let _ = ctx
-                .client
-                .publish(ctx.subjects.rekey(), Bytes::from_static(b"rekey"))
-                .await;
+            // Signed by this side: only a device side the app sides trust can send them
+            // joining again (the notice still carries nothing secret).
+            match self
+                .local
+                .sign_note(&rekey_label(&ctx.subjects), &rekey_body(wall_ns()))
+            {
+                Ok(note) => {
+                    let _ = ctx
+                        .client
+                        .publish(ctx.subjects.rekey(), Bytes::from(note))
+                        .await;
+                }
+                Err(e) => tracing::warn!(side = "device", "cannot sign the rekey notice: {e}"),
+            }
         }
         Ok(())
     }
@@ -492,6 +518,7 @@ pub async fn run_side(
             let (key_tx, key) =
                 watch::channel(group_key(&opts.home, &nats.subject_prefix, &cfg.driver)?);
             let keeper = KeyKeeper {
+                local: local.clone(),
                 home: opts.home.clone(),
                 prefix: nats.subject_prefix.clone(),
                 driver: cfg.driver.clone(),
@@ -1207,6 +1234,26 @@ struct KeyFollower {
 const REJOIN_SPACING: Duration = Duration::from_millis(250);
 
 impl KeyFollower {
+    /// A rekey notice worth a join: signed by a device side in `known_peers`, for this
+    /// driver, newer than the last one taken. Its time, or why not.
+    fn check_notice(&self, note: &[u8], label: &[u8], newest: Option<u64>) -> Result<u64, String> {
+        let (body, fp) = ndd_link::seal::open_note(note, label)
+            .map_err(|e| format!("not a signed notice of this driver ({e})"))?;
+        let known = KnownPeers::load(&self.home).map_err(|e| format!("{e:#}"))?;
+        if known.lookup(&fp).is_none() {
+            return Err(format!("signed by {fp}, which is not in known_peers"));
+        }
+        let at = body
+            .strip_prefix(b"rekey")
+            .and_then(|t| <[u8; 8]>::try_from(t).ok())
+            .map(u64::from_be_bytes)
+            .ok_or_else(|| "its body is not a rekey notice".to_string())?;
+        if newest.is_some_and(|n| at <= n) {
+            return Err("not newer than the last one (a replay)".into());
+        }
+        Ok(at)
+    }
+
     async fn subscribe(&self) -> Result<async_nats::Subscriber> {
         let subject = self.ctx.subjects.rekey();
         self.ctx
@@ -1224,6 +1271,10 @@ impl KeyFollower {
         let mut last: Option<Instant> = None;
         // No stream may ask (a side without sink streams): then notices alone.
         let mut asking = true;
+        // The newest rekey notice taken (the device side's clock).
+        let mut newest: Option<u64> = None;
+        let label = rekey_label(&self.ctx.subjects);
+        let mut ignored = ndd_core::RateLimit::with_burst(Duration::from_secs(10), 1);
         loop {
             let mut waiting = Vec::new();
             tokio::select! {
@@ -1234,8 +1285,21 @@ impl KeyFollower {
                         continue;
                     }
                 },
-                n = notices.next() => if n.is_none() {
-                    return Ok(());
+                n = notices.next() => match n {
+                    None => return Ok(()),
+                    Some(m) => match self.check_notice(&m.payload, &label, newest) {
+                        Ok(at) => newest = Some(at),
+                        Err(why) => {
+                            if let Some(more) = ignored.admit(Instant::now()) {
+                                let more = match more {
+                                    0 => String::new(),
+                                    n => format!(" ({n} more since the last warning)"),
+                                };
+                                tracing::warn!(side = "app", "ignored a rekey notice: {why}{more}");
+                            }
+                            continue;
+                        }
+                    },
                 },
             }
             if let Some(t) = last {

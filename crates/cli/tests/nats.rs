@@ -882,6 +882,8 @@ sink = {{ type = "check", seed = 4, size = 200, expect = {n} }}
         kerr.contains("the device side rotated its group key; this side has the new one"),
         "{kerr}"
     );
+    // The device's notice is signed and checks out (a forged one is warned about).
+    assert!(!kerr.contains("ignored a rekey notice"), "{kerr}");
     assert!(
         kerr.contains(&check_ok("s", n)),
         "nothing lost across the rotation: {kerr}"
@@ -1074,4 +1076,48 @@ fn an_app_side_follows_a_restarted_device_side_with_fresh_pairs() {
         numbers[i..].windows(2).all(|w| w[1] == w[0] + 1),
         "the new run's pictures in order: {numbers:?}"
     );
+}
+
+/// Anyone who may publish on the server could send a rekey notice and make every app side join
+/// again: notices are signed by the device side. A forged one (and a second, within the
+/// warning's 10 s) is ignored with one warning, and frames go on.
+#[test]
+fn a_forged_rekey_notice_is_ignored_with_a_warning() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-forged-rekey");
+    let nats = Nats::start("forged-rekey", &[]);
+    let (dev, apps) = homes_n(&dir.0, 1);
+    let cfg = fan_config(
+        &dir.0,
+        "forged",
+        &nats.url(),
+        1,
+        r#"
+[[stream]]
+name = "s"
+direction = "device-to-app"
+reliability = "lossy"
+source = { type = "synthetic", size = 20, interval_ms = 10.0 }
+sink = { type = "null" }
+"#,
+    );
+    let d = side(&cfg, "device", &dev, &[]);
+    let a = side(&cfg, "app", &apps[0], &["--stats"]);
+    wait_for("frames to flow", WAIT, || a.stderr_now().contains("] s "));
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", nats.port)).unwrap();
+    s.write_all(
+        b"CONNECT {\"verbose\":false}\r\nPUB ndd.forged.rekey 5\r\nrekey\r\nPUB ndd.forged.rekey 5\r\nrekey\r\nPING\r\n",
+    )
+    .unwrap();
+    wait_for("the app side's warning", WAIT, || {
+        a.stderr_now()
+            .contains("ignored a rekey notice: not a signed notice of this driver")
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let err = a.kill();
+    assert_eq!(err.matches("ignored a rekey notice").count(), 1, "{err}");
+    assert!(!err.contains("rotated its group key"), "{err}");
+    drop(d);
 }
