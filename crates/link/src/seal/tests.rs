@@ -274,3 +274,37 @@ fn fixtures_are_one_of_each_datagram() {
         Ok(Sealed::Data { counter: 0, .. })
     ));
 }
+
+#[test]
+fn a_signed_note_opens_with_its_signer_and_nothing_altered_passes() {
+    let (id, local) = identity("note");
+    let note = local.sign_note(b"label one", b"rekey 123").unwrap();
+    assert_eq!(
+        open_note(&note, b"label one").unwrap(),
+        (&b"rekey 123"[..], id.fingerprint())
+    );
+    // Another label (another kind of note, another driver): refused.
+    assert!(matches!(
+        open_note(&note, b"label two"),
+        Err(SealError::BadSignature)
+    ));
+    // Any byte of body or signature changed: refused.
+    for at in [3, note.len() - 1] {
+        let mut bad = note.clone();
+        bad[at] ^= 1;
+        assert!(open_note(&bad, b"label one").is_err(), "byte {at}");
+    }
+    // Another key's signature over the same body does not pass for the first one's.
+    let (_, other) = identity("note-other");
+    let theirs = other.sign_note(b"label one", b"rekey 123").unwrap();
+    assert_ne!(
+        open_note(&theirs, b"label one").unwrap().1,
+        id.fingerprint()
+    );
+    // Short, empty or trailing bytes: malformed, never a panic.
+    assert!(open_note(&[], b"label one").is_err());
+    assert!(open_note(&note[..note.len() - 3], b"label one").is_err());
+    let mut long = note.clone();
+    long.push(0);
+    assert!(open_note(&long, b"label one").is_err());
+}
