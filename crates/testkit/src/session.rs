@@ -15,7 +15,6 @@
 use crate::{LinkConfig, SimClock, SimLink, SimRng, EPOCH_NS};
 use ndd_core::session::{Event, Incoming, Session, SessionConfig, State, StreamPlan, Transmit};
 use ndd_core::{Frame, Meta, Role};
-use ndd_wire::DataHeader;
 use std::time::{Duration, Instant};
 
 /// A fault at a virtual time.
@@ -136,30 +135,6 @@ fn new_side(sc: &Scenario, device: bool, run_id: u64) -> Side {
 
 /// A message on the simulated wire: the connection it belongs to and the message.
 type Wire = (u64, Incoming);
-
-fn to_incoming(t: Transmit) -> Incoming {
-    match t {
-        Transmit::Data {
-            stream,
-            retransmit,
-            more,
-            seq,
-            timestamp_ns,
-            payload,
-            ..
-        } => Incoming::Data {
-            header: DataHeader {
-                stream_id: stream,
-                retransmit,
-                more,
-                seq,
-                timestamp_ns,
-            },
-            payload,
-        },
-        Transmit::Message(m) => Incoming::Other(m),
-    }
-}
 
 /// Runs the scenario to its end (both sessions closed) or its time limit.
 pub fn run(sc: &Scenario) -> Outcome {
@@ -381,7 +356,7 @@ pub fn run(sc: &Scenario) -> Outcome {
                 };
                 match c {
                     Some(c) if blackhole_until.is_none() || sc.link.in_order => {
-                        links[k].send(now, (c, to_incoming(t)), size)
+                        links[k].send(now, (c, t.into_incoming()), size)
                     }
                     _ => {}
                 }

@@ -212,6 +212,34 @@ pub enum Transmit {
     Message(OwnedMessage),
 }
 
+impl Transmit {
+    /// The message as the peer's link hands it over, with no bytes in between: how the
+    /// whole-session simulation and unit tests connect two sessions.
+    pub fn into_incoming(self) -> Incoming {
+        match self {
+            Transmit::Data {
+                stream,
+                retransmit,
+                more,
+                seq,
+                timestamp_ns,
+                payload,
+                ..
+            } => Incoming::Data {
+                header: ndd_wire::DataHeader {
+                    stream_id: stream,
+                    retransmit,
+                    more,
+                    seq,
+                    timestamp_ns,
+                },
+                payload,
+            },
+            Transmit::Message(m) => Incoming::Other(m),
+        }
+    }
+}
+
 /// Why a session cannot go on.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum SessionError {

@@ -589,31 +589,6 @@ fn chunked(mut cfg: SessionConfig, plans: Vec<StreamPlan>) -> Session {
     Session::new(cfg, plans, 7).unwrap()
 }
 
-/// A transmit as the peer's link hands it over.
-fn incoming(t: Transmit) -> Incoming {
-    match t {
-        Transmit::Data {
-            stream,
-            retransmit,
-            more,
-            seq,
-            timestamp_ns,
-            payload,
-            ..
-        } => Incoming::Data {
-            header: DataHeader {
-                stream_id: stream,
-                retransmit,
-                more,
-                seq,
-                timestamp_ns,
-            },
-            payload,
-        },
-        Transmit::Message(m) => Incoming::Other(m),
-    }
-}
-
 /// (stream, seq, more, payload length) of each DATA transmit.
 fn data_shape(ts: &[Transmit]) -> Vec<(u16, u64, bool, usize)> {
     ts.iter()
@@ -689,7 +664,7 @@ fn a_large_frame_goes_out_in_chunks_and_a_small_frame_goes_between_them() {
         now,
     );
     for t in std::iter::once(first).chain(rest) {
-        sink.handle_message(now, 1, incoming(t)).unwrap();
+        sink.handle_message(now, 1, t.into_incoming()).unwrap();
     }
     assert_eq!(delivered(&mut sink), vec![(1, vec![1; 3]), (0, big)]);
     assert_eq!(sink.counters(0).wire_frames, 1);
@@ -723,7 +698,7 @@ fn a_frame_cut_short_by_a_lost_link_comes_again_whole_and_once() {
     )
     .unwrap();
     let first = src.poll_transmit(now, 1).unwrap();
-    sink.handle_message(now, 1, incoming(first)).unwrap();
+    sink.handle_message(now, 1, first.into_incoming()).unwrap();
     // The link goes after the first chunk.
     src.handle_link_lost(now, "cut").unwrap();
     sink.handle_link_lost(now, "cut").unwrap();
@@ -736,14 +711,14 @@ fn a_frame_cut_short_by_a_lost_link_comes_again_whole_and_once() {
         vec![(1, 0, true, 100), (1, 0, true, 100), (1, 0, false, 50)]
     );
     for t in again {
-        sink.handle_message(now, 1, incoming(t)).unwrap();
+        sink.handle_message(now, 1, t.into_incoming()).unwrap();
     }
     assert_eq!(delivered(&mut sink), vec![(0, big.clone())]);
     // Resent once more whole (its ACK was lost with a link), it is a duplicate, not a frame.
     src.handle_link_lost(now, "cut").unwrap();
     let mut src = reconnected(src, now);
     for t in drain(&mut src, now) {
-        sink.handle_message(now, 1, incoming(t)).unwrap();
+        sink.handle_message(now, 1, t.into_incoming()).unwrap();
     }
     assert!(delivered(&mut sink).is_empty());
     assert_eq!(sink.counters(0).duplicates, 1);
