@@ -890,6 +890,22 @@ sink = {{ type = "check", seed = 4, size = 200, expect = {n} }}
     );
 }
 
+/// `name` in `dir`: driver `screen` on the NATS server at `url`: `camera-sim` (640×480, 30 fps,
+/// then `count`, e.g. `, count = 150`) → `image` in broadcast (keyframes every 500 ms) →
+/// `multiplex` all → a `y4m` sink writing the existing (emptied) file `y4m`.
+fn screen_config(dir: &Path, name: &str, url: &str, count: &str, y4m: &Path) -> PathBuf {
+    std::fs::write(y4m, b"").unwrap();
+    write(
+        dir,
+        name,
+        &format!(
+            "driver = \"screen\"\n{}\n[[stream]]\nname = \"screen\"\ndirection = \"device-to-app\"\nsource = {{ type = \"camera-sim\", width = 640, height = 480, fps = 30{count} }}\nstack = [{{ type = \"image\", quality = \"high\", keyframe_ms = 500 }}, {{ type = \"multiplex\", mode = \"all\" }}]\nsink = {{ type = \"y4m\", path = \"{}\", fps = 30 }}\n",
+            link(url, 1),
+            y4m.display()
+        ),
+    )
+}
+
 /// One screen to many app sides: `camera-sim` → `image` in broadcast (`keyframe_ms`) →
 /// `multiplex` all → JetStream → `y4m` files read by an unmodified ffmpeg. The app side there
 /// from the start shows every picture; one that joins 1.5 s later starts at the next keyframe
@@ -906,19 +922,8 @@ fn a_screen_broadcast_reaches_an_app_side_that_joins_late_from_its_next_keyframe
     let dir = Dir::new("nats-screen");
     let nats = Nats::start("screen", &[]);
     let (dev, apps) = homes_n(&dir.0, 2);
-    let config = |name: &str, y4m: &Path| {
-        // An existing file is written as it is (no pipe).
-        std::fs::write(y4m, b"").unwrap();
-        write(
-            &dir.0,
-            name,
-            &format!(
-                "driver = \"screen\"\n{}\n[[stream]]\nname = \"screen\"\ndirection = \"device-to-app\"\nsource = {{ type = \"camera-sim\", width = 640, height = 480, fps = 30, count = 150 }}\nstack = [{{ type = \"image\", quality = \"high\", keyframe_ms = 500 }}, {{ type = \"multiplex\", mode = \"all\" }}]\nsink = {{ type = \"y4m\", path = \"{}\", fps = 30 }}\n",
-                link(&nats.url(), 1),
-                y4m.display()
-            ),
-        )
-    };
+    let config =
+        |name: &str, y4m: &Path| screen_config(&dir.0, name, &nats.url(), ", count = 150", y4m);
     let (ya, yb) = (dir.0.join("a.y4m"), dir.0.join("b.y4m"));
     let (ca, cb) = (config("a.toml", &ya), config("b.toml", &yb));
     let a = side(&ca, "app", &apps[0], &["--once"]);
@@ -1028,16 +1033,7 @@ fn an_app_side_follows_a_restarted_device_side_with_fresh_pairs() {
     let nats = Nats::start("device-restart", &[]);
     let (dev, apps) = homes_n(&dir.0, 1);
     let y4m = dir.0.join("a.y4m");
-    std::fs::write(&y4m, b"").unwrap();
-    let cfg = write(
-        &dir.0,
-        "restart.toml",
-        &format!(
-            "driver = \"restart\"\n{}\n[[stream]]\nname = \"screen\"\ndirection = \"device-to-app\"\nsource = {{ type = \"camera-sim\", width = 640, height = 480, fps = 30 }}\nstack = [{{ type = \"image\", quality = \"high\", keyframe_ms = 500 }}, {{ type = \"multiplex\", mode = \"all\" }}]\nsink = {{ type = \"y4m\", path = \"{}\", fps = 30 }}\n",
-            link(&nats.url(), 1),
-            y4m.display()
-        ),
-    );
+    let cfg = screen_config(&dir.0, "restart.toml", &nats.url(), "", &y4m);
     let a = side(&cfg, "app", &apps[0], &[]);
     let d = side(&cfg, "device", &dev, &[]);
     wait_for("the app side joined", WAIT, || {

@@ -906,49 +906,14 @@ impl Session {
                         role: "source",
                     });
                 };
-                let broken = |what: String| SessionError::BrokenFrame {
-                    stream: s.plan.name.clone(),
-                    what,
-                };
-                let payload = if header.more || k.partial.is_some() {
-                    // A frame in chunks: they come one after the other on this stream, all
-                    // with the frame's seq; the one without MORE ends it.
-                    let p = k.partial.get_or_insert_with(|| stream::Partial {
-                        seq: header.seq,
-                        timestamp_ns: header.timestamp_ns,
-                        chunks: Vec::new(),
-                        len: 0,
-                    });
-                    if p.seq != header.seq {
-                        return Err(broken(format!(
-                            "frame {} began in chunks and frame {} came before its last chunk",
-                            p.seq, header.seq
-                        )));
-                    }
-                    if p.timestamp_ns != header.timestamp_ns {
-                        return Err(broken(format!(
-                            "the chunks of frame {} carry different timestamps",
-                            p.seq
-                        )));
-                    }
-                    p.len += payload.len();
-                    if p.len > self.cfg.max_frame_bytes {
-                        return Err(broken(format!(
-                            "frame {} in chunks is over {} bytes, the largest frame this side \
-                             takes (link.max_frame_bytes)",
-                            p.seq, self.cfg.max_frame_bytes
-                        )));
-                    }
-                    p.chunks.push(payload);
-                    if header.more {
-                        return Ok(());
-                    }
-                    match k.partial.take() {
-                        Some(p) => p.join(),
-                        None => return Ok(()),
-                    }
-                } else {
-                    payload
+                let Some(payload) = k
+                    .join_chunk(&header, payload, self.cfg.max_frame_bytes)
+                    .map_err(|what| SessionError::BrokenFrame {
+                        stream: s.plan.name.clone(),
+                        what,
+                    })?
+                else {
+                    return Ok(()); // more chunks to come
                 };
                 if s.ended || k.last_seq.is_some_and(|l| header.seq <= l) {
                     // Taken in before a reconnect: never deliver twice.

@@ -165,6 +165,55 @@ pub(crate) struct SinkState {
     pub partial: Option<Partial>,
 }
 
+impl SinkState {
+    /// Takes a DATA message: the whole frame's payload when it completes one (a frame that
+    /// came whole, or the last of its chunks), `None` while chunks are still to come, or what
+    /// is wrong with the chunks. They come one after the other on this stream, all with the
+    /// frame's seq and timestamp; the one without MORE ends the frame, which may not exceed
+    /// `max` bytes.
+    pub fn join_chunk(
+        &mut self,
+        header: &ndd_wire::DataHeader,
+        payload: Bytes,
+        max: usize,
+    ) -> Result<Option<Bytes>, String> {
+        if !header.more && self.partial.is_none() {
+            return Ok(Some(payload));
+        }
+        let p = self.partial.get_or_insert_with(|| Partial {
+            seq: header.seq,
+            timestamp_ns: header.timestamp_ns,
+            chunks: Vec::new(),
+            len: 0,
+        });
+        if p.seq != header.seq {
+            return Err(format!(
+                "frame {} began in chunks and frame {} came before its last chunk",
+                p.seq, header.seq
+            ));
+        }
+        if p.timestamp_ns != header.timestamp_ns {
+            return Err(format!(
+                "the chunks of frame {} carry different timestamps",
+                p.seq
+            ));
+        }
+        p.len += payload.len();
+        if p.len > max {
+            return Err(format!(
+                "frame {} in chunks is over {max} bytes, the largest frame this side takes \
+                 (link.max_frame_bytes)",
+                p.seq
+            ));
+        }
+        p.chunks.push(payload);
+        if header.more {
+            return Ok(None);
+        }
+        Ok(self.partial.take().map(Partial::join))
+    }
+}
+
 /// A frame arriving in chunks: its seq and timestamp, and the chunks so far (slices of the
 /// link's read buffer; copied once, into the whole frame, when its last chunk is in).
 #[derive(Debug)]
