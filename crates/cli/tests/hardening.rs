@@ -306,9 +306,7 @@ fn a_strangers_datagrams_do_not_touch_a_udp_session() {
     let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &addr]));
     let _ = app.addr();
     let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &addr]));
-    wait_for("the session", WAIT, || {
-        app.stderr_now().contains("streams agreed")
-    });
+    app.wait_says("streams agreed", &[&dev]);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -396,9 +394,8 @@ fn app_and_device(
     let said = app.addr();
     let addr = said.split(' ').next().unwrap_or(&said).to_string();
     let dev = Side::spawn(run_cmd(cfg, "device", dev_home, &["--connect", &addr]));
-    wait_for("the session", WAIT, || {
-        dev.stderr_now().contains("streams agreed") && app.stderr_now().contains("streams agreed")
-    });
+    dev.wait_says("streams agreed", &[&app]);
+    app.wait_says("streams agreed", &[&dev]);
     (addr, app, dev)
 }
 

@@ -81,9 +81,7 @@ fn a_clean_stop_of_the_device_side_leaves_the_app_side_and_its_pty_in_place() {
     let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &addr]));
     std::thread::sleep(Duration::from_millis(1500));
     let mut app = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &addr]));
-    wait_for("the session", WAIT, || {
-        dev.stderr_now().contains("streams agreed")
-    });
+    dev.wait_says("streams agreed", &[&app]);
     // A program opens the pty and keeps it open across the device side's restart.
     let (mut program, program_got) = open_collecting(&app_tty);
     let (mut port, port_got) = open_collecting(&dev_tty);

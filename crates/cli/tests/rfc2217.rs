@@ -104,9 +104,7 @@ fn pyserial_uses_a_port_behind_an_rfc2217_server_through_ndd() {
     let cfg = config(&dir.0, &server_addr, &listen);
     let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &link]));
     let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &link]));
-    wait_for("the session", WAIT, || {
-        dev.stderr_now().contains("streams agreed")
-    });
+    dev.wait_says("streams agreed", &[&app]);
 
     // 1. Everything there and back.
     let (ok, said) = client_check(python, &listen);
@@ -292,9 +290,7 @@ fn a_real_ser2net_port_is_the_device() {
     let link = free_addr();
     let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &link]));
     let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &link]));
-    wait_for("the session", WAIT, || {
-        dev.stderr_now().contains("streams agreed")
-    });
+    dev.wait_says("streams agreed", &[&app]);
     // The "device": answers one line with another.
     let dev_path = device.clone();
     let device_side = std::thread::spawn(move || {

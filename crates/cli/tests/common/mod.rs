@@ -143,6 +143,23 @@ impl Side {
             .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
+    /// Waits (bounded by [`WAIT`]) until this side's stderr holds `needle`; on timeout the
+    /// panic carries this side's stderr and that of `others`, so a CI failure says why.
+    pub fn wait_says(&self, needle: &str, others: &[&Side]) {
+        let t0 = Instant::now();
+        while !self.stderr_now().contains(needle) {
+            if t0.elapsed() > WAIT {
+                let rest: Vec<String> = others.iter().map(|s| s.stderr_now()).collect();
+                panic!(
+                    "timed out waiting for {needle:?}; stderr:\n{}\nother sides:\n{}",
+                    self.stderr_now(),
+                    rest.join("\n---\n")
+                );
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Stderr lines so far.
     pub fn stderr_now(&self) -> String {
         self.stderr.lock().unwrap().join("\n")
@@ -382,18 +399,25 @@ pub fn run_with_cuts(
     (derr, aerr)
 }
 
-/// Runs `cfg` on a fixed loopback port; once `flowing()` holds, kills the app side (SIGKILL:
-/// no goodbye), calls `at_kill` (to note what the first app wrote) and starts the app side
-/// again. Waits for both sides to end, prints the recovery time, checks both succeeded and
-/// the device saw a new peer; returns (device stderr, app stderr, what `at_kill` returned).
-/// A loopback `host:port` free right now (UDP and TCP listeners alike).
+/// A loopback `host:port` free right now for TCP and UDP listeners alike, for a process a
+/// test starts to listen on. The port is below the kernel's ephemeral range (32768–60999 by
+/// default): a port the kernel handed out could meanwhile become an outgoing connection's own
+/// port, and a client retrying a port nobody listens on yet can even be connected to itself
+/// there (TCP's simultaneous open) — either way the listener could not bind and the test would
+/// wait for a session that never comes. Each call in a process takes the next port.
 pub fn free_addr() -> String {
-    let port = std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    format!("127.0.0.1:{port}")
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    const FIRST: usize = 20000;
+    const SPAN: usize = 12000;
+    let start = (std::process::id() as usize).wrapping_mul(7919) % SPAN;
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let addr = format!("127.0.0.1:{}", FIRST + (start + n) % SPAN);
+        if TcpListener::bind(&addr).is_ok() && std::net::UdpSocket::bind(&addr).is_ok() {
+            return addr;
+        }
+    }
+    panic!("no free loopback port in {FIRST}..{}", FIRST + SPAN)
 }
 
 /// The sequence numbers of the synthetic frames (`seed`, `count` made) in a file a `file`
@@ -416,6 +440,10 @@ pub fn synthetic_seqs_in(path: &Path, seed: u64, count: u64) -> Vec<u64> {
     seqs
 }
 
+/// Runs `cfg` on a fixed loopback port; once `flowing()` holds, kills the app side (SIGKILL:
+/// no goodbye), calls `at_kill` (to note what the first app wrote) and starts the app side
+/// again. Waits for both sides to end, prints the recovery time, checks both succeeded and
+/// the device saw a new peer; returns (device stderr, app stderr, what `at_kill` returned).
 pub fn run_with_app_restart<T>(
     cfg: &Path,
     dev_home: &Path,
