@@ -90,6 +90,31 @@ fn draw_key() -> Result<[u8; 32]> {
     Ok(k)
 }
 
+/// The group key as it stands, and what its last rotation left behind.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct GroupKey {
+    key: [u8; 32],
+    /// The device's JetStream stream sequence when a rotation drew this key (0: none did).
+    since: u64,
+    /// Device side: the key before that rotation. App → device frames stored up to `since`
+    /// were sealed under it and still open; one under it stored later is refused (it may come
+    /// from the app side that was revoked; a trusted sender publishes it again under `key`).
+    previous: Option<[u8; 32]>,
+}
+
+impl std::fmt::Debug for GroupKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupKey")
+            .field("since", &self.since)
+            .field("previous", &self.previous.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// [`GroupKey::since`] while a rotation reads where the JetStream stream stands: the device's
+/// sinks already open under the new key and take what is under the old one; joins wait.
+const SINCE_PENDING: u64 = u64::MAX;
+
 /// Replaces `path` with `bytes` atomically, readable by its owner only.
 fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
@@ -112,8 +137,44 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
     .with_context(|| format!("cannot write {}", path.display()))
 }
 
+/// Where the key before the last rotation of `driver` lives, with the JetStream sequence of
+/// the rotation: `key (32) ‖ since (u64 BE)`, mode 0600.
+fn previous_path(home: &Path, prefix: &str, driver: &str) -> std::path::PathBuf {
+    home.join(format!("nats-group-{prefix}-{driver}.previous"))
+}
+
+/// The group key of `driver` and what its last rotation left (see [`GroupKey`]).
+fn group_key(home: &Path, prefix: &str, driver: &str) -> Result<GroupKey> {
+    let key = current_key(home, prefix, driver)?;
+    let path = previous_path(home, prefix, driver);
+    let (since, previous) = match std::fs::read(&path) {
+        Ok(b) if b.len() == 40 => {
+            let mut k = [0u8; 32];
+            k.copy_from_slice(&b[..32]);
+            let mut n = [0u8; 8];
+            n.copy_from_slice(&b[32..]);
+            (u64::from_be_bytes(n), Some(k))
+        }
+        Ok(b) => {
+            tracing::warn!(
+                side = "device",
+                "{} holds {} bytes, not a key and a sequence (40); ignored: app → device frames sealed before the last rotation and not yet read will not open",
+                path.display(),
+                b.len()
+            );
+            (0, None)
+        }
+        Err(_) => (0, None),
+    };
+    Ok(GroupKey {
+        key,
+        since,
+        previous,
+    })
+}
+
 /// The group key of `driver`: read from the ndd home, or drawn and written there (0600).
-fn group_key(home: &Path, prefix: &str, driver: &str) -> Result<[u8; 32]> {
+fn current_key(home: &Path, prefix: &str, driver: &str) -> Result<[u8; 32]> {
     use std::os::unix::fs::PermissionsExt;
     let path = key_path(home, prefix, driver);
     match std::fs::read(&path) {
@@ -139,6 +200,7 @@ fn group_key(home: &Path, prefix: &str, driver: &str) -> Result<[u8; 32]> {
             write_private(&path, &k)
                 .with_context(|| format!("cannot write the group key {}", path.display()))?;
             let _ = std::fs::remove_file(holders_path(home, prefix, driver));
+            let _ = std::fs::remove_file(previous_path(home, prefix, driver));
             Ok(k)
         }
         Err(e) => Err(anyhow!(e).context(format!("cannot read {}", path.display()))),
@@ -178,9 +240,11 @@ struct KeyKeeper {
     home: std::path::PathBuf,
     prefix: String,
     driver: String,
-    tx: watch::Sender<[u8; 32]>,
+    tx: watch::Sender<GroupKey>,
     /// Signs the rekey notice.
     local: LocalIdentity,
+    /// Where app → device reliable frames are stored: a rotation notes its sequence.
+    js: Option<jetstream::Context>,
 }
 
 /// What a rekey notice's signature covers besides its body: the kind of note and the
@@ -203,7 +267,12 @@ impl KeyKeeper {
     }
 
     /// Rotates the key if one of its holders is no longer trusted; returns who was revoked.
-    fn rotate_if_revoked(&self) -> Result<Vec<String>> {
+    /// The old key stays for the app → device frames stored before the rotation, in memory
+    /// and in the `.previous` file: up to the JetStream stream's last sequence once this side's
+    /// sinks open under the new key (any frame they took under the old one is at or below it,
+    /// so nothing they took is published again by its sender, and nothing stored later under
+    /// the old key opens).
+    async fn rotate_if_revoked(&self, ctx: &Ctx) -> Result<Vec<String>> {
         let known = KnownPeers::load(&self.home)?;
         let revoked: Vec<String> = holders(&self.holders_path())?
             .into_iter()
@@ -212,19 +281,58 @@ impl KeyKeeper {
         if revoked.is_empty() {
             return Ok(revoked);
         }
+        let old = self.tx.borrow().key;
         let k = draw_key()?;
         let path = key_path(&self.home, &self.prefix, &self.driver);
         write_private(&path, &k)
             .with_context(|| format!("cannot write the rotated group key {}", path.display()))?;
         write_private(&self.holders_path(), b"")?;
-        self.tx.send_replace(k);
+        self.tx.send_replace(GroupKey {
+            key: k,
+            since: SINCE_PENDING,
+            previous: Some(old),
+        });
+        let since = match &self.js {
+            None => Ok(0),
+            Some(js) => {
+                let name = ctx.subjects.jetstream();
+                match js.get_stream(&name).await {
+                    Ok(mut st) => st
+                        .info()
+                        .await
+                        .map(|i| i.state.last_sequence)
+                        .map_err(|e| anyhow!("JetStream stream {name}: {e}")),
+                    Err(e) => Err(anyhow!("JetStream stream {name}: {e}")),
+                }
+            }
+        };
+        let since = since.unwrap_or_else(|e| {
+            tracing::warn!(
+                side = "device",
+                "cannot read where the JetStream stream stands ({e:#}): app → device frames sealed under the old group key and not yet read are dropped"
+            );
+            0
+        });
+        let mut previous = old.to_vec();
+        previous.extend_from_slice(&since.to_be_bytes());
+        if let Err(e) = write_private(
+            &previous_path(&self.home, &self.prefix, &self.driver),
+            &previous,
+        ) {
+            tracing::warn!(side = "device", "{e:#}: app → device frames sealed under the old group key and not yet read are dropped if this side restarts");
+        }
+        self.tx.send_replace(GroupKey {
+            key: k,
+            since,
+            previous: Some(old),
+        });
         Ok(revoked)
     }
 
     /// Rotates the key if a holder was revoked, and says so: in the log and, for the app
     /// sides, on `P.D.rekey`.
     async fn check(&self, ctx: &Ctx) -> Result<()> {
-        let revoked = self.rotate_if_revoked()?;
+        let revoked = self.rotate_if_revoked(ctx).await?;
         if !revoked.is_empty() {
             tracing::warn!(
                 side = "device",
@@ -269,24 +377,32 @@ type Refresh = mpsc::Sender<tokio::sync::oneshot::Sender<()>>;
 
 /// The sending half under the group key as it stands: rebuilt when the key rotates.
 struct GroupSeal {
-    key: watch::Receiver<[u8; 32]>,
+    key: watch::Receiver<GroupKey>,
     seal: EncryptForward,
 }
 
 impl GroupSeal {
-    fn new(mut key: watch::Receiver<[u8; 32]>) -> Result<GroupSeal> {
-        let k = *key.borrow_and_update();
+    fn new(mut key: watch::Receiver<GroupKey>) -> Result<GroupSeal> {
+        let k = key.borrow_and_update().key;
         Ok(GroupSeal {
             key,
             seal: EncryptForward::new(&Key::given(k), Cipher::Aes256Gcm)?,
         })
     }
 
-    fn current(&mut self) -> Result<&mut EncryptForward> {
-        if self.key.has_changed().unwrap_or(false) {
-            let k = *self.key.borrow_and_update();
-            self.seal = EncryptForward::new(&Key::given(k), Cipher::Aes256Gcm)?;
+    /// Follows a rotation: `Some(since)` (the new key's [`GroupKey::since`]) when the key
+    /// changed since the last call.
+    fn rotated(&mut self) -> Result<Option<u64>> {
+        if !self.key.has_changed().unwrap_or(false) {
+            return Ok(None);
         }
+        let k = *self.key.borrow_and_update();
+        self.seal = EncryptForward::new(&Key::given(k.key), Cipher::Aes256Gcm)?;
+        Ok(Some(k.since))
+    }
+
+    fn current(&mut self) -> Result<&mut EncryptForward> {
+        self.rotated()?;
         Ok(&mut self.seal)
     }
 }
@@ -295,8 +411,13 @@ impl GroupSeal {
 /// not open asks for the key again (the device may have rotated it) and is tried once more,
 /// so no stored frame is dropped for a rotation.
 struct GroupOpen {
-    key: watch::Receiver<[u8; 32]>,
+    key: watch::Receiver<GroupKey>,
+    /// The keys the halves below are made of.
+    keys: GroupKey,
     open: EncryptInverse,
+    /// Device side, after a rotation: the half of the key before it, and the stream sequence
+    /// up to which stored frames may be sealed under that key.
+    previous: Option<(EncryptInverse, u64)>,
     refresh: Option<Refresh>,
     /// When asking last brought no new key: garbage (anyone may publish on the server), so
     /// the next bad frames are dropped at once for a while ([`FRUITLESS_PAUSE`]).
@@ -308,11 +429,13 @@ struct GroupOpen {
 const FRUITLESS_PAUSE: Duration = Duration::from_secs(5);
 
 impl GroupOpen {
-    fn new(mut key: watch::Receiver<[u8; 32]>, refresh: Option<Refresh>) -> GroupOpen {
+    fn new(mut key: watch::Receiver<GroupKey>, refresh: Option<Refresh>) -> GroupOpen {
         let k = *key.borrow_and_update();
         GroupOpen {
             key,
-            open: Self::inverse(k),
+            keys: k,
+            open: Self::inverse(k.key),
+            previous: k.previous.map(|p| (Self::inverse(p), k.since)),
             refresh,
             fruitless: None,
         }
@@ -326,14 +449,28 @@ impl GroupOpen {
         if !self.key.has_changed().unwrap_or(false) {
             return false;
         }
-        self.open = Self::inverse(*self.key.borrow_and_update());
+        let k = *self.key.borrow_and_update();
+        if k.key == self.keys.key && k.previous == self.keys.previous {
+            // The rotation's sequence came in (see [`SINCE_PENDING`]): same halves.
+            if let Some((_, since)) = self.previous.as_mut() {
+                *since = k.since;
+            }
+            self.keys = k;
+            return false;
+        }
+        self.keys = k;
+        self.open = Self::inverse(k.key);
+        self.previous = k.previous.map(|p| (Self::inverse(p), k.since));
         true
     }
 
+    /// Opens a frame (`stored`: its JetStream stream sequence, if it was stored) into `out`;
+    /// one that does not open is dropped and counted.
     async fn open(
         &mut self,
         meta: Meta,
         payload: Bytes,
+        stored: Option<u64>,
         out: &mut Output,
     ) -> Result<(), ndd_core::ModuleError> {
         self.follow();
@@ -345,6 +482,45 @@ impl GroupOpen {
         )?;
         if self.open.auth_failures() == failed {
             return Ok(());
+        }
+        // Sealed before the last rotation? Taken if it was stored before it (nobody had
+        // been revoked then); refused if stored after (the revoked app side still holds that
+        // key; a trusted one publishes the frame again under the new key).
+        if let Some((prev, since)) = self.previous.as_mut() {
+            let failed = prev.auth_failures();
+            let mut old = Output::new();
+            prev.handle_frame(
+                Instant::now(),
+                Frame::from_bytes(meta, payload.clone()),
+                &mut old,
+            )?;
+            if prev.auth_failures() == failed {
+                if *since == SINCE_PENDING {
+                    // Mid-rotation: where it began decides; it comes in a moment.
+                    let k = self
+                        .key
+                        .wait_for(|k| k.since != SINCE_PENDING)
+                        .await
+                        .map(|k| *k);
+                    if let Ok(k) = k {
+                        self.keys = k;
+                        *since = k.since;
+                    }
+                }
+                if stored.is_some_and(|s| s <= *since) {
+                    for f in old.take_frames() {
+                        out.push(f);
+                    }
+                } else {
+                    tracing::debug!(
+                        seq = meta.seq,
+                        stored,
+                        since = *since,
+                        "a frame under the group key before the rotation, stored after it: dropped"
+                    );
+                }
+                return Ok(());
+            }
         }
         // It did not open (dropped and counted): the key may have been rotated.
         let paused = self
@@ -517,12 +693,20 @@ pub async fn run_side(
         SideName::Device => {
             let (key_tx, key) =
                 watch::channel(group_key(&opts.home, &nats.subject_prefix, &cfg.driver)?);
+            // The JetStream stream exists before any app side can join (they read where it
+            // stands when they join), and before a rotation notes where it stands.
+            let js = if plans.iter().any(|p| p.reliable) {
+                Some(ensure_jetstream(&ctx, nats.store_mib).await?)
+            } else {
+                None
+            };
             let keeper = KeyKeeper {
                 local: local.clone(),
                 home: opts.home.clone(),
                 prefix: nats.subject_prefix.clone(),
                 driver: cfg.driver.clone(),
                 tx: key_tx,
+                js: js.clone(),
             };
             // An app side revoked while this side was away never sees a frame under its key.
             keeper.check(&ctx).await?;
@@ -536,13 +720,6 @@ pub async fn run_side(
             let run = random_u64();
             claim_device(&ctx, &cfg.driver, run).await?;
             let slots = plans.iter().filter_map(|p| p.split).max().unwrap_or(0);
-            // The JetStream stream exists before any app side can join (they read where it
-            // stands when they join).
-            let js = if plans.iter().any(|p| p.reliable) {
-                Some(ensure_jetstream(&ctx, nats.store_mib).await?)
-            } else {
-                None
-            };
             let (joined, mut joined_rx) = watch::channel(std::collections::HashSet::new());
             let seen: Shared<HashMap<String, Instant>> = Arc::default();
             serve_ready(&ctx, key.clone(), joined, seen.clone()).await?;
@@ -631,7 +808,11 @@ pub async fn run_side(
             let me = short_id(&local.fingerprint());
             // The device may rotate the group key: follow it (joining again when told, or
             // when a frame does not open).
-            let (key_tx, key) = watch::channel(admission.group_key);
+            let (key_tx, key) = watch::channel(GroupKey {
+                key: admission.group_key,
+                since: admission.key_since,
+                previous: None,
+            });
             let (refresh, asks) = mpsc::channel(16);
             let follower = KeyFollower {
                 ctx: ctx.clone(),
@@ -670,7 +851,7 @@ pub async fn run_side(
             client.flush().await.map_err(|e| anyhow!("NATS: {e}"))?;
             let fp = local.fingerprint();
             let run = admission.run;
-            let ready = ready_message(*key.borrow(), run, &fp)?;
+            let ready = ready_message(key.borrow().key, run, &fp)?;
             client
                 .publish(ctx.subjects.ready(), ready)
                 .await
@@ -683,7 +864,7 @@ pub async fn run_side(
                 loop {
                     tick.tick().await;
                     // Sealed under the key as it stands (the device may have rotated it).
-                    let ready = ready_message(*key.borrow(), run, &fp)?;
+                    let ready = ready_message(key.borrow().key, run, &fp)?;
                     let _ = c.publish(subject.clone(), ready).await;
                 }
             });
@@ -883,7 +1064,7 @@ fn hostname() -> String {
 
 async fn serve_ready(
     ctx: &Ctx,
-    mut key: watch::Receiver<[u8; 32]>,
+    mut key: watch::Receiver<GroupKey>,
     joined: watch::Sender<std::collections::HashSet<String>>,
     seen: Shared<HashMap<String, Instant>>,
 ) -> Result<()> {
@@ -895,12 +1076,12 @@ async fn serve_ready(
         .map_err(|e| anyhow!("cannot subscribe to {subject}: {e}"))?;
     let inverse =
         |k: [u8; 32]| EncryptInverse::new(Arc::new(Key::given(k)), Cipher::Aes256Gcm, SEAL_WINDOW);
-    let mut open = inverse(*key.borrow_and_update());
+    let mut open = inverse(key.borrow_and_update().key);
     tokio::spawn(async move {
         let mut out = Output::new();
         while let Some(m) = sub.next().await {
             if key.has_changed().unwrap_or(false) {
-                open = inverse(*key.borrow_and_update());
+                open = inverse(key.borrow_and_update().key);
             }
             let Some(rec) = FrameRecord::parse(&m.payload) else {
                 continue;
@@ -938,7 +1119,7 @@ struct JoinService {
     hello: ndd_wire::HelloRepr,
     home: std::path::PathBuf,
     /// The group key as it stands (rotated by [`KeyKeeper`]).
-    key: watch::Receiver<[u8; 32]>,
+    key: watch::Receiver<GroupKey>,
     /// Who was handed it.
     holders: std::path::PathBuf,
     run: u64,
@@ -971,6 +1152,8 @@ impl JoinService {
                 let Some(reply) = m.reply.clone() else {
                     continue;
                 };
+                // Mid-rotation: an app side learns the new key with where it began.
+                let _ = self.key.wait_for(|k| k.since != SINCE_PENDING).await;
                 let answer = self.answer(&mut host, &m.payload);
                 match answer {
                     Ok(a) => {
@@ -1119,10 +1302,12 @@ impl JoinService {
                 format!("the device side cannot note who holds its group key: {e:#}"),
             );
         }
+        let k = *self.key.borrow();
         Welcome::Admitted(Admission {
-            group_key: *self.key.borrow(),
+            group_key: k.key,
             slot,
             run: self.run,
+            key_since: k.since,
         })
     }
 }
@@ -1227,7 +1412,7 @@ struct KeyFollower {
     hello: Vec<u8>,
     home: std::path::PathBuf,
     per_try: Duration,
-    key: watch::Sender<[u8; 32]>,
+    key: watch::Sender<GroupKey>,
 }
 
 /// Joins for a new group key come at least this far apart.
@@ -1322,8 +1507,12 @@ impl KeyFollower {
             {
                 Ok(Ok((a, _, _))) => {
                     let changed = self.key.send_if_modified(|k| {
-                        let changed = *k != a.group_key;
-                        *k = a.group_key;
+                        let changed = k.key != a.group_key;
+                        *k = GroupKey {
+                            key: a.group_key,
+                            since: a.key_since,
+                            previous: None,
+                        };
                         changed
                     });
                     if changed && !self.ctx.quiet {
@@ -1369,7 +1558,7 @@ async fn spawn_stream(
     cfg: &Config,
     ctx: &Ctx,
     plan: &Plan,
-    key: &watch::Receiver<[u8; 32]>,
+    key: &watch::Receiver<GroupKey>,
     refresh: Option<&Refresh>,
     run: u64,
     js: Option<jetstream::Context>,
@@ -1395,7 +1584,17 @@ async fn spawn_stream(
             })?;
         let stack = user_stack(cfg, plan, Role::Source)?;
         let seal = GroupSeal::new(key.clone())?;
+        // An app side keeps its reliable frames a while, to seal them again after a rotation.
+        let keeps = plan.reliable && js.is_some() && ctx.side == SideName::App;
         let out = Publisher {
+            // Many app sides publish on one up subject with the device's run id and their own
+            // frame numbers: their message ids must differ, or JetStream drops all but the
+            // first app side's frame of each number as a duplicate (found by the rotation
+            // test: a second app side's frames never reached the device).
+            sender: (ctx.side == SideName::App).then(random_u64),
+            kept: keeps.then(VecDeque::new),
+            kept_bytes: 0,
+            rotations: 0,
             ctx: ctx.clone(),
             plan: plan.clone(),
             run,
@@ -1480,8 +1679,29 @@ async fn spawn_stream(
     Ok(None)
 }
 
+/// A frame an app side published into JetStream, as it was before sealing.
+struct Kept {
+    at: Instant,
+    /// Its JetStream message id.
+    id: String,
+    /// The stream sequence the server gave it, once acknowledged.
+    stored: Option<u64>,
+    meta: Meta,
+    payload: Bytes,
+    route: Route,
+}
+
 /// Where a source's frames go.
 struct Publisher {
+    /// App side: this process's own id in its JetStream message ids.
+    sender: Option<u64>,
+    /// App side, reliable streams: the frames of the last [`REPUBLISH_WINDOW`] before
+    /// sealing. After a key rotation the ones stored after it (the device refuses them under
+    /// the old key) are sealed under the new key and published again.
+    kept: Option<VecDeque<Kept>>,
+    kept_bytes: usize,
+    /// Key rotations followed (message ids of frames published again after one differ).
+    rotations: u32,
     ctx: Ctx,
     plan: Plan,
     run: u64,
@@ -1518,7 +1738,8 @@ impl Publisher {
         (s, part.map(|p| p.to_string()))
     }
 
-    async fn publish(&mut self, frame: Frame, route: Route) -> Result<()> {
+    /// Publishes a sealed frame; returns its JetStream message id (reliable streams).
+    async fn publish(&mut self, frame: Frame, route: Route) -> Result<Option<String>> {
         let (subject, part) = self.subject(route);
         let counter = self.wseq.entry(subject.clone()).or_insert(0);
         let rec = record(frame, self.run, *counter);
@@ -1540,13 +1761,19 @@ impl Publisher {
                     .map_err(|e| anyhow!("stream \"{}\": publish: {e}", self.plan.name))?;
             }
             Some(js) => {
-                let id = format!(
+                let mut id = format!(
                     "{:x}-{}-{}-{}",
                     self.run,
                     self.plan.id,
                     u64::from_be_bytes(rec[12..20].try_into().unwrap_or_default()),
                     part.unwrap_or_default()
                 );
+                if let Some(me) = self.sender {
+                    id.push_str(&format!("-a{me:x}"));
+                }
+                if self.rotations > 0 {
+                    id.push_str(&format!("-k{}", self.rotations));
+                }
                 self.republish_after_reconnect(&js).await;
                 let fut = js_publish(&js, &subject, &id, rec.clone()).await;
                 let now = Instant::now();
@@ -1560,11 +1787,82 @@ impl Publisher {
                         self.recent_bytes -= r.len();
                     }
                 }
-                self.acks.push_back((subject, id, rec, fut));
+                self.acks.push_back((subject, id.clone(), rec, fut));
                 while self.acks.len() > JS_IN_FLIGHT {
                     self.settle_one(&js).await;
                 }
+                return Ok(Some(id));
             }
+        }
+        Ok(None)
+    }
+
+    /// Notes a frame as it was before sealing (app side, reliable streams).
+    fn keep(&mut self, (meta, payload): (Meta, Bytes), route: Route, id: String) {
+        let Some(kept) = self.kept.as_mut() else {
+            return;
+        };
+        let now = Instant::now();
+        self.kept_bytes += payload.len();
+        kept.push_back(Kept {
+            at: now,
+            id,
+            stored: None,
+            meta,
+            payload,
+            route,
+        });
+        while kept.front().is_some_and(|k| {
+            now.duration_since(k.at) > REPUBLISH_WINDOW || self.kept_bytes > REPUBLISH_BYTES
+        }) {
+            if let Some(k) = kept.pop_front() {
+                self.kept_bytes -= k.payload.len();
+            }
+        }
+    }
+
+    /// After a key rotation (the new key drawn when the device's stream stood at `since`):
+    /// the frames this side sealed under the old key that were stored after `since` do not
+    /// open on the device any more; sealed under the new key (`seal`), they go again.
+    async fn after_rotation(&mut self, seal: &mut EncryptForward, since: u64) -> Result<()> {
+        if self.kept.as_ref().is_none_or(|k| k.is_empty()) {
+            return Ok(());
+        }
+        // Every publish acknowledged: the stream sequence of each kept frame is known.
+        if let Some(js) = self.js.clone() {
+            while !self.acks.is_empty() {
+                self.settle_one(&js).await;
+            }
+        }
+        let again: Vec<Kept> = self
+            .kept
+            .as_mut()
+            .map(|k| {
+                k.drain(..)
+                    .filter(|k| k.stored.is_none_or(|s| s > since))
+                    .collect()
+            })
+            .unwrap_or_default();
+        self.kept_bytes = 0;
+        self.rotations += 1;
+        let n = again.len();
+        let mut sealed = Output::new();
+        for k in again {
+            let frame = Frame::from_bytes(k.meta, k.payload.clone());
+            seal.handle_frame(Instant::now(), frame, &mut sealed)
+                .map_err(|e| anyhow!("stream \"{}\": encrypt: {e}", self.plan.name))?;
+            for f in sealed.take_frames() {
+                if let Some(id) = self.publish(f, k.route).await? {
+                    self.keep((k.meta, k.payload.clone()), k.route, id);
+                }
+            }
+        }
+        if n > 0 {
+            tracing::info!(
+                stream = %self.plan.name,
+                frames = n,
+                "published again under the new group key what the device received under the old one after its rotation"
+            );
         }
         Ok(())
     }
@@ -1602,7 +1900,16 @@ impl Publisher {
         let mut backoff = Duration::from_millis(50);
         loop {
             match fut.await {
-                Ok(_) => return,
+                Ok(ack) => {
+                    if let Some(k) = self
+                        .kept
+                        .as_mut()
+                        .and_then(|k| k.iter_mut().rev().find(|k| k.id == id))
+                    {
+                        k.stored = Some(ack.sequence);
+                    }
+                    return;
+                }
                 Err(e) => {
                     tracing::debug!(%subject, error = %e, "JetStream publish not acknowledged; again");
                     tokio::time::sleep(backoff).await;
@@ -1747,6 +2054,17 @@ async fn drain(
         } else {
             Route::All
         };
+        if let Some(since) = seal.rotated()? {
+            out.after_rotation(&mut seal.seal, since).await?;
+        }
+        // Kept as it is before sealing (the seal then copies it: app → device frames only).
+        let (f, plain) = if out.kept.is_some() {
+            let meta = f.meta;
+            let b = f.into_bytes();
+            (Frame::from_bytes(meta, b.clone()), Some((meta, b)))
+        } else {
+            (f, None)
+        };
         seal.current()?
             .handle_frame(Instant::now(), f, sealed)
             .map_err(|e| anyhow!("stream \"{name}\": encrypt: {e}"))?;
@@ -1759,7 +2077,9 @@ async fn drain(
                     s.layers = stack.stats();
                 }
             }
-            out.publish(f, route).await?;
+            if let (Some(id), Some(p)) = (out.publish(f, route).await?, plain.clone()) {
+                out.keep(p, route, id);
+            }
         }
     }
     Ok(())
@@ -1992,13 +2312,15 @@ async fn pump_sink(
         Input::Stored(s) if s.ordered => Some(Reorder::new(REORDER_WAIT, 65_536)),
         _ => None,
     };
-    let mut ready: VecDeque<FrameRecord> = VecDeque::new();
+    // Records to open, with their JetStream stream sequence where the device's own consumer
+    // took them (a frame sealed before a key rotation opens only if stored before it).
+    let mut ready: VecDeque<(FrameRecord, Option<u64>)> = VecDeque::new();
     // Lossy: while the sink is busy only the newest frame waits (older ones are stale).
     let mut newest: Option<Frame> = None;
     let mut spare = lossy.then_some(&mut newest);
     loop {
-        let rec = if let Some(rec) = ready.pop_front() {
-            rec
+        let (rec, stored_seq) = if let Some(next) = ready.pop_front() {
+            next
         } else {
             let wake = stack.poll_timeout();
             let waiting = spare.as_ref().is_some_and(|n| n.is_some());
@@ -2047,7 +2369,7 @@ async fn pump_sink(
                                 "stored frames that never came were given up after {REORDER_WAIT:?}"
                             );
                         }
-                        ready.extend(late);
+                        ready.extend(late.into_iter().map(|r| (r, None)));
                     }
                     // Acknowledged only once everything taken is through the sink (nothing held
                 // behind a gap, nothing in the stack).
@@ -2090,20 +2412,19 @@ async fn pump_sink(
                 }
             };
             let rec = FrameRecord::parse(&payload);
+            let stream_seq = stored
+                .as_ref()
+                .and_then(|m| m.info().ok())
+                .map(|i| i.stream_sequence);
             let fresh = match &stored {
                 // JetStream delivers again what was not acknowledged in time: a frame this
                 // process handled already is still waiting for its acknowledgement.
                 // A copy is recognised by its sealed header (the sending half's epoch and frame
                 // counter: unique per frame, the same in every copy), whatever stream sequence
                 // the server gave it (a republished frame gets a new one).
-                Some(m) => rec.as_ref().is_some_and(|r| {
+                Some(_) => rec.as_ref().is_some_and(|r| {
                     let new = seen.insert(&r.payload);
-                    tracing::trace!(
-                        seq = r.seq,
-                        stream_seq = m.info().map(|i| i.stream_sequence).unwrap_or(0),
-                        new,
-                        "stored frame"
-                    );
+                    tracing::trace!(seq = r.seq, stream_seq, new, "stored frame");
                     new
                 }),
                 None => rec.as_ref().is_some_and(|r| match last {
@@ -2127,8 +2448,8 @@ async fn pump_sink(
                 continue;
             }
             match reorder.as_mut() {
-                Some(r) => ready.extend(r.push(rec, Instant::now())),
-                None => ready.push_back(rec),
+                Some(r) => ready.extend(r.push(rec, Instant::now()).into_iter().map(|r| (r, None))),
+                None => ready.push_back((rec, stream_seq)),
             }
             continue;
         };
@@ -2143,7 +2464,7 @@ async fn pump_sink(
             s.wire_frames += 1;
             s.wire_bytes += rec.payload.len() as u64;
         }
-        if let Err(e) = seal.open(meta, rec.payload, &mut opened).await {
+        if let Err(e) = seal.open(meta, rec.payload, stored_seq, &mut opened).await {
             if bad.admit(Instant::now()).is_some() {
                 tracing::warn!("dropped a frame that does not open under the group key: {e}");
             }

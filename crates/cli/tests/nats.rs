@@ -890,6 +890,105 @@ sink = {{ type = "check", seed = 4, size = 200, expect = {n} }}
     );
 }
 
+/// The (seed, seq) of each frame in a length-framed file of synthetic frames made with one
+/// of `seeds` (each counting from 0 up to `count`); panics on a frame none of them made.
+fn seeded_frames_in(path: &Path, seeds: &[u64], count: u64) -> Vec<(u64, u64)> {
+    let bytes = std::fs::read(path).unwrap();
+    let mut next: Vec<u64> = vec![0; seeds.len()];
+    let mut got = Vec::new();
+    let mut at = 0;
+    while at + 4 <= bytes.len() {
+        let n = u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        let p = &bytes[at + 4..at + 4 + n];
+        // Mostly the next one of some seed; else search.
+        let hit = (0..seeds.len())
+            .find(|&i| ndd_endpoint::synthetic::verify(seeds[i], next[i], p))
+            .map(|i| (i, next[i]))
+            .or_else(|| {
+                (0..seeds.len()).find_map(|i| {
+                    (0..count)
+                        .find(|&q| ndd_endpoint::synthetic::verify(seeds[i], q, p))
+                        .map(|q| (i, q))
+                })
+            })
+            .expect("a frame one of the sources made");
+        next[hit.0] = hit.1 + 1;
+        got.push((seeds[hit.0], hit.1));
+        at += 4 + n;
+    }
+    assert_eq!(at, bytes.len(), "whole frames only");
+    got
+}
+
+/// App → device frames across a key rotation: those sealed under the old key that the device
+/// had not read when it rotated still open (they were stored before it), and those a trusted
+/// app side sealed under the old key after it are published again under the new key; the
+/// revoked app side's frames after the rotation open nowhere.
+#[test]
+fn app_to_device_frames_cross_a_key_rotation_without_loss() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-rotate-up");
+    let nats = Nats::start("rotate-up", &[]);
+    let (dev, apps) = homes_n(&dir.0, 2);
+    let m = 1500u64;
+    let out = dir.0.join("up.bin");
+    let cfg = |name: &str, seed: u64, count: u64, interval: &str| {
+        write(
+            &dir.0,
+            name,
+            &format!(
+                "driver = \"rotup\"\n{}\n[[stream]]\nname = \"u\"\ndirection = \"app-to-device\"\n\
+                 source = {{ type = \"synthetic\", size = 200, interval_ms = {interval}, count = {count}, seed = {seed} }}\n\
+                 sink = {{ type = \"file\", path = \"{}\", framing = \"length\", append = true }}\n",
+                link(&nats.url(), 0),
+                out.display()
+            ),
+        )
+    };
+    let keep_cfg = cfg("keep.toml", 5, m, "3.0");
+    let gone_cfg = cfg("gone.toml", 6, 1_000_000, "20.0");
+    let d = side(&keep_cfg, "device", &dev, &["--once"]);
+    wait_for("the device side to serve", WAIT, || {
+        d.stderr_now().contains("serving app sides")
+    });
+    let keep = side(&keep_cfg, "app", &apps[0], &["--once"]);
+    let mut gone = side(&gone_cfg, "app", &apps[1], &["--once"]);
+    wait_for("both app sides to join", WAIT, || {
+        d.stderr_now().matches("joined").count() >= 2
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let said = ok(ndd().args(["untrust", "app1", "--home"]).arg(&dev));
+    assert!(said.starts_with("no longer trusted: SHA256:"), "{said}");
+    wait_for("the untrusted app side to end", WAIT, || !gone.running());
+    let (gs, _, gerr) = gone.finish();
+    assert!(
+        !gs.success(),
+        "the untrusted app side ends with an error: {gerr}"
+    );
+    let (ks, _, kerr) = keep.finish();
+    assert!(ks.success(), "app 0: {kerr}");
+    let (ds, _, derr) = d.finish();
+    assert!(ds.success(), "device: {derr}");
+    assert!(derr.contains("rotated the group key"), "{derr}");
+    let got = seeded_frames_in(&out, &[5, 6], m);
+    let kept: Vec<u64> = got.iter().filter(|f| f.0 == 5).map(|f| f.1).collect();
+    let (next, dups, lost) = order(kept.iter().copied());
+    assert_eq!(
+        next, m,
+        "every frame of the trusted app side up to the last"
+    );
+    assert!(lost.is_empty(), "frames lost across the rotation: {lost:?}");
+    assert_eq!(dups, 0, "no frame twice");
+    let theirs = got.iter().filter(|f| f.0 == 6).count();
+    assert!(
+        theirs > 0,
+        "the other app side's frames came too before the rotation"
+    );
+    println!("frames of the revoked app side before the rotation: {theirs}; again: {kerr}");
+}
+
 /// `name` in `dir`: driver `screen` on the NATS server at `url`: `camera-sim` (640×480, 30 fps,
 /// then `count`, e.g. `, count = 150`) → `image` in broadcast (keyframes every 500 ms) →
 /// `multiplex` all → a `y4m` sink writing the existing (emptied) file `y4m`.

@@ -19,7 +19,9 @@
 //!
 //! Every message starts with `"NJ"`, version 1 and a type byte (1 INIT, 2 REPLY, 3 FINISH,
 //! 4 WELCOME). FINISH: `u16 length ‖ seal FINISH ‖ seal DATA(HELLO message)`. WELCOME: seal
-//! DATA of `0 ‖ group key (32) ‖ slot (u16, 0xFFFF: none) ‖ run id (u64)` when admitted, or
+//! DATA of `0 ‖ group key (32) ‖ slot (u16, 0xFFFF: none) ‖ run id (u64) ‖ key since (u64)`
+//! when admitted (key since: the device's JetStream stream sequence when a rotation drew this
+//! key, 0 for a key no rotation drew), or
 //! `1 ‖ close code (u16) ‖ reason (UTF-8)` when refused. All integers big-endian.
 //!
 //! The pairwise keys protect only the HELLO and the WELCOME; the frames then travel under
@@ -97,6 +99,11 @@ pub struct Admission {
     pub slot: Option<u16>,
     /// The device run's id (a new one after a device restart).
     pub run: u64,
+    /// The device's JetStream stream sequence when a rotation drew this group key (0: no
+    /// rotation did). App → device frames sealed under the key before it and stored after
+    /// this sequence are refused by the device; their sender publishes them again under
+    /// this key.
+    pub key_since: u64,
 }
 
 impl std::fmt::Debug for Admission {
@@ -104,6 +111,7 @@ impl std::fmt::Debug for Admission {
         f.debug_struct("Admission")
             .field("slot", &self.slot)
             .field("run", &self.run)
+            .field("key_since", &self.key_since)
             .finish_non_exhaustive()
     }
 }
@@ -130,6 +138,7 @@ impl Welcome {
                 v.extend_from_slice(&a.group_key);
                 v.extend_from_slice(&a.slot.unwrap_or(NO_SLOT).to_be_bytes());
                 v.extend_from_slice(&a.run.to_be_bytes());
+                v.extend_from_slice(&a.key_since.to_be_bytes());
                 v
             }
             Welcome::Refused { code, reason } => {
@@ -143,16 +152,19 @@ impl Welcome {
 
     fn parse(b: &[u8]) -> Result<Welcome, JoinError> {
         match b.split_first() {
-            Some((0, rest)) if rest.len() == GROUP_KEY_LEN + 10 => {
+            Some((0, rest)) if rest.len() == GROUP_KEY_LEN + 18 => {
                 let mut group_key = [0u8; GROUP_KEY_LEN];
                 group_key.copy_from_slice(&rest[..GROUP_KEY_LEN]);
                 let slot = u16::from_be_bytes([rest[32], rest[33]]);
                 let mut run = [0u8; 8];
                 run.copy_from_slice(&rest[34..42]);
+                let mut since = [0u8; 8];
+                since.copy_from_slice(&rest[42..50]);
                 Ok(Welcome::Admitted(Admission {
                     group_key,
                     slot: (slot != NO_SLOT).then_some(slot),
                     run: u64::from_be_bytes(run),
+                    key_since: u64::from_be_bytes(since),
                 }))
             }
             Some((1, rest)) if rest.len() >= 2 => Ok(Welcome::Refused {
@@ -352,6 +364,7 @@ mod tests {
             group_key: [7; 32],
             slot: Some(2),
             run: 99,
+            key_since: 1234,
         };
         let w = f.welcome(&Welcome::Admitted(adm.clone())).unwrap();
         assert!(
