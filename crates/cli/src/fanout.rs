@@ -1606,9 +1606,10 @@ async fn spawn_stream(
             wseq: HashMap::new(),
         };
         let endpoint = source.abort_handle();
+        let finish = finish.clone();
         tasks.spawn(async move {
             let mut stack = stack;
-            let r = pump_source(rx, &mut stack, seal, out, stats.clone()).await;
+            let r = pump_source(rx, finish, &mut stack, seal, out, stats.clone()).await;
             lock(&stats).layers = stack.stats();
             source.abort();
             r.map(|()| None)
@@ -2005,9 +2006,12 @@ async fn js_publish(
     }
 }
 
-/// Source endpoint → stack → route → group key → NATS.
+/// Source endpoint → stack → route → group key → NATS. When this side stops (`finish`) the
+/// channel closes: the source sees it and ends (a blocking one, such as `x11-screen`, too:
+/// aborting its task does not stop it), what it sent goes out, then the stream's END.
 async fn pump_source(
     mut rx: mpsc::Receiver<Frame>,
+    mut finish: watch::Receiver<bool>,
     stack: &mut Stack,
     mut seal: GroupSeal,
     mut out: Publisher,
@@ -2015,10 +2019,28 @@ async fn pump_source(
 ) -> Result<()> {
     let name = out.plan.name.clone();
     let mut sealed = Output::new();
+    let mut closed = false;
+    // A rotation also reaches a stream with nothing to send (its kept frames go again).
+    let mut rotation = seal.key.clone();
     loop {
         let wake = stack.poll_timeout();
         let frame = tokio::select! {
             f = rx.recv() => f,
+            r = finish.changed(), if !closed => {
+                if r.is_err() || *finish.borrow() {
+                    closed = true;
+                    rx.close();
+                }
+                continue;
+            }
+            r = rotation.changed(), if out.kept.is_some() => {
+                if r.is_err() {
+                    out.kept = None;
+                } else if let Some(since) = seal.rotated()? {
+                    out.after_rotation(&mut seal.seal, since).await?;
+                }
+                continue;
+            }
             _ = sleep_until_opt(wake) => {
                 stack.handle_timeout(Instant::now()).map_err(|e| anyhow!("{e}"))?;
                 drain(stack, &mut seal, &mut sealed, &mut out, &stats, &name).await?;

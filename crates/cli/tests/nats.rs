@@ -1005,6 +1005,47 @@ fn screen_config(dir: &Path, name: &str, url: &str, count: &str, y4m: &Path) -> 
     )
 }
 
+/// A device side whose source is a blocking task (`x11-screen` polls its X connection on a
+/// thread of its own; aborting the task does not stop it) stops when told: its stream's END
+/// reaches the app side, whose sink then ends with `--once`. (Before, the device side waited
+/// 2 s for the stream to end, gave up and left without the END: the app side waited on.)
+#[test]
+fn a_device_side_with_an_x11_screen_stops_when_told_and_says_end() {
+    if !nats_or_skip() {
+        return;
+    }
+    if let Some(m) = missing(&["Xvfb"]) {
+        println!("SKIPPED: needs {m} (apt-get install xvfb)");
+        return;
+    }
+    let x = Xvfb::start("320x240x24").expect("start Xvfb");
+    let dir = Dir::new("nats-x11-stop");
+    let nats = Nats::start("x11-stop", &[]);
+    let (dev, apps) = homes_n(&dir.0, 1);
+    let cfg = write(
+        &dir.0,
+        "x.toml",
+        &format!(
+            "driver = \"xstop\"\n{}\n[[stream]]\nname = \"screen\"\ndirection = \"device-to-app\"\n\
+             source = {{ type = \"x11-screen\", display = \"{}\" }}\n\
+             stack = [{{ type = \"image\", keyframe_ms = 500 }}, {{ type = \"multiplex\", mode = \"all\" }}]\n\
+             sink = {{ type = \"null\" }}\n",
+            link(&nats.url(), 1),
+            x.display
+        ),
+    );
+    let d = side(&cfg, "device", &dev, &[]);
+    let a = side(&cfg, "app", &apps[0], &["--once"]);
+    a.wait_says("streams agreed", &[&d]);
+    // A keyframe or two on their way.
+    std::thread::sleep(Duration::from_millis(1200));
+    d.terminate();
+    let (as_, _, aerr) = a.finish();
+    assert!(as_.success(), "app: {aerr}");
+    let (ds, _, derr) = d.finish();
+    assert!(ds.success(), "device: {derr}");
+}
+
 /// One screen to many app sides: `camera-sim` → `image` in broadcast (`keyframe_ms`) →
 /// `multiplex` all → JetStream → `y4m` files read by an unmodified ffmpeg. The app side there
 /// from the start shows every picture; one that joins 1.5 s later starts at the next keyframe
