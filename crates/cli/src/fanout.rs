@@ -1592,6 +1592,9 @@ async fn spawn_stream(
             // first app side's frame of each number as a duplicate (found by the rotation
             // test: a second app side's frames never reached the device).
             sender: (ctx.side == SideName::App).then(random_u64),
+            budget: Budget::new(),
+            dropped: 0,
+            ending: false,
             kept: keeps.then(VecDeque::new),
             kept_bytes: 0,
             rotations: 0,
@@ -1680,6 +1683,53 @@ async fn spawn_stream(
     Ok(None)
 }
 
+/// Bytes of one stream's frames in the NATS client's queue (handed to it, not yet written to
+/// its socket), at most. The client queues whatever it is given (8192 messages: 800 MB of
+/// 100 KB frames, found by a fan-out run whose device side grew to 1.2 GB and whose frames
+/// came 0.1–0.4 s late); past this a reliable stream waits and a lossy one drops the frame.
+const QUEUED_BYTES: usize = 4 << 20;
+
+/// One stream's share of the NATS client's queue ([`QUEUED_BYTES`]): a message handed to the
+/// client holds permits for its bytes until the client has written it and let it go.
+#[derive(Clone)]
+struct Budget(Arc<tokio::sync::Semaphore>);
+
+/// A message's bytes and the permits they hold.
+struct Held(Bytes, #[allow(dead_code)] tokio::sync::OwnedSemaphorePermit);
+
+impl AsRef<[u8]> for Held {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl Budget {
+    fn new() -> Budget {
+        Budget(Arc::new(tokio::sync::Semaphore::new(QUEUED_BYTES)))
+    }
+
+    fn permits(rec: &Bytes) -> u32 {
+        rec.len().clamp(1, QUEUED_BYTES) as u32
+    }
+
+    /// `rec` for the client, once there is room for it.
+    async fn wrap(&self, rec: Bytes) -> Bytes {
+        match self.0.clone().acquire_many_owned(Self::permits(&rec)).await {
+            Ok(p) => Bytes::from_owner(Held(rec, p)),
+            Err(_) => rec,
+        }
+    }
+
+    /// `rec` for the client if there is room for it now.
+    fn try_wrap(&self, rec: Bytes) -> Option<Bytes> {
+        self.0
+            .clone()
+            .try_acquire_many_owned(Self::permits(&rec))
+            .ok()
+            .map(|p| Bytes::from_owner(Held(rec, p)))
+    }
+}
+
 /// A frame an app side published into JetStream, as it was before sealing.
 struct Kept {
     at: Instant,
@@ -1694,6 +1744,12 @@ struct Kept {
 
 /// Where a source's frames go.
 struct Publisher {
+    /// This stream's room in the client's queue.
+    budget: Budget,
+    /// Lossy frames dropped for want of it (the connection to the server is behind).
+    dropped: u64,
+    /// The stream's END is on its way: it waits for room, never dropped.
+    ending: bool,
     /// App side: this process's own id in its JetStream message ids.
     sender: Option<u64>,
     /// App side, reliable streams: the frames of the last [`REPUBLISH_WINDOW`] before
@@ -1755,6 +1811,18 @@ impl Publisher {
         }
         match self.js.clone() {
             None => {
+                let rec = if self.ending {
+                    self.budget.wrap(rec).await
+                } else {
+                    match self.budget.try_wrap(rec) {
+                        Some(r) => r,
+                        None => {
+                            // The newest frames go; this one would only wait behind others.
+                            self.dropped += 1;
+                            return Ok(None);
+                        }
+                    }
+                };
                 self.ctx
                     .client
                     .publish(subject, rec)
@@ -1776,7 +1844,7 @@ impl Publisher {
                     id.push_str(&format!("-k{}", self.rotations));
                 }
                 self.republish_after_reconnect(&js).await;
-                let fut = js_publish(&js, &subject, &id, rec.clone()).await;
+                let fut = js_publish(&js, &self.budget, &subject, &id, rec.clone()).await;
                 let now = Instant::now();
                 self.recent_bytes += rec.len();
                 self.recent
@@ -1883,7 +1951,7 @@ impl Publisher {
         );
         let recent: Vec<_> = self.recent.iter().cloned().collect();
         for (_, subject, id, rec) in recent {
-            let fut = js_publish(js, &subject, &id, rec.clone()).await;
+            let fut = js_publish(js, &self.budget, &subject, &id, rec.clone()).await;
             self.acks.push_back((subject, id, rec, fut));
             while self.acks.len() > JS_IN_FLIGHT {
                 self.settle_one(js).await;
@@ -1915,7 +1983,7 @@ impl Publisher {
                     tracing::debug!(%subject, error = %e, "JetStream publish not acknowledged; again");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(2));
-                    fut = js_publish(js, &subject, &id, rec.clone()).await;
+                    fut = js_publish(js, &self.budget, &subject, &id, rec.clone()).await;
                 }
             }
         }
@@ -1924,6 +1992,7 @@ impl Publisher {
     /// Tells the app sides the stream ended: a sealed empty frame numbered [`END_SEQ`] on
     /// every subject the stream uses, after everything else.
     async fn end(&mut self, seal: &mut EncryptForward) -> Result<()> {
+        self.ending = true;
         let routes: Vec<Route> = match self.plan.split {
             Some(parts) => (0..parts).map(|part| Route::Part { part, parts }).collect(),
             None => vec![Route::All],
@@ -1984,6 +2053,7 @@ fn record(mut frame: Frame, run: u64, wseq: u64) -> Bytes {
 /// after a short wait (the caller retries).
 async fn js_publish(
     js: &jetstream::Context,
+    budget: &Budget,
     subject: &str,
     id: &str,
     rec: Bytes,
@@ -1992,8 +2062,9 @@ async fn js_publish(
     loop {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(async_nats::header::NATS_MESSAGE_ID, id);
+        let held = budget.wrap(rec.clone()).await;
         match js
-            .publish_with_headers(subject.to_string(), headers, rec.clone())
+            .publish_with_headers(subject.to_string(), headers, held)
             .await
         {
             Ok(f) => return f,
@@ -2102,6 +2173,9 @@ async fn drain(
             if let (Some(id), Some(p)) = (out.publish(f, route).await?, plain.clone()) {
                 out.keep(p, route, id);
             }
+        }
+        if out.dropped > 0 {
+            lock(stats).overflow = out.dropped;
         }
     }
     Ok(())
@@ -2664,6 +2738,40 @@ async fn deliver(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stream's room in the client's queue: taken by what it hands the client, given back
+    /// when the client lets the bytes go (written), never before; a lossy frame finds no room
+    /// while it is full, a reliable one waits for it.
+    #[tokio::test]
+    async fn the_client_queue_budget_is_given_back_when_the_bytes_are_gone() {
+        let b = Budget::new();
+        let big = Bytes::from(vec![7u8; QUEUED_BYTES / 2]);
+        let one = b.try_wrap(big.clone()).expect("room for half");
+        let two = b.try_wrap(big.clone()).expect("room for the other half");
+        assert_eq!(&one[..], &big[..], "the bytes are the frame's");
+        assert!(b.try_wrap(Bytes::from_static(b"x")).is_none(), "full");
+        // A clone the client keeps (its write queue) holds the room as well.
+        let kept = two.clone();
+        drop(two);
+        assert!(b.try_wrap(Bytes::from_static(b"x")).is_none(), "still held");
+        let waiter = {
+            let b = b.clone();
+            let big = big.clone();
+            tokio::spawn(async move { b.wrap(big).await.len() })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "a reliable frame waits for room");
+        drop(kept);
+        assert_eq!(
+            waiter.await.unwrap(),
+            QUEUED_BYTES / 2,
+            "and gets it once written"
+        );
+        drop(one);
+        // A frame larger than the whole budget takes all of it, not forever.
+        let huge = Bytes::from(vec![1u8; QUEUED_BYTES * 2]);
+        assert_eq!(b.wrap(huge).await.len(), QUEUED_BYTES * 2);
+    }
 
     fn frame(seq: u64) -> Frame {
         Frame::new(

@@ -41,7 +41,8 @@ pub struct StreamStats {
     pub retransmits: u64,
     /// Frames received again after a reconnect and dropped (sink).
     pub duplicates: u64,
-    /// Unacknowledged frames dropped because the resume buffer was full (source).
+    /// Unacknowledged frames dropped because the resume buffer was full (source); over NATS,
+    /// frames of a lossy stream dropped while the connection to the server was behind.
     pub overflow: u64,
     /// Input frames not replayed after an outage: produced while the link was down, or
     /// unacknowledged when it went (source).
