@@ -1652,6 +1652,11 @@ async fn spawn_stream(
             None
         };
         let finish = finish.clone();
+        let peer = if app.is_some() {
+            "the device side's"
+        } else {
+            "an app side's"
+        };
         tasks.spawn(async move {
             let mut stack = stack;
             let r = pump_sink(
@@ -1666,6 +1671,7 @@ async fn spawn_stream(
                 tx,
                 done,
                 stats.clone(),
+                peer,
             )
             .await;
             lock(&stats).layers = stack.stats();
@@ -2389,6 +2395,7 @@ async fn pump_sink(
     tx: mpsc::Sender<Frame>,
     done: Delivered,
     stats: Shared<StreamStats>,
+    peer: &'static str,
 ) -> Result<()> {
     let mut opened = Output::new();
     let mut last: Option<(u64, u64)> = None;
@@ -2597,9 +2604,7 @@ async fn pump_sink(
                     }
                     return Ok(());
                 }
-                tracing::info!(
-                    "the device side's source of this stream ended; waiting for it to start again"
-                );
+                tracing::info!("{peer} source of this stream ended; waiting for it to start again");
                 continue;
             }
             if let Some((old, old_seq)) = last.filter(|(run, _)| *run != rec.run) {
