@@ -422,6 +422,8 @@ struct GroupOpen {
     /// When asking last brought no new key: garbage (anyone may publish on the server), so
     /// the next bad frames are dropped at once for a while ([`FRUITLESS_PAUSE`]).
     fruitless: Option<Instant>,
+    /// Warnings about frames that open under no key, at most one a second.
+    noisy: ndd_core::RateLimit,
 }
 
 /// How long after a fruitless ask for the key a frame that does not open is dropped without
@@ -438,11 +440,26 @@ impl GroupOpen {
             previous: k.previous.map(|p| (Self::inverse(p), k.since)),
             refresh,
             fruitless: None,
+            noisy: ndd_core::RateLimit::default(),
         }
     }
 
+    /// This side warns about a frame that opens under no key it has (not the half).
     fn inverse(k: [u8; 32]) -> EncryptInverse {
         EncryptInverse::new(Arc::new(Key::given(k)), Cipher::Aes256Gcm, SEAL_WINDOW)
+            .without_auth_warnings()
+    }
+
+    /// A frame that opened under no key: dropped, said at most once a second.
+    fn dropped(&mut self, meta: &Meta) {
+        if let Some(suppressed) = self.noisy.admit(Instant::now()) {
+            tracing::warn!(
+                suppressed,
+                stream = meta.stream,
+                seq = meta.seq,
+                "dropped a frame that opens under no group key this side has (forged, or sealed under a key older than the last rotation)"
+            );
+        }
     }
 
     fn follow(&mut self) -> bool {
@@ -536,10 +553,16 @@ impl GroupOpen {
             if !paused && self.refresh.is_some() {
                 self.fruitless = Some(Instant::now());
             }
+            self.dropped(&meta);
             return Ok(());
         }
+        let failed = self.open.auth_failures();
         self.open
-            .handle_frame(Instant::now(), Frame::from_bytes(meta, payload), out)
+            .handle_frame(Instant::now(), Frame::from_bytes(meta, payload), out)?;
+        if self.open.auth_failures() != failed {
+            self.dropped(&meta);
+        }
+        Ok(())
     }
 }
 
@@ -1074,8 +1097,12 @@ async fn serve_ready(
         .subscribe(subject.clone())
         .await
         .map_err(|e| anyhow!("cannot subscribe to {subject}: {e}"))?;
-    let inverse =
-        |k: [u8; 32]| EncryptInverse::new(Arc::new(Key::given(k)), Cipher::Aes256Gcm, SEAL_WINDOW);
+    // A ready that does not open (an app side still under the key before a rotation, or
+    // anyone publishing there) is ignored without a word.
+    let inverse = |k: [u8; 32]| {
+        EncryptInverse::new(Arc::new(Key::given(k)), Cipher::Aes256Gcm, SEAL_WINDOW)
+            .without_auth_warnings()
+    };
     let mut open = inverse(key.borrow_and_update().key);
     tokio::spawn(async move {
         let mut out = Output::new();

@@ -884,6 +884,9 @@ sink = {{ type = "check", seed = 4, size = 200, expect = {n} }}
     );
     // The device's notice is signed and checks out (a forged one is warned about).
     assert!(!kerr.contains("ignored a rekey notice"), "{kerr}");
+    // A rotation is no alarm: frames under the new key wait for it, none is warned about.
+    assert!(!kerr.contains("failed authentication"), "{kerr}");
+    assert!(!kerr.contains("opens under no group key"), "{kerr}");
     assert!(
         kerr.contains(&check_ok("s", n)),
         "nothing lost across the rotation: {kerr}"
@@ -972,6 +975,10 @@ fn app_to_device_frames_cross_a_key_rotation_without_loss() {
     let (ds, _, derr) = d.finish();
     assert!(ds.success(), "device: {derr}");
     assert!(derr.contains("rotated the group key"), "{derr}");
+    // Frames under the old key stored after the rotation are expected (published again):
+    // no warning.
+    assert!(!derr.contains("failed authentication"), "{derr}");
+    assert!(!derr.contains("opens under no group key"), "{derr}");
     let got = seeded_frames_in(&out, &[5, 6], m);
     let kept: Vec<u64> = got.iter().filter(|f| f.0 == 5).map(|f| f.1).collect();
     let (next, dups, lost) = order(kept.iter().copied());
@@ -1251,9 +1258,29 @@ sink = { type = "null" }
         a.stderr_now()
             .contains("ignored a rekey notice: not a signed notice of this driver")
     });
+    // A forged frame on the stream's subject (a record header, then bytes no key opens):
+    // dropped with one warning that says what it is.
+    let mut forged = b"PUB ndd.forged.d.1 100\r\n".to_vec();
+    let mut body = vec![0x5au8; 100];
+    body[..36].fill(0);
+    body[1] = 1;
+    forged.extend_from_slice(&body);
+    forged.extend_from_slice(b"\r\nPING\r\n");
+    s.write_all(&forged).unwrap();
+    wait_for(
+        "the app side's warning about the forged frame",
+        WAIT,
+        || {
+            a.stderr_now()
+                .contains("dropped a frame that opens under no group key")
+        },
+    );
     std::thread::sleep(Duration::from_millis(500));
     let err = a.kill();
     assert_eq!(err.matches("ignored a rekey notice").count(), 1, "{err}");
     assert!(!err.contains("rotated its group key"), "{err}");
+    assert_eq!(err.matches("opens under no group key").count(), 1, "{err}");
+    // The half's own warning is not repeated beside it.
+    assert!(!err.contains("failed authentication"), "{err}");
     drop(d);
 }

@@ -39,6 +39,8 @@ pub struct EncryptInverse {
     epochs: u64,
     /// One warning a second for dropped frames, however many a peer forges.
     noisy: RateLimit,
+    /// Whether a frame that fails authentication is warned about here (else only counted).
+    warn_auth: bool,
 }
 
 impl fmt::Debug for EncryptInverse {
@@ -79,7 +81,15 @@ impl EncryptInverse {
             truncated: 0,
             epochs: 0,
             noisy: RateLimit::default(),
+            warn_auth: true,
         }
+    }
+
+    /// Counts frames that fail authentication without warning about them: for a caller that
+    /// tries another key next (a key rotation) and says itself what became of the frame.
+    pub fn without_auth_warnings(mut self) -> EncryptInverse {
+        self.warn_auth = false;
+        self
     }
 
     /// Frames dropped so far because they failed authentication (tampered, or sealed under
@@ -91,6 +101,9 @@ impl EncryptInverse {
 
     fn fail_auth(&mut self, now: Instant, meta: &Meta, hdr: &Header) {
         self.auth_failed += 1;
+        if !self.warn_auth {
+            return;
+        }
         let Some(suppressed) = self.noisy.admit(now) else {
             return;
         };
