@@ -595,6 +595,10 @@ struct Plan {
     split: Option<u16>,
     /// The stream goes round-robin.
     round_robin: bool,
+    /// A picture in broadcast (`image` with `keyframe_ms`): an app side that comes back
+    /// starts at what is stored after it joined (from its next keyframe: the screen now), not
+    /// where it stopped (a replay of everything it missed, older runs of the device included).
+    now_only: bool,
 }
 
 fn plans(cfg: &Config, side: SideName) -> Vec<Plan> {
@@ -619,6 +623,10 @@ fn plans(cfg: &Config, side: SideName) -> Vec<Plan> {
                 round_robin: mux
                     .as_ref()
                     .is_some_and(|m| m.mode == ndd_modules::multiplex::Mode::RoundRobin),
+                now_only: s
+                    .pairs()
+                    .into_iter()
+                    .any(|m| matches!(m, ModuleConfig::Image(c) if c.keyframe_ms > 0)),
             }
         })
         .collect()
@@ -2252,6 +2260,7 @@ async fn subscribe(
                 durable: ctx.subjects.device_durable(plan.id),
                 filter: ctx.subjects.up_stored(plan.id),
                 shared: false,
+                resume: true,
                 ordered: false,
                 messages: None,
                 connects: ctx.connects.clone(),
@@ -2308,6 +2317,7 @@ async fn subscribe(
                 durable,
                 filter: ctx.subjects.down(plan.id, true, part),
                 shared: plan.round_robin,
+                resume: !plan.now_only,
                 ordered: !plan.round_robin,
                 messages: None,
                 connects: ctx.connects.clone(),
@@ -2326,6 +2336,9 @@ struct Stored {
     filter: String,
     /// Round-robin: shared with the other members, never deleted.
     shared: bool,
+    /// A consumer this side left behind resumes where it stopped (else it starts afresh at
+    /// the start given: see [`Plan::now_only`]).
+    resume: bool,
     /// One publisher whose subject sequence orders the frames (not round-robin members, not
     /// the many app sides of an app → device stream).
     ordered: bool,
@@ -2349,7 +2362,9 @@ impl Stored {
                 .get_consumer::<jetstream::consumer::pull::Config>(&durable)
                 .await
             {
-                start = c.cached_info().ack_floor.stream_sequence + 1;
+                if self.resume {
+                    start = c.cached_info().ack_floor.stream_sequence + 1;
+                }
                 let _ = self.stream.delete_consumer(&durable).await;
             }
         }

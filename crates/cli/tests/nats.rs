@@ -1115,6 +1115,70 @@ fn a_screen_broadcast_reaches_an_app_side_that_joins_late_from_its_next_keyframe
     );
 }
 
+/// A viewer of a broadcast screen that stops and comes back shows the screen as it is then,
+/// from the next keyframe, not a replay of what it missed: its durable consumer starts at
+/// what is stored after it joined again, not where it stopped.
+#[test]
+fn a_viewer_back_on_a_broadcast_screen_shows_the_screen_now() {
+    if !nats_or_skip() {
+        return;
+    }
+    if let Some(m) = missing(&["ffmpeg"]) {
+        println!("SKIPPED: needs {m} (apt-get install ffmpeg)");
+        return;
+    }
+    let dir = Dir::new("nats-screen-back");
+    let nats = Nats::start("screen-back", &[]);
+    let (dev, apps) = homes_n(&dir.0, 1);
+    let (y1, y2) = (dir.0.join("1.y4m"), dir.0.join("2.y4m"));
+    let c1 = screen_config(&dir.0, "1.toml", &nats.url(), ", count = 300", &y1);
+    let c2 = screen_config(&dir.0, "2.toml", &nats.url(), ", count = 300", &y2);
+    let a = side(&c1, "app", &apps[0], &[]);
+    let d = side(&c1, "device", &dev, &["--once"]);
+    wait_for("the app side joined", WAIT, || {
+        d.stderr_now().contains("joined")
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    a.terminate();
+    let (sa, _, aerr) = a.finish();
+    assert!(sa.success(), "app, first run: {aerr}");
+    // Away for 3 s (90 pictures), then back with the same identity (its consumer).
+    std::thread::sleep(Duration::from_millis(3000));
+    let b = side(&c2, "app", &apps[0], &["--once"]);
+    let (ds, _, derr) = d.finish();
+    assert!(ds.success(), "device: {derr}");
+    let (sb, _, berr) = b.finish();
+    assert!(sb.success(), "app, second run: {berr}");
+    let (_, first) = frame_numbers(&y1, &dir.0.join("1.strip"), None, None);
+    let (out, second) = frame_numbers(&y2, &dir.0.join("2.strip"), None, None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stopped = first
+        .iter()
+        .flatten()
+        .max()
+        .copied()
+        .expect("pictures before the stop");
+    let from = second
+        .first()
+        .copied()
+        .flatten()
+        .expect("pictures after coming back");
+    println!("stopped at picture {stopped}, came back at {from}");
+    assert!(
+        from > stopped + 60,
+        "came back at picture {from}, the screen of 2 s or more after it stopped at {stopped}"
+    );
+    assert_eq!(
+        second,
+        (from..300).map(Some).collect::<Vec<_>>(),
+        "every picture from there on, in order"
+    );
+}
+
 /// A device side started twice on one driver is refused (both would publish on its subjects,
 /// and every app side would get two runs interleaved); once the first is gone, the next one
 /// starts.
