@@ -248,6 +248,37 @@ fn line_of(text: &str, offset: usize) -> usize {
         + 1
 }
 
+/// The key a value at `offset` is given to (`key = value`), if the text there reads so: the
+/// name of the key the parser's type errors leave out.
+fn key_before(text: &str, offset: usize) -> Option<&str> {
+    let before = text.get(..offset)?.trim_end();
+    let before = before.strip_suffix('=')?.trim_end();
+    let start = before
+        .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.'))
+        .map_or(0, |i| i + 1);
+    let key = &before[start..];
+    (!key.is_empty()).then_some(key)
+}
+
+/// Where in `span` the value a type error names (`string "often"`, `` integer `5` ``) is
+/// written, when it is there once: a table or array the error's span covers as a whole
+/// (a pair in `stack`) holds the key inside.
+fn value_in(text: &str, span: std::ops::Range<usize>, msg: &str) -> Option<usize> {
+    let token = if let Some(i) = msg.find("string \"") {
+        let rest = &msg[i + "string ".len()..];
+        let end = rest[1..].find('"')? + 2;
+        &rest[..end]
+    } else {
+        let i = msg.find('`')?;
+        let rest = &msg[i + 1..];
+        &rest[..rest.find('`')?]
+    };
+    let inside = text.get(span.clone())?;
+    let mut at = inside.match_indices(token);
+    let (first, _) = at.next()?;
+    at.next().is_none().then_some(span.start + first)
+}
+
 /// TOML allows `nan` and `inf`; no ndd parameter means them. The first one is an error that
 /// names its key and line.
 fn non_finite(text: &str, path: &Path) -> Result<()> {
@@ -319,7 +350,15 @@ impl Config {
                 .span()
                 .map(|s| format!(":{}", line_of(text, s.start)))
                 .unwrap_or_default();
-            anyhow::anyhow!("{}{line}: {}", path.display(), e.message().trim_end())
+            let msg = e.message().trim_end();
+            // A value of the wrong type: the message names the type, not the key.
+            let key = e
+                .span()
+                .and_then(|s| key_before(text, value_in(text, s.clone(), msg).unwrap_or(s.start)))
+                .filter(|k| !msg.contains(&format!("`{k}`")))
+                .map(|k| format!(" key `{k}`:"))
+                .unwrap_or_default();
+            anyhow::anyhow!("{}{line}:{key} {msg}", path.display())
         })?;
         cfg.path = path.to_path_buf();
         non_finite(text, path)?;
@@ -672,6 +711,24 @@ stack = [{ type = "checksum" }, { type = "bundle", count = 4 }]
             "{:#}",
             Config::parse(text, Path::new("x.toml")).unwrap_err()
         )
+    }
+
+    /// A value of the wrong type names its key (the parser's text names only the type),
+    /// inside a pair's inline table too; an unknown key keeps the parser's own text.
+    #[test]
+    fn a_value_of_the_wrong_type_names_its_key() {
+        let e = err(&GOOD.replace("count = 4", "count = \"four\""));
+        assert_eq!(
+            e,
+            "x.toml:10: key `count`: invalid type: string \"four\", expected u32"
+        );
+        let e = err(&GOOD.replace("address = \"127.0.0.1:9000\"", "chunk_bytes = -1"));
+        assert_eq!(
+            e,
+            "x.toml:4: key `chunk_bytes`: invalid value: integer `-1`, expected u64"
+        );
+        let e = err(&GOOD.replace("name = \"events\"", "name = \"events\"\npairs = 3"));
+        assert!(e.starts_with("x.toml:7: unknown field `pairs`"), "{e}");
     }
 
     #[test]
