@@ -83,7 +83,8 @@ pub struct StreamSummary {
     pub retransmits: u64,
     /// Resent frames dropped as already delivered.
     pub duplicates: u64,
-    /// Frames dropped from a full resume buffer.
+    /// Frames dropped from a full resume buffer; over NATS, lossy frames dropped while the
+    /// connection to the server was behind.
     pub overflow: u64,
     /// Input frames not replayed after an outage: produced while the link was down, or
     /// unacknowledged when it went (source).

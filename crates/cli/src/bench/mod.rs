@@ -35,7 +35,8 @@ pub enum BenchCmd {
     /// One device side to 1, 4 and 16 app sides through a private nats-server: an input-like
     /// stream (64 B at 1 kHz, lossy) and a bulk one (100 KB at 30/s, reliable on JetStream),
     /// one-way p50/p99 per app side and aggregate throughput, next to raw async-nats
-    /// publish/subscribe and the direct TLS link; writes fanout.md and fanout.svg.
+    /// publish/subscribe and the direct TLS link; then a shared screen (camera-sim through
+    /// `image` in broadcast) to 1 and 4 viewers; writes fanout.md and fanout.svg.
     Fanout {
         /// A short run (CI smoke test): 1 and 4 app sides, 1.5 s per row.
         #[arg(long)]
