@@ -49,6 +49,11 @@ use tokio::task::JoinSet;
 
 /// Replay window of the group key's inverse halves, in frames.
 const SEAL_WINDOW: u32 = 4096;
+/// Sending halves (epochs) a group key's inverse keeps at once: one per app side feeding an
+/// app → device stream, and one more for each rotation it follows. With the `encrypt`
+/// pair's default of two, a third app side's frames retired the first one's epoch and the
+/// device refused the rest of them as replays (found by a four-app-side test).
+const SENDERS: usize = 128;
 /// JetStream publishes awaiting their acknowledgement, per stream, at most.
 const JS_IN_FLIGHT: usize = 256;
 /// How long JetStream keeps a message id to drop a republished duplicate.
@@ -444,10 +449,13 @@ impl GroupOpen {
         }
     }
 
-    /// This side warns about a frame that opens under no key it has (not the half).
+    /// This side warns about a frame that opens under no key it has (not the half). Every
+    /// app side feeding an app → device stream seals under its own epoch: the device keeps
+    /// [`SENDERS`] of them live.
     fn inverse(k: [u8; 32]) -> EncryptInverse {
         EncryptInverse::new(Arc::new(Key::given(k)), Cipher::Aes256Gcm, SEAL_WINDOW)
             .without_auth_warnings()
+            .with_live_epochs(SENDERS)
     }
 
     /// A frame that opened under no key: dropped, said at most once a second.

@@ -41,6 +41,8 @@ pub struct EncryptInverse {
     noisy: RateLimit,
     /// Whether a frame that fails authentication is warned about here (else only counted).
     warn_auth: bool,
+    /// Live epochs kept ([`LIVE_EPOCHS`] unless set).
+    live_max: usize,
 }
 
 impl fmt::Debug for EncryptInverse {
@@ -82,7 +84,17 @@ impl EncryptInverse {
             epochs: 0,
             noisy: RateLimit::default(),
             warn_auth: true,
+            live_max: LIVE_EPOCHS,
         }
+    }
+
+    /// Keeps `n` live epochs instead of [`LIVE_EPOCHS`]: for a stream many sending halves
+    /// feed at once (app sides sharing one NATS subject, each sealing under its own epoch),
+    /// where two would retire a sender's epoch while it still sends and refuse the rest of
+    /// its frames.
+    pub fn with_live_epochs(mut self, n: usize) -> EncryptInverse {
+        self.live_max = n.max(1);
+        self
     }
 
     /// Counts frames that fail authentication without warning about them: for a caller that
@@ -135,7 +147,7 @@ impl EncryptInverse {
 
     /// Makes room for a new epoch: the least recently used one is retired.
     fn retire_oldest(&mut self) {
-        while self.live.len() >= LIVE_EPOCHS {
+        while self.live.len() >= self.live_max {
             let Some(idx) = self
                 .live
                 .iter()

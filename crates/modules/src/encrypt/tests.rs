@@ -713,6 +713,36 @@ fn source_restarts_and_retired_epochs() {
     );
 }
 
+/// Many sending halves at once (app sides feeding one NATS subject): with as many live
+/// epochs, every sender's frames open, interleaved, and replays are still caught; with the
+/// default two, the third sender retires the first one's epoch.
+#[test]
+fn an_inverse_with_more_live_epochs_takes_many_senders_at_once() {
+    let kf = TempFile::new(&KEY, 0o600);
+    let cfg = key_cfg(&kf, Cipher::Aes256Gcm);
+    let key = std::sync::Arc::new(test_key());
+    let copy = |f: &Frame| Frame::new(f.meta, f.payload());
+    let mut senders: Vec<Box<dyn Half>> = (0..5).map(|_| cfg.forward().unwrap()).collect();
+    let mut many = EncryptInverse::new(key.clone(), Cipher::Aes256Gcm, 64).with_live_epochs(5);
+    let mut two = EncryptInverse::new(key, Cipher::Aes256Gcm, 64);
+    let mut two_opened = 0;
+    for seq in 0..4u64 {
+        for s in senders.iter_mut() {
+            let f = seal(s.as_mut(), meta(seq), b"frame");
+            let again = copy(&f);
+            assert!(open(&mut many, f).is_some(), "sender's frame {seq} opens");
+            assert!(
+                open(&mut many, copy(&again)).is_none(),
+                "its replay does not"
+            );
+            two_opened += usize::from(open(&mut two, again).is_some());
+        }
+    }
+    // Two live epochs: every sender's first frame opens (each retires an older epoch), then
+    // only the last two senders' frames; the first three are refused for good.
+    assert_eq!(two_opened, 5 + 3 * 2);
+}
+
 #[test]
 fn retired_epochs_are_remembered_up_to_the_documented_bound() {
     let kf = TempFile::new(&KEY, 0o600);
