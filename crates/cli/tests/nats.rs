@@ -962,16 +962,9 @@ fn four_app_sides_feed_one_device_stream_without_loss() {
         assert!(st.success(), "app side: {err}");
     }
     // Every frame is stored; the device's sink takes them in.
-    let frames = || {
-        let b = std::fs::read(&out).unwrap_or_default();
-        let (mut at, mut n) = (0usize, 0u64);
-        while at + 4 <= b.len() {
-            at += 4 + u32::from_be_bytes(b[at..at + 4].try_into().unwrap()) as usize;
-            n += 1;
-        }
-        n
-    };
-    wait_for("every frame at the device", WAIT, || frames() >= 4 * m);
+    wait_for("every frame at the device", WAIT, || {
+        complete_frames(&out) as u64 >= 4 * m
+    });
     d.terminate();
     let (ds, _, derr) = d.finish();
     assert!(ds.success(), "device: {derr}");
