@@ -254,8 +254,10 @@ fn key_before(text: &str, offset: usize) -> Option<&str> {
     let before = text.get(..offset)?.trim_end();
     let before = before.strip_suffix('=')?.trim_end();
     let start = before
-        .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.'))
-        .map_or(0, |i| i + 1);
+        .char_indices()
+        .rev()
+        .find(|&(_, c)| !(c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.'))
+        .map_or(0, |(i, c)| i + c.len_utf8());
     let key = &before[start..];
     (!key.is_empty()).then_some(key)
 }
@@ -729,6 +731,9 @@ stack = [{ type = "checksum" }, { type = "bundle", count = 4 }]
         );
         let e = err(&GOOD.replace("name = \"events\"", "name = \"events\"\npairs = 3"));
         assert!(e.starts_with("x.toml:7: unknown field `pairs`"), "{e}");
+        // Whatever stands before the key, the search stays on character boundaries.
+        assert_eq!(key_before("é_count = 5", 11), Some("_count"));
+        assert_eq!(key_before("x = 5", 99), None);
     }
 
     #[test]

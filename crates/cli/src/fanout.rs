@@ -299,17 +299,7 @@ impl KeyKeeper {
         });
         let since = match &self.js {
             None => Ok(0),
-            Some(js) => {
-                let name = ctx.subjects.jetstream();
-                match js.get_stream(&name).await {
-                    Ok(mut st) => st
-                        .info()
-                        .await
-                        .map(|i| i.state.last_sequence)
-                        .map_err(|e| anyhow!("JetStream stream {name}: {e}")),
-                    Err(e) => Err(anyhow!("JetStream stream {name}: {e}")),
-                }
-            }
+            Some(js) => stored_up_to(ctx, js).await.map(|(_, n)| n),
         };
         let since = since.unwrap_or_else(|e| {
             tracing::warn!(
@@ -420,9 +410,9 @@ struct GroupOpen {
     /// The keys the halves below are made of.
     keys: GroupKey,
     open: EncryptInverse,
-    /// Device side, after a rotation: the half of the key before it, and the stream sequence
-    /// up to which stored frames may be sealed under that key.
-    previous: Option<(EncryptInverse, u64)>,
+    /// Device side, after a rotation: the half of the key before it (frames stored up to
+    /// `keys.since` may be sealed under that key).
+    previous: Option<EncryptInverse>,
     refresh: Option<Refresh>,
     /// When asking last brought no new key: garbage (anyone may publish on the server), so
     /// the next bad frames are dropped at once for a while ([`FRUITLESS_PAUSE`]).
@@ -442,7 +432,7 @@ impl GroupOpen {
             key,
             keys: k,
             open: Self::inverse(k.key),
-            previous: k.previous.map(|p| (Self::inverse(p), k.since)),
+            previous: k.previous.map(Self::inverse),
             refresh,
             fruitless: None,
             noisy: ndd_core::RateLimit::default(),
@@ -475,18 +465,66 @@ impl GroupOpen {
             return false;
         }
         let k = *self.key.borrow_and_update();
-        if k.key == self.keys.key && k.previous == self.keys.previous {
-            // The rotation's sequence came in (see [`SINCE_PENDING`]): same halves.
-            if let Some((_, since)) = self.previous.as_mut() {
-                *since = k.since;
-            }
-            self.keys = k;
+        self.adopt(k)
+    }
+
+    /// Takes `k` as the keys as they stand; whether the halves changed (only the rotation's
+    /// sequence coming in, see [`SINCE_PENDING`], keeps them).
+    fn adopt(&mut self, k: GroupKey) -> bool {
+        let same = k.key == self.keys.key && k.previous == self.keys.previous;
+        self.keys = k;
+        if same {
             return false;
         }
-        self.keys = k;
         self.open = Self::inverse(k.key);
-        self.previous = k.previous.map(|p| (Self::inverse(p), k.since));
+        self.previous = k.previous.map(Self::inverse);
         true
+    }
+
+    /// A frame that did not open under the key as it stands, tried under the key before
+    /// the last rotation: taken if it was stored before the rotation (nobody had been revoked
+    /// then), dropped if stored after (the revoked app side still holds that key; a trusted
+    /// one publishes the frame again under the new key). Whether that key opened it.
+    async fn open_previous(
+        &mut self,
+        meta: Meta,
+        payload: Bytes,
+        stored: Option<u64>,
+        out: &mut Output,
+    ) -> Result<bool, ndd_core::ModuleError> {
+        let Some(prev) = self.previous.as_mut() else {
+            return Ok(false);
+        };
+        let failed = prev.auth_failures();
+        let mut old = Output::new();
+        prev.handle_frame(Instant::now(), Frame::from_bytes(meta, payload), &mut old)?;
+        if prev.auth_failures() != failed {
+            return Ok(false);
+        }
+        if self.keys.since == SINCE_PENDING {
+            // Mid-rotation: where it began decides; it comes in a moment.
+            let k = self
+                .key
+                .wait_for(|k| k.since != SINCE_PENDING)
+                .await
+                .map(|k| *k);
+            if let Ok(k) = k {
+                self.adopt(k);
+            }
+        }
+        if stored.is_some_and(|s| s <= self.keys.since) {
+            for f in old.take_frames() {
+                out.push(f);
+            }
+        } else {
+            tracing::debug!(
+                seq = meta.seq,
+                stored,
+                since = self.keys.since,
+                "a frame under the group key before the rotation, stored after it: dropped"
+            );
+        }
+        Ok(true)
     }
 
     /// Opens a frame (`stored`: its JetStream stream sequence, if it was stored) into `out`;
@@ -508,44 +546,11 @@ impl GroupOpen {
         if self.open.auth_failures() == failed {
             return Ok(());
         }
-        // Sealed before the last rotation? Taken if it was stored before it (nobody had
-        // been revoked then); refused if stored after (the revoked app side still holds that
-        // key; a trusted one publishes the frame again under the new key).
-        if let Some((prev, since)) = self.previous.as_mut() {
-            let failed = prev.auth_failures();
-            let mut old = Output::new();
-            prev.handle_frame(
-                Instant::now(),
-                Frame::from_bytes(meta, payload.clone()),
-                &mut old,
-            )?;
-            if prev.auth_failures() == failed {
-                if *since == SINCE_PENDING {
-                    // Mid-rotation: where it began decides; it comes in a moment.
-                    let k = self
-                        .key
-                        .wait_for(|k| k.since != SINCE_PENDING)
-                        .await
-                        .map(|k| *k);
-                    if let Ok(k) = k {
-                        self.keys = k;
-                        *since = k.since;
-                    }
-                }
-                if stored.is_some_and(|s| s <= *since) {
-                    for f in old.take_frames() {
-                        out.push(f);
-                    }
-                } else {
-                    tracing::debug!(
-                        seq = meta.seq,
-                        stored,
-                        since = *since,
-                        "a frame under the group key before the rotation, stored after it: dropped"
-                    );
-                }
-                return Ok(());
-            }
+        if self
+            .open_previous(meta, payload.clone(), stored, out)
+            .await?
+        {
+            return Ok(());
         }
         // It did not open (dropped and counted): the key may have been rotated.
         let paused = self
@@ -1048,6 +1053,25 @@ fn ready_message(key: [u8; 32], run: u64, fingerprint: &str) -> Result<Bytes> {
 
 /// Counts the app sides that said they are ready (a frame sealed under the group key
 /// carrying their fingerprint: nobody else can make one).
+/// The driver's JetStream stream and the sequence of the last message it holds.
+async fn stored_up_to(
+    ctx: &Ctx,
+    js: &jetstream::Context,
+) -> Result<(jetstream::stream::Stream, u64)> {
+    let name = ctx.subjects.jetstream();
+    let stream = js
+        .get_stream(&name)
+        .await
+        .map_err(|e| anyhow!("JetStream stream {name}: {e}"))?;
+    let last = stream
+        .get_info()
+        .await
+        .map_err(|e| anyhow!("JetStream stream {name}: {e}"))?
+        .state
+        .last_sequence;
+    Ok((stream, last))
+}
+
 /// Makes sure no other device side serves the driver on this server, then answers for this
 /// one (run `run`) as long as the side runs. Two device sides on one driver would both
 /// publish on its subjects: every app side would get two interleaved runs (found by hand: a
@@ -1423,18 +1447,7 @@ async fn join_once(
     // Where the device's stored streams stand before it admits us: everything after this
     // is ours.
     let start = match js {
-        Some(js) => {
-            let s = js
-                .get_stream(ctx.subjects.jetstream())
-                .await
-                .map_err(|e| anyhow!("JetStream stream {}: {e}", ctx.subjects.jetstream()))?;
-            s.get_info()
-                .await
-                .map_err(|e| anyhow!("JetStream stream {}: {e}", ctx.subjects.jetstream()))?
-                .state
-                .last_sequence
-                + 1
-        }
+        Some(js) => stored_up_to(ctx, js).await?.1 + 1,
         None => 1,
     };
     let welcome = request(ctx, &subject, finish, per_try).await?;
@@ -1638,16 +1651,14 @@ async fn spawn_stream(
             budget: Budget::new(),
             dropped: 0,
             ending: false,
-            kept: keeps.then(VecDeque::new),
-            kept_bytes: 0,
+            kept: keeps.then(Recent::new),
             rotations: 0,
             ctx: ctx.clone(),
             plan: plan.clone(),
             run,
             js: if plan.reliable { js } else { None },
             acks: VecDeque::new(),
-            recent: VecDeque::new(),
-            recent_bytes: 0,
+            recent: Recent::new(),
             connects: ctx.connects.load(std::sync::atomic::Ordering::Acquire),
             wseq: HashMap::new(),
         };
@@ -1743,12 +1754,25 @@ const QUEUED_BYTES: usize = 4 << 20;
 #[derive(Clone)]
 struct Budget(Arc<tokio::sync::Semaphore>);
 
-/// A message's bytes and the permits they hold.
-struct Held(Bytes, #[allow(dead_code)] tokio::sync::OwnedSemaphorePermit);
+/// A message's bytes and the permits they hold (given back when the client drops them).
+struct Held {
+    bytes: Bytes,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Held {
+    /// `bytes` as shared bytes that hold `permit` until the last copy goes.
+    fn wrap(bytes: Bytes, permit: tokio::sync::OwnedSemaphorePermit) -> Bytes {
+        Bytes::from_owner(Held {
+            bytes,
+            _permit: permit,
+        })
+    }
+}
 
 impl AsRef<[u8]> for Held {
     fn as_ref(&self) -> &[u8] {
-        &self.0
+        &self.bytes
     }
 }
 
@@ -1764,7 +1788,7 @@ impl Budget {
     /// `rec` for the client, once there is room for it.
     async fn wrap(&self, rec: Bytes) -> Bytes {
         match self.0.clone().acquire_many_owned(Self::permits(&rec)).await {
-            Ok(p) => Bytes::from_owner(Held(rec, p)),
+            Ok(p) => Held::wrap(rec, p),
             Err(_) => rec,
         }
     }
@@ -1775,13 +1799,64 @@ impl Budget {
             .clone()
             .try_acquire_many_owned(Self::permits(&rec))
             .ok()
-            .map(|p| Bytes::from_owner(Held(rec, p)))
+            .map(|p| Held::wrap(rec, p))
+    }
+}
+
+/// What a publisher sent in the last [`REPUBLISH_WINDOW`], at most [`REPUBLISH_BYTES`] of it,
+/// oldest first.
+struct Recent<T> {
+    items: VecDeque<(Instant, usize, T)>,
+    bytes: usize,
+}
+
+impl<T> Recent<T> {
+    fn new() -> Recent<T> {
+        Recent {
+            items: VecDeque::new(),
+            bytes: 0,
+        }
+    }
+
+    /// Adds `item` of `len` bytes; what is now too old or too much goes.
+    fn push(&mut self, len: usize, item: T) {
+        let now = Instant::now();
+        self.bytes += len;
+        self.items.push_back((now, len, item));
+        while self.items.front().is_some_and(|(t, ..)| {
+            now.duration_since(*t) > REPUBLISH_WINDOW || self.bytes > REPUBLISH_BYTES
+        }) {
+            if let Some((_, n, _)) = self.items.pop_front() {
+                self.bytes -= n;
+            }
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &T> {
+        self.items.iter().map(|(_, _, x)| x)
+    }
+
+    fn iter_mut(&mut self) -> impl DoubleEndedIterator<Item = &mut T> {
+        self.items.iter_mut().map(|(_, _, x)| x)
+    }
+
+    fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Everything, oldest first; the window is empty after.
+    fn take(&mut self) -> Vec<T> {
+        self.bytes = 0;
+        self.items.drain(..).map(|(_, _, x)| x).collect()
     }
 }
 
 /// A frame an app side published into JetStream, as it was before sealing.
 struct Kept {
-    at: Instant,
     /// Its JetStream message id.
     id: String,
     /// The stream sequence the server gave it, once acknowledged.
@@ -1804,8 +1879,7 @@ struct Publisher {
     /// App side, reliable streams: the frames of the last [`REPUBLISH_WINDOW`] before
     /// sealing. After a key rotation the ones stored after it (the device refuses them under
     /// the old key) are sealed under the new key and published again.
-    kept: Option<VecDeque<Kept>>,
-    kept_bytes: usize,
+    kept: Option<Recent<Kept>>,
     /// Key rotations followed (message ids of frames published again after one differ).
     rotations: u32,
     ctx: Ctx,
@@ -1816,8 +1890,7 @@ struct Publisher {
     /// What went to JetStream in the last [`REPUBLISH_WINDOW`]: published again, in order,
     /// after a reconnect, because a server that died may have acknowledged messages it had
     /// not written yet (JetStream drops the ones it has by their message id).
-    recent: VecDeque<(Instant, String, String, Bytes)>,
-    recent_bytes: usize,
+    recent: Recent<(String, String, Bytes)>,
     /// The connection count when this publisher last looked.
     connects: u64,
     /// Next subject sequence, per subject.
@@ -1894,17 +1967,8 @@ impl Publisher {
                 }
                 self.republish_after_reconnect(&js).await;
                 let fut = js_publish(&js, &self.budget, &subject, &id, rec.clone()).await;
-                let now = Instant::now();
-                self.recent_bytes += rec.len();
                 self.recent
-                    .push_back((now, subject.clone(), id.clone(), rec.clone()));
-                while self.recent.front().is_some_and(|(t, ..)| {
-                    now.duration_since(*t) > REPUBLISH_WINDOW || self.recent_bytes > REPUBLISH_BYTES
-                }) {
-                    if let Some((_, _, _, r)) = self.recent.pop_front() {
-                        self.recent_bytes -= r.len();
-                    }
-                }
+                    .push(rec.len(), (subject.clone(), id.clone(), rec.clone()));
                 self.acks.push_back((subject, id.clone(), rec, fut));
                 while self.acks.len() > JS_IN_FLIGHT {
                     self.settle_one(&js).await;
@@ -1917,25 +1981,18 @@ impl Publisher {
 
     /// Notes a frame as it was before sealing (app side, reliable streams).
     fn keep(&mut self, (meta, payload): (Meta, Bytes), route: Route, id: String) {
-        let Some(kept) = self.kept.as_mut() else {
-            return;
-        };
-        let now = Instant::now();
-        self.kept_bytes += payload.len();
-        kept.push_back(Kept {
-            at: now,
-            id,
-            stored: None,
-            meta,
-            payload,
-            route,
-        });
-        while kept.front().is_some_and(|k| {
-            now.duration_since(k.at) > REPUBLISH_WINDOW || self.kept_bytes > REPUBLISH_BYTES
-        }) {
-            if let Some(k) = kept.pop_front() {
-                self.kept_bytes -= k.payload.len();
-            }
+        if let Some(kept) = self.kept.as_mut() {
+            let len = payload.len();
+            kept.push(
+                len,
+                Kept {
+                    id,
+                    stored: None,
+                    meta,
+                    payload,
+                    route,
+                },
+            );
         }
     }
 
@@ -1943,25 +2000,21 @@ impl Publisher {
     /// the frames this side sealed under the old key that were stored after `since` do not
     /// open on the device any more; sealed under the new key (`seal`), they go again.
     async fn after_rotation(&mut self, seal: &mut EncryptForward, since: u64) -> Result<()> {
-        if self.kept.as_ref().is_none_or(|k| k.is_empty()) {
+        if self.kept.as_ref().is_none_or(Recent::is_empty) {
             return Ok(());
         }
         // Every publish acknowledged: the stream sequence of each kept frame is known.
-        if let Some(js) = self.js.clone() {
-            while !self.acks.is_empty() {
-                self.settle_one(&js).await;
-            }
-        }
+        self.settle_all().await;
         let again: Vec<Kept> = self
             .kept
             .as_mut()
             .map(|k| {
-                k.drain(..)
+                k.take()
+                    .into_iter()
                     .filter(|k| k.stored.is_none_or(|s| s > since))
                     .collect()
             })
             .unwrap_or_default();
-        self.kept_bytes = 0;
         self.rotations += 1;
         let n = again.len();
         let mut sealed = Output::new();
@@ -1999,7 +2052,7 @@ impl Publisher {
             "reconnected to NATS: publishing the recent frames again"
         );
         let recent: Vec<_> = self.recent.iter().cloned().collect();
-        for (_, subject, id, rec) in recent {
+        for (subject, id, rec) in recent {
             let fut = js_publish(js, &self.budget, &subject, &id, rec.clone()).await;
             self.acks.push_back((subject, id, rec, fut));
             while self.acks.len() > JS_IN_FLIGHT {
@@ -2071,12 +2124,17 @@ impl Publisher {
         Ok(())
     }
 
-    async fn flush(&mut self) {
+    /// Waits until JetStream acknowledged everything published.
+    async fn settle_all(&mut self) {
         if let Some(js) = self.js.clone() {
             while !self.acks.is_empty() {
                 self.settle_one(&js).await;
             }
         }
+    }
+
+    async fn flush(&mut self) {
+        self.settle_all().await;
         let _ = self.ctx.client.flush().await;
     }
 }
@@ -2251,18 +2309,8 @@ async fn subscribe(
         // reliable ones through the device's own durable consumer (what app sides sent
         // while the device was away waits there).
         if let Some(js) = js.filter(|_| plan.reliable) {
-            let name = ctx.subjects.jetstream();
-            let stream = js
-                .get_stream(&name)
-                .await
-                .map_err(|e| anyhow!("JetStream stream {name}: {e}"))?;
-            let start = stream
-                .get_info()
-                .await
-                .map_err(|e| anyhow!("JetStream stream {name}: {e}"))?
-                .state
-                .last_sequence
-                + 1;
+            let (stream, last) = stored_up_to(ctx, &js).await?;
+            let start = last + 1;
             let mut stored = Stored {
                 stream,
                 durable: ctx.subjects.device_durable(plan.id),

@@ -59,11 +59,34 @@ fn one_stream_to_file(
     driver: &str,
     url: &str,
     direction: &str,
+    source: (usize, f64, u64, u64),
+    out: &Path,
+) -> PathBuf {
+    stream_to_file_as(
+        dir,
+        &format!("{driver}.toml"),
+        driver,
+        url,
+        direction,
+        source,
+        out,
+    )
+}
+
+/// The same in the config file `file` (several configs of one driver: app sides whose sources
+/// differ).
+fn stream_to_file_as(
+    dir: &Path,
+    file: &str,
+    driver: &str,
+    url: &str,
+    direction: &str,
     (size, interval_ms, count, seed): (usize, f64, u64, u64),
     out: &Path,
 ) -> PathBuf {
-    fan_config(
+    fan_config_as(
         dir,
+        file,
         driver,
         url,
         1,
@@ -74,12 +97,43 @@ fn one_stream_to_file(
     )
 }
 
+/// `DRIVER.toml` in `dir`: one lossy stream `s` of small synthetic frames every 10 ms, for
+/// ever, into a `null` sink.
+fn ticker(dir: &Path, driver: &str, url: &str, min: usize) -> PathBuf {
+    fan_config(
+        dir,
+        driver,
+        url,
+        min,
+        r#"
+[[stream]]
+name = "s"
+direction = "device-to-app"
+reliability = "lossy"
+source = { type = "synthetic", size = 20, interval_ms = 10.0 }
+sink = { type = "null" }
+"#,
+    )
+}
+
 /// `DRIVER.toml` in `dir`: driver `driver` on the NATS server at `url` (waiting for `min` app
 /// sides) with `streams` (TOML of `[[stream]]` tables).
 fn fan_config(dir: &Path, driver: &str, url: &str, min: usize, streams: &str) -> PathBuf {
+    fan_config_as(dir, &format!("{driver}.toml"), driver, url, min, streams)
+}
+
+/// The same in the config file `file`.
+fn fan_config_as(
+    dir: &Path,
+    file: &str,
+    driver: &str,
+    url: &str,
+    min: usize,
+    streams: &str,
+) -> PathBuf {
     write(
         dir,
-        &format!("{driver}.toml"),
+        file,
         &format!("driver = \"{driver}\"\n{}\n{streams}", link(url, min)),
     )
 }
@@ -893,36 +947,6 @@ sink = {{ type = "check", seed = 4, size = 200, expect = {n} }}
     );
 }
 
-/// The (seed, seq) of each frame in a length-framed file of synthetic frames made with one
-/// of `seeds` (each counting from 0 up to `count`); panics on a frame none of them made.
-fn seeded_frames_in(path: &Path, seeds: &[u64], count: u64) -> Vec<(u64, u64)> {
-    let bytes = std::fs::read(path).unwrap();
-    let mut next: Vec<u64> = vec![0; seeds.len()];
-    let mut got = Vec::new();
-    let mut at = 0;
-    while at + 4 <= bytes.len() {
-        let n = u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
-        let p = &bytes[at + 4..at + 4 + n];
-        // Mostly the next one of some seed; else search.
-        let hit = (0..seeds.len())
-            .find(|&i| ndd_endpoint::synthetic::verify(seeds[i], next[i], p))
-            .map(|i| (i, next[i]))
-            .or_else(|| {
-                (0..seeds.len()).find_map(|i| {
-                    (0..count)
-                        .find(|&q| ndd_endpoint::synthetic::verify(seeds[i], q, p))
-                        .map(|q| (i, q))
-                })
-            })
-            .expect("a frame one of the sources made");
-        next[hit.0] = hit.1 + 1;
-        got.push((seeds[hit.0], hit.1));
-        at += 4 + n;
-    }
-    assert_eq!(at, bytes.len(), "whole frames only");
-    got
-}
-
 /// Many app sides feeding one app → device stream: every app side's frames reach the device,
 /// each once and in its order (their frames interleave on the one subject, each app side
 /// sealing under its own epoch of the group key).
@@ -937,17 +961,16 @@ fn four_app_sides_feed_one_device_stream_without_loss() {
     let m = 300u64;
     let out = dir.0.join("in.bin");
     let cfg = |i: usize, count: u64| {
-        write(
+        let file = format!("in{i}.toml");
+        let source = (100, 3.0, count, 10 + i as u64);
+        stream_to_file_as(
             &dir.0,
-            &format!("in{i}.toml"),
-            &format!(
-                "driver = \"fanin\"\n{}\n[[stream]]\nname = \"u\"\ndirection = \"app-to-device\"\n\
-                 source = {{ type = \"synthetic\", size = 100, interval_ms = 3.0, count = {count}, seed = {} }}\n\
-                 sink = {{ type = \"file\", path = \"{}\", framing = \"length\", append = true }}\n",
-                link(&nats.url(), 0),
-                10 + i,
-                out.display()
-            ),
+            &file,
+            "fanin",
+            &nats.url(),
+            "app-to-device",
+            source,
+            &out,
         )
     };
     let d = side(&cfg(0, m), "device", &dev, &[]);
@@ -995,21 +1018,20 @@ fn app_to_device_frames_cross_a_key_rotation_without_loss() {
     let (dev, apps) = homes_n(&dir.0, 2);
     let m = 1500u64;
     let out = dir.0.join("up.bin");
-    let cfg = |name: &str, seed: u64, count: u64, interval: &str| {
-        write(
+    let cfg = |file: &str, seed: u64, count: u64, interval: f64| {
+        let source = (200, interval, count, seed);
+        stream_to_file_as(
             &dir.0,
-            name,
-            &format!(
-                "driver = \"rotup\"\n{}\n[[stream]]\nname = \"u\"\ndirection = \"app-to-device\"\n\
-                 source = {{ type = \"synthetic\", size = 200, interval_ms = {interval}, count = {count}, seed = {seed} }}\n\
-                 sink = {{ type = \"file\", path = \"{}\", framing = \"length\", append = true }}\n",
-                link(&nats.url(), 0),
-                out.display()
-            ),
+            file,
+            "rotup",
+            &nats.url(),
+            "app-to-device",
+            source,
+            &out,
         )
     };
-    let keep_cfg = cfg("keep.toml", 5, m, "3.0");
-    let gone_cfg = cfg("gone.toml", 6, 1_000_000, "20.0");
+    let keep_cfg = cfg("keep.toml", 5, m, 3.0);
+    let gone_cfg = cfg("gone.toml", 6, 1_000_000, 20.0);
     let d = side(&keep_cfg, "device", &dev, &["--once"]);
     wait_for("the device side to serve", WAIT, || {
         d.stderr_now().contains("serving app sides")
@@ -1248,20 +1270,7 @@ fn a_second_device_side_on_the_same_driver_is_refused() {
     let dir = Dir::new("nats-two-devices");
     let nats = Nats::start("two-devices", &[]);
     let (dev, _) = homes_n(&dir.0, 1);
-    let cfg = fan_config(
-        &dir.0,
-        "twice",
-        &nats.url(),
-        0,
-        r#"
-[[stream]]
-name = "s"
-direction = "device-to-app"
-reliability = "lossy"
-source = { type = "synthetic", size = 10, interval_ms = 10.0 }
-sink = { type = "null" }
-"#,
-    );
+    let cfg = ticker(&dir.0, "twice", &nats.url(), 0);
     let first = side(&cfg, "device", &dev, &[]);
     wait_for("the first device side serves", WAIT, || {
         first
@@ -1354,20 +1363,7 @@ fn a_forged_rekey_notice_is_ignored_with_a_warning() {
     let dir = Dir::new("nats-forged-rekey");
     let nats = Nats::start("forged-rekey", &[]);
     let (dev, apps) = homes_n(&dir.0, 1);
-    let cfg = fan_config(
-        &dir.0,
-        "forged",
-        &nats.url(),
-        1,
-        r#"
-[[stream]]
-name = "s"
-direction = "device-to-app"
-reliability = "lossy"
-source = { type = "synthetic", size = 20, interval_ms = 10.0 }
-sink = { type = "null" }
-"#,
-    );
+    let cfg = ticker(&dir.0, "forged", &nats.url(), 1);
     let d = side(&cfg, "device", &dev, &[]);
     let a = side(&cfg, "app", &apps[0], &["--stats"]);
     wait_for("frames to flow", WAIT, || a.stderr_now().contains("] s "));

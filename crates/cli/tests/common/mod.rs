@@ -423,21 +423,40 @@ pub fn free_addr() -> String {
 /// The sequence numbers of the synthetic frames (`seed`, `count` made) in a file a `file`
 /// sink wrote with `framing = "length"`; panics on anything else in it.
 pub fn synthetic_seqs_in(path: &Path, seed: u64, count: u64) -> Vec<u64> {
+    seeded_frames_in(path, &[seed], count)
+        .into_iter()
+        .map(|(_, seq)| seq)
+        .collect()
+}
+
+/// The (seed, seq) of each frame in a length-framed file of synthetic frames made with one
+/// of `seeds` (each counting from 0 up to `count`); panics on a frame none of them made.
+pub fn seeded_frames_in(path: &Path, seeds: &[u64], count: u64) -> Vec<(u64, u64)> {
     let bytes = std::fs::read(path).unwrap();
-    let mut seqs = Vec::new();
+    let mut next: Vec<u64> = vec![0; seeds.len()];
+    let mut got = Vec::new();
     let mut at = 0;
     while at + 4 <= bytes.len() {
         let n = u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
         let p = &bytes[at + 4..at + 4 + n];
-        seqs.push(
-            (0..count)
-                .find(|&s| ndd_endpoint::synthetic::verify(seed, s, p))
-                .expect("a frame the source made"),
-        );
+        // Mostly the next one of some seed; else search.
+        let hit = (0..seeds.len())
+            .find(|&i| ndd_endpoint::synthetic::verify(seeds[i], next[i], p))
+            .map(|i| (i, next[i]))
+            .or_else(|| {
+                (0..seeds.len()).find_map(|i| {
+                    (0..count)
+                        .find(|&q| ndd_endpoint::synthetic::verify(seeds[i], q, p))
+                        .map(|q| (i, q))
+                })
+            })
+            .expect("a frame one of the sources made");
+        next[hit.0] = hit.1 + 1;
+        got.push((seeds[hit.0], hit.1));
         at += 4 + n;
     }
     assert_eq!(at, bytes.len(), "whole frames only");
-    seqs
+    got
 }
 
 /// Runs `cfg` on a fixed loopback port; once `flowing()` holds, kills the app side (SIGKILL:
