@@ -686,7 +686,14 @@ pub async fn run_side(
         ),
     };
     if !nats.tls_required() && !quiet {
-        tracing::warn!(side = %side, "the connection to the NATS server is plain TCP (allowed on loopback); frames are still encrypted end to end");
+        // Off loopback only because the config says so: say that, not "loopback" (found by
+        // hand across two network namespaces).
+        let why = if nats.all_loopback() {
+            "allowed on loopback"
+        } else {
+            "link.nats.require_tls = false"
+        };
+        tracing::warn!(side = %side, "the connection to the NATS server is plain TCP ({why}); frames are still encrypted end to end");
     }
     let connects = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let client = ndd_link::nats::connect(
