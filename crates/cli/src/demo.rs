@@ -6,6 +6,7 @@ use crate::config::{Config, SideName};
 use crate::session::{self, Endpoint, RunOptions, RunReport};
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -107,7 +108,7 @@ pub fn paired_homes(base: &Path) -> Result<(PathBuf, PathBuf)> {
 /// `duration` (or on `stop`); the app side follows when the device closes.
 #[allow(clippy::too_many_arguments)]
 pub async fn run_loopback(
-    cfg: &Config,
+    cfg: Config,
     insecure: bool,
     quiet: bool,
     live_stats: Option<Duration>,
@@ -135,8 +136,9 @@ pub async fn run_loopback(
         let addr = format!("127.0.0.1:{port}");
         (Endpoint::Listen(addr.clone()), addr)
     };
-    let app = session::run_side(
-        cfg,
+    let cfg = Arc::new(cfg);
+    let app = session::run_side_task(
+        cfg.clone(),
         RunOptions {
             side: SideName::App,
             home: app_home,
@@ -150,7 +152,7 @@ pub async fn run_loopback(
         },
         stop.clone(),
     );
-    let dev = session::run_side(
+    let dev = session::run_side_task(
         cfg,
         RunOptions {
             side: SideName::Device,
@@ -255,11 +257,19 @@ pub async fn run_fanout(duration: Option<Duration>) -> Result<i32> {
         once: true,
         metrics: None,
     };
-    let apps = app_homes
+    let cfg = Arc::new(cfg);
+    let apps: Vec<_> = app_homes
         .iter()
-        .map(|h| session::run_side(&cfg, opts(SideName::App, h.clone(), None), stop.clone()));
-    let dev = session::run_side(
-        &cfg,
+        .map(|h| {
+            session::run_side_task(
+                cfg.clone(),
+                opts(SideName::App, h.clone(), None),
+                stop.clone(),
+            )
+        })
+        .collect();
+    let dev = session::run_side_task(
+        cfg,
         opts(SideName::Device, dev_home, duration),
         stop.clone(),
     );
@@ -311,7 +321,7 @@ pub async fn run(duration: Option<Duration>, stats_json: Option<PathBuf>) -> Res
     }
     let stop = crate::ctrl_c();
     let (dev, app) = run_loopback(
-        &cfg,
+        cfg,
         false,
         false,
         Some(Duration::from_secs(1)),

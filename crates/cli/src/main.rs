@@ -335,7 +335,7 @@ fn run(cli: Cli) -> Result<i32> {
             let rt = runtime()?;
             let report = rt.block_on(async {
                 let stop = ctrl_c();
-                session::run_side(&cfg, opts, stop).await
+                session::run_side_task(std::sync::Arc::new(cfg), opts, stop).await
             })?;
             if let Some((off, rtt)) = report.clock_offset {
                 eprintln!(

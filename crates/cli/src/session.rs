@@ -381,6 +381,22 @@ macro_rules! note {
     };
 }
 
+/// [`run_side`] as a task of the runtime (what `ndd run`, the demo and the benches call).
+/// Run by `block_on` instead, the session would live on the thread that called it, outside
+/// the runtime's workers: every frame a reader or source task hands it would wake that thread
+/// across threads (a futex wake-up), and both sides of a loopback run would share it. Measured
+/// on two `ndd run` processes, 100 B every 2 ms over TLS: one-way p50 88 µs in `block_on`,
+/// 27 µs as a task.
+pub async fn run_side_task(
+    cfg: std::sync::Arc<Config>,
+    opts: RunOptions,
+    stop: watch::Receiver<bool>,
+) -> Result<RunReport> {
+    tokio::spawn(async move { run_side(&cfg, opts, stop).await })
+        .await
+        .map_err(|e| anyhow!("the session task failed: {e}"))?
+}
+
 /// Runs one side until all streams end, the peer closes, or `stop` turns true.
 pub async fn run_side(
     cfg: &Config,
@@ -590,6 +606,7 @@ pub async fn run_side(
         .or(metrics.as_ref().map(|_| Duration::from_secs(1)));
     let mut next_stats = tick.map(|d| Instant::now() + d);
     let mut cursor = 0usize;
+    let mut ready: Vec<bool> = Vec::with_capacity(n);
     let mut stopping = false;
     let mut link_state = "up";
 
@@ -698,11 +715,15 @@ pub async fn run_side(
                     d.set(rx.is_empty() && sess.source_ready(i));
                 }
             }
-            let sess_ref = &sess;
+            // Which sources the session takes frames from now (the session itself is not
+            // borrowed across the wait: this future runs as a task, which must be `Send`).
+            ready.clear();
+            ready.extend((0..n).map(|i| sess.source_ready(i)));
+            let ready_ref = &ready;
             let source_next = std::future::poll_fn(|cx| {
                 for k in 0..n {
                     let i = (cursor + k) % n;
-                    if let Some(rx) = io[i].source.as_mut().filter(|_| sess_ref.source_ready(i)) {
+                    if let Some(rx) = io[i].source.as_mut().filter(|_| ready_ref[i]) {
                         if let Poll::Ready(f) = rx.poll_recv(cx) {
                             return Poll::Ready((i, f));
                         }

@@ -103,7 +103,7 @@ sink = {{ type = "null" }}
     );
     let cfg = Config::parse(&text, Path::new("<bench e2e>"))?;
     let (_tx, stop) = tokio::sync::watch::channel(false);
-    let (_dev, app) = demo::run_loopback(&cfg, insecure, true, None, None, stop).await?;
+    let (_dev, app) = demo::run_loopback(cfg, insecure, true, None, None, stop).await?;
     let s = &app.streams[0];
     anyhow::ensure!(
         s.frames == n as u64,

@@ -43,7 +43,7 @@ async fn ndd_throughput(transport: &str, insecure: bool, frames: u64) -> Result<
     let cfg = Config::parse(&text, Path::new("<bench links>"))?;
     let (_tx, stop) = tokio::sync::watch::channel(false);
     let t = Instant::now();
-    let (_dev, app) = demo::run_loopback(&cfg, insecure, true, None, None, stop).await?;
+    let (_dev, app) = demo::run_loopback(cfg, insecure, true, None, None, stop).await?;
     let s = &app.streams[0];
     // From the first delivery to the last, as the raw baselines time from their first write
     // (after their connect) to the last byte read: the handshake is not the link's throughput.

@@ -74,7 +74,7 @@ async fn ndd_mixed(small: u64, bulk: u64, v: Variant) -> Result<Row> {
     let cfg = Config::parse(&text, Path::new("<bench links --mixed>"))?;
     let (_tx, stop) = tokio::sync::watch::channel(false);
     let t = Instant::now();
-    let (_dev, app) = demo::run_loopback(&cfg, false, true, None, None, stop).await?;
+    let (_dev, app) = demo::run_loopback(cfg, false, true, None, None, stop).await?;
     let secs = t.elapsed().as_secs_f64();
     let s = &app.streams[0];
     Ok(Row {
