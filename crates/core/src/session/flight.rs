@@ -19,6 +19,10 @@ const SAMPLE: Duration = Duration::from_millis(10);
 const FLOOR_TIME: Duration = Duration::from_millis(10);
 /// …and at least this.
 const FLOOR_BYTES: usize = 64 << 10;
+/// While a more urgent stream is live (see `Session::window_for`), the floor is what the path
+/// delivers in this time instead (at least [`FLOOR_BYTES`]): a small frame of that stream then
+/// waits behind about this much of the bulk stream's bytes, not behind 2 MiB.
+const BESIDE_URGENT_TIME: Duration = Duration::from_micros(200);
 
 /// The delivery rate estimate behind the window.
 #[derive(Debug, Clone)]
@@ -76,8 +80,19 @@ impl Flight {
     }
 
     pub(crate) fn limit(&self, rtt: Option<Duration>) -> usize {
+        self.limit_with(rtt, FLOOR_TIME)
+    }
+
+    /// The window of a stream that a more urgent live stream shares the path with: the same
+    /// twice the bandwidth-delay product, with a floor of [`BESIDE_URGENT_TIME`] of the path
+    /// (on loopback or a LAN, where the floor is the window, 2 MiB is 0.7–17 ms of queue).
+    pub(crate) fn limit_beside_urgent(&self, rtt: Option<Duration>) -> usize {
+        self.limit_with(rtt, BESIDE_URGENT_TIME)
+    }
+
+    fn limit_with(&self, rtt: Option<Duration>, floor_time: Duration) -> usize {
         let bdp = rtt.map_or(0.0, |r| self.rate * r.as_secs_f64());
-        let floor = ((self.rate * FLOOR_TIME.as_secs_f64()) as usize)
+        let floor = ((self.rate * floor_time.as_secs_f64()) as usize)
             .max(FLOOR_BYTES)
             .min(self.min);
         ((2.0 * bdp) as usize).clamp(floor, self.max.max(floor))

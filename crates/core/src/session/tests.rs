@@ -565,6 +565,67 @@ fn the_in_flight_window_is_sized_by_the_shortest_round_trip_since_the_link_came_
     assert!(s.flight_window() > 30_000_000, "{}", s.flight_window());
 }
 
+#[test]
+fn a_bulk_stream_keeps_a_smaller_window_while_a_more_urgent_stream_is_live() {
+    // On a fast short path the window is its 2 MiB floor: an input frame would wait behind
+    // that much bulk. While the input stream sends, the bulk stream keeps 200 µs of the path.
+    let t0 = Instant::now();
+    let with = |id, priority| StreamPlan {
+        priority,
+        ..plan(id, Role::Source, true)
+    };
+    let mut s = session(
+        vec![
+            with(1, Priority::Normal),
+            with(2, Priority::High),
+            with(3, Priority::Low),
+        ],
+        64 << 20,
+    );
+    s.handle_link_up(t0);
+    s.handle_message(t0, 1, resume(9)).unwrap();
+    s.handle_message(t0, 1, resume(9)).unwrap();
+    // 1 GB/s acknowledged: 5 MB frames, the first two ACKs 10 ms apart (the first sample).
+    for seq in 0..3 {
+        s.handle_source_frame(t0, 0, frame(1, seq, 5_000_000))
+            .unwrap();
+    }
+    drain(&mut s, t0);
+    for (seq, ms) in [(0, 0), (1, 10), (2, 15)] {
+        let at = t0 + Duration::from_millis(ms);
+        s.handle_message(at, 1, Incoming::Other(OwnedMessage::Ack { stream: 1, seq }))
+            .unwrap();
+    }
+    let t = t0 + Duration::from_millis(20);
+    s.handle_source_frame(t, 0, frame(1, 3, 1_000_000)).unwrap();
+    drain(&mut s, t);
+    let full = 2 << 20;
+    assert_eq!(s.window_for(0), full, "no input yet");
+    assert!(s.source_ready(0), "1 MB in flight, under 2 MiB");
+
+    // The input stream sends a frame: the normal and low streams are held to 200 µs of the
+    // path (200 kB at 1 GB/s); the input stream itself is not.
+    let t = t + Duration::from_millis(5);
+    s.handle_source_frame(t, 1, frame(2, 0, 64)).unwrap();
+    drain(&mut s, t);
+    for i in [0, 2] {
+        let w = s.window_for(i);
+        assert!((199_000..=201_000).contains(&w), "stream {i}: {w}");
+    }
+    assert_eq!(s.window_for(1), full);
+    assert!(!s.source_ready(0), "1 MB in flight is over 200 kB");
+
+    // A normal stream's frame holds back only the low one.
+    s.handle_timeout(t + Duration::from_millis(300)).unwrap();
+    assert_eq!(s.window_for(0), full, "input quiet for 300 ms");
+    assert!(s.source_ready(0));
+    assert_eq!(s.window_for(2), full);
+    let t = t + Duration::from_millis(300);
+    s.handle_source_frame(t, 0, frame(1, 4, 10)).unwrap();
+    assert_eq!(s.window_for(0), full);
+    assert!(s.window_for(2) < full);
+}
+
 /// A session past both RESUMEs of peer run 9, its first transmits drained.
 fn resumed(mut s: Session, now: Instant) -> Session {
     s.handle_link_up(now);
