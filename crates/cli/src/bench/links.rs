@@ -59,8 +59,8 @@ async fn ndd_throughput(transport: &str, insecure: bool, frames: u64) -> Result<
 /// side its own runtime, as users run it; steadier than one process, where both sides share
 /// one runtime's threads).
 async fn ndd_throughput_processes(frames: u64, insecure: bool) -> Result<(f64, u64)> {
-    let v =
-        super::mixed::two_processes("links", &throughput_config("tcp", frames), insecure).await?;
+    let v = super::mixed::two_processes("links", &throughput_config("tcp", frames), insecure, None)
+        .await?;
     let s = &v["streams"][0];
     let (bytes, got) = (
         s["bytes"].as_u64().unwrap_or(0),

@@ -33,7 +33,9 @@ struct Variant {
 }
 
 /// The driver: `small` input frames at 1 kHz (the stream at `v.priority`), with `bulk` 1 MB
-/// frames beside them unless 0.
+/// frames beside them unless 0 (more than the run takes: the device side stops at
+/// [`run_time`], so the bulk stream saturates the link for all of the small stream's time, as
+/// the raw baseline's does).
 fn mixed_config(small: u64, bulk: u64, v: Variant) -> String {
     let Variant {
         flight_min,
@@ -73,25 +75,32 @@ async fn ndd_mixed(small: u64, bulk: u64, v: Variant) -> Result<Row> {
     let text = mixed_config(small, bulk, v);
     let cfg = Config::parse(&text, Path::new("<bench links --mixed>"))?;
     let (_tx, stop) = tokio::sync::watch::channel(false);
-    let t = Instant::now();
-    let (_dev, app) = demo::run_loopback(cfg, false, true, None, None, stop).await?;
-    let secs = t.elapsed().as_secs_f64();
+    let run = (bulk > 0).then(|| run_time(small));
+    let (_dev, app) = demo::run_loopback(cfg, false, true, None, run, stop).await?;
     let s = &app.streams[0];
     Ok(Row {
         name: String::new(),
         p50: s.latency_p50_ms.unwrap_or(f64::NAN),
         p99: s.latency_p99_ms.unwrap_or(f64::NAN),
         small: s.frames,
-        bulk_gbs: app.streams.get(1).map(|b| b.bytes as f64 / secs / 1e9),
+        bulk_gbs: app
+            .streams
+            .get(1)
+            .and_then(|b| Some(b.bytes as f64 / b.delivery_span_s.filter(|&x| x > 0.0)? / 1e9)),
     })
+}
+
+/// How long the device side runs when a bulk stream is beside the small one: the small
+/// stream's time (1 ms a frame) and a margin, after which it stops (its frames all sent).
+fn run_time(small: u64) -> Duration {
+    Duration::from_millis(small + small / 10 + 1000)
 }
 
 /// Through ndd as users run it: two `ndd run` processes (TLS, loopback), the app side's
 /// `--stats-json` read back.
 async fn ndd_mixed_processes(small: u64, bulk: u64, v: Variant) -> Result<Row> {
-    let t = Instant::now();
-    let v = two_processes("mixed", &mixed_config(small, bulk, v), false).await?;
-    let secs = t.elapsed().as_secs_f64();
+    let run = (bulk > 0).then(|| run_time(small));
+    let v = two_processes("mixed", &mixed_config(small, bulk, v), false, run).await?;
     let streams = v["streams"]
         .as_array()
         .context("no streams in the stats JSON")?;
@@ -101,16 +110,20 @@ async fn ndd_mixed_processes(small: u64, bulk: u64, v: Variant) -> Result<Row> {
         p50: f(0, "latency_p50_ms").unwrap_or(f64::NAN),
         p99: f(0, "latency_p99_ms").unwrap_or(f64::NAN),
         small: f(0, "frames").unwrap_or(0.0) as u64,
-        bulk_gbs: f(1, "bytes").map(|b| b / secs / 1e9),
+        bulk_gbs: f(1, "bytes")
+            .zip(f(1, "delivery_span_s").filter(|&x| x > 0.0))
+            .map(|(b, secs)| b / secs / 1e9),
     })
 }
 
 /// Runs `config` as two `ndd run` processes on loopback (TLS, or plain with `insecure`; fresh
-/// identities trusting each other, `--once`), within 120 s; the app side's `--stats-json`.
+/// identities trusting each other, `--once`; the device side stopping after `device_run` if
+/// given), within 120 s; the app side's `--stats-json`.
 pub(crate) async fn two_processes(
     tag: &str,
     config: &str,
     insecure: bool,
+    device_run: Option<Duration>,
 ) -> Result<serde_json::Value> {
     let exe = std::env::current_exe().context("cannot find the ndd executable")?;
     let dir = std::env::temp_dir().join(format!("ndd-{tag}-{}", std::process::id()));
@@ -154,6 +167,11 @@ pub(crate) async fn two_processes(
             .context("cannot start ndd")
     };
     let plain: &[&str] = if insecure { &["--insecure"] } else { &[] };
+    let secs = device_run.map(|d| format!("{:.3}", d.as_secs_f64()));
+    let run_for: Vec<&str> = match &secs {
+        Some(s) => vec!["--duration", s],
+        None => vec![],
+    };
     let mut app = spawn(
         &[
             &[
@@ -188,6 +206,7 @@ pub(crate) async fn two_processes(
                 "--once",
             ],
             plain,
+            &run_for,
         ]
         .concat(),
     )?;
@@ -298,7 +317,8 @@ async fn raw_mixed(small: u64, bulk: bool) -> Result<Row> {
 /// Runs the mixed experiment and writes `links-mixed.md` into `out`.
 pub async fn run(quick: bool, out: &Path) -> Result<()> {
     let small: u64 = if quick { 500 } else { 5000 };
-    let bulk: u64 = if quick { 600 } else { 6000 };
+    // More than the run takes (the device side stops at `run_time`).
+    let bulk: u64 = 1 << 40;
     let link = crate::config::LinkConfig::default();
     let shipped = Variant {
         flight_min: link.flight_min_bytes,
@@ -401,10 +421,12 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
     );
     md += &format!(
         "An input-like stream ({small} × 64 B, one every 1 ms) alone and beside a bulk stream of \
-         1 MB frames sent as fast as the link takes them (a `synthetic` source with `repeat = true`: made once), both device→app on one link (ndd: \
+         1 MB frames sent as fast as the link takes them for all of the small stream's time (a \
+         `synthetic` source with `repeat = true`: made once; the device side stops a second after \
+         the last small frame), both device→app on one link (ndd: \
          TLS 1.3 on loopback, `null` sinks, both sides in one process, then as two `ndd run` \
-         processes; one-way = delivery − source timestamp, same clock; the bulk rate of the \
-         two-process rows counts their start-up). Baseline in the same run: one raw TCP socket carrying \
+         processes; one-way = delivery − source timestamp, same clock; bulk GB/s = its bytes \
+         over the time from its first delivery to its last). Baseline in the same run: one raw TCP socket carrying \
          the small messages between back-to-back 1 MB writes. `window = resume buffer` sets \
          `flight_min_bytes` to the resume buffer (16 MiB), as ndd behaved before the in-flight \
          window (and the streams at equal priority, as before stream priorities). `as shipped`: \
