@@ -34,6 +34,8 @@ pub(crate) struct Flight {
     /// Start of the current sample: when, and the acknowledged total then.
     mark: Option<(Instant, u64)>,
     acked: u64,
+    /// Some ACK of the current sample found the stream keeping its window full.
+    busy: bool,
 }
 
 impl Flight {
@@ -44,14 +46,22 @@ impl Flight {
             rate: 0.0,
             mark: None,
             acked: 0,
+            busy: false,
         }
     }
 
-    /// The peer acknowledged `bytes` more.
-    pub(crate) fn on_acked(&mut self, now: Instant, bytes: usize) {
+    /// The peer acknowledged `bytes` more; `busy`: the stream had at least half its window
+    /// written or waiting (it sends as fast as the path takes, so the ACKs measure the path).
+    /// A sample without any busy ACK measures only what the source offered (a display at
+    /// 30 fps, a paced stream): it may raise the rate, never lower it; before, every paced
+    /// stream's rate sank to its own pace, and its frames were cut into chunks of 1 ms of that
+    /// (a 1 MB frame every 20 ms into 20 chunks of 50 kB, on a path of GB/s).
+    pub(crate) fn on_acked(&mut self, now: Instant, bytes: usize, busy: bool) {
         self.acked += bytes as u64;
+        self.busy |= busy;
         let Some((t0, b0)) = self.mark else {
-            self.mark = Some((now, self.acked - bytes as u64));
+            // The bytes of this first ACK came before the sample starts.
+            self.mark = Some((now, self.acked));
             return;
         };
         let dt = now.saturating_duration_since(t0);
@@ -61,11 +71,25 @@ impl Flight {
             // (an idle moment is not a slow path).
             self.rate = if sample >= self.rate {
                 sample
-            } else {
+            } else if self.busy {
                 0.75 * self.rate + 0.25 * sample
+            } else {
+                self.rate
             };
             self.mark = Some((now, self.acked));
+            self.busy = false;
         }
+    }
+
+    /// A frame of `bytes` written while nothing else was in flight was acknowledged `took`
+    /// after its first byte went: the path carries at least `bytes / took` (its round trip
+    /// included). Raises the rate, never lowers it: how an app-limited stream (one frame at a
+    /// time) learns what the path could carry.
+    pub(crate) fn on_lone_frame(&mut self, bytes: usize, took: Duration) {
+        if took.is_zero() {
+            return;
+        }
+        self.rate = self.rate.max(bytes as f64 / took.as_secs_f64());
     }
 
     /// The window for a path with round trip `rtt`: twice the bandwidth-delay product, at
@@ -119,7 +143,7 @@ mod tests {
             while flight.front().is_some_and(|(t, _)| *t <= now) {
                 let (_, n) = flight.pop_front().unwrap_or((now, 0));
                 in_flight -= n;
-                f.on_acked(now, n);
+                f.on_acked(now, n, true);
                 if now + Duration::from_secs(1) >= end {
                     delivered_last_second += n;
                 }
@@ -162,6 +186,37 @@ mod tests {
     }
 
     #[test]
+    fn a_paced_stream_learns_the_path_not_its_own_pace() {
+        // 1 MB every 20 ms (50 MB/s) on a path of 1 GB/s with a 0.1 ms round trip: each frame
+        // goes alone and is acknowledged 1.1 ms after its first byte.
+        let t0 = Instant::now();
+        let paced = |lone: bool| {
+            let mut f = Flight::new(2 << 20, 64 << 20);
+            for k in 0..50u32 {
+                let sent = t0 + Duration::from_millis(20) * k;
+                let acked = sent + Duration::from_micros(1100);
+                if lone {
+                    f.on_lone_frame(1_000_000, acked - sent);
+                }
+                f.on_acked(acked, 1_000_000, false);
+            }
+            f
+        };
+        let mut f = paced(true);
+        assert!((0.85e9..=0.95e9).contains(&f.rate()), "{}", f.rate());
+        // Without the lone frames' samples, the ACKs alone give the stream's own pace.
+        let g = paced(false);
+        assert!((45e6..=55e6).contains(&g.rate()), "{}", g.rate());
+        // A stream that keeps its window full measures the path: when that slows to 100 MB/s,
+        // the rate follows.
+        let t1 = t0 + Duration::from_secs(2);
+        for k in 0..60u32 {
+            f.on_acked(t1 + Duration::from_millis(10) * k, 1_000_000, true);
+        }
+        assert!((95e6..=110e6).contains(&f.rate()), "{}", f.rate());
+    }
+
+    #[test]
     fn without_acks_it_starts_small_and_never_exceeds_the_resume_buffer() {
         let f = Flight::new(2 << 20, 16 << 20);
         assert_eq!(f.limit(None), FLOOR_BYTES);
@@ -169,8 +224,8 @@ mod tests {
         // Never above the resume buffer.
         let mut f = Flight::new(2 << 20, 4 << 20);
         let t = Instant::now();
-        f.on_acked(t, 0);
-        f.on_acked(t + Duration::from_millis(20), 100 << 20);
+        f.on_acked(t, 0, true);
+        f.on_acked(t + Duration::from_millis(20), 100 << 20, true);
         assert_eq!(f.limit(Some(Duration::from_secs(1))), 4 << 20);
     }
 }

@@ -848,7 +848,7 @@ impl Session {
                 if self.streams[i].plan.priority != class {
                     continue;
                 }
-                if let Some(t) = self.next_data(i) {
+                if let Some(t) = self.next_data(i, now) {
                     self.cursor = (i + 1) % n;
                     return Some(t);
                 }
@@ -1016,8 +1016,12 @@ impl Session {
                 }
                 OwnedMessage::Ack { stream, seq } => {
                     let i = self.find(stream)?;
+                    let window = self.window_for(i);
                     if let End::Source(src) = &mut self.streams[i].end {
                         let mut freed = 0;
+                        // Was the stream keeping the window full (then the ACKs measure the
+                        // path), or sending less than it could (they measure the source)?
+                        let busy = src.out_bytes >= window / 2;
                         // A frame half written in chunks is finished first (the peer is
                         // joining it), even if this ACK covers it: it is dropped at the next.
                         while src.out.front().is_some_and(|p| p.seq <= seq)
@@ -1027,9 +1031,15 @@ impl Session {
                                 src.out_bytes -= p.payload.len();
                                 freed += p.payload.len();
                                 src.next_write = src.next_write.saturating_sub(1);
+                                if let Some(t) = p.sent_alone {
+                                    self.flight.on_lone_frame(
+                                        p.payload.len(),
+                                        now.saturating_duration_since(t),
+                                    );
+                                }
                             }
                         }
-                        self.flight.on_acked(now, freed);
+                        self.flight.on_acked(now, freed, busy);
                     }
                 }
                 OwnedMessage::Delivered { stream, seq } => {
@@ -1221,6 +1231,7 @@ impl Session {
                         timestamp_ns: f.meta.timestamp_ns,
                         payload: f.into_bytes(),
                         written: false,
+                        sent_alone: None,
                     };
                     if !s.plan.reliable {
                         // Lossy: while the link is down only the newest frame is worth
@@ -1262,9 +1273,14 @@ impl Session {
         }
     }
 
-    fn next_data(&mut self, i: usize) -> Option<Transmit> {
+    fn next_data(&mut self, i: usize, now: Instant) -> Option<Transmit> {
         let room = self.peer_max_body.saturating_sub(DATA_BODY_MIN);
         let chunk = self.chunk_size().min(room);
+        // Nothing of any reliable stream written and not yet acknowledged.
+        let idle = self.streams.iter().all(|s| match &s.end {
+            End::Source(src) => src.next_write == 0 && src.chunk_off == 0,
+            End::Sink(_) => true,
+        });
         let s = &mut self.streams[i];
         let End::Source(src) = &mut s.end else {
             return None;
@@ -1279,6 +1295,9 @@ impl Session {
             // meanwhile (the rate rose): sent whole with MORE still set, it went out again and
             // again (the CI's bench smoke run: `frame 21 in chunks is over 16777216 bytes`).
             let started = src.chunk_off > 0;
+            if !started && reliable && !p.written {
+                p.sent_alone = idle.then_some(now);
+            }
             let payload = if started || (chunk > 0 && len > chunk && len <= room) {
                 // Cut: another stream's frame may go before the next chunk.
                 let step = if chunk == 0 { len } else { chunk };

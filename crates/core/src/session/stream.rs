@@ -125,6 +125,9 @@ pub(crate) struct Pending {
     pub payload: Bytes,
     /// Yielded on some connection already: a resend carries RETRANSMIT.
     pub written: bool,
+    /// When its first byte was written on this connection, if nothing else was in flight
+    /// then (its ACK then measures the path: `Flight::on_lone_frame`).
+    pub sent_alone: Option<std::time::Instant>,
 }
 
 /// The source end of a stream.
