@@ -262,6 +262,8 @@ pub struct Established {
     pub peer: String,
     /// The peer's fingerprint, checked against `known_peers` (`None` with `--insecure`).
     pub fingerprint: Option<String>,
+    /// The peer's socket address.
+    pub addr: std::net::SocketAddr,
 }
 
 /// The smallest chunk a session cuts large frames into on TCP and TLS (docs/protocol.md
@@ -958,6 +960,7 @@ pub async fn handshake(
             tx: writer,
             peer: peer_name,
             fingerprint: info.fingerprint.filter(|_| tls.is_some()),
+            addr: info.addr,
         }),
         Ok(Ok(Some(Incoming::Other(OwnedMessage::Close { code, reason })))) => Err(Refused(
             format!("the peer refused the session ({code}): {reason}"),
