@@ -286,8 +286,11 @@ impl Link {
         self.spare = spare;
     }
 
-    /// Tells the peer it is no longer trusted (a CLOSE with code 4, after the write in flight;
-    /// within half a second), before the link is dropped.
+    /// Tells the peer it is no longer trusted (a CLOSE with code 4, after the write in flight),
+    /// closes our direction and reads on until the peer closes too (within a second), before
+    /// the link is dropped. Dropped with the peer's frames unread, a TCP socket resets the
+    /// connection, and the peer lost the CLOSE to the reset about one time in three
+    /// (`link lost: connection: Connection reset by peer` instead of the reason).
     async fn say_untrusted(&mut self) {
         let say = async {
             if let Some(w) = self.writing.take() {
@@ -301,9 +304,15 @@ impl Link {
                 reason: UNTRUSTED_NOW.to_string(),
             });
             tx.write_transmit(&close).await.ok()?;
-            tx.flush().await.ok()
+            tx.flush().await.ok()?;
+            let tcp = matches!(tx, Tx::Tcp(_));
+            let _ = tx.shutdown().await;
+            if tcp {
+                while let Some((_, Ok(Some(_)))) = self.inbound.recv().await {}
+            }
+            Some(())
         };
-        let _ = tokio::time::timeout(Duration::from_millis(500), say).await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), say).await;
     }
 
     /// Finishes the write in flight and anything left, then closes our direction (within a

@@ -494,6 +494,12 @@ fn untrusting_the_connected_peer_closes_the_link_and_its_reconnects_are_refused(
     wait_for("the device's reconnect to be refused", WAIT, || {
         app.stderr_now().contains("refused untrusted peer")
     });
+    // The device says so when it has read the refusal, a moment after the app side logged it.
+    wait_for(
+        "the device to say why its reconnect was refused",
+        WAIT,
+        || dev.stderr_now().contains("not trusted by the peer"),
+    );
     let derr = dev.kill();
     assert!(
         derr.contains(
