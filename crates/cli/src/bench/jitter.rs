@@ -89,8 +89,11 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
            for the worst jitter (min × 16 ms covers a refill round trip, playout covers the \
            jitter) keeps the spacing exact at every level, for the added delay shown; with \
            the dissertation's sizes (max 10) it stays under 0.1 ms up to 100 ms. `bundle` \
-           keeps the spacing inside each bundle exact and re-anchors only when a bundle comes \
-           later than any before it.\n";
+           keeps the spacing inside each bundle exact, re-anchors when a bundle comes \
+           later than any before it, and moves its schedule earlier when every bundle of half \
+           a second came over 100 ms ahead of it (after a link outage's burst); at 200 ms of \
+           jitter that happens now and then (spacing error 0.16 ± 3.2 ms without it, \
+           0.60 ± 5.4 ms with it, for 13 ms less added delay).\n";
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     std::fs::write(out.join("jitter.md"), &md)
         .with_context(|| format!("cannot write {}/jitter.md", out.display()))?;

@@ -9,6 +9,12 @@ use std::time::{Duration, Instant};
 /// clock jumped (or restarted): the schedule starts again instead of holding frames.
 const MAX_AHEAD: Duration = Duration::from_secs(2);
 
+/// How long every bundle must have come well ahead of the schedule before it moves earlier
+/// (at 16 ms a record and 4 records a bundle, 8 bundles)…
+const CATCH_UP_WINDOW: Duration = Duration::from_millis(500);
+/// …and what "well ahead" is, beyond `playout`: more than jitter usually moves a bundle.
+const CATCH_UP_SLACK: Duration = Duration::from_millis(100);
+
 /// Unpacks bundles; releases frames at `anchor + (timestamp − anchor timestamp)`.
 #[derive(Debug)]
 pub struct BundleInverse {
@@ -18,6 +24,9 @@ pub struct BundleInverse {
     queue: VecDeque<(Instant, Frame)>,
     late: u64,
     reanchors: u64,
+    /// Since when, and by how little at least, every bundle came ahead of its schedule.
+    lead: Option<(Instant, Duration)>,
+    catch_ups: u64,
 }
 
 impl BundleInverse {
@@ -29,7 +38,43 @@ impl BundleInverse {
             queue: VecDeque::new(),
             late: 0,
             reanchors: 0,
+            lead: None,
+            catch_ups: 0,
         }
+    }
+
+    /// A bundle came `lead` ahead of its schedule. When every bundle of the last
+    /// [`CATCH_UP_WINDOW`] came more than `playout` + [`CATCH_UP_SLACK`] ahead, the schedule
+    /// runs behind the live stream (a burst after a link outage re-anchored it on old frames,
+    /// and every later bundle keeps that delay): it moves earlier by the smallest of those
+    /// leads less `playout`, and what is queued is released that much earlier (at once if
+    /// that is now). A bundle closer to its schedule starts the window again.
+    fn catch_up(&mut self, now: Instant, lead: Duration) {
+        if lead <= self.playout + CATCH_UP_SLACK {
+            self.lead = None;
+            return;
+        }
+        let Some((since, least)) = self.lead else {
+            self.lead = Some((now, lead));
+            return;
+        };
+        let least = least.min(lead);
+        if now.saturating_duration_since(since) < CATCH_UP_WINDOW {
+            self.lead = Some((since, least));
+            return;
+        }
+        self.lead = None;
+        let excess = least - self.playout;
+        let Some((at, ts)) = self.anchor else { return };
+        self.anchor = Some((at.checked_sub(excess).unwrap_or(at), ts));
+        for (due, _) in self.queue.iter_mut() {
+            *due = due.checked_sub(excess).unwrap_or(now).max(now);
+        }
+        self.catch_ups += 1;
+        tracing::debug!(
+            ms = excess.as_millis() as u64,
+            "bundle: schedule behind the live stream; moved earlier"
+        );
     }
 
     fn due(anchor: (Instant, u64), ts: u64) -> Option<Instant> {
@@ -76,6 +121,10 @@ impl Half for BundleInverse {
             },
         };
         self.anchor = Some(anchor);
+        if let Some(due) = Self::due(anchor, first_ts) {
+            self.catch_up(now, due.saturating_duration_since(now));
+        }
+        let anchor = self.anchor.unwrap_or(anchor);
         let mut last_due = self.queue.back().map(|(d, _)| *d).unwrap_or(now);
         for e in &entries {
             let Some(bytes) = frame.slice_payload(e.offset..e.offset + e.len) else {
@@ -114,7 +163,11 @@ impl Half for BundleInverse {
         HalfStats {
             drops: 0,
             queue_depth: self.queue.len() as u64,
-            counters: vec![("late", self.late), ("reanchors", self.reanchors)],
+            counters: vec![
+                ("late", self.late),
+                ("reanchors", self.reanchors),
+                ("catch_ups", self.catch_ups),
+            ],
         }
     }
 }

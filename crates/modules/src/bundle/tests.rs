@@ -176,7 +176,10 @@ fn inverse_recreates_spacing_and_reanchors_when_late() {
         ]
     );
     let st = &sink.stats()[0].half;
-    assert_eq!(st.counters, vec![("late", 1), ("reanchors", 1)]);
+    assert_eq!(
+        st.counters,
+        vec![("late", 1), ("reanchors", 1), ("catch_ups", 0)]
+    );
 }
 
 #[test]
@@ -198,7 +201,82 @@ fn a_source_clock_jump_restarts_the_schedule_instead_of_holding_frames() {
         2,
         "both released at once, not an hour later"
     );
-    assert_eq!(inv.stats().counters, vec![("late", 0), ("reanchors", 1)]);
+    assert_eq!(
+        inv.stats().counters,
+        vec![("late", 0), ("reanchors", 1), ("catch_ups", 0)]
+    );
+}
+
+#[test]
+fn after_a_burst_from_a_link_outage_the_schedule_catches_up_with_the_live_stream() {
+    // Records every 16 ms, 4 per bundle, each bundle on the wire 5 ms after its last record.
+    // The link is down from 1 s to 2.2 s: the bundles of that time come at once when it is
+    // back (replayed), then the stream goes on live. Before, the burst re-anchored the
+    // schedule on its oldest bundle and every later record kept its 1.2 s of delay.
+    let t0 = Instant::now();
+    let ms = |v: u64| Duration::from_millis(v);
+    let mut inv = BundleInverse::new(Duration::ZERO);
+    let mut fwd = BundleForward::new(4, ms(1000), 1 << 20);
+    let mut arrivals: Vec<(Instant, Frame)> = Vec::new();
+    let mut out = Output::new();
+    for seq in 0..400u64 {
+        fwd.handle_frame(t0, Frame::new(meta(seq, 16 * seq), b"r"), &mut out)
+            .unwrap();
+        for f in out.take_frames() {
+            let sent = ms(16 * seq + 5);
+            let at = if (ms(1000)..ms(2200)).contains(&sent) {
+                ms(2200)
+            } else {
+                sent
+            };
+            arrivals.push((t0 + at, f));
+        }
+    }
+    let mut released: Vec<(u64, Duration)> = Vec::new();
+    let mut rel = Output::new();
+    let mut arrivals = arrivals.into_iter().peekable();
+    let mut now = t0;
+    loop {
+        let next_arrival = arrivals.peek().map(|(t, _)| *t);
+        let next = [next_arrival, inv.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min();
+        let Some(t) = next else { break };
+        now = t.max(now);
+        while arrivals.peek().is_some_and(|(t, _)| *t <= now) {
+            let (_, f) = arrivals.next().unwrap();
+            inv.handle_frame(now, f, &mut rel).unwrap();
+        }
+        inv.handle_timeout(now, &mut rel);
+        for f in rel.take_frames() {
+            released.push((f.meta.seq, now - t0));
+        }
+    }
+    let seqs: Vec<u64> = released.iter().map(|r| r.0).collect();
+    assert_eq!(
+        seqs,
+        (0..400).collect::<Vec<_>>(),
+        "every record once, in order"
+    );
+    // The delay of each record: release time minus its creation (16 ms × seq).
+    let delay = |seq: u64| released[seq as usize].1.saturating_sub(ms(16 * seq));
+    assert!(delay(20) <= ms(60), "before the outage: {:?}", delay(20));
+    assert!(
+        delay(100) >= ms(600),
+        "records of the outage are late: {:?}",
+        delay(100)
+    );
+    // The schedule moves earlier in two steps (the burst's own bundles hold the first back),
+    // 0.5 and 1.1 s after the link is back; what was queued goes out at once.
+    for seq in 215..400 {
+        assert!(
+            delay(seq) <= ms(60),
+            "from 1.2 s after the link is back the delay is the live one again: record {seq} {:?}",
+            delay(seq)
+        );
+    }
+    assert_eq!(inv.stats().counters[2], ("catch_ups", 2));
 }
 
 proptest! {
