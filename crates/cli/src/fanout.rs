@@ -63,6 +63,9 @@ const JS_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 const REORDER_WAIT: Duration = Duration::from_secs(10);
 /// How long an app side that got a stream's END waits for stored frames still on their way.
 const ENDING_WAIT: Duration = Duration::from_secs(15);
+
+/// After a lossy stream's END, the pauses before it goes again (core NATS may lose one).
+const END_REPEATS: [Duration; 2] = [Duration::from_millis(20), Duration::from_millis(100)];
 /// How far back a reliable stream publishes again after a reconnect to the server.
 const REPUBLISH_WINDOW: Duration = Duration::from_secs(5);
 /// At most this many bytes of it.
@@ -2099,9 +2102,26 @@ impl Publisher {
     }
 
     /// Tells the app sides the stream ended: a sealed empty frame numbered [`END_SEQ`] on
-    /// every subject the stream uses, after everything else.
+    /// every subject the stream uses, after everything else. On core NATS (a lossy stream)
+    /// a message may be lost (a slow consumer's, or one the server drops): the END goes
+    /// [`END_REPEATS`] more times, so an app side under `--once` does not wait for it for
+    /// good; app sides take the first and pass over the others.
     async fn end(&mut self, seal: &mut EncryptForward) -> Result<()> {
         self.ending = true;
+        self.send_end(seal).await?;
+        self.flush().await;
+        if self.js.is_none() {
+            for pause in END_REPEATS {
+                tokio::time::sleep(pause).await;
+                self.send_end(seal).await?;
+                self.flush().await;
+            }
+        }
+        Ok(())
+    }
+
+    /// One END on every subject of the stream.
+    async fn send_end(&mut self, seal: &mut EncryptForward) -> Result<()> {
         let routes: Vec<Route> = match self.plan.split {
             Some(parts) => (0..parts).map(|part| Route::Part { part, parts }).collect(),
             None => vec![Route::All],
@@ -2127,7 +2147,6 @@ impl Publisher {
                 self.publish(f, route).await?;
             }
         }
-        self.flush().await;
         Ok(())
     }
 
@@ -2504,6 +2523,9 @@ async fn pump_sink(
 ) -> Result<()> {
     let mut opened = Output::new();
     let mut last: Option<(u64, u64)> = None;
+    // The device run whose END this stream took last (a lossy stream's END comes up to three
+    // times).
+    let mut ended: Option<u64> = None;
     let mut handed = 0u64;
     let mut unacked: VecDeque<jetstream::Message> = VecDeque::new();
     // JetStream sequence up to which this process acknowledged everything.
@@ -2661,6 +2683,7 @@ async fn pump_sink(
             }
             continue;
         };
+        let run = rec.run;
         let meta = Meta {
             stream: rec.stream,
             seq: rec.seq,
@@ -2709,7 +2732,12 @@ async fn pump_sink(
                     }
                     return Ok(());
                 }
-                tracing::info!("{peer} source of this stream ended; waiting for it to start again");
+                if ended != Some(run) {
+                    ended = Some(run);
+                    tracing::info!(
+                        "{peer} source of this stream ended; waiting for it to start again"
+                    );
+                }
                 continue;
             }
             if let Some((old, old_seq)) = last.filter(|(run, _)| *run != rec.run) {

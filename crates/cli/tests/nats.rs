@@ -305,8 +305,19 @@ stack = [{{ type = "multiplex", mode = "split", parts = 2 }}]
 /// Everything a plain NATS subscriber sees under `ndd.>` (the server's own protocol, no
 /// client library): the bytes of every MSG.
 fn eavesdrop(port: u16) -> (std::thread::JoinHandle<Vec<u8>>, std::net::TcpStream) {
+    let (t, s) = subscribe_raw(port, "ndd.>");
+    let t = std::thread::spawn(move || t.join().unwrap().concat());
+    (t, s)
+}
+
+/// The body of every message a plain NATS subscriber to `subject` gets, until the returned
+/// connection is shut down.
+fn subscribe_raw(
+    port: u16,
+    subject: &str,
+) -> (std::thread::JoinHandle<Vec<Vec<u8>>>, std::net::TcpStream) {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.write_all(b"CONNECT {\"verbose\":false}\r\nSUB ndd.> 1\r\nPING\r\n")
+    s.write_all(format!("CONNECT {{\"verbose\":false}}\r\nSUB {subject} 1\r\nPING\r\n").as_bytes())
         .unwrap();
     let r = s.try_clone().unwrap();
     let mut w = s.try_clone().unwrap();
@@ -321,7 +332,8 @@ fn eavesdrop(port: u16) -> (std::thread::JoinHandle<Vec<u8>>, std::net::TcpStrea
                 let len: usize = line.split_whitespace().last().unwrap().parse().unwrap();
                 let mut body = vec![0u8; len + 2];
                 std::io::Read::read_exact(&mut rd, &mut body).unwrap();
-                seen.extend_from_slice(&body[..len]);
+                body.truncate(len);
+                seen.push(body);
             }
             line.clear();
         }
@@ -1401,4 +1413,57 @@ fn a_forged_rekey_notice_is_ignored_with_a_warning() {
     // The half's own warning is not repeated beside it.
     assert!(!err.contains("failed authentication"), "{err}");
     drop(d);
+}
+
+/// A lossy stream's END travels on core NATS, which may lose a message: it goes three times,
+/// and an app side that outlives it says once that the device's source ended.
+#[test]
+fn a_lossy_streams_end_goes_three_times_and_an_app_side_says_it_once() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-lossy-end");
+    let nats = Nats::start("lossy-end", &[]);
+    let (dev, apps) = homes_n(&dir.0, 2);
+    let cfg = fan_config(
+        &dir.0,
+        "lend",
+        &nats.url(),
+        2,
+        r#"
+[[stream]]
+name = "s"
+direction = "device-to-app"
+reliability = "lossy"
+source = { type = "synthetic", size = 100, interval_ms = 5.0, count = 100, seed = 3 }
+sink = { type = "check", seed = 3, size = 100, expect = 100 }
+"#,
+    );
+    let (spy, conn) = subscribe_raw(nats.port, "ndd.lend.d.1");
+    let once = side(&cfg, "app", &apps[0], &["--once"]);
+    let stays = side(&cfg, "app", &apps[1], &[]);
+    let d = side(&cfg, "device", &dev, &["--once"]);
+    let (ds, _, derr) = d.finish();
+    assert!(ds.success(), "device: {derr}");
+    let (s, _, err) = once.finish();
+    assert!(s.success(), "app under --once: {err}");
+    assert!(err.contains(&check_ok("s", 100)), "{err}");
+    wait_for("the other app side to see the end", WAIT, || {
+        stays.stderr_now().contains("source of this stream ended")
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let err = stays.kill();
+    assert_eq!(
+        err.matches("source of this stream ended").count(),
+        1,
+        "said once: {err}"
+    );
+    conn.shutdown(std::net::Shutdown::Both).unwrap();
+    let ends = spy
+        .join()
+        .unwrap()
+        .iter()
+        .filter(|m| m.len() >= 20 && m[12..20] == [0xff; 8])
+        .count();
+    assert_eq!(ends, 3, "END records on the stream's subject");
 }
