@@ -19,6 +19,14 @@ fn plan(id: u16, role: Role, reliable: bool) -> StreamPlan {
     }
 }
 
+/// A reliable source stream at `priority`.
+fn source_at(id: u16, priority: Priority) -> StreamPlan {
+    StreamPlan {
+        priority,
+        ..plan(id, Role::Source, true)
+    }
+}
+
 fn session(plans: Vec<StreamPlan>, budget: usize) -> Session {
     let cfg = SessionConfig {
         resume_buffer_bytes: budget,
@@ -462,23 +470,18 @@ fn a_peer_that_revokes_us_mid_session_is_a_lost_link_with_its_reason_and_the_end
 #[test]
 fn a_high_priority_stream_goes_before_normal_and_low_ones_round_robin_within_a_class() {
     let now = Instant::now();
-    let with = |id, priority| StreamPlan {
-        priority,
-        ..plan(id, Role::Source, true)
-    };
-    let mut s = session(
-        vec![
-            with(1, Priority::Low),
-            with(2, Priority::Normal),
-            with(3, Priority::High),
-            with(4, Priority::High),
-        ],
-        1 << 20,
+    let mut s = resumed(
+        session(
+            vec![
+                source_at(1, Priority::Low),
+                source_at(2, Priority::Normal),
+                source_at(3, Priority::High),
+                source_at(4, Priority::High),
+            ],
+            1 << 20,
+        ),
+        now,
     );
-    s.handle_link_up(now);
-    s.handle_message(now, 1, resume(9)).unwrap();
-    s.handle_message(now, 1, resume(9)).unwrap();
-    drain(&mut s, now);
     // Low and normal frames were ready first; the high ones came after them.
     for seq in 0..2 {
         for (i, id) in [(0, 1), (1, 2), (2, 3), (3, 4)] {
@@ -570,21 +573,17 @@ fn a_bulk_stream_keeps_a_smaller_window_while_a_more_urgent_stream_is_live() {
     // On a fast short path the window is its 2 MiB floor: an input frame would wait behind
     // that much bulk. While the input stream sends, the bulk stream keeps 200 µs of the path.
     let t0 = Instant::now();
-    let with = |id, priority| StreamPlan {
-        priority,
-        ..plan(id, Role::Source, true)
-    };
-    let mut s = session(
-        vec![
-            with(1, Priority::Normal),
-            with(2, Priority::High),
-            with(3, Priority::Low),
-        ],
-        64 << 20,
+    let mut s = resumed(
+        session(
+            vec![
+                source_at(1, Priority::Normal),
+                source_at(2, Priority::High),
+                source_at(3, Priority::Low),
+            ],
+            64 << 20,
+        ),
+        t0,
     );
-    s.handle_link_up(t0);
-    s.handle_message(t0, 1, resume(9)).unwrap();
-    s.handle_message(t0, 1, resume(9)).unwrap();
     // 1 GB/s acknowledged: 5 MB frames, 10 MB in the 10 ms after the first ACK.
     for seq in 0..3 {
         s.handle_source_frame(t0, 0, frame(1, seq, 5_000_000))
