@@ -292,7 +292,7 @@ pub enum LinkError {
     Wire(#[from] ndd_wire::WireError),
 
     /// Reading from or writing to the connection failed.
-    #[error("connection: {0}")]
+    #[error("{}", io_text(.0))]
     Io(#[from] io::Error),
 
     /// Starting a QUIC connection failed before any packet was sent (bad address, bad
@@ -431,5 +431,40 @@ impl LinkError {
             path: path.into(),
             source,
         }
+    }
+}
+
+/// What a failed read or write on the connection says: the two ways a peer's connection
+/// usually ends without a goodbye in words, anything else as the system put it.
+fn io_text(e: &io::Error) -> String {
+    match e.kind() {
+        io::ErrorKind::ConnectionReset => format!(
+            "the peer reset the connection: it was killed or crashed, or something on the \
+             path (a firewall, a NAT) cut it ({e})"
+        ),
+        io::ErrorKind::BrokenPipe => format!("the peer had already closed the connection ({e})"),
+        _ => format!("connection: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reset_or_closed_connection_is_said_in_words() {
+        let text = |kind| LinkError::Io(io::Error::from(kind)).to_string();
+        let reset = text(io::ErrorKind::ConnectionReset);
+        assert!(
+            reset.starts_with("the peer reset the connection: it was killed or crashed"),
+            "{reset}"
+        );
+        let pipe = text(io::ErrorKind::BrokenPipe);
+        assert!(
+            pipe.starts_with("the peer had already closed the connection"),
+            "{pipe}"
+        );
+        let other = text(io::ErrorKind::TimedOut);
+        assert!(other.starts_with("connection: "), "{other}");
     }
 }
