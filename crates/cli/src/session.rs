@@ -305,11 +305,7 @@ impl Link {
             });
             tx.write_transmit(&close).await.ok()?;
             tx.flush().await.ok()?;
-            let tcp = matches!(tx, Tx::Tcp(_));
-            let _ = tx.shutdown().await;
-            if tcp {
-                while let Some((_, Ok(Some(_)))) = self.inbound.recv().await {}
-            }
+            close_and_drain(tx, &mut self.inbound).await;
             Some(())
         };
         let _ = tokio::time::timeout(Duration::from_secs(1), say).await;
@@ -333,16 +329,21 @@ impl Link {
             let Some(mut tx) = self.idle.take() else {
                 return;
             };
-            let tcp = matches!(tx, Tx::Tcp(_));
-            let _ = tx.shutdown().await;
-            // On TCP, read on until the peer closes too: closing a socket with unread bytes
-            // (the peer's last PINGs and ACKs) resets the connection, and the peer could lose
-            // our CLOSE to the reset. (Datagram links have no reset and no end.)
-            if tcp {
-                while let Some((_, Ok(Some(_)))) = self.inbound.recv().await {}
-            }
+            close_and_drain(&mut tx, &mut self.inbound).await;
         };
         let _ = tokio::time::timeout(Duration::from_secs(1), finish).await;
+    }
+}
+
+/// Closes our direction of the link and, on TCP, reads on until the peer closes too: closing
+/// a socket with unread bytes (the peer's last frames, PINGs and ACKs) resets the connection,
+/// and the peer could lose what we said last (our CLOSE) to the reset. Datagram links have no
+/// reset and no end.
+async fn close_and_drain(tx: &mut Tx, inbound: &mut mpsc::Receiver<Inbound>) {
+    let tcp = matches!(tx, Tx::Tcp(_));
+    let _ = tx.shutdown().await;
+    if tcp {
+        while let Some((_, Ok(Some(_)))) = inbound.recv().await {}
     }
 }
 
@@ -723,16 +724,16 @@ pub async fn run_side(
             .into_iter()
             .flatten()
             .min();
-            // Only the sources the session takes frames from now (backpressure).
-            for (i, e) in io.iter().enumerate() {
-                if let (Some(d), Some(rx)) = (&e.demand, &e.source) {
-                    d.set(rx.is_empty() && sess.source_ready(i));
-                }
-            }
-            // Which sources the session takes frames from now (the session itself is not
-            // borrowed across the wait: this future runs as a task, which must be `Send`).
+            // Which sources the session takes frames from now (backpressure). Looked at here,
+            // not in the wait below: the session is not borrowed across it (this future runs
+            // as a task, which must be `Send`).
             ready.clear();
             ready.extend((0..n).map(|i| sess.source_ready(i)));
+            for (e, &r) in io.iter().zip(&ready) {
+                if let (Some(d), Some(rx)) = (&e.demand, &e.source) {
+                    d.set(rx.is_empty() && r);
+                }
+            }
             let ready_ref = &ready;
             let source_next = std::future::poll_fn(|cx| {
                 for k in 0..n {

@@ -348,8 +348,8 @@ pub struct Session {
     /// The peer's `max_body`: a longer frame is never cut (the link refuses it whole, as
     /// it would uncut).
     peer_max_body: usize,
-    /// When a source stream of each priority class (`Priority::ALL` order) last took a
-    /// frame: a class is live for [`URGENT_LIVE`] after it.
+    /// When a source stream of each priority class (indexed by `Priority as usize`, most
+    /// urgent first) last took a frame: a class is live for [`URGENT_LIVE`] after it.
     class_seen: [Option<Instant>; 3],
     /// The latest time the driver gave us (what `source_ready`, which takes none, goes by).
     now_seen: Option<Instant>,
@@ -527,15 +527,12 @@ impl Session {
     /// 2 MiB, 0.8–1.1 ms at 512 KiB). An idle input stream costs the bulk stream nothing.
     pub fn window_for(&self, i: usize) -> usize {
         let rtt = self.base_rtt_ns.map(Duration::from_nanos);
-        let mine = self.streams[i].plan.priority;
+        let more_urgent = &self.class_seen[..self.streams[i].plan.priority as usize];
         let urgent_live = self.now_seen.is_some_and(|now| {
-            Priority::ALL
+            more_urgent
                 .iter()
-                .zip(&self.class_seen)
-                .take_while(|(p, _)| **p != mine)
-                .any(|(_, seen)| {
-                    seen.is_some_and(|t| now.saturating_duration_since(t) < URGENT_LIVE)
-                })
+                .flatten()
+                .any(|t| now.saturating_duration_since(*t) < URGENT_LIVE)
         });
         if urgent_live {
             self.flight.limit_beside_urgent(rtt)
@@ -676,9 +673,7 @@ impl Session {
         if s.ended || !s.is_source() || going_away {
             return Ok(());
         }
-        if let Some(c) = Priority::ALL.iter().position(|p| *p == s.plan.priority) {
-            self.class_seen[c] = Some(now);
-        }
+        self.class_seen[s.plan.priority as usize] = Some(now);
         if !link_up && !s.plan.replay_outage {
             s.counters.stale += 1;
             return Ok(());
@@ -1273,14 +1268,24 @@ impl Session {
         }
     }
 
+    /// Nothing of any reliable stream written and not yet acknowledged (a frame written now
+    /// goes alone: its ACK measures the path, `Flight::on_lone_frame`).
+    fn nothing_in_flight(&self) -> bool {
+        self.streams.iter().all(|s| match &s.end {
+            End::Source(src) => src.next_write == 0 && src.chunk_off == 0,
+            End::Sink(_) => true,
+        })
+    }
+
     fn next_data(&mut self, i: usize, now: Instant) -> Option<Transmit> {
         let room = self.peer_max_body.saturating_sub(DATA_BODY_MIN);
         let chunk = self.chunk_size().min(room);
-        // Nothing of any reliable stream written and not yet acknowledged.
-        let idle = self.streams.iter().all(|s| match &s.end {
-            End::Source(src) => src.next_write == 0 && src.chunk_off == 0,
-            End::Sink(_) => true,
-        });
+        // Whether a reliable frame's first byte goes now, alone on the path (looked at only
+        // then: this runs for every stream on every poll).
+        let first_write = self.streams[i].plan.reliable
+            && matches!(&self.streams[i].end, End::Source(src) if src.chunk_off == 0
+                && src.out.get(src.next_write).is_some_and(|p| !p.written));
+        let alone = first_write && self.nothing_in_flight();
         let s = &mut self.streams[i];
         let End::Source(src) = &mut s.end else {
             return None;
@@ -1295,8 +1300,8 @@ impl Session {
             // meanwhile (the rate rose): sent whole with MORE still set, it went out again and
             // again (the CI's bench smoke run: `frame 21 in chunks is over 16777216 bytes`).
             let started = src.chunk_off > 0;
-            if !started && reliable && !p.written {
-                p.sent_alone = idle.then_some(now);
+            if first_write {
+                p.sent_alone = alone.then_some(now);
             }
             let payload = if started || (chunk > 0 && len > chunk && len <= room) {
                 // Cut: another stream's frame may go before the next chunk.

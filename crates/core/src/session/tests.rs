@@ -19,11 +19,30 @@ fn plan(id: u16, role: Role, reliable: bool) -> StreamPlan {
     }
 }
 
-/// A reliable source stream at `priority`.
-fn source_at(id: u16, priority: Priority) -> StreamPlan {
-    StreamPlan {
-        priority,
-        ..plan(id, Role::Source, true)
+/// A session past both RESUMEs with a reliable source stream at each of `priorities`
+/// (stream ids 1, 2, …).
+fn sources_at(priorities: &[Priority], budget: usize, now: Instant) -> Session {
+    let plans = (1u16..)
+        .zip(priorities)
+        .map(|(id, &priority)| StreamPlan {
+            priority,
+            ..plan(id, Role::Source, true)
+        })
+        .collect();
+    resumed(session(plans, budget), now)
+}
+
+/// Three frames of `bytes` on stream 1 (index 0) written at `t0` and acknowledged at 0, 5 and
+/// 10 ms: the path's rate is 2 × `bytes` per 10 ms (the first ACK starts the sample).
+fn acked_at_rate(s: &mut Session, t0: Instant, bytes: usize) {
+    for seq in 0..3 {
+        s.handle_source_frame(t0, 0, frame(1, seq, bytes)).unwrap();
+    }
+    drain(s, t0);
+    for (seq, ms) in [(0, 0), (1, 5), (2, 10)] {
+        let at = t0 + Duration::from_millis(ms);
+        s.handle_message(at, 1, Incoming::Other(OwnedMessage::Ack { stream: 1, seq }))
+            .unwrap();
     }
 }
 
@@ -470,16 +489,14 @@ fn a_peer_that_revokes_us_mid_session_is_a_lost_link_with_its_reason_and_the_end
 #[test]
 fn a_high_priority_stream_goes_before_normal_and_low_ones_round_robin_within_a_class() {
     let now = Instant::now();
-    let mut s = resumed(
-        session(
-            vec![
-                source_at(1, Priority::Low),
-                source_at(2, Priority::Normal),
-                source_at(3, Priority::High),
-                source_at(4, Priority::High),
-            ],
-            1 << 20,
-        ),
+    let mut s = sources_at(
+        &[
+            Priority::Low,
+            Priority::Normal,
+            Priority::High,
+            Priority::High,
+        ],
+        1 << 20,
         now,
     );
     // Low and normal frames were ready first; the high ones came after them.
@@ -534,16 +551,7 @@ fn the_in_flight_window_is_sized_by_the_shortest_round_trip_since_the_link_came_
     let (at, p) = pong(20, 20);
     s.handle_message(t0, at, p).unwrap();
     // 200 MB/s acknowledged: 2 MB in the 10 ms after the first ACK.
-    for seq in 0..3 {
-        s.handle_source_frame(t0, 0, frame(1, seq, 1_000_000))
-            .unwrap();
-    }
-    drain(&mut s, t0);
-    for (seq, ms) in [(0, 0), (1, 5), (2, 10)] {
-        let at = t0 + Duration::from_millis(ms);
-        s.handle_message(at, 1, Incoming::Other(OwnedMessage::Ack { stream: 1, seq }))
-            .unwrap();
-    }
+    acked_at_rate(&mut s, t0, 1_000_000);
     let path = s.flight_window();
     assert!(
         (7_900_000..=8_100_000).contains(&path),
@@ -573,28 +581,13 @@ fn a_bulk_stream_keeps_a_smaller_window_while_a_more_urgent_stream_is_live() {
     // On a fast short path the window is its 2 MiB floor: an input frame would wait behind
     // that much bulk. While the input stream sends, the bulk stream keeps 200 µs of the path.
     let t0 = Instant::now();
-    let mut s = resumed(
-        session(
-            vec![
-                source_at(1, Priority::Normal),
-                source_at(2, Priority::High),
-                source_at(3, Priority::Low),
-            ],
-            64 << 20,
-        ),
+    let mut s = sources_at(
+        &[Priority::Normal, Priority::High, Priority::Low],
+        64 << 20,
         t0,
     );
     // 1 GB/s acknowledged: 5 MB frames, 10 MB in the 10 ms after the first ACK.
-    for seq in 0..3 {
-        s.handle_source_frame(t0, 0, frame(1, seq, 5_000_000))
-            .unwrap();
-    }
-    drain(&mut s, t0);
-    for (seq, ms) in [(0, 0), (1, 5), (2, 10)] {
-        let at = t0 + Duration::from_millis(ms);
-        s.handle_message(at, 1, Incoming::Other(OwnedMessage::Ack { stream: 1, seq }))
-            .unwrap();
-    }
+    acked_at_rate(&mut s, t0, 5_000_000);
     let t = t0 + Duration::from_millis(20);
     s.handle_source_frame(t, 0, frame(1, 3, 1_000_000)).unwrap();
     drain(&mut s, t);
