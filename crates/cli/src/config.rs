@@ -337,11 +337,87 @@ pub fn check_address(addr: &str, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// An address this side connects to: a valid `host:port` whose port is not 0 and whose host
+/// resolves now, so a typo is one line at start, not seconds of retries. (`what` names the
+/// option or key.)
+pub fn check_connect_target(addr: &str, what: &str) -> Result<()> {
+    check_address(addr, what)?;
+    let port = addr.rsplit_once(':').map_or("", |(_, p)| p);
+    if port == "0" {
+        bail!("{what}: \"{addr}\": port 0 is not a port one can connect to; give the port the other side listens on");
+    }
+    use std::net::ToSocketAddrs;
+    match addr.to_socket_addrs().map(|mut a| a.next()) {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => bail!("{what}: \"{addr}\": the host has no address"),
+        Err(e) => bail!("{what}: \"{addr}\": the host does not resolve ({e}); check the name, or give an IP address"),
+    }
+}
+
+/// The largest config file read: a real one is a few kB; anything near this is a mistake
+/// (`ndd check /dev/zero` grew to 8 GB before this bound).
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Reads a config file of at most [`MAX_CONFIG_BYTES`] that is a regular file: a FIFO, a
+/// device or a directory is refused before it is opened for reading (a FIFO would block until
+/// a writer came), and a file that grows past the bound while read is refused too.
+pub fn read_bounded(path: &Path) -> Result<String> {
+    use std::io::Read;
+    let what = || format!("cannot read config file {}", path.display());
+    let meta = std::fs::metadata(path).with_context(what)?;
+    if !meta.is_file() {
+        let kind = if meta.is_dir() {
+            "a directory"
+        } else {
+            use std::os::unix::fs::FileTypeExt;
+            let t = meta.file_type();
+            if t.is_fifo() {
+                "a named pipe"
+            } else if t.is_char_device() || t.is_block_device() {
+                "a device"
+            } else if t.is_socket() {
+                "a socket"
+            } else {
+                "not a regular file"
+            }
+        };
+        bail!(
+            "config file {} is {kind}, not a regular file: give the path of a .toml file",
+            path.display()
+        );
+    }
+    let too_big = || {
+        anyhow::anyhow!(
+            "config file {} is larger than {} KiB: that is not an ndd config (a real one is a few kB)",
+            path.display(),
+            MAX_CONFIG_BYTES >> 10
+        )
+    };
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(too_big());
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    std::fs::File::open(path)
+        .with_context(what)?
+        .take(MAX_CONFIG_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .with_context(what)?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(too_big());
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "config file {} is not UTF-8 text (a bad byte at offset {}): a config is a TOML text file",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })
+}
+
 impl Config {
     /// Reads and checks a config file. Errors name the file, the line and the key.
     pub fn load(path: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read config file {}", path.display()))?;
+        let text = read_bounded(path)?;
         Config::parse(&text, path)
     }
 
@@ -368,6 +444,32 @@ impl Config {
         cfg.validate(text)?;
         cfg.join_sync_groups()?;
         Ok(cfg)
+    }
+
+    /// Builds both halves of every pair once and drops them, so what only building finds (an
+    /// `encrypt` key file that is missing or unreadable, a codec that will not start) is named
+    /// now, with its stream and layer, before this side listens or connects, and by `ndd
+    /// check`. `external` pairs are left out: building one starts its program (their command
+    /// is checked when the config is read).
+    pub fn build_pairs(&self) -> Result<()> {
+        use ndd_core::Pair;
+        for s in &self.streams {
+            for (layer, m) in s.pairs().into_iter().enumerate() {
+                if matches!(m, ModuleConfig::External(_)) {
+                    continue;
+                }
+                let built = m.forward().and_then(|_| m.inverse());
+                if let Err(e) = built {
+                    bail!(
+                        "{}: stream \"{}\" layer {layer} ({}): {e}",
+                        self.path.display(),
+                        s.name(),
+                        m.name()
+                    );
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Relative paths in endpoint and pair parameters (files, ports, pty links, key files)
@@ -747,6 +849,50 @@ stack = [{ type = "checksum" }, { type = "bundle", count = 4 }]
             h.streams[0].layers[1].description,
             "bundle(count=4, max_delay_ms=100, max_bytes=1048576, playout_ms=0)"
         );
+    }
+
+    #[test]
+    fn a_config_that_is_huge_or_not_a_regular_file_is_refused_at_once() {
+        let dir = std::env::temp_dir().join(format!("ndd-cfg-bounds-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let load = |p: &Path| format!("{:#}", Config::load(p).unwrap_err());
+        // A FIFO nobody writes: refused without opening it (opening would block for good).
+        let fifo = dir.join("pipe.toml");
+        let _ = std::fs::remove_file(&fifo);
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.unwrap().success());
+        let e = load(&fifo);
+        assert!(
+            e.ends_with(
+                "pipe.toml is a named pipe, not a regular file: give the path of a .toml file"
+            ),
+            "{e}"
+        );
+        // A device and a directory.
+        let e = load(Path::new("/dev/zero"));
+        assert_eq!(
+            e,
+            "config file /dev/zero is a device, not a regular file: give the path of a .toml file"
+        );
+        let e = load(&dir);
+        assert!(e.contains("is a directory, not a regular file"), "{e}");
+        // Over 1 MiB: refused by its size (a good config padded with a comment).
+        let big = dir.join("big.toml");
+        let mut text = GOOD.to_string();
+        text.push('#');
+        text.push_str(&"x".repeat(MAX_CONFIG_BYTES as usize));
+        std::fs::write(&big, &text).unwrap();
+        let e = load(&big);
+        assert!(e.ends_with("big.toml is larger than 1024 KiB: that is not an ndd config (a real one is a few kB)"), "{e}");
+        // Exactly the bound is read and parsed.
+        text.truncate(MAX_CONFIG_BYTES as usize);
+        std::fs::write(&big, &text).unwrap();
+        Config::load(&big).unwrap();
+        // Not UTF-8.
+        std::fs::write(&big, b"driver = \"\xff\"\n").unwrap();
+        let e = load(&big);
+        assert!(e.ends_with("big.toml is not UTF-8 text (a bad byte at offset 10): a config is a TOML text file"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

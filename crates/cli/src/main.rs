@@ -78,7 +78,7 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         stats_json: Option<PathBuf>,
         /// Stop after SECONDS.
-        #[arg(long, value_name = "SECONDS")]
+        #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
         duration: Option<f64>,
         /// One session: give up connecting after link.connect_timeout_ms, stop when the peer
         /// stops, and end the peer's streams when this side stops. Without it a side outlives
@@ -95,7 +95,7 @@ enum Command {
     /// Both halves on this machine over loopback TLS with a simulated 3D mouse, live stats.
     Demo {
         /// Stop after SECONDS (default: run until Ctrl-C).
-        #[arg(long, value_name = "SECONDS")]
+        #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
         duration: Option<f64>,
         /// One device side feeding three app sides through a private nats-server (Debian's
         /// nats-server) instead: the NATS link and the multiplex pair.
@@ -284,6 +284,27 @@ fn ctrl_c() -> tokio::sync::watch::Receiver<bool> {
     rx
 }
 
+/// That a file can be written at `path` (made and removed if it was not there), so a run
+/// that would end by failing to write its stats fails at start instead.
+fn check_writable(path: &Path, what: &str) -> Result<()> {
+    if path.is_dir() {
+        anyhow::bail!(
+            "{what} {}: is a directory; give a file's path",
+            path.display()
+        );
+    }
+    let existed = path.exists();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .with_context(|| format!("{what} {}: cannot write there", path.display()))?;
+    if !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}
+
 fn write_json(path: &Path, value: &serde_json::Value) -> Result<()> {
     let text = serde_json::to_string_pretty(value)?;
     std::fs::write(path, text + "\n")
@@ -306,6 +327,7 @@ fn run(cli: Cli) -> Result<i32> {
             home,
         } => {
             let cfg = Config::load(&config)?;
+            cfg.build_pairs()?;
             let d = duration(d)?;
             if let Some(a) = &listen {
                 config::check_address(a, "--listen")?;
@@ -313,6 +335,7 @@ fn run(cli: Cli) -> Result<i32> {
             if let Some(a) = &connect {
                 config::check_address(a, "--connect")?;
             }
+            let from_flag = connect.is_some();
             let endpoint = match (listen, connect) {
                 (Some(a), _) => Endpoint::Listen(a),
                 (None, Some(a)) => Endpoint::Connect(a),
@@ -321,6 +344,20 @@ fn run(cli: Cli) -> Result<i32> {
                 }
                 (None, None) => Endpoint::Connect(cfg.link.address.clone()),
             };
+            if let (Endpoint::Connect(a), false) = (
+                &endpoint,
+                cfg.link.transport == session::TransportKind::Nats,
+            ) {
+                let what = if from_flag {
+                    "--connect"
+                } else {
+                    "link.address"
+                };
+                config::check_connect_target(a, what)?;
+            }
+            if let Some(path) = &stats_json {
+                check_writable(path, "--stats-json")?;
+            }
             let opts = RunOptions {
                 side,
                 home: home.dir(),
@@ -511,6 +548,7 @@ fn run(cli: Cli) -> Result<i32> {
 /// `ndd check` of one file: the plan, and with `side` that side's endpoints probed.
 fn check_one(config: &Path, side: Option<SideName>) -> Result<()> {
     let cfg = Config::load(config)?;
+    cfg.build_pairs()?;
     if let Some(side) = side {
         cfg.probe_side(side)?;
     }

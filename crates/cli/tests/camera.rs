@@ -1,7 +1,8 @@
 //! The synthetic camera through the `image` pair (JPEG) between two real `ndd` processes
 //! over TLS, into a `y4m` named pipe read by an unmodified `ffmpeg`: every frame arrives,
 //! once, in order (the frame number written in each picture is read back from what ffmpeg
-//! decoded), at the camera's size.
+//! decoded), at the camera's size. The camera's pace is a benchmark's business (`ndd bench
+//! camera`), not a test's.
 
 mod common;
 
@@ -59,9 +60,8 @@ sink = {{ type = "y4m", path = "{}", fps = 30 }}
         (0..60).map(Some).collect::<Vec<_>>(),
         "frame numbers ffmpeg decoded"
     );
-    // Timing: the frames reached the player at the camera's pace, 30 a second (the first
-    // few wait for ffmpeg to open the pipe, so the span may be a little short; a camera
-    // that ran unpaced, or a path that held frames back, would be far off).
+    // Every frame counted once at the sink. (The pace, 30 a second, is measured by `ndd bench
+    // camera`, not asserted here: a duration fails on a busy or slow machine.)
     app.terminate();
     let (_, _, app_err) = app.finish();
     let json: serde_json::Value = serde_json::from_str(
@@ -70,11 +70,6 @@ sink = {{ type = "y4m", path = "{}", fps = 30 }}
     .unwrap();
     let s = &json["streams"][0];
     assert_eq!(s["frames"].as_u64(), Some(60), "{s}");
-    let span = s["delivery_span_s"].as_f64().unwrap();
-    assert!(
-        (1.6..=2.3).contains(&span),
-        "60 frames at 30 fps span 1.97 s at the sink, got {span:.3} s"
-    );
     drop(dev.kill());
 }
 

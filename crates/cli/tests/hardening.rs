@@ -265,6 +265,95 @@ fn duration_is_bounded_and_honoured_before_a_peer_connects() {
     );
 }
 
+/// What would only fail after connecting, or after seconds of retries, or at exit, is one line
+/// at start, before the side listens or connects (issue 32, item 2): each run is bounded
+/// (`timeout`), so a side that waited or retried instead fails the test.
+#[test]
+fn mistakes_are_named_before_connecting() {
+    let dir = Dir::new("before-connecting");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let cfg = dir.0.join("c.toml");
+    std::fs::write(&cfg, CFG.replace("TRANSPORT", "tcp")).unwrap();
+    let enc = dir.0.join("enc.toml");
+    std::fs::write(
+        &enc,
+        CFG.replace("TRANSPORT", "tcp").replace(
+            "sink = ",
+            "stack = [{ type = \"encrypt\", key_file = \"gone.key\" }]\nsink = ",
+        ),
+    )
+    .unwrap();
+    let fails = |cfg: &std::path::Path, side: &str, home: &std::path::Path, args: &[&str]| {
+        let out = run_cmd(cfg, side, home, args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(!err.contains("listening on"), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+        err
+    };
+    // A missing key file: named with its stream and layer, by `ndd run` and by `ndd check`.
+    let missing = format!(
+        "enc.toml: stream \"events\" layer 0 (encrypt): cannot start: encrypt: cannot read key file {}",
+        dir.0.join("gone.key").display()
+    );
+    let err = fails(&enc, "app", &app_home, &["--listen", "127.0.0.1:0"]);
+    assert!(err.contains(&missing), "{err}");
+    let out = ndd().arg("check").arg(&enc).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(&missing), "{err}");
+    // Where to connect: port 0, a host that does not resolve.
+    let err = fails(&cfg, "device", &dev_home, &["--connect", "127.0.0.1:0"]);
+    assert!(
+        err.contains("--connect: \"127.0.0.1:0\": port 0 is not a port one can connect to"),
+        "{err}"
+    );
+    let err = fails(
+        &cfg,
+        "device",
+        &dev_home,
+        &["--connect", "no-such-host.invalid:7878"],
+    );
+    assert!(
+        err.contains("--connect: \"no-such-host.invalid:7878\": the host does not resolve"),
+        "{err}"
+    );
+    // A stats file that cannot be written, and a negative duration.
+    let err = fails(
+        &cfg,
+        "app",
+        &app_home,
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--stats-json",
+            "/nonexistent-dir/s.json",
+        ],
+    );
+    assert!(
+        err.contains("--stats-json /nonexistent-dir/s.json: cannot write there"),
+        "{err}"
+    );
+    let err = fails(
+        &cfg,
+        "app",
+        &app_home,
+        &["--listen", "127.0.0.1:0", "--duration", "-1"],
+    );
+    assert!(
+        err.contains(
+            "--duration must be a positive number of seconds up to one year (31622400), not -1"
+        ),
+        "{err}"
+    );
+    // A config that is a device or a pipe (the pipe would block for good if opened).
+    let err = fails(std::path::Path::new("/dev/zero"), "app", &app_home, &[]);
+    assert!(
+        err.contains("config file /dev/zero is a device, not a regular file"),
+        "{err}"
+    );
+}
+
 /// A UDP listener on port 0 is refused up front: it binds again for each peer, so the port it
 /// printed would not be the one the next peer must use (found by hand: it said `listening on
 /// 127.0.0.1:0 (UDP)`).
