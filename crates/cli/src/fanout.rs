@@ -772,7 +772,7 @@ pub async fn run_side(
                 Ok(None)
             });
             let run = random_u64();
-            claim_device(&ctx, &cfg.driver, run).await?;
+            claim_device(&ctx, &cfg.driver, run, &local, &opts.home).await?;
             let slots = plans.iter().filter_map(|p| p.split).max().unwrap_or(0);
             let (joined, mut joined_rx) = watch::channel(std::collections::HashSet::new());
             let seen: Shared<HashMap<String, Instant>> = Arc::default();
@@ -1087,24 +1087,61 @@ async fn stored_up_to(
 /// publish on its subjects: every app side would get two interleaved runs (found by hand: a
 /// device side started twice went unnoticed, and the app sides' pairs restarted at every
 /// frame). Two that start within the same few milliseconds are not caught.
-async fn claim_device(ctx: &Ctx, driver: &str, run: u64) -> Result<()> {
+///
+/// Answers are signed notes (`device_claim_label`): only one signed by this install or by a
+/// peer in `known_peers` counts. Anyone who may publish on the server could answer otherwise
+/// and keep every device side from starting (found by hostile testing: a fake answer stopped a
+/// device side, its text, escape codes included, printed raw). Every answer within the wait
+/// is read, so a fast forged one cannot hide a real one.
+async fn claim_device(
+    ctx: &Ctx,
+    driver: &str,
+    run: u64,
+    local: &LocalIdentity,
+    home: &std::path::Path,
+) -> Result<()> {
     let subject = ctx.subjects.device();
+    let label = device_claim_label(&ctx.subjects);
+    let mut ignored = ndd_core::RateLimit::with_burst(Duration::from_secs(10), 1);
     // One that was just told to stop answers until it is gone: it gets a few seconds.
     let give_up = Instant::now() + Duration::from_secs(5);
     loop {
-        let ask = ctx.client.request(subject.clone(), Bytes::new());
-        match tokio::time::timeout(Duration::from_millis(500), ask).await {
-            Ok(Ok(answer)) if Instant::now() >= give_up => {
-                let who = String::from_utf8_lossy(&answer.payload).into_owned();
-                bail!(
-                    "another device side is already serving driver \"{driver}\" through this \
-                     NATS server ({who}); stop it first, or give this one another driver name \
-                     or link.nats.subject_prefix"
-                );
+        let inbox = ctx.client.new_inbox();
+        let mut answers = ctx
+            .client
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| anyhow!("cannot subscribe to {inbox}: {e}"))?;
+        ctx.client
+            .publish_with_reply(subject.clone(), inbox, Bytes::new())
+            .await
+            .map_err(|e| anyhow!("cannot ask on {subject}: {e}"))?;
+        let _ = ctx.client.flush().await;
+        let until = tokio::time::Instant::now() + Duration::from_millis(500);
+        let mut serving = None;
+        while let Ok(Some(m)) = tokio::time::timeout_at(until, answers.next()).await {
+            match check_claim(&m.payload, &label, local, home) {
+                Ok(who) => serving = Some(who),
+                Err(why) => {
+                    if let Some(suppressed) = ignored.admit(Instant::now()) {
+                        tracing::warn!(
+                            side = "device",
+                            suppressed,
+                            "ignored an answer on {subject}: {why}"
+                        );
+                    }
+                }
             }
-            Ok(Ok(_)) => tokio::time::sleep(Duration::from_millis(250)).await,
-            // Nobody answers (no responders), or not in time: this side is the only one.
-            Ok(Err(_)) | Err(_) => break,
+        }
+        match serving {
+            Some(who) if Instant::now() >= give_up => bail!(
+                "another device side is already serving driver \"{driver}\" through this \
+                 NATS server ({who}); stop it first, or give this one another driver name \
+                 or link.nats.subject_prefix"
+            ),
+            Some(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+            // Nobody trusted answers: this side is the only one.
+            None => break,
         }
     }
     let mut sub = ctx
@@ -1118,14 +1155,47 @@ async fn claim_device(ctx: &Ctx, driver: &str, run: u64) -> Result<()> {
         std::process::id(),
         hostname()
     );
+    let note = local
+        .sign_note(&label, me.as_bytes())
+        .map_err(|e| anyhow!("cannot sign this side's claim on {subject}: {e}"))?;
     tokio::spawn(async move {
         while let Some(m) = sub.next().await {
             if let Some(reply) = m.reply {
-                let _ = client.publish(reply, Bytes::from(me.clone())).await;
+                let _ = client.publish(reply, Bytes::from(note.clone())).await;
             }
         }
     });
     Ok(())
+}
+
+/// What a device side's claim on `P.D.device` is signed over besides its body: the kind of
+/// note and the driver's subjects.
+fn device_claim_label(subjects: &Subjects) -> Vec<u8> {
+    format!("ndd nats device claim v1 {}", subjects.device()).into_bytes()
+}
+
+/// Who serves the driver, from a signed claim by this install or a known peer (its text
+/// escaped and bounded); or why the answer does not count.
+fn check_claim(
+    note: &[u8],
+    label: &[u8],
+    local: &LocalIdentity,
+    home: &std::path::Path,
+) -> std::result::Result<String, String> {
+    let shown = |b: &[u8]| ndd_wire::text::printable_bytes(b, 80);
+    let (body, fp) = ndd_link::seal::open_note(note, label)
+        .map_err(|e| format!("not a signed claim of a device side ({e}): {}", shown(note)))?;
+    let known =
+        fp == local.fingerprint() || KnownPeers::load(home).is_ok_and(|k| k.lookup(&fp).is_some());
+    if !known {
+        return Err(format!(
+            "signed by {fp}, which is neither this install nor in known_peers"
+        ));
+    }
+    Ok(ndd_wire::text::printable_bytes(
+        body,
+        ndd_wire::text::MAX_SHOWN,
+    ))
 }
 
 /// This machine's name, for messages (`?` if unknown).

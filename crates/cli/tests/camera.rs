@@ -2,7 +2,7 @@
 //! over TLS, into a `y4m` named pipe read by an unmodified `ffmpeg`: every frame arrives,
 //! once, in order (the frame number written in each picture is read back from what ffmpeg
 //! decoded), at the camera's size. The camera's pace is a benchmark's business (`ndd bench
-//! camera`), not a test's.
+//! fanout`, the shared-screen rows), not a test's.
 
 mod common;
 
@@ -61,7 +61,8 @@ sink = {{ type = "y4m", path = "{}", fps = 30 }}
         "frame numbers ffmpeg decoded"
     );
     // Every frame counted once at the sink. (The pace, 30 a second, is measured by `ndd bench
-    // camera`, not asserted here: a duration fails on a busy or slow machine.)
+    // fanout`'s shared-screen rows, `pictures/s`, not asserted here: a duration fails on a busy
+    // or slow machine.)
     app.terminate();
     let (_, _, app_err) = app.finish();
     let json: serde_json::Value = serde_json::from_str(

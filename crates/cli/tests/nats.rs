@@ -1123,6 +1123,22 @@ fn y4m_pictures(path: &Path) -> usize {
     len.saturating_sub(header) / PICTURE
 }
 
+/// The frame numbers of the pictures written whole to the `y4m` file `path` so far, read from
+/// their luma planes as `frame_numbers` reads ffmpeg's output: where a stream has come to,
+/// picture by picture, while it is written.
+fn y4m_numbers(path: &Path) -> Vec<u32> {
+    const LUMA: usize = 640 * 480;
+    const PICTURE: usize = 6 + LUMA * 3 / 2;
+    let bytes = std::fs::read(path).unwrap_or_default();
+    let Some(header) = bytes.iter().position(|&b| b == b'\n') else {
+        return Vec::new();
+    };
+    bytes[header + 1..]
+        .chunks_exact(PICTURE)
+        .filter_map(|p| ndd_endpoint::camera::pattern::read_number(&p[6..6 + LUMA], 640))
+        .collect()
+}
+
 /// A device side whose source is a blocking task (`x11-screen` polls its X connection on a
 /// thread of its own; aborting the task does not stop it) stops when told: its stream's END
 /// reaches the app side, whose sink then ends with `--once`. (Before, the device side waited
@@ -1373,11 +1389,13 @@ fn an_app_side_follows_a_restarted_device_side_with_fresh_pairs() {
         a.stderr_now()
             .contains("the device side restarted; this stream's pairs start afresh")
     });
-    // Counted from the first frame of the new run (the old run's last pictures may still have
-    // been on their way when it was killed).
-    let before = y4m_pictures(&y4m);
+    // Pictures of the new run: those after the number drops back (the old run's last ones may
+    // still be on their way after the app side has heard of the new run).
     wait_for("30 pictures of the new run", WAIT, || {
-        y4m_pictures(&y4m) >= before + 30
+        let n = y4m_numbers(&y4m);
+        (1..n.len())
+            .find(|&i| n[i] < n[i - 1])
+            .is_some_and(|i| n.len() - i >= 30)
     });
     drop(d.kill());
     let err = a.kill();
@@ -1455,6 +1473,72 @@ fn a_forged_rekey_notice_is_ignored_with_a_warning() {
     // The half's own warning is not repeated beside it.
     assert!(!err.contains("failed authentication"), "{err}");
     drop(d);
+}
+
+/// Anyone who may publish on the server could answer a device side's "is anyone serving this
+/// driver?" and keep it from starting (issue 31: an unsigned answer stopped a device side after
+/// 4.9 s, the attacker's escape codes printed raw). Answers are signed notes now: an unsigned
+/// one is ignored with one warning, its text escaped, and the device side serves.
+#[test]
+fn an_unsigned_answer_on_the_device_subject_does_not_stop_a_device_side() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-forged-claim");
+    let nats = Nats::start("forged-claim", &[]);
+    let (dev, _) = homes_n(&dir.0, 1);
+    let cfg = ticker(&dir.0, "claimed", &nats.url(), 0);
+    // The attacker: answers every question on the subject, at once and again and again.
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", nats.port)).unwrap();
+    s.write_all(b"CONNECT {\"verbose\":false}\r\nSUB ndd.claimed.device 1\r\nPING\r\n")
+        .unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("PONG") {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+    }
+    let answering = std::thread::spawn(move || {
+        let payload = b"evil\x1b[2J\x1b[31m\nndd: error: forged";
+        let mut line = String::new();
+        let mut answered = 0;
+        while r.read_line(&mut line).is_ok_and(|n| n > 0) {
+            // MSG <subject> <sid> <reply> <len>
+            let w: Vec<&str> = line.split_whitespace().collect();
+            if w.first() == Some(&"MSG") && w.len() == 5 {
+                let mut pubmsg = format!("PUB {} {}\r\n", w[3], payload.len()).into_bytes();
+                pubmsg.extend_from_slice(payload);
+                pubmsg.extend_from_slice(b"\r\n");
+                if s.write_all(&pubmsg).is_err() {
+                    break;
+                }
+                answered += 1;
+                let mut body = String::new();
+                let _ = r.read_line(&mut body);
+            }
+            line.clear();
+        }
+        answered
+    });
+    let d = side(&cfg, "device", &dev, &[]);
+    wait_for("the device side serves", WAIT, || {
+        d.stderr_now().contains("serving app sides through NATS")
+    });
+    let err = d.kill();
+    assert!(!err.contains("already serving"), "{err}");
+    assert_eq!(
+        err.matches("ignored an answer on ndd.claimed.device: not a signed claim of a device side")
+            .count(),
+        1,
+        "{err}"
+    );
+    assert!(
+        err.contains("evil\\u{1b}[2J\\u{1b}[31m\\nndd: error: forged"),
+        "{err}"
+    );
+    assert!(!err.contains('\x1b'), "{err}");
+    drop(nats);
+    assert!(answering.join().unwrap() >= 1);
 }
 
 /// A lossy stream's END travels on core NATS, which may lose a message: it goes three times,

@@ -48,6 +48,7 @@ pub mod hello;
 pub mod ping;
 pub mod pong;
 pub mod resume;
+pub mod text;
 
 pub use close::CloseCode;
 pub use data::{DataHeader, DATA_HEADER_LEN, FLAG_MORE, FLAG_RETRANSMIT};

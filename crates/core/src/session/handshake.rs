@@ -4,6 +4,10 @@
 //!
 //! Trust (pinned fingerprints) is checked before this by the link, which owns the files.
 
+use ndd_wire::text::printable;
+
+/// The longest reason from a peer shown, in characters (ours quote names, stacks and a fix).
+pub(crate) const MAX_REASON: usize = 1000;
 use ndd_wire::{CloseCode, HelloRepr, OwnedMessage};
 
 /// The first thing that came from the peer after the link was up.
@@ -65,16 +69,17 @@ pub fn decide(ours: &HelloRepr, opening: PeerOpening<'_>) -> HandshakeDecision {
         PeerOpening::Message(OwnedMessage::Hello(theirs)) => {
             match ndd_wire::compare_hello(ours, theirs) {
                 Ok(()) => HandshakeDecision::Agree(theirs.clone()),
+                // The message quotes the peer's names and descriptions: escaped.
                 Err(m) => HandshakeDecision::Refuse {
                     code: CloseCode::StackMismatch,
-                    reason: m.to_string(),
+                    reason: printable(&m.to_string(), MAX_REASON),
                 },
             }
         }
         PeerOpening::Message(OwnedMessage::Close { code, reason }) => {
             HandshakeDecision::RefusedByPeer {
                 code: *code,
-                reason: reason.clone(),
+                reason: printable(reason, MAX_REASON),
             }
         }
         PeerOpening::Message(_) => {

@@ -37,6 +37,7 @@ use crate::frame::Frame;
 use crate::ratelimit::RateLimit;
 use crate::stack::{LayerStats, StackError};
 use bytes::Bytes;
+use ndd_wire::text::printable;
 use ndd_wire::{CloseCode, OwnedMessage};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -1063,46 +1064,10 @@ impl Session {
                         self.base_rtt_ns = Some(self.base_rtt_ns.map_or(rtt, |b| b.min(rtt)));
                     }
                 }
-                OwnedMessage::Close {
-                    code: CloseCode::GoingAway,
-                    reason,
-                } if self.cfg.outlive_peer && self.cfg.reconnect && !self.stopping => {
-                    self.peer_gone = Some(match reason.as_str() {
-                        "" | "stopped" => "the peer stopped".to_string(),
-                        r => format!("the peer stopped ({r})"),
-                    });
-                }
-                OwnedMessage::Close {
-                    code: CloseCode::Normal | CloseCode::GoingAway,
-                    ..
-                } => {
-                    // No more frames will come: deliver what our sinks hold. Our sources end
-                    // when we send our CLOSE.
-                    self.peer_closed = true;
-                    for i in 0..self.streams.len() {
-                        if !self.streams[i].is_source() {
-                            self.end_stream(i, now)?;
-                        }
-                    }
-                    if self.close_sent() {
-                        self.finish(self.close.map_or(Ending::PeerClosed, |c| c.reason));
-                    }
-                }
-                OwnedMessage::Close {
-                    code: CloseCode::UntrustedPeer,
-                    reason,
-                } if self.cfg.reconnect && !self.stopping => {
-                    // The peer revoked us mid-session (`ndd untrust`): a lost link with the
-                    // reason, so its refusals of our reconnects say the rest (and a peer that
-                    // trusts us again takes us back).
-                    let reason = match reason.as_str() {
-                        "" => "the peer no longer trusts this side".to_string(),
-                        r => format!("the peer no longer trusts this side: {r}"),
-                    };
-                    return self.handle_link_lost(now, &reason);
-                }
                 OwnedMessage::Close { code, reason } => {
-                    return Err(SessionError::PeerClosed { code, reason })
+                    // The peer's words go to a terminal and the log: escaped and bounded.
+                    let reason = printable(&reason, handshake::MAX_REASON);
+                    return self.handle_close(now, code, reason);
                 }
                 OwnedMessage::Data { .. } => return Err(SessionError::PlainData),
                 OwnedMessage::Hello(_) | OwnedMessage::Ready => {
@@ -1119,6 +1084,50 @@ impl Session {
                     }
                 }
             },
+        }
+        Ok(())
+    }
+
+    /// The peer's CLOSE, its reason already escaped (`printable`).
+    fn handle_close(
+        &mut self,
+        now: Instant,
+        code: CloseCode,
+        reason: String,
+    ) -> Result<(), SessionError> {
+        match (code, reason) {
+            (CloseCode::GoingAway, reason)
+                if self.cfg.outlive_peer && self.cfg.reconnect && !self.stopping =>
+            {
+                self.peer_gone = Some(match reason.as_str() {
+                    "" | "stopped" => "the peer stopped".to_string(),
+                    r => format!("the peer stopped ({r})"),
+                });
+            }
+            (CloseCode::Normal | CloseCode::GoingAway, _) => {
+                // No more frames will come: deliver what our sinks hold. Our sources end
+                // when we send our CLOSE.
+                self.peer_closed = true;
+                for i in 0..self.streams.len() {
+                    if !self.streams[i].is_source() {
+                        self.end_stream(i, now)?;
+                    }
+                }
+                if self.close_sent() {
+                    self.finish(self.close.map_or(Ending::PeerClosed, |c| c.reason));
+                }
+            }
+            (CloseCode::UntrustedPeer, reason) if self.cfg.reconnect && !self.stopping => {
+                // The peer revoked us mid-session (`ndd untrust`): a lost link with the
+                // reason, so its refusals of our reconnects say the rest (and a peer that
+                // trusts us again takes us back).
+                let reason = match reason.as_str() {
+                    "" => "the peer no longer trusts this side".to_string(),
+                    r => format!("the peer no longer trusts this side: {r}"),
+                };
+                return self.handle_link_lost(now, &reason);
+            }
+            (code, reason) => return Err(SessionError::PeerClosed { code, reason }),
         }
         Ok(())
     }

@@ -486,6 +486,43 @@ fn a_peer_that_revokes_us_mid_session_is_a_lost_link_with_its_reason_and_the_end
     );
 }
 
+/// A peer's reason reaches a terminal and the log: escape codes and newlines in it are shown
+/// as text, and a long one is cut (issue 31, item 5).
+#[test]
+fn a_peers_close_reason_is_escaped_and_bounded() {
+    let now = Instant::now();
+    let hostile = format!("bye\x1b[2J\nndd: error: forged line{}", "x".repeat(5000));
+    let mut s = Session::new(
+        SessionConfig {
+            reconnect: false,
+            ..SessionConfig::default()
+        },
+        vec![plan(1, Role::Source, true)],
+        7,
+    )
+    .unwrap();
+    s.handle_link_up(now);
+    s.handle_message(now, 1, resume(9)).unwrap();
+    let e = s
+        .handle_message(
+            now,
+            1,
+            Incoming::Other(OwnedMessage::Close {
+                code: CloseCode::InternalError,
+                reason: hostile,
+            }),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("the peer closed the session (")
+            && e.contains("): bye\\u{1b}[2J\\nndd: error: forged linexxx"),
+        "{e}"
+    );
+    assert!(e.ends_with("x… (4031 more bytes)"), "{e}");
+    assert!(!e.contains('\x1b') && !e.contains('\n'), "{e}");
+}
+
 #[test]
 fn a_high_priority_stream_goes_before_normal_and_low_ones_round_robin_within_a_class() {
     let now = Instant::now();
