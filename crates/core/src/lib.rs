@@ -9,6 +9,8 @@
 //! - [`error`]: the typed causes of a [`ModuleError`] and [`ParamError`], the error of a
 //!   pair's parameter check;
 //! - [`stack`]: [`Stack`], the ordered halves of one stream on one side;
+//! - [`pathrate`]: [`PathRate`], a path's bottleneck rate, round trip and in-flight window
+//!   from a sender's own sends and acknowledgements (BBR's model: Startup, then ProbeBw);
 //! - [`ratelimit`]: [`RateLimit`], so a half that drops untrusted frames logs once a second,
 //!   not once a frame;
 //! - [`session`]: [`Session`], one side of a driver as a state machine: handshake decision,
@@ -25,6 +27,7 @@
 pub mod error;
 pub mod frame;
 pub mod half;
+pub mod pathrate;
 pub mod ratelimit;
 pub mod session;
 pub mod stack;
@@ -32,6 +35,7 @@ pub mod stack;
 pub use error::{ControlError, ForeignError, FrameError, ParamError, SetupError};
 pub use frame::{Frame, Meta};
 pub use half::{Half, HalfStats, ModuleError, Output, Pair};
+pub use pathrate::{PathRate, SendState};
 pub use ratelimit::RateLimit;
 pub use session::{
     Event, Incoming, Session, SessionConfig, SessionError, State, StreamPlan, Transmit,

@@ -8,6 +8,9 @@
 
 /// The longest text from a peer shown in one message, in characters.
 pub const MAX_SHOWN: usize = 200;
+/// The longest reason from a peer shown (a CLOSE, a refusal): ours quote fingerprints, names,
+/// stacks and the command that fixes it.
+pub const MAX_REASON: usize = 1000;
 
 /// `text` with control and formatting characters escaped (`\n`, `\u{1b}`, `\u{202e}`), at
 /// most `max` characters of it, and `… (N more bytes)` when it was longer.

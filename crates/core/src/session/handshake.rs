@@ -5,9 +5,7 @@
 //! Trust (pinned fingerprints) is checked before this by the link, which owns the files.
 
 use ndd_wire::text::printable;
-
-/// The longest reason from a peer shown, in characters (ours quote names, stacks and a fix).
-pub(crate) const MAX_REASON: usize = 1000;
+pub(crate) use ndd_wire::text::MAX_REASON;
 use ndd_wire::{CloseCode, HelloRepr, OwnedMessage};
 
 /// The first thing that came from the peer after the link was up.

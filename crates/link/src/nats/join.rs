@@ -169,7 +169,7 @@ impl Welcome {
             }
             Some((1, rest)) if rest.len() >= 2 => Ok(Welcome::Refused {
                 code: u16::from_be_bytes([rest[0], rest[1]]),
-                reason: ndd_wire::text::printable_bytes(&rest[2..], ndd_wire::text::MAX_SHOWN),
+                reason: ndd_wire::text::printable_bytes(&rest[2..], ndd_wire::text::MAX_REASON),
             }),
             _ => Err(JoinError::BadWelcome),
         }

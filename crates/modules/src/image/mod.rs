@@ -3,7 +3,7 @@
 //! refinement, frame spoiling credit and bandwidth adaptation.
 //!
 //! Synopsis: `{ type = "image", quality = "auto", tile = 64, palette_max = 64, refine_ms = 300,
-//! window = 16 }`
+//! window = 64 }`
 //!
 //! - **forward half** (source side): keeps a copy of the screen as it last saw it, cut into a
 //!   grid of `tile`×`tile` tiles. Of every incoming display update it sends only the parts of
@@ -238,7 +238,7 @@ impl Default for ImageConfig {
             tile: 64,
             palette_max: 64,
             refine_ms: 300,
-            window: 16,
+            window: 64,
             max_size: 64 << 20,
             keyframe_ms: 0,
         }
@@ -290,7 +290,7 @@ pub const INFO: ModuleInfo = ModuleInfo {
         ParamInfo {
             name: "window",
             ty: "integer 1..=64",
-            default: "16",
+            default: "64",
             doc: "most frames in flight; fewer when the path holds fewer (frame spoiling)",
         },
         ParamInfo {
