@@ -359,8 +359,15 @@ struct StreamIo {
     /// Source: frames from the endpoint (`None` once it ended).
     source: Option<mpsc::Receiver<Frame>>,
     source_task: Option<SourceTask>,
-    /// Sink: frames for the endpoint (`None` once the stream ended).
+    /// Sink: frames for the endpoint (`None` once the stream ended and all were handed on).
     sink: Option<mpsc::Sender<Frame>>,
+    /// Sink: frames the endpoint's channel had no room for yet. The driver never waits on one
+    /// sink: a sink that does not drain holds back its own stream alone (reliable: the peer's
+    /// resume buffer fills, unconfirmed, and its source stops; lossy: the oldest are dropped
+    /// beyond [`LOSSY_BEHIND`]), while the link, the other streams, pings and ACKs go on.
+    pending: std::collections::VecDeque<Frame>,
+    /// Sink: the stream ended; the sender goes once `pending` is empty.
+    sink_ended: bool,
     sink_task: Option<SinkTask>,
     /// Sink: what the endpoint has completed.
     completed: Option<Delivered>,
@@ -558,6 +565,8 @@ pub async fn run_side(
             source: None,
             source_task: None,
             sink: None,
+            pending: Default::default(),
+            sink_ended: false,
             sink_task: None,
             completed: None,
             release,
@@ -633,30 +642,31 @@ pub async fn run_side(
                         let ts = frame.meta.timestamp_ns;
                         let created = if same_clock { ts } else { sess.peer_to_local(ts) };
                         io[stream].stats.delivered(frame.len(), created, wall_ns());
-                        if let Some(tx) = &io[stream].sink {
-                            if tx.send(frame).await.is_err() {
-                                bail!(
-                                    "stream \"{}\": the sink endpoint stopped accepting frames",
-                                    sess.plan(stream).name
-                                );
+                        let e = &mut io[stream];
+                        if e.sink.is_some() {
+                            e.pending.push_back(frame);
+                            if !sess.plan(stream).reliable && e.pending.len() > LOSSY_BEHIND {
+                                e.pending.pop_front();
+                                e.stats.sink_behind += 1;
                             }
                         }
                     }
                     Event::ReleaseInputs { stream } => {
-                        if let (Some(tx), Some(rec)) = (&io[stream].sink, &io[stream].release) {
+                        let e = &mut io[stream];
+                        if let (Some(_), Some(rec)) = (&e.sink, &e.release) {
                             let meta = Meta {
                                 stream: sess.plan(stream).id,
                                 seq: INJECTED_SEQ,
                                 timestamp_ns: wall_ns(),
                                 flags: 0,
                             };
-                            let _ = tx.send(Frame::new(meta, rec)).await;
+                            e.pending.push_back(Frame::new(meta, rec));
                         }
                     }
-                    Event::StreamEnded { stream } => io[stream].sink = None,
+                    Event::StreamEnded { stream } => io[stream].sink_ended = true,
                     Event::LinkLost { reason } => {
                         note!(quiet, side, "link lost: {reason}; reconnecting");
-                        show_link(&io, LinkState::Down).await;
+                        show_link(&mut io, LinkState::Down);
                         link_state = "down, reconnecting";
                         link = None;
                         busy = None;
@@ -668,7 +678,7 @@ pub async fn run_side(
                             side,
                             "{reason}; this side keeps its endpoints and waits for it to come back"
                         );
-                        show_link(&io, LinkState::PeerStopped).await;
+                        show_link(&mut io, LinkState::PeerStopped);
                         link_state = "down: the peer stopped; waiting for it";
                         link = None;
                         busy = None;
@@ -681,7 +691,7 @@ pub async fn run_side(
                             "link restored after {:.0} ms; resending {resending} unacknowledged frame(s)",
                             after.as_secs_f64() * 1e3
                         );
-                        show_link(&io, LinkState::Up).await;
+                        show_link(&mut io, LinkState::Up);
                     }
                     Event::PeerRestarted { resending } => {
                         note!(
@@ -689,7 +699,7 @@ pub async fn run_side(
                             side,
                             "the peer restarted; its streams start again ({resending} frame(s) it had not completed are sent again)"
                         );
-                        show_link(&io, LinkState::Up).await;
+                        show_link(&mut io, LinkState::Up);
                         // A restarted viewer has none of the screen: send all of it.
                         for d in io.iter().filter_map(|e| e.demand.as_ref()) {
                             d.request_keyframe();
@@ -697,6 +707,15 @@ pub async fn run_side(
                     }
                     Event::Warning(w) => tracing::warn!(side = %side, "{w}"),
                     Event::Closed(how) => tracing::debug!(side = %side, ?how, "session closed"),
+                }
+            }
+            // Hand on what each sink's channel has room for; never wait on one.
+            for (i, e) in io.iter_mut().enumerate() {
+                if !hand_on(e) {
+                    bail!(
+                        "stream \"{}\": the sink endpoint stopped accepting frames",
+                        sess.plan(i).name
+                    );
                 }
             }
             if sess.state() == ndd_core::State::Closed {
@@ -719,6 +738,10 @@ pub async fn run_side(
                 next_stats,
                 deadline.filter(|_| !stopping),
                 sinks_busy.then(|| Instant::now() + sess.ack_every()),
+                // A sink whose channel was full: look again soon.
+                io.iter()
+                    .any(|e| !e.pending.is_empty())
+                    .then(|| Instant::now() + SINK_RETRY),
                 peer_fp.as_ref().filter(|_| link.is_some()).map(|_| next_trust_check),
             ]
             .into_iter()
@@ -918,6 +941,15 @@ pub async fn run_side(
         l.goodbye(&mut sess).await;
     }
     for e in io.iter_mut() {
+        // What the sinks were still to get goes to them now (waiting for them here, as the
+        // side ends, is what a sink that finishes its work needs).
+        if let Some(tx) = &e.sink {
+            while let Some(f) = e.pending.pop_front() {
+                if tx.send(f).await.is_err() {
+                    break;
+                }
+            }
+        }
         e.sink = None;
         e.source = None;
         if let Some(t) = &e.source_task {
@@ -958,6 +990,36 @@ pub async fn run_side(
     })
 }
 
+/// Most frames of a lossy stream kept for a sink endpoint that is not taking them (beyond its
+/// channel's 64): the oldest go first.
+const LOSSY_BEHIND: usize = 8;
+/// How soon a sink whose channel was full is looked at again.
+const SINK_RETRY: Duration = Duration::from_millis(2);
+
+/// Hands stream `e`'s pending frames to its sink endpoint as far as its channel has room, and
+/// lets the channel go once the stream ended and all were handed on. `false`: the endpoint
+/// is gone.
+fn hand_on(e: &mut StreamIo) -> bool {
+    let Some(tx) = &e.sink else {
+        e.pending.clear();
+        return true;
+    };
+    while let Some(f) = e.pending.pop_front() {
+        match tx.try_send(f) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(f)) => {
+                e.pending.push_front(f);
+                return true;
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => return false,
+        }
+    }
+    if e.sink_ended {
+        e.sink = None;
+    }
+    true
+}
+
 /// Copies the session's counters of stream `i` into its stats.
 fn refresh(s: &mut StreamStats, sess: &Session, i: usize) {
     let c = sess.counters(i);
@@ -971,16 +1033,17 @@ fn refresh(s: &mut StreamStats, sess: &Session, i: usize) {
 }
 
 /// Tells the sinks that show the link's state (viewer windows) what it is now.
-async fn show_link(io: &[StreamIo], state: LinkState) {
-    for e in io.iter().filter(|e| e.shows_link) {
-        if let Some(tx) = &e.sink {
+/// (Queued behind the frames they wait for, as every frame for a sink is.)
+fn show_link(io: &mut [StreamIo], state: LinkState) {
+    for e in io.iter_mut().filter(|e| e.shows_link) {
+        if e.sink.is_some() {
             let meta = Meta {
                 stream: 0,
                 seq: INJECTED_SEQ,
                 timestamp_ns: wall_ns(),
                 flags: 0,
             };
-            let _ = tx.send(Frame::new(meta, &state.payload())).await;
+            e.pending.push_back(Frame::new(meta, &state.payload()));
         }
     }
 }

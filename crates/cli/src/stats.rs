@@ -47,6 +47,9 @@ pub struct StreamStats {
     /// Input frames not replayed after an outage: produced while the link was down, or
     /// unacknowledged when it went (source).
     pub stale: u64,
+    /// Frames of a lossy stream dropped, oldest first, while its sink endpoint did not take
+    /// them (sink).
+    pub sink_behind: u64,
     /// The `image` layer's (frames out, bytes out) at the last live line.
     image_window: (u64, u64),
     window: (Instant, u64, u64),
@@ -89,6 +92,8 @@ pub struct StreamSummary {
     /// Input frames not replayed after an outage: produced while the link was down, or
     /// unacknowledged when it went (source).
     pub stale: u64,
+    /// Lossy frames dropped, oldest first, while the sink endpoint did not take them.
+    pub sink_behind: u64,
     /// Per-module counters.
     pub modules: Vec<ModuleSummary>,
 }
@@ -144,6 +149,7 @@ impl StreamStats {
             duplicates: 0,
             overflow: 0,
             stale: 0,
+            sink_behind: 0,
             window: (Instant::now(), 0, 0),
             image_window: (0, 0),
         }
@@ -210,6 +216,7 @@ impl StreamStats {
             duplicates: self.duplicates,
             overflow: self.overflow,
             stale: self.stale,
+            sink_behind: self.sink_behind,
             modules: self
                 .layers
                 .iter()
@@ -269,6 +276,9 @@ impl StreamStats {
             line += &format!("  jitter {j:.3} ms");
         }
         line += &format!("  drops {}", s.drops);
+        if s.sink_behind > 0 {
+            line += &format!("  sink behind {}", s.sink_behind);
+        }
         if let Some(l) = self
             .layers
             .iter()
@@ -379,7 +389,7 @@ pub fn prometheus(
         )
     };
     type Get = fn(&StreamSummary) -> Option<f64>;
-    let counters: [(&str, &str, Get); 9] = [
+    let counters: [(&str, &str, Get); 10] = [
         (
             "ndd_stream_frames_total",
             "Frames through the stream's endpoint on this side.",
@@ -424,6 +434,11 @@ pub fn prometheus(
             "ndd_stream_stale_total",
             "Input frames not replayed after an outage.",
             |s| Some(s.stale as f64),
+        ),
+        (
+            "ndd_stream_sink_behind_total",
+            "Lossy frames dropped while the sink endpoint did not take them.",
+            |s| Some(s.sink_behind as f64),
         ),
     ];
     for (name, help, get) in counters {

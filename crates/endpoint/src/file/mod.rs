@@ -81,16 +81,39 @@ pub(crate) fn spawn_file_sink(
     } else {
         opts.write(true).truncate(true);
     }
-    let file = opts.open(&c.path).map_err(|source| EndpointError::Open {
+    let open_err = |source| EndpointError::Open {
         endpoint,
         path: c.path.clone(),
         source,
-    })?;
+    };
+    // A named pipe: opening it for writing waits for a reader, which may come much later (a
+    // player started by hand): opened in the task, so the side (its link, its other streams)
+    // goes on meanwhile and this stream's frames wait. Anything else is opened now, so a
+    // wrong directory or a permission fails the side at once.
+    use std::os::unix::fs::FileTypeExt;
+    let fifo = std::fs::metadata(&c.path).is_ok_and(|m| m.file_type().is_fifo());
+    let what = c.path.display().to_string();
+    let framing = c.framing;
+    if fifo {
+        let path = c.path.clone();
+        return Ok(rt.spawn(async move {
+            let file = tokio::fs::OpenOptions::from(opts)
+                .open(&path)
+                .await
+                .map_err(|source| EndpointError::Open {
+                    endpoint,
+                    path: path.clone(),
+                    source,
+                })?;
+            run_writer(endpoint, what, file, framing, rx, delivered).await
+        }));
+    }
+    let file = opts.open(&c.path).map_err(open_err)?;
     Ok(rt.spawn(run_writer(
         endpoint,
-        c.path.display().to_string(),
+        what,
         tokio::fs::File::from_std(file),
-        c.framing,
+        framing,
         rx,
         delivered,
     )))

@@ -1,0 +1,99 @@
+//! Streams cannot freeze each other (issue 31, item 4), with two real `ndd` processes over TLS:
+//! one stream's sink is a named pipe nobody reads (its endpoint blocks opening it, so nothing
+//! drains), and the other streams go on: a small reliable stream delivers every frame, the
+//! link is never declared lost. Once a reader opens the pipe, the stuck stream delivers every
+//! byte it held, in order: nothing lost.
+
+mod common;
+
+use common::*;
+use std::io::Read;
+
+#[test]
+fn a_sink_that_does_not_drain_holds_back_only_its_own_stream() {
+    let dir = Dir::new("isolation");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let fifo = dir.0.join("stuck.out");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let cfg = dir.0.join("c.toml");
+    // The stuck stream: 20 000 frames of 1000 bytes (20 MB: more than the sink's channel, the
+    // kernel's pipe and the peer's 16 MiB resume buffer hold, so its source stops until the
+    // reader comes; the sides stay up meanwhile). The other: 600 frames of 100 bytes every
+    // 2 ms, checked.
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+driver = "isolation"
+[[stream]]
+name = "stuck"
+direction = "device-to-app"
+source = {{ type = "synthetic", size = 1000, interval_ms = 0.1, count = 20000, seed = 5 }}
+sink = {{ type = "file", path = "{}", framing = "length" }}
+[[stream]]
+name = "events"
+direction = "device-to-app"
+source = {{ type = "synthetic", size = 100, interval_ms = 2.0, count = 600, seed = 3 }}
+sink = {{ type = "check", seed = 3, size = 100, expect = 600 }}
+"#,
+            fifo.display()
+        ),
+    )
+    .unwrap();
+    let link = free_addr();
+    let app = Side::spawn(run_cmd(
+        &cfg,
+        "app",
+        &app_home,
+        &["--listen", &link, "--once", "--stats"],
+    ));
+    let dev = Side::spawn(run_cmd(
+        &cfg,
+        "device",
+        &dev_home,
+        &["--connect", &link, "--once"],
+    ));
+    // Every frame of the other stream arrives while the stuck one is stuck.
+    let deadline = std::time::Instant::now() + WAIT;
+    while !app
+        .stderr_now()
+        .lines()
+        .any(|l| l.contains("events") && l.contains(" 600 frames"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not all 600 frames of the events stream: app: {}\ndevice: {}",
+            app.stderr_now(),
+            dev.stderr_now()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let (aerr, derr) = (app.stderr_now(), dev.stderr_now());
+    assert!(
+        !aerr.contains("link lost") && !derr.contains("link lost"),
+        "app: {aerr}\ndevice: {derr}"
+    );
+    // The reader comes: every byte of the stuck stream, in order.
+    let mut got = Vec::new();
+    std::fs::File::open(&fifo)
+        .unwrap()
+        .read_to_end(&mut got)
+        .unwrap();
+    let (ds, _, derr) = dev.finish();
+    let (as_, _, aerr) = app.finish();
+    assert!(ds.success(), "device: {derr}");
+    assert!(as_.success(), "app: {aerr}");
+    assert!(aerr.contains(&check_ok("events", 600)), "{aerr}");
+    assert_eq!(got.len(), 20000 * 1004, "bytes of the stuck stream");
+    let copy = dir.0.join("stuck.copy");
+    std::fs::write(&copy, &got).unwrap();
+    assert_eq!(
+        synthetic_seqs_in(&copy, 5, 20000),
+        (0..20000).collect::<Vec<u64>>(),
+        "the stuck stream's frames, in order"
+    );
+}
