@@ -1106,11 +1106,15 @@ fn screen_config(dir: &Path, name: &str, url: &str, count: &str, y4m: &Path) -> 
     )
 }
 
+/// The luma plane of a 640×480 picture, and a whole picture in a C420jpeg `y4m` stream (its
+/// `FRAME` line, then Y, U and V).
+const LUMA: usize = 640 * 480;
+const PICTURE: usize = 6 + LUMA * 3 / 2;
+
 /// Pictures a `y4m` sink has written whole to the regular file `path` so far (640×480
 /// C420jpeg: a `FRAME` line and 460 800 bytes each, after the header line): how far a screen
 /// stream has come, for tests that wait on that and not on the clock.
 fn y4m_pictures(path: &Path) -> usize {
-    const PICTURE: usize = 6 + 640 * 480 * 3 / 2;
     let len = std::fs::metadata(path).map_or(0, |m| m.len() as usize);
     let header = std::fs::File::open(path)
         .ok()
@@ -1127,8 +1131,6 @@ fn y4m_pictures(path: &Path) -> usize {
 /// their luma planes as `frame_numbers` reads ffmpeg's output: where a stream has come to,
 /// picture by picture, while it is written.
 fn y4m_numbers(path: &Path) -> Vec<u32> {
-    const LUMA: usize = 640 * 480;
-    const PICTURE: usize = 6 + LUMA * 3 / 2;
     let bytes = std::fs::read(path).unwrap_or_default();
     let Some(header) = bytes.iter().position(|&b| b == b'\n') else {
         return Vec::new();

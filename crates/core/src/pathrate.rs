@@ -17,7 +17,7 @@
 //!   start) round trips; once three rounds in a row grew the rate by less than 25 %, the path
 //!   is full (or sooner, once a round trip shows a queue half the path's own round trip
 //!   long), and the estimator moves to **ProbeBw**, which cycles the gain through 1.25 and
-//!   seven rounds of 1: every eight round trips it puts a quarter more in flight, and if the
+//!   three rounds of 1: every four round trips it puts a quarter more in flight, and if the
 //!   path carries more (a link that got faster, a competing flow that left) the samples show
 //!   it and the window follows. So the estimate never stays locked under what the path
 //!   carries while the sender has data to send: the defect this replaces (the `image` pair's
@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 /// The bottleneck rate is the largest sample of this many round trips…
 pub const BW_ROUNDS: u32 = 10;
-/// …and of at least this long (a ProbeBw cycle of 8 rounds must fit in it).
+/// …and of at least this long (a ProbeBw cycle must fit in it).
 pub const BW_MIN_WINDOW: Duration = Duration::from_secs(2);
 /// How long a round-trip sample counts.
 pub const RTT_WINDOW: Duration = Duration::from_secs(10);
@@ -57,7 +57,7 @@ pub const PROBE_GAINS: [f64; 4] = [1.25, 1.0, 1.0, 1.0];
 pub enum Phase {
     /// Finding the path: the window doubles every round trip.
     Startup,
-    /// The path is full: probing upward one round in eight.
+    /// The path is full: probing upward one round in four.
     ProbeBw,
 }
 
@@ -84,8 +84,8 @@ pub struct PathRate {
     /// before it (a sliding-window maximum: the front is the largest).
     samples: std::collections::VecDeque<(Instant, f64)>,
     min_rtt: Option<(Duration, Instant)>,
-    /// Round trips counted: a round ends when a message sent after it began is acknowledged.
-    round: u64,
+    /// A round ends when a message sent after it began is acknowledged: when what was
+    /// delivered at its send reaches this.
     round_ends_at_delivered: u64,
     /// The quickest path-limited round trip of the current round.
     round_min_rtt: Option<Duration>,
@@ -113,7 +113,6 @@ impl PathRate {
             first_sent_at: None,
             samples: Default::default(),
             min_rtt: None,
-            round: 0,
             round_ends_at_delivered: 0,
             round_min_rtt: None,
             phase: Phase::Startup,
@@ -177,8 +176,8 @@ impl PathRate {
         }
     }
 
-    /// `bytes` sent with `sent` were acknowledged; `in_flight`: what is still in flight.
-    pub fn on_ack(&mut self, now: Instant, bytes: u64, sent: &SendState, in_flight: u64) {
+    /// `bytes` sent with `sent` were acknowledged.
+    pub fn on_ack(&mut self, now: Instant, bytes: u64, sent: &SendState) {
         self.delivered += bytes;
         self.delivered_at = Some(now);
         self.first_sent_at = Some(sent.sent_at);
@@ -192,7 +191,6 @@ impl PathRate {
         }
         // A round ends when something sent after it began is acknowledged.
         if sent.delivered >= self.round_ends_at_delivered {
-            self.round += 1;
             self.round_ends_at_delivered = self.delivered;
             // Startup also ends when the queue it builds shows: even the quickest round trip
             // of a whole round is half again the path's own, and at least 10 ms more. (The
@@ -231,7 +229,7 @@ impl PathRate {
         while self.samples.len() > 1 && self.samples.front().is_some_and(|s| s.0 + window < now) {
             self.samples.pop_front();
         }
-        self.advance_cycle(now, in_flight);
+        self.advance_cycle(now);
     }
 
     fn on_round_end(&mut self, now: Instant) {
@@ -260,7 +258,7 @@ impl PathRate {
         }
     }
 
-    fn advance_cycle(&mut self, now: Instant, in_flight: u64) {
+    fn advance_cycle(&mut self, now: Instant) {
         if self.phase == Phase::Startup {
             return;
         }
@@ -274,7 +272,6 @@ impl PathRate {
                 self.probe_base = self.rate().unwrap_or(0.0);
             }
         }
-        let _ = in_flight;
     }
 
     /// Startup is over: ProbeBw, on a level phase first (the queue Startup built drains at
@@ -309,7 +306,7 @@ mod tests {
                     break;
                 };
                 in_flight -= n;
-                p.on_ack(now, n, &s, in_flight);
+                p.on_ack(now, n, &s);
                 if now + Duration::from_secs(1) >= end {
                     last_second += n as f64;
                 }
@@ -363,7 +360,7 @@ mod tests {
         for _ in 0..300 {
             let s = p.on_send(t, 0, 1000);
             t += Duration::from_millis(10);
-            p.on_ack(t, 1000, &s, 0);
+            p.on_ack(t, 1000, &s);
             t += Duration::from_millis(1);
         }
         let after = p.rate().unwrap();

@@ -11,7 +11,8 @@
 //! - an app-limited source's estimate never falls below 70 % of what it sends, and its window
 //!   never holds it back (it sends 95 % of what it offers or more).
 //!
-//! A failure prints its seed; `SEED=n cargo test -p ndd-testkit --test pathrate` replays it.
+//! A failure prints its seed; `SEED=n cargo test -p ndd-testkit --test pathrate` replays it
+//! (with `TRACE=1`, each phase change of the estimator is printed).
 
 use ndd_core::pathrate::{PathRate, SendState};
 use ndd_testkit::SimRng;
@@ -82,7 +83,7 @@ fn run(s: &Schedule) -> Result<(), String> {
             };
             in_flight -= n;
             let before = p.phase();
-            p.on_ack(t0 + now, n, &st, in_flight);
+            p.on_ack(t0 + now, n, &st);
             if std::env::var("TRACE").is_ok() && p.phase() != before {
                 eprintln!(
                     "{now:?}: {before:?} -> {:?}, rate {:.1} Mbit/s, min rtt {:?}, this rtt {:?}, in flight {in_flight}",

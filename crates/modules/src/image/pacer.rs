@@ -182,8 +182,7 @@ impl Pacer {
             };
             self.in_flight_bytes -= s.bytes;
             self.period_bytes += s.bytes;
-            self.path
-                .on_ack(now, s.bytes, &s.state, self.in_flight_bytes);
+            self.path.on_ack(now, s.bytes, &s.state);
             let ack = now.saturating_duration_since(s.at);
             self.period_min_ack = Some(self.period_min_ack.map_or(ack, |m| m.min(ack)));
             self.avg_ack = Some(match self.avg_ack {
@@ -279,20 +278,9 @@ mod tests {
     /// of `sizes[rung]` bytes, the rung starting at `start` and moved by the pacer's steps;
     /// the inverse credits a frame when it has fully arrived, up to `noise_ms` later at random
     /// (a busy decoder or scheduler; a fixed pseudo-random sequence).
-    pub(super) fn sim(
-        bps: f64,
-        one_way: Duration,
-        sizes: &[u64],
-        start: usize,
-        every: Duration,
-        secs: u64,
-        noise_ms: u64,
-    ) -> Sim {
-        sim_with(8, bps, one_way, sizes, start, every, secs, noise_ms)
-    }
-
+    /// `max_frames`: the pacer's frame cap (the `window` parameter).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn sim_with(
+    pub(super) fn sim(
         max_frames: u32,
         bps: f64,
         one_way: Duration,
@@ -367,7 +355,7 @@ mod tests {
 
     /// [`sim`] with one frame size and no noise.
     fn simulate(bps: f64, one_way: Duration, size: u64, every: Duration, secs: u64) -> Sim {
-        sim(bps, one_way, &[size], 0, every, secs, 0)
+        sim(8, bps, one_way, &[size], 0, every, secs, 0)
     }
 
     #[test]
@@ -489,7 +477,7 @@ mod ladder_sim {
     /// starting at `medium`: seconds spent on each rung.
     fn run(bps: f64, one_way: Duration, sizes: &[u64], secs: u64, noise_ms: u64) -> Vec<f64> {
         let every = Duration::from_millis(33);
-        super::tests::sim(bps, one_way, sizes, 3, every, secs, noise_ms).on_level
+        super::tests::sim(8, bps, one_way, sizes, 3, every, secs, noise_ms).on_level
     }
 
     /// Frame sizes per rung of `AUTO_LADDER` for a noisy 800x600 video (q60 and q95 as
@@ -518,7 +506,7 @@ mod ladder_sim {
 
 #[cfg(test)]
 mod display_rate {
-    use super::tests::sim_with;
+    use super::tests::sim;
     use std::time::Duration;
 
     /// The display's frame rate over random paths (issue 31, item 1): frames of one size
@@ -549,10 +537,10 @@ mod display_rate {
                 continue;
             }
             let secs = 12;
-            let r = sim_with(64, bps, one_way, &[size], 0, every, secs, 0);
+            let r = sim(64, bps, one_way, &[size], 0, every, secs, 0);
             // Frames in the last half: the sim counts all; the first half's share is bounded
             // by the whole run's, so measure from a second run of half the length.
-            let h = sim_with(64, bps, one_way, &[size], 0, every, secs / 2, 0);
+            let h = sim(64, bps, one_way, &[size], 0, every, secs / 2, 0);
             let fps = (r.sent - h.sent) as f64 / (secs / 2) as f64;
             // The offers come on a 0.5 ms grid after each send: at most this many a second.
             let offered = 1.0 / (every.as_secs_f64() + 0.0005);
