@@ -32,6 +32,7 @@ use ndd_endpoint::Delivered;
 use ndd_link::nats::async_nats;
 use ndd_link::nats::join::{Admission, Host, Joiner, Welcome};
 use ndd_link::nats::record::{FrameRecord, Reorder, END_SEQ};
+use ndd_link::nats::runs::{next_run_id, run_key, Admit, Refusal, Run, RunGuard};
 use ndd_link::nats::subjects::Subjects;
 use ndd_link::seal::LocalIdentity;
 use ndd_link::KnownPeers;
@@ -108,6 +109,16 @@ struct GroupKey {
     /// were sealed under it and still open; one under it stored later is refused (it may come
     /// from the app side that was revoked; a trusted sender publishes it again under `key`).
     previous: Option<[u8; 32]>,
+    /// The device run frames are sealed under (see [`ndd_link::nats::runs`]): the device's
+    /// own; on an app side the newest its joins named.
+    run: Run,
+}
+
+impl GroupKey {
+    /// The key frames of the run as it stands are sealed under.
+    fn run_key(&self) -> Key {
+        Key::given(run_key(&self.key, self.run))
+    }
 }
 
 impl std::fmt::Debug for GroupKey {
@@ -115,6 +126,7 @@ impl std::fmt::Debug for GroupKey {
         f.debug_struct("GroupKey")
             .field("since", &self.since)
             .field("previous", &self.previous.is_some())
+            .field("run", &self.run)
             .finish_non_exhaustive()
     }
 }
@@ -151,8 +163,9 @@ fn previous_path(home: &Path, prefix: &str, driver: &str) -> std::path::PathBuf 
     home.join(format!("nats-group-{prefix}-{driver}.previous"))
 }
 
-/// The group key of `driver` and what its last rotation left (see [`GroupKey`]).
-fn group_key(home: &Path, prefix: &str, driver: &str) -> Result<GroupKey> {
+/// The group key of `driver` and what its last rotation left (see [`GroupKey`]), for the
+/// device run `run`.
+fn group_key(home: &Path, prefix: &str, driver: &str, run: Run) -> Result<GroupKey> {
     let key = current_key(home, prefix, driver)?;
     let path = previous_path(home, prefix, driver);
     let (since, previous) = match std::fs::read(&path) {
@@ -178,7 +191,39 @@ fn group_key(home: &Path, prefix: &str, driver: &str) -> Result<GroupKey> {
         key,
         since,
         previous,
+        run,
     })
+}
+
+/// Where the device side notes the id of its last run (the next one is higher: a recording
+/// of an earlier run never passes for a later one, see [`next_run_id`]).
+fn run_path(home: &Path, prefix: &str, driver: &str) -> std::path::PathBuf {
+    home.join(format!("nats-group-{prefix}-{driver}.run"))
+}
+
+/// A device side's new run, beginning after JetStream stream sequence `began`; its id is
+/// noted in the home before any frame of it is sealed.
+fn new_run(home: &Path, prefix: &str, driver: &str, began: u64) -> Result<Run> {
+    let path = run_path(home, prefix, driver);
+    let last = match std::fs::read(&path) {
+        Ok(b) => Some(
+            <[u8; 8]>::try_from(b.as_slice())
+                .map(u64::from_be_bytes)
+                .map_err(|_| {
+                    anyhow!(
+                        "{} holds {} bytes, not a run id (8); delete it if no earlier run of this driver can be replayed into the next (app sides then refuse nothing of earlier runs that a clock set back would number higher)",
+                        path.display(),
+                        b.len()
+                    )
+                })?,
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(anyhow!(e).context(format!("cannot read {}", path.display()))),
+    };
+    let id = next_run_id(last, wall_ns(), random_u64() as u16);
+    write_private(&path, &id.to_be_bytes())
+        .with_context(|| format!("cannot note the run id in {}", path.display()))?;
+    Ok(Run { id, began })
 }
 
 /// The group key of `driver`: read from the ndd home, or drawn and written there (0600).
@@ -269,6 +314,36 @@ fn rekey_body(wall_ns: u64) -> Vec<u8> {
     b
 }
 
+/// Tells the app sides to join again (`P.D.rekey`): the group key rotated, or this device
+/// side started a new run. Signed by this side: only a device side the app sides trust can
+/// send them joining again (the notice still carries nothing secret).
+async fn rekey_notice(ctx: &Ctx, local: &LocalIdentity) {
+    match local.sign_note(&rekey_label(&ctx.subjects), &rekey_body(wall_ns())) {
+        Ok(note) => {
+            let _ = ctx
+                .client
+                .publish(ctx.subjects.rekey(), Bytes::from(note))
+                .await;
+        }
+        Err(e) => tracing::warn!(side = "device", "cannot sign the rekey notice: {e}"),
+    }
+}
+
+/// How often at most a device side that gets frames of its earlier run (app sides that did
+/// not hear it restart, or replays) tells the app sides again to join.
+const RUN_NOTICE_SPACING: Duration = Duration::from_secs(1);
+
+/// A device side's new run: the app sides that ran on join again to learn it, at once and
+/// whenever frames sealed for an earlier run come in (`stale`), at most every
+/// [`RUN_NOTICE_SPACING`].
+async fn announce_run(ctx: Ctx, local: LocalIdentity, stale: Arc<tokio::sync::Notify>) {
+    loop {
+        rekey_notice(&ctx, &local).await;
+        tokio::time::sleep(RUN_NOTICE_SPACING).await;
+        stale.notified().await;
+    }
+}
+
 impl KeyKeeper {
     fn holders_path(&self) -> std::path::PathBuf {
         holders_path(&self.home, &self.prefix, &self.driver)
@@ -295,10 +370,12 @@ impl KeyKeeper {
         write_private(&path, &k)
             .with_context(|| format!("cannot write the rotated group key {}", path.display()))?;
         write_private(&self.holders_path(), b"")?;
+        let run = self.tx.borrow().run;
         self.tx.send_replace(GroupKey {
             key: k,
             since: SINCE_PENDING,
             previous: Some(old),
+            run,
         });
         let since = match &self.js {
             None => Ok(0),
@@ -323,6 +400,7 @@ impl KeyKeeper {
             key: k,
             since,
             previous: Some(old),
+            run,
         });
         Ok(revoked)
     }
@@ -337,20 +415,7 @@ impl KeyKeeper {
                 "rotated the group key: {} held it and is no longer trusted; trusted app sides get the new key by joining again",
                 revoked.join(", ")
             );
-            // Signed by this side: only a device side the app sides trust can send them
-            // joining again (the notice still carries nothing secret).
-            match self
-                .local
-                .sign_note(&rekey_label(&ctx.subjects), &rekey_body(wall_ns()))
-            {
-                Ok(note) => {
-                    let _ = ctx
-                        .client
-                        .publish(ctx.subjects.rekey(), Bytes::from(note))
-                        .await;
-                }
-                Err(e) => tracing::warn!(side = "device", "cannot sign the rekey notice: {e}"),
-            }
+            rekey_notice(ctx, &self.local).await;
         }
         Ok(())
     }
@@ -373,86 +438,166 @@ impl KeyKeeper {
 /// answered once it has asked the device.
 type Refresh = mpsc::Sender<tokio::sync::oneshot::Sender<()>>;
 
-/// The sending half under the group key as it stands: rebuilt when the key rotates.
+/// The sending half under the run key as it stands: rebuilt when the group key rotates or
+/// (an app side) the device's run changes.
 struct GroupSeal {
     key: watch::Receiver<GroupKey>,
+    keys: GroupKey,
     seal: EncryptForward,
 }
 
 impl GroupSeal {
     fn new(mut key: watch::Receiver<GroupKey>) -> Result<GroupSeal> {
-        let k = key.borrow_and_update().key;
+        let keys = *key.borrow_and_update();
         Ok(GroupSeal {
             key,
-            seal: EncryptForward::new(&Key::given(k), Cipher::Aes256Gcm)?,
+            keys,
+            seal: EncryptForward::new(&keys.run_key(), Cipher::Aes256Gcm)?,
         })
     }
 
-    /// Follows a rotation: `Some(since)` (the new key's [`GroupKey::since`]) when the key
-    /// changed since the last call.
+    /// The run frames are sealed for.
+    fn run(&self) -> Run {
+        self.keys.run
+    }
+
+    /// Follows a rotation or a new device run: `Some(after)` when the run key changed since
+    /// the last call, `after` the JetStream stream sequence after which the device no longer
+    /// opens what was sealed under the old one (a rotation's [`GroupKey::since`], a new run's
+    /// start: whichever is earlier).
     fn rotated(&mut self) -> Result<Option<u64>> {
         if !self.key.has_changed().unwrap_or(false) {
             return Ok(None);
         }
         let k = *self.key.borrow_and_update();
-        self.seal = EncryptForward::new(&Key::given(k.key), Cipher::Aes256Gcm)?;
-        Ok(Some(k.since))
-    }
-
-    fn current(&mut self) -> Result<&mut EncryptForward> {
-        self.rotated()?;
-        Ok(&mut self.seal)
+        let old = std::mem::replace(&mut self.keys, k);
+        let mut after = None::<u64>;
+        if k.key != old.key {
+            after = Some(k.since);
+        }
+        if k.run != old.run {
+            after = Some(after.map_or(k.run.began, |a| a.min(k.run.began)));
+        }
+        if after.is_some() {
+            self.seal = EncryptForward::new(&k.run_key(), Cipher::Aes256Gcm)?;
+        }
+        Ok(after)
     }
 }
 
-/// The receiving half under the group key as it stands. On an app side, a frame that does
-/// not open asks for the key again (the device may have rotated it) and is tried once more,
-/// so no stored frame is dropped for a rotation.
+/// The receiving halves under the group key as it stands, one per device run. A frame's run
+/// is checked first ([`RunGuard`]: an earlier run's frame is a replay unless JetStream stored
+/// it before the current run began), then it opens under that run's key. On an app side, a
+/// frame that does not open asks for the key again (the device may have rotated it) and is
+/// tried once more, so no stored frame is dropped for a rotation.
 struct GroupOpen {
     key: watch::Receiver<GroupKey>,
     /// The keys the halves below are made of.
     keys: GroupKey,
-    open: EncryptInverse,
-    /// Device side, after a rotation: the half of the key before it (frames stored up to
+    guard: RunGuard,
+    /// Halves under `keys.key`, by run (the current one and a few earlier ones).
+    open: Vec<(Run, EncryptInverse)>,
+    /// Device side, after a rotation: halves under the key before it (frames stored up to
     /// `keys.since` may be sealed under that key).
-    previous: Option<EncryptInverse>,
+    previous: Vec<(Run, EncryptInverse)>,
     refresh: Option<Refresh>,
     /// When asking last brought no new key: garbage (anyone may publish on the server), so
     /// the next bad frames are dropped at once for a while ([`FRUITLESS_PAUSE`]).
     fruitless: Option<Instant>,
     /// Warnings about frames that open under no key, at most one a second.
     noisy: ndd_core::RateLimit,
+    /// Warnings about frames of a refused run, at most one a second.
+    replays: ndd_core::RateLimit,
+    /// Frames dropped: refused runs and frames that open under no key.
+    pub dropped: u64,
+    /// Device side: rung when a frame of an earlier run is refused (app sides that did not
+    /// hear of this run are told to join again).
+    stale: Option<Arc<tokio::sync::Notify>>,
 }
 
 /// How long after a fruitless ask for the key a frame that does not open is dropped without
 /// asking again (a rotation announced meanwhile is still followed).
 const FRUITLESS_PAUSE: Duration = Duration::from_secs(5);
 
+/// Runs a receiver keeps halves for (the current one and frames stored before it).
+const RUNS_KEPT: usize = 3;
+
 impl GroupOpen {
-    fn new(mut key: watch::Receiver<GroupKey>, refresh: Option<Refresh>) -> GroupOpen {
+    /// `side`: a device side's guard refuses any run but its own and earlier ones stored
+    /// before it began; an app side's follows the device to a newer run.
+    fn new(
+        mut key: watch::Receiver<GroupKey>,
+        refresh: Option<Refresh>,
+        side: SideName,
+        stale: Option<Arc<tokio::sync::Notify>>,
+    ) -> GroupOpen {
         let k = *key.borrow_and_update();
         GroupOpen {
             key,
             keys: k,
-            open: Self::inverse(k.key),
-            previous: k.previous.map(Self::inverse),
+            guard: match side {
+                SideName::Device => RunGuard::device(k.run),
+                SideName::App => RunGuard::app(k.run),
+            },
+            open: Vec::new(),
+            previous: Vec::new(),
             refresh,
             fruitless: None,
             noisy: ndd_core::RateLimit::default(),
+            replays: ndd_core::RateLimit::default(),
+            dropped: 0,
+            stale,
         }
     }
 
     /// This side warns about a frame that opens under no key it has (not the half). Every
     /// app side feeding an app → device stream seals under its own epoch: the device keeps
     /// [`SENDERS`] of them live.
-    fn inverse(k: [u8; 32]) -> EncryptInverse {
-        EncryptInverse::new(Arc::new(Key::given(k)), Cipher::Aes256Gcm, SEAL_WINDOW)
-            .without_auth_warnings()
-            .with_live_epochs(SENDERS)
+    fn inverse(k: [u8; 32], run: Run) -> EncryptInverse {
+        EncryptInverse::new(
+            Arc::new(Key::given(run_key(&k, run))),
+            Cipher::Aes256Gcm,
+            SEAL_WINDOW,
+        )
+        .without_auth_warnings()
+        .with_live_epochs(SENDERS)
+    }
+
+    /// Opens a frame of `run` with its half under `key` in `halves`, made on first use and
+    /// kept only if the frame opened (forged runs make no halves); beyond [`RUNS_KEPT`] the
+    /// oldest half of a run other than `current` goes. Whether it opened, and the frames.
+    fn open_in(
+        halves: &mut Vec<(Run, EncryptInverse)>,
+        key: [u8; 32],
+        run: Run,
+        current: Run,
+        frame: Frame,
+        out: &mut Output,
+    ) -> Result<bool, ndd_core::ModuleError> {
+        let made = !halves.iter().any(|(r, _)| *r == run);
+        if made {
+            halves.push((run, Self::inverse(key, run)));
+        }
+        let Some(i) = halves.iter().position(|(r, _)| *r == run) else {
+            return Ok(false);
+        };
+        let half = &mut halves[i].1;
+        let failed = half.auth_failures();
+        half.handle_frame(Instant::now(), frame, out)?;
+        let opened = half.auth_failures() == failed;
+        if made && !opened {
+            halves.remove(i);
+        } else if made && halves.len() > RUNS_KEPT {
+            if let Some(j) = halves.iter().position(|(r, _)| *r != current && *r != run) {
+                halves.remove(j);
+            }
+        }
+        Ok(opened)
     }
 
     /// A frame that opened under no key: dropped, said at most once a second.
-    fn dropped(&mut self, meta: &Meta) {
+    fn unopened(&mut self, meta: &Meta) {
+        self.dropped += 1;
         if let Some(suppressed) = self.noisy.admit(Instant::now()) {
             tracing::warn!(
                 suppressed,
@@ -472,15 +617,16 @@ impl GroupOpen {
     }
 
     /// Takes `k` as the keys as they stand; whether the halves changed (only the rotation's
-    /// sequence coming in, see [`SINCE_PENDING`], keeps them).
+    /// sequence coming in, see [`SINCE_PENDING`], or a run learnt, keeps them).
     fn adopt(&mut self, k: GroupKey) -> bool {
         let same = k.key == self.keys.key && k.previous == self.keys.previous;
         self.keys = k;
+        self.guard.learn(k.run);
         if same {
             return false;
         }
-        self.open = Self::inverse(k.key);
-        self.previous = k.previous.map(Self::inverse);
+        self.open.clear();
+        self.previous.clear();
         true
     }
 
@@ -491,17 +637,18 @@ impl GroupOpen {
     async fn open_previous(
         &mut self,
         meta: Meta,
+        run: Run,
         payload: Bytes,
         stored: Option<u64>,
         out: &mut Output,
     ) -> Result<bool, ndd_core::ModuleError> {
-        let Some(prev) = self.previous.as_mut() else {
+        let Some(pk) = self.keys.previous else {
             return Ok(false);
         };
-        let failed = prev.auth_failures();
         let mut old = Output::new();
-        prev.handle_frame(Instant::now(), Frame::from_bytes(meta, payload), &mut old)?;
-        if prev.auth_failures() != failed {
+        let current = self.guard.current();
+        let frame = Frame::from_bytes(meta, payload);
+        if !Self::open_in(&mut self.previous, pk, run, current, frame, &mut old)? {
             return Ok(false);
         }
         if self.keys.since == SINCE_PENDING {
@@ -530,27 +677,65 @@ impl GroupOpen {
         Ok(true)
     }
 
-    /// Opens a frame (`stored`: its JetStream stream sequence, if it was stored) into `out`;
-    /// one that does not open is dropped and counted.
+    /// Tries `run`'s half under the key as it stands; whether the frame opened.
+    fn try_open(
+        &mut self,
+        meta: Meta,
+        run: Run,
+        payload: Bytes,
+        out: &mut Output,
+    ) -> Result<bool, ndd_core::ModuleError> {
+        let current = self.guard.current();
+        let frame = Frame::from_bytes(meta, payload);
+        Self::open_in(&mut self.open, self.keys.key, run, current, frame, out)
+    }
+
+    /// A frame of `run` opened: a newer run is the device's (it restarted). An app side asks
+    /// for it by joining again, so what it sends follows (without waiting here).
+    fn opened(&mut self, run: Run) {
+        if self.guard.opened(run) {
+            if let Some(r) = &self.refresh {
+                let (tx, _) = tokio::sync::oneshot::channel();
+                let _ = r.try_send(tx);
+            }
+        }
+    }
+
+    /// Opens a frame of `run` (`stored`: its JetStream stream sequence, if it was stored)
+    /// into `out`; one of a refused run, or that does not open, is dropped and counted.
     async fn open(
         &mut self,
         meta: Meta,
+        run: Run,
         payload: Bytes,
         stored: Option<u64>,
         out: &mut Output,
     ) -> Result<(), ndd_core::ModuleError> {
         self.follow();
-        let failed = self.open.auth_failures();
-        self.open.handle_frame(
-            Instant::now(),
-            Frame::from_bytes(meta, payload.clone()),
-            out,
-        )?;
-        if self.open.auth_failures() == failed {
+        if let Admit::Refused(why) = self.guard.check(run, stored) {
+            self.dropped += 1;
+            if let (Refusal::EarlierRun, Some(n)) = (why, &self.stale) {
+                n.notify_one();
+            }
+            if let Some(suppressed) = self.replays.admit(Instant::now()) {
+                tracing::warn!(
+                    suppressed,
+                    stream = meta.stream,
+                    seq = meta.seq,
+                    run = format_args!("{:016x}", run.id),
+                    current = format_args!("{:016x}", self.guard.current().id),
+                    stored,
+                    "dropped {why}"
+                );
+            }
+            return Ok(());
+        }
+        if self.try_open(meta, run, payload.clone(), out)? {
+            self.opened(run);
             return Ok(());
         }
         if self
-            .open_previous(meta, payload.clone(), stored, out)
+            .open_previous(meta, run, payload.clone(), stored, out)
             .await?
         {
             return Ok(());
@@ -569,14 +754,13 @@ impl GroupOpen {
             if !paused && self.refresh.is_some() {
                 self.fruitless = Some(Instant::now());
             }
-            self.dropped(&meta);
+            self.unopened(&meta);
             return Ok(());
         }
-        let failed = self.open.auth_failures();
-        self.open
-            .handle_frame(Instant::now(), Frame::from_bytes(meta, payload), out)?;
-        if self.open.auth_failures() != failed {
-            self.dropped(&meta);
+        if self.try_open(meta, run, payload, out)? {
+            self.opened(run);
+        } else {
+            self.unopened(&meta);
         }
         Ok(())
     }
@@ -732,6 +916,7 @@ pub async fn run_side(
             0 => 1 << 20,
             n => n,
         },
+        run_stale: Arc::default(),
     };
     let mut tasks: JoinSet<Result<Option<(String, ndd_endpoint::CheckReport)>>> = JoinSet::new();
     // The source endpoints' tasks: stopping them ends their streams cleanly (flushed, END).
@@ -745,8 +930,6 @@ pub async fn run_side(
     let peer;
     match side {
         SideName::Device => {
-            let (key_tx, key) =
-                watch::channel(group_key(&opts.home, &nats.subject_prefix, &cfg.driver)?);
             // The JetStream stream exists before any app side can join (they read where it
             // stands when they join), and before a rotation notes where it stands.
             let js = if plans.iter().any(|p| p.reliable) {
@@ -754,6 +937,19 @@ pub async fn run_side(
             } else {
                 None
             };
+            // This run begins after what the stream holds now: earlier runs' frames stored
+            // later are replays (`ndd_link::nats::runs`).
+            let began = match &js {
+                Some(js) => stored_up_to(&ctx, js).await?.1,
+                None => 0,
+            };
+            let run = new_run(&opts.home, &nats.subject_prefix, &cfg.driver, began)?;
+            let (key_tx, key) = watch::channel(group_key(
+                &opts.home,
+                &nats.subject_prefix,
+                &cfg.driver,
+                run,
+            )?);
             let keeper = KeyKeeper {
                 local: local.clone(),
                 home: opts.home.clone(),
@@ -771,8 +967,7 @@ pub async fn run_side(
                 keeper.watch(kctx, every).await?;
                 Ok(None)
             });
-            let run = random_u64();
-            claim_device(&ctx, &cfg.driver, run, &local, &opts.home).await?;
+            claim_device(&ctx, &cfg.driver, run.id, &local, &opts.home).await?;
             let slots = plans.iter().filter_map(|p| p.split).max().unwrap_or(0);
             let (joined, mut joined_rx) = watch::channel(std::collections::HashSet::new());
             let seen: Shared<HashMap<String, Instant>> = Arc::default();
@@ -781,13 +976,12 @@ pub async fn run_side(
                 seen,
                 gone_after: Duration::from_millis(cfg.link.keepalive_timeout_ms),
                 ctx: ctx.clone(),
-                local,
+                local: local.clone(),
                 hello: cfg.hello(side),
                 home: opts.home.clone(),
                 key: key.clone(),
                 holders,
                 said_joined: HashMap::new(),
-                run,
                 slots,
                 taken: HashMap::new(),
                 expiry: Duration::from_millis(cfg.link.handshake_timeout_ms.max(1000) * 2),
@@ -797,7 +991,12 @@ pub async fn run_side(
                 joins.await.map_err(|e| anyhow!("join service: {e}"))??;
                 Ok(None)
             });
-            services += 2;
+            let (actx, stale) = (ctx.clone(), ctx.run_stale.clone());
+            tasks.spawn(async move {
+                announce_run(actx, local, stale).await;
+                Ok(None)
+            });
+            services += 3;
             // Sinks at once (what app sides send, and sent while this side was away, comes
             // in now); sources once enough app sides are there to get their frames.
             let want = nats.min_app_sides as usize;
@@ -821,7 +1020,6 @@ pub async fn run_side(
                             p,
                             &key,
                             None,
-                            run,
                             js.clone(),
                             None,
                             opts.once,
@@ -866,6 +1064,7 @@ pub async fn run_side(
                 key: admission.group_key,
                 since: admission.key_since,
                 previous: None,
+                run: admission.device_run(),
             });
             let (refresh, asks) = mpsc::channel(16);
             let follower = KeyFollower {
@@ -889,7 +1088,6 @@ pub async fn run_side(
                         p,
                         &key,
                         Some(&refresh),
-                        admission.run,
                         js.clone(),
                         Some((&admission, me.as_str(), start)),
                         opts.once,
@@ -904,8 +1102,7 @@ pub async fn run_side(
             // it (a device that restarts learns who is there).
             client.flush().await.map_err(|e| anyhow!("NATS: {e}"))?;
             let fp = local.fingerprint();
-            let run = admission.run;
-            let ready = ready_message(key.borrow().key, run, &fp)?;
+            let ready = ready_message(&key.borrow(), &fp)?;
             client
                 .publish(ctx.subjects.ready(), ready)
                 .await
@@ -918,7 +1115,7 @@ pub async fn run_side(
                 loop {
                     tick.tick().await;
                     // Sealed under the key as it stands (the device may have rotated it).
-                    let ready = ready_message(key.borrow().key, run, &fp)?;
+                    let ready = ready_message(&key.borrow(), &fp)?;
                     let _ = c.publish(subject.clone(), ready).await;
                 }
             });
@@ -1017,6 +1214,8 @@ struct Ctx {
     /// Connections made to the server so far (a reconnect adds one).
     connects: Arc<std::sync::atomic::AtomicU64>,
     max_payload: usize,
+    /// Device side: rung when a frame sealed for an earlier run comes in ([`announce_run`]).
+    run_stale: Arc<tokio::sync::Notify>,
 }
 
 /// The JetStream stream of the driver's reliable streams.
@@ -1040,9 +1239,10 @@ async fn ensure_jetstream(ctx: &Ctx, store_mib: u64) -> Result<jetstream::Contex
     Ok(js)
 }
 
-/// An app side's READY: its fingerprint in a frame sealed under the group key.
-fn ready_message(key: [u8; 32], run: u64, fingerprint: &str) -> Result<Bytes> {
-    let mut seal = EncryptForward::new(&Key::given(key), Cipher::Aes256Gcm)?;
+/// An app side's READY: its fingerprint in a frame sealed under the run key (a READY
+/// recorded in an earlier device run does not open in a later one).
+fn ready_message(key: &GroupKey, fingerprint: &str) -> Result<Bytes> {
+    let mut seal = EncryptForward::new(&key.run_key(), Cipher::Aes256Gcm)?;
     let mut out = Output::new();
     let meta = Meta {
         stream: 0,
@@ -1057,7 +1257,7 @@ fn ready_message(key: [u8; 32], run: u64, fingerprint: &str) -> Result<Bytes> {
     )?;
     out.take_frames()
         .pop()
-        .map(|f| record(f, run, 0))
+        .map(|f| record(f, key.run, 0))
         .ok_or_else(|| anyhow!("encrypt made no frame"))
 }
 
@@ -1217,18 +1417,18 @@ async fn serve_ready(
         .subscribe(subject.clone())
         .await
         .map_err(|e| anyhow!("cannot subscribe to {subject}: {e}"))?;
-    // A ready that does not open (an app side still under the key before a rotation, or
-    // anyone publishing there) is ignored without a word.
-    let inverse = |k: [u8; 32]| {
-        EncryptInverse::new(Arc::new(Key::given(k)), Cipher::Aes256Gcm, SEAL_WINDOW)
+    // A ready that does not open (an app side still under the key before a rotation or of an
+    // earlier run, or anyone publishing there) is ignored without a word.
+    let inverse = |k: &GroupKey| {
+        EncryptInverse::new(Arc::new(k.run_key()), Cipher::Aes256Gcm, SEAL_WINDOW)
             .without_auth_warnings()
     };
-    let mut open = inverse(key.borrow_and_update().key);
+    let mut open = inverse(&key.borrow_and_update());
     tokio::spawn(async move {
         let mut out = Output::new();
         while let Some(m) = sub.next().await {
             if key.has_changed().unwrap_or(false) {
-                open = inverse(key.borrow_and_update().key);
+                open = inverse(&key.borrow_and_update());
             }
             let Some(rec) = FrameRecord::parse(&m.payload) else {
                 continue;
@@ -1269,7 +1469,6 @@ struct JoinService {
     key: watch::Receiver<GroupKey>,
     /// Who was handed it.
     holders: std::path::PathBuf,
-    run: u64,
     /// Split slots (0: the driver does not split).
     slots: u16,
     /// Slot of each app side that holds one, by fingerprint.
@@ -1453,7 +1652,8 @@ impl JoinService {
         Welcome::Admitted(Admission {
             group_key: k.key,
             slot,
-            run: self.run,
+            run: k.run.id,
+            run_began: k.run.began,
             key_since: k.since,
         })
     }
@@ -1642,19 +1842,31 @@ impl KeyFollower {
             .await
             {
                 Ok(Ok((a, _, _))) => {
-                    let changed = self.key.send_if_modified(|k| {
-                        let changed = k.key != a.group_key;
+                    let mut said = (false, false);
+                    self.key.send_if_modified(|k| {
+                        let rotated = k.key != a.group_key;
+                        // A join never takes an app side back to an earlier run.
+                        let restarted = a.run > k.run.id;
                         *k = GroupKey {
                             key: a.group_key,
                             since: a.key_since,
                             previous: None,
+                            run: if restarted { a.device_run() } else { k.run },
                         };
-                        changed
+                        said = (rotated, restarted);
+                        rotated || restarted
                     });
-                    if changed && !self.ctx.quiet {
+                    if said.0 && !self.ctx.quiet {
                         tracing::info!(
                             side = "app",
                             "the device side rotated its group key; this side has the new one"
+                        );
+                    }
+                    if said.1 && !self.ctx.quiet {
+                        tracing::info!(
+                            side = "app",
+                            run = format_args!("{:016x}", a.run),
+                            "the device side restarted; this side seals for its new run"
                         );
                     }
                 }
@@ -1696,7 +1908,6 @@ async fn spawn_stream(
     plan: &Plan,
     key: &watch::Receiver<GroupKey>,
     refresh: Option<&Refresh>,
-    run: u64,
     js: Option<jetstream::Context>,
     app: Option<(&Admission, &str, u64)>,
     once: bool,
@@ -1735,7 +1946,7 @@ async fn spawn_stream(
             rotations: 0,
             ctx: ctx.clone(),
             plan: plan.clone(),
-            run,
+            run: seal.run(),
             js: if plan.reliable { js } else { None },
             acks: VecDeque::new(),
             recent: Recent::new(),
@@ -1771,7 +1982,8 @@ async fn spawn_stream(
                 Stack::build(Role::Sink, &name, &pairs).map_err(|e| anyhow!("{e}"))
             })
         };
-        let seal = GroupOpen::new(key.clone(), refresh.cloned());
+        let stale = (ctx.side == SideName::Device).then(|| ctx.run_stale.clone());
+        let seal = GroupOpen::new(key.clone(), refresh.cloned(), ctx.side, stale);
         let input = subscribe(ctx, plan, js, app).await?;
         let lossy = !plan.reliable;
         let end_sub = if plan.round_robin && app.is_some() {
@@ -1964,7 +2176,8 @@ struct Publisher {
     rotations: u32,
     ctx: Ctx,
     plan: Plan,
-    run: u64,
+    /// The device run frames are sealed for.
+    run: Run,
     js: Option<jetstream::Context>,
     acks: VecDeque<(String, String, Bytes, jetstream::context::PublishAckFuture)>,
     /// What went to JetStream in the last [`REPUBLISH_WINDOW`]: published again, in order,
@@ -2034,9 +2247,9 @@ impl Publisher {
             Some(js) => {
                 let mut id = format!(
                     "{:x}-{}-{}-{}",
-                    self.run,
+                    self.run.id,
                     self.plan.id,
-                    u64::from_be_bytes(rec[12..20].try_into().unwrap_or_default()),
+                    u64::from_be_bytes(rec[20..28].try_into().unwrap_or_default()),
                     part.unwrap_or_default()
                 );
                 if let Some(me) = self.sender {
@@ -2074,6 +2287,16 @@ impl Publisher {
                 },
             );
         }
+    }
+
+    /// Follows `seal` to a rotated group key or a new device run: what the device no longer
+    /// opens goes again under the new run key.
+    async fn follow(&mut self, seal: &mut GroupSeal) -> Result<()> {
+        if let Some(after) = seal.rotated()? {
+            self.run = seal.run();
+            self.after_rotation(&mut seal.seal, after).await?;
+        }
+        Ok(())
     }
 
     /// After a key rotation (the new key drawn when the device's stream stood at `since`):
@@ -2237,11 +2460,12 @@ impl Publisher {
 
 /// The NATS message of a frame, `wseq`-th on its subject: the record header goes into the
 /// frame's headroom, the payload is not copied.
-fn record(mut frame: Frame, run: u64, wseq: u64) -> Bytes {
+fn record(mut frame: Frame, run: Run, wseq: u64) -> Bytes {
     let header = FrameRecord {
         stream: frame.meta.stream,
         flags: frame.meta.flags,
-        run,
+        run: run.id,
+        began: run.began,
         seq: frame.meta.seq,
         timestamp_ns: frame.meta.timestamp_ns,
         wseq,
@@ -2310,8 +2534,8 @@ async fn pump_source(
             r = rotation.changed(), if out.kept.is_some() => {
                 if r.is_err() {
                     out.kept = None;
-                } else if let Some(since) = seal.rotated()? {
-                    out.after_rotation(&mut seal.seal, since).await?;
+                } else {
+                    out.follow(&mut seal).await?;
                 }
                 continue;
             }
@@ -2325,7 +2549,8 @@ async fn pump_source(
             stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
             drain(stack, &mut seal, &mut sealed, &mut out, &stats, &name).await?;
             out.flush().await;
-            out.end(seal.current()?).await?;
+            out.follow(&mut seal).await?;
+            out.end(&mut seal.seal).await?;
             return Ok(());
         };
         lock(&stats).produced(frame.len());
@@ -2350,9 +2575,7 @@ async fn drain(
         } else {
             Route::All
         };
-        if let Some(since) = seal.rotated()? {
-            out.after_rotation(&mut seal.seal, since).await?;
-        }
+        out.follow(seal).await?;
         // Kept as it is before sealing (the seal then copies it: app → device frames only).
         let (f, plain) = if out.kept.is_some() {
             let meta = f.meta;
@@ -2361,7 +2584,7 @@ async fn drain(
         } else {
             (f, None)
         };
-        seal.current()?
+        seal.seal
             .handle_frame(Instant::now(), f, sealed)
             .map_err(|e| anyhow!("stream \"{name}\": encrypt: {e}"))?;
         for f in sealed.take_frames() {
@@ -2754,6 +2977,18 @@ async fn pump_sink(
             continue;
         };
         let run = rec.run;
+        // An app side's own stored frames come in their order: a frame numbered at or below
+        // the last one taken of its run is a copy. The copies JetStream itself makes are known
+        // by their sealed header (`Seen`); this also drops one published again by someone who
+        // recorded it, which a side that started since (its halves' replay windows new) would
+        // otherwise take.
+        if reorder.is_some()
+            && rec.seq != END_SEQ
+            && last.is_some_and(|(r, s)| r == run && rec.seq <= s)
+        {
+            lock(&stats).duplicates += 1;
+            continue;
+        }
         let meta = Meta {
             stream: rec.stream,
             seq: rec.seq,
@@ -2765,7 +3000,14 @@ async fn pump_sink(
             s.wire_frames += 1;
             s.wire_bytes += rec.payload.len() as u64;
         }
-        if let Err(e) = seal.open(meta, rec.payload, stored_seq, &mut opened).await {
+        let refused = seal.dropped;
+        let opening = seal
+            .open(meta, rec.device_run(), rec.payload, stored_seq, &mut opened)
+            .await;
+        if seal.dropped != refused {
+            lock(&stats).refused += seal.dropped - refused;
+        }
+        if let Err(e) = opening {
             if bad.admit(Instant::now()).is_some() {
                 tracing::warn!("dropped a frame that does not open under the group key: {e}");
             }

@@ -50,6 +50,9 @@ pub struct StreamStats {
     /// Frames of a lossy stream dropped, oldest first, while its sink endpoint did not take
     /// them (sink).
     pub sink_behind: u64,
+    /// Frames refused as replayed or forged: over NATS, a frame of an earlier device run or
+    /// one that opens under no key (sink).
+    pub refused: u64,
     /// The `image` layer's (frames out, bytes out) at the last live line.
     image_window: (u64, u64),
     window: (Instant, u64, u64),
@@ -94,6 +97,8 @@ pub struct StreamSummary {
     pub stale: u64,
     /// Lossy frames dropped, oldest first, while the sink endpoint did not take them.
     pub sink_behind: u64,
+    /// Frames refused as replayed or forged.
+    pub refused: u64,
     /// Per-module counters.
     pub modules: Vec<ModuleSummary>,
 }
@@ -150,6 +155,7 @@ impl StreamStats {
             overflow: 0,
             stale: 0,
             sink_behind: 0,
+            refused: 0,
             window: (Instant::now(), 0, 0),
             image_window: (0, 0),
         }
@@ -217,6 +223,7 @@ impl StreamStats {
             overflow: self.overflow,
             stale: self.stale,
             sink_behind: self.sink_behind,
+            refused: self.refused,
             modules: self
                 .layers
                 .iter()
@@ -278,6 +285,9 @@ impl StreamStats {
         line += &format!("  drops {}", s.drops);
         if s.sink_behind > 0 {
             line += &format!("  sink behind {}", s.sink_behind);
+        }
+        if s.refused > 0 {
+            line += &format!("  refused {}", s.refused);
         }
         if let Some(l) = self
             .layers
@@ -389,7 +399,7 @@ pub fn prometheus(
         )
     };
     type Get = fn(&StreamSummary) -> Option<f64>;
-    let counters: [(&str, &str, Get); 10] = [
+    let counters: [(&str, &str, Get); 11] = [
         (
             "ndd_stream_frames_total",
             "Frames through the stream's endpoint on this side.",
@@ -439,6 +449,11 @@ pub fn prometheus(
             "ndd_stream_sink_behind_total",
             "Lossy frames dropped while the sink endpoint did not take them.",
             |s| Some(s.sink_behind as f64),
+        ),
+        (
+            "ndd_stream_refused_total",
+            "Frames refused as replayed or forged.",
+            |s| Some(s.refused as f64),
         ),
     ];
     for (name, help, get) in counters {

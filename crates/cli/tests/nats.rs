@@ -316,6 +316,21 @@ fn subscribe_raw(
     port: u16,
     subject: &str,
 ) -> (std::thread::JoinHandle<Vec<Vec<u8>>>, std::net::TcpStream) {
+    let (t, s) = record_raw(port, subject);
+    let t = std::thread::spawn(move || t.join().unwrap().into_iter().map(|m| m.1).collect());
+    (t, s)
+}
+
+/// Every message (subject, body) a plain NATS subscriber to `subject` gets, until the returned
+/// connection is shut down: what anyone who may subscribe on the server can record.
+#[allow(clippy::type_complexity)]
+fn record_raw(
+    port: u16,
+    subject: &str,
+) -> (
+    std::thread::JoinHandle<Vec<(String, Vec<u8>)>>,
+    std::net::TcpStream,
+) {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.write_all(format!("CONNECT {{\"verbose\":false}}\r\nSUB {subject} 1\r\nPING\r\n").as_bytes())
         .unwrap();
@@ -329,11 +344,12 @@ fn subscribe_raw(
             if line.starts_with("PING") {
                 let _ = w.write_all(b"PONG\r\n");
             } else if line.starts_with("MSG ") {
-                let len: usize = line.split_whitespace().last().unwrap().parse().unwrap();
+                let words: Vec<&str> = line.split_whitespace().collect();
+                let len: usize = words.last().unwrap().parse().unwrap();
                 let mut body = vec![0u8; len + 2];
                 std::io::Read::read_exact(&mut rd, &mut body).unwrap();
                 body.truncate(len);
-                seen.push(body);
+                seen.push((words[1].to_string(), body));
             }
             line.clear();
         }
@@ -1454,8 +1470,10 @@ fn a_forged_rekey_notice_is_ignored_with_a_warning() {
     // dropped with one warning that says what it is.
     let mut forged = b"PUB ndd.forged.d.1 100\r\n".to_vec();
     let mut body = vec![0x5au8; 100];
-    body[..36].fill(0);
+    body[..44].fill(0);
     body[1] = 1;
+    // It names a newer device run than the one going (an earlier one is refused unopened).
+    body[4..12].fill(0xff);
     forged.extend_from_slice(&body);
     forged.extend_from_slice(b"\r\nPING\r\n");
     s.write_all(&forged).unwrap();
@@ -1591,7 +1609,117 @@ sink = { type = "check", seed = 3, size = 100, expect = 100 }
         .join()
         .unwrap()
         .iter()
-        .filter(|m| m.len() >= 20 && m[12..20] == [0xff; 8])
+        .filter(|m| m.len() >= 28 && m[20..28] == [0xff; 8])
         .count();
     assert_eq!(ends, 3, "END records on the stream's subject");
+}
+
+/// Publishes `msgs` (subject, body) as a plain NATS client: what anyone who may publish on the
+/// server can do with a recording.
+fn replay_raw(port: u16, msgs: &[(String, Vec<u8>)]) {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut out = b"CONNECT {\"verbose\":false}\r\n".to_vec();
+    for (subject, body) in msgs {
+        out.extend_from_slice(format!("PUB {subject} {}\r\n", body.len()).as_bytes());
+        out.extend_from_slice(body);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"PING\r\n");
+    s.write_all(&out).unwrap();
+    let mut pong = [0u8; 64];
+    let _ = s.read(&mut pong);
+}
+
+/// The group key outlives a device run, so anyone who may publish on the server could record
+/// a run and play it into a later one (found by hostile testing: 1145 duplicate frames on an
+/// app side's reliable stream; two recorded ENDs cut reliable streams short). Frames are
+/// sealed under a key of their run and a run never goes back: everything recorded from both
+/// runs, ENDs included, played in after the second one ended, delivers nothing more, and the
+/// app side counts what it refused.
+#[test]
+fn a_recorded_run_played_into_a_later_one_delivers_nothing() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-replay");
+    let nats = Nats::start("replay", &[]);
+    let (dev, apps) = homes_n(&dir.0, 1);
+    let (rel, lossy) = (dir.0.join("rel.bin"), dir.0.join("lossy.bin"));
+    let n = 300u64;
+    let cfg = fan_config(
+        &dir.0,
+        "replay",
+        &nats.url(),
+        1,
+        &format!(
+            r#"
+[[stream]]
+name = "rel"
+direction = "device-to-app"
+source = {{ type = "synthetic", size = 64, interval_ms = 4.0, count = {n}, seed = 21 }}
+sink = {{ type = "file", path = "{}", framing = "length", append = true }}
+
+[[stream]]
+name = "lossy"
+direction = "device-to-app"
+reliability = "lossy"
+source = {{ type = "synthetic", size = 64, interval_ms = 4.0, count = {n}, seed = 22 }}
+sink = {{ type = "file", path = "{}", framing = "length", append = true }}
+"#,
+            rel.display(),
+            lossy.display()
+        ),
+    );
+    let a = side(&cfg, "app", &apps[0], &["--stats"]);
+    let mut recorded = Vec::new();
+    for run in 1..=2u64 {
+        let (rec, conn) = record_raw(nats.port, "ndd.replay.>");
+        let d = side(&cfg, "device", &dev, &["--once"]);
+        let (ds, _, derr) = d.finish();
+        assert!(ds.success(), "device run {run}: {derr}");
+        wait_for("the run's reliable frames", WAIT, || {
+            complete_frames(&rel) as u64 >= run * n
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        conn.shutdown(std::net::Shutdown::Both).unwrap();
+        recorded.extend(rec.join().unwrap());
+    }
+    let restarts = a
+        .stderr_now()
+        .matches("the device side restarted; this stream's pairs start afresh")
+        .count();
+    let lossy_before = complete_frames(&lossy);
+    let frames = recorded.iter().filter(|(s, _)| s.contains(".d.")).count();
+    assert!(frames as u64 >= 2 * n, "recorded {frames} frames");
+    replay_raw(nats.port, &recorded);
+    wait_for("the app side to refuse the replays", WAIT, || {
+        a.stderr_now().contains("refused ")
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let err = a.kill();
+    let seqs = synthetic_seqs_in(&rel, 21, n);
+    assert_eq!(
+        seqs.len() as u64,
+        2 * n,
+        "each run's reliable frames once, nothing replayed: {err}"
+    );
+    assert!(
+        seqs[..n as usize].iter().copied().eq(0..n) && seqs[n as usize..].iter().copied().eq(0..n),
+        "both runs in order"
+    );
+    assert_eq!(
+        complete_frames(&lossy),
+        lossy_before,
+        "no lossy frame replayed"
+    );
+    assert_eq!(
+        err.matches("the device side restarted; this stream's pairs start afresh")
+            .count(),
+        restarts,
+        "a replayed run is not taken for a restart: {err}"
+    );
+    assert!(
+        err.contains("dropped a frame of an earlier device run"),
+        "said why: {err}"
+    );
 }

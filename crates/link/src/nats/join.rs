@@ -19,8 +19,9 @@
 //!
 //! Every message starts with `"NJ"`, version 1 and a type byte (1 INIT, 2 REPLY, 3 FINISH,
 //! 4 WELCOME). FINISH: `u16 length ‖ seal FINISH ‖ seal DATA(HELLO message)`. WELCOME: seal
-//! DATA of `0 ‖ group key (32) ‖ slot (u16, 0xFFFF: none) ‖ run id (u64) ‖ key since (u64)`
-//! when admitted (key since: the device's JetStream stream sequence when a rotation drew this
+//! DATA of `0 ‖ group key (32) ‖ slot (u16, 0xFFFF: none) ‖ run id (u64) ‖ run began (u64) ‖
+//! key since (u64)` when admitted (run began: the JetStream stream sequence the device's run
+//! began after, [`super::runs::Run`]) (key since: the device's JetStream stream sequence when a rotation drew this
 //! key, 0 for a key no rotation drew), or
 //! `1 ‖ close code (u16) ‖ reason (UTF-8)` when refused. All integers big-endian.
 //!
@@ -34,7 +35,8 @@ use std::time::{Duration, Instant};
 /// First bytes of every join message.
 pub const MAGIC: [u8; 2] = *b"NJ";
 /// Format version.
-pub const VERSION: u8 = 1;
+/// Version 2: the WELCOME names the run's start (frames are sealed under run keys).
+pub const VERSION: u8 = 2;
 /// Bytes of the group key.
 pub const GROUP_KEY_LEN: usize = 32;
 /// Slot value meaning "no slot" (modes other than split).
@@ -99,6 +101,8 @@ pub struct Admission {
     pub slot: Option<u16>,
     /// The device run's id (a new one after a device restart).
     pub run: u64,
+    /// The JetStream stream sequence that run began after.
+    pub run_began: u64,
     /// The device's JetStream stream sequence when a rotation drew this group key (0: no
     /// rotation did). App → device frames sealed under the key before it and stored after
     /// this sequence are refused by the device; their sender publishes them again under
@@ -106,11 +110,22 @@ pub struct Admission {
     pub key_since: u64,
 }
 
+impl Admission {
+    /// The device run it names.
+    pub fn device_run(&self) -> super::runs::Run {
+        super::runs::Run {
+            id: self.run,
+            began: self.run_began,
+        }
+    }
+}
+
 impl std::fmt::Debug for Admission {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Admission")
             .field("slot", &self.slot)
             .field("run", &self.run)
+            .field("run_began", &self.run_began)
             .field("key_since", &self.key_since)
             .finish_non_exhaustive()
     }
@@ -138,6 +153,7 @@ impl Welcome {
                 v.extend_from_slice(&a.group_key);
                 v.extend_from_slice(&a.slot.unwrap_or(NO_SLOT).to_be_bytes());
                 v.extend_from_slice(&a.run.to_be_bytes());
+                v.extend_from_slice(&a.run_began.to_be_bytes());
                 v.extend_from_slice(&a.key_since.to_be_bytes());
                 v
             }
@@ -152,18 +168,21 @@ impl Welcome {
 
     fn parse(b: &[u8]) -> Result<Welcome, JoinError> {
         match b.split_first() {
-            Some((0, rest)) if rest.len() == GROUP_KEY_LEN + 18 => {
+            Some((0, rest)) if rest.len() == GROUP_KEY_LEN + 26 => {
                 let mut group_key = [0u8; GROUP_KEY_LEN];
                 group_key.copy_from_slice(&rest[..GROUP_KEY_LEN]);
                 let slot = u16::from_be_bytes([rest[32], rest[33]]);
                 let mut run = [0u8; 8];
                 run.copy_from_slice(&rest[34..42]);
+                let mut began = [0u8; 8];
+                began.copy_from_slice(&rest[42..50]);
                 let mut since = [0u8; 8];
-                since.copy_from_slice(&rest[42..50]);
+                since.copy_from_slice(&rest[50..58]);
                 Ok(Welcome::Admitted(Admission {
                     group_key,
                     slot: (slot != NO_SLOT).then_some(slot),
                     run: u64::from_be_bytes(run),
+                    run_began: u64::from_be_bytes(began),
                     key_since: u64::from_be_bytes(since),
                 }))
             }
@@ -364,6 +383,7 @@ mod tests {
             group_key: [7; 32],
             slot: Some(2),
             run: 99,
+            run_began: 77,
             key_since: 1234,
         };
         let w = f.welcome(&Welcome::Admitted(adm.clone())).unwrap();
@@ -403,7 +423,10 @@ mod tests {
         assert_eq!(host.pending(), 1);
         // Forgotten after the expiry.
         assert!(host
-            .handle_finish(now + Duration::from_secs(4), &[b'N', b'J', 1, 3, 0, 0])
+            .handle_finish(
+                now + Duration::from_secs(4),
+                &[b'N', b'J', VERSION, 3, 0, 0]
+            )
             .is_err());
         assert_eq!(host.pending(), 0);
         for n in 0..64 {

@@ -12,10 +12,12 @@
 //! - [`subjects`]: the subject layout (sans-IO);
 //! - [`join`]: the join handshake (sans-IO);
 //! - [`record`]: the frame record every data message carries (packet/repr);
+//! - [`runs`]: which device run a frame may come from, and its run key (sans-IO);
 //! - [`NatsConfig`] / [`connect`]: the connection to the server (TLS, credentials).
 
 pub mod join;
 pub mod record;
+pub mod runs;
 pub mod subjects;
 
 use crate::LinkError;

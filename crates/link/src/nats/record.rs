@@ -5,11 +5,13 @@
 //!  0   2   stream id
 //!  2   2   flags
 //!  4   8   run id of the device side (a restarted device numbers its frames afresh)
-//! 12   8   sequence number
-//! 20   8   timestamp, ns since the Unix epoch (source clock)
-//! 28   8   subject sequence: 0, 1, 2 … per run on each subject (a receiver of stored frames
+//! 12   8   the JetStream stream sequence that run began after (0 without stored streams)
+//! 20   8   sequence number
+//! 28   8   timestamp, ns since the Unix epoch (source clock)
+//! 36   8   subject sequence: 0, 1, 2 … per run on each subject (a receiver of stored frames
 //!          puts them back in this order: [`Reorder`])
-//! 36   …   payload (the frame after its stack, encrypted under the group key)
+//! 44   …   payload (the frame after its stack, encrypted under the run's key: the group key
+//!          and the two run fields, [`super::runs::run_key`])
 //! ```
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -19,7 +21,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 pub const END_SEQ: u64 = u64::MAX;
 
 /// Header length.
-pub const HEADER_LEN: usize = 36;
+pub const HEADER_LEN: usize = 44;
 
 /// A parsed record; the payload is a slice of the message (no copy).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +30,8 @@ pub struct FrameRecord {
     pub stream: u16,
     /// The sending run.
     pub run: u64,
+    /// The JetStream stream sequence the run began after.
+    pub began: u64,
     /// Sequence number.
     pub seq: u64,
     /// Source timestamp.
@@ -53,9 +57,10 @@ impl FrameRecord {
             stream: u16::from_be_bytes([h[0], h[1]]),
             flags: u16::from_be_bytes([h[2], h[3]]),
             run: u64_at(4),
-            seq: u64_at(12),
-            timestamp_ns: u64_at(20),
-            wseq: u64_at(28),
+            began: u64_at(12),
+            seq: u64_at(20),
+            timestamp_ns: u64_at(28),
+            wseq: u64_at(36),
             payload: b.slice(HEADER_LEN..),
         })
     }
@@ -68,10 +73,19 @@ impl FrameRecord {
         b.put_u16(self.stream);
         b.put_u16(self.flags);
         b.put_u64(self.run);
+        b.put_u64(self.began);
         b.put_u64(self.seq);
         b.put_u64(self.timestamp_ns);
         b.put_u64(self.wseq);
         h
+    }
+
+    /// The device run the record names.
+    pub fn device_run(&self) -> super::runs::Run {
+        super::runs::Run {
+            id: self.run,
+            began: self.began,
+        }
     }
 
     /// The message body.
@@ -191,6 +205,7 @@ mod tests {
         let r = FrameRecord {
             stream: 1,
             run: 5,
+            began: 9,
             seq: 2,
             timestamp_ns: 3,
             flags: 4,
@@ -201,18 +216,19 @@ mod tests {
         assert_eq!(
             &b[..],
             &[
-                0, 1, 0, 4, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3,
-                0, 0, 0, 0, 0, 0, 0, 6, b'h', b'i'
+                0, 1, 0, 4, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 2,
+                0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 6, b'h', b'i'
             ]
         );
         assert_eq!(FrameRecord::parse(&b), Some(r));
-        assert_eq!(FrameRecord::parse(&b.slice(..35)), None);
+        assert_eq!(FrameRecord::parse(&b.slice(..43)), None);
     }
 
     fn rec(run: u64, wseq: u64) -> FrameRecord {
         FrameRecord {
             stream: 1,
             run,
+            began: 0,
             seq: wseq,
             timestamp_ns: 0,
             flags: 0,
