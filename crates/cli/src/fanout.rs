@@ -1998,6 +1998,7 @@ async fn spawn_stream(
             None
         };
         let finish = finish.clone();
+        let id = plan.id;
         let peer = if app.is_some() {
             "the device side's"
         } else {
@@ -2006,6 +2007,7 @@ async fn spawn_stream(
         tasks.spawn(async move {
             let mut stack = stack;
             let r = pump_sink(
+                id,
                 input,
                 end_sub,
                 once,
@@ -2801,6 +2803,7 @@ type Rebuild = Box<dyn Fn() -> Result<Stack> + Send>;
 /// sink completed everything handed to it.
 #[allow(clippy::too_many_arguments)]
 async fn pump_sink(
+    stream: u16,
     mut input: Input,
     mut end_sub: Option<async_nats::Subscriber>,
     once: bool,
@@ -2966,6 +2969,19 @@ async fn pump_sink(
                 }
                 continue;
             };
+            // Every stream has subjects of its own: a record naming another stream was moved
+            // here by someone who may publish (its frame is genuine, for that other stream).
+            if rec.stream != stream {
+                lock(&stats).refused += 1;
+                if bad.admit(Instant::now()).is_some() {
+                    tracing::warn!(
+                        subject_stream = stream,
+                        record_stream = rec.stream,
+                        "dropped a frame of another stream published on this stream's subject"
+                    );
+                }
+                continue;
+            }
             if !fresh {
                 lock(&stats).duplicates += 1;
                 continue;

@@ -1,0 +1,469 @@
+//! The NATS fan-out's replay rules over 1000 random schedules (issue 31, item 2): a device
+//! side that runs 2–4 times (its clock jumping back and forth between runs), one reliable
+//! stream (stored, JetStream's order, copies from redelivery and from republishing after a
+//! server restart) and one lossy stream (core NATS: loss, duplication, neighbours swapped), an
+//! app side that joins in some run and may restart mid-run (its durable consumer goes on from
+//! what it acknowledged), and an adversary who records every message and, at any moment, plays
+//! recorded ones back on either path, rewrites their headers to name the current run (or a
+//! newer one, or another start) and publishes garbage.
+//!
+//! The receiver is the app side's sink path of `crates/cli/src/fanout.rs` in the same order:
+//! the record parsed, one naming another stream than its subject's refused, a stored copy known by its sealed header, a lossy frame numbered at or
+//! below the last one taken of its run dropped, the run checked by `ndd_link::nats::runs::RunGuard`,
+//! the frame opened under its run's key (`run_key`) by the real `encrypt` inverse, a newer run
+//! taken once it opened, a stored frame numbered at or below the last one taken of its run
+//! dropped. Properties, per app side process:
+//!
+//! - everything delivered is a genuine frame (its payload is what the device sealed), each
+//!   (run, stream, sequence) at most once, each run's frames of a stream in rising order;
+//! - nothing of a run earlier than the one the process joined in is delivered unless it was
+//!   stored before that run began;
+//! - the reliable stream is exact: every frame the device published after the app side's
+//!   consumer began is delivered, by one process or the next, before the run's END is taken;
+//!   an END is taken only for a run whose device side ended it.
+//!
+//! `SEED=n cargo test -p ndd-testkit --test nats_runs` replays one schedule.
+
+use bytes::Bytes;
+use ndd_core::{Frame, Half, Meta, Output};
+use ndd_link::nats::record::{FrameRecord, END_SEQ};
+use ndd_link::nats::runs::{next_run_id, run_key, Admit, Run, RunGuard};
+use ndd_modules::encrypt::key::Key;
+use ndd_modules::encrypt::{Cipher, EncryptForward, EncryptInverse};
+use ndd_testkit::SimRng;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+const REL: u16 = 1;
+const LOSSY: u16 = 2;
+const GROUP: [u8; 32] = [0x42; 32];
+
+/// A message on the server: its body, and whether the device published it (copies the
+/// broker makes count as the device's; the adversary's do not).
+#[derive(Clone)]
+struct Msg {
+    body: Bytes,
+}
+
+/// The genuine payload of frame `seq` of `stream` in run `run`.
+fn payload(run: u64, stream: u16, seq: u64) -> Vec<u8> {
+    let mut p = run.to_be_bytes().to_vec();
+    p.extend_from_slice(&stream.to_be_bytes());
+    p.extend_from_slice(&seq.to_be_bytes());
+    p
+}
+
+/// The device side of one run: seals under the run's key.
+struct Device {
+    run: Run,
+    seal: EncryptForward,
+    wseq: [u64; 3],
+}
+
+impl Device {
+    fn new(run: Run) -> Device {
+        Device {
+            run,
+            seal: EncryptForward::new(&Key::given(run_key(&GROUP, run)), Cipher::Aes256Gcm)
+                .unwrap(),
+            wseq: [0; 3],
+        }
+    }
+
+    fn frame(&mut self, stream: u16, seq: u64) -> Bytes {
+        let meta = Meta {
+            stream,
+            seq,
+            timestamp_ns: seq,
+            flags: 0,
+        };
+        let body = if seq == END_SEQ {
+            Vec::new()
+        } else {
+            payload(self.run.id, stream, seq)
+        };
+        let mut out = Output::new();
+        self.seal
+            .handle_frame(Instant::now(), Frame::new(meta, &body), &mut out)
+            .unwrap();
+        let f = out.take_frames().pop().unwrap();
+        let w = &mut self.wseq[stream as usize];
+        let rec = FrameRecord {
+            stream,
+            flags: 0,
+            run: self.run.id,
+            began: self.run.began,
+            seq,
+            timestamp_ns: seq,
+            wseq: *w,
+            payload: Bytes::copy_from_slice(f.payload()),
+        };
+        *w += 1;
+        rec.encode()
+    }
+}
+
+/// One app side process: the sink path's checks in fanout's order.
+struct App {
+    joined: Run,
+    guard: RunGuard,
+    halves: HashMap<Run, EncryptInverse>,
+    seen: HashSet<Vec<u8>>,
+    last: HashMap<u16, (u64, u64)>,
+    delivered: HashSet<(u64, u16, u64)>,
+    /// Runs whose reliable END this process took.
+    ended: Vec<u64>,
+}
+
+impl App {
+    fn new(joined: Run) -> App {
+        App {
+            joined,
+            guard: RunGuard::app(joined),
+            halves: HashMap::new(),
+            seen: HashSet::new(),
+            last: HashMap::new(),
+            delivered: HashSet::new(),
+            ended: Vec::new(),
+        }
+    }
+
+    /// Takes a message (`stored`: its stream sequence); returns what it delivered, as
+    /// (run, stream, seq, payload), or why it failed a property.
+    fn take(
+        &mut self,
+        body: &Bytes,
+        stored: Option<u64>,
+    ) -> Result<Option<(u64, u16, u64)>, String> {
+        let Some(rec) = FrameRecord::parse(body) else {
+            return Ok(None);
+        };
+        // Each stream has its subject: a record of another stream played onto it is refused.
+        if rec.stream != if stored.is_some() { REL } else { LOSSY } {
+            return Ok(None);
+        }
+        match stored {
+            Some(_) => {
+                if rec.payload.len() >= 24 && !self.seen.insert(rec.payload[..24].to_vec()) {
+                    return Ok(None);
+                }
+            }
+            None => {
+                if self
+                    .last
+                    .get(&rec.stream)
+                    .is_some_and(|&(r, s)| r == rec.run && rec.seq <= s)
+                {
+                    return Ok(None);
+                }
+            }
+        }
+        let run = rec.device_run();
+        if let Admit::Refused(_) = self.guard.check(run, stored) {
+            return Ok(None);
+        }
+        let made = !self.halves.contains_key(&run);
+        let half = self.halves.entry(run).or_insert_with(|| {
+            EncryptInverse::new(
+                Arc::new(Key::given(run_key(&GROUP, run))),
+                Cipher::Aes256Gcm,
+                1024,
+            )
+            .without_auth_warnings()
+        });
+        let failed = half.auth_failures();
+        let meta = Meta {
+            stream: rec.stream,
+            seq: rec.seq,
+            timestamp_ns: rec.timestamp_ns,
+            flags: rec.flags,
+        };
+        let mut out = Output::new();
+        let _ = half.handle_frame(
+            Instant::now(),
+            Frame::from_bytes(meta, rec.payload.clone()),
+            &mut out,
+        );
+        if half.auth_failures() != failed {
+            if made {
+                self.halves.remove(&run);
+            }
+            return Ok(None);
+        }
+        let Some(f) = out.take_frames().pop() else {
+            return Ok(None);
+        };
+        self.guard.opened(run);
+        if stored.is_some()
+            && f.meta.seq != END_SEQ
+            && self
+                .last
+                .get(&rec.stream)
+                .is_some_and(|&(r, s)| r == rec.run && f.meta.seq <= s)
+        {
+            return Ok(None);
+        }
+        if run.id < self.joined.id && stored.is_none_or(|s| s > self.joined.began) {
+            return Err(format!(
+                "delivered a frame of run {:x} (stored {stored:?}) in a process that joined run {:x} began {}",
+                run.id, self.joined.id, self.joined.began
+            ));
+        }
+        if f.meta.seq == END_SEQ {
+            if f.meta.stream == REL {
+                self.ended.push(run.id);
+            }
+            return Ok(None);
+        }
+        if f.payload() != payload(run.id, f.meta.stream, f.meta.seq).as_slice() {
+            return Err(format!(
+                "delivered a payload the device never sealed: {:?}",
+                f.payload()
+            ));
+        }
+        let key = (run.id, f.meta.stream, f.meta.seq);
+        if !self.delivered.insert(key) {
+            return Err(format!("delivered {key:?} twice"));
+        }
+        if let Some(&(r, s)) = self.last.get(&f.meta.stream) {
+            if r == run.id && f.meta.seq <= s {
+                return Err(format!("delivered {key:?} after seq {s} of the same run"));
+            }
+        }
+        self.last.insert(f.meta.stream, (run.id, f.meta.seq));
+        Ok(Some(key))
+    }
+}
+
+/// The adversary's tampering with a recorded message.
+fn tamper(rng: &mut SimRng, body: &Bytes, current: Run) -> Bytes {
+    let mut b = body.to_vec();
+    if b.len() < 44 {
+        return Bytes::from(b);
+    }
+    match rng.range(0, 4) {
+        0 => {
+            b[4..12].copy_from_slice(&current.id.to_be_bytes());
+            b[12..20].copy_from_slice(&current.began.to_be_bytes());
+        }
+        1 => b[4..12].copy_from_slice(&(current.id + rng.range(1, 1000)).to_be_bytes()),
+        2 => b[12..20].copy_from_slice(&rng.next_u64().to_be_bytes()),
+        3 => b[20..28].copy_from_slice(&rng.range(0, 50).to_be_bytes()),
+        _ => {
+            let i = rng.range(44, b.len() as u64 - 1) as usize;
+            b[i] ^= 1 << rng.range(0, 7);
+        }
+    }
+    Bytes::from(b)
+}
+
+fn run(seed: u64) -> Result<String, String> {
+    let mut rng = SimRng::new(seed);
+    let runs = rng.range(2, 4);
+    let n_rel = rng.range(5, 40);
+    let n_lossy = rng.range(5, 40);
+    let loss = rng.unit() * 0.3;
+    let copies = rng.unit() * 0.2;
+    let attack = rng.unit() * 0.3;
+    let restarts = rng.unit() * 0.05;
+    let join_in = rng.range(1, runs);
+    // The stored log and the app side's consumer position in it (1-based sequences).
+    let mut log: Vec<Msg> = Vec::new();
+    let mut cursor = 0usize;
+    // Messages JetStream delivers again (not acknowledged in time), with their sequence.
+    let mut again: VecDeque<(Msg, u64)> = VecDeque::new();
+    let mut core: VecDeque<Msg> = VecDeque::new();
+    let mut recorded: Vec<(Msg, bool)> = Vec::new();
+    let mut app: Option<App> = None;
+    let mut processes = 0;
+    let mut wall = 1_800_000_000_000_000_000u64;
+    let mut last_id = None;
+    // Every reliable frame the app side must get: (run, seq), from its consumer's start.
+    let mut owed: Vec<(u64, u64)> = Vec::new();
+    let mut got: HashSet<(u64, u64)> = HashSet::new();
+    let mut ended_runs: HashSet<u64> = HashSet::new();
+    let mut refused = 0u64;
+    for r in 1..=runs {
+        // The clock jumps (back, too) between runs.
+        wall = wall
+            .saturating_add(rng.range(0, 7_200_000_000_000))
+            .saturating_sub(3_600_000_000_000);
+        let id = next_run_id(last_id, wall, rng.next_u64() as u16);
+        last_id = Some(id);
+        let current = Run {
+            id,
+            began: log.len() as u64,
+        };
+        let mut dev = Device::new(current);
+        if r == join_in {
+            app = Some(App::new(current));
+            processes += 1;
+            cursor = log.len();
+        }
+        let mut next = [0u64; 3];
+        let mut ended = false;
+        loop {
+            let pending = cursor < log.len() || !core.is_empty() || !again.is_empty();
+            if ended && !pending {
+                break;
+            }
+            let roll = rng.unit();
+            if rng.chance(attack * 0.5) && !recorded.is_empty() {
+                // The adversary plays back (or tampers with) anything recorded so far.
+                let (m, stored) =
+                    recorded[rng.range(0, recorded.len() as u64 - 1) as usize].clone();
+                let body = match rng.range(0, 5) {
+                    0 => tamper(&mut rng, &m.body, current),
+                    1 => {
+                        let mut junk = vec![0u8; rng.range(0, 80) as usize];
+                        rng.fill(&mut junk);
+                        Bytes::from(junk)
+                    }
+                    _ => m.body,
+                };
+                if stored || rng.chance(0.3) {
+                    log.push(Msg { body });
+                } else {
+                    core.push_back(Msg { body });
+                }
+            } else if roll < 0.35 && !ended {
+                // The device publishes its next frame (or the END once both are through).
+                let stream = if next[REL as usize] < n_rel
+                    && (next[LOSSY as usize] >= n_lossy || rng.chance(0.5))
+                {
+                    REL
+                } else if next[LOSSY as usize] < n_lossy {
+                    LOSSY
+                } else {
+                    ended = true;
+                    let end_rel = Msg {
+                        body: dev.frame(REL, END_SEQ),
+                    };
+                    log.push(end_rel.clone());
+                    recorded.push((end_rel, true));
+                    for _ in 0..3 {
+                        let end_lossy = Msg {
+                            body: dev.frame(LOSSY, END_SEQ),
+                        };
+                        core.push_back(end_lossy.clone());
+                        recorded.push((end_lossy, false));
+                    }
+                    ended_runs.insert(id);
+                    continue;
+                };
+                let seq = next[stream as usize];
+                next[stream as usize] += 1;
+                let m = Msg {
+                    body: dev.frame(stream, seq),
+                };
+                if stream == REL {
+                    log.push(m.clone());
+                    if app.is_some() {
+                        owed.push((id, seq));
+                    }
+                    // A server restart: the device publishes its recent frames again.
+                    if rng.chance(copies / 4.0) {
+                        let from = log.len().saturating_sub(rng.range(1, 5) as usize);
+                        let again: Vec<Msg> = log[from..].to_vec();
+                        log.extend(again);
+                    }
+                    recorded.push((m, true));
+                } else {
+                    if !rng.chance(loss) {
+                        core.push_back(m.clone());
+                        if rng.chance(copies) {
+                            core.push_back(m.clone());
+                        }
+                    }
+                    recorded.push((m, false));
+                }
+            } else if let Some(a) = app.as_mut() {
+                if rng.chance(restarts) {
+                    // The app side restarts; its durable consumer goes on where it acknowledged.
+                    *a = App::new(current);
+                    processes += 1;
+                    continue;
+                }
+                // The broker delivers: stored (in order; sometimes a copy of an unacknowledged
+                // one) or core (sometimes two neighbours swapped).
+                let redeliver = !again.is_empty() && rng.chance(0.3);
+                if redeliver || (cursor < log.len() && (core.is_empty() || rng.chance(0.5))) {
+                    let (m, seq) = match again.pop_front().filter(|_| redeliver) {
+                        Some(x) => x,
+                        None => {
+                            cursor += 1;
+                            (log[cursor - 1].clone(), cursor as u64)
+                        }
+                    };
+                    if rng.chance(copies) {
+                        again.push_back((m.clone(), seq));
+                    }
+                    match a.take(&m.body, Some(seq))? {
+                        Some((run, REL, seq)) => {
+                            got.insert((run, seq));
+                        }
+                        Some(_) => {
+                            return Err("a stored frame delivered on the lossy stream".into())
+                        }
+                        None => refused += 1,
+                    }
+                } else if let Some(m) = core.pop_front() {
+                    if core.len() > 1 && rng.chance(copies) {
+                        core.swap(0, 1);
+                    }
+                    if a.take(&m.body, None)?.is_none() {
+                        refused += 1;
+                    }
+                }
+                for &r in &a.ended {
+                    if !ended_runs.contains(&r) {
+                        return Err(format!("took an END of run {r:x}, which did not end"));
+                    }
+                    if let Some(missing) = owed
+                        .iter()
+                        .find(|(o, s)| *o == r && !got.contains(&(*o, *s)))
+                    {
+                        return Err(format!("took run {r:x}'s END before its frame {missing:?}"));
+                    }
+                }
+            } else {
+                // Nobody is subscribed yet: what is on core NATS is gone.
+                core.clear();
+                again.clear();
+                cursor = log.len();
+            }
+        }
+    }
+    if let Some(missing) = owed.iter().find(|o| !got.contains(o)) {
+        return Err(format!(
+            "reliable frame {missing:?} never delivered ({} owed, {} got)",
+            owed.len(),
+            got.len()
+        ));
+    }
+    Ok(format!(
+        "{runs} runs, joined in {join_in}, {processes} processes, {} reliable frames exact, {refused} messages not delivered",
+        owed.len()
+    ))
+}
+
+#[test]
+fn nothing_replayed_forged_or_of_an_earlier_run_is_delivered_and_reliable_frames_are_exact() {
+    let seeds: Vec<u64> = match std::env::var("SEED") {
+        Ok(s) => vec![s.parse().expect("SEED is a number")],
+        Err(_) => (0..1000).collect(),
+    };
+    for seed in seeds {
+        match run(seed) {
+            Ok(summary) => {
+                if std::env::var("SEED").is_ok() {
+                    println!("seed {seed}: {summary}");
+                }
+            }
+            Err(e) => panic!(
+                "seed {seed}: {e}\nreplay: SEED={seed} cargo test -p ndd-testkit --test nats_runs"
+            ),
+        }
+    }
+}
