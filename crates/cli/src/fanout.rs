@@ -1194,6 +1194,7 @@ pub async fn run_side(
         peer,
         clock_offset: None,
         recoveries: Vec::new(),
+        link_drops: None,
     })
 }
 

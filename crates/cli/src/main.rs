@@ -305,6 +305,33 @@ fn check_writable(path: &Path, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// What `--stats-json` holds for one side.
+fn stats_value(side: config::SideName, report: &session::RunReport) -> serde_json::Value {
+    serde_json::json!({
+        "side": side.to_string(),
+        "peer": report.peer,
+        "clock_offset_ns": report.clock_offset.map(|c| c.0),
+        "rtt_ns": report.clock_offset.map(|c| c.1),
+        "recoveries_ms": report.recoveries.iter().map(|d| d.as_secs_f64() * 1e3).collect::<Vec<_>>(),
+        "link_dropped": report.link_drops,
+        "streams": report.streams,
+    })
+}
+
+/// The final count of datagrams a UDP link dropped, if any (the live warning comes at most
+/// every 5 s: its last counts would never show).
+fn say_drops(side: config::SideName, d: ndd_link::udp::DropCounts) {
+    if d.total() > 0 {
+        eprintln!(
+            "ndd [{side}]: the UDP link dropped {} datagram(s): {} unauthenticated, {} replayed, {} garbage",
+            d.total(),
+            d.unauthenticated,
+            d.replayed,
+            d.garbage
+        );
+    }
+}
+
 fn write_json(path: &Path, value: &serde_json::Value) -> Result<()> {
     let text = serde_json::to_string_pretty(value)?;
     std::fs::write(path, text + "\n")
@@ -373,7 +400,30 @@ fn run(cli: Cli) -> Result<i32> {
             let report = rt.block_on(async {
                 let stop = ctrl_c();
                 session::run_side_task(std::sync::Arc::new(cfg), opts, stop).await
-            })?;
+            });
+            let report = match report {
+                Ok(r) => r,
+                Err(e) => {
+                    // What was counted until the error, then the error.
+                    let failed = e.downcast_ref::<session::SideFailed>();
+                    if let Some(d) = failed.and_then(|f| f.report.link_drops) {
+                        say_drops(side, d);
+                    }
+                    if let Some(path) = &stats_json {
+                        let mut v = failed.map(|f| stats_value(side, &f.report)).unwrap_or_else(
+                            || serde_json::json!({ "side": side.to_string(), "streams": [] }),
+                        );
+                        v["error"] = serde_json::Value::String(logfmt::error_text(&e));
+                        if let Err(w) = write_json(path, &v) {
+                            eprintln!("ndd: warning: {}", logfmt::error_text(&w));
+                        }
+                    }
+                    return Err(e);
+                }
+            };
+            if let Some(d) = report.link_drops {
+                say_drops(side, d);
+            }
             if let Some((off, rtt)) = report.clock_offset {
                 eprintln!(
                     "ndd [{side}]: clock offset to the peer {:+.3} ms (round trip {:.3} ms)",
@@ -399,17 +449,7 @@ fn run(cli: Cli) -> Result<i32> {
                 ok &= c.is_ok();
             }
             if let Some(path) = stats_json {
-                write_json(
-                    &path,
-                    &serde_json::json!({
-                        "side": side.to_string(),
-                        "peer": report.peer,
-                        "clock_offset_ns": report.clock_offset.map(|c| c.0),
-                        "rtt_ns": report.clock_offset.map(|c| c.1),
-                        "recoveries_ms": report.recoveries.iter().map(|d| d.as_secs_f64() * 1e3).collect::<Vec<_>>(),
-                        "streams": report.streams,
-                    }),
-                )?;
+                write_json(&path, &stats_value(side, &report))?;
             }
             Ok(if ok { 0 } else { 3 })
         }

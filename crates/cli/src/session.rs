@@ -19,6 +19,7 @@ use ndd_core::{Frame, Meta, Pair, Role};
 use ndd_endpoint::delivered::INJECTED_SEQ;
 use ndd_endpoint::display::LinkState;
 use ndd_endpoint::{CheckReport, Delivered, Demand, SinkReport, SourceReport};
+use ndd_link::udp::{DropCounts, LinkDrops};
 use ndd_link::{Connector, EstablishError, Established, HandshakeCtx, Identity, Listener, Rx, Tx};
 use ndd_wire::{CloseCode, OwnedMessage};
 use std::future::Future;
@@ -134,6 +135,31 @@ pub struct RunReport {
     pub clock_offset: Option<(i64, u64)>,
     /// Time from each link loss to the resumed session, in order.
     pub recoveries: Vec<Duration>,
+    /// Datagrams a UDP link dropped, over all its connections (`None`: not a UDP link).
+    pub link_drops: Option<DropCounts>,
+}
+
+/// A side that ended with an error, with what it had counted until then (`--stats-json` is
+/// written on an error exit too). Shows as the error it carries.
+#[derive(Debug)]
+pub struct SideFailed {
+    /// The counters at the end.
+    pub report: RunReport,
+    /// What went wrong.
+    pub error: anyhow::Error,
+}
+
+impl std::fmt::Display for SideFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&crate::logfmt::error_text(&self.error))
+    }
+}
+
+impl std::error::Error for SideFailed {}
+
+/// The drop counts of every UDP connection a side had, added (`None` if it had none).
+fn drop_counts(links: &[Arc<LinkDrops>]) -> Option<DropCounts> {
+    links.iter().map(|d| d.counts()).reduce(DropCounts::plus)
 }
 
 /// Nanoseconds since the Unix epoch, our clock.
@@ -484,7 +510,7 @@ pub async fn run_side(
             let (m, task) = serve_metrics(addr).await?;
             // Before the first peer: the link is down, no stream has moved.
             *m.lock().unwrap_or_else(|p| p.into_inner()) =
-                crate::stats::prometheus(side.as_str(), false, 0, &[]);
+                crate::stats::prometheus(side.as_str(), false, 0, None, &[]);
             note!(quiet, side, "metrics at http://{addr}/metrics");
             Some((m, AbortOnDrop(task)))
         }
@@ -515,6 +541,7 @@ pub async fn run_side(
                 peer: String::new(),
                 clock_offset: None,
                 recoveries: Vec::new(),
+                link_drops: None,
             });
         }
         _ = sleep_until_opt(deadline) => bail!(
@@ -618,6 +645,8 @@ pub async fn run_side(
     };
     let mut sess = Session::new(scfg, plans, run_id())?;
     sess.handle_link_up(Instant::now());
+    // Every UDP connection's drop counters (read live and at the end).
+    let mut udp_drops: Vec<Arc<LinkDrops>> = first.rx.drops().into_iter().collect();
     let mut link = Some(Link::new(first, &mut sess, cfg.link.chunk_bytes as usize));
     let mut reconnect: Option<Reconnect<'_>> = None;
     // While a link is up, a listener tells any other peer that connects that it is busy.
@@ -837,6 +866,7 @@ pub async fn run_side(
                             busy = Some(Box::pin(connector.refuse_while_busy(&ctx, e.peer.clone())));
                             peer_fp = e.fingerprint.clone();
                             same_clock = e.addr.ip().is_loopback();
+                            udp_drops.extend(e.rx.drops());
                             link = Some(Link::new(e, &mut sess, cfg.link.chunk_bytes as usize));
                             link_state = "up";
                             sess.handle_link_up(Instant::now());
@@ -900,8 +930,17 @@ pub async fn run_side(
                                 .filter(|_| link.is_some())
                                 .map(|c| format!(" · rtt {:.2} ms", c.rtt_ns as f64 / 1e6))
                                 .unwrap_or_default();
+                            let dropped = drop_counts(&udp_drops)
+                                .filter(|d| d.total() > 0)
+                                .map(|d| {
+                                    format!(
+                                        " · dropped {} unauthenticated, {} replayed, {} garbage",
+                                        d.unauthenticated, d.replayed, d.garbage
+                                    )
+                                })
+                                .unwrap_or_default();
                             let heading = format!(
-                                "[{side}] link {link_state} · peer {peer}{rtt} · {} recoveries",
+                                "[{side}] link {link_state} · peer {peer}{rtt} · {} recoveries{dropped}",
                                 sess.recoveries().len()
                             );
                             crate::board::show(side.as_str(), crate::board::Panel { heading, rows });
@@ -913,6 +952,7 @@ pub async fn run_side(
                                 side.as_str(),
                                 link.is_some(),
                                 sess.recoveries().len(),
+                                drop_counts(&udp_drops),
                                 &streams,
                             );
                             *m.lock().unwrap_or_else(|p| p.into_inner()) = text;
@@ -956,21 +996,29 @@ pub async fn run_side(
             t.abort();
         }
     }
-    result?;
     let mut checks = Vec::new();
-    for (i, e) in io.iter_mut().enumerate() {
-        let Some(h) = e.sink_task.take() else {
-            continue;
-        };
-        let name = cfg.streams[i].name().to_string();
-        match h.await {
-            Ok(Ok(rep)) => {
-                if let Some(c) = rep.check {
-                    checks.push((name, c));
+    let mut result = result;
+    if result.is_ok() {
+        for (i, e) in io.iter_mut().enumerate() {
+            let Some(h) = e.sink_task.take() else {
+                continue;
+            };
+            let name = cfg.streams[i].name().to_string();
+            match h.await {
+                Ok(Ok(rep)) => {
+                    if let Some(c) = rep.check {
+                        checks.push((name, c));
+                    }
+                }
+                Ok(Err(e)) => {
+                    result = Err(anyhow!(e).context(format!("stream \"{name}\": sink failed")));
+                    break;
+                }
+                Err(e) => {
+                    result = Err(anyhow!("stream \"{name}\": sink task failed: {e}"));
+                    break;
                 }
             }
-            Ok(Err(e)) => return Err(anyhow!(e).context(format!("stream \"{name}\": sink failed"))),
-            Err(e) => return Err(anyhow!("stream \"{name}\": sink task failed: {e}")),
         }
     }
     let summaries = io
@@ -981,13 +1029,18 @@ pub async fn run_side(
             e.stats.summary()
         })
         .collect();
-    Ok(RunReport {
+    let report = RunReport {
         streams: summaries,
         checks,
         peer,
         clock_offset: sess.clock().map(|c| (c.offset_ns, c.rtt_ns)),
         recoveries: sess.recoveries().to_vec(),
-    })
+        link_drops: drop_counts(&udp_drops),
+    };
+    match result {
+        Ok(()) => Ok(report),
+        Err(error) => Err(anyhow::Error::new(SideFailed { report, error })),
+    }
 }
 
 /// Most frames of a lossy stream kept for a sink endpoint that is not taking them (beyond its

@@ -367,6 +367,7 @@ pub fn prometheus(
     side: &str,
     link_up: bool,
     recoveries: usize,
+    drops: Option<ndd_link::udp::DropCounts>,
     streams: &[StreamSummary],
 ) -> String {
     use std::fmt::Write as _;
@@ -391,6 +392,20 @@ pub fn prometheus(
         "Link losses recovered (reconnected and resumed).",
         &mut std::iter::once((side_label.clone(), recoveries.to_string())),
     );
+    if let Some(d) = drops {
+        family(
+            "ndd_link_dropped_datagrams_total",
+            "counter",
+            "Datagrams a UDP link dropped: unauthenticated (forged, damaged, another peer's), replayed, garbage.",
+            &mut [
+                ("unauthenticated", d.unauthenticated),
+                ("replayed", d.replayed),
+                ("garbage", d.garbage),
+            ]
+            .into_iter()
+            .map(|(why, n)| (format!("{side_label},reason=\"{why}\""), n.to_string())),
+        );
+    }
     let labels = |st: &StreamSummary| {
         format!(
             "side=\"{side}\",stream=\"{}\",role=\"{}\"",

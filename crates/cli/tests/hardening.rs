@@ -392,7 +392,13 @@ fn a_strangers_datagrams_do_not_touch_a_udp_session() {
     )
     .unwrap();
     let addr = format!("127.0.0.1:{}", free_port());
-    let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &addr]));
+    let json = dir.0.join("app.json");
+    let app = Side::spawn(run_cmd(
+        &cfg,
+        "app",
+        &app_home,
+        &["--listen", &addr, "--stats-json", json.to_str().unwrap()],
+    ));
     let _ = app.addr();
     let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &addr]));
     app.wait_says("streams agreed", &[&dev]);
@@ -442,6 +448,23 @@ fn a_strangers_datagrams_do_not_touch_a_udp_session() {
     assert!(ds.success(), "device: {derr}");
     assert!(as_.success(), "app: {aerr}");
     assert!(aerr.contains(&check_ok("events", 1500)), "{aerr}");
+    // The final counts, which the warning every 5 s would not show: at least the stranger's
+    // 23 datagrams and its key exchange's.
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let d = &v["link_dropped"];
+    let total: u64 = ["unauthenticated", "replayed", "garbage"]
+        .iter()
+        .map(|k| d[k].as_u64().unwrap())
+        .sum();
+    assert!(total >= 24, "{v}");
+    assert!(
+        aerr.contains(&format!(
+            "ndd [app]: the UDP link dropped {total} datagram(s): {} unauthenticated",
+            d["unauthenticated"]
+        )),
+        "{aerr}"
+    );
 }
 
 /// `c.toml` in `dir`: [`CFG`] over `transport` with `count` frames, `link` added to `[link]`.
@@ -629,4 +652,38 @@ fn check_shows_each_streams_reliability_and_priority() {
         out.contains("stream 1 \"mic\" device→app, lossy, priority high: pulse-capture("),
         "{out}"
     );
+}
+
+/// `--stats-json` is written when a side ends with an error too: what it counted until then,
+/// and the error (here the link is lost for good: `reconnect = false`, the device killed).
+#[test]
+fn stats_json_is_written_on_an_error_exit() {
+    let dir = Dir::new("stats-json-error");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let cfg = long_config(&dir.0, "tcp", 1_000_000, "reconnect = false");
+    let json = dir.0.join("app.json");
+    let app = Side::spawn(run_cmd(
+        &cfg,
+        "app",
+        &app_home,
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--stats-json",
+            json.to_str().unwrap(),
+        ],
+    ));
+    let addr = app.addr();
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &addr]));
+    app.wait_says("streams agreed", &[&dev]);
+    std::thread::sleep(Duration::from_millis(500));
+    drop(dev.kill());
+    let (status, _, err) = app.finish();
+    assert_eq!(status.code(), Some(1), "{err}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let error = v["error"].as_str().unwrap_or_default();
+    assert!(!error.is_empty() && err.contains(error), "{v}\n{err}");
+    let frames = v["streams"][0]["frames"].as_u64().unwrap_or(0);
+    assert!(frames > 0, "what came before the error is counted: {v}");
 }

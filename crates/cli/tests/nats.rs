@@ -476,6 +476,14 @@ fn reliable_streams_lose_nothing_when_an_app_side_is_killed_or_the_server_restar
     assert!(ds.success(), "device: {derr}");
     let (as_, _, aerr) = a2.finish();
     assert!(as_.success(), "app: {aerr}");
+    // The loss and the reconnect are both said.
+    for (who, err) in [("device", &derr), ("app", &aerr)] {
+        assert!(
+            err.contains("lost the NATS server; reconnecting")
+                && err.contains("reconnected to the NATS server (connection 2)"),
+            "{who}: {err}"
+        );
+    }
     let seqs = synthetic_seqs_in(&out, 9, n);
     let (next, dups, lost) = order(seqs.iter().copied());
     assert_eq!(next, n, "every frame up to the last");

@@ -67,6 +67,14 @@ impl Rx {
         }
     }
 
+    /// A UDP link's drop counters (`None` on TCP and QUIC).
+    pub fn drops(&self) -> Option<std::sync::Arc<crate::udp::LinkDrops>> {
+        match self {
+            Rx::Udp(u) => Some(u.drops()),
+            _ => None,
+        }
+    }
+
     /// Largest body accepted from the peer.
     pub fn set_max_body(&mut self, max: u32) {
         match self {

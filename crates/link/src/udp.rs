@@ -330,6 +330,54 @@ pub struct UdpLink {
     replayed: u64,
     /// At most one line every few seconds about dropped datagrams on a live sealed link.
     drop_log: ndd_core::RateLimit,
+    /// The drop counters as the driver reads them, at any time ([`UdpLink::drops`]).
+    shared: Arc<LinkDrops>,
+}
+
+/// A UDP link's dropped datagrams, readable from another task while the link is in use.
+#[derive(Debug, Default)]
+pub struct LinkDrops {
+    unauthenticated: AtomicU64,
+    replayed: AtomicU64,
+    garbage: AtomicU64,
+}
+
+/// Datagrams a UDP link dropped, by reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DropCounts {
+    /// Did not authenticate: forged, damaged, another peer's, a restarting peer's exchange.
+    pub unauthenticated: u64,
+    /// Authenticated copies of datagrams already taken (replays).
+    pub replayed: u64,
+    /// Not a datagram of ours, or one this side cannot use (a sealed one on `--insecure`).
+    pub garbage: u64,
+}
+
+impl LinkDrops {
+    /// The counts as they stand.
+    pub fn counts(&self) -> DropCounts {
+        DropCounts {
+            unauthenticated: self.unauthenticated.load(Ordering::Relaxed),
+            replayed: self.replayed.load(Ordering::Relaxed),
+            garbage: self.garbage.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl DropCounts {
+    /// All of them.
+    pub fn total(&self) -> u64 {
+        self.unauthenticated + self.replayed + self.garbage
+    }
+
+    /// These and `other` added.
+    pub fn plus(self, other: DropCounts) -> DropCounts {
+        DropCounts {
+            unauthenticated: self.unauthenticated + other.unauthenticated,
+            replayed: self.replayed + other.replayed,
+            garbage: self.garbage + other.garbage,
+        }
+    }
 }
 
 impl UdpLink {
@@ -380,7 +428,24 @@ impl UdpLink {
             unauthenticated: 0,
             replayed: 0,
             drop_log: ndd_core::RateLimit::new(Duration::from_secs(5)),
+            shared: Arc::default(),
         }
+    }
+
+    /// The link's drop counters, to read from another task (they stay readable after the
+    /// link is gone: the final counts).
+    pub fn drops(&self) -> Arc<LinkDrops> {
+        self.shared.clone()
+    }
+
+    /// Copies the drop counters where [`UdpLink::drops`] readers see them.
+    fn publish_drops(&self) {
+        let s = &self.shared;
+        s.unauthenticated
+            .store(self.unauthenticated, Ordering::Relaxed);
+        s.replayed.store(self.replayed, Ordering::Relaxed);
+        s.garbage
+            .store(self.reassembler.stats().garbage, Ordering::Relaxed);
     }
 
     /// A live sealed link dropped a datagram: say so, at most every 5 s.
@@ -779,7 +844,9 @@ impl UdpLink {
             if let Some(got) = got {
                 let (n, from) = got?;
                 self.received += 1;
-                self.datagram(n, from).await?;
+                let r = self.datagram(n, from).await;
+                self.publish_drops();
+                r?;
             }
             self.service().await?;
         }

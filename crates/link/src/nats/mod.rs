@@ -215,13 +215,23 @@ pub async fn connect(
     let who = name.to_string();
     opts = opts.event_callback(move |ev| {
         let who = who.clone();
-        if matches!(ev, async_nats::Event::Connected) {
-            connects.fetch_add(1, std::sync::atomic::Ordering::Release);
-        }
+        // Connections before this one (a reconnect is said as loudly as the loss it ends).
+        let before = match ev {
+            async_nats::Event::Connected => {
+                connects.fetch_add(1, std::sync::atomic::Ordering::Release)
+            }
+            _ => 0,
+        };
         async move {
             match ev {
                 async_nats::Event::Disconnected => {
                     tracing::warn!("{who}: lost the NATS server; reconnecting")
+                }
+                async_nats::Event::Connected if before > 0 => {
+                    tracing::warn!(
+                        "{who}: reconnected to the NATS server (connection {})",
+                        before + 1
+                    )
                 }
                 async_nats::Event::Connected => tracing::info!("{who}: connected to NATS"),
                 ev => tracing::debug!(event = %ev, "{who}: NATS"),
