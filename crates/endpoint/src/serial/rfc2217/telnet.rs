@@ -469,13 +469,21 @@ impl Telnet {
             }
         }
         if option == COM_PORT && !self.agreed && (self.opts[i].us || self.opts[i].them) {
-            self.agreed = true;
+            self.agree(Some(notes));
+        }
+    }
+
+    /// RFC 2217 is in use from now on: a server tells the client its modem state at once
+    /// (pyserial's client refuses to report CTS/DSR/… until it has heard it once).
+    /// `notes`: where to say so (a negotiation that agreed).
+    fn agree(&mut self, notes: Option<&mut Vec<Note>>) {
+        self.agreed = true;
+        if let Some(notes) = notes {
             notes.push(Note::ComPortAgreed);
-            if self.role == Role::Server {
-                // pyserial's client refuses to report CTS/DSR/… until it has heard once.
-                let v = self.modem_state & self.modem_mask;
-                self.send_sub(cmd::NOTIFY_MODEMSTATE, &[v]);
-            }
+        }
+        if self.role == Role::Server {
+            let v = self.modem_state & self.modem_mask;
+            self.send_sub(cmd::NOTIFY_MODEMSTATE, &[v]);
         }
     }
 
@@ -494,7 +502,18 @@ impl Telnet {
             return;
         }
         match self.role {
-            Role::Server if *code < SERVER_OFFSET => self.server_command(*code, value, notes),
+            Role::Server if *code < SERVER_OFFSET => {
+                if !self.agreed {
+                    // A client that sends COM-PORT commands uses the option, whatever the
+                    // negotiation said. pyserial's reader can take this side's WILL/DO as the
+                    // answers to requests its other thread has not sent yet, and then never
+                    // sends them: the option never looked agreed here, so pyserial heard no
+                    // NOTIFY-MODEMSTATE and failed `remote sends no NOTIFY_MODEMSTATE` (found
+                    // with pyserial's test.py, about one open in three).
+                    self.agree(None);
+                }
+                self.server_command(*code, value, notes)
+            }
             Role::Client if *code > SERVER_OFFSET => {
                 self.client_answer(*code - SERVER_OFFSET, value, notes)
             }
@@ -830,6 +849,52 @@ mod tests {
         assert!(cn.iter().any(|n| matches!(n, Note::Modem(_))), "{cn:?}");
     }
 
+    /// pyserial's reader thread may take the server's opening WILL/DO COM-PORT as answers to
+    /// its own requests before its main thread sent them, and then sends none: its first
+    /// COM-PORT command is the agreement, and the modem state is told at once (then on every
+    /// change).
+    #[test]
+    fn a_client_that_only_sends_commands_hears_the_modem_state() {
+        let mut s = Telnet::new(Role::Server, LineSettings::default());
+        let _ = s.take_out();
+        s.set_modem(ModemLines {
+            valid: ModemLines::CTS,
+            state: ModemLines::CTS,
+        });
+        assert!(
+            s.take_out().is_empty(),
+            "nothing before the option is in use"
+        );
+        // DO ECHO only, then SET-BAUDRATE 9600.
+        let (_, notes) = feed(&mut s, &[IAC, DO, 1]);
+        assert!(!notes.contains(&Note::ComPortAgreed));
+        let _ = s.take_out();
+        let (_, notes) = feed(
+            &mut s,
+            &[
+                IAC,
+                SB,
+                COM_PORT,
+                cmd::SET_BAUDRATE,
+                0,
+                0,
+                0x25,
+                0x80,
+                IAC,
+                SE,
+            ],
+        );
+        assert!(s.agreed(), "{notes:?}");
+        let out = s.take_out();
+        let notify = [IAC, SB, COM_PORT, cmd::NOTIFY_MODEMSTATE + SERVER_OFFSET];
+        assert_eq!(out[..4], notify, "the modem state first: {out:?}");
+        s.set_modem(ModemLines {
+            valid: ModemLines::CTS,
+            state: 0,
+        });
+        assert_eq!(s.take_out()[..4], notify, "and on a change");
+    }
+
     #[test]
     fn unknown_options_and_echo_are_refused() {
         let mut s = Telnet::new(Role::Server, LineSettings::default());
@@ -904,9 +969,10 @@ mod tests {
         c.set_settings(want);
         let (_, notes) = feed(&mut s, &c.take_out());
         assert_eq!(notes, vec![Note::Settings(want)]);
-        // The answers, as the client sees them: no refusal.
+        // The answers, as the client sees them: no refusal (the modem state first: the
+        // server tells it with its first answer).
         let (_, cn) = feed(&mut c, &s.take_out());
-        assert!(cn.is_empty(), "{cn:?}");
+        assert!(matches!(&cn[..], [Note::Modem(_)]), "{cn:?}");
     }
 
     #[test]
@@ -946,7 +1012,8 @@ mod tests {
         });
         let (_, notes) = feed(&mut s, &c.take_out());
         assert!(notes.is_empty(), "nothing changed: {notes:?}");
-        let (_, cn) = feed(&mut c, &s.take_out());
+        let (_, mut cn) = feed(&mut c, &s.take_out());
+        cn.retain(|n| !matches!(n, Note::Modem(_)));
         assert_eq!(
             cn,
             vec![
