@@ -335,3 +335,82 @@ fn a_real_ser2net_port_is_the_device() {
     drop(app.kill());
     drop(dev.kill());
 }
+
+/// A client that connects, writes and never reads (issue 31, item 4): what the port echoes
+/// back piles up for it until the kernel's buffers hold no more; the server lets it go after
+/// `stall_timeout_ms` with a warning that says why, and the next client has the port.
+#[test]
+fn a_client_that_stops_reading_is_let_go_and_the_port_is_free_again() {
+    let Some(python) = python_with_pyserial() else {
+        println!("SKIPPED: no python3 with pyserial (Debian: apt-get install python3-serial)");
+        return;
+    };
+    let dir = Dir::new("rfc2217-stall");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let (server_addr, listen, link) = (free_addr(), free_addr(), free_addr());
+    let (_server, _) = loop_server(python, &server_addr);
+    let cfg = config(&dir.0, &server_addr, &listen);
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace(
+            &format!("listen = \"{listen}\""),
+            &format!("listen = \"{listen}\", baud = 115200, stall_timeout_ms = 2000"),
+        )
+        .replace(
+            &format!("address = \"{server_addr}\""),
+            &format!("address = \"{server_addr}\", baud = 115200"),
+        );
+    std::fs::write(&cfg, text).unwrap();
+    let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &link]));
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &link]));
+    dev.wait_says("streams agreed", &[&app]);
+    // Telnet's COM-PORT option asked for, 40 KB written, never a byte read (a small receive
+    // buffer: the echo fills it soon, then waits in the server's socket).
+    let silent = Command::new(python)
+        .arg("-c")
+        .arg(format!(
+            "import socket, time\n\
+             s = socket.socket()\n\
+             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)\n\
+             s.connect(('{}', {}))\n\
+             s.sendall(bytes([255, 251, 44, 255, 253, 44]) + b'x' * 40000)\n\
+             time.sleep(120)\n",
+            listen.rsplit_once(':').unwrap().0,
+            listen.rsplit_once(':').unwrap().1
+        ))
+        .spawn()
+        .expect("python runs");
+    let silent = Killed(silent);
+    wait_for("the server to let the silent client go", WAIT, || {
+        app.stderr_now()
+            .contains("the RFC 2217 client has not read for 2.0 s: let go")
+    });
+    drop(silent);
+    // What the port still echoes of the silent client's bytes (the ones on their way through
+    // both sides) is the port's real output: a client takes it until the port is quiet.
+    let mut drain = std::net::TcpStream::connect(&listen).unwrap();
+    drain
+        .set_read_timeout(Some(Duration::from_millis(1500)))
+        .unwrap();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut drained = 0usize;
+    while let Ok(n) = std::io::Read::read(&mut drain, &mut buf) {
+        if n == 0 {
+            break;
+        }
+        drained += n;
+    }
+    drop(drain);
+    println!("drained {drained} bytes of the silent client's echo");
+    std::thread::sleep(Duration::from_millis(500));
+    // The next program has the port, and everything works for it.
+    let (ok, said) = client_check(python, &listen);
+    assert!(
+        ok,
+        "the next client: {said}\napp: {}\ndevice: {}",
+        app.stderr_now(),
+        dev.stderr_now()
+    );
+    drop(app.kill());
+    drop(dev.kill());
+}

@@ -83,6 +83,14 @@ pub struct Rfc2217ServerConfig {
     /// Initial flow control.
     #[serde(default)]
     pub flow: Flow,
+    /// A client that has not read what the server sends for this long (ms) is let go, and the
+    /// port is free for the next one; 0: never.
+    #[serde(default = "default_stall_timeout_ms")]
+    pub stall_timeout_ms: u64,
+}
+
+fn default_stall_timeout_ms() -> u64 {
+    10_000
 }
 
 /// `rfc2217-client` source and sink parameters: the RFC 2217 server (ser2net, …) whose port

@@ -134,7 +134,9 @@ impl Rfc2217 {
                 tracing::info!(endpoint, listen = %c.listen, settings = %want,
                     "RFC 2217 clients (e.g. pyserial rfc2217://) connect here");
                 let (port, ends) = Rfc2217::new(what.clone(), want);
-                rt.spawn(serve(endpoint, listener, want, ends));
+                let stall =
+                    (c.stall_timeout_ms > 0).then(|| Duration::from_millis(c.stall_timeout_ms));
+                rt.spawn(serve(endpoint, listener, want, stall, ends));
                 Ok(port)
             },
             |p| p.same_settings(endpoint, &want),
@@ -392,7 +394,18 @@ async fn session(
     to_peer: &mut Receiver<Msg>,
     from_peer: &Sender<Msg>,
     listener: Option<&TcpListener>,
+    stall: Option<Duration>,
 ) -> io::Result<bool> {
+    // A write the peer does not take within `stall` ends the session (TimedOut): a client
+    // that stopped reading must not hold the port, nor the stream behind it.
+    async fn send(sock: &mut TcpStream, bytes: &[u8], stall: Option<Duration>) -> io::Result<()> {
+        match stall {
+            None => sock.write_all(bytes).await,
+            Some(limit) => tokio::time::timeout(limit, sock.write_all(bytes))
+                .await
+                .unwrap_or_else(|_| Err(io::ErrorKind::TimedOut.into())),
+        }
+    }
     let mut buf = vec![0u8; RAW_CHUNK];
     let mut notes = Vec::new();
     let role = if listener.is_some() {
@@ -400,9 +413,20 @@ async fn session(
     } else {
         Role::Client
     };
-    sock.write_all(&t.take_out()).await?;
+    send(sock, &t.take_out(), stall).await?;
+    // Whether the client reads: what the kernel still holds for it, looked at every second.
+    let mut watch = Stall::default();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            _ = tick.tick(), if stall.is_some() => {
+                if let Some(limit) = stall {
+                    if watch.stalled(unsent(sock), Instant::now(), limit) {
+                        return Err(io::ErrorKind::TimedOut.into());
+                    }
+                }
+            }
             r = sock.read(&mut buf) => {
                 let n = r?;
                 if n == 0 {
@@ -417,7 +441,7 @@ async fn session(
                 }
                 let reply = t.take_out();
                 if !reply.is_empty() {
-                    sock.write_all(&reply).await?;
+                    send(sock, &reply, stall).await?;
                 }
                 for n in notes.drain(..) {
                     if let Some(m) = b.note(peer, n) {
@@ -467,7 +491,7 @@ async fn session(
                         }
                     }
                 }
-                sock.write_all(&t.take_out()).await?;
+                send(sock, &t.take_out(), stall).await?;
             }
             a = accept_other(listener) => {
                 if let Ok((mut other, from)) = a {
@@ -476,6 +500,44 @@ async fn session(
                 }
             }
         }
+    }
+}
+
+/// Bytes written to `sock` the peer has not taken yet (`TIOCOUTQ`: unsent and unacknowledged);
+/// `None` if the kernel does not say.
+fn unsent(sock: &TcpStream) -> Option<usize> {
+    use std::os::fd::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ writes one c_int to the pointer, which points to `n`, alive and
+    // writable for the call; the descriptor is the open socket `sock` owns.
+    let r = unsafe { libc::ioctl(sock.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+    (r == 0).then_some(n.max(0) as usize)
+}
+
+/// Tells a client that stopped reading: bytes wait for it and their number has not gone down
+/// for the whole limit (a client that reads takes them, and the number drops).
+#[derive(Debug, Default)]
+struct Stall {
+    last: usize,
+    since: Option<Instant>,
+}
+
+impl Stall {
+    /// `waiting`: the bytes the peer has not taken now.
+    fn stalled(&mut self, waiting: Option<usize>, now: Instant, limit: Duration) -> bool {
+        let Some(n) = waiting else {
+            return false;
+        };
+        if n == 0 || n < self.last {
+            self.since = None;
+        } else {
+            let since = *self.since.get_or_insert(now);
+            if now.duration_since(since) >= limit {
+                return true;
+            }
+        }
+        self.last = n;
+        false
     }
 }
 
@@ -540,6 +602,7 @@ async fn serve(
     endpoint: &'static str,
     listener: TcpListener,
     settings: LineSettings,
+    stall: Option<Duration>,
     ends: TaskEnds,
 ) {
     let TaskEnds {
@@ -590,10 +653,19 @@ async fn serve(
             &mut to_peer,
             &from_peer,
             Some(&listener),
+            stall,
         )
         .await;
         match r {
             Ok(false) => return,
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                tracing::warn!(
+                    endpoint,
+                    client = %peer,
+                    "the RFC 2217 client has not read for {:.1} s: let go, the port is free for the next client (stall_timeout_ms)",
+                    stall.unwrap_or_default().as_secs_f64()
+                )
+            }
             Ok(true) => {
                 tracing::info!(endpoint, client = %peer, "RFC 2217 client left; waiting for the next")
             }
@@ -676,6 +748,7 @@ async fn connect(endpoint: &'static str, address: String, settings: LineSettings
             t,
             &mut to_peer,
             &from_peer,
+            None,
             None,
         )
         .await
