@@ -189,6 +189,7 @@ pub const SOURCES: &[EndpointInfo] = &[
             ("parity", "none | odd | even | mark | space", "none", "parity bit"),
             ("stop_bits", "1 | 2", "1", "stop bits"),
             ("flow", "none | rtscts | xonxoff", "none", "flow control"),
+            ("stall_timeout_ms", "integer", "10000", "a client that stopped reading is let go after this long (0: never)"),
         ],
     },
     EndpointInfo {
@@ -337,6 +338,7 @@ pub const SINKS: &[EndpointInfo] = &[
             ("parity", "none | odd | even | mark | space", "none", "parity bit"),
             ("stop_bits", "1 | 2", "1", "stop bits"),
             ("flow", "none | rtscts | xonxoff", "none", "flow control"),
+            ("stall_timeout_ms", "integer", "10000", "a client that stopped reading is let go after this long (0: never)"),
         ],
     },
     EndpointInfo {

@@ -393,8 +393,7 @@ async fn session(
     mut t: Telnet,
     to_peer: &mut Receiver<Msg>,
     from_peer: &Sender<Msg>,
-    listener: Option<&TcpListener>,
-    stall: Option<Duration>,
+    (listener, stall): (Option<&TcpListener>, Option<Duration>),
 ) -> io::Result<bool> {
     // A write the peer does not take within `stall` ends the session (TimedOut): a client
     // that stopped reading must not hold the port, nor the stream behind it.
@@ -652,8 +651,7 @@ async fn serve(
             t,
             &mut to_peer,
             &from_peer,
-            Some(&listener),
-            stall,
+            (Some(&listener), stall),
         )
         .await;
         match r {
@@ -748,8 +746,7 @@ async fn connect(endpoint: &'static str, address: String, settings: LineSettings
             t,
             &mut to_peer,
             &from_peer,
-            None,
-            None,
+            (None, None),
         )
         .await
         {
