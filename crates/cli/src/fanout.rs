@@ -306,10 +306,12 @@ fn rekey_label(subjects: &Subjects) -> Vec<u8> {
     format!("ndd nats rekey v1 {}", subjects.rekey()).into_bytes()
 }
 
-/// A rekey notice's body: `rekey` and the device side's wall clock in ns (app sides take only
-/// notices newer than the last they took: a replayed one costs nothing).
-fn rekey_body(wall_ns: u64) -> Vec<u8> {
+/// A rekey notice's body: `rekey`, the device run's id and the device side's wall clock in ns.
+/// App sides take only notices newer than the last they took, by run first (run ids only
+/// grow, even when the clock is set back), then by clock: a replayed one costs nothing.
+fn rekey_body(run: u64, wall_ns: u64) -> Vec<u8> {
     let mut b = b"rekey".to_vec();
+    b.extend_from_slice(&run.to_be_bytes());
     b.extend_from_slice(&wall_ns.to_be_bytes());
     b
 }
@@ -317,8 +319,8 @@ fn rekey_body(wall_ns: u64) -> Vec<u8> {
 /// Tells the app sides to join again (`P.D.rekey`): the group key rotated, or this device
 /// side started a new run. Signed by this side: only a device side the app sides trust can
 /// send them joining again (the notice still carries nothing secret).
-async fn rekey_notice(ctx: &Ctx, local: &LocalIdentity) {
-    match local.sign_note(&rekey_label(&ctx.subjects), &rekey_body(wall_ns())) {
+async fn rekey_notice(ctx: &Ctx, local: &LocalIdentity, run: u64) {
+    match local.sign_note(&rekey_label(&ctx.subjects), &rekey_body(run, wall_ns())) {
         Ok(note) => {
             let _ = ctx
                 .client
@@ -336,9 +338,9 @@ const RUN_NOTICE_SPACING: Duration = Duration::from_secs(1);
 /// A device side's new run: the app sides that ran on join again to learn it, at once and
 /// whenever frames sealed for an earlier run come in (`stale`), at most every
 /// [`RUN_NOTICE_SPACING`].
-async fn announce_run(ctx: Ctx, local: LocalIdentity, stale: Arc<tokio::sync::Notify>) {
+async fn announce_run(ctx: Ctx, local: LocalIdentity, run: u64, stale: Arc<tokio::sync::Notify>) {
     loop {
-        rekey_notice(&ctx, &local).await;
+        rekey_notice(&ctx, &local, run).await;
         tokio::time::sleep(RUN_NOTICE_SPACING).await;
         stale.notified().await;
     }
@@ -415,7 +417,8 @@ impl KeyKeeper {
                 "rotated the group key: {} held it and is no longer trusted; trusted app sides get the new key by joining again",
                 revoked.join(", ")
             );
-            rekey_notice(ctx, &self.local).await;
+            let run = self.tx.borrow().run.id;
+            rekey_notice(ctx, &self.local, run).await;
         }
         Ok(())
     }
@@ -513,6 +516,8 @@ struct GroupOpen {
     /// Device side: rung when a frame of an earlier run is refused (app sides that did not
     /// hear of this run are told to join again).
     stale: Option<Arc<tokio::sync::Notify>>,
+    /// When `stale` was rung last.
+    rung: Option<Instant>,
 }
 
 /// How long after a fruitless ask for the key a frame that does not open is dropped without
@@ -547,6 +552,7 @@ impl GroupOpen {
             replays: ndd_core::RateLimit::default(),
             dropped: 0,
             stale,
+            rung: None,
         }
     }
 
@@ -714,8 +720,19 @@ impl GroupOpen {
         self.follow();
         if let Admit::Refused(why) = self.guard.check(run, stored) {
             self.dropped += 1;
+            // Only a genuine frame of an earlier run (it opens under that run's key) tells the
+            // app sides to join again, at most once a second: anyone may publish a header.
             if let (Refusal::EarlierRun, Some(n)) = (why, &self.stale) {
-                n.notify_one();
+                if self.rung.is_none_or(|t| t.elapsed() >= RUN_NOTICE_SPACING) {
+                    let mut probe = Self::inverse(self.keys.key, run);
+                    let failed = probe.auth_failures();
+                    let frame = Frame::from_bytes(meta, payload.clone());
+                    let _ = probe.handle_frame(Instant::now(), frame, &mut Output::new());
+                    if probe.auth_failures() == failed {
+                        self.rung = Some(Instant::now());
+                        n.notify_one();
+                    }
+                }
             }
             if let Some(suppressed) = self.replays.admit(Instant::now()) {
                 tracing::warn!(
@@ -993,7 +1010,7 @@ pub async fn run_side(
             });
             let (actx, stale) = (ctx.clone(), ctx.run_stale.clone());
             tasks.spawn(async move {
-                announce_run(actx, local, stale).await;
+                announce_run(actx, local, run.id, stale).await;
                 Ok(None)
             });
             services += 3;
@@ -1758,7 +1775,12 @@ const REJOIN_SPACING: Duration = Duration::from_millis(250);
 impl KeyFollower {
     /// A rekey notice worth a join: signed by a device side in `known_peers`, for this
     /// driver, newer than the last one taken. Its time, or why not.
-    fn check_notice(&self, note: &[u8], label: &[u8], newest: Option<u64>) -> Result<u64, String> {
+    fn check_notice(
+        &self,
+        note: &[u8],
+        label: &[u8],
+        newest: Option<(u64, u64)>,
+    ) -> Result<(u64, u64), String> {
         let (body, fp) = ndd_link::seal::open_note(note, label)
             .map_err(|e| format!("not a signed notice of this driver ({e})"))?;
         let known = KnownPeers::load(&self.home).map_err(|e| format!("{e:#}"))?;
@@ -1767,8 +1789,12 @@ impl KeyFollower {
         }
         let at = body
             .strip_prefix(b"rekey")
-            .and_then(|t| <[u8; 8]>::try_from(t).ok())
-            .map(u64::from_be_bytes)
+            .and_then(|t| <[u8; 16]>::try_from(t).ok())
+            .map(|t| {
+                let (run, at) = t.split_at(8);
+                let n = |b: &[u8]| u64::from_be_bytes(b.try_into().unwrap_or_default());
+                (n(run), n(at))
+            })
             .ok_or_else(|| "its body is not a rekey notice".to_string())?;
         if newest.is_some_and(|n| at <= n) {
             return Err("not newer than the last one (a replay)".into());
@@ -1793,8 +1819,8 @@ impl KeyFollower {
         let mut last: Option<Instant> = None;
         // No stream may ask (a side without sink streams): then notices alone.
         let mut asking = true;
-        // The newest rekey notice taken (the device side's clock).
-        let mut newest: Option<u64> = None;
+        // The newest rekey notice taken (the device run, then its clock).
+        let mut newest: Option<(u64, u64)> = None;
         let label = rekey_label(&self.ctx.subjects);
         let mut ignored = ndd_core::RateLimit::with_burst(Duration::from_secs(10), 1);
         loop {
@@ -2896,7 +2922,7 @@ async fn pump_sink(
                                 "stored frames that never came were given up after {REORDER_WAIT:?}"
                             );
                         }
-                        ready.extend(late.into_iter().map(|r| (r, None)));
+                        ready.extend(late);
                     }
                     // Acknowledged only once everything taken is through the sink (nothing held
                 // behind a gap, nothing in the stack).
@@ -2988,7 +3014,7 @@ async fn pump_sink(
                 continue;
             }
             match reorder.as_mut() {
-                Some(r) => ready.extend(r.push(rec, Instant::now()).into_iter().map(|r| (r, None))),
+                Some(r) => ready.extend(r.push((rec, stream_seq), Instant::now())),
                 None => ready.push_back((rec, stream_seq)),
             }
             continue;

@@ -435,6 +435,8 @@ impl UdpLink {
     /// The link's drop counters, to read from another task (they stay readable after the
     /// link is gone: the final counts).
     pub fn drops(&self) -> Arc<LinkDrops> {
+        // What the key exchange dropped is in from the start.
+        self.publish_drops();
         self.shared.clone()
     }
 

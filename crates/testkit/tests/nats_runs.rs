@@ -20,13 +20,14 @@
 //!   stored before that run began;
 //! - the reliable stream is exact: every frame the device published after the app side's
 //!   consumer began is delivered, by one process or the next, before the run's END is taken;
-//!   an END is taken only for a run whose device side ended it.
+//!   an END is taken only for a run whose device side ended it, and, taken when nothing
+//!   stored waits behind a gap or for redelivery, only after every frame of its run.
 //!
 //! `SEED=n cargo test -p ndd-testkit --test nats_runs` replays one schedule.
 
 use bytes::Bytes;
 use ndd_core::{Frame, Half, Meta, Output};
-use ndd_link::nats::record::{FrameRecord, END_SEQ};
+use ndd_link::nats::record::{FrameRecord, Reorder, END_SEQ};
 use ndd_link::nats::runs::{next_run_id, run_key, Admit, Run, RunGuard};
 use ndd_modules::encrypt::key::Key;
 use ndd_modules::encrypt::{Cipher, EncryptForward, EncryptInverse};
@@ -112,8 +113,11 @@ struct App {
     seen: HashSet<Vec<u8>>,
     last: HashMap<u16, (u64, u64)>,
     delivered: HashSet<(u64, u16, u64)>,
-    /// Runs whose reliable END this process took.
-    ended: Vec<u64>,
+    /// Runs whose reliable END this process took, and whether nothing stored was held behind
+    /// a gap then.
+    ended: Vec<(u64, bool)>,
+    /// Stored frames go through the subject order as in fanout's sink.
+    reorder: Reorder,
 }
 
 impl App {
@@ -126,19 +130,44 @@ impl App {
             last: HashMap::new(),
             delivered: HashSet::new(),
             ended: Vec::new(),
+            reorder: Reorder::new(std::time::Duration::from_secs(3600), 65_536),
         }
     }
 
     /// Takes a message (`stored`: its stream sequence); returns what it delivered, as
-    /// (run, stream, seq, payload), or why it failed a property.
-    fn take(
+    /// (run, stream, seq), or why it failed a property. Stored records pass through the
+    /// subject order (`Reorder`) with their stream sequence, as in fanout's sink.
+    fn take(&mut self, body: &Bytes, stored: Option<u64>) -> Result<Vec<(u64, u16, u64)>, String> {
+        let mut out = Vec::new();
+        let Some(rec) = FrameRecord::parse(body) else {
+            return Ok(out);
+        };
+        let ordered = match stored {
+            Some(_) if rec.stream == REL => self.reorder.push((rec, stored), Instant::now()),
+            _ => vec![(rec, stored)],
+        };
+        for (rec, stored) in ordered {
+            out.extend(self.record(rec, stored)?);
+        }
+        Ok(out)
+    }
+
+    /// Everything held behind gaps, each gap given up after its wait (as time passes).
+    fn give_up_gaps(&mut self) -> Vec<(FrameRecord, Option<u64>)> {
+        let mut out = Vec::new();
+        let mut t = Instant::now();
+        while !self.reorder.is_empty() {
+            t += std::time::Duration::from_secs(7200);
+            out.extend(self.reorder.poll(t));
+        }
+        out
+    }
+
+    fn record(
         &mut self,
-        body: &Bytes,
+        rec: FrameRecord,
         stored: Option<u64>,
     ) -> Result<Option<(u64, u16, u64)>, String> {
-        let Some(rec) = FrameRecord::parse(body) else {
-            return Ok(None);
-        };
         // Each stream has its subject: a record of another stream played onto it is refused.
         if rec.stream != if stored.is_some() { REL } else { LOSSY } {
             return Ok(None);
@@ -212,7 +241,8 @@ impl App {
         }
         if f.meta.seq == END_SEQ {
             if f.meta.stream == REL {
-                self.ended.push(run.id);
+                let settled = self.reorder.is_empty();
+                self.ended.push((run.id, settled));
             }
             return Ok(None);
         }
@@ -379,11 +409,29 @@ fn run(seed: u64) -> Result<String, String> {
                     recorded.push((m, false));
                 }
             } else if let Some(a) = app.as_mut() {
-                if rng.chance(restarts) {
-                    // The app side restarts; its durable consumer goes on where it acknowledged.
+                // (Not while stored frames wait behind a gap: a process that dies then leaves
+                // them to be delivered again after newer ones, which its successor drops as
+                // copies; see docs/security.md, "Limits".)
+                if rng.chance(restarts) && a.reorder.is_empty() {
+                    // The app side restarts; its durable consumer goes on where it acknowledged:
+                    // what the old process still held behind a gap was never acknowledged, and
+                    // JetStream delivers it again.
+                    for (rec, seq) in a.give_up_gaps() {
+                        if let Some(seq) = seq {
+                            again.push_back((Msg { body: rec.encode() }, seq));
+                        }
+                    }
                     *a = App::new(current);
                     processes += 1;
                     continue;
+                }
+                // Time passes: a gap held longer than the wait is given up (REORDER_WAIT).
+                if !a.reorder.is_empty() && rng.chance(0.05) {
+                    for (rec, seq) in a.give_up_gaps() {
+                        if let Some((run, REL, s)) = a.record(rec, seq)? {
+                            got.insert((run, s));
+                        }
+                    }
                 }
                 // The broker delivers: stored (in order; sometimes a copy of an unacknowledged
                 // one) or core (sometimes two neighbours swapped).
@@ -399,26 +447,33 @@ fn run(seed: u64) -> Result<String, String> {
                     if rng.chance(copies) {
                         again.push_back((m.clone(), seq));
                     }
-                    match a.take(&m.body, Some(seq))? {
-                        Some((run, REL, seq)) => {
-                            got.insert((run, seq));
+                    let taken = a.take(&m.body, Some(seq))?;
+                    if taken.is_empty() {
+                        refused += 1;
+                    }
+                    for (run, stream, seq) in taken {
+                        if stream != REL {
+                            return Err("a stored frame delivered on the lossy stream".into());
                         }
-                        Some(_) => {
-                            return Err("a stored frame delivered on the lossy stream".into())
-                        }
-                        None => refused += 1,
+                        got.insert((run, seq));
                     }
                 } else if let Some(m) = core.pop_front() {
                     if core.len() > 1 && rng.chance(copies) {
                         core.swap(0, 1);
                     }
-                    if a.take(&m.body, None)?.is_none() {
+                    if a.take(&m.body, None)?.is_empty() {
                         refused += 1;
                     }
                 }
-                for &r in &a.ended {
+                // (An app side under --once acts on an END once everything stored is through:
+                // nothing behind a gap, nothing to be delivered again.)
+                let settled_now = again.is_empty();
+                for &(r, settled) in &a.ended {
                     if !ended_runs.contains(&r) {
                         return Err(format!("took an END of run {r:x}, which did not end"));
+                    }
+                    if !(settled && settled_now) {
+                        continue;
                     }
                     if let Some(missing) = owed
                         .iter()
@@ -432,6 +487,14 @@ fn run(seed: u64) -> Result<String, String> {
                 core.clear();
                 again.clear();
                 cursor = log.len();
+            }
+        }
+    }
+    // The wait for a gap ends (fanout gives it up after REORDER_WAIT): what was held goes on.
+    if let Some(a) = app.as_mut() {
+        for (rec, seq) in a.give_up_gaps() {
+            if let Some((run, REL, s)) = a.record(rec, seq)? {
+                got.insert((run, s));
             }
         }
     }

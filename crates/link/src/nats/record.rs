@@ -100,25 +100,51 @@ impl FrameRecord {
 /// Puts the records of one subject back in their subject sequence (sans-IO): a frame the
 /// server stored late (published again after a server restart, behind newer ones) waits for
 /// nothing; the newer ones wait for it, at most `wait` (then the gap is given up, counted).
+/// Each record travels with its JetStream stream sequence (which run rules and key rotations
+/// read: [`super::runs::RunGuard`]).
+///
+/// A record behind the order (a copy, or one the subject sequence of which someone who may
+/// publish forged) is handed on at once, never dropped here: the subject sequence is not
+/// authenticated, so only the frame's own checks (its sealed header, its key, its number) may
+/// drop it. Every device run has an order of its own: a record naming another run (the next run after
+/// a restart, or one anyone who may publish played in: it is refused later, once its run is
+/// checked) neither releases nor disturbs what the current run holds behind a gap (found by
+/// the simulation in `testkit/tests/nats_runs.rs`: one replayed record of an earlier run let
+/// the held frames out ahead of the one they waited for, which was then dropped as a copy).
 #[derive(Debug)]
 pub struct Reorder {
-    /// (run, next subject sequence expected).
-    next: Option<(u64, u64)>,
-    held: std::collections::BTreeMap<u64, FrameRecord>,
-    since: Option<std::time::Instant>,
+    /// The runs seen last, the most recent last.
+    runs: Vec<RunOrder>,
     wait: std::time::Duration,
     max: usize,
     /// Records never seen: gaps given up.
     pub skipped: u64,
 }
 
+#[derive(Debug)]
+struct RunOrder {
+    run: u64,
+    /// Next subject sequence expected.
+    next: u64,
+    /// Records waiting, by subject sequence (more than one for a sequence: the subject
+    /// sequence is not authenticated, so one of them may be forged; all go on, and the
+    /// frames' own checks keep the genuine one).
+    held: std::collections::BTreeMap<u64, Vec<Stored>>,
+    /// Since when a gap is open.
+    since: Option<std::time::Instant>,
+}
+
+/// A record and where JetStream stored it.
+pub type Stored = (FrameRecord, Option<u64>);
+
+/// Runs whose order is kept at once (a genuine restart needs two; more are played-in ones).
+const RUNS: usize = 4;
+
 impl Reorder {
-    /// Holds at most `max` records for at most `wait` behind a gap.
+    /// Holds at most `max` records per run for at most `wait` behind a gap.
     pub fn new(wait: std::time::Duration, max: usize) -> Reorder {
         Reorder {
-            next: None,
-            held: Default::default(),
-            since: None,
+            runs: Vec::new(),
             wait,
             max: max.max(1),
             skipped: 0,
@@ -126,73 +152,80 @@ impl Reorder {
     }
 
     /// Takes a record; gives the records now in order (none while a gap is open). The first
-    /// record, and the first of a new run, start the order.
-    pub fn push(&mut self, rec: FrameRecord, now: std::time::Instant) -> Vec<FrameRecord> {
-        match self.next {
-            Some((run, n)) if run == rec.run => {
-                if rec.wseq < n || self.held.contains_key(&rec.wseq) {
-                    return Vec::new();
-                }
-                if rec.wseq > n {
-                    self.held.insert(rec.wseq, rec);
-                    self.since.get_or_insert(now);
-                    if self.held.len() > self.max {
-                        return self.skip();
-                    }
-                    return Vec::new();
-                }
-                self.next = Some((run, n + 1));
-                let mut out = vec![rec];
-                self.drain(&mut out);
-                out
+    /// record of a run starts its order.
+    pub fn push(&mut self, item: Stored, now: std::time::Instant) -> Vec<Stored> {
+        let (run, wseq) = (item.0.run, item.0.wseq);
+        let Some(i) = self.runs.iter().position(|r| r.run == run) else {
+            let mut out = Vec::new();
+            if self.runs.len() >= RUNS {
+                // The one seen longest ago goes; what it held comes out as it is.
+                let old = self.runs.remove(0);
+                out.extend(old.held.into_values().flatten());
             }
-            _ => {
-                // A new run's frames: what the old one left waiting goes first.
-                let mut out: Vec<FrameRecord> =
-                    std::mem::take(&mut self.held).into_values().collect();
-                self.next = Some((rec.run, rec.wseq + 1));
-                out.push(rec);
-                self.since = None;
-                out
-            }
+            self.runs.push(RunOrder {
+                run,
+                next: wseq + 1,
+                held: Default::default(),
+                since: None,
+            });
+            out.push(item);
+            return out;
+        };
+        let order = &mut self.runs[i];
+        let n = order.next;
+        if wseq < n {
+            return vec![item];
         }
+        if wseq > n {
+            order.held.entry(wseq).or_default().push(item);
+            order.since.get_or_insert(now);
+            if order.held.len() > self.max {
+                return Self::skip(order, &mut self.skipped, now);
+            }
+            return Vec::new();
+        }
+        order.next = n + 1;
+        let mut out = vec![item];
+        Self::drain(order, &mut out, now);
+        out
     }
 
-    /// Gives up a gap held longer than `wait`.
-    pub fn poll(&mut self, now: std::time::Instant) -> Vec<FrameRecord> {
-        match self.since {
-            Some(t) if now.saturating_duration_since(t) >= self.wait => self.skip(),
-            _ => Vec::new(),
+    /// Gives up the gaps held longer than `wait`.
+    pub fn poll(&mut self, now: std::time::Instant) -> Vec<Stored> {
+        let mut out = Vec::new();
+        for order in &mut self.runs {
+            if order
+                .since
+                .is_some_and(|t| now.saturating_duration_since(t) >= self.wait)
+            {
+                out.extend(Self::skip(order, &mut self.skipped, now));
+            }
         }
+        out
     }
 
     /// Whether no record waits behind a gap.
     pub fn is_empty(&self) -> bool {
-        self.held.is_empty()
+        self.runs.iter().all(|r| r.held.is_empty())
     }
 
-    fn skip(&mut self) -> Vec<FrameRecord> {
-        let (Some((run, n)), Some(&first)) = (self.next, self.held.keys().next()) else {
+    fn skip(order: &mut RunOrder, skipped: &mut u64, now: std::time::Instant) -> Vec<Stored> {
+        let Some(&first) = order.held.keys().next() else {
             return Vec::new();
         };
-        self.skipped += first - n;
-        self.next = Some((run, first));
+        *skipped += first - order.next;
+        order.next = first;
         let mut out = Vec::new();
-        self.drain(&mut out);
+        Self::drain(order, &mut out, now);
         out
     }
 
-    fn drain(&mut self, out: &mut Vec<FrameRecord>) {
-        while let Some((run, n)) = self.next {
-            match self.held.remove(&n) {
-                Some(r) => {
-                    out.push(r);
-                    self.next = Some((run, n + 1));
-                }
-                None => break,
-            }
+    fn drain(order: &mut RunOrder, out: &mut Vec<Stored>, now: std::time::Instant) {
+        while let Some(r) = order.held.remove(&order.next) {
+            out.extend(r);
+            order.next += 1;
         }
-        self.since = (!self.held.is_empty()).then(std::time::Instant::now);
+        order.since = (!order.held.is_empty()).then_some(now);
     }
 }
 
@@ -224,8 +257,8 @@ mod tests {
         assert_eq!(FrameRecord::parse(&b.slice(..43)), None);
     }
 
-    fn rec(run: u64, wseq: u64) -> FrameRecord {
-        FrameRecord {
+    fn rec(run: u64, wseq: u64) -> Stored {
+        let r = FrameRecord {
             stream: 1,
             run,
             began: 0,
@@ -234,11 +267,21 @@ mod tests {
             flags: 0,
             wseq,
             payload: Bytes::new(),
-        }
+        };
+        (r, Some(1000 + wseq))
     }
 
-    fn w(v: Vec<FrameRecord>) -> Vec<u64> {
-        v.into_iter().map(|r| r.wseq).collect()
+    fn w(v: Vec<Stored>) -> Vec<u64> {
+        v.into_iter()
+            .map(|(r, stored)| {
+                assert_eq!(
+                    stored,
+                    Some(1000 + r.wseq),
+                    "each record keeps its sequence"
+                );
+                r.wseq
+            })
+            .collect()
     }
 
     #[test]
@@ -249,12 +292,31 @@ mod tests {
         assert_eq!(w(r.push(rec(1, 7), t)), Vec::<u64>::new());
         assert_eq!(w(r.push(rec(1, 8), t)), Vec::<u64>::new());
         assert_eq!(w(r.push(rec(1, 6), t)), vec![6, 7, 8]);
-        assert_eq!(w(r.push(rec(1, 6), t)), Vec::<u64>::new(), "a copy");
+        assert_eq!(
+            w(r.push(rec(1, 6), t)),
+            vec![6],
+            "a copy goes on (its checks drop it)"
+        );
         assert_eq!(w(r.push(rec(1, 10), t)), Vec::<u64>::new());
         assert!(r.poll(t + std::time::Duration::from_millis(10)).is_empty());
         assert_eq!(w(r.poll(t + std::time::Duration::from_secs(2))), vec![10]);
         assert_eq!(r.skipped, 1);
         // A new run starts afresh.
         assert_eq!(w(r.push(rec(2, 0), t)), vec![0]);
+    }
+
+    #[test]
+    fn a_record_of_another_run_neither_releases_nor_disturbs_what_waits() {
+        let t = std::time::Instant::now();
+        let mut r = Reorder::new(std::time::Duration::from_secs(1), 100);
+        assert_eq!(w(r.push(rec(5, 0), t)), vec![0]);
+        assert_eq!(w(r.push(rec(5, 2), t)), Vec::<u64>::new());
+        // A played-in record of run 3, then of run 9: each passes, 2 still waits for 1.
+        assert_eq!(w(r.push(rec(3, 40), t)), vec![40]);
+        assert_eq!(w(r.push(rec(9, 7), t)), vec![7]);
+        assert!(!r.is_empty());
+        assert_eq!(w(r.push(rec(5, 1), t)), vec![1, 2]);
+        assert!(r.is_empty());
+        assert_eq!(r.skipped, 0);
     }
 }

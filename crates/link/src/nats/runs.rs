@@ -109,10 +109,17 @@ impl std::fmt::Display for Refusal {
     }
 }
 
+/// Runs a guard remembers.
+const KNOWN_RUNS: usize = 16;
+
 /// The newest device run a receiver knows, and what it refused.
 #[derive(Debug, Clone)]
 pub struct RunGuard {
     current: Run,
+    /// The runs this guard has known, oldest first (at most [`KNOWN_RUNS`]): a frame of an
+    /// earlier run must have been stored before the *first* known run after it began (a frame
+    /// of run 1 stored while run 2 went is a replay even once run 3 is the current one).
+    known: Vec<Run>,
     /// App sides follow a newer run (the device restarted); a device side never does.
     follows: bool,
     /// Frames refused, by reason: earlier run, other start, newer than the device.
@@ -124,6 +131,7 @@ impl RunGuard {
     pub fn device(run: Run) -> RunGuard {
         RunGuard {
             current: run,
+            known: vec![run],
             follows: false,
             refused: [0; 3],
         }
@@ -133,6 +141,7 @@ impl RunGuard {
     pub fn app(run: Run) -> RunGuard {
         RunGuard {
             current: run,
+            known: vec![run],
             follows: true,
             refused: [0; 3],
         }
@@ -163,7 +172,16 @@ impl RunGuard {
             } else {
                 Admit::Refused(Refusal::NewerThanDevice)
             }
-        } else if stored.is_some_and(|s| s <= self.current.began) {
+        } else if stored.is_some_and(|s| {
+            // The first run known after this one: its start bounds what may still come.
+            let next = self
+                .known
+                .iter()
+                .filter(|k| k.id > run.id)
+                .min_by_key(|k| k.id)
+                .unwrap_or(&self.current);
+            s <= next.began
+        }) {
             Admit::Earlier
         } else {
             Admit::Refused(Refusal::EarlierRun)
@@ -184,6 +202,10 @@ impl RunGuard {
     pub fn learn(&mut self, run: Run) -> bool {
         if self.follows && run.id > self.current.id {
             self.current = run;
+            self.known.push(run);
+            if self.known.len() > KNOWN_RUNS {
+                self.known.remove(0);
+            }
             return true;
         }
         false
@@ -240,6 +262,11 @@ mod tests {
         assert_eq!(g.refused, [2, 1, 0]);
         assert!(!g.learn(R1), "an older run is never taken back");
         assert_eq!(g.current(), R2);
+        // Run 3 follows: run 1's frames are still bounded by run 2's start, not run 3's.
+        assert!(g.learn(Run { id: 30, began: 90 }));
+        assert_eq!(g.check(R1, Some(50)), Admit::Earlier);
+        assert_eq!(g.check(R1, Some(60)), Admit::Refused(Refusal::EarlierRun));
+        assert_eq!(g.check(R2, Some(90)), Admit::Earlier);
     }
 
     #[test]

@@ -397,14 +397,23 @@ async fn session(
 ) -> io::Result<bool> {
     // A write the peer does not take within `stall` ends the session (TimedOut): a client
     // that stopped reading must not hold the port, nor the stream behind it.
-    async fn send(sock: &mut TcpStream, bytes: &[u8], stall: Option<Duration>) -> io::Result<()> {
+    // `written` counts what went into the socket (what the client took is that minus what the
+    // kernel still holds).
+    async fn send(
+        sock: &mut TcpStream,
+        bytes: &[u8],
+        stall: Option<Duration>,
+        written: &mut u64,
+    ) -> io::Result<()> {
+        *written += bytes.len() as u64;
         match stall {
             None => sock.write_all(bytes).await,
             Some(limit) => tokio::time::timeout(limit, sock.write_all(bytes))
                 .await
-                .unwrap_or_else(|_| Err(io::ErrorKind::TimedOut.into())),
+                .unwrap_or_else(|_| Err(io::Error::new(io::ErrorKind::TimedOut, Stalled))),
         }
     }
+    let mut written = 0u64;
     let mut buf = vec![0u8; RAW_CHUNK];
     let mut notes = Vec::new();
     let role = if listener.is_some() {
@@ -412,7 +421,7 @@ async fn session(
     } else {
         Role::Client
     };
-    send(sock, &t.take_out(), stall).await?;
+    send(sock, &t.take_out(), stall, &mut written).await?;
     // Whether the client reads: what the kernel still holds for it, looked at every second.
     let mut watch = Stall::default();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -421,8 +430,9 @@ async fn session(
         tokio::select! {
             _ = tick.tick(), if stall.is_some() => {
                 if let Some(limit) = stall {
-                    if watch.stalled(unsent(sock), Instant::now(), limit) {
-                        return Err(io::ErrorKind::TimedOut.into());
+                    let taken = unsent(sock).map(|q| (written.saturating_sub(q as u64), q));
+                    if watch.stalled(taken, Instant::now(), limit) {
+                        return Err(io::Error::new(io::ErrorKind::TimedOut, Stalled));
                     }
                 }
             }
@@ -440,7 +450,7 @@ async fn session(
                 }
                 let reply = t.take_out();
                 if !reply.is_empty() {
-                    send(sock, &reply, stall).await?;
+                    send(sock, &reply, stall, &mut written).await?;
                 }
                 for n in notes.drain(..) {
                     if let Some(m) = b.note(peer, n) {
@@ -490,7 +500,7 @@ async fn session(
                         }
                     }
                 }
-                send(sock, &t.take_out(), stall).await?;
+                send(sock, &t.take_out(), stall, &mut written).await?;
             }
             a = accept_other(listener) => {
                 if let Ok((mut other, from)) = a {
@@ -513,21 +523,38 @@ fn unsent(sock: &TcpStream) -> Option<usize> {
     (r == 0).then_some(n.max(0) as usize)
 }
 
-/// Tells a client that stopped reading: bytes wait for it and their number has not gone down
-/// for the whole limit (a client that reads takes them, and the number drops).
+/// The error a session ends with when its client stopped reading.
+#[derive(Debug)]
+struct Stalled;
+
+impl std::fmt::Display for Stalled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the client stopped reading")
+    }
+}
+
+impl std::error::Error for Stalled {}
+
+/// Whether `e` is a session's [`Stalled`] end.
+fn is_stall(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|i| i.is::<Stalled>())
+}
+
+/// Tells a client that stopped reading: bytes wait for it and it has taken none for the whole
+/// limit (a client that reads, even slower than the port, takes some every second).
 #[derive(Debug, Default)]
 struct Stall {
-    last: usize,
+    taken: u64,
     since: Option<Instant>,
 }
 
 impl Stall {
-    /// `waiting`: the bytes the peer has not taken now.
-    fn stalled(&mut self, waiting: Option<usize>, now: Instant, limit: Duration) -> bool {
-        let Some(n) = waiting else {
+    /// `taken`: the bytes the peer has taken so far and the bytes still waiting for it.
+    fn stalled(&mut self, taken: Option<(u64, usize)>, now: Instant, limit: Duration) -> bool {
+        let Some((taken, waiting)) = taken else {
             return false;
         };
-        if n == 0 || n < self.last {
+        if waiting == 0 || taken > self.taken {
             self.since = None;
         } else {
             let since = *self.since.get_or_insert(now);
@@ -535,7 +562,7 @@ impl Stall {
                 return true;
             }
         }
-        self.last = n;
+        self.taken = taken;
         false
     }
 }
@@ -656,7 +683,7 @@ async fn serve(
         .await;
         match r {
             Ok(false) => return,
-            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+            Err(e) if is_stall(&e) => {
                 tracing::warn!(
                     endpoint,
                     client = %peer,
