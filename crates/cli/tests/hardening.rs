@@ -671,12 +671,22 @@ fn stats_json_is_written_on_an_error_exit() {
             "127.0.0.1:0",
             "--stats-json",
             json.to_str().unwrap(),
+            "--stats",
         ],
     ));
     let addr = app.addr();
     let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &addr]));
     app.wait_says("streams agreed", &[&dev]);
-    std::thread::sleep(Duration::from_millis(500));
+    // Frames have arrived (a live line counts them) before the device goes.
+    wait_for("frames at the app side", WAIT, || {
+        app.stderr_now().lines().any(|l| {
+            l.strip_prefix("[app] events")
+                .and_then(|r| r.split(" frames").next())
+                .and_then(|r| r.split_whitespace().last())
+                .and_then(|n| n.parse::<u64>().ok())
+                .is_some_and(|n| n > 0)
+        })
+    });
     drop(dev.kill());
     let (status, _, err) = app.finish();
     assert_eq!(status.code(), Some(1), "{err}");

@@ -9,12 +9,10 @@
 mod common;
 
 use common::*;
-use ndd_procs::{python_with, Killed};
+use ndd_procs::python_with;
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -35,26 +33,19 @@ fn suite(python: &str) -> PathBuf {
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
-/// pyserial's example RFC 2217 server on `loop://` at `port`, once it listens.
-fn baseline(python: &str, tree: &Path, port: u16) -> Killed {
-    let mut child = Command::new(python)
-        .arg(tree.join("examples/rfc2217_server.py"))
-        .args(["loop://", "-v", "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python runs");
-    let err = child.stderr.take().unwrap();
-    let said = Arc::new(Mutex::new(String::new()));
-    let s = said.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(err).lines().map_while(Result::ok) {
-            s.lock().unwrap().push_str(&(line + "\n"));
-        }
-    });
-    let server = Killed(child);
+/// pyserial's example RFC 2217 server on `loop://` at `port`, once it listens (its log lines
+/// are on stderr, which [`Side`] collects; killed on drop).
+fn baseline(python: &str, tree: &Path, port: u16) -> Side {
+    let mut cmd = Command::new(python);
+    cmd.arg(tree.join("examples/rfc2217_server.py")).args([
+        "loop://",
+        "-v",
+        "-p",
+        &port.to_string(),
+    ]);
+    let server = Side::spawn(cmd);
     wait_for("pyserial's rfc2217_server.py to listen", WAIT, || {
-        said.lock().unwrap().contains("TCP/IP port:")
+        server.stderr_now().contains("TCP/IP port:")
     });
     server
 }

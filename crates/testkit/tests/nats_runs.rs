@@ -40,8 +40,8 @@ const REL: u16 = 1;
 const LOSSY: u16 = 2;
 const GROUP: [u8; 32] = [0x42; 32];
 
-/// A message on the server: its body, and whether the device published it (copies the
-/// broker makes count as the device's; the adversary's do not).
+/// A message on the server (the device's, a copy the broker made, or the adversary's: the
+/// properties judge what is delivered, not where it came from).
 #[derive(Clone)]
 struct Msg {
     body: Bytes,
