@@ -34,6 +34,7 @@ use ndd_link::nats::join::{Admission, Host, Joiner, Welcome};
 use ndd_link::nats::record::{FrameRecord, Reorder, END_SEQ};
 use ndd_link::nats::runs::{next_run_id, run_key, Admit, Refusal, Run, RunGuard};
 use ndd_link::nats::subjects::Subjects;
+use ndd_link::nats::NatsConfig;
 use ndd_link::seal::LocalIdentity;
 use ndd_link::KnownPeers;
 use ndd_modules::encrypt::key::Key;
@@ -57,6 +58,9 @@ const SEAL_WINDOW: u32 = 4096;
 const SENDERS: usize = 128;
 /// JetStream publishes awaiting their acknowledgement, per stream, at most.
 const JS_IN_FLIGHT: usize = 256;
+/// How long a device side waits for JetStream to elect its leaders (a cluster starting, or
+/// one that lost a node) before it gives up on the driver's stream.
+const JS_READY_WAIT: Duration = Duration::from_secs(15);
 /// How long JetStream keeps a message id to drop a republished duplicate.
 const JS_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 /// How long stored frames wait behind one that has not come (published again after a
@@ -950,7 +954,7 @@ pub async fn run_side(
             // The JetStream stream exists before any app side can join (they read where it
             // stands when they join), and before a rotation notes where it stands.
             let js = if plans.iter().any(|p| p.reliable) {
-                Some(ensure_jetstream(&ctx, nats.store_mib).await?)
+                Some(ensure_jetstream(&ctx, nats).await?)
             } else {
                 None
             };
@@ -1236,25 +1240,81 @@ struct Ctx {
     run_stale: Arc<tokio::sync::Notify>,
 }
 
-/// The JetStream stream of the driver's reliable streams.
-async fn ensure_jetstream(ctx: &Ctx, store_mib: u64) -> Result<jetstream::Context> {
+/// The JetStream stream of the driver's reliable streams, with the copies and room the
+/// config asks for (an existing stream is changed to them). In a cluster that has just
+/// started or lost a node, JetStream answers "temporarily unavailable" (or not at all) until
+/// its leaders are elected: that is waited out for up to `JS_READY_WAIT`.
+async fn ensure_jetstream(ctx: &Ctx, nats: &NatsConfig) -> Result<jetstream::Context> {
     let js = jetstream::new(ctx.client.clone());
+    let name = ctx.subjects.jetstream();
     let config = jetstream::stream::Config {
-        name: ctx.subjects.jetstream(),
+        name: name.clone(),
         subjects: vec![ctx.subjects.jetstream_subjects()],
         storage: jetstream::stream::StorageType::File,
-        max_bytes: i64::try_from(store_mib.saturating_mul(1 << 20)).unwrap_or(i64::MAX),
+        max_bytes: i64::try_from(nats.store_mib.saturating_mul(1 << 20)).unwrap_or(i64::MAX),
         discard: jetstream::stream::DiscardPolicy::Old,
         duplicate_window: JS_DUPLICATE_WINDOW,
+        num_replicas: usize::from(nats.replicas),
         ..Default::default()
     };
-    js.get_or_create_stream(config).await.map_err(|e| {
-        anyhow!(
-            "JetStream stream {}: {e} (reliable streams need JetStream: start nats-server with -js, or set reliability = \"lossy\")",
-            ctx.subjects.jetstream()
-        )
-    })?;
-    Ok(js)
+    let give_up = Instant::now() + JS_READY_WAIT;
+    loop {
+        let attempt = async {
+            match js.get_stream(&name).await {
+                Ok(mut s) => {
+                    let have = s.info().await.map_err(|e| e.to_string())?.config.clone();
+                    if have.num_replicas != config.num_replicas
+                        || have.max_bytes != config.max_bytes
+                    {
+                        tracing::info!(
+                            stream = %name,
+                            replicas = config.num_replicas,
+                            was = have.num_replicas,
+                            "changing the JetStream stream's replicas and room to the config's"
+                        );
+                        js.update_stream(&config).await.map_err(|e| e.to_string())?;
+                    }
+                    Ok(())
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        jetstream::context::GetStreamErrorKind::JetStream(_)
+                    ) && e.to_string().contains("not found") =>
+                {
+                    js.create_stream(config.clone())
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                }
+                Err(e) => Err(e.to_string()),
+            }
+        }
+        .await;
+        let e = match attempt {
+            Ok(()) => return Ok(js),
+            Err(e) => e,
+        };
+        // A cluster electing its leaders; anything else does not fix itself.
+        let passing = e.contains("temporarily unavailable")
+            || e.contains("timed out")
+            || e.contains("no responders")
+            || e.contains("insufficient resources") && nats.replicas > 1;
+        if !passing || Instant::now() >= give_up {
+            let replicas = e.contains("insufficient resources") || e.contains("replicas");
+            let hint = if replicas && nats.replicas > 1 {
+                format!(
+                    "link.nats.replicas = {} needs a JetStream cluster of at least that many servers; one server keeps one copy: replicas = 1",
+                    nats.replicas
+                )
+            } else {
+                "reliable streams need JetStream: start nats-server with -js, or set reliability = \"lossy\"".into()
+            };
+            return Err(anyhow!("JetStream stream {name}: {e} ({hint})"));
+        }
+        tracing::debug!(stream = %name, error = %e, "JetStream not ready yet");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// An app side's READY: its fingerprint in a frame sealed under the run key (a READY

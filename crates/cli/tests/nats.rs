@@ -514,6 +514,11 @@ fn bad_nats_settings_are_named_at_check_time() {
             "'.' cannot be part of a NATS subject token",
         ),
         (
+            "[link]\ntransport = \"nats\"\n[link.nats]\nreplicas = 2\n",
+            "",
+            "link.nats.replicas = 2: JetStream keeps 1, 3 or 5 copies (3 in a cluster of three servers)",
+        ),
+        (
             "[link]\ntransport = \"nats\"\n[link.nats]\nuser = \"u\"\n",
             "",
             "link.nats: user and password_file go together",
@@ -1729,5 +1734,209 @@ sink = {{ type = "file", path = "{}", framing = "length", append = true }}
     assert!(
         err.contains("dropped a frame of an earlier device run"),
         "said why: {err}"
+    );
+}
+
+/// Watches the sizes of `files` every 10 ms from another thread; `gaps(from, to)` is each
+/// file's longest time without growth between the two instants (a stream that stalled).
+struct Growth {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<Vec<std::time::Instant>>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Growth {
+    fn watch(files: Vec<PathBuf>) -> Growth {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(vec![Vec::new(); files.len()]));
+        let (s, v) = (stop.clone(), seen.clone());
+        let thread = std::thread::spawn(move || {
+            let mut sizes = vec![0u64; files.len()];
+            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                for (i, f) in files.iter().enumerate() {
+                    let n = std::fs::metadata(f).map_or(0, |m| m.len());
+                    if n > sizes[i] {
+                        sizes[i] = n;
+                        v.lock().unwrap()[i].push(std::time::Instant::now());
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        Growth {
+            stop,
+            seen,
+            thread: Some(thread),
+        }
+    }
+
+    /// Per file, the longest time in `[from, to]` in which it did not grow.
+    fn gaps(&self, from: std::time::Instant, to: std::time::Instant) -> Vec<Duration> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|times| {
+                let mut last = from;
+                let mut worst = Duration::ZERO;
+                for &t in times.iter().filter(|t| **t > from && **t <= to) {
+                    worst = worst.max(t - last);
+                    last = t;
+                }
+                worst.max(to.saturating_duration_since(last))
+            })
+            .collect()
+    }
+}
+
+impl Drop for Growth {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Issue 31, item 3: a three-node nats-server cluster (routes; JetStream keeping three
+/// replicas). Mid-stream, the node the device side is connected to is killed (`kill -9`) and
+/// started again, then the node leading the driver's JetStream stream: both app sides get
+/// the reliable stream exactly (every frame, in order, none twice) and the lossy stream flows
+/// again within 2 s of each kill.
+#[test]
+fn a_cluster_node_killed_mid_stream_loses_no_reliable_frame_and_lossy_frames_flow_again() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-cluster");
+    let mut cluster = ndd_procs::NatsCluster::start("cluster");
+    let (dev, apps) = homes_n(&dir.0, 2);
+    let servers = cluster
+        .urls()
+        .iter()
+        .map(|u| format!("{u:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let (n, lossy_n) = (4000u64, 2500u64);
+    let config = |i: usize| {
+        let reliable = dir.0.join(format!("reliable{i}.bin"));
+        let lossy = dir.0.join(format!("lossy{i}.bin"));
+        let cfg = write(
+            &dir.0,
+            &format!("c{i}.toml"),
+            &format!(
+                r#"driver = "clu"
+[link]
+transport = "nats"
+connect_timeout_ms = 20000
+[link.nats]
+servers = [{servers}]
+replicas = 3
+min_app_sides = 2
+
+[[stream]]
+name = "reliable"
+direction = "device-to-app"
+source = {{ type = "synthetic", size = 200, interval_ms = 4.0, count = {n}, seed = 7 }}
+sink = {{ type = "file", path = "{}", framing = "length" }}
+
+[[stream]]
+name = "lossy"
+direction = "device-to-app"
+reliability = "lossy"
+source = {{ type = "synthetic", size = 20, interval_ms = 8.0, count = {lossy_n}, seed = 8 }}
+sink = {{ type = "file", path = "{}", framing = "length" }}
+"#,
+                reliable.display(),
+                lossy.display()
+            ),
+        );
+        (cfg, reliable, lossy)
+    };
+    let (c0, r0, l0) = config(0);
+    let (c1, r1, l1) = config(1);
+    let growth = Growth::watch(vec![l0.clone(), l1.clone()]);
+    let a0 = side(&c0, "app", &apps[0], &["--once"]);
+    let a1 = side(&c1, "app", &apps[1], &["--once"]);
+    let d = side(&c0, "device", &dev, &["--once"]);
+    wait_for("reliable frames to flow", WAIT, || {
+        complete_frames(&r0) > 300 && complete_frames(&r1) > 300
+    });
+    let mut kills = Vec::new();
+    // First the node the device side publishes through, then the one leading the stream's
+    // replicas (found after the first came back: the leader may have moved).
+    for what in ["the device's node", "the stream's leader"] {
+        let node = if kills.is_empty() {
+            cluster.node_of("ndd device clu")
+        } else {
+            cluster.leader_of("NDD_ndd_clu")
+        }
+        .unwrap_or_else(|| panic!("found {what}"));
+        let t = std::time::Instant::now();
+        cluster.nodes[node].kill();
+        println!("killed node n{} ({what})", node + 1);
+        std::thread::sleep(Duration::from_secs(3));
+        cluster.nodes[node].restart();
+        cluster.wait_ready();
+        kills.push((what, t));
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let (ds, _, derr) = d.finish();
+    assert!(ds.success(), "device: {derr}");
+    // The device side's own server was killed under it: it failed over and said so.
+    assert!(
+        derr.contains("lost the NATS server; reconnecting")
+            && derr.contains("reconnected to the NATS server (connection 2)"),
+        "device: {derr}"
+    );
+    for (i, (a, r)) in [(a0, &r0), (a1, &r1)].into_iter().enumerate() {
+        let (s, _, err) = a.finish();
+        assert!(s.success(), "app {i}: {err}\ndevice: {derr}");
+        let (next, dups, lost) = order(synthetic_seqs_in(r, 7, n));
+        assert_eq!(
+            next, n,
+            "app {i}: every reliable frame up to the last\n{err}"
+        );
+        assert!(
+            lost.is_empty(),
+            "app {i}: reliable frames lost: {lost:?}\n{err}\ndevice: {derr}"
+        );
+        assert_eq!(dups, 0, "app {i}: reliable frames twice\n{err}");
+    }
+    for (what, t) in kills {
+        let gaps = growth.gaps(t, t + Duration::from_secs(3));
+        println!("lossy stream's longest stall after killing {what}: {gaps:?}");
+        for (i, g) in gaps.iter().enumerate() {
+            assert!(
+                *g < Duration::from_secs(2),
+                "app {i}: the lossy stream stalled {g:?} after killing {what}"
+            );
+        }
+    }
+}
+
+/// `replicas = 3` on a single server: the device side says what to change, at once.
+#[test]
+fn more_replicas_than_servers_are_named() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-replicas");
+    let nats = Nats::start("replicas", &[]);
+    let (dev, _) = homes_n(&dir.0, 0);
+    let cfg = write(
+        &dir.0,
+        "r.toml",
+        &format!(
+            "driver = \"r\"\n{}replicas = 3\n[[stream]]\nname = \"s\"\ndirection = \"device-to-app\"\nsource = {{ type = \"synthetic\", size = 10, interval_ms = 10.0, count = 1 }}\nsink = {{ type = \"null\" }}\n",
+            link(&nats.url(), 0)
+        ),
+    );
+    let out = run_cmd(&cfg, "device", &dev, &["--once"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("link.nats.replicas = 3 needs a JetStream cluster of at least that many servers; one server keeps one copy: replicas = 1"),
+        "{err}"
     );
 }

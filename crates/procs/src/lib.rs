@@ -393,6 +393,8 @@ pub struct Nats {
     daemon: Option<Killed>,
     /// Its port on 127.0.0.1.
     pub port: u16,
+    /// Its monitoring port on 127.0.0.1 (`/connz`, `/jsz`, `/healthz`).
+    pub monitor: u16,
     /// Its own directory (JetStream store and test files), removed on drop.
     pub dir: PathBuf,
     extra: Vec<String>,
@@ -409,6 +411,7 @@ impl Nats {
         let mut n = Nats {
             daemon: None,
             port: 0,
+            monitor: 0,
             dir,
             extra: extra.iter().map(|s| s.to_string()).collect(),
         };
@@ -451,13 +454,16 @@ impl Nats {
         let ports = self.dir.join("ports");
         let _ = std::fs::remove_dir_all(&ports);
         std::fs::create_dir_all(&ports).unwrap();
-        let port = if self.port == 0 {
-            "-1".to_string()
-        } else {
-            self.port.to_string()
+        let pick = |p: u16| {
+            if p == 0 {
+                "-1".to_string()
+            } else {
+                p.to_string()
+            }
         };
+        let (port, monitor) = (pick(self.port), pick(self.monitor));
         let child = Command::new("nats-server")
-            .args(["-a", "127.0.0.1", "-p", &port, "-js", "-sd"])
+            .args(["-a", "127.0.0.1", "-p", &port, "-m", &monitor, "-js", "-sd"])
             .arg(self.dir.join("store"))
             .arg("--ports_file_dir")
             .arg(&ports)
@@ -470,23 +476,33 @@ impl Nats {
             .expect("nats-server starts (Debian package nats-server; ./run installs it)");
         let pid = child.0.id();
         self.daemon = Some(child);
-        // It writes nats-server_PID.ports ({"nats":["nats://127.0.0.1:PORT"]}) once it
-        // listens.
+        // It writes nats-server_PID.ports ({"nats":["nats://127.0.0.1:PORT"],
+        // "monitoring":["http://127.0.0.1:PORT"]}) once it listens.
         let file = ports.join(format!("nats-server_{pid}.ports"));
+        // The first port listed under `key` (its URL is nats:// or tls://, http:// or https://).
+        let port_of = |t: &str, key: &str| {
+            let list = &t[t.find(&format!("\"{key}\":["))?..];
+            let at = list.find("127.0.0.1:")? + "127.0.0.1:".len();
+            let digits: String = list[at..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            digits.parse::<u16>().ok()
+        };
         let mut reported = None;
         wait_for(
             "nats-server to report its port",
             Duration::from_secs(10),
             || {
-                reported = std::fs::read_to_string(&file).ok().and_then(|t| {
-                    let at = t.find("127.0.0.1:")? + "127.0.0.1:".len();
-                    let digits: String = t[at..].chars().take_while(char::is_ascii_digit).collect();
-                    digits.parse::<u16>().ok()
-                });
+                reported = std::fs::read_to_string(&file)
+                    .ok()
+                    .and_then(|t| Some((port_of(&t, "nats")?, port_of(&t, "monitoring")?)));
                 reported.is_some()
             },
         );
-        self.port = reported.unwrap_or(self.port);
+        if let Some((p, m)) = reported {
+            (self.port, self.monitor) = (p, m);
+        }
         let port = self.port;
         wait_for("nats-server to listen", Duration::from_secs(10), || {
             std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
@@ -496,6 +512,139 @@ impl Nats {
     /// What the server logged.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+
+    /// Whether it runs (not killed or stopped).
+    pub fn running(&self) -> bool {
+        self.daemon.is_some()
+    }
+
+    /// The body of `GET PATH` on its monitoring port (`/connz`, `/jsz?streams=true`), or
+    /// an empty string if it does not answer.
+    pub fn monitoring(&self, path: &str) -> String {
+        use std::io::{Read, Write};
+        let get = || -> std::io::Result<String> {
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", self.monitor))?;
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            write!(
+                s,
+                "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+            )?;
+            let mut text = String::new();
+            s.read_to_string(&mut text)?;
+            Ok(text
+                .split_once("\r\n\r\n")
+                .map(|(_, body)| body.to_string())
+                .unwrap_or_default())
+        };
+        get().unwrap_or_default()
+    }
+}
+
+/// Three `nats-server`s on loopback joined by routes into one cluster, JetStream clustered
+/// across them (streams may have three replicas); each node killed on drop. Node `i` can be
+/// killed (`kill -9`) and started again on its ports and store.
+#[derive(Debug)]
+pub struct NatsCluster {
+    /// The nodes, `n1`…`n3` in the server's names.
+    pub nodes: Vec<Nats>,
+}
+
+impl NatsCluster {
+    /// Starts three nodes named after `name` and waits until the cluster has elected its
+    /// JetStream metadata leader (before that, JetStream requests fail).
+    pub fn start(name: &str) -> NatsCluster {
+        // Route ports must be known to every node before any starts: free ones, taken from
+        // the kernel and given back (the only window in which another program could take
+        // one; client and monitoring ports are picked by the servers themselves).
+        let listeners: Vec<std::net::TcpListener> = (0..3)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port"))
+            .collect();
+        let routes: Vec<u16> = listeners
+            .iter()
+            .map(|l| l.local_addr().unwrap().port())
+            .collect();
+        drop(listeners);
+        let all = routes
+            .iter()
+            .map(|p| format!("nats://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let nodes = routes
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let name_arg = format!("n{}", i + 1);
+                let cluster = format!("nats://127.0.0.1:{p}");
+                Nats::start(
+                    &format!("{name}-n{}", i + 1),
+                    &[
+                        "-n",
+                        &name_arg,
+                        "--cluster_name",
+                        "ndd",
+                        "--cluster",
+                        &cluster,
+                        "--routes",
+                        &all,
+                    ],
+                )
+            })
+            .collect();
+        let c = NatsCluster { nodes };
+        c.wait_ready();
+        c
+    }
+
+    /// Waits until every running node knows the JetStream metadata leader.
+    pub fn wait_ready(&self) {
+        wait_for(
+            "the NATS cluster to elect a JetStream leader",
+            Duration::from_secs(30),
+            || {
+                self.nodes
+                    .iter()
+                    .filter(|n| n.running())
+                    .all(|n| n.log().contains("metadata leader"))
+            },
+        );
+    }
+
+    /// Every node's client URL, for `servers = [...]`.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(Nats::url).collect()
+    }
+
+    /// The node a client whose connection is named `name` is connected to, if any (read
+    /// from each node's `/connz`).
+    pub fn node_of(&self, name: &str) -> Option<usize> {
+        let quoted = format!("\"name\": \"{name}\"");
+        self.nodes
+            .iter()
+            .position(|n| n.running() && n.monitoring("/connz").contains(&quoted))
+    }
+
+    /// The node leading JetStream stream `stream` (its RAFT leader), if known (read from
+    /// `/jsz` of each node).
+    pub fn leader_of(&self, stream: &str) -> Option<usize> {
+        for n in self.nodes.iter().filter(|n| n.running()) {
+            let jsz = n.monitoring("/jsz?streams=true");
+            let Some(at) = jsz.find(&format!("\"name\": \"{stream}\"")) else {
+                continue;
+            };
+            let rest = &jsz[at..];
+            let Some(l) = rest.find("\"leader\": \"") else {
+                continue;
+            };
+            let leader: String = rest[l + 11..].chars().take_while(|c| *c != '"').collect();
+            if let Some(i) = leader
+                .strip_prefix('n')
+                .and_then(|d| d.parse::<usize>().ok())
+            {
+                return Some(i - 1);
+            }
+        }
+        None
     }
 }
 

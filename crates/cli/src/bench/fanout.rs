@@ -13,7 +13,7 @@ use super::{hardware, hist, ndd_ok, p50_p99, today};
 use anyhow::{anyhow, bail, Context, Result};
 use futures_util::StreamExt;
 use ndd_link::nats::async_nats;
-use ndd_procs::{missing, Nats};
+use ndd_procs::{missing, Nats, NatsCluster};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -78,11 +78,46 @@ struct Row {
     mb_s: f64,
 }
 
-fn config(dir: &Path, url: &str, load: Load, count: u64, n: usize, transport: &str) -> PathBuf {
-    let link = if transport == "nats" {
+/// Where the NATS rows run: one server, or a cluster of three (every URL given to every
+/// client, which picks one; JetStream keeping `replicas` copies).
+#[derive(Debug, Clone)]
+struct Broker {
+    urls: Vec<String>,
+    replicas: u8,
+}
+
+impl Broker {
+    /// The `[link]` table of a NATS driver waiting for `n` app sides.
+    fn link(&self, n: usize) -> String {
+        let servers = self
+            .urls
+            .iter()
+            .map(|u| format!("{u:?}"))
+            .collect::<Vec<_>>()
+            .join(", ");
         format!(
-            "[link]\ntransport = \"nats\"\nconnect_timeout_ms = 30000\n[link.nats]\nservers = [\"{url}\"]\nmin_app_sides = {n}\nstore_mib = 1024\n"
+            "[link]\ntransport = \"nats\"\nconnect_timeout_ms = 30000\n[link.nats]\nservers = [{servers}]\nreplicas = {}\nmin_app_sides = {n}\nstore_mib = 1024\n",
+            self.replicas
         )
+    }
+
+    /// A raw async-nats client, given every URL as ndd's sides are.
+    async fn connect(&self) -> Result<async_nats::Client> {
+        let addrs = self
+            .urls
+            .iter()
+            .map(|u| u.parse::<async_nats::ServerAddr>())
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| anyhow!("{e}"))?;
+        async_nats::connect(addrs.as_slice())
+            .await
+            .map_err(|e| anyhow!("{e}"))
+    }
+}
+
+fn config(dir: &Path, nats: &Broker, load: Load, count: u64, n: usize, transport: &str) -> PathBuf {
+    let link = if transport == "nats" {
+        nats.link(n)
     } else {
         "[link]\nconnect_timeout_ms = 30000\n".to_string()
     };
@@ -179,7 +214,7 @@ fn collect(files: &[PathBuf], load: Load, count: u64, secs: f64) -> Result<(f64,
 fn ndd_row(
     exe: &Path,
     dir: &Path,
-    url: &str,
+    nats: &Broker,
     dev: &Path,
     apps: &[PathBuf],
     load: Load,
@@ -187,7 +222,7 @@ fn ndd_row(
     n: usize,
     transport: &str,
 ) -> Result<Row> {
-    let cfg = config(dir, url, load, count, n, transport);
+    let cfg = config(dir, nats, load, count, n, transport);
     let secs = count as f64 * load.interval_ms / 1e3;
     let files = run_sides(exe, dir, &cfg, dev, apps, n, transport, secs, None)?;
     let (p50, p99, delivered, mb_s) = collect(&files, load, count, secs)?;
@@ -284,12 +319,10 @@ struct ScreenRow {
 
 /// The shared screen's config: over NATS in broadcast (a keyframe every 2 s), over the
 /// direct link paced by the viewer's credit.
-fn screen_config(dir: &Path, url: &str, n: usize, transport: &str, count: u64) -> PathBuf {
+fn screen_config(dir: &Path, nats: &Broker, n: usize, transport: &str, count: u64) -> PathBuf {
     let (link, stack) = if transport == "nats" {
         (
-            format!(
-                "[link]\ntransport = \"nats\"\nconnect_timeout_ms = 30000\n[link.nats]\nservers = [\"{url}\"]\nmin_app_sides = {n}\nstore_mib = 1024\n"
-            ),
+            nats.link(n),
             "stack = [{ type = \"image\", keyframe_ms = 2000 }, { type = \"multiplex\", mode = \"all\" }]",
         )
     } else {
@@ -310,7 +343,7 @@ fn screen_config(dir: &Path, url: &str, n: usize, transport: &str, count: u64) -
 fn screen_row(
     exe: &Path,
     dir: &Path,
-    url: &str,
+    nats: &Broker,
     dev: &Path,
     apps: &[PathBuf],
     n: usize,
@@ -318,7 +351,7 @@ fn screen_row(
     secs: f64,
 ) -> Result<ScreenRow> {
     let count = (secs * 30.0) as u64;
-    let cfg = screen_config(dir, url, n, transport, count);
+    let cfg = screen_config(dir, nats, n, transport, count);
     let dev_json = dir.join(format!("screen-{transport}-{n}-dev.json"));
     let files = run_sides(
         exe,
@@ -469,11 +502,11 @@ fn raw_summary(peer: &'static str, load: Load, count: u64, got: Vec<Received>) -
 
 /// Raw async-nats: one publisher paced like the source, `n` subscriber connections; the
 /// send time travels in the payload's first 8 bytes.
-async fn raw_row(url: &str, load: Load, count: u64, n: usize) -> Result<Row> {
+async fn raw_row(nats: &Broker, load: Load, count: u64, n: usize) -> Result<Row> {
     let subject = format!("raw.bench.{n}");
     let mut subs = Vec::new();
     for _ in 0..n {
-        let c = async_nats::connect(url).await.map_err(|e| anyhow!("{e}"))?;
+        let c = nats.connect().await?;
         let s = c
             .subscribe(subject.clone())
             .await
@@ -481,7 +514,7 @@ async fn raw_row(url: &str, load: Load, count: u64, n: usize) -> Result<Row> {
         c.flush().await.map_err(|e| anyhow!("{e}"))?;
         subs.push((c, s));
     }
-    let publisher = async_nats::connect(url).await.map_err(|e| anyhow!("{e}"))?;
+    let publisher = nats.connect().await?;
     let epoch = Instant::now();
     let mut tasks = Vec::new();
     for (c, mut s) in subs {
@@ -520,7 +553,7 @@ async fn raw_row(url: &str, load: Load, count: u64, n: usize) -> Result<Row> {
 /// Raw JetStream: one publisher (acknowledgements awaited 256 at a time) into a file-stored
 /// stream, `n` durable pull consumers acknowledging every message; same payloads and pacing,
 /// no ndd, no encryption.
-async fn raw_js_row(url: &str, load: Load, count: u64, n: usize) -> Result<Row> {
+async fn raw_js_row(nats: &Broker, load: Load, count: u64, n: usize) -> Result<Row> {
     use async_nats::jetstream;
     let name = format!(
         "RAWBENCH_{}_{}_{n}",
@@ -528,7 +561,7 @@ async fn raw_js_row(url: &str, load: Load, count: u64, n: usize) -> Result<Row> 
         (load.interval_ms * 1000.0) as u64
     );
     let subject = format!("rawjs.{}.{n}", (load.interval_ms * 1000.0) as u64);
-    let client = async_nats::connect(url).await.map_err(|e| anyhow!("{e}"))?;
+    let client = nats.connect().await?;
     let js = jetstream::new(client.clone());
     let stream = js
         .get_or_create_stream(jetstream::stream::Config {
@@ -536,6 +569,7 @@ async fn raw_js_row(url: &str, load: Load, count: u64, n: usize) -> Result<Row> 
             subjects: vec![subject.clone()],
             storage: jetstream::stream::StorageType::File,
             max_bytes: 1 << 30,
+            num_replicas: usize::from(nats.replicas),
             ..Default::default()
         })
         .await
@@ -626,8 +660,10 @@ async fn settle(
         .map_err(|e| anyhow!("raw JetStream: {e}"))
 }
 
-/// Runs the benchmark and writes fanout.md and fanout.svg into `out`.
-pub async fn run(quick: bool, out: &Path) -> Result<()> {
+/// Runs the benchmark and writes fanout.md and fanout.svg into `out` (with `cluster`: on a
+/// cluster of three servers, JetStream keeping three copies, into fanout-cluster.md and
+/// fanout-cluster.svg).
+pub async fn run(quick: bool, cluster: bool, out: &Path) -> Result<()> {
     if let Some(m) = missing(&["nats-server"]) {
         bail!("ndd bench fanout needs {m} (Debian: apt install nats-server; ./run installs it)");
     }
@@ -636,8 +672,22 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("ndd-bench-fanout-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
-    let nats = Nats::start("bench-fanout", &[]);
-    let url = nats.url();
+    // Kept until the end: dropping them stops the servers.
+    let (_single, _cluster, nats) = if cluster {
+        let c = NatsCluster::start("bench-fanout");
+        let b = Broker {
+            urls: c.urls(),
+            replicas: 3,
+        };
+        (None, Some(c), b)
+    } else {
+        let one = Nats::start("bench-fanout", &[]);
+        let b = Broker {
+            urls: vec![one.url()],
+            replicas: 1,
+        };
+        (Some(one), None, b)
+    };
     let counts: &[usize] = if quick { &[1, 4] } else { &[1, 4, 16] };
     let max_n = *counts.iter().max().unwrap_or(&1);
     // Identities: one device, max_n app sides, each pair trusting the other.
@@ -663,20 +713,20 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
                 (false, _, _) => (secs * 1e3 / load.interval_ms) as u64,
             };
             eprintln!("fanout: {} to {n} app side(s)…", load.name);
-            rows.push(raw_row(&url, load, count, n).await?);
+            rows.push(raw_row(&nats, load, count, n).await?);
             if load.reliable {
                 // The raw JetStream baseline with many consumers unpaced has hung here once
                 // (2026-11-27, 16 consumers, every process idle for minutes): bounded, and a
                 // row it could not finish is left out and said so.
                 let limit = Duration::from_secs(60 + count / 10);
-                match tokio::time::timeout(limit, raw_js_row(&url, load, count, n)).await {
+                match tokio::time::timeout(limit, raw_js_row(&nats, load, count, n)).await {
                     Ok(r) => rows.push(r?),
                     Err(_) => eprintln!(
                         "fanout: raw JetStream to {n} consumer(s) did not finish within {limit:?}; row left out"
                     ),
                 }
             }
-            let (d, a, u) = (dev.clone(), apps.clone(), url.clone());
+            let (d, a, u) = (dev.clone(), apps.clone(), nats.clone());
             let (e, di) = (exe.clone(), dir.clone());
             rows.push(
                 tokio::task::spawn_blocking(move || {
@@ -684,8 +734,9 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
                 })
                 .await??,
             );
-            if n == 1 {
-                let (d, a, u) = (dev.clone(), apps.clone(), url.clone());
+            // The direct link does not go through the cluster: its rows are in fanout.md.
+            if n == 1 && !cluster {
+                let (d, a, u) = (dev.clone(), apps.clone(), nats.clone());
                 let (e, di) = (exe.clone(), dir.clone());
                 rows.push(
                     tokio::task::spawn_blocking(move || {
@@ -698,13 +749,13 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
     }
     let mut screens = Vec::new();
     let screen_secs = if quick { 2.0 } else { 6.0 };
-    for &n in counts.iter().filter(|&&n| n <= 4) {
+    for &n in counts.iter().filter(|&&n| n <= 4 && !cluster) {
         for transport in ["nats", "tcp"] {
             if transport == "tcp" && n > 1 {
                 continue;
             }
             eprintln!("fanout: a shared screen to {n} viewer(s) over {transport}…");
-            let (d, a, u) = (dev.clone(), apps.clone(), url.clone());
+            let (d, a, u) = (dev.clone(), apps.clone(), nats.clone());
             let (e, di) = (exe.clone(), dir.clone());
             screens.push(
                 tokio::task::spawn_blocking(move || {
@@ -714,30 +765,54 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
             );
         }
     }
-    let mut md = report(&rows, quick, secs);
-    md += &screen_report(&screens);
+    let mut md = report(&rows, quick, cluster, secs);
+    if !cluster {
+        md += &screen_report(&screens);
+    }
     print!("{md}");
-    std::fs::write(out.join("fanout.md"), &md)?;
-    std::fs::write(out.join("fanout.svg"), plot(&rows))?;
-    eprintln!("wrote {} and fanout.svg", out.join("fanout.md").display());
+    let name = if cluster { "fanout-cluster" } else { "fanout" };
+    std::fs::write(out.join(format!("{name}.md")), &md)?;
+    std::fs::write(out.join(format!("{name}.svg")), plot(&rows))?;
+    eprintln!(
+        "wrote {} and {name}.svg",
+        out.join(format!("{name}.md")).display()
+    );
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 
-fn report(rows: &[Row], quick: bool, secs: f64) -> String {
+fn report(rows: &[Row], quick: bool, cluster: bool, secs: f64) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "# Fan-out through NATS: one device, many app sides\n");
+    if cluster {
+        let _ = writeln!(
+            s,
+            "# Fan-out through a NATS cluster: one device, many app sides\n"
+        );
+    } else {
+        let _ = writeln!(s, "# Fan-out through NATS: one device, many app sides\n");
+    }
+    let servers = if cluster {
+        "a cluster of three `nats-server`s joined by routes, JetStream keeping three replicas of every stored stream (ndd's and the raw one); every client is given the three URLs and picks one, so frames cross a route on their way to most app sides;"
+    } else {
+        "`nats-server`"
+    };
     let _ = writeln!(
         s,
-        "Command: `ndd bench fanout{}`. Date: {}. Hardware: {}. Each row runs {secs} s of the source; every app side is its own `ndd` process on this machine, as is the device side and `nats-server` {} (loopback, JetStream on). Latency is one-way, from the source's timestamp to the app side's sink (one clock); p50 is the median of the app sides' medians, p99 the worst app side's. `raw async-nats` is one publisher and N subscriber connections with the same payload sizes and pacing, no ndd and no encryption; `raw JetStream` (reliable rows) the same into a file-stored stream with N durable consumers acknowledging each message; `ndd direct TLS link` is the same stream to one app side over TCP + TLS.\n",
+        "Command: `ndd bench fanout{}{}`. Date: {}. Hardware: {}. Each row runs {secs} s of the source; every app side is its own `ndd` process on this machine, as is the device side and {servers} {} (loopback, JetStream on). Latency is one-way, from the source's timestamp to the app side's sink (one clock); p50 is the median of the app sides' medians, p99 the worst app side's. `raw async-nats` is one publisher and N subscriber connections with the same payload sizes and pacing, no ndd and no encryption; `raw JetStream` (reliable rows) the same into a file-stored stream with N durable consumers acknowledging each message{}.\n",
         if quick { " --quick" } else { "" },
+        if cluster { " --cluster" } else { "" },
         today(),
         hardware(),
         Command::new("nats-server")
             .arg("--version")
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-            .unwrap_or_default()
+            .unwrap_or_default(),
+        if cluster {
+            ""
+        } else {
+            "; `ndd direct TLS link` is the same stream to one app side over TCP + TLS"
+        }
     );
     let _ = writeln!(
         s,

@@ -41,6 +41,10 @@ pub enum BenchCmd {
         /// A short run (CI smoke test): 1 and 4 app sides, 1.5 s per row.
         #[arg(long)]
         quick: bool,
+        /// On a cluster of three nats-servers (routes, JetStream keeping three replicas),
+        /// raw async-nats and raw JetStream on the same cluster; writes fanout-cluster.md.
+        #[arg(long)]
+        cluster: bool,
         /// Directory for fanout.md.
         #[arg(long, value_name = "DIR", default_value = "docs/bench")]
         out: PathBuf,
@@ -186,7 +190,11 @@ pub async fn run(cmd: BenchCmd) -> Result<()> {
                 .await
                 .context("bench audio task")?
         }
-        BenchCmd::Fanout { quick, out } => fanout::run(quick, &out).await,
+        BenchCmd::Fanout {
+            quick,
+            cluster,
+            out,
+        } => fanout::run(quick, cluster, &out).await,
         BenchCmd::Display {
             quick,
             vs_vnc: true,

@@ -48,6 +48,9 @@ pub struct NatsConfig {
     pub require_tls: Option<bool>,
     /// JetStream storage the device asks for its reliable streams, in MiB.
     pub store_mib: u64,
+    /// Copies JetStream keeps of the reliable streams (1, 3 or 5; in a cluster of three
+    /// servers, 3 keeps them through the loss of any one).
+    pub replicas: u8,
     /// The device side starts its sources once this many app sides joined (0: at once).
     pub min_app_sides: u32,
 }
@@ -64,6 +67,7 @@ impl Default for NatsConfig {
             ca_file: PathBuf::new(),
             require_tls: None,
             store_mib: 256,
+            replicas: 1,
             min_app_sides: 0,
         }
     }
@@ -96,6 +100,9 @@ impl NatsConfig {
                     "link.nats.servers: {s:?} has no HOST:PORT (e.g. nats://127.0.0.1:4222)"
                 ));
             }
+            if let Err(e) = s.parse::<async_nats::ServerAddr>() {
+                return Err(format!("link.nats.servers: {s:?}: {e}"));
+            }
         }
         subjects::check_token("link.nats.subject_prefix", &self.subject_prefix)?;
         let methods = [
@@ -116,6 +123,12 @@ impl NatsConfig {
                 "link.nats.store_mib = 0: JetStream needs room for reliable streams (default 256)"
                     .into(),
             );
+        }
+        if !matches!(self.replicas, 1 | 3 | 5) {
+            return Err(format!(
+                "link.nats.replicas = {}: JetStream keeps 1, 3 or 5 copies (3 in a cluster of three servers)",
+                self.replicas
+            ));
         }
         Ok(())
     }
@@ -212,6 +225,16 @@ pub async fn connect(
         opts = opts.require_tls(true);
     }
     let servers = cfg.servers.join(",");
+    // Each URL on its own: the client does not split a comma-separated list (it read
+    // "16231,nats://…" as a port).
+    let addrs = cfg
+        .servers
+        .iter()
+        .map(|s| {
+            s.parse::<async_nats::ServerAddr>()
+                .map_err(|e| LinkError::Nats(format!("link.nats.servers: {s:?}: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let who = name.to_string();
     opts = opts.event_callback(move |ev| {
         let who = who.clone();
@@ -248,7 +271,7 @@ pub async fn connect(
         let attempt = opts
             .clone()
             .connection_timeout(left.max(Duration::from_millis(100)))
-            .connect(servers.as_str())
+            .connect(addrs.as_slice())
             .await;
         let e = match attempt {
             Ok(c) => return Ok(c),
