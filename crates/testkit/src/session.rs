@@ -70,6 +70,8 @@ pub struct SinkLog {
     pub corrupt: u64,
     /// Release-inputs requests.
     pub releases: u64,
+    /// When each frame was delivered (virtual time since the start), in delivery order.
+    pub at: Vec<Duration>,
 }
 
 /// What happened.
@@ -320,6 +322,7 @@ pub fn run(sc: &Scenario) -> Outcome {
                             logs[stream].corrupt += 1;
                         }
                         logs[stream].runs.last_mut().expect("one run").push(seq);
+                        logs[stream].at.push(clock.since_start(now));
                         s.completed[stream] += 1;
                     }
                     Event::ReleaseInputs { stream } => logs[stream].releases += 1,

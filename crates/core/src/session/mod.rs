@@ -617,6 +617,12 @@ impl Session {
                     src.next_write = 0;
                     src.chunk_off = 0;
                     src.end_written = false;
+                    // Everything goes out again on the new connection: what was in flight on
+                    // the old one says nothing about this path.
+                    for p in src.out.iter_mut() {
+                        p.send = None;
+                    }
+                    src.flight_bytes = 0;
                 }
                 End::Sink(k) => {
                     k.delivered_sent = None;
@@ -1012,12 +1018,7 @@ impl Session {
                 }
                 OwnedMessage::Ack { stream, seq } => {
                     let i = self.find(stream)?;
-                    let window = self.window_for(i);
                     if let End::Source(src) = &mut self.streams[i].end {
-                        let mut freed = 0;
-                        // Was the stream keeping the window full (then the ACKs measure the
-                        // path), or sending less than it could (they measure the source)?
-                        let busy = src.out_bytes >= window / 2;
                         // A frame half written in chunks is finished first (the peer is
                         // joining it), even if this ACK covers it: it is dropped at the next.
                         while src.out.front().is_some_and(|p| p.seq <= seq)
@@ -1025,17 +1026,16 @@ impl Session {
                         {
                             if let Some(p) = src.out.pop_front() {
                                 src.out_bytes -= p.payload.len();
-                                freed += p.payload.len();
                                 src.next_write = src.next_write.saturating_sub(1);
-                                if let Some(t) = p.sent_alone {
-                                    self.flight.on_lone_frame(
-                                        p.payload.len(),
-                                        now.saturating_duration_since(t),
-                                    );
+                                // Each frame begun on this connection is a delivery-rate
+                                // sample of the path (whether the stream kept its window
+                                // full, the estimator knew when the frame went).
+                                if let Some(sent) = &p.send {
+                                    src.flight_bytes -= p.payload.len();
+                                    self.flight.on_acked(now, p.payload.len(), sent);
                                 }
                             }
                         }
-                        self.flight.on_acked(now, freed, busy);
                     }
                 }
                 OwnedMessage::Delivered { stream, seq } => {
@@ -1235,7 +1235,7 @@ impl Session {
                         timestamp_ns: f.meta.timestamp_ns,
                         payload: f.into_bytes(),
                         written: false,
-                        sent_alone: None,
+                        send: None,
                     };
                     if !s.plan.reliable {
                         // Lossy: while the link is down only the newest frame is worth
@@ -1277,13 +1277,16 @@ impl Session {
         }
     }
 
-    /// Nothing of any reliable stream written and not yet acknowledged (a frame written now
-    /// goes alone: its ACK measures the path, `Flight::on_lone_frame`).
-    fn nothing_in_flight(&self) -> bool {
-        self.streams.iter().all(|s| match &s.end {
-            End::Source(src) => src.next_write == 0 && src.chunk_off == 0,
-            End::Sink(_) => true,
-        })
+    /// Bytes of the reliable streams' frames begun on this connection and not yet
+    /// acknowledged (0: a frame written now goes alone, and its ACK measures the path).
+    fn in_flight(&self) -> usize {
+        self.streams
+            .iter()
+            .map(|s| match &s.end {
+                End::Source(src) => src.flight_bytes,
+                End::Sink(_) => 0,
+            })
+            .sum()
     }
 
     fn next_data(&mut self, i: usize, now: Instant) -> Option<Transmit> {
@@ -1293,8 +1296,8 @@ impl Session {
         // then: this runs for every stream on every poll).
         let first_write = self.streams[i].plan.reliable
             && matches!(&self.streams[i].end, End::Source(src) if src.chunk_off == 0
-                && src.out.get(src.next_write).is_some_and(|p| !p.written));
-        let alone = first_write && self.nothing_in_flight();
+                && src.out.get(src.next_write).is_some_and(|p| p.send.is_none()));
+        let in_flight = if first_write { self.in_flight() } else { 0 };
         let s = &mut self.streams[i];
         let End::Source(src) = &mut s.end else {
             return None;
@@ -1310,7 +1313,8 @@ impl Session {
             // again (the CI's bench smoke run: `frame 21 in chunks is over 16777216 bytes`).
             let started = src.chunk_off > 0;
             if first_write {
-                p.sent_alone = alone.then_some(now);
+                p.send = Some(self.flight.on_write(now, in_flight, len));
+                src.flight_bytes += len;
             }
             let payload = if started || (chunk > 0 && len > chunk && len <= room) {
                 // Cut: another stream's frame may go before the next chunk.

@@ -125,9 +125,9 @@ pub(crate) struct Pending {
     pub payload: Bytes,
     /// Yielded on some connection already: a resend carries RETRANSMIT.
     pub written: bool,
-    /// When its first byte was written on this connection, if nothing else was in flight
-    /// then (its ACK then measures the path: `Flight::on_lone_frame`).
-    pub sent_alone: Option<std::time::Instant>,
+    /// What the path estimator knew when its first byte was written on this connection
+    /// (reliable frames; handed back with its ACK: `Flight::on_write`).
+    pub send: Option<crate::pathrate::SendState>,
 }
 
 /// The source end of a stream.
@@ -136,6 +136,9 @@ pub(crate) struct SourceState {
     /// What goes out, oldest first; `out[..next_write]` went out on this connection.
     pub out: VecDeque<Pending>,
     pub out_bytes: usize,
+    /// Bytes of `out` begun on this connection and not yet acknowledged (the frames with a
+    /// `send` state): what this stream has in flight for the path estimator.
+    pub flight_bytes: usize,
     pub next_write: usize,
     /// Bytes of `out[next_write]` already written on this connection, in chunks (0: none;
     /// the frame is not started). A started frame is finished before any other of the
@@ -265,6 +268,7 @@ impl StreamRt {
             Role::Source => End::Source(SourceState {
                 out: VecDeque::new(),
                 out_bytes: 0,
+                flight_bytes: 0,
                 next_write: 0,
                 chunk_off: 0,
                 sent: 0,
@@ -335,6 +339,7 @@ impl StreamRt {
             self.counters.stale += src.out.len() as u64;
             src.out.clear();
             src.out_bytes = 0;
+            src.flight_bytes = 0;
             src.next_write = 0;
             src.chunk_off = 0;
             src.kept.clear();
@@ -351,6 +356,7 @@ impl StreamRt {
         };
         s.out.clear();
         s.out_bytes = 0;
+        s.flight_bytes = 0;
         s.next_write = 0;
         s.chunk_off = 0;
         s.end_written = false;

@@ -32,14 +32,14 @@ fn sources_at(priorities: &[Priority], budget: usize, now: Instant) -> Session {
     resumed(session(plans, budget), now)
 }
 
-/// Three frames of `bytes` on stream 1 (index 0) written at `t0` and acknowledged at 0, 5 and
-/// 10 ms: the path's rate is 2 × `bytes` per 10 ms (the first ACK starts the sample).
+/// Three frames of `bytes` on stream 1 (index 0) written at `t0` and acknowledged at 5, 10
+/// and 15 ms: the path's rate is `bytes` per 5 ms (each ACK a delivery-rate sample from `t0`).
 fn acked_at_rate(s: &mut Session, t0: Instant, bytes: usize) {
     for seq in 0..3 {
         s.handle_source_frame(t0, 0, frame(1, seq, bytes)).unwrap();
     }
     drain(s, t0);
-    for (seq, ms) in [(0, 0), (1, 5), (2, 10)] {
+    for (seq, ms) in [(0, 5), (1, 10), (2, 15)] {
         let at = t0 + Duration::from_millis(ms);
         s.handle_message(at, 1, Incoming::Other(OwnedMessage::Ack { stream: 1, seq }))
             .unwrap();
@@ -587,7 +587,7 @@ fn the_in_flight_window_is_sized_by_the_shortest_round_trip_since_the_link_came_
     };
     let (at, p) = pong(20, 20);
     s.handle_message(t0, at, p).unwrap();
-    // 200 MB/s acknowledged: 2 MB in the 10 ms after the first ACK.
+    // 200 MB/s acknowledged: 1 MB every 5 ms.
     acked_at_rate(&mut s, t0, 1_000_000);
     let path = s.flight_window();
     assert!(
@@ -623,7 +623,7 @@ fn a_bulk_stream_keeps_a_smaller_window_while_a_more_urgent_stream_is_live() {
         64 << 20,
         t0,
     );
-    // 1 GB/s acknowledged: 5 MB frames, 10 MB in the 10 ms after the first ACK.
+    // 1 GB/s acknowledged: 5 MB frames, one every 5 ms.
     acked_at_rate(&mut s, t0, 5_000_000);
     let t = t0 + Duration::from_millis(20);
     s.handle_source_frame(t, 0, frame(1, 3, 1_000_000)).unwrap();
