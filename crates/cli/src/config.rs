@@ -40,7 +40,7 @@ pub struct LinkConfig {
     pub listener: SideName,
     /// `tcp` (default; TLS 1.3 unless `insecure`), `quic`, or `udp` (sealed datagrams unless
     /// `insecure`).
-    pub transport: crate::session::TransportKind,
+    pub transport: ndd_link::TransportKind,
     /// Plain TCP without TLS, plain UDP without sealing (prints a warning on every start).
     pub insecure: bool,
     /// How long the connecting side keeps retrying its first connection, in ms.
@@ -81,7 +81,7 @@ impl Default for LinkConfig {
         LinkConfig {
             address: format!("127.0.0.1:{DEFAULT_PORT}"),
             listener: SideName::App,
-            transport: crate::session::TransportKind::Tcp,
+            transport: ndd_link::TransportKind::Tcp,
             insecure: false,
             connect_timeout_ms: 10_000,
             handshake_timeout_ms: 3_000,
@@ -534,7 +534,7 @@ impl Config {
                 ndd_wire::MIN_MAX_BODY
             );
         }
-        let nats = self.link.transport == crate::session::TransportKind::Nats;
+        let nats = self.link.transport == ndd_link::TransportKind::Nats;
         if nats {
             if let Err(e) = self.link.nats.validate() {
                 bail!("{file}: {e}");

@@ -72,50 +72,66 @@ pub struct RunOptions {
 /// What `--metrics` serves, refreshed every second.
 type Metrics = Arc<std::sync::Mutex<String>>;
 
-/// Binds `addr` and answers every `GET /metrics` with the latest snapshot (404 otherwise).
+/// Binds `addr` and serves the latest snapshot at `GET /metrics` (404 elsewhere, 405 for
+/// another method) with hyper's HTTP/1.1 server; a client gets 5 s to send its request
+/// head and 10 s in all.
 async fn serve_metrics(addr: &str) -> Result<(Metrics, JoinHandle<()>)> {
+    use http_body_util::Full;
+    use hyper::{Method, Request, Response, StatusCode};
     let l = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("--metrics: cannot listen on {addr}"))?;
     let snapshot: Metrics = Arc::default();
     let s = snapshot.clone();
     let task = tokio::spawn(async move {
-        while let Ok((mut c, _)) = l.accept().await {
+        loop {
+            let c = match l.accept().await {
+                Ok((c, _)) => c,
+                // Out of file descriptors and the like: try again shortly.
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
             let s = s.clone();
             tokio::spawn(async move {
-                use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                let mut req = Vec::new();
-                let mut buf = [0u8; 1024];
-                let read = async {
-                    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 8192 {
-                        match c.read(&mut buf).await {
-                            Ok(0) | Err(_) => return false,
-                            Ok(n) => req.extend_from_slice(&buf[..n]),
-                        }
+                let answer = move |req: Request<hyper::body::Incoming>| {
+                    let s = s.clone();
+                    async move {
+                        let (status, kind, body) = if req.uri().path() != "/metrics" {
+                            (
+                                StatusCode::NOT_FOUND,
+                                "text/plain; charset=utf-8",
+                                "not found: the counters are at /metrics\n".to_string(),
+                            )
+                        } else if req.method() != Method::GET && req.method() != Method::HEAD {
+                            (
+                                StatusCode::METHOD_NOT_ALLOWED,
+                                "text/plain; charset=utf-8",
+                                "only GET /metrics\n".to_string(),
+                            )
+                        } else {
+                            (
+                                StatusCode::OK,
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                                s.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+                            )
+                        };
+                        Response::builder()
+                            .status(status)
+                            .header(hyper::header::CONTENT_TYPE, kind)
+                            .body(Full::new(bytes::Bytes::from(body)))
                     }
-                    true
                 };
-                if !matches!(
-                    tokio::time::timeout(Duration::from_secs(2), read).await,
-                    Ok(true)
-                ) {
-                    return;
-                }
-                let ok = req.starts_with(b"GET /metrics ") || req.starts_with(b"GET /metrics?");
-                let body = if ok {
-                    s.lock().unwrap_or_else(|p| p.into_inner()).clone()
-                } else {
-                    "not found: the counters are at /metrics\n".to_string()
-                };
-                let head = format!(
-                    "HTTP/1.1 {}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
-                     Content-Length: {}\r\nConnection: close\r\n\r\n",
-                    if ok { "200 OK" } else { "404 Not Found" },
-                    body.len()
-                );
-                let _ = c.write_all(head.as_bytes()).await;
-                let _ = c.write_all(body.as_bytes()).await;
-                let _ = c.shutdown().await;
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(Duration::from_secs(5))
+                    .keep_alive(false)
+                    .serve_connection(
+                        hyper_util::rt::TokioIo::new(c),
+                        hyper::service::service_fn(answer),
+                    );
+                let _ = tokio::time::timeout(Duration::from_secs(10), conn).await;
             });
         }
     });

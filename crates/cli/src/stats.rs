@@ -59,7 +59,7 @@ pub struct StreamStats {
 }
 
 /// A point-in-time summary, for the live line and JSON.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct StreamSummary {
     /// Stream name.
     pub name: String,
@@ -104,7 +104,7 @@ pub struct StreamSummary {
 }
 
 /// One layer's counters.
-#[derive(Debug, Serialize)]
+#[derive(Clone, Debug, Serialize)]
 pub struct ModuleSummary {
     /// Layer index.
     pub layer: usize,
@@ -362,7 +362,175 @@ pub fn human_bytes(b: f64) -> String {
     }
 }
 
-/// The Prometheus text exposition (version 0.0.4) of one side's counters (`--metrics`).
+/// One side's counters at one moment, as `--metrics` exposes them (a `prometheus-client`
+/// collector: the values are a snapshot, taken every second, not counters kept in place).
+#[derive(Debug)]
+struct Snapshot {
+    side: String,
+    link_up: bool,
+    recoveries: usize,
+    drops: Option<ndd_link::udp::DropCounts>,
+    streams: Vec<StreamSummary>,
+}
+
+/// Per-stream metrics: name (counters without their `_total`, which the encoder adds), help,
+/// and the value.
+type Get = fn(&StreamSummary) -> Option<f64>;
+
+const STREAM_COUNTERS: [(&str, &str, Get); 11] = [
+    (
+        "ndd_stream_frames",
+        "Frames through the stream's endpoint on this side",
+        |s| Some(s.frames as f64),
+    ),
+    (
+        "ndd_stream_bytes",
+        "Payload bytes through the stream's endpoint on this side",
+        |s| Some(s.bytes as f64),
+    ),
+    (
+        "ndd_stream_wire_frames",
+        "Frames of the stream over the link",
+        |s| Some(s.wire_frames as f64),
+    ),
+    (
+        "ndd_stream_wire_bytes",
+        "Bytes of the stream over the link",
+        |s| Some(s.wire_bytes as f64),
+    ),
+    (
+        "ndd_stream_drops",
+        "Frames dropped by the stream's pairs",
+        |s| Some(s.drops as f64),
+    ),
+    (
+        "ndd_stream_retransmits",
+        "Frames resent after a reconnect",
+        |s| Some(s.retransmits as f64),
+    ),
+    (
+        "ndd_stream_duplicates",
+        "Resent frames dropped as already delivered",
+        |s| Some(s.duplicates as f64),
+    ),
+    (
+        "ndd_stream_overflow",
+        "Frames dropped from a full resume buffer",
+        |s| Some(s.overflow as f64),
+    ),
+    (
+        "ndd_stream_stale",
+        "Input frames not replayed after an outage",
+        |s| Some(s.stale as f64),
+    ),
+    (
+        "ndd_stream_sink_behind",
+        "Lossy frames dropped while the sink endpoint did not take them",
+        |s| Some(s.sink_behind as f64),
+    ),
+    (
+        "ndd_stream_refused",
+        "Frames refused as replayed or forged",
+        |s| Some(s.refused as f64),
+    ),
+];
+
+const STREAM_GAUGES: [(&str, &str, Get); 3] = [
+    (
+        "ndd_stream_latency_p50_seconds",
+        "One-way latency, median since start (sink side)",
+        |s| s.latency_p50_ms.map(|v| v / 1e3),
+    ),
+    (
+        "ndd_stream_latency_p99_seconds",
+        "One-way latency, 99th percentile since start (sink side)",
+        |s| s.latency_p99_ms.map(|v| v / 1e3),
+    ),
+    (
+        "ndd_stream_jitter_mean_seconds",
+        "Mean inter-frame spacing error (sink side)",
+        |s| s.jitter_mean_ms.map(|v| v / 1e3),
+    ),
+];
+
+impl prometheus_client::collector::Collector for Snapshot {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        use prometheus_client::metrics::MetricType;
+        type Labels = Vec<(&'static str, String)>;
+        let side = || vec![("side", self.side.clone())];
+        let stream = |st: &StreamSummary| -> Labels {
+            vec![
+                ("side", self.side.clone()),
+                // The encoder writes label values as given: escaped here (OpenMetrics).
+                (
+                    "stream",
+                    st.name
+                        .replace('\\', "\\\\")
+                        .replace('"', "\\\"")
+                        .replace('\n', "\\n"),
+                ),
+                ("role", st.role.to_string()),
+            ]
+        };
+        let mut e = encoder.encode_descriptor(
+            "ndd_link_up",
+            "1 while a link to the peer is up, 0 while this side waits or reconnects",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(i64::from(self.link_up)).encode(e.encode_family(&side())?)?;
+        e = encoder.encode_descriptor(
+            "ndd_link_recoveries",
+            "Link losses recovered (reconnected and resumed)",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(self.recoveries as u64).encode(e.encode_family(&side())?)?;
+        if let Some(d) = self.drops {
+            let mut e = encoder.encode_descriptor(
+                "ndd_link_dropped_datagrams",
+                "Datagrams a UDP link dropped: unauthenticated (forged, damaged, another peer's), replayed, garbage",
+                None,
+                MetricType::Counter,
+            )?;
+            for (why, n) in [
+                ("unauthenticated", d.unauthenticated),
+                ("replayed", d.replayed),
+                ("garbage", d.garbage),
+            ] {
+                let mut labels = side();
+                labels.push(("reason", why.to_string()));
+                ConstCounter::new(n).encode(e.encode_family(&labels)?)?;
+            }
+        }
+        for (name, help, get) in STREAM_COUNTERS {
+            let mut e = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for st in &self.streams {
+                if let Some(v) = get(st) {
+                    ConstCounter::new(v as u64).encode(e.encode_family(&stream(st))?)?;
+                }
+            }
+        }
+        for (name, help, get) in STREAM_GAUGES {
+            let mut e = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for st in &self.streams {
+                if let Some(v) = get(st) {
+                    ConstGauge::new(v).encode(e.encode_family(&stream(st))?)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The OpenMetrics text exposition (what Prometheus scrapes) of one side's counters
+/// (`--metrics`), encoded by `prometheus-client`; label values are escaped by it.
 pub fn prometheus(
     side: &str,
     link_up: bool,
@@ -370,145 +538,18 @@ pub fn prometheus(
     drops: Option<ndd_link::udp::DropCounts>,
     streams: &[StreamSummary],
 ) -> String {
-    use std::fmt::Write as _;
-    let mut s = String::new();
-    let mut family =
-        |name: &str, kind: &str, help: &str, values: &mut dyn Iterator<Item = (String, String)>| {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            for (labels, v) in values {
-                let _ = writeln!(s, "{name}{{{labels}}} {v}");
-            }
-        };
-    let side_label = format!("side=\"{side}\"");
-    family(
-        "ndd_link_up",
-        "gauge",
-        "1 while a link to the peer is up, 0 while this side waits or reconnects.",
-        &mut std::iter::once((side_label.clone(), u8::from(link_up).to_string())),
-    );
-    family(
-        "ndd_link_recoveries_total",
-        "counter",
-        "Link losses recovered (reconnected and resumed).",
-        &mut std::iter::once((side_label.clone(), recoveries.to_string())),
-    );
-    if let Some(d) = drops {
-        family(
-            "ndd_link_dropped_datagrams_total",
-            "counter",
-            "Datagrams a UDP link dropped: unauthenticated (forged, damaged, another peer's), replayed, garbage.",
-            &mut [
-                ("unauthenticated", d.unauthenticated),
-                ("replayed", d.replayed),
-                ("garbage", d.garbage),
-            ]
-            .into_iter()
-            .map(|(why, n)| (format!("{side_label},reason=\"{why}\""), n.to_string())),
-        );
-    }
-    let labels = |st: &StreamSummary| {
-        format!(
-            "side=\"{side}\",stream=\"{}\",role=\"{}\"",
-            st.name.replace('\\', "\\\\").replace('"', "\\\""),
-            st.role
-        )
-    };
-    type Get = fn(&StreamSummary) -> Option<f64>;
-    let counters: [(&str, &str, Get); 11] = [
-        (
-            "ndd_stream_frames_total",
-            "Frames through the stream's endpoint on this side.",
-            |s| Some(s.frames as f64),
-        ),
-        (
-            "ndd_stream_bytes_total",
-            "Payload bytes through the stream's endpoint on this side.",
-            |s| Some(s.bytes as f64),
-        ),
-        (
-            "ndd_stream_wire_frames_total",
-            "Frames of the stream over the link.",
-            |s| Some(s.wire_frames as f64),
-        ),
-        (
-            "ndd_stream_wire_bytes_total",
-            "Bytes of the stream over the link.",
-            |s| Some(s.wire_bytes as f64),
-        ),
-        (
-            "ndd_stream_drops_total",
-            "Frames dropped by the stream's pairs.",
-            |s| Some(s.drops as f64),
-        ),
-        (
-            "ndd_stream_retransmits_total",
-            "Frames resent after a reconnect.",
-            |s| Some(s.retransmits as f64),
-        ),
-        (
-            "ndd_stream_duplicates_total",
-            "Resent frames dropped as already delivered.",
-            |s| Some(s.duplicates as f64),
-        ),
-        (
-            "ndd_stream_overflow_total",
-            "Frames dropped from a full resume buffer.",
-            |s| Some(s.overflow as f64),
-        ),
-        (
-            "ndd_stream_stale_total",
-            "Input frames not replayed after an outage.",
-            |s| Some(s.stale as f64),
-        ),
-        (
-            "ndd_stream_sink_behind_total",
-            "Lossy frames dropped while the sink endpoint did not take them.",
-            |s| Some(s.sink_behind as f64),
-        ),
-        (
-            "ndd_stream_refused_total",
-            "Frames refused as replayed or forged.",
-            |s| Some(s.refused as f64),
-        ),
-    ];
-    for (name, help, get) in counters {
-        family(
-            name,
-            "counter",
-            help,
-            &mut streams
-                .iter()
-                .filter_map(|st| Some((labels(st), get(st)?.to_string()))),
-        );
-    }
-    let gauges: [(&str, &str, Get); 3] = [
-        (
-            "ndd_stream_latency_p50_seconds",
-            "One-way latency, median since start (sink side).",
-            |s| s.latency_p50_ms.map(|v| v / 1e3),
-        ),
-        (
-            "ndd_stream_latency_p99_seconds",
-            "One-way latency, 99th percentile since start (sink side).",
-            |s| s.latency_p99_ms.map(|v| v / 1e3),
-        ),
-        (
-            "ndd_stream_jitter_mean_seconds",
-            "Mean inter-frame spacing error (sink side).",
-            |s| s.jitter_mean_ms.map(|v| v / 1e3),
-        ),
-    ];
-    for (name, help, get) in gauges {
-        family(
-            name,
-            "gauge",
-            help,
-            &mut streams
-                .iter()
-                .filter_map(|st| Some((labels(st), get(st)?.to_string()))),
-        );
-    }
-    s
+    let mut registry = prometheus_client::registry::Registry::default();
+    registry.register_collector(Box::new(Snapshot {
+        side: side.to_string(),
+        link_up,
+        recoveries,
+        drops,
+        streams: streams.to_vec(),
+    }));
+    let mut text = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
+    text
 }
 
 #[cfg(test)]
@@ -550,6 +591,37 @@ mod tests {
             .expect(&line);
         assert!(fps.parse::<f64>().unwrap() > 0.0, "{line}");
         assert_eq!(rest, "0.333 Mbit/frame path 19.8 Mbit/s rtt 104 ms");
+    }
+
+    #[test]
+    fn the_metrics_are_openmetrics_text_with_escaped_labels() {
+        let mut st = StreamStats::new("a\"b\\c\nd", "sink", "device→app".into());
+        st.frames = 7;
+        let text = prometheus(
+            "app",
+            true,
+            2,
+            Some(ndd_link::udp::DropCounts {
+                unauthenticated: 3,
+                replayed: 0,
+                garbage: 1,
+            }),
+            &[st.summary()],
+        );
+        for line in [
+            "# TYPE ndd_link_up gauge",
+            "ndd_link_up{side=\"app\"} 1",
+            "# TYPE ndd_link_recoveries counter",
+            "ndd_link_recoveries_total{side=\"app\"} 2",
+            "ndd_link_dropped_datagrams_total{side=\"app\",reason=\"unauthenticated\"} 3",
+            "ndd_link_dropped_datagrams_total{side=\"app\",reason=\"garbage\"} 1",
+            "ndd_stream_frames_total{side=\"app\",stream=\"a\\\"b\\\\c\\nd\",role=\"sink\"} 7",
+            "# EOF",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} in\n{text}");
+        }
+        // A gauge without a value (no latency measured yet) has no sample.
+        assert!(!text.contains("ndd_stream_latency_p50_seconds{"), "{text}");
     }
 
     #[test]

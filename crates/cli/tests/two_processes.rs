@@ -511,9 +511,25 @@ fn metrics_are_served_in_prometheus_text_format() {
     let addr = app.addr();
     let before = http_get(&metrics, "/metrics");
     assert!(before.starts_with("HTTP/1.1 200 OK"), "{before}");
-    assert!(before.contains("text/plain; version=0.0.4"), "{before}");
+    assert!(
+        before
+            .to_ascii_lowercase()
+            .contains("content-type: application/openmetrics-text; version=1.0.0"),
+        "{before}"
+    );
     assert!(before.contains("ndd_link_up{side=\"app\"} 0"), "{before}");
+    assert!(before.trim_end().ends_with("# EOF"), "{before}");
     assert!(http_get(&metrics, "/").starts_with("HTTP/1.1 404"));
+    // Not HTTP at all, then a request that never ends its head: both let go, and the
+    // counters are still served.
+    for junk in [
+        "\u{1b}[2J garbage\r\n\r\n",
+        "GET /metrics HTTP/1.1\r\nHost: x\r\n",
+    ] {
+        let mut c = std::net::TcpStream::connect(&metrics).unwrap();
+        std::io::Write::write_all(&mut c, junk.as_bytes()).unwrap();
+    }
+    assert!(http_get(&metrics, "/metrics").starts_with("HTTP/1.1 200 OK"));
     let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &addr]));
     wait_for("frames in the metrics", WAIT, || {
         let m = http_get(&metrics, "/metrics");
