@@ -68,6 +68,7 @@ pub fn write_key(path: &Path) -> Result<()> {
 }
 
 /// A temporary directory removed on drop.
+#[derive(Debug)]
 pub struct TempHome(pub PathBuf);
 
 impl TempHome {
@@ -201,17 +202,86 @@ sink = { type = "check", seed = 7, size = 16 }
 stack = [{ type = "checksum" }, { type = "multiplex", mode = "all" }]
 "#;
 
+/// The demo's private nats-server: loopback, JetStream in a temporary store, a port it picks
+/// itself (read from its ports file); killed, and its store removed, on drop.
+struct DemoNats {
+    child: std::process::Child,
+    dir: PathBuf,
+    port: u16,
+}
+
+impl DemoNats {
+    fn start() -> Result<DemoNats> {
+        let dir = std::env::temp_dir().join(format!("ndd-demo-nats-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        let log = std::fs::File::create(dir.join("server.log"))?;
+        let child = std::process::Command::new("nats-server")
+            .args(["-a", "127.0.0.1", "-p", "-1", "-js", "-sd"])
+            .arg(dir.join("store"))
+            .arg("--ports_file_dir")
+            .arg(&dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => anyhow::anyhow!(
+                    "ndd demo --fanout needs nats-server (Debian: apt install nats-server; ./run demo --fanout installs it)"
+                ),
+                _ => anyhow::anyhow!("cannot start nats-server: {e}"),
+            })?;
+        let mut n = DemoNats {
+            port: 0,
+            dir,
+            child,
+        };
+        // It writes nats-server_PID.ports ({"nats":["nats://127.0.0.1:PORT"]}) once it listens.
+        let ports = n.dir.join(format!("nats-server_{}.ports", n.child.id()));
+        let t0 = std::time::Instant::now();
+        loop {
+            let port = std::fs::read_to_string(&ports).ok().and_then(|t| {
+                let at = t.find("127.0.0.1:")? + "127.0.0.1:".len();
+                let digits: String = t[at..].chars().take_while(char::is_ascii_digit).collect();
+                digits.parse::<u16>().ok()
+            });
+            if let Some(p) = port {
+                if std::net::TcpStream::connect(("127.0.0.1", p)).is_ok() {
+                    n.port = p;
+                    return Ok(n);
+                }
+            }
+            if let Ok(Some(status)) = n.child.try_wait() {
+                let log = std::fs::read_to_string(n.dir.join("server.log")).unwrap_or_default();
+                anyhow::bail!("nats-server exited ({status}): {}", log.trim());
+            }
+            if t0.elapsed() > Duration::from_secs(10) {
+                anyhow::bail!("nats-server did not listen within 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for DemoNats {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// `ndd demo --fanout`: a private nats-server on loopback, one device side and three app
 /// sides in this process, each with its own identity, live stats per app side.
 pub async fn run_fanout(duration: Option<Duration>) -> Result<i32> {
-    if let Some(m) = ndd_procs::missing(&["nats-server"]) {
-        anyhow::bail!(
-            "ndd demo --fanout needs {m} (Debian: apt install nats-server; ./run demo --fanout installs it)"
-        );
-    }
-    let nats = tokio::task::spawn_blocking(|| ndd_procs::Nats::start("demo", &[]))
+    let nats = tokio::task::spawn_blocking(DemoNats::start)
         .await
-        .context("starting nats-server")?;
+        .context("starting nats-server")??;
     let text = FANOUT_CONFIG.replace("NATS_URL", &nats.url());
     let cfg = Config::parse(&text, Path::new("<embedded fan-out demo config>"))?;
     let tmp = TempHome::new("fanout")?;

@@ -4,15 +4,7 @@
 //! runs the demo and the benchmarks. Errors are `anyhow` with context; every error ends the
 //! process with one clear line on stderr and a non-zero exit code, never a panic.
 
-mod bench;
-mod board;
-mod config;
-mod demo;
-mod fanout;
-mod logfmt;
-mod rfbaccel;
-mod session;
-mod stats;
+use ndd::{board, config, ctrl_c, demo, logfmt, rfbaccel, session, write_json};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -178,10 +170,18 @@ enum Command {
         #[command(flatten)]
         home: HomeArg,
     },
-    /// Benchmarks; each prints figures next to a raw baseline measured in the same run.
+    /// Benchmarks; each prints figures next to a raw baseline measured in the same run
+    /// (`ndd bench --help` lists them). They are the `ndd-bench` program, beside this one or
+    /// on the PATH (`cargo build --release -p ndd-bench`; not in the Debian package).
+    #[command(disable_help_flag = true)]
     Bench {
-        #[command(subcommand)]
-        which: bench::BenchCmd,
+        /// The benchmark and its options, handed to `ndd-bench`.
+        #[arg(
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "ARGS"
+        )]
+        args: Vec<String>,
     },
     /// Print a shell completion script (e.g. `ndd completions bash > /etc/bash_completion.d/ndd`).
     Completions {
@@ -238,6 +238,30 @@ fn init_tracing(verbose: u8) {
         .try_init();
 }
 
+/// `ndd bench ARGS`: runs `ndd-bench ARGS` (the benchmarks live in their own program, so
+/// this one carries no benchmark or test-support code), the one beside this executable if
+/// there is one, else the one on the PATH; its exit code is ours.
+fn bench(args: &[String]) -> Result<i32> {
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("ndd-bench")))
+        .filter(|p| p.is_file());
+    let program = beside.unwrap_or_else(|| PathBuf::from("ndd-bench"));
+    let status = std::process::Command::new(&program)
+        .args(args)
+        .status()
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                anyhow::anyhow!(
+                    "ndd bench needs the ndd-bench program, beside ndd or on the PATH: build it with `cargo build --release -p ndd-bench` in ndd's source tree (it is not in the Debian package)"
+                )
+            } else {
+                anyhow::anyhow!("cannot run {}: {e}", program.display())
+            }
+        })?;
+    Ok(status.code().unwrap_or(1))
+}
+
 fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -258,30 +282,6 @@ fn duration(secs: Option<f64>) -> Result<Option<Duration>> {
              leave it out to run until stopped"
         ),
     }
-}
-
-/// A watch channel that turns true on Ctrl-C (SIGINT) or SIGTERM: either stops the side
-/// cleanly (stacks flushed, peer told, pty symlinks removed).
-fn ctrl_c() -> tokio::sync::watch::Receiver<bool> {
-    let (tx, rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        let term = async {
-            match signal(SignalKind::terminate()) {
-                Ok(mut s) => {
-                    s.recv().await;
-                }
-                Err(_) => std::future::pending::<()>().await,
-            }
-        };
-        tokio::select! {
-            r = tokio::signal::ctrl_c() => if r.is_ok() { let _ = tx.send(true); },
-            _ = term => { let _ = tx.send(true); },
-        }
-        // Keep the sender alive so receivers do not see a closed channel.
-        std::future::pending::<()>().await;
-    });
-    rx
 }
 
 /// That a file can be written at `path` (made and removed if it was not there), so a run
@@ -330,12 +330,6 @@ fn say_drops(side: config::SideName, d: ndd_link::udp::DropCounts) {
             d.garbage
         );
     }
-}
-
-fn write_json(path: &Path, value: &serde_json::Value) -> Result<()> {
-    let text = serde_json::to_string_pretty(value)?;
-    std::fs::write(path, text + "\n")
-        .with_context(|| format!("cannot write stats to {}", path.display()))
 }
 
 fn run(cli: Cli) -> Result<i32> {
@@ -562,11 +556,7 @@ fn run(cli: Cli) -> Result<i32> {
             })?;
             Ok(0)
         }
-        Command::Bench { which } => {
-            let rt = runtime()?;
-            rt.block_on(bench::run(which))?;
-            Ok(0)
-        }
+        Command::Bench { args } => bench(&args),
         Command::Completions { shell } => {
             use clap::CommandFactory;
             clap_complete::generate(shell, &mut Cli::command(), "ndd", &mut std::io::stdout());

@@ -697,3 +697,24 @@ fn stats_json_is_written_on_an_error_exit() {
     let frames = v["streams"][0]["frames"].as_u64().unwrap_or(0);
     assert!(frames > 0, "what came before the error is counted: {v}");
 }
+
+/// `ndd bench` is the `ndd-bench` program (the production binary carries no benchmark code):
+/// without it beside `ndd` or on the PATH, one line says how to get it.
+#[test]
+fn ndd_bench_without_its_program_says_how_to_build_it() {
+    let dir = Dir::new("no-bench");
+    let alone = dir.0.join("ndd");
+    std::fs::copy(env!("CARGO_BIN_EXE_ndd"), &alone).unwrap();
+    let out = std::process::Command::new(&alone)
+        .args(["bench", "links", "--quick"])
+        .env("PATH", &dir.0)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("ndd bench needs the ndd-bench program, beside ndd or on the PATH: build it with `cargo build --release -p ndd-bench`"),
+        "{err}"
+    );
+}

@@ -1,10 +1,10 @@
 //! `ndd bench e2e`: dissertation Tables 6.1 and 6.2, next to raw TCP and memcpy.
 
 use super::{hardware, hist, p50_p99, size_name, today, SIZES};
-use crate::config::Config;
-use crate::demo;
 use anyhow::{Context, Result};
 use hdrhistogram::Histogram;
+use ndd::config::Config;
+use ndd::demo;
 use ndd_core::{Frame, Meta, Pair, Role, Stack};
 use ndd_modules::{bundle::BundleConfig, checksum::ChecksumConfig, pass::PassConfig, ModuleConfig};
 use std::path::Path;

@@ -6,9 +6,9 @@
 //! p50/p99 and the bulk throughput; writes `links-mixed.md`.
 
 use super::{hardware, hist, p50_p99, today};
-use crate::config::Config;
-use crate::demo;
 use anyhow::{Context, Result};
+use ndd::config::Config;
+use ndd::demo;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -125,7 +125,7 @@ pub(crate) async fn two_processes(
     insecure: bool,
     device_run: Option<Duration>,
 ) -> Result<serde_json::Value> {
-    let exe = std::env::current_exe().context("cannot find the ndd executable")?;
+    let exe = super::ndd_exe()?;
     let dir = std::env::temp_dir().join(format!("ndd-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -319,7 +319,7 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
     let small: u64 = if quick { 500 } else { 5000 };
     // More than the run takes (the device side stops at `run_time`).
     let bulk: u64 = 1 << 40;
-    let link = crate::config::LinkConfig::default();
+    let link = ndd::config::LinkConfig::default();
     let shipped = Variant {
         flight_min: link.flight_min_bytes,
         chunk: link.chunk_bytes,

@@ -211,7 +211,7 @@ pub async fn run(quick: bool, minutes: u64, out: &Path) -> Result<()> {
     let minutes = if quick { 1 } else { minutes.max(1) };
     let cut_every = Duration::from_secs(if quick { 20 } else { 60 });
     let secs = minutes * 60;
-    let exe = std::env::current_exe().context("cannot find the ndd executable")?;
+    let exe = super::ndd_exe()?;
     let dir = std::env::temp_dir().join(format!("ndd-soak-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;

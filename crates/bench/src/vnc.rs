@@ -570,7 +570,7 @@ impl Drop for Setup {
 }
 
 fn ndd_exe() -> Result<PathBuf> {
-    std::env::current_exe().context("cannot find the ndd executable")
+    super::ndd_exe()
 }
 
 fn ndd_ok(args: &[&str]) -> Result<String> {

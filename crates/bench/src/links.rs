@@ -3,9 +3,9 @@
 
 use super::e2e::{ndd_one_way_on, pacing_ms, raw_tcp_one_way};
 use super::{hardware, hist, p50_p99, size_name, today};
-use crate::config::Config;
-use crate::demo;
 use anyhow::{Context, Result};
+use ndd::config::Config;
+use ndd::demo;
 use std::path::Path;
 use std::time::{Duration, Instant};
 

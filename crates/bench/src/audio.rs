@@ -287,7 +287,7 @@ fn server_rows(
     let _ = pa.pactl(&["unload-module", module.trim()]);
 
     // ndd: two processes over TLS on loopback.
-    let exe = std::env::current_exe().context("cannot find the ndd executable")?;
+    let exe = super::ndd_exe()?;
     let dir = pa.dir.join("ndd");
     let (ha, hd) = (dir.join("app"), dir.join("device"));
     let (ha_s, hd_s) = (ha.display().to_string(), hd.display().to_string());

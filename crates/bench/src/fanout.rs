@@ -668,7 +668,7 @@ pub async fn run(quick: bool, cluster: bool, out: &Path) -> Result<()> {
         bail!("ndd bench fanout needs {m} (Debian: apt install nats-server; ./run installs it)");
     }
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
-    let exe = std::env::current_exe().context("own path")?;
+    let exe = super::ndd_exe()?;
     let dir = std::env::temp_dir().join(format!("ndd-bench-fanout-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;

@@ -196,9 +196,9 @@ fn memcpy_gbps(size: usize, n: usize) -> f64 {
 /// Runs the benchmark and writes `pairs.md` into `out`.
 pub fn run(quick: bool, out: &Path) -> Result<()> {
     let budget: usize = if quick { 4 << 20 } else { 256 << 20 };
-    let tmp = crate::demo::TempHome::new("bench-pairs")?;
+    let tmp = ndd::demo::TempHome::new("bench-pairs")?;
     let key = tmp.0.join("key");
-    crate::demo::write_key(&key)?;
+    ndd::demo::write_key(&key)?;
     let mut md = String::new();
     md += "# Pair throughput (forward and inverse half)\n\n";
     md += &format!(

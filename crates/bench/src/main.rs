@@ -1,6 +1,8 @@
-//! `ndd bench`: the dissertation's Chapter 6 measurements, each next to a raw baseline
-//! measured in the same run. Results go to `docs/bench/` as markdown (and SVG where a plot
-//! helps).
+//! `ndd-bench` (what `ndd bench …` runs): the dissertation's Chapter 6 measurements, each next
+//! to a raw baseline measured in the same run. Results go to `docs/bench/` as markdown (and
+//! SVG where a plot helps). A program of its own, so the production `ndd` binary carries no
+//! benchmark or test-support crate (`ndd-testkit`, `ndd-procs`); it runs the `ndd` binary
+//! beside it for the benchmarks that need real processes.
 
 mod audio;
 mod display;
@@ -182,6 +184,56 @@ pub(crate) fn p50_p99(h: &Histogram<u64>) -> (f64, f64) {
     )
 }
 
+/// `ndd bench`'s command line.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "ndd bench",
+    bin_name = "ndd bench",
+    about = "Benchmarks; each prints figures next to a raw baseline measured in the same run."
+)]
+struct Cli {
+    #[command(subcommand)]
+    which: BenchCmd,
+}
+
+fn main() {
+    use clap::Parser;
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("NDD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")
+        .and_then(|rt| rt.block_on(run(cli.which)));
+    if let Err(e) = result {
+        eprintln!("ndd bench: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// The `ndd` binary the benchmarks run as real processes: the one beside this program
+/// (`target/release/ndd` beside `target/release/ndd-bench`).
+pub(crate) fn ndd_exe() -> Result<PathBuf> {
+    let me = std::env::current_exe().context("cannot find the ndd-bench executable")?;
+    let ndd = me
+        .parent()
+        .map(|d| d.join("ndd"))
+        .filter(|p| p.is_file())
+        .with_context(|| {
+            format!(
+                "no ndd binary beside {}: build both (cargo build --release -p ndd-cli -p ndd-bench)",
+                me.display()
+            )
+        })?;
+    Ok(ndd)
+}
+
 /// Dispatches.
 pub async fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
@@ -291,7 +343,7 @@ pub(crate) fn hardware() -> String {
 }
 
 pub(crate) fn today() -> String {
-    let secs = crate::session::wall_ns() / 1_000_000_000;
+    let secs = ndd::session::wall_ns() / 1_000_000_000;
     // Civil date from days since the epoch (Howard Hinnant's algorithm).
     let z = (secs / 86_400) as i64 + 719_468;
     let era = z.div_euclid(146_097);
