@@ -319,7 +319,38 @@ struct Between {
     held: VecDeque<u8>,
     dropped: u64,
     bad: RateLimit,
+    logs: PortLogs,
     source_attached: Arc<AtomicBool>,
+}
+
+/// The connection task's lines about what the other end does, each kind at most five a
+/// second with the count held back: anyone who reaches a server's `listen` address may
+/// connect, hang up and connect again at line rate, and a server may answer or hang up as
+/// fast.
+struct PortLogs {
+    /// The server set another value than asked.
+    refused: RateLimit,
+    /// A second client turned away.
+    turned_away: RateLimit,
+    /// A client connected, or the client connected to its server.
+    came: RateLimit,
+    /// The other end left, hung up or stalled.
+    went: RateLimit,
+    /// Bytes dropped while nobody was there (the count adds up until it is said).
+    dropped: RateLimit,
+}
+
+impl Default for PortLogs {
+    fn default() -> Self {
+        let limit = || RateLimit::with_burst(Duration::from_secs(1), 5);
+        PortLogs {
+            refused: limit(),
+            turned_away: limit(),
+            came: limit(),
+            went: limit(),
+            dropped: limit(),
+        }
+    }
 }
 
 impl Between {
@@ -331,7 +362,8 @@ impl Between {
         }
     }
 
-    fn note(&mut self, peer: &str, n: Note) -> Option<Msg> {
+    /// What to do with the note `n` from `peer`, taken at `now`.
+    fn note(&mut self, peer: &str, n: Note, now: Instant) -> Option<Msg> {
         match n {
             Note::Data(d) => Some(Msg::Data(d)),
             Note::Settings(s) => {
@@ -358,11 +390,23 @@ impl Between {
                 Some(Msg::Purge(which))
             }
             Note::Refused(what, asked, got) => {
-                tracing::warn!(
-                    endpoint = self.endpoint,
-                    peer,
-                    "the RFC 2217 server set {what} {got}, not {asked} as asked"
-                );
+                // Parity travels as RFC 2217's code: say its name.
+                let shown = |v: u32| match (
+                    what,
+                    u8::try_from(v).ok().and_then(super::telnet::parity_of),
+                ) {
+                    ("parity", Some(p)) => format!("{p:?}").to_lowercase(),
+                    _ => v.to_string(),
+                };
+                let (asked, got) = (shown(asked), shown(got));
+                if let Some(suppressed) = self.logs.refused.admit(now) {
+                    tracing::warn!(
+                        endpoint = self.endpoint,
+                        peer,
+                        suppressed,
+                        "the RFC 2217 server set {what} {got}, not {asked} as asked"
+                    );
+                }
                 None
             }
             Note::ComPortAgreed => {
@@ -370,7 +414,7 @@ impl Between {
                 None
             }
             Note::Bad(why) => {
-                if let Some(suppressed) = self.bad.admit(Instant::now()) {
+                if let Some(suppressed) = self.bad.admit(now) {
                     tracing::warn!(
                         endpoint = self.endpoint,
                         peer,
@@ -452,8 +496,9 @@ async fn session(
                 if !reply.is_empty() {
                     send(sock, &reply, stall, &mut written).await?;
                 }
+                let now = Instant::now();
                 for n in notes.drain(..) {
-                    if let Some(m) = b.note(peer, n) {
+                    if let Some(m) = b.note(peer, n, now) {
                         b.deliver(from_peer, m).await;
                     }
                 }
@@ -504,7 +549,9 @@ async fn session(
             }
             a = accept_other(listener) => {
                 if let Ok((mut other, from)) = a {
-                    tracing::warn!(endpoint = b.endpoint, client = %from, busy_with = peer, "a second RFC 2217 client was turned away: the port is in use");
+                    if let Some(suppressed) = b.logs.turned_away.admit(Instant::now()) {
+                        tracing::warn!(endpoint = b.endpoint, client = %from, busy_with = peer, suppressed, "a second RFC 2217 client was turned away: the port is in use");
+                    }
                     let _ = other.write_all(BUSY).await;
                 }
             }
@@ -643,6 +690,7 @@ async fn serve(
         held: VecDeque::new(),
         dropped: 0,
         bad: RateLimit::default(),
+        logs: PortLogs::default(),
         source_attached,
     };
     loop {
@@ -658,17 +706,23 @@ async fn serve(
                 m = to_peer.recv() => if !away(&mut b, m, Role::Server) { return },
             }
         };
+        let now = Instant::now();
         if b.dropped > 0 {
-            tracing::warn!(
-                endpoint,
-                bytes = b.dropped,
-                "bytes from the device were dropped while no RFC 2217 client was connected"
-            );
-            b.dropped = 0;
+            if let Some(suppressed) = b.logs.dropped.admit(now) {
+                tracing::warn!(
+                    endpoint,
+                    bytes = b.dropped,
+                    suppressed,
+                    "bytes from the device were dropped while no RFC 2217 client was connected"
+                );
+                b.dropped = 0;
+            }
         }
         let _ = sock.set_nodelay(true);
         let peer = from.to_string();
-        tracing::info!(endpoint, client = %peer, "RFC 2217 client connected");
+        if let Some(suppressed) = b.logs.came.admit(now) {
+            tracing::info!(endpoint, client = %peer, suppressed, "RFC 2217 client connected");
+        }
         let mut t = Telnet::new(Role::Server, b.settings);
         t.set_modem(b.modem);
         let r = session(
@@ -681,21 +735,23 @@ async fn serve(
             (Some(&listener), stall),
         )
         .await;
-        match r {
-            Ok(false) => return,
-            Err(e) if is_stall(&e) => {
+        match (r, b.logs.went.admit(Instant::now())) {
+            (Ok(false), _) => return,
+            (_, None) => {}
+            (Err(e), Some(suppressed)) if is_stall(&e) => {
                 tracing::warn!(
                     endpoint,
                     client = %peer,
+                    suppressed,
                     "the RFC 2217 client has not read for {:.1} s: let go, the port is free for the next client (stall_timeout_ms)",
                     stall.unwrap_or_default().as_secs_f64()
                 )
             }
-            Ok(true) => {
-                tracing::info!(endpoint, client = %peer, "RFC 2217 client left; waiting for the next")
+            (Ok(true), Some(suppressed)) => {
+                tracing::info!(endpoint, client = %peer, suppressed, "RFC 2217 client left; waiting for the next")
             }
-            Err(e) => {
-                tracing::info!(endpoint, client = %peer, error = %e, "RFC 2217 client lost; waiting for the next")
+            (Err(e), Some(suppressed)) => {
+                tracing::info!(endpoint, client = %peer, error = %e, suppressed, "RFC 2217 client lost; waiting for the next")
             }
         }
     }
@@ -718,6 +774,7 @@ async fn connect(endpoint: &'static str, address: String, settings: LineSettings
         held: VecDeque::new(),
         dropped: 0,
         bad: RateLimit::default(),
+        logs: PortLogs::default(),
         source_attached,
     };
     let mut wait = RETRY_FIRST;
@@ -758,10 +815,15 @@ async fn connect(endpoint: &'static str, address: String, settings: LineSettings
         };
         wait = RETRY_FIRST;
         let _ = sock.set_nodelay(true);
-        tracing::info!(endpoint, server = %address, settings = %b.settings, "connected to the RFC 2217 server");
+        let now = Instant::now();
+        if let Some(suppressed) = b.logs.came.admit(now) {
+            tracing::info!(endpoint, server = %address, settings = %b.settings, suppressed, "connected to the RFC 2217 server");
+        }
         if b.dropped > 0 {
-            tracing::warn!(endpoint, bytes = b.dropped, "bytes for the port were dropped while the RFC 2217 server was away (the newest 64 KiB were kept)");
-            b.dropped = 0;
+            if let Some(suppressed) = b.logs.dropped.admit(now) {
+                tracing::warn!(endpoint, bytes = b.dropped, suppressed, "bytes for the port were dropped while the RFC 2217 server was away (the newest 64 KiB were kept)");
+                b.dropped = 0;
+            }
         }
         let mut t = Telnet::new(Role::Client, b.settings);
         let held: Vec<u8> = b.held.drain(..).collect();
@@ -779,11 +841,105 @@ async fn connect(endpoint: &'static str, address: String, settings: LineSettings
         {
             Ok(false) => return,
             Ok(true) => {
-                tracing::warn!(endpoint, server = %address, "the RFC 2217 server closed the connection; reconnecting")
+                if let Some(suppressed) = b.logs.went.admit(Instant::now()) {
+                    tracing::warn!(endpoint, server = %address, suppressed, "the RFC 2217 server closed the connection; reconnecting")
+                }
             }
             Err(e) => {
-                tracing::warn!(endpoint, server = %address, error = %e, "the RFC 2217 connection broke; reconnecting")
+                if let Some(suppressed) = b.logs.went.admit(Instant::now()) {
+                    tracing::warn!(endpoint, server = %address, error = %e, suppressed, "the RFC 2217 connection broke; reconnecting")
+                }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndd_core::testlog::Captured;
+
+    fn between() -> Between {
+        Between {
+            endpoint: "rfc2217-client",
+            modem: ModemLines::default(),
+            settings: LineSettings::default(),
+            held: VecDeque::new(),
+            dropped: 0,
+            bad: RateLimit::default(),
+            logs: PortLogs::default(),
+            source_attached: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// A server that answers every SET with another value, a thousand times in a second:
+    /// five lines, then one with the count held back.
+    #[test]
+    fn a_thousand_refused_settings_in_a_second_are_a_few_lines() {
+        let mut b = between();
+        let t0 = Instant::now();
+        let ((), log) = Captured::run(|| {
+            for i in 0..=1000u64 {
+                let now = t0 + Duration::from_millis(if i == 1000 { 2000 } else { i });
+                assert!(b
+                    .note("server", Note::Refused("baud", 9600, 1), now)
+                    .is_none());
+            }
+        });
+        let lines = log.matching("not 9600 as asked");
+        assert_eq!(lines.len(), 6, "{lines:#?}");
+        assert!(lines[5].contains("suppressed=995"), "{lines:#?}");
+    }
+
+    /// Strangers at a server's `listen` address connect and hang up as fast as they can, and
+    /// others are turned away while one holds the port, for over a second: at most five
+    /// lines of each kind a second, and later ones say how many were not shown.
+    #[tokio::test]
+    async fn strangers_connecting_at_line_rate_are_five_lines_a_second() {
+        let (log, _guard) = Captured::start();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (_port, ends) = Rfc2217::new("test".into(), LineSettings::default());
+        let started = Instant::now();
+        let counted = |what: &str| {
+            log.matching(what)
+                .iter()
+                .any(|l| !l.contains("suppressed=0"))
+        };
+        let strangers = async {
+            let mut n = 0u32;
+            while !counted("RFC 2217 client connected") || !counted("client left") {
+                assert!(started.elapsed() < Duration::from_secs(10), "no count");
+                let mut s = TcpStream::connect(addr).await.unwrap();
+                // Its greeting (telnet negotiation), then hang up.
+                let _ = s.read(&mut [0u8; 64]).await;
+                drop(s);
+                n += 1;
+            }
+            let hold = TcpStream::connect(addr).await.unwrap();
+            while !counted("turned away") {
+                assert!(started.elapsed() < Duration::from_secs(10), "no count");
+                let mut s = TcpStream::connect(addr).await.unwrap();
+                let _ = s.read(&mut [0u8; 64]).await;
+                n += 1;
+            }
+            drop(hold);
+            n
+        };
+        let n = tokio::select! {
+            () = serve("rfc2217-server", listener, LineSettings::default(), None, ends) => {
+                panic!("the server stopped")
+            }
+            n = strangers => n,
+        };
+        let secs = started.elapsed().as_secs_f64().ceil() as usize;
+        for what in ["client connected", "client left", "turned away"] {
+            let lines = log.matching(what);
+            assert!(
+                lines.len() <= 5 * (secs + 1),
+                "{n} strangers, {} lines in {secs} s: {lines:#?}",
+                lines.len()
+            );
         }
     }
 }

@@ -199,7 +199,15 @@ pub struct Telnet {
     modem_mask: u8,
     agreed: bool,
     breaking: bool,
+    /// Client: the values asked by SET-BAUDRATE, -DATASIZE, -PARITY and -STOPSIZE that the
+    /// server has not answered yet, oldest first (it answers each SET in turn, so an answer
+    /// is to the oldest; settings changed quickly have several on the way).
+    pending: [std::collections::VecDeque<u32>; 4],
 }
+
+/// SET commands a client keeps track of, at most this many unanswered per parameter (a
+/// server that never answers does not make the queue grow).
+const PENDING_MAX: usize = 16;
 
 fn opt_index(option: u8) -> usize {
     match option {
@@ -229,6 +237,7 @@ impl Telnet {
             modem_mask: 0xff,
             agreed: false,
             breaking: false,
+            pending: Default::default(),
         };
         for option in [BINARY, SGA, COM_PORT] {
             t.ask(WILL, option);
@@ -291,6 +300,21 @@ impl Telnet {
     /// Client role: asks the server for `s` (every field, then the flow control).
     pub fn set_settings(&mut self, s: LineSettings) {
         self.settings = s;
+        for (i, v) in [
+            s.baud,
+            u32::from(s.data_bits),
+            u32::from(parity_code(s.parity)),
+            u32::from(s.stop_bits),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let q = &mut self.pending[i];
+            if q.len() == PENDING_MAX {
+                q.pop_front();
+            }
+            q.push_back(v);
+        }
         self.send_sub(cmd::SET_BAUDRATE, &s.baud.to_be_bytes());
         self.send_sub(cmd::SET_DATASIZE, &[s.data_bits]);
         self.send_sub(cmd::SET_PARITY, &[parity_code(s.parity)]);
@@ -689,42 +713,49 @@ impl Telnet {
         }
     }
 
+    /// A client's view of the server's answer `got` to a SET of parameter `i`: compared with
+    /// the request it answers (the oldest unanswered one), and a refusal is said only when no
+    /// newer request for it is on the way (answers crossing a quick change of settings are
+    /// not refusals: before, pyserial's test suite changing settings quickly made the device
+    /// side warn `the RFC 2217 server set data_bits 7, not 8 as asked`).
+    fn answered(&mut self, i: usize, what: &'static str, got: u32, notes: &mut Vec<Note>) {
+        let current = [
+            self.settings.baud,
+            u32::from(self.settings.data_bits),
+            u32::from(parity_code(self.settings.parity)),
+            u32::from(self.settings.stop_bits),
+        ][i];
+        let asked = self.pending[i].pop_front().unwrap_or(current);
+        if got != asked && self.pending[i].is_empty() {
+            notes.push(Note::Refused(what, asked, got));
+        }
+    }
+
     fn client_answer(&mut self, code: u8, value: &[u8], notes: &mut Vec<Note>) {
         let byte = value.first().copied();
         match code {
             cmd::SET_BAUDRATE => match <[u8; 4]>::try_from(value) {
-                Ok(b) => {
-                    let got = u32::from_be_bytes(b);
-                    if got != self.settings.baud {
-                        notes.push(Note::Refused("baud", self.settings.baud, got));
-                    }
-                }
+                Ok(b) => self.answered(0, "baud", u32::from_be_bytes(b), notes),
                 Err(_) => notes.push(Note::Bad("a SET-BAUDRATE answer not 4 bytes".into())),
             },
-            cmd::SET_DATASIZE => {
-                if let Some(got) = byte.filter(|&g| g != self.settings.data_bits) {
-                    notes.push(Note::Refused(
-                        "data_bits",
-                        u32::from(self.settings.data_bits),
-                        u32::from(got),
-                    ));
+            cmd::SET_DATASIZE => match byte {
+                Some(got) => self.answered(1, "data_bits", u32::from(got), notes),
+                None => {
+                    self.pending[1].pop_front();
                 }
-            }
-            cmd::SET_PARITY => {
-                let want = parity_code(self.settings.parity);
-                if let Some(got) = byte.filter(|&g| g != want) {
-                    notes.push(Note::Refused("parity", u32::from(want), u32::from(got)));
+            },
+            cmd::SET_PARITY => match byte {
+                Some(got) => self.answered(2, "parity", u32::from(got), notes),
+                None => {
+                    self.pending[2].pop_front();
                 }
-            }
-            cmd::SET_STOPSIZE => {
-                if let Some(got) = byte.filter(|&g| g != self.settings.stop_bits) {
-                    notes.push(Note::Refused(
-                        "stop_bits",
-                        u32::from(self.settings.stop_bits),
-                        u32::from(got),
-                    ));
+            },
+            cmd::SET_STOPSIZE => match byte {
+                Some(got) => self.answered(3, "stop_bits", u32::from(got), notes),
+                None => {
+                    self.pending[3].pop_front();
                 }
-            }
+            },
             cmd::NOTIFY_MODEMSTATE => match byte {
                 Some(v) => {
                     let mut m = ModemLines {
@@ -766,7 +797,7 @@ pub fn parity_code(p: Parity) -> u8 {
     }
 }
 
-fn parity_of(code: u8) -> Option<Parity> {
+pub(crate) fn parity_of(code: u8) -> Option<Parity> {
     Some(match code {
         1 => Parity::None,
         2 => Parity::Odd,
@@ -997,6 +1028,37 @@ mod tests {
                 Note::Data(b"new".to_vec())
             ]
         );
+    }
+
+    #[test]
+    fn answers_crossing_a_quick_change_of_settings_are_not_refusals() {
+        let mut s = Telnet::new(Role::Server, LineSettings::default());
+        let _ = s.take_out();
+        let mut c = Telnet::new(Role::Client, LineSettings::default());
+        let _ = c.take_out();
+        // 7E1 then, before any answer, 8N1: the server answers both in turn.
+        c.set_settings(LineSettings {
+            data_bits: 7,
+            parity: Parity::Even,
+            ..LineSettings::default()
+        });
+        c.set_settings(LineSettings::default());
+        let _ = feed(&mut s, &c.take_out());
+        let (_, mut cn) = feed(&mut c, &s.take_out());
+        cn.retain(|n| !matches!(n, Note::Modem(_)));
+        assert!(
+            cn.is_empty(),
+            "answers to the first request taken for refusals: {cn:?}"
+        );
+        // A refusal of the newest request is still said, with what that request asked.
+        c.set_settings(LineSettings {
+            data_bits: 9,
+            ..LineSettings::default()
+        });
+        let _ = feed(&mut s, &c.take_out());
+        let (_, mut cn) = feed(&mut c, &s.take_out());
+        cn.retain(|n| !matches!(n, Note::Modem(_)));
+        assert_eq!(cn, vec![Note::Refused("data_bits", 9, 8)]);
     }
 
     #[test]
