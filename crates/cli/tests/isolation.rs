@@ -97,3 +97,103 @@ sink = {{ type = "check", seed = 3, size = 100, expect = 600 }}
         "the stuck stream's frames, in order"
     );
 }
+
+/// The same with the stuck stream lossy: the other stream still gets every frame, and the
+/// stuck one's sink side drops the oldest frames it cannot hand on, counted as `sink_behind`
+/// in `--stats-json`; once a reader comes, what it gets is in order, and every frame the
+/// session handed on is either read or counted.
+#[test]
+fn a_lossy_sink_that_does_not_drain_drops_its_oldest_frames_and_counts_them() {
+    let dir = Dir::new("isolation-lossy");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let fifo = dir.0.join("stuck.out");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let cfg = dir.0.join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+driver = "isolation"
+[[stream]]
+name = "stuck"
+direction = "device-to-app"
+reliability = "lossy"
+source = {{ type = "synthetic", size = 1000, interval_ms = 0.2, count = 10000, seed = 5 }}
+sink = {{ type = "file", path = "{}", framing = "length" }}
+[[stream]]
+name = "events"
+direction = "device-to-app"
+source = {{ type = "synthetic", size = 100, interval_ms = 2.0, count = 600, seed = 3 }}
+sink = {{ type = "check", seed = 3, size = 100, expect = 600 }}
+"#,
+            fifo.display()
+        ),
+    )
+    .unwrap();
+    let link = free_addr();
+    let stats = dir.0.join("app.json");
+    let app = Side::spawn(run_cmd(
+        &cfg,
+        "app",
+        &app_home,
+        &[
+            "--listen",
+            &link,
+            "--once",
+            "--stats-json",
+            stats.to_str().unwrap(),
+        ],
+    ));
+    let dev = Side::spawn(run_cmd(
+        &cfg,
+        "device",
+        &dev_home,
+        &["--connect", &link, "--once"],
+    ));
+    // The device side's sources end (10 000 frames take 2 s); the app side's events stream
+    // completes while the stuck one holds what it could not hand on.
+    let (ds, _, derr) = dev.finish();
+    assert!(ds.success(), "device: {derr}");
+    assert!(!derr.contains("link lost"), "device: {derr}");
+    // Now a reader: what the stuck stream kept comes out, in order.
+    let mut got = Vec::new();
+    std::fs::File::open(&fifo)
+        .unwrap()
+        .read_to_end(&mut got)
+        .unwrap();
+    let (as_, _, aerr) = app.finish();
+    assert!(as_.success(), "app: {aerr}");
+    assert!(aerr.contains(&check_ok("events", 600)), "{aerr}");
+    let copy = dir.0.join("stuck.copy");
+    std::fs::write(&copy, &got).unwrap();
+    let seqs = synthetic_seqs_in(&copy, 5, 10000);
+    assert!(
+        seqs.windows(2).all(|w| w[0] < w[1]),
+        "the stuck stream's frames out of order or twice"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let stuck = v["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "stuck")
+        .expect("the stuck stream's stats")
+        .clone();
+    let behind = stuck["sink_behind"].as_u64().unwrap();
+    let handed = stuck["frames"].as_u64().unwrap();
+    assert!(behind > 0, "nothing counted as sink behind: {stuck}");
+    assert!(
+        (seqs.len() as u64) < 10_000,
+        "a sink nobody read took every frame"
+    );
+    assert_eq!(
+        seqs.len() as u64 + behind,
+        handed,
+        "every frame handed on is read or counted: {stuck}"
+    );
+}
