@@ -82,9 +82,12 @@ failed=()
 report() {
     local t="$1" rc="$2" log="fuzz/artifacts/$1.log"
     if [ "$rc" = 0 ]; then
-        local runs
+        local runs cov ft
         runs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)"
-        echo "fuzz-smoke: $t ok (${runs:-?} runs, corpus $(find "fuzz/corpus/$t" -type f | wc -l) inputs)"
+        # Coverage from libFuzzer's last status line: edges (cov) and features (ft).
+        cov="$(grep -o 'cov: [0-9]*' "$log" | tail -n 1 | cut -d' ' -f2)"
+        ft="$(grep -o 'ft: [0-9]*' "$log" | tail -n 1 | cut -d' ' -f2)"
+        echo "fuzz-smoke: $t ok (${runs:-?} runs, cov ${cov:-?} edges, ft ${ft:-?} features, corpus $(find "fuzz/corpus/$t" -type f | wc -l) inputs)"
     else
         echo "fuzz-smoke: $t FAILED; last lines of $log:" >&2
         tail -n 40 "$log" >&2
