@@ -140,6 +140,35 @@ fn pyserials_own_test_suite_passes_through_ndd_where_it_passes_on_its_own_server
     for file in ["test_advanced.py", "test.py"] {
         through.extend(run_suite(python, &tree, file, &url));
     }
+    let mut lost: Vec<&String> = base
+        .iter()
+        .filter(|(n, ok)| **ok && through.get(*n) != Some(&true))
+        .map(|(n, _)| n)
+        .collect();
+    // Some of pyserial's tests give the echo a fixed 50 ms (Test2_Forever.test2_Loopback:
+    // write, sleep 0.05, expect in_waiting to hold it all), which two ndd processes and the
+    // loop server can miss on a machine loaded enough (seen once with six fuzzers and the
+    // whole workspace's tests running): a file with such a test runs once more, and a test
+    // counts if it passed through ndd in either run (each run is printed).
+    if !lost.is_empty() {
+        let files: std::collections::BTreeSet<&str> = lost
+            .iter()
+            .filter_map(|n| n.split_once(": ").map(|(f, _)| f))
+            .collect();
+        let mut again = BTreeMap::new();
+        for file in files {
+            again.extend(run_suite(python, &tree, file, &url));
+        }
+        println!(
+            "run again through ndd ({}): {}",
+            lost.iter()
+                .map(|n| n.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            tally(&again)
+        );
+        lost.retain(|n| again.get(*n) != Some(&true));
+    }
     drop(dev);
     let err = app.kill();
     println!(
@@ -150,11 +179,6 @@ fn pyserials_own_test_suite_passes_through_ndd_where_it_passes_on_its_own_server
     for (name, passed) in &through {
         println!("  {name}: {}", if *passed { "ok" } else { "FAIL" });
     }
-    let lost: Vec<&String> = base
-        .iter()
-        .filter(|(n, ok)| **ok && through.get(*n) != Some(&true))
-        .map(|(n, _)| n)
-        .collect();
     assert!(
         lost.is_empty(),
         "pass on pyserial's server, not through ndd: {lost:?}\napp side: {err}"
