@@ -41,6 +41,7 @@ use ndd_modules::encrypt::key::Key;
 use ndd_modules::encrypt::{Cipher, EncryptForward, EncryptInverse};
 use ndd_modules::multiplex::{route_of, Route};
 use ndd_modules::ModuleConfig;
+use ndd_wire::text::{printable, MAX_REASON};
 use ndd_wire::{CloseCode, Message, OwnedMessage};
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
@@ -1006,6 +1007,7 @@ pub async fn run_side(
                 slots,
                 taken: HashMap::new(),
                 expiry: Duration::from_millis(cfg.link.handshake_timeout_ms.max(1000) * 2),
+                refusals: JoinLogs::default(),
             };
             let joins = host.serve().await?;
             tasks.spawn(async move {
@@ -1558,6 +1560,26 @@ struct JoinService {
     /// When each app side's join was last logged.
     said_joined: HashMap<String, Instant>,
     expiry: Duration,
+    /// Lines about refused joins: anyone who may publish on the server can make an identity
+    /// and ask to join, as often as it likes.
+    refusals: JoinLogs,
+}
+
+/// The join service's lines about refusals, each kind at most five a second with the count
+/// held back.
+struct JoinLogs {
+    untrusted: ndd_core::RateLimit,
+    refused: ndd_core::RateLimit,
+}
+
+impl Default for JoinLogs {
+    fn default() -> Self {
+        let limit = || ndd_core::RateLimit::with_burst(Duration::from_secs(1), 5);
+        JoinLogs {
+            untrusted: limit(),
+            refused: limit(),
+        }
+    }
 }
 
 impl JoinService {
@@ -1578,7 +1600,7 @@ impl JoinService {
                 };
                 // Mid-rotation: an app side learns the new key with where it began.
                 let _ = self.key.wait_for(|k| k.since != SINCE_PENDING).await;
-                let answer = self.answer(&mut host, &m.payload);
+                let answer = self.answer(&mut host, &m.payload, Instant::now());
                 match answer {
                     Ok(a) => {
                         let _ = self.ctx.client.publish(reply, a.into()).await;
@@ -1599,16 +1621,22 @@ impl JoinService {
         }))
     }
 
-    fn answer(&mut self, host: &mut Host, msg: &[u8]) -> Result<Vec<u8>> {
-        let now = Instant::now();
+    /// The answer to the join message `msg`, taken at `now`.
+    fn answer(&mut self, host: &mut Host, msg: &[u8], now: Instant) -> Result<Vec<u8>> {
         match ndd_link::nats::join::message_type(msg) {
             Some(1) => Ok(host.handle_init(now, &self.local, msg)?),
             Some(3) => {
                 let f = host.handle_finish(now, msg)?;
-                let welcome = self.decide(&f.peer_fingerprint, &f.hello);
+                let welcome = self.decide(&f.peer_fingerprint, &f.hello, now);
                 if let Welcome::Refused { reason, .. } = &welcome {
                     if !self.ctx.quiet {
-                        tracing::warn!(side = "device", "refused an app side: {reason}");
+                        if let Some(suppressed) = self.refusals.refused.admit(now) {
+                            tracing::warn!(
+                                side = "device",
+                                suppressed,
+                                "refused an app side: {reason}"
+                            );
+                        }
                     }
                 }
                 Ok(f.welcome(&welcome)?)
@@ -1617,7 +1645,7 @@ impl JoinService {
         }
     }
 
-    fn decide(&mut self, fp: &str, hello: &[u8]) -> Welcome {
+    fn decide(&mut self, fp: &str, hello: &[u8], now: Instant) -> Welcome {
         let refuse = |code: CloseCode, reason: String| Welcome::Refused {
             code: code.to_u16(),
             reason,
@@ -1632,11 +1660,14 @@ impl JoinService {
             }
         };
         let Some(t) = known.lookup(fp) else {
-            tracing::warn!(
-                side = "device",
-                "refused untrusted app side with fingerprint {fp}; if you trust it, run: ndd trust {fp} --home {}",
-                self.home.display()
-            );
+            if let Some(suppressed) = self.refusals.untrusted.admit(now) {
+                tracing::warn!(
+                    side = "device",
+                    suppressed,
+                    "refused untrusted app side with fingerprint {fp}; if you trust it, run: ndd trust {fp} --home {}",
+                    self.home.display()
+                );
+            }
             return refuse(
                 CloseCode::UntrustedPeer,
                 format!(
@@ -1704,7 +1735,6 @@ impl JoinService {
         // An app side joins again to follow a rotated key, and anyone able to publish on the
         // server can make every app side do that (a rekey notice carries nothing secret): say
         // so once per identity per 10 s.
-        let now = Instant::now();
         let said = self
             .said_joined
             .get(fp)
@@ -2917,6 +2947,12 @@ async fn pump_sink(
     // When the END came, if this side waits for stored frames still on their way.
     let mut ending: Option<Instant> = None;
     let mut bad = ndd_core::RateLimit::with_burst(Duration::from_secs(1), 5);
+    // What the server says goes wrong may come with every message, or every 20 ms tick.
+    let (mut gaps, mut attach_failed, mut server_errors) = (
+        ndd_core::RateLimit::default(),
+        ndd_core::RateLimit::default(),
+        ndd_core::RateLimit::default(),
+    );
     let mut check = tokio::time::interval(Duration::from_millis(20));
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Stored frames of this side's own consumer come back in their order after a server
@@ -2977,10 +3013,13 @@ async fn pump_sink(
                     if let Some(r) = reorder.as_mut() {
                         let late = r.poll(Instant::now());
                         if !late.is_empty() {
-                            tracing::warn!(
-                                skipped = r.skipped,
-                                "stored frames that never came were given up after {REORDER_WAIT:?}"
-                            );
+                            if let Some(suppressed) = gaps.admit(Instant::now()) {
+                                tracing::warn!(
+                                    skipped = r.skipped,
+                                    suppressed,
+                                    "stored frames that never came were given up after {REORDER_WAIT:?}"
+                                );
+                            }
                         }
                         ready.extend(late);
                     }
@@ -3008,7 +3047,14 @@ async fn pump_sink(
                     if let Input::Stored(s) = &mut input {
                         if s.reconnected() {
                             if let Err(e) = s.attach(acked_to + 1).await {
-                                tracing::warn!("{e}; trying again");
+                                // The server's words in it: escaped.
+                                if let Some(suppressed) = attach_failed.admit(Instant::now()) {
+                                    tracing::warn!(
+                                        suppressed,
+                                        "{}; trying again",
+                                        printable(&e.to_string(), MAX_REASON)
+                                    );
+                                }
                                 s.seen = s.seen.wrapping_sub(1);
                             }
                         }
@@ -3020,7 +3066,14 @@ async fn pump_sink(
                 None => return Ok(()),
                 Some(Ok(x)) => x,
                 Some(Err(e)) => {
-                    tracing::warn!("JetStream: {e}; going on");
+                    // The server's words in it: escaped.
+                    if let Some(suppressed) = server_errors.admit(Instant::now()) {
+                        tracing::warn!(
+                            suppressed,
+                            "JetStream: {}; going on",
+                            printable(&e.to_string(), MAX_REASON)
+                        );
+                    }
                     continue;
                 }
             };
@@ -3051,8 +3104,11 @@ async fn pump_sink(
                 unacked.push_back(m);
             }
             let Some(rec) = rec else {
-                if bad.admit(Instant::now()).is_some() {
-                    tracing::warn!("dropped a NATS message shorter than a frame record");
+                if let Some(suppressed) = bad.admit(Instant::now()) {
+                    tracing::warn!(
+                        suppressed,
+                        "dropped a NATS message shorter than a frame record"
+                    );
                 }
                 continue;
             };
@@ -3060,10 +3116,11 @@ async fn pump_sink(
             // here by someone who may publish (its frame is genuine, for that other stream).
             if rec.stream != stream {
                 lock(&stats).refused += 1;
-                if bad.admit(Instant::now()).is_some() {
+                if let Some(suppressed) = bad.admit(Instant::now()) {
                     tracing::warn!(
                         subject_stream = stream,
                         record_stream = rec.stream,
+                        suppressed,
                         "dropped a frame of another stream published on this stream's subject"
                     );
                 }
@@ -3111,8 +3168,12 @@ async fn pump_sink(
             lock(&stats).refused += seal.dropped - refused;
         }
         if let Err(e) = opening {
-            if bad.admit(Instant::now()).is_some() {
-                tracing::warn!("dropped a frame that does not open under the group key: {e}");
+            if let Some(suppressed) = bad.admit(Instant::now()) {
+                tracing::warn!(
+                    suppressed,
+                    "dropped a frame that does not open under the group key: {}",
+                    printable(&e.to_string(), MAX_REASON)
+                );
             }
             continue;
         }
@@ -3175,8 +3236,12 @@ async fn pump_sink(
             }
             last = Some((rec.run, rec.seq));
             if let Err(e) = stack.handle_frame(Instant::now(), f) {
-                if bad.admit(Instant::now()).is_some() {
-                    tracing::warn!("{e}; frame dropped");
+                if let Some(suppressed) = bad.admit(Instant::now()) {
+                    tracing::warn!(
+                        suppressed,
+                        "{}; frame dropped",
+                        printable(&e.to_string(), MAX_REASON)
+                    );
                 }
             }
         }
@@ -3291,6 +3356,87 @@ async fn deliver(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ndd_core::testlog::Captured;
+
+    /// Strangers (fresh identities nobody trusts) ask to join a thousand times in a second,
+    /// each finishing the key exchange: a few lines of each kind, then one with the count held
+    /// back; every one is refused.
+    #[tokio::test]
+    async fn a_thousand_strangers_asking_to_join_in_a_second_are_a_few_lines() {
+        let dir = std::env::temp_dir().join(format!("ndd-joins-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let local = |name: &str| {
+            let (id, _) = ndd_link::Identity::load_or_create(&dir.join(name)).unwrap();
+            LocalIdentity::new(&id).unwrap()
+        };
+        let (device, stranger) = (local("device"), local("stranger"));
+        // No server is needed to answer joins: a client that would connect in the background.
+        let client = async_nats::ConnectOptions::new()
+            .retry_on_initial_connect()
+            .connect("127.0.0.1:1")
+            .await
+            .unwrap();
+        let hello = |side| ndd_wire::HelloRepr {
+            side,
+            max_body: 1 << 20,
+            driver: "joins".into(),
+            streams: vec![],
+        };
+        let (_keys, key) = watch::channel(GroupKey {
+            key: [1; 32],
+            since: 0,
+            previous: None,
+            run: Run { id: 1, began: 0 },
+        });
+        let mut svc = JoinService {
+            ctx: Ctx {
+                client,
+                subjects: Subjects::new("ndd", "joins").unwrap(),
+                side: SideName::Device,
+                quiet: false,
+                connects: Arc::default(),
+                max_payload: 1 << 20,
+                run_stale: Arc::default(),
+            },
+            local: device,
+            hello: hello(ndd_wire::Side::Device),
+            home: dir.join("device"),
+            key,
+            holders: dir.join("holders"),
+            slots: 0,
+            taken: HashMap::new(),
+            seen: Arc::default(),
+            gone_after: Duration::from_secs(5),
+            said_joined: HashMap::new(),
+            expiry: Duration::from_secs(10),
+            refusals: JoinLogs::default(),
+        };
+        let theirs = OwnedMessage::Hello(hello(ndd_wire::Side::App))
+            .as_message()
+            .emit_to_vec()
+            .unwrap();
+        let mut host = Host::new(Duration::from_secs(10));
+        let t0 = Instant::now();
+        let ((), log) = Captured::run(|| {
+            for i in 0..=1000u64 {
+                let now = t0 + Duration::from_millis(if i == 1000 { 2000 } else { i });
+                let mut j = Joiner::new().unwrap();
+                let reply = svc.answer(&mut host, &j.init(), now).unwrap();
+                let (_, finish) = j.handle_reply(&stranger, &reply, &theirs).unwrap();
+                let welcome = svc.answer(&mut host, &finish, now).unwrap();
+                assert!(matches!(
+                    j.handle_welcome(&welcome).unwrap(),
+                    Welcome::Refused { .. }
+                ));
+            }
+        });
+        for what in ["refused untrusted app side", "refused an app side"] {
+            let lines = log.matching(what);
+            assert_eq!(lines.len(), 6, "{lines:#?}");
+            assert!(lines[5].contains("suppressed=995"), "{lines:#?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     /// A stream's room in the client's queue: taken by what it hands the client, given back
     /// when the client lets the bytes go (written), never before; a lossy frame finds no room

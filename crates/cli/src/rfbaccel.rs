@@ -6,10 +6,11 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use ndd_core::RateLimit;
 use ndd_link::tunnel::{accept_tunnel, connect_tunnel, tunnel_client_config, tunnel_server_config};
 use ndd_link::KnownPeers;
 use ndd_rfb::AccelOptions;
@@ -30,6 +31,37 @@ pub struct Plan {
     pub server: Option<String>,
     pub tls_connect: Option<String>,
     pub home: PathBuf,
+}
+
+/// What a line about one connection says.
+#[derive(Debug, Clone, Copy)]
+enum Said {
+    /// A tunnel or a viewer refused.
+    Refused,
+    /// A tunnel or a viewer's carriage open.
+    Opened,
+    /// Either ended.
+    Ended,
+}
+
+/// The lines about connections, each kind at most five a second with the count held back:
+/// whoever reaches a listener may connect and hang up at line rate.
+#[derive(Clone)]
+struct ConnLogs(Arc<Mutex<[RateLimit; 3]>>);
+
+impl Default for ConnLogs {
+    fn default() -> Self {
+        let limit = || RateLimit::with_burst(Duration::from_secs(1), 5);
+        ConnLogs(Arc::new(Mutex::new([limit(), limit(), limit()])))
+    }
+}
+
+impl ConnLogs {
+    /// `Some(suppressed)` when a line of this kind may be written now.
+    fn admit(&self, kind: Said) -> Option<u64> {
+        let mut l = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        l[kind as usize].admit(Instant::now())
+    }
 }
 
 async fn bind(addr: &str, what: &str) -> Result<TcpListener> {
@@ -63,14 +95,7 @@ pub async fn run(plan: Plan, opts: AccelOptions) -> Result<()> {
             listener.local_addr()?,
             identity.fingerprint()
         );
-        let home = Arc::new(plan.home.clone());
-        loop {
-            let (viewer, from) = listener.accept().await.context("accepting a viewer")?;
-            let (cfg, remote, home) = (cfg.clone(), remote.clone(), home.clone());
-            tokio::spawn(async move {
-                forward(viewer, from, &remote, &cfg, &home).await;
-            });
-        }
+        return carry_viewers(listener, remote.clone(), cfg, Arc::new(plan.home.clone())).await;
     }
 
     let server = plan
@@ -109,33 +134,9 @@ pub async fn run(plan: Plan, opts: AccelOptions) -> Result<()> {
                 identity.fingerprint()
             );
             let (home, server, opts) = (plan.home.clone(), server.clone(), opts.clone());
-            Some(tokio::spawn(async move {
-                loop {
-                    let (tcp, from) = listener.accept().await?;
-                    let (cfg, home, server, opts) =
-                        (cfg.clone(), home.clone(), server.clone(), opts.clone());
-                    tokio::spawn(async move {
-                        match accept_tunnel(tcp, &cfg, &home, TUNNEL_TIMEOUT).await {
-                            Ok(t) => {
-                                let who = format!("{} ({})", t.peer, t.addr);
-                                info!(peer = %who, "viewer tunnel open");
-                                match ndd_rfb::accel_client(t.stream, &who, &server, &opts).await {
-                                    Ok(s) => info!(
-                                        peer = %who,
-                                        updates = s.updates,
-                                        bytes_to_viewer = s.bytes_to_client,
-                                        "viewer tunnel closed"
-                                    ),
-                                    Err(e) => warn!(peer = %who, "viewer session ended: {e}"),
-                                }
-                            }
-                            Err(e) => warn!("tunnel from {from} refused: {e}"),
-                        }
-                    });
-                }
-                #[allow(unreachable_code)]
-                Ok::<(), std::io::Error>(())
-            }))
+            Some(tokio::spawn(serve_tunnels(
+                listener, cfg, home, server, opts,
+            )))
         }
         _ => None,
     };
@@ -153,6 +154,75 @@ pub async fn run(plan: Plan, opts: AccelOptions) -> Result<()> {
     done.await
         .context("the accelerator task stopped")?
         .context("accepting a viewer")
+}
+
+/// The accelerator's side of the tunnels: each pinned peer's viewer to `server`, until an
+/// accept fails.
+async fn serve_tunnels(
+    listener: TcpListener,
+    cfg: Arc<ndd_link::ServerConfig>,
+    home: PathBuf,
+    server: String,
+    opts: Arc<AccelOptions>,
+) -> std::io::Result<()> {
+    let logs = ConnLogs::default();
+    loop {
+        let (tcp, from) = listener.accept().await?;
+        let (cfg, home, server, opts, logs) = (
+            cfg.clone(),
+            home.clone(),
+            server.clone(),
+            opts.clone(),
+            logs.clone(),
+        );
+        tokio::spawn(async move {
+            match accept_tunnel(tcp, &cfg, &home, TUNNEL_TIMEOUT).await {
+                Ok(t) => {
+                    let who = format!("{} ({})", t.peer, t.addr);
+                    if let Some(suppressed) = logs.admit(Said::Opened) {
+                        info!(peer = %who, suppressed, "viewer tunnel open");
+                    }
+                    let r = ndd_rfb::accel_client(t.stream, &who, &server, &opts).await;
+                    let Some(suppressed) = logs.admit(Said::Ended) else {
+                        return;
+                    };
+                    match r {
+                        Ok(s) => info!(
+                            peer = %who,
+                            updates = s.updates,
+                            bytes_to_viewer = s.bytes_to_client,
+                            suppressed,
+                            "viewer tunnel closed"
+                        ),
+                        Err(e) => warn!(peer = %who, suppressed, "viewer session ended: {e}"),
+                    }
+                }
+                Err(e) => {
+                    if let Some(suppressed) = logs.admit(Said::Refused) {
+                        warn!(suppressed, "tunnel from {from} refused: {e}")
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// The viewer's side: each viewer on `listener` carried over a tunnel to `remote`, until an
+/// accept fails.
+async fn carry_viewers(
+    listener: TcpListener,
+    remote: String,
+    cfg: Arc<ndd_link::ClientConfig>,
+    home: Arc<PathBuf>,
+) -> Result<()> {
+    let logs = ConnLogs::default();
+    loop {
+        let (viewer, from) = listener.accept().await.context("accepting a viewer")?;
+        let (cfg, remote, home, logs) = (cfg.clone(), remote.clone(), home.clone(), logs.clone());
+        tokio::spawn(async move {
+            forward(viewer, from, &remote, &cfg, &home, &logs).await;
+        });
+    }
 }
 
 /// Say at start when the VNC server does not answer (it may come later: not fatal).
@@ -183,28 +253,42 @@ async fn forward(
     remote: &str,
     cfg: &Arc<ndd_link::ClientConfig>,
     home: &std::path::Path,
+    logs: &ConnLogs,
 ) {
     let _ = viewer.set_nodelay(true);
     match connect_tunnel(remote, cfg, home, TUNNEL_TIMEOUT).await {
         Ok(mut t) => {
-            info!(viewer = %from, peer = %t.peer, "viewer carried over TLS to {remote}");
-            match tokio::io::copy_bidirectional(&mut viewer, &mut t.stream).await {
+            if let Some(suppressed) = logs.admit(Said::Opened) {
+                info!(viewer = %from, peer = %t.peer, suppressed, "viewer carried over TLS to {remote}");
+            }
+            let r = tokio::io::copy_bidirectional(&mut viewer, &mut t.stream).await;
+            let Some(suppressed) = logs.admit(Said::Ended) else {
+                return;
+            };
+            match r {
                 Ok((up, down)) => info!(
                     viewer = %from,
                     bytes_to_server = up,
                     bytes_to_viewer = down,
+                    suppressed,
                     "viewer closed"
                 ),
                 Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => warn!(
                     viewer = %from,
+                    suppressed,
                     "the tunnel to {remote} was cut (no TLS goodbye: the accelerator stopped or \
                      the network broke); the viewer's connection is closed, it may reconnect"
                 ),
-                Err(e) => warn!(viewer = %from, "viewer tunnel ended: {e}"),
+                Err(e) => warn!(viewer = %from, suppressed, "viewer tunnel ended: {e}"),
             }
         }
         Err(e) => {
-            warn!("viewer {from} refused: no tunnel to {remote}: {e}");
+            if let Some(suppressed) = logs.admit(Said::Refused) {
+                warn!(
+                    suppressed,
+                    "viewer {from} refused: no tunnel to {remote}: {e}"
+                );
+            }
             refuse_viewer(
                 viewer,
                 &format!("ndd rfb-accel: no tunnel to {remote}: {e}"),
@@ -229,4 +313,82 @@ async fn refuse_viewer(mut viewer: TcpStream, reason: &str) {
         viewer.shutdown().await
     };
     let _ = tokio::time::timeout(Duration::from_secs(5), tell).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndd_core::testlog::Captured;
+
+    fn home(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("ndd-rfbaccel-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    /// Connects to `at` and hangs up, as fast as it can, until a line with `what` says how
+    /// many like it were not shown (10 s at most); then at most five lines a second.
+    async fn strangers_until_counted(log: &Captured, at: SocketAddr, what: &str) {
+        let started = Instant::now();
+        let mut n = 0u32;
+        while !log
+            .matching(what)
+            .iter()
+            .any(|l| !l.contains("suppressed=0"))
+        {
+            assert!(started.elapsed() < Duration::from_secs(10), "no count");
+            drop(TcpStream::connect(at).await.unwrap());
+            tokio::task::yield_now().await;
+            n += 1;
+        }
+        let secs = started.elapsed().as_secs_f64().ceil() as usize;
+        let lines = log.matching(what);
+        assert!(lines.len() <= 5 * (secs + 1), "{n} strangers: {lines:#?}");
+    }
+
+    /// Strangers at the accelerator's tunnel listener (no TLS at all) for over a second.
+    #[tokio::test]
+    async fn strangers_at_the_tunnel_listener_are_five_lines_a_second() {
+        let (log, _guard) = Captured::start();
+        let h = home("tunnels");
+        let (id, _) = ndd_link::Identity::load_or_create(&h).unwrap();
+        let cfg = tunnel_server_config(&id, PURPOSE).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let at = listener.local_addr().unwrap();
+        let serve = serve_tunnels(
+            listener,
+            cfg,
+            h.clone(),
+            "127.0.0.1:9".into(),
+            Arc::new(AccelOptions::default()),
+        );
+        tokio::select! {
+            r = serve => panic!("{r:?}"),
+            () = strangers_until_counted(&log, at, "refused") => {}
+        }
+        let _ = std::fs::remove_dir_all(&h);
+    }
+
+    /// Strangers at a viewer listener whose accelerator cannot be reached, for over a second.
+    #[tokio::test]
+    async fn strangers_at_the_viewer_listener_are_five_lines_a_second() {
+        let (log, _guard) = Captured::start();
+        let h = home("viewers");
+        let (id, _) = ndd_link::Identity::load_or_create(&h).unwrap();
+        let cfg = tunnel_client_config(&id, PURPOSE).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let at = listener.local_addr().unwrap();
+        // A port nobody listens on.
+        let remote = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .to_string();
+        let serve = carry_viewers(listener, remote, cfg, Arc::new(h.clone()));
+        tokio::select! {
+            r = serve => panic!("{r:?}"),
+            () = strangers_until_counted(&log, at, "refused: no tunnel") => {}
+        }
+        let _ = std::fs::remove_dir_all(&h);
+    }
 }

@@ -1508,6 +1508,51 @@ fn a_forged_rekey_notice_is_ignored_with_a_warning() {
     drop(d);
 }
 
+/// Anyone who may publish on the server can put garbage on a stream's subject at line rate:
+/// the app side says so at most five times a second, and a later line says how many such
+/// lines it held back (issue 31 item 5); frames keep flowing.
+#[test]
+fn garbage_on_a_streams_subject_at_line_rate_is_five_lines_a_second() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-garbage");
+    let nats = Nats::start("garbage", &[]);
+    let (dev, apps) = homes_n(&dir.0, 1);
+    let cfg = ticker(&dir.0, "garbage", &nats.url(), 1);
+    let d = side(&cfg, "device", &dev, &[]);
+    let a = side(&cfg, "app", &apps[0], &["--stats"]);
+    wait_for("frames to flow", WAIT, || a.stderr_now().contains("] s "));
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", nats.port)).unwrap();
+    s.write_all(b"CONNECT {\"verbose\":false}\r\n").unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let batch = b"PUB ndd.garbage.d.1 3\r\nabc\r\n".repeat(100);
+    let what = "dropped a NATS message shorter than a frame record";
+    let counted = |err: &str| {
+        err.lines()
+            .any(|l| l.contains(what) && l.contains("suppressed=") && !l.contains("suppressed=0"))
+    };
+    let started = std::time::Instant::now();
+    let mut sent = 0;
+    while !counted(&a.stderr_now()) {
+        assert!(started.elapsed() < Duration::from_secs(10), "no count");
+        s.write_all(&batch).unwrap();
+        // The server has taken the batch before the next one.
+        s.write_all(b"PING\r\n").unwrap();
+        let mut line = String::new();
+        while !line.starts_with("PONG") {
+            line.clear();
+            r.read_line(&mut line).unwrap();
+        }
+        sent += 100;
+    }
+    let secs = started.elapsed().as_secs_f64().ceil() as usize;
+    let err = a.kill();
+    let lines = err.matches(what).count();
+    assert!(lines <= 5 * (secs + 1), "{sent} sent, {lines} lines: {err}");
+    drop(d);
+}
+
 /// Anyone who may publish on the server could answer a device side's "is anyone serving this
 /// driver?" and keep it from starting (issue 31: an unsigned answer stopped a device side after
 /// 4.9 s, the attacker's escape codes printed raw). Answers are signed notes now: an unsigned

@@ -16,7 +16,8 @@
 //! - [`session`]: [`Session`], one side of a driver as a state machine: handshake decision,
 //!   ACK/DELIVERED/RESUME, retransmission, dedupe, peer restarts, keepalive, close, and the
 //!   clock offset to the peer. The `ndd` binary drives it over a real link; the testkit drives
-//!   two of them over a simulated one.
+//!   two of them over a simulated one;
+//! - `testlog` (feature `test-log`, tests only): `Captured`, the log lines a test counts.
 //!
 //! Invariants: a frame handed to a stack comes out of it (transformed), is counted as dropped
 //! by a half, or is held by a half that reports it in its queue depth; a module error is fatal
@@ -31,6 +32,8 @@ pub mod pathrate;
 pub mod ratelimit;
 pub mod session;
 pub mod stack;
+#[cfg(any(test, feature = "test-log"))]
+pub mod testlog;
 
 pub use error::{ControlError, ForeignError, FrameError, ParamError, SetupError};
 pub use frame::{Frame, Meta};

@@ -151,3 +151,81 @@ fn no_server_is_one_clear_line_at_start() {
     );
     assert!(e.contains("pulseaudio --start"), "{e}");
 }
+
+/// The peer changes the sound's rate with every block (each one reopens the playback
+/// stream), for over a second: the "playing" line at most five times a second, and a later
+/// one says how many were not shown.
+#[test]
+fn a_rate_change_with_every_block_is_a_few_lines_a_second() {
+    if let Some(m) = missing(&["pulseaudio", "pactl", "paplay", "sox"]) {
+        println!("SKIPPED: audio test needs {m} (apt-get install pulseaudio pulseaudio-utils sox)");
+        return;
+    }
+    let log = ndd_core::testlog::Captured::global();
+    let pa = Pulse::start("rates");
+    pa.pactl(&["load-module", "module-null-sink", "sink_name=spk"])
+        .expect("null sink");
+    // Something else plays all along, as on a desktop: the sink runs in short blocks, and a
+    // stream drains in a few ms (an idle null sink renders 2 s at once).
+    let silence = pa.sox("silence.wav", &["trim", "0", "30"]).expect("sox");
+    let _other = pa.paplay("spk", &silence).map(Killed).expect("paplay");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (tx, rx) = mpsc::channel::<Frame>(4);
+    let sink = rt
+        .block_on(async {
+            SinkConfig::PulsePlayback(PulsePlaybackConfig {
+                device: Some("spk".into()),
+                latency_ms: 20,
+                server: Some(pa.server.clone()),
+                ..Default::default()
+            })
+            .spawn(rx)
+        })
+        .expect("pulse-playback sink");
+    let silence = vec![0u8; 480 * 2];
+    let blocks: Vec<Vec<u8>> = [48_000u32, 44_100]
+        .iter()
+        .map(|&rate| {
+            ndd_wire::audio::Block {
+                codec: ndd_wire::audio::Codec::Pcm,
+                rate,
+                channels: 1,
+                samples: 480,
+                data: &silence,
+            }
+            .emit()
+            .unwrap()
+        })
+        .collect();
+    let playing = || {
+        log.matching("playing")
+            .into_iter()
+            .filter(|l| l.contains("sink=sink spk"))
+            .collect::<Vec<_>>()
+    };
+    let started = std::time::Instant::now();
+    let mut n = 0u64;
+    while !playing().iter().any(|l| !l.contains("suppressed=0")) {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no count after {n} blocks"
+        );
+        let meta = ndd_core::Meta {
+            seq: n,
+            ..Default::default()
+        };
+        tx.blocking_send(Frame::new(meta, &blocks[n as usize % 2]))
+            .unwrap();
+        n += 1;
+    }
+    drop(tx);
+    let report = rt.block_on(sink).unwrap().expect("sink report");
+    assert_eq!(report.frames, n);
+    let secs = started.elapsed().as_secs_f64().ceil() as usize;
+    let lines = playing();
+    assert!(lines.len() <= 5 * (secs + 1), "{n} blocks: {lines:#?}");
+}

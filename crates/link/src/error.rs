@@ -307,31 +307,32 @@ pub enum LinkError {
     },
 
     /// The QUIC handshake with a peer failed (wrong key, not an ndd, timeout…).
-    #[error("QUIC handshake with {addr} failed: {source}")]
+    #[error("QUIC handshake with {addr} failed: {}", quic_shown(.error))]
     QuicHandshake {
         /// The peer's address.
         addr: SocketAddr,
-        /// What went wrong.
-        #[source]
-        source: quinn::ConnectionError,
+        /// What went wrong (shown escaped: it may quote the peer's close reason; not a
+        /// `source`, so no error chain shows it raw).
+        error: quinn::ConnectionError,
     },
 
-    /// An established QUIC connection failed or was closed by the peer with an error.
-    #[error("QUIC connection: {0}")]
-    QuicConnection(#[from] quinn::ConnectionError),
+    /// An established QUIC connection failed or was closed by the peer with an error (these
+    /// four show quinn's words escaped: they quote the peer's close reason).
+    #[error("QUIC connection: {}", quic_shown(.0))]
+    QuicConnection(quinn::ConnectionError),
 
     /// Writing to a QUIC stream failed.
-    #[error("QUIC stream write: {0}")]
-    QuicWrite(#[from] quinn::WriteError),
+    #[error("QUIC stream write: {}", quic_shown(.0))]
+    QuicWrite(quinn::WriteError),
 
     /// Reading a QUIC stream failed.
-    #[error("QUIC stream read: {0}")]
-    QuicRead(#[from] quinn::ReadError),
+    #[error("QUIC stream read: {}", quic_shown(.0))]
+    QuicRead(quinn::ReadError),
 
     /// The peer does not accept QUIC datagrams (or they are disabled), so lossy streams
     /// cannot be carried.
-    #[error("QUIC datagram: {0}")]
-    QuicDatagram(#[from] quinn::SendDatagramError),
+    #[error("QUIC datagram: {}", quic_shown(.0))]
+    QuicDatagram(quinn::SendDatagramError),
 
     /// A rustls configuration cannot be used for QUIC.
     #[error("TLS configuration unusable for QUIC: {0}")]
@@ -447,9 +448,77 @@ fn io_text(e: &io::Error) -> String {
     }
 }
 
+/// quinn's words about a connection: they quote the close reason the peer sent (anyone
+/// who reaches a QUIC listener can send one), so escaped and bounded.
+/// With the errors under it (a lost connection names its cause there), each said once.
+fn quic_shown(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let t = c.to_string();
+        if !text.contains(&t) {
+            text = format!("{text}: {t}");
+        }
+        cause = c.source();
+    }
+    ndd_wire::text::printable(&text, ndd_wire::text::MAX_REASON)
+}
+
+impl From<quinn::ConnectionError> for LinkError {
+    fn from(e: quinn::ConnectionError) -> Self {
+        LinkError::QuicConnection(e)
+    }
+}
+
+impl From<quinn::WriteError> for LinkError {
+    fn from(e: quinn::WriteError) -> Self {
+        LinkError::QuicWrite(e)
+    }
+}
+
+impl From<quinn::ReadError> for LinkError {
+    fn from(e: quinn::ReadError) -> Self {
+        LinkError::QuicRead(e)
+    }
+}
+
+impl From<quinn::SendDatagramError> for LinkError {
+    fn from(e: quinn::SendDatagramError) -> Self {
+        LinkError::QuicDatagram(e)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A peer's QUIC close reason comes out escaped, with nothing raw in the error chain.
+    #[test]
+    fn a_quic_close_reason_from_the_peer_is_escaped() {
+        let close = quinn::ConnectionError::ApplicationClosed(quinn::ApplicationClose {
+            error_code: quinn::VarInt::from_u32(9),
+            reason: bytes::Bytes::from_static(b"bye\x1b[2J\nndd: error: forged\xe2\x80\xae"),
+        });
+        let addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        for e in [
+            LinkError::QuicHandshake {
+                addr,
+                error: close.clone(),
+            },
+            LinkError::from(close.clone()),
+            LinkError::from(quinn::ReadError::ConnectionLost(close.clone())),
+            LinkError::from(quinn::WriteError::ConnectionLost(close.clone())),
+            LinkError::from(quinn::SendDatagramError::ConnectionLost(close.clone())),
+        ] {
+            let text = e.to_string();
+            assert!(
+                text.contains("bye\\u{1b}[2J\\nndd: error: forged\\u{202e}"),
+                "{text}"
+            );
+            assert!(!text.contains(['\x1b', '\n', '\u{202e}']), "{text}");
+            assert!(std::error::Error::source(&e).is_none(), "{text}");
+        }
+    }
 
     #[test]
     fn a_reset_or_closed_connection_is_said_in_words() {

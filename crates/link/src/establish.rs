@@ -12,6 +12,7 @@ use crate::{
 use ndd_core::session::{decide_handshake, HandshakeDecision, PeerOpening, Transmit};
 use ndd_core::RateLimit;
 use ndd_core::{Frame, Meta};
+use ndd_wire::text::{printable, MAX_REASON};
 use ndd_wire::{CloseCode, OwnedMessage, WireError};
 use ndd_wire::{DataHeader, Message};
 use std::collections::VecDeque;
@@ -393,6 +394,13 @@ impl ServeLogs {
         }
     }
 
+    /// A peer past the trust check that this side refused (a UDP listener's handshake).
+    fn refused_peer(&mut self, side: &str, e: &str) {
+        if let Some(n) = self.refused.admit(Instant::now()) {
+            tracing::warn!(side, "refused a peer: {e}{}", more(n));
+        }
+    }
+
     fn rejected(&mut self, side: &str, e: &str) {
         if let Some(n) = self.rejected.admit(Instant::now()) {
             tracing::warn!(side, "rejected a connection: {e}{}", more(n));
@@ -622,9 +630,7 @@ impl Connector {
                         tokio::time::sleep(backoff).await;
                         backoff = (backoff * 2).min(ctx.max_backoff);
                     }
-                    Err(EstablishError::Refused(e)) => {
-                        tracing::warn!(side = ctx.side, "refused a peer: {e}")
-                    }
+                    Err(EstablishError::Refused(e)) => logs.refused_peer(ctx.side, &e),
                     Err(EstablishError::Busy(e)) => logs.busy(ctx.side, &e),
                     Err(EstablishError::Transient(e)) => {
                         tracing::debug!(error = %e, "no UDP peer yet")
@@ -753,23 +759,26 @@ impl Connector {
                 }
                 Err(e) => e,
             };
-            if first && !bounded && told.admit(Instant::now()).is_some() {
-                tracing::info!(
-                    side = ctx.side,
-                    "{err}; waiting for the peer, retrying every {} s at most",
-                    ctx.max_backoff.as_secs_f64()
-                );
-            } else if !first
-                && matches!(err, EstablishError::Refused(_))
-                && told.admit(Instant::now()).is_some()
-            {
+            if first && !bounded {
+                if let Some(n) = told.admit(Instant::now()) {
+                    tracing::info!(
+                        side = ctx.side,
+                        "{err}; waiting for the peer, retrying every {} s at most{}",
+                        ctx.max_backoff.as_secs_f64(),
+                        more(n)
+                    );
+                }
+            } else if !first && matches!(err, EstablishError::Refused(_)) {
                 // A reconnect the peer refuses (it no longer trusts this side, or its stack
                 // changed) will not heal by itself: say so, once in a while.
-                tracing::warn!(
-                    side = ctx.side,
-                    "reconnecting: {err}; retrying every {} s at most",
-                    ctx.max_backoff.as_secs_f64()
-                );
+                if let Some(n) = told.admit(Instant::now()) {
+                    tracing::warn!(
+                        side = ctx.side,
+                        "reconnecting: {err}; retrying every {} s at most{}",
+                        ctx.max_backoff.as_secs_f64(),
+                        more(n)
+                    );
+                }
             }
             if bounded && Instant::now() + backoff >= deadline {
                 let text = err.to_string();
@@ -970,9 +979,13 @@ pub async fn handshake(
             fingerprint: info.fingerprint.filter(|_| tls.is_some()),
             addr: info.addr,
         }),
-        Ok(Ok(Some(Incoming::Other(OwnedMessage::Close { code, reason })))) => Err(Refused(
-            format!("the peer refused the session ({code}): {reason}"),
-        )),
+        // The peer's words go to the log and the terminal: escaped and bounded.
+        Ok(Ok(Some(Incoming::Other(OwnedMessage::Close { code, reason })))) => {
+            Err(Refused(format!(
+                "the peer refused the session ({code}): {}",
+                printable(&reason, MAX_REASON)
+            )))
+        }
         Ok(Ok(Some(_))) => Err(Refused(
             "the peer sent something else than READY after HELLO".into(),
         )),
@@ -984,5 +997,114 @@ pub async fn handshake(
             "the peer did not confirm the handshake within {} ms",
             timeout.as_millis()
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Conn;
+    use ndd_core::testlog::Captured;
+    use ndd_wire::{HelloRepr, Side};
+
+    fn hello(side: Side, driver: &str) -> HelloRepr {
+        HelloRepr {
+            side,
+            max_body: 1 << 20,
+            driver: driver.into(),
+            streams: vec![],
+        }
+    }
+
+    fn ctx(side: Side) -> HandshakeCtx {
+        HandshakeCtx {
+            hello: hello(side, "d"),
+            max_body: 1 << 20,
+            tls: None,
+            home: std::env::temp_dir(),
+            timeout: Duration::from_secs(5),
+            keep_trying: false,
+            handshake_timeout: Duration::from_secs(5),
+            max_backoff: Duration::from_secs(1),
+            side: "app",
+            busy_with: None,
+        }
+    }
+
+    /// A peer that agrees on HELLO and then refuses with CLOSE: its reason, escape codes and
+    /// a forged log line in it, comes out escaped.
+    #[tokio::test]
+    async fn a_close_after_hello_has_its_reason_escaped() {
+        let l = crate::listen("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let peer = async {
+            let (tcp, _) = l.accept_tcp().await.unwrap();
+            let (mut r, mut w) = Conn::Plain(tcp).split();
+            let _ = r.read().await.unwrap();
+            let theirs = OwnedMessage::Hello(hello(Side::Device, "d"));
+            w.write_message(&theirs.as_message()).await.unwrap();
+            let close = OwnedMessage::Close {
+                code: CloseCode::StackMismatch,
+                reason: "no\x1b[2J\nndd: error: forged\u{202e}".into(),
+            };
+            w.write_message(&close.as_message()).await.unwrap();
+            w.flush().await.unwrap();
+            // Open until this side has read it all.
+            (r, w)
+        };
+        let c = Connector::new(TransportKind::Tcp, false, &addr, None)
+            .await
+            .unwrap();
+        let ctx = ctx(Side::App);
+        let (r, _peer) = tokio::join!(c.establish(&ctx, true), peer);
+        let e = r.expect_err("refused").to_string();
+        assert!(
+            e.contains("no\\u{1b}[2J\\nndd: error: forged\\u{202e}"),
+            "{e}"
+        );
+        assert!(!e.contains(['\x1b', '\n', '\u{202e}']), "{e}");
+    }
+
+    /// Strangers at a plain UDP listener, each with a HELLO this side refuses, as fast as
+    /// they can for over a second: at most five lines a second, and a later one says how
+    /// many were not shown.
+    #[tokio::test]
+    async fn a_flood_of_refused_udp_peers_is_five_lines_a_second() {
+        let (log, _guard) = Captured::start();
+        let addr = std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .to_string();
+        let c = Connector::new(TransportKind::Udp, true, &addr, None)
+            .await
+            .unwrap();
+        let ctx = ctx(Side::App);
+        let started = Instant::now();
+        let strangers = async {
+            let other = OwnedMessage::Hello(hello(Side::Device, "someone-else"));
+            let mut tries = 0u32;
+            while log.matching("more like it not shown").is_empty() {
+                assert!(started.elapsed() < Duration::from_secs(10), "no count");
+                let mut s = crate::udp_connect(&addr).await.unwrap();
+                let _ = s.send_message(&other.as_message()).await;
+                // Its CLOSE, or nothing while the listener binds again.
+                let _ = tokio::time::timeout(Duration::from_millis(20), s.recv()).await;
+                tries += 1;
+            }
+            tries
+        };
+        let tries = tokio::select! {
+            r = c.establish(&ctx, true) => panic!("the listener stopped: {:?}", r.err()),
+            n = strangers => n,
+        };
+        let secs = started.elapsed().as_secs_f64().ceil() as usize;
+        let lines = log.matching("refused a peer");
+        assert!(
+            lines.len() <= 5 * (secs + 1) && (tries as usize) > lines.len(),
+            "{tries} strangers, {} lines in {secs} s: {lines:#?}",
+            lines.len()
+        );
+        assert!(lines.iter().all(|l| l.contains("driver")), "{lines:#?}");
     }
 }

@@ -171,7 +171,10 @@ pub async fn quic_secure(
         }
         Ok(Err(source)) => {
             tracing::debug!(%addr, error = %source, "QUIC handshake failed");
-            return Err(LinkError::QuicHandshake { addr, source });
+            return Err(LinkError::QuicHandshake {
+                addr,
+                error: source,
+            });
         }
         Ok(Ok(conn)) => conn,
     };
@@ -225,7 +228,7 @@ pub async fn quic_connect_with(
                 })?;
         let conn = connecting
             .await
-            .map_err(|source| LinkError::QuicHandshake { addr: peer, source })?;
+            .map_err(|error| LinkError::QuicHandshake { addr: peer, error })?;
         let fingerprint = quic_peer_fingerprint(&conn)?;
         tracing::debug!(addr = %peer, %fingerprint, "connected with QUIC");
         let quic = QuicConn::start(conn, Some(endpoint)).await?;

@@ -144,9 +144,11 @@ pub async fn connect_tunnel(
         }
         let line = String::from_utf8_lossy(&line).into_owned();
         if line != "ok" {
+            // The peer's words go to the log and to a viewer: escaped and bounded.
+            let said = line.strip_prefix("refused: ").unwrap_or(&line);
             return Err(LinkError::TunnelRefused {
                 addr: peer_addr,
-                reason: line.strip_prefix("refused: ").unwrap_or(&line).to_string(),
+                reason: ndd_wire::text::printable(said, ndd_wire::text::MAX_REASON),
             });
         }
         Ok(Tunnel {

@@ -101,10 +101,26 @@ pub async fn udp_accept_secure<F>(
     addr: &str,
     me: &LocalIdentity,
     handshake_timeout: Duration,
-    mut admit: F,
+    admit: F,
 ) -> Result<(UdpLink, String)>
 where
     F: FnMut(&str, SocketAddr) -> Result<Admission>,
+{
+    accept_secure(addr, me, handshake_timeout, admit, Instant::now).await
+}
+
+/// [`udp_accept_secure`] reading the time from `clock` once per datagram (a test's simulated
+/// clock).
+async fn accept_secure<F, C>(
+    addr: &str,
+    me: &LocalIdentity,
+    handshake_timeout: Duration,
+    mut admit: F,
+    mut clock: C,
+) -> Result<(UdpLink, String)>
+where
+    F: FnMut(&str, SocketAddr) -> Result<Admission>,
+    C: FnMut() -> Instant,
 {
     struct Pending {
         from: SocketAddr,
@@ -117,7 +133,7 @@ where
     let mut plain_log = ndd_core::RateLimit::new(Duration::from_secs(5));
     loop {
         let (d, from) = link.recv_datagram().await?;
-        let now = Instant::now();
+        let now = clock();
         pending.retain(|p| now.saturating_duration_since(p.started) < handshake_timeout);
         match Sealed::parse(&d) {
             Ok(Sealed::Init { .. }) => {
@@ -198,9 +214,10 @@ where
             }
             Err(SealError::Magic) if FragHeader::parse(&d).is_ok() => {
                 link.count_unauthenticated();
-                if plain_log.admit(now).is_some() {
+                if let Some(suppressed) = plain_log.admit(now) {
                     tracing::warn!(
                         %from,
+                        suppressed,
                         "ignored a plain UDP datagram: the peer runs with --insecure and this \
                          side does not; both must agree"
                     );
@@ -450,13 +467,14 @@ impl UdpLink {
             .store(self.reassembler.stats().garbage, Ordering::Relaxed);
     }
 
-    /// A live sealed link dropped a datagram: say so, at most every 5 s.
-    fn note_dropped(&mut self, from: SocketAddr) {
-        if self.drop_log.admit(Instant::now()).is_some() {
+    /// A live sealed link dropped a datagram at `now`: say so, at most every 5 s.
+    fn note_dropped(&mut self, from: SocketAddr, now: Instant) {
+        if let Some(suppressed) = self.drop_log.admit(now) {
             tracing::warn!(
                 %from,
                 unauthenticated = self.unauthenticated,
                 replayed = self.replayed,
+                suppressed,
                 "UDP link: dropped datagrams that did not authenticate (forged, damaged, another \
                  peer's, or a restarting peer's key exchange) or were replays; the session is \
                  not affected"
@@ -677,7 +695,12 @@ impl UdpLink {
 
     /// What a sealed link does with one received datagram: the plain fragment inside, or
     /// `None` (dropped and counted, or a repeated FINISH answered).
-    async fn unseal(&mut self, mut d: BytesMut, from: SocketAddr) -> Result<Option<Bytes>> {
+    async fn unseal(
+        &mut self,
+        mut d: BytesMut,
+        from: SocketAddr,
+        now: Instant,
+    ) -> Result<Option<Bytes>> {
         let Some(rx) = self.open.as_mut() else {
             return Ok(None);
         };
@@ -701,12 +724,12 @@ impl UdpLink {
                 }
                 Err(SealError::Replay(_)) => {
                     self.replayed += 1;
-                    self.note_dropped(from);
+                    self.note_dropped(from, now);
                     Ok(None)
                 }
                 Err(_) => {
                     self.unauthenticated += 1;
-                    self.note_dropped(from);
+                    self.note_dropped(from, now);
                     Ok(None)
                 }
             },
@@ -721,8 +744,7 @@ impl UdpLink {
                 // ask the peer on the live keys (at most once a second): a live peer answers
                 // the PING, a restarted one cannot.
                 self.unauthenticated += 1;
-                self.note_dropped(from);
-                let now = Instant::now();
+                self.note_dropped(from, now);
                 if self.probe.is_none() && self.probes.admit(now).is_some() {
                     let srtt = self.tx.arq().srtt().unwrap_or_default();
                     let wait = (srtt * 4).max(PROBE_MIN_WAIT);
@@ -736,7 +758,7 @@ impl UdpLink {
             }
             _ => {
                 self.unauthenticated += 1;
-                self.note_dropped(from);
+                self.note_dropped(from, now);
                 Ok(None)
             }
         }
@@ -846,7 +868,7 @@ impl UdpLink {
             if let Some(got) = got {
                 let (n, from) = got?;
                 self.received += 1;
-                let r = self.datagram(n, from).await;
+                let r = self.datagram(n, from, Instant::now()).await;
                 self.publish_drops();
                 r?;
             }
@@ -854,12 +876,12 @@ impl UdpLink {
         }
     }
 
-    /// The `n` bytes just received from `from`: opened (sealed link) or checked (plain),
-    /// then into reassembly.
-    async fn datagram(&mut self, n: usize, from: SocketAddr) -> Result<()> {
+    /// The `n` bytes just received from `from` at `now`: opened (sealed link) or checked
+    /// (plain), then into reassembly.
+    async fn datagram(&mut self, n: usize, from: SocketAddr, now: Instant) -> Result<()> {
         let datagram = if self.open.is_some() {
             let d = self.buf.split_to(n);
-            match self.unseal(d, from).await? {
+            match self.unseal(d, from, now).await? {
                 Some(fragment) => fragment,
                 None => return Ok(()),
             }
@@ -867,9 +889,10 @@ impl UdpLink {
             let datagram = self.buf.split_to(n).freeze();
             if crate::seal::is_sealed(&datagram) {
                 self.reassembler.stats_mut().garbage += 1;
-                if self.drop_log.admit(Instant::now()).is_some() {
+                if let Some(suppressed) = self.drop_log.admit(now) {
                     tracing::warn!(
                         %from,
+                        suppressed,
                         "ignored a sealed UDP datagram: this side runs with --insecure and \
                          the peer does not; both must agree"
                     );
@@ -1185,5 +1208,86 @@ mod gso {
             assert_eq!(u16::from_ne_bytes(c[16..18].try_into().unwrap()), 1452);
             assert_eq!(super::control(70_000), None, "a segment size fits u16");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndd_core::testlog::Captured;
+
+    /// A stranger's plain datagrams at a sealed listener, a thousand in five simulated seconds
+    /// (the warning's interval): the warning once, then once more with the count held back;
+    /// every datagram is counted.
+    #[tokio::test]
+    async fn a_thousand_plain_datagrams_at_a_sealed_listener_are_two_warnings() {
+        let (log, _guard) = Captured::start();
+        let dir = std::env::temp_dir().join(format!("ndd-udp-plain-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (id, _) = crate::Identity::load_or_create(&dir).unwrap();
+        let me = LocalIdentity::new(&id).unwrap();
+        let addr = std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        // The clock the listener reads once per datagram: 5 ms further each time.
+        let calls = Arc::new(AtomicU64::new(0));
+        let t0 = Instant::now();
+        let clock = {
+            let calls = calls.clone();
+            move || t0 + Duration::from_millis(5 * calls.fetch_add(1, Ordering::SeqCst))
+        };
+        let at = addr.to_string();
+        let listen = accept_secure(
+            &at,
+            &me,
+            Duration::from_secs(5),
+            |_, _| panic!("nobody finishes a key exchange"),
+            clock,
+        );
+        let plain = fragment(7, 1, b"hello", 1200).unwrap().remove(0);
+        let stranger = async {
+            let s = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            for n in 1..=1001 {
+                // One at a time, each taken before the next (none lost to a full buffer).
+                while calls.load(Ordering::SeqCst) < n - 1 {
+                    tokio::task::yield_now().await;
+                }
+                s.send_to(&plain, addr).await.unwrap();
+            }
+            while calls.load(Ordering::SeqCst) < 1001 {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::select! {
+            r = listen => panic!("the listener ended: {:?}", r.map(|(_, fp)| fp)),
+            () = stranger => {}
+        }
+        let lines = log.matching("ignored a plain UDP datagram");
+        assert_eq!(lines.len(), 2, "{lines:#?}");
+        assert!(lines[1].contains("suppressed=999"), "{lines:#?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Sealed datagrams at an `--insecure` link, a thousand within five simulated seconds:
+    /// two warnings, the second with the count; every one counted as garbage.
+    #[tokio::test]
+    async fn a_thousand_sealed_datagrams_at_a_plain_link_are_two_warnings() {
+        let (log, _guard) = Captured::start();
+        let mut link = udp_bind("127.0.0.1:0").await.unwrap();
+        let from: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let sealed = [b'N', b'S', 1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        let t0 = Instant::now();
+        for i in 0..=1000u64 {
+            link.buf.clear();
+            link.buf.extend_from_slice(&sealed);
+            link.datagram(sealed.len(), from, t0 + Duration::from_millis(5 * i))
+                .await
+                .unwrap();
+        }
+        assert_eq!(link.reassembler.stats().garbage, 1001);
+        let lines = log.matching("ignored a sealed UDP datagram");
+        assert_eq!(lines.len(), 2, "{lines:#?}");
+        assert!(lines[1].contains("suppressed=999"), "{lines:#?}");
     }
 }

@@ -210,3 +210,38 @@ async fn an_ndd_run_listener_is_not_a_tunnel() {
     let err = dial(&addr, &cid, &ch.0).await.expect_err("no common ALPN");
     assert!(matches!(err, LinkError::Handshake { .. }), "{err}");
 }
+
+/// A trusted server whose status line is not `ok`: what it says comes back escaped (it goes
+/// to the log and into the viewer's refusal), escape codes and forged lines shown as text.
+#[tokio::test]
+async fn a_refusal_from_the_tunnel_peer_is_escaped() {
+    let Pair {
+        server: _sh,
+        client: ch,
+        sid,
+        cid,
+        listener,
+        addr,
+    } = pair("evil", Some(""), Some("")).await;
+    let scfg = tunnel_server_config(&sid, "rfb").expect("config");
+    let server = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.expect("accept");
+        let mut s = tokio_rustls::TlsAcceptor::from(scfg)
+            .accept(tcp)
+            .await
+            .expect("tls");
+        s.write_all(b"refused: busy\x1b[2J\x1b[31m\rndd: error: forged\xe2\x80\xae\n")
+            .await
+            .expect("write");
+        s.shutdown().await.expect("shutdown");
+    });
+    let err = dial(&addr, &cid, &ch.0).await.expect_err("refused");
+    let text = err.to_string();
+    assert!(matches!(err, LinkError::TunnelRefused { .. }), "{text}");
+    assert!(
+        text.contains("busy\\u{1b}[2J\\u{1b}[31m\\rndd: error: forged\\u{202e}"),
+        "{text}"
+    );
+    assert!(!text.contains(['\x1b', '\r', '\u{202e}']), "{text}");
+    server.await.expect("server");
+}

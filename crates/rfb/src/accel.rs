@@ -15,10 +15,11 @@
 //! waits behind a backlog (the server queue holds only small client messages).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
+use ndd_core::RateLimit;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
@@ -75,25 +76,54 @@ pub async fn serve_accel(
 ) -> Result<(), RfbError> {
     let opts = Arc::new(opts);
     let ids = AtomicU64::new(0);
+    let logs = Arc::new(Mutex::new(SessionLogs::default()));
     loop {
         let (client, peer) = listener.accept().await?;
         let id = ids.fetch_add(1, Ordering::Relaxed) + 1;
         let opts = opts.clone();
         let server = server.clone();
+        let logs = logs.clone();
         tokio::spawn(async move {
             let _ = client.set_nodelay(true);
-            match accel_client(client, &peer.to_string(), &server, &opts).await {
-                Ok(stats) => info!(
-                    session = id,
-                    %peer,
-                    updates = stats.updates,
-                    proxy_requests = stats.proxy_requests,
-                    bytes_to_client = stats.bytes_to_client,
-                    "rfb session ended"
-                ),
-                Err(e) => warn!(session = id, %peer, error = %e, "rfb session closed"),
+            let r = accel_client(client, &peer.to_string(), &server, &opts).await;
+            let mut logs = logs.lock().unwrap_or_else(PoisonError::into_inner);
+            match r {
+                Ok(stats) => {
+                    if let Some(suppressed) = logs.ended.admit(Instant::now()) {
+                        info!(
+                            session = id,
+                            %peer,
+                            updates = stats.updates,
+                            proxy_requests = stats.proxy_requests,
+                            bytes_to_client = stats.bytes_to_client,
+                            suppressed,
+                            "rfb session ended"
+                        )
+                    }
+                }
+                Err(e) => {
+                    if let Some(suppressed) = logs.closed.admit(Instant::now()) {
+                        warn!(session = id, %peer, error = %e, suppressed, "rfb session closed")
+                    }
+                }
             }
         });
+    }
+}
+
+/// The listener's line about each session, each kind at most five a second with the count
+/// held back: whoever reaches the listener may connect and hang up at line rate.
+struct SessionLogs {
+    ended: RateLimit,
+    closed: RateLimit,
+}
+
+impl Default for SessionLogs {
+    fn default() -> Self {
+        SessionLogs {
+            ended: RateLimit::with_burst(Duration::from_secs(1), 5),
+            closed: RateLimit::with_burst(Duration::from_secs(1), 5),
+        }
     }
 }
 
@@ -155,7 +185,11 @@ where
     to.write_all(&(n).to_be_bytes()).await?;
     to.write_all(&text).await?;
     to.flush().await?;
-    Ok(String::from_utf8_lossy(&text).into_owned())
+    // Relayed as it is; for the log, escaped and bounded.
+    Ok(ndd_wire::text::printable_bytes(
+        &text,
+        ndd_wire::text::MAX_REASON,
+    ))
 }
 
 fn hs_err(peer: Peer, error: ParseError) -> RfbError {
@@ -504,5 +538,64 @@ impl Session {
                 self.stats.proxy_requests += 1;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndd_core::testlog::Captured;
+
+    /// Strangers connect to the accelerator and hang up as fast as they can, for over a
+    /// second, while its server cannot be reached: at most five lines a second, and a later
+    /// one says how many were not shown.
+    #[tokio::test]
+    async fn strangers_connecting_at_line_rate_are_five_lines_a_second() {
+        let (log, _guard) = Captured::start();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let at = listener.local_addr().unwrap();
+        // A port nobody listens on: every session ends at once.
+        let server = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .to_string();
+        let started = std::time::Instant::now();
+        let strangers = async {
+            let mut n = 0u32;
+            while !log
+                .matching("rfb session closed")
+                .iter()
+                .any(|l| !l.contains("suppressed=0"))
+            {
+                assert!(started.elapsed() < Duration::from_secs(10), "no count");
+                drop(TcpStream::connect(at).await.unwrap());
+                tokio::task::yield_now().await;
+                n += 1;
+            }
+            n
+        };
+        let n = tokio::select! {
+            r = serve_accel(listener, server, AccelOptions::default()) => panic!("{r:?}"),
+            n = strangers => n,
+        };
+        let secs = started.elapsed().as_secs_f64().ceil() as usize;
+        let lines = log.matching("rfb session");
+        assert!(lines.len() <= 5 * (secs + 1), "{n} strangers: {lines:#?}");
+    }
+
+    /// A server's refusal reason goes to the viewer as it is and to the log escaped.
+    #[tokio::test]
+    async fn a_servers_refusal_reason_is_escaped_for_the_log() {
+        let reason = b"go away\x1b[2J\nndd: error: forged";
+        let mut from = Vec::new();
+        from.extend_from_slice(&(reason.len() as u32).to_be_bytes());
+        from.extend_from_slice(reason);
+        let mut to = Vec::new();
+        let text = relay_reason(&mut std::io::Cursor::new(from.clone()), &mut to)
+            .await
+            .unwrap();
+        assert_eq!(to, from);
+        assert_eq!(text, "go away\\u{1b}[2J\\nndd: error: forged");
     }
 }

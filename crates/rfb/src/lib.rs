@@ -7,7 +7,8 @@
 //!   The server-stream delimiter keeps at most a 16-byte header, never a whole update, so bytes
 //!   are forwarded as they arrive.
 //! - [`accel`]: the tokio proxy ([`run_accel`], [`serve_accel`]). One task per session; a bad
-//!   session closes with one log line and never affects the others. Client input is queued ahead
+//!   session closes with one log line (at most five a second, with the count of those held
+//!   back) and never affects the others. Client input is queued ahead
 //!   of everything else towards the server, and the proxy holds at most one update.
 //! - [`bench`]: `ndd bench rfb`, against a real Xvnc, with a delay proxy, writing
 //!   `docs/bench/rfb.md` and `docs/bench/rfb.svg`.

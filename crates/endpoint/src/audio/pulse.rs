@@ -466,6 +466,8 @@ pub(crate) fn spawn_pulse_playback(
         let mut report = SinkReport::default();
         let mut bad = ndd_core::ratelimit::RateLimit::default();
         let mut late_log = ndd_core::ratelimit::RateLimit::new(std::time::Duration::from_secs(5));
+        // The peer may change the format with every block (each reopens the stream).
+        let mut reopened = ndd_core::ratelimit::RateLimit::with_burst(Duration::from_secs(1), 5);
         let mut late = 0u64;
         let mut catching_up = false;
         let mut unheard = 0u64;
@@ -571,7 +573,9 @@ pub(crate) fn spawn_pulse_playback(
                         let s = open(block.rate, block.channels).map_err(|e| {
                             unavailable(endpoint, format!("cannot play into PulseAudio {what}: {e}"))
                         })?;
-                        tracing::info!(endpoint, sink = %what, rate = block.rate, channels = block.channels, "playing");
+                        if let Some(suppressed) = reopened.admit(std::time::Instant::now()) {
+                            tracing::info!(endpoint, sink = %what, rate = block.rate, channels = block.channels, suppressed, "playing");
+                        }
                         *pa = Some((block.rate, block.channels, s));
                     }
                     if let Some((_, _, s)) = pa {

@@ -15,7 +15,7 @@ use crate::common::report::{SinkReport, SinkTask, SourceTask};
 use crate::display::{PixelFormat, Rect, UpdateHeader, UpdateLayout, FLAG_KEYFRAME};
 use crate::sys::v4l2 as sys;
 use ndd_core::frame::DEFAULT_HEADROOM;
-use ndd_core::Frame;
+use ndd_core::{Frame, RateLimit};
 use serde::{Deserialize, Serialize};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -483,6 +483,8 @@ pub(crate) fn spawn_v4l2loopback(
         let mut report = SinkReport::default();
         let mut pictures = super::Pictures::new(endpoint, true);
         let mut size = None;
+        // The peer may change the size with every picture (each one sets the format again).
+        let mut resized = RateLimit::with_burst(Duration::from_secs(1), 5);
         let mut yuyv = Vec::new();
         let write_err = |e: std::io::Error| EndpointError::Write {
             endpoint,
@@ -505,7 +507,9 @@ pub(crate) fn spawn_v4l2loopback(
                                 "cannot set the output format {w}x{h} YUYV (VIDIOC_S_FMT: {e}); a v4l2loopback device takes a new format only while no program reads it"
                             )))
                         })?;
-                        tracing::info!(endpoint, path = %path.display(), width = w, height = h, "v4l2loopback output set to YUYV");
+                        if let Some(suppressed) = resized.admit(Instant::now()) {
+                            tracing::info!(endpoint, path = %path.display(), width = w, height = h, suppressed, "v4l2loopback output set to YUYV");
+                        }
                         size = Some((w, h));
                     }
                     bgrx_to_yuyv(f.pixels(), w, h, &mut yuyv);

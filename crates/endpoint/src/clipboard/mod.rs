@@ -23,7 +23,7 @@ use crate::common::emitter::Emitter;
 use crate::common::error::EndpointError;
 use crate::common::report::{SinkReport, SinkTask, SourceReport, SourceTask};
 use crate::common::x11::{default_display, wait_readable_for, x11_connect, x11_err};
-use ndd_core::Frame;
+use ndd_core::{Frame, RateLimit};
 use ndd_wire::clipboard::{Contents, Selection};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -262,6 +262,7 @@ pub(crate) fn spawn_x11_clipboard_source(
         max_bytes: c.max_bytes,
         images: c.images,
         stashed: Vec::new(),
+        skipped: Skipped::default(),
     };
     Ok(rt.spawn_blocking(move || src.run(selections, stream, tx)))
 }
@@ -276,6 +277,31 @@ struct Source {
     images: bool,
     /// Owner changes seen while waiting for an answer, handled next.
     stashed: Vec<XEvent>,
+    /// Selections not shared: any program on the display may take a selection as often as
+    /// it likes.
+    skipped: Skipped,
+}
+
+/// Lines about selections or records not shared, each kind at most five a second with the
+/// count held back (a program on the display, or the peer, makes them as fast as it likes).
+struct Skipped {
+    /// Source: too large; sink: a record too large.
+    large: RateLimit,
+    /// Source: not read, or not sent; sink: a bad record.
+    bad: RateLimit,
+    /// Sink: the selection could not be taken.
+    untaken: RateLimit,
+}
+
+impl Default for Skipped {
+    fn default() -> Self {
+        let limit = || RateLimit::with_burst(Duration::from_secs(1), 5);
+        Skipped {
+            large: limit(),
+            bad: limit(),
+            untaken: limit(),
+        }
+    }
 }
 
 /// Why a selection was not read.
@@ -328,7 +354,9 @@ impl Source {
                             );
                         }
                         Err(e) => {
-                            tracing::warn!(endpoint = self.endpoint, error = %e, "selection not sent")
+                            if let Some(suppressed) = self.skipped.bad.admit(Instant::now()) {
+                                tracing::warn!(endpoint = self.endpoint, error = %e, suppressed, "selection not sent")
+                            }
                         }
                     }
                 }
@@ -375,17 +403,22 @@ impl Source {
             Ok(c) => Ok(Some(c)),
             Err(Err(e)) => Err(e),
             Err(Ok(Skip::TooLarge(n))) => {
-                tracing::warn!(
-                    endpoint = self.endpoint,
-                    selection = %s,
-                    bytes = n,
-                    max_bytes = self.max_bytes,
-                    "selection not shared: larger than max_bytes"
-                );
+                if let Some(suppressed) = self.skipped.large.admit(Instant::now()) {
+                    tracing::warn!(
+                        endpoint = self.endpoint,
+                        selection = %s,
+                        bytes = n,
+                        max_bytes = self.max_bytes,
+                        suppressed,
+                        "selection not shared: larger than max_bytes"
+                    );
+                }
                 Ok(None)
             }
             Err(Ok(Skip::NoAnswer(why))) => {
-                tracing::warn!(endpoint = self.endpoint, selection = %s, "selection not read: {why}");
+                if let Some(suppressed) = self.skipped.bad.admit(Instant::now()) {
+                    tracing::warn!(endpoint = self.endpoint, selection = %s, suppressed, "selection not read: {why}");
+                }
                 Ok(None)
             }
         }
@@ -562,20 +595,7 @@ pub(crate) fn spawn_x11_clipboard_sink(
     rx: Receiver<Frame>,
     delivered: Delivered,
 ) -> Result<SinkTask, EndpointError> {
-    let selections = check_config(endpoint, c)?;
-    let (conn, atoms, window) = open(endpoint, &c.display, Some(OWN_WINDOW_NAME))?;
-    let sink = Sink {
-        endpoint,
-        chunk: (conn.maximum_request_bytes() / 4).clamp(4096, 256 << 10),
-        conn,
-        atoms,
-        window,
-        display: c.display.clone(),
-        max_bytes: c.max_bytes,
-        selections,
-        held: HashMap::new(),
-        transfers: Vec::new(),
-    };
+    let sink = Sink::new(endpoint, c)?;
     Ok(rt.spawn_blocking(move || sink.run(rx, delivered)))
 }
 
@@ -603,9 +623,30 @@ struct Sink {
     transfers: Vec<Transfer>,
     /// Largest property written at once.
     chunk: usize,
+    /// Records dropped: the peer sends as many as it likes.
+    dropped: Skipped,
 }
 
 impl Sink {
+    /// Connects to the display and makes the sink's window.
+    fn new(endpoint: &'static str, c: &X11ClipboardConfig) -> Result<Sink, EndpointError> {
+        let selections = check_config(endpoint, c)?;
+        let (conn, atoms, window) = open(endpoint, &c.display, Some(OWN_WINDOW_NAME))?;
+        Ok(Sink {
+            endpoint,
+            chunk: (conn.maximum_request_bytes() / 4).clamp(4096, 256 << 10),
+            conn,
+            atoms,
+            window,
+            display: c.display.clone(),
+            max_bytes: c.max_bytes,
+            selections,
+            held: HashMap::new(),
+            transfers: Vec::new(),
+            dropped: Skipped::default(),
+        })
+    }
+
     fn fatal(&self, e: impl std::fmt::Display) -> EndpointError {
         x11_err(self.endpoint, &self.display, e)
     }
@@ -624,7 +665,7 @@ impl Sink {
                 Ok(frame) => {
                     report.frames += 1;
                     report.bytes += frame.len() as u64;
-                    self.on_record(frame.payload())?;
+                    self.on_record(frame.payload(), Instant::now())?;
                     delivered.mark(frame.meta.seq);
                     continue;
                 }
@@ -636,11 +677,14 @@ impl Sink {
         }
     }
 
-    fn on_record(&mut self, p: &[u8]) -> Result<(), EndpointError> {
+    /// The peer's record `p`, taken at `now`.
+    fn on_record(&mut self, p: &[u8], now: Instant) -> Result<(), EndpointError> {
         let c = match Contents::parse(p) {
             Ok(c) => c,
             Err(e) => {
-                tracing::warn!(endpoint = self.endpoint, error = %e, "bad clipboard record dropped");
+                if let Some(suppressed) = self.dropped.bad.admit(now) {
+                    tracing::warn!(endpoint = self.endpoint, error = %e, suppressed, "bad clipboard record dropped");
+                }
                 return Ok(());
             }
         };
@@ -648,13 +692,16 @@ impl Sink {
             return Ok(());
         }
         if c.data_len() as u64 > self.max_bytes {
-            tracing::warn!(
-                endpoint = self.endpoint,
-                selection = %c.selection,
-                bytes = c.data_len(),
-                max_bytes = self.max_bytes,
-                "clipboard record larger than max_bytes dropped"
-            );
+            if let Some(suppressed) = self.dropped.large.admit(now) {
+                tracing::warn!(
+                    endpoint = self.endpoint,
+                    selection = %c.selection,
+                    bytes = c.data_len(),
+                    max_bytes = self.max_bytes,
+                    suppressed,
+                    "clipboard record larger than max_bytes dropped"
+                );
+            }
             return Ok(());
         }
         let atom = self.atoms.selection[&c.selection];
@@ -678,7 +725,9 @@ impl Sink {
             .map_err(|e| self.fatal(e))?
             .owner;
         if owner != self.window {
-            tracing::warn!(endpoint = self.endpoint, selection = %c.selection, "could not take the selection");
+            if let Some(suppressed) = self.dropped.untaken.admit(now) {
+                tracing::warn!(endpoint = self.endpoint, selection = %c.selection, suppressed, "could not take the selection");
+            }
             return Ok(());
         }
         tracing::debug!(endpoint = self.endpoint, selection = %c.selection, bytes = c.data_len(), "selection held");
@@ -856,5 +905,50 @@ impl Sink {
         t.sent = end;
         self.conn.flush().map_err(|e| self.fatal(e))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndd_core::testlog::Captured;
+
+    /// The peer sends a thousand bad records and a thousand too large ones within a second:
+    /// five lines of each kind, then one with the count held back; the sink goes on.
+    #[test]
+    fn a_thousand_bad_records_in_a_second_are_a_few_lines() {
+        if let Some(m) = ndd_procs::missing(&["Xvfb"]) {
+            println!("SKIPPED: needs {m} (apt-get install xvfb)");
+            return;
+        }
+        let x = ndd_procs::Xvfb::start("64x64x24").expect("Xvfb starts");
+        let c = X11ClipboardConfig {
+            display: x.display.clone(),
+            max_bytes: 4,
+            ..X11ClipboardConfig::default()
+        };
+        let mut sink = Sink::new("x11-clipboard", &c).expect("sink");
+        let large = Contents {
+            selection: Selection::Clipboard,
+            formats: vec![("UTF8_STRING".into(), b"more than four".to_vec())],
+        }
+        .emit()
+        .unwrap();
+        let t0 = Instant::now();
+        let ((), log) = Captured::run(|| {
+            for i in 0..=1000u64 {
+                let now = t0 + Duration::from_millis(if i == 1000 { 2000 } else { i });
+                sink.on_record(b"\x01\xff garbage \x1b[2J", now).unwrap();
+                sink.on_record(&large, now).unwrap();
+            }
+        });
+        for what in [
+            "bad clipboard record dropped",
+            "larger than max_bytes dropped",
+        ] {
+            let lines = log.matching(what);
+            assert_eq!(lines.len(), 6, "{lines:#?}");
+            assert!(lines[5].contains("suppressed=995"), "{lines:#?}");
+        }
     }
 }

@@ -19,9 +19,9 @@ use crate::common::emitter::Emitter;
 use crate::common::error::EndpointError;
 use crate::common::report::{SinkReport, SinkTask, SourceReport, SourceTask};
 use crate::common::x11::{wait_readable_for, x11_connect, x11_err};
-use ndd_core::Frame;
+use ndd_core::{Frame, RateLimit};
 use ndd_wire::display::Cursor;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::{Receiver, Sender};
 use x11rb::connection::Connection;
@@ -96,6 +96,8 @@ fn run_source(
     let mut em = Emitter::new(stream, tx);
     let mut last: Option<Cursor> = None;
     let mut changed = true;
+    // Programs on the display change the cursor as often as they like.
+    let mut unsent = RateLimit::default();
     loop {
         while let Some(ev) = conn.poll_for_event().map_err(|e| fatal(e.to_string()))? {
             if let XEvent::XfixesCursorNotify(_) = ev {
@@ -123,7 +125,11 @@ fn run_source(
                         last = Some(c);
                     }
                     // A cursor larger than a record carries: keep the last one shown.
-                    Err(e) => tracing::warn!(endpoint, error = %e, "cursor not sent"),
+                    Err(e) => {
+                        if let Some(suppressed) = unsent.admit(Instant::now()) {
+                            tracing::warn!(endpoint, error = %e, suppressed, "cursor not sent")
+                        }
+                    }
                 }
             }
         }
@@ -140,6 +146,16 @@ pub(crate) fn spawn_x11_cursor_sink(
     rx: Receiver<Frame>,
     delivered: Delivered,
 ) -> Result<SinkTask, EndpointError> {
+    let (conn, root, argb) = open_sink(endpoint, c)?;
+    let d = c.display.clone();
+    Ok(rt.spawn_blocking(move || run_sink(endpoint, conn, d, root, argb, rx, delivered)))
+}
+
+/// The sink's connection, root window and ARGB32 picture format.
+fn open_sink(
+    endpoint: &'static str,
+    c: &X11CursorSinkConfig,
+) -> Result<(RustConnection, xproto::Window, render::Pictformat), EndpointError> {
     let d = c.display.clone();
     let (conn, screen) = x11_connect(endpoint, &d)?;
     let root = conn.setup().roots[screen].root;
@@ -173,7 +189,7 @@ pub(crate) fn spawn_x11_cursor_sink(
         })
         .map(|f| f.id)
         .ok_or_else(|| unavailable("no ARGB32 picture format".into()))?;
-    Ok(rt.spawn_blocking(move || run_sink(endpoint, conn, d, root, argb, rx, delivered)))
+    Ok((conn, root, argb))
 }
 
 /// Makes `c` an X cursor.
@@ -242,6 +258,8 @@ fn run_sink(
     };
     let mut report = SinkReport::default();
     let mut shown: Option<xproto::Cursor> = None;
+    // The peer sends as many bad records as it likes: one line a second, with the count.
+    let mut bad = RateLimit::default();
     while let Some(frame) = rx.blocking_recv() {
         report.frames += 1;
         report.bytes += frame.len() as u64;
@@ -260,10 +278,75 @@ fn run_sink(
                 conn.flush().map_err(|e| fatal(e.to_string()))?;
             }
             Err(e) => {
-                tracing::warn!(endpoint, error = %e, "bad cursor record dropped");
+                if let Some(suppressed) = bad.admit(Instant::now()) {
+                    tracing::warn!(endpoint, error = %e, suppressed, "bad cursor record dropped");
+                }
             }
         }
         delivered.mark(seq);
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndd_core::testlog::Captured;
+
+    /// The peer sends bad cursor records as fast as it can for over a second: one line a
+    /// second, a later one saying how many were not shown; every frame is counted.
+    #[test]
+    fn bad_cursor_records_at_line_rate_are_one_line_a_second() {
+        if let Some(m) = ndd_procs::missing(&["Xvfb"]) {
+            println!("SKIPPED: needs {m} (apt-get install xvfb)");
+            return;
+        }
+        let x = ndd_procs::Xvfb::start("64x64x24").expect("Xvfb starts");
+        let c = X11CursorSinkConfig {
+            display: x.display.clone(),
+        };
+        let (conn, root, argb) = open_sink("x11-cursor", &c).expect("sink");
+        let _viewer = super::super::x11::publish_viewer(&x.display, root);
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let (log, guard) = Captured::start();
+        let started = Instant::now();
+        let feeder = {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !log
+                    .matching("bad cursor record dropped")
+                    .iter()
+                    .any(|l| !l.contains("suppressed=0"))
+                {
+                    assert!(started.elapsed() < Duration::from_secs(10), "no count");
+                    let meta = ndd_core::Meta {
+                        seq: n,
+                        ..Default::default()
+                    };
+                    tx.blocking_send(Frame::new(meta, b"\x07 not a cursor"))
+                        .unwrap();
+                    n += 1;
+                }
+                n
+            })
+        };
+        let delivered = Delivered::default();
+        let report = run_sink(
+            "x11-cursor",
+            conn,
+            x.display.clone(),
+            root,
+            argb,
+            rx,
+            delivered.clone(),
+        )
+        .expect("the sink goes on");
+        drop(guard);
+        let n = feeder.join().unwrap();
+        assert_eq!((report.frames, delivered.count()), (n, n));
+        let secs = started.elapsed().as_secs_f64().ceil() as usize;
+        let lines = log.matching("bad cursor record dropped");
+        assert!(lines.len() <= secs + 1, "{n} frames: {lines:#?}");
+    }
 }

@@ -155,6 +155,8 @@ struct View {
     max_put_bytes: usize,
     /// While the link is down: the image as it was (the store holds it dimmed).
     dimmed: Option<Vec<u8>>,
+    /// The peer may change the size with every update: a few lines a second, with the count.
+    resized: RateLimit,
 }
 
 impl View {
@@ -328,11 +330,14 @@ impl View {
         }
         let h = u.header;
         if (h.width, h.height) != (self.width, self.height) {
-            tracing::info!(
-                width = h.width,
-                height = h.height,
-                "viewer resized to the app's screen"
-            );
+            if let Some(suppressed) = self.resized.admit(Instant::now()) {
+                tracing::info!(
+                    width = h.width,
+                    height = h.height,
+                    suppressed,
+                    "viewer resized to the app's screen"
+                );
+            }
             self.resize(h.width, h.height)?;
         }
         match &mut self.store {
@@ -420,6 +425,7 @@ fn create_view(s: &X11WindowSink) -> Result<View, XFail> {
         use_shm: s.shm,
         max_put_bytes,
         dimmed: None,
+        resized: RateLimit::with_burst(Duration::from_secs(1), 5),
     };
     view.new_store(w, h)?;
     conn.map_window(win)?;
@@ -550,6 +556,8 @@ fn run_x11_window_sink(
     let mut report = SinkReport::default();
     let mut bad = BadFrames::new(endpoint);
     let mut refused = RateLimit::default();
+    // Link-state records come from this side, but any 3-byte record of that form does.
+    let mut state_refused = RateLimit::default();
     let mut rects = 0u64;
     let mut paced: Option<(u64, Instant)> = None;
     let started = Instant::now();
@@ -560,7 +568,9 @@ fn run_x11_window_sink(
                     Ok(()) => {}
                     Err(XFail::Conn(e)) => return Err(fatal(e)),
                     Err(XFail::Proto(e)) => {
-                        tracing::warn!(endpoint, error = %e, "cannot show the link state")
+                        if let Some(suppressed) = state_refused.admit(Instant::now()) {
+                            tracing::warn!(endpoint, error = %e, suppressed, "cannot show the link state")
+                        }
                     }
                 }
                 continue;
@@ -841,6 +851,74 @@ fn run_framebuffer_sink(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ndd_core::testlog::Captured;
+
+    /// The peer changes the screen's size with every update, as fast as the window follows,
+    /// for over a second: at most five lines a second, and a later one says how many were not
+    /// shown; every update is drawn.
+    #[test]
+    fn a_size_change_with_every_update_is_five_lines_a_second() {
+        if let Some(m) = ndd_procs::missing(&["Xvfb"]) {
+            println!("SKIPPED: needs {m} (apt-get install xvfb)");
+            return;
+        }
+        let x = ndd_procs::Xvfb::start("64x64x24").expect("Xvfb starts");
+        let c = super::super::config::X11WindowConfig {
+            display: x.display.clone(),
+            ..Default::default()
+        };
+        let s = open_x11_window("x11-window", &c).expect("sink");
+        let update = |w: u16| {
+            Update {
+                header: ndd_wire::display::UpdateHeader {
+                    width: w,
+                    height: 2,
+                    format: PixelFormat::Bgrx32,
+                    flags: 0,
+                },
+                rects: vec![ndd_wire::display::RectPixels {
+                    rect: Rect::new(0, 0, 1, 1),
+                    encoding: ndd_wire::display::Encoding::Raw,
+                    pixels: &[0, 0, 0xff, 0],
+                }],
+            }
+            .emit()
+            .unwrap()
+        };
+        let sizes = [update(2), update(3)];
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let (log, guard) = Captured::start();
+        let started = Instant::now();
+        let feeder = {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !log
+                    .matching("viewer resized")
+                    .iter()
+                    .any(|l| !l.contains("suppressed=0"))
+                {
+                    assert!(started.elapsed() < Duration::from_secs(10), "no count");
+                    let meta = ndd_core::Meta {
+                        seq: n,
+                        ..Default::default()
+                    };
+                    tx.blocking_send(Frame::new(meta, &sizes[n as usize % 2]))
+                        .unwrap();
+                    n += 1;
+                }
+                n
+            })
+        };
+        let delivered = Delivered::default();
+        let report = run_x11_window_sink("x11-window", s, rx, delivered.clone()).expect("sink");
+        drop(guard);
+        let n = feeder.join().unwrap();
+        assert_eq!((report.frames, delivered.count()), (n, n));
+        let secs = started.elapsed().as_secs_f64().ceil() as usize;
+        let lines = log.matching("viewer resized");
+        assert!(lines.len() <= 5 * (secs + 1), "{n} updates: {lines:#?}");
+    }
 
     #[test]
     fn only_updates_of_a_sixteenth_of_the_screen_or_more_are_paced() {

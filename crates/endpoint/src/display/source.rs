@@ -309,6 +309,8 @@ fn run_x11_screen(
     let mut last_keyframe = Instant::now();
     let mut captures = 0u64;
     let mut refused = RateLimit::default();
+    // A program on the display may resize the screen as often as it likes.
+    let mut resized = RateLimit::with_burst(Duration::from_secs(1), 5);
     let started = Instant::now();
     loop {
         while let Some(ev) = s.conn.poll_for_event().map_err(|e| fatal(e.to_string()))? {
@@ -322,12 +324,15 @@ fn run_x11_screen(
                 XEvent::ConfigureNotify(c)
                     if c.window == s.root && (c.width, c.height) != (s.width, s.height) =>
                 {
-                    tracing::info!(
-                        endpoint,
-                        width = c.width,
-                        height = c.height,
-                        "screen size changed"
-                    );
+                    if let Some(suppressed) = resized.admit(Instant::now()) {
+                        tracing::info!(
+                            endpoint,
+                            width = c.width,
+                            height = c.height,
+                            suppressed,
+                            "screen size changed"
+                        );
+                    }
                     s.width = c.width;
                     s.height = c.height;
                     keyframe_due = true;

@@ -21,11 +21,11 @@ use crate::common::emitter::Emitter;
 use crate::common::error::EndpointError;
 use crate::common::report::{SourceReport, SourceTask};
 use crate::common::x11::{wait_readable_for, x11_connect, x11_err};
-use ndd_core::Frame;
+use ndd_core::{Frame, RateLimit};
 use std::io::Read;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::Sender;
 use x11rb::connection::Connection;
@@ -71,6 +71,8 @@ fn wait_readable(fd: impl AsFd) -> std::io::Result<()> {
 struct InputOut {
     endpoint: &'static str,
     em: Emitter,
+    /// The device makes events as fast as it likes: one line a second about dropped ones.
+    dropped: RateLimit,
 }
 
 impl InputOut {
@@ -78,6 +80,7 @@ impl InputOut {
         InputOut {
             endpoint,
             em: Emitter::new(stream, tx),
+            dropped: RateLimit::default(),
         }
     }
 
@@ -86,7 +89,9 @@ impl InputOut {
         let payload = match msg.emit() {
             Ok(p) => p,
             Err(e) => {
-                tracing::warn!(endpoint = self.endpoint, error = %e, "input record dropped");
+                if let Some(suppressed) = self.dropped.admit(Instant::now()) {
+                    tracing::warn!(endpoint = self.endpoint, error = %e, suppressed, "input record dropped");
+                }
                 return true;
             }
         };

@@ -9,10 +9,11 @@ use crate::common::delivered::Delivered;
 use crate::common::error::EndpointError;
 use crate::common::report::{SinkReport, SinkTask};
 use crate::sys;
-use ndd_core::Frame;
+use ndd_core::{Frame, RateLimit};
 use rustix::termios::OptionalActions;
 use std::io;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::Receiver;
 
@@ -65,6 +66,25 @@ fn write_err(endpoint: &'static str, what: &str, source: io::Error) -> EndpointE
     }
 }
 
+/// What the tty refused of the peer's control frames, each kind said at most five times a
+/// second with the count held back: the peer sends them as fast as it likes.
+struct Refusals {
+    settings: RateLimit,
+    brk: RateLimit,
+    purge: RateLimit,
+}
+
+impl Default for Refusals {
+    fn default() -> Self {
+        let limit = || RateLimit::with_burst(Duration::from_secs(1), 5);
+        Refusals {
+            settings: limit(),
+            brk: limit(),
+            purge: limit(),
+        }
+    }
+}
+
 /// `serial` sink: writes data, applies line settings and DTR/RTS.
 async fn run_tty_sink(
     endpoint: &'static str,
@@ -75,6 +95,7 @@ async fn run_tty_sink(
     let what = tty.path.display().to_string();
     let mut report = SinkReport::default();
     let mut modem_warned = false;
+    let mut refused = Refusals::default();
     while let Some(frame) = rx.recv().await {
         report.frames += 1;
         report.bytes += frame.len() as u64;
@@ -101,14 +122,20 @@ async fn run_tty_sink(
                     }
                     // The app was already told yes by its pty: report and carry on with the
                     // old settings rather than end the stream.
-                    Err(e) => tracing::warn!(endpoint, path = %what, settings = %s, error = %e,
-                        "cannot apply line settings; the port keeps its previous ones"),
+                    Err(e) => {
+                        if let Some(suppressed) = refused.settings.admit(Instant::now()) {
+                            tracing::warn!(endpoint, path = %what, settings = %s, error = %e, suppressed,
+                                "cannot apply line settings; the port keeps its previous ones")
+                        }
+                    }
                 }
             }
             SerialMessage::Break(on) => {
                 if let Err(e) = sys::set_break(tty.fd.get_ref(), on) {
-                    tracing::warn!(endpoint, path = %what, on, error = %e,
-                        "cannot set the break condition on this tty; ignored");
+                    if let Some(suppressed) = refused.brk.admit(Instant::now()) {
+                        tracing::warn!(endpoint, path = %what, on, error = %e, suppressed,
+                            "cannot set the break condition on this tty; ignored");
+                    }
                 } else {
                     tracing::debug!(endpoint, path = %what, on, "break condition set");
                 }
@@ -121,8 +148,10 @@ async fn run_tty_sink(
                     _ => QueueSelector::IOFlush,
                 };
                 if let Err(e) = rustix::termios::tcflush(tty.fd.get_ref(), queue) {
-                    tracing::warn!(endpoint, path = %what, which, error = %e,
-                        "cannot purge this tty's buffers; ignored");
+                    if let Some(suppressed) = refused.purge.admit(Instant::now()) {
+                        tracing::warn!(endpoint, path = %what, which, error = %e, suppressed,
+                            "cannot purge this tty's buffers; ignored");
+                    }
                 } else {
                     tracing::debug!(endpoint, path = %what, which, "buffers purged");
                 }
@@ -199,4 +228,67 @@ async fn run_pty_sink(
         "sink ended"
     );
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::serial::record::LineSettings;
+    use ndd_core::testlog::Captured;
+
+    /// The peer sends line settings, break and purge frames as fast as it can to a port that
+    /// refuses them all (a pipe here), for over a second: each kind is said at most five times
+    /// a second and a later line says how many were not shown; every frame is completed.
+    #[tokio::test]
+    async fn a_flood_of_refused_control_frames_is_five_lines_a_second_each() {
+        let (log, _guard) = Captured::start();
+        let (_r, w) = rustix::pipe::pipe().unwrap();
+        let tty = Arc::new(Tty::over(w, "/test/pipe".into()));
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let delivered = Delivered::default();
+        let started = Instant::now();
+        let kinds = [
+            "cannot apply line settings",
+            "cannot set the break condition",
+            "cannot purge",
+        ];
+        let counted = |what: &str| {
+            log.matching(what)
+                .iter()
+                .any(|l| !l.contains("suppressed=0"))
+        };
+        let peer = async {
+            let msgs = [
+                SerialMessage::Settings(LineSettings::default()).emit(),
+                SerialMessage::Break(true).emit(),
+                SerialMessage::Purge(3).emit(),
+            ];
+            let mut seq = 0u64;
+            while !kinds.iter().all(|k| counted(k)) {
+                assert!(started.elapsed() < Duration::from_secs(10), "no count");
+                for m in &msgs {
+                    let meta = ndd_core::Meta {
+                        seq,
+                        ..Default::default()
+                    };
+                    tx.send(Frame::new(meta, m)).await.unwrap();
+                    seq += 1;
+                }
+            }
+            drop(tx);
+            seq
+        };
+        let (report, sent) = tokio::join!(run_tty_sink("serial", tty, rx, delivered.clone()), peer);
+        assert_eq!(report.unwrap().frames, sent);
+        assert_eq!(delivered.count(), sent);
+        let secs = started.elapsed().as_secs_f64().ceil() as usize;
+        for k in kinds {
+            let lines = log.matching(k);
+            assert!(
+                lines.len() <= 5 * (secs + 1),
+                "{sent} frames, {} lines in {secs} s: {lines:#?}",
+                lines.len()
+            );
+        }
+    }
 }

@@ -158,6 +158,18 @@ pub(crate) struct Tty {
     opened_with: LineSettings,
 }
 
+impl Tty {
+    /// A tty over any descriptor: a test's pipe, which refuses every terminal request.
+    #[cfg(test)]
+    pub(super) fn over(fd: OwnedFd, path: PathBuf) -> Tty {
+        Tty {
+            fd: sys::async_fd(fd).expect("a descriptor epoll takes"),
+            path,
+            opened_with: LineSettings::default(),
+        }
+    }
+}
+
 /// A pty master plus our own slave fd and the symlink at `link`, shared by the `pty` source
 /// and sink of one link.
 #[derive(Debug)]

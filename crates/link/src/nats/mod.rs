@@ -178,6 +178,53 @@ fn read_secret(path: &std::path::Path, what: &str) -> Result<String, LinkError> 
     Ok(line)
 }
 
+/// The NATS client's connection events as log lines. A server that takes the connection
+/// and drops it again and again has the client reconnect at once, every time: each kind of
+/// line comes at most five times a second, with the count of those held back.
+#[derive(Debug)]
+struct ServerEvents {
+    lost: ndd_core::RateLimit,
+    back: ndd_core::RateLimit,
+}
+
+impl Default for ServerEvents {
+    fn default() -> Self {
+        let limit = || ndd_core::RateLimit::with_burst(Duration::from_secs(1), 5);
+        ServerEvents {
+            lost: limit(),
+            back: limit(),
+        }
+    }
+}
+
+impl ServerEvents {
+    /// `ev` at `now`; `before`: the connections made before this one.
+    fn note(&mut self, who: &str, ev: &async_nats::Event, before: u64, now: std::time::Instant) {
+        match ev {
+            async_nats::Event::Disconnected => {
+                if let Some(suppressed) = self.lost.admit(now) {
+                    tracing::warn!(suppressed, "{who}: lost the NATS server; reconnecting")
+                }
+            }
+            async_nats::Event::Connected if before > 0 => {
+                if let Some(suppressed) = self.back.admit(now) {
+                    tracing::warn!(
+                        suppressed,
+                        "{who}: reconnected to the NATS server (connection {})",
+                        before + 1
+                    )
+                }
+            }
+            async_nats::Event::Connected => tracing::info!("{who}: connected to NATS"),
+            // A server error carries the server's words.
+            ev => tracing::debug!(
+                event = %ndd_wire::text::printable(&ev.to_string(), ndd_wire::text::MAX_REASON),
+                "{who}: NATS"
+            ),
+        }
+    }
+}
+
 /// Connects to the NATS server(s) with the configured TLS and credentials; `name` is how
 /// the connection shows in the server's monitoring. Fails (with the server's words) when
 /// the server is unreachable within `timeout` or refuses the credentials.
@@ -236,8 +283,8 @@ pub async fn connect(
         })
         .collect::<Result<Vec<_>, _>>()?;
     let who = name.to_string();
+    let said = std::sync::Arc::new(std::sync::Mutex::new(ServerEvents::default()));
     opts = opts.event_callback(move |ev| {
-        let who = who.clone();
         // Connections before this one (a reconnect is said as loudly as the loss it ends).
         let before = match ev {
             async_nats::Event::Connected => {
@@ -245,21 +292,10 @@ pub async fn connect(
             }
             _ => 0,
         };
-        async move {
-            match ev {
-                async_nats::Event::Disconnected => {
-                    tracing::warn!("{who}: lost the NATS server; reconnecting")
-                }
-                async_nats::Event::Connected if before > 0 => {
-                    tracing::warn!(
-                        "{who}: reconnected to the NATS server (connection {})",
-                        before + 1
-                    )
-                }
-                async_nats::Event::Connected => tracing::info!("{who}: connected to NATS"),
-                ev => tracing::debug!(event = %ev, "{who}: NATS"),
-            }
-        }
+        said.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .note(&who, &ev, before, std::time::Instant::now());
+        async {}
     });
     // Once connected the client reconnects by itself, forever; the first connection is
     // tried again until `timeout` (the server may be starting too), except when the server
@@ -320,3 +356,31 @@ pub async fn connect(
 }
 
 pub use async_nats;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndd_core::testlog::Captured;
+    use std::time::Instant;
+
+    /// A server that takes the connection and drops it, a thousand times in a second: five
+    /// lines of each kind, then one with the count held back; the connection count goes on.
+    #[test]
+    fn a_thousand_lost_connections_in_a_second_are_a_few_lines() {
+        let mut said = ServerEvents::default();
+        let t0 = Instant::now();
+        let ((), log) = Captured::run(|| {
+            for i in 0..=1000u64 {
+                let now = t0 + Duration::from_millis(if i == 1000 { 2000 } else { i });
+                said.note("device", &async_nats::Event::Disconnected, 0, now);
+                said.note("device", &async_nats::Event::Connected, i + 1, now);
+            }
+        });
+        for what in ["lost the NATS server", "reconnected to the NATS server"] {
+            let lines = log.matching(what);
+            assert_eq!(lines.len(), 6, "{lines:#?}");
+            assert!(lines[5].contains("suppressed=995"), "{lines:#?}");
+        }
+        assert!(log.lines()[11].contains("(connection 1002)"));
+    }
+}

@@ -2,7 +2,7 @@
 //! reference it does not hold and asks its twin for a key frame.
 
 use super::format::{Header, KeyRequest, DELTA_LEN, KEY_LEN};
-use ndd_core::{Frame, Half, HalfStats, ModuleError, Output};
+use ndd_core::{Frame, Half, HalfStats, ModuleError, Output, RateLimit};
 use std::time::{Duration, Instant};
 
 /// While it cannot rebuild, the inverse asks again for a key frame after this many further
@@ -27,6 +27,9 @@ pub struct DeltaInverse {
     delta_frames: u64,
     missing_reference: u64,
     key_requests: u64,
+    /// One warning a second about key requests, however many deltas a peer sends without
+    /// their reference.
+    noisy: RateLimit,
 }
 
 impl DeltaInverse {
@@ -102,15 +105,18 @@ impl Half for DeltaInverse {
                     self.key_requests += 1;
                     self.drops_since_request = 0;
                     self.requested_at = Some(now);
-                    tracing::warn!(
-                        stream = frame.meta.stream,
-                        seq,
-                        reference,
-                        held = ?self.held_seq,
-                        len = frame.len(),
-                        held_len = self.held.len(),
-                        "delta: reference frame missing; frame dropped, key frame requested"
-                    );
+                    if let Some(suppressed) = self.noisy.admit(now) {
+                        tracing::warn!(
+                                suppressed,
+                                stream = frame.meta.stream,
+                            seq,
+                            reference,
+                            held = ?self.held_seq,
+                            len = frame.len(),
+                            held_len = self.held.len(),
+                            "delta: reference frame missing; frame dropped, key frame requested"
+                        );
+                    }
                     let req = KeyRequest {
                         last: self.held_seq,
                     };

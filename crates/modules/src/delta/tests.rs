@@ -301,6 +301,35 @@ fn a_request_is_repeated_after_twice_the_measured_response_time() {
     assert_eq!(sent, [100, 150]);
 }
 
+/// A peer that sends a key frame, then a delta against a frame it never sent, a thousand
+/// times in a second: every delta asks for a key frame (as it should), but the log says so
+/// once, then with the count of the warnings held back.
+#[test]
+fn a_thousand_deltas_without_their_reference_in_a_second_are_one_warning() {
+    let mut inv = DeltaInverse::default();
+    let mut out = Output::new();
+    let t0 = Instant::now();
+    let ((), log) = ndd_core::testlog::Captured::run(|| {
+        for i in 0..=1000u64 {
+            // 1000 rounds within the first second, the last one a second in.
+            let now = t0 + Duration::from_micros(i * 1000);
+            let mut k = Frame::new(meta(3 * i + 1), &[1; 4]);
+            Header::Key.emit_into(&mut k);
+            inv.handle_frame(now, k, &mut out).unwrap();
+            let mut d = Frame::new(meta(3 * i + 3), &[0; 4]);
+            Header::Delta {
+                reference: 3 * i + 2,
+            }
+            .emit_into(&mut d);
+            inv.handle_frame(now, d, &mut out).unwrap();
+        }
+    });
+    assert_eq!(out.take_control().len(), 1001, "every episode still asks");
+    let lines = log.matching("delta: reference frame missing");
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    assert!(lines[1].contains("suppressed=999"), "{lines:#?}");
+}
+
 impl Header {
     fn emit_into(&self, f: &mut Frame) {
         f.push_header_with(self.buffer_len(), |h| self.emit(h));

@@ -39,6 +39,9 @@ pub struct EncryptInverse {
     epochs: u64,
     /// One warning a second for dropped frames, however many a peer forges.
     noisy: RateLimit,
+    /// A few lines a second about new epochs: a frame of an epoch older than the retired
+    /// ones kept authenticates as a new one, and whoever recorded many can replay them.
+    epochs_said: RateLimit,
     /// Whether a frame that fails authentication is warned about here (else only counted).
     warn_auth: bool,
     /// Live epochs kept ([`LIVE_EPOCHS`] unless set).
@@ -83,6 +86,7 @@ impl EncryptInverse {
             truncated: 0,
             epochs: 0,
             noisy: RateLimit::default(),
+            epochs_said: RateLimit::with_burst(std::time::Duration::from_secs(1), 5),
             warn_auth: true,
             live_max: LIVE_EPOCHS,
         }
@@ -232,12 +236,15 @@ impl Half for EncryptInverse {
         });
         self.epochs += 1;
         if self.epochs > 1 {
-            tracing::info!(
-                stream = meta.stream,
-                seq = meta.seq,
-                epoch = %hex(&hdr.epoch[..4]),
-                "encrypt: new key epoch (the source restarted)"
-            );
+            if let Some(suppressed) = self.epochs_said.admit(now) {
+                tracing::info!(
+                        suppressed,
+                        stream = meta.stream,
+                    seq = meta.seq,
+                    epoch = %hex(&hdr.epoch[..4]),
+                    "encrypt: new key epoch (the source restarted)"
+                );
+            }
         }
         out.push(frame);
         Ok(())

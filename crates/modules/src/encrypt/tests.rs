@@ -713,6 +713,36 @@ fn source_restarts_and_retired_epochs() {
     );
 }
 
+/// A frame of an epoch older than the retired ones kept authenticates as a new epoch: whoever
+/// recorded the first frames of many epochs can play them in at line rate. A thousand new
+/// epochs in a second are five lines, then one with the count held back; all are delivered
+/// and counted as before.
+#[test]
+fn a_thousand_new_epochs_in_a_second_are_a_few_lines() {
+    let kf = TempFile::new(&KEY, 0o600);
+    let cfg = key_cfg(&kf, Cipher::Aes256Gcm);
+    let mut inv = cfg.inverse().unwrap();
+    let firsts: Vec<Frame> = (0..1001)
+        .map(|i| seal(cfg.forward().unwrap().as_mut(), meta(i), b"x"))
+        .collect();
+    let t0 = Instant::now();
+    let mut out = Output::new();
+    let ((), log) = ndd_core::testlog::Captured::run(|| {
+        for (i, f) in firsts.into_iter().enumerate() {
+            // 1000 within the first second, the last one a second later.
+            let ms = if i == 1000 { 2000 } else { i as u64 };
+            inv.handle_frame(t0 + Duration::from_millis(ms), f, &mut out)
+                .unwrap();
+        }
+    });
+    assert_eq!(out.take_frames().len(), 1001);
+    assert!(counters(inv.as_ref()).contains(&("epochs", 1001)));
+    let lines = log.matching("encrypt: new key epoch");
+    assert_eq!(lines.len(), 6, "{lines:#?}");
+    // Epoch 1 is the first new one: 999 more in the first second, 5 of them said.
+    assert!(lines[5].contains("suppressed=994"), "{lines:#?}");
+}
+
 /// Many sending halves at once (app sides feeding one NATS subject): with as many live
 /// epochs, every sender's frames open, interleaved, and replays are still caught; with the
 /// default two, the third sender retires the first one's epoch.
