@@ -1400,6 +1400,11 @@ async fn claim_device(
         let until = tokio::time::Instant::now() + Duration::from_millis(500);
         let mut serving = None;
         while let Ok(Some(m)) = tokio::time::timeout_at(until, answers.next()).await {
+            // The server's own status (503, no responders: nobody serves the driver yet) is
+            // no answer; warned about as a malformed claim before, by a cluster's servers.
+            if m.status.is_some() {
+                continue;
+            }
             match check_claim(&m.payload, &label, local, home) {
                 Ok(who) => serving = Some(who),
                 Err(why) => {
