@@ -24,14 +24,6 @@ source = { type = "synthetic", size = 100, interval_ms = 1.0, count = 200, seed 
 sink = { type = "check", seed = 3, size = 100, expect = 200 }
 "#;
 
-fn free_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A stranger (an install nobody trusts) connects first; the listener must refuse it and go
 /// on to serve the trusted device.
 fn stranger_first(transport: &str) {
@@ -48,7 +40,7 @@ fn stranger_first(transport: &str) {
     ok(ndd().args(["trust", &afp, "--home"]).arg(&stranger_home));
     let cfg = dir.0.join("c.toml");
     std::fs::write(&cfg, CFG.replace("TRANSPORT", transport)).unwrap();
-    let addr = format!("127.0.0.1:{}", free_port());
+    let addr = free_addr();
     let mut app = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &addr]));
     let _ = app.addr();
     let stranger = Side::spawn(run_cmd(
@@ -104,7 +96,7 @@ fn flood_listener(
             .replace("[link]", "[link]\nhandshake_timeout_ms = 3000"),
     )
     .unwrap();
-    let addr = format!("127.0.0.1:{}", free_port());
+    let addr = free_addr();
     let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &addr]));
     let _ = app.addr();
     (dir, dev_home, cfg, addr, app)
@@ -391,7 +383,7 @@ fn a_strangers_datagrams_do_not_touch_a_udp_session() {
         CFG.replace("TRANSPORT", "udp").replace("= 200", "= 1500"),
     )
     .unwrap();
-    let addr = format!("127.0.0.1:{}", free_port());
+    let addr = free_addr();
     let json = dir.0.join("app.json");
     let app = Side::spawn(run_cmd(
         &cfg,
@@ -498,7 +490,7 @@ fn app_and_device(
     // listener binds at each attempt, so it needs its port up front.
     let udp = std::fs::read_to_string(cfg).is_ok_and(|t| t.contains("transport = \"udp\""));
     let listen = if udp {
-        format!("127.0.0.1:{}", free_port())
+        free_addr()
     } else {
         "127.0.0.1:0".to_string()
     };

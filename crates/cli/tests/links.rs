@@ -22,14 +22,6 @@ source = { type = "synthetic", size = 20, interval_ms = 2.0, count = 150, seed =
 sink = { type = "check", seed = 4, size = 20, expect = 150 }
 "#;
 
-fn free_udp_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn run(transport: &str) {
     run_with(transport, &[]);
 }
@@ -43,7 +35,7 @@ fn run_with(transport: &str, extra: &[&str]) {
     let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
     let cfg = dir.0.join("c.toml");
     std::fs::write(&cfg, CFG.replace("TRANSPORT", transport)).unwrap();
-    let addr = format!("127.0.0.1:{}", free_udp_port());
+    let addr = free_addr();
     let app = Side::spawn(run_cmd(
         &cfg,
         "app",
@@ -132,7 +124,7 @@ fn udp_with_insecure_on_one_side_only_says_so() {
         ),
     )
     .unwrap();
-    let addr = format!("127.0.0.1:{}", free_udp_port());
+    let addr = free_addr();
     let app = Side::spawn(run_cmd(
         &cfg,
         "app",
