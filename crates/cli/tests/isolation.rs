@@ -9,9 +9,20 @@ mod common;
 use common::*;
 use std::io::Read;
 
-#[test]
-fn a_sink_that_does_not_drain_holds_back_only_its_own_stream() {
-    let dir = Dir::new("isolation");
+/// A driver with a `stuck` stream into a named pipe nobody reads (`stuck`: the TOML of its
+/// `reliability`, if any, and `source` lines) beside `events`, 600 checked frames of 100 bytes
+/// every 2 ms: (the test's directory, device home, app home, the pipe, the config).
+fn stuck_beside_events(
+    name: &str,
+    stuck: &str,
+) -> (
+    Dir,
+    std::path::PathBuf,
+    std::path::PathBuf,
+    std::path::PathBuf,
+    std::path::PathBuf,
+) {
+    let dir = Dir::new(name);
     let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
     let fifo = dir.0.join("stuck.out");
     let made = std::process::Command::new("mkfifo")
@@ -20,10 +31,6 @@ fn a_sink_that_does_not_drain_holds_back_only_its_own_stream() {
         .unwrap();
     assert!(made.success());
     let cfg = dir.0.join("c.toml");
-    // The stuck stream: 20 000 frames of 1000 bytes (20 MB: more than the sink's channel, the
-    // kernel's pipe and the peer's 16 MiB resume buffer hold, so its source stops until the
-    // reader comes; the sides stay up meanwhile). The other: 600 frames of 100 bytes every
-    // 2 ms, checked.
     std::fs::write(
         &cfg,
         format!(
@@ -32,7 +39,7 @@ driver = "isolation"
 [[stream]]
 name = "stuck"
 direction = "device-to-app"
-source = {{ type = "synthetic", size = 1000, interval_ms = 0.1, count = 20000, seed = 5 }}
+{stuck}
 sink = {{ type = "file", path = "{}", framing = "length" }}
 [[stream]]
 name = "events"
@@ -44,6 +51,19 @@ sink = {{ type = "check", seed = 3, size = 100, expect = 600 }}
         ),
     )
     .unwrap();
+    (dir, dev_home, app_home, fifo, cfg)
+}
+
+#[test]
+fn a_sink_that_does_not_drain_holds_back_only_its_own_stream() {
+    // The stuck stream: 20 000 frames of 1000 bytes (20 MB: more than the sink's channel, the
+    // kernel's pipe and the peer's 16 MiB resume buffer hold, so its source stops until the
+    // reader comes; the sides stay up meanwhile). The other: 600 frames of 100 bytes every
+    // 2 ms, checked.
+    let (dir, dev_home, app_home, fifo, cfg) = stuck_beside_events(
+        "isolation",
+        r#"source = { type = "synthetic", size = 1000, interval_ms = 0.1, count = 20000, seed = 5 }"#,
+    );
     let link = free_addr();
     let app = Side::spawn(run_cmd(
         &cfg,
@@ -104,36 +124,10 @@ sink = {{ type = "check", seed = 3, size = 100, expect = 600 }}
 /// session handed on is either read or counted.
 #[test]
 fn a_lossy_sink_that_does_not_drain_drops_its_oldest_frames_and_counts_them() {
-    let dir = Dir::new("isolation-lossy");
-    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
-    let fifo = dir.0.join("stuck.out");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap();
-    assert!(made.success());
-    let cfg = dir.0.join("c.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            r#"
-driver = "isolation"
-[[stream]]
-name = "stuck"
-direction = "device-to-app"
-reliability = "lossy"
-source = {{ type = "synthetic", size = 1000, interval_ms = 0.2, count = 10000, seed = 5 }}
-sink = {{ type = "file", path = "{}", framing = "length" }}
-[[stream]]
-name = "events"
-direction = "device-to-app"
-source = {{ type = "synthetic", size = 100, interval_ms = 2.0, count = 600, seed = 3 }}
-sink = {{ type = "check", seed = 3, size = 100, expect = 600 }}
-"#,
-            fifo.display()
-        ),
-    )
-    .unwrap();
+    let (dir, dev_home, app_home, fifo, cfg) = stuck_beside_events(
+        "isolation-lossy",
+        "reliability = \"lossy\"\nsource = { type = \"synthetic\", size = 1000, interval_ms = 0.2, count = 10000, seed = 5 }",
+    );
     let link = free_addr();
     let stats = dir.0.join("app.json");
     let app = Side::spawn(run_cmd(

@@ -71,15 +71,26 @@ impl Captured {
     pub fn suppressed(&self, needle: &str) -> u64 {
         self.matching(needle)
             .iter()
-            .filter_map(|l| {
-                let (_, rest) = l.split_once("suppressed=")?;
-                rest.split(|c: char| !c.is_ascii_digit())
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
+            .filter_map(|l| count_of(l))
             .sum()
     }
+
+    /// Whether a line that contains `needle` says it held others back (`suppressed=N`, N > 0):
+    /// what a flood test waits for.
+    pub fn counted(&self, needle: &str) -> bool {
+        self.matching(needle)
+            .iter()
+            .any(|l| count_of(l).is_some_and(|n| n > 0))
+    }
+}
+
+/// The `suppressed=N` field of a line.
+fn count_of(line: &str) -> Option<u64> {
+    let (_, rest) = line.split_once("suppressed=")?;
+    rest.split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse::<u64>()
+        .ok()
 }
 
 struct Capture(Arc<Mutex<Vec<String>>>);
