@@ -30,8 +30,10 @@ use ndd_core::session::{decide_handshake, HandshakeDecision, PeerOpening};
 use ndd_core::{Frame, Half, Meta, Output, Pair, Role, Stack};
 use ndd_endpoint::Delivered;
 use ndd_link::nats::async_nats;
+use ndd_link::nats::intake::{Intake, Opened, Taken, REORDER_WAIT};
 use ndd_link::nats::join::{Admission, Host, Joiner, Welcome};
-use ndd_link::nats::record::{FrameRecord, Reorder, END_SEQ};
+use ndd_link::nats::outbox::Outbox;
+use ndd_link::nats::record::{FrameRecord, END_SEQ, HEADER_LEN};
 use ndd_link::nats::runs::{next_run_id, run_key, Admit, Refusal, Run, RunGuard};
 use ndd_link::nats::subjects::Subjects;
 use ndd_link::nats::NatsConfig;
@@ -43,7 +45,7 @@ use ndd_modules::multiplex::{route_of, Route};
 use ndd_modules::ModuleConfig;
 use ndd_wire::text::{printable, MAX_REASON};
 use ndd_wire::{CloseCode, Message, OwnedMessage};
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -64,18 +66,11 @@ const JS_IN_FLIGHT: usize = 256;
 const JS_READY_WAIT: Duration = Duration::from_secs(15);
 /// How long JetStream keeps a message id to drop a republished duplicate.
 const JS_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
-/// How long stored frames wait behind one that has not come (published again after a
-/// server restart, it is on its way).
-const REORDER_WAIT: Duration = Duration::from_secs(10);
 /// How long an app side that got a stream's END waits for stored frames still on their way.
 const ENDING_WAIT: Duration = Duration::from_secs(15);
 
 /// After a lossy stream's END, the pauses before it goes again (core NATS may lose one).
 const END_REPEATS: [Duration; 2] = [Duration::from_millis(20), Duration::from_millis(100)];
-/// How far back a reliable stream publishes again after a reconnect to the server.
-const REPUBLISH_WINDOW: Duration = Duration::from_secs(5);
-/// At most this many bytes of it.
-const REPUBLISH_BYTES: usize = 64 << 20;
 
 type Shared<T> = Arc<Mutex<T>>;
 
@@ -1337,7 +1332,7 @@ fn ready_message(key: &GroupKey, fingerprint: &str) -> Result<Bytes> {
     )?;
     out.take_frames()
         .pop()
-        .map(|f| record(f, key.run, 0))
+        .map(|f| Outbox::<()>::new(0, key.run, false, None, false).record("ready", f))
         .ok_or_else(|| anyhow!("encrypt made no frame"))
 }
 
@@ -2053,28 +2048,7 @@ async fn spawn_stream(
             })?;
         let stack = user_stack(cfg, plan, Role::Source)?;
         let seal = GroupSeal::new(key.clone())?;
-        // An app side keeps its reliable frames a while, to seal them again after a rotation.
-        let keeps = plan.reliable && js.is_some() && ctx.side == SideName::App;
-        let out = Publisher {
-            // Many app sides publish on one up subject with the device's run id and their own
-            // frame numbers: their message ids must differ, or JetStream drops all but the
-            // first app side's frame of each number as a duplicate (found by the rotation
-            // test: a second app side's frames never reached the device).
-            sender: (ctx.side == SideName::App).then(random_u64),
-            budget: Budget::new(),
-            dropped: 0,
-            ending: false,
-            kept: keeps.then(Recent::new),
-            rotations: 0,
-            ctx: ctx.clone(),
-            plan: plan.clone(),
-            run: seal.run(),
-            js: if plan.reliable { js } else { None },
-            acks: VecDeque::new(),
-            recent: Recent::new(),
-            connects: ctx.connects.load(std::sync::atomic::Ordering::Acquire),
-            wseq: HashMap::new(),
-        };
+        let out = Publisher::new(ctx, plan, seal.run(), js);
         let endpoint = source.abort_handle();
         let finish = finish.clone();
         tasks.spawn(async move {
@@ -2219,70 +2193,14 @@ impl Budget {
     }
 }
 
-/// What a publisher sent in the last [`REPUBLISH_WINDOW`], at most [`REPUBLISH_BYTES`] of it,
-/// oldest first.
-struct Recent<T> {
-    items: VecDeque<(Instant, usize, T)>,
-    bytes: usize,
-}
+/// What a stream's [`Outbox`] keeps of an app side's reliable frame before sealing.
+type Plain = (Meta, Bytes, Route);
 
-impl<T> Recent<T> {
-    fn new() -> Recent<T> {
-        Recent {
-            items: VecDeque::new(),
-            bytes: 0,
-        }
-    }
+/// A stored publish's outcome: its token and the stream sequence it was stored at.
+type AckResult = (u64, Result<u64, ()>);
 
-    /// Adds `item` of `len` bytes; what is now too old or too much goes.
-    fn push(&mut self, len: usize, item: T) {
-        let now = Instant::now();
-        self.bytes += len;
-        self.items.push_back((now, len, item));
-        while self.items.front().is_some_and(|(t, ..)| {
-            now.duration_since(*t) > REPUBLISH_WINDOW || self.bytes > REPUBLISH_BYTES
-        }) {
-            if let Some((_, n, _)) = self.items.pop_front() {
-                self.bytes -= n;
-            }
-        }
-    }
-
-    fn iter(&self) -> impl Iterator<Item = &T> {
-        self.items.iter().map(|(_, _, x)| x)
-    }
-
-    fn iter_mut(&mut self) -> impl DoubleEndedIterator<Item = &mut T> {
-        self.items.iter_mut().map(|(_, _, x)| x)
-    }
-
-    fn len(&self) -> usize {
-        self.items.len()
-    }
-
-    fn is_empty(&self) -> bool {
-        self.items.is_empty()
-    }
-
-    /// Everything, oldest first; the window is empty after.
-    fn take(&mut self) -> Vec<T> {
-        self.bytes = 0;
-        self.items.drain(..).map(|(_, _, x)| x).collect()
-    }
-}
-
-/// A frame an app side published into JetStream, as it was before sealing.
-struct Kept {
-    /// Its JetStream message id.
-    id: String,
-    /// The stream sequence the server gave it, once acknowledged.
-    stored: Option<u64>,
-    meta: Meta,
-    payload: Bytes,
-    route: Route,
-}
-
-/// Where a source's frames go.
+/// Where a source's frames go: the stream's [`Outbox`] (records, message ids, retries) and
+/// the client.
 struct Publisher {
     /// This stream's room in the client's queue.
     budget: Budget,
@@ -2290,32 +2208,50 @@ struct Publisher {
     dropped: u64,
     /// The stream's END is on its way: it waits for room, never dropped.
     ending: bool,
-    /// App side: this process's own id in its JetStream message ids.
-    sender: Option<u64>,
-    /// App side, reliable streams: the frames of the last [`REPUBLISH_WINDOW`] before
-    /// sealing. After a key rotation the ones stored after it (the device refuses them under
-    /// the old key) are sealed under the new key and published again.
-    kept: Option<Recent<Kept>>,
-    /// Key rotations followed (message ids of frames published again after one differ).
-    rotations: u32,
     ctx: Ctx,
     plan: Plan,
-    /// The device run frames are sealed for.
-    run: Run,
     js: Option<jetstream::Context>,
-    acks: VecDeque<(String, String, Bytes, jetstream::context::PublishAckFuture)>,
-    /// What went to JetStream in the last [`REPUBLISH_WINDOW`]: published again, in order,
-    /// after a reconnect, because a server that died may have acknowledged messages it had
-    /// not written yet (JetStream drops the ones it has by their message id).
-    recent: Recent<(String, String, Bytes)>,
+    outbox: Outbox<Plain>,
+    /// Acknowledgements as they come (each ack waited for by a task of its own, so a failed
+    /// one goes again at once, not after the ones published before it).
+    acks_tx: mpsc::UnboundedSender<AckResult>,
+    acks_rx: mpsc::UnboundedReceiver<AckResult>,
     /// The connection count when this publisher last looked.
     connects: u64,
-    /// Next subject sequence, per subject.
-    wseq: HashMap<String, u64>,
 }
 
 impl Publisher {
-    fn subject(&self, route: Route) -> (String, Option<String>) {
+    fn new(ctx: &Ctx, plan: &Plan, run: Run, js: Option<jetstream::Context>) -> Publisher {
+        let js = js.filter(|_| plan.reliable);
+        let app = ctx.side == SideName::App;
+        // Many app sides publish on one up subject with the device's run id and their own
+        // frame numbers: their message ids must differ, or JetStream drops all but the first
+        // app side's frame of each number as a duplicate (found by the rotation test: a second
+        // app side's frames never reached the device). An app side keeps its reliable frames
+        // a while, to seal them again after a rotation.
+        let outbox = Outbox::new(
+            plan.id,
+            run,
+            js.is_some(),
+            app.then(random_u64),
+            plan.reliable && app,
+        );
+        let (acks_tx, acks_rx) = mpsc::unbounded_channel();
+        Publisher {
+            budget: Budget::new(),
+            dropped: 0,
+            ending: false,
+            ctx: ctx.clone(),
+            plan: plan.clone(),
+            js,
+            outbox,
+            acks_tx,
+            acks_rx,
+            connects: ctx.connects.load(std::sync::atomic::Ordering::Acquire),
+        }
+    }
+
+    fn subject(&self, route: Route) -> (String, Option<u16>) {
         let part = match route {
             Route::Part { part, .. } => Some(part),
             Route::All | Route::Any => None,
@@ -2331,127 +2267,148 @@ impl Publisher {
                 .subjects
                 .down(self.plan.id, self.js.is_some(), part)
         };
-        (s, part.map(|p| p.to_string()))
+        (s, part)
     }
 
     /// Publishes a sealed frame; returns its JetStream message id (reliable streams).
     async fn publish(&mut self, frame: Frame, route: Route) -> Result<Option<String>> {
         let (subject, part) = self.subject(route);
-        let counter = self.wseq.entry(subject.clone()).or_insert(0);
-        let rec = record(frame, self.run, *counter);
-        *counter += 1;
-        if rec.len() > self.ctx.max_payload {
+        let len = frame.len() + HEADER_LEN;
+        if len > self.ctx.max_payload {
             bail!(
-                "stream \"{}\": a frame of {} bytes exceeds the NATS server's max_payload ({} bytes); raise max_payload in the server's configuration, or cut frames with multiplex split",
+                "stream \"{}\": a frame of {len} bytes exceeds the NATS server's max_payload ({} bytes); raise max_payload in the server's configuration, or cut frames with multiplex split",
                 self.plan.name,
-                rec.len(),
                 self.ctx.max_payload
             );
         }
-        match self.js.clone() {
-            None => {
+        self.catch_up();
+        let id = self.outbox.publish(Instant::now(), &subject, part, frame);
+        self.transmit().await?;
+        while self.outbox.in_flight() > JS_IN_FLIGHT {
+            let ev = self.next_event().await;
+            self.on_event(ev).await?;
+        }
+        Ok(id)
+    }
+
+    /// Takes what happened meanwhile: a reconnect, acknowledgements, retries now due.
+    fn catch_up(&mut self) {
+        let now = self.ctx.connects.load(std::sync::atomic::Ordering::Acquire);
+        if now != self.connects {
+            self.connects = now;
+            tracing::debug!(
+                stream = %self.plan.name,
+                "reconnected to NATS: publishing the recent frames again"
+            );
+            self.outbox.handle_reconnect();
+        }
+        while let Ok((token, r)) = self.acks_rx.try_recv() {
+            self.outbox.handle_ack(Instant::now(), token, r);
+        }
+        self.outbox.handle_timeout(Instant::now());
+    }
+
+    /// Whether stored publishes wait for their acknowledgement.
+    fn busy(&self) -> bool {
+        self.outbox.in_flight() > 0
+    }
+
+    /// The next acknowledgement, or `None` when a retry is due (cancel-safe).
+    async fn next_event(&mut self) -> Option<AckResult> {
+        let wake = self.outbox.poll_timeout();
+        tokio::select! {
+            r = self.acks_rx.recv() => r,
+            _ = sleep_until_opt(wake) => None,
+        }
+    }
+
+    async fn on_event(&mut self, ev: Option<AckResult>) -> Result<()> {
+        if let Some((token, r)) = ev {
+            self.outbox.handle_ack(Instant::now(), token, r);
+        }
+        self.catch_up();
+        self.transmit().await
+    }
+
+    /// Hands the outbox's messages to the client; a stored one's acknowledgement is waited
+    /// for by a task of its own.
+    async fn transmit(&mut self) -> Result<()> {
+        while let Some(p) = self.outbox.poll_transmit() {
+            let (Some(js), Some(id)) = (self.js.as_ref(), p.id) else {
                 let rec = if self.ending {
-                    self.budget.wrap(rec).await
+                    self.budget.wrap(p.body).await
                 } else {
-                    match self.budget.try_wrap(rec) {
+                    match self.budget.try_wrap(p.body) {
                         Some(r) => r,
                         None => {
                             // The newest frames go; this one would only wait behind others.
                             self.dropped += 1;
-                            return Ok(None);
+                            continue;
                         }
                     }
                 };
                 self.ctx
                     .client
-                    .publish(subject, rec)
+                    .publish(p.subject, rec)
                     .await
                     .map_err(|e| anyhow!("stream \"{}\": publish: {e}", self.plan.name))?;
+                continue;
+            };
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
+            let held = self.budget.wrap(p.body).await;
+            match js
+                .publish_with_headers(p.subject.clone(), headers, held)
+                .await
+            {
+                Ok(fut) => {
+                    let tx = self.acks_tx.clone();
+                    let subject = p.subject;
+                    tokio::spawn(async move {
+                        let r = fut.await.map(|a| a.sequence).map_err(|e| {
+                            tracing::debug!(%subject, error = %e, "JetStream publish not acknowledged; again");
+                        });
+                        let _ = tx.send((p.token, r));
+                    });
+                }
+                Err(e) => {
+                    tracing::debug!(subject = %p.subject, error = %e, "JetStream publish failed; again");
+                    self.outbox.handle_ack(Instant::now(), p.token, Err(()));
+                }
             }
-            Some(js) => {
-                let mut id = format!(
-                    "{:x}-{}-{}-{}",
-                    self.run.id,
-                    self.plan.id,
-                    u64::from_be_bytes(rec[20..28].try_into().unwrap_or_default()),
-                    part.unwrap_or_default()
-                );
-                if let Some(me) = self.sender {
-                    id.push_str(&format!("-a{me:x}"));
-                }
-                if self.rotations > 0 {
-                    id.push_str(&format!("-k{}", self.rotations));
-                }
-                self.republish_after_reconnect(&js).await;
-                let fut = js_publish(&js, &self.budget, &subject, &id, rec.clone()).await;
-                self.recent
-                    .push(rec.len(), (subject.clone(), id.clone(), rec.clone()));
-                self.acks.push_back((subject, id.clone(), rec, fut));
-                while self.acks.len() > JS_IN_FLIGHT {
-                    self.settle_one(&js).await;
-                }
-                return Ok(Some(id));
-            }
-        }
-        Ok(None)
-    }
-
-    /// Notes a frame as it was before sealing (app side, reliable streams).
-    fn keep(&mut self, (meta, payload): (Meta, Bytes), route: Route, id: String) {
-        if let Some(kept) = self.kept.as_mut() {
-            let len = payload.len();
-            kept.push(
-                len,
-                Kept {
-                    id,
-                    stored: None,
-                    meta,
-                    payload,
-                    route,
-                },
-            );
-        }
-    }
-
-    /// Follows `seal` to a rotated group key or a new device run: what the device no longer
-    /// opens goes again under the new run key.
-    async fn follow(&mut self, seal: &mut GroupSeal) -> Result<()> {
-        if let Some(after) = seal.rotated()? {
-            self.run = seal.run();
-            self.after_rotation(&mut seal.seal, after).await?;
         }
         Ok(())
     }
 
-    /// After a key rotation (the new key drawn when the device's stream stood at `since`):
-    /// the frames this side sealed under the old key that were stored after `since` do not
-    /// open on the device any more; sealed under the new key (`seal`), they go again.
-    async fn after_rotation(&mut self, seal: &mut EncryptForward, since: u64) -> Result<()> {
-        if self.kept.as_ref().is_none_or(Recent::is_empty) {
+    /// Notes a frame as it was before sealing (app side, reliable streams).
+    fn keep(&mut self, (meta, payload): (Meta, Bytes), route: Route, id: String) {
+        let len = payload.len();
+        self.outbox
+            .keep(Instant::now(), id, len, (meta, payload, route));
+    }
+
+    /// Follows `seal` to a rotated group key or a new device run: what the device no longer
+    /// opens goes again under the new run key (the frames this side sealed under the old key
+    /// that were stored after the rotation began).
+    async fn follow(&mut self, seal: &mut GroupSeal) -> Result<()> {
+        let Some(after) = seal.rotated()? else {
             return Ok(());
+        };
+        if self.outbox.keeps() {
+            // Every publish acknowledged: the stream sequence of each kept frame is known.
+            self.settle_all().await?;
         }
-        // Every publish acknowledged: the stream sequence of each kept frame is known.
-        self.settle_all().await;
-        let again: Vec<Kept> = self
-            .kept
-            .as_mut()
-            .map(|k| {
-                k.take()
-                    .into_iter()
-                    .filter(|k| k.stored.is_none_or(|s| s > since))
-                    .collect()
-            })
-            .unwrap_or_default();
-        self.rotations += 1;
+        let again = self.outbox.rotate(seal.run(), after);
         let n = again.len();
         let mut sealed = Output::new();
-        for k in again {
-            let frame = Frame::from_bytes(k.meta, k.payload.clone());
-            seal.handle_frame(Instant::now(), frame, &mut sealed)
+        for (meta, payload, route) in again {
+            let frame = Frame::from_bytes(meta, payload.clone());
+            seal.seal
+                .handle_frame(Instant::now(), frame, &mut sealed)
                 .map_err(|e| anyhow!("stream \"{}\": encrypt: {e}", self.plan.name))?;
             for f in sealed.take_frames() {
-                if let Some(id) = self.publish(f, k.route).await? {
-                    self.keep((k.meta, k.payload.clone()), k.route, id);
+                if let Some(id) = self.publish(f, route).await? {
+                    self.keep((meta, payload.clone()), route, id);
                 }
             }
         }
@@ -2465,59 +2422,6 @@ impl Publisher {
         Ok(())
     }
 
-    /// After a reconnect: everything of the last few seconds again, in order, before
-    /// anything new.
-    async fn republish_after_reconnect(&mut self, js: &jetstream::Context) {
-        let now = self.ctx.connects.load(std::sync::atomic::Ordering::Acquire);
-        if now == self.connects {
-            return;
-        }
-        self.connects = now;
-        tracing::debug!(
-            stream = %self.plan.name,
-            messages = self.recent.len(),
-            "reconnected to NATS: publishing the recent frames again"
-        );
-        let recent: Vec<_> = self.recent.iter().cloned().collect();
-        for (subject, id, rec) in recent {
-            let fut = js_publish(js, &self.budget, &subject, &id, rec.clone()).await;
-            self.acks.push_back((subject, id, rec, fut));
-            while self.acks.len() > JS_IN_FLIGHT {
-                self.settle_one(js).await;
-            }
-        }
-    }
-
-    /// Waits for the oldest JetStream acknowledgement; a failed one is published again
-    /// (same message id: JetStream drops it if the first did arrive) until it is stored.
-    async fn settle_one(&mut self, js: &jetstream::Context) {
-        let Some((subject, id, rec, fut)) = self.acks.pop_front() else {
-            return;
-        };
-        let mut fut = fut;
-        let mut backoff = Duration::from_millis(50);
-        loop {
-            match fut.await {
-                Ok(ack) => {
-                    if let Some(k) = self
-                        .kept
-                        .as_mut()
-                        .and_then(|k| k.iter_mut().rev().find(|k| k.id == id))
-                    {
-                        k.stored = Some(ack.sequence);
-                    }
-                    return;
-                }
-                Err(e) => {
-                    tracing::debug!(%subject, error = %e, "JetStream publish not acknowledged; again");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
-                    fut = js_publish(js, &self.budget, &subject, &id, rec.clone()).await;
-                }
-            }
-        }
-    }
-
     /// Tells the app sides the stream ended: a sealed empty frame numbered [`END_SEQ`] on
     /// every subject the stream uses, after everything else. On core NATS (a lossy stream)
     /// a message may be lost (a slow consumer's, or one the server drops): the END goes
@@ -2526,12 +2430,12 @@ impl Publisher {
     async fn end(&mut self, seal: &mut EncryptForward) -> Result<()> {
         self.ending = true;
         self.send_end(seal).await?;
-        self.flush().await;
+        self.flush().await?;
         if self.js.is_none() {
             for pause in END_REPEATS {
                 tokio::time::sleep(pause).await;
                 self.send_end(seal).await?;
-                self.flush().await;
+                self.flush().await?;
             }
         }
         Ok(())
@@ -2554,12 +2458,11 @@ impl Publisher {
             seal.handle_frame(Instant::now(), Frame::new(meta, &[]), &mut out)?;
             for f in out.take_frames() {
                 if self.plan.round_robin {
-                    let rec = record(Frame::new(f.meta, f.payload()), self.run, 0);
-                    let _ = self
-                        .ctx
-                        .client
-                        .publish(self.ctx.subjects.end(self.plan.id), rec)
-                        .await;
+                    let subject = self.ctx.subjects.end(self.plan.id);
+                    let rec = self
+                        .outbox
+                        .record(&subject, Frame::new(f.meta, f.payload()));
+                    let _ = self.ctx.client.publish(subject, rec).await;
                 }
                 self.publish(f, route).await?;
             }
@@ -2568,63 +2471,22 @@ impl Publisher {
     }
 
     /// Waits until JetStream acknowledged everything published.
-    async fn settle_all(&mut self) {
-        if let Some(js) = self.js.clone() {
-            while !self.acks.is_empty() {
-                self.settle_one(&js).await;
+    async fn settle_all(&mut self) -> Result<()> {
+        loop {
+            self.catch_up();
+            self.transmit().await?;
+            if self.outbox.is_settled() {
+                return Ok(());
             }
+            let ev = self.next_event().await;
+            self.on_event(ev).await?;
         }
     }
 
-    async fn flush(&mut self) {
-        self.settle_all().await;
+    async fn flush(&mut self) -> Result<()> {
+        self.settle_all().await?;
         let _ = self.ctx.client.flush().await;
-    }
-}
-
-/// The NATS message of a frame, `wseq`-th on its subject: the record header goes into the
-/// frame's headroom, the payload is not copied.
-fn record(mut frame: Frame, run: Run, wseq: u64) -> Bytes {
-    let header = FrameRecord {
-        stream: frame.meta.stream,
-        flags: frame.meta.flags,
-        run: run.id,
-        began: run.began,
-        seq: frame.meta.seq,
-        timestamp_ns: frame.meta.timestamp_ns,
-        wseq,
-        payload: Bytes::new(),
-    }
-    .header();
-    frame.push_header(&header);
-    frame.into_bytes()
-}
-
-/// Publishes once; a publish that cannot even be sent comes back as a failed ack future
-/// after a short wait (the caller retries).
-async fn js_publish(
-    js: &jetstream::Context,
-    budget: &Budget,
-    subject: &str,
-    id: &str,
-    rec: Bytes,
-) -> jetstream::context::PublishAckFuture {
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(async_nats::header::NATS_MESSAGE_ID, id);
-        let held = budget.wrap(rec.clone()).await;
-        match js
-            .publish_with_headers(subject.to_string(), headers, held)
-            .await
-        {
-            Ok(f) => return f,
-            Err(e) => {
-                tracing::debug!(%subject, error = %e, "JetStream publish failed; again");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
-            }
-        }
+        Ok(())
     }
 }
 
@@ -2655,9 +2517,14 @@ async fn pump_source(
                 }
                 continue;
             }
-            r = rotation.changed(), if out.kept.is_some() => {
+            ev = out.next_event(), if out.busy() => {
+                // Acknowledgements and retries go on while the source is quiet.
+                out.on_event(ev).await?;
+                continue;
+            }
+            r = rotation.changed(), if out.outbox.keeps() => {
                 if r.is_err() {
-                    out.kept = None;
+                    out.outbox.stop_keeping();
                 } else {
                     out.follow(&mut seal).await?;
                 }
@@ -2672,7 +2539,7 @@ async fn pump_source(
         let Some(frame) = frame else {
             stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
             drain(stack, &mut seal, &mut sealed, &mut out, &stats, &name).await?;
-            out.flush().await;
+            out.flush().await?;
             out.follow(&mut seal).await?;
             out.end(&mut seal.seal).await?;
             return Ok(());
@@ -2701,7 +2568,7 @@ async fn drain(
         };
         out.follow(seal).await?;
         // Kept as it is before sealing (the seal then copies it: app → device frames only).
-        let (f, plain) = if out.kept.is_some() {
+        let (f, plain) = if out.outbox.keeps() {
             let meta = f.meta;
             let b = f.into_bytes();
             (Frame::from_bytes(meta, b.clone()), Some((meta, b)))
@@ -2764,6 +2631,7 @@ async fn subscribe(
                 messages: None,
                 connects: ctx.connects.clone(),
                 seen: ctx.connects.load(std::sync::atomic::Ordering::Acquire),
+                start: 0,
             };
             stored.attach(start).await?;
             return Ok(Input::Stored(Box::new(stored)));
@@ -2821,6 +2689,7 @@ async fn subscribe(
                 messages: None,
                 connects: ctx.connects.clone(),
                 seen: ctx.connects.load(std::sync::atomic::Ordering::Acquire),
+                start: 0,
             };
             stored.attach(start).await?;
             Ok(Input::Stored(Box::new(stored)))
@@ -2844,6 +2713,8 @@ struct Stored {
     messages: Option<jetstream::consumer::pull::Stream>,
     connects: Arc<std::sync::atomic::AtomicU64>,
     seen: u64,
+    /// The stream sequence the consumer delivers from (as attached last).
+    start: u64,
 }
 
 impl Stored {
@@ -2867,6 +2738,7 @@ impl Stored {
                 let _ = self.stream.delete_consumer(&durable).await;
             }
         }
+        self.start = start;
         let config = jetstream::consumer::pull::Config {
             durable_name: Some(durable.clone()),
             filter_subject: self.filter.clone(),
@@ -2940,15 +2812,14 @@ async fn pump_sink(
     peer: &'static str,
 ) -> Result<()> {
     let mut opened = Output::new();
-    let mut last: Option<(u64, u64)> = None;
-    // The device run whose END this stream took last (a lossy stream's END comes up to three
-    // times).
-    let mut ended: Option<u64> = None;
     let mut handed = 0u64;
-    let mut unacked: VecDeque<jetstream::Message> = VecDeque::new();
-    // JetStream sequence up to which this process acknowledged everything.
-    let mut acked_to = 0u64;
-    let mut seen = Seen::default();
+    // Stored frames of this side's own consumer come back in their order after a server
+    // restart (round-robin members each see only some of a subject's frames: no order).
+    let ordered = matches!(&input, Input::Stored(s) if s.ordered);
+    let mut intake: Intake<jetstream::Message> = Intake::new(stream, ordered, REORDER_WAIT);
+    if let Input::Stored(s) = &input {
+        intake.consumer_start(s.start);
+    }
     // When the END came, if this side waits for stored frames still on their way.
     let mut ending: Option<Instant> = None;
     let mut bad = ndd_core::RateLimit::with_burst(Duration::from_secs(1), 5);
@@ -2960,22 +2831,11 @@ async fn pump_sink(
     );
     let mut check = tokio::time::interval(Duration::from_millis(20));
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Stored frames of this side's own consumer come back in their order after a server
-    // restart (round-robin members each see only some of a subject's frames: no order).
-    let mut reorder = match &input {
-        Input::Stored(s) if s.ordered => Some(Reorder::new(REORDER_WAIT, 65_536)),
-        _ => None,
-    };
-    // Records to open, with their JetStream stream sequence where the device's own consumer
-    // took them (a frame sealed before a key rotation opens only if stored before it).
-    let mut ready: VecDeque<(FrameRecord, Option<u64>)> = VecDeque::new();
     // Lossy: while the sink is busy only the newest frame waits (older ones are stale).
     let mut newest: Option<Frame> = None;
     let mut spare = lossy.then_some(&mut newest);
     loop {
-        let (rec, stored_seq) = if let Some(next) = ready.pop_front() {
-            next
-        } else {
+        let Some((rec, stored_seq)) = intake.poll_record() else {
             let wake = stack.poll_timeout();
             let waiting = spare.as_ref().is_some_and(|n| n.is_some());
             let next = tokio::select! {
@@ -3015,30 +2875,21 @@ async fn pump_sink(
                     continue;
                 }
                 _ = check.tick() => {
-                    if let Some(r) = reorder.as_mut() {
-                        let late = r.poll(Instant::now());
-                        if !late.is_empty() {
-                            if let Some(suppressed) = gaps.admit(Instant::now()) {
-                                tracing::warn!(
-                                    skipped = r.skipped,
-                                    suppressed,
-                                    "stored frames that never came were given up after {REORDER_WAIT:?}"
-                                );
-                            }
+                    if intake.handle_timeout(Instant::now()) {
+                        if let Some(suppressed) = gaps.admit(Instant::now()) {
+                            tracing::warn!(
+                                skipped = intake.skipped(),
+                                suppressed,
+                                "stored frames that never came were given up after {REORDER_WAIT:?}"
+                            );
                         }
-                        ready.extend(late);
                     }
-                    // Acknowledged only once everything taken is through the sink (nothing held
-                // behind a gap, nothing in the stack).
-                let all_through = ready.is_empty()
-                    && reorder.as_ref().map(Reorder::is_empty).unwrap_or(true)
-                    && done.count() >= handed
-                    && stack.poll_timeout().is_none();
-                if !unacked.is_empty() && all_through {
-                        ack_all(&mut unacked, &mut acked_to).await;
-                    }
+                    // Acknowledged only once everything taken is through the sink (nothing
+                    // held behind a gap, nothing in the stack).
+                    let through = done.count() >= handed && stack.poll_timeout().is_none();
+                    ack(&mut intake, through).await;
                     if let (Some(t), Input::Stored(st)) = (ending, &mut input) {
-                        if unacked.is_empty() && (st.drained().await || t.elapsed() > ENDING_WAIT) {
+                        if !intake.has_unacked() && (st.drained().await || t.elapsed() > ENDING_WAIT) {
                             if t.elapsed() > ENDING_WAIT {
                                 tracing::warn!("the stream ended with stored frames still unacknowledged after {ENDING_WAIT:?}; stopping anyway");
                             }
@@ -3051,7 +2902,9 @@ async fn pump_sink(
                     // server went comes again at once and in order (not after the ack wait).
                     if let Input::Stored(s) = &mut input {
                         if s.reconnected() {
-                            if let Err(e) = s.attach(acked_to + 1).await {
+                            let r = s.attach(intake.acked_to() + 1).await;
+                            intake.consumer_start(s.start);
+                            if let Err(e) = r {
                                 // The server's words in it: escaped.
                                 if let Some(suppressed) = attach_failed.admit(Instant::now()) {
                                     tracing::warn!(
@@ -3082,78 +2935,37 @@ async fn pump_sink(
                     continue;
                 }
             };
-            let rec = FrameRecord::parse(&payload);
-            let stream_seq = stored
-                .as_ref()
-                .and_then(|m| m.info().ok())
-                .map(|i| i.stream_sequence);
-            let fresh = match &stored {
-                // JetStream delivers again what was not acknowledged in time: a frame this
-                // process handled already is still waiting for its acknowledgement.
-                // A copy is recognised by its sealed header (the sending half's epoch and frame
-                // counter: unique per frame, the same in every copy), whatever stream sequence
-                // the server gave it (a republished frame gets a new one).
-                Some(_) => rec.as_ref().is_some_and(|r| {
-                    let new = seen.insert(&r.payload);
-                    tracing::trace!(seq = r.seq, stream_seq, new, "stored frame");
-                    new
-                }),
-                None => rec.as_ref().is_some_and(|r| match last {
-                    Some((run, seq)) if run == r.run => r.seq > seq,
-                    _ => true,
-                }),
-            };
-            // A message delivered again is acknowledged with the others once the sink completed
-            // what it had been handed (the first copy is among it).
-            if let Some(m) = stored {
-                unacked.push_back(m);
-            }
-            let Some(rec) = rec else {
-                if let Some(suppressed) = bad.admit(Instant::now()) {
-                    tracing::warn!(
-                        suppressed,
-                        "dropped a NATS message shorter than a frame record"
-                    );
+            let stored = stored.map(|m| {
+                let seq = m.info().ok().map(|i| i.stream_sequence);
+                tracing::trace!(stream_seq = seq, "stored frame");
+                (seq, m)
+            });
+            match intake.handle_message(Instant::now(), &payload, stored) {
+                Taken::Queued => {}
+                Taken::Copy => lock(&stats).duplicates += 1,
+                Taken::Malformed => {
+                    if let Some(suppressed) = bad.admit(Instant::now()) {
+                        tracing::warn!(
+                            suppressed,
+                            "dropped a NATS message shorter than a frame record"
+                        );
+                    }
                 }
-                continue;
-            };
-            // Every stream has subjects of its own: a record naming another stream was moved
-            // here by someone who may publish (its frame is genuine, for that other stream).
-            if rec.stream != stream {
-                lock(&stats).refused += 1;
-                if let Some(suppressed) = bad.admit(Instant::now()) {
-                    tracing::warn!(
-                        subject_stream = stream,
-                        record_stream = rec.stream,
-                        suppressed,
-                        "dropped a frame of another stream published on this stream's subject"
-                    );
+                Taken::Foreign => {
+                    // Every stream has subjects of its own: a record naming another stream
+                    // was moved here by someone who may publish.
+                    lock(&stats).refused += 1;
+                    if let Some(suppressed) = bad.admit(Instant::now()) {
+                        tracing::warn!(
+                            subject_stream = stream,
+                            suppressed,
+                            "dropped a frame of another stream published on this stream's subject"
+                        );
+                    }
                 }
-                continue;
-            }
-            if !fresh {
-                lock(&stats).duplicates += 1;
-                continue;
-            }
-            match reorder.as_mut() {
-                Some(r) => ready.extend(r.push((rec, stream_seq), Instant::now())),
-                None => ready.push_back((rec, stream_seq)),
             }
             continue;
         };
-        let run = rec.run;
-        // An app side's own stored frames come in their order: a frame numbered at or below
-        // the last one taken of its run is a copy. The copies JetStream itself makes are known
-        // by their sealed header (`Seen`); this also drops one published again by someone who
-        // recorded it, which a side that started since (its halves' replay windows new) would
-        // otherwise take.
-        if reorder.is_some()
-            && rec.seq != END_SEQ
-            && last.is_some_and(|(r, s)| r == run && rec.seq <= s)
-        {
-            lock(&stats).duplicates += 1;
-            continue;
-        }
         let meta = Meta {
             stream: rec.stream,
             seq: rec.seq,
@@ -3183,70 +2995,77 @@ async fn pump_sink(
             continue;
         }
         for f in opened.take_frames() {
-            if f.meta.seq == END_SEQ && f.is_empty() {
-                if once {
-                    // Stored frames still on their way to this side (delivered before a
-                    // server restart, or to a round-robin member that left) come first.
-                    if let Input::Stored(st) = &mut input {
-                        if ending.is_none() {
-                            ending = Some(Instant::now());
+            let what = if f.meta.seq == END_SEQ && f.is_empty() {
+                intake.opened(rec.run, END_SEQ)
+            } else {
+                intake.opened(rec.run, rec.seq)
+            };
+            match what {
+                Opened::End { first } => {
+                    if once {
+                        // Stored frames still on their way to this side (delivered before a
+                        // server restart, or to a round-robin member that left) come first.
+                        if let Input::Stored(st) = &mut input {
+                            if ending.is_none() {
+                                ending = Some(Instant::now());
+                            }
+                            if !st.drained().await {
+                                continue;
+                            }
                         }
-                        if !st.drained().await {
-                            continue;
+                        stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
+                        handed += deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
+                        if let Some(f) = spare.as_mut().and_then(|n| n.take()) {
+                            if tx.send(f).await.is_ok() {
+                                handed += 1;
+                            }
                         }
-                    }
-                    stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
-                    handed += deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
-                    if let Some(f) = spare.as_mut().and_then(|n| n.take()) {
-                        if tx.send(f).await.is_ok() {
-                            handed += 1;
+                        // Everything before the end is acknowledged once the sink completed it.
+                        drop(tx);
+                        let t0 = Instant::now();
+                        while done.count() < handed && t0.elapsed() < Duration::from_secs(10) {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
                         }
+                        if done.count() >= handed {
+                            let all = intake.take_acks();
+                            ack_in_order(&mut intake, all).await;
+                        }
+                        return Ok(());
                     }
-                    // Everything before the end is acknowledged once the sink completed it.
-                    drop(tx);
-                    let t0 = Instant::now();
-                    while done.count() < handed && t0.elapsed() < Duration::from_secs(10) {
-                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    if first {
+                        tracing::info!(
+                            "{peer} source of this stream ended; waiting for it to start again"
+                        );
                     }
-                    if done.count() >= handed {
-                        ack_all(&mut unacked, &mut acked_to).await;
-                    }
-                    return Ok(());
                 }
-                if ended != Some(run) {
-                    ended = Some(run);
-                    tracing::info!(
-                        "{peer} source of this stream ended; waiting for it to start again"
-                    );
-                }
-                continue;
-            }
-            if let Some((old, old_seq)) = last.filter(|(run, _)| *run != rec.run) {
-                // The device side restarted: its forward halves start from nothing (an
-                // `image` zstd stream and credit numbers, a `delta` reference). What ours
-                // still hold of its last run goes to the sink, then they start afresh too, as
-                // on a direct link (found by hand: after a device restart every app side's
-                // `image` inverse refused the new run's frames, `credit number did not
-                // increase`).
-                stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
-                handed += deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
-                *stack = rebuild()?;
-                tracing::info!(
-                    old = format_args!("{old:016x}"),
-                    old_seq,
-                    new = format_args!("{:016x}", rec.run),
-                    seq = rec.seq,
-                    "the device side restarted; this stream's pairs start afresh"
-                );
-            }
-            last = Some((rec.run, rec.seq));
-            if let Err(e) = stack.handle_frame(Instant::now(), f) {
-                if let Some(suppressed) = bad.admit(Instant::now()) {
-                    tracing::warn!(
-                        suppressed,
-                        "{}; frame dropped",
-                        printable(&e.to_string(), MAX_REASON)
-                    );
+                Opened::Frame { restarted } => {
+                    if let Some((old, old_seq)) = restarted {
+                        // The device side restarted: its forward halves start from nothing
+                        // (an `image` zstd stream and credit numbers, a `delta` reference).
+                        // What ours still hold of its last run goes to the sink, then they
+                        // start afresh too, as on a direct link (found by hand: after a device
+                        // restart every app side's `image` inverse refused the new run's
+                        // frames, `credit number did not increase`).
+                        stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
+                        handed += deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
+                        *stack = rebuild()?;
+                        tracing::info!(
+                            old = format_args!("{old:016x}"),
+                            old_seq,
+                            new = format_args!("{:016x}", rec.run),
+                            seq = rec.seq,
+                            "the device side restarted; this stream's pairs start afresh"
+                        );
+                    }
+                    if let Err(e) = stack.handle_frame(Instant::now(), f) {
+                        if let Some(suppressed) = bad.admit(Instant::now()) {
+                            tracing::warn!(
+                                suppressed,
+                                "{}; frame dropped",
+                                printable(&e.to_string(), MAX_REASON)
+                            );
+                        }
+                    }
                 }
             }
         }
@@ -3254,42 +3073,17 @@ async fn pump_sink(
     }
 }
 
-/// The sealed headers (epoch ‖ counter) of the last [`SEEN`] stored frames this process
-/// took: a frame JetStream delivers again is dropped silently.
-#[derive(Default)]
-struct Seen {
-    set: std::collections::HashSet<[u8; 24]>,
-    order: VecDeque<[u8; 24]>,
+/// Acknowledges the stored messages the intake lets go now (see [`Intake::acks_due`]).
+async fn ack(intake: &mut Intake<jetstream::Message>, through: bool) {
+    let due = intake.acks_due(through);
+    ack_in_order(intake, due).await;
 }
 
-/// Stored frames remembered for dropping copies.
-const SEEN: usize = 16_384;
-
-impl Seen {
-    /// Whether `sealed` is new (and remembers it); a frame too short to carry the header
-    /// counts as new (the encrypt inverse refuses it).
-    fn insert(&mut self, sealed: &[u8]) -> bool {
-        let Some(k) = sealed.get(..24).and_then(|k| <[u8; 24]>::try_from(k).ok()) else {
-            return true;
-        };
-        if !self.set.insert(k) {
-            return false;
-        }
-        self.order.push_back(k);
-        if self.order.len() > SEEN {
-            if let Some(old) = self.order.pop_front() {
-                self.set.remove(&old);
-            }
-        }
-        true
-    }
-}
-
-/// Acknowledges every stored message handed on (in order; the last one waits for the
-/// server's confirmation, which covers the others).
-async fn ack_all(unacked: &mut VecDeque<jetstream::Message>, acked_to: &mut u64) {
-    let n = unacked.len();
-    for (i, m) in unacked.drain(..).enumerate() {
+/// Acknowledges `msgs` in order; the last one waits for the server's confirmation, which
+/// covers the others.
+async fn ack_in_order(intake: &mut Intake<jetstream::Message>, msgs: Vec<jetstream::Message>) {
+    let n = msgs.len();
+    for (i, m) in msgs.into_iter().enumerate() {
         let r = if i + 1 == n {
             m.double_ack().await
         } else {
@@ -3297,7 +3091,7 @@ async fn ack_all(unacked: &mut VecDeque<jetstream::Message>, acked_to: &mut u64)
         };
         if r.is_ok() {
             if let Ok(info) = m.info() {
-                *acked_to = (*acked_to).max(info.stream_sequence);
+                intake.acked(info.stream_sequence);
             }
         }
     }
@@ -3525,19 +3319,5 @@ mod tests {
         for seq in 0..5 {
             assert_eq!(rx.recv().await.unwrap().meta.seq, seq);
         }
-    }
-
-    #[test]
-    fn seen_drops_copies_by_their_sealed_header() {
-        let mut s = Seen::default();
-        let a = [1u8; 40];
-        let b = [2u8; 40];
-        assert!(s.insert(&a));
-        assert!(s.insert(&b));
-        assert!(!s.insert(&a));
-        assert!(
-            s.insert(&[9u8; 3]),
-            "too short to tell: the encrypt inverse decides"
-        );
     }
 }

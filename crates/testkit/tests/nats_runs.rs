@@ -7,12 +7,14 @@
 //! recorded ones back on either path, rewrites their headers to name the current run (or a
 //! newer one, or another start) and publishes garbage.
 //!
-//! The receiver is the app side's sink path of `crates/cli/src/fanout.rs` in the same order:
-//! the record parsed, one naming another stream than its subject's refused, a stored copy known by its sealed header, a lossy frame numbered at or
-//! below the last one taken of its run dropped, the run checked by `ndd_link::nats::runs::RunGuard`,
-//! the frame opened under its run's key (`run_key`) by the real `encrypt` inverse, a newer run
-//! taken once it opened, a stored frame numbered at or below the last one taken of its run
-//! dropped. Properties, per app side process:
+//! The receiver is the app side's sink path of `crates/cli/src/fanout.rs`, made of the same
+//! sans-IO parts: each stream's `ndd_link::nats::intake::Intake` (the record parsed, one naming
+//! another stream than its subject's refused, a stored copy known by its sealed header, a
+//! lossy frame numbered at or below the last one taken of its run dropped, stored frames put
+//! back in their subject order, a stored frame numbered at or below the last one taken of its
+//! run dropped), the run checked by `ndd_link::nats::runs::RunGuard`, the frame opened under
+//! its run's key (`run_key`) by the real `encrypt` inverse, a newer run taken once it opened,
+//! the END and restarts told by the intake. Properties, per app side process:
 //!
 //! - everything delivered is a genuine frame (its payload is what the device sealed), each
 //!   (run, stream, sequence) at most once, each run's frames of a stream in rising order;
@@ -27,7 +29,8 @@
 
 use bytes::Bytes;
 use ndd_core::{Frame, Half, Meta, Output};
-use ndd_link::nats::record::{FrameRecord, Reorder, END_SEQ};
+use ndd_link::nats::intake::{Intake, Opened};
+use ndd_link::nats::record::{FrameRecord, END_SEQ};
 use ndd_link::nats::runs::{next_run_id, run_key, Admit, Run, RunGuard};
 use ndd_modules::encrypt::key::Key;
 use ndd_modules::encrypt::{Cipher, EncryptForward, EncryptInverse};
@@ -39,6 +42,8 @@ use std::time::Instant;
 const REL: u16 = 1;
 const LOSSY: u16 = 2;
 const GROUP: [u8; 32] = [0x42; 32];
+/// How long stored frames wait behind a gap (the sim gives gaps up by moving time past it).
+const WAIT: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// A message on the server (the device's, a copy the broker made, or the adversary's: the
 /// properties judge what is delivered, not where it came from).
@@ -105,19 +110,22 @@ impl Device {
     }
 }
 
-/// One app side process: the sink path's checks in fanout's order.
+/// One app side process: the sink path of fanout — each stream's real
+/// `ndd_link::nats::intake::Intake` (copies, order, END, restarts), then the run checked by
+/// the real `RunGuard` and the frame opened under its run's key by the real `encrypt`
+/// inverse, as `GroupOpen` does.
 struct App {
     joined: Run,
     guard: RunGuard,
     halves: HashMap<Run, EncryptInverse>,
-    seen: HashSet<Vec<u8>>,
-    last: HashMap<u16, (u64, u64)>,
+    /// The stored stream's intake (its handle: the stream sequence) and the lossy one's.
+    rel: Intake<u64>,
+    lossy: Intake<()>,
     delivered: HashSet<(u64, u16, u64)>,
+    last: HashMap<u16, (u64, u64)>,
     /// Runs whose reliable END this process took, and whether nothing stored was held behind
     /// a gap then.
     ended: Vec<(u64, bool)>,
-    /// Stored frames go through the subject order as in fanout's sink.
-    reorder: Reorder,
 }
 
 impl App {
@@ -126,41 +134,69 @@ impl App {
             joined,
             guard: RunGuard::app(joined),
             halves: HashMap::new(),
-            seen: HashSet::new(),
-            last: HashMap::new(),
+            rel: Intake::new(REL, true, WAIT),
+            lossy: Intake::new(LOSSY, false, WAIT),
             delivered: HashSet::new(),
+            last: HashMap::new(),
             ended: Vec::new(),
-            reorder: Reorder::new(std::time::Duration::from_secs(3600), 65_536),
         }
     }
 
     /// Takes a message (`stored`: its stream sequence); returns what it delivered, as
-    /// (run, stream, seq), or why it failed a property. Stored records pass through the
-    /// subject order (`Reorder`) with their stream sequence, as in fanout's sink.
+    /// (run, stream, seq), or why it failed a property.
     fn take(&mut self, body: &Bytes, stored: Option<u64>) -> Result<Vec<(u64, u16, u64)>, String> {
+        match stored {
+            Some(seq) => {
+                self.rel
+                    .handle_message(Instant::now(), body, Some((Some(seq), seq)));
+            }
+            None => {
+                self.lossy.handle_message(Instant::now(), body, None);
+            }
+        }
+        self.drain()
+    }
+
+    /// Opens what the intakes let through.
+    fn drain(&mut self) -> Result<Vec<(u64, u16, u64)>, String> {
         let mut out = Vec::new();
-        let Some(rec) = FrameRecord::parse(body) else {
-            return Ok(out);
-        };
-        let ordered = match stored {
-            Some(_) if rec.stream == REL => self.reorder.push((rec, stored), Instant::now()),
-            _ => vec![(rec, stored)],
-        };
-        for (rec, stored) in ordered {
+        loop {
+            let next = match self.rel.poll_record() {
+                Some(r) => Some(r),
+                None => self.lossy.poll_record(),
+            };
+            let Some((rec, stored)) = next else {
+                return Ok(out);
+            };
             out.extend(self.record(rec, stored)?);
+        }
+    }
+
+    /// Everything held behind gaps, each gap given up after its wait (as time passes).
+    fn give_up_gaps(&mut self) -> Result<Vec<(u64, u16, u64)>, String> {
+        let mut t = Instant::now();
+        let mut out = self.drain()?;
+        while !self.rel.holds_nothing() {
+            t += WAIT * 2;
+            self.rel.handle_timeout(t);
+            out.extend(self.drain()?);
         }
         Ok(out)
     }
 
-    /// Everything held behind gaps, each gap given up after its wait (as time passes).
-    fn give_up_gaps(&mut self) -> Vec<(FrameRecord, Option<u64>)> {
-        let mut out = Vec::new();
+    /// What a restarting process leaves unacknowledged behind its gaps: JetStream delivers it
+    /// again (the sequence is the handle).
+    fn unacked_behind_gaps(&mut self) -> Vec<u64> {
         let mut t = Instant::now();
-        while !self.reorder.is_empty() {
-            t += std::time::Duration::from_secs(7200);
-            out.extend(self.reorder.poll(t));
+        let mut held = Vec::new();
+        while !self.rel.holds_nothing() {
+            t += WAIT * 2;
+            self.rel.handle_timeout(t);
+            while let Some((_, seq)) = self.rel.poll_record() {
+                held.extend(seq);
+            }
         }
-        out
+        held
     }
 
     fn record(
@@ -168,26 +204,6 @@ impl App {
         rec: FrameRecord,
         stored: Option<u64>,
     ) -> Result<Option<(u64, u16, u64)>, String> {
-        // Each stream has its subject: a record of another stream played onto it is refused.
-        if rec.stream != if stored.is_some() { REL } else { LOSSY } {
-            return Ok(None);
-        }
-        match stored {
-            Some(_) => {
-                if rec.payload.len() >= 24 && !self.seen.insert(rec.payload[..24].to_vec()) {
-                    return Ok(None);
-                }
-            }
-            None => {
-                if self
-                    .last
-                    .get(&rec.stream)
-                    .is_some_and(|&(r, s)| r == rec.run && rec.seq <= s)
-                {
-                    return Ok(None);
-                }
-            }
-        }
         let run = rec.device_run();
         if let Admit::Refused(_) = self.guard.check(run, stored) {
             return Ok(None);
@@ -224,27 +240,32 @@ impl App {
             return Ok(None);
         };
         self.guard.opened(run);
-        if stored.is_some()
-            && f.meta.seq != END_SEQ
-            && self
-                .last
-                .get(&rec.stream)
-                .is_some_and(|&(r, s)| r == rec.run && f.meta.seq <= s)
-        {
-            return Ok(None);
-        }
+        // As fanout's sink: the record's number, END_SEQ for an empty END.
+        let seq = if f.meta.seq == END_SEQ && f.is_empty() {
+            END_SEQ
+        } else {
+            rec.seq
+        };
+        let intake_says = if f.meta.stream == REL {
+            self.rel.opened(rec.run, seq)
+        } else {
+            self.lossy.opened(rec.run, seq)
+        };
         if run.id < self.joined.id && stored.is_none_or(|s| s > self.joined.began) {
             return Err(format!(
                 "delivered a frame of run {:x} (stored {stored:?}) in a process that joined run {:x} began {}",
                 run.id, self.joined.id, self.joined.began
             ));
         }
-        if f.meta.seq == END_SEQ {
+        if let Opened::End { .. } = intake_says {
             if f.meta.stream == REL {
-                let settled = self.reorder.is_empty();
+                let settled = self.rel.holds_nothing();
                 self.ended.push((run.id, settled));
             }
             return Ok(None);
+        }
+        if f.meta.seq == END_SEQ {
+            return Err("an END was taken for a frame".into());
         }
         if f.payload() != payload(run.id, f.meta.stream, f.meta.seq).as_slice() {
             return Err(format!(
@@ -412,23 +433,21 @@ fn run(seed: u64) -> Result<String, String> {
                 // (Not while stored frames wait behind a gap: a process that dies then leaves
                 // them to be delivered again after newer ones, which its successor drops as
                 // copies; see docs/security.md, "Limits".)
-                if rng.chance(restarts) && a.reorder.is_empty() {
+                if rng.chance(restarts) && a.rel.holds_nothing() {
                     // The app side restarts; its durable consumer goes on where it acknowledged:
                     // what the old process still held behind a gap was never acknowledged, and
                     // JetStream delivers it again.
-                    for (rec, seq) in a.give_up_gaps() {
-                        if let Some(seq) = seq {
-                            again.push_back((Msg { body: rec.encode() }, seq));
-                        }
+                    for seq in a.unacked_behind_gaps() {
+                        again.push_back((log[seq as usize - 1].clone(), seq));
                     }
                     *a = App::new(current);
                     processes += 1;
                     continue;
                 }
                 // Time passes: a gap held longer than the wait is given up (REORDER_WAIT).
-                if !a.reorder.is_empty() && rng.chance(0.05) {
-                    for (rec, seq) in a.give_up_gaps() {
-                        if let Some((run, REL, s)) = a.record(rec, seq)? {
+                if !a.rel.holds_nothing() && rng.chance(0.05) {
+                    for (run, stream, s) in a.give_up_gaps()? {
+                        if stream == REL {
                             got.insert((run, s));
                         }
                     }
@@ -492,8 +511,8 @@ fn run(seed: u64) -> Result<String, String> {
     }
     // The wait for a gap ends (fanout gives it up after REORDER_WAIT): what was held goes on.
     if let Some(a) = app.as_mut() {
-        for (rec, seq) in a.give_up_gaps() {
-            if let Some((run, REL, s)) = a.record(rec, seq)? {
+        for (run, stream, s) in a.give_up_gaps()? {
+            if stream == REL {
                 got.insert((run, s));
             }
         }

@@ -12,10 +12,15 @@
 //! - [`subjects`]: the subject layout (sans-IO);
 //! - [`join`]: the join handshake (sans-IO);
 //! - [`record`]: the frame record every data message carries (packet/repr);
+//! - [`outbox`]: a source stream's records, message ids, acknowledgements and retries
+//!   (sans-IO);
+//! - [`intake`]: a sink stream's records: copies, order, END, acknowledgements (sans-IO);
 //! - [`runs`]: which device run a frame may come from, and its run key (sans-IO);
 //! - [`NatsConfig`] / [`connect`]: the connection to the server (TLS, credentials).
 
+pub mod intake;
 pub mod join;
+pub mod outbox;
 pub mod record;
 pub mod runs;
 pub mod subjects;

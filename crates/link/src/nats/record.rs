@@ -119,6 +119,9 @@ pub struct Reorder {
     max: usize,
     /// Records never seen: gaps given up.
     pub skipped: u64,
+    /// The consumer's first stream sequence: a run that began at or after it is delivered
+    /// whole, so its order starts at subject sequence 0 (see [`Reorder::whole_runs_from`]).
+    start: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -148,7 +151,19 @@ impl Reorder {
             wait,
             max: max.max(1),
             skipped: 0,
+            start: None,
         }
+    }
+
+    /// The consumer delivers everything stored from stream sequence `start` on: a run that
+    /// began at or after it (its `began` + 1 ≥ `start`) is seen whole, so its first record
+    /// to come may be a late one, and its order waits for subject sequence 0 (found by the
+    /// simulation in `testkit/tests/nats_publish.rs`: a device whose first publishes failed
+    /// and were stored after later ones had those dropped as copies by every app side).
+    /// A run that began before `start` is seen from the middle: its first record to come
+    /// starts its order.
+    pub fn whole_runs_from(&mut self, start: u64) {
+        self.start = Some(start);
     }
 
     /// Takes a record; gives the records now in order (none while a gap is open). The first
@@ -161,6 +176,20 @@ impl Reorder {
                 // The one seen longest ago goes; what it held comes out as it is.
                 let old = self.runs.remove(0);
                 out.extend(old.held.into_values().flatten());
+            }
+            let whole = self
+                .start
+                .is_some_and(|s| item.0.began.saturating_add(1) >= s);
+            if whole && wseq > 0 {
+                let mut held = std::collections::BTreeMap::new();
+                held.insert(wseq, vec![item]);
+                self.runs.push(RunOrder {
+                    run,
+                    next: 0,
+                    held,
+                    since: Some(now),
+                });
+                return out;
             }
             self.runs.push(RunOrder {
                 run,
@@ -202,6 +231,15 @@ impl Reorder {
             }
         }
         out
+    }
+
+    /// When the oldest open gap is given up ([`Reorder::poll`]).
+    pub fn poll_timeout(&self) -> Option<std::time::Instant> {
+        self.runs
+            .iter()
+            .filter_map(|r| r.since)
+            .min()
+            .map(|t| t + self.wait)
     }
 
     /// Whether no record waits behind a gap.
@@ -299,10 +337,33 @@ mod tests {
         );
         assert_eq!(w(r.push(rec(1, 10), t)), Vec::<u64>::new());
         assert!(r.poll(t + std::time::Duration::from_millis(10)).is_empty());
+        assert_eq!(
+            r.poll_timeout(),
+            Some(t + std::time::Duration::from_secs(1))
+        );
         assert_eq!(w(r.poll(t + std::time::Duration::from_secs(2))), vec![10]);
+        assert_eq!(r.poll_timeout(), None);
         assert_eq!(r.skipped, 1);
         // A new run starts afresh.
         assert_eq!(w(r.push(rec(2, 0), t)), vec![0]);
+    }
+
+    #[test]
+    fn a_run_that_began_after_the_consumer_started_waits_for_its_first_record() {
+        let t = std::time::Instant::now();
+        let mut r = Reorder::new(std::time::Duration::from_secs(1), 100);
+        r.whole_runs_from(1000);
+        // Run 5 began at 999 (rec() sets began 0: build them by hand).
+        let rec_b = |run: u64, began: u64, wseq: u64| {
+            let (mut x, s) = rec(run, wseq);
+            x.began = began;
+            (x, s)
+        };
+        assert_eq!(w(r.push(rec_b(5, 999, 2), t)), Vec::<u64>::new());
+        assert_eq!(w(r.push(rec_b(5, 999, 0), t)), vec![0]);
+        assert_eq!(w(r.push(rec_b(5, 999, 1), t)), vec![1, 2]);
+        // A run that began before the consumer's start is seen from its middle.
+        assert_eq!(w(r.push(rec_b(4, 998, 7), t)), vec![7]);
     }
 
     #[test]

@@ -1,0 +1,405 @@
+//! The receiving half of one fan-out stream before its frames open (sans-IO): which records
+//! go on to be opened, in which order, and when the broker's messages may be acknowledged.
+//!
+//! In the order the app side's sink takes a message:
+//!
+//! 1. a body shorter than a record is dropped ([`Taken::Malformed`]);
+//! 2. a record naming another stream than its subject's is dropped ([`Taken::Foreign`]):
+//!    someone who may publish moved a genuine frame of another stream here;
+//! 3. a copy is dropped ([`Taken::Copy`]): a stored message is known by its sealed header
+//!    (the sending half's epoch and frame counter, the same in every copy, whatever stream
+//!    sequence the server gave it), a core NATS one by a number at or below the last one
+//!    taken of its run;
+//! 4. stored frames of the side's own consumer go back in their subject order ([`Reorder`]):
+//!    a frame stored late waits for nothing, the ones after it wait for it, at most the wait
+//!    given (then the gap is given up, counted: [`Intake::skipped`]);
+//! 5. what comes out ([`Intake::poll_record`]) is opened by the driver (the run's key, the
+//!    [`super::runs::RunGuard`]); a stored frame numbered at or below the last one taken of
+//!    its run is dropped first (a copy someone recorded and published again);
+//! 6. the driver reports each opened frame ([`Intake::opened`]): an END (said once per run),
+//!    a frame of a newer run (the device restarted: the stack starts afresh), or a frame.
+//!
+//! Stored messages are acknowledged only once everything taken is through the sink: nothing
+//! held behind a gap, nothing waiting to be opened ([`Intake::acks_due`]).
+
+use super::record::{FrameRecord, Reorder, Stored, END_SEQ};
+use bytes::Bytes;
+use std::collections::{HashSet, VecDeque};
+use std::time::{Duration, Instant};
+
+/// Stored frames remembered for dropping copies.
+pub const SEEN: usize = 16_384;
+
+/// How long stored frames wait behind a gap before it is given up. A publish that fails is
+/// stored late: the device learns of it when its acknowledgement fails (at once, or after
+/// the client's 5 s timeout), publishes it again after 50 ms–2 s, and a cluster that lost a
+/// node takes seconds to elect a leader; the wait covers two timeouts, an outage of about
+/// 10 s and the backoff (`testkit/tests/nats_publish.rs` shows it over 1000 schedules). It
+/// was 10 s: the three-node cluster test lost a frame stored 10 s late to it. Only a frame
+/// JetStream itself lost waits this long for nothing.
+pub const REORDER_WAIT: Duration = Duration::from_secs(30);
+
+/// What became of a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taken {
+    /// On its way to be opened (maybe after the ones before it).
+    Queued,
+    /// A copy of a frame taken already.
+    Copy,
+    /// Shorter than a record.
+    Malformed,
+    /// A record of another stream.
+    Foreign,
+}
+
+/// What an opened frame is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opened {
+    /// The stream's END; `first`: the first one of its run (a lossy END comes three times).
+    End {
+        /// Whether this run's END was not seen before.
+        first: bool,
+    },
+    /// A frame; `restarted`: the (run, seq) taken last when this frame is of another run (the
+    /// device side restarted: what the stack holds goes out, then it starts afresh).
+    Frame {
+        /// The last (run, seq) of the run before.
+        restarted: Option<(u64, u64)>,
+    },
+}
+
+/// The sealed headers (epoch ‖ counter) of the last [`SEEN`] stored frames taken.
+#[derive(Debug, Default)]
+struct Seen {
+    set: HashSet<[u8; 24]>,
+    order: VecDeque<[u8; 24]>,
+}
+
+impl Seen {
+    /// Whether `sealed` is new (and remembers it); a frame too short to carry the header
+    /// counts as new (the encrypt inverse refuses it).
+    fn insert(&mut self, sealed: &[u8]) -> bool {
+        let Some(k) = sealed.get(..24).and_then(|k| <[u8; 24]>::try_from(k).ok()) else {
+            return true;
+        };
+        if !self.set.insert(k) {
+            return false;
+        }
+        self.order.push_back(k);
+        if self.order.len() > SEEN {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+        true
+    }
+}
+
+/// One sink stream's intake; `M` is the broker's handle of a stored message (to acknowledge
+/// it).
+#[derive(Debug)]
+pub struct Intake<M> {
+    stream: u16,
+    reorder: Option<Reorder>,
+    seen: Seen,
+    /// The (run, seq) taken last.
+    last: Option<(u64, u64)>,
+    /// The run whose END was taken last.
+    ended: Option<u64>,
+    ready: VecDeque<Stored>,
+    unacked: VecDeque<M>,
+    acked_to: u64,
+    /// Copies dropped.
+    pub copies: u64,
+    /// Records of another stream dropped.
+    pub foreign: u64,
+    /// Messages shorter than a record dropped.
+    pub malformed: u64,
+}
+
+impl<M> Intake<M> {
+    /// The intake of stream `stream`; `ordered`: stored frames of one publisher, put back in
+    /// their subject order, waiting at most `wait` behind a gap (not a round-robin member,
+    /// nor a device taking many app sides' frames).
+    pub fn new(stream: u16, ordered: bool, wait: Duration) -> Intake<M> {
+        Intake {
+            stream,
+            reorder: ordered.then(|| Reorder::new(wait, 65_536)),
+            seen: Seen::default(),
+            last: None,
+            ended: None,
+            ready: VecDeque::new(),
+            unacked: VecDeque::new(),
+            acked_to: 0,
+            copies: 0,
+            foreign: 0,
+            malformed: 0,
+        }
+    }
+
+    /// The consumer delivers everything stored from stream sequence `start` on (a run that
+    /// began after it is seen whole: [`Reorder::whole_runs_from`]).
+    pub fn consumer_start(&mut self, start: u64) {
+        if let Some(r) = self.reorder.as_mut() {
+            r.whole_runs_from(start);
+        }
+    }
+
+    /// Takes a message: `stored` is JetStream's (its stream sequence, if known, and its
+    /// handle), `None` for core NATS.
+    pub fn handle_message(
+        &mut self,
+        now: Instant,
+        body: &Bytes,
+        stored: Option<(Option<u64>, M)>,
+    ) -> Taken {
+        let rec = FrameRecord::parse(body);
+        let (stream_seq, is_stored) = match stored {
+            Some((seq, m)) => {
+                // A copy is acknowledged with the others (its first copy is among them).
+                self.unacked.push_back(m);
+                (seq, true)
+            }
+            None => (None, false),
+        };
+        let Some(rec) = rec else {
+            self.malformed += 1;
+            return Taken::Malformed;
+        };
+        if rec.stream != self.stream {
+            self.foreign += 1;
+            return Taken::Foreign;
+        }
+        let fresh = if is_stored {
+            self.seen.insert(&rec.payload)
+        } else {
+            match self.last {
+                Some((run, seq)) if run == rec.run => rec.seq > seq,
+                _ => true,
+            }
+        };
+        if !fresh {
+            self.copies += 1;
+            return Taken::Copy;
+        }
+        match self.reorder.as_mut().filter(|_| is_stored) {
+            Some(r) => self.ready.extend(r.push((rec, stream_seq), now)),
+            None => self.ready.push_back((rec, stream_seq)),
+        }
+        Taken::Queued
+    }
+
+    /// The next record to open, with its stream sequence.
+    pub fn poll_record(&mut self) -> Option<Stored> {
+        while let Some((rec, stored)) = self.ready.pop_front() {
+            if self.reorder.is_some()
+                && rec.seq != END_SEQ
+                && self.last.is_some_and(|(r, s)| r == rec.run && rec.seq <= s)
+            {
+                self.copies += 1;
+                continue;
+            }
+            return Some((rec, stored));
+        }
+        None
+    }
+
+    /// Reports an opened frame of `run` numbered `seq`.
+    pub fn opened(&mut self, run: u64, seq: u64) -> Opened {
+        if seq == END_SEQ {
+            let first = self.ended != Some(run);
+            self.ended = Some(run);
+            return Opened::End { first };
+        }
+        let restarted = self.last.filter(|(r, _)| *r != run);
+        self.last = Some((run, seq));
+        Opened::Frame { restarted }
+    }
+
+    /// When a gap is given up.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.reorder.as_ref().and_then(Reorder::poll_timeout)
+    }
+
+    /// Gives up the gaps held too long; whether any was.
+    pub fn handle_timeout(&mut self, now: Instant) -> bool {
+        let Some(r) = self.reorder.as_mut() else {
+            return false;
+        };
+        let late = r.poll(now);
+        let any = !late.is_empty();
+        self.ready.extend(late);
+        any
+    }
+
+    /// Frames given up behind gaps.
+    pub fn skipped(&self) -> u64 {
+        self.reorder.as_ref().map_or(0, |r| r.skipped)
+    }
+
+    /// Whether nothing taken waits here (behind a gap or to be opened).
+    pub fn holds_nothing(&self) -> bool {
+        self.ready.is_empty() && self.reorder.as_ref().map_or(true, Reorder::is_empty)
+    }
+
+    /// Whether messages wait for their acknowledgement.
+    pub fn has_unacked(&self) -> bool {
+        !self.unacked.is_empty()
+    }
+
+    /// The messages to acknowledge now, in order: all of them once `through` (everything
+    /// handed to the sink is complete) and nothing is held here; else none.
+    pub fn acks_due(&mut self, through: bool) -> Vec<M> {
+        if through && self.holds_nothing() {
+            self.unacked.drain(..).collect()
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Every message waiting for its acknowledgement (the stream ends).
+    pub fn take_acks(&mut self) -> Vec<M> {
+        self.unacked.drain(..).collect()
+    }
+
+    /// The server confirmed an acknowledgement up to stream sequence `seq`.
+    pub fn acked(&mut self, seq: u64) {
+        self.acked_to = self.acked_to.max(seq);
+    }
+
+    /// The stream sequence up to which everything was acknowledged (a consumer made again
+    /// after a reconnect starts after it).
+    pub fn acked_to(&self) -> u64 {
+        self.acked_to
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(stream: u16, run: u64, seq: u64, wseq: u64, sealed: u8) -> Bytes {
+        FrameRecord {
+            stream,
+            flags: 0,
+            run,
+            began: 0,
+            seq,
+            timestamp_ns: 0,
+            wseq,
+            payload: Bytes::from(vec![sealed; 30]),
+        }
+        .encode()
+    }
+
+    fn seqs(i: &mut Intake<u64>) -> Vec<u64> {
+        let mut v = Vec::new();
+        while let Some((r, _)) = i.poll_record() {
+            i.opened(r.run, r.seq);
+            v.push(r.seq);
+        }
+        v
+    }
+
+    #[test]
+    fn stored_copies_and_late_frames_come_out_once_in_order_and_acks_wait_for_gaps() {
+        let t = Instant::now();
+        let mut i: Intake<u64> = Intake::new(1, true, Duration::from_secs(10));
+        assert_eq!(
+            i.handle_message(t, &rec(1, 7, 0, 0, 0), Some((Some(1), 1))),
+            Taken::Queued
+        );
+        assert_eq!(
+            i.handle_message(t, &rec(1, 7, 2, 2, 2), Some((Some(2), 2))),
+            Taken::Queued
+        );
+        assert_eq!(seqs(&mut i), vec![0], "2 waits for 1");
+        assert!(
+            i.acks_due(true).is_empty(),
+            "nothing acknowledged behind a gap"
+        );
+        assert_eq!(i.poll_timeout(), Some(t + Duration::from_secs(10)));
+        // A redelivered copy: known by its sealed header.
+        assert_eq!(
+            i.handle_message(t, &rec(1, 7, 0, 0, 0), Some((Some(1), 3))),
+            Taken::Copy
+        );
+        assert_eq!(
+            i.handle_message(t, &rec(1, 7, 1, 1, 1), Some((Some(3), 4))),
+            Taken::Queued
+        );
+        assert_eq!(seqs(&mut i), vec![1, 2]);
+        assert_eq!(
+            i.acks_due(false),
+            Vec::<u64>::new(),
+            "the sink is not through"
+        );
+        assert_eq!(i.acks_due(true), vec![1, 2, 3, 4], "in order, the copy too");
+        assert_eq!(i.copies, 1);
+        // Another stream's record, and garbage.
+        assert_eq!(
+            i.handle_message(t, &rec(2, 7, 3, 3, 3), None),
+            Taken::Foreign
+        );
+        assert_eq!(
+            i.handle_message(t, &Bytes::from_static(b"x"), None),
+            Taken::Malformed
+        );
+    }
+
+    #[test]
+    fn a_gap_is_given_up_in_time_and_a_newer_run_and_its_end_are_reported() {
+        let t = Instant::now();
+        let mut i: Intake<u64> = Intake::new(1, true, Duration::from_secs(10));
+        i.handle_message(t, &rec(1, 7, 0, 0, 0), Some((Some(1), 1)));
+        i.handle_message(t, &rec(1, 7, 5, 5, 5), Some((Some(2), 2)));
+        assert_eq!(seqs(&mut i), vec![0]);
+        assert!(!i.handle_timeout(t + Duration::from_secs(9)));
+        assert!(i.handle_timeout(t + Duration::from_secs(10)));
+        assert_eq!(i.skipped(), 4);
+        assert_eq!(seqs(&mut i), vec![5]);
+        i.handle_message(t, &rec(1, 9, 0, 0, 9), Some((Some(3), 3)));
+        let (r, _) = i.poll_record().unwrap();
+        assert_eq!(
+            i.opened(r.run, r.seq),
+            Opened::Frame {
+                restarted: Some((7, 5))
+            }
+        );
+        assert_eq!(i.opened(9, END_SEQ), Opened::End { first: true });
+        assert_eq!(i.opened(9, END_SEQ), Opened::End { first: false });
+    }
+
+    #[test]
+    fn seen_drops_copies_by_their_sealed_header() {
+        let mut s = Seen::default();
+        assert!(s.insert(&[1u8; 40]));
+        assert!(s.insert(&[2u8; 40]));
+        assert!(!s.insert(&[1u8; 40]));
+        assert!(
+            s.insert(&[9u8; 3]),
+            "too short to tell: the encrypt inverse decides"
+        );
+    }
+
+    #[test]
+    fn core_frames_at_or_below_the_last_one_of_their_run_are_copies() {
+        let t = Instant::now();
+        let mut i: Intake<u64> = Intake::new(2, false, Duration::from_secs(10));
+        assert_eq!(
+            i.handle_message(t, &rec(2, 7, 4, 0, 0), None),
+            Taken::Queued
+        );
+        assert_eq!(seqs(&mut i), vec![4]);
+        assert_eq!(i.handle_message(t, &rec(2, 7, 4, 1, 1), None), Taken::Copy);
+        assert_eq!(i.handle_message(t, &rec(2, 7, 3, 1, 1), None), Taken::Copy);
+        assert_eq!(
+            i.handle_message(t, &rec(2, 8, 0, 0, 1), None),
+            Taken::Queued
+        );
+        assert_eq!(
+            i.handle_message(t, &rec(2, 7, END_SEQ, 0, 2), None),
+            Taken::Queued
+        );
+    }
+}
