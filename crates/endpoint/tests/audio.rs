@@ -86,6 +86,10 @@ fn tone_recorded_whole(pa: &Pulse) {
         let sink = SinkConfig::PulsePlayback(PulsePlaybackConfig {
             virtual_source: Some("ndd_mic".into()),
             latency_ms: 30,
+            // Whole, as for the capture above: PipeWire's pipe source stalled by a loaded host
+            // must not cost a block (at the default, less than one block may wait in the
+            // FIFO: the freshest sound, and a block dropped on a stall).
+            max_wait_ms: Some(1000),
             rate: 48_000,
             channels: 1,
             server: server.clone(),

@@ -83,6 +83,12 @@ pub struct PulsePlaybackConfig {
     /// With `virtual_source`: its channels (the blocks must have as many).
     #[serde(default = "default_channels")]
     pub channels: u8,
+    /// With `virtual_source`: how much sound may wait in its FIFO before a block is dropped,
+    /// ms. Absent: less than one block (the freshest sound: through PipeWire the level a
+    /// program found when it started recording stays as delay). More: whole sound through a
+    /// reader that stalls (a loaded machine), at up to this much delay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_wait_ms: Option<u32>,
     /// The PulseAudio server, as for `pulse-capture`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server: Option<String>,
@@ -96,6 +102,7 @@ impl Default for PulsePlaybackConfig {
             latency_ms: default_latency_ms(),
             rate: default_rate(),
             channels: default_channels(),
+            max_wait_ms: None,
             server: None,
         }
     }
@@ -184,6 +191,19 @@ impl PulsePlaybackConfig {
                  programs record from), not both"
                     .into(),
             ));
+        }
+        match self.max_wait_ms {
+            Some(ms) if !(10..=10_000).contains(&ms) => {
+                return Err(("max_wait_ms", "must be 10..=10000".into()));
+            }
+            Some(_) if self.virtual_source.is_none() => {
+                return Err((
+                    "max_wait_ms",
+                    "applies to a `virtual_source` (its FIFO); a sink's buffer is `latency_ms`"
+                        .into(),
+                ));
+            }
+            _ => {}
         }
         for (key, v) in [
             ("device", &self.device),

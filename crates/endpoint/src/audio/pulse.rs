@@ -400,6 +400,7 @@ pub(crate) fn spawn_pulse_playback(
     let server = c.server.clone();
     let device = c.device.clone();
     let latency_ms = c.latency_ms;
+    let max_wait_us = c.max_wait_ms.map(|ms| u64::from(ms) * 1000);
     let open = move |rate: u32, channels: u8| {
         let bytes_per_ms = u64::from(rate) * u64::from(channels) * 2 / 1000;
         let target = (bytes_per_ms * u64::from(latency_ms)).min(u64::from(u32::MAX)) as u32;
@@ -471,6 +472,7 @@ pub(crate) fn spawn_pulse_playback(
         let mut late = 0u64;
         let mut catching_up = false;
         let mut unheard = 0u64;
+        let mut priming: Option<Vec<u8>> = max_wait_us.map(|_| Vec::new());
         while let Some(frame) = rx.blocking_recv() {
             report.frames += 1;
             report.bytes += frame.len() as u64;
@@ -539,10 +541,34 @@ pub(crate) fn spawn_pulse_playback(
                     // the level it had when a program started recording stays as delay: a
                     // block is dropped while a whole block or more still waits in the FIFO,
                     // so the level settles under one block (PulseAudio reads eagerly: it
-                    // never comes to this).
+                    // never comes to this). `max_wait_ms` lets more wait, for whole sound
+                    // through a reader that stalls.
                     let fifo_us = rustix::io::ioctl_fionread(&*file).unwrap_or(0) * 1_000_000
                         / (u64::from(*rate) * u64::from(*channels) * 2).max(1);
-                    if fifo_us >= block_us {
+                    let bound_us = max_wait_us.map_or(block_us, |m| m.max(block_us));
+                    // Whole sound (`max_wait_ms`): the first `latency_ms` of it go into the
+                    // FIFO at once, as a playback stream's prebuffer, so a writer held off the
+                    // core for less than that never leaves the reader without sound.
+                    if let Some(p) = priming.as_mut() {
+                        p.extend_from_slice(block.data);
+                        let have_us = p.len() as u64 * 1_000_000
+                            / (u64::from(*rate) * u64::from(*channels) * 2).max(1);
+                        delivered.mark(frame.meta.seq);
+                        if have_us < u64::from(latency_ms) * 1000 {
+                            continue;
+                        }
+                        let mut rest = &p[..];
+                        while !rest.is_empty() {
+                            match std::io::Write::write(file, rest) {
+                                Ok(n) => rest = &rest[n..],
+                                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                                Err(_) => break,
+                            }
+                        }
+                        priming = None;
+                        continue;
+                    }
+                    if fifo_us >= bound_us {
                         late += 1;
                         if let Some(suppressed) = late_log.admit(std::time::Instant::now()) {
                             tracing::info!(endpoint, dropped = late, suppressed, fifo_us,

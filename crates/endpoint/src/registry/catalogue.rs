@@ -362,6 +362,7 @@ pub const SINKS: &[EndpointInfo] = &[
             ("latency_ms", "1..=2000", "30", "sound PulseAudio keeps buffered ahead of the speaker, ms"),
             ("rate", "integer, 8000..=192000", "48000", "with `virtual_source`: its sample rate (the capture's)"),
             ("channels", "1..=8", "2", "with `virtual_source`: its channels (the capture's)"),
+            ("max_wait_ms", "10..=10000", "none", "with `virtual_source`: sound that may wait in its FIFO before a block is dropped; absent: under one block (the freshest sound)"),
             ("server", "string", "none", "the PulseAudio server; the session's when absent"),
         ],
     },

@@ -137,6 +137,7 @@ fn catalogue_params_match_the_config_keys() {
         SinkConfig::PulsePlayback(crate::audio::PulsePlaybackConfig {
             device: Some("d".into()),
             virtual_source: Some("v".into()),
+            max_wait_ms: Some(100),
             server: Some("s".into()),
             ..Default::default()
         }),
@@ -314,6 +315,17 @@ fn bad_values_are_errors_that_name_them() {
     assert_eq!(
         c.validate().unwrap_err().to_string(),
         "pulse-capture source: invalid parameter max_wait_ms: must be 10..=10000"
+    );
+    let c: SinkConfig = parse(r#"{ type = "pulse-playback", max_wait_ms = 100 }"#).unwrap();
+    assert_eq!(
+        c.validate().unwrap_err().to_string(),
+        "pulse-playback sink: invalid parameter max_wait_ms: applies to a `virtual_source` (its FIFO); a sink's buffer is `latency_ms`"
+    );
+    let c: SinkConfig =
+        parse(r#"{ type = "pulse-playback", virtual_source = "m", max_wait_ms = 5 }"#).unwrap();
+    assert_eq!(
+        c.validate().unwrap_err().to_string(),
+        "pulse-playback sink: invalid parameter max_wait_ms: must be 10..=10000"
     );
     let e = parse::<SinkConfig>(r#"{ type = "framebuffer" }"#).unwrap_err();
     assert!(e.contains("missing field `path`"), "{e}");
