@@ -2308,6 +2308,14 @@ impl Publisher {
         self.outbox.handle_timeout(Instant::now());
     }
 
+    /// Its counters into the stream's stats: lossy frames dropped for want of room, and
+    /// publishes sent again (failed, or after a reconnect).
+    fn report(&self, stats: &Shared<StreamStats>) {
+        let mut s = lock(stats);
+        s.overflow = self.dropped;
+        s.retransmits = self.outbox.retried + self.outbox.republished;
+    }
+
     /// Whether stored publishes wait for their acknowledgement.
     fn busy(&self) -> bool {
         self.outbox.in_flight() > 0
@@ -2520,6 +2528,7 @@ async fn pump_source(
             ev = out.next_event(), if out.busy() => {
                 // Acknowledgements and retries go on while the source is quiet.
                 out.on_event(ev).await?;
+                out.report(&stats);
                 continue;
             }
             r = rotation.changed(), if out.outbox.keeps() => {
@@ -2591,9 +2600,7 @@ async fn drain(
                 out.keep(p, route, id);
             }
         }
-        if out.dropped > 0 {
-            lock(stats).overflow = out.dropped;
-        }
+        out.report(stats);
     }
     Ok(())
 }
@@ -2876,6 +2883,7 @@ async fn pump_sink(
                 }
                 _ = check.tick() => {
                     if intake.handle_timeout(Instant::now()) {
+                        lock(&stats).given_up = intake.skipped();
                         if let Some(suppressed) = gaps.admit(Instant::now()) {
                             tracing::warn!(
                                 skipped = intake.skipped(),

@@ -53,6 +53,8 @@ pub struct StreamStats {
     /// Frames refused as replayed or forged: over NATS, a frame of an earlier device run or
     /// one that opens under no key (sink).
     pub refused: u64,
+    /// Over NATS, stored frames that never came, given up after waiting behind a gap (sink).
+    pub given_up: u64,
     /// The `image` layer's (frames out, bytes out) at the last live line.
     image_window: (u64, u64),
     window: (Instant, u64, u64),
@@ -99,6 +101,8 @@ pub struct StreamSummary {
     pub sink_behind: u64,
     /// Frames refused as replayed or forged.
     pub refused: u64,
+    /// Over NATS, stored frames that never came, given up after waiting behind a gap.
+    pub given_up: u64,
     /// Per-module counters.
     pub modules: Vec<ModuleSummary>,
 }
@@ -156,6 +160,7 @@ impl StreamStats {
             stale: 0,
             sink_behind: 0,
             refused: 0,
+            given_up: 0,
             window: (Instant::now(), 0, 0),
             image_window: (0, 0),
         }
@@ -224,6 +229,7 @@ impl StreamStats {
             stale: self.stale,
             sink_behind: self.sink_behind,
             refused: self.refused,
+            given_up: self.given_up,
             modules: self
                 .layers
                 .iter()
@@ -288,6 +294,9 @@ impl StreamStats {
         }
         if s.refused > 0 {
             line += &format!("  refused {}", s.refused);
+        }
+        if s.given_up > 0 {
+            line += &format!("  given up {}", s.given_up);
         }
         if let Some(l) = self
             .layers
@@ -377,7 +386,7 @@ struct Snapshot {
 /// and the value.
 type Get = fn(&StreamSummary) -> Option<f64>;
 
-const STREAM_COUNTERS: [(&str, &str, Get); 11] = [
+const STREAM_COUNTERS: [(&str, &str, Get); 12] = [
     (
         "ndd_stream_frames",
         "Frames through the stream's endpoint on this side",
@@ -422,6 +431,11 @@ const STREAM_COUNTERS: [(&str, &str, Get); 11] = [
         "ndd_stream_stale",
         "Input frames not replayed after an outage",
         |s| Some(s.stale as f64),
+    ),
+    (
+        "ndd_stream_given_up",
+        "Stored frames that never came, given up after waiting behind a gap (NATS)",
+        |s| Some(s.given_up as f64),
     ),
     (
         "ndd_stream_sink_behind",

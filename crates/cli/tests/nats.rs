@@ -1911,9 +1911,12 @@ sink = {{ type = "file", path = "{}", framing = "length" }}
     let (c0, r0, l0) = config(0);
     let (c1, r1, l1) = config(1);
     let growth = Growth::watch(vec![l0.clone(), l1.clone()]);
-    let a0 = side(&c0, "app", &apps[0], &["--once"]);
-    let a1 = side(&c1, "app", &apps[1], &["--once"]);
-    let d = side(&c0, "device", &dev, &["--once"]);
+    let json = |who: &str| dir.0.join(format!("{who}-stats.json"));
+    let (j0, j1, jd) = (json("app0"), json("app1"), json("device"));
+    let arg = |p: &Path| p.display().to_string();
+    let a0 = side(&c0, "app", &apps[0], &["--once", "--stats-json", &arg(&j0)]);
+    let a1 = side(&c1, "app", &apps[1], &["--once", "--stats-json", &arg(&j1)]);
+    let d = side(&c0, "device", &dev, &["--once", "--stats-json", &arg(&jd)]);
     wait_for("reliable frames to flow", WAIT, || {
         complete_frames(&r0) > 300 && complete_frames(&r1) > 300
     });
@@ -1947,9 +1950,24 @@ sink = {{ type = "file", path = "{}", framing = "length" }}
             && derr.contains("reconnected to the NATS server (connection 2)"),
         "device: {derr}"
     );
+    // Its counters say what it did: publishes sent again after the kills (the reconnect's
+    // window, the failed ones).
+    let stream = |path: &Path, name: &str| -> serde_json::Value {
+        let j: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).expect("stats json")).unwrap();
+        j["streams"]
+            .as_array()
+            .and_then(|v| v.iter().find(|s| s["name"] == name).cloned())
+            .unwrap_or_else(|| panic!("no stream {name} in {j}"))
+    };
+    let sent_again = stream(&jd, "reliable")["retransmits"].as_u64().unwrap();
+    println!("device: {sent_again} reliable publishes sent again");
+    assert!(sent_again > 0, "device: {derr}");
     for (i, (a, r)) in [(a0, &r0), (a1, &r1)].into_iter().enumerate() {
         let (s, _, err) = a.finish();
         assert!(s.success(), "app {i}: {err}\ndevice: {derr}");
+        let given_up = stream([&j0, &j1][i], "reliable")["given_up"].as_u64();
+        assert_eq!(given_up, Some(0), "app {i}: {err}");
         let (next, dups, lost) = order(synthetic_seqs_in(r, 7, n));
         assert_eq!(
             next, n,
