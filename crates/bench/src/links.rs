@@ -124,13 +124,13 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
             ));
             let period = Duration::from_secs_f64(pacing_ms(size) / 1e3);
             let raws = [
-                ndd_link::bench::raw_tls_one_way_ns(size, n(size))
+                crate::raw_link::raw_tls_one_way_ns(size, n(size))
                     .await
                     .context("raw TLS")?,
-                ndd_link::bench::raw_tcp_paced_one_way_ns(size, n(size), period)
+                crate::raw_link::raw_tcp_paced_one_way_ns(size, n(size), period)
                     .await
                     .context("raw TCP paced")?,
-                ndd_link::bench::raw_tls_paced_one_way_ns(size, n(size), period)
+                crate::raw_link::raw_tls_paced_one_way_ns(size, n(size), period)
                     .await
                     .context("raw TLS paced")?,
             ];
@@ -205,19 +205,19 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
             delivered[k] = got;
             k += 1;
         };
-        let t = ndd_link::bench::raw_tcp_throughput(1_000_000, frames)
+        let t = crate::raw_link::raw_tcp_throughput(1_000_000, frames)
             .await
             .context("raw TCP throughput")?;
         put(t.bytes_per_sec() / 1e9, format!("{}", t.frames_received));
-        let t = ndd_link::bench::raw_tls_throughput(1_000_000, frames)
+        let t = crate::raw_link::raw_tls_throughput(1_000_000, frames)
             .await
             .context("raw TLS throughput")?;
         put(t.bytes_per_sec() / 1e9, format!("{}", t.frames_received));
-        let t = ndd_link::bench::raw_quic_throughput(1_000_000, frames)
+        let t = crate::raw_link::raw_quic_throughput(1_000_000, frames)
             .await
             .context("raw QUIC throughput")?;
         put(t.bytes_per_sec() / 1e9, format!("{}", t.frames_received));
-        let t = ndd_link::bench::raw_udp_throughput(65_000, frames * 16)
+        let t = crate::raw_link::raw_udp_throughput(65_000, frames * 16)
             .await
             .context("raw UDP throughput")?;
         put(

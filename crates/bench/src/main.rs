@@ -12,6 +12,8 @@ mod jitter;
 mod links;
 mod mixed;
 mod pairs;
+mod placement;
+mod raw_link;
 mod soak;
 mod vnc;
 
@@ -275,7 +277,7 @@ pub async fn run(cmd: BenchCmd) -> Result<()> {
             std::fs::create_dir_all(&out)
                 .with_context(|| format!("cannot create {}", out.display()))?;
             let md = out.join("placement.md");
-            tokio::task::spawn_blocking(move || ndd_ipc::bench::bench_placement(quick, &md))
+            tokio::task::spawn_blocking(move || crate::placement::bench_placement(quick, &md))
                 .await
                 .context("bench placement task")?
                 .with_context(|| format!("bench placement into {}", out.display()))

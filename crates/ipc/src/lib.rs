@@ -12,7 +12,6 @@
 //! - [`child`]: the runtime a Rust child (or an in-process thread child) runs;
 //! - [`external`]: the config, the host half and child-process management;
 //! - [`error`]: [`ExternalError`], how the host half reports a failing program;
-//! - [`bench`]: the placement overhead study.
 //!
 //! Invariants: nothing the child sends is trusted (bad bytes are a [`ModuleError`] naming the
 //! module, never a panic); every request has a deadline; a child process is killed and
@@ -22,7 +21,6 @@
 
 #![deny(unsafe_code)]
 
-pub mod bench;
 pub mod child;
 pub mod error;
 pub mod external;

@@ -23,7 +23,6 @@
 //!   with its join handshake and group key;
 //! - [`tunnel`]: a pinned TLS byte tunnel for another protocol's TCP bytes (the RFB
 //!   accelerator's slow leg);
-//! - [`bench`](mod@bench): raw TCP/UDP throughput baselines.
 //!
 //! `docs/links.md` compares the links: guarantees, wire mapping, limits, when to use which.
 //!
@@ -48,7 +47,6 @@
 #![warn(missing_docs)]
 
 pub mod arq;
-pub mod bench;
 pub mod conn;
 mod error;
 pub mod establish;

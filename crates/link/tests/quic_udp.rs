@@ -458,33 +458,3 @@ async fn udp_ignores_foreign_senders_and_follows_a_restarted_peer() {
     assert_eq!(server.stats().session_changes, 1);
     assert_eq!(server.peer_addr(), Some(raw.local_addr().unwrap()));
 }
-
-// ---------------------------------------------------------------------------------------
-// Raw baselines
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn raw_throughput_baselines_run() {
-    let tcp = ndd_link::bench::raw_tcp_throughput(64 * 1024, 64)
-        .await
-        .unwrap();
-    assert_eq!(tcp.frames_received, 64);
-    assert_eq!(tcp.bytes_received, 64 * 64 * 1024);
-    assert!(tcp.bytes_per_sec() > 0.0);
-    let tls = ndd_link::bench::raw_tls_throughput(64 * 1024, 64)
-        .await
-        .unwrap();
-    assert_eq!(tls.bytes_received, 64 * 64 * 1024, "every byte through TLS");
-    let quic = ndd_link::bench::raw_quic_throughput(64 * 1024, 64)
-        .await
-        .unwrap();
-    assert_eq!(
-        quic.bytes_received,
-        64 * 64 * 1024,
-        "every byte through QUIC"
-    );
-    let udp = ndd_link::bench::raw_udp_throughput(1400, 200)
-        .await
-        .unwrap();
-    assert!(udp.frames_received <= 200 && udp.frames_received > 0);
-    assert!((0.0..=1.0).contains(&udp.loss()));
-}

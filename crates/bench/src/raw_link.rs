@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 
-use crate::udp::MAX_UDP_PAYLOAD;
-use crate::{LinkError, Result};
+use ndd_link::udp::MAX_UDP_PAYLOAD;
+use ndd_link::{LinkError, Result};
 
 /// How long the UDP receiver waits for one more datagram before it counts the rest as lost.
 const UDP_IDLE: Duration = Duration::from_millis(200);
@@ -41,11 +41,6 @@ impl Throughput {
         }
     }
 
-    /// Received payload in gigabits per second.
-    pub fn gbit_per_sec(&self) -> f64 {
-        self.bytes_per_sec() * 8.0 / 1e9
-    }
-
     /// Fraction of frames lost (0 for TCP).
     pub fn loss(&self) -> f64 {
         if self.frames_sent == 0 {
@@ -73,7 +68,7 @@ impl Throughput {
 }
 
 /// Two throwaway identities (server, client) for a baseline run; nothing stays on disk.
-fn throwaway_identities(tag: &str) -> Result<(crate::Identity, crate::Identity)> {
+fn throwaway_identities(tag: &str) -> Result<(ndd_link::Identity, ndd_link::Identity)> {
     let dir = std::env::temp_dir().join(format!(
         "ndd-bench-{tag}-{}-{}",
         std::process::id(),
@@ -82,8 +77,8 @@ fn throwaway_identities(tag: &str) -> Result<(crate::Identity, crate::Identity)>
             .map_or(0, |d| d.as_nanos())
     ));
     let ids = (
-        crate::Identity::create(&dir.join("server"), true),
-        crate::Identity::create(&dir.join("client"), true),
+        ndd_link::Identity::create(&dir.join("server"), true),
+        ndd_link::Identity::create(&dir.join("client"), true),
     );
     let _ = std::fs::remove_dir_all(&dir);
     Ok((ids.0?, ids.1?))
@@ -95,8 +90,8 @@ fn throwaway_identities(tag: &str) -> Result<(crate::Identity, crate::Identity)>
 /// has them all: the mechanism ndd's TLS link is built on.
 pub async fn raw_tls_throughput(frame_size: usize, count: u64) -> Result<Throughput> {
     let (server, client) = throwaway_identities("tls")?;
-    let (server, client) = (crate::Tls::new(server)?, crate::Tls::new(client)?);
-    let listener = crate::listen("127.0.0.1:0").await?;
+    let (server, client) = (ndd_link::Tls::new(server)?, ndd_link::Tls::new(client)?);
+    let listener = ndd_link::listen("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let total = frame_size as u64 * count;
     let reader = tokio::spawn(async move {
@@ -114,7 +109,7 @@ pub async fn raw_tls_throughput(frame_size: usize, count: u64) -> Result<Through
         }
         Ok::<_, LinkError>((got, Instant::now()))
     });
-    let (mut s, _) = crate::connect(
+    let (mut s, _) = ndd_link::connect(
         &addr.to_string(),
         Some(&client.client),
         Duration::from_secs(10),
@@ -142,8 +137,8 @@ pub async fn raw_tls_throughput(frame_size: usize, count: u64) -> Result<Through
 /// nanoseconds, the baseline of the TLS link's one-way time.
 pub async fn raw_tls_one_way_ns(size: usize, n: usize) -> Result<Vec<u64>> {
     let (server, client) = throwaway_identities("tls-rtt")?;
-    let (server, client) = (crate::Tls::new(server)?, crate::Tls::new(client)?);
-    let listener = crate::listen("127.0.0.1:0").await?;
+    let (server, client) = (ndd_link::Tls::new(server)?, ndd_link::Tls::new(client)?);
+    let listener = ndd_link::listen("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let echo = tokio::spawn(async move {
         let (mut s, _) = listener
@@ -157,7 +152,7 @@ pub async fn raw_tls_one_way_ns(size: usize, n: usize) -> Result<Vec<u64>> {
         }
         Ok::<_, LinkError>(())
     });
-    let (mut s, _) = crate::connect(
+    let (mut s, _) = ndd_link::connect(
         &addr.to_string(),
         Some(&client.client),
         Duration::from_secs(10),
@@ -261,15 +256,15 @@ pub async fn raw_tcp_paced_one_way_ns(size: usize, n: usize, period: Duration) -
 /// paced: one `size`-byte write and flush every `period`, one-way time per message in ns.
 pub async fn raw_tls_paced_one_way_ns(size: usize, n: usize, period: Duration) -> Result<Vec<u64>> {
     let (server, client) = throwaway_identities("tls-paced")?;
-    let (server, client) = (crate::Tls::new(server)?, crate::Tls::new(client)?);
-    let listener = crate::listen("127.0.0.1:0").await?;
+    let (server, client) = (ndd_link::Tls::new(server)?, ndd_link::Tls::new(client)?);
+    let listener = ndd_link::listen("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let accept = tokio::spawn(async move {
         listener
             .accept(Some(&server.server), Duration::from_secs(10))
             .await
     });
-    let (s, _) = crate::connect(
+    let (s, _) = ndd_link::connect(
         &addr.to_string(),
         Some(&client.client),
         Duration::from_secs(10),
@@ -286,7 +281,7 @@ pub async fn raw_tls_paced_one_way_ns(size: usize, n: usize, period: Duration) -
 /// framing, session or tasks on the stream — and time until the receiver has them all.
 pub async fn raw_quic_throughput(frame_size: usize, count: u64) -> Result<Throughput> {
     let (server_id, client_id) = throwaway_identities("quic")?;
-    let listener = crate::quic_listen("127.0.0.1:0", &server_id).await?;
+    let listener = ndd_link::quic_listen("127.0.0.1:0", &server_id).await?;
     let addr = listener.local_addr()?;
     let total = frame_size as u64 * count;
     let reader = tokio::spawn(async move {
@@ -318,7 +313,7 @@ pub async fn raw_quic_throughput(frame_size: usize, count: u64) -> Result<Throug
         Ok::<_, LinkError>((got, Instant::now(), conn))
     });
     let (client, _) =
-        crate::quic_connect(&addr.to_string(), &client_id, Duration::from_secs(10)).await?;
+        ndd_link::quic_connect(&addr.to_string(), &client_id, Duration::from_secs(10)).await?;
     let mut tx = client
         .connection()
         .open_uni()
@@ -430,4 +425,26 @@ pub async fn raw_udp_throughput(frame_size: usize, count: u64) -> Result<Through
         bytes_received: bytes,
         elapsed: last.saturating_duration_since(start),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn raw_throughput_baselines_run() {
+        let tcp = super::raw_tcp_throughput(64 * 1024, 64).await.unwrap();
+        assert_eq!(tcp.frames_received, 64);
+        assert_eq!(tcp.bytes_received, 64 * 64 * 1024);
+        assert!(tcp.bytes_per_sec() > 0.0);
+        let tls = super::raw_tls_throughput(64 * 1024, 64).await.unwrap();
+        assert_eq!(tls.bytes_received, 64 * 64 * 1024, "every byte through TLS");
+        let quic = super::raw_quic_throughput(64 * 1024, 64).await.unwrap();
+        assert_eq!(
+            quic.bytes_received,
+            64 * 64 * 1024,
+            "every byte through QUIC"
+        );
+        let udp = super::raw_udp_throughput(1400, 200).await.unwrap();
+        assert!(udp.frames_received <= 200 && udp.frames_received > 0);
+        assert!((0.0..=1.0).contains(&udp.loss()));
+    }
 }

@@ -5,11 +5,11 @@
 //! running the real protocol over real pipes / a real memfd ring (the same code a child
 //! process runs); a process child adds only scheduling, not transport cost.
 
-use crate::child::{from_fn, Handler};
-use crate::external::{ExternalConfig, ExternalHalf, Placement};
-use crate::proto::HalfRole;
-use crate::transport::{PipeTransport, Transport};
 use ndd_core::{Frame, Half, Meta, ModuleError, Output, Role, Stack};
+use ndd_ipc::child::{from_fn, Handler};
+use ndd_ipc::external::{ExternalConfig, ExternalHalf, Placement};
+use ndd_ipc::proto::HalfRole;
+use ndd_ipc::transport::{PipeTransport, Transport};
 use std::fmt::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -47,7 +47,7 @@ fn child_exe() -> Option<std::path::PathBuf> {
 }
 
 fn stack(place: &str, n: usize, ring_kib: u32) -> Stack {
-    stack_spin(place, n, ring_kib, crate::external::DEFAULT_SPIN)
+    stack_spin(place, n, ring_kib, ndd_ipc::external::DEFAULT_SPIN)
 }
 
 fn stack_spin(place: &str, n: usize, ring_kib: u32, spin: u32) -> Stack {
@@ -176,7 +176,7 @@ pub fn bench_placement(quick: bool, out: &Path) -> std::io::Result<()> {
     let _ = writeln!(md, "# Placement overhead (creation → network-ready)\n");
     let _ = writeln!(
         md,
-        "Command: `ndd_ipc::bench::bench_placement(quick = {quick})`. Machine: {} cores, {}. \
+        "Command: `ndd bench placement` (quick = {quick}). Machine: {} cores, {}. \
          Children are in-process threads speaking the real protocol over real pipes or a real \
          memfd ring (spin 2000, ring 2 MiB so 1 MB frames fit whole). p50 / p99 in µs.\n",
         std::thread::available_parallelism()
@@ -425,7 +425,7 @@ pub fn bench_placement(quick: bool, out: &Path) -> std::io::Result<()> {
 /// Streams `n` 4 KiB frames through a raw ring of `slots` frames; (p50, p99 latency µs,
 /// mean inter-frame µs).
 fn slot_experiment(slots: usize, n: usize) -> (f64, f64, f64) {
-    use crate::shm::{self, Waiter};
+    use ndd_ipc::shm::{self, Waiter};
     const FRAME: usize = 4096;
     let (fd, mut p, _hc) = shm::create(slots * FRAME, 2000).expect("ring");
     let (_cp, mut c) = shm::open_in_process(&fd, 2000).expect("ring");
