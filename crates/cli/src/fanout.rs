@@ -1332,7 +1332,7 @@ fn ready_message(key: &GroupKey, fingerprint: &str) -> Result<Bytes> {
     )?;
     out.take_frames()
         .pop()
-        .map(|f| Outbox::<()>::new(0, key.run, false, None, false).record("ready", f))
+        .map(|f| ndd_link::nats::outbox::record(f, key.run, 0))
         .ok_or_else(|| anyhow!("encrypt made no frame"))
 }
 

@@ -532,20 +532,5 @@ fn run(seed: u64) -> Result<String, String> {
 
 #[test]
 fn nothing_replayed_forged_or_of_an_earlier_run_is_delivered_and_reliable_frames_are_exact() {
-    let seeds: Vec<u64> = match std::env::var("SEED") {
-        Ok(s) => vec![s.parse().expect("SEED is a number")],
-        Err(_) => (0..1000).collect(),
-    };
-    for seed in seeds {
-        match run(seed) {
-            Ok(summary) => {
-                if std::env::var("SEED").is_ok() {
-                    println!("seed {seed}: {summary}");
-                }
-            }
-            Err(e) => panic!(
-                "seed {seed}: {e}\nreplay: SEED={seed} cargo test -p ndd-testkit --test nats_runs"
-            ),
-        }
-    }
+    ndd_testkit::explore("nats_runs", 1000, run);
 }

@@ -379,6 +379,21 @@ pub(crate) fn spawn_pulse_capture(
     }))
 }
 
+/// Writes what fits of `data` into the non-blocking FIFO `file`; whether all of it did (the
+/// rest is dropped: nobody reads the source).
+fn write_fitting(file: &mut std::fs::File, data: &[u8]) -> std::io::Result<bool> {
+    let mut rest = data;
+    while !rest.is_empty() {
+        match std::io::Write::write(file, rest) {
+            Ok(n) => rest = &rest[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
 /// Where a `pulse-playback` sink's sound goes.
 enum Out {
     /// A playback stream into a sink, opened with the first block's format.
@@ -557,13 +572,8 @@ pub(crate) fn spawn_pulse_playback(
                         if have_us < u64::from(latency_ms) * 1000 {
                             continue;
                         }
-                        let mut rest = &p[..];
-                        while !rest.is_empty() {
-                            match std::io::Write::write(file, rest) {
-                                Ok(n) => rest = &rest[n..],
-                                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                                Err(_) => break,
-                            }
+                        if !write_fitting(file, p).map_err(|e| write_err(e.to_string()))? {
+                            unheard += 1;
                         }
                         priming = None;
                         continue;
@@ -578,17 +588,8 @@ pub(crate) fn spawn_pulse_playback(
                         continue;
                     }
                     // What fits; the rest is dropped when no program reads (see above).
-                    let mut rest = block.data;
-                    while !rest.is_empty() {
-                        match std::io::Write::write(file, rest) {
-                            Ok(n) => rest = &rest[n..],
-                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                                unheard += 1;
-                                break;
-                            }
-                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                            Err(e) => return Err(write_err(e.to_string())),
-                        }
+                    if !write_fitting(file, block.data).map_err(|e| write_err(e.to_string()))? {
+                        unheard += 1;
                     }
                 }
                 Out::Stream(pa) => {

@@ -39,6 +39,24 @@ pub const RETRY_FIRST: Duration = Duration::from_millis(50);
 /// The longest wait before a failed publish goes again.
 pub const RETRY_MAX: Duration = Duration::from_secs(2);
 
+/// The message of sealed `frame` of `run`, `wseq`-th on its subject: the record header goes
+/// into the frame's headroom, the payload is not copied.
+pub fn record(mut frame: Frame, run: Run, wseq: u64) -> Bytes {
+    let header = FrameRecord {
+        stream: frame.meta.stream,
+        flags: frame.meta.flags,
+        run: run.id,
+        began: run.began,
+        seq: frame.meta.seq,
+        timestamp_ns: frame.meta.timestamp_ns,
+        wseq,
+        payload: Bytes::new(),
+    }
+    .header();
+    frame.push_header(&header);
+    frame.into_bytes()
+}
+
 /// A message for the server: `id` set for a stored one (its acknowledgement comes back with
 /// `token`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -188,23 +206,18 @@ impl<K> Outbox<K> {
 
     /// The record of sealed `frame`, next on `subject`.
     pub fn record(&mut self, subject: &str, frame: Frame) -> Bytes {
-        let counter = self.wseq.entry(subject.to_string()).or_insert(0);
-        let wseq = *counter;
-        *counter += 1;
-        let header = FrameRecord {
-            stream: frame.meta.stream,
-            flags: frame.meta.flags,
-            run: self.run.id,
-            began: self.run.began,
-            seq: frame.meta.seq,
-            timestamp_ns: frame.meta.timestamp_ns,
-            wseq,
-            payload: Bytes::new(),
-        }
-        .header();
-        let mut frame = frame;
-        frame.push_header(&header);
-        frame.into_bytes()
+        // No allocation per frame: the subject's key is made once.
+        let wseq = match self.wseq.get_mut(subject) {
+            Some(c) => {
+                *c += 1;
+                *c - 1
+            }
+            None => {
+                self.wseq.insert(subject.to_string(), 1);
+                0
+            }
+        };
+        record(frame, self.run, wseq)
     }
 
     /// Sealed `frame` on `subject` (`part`: its part of a split stream): a [`Publish`] to
