@@ -6,7 +6,10 @@
 //! (ndd's virtual source `ndd_mic`), and the time between each click's onset in the two is
 //! the latency. Rows: PulseAudio's own `module-loopback` between the same two points (the
 //! mechanism a local program would use; same run), ndd with PCM, with the `opus` pair, and
-//! with `opus` and the `buffer` pair as `examples/audio.toml` has them. Writes audio.md.
+//! with `opus` and the `buffer` pair as `examples/audio.toml` has them; then the same three
+//! the other way, clicks played into the app side's `ndd_speaker` (idle until then: a cold
+//! start) and heard at the device side's speakers. The first click's latency, after seconds
+//! of silence, is its own column. Writes audio.md.
 
 use super::{hardware, ndd_ok, today};
 use anyhow::{bail, Context, Result};
@@ -116,6 +119,8 @@ struct Row {
     what: String,
     clicks: usize,
     heard: usize,
+    /// The first click's latency, after seconds of silence.
+    first: Option<f64>,
     ms: Vec<f64>,
     /// ndd rows: what the app side counted over the whole run (its `--stats-json`).
     counts: Option<Counts>,
@@ -162,14 +167,21 @@ fn counts(path: &Path) -> Option<Counts> {
     Some(c)
 }
 
-/// Plays the clicks into the microphone while recording the mouth and `ear`.
-fn measure(pa: &Pulse, clicks_wav: &Path, clicks: usize, ear: &str, what: &str) -> Result<Row> {
-    let (m_rec, mouth) = record(pa, "dev_mic.monitor")?;
+/// Plays the clicks into the sink `mouth` (the microphone, or `ndd_speaker` for the speaker
+/// direction) while recording its monitor and `ear`.
+fn measure(
+    pa: &Pulse,
+    clicks_wav: &Path,
+    clicks: usize,
+    (mouth_sink, ear): (&str, &str),
+    what: &str,
+) -> Result<Row> {
+    let (m_rec, mouth) = record(pa, &format!("{mouth_sink}.monitor"))?;
     let (e_rec, heard) = record(pa, ear)?;
     std::thread::sleep(Duration::from_millis(300));
     let ok = Command::new("paplay")
         .arg(format!("--server={}", pa.server))
-        .args(["-d", "dev_mic", "--latency-msec=10"])
+        .args(["-d", mouth_sink, "--latency-msec=10"])
         .arg(clicks_wav)
         .status()
         .context("cannot run paplay")?;
@@ -181,15 +193,19 @@ fn measure(pa: &Pulse, clicks_wav: &Path, clicks: usize, ear: &str, what: &str) 
     let m = onsets(&mouth.lock().unwrap_or_else(|p| p.into_inner()), false);
     let e = onsets(&heard.lock().unwrap_or_else(|p| p.into_inner()), true);
     let ms = latencies(&m, &e);
+    // The first click comes after seconds of silence: what a cold start costs.
+    let first = latencies(&m[..m.len().min(1)], &e).first().copied();
     eprintln!(
-        "bench audio: {what}: {} of {clicks} clicks heard, median {:.1} ms",
+        "bench audio: {what}: {} of {clicks} clicks heard, first {}, median {:.1} ms",
         ms.len(),
+        first.map_or("not heard".into(), |f| format!("{f:.1} ms")),
         median(&ms)
     );
     Ok(Row {
         what: what.to_string(),
         clicks,
         heard: ms.len().min(m.len()),
+        first,
         ms,
         counts: None,
     })
@@ -201,18 +217,66 @@ fn median(v: &[f64]) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-fn config(server: &str, stack: &str) -> String {
+/// Which way the sound goes in a row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Way {
+    /// The device side's microphone (`dev_mic`) to programs on the app side (`ndd_mic`).
+    Mic,
+    /// Programs on the app side playing into `ndd_speaker` to the device side's speakers
+    /// (`dev_spk`), which idle until the clicks start: a cold start.
+    Speaker,
+}
+
+impl Way {
+    /// Where the clicks are played and where they are heard.
+    fn points(self) -> (&'static str, &'static str) {
+        match self {
+            Way::Mic => ("dev_mic", "ndd_mic"),
+            Way::Speaker => ("ndd_speaker", "dev_spk.monitor"),
+        }
+    }
+
+    /// The device made on the app side, once it exists (`pactl list short KIND`).
+    fn made(self) -> (&'static str, &'static str) {
+        match self {
+            Way::Mic => ("sources", "ndd_mic\t"),
+            Way::Speaker => ("sinks", "ndd_speaker\t"),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Way::Mic => "microphone",
+            Way::Speaker => "speaker",
+        }
+    }
+}
+
+fn config(server: &str, stack: &str, way: Way) -> String {
+    let (direction, source, sink) = match way {
+        Way::Mic => (
+            "device-to-app",
+            r#"device = "dev_mic.monitor""#,
+            r#"virtual_source = "ndd_mic", rate = 48000, channels = 1"#,
+        ),
+        Way::Speaker => (
+            "app-to-device",
+            r#"virtual_sink = "ndd_speaker""#,
+            r#"device = "dev_spk""#,
+        ),
+    };
     format!(
         r#"
 driver = "bench-audio"
 [[stream]]
-name = "mic"
-direction = "device-to-app"
+name = "{name}"
+direction = "{direction}"
 reliability = "lossy"
-source = {{ type = "pulse-capture", device = "dev_mic.monitor", rate = 48000, channels = 1, frame_ms = 10, server = "{server}" }}
+source = {{ type = "pulse-capture", {source}, rate = 48000, channels = 1, frame_ms = 10, server = "{server}" }}
 stack = [{stack}]
-sink = {{ type = "pulse-playback", virtual_source = "ndd_mic", rate = 48000, channels = 1, server = "{server}" }}
-"#
+sink = {{ type = "pulse-playback", {sink}, server = "{server}" }}
+"#,
+        name = way.name()
     )
 }
 
@@ -238,7 +302,7 @@ fn server_rows(
     clicks: usize,
     stacks: &[(&str, &str)],
 ) -> Result<Vec<Row>> {
-    for sink in ["dev_mic", "loop_out"] {
+    for sink in ["dev_mic", "dev_spk", "loop_out"] {
         pa.pactl(&[
             "load-module",
             "module-null-sink",
@@ -264,6 +328,11 @@ fn server_rows(
         .paplay("dev_mic", &silence)
         .map(Killed)
         .context("cannot run paplay")?;
+    // And the speakers play, as a sound card does.
+    let _spk = pa
+        .paplay("dev_spk", &silence)
+        .map(Killed)
+        .context("cannot run paplay")?;
     let mut rows = Vec::new();
 
     // Baseline: PulseAudio's own loopback between the same two points.
@@ -281,7 +350,7 @@ fn server_rows(
         pa,
         &clicks_wav,
         clicks,
-        "loop_out.monitor",
+        ("dev_mic", "loop_out.monitor"),
         &format!("{server} module-loopback (latency_msec=20), no network"),
     )?);
     let _ = pa.pactl(&["unload-module", module.trim()]);
@@ -295,15 +364,18 @@ fn server_rows(
     let fd = ndd_ok(&exe, &["id", "--home", &hd_s])?;
     ndd_ok(&exe, &["trust", &fd, "--home", &ha_s])?;
     ndd_ok(&exe, &["trust", &fa, "--home", &hd_s])?;
-    for &(stack, what) in stacks {
-        let what = &format!("{what} ({server})");
+    for (way, &(stack, what)) in [Way::Mic, Way::Speaker]
+        .into_iter()
+        .flat_map(|w| stacks.iter().map(move |s| (w, s)))
+    {
+        let what = &format!("{}: {what} ({server})", way.name());
         let cfg = dir.join("audio.toml");
-        std::fs::write(&cfg, config(&pa.server, stack))?;
+        std::fs::write(&cfg, config(&pa.server, stack, way))?;
         let cfg_s = cfg.display().to_string();
         let listen = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .to_string();
-        let side = |args: &[&str]| -> Result<Killed> {
+        let side_cmd = |args: &[&str]| -> Result<Killed> {
             Command::new(&exe)
                 .args(args)
                 .stdout(Stdio::null())
@@ -312,44 +384,36 @@ fn server_rows(
                 .map(Killed)
                 .context("cannot start ndd")
         };
-        let stats = dir.join("app-stats.json");
+        // The counts of the side that plays the sound.
+        let stats = dir.join("sink-stats.json");
         let _ = std::fs::remove_file(&stats);
         let stats_s = stats.display().to_string();
-        let app = side(&[
-            "run",
-            &cfg_s,
-            "--side",
-            "app",
-            "--listen",
-            &listen,
-            "--home",
-            &ha_s,
-            "--stats-json",
-            &stats_s,
-        ])?;
-        let dev = side(&[
-            "run",
-            &cfg_s,
-            "--side",
-            "device",
-            "--connect",
-            &listen,
-            "--home",
-            &hd_s,
-        ])?;
+        let stats_arg = |side| (side == "app") == (way == Way::Mic);
+        let run = |side: &'static str, link: [&str; 2], home: &str| -> Result<Killed> {
+            let mut args = vec![
+                "run", &cfg_s, "--side", side, link[0], link[1], "--home", home,
+            ];
+            if stats_arg(side) {
+                args.extend(["--stats-json", &stats_s]);
+            }
+            side_cmd(&args)
+        };
+        let app = run("app", ["--listen", &listen], &ha_s)?;
+        let dev = run("device", ["--connect", &listen], &hd_s)?;
+        let (kind, made) = way.made();
         let t0 = Instant::now();
         while !pa
-            .pactl(&["list", "short", "sources"])
+            .pactl(&["list", "short", kind])
             .unwrap_or_default()
-            .contains("ndd_mic\t")
+            .contains(made)
         {
             if t0.elapsed() > Duration::from_secs(20) {
-                bail!("the app side did not make its virtual source ndd_mic within 20 s");
+                bail!("the app side did not make its {} within 20 s", made.trim());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         std::thread::sleep(Duration::from_millis(2500));
-        let mut row = measure(pa, &clicks_wav, clicks, "ndd_mic", what)?;
+        let mut row = measure(pa, &clicks_wav, clicks, way.points(), what)?;
         // A clean stop: the app side unloads its virtual source.
         for mut side in [dev, app] {
             let _ = Command::new("kill")
@@ -412,12 +476,16 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
          between a click's onset sounding at the microphone (its sample's time in the chunk that \
          brought it) and its reaching the program (the arrival of that chunk) is the latency. 10 ms blocks, lossy streams, both `ndd` processes on this machine \
          over TLS on loopback, one private PulseAudio daemon (or PipeWire). The microphone's own recording \
-         is delivered in 5 ms fragments, so every row reads up to ~5 ms low alike. Issue \
-         target: ≤ 40 ms with the jitter buffer on.\n"
+         is delivered in 5 ms fragments, so every row reads up to ~5 ms low alike. `speaker:` rows \
+         go the other way: the clicks play into the app side's `ndd_speaker` (a null sink nothing \
+         played into before: a cold start) and are heard at the device side's speakers (a null \
+         sink kept running, as a sound card is; the sink's `latency_ms` at its default, 30). \
+         `first` is the first click, after ~3 s of silence. Issue \
+         target: ≤ 40 ms with the jitter buffer on, and the speaker as prompt as the microphone.\n"
     );
     let _ = writeln!(
         md,
-        "| path | clicks heard | median ms | min ms | max ms | underruns | late | dropped | buffer delay ms |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| path | clicks heard | first ms | median ms | min ms | max ms | underruns | late | dropped | buffer delay ms |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for r in &rows {
         let (lo, hi) =
@@ -434,10 +502,11 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
         };
         let _ = writeln!(
             md,
-            "| {} | {} of {} | {:.1} | {:.1} | {:.1} | {u} | {l} | {d} | {b} |",
+            "| {} | {} of {} | {} | {:.1} | {:.1} | {:.1} | {u} | {l} | {d} | {b} |",
             r.what,
             r.heard,
             r.clicks,
+            r.first.map_or("–".into(), |f| format!("{f:.1}")),
             median(&r.ms),
             lo,
             hi
@@ -449,7 +518,7 @@ pub fn run(quick: bool, out: &Path) -> Result<()> {
          place in it every time in one run, so runs differ by a few ms) plus the link, and \
          with Opus its coding delay; the `buffer` pair adds its playout (40 ms here, which \
          absorbs that much jitter). PulseAudio's loopback keeps its configured 20 ms. \
-         Underruns, late and dropped blocks are what ndd's app side counted over the whole \
+         Underruns, late and dropped blocks are what ndd's side that plays the sound counted over the whole \
          row (its `--stats-json`, written when it stops): `underruns`, the `buffer` pair found \
          its queue empty when the next block was due; `late`, a block came after its playout \
          time; `dropped`, stale blocks and blocks the sink had no room for (overruns); `buffer delay`, \

@@ -42,10 +42,72 @@ impl SampleClock {
     }
 }
 
-/// Queued sound beyond the target latency that the playback tolerates before dropping: a
-/// playback stream's write blocks while the server plays out what it holds, in chunks, so a
-/// few blocks queue behind it in the normal course; only a lasting backlog is dropped.
+/// Queued sound beyond the target latency that the playback tolerates before dropping at
+/// once: a playback stream's write blocks while the server plays out what it holds, in
+/// chunks, so a few blocks queue behind it in the normal course. A smaller backlog that
+/// lasts is found by [`Standing`].
 const LATE_SLACK_MS: u64 = 200;
+
+/// How long [`Standing`] watches the queue before it calls its lowest level standing delay.
+const STANDING_WINDOW_US: u64 = 500_000;
+
+/// How long standing delay waits for quiet before it is taken out of sound anyway.
+const STANDING_GRACE_US: u64 = 5_000_000;
+
+/// A block whose samples all stay under this is quiet: dropping it is not heard (-48 dBFS).
+const QUIET_PEAK: u16 = 128;
+
+/// Standing delay in a playback sink's queue. Sound arrives at the rate it plays, so blocks
+/// that queued up once (the burst a capture delivers as it starts, a stall of the link that
+/// ended, a sink that took its time to start) never drain by themselves: below the burst
+/// limit they would stay as delay for the whole session (the speaker direction measured
+/// ~110 ms of it from a cold start). Jitter makes the queue rise and fall; what it never
+/// falls under over a window is not jitter. The delay is taken out of quiet blocks, so a tone
+/// or a word is not cut; sound that never pauses loses it after [`STANDING_GRACE_US`].
+/// Sans-IO: the queue's level and whether the block is quiet come in, whether to drop it
+/// goes out.
+#[derive(Debug, Default)]
+struct Standing {
+    /// Sound seen in this window, and the lowest queue behind a block in it.
+    seen_us: u64,
+    low_us: Option<u64>,
+    /// Blocks still to drop to take the standing delay out, and the sound played since that
+    /// was found, waiting for quiet.
+    to_drop: u64,
+    waited_us: u64,
+}
+
+impl Standing {
+    /// A block of `block_us` (`quiet` or not) about to be played with `queued_us` of sound
+    /// queued behind it: whether to drop it instead. Once a window, the lowest level seen is
+    /// taken out, a block at a time, from the quiet blocks that follow.
+    fn drop_this(&mut self, queued_us: u64, block_us: u64, quiet: bool) -> bool {
+        if self.to_drop > 0 {
+            if quiet || self.waited_us >= STANDING_GRACE_US {
+                self.to_drop -= 1;
+                return true;
+            }
+            self.waited_us += block_us;
+            return false;
+        }
+        let low = self.low_us.map_or(queued_us, |l| l.min(queued_us));
+        self.low_us = Some(low);
+        self.seen_us += block_us;
+        if self.seen_us >= STANDING_WINDOW_US {
+            *self = Standing {
+                to_drop: low / block_us.max(1),
+                ..Standing::default()
+            };
+        }
+        false
+    }
+}
+
+/// Whether every sample of a block of s16le PCM stays under [`QUIET_PEAK`].
+fn quiet(pcm: &[u8]) -> bool {
+    pcm.chunks_exact(2)
+        .all(|c| i16::from_le_bytes([c[0], c[1]]).unsigned_abs() < QUIET_PEAK)
+}
 
 const HINT: &str = "start PulseAudio (or PipeWire's pipewire-pulse) for this user, e.g. \
                     `pulseaudio --start`, or give `server` (or PULSE_SERVER); `pactl info` \
@@ -421,6 +483,10 @@ pub(crate) fn spawn_pulse_playback(
         let target = (bytes_per_ms * u64::from(latency_ms)).min(u64::from(u32::MAX)) as u32;
         let attr = BufferAttr {
             maxlength: u32::MAX,
+            // Twice the target: the server asks for more once it holds under `target`, so a
+            // writer held off the core for up to `latency_ms` is not heard. With `tlength` at
+            // the target itself a tone came 0–5 ms sooner, but a loaded machine cut gaps into
+            // the sound (a 660 Hz tone measured 664–668 Hz in 2 of 4 loaded runs).
             tlength: target.saturating_mul(2),
             prebuf: target,
             minreq: (bytes_per_ms * 5) as u32,
@@ -486,6 +552,8 @@ pub(crate) fn spawn_pulse_playback(
         let mut reopened = ndd_core::ratelimit::RateLimit::with_burst(Duration::from_secs(1), 5);
         let mut late = 0u64;
         let mut catching_up = false;
+        let mut standing = Standing::default();
+        let mut standing_log = ndd_core::ratelimit::RateLimit::new(std::time::Duration::from_secs(5));
         let mut unheard = 0u64;
         let mut priming: Option<Vec<u8>> = max_wait_us.map(|_| Vec::new());
         while let Some(frame) = rx.blocking_recv() {
@@ -522,7 +590,18 @@ pub(crate) fn spawn_pulse_playback(
             if catching_up && queued_us <= u64::from(latency_ms) * 1000 {
                 catching_up = false;
             }
-            if catching_up {
+            // Sound standing in the queue (into a playback stream, whose write waits for
+            // the server; a virtual source's FIFO has its own bound below).
+            let pending = standing.to_drop;
+            let stale = matches!(out, Out::Stream(_))
+                && standing.drop_this(queued_us, block_us, quiet(block.data));
+            if pending == 0 && standing.to_drop > 0 {
+                if let Some(suppressed) = standing_log.admit(std::time::Instant::now()) {
+                    tracing::info!(endpoint, blocks = standing.to_drop, suppressed,
+                        "sound stood in the queue for half a second; taking it out of the next quiet blocks");
+                }
+            }
+            if catching_up || stale {
                 late += 1;
                 if let Some(suppressed) = late_log.admit(std::time::Instant::now()) {
                     tracing::info!(endpoint, dropped = late, suppressed, queued = rx.len(),
@@ -622,7 +701,71 @@ pub(crate) fn spawn_pulse_playback(
 
 #[cfg(test)]
 mod tests {
-    use super::{fifo_owner, SampleClock};
+    use super::{fifo_owner, SampleClock, Standing, STANDING_WINDOW_US};
+
+    /// Plays `blocks` 10 ms blocks through `Standing` with the queue behind each at
+    /// `level(i, dropped so far)` blocks; the indices it drops.
+    fn dropped(blocks: usize, level: impl Fn(usize, usize) -> u64) -> Vec<usize> {
+        dropped_in(blocks, |_| true, level)
+    }
+
+    /// As `dropped`, with `quiet(i)` saying whether block `i` is quiet.
+    fn dropped_in(
+        blocks: usize,
+        quiet: impl Fn(usize) -> bool,
+        level: impl Fn(usize, usize) -> u64,
+    ) -> Vec<usize> {
+        let mut st = Standing::default();
+        let mut out = Vec::new();
+        for i in 0..blocks {
+            if st.drop_this(level(i, out.len()) * 10_000, 10_000, quiet(i)) {
+                out.push(i);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_queue_that_stands_is_taken_out_after_one_window_and_then_left_alone() {
+        // Ten blocks queued once (a start's burst), at the rate they play from then on: each
+        // dropped block lowers the level by one.
+        let got = dropped(300, |_, d| 10u64.saturating_sub(d as u64));
+        let window = (STANDING_WINDOW_US / 10_000) as usize;
+        assert_eq!(got, (window..window + 10).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn jitter_that_empties_the_queue_now_and_then_costs_nothing() {
+        // Up to 8 blocks queued by a jittery link, but the queue runs dry once a window.
+        let got = dropped(1000, |i, _| if i % 37 == 0 { 0 } else { (i % 9) as u64 });
+        assert_eq!(got, Vec::<usize>::new());
+        // Two blocks that never leave: taken out once, and only them.
+        let got = dropped(1000, |i, d| {
+            2u64.saturating_sub(d as u64) + (i % 5 != 0) as u64 * 3
+        });
+        assert_eq!(got.len(), 2, "{got:?}");
+    }
+
+    #[test]
+    fn standing_delay_waits_for_quiet_and_not_forever() {
+        let stands = |_, d: usize| 10u64.saturating_sub(d as u64);
+        // A tone from block 40 to 200: the ten blocks go once it ends, none of the tone.
+        let got = dropped_in(400, |i| !(40..200).contains(&i), stands);
+        assert_eq!(got, (200..210).collect::<Vec<_>>());
+        // Sound that never pauses: after the grace, from the sound itself.
+        let got = dropped_in(1200, |_| false, stands);
+        let grace = (super::STANDING_GRACE_US / 10_000) as usize;
+        assert_eq!(got, (50 + grace..60 + grace).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_block_is_quiet_when_every_sample_is_under_the_threshold() {
+        let pcm = |v: &[i16]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        assert!(super::quiet(&pcm(&[0, 5, -127, 100])));
+        assert!(!super::quiet(&pcm(&[0, 5, -128, 100])));
+        assert!(!super::quiet(&pcm(&[i16::MIN])));
+        assert!(super::quiet(&[]));
+    }
 
     #[test]
     fn a_leftover_fifo_names_its_process_in_either_form() {
