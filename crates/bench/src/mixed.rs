@@ -116,6 +116,50 @@ async fn ndd_mixed_processes(small: u64, bulk: u64, v: Variant) -> Result<Row> {
     })
 }
 
+/// Through ndd as two processes, the input stream beside a reliable stream of 1 KB frames at
+/// 1 kHz whose sink nobody reads (a `file` sink on a FIFO no program opens): that stream stops
+/// at its sink; the input stream must not notice (issue 31, item 4). The app side leaves the
+/// stuck sink behind as it ends (10 s after the device side stops).
+async fn ndd_beside_stuck_sink(small: u64, v: Variant, stuck: bool) -> Result<Row> {
+    let fifo = std::env::temp_dir().join(format!("ndd-bench-stuck-{}.fifo", std::process::id()));
+    let _ = std::fs::remove_file(&fifo);
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .context("cannot run mkfifo")?;
+    anyhow::ensure!(made.success(), "mkfifo {} failed", fifo.display());
+    let config = mixed_config(small, 0, v)
+        + &format!(
+            r#"
+[[stream]]
+name = "stuck"
+direction = "device-to-app"
+reliability = "reliable"
+source = {{ type = "synthetic", size = 1000, interval_ms = 1.0, count = {small} }}
+sink = {}
+"#,
+            if stuck {
+                format!(r#"{{ type = "file", path = "{}" }}"#, fifo.display())
+            } else {
+                r#"{ type = "null" }"#.to_string()
+            }
+        );
+    let v = two_processes("stuck", &config, false, Some(run_time(small))).await;
+    let _ = std::fs::remove_file(&fifo);
+    let v = v?;
+    let streams = v["streams"]
+        .as_array()
+        .context("no streams in the stats JSON")?;
+    let f = |k: &str| streams.first().and_then(|s| s[k].as_f64());
+    Ok(Row {
+        name: String::new(),
+        p50: f("latency_p50_ms").unwrap_or(f64::NAN),
+        p99: f("latency_p99_ms").unwrap_or(f64::NAN),
+        small: f("frames").unwrap_or(0.0) as u64,
+        bulk_gbs: None,
+    })
+}
+
 /// Runs `config` as two `ndd run` processes on loopback (TLS, or plain with `insecure`; fresh
 /// identities trusting each other, `--once`; the device side stopping after `device_run` if
 /// given), within 120 s; the app side's `--stats-json`.
@@ -393,6 +437,18 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
             .context("ndd processes alone")?,
     );
     add(
+        "ndd TLS, two processes, beside a reliable stream whose sink nobody reads (a FIFO never opened)",
+        ndd_beside_stuck_sink(small, shipped, true)
+            .await
+            .context("ndd processes beside a stuck sink")?,
+    );
+    add(
+        "ndd TLS, two processes, beside the same reliable stream into a sink that drains (null)",
+        ndd_beside_stuck_sink(small, shipped, false)
+            .await
+            .context("ndd processes beside a draining sink")?,
+    );
+    add(
         "ndd TLS, two processes, beside a bulk stream, as shipped (input priority high, frames cut in 1 ms chunks)",
         ndd_mixed_processes(small, bulk, shipped).await.context("ndd processes mixed")?,
     );
@@ -434,7 +490,11 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
          bench's synthetic source sets it), its frames leaving before any bulk frame waiting \
          beside them, and large frames cut into chunks of 1 ms of the path (at least `link.chunk_bytes`, 4 KiB; on loopback a 1 MB frame is one chunk once the rate is measured) that \
          an input frame can go between; `frames whole`: the same with `chunk_bytes = 0`; \
-         `both priority normal`: round-robin between the two streams.\n\n| run | small p50 ms | small p99 ms | small delivered | bulk GB/s |\n\
+         `both priority normal`: round-robin between the two streams. `a sink nobody reads`: \
+         beside the input stream a reliable one of {small} × 1 KB at 1 kHz into a `file` sink on \
+         a FIFO no program opens, so that stream stops at its sink (its frames wait on the app \
+         side, unconfirmed) while the input stream must go on as alone; `a sink that drains`: \
+         the same stream into a `null` sink, the same traffic on the link.\n\n| run | small p50 ms | small p99 ms | small delivered | bulk GB/s |\n\
          |---|---:|---:|---:|---:|\n"
     );
     for r in &rows {

@@ -395,6 +395,10 @@ fn run(cli: Cli) -> Result<i32> {
                 let stop = ctrl_c();
                 session::run_side_task(std::sync::Arc::new(cfg), opts, stop).await
             });
+            // The side has ended and said what it left behind; an endpoint's thread still in a
+            // system call (a FIFO nobody opens) is not waited for: dropped, the runtime waited
+            // for it forever.
+            rt.shutdown_timeout(Duration::from_secs(1));
             let report = match report {
                 Ok(r) => r,
                 Err(e) => {

@@ -118,6 +118,70 @@ fn a_sink_that_does_not_drain_holds_back_only_its_own_stream() {
     );
 }
 
+/// A side told to stop (Ctrl-C) while a sink takes nothing (a named pipe nobody ever reads)
+/// still ends: it waits 5 s for the sink, says which stream's sink it left behind and how many
+/// frames, writes its `--stats-json`, and exits. It used to wait for that sink forever, and
+/// then for the endpoint's thread stuck opening the pipe, with SIGTERM and SIGINT alike.
+#[test]
+fn a_side_told_to_stop_leaves_a_sink_that_takes_nothing_behind_and_ends() {
+    let (dir, dev_home, app_home, fifo, cfg) = stuck_beside_events(
+        "isolation-stop",
+        r#"reliability = "reliable"
+source = { type = "synthetic", size = 1000, interval_ms = 1.0, count = 1000000, seed = 5 }"#,
+    );
+    let link = free_addr();
+    let stats = dir.0.join("app.json");
+    let stats_s = stats.display().to_string();
+    let app = Side::spawn(run_cmd(
+        &cfg,
+        "app",
+        &app_home,
+        &[
+            "--listen",
+            &link,
+            "--once",
+            "--stats",
+            "--stats-json",
+            &stats_s,
+        ],
+    ));
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &link]));
+    app.wait_says("events", &[&dev]);
+    let deadline = std::time::Instant::now() + WAIT;
+    while !app
+        .stderr_now()
+        .lines()
+        .any(|l| l.contains("events") && l.contains(" 600 frames"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not all 600 frames of the events stream: app: {}\ndevice: {}",
+            app.stderr_now(),
+            dev.stderr_now()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    app.interrupt();
+    let (status, _, err) = app.finish();
+    assert!(status.success(), "app: {err}");
+    let left = err
+        .lines()
+        .find(|l| l.contains("took no frame for 5 s as the side ended"))
+        .unwrap_or_else(|| panic!("no word of the sink left behind: {err}"));
+    assert!(
+        left.contains("stream \"stuck\": its sink file(")
+            && left.contains("frame(s) it had not taken are dropped"),
+        "{left}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).expect("--stats-json written"))
+            .unwrap();
+    assert_eq!(v["streams"][1]["name"], "events", "{v}");
+    assert_eq!(v["streams"][1]["frames"], 600, "{v}");
+    drop(dev.kill());
+    drop(fifo);
+}
+
 /// The same with the stuck stream lossy: the other stream still gets every frame, and the
 /// stuck one's sink side drops the oldest frames it cannot hand on, counted as `sink_behind`
 /// in `--stats-json`; once a reader comes, what it gets is in order, and every frame the

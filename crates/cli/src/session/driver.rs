@@ -12,7 +12,7 @@ use super::{
 };
 use crate::config::{Config, SideName};
 use crate::stats::StreamSummary;
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, Result};
 use ndd_core::session::{Event, Session};
 use ndd_core::{Frame, Meta};
 use ndd_endpoint::delivered::INJECTED_SEQ;
@@ -28,6 +28,9 @@ use tokio::sync::watch;
 
 type Reconnect<'a> = Pin<Box<dyn Future<Output = Result<Established, EstablishError>> + Send + 'a>>;
 type Busy<'a> = Pin<Box<dyn Future<Output = EstablishError> + Send + 'a>>;
+
+/// How long the wind-down waits for a sink that takes nothing (a frame, or its end).
+const SINK_STUCK: Duration = Duration::from_secs(5);
 
 /// How often a side with a link up checks that its peer is still in `known_peers`.
 const TRUST_CHECK: Duration = Duration::from_secs(2);
@@ -121,7 +124,9 @@ impl<'a> Driver<'a> {
     /// Runs until the session closes or fails.
     pub(super) async fn run(&mut self, stop: &mut watch::Receiver<bool>) -> Result<()> {
         loop {
-            self.drain_events()?;
+            if let Err(gone) = self.drain_events() {
+                return Err(self.sink_gone(gone).await);
+            }
             if self.sess.state() == ndd_core::State::Closed {
                 return Ok(());
             }
@@ -190,19 +195,34 @@ impl<'a> Driver<'a> {
 
     /// Carries out what the session has for the endpoints and the user, and hands each sink
     /// what its channel has room for (never waiting on one).
-    fn drain_events(&mut self) -> Result<()> {
+    /// `Err(i)`: stream `i`'s sink endpoint is gone (its task ended).
+    fn drain_events(&mut self) -> std::result::Result<(), usize> {
         while let Some(ev) = self.sess.poll_event() {
             self.on_event(ev);
         }
         for (i, e) in self.io.iter_mut().enumerate() {
             if !hand_on(e) {
-                bail!(
-                    "stream \"{}\": the sink endpoint stopped accepting frames",
-                    self.sess.plan(i).name
-                );
+                return Err(i);
             }
         }
         Ok(())
+    }
+
+    /// Stream `i`'s sink endpoint took no more frames: why, in its own words (its task's
+    /// error), not just that it stopped.
+    async fn sink_gone(&mut self, i: usize) -> anyhow::Error {
+        let name = &self.sess.plan(i).name;
+        let said = match self.io[i].sink_task.take() {
+            Some(h) => tokio::time::timeout(Duration::from_secs(1), h).await.ok(),
+            None => None,
+        };
+        match said {
+            Some(Ok(Err(e))) => anyhow!(e).context(format!("stream \"{name}\": sink failed")),
+            Some(Err(e)) => anyhow!("stream \"{name}\": sink task failed: {e}"),
+            Some(Ok(Ok(_))) | None => {
+                anyhow!("stream \"{name}\": the sink endpoint stopped accepting frames")
+            }
+        }
     }
 
     fn on_event(&mut self, ev: Event) {
@@ -508,13 +528,25 @@ impl<'a> Driver<'a> {
         if let Some(l) = self.link.take() {
             l.goodbye(&mut self.sess).await;
         }
-        for e in self.io.iter_mut() {
+        let side = self.side;
+        for (i, e) in self.io.iter_mut().enumerate() {
             // What the sinks were still to get goes to them now (waiting for them here, as the
-            // side ends, is what a sink that finishes its work needs).
+            // side ends, is what a sink that finishes its work needs), as long as they take it:
+            // a sink that takes nothing for `SINK_STUCK` (a FIFO nobody reads, a client that
+            // stopped reading) is left behind, said, and the side still ends.
             if let Some(tx) = &e.sink {
                 while let Some(f) = e.pending.pop_front() {
-                    if tx.send(f).await.is_err() {
-                        break;
+                    match tokio::time::timeout(SINK_STUCK, tx.send(f)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => break,
+                        Err(_) => {
+                            let s = &self.w.cfg.streams[i];
+                            tracing::warn!(side = %side,
+                                "stream \"{}\": its sink {} took no frame for {} s as the side ended; the {} frame(s) it had not taken are dropped",
+                                s.name(), s.sink.describe(), SINK_STUCK.as_secs(), e.pending.len() + 1);
+                            e.pending.clear();
+                            e.stuck = true;
+                        }
                     }
                 }
             }
@@ -528,11 +560,21 @@ impl<'a> Driver<'a> {
         let mut result = result;
         if result.is_ok() {
             for (i, e) in self.io.iter_mut().enumerate() {
-                let Some(h) = e.sink_task.take() else {
+                let Some(mut h) = e.sink_task.take() else {
                     continue;
                 };
                 let name = self.w.cfg.streams[i].name().to_string();
-                match h.await {
+                if e.stuck {
+                    h.abort();
+                    continue;
+                }
+                let Ok(done) = tokio::time::timeout(SINK_STUCK, &mut h).await else {
+                    h.abort();
+                    tracing::warn!(side = %self.side, stream = %name,
+                        "the sink did not finish within {} s of its last frame; stopped", SINK_STUCK.as_secs());
+                    continue;
+                };
+                match done {
                     Ok(Ok(rep)) => {
                         if let Some(c) = rep.check {
                             checks.push((name, c));

@@ -39,6 +39,8 @@ pub(super) struct StreamIo {
     pub(super) shows_link: bool,
     /// Source that captures on demand: when the session wants its next frame.
     pub(super) demand: Option<Demand>,
+    /// Sink that took nothing as the side ended: left behind.
+    pub(super) stuck: bool,
 }
 
 type SourceTask = JoinHandle<std::result::Result<SourceReport, ndd_endpoint::EndpointError>>;
@@ -93,6 +95,7 @@ pub(super) fn start(cfg: &Config, side: SideName) -> Result<(Vec<StreamPlan>, Ve
             release,
             shows_link: role == Role::Sink && s.sink.shows_link_state(),
             demand: None,
+            stuck: false,
         };
         let (tx, rx) = mpsc::channel::<Frame>(64);
         match role {

@@ -129,9 +129,18 @@ impl Side {
 
     /// Sends SIGTERM (a clean stop, as systemd or `kill` would ask).
     pub fn terminate(&self) {
+        self.signal("-TERM");
+    }
+
+    /// Sends SIGINT (Ctrl-C at a terminal).
+    pub fn interrupt(&self) {
+        self.signal("-INT");
+    }
+
+    fn signal(&self, sig: &str) {
         if let Some(c) = &self.child {
             let _ = Command::new("kill")
-                .args(["-TERM", &c.id().to_string()])
+                .args([sig, &c.id().to_string()])
                 .status();
         }
     }
