@@ -101,6 +101,12 @@ fn run_time(small: u64) -> Duration {
 async fn ndd_mixed_processes(small: u64, bulk: u64, v: Variant) -> Result<Row> {
     let run = (bulk > 0).then(|| run_time(small));
     let v = two_processes("mixed", &mixed_config(small, bulk, v), false, run).await?;
+    row_of(&v, bulk > 0)
+}
+
+/// A row from the app side's `--stats-json`: the input stream is the first; with `bulk`, the
+/// second stream's throughput.
+fn row_of(v: &serde_json::Value, bulk: bool) -> Result<Row> {
     let streams = v["streams"]
         .as_array()
         .context("no streams in the stats JSON")?;
@@ -112,22 +118,26 @@ async fn ndd_mixed_processes(small: u64, bulk: u64, v: Variant) -> Result<Row> {
         small: f(0, "frames").unwrap_or(0.0) as u64,
         bulk_gbs: f(1, "bytes")
             .zip(f(1, "delivery_span_s").filter(|&x| x > 0.0))
-            .map(|(b, secs)| b / secs / 1e9),
+            .map(|(b, secs)| b / secs / 1e9)
+            .filter(|_| bulk),
     })
 }
 
 /// Through ndd as two processes, the input stream beside a reliable stream of 1 KB frames at
 /// 1 kHz whose sink nobody reads (a `file` sink on a FIFO no program opens): that stream stops
 /// at its sink; the input stream must not notice (issue 31, item 4). The app side leaves the
-/// stuck sink behind as it ends (10 s after the device side stops).
+/// stuck sink behind as it ends (5 s after the device side stops). Not `stuck`: the same
+/// stream into a `null` sink (the same traffic, a sink that drains).
 async fn ndd_beside_stuck_sink(small: u64, v: Variant, stuck: bool) -> Result<Row> {
     let fifo = std::env::temp_dir().join(format!("ndd-bench-stuck-{}.fifo", std::process::id()));
     let _ = std::fs::remove_file(&fifo);
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .context("cannot run mkfifo")?;
-    anyhow::ensure!(made.success(), "mkfifo {} failed", fifo.display());
+    if stuck {
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .context("cannot run mkfifo")?;
+        anyhow::ensure!(made.success(), "mkfifo {} failed", fifo.display());
+    }
     let config = mixed_config(small, 0, v)
         + &format!(
             r#"
@@ -146,18 +156,7 @@ sink = {}
         );
     let v = two_processes("stuck", &config, false, Some(run_time(small))).await;
     let _ = std::fs::remove_file(&fifo);
-    let v = v?;
-    let streams = v["streams"]
-        .as_array()
-        .context("no streams in the stats JSON")?;
-    let f = |k: &str| streams.first().and_then(|s| s[k].as_f64());
-    Ok(Row {
-        name: String::new(),
-        p50: f("latency_p50_ms").unwrap_or(f64::NAN),
-        p99: f("latency_p99_ms").unwrap_or(f64::NAN),
-        small: f("frames").unwrap_or(0.0) as u64,
-        bulk_gbs: None,
-    })
+    row_of(&v?, false)
 }
 
 /// Runs `config` as two `ndd run` processes on loopback (TLS, or plain with `insecure`; fresh

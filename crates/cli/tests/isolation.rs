@@ -54,6 +54,25 @@ sink = {{ type = "check", seed = 3, size = 100, expect = 600 }}
     (dir, dev_home, app_home, fifo, cfg)
 }
 
+/// Waits (bounded by [`WAIT`]) until the app side's `--stats` says the `events` stream has all
+/// its 600 frames.
+fn all_events_arrive(app: &Side, dev: &Side) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while !app
+        .stderr_now()
+        .lines()
+        .any(|l| l.contains("events") && l.contains(" 600 frames"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not all 600 frames of the events stream: app: {}\ndevice: {}",
+            app.stderr_now(),
+            dev.stderr_now()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn a_sink_that_does_not_drain_holds_back_only_its_own_stream() {
     // The stuck stream: 20 000 frames of 1000 bytes (20 MB: more than the sink's channel, the
@@ -78,20 +97,7 @@ fn a_sink_that_does_not_drain_holds_back_only_its_own_stream() {
         &["--connect", &link, "--once"],
     ));
     // Every frame of the other stream arrives while the stuck one is stuck.
-    let deadline = std::time::Instant::now() + WAIT;
-    while !app
-        .stderr_now()
-        .lines()
-        .any(|l| l.contains("events") && l.contains(" 600 frames"))
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "not all 600 frames of the events stream: app: {}\ndevice: {}",
-            app.stderr_now(),
-            dev.stderr_now()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    all_events_arrive(&app, &dev);
     let (aerr, derr) = (app.stderr_now(), dev.stderr_now());
     assert!(
         !aerr.contains("link lost") && !derr.contains("link lost"),
@@ -146,21 +152,7 @@ source = { type = "synthetic", size = 1000, interval_ms = 1.0, count = 1000000, 
         ],
     ));
     let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &link]));
-    app.wait_says("events", &[&dev]);
-    let deadline = std::time::Instant::now() + WAIT;
-    while !app
-        .stderr_now()
-        .lines()
-        .any(|l| l.contains("events") && l.contains(" 600 frames"))
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "not all 600 frames of the events stream: app: {}\ndevice: {}",
-            app.stderr_now(),
-            dev.stderr_now()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    all_events_arrive(&app, &dev);
     app.interrupt();
     let (status, _, err) = app.finish();
     assert!(status.success(), "app: {err}");

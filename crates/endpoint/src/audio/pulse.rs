@@ -78,12 +78,13 @@ struct Standing {
 }
 
 impl Standing {
-    /// A block of `block_us` (`quiet` or not) about to be played with `queued_us` of sound
-    /// queued behind it: whether to drop it instead. Once a window, the lowest level seen is
-    /// taken out, a block at a time, from the quiet blocks that follow.
-    fn drop_this(&mut self, queued_us: u64, block_us: u64, quiet: bool) -> bool {
+    /// A block of `block_us` about to be played with `queued_us` of sound queued behind it:
+    /// whether to drop it instead. Once a window, the lowest level seen is taken out, a block
+    /// at a time, from the blocks that follow that are `quiet` (asked only then: it reads the
+    /// block's samples).
+    fn drop_this(&mut self, queued_us: u64, block_us: u64, quiet: impl FnOnce() -> bool) -> bool {
         if self.to_drop > 0 {
-            if quiet || self.waited_us >= STANDING_GRACE_US {
+            if self.waited_us >= STANDING_GRACE_US || quiet() {
                 self.to_drop -= 1;
                 return true;
             }
@@ -594,7 +595,7 @@ pub(crate) fn spawn_pulse_playback(
             // the server; a virtual source's FIFO has its own bound below).
             let pending = standing.to_drop;
             let stale = matches!(out, Out::Stream(_))
-                && standing.drop_this(queued_us, block_us, quiet(block.data));
+                && standing.drop_this(queued_us, block_us, || quiet(block.data));
             if pending == 0 && standing.to_drop > 0 {
                 if let Some(suppressed) = standing_log.admit(std::time::Instant::now()) {
                     tracing::info!(endpoint, blocks = standing.to_drop, suppressed,
@@ -718,7 +719,7 @@ mod tests {
         let mut st = Standing::default();
         let mut out = Vec::new();
         for i in 0..blocks {
-            if st.drop_this(level(i, out.len()) * 10_000, 10_000, quiet(i)) {
+            if st.drop_this(level(i, out.len()) * 10_000, 10_000, || quiet(i)) {
                 out.push(i);
             }
         }
