@@ -32,9 +32,12 @@ use ndd_endpoint::Delivered;
 use ndd_link::nats::async_nats;
 use ndd_link::nats::intake::{Intake, Opened, Taken, REORDER_WAIT};
 use ndd_link::nats::join::{Admission, Host, Joiner, Welcome};
+use ndd_link::nats::keys::{
+    rotation, GroupKey, Opener, RunHalf, Verdict, RUN_NOTICE_SPACING, SINCE_PENDING,
+};
 use ndd_link::nats::outbox::Outbox;
 use ndd_link::nats::record::{FrameRecord, END_SEQ, HEADER_LEN};
-use ndd_link::nats::runs::{next_run_id, run_key, Admit, Refusal, Run, RunGuard};
+use ndd_link::nats::runs::{next_run_id, Run};
 use ndd_link::nats::subjects::Subjects;
 use ndd_link::nats::NatsConfig;
 use ndd_link::seal::LocalIdentity;
@@ -98,42 +101,6 @@ fn draw_key() -> Result<[u8; 32]> {
         .map_err(|_| anyhow!("the system random number generator failed"))?;
     Ok(k)
 }
-
-/// The group key as it stands, and what its last rotation left behind.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct GroupKey {
-    key: [u8; 32],
-    /// The device's JetStream stream sequence when a rotation drew this key (0: none did).
-    since: u64,
-    /// Device side: the key before that rotation. App → device frames stored up to `since`
-    /// were sealed under it and still open; one under it stored later is refused (it may come
-    /// from the app side that was revoked; a trusted sender publishes it again under `key`).
-    previous: Option<[u8; 32]>,
-    /// The device run frames are sealed under (see [`ndd_link::nats::runs`]): the device's
-    /// own; on an app side the newest its joins named.
-    run: Run,
-}
-
-impl GroupKey {
-    /// The key frames of the run as it stands are sealed under.
-    fn run_key(&self) -> Key {
-        Key::given(run_key(&self.key, self.run))
-    }
-}
-
-impl std::fmt::Debug for GroupKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GroupKey")
-            .field("since", &self.since)
-            .field("previous", &self.previous.is_some())
-            .field("run", &self.run)
-            .finish_non_exhaustive()
-    }
-}
-
-/// [`GroupKey::since`] while a rotation reads where the JetStream stream stands: the device's
-/// sinks already open under the new key and take what is under the old one; joins wait.
-const SINCE_PENDING: u64 = u64::MAX;
 
 /// Replaces `path` with `bytes` atomically, readable by its owner only.
 fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -331,10 +298,6 @@ async fn rekey_notice(ctx: &Ctx, local: &LocalIdentity, run: u64) {
     }
 }
 
-/// How often at most a device side that gets frames of its earlier run (app sides that did
-/// not hear it restart, or replays) tells the app sides again to join.
-const RUN_NOTICE_SPACING: Duration = Duration::from_secs(1);
-
 /// A device side's new run: the app sides that ran on join again to learn it, at once and
 /// whenever frames sealed for an earlier run come in (`stale`), at most every
 /// [`RUN_NOTICE_SPACING`].
@@ -359,26 +322,22 @@ impl KeyKeeper {
     /// the old key opens).
     async fn rotate_if_revoked(&self, ctx: &Ctx) -> Result<Vec<String>> {
         let known = KnownPeers::load(&self.home)?;
-        let revoked: Vec<String> = holders(&self.holders_path())?
-            .into_iter()
-            .filter(|h| known.lookup(h).is_none())
-            .collect();
-        if revoked.is_empty() {
-            return Ok(revoked);
-        }
-        let old = self.tx.borrow().key;
-        let k = draw_key()?;
+        let current = *self.tx.borrow();
+        let holders = holders(&self.holders_path())?;
+        let Some(r) = rotation(
+            current,
+            &holders,
+            |h| known.lookup(h).is_some(),
+            draw_key()?,
+        ) else {
+            return Ok(Vec::new());
+        };
+        let (old, k) = (current.key, r.keys.key);
         let path = key_path(&self.home, &self.prefix, &self.driver);
         write_private(&path, &k)
             .with_context(|| format!("cannot write the rotated group key {}", path.display()))?;
         write_private(&self.holders_path(), b"")?;
-        let run = self.tx.borrow().run;
-        self.tx.send_replace(GroupKey {
-            key: k,
-            since: SINCE_PENDING,
-            previous: Some(old),
-            run,
-        });
+        self.tx.send_replace(r.keys);
         let since = match &self.js {
             None => Ok(0),
             Some(js) => stored_up_to(ctx, js).await.map(|(_, n)| n),
@@ -398,13 +357,8 @@ impl KeyKeeper {
         ) {
             tracing::warn!(side = "device", "{e:#}: app → device frames sealed under the old group key and not yet read are dropped if this side restarts");
         }
-        self.tx.send_replace(GroupKey {
-            key: k,
-            since,
-            previous: Some(old),
-            run,
-        });
-        Ok(revoked)
+        self.tx.send_replace(r.keys.since_at(since));
+        Ok(r.revoked)
     }
 
     /// Rotates the key if a holder was revoked, and says so: in the log and, for the app
@@ -455,7 +409,7 @@ impl GroupSeal {
         Ok(GroupSeal {
             key,
             keys,
-            seal: EncryptForward::new(&keys.run_key(), Cipher::Aes256Gcm)?,
+            seal: EncryptForward::new(&Key::given(keys.run_key()), Cipher::Aes256Gcm)?,
         })
     }
 
@@ -482,54 +436,52 @@ impl GroupSeal {
             after = Some(after.map_or(k.run.began, |a| a.min(k.run.began)));
         }
         if after.is_some() {
-            self.seal = EncryptForward::new(&k.run_key(), Cipher::Aes256Gcm)?;
+            self.seal = EncryptForward::new(&Key::given(k.run_key()), Cipher::Aes256Gcm)?;
         }
         Ok(after)
     }
 }
 
-/// The receiving halves under the group key as it stands, one per device run. A frame's run
-/// is checked first ([`RunGuard`]: an earlier run's frame is a replay unless JetStream stored
-/// it before the current run began), then it opens under that run's key. On an app side, a
-/// frame that does not open asks for the key again (the device may have rotated it) and is
-/// tried once more, so no stored frame is dropped for a rotation.
-struct GroupOpen {
-    key: watch::Receiver<GroupKey>,
-    /// The keys the halves below are made of.
-    keys: GroupKey,
-    guard: RunGuard,
-    /// Halves under `keys.key`, by run (the current one and a few earlier ones).
-    open: Vec<(Run, EncryptInverse)>,
-    /// Device side, after a rotation: halves under the key before it (frames stored up to
-    /// `keys.since` may be sealed under that key).
-    previous: Vec<(Run, EncryptInverse)>,
-    refresh: Option<Refresh>,
-    /// When asking last brought no new key: garbage (anyone may publish on the server), so
-    /// the next bad frames are dropped at once for a while ([`FRUITLESS_PAUSE`]).
-    fruitless: Option<Instant>,
-    /// Warnings about frames that open under no key, at most one a second.
-    noisy: ndd_core::RateLimit,
-    /// Warnings about frames of a refused run, at most one a second.
-    replays: ndd_core::RateLimit,
-    /// Frames dropped: refused runs and frames that open under no key.
-    pub dropped: u64,
-    /// Device side: rung when a frame of an earlier run is refused (app sides that did not
-    /// hear of this run are told to join again).
-    stale: Option<Arc<tokio::sync::Notify>>,
-    /// When `stale` was rung last.
-    rung: Option<Instant>,
+/// The `encrypt` pair's inverse as one run's receiving half. This side warns about a frame
+/// that opens under no key it has (not the half). Every app side feeding an app → device
+/// stream seals under its own epoch: the device keeps [`SENDERS`] of them live.
+struct RunInverse(EncryptInverse);
+
+impl RunHalf for RunInverse {
+    fn under(key: [u8; 32]) -> RunInverse {
+        RunInverse(
+            EncryptInverse::new(Arc::new(Key::given(key)), Cipher::Aes256Gcm, SEAL_WINDOW)
+                .without_auth_warnings()
+                .with_live_epochs(SENDERS),
+        )
+    }
+
+    fn open(
+        &mut self,
+        now: Instant,
+        frame: Frame,
+        out: &mut Output,
+    ) -> Result<bool, ndd_core::ModuleError> {
+        let failed = self.0.auth_failures();
+        self.0.handle_frame(now, frame, out)?;
+        Ok(self.0.auth_failures() == failed)
+    }
 }
 
-/// How long after a fruitless ask for the key a frame that does not open is dropped without
-/// asking again (a rotation announced meanwhile is still followed).
-const FRUITLESS_PAUSE: Duration = Duration::from_secs(5);
-
-/// Runs a receiver keeps halves for (the current one and frames stored before it).
-const RUNS_KEPT: usize = 3;
+/// The driver of a sink's [`Opener`] (the rules live there, sans-IO): it hands in the keys as
+/// they change, asks the device for the key when the opener says so (an app side), tells the
+/// app sides of this run when it says so (a device side), and waits for where a rotation
+/// began when a frame is held for it.
+struct GroupOpen {
+    key: watch::Receiver<GroupKey>,
+    opener: Opener<RunInverse>,
+    refresh: Option<Refresh>,
+    /// Device side: rung when a genuine frame of an earlier run is refused (app sides that did
+    /// not hear of this run are told to join again).
+    stale: Option<Arc<tokio::sync::Notify>>,
+}
 
 impl GroupOpen {
-    /// `side`: a device side's guard refuses any run but its own and earlier ones stored
-    /// before it began; an app side's follows the device to a newer run.
     fn new(
         mut key: watch::Receiver<GroupKey>,
         refresh: Option<Refresh>,
@@ -539,171 +491,35 @@ impl GroupOpen {
         let k = *key.borrow_and_update();
         GroupOpen {
             key,
-            keys: k,
-            guard: match side {
-                SideName::Device => RunGuard::device(k.run),
-                SideName::App => RunGuard::app(k.run),
+            opener: match side {
+                SideName::Device => Opener::device(k),
+                SideName::App => Opener::app(k),
             },
-            open: Vec::new(),
-            previous: Vec::new(),
             refresh,
-            fruitless: None,
-            noisy: ndd_core::RateLimit::default(),
-            replays: ndd_core::RateLimit::default(),
-            dropped: 0,
             stale,
-            rung: None,
         }
     }
 
-    /// This side warns about a frame that opens under no key it has (not the half). Every
-    /// app side feeding an app → device stream seals under its own epoch: the device keeps
-    /// [`SENDERS`] of them live.
-    fn inverse(k: [u8; 32], run: Run) -> EncryptInverse {
-        EncryptInverse::new(
-            Arc::new(Key::given(run_key(&k, run))),
-            Cipher::Aes256Gcm,
-            SEAL_WINDOW,
-        )
-        .without_auth_warnings()
-        .with_live_epochs(SENDERS)
+    /// Frames dropped: refused runs and frames that open under no key.
+    fn dropped(&self) -> u64 {
+        self.opener.dropped
     }
 
-    /// Opens a frame of `run` with its half under `key` in `halves`, made on first use and
-    /// kept only if the frame opened (forged runs make no halves); beyond [`RUNS_KEPT`] the
-    /// oldest half of a run other than `current` goes. Whether it opened, and the frames.
-    fn open_in(
-        halves: &mut Vec<(Run, EncryptInverse)>,
-        key: [u8; 32],
-        run: Run,
-        current: Run,
-        frame: Frame,
-        out: &mut Output,
-    ) -> Result<bool, ndd_core::ModuleError> {
-        let made = !halves.iter().any(|(r, _)| *r == run);
-        if made {
-            halves.push((run, Self::inverse(key, run)));
-        }
-        let Some(i) = halves.iter().position(|(r, _)| *r == run) else {
-            return Ok(false);
-        };
-        let half = &mut halves[i].1;
-        let failed = half.auth_failures();
-        half.handle_frame(Instant::now(), frame, out)?;
-        let opened = half.auth_failures() == failed;
-        if made && !opened {
-            halves.remove(i);
-        } else if made && halves.len() > RUNS_KEPT {
-            if let Some(j) = halves.iter().position(|(r, _)| *r != current && *r != run) {
-                halves.remove(j);
-            }
-        }
-        Ok(opened)
-    }
-
-    /// A frame that opened under no key: dropped, said at most once a second.
-    fn unopened(&mut self, meta: &Meta) {
-        self.dropped += 1;
-        if let Some(suppressed) = self.noisy.admit(Instant::now()) {
-            tracing::warn!(
-                suppressed,
-                stream = meta.stream,
-                seq = meta.seq,
-                "dropped a frame that opens under no group key this side has (forged, or sealed under a key older than the last rotation)"
-            );
-        }
-    }
-
+    /// Hands the keys to the opener if they changed; whether its halves did.
     fn follow(&mut self) -> bool {
         if !self.key.has_changed().unwrap_or(false) {
             return false;
         }
         let k = *self.key.borrow_and_update();
-        self.adopt(k)
+        self.opener.handle_keys(k)
     }
 
-    /// Takes `k` as the keys as they stand; whether the halves changed (only the rotation's
-    /// sequence coming in, see [`SINCE_PENDING`], or a run learnt, keeps them).
-    fn adopt(&mut self, k: GroupKey) -> bool {
-        let same = k.key == self.keys.key && k.previous == self.keys.previous;
-        self.keys = k;
-        self.guard.learn(k.run);
-        if same {
-            return false;
-        }
-        self.open.clear();
-        self.previous.clear();
-        true
-    }
-
-    /// A frame that did not open under the key as it stands, tried under the key before
-    /// the last rotation: taken if it was stored before the rotation (nobody had been revoked
-    /// then), dropped if stored after (the revoked app side still holds that key; a trusted
-    /// one publishes the frame again under the new key). Whether that key opened it.
-    async fn open_previous(
-        &mut self,
-        meta: Meta,
-        run: Run,
-        payload: Bytes,
-        stored: Option<u64>,
-        out: &mut Output,
-    ) -> Result<bool, ndd_core::ModuleError> {
-        let Some(pk) = self.keys.previous else {
-            return Ok(false);
-        };
-        let mut old = Output::new();
-        let current = self.guard.current();
-        let frame = Frame::from_bytes(meta, payload);
-        if !Self::open_in(&mut self.previous, pk, run, current, frame, &mut old)? {
-            return Ok(false);
-        }
-        if self.keys.since == SINCE_PENDING {
-            // Mid-rotation: where it began decides; it comes in a moment.
-            let k = self
-                .key
-                .wait_for(|k| k.since != SINCE_PENDING)
-                .await
-                .map(|k| *k);
-            if let Ok(k) = k {
-                self.adopt(k);
-            }
-        }
-        if stored.is_some_and(|s| s <= self.keys.since) {
-            for f in old.take_frames() {
-                out.push(f);
-            }
-        } else {
-            tracing::debug!(
-                seq = meta.seq,
-                stored,
-                since = self.keys.since,
-                "a frame under the group key before the rotation, stored after it: dropped"
-            );
-        }
-        Ok(true)
-    }
-
-    /// Tries `run`'s half under the key as it stands; whether the frame opened.
-    fn try_open(
-        &mut self,
-        meta: Meta,
-        run: Run,
-        payload: Bytes,
-        out: &mut Output,
-    ) -> Result<bool, ndd_core::ModuleError> {
-        let current = self.guard.current();
-        let frame = Frame::from_bytes(meta, payload);
-        Self::open_in(&mut self.open, self.keys.key, run, current, frame, out)
-    }
-
-    /// A frame of `run` opened: a newer run is the device's (it restarted). An app side asks
-    /// for it by joining again, so what it sends follows (without waiting here).
-    fn opened(&mut self, run: Run) {
-        if self.guard.opened(run) {
-            if let Some(r) = &self.refresh {
-                let (tx, _) = tokio::sync::oneshot::channel();
-                let _ = r.try_send(tx);
-            }
+    /// A newer run opened: an app side joins again to learn it, so what it sends follows
+    /// (without waiting here).
+    fn opened(&self, verdict: Verdict) {
+        if let (Verdict::Opened { newer_run: true }, Some(r)) = (verdict, &self.refresh) {
+            let (tx, _) = tokio::sync::oneshot::channel();
+            let _ = r.try_send(tx);
         }
     }
 
@@ -718,66 +534,38 @@ impl GroupOpen {
         out: &mut Output,
     ) -> Result<(), ndd_core::ModuleError> {
         self.follow();
-        if let Admit::Refused(why) = self.guard.check(run, stored) {
-            self.dropped += 1;
-            // Only a genuine frame of an earlier run (it opens under that run's key) tells the
-            // app sides to join again, at most once a second: anyone may publish a header.
-            if let (Refusal::EarlierRun, Some(n)) = (why, &self.stale) {
-                if self.rung.is_none_or(|t| t.elapsed() >= RUN_NOTICE_SPACING) {
-                    let mut probe = Self::inverse(self.keys.key, run);
-                    let failed = probe.auth_failures();
-                    let frame = Frame::from_bytes(meta, payload.clone());
-                    let _ = probe.handle_frame(Instant::now(), frame, &mut Output::new());
-                    if probe.auth_failures() == failed {
-                        self.rung = Some(Instant::now());
-                        n.notify_one();
-                    }
+        let verdict = self
+            .opener
+            .handle_frame(Instant::now(), meta, run, payload, stored, out)?;
+        match verdict {
+            Verdict::Opened { .. } => self.opened(verdict),
+            Verdict::Refused { tell: true, .. } => {
+                if let Some(n) = &self.stale {
+                    n.notify_one();
                 }
             }
-            if let Some(suppressed) = self.replays.admit(Instant::now()) {
-                tracing::warn!(
-                    suppressed,
-                    stream = meta.stream,
-                    seq = meta.seq,
-                    run = format_args!("{:016x}", run.id),
-                    current = format_args!("{:016x}", self.guard.current().id),
-                    stored,
-                    "dropped {why}"
-                );
+            Verdict::Held => {
+                // Mid-rotation: where it began decides; it comes in a moment.
+                while !self.opener.release(out) {
+                    let Ok(k) = self.key.wait_for(|k| k.since != SINCE_PENDING).await else {
+                        break;
+                    };
+                    let k = *k;
+                    self.opener.handle_keys(k);
+                }
             }
-            return Ok(());
-        }
-        if self.try_open(meta, run, payload.clone(), out)? {
-            self.opened(run);
-            return Ok(());
-        }
-        if self
-            .open_previous(meta, run, payload.clone(), stored, out)
-            .await?
-        {
-            return Ok(());
-        }
-        // It did not open (dropped and counted): the key may have been rotated.
-        let paused = self
-            .fruitless
-            .is_some_and(|t| t.elapsed() < FRUITLESS_PAUSE);
-        if let Some(r) = self.refresh.as_ref().filter(|_| !paused) {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            if r.send(tx).await.is_ok() {
-                let _ = rx.await;
+            Verdict::AskKey => {
+                if let Some(r) = &self.refresh {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    if r.send(tx).await.is_ok() {
+                        let _ = rx.await;
+                    }
+                }
+                self.follow();
+                let again = self.opener.retry(Instant::now(), out)?;
+                self.opened(again);
             }
-        }
-        if !self.follow() {
-            if !paused && self.refresh.is_some() {
-                self.fruitless = Some(Instant::now());
-            }
-            self.unopened(&meta);
-            return Ok(());
-        }
-        if self.try_open(meta, run, payload, out)? {
-            self.opened(run);
-        } else {
-            self.unopened(&meta);
+            Verdict::Refused { .. } | Verdict::Dropped => {}
         }
         Ok(())
     }
@@ -1317,7 +1105,7 @@ async fn ensure_jetstream(ctx: &Ctx, nats: &NatsConfig) -> Result<jetstream::Con
 /// An app side's READY: its fingerprint in a frame sealed under the run key (a READY
 /// recorded in an earlier device run does not open in a later one).
 fn ready_message(key: &GroupKey, fingerprint: &str) -> Result<Bytes> {
-    let mut seal = EncryptForward::new(&key.run_key(), Cipher::Aes256Gcm)?;
+    let mut seal = EncryptForward::new(&Key::given(key.run_key()), Cipher::Aes256Gcm)?;
     let mut out = Output::new();
     let meta = Meta {
         stream: 0,
@@ -1500,8 +1288,12 @@ async fn serve_ready(
     // A ready that does not open (an app side still under the key before a rotation or of an
     // earlier run, or anyone publishing there) is ignored without a word.
     let inverse = |k: &GroupKey| {
-        EncryptInverse::new(Arc::new(k.run_key()), Cipher::Aes256Gcm, SEAL_WINDOW)
-            .without_auth_warnings()
+        EncryptInverse::new(
+            Arc::new(Key::given(k.run_key())),
+            Cipher::Aes256Gcm,
+            SEAL_WINDOW,
+        )
+        .without_auth_warnings()
     };
     let mut open = inverse(&key.borrow_and_update());
     tokio::spawn(async move {
@@ -2985,12 +2777,12 @@ async fn pump_sink(
             s.wire_frames += 1;
             s.wire_bytes += rec.payload.len() as u64;
         }
-        let refused = seal.dropped;
+        let refused = seal.dropped();
         let opening = seal
             .open(meta, rec.device_run(), rec.payload, stored_seq, &mut opened)
             .await;
-        if seal.dropped != refused {
-            lock(&stats).refused += seal.dropped - refused;
+        if seal.dropped() != refused {
+            lock(&stats).refused += seal.dropped() - refused;
         }
         if let Err(e) = opening {
             if let Some(suppressed) = bad.admit(Instant::now()) {

@@ -16,10 +16,12 @@
 //!   (sans-IO);
 //! - [`intake`]: a sink stream's records: copies, order, END, acknowledgements (sans-IO);
 //! - [`runs`]: which device run a frame may come from, and its run key (sans-IO);
+//! - [`keys`]: the group key, its rotation, and the opening of frames under it (sans-IO);
 //! - [`NatsConfig`] / [`connect`]: the connection to the server (TLS, credentials).
 
 pub mod intake;
 pub mod join;
+pub mod keys;
 pub mod outbox;
 pub mod record;
 pub mod runs;

@@ -1,0 +1,685 @@
+//! The group key as it stands, its rotation, and the opening of frames under it (sans-IO).
+//!
+//! Every frame on the server is sealed under the run key ([`super::runs::run_key`]) of the
+//! driver's *group key*, which only admitted app sides hold. Two rules keep a side that is no
+//! longer trusted out:
+//!
+//! - **Rotation** ([`rotation`]): when an app side that was handed the key is no longer in
+//!   `known_peers` (`ndd untrust`), the device draws a new key. Until it has read where its
+//!   JetStream stream stands ([`GroupKey::since`] is [`SINCE_PENDING`]), its sinks already open
+//!   under the new key and hold what opens only under the old one; then app → device frames
+//!   under the old key are taken if they were stored at or before that sequence (nobody had been
+//!   revoked then) and dropped if stored later (the revoked side still holds the old key; a
+//!   trusted sender publishes its frame again under the new one, see
+//!   [`super::outbox::Outbox::rotate`]).
+//! - **Opening** ([`Opener`]): a frame's run is checked first ([`RunGuard`]: an earlier run's
+//!   frame is a replay unless JetStream stored it before the current run began), then it opens
+//!   under that run's key. On an app side a frame that opens under no key asks for the key
+//!   again (the device may have rotated it: [`Verdict::AskKey`]) and is tried once more
+//!   ([`Opener::retry`]), so no stored frame is lost to a rotation; when asking brought no new
+//!   key (garbage: anyone may publish on the server), frames that do not open are dropped
+//!   without asking for [`FRUITLESS_PAUSE`]. On a device side, a genuine frame of an earlier
+//!   run (an app side that did not hear of the restart) asks the caller to tell the app sides
+//!   to join again ([`Verdict::Refused`]'s `tell`), at most every [`RUN_NOTICE_SPACING`].
+//!
+//! The opener does no I/O and reads no clock: the caller passes `now`, asks the device for the
+//! key, and hands keys in with [`Opener::handle_keys`]. The real halves are the `encrypt`
+//! pair's inverse ([`RunHalf`] is how the opener makes and uses them).
+
+use super::runs::{run_key, Admit, Refusal, Run, RunGuard};
+use ndd_core::{Frame, Meta, ModuleError, Output, RateLimit};
+use std::time::{Duration, Instant};
+
+/// [`GroupKey::since`] while a rotation reads where the JetStream stream stands: the device's
+/// sinks already open under the new key and hold what is under the old one; joins wait.
+pub const SINCE_PENDING: u64 = u64::MAX;
+
+/// How long after a fruitless ask for the key a frame that does not open is dropped without
+/// asking again (a rotation announced meanwhile is still followed).
+pub const FRUITLESS_PAUSE: Duration = Duration::from_secs(5);
+
+/// How often at most a device side that gets frames of its earlier run (app sides that did
+/// not hear it restart, or replays) tells the app sides again to join.
+pub const RUN_NOTICE_SPACING: Duration = Duration::from_secs(1);
+
+/// Runs an opener keeps halves for (the current one and frames stored before it).
+pub const RUNS_KEPT: usize = 3;
+
+/// The group key as it stands, and what its last rotation left behind.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct GroupKey {
+    /// The key.
+    pub key: [u8; 32],
+    /// The device's JetStream stream sequence when a rotation drew this key (0: none did;
+    /// [`SINCE_PENDING`] while the rotation reads it).
+    pub since: u64,
+    /// Device side: the key before that rotation. App → device frames stored up to `since`
+    /// were sealed under it and still open; one under it stored later is refused.
+    pub previous: Option<[u8; 32]>,
+    /// The device run frames are sealed under: the device's own; on an app side the newest
+    /// its joins named.
+    pub run: Run,
+}
+
+impl GroupKey {
+    /// The key frames of the run as it stands are sealed under.
+    pub fn run_key(&self) -> [u8; 32] {
+        run_key(&self.key, self.run)
+    }
+}
+
+impl std::fmt::Debug for GroupKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupKey")
+            .field("since", &self.since)
+            .field("previous", &self.previous.is_some())
+            .field("run", &self.run)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A rotation decided by [`rotation`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rotation {
+    /// The holders no longer trusted.
+    pub revoked: Vec<String>,
+    /// The keys from now on: `fresh`, the old key as `previous`, `since` pending (set it with
+    /// [`GroupKey::since_at`] once the stream's last sequence is read).
+    pub keys: GroupKey,
+}
+
+impl GroupKey {
+    /// The keys of a rotation once the JetStream stream's last sequence is known (`0`: it
+    /// could not be read; every app → device frame under the old key is then dropped).
+    pub fn since_at(self, since: u64) -> GroupKey {
+        GroupKey { since, ..self }
+    }
+}
+
+/// The device's rule: if any of `holders` (the fingerprints the current key was handed to)
+/// is no longer `trusted`, the key rotates to `fresh`; otherwise nothing changes.
+pub fn rotation(
+    current: GroupKey,
+    holders: &[String],
+    trusted: impl Fn(&str) -> bool,
+    fresh: [u8; 32],
+) -> Option<Rotation> {
+    let revoked: Vec<String> = holders.iter().filter(|h| !trusted(h)).cloned().collect();
+    if revoked.is_empty() {
+        return None;
+    }
+    Some(Rotation {
+        revoked,
+        keys: GroupKey {
+            key: fresh,
+            since: SINCE_PENDING,
+            previous: Some(current.key),
+            run: current.run,
+        },
+    })
+}
+
+/// A receiving half under one run key (the `encrypt` pair's inverse in the binary).
+pub trait RunHalf: Sized {
+    /// The half under `key` (a run key).
+    fn under(key: [u8; 32]) -> Self;
+    /// Opens `frame` into `out`: whether it authenticated (a replay that authenticates is
+    /// dropped by the half's window, and still counts as opened).
+    fn open(&mut self, now: Instant, frame: Frame, out: &mut Output) -> Result<bool, ModuleError>;
+}
+
+/// What became of a frame handed to [`Opener::handle_frame`] or [`Opener::retry`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// It opened; its frames are in `out`. `newer_run`: it made a newer device run the
+    /// current one (an app side: join again to learn the run, without waiting).
+    Opened {
+        /// A newer run became the current one.
+        newer_run: bool,
+    },
+    /// Its run was refused (dropped and counted). `tell`: a device side got a genuine frame
+    /// of an earlier run: tell the app sides to join again.
+    Refused {
+        /// Why.
+        why: Refusal,
+        /// Tell the app sides to join again.
+        tell: bool,
+    },
+    /// It opened under the key before the rotation while where the rotation began is not yet
+    /// known: held until [`Opener::handle_keys`] brings it; then [`Opener::release`].
+    Held,
+    /// It opened under no key this side has: ask the device for the key, hand what comes to
+    /// [`Opener::handle_keys`], then call [`Opener::retry`].
+    AskKey,
+    /// Dropped and counted: it opens under no key this side has.
+    Dropped,
+}
+
+/// A frame that opened under the key before the rotation, waiting for where the rotation
+/// began.
+struct Held {
+    stored: Option<u64>,
+    seq: u64,
+    frames: Vec<Frame>,
+}
+
+/// A frame waiting for an answer to [`Verdict::AskKey`].
+struct Parked {
+    meta: Meta,
+    run: Run,
+    payload: bytes::Bytes,
+    /// Whether the keys changed since it was parked.
+    changed: bool,
+}
+
+/// The receiving halves under the group key as it stands, one per device run (see the
+/// module's documentation).
+pub struct Opener<H> {
+    keys: GroupKey,
+    guard: RunGuard,
+    /// An app side asks for the key again; a device side tells app sides of its run.
+    app: bool,
+    /// Halves under `keys.key`, by run (the current one and a few earlier ones).
+    open: Vec<(Run, H)>,
+    /// Device side, after a rotation: halves under the key before it.
+    previous: Vec<(Run, H)>,
+    held: Option<Held>,
+    parked: Option<Parked>,
+    /// When asking last brought no new key.
+    fruitless: Option<Instant>,
+    /// When app sides were last told to join again.
+    told: Option<Instant>,
+    noisy: RateLimit,
+    replays: RateLimit,
+    /// Frames dropped: refused runs and frames that open under no key.
+    pub dropped: u64,
+    /// Frames under the key before a rotation stored after it (the revoked side's, or a
+    /// trusted one's that it publishes again).
+    pub after_rotation: u64,
+}
+
+impl<H> std::fmt::Debug for Opener<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Opener")
+            .field("keys", &self.keys)
+            .field("run", &self.guard.current())
+            .field("app", &self.app)
+            .field("held", &self.held.is_some())
+            .field("parked", &self.parked.is_some())
+            .field("dropped", &self.dropped)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<H: RunHalf> Opener<H> {
+    /// A device side's: refuses any run but its own and earlier ones stored before it began.
+    pub fn device(keys: GroupKey) -> Opener<H> {
+        Opener::new(keys, RunGuard::device(keys.run), false)
+    }
+
+    /// An app side's: follows the device to a newer run, asks for the key again.
+    pub fn app(keys: GroupKey) -> Opener<H> {
+        Opener::new(keys, RunGuard::app(keys.run), true)
+    }
+
+    fn new(keys: GroupKey, guard: RunGuard, app: bool) -> Opener<H> {
+        Opener {
+            keys,
+            guard,
+            app,
+            open: Vec::new(),
+            previous: Vec::new(),
+            held: None,
+            parked: None,
+            fruitless: None,
+            told: None,
+            noisy: RateLimit::default(),
+            replays: RateLimit::default(),
+            dropped: 0,
+            after_rotation: 0,
+        }
+    }
+
+    /// The keys as they stand.
+    pub fn keys(&self) -> GroupKey {
+        self.keys
+    }
+
+    /// The device run as it stands.
+    pub fn run(&self) -> Run {
+        self.guard.current()
+    }
+
+    /// Takes `k` as the keys as they stand (a rotation, a join's answer, where a rotation
+    /// began); whether the halves changed (only `since` coming in, or a run learnt, keeps
+    /// them).
+    pub fn handle_keys(&mut self, k: GroupKey) -> bool {
+        let same = k.key == self.keys.key && k.previous == self.keys.previous;
+        self.keys = k;
+        self.guard.learn(k.run);
+        if same {
+            return false;
+        }
+        self.open.clear();
+        self.previous.clear();
+        if let Some(p) = &mut self.parked {
+            p.changed = true;
+        }
+        true
+    }
+
+    /// Opens a frame of `run` (`stored`: its JetStream stream sequence, if it was stored)
+    /// into `out`, or says what the caller must do first.
+    pub fn handle_frame(
+        &mut self,
+        now: Instant,
+        meta: Meta,
+        run: Run,
+        payload: bytes::Bytes,
+        stored: Option<u64>,
+        out: &mut Output,
+    ) -> Result<Verdict, ModuleError> {
+        if let Admit::Refused(why) = self.guard.check(run, stored) {
+            self.dropped += 1;
+            let tell = !self.app
+                && why == Refusal::EarlierRun
+                && !self
+                    .told
+                    .is_some_and(|t| now.saturating_duration_since(t) < RUN_NOTICE_SPACING)
+                && {
+                    // Only a genuine frame of an earlier run (it opens under that run's key)
+                    // tells the app sides to join again: anyone may publish a header.
+                    let mut probe = H::under(run_key(&self.keys.key, run));
+                    probe.open(now, Frame::from_bytes(meta, payload), &mut Output::new())?
+                };
+            if tell {
+                self.told = Some(now);
+            }
+            if let Some(suppressed) = self.replays.admit(now) {
+                tracing::warn!(
+                    suppressed,
+                    stream = meta.stream,
+                    seq = meta.seq,
+                    run = format_args!("{:016x}", run.id),
+                    current = format_args!("{:016x}", self.guard.current().id),
+                    stored,
+                    "dropped {why}"
+                );
+            }
+            return Ok(Verdict::Refused { why, tell });
+        }
+        if let Some(v) = self.try_open(now, meta, run, payload.clone(), out)? {
+            return Ok(v);
+        }
+        if let Some(pk) = self.keys.previous {
+            let current = self.guard.current();
+            let mut old = Output::new();
+            let frame = Frame::from_bytes(meta, payload.clone());
+            if open_in(&mut self.previous, pk, run, current, now, frame, &mut old)? {
+                let held = Held {
+                    stored,
+                    seq: meta.seq,
+                    frames: old.take_frames(),
+                };
+                if self.keys.since == SINCE_PENDING {
+                    self.held = Some(held);
+                    return Ok(Verdict::Held);
+                }
+                self.decide(held, out);
+                return Ok(Verdict::Opened { newer_run: false });
+            }
+        }
+        let paused = self
+            .fruitless
+            .is_some_and(|t| now.saturating_duration_since(t) < FRUITLESS_PAUSE);
+        if self.app && !paused {
+            self.parked = Some(Parked {
+                meta,
+                run,
+                payload,
+                changed: false,
+            });
+            return Ok(Verdict::AskKey);
+        }
+        self.unopened(now, &meta);
+        Ok(Verdict::Dropped)
+    }
+
+    /// After [`Verdict::AskKey`] (and whatever keys the ask brought, handed to
+    /// [`Opener::handle_keys`]): the parked frame tried once more.
+    pub fn retry(&mut self, now: Instant, out: &mut Output) -> Result<Verdict, ModuleError> {
+        let Some(p) = self.parked.take() else {
+            return Ok(Verdict::Dropped);
+        };
+        if !p.changed {
+            self.fruitless = Some(now);
+            self.unopened(now, &p.meta);
+            return Ok(Verdict::Dropped);
+        }
+        if let Some(v) = self.try_open(now, p.meta, p.run, p.payload, out)? {
+            return Ok(v);
+        }
+        self.unopened(now, &p.meta);
+        Ok(Verdict::Dropped)
+    }
+
+    /// After [`Verdict::Held`]: once the keys say where the rotation began, the held frame's
+    /// frames go into `out` (stored at or before it) or are dropped; `false` while it is
+    /// still pending.
+    pub fn release(&mut self, out: &mut Output) -> bool {
+        if self.keys.since == SINCE_PENDING {
+            return self.held.is_none();
+        }
+        if let Some(h) = self.held.take() {
+            self.decide(h, out);
+        }
+        true
+    }
+
+    /// A frame under the key before the rotation: taken if stored at or before it began.
+    fn decide(&mut self, h: Held, out: &mut Output) {
+        if h.stored.is_some_and(|s| s <= self.keys.since) {
+            for f in h.frames {
+                out.push(f);
+            }
+        } else {
+            self.after_rotation += 1;
+            self.dropped += 1;
+            tracing::debug!(
+                seq = h.seq,
+                stored = h.stored,
+                since = self.keys.since,
+                "a frame under the group key before the rotation, stored after it: dropped"
+            );
+        }
+    }
+
+    /// Tries `run`'s half under the key as it stands: `Some` verdict when it opened.
+    fn try_open(
+        &mut self,
+        now: Instant,
+        meta: Meta,
+        run: Run,
+        payload: bytes::Bytes,
+        out: &mut Output,
+    ) -> Result<Option<Verdict>, ModuleError> {
+        let current = self.guard.current();
+        let frame = Frame::from_bytes(meta, payload);
+        if !open_in(&mut self.open, self.keys.key, run, current, now, frame, out)? {
+            return Ok(None);
+        }
+        let newer_run = self.guard.opened(run);
+        Ok(Some(Verdict::Opened { newer_run }))
+    }
+
+    /// A frame that opened under no key: dropped, said at most once a second.
+    fn unopened(&mut self, now: Instant, meta: &Meta) {
+        self.dropped += 1;
+        if let Some(suppressed) = self.noisy.admit(now) {
+            tracing::warn!(
+                suppressed,
+                stream = meta.stream,
+                seq = meta.seq,
+                "dropped a frame that opens under no group key this side has (forged, or sealed under a key older than the last rotation)"
+            );
+        }
+    }
+}
+
+/// Opens a frame of `run` with its half under `key` in `halves`, made on first use and kept
+/// only if the frame opened (forged runs make no halves); beyond [`RUNS_KEPT`] the oldest
+/// half of a run other than `current` goes. Whether it opened.
+fn open_in<H: RunHalf>(
+    halves: &mut Vec<(Run, H)>,
+    key: [u8; 32],
+    run: Run,
+    current: Run,
+    now: Instant,
+    frame: Frame,
+    out: &mut Output,
+) -> Result<bool, ModuleError> {
+    let made = !halves.iter().any(|(r, _)| *r == run);
+    if made {
+        halves.push((run, H::under(run_key(&key, run))));
+    }
+    let Some(i) = halves.iter().position(|(r, _)| *r == run) else {
+        return Ok(false);
+    };
+    let opened = halves[i].1.open(now, frame, out)?;
+    if made && !opened {
+        halves.remove(i);
+    } else if made && halves.len() > RUNS_KEPT {
+        if let Some(j) = halves.iter().position(|(r, _)| *r != current && *r != run) {
+            halves.remove(j);
+        }
+    }
+    Ok(opened)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    /// A toy half: a frame "opens" when its payload starts with the first 8 bytes of the key
+    /// (the rules, not the cipher, are under test here; the testkit's `nats_keys` runs the
+    /// real `encrypt` inverse).
+    struct Toy([u8; 8]);
+
+    impl RunHalf for Toy {
+        fn under(key: [u8; 32]) -> Toy {
+            Toy(key[..8].try_into().unwrap())
+        }
+        fn open(
+            &mut self,
+            _: Instant,
+            frame: Frame,
+            out: &mut Output,
+        ) -> Result<bool, ModuleError> {
+            if frame.payload().starts_with(&self.0) {
+                out.push(frame);
+                return Ok(true);
+            }
+            Ok(false)
+        }
+    }
+
+    const RUN: Run = Run { id: 10, began: 5 };
+
+    fn keys(k: u8, run: Run) -> GroupKey {
+        GroupKey {
+            key: [k; 32],
+            since: 0,
+            previous: None,
+            run,
+        }
+    }
+
+    fn meta(seq: u64) -> Meta {
+        Meta {
+            stream: 3,
+            seq,
+            timestamp_ns: 0,
+            flags: 0,
+        }
+    }
+
+    /// A payload that opens under group key `k` in `run`.
+    fn sealed(k: u8, run: Run) -> Bytes {
+        let mut p = run_key(&[k; 32], run)[..8].to_vec();
+        p.extend_from_slice(b"data");
+        Bytes::from(p)
+    }
+
+    fn feed(
+        o: &mut Opener<Toy>,
+        now: Instant,
+        seq: u64,
+        k: u8,
+        run: Run,
+        stored: Option<u64>,
+    ) -> (Verdict, usize) {
+        let mut out = Output::new();
+        let v = o
+            .handle_frame(now, meta(seq), run, sealed(k, run), stored, &mut out)
+            .unwrap();
+        (v, out.take_frames().len())
+    }
+
+    #[test]
+    fn an_app_side_opens_its_run_follows_a_newer_one_and_refuses_a_replayed_earlier_one() {
+        let now = Instant::now();
+        let mut o = Opener::<Toy>::app(keys(1, RUN));
+        assert_eq!(
+            feed(&mut o, now, 0, 1, RUN, Some(6)),
+            (Verdict::Opened { newer_run: false }, 1)
+        );
+        let next = Run { id: 11, began: 20 };
+        assert_eq!(
+            feed(&mut o, now, 0, 1, next, Some(21)),
+            (Verdict::Opened { newer_run: true }, 1)
+        );
+        assert_eq!(o.run(), next);
+        // RUN's frame stored at 15, before `next` began (20): it waited for this side.
+        assert_eq!(feed(&mut o, now, 1, 1, RUN, Some(15)).1, 1);
+        // Stored after `next` began: a replay.
+        assert_eq!(
+            feed(&mut o, now, 2, 1, RUN, Some(25)),
+            (
+                Verdict::Refused {
+                    why: Refusal::EarlierRun,
+                    tell: false
+                },
+                0
+            )
+        );
+        // Over core NATS (not stored): a replay too.
+        assert_eq!(feed(&mut o, now, 3, 1, RUN, None).1, 0);
+        assert_eq!(o.dropped, 2);
+    }
+
+    #[test]
+    fn a_frame_under_an_unknown_key_asks_once_then_waits_out_the_pause() {
+        let t0 = Instant::now();
+        let mut o = Opener::<Toy>::app(keys(1, RUN));
+        assert_eq!(feed(&mut o, t0, 0, 9, RUN, None).0, Verdict::AskKey);
+        // Asking brought nothing new: dropped, and the next ones are dropped without asking.
+        assert_eq!(o.retry(t0, &mut Output::new()).unwrap(), Verdict::Dropped);
+        assert_eq!(
+            feed(&mut o, t0 + Duration::from_secs(1), 1, 9, RUN, None).0,
+            Verdict::Dropped
+        );
+        assert_eq!(o.dropped, 2);
+        assert_eq!(
+            feed(&mut o, t0 + FRUITLESS_PAUSE, 2, 9, RUN, None).0,
+            Verdict::AskKey
+        );
+    }
+
+    #[test]
+    fn a_frame_under_a_rotated_key_opens_once_the_ask_brings_the_key() {
+        let now = Instant::now();
+        let mut o = Opener::<Toy>::app(keys(1, RUN));
+        assert_eq!(feed(&mut o, now, 0, 2, RUN, Some(7)).0, Verdict::AskKey);
+        assert!(o.handle_keys(keys(2, RUN)));
+        let mut out = Output::new();
+        assert_eq!(
+            o.retry(now, &mut out).unwrap(),
+            Verdict::Opened { newer_run: false }
+        );
+        assert_eq!(out.take_frames().len(), 1);
+        // Only the new key opens now on an app side (it keeps no previous key).
+        assert_eq!(feed(&mut o, now, 1, 1, RUN, Some(8)).0, Verdict::AskKey);
+    }
+
+    #[test]
+    fn a_device_rotation_takes_old_key_frames_stored_before_it_and_drops_later_ones() {
+        let now = Instant::now();
+        let holders = ["trusted".to_owned(), "revoked".to_owned()];
+        let start = keys(1, RUN);
+        assert_eq!(rotation(start, &holders, |_| true, [2; 32]), None);
+        let r = rotation(start, &holders, |h| h == "trusted", [2; 32]).unwrap();
+        assert_eq!(r.revoked, vec!["revoked".to_owned()]);
+        assert_eq!(
+            (r.keys.since, r.keys.previous),
+            (SINCE_PENDING, Some([1; 32]))
+        );
+        let mut o = Opener::<Toy>::device(start);
+        assert!(o.handle_keys(r.keys));
+        // Under the new key: taken at once.
+        assert_eq!(feed(&mut o, now, 0, 2, RUN, Some(40)).1, 1);
+        // Under the old key while where the rotation began is unknown: held.
+        assert_eq!(feed(&mut o, now, 1, 1, RUN, Some(9)), (Verdict::Held, 0));
+        let mut out = Output::new();
+        assert!(!o.release(&mut out));
+        assert!(!o.handle_keys(r.keys.since_at(10)));
+        assert!(o.release(&mut out));
+        assert_eq!(
+            out.take_frames().len(),
+            1,
+            "stored at 9, before the rotation at 10"
+        );
+        assert_eq!(feed(&mut o, now, 2, 1, RUN, Some(10)).1, 1);
+        assert_eq!(
+            feed(&mut o, now, 3, 1, RUN, Some(11)),
+            (Verdict::Opened { newer_run: false }, 0)
+        );
+        assert_eq!((o.after_rotation, o.dropped), (1, 1));
+        // A device side never asks: garbage is dropped.
+        assert_eq!(feed(&mut o, now, 4, 7, RUN, Some(12)).0, Verdict::Dropped);
+    }
+
+    #[test]
+    fn a_device_side_tells_app_sides_of_its_run_only_for_genuine_earlier_frames_once_a_second() {
+        let t0 = Instant::now();
+        let old = Run { id: 9, began: 1 };
+        let mut o = Opener::<Toy>::device(keys(1, RUN));
+        let mut out = Output::new();
+        // A forged header naming the earlier run: refused, nobody told.
+        let v = o
+            .handle_frame(
+                t0,
+                meta(0),
+                old,
+                Bytes::from_static(b"garbage!"),
+                Some(8),
+                &mut out,
+            )
+            .unwrap();
+        assert_eq!(
+            v,
+            Verdict::Refused {
+                why: Refusal::EarlierRun,
+                tell: false
+            }
+        );
+        let refused = |tell| {
+            (
+                Verdict::Refused {
+                    why: Refusal::EarlierRun,
+                    tell,
+                },
+                0,
+            )
+        };
+        assert_eq!(feed(&mut o, t0, 1, 1, old, Some(8)), refused(true));
+        assert_eq!(
+            feed(&mut o, t0 + Duration::from_millis(500), 2, 1, old, Some(8)),
+            refused(false)
+        );
+        assert_eq!(
+            feed(&mut o, t0 + RUN_NOTICE_SPACING, 3, 1, old, Some(8)),
+            refused(true)
+        );
+        // A newer run than the device's own is refused too.
+        let newer = Run { id: 11, began: 5 };
+        assert_eq!(
+            feed(&mut o, t0, 4, 1, newer, Some(8)).0,
+            Verdict::Refused {
+                why: Refusal::NewerThanDevice,
+                tell: false
+            }
+        );
+        assert_eq!(o.dropped, 5);
+    }
+}
