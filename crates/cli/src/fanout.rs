@@ -337,7 +337,15 @@ impl KeyKeeper {
         write_private(&path, &k)
             .with_context(|| format!("cannot write the rotated group key {}", path.display()))?;
         write_private(&self.holders_path(), b"")?;
+        ctx.gate.begin();
         self.tx.send_replace(r.keys);
+        if !ctx.gate.wait().await {
+            tracing::warn!(
+                side = "device",
+                "the reliable streams did not settle within {} s of the rotation: device frames published just before it may not reach the app sides",
+                GATE_WAIT.as_secs()
+            );
+        }
         let since = match &self.js {
             None => Ok(0),
             Some(js) => stored_up_to(ctx, js).await.map(|(_, n)| n),
@@ -423,9 +431,6 @@ impl GroupSeal {
     /// opens what was sealed under the old one (a rotation's [`GroupKey::since`], a new run's
     /// start: whichever is earlier).
     fn rotated(&mut self) -> Result<Option<u64>> {
-        if !self.key.has_changed().unwrap_or(false) {
-            return Ok(None);
-        }
         let k = *self.key.borrow_and_update();
         let old = std::mem::replace(&mut self.keys, k);
         let mut after = None::<u64>;
@@ -460,10 +465,11 @@ impl RunHalf for RunInverse {
         &mut self,
         now: Instant,
         frame: Frame,
+        wseq: u64,
         out: &mut Output,
     ) -> Result<bool, ndd_core::ModuleError> {
         let failed = self.0.auth_failures();
-        self.0.handle_frame(now, frame, out)?;
+        self.0.open_bound(now, frame, wseq, out)?;
         Ok(self.0.auth_failures() == failed)
     }
 }
@@ -505,6 +511,13 @@ impl GroupOpen {
         self.opener.dropped
     }
 
+    /// Stored records that did not open while this side did not ask for the key, once a new
+    /// key came ([`Opener::take_unopened`]).
+    fn take_unopened(&mut self) -> Vec<(FrameRecord, Option<u64>)> {
+        self.follow();
+        self.opener.take_unopened()
+    }
+
     /// Hands the keys to the opener if they changed; whether its halves did.
     fn follow(&mut self) -> bool {
         if !self.key.has_changed().unwrap_or(false) {
@@ -523,20 +536,17 @@ impl GroupOpen {
         }
     }
 
-    /// Opens a frame of `run` (`stored`: its JetStream stream sequence, if it was stored)
-    /// into `out`; one of a refused run, or that does not open, is dropped and counted.
+    /// Opens record `rec` (`stored`: its JetStream stream sequence, if it was stored) into
+    /// `out`; one of a refused run, or that does not open, is dropped and counted. Whether it
+    /// holds no place in its subject's order (forged, or a copy: [`Verdict::holds_no_place`]).
     async fn open(
         &mut self,
-        meta: Meta,
-        run: Run,
-        payload: Bytes,
+        rec: &FrameRecord,
         stored: Option<u64>,
         out: &mut Output,
-    ) -> Result<(), ndd_core::ModuleError> {
+    ) -> Result<bool, ndd_core::ModuleError> {
         self.follow();
-        let verdict = self
-            .opener
-            .handle_frame(Instant::now(), meta, run, payload, stored, out)?;
+        let verdict = self.opener.handle_frame(Instant::now(), rec, stored, out)?;
         match verdict {
             Verdict::Opened { .. } => self.opened(verdict),
             Verdict::Refused { tell: true, .. } => {
@@ -564,10 +574,11 @@ impl GroupOpen {
                 self.follow();
                 let again = self.opener.retry(Instant::now(), out)?;
                 self.opened(again);
+                return Ok(again.holds_no_place());
             }
-            Verdict::Refused { .. } | Verdict::Dropped => {}
+            Verdict::Refused { .. } | Verdict::Dropped | Verdict::Forged | Verdict::Replayed => {}
         }
-        Ok(())
+        Ok(verdict.holds_no_place())
     }
 }
 
@@ -722,6 +733,7 @@ pub async fn run_side(
             n => n,
         },
         run_stale: Arc::default(),
+        gate: Arc::default(),
     };
     let mut tasks: JoinSet<Result<Option<(String, ndd_endpoint::CheckReport)>>> = JoinSet::new();
     // The source endpoints' tasks: stopping them ends their streams cleanly (flushed, END).
@@ -1023,6 +1035,75 @@ struct Ctx {
     max_payload: usize,
     /// Device side: rung when a frame sealed for an earlier run comes in ([`announce_run`]).
     run_stale: Arc<tokio::sync::Notify>,
+    /// Device side: a rotation waits for the reliable publishers ([`RotationGate`]).
+    gate: Arc<RotationGate>,
+}
+
+/// Device side: how a rotation knows that nothing this side sealed under the old key is still
+/// on its way to JetStream. It reads where the stream stands (the rotation's `since`) only
+/// once every publisher of a reliable stream has had each publish under the old key
+/// acknowledged, so every device frame under the old key is stored at or before `since`. An
+/// app side drops a frame under the old key stored later (the revoked side holds that key):
+/// before this, a frame the device published just before a rotation and stored just after it
+/// was dropped by every app side, and an ordered stream could not take its copy sealed again
+/// (its later frames were through already). Found by `testkit/tests/nats_keys.rs`.
+#[derive(Default)]
+struct RotationGate {
+    /// Publishers of reliable streams on this side.
+    publishers: std::sync::atomic::AtomicUsize,
+    /// Of them, those settled under the old key since the rotation began.
+    settled: std::sync::atomic::AtomicUsize,
+    changed: tokio::sync::Notify,
+}
+
+/// How long a rotation waits for the reliable publishers to settle before it reads where the
+/// stream stands anyway (a publisher whose acknowledgements do not come: the server is gone).
+const GATE_WAIT: Duration = Duration::from_secs(10);
+
+impl RotationGate {
+    fn join(self: &Arc<Self>) -> GateTicket {
+        self.publishers
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        GateTicket(self.clone())
+    }
+
+    fn settled(&self) {
+        self.settled
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.changed.notify_waiters();
+    }
+
+    /// A rotation begins: the count starts over.
+    fn begin(&self) {
+        self.settled.store(0, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Waits until every reliable publisher settled, at most [`GATE_WAIT`]; whether they did.
+    async fn wait(&self) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        let deadline = tokio::time::Instant::now() + GATE_WAIT;
+        loop {
+            let changed = self.changed.notified();
+            if self.settled.load(SeqCst) >= self.publishers.load(SeqCst) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return false;
+            }
+        }
+    }
+}
+
+/// A reliable publisher's place in the [`RotationGate`], given back when it ends.
+struct GateTicket(Arc<RotationGate>);
+
+impl Drop for GateTicket {
+    fn drop(&mut self) {
+        self.0
+            .publishers
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.0.changed.notify_waiters();
+    }
 }
 
 /// The JetStream stream of the driver's reliable streams, with the copies and room the
@@ -2010,6 +2091,8 @@ struct Publisher {
     acks_rx: mpsc::UnboundedReceiver<AckResult>,
     /// The connection count when this publisher last looked.
     connects: u64,
+    /// Device side, a reliable stream: its place in the rotation's gate.
+    gate: Option<GateTicket>,
 }
 
 impl Publisher {
@@ -2019,17 +2102,20 @@ impl Publisher {
         // Many app sides publish on one up subject with the device's run id and their own
         // frame numbers: their message ids must differ, or JetStream drops all but the first
         // app side's frame of each number as a duplicate (found by the rotation test: a second
-        // app side's frames never reached the device). An app side keeps its reliable frames
-        // a while, to seal them again after a rotation.
+        // app side's frames never reached the device). Both sides keep their reliable frames
+        // a while, to seal them again after a rotation (a device side's are all stored before
+        // its rotation reads where the stream stands: [`RotationGate`]).
         let outbox = Outbox::new(
             plan.id,
             run,
             js.is_some(),
             app.then(random_u64),
-            plan.reliable && app,
+            plan.reliable,
         );
+        let gate = (!app && js.is_some()).then(|| ctx.gate.join());
         let (acks_tx, acks_rx) = mpsc::unbounded_channel();
         Publisher {
+            gate,
             budget: Budget::new(),
             dropped: 0,
             ending: false,
@@ -2060,6 +2146,21 @@ impl Publisher {
                 .down(self.plan.id, self.js.is_some(), part)
         };
         (s, part)
+    }
+
+    /// Seals `frame` for `subject` into `out`, bound to the subject sequence its record will
+    /// carry (a receiver keeps the sender's order, not one someone who may publish wrote into
+    /// a header: [`ndd_link::nats::record`]). Publish it next on that subject.
+    fn seal_for(
+        &self,
+        seal: &mut EncryptForward,
+        subject: &str,
+        frame: Frame,
+        out: &mut Output,
+    ) -> Result<()> {
+        let wseq = self.outbox.next_wseq(subject);
+        seal.seal_bound(frame, wseq, out)
+            .map_err(|e| anyhow!("stream \"{}\": encrypt: {e}", self.plan.name))
     }
 
     /// Publishes a sealed frame; returns its JetStream message id (reliable streams).
@@ -2191,6 +2292,18 @@ impl Publisher {
     /// opens goes again under the new run key (the frames this side sealed under the old key
     /// that were stored after the rotation began).
     async fn follow(&mut self, seal: &mut GroupSeal) -> Result<()> {
+        if !seal.key.has_changed().unwrap_or(false) {
+            return Ok(());
+        }
+        if seal.key.borrow().since == SINCE_PENDING {
+            // The device's rotation: everything sealed under the old key is stored before it
+            // reads where the stream stands ([`RotationGate`]); nothing new is sealed meanwhile.
+            self.settle_all().await?;
+            if let Some(g) = &self.gate {
+                g.0.settled();
+            }
+            let _ = seal.key.wait_for(|k| k.since != SINCE_PENDING).await;
+        }
         let Some(after) = seal.rotated()? else {
             return Ok(());
         };
@@ -2203,9 +2316,8 @@ impl Publisher {
         let mut sealed = Output::new();
         for (meta, payload, route) in again {
             let frame = Frame::from_bytes(meta, payload.clone());
-            seal.seal
-                .handle_frame(Instant::now(), frame, &mut sealed)
-                .map_err(|e| anyhow!("stream \"{}\": encrypt: {e}", self.plan.name))?;
+            let (subject, _) = self.subject(route);
+            self.seal_for(&mut seal.seal, &subject, frame, &mut sealed)?;
             for f in sealed.take_frames() {
                 if let Some(id) = self.publish(f, route).await? {
                     self.keep((meta, payload.clone()), route, id);
@@ -2255,15 +2367,18 @@ impl Publisher {
                 flags: 0,
             };
             let mut out = Output::new();
-            seal.handle_frame(Instant::now(), Frame::new(meta, &[]), &mut out)?;
-            for f in out.take_frames() {
-                if self.plan.round_robin {
-                    let subject = self.ctx.subjects.end(self.plan.id);
-                    let rec = self
-                        .outbox
-                        .record(&subject, Frame::new(f.meta, f.payload()));
-                    let _ = self.ctx.client.publish(subject, rec).await;
+            if self.plan.round_robin {
+                // Every member hears it (on core NATS), sealed with that subject's sequence.
+                let subject = self.ctx.subjects.end(self.plan.id);
+                self.seal_for(seal, &subject, Frame::new(meta, &[]), &mut out)?;
+                for f in out.take_frames() {
+                    let rec = self.outbox.record(&subject, f);
+                    let _ = self.ctx.client.publish(subject.clone(), rec).await;
                 }
+            }
+            let (subject, _) = self.subject(route);
+            self.seal_for(seal, &subject, Frame::new(meta, &[]), &mut out)?;
+            for f in out.take_frames() {
                 self.publish(f, route).await?;
             }
         }
@@ -2376,9 +2491,8 @@ async fn drain(
         } else {
             (f, None)
         };
-        seal.seal
-            .handle_frame(Instant::now(), f, sealed)
-            .map_err(|e| anyhow!("stream \"{name}\": encrypt: {e}"))?;
+        let (subject, _) = out.subject(route);
+        out.seal_for(&mut seal.seal, &subject, f, sealed)?;
         for f in sealed.take_frames() {
             {
                 let mut s = lock(stats);
@@ -2634,6 +2748,10 @@ async fn pump_sink(
     let mut newest: Option<Frame> = None;
     let mut spare = lossy.then_some(&mut newest);
     loop {
+        // A new key came: what did not open meanwhile (set aside, not asked for) goes again.
+        for (rec, stored) in seal.take_unopened() {
+            intake.retake(Instant::now(), rec, stored);
+        }
         let Some((rec, stored_seq)) = intake.poll_record() else {
             let wake = stack.poll_timeout();
             let waiting = spare.as_ref().is_some_and(|n| n.is_some());
@@ -2766,35 +2884,44 @@ async fn pump_sink(
             }
             continue;
         };
-        let meta = Meta {
-            stream: rec.stream,
-            seq: rec.seq,
-            timestamp_ns: rec.timestamp_ns,
-            flags: rec.flags,
-        };
         {
             let mut s = lock(&stats);
             s.wire_frames += 1;
             s.wire_bytes += rec.payload.len() as u64;
         }
         let refused = seal.dropped();
-        let opening = seal
-            .open(meta, rec.device_run(), rec.payload, stored_seq, &mut opened)
-            .await;
+        let opening = seal.open(&rec, stored_seq, &mut opened).await;
         if seal.dropped() != refused {
             lock(&stats).refused += seal.dropped() - refused;
         }
-        if let Err(e) = opening {
-            if let Some(suppressed) = bad.admit(Instant::now()) {
-                tracing::warn!(
-                    suppressed,
-                    "dropped a frame that does not open under the group key: {}",
-                    printable(&e.to_string(), MAX_REASON)
-                );
+        let no_place = match opening {
+            Ok(no_place) => no_place,
+            Err(e) => {
+                if let Some(suppressed) = bad.admit(Instant::now()) {
+                    tracing::warn!(
+                        suppressed,
+                        "dropped a frame that does not open under the group key: {}",
+                        printable(&e.to_string(), MAX_REASON)
+                    );
+                }
+                true
             }
+        };
+        let frames = opened.take_frames();
+        if stored_seq.is_some() {
+            if no_place {
+                // Forged, or a copy: the one it stood in for in the order is awaited again.
+                intake.give_back(&rec, Instant::now());
+            } else if !frames.is_empty() {
+                // Genuine: its copies are dropped from now on (not before: an altered copy
+                // stored first must not make this one a copy).
+                intake.authentic(&rec);
+            }
+        }
+        if no_place {
             continue;
         }
-        for f in opened.take_frames() {
+        for f in frames {
             let what = if f.meta.seq == END_SEQ && f.is_empty() {
                 intake.opened(rec.run, END_SEQ)
             } else {
@@ -2996,6 +3123,7 @@ mod tests {
                 connects: Arc::default(),
                 max_payload: 1 << 20,
                 run_stale: Arc::default(),
+                gate: Arc::default(),
             },
             local: device,
             hello: hello(ndd_wire::Side::Device),

@@ -27,16 +27,19 @@
 //!
 //! `SEED=n cargo test -p ndd-testkit --test nats_runs` replays one schedule.
 
+mod common;
+
 use bytes::Bytes;
-use ndd_core::{Frame, Half, Meta, Output};
+use common::RunInverse;
+use ndd_core::{Frame, Meta, Output};
 use ndd_link::nats::intake::{Intake, Opened};
+use ndd_link::nats::keys::{GroupKey, Opener, Verdict};
 use ndd_link::nats::record::{FrameRecord, END_SEQ};
-use ndd_link::nats::runs::{next_run_id, run_key, Admit, Run, RunGuard};
+use ndd_link::nats::runs::{next_run_id, run_key, Run};
 use ndd_modules::encrypt::key::Key;
-use ndd_modules::encrypt::{Cipher, EncryptForward, EncryptInverse};
+use ndd_modules::encrypt::{Cipher, EncryptForward};
 use ndd_testkit::SimRng;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::Arc;
 use std::time::Instant;
 
 const REL: u16 = 1;
@@ -90,8 +93,10 @@ impl Device {
             payload(self.run.id, stream, seq)
         };
         let mut out = Output::new();
+        // As fanout's Publisher: bound to the subject sequence of its record.
+        let wseq = self.wseq[stream as usize];
         self.seal
-            .handle_frame(Instant::now(), Frame::new(meta, &body), &mut out)
+            .seal_bound(Frame::new(meta, &body), wseq, &mut out)
             .unwrap();
         let f = out.take_frames().pop().unwrap();
         let w = &mut self.wseq[stream as usize];
@@ -111,13 +116,13 @@ impl Device {
 }
 
 /// One app side process: the sink path of fanout — each stream's real
-/// `ndd_link::nats::intake::Intake` (copies, order, END, restarts), then the run checked by
-/// the real `RunGuard` and the frame opened under its run's key by the real `encrypt`
-/// inverse, as `GroupOpen` does.
+/// `ndd_link::nats::intake::Intake` (copies, order, END, restarts), then the real
+/// `ndd_link::nats::keys::Opener` (the run checked by its `RunGuard`, the frame opened under
+/// its run's key by the `encrypt` inverse, the sealed subject sequence checked), as
+/// `GroupOpen` drives it.
 struct App {
     joined: Run,
-    guard: RunGuard,
-    halves: HashMap<Run, EncryptInverse>,
+    opener: Opener<RunInverse>,
     /// The stored stream's intake (its handle: the stream sequence) and the lossy one's.
     rel: Intake<u64>,
     lossy: Intake<()>,
@@ -132,8 +137,12 @@ impl App {
     fn new(joined: Run) -> App {
         App {
             joined,
-            guard: RunGuard::app(joined),
-            halves: HashMap::new(),
+            opener: Opener::app(GroupKey {
+                key: GROUP,
+                since: 0,
+                previous: None,
+                run: joined,
+            }),
             rel: Intake::new(REL, true, WAIT),
             lossy: Intake::new(LOSSY, false, WAIT),
             delivered: HashSet::new(),
@@ -205,41 +214,30 @@ impl App {
         stored: Option<u64>,
     ) -> Result<Option<(u64, u16, u64)>, String> {
         let run = rec.device_run();
-        if let Admit::Refused(_) = self.guard.check(run, stored) {
-            return Ok(None);
-        }
-        let made = !self.halves.contains_key(&run);
-        let half = self.halves.entry(run).or_insert_with(|| {
-            EncryptInverse::new(
-                Arc::new(Key::given(run_key(&GROUP, run))),
-                Cipher::Aes256Gcm,
-                1024,
-            )
-            .without_auth_warnings()
-        });
-        let failed = half.auth_failures();
-        let meta = Meta {
-            stream: rec.stream,
-            seq: rec.seq,
-            timestamp_ns: rec.timestamp_ns,
-            flags: rec.flags,
-        };
         let mut out = Output::new();
-        let _ = half.handle_frame(
-            Instant::now(),
-            Frame::from_bytes(meta, rec.payload.clone()),
-            &mut out,
-        );
-        if half.auth_failures() != failed {
-            if made {
-                self.halves.remove(&run);
-            }
-            return Ok(None);
+        let mut v = self
+            .opener
+            .handle_frame(Instant::now(), &rec, stored, &mut out)
+            .map_err(|e| e.to_string())?;
+        if v == Verdict::AskKey {
+            // The device has no other key: asking brings nothing.
+            v = self
+                .opener
+                .retry(Instant::now(), &mut out)
+                .map_err(|e| e.to_string())?;
+        }
+        // As fanout's sink: a stored record that proved forged gives its place back, one
+        // that opened is genuine.
+        let stored_rel = stored.is_some() && rec.stream == REL;
+        if stored_rel && v.holds_no_place() {
+            self.rel.give_back(&rec, Instant::now());
         }
         let Some(f) = out.take_frames().pop() else {
             return Ok(None);
         };
-        self.guard.opened(run);
+        if stored_rel {
+            self.rel.authentic(&rec);
+        }
         // As fanout's sink: the record's number, END_SEQ for an empty END.
         let seq = if f.meta.seq == END_SEQ && f.is_empty() {
             END_SEQ

@@ -8,8 +8,10 @@
 //!    someone who may publish moved a genuine frame of another stream here;
 //! 3. a copy is dropped ([`Taken::Copy`]): a stored message is known by its sealed header
 //!    (the sending half's epoch and frame counter, the same in every copy, whatever stream
-//!    sequence the server gave it), a core NATS one by a number at or below the last one
-//!    taken of its run;
+//!    sequence the server gave it) once a message with that header opened
+//!    ([`Intake::authentic`]: an altered copy stored first, which does not open, must not make
+//!    the genuine one a copy — found by `testkit/tests/nats_keys.rs`), a core NATS one by a
+//!    number at or below the last one taken of its run;
 //! 4. stored frames of the side's own consumer go back in their subject order ([`Reorder`]):
 //!    a frame stored late waits for nothing, the ones after it wait for it, at most the wait
 //!    given (then the gap is given up, counted: [`Intake::skipped`]);
@@ -76,6 +78,14 @@ struct Seen {
 }
 
 impl Seen {
+    /// Whether a frame with `sealed`'s header opened already.
+    fn contains(&self, sealed: &[u8]) -> bool {
+        sealed
+            .get(..24)
+            .and_then(|k| <[u8; 24]>::try_from(k).ok())
+            .is_some_and(|k| self.set.contains(&k))
+    }
+
     /// Whether `sealed` is new (and remembers it); a frame too short to carry the header
     /// counts as new (the encrypt inverse refuses it).
     fn insert(&mut self, sealed: &[u8]) -> bool {
@@ -171,7 +181,7 @@ impl<M> Intake<M> {
             return Taken::Foreign;
         }
         let fresh = if is_stored {
-            self.seen.insert(&rec.payload)
+            !self.seen.contains(&rec.payload)
         } else {
             match self.last {
                 Some((run, seq)) if run == rec.run => rec.seq > seq,
@@ -189,10 +199,32 @@ impl<M> Intake<M> {
         Taken::Queued
     }
 
+    /// Takes again a stored record that was handed out and did not open then (under a key
+    /// this side was given only since: [`super::keys::Opener::take_unopened`]); its message
+    /// was taken (and is acknowledged) already.
+    pub fn retake(&mut self, now: Instant, rec: FrameRecord, stored: Option<u64>) {
+        if self.seen.contains(&rec.payload) {
+            self.copies += 1;
+            return;
+        }
+        match self.reorder.as_mut() {
+            Some(r) => self.ready.extend(r.push((rec, stored), now)),
+            None => self.ready.push_back((rec, stored)),
+        }
+    }
+
     /// The next record to open, with its stream sequence.
     pub fn poll_record(&mut self) -> Option<Stored> {
         while let Some((rec, stored)) = self.ready.pop_front() {
-            if self.reorder.is_some()
+            // Behind a place a genuine record took already (a copy, or one stored after its
+            // gap was given up): the order is past it. One that took a place no genuine record
+            // did is opened, so that a forged one gives its place back ([`Intake::give_back`]).
+            let behind = self
+                .reorder
+                .as_ref()
+                .and_then(|r| r.confirmed(rec.run))
+                .is_some_and(|c| rec.wseq <= c);
+            if behind
                 && rec.seq != END_SEQ
                 && self.last.is_some_and(|(r, s)| r == rec.run && rec.seq <= s)
             {
@@ -202,6 +234,31 @@ impl<M> Intake<M> {
             return Some((rec, stored));
         }
         None
+    }
+
+    /// Stored record `rec` opened (it is genuine, at its subject sequence): its copies are
+    /// dropped from now on, and the order is past it for good.
+    pub fn authentic(&mut self, rec: &FrameRecord) {
+        self.seen.insert(&rec.payload);
+        if let Some(r) = self.reorder.as_mut() {
+            r.genuine(rec.run, rec.wseq);
+        }
+    }
+
+    /// Stored record `rec`, the last [`Intake::poll_record`] gave, holds no place in the
+    /// order: it did not open bound to its record's subject sequence (an altered copy of a
+    /// frame the server did not store, garbage with a genuine header), or it is a copy of a
+    /// frame opened already. Where it took the place of one still to come, the order waits
+    /// for that one again (see [`Reorder::unrelease`]).
+    pub fn give_back(&mut self, rec: &FrameRecord, now: Instant) {
+        let Some(r) = self.reorder.as_mut() else {
+            return;
+        };
+        let (after, rest): (VecDeque<Stored>, VecDeque<Stored>) = std::mem::take(&mut self.ready)
+            .into_iter()
+            .partition(|(x, _)| x.run == rec.run && x.wseq >= rec.wseq);
+        let again = r.unrelease(rec.run, rec.wseq, after.into(), now);
+        self.ready = again.into_iter().chain(rest).collect();
     }
 
     /// Reports an opened frame of `run` numbered `seq`.
@@ -295,6 +352,8 @@ mod tests {
     fn seqs(i: &mut Intake<u64>) -> Vec<u64> {
         let mut v = Vec::new();
         while let Some((r, _)) = i.poll_record() {
+            // As the driver does once the frame opened.
+            i.authentic(&r);
             i.opened(r.run, r.seq);
             v.push(r.seq);
         }
@@ -368,6 +427,32 @@ mod tests {
         );
         assert_eq!(i.opened(9, END_SEQ), Opened::End { first: true });
         assert_eq!(i.opened(9, END_SEQ), Opened::End { first: false });
+    }
+
+    #[test]
+    fn an_altered_copy_that_does_not_open_does_not_make_the_genuine_frame_a_copy() {
+        let t = Instant::now();
+        let mut i: Intake<u64> = Intake::new(1, false, Duration::from_secs(10));
+        // Someone saw a publish JetStream did not store and stored it first, its frame number
+        // changed (it will not open): the driver does not call it authentic.
+        let mut altered = rec(1, 7, 5, 0, 4).to_vec();
+        altered[20..28].copy_from_slice(&9u64.to_be_bytes());
+        let altered = Bytes::from(altered);
+        assert_eq!(
+            i.handle_message(t, &altered, Some((Some(1), 1))),
+            Taken::Queued
+        );
+        assert!(i.poll_record().is_some());
+        // The genuine publish, stored again: taken.
+        assert_eq!(
+            i.handle_message(t, &rec(1, 7, 5, 0, 4), Some((Some(2), 2))),
+            Taken::Queued
+        );
+        assert_eq!(seqs(&mut i), vec![5]);
+        assert_eq!(
+            i.handle_message(t, &rec(1, 7, 5, 0, 4), Some((Some(3), 3))),
+            Taken::Copy
+        );
     }
 
     #[test]

@@ -36,7 +36,9 @@ use std::time::{Duration, Instant};
 pub const MAGIC: [u8; 2] = *b"NJ";
 /// Format version.
 /// Version 2: the WELCOME names the run's start (frames are sealed under run keys).
-pub const VERSION: u8 = 2;
+/// Version 3: every sealed frame starts with its record's subject sequence
+/// ([`super::record`]); a side of version 2 would take those 8 bytes as the frame's.
+pub const VERSION: u8 = 3;
 /// Bytes of the group key.
 pub const GROUP_KEY_LEN: usize = 32;
 /// Slot value meaning "no slot" (modes other than split).

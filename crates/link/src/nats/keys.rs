@@ -18,7 +18,10 @@
 //!   again (the device may have rotated it: [`Verdict::AskKey`]) and is tried once more
 //!   ([`Opener::retry`]), so no stored frame is lost to a rotation; when asking brought no new
 //!   key (garbage: anyone may publish on the server), frames that do not open are dropped
-//!   without asking for [`FRUITLESS_PAUSE`]. On a device side, a genuine frame of an earlier
+//!   without asking for [`FRUITLESS_PAUSE`], but the stored ones are kept aside (at most
+//!   [`UNOPENED_BYTES`]) and taken again once a new key comes ([`Opener::take_unopened`]): a
+//!   frame under a rotated key that arrives before the rotation's notice, just after someone
+//!   published garbage, is not lost (found by `testkit/tests/nats_keys.rs`). On a device side, a genuine frame of an earlier
 //!   run (an app side that did not hear of the restart) asks the caller to tell the app sides
 //!   to join again ([`Verdict::Refused`]'s `tell`), at most every [`RUN_NOTICE_SPACING`].
 //!
@@ -26,6 +29,7 @@
 //! key, and hands keys in with [`Opener::handle_keys`]. The real halves are the `encrypt`
 //! pair's inverse ([`RunHalf`] is how the opener makes and uses them).
 
+use super::record::FrameRecord;
 use super::runs::{run_key, Admit, Refusal, Run, RunGuard};
 use ndd_core::{Frame, Meta, ModuleError, Output, RateLimit};
 use std::time::{Duration, Instant};
@@ -45,6 +49,10 @@ pub const RUN_NOTICE_SPACING: Duration = Duration::from_secs(1);
 /// Runs an opener keeps halves for (the current one and frames stored before it).
 pub const RUNS_KEPT: usize = 3;
 
+/// Bytes of stored records an app side's opener keeps aside while it does not ask for the key
+/// ([`FRUITLESS_PAUSE`]), to take them again once a new key comes.
+pub const UNOPENED_BYTES: usize = 4 << 20;
+
 /// The group key as it stands, and what its last rotation left behind.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct GroupKey {
@@ -53,8 +61,9 @@ pub struct GroupKey {
     /// The device's JetStream stream sequence when a rotation drew this key (0: none did;
     /// [`SINCE_PENDING`] while the rotation reads it).
     pub since: u64,
-    /// Device side: the key before that rotation. App → device frames stored up to `since`
-    /// were sealed under it and still open; one under it stored later is refused.
+    /// The key before that rotation: frames under it stored up to `since` still open; one
+    /// under it stored later is refused. A device side keeps it from its own rotation; an
+    /// app side's opener takes the key it held when a join brings a new one.
     pub previous: Option<[u8; 32]>,
     /// The device run frames are sealed under: the device's own; on an app side the newest
     /// its joins named.
@@ -123,9 +132,17 @@ pub fn rotation(
 pub trait RunHalf: Sized {
     /// The half under `key` (a run key).
     fn under(key: [u8; 32]) -> Self;
-    /// Opens `frame` into `out`: whether it authenticated (a replay that authenticates is
-    /// dropped by the half's window, and still counts as opened).
-    fn open(&mut self, now: Instant, frame: Frame, out: &mut Output) -> Result<bool, ModuleError>;
+    /// Opens `frame`, sealed bound to its record's subject sequence `wseq` (the `encrypt`
+    /// pair's `open_bound`), into `out`: whether it authenticated (a replay that
+    /// authenticates is dropped by the half's window, and still counts as opened; one bound
+    /// to another sequence does not authenticate and spends nothing of the window).
+    fn open(
+        &mut self,
+        now: Instant,
+        frame: Frame,
+        wseq: u64,
+        out: &mut Output,
+    ) -> Result<bool, ModuleError>;
 }
 
 /// What became of a frame handed to [`Opener::handle_frame`] or [`Opener::retry`].
@@ -151,8 +168,32 @@ pub enum Verdict {
     /// It opened under no key this side has: ask the device for the key, hand what comes to
     /// [`Opener::handle_keys`], then call [`Opener::retry`].
     AskKey,
-    /// Dropped and counted: it opens under no key this side has.
+    /// Genuine but dropped and counted: under the key before a rotation, stored after it.
     Dropped,
+    /// Dropped and counted: it opens under no key this side has (garbage, a copy whose
+    /// record someone who may publish changed — its subject sequence, its number — or a frame
+    /// under a key this side was not given).
+    Forged,
+    /// Dropped: a copy of a frame opened already (the half's replay window caught it).
+    Replayed,
+}
+
+impl Verdict {
+    /// Whether the record holds no place in its subject's order (the receiver gives the place
+    /// back: `Intake::give_back`): it opened under no key (nor bound to its record's subject
+    /// sequence), it is a copy of a frame opened already, or it named the current run with
+    /// another start.
+    pub fn holds_no_place(self) -> bool {
+        matches!(
+            self,
+            Verdict::Forged
+                | Verdict::Replayed
+                | Verdict::Refused {
+                    why: Refusal::OtherStart,
+                    ..
+                }
+        )
+    }
 }
 
 /// A frame that opened under the key before the rotation, waiting for where the rotation
@@ -168,6 +209,7 @@ struct Parked {
     meta: Meta,
     run: Run,
     payload: bytes::Bytes,
+    wseq: u64,
     /// Whether the keys changed since it was parked.
     changed: bool,
 }
@@ -185,6 +227,12 @@ pub struct Opener<H> {
     previous: Vec<(Run, H)>,
     held: Option<Held>,
     parked: Option<Parked>,
+    /// Stored records dropped without asking (the pause), with where they were stored, and
+    /// their bytes; taken again after a new key.
+    unopened: std::collections::VecDeque<(FrameRecord, Option<u64>)>,
+    unopened_bytes: usize,
+    /// Whether the key changed since they were set aside.
+    unopened_due: bool,
     /// When asking last brought no new key.
     fruitless: Option<Instant>,
     /// When app sides were last told to join again.
@@ -196,6 +244,8 @@ pub struct Opener<H> {
     /// Frames under the key before a rotation stored after it (the revoked side's, or a
     /// trusted one's that it publishes again).
     pub after_rotation: u64,
+    /// Records that proved forged ([`Verdict::Forged`]).
+    pub forged: u64,
 }
 
 impl<H> std::fmt::Debug for Opener<H> {
@@ -231,12 +281,16 @@ impl<H: RunHalf> Opener<H> {
             previous: Vec::new(),
             held: None,
             parked: None,
+            unopened: std::collections::VecDeque::new(),
+            unopened_bytes: 0,
+            unopened_due: false,
             fruitless: None,
             told: None,
             noisy: RateLimit::default(),
             replays: RateLimit::default(),
             dropped: 0,
             after_rotation: 0,
+            forged: 0,
         }
     }
 
@@ -253,7 +307,18 @@ impl<H: RunHalf> Opener<H> {
     /// Takes `k` as the keys as they stand (a rotation, a join's answer, where a rotation
     /// began); whether the halves changed (only `since` coming in, or a run learnt, keeps
     /// them).
-    pub fn handle_keys(&mut self, k: GroupKey) -> bool {
+    pub fn handle_keys(&mut self, mut k: GroupKey) -> bool {
+        if self.app && k.previous.is_none() {
+            // A join's answer names no previous key: the one this side held is it (and stays
+            // it when a later join brings the same key again). Device frames under it stored
+            // up to the rotation still open (this side may not have read them yet); later ones
+            // are dropped (the revoked side holds that key too).
+            k.previous = if k.key != self.keys.key {
+                Some(self.keys.key)
+            } else {
+                self.keys.previous
+            };
+        }
         let same = k.key == self.keys.key && k.previous == self.keys.previous;
         self.keys = k;
         self.guard.learn(k.run);
@@ -265,20 +330,38 @@ impl<H: RunHalf> Opener<H> {
         if let Some(p) = &mut self.parked {
             p.changed = true;
         }
+        self.unopened_due = !self.unopened.is_empty();
         true
     }
 
-    /// Opens a frame of `run` (`stored`: its JetStream stream sequence, if it was stored)
-    /// into `out`, or says what the caller must do first.
+    /// After a new key ([`Opener::handle_keys`]): the stored records dropped without asking
+    /// meanwhile, to be taken again (`Intake::retake`) and opened under it. Empty until then.
+    pub fn take_unopened(&mut self) -> Vec<(FrameRecord, Option<u64>)> {
+        if !self.unopened_due {
+            return Vec::new();
+        }
+        self.unopened_due = false;
+        self.unopened_bytes = 0;
+        self.unopened.drain(..).collect()
+    }
+
+    /// Opens record `rec` (`stored`: its JetStream stream sequence, if it was stored) into
+    /// `out`, or says what the caller must do first. The frame is sealed bound to the
+    /// record's subject sequence.
     pub fn handle_frame(
         &mut self,
         now: Instant,
-        meta: Meta,
-        run: Run,
-        payload: bytes::Bytes,
+        rec: &FrameRecord,
         stored: Option<u64>,
         out: &mut Output,
     ) -> Result<Verdict, ModuleError> {
+        let meta = Meta {
+            stream: rec.stream,
+            seq: rec.seq,
+            timestamp_ns: rec.timestamp_ns,
+            flags: rec.flags,
+        };
+        let (run, payload, wseq) = (rec.device_run(), rec.payload.clone(), rec.wseq);
         if let Admit::Refused(why) = self.guard.check(run, stored) {
             self.dropped += 1;
             let tell = !self.app
@@ -290,7 +373,12 @@ impl<H: RunHalf> Opener<H> {
                     // Only a genuine frame of an earlier run (it opens under that run's key)
                     // tells the app sides to join again: anyone may publish a header.
                     let mut probe = H::under(run_key(&self.keys.key, run));
-                    probe.open(now, Frame::from_bytes(meta, payload), &mut Output::new())?
+                    probe.open(
+                        now,
+                        Frame::from_bytes(meta, payload),
+                        wseq,
+                        &mut Output::new(),
+                    )?
                 };
             if tell {
                 self.told = Some(now);
@@ -308,25 +396,41 @@ impl<H: RunHalf> Opener<H> {
             }
             return Ok(Verdict::Refused { why, tell });
         }
-        if let Some(v) = self.try_open(now, meta, run, payload.clone(), out)? {
+        if let Some(v) = self.try_open(now, meta, run, payload.clone(), wseq, out)? {
             return Ok(v);
         }
         if let Some(pk) = self.keys.previous {
             let current = self.guard.current();
             let mut old = Output::new();
             let frame = Frame::from_bytes(meta, payload.clone());
-            if open_in(&mut self.previous, pk, run, current, now, frame, &mut old)? {
+            if open_in(
+                &mut self.previous,
+                pk,
+                run,
+                current,
+                now,
+                frame,
+                wseq,
+                &mut old,
+            )? {
+                let frames = old.take_frames();
+                if frames.is_empty() {
+                    return Ok(Verdict::Replayed);
+                }
                 let held = Held {
                     stored,
                     seq: meta.seq,
-                    frames: old.take_frames(),
+                    frames,
                 };
                 if self.keys.since == SINCE_PENDING {
                     self.held = Some(held);
                     return Ok(Verdict::Held);
                 }
-                self.decide(held, out);
-                return Ok(Verdict::Opened { newer_run: false });
+                return Ok(if self.decide(held, out) {
+                    Verdict::Opened { newer_run: false }
+                } else {
+                    Verdict::Dropped
+                });
             }
         }
         let paused = self
@@ -337,30 +441,42 @@ impl<H: RunHalf> Opener<H> {
                 meta,
                 run,
                 payload,
+                wseq,
                 changed: false,
             });
             return Ok(Verdict::AskKey);
         }
+        if self.app && stored.is_some() {
+            // Not asking now: kept aside in case a new key comes soon.
+            self.unopened_bytes += rec.payload.len();
+            self.unopened.push_back((rec.clone(), stored));
+            while self.unopened_bytes > UNOPENED_BYTES {
+                match self.unopened.pop_front() {
+                    Some((r, _)) => self.unopened_bytes -= r.payload.len(),
+                    None => break,
+                }
+            }
+        }
         self.unopened(now, &meta);
-        Ok(Verdict::Dropped)
+        Ok(Verdict::Forged)
     }
 
     /// After [`Verdict::AskKey`] (and whatever keys the ask brought, handed to
     /// [`Opener::handle_keys`]): the parked frame tried once more.
     pub fn retry(&mut self, now: Instant, out: &mut Output) -> Result<Verdict, ModuleError> {
         let Some(p) = self.parked.take() else {
-            return Ok(Verdict::Dropped);
+            return Ok(Verdict::Forged);
         };
         if !p.changed {
             self.fruitless = Some(now);
             self.unopened(now, &p.meta);
-            return Ok(Verdict::Dropped);
+            return Ok(Verdict::Forged);
         }
-        if let Some(v) = self.try_open(now, p.meta, p.run, p.payload, out)? {
+        if let Some(v) = self.try_open(now, p.meta, p.run, p.payload, p.wseq, out)? {
             return Ok(v);
         }
         self.unopened(now, &p.meta);
-        Ok(Verdict::Dropped)
+        Ok(Verdict::Forged)
     }
 
     /// After [`Verdict::Held`]: once the keys say where the rotation began, the held frame's
@@ -377,11 +493,13 @@ impl<H: RunHalf> Opener<H> {
     }
 
     /// A frame under the key before the rotation: taken if stored at or before it began.
-    fn decide(&mut self, h: Held, out: &mut Output) {
+    /// Whether it was.
+    fn decide(&mut self, h: Held, out: &mut Output) -> bool {
         if h.stored.is_some_and(|s| s <= self.keys.since) {
             for f in h.frames {
                 out.push(f);
             }
+            true
         } else {
             self.after_rotation += 1;
             self.dropped += 1;
@@ -391,6 +509,7 @@ impl<H: RunHalf> Opener<H> {
                 since = self.keys.since,
                 "a frame under the group key before the rotation, stored after it: dropped"
             );
+            false
         }
     }
 
@@ -401,12 +520,22 @@ impl<H: RunHalf> Opener<H> {
         meta: Meta,
         run: Run,
         payload: bytes::Bytes,
+        wseq: u64,
         out: &mut Output,
     ) -> Result<Option<Verdict>, ModuleError> {
         let current = self.guard.current();
         let frame = Frame::from_bytes(meta, payload);
-        if !open_in(&mut self.open, self.keys.key, run, current, now, frame, out)? {
+        let (halves, key) = (&mut self.open, self.keys.key);
+        let mut got = Output::new();
+        if !open_in(halves, key, run, current, now, frame, wseq, &mut got)? {
             return Ok(None);
+        }
+        let frames = got.take_frames();
+        if frames.is_empty() {
+            return Ok(Some(Verdict::Replayed));
+        }
+        for f in frames {
+            out.push(f);
         }
         let newer_run = self.guard.opened(run);
         Ok(Some(Verdict::Opened { newer_run }))
@@ -415,6 +544,7 @@ impl<H: RunHalf> Opener<H> {
     /// A frame that opened under no key: dropped, said at most once a second.
     fn unopened(&mut self, now: Instant, meta: &Meta) {
         self.dropped += 1;
+        self.forged += 1;
         if let Some(suppressed) = self.noisy.admit(now) {
             tracing::warn!(
                 suppressed,
@@ -428,7 +558,8 @@ impl<H: RunHalf> Opener<H> {
 
 /// Opens a frame of `run` with its half under `key` in `halves`, made on first use and kept
 /// only if the frame opened (forged runs make no halves); beyond [`RUNS_KEPT`] the oldest
-/// half of a run other than `current` goes. Whether it opened.
+/// half of a run other than `current` goes. Whether it opened (bound to `wseq`).
+#[allow(clippy::too_many_arguments)]
 fn open_in<H: RunHalf>(
     halves: &mut Vec<(Run, H)>,
     key: [u8; 32],
@@ -436,6 +567,7 @@ fn open_in<H: RunHalf>(
     current: Run,
     now: Instant,
     frame: Frame,
+    wseq: u64,
     out: &mut Output,
 ) -> Result<bool, ModuleError> {
     let made = !halves.iter().any(|(r, _)| *r == run);
@@ -445,7 +577,7 @@ fn open_in<H: RunHalf>(
     let Some(i) = halves.iter().position(|(r, _)| *r == run) else {
         return Ok(false);
     };
-    let opened = halves[i].1.open(now, frame, out)?;
+    let opened = halves[i].1.open(now, frame, wseq, out)?;
     if made && !opened {
         halves.remove(i);
     } else if made && halves.len() > RUNS_KEPT {
@@ -462,8 +594,8 @@ mod tests {
     use bytes::Bytes;
 
     /// A toy half: a frame "opens" when its payload starts with the first 8 bytes of the key
-    /// (the rules, not the cipher, are under test here; the testkit's `nats_keys` runs the
-    /// real `encrypt` inverse).
+    /// and the subject sequence it is bound to (the rules, not the cipher, are under test
+    /// here; the testkit's `nats_keys` runs the real `encrypt` inverse).
     struct Toy([u8; 8]);
 
     impl RunHalf for Toy {
@@ -474,9 +606,13 @@ mod tests {
             &mut self,
             _: Instant,
             frame: Frame,
+            wseq: u64,
             out: &mut Output,
         ) -> Result<bool, ModuleError> {
-            if frame.payload().starts_with(&self.0) {
+            let mut frame = frame;
+            let p = frame.payload();
+            if p.starts_with(&self.0) && p.get(8..16) == Some(&wseq.to_be_bytes()[..]) {
+                frame.pop_header(16);
                 out.push(frame);
                 return Ok(true);
             }
@@ -495,18 +631,24 @@ mod tests {
         }
     }
 
-    fn meta(seq: u64) -> Meta {
-        Meta {
+    /// The record of frame `seq` of `run`, at subject sequence `wseq`, sealing `payload`.
+    fn record(seq: u64, run: Run, wseq: u64, payload: Bytes) -> FrameRecord {
+        FrameRecord {
             stream: 3,
+            flags: 0,
+            run: run.id,
+            began: run.began,
             seq,
             timestamp_ns: 0,
-            flags: 0,
+            wseq,
+            payload,
         }
     }
 
-    /// A payload that opens under group key `k` in `run`.
-    fn sealed(k: u8, run: Run) -> Bytes {
+    /// A payload that opens under group key `k` in `run`, sealed at subject sequence `wseq`.
+    fn sealed(k: u8, run: Run, wseq: u64) -> Bytes {
         let mut p = run_key(&[k; 32], run)[..8].to_vec();
+        p.extend_from_slice(&wseq.to_be_bytes());
         p.extend_from_slice(b"data");
         Bytes::from(p)
     }
@@ -520,10 +662,31 @@ mod tests {
         stored: Option<u64>,
     ) -> (Verdict, usize) {
         let mut out = Output::new();
-        let v = o
-            .handle_frame(now, meta(seq), run, sealed(k, run), stored, &mut out)
-            .unwrap();
-        (v, out.take_frames().len())
+        let rec = record(seq, run, seq, sealed(k, run, seq));
+        let v = o.handle_frame(now, &rec, stored, &mut out).unwrap();
+        let frames = out.take_frames();
+        assert!(frames.iter().all(|f| f.payload() == b"data"));
+        (v, frames.len())
+    }
+
+    #[test]
+    fn a_frame_whose_record_names_another_subject_sequence_is_forged() {
+        let now = Instant::now();
+        let mut o = Opener::<Toy>::app(keys(1, RUN));
+        let mut out = Output::new();
+        let moved = record(4, RUN, 2, sealed(1, RUN, 4));
+        // It opens under no key: an app side asks whether the key rotated; it did not.
+        let v = o.handle_frame(now, &moved, Some(9), &mut out).unwrap();
+        assert_eq!(v, Verdict::AskKey);
+        let v = o.retry(now, &mut out).unwrap();
+        assert_eq!(v, Verdict::Forged);
+        assert!(v.holds_no_place());
+        assert!(out.take_frames().is_empty());
+        assert_eq!((o.forged, o.dropped), (1, 1));
+        assert_eq!(
+            feed(&mut o, now, 4, 1, RUN, Some(10)),
+            (Verdict::Opened { newer_run: false }, 1)
+        );
     }
 
     #[test]
@@ -564,10 +727,10 @@ mod tests {
         let mut o = Opener::<Toy>::app(keys(1, RUN));
         assert_eq!(feed(&mut o, t0, 0, 9, RUN, None).0, Verdict::AskKey);
         // Asking brought nothing new: dropped, and the next ones are dropped without asking.
-        assert_eq!(o.retry(t0, &mut Output::new()).unwrap(), Verdict::Dropped);
+        assert_eq!(o.retry(t0, &mut Output::new()).unwrap(), Verdict::Forged);
         assert_eq!(
             feed(&mut o, t0 + Duration::from_secs(1), 1, 9, RUN, None).0,
-            Verdict::Dropped
+            Verdict::Forged
         );
         assert_eq!(o.dropped, 2);
         assert_eq!(
@@ -588,8 +751,32 @@ mod tests {
             Verdict::Opened { newer_run: false }
         );
         assert_eq!(out.take_frames().len(), 1);
-        // Only the new key opens now on an app side (it keeps no previous key).
-        assert_eq!(feed(&mut o, now, 1, 1, RUN, Some(8)).0, Verdict::AskKey);
+        // The key it held is the previous one now: stored after the rotation (its `since`
+        // is 0 here), a frame under it is dropped (the revoked side holds it too).
+        assert_eq!(feed(&mut o, now, 1, 1, RUN, Some(8)), (Verdict::Dropped, 0));
+        assert_eq!(o.after_rotation, 1);
+    }
+
+    #[test]
+    fn an_app_side_still_opens_device_frames_under_its_old_key_stored_before_the_rotation() {
+        let now = Instant::now();
+        let mut o = Opener::<Toy>::app(keys(1, RUN));
+        let rotated = GroupKey {
+            since: 20,
+            ..keys(2, RUN)
+        };
+        assert!(o.handle_keys(rotated));
+        assert_eq!(o.keys().previous, Some([1; 32]));
+        // A second join brings the same key: the previous one stays.
+        assert!(!o.handle_keys(rotated));
+        assert_eq!(o.keys().previous, Some([1; 32]));
+        assert_eq!(
+            feed(&mut o, now, 0, 1, RUN, Some(19)).1,
+            1,
+            "stored before: taken"
+        );
+        assert_eq!(feed(&mut o, now, 1, 1, RUN, Some(21)).0, Verdict::Dropped);
+        assert_eq!(feed(&mut o, now, 2, 2, RUN, Some(22)).1, 1);
     }
 
     #[test]
@@ -622,11 +809,11 @@ mod tests {
         assert_eq!(feed(&mut o, now, 2, 1, RUN, Some(10)).1, 1);
         assert_eq!(
             feed(&mut o, now, 3, 1, RUN, Some(11)),
-            (Verdict::Opened { newer_run: false }, 0)
+            (Verdict::Dropped, 0)
         );
         assert_eq!((o.after_rotation, o.dropped), (1, 1));
         // A device side never asks: garbage is dropped.
-        assert_eq!(feed(&mut o, now, 4, 7, RUN, Some(12)).0, Verdict::Dropped);
+        assert_eq!(feed(&mut o, now, 4, 7, RUN, Some(12)).0, Verdict::Forged);
     }
 
     #[test]
@@ -636,16 +823,8 @@ mod tests {
         let mut o = Opener::<Toy>::device(keys(1, RUN));
         let mut out = Output::new();
         // A forged header naming the earlier run: refused, nobody told.
-        let v = o
-            .handle_frame(
-                t0,
-                meta(0),
-                old,
-                Bytes::from_static(b"garbage!"),
-                Some(8),
-                &mut out,
-            )
-            .unwrap();
+        let garbage = record(0, old, 0, Bytes::from_static(b"garbage!"));
+        let v = o.handle_frame(t0, &garbage, Some(8), &mut out).unwrap();
         assert_eq!(
             v,
             Verdict::Refused {

@@ -204,6 +204,12 @@ impl<K> Outbox<K> {
         self.kept = None;
     }
 
+    /// The subject sequence the next record on `subject` carries: a frame is sealed with it in
+    /// front ([`super::record`]), then published on that subject.
+    pub fn next_wseq(&self, subject: &str) -> u64 {
+        self.wseq.get(subject).copied().unwrap_or(0)
+    }
+
     /// The record of sealed `frame`, next on `subject`.
     pub fn record(&mut self, subject: &str, frame: Frame) -> Bytes {
         // No allocation per frame: the subject's key is made once.

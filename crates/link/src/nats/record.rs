@@ -10,9 +10,19 @@
 //! 28   8   timestamp, ns since the Unix epoch (source clock)
 //! 36   8   subject sequence: 0, 1, 2 … per run on each subject (a receiver of stored frames
 //!          puts them back in this order: [`Reorder`])
-//! 44   …   payload (the frame after its stack, encrypted under the run's key: the group key
-//!          and the two run fields, [`super::runs::run_key`])
+//! 44   …   payload: the sealed frame (the `encrypt` pair's format under the run's key: the
+//!          group key and the two run fields, [`super::runs::run_key`]) of the subject
+//!          sequence again (8 bytes) followed by the frame after its stack
 //! ```
+//!
+//! The subject sequence travels twice: in the clear, so a receiver can order records before
+//! opening them, and sealed, so the order a receiver keeps is the sender's. Someone who may
+//! publish can store an altered copy of a frame that the server did not store (its publish
+//! failed and goes again), at the place in the order where the genuine one is awaited; once it
+//! opens as something else, or not at all, the receiver takes it back out of the order
+//! ([`Reorder::unrelease`]) and waits for the genuine one (found by
+//! `testkit/tests/nats_keys.rs`: the genuine frame, stored after the altered copy and the
+//! frames after it, was dropped as a copy).
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -135,6 +145,11 @@ struct RunOrder {
     held: std::collections::BTreeMap<u64, Vec<Stored>>,
     /// Since when a gap is open.
     since: Option<std::time::Instant>,
+    /// Whether a record of this run opened (anyone may publish a header naming any run: an
+    /// order no genuine record came in for goes first when there are too many).
+    genuine: bool,
+    /// The highest subject sequence a record of which opened.
+    confirmed: Option<u64>,
 }
 
 /// A record and where JetStream stored it.
@@ -173,8 +188,10 @@ impl Reorder {
         let Some(i) = self.runs.iter().position(|r| r.run == run) else {
             let mut out = Vec::new();
             if self.runs.len() >= RUNS {
-                // The one seen longest ago goes; what it held comes out as it is.
-                let old = self.runs.remove(0);
+                // One no genuine record came in for goes first, else the one seen longest ago;
+                // what it held comes out as it is.
+                let i = self.runs.iter().position(|r| !r.genuine).unwrap_or(0);
+                let old = self.runs.remove(i);
                 out.extend(old.held.into_values().flatten());
             }
             let whole = self
@@ -188,6 +205,8 @@ impl Reorder {
                     next: 0,
                     held,
                     since: Some(now),
+                    genuine: false,
+                    confirmed: None,
                 });
                 return out;
             }
@@ -196,6 +215,8 @@ impl Reorder {
                 next: wseq + 1,
                 held: Default::default(),
                 since: None,
+                genuine: false,
+                confirmed: None,
             });
             out.push(item);
             return out;
@@ -215,6 +236,57 @@ impl Reorder {
         }
         order.next = n + 1;
         let mut out = vec![item];
+        Self::drain(order, &mut out, now);
+        out
+    }
+
+    /// The record of `run` at subject sequence `wseq` opened: its run is a genuine one, and
+    /// the order is past `wseq` for good.
+    pub fn genuine(&mut self, run: u64, wseq: u64) {
+        if let Some(o) = self.runs.iter_mut().find(|r| r.run == run) {
+            o.genuine = true;
+            o.confirmed = Some(o.confirmed.map_or(wseq, |c| c.max(wseq)));
+        }
+    }
+
+    /// The highest subject sequence of `run` a record of which opened.
+    pub fn confirmed(&self, run: u64) -> Option<u64> {
+        self.runs
+            .iter()
+            .find(|r| r.run == run)
+            .and_then(|r| r.confirmed)
+    }
+
+    /// The record of `run` at subject sequence `wseq`, released and handed on, proved forged
+    /// (it did not open, or opened as another subject sequence). Unless a record at or after
+    /// `wseq` opened already (then it held no place), it took the place of one still to
+    /// come: the order waits for `wseq` again and `after` (the records of `run` at or after
+    /// `wseq` released with or after it, not yet opened) wait behind it. Gives what is in
+    /// order again at once (another record for `wseq` among `after`).
+    pub fn unrelease(
+        &mut self,
+        run: u64,
+        wseq: u64,
+        after: Vec<Stored>,
+        now: std::time::Instant,
+    ) -> Vec<Stored> {
+        let Some(order) = self.runs.iter_mut().find(|r| r.run == run) else {
+            return after;
+        };
+        if order.confirmed.is_some_and(|c| c >= wseq) {
+            return after;
+        }
+        // Nothing between the last genuine record and this one opened: what follows the last
+        // genuine one is awaited (a forged record far ahead, released when its gap was given
+        // up, must not leave the order there).
+        order.next = order.next.min(wseq);
+        if let Some(c) = order.confirmed {
+            order.next = order.next.min(c + 1);
+        }
+        for item in after {
+            order.held.entry(item.0.wseq).or_default().push(item);
+        }
+        let mut out = Vec::new();
         Self::drain(order, &mut out, now);
         out
     }

@@ -60,20 +60,26 @@ impl EncryptForward {
     }
 }
 
-impl Half for EncryptForward {
-    fn handle_frame(
+impl EncryptForward {
+    /// Seals `frame` bound to `bound` ([`super::aad_bound`]): it opens only through
+    /// [`super::EncryptInverse::open_bound`] with the same `bound`.
+    pub fn seal_bound(
         &mut self,
-        _now: Instant,
-        mut frame: Frame,
+        frame: Frame,
+        bound: u64,
         out: &mut Output,
     ) -> Result<(), ModuleError> {
+        let aad = super::aad_bound(&frame.meta, bound);
+        self.seal(frame, &aad, out)
+    }
+
+    fn seal(&mut self, mut frame: Frame, aad: &[u8], out: &mut Output) -> Result<(), ModuleError> {
         let counter = self.counter;
         // Never reached (2^64 frames), but a nonce must never repeat.
         self.counter = counter.checked_add(1).ok_or(SetupError::Failed {
             pair: PAIR,
             what: "nonce counter exhausted; restart the stream",
         })?;
-        let aad = aad(&frame.meta);
         // Header space first, so that a frame without headroom is copied at most once; then
         // seal the body in place behind it.
         frame.push_header_with(HEADER_LEN, |h| h.fill(0));
@@ -102,6 +108,18 @@ impl Half for EncryptForward {
         self.frames += 1;
         out.push(frame);
         Ok(())
+    }
+}
+
+impl Half for EncryptForward {
+    fn handle_frame(
+        &mut self,
+        _now: Instant,
+        frame: Frame,
+        out: &mut Output,
+    ) -> Result<(), ModuleError> {
+        let aad = aad(&frame.meta);
+        self.seal(frame, &aad, out)
     }
 
     fn stats(&self) -> HalfStats {

@@ -59,11 +59,29 @@ impl fmt::Debug for EncryptInverse {
     }
 }
 
-/// Decrypts the frame's payload in place; false when it does not authenticate.
-fn open(key: &LessSafeKey, hdr: &Header, meta: &Meta, frame: &mut Frame) -> bool {
+/// Decrypts the frame's payload in place; false when it does not authenticate. `bound`: the
+/// context it was sealed bound to ([`super::aad_bound`]), if any.
+fn open(
+    key: &LessSafeKey,
+    hdr: &Header,
+    meta: &Meta,
+    bound: Option<u64>,
+    frame: &mut Frame,
+) -> bool {
+    let mut buf = [0u8; 26];
+    let aad: &[u8] = match bound {
+        Some(b) => {
+            buf = super::aad_bound(meta, b);
+            &buf
+        }
+        None => {
+            buf[..18].copy_from_slice(&aad(meta));
+            &buf[..18]
+        }
+    };
     key.open_in_place_separate_tag(
         nonce(hdr.counter),
-        Aad::from(aad(meta)),
+        Aad::from(aad),
         Tag::from(hdr.tag),
         frame.payload_mut(),
         0..,
@@ -170,11 +188,25 @@ impl EncryptInverse {
     }
 }
 
-impl Half for EncryptInverse {
-    fn handle_frame(
+impl EncryptInverse {
+    /// Opens `frame` sealed bound to `bound` ([`super::EncryptForward::seal_bound`]) into
+    /// `out`. One sealed bound to another value fails to authenticate (counted), and leaves
+    /// the replay window as it was.
+    pub fn open_bound(
+        &mut self,
+        now: Instant,
+        frame: Frame,
+        bound: u64,
+        out: &mut Output,
+    ) -> Result<(), ModuleError> {
+        self.take(now, frame, Some(bound), out)
+    }
+
+    fn take(
         &mut self,
         now: Instant,
         mut frame: Frame,
+        bound: Option<u64>,
         out: &mut Output,
     ) -> Result<(), ModuleError> {
         let meta = frame.meta;
@@ -202,7 +234,7 @@ impl Half for EncryptInverse {
                 self.replay(now, &meta, &hdr, why.as_str());
                 return Ok(());
             }
-            if !open(&st.key, &hdr, &meta, &mut frame) {
+            if !open(&st.key, &hdr, &meta, bound, &mut frame) {
                 self.fail_auth(now, &meta, &hdr);
                 return Ok(());
             }
@@ -221,7 +253,7 @@ impl Half for EncryptInverse {
             self.fail_auth(now, &meta, &hdr);
             return Ok(());
         };
-        if !open(&key, &hdr, &meta, &mut frame) {
+        if !open(&key, &hdr, &meta, bound, &mut frame) {
             self.fail_auth(now, &meta, &hdr);
             return Ok(());
         }
@@ -248,6 +280,17 @@ impl Half for EncryptInverse {
         }
         out.push(frame);
         Ok(())
+    }
+}
+
+impl Half for EncryptInverse {
+    fn handle_frame(
+        &mut self,
+        now: Instant,
+        frame: Frame,
+        out: &mut Output,
+    ) -> Result<(), ModuleError> {
+        self.take(now, frame, None, out)
     }
 
     fn stats(&self) -> HalfStats {

@@ -237,6 +237,18 @@ pub fn aad(meta: &Meta) -> [u8; 18] {
     a
 }
 
+/// The associated data of a frame bound to a context the carrier keeps outside the frame:
+/// [`aad`] followed by `bound` (u64 BE). The NATS link binds each frame to its place in its
+/// subject's order this way (`ndd_link::nats::record`): a copy whose record names another
+/// place does not authenticate, and so cannot use up its frame's counter.
+pub fn aad_bound(meta: &Meta, bound: u64) -> [u8; 26] {
+    let mut a = [0u8; 26];
+    let (head, tail) = a.split_at_mut(18);
+    head.copy_from_slice(&aad(meta));
+    tail.copy_from_slice(&bound.to_be_bytes());
+    a
+}
+
 /// The nonce of `counter`: four zero bytes, then the counter (u64 BE).
 pub fn nonce(counter: u64) -> aead::Nonce {
     let mut n = [0u8; aead::NONCE_LEN];

@@ -961,3 +961,35 @@ proptest! {
         );
     }
 }
+
+#[test]
+fn a_frame_sealed_bound_opens_only_with_the_same_bound_and_a_wrong_one_spends_nothing() {
+    let key = Key::given(KEY);
+    let mut fwd = EncryptForward::with_epoch(&key, Cipher::Aes256Gcm, EPOCH).unwrap();
+    let mut inv = EncryptInverse::new(std::sync::Arc::new(Key::given(KEY)), Cipher::Aes256Gcm, 64);
+    let meta = Meta {
+        stream: 4,
+        seq: 9,
+        timestamp_ns: 7,
+        flags: 0,
+    };
+    let mut sealed = Output::new();
+    fwd.seal_bound(Frame::new(meta, b"place 5"), 5, &mut sealed)
+        .unwrap();
+    let f = sealed.take_frames().pop().unwrap();
+    let copy = || Frame::new(f.meta, f.payload());
+    let now = Instant::now();
+    let mut out = Output::new();
+    // Bound to another place, or not bound at all: it does not authenticate.
+    inv.open_bound(now, copy(), 6, &mut out).unwrap();
+    inv.handle_frame(now, copy(), &mut out).unwrap();
+    assert!(out.take_frames().is_empty());
+    assert_eq!(inv.auth_failures(), 2);
+    // Its counter was not spent: with the right place it opens, once.
+    inv.open_bound(now, copy(), 5, &mut out).unwrap();
+    let got = out.take_frames();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].payload(), b"place 5");
+    inv.open_bound(now, copy(), 5, &mut out).unwrap();
+    assert!(out.take_frames().is_empty(), "a replay");
+}

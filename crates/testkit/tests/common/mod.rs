@@ -1,0 +1,35 @@
+//! Pieces the NATS fan-out simulations share (`tests/nats_*.rs`: `mod common;`).
+
+use ndd_core::{Frame, ModuleError, Output};
+use ndd_link::nats::keys::RunHalf;
+use ndd_modules::encrypt::key::Key;
+use ndd_modules::encrypt::{Cipher, EncryptInverse};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The `encrypt` inverse as one run's receiving half of an
+/// [`ndd_link::nats::keys::Opener`], as the binary's `RunInverse` (a window of 1024 frames,
+/// 16 live sending epochs).
+pub struct RunInverse(EncryptInverse);
+
+impl RunHalf for RunInverse {
+    fn under(key: [u8; 32]) -> RunInverse {
+        RunInverse(
+            EncryptInverse::new(Arc::new(Key::given(key)), Cipher::Aes256Gcm, 1024)
+                .without_auth_warnings()
+                .with_live_epochs(16),
+        )
+    }
+
+    fn open(
+        &mut self,
+        now: Instant,
+        frame: Frame,
+        wseq: u64,
+        out: &mut Output,
+    ) -> Result<bool, ModuleError> {
+        let failed = self.0.auth_failures();
+        self.0.open_bound(now, frame, wseq, out)?;
+        Ok(self.0.auth_failures() == failed)
+    }
+}
