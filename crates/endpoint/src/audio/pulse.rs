@@ -375,6 +375,7 @@ pub(crate) fn spawn_pulse_capture(
     let (rate, channels, max_wait_ms) = (c.rate, c.channels, c.max_wait_ms);
     Ok(rt.spawn_blocking(move || {
         let _modules = modules;
+        let _priority = raise_priority(endpoint);
         let mut em = Emitter::new(stream, tx);
         let head = Block {
             codec: Codec::Pcm,
@@ -545,6 +546,7 @@ pub(crate) fn spawn_pulse_playback(
     };
     Ok(rt.spawn_blocking(move || {
         let _modules = modules;
+        let _priority = raise_priority(endpoint);
         let mut rx = rx;
         let mut report = SinkReport::default();
         let mut bad = ndd_core::ratelimit::RateLimit::default();
@@ -698,6 +700,21 @@ pub(crate) fn spawn_pulse_playback(
         tracing::debug!(endpoint, frames = report.frames, dropped_late = late, unheard, "sink ended");
         Ok::<SinkReport, EndpointError>(report)
     }))
+}
+
+/// This sound thread at a sound server's priority while it runs, if the system allows it
+/// ([`crate::common::priority`]).
+fn raise_priority(endpoint: &str) -> Option<crate::common::priority::Raised> {
+    use crate::common::priority::{raise, SOUND_NICE};
+    let raised = raise(SOUND_NICE);
+    match &raised {
+        Some(_) => tracing::debug!(endpoint, nice = SOUND_NICE, "sound thread at a raised priority"),
+        None => tracing::debug!(
+            endpoint,
+            "sound thread at the normal priority (raising it needs root, CAP_SYS_NICE or an RLIMIT_NICE of at least 31)"
+        ),
+    }
+    raised
 }
 
 #[cfg(test)]

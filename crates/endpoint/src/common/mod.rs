@@ -22,5 +22,6 @@ pub mod demand;
 pub(crate) mod emitter;
 pub mod error;
 pub mod framing;
+pub(crate) mod priority;
 pub mod report;
 pub(crate) mod x11;
