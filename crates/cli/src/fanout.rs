@@ -33,7 +33,7 @@ use ndd_link::nats::async_nats;
 use ndd_link::nats::intake::{Intake, Opened, Taken, REORDER_WAIT};
 use ndd_link::nats::join::{Admission, Host, Joiner, Welcome};
 use ndd_link::nats::keys::{
-    rotation, GroupKey, Opener, RunHalf, Verdict, RUN_NOTICE_SPACING, SINCE_PENDING,
+    rotation, GroupKey, Opener, Outcome, RunHalf, Verdict, RUN_NOTICE_SPACING, SINCE_PENDING,
 };
 use ndd_link::nats::outbox::Outbox;
 use ndd_link::nats::record::{FrameRecord, END_SEQ, HEADER_LEN};
@@ -43,7 +43,7 @@ use ndd_link::nats::NatsConfig;
 use ndd_link::seal::LocalIdentity;
 use ndd_link::KnownPeers;
 use ndd_modules::encrypt::key::Key;
-use ndd_modules::encrypt::{Cipher, EncryptForward, EncryptInverse};
+use ndd_modules::encrypt::{Cipher, EncryptForward, EncryptInverse, Opening};
 use ndd_modules::multiplex::{route_of, Route};
 use ndd_modules::ModuleConfig;
 use ndd_wire::text::{printable, MAX_REASON};
@@ -467,10 +467,12 @@ impl RunHalf for RunInverse {
         frame: Frame,
         wseq: u64,
         out: &mut Output,
-    ) -> Result<bool, ndd_core::ModuleError> {
-        let failed = self.0.auth_failures();
-        self.0.open_bound(now, frame, wseq, out)?;
-        Ok(self.0.auth_failures() == failed)
+    ) -> Result<Outcome, ndd_core::ModuleError> {
+        Ok(match self.0.open_bound(now, frame, wseq, out)? {
+            Opening::Opened => Outcome::Opened,
+            Opening::Replayed => Outcome::Replayed,
+            Opening::Rejected => Outcome::Rejected,
+        })
     }
 }
 
@@ -2915,7 +2917,7 @@ async fn pump_sink(
             } else if !frames.is_empty() {
                 // Genuine: its copies are dropped from now on (not before: an altered copy
                 // stored first must not make this one a copy).
-                intake.authentic(&rec);
+                intake.authentic(&rec, Instant::now());
             }
         }
         if no_place {

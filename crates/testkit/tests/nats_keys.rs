@@ -402,9 +402,11 @@ fn run(seed: u64) -> Result<String, String> {
     let mut flight: Vec<(u16, Option<usize>, Publish)> = Vec::new();
     let mut step = 0u64;
     let limit = 20_000u64;
+    // Time the quiet phase jumped.
+    let mut skew = Duration::ZERO;
     loop {
         step += 1;
-        let now = t0 + Duration::from_millis(step);
+        let now = t0 + Duration::from_millis(step) + skew;
         let busy = step < 600;
         if step > limit {
             let waiting: Vec<String> = apps
@@ -593,7 +595,7 @@ fn run(seed: u64) -> Result<String, String> {
                 }
                 d.held = None;
                 for f in out.take_frames() {
-                    d.intake.authentic(&rec);
+                    d.intake.authentic(&rec, now);
                     d.intake.opened(rec.run, rec.seq);
                     device_took(&mut d, &f, stored, revoked, &published)?;
                 }
@@ -604,7 +606,7 @@ fn run(seed: u64) -> Result<String, String> {
                     .handle_frame(now, &rec, stored, &mut out)
                     .map_err(|e| format!("device opener: {e}"))?;
                 for f in out.take_frames() {
-                    d.intake.authentic(&rec);
+                    d.intake.authentic(&rec, now);
                     d.intake.opened(rec.run, rec.seq);
                     device_took(&mut d, &f, stored, revoked, &published)?;
                 }
@@ -659,7 +661,7 @@ fn run(seed: u64) -> Result<String, String> {
                         a.intake.give_back(&rec, now);
                     }
                     for f in out.take_frames() {
-                        a.intake.authentic(&rec);
+                        a.intake.authentic(&rec, now);
                         a.intake.opened(rec.run, rec.seq);
                         app_took(a, &f, &d.sealed, revoked_after)?;
                     }
@@ -670,7 +672,7 @@ fn run(seed: u64) -> Result<String, String> {
                         .handle_frame(now, &rec, stored, &mut out)
                         .map_err(|e| format!("app opener: {e}"))?;
                     for f in out.take_frames() {
-                        a.intake.authentic(&rec);
+                        a.intake.authentic(&rec, now);
                         a.intake.opened(rec.run, rec.seq);
                         app_took(a, &f, &d.sealed, revoked_after)?;
                     }
@@ -701,6 +703,8 @@ fn run(seed: u64) -> Result<String, String> {
                 .iter()
                 .all(|a| a.outbox.is_settled() && a.consumer.caught_up(&js));
         if quiet {
+            // Time jumps (for everything from now on, so that it only goes forward).
+            skew += WAIT * 2;
             let later = now + WAIT * 2;
             d.intake.handle_timeout(later);
             for a in apps.iter_mut() {

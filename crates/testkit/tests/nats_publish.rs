@@ -316,7 +316,7 @@ fn run(seed: u64) -> Result<String, String> {
             }
             let frames = out.take_frames();
             if !frames.is_empty() {
-                intake.authentic(&rec);
+                intake.authentic(&rec, at(sim.now));
             }
             for f in frames {
                 let seq = if f.meta.seq == END_SEQ && f.is_empty() {

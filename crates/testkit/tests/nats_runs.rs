@@ -236,7 +236,7 @@ impl App {
             return Ok(None);
         };
         if stored_rel {
-            self.rel.authentic(&rec);
+            self.rel.authentic(&rec, Instant::now());
         }
         // As fanout's sink: the record's number, END_SEQ for an empty END.
         let seq = if f.meta.seq == END_SEQ && f.is_empty() {

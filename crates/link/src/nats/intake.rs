@@ -105,6 +105,37 @@ impl Seen {
     }
 }
 
+/// The stored messages handed on already, by JetStream stream sequence and sealed header (the
+/// last [`SEEN`]): the broker delivers a message again while its acknowledgement waits (every
+/// 5 s while a gap holds acknowledgements back), and one handed on is not handed on twice —
+/// not even one that proved forged, so that it cannot give its place back again and again.
+/// The sealed header with it: a server that lost its last writes in a restart numbers new
+/// messages with the same sequences.
+#[derive(Debug, Default)]
+struct Handed {
+    set: HashSet<(u64, [u8; 24])>,
+    order: VecDeque<(u64, [u8; 24])>,
+}
+
+impl Handed {
+    /// Whether stored message `seq` with `sealed` is new (and remembers it).
+    fn insert(&mut self, seq: u64, sealed: &[u8]) -> bool {
+        let mut k = [0u8; 24];
+        let n = sealed.len().min(24);
+        k[..n].copy_from_slice(&sealed[..n]);
+        if !self.set.insert((seq, k)) {
+            return false;
+        }
+        self.order.push_back((seq, k));
+        if self.order.len() > SEEN {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+        true
+    }
+}
+
 /// One sink stream's intake; `M` is the broker's handle of a stored message (to acknowledge
 /// it).
 #[derive(Debug)]
@@ -112,6 +143,7 @@ pub struct Intake<M> {
     stream: u16,
     reorder: Option<Reorder>,
     seen: Seen,
+    handed: Handed,
     /// The (run, seq) taken last.
     last: Option<(u64, u64)>,
     /// The run whose END was taken last.
@@ -136,6 +168,7 @@ impl<M> Intake<M> {
             stream,
             reorder: ordered.then(|| Reorder::new(wait, 65_536)),
             seen: Seen::default(),
+            handed: Handed::default(),
             last: None,
             ended: None,
             ready: VecDeque::new(),
@@ -182,6 +215,7 @@ impl<M> Intake<M> {
         }
         let fresh = if is_stored {
             !self.seen.contains(&rec.payload)
+                && stream_seq.map_or(true, |s| self.handed.insert(s, &rec.payload))
         } else {
             match self.last {
                 Some((run, seq)) if run == rec.run => rec.seq > seq,
@@ -238,10 +272,11 @@ impl<M> Intake<M> {
 
     /// Stored record `rec` opened (it is genuine, at its subject sequence): its copies are
     /// dropped from now on, and the order is past it for good.
-    pub fn authentic(&mut self, rec: &FrameRecord) {
+    pub fn authentic(&mut self, rec: &FrameRecord, now: Instant) {
         self.seen.insert(&rec.payload);
         if let Some(r) = self.reorder.as_mut() {
-            r.genuine(rec.run, rec.wseq);
+            let behind = r.genuine(rec.run, rec.wseq, now);
+            self.ready.extend(behind);
         }
     }
 
@@ -353,7 +388,7 @@ mod tests {
         let mut v = Vec::new();
         while let Some((r, _)) = i.poll_record() {
             // As the driver does once the frame opened.
-            i.authentic(&r);
+            i.authentic(&r, Instant::now());
             i.opened(r.run, r.seq);
             v.push(r.seq);
         }

@@ -128,21 +128,32 @@ pub fn rotation(
     })
 }
 
+/// What a [`RunHalf`] made of a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// It authenticated; its frame is in the output.
+    Opened,
+    /// Its epoch and counter were taken already (the half's replay window): dropped before
+    /// authentication, so its body may be anything.
+    Replayed,
+    /// It did not authenticate (another key, another subject sequence, altered, too short).
+    Rejected,
+}
+
 /// A receiving half under one run key (the `encrypt` pair's inverse in the binary).
 pub trait RunHalf: Sized {
     /// The half under `key` (a run key).
     fn under(key: [u8; 32]) -> Self;
     /// Opens `frame`, sealed bound to its record's subject sequence `wseq` (the `encrypt`
-    /// pair's `open_bound`), into `out`: whether it authenticated (a replay that
-    /// authenticates is dropped by the half's window, and still counts as opened; one bound
-    /// to another sequence does not authenticate and spends nothing of the window).
+    /// pair's `open_bound`), into `out` (one bound to another sequence does not authenticate
+    /// and spends nothing of the window).
     fn open(
         &mut self,
         now: Instant,
         frame: Frame,
         wseq: u64,
         out: &mut Output,
-    ) -> Result<bool, ModuleError>;
+    ) -> Result<Outcome, ModuleError>;
 }
 
 /// What became of a frame handed to [`Opener::handle_frame`] or [`Opener::retry`].
@@ -168,7 +179,8 @@ pub enum Verdict {
     /// It opened under no key this side has: ask the device for the key, hand what comes to
     /// [`Opener::handle_keys`], then call [`Opener::retry`].
     AskKey,
-    /// Genuine but dropped and counted: under the key before a rotation, stored after it.
+    /// Dropped and counted: under the key before a rotation, stored after it (the revoked
+    /// side holds that key too).
     Dropped,
     /// Dropped and counted: it opens under no key this side has (garbage, a copy whose
     /// record someone who may publish changed — its subject sequence, its number — or a frame
@@ -181,13 +193,15 @@ pub enum Verdict {
 impl Verdict {
     /// Whether the record holds no place in its subject's order (the receiver gives the place
     /// back: `Intake::give_back`): it opened under no key (nor bound to its record's subject
-    /// sequence), it is a copy of a frame opened already, or it named the current run with
-    /// another start.
+    /// sequence), it is a copy of a frame opened already, it is under the key before a
+    /// rotation and stored after it (the revoked side's, or a device frame the device
+    /// publishes again under the new key), or it named the current run with another start.
     pub fn holds_no_place(self) -> bool {
         matches!(
             self,
             Verdict::Forged
                 | Verdict::Replayed
+                | Verdict::Dropped
                 | Verdict::Refused {
                     why: Refusal::OtherStart,
                     ..
@@ -199,6 +213,8 @@ impl Verdict {
 /// A frame that opened under the key before the rotation, waiting for where the rotation
 /// began.
 struct Held {
+    /// The key before the rotation it opened under.
+    under: [u8; 32],
     stored: Option<u64>,
     seq: u64,
     frames: Vec<Frame>,
@@ -373,12 +389,8 @@ impl<H: RunHalf> Opener<H> {
                     // Only a genuine frame of an earlier run (it opens under that run's key)
                     // tells the app sides to join again: anyone may publish a header.
                     let mut probe = H::under(run_key(&self.keys.key, run));
-                    probe.open(
-                        now,
-                        Frame::from_bytes(meta, payload),
-                        wseq,
-                        &mut Output::new(),
-                    )?
+                    let frame = Frame::from_bytes(meta, payload);
+                    probe.open(now, frame, wseq, &mut Output::new())? == Outcome::Opened
                 };
             if tell {
                 self.told = Some(now);
@@ -403,7 +415,7 @@ impl<H: RunHalf> Opener<H> {
             let current = self.guard.current();
             let mut old = Output::new();
             let frame = Frame::from_bytes(meta, payload.clone());
-            if open_in(
+            let outcome = open_in(
                 &mut self.previous,
                 pk,
                 run,
@@ -412,12 +424,14 @@ impl<H: RunHalf> Opener<H> {
                 frame,
                 wseq,
                 &mut old,
-            )? {
+            )?;
+            if outcome == Outcome::Replayed {
+                return Ok(Verdict::Replayed);
+            }
+            if outcome == Outcome::Opened {
                 let frames = old.take_frames();
-                if frames.is_empty() {
-                    return Ok(Verdict::Replayed);
-                }
                 let held = Held {
+                    under: pk,
                     stored,
                     seq: meta.seq,
                     frames,
@@ -487,7 +501,14 @@ impl<H: RunHalf> Opener<H> {
             return self.held.is_none();
         }
         if let Some(h) = self.held.take() {
-            self.decide(h, out);
+            if self.keys.previous == Some(h.under) {
+                self.decide(h, out);
+            } else {
+                // Another rotation came meanwhile: where the one it opened under began is
+                // not known any more; it may be the side that rotation revoked.
+                self.after_rotation += 1;
+                self.dropped += 1;
+            }
         }
         true
     }
@@ -526,16 +547,10 @@ impl<H: RunHalf> Opener<H> {
         let current = self.guard.current();
         let frame = Frame::from_bytes(meta, payload);
         let (halves, key) = (&mut self.open, self.keys.key);
-        let mut got = Output::new();
-        if !open_in(halves, key, run, current, now, frame, wseq, &mut got)? {
-            return Ok(None);
-        }
-        let frames = got.take_frames();
-        if frames.is_empty() {
-            return Ok(Some(Verdict::Replayed));
-        }
-        for f in frames {
-            out.push(f);
+        match open_in(halves, key, run, current, now, frame, wseq, out)? {
+            Outcome::Rejected => return Ok(None),
+            Outcome::Replayed => return Ok(Some(Verdict::Replayed)),
+            Outcome::Opened => {}
         }
         let newer_run = self.guard.opened(run);
         Ok(Some(Verdict::Opened { newer_run }))
@@ -558,7 +573,7 @@ impl<H: RunHalf> Opener<H> {
 
 /// Opens a frame of `run` with its half under `key` in `halves`, made on first use and kept
 /// only if the frame opened (forged runs make no halves); beyond [`RUNS_KEPT`] the oldest
-/// half of a run other than `current` goes. Whether it opened (bound to `wseq`).
+/// half of a run other than `current` goes. What the half made of it (bound to `wseq`).
 #[allow(clippy::too_many_arguments)]
 fn open_in<H: RunHalf>(
     halves: &mut Vec<(Run, H)>,
@@ -569,16 +584,16 @@ fn open_in<H: RunHalf>(
     frame: Frame,
     wseq: u64,
     out: &mut Output,
-) -> Result<bool, ModuleError> {
+) -> Result<Outcome, ModuleError> {
     let made = !halves.iter().any(|(r, _)| *r == run);
     if made {
         halves.push((run, H::under(run_key(&key, run))));
     }
     let Some(i) = halves.iter().position(|(r, _)| *r == run) else {
-        return Ok(false);
+        return Ok(Outcome::Rejected);
     };
     let opened = halves[i].1.open(now, frame, wseq, out)?;
-    if made && !opened {
+    if made && opened != Outcome::Opened {
         halves.remove(i);
     } else if made && halves.len() > RUNS_KEPT {
         if let Some(j) = halves.iter().position(|(r, _)| *r != current && *r != run) {
@@ -608,15 +623,15 @@ mod tests {
             frame: Frame,
             wseq: u64,
             out: &mut Output,
-        ) -> Result<bool, ModuleError> {
+        ) -> Result<Outcome, ModuleError> {
             let mut frame = frame;
             let p = frame.payload();
             if p.starts_with(&self.0) && p.get(8..16) == Some(&wseq.to_be_bytes()[..]) {
                 frame.pop_header(16);
                 out.push(frame);
-                return Ok(true);
+                return Ok(Outcome::Opened);
             }
-            Ok(false)
+            Ok(Outcome::Rejected)
         }
     }
 

@@ -114,9 +114,9 @@ impl FrameRecord {
 /// read: [`super::runs::RunGuard`]).
 ///
 /// A record behind the order (a copy, or one the subject sequence of which someone who may
-/// publish forged) is handed on at once, never dropped here: the subject sequence is not
-/// authenticated, so only the frame's own checks (its sealed header, its key, its number) may
-/// drop it. Every device run has an order of its own: a record naming another run (the next run after
+/// publish changed) is handed on at once, never dropped here: only the frame's own checks (its
+/// sealed header, its key, the subject sequence its seal is bound to) may drop it, and a record
+/// that took a place and proved forged gives it back ([`Reorder::unrelease`]). Every device run has an order of its own: a record naming another run (the next run after
 /// a restart, or one anyone who may publish played in: it is refused later, once its run is
 /// checked) neither releases nor disturbs what the current run holds behind a gap (found by
 /// the simulation in `testkit/tests/nats_runs.rs`: one replayed record of an earlier run let
@@ -139,9 +139,9 @@ struct RunOrder {
     run: u64,
     /// Next subject sequence expected.
     next: u64,
-    /// Records waiting, by subject sequence (more than one for a sequence: the subject
-    /// sequence is not authenticated, so one of them may be forged; all go on, and the
-    /// frames' own checks keep the genuine one).
+    /// Records waiting, by subject sequence (more than one for a sequence: the clear header
+    /// may be altered, so one of them may be forged; all go on, and the frames' own checks
+    /// keep the genuine one).
     held: std::collections::BTreeMap<u64, Vec<Stored>>,
     /// Since when a gap is open.
     since: Option<std::time::Instant>,
@@ -150,6 +150,9 @@ struct RunOrder {
     genuine: bool,
     /// The highest subject sequence a record of which opened.
     confirmed: Option<u64>,
+    /// Where the order stood after the last gap it gave up: a forged record never takes it
+    /// back behind that.
+    floor: u64,
 }
 
 /// A record and where JetStream stored it.
@@ -207,16 +210,18 @@ impl Reorder {
                     since: Some(now),
                     genuine: false,
                     confirmed: None,
+                    floor: 0,
                 });
                 return out;
             }
             self.runs.push(RunOrder {
                 run,
-                next: wseq + 1,
+                next: wseq.saturating_add(1),
                 held: Default::default(),
                 since: None,
                 genuine: false,
                 confirmed: None,
+                floor: 0,
             });
             out.push(item);
             return out;
@@ -234,19 +239,43 @@ impl Reorder {
             }
             return Vec::new();
         }
-        order.next = n + 1;
+        order.next = n.saturating_add(1);
         let mut out = vec![item];
         Self::drain(order, &mut out, now);
         out
     }
 
     /// The record of `run` at subject sequence `wseq` opened: its run is a genuine one, and
-    /// the order is past `wseq` for good.
-    pub fn genuine(&mut self, run: u64, wseq: u64) {
-        if let Some(o) = self.runs.iter_mut().find(|r| r.run == run) {
-            o.genuine = true;
-            o.confirmed = Some(o.confirmed.map_or(wseq, |c| c.max(wseq)));
+    /// the order is past `wseq` for good. Gives what that lets out (records held at or before
+    /// `wseq`: their places are behind the order now).
+    pub fn genuine(&mut self, run: u64, wseq: u64, now: std::time::Instant) -> Vec<Stored> {
+        let Some(o) = self.runs.iter_mut().find(|r| r.run == run) else {
+            return Vec::new();
+        };
+        o.genuine = true;
+        o.confirmed = Some(o.confirmed.map_or(wseq, |c| c.max(wseq)));
+        let past = wseq.saturating_add(1);
+        if o.next >= past {
+            return Vec::new();
         }
+        // A record that opened out of its turn (handed on at once, behind a place given
+        // back): the order goes on after it, not waiting for a place already taken.
+        o.next = past;
+        let mut out: Vec<Stored> = Vec::new();
+        while let Some((&k, _)) = o.held.first_key_value() {
+            if k >= past {
+                break;
+            }
+            if let Some(v) = o.held.remove(&k) {
+                out.extend(v);
+            }
+        }
+        let since = o.since;
+        Self::drain(o, &mut out, now);
+        if !o.held.is_empty() {
+            o.since = since.or(Some(now));
+        }
+        out
     }
 
     /// The highest subject sequence of `run` a record of which opened.
@@ -278,16 +307,28 @@ impl Reorder {
         }
         // Nothing between the last genuine record and this one opened: what follows the last
         // genuine one is awaited (a forged record far ahead, released when its gap was given
-        // up, must not leave the order there).
-        order.next = order.next.min(wseq);
+        // up, must not leave the order there) — but never behind a gap given up already, or
+        // one forged record would hold the order at a gap for good.
+        let mut next = order.next.min(wseq);
         if let Some(c) = order.confirmed {
-            order.next = order.next.min(c + 1);
+            next = next.min(c.saturating_add(1));
         }
-        for item in after {
-            order.held.entry(item.0.wseq).or_default().push(item);
-        }
+        order.next = next.max(order.floor);
+        // Records behind the order as it now stands go on at once, the others wait their turn.
         let mut out = Vec::new();
+        for item in after {
+            if item.0.wseq < order.next {
+                out.push(item);
+            } else {
+                order.held.entry(item.0.wseq).or_default().push(item);
+            }
+        }
+        // A gap open before keeps its age: giving places back does not restart its wait.
+        let since = order.since;
         Self::drain(order, &mut out, now);
+        if !order.held.is_empty() {
+            order.since = since.or(Some(now));
+        }
         out
     }
 
@@ -323,8 +364,9 @@ impl Reorder {
         let Some(&first) = order.held.keys().next() else {
             return Vec::new();
         };
-        *skipped += first - order.next;
+        *skipped = skipped.saturating_add(first.saturating_sub(order.next));
         order.next = first;
+        order.floor = first;
         let mut out = Vec::new();
         Self::drain(order, &mut out, now);
         out
@@ -333,7 +375,7 @@ impl Reorder {
     fn drain(order: &mut RunOrder, out: &mut Vec<Stored>, now: std::time::Instant) {
         while let Some(r) = order.held.remove(&order.next) {
             out.extend(r);
-            order.next += 1;
+            order.next = order.next.saturating_add(1);
         }
         order.since = (!order.held.is_empty()).then_some(now);
     }

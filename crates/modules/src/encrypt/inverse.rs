@@ -188,6 +188,18 @@ impl EncryptInverse {
     }
 }
 
+/// What became of a frame handed to [`EncryptInverse::open_bound`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opening {
+    /// It authenticated and went out.
+    Opened,
+    /// Its epoch and counter were taken already (the replay window, or a retired epoch):
+    /// dropped before authentication, so its body may be anything.
+    Replayed,
+    /// It did not authenticate, or is too short to carry the header.
+    Rejected,
+}
+
 impl EncryptInverse {
     /// Opens `frame` sealed bound to `bound` ([`super::EncryptForward::seal_bound`]) into
     /// `out`. One sealed bound to another value fails to authenticate (counted), and leaves
@@ -198,7 +210,7 @@ impl EncryptInverse {
         frame: Frame,
         bound: u64,
         out: &mut Output,
-    ) -> Result<(), ModuleError> {
+    ) -> Result<Opening, ModuleError> {
         self.take(now, frame, Some(bound), out)
     }
 
@@ -208,12 +220,12 @@ impl EncryptInverse {
         mut frame: Frame,
         bound: Option<u64>,
         out: &mut Output,
-    ) -> Result<(), ModuleError> {
+    ) -> Result<Opening, ModuleError> {
         let meta = frame.meta;
         let Some(hdr) = frame.pop_header(HEADER_LEN).and_then(Header::parse) else {
             self.truncated += 1;
             let Some(suppressed) = self.noisy.admit(now) else {
-                return Ok(());
+                return Ok(Opening::Rejected);
             };
             tracing::warn!(
                 suppressed,
@@ -222,7 +234,7 @@ impl EncryptInverse {
                 len = frame.len(),
                 "encrypt: frame shorter than its 40-byte header; dropped"
             );
-            return Ok(());
+            return Ok(Opening::Rejected);
         };
         self.tick += 1;
         let tick = self.tick;
@@ -232,30 +244,30 @@ impl EncryptInverse {
             // counter only once its frame authenticated, so forgeries cannot move it.
             if let Err(why) = st.window.check(hdr.counter) {
                 self.replay(now, &meta, &hdr, why.as_str());
-                return Ok(());
+                return Ok(Opening::Replayed);
             }
             if !open(&st.key, &hdr, &meta, bound, &mut frame) {
                 self.fail_auth(now, &meta, &hdr);
-                return Ok(());
+                return Ok(Opening::Rejected);
             }
             st.window.mark(hdr.counter);
             st.last_used = tick;
             out.push(frame);
-            return Ok(());
+            return Ok(Opening::Opened);
         }
 
         if self.retired.contains(&hdr.epoch) {
             self.replay(now, &meta, &hdr, "epoch retired");
-            return Ok(());
+            return Ok(Opening::Replayed);
         }
         // A new epoch: derive its subkey, and adopt it only if the frame authenticates.
         let Some(key) = key::subkey(&self.master, &hdr.epoch, self.cipher) else {
             self.fail_auth(now, &meta, &hdr);
-            return Ok(());
+            return Ok(Opening::Rejected);
         };
         if !open(&key, &hdr, &meta, bound, &mut frame) {
             self.fail_auth(now, &meta, &hdr);
-            return Ok(());
+            return Ok(Opening::Rejected);
         }
         self.retire_oldest();
         let mut window = ReplayWindow::new(self.window);
@@ -279,7 +291,7 @@ impl EncryptInverse {
             }
         }
         out.push(frame);
-        Ok(())
+        Ok(Opening::Opened)
     }
 }
 
@@ -290,7 +302,7 @@ impl Half for EncryptInverse {
         frame: Frame,
         out: &mut Output,
     ) -> Result<(), ModuleError> {
-        self.take(now, frame, None, out)
+        self.take(now, frame, None, out).map(|_| ())
     }
 
     fn stats(&self) -> HalfStats {

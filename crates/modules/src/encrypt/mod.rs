@@ -44,7 +44,7 @@ mod tests;
 mod window;
 
 pub use forward::EncryptForward;
-pub use inverse::{EncryptInverse, LIVE_EPOCHS, RETIRED_EPOCHS};
+pub use inverse::{EncryptInverse, Opening, LIVE_EPOCHS, RETIRED_EPOCHS};
 pub use key::KeyCache;
 
 use crate::registry::{ModuleInfo, ParamInfo, IDS};

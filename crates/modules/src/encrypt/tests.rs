@@ -981,15 +981,30 @@ fn a_frame_sealed_bound_opens_only_with_the_same_bound_and_a_wrong_one_spends_no
     let now = Instant::now();
     let mut out = Output::new();
     // Bound to another place, or not bound at all: it does not authenticate.
-    inv.open_bound(now, copy(), 6, &mut out).unwrap();
+    assert_eq!(
+        inv.open_bound(now, copy(), 6, &mut out).unwrap(),
+        Opening::Rejected
+    );
     inv.handle_frame(now, copy(), &mut out).unwrap();
     assert!(out.take_frames().is_empty());
     assert_eq!(inv.auth_failures(), 2);
     // Its counter was not spent: with the right place it opens, once.
-    inv.open_bound(now, copy(), 5, &mut out).unwrap();
+    assert_eq!(
+        inv.open_bound(now, copy(), 5, &mut out).unwrap(),
+        Opening::Opened
+    );
     let got = out.take_frames();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].payload(), b"place 5");
-    inv.open_bound(now, copy(), 5, &mut out).unwrap();
+    assert_eq!(
+        inv.open_bound(now, copy(), 5, &mut out).unwrap(),
+        Opening::Replayed
+    );
     assert!(out.take_frames().is_empty(), "a replay");
+    // Too short to carry the header: rejected, not taken for a frame that opened.
+    let short = Frame::new(meta, b"garbage!");
+    assert_eq!(
+        inv.open_bound(now, short, 5, &mut out).unwrap(),
+        Opening::Rejected
+    );
 }

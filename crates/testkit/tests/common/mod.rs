@@ -1,9 +1,9 @@
 //! Pieces the NATS fan-out simulations share (`tests/nats_*.rs`: `mod common;`).
 
 use ndd_core::{Frame, ModuleError, Output};
-use ndd_link::nats::keys::RunHalf;
+use ndd_link::nats::keys::{Outcome, RunHalf};
 use ndd_modules::encrypt::key::Key;
-use ndd_modules::encrypt::{Cipher, EncryptInverse};
+use ndd_modules::encrypt::{Cipher, EncryptInverse, Opening};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -27,9 +27,11 @@ impl RunHalf for RunInverse {
         frame: Frame,
         wseq: u64,
         out: &mut Output,
-    ) -> Result<bool, ModuleError> {
-        let failed = self.0.auth_failures();
-        self.0.open_bound(now, frame, wseq, out)?;
-        Ok(self.0.auth_failures() == failed)
+    ) -> Result<Outcome, ModuleError> {
+        Ok(match self.0.open_bound(now, frame, wseq, out)? {
+            Opening::Opened => Outcome::Opened,
+            Opening::Replayed => Outcome::Replayed,
+            Opening::Rejected => Outcome::Rejected,
+        })
     }
 }
