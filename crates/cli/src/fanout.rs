@@ -883,7 +883,7 @@ pub async fn run_side(
             let (key_tx, key) = watch::channel(GroupKey {
                 key: admission.group_key,
                 since: admission.key_since,
-                previous: None,
+                previous: admission.previous_key,
                 run: admission.device_run(),
             });
             let (refresh, asks) = mpsc::channel(16);
@@ -1638,6 +1638,7 @@ impl JoinService {
             run: k.run.id,
             run_began: k.run.began,
             key_since: k.since,
+            previous_key: k.previous,
         })
     }
 }
@@ -1842,7 +1843,7 @@ impl KeyFollower {
                         *k = GroupKey {
                             key: a.group_key,
                             since: a.key_since,
-                            previous: None,
+                            previous: a.previous_key,
                             run: if restarted { a.device_run() } else { k.run },
                         };
                         said = (rotated, restarted);
@@ -2297,9 +2298,10 @@ impl Publisher {
         if !seal.key.has_changed().unwrap_or(false) {
             return Ok(());
         }
-        if seal.key.borrow().since == SINCE_PENDING {
-            // The device's rotation: everything sealed under the old key is stored before it
-            // reads where the stream stands ([`RotationGate`]); nothing new is sealed meanwhile.
+        if self.gate.is_some() && seal.key.borrow().since == SINCE_PENDING {
+            // The device's rotation, a reliable stream: everything sealed under the old key is
+            // stored before it reads where the stream stands ([`RotationGate`]); nothing new
+            // is sealed meanwhile. (A lossy stream goes on under the new key at once.)
             self.settle_all().await?;
             if let Some(g) = &self.gate {
                 g.0.settled();

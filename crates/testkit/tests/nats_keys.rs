@@ -104,13 +104,10 @@ fn down_payload(gen: u8, n: u64) -> Vec<u8> {
     p
 }
 
-/// What a join hands an app side: the key, where its rotation began and the run (the
-/// WELCOME names no previous key).
+/// What a join hands an app side: the key, where its rotation began, the key before it and
+/// the run (the WELCOME's fields).
 fn welcome(keys: GroupKey) -> GroupKey {
-    GroupKey {
-        previous: None,
-        ..keys
-    }
+    keys
 }
 
 /// The JetStream stream: one sequence for every subject.

@@ -15,9 +15,13 @@
 //! 4. stored frames of the side's own consumer go back in their subject order ([`Reorder`]):
 //!    a frame stored late waits for nothing, the ones after it wait for it, at most the wait
 //!    given (then the gap is given up, counted: [`Intake::skipped`]);
-//! 5. what comes out ([`Intake::poll_record`]) is opened by the driver (the run's key, the
-//!    [`super::runs::RunGuard`]); a stored frame numbered at or below the last one taken of
-//!    its run is dropped first (a copy someone recorded and published again);
+//! 5. what comes out ([`Intake::poll_record`]) is opened by the driver
+//!    ([`super::keys::Opener`]); a stored frame behind a place a genuine record took and
+//!    numbered at or below the last one taken of its run is dropped first (a copy, or one
+//!    stored after its gap was given up); the driver says which opened
+//!    ([`Intake::authentic`]) and which hold no place ([`Intake::give_back`]); a stored
+//!    message handed on is never handed on again when the broker delivers it again (known by
+//!    its stream sequence and sealed header);
 //! 6. the driver reports each opened frame ([`Intake::opened`]): an END (said once per run),
 //!    a frame of a newer run (the device restarted: the stack starts afresh), or a frame.
 //!

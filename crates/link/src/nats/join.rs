@@ -17,12 +17,14 @@
 //!                                                        slot, run id — or a refusal
 //! ```
 //!
-//! Every message starts with `"NJ"`, version 1 and a type byte (1 INIT, 2 REPLY, 3 FINISH,
-//! 4 WELCOME). FINISH: `u16 length ‖ seal FINISH ‖ seal DATA(HELLO message)`. WELCOME: seal
-//! DATA of `0 ‖ group key (32) ‖ slot (u16, 0xFFFF: none) ‖ run id (u64) ‖ run began (u64) ‖
-//! key since (u64)` when admitted (run began: the JetStream stream sequence the device's run
-//! began after, [`super::runs::Run`]) (key since: the device's JetStream stream sequence when a rotation drew this
-//! key, 0 for a key no rotation drew), or
+//! Every message starts with `"NJ"`, the version ([`VERSION`]) and a type byte (1 INIT,
+//! 2 REPLY, 3 FINISH, 4 WELCOME). FINISH: `u16 length ‖ seal FINISH ‖ seal DATA(HELLO
+//! message)`. WELCOME: seal DATA of `0 ‖ group key (32) ‖ slot (u16, 0xFFFF: none) ‖ run id
+//! (u64) ‖ run began (u64) ‖ key since (u64) ‖ previous key (32, zeros: none)` when admitted
+//! (run began: the JetStream stream sequence the device's run began after,
+//! [`super::runs::Run`]; key since: the device's JetStream stream sequence when a rotation
+//! drew this key, 0 for a key no rotation drew; previous key: the key before that rotation),
+//! or
 //! `1 ‖ close code (u16) ‖ reason (UTF-8)` when refused. All integers big-endian.
 //!
 //! The pairwise keys protect only the HELLO and the WELCOME; the frames then travel under
@@ -36,8 +38,9 @@ use std::time::{Duration, Instant};
 pub const MAGIC: [u8; 2] = *b"NJ";
 /// Format version.
 /// Version 2: the WELCOME names the run's start (frames are sealed under run keys).
-/// Version 3: every sealed frame starts with its record's subject sequence
-/// ([`super::record`]); a side of version 2 would take those 8 bytes as the frame's.
+/// Version 3: every frame is sealed bound to its record's subject sequence
+/// ([`super::record`]: a side of version 2 opens none), and the WELCOME names the key before
+/// the last rotation.
 pub const VERSION: u8 = 3;
 /// Bytes of the group key.
 pub const GROUP_KEY_LEN: usize = 32;
@@ -110,6 +113,11 @@ pub struct Admission {
     /// this sequence are refused by the device; their sender publishes them again under
     /// this key.
     pub key_since: u64,
+    /// The key before that rotation (`None`: no rotation did): device frames under it stored
+    /// up to `key_since` still open on the app side (it may not have read them yet). The
+    /// device's own, not whatever key the app side held: one that missed a rotation must not
+    /// take the key two rotations back for it.
+    pub previous_key: Option<[u8; GROUP_KEY_LEN]>,
 }
 
 impl Admission {
@@ -157,6 +165,7 @@ impl Welcome {
                 v.extend_from_slice(&a.run.to_be_bytes());
                 v.extend_from_slice(&a.run_began.to_be_bytes());
                 v.extend_from_slice(&a.key_since.to_be_bytes());
+                v.extend_from_slice(&a.previous_key.unwrap_or([0; GROUP_KEY_LEN]));
                 v
             }
             Welcome::Refused { code, reason } => {
@@ -170,7 +179,7 @@ impl Welcome {
 
     fn parse(b: &[u8]) -> Result<Welcome, JoinError> {
         match b.split_first() {
-            Some((0, rest)) if rest.len() == GROUP_KEY_LEN + 26 => {
+            Some((0, rest)) if rest.len() == 2 * GROUP_KEY_LEN + 26 => {
                 let mut group_key = [0u8; GROUP_KEY_LEN];
                 group_key.copy_from_slice(&rest[..GROUP_KEY_LEN]);
                 let slot = u16::from_be_bytes([rest[32], rest[33]]);
@@ -180,12 +189,15 @@ impl Welcome {
                 began.copy_from_slice(&rest[42..50]);
                 let mut since = [0u8; 8];
                 since.copy_from_slice(&rest[50..58]);
+                let mut previous = [0u8; GROUP_KEY_LEN];
+                previous.copy_from_slice(&rest[58..58 + GROUP_KEY_LEN]);
                 Ok(Welcome::Admitted(Admission {
                     group_key,
                     slot: (slot != NO_SLOT).then_some(slot),
                     run: u64::from_be_bytes(run),
                     run_began: u64::from_be_bytes(began),
                     key_since: u64::from_be_bytes(since),
+                    previous_key: (previous != [0; GROUP_KEY_LEN]).then_some(previous),
                 }))
             }
             Some((1, rest)) if rest.len() >= 2 => Ok(Welcome::Refused {
@@ -387,6 +399,7 @@ mod tests {
             run: 99,
             run_began: 77,
             key_since: 1234,
+            previous_key: Some([6; 32]),
         };
         let w = f.welcome(&Welcome::Admitted(adm.clone())).unwrap();
         assert!(

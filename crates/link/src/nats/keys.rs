@@ -222,10 +222,9 @@ struct Held {
 
 /// A frame waiting for an answer to [`Verdict::AskKey`].
 struct Parked {
+    rec: FrameRecord,
+    stored: Option<u64>,
     meta: Meta,
-    run: Run,
-    payload: bytes::Bytes,
-    wseq: u64,
     /// Whether the keys changed since it was parked.
     changed: bool,
 }
@@ -325,9 +324,10 @@ impl<H: RunHalf> Opener<H> {
     /// them).
     pub fn handle_keys(&mut self, mut k: GroupKey) -> bool {
         if self.app && k.previous.is_none() {
-            // A join's answer names no previous key: the one this side held is it (and stays
-            // it when a later join brings the same key again). Device frames under it stored
-            // up to the rotation still open (this side may not have read them yet); later ones
+            // A join's answer names no previous key (the device knows of no rotation, e.g.
+            // its record of it is gone): the one this side held is taken for it (and stays it
+            // when a later join brings the same key again). Device frames under it stored up
+            // to the rotation still open (this side may not have read them yet); later ones
             // are dropped (the revoked side holds that key too).
             k.previous = if k.key != self.keys.key {
                 Some(self.keys.key)
@@ -452,27 +452,32 @@ impl<H: RunHalf> Opener<H> {
             .is_some_and(|t| now.saturating_duration_since(t) < FRUITLESS_PAUSE);
         if self.app && !paused {
             self.parked = Some(Parked {
+                rec: rec.clone(),
+                stored,
                 meta,
-                run,
-                payload,
-                wseq,
                 changed: false,
             });
             return Ok(Verdict::AskKey);
         }
-        if self.app && stored.is_some() {
-            // Not asking now: kept aside in case a new key comes soon.
-            self.unopened_bytes += rec.payload.len();
-            self.unopened.push_back((rec.clone(), stored));
-            while self.unopened_bytes > UNOPENED_BYTES {
-                match self.unopened.pop_front() {
-                    Some((r, _)) => self.unopened_bytes -= r.payload.len(),
-                    None => break,
-                }
-            }
-        }
+        self.set_aside(rec, stored);
         self.unopened(now, &meta);
         Ok(Verdict::Forged)
+    }
+
+    /// An app side's stored record that opens under no key while it does not ask (or asked
+    /// for nothing): kept aside in case a new key comes soon ([`Opener::take_unopened`]).
+    fn set_aside(&mut self, rec: &FrameRecord, stored: Option<u64>) {
+        if !self.app || stored.is_none() {
+            return;
+        }
+        self.unopened_bytes += rec.payload.len();
+        self.unopened.push_back((rec.clone(), stored));
+        while self.unopened_bytes > UNOPENED_BYTES {
+            match self.unopened.pop_front() {
+                Some((r, _)) => self.unopened_bytes -= r.payload.len(),
+                None => break,
+            }
+        }
     }
 
     /// After [`Verdict::AskKey`] (and whatever keys the ask brought, handed to
@@ -482,11 +487,15 @@ impl<H: RunHalf> Opener<H> {
             return Ok(Verdict::Forged);
         };
         if !p.changed {
+            // Asking brought nothing (or no answer yet): not asked again for a while, and the
+            // record is kept aside for the next key, as the ones that follow.
             self.fruitless = Some(now);
+            self.set_aside(&p.rec, p.stored);
             self.unopened(now, &p.meta);
             return Ok(Verdict::Forged);
         }
-        if let Some(v) = self.try_open(now, p.meta, p.run, p.payload, p.wseq, out)? {
+        let (run, payload, wseq) = (p.rec.device_run(), p.rec.payload.clone(), p.rec.wseq);
+        if let Some(v) = self.try_open(now, p.meta, run, payload, wseq, out)? {
             return Ok(v);
         }
         self.unopened(now, &p.meta);

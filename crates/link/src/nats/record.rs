@@ -11,18 +11,17 @@
 //! 36   8   subject sequence: 0, 1, 2 … per run on each subject (a receiver of stored frames
 //!          puts them back in this order: [`Reorder`])
 //! 44   …   payload: the sealed frame (the `encrypt` pair's format under the run's key: the
-//!          group key and the two run fields, [`super::runs::run_key`]) of the subject
-//!          sequence again (8 bytes) followed by the frame after its stack
+//!          group key and the two run fields, [`super::runs::run_key`]), sealed bound to the
+//!          subject sequence (it is in the AEAD's associated data)
 //! ```
 //!
-//! The subject sequence travels twice: in the clear, so a receiver can order records before
-//! opening them, and sealed, so the order a receiver keeps is the sender's. Someone who may
-//! publish can store an altered copy of a frame that the server did not store (its publish
-//! failed and goes again), at the place in the order where the genuine one is awaited; once it
-//! opens as something else, or not at all, the receiver takes it back out of the order
-//! ([`Reorder::unrelease`]) and waits for the genuine one (found by
-//! `testkit/tests/nats_keys.rs`: the genuine frame, stored after the altered copy and the
-//! frames after it, was dropped as a copy).
+//! The subject sequence travels in the clear, so a receiver can order records before opening
+//! them, and is bound into the seal, so the order a receiver keeps is the sender's. Someone who
+//! may publish can store an altered copy of a frame the server did not store (its publish
+//! failed and goes again) at the place in the order where the genuine one is awaited; it does
+//! not open, and the receiver takes it back out of the order ([`Reorder::unrelease`]) and waits
+//! for the genuine one (found by `testkit/tests/nats_keys.rs`: the genuine frame, stored after
+//! the altered copy and the frames after it, was dropped as a copy).
 
 use bytes::{BufMut, Bytes, BytesMut};
 
