@@ -539,14 +539,14 @@ impl GroupOpen {
     }
 
     /// Opens record `rec` (`stored`: its JetStream stream sequence, if it was stored) into
-    /// `out`; one of a refused run, or that does not open, is dropped and counted. Whether it
-    /// holds no place in its subject's order (forged, or a copy: [`Verdict::holds_no_place`]).
+    /// `out`; one of a refused run, or that does not open, is dropped and counted. What became
+    /// of it (after the key was asked for or the rotation's start waited for).
     async fn open(
         &mut self,
         rec: &FrameRecord,
         stored: Option<u64>,
         out: &mut Output,
-    ) -> Result<bool, ndd_core::ModuleError> {
+    ) -> Result<Verdict, ndd_core::ModuleError> {
         self.follow();
         let verdict = self.opener.handle_frame(Instant::now(), rec, stored, out)?;
         match verdict {
@@ -576,11 +576,11 @@ impl GroupOpen {
                 self.follow();
                 let again = self.opener.retry(Instant::now(), out)?;
                 self.opened(again);
-                return Ok(again.holds_no_place());
+                return Ok(again);
             }
             Verdict::Refused { .. } | Verdict::Dropped | Verdict::Forged | Verdict::Replayed => {}
         }
-        Ok(verdict.holds_no_place())
+        Ok(verdict)
     }
 }
 
@@ -2898,8 +2898,8 @@ async fn pump_sink(
         if seal.dropped() != refused {
             lock(&stats).refused += seal.dropped() - refused;
         }
-        let no_place = match opening {
-            Ok(no_place) => no_place,
+        let verdict = match opening {
+            Ok(v) => v,
             Err(e) => {
                 if let Some(suppressed) = bad.admit(Instant::now()) {
                     tracing::warn!(
@@ -2908,17 +2908,18 @@ async fn pump_sink(
                         printable(&e.to_string(), MAX_REASON)
                     );
                 }
-                true
+                Verdict::Forged
             }
         };
+        let no_place = verdict.holds_no_place();
         let frames = opened.take_frames();
         if stored_seq.is_some() {
             if no_place {
                 // Forged, or a copy: the one it stood in for in the order is awaited again.
                 intake.give_back(&rec, Instant::now());
-            } else if !frames.is_empty() {
+            } else if verdict.takes_place() || !frames.is_empty() {
                 // Genuine: its copies are dropped from now on (not before: an altered copy
-                // stored first must not make this one a copy).
+                // stored first must not make this one a copy), and its place is taken.
                 intake.authentic(&rec, Instant::now());
             }
         }

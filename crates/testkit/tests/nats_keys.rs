@@ -707,6 +707,9 @@ fn run(seed: u64) -> Result<String, String> {
                 if v.holds_no_place() {
                     d.intake.give_back(&rec, now);
                 }
+                if v == Verdict::Dropped {
+                    d.intake.authentic(&rec, now);
+                }
                 if v == Verdict::Held {
                     d.held = Some((stored, rec.clone()));
                     break;
@@ -755,6 +758,9 @@ fn run(seed: u64) -> Result<String, String> {
                     if v.holds_no_place() {
                         a.intake.give_back(&rec, now);
                     }
+                    if v == Verdict::Dropped {
+                        a.intake.authentic(&rec, now);
+                    }
                     for f in out.take_frames() {
                         a.intake.authentic(&rec, now);
                         a.intake.opened(rec.run, rec.seq);
@@ -773,6 +779,9 @@ fn run(seed: u64) -> Result<String, String> {
                     }
                     if v.holds_no_place() {
                         a.intake.give_back(&rec, now);
+                    }
+                    if v == Verdict::Dropped {
+                        a.intake.authentic(&rec, now);
                     }
                     if v == Verdict::AskKey {
                         a.asking = Some(rec.clone());

@@ -109,28 +109,31 @@ impl Seen {
     }
 }
 
-/// The stored messages handed on already, by JetStream stream sequence and sealed header (the
-/// last [`SEEN`]): the broker delivers a message again while its acknowledgement waits (every
-/// 5 s while a gap holds acknowledgements back), and one handed on is not handed on twice —
-/// not even one that proved forged, so that it cannot give its place back again and again.
-/// The sealed header with it: a server that lost its last writes in a restart numbers new
-/// messages with the same sequences.
+/// The stored messages handed on already, by JetStream stream sequence and a keyed hash of
+/// the whole message (the last [`SEEN`]): the broker delivers a message again while its
+/// acknowledgement waits (every 5 s while a gap holds acknowledgements back), and one handed
+/// on is not handed on twice — not even one that proved forged, so that it cannot give its
+/// place back again and again. The whole message with it: a server that lost its last writes
+/// in a restart numbers new messages with the same sequences, and someone who could deliver a
+/// message with a predicted sequence and a genuine sealed header ahead of the genuine one must
+/// not make the genuine one a copy (the hash's key is this process's own, so a body that
+/// collides cannot be made).
 #[derive(Debug, Default)]
 struct Handed {
-    set: HashSet<(u64, [u8; 24])>,
-    order: VecDeque<(u64, [u8; 24])>,
+    keys: std::collections::hash_map::RandomState,
+    set: HashSet<(u64, u64)>,
+    order: VecDeque<(u64, u64)>,
 }
 
 impl Handed {
-    /// Whether stored message `seq` with `sealed` is new (and remembers it).
-    fn insert(&mut self, seq: u64, sealed: &[u8]) -> bool {
-        let mut k = [0u8; 24];
-        let n = sealed.len().min(24);
-        k[..n].copy_from_slice(&sealed[..n]);
-        if !self.set.insert((seq, k)) {
+    /// Whether stored message `seq` with `body` is new (and remembers it).
+    fn insert(&mut self, seq: u64, body: &[u8]) -> bool {
+        use std::hash::BuildHasher;
+        let k = (seq, self.keys.hash_one(body));
+        if !self.set.insert(k) {
             return false;
         }
-        self.order.push_back((seq, k));
+        self.order.push_back(k);
         if self.order.len() > SEEN {
             if let Some(old) = self.order.pop_front() {
                 self.set.remove(&old);
@@ -213,13 +216,18 @@ impl<M> Intake<M> {
             self.malformed += 1;
             return Taken::Malformed;
         };
+        if is_stored && stream_seq.is_none() {
+            // Not a delivery of the stream: JetStream's name a sequence.
+            self.malformed += 1;
+            return Taken::Malformed;
+        }
         if rec.stream != self.stream {
             self.foreign += 1;
             return Taken::Foreign;
         }
         let fresh = if is_stored {
             !self.seen.contains(&rec.payload)
-                && stream_seq.map_or(true, |s| self.handed.insert(s, &rec.payload))
+                && stream_seq.map_or(true, |s| self.handed.insert(s, body))
         } else {
             match self.last {
                 Some((run, seq)) if run == rec.run => rec.seq > seq,
@@ -388,11 +396,11 @@ mod tests {
         .encode()
     }
 
-    fn seqs(i: &mut Intake<u64>) -> Vec<u64> {
+    fn seqs(i: &mut Intake<u64>, t: Instant) -> Vec<u64> {
         let mut v = Vec::new();
         while let Some((r, _)) = i.poll_record() {
             // As the driver does once the frame opened.
-            i.authentic(&r, Instant::now());
+            i.authentic(&r, t);
             i.opened(r.run, r.seq);
             v.push(r.seq);
         }
@@ -411,7 +419,7 @@ mod tests {
             i.handle_message(t, &rec(1, 7, 2, 2, 2), Some((Some(2), 2))),
             Taken::Queued
         );
-        assert_eq!(seqs(&mut i), vec![0], "2 waits for 1");
+        assert_eq!(seqs(&mut i, t), vec![0], "2 waits for 1");
         assert!(
             i.acks_due(true).is_empty(),
             "nothing acknowledged behind a gap"
@@ -426,7 +434,7 @@ mod tests {
             i.handle_message(t, &rec(1, 7, 1, 1, 1), Some((Some(3), 4))),
             Taken::Queued
         );
-        assert_eq!(seqs(&mut i), vec![1, 2]);
+        assert_eq!(seqs(&mut i, t), vec![1, 2]);
         assert_eq!(
             i.acks_due(false),
             Vec::<u64>::new(),
@@ -451,11 +459,11 @@ mod tests {
         let mut i: Intake<u64> = Intake::new(1, true, Duration::from_secs(10));
         i.handle_message(t, &rec(1, 7, 0, 0, 0), Some((Some(1), 1)));
         i.handle_message(t, &rec(1, 7, 5, 5, 5), Some((Some(2), 2)));
-        assert_eq!(seqs(&mut i), vec![0]);
+        assert_eq!(seqs(&mut i, t), vec![0]);
         assert!(!i.handle_timeout(t + Duration::from_secs(9)));
         assert!(i.handle_timeout(t + Duration::from_secs(10)));
         assert_eq!(i.skipped(), 4);
-        assert_eq!(seqs(&mut i), vec![5]);
+        assert_eq!(seqs(&mut i, t), vec![5]);
         i.handle_message(t, &rec(1, 9, 0, 0, 9), Some((Some(3), 3)));
         let (r, _) = i.poll_record().unwrap();
         assert_eq!(
@@ -487,7 +495,7 @@ mod tests {
             i.handle_message(t, &rec(1, 7, 5, 0, 4), Some((Some(2), 2))),
             Taken::Queued
         );
-        assert_eq!(seqs(&mut i), vec![5]);
+        assert_eq!(seqs(&mut i, t), vec![5]);
         assert_eq!(
             i.handle_message(t, &rec(1, 7, 5, 0, 4), Some((Some(3), 3))),
             Taken::Copy
@@ -514,7 +522,7 @@ mod tests {
             i.handle_message(t, &rec(2, 7, 4, 0, 0), None),
             Taken::Queued
         );
-        assert_eq!(seqs(&mut i), vec![4]);
+        assert_eq!(seqs(&mut i, t), vec![4]);
         assert_eq!(i.handle_message(t, &rec(2, 7, 4, 1, 1), None), Taken::Copy);
         assert_eq!(i.handle_message(t, &rec(2, 7, 3, 1, 1), None), Taken::Copy);
         assert_eq!(

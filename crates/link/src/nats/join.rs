@@ -39,9 +39,9 @@ pub const MAGIC: [u8; 2] = *b"NJ";
 /// Format version.
 /// Version 2: the WELCOME names the run's start (frames are sealed under run keys).
 /// Version 3: every frame is sealed bound to its record's subject sequence
-/// ([`super::record`]: a side of version 2 opens none), and the WELCOME names the key before
-/// the last rotation.
-pub const VERSION: u8 = 3;
+/// ([`super::record`]: a side of version 2 opens none).
+/// Version 4: the WELCOME names the key before the last rotation.
+pub const VERSION: u8 = 4;
 /// Bytes of the group key.
 pub const GROUP_KEY_LEN: usize = 32;
 /// Slot value meaning "no slot" (modes other than split).

@@ -186,22 +186,30 @@ pub enum Verdict {
     /// record someone who may publish changed — its subject sequence, its number — or a frame
     /// under a key this side was not given).
     Forged,
-    /// Dropped: a copy of a frame opened already (the half's replay window caught it).
+    /// Dropped: its sealed header (epoch and counter) was taken already or is too old for the
+    /// half's replay window — a copy, or anyone's record carrying a copied header: it is
+    /// dropped unread, so its body may be anything.
     Replayed,
 }
 
 impl Verdict {
+    /// Whether the record took its place in its subject's order (the receiver notes it:
+    /// `Intake::authentic`): it opened, or it opened under the key before a rotation and
+    /// was dropped for being stored after it (giving that place back would make the order
+    /// wait 30 s for a place the device fills elsewhere, sealing it again).
+    pub fn takes_place(self) -> bool {
+        matches!(self, Verdict::Opened { .. } | Verdict::Dropped)
+    }
+
     /// Whether the record holds no place in its subject's order (the receiver gives the place
     /// back: `Intake::give_back`): it opened under no key (nor bound to its record's subject
-    /// sequence), it is a copy of a frame opened already, it is under the key before a
-    /// rotation and stored after it (the revoked side's, or a device frame the device
-    /// publishes again under the new key), or it named the current run with another start.
+    /// sequence), its sealed header was taken already, or it named the current run with
+    /// another start.
     pub fn holds_no_place(self) -> bool {
         matches!(
             self,
             Verdict::Forged
                 | Verdict::Replayed
-                | Verdict::Dropped
                 | Verdict::Refused {
                     why: Refusal::OtherStart,
                     ..
@@ -261,6 +269,9 @@ pub struct Opener<H> {
     pub after_rotation: u64,
     /// Records that proved forged ([`Verdict::Forged`]).
     pub forged: u64,
+    /// Records whose sealed header (epoch and counter) was taken already
+    /// ([`Verdict::Replayed`]).
+    pub replayed: u64,
 }
 
 impl<H> std::fmt::Debug for Opener<H> {
@@ -306,6 +317,7 @@ impl<H: RunHalf> Opener<H> {
             dropped: 0,
             after_rotation: 0,
             forged: 0,
+            replayed: 0,
         }
     }
 
@@ -408,44 +420,8 @@ impl<H: RunHalf> Opener<H> {
             }
             return Ok(Verdict::Refused { why, tell });
         }
-        if let Some(v) = self.try_open(now, meta, run, payload.clone(), wseq, out)? {
+        if let Some(v) = self.try_all(now, meta, run, payload, wseq, stored, out)? {
             return Ok(v);
-        }
-        if let Some(pk) = self.keys.previous {
-            let current = self.guard.current();
-            let mut old = Output::new();
-            let frame = Frame::from_bytes(meta, payload.clone());
-            let outcome = open_in(
-                &mut self.previous,
-                pk,
-                run,
-                current,
-                now,
-                frame,
-                wseq,
-                &mut old,
-            )?;
-            if outcome == Outcome::Replayed {
-                return Ok(Verdict::Replayed);
-            }
-            if outcome == Outcome::Opened {
-                let frames = old.take_frames();
-                let held = Held {
-                    under: pk,
-                    stored,
-                    seq: meta.seq,
-                    frames,
-                };
-                if self.keys.since == SINCE_PENDING {
-                    self.held = Some(held);
-                    return Ok(Verdict::Held);
-                }
-                return Ok(if self.decide(held, out) {
-                    Verdict::Opened { newer_run: false }
-                } else {
-                    Verdict::Dropped
-                });
-            }
         }
         let paused = self
             .fruitless
@@ -462,6 +438,62 @@ impl<H: RunHalf> Opener<H> {
         self.set_aside(rec, stored);
         self.unopened(now, &meta);
         Ok(Verdict::Forged)
+    }
+
+    /// The record under the key as it stands, then under the key before the rotation:
+    /// `None` when neither opens it.
+    #[allow(clippy::too_many_arguments)]
+    fn try_all(
+        &mut self,
+        now: Instant,
+        meta: Meta,
+        run: Run,
+        payload: bytes::Bytes,
+        wseq: u64,
+        stored: Option<u64>,
+        out: &mut Output,
+    ) -> Result<Option<Verdict>, ModuleError> {
+        if let Some(v) = self.try_open(now, meta, run, payload.clone(), wseq, out)? {
+            return Ok(Some(v));
+        }
+        if let Some(pk) = self.keys.previous {
+            let current = self.guard.current();
+            let mut old = Output::new();
+            let frame = Frame::from_bytes(meta, payload.clone());
+            let outcome = open_in(
+                &mut self.previous,
+                pk,
+                run,
+                current,
+                now,
+                frame,
+                wseq,
+                &mut old,
+            )?;
+            if outcome == Outcome::Replayed {
+                self.replayed += 1;
+                return Ok(Some(Verdict::Replayed));
+            }
+            if outcome == Outcome::Opened {
+                let frames = old.take_frames();
+                let held = Held {
+                    under: pk,
+                    stored,
+                    seq: meta.seq,
+                    frames,
+                };
+                if self.keys.since == SINCE_PENDING {
+                    self.held = Some(held);
+                    return Ok(Some(Verdict::Held));
+                }
+                return Ok(Some(if self.decide(held, out) {
+                    Verdict::Opened { newer_run: false }
+                } else {
+                    Verdict::Dropped
+                }));
+            }
+        }
+        Ok(None)
     }
 
     /// An app side's stored record that opens under no key while it does not ask (or asked
@@ -495,9 +527,10 @@ impl<H: RunHalf> Opener<H> {
             return Ok(Verdict::Forged);
         }
         let (run, payload, wseq) = (p.rec.device_run(), p.rec.payload.clone(), p.rec.wseq);
-        if let Some(v) = self.try_open(now, p.meta, run, payload, wseq, out)? {
+        if let Some(v) = self.try_all(now, p.meta, run, payload, wseq, p.stored, out)? {
             return Ok(v);
         }
+        self.set_aside(&p.rec, p.stored);
         self.unopened(now, &p.meta);
         Ok(Verdict::Forged)
     }
@@ -558,7 +591,10 @@ impl<H: RunHalf> Opener<H> {
         let (halves, key) = (&mut self.open, self.keys.key);
         match open_in(halves, key, run, current, now, frame, wseq, out)? {
             Outcome::Rejected => return Ok(None),
-            Outcome::Replayed => return Ok(Some(Verdict::Replayed)),
+            Outcome::Replayed => {
+                self.replayed += 1;
+                return Ok(Some(Verdict::Replayed));
+            }
             Outcome::Opened => {}
         }
         let newer_run = self.guard.opened(run);

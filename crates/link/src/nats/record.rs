@@ -142,7 +142,10 @@ struct RunOrder {
     /// may be altered, so one of them may be forged; all go on, and the frames' own checks
     /// keep the genuine one).
     held: std::collections::BTreeMap<u64, Vec<Stored>>,
-    /// Since when a gap is open.
+    /// Since when the order waits without progress: set when a record is first held, and
+    /// again only when a record opens (genuine progress) while others are held; a record that
+    /// fills a gap and proves forged does not restart the wait (one forged record published
+    /// every < 30 s would hold the order at its gap for good). Ignored while nothing is held.
     since: Option<std::time::Instant>,
     /// Whether a record of this run opened (anyone may publish a header naming any run: an
     /// order no genuine record came in for goes first when there are too many).
@@ -232,7 +235,9 @@ impl Reorder {
         }
         if wseq > n {
             order.held.entry(wseq).or_default().push(item);
-            order.since.get_or_insert(now);
+            if order.held.len() == 1 || order.since.is_none() {
+                order.since.get_or_insert(now);
+            }
             if order.held.len() > self.max {
                 return Self::skip(order, &mut self.skipped, now);
             }
@@ -240,7 +245,7 @@ impl Reorder {
         }
         order.next = n.saturating_add(1);
         let mut out = vec![item];
-        Self::drain(order, &mut out, now);
+        Self::drain(order, &mut out);
         out
     }
 
@@ -252,7 +257,12 @@ impl Reorder {
             return Vec::new();
         };
         o.genuine = true;
+        let progress = o.confirmed.map_or(true, |c| wseq > c);
         o.confirmed = Some(o.confirmed.map_or(wseq, |c| c.max(wseq)));
+        if progress {
+            // Genuine progress: what is held now waits from here.
+            o.since = (!o.held.is_empty()).then_some(now);
+        }
         let past = wseq.saturating_add(1);
         if o.next >= past {
             return Vec::new();
@@ -269,11 +279,7 @@ impl Reorder {
                 out.extend(v);
             }
         }
-        let since = o.since;
-        Self::drain(o, &mut out, now);
-        if !o.held.is_empty() {
-            o.since = since.or(Some(now));
-        }
+        Self::drain(o, &mut out);
         out
     }
 
@@ -322,12 +328,11 @@ impl Reorder {
                 order.held.entry(item.0.wseq).or_default().push(item);
             }
         }
-        // A gap open before keeps its age: giving places back does not restart its wait.
-        let since = order.since;
-        Self::drain(order, &mut out, now);
+        // A wait begun before goes on: giving places back does not restart it.
         if !order.held.is_empty() {
-            order.since = since.or(Some(now));
+            order.since.get_or_insert(now);
         }
+        Self::drain(order, &mut out);
         out
     }
 
@@ -335,9 +340,10 @@ impl Reorder {
     pub fn poll(&mut self, now: std::time::Instant) -> Vec<Stored> {
         let mut out = Vec::new();
         for order in &mut self.runs {
-            if order
-                .since
-                .is_some_and(|t| now.saturating_duration_since(t) >= self.wait)
+            if !order.held.is_empty()
+                && order
+                    .since
+                    .is_some_and(|t| now.saturating_duration_since(t) >= self.wait)
             {
                 out.extend(Self::skip(order, &mut self.skipped, now));
             }
@@ -349,6 +355,7 @@ impl Reorder {
     pub fn poll_timeout(&self) -> Option<std::time::Instant> {
         self.runs
             .iter()
+            .filter(|r| !r.held.is_empty())
             .filter_map(|r| r.since)
             .min()
             .map(|t| t + self.wait)
@@ -364,19 +371,22 @@ impl Reorder {
             return Vec::new();
         };
         *skipped = skipped.saturating_add(first.saturating_sub(order.next));
+        // The place waited for is given up for good; the ones after it up to `first` only
+        // because nothing came for them before `first` did (a forged record far ahead may be
+        // `first`: they are awaited again if it gives its place back).
+        order.floor = first.min(order.next.saturating_add(1));
         order.next = first;
-        order.floor = first;
+        order.since = Some(now);
         let mut out = Vec::new();
-        Self::drain(order, &mut out, now);
+        Self::drain(order, &mut out);
         out
     }
 
-    fn drain(order: &mut RunOrder, out: &mut Vec<Stored>, now: std::time::Instant) {
+    fn drain(order: &mut RunOrder, out: &mut Vec<Stored>) {
         while let Some(r) = order.held.remove(&order.next) {
             out.extend(r);
             order.next = order.next.saturating_add(1);
         }
-        order.since = (!order.held.is_empty()).then_some(now);
     }
 }
 
@@ -492,5 +502,45 @@ mod tests {
         assert_eq!(w(r.push(rec(5, 1), t)), vec![1, 2]);
         assert!(r.is_empty());
         assert_eq!(r.skipped, 0);
+    }
+
+    fn wseqs(v: &[Stored]) -> Vec<u64> {
+        v.iter().map(|(r, _)| r.wseq).collect()
+    }
+
+    #[test]
+    fn a_forged_record_filling_a_gap_and_giving_it_back_does_not_restart_its_wait() {
+        let t0 = std::time::Instant::now();
+        let secs = std::time::Duration::from_secs;
+        let mut o = Reorder::new(secs(30), 100);
+        assert_eq!(wseqs(&o.push(rec(7, 0), t0)), vec![0]);
+        assert!(o.genuine(7, 0, t0).is_empty());
+        assert!(o.push(rec(7, 2), t0).is_empty(), "2 waits for 1");
+        // A forged 1, 20 s later: 1 and 2 come out; 1 proves forged, 2 goes back to wait.
+        let out = o.push(rec(7, 1), t0 + secs(20));
+        assert_eq!(wseqs(&out), vec![1, 2]);
+        let back = o.unrelease(7, 1, vec![out[1].clone()], t0 + secs(20));
+        assert!(back.is_empty());
+        // The wait is the one begun at t0: given up at t0 + 30 s, not t0 + 50 s.
+        assert_eq!(o.poll_timeout(), Some(t0 + secs(30)));
+        assert_eq!(wseqs(&o.poll(t0 + secs(30))), vec![2]);
+        assert_eq!(o.skipped, 1);
+    }
+
+    #[test]
+    fn a_forged_record_far_ahead_given_up_to_does_not_end_the_order() {
+        let t0 = std::time::Instant::now();
+        let secs = std::time::Duration::from_secs;
+        let mut o = Reorder::new(secs(30), 100);
+        assert_eq!(wseqs(&o.push(rec(7, 0), t0)), vec![0]);
+        assert!(o.genuine(7, 0, t0).is_empty());
+        assert!(o.push(rec(7, 100), t0).is_empty());
+        // Nothing else comes for 30 s: the gap is given up, to the forged 100 …
+        let out = o.poll(t0 + secs(30));
+        assert_eq!(wseqs(&out), vec![100]);
+        // … which gives its place back: the order goes on after the one place given up.
+        assert!(o.unrelease(7, 100, Vec::new(), t0 + secs(30)).is_empty());
+        assert!(o.push(rec(7, 3), t0 + secs(31)).is_empty(), "3 waits for 2");
+        assert_eq!(wseqs(&o.push(rec(7, 2), t0 + secs(31))), vec![2, 3]);
     }
 }
