@@ -35,10 +35,10 @@
 //! revoked side's stored after the rotation, and every frame of every trusted app side; each
 //! trusted app side delivers every device frame exactly once; the revoked side delivers no
 //! device frame sealed after the rotation (frames whose last stored copy JetStream lost are
-//! not owed); and everything settles (no order held at a gap for good). Not covered: order
-//! within a stream (at-most- and exactly-once only), two rotations, the gate's timeout and
-//! publishers joining mid-rotation (the gate is modelled as the device's one publisher
-//! settling).
+//! not owed); each trusted app side takes the device's frames in order; and everything
+//! settles (no order held at a gap for good). Not covered: two rotations, the gate's timeout
+//! and publishers joining mid-rotation (the gate is modelled as the device's one publisher
+//! settling), a forger active for long after the sources stop.
 //!
 //! `SEED=n cargo test -p ndd-testkit --test nats_keys` replays one schedule.
 
@@ -216,6 +216,9 @@ struct App {
     /// A rekey notice it has not acted on.
     notice: bool,
     got: HashSet<u64>,
+    /// The device frame it delivered last, and how many came after a later one.
+    last: Option<u64>,
+    out_of_order: u64,
 }
 
 impl App {
@@ -236,6 +239,8 @@ impl App {
             asking: None,
             notice: false,
             got: HashSet::new(),
+            last: None,
+            out_of_order: 0,
         }
     }
 
@@ -352,6 +357,11 @@ fn app_took(
     if !a.got.insert(n) {
         return Err(format!("an app side delivered device frame {n} twice"));
     }
+    // In order, but for frames JetStream lost (their places are given up).
+    if a.last.is_some_and(|l| n < l) {
+        a.out_of_order += 1;
+    }
+    a.last = Some(n);
     Ok(())
 }
 
@@ -877,6 +887,12 @@ fn run(seed: u64) -> Result<String, String> {
                 stores.get(&(Some(i), n)),
                 stores.get(&(Some(i), n)).map(|v| v.iter().map(|s| js.lost.contains(s)).collect::<Vec<_>>()),
                 d.opener
+            ));
+        }
+        if a.out_of_order > 0 {
+            return Err(format!(
+                "trusted app {i} delivered {} device frame(s) after a later one (revoked {revoked:?})",
+                a.out_of_order
             ));
         }
         if let Some(n) = (0..d.next).find(|n| !a.got.contains(n) && !lost(None, *n)) {
