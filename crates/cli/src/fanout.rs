@@ -2166,9 +2166,15 @@ impl Publisher {
             .map_err(|e| anyhow!("stream \"{}\": encrypt: {e}", self.plan.name))
     }
 
-    /// Publishes a sealed frame; returns its JetStream message id (reliable streams).
-    async fn publish(&mut self, frame: Frame, route: Route) -> Result<Option<String>> {
-        let (subject, part) = self.subject(route);
+    /// Publishes a sealed frame on `subject` (`part`: its part of a split stream; both from
+    /// [`Publisher::subject`], worked out once per frame); returns its JetStream message id
+    /// (reliable streams).
+    async fn publish(
+        &mut self,
+        frame: Frame,
+        subject: &str,
+        part: Option<u16>,
+    ) -> Result<Option<String>> {
         let len = frame.len() + HEADER_LEN;
         if len > self.ctx.max_payload {
             bail!(
@@ -2178,7 +2184,7 @@ impl Publisher {
             );
         }
         self.catch_up();
-        let id = self.outbox.publish(Instant::now(), &subject, part, frame);
+        let id = self.outbox.publish(Instant::now(), subject, part, frame);
         self.transmit().await?;
         while self.outbox.in_flight() > JS_IN_FLIGHT {
             let ev = self.next_event().await;
@@ -2320,10 +2326,10 @@ impl Publisher {
         let mut sealed = Output::new();
         for (meta, payload, route) in again {
             let frame = Frame::from_bytes(meta, payload.clone());
-            let (subject, _) = self.subject(route);
+            let (subject, part) = self.subject(route);
             self.seal_for(&mut seal.seal, &subject, frame, &mut sealed)?;
             for f in sealed.take_frames() {
-                if let Some(id) = self.publish(f, route).await? {
+                if let Some(id) = self.publish(f, &subject, part).await? {
                     self.keep((meta, payload.clone()), route, id);
                 }
             }
@@ -2380,10 +2386,10 @@ impl Publisher {
                     let _ = self.ctx.client.publish(subject.clone(), rec).await;
                 }
             }
-            let (subject, _) = self.subject(route);
+            let (subject, part) = self.subject(route);
             self.seal_for(seal, &subject, Frame::new(meta, &[]), &mut out)?;
             for f in out.take_frames() {
-                self.publish(f, route).await?;
+                self.publish(f, &subject, part).await?;
             }
         }
         Ok(())
@@ -2495,7 +2501,7 @@ async fn drain(
         } else {
             (f, None)
         };
-        let (subject, _) = out.subject(route);
+        let (subject, part) = out.subject(route);
         out.seal_for(&mut seal.seal, &subject, f, sealed)?;
         for f in sealed.take_frames() {
             {
@@ -2506,7 +2512,7 @@ async fn drain(
                     s.layers = stack.stats();
                 }
             }
-            if let (Some(id), Some(p)) = (out.publish(f, route).await?, plain.clone()) {
+            if let (Some(id), Some(p)) = (out.publish(f, &subject, part).await?, plain.clone()) {
                 out.keep(p, route, id);
             }
         }

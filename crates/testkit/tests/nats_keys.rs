@@ -365,6 +365,18 @@ fn app_took(
     Ok(())
 }
 
+/// As fanout's sink after the opener's verdict on stored record `rec`: one that holds no
+/// place gives it back; one dropped under the key before a rotation takes it (one that opened
+/// is noted with its frames).
+fn place(intake: &mut Intake<u64>, rec: &FrameRecord, v: Verdict, now: Instant) {
+    if v.holds_no_place() {
+        intake.give_back(rec, now);
+    }
+    if v == Verdict::Dropped {
+        intake.authentic(rec, now);
+    }
+}
+
 /// The adversary's version of a recorded message.
 fn tamper(rng: &mut SimRng, body: &Bytes) -> Bytes {
     let mut b = body.to_vec();
@@ -714,12 +726,7 @@ fn run(seed: u64) -> Result<String, String> {
                 if v == Verdict::AskKey {
                     return Err("a device side asked for the key".into());
                 }
-                if v.holds_no_place() {
-                    d.intake.give_back(&rec, now);
-                }
-                if v == Verdict::Dropped {
-                    d.intake.authentic(&rec, now);
-                }
+                place(&mut d.intake, &rec, v, now);
                 if v == Verdict::Held {
                     d.held = Some((stored, rec.clone()));
                     break;
@@ -765,12 +772,7 @@ fn run(seed: u64) -> Result<String, String> {
                         .opener
                         .retry(now, &mut out)
                         .map_err(|e| format!("app opener: {e}"))?;
-                    if v.holds_no_place() {
-                        a.intake.give_back(&rec, now);
-                    }
-                    if v == Verdict::Dropped {
-                        a.intake.authentic(&rec, now);
-                    }
+                    place(&mut a.intake, &rec, v, now);
                     for f in out.take_frames() {
                         a.intake.authentic(&rec, now);
                         a.intake.opened(rec.run, rec.seq);
@@ -787,12 +789,7 @@ fn run(seed: u64) -> Result<String, String> {
                         a.intake.opened(rec.run, rec.seq);
                         app_took(a, &f, &d.sealed, revoked_after)?;
                     }
-                    if v.holds_no_place() {
-                        a.intake.give_back(&rec, now);
-                    }
-                    if v == Verdict::Dropped {
-                        a.intake.authentic(&rec, now);
-                    }
+                    place(&mut a.intake, &rec, v, now);
                     if v == Verdict::AskKey {
                         a.asking = Some(rec.clone());
                         break;

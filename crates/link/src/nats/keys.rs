@@ -232,7 +232,6 @@ struct Held {
 struct Parked {
     rec: FrameRecord,
     stored: Option<u64>,
-    meta: Meta,
     /// Whether the keys changed since it was parked.
     changed: bool,
 }
@@ -383,13 +382,7 @@ impl<H: RunHalf> Opener<H> {
         stored: Option<u64>,
         out: &mut Output,
     ) -> Result<Verdict, ModuleError> {
-        let meta = Meta {
-            stream: rec.stream,
-            seq: rec.seq,
-            timestamp_ns: rec.timestamp_ns,
-            flags: rec.flags,
-        };
-        let (run, payload, wseq) = (rec.device_run(), rec.payload.clone(), rec.wseq);
+        let (meta, run) = (rec.meta(), rec.device_run());
         if let Admit::Refused(why) = self.guard.check(run, stored) {
             self.dropped += 1;
             let tell = !self.app
@@ -401,8 +394,8 @@ impl<H: RunHalf> Opener<H> {
                     // Only a genuine frame of an earlier run (it opens under that run's key)
                     // tells the app sides to join again: anyone may publish a header.
                     let mut probe = H::under(run_key(&self.keys.key, run));
-                    let frame = Frame::from_bytes(meta, payload);
-                    probe.open(now, frame, wseq, &mut Output::new())? == Outcome::Opened
+                    let frame = Frame::from_bytes(meta, rec.payload.clone());
+                    probe.open(now, frame, rec.wseq, &mut Output::new())? == Outcome::Opened
                 };
             if tell {
                 self.told = Some(now);
@@ -420,7 +413,7 @@ impl<H: RunHalf> Opener<H> {
             }
             return Ok(Verdict::Refused { why, tell });
         }
-        if let Some(v) = self.try_all(now, meta, run, payload, wseq, stored, out)? {
+        if let Some(v) = self.try_all(now, rec, stored, out)? {
             return Ok(v);
         }
         let paused = self
@@ -430,7 +423,6 @@ impl<H: RunHalf> Opener<H> {
             self.parked = Some(Parked {
                 rec: rec.clone(),
                 stored,
-                meta,
                 changed: false,
             });
             return Ok(Verdict::AskKey);
@@ -442,24 +434,20 @@ impl<H: RunHalf> Opener<H> {
 
     /// The record under the key as it stands, then under the key before the rotation:
     /// `None` when neither opens it.
-    #[allow(clippy::too_many_arguments)]
     fn try_all(
         &mut self,
         now: Instant,
-        meta: Meta,
-        run: Run,
-        payload: bytes::Bytes,
-        wseq: u64,
+        rec: &FrameRecord,
         stored: Option<u64>,
         out: &mut Output,
     ) -> Result<Option<Verdict>, ModuleError> {
-        if let Some(v) = self.try_open(now, meta, run, payload.clone(), wseq, out)? {
+        if let Some(v) = self.try_open(now, rec, out)? {
             return Ok(Some(v));
         }
         if let Some(pk) = self.keys.previous {
-            let current = self.guard.current();
+            let (current, run) = (self.guard.current(), rec.device_run());
             let mut old = Output::new();
-            let frame = Frame::from_bytes(meta, payload.clone());
+            let frame = Frame::from_bytes(rec.meta(), rec.payload.clone());
             let outcome = open_in(
                 &mut self.previous,
                 pk,
@@ -467,7 +455,7 @@ impl<H: RunHalf> Opener<H> {
                 current,
                 now,
                 frame,
-                wseq,
+                rec.wseq,
                 &mut old,
             )?;
             if outcome == Outcome::Replayed {
@@ -479,7 +467,7 @@ impl<H: RunHalf> Opener<H> {
                 let held = Held {
                     under: pk,
                     stored,
-                    seq: meta.seq,
+                    seq: rec.seq,
                     frames,
                 };
                 if self.keys.since == SINCE_PENDING {
@@ -523,15 +511,14 @@ impl<H: RunHalf> Opener<H> {
             // record is kept aside for the next key, as the ones that follow.
             self.fruitless = Some(now);
             self.set_aside(&p.rec, p.stored);
-            self.unopened(now, &p.meta);
+            self.unopened(now, &p.rec.meta());
             return Ok(Verdict::Forged);
         }
-        let (run, payload, wseq) = (p.rec.device_run(), p.rec.payload.clone(), p.rec.wseq);
-        if let Some(v) = self.try_all(now, p.meta, run, payload, wseq, p.stored, out)? {
+        if let Some(v) = self.try_all(now, &p.rec, p.stored, out)? {
             return Ok(v);
         }
         self.set_aside(&p.rec, p.stored);
-        self.unopened(now, &p.meta);
+        self.unopened(now, &p.rec.meta());
         Ok(Verdict::Forged)
     }
 
@@ -566,7 +553,7 @@ impl<H: RunHalf> Opener<H> {
         } else {
             self.after_rotation += 1;
             self.dropped += 1;
-            tracing::debug!(
+            tracing::trace!(
                 seq = h.seq,
                 stored = h.stored,
                 since = self.keys.since,
@@ -580,16 +567,13 @@ impl<H: RunHalf> Opener<H> {
     fn try_open(
         &mut self,
         now: Instant,
-        meta: Meta,
-        run: Run,
-        payload: bytes::Bytes,
-        wseq: u64,
+        rec: &FrameRecord,
         out: &mut Output,
     ) -> Result<Option<Verdict>, ModuleError> {
-        let current = self.guard.current();
-        let frame = Frame::from_bytes(meta, payload);
+        let (current, run) = (self.guard.current(), rec.device_run());
+        let frame = Frame::from_bytes(rec.meta(), rec.payload.clone());
         let (halves, key) = (&mut self.open, self.keys.key);
-        match open_in(halves, key, run, current, now, frame, wseq, out)? {
+        match open_in(halves, key, run, current, now, frame, rec.wseq, out)? {
             Outcome::Rejected => return Ok(None),
             Outcome::Replayed => {
                 self.replayed += 1;

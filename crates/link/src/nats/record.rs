@@ -97,6 +97,16 @@ impl FrameRecord {
         }
     }
 
+    /// The frame's metadata as the record carries it.
+    pub fn meta(&self) -> ndd_core::Meta {
+        ndd_core::Meta {
+            stream: self.stream,
+            seq: self.seq,
+            timestamp_ns: self.timestamp_ns,
+            flags: self.flags,
+        }
+    }
+
     /// The message body.
     pub fn encode(&self) -> Bytes {
         let mut b = BytesMut::with_capacity(HEADER_LEN + self.payload.len());
