@@ -135,29 +135,34 @@ fn previous_path(home: &Path, prefix: &str, driver: &str) -> std::path::PathBuf 
 fn group_key(home: &Path, prefix: &str, driver: &str, run: Run) -> Result<GroupKey> {
     let key = current_key(home, prefix, driver)?;
     let path = previous_path(home, prefix, driver);
-    let (since, previous) = match std::fs::read(&path) {
-        Ok(b) if b.len() == 40 => {
-            let mut k = [0u8; 32];
-            k.copy_from_slice(&b[..32]);
-            let mut n = [0u8; 8];
-            n.copy_from_slice(&b[32..]);
-            (u64::from_be_bytes(n), Some(k))
-        }
+    // A key and the sequence of the rotation that retired it: the previous key, then (since
+    // join version 5) the one before it.
+    let retired = |b: &[u8]| {
+        let mut k = [0u8; 32];
+        k.copy_from_slice(&b[..32]);
+        let mut n = [0u8; 8];
+        n.copy_from_slice(&b[32..40]);
+        (k, u64::from_be_bytes(n))
+    };
+    let (previous, older) = match std::fs::read(&path) {
+        Ok(b) if b.len() == 40 => (Some(retired(&b)), None),
+        Ok(b) if b.len() == 80 => (Some(retired(&b[..40])), Some(retired(&b[40..]))),
         Ok(b) => {
             tracing::warn!(
                 side = "device",
-                "{} holds {} bytes, not a key and a sequence (40); ignored: app → device frames sealed before the last rotation and not yet read will not open",
+                "{} holds {} bytes, not keys with their sequences (40 or 80); ignored: app → device frames sealed before the last rotation and not yet read will not open",
                 path.display(),
                 b.len()
             );
-            (0, None)
+            (None, None)
         }
-        Err(_) => (0, None),
+        Err(_) => (None, None),
     };
     Ok(GroupKey {
         key,
-        since,
-        previous,
+        since: previous.map_or(0, |p| p.1),
+        previous: previous.map(|p| p.0),
+        older,
         run,
     })
 }
@@ -359,6 +364,10 @@ impl KeyKeeper {
         });
         let mut previous = old.to_vec();
         previous.extend_from_slice(&since.to_be_bytes());
+        if let Some((k, s)) = r.keys.older {
+            previous.extend_from_slice(&k);
+            previous.extend_from_slice(&s.to_be_bytes());
+        }
         if let Err(e) = write_private(
             &previous_path(&self.home, &self.prefix, &self.driver),
             &previous,
@@ -435,7 +444,8 @@ impl GroupSeal {
         let old = std::mem::replace(&mut self.keys, k);
         let mut after = None::<u64>;
         if k.key != old.key {
-            after = Some(k.since);
+            // The first rotation since the key it sealed under (two may have come as one).
+            after = Some(k.retired_after(&old.key));
         }
         if k.run != old.run {
             after = Some(after.map_or(k.run.began, |a| a.min(k.run.began)));
@@ -880,12 +890,7 @@ pub async fn run_side(
             let me = short_id(&local.fingerprint());
             // The device may rotate the group key: follow it (joining again when told, or
             // when a frame does not open).
-            let (key_tx, key) = watch::channel(GroupKey {
-                key: admission.group_key,
-                since: admission.key_since,
-                previous: admission.previous_key,
-                run: admission.device_run(),
-            });
+            let (key_tx, key) = watch::channel(admission.keys());
             let (refresh, asks) = mpsc::channel(16);
             let follower = KeyFollower {
                 ctx: ctx.clone(),
@@ -1631,15 +1636,7 @@ impl JoinService {
                 format!("the device side cannot note who holds its group key: {e:#}"),
             );
         }
-        let k = *self.key.borrow();
-        Welcome::Admitted(Admission {
-            group_key: k.key,
-            slot,
-            run: k.run.id,
-            run_began: k.run.began,
-            key_since: k.since,
-            previous_key: k.previous,
-        })
+        Welcome::Admitted(Admission::of(&self.key.borrow(), slot))
     }
 }
 
@@ -1841,10 +1838,8 @@ impl KeyFollower {
                         // A join never takes an app side back to an earlier run.
                         let restarted = a.run > k.run.id;
                         *k = GroupKey {
-                            key: a.group_key,
-                            since: a.key_since,
-                            previous: a.previous_key,
                             run: if restarted { a.device_run() } else { k.run },
+                            ..a.keys()
                         };
                         said = (rotated, restarted);
                         rotated || restarted
@@ -3119,12 +3114,7 @@ mod tests {
             driver: "joins".into(),
             streams: vec![],
         };
-        let (_keys, key) = watch::channel(GroupKey {
-            key: [1; 32],
-            since: 0,
-            previous: None,
-            run: Run { id: 1, began: 0 },
-        });
+        let (_keys, key) = watch::channel(GroupKey::first([1; 32], Run { id: 1, began: 0 }));
         let mut svc = JoinService {
             ctx: Ctx {
                 client,

@@ -2,7 +2,10 @@
 //! item 2): a device side and 2–5 app sides on one JetStream stream (one sequence for every
 //! subject, message ids deduplicated as the server does), each app side publishing a reliable
 //! app → device stream and taking the device's reliable device → app stream. Mid-stream the
-//! device stops trusting one app side (`ndd untrust`) and rotates the key.
+//! device stops trusting one app side (`ndd untrust`) and rotates the key; in some schedules
+//! it then stops trusting a second one, often right after the first rotation is complete, so
+//! that its sinks (which follow the keys as a watch: two changes between two reads are one)
+//! and app sides that missed the first notice see both rotations as one change of keys.
 //!
 //! Every part that decides is the binary's own, sans-IO: the device's and each app side's
 //! `ndd_link::nats::keys::Opener` (runs, the key as it stands, the key before the rotation,
@@ -36,7 +39,8 @@
 //! trusted app side delivers every device frame exactly once; the revoked side delivers no
 //! device frame sealed after the rotation (frames whose last stored copy JetStream lost are
 //! not owed); each trusted app side takes the device's frames in order; and everything
-//! settles (no order held at a gap for good). Not covered: two rotations, the gate's timeout
+//! settles (no order held at a gap for good). Not covered: three rotations close together
+//! (only two earlier keys are kept: `GroupKey::older`), the gate's timeout
 //! and publishers joining mid-rotation (the gate is modelled as the device's one publisher
 //! settling), a forger active for long after the sources stop.
 //!
@@ -280,6 +284,10 @@ struct Device {
     gen: u8,
     /// A rotation its publisher has not followed yet (it publishes nothing meanwhile).
     rotating: bool,
+    /// Rotations so far (the key's generation).
+    rotations: u8,
+    /// The key it seals under.
+    sealing: [u8; 32],
     /// Every (key generation, frame) it sealed.
     sealed: HashSet<(u8, u64)>,
     got: HashSet<(usize, u64)>,
@@ -301,7 +309,7 @@ fn device_took(
     d: &mut Device,
     f: &Frame,
     stored: Option<u64>,
-    revoked: Option<(usize, u64)>,
+    revoked: &[(usize, u64, u8)],
     published: &[u64],
 ) -> Result<(), String> {
     let p = f.payload();
@@ -317,7 +325,7 @@ fn device_took(
             "the device delivered a frame never published: app {app} frame {n}"
         ));
     }
-    if let Some((r, since)) = revoked {
+    for &(r, since, _) in revoked {
         if app == r && since != SINCE_PENDING && stored.is_none_or(|s| s > since) {
             return Err(format!(
                 "the device delivered the revoked app side's frame {n} stored at {stored:?}, after the rotation at {since}"
@@ -425,16 +433,24 @@ fn run(seed: u64) -> Result<String, String> {
     let t0 = Instant::now();
     let n_apps = rng.range(2, 5) as usize;
     let fps: Vec<String> = (0..n_apps).map(|i| format!("app{i}")).collect();
-    let first = GroupKey {
-        key: [0x11; 32],
-        since: 0,
-        previous: None,
-        run: RUN,
-    };
+    let first = GroupKey::first([0x11; 32], RUN);
     // Which app side is revoked, and when (none in some schedules).
-    let revoke = rng
-        .chance(0.85)
-        .then(|| (rng.range(0, n_apps as u64 - 1) as usize, rng.range(20, 400)));
+    let mut revokes: VecDeque<(usize, u64)> = VecDeque::new();
+    if rng.chance(0.85) {
+        let first = rng.range(0, n_apps as u64 - 1) as usize;
+        revokes.push_back((first, rng.range(20, 400)));
+        // A second one in some schedules, often right after the first is complete (the
+        // device's sinks may see both rotations as one change of keys).
+        if n_apps >= 3 && rng.chance(0.4) {
+            let second = (first + 1 + rng.range(0, n_apps as u64 - 2) as usize) % n_apps;
+            let gap = if rng.chance(0.5) {
+                rng.range(0, 5)
+            } else {
+                rng.range(0, 300)
+            };
+            revokes.push_back((second, gap));
+        }
+    }
     let since_delay = rng.range(0, 60);
     // How often JetStream loses what it acknowledged (none in most schedules).
     let lose = if rng.chance(0.3) { 0.01 } else { 0.0 };
@@ -465,12 +481,17 @@ fn run(seed: u64) -> Result<String, String> {
         next: 0,
         gen: 0,
         rotating: false,
+        rotations: 0,
+        sealing: first.key,
         sealed: HashSet::new(),
         got: HashSet::new(),
     };
-    // The revoked side and the rotation's sequence; the generation before the rotation.
-    let mut revoked: Option<(usize, u64)> = None;
-    let mut rotated_at: Option<u64> = None;
+    // The revoked sides and their rotations' sequences; when the rotation under way began.
+    // (side, sequence, the last key generation it may hold)
+    let mut revoked: Vec<(usize, u64, u8)> = Vec::new();
+    let mut rotating_since: Option<u64> = None;
+    // The next rotation's step (the second one's counts from the first's completion).
+    let mut next_at = revokes.front().map(|r| r.1);
     // Publishes on their way: (subject, publisher: an app or the device).
     let mut flight: Vec<(u16, Option<usize>, Publish)> = Vec::new();
     let mut step = 0u64;
@@ -512,35 +533,46 @@ fn run(seed: u64) -> Result<String, String> {
             ));
         }
         // The revocation: the device draws a new key, seals under it, and reads where the
-        // stream stands a little later.
-        if let Some((r, at)) = revoke {
-            if step == at {
-                d.trusted[r] = false;
-                let trusted = |h: &str| {
-                    fps.iter()
-                        .position(|f| f == h)
-                        .is_some_and(|i| d.trusted[i])
-                };
-                let rot = rotation(d.keys, &d.holders, trusted, [0x22; 32])
-                    .ok_or("untrusting a holder did not rotate the key")?;
-                if rot.revoked != vec![fps[r].clone()] {
-                    return Err(format!("revoked {:?}, not {}", rot.revoked, fps[r]));
+        // stream stands a little later. (fanout's KeyKeeper checks again only once a rotation
+        // is complete.)
+        let complete = d.keys.since != SINCE_PENDING;
+        if complete && next_at.is_some_and(|at| step >= at) {
+            let (r, _) = revokes.pop_front().expect("a revocation is due");
+            d.trusted[r] = false;
+            let trusted = |h: &str| {
+                fps.iter()
+                    .position(|f| f == h)
+                    .is_some_and(|i| d.trusted[i])
+            };
+            let fresh = [0x22 + 0x11 * revoked.len() as u8; 32];
+            match rotation(d.keys, &d.holders, trusted, fresh) {
+                Some(rot) => {
+                    if rot.revoked != vec![fps[r].clone()] {
+                        return Err(format!("revoked {:?}, not {}", rot.revoked, fps[r]));
+                    }
+                    d.keys = rot.keys;
+                    d.holders.clear();
+                    d.rotating = true;
+                    revoked.push((r, SINCE_PENDING, d.rotations));
+                    d.rotations += 1;
+                    rotating_since = Some(step);
                 }
-                d.keys = rot.keys;
-                d.holders.clear();
-                d.opener.handle_keys(d.keys);
-                d.rotating = true;
-                revoked = Some((r, SINCE_PENDING));
+                // It had not joined since the last rotation: it holds no key it could use.
+                None => revoked.push((r, js.last(), d.rotations)),
             }
-            // fanout's RotationGate: where the stream stands is read once the device's
-            // reliable publisher has every publish under the old key acknowledged.
-            let reading = revoked.is_some_and(|(_, s)| s == SINCE_PENDING);
-            if reading && step >= at + since_delay && d.outbox.is_settled() {
+            next_at = None;
+        }
+        // fanout's RotationGate: where the stream stands is read once the device's reliable
+        // publisher has every publish under the old key acknowledged.
+        if let Some(began) = rotating_since {
+            if step >= began + since_delay && d.outbox.is_settled() {
                 let since = js.last();
                 d.keys = d.keys.since_at(since);
-                d.opener.handle_keys(d.keys);
-                revoked = Some((r, since));
-                rotated_at = Some(since);
+                if let Some(r) = revoked.last_mut() {
+                    r.1 = since;
+                }
+                rotating_since = None;
+                next_at = revokes.front().map(|r| step + r.1);
                 for a in apps.iter_mut() {
                     a.notice = true;
                 }
@@ -551,9 +583,14 @@ fn run(seed: u64) -> Result<String, String> {
         // and was stored after goes again under the new one first.
         if d.rotating {
             if d.keys.since != SINCE_PENDING && d.outbox.is_settled() {
-                let again = d.outbox.rotate(d.keys.run, d.keys.since);
+                // What it sealed under the key it held and was stored after that key's
+                // rotation (the first it had not followed) goes again.
+                let after = d.keys.retired_after(&d.sealing);
+                let again = d.outbox.rotate(d.keys.run, after);
                 d.seal = forward(&d.keys);
-                d.gen += 1;
+                d.sealing = d.keys.key;
+                // Both rotations at once when it follows late: generation = key.
+                d.gen = d.rotations;
                 d.rotating = false;
                 for n in again {
                     d.publish(now, n);
@@ -582,7 +619,7 @@ fn run(seed: u64) -> Result<String, String> {
             }
             if let Some(k) = a.learning {
                 if a.outbox.is_settled() {
-                    let again = a.outbox.rotate(k.run, k.since);
+                    let again = a.outbox.rotate(k.run, k.retired_after(&a.keys.key));
                     a.keys = k;
                     a.seal = forward(&k);
                     a.learning = None;
@@ -701,6 +738,11 @@ fn run(seed: u64) -> Result<String, String> {
         // The device's sink: what its intake lets through, then one more message.
         let published: Vec<u64> = apps.iter().map(|a| a.next).collect();
         for _ in 0..rng.range(0, 4) {
+            // The keys as they stand when it reads (fanout's sinks follow a watch: two
+            // changes between two reads are seen as one).
+            if d.opener.keys() != d.keys {
+                d.opener.handle_keys(d.keys);
+            }
             let mut out = Output::new();
             if let Some((stored, rec)) = d.held.clone() {
                 if !d.opener.release(&mut out) {
@@ -710,7 +752,7 @@ fn run(seed: u64) -> Result<String, String> {
                 for f in out.take_frames() {
                     d.intake.authentic(&rec, now);
                     d.intake.opened(rec.run, rec.seq);
-                    device_took(&mut d, &f, stored, revoked, &published)?;
+                    device_took(&mut d, &f, stored, &revoked, &published)?;
                 }
             }
             while let Some((rec, stored)) = d.intake.poll_record() {
@@ -721,7 +763,7 @@ fn run(seed: u64) -> Result<String, String> {
                 for f in out.take_frames() {
                     d.intake.authentic(&rec, now);
                     d.intake.opened(rec.run, rec.seq);
-                    device_took(&mut d, &f, stored, revoked, &published)?;
+                    device_took(&mut d, &f, stored, &revoked, &published)?;
                 }
                 if v == Verdict::AskKey {
                     return Err("a device side asked for the key".into());
@@ -744,7 +786,7 @@ fn run(seed: u64) -> Result<String, String> {
         let complete = d.keys.since != SINCE_PENDING;
         for (i, a) in apps.iter_mut().enumerate() {
             // The revoked side: nothing sealed after the rotation (a later generation).
-            let revoked_after = revoked.filter(|(r, _)| *r == i).map(|_| 0u8);
+            let revoked_after = revoked.iter().find(|(r, ..)| *r == i).map(|r| r.2);
             // (Once time goes a second a step, every side reads: a 30 s stall of a sink is
             // not what this explores.)
             let reads = if !busy {
@@ -906,7 +948,7 @@ fn run(seed: u64) -> Result<String, String> {
         }
     }
     Ok(format!(
-        "{n_apps} app sides, revoked {revoked:?} (since {rotated_at:?}), {} messages stored, device took {} frames, dropped {} ({} under the old key after the rotation)",
+        "{n_apps} app sides, revoked (side, since, generation) {revoked:?}, {} messages stored, device took {} frames, dropped {} ({} under the old key after the rotation)",
         js.last(),
         d.got.len(),
         d.opener.dropped,

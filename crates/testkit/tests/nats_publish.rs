@@ -145,12 +145,7 @@ fn run(seed: u64) -> Result<String, String> {
     let mut outbox: Outbox<()> = Outbox::new(STREAM, RUN, true, None, false);
     let mut seal =
         EncryptForward::new(&Key::given(run_key(&GROUP, RUN)), Cipher::Aes256Gcm).unwrap();
-    let mut open: Opener<RunInverse> = Opener::app(GroupKey {
-        key: GROUP,
-        since: 0,
-        previous: None,
-        run: RUN,
-    });
+    let mut open: Opener<RunInverse> = Opener::app(GroupKey::first(GROUP, RUN));
     let mut intake: Intake<u64> = Intake::new(STREAM, true, WAIT);
     intake.consumer_start(1);
     let mut cursor = 0usize;

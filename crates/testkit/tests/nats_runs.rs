@@ -137,12 +137,7 @@ impl App {
     fn new(joined: Run) -> App {
         App {
             joined,
-            opener: Opener::app(GroupKey {
-                key: GROUP,
-                since: 0,
-                previous: None,
-                run: joined,
-            }),
+            opener: Opener::app(GroupKey::first(GROUP, joined)),
             rel: Intake::new(REL, true, WAIT),
             lossy: Intake::new(LOSSY, false, WAIT),
             delivered: HashSet::new(),

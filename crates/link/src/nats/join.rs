@@ -20,11 +20,12 @@
 //! Every message starts with `"NJ"`, the version ([`VERSION`]) and a type byte (1 INIT,
 //! 2 REPLY, 3 FINISH, 4 WELCOME). FINISH: `u16 length ‖ seal FINISH ‖ seal DATA(HELLO
 //! message)`. WELCOME: seal DATA of `0 ‖ group key (32) ‖ slot (u16, 0xFFFF: none) ‖ run id
-//! (u64) ‖ run began (u64) ‖ key since (u64) ‖ previous key (32, zeros: none)` when admitted
-//! (run began: the JetStream stream sequence the device's run began after,
-//! [`super::runs::Run`]; key since: the device's JetStream stream sequence when a rotation
-//! drew this key, 0 for a key no rotation drew; previous key: the key before that rotation),
-//! or
+//! (u64) ‖ run began (u64) ‖ key since (u64) ‖ previous key (32, zeros: none) ‖ older key
+//! (32, zeros: none) ‖ older since (u64)` when admitted (run began: the JetStream stream
+//! sequence the device's run began after, [`super::runs::Run`]; key since: the device's
+//! JetStream stream sequence when a rotation drew this key, 0 for a key no rotation drew;
+//! previous key: the key before that rotation; older key and since: the key before the
+//! previous one and where the rotation that retired it began), or
 //! `1 ‖ close code (u16) ‖ reason (UTF-8)` when refused. All integers big-endian.
 //!
 //! The pairwise keys protect only the HELLO and the WELCOME; the frames then travel under
@@ -41,7 +42,8 @@ pub const MAGIC: [u8; 2] = *b"NJ";
 /// Version 3: every frame is sealed bound to its record's subject sequence
 /// ([`super::record`]: a side of version 2 opens none).
 /// Version 4: the WELCOME names the key before the last rotation.
-pub const VERSION: u8 = 4;
+/// Version 5: … and the one before that, with where its rotation began.
+pub const VERSION: u8 = 5;
 /// Bytes of the group key.
 pub const GROUP_KEY_LEN: usize = 32;
 /// Slot value meaning "no slot" (modes other than split).
@@ -118,9 +120,37 @@ pub struct Admission {
     /// device's own, not whatever key the app side held: one that missed a rotation must not
     /// take the key two rotations back for it.
     pub previous_key: Option<[u8; GROUP_KEY_LEN]>,
+    /// The key before `previous_key`, and where the rotation that retired it began: an app
+    /// side that missed a rotation (or saw two as one) still opens the device frames under
+    /// it stored up to there, and knows which of its own to publish again.
+    pub older: Option<([u8; GROUP_KEY_LEN], u64)>,
 }
 
 impl Admission {
+    /// What a device side holding `keys` hands an app side in `slot`.
+    pub fn of(keys: &super::keys::GroupKey, slot: Option<u16>) -> Admission {
+        Admission {
+            group_key: keys.key,
+            slot,
+            run: keys.run.id,
+            run_began: keys.run.began,
+            key_since: keys.since,
+            previous_key: keys.previous,
+            older: keys.older,
+        }
+    }
+
+    /// The keys it hands over.
+    pub fn keys(&self) -> super::keys::GroupKey {
+        super::keys::GroupKey {
+            key: self.group_key,
+            since: self.key_since,
+            previous: self.previous_key,
+            older: self.older,
+            run: self.device_run(),
+        }
+    }
+
     /// The device run it names.
     pub fn device_run(&self) -> super::runs::Run {
         super::runs::Run {
@@ -166,6 +196,9 @@ impl Welcome {
                 v.extend_from_slice(&a.run_began.to_be_bytes());
                 v.extend_from_slice(&a.key_since.to_be_bytes());
                 v.extend_from_slice(&a.previous_key.unwrap_or([0; GROUP_KEY_LEN]));
+                let (older, older_since) = a.older.unwrap_or(([0; GROUP_KEY_LEN], 0));
+                v.extend_from_slice(&older);
+                v.extend_from_slice(&older_since.to_be_bytes());
                 v
             }
             Welcome::Refused { code, reason } => {
@@ -179,7 +212,7 @@ impl Welcome {
 
     fn parse(b: &[u8]) -> Result<Welcome, JoinError> {
         match b.split_first() {
-            Some((0, rest)) if rest.len() == 2 * GROUP_KEY_LEN + 26 => {
+            Some((0, rest)) if rest.len() == 3 * GROUP_KEY_LEN + 34 => {
                 let mut group_key = [0u8; GROUP_KEY_LEN];
                 group_key.copy_from_slice(&rest[..GROUP_KEY_LEN]);
                 let slot = u16::from_be_bytes([rest[32], rest[33]]);
@@ -191,6 +224,10 @@ impl Welcome {
                 since.copy_from_slice(&rest[50..58]);
                 let mut previous = [0u8; GROUP_KEY_LEN];
                 previous.copy_from_slice(&rest[58..58 + GROUP_KEY_LEN]);
+                let mut older = [0u8; GROUP_KEY_LEN];
+                older.copy_from_slice(&rest[90..90 + GROUP_KEY_LEN]);
+                let mut older_since = [0u8; 8];
+                older_since.copy_from_slice(&rest[122..130]);
                 Ok(Welcome::Admitted(Admission {
                     group_key,
                     slot: (slot != NO_SLOT).then_some(slot),
@@ -198,6 +235,8 @@ impl Welcome {
                     run_began: u64::from_be_bytes(began),
                     key_since: u64::from_be_bytes(since),
                     previous_key: (previous != [0; GROUP_KEY_LEN]).then_some(previous),
+                    older: (older != [0; GROUP_KEY_LEN])
+                        .then_some((older, u64::from_be_bytes(older_since))),
                 }))
             }
             Some((1, rest)) if rest.len() >= 2 => Ok(Welcome::Refused {
@@ -400,6 +439,7 @@ mod tests {
             run_began: 77,
             key_since: 1234,
             previous_key: Some([6; 32]),
+            older: Some(([5; 32], 1000)),
         };
         let w = f.welcome(&Welcome::Admitted(adm.clone())).unwrap();
         assert!(

@@ -65,12 +65,45 @@ pub struct GroupKey {
     /// under it stored later is refused. A device side keeps it from its own rotation; an
     /// app side's opener takes the key it held when a join brings a new one.
     pub previous: Option<[u8; 32]>,
+    /// The key before `previous`, with the sequence of the rotation that retired it: frames
+    /// under it stored up to that sequence still open. Two rotations close together (a
+    /// device's sink, or an app side that missed one, sees them as one change of keys) leave
+    /// nothing sealed before them unopened.
+    pub older: Option<([u8; 32], u64)>,
     /// The device run frames are sealed under: the device's own; on an app side the newest
     /// its joins named.
     pub run: Run,
 }
 
 impl GroupKey {
+    /// The first key of a run (no rotation behind it).
+    pub fn first(key: [u8; 32], run: Run) -> GroupKey {
+        GroupKey {
+            key,
+            since: 0,
+            previous: None,
+            older: None,
+            run,
+        }
+    }
+
+    /// The stream sequence after which frames sealed under `key` no longer open: never
+    /// (`u64::MAX`) for the key as it stands, the rotation's for the keys before it, 0 for a
+    /// key these keys do not name (nothing under it opens). A sender that followed keys to
+    /// these sends again what it sealed under `key` and was stored after it.
+    pub fn retired_after(&self, key: &[u8; 32]) -> u64 {
+        if *key == self.key {
+            u64::MAX
+        } else if self.previous.as_ref() == Some(key) {
+            self.since
+        } else {
+            match self.older {
+                Some((k, since)) if k == *key => since,
+                _ => 0,
+            }
+        }
+    }
+
     /// The key frames of the run as it stands are sealed under.
     pub fn run_key(&self) -> [u8; 32] {
         run_key(&self.key, self.run)
@@ -82,6 +115,7 @@ impl std::fmt::Debug for GroupKey {
         f.debug_struct("GroupKey")
             .field("since", &self.since)
             .field("previous", &self.previous.is_some())
+            .field("older", &self.older.map(|(_, s)| s))
             .field("run", &self.run)
             .finish_non_exhaustive()
     }
@@ -123,6 +157,11 @@ pub fn rotation(
             key: fresh,
             since: SINCE_PENDING,
             previous: Some(current.key),
+            // Only a complete rotation's keys are kept (the device rotates again only then).
+            older: current
+                .previous
+                .filter(|_| current.since != SINCE_PENDING)
+                .map(|p| (p, current.since)),
             run: current.run,
         },
     })
@@ -245,8 +284,9 @@ pub struct Opener<H> {
     app: bool,
     /// Halves under `keys.key`, by run (the current one and a few earlier ones).
     open: Vec<(Run, H)>,
-    /// Device side, after a rotation: halves under the key before it.
+    /// After a rotation: halves under the key before it, and the one before that.
     previous: Vec<(Run, H)>,
+    older: Vec<(Run, H)>,
     held: Option<Held>,
     parked: Option<Parked>,
     /// Stored records dropped without asking (the pause), with where they were stored, and
@@ -304,6 +344,7 @@ impl<H: RunHalf> Opener<H> {
             app,
             open: Vec::new(),
             previous: Vec::new(),
+            older: Vec::new(),
             held: None,
             parked: None,
             unopened: std::collections::VecDeque::new(),
@@ -346,7 +387,9 @@ impl<H: RunHalf> Opener<H> {
                 self.keys.previous
             };
         }
-        let same = k.key == self.keys.key && k.previous == self.keys.previous;
+        let same = k.key == self.keys.key
+            && k.previous == self.keys.previous
+            && k.older == self.keys.older;
         self.keys = k;
         self.guard.learn(k.run);
         if same {
@@ -354,6 +397,7 @@ impl<H: RunHalf> Opener<H> {
         }
         self.open.clear();
         self.previous.clear();
+        self.older.clear();
         if let Some(p) = &mut self.parked {
             p.changed = true;
         }
@@ -432,8 +476,8 @@ impl<H: RunHalf> Opener<H> {
         Ok(Verdict::Forged)
     }
 
-    /// The record under the key as it stands, then under the key before the rotation:
-    /// `None` when neither opens it.
+    /// The record under the key as it stands, then under the keys before the last two
+    /// rotations: `None` when none opens it.
     fn try_all(
         &mut self,
         now: Instant,
@@ -444,37 +488,36 @@ impl<H: RunHalf> Opener<H> {
         if let Some(v) = self.try_open(now, rec, out)? {
             return Ok(Some(v));
         }
-        if let Some(pk) = self.keys.previous {
+        let earlier = [
+            self.keys.previous.map(|k| (k, self.keys.since)),
+            self.keys.older,
+        ];
+        for (i, (key, since)) in earlier.into_iter().flatten().enumerate() {
             let (current, run) = (self.guard.current(), rec.device_run());
             let mut old = Output::new();
             let frame = Frame::from_bytes(rec.meta(), rec.payload.clone());
-            let outcome = open_in(
-                &mut self.previous,
-                pk,
-                run,
-                current,
-                now,
-                frame,
-                rec.wseq,
-                &mut old,
-            )?;
+            let halves = if i == 0 {
+                &mut self.previous
+            } else {
+                &mut self.older
+            };
+            let outcome = open_in(halves, key, run, current, now, frame, rec.wseq, &mut old)?;
             if outcome == Outcome::Replayed {
                 self.replayed += 1;
                 return Ok(Some(Verdict::Replayed));
             }
             if outcome == Outcome::Opened {
-                let frames = old.take_frames();
                 let held = Held {
-                    under: pk,
+                    under: key,
                     stored,
                     seq: rec.seq,
-                    frames,
+                    frames: old.take_frames(),
                 };
-                if self.keys.since == SINCE_PENDING {
+                if since == SINCE_PENDING {
                     self.held = Some(held);
                     return Ok(Some(Verdict::Held));
                 }
-                return Ok(Some(if self.decide(held, out) {
+                return Ok(Some(if self.decide(held, since, out) {
                     Verdict::Opened { newer_run: false }
                 } else {
                     Verdict::Dropped
@@ -530,22 +573,27 @@ impl<H: RunHalf> Opener<H> {
             return self.held.is_none();
         }
         if let Some(h) = self.held.take() {
-            if self.keys.previous == Some(h.under) {
-                self.decide(h, out);
-            } else {
-                // Another rotation came meanwhile: where the one it opened under began is
-                // not known any more; it may be the side that rotation revoked.
-                self.after_rotation += 1;
-                self.dropped += 1;
+            // Another rotation may have come meanwhile (seen as one change of keys): the key
+            // it opened under is then the older one, with where its rotation began.
+            match self.keys.retired_after(&h.under) {
+                0 => {
+                    // Not among the keys any more: where its rotation began is not known;
+                    // it may be the side that rotation revoked.
+                    self.after_rotation += 1;
+                    self.dropped += 1;
+                }
+                since => {
+                    self.decide(h, since, out);
+                }
             }
         }
         true
     }
 
-    /// A frame under the key before the rotation: taken if stored at or before it began.
-    /// Whether it was.
-    fn decide(&mut self, h: Held, out: &mut Output) -> bool {
-        if h.stored.is_some_and(|s| s <= self.keys.since) {
+    /// A frame under a key before a rotation: taken if stored at or before that rotation
+    /// began (`since`). Whether it was.
+    fn decide(&mut self, h: Held, since: u64, out: &mut Output) -> bool {
+        if h.stored.is_some_and(|s| s <= since) {
             for f in h.frames {
                 out.push(f);
             }
@@ -556,8 +604,8 @@ impl<H: RunHalf> Opener<H> {
             tracing::trace!(
                 seq = h.seq,
                 stored = h.stored,
-                since = self.keys.since,
-                "a frame under the group key before the rotation, stored after it: dropped"
+                since,
+                "a frame under the group key before a rotation, stored after it: dropped"
             );
             false
         }
@@ -667,12 +715,7 @@ mod tests {
     const RUN: Run = Run { id: 10, began: 5 };
 
     fn keys(k: u8, run: Run) -> GroupKey {
-        GroupKey {
-            key: [k; 32],
-            since: 0,
-            previous: None,
-            run,
-        }
+        GroupKey::first([k; 32], run)
     }
 
     /// The record of frame `seq` of `run`, at subject sequence `wseq`, sealing `payload`.
@@ -858,6 +901,59 @@ mod tests {
         assert_eq!((o.after_rotation, o.dropped), (1, 1));
         // A device side never asks: garbage is dropped.
         assert_eq!(feed(&mut o, now, 4, 7, RUN, Some(12)).0, Verdict::Forged);
+    }
+
+    #[test]
+    fn two_rotations_seen_as_one_still_sort_frames_under_the_first_key_by_its_own_rotation() {
+        let now = Instant::now();
+        let holders = ["a".to_owned(), "b".to_owned(), "c".to_owned()];
+        let start = keys(1, RUN);
+        let first = rotation(start, &holders, |h| h != "a", [2; 32]).unwrap();
+        // A second rotation only once the first is complete (where it began, 10, known).
+        let done = first.keys.since_at(10);
+        let second = rotation(done, &holders[1..], |h| h == "c", [3; 32]).unwrap();
+        assert_eq!(second.keys.older, Some(([1; 32], 10)));
+        assert_eq!(second.keys.retired_after(&[1; 32]), 10);
+        assert_eq!(second.keys.retired_after(&[3; 32]), u64::MAX);
+        assert_eq!(second.keys.retired_after(&[9; 32]), 0);
+        // A rotation still reading where it began leaves no older key behind.
+        let pending = rotation(first.keys, &holders[1..], |h| h == "c", [3; 32]).unwrap();
+        assert_eq!(pending.keys.older, None);
+
+        // The device's sink: a frame under the first key held during the first rotation,
+        // and the keys it reads next are the second rotation's, complete.
+        let mut o = Opener::<Toy>::device(start);
+        o.handle_keys(first.keys);
+        assert_eq!(feed(&mut o, now, 0, 1, RUN, Some(9)), (Verdict::Held, 0));
+        o.handle_keys(second.keys.since_at(20));
+        let mut out = Output::new();
+        assert!(o.release(&mut out));
+        assert_eq!(
+            out.take_frames().len(),
+            1,
+            "stored at 9, before the first rotation at 10"
+        );
+        // Under the first key: by the first rotation (10); under the second: by 20.
+        assert_eq!(feed(&mut o, now, 1, 1, RUN, Some(10)).1, 1);
+        assert_eq!(
+            feed(&mut o, now, 2, 1, RUN, Some(11)),
+            (Verdict::Dropped, 0)
+        );
+        assert_eq!(feed(&mut o, now, 3, 2, RUN, Some(20)).1, 1);
+        assert_eq!(
+            feed(&mut o, now, 4, 2, RUN, Some(21)),
+            (Verdict::Dropped, 0)
+        );
+        assert_eq!(feed(&mut o, now, 5, 3, RUN, Some(22)).1, 1);
+
+        // An app side that missed the first rotation: the join hands it both earlier keys.
+        let mut a = Opener::<Toy>::app(start);
+        a.handle_keys(second.keys.since_at(20));
+        assert_eq!(feed(&mut a, now, 0, 1, RUN, Some(10)).1, 1);
+        assert_eq!(
+            feed(&mut a, now, 1, 1, RUN, Some(11)),
+            (Verdict::Dropped, 0)
+        );
     }
 
     #[test]
