@@ -26,9 +26,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use async_nats::jetstream;
 use bytes::Bytes;
 use futures_util::StreamExt;
-use ndd_core::session::{decide_handshake, HandshakeDecision, PeerOpening};
 use ndd_core::{Frame, Half, Meta, Output, Pair, Role, Stack};
 use ndd_endpoint::Delivered;
+use ndd_link::nats::admit::{Admitter, Decision, Trust};
 use ndd_link::nats::async_nats;
 use ndd_link::nats::intake::{Intake, Opened, Taken, REORDER_WAIT};
 use ndd_link::nats::join::{Admission, Host, Joiner, Welcome};
@@ -47,8 +47,7 @@ use ndd_modules::encrypt::{Cipher, EncryptForward, EncryptInverse, Opening};
 use ndd_modules::multiplex::{route_of, Route};
 use ndd_modules::ModuleConfig;
 use ndd_wire::text::{printable, MAX_REASON};
-use ndd_wire::{CloseCode, Message, OwnedMessage};
-use std::collections::HashMap;
+use ndd_wire::{CloseCode, OwnedMessage};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -799,22 +798,23 @@ pub async fn run_side(
             claim_device(&ctx, &cfg.driver, run.id, &local, &opts.home).await?;
             let slots = plans.iter().filter_map(|p| p.split).max().unwrap_or(0);
             let (joined, mut joined_rx) = watch::channel(std::collections::HashSet::new());
-            let seen: Shared<HashMap<String, Instant>> = Arc::default();
-            serve_ready(&ctx, key.clone(), joined, seen.clone()).await?;
+            let admitter: Shared<Admitter> = Arc::new(Mutex::new(Admitter::new(
+                cfg.hello(side),
+                &local.fingerprint(),
+                &opts.home.display().to_string(),
+                slots,
+                Duration::from_millis(cfg.link.keepalive_timeout_ms),
+                ctx.quiet,
+            )));
+            serve_ready(&ctx, key.clone(), joined, admitter.clone()).await?;
             let host = JoinService {
-                seen,
-                gone_after: Duration::from_millis(cfg.link.keepalive_timeout_ms),
+                admitter,
                 ctx: ctx.clone(),
                 local: local.clone(),
-                hello: cfg.hello(side),
                 home: opts.home.clone(),
                 key: key.clone(),
                 holders,
-                said_joined: HashMap::new(),
-                slots,
-                taken: HashMap::new(),
                 expiry: Duration::from_millis(cfg.link.handshake_timeout_ms.max(1000) * 2),
-                refusals: JoinLogs::default(),
             };
             let joins = host.serve().await?;
             tasks.spawn(async move {
@@ -1365,7 +1365,7 @@ async fn serve_ready(
     ctx: &Ctx,
     mut key: watch::Receiver<GroupKey>,
     joined: watch::Sender<std::collections::HashSet<String>>,
-    seen: Shared<HashMap<String, Instant>>,
+    admitter: Shared<Admitter>,
 ) -> Result<()> {
     let subject = ctx.subjects.ready();
     let mut sub = ctx
@@ -1411,7 +1411,7 @@ async fn serve_ready(
             }
             for f in out.take_frames() {
                 let fp = String::from_utf8_lossy(f.payload()).into_owned();
-                lock(&seen).insert(fp.clone(), Instant::now());
+                lock(&admitter).handle_ready(Instant::now(), &fp);
                 joined.send_if_modified(|j| j.insert(fp));
             }
         }
@@ -1419,47 +1419,19 @@ async fn serve_ready(
     Ok(())
 }
 
-/// The device's join service.
+/// The device's join service: the key exchange ([`Host`]) and the admission rules
+/// ([`Admitter`]) driven on `P.D.join`; who is handed the key is written to `holders`.
 struct JoinService {
     ctx: Ctx,
     local: LocalIdentity,
-    hello: ndd_wire::HelloRepr,
     home: std::path::PathBuf,
     /// The group key as it stands (rotated by [`KeyKeeper`]).
     key: watch::Receiver<GroupKey>,
     /// Who was handed it.
     holders: std::path::PathBuf,
-    /// Split slots (0: the driver does not split).
-    slots: u16,
-    /// Slot of each app side that holds one, by fingerprint.
-    taken: HashMap<String, u16>,
-    /// When each app side last said it is there (its ready heartbeat).
-    seen: Shared<HashMap<String, Instant>>,
-    /// An app side not heard from for this long has left: its split slot is free again.
-    gone_after: Duration,
-    /// When each app side's join was last logged.
-    said_joined: HashMap<String, Instant>,
+    /// Shared with the ready heartbeats ([`serve_ready`]).
+    admitter: Shared<Admitter>,
     expiry: Duration,
-    /// Lines about refused joins: anyone who may publish on the server can make an identity
-    /// and ask to join, as often as it likes.
-    refusals: JoinLogs,
-}
-
-/// The join service's lines about refusals, each kind at most five a second with the count
-/// held back.
-struct JoinLogs {
-    untrusted: ndd_core::RateLimit,
-    refused: ndd_core::RateLimit,
-}
-
-impl Default for JoinLogs {
-    fn default() -> Self {
-        let limit = || ndd_core::RateLimit::with_burst(Duration::from_secs(1), 5);
-        JoinLogs {
-            untrusted: limit(),
-            refused: limit(),
-        }
-    }
 }
 
 impl JoinService {
@@ -1508,17 +1480,6 @@ impl JoinService {
             Some(3) => {
                 let f = host.handle_finish(now, msg)?;
                 let welcome = self.decide(&f.peer_fingerprint, &f.hello, now);
-                if let Welcome::Refused { reason, .. } = &welcome {
-                    if !self.ctx.quiet {
-                        if let Some(suppressed) = self.refusals.refused.admit(now) {
-                            tracing::warn!(
-                                side = "device",
-                                suppressed,
-                                "refused an app side: {reason}"
-                            );
-                        }
-                    }
-                }
                 Ok(f.welcome(&welcome)?)
             }
             _ => bail!("not a join message"),
@@ -1526,115 +1487,31 @@ impl JoinService {
     }
 
     fn decide(&mut self, fp: &str, hello: &[u8], now: Instant) -> Welcome {
-        let refuse = |code: CloseCode, reason: String| Welcome::Refused {
-            code: code.to_u16(),
-            reason,
+        let trust = match KnownPeers::load(&self.home) {
+            Ok(k) => match k.lookup(fp) {
+                Some(t) => Trust::Trusted(t.name.clone().unwrap_or_else(|| fp.to_string())),
+                None => Trust::Untrusted,
+            },
+            Err(e) => Trust::Unreadable(format!("{e:#}")),
         };
-        let known = match KnownPeers::load(&self.home) {
-            Ok(k) => k,
-            Err(e) => {
-                return refuse(
-                    CloseCode::InternalError,
-                    format!("the device side cannot read its known_peers: {e}"),
-                )
-            }
-        };
-        let Some(t) = known.lookup(fp) else {
-            if let Some(suppressed) = self.refusals.untrusted.admit(now) {
-                tracing::warn!(
-                    side = "device",
-                    suppressed,
-                    "refused untrusted app side with fingerprint {fp}; if you trust it, run: ndd trust {fp} --home {}",
-                    self.home.display()
-                );
-            }
-            return refuse(
-                CloseCode::UntrustedPeer,
-                format!(
-                    "this install ({fp}) is not trusted by the device side ({}); on the device's machine run: ndd trust {fp}",
-                    self.local.fingerprint()
-                ),
-            );
-        };
-        let name = t.name.clone().unwrap_or_else(|| fp.to_string());
-        let opening = match Message::parse(hello, 1 << 20) {
-            Ok((m, _)) => Some(m.to_owned_message()),
-            Err(_) => None,
-        };
-        let decision = match &opening {
-            Some(m) => decide_handshake(&self.hello, PeerOpening::Message(m)),
-            None => HandshakeDecision::NotAPeer("its HELLO does not parse".into()),
-        };
-        match decision {
-            HandshakeDecision::Agree(_) => {}
-            HandshakeDecision::Refuse { code, reason } => return refuse(code, reason),
-            HandshakeDecision::RefusedByPeer { reason, .. }
-            | HandshakeDecision::NotAPeer(reason) => {
-                return refuse(CloseCode::ProtocolError, reason);
-            }
-        }
-        // Admitted now: it counts as present until its heartbeat says otherwise.
-        lock(&self.seen).insert(fp.to_string(), Instant::now());
-        let slot = if self.slots == 0 {
-            None
-        } else if let Some(s) = self.taken.get(fp) {
-            Some(*s)
-        } else {
-            // Slots of app sides that left (no heartbeat for `gone_after`) are free again.
-            {
-                let seen = lock(&self.seen);
-                let gone_after = self.gone_after;
-                self.taken.retain(|holder, slot| {
-                    let here = seen.get(holder).is_some_and(|t| t.elapsed() < gone_after);
-                    if !here {
-                        tracing::info!(
-                            side = "device",
-                            "split slot {slot} is free again: its app side {holder} left"
-                        );
-                    }
-                    here
-                });
-            }
-            match (0..self.slots).find(|s| !self.taken.values().any(|t| t == s)) {
-                Some(s) => {
-                    self.taken.insert(fp.to_string(), s);
-                    Some(s)
-                }
-                None => {
-                    return refuse(
-                        CloseCode::InternalError,
-                        format!(
-                            "all {} split slots are taken (by {}); a slot is free again once its app side has been silent for link.keepalive_timeout_ms",
-                            self.slots,
-                            self.taken.keys().cloned().collect::<Vec<_>>().join(", ")
-                        ),
-                    )
+        let slot = match lock(&self.admitter).decide(now, fp, trust, hello) {
+            Decision::Admitted { slot } => slot,
+            Decision::Refused { code, reason } => {
+                return Welcome::Refused {
+                    code: code.to_u16(),
+                    reason,
                 }
             }
         };
-        // An app side joins again to follow a rotated key, and anyone able to publish on the
-        // server can make every app side do that (a rekey notice carries nothing secret): say
-        // so once per identity per 10 s.
-        let said = self
-            .said_joined
-            .get(fp)
-            .is_some_and(|t| now.duration_since(*t) < Duration::from_secs(10));
-        if !said {
-            self.said_joined.insert(fp.to_string(), now);
-        }
-        let s = slot
-            .map(|s| format!(" (split slot {s})"))
-            .unwrap_or_default();
-        if !self.ctx.quiet && !said {
-            tracing::info!(side = "device", "app side {name} joined{s}");
-        } else {
-            tracing::debug!(side = "device", "app side {name} joined again{s}");
-        }
         if let Err(e) = add_holder(&self.holders, fp) {
-            return refuse(
-                CloseCode::InternalError,
-                format!("the device side cannot note who holds its group key: {e:#}"),
+            tracing::warn!(
+                side = "device",
+                "refused app side {fp}: cannot note who holds the group key: {e:#}"
             );
+            return Welcome::Refused {
+                code: CloseCode::InternalError.to_u16(),
+                reason: format!("the device side cannot note who holds its group key: {e:#}"),
+            };
         }
         Welcome::Admitted(Admission::of(&self.key.borrow(), slot))
     }
@@ -3116,6 +2993,14 @@ mod tests {
         };
         let (_keys, key) = watch::channel(GroupKey::first([1; 32], Run { id: 1, began: 0 }));
         let mut svc = JoinService {
+            admitter: Arc::new(Mutex::new(Admitter::new(
+                hello(ndd_wire::Side::Device),
+                &device.fingerprint(),
+                "home",
+                0,
+                Duration::from_secs(5),
+                false,
+            ))),
             ctx: Ctx {
                 client,
                 subjects: Subjects::new("ndd", "joins").unwrap(),
@@ -3127,17 +3012,10 @@ mod tests {
                 gate: Arc::default(),
             },
             local: device,
-            hello: hello(ndd_wire::Side::Device),
             home: dir.join("device"),
             key,
             holders: dir.join("holders"),
-            slots: 0,
-            taken: HashMap::new(),
-            seen: Arc::default(),
-            gone_after: Duration::from_secs(5),
-            said_joined: HashMap::new(),
             expiry: Duration::from_secs(10),
-            refusals: JoinLogs::default(),
         };
         let theirs = OwnedMessage::Hello(hello(ndd_wire::Side::App))
             .as_message()
@@ -3158,11 +3036,11 @@ mod tests {
                 ));
             }
         });
-        for what in ["refused untrusted app side", "refused an app side"] {
-            let lines = log.matching(what);
-            assert_eq!(lines.len(), 6, "{lines:#?}");
-            assert!(lines[5].contains("suppressed=995"), "{lines:#?}");
-        }
+        let lines = log.matching("refused untrusted app side");
+        assert_eq!(lines.len(), 6, "{lines:#?}");
+        assert!(lines[5].contains("suppressed=995"), "{lines:#?}");
+        // One line per refusal, not a second one in other words.
+        assert_eq!(log.matching("refused an app side").len(), 0);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

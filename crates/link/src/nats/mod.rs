@@ -19,6 +19,7 @@
 //! - [`keys`]: the group key, its rotation, and the opening of frames under it (sans-IO);
 //! - [`NatsConfig`] / [`connect`]: the connection to the server (TLS, credentials).
 
+pub mod admit;
 pub mod intake;
 pub mod join;
 pub mod keys;

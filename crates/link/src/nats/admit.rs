@@ -1,0 +1,368 @@
+//! The device's admission rules, sans-IO: which app side the join service admits, which
+//! split slot each one holds, who is still there, and what it says about it.
+//!
+//! The key exchange itself is [`super::join::Host`]; once it has told who asks (a
+//! fingerprint) and what its HELLO says, [`Admitter::decide`] applies, in this order:
+//!
+//! 1. **trust**: the fingerprint must be in `known_peers` (the caller reads it: [`Trust`]);
+//! 2. **agreement**: the app side's HELLO must agree with the device's, as on a direct link
+//!    (`ndd_core::session::decide_handshake`);
+//! 3. **a split slot**, when the driver splits its frames among app sides: the one it holds
+//!    already, else the lowest free one; a slot whose holder has not said it is there (its
+//!    ready heartbeat, [`Admitter::handle_ready`]) for `gone_after` is free again; none free
+//!    refuses, naming who holds them.
+//!
+//! Admitted, a side counts as present from that moment. Anyone who may publish on the server
+//! can make an identity and ask to join as often as it likes, and a rekey notice (which
+//! carries nothing secret) makes every app side join again: the lines about refusals are at
+//! most five a second of each kind, with the count held back, and a side's join is said once
+//! per [`SAY_JOINED_EVERY`]. Nothing here reads a clock or a file: the caller passes `now`,
+//! the trust lookup and the HELLO, and writes who holds the key.
+
+use ndd_core::session::{decide_handshake, HandshakeDecision, PeerOpening};
+use ndd_core::RateLimit;
+use ndd_wire::{CloseCode, HelloRepr, Message};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// A side's join is said at most once per this (it joins again to follow every rotation).
+pub const SAY_JOINED_EVERY: Duration = Duration::from_secs(10);
+
+/// What `known_peers` says of the fingerprint that asks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Trust {
+    /// In it, under this name (the fingerprint when it has none).
+    Trusted(String),
+    /// Not in it.
+    Untrusted,
+    /// `known_peers` could not be read (why).
+    Unreadable(String),
+}
+
+/// What the join service answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Admitted, in this split slot (none when the driver does not split).
+    Admitted {
+        /// Its slot.
+        slot: Option<u16>,
+    },
+    /// Refused, with the close code and reason the app side is told.
+    Refused {
+        /// The close code.
+        code: CloseCode,
+        /// Why, for the app side's user.
+        reason: String,
+    },
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Admitter {
+    /// The device's own HELLO.
+    hello: HelloRepr,
+    /// The device's fingerprint and home, for the hints in refusals.
+    fingerprint: String,
+    home: String,
+    /// Split slots (0: the driver does not split).
+    slots: u16,
+    /// Slot of each app side that holds one, by fingerprint.
+    taken: HashMap<String, u16>,
+    /// When each app side last said it is there (admitted, or its ready heartbeat).
+    seen: HashMap<String, Instant>,
+    /// An app side not heard from for this long has left.
+    gone_after: Duration,
+    /// When each app side's join was last said.
+    said_joined: HashMap<String, Instant>,
+    quiet: bool,
+    untrusted: RateLimit,
+    refused: RateLimit,
+}
+
+impl Admitter {
+    /// The rules of a device side with HELLO `hello`, fingerprint `fingerprint` and ndd home
+    /// `home` (named in hints), splitting frames among `slots` app sides (0: no split); an app
+    /// side silent for `gone_after` has left. `quiet`: joins and refusals of trusted sides
+    /// are not said at info level.
+    pub fn new(
+        hello: HelloRepr,
+        fingerprint: &str,
+        home: &str,
+        slots: u16,
+        gone_after: Duration,
+        quiet: bool,
+    ) -> Admitter {
+        let limit = || RateLimit::with_burst(Duration::from_secs(1), 5);
+        Admitter {
+            hello,
+            fingerprint: fingerprint.to_string(),
+            home: home.to_string(),
+            slots,
+            taken: HashMap::new(),
+            seen: HashMap::new(),
+            gone_after,
+            said_joined: HashMap::new(),
+            quiet,
+            untrusted: limit(),
+            refused: limit(),
+        }
+    }
+
+    /// App side `fingerprint` said it is there (its ready heartbeat, opened under the group
+    /// key). Whether it was not known to be before.
+    pub fn handle_ready(&mut self, now: Instant, fingerprint: &str) -> bool {
+        self.seen.insert(fingerprint.to_string(), now).is_none()
+    }
+
+    /// Whether app side `fingerprint` was heard from within `gone_after` of `now`.
+    pub fn present(&self, now: Instant, fingerprint: &str) -> bool {
+        self.seen
+            .get(fingerprint)
+            .is_some_and(|t| now.saturating_duration_since(*t) < self.gone_after)
+    }
+
+    /// The split slot `fingerprint` holds, if any.
+    pub fn slot_of(&self, fingerprint: &str) -> Option<u16> {
+        self.taken.get(fingerprint).copied()
+    }
+
+    /// The answer to app side `fingerprint` (as `known_peers` has it: `trust`) asking to join
+    /// with HELLO message `hello`, at `now`.
+    pub fn decide(
+        &mut self,
+        now: Instant,
+        fingerprint: &str,
+        trust: Trust,
+        hello: &[u8],
+    ) -> Decision {
+        let name = match trust {
+            Trust::Trusted(name) => name,
+            Trust::Unreadable(why) => {
+                return self.refuse(
+                    now,
+                    CloseCode::InternalError,
+                    format!("the device side cannot read its known_peers: {why}"),
+                )
+            }
+            Trust::Untrusted => {
+                if let Some(suppressed) = self.untrusted.admit(now) {
+                    tracing::warn!(
+                        side = "device",
+                        suppressed,
+                        "refused untrusted app side with fingerprint {fingerprint}; if you trust it, run: ndd trust {fingerprint} --home {}",
+                        self.home
+                    );
+                }
+                return Decision::Refused {
+                    code: CloseCode::UntrustedPeer,
+                    reason: format!(
+                        "this install ({fingerprint}) is not trusted by the device side ({}); on the device's machine run: ndd trust {fingerprint}",
+                        self.fingerprint
+                    ),
+                };
+            }
+        };
+        let decision = match Message::parse(hello, 1 << 20) {
+            Ok((m, _)) => {
+                let m = m.to_owned_message();
+                decide_handshake(&self.hello, PeerOpening::Message(&m))
+            }
+            Err(_) => HandshakeDecision::NotAPeer("its HELLO does not parse".into()),
+        };
+        match decision {
+            HandshakeDecision::Agree(_) => {}
+            HandshakeDecision::Refuse { code, reason } => return self.refuse(now, code, reason),
+            HandshakeDecision::RefusedByPeer { reason, .. }
+            | HandshakeDecision::NotAPeer(reason) => {
+                return self.refuse(now, CloseCode::ProtocolError, reason)
+            }
+        }
+        // Admitted now: it counts as present until its heartbeat says otherwise.
+        self.seen.insert(fingerprint.to_string(), now);
+        let slot = match self.slot(now, fingerprint) {
+            Ok(s) => s,
+            Err(reason) => return self.refuse(now, CloseCode::InternalError, reason),
+        };
+        let said = self
+            .said_joined
+            .get(fingerprint)
+            .is_some_and(|t| now.saturating_duration_since(*t) < SAY_JOINED_EVERY);
+        if !said {
+            self.said_joined.insert(fingerprint.to_string(), now);
+        }
+        let s = slot
+            .map(|s| format!(" (split slot {s})"))
+            .unwrap_or_default();
+        if !self.quiet && !said {
+            tracing::info!(side = "device", "app side {name} joined{s}");
+        } else {
+            tracing::debug!(side = "device", "app side {name} joined again{s}");
+        }
+        Decision::Admitted { slot }
+    }
+
+    /// The slot for `fingerprint`: the one it holds, else the lowest free one, else the lowest
+    /// one whose holder left (silent for `gone_after`). A holder loses its slot only when it
+    /// is given to another: one that was silent for a while and speaks again before that
+    /// keeps it.
+    fn slot(&mut self, now: Instant, fingerprint: &str) -> Result<Option<u16>, String> {
+        if self.slots == 0 {
+            return Ok(None);
+        }
+        if let Some(s) = self.taken.get(fingerprint) {
+            return Ok(Some(*s));
+        }
+        let holder = |s: u16| {
+            self.taken
+                .iter()
+                .find(|(_, t)| **t == s)
+                .map(|(h, _)| h.clone())
+        };
+        let free = (0..self.slots).find(|s| holder(*s).is_none());
+        let slot = match free {
+            Some(s) => s,
+            None => {
+                let left = (0..self.slots).find_map(|s| {
+                    let h = holder(s)?;
+                    (!self.present(now, &h)).then_some((s, h))
+                });
+                let Some((s, h)) = left else {
+                    let mut holders: Vec<&str> = self.taken.keys().map(String::as_str).collect();
+                    holders.sort_unstable();
+                    return Err(format!(
+                        "all {} split slots are taken (by {}); a slot is free again once its app side has been silent for link.keepalive_timeout_ms",
+                        self.slots,
+                        holders.join(", ")
+                    ));
+                };
+                tracing::info!(
+                    side = "device",
+                    "split slot {s} is free again: its app side {h} left"
+                );
+                self.taken.remove(&h);
+                s
+            }
+        };
+        self.taken.insert(fingerprint.to_string(), slot);
+        Ok(Some(slot))
+    }
+
+    /// A refusal of a trusted side (or of anyone, when `known_peers` cannot be read), said at
+    /// most five times a second.
+    fn refuse(&mut self, now: Instant, code: CloseCode, reason: String) -> Decision {
+        if !self.quiet {
+            if let Some(suppressed) = self.refused.admit(now) {
+                tracing::warn!(side = "device", suppressed, "refused an app side: {reason}");
+            }
+        }
+        Decision::Refused { code, reason }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndd_wire::{OwnedMessage, Side};
+
+    fn hello(side: Side, driver: &str) -> HelloRepr {
+        HelloRepr {
+            side,
+            max_body: 1 << 20,
+            driver: driver.into(),
+            streams: vec![],
+        }
+    }
+
+    fn app_hello(driver: &str) -> Vec<u8> {
+        OwnedMessage::Hello(hello(Side::App, driver))
+            .as_message()
+            .emit_to_vec()
+            .unwrap()
+    }
+
+    fn admitter(slots: u16) -> Admitter {
+        Admitter::new(
+            hello(Side::Device, "d"),
+            "devfp",
+            "/home",
+            slots,
+            Duration::from_secs(5),
+            true,
+        )
+    }
+
+    fn trusted() -> Trust {
+        Trust::Trusted("x".into())
+    }
+
+    #[test]
+    fn only_a_trusted_side_whose_hello_agrees_is_admitted() {
+        let now = Instant::now();
+        let mut a = admitter(0);
+        assert_eq!(
+            a.decide(now, "fp", trusted(), &app_hello("d")),
+            Decision::Admitted { slot: None }
+        );
+        match a.decide(now, "stranger", Trust::Untrusted, &app_hello("d")) {
+            Decision::Refused { code, reason } => {
+                assert_eq!(code, CloseCode::UntrustedPeer);
+                assert!(reason.contains("ndd trust stranger"), "{reason}");
+                assert!(reason.contains("devfp"), "{reason}");
+            }
+            d => panic!("{d:?}"),
+        }
+        assert!(!a.present(now, "stranger"));
+        match a.decide(now, "fp2", trusted(), &app_hello("other")) {
+            Decision::Refused { reason, .. } => assert!(reason.contains("other"), "{reason}"),
+            d => panic!("{d:?}"),
+        }
+        match a.decide(now, "fp3", trusted(), b"garbage") {
+            Decision::Refused { code, reason } => {
+                assert_eq!(code, CloseCode::ProtocolError);
+                assert!(reason.contains("does not parse"), "{reason}");
+            }
+            d => panic!("{d:?}"),
+        }
+        match a.decide(
+            now,
+            "fp",
+            Trust::Unreadable("denied".into()),
+            &app_hello("d"),
+        ) {
+            Decision::Refused { code, reason } => {
+                assert_eq!(code, CloseCode::InternalError);
+                assert!(reason.contains("denied"), "{reason}");
+            }
+            d => panic!("{d:?}"),
+        }
+    }
+
+    #[test]
+    fn a_split_slot_is_kept_by_its_side_and_freed_once_it_is_silent() {
+        let t0 = Instant::now();
+        let mut a = admitter(2);
+        let join =
+            |a: &mut Admitter, t: Instant, fp: &str| a.decide(t, fp, trusted(), &app_hello("d"));
+        assert_eq!(join(&mut a, t0, "a"), Decision::Admitted { slot: Some(0) });
+        assert_eq!(join(&mut a, t0, "b"), Decision::Admitted { slot: Some(1) });
+        // Joining again (a rotation) keeps the slot.
+        assert_eq!(join(&mut a, t0, "a"), Decision::Admitted { slot: Some(0) });
+        match join(&mut a, t0, "c") {
+            Decision::Refused { reason, .. } => {
+                assert!(
+                    reason.contains("all 2 split slots are taken (by a, b)"),
+                    "{reason}"
+                )
+            }
+            d => panic!("{d:?}"),
+        }
+        // "a" keeps saying it is there, "b" goes quiet: after 5 s its slot is "c"'s.
+        let t = t0 + Duration::from_secs(4);
+        assert!(!a.handle_ready(t, "a"));
+        let t = t0 + Duration::from_secs(6);
+        assert!(a.present(t, "a") && !a.present(t, "b"));
+        assert_eq!(join(&mut a, t, "c"), Decision::Admitted { slot: Some(1) });
+        assert_eq!(a.slot_of("b"), None);
+        assert!(a.handle_ready(t, "d"), "a side never admitted here is new");
+    }
+}

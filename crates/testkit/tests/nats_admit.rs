@@ -1,0 +1,199 @@
+//! The NATS device's admission rules (`ndd_link::nats::admit::Admitter`) over 1000 random
+//! schedules (issue 31, item 2): 0–4 split slots, 2–8 identities (some never trusted, some
+//! untrusted and trusted again mid-run, some whose HELLO names another driver), each joining
+//! again now and then (as every rotation makes them), sending its ready heartbeat at its own
+//! pace or going silent for a while (a side that left, or one stalled longer than
+//! `gone_after`), time running 100 ms a step for 60 s.
+//!
+//! Properties, checked after every join:
+//!
+//! - only a trusted identity whose HELLO agrees is admitted;
+//! - two app sides that are both present (heard from within `gone_after`) never hold the same
+//!   slot;
+//! - a side keeps its slot until it is given to another, which happens only while it is not
+//!   present (a side silent for longer than `gone_after` that speaks again before that keeps
+//!   it: found by this simulation, the slot was freed at any other side's join);
+//! - a trusted side with an agreeing HELLO is admitted whenever fewer sides than there are
+//!   slots are present (a slot held by a side that left is free again);
+//! - a refusal for lack of a slot names every present holder.
+//!
+//! `SEED=n cargo test -p ndd-testkit --test nats_admit` replays one schedule.
+
+use ndd_link::nats::admit::{Admitter, Decision, Trust};
+use ndd_testkit::SimRng;
+use ndd_wire::{HelloRepr, OwnedMessage, Side};
+use std::time::{Duration, Instant};
+
+const GONE_AFTER: Duration = Duration::from_secs(5);
+
+fn hello(side: Side, driver: &str) -> HelloRepr {
+    HelloRepr {
+        side,
+        max_body: 1 << 20,
+        driver: driver.into(),
+        streams: vec![],
+    }
+}
+
+struct Side_ {
+    fp: String,
+    trusted: bool,
+    agrees: bool,
+    /// Chance of a heartbeat per step (0: silent for now).
+    beat: f64,
+    /// When the device last heard from it (as the device sees it: admitted or a heartbeat).
+    heard: Option<Instant>,
+    /// The slot it was last admitted to, and since when it has been present without a break.
+    slot: Option<u16>,
+}
+
+fn run(seed: u64) -> Result<String, String> {
+    let mut rng = SimRng::new(seed);
+    let t0 = Instant::now();
+    let slots = rng.range(0, 4) as u16;
+    let n = rng.range(2, 8) as usize;
+    let mut a = Admitter::new(
+        hello(Side::Device, "d"),
+        "dev",
+        "/h",
+        slots,
+        GONE_AFTER,
+        true,
+    );
+    let agreeing = OwnedMessage::Hello(hello(Side::App, "d"))
+        .as_message()
+        .emit_to_vec()
+        .unwrap();
+    let other = OwnedMessage::Hello(hello(Side::App, "other"))
+        .as_message()
+        .emit_to_vec()
+        .unwrap();
+    let mut sides: Vec<Side_> = (0..n)
+        .map(|i| Side_ {
+            fp: format!("fp{i}"),
+            trusted: rng.chance(0.8),
+            agrees: rng.chance(0.9),
+            beat: if rng.chance(0.7) { 0.5 } else { 0.05 },
+            heard: None,
+            slot: None,
+        })
+        .collect();
+    let (mut admitted, mut refused) = (0u64, 0u64);
+    for step in 0..600u64 {
+        let now = t0 + Duration::from_millis(100 * step);
+        let present = |s: &Side_| {
+            s.heard
+                .is_some_and(|t| now.saturating_duration_since(t) < GONE_AFTER)
+        };
+        let i = rng.range(0, n as u64 - 1) as usize;
+        match rng.range(0, 9) {
+            // Trust changes (ndd untrust / ndd trust).
+            0 => sides[i].trusted = !sides[i].trusted,
+            // Goes silent, or comes back.
+            1 => sides[i].beat = if sides[i].beat > 0.0 { 0.0 } else { 0.5 },
+            // Joins (again).
+            2..=4 => {
+                let s = &sides[i];
+                let trust = if s.trusted {
+                    Trust::Trusted(s.fp.clone())
+                } else {
+                    Trust::Untrusted
+                };
+                let hello = if s.agrees { &agreeing } else { &other };
+                let holders_present = sides
+                    .iter()
+                    .filter(|s| present(s) && s.slot.is_some())
+                    .count();
+                let was_present_with = sides[i].slot.filter(|_| present(&sides[i]));
+                match a.decide(now, &sides[i].fp.clone(), trust, hello) {
+                    Decision::Admitted { slot } => {
+                        admitted += 1;
+                        let s = &sides[i];
+                        if !s.trusted || !s.agrees {
+                            return Err(format!(
+                                "step {step}: admitted {} (trusted {}, agrees {})",
+                                s.fp, s.trusted, s.agrees
+                            ));
+                        }
+                        if (slot.is_some()) != (slots > 0) {
+                            return Err(format!("step {step}: slot {slot:?} with {slots} slots"));
+                        }
+                        if let Some(was) = was_present_with {
+                            if slot != Some(was) {
+                                return Err(format!(
+                                    "step {step}: {} held slot {was} and stayed present, now given {slot:?}",
+                                    s.fp
+                                ));
+                            }
+                        }
+                        if let Some(sl) = slot {
+                            let holders: Vec<usize> = (0..n)
+                                .filter(|j| *j != i && sides[*j].slot == Some(sl))
+                                .collect();
+                            for j in holders {
+                                if present(&sides[j]) {
+                                    return Err(format!(
+                                        "step {step}: slot {sl} given to {} while {} holds it and is present",
+                                        sides[i].fp, sides[j].fp
+                                    ));
+                                }
+                                // It had left: its slot is free again.
+                                sides[j].slot = None;
+                            }
+                        }
+                        sides[i].slot = slot;
+                        sides[i].heard = Some(now);
+                    }
+                    Decision::Refused { reason, .. } => {
+                        refused += 1;
+                        let s = &sides[i];
+                        if s.trusted && s.agrees {
+                            if slots == 0 || holders_present < slots as usize {
+                                let state: Vec<String> = sides
+                                    .iter()
+                                    .map(|o| {
+                                        format!(
+                                            "{} slot {:?} heard {:?} ago, held by machine {:?}",
+                                            o.fp,
+                                            o.slot,
+                                            o.heard.map(|h| now - h),
+                                            a.slot_of(&o.fp)
+                                        )
+                                    })
+                                    .collect();
+                                return Err(format!(
+                                    "step {step}: refused {} with {holders_present} of {slots} slots held by present sides: {reason}; {state:#?}",
+                                    s.fp
+                                ));
+                            }
+                            for o in sides.iter().filter(|o| present(o) && o.slot.is_some()) {
+                                if !reason.contains(&o.fp) {
+                                    return Err(format!(
+                                        "step {step}: the refusal does not name holder {}: {reason}",
+                                        o.fp
+                                    ));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+        // Heartbeats: only a side the device admitted sends them (it holds the key).
+        for s in sides.iter_mut() {
+            if s.heard.is_some() && s.beat > 0.0 && rng.chance(s.beat) {
+                a.handle_ready(now, &s.fp);
+                s.heard = Some(now);
+            }
+        }
+    }
+    Ok(format!(
+        "{n} identities, {slots} slots: {admitted} admitted, {refused} refused"
+    ))
+}
+
+#[test]
+fn only_trusted_agreeing_sides_are_admitted_and_no_two_present_sides_share_a_slot() {
+    ndd_testkit::explore("nats_admit", 1000, run);
+}
