@@ -6,7 +6,7 @@
 //! a missing program print `SKIPPED: …` and pass.
 
 use ndd_core::Frame;
-use ndd_endpoint::display::{Update, FLAG_KEYFRAME};
+use ndd_endpoint::display::{Update, FLAG_KEYFRAME, FLAG_MORE};
 use ndd_endpoint::input::{InputMessage, ABS_X, ABS_Y, BTN_LEFT, EV_ABS, EV_KEY, KEY_A};
 use ndd_endpoint::{
     FramebufferConfig, SinkConfig, SinkReport, SourceConfig, SourceReport, X11InputConfig,
@@ -961,4 +961,133 @@ fn the_viewer_dims_and_names_a_lost_link() {
     drop(tx);
     let r = rt.block_on(task).unwrap().expect("the sink ends cleanly");
     assert_eq!(r.frames, 2, "link-state records are not frames");
+}
+
+/// A capture in several updates (`FLAG_MORE` on all but the last, as the source cuts a screen
+/// over 4 MiB) is drawn once whole, in one request (issue 33, item 2): nothing of it shows
+/// before its last update, and DAMAGE on the viewer's server sees the whole update as one
+/// group of rectangles (the X server reports each request's damage as one run of events, all
+/// but the last flagged "more"), not one per rect.
+#[test]
+fn a_capture_in_several_updates_is_drawn_whole_in_one_request() {
+    use x11rb::protocol::damage::{self, ConnectionExt as _};
+    use x11rb::protocol::Event;
+    if let Some(m) = missing(&["Xvfb"]) {
+        println!("SKIPPED: whole-update test needs {m} ({APT})");
+        return;
+    }
+    let dev = xvfb("320x240x24");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (w, h) = (64u16, 48u16);
+    let red = [0u8, 0, 0xff, 0];
+    let update = |flags: u8, rects: &[(u16, u16, u16, u16)], px: &[u8; 4]| {
+        let pixels: Vec<Vec<u8>> = rects
+            .iter()
+            .map(|r| px.repeat(usize::from(r.2) * usize::from(r.3)))
+            .collect();
+        ndd_endpoint::display::Update {
+            header: ndd_endpoint::display::UpdateHeader {
+                width: w,
+                height: h,
+                format: ndd_endpoint::PixelFormat::Bgrx32,
+                flags,
+            },
+            rects: rects
+                .iter()
+                .zip(&pixels)
+                .map(|(r, p)| ndd_endpoint::display::RectPixels {
+                    rect: ndd_endpoint::Rect::new(r.0, r.1, r.2, r.3),
+                    encoding: ndd_endpoint::display::Encoding::Raw,
+                    pixels: p,
+                })
+                .collect(),
+        }
+        .emit()
+        .unwrap()
+    };
+    let frame = |seq: u64, p: Vec<u8>| {
+        Frame::new(
+            ndd_core::Meta {
+                seq,
+                ..Default::default()
+            },
+            &p,
+        )
+    };
+    let title = "ndd whole updates";
+    let (tx, rx) = mpsc::channel::<Frame>(16);
+    let task = {
+        let _rt = rt.enter();
+        window_sink(&dev.display, title).spawn(rx).expect("sink")
+    };
+    // The screen, black, first: the window at its size.
+    tx.blocking_send(frame(0, update(0, &[(0, 0, w, h)], &[0, 0, 0, 0])))
+        .unwrap();
+    let d = dev.connect();
+    let mut viewer = None;
+    wait_for("the viewer window", Duration::from_secs(20), || {
+        viewer = window_named(&d, title);
+        viewer.is_some()
+    });
+    let viewer = viewer.unwrap();
+    wait_for("the black screen drawn", Duration::from_secs(20), || {
+        grab(&d, viewer, w, h).is_some_and(|p| p.iter().all(|b| *b == 0))
+    });
+    d.damage_query_version(1, 1).unwrap().reply().unwrap();
+    let dmg = d.generate_id().unwrap();
+    d.damage_create(dmg, viewer, damage::ReportLevel::DELTA_RECTANGLES)
+        .unwrap();
+    // A new Damage holds the whole window (reported once): emptied, so the draws that follow
+    // are reported as they come.
+    d.damage_subtract(dmg, x11rb::NONE, x11rb::NONE).unwrap();
+    d.get_input_focus().unwrap().reply().unwrap();
+    while d.poll_for_event().unwrap().is_some() {}
+    // Three parts of one capture: two bands with more to come, then the last.
+    tx.blocking_send(frame(1, update(FLAG_MORE, &[(0, 0, 8, 8)], &red)))
+        .unwrap();
+    tx.blocking_send(frame(2, update(FLAG_MORE, &[(40, 10, 8, 8)], &red)))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        grab(&d, viewer, w, h).is_some_and(|p| p.iter().all(|b| *b == 0)),
+        "part of a capture was drawn before its last update"
+    );
+    tx.blocking_send(frame(3, update(0, &[(20, 30, 8, 8)], &red)))
+        .unwrap();
+    let at = |p: &[u8], x: usize, y: usize| p[(y * usize::from(w) + x) * 4..][..3].to_vec();
+    wait_for("the whole capture drawn", Duration::from_secs(20), || {
+        grab(&d, viewer, w, h).is_some_and(|p| {
+            [(1, 1), (44, 14), (24, 34)]
+                .iter()
+                .all(|&(x, y)| at(&p, x, y) == [0, 0, 0xff])
+                && at(&p, 30, 20) == [0, 0, 0]
+        })
+    });
+    // Damage events of the draw: one run (one request).
+    let mut runs = 0;
+    let mut area = 0u32;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        match d.poll_for_event().unwrap() {
+            Some(Event::DamageNotify(e)) => {
+                area += u32::from(e.area.width) * u32::from(e.area.height);
+                if u8::from(e.level) & 0x80 == 0 {
+                    runs += 1;
+                }
+            }
+            Some(_) => {}
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    assert_eq!(runs, 1, "the capture took {runs} requests to draw");
+    // The server reports the request's box (the rects' bounding box); the pixels between the
+    // rects are untouched (checked above: the clip kept the draw to the rects).
+    assert_eq!(area, 48 * 38, "one request over the rects' bounding box");
+    drop(tx);
+    let r = rt.block_on(task).unwrap().expect("sink report");
+    assert_eq!(r.frames, 4);
 }

@@ -11,7 +11,7 @@ use ndd_core::frame::Meta;
 use ndd_core::{
     ControlError, ForeignError, Frame, FrameError, Half, HalfStats, ModuleError, Output,
 };
-use ndd_wire::display::{Encoding, Rect, Update, FLAG_KEYFRAME};
+use ndd_wire::display::{Encoding, Rect, Update, FLAG_KEYFRAME, FLAG_MORE};
 use std::fmt;
 use std::time::{Duration, Instant};
 use zstd::stream::raw::{CParameter, InBuffer, Operation, OutBuffer};
@@ -65,6 +65,12 @@ pub struct ImageForward {
     indices: Vec<u8>,
     blob: Vec<u8>,
     stats: Counters,
+    /// The changed parts of a capture whose last frame has not come yet (a capture over
+    /// `MAX_UPDATE_PAYLOAD` comes as several frames, all but the last with `FLAG_MORE`),
+    /// and the flags its frames carried: the capture is coded as one frame once it is whole,
+    /// so the viewer never shows half of it.
+    held: Vec<(usize, Rect)>,
+    held_flags: u8,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -120,6 +126,8 @@ impl ImageForward {
             next_refine: None,
             next_keyframe: None,
             scratch: Vec::new(),
+            held: Vec::new(),
+            held_flags: 0,
             block: Vec::new(),
             indices: Vec::new(),
             blob: Vec::new(),
@@ -165,6 +173,8 @@ impl ImageForward {
 
     /// Starts over with a screen of a new size: every tile unknown.
     fn reset_screen(&mut self, width: u16, height: u16, now: Instant) {
+        // Parts held of a capture of the old size name tiles of the old grid.
+        self.held.clear();
         let t = usize::from(self.tile_size());
         self.grid_w = usize::from(width).div_ceil(t);
         let grid_h = usize::from(height).div_ceil(t);
@@ -520,8 +530,20 @@ impl Half for ImageForward {
             force = true;
         }
         self.last_meta = Some(frame.meta);
+        // A keyframe's parts are all forced, as its first frame says.
+        force |= self.held_flags & FLAG_KEYFRAME != 0;
         let mut parts = self.absorb(&u, force, now);
-        let mut flags = u.header.flags;
+        if u.header.flags & FLAG_MORE != 0 {
+            self.held.append(&mut parts);
+            self.held_flags |= u.header.flags;
+            return Ok(());
+        }
+        if !self.held.is_empty() {
+            let mut whole = std::mem::take(&mut self.held);
+            whole.append(&mut parts);
+            parts = whole;
+        }
+        let mut flags = (u.header.flags | std::mem::take(&mut self.held_flags)) & !FLAG_MORE;
         if self.cfg.broadcast() && (force || self.next_keyframe.is_none_or(|t| t <= now)) {
             parts = self.start_keyframe(now)?;
             flags |= FLAG_KEYFRAME;

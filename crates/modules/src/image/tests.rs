@@ -4,7 +4,7 @@ use bytes::Bytes;
 use ndd_core::frame::Meta;
 use ndd_core::{Frame, Half, Output};
 use ndd_wire::display::{
-    Framebuffer, PixelFormat, Rect, Update, UpdateHeader, UpdateLayout, FLAG_KEYFRAME,
+    Framebuffer, PixelFormat, Rect, Update, UpdateHeader, UpdateLayout, FLAG_KEYFRAME, FLAG_MORE,
 };
 use proptest::prelude::*;
 use std::time::{Duration, Instant};
@@ -204,6 +204,50 @@ fn photo_travels_as_jpeg_within_the_presets_quality_then_refines_to_identical() 
         );
         assert_eq!(p.fwd.poll_timeout(), None, "{q}: nothing left to refine");
     }
+}
+
+/// A capture too large for one frame comes in several (`FLAG_MORE` on all but the last): it
+/// is coded as one frame once the last comes, so the viewer draws it whole (issue 33, item 2:
+/// a 1080p screen was drawn as two halves).
+#[test]
+fn a_capture_in_several_frames_is_sent_as_one_once_whole() {
+    let t0 = Instant::now();
+    let mut p = Pipe::new(cfg(Quality::Lossless));
+    p.send(t0, update(FLAG_KEYFRAME, &[whole()], |_, _| [0, 0, 0]));
+    let frames = p.frames;
+    // Three bands, the cut through a tile's middle; the first two say more follows.
+    let bands = [
+        Rect::new(0, 0, W, 50),
+        Rect::new(0, 50, W, 40),
+        Rect::new(0, 90, W, H - 90),
+    ];
+    assert!(p.send(t0, update(FLAG_MORE, &bands[..1], text)).is_empty());
+    assert!(p.send(t0, update(FLAG_MORE, &bands[1..2], text)).is_empty());
+    assert_eq!(p.frames, frames, "nothing sent before the capture is whole");
+    let drawn = p.send(t0, update(0, &bands[2..], text));
+    assert_eq!(p.frames, frames + 1, "the capture is one frame");
+    assert_eq!(p.shown(), expected(text));
+    let covered: u32 = drawn.iter().map(|r| u32::from(r.w) * u32::from(r.h)).sum();
+    assert_eq!(covered, u32::from(W) * u32::from(H), "{drawn:?}");
+    // A keyframe in several frames: the last one's update says keyframe, none says more.
+    let mut out = Output::new();
+    p.fwd
+        .handle_frame(
+            t0,
+            update(FLAG_KEYFRAME | FLAG_MORE, &bands[..2], photo),
+            &mut out,
+        )
+        .unwrap();
+    p.fwd
+        .handle_frame(t0, update(FLAG_KEYFRAME, &bands[2..], photo), &mut out)
+        .unwrap();
+    let mut sent = out.take_frames();
+    assert_eq!(sent.len(), 1);
+    let mut o = Output::new();
+    p.inv.handle_frame(t0, sent.remove(0), &mut o).unwrap();
+    let d = o.take_frames();
+    let u = Update::parse(d[0].payload()).unwrap();
+    assert_eq!(u.header.flags & (FLAG_KEYFRAME | FLAG_MORE), FLAG_KEYFRAME);
 }
 
 #[test]
