@@ -28,7 +28,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use ndd_core::{Frame, Half, Meta, Output, Pair, Role, Stack};
 use ndd_endpoint::Delivered;
-use ndd_link::nats::admit::{Admitter, Decision, Trust};
+use ndd_link::nats::admit::{Admitter, Decision, Level, Line as AdmitLine, Trust};
 use ndd_link::nats::async_nats;
 use ndd_link::nats::intake::{Intake, Opened, Taken, REORDER_WAIT};
 use ndd_link::nats::join::{Admission, Host, Joiner, Welcome};
@@ -1494,7 +1494,15 @@ impl JoinService {
             },
             Err(e) => Trust::Unreadable(format!("{e:#}")),
         };
-        let slot = match lock(&self.admitter).decide(now, fp, trust, hello) {
+        let decision = {
+            let mut a = lock(&self.admitter);
+            let d = a.decide(now, fp, trust, hello);
+            while let Some(l) = a.poll_line() {
+                log_admission(&l);
+            }
+            d
+        };
+        let slot = match decision {
             Decision::Admitted { slot } => slot,
             Decision::Refused { code, reason } => {
                 return Welcome::Refused {
@@ -1514,6 +1522,17 @@ impl JoinService {
             };
         }
         Welcome::Admitted(Admission::of(&self.key.borrow(), slot))
+    }
+}
+
+/// A line of the admission rules in the device's log.
+fn log_admission(l: &AdmitLine) {
+    let s = l.suppressed;
+    match l.level {
+        Level::Warn if s > 0 => tracing::warn!(side = "device", suppressed = s, "{}", l.text),
+        Level::Warn => tracing::warn!(side = "device", "{}", l.text),
+        Level::Info => tracing::info!(side = "device", "{}", l.text),
+        Level::Debug => tracing::debug!(side = "device", "{}", l.text),
     }
 }
 

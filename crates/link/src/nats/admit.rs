@@ -16,8 +16,9 @@
 //! can make an identity and ask to join as often as it likes, and a rekey notice (which
 //! carries nothing secret) makes every app side join again: the lines about refusals are at
 //! most five a second of each kind, with the count held back, and a side's join is said once
-//! per [`SAY_JOINED_EVERY`]. Nothing here reads a clock or a file: the caller passes `now`,
-//! the trust lookup and the HELLO, and writes who holds the key.
+//! per [`SAY_JOINED_EVERY`]; the caller takes them with [`Admitter::poll_line`] and logs
+//! them. Nothing here reads a clock or a file: the caller passes `now`, the trust lookup and
+//! the HELLO, and writes who holds the key.
 
 use ndd_core::session::{decide_handshake, HandshakeDecision, PeerOpening};
 use ndd_core::RateLimit;
@@ -37,6 +38,29 @@ pub enum Trust {
     Untrusted,
     /// `known_peers` could not be read (why).
     Unreadable(String),
+}
+
+/// How much a [`Line`] matters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// Worth a user's attention (a refusal).
+    Warn,
+    /// What happened (a side joined, a slot is free again).
+    Info,
+    /// Detail (a side joined again).
+    Debug,
+}
+
+/// A line for the device's log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Line {
+    /// How much it matters.
+    pub level: Level,
+    /// The text (fingerprints and names are the caller's own `known_peers` entries or
+    /// hex fingerprints: nothing from the network raw).
+    pub text: String,
+    /// Lines like it held back since the last one said (rate limit).
+    pub suppressed: u64,
 }
 
 /// What the join service answers.
@@ -77,6 +101,7 @@ pub struct Admitter {
     quiet: bool,
     untrusted: RateLimit,
     refused: RateLimit,
+    lines: std::collections::VecDeque<Line>,
 }
 
 impl Admitter {
@@ -105,7 +130,25 @@ impl Admitter {
             quiet,
             untrusted: limit(),
             refused: limit(),
+            lines: std::collections::VecDeque::new(),
         }
+    }
+
+    /// The next line for the log, if any.
+    pub fn poll_line(&mut self) -> Option<Line> {
+        self.lines.pop_front()
+    }
+
+    fn say(&mut self, level: Level, text: String, suppressed: u64) {
+        // Bounded: a caller that never polls loses the oldest.
+        if self.lines.len() >= 64 {
+            self.lines.pop_front();
+        }
+        self.lines.push_back(Line {
+            level,
+            text,
+            suppressed,
+        });
     }
 
     /// App side `fingerprint` said it is there (its ready heartbeat, opened under the group
@@ -146,12 +189,11 @@ impl Admitter {
             }
             Trust::Untrusted => {
                 if let Some(suppressed) = self.untrusted.admit(now) {
-                    tracing::warn!(
-                        side = "device",
-                        suppressed,
+                    let text = format!(
                         "refused untrusted app side with fingerprint {fingerprint}; if you trust it, run: ndd trust {fingerprint} --home {}",
                         self.home
                     );
+                    self.say(Level::Warn, text, suppressed);
                 }
                 return Decision::Refused {
                     code: CloseCode::UntrustedPeer,
@@ -194,9 +236,9 @@ impl Admitter {
             .map(|s| format!(" (split slot {s})"))
             .unwrap_or_default();
         if !self.quiet && !said {
-            tracing::info!(side = "device", "app side {name} joined{s}");
+            self.say(Level::Info, format!("app side {name} joined{s}"), 0);
         } else {
-            tracing::debug!(side = "device", "app side {name} joined again{s}");
+            self.say(Level::Debug, format!("app side {name} joined again{s}"), 0);
         }
         Decision::Admitted { slot }
     }
@@ -235,9 +277,10 @@ impl Admitter {
                         holders.join(", ")
                     ));
                 };
-                tracing::info!(
-                    side = "device",
-                    "split slot {s} is free again: its app side {h} left"
+                self.say(
+                    Level::Info,
+                    format!("split slot {s} is free again: its app side {h} left"),
+                    0,
                 );
                 self.taken.remove(&h);
                 s
@@ -252,7 +295,11 @@ impl Admitter {
     fn refuse(&mut self, now: Instant, code: CloseCode, reason: String) -> Decision {
         if !self.quiet {
             if let Some(suppressed) = self.refused.admit(now) {
-                tracing::warn!(side = "device", suppressed, "refused an app side: {reason}");
+                self.say(
+                    Level::Warn,
+                    format!("refused an app side: {reason}"),
+                    suppressed,
+                );
             }
         }
         Decision::Refused { code, reason }
@@ -364,5 +411,42 @@ mod tests {
         assert_eq!(join(&mut a, t, "c"), Decision::Admitted { slot: Some(1) });
         assert_eq!(a.slot_of("b"), None);
         assert!(a.handle_ready(t, "d"), "a side never admitted here is new");
+        // Quiet: joins are detail, the freed slot is said.
+        let lines: Vec<Line> = std::iter::from_fn(|| a.poll_line()).collect();
+        assert!(lines.iter().any(|l| l.level == Level::Info
+            && l.text == "split slot 1 is free again: its app side b left"));
+        assert!(lines
+            .iter()
+            .filter(|l| l.text.contains("joined"))
+            .all(|l| l.level == Level::Debug));
+    }
+
+    #[test]
+    fn refusals_are_a_few_lines_a_second_with_the_count_held_back() {
+        let t0 = Instant::now();
+        let mut a = Admitter::new(
+            hello(Side::Device, "d"),
+            "devfp",
+            "/home",
+            0,
+            Duration::from_secs(5),
+            false,
+        );
+        for i in 0..1000u64 {
+            let t = t0 + Duration::from_millis(if i == 999 { 2000 } else { i / 2 });
+            a.decide(t, "stranger", Trust::Untrusted, &app_hello("d"));
+        }
+        let lines: Vec<Line> = std::iter::from_fn(|| a.poll_line()).collect();
+        assert_eq!(lines.len(), 6, "{lines:#?}");
+        assert!(lines.iter().all(|l| l.level == Level::Warn
+            && l.text
+                .starts_with("refused untrusted app side with fingerprint stranger")
+            && l.text.ends_with("--home /home")));
+        assert_eq!(lines[5].suppressed, 994);
+        assert_eq!(
+            a.decide(t0, "x", trusted(), &app_hello("d")),
+            Decision::Admitted { slot: None }
+        );
+        assert_eq!(a.poll_line().unwrap().text, "app side x joined");
     }
 }
