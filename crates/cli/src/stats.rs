@@ -308,9 +308,10 @@ impl StreamStats {
         line
     }
 
-    /// `  image medium q80 28.7 fps 0.33 Mbit/frame path 19.8 Mbit/s rtt 102 ms`: the display
-    /// codec's preset, its frame rate and frame size on the wire since the last line, and its
-    /// estimate of the path (source side only).
+    /// `  image medium q80 28.7 fps 0.33 Mbit/frame path 19.8 Mbit/s rtt 102 ms video
+    /// 640x480+64+128 h264 13.9 Mbit/s`: the display codec's preset, its frame rate and frame
+    /// size on the wire since the last line, its estimate of the path (source side only), and
+    /// the video region coded as H.264 with its bit rate, while there is one.
     fn image_part(
         &mut self,
         frames: u64,
@@ -350,6 +351,17 @@ impl StreamStats {
         }
         if let Some(r) = get("rtt_ms").filter(|&r| r > 0) {
             out += &format!(" rtt {r} ms");
+        }
+        // The video region, coded as H.264: where, and its bit rate.
+        if let (Some(w), Some(h)) = (get("video_w"), get("video_h")) {
+            if w > 0 && h > 0 {
+                out += &format!(
+                    " video {w}x{h}+{}+{} h264 {:.1} Mbit/s",
+                    get("video_x").unwrap_or(0),
+                    get("video_y").unwrap_or(0),
+                    get("video_kbps").unwrap_or(0) as f64 / 1000.0
+                );
+            }
         }
         out
     }
@@ -590,6 +602,11 @@ mod tests {
                     ("jpeg_q", 45),
                     ("rtt_ms", 104),
                     ("bottleneck_kbps", 19_800),
+                    ("video_x", 64),
+                    ("video_y", 128),
+                    ("video_w", 640),
+                    ("video_h", 480),
+                    ("video_kbps", 13_860),
                 ],
             },
         };
@@ -604,7 +621,10 @@ mod tests {
             .and_then(|p| p.split_once(" fps "))
             .expect(&line);
         assert!(fps.parse::<f64>().unwrap() > 0.0, "{line}");
-        assert_eq!(rest, "0.333 Mbit/frame path 19.8 Mbit/s rtt 104 ms");
+        assert_eq!(
+            rest,
+            "0.333 Mbit/frame path 19.8 Mbit/s rtt 104 ms video 640x480+64+128 h264 13.9 Mbit/s"
+        );
     }
 
     #[test]

@@ -73,7 +73,7 @@ fn input_for(framing: Framing) -> Vec<u8> {
         Framing::Raw => synthetic::payload(1, 0, 3 * RAW_CHUNK + 123),
         Framing::Lines => {
             let mut v = b"first\n\nthird line\n".to_vec();
-            v.extend(std::iter::repeat(b'x').take(MAX_LINE + 10));
+            v.extend(std::iter::repeat_n(b'x', MAX_LINE + 10));
             v.extend_from_slice(b"\nno newline at the end");
             v
         }

@@ -547,7 +547,7 @@ impl ArqTx {
                 self.rttvar = rtt / 2;
             }
             Some(s) => {
-                let diff = if s > rtt { s - rtt } else { rtt - s };
+                let diff = s.abs_diff(rtt);
                 self.rttvar = (self.rttvar * 3 + diff) / 4;
                 self.srtt = Some((s * 7 + rtt) / 8);
             }
@@ -570,7 +570,7 @@ impl ArqTx {
     /// congestion window drops to its floor and the timeout doubles until something new is
     /// acknowledged. Returns the envelopes to send again now.
     pub fn handle_timeout(&mut self, now: Instant) -> Vec<Bytes> {
-        if !self.timer.is_some_and(|t| now >= t) {
+        if self.timer.is_none_or(|t| now < t) {
             let mut again = Vec::new();
             if self.loss_timer.is_some_and(|t| now >= t) {
                 self.detect_losses(now);
@@ -704,7 +704,7 @@ impl ArqRx {
 
     /// The acknowledgement to send now, if one is due.
     pub fn poll_ack(&mut self, now: Instant) -> Option<Ack> {
-        if !self.ack_now && !self.ack_at.is_some_and(|t| now >= t) {
+        if !self.ack_now && self.ack_at.is_none_or(|t| now < t) {
             return None;
         }
         self.ack_now = false;

@@ -675,7 +675,7 @@ pub(crate) fn spawn_pulse_playback(
                     }
                 }
                 Out::Stream(pa) => {
-                    if !pa.as_ref().is_some_and(|(r, ch, _)| (*r, *ch) == (block.rate, block.channels)) {
+                    if pa.as_ref().is_none_or(|(r, ch, _)| (*r, *ch) != (block.rate, block.channels)) {
                         if let Some((_, _, old)) = pa.take() {
                             let _ = old.drain();
                         }

@@ -122,9 +122,10 @@ impl Pictures {
             }
         };
         let (w, h) = (u.header.width, u.header.height);
-        let stale = self.fb.as_ref().map_or(true, |f| {
-            self.follow_size && (f.width(), f.height()) != (w, h)
-        });
+        let stale = self
+            .fb
+            .as_ref()
+            .is_none_or(|f| self.follow_size && (f.width(), f.height()) != (w, h));
         if stale {
             self.fb = Some(Framebuffer::new(w, h, PixelFormat::Bgrx32));
         }

@@ -79,7 +79,7 @@ pub(crate) async fn run_paced(
         t.set_missed_tick_behavior(MissedTickBehavior::Burst);
         t
     });
-    while count.map_or(true, |n| out.report.frames < n) {
+    while count.is_none_or(|n| out.report.frames < n) {
         if let Some(t) = ticker.as_mut() {
             tokio::select! {
                 _ = t.tick() => {}

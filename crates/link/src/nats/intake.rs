@@ -127,7 +127,7 @@ impl Seen {
     /// Whether `sealed` is new (and remembers it); a frame too short to carry the header
     /// counts as new (the encrypt inverse refuses it).
     fn insert(&mut self, sealed: &[u8]) -> bool {
-        Self::key(sealed).map_or(true, |k| self.0.insert(k))
+        Self::key(sealed).is_none_or(|k| self.0.insert(k))
     }
 }
 
@@ -238,7 +238,7 @@ impl<M> Intake<M> {
         }
         let fresh = if is_stored {
             !self.seen.contains(&rec.payload)
-                && stream_seq.map_or(true, |s| self.handed.insert(s, body))
+                && stream_seq.is_none_or(|s| self.handed.insert(s, body))
         } else {
             match self.last {
                 Some((run, seq)) if run == rec.run => rec.seq > seq,
@@ -354,7 +354,7 @@ impl<M> Intake<M> {
 
     /// Whether nothing taken waits here (behind a gap or to be opened).
     pub fn holds_nothing(&self) -> bool {
-        self.ready.is_empty() && self.reorder.as_ref().map_or(true, Reorder::is_empty)
+        self.ready.is_empty() && self.reorder.as_ref().is_none_or(Reorder::is_empty)
     }
 
     /// Whether messages wait for their acknowledgement.

@@ -431,9 +431,9 @@ impl<H: RunHalf> Opener<H> {
             self.dropped += 1;
             let tell = !self.app
                 && why == Refusal::EarlierRun
-                && !self
+                && self
                     .told
-                    .is_some_and(|t| now.saturating_duration_since(t) < RUN_NOTICE_SPACING)
+                    .is_none_or(|t| now.saturating_duration_since(t) >= RUN_NOTICE_SPACING)
                 && {
                     // Only a genuine frame of an earlier run (it opens under that run's key)
                     // tells the app sides to join again: anyone may publish a header.

@@ -460,7 +460,7 @@ impl<K> Outbox<K> {
         self.rotations += 1;
         kept.take()
             .into_iter()
-            .filter(|k| k.stored.map_or(true, |s| s > since))
+            .filter(|k| k.stored.is_none_or(|s| s > since))
             .map(|k| k.item)
             .collect()
     }

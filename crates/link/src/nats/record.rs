@@ -267,7 +267,7 @@ impl Reorder {
             return Vec::new();
         };
         o.genuine = true;
-        let progress = o.confirmed.map_or(true, |c| wseq > c);
+        let progress = o.confirmed.is_none_or(|c| wseq > c);
         o.confirmed = Some(o.confirmed.map_or(wseq, |c| c.max(wseq)));
         if progress {
             // Genuine progress: what is held now waits from here.

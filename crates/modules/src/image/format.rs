@@ -4,7 +4,7 @@
 //!
 //! | bytes | field |
 //! |---|---|
-//! | 1 | version, `1` |
+//! | 1 | version, `3` |
 //! | 2, 2 | screen width, height |
 //! | 1 | display flags (keyframe, more), as in the display record |
 //! | 2 | rect count |
@@ -20,6 +20,10 @@
 //! | `1` solid | B, G, R | — |
 //! | `2` palette | colours − 1 (u8), then colours × B, G, R | `h` rows of packed indices |
 //! | `3` jpeg | length u32, JPEG data | — |
+//! | `4` h264 | length u32, one H.264 access unit (Annex B) of the video region | — |
+//!
+//! An `h264` rect is the video region: its access units form one H.264 stream for as long
+//! as the region keeps its place and size (a new region starts with an IDR).
 //!
 //! then the zstd block: one flushed chunk of a zstd stream that runs for the life of the pair
 //! (its window spans earlier frames), holding the rects' block data in rect order.
@@ -34,8 +38,8 @@ use super::PAIR;
 use ndd_core::FrameError;
 use ndd_wire::display::Rect;
 
-/// Version byte.
-pub const VERSION: u8 = 2;
+/// Version byte (3: the `h264` kind).
+pub const VERSION: u8 = 3;
 /// Frame header bytes.
 pub const HEADER_LEN: usize = 20;
 /// Rect header bytes (x, y, w, h, kind).
@@ -56,6 +60,8 @@ pub enum Kind<'a> {
     Palette(&'a [u8]),
     /// A JPEG image of the rect.
     Jpeg(&'a [u8]),
+    /// An H.264 access unit of the video region.
+    H264(&'a [u8]),
 }
 
 impl Kind<'_> {
@@ -66,6 +72,7 @@ impl Kind<'_> {
             Kind::Solid(_) => 1,
             Kind::Palette(_) => 2,
             Kind::Jpeg(_) => 3,
+            Kind::H264(_) => 4,
         }
     }
 
@@ -78,7 +85,7 @@ impl Kind<'_> {
                 let bits = super::tiles::index_bits(p.len() / 3);
                 super::tiles::index_row_len(r.w, bits) * usize::from(r.h)
             }
-            Kind::Solid(_) | Kind::Jpeg(_) => 0,
+            Kind::Solid(_) | Kind::Jpeg(_) | Kind::H264(_) => 0,
         }
     }
 
@@ -88,7 +95,7 @@ impl Kind<'_> {
             Kind::Lossless => 0,
             Kind::Solid(_) => 3,
             Kind::Palette(p) => 1 + p.len(),
-            Kind::Jpeg(j) => 4 + j.len(),
+            Kind::Jpeg(j) | Kind::H264(j) => 4 + j.len(),
         }
     }
 }
@@ -144,7 +151,7 @@ pub fn emit(header: &Header, rects: &[(Rect, Kind<'_>)], blob: &[u8], out: &mut 
                 out.push((p.len() / 3 - 1) as u8);
                 out.extend_from_slice(p);
             }
-            Kind::Jpeg(j) => {
+            Kind::Jpeg(j) | Kind::H264(j) => {
                 out.extend_from_slice(&(j.len() as u32).to_be_bytes());
                 out.extend_from_slice(j);
             }
@@ -263,6 +270,16 @@ pub fn parse(p: &[u8]) -> Result<Parsed<'_>, FrameError> {
                     .ok_or(trunc("jpeg data"))?;
                 pos += 4 + len;
                 Kind::Jpeg(j)
+            }
+            4 => {
+                let len = p.get(pos..pos + 4).ok_or(trunc("h264 length"))?;
+                let len = be32(len, 0) as usize;
+                let j = p
+                    .get(pos + 4..)
+                    .and_then(|rest| rest.get(..len))
+                    .ok_or(trunc("h264 data"))?;
+                pos += 4 + len;
+                Kind::H264(j)
             }
             other => {
                 return Err(FrameError::UnknownValue {

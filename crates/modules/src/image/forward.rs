@@ -4,7 +4,8 @@
 use super::format::{self, Header, Kind, CREDIT_LEN, CTRL_CREDIT};
 use super::pacer::{Pacer, Step};
 use super::tiles::{self, Class, Screen};
-use super::{corrupt, library, ImageConfig, Quality, Subsampling, PAIR};
+use super::video::{self, Detector, VideoEncoder};
+use super::{corrupt, library, Codec, ImageConfig, Quality, Subsampling, PAIR};
 use crate::seq::RisingSeq;
 use bytes::Bytes;
 use ndd_core::frame::Meta;
@@ -36,7 +37,12 @@ enum Owned {
     Solid([u8; 3]),
     Palette(Vec<u8>),
     Jpeg(Vec<u8>),
+    H264(Vec<u8>),
 }
+
+/// A video region with no capture changing it for this long is dropped (its tiles are then
+/// refined): a still screen makes no captures for the detector to see.
+const VIDEO_IDLE: Duration = Duration::from_millis(500);
 
 /// Encodes display updates (see the pair's docs).
 pub struct ImageForward {
@@ -71,6 +77,14 @@ pub struct ImageForward {
     /// so the viewer never shows half of it.
     held: Vec<(usize, Rect)>,
     held_flags: u8,
+    /// Where the screen moves in most captures (`codec = "auto"`).
+    detector: Detector,
+    /// The video region's encoder, and when a capture last changed the region.
+    video: Option<VideoEncoder>,
+    video_at: Option<Instant>,
+    /// Access units sent, and their bytes, over the pair's life.
+    video_frames: u64,
+    video_bytes: u64,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -128,6 +142,11 @@ impl ImageForward {
             scratch: Vec::new(),
             held: Vec::new(),
             held_flags: 0,
+            detector: Detector::default(),
+            video: None,
+            video_at: None,
+            video_frames: 0,
+            video_bytes: 0,
             block: Vec::new(),
             indices: Vec::new(),
             blob: Vec::new(),
@@ -175,6 +194,8 @@ impl ImageForward {
     fn reset_screen(&mut self, width: u16, height: u16, now: Instant) {
         // Parts held of a capture of the old size name tiles of the old grid.
         self.held.clear();
+        self.video = None;
+        self.video_at = None;
         let t = usize::from(self.tile_size());
         self.grid_w = usize::from(width).div_ceil(t);
         let grid_h = usize::from(height).div_ceil(t);
@@ -187,6 +208,105 @@ impl ImageForward {
         ];
         self.screen = Some(Screen::new(width, height));
         self.next_refine = None;
+        self.detector.reset(self.tiles.len());
+    }
+
+    /// The measured path in bits per second, if measured.
+    fn path_bps(&self) -> Option<f64> {
+        self.pacer.rate().map(|b| b * 8.0)
+    }
+
+    /// The tiles `r` touches.
+    fn tiles_of(&self, r: Rect) -> Vec<usize> {
+        self.parts(r).into_iter().map(|(i, _)| i).collect()
+    }
+
+    /// Where the video region is after this capture, which changed `parts`.
+    fn video_region(&mut self, parts: &[(usize, Rect)]) -> Option<Rect> {
+        let s = self.screen.as_ref()?;
+        match self.cfg.codec {
+            Codec::Tiles => None,
+            Codec::H264 => {
+                let r = Rect::new(0, 0, s.width & !1, s.height & !1);
+                (r.w >= 16 && r.h >= 16).then_some(r)
+            }
+            Codec::Auto => {
+                let mut changed: Vec<usize> = parts.iter().map(|(i, _)| *i).collect();
+                changed.dedup();
+                let (t, w, h, grid_w) = (self.tile_size(), s.width, s.height, self.grid_w);
+                self.detector.handle_capture(&changed, grid_w, |i| {
+                    let t = u32::from(t);
+                    let (tx, ty) = ((i % grid_w) as u32, (i / grid_w) as u32);
+                    Rect::new((tx * t) as u16, (ty * t) as u16, t as u16, t as u16).clip(w, h)
+                })
+            }
+        }
+    }
+
+    /// The region stops being video: its tiles, last sent as H.264, are refined.
+    fn drop_video(&mut self, now: Instant) {
+        self.video_at = None;
+        let Some(v) = self.video.take() else {
+            return;
+        };
+        for i in self.tiles_of(v.region()) {
+            self.tiles[i].lossy = true;
+            self.tiles[i].changed = now;
+        }
+        if self.cfg.refine_ms > 0 {
+            let due = now + Duration::from_millis(u64::from(self.cfg.refine_ms));
+            self.next_refine = Some(self.next_refine.map_or(due, |d| d.min(due)));
+        }
+    }
+
+    /// Codes the video region of this capture (`region`) as H.264 when it changed (or an IDR
+    /// is due: a keyframe, a new region); the parts left for the tile codec, and the access
+    /// unit.
+    #[allow(clippy::type_complexity)]
+    fn code_video(
+        &mut self,
+        region: Option<Rect>,
+        parts: Vec<(usize, Rect)>,
+        keyframe: bool,
+        now: Instant,
+    ) -> Result<(Vec<(usize, Rect)>, Option<(Rect, Vec<u8>)>), ModuleError> {
+        let Some(r) = region else {
+            self.drop_video(now);
+            return Ok((parts, None));
+        };
+        let mut idr = keyframe;
+        if self.video.as_ref().is_none_or(|v| v.region() != r) {
+            self.drop_video(now);
+            self.video = Some(VideoEncoder::new(r, self.path_bps(), now)?);
+            idr = true;
+        }
+        let mut touched = idr;
+        let mut rest = Vec::with_capacity(parts.len());
+        for (i, p) in parts {
+            touched |= p.intersection(&r).is_some();
+            rest.extend(video::outside(p, r).into_iter().map(|q| (i, q)));
+        }
+        if !touched {
+            return Ok((rest, None));
+        }
+        self.video_at = Some(now);
+        for i in self.tiles_of(r) {
+            // Lossy until refined, once the region stops being video.
+            self.tiles[i].lossy = true;
+            self.tiles[i].changed = now;
+        }
+        let Some(s) = self.screen.as_ref() else {
+            return Ok((rest, None));
+        };
+        s.copy_out(r, &mut self.scratch);
+        let path = self.path_bps();
+        let mut au = Vec::new();
+        if let Some(v) = self.video.as_mut() {
+            v.encode(&self.scratch, idr, path, now, &mut au)?;
+        }
+        self.video_frames += 1;
+        self.video_bytes += au.len() as u64;
+        Ok((rest, Some((r, au))))
     }
 
     /// The tile grid cells `r` touches, as (tile index, part of `r` inside the tile).
@@ -255,10 +375,25 @@ impl ImageForward {
         now: Instant,
         out: &mut Output,
     ) -> Result<(), ModuleError> {
+        self.encode_video(meta, flags, parts, None, lossless, now, out)
+    }
+
+    /// [`ImageForward::encode`], with the video region's access unit.
+    #[allow(clippy::too_many_arguments)]
+    fn encode_video(
+        &mut self,
+        meta: Meta,
+        flags: u8,
+        parts: &[(usize, Rect)],
+        video: Option<(Rect, Vec<u8>)>,
+        lossless: bool,
+        now: Instant,
+        out: &mut Output,
+    ) -> Result<(), ModuleError> {
         let Some(s) = self.screen.take() else {
             return Ok(());
         };
-        let r = self.encode_with(&s, meta, flags, parts, lossless, now, out);
+        let r = self.encode_with(&s, meta, flags, parts, video, lossless, now, out);
         self.screen = Some(s);
         r
     }
@@ -270,13 +405,17 @@ impl ImageForward {
         meta: Meta,
         flags: u8,
         parts: &[(usize, Rect)],
+        video: Option<(Rect, Vec<u8>)>,
         lossless: bool,
         now: Instant,
         out: &mut Output,
     ) -> Result<(), ModuleError> {
         let palette_max = usize::from(self.cfg.palette_max);
         let jpeg = if lossless { None } else { self.jpeg_now() };
-        let mut rects: Vec<(Rect, Owned)> = Vec::with_capacity(parts.len());
+        let mut rects: Vec<(Rect, Owned)> = Vec::with_capacity(parts.len() + 1);
+        if let Some((r, au)) = video {
+            rects.push((r, Owned::H264(au)));
+        }
         let mut photos = Vec::new();
         let mut photo_tiles = Vec::new();
         self.block.clear();
@@ -334,6 +473,7 @@ impl ImageForward {
                     Owned::Solid(c) => Kind::Solid(*c),
                     Owned::Palette(p) => Kind::Palette(p),
                     Owned::Jpeg(j) => Kind::Jpeg(j),
+                    Owned::H264(a) => Kind::H264(a),
                 };
                 (*r, k)
             })
@@ -433,8 +573,13 @@ impl ImageForward {
         let after = Duration::from_millis(u64::from(self.cfg.refine_ms));
         let mut due = Vec::new();
         let mut next: Option<Instant> = None;
+        let video: Vec<usize> = self
+            .video
+            .as_ref()
+            .map(|v| self.tiles_of(v.region()))
+            .unwrap_or_default();
         for (i, t) in self.tiles.iter().enumerate() {
-            if !t.lossy {
+            if !t.lossy || video.contains(&i) {
                 continue;
             }
             if t.changed + after <= now {
@@ -548,14 +693,18 @@ impl Half for ImageForward {
             parts = self.start_keyframe(now)?;
             flags |= FLAG_KEYFRAME;
         }
-        if parts.is_empty() {
+        let region = self.video_region(&parts);
+        let keyframe = flags & FLAG_KEYFRAME != 0;
+        let (parts, au) = self.code_video(region, parts, keyframe, now)?;
+        if parts.is_empty() && au.is_none() {
             self.stats.unchanged += 1;
             return Ok(());
         }
-        self.encode(
+        self.encode_video(
             frame.meta,
             flags,
             &parts,
+            au,
             self.preset() == Quality::Lossless,
             now,
             out,
@@ -587,7 +736,14 @@ impl Half for ImageForward {
     }
 
     fn handle_timeout(&mut self, now: Instant, out: &mut Output) {
+        if self.video_at.is_some_and(|t| t + VIDEO_IDLE <= now) {
+            // Still: the region's tiles are refined (the detector takes it up again, with a
+            // new encoder and an IDR, when it moves again).
+            self.drop_video(now);
+        }
         if self.next_keyframe.is_some_and(|t| t <= now) {
+            // The keyframe is tiles: an app side that starts at it needs an IDR next.
+            self.drop_video(now);
             // A still screen: the keyframe comes from the screen copy, for app sides that
             // joined since the last one.
             if let Some(meta) = self.last_meta {
@@ -611,10 +767,14 @@ impl Half for ImageForward {
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
-        [self.next_refine, self.next_keyframe]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.next_refine,
+            self.next_keyframe,
+            self.video_at.map(|t| t + VIDEO_IDLE),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     fn ready(&self) -> bool {
@@ -623,6 +783,7 @@ impl Half for ImageForward {
 
     fn stats(&self) -> HalfStats {
         let c = self.stats;
+        let region = self.video.as_ref().map(|v| v.region());
         let preset = match self.preset() {
             Quality::Low => 1,
             Quality::Medium => 2,
@@ -656,6 +817,16 @@ impl Half for ImageForward {
                 (
                     "bottleneck_kbps",
                     self.pacer.rate().map_or(0, |r| (r * 8.0 / 1000.0) as u64),
+                ),
+                ("video_frames", self.video_frames),
+                ("video_bytes", self.video_bytes),
+                ("video_x", region.map_or(0, |r| u64::from(r.x))),
+                ("video_y", region.map_or(0, |r| u64::from(r.y))),
+                ("video_w", region.map_or(0, |r| u64::from(r.w))),
+                ("video_h", region.map_or(0, |r| u64::from(r.h))),
+                (
+                    "video_kbps",
+                    self.video.as_ref().map_or(0, |v| u64::from(v.bps() / 1000)),
                 ),
             ],
         }

@@ -3,6 +3,7 @@
 
 use super::format::{self, Kind, CREDIT_LEN, CTRL_CREDIT};
 use super::forward::WINDOW_LOG;
+use super::video::VideoDecoder;
 use super::{corrupt, library, tiles, PAIR};
 use ndd_core::frame::DEFAULT_HEADROOM;
 use ndd_core::{ForeignError, Frame, FrameError, Half, HalfStats, ModuleError, Output};
@@ -31,6 +32,11 @@ pub struct ImageInverse {
     started: bool,
     /// Broadcast: frames dropped while waiting for the first keyframe.
     skipped: u64,
+    /// The video region's decoder, and its last picture (BGRX).
+    video: Option<VideoDecoder>,
+    picture: Vec<u8>,
+    /// Access units that gave no picture (their region is left as it was).
+    no_picture: u64,
 }
 
 impl fmt::Debug for ImageInverse {
@@ -66,6 +72,9 @@ impl ImageInverse {
             broadcast,
             started: false,
             skipped: 0,
+            video: None,
+            picture: Vec::new(),
+            no_picture: 0,
         })
     }
 
@@ -136,6 +145,31 @@ impl Half for ImageInverse {
                 max: self.max_size as u64,
             }));
         }
+        // The video region first: an access unit that gives no picture leaves its rect out.
+        let mut rects = p.rects;
+        if rects
+            .iter()
+            .filter(|(_, k)| matches!(k, Kind::H264(_)))
+            .count()
+            > 1
+        {
+            return Err(invalid("more than one video region in a frame"));
+        }
+        if let Some(i) = rects.iter().position(|(_, k)| matches!(k, Kind::H264(_))) {
+            let (r, k) = rects[i].clone();
+            let Kind::H264(au) = k else { unreachable!() };
+            if r.right() > u32::from(h.width) || r.bottom() > u32::from(h.height) {
+                return Err(invalid("video region outside the screen"));
+            }
+            if self.video.as_ref().is_none_or(|v| v.region() != r) {
+                self.video = Some(VideoDecoder::new(r)?);
+            }
+            let v = self.video.as_mut().expect("made above");
+            if !v.decode(au, &mut self.picture)? {
+                self.no_picture += 1;
+                rects.remove(i);
+            }
+        }
         let layout = UpdateLayout::new(
             UpdateHeader {
                 width: h.width,
@@ -143,7 +177,7 @@ impl Half for ImageInverse {
                 format: PixelFormat::Bgrx32,
                 flags: h.flags,
             },
-            p.rects.iter().map(|(r, _)| *r).collect(),
+            rects.iter().map(|(r, _)| *r).collect(),
         )
         .map_err(|e| ModuleError::from(FrameError::Foreign(ForeignError::new(e))))?;
         if layout.len() > self.max_size {
@@ -162,7 +196,7 @@ impl Half for ImageInverse {
             .write_headers(dst)
             .map_err(|e| ModuleError::from(FrameError::Foreign(ForeignError::new(e))))?;
         let mut at = 0usize;
-        for (i, (r, k)) in p.rects.iter().enumerate() {
+        for (i, (r, k)) in rects.iter().enumerate() {
             let px = &mut dst[layout.pixels(i)];
             let n = k.block_len(*r);
             let block = &self.block[at..at + n];
@@ -213,6 +247,12 @@ impl Half for ImageInverse {
                         .decompress(j, img)
                         .map_err(|e| corrupt("jpeg", e))?;
                 }
+                Kind::H264(_) => {
+                    if self.picture.len() != px.len() {
+                        return Err(invalid("video picture size differs from its rect"));
+                    }
+                    px.copy_from_slice(&self.picture);
+                }
             }
         }
         self.decoded += 1;
@@ -238,7 +278,11 @@ impl Half for ImageInverse {
 
     fn stats(&self) -> HalfStats {
         HalfStats {
-            counters: vec![("decoded", self.decoded), ("skipped", self.skipped)],
+            counters: vec![
+                ("decoded", self.decoded),
+                ("skipped", self.skipped),
+                ("video_no_picture", self.no_picture),
+            ],
             ..HalfStats::default()
         }
     }

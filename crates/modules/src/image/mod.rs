@@ -58,6 +58,7 @@ mod pacer;
 #[cfg(test)]
 mod tests;
 mod tiles;
+mod video;
 
 pub use forward::ImageForward;
 pub use inverse::ImageInverse;
@@ -202,12 +203,37 @@ impl Subsampling {
     }
 }
 
+/// How moving content travels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Codec {
+    /// A region that changes in most captures (a video, a game) as H.264, the rest as tiles.
+    Auto,
+    /// Tiles only.
+    Tiles,
+    /// The whole screen as H.264.
+    H264,
+}
+
+impl Codec {
+    /// Name as written in config files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Codec::Auto => "auto",
+            Codec::Tiles => "tiles",
+            Codec::H264 => "h264",
+        }
+    }
+}
+
 /// Parameters of `image`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ImageConfig {
     /// Preset.
     pub quality: Quality,
+    /// How moving content travels (H.264 video regions or tiles).
+    pub codec: Codec,
     /// JPEG quality 1..=100 overriding the preset's; 0 = the preset's.
     pub jpeg_quality: u8,
     /// Chroma subsampling overriding the preset's.
@@ -233,6 +259,7 @@ impl Default for ImageConfig {
     fn default() -> Self {
         ImageConfig {
             quality: Quality::Auto,
+            codec: Codec::Auto,
             jpeg_quality: 0,
             subsampling: None,
             tile: 64,
@@ -249,13 +276,19 @@ impl Default for ImageConfig {
 pub const INFO: ModuleInfo = ModuleInfo {
     name: PAIR,
     id: IDS.image,
-    summary: "display records: solid / palette / JPEG per changed tile, lossless refinement, frame spoiling credit",
+    summary: "display records: solid / palette / JPEG per changed tile, H.264 video regions, lossless refinement, frame spoiling credit",
     params: &[
         ParamInfo {
             name: "quality",
             ty: "\"auto\" | \"lossless\" | \"high\" | \"medium\" | \"low\"",
             default: "\"auto\"",
             doc: "preset (high = Q95 4:4:4, medium = Q80 4:2:2, low = Q30 4:2:0); auto follows the path",
+        },
+        ParamInfo {
+            name: "codec",
+            ty: "\"auto\" | \"tiles\" | \"h264\"",
+            default: "\"auto\"",
+            doc: "auto: a region that changes in most captures (a video) as H.264, the rest as tiles; tiles: never H.264; h264: the whole screen as H.264",
         },
         ParamInfo {
             name: "jpeg_quality",
@@ -353,8 +386,9 @@ impl Pair for ImageConfig {
     }
     fn describe(&self) -> String {
         format!(
-            "image(quality={}, jpeg_quality={}, subsampling={}, tile={}, palette_max={}, refine_ms={}, window={}, max_size={}, keyframe_ms={})",
+            "image(quality={}, codec={}, jpeg_quality={}, subsampling={}, tile={}, palette_max={}, refine_ms={}, window={}, max_size={}, keyframe_ms={})",
             self.quality,
+            self.codec.name(),
             self.jpeg_quality,
             self.subsampling.map_or("preset", Subsampling::name),
             self.tile,

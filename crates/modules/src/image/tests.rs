@@ -655,7 +655,10 @@ fn broadcast_never_waits_for_credit_and_a_late_app_side_starts_at_the_next_keyfr
     let mut late = ImageInverse::new(c.max_size as usize, true).unwrap();
     let mut late_fb = Framebuffer::new(W, H, PixelFormat::Bgrx32);
     decode_into(&mut late, &mut late_fb, t0, &frames[3..]);
-    assert_eq!(late.stats().counters, vec![("decoded", 0), ("skipped", 7)]);
+    assert_eq!(
+        late.stats().counters,
+        vec![("decoded", 0), ("skipped", 7), ("video_no_picture", 0)]
+    );
     // The screen stays still; the keyframe comes from the forward half's copy on time.
     let due = fwd.poll_timeout().unwrap();
     assert_eq!(due, t0 + Duration::from_millis(1000));
@@ -708,4 +711,177 @@ fn keyframe_ms_is_0_or_100_to_60000() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("keyframe_ms"), "{e}");
+}
+
+/// A smooth picture moving `n` steps (video-like content).
+fn moving(n: u16) -> impl Fn(u16, u16) -> [u8; 3] {
+    move |x, y| {
+        let (fx, fy) = (f64::from(x + 3 * n), f64::from(y + 2 * n));
+        let v = |p: f64| (128.0 + 90.0 * (fx / 11.0 + p).sin() * (fy / 13.0).cos()) as u8;
+        [v(0.0), v(1.0), v(2.0)]
+    }
+}
+
+/// B, G, R of `r`'s pixels as the viewer shows them, and as `px` draws them.
+fn region_of(p: &Pipe, r: Rect, px: impl Fn(u16, u16) -> [u8; 3]) -> (Vec<[u8; 3]>, Vec<[u8; 3]>) {
+    let shown = p.shown();
+    let mut got = Vec::new();
+    let mut want = Vec::new();
+    for y in r.y..r.y + r.h {
+        for x in r.x..r.x + r.w {
+            got.push(shown[usize::from(y) * usize::from(W) + usize::from(x)]);
+            want.push(px(x, y));
+        }
+    }
+    (got, want)
+}
+
+/// Issue 33, items 1 and 7: a part of the screen that changes in every capture becomes the
+/// video region and travels as H.264 (close to the source, far fewer bytes than tiles); the
+/// rest stays on the tiles (exact); once the screen is still the region ends and its tiles
+/// are refined to the exact pixels.
+#[test]
+fn a_moving_region_travels_as_h264_then_refines_to_identical_once_still() {
+    let t0 = Instant::now();
+    let video = Rect::new(0, 0, 128, 96);
+    let c = ImageConfig {
+        tile: 32,
+        ..cfg(Quality::Medium)
+    };
+    let mut p = Pipe::new(c.clone());
+    let screen = |n: u16| {
+        move |x: u16, y: u16| {
+            if x < 128 && y < 96 {
+                moving(n)(x, y)
+            } else {
+                text(x, y)
+            }
+        }
+    };
+    p.send(t0, update(FLAG_KEYFRAME, &[whole()], screen(0)));
+    let mut worst = f64::INFINITY;
+    let mut h264_bytes = 0;
+    for n in 1..=40u16 {
+        let now = t0 + Duration::from_millis(33 * u64::from(n));
+        let before = p.wire_bytes;
+        p.send(now, update(0, &[video], screen(n)));
+        if p.fwd
+            .stats()
+            .counters
+            .iter()
+            .any(|(k, v)| *k == "video_w" && *v > 0)
+        {
+            h264_bytes += p.wire_bytes - before;
+            let (got, want) = region_of(&p, video, screen(n));
+            worst = worst.min(psnr(&got, &want));
+        }
+    }
+    let counter = |p: &Pipe, name: &str| {
+        p.fwd
+            .stats()
+            .counters
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| *v)
+            .unwrap()
+    };
+    assert_eq!(
+        (
+            counter(&p, "video_x"),
+            counter(&p, "video_y"),
+            counter(&p, "video_w"),
+            counter(&p, "video_h")
+        ),
+        (0, 0, 128, 96),
+        "the moving part is the video region"
+    );
+    let frames = counter(&p, "video_frames");
+    assert!(frames >= 15, "{frames} access units");
+    assert!(worst >= 35.0, "worst PSNR in the region {worst:.1} dB");
+    // The same captures as JPEG tiles cost more.
+    let mut tiles = Pipe::new(ImageConfig {
+        codec: Codec::Tiles,
+        ..c
+    });
+    tiles.send(t0, update(FLAG_KEYFRAME, &[whole()], screen(0)));
+    let mut tile_bytes = 0;
+    for n in 1..=40u16 {
+        let before = tiles.wire_bytes;
+        tiles.send(
+            t0 + Duration::from_millis(33 * u64::from(n)),
+            update(0, &[video], screen(n)),
+        );
+        if n > 40 - frames as u16 {
+            tile_bytes += tiles.wire_bytes - before;
+        }
+    }
+    assert!(
+        h264_bytes * 2 < tile_bytes,
+        "H.264 {h264_bytes} bytes against tiles {tile_bytes} for the same captures"
+    );
+    // Outside the region: exact.
+    let rest = Rect::new(128, 0, W - 128, H);
+    let (got, want) = region_of(&p, rest, screen(40));
+    assert_eq!(got, want);
+    // Still: the region ends after VIDEO_IDLE, its tiles are refined refine_ms later.
+    let still = t0 + Duration::from_millis(33 * 40);
+    let mut t = still;
+    while t < still + Duration::from_secs(2) {
+        t += Duration::from_millis(50);
+        p.tick(t);
+    }
+    assert_eq!(counter(&p, "video_w"), 0, "the region ended");
+    assert_eq!(
+        p.shown(),
+        expected(screen(40)),
+        "refined to the exact pixels"
+    );
+}
+
+/// A keyframe (a peer that restarted and has no decoder state) starts the region's stream
+/// again with an IDR that a fresh inverse decodes; `codec = "tiles"` never sends H.264 and
+/// `codec = "h264"` sends the whole screen as it.
+#[test]
+fn a_keyframe_restarts_the_video_stream_and_codec_chooses_the_coding() {
+    let t0 = Instant::now();
+    let c = ImageConfig {
+        codec: Codec::H264,
+        ..cfg(Quality::Medium)
+    };
+    let mut p = Pipe::new(c.clone());
+    for n in 0..5u16 {
+        let flags = if n == 0 { FLAG_KEYFRAME } else { 0 };
+        p.send(
+            t0 + Duration::from_millis(33 * u64::from(n)),
+            update(flags, &[whole()], moving(n)),
+        );
+    }
+    assert!(psnr(&p.shown(), &expected(moving(4))) >= 35.0);
+    // The app side restarts: a fresh inverse, and the source's keyframe.
+    p.inv = ImageInverse::new(c.max_size as usize, false).unwrap();
+    p.fb = Framebuffer::new(W, H, PixelFormat::Bgrx32);
+    p.send(
+        t0 + Duration::from_millis(200),
+        update(FLAG_KEYFRAME, &[whole()], moving(5)),
+    );
+    let got = psnr(&p.shown(), &expected(moving(5)));
+    assert!(got >= 35.0, "after the keyframe: {got:.1} dB");
+    // Tiles only: no access unit ever.
+    let mut t = Pipe::new(ImageConfig {
+        codec: Codec::Tiles,
+        tile: 32,
+        ..cfg(Quality::Medium)
+    });
+    for n in 0..40u16 {
+        t.send(
+            t0 + Duration::from_millis(33 * u64::from(n)),
+            update(0, &[whole()], moving(n)),
+        );
+    }
+    assert!(t
+        .fwd
+        .stats()
+        .counters
+        .iter()
+        .any(|(k, v)| *k == "video_frames" && *v == 0));
 }

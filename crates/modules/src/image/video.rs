@@ -1,0 +1,505 @@
+//! Video regions of the `image` pair: where the screen changes in most frames (a video, a
+//! game, an animation), the pixels travel as H.264 (OpenH264, built from source) instead of
+//! as tiles, as xpra and FreeRDP's graphics pipeline do.
+//!
+//! - **Detection** ([`Detector`], sans-IO): every tile keeps which of the last [`HISTORY`]
+//!   captures changed it. A tile that changed in at least [`VIDEO_SHARE`] of them is moving.
+//!   The candidate region is the bounding box of the moving tiles, if it is large (at least
+//!   [`MIN_TILES`] tiles) and dense (moving tiles are at least [`MIN_DENSITY`] of it). A region
+//!   is taken once the same candidate stood for [`SETTLE`] captures, replaced when another one
+//!   stood for that long, and dropped when no candidate stood for [`LINGER`] captures (its
+//!   tiles are then refined losslessly as any lossy tile is).
+//! - **Coding** ([`VideoEncoder`]): the region's pixels from the forward half's screen copy,
+//!   BGRX → I420, one H.264 access unit per capture that changed any of it; no B-frames
+//!   (OpenH264's baseline profile has none), bit-rate control at a share of the path the pair
+//!   measured, an IDR on a keyframe (a peer that restarted, a new region).
+//! - **Decoding** ([`VideoDecoder`]): the inverse keeps one decoder for the region; a new
+//!   region (other size or place) starts a new one, whose first access unit is an IDR.
+
+use super::{corrupt, library};
+use ndd_core::ModuleError;
+use ndd_wire::display::Rect;
+use openh264::decoder::Decoder;
+use openh264::encoder::{BitRate, Encoder, EncoderConfig, FrameRate, RateControlMode, UsageType};
+use openh264::formats::{BgraSliceU8, YUVBuffer, YUVSource};
+use openh264::OpenH264API;
+use std::time::{Duration, Instant};
+
+/// Captures a tile's history spans.
+pub const HISTORY: u32 = 16;
+/// A tile that changed in this many of the last [`HISTORY`] captures is moving.
+pub const VIDEO_SHARE: u32 = 10;
+/// Fewest tiles a region covers.
+pub const MIN_TILES: usize = 6;
+/// Fewest moving tiles of a region's tiles.
+pub const MIN_DENSITY: f64 = 0.6;
+/// Captures a candidate must stand before it is taken.
+pub const SETTLE: u32 = 8;
+/// Captures without any candidate before a region is dropped.
+pub const LINGER: u32 = 30;
+
+/// Where the video region is, sans-IO (see the module docs).
+#[derive(Debug, Default)]
+pub struct Detector {
+    /// Per tile: bit `i` set if the capture `i` captures ago changed it.
+    history: Vec<u16>,
+    /// Captures seen (up to [`HISTORY`]).
+    seen: u32,
+    region: Option<Rect>,
+    /// A candidate other than the region, and for how many captures it stood.
+    candidate: Option<(Rect, u32)>,
+    /// Captures since a candidate matched the region.
+    idle: u32,
+}
+
+impl Detector {
+    /// Forgets everything (a new screen size).
+    pub fn reset(&mut self, tiles: usize) {
+        *self = Detector {
+            history: vec![0; tiles],
+            ..Detector::default()
+        };
+    }
+
+    /// The region as it stands.
+    #[cfg(test)]
+    pub fn region(&self) -> Option<Rect> {
+        self.region
+    }
+
+    /// One capture: `changed` the tiles it changed; `grid_w` tiles per row, `tile_rect` a
+    /// tile's rect on the screen. The region after it.
+    pub fn handle_capture(
+        &mut self,
+        changed: &[usize],
+        grid_w: usize,
+        tile_rect: impl Fn(usize) -> Option<Rect>,
+    ) -> Option<Rect> {
+        for h in &mut self.history {
+            *h <<= 1;
+        }
+        for &i in changed {
+            if let Some(h) = self.history.get_mut(i) {
+                *h |= 1;
+            }
+        }
+        self.seen = (self.seen + 1).min(HISTORY);
+        let candidate = self.candidate(grid_w, &tile_rect);
+        match (self.region, candidate) {
+            (Some(r), Some(c)) if r == c => {
+                self.candidate = None;
+                self.idle = 0;
+            }
+            (_, Some(c)) => {
+                let stood = match self.candidate {
+                    Some((p, n)) if p == c => n + 1,
+                    _ => 1,
+                };
+                self.candidate = Some((c, stood));
+                self.idle += 1;
+                if stood >= SETTLE {
+                    self.region = Some(c);
+                    self.candidate = None;
+                    self.idle = 0;
+                }
+            }
+            (Some(_), None) => {
+                self.candidate = None;
+                self.idle += 1;
+            }
+            (None, None) => self.candidate = None,
+        }
+        if self.idle >= LINGER {
+            self.region = None;
+            self.idle = 0;
+        }
+        self.region
+    }
+
+    /// The bounding box of the moving tiles, if large and dense enough.
+    fn candidate(&self, grid_w: usize, tile_rect: &impl Fn(usize) -> Option<Rect>) -> Option<Rect> {
+        if self.seen < HISTORY || grid_w == 0 {
+            return None;
+        }
+        let moving: Vec<usize> = (0..self.history.len())
+            .filter(|&i| self.history[i].count_ones() >= VIDEO_SHARE)
+            .collect();
+        if moving.len() < MIN_TILES {
+            return None;
+        }
+        let (mut x0, mut y0, mut x1, mut y1) = (usize::MAX, usize::MAX, 0, 0);
+        for &i in &moving {
+            let (x, y) = (i % grid_w, i / grid_w);
+            x0 = x0.min(x);
+            y0 = y0.min(y);
+            x1 = x1.max(x);
+            y1 = y1.max(y);
+        }
+        let area = (x1 - x0 + 1) * (y1 - y0 + 1);
+        if area < MIN_TILES || (moving.len() as f64) < MIN_DENSITY * area as f64 {
+            return None;
+        }
+        let a = tile_rect(y0 * grid_w + x0)?;
+        let b = tile_rect(y1 * grid_w + x1)?;
+        let r = a.union(&b);
+        // I420 wants even sizes: an odd edge column or row stays with the tiles.
+        let r = Rect::new(r.x, r.y, r.w & !1, r.h & !1);
+        (r.w >= 16 && r.h >= 16).then_some(r)
+    }
+}
+
+/// The parts of `p` outside `r` (at most four rects).
+pub fn outside(p: Rect, r: Rect) -> Vec<Rect> {
+    let Some(i) = p.intersection(&r) else {
+        return vec![p];
+    };
+    let mut out = Vec::new();
+    if i.y > p.y {
+        out.push(Rect::new(p.x, p.y, p.w, i.y - p.y));
+    }
+    let (ib, pb) = (i.y + i.h, p.y + p.h);
+    if pb > ib {
+        out.push(Rect::new(p.x, ib, p.w, pb - ib));
+    }
+    if i.x > p.x {
+        out.push(Rect::new(p.x, i.y, i.x - p.x, i.h));
+    }
+    let (ir, pr) = (i.x + i.w, p.x + p.w);
+    if pr > ir {
+        out.push(Rect::new(ir, i.y, pr - ir, i.h));
+    }
+    out
+}
+
+/// Bit rate bounds and the share of the measured path the video takes.
+const MIN_BPS: u32 = 300_000;
+const MAX_BPS: u32 = 40_000_000;
+const PATH_SHARE: f64 = 0.7;
+/// Before the path is measured.
+const FIRST_BPS: u32 = 4_000_000;
+/// The encoder is made again for a new bit rate only when it moved this far, and at most this
+/// often (a new encoder starts with an IDR).
+const RETARGET: f64 = 1.5;
+const RETARGET_EVERY: Duration = Duration::from_secs(2);
+
+/// The H.264 encoder of one region.
+pub struct VideoEncoder {
+    region: Rect,
+    encoder: Encoder,
+    bps: u32,
+    since: Instant,
+    made_at: Instant,
+    yuv: YUVBuffer,
+    /// Access units and their bytes.
+    pub frames: u64,
+    /// Bytes of access units.
+    pub bytes: u64,
+}
+
+impl std::fmt::Debug for VideoEncoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VideoEncoder")
+            .field("region", &self.region)
+            .field("bps", &self.bps)
+            .finish_non_exhaustive()
+    }
+}
+
+fn encoder(bps: u32) -> Result<Encoder, ModuleError> {
+    let cfg = EncoderConfig::new()
+        .bitrate(BitRate::from_bps(bps))
+        .rate_control_mode(RateControlMode::Bitrate)
+        .usage_type(UsageType::CameraVideoRealTime)
+        .max_frame_rate(FrameRate::from_hz(60.0))
+        // Every capture is shown: the pair's pacer, not the encoder, drops frames.
+        .skip_frames(false);
+    Encoder::with_api_config(OpenH264API::from_source(), cfg)
+        .map_err(|e| library("H.264 encoder", e))
+}
+
+impl VideoEncoder {
+    /// An encoder for `region`, at `path_bps` (the measured path, if any).
+    pub fn new(region: Rect, path_bps: Option<f64>, now: Instant) -> Result<Self, ModuleError> {
+        let bps = target(path_bps);
+        Ok(VideoEncoder {
+            region,
+            encoder: encoder(bps)?,
+            bps,
+            since: now,
+            made_at: now,
+            yuv: YUVBuffer::new(usize::from(region.w), usize::from(region.h)),
+            frames: 0,
+            bytes: 0,
+        })
+    }
+
+    /// The region it codes.
+    pub fn region(&self) -> Rect {
+        self.region
+    }
+
+    /// Its bit rate now.
+    pub fn bps(&self) -> u32 {
+        self.bps
+    }
+
+    /// Codes the region's pixels `bgrx` (its rows, BGRX, no padding) into `out` (an access
+    /// unit: NAL units with start codes); `idr`: a picture that needs no earlier one.
+    pub fn encode(
+        &mut self,
+        bgrx: &[u8],
+        idr: bool,
+        path_bps: Option<f64>,
+        now: Instant,
+        out: &mut Vec<u8>,
+    ) -> Result<(), ModuleError> {
+        let want = target(path_bps);
+        let moved = f64::from(want.max(self.bps)) / f64::from(want.min(self.bps).max(1));
+        if moved >= RETARGET && now.saturating_duration_since(self.made_at) >= RETARGET_EVERY {
+            self.encoder = encoder(want)?;
+            self.bps = want;
+            self.made_at = now;
+        }
+        let r = self.region;
+        self.yuv
+            .read_bgra8(BgraSliceU8::new(bgrx, (usize::from(r.w), usize::from(r.h))));
+        if idr {
+            self.encoder.force_intra_frame();
+        }
+        let ts = openh264::Timestamp::from_millis(
+            now.saturating_duration_since(self.since).as_millis() as u64,
+        );
+        let bits = self
+            .encoder
+            .encode_at(&self.yuv, ts)
+            .map_err(|e| corrupt("H.264", e.to_string()))?;
+        let start = out.len();
+        bits.write_vec(out);
+        self.frames += 1;
+        self.bytes += (out.len() - start) as u64;
+        Ok(())
+    }
+}
+
+fn target(path_bps: Option<f64>) -> u32 {
+    match path_bps {
+        None => FIRST_BPS,
+        Some(b) => ((b * PATH_SHARE) as u32).clamp(MIN_BPS, MAX_BPS),
+    }
+}
+
+/// The H.264 decoder of one region.
+pub struct VideoDecoder {
+    region: Rect,
+    decoder: Decoder,
+    rgba: Vec<u8>,
+}
+
+impl std::fmt::Debug for VideoDecoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VideoDecoder")
+            .field("region", &self.region)
+            .finish_non_exhaustive()
+    }
+}
+
+impl VideoDecoder {
+    /// A decoder for `region`.
+    pub fn new(region: Rect) -> Result<Self, ModuleError> {
+        Ok(VideoDecoder {
+            region,
+            decoder: Decoder::new().map_err(|e| library("H.264 decoder", e))?,
+            rgba: Vec::new(),
+        })
+    }
+
+    /// The region it decodes.
+    pub fn region(&self) -> Rect {
+        self.region
+    }
+
+    /// Decodes access unit `au` into `bgrx` (the region's pixels, w × h × 4); `false` when it
+    /// gave no picture.
+    pub fn decode(&mut self, au: &[u8], bgrx: &mut Vec<u8>) -> Result<bool, ModuleError> {
+        let (w, h) = (usize::from(self.region.w), usize::from(self.region.h));
+        let Some(yuv) = self
+            .decoder
+            .decode(au)
+            .map_err(|e| corrupt("H.264", e.to_string()))?
+        else {
+            return Ok(false);
+        };
+        if yuv.dimensions() != (w, h) {
+            return Err(corrupt(
+                "H.264",
+                format!(
+                    "a {}x{} picture for a {w}x{h} region",
+                    yuv.dimensions().0,
+                    yuv.dimensions().1
+                ),
+            ));
+        }
+        self.rgba.resize(w * h * 4, 0);
+        yuv.write_rgba8(&mut self.rgba);
+        bgrx.clear();
+        bgrx.reserve(w * h * 4);
+        for p in self.rgba.chunks_exact(4) {
+            bgrx.extend_from_slice(&[p[2], p[1], p[0], 0]);
+        }
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GRID_W: usize = 10;
+    const TILE: u16 = 64;
+
+    fn tile_rect(i: usize) -> Option<Rect> {
+        let (x, y) = ((i % GRID_W) as u16, (i / GRID_W) as u16);
+        Some(Rect::new(x * TILE, y * TILE, TILE, TILE))
+    }
+
+    /// Tiles of the block (x0..x1, y0..y1) in a 10-wide grid.
+    fn block(x0: usize, x1: usize, y0: usize, y1: usize) -> Vec<usize> {
+        (y0..y1)
+            .flat_map(|y| (x0..x1).map(move |x| y * GRID_W + x))
+            .collect()
+    }
+
+    #[test]
+    fn a_block_that_changes_every_capture_becomes_the_region_and_leaves_when_still() {
+        let mut d = Detector::default();
+        d.reset(100);
+        let video = block(2, 6, 3, 6);
+        let mut took = None;
+        for n in 0..40 {
+            // A blinking cursor elsewhere, every other capture: not video.
+            let mut changed = video.clone();
+            if n % 2 == 0 {
+                changed.push(99);
+            }
+            if d.handle_capture(&changed, GRID_W, tile_rect).is_some() && took.is_none() {
+                took = Some(n);
+            }
+        }
+        assert_eq!(d.region(), Some(Rect::new(128, 192, 256, 192)));
+        // History full after 16 captures, then SETTLE captures of the same candidate.
+        assert_eq!(took, Some(HISTORY as usize - 1 + SETTLE as usize - 1));
+        // Still: the candidate fades after HISTORY - VIDEO_SHARE captures, the region after
+        // LINGER more.
+        let mut gone = None;
+        for n in 0..60 {
+            if d.handle_capture(&[], GRID_W, tile_rect).is_none() && gone.is_none() {
+                gone = Some(n);
+            }
+        }
+        assert_eq!(
+            gone,
+            Some((HISTORY - VIDEO_SHARE) as usize + LINGER as usize - 1)
+        );
+    }
+
+    #[test]
+    fn scattered_or_small_changes_are_no_region() {
+        let mut d = Detector::default();
+        d.reset(100);
+        // Typing: a few tiles on a line, every capture.
+        for _ in 0..40 {
+            assert_eq!(d.handle_capture(&[31, 32, 33], GRID_W, tile_rect), None);
+        }
+        // Two small animations far apart: their bounding box is mostly still.
+        let mut d = Detector::default();
+        d.reset(100);
+        let mut far = block(0, 2, 0, 2);
+        far.extend(block(8, 10, 8, 10));
+        for _ in 0..40 {
+            assert_eq!(d.handle_capture(&far, GRID_W, tile_rect), None);
+        }
+        // Damage that covers everything now and then (scrolling a page): not every capture.
+        let mut d = Detector::default();
+        d.reset(100);
+        let all: Vec<usize> = (0..100).collect();
+        for n in 0..40 {
+            let changed: &[usize] = if n % 3 == 0 { &all } else { &[] };
+            assert_eq!(d.handle_capture(changed, GRID_W, tile_rect), None);
+        }
+    }
+
+    #[test]
+    fn a_moved_window_moves_the_region_once_it_settles() {
+        let mut d = Detector::default();
+        d.reset(100);
+        for _ in 0..30 {
+            d.handle_capture(&block(0, 4, 0, 3), GRID_W, tile_rect);
+        }
+        assert_eq!(d.region(), Some(Rect::new(0, 0, 256, 192)));
+        let mut moved_at = None;
+        for n in 0..60 {
+            let r = d.handle_capture(&block(5, 9, 5, 8), GRID_W, tile_rect);
+            if r == Some(Rect::new(320, 320, 256, 192)) && moved_at.is_none() {
+                moved_at = Some(n);
+            }
+        }
+        assert!(moved_at.is_some(), "{:?}", d.region());
+    }
+
+    #[test]
+    fn outside_cuts_a_part_around_a_region() {
+        let p = Rect::new(0, 0, 100, 100);
+        let r = Rect::new(10, 20, 30, 40);
+        let parts = outside(p, r);
+        let area: u32 = parts.iter().map(|q| u32::from(q.w) * u32::from(q.h)).sum();
+        assert_eq!(area, 100 * 100 - 30 * 40);
+        assert!(parts.iter().all(|q| q.intersection(&r).is_none()));
+        assert_eq!(outside(p, Rect::new(200, 200, 5, 5)), vec![p]);
+        assert!(outside(r, p).is_empty());
+    }
+
+    /// A moving picture through the encoder and decoder: within a PSNR bound of the source,
+    /// the first access unit an IDR that a fresh decoder takes.
+    #[test]
+    fn h264_round_trip_of_a_moving_picture() {
+        let (w, h) = (320u16, 240u16);
+        let region = Rect::new(0, 0, w, h);
+        let t0 = Instant::now();
+        let mut enc = VideoEncoder::new(region, Some(20e6), t0).unwrap();
+        let mut dec = VideoDecoder::new(region).unwrap();
+        let mut worst = f64::INFINITY;
+        for n in 0..30u16 {
+            let frame: Vec<u8> = (0..h)
+                .flat_map(|y| {
+                    (0..w).flat_map(move |x| {
+                        // A smooth picture (as video is) moving by odd steps.
+                        let (fx, fy) = (f64::from(x + 3 * n), f64::from(y + 2 * n));
+                        let v = |p: f64| {
+                            (128.0 + 90.0 * (fx / 11.0 + p).sin() * (fy / 13.0).cos()) as u8
+                        };
+                        [v(0.0), v(1.0), v(2.0), 0]
+                    })
+                })
+                .collect();
+            let mut au = Vec::new();
+            let now = t0 + Duration::from_millis(33 * u64::from(n));
+            enc.encode(&frame, n == 0, Some(20e6), now, &mut au)
+                .unwrap();
+            let mut got = Vec::new();
+            assert!(
+                dec.decode(&au, &mut got).unwrap(),
+                "frame {n} decoded nothing"
+            );
+            let mse: f64 = frame
+                .chunks_exact(4)
+                .zip(got.chunks_exact(4))
+                .flat_map(|(a, b)| (0..3).map(move |i| (f64::from(a[i]) - f64::from(b[i])).powi(2)))
+                .sum::<f64>()
+                / (f64::from(w) * f64::from(h) * 3.0);
+            let psnr = 10.0 * (255.0 * 255.0 / mse.max(1e-9)).log10();
+            worst = worst.min(psnr);
+        }
+        assert!(worst >= 35.0, "worst PSNR {worst:.1} dB");
+        assert!(enc.frames == 30 && enc.bytes > 0);
+    }
+}
