@@ -81,6 +81,9 @@ pub enum BenchCmd {
         /// 20 s per row, into display-vnc-WORKLOAD.md (the full report is left as it is).
         #[arg(long, value_name = "WORKLOAD", conflicts_with = "typing_only")]
         workload: Option<vnc::Workload>,
+        /// With --vs-vnc: the screen size of both peers, WxH (e.g. 1920x1080).
+        #[arg(long, value_name = "WxH", default_value = "800x600", value_parser = parse_size)]
+        size: (u16, u16),
         /// Directory for display.md.
         #[arg(long, value_name = "DIR", default_value = "docs/bench")]
         out: PathBuf,
@@ -198,6 +201,17 @@ struct Cli {
     which: BenchCmd,
 }
 
+/// `WxH` (e.g. `1920x1080`), each side 16..=8192.
+fn parse_size(s: &str) -> Result<(u16, u16), String> {
+    let bad = || format!("{s:?} is not a screen size: give WxH, e.g. 1920x1080");
+    let (w, h) = s.split_once('x').ok_or_else(bad)?;
+    let (w, h): (u16, u16) = (w.parse().map_err(|_| bad())?, h.parse().map_err(|_| bad())?);
+    if !(16..=8192).contains(&w) || !(16..=8192).contains(&h) {
+        return Err(format!("{s}: each side must be 16 to 8192 pixels"));
+    }
+    Ok((w, h))
+}
+
 fn main() {
     use clap::Parser;
     let cli = Cli::parse();
@@ -255,8 +269,9 @@ pub async fn run(cmd: BenchCmd) -> Result<()> {
             no_netns,
             typing_only,
             workload,
+            size,
             out,
-        } => vnc::run(quick, no_netns, typing_only, workload, &out).await,
+        } => vnc::run(quick, no_netns, typing_only, workload, size, &out).await,
         BenchCmd::Display { quick, out, .. } => display::run(quick, &out).await,
         BenchCmd::E2e { quick, out, link } => e2e::run(quick, &out, &link).await,
         BenchCmd::Pairs { quick, out } => pairs::run(quick, &out),

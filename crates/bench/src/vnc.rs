@@ -52,8 +52,18 @@ use x11rb::wrapper::ConnectionExt as _;
 const BURST_GAP: Duration = Duration::from_millis(12);
 /// Most the shaped link queues at its bottleneck, as time at its rate.
 const MAX_QUEUE: Duration = Duration::from_millis(100);
-const W: u16 = 800;
-const H: u16 = 600;
+/// The screen size of both peers (`--size`, 800x600 by default).
+static SIZE: std::sync::OnceLock<(u16, u16)> = std::sync::OnceLock::new();
+
+fn size() -> (u16, u16) {
+    *SIZE.get().unwrap_or(&(800, 600))
+}
+
+/// `WxH`.
+fn size_arg() -> String {
+    let (w, h) = size();
+    format!("{w}x{h}")
+}
 /// The xterm of the typing test: 80x12 at the top left.
 const XTERM_AREA: (u16, u16, u16, u16) = (0, 0, 500, 200);
 
@@ -221,6 +231,8 @@ enum Peer {
     /// ndd at JPEG Q92 4:4:4: the quality TigerVNC's automatic selection uses above
     /// 16 Mbit/s (Tight level 8), for a comparison at equal quality.
     NddHigh,
+    /// ndd with its tile codec only (`codec = "tiles"`): what the H.264 video regions add.
+    NddTiles,
 }
 
 impl Peer {
@@ -229,6 +241,7 @@ impl Peer {
             Peer::Vnc => "TigerVNC",
             Peer::Ndd => "ndd",
             Peer::NddHigh => "ndd Q92",
+            Peer::NddTiles => "ndd tiles",
         }
     }
 }
@@ -256,7 +269,10 @@ impl Workload {
     /// Starts the workload's programs on `display`.
     fn start(self, display: &str) -> Result<Vec<Killed>> {
         Ok(match self {
-            Workload::Video => vec![spawn_on(display, "ffplay", &video_args(W, H, 0))?],
+            Workload::Video => {
+                let (w, h) = size();
+                vec![spawn_on(display, "ffplay", &video_args(w, h, 0))?]
+            }
             Workload::Text => vec![spawn_on(
                 display,
                 "xterm",
@@ -272,7 +288,7 @@ impl Workload {
             Workload::Gears => vec![spawn_on(
                 display,
                 "glxgears",
-                &["-geometry", "800x600+0+0"],
+                &["-geometry", &format!("{}+0+0", size_arg())],
             )?],
         })
     }
@@ -514,7 +530,15 @@ fn screenshot(display: &str) -> Result<Vec<u8>> {
     let (conn, screen) = x11rb::connect(Some(display))?;
     let root = conn.setup().roots[screen].root;
     let img = conn
-        .get_image(xproto::ImageFormat::Z_PIXMAP, root, 0, 0, W, H, !0)?
+        .get_image(
+            xproto::ImageFormat::Z_PIXMAP,
+            root,
+            0,
+            0,
+            size().0,
+            size().1,
+            !0,
+        )?
         .reply()?;
     Ok(img.data)
 }
@@ -563,6 +587,14 @@ struct Setup {
 impl Drop for Setup {
     fn drop(&mut self) {
         self.proxy.abort();
+        // The app side's --stats lines of the last row of each peer stay readable.
+        if let Some(log) = &self.app_log {
+            let keep = std::env::temp_dir().join(format!(
+                "ndd-bench-app-{}.log",
+                self.peer.name().replace(' ', "-")
+            ));
+            let _ = std::fs::copy(log, keep);
+        }
         if let Some(d) = &self._dir {
             let _ = std::fs::remove_dir_all(d);
         }
@@ -631,7 +663,14 @@ impl Setup {
         };
         let (vx, viewer_display) = start_x(
             "Xvfb",
-            &["-screen", "0", "800x600x24", "-nolisten", "tcp", "-noreset"],
+            &[
+                "-screen",
+                "0",
+                &format!("{}x24", size_arg()),
+                "-nolisten",
+                "tcp",
+                "-noreset",
+            ],
         )?;
         let mut viewer = vec![vx];
         let mut app = Vec::new();
@@ -646,7 +685,7 @@ impl Setup {
                     "Xtigervnc",
                     &[
                         "-geometry",
-                        "800x600",
+                        &size_arg(),
                         "-depth",
                         "24",
                         "-SecurityTypes",
@@ -683,10 +722,17 @@ impl Setup {
                         .context("cannot start vncviewer")?,
                 );
             }
-            Peer::Ndd | Peer::NddHigh => {
+            Peer::Ndd | Peer::NddHigh | Peer::NddTiles => {
                 let (x, d) = start_x(
                     "Xvfb",
-                    &["-screen", "0", "800x600x24", "-nolisten", "tcp", "-noreset"],
+                    &[
+                        "-screen",
+                        "0",
+                        &format!("{}x24", size_arg()),
+                        "-nolisten",
+                        "tcp",
+                        "-noreset",
+                    ],
                 )?;
                 app_pids.push(x.0.id());
                 app.push(x);
@@ -710,10 +756,12 @@ impl Setup {
                         .replace("VIEW", &viewer_display)
                         .replace(
                             "quality = \"auto\"",
-                            if peer == Peer::NddHigh {
-                                "quality = \"high\", jpeg_quality = 92"
-                            } else {
-                                "quality = \"auto\""
+                            match peer {
+                                Peer::NddHigh => {
+                                    "quality = \"high\", jpeg_quality = 92, codec = \"tiles\""
+                                }
+                                Peer::NddTiles => "quality = \"auto\", codec = \"tiles\"",
+                                _ => "quality = \"auto\"",
                             },
                         ),
                 )?;
@@ -961,7 +1009,7 @@ async fn measure_typing(peer: Peer, net: Net, video: bool, keys: usize) -> Resul
         work.push(spawn_on(
             &s.app_display,
             "ffplay",
-            &video_args(W, 300, 300),
+            &video_args(size().0, size().1.saturating_sub(300).max(16), 300),
         )?);
     }
     // ffplay takes the keyboard focus when it maps its window: give it back to the window
@@ -1076,8 +1124,10 @@ pub async fn run(
     no_netns: bool,
     typing_only: Option<usize>,
     workload: Option<Workload>,
+    screen: (u16, u16),
     out: &Path,
 ) -> Result<()> {
+    let _ = SIZE.set(screen);
     let missing = missing_programs();
     if !missing.is_empty() {
         bail!(
@@ -1113,7 +1163,17 @@ pub async fn run(
     let (nets, workloads): (Vec<Net>, Vec<Workload>) = if typing_only.is_some() {
         (Vec::new(), Vec::new())
     } else if let Some(w) = workload {
-        (NETS.to_vec(), vec![w])
+        // NDD_BENCH_NETS=2 (indices into 0 ms, 50 ms, 50 ms + 20 Mbit/s): some networks only.
+        let pick: Vec<Net> = std::env::var("NDD_BENCH_NETS")
+            .ok()
+            .map(|v| {
+                v.split(',')
+                    .filter_map(|i| NETS.get(i.trim().parse::<usize>().ok()?).copied())
+                    .collect()
+            })
+            .filter(|v: &Vec<Net>| !v.is_empty())
+            .unwrap_or_else(|| NETS.to_vec());
+        (pick, vec![w])
     } else if quick {
         (vec![NETS[2]], vec![Workload::Video])
     } else {
@@ -1131,6 +1191,7 @@ pub async fn run(
                 rates.push(measure_rate(p, w, n, secs).await?);
             }
             if w == Workload::Video && !quick {
+                rates.push(measure_rate(Peer::NddTiles, w, n, secs).await?);
                 rates.push(measure_rate(Peer::NddHigh, w, n, secs).await?);
             }
         }
@@ -1422,6 +1483,7 @@ fn plot(rates: &[RateRow]) -> String {
         let colour = match r.peer {
             Peer::Ndd => "#2a7ab0",
             Peer::NddHigh => "#7ab0d8",
+            Peer::NddTiles => "#5a9a6a",
             Peer::Vnc => "#b0702a",
         };
         let label = format!(

@@ -67,6 +67,7 @@ fn scenario(path: Path, seed: u64) -> (Scenario, usize, Duration) {
                 reliable: true,
                 release_on_loss: false,
                 replay_outage: true,
+                keeps_frames: true,
                 priority: Default::default(),
                 pairs: vec![],
             },

@@ -76,6 +76,8 @@ pub(super) fn start(cfg: &Config, side: SideName) -> Result<(Vec<StreamPlan>, Ve
             reliable: s.reliability == crate::config::Reliability::Reliable,
             release_on_loss: release.is_some(),
             replay_outage: role == Role::Sink || s.source.replays_outage(),
+            // A source that captures on demand sends a keyframe to a restarted peer.
+            keeps_frames: role == Role::Sink || !s.source.captures_on_demand(),
             priority: s.priority(),
             pairs: s
                 .pairs()

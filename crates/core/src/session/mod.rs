@@ -685,7 +685,7 @@ impl Session {
             s.counters.stale += 1;
             return Ok(());
         }
-        let frame = if s.plan.reliable {
+        let frame = if s.plan.reliable && s.plan.keeps_frames {
             s.keep(frame)
         } else {
             frame

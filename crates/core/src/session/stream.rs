@@ -31,6 +31,13 @@ pub struct StreamPlan {
     /// counted (`stale`), and nothing unacknowledged is sent again after a reconnect (the
     /// app side released every held key and button when the link went).
     pub replay_outage: bool,
+    /// Source, reliable: whether endpoint frames are kept until the peer completes them, to
+    /// be encoded again for a restarted peer (and bounded by `resume_buffer_bytes`). `false`
+    /// for a source that sends its whole state again when the peer restarts (the
+    /// `x11-screen` source's keyframe, [`super::Event`]'s restart): keeping its frames would
+    /// only hold it back (a 1920×1080 capture is 8 MB: 16 MiB of them held a 100 ms path to
+    /// about two captures a round trip, 12 frames/s).
+    pub keeps_frames: bool,
     /// Which streams' frames go out first when several have frames ready: every `High`
     /// stream's before any `Normal` one's, and those before `Low` ones (round-robin within a
     /// class). Urgent and control messages go before all.
@@ -49,6 +56,7 @@ impl std::fmt::Debug for StreamPlan {
             .field("reliable", &self.reliable)
             .field("release_on_loss", &self.release_on_loss)
             .field("replay_outage", &self.replay_outage)
+            .field("keeps_frames", &self.keeps_frames)
             .field("priority", &self.priority)
             .field(
                 "pairs",

@@ -14,6 +14,7 @@ fn plan(id: u16, role: Role, reliable: bool) -> StreamPlan {
         reliable,
         release_on_loss: role == Role::Sink,
         replay_outage: true,
+        keeps_frames: true,
         priority: Default::default(),
         pairs: vec![],
     }

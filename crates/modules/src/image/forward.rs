@@ -299,10 +299,9 @@ impl ImageForward {
             return Ok((rest, None));
         };
         s.copy_out(r, &mut self.scratch);
-        let path = self.path_bps();
         let mut au = Vec::new();
         if let Some(v) = self.video.as_mut() {
-            v.encode(&self.scratch, idr, path, now, &mut au)?;
+            v.encode(&self.scratch, idr, now, &mut au)?;
         }
         self.video_frames += 1;
         self.video_bytes += au.len() as u64;
@@ -625,6 +624,10 @@ impl ImageForward {
             self.next_refine = Some(now);
         }
         let step = self.pacer.decide(now);
+        let path = self.path_bps();
+        if let (Some(v), Some(s)) = (self.video.as_mut(), step) {
+            v.step(s == Step::Up, path)?;
+        }
         if self.cfg.quality != Quality::Auto {
             return Ok(());
         }

@@ -23,7 +23,7 @@ use openh264::decoder::Decoder;
 use openh264::encoder::{BitRate, Encoder, EncoderConfig, FrameRate, RateControlMode, UsageType};
 use openh264::formats::{BgraSliceU8, YUVBuffer, YUVSource};
 use openh264::OpenH264API;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Captures a tile's history spans.
 pub const HISTORY: u32 = 16;
@@ -171,16 +171,21 @@ pub fn outside(p: Rect, r: Rect) -> Vec<Rect> {
     out
 }
 
-/// Bit rate bounds and the share of the measured path the video takes.
+/// Bit rate bounds and the share of the measured path the video starts at.
 const MIN_BPS: u32 = 300_000;
 const MAX_BPS: u32 = 40_000_000;
 const PATH_SHARE: f64 = 0.7;
 /// Before the path is measured.
 const FIRST_BPS: u32 = 4_000_000;
-/// The encoder is made again for a new bit rate only when it moved this far, and at most this
-/// often (a new encoder starts with an IDR).
-const RETARGET: f64 = 1.5;
-const RETARGET_EVERY: Duration = Duration::from_secs(2);
+/// A step of the pair's pacer (no queue and the window rarely held the source back for 2 s:
+/// up; the path queued: down) moves the bit rate by these factors. The rate the pacer measures
+/// is the stream's own while the video uses less than the path (it never fills it), so the
+/// bit rate probes upward by steps rather than following that measure; a step down never
+/// takes it under [`PATH_SHARE`] of that measure (what the path carried: a viewer slow to
+/// decode also reads as a queue, and followed all the way down the bit rate fell to 1.5 Mbit/s
+/// for a 1080p video on a 20 Mbit/s path).
+const STEP_UP: f64 = 1.5;
+const STEP_DOWN: f64 = 0.6;
 
 /// The H.264 encoder of one region.
 pub struct VideoEncoder {
@@ -188,7 +193,6 @@ pub struct VideoEncoder {
     encoder: Encoder,
     bps: u32,
     since: Instant,
-    made_at: Instant,
     yuv: YUVBuffer,
     /// Access units and their bytes.
     pub frames: u64,
@@ -226,7 +230,6 @@ impl VideoEncoder {
             encoder: encoder(bps)?,
             bps,
             since: now,
-            made_at: now,
             yuv: YUVBuffer::new(usize::from(region.w), usize::from(region.h)),
             frames: 0,
             bytes: 0,
@@ -243,23 +246,70 @@ impl VideoEncoder {
         self.bps
     }
 
+    /// The pacer stepped: up (room on the path) or down (it queued); `path_bps` what the
+    /// path was measured to carry.
+    pub fn step(&mut self, up: bool, path_bps: Option<f64>) -> Result<(), ModuleError> {
+        if self.frames == 0 {
+            // Not initialized yet (its first frame does that).
+            return Ok(());
+        }
+        let bps = if up {
+            (f64::from(self.bps) * STEP_UP) as u32
+        } else {
+            let floor = path_bps.map_or(0.0, |p| p * PATH_SHARE);
+            (f64::from(self.bps) * STEP_DOWN).max(floor) as u32
+        }
+        .clamp(MIN_BPS, MAX_BPS)
+        .min(if up { MAX_BPS } else { self.bps });
+        if bps != self.bps && !self.set_bps(bps) {
+            // Above what the stream's H.264 level allows: it stays where it is.
+            tracing::debug!(bps, "image: the H.264 encoder refused a bit rate");
+        }
+        Ok(())
+    }
+
+    /// Sets the encoder's target (and peak) bit rate, without a new encoder or an IDR;
+    /// whether the encoder took it.
+    #[allow(unsafe_code)]
+    fn set_bps(&mut self, bps: u32) -> bool {
+        use openh264_sys2::{
+            SBitrateInfo, ENCODER_OPTION_BITRATE, ENCODER_OPTION_MAX_BITRATE, SPATIAL_LAYER_ALL,
+        };
+        let rate = std::os::raw::c_int::try_from(bps).unwrap_or(std::os::raw::c_int::MAX);
+        // The peak first: a target above the peak set at start would be refused.
+        for option in [ENCODER_OPTION_MAX_BITRATE, ENCODER_OPTION_BITRATE] {
+            let mut info = SBitrateInfo {
+                iLayer: SPATIAL_LAYER_ALL,
+                iBitrate: rate,
+            };
+            // SAFETY: the encoder is initialized (the wrapper initializes it on its first
+            // frame, and `step` calls this only after one); `set_option` with these two
+            // options reads one `SBitrateInfo` through the pointer, which outlives the call;
+            // they change only the rate control's target, which the wrapper does not rely on
+            // (it sets its own parameters again only for a new picture size, which a
+            // region never changes).
+            let rc = unsafe {
+                self.encoder
+                    .raw_api()
+                    .set_option(option, (&raw mut info).cast())
+            };
+            if rc != 0 {
+                return false;
+            }
+        }
+        self.bps = bps;
+        true
+    }
+
     /// Codes the region's pixels `bgrx` (its rows, BGRX, no padding) into `out` (an access
     /// unit: NAL units with start codes); `idr`: a picture that needs no earlier one.
     pub fn encode(
         &mut self,
         bgrx: &[u8],
         idr: bool,
-        path_bps: Option<f64>,
         now: Instant,
         out: &mut Vec<u8>,
     ) -> Result<(), ModuleError> {
-        let want = target(path_bps);
-        let moved = f64::from(want.max(self.bps)) / f64::from(want.min(self.bps).max(1));
-        if moved >= RETARGET && now.saturating_duration_since(self.made_at) >= RETARGET_EVERY {
-            self.encoder = encoder(want)?;
-            self.bps = want;
-            self.made_at = now;
-        }
         let r = self.region;
         self.yuv
             .read_bgra8(BgraSliceU8::new(bgrx, (usize::from(r.w), usize::from(r.h))));
@@ -353,6 +403,7 @@ impl VideoDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     const GRID_W: usize = 10;
     const TILE: u16 = 64;
@@ -483,8 +534,7 @@ mod tests {
                 .collect();
             let mut au = Vec::new();
             let now = t0 + Duration::from_millis(33 * u64::from(n));
-            enc.encode(&frame, n == 0, Some(20e6), now, &mut au)
-                .unwrap();
+            enc.encode(&frame, n == 0, now, &mut au).unwrap();
             let mut got = Vec::new();
             assert!(
                 dec.decode(&au, &mut got).unwrap(),
@@ -500,6 +550,25 @@ mod tests {
             worst = worst.min(psnr);
         }
         assert!(worst >= 35.0, "worst PSNR {worst:.1} dB");
-        assert!(enc.frames == 30 && enc.bytes > 0);
+        // The bit rate steps without a new encoder (the stream goes on decoding).
+        let before = enc.bps();
+        enc.step(false, Some(1e6)).unwrap();
+        let down = enc.bps();
+        assert_eq!(down, (f64::from(before) * STEP_DOWN) as u32);
+        enc.step(true, None).unwrap();
+        assert_eq!(enc.bps(), (f64::from(down) * STEP_UP) as u32);
+        // Never under the share of what the path carried.
+        enc.step(false, Some(20e6)).unwrap();
+        assert_eq!(enc.bps(), (f64::from(down) * STEP_UP) as u32);
+        let mut au = Vec::new();
+        enc.encode(
+            &vec![0u8; 320 * 240 * 4],
+            false,
+            t0 + Duration::from_secs(2),
+            &mut au,
+        )
+        .unwrap();
+        assert!(dec.decode(&au, &mut Vec::new()).unwrap());
+        assert!(enc.frames == 31 && enc.bytes > 0);
     }
 }
