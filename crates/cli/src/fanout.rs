@@ -899,6 +899,7 @@ pub async fn run_side(
                 home: opts.home.clone(),
                 per_try: Duration::from_millis(cfg.link.handshake_timeout_ms),
                 key: key_tx,
+                slot: admission.slot,
             };
             let notices = follower.subscribe().await?;
             tasks.spawn(async move {
@@ -1626,6 +1627,8 @@ struct KeyFollower {
     home: std::path::PathBuf,
     per_try: Duration,
     key: watch::Sender<GroupKey>,
+    /// The split slot this side reads (its first join's).
+    slot: Option<u16>,
 }
 
 /// Joins for a new group key come at least this far apart.
@@ -1728,6 +1731,15 @@ impl KeyFollower {
             .await
             {
                 Ok(Ok((a, _, _))) => {
+                    if a.slot != self.slot {
+                        // Silent for longer than the device's keepalive timeout, it lost its
+                        // slot to another side; reading the old one would share it.
+                        bail!(
+                            "the device side gave this side's split slot ({:?}) to another app side while this one was silent and now hands it slot {:?}; start this side again",
+                            self.slot,
+                            a.slot
+                        );
+                    }
                     let mut said = (false, false);
                     self.key.send_if_modified(|k| {
                         let rotated = k.key != a.group_key;

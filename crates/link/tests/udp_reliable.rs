@@ -32,7 +32,7 @@ async fn lossy_relay(server: std::net::SocketAddr, every: u64) -> LossyRelay {
         while let Ok((len, from)) = f.recv_from(&mut buf).await {
             *c.lock().await = Some(from);
             n += 1;
-            if n % every == 0 {
+            if n.is_multiple_of(every) {
                 d.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
@@ -45,7 +45,7 @@ async fn lossy_relay(server: std::net::SocketAddr, every: u64) -> LossyRelay {
         let mut n = 0u64;
         while let Ok(len) = back.recv(&mut buf).await {
             n += 1;
-            if n % every == 0 {
+            if n.is_multiple_of(every) {
                 d.fetch_add(1, Ordering::Relaxed);
                 continue;
             }

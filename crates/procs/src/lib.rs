@@ -554,6 +554,31 @@ impl NatsCluster {
     /// Starts three nodes named after `name` and waits until the cluster has elected its
     /// JetStream metadata leader (before that, JetStream requests fail).
     pub fn start(name: &str) -> NatsCluster {
+        // A route port given back to the kernel can be taken by another test's server before
+        // its node binds it (seen once in CI: no leader within 30 s): a cluster that elects
+        // no leader is started again on fresh ports, up to three times.
+        for attempt in 1..=3 {
+            let c = NatsCluster::start_once(name);
+            if c.ready_within(Duration::from_secs(30)) {
+                return c;
+            }
+            let logs: Vec<String> = c
+                .nodes
+                .iter()
+                .map(|n| {
+                    let l = n.log();
+                    let tail: String = l.lines().rev().take(5).collect::<Vec<_>>().join(" | ");
+                    tail
+                })
+                .collect();
+            eprintln!(
+                "the NATS cluster elected no JetStream leader within 30 s (attempt {attempt} of 3); last lines of each node: {logs:?}"
+            );
+        }
+        panic!("timed out waiting for the NATS cluster to elect a JetStream leader (3 attempts)");
+    }
+
+    fn start_once(name: &str) -> NatsCluster {
         // Route ports must be known to every node before any starts: free ones, taken from
         // the kernel and given back (the only window in which another program could take
         // one; client and monitoring ports are picked by the servers themselves).
@@ -591,9 +616,26 @@ impl NatsCluster {
                 )
             })
             .collect();
-        let c = NatsCluster { nodes };
-        c.wait_ready();
-        c
+        NatsCluster { nodes }
+    }
+
+    /// Whether every running node knows the JetStream metadata leader within `limit`.
+    fn ready_within(&self, limit: Duration) -> bool {
+        let t0 = Instant::now();
+        while t0.elapsed() < limit {
+            if self.is_ready() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
+    fn is_ready(&self) -> bool {
+        self.nodes
+            .iter()
+            .filter(|n| n.running())
+            .all(|n| n.log().contains("metadata leader"))
     }
 
     /// Waits until every running node knows the JetStream metadata leader.
@@ -601,12 +643,7 @@ impl NatsCluster {
         wait_for(
             "the NATS cluster to elect a JetStream leader",
             Duration::from_secs(30),
-            || {
-                self.nodes
-                    .iter()
-                    .filter(|n| n.running())
-                    .all(|n| n.log().contains("metadata leader"))
-            },
+            || self.is_ready(),
         );
     }
 

@@ -592,6 +592,7 @@ impl Session {
         !s.plan.reliable
             || ((src.out.is_empty() || src.out_bytes < window)
                 && (src.kept.is_empty() || src.kept_bytes < self.cfg.resume_buffer_bytes)
+                && (s.plan.keeps_frames || src.kept.len() < stream::UNDELIVERED_FRAMES)
                 && s.stack.ready())
     }
 
@@ -685,7 +686,7 @@ impl Session {
             s.counters.stale += 1;
             return Ok(());
         }
-        let frame = if s.plan.reliable && s.plan.keeps_frames {
+        let frame = if s.plan.reliable {
             s.keep(frame)
         } else {
             frame

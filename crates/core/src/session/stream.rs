@@ -9,6 +9,10 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// A reliable source that does not keep its frames ([`StreamPlan::keeps_frames`]) has at
+/// most this many not yet completed by the peer's endpoint (a 1920×1080 capture is two).
+pub const UNDELIVERED_FRAMES: usize = 16;
+
 /// One stream as the session runs it: what the config says about it.
 #[derive(Clone)]
 pub struct StreamPlan {
@@ -34,9 +38,9 @@ pub struct StreamPlan {
     /// Source, reliable: whether endpoint frames are kept until the peer completes them, to
     /// be encoded again for a restarted peer (and bounded by `resume_buffer_bytes`). `false`
     /// for a source that sends its whole state again when the peer restarts (the
-    /// `x11-screen` source's keyframe, [`super::Event`]'s restart): keeping its frames would
-    /// only hold it back (a 1920×1080 capture is 8 MB: 16 MiB of them held a 100 ms path to
-    /// about two captures a round trip, 12 frames/s).
+    /// `x11-screen` source's keyframe): keeping its frames would only hold it back (a
+    /// 1920×1080 capture is 8 MB: 16 MiB of them held a 100 ms path to about two captures a
+    /// round trip, 12 frames/s); it is bounded by [`UNDELIVERED_FRAMES`] instead.
     pub keeps_frames: bool,
     /// Which streams' frames go out first when several have frames ready: every `High`
     /// stream's before any `Normal` one's, and those before `Low` ones (round-robin within a
@@ -328,15 +332,23 @@ impl StreamRt {
     }
 
     /// Source, reliable: keeps an endpoint frame until the peer completes it and returns it
-    /// for the stack. Both share the bytes: no copy here.
+    /// for the stack. Both share the bytes: no copy here. A stream that does not keep its
+    /// frames ([`StreamPlan::keeps_frames`]) notes only that the frame is not completed yet
+    /// (at most [`UNDELIVERED_FRAMES`] of them, so a sink slower than the path still holds
+    /// the source back).
     pub fn keep(&mut self, f: Frame) -> Frame {
+        let keeps = self.plan.keeps_frames;
         let End::Source(s) = &mut self.end else {
             return f;
         };
         let meta = f.meta;
         let bytes = f.into_bytes();
-        s.kept_bytes += bytes.len();
-        s.kept.push_back((meta, bytes.clone()));
+        if keeps {
+            s.kept_bytes += bytes.len();
+            s.kept.push_back((meta, bytes.clone()));
+        } else {
+            s.kept.push_back((meta, Bytes::new()));
+        }
         Frame::from_bytes(meta, bytes)
     }
 
@@ -368,6 +380,11 @@ impl StreamRt {
         s.next_write = 0;
         s.chunk_off = 0;
         s.end_written = false;
+        if !self.plan.keeps_frames {
+            // Nothing kept to encode again: the source sends its whole state afresh.
+            s.kept.clear();
+            return Ok(0);
+        }
         let again = s.kept.len();
         for (meta, bytes) in &s.kept {
             self.stack

@@ -192,6 +192,54 @@ fn a_full_resume_buffer_stops_a_reliable_source_but_not_a_lossy_one() {
     assert!(s.source_ready(0));
 }
 
+/// A source that sends its whole state to a restarted peer (`keeps_frames = false`, the
+/// screen) is not held back by the bytes of its frames (a 1920×1080 capture is 8 MB) but by
+/// how many the peer has not completed, and a restarted peer gets none of them again.
+#[test]
+fn a_source_that_keeps_no_frames_is_bounded_by_their_number_not_their_bytes() {
+    let now = Instant::now();
+    let mut s = session(
+        vec![StreamPlan {
+            keeps_frames: false,
+            ..plan(1, Role::Source, true)
+        }],
+        1000,
+    );
+    s.handle_link_up(now);
+    s.handle_message(now, 1, resume(9)).unwrap();
+    s.handle_message(now, 1, resume(9)).unwrap();
+    for seq in 0..stream::UNDELIVERED_FRAMES as u64 {
+        assert!(
+            s.source_ready(0),
+            "frame {seq} of 4000 bytes, over a 1000-byte budget"
+        );
+        s.handle_source_frame(now, 0, frame(1, seq, 4000)).unwrap();
+        drain(&mut s, now);
+        let ack = OwnedMessage::Ack { stream: 1, seq };
+        s.handle_message(now, 1, Incoming::Other(ack)).unwrap();
+    }
+    assert!(!s.source_ready(0), "16 frames the peer has not completed");
+    s.handle_message(
+        now,
+        1,
+        Incoming::Other(OwnedMessage::Delivered { stream: 1, seq: 3 }),
+    )
+    .unwrap();
+    assert!(s.source_ready(0));
+    // The peer restarts: nothing is encoded again for it.
+    s.handle_link_lost(now, "gone").unwrap();
+    drain(&mut s, now);
+    s.handle_link_up(now);
+    s.handle_message(now, 1, resume(10)).unwrap();
+    s.handle_message(now, 1, resume(10)).unwrap();
+    let sent = drain(&mut s, now);
+    assert!(
+        !sent.iter().any(|t| matches!(t, Transmit::Data { .. })),
+        "{sent:?}"
+    );
+    assert!(s.source_ready(0));
+}
+
 #[test]
 fn a_stray_hello_is_a_warning_and_an_unknown_stream_closes_with_a_reason() {
     let now = Instant::now();

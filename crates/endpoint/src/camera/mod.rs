@@ -159,10 +159,10 @@ fn check_fps(fps: f64) -> Result<(), (&'static str, &'static str)> {
 impl CameraSimConfig {
     /// Checks the ranges; the error names the key.
     pub fn check(&self) -> Result<(), (&'static str, &'static str)> {
-        if !(32..=4096).contains(&self.width) || self.width % 2 != 0 {
+        if !(32..=4096).contains(&self.width) || !self.width.is_multiple_of(2) {
             return Err(("width", "must be even, 32..=4096"));
         }
-        if !(16..=4096).contains(&self.height) || self.height % 2 != 0 {
+        if !(16..=4096).contains(&self.height) || !self.height.is_multiple_of(2) {
             return Err(("height", "must be even, 16..=4096"));
         }
         check_fps(self.fps)

@@ -67,10 +67,10 @@ pub struct V4l2Config {
 impl V4l2Config {
     /// Checks the ranges; the error names the key.
     pub fn check(&self) -> Result<(), (&'static str, &'static str)> {
-        if !(16..=8192).contains(&self.width) || self.width % 2 != 0 {
+        if !(16..=8192).contains(&self.width) || !self.width.is_multiple_of(2) {
             return Err(("width", "must be even, 16..=8192"));
         }
-        if !(16..=8192).contains(&self.height) || self.height % 2 != 0 {
+        if !(16..=8192).contains(&self.height) || !self.height.is_multiple_of(2) {
             return Err(("height", "must be even, 16..=8192"));
         }
         super::check_fps(self.fps)

@@ -136,8 +136,9 @@ impl Motion {
         let block_len = (self.rate_hz.round() as u64).max(1);
         let block = seq / block_len;
         let held = (seq % block_len) < (block_len / 4).max(1);
-        let pressed =
-            SplitMix64::new(self.seed ^ block.wrapping_mul(GOLDEN) ^ 0xb077_0500).next() % 3 == 0;
+        let pressed = SplitMix64::new(self.seed ^ block.wrapping_mul(GOLDEN) ^ 0xb077_0500)
+            .next()
+            .is_multiple_of(3);
         Record {
             axes,
             buttons: u16::from(pressed && held),

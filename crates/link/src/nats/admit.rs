@@ -219,12 +219,12 @@ impl Admitter {
                 return self.refuse(now, CloseCode::ProtocolError, reason)
             }
         }
-        // Admitted now: it counts as present until its heartbeat says otherwise.
-        self.seen.insert(fingerprint.to_string(), now);
         let slot = match self.slot(now, fingerprint) {
             Ok(s) => s,
             Err(reason) => return self.refuse(now, CloseCode::InternalError, reason),
         };
+        // Admitted now: it counts as present until its heartbeat says otherwise.
+        self.seen.insert(fingerprint.to_string(), now);
         let said = self
             .said_joined
             .get(fingerprint)

@@ -85,6 +85,9 @@ pub struct ImageForward {
     /// Access units sent, and their bytes, over the pair's life.
     video_frames: u64,
     video_bytes: u64,
+    /// Times the encoder failed (the region then went as tiles), and their warnings.
+    video_failed: u64,
+    video_warned: ndd_core::RateLimit,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -147,6 +150,8 @@ impl ImageForward {
             video_at: None,
             video_frames: 0,
             video_bytes: 0,
+            video_failed: 0,
+            video_warned: ndd_core::RateLimit::with_burst(Duration::from_secs(10), 1),
             block: Vec::new(),
             indices: Vec::new(),
             blob: Vec::new(),
@@ -194,6 +199,7 @@ impl ImageForward {
     fn reset_screen(&mut self, width: u16, height: u16, now: Instant) {
         // Parts held of a capture of the old size name tiles of the old grid.
         self.held.clear();
+        self.held_flags = 0;
         self.video = None;
         self.video_at = None;
         let t = usize::from(self.tile_size());
@@ -228,7 +234,8 @@ impl ImageForward {
             Codec::Tiles => None,
             Codec::H264 => {
                 let r = Rect::new(0, 0, s.width & !1, s.height & !1);
-                (r.w >= 16 && r.h >= 16).then_some(r)
+                // A screen too large for the encoder stays on the tiles.
+                video::codable(r).then_some(r)
             }
             Codec::Auto => {
                 let mut changed: Vec<usize> = parts.iter().map(|(i, _)| *i).collect();
@@ -277,17 +284,38 @@ impl ImageForward {
         let mut idr = keyframe;
         if self.video.as_ref().is_none_or(|v| v.region() != r) {
             self.drop_video(now);
-            self.video = Some(VideoEncoder::new(r, self.path_bps(), now)?);
+            match VideoEncoder::new(r, self.path_bps(), now) {
+                Ok(v) => self.video = Some(v),
+                Err(e) => {
+                    self.no_video(now, &e);
+                    return Ok((parts, None));
+                }
+            }
             idr = true;
         }
         let mut touched = idr;
         let mut rest = Vec::with_capacity(parts.len());
-        for (i, p) in parts {
+        for &(i, p) in &parts {
             touched |= p.intersection(&r).is_some();
             rest.extend(video::outside(p, r).into_iter().map(|q| (i, q)));
         }
         if !touched {
             return Ok((rest, None));
+        }
+        let Some(s) = self.screen.as_ref() else {
+            return Ok((parts, None));
+        };
+        s.copy_out(r, &mut self.scratch);
+        let mut au = Vec::new();
+        let coded = match self.video.as_mut() {
+            Some(v) => v.encode(&self.scratch, idr, now, &mut au),
+            None => return Ok((parts, None)),
+        };
+        if let Err(e) = coded {
+            // The tiles take the region this time; the encoder is set up afresh (with an
+            // IDR) when the region is next video.
+            self.no_video(now, &e);
+            return Ok((parts, None));
         }
         self.video_at = Some(now);
         for i in self.tiles_of(r) {
@@ -295,17 +323,20 @@ impl ImageForward {
             self.tiles[i].lossy = true;
             self.tiles[i].changed = now;
         }
-        let Some(s) = self.screen.as_ref() else {
-            return Ok((rest, None));
-        };
-        s.copy_out(r, &mut self.scratch);
-        let mut au = Vec::new();
-        if let Some(v) = self.video.as_mut() {
-            v.encode(&self.scratch, idr, now, &mut au)?;
-        }
         self.video_frames += 1;
         self.video_bytes += au.len() as u64;
         Ok((rest, Some((r, au))))
+    }
+
+    /// The encoder failed (`e`): the region goes back to the tiles, said a few times a
+    /// minute at most.
+    fn no_video(&mut self, now: Instant, e: &ModuleError) {
+        self.drop_video(now);
+        self.detector.forget_region();
+        self.video_failed += 1;
+        if let Some(suppressed) = self.video_warned.admit(now) {
+            tracing::warn!(error = %e, suppressed, "image: H.264 failed; the region goes as tiles");
+        }
     }
 
     /// The tile grid cells `r` touches, as (tile index, part of `r` inside the tile).
@@ -696,8 +727,13 @@ impl Half for ImageForward {
             parts = self.start_keyframe(now)?;
             flags |= FLAG_KEYFRAME;
         }
-        let region = self.video_region(&parts);
         let keyframe = flags & FLAG_KEYFRAME != 0;
+        // A keyframe changes every tile: no sign of movement.
+        let region = if keyframe || force {
+            self.video.as_ref().map(|v| v.region())
+        } else {
+            self.video_region(&parts)
+        };
         let (parts, au) = self.code_video(region, parts, keyframe, now)?;
         if parts.is_empty() && au.is_none() {
             self.stats.unchanged += 1;
@@ -740,9 +776,10 @@ impl Half for ImageForward {
 
     fn handle_timeout(&mut self, now: Instant, out: &mut Output) {
         if self.video_at.is_some_and(|t| t + VIDEO_IDLE <= now) {
-            // Still: the region's tiles are refined (the detector takes it up again, with a
-            // new encoder and an IDR, when it moves again).
+            // Still: the region's tiles are refined; the detector must find it moving again
+            // (a cursor blinking in a paused video is no reason for a new encoder and an IDR).
             self.drop_video(now);
+            self.detector.forget_region();
         }
         if self.next_keyframe.is_some_and(|t| t <= now) {
             // The keyframe is tiles: an app side that starts at it needs an IDR next.
@@ -822,6 +859,7 @@ impl Half for ImageForward {
                     self.pacer.rate().map_or(0, |r| (r * 8.0 / 1000.0) as u64),
                 ),
                 ("video_frames", self.video_frames),
+                ("video_failed", self.video_failed),
                 ("video_bytes", self.video_bytes),
                 ("video_x", region.map_or(0, |r| u64::from(r.x))),
                 ("video_y", region.map_or(0, |r| u64::from(r.y))),

@@ -161,6 +161,19 @@ impl Half for ImageInverse {
             if r.right() > u32::from(h.width) || r.bottom() > u32::from(h.height) {
                 return Err(invalid("video region outside the screen"));
             }
+            // Before a decoder or a picture is made for it.
+            if !super::video::codable(r) {
+                return Err(invalid("video region of a size H.264 does not code"));
+            }
+            if usize::from(r.w) * usize::from(r.h) * 4 > self.max_size {
+                return Err(ModuleError::from(FrameError::OverLimit {
+                    pair: PAIR,
+                    field: "video region",
+                    value: u64::from(r.w) * u64::from(r.h) * 4,
+                    limit: "max_size",
+                    max: self.max_size as u64,
+                }));
+            }
             if self.video.as_ref().is_none_or(|v| v.region() != r) {
                 self.video = Some(VideoDecoder::new(r)?);
             }

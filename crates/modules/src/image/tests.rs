@@ -424,6 +424,53 @@ fn malformed_frames_are_refused_with_clear_errors() {
     assert!(e.starts_with("malformed frame: display record"), "{e}");
 }
 
+/// Video rects from the network are checked before a decoder or a picture is made for them:
+/// one region a frame, inside the screen, of a size H.264 codes, within `max_size`; garbage
+/// in an access unit is an error, not a panic.
+#[test]
+fn malformed_video_rects_are_refused_before_decoding() {
+    let t0 = Instant::now();
+    let frame = |w: u16, h: u16, rects: &[(Rect, format::Kind<'_>)]| {
+        let header = format::Header {
+            width: w,
+            height: h,
+            flags: 0,
+            credit: 1,
+            raw_len: 0,
+            blob_len: 0,
+        };
+        let mut b = Vec::new();
+        format::emit(&header, rects, &[], &mut b);
+        b
+    };
+    let decode = |max: usize, b: &[u8]| {
+        let mut inv = ImageInverse::new(max, false).unwrap();
+        inv.handle_frame(t0, Frame::new(Meta::default(), b), &mut Output::new())
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    let au = format::Kind::H264(&[0, 0, 0, 1, 0x67, 1, 2, 3]);
+    let r = Rect::new(0, 0, 64, 64);
+    let e = decode(1 << 20, &frame(64, 64, &[(r, au.clone()), (r, au.clone())])).unwrap_err();
+    assert!(e.contains("more than one video region"), "{e}");
+    let e = decode(
+        1 << 20,
+        &frame(64, 64, &[(Rect::new(0, 0, 63, 64), au.clone())]),
+    )
+    .unwrap_err();
+    assert!(e.contains("a size H.264 does not code"), "{e}");
+    let e = decode(
+        1 << 20,
+        &frame(4000, 64, &[(Rect::new(0, 0, 3900, 64), au.clone())]),
+    )
+    .unwrap_err();
+    assert!(e.contains("a size H.264 does not code"), "{e}");
+    let e = decode(1024, &frame(64, 64, &[(r, au.clone())])).unwrap_err();
+    assert!(e.contains("video region") && e.contains("max_size"), "{e}");
+    // Within every bound, a garbage access unit: an error or no picture, never a panic.
+    let _ = decode(1 << 20, &frame(64, 64, &[(r, au)]));
+}
+
 #[test]
 fn parameters_are_checked() {
     let bad = ImageConfig {

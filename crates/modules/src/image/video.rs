@@ -61,6 +61,14 @@ impl Detector {
         };
     }
 
+    /// Forgets the region (it went still, or its encoder failed): only a candidate that
+    /// settles again makes one.
+    pub fn forget_region(&mut self) {
+        self.region = None;
+        self.candidate = None;
+        self.idle = 0;
+    }
+
     /// The region as it stands.
     #[cfg(test)]
     pub fn region(&self) -> Option<Rect> {
@@ -144,8 +152,15 @@ impl Detector {
         let r = a.union(&b);
         // I420 wants even sizes: an odd edge column or row stays with the tiles.
         let r = Rect::new(r.x, r.y, r.w & !1, r.h & !1);
-        (r.w >= 16 && r.h >= 16).then_some(r)
+        codable(r).then_some(r)
     }
+}
+
+/// OpenH264 codes pictures of at least 16×16 and at most 3840×2160 (either way round): a
+/// region outside that stays on the tiles.
+pub fn codable(r: Rect) -> bool {
+    let (long, short) = (r.w.max(r.h), r.w.min(r.h));
+    r.w >= 16 && r.h >= 16 && r.w & 1 == 0 && r.h & 1 == 0 && long <= 3840 && short <= 2160
 }
 
 /// The parts of `p` outside `r` (at most four rects).
@@ -268,37 +283,48 @@ impl VideoEncoder {
         Ok(())
     }
 
-    /// Sets the encoder's target (and peak) bit rate, without a new encoder or an IDR;
-    /// whether the encoder took it.
-    #[allow(unsafe_code)]
+    /// Sets the encoder's target and peak bit rate (its one spatial layer's), without a new
+    /// encoder or an IDR; whether the encoder took it (if not, it keeps the old ones).
     fn set_bps(&mut self, bps: u32) -> bool {
-        use openh264_sys2::{
-            SBitrateInfo, ENCODER_OPTION_BITRATE, ENCODER_OPTION_MAX_BITRATE, SPATIAL_LAYER_ALL,
+        use openh264_sys2::{ENCODER_OPTION_BITRATE, ENCODER_OPTION_MAX_BITRATE};
+        // The peak is checked against the target and the target against the peak: going up
+        // the peak moves first, going down the target.
+        let order = if bps > self.bps {
+            [ENCODER_OPTION_MAX_BITRATE, ENCODER_OPTION_BITRATE]
+        } else {
+            [ENCODER_OPTION_BITRATE, ENCODER_OPTION_MAX_BITRATE]
         };
-        let rate = std::os::raw::c_int::try_from(bps).unwrap_or(std::os::raw::c_int::MAX);
-        // The peak first: a target above the peak set at start would be refused.
-        for option in [ENCODER_OPTION_MAX_BITRATE, ENCODER_OPTION_BITRATE] {
-            let mut info = SBitrateInfo {
-                iLayer: SPATIAL_LAYER_ALL,
-                iBitrate: rate,
-            };
-            // SAFETY: the encoder is initialized (the wrapper initializes it on its first
-            // frame, and `step` calls this only after one); `set_option` with these two
-            // options reads one `SBitrateInfo` through the pointer, which outlives the call;
-            // they change only the rate control's target, which the wrapper does not rely on
-            // (it sets its own parameters again only for a new picture size, which a
-            // region never changes).
-            let rc = unsafe {
-                self.encoder
-                    .raw_api()
-                    .set_option(option, (&raw mut info).cast())
-            };
-            if rc != 0 {
+        for (i, option) in order.into_iter().enumerate() {
+            if !self.set_option(option, bps) {
+                if i == 1 {
+                    // Put the first one back.
+                    self.set_option(order[0], self.bps);
+                }
                 return false;
             }
         }
         self.bps = bps;
         true
+    }
+
+    /// One bit-rate option of the layer the wrapper configures (spatial layer 0).
+    #[allow(unsafe_code)]
+    fn set_option(&mut self, option: openh264_sys2::ENCODER_OPTION, bps: u32) -> bool {
+        let mut info = openh264_sys2::SBitrateInfo {
+            iLayer: openh264_sys2::SPATIAL_LAYER_0,
+            iBitrate: std::os::raw::c_int::try_from(bps).unwrap_or(std::os::raw::c_int::MAX),
+        };
+        // SAFETY: `option` is one of the two bit-rate options, which read one `SBitrateInfo`
+        // through the pointer (it outlives the call) and change only the rate control's
+        // targets; the wrapper sets its own parameters again only for a new picture size,
+        // which a region never has. OpenH264 refuses any option before the encoder is
+        // initialized (the wrapper initializes it on its first frame; `step` waits for one).
+        let rc = unsafe {
+            self.encoder
+                .raw_api()
+                .set_option(option, (&raw mut info).cast())
+        };
+        rc == 0
     }
 
     /// Codes the region's pixels `bgrx` (its rows, BGRX, no padding) into `out` (an access
@@ -560,6 +586,17 @@ mod tests {
         // Never under the share of what the path carried.
         enc.step(false, Some(20e6)).unwrap();
         assert_eq!(enc.bps(), (f64::from(down) * STEP_UP) as u32);
+        // And above the rate it started at (the layer's peak moves first).
+        let start = (20e6 * PATH_SHARE) as u32;
+        while enc.bps() <= start {
+            let was = enc.bps();
+            enc.step(true, None).unwrap();
+            assert!(
+                enc.bps() > was,
+                "the encoder refused {} bit/s",
+                was as f64 * STEP_UP
+            );
+        }
         let mut au = Vec::new();
         enc.encode(
             &vec![0u8; 320 * 240 * 4],
