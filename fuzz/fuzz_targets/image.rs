@@ -8,7 +8,7 @@ use libfuzzer_sys::fuzz_target;
 use ndd_core::frame::Meta;
 use ndd_core::{Frame, Half, Output};
 use ndd_modules::image::{ImageConfig, ImageForward, ImageInverse, Quality};
-use ndd_wire::display::{Framebuffer, PixelFormat, Update};
+use ndd_wire::display::{Framebuffer, PixelFormat, Update, UpdateHeader, FLAG_MORE};
 use std::time::Instant;
 
 fuzz_target!(|data: &[u8]| {
@@ -41,6 +41,21 @@ fuzz_target!(|data: &[u8]| {
     let mut out = Output::new();
     fwd.handle_frame(now, Frame::new(Meta::default(), data), &mut out)
         .expect("a valid update encodes");
+    if u.header.more() {
+        // Part of a capture: it is coded once the capture's last part comes (an update of
+        // the same screen with nothing more to add).
+        let last = Update {
+            header: UpdateHeader {
+                flags: u.header.flags & !FLAG_MORE,
+                ..u.header
+            },
+            rects: Vec::new(),
+        }
+        .emit()
+        .expect("an empty update emits");
+        fwd.handle_frame(now, Frame::new(Meta::default(), &last), &mut out)
+            .expect("the capture's last part encodes");
+    }
     let (w, h) = (u.header.width, u.header.height);
     let (mut want, mut got) = (
         Framebuffer::new(w, h, PixelFormat::Bgrx32),

@@ -28,7 +28,9 @@ fn pairs(texts: &[&str]) -> Vec<Arc<dyn Pair + Send + Sync>> {
         .collect()
 }
 
-fn session() -> Session {
+/// The session under test; `keeps`: whether its source keeps its frames for a restarted
+/// peer (`StreamPlan::keeps_frames`; the screen's does not).
+fn session(keeps: bool) -> Session {
     let plans = vec![
         StreamPlan {
             id: 1,
@@ -37,6 +39,7 @@ fn session() -> Session {
             reliable: true,
             release_on_loss: true,
             replay_outage: true,
+            keeps_frames: true,
             priority: Default::default(),
             pairs: pairs(&["type = \"checksum\"", "type = \"bundle\"\ncount = 3"]),
         },
@@ -47,6 +50,7 @@ fn session() -> Session {
             reliable: true,
             release_on_loss: false,
             replay_outage: true,
+            keeps_frames: keeps,
             priority: Default::default(),
             pairs: pairs(&["type = \"bundle\"\ncount = 2"]),
         },
@@ -57,6 +61,7 @@ fn session() -> Session {
             reliable: false,
             release_on_loss: false,
             replay_outage: false,
+            keeps_frames: true,
             priority: Default::default(),
             pairs: vec![],
         },
@@ -74,7 +79,8 @@ fn session() -> Session {
 fuzz_target!(|data: &[u8]| {
     let t0 = Instant::now();
     let mut now = t0;
-    let mut s = session();
+    // The first byte's low bit: a source that keeps its frames, or one that does not.
+    let mut s = session(data.first().is_none_or(|b| b & 1 == 0));
     s.handle_link_up(now);
     let mut rest = data;
     let mut seq = 0u64;
