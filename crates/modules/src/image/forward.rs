@@ -77,6 +77,9 @@ pub struct ImageForward {
     /// so the viewer never shows half of it.
     held: Vec<(usize, Rect)>,
     held_flags: u8,
+    /// Tiles whose pixels this capture really changed (a keyframe sends every tile; only
+    /// these are movement to the video detector).
+    moved: Vec<usize>,
     /// Where the screen moves in most captures (`codec = "auto"`).
     detector: Detector,
     /// The video region's encoder, and when a capture last changed the region.
@@ -145,6 +148,7 @@ impl ImageForward {
             scratch: Vec::new(),
             held: Vec::new(),
             held_flags: 0,
+            moved: Vec::new(),
             detector: Detector::default(),
             video: None,
             video_at: None,
@@ -200,6 +204,7 @@ impl ImageForward {
         // Parts held of a capture of the old size name tiles of the old grid.
         self.held.clear();
         self.held_flags = 0;
+        self.moved.clear();
         self.video = None;
         self.video_at = None;
         let t = usize::from(self.tile_size());
@@ -227,8 +232,9 @@ impl ImageForward {
         self.parts(r).into_iter().map(|(i, _)| i).collect()
     }
 
-    /// Where the video region is after this capture, which changed `parts`.
-    fn video_region(&mut self, parts: &[(usize, Rect)]) -> Option<Rect> {
+    /// Where the video region is after this capture, which changed the pixels of tiles
+    /// `moved`.
+    fn video_region(&mut self, moved: &[usize]) -> Option<Rect> {
         let s = self.screen.as_ref()?;
         match self.cfg.codec {
             Codec::Tiles => None,
@@ -238,7 +244,8 @@ impl ImageForward {
                 video::codable(r).then_some(r)
             }
             Codec::Auto => {
-                let mut changed: Vec<usize> = parts.iter().map(|(i, _)| *i).collect();
+                let mut changed = moved.to_vec();
+                changed.sort_unstable();
                 changed.dedup();
                 let (t, w, h, grid_w) = (self.tile_size(), s.width, s.height, self.grid_w);
                 self.detector.handle_capture(&changed, grid_w, |i| {
@@ -376,17 +383,22 @@ impl ImageForward {
                 let Some(s) = self.screen.as_mut() else {
                     return changed;
                 };
-                let mut differs = force;
+                // `really`: its pixels differ (a forced part is sent whether or not, but only
+                // a real difference is movement to the video detector).
+                let mut really = false;
                 for y in p.y..p.y + p.h {
                     let src_row = usize::from(y - r.y) * w + usize::from(p.x - r.x) * 4;
                     let src = &rp.pixels[src_row..src_row + usize::from(p.w) * 4];
                     let dst = s.row(p.x, y, p.w);
-                    if differs || s.px[dst.clone()] != *src {
+                    if really || s.px[dst.clone()] != *src {
                         s.px[dst].copy_from_slice(src);
-                        differs = true;
+                        really = true;
                     }
                 }
-                if differs {
+                if really {
+                    self.moved.push(i);
+                }
+                if really || force {
                     self.tiles[i].changed = now;
                     changed.push((i, p));
                 }
@@ -728,13 +740,14 @@ impl Half for ImageForward {
             flags |= FLAG_KEYFRAME;
         }
         let keyframe = flags & FLAG_KEYFRAME != 0;
-        // A keyframe changes every tile: no sign of movement.
-        let region = if keyframe || force {
-            self.video.as_ref().map(|v| v.region())
-        } else {
-            self.video_region(&parts)
-        };
-        let (parts, au) = self.code_video(region, parts, keyframe, now)?;
+        let moved = std::mem::take(&mut self.moved);
+        let region = self.video_region(&moved);
+        // An IDR only where a decoder may start afresh: a broadcast keyframe (an app side
+        // joining). On a direct link the pair's state is continuous (a restarted peer gets a
+        // new pair, whose encoder starts with one); the source flags every capture of the
+        // whole screen as a keyframe, and an IDR for each of those cost the video its quality.
+        let idr = keyframe && self.cfg.broadcast();
+        let (parts, au) = self.code_video(region, parts, idr, now)?;
         if parts.is_empty() && au.is_none() {
             self.stats.unchanged += 1;
             return Ok(());

@@ -904,15 +904,44 @@ fn a_keyframe_restarts_the_video_stream_and_codec_chooses_the_coding() {
         );
     }
     assert!(psnr(&p.shown(), &expected(moving(4))) >= 35.0);
-    // The app side restarts: a fresh inverse, and the source's keyframe.
-    p.inv = ImageInverse::new(c.max_size as usize, false).unwrap();
+    // Captures of the whole screen come flagged keyframe: on a direct link no IDR for them
+    // (a restarted peer gets a new pair on both sides), so they stay small.
+    let before = p.wire_bytes;
+    for n in 5..10u16 {
+        p.send(
+            t0 + Duration::from_millis(33 * u64::from(n)),
+            update(FLAG_KEYFRAME, &[whole()], moving(n)),
+        );
+    }
+    let per_frame = (p.wire_bytes - before) / 5;
+    assert!(psnr(&p.shown(), &expected(moving(9))) >= 35.0);
+    // Broadcast: an app side that joins late starts at a keyframe, which is an IDR.
+    let b = ImageConfig {
+        keyframe_ms: 1000,
+        ..c.clone()
+    };
+    let mut p = Pipe::new(b.clone());
+    for n in 0..5u16 {
+        p.send(
+            t0 + Duration::from_millis(33 * u64::from(n)),
+            update(0, &[whole()], moving(n)),
+        );
+    }
+    p.inv = ImageInverse::new(b.max_size as usize, true).unwrap();
     p.fb = Framebuffer::new(W, H, PixelFormat::Bgrx32);
+    let before = p.wire_bytes;
+    // Before the next keyframe the late inverse shows nothing; at it, the picture.
     p.send(
-        t0 + Duration::from_millis(200),
-        update(FLAG_KEYFRAME, &[whole()], moving(5)),
+        t0 + Duration::from_millis(1100),
+        update(0, &[whole()], moving(5)),
     );
     let got = psnr(&p.shown(), &expected(moving(5)));
     assert!(got >= 35.0, "after the keyframe: {got:.1} dB");
+    assert!(
+        p.wire_bytes - before > per_frame,
+        "the keyframe ({} bytes) is an IDR, larger than a P frame ({per_frame})",
+        p.wire_bytes - before
+    );
     // Tiles only: no access unit ever.
     let mut t = Pipe::new(ImageConfig {
         codec: Codec::Tiles,
