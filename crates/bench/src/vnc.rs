@@ -59,6 +59,15 @@ fn size() -> (u16, u16) {
     *SIZE.get().unwrap_or(&(800, 600))
 }
 
+/// An Xvfb with one screen of the bench's size on a free display.
+fn start_xvfb() -> Result<(Killed, String)> {
+    let screen = format!("{}x24", size_arg());
+    start_x(
+        "Xvfb",
+        &["-screen", "0", &screen, "-nolisten", "tcp", "-noreset"],
+    )
+}
+
 /// `WxH`.
 fn size_arg() -> String {
     let (w, h) = size();
@@ -661,17 +670,7 @@ impl Setup {
                 None => Command::new(program),
             }
         };
-        let (vx, viewer_display) = start_x(
-            "Xvfb",
-            &[
-                "-screen",
-                "0",
-                &format!("{}x24", size_arg()),
-                "-nolisten",
-                "tcp",
-                "-noreset",
-            ],
-        )?;
+        let (vx, viewer_display) = start_xvfb()?;
         let mut viewer = vec![vx];
         let mut app = Vec::new();
         let mut app_pids = Vec::new();
@@ -723,17 +722,7 @@ impl Setup {
                 );
             }
             Peer::Ndd | Peer::NddHigh | Peer::NddTiles => {
-                let (x, d) = start_x(
-                    "Xvfb",
-                    &[
-                        "-screen",
-                        "0",
-                        &format!("{}x24", size_arg()),
-                        "-nolisten",
-                        "tcp",
-                        "-noreset",
-                    ],
-                )?;
+                let (x, d) = start_xvfb()?;
                 app_pids.push(x.0.id());
                 app.push(x);
                 app_display = d;

@@ -227,14 +227,9 @@ impl ImageForward {
         self.pacer.rate().map(|b| b * 8.0)
     }
 
-    /// The tiles `r` touches.
-    fn tiles_of(&self, r: Rect) -> Vec<usize> {
-        self.parts(r).into_iter().map(|(i, _)| i).collect()
-    }
-
     /// Where the video region is after this capture, which changed the pixels of tiles
     /// `moved`.
-    fn video_region(&mut self, moved: &[usize]) -> Option<Rect> {
+    fn video_region(&mut self, mut moved: Vec<usize>) -> Option<Rect> {
         let s = self.screen.as_ref()?;
         match self.cfg.codec {
             Codec::Tiles => None,
@@ -244,11 +239,10 @@ impl ImageForward {
                 video::codable(r).then_some(r)
             }
             Codec::Auto => {
-                let mut changed = moved.to_vec();
-                changed.sort_unstable();
-                changed.dedup();
+                moved.sort_unstable();
+                moved.dedup();
                 let (t, w, h, grid_w) = (self.tile_size(), s.width, s.height, self.grid_w);
-                self.detector.handle_capture(&changed, grid_w, |i| {
+                self.detector.handle_capture(&moved, grid_w, |i| {
                     let t = u32::from(t);
                     let (tx, ty) = ((i % grid_w) as u32, (i / grid_w) as u32);
                     Rect::new((tx * t) as u16, (ty * t) as u16, t as u16, t as u16).clip(w, h)
@@ -263,7 +257,7 @@ impl ImageForward {
         let Some(v) = self.video.take() else {
             return;
         };
-        for i in self.tiles_of(v.region()) {
+        for (i, _) in self.parts(v.region()) {
             self.tiles[i].lossy = true;
             self.tiles[i].changed = now;
         }
@@ -324,12 +318,8 @@ impl ImageForward {
             self.no_video(now, &e);
             return Ok((parts, None));
         }
+        // (Its tiles are marked lossy, to be refined, when the region ends: `drop_video`.)
         self.video_at = Some(now);
-        for i in self.tiles_of(r) {
-            // Lossy until refined, once the region stops being video.
-            self.tiles[i].lossy = true;
-            self.tiles[i].changed = now;
-        }
         self.video_frames += 1;
         self.video_bytes += au.len() as u64;
         Ok((rest, Some((r, au))))
@@ -407,22 +397,10 @@ impl ImageForward {
         changed
     }
 
-    /// Encodes `parts` into one frame; `lossless` forces lossless encoding of photo parts.
-    fn encode(
-        &mut self,
-        meta: Meta,
-        flags: u8,
-        parts: &[(usize, Rect)],
-        lossless: bool,
-        now: Instant,
-        out: &mut Output,
-    ) -> Result<(), ModuleError> {
-        self.encode_video(meta, flags, parts, None, lossless, now, out)
-    }
-
-    /// [`ImageForward::encode`], with the video region's access unit.
+    /// Encodes `parts` (and the video region's access unit, if any) into one frame;
+    /// `lossless` forces lossless encoding of photo parts.
     #[allow(clippy::too_many_arguments)]
-    fn encode_video(
+    fn encode(
         &mut self,
         meta: Meta,
         flags: u8,
@@ -615,13 +593,14 @@ impl ImageForward {
         let after = Duration::from_millis(u64::from(self.cfg.refine_ms));
         let mut due = Vec::new();
         let mut next: Option<Instant> = None;
-        let video: Vec<usize> = self
-            .video
-            .as_ref()
-            .map(|v| self.tiles_of(v.region()))
-            .unwrap_or_default();
+        // The video region's tiles wait until it ends ([`ImageForward::drop_video`]).
+        let video = self.video.as_ref().map(|v| v.region());
         for (i, t) in self.tiles.iter().enumerate() {
-            if !t.lossy || video.contains(&i) {
+            let in_video = video.is_some_and(|r| {
+                self.tile_rect(i)
+                    .is_some_and(|tr| tr.intersection(&r).is_some())
+            });
+            if !t.lossy || in_video {
                 continue;
             }
             if t.changed + after <= now {
@@ -643,7 +622,7 @@ impl ImageForward {
         for &(i, _) in &parts {
             self.tiles[i].lossy = false;
         }
-        self.encode(meta, 0, &parts, true, now, out)
+        self.encode(meta, 0, &parts, None, true, now, out)
     }
 
     /// Credit for everything up to `credit`: measure the path, maybe change the preset.
@@ -741,7 +720,7 @@ impl Half for ImageForward {
         }
         let keyframe = flags & FLAG_KEYFRAME != 0;
         let moved = std::mem::take(&mut self.moved);
-        let region = self.video_region(&moved);
+        let region = self.video_region(moved);
         // An IDR only where a decoder may start afresh: a broadcast keyframe (an app side
         // joining). On a direct link the pair's state is continuous (a restarted peer gets a
         // new pair, whose encoder starts with one); the source flags every capture of the
@@ -752,7 +731,7 @@ impl Half for ImageForward {
             self.stats.unchanged += 1;
             return Ok(());
         }
-        self.encode_video(
+        self.encode(
             frame.meta,
             flags,
             &parts,
@@ -802,7 +781,7 @@ impl Half for ImageForward {
             if let Some(meta) = self.last_meta {
                 let r = self.start_keyframe(now).and_then(|parts| {
                     let lossless = self.preset() == Quality::Lossless;
-                    self.encode(meta, FLAG_KEYFRAME, &parts, lossless, now, out)
+                    self.encode(meta, FLAG_KEYFRAME, &parts, None, lossless, now, out)
                 });
                 if let Err(e) = r {
                     tracing::warn!(error = %e, "image: keyframe failed");

@@ -155,9 +155,11 @@ impl Half for ImageInverse {
         {
             return Err(invalid("more than one video region in a frame"));
         }
-        if let Some(i) = rects.iter().position(|(_, k)| matches!(k, Kind::H264(_))) {
-            let (r, k) = rects[i].clone();
-            let Kind::H264(au) = k else { unreachable!() };
+        let video = rects.iter().enumerate().find_map(|(i, (r, k))| match k {
+            Kind::H264(au) => Some((i, *r, *au)),
+            _ => None,
+        });
+        if let Some((i, r, au)) = video {
             if r.right() > u32::from(h.width) || r.bottom() > u32::from(h.height) {
                 return Err(invalid("video region outside the screen"));
             }
@@ -174,10 +176,10 @@ impl Half for ImageInverse {
                     max: self.max_size as u64,
                 }));
             }
-            if self.video.as_ref().is_none_or(|v| v.region() != r) {
-                self.video = Some(VideoDecoder::new(r)?);
-            }
-            let v = self.video.as_mut().expect("made above");
+            let v = match &mut self.video {
+                Some(v) if v.region() == r => v,
+                slot => slot.insert(VideoDecoder::new(r)?),
+            };
             if !v.decode(au, &mut self.picture)? {
                 self.no_picture += 1;
                 rects.remove(i);

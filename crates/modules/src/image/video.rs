@@ -368,7 +368,6 @@ fn target(path_bps: Option<f64>) -> u32 {
 pub struct VideoDecoder {
     region: Rect,
     decoder: Decoder,
-    rgba: Vec<u8>,
 }
 
 impl std::fmt::Debug for VideoDecoder {
@@ -385,7 +384,6 @@ impl VideoDecoder {
         Ok(VideoDecoder {
             region,
             decoder: Decoder::new().map_err(|e| library("H.264 decoder", e))?,
-            rgba: Vec::new(),
         })
     }
 
@@ -415,12 +413,11 @@ impl VideoDecoder {
                 ),
             ));
         }
-        self.rgba.resize(w * h * 4, 0);
-        yuv.write_rgba8(&mut self.rgba);
-        bgrx.clear();
-        bgrx.reserve(w * h * 4);
-        for p in self.rgba.chunks_exact(4) {
-            bgrx.extend_from_slice(&[p[2], p[1], p[0], 0]);
+        bgrx.resize(w * h * 4, 0);
+        yuv.write_rgba8(bgrx);
+        for p in bgrx.chunks_exact_mut(4) {
+            p.swap(0, 2);
+            p[3] = 0;
         }
         Ok(true)
     }
