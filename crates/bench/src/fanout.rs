@@ -96,7 +96,7 @@ impl Broker {
             .collect::<Vec<_>>()
             .join(", ");
         format!(
-            "[link]\ntransport = \"nats\"\nconnect_timeout_ms = 30000\n[link.nats]\nservers = [{servers}]\nreplicas = {}\nmin_app_sides = {n}\nstore_mib = 1024\n",
+            "[link]\ntransport = \"nats\"\nconnect_timeout_ms = 30000\n[link.nats]\nservers = [{servers}]\nreplicas = {}\nmin_app_sides = {n}\nstore_mib = 256\n",
             self.replicas
         )
     }
@@ -550,6 +550,29 @@ async fn raw_row(nats: &Broker, load: Load, count: u64, n: usize) -> Result<Row>
     Ok(raw_summary("raw async-nats", load, count, got))
 }
 
+/// Deletes the JetStream streams ndd's rows made (`NDD_…`): each row has its own driver and
+/// so its own stream, and each stream reserves its `store_mib` on the server; left in place,
+/// the rows' reservations add up until a server with little free disk refuses the next one
+/// ("insufficient storage resources").
+async fn clear_ndd_streams(nats: &Broker) -> Result<()> {
+    let client = nats.connect().await?;
+    let js = async_nats::jetstream::new(client);
+    let mut names = js.stream_names();
+    let mut ours = Vec::new();
+    while let Some(name) = names.next().await {
+        let name = name.map_err(|e| anyhow!("listing JetStream streams: {e}"))?;
+        if name.starts_with("NDD_") {
+            ours.push(name);
+        }
+    }
+    for name in ours {
+        js.delete_stream(&name)
+            .await
+            .map_err(|e| anyhow!("deleting JetStream stream {name}: {e}"))?;
+    }
+    Ok(())
+}
+
 /// Raw JetStream: one publisher (acknowledgements awaited 256 at a time) into a file-stored
 /// stream, `n` durable pull consumers acknowledging every message; same payloads and pacing,
 /// no ndd, no encryption.
@@ -568,7 +591,7 @@ async fn raw_js_row(nats: &Broker, load: Load, count: u64, n: usize) -> Result<R
             name: name.clone(),
             subjects: vec![subject.clone()],
             storage: jetstream::stream::StorageType::File,
-            max_bytes: 1 << 30,
+            max_bytes: 256 << 20,
             num_replicas: usize::from(nats.replicas),
             ..Default::default()
         })
@@ -734,6 +757,7 @@ pub async fn run(quick: bool, cluster: bool, out: &Path) -> Result<()> {
                 })
                 .await??,
             );
+            clear_ndd_streams(&nats).await?;
             // The direct link does not go through the cluster: its rows are in fanout.md.
             if n == 1 && !cluster {
                 let (d, a, u) = (dev.clone(), apps.clone(), nats.clone());
@@ -763,6 +787,9 @@ pub async fn run(quick: bool, cluster: bool, out: &Path) -> Result<()> {
                 })
                 .await??,
             );
+            if transport == "nats" {
+                clear_ndd_streams(&nats).await?;
+            }
         }
     }
     let mut md = report(&rows, quick, cluster, secs);

@@ -1176,7 +1176,12 @@ async fn ensure_jetstream(ctx: &Ctx, nats: &NatsConfig) -> Result<jetstream::Con
             || e.contains("insufficient resources") && nats.replicas > 1;
         if !passing || Instant::now() >= give_up {
             let replicas = e.contains("insufficient resources") || e.contains("replicas");
-            let hint = if replicas && nats.replicas > 1 {
+            let hint = if e.contains("insufficient storage") {
+                format!(
+                    "the server has less JetStream room left than link.nats.store_mib = {} reserves (its other streams hold the rest, and it offers at most 75% of its free disk by default): lower store_mib, delete streams no driver uses (nats stream rm), or raise the server's jetstream max_file_store",
+                    nats.store_mib
+                )
+            } else if replicas && nats.replicas > 1 {
                 format!(
                     "link.nats.replicas = {} needs a JetStream cluster of at least that many servers; one server keeps one copy: replicas = 1",
                     nats.replicas

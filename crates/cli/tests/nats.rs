@@ -2033,3 +2033,35 @@ fn more_replicas_than_servers_are_named() {
         "{err}"
     );
 }
+
+#[test]
+fn a_server_without_room_for_store_mib_is_named() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-room");
+    // A server offering 16 MiB of JetStream file storage; the driver reserves the default
+    // store_mib = 256.
+    let conf = write(
+        &dir.0,
+        "small.conf",
+        "jetstream { max_file_store: 16MB, max_memory_store: 16MB }\n",
+    );
+    let nats = Nats::start("room", &["-c", &conf.to_string_lossy()]);
+    let (dev, _) = homes_n(&dir.0, 0);
+    let cfg = write(
+        &dir.0,
+        "r.toml",
+        &format!(
+            "driver = \"r\"\n{}[[stream]]\nname = \"s\"\ndirection = \"device-to-app\"\nsource = {{ type = \"synthetic\", size = 10, interval_ms = 10.0, count = 1 }}\nsink = {{ type = \"null\" }}\n",
+            link(&nats.url(), 0)
+        ),
+    );
+    let out = run_cmd(&cfg, "device", &dev, &["--once"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("insufficient storage") && err.contains("link.nats.store_mib = 256 reserves"),
+        "{err}"
+    );
+}
