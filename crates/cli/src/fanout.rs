@@ -30,12 +30,13 @@ use ndd_core::{Frame, Half, Meta, Output, Pair, Role, Stack};
 use ndd_endpoint::Delivered;
 use ndd_link::nats::admit::{Admitter, Decision, Level, Line as AdmitLine, Trust};
 use ndd_link::nats::async_nats;
-use ndd_link::nats::intake::{Intake, Opened, Taken, REORDER_WAIT};
+use ndd_link::nats::intake::{Intake, Taken, REORDER_WAIT};
 use ndd_link::nats::join::{Admission, Host, Joiner, Welcome};
 use ndd_link::nats::keys::{
-    rotation, GroupKey, Opener, Outcome, RunHalf, Verdict, RUN_NOTICE_SPACING, SINCE_PENDING,
+    rotation, GroupKey, Outcome, RunHalf, RUN_NOTICE_SPACING, SINCE_PENDING,
 };
 use ndd_link::nats::outbox::Outbox;
+use ndd_link::nats::receive::{Event, Poll, Receiver, Wait};
 use ndd_link::nats::record::{FrameRecord, END_SEQ, HEADER_LEN};
 use ndd_link::nats::runs::{next_run_id, Run};
 use ndd_link::nats::subjects::Subjects;
@@ -485,111 +486,84 @@ impl RunHalf for RunInverse {
     }
 }
 
-/// The driver of a sink's [`Opener`] (the rules live there, sans-IO): it hands in the keys as
-/// they change, asks the device for the key when the opener says so (an app side), tells the
-/// app sides of this run when it says so (a device side), and waits for where a rotation
-/// began when a frame is held for it.
-struct GroupOpen {
+/// The key side of a sink's [`Receiver`] (the rules live there, sans-IO): it hands in the
+/// keys as they change, asks the device for the key when the receiver waits for it (an app
+/// side), waits for where a rotation began, joins again on a newer run (an app side) and
+/// tells the app sides of this run (a device side) when the receiver says so.
+struct KeyWatch {
     key: watch::Receiver<GroupKey>,
-    opener: Opener<RunInverse>,
     refresh: Option<Refresh>,
     /// Device side: rung when a genuine frame of an earlier run is refused (app sides that did
     /// not hear of this run are told to join again).
     stale: Option<Arc<tokio::sync::Notify>>,
 }
 
-impl GroupOpen {
-    fn new(
-        mut key: watch::Receiver<GroupKey>,
-        refresh: Option<Refresh>,
-        side: SideName,
-        stale: Option<Arc<tokio::sync::Notify>>,
-    ) -> GroupOpen {
-        let k = *key.borrow_and_update();
-        GroupOpen {
-            key,
-            opener: match side {
-                SideName::Device => Opener::device(k),
-                SideName::App => Opener::app(k),
-            },
-            refresh,
-            stale,
-        }
-    }
+/// A sink's receiving half.
+type SinkReceiver = Receiver<RunInverse, jetstream::Message>;
 
-    /// Frames dropped: refused runs and frames that open under no key.
-    fn dropped(&self) -> u64 {
-        self.opener.dropped
-    }
-
-    /// Stored records that did not open while this side did not ask for the key, once a new
-    /// key came ([`Opener::take_unopened`]).
-    fn take_unopened(&mut self) -> Vec<(FrameRecord, Option<u64>)> {
-        self.follow();
-        self.opener.take_unopened()
-    }
-
-    /// Hands the keys to the opener if they changed; whether its halves did.
-    fn follow(&mut self) -> bool {
-        if !self.key.has_changed().unwrap_or(false) {
-            return false;
-        }
+impl KeyWatch {
+    /// The receiver of stream `id` under the keys as they stand.
+    fn receiver(&mut self, side: SideName, id: u16, ordered: bool) -> SinkReceiver {
         let k = *self.key.borrow_and_update();
-        self.opener.handle_keys(k)
+        Receiver::new(id, side == SideName::App, k, ordered, REORDER_WAIT)
     }
 
-    /// A newer run opened: an app side joins again to learn it, so what it sends follows
-    /// (without waiting here).
-    fn opened(&self, verdict: Verdict) {
-        if let (Verdict::Opened { newer_run: true }, Some(r)) = (verdict, &self.refresh) {
-            let (tx, _) = tokio::sync::oneshot::channel();
-            let _ = r.try_send(tx);
+    /// Hands the keys to `rx` if they changed.
+    fn follow(&mut self, rx: &mut SinkReceiver) {
+        if self.key.has_changed().unwrap_or(false) {
+            let k = *self.key.borrow_and_update();
+            rx.handle_keys(Instant::now(), k);
         }
     }
 
-    /// Opens record `rec` (`stored`: its JetStream stream sequence, if it was stored) into
-    /// `out`; one of a refused run, or that does not open, is dropped and counted. What became
-    /// of it (after the key was asked for or the rotation's start waited for).
-    async fn open(
+    /// Brings what `rx` waits for; `false` once the keys are gone (the side stops). An error
+    /// names a record that did not open (dropped).
+    async fn bring(
         &mut self,
-        rec: &FrameRecord,
-        stored: Option<u64>,
-        out: &mut Output,
-    ) -> Result<Verdict, ndd_core::ModuleError> {
-        self.follow();
-        let verdict = self.opener.handle_frame(Instant::now(), rec, stored, out)?;
-        match verdict {
-            Verdict::Opened { .. } => self.opened(verdict),
-            Verdict::Refused { tell: true, .. } => {
-                if let Some(n) = &self.stale {
-                    n.notify_one();
-                }
-            }
-            Verdict::Held => {
+        rx: &mut SinkReceiver,
+        wait: Wait,
+    ) -> Result<bool, ndd_core::ModuleError> {
+        match wait {
+            Wait::Rotation => {
                 // Mid-rotation: where it began decides; it comes in a moment.
-                while !self.opener.release(out) {
-                    let Ok(k) = self.key.wait_for(|k| k.since != SINCE_PENDING).await else {
-                        break;
-                    };
-                    let k = *k;
-                    self.opener.handle_keys(k);
-                }
+                let Ok(k) = self.key.wait_for(|k| k.since != SINCE_PENDING).await else {
+                    return Ok(false);
+                };
+                let k = *k;
+                rx.handle_keys(Instant::now(), k);
             }
-            Verdict::AskKey => {
+            Wait::Key => {
                 if let Some(r) = &self.refresh {
                     let (tx, rx) = tokio::sync::oneshot::channel();
                     if r.send(tx).await.is_ok() {
                         let _ = rx.await;
                     }
                 }
-                self.follow();
-                let again = self.opener.retry(Instant::now(), out)?;
-                self.opened(again);
-                return Ok(again);
+                self.follow(rx);
+                rx.asked(Instant::now())?;
             }
-            Verdict::Refused { .. } | Verdict::Dropped | Verdict::Forged | Verdict::Replayed => {}
         }
-        Ok(verdict)
+        Ok(true)
+    }
+
+    /// A newer run opened (an app side joins again to learn it, so what it sends follows,
+    /// without waiting), or a genuine frame of an earlier run came (a device side tells the
+    /// app sides).
+    fn said(&self, e: &Event) {
+        match e {
+            Event::NewerRun => {
+                if let Some(r) = &self.refresh {
+                    let (tx, _) = tokio::sync::oneshot::channel();
+                    let _ = r.try_send(tx);
+                }
+            }
+            Event::TellRun => {
+                if let Some(n) = &self.stale {
+                    n.notify_one();
+                }
+            }
+            _ => {}
+        }
     }
 }
 
@@ -1863,7 +1837,11 @@ async fn spawn_stream(
             })
         };
         let stale = (ctx.side == SideName::Device).then(|| ctx.run_stale.clone());
-        let seal = GroupOpen::new(key.clone(), refresh.cloned(), ctx.side, stale);
+        let keys = KeyWatch {
+            key: key.clone(),
+            refresh: refresh.cloned(),
+            stale,
+        };
         let input = subscribe(ctx, plan, js, app).await?;
         let lossy = !plan.reliable;
         let end_sub = if plan.round_robin && app.is_some() {
@@ -1879,6 +1857,7 @@ async fn spawn_stream(
         };
         let finish = finish.clone();
         let id = plan.id;
+        let side = ctx.side;
         let peer = if app.is_some() {
             "the device side's"
         } else {
@@ -1895,7 +1874,8 @@ async fn spawn_stream(
                 lossy,
                 &mut stack,
                 rebuild,
-                seal,
+                keys,
+                side,
                 tx,
                 done,
                 stats.clone(),
@@ -2636,21 +2616,23 @@ async fn pump_sink(
     lossy: bool,
     stack: &mut Stack,
     rebuild: Rebuild,
-    mut seal: GroupOpen,
+    mut keys: KeyWatch,
+    side: SideName,
     tx: mpsc::Sender<Frame>,
     done: Delivered,
     stats: Shared<StreamStats>,
     peer: &'static str,
 ) -> Result<()> {
-    let mut opened = Output::new();
     let mut handed = 0u64;
     // Stored frames of this side's own consumer come back in their order after a server
     // restart (round-robin members each see only some of a subject's frames: no order).
     let ordered = matches!(&input, Input::Stored(s) if s.ordered);
-    let mut intake: Intake<jetstream::Message> = Intake::new(stream, ordered, REORDER_WAIT);
+    let mut rx = keys.receiver(side, stream, ordered);
     if let Input::Stored(s) = &input {
-        intake.consumer_start(s.start);
+        rx.intake().consumer_start(s.start);
     }
+    // What the counters said when the stats were last told.
+    let (mut records, mut bytes, mut dropped) = (0u64, 0u64, 0u64);
     // When the END came, if this side waits for stored frames still on their way.
     let mut ending: Option<Instant> = None;
     let mut bad = ndd_core::RateLimit::with_burst(Duration::from_secs(1), 5);
@@ -2666,154 +2648,17 @@ async fn pump_sink(
     let mut newest: Option<Frame> = None;
     let mut spare = lossy.then_some(&mut newest);
     loop {
-        // A new key came: what did not open meanwhile (set aside, not asked for) goes again.
-        for (rec, stored) in seal.take_unopened() {
-            intake.retake(Instant::now(), rec, stored);
-        }
-        let Some((rec, stored_seq)) = intake.poll_record() else {
-            let wake = stack.poll_timeout();
-            let waiting = spare.as_ref().is_some_and(|n| n.is_some());
-            let next = tokio::select! {
-                _ = finish.changed() => {
-                    // This side stops: what the stack holds goes to the sink, and the stream
-                    // ends (its sink finishes and reports).
-                    stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
-                    deliver(stack, &tx, &stats, None).await?;
-                    if let Some(f) = spare.as_mut().and_then(|n| n.take()) {
-                        let _ = tx.send(f).await;
-                    }
-                    return Ok(());
-                }
-                // Lossy: the frame that waited for a busy sink goes as soon as it has room.
-                permit = tx.reserve(), if waiting => {
-                    if let (Ok(p), Some(f)) = (permit, spare.as_mut().and_then(|n| n.take())) {
-                        p.send(f);
-                        handed += 1;
-                    }
-                    continue;
-                }
-                m = async {
-                    match &mut input {
-                        Input::Core(s) => s.next().await.map(|m| Ok((m.payload, None))),
-                        Input::Stored(s) => s.next().await.map(|r| r.map(|m| (m.payload.clone(), Some(m)))),
-                    }
-                } => m,
-                Some(m) = async {
-                    match end_sub.as_mut() {
-                        Some(s) => s.next().await,
-                        None => std::future::pending().await,
-                    }
-                } => Some(Ok((m.payload, None))),
-                _ = sleep_until_opt(wake) => {
-                    stack.handle_timeout(Instant::now()).map_err(|e| anyhow!("{e}"))?;
-                    handed += deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
-                    continue;
-                }
-                _ = check.tick() => {
-                    if intake.handle_timeout(Instant::now()) {
-                        lock(&stats).given_up = intake.skipped();
-                        if let Some(suppressed) = gaps.admit(Instant::now()) {
-                            tracing::warn!(
-                                skipped = intake.skipped(),
-                                suppressed,
-                                "stored frames that never came were given up after {REORDER_WAIT:?}"
-                            );
-                        }
-                    }
-                    // Acknowledged only once everything taken is through the sink (nothing
-                    // held behind a gap, nothing in the stack).
-                    let through = done.count() >= handed && stack.poll_timeout().is_none();
-                    ack(&mut intake, through).await;
-                    if let (Some(t), Input::Stored(st)) = (ending, &mut input) {
-                        if !intake.has_unacked() && (st.drained().await || t.elapsed() > ENDING_WAIT) {
-                            if t.elapsed() > ENDING_WAIT {
-                                tracing::warn!("the stream ended with stored frames still unacknowledged after {ENDING_WAIT:?}; stopping anyway");
-                            }
-                            stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
-                            deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
-                            return Ok(());
-                        }
-                    }
-                    // Back from a server restart: what was on its way to this side when the
-                    // server went comes again at once and in order (not after the ack wait).
-                    if let Input::Stored(s) = &mut input {
-                        if s.reconnected() {
-                            let r = s.attach(intake.acked_to() + 1).await;
-                            intake.consumer_start(s.start);
-                            if let Err(e) = r {
-                                // The server's words in it: escaped.
-                                if let Some(suppressed) = attach_failed.admit(Instant::now()) {
-                                    tracing::warn!(
-                                        suppressed,
-                                        "{}; trying again",
-                                        printable(&e.to_string(), MAX_REASON)
-                                    );
-                                }
-                                s.seen = s.seen.wrapping_sub(1);
-                            }
-                        }
-                    }
-                    continue;
-                }
-            };
-            let (payload, stored) = match next {
-                None => return Ok(()),
-                Some(Ok(x)) => x,
-                Some(Err(e)) => {
-                    // The server's words in it: escaped.
-                    if let Some(suppressed) = server_errors.admit(Instant::now()) {
-                        tracing::warn!(
-                            suppressed,
-                            "JetStream: {}; going on",
-                            printable(&e.to_string(), MAX_REASON)
-                        );
-                    }
-                    continue;
-                }
-            };
-            let stored = stored.map(|m| {
-                let seq = m.info().ok().map(|i| i.stream_sequence);
-                tracing::trace!(stream_seq = seq, "stored frame");
-                (seq, m)
-            });
-            match intake.handle_message(Instant::now(), &payload, stored) {
-                Taken::Queued => {}
-                Taken::Copy => lock(&stats).duplicates += 1,
-                Taken::Malformed => {
-                    if let Some(suppressed) = bad.admit(Instant::now()) {
-                        tracing::warn!(
-                            suppressed,
-                            "dropped a NATS message shorter than a frame record"
-                        );
-                    }
-                }
-                Taken::Foreign => {
-                    // Every stream has subjects of its own: a record naming another stream
-                    // was moved here by someone who may publish.
-                    lock(&stats).refused += 1;
-                    if let Some(suppressed) = bad.admit(Instant::now()) {
-                        tracing::warn!(
-                            subject_stream = stream,
-                            suppressed,
-                            "dropped a frame of another stream published on this stream's subject"
-                        );
-                    }
-                }
-            }
-            continue;
-        };
-        {
+        keys.follow(&mut rx);
+        let polled = rx.poll(Instant::now());
+        if rx.records != records || rx.dropped() != dropped {
             let mut s = lock(&stats);
-            s.wire_frames += 1;
-            s.wire_bytes += rec.payload.len() as u64;
+            s.wire_frames += rx.records - records;
+            s.wire_bytes += rx.record_bytes - bytes;
+            s.refused += rx.dropped() - dropped;
+            (records, bytes, dropped) = (rx.records, rx.record_bytes, rx.dropped());
         }
-        let refused = seal.dropped();
-        let opening = seal.open(&rec, stored_seq, &mut opened).await;
-        if seal.dropped() != refused {
-            lock(&stats).refused += seal.dropped() - refused;
-        }
-        let verdict = match opening {
-            Ok(v) => v,
+        let polled = match polled {
+            Ok(p) => p,
             Err(e) => {
                 if let Some(suppressed) = bad.admit(Instant::now()) {
                     tracing::warn!(
@@ -2822,107 +2667,240 @@ async fn pump_sink(
                         printable(&e.to_string(), MAX_REASON)
                     );
                 }
-                Verdict::Forged
+                continue;
             }
         };
-        let no_place = verdict.holds_no_place();
-        let frames = opened.take_frames();
-        if stored_seq.is_some() {
-            if no_place {
-                // Forged, or a copy: the one it stood in for in the order is awaited again.
-                intake.give_back(&rec, Instant::now());
-            } else if verdict.takes_place() || !frames.is_empty() {
-                // Genuine: its copies are dropped from now on (not before: an altered copy
-                // stored first must not make this one a copy), and its place is taken.
-                intake.authentic(&rec, Instant::now());
-            }
-        }
-        if no_place {
-            continue;
-        }
-        for f in frames {
-            let what = if f.meta.seq == END_SEQ && f.is_empty() {
-                intake.opened(rec.run, END_SEQ)
-            } else {
-                intake.opened(rec.run, rec.seq)
-            };
-            match what {
-                Opened::End { first } => {
-                    if once {
-                        // Stored frames still on their way to this side (delivered before a
-                        // server restart, or to a round-robin member that left) come first.
-                        if let Input::Stored(st) = &mut input {
-                            if ending.is_none() {
-                                ending = Some(Instant::now());
-                            }
-                            if !st.drained().await {
-                                continue;
-                            }
-                        }
-                        stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
-                        handed += deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
-                        if let Some(f) = spare.as_mut().and_then(|n| n.take()) {
-                            if tx.send(f).await.is_ok() {
-                                handed += 1;
-                            }
-                        }
-                        // Everything before the end is acknowledged once the sink completed it.
-                        drop(tx);
-                        let t0 = Instant::now();
-                        while done.count() < handed && t0.elapsed() < Duration::from_secs(10) {
-                            tokio::time::sleep(Duration::from_millis(5)).await;
-                        }
-                        if done.count() >= handed {
-                            let all = intake.take_acks();
-                            ack_in_order(&mut intake, all).await;
-                        }
-                        return Ok(());
-                    }
-                    if first {
-                        tracing::info!(
-                            "{peer} source of this stream ended; waiting for it to start again"
-                        );
-                    }
-                }
-                Opened::Frame { restarted } => {
-                    if let Some((old, old_seq)) = restarted {
-                        // The device side restarted: its forward halves start from nothing
-                        // (an `image` zstd stream and credit numbers, a `delta` reference).
-                        // What ours still hold of its last run goes to the sink, then they
-                        // start afresh too, as on a direct link (found by hand: after a device
-                        // restart every app side's `image` inverse refused the new run's
-                        // frames, `credit number did not increase`).
-                        stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
-                        handed += deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
-                        *stack = rebuild()?;
-                        tracing::info!(
-                            old = format_args!("{old:016x}"),
-                            old_seq,
-                            new = format_args!("{:016x}", rec.run),
-                            seq = rec.seq,
-                            "the device side restarted; this stream's pairs start afresh"
-                        );
-                    }
-                    if let Err(e) = stack.handle_frame(Instant::now(), f) {
+        let event = match polled {
+            Poll::Event(e) => e,
+            Poll::Wait(w) => {
+                match keys.bring(&mut rx, w).await {
+                    Ok(true) => {}
+                    Ok(false) => return Ok(()),
+                    Err(e) => {
                         if let Some(suppressed) = bad.admit(Instant::now()) {
                             tracing::warn!(
                                 suppressed,
-                                "{}; frame dropped",
+                                "dropped a frame that does not open under the group key: {}",
                                 printable(&e.to_string(), MAX_REASON)
                             );
                         }
                     }
                 }
+                continue;
+            }
+            Poll::Idle => {
+                let wake = stack.poll_timeout();
+                let waiting = spare.as_ref().is_some_and(|n| n.is_some());
+                let next = tokio::select! {
+                    _ = finish.changed() => {
+                        // This side stops: what the stack holds goes to the sink, and the
+                        // stream ends (its sink finishes and reports).
+                        stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
+                        deliver(stack, &tx, &stats, None).await?;
+                        if let Some(f) = spare.as_mut().and_then(|n| n.take()) {
+                            let _ = tx.send(f).await;
+                        }
+                        return Ok(());
+                    }
+                    // Lossy: the frame that waited for a busy sink goes as soon as it has room.
+                    permit = tx.reserve(), if waiting => {
+                        if let (Ok(p), Some(f)) = (permit, spare.as_mut().and_then(|n| n.take())) {
+                            p.send(f);
+                            handed += 1;
+                        }
+                        continue;
+                    }
+                    m = async {
+                        match &mut input {
+                            Input::Core(s) => s.next().await.map(|m| Ok((m.payload, None))),
+                            Input::Stored(s) => s.next().await.map(|r| r.map(|m| (m.payload.clone(), Some(m)))),
+                        }
+                    } => m,
+                    Some(m) = async {
+                        match end_sub.as_mut() {
+                            Some(s) => s.next().await,
+                            None => std::future::pending().await,
+                        }
+                    } => Some(Ok((m.payload, None))),
+                    _ = sleep_until_opt(wake) => {
+                        stack.handle_timeout(Instant::now()).map_err(|e| anyhow!("{e}"))?;
+                        handed += deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
+                        continue;
+                    }
+                    _ = check.tick() => {
+                        if rx.handle_timeout(Instant::now()) {
+                            let skipped = rx.intake().skipped();
+                            lock(&stats).given_up = skipped;
+                            if let Some(suppressed) = gaps.admit(Instant::now()) {
+                                tracing::warn!(
+                                    skipped,
+                                    suppressed,
+                                    "stored frames that never came were given up after {REORDER_WAIT:?}"
+                                );
+                            }
+                        }
+                        // Acknowledged only once everything taken is through the sink
+                        // (nothing held behind a gap, nothing in the stack).
+                        let through = done.count() >= handed && stack.poll_timeout().is_none();
+                        let due = rx.acks_due(through);
+                        ack_in_order(rx.intake(), due).await;
+                        if let (Some(t), Input::Stored(st)) = (ending, &mut input) {
+                            if !rx.intake().has_unacked() && (st.drained().await || t.elapsed() > ENDING_WAIT) {
+                                if t.elapsed() > ENDING_WAIT {
+                                    tracing::warn!("the stream ended with stored frames still unacknowledged after {ENDING_WAIT:?}; stopping anyway");
+                                }
+                                stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
+                                deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
+                                return Ok(());
+                            }
+                        }
+                        // Back from a server restart: what was on its way to this side when
+                        // the server went comes again at once and in order (not after the
+                        // ack wait).
+                        if let Input::Stored(s) = &mut input {
+                            if s.reconnected() {
+                                let r = s.attach(rx.intake().acked_to() + 1).await;
+                                rx.intake().consumer_start(s.start);
+                                if let Err(e) = r {
+                                    // The server's words in it: escaped.
+                                    if let Some(suppressed) = attach_failed.admit(Instant::now()) {
+                                        tracing::warn!(
+                                            suppressed,
+                                            "{}; trying again",
+                                            printable(&e.to_string(), MAX_REASON)
+                                        );
+                                    }
+                                    s.seen = s.seen.wrapping_sub(1);
+                                }
+                            }
+                        }
+                        continue;
+                    }
+                };
+                let (payload, stored) = match next {
+                    None => return Ok(()),
+                    Some(Ok(x)) => x,
+                    Some(Err(e)) => {
+                        // The server's words in it: escaped.
+                        if let Some(suppressed) = server_errors.admit(Instant::now()) {
+                            tracing::warn!(
+                                suppressed,
+                                "JetStream: {}; going on",
+                                printable(&e.to_string(), MAX_REASON)
+                            );
+                        }
+                        continue;
+                    }
+                };
+                let stored = stored.map(|m| {
+                    let seq = m.info().ok().map(|i| i.stream_sequence);
+                    tracing::trace!(stream_seq = seq, "stored frame");
+                    (seq, m)
+                });
+                match rx.handle_message(Instant::now(), &payload, stored) {
+                    Taken::Queued => {}
+                    Taken::Copy => lock(&stats).duplicates += 1,
+                    Taken::Malformed => {
+                        if let Some(suppressed) = bad.admit(Instant::now()) {
+                            tracing::warn!(
+                                suppressed,
+                                "dropped a NATS message shorter than a frame record"
+                            );
+                        }
+                    }
+                    Taken::Foreign => {
+                        // Every stream has subjects of its own: a record naming another
+                        // stream was moved here by someone who may publish.
+                        lock(&stats).refused += 1;
+                        if let Some(suppressed) = bad.admit(Instant::now()) {
+                            tracing::warn!(
+                                subject_stream = stream,
+                                suppressed,
+                                "dropped a frame of another stream published on this stream's subject"
+                            );
+                        }
+                    }
+                }
+                continue;
+            }
+        };
+        keys.said(&event);
+        match event {
+            Event::NewerRun | Event::TellRun => {}
+            Event::End { first, .. } => {
+                if once {
+                    // Stored frames still on their way to this side (delivered before a
+                    // server restart, or to a round-robin member that left) come first.
+                    if let Input::Stored(st) = &mut input {
+                        if ending.is_none() {
+                            ending = Some(Instant::now());
+                        }
+                        if !st.drained().await {
+                            continue;
+                        }
+                    }
+                    stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
+                    handed += deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
+                    if let Some(f) = spare.as_mut().and_then(|n| n.take()) {
+                        if tx.send(f).await.is_ok() {
+                            handed += 1;
+                        }
+                    }
+                    // Everything before the end is acknowledged once the sink completed it.
+                    drop(tx);
+                    let t0 = Instant::now();
+                    while done.count() < handed && t0.elapsed() < Duration::from_secs(10) {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    if done.count() >= handed {
+                        let all = rx.intake().take_acks();
+                        ack_in_order(rx.intake(), all).await;
+                    }
+                    return Ok(());
+                }
+                if first {
+                    tracing::info!(
+                        "{peer} source of this stream ended; waiting for it to start again"
+                    );
+                }
+            }
+            Event::Frame {
+                frame,
+                run,
+                restarted,
+                ..
+            } => {
+                if let Some((old, old_seq)) = restarted {
+                    // The device side restarted: its forward halves start from nothing (an
+                    // `image` zstd stream and credit numbers, a `delta` reference). What ours
+                    // still hold of its last run goes to the sink, then they start afresh too,
+                    // as on a direct link (found by hand: after a device restart every app
+                    // side's `image` inverse refused the new run's frames, `credit number did
+                    // not increase`).
+                    stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
+                    handed += deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
+                    *stack = rebuild()?;
+                    tracing::info!(
+                        old = format_args!("{old:016x}"),
+                        old_seq,
+                        new = format_args!("{:016x}", run.id),
+                        seq = frame.meta.seq,
+                        "the device side restarted; this stream's pairs start afresh"
+                    );
+                }
+                if let Err(e) = stack.handle_frame(Instant::now(), frame) {
+                    if let Some(suppressed) = bad.admit(Instant::now()) {
+                        tracing::warn!(
+                            suppressed,
+                            "{}; frame dropped",
+                            printable(&e.to_string(), MAX_REASON)
+                        );
+                    }
+                }
+                handed += deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
             }
         }
-        handed += deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
     }
-}
-
-/// Acknowledges the stored messages the intake lets go now (see [`Intake::acks_due`]).
-async fn ack(intake: &mut Intake<jetstream::Message>, through: bool) {
-    let due = intake.acks_due(through);
-    ack_in_order(intake, due).await;
 }
 
 /// Acknowledges `msgs` in order; the last one waits for the server's confirmation, which

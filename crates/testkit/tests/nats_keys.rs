@@ -51,9 +51,10 @@ mod common;
 use bytes::Bytes;
 use common::RunInverse;
 use ndd_core::{Frame, Meta, Output};
-use ndd_link::nats::intake::{Intake, REORDER_WAIT};
-use ndd_link::nats::keys::{rotation, GroupKey, Opener, Verdict, SINCE_PENDING};
+use ndd_link::nats::intake::REORDER_WAIT;
+use ndd_link::nats::keys::{rotation, GroupKey, SINCE_PENDING};
 use ndd_link::nats::outbox::{Outbox, Publish};
+use ndd_link::nats::receive::{Event, Poll, Receiver, Wait};
 use ndd_link::nats::record::FrameRecord;
 use ndd_link::nats::runs::Run;
 use ndd_modules::encrypt::key::Key;
@@ -212,11 +213,11 @@ struct App {
     next: u64,
     /// Keys learnt, applied to sealing once every publish is acknowledged.
     learning: Option<GroupKey>,
-    opener: Opener<RunInverse>,
-    intake: Intake<u64>,
+    /// Its receiver of the device's stream (the binary's: intake and opener).
+    rx: Receiver<RunInverse, u64>,
     consumer: Consumer,
-    /// Waiting for a join's answer before retrying a record ([`Verdict::AskKey`]).
-    asking: Option<FrameRecord>,
+    /// Waiting for a join's answer before its receiver tries a record again ([`Wait::Key`]).
+    asking: bool,
     /// A rekey notice it has not acted on.
     notice: bool,
     got: HashSet<u64>,
@@ -228,8 +229,8 @@ struct App {
 impl App {
     fn new(id: usize, keys: GroupKey, pace: f64) -> App {
         // Its consumer was made before anything was stored: the device's run is seen whole.
-        let mut intake = Intake::new(DOWN, true, WAIT);
-        intake.consumer_start(0);
+        let mut rx = Receiver::new(DOWN, true, keys, true, WAIT);
+        rx.intake().consumer_start(0);
         App {
             pace,
             keys,
@@ -237,10 +238,9 @@ impl App {
             outbox: Outbox::new(UP, keys.run, true, Some(id as u64), true),
             next: 0,
             learning: None,
-            opener: Opener::app(keys),
-            intake,
+            rx,
             consumer: Consumer::new(DOWN),
-            asking: None,
+            asking: false,
             notice: false,
             got: HashSet::new(),
             last: None,
@@ -250,11 +250,8 @@ impl App {
 
     /// The answer to a join: the keys as the device holds them.
     fn learn(&mut self, keys: GroupKey, now: Instant) {
-        self.opener.handle_keys(keys);
-        // As fanout's sink: what did not open meanwhile goes again.
-        for (rec, stored) in self.opener.take_unopened() {
-            self.intake.retake(now, rec, stored);
-        }
+        // What did not open meanwhile goes again.
+        self.rx.handle_keys(now, keys);
         if keys.key != self.keys.key {
             self.learning = Some(keys);
         }
@@ -273,11 +270,11 @@ struct Device {
     keys: GroupKey,
     holders: Vec<String>,
     trusted: Vec<bool>,
-    opener: Opener<RunInverse>,
-    intake: Intake<u64>,
+    /// Its receiver of the app sides' stream (the binary's: intake and opener).
+    rx: Receiver<RunInverse, u64>,
     consumer: Consumer,
-    /// Waiting for where the rotation began, a record held, and where it was stored.
-    held: Option<(Option<u64>, FrameRecord)>,
+    /// Its receiver waits for where the rotation began ([`Wait::Rotation`]).
+    held: bool,
     seal: EncryptForward,
     outbox: Outbox<u64>,
     next: u64,
@@ -373,18 +370,6 @@ fn app_took(
     Ok(())
 }
 
-/// As fanout's sink after the opener's verdict on stored record `rec`: one that holds no
-/// place gives it back; one dropped under the key before a rotation takes it (one that opened
-/// is noted with its frames).
-fn place(intake: &mut Intake<u64>, rec: &FrameRecord, v: Verdict, now: Instant) {
-    if v.holds_no_place() {
-        intake.give_back(rec, now);
-    }
-    if v == Verdict::Dropped {
-        intake.authentic(rec, now);
-    }
-}
-
 /// The adversary's version of a recorded message.
 fn tamper(rng: &mut SimRng, body: &Bytes) -> Bytes {
     let mut b = body.to_vec();
@@ -472,10 +457,9 @@ fn run(seed: u64) -> Result<String, String> {
         keys: first,
         holders: fps.clone(),
         trusted: vec![true; n_apps],
-        opener: Opener::device(first),
-        intake: Intake::new(UP, false, WAIT),
+        rx: Receiver::new(UP, false, first, false, WAIT),
         consumer: Consumer::new(UP),
-        held: None,
+        held: false,
         seal: forward(&first),
         outbox: Outbox::new(DOWN, RUN, true, None, true),
         next: 0,
@@ -509,8 +493,8 @@ fn run(seed: u64) -> Result<String, String> {
                     format!(
                         "(through {}, holds nothing {}, asking {}, learning {}, settled {})",
                         a.consumer.caught_up(&js),
-                        a.intake.holds_nothing(),
-                        a.asking.is_some(),
+                        a.rx.holds_nothing(),
+                        a.asking,
                         a.learning.is_some(),
                         a.outbox.is_settled()
                     )
@@ -519,8 +503,8 @@ fn run(seed: u64) -> Result<String, String> {
             eprintln!(
                 "device: through {}, holds nothing {}, held {}, rotating {}, settled {}; app sides {waiting:?}",
                 d.consumer.caught_up(&js),
-                d.intake.holds_nothing(),
-                d.held.is_some(),
+                d.rx.holds_nothing(),
+                d.held,
                 d.rotating,
                 d.outbox.is_settled()
             );
@@ -740,47 +724,37 @@ fn run(seed: u64) -> Result<String, String> {
         for _ in 0..rng.range(0, 4) {
             // The keys as they stand when it reads (fanout's sinks follow a watch: two
             // changes between two reads are seen as one).
-            if d.opener.keys() != d.keys {
-                d.opener.handle_keys(d.keys);
+            if d.rx.opener().keys() != d.keys {
+                d.rx.handle_keys(now, d.keys);
             }
-            let mut out = Output::new();
-            if let Some((stored, rec)) = d.held.clone() {
-                if !d.opener.release(&mut out) {
-                    break;
-                }
-                d.held = None;
-                for f in out.take_frames() {
-                    d.intake.authentic(&rec, now);
-                    d.intake.opened(rec.run, rec.seq);
-                    device_took(&mut d, &f, stored, &revoked, &published)?;
-                }
-            }
-            while let Some((rec, stored)) = d.intake.poll_record() {
-                let v = d
-                    .opener
-                    .handle_frame(now, &rec, stored, &mut out)
-                    .map_err(|e| format!("device opener: {e}"))?;
-                for f in out.take_frames() {
-                    d.intake.authentic(&rec, now);
-                    d.intake.opened(rec.run, rec.seq);
-                    device_took(&mut d, &f, stored, &revoked, &published)?;
-                }
-                if v == Verdict::AskKey {
-                    return Err("a device side asked for the key".into());
-                }
-                place(&mut d.intake, &rec, v, now);
-                if v == Verdict::Held {
-                    d.held = Some((stored, rec.clone()));
-                    break;
+            loop {
+                match d
+                    .rx
+                    .poll(now)
+                    .map_err(|e| format!("device receiver: {e}"))?
+                {
+                    Poll::Event(Event::Frame { frame, stored, .. }) => {
+                        device_took(&mut d, &frame, stored, &revoked, &published)?
+                    }
+                    Poll::Event(_) => {}
+                    Poll::Wait(Wait::Key) => return Err("a device side asked for the key".into()),
+                    Poll::Wait(Wait::Rotation) => {
+                        d.held = true;
+                        break;
+                    }
+                    Poll::Idle => {
+                        d.held = false;
+                        break;
+                    }
                 }
             }
-            if d.held.is_some() {
+            if d.held {
                 continue;
             }
             let Some((seq, body)) = d.consumer.poll(&js, &mut rng) else {
                 break;
             };
-            d.intake.handle_message(now, &body, Some((Some(seq), seq)));
+            d.rx.handle_message(now, &body, Some((Some(seq), seq)));
         }
         // The app sides' sinks, the same way; a frame that asks waits for a join's answer.
         let complete = d.keys.since != SINCE_PENDING;
@@ -797,8 +771,7 @@ fn run(seed: u64) -> Result<String, String> {
                 0
             };
             for _ in 0..reads {
-                let mut out = Output::new();
-                if let Some(rec) = a.asking.clone() {
+                if a.asking {
                     // Joining again: answered once the rotation is complete.
                     if !complete {
                         break;
@@ -809,50 +782,41 @@ fn run(seed: u64) -> Result<String, String> {
                             d.holders.push(fps[i].clone());
                         }
                     }
-                    a.asking = None;
-                    let v = a
-                        .opener
-                        .retry(now, &mut out)
-                        .map_err(|e| format!("app opener: {e}"))?;
-                    place(&mut a.intake, &rec, v, now);
-                    for f in out.take_frames() {
-                        a.intake.authentic(&rec, now);
-                        a.intake.opened(rec.run, rec.seq);
-                        app_took(a, &f, &d.sealed, revoked_after)?;
+                    a.asking = false;
+                    a.rx.asked(now).map_err(|e| format!("app receiver: {e}"))?;
+                }
+                loop {
+                    match a.rx.poll(now).map_err(|e| format!("app receiver: {e}"))? {
+                        Poll::Event(Event::Frame { frame, .. }) => {
+                            app_took(a, &frame, &d.sealed, revoked_after)?
+                        }
+                        Poll::Event(_) => {}
+                        Poll::Wait(Wait::Key) => {
+                            a.asking = true;
+                            break;
+                        }
+                        Poll::Wait(Wait::Rotation) => {
+                            return Err("an app side waits for where a rotation began".into())
+                        }
+                        Poll::Idle => break,
                     }
                 }
-                while let Some((rec, stored)) = a.intake.poll_record() {
-                    let v = a
-                        .opener
-                        .handle_frame(now, &rec, stored, &mut out)
-                        .map_err(|e| format!("app opener: {e}"))?;
-                    for f in out.take_frames() {
-                        a.intake.authentic(&rec, now);
-                        a.intake.opened(rec.run, rec.seq);
-                        app_took(a, &f, &d.sealed, revoked_after)?;
-                    }
-                    place(&mut a.intake, &rec, v, now);
-                    if v == Verdict::AskKey {
-                        a.asking = Some(rec.clone());
-                        break;
-                    }
-                }
-                if a.asking.is_some() {
+                if a.asking {
                     continue;
                 }
                 let Some((seq, body)) = a.consumer.poll(&js, &mut rng) else {
                     break;
                 };
-                a.intake.handle_message(now, &body, Some((Some(seq), seq)));
+                a.rx.handle_message(now, &body, Some((Some(seq), seq)));
             }
         }
         // Acknowledgements (once nothing is held behind a gap), and JetStream's wait for
         // them: every 5 s what is not acknowledged comes again.
-        for s in d.intake.acks_due(true) {
+        for s in d.rx.acks_due(true) {
             d.consumer.ack(s);
         }
         for a in apps.iter_mut() {
-            for s in a.intake.acks_due(true) {
+            for s in a.rx.acks_due(true) {
                 a.consumer.ack(s);
             }
         }
@@ -879,25 +843,25 @@ fn run(seed: u64) -> Result<String, String> {
         {
             skew += Duration::from_secs(1);
         }
-        d.intake.handle_timeout(now);
+        d.rx.handle_timeout(now);
         for a in apps.iter_mut() {
-            a.intake.handle_timeout(now);
+            a.rx.handle_timeout(now);
         }
         // Done: nothing on its way, every consumer through, every app side settled.
         if !busy
             && flight.is_empty()
-            && d.held.is_none()
+            && !d.held
             && d.consumer.caught_up(&js)
-            && d.intake.holds_nothing()
+            && d.rx.holds_nothing()
             && d.keys.since != SINCE_PENDING
             && !d.rotating
             && d.outbox.is_settled()
             && apps.iter().enumerate().all(|(i, a)| {
                 // The revoked side's order waits for good at the first frame it cannot open
                 // (to it, a forgery): it takes nothing more.
-                let through = a.consumer.caught_up(&js) && a.intake.holds_nothing();
+                let through = a.consumer.caught_up(&js) && a.rx.holds_nothing();
                 (through || !d.trusted[i])
-                    && a.asking.is_none()
+                    && !a.asking
                     && (!d.trusted[i] || (a.learning.is_none() && !a.notice))
                     && a.outbox.is_settled()
             })
@@ -925,7 +889,7 @@ fn run(seed: u64) -> Result<String, String> {
                 a.next,
                 stores.get(&(Some(i), n)),
                 stores.get(&(Some(i), n)).map(|v| v.iter().map(|s| js.lost.contains(s)).collect::<Vec<_>>()),
-                d.opener
+                d.rx.opener()
             ));
         }
         if a.out_of_order > 0 {
@@ -943,7 +907,7 @@ fn run(seed: u64) -> Result<String, String> {
                 .collect();
             return Err(format!(
                 "device frame {n} never reached trusted app {i} (revoked {revoked:?}; stored at, subject sequence: {stored:?}; {:?})",
-                a.opener
+                a.rx.opener()
             ));
         }
     }
@@ -951,8 +915,8 @@ fn run(seed: u64) -> Result<String, String> {
         "{n_apps} app sides, revoked (side, since, generation) {revoked:?}, {} messages stored, device took {} frames, dropped {} ({} under the old key after the rotation)",
         js.last(),
         d.got.len(),
-        d.opener.dropped,
-        d.opener.after_rotation
+        d.rx.opener().dropped,
+        d.rx.opener().after_rotation
     ))
 }
 

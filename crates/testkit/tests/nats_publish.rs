@@ -1,8 +1,8 @@
 //! The NATS fan-out's reliable path end to end over 1000 random schedules (issue 31, items 2
 //! and 3): the device side's real `ndd_link::nats::outbox::Outbox` publishing sealed frames
-//! into a model of JetStream, an app side's real `ndd_link::nats::intake::Intake` taking them
-//! from its consumer, opened by the real `ndd_link::nats::keys::Opener` (the `encrypt`
-//! inverse under the run's key, the subject sequence sealed in each frame checked).
+//! into a model of JetStream, an app side's real `ndd_link::nats::receive::Receiver` taking
+//! them from its consumer (its `Intake`) and opening them (its `Opener`: the `encrypt` inverse
+//! under the run's key, the subject sequence sealed in each frame checked).
 //!
 //! The broker fails as a cluster does: publishes lost on the way (their acknowledgement times
 //! out), stored but their acknowledgement lost, refused at once while a stream has no leader
@@ -26,9 +26,10 @@ mod common;
 use bytes::Bytes;
 use common::RunInverse;
 use ndd_core::{Frame, Meta, Output};
-use ndd_link::nats::intake::{Intake, Opened, REORDER_WAIT};
-use ndd_link::nats::keys::{GroupKey, Opener, Verdict};
+use ndd_link::nats::intake::REORDER_WAIT;
+use ndd_link::nats::keys::GroupKey;
 use ndd_link::nats::outbox::{Outbox, Publish};
+use ndd_link::nats::receive::{Event as ReceiverEvent, Poll as ReceiverPoll, Receiver};
 use ndd_link::nats::record::END_SEQ;
 use ndd_link::nats::runs::{run_key, Run};
 use ndd_modules::encrypt::key::Key;
@@ -145,9 +146,9 @@ fn run(seed: u64) -> Result<String, String> {
     let mut outbox: Outbox<()> = Outbox::new(STREAM, RUN, true, None, false);
     let mut seal =
         EncryptForward::new(&Key::given(run_key(&GROUP, RUN)), Cipher::Aes256Gcm).unwrap();
-    let mut open: Opener<RunInverse> = Opener::app(GroupKey::first(GROUP, RUN));
-    let mut intake: Intake<u64> = Intake::new(STREAM, true, WAIT);
-    intake.consumer_start(1);
+    let mut rx: Receiver<RunInverse, u64> =
+        Receiver::new(STREAM, true, GroupKey::first(GROUP, RUN), true, WAIT);
+    rx.intake().consumer_start(1);
     let mut cursor = 0usize;
     let mut next = 0u64;
     let mut next_at = 0u64;
@@ -289,65 +290,54 @@ fn run(seed: u64) -> Result<String, String> {
                 };
                 cursor += 1;
                 let s = cursor as u64;
-                intake.handle_message(at(sim.now), body, Some((Some(s), s)));
+                rx.handle_message(at(sim.now), body, Some((Some(s), s)));
             }
         }
-        intake.handle_timeout(at(sim.now));
-        while let Some((rec, stored)) = intake.poll_record() {
-            let mut out = Output::new();
-            let v = open
-                .handle_frame(at(sim.now), &rec, stored, &mut out)
-                .map_err(|e| e.to_string())?;
-            if v == Verdict::Replayed {
-                // A copy taken with its first (both were on their way): it holds no place.
-                intake.give_back(&rec, at(sim.now));
-                continue;
-            }
-            if !matches!(v, Verdict::Opened { .. }) {
+        rx.handle_timeout(at(sim.now));
+        loop {
+            let e = match rx.poll(at(sim.now)).map_err(|e| e.to_string())? {
+                ReceiverPoll::Idle => break,
+                ReceiverPoll::Wait(w) => return Err(format!("the receiver waits for {w:?}")),
+                ReceiverPoll::Event(e) => e,
+            };
+            // A copy taken with its first (both were on their way) is dropped unread; nothing
+            // else may fail to open.
+            let o = rx.opener();
+            if o.dropped + o.forged > 0 {
                 return Err(format!(
-                    "frame {} (stored {stored:?}) did not open: {v:?}",
-                    rec.seq
+                    "a frame did not open: {} dropped, {} forged",
+                    o.dropped, o.forged
                 ));
             }
-            let frames = out.take_frames();
-            if !frames.is_empty() {
-                intake.authentic(&rec, at(sim.now));
-            }
-            for f in frames {
-                let seq = if f.meta.seq == END_SEQ && f.is_empty() {
-                    END_SEQ
-                } else {
-                    rec.seq
-                };
-                match intake.opened(rec.run, seq) {
-                    Opened::End { .. } => {
-                        if delivered.len() as u64 != n {
-                            return Err(format!(
-                                "the END came after {} of {n} frames",
-                                delivered.len()
-                            ));
-                        }
-                        delivered.push(END_SEQ);
+            match e {
+                ReceiverEvent::End { .. } => {
+                    if delivered.len() as u64 != n {
+                        return Err(format!(
+                            "the END came after {} of {n} frames",
+                            delivered.len()
+                        ));
                     }
-                    Opened::Frame { .. } => {
-                        let want = delivered.len() as u64;
-                        if f.meta.seq != want || f.payload() != payload(want).as_slice() {
-                            return Err(format!(
-                                "frame {} delivered where {want} was due ({} given up behind gaps)",
-                                f.meta.seq,
-                                intake.skipped()
-                            ));
-                        }
-                        delivered.push(f.meta.seq);
-                    }
+                    delivered.push(END_SEQ);
                 }
+                ReceiverEvent::Frame { frame: f, .. } => {
+                    let want = delivered.len() as u64;
+                    if f.meta.seq != want || f.payload() != payload(want).as_slice() {
+                        return Err(format!(
+                            "frame {} delivered where {want} was due ({} given up behind gaps)",
+                            f.meta.seq,
+                            rx.intake().skipped()
+                        ));
+                    }
+                    delivered.push(f.meta.seq);
+                }
+                ReceiverEvent::NewerRun | ReceiverEvent::TellRun => {}
             }
         }
-        intake.acks_due(true);
-        if intake.skipped() > 0 {
+        rx.acks_due(true);
+        let skipped = rx.intake().skipped();
+        if skipped > 0 {
             return Err(format!(
-                "{} frames given up behind a gap at {} ms",
-                intake.skipped(),
+                "{skipped} frames given up behind a gap at {} ms",
                 sim.now
             ));
         }
@@ -355,7 +345,7 @@ fn run(seed: u64) -> Result<String, String> {
     }
     Ok(format!(
         "{n} frames exact in {} ms; {} retried, {} republished after a reconnect, {} copies dropped",
-        sim.now, outbox.retried, outbox.republished, intake.copies
+        sim.now, outbox.retried, outbox.republished, rx.intake().copies
     ))
 }
 

@@ -7,8 +7,9 @@
 //! recorded ones back on either path, rewrites their headers to name the current run (or a
 //! newer one, or another start) and publishes garbage.
 //!
-//! The receiver is the app side's sink path of `crates/cli/src/fanout.rs`, made of the same
-//! sans-IO parts: each stream's `ndd_link::nats::intake::Intake` (the record parsed, one naming
+//! The receiver is the app side's sink path of `crates/cli/src/fanout.rs`: each stream's
+//! `ndd_link::nats::receive::Receiver`, the binary's own, made of its `Intake` (the record
+//! parsed, one naming
 //! another stream than its subject's refused, a stored copy known by its sealed header, a
 //! lossy frame numbered at or below the last one taken of its run dropped, stored frames put
 //! back in their subject order, a stored frame numbered at or below the last one taken of its
@@ -32,8 +33,8 @@ mod common;
 use bytes::Bytes;
 use common::RunInverse;
 use ndd_core::{Frame, Meta, Output};
-use ndd_link::nats::intake::{Intake, Opened};
-use ndd_link::nats::keys::{GroupKey, Opener, Verdict};
+use ndd_link::nats::keys::GroupKey;
+use ndd_link::nats::receive::{Event, Poll, Receiver, Wait};
 use ndd_link::nats::record::{FrameRecord, END_SEQ};
 use ndd_link::nats::runs::{next_run_id, run_key, Run};
 use ndd_modules::encrypt::key::Key;
@@ -116,16 +117,14 @@ impl Device {
 }
 
 /// One app side process: the sink path of fanout — each stream's real
-/// `ndd_link::nats::intake::Intake` (copies, order, END, restarts), then the real
-/// `ndd_link::nats::keys::Opener` (the run checked by its `RunGuard`, the frame opened under
-/// its run's key by the `encrypt` inverse, the sealed subject sequence checked), as
-/// `GroupOpen` drives it.
+/// `ndd_link::nats::receive::Receiver` (its `Intake`: copies, order, END, restarts; its
+/// `Opener`: the run checked by its `RunGuard`, the frame opened under its run's key by the
+/// `encrypt` inverse, the sealed subject sequence checked), as the binary's sinks drive it.
 struct App {
     joined: Run,
-    opener: Opener<RunInverse>,
-    /// The stored stream's intake (its handle: the stream sequence) and the lossy one's.
-    rel: Intake<u64>,
-    lossy: Intake<()>,
+    /// The stored stream's receiver (its handle: the stream sequence) and the lossy one's.
+    rel: Receiver<RunInverse, u64>,
+    lossy: Receiver<RunInverse, ()>,
     delivered: HashSet<(u64, u16, u64)>,
     last: HashMap<u16, (u64, u64)>,
     /// Runs whose reliable END this process took, and whether nothing stored was held behind
@@ -135,11 +134,11 @@ struct App {
 
 impl App {
     fn new(joined: Run) -> App {
+        let keys = GroupKey::first(GROUP, joined);
         App {
             joined,
-            opener: Opener::app(GroupKey::first(GROUP, joined)),
-            rel: Intake::new(REL, true, WAIT),
-            lossy: Intake::new(LOSSY, false, WAIT),
+            rel: Receiver::new(REL, true, keys, true, WAIT),
+            lossy: Receiver::new(LOSSY, true, keys, false, WAIT),
             delivered: HashSet::new(),
             last: HashMap::new(),
             ended: Vec::new(),
@@ -161,19 +160,39 @@ impl App {
         self.drain()
     }
 
-    /// Opens what the intakes let through.
+    /// Opens what the receivers let through.
     fn drain(&mut self) -> Result<Vec<(u64, u16, u64)>, String> {
         let mut out = Vec::new();
-        loop {
-            let next = match self.rel.poll_record() {
-                Some(r) => Some(r),
-                None => self.lossy.poll_record(),
-            };
-            let Some((rec, stored)) = next else {
-                return Ok(out);
-            };
-            out.extend(self.record(rec, stored)?);
+        for rel in [true, false] {
+            loop {
+                let polled = if rel {
+                    self.rel.poll(Instant::now())
+                } else {
+                    self.lossy.poll(Instant::now())
+                };
+                let event = match polled {
+                    // A record that does not open: dropped (the binary warns).
+                    Err(_) => continue,
+                    Ok(Poll::Idle) => break,
+                    Ok(Poll::Wait(Wait::Key)) => {
+                        // The device has no other key: asking brings nothing.
+                        let r = if rel {
+                            self.rel.asked(Instant::now())
+                        } else {
+                            self.lossy.asked(Instant::now())
+                        };
+                        let _ = r;
+                        continue;
+                    }
+                    Ok(Poll::Wait(Wait::Rotation)) => {
+                        return Err("held for a rotation where there is none".into())
+                    }
+                    Ok(Poll::Event(e)) => e,
+                };
+                out.extend(self.event(event, rel)?);
+            }
         }
+        Ok(out)
     }
 
     /// Everything held behind gaps, each gap given up after its wait (as time passes).
@@ -196,53 +215,27 @@ impl App {
         while !self.rel.holds_nothing() {
             t += WAIT * 2;
             self.rel.handle_timeout(t);
-            while let Some((_, seq)) = self.rel.poll_record() {
+            while let Some((_, seq)) = self.rel.intake().poll_record() {
                 held.extend(seq);
             }
         }
         held
     }
 
-    fn record(
-        &mut self,
-        rec: FrameRecord,
-        stored: Option<u64>,
-    ) -> Result<Option<(u64, u16, u64)>, String> {
-        let run = rec.device_run();
-        let mut out = Output::new();
-        let mut v = self
-            .opener
-            .handle_frame(Instant::now(), &rec, stored, &mut out)
-            .map_err(|e| e.to_string())?;
-        if v == Verdict::AskKey {
-            // The device has no other key: asking brings nothing.
-            v = self
-                .opener
-                .retry(Instant::now(), &mut out)
-                .map_err(|e| e.to_string())?;
-        }
-        // As fanout's sink: a stored record that proved forged gives its place back, one
-        // that opened is genuine.
-        let stored_rel = stored.is_some() && rec.stream == REL;
-        if stored_rel && v.holds_no_place() {
-            self.rel.give_back(&rec, Instant::now());
-        }
-        let Some(f) = out.take_frames().pop() else {
-            return Ok(None);
-        };
-        if stored_rel {
-            self.rel.authentic(&rec, Instant::now());
-        }
-        // As fanout's sink: the record's number, END_SEQ for an empty END.
-        let seq = if f.meta.seq == END_SEQ && f.is_empty() {
-            END_SEQ
-        } else {
-            rec.seq
-        };
-        let intake_says = if f.meta.stream == REL {
-            self.rel.opened(rec.run, seq)
-        } else {
-            self.lossy.opened(rec.run, seq)
+    /// What the receiver of the stored stream (`rel`) or the lossy one said.
+    fn event(&mut self, e: Event, rel: bool) -> Result<Option<(u64, u16, u64)>, String> {
+        let (f, run, stored) = match e {
+            Event::NewerRun | Event::TellRun => return Ok(None),
+            Event::End { run, .. } => {
+                if rel {
+                    let settled = self.rel.holds_nothing();
+                    self.ended.push((run.id, settled));
+                }
+                return Ok(None);
+            }
+            Event::Frame {
+                frame, run, stored, ..
+            } => (frame, run, stored),
         };
         if run.id < self.joined.id && stored.is_none_or(|s| s > self.joined.began) {
             return Err(format!(
@@ -250,15 +243,11 @@ impl App {
                 run.id, self.joined.id, self.joined.began
             ));
         }
-        if let Opened::End { .. } = intake_says {
-            if f.meta.stream == REL {
-                let settled = self.rel.holds_nothing();
-                self.ended.push((run.id, settled));
-            }
-            return Ok(None);
-        }
         if f.meta.seq == END_SEQ {
             return Err("an END was taken for a frame".into());
+        }
+        if f.meta.stream != if rel { REL } else { LOSSY } {
+            return Err("a frame of another stream came out of a stream's receiver".into());
         }
         if f.payload() != payload(run.id, f.meta.stream, f.meta.seq).as_slice() {
             return Err(format!(
@@ -426,7 +415,7 @@ fn run(seed: u64) -> Result<String, String> {
                 // (Not while stored frames wait behind a gap: a process that dies then leaves
                 // them to be delivered again after newer ones, which its successor drops as
                 // copies; see docs/security.md, "Limits".)
-                if rng.chance(restarts) && a.rel.holds_nothing() {
+                if rng.chance(restarts) && a.rel.intake().holds_nothing() {
                     // The app side restarts; its durable consumer goes on where it acknowledged:
                     // what the old process still held behind a gap was never acknowledged, and
                     // JetStream delivers it again.
@@ -438,7 +427,7 @@ fn run(seed: u64) -> Result<String, String> {
                     continue;
                 }
                 // Time passes: a gap held longer than the wait is given up (REORDER_WAIT).
-                if !a.rel.holds_nothing() && rng.chance(0.05) {
+                if !a.rel.intake().holds_nothing() && rng.chance(0.05) {
                     for (run, stream, s) in a.give_up_gaps()? {
                         if stream == REL {
                             got.insert((run, s));

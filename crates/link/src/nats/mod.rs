@@ -24,6 +24,7 @@ pub mod intake;
 pub mod join;
 pub mod keys;
 pub mod outbox;
+pub mod receive;
 pub mod record;
 pub mod runs;
 pub mod subjects;
