@@ -303,6 +303,12 @@ impl<M> Intake<M> {
         }
     }
 
+    /// Whether a record of a run earlier than `run` waits to be opened (released by
+    /// [`Intake::authentic`] when a record of `run` opened: see [`Reorder::genuine`]).
+    pub fn readies_earlier_than(&self, run: u64) -> bool {
+        self.ready.iter().any(|(r, _)| r.run < run)
+    }
+
     /// Stored record `rec`, the last [`Intake::poll_record`] gave, holds no place in the
     /// order: it did not open bound to its record's subject sequence (an altered copy of a
     /// frame the server did not store, garbage with a genuine header), or it is a copy of a

@@ -96,6 +96,12 @@ pub struct Receiver<H, M> {
     pending: Option<Pending>,
     out: Output,
     events: VecDeque<Event>,
+    /// Events of a newer run held back while records of an earlier one, released when it
+    /// opened (its gaps given up: [`super::record::Reorder::genuine`]), are opened first, so
+    /// that the earlier run's last frames go to the stack before the newer run's first. With
+    /// the newer run's id.
+    deferred: VecDeque<Event>,
+    deferred_run: u64,
     /// Records handed to the opener, and their bytes.
     pub records: u64,
     /// Their payload bytes.
@@ -127,6 +133,8 @@ impl<H: RunHalf, M> Receiver<H, M> {
             pending: None,
             out: Output::new(),
             events: VecDeque::new(),
+            deferred: VecDeque::new(),
+            deferred_run: 0,
             records: 0,
             record_bytes: 0,
         }
@@ -139,7 +147,10 @@ impl<H: RunHalf, M> Receiver<H, M> {
 
     /// Whether nothing taken waits here: behind a gap, to be opened, or for the driver.
     pub fn holds_nothing(&self) -> bool {
-        self.intake.holds_nothing() && self.pending.is_none() && self.events.is_empty()
+        self.intake.holds_nothing()
+            && self.pending.is_none()
+            && self.events.is_empty()
+            && self.deferred.is_empty()
     }
 
     /// The opener (its counters, the keys as it holds them).
@@ -204,6 +215,10 @@ impl<H: RunHalf, M> Receiver<H, M> {
                 }
                 None => {}
             }
+            if !self.deferred.is_empty() && !self.intake.readies_earlier_than(self.deferred_run) {
+                self.events.append(&mut self.deferred);
+                continue;
+            }
             let Some((rec, stored)) = self.intake.poll_record() else {
                 return Ok(Poll::Idle);
             };
@@ -253,20 +268,30 @@ impl<H: RunHalf, M> Receiver<H, M> {
         if no_place {
             return Ok(());
         }
+        // A newer run's frames wait while an earlier run's records go first.
+        let defer = (!self.deferred.is_empty() && rec.run >= self.deferred_run)
+            || (stored.is_some() && self.intake.readies_earlier_than(rec.run));
+        if defer {
+            self.deferred_run = self.deferred_run.max(rec.run);
+        }
         for frame in frames {
             let end = frame.meta.seq == END_SEQ && frame.is_empty();
             let seq = if end { END_SEQ } else { rec.seq };
             let run = rec.device_run();
-            self.events
-                .push_back(match self.intake.opened(rec.run, seq) {
-                    Opened::End { first } => Event::End { run, first },
-                    Opened::Frame { restarted } => Event::Frame {
-                        frame,
-                        run,
-                        stored,
-                        restarted,
-                    },
-                });
+            let event = match self.intake.opened(rec.run, seq) {
+                Opened::End { first } => Event::End { run, first },
+                Opened::Frame { restarted } => Event::Frame {
+                    frame,
+                    run,
+                    stored,
+                    restarted,
+                },
+            };
+            if defer {
+                self.deferred.push_back(event);
+            } else {
+                self.events.push_back(event);
+            }
         }
         Ok(())
     }
@@ -285,7 +310,7 @@ impl<H: RunHalf, M> Receiver<H, M> {
     /// handed to the sink is complete) and nothing is held here (behind a gap, waiting to be
     /// opened, or its events not yet taken); else none.
     pub fn acks_due(&mut self, through: bool) -> Vec<M> {
-        let idle = self.pending.is_none() && self.events.is_empty();
+        let idle = self.pending.is_none() && self.events.is_empty() && self.deferred.is_empty();
         // (The intake adds that nothing waits behind a gap.)
         self.intake.acks_due(through && idle)
     }

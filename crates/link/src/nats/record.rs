@@ -262,9 +262,23 @@ impl Reorder {
     /// The record of `run` at subject sequence `wseq` opened: its run is a genuine one, and
     /// the order is past `wseq` for good. Gives what that lets out (records held at or before
     /// `wseq`: their places are behind the order now).
+    ///
+    /// Every earlier run's gaps are given up at once, what they held coming out too: the
+    /// device restarted, and a record of an earlier run is taken only if it was stored before
+    /// this run began (`RunGuard`), so before this record; the consumer delivers in stream
+    /// order, so what such a gap waits for was never stored in time and never will be (a
+    /// publish the old process had not seen stored when it died). Found by
+    /// `testkit/tests/nats_keys.rs` with device restarts: the old run's last frames waited
+    /// the whole `REORDER_WAIT` behind it and came after the new run's first ones.
     pub fn genuine(&mut self, run: u64, wseq: u64, now: std::time::Instant) -> Vec<Stored> {
+        let mut earlier = Vec::new();
+        for o in self.runs.iter_mut().filter(|r| r.run < run) {
+            while !o.held.is_empty() {
+                earlier.extend(Self::skip(o, &mut self.skipped, now));
+            }
+        }
         let Some(o) = self.runs.iter_mut().find(|r| r.run == run) else {
-            return Vec::new();
+            return earlier;
         };
         o.genuine = true;
         let progress = o.confirmed.is_none_or(|c| wseq > c);
@@ -275,12 +289,12 @@ impl Reorder {
         }
         let past = wseq.saturating_add(1);
         if o.next >= past {
-            return Vec::new();
+            return earlier;
         }
         // A record that opened out of its turn (handed on at once, behind a place given
         // back): the order goes on after it, not waiting for a place already taken.
         o.next = past;
-        let mut out: Vec<Stored> = Vec::new();
+        let mut out: Vec<Stored> = earlier;
         while let Some((&k, _)) = o.held.first_key_value() {
             if k >= past {
                 break;
@@ -479,6 +493,29 @@ mod tests {
         assert_eq!(r.skipped, 1);
         // A new run starts afresh.
         assert_eq!(w(r.push(rec(2, 0), t)), vec![0]);
+    }
+
+    #[test]
+    fn a_newer_runs_genuine_record_gives_up_the_earlier_runs_gaps_at_once() {
+        let t = std::time::Instant::now();
+        let mut r = Reorder::new(std::time::Duration::from_secs(30), 100);
+        assert_eq!(w(r.push(rec(1, 0), t)), vec![0]);
+        // Frames 1 and 2 of run 1 died with its process; 3 and 4 wait behind them.
+        assert_eq!(w(r.push(rec(1, 3), t)), Vec::<u64>::new());
+        assert_eq!(w(r.push(rec(1, 4), t)), Vec::<u64>::new());
+        // Run 2's first record goes on (its order starts with it); a forged one naming a
+        // later run does nothing to run 1 until a record of its run opens.
+        assert_eq!(w(r.push(rec(2, 0), t)), vec![0]);
+        assert!(!r.is_empty());
+        // It opened: run 1's gap never fills (anything of it still to come was stored before
+        // run 2 began, so before this record): given up now, not after 30 s.
+        assert_eq!(w(r.genuine(2, 0, t)), vec![3, 4]);
+        assert!(r.is_empty());
+        assert_eq!(r.skipped, 2);
+        // A record of run 1 opening gives up nothing of run 2.
+        assert_eq!(w(r.push(rec(2, 2), t)), Vec::<u64>::new());
+        assert!(w(r.genuine(1, 4, t)).is_empty());
+        assert!(!r.is_empty());
     }
 
     #[test]
