@@ -454,11 +454,11 @@ fn run(seed: u64) -> Result<String, String> {
     }
     let since_delay = rng.range(0, 60);
     // When the device side restarts (a new run under the same group key), in some schedules:
-    // only with NDD_SIM_RESTARTS set for now. With it, seed 136 fails: an app side takes the
-    // last frame of the run before the restart (stored before the new run began, behind a
-    // gap of frames that died with the process) after the new run's first frames — it is
-    // not released when the new run's first record opens but only after the app side's next
-    // join (kept aside by its opener?). Under investigation (issue 31).
+    // only with NDD_SIM_RESTARTS set for now. With it, seed 137 fails: two restarts before an
+    // app side rejoins lose its frames sealed under the first run and stored between the
+    // second run's start and the third's (the second device process refuses and acknowledges
+    // them; the app side, learning the third run, seals again only what was stored after the
+    // third began). The fix needs the runs' history in the WELCOME (issue 31).
     let restarts_on = std::env::var_os("NDD_SIM_RESTARTS").is_some();
     let mut restarts: VecDeque<u64> = VecDeque::new();
     if rng.chance(0.4) && restarts_on {

@@ -165,6 +165,9 @@ struct RunOrder {
     /// Where the order stood after the last gap it gave up: a forged record never takes it
     /// back behind that.
     floor: u64,
+    /// A record of a newer run opened: nothing of this run waits any more (see
+    /// [`Reorder::genuine`]).
+    superseded: bool,
 }
 
 /// A record and where JetStream stored it.
@@ -223,6 +226,7 @@ impl Reorder {
                     genuine: false,
                     confirmed: None,
                     floor: 0,
+                    superseded: false,
                 });
                 return out;
             }
@@ -234,13 +238,14 @@ impl Reorder {
                 genuine: false,
                 confirmed: None,
                 floor: 0,
+                superseded: false,
             });
             out.push(item);
             return out;
         };
         let order = &mut self.runs[i];
         let n = order.next;
-        if wseq < n {
+        if wseq < n || order.superseded {
             return vec![item];
         }
         if wseq > n {
@@ -273,6 +278,7 @@ impl Reorder {
     pub fn genuine(&mut self, run: u64, wseq: u64, now: std::time::Instant) -> Vec<Stored> {
         let mut earlier = Vec::new();
         for o in self.runs.iter_mut().filter(|r| r.run < run) {
+            o.superseded = true;
             while !o.held.is_empty() {
                 earlier.extend(Self::skip(o, &mut self.skipped, now));
             }
@@ -331,7 +337,10 @@ impl Reorder {
         let Some(order) = self.runs.iter_mut().find(|r| r.run == run) else {
             return after;
         };
-        if order.confirmed.is_some_and(|c| c >= wseq) {
+        // A superseded run waits for nothing (found by `nats_keys` with device restarts: a
+        // forged copy of the old run's frame giving its place back made the old run's last
+        // frame wait behind the gap again, and come after the new run's).
+        if order.confirmed.is_some_and(|c| c >= wseq) || order.superseded {
             return after;
         }
         // Nothing between the last genuine record and this one opened: what follows the last
@@ -512,6 +521,11 @@ mod tests {
         assert_eq!(w(r.genuine(2, 0, t)), vec![3, 4]);
         assert!(r.is_empty());
         assert_eq!(r.skipped, 2);
+        // Run 1 waits for nothing any more: a late record goes on, and one that gives its
+        // place back leaves nothing held.
+        assert_eq!(w(r.push(rec(1, 9), t)), vec![9]);
+        assert_eq!(w(r.unrelease(1, 3, vec![rec(1, 4)], t)), vec![4]);
+        assert!(r.is_empty());
         // A record of run 1 opening gives up nothing of run 2.
         assert_eq!(w(r.push(rec(2, 2), t)), Vec::<u64>::new());
         assert!(w(r.genuine(1, 4, t)).is_empty());
