@@ -33,7 +33,7 @@ use ndd_link::nats::async_nats;
 use ndd_link::nats::intake::{Intake, Taken, REORDER_WAIT};
 use ndd_link::nats::join::{Admission, Host, Joiner, Welcome};
 use ndd_link::nats::keys::{
-    rotation, GroupKey, Outcome, RunHalf, RUN_NOTICE_SPACING, SINCE_PENDING,
+    rotation, GroupKey, Outcome, RunHalf, EARLIER_RUNS, RUN_NOTICE_SPACING, SINCE_PENDING,
 };
 use ndd_link::nats::outbox::Outbox;
 use ndd_link::nats::receive::{Event, Poll, Receiver, Wait};
@@ -132,7 +132,13 @@ fn previous_path(home: &Path, prefix: &str, driver: &str) -> std::path::PathBuf 
 
 /// The group key of `driver` and what its last rotation left (see [`GroupKey`]), for the
 /// device run `run`.
-fn group_key(home: &Path, prefix: &str, driver: &str, run: Run) -> Result<GroupKey> {
+fn group_key(
+    home: &Path,
+    prefix: &str,
+    driver: &str,
+    run: Run,
+    earlier: [Option<Run>; EARLIER_RUNS],
+) -> Result<GroupKey> {
     let key = current_key(home, prefix, driver)?;
     let path = previous_path(home, prefix, driver);
     // A key and the sequence of the rotation that retired it: the previous key, then (since
@@ -164,38 +170,69 @@ fn group_key(home: &Path, prefix: &str, driver: &str, run: Run) -> Result<GroupK
         previous: previous.map(|p| p.0),
         older,
         run,
+        earlier,
     })
 }
 
-/// Where the device side notes the id of its last run (the next one is higher: a recording
-/// of an earlier run never passes for a later one, see [`next_run_id`]).
+/// Where the device side notes its last runs, oldest first: `id (u64 BE) ‖ began (u64 BE)`
+/// each, at most [`EARLIER_RUNS`] + 1 (before 2026-11-29: the last id alone, 8 bytes). The
+/// next run's id is higher (a recording of an earlier run never passes for a later one, see
+/// [`next_run_id`]); the earlier runs go to the app sides in the keys (`GroupKey::earlier`).
 fn run_path(home: &Path, prefix: &str, driver: &str) -> std::path::PathBuf {
     home.join(format!("nats-group-{prefix}-{driver}.run"))
 }
 
-/// A device side's new run, beginning after JetStream stream sequence `began`; its id is
-/// noted in the home before any frame of it is sealed.
-fn new_run(home: &Path, prefix: &str, driver: &str, began: u64) -> Result<Run> {
+/// A device side's new run, beginning after JetStream stream sequence `began`, and its runs
+/// before it (newest first); the run is noted in the home before any frame of it is sealed.
+fn new_run(
+    home: &Path,
+    prefix: &str,
+    driver: &str,
+    began: u64,
+) -> Result<(Run, [Option<Run>; EARLIER_RUNS])> {
     let path = run_path(home, prefix, driver);
-    let last = match std::fs::read(&path) {
-        Ok(b) => Some(
-            <[u8; 8]>::try_from(b.as_slice())
-                .map(u64::from_be_bytes)
-                .map_err(|_| {
-                    anyhow!(
-                        "{} holds {} bytes, not a run id (8); delete it if no earlier run of this driver can be replayed into the next (app sides then refuse nothing of earlier runs that a clock set back would number higher)",
-                        path.display(),
-                        b.len()
-                    )
-                })?,
-        ),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+    let u64_at = |b: &[u8], at: usize| {
+        let mut n = [0u8; 8];
+        n.copy_from_slice(&b[at..at + 8]);
+        u64::from_be_bytes(n)
+    };
+    let (last, mut runs): (Option<u64>, Vec<Run>) = match std::fs::read(&path) {
+        Ok(b) if b.len() == 8 => (Some(u64_at(&b, 0)), Vec::new()),
+        Ok(b) if !b.is_empty() && b.len() % 16 == 0 => {
+            let runs: Vec<Run> = b
+                .chunks_exact(16)
+                .map(|c| Run {
+                    id: u64_at(c, 0),
+                    began: u64_at(c, 8),
+                })
+                .collect();
+            (runs.last().map(|r| r.id), runs)
+        }
+        Ok(b) => {
+            return Err(anyhow!(
+                "{} holds {} bytes, not run ids (8, or 16 per run); delete it if no earlier run of this driver can be replayed into the next (app sides then refuse nothing of earlier runs that a clock set back would number higher)",
+                path.display(),
+                b.len()
+            ))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (None, Vec::new()),
         Err(e) => return Err(anyhow!(e).context(format!("cannot read {}", path.display()))),
     };
     let id = next_run_id(last, wall_ns(), random_u64() as u16);
-    write_private(&path, &id.to_be_bytes())
-        .with_context(|| format!("cannot note the run id in {}", path.display()))?;
-    Ok(Run { id, began })
+    let run = Run { id, began };
+    let mut earlier = [None; EARLIER_RUNS];
+    for (e, r) in earlier.iter_mut().zip(runs.iter().rev()) {
+        *e = Some(*r);
+    }
+    runs.push(run);
+    let keep = runs.len().saturating_sub(EARLIER_RUNS + 1);
+    let bytes: Vec<u8> = runs[keep..]
+        .iter()
+        .flat_map(|r| r.id.to_be_bytes().into_iter().chain(r.began.to_be_bytes()))
+        .collect();
+    write_private(&path, &bytes)
+        .with_context(|| format!("cannot note the run in {}", path.display()))?;
+    Ok((run, earlier))
 }
 
 /// The group key of `driver`: read from the ndd home, or drawn and written there (0600).
@@ -448,7 +485,10 @@ impl GroupSeal {
             after = Some(k.retired_after(&old.key));
         }
         if k.run != old.run {
-            after = Some(after.map_or(k.run.began, |a| a.min(k.run.began)));
+            // From the start of the first run after the one it sealed under (the device
+            // restarted, maybe more than once).
+            let began = k.began_after(old.run.id).min(k.run.began);
+            after = Some(after.map_or(began, |a| a.min(began)));
         }
         if after.is_some() {
             self.seal = EncryptForward::new(&Key::given(k.run_key()), Cipher::Aes256Gcm)?;
@@ -745,12 +785,13 @@ pub async fn run_side(
                 Some(js) => stored_up_to(&ctx, js).await?.1,
                 None => 0,
             };
-            let run = new_run(&opts.home, &nats.subject_prefix, &cfg.driver, began)?;
+            let (run, earlier) = new_run(&opts.home, &nats.subject_prefix, &cfg.driver, began)?;
             let (key_tx, key) = watch::channel(group_key(
                 &opts.home,
                 &nats.subject_prefix,
                 &cfg.driver,
                 run,
+                earlier,
             )?);
             let keeper = KeyKeeper {
                 local: local.clone(),
@@ -2979,6 +3020,41 @@ async fn deliver(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_device_notes_its_runs_and_names_the_ones_before() {
+        let home = std::env::temp_dir().join(format!("ndd-runs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&home);
+        std::fs::create_dir_all(&home).unwrap();
+        let path = run_path(&home, "P", "d");
+        // The file of an earlier version: the last id alone (its start unknown).
+        std::fs::write(&path, 7u64.to_be_bytes()).unwrap();
+        let (a, earlier) = new_run(&home, "P", "d", 10).unwrap();
+        assert!(a.id > 7);
+        assert_eq!(earlier, [None; EARLIER_RUNS]);
+        let (b, earlier) = new_run(&home, "P", "d", 20).unwrap();
+        assert!(b.id > a.id);
+        assert_eq!(earlier, [Some(a), None, None]);
+        let mut runs = vec![a, b];
+        for began in [30, 40, 50] {
+            let (r, earlier) = new_run(&home, "P", "d", began).unwrap();
+            let mut want = [None; EARLIER_RUNS];
+            for (w, r) in want.iter_mut().zip(runs.iter().rev()) {
+                *w = Some(*r);
+            }
+            assert_eq!(earlier, want);
+            runs.push(r);
+        }
+        // Four runs kept, 16 bytes each.
+        assert_eq!(std::fs::read(&path).unwrap().len(), 16 * (EARLIER_RUNS + 1));
+        std::fs::write(&path, [1u8; 5]).unwrap();
+        let e = new_run(&home, "P", "d", 60).unwrap_err().to_string();
+        assert!(
+            e.contains("holds 5 bytes, not run ids (8, or 16 per run)"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&home);
+    }
     use ndd_core::testlog::Captured;
 
     /// Strangers (fresh identities nobody trusts) ask to join a thousand times in a second,

@@ -28,13 +28,16 @@ pub use link::{LinkConfig, SimLink};
 pub use pipeline::{spacing_error, Delivery, Pipeline, SpacingError};
 pub use rng::SimRng;
 
-/// Runs `run` over seeds 0..`count`, or only `SEED` when that is set (printing its summary):
-/// the first failing seed panics with its error and the command that replays it
-/// (`SEED=n cargo test -p ndd-testkit --test <test>`).
+/// Runs `run` over seeds 0..`count` (`SCHEDULES=n` for more or fewer), or only `SEED` when
+/// that is set (printing its summary): the first failing seed panics with its error and the
+/// command that replays it (`SEED=n cargo test -p ndd-testkit --test <test>`).
 pub fn explore(test: &str, count: u64, run: impl Fn(u64) -> Result<String, String>) {
     let only = std::env::var("SEED")
         .ok()
         .map(|s| s.parse::<u64>().expect("SEED is a number"));
+    let count = std::env::var("SCHEDULES")
+        .ok()
+        .map_or(count, |s| s.parse::<u64>().expect("SCHEDULES is a number"));
     for seed in only.map_or(0..count, |s| s..s + 1) {
         match run(seed) {
             Ok(summary) if only.is_some() => println!("seed {seed}: {summary}"),

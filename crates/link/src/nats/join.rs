@@ -21,11 +21,13 @@
 //! 2 REPLY, 3 FINISH, 4 WELCOME). FINISH: `u16 length ‖ seal FINISH ‖ seal DATA(HELLO
 //! message)`. WELCOME: seal DATA of `0 ‖ group key (32) ‖ slot (u16, 0xFFFF: none) ‖ run id
 //! (u64) ‖ run began (u64) ‖ key since (u64) ‖ previous key (32, zeros: none) ‖ older key
-//! (32, zeros: none) ‖ older since (u64)` when admitted (run began: the JetStream stream
+//! (32, zeros: none) ‖ older since (u64) ‖ 3 × (earlier run id (u64, 0: none) ‖ its began
+//! (u64))` when admitted (run began: the JetStream stream
 //! sequence the device's run began after, [`super::runs::Run`]; key since: the device's
 //! JetStream stream sequence when a rotation drew this key, 0 for a key no rotation drew;
 //! previous key: the key before that rotation; older key and since: the key before the
-//! previous one and where the rotation that retired it began), or
+//! previous one and where the rotation that retired it began; earlier runs: the device's runs
+//! before this one, newest first), or
 //! `1 ‖ close code (u16) ‖ reason (UTF-8)` when refused. All integers big-endian.
 //!
 //! The pairwise keys protect only the HELLO and the WELCOME; the frames then travel under
@@ -43,7 +45,8 @@ pub const MAGIC: [u8; 2] = *b"NJ";
 /// ([`super::record`]: a side of version 2 opens none).
 /// Version 4: the WELCOME names the key before the last rotation.
 /// Version 5: … and the one before that, with where its rotation began.
-pub const VERSION: u8 = 5;
+/// Version 6: … and the device's runs before the current one, with where each began.
+pub const VERSION: u8 = 6;
 /// Bytes of the group key.
 pub const GROUP_KEY_LEN: usize = 32;
 /// Slot value meaning "no slot" (modes other than split).
@@ -124,7 +127,12 @@ pub struct Admission {
     /// side that missed a rotation (or saw two as one) still opens the device frames under
     /// it stored up to there, and knows which of its own to publish again.
     pub older: Option<([u8; GROUP_KEY_LEN], u64)>,
+    /// The device's runs before `run`, newest first ([`super::keys::GroupKey::earlier`]).
+    pub earlier: [Option<super::runs::Run>; super::keys::EARLIER_RUNS],
 }
+
+/// Bytes of an admitted WELCOME after its first byte.
+const ADMITTED_LEN: usize = 3 * GROUP_KEY_LEN + 34 + super::keys::EARLIER_RUNS * 16;
 
 impl Admission {
     /// What a device side holding `keys` hands an app side in `slot`.
@@ -137,6 +145,7 @@ impl Admission {
             key_since: keys.since,
             previous_key: keys.previous,
             older: keys.older,
+            earlier: keys.earlier,
         }
     }
 
@@ -148,6 +157,7 @@ impl Admission {
             previous: self.previous_key,
             older: self.older,
             run: self.device_run(),
+            earlier: self.earlier,
         }
     }
 
@@ -199,6 +209,11 @@ impl Welcome {
                 let (older, older_since) = a.older.unwrap_or(([0; GROUP_KEY_LEN], 0));
                 v.extend_from_slice(&older);
                 v.extend_from_slice(&older_since.to_be_bytes());
+                for r in a.earlier {
+                    let r = r.unwrap_or(super::runs::Run { id: 0, began: 0 });
+                    v.extend_from_slice(&r.id.to_be_bytes());
+                    v.extend_from_slice(&r.began.to_be_bytes());
+                }
                 v
             }
             Welcome::Refused { code, reason } => {
@@ -212,7 +227,7 @@ impl Welcome {
 
     fn parse(b: &[u8]) -> Result<Welcome, JoinError> {
         match b.split_first() {
-            Some((0, rest)) if rest.len() == 3 * GROUP_KEY_LEN + 34 => {
+            Some((0, rest)) if rest.len() == ADMITTED_LEN => {
                 let mut group_key = [0u8; GROUP_KEY_LEN];
                 group_key.copy_from_slice(&rest[..GROUP_KEY_LEN]);
                 let slot = u16::from_be_bytes([rest[32], rest[33]]);
@@ -228,6 +243,19 @@ impl Welcome {
                 older.copy_from_slice(&rest[90..90 + GROUP_KEY_LEN]);
                 let mut older_since = [0u8; 8];
                 older_since.copy_from_slice(&rest[122..130]);
+                let mut earlier = [None; super::keys::EARLIER_RUNS];
+                for (i, e) in earlier.iter_mut().enumerate() {
+                    let at = 130 + 16 * i;
+                    let mut id = [0u8; 8];
+                    id.copy_from_slice(&rest[at..at + 8]);
+                    let mut began = [0u8; 8];
+                    began.copy_from_slice(&rest[at + 8..at + 16]);
+                    let id = u64::from_be_bytes(id);
+                    *e = (id != 0).then_some(super::runs::Run {
+                        id,
+                        began: u64::from_be_bytes(began),
+                    });
+                }
                 Ok(Welcome::Admitted(Admission {
                     group_key,
                     slot: (slot != NO_SLOT).then_some(slot),
@@ -237,6 +265,7 @@ impl Welcome {
                     previous_key: (previous != [0; GROUP_KEY_LEN]).then_some(previous),
                     older: (older != [0; GROUP_KEY_LEN])
                         .then_some((older, u64::from_be_bytes(older_since))),
+                    earlier,
                 }))
             }
             Some((1, rest)) if rest.len() >= 2 => Ok(Welcome::Refused {
@@ -440,6 +469,11 @@ mod tests {
             key_since: 1234,
             previous_key: Some([6; 32]),
             older: Some(([5; 32], 1000)),
+            earlier: [
+                Some(crate::nats::runs::Run { id: 98, began: 50 }),
+                Some(crate::nats::runs::Run { id: 90, began: 10 }),
+                None,
+            ],
         };
         let w = f.welcome(&Welcome::Admitted(adm.clone())).unwrap();
         assert!(

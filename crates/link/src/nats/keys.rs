@@ -73,7 +73,17 @@ pub struct GroupKey {
     /// The device run frames are sealed under: the device's own; on an app side the newest
     /// its joins named.
     pub run: Run,
+    /// The device's runs before `run`, newest first (at most [`EARLIER_RUNS`]; join version
+    /// 6): an app side that missed a restart, or several, seals again what it sealed under
+    /// its old run and was stored after the first run it missed began
+    /// ([`GroupKey::began_after`]), and a device side refuses exactly those (its `RunGuard`
+    /// knows the runs: a frame of an earlier run must have been stored before the first run
+    /// after it began).
+    pub earlier: [Option<Run>; EARLIER_RUNS],
 }
+
+/// Device runs before the current one a [`GroupKey`] names.
+pub const EARLIER_RUNS: usize = 3;
 
 impl GroupKey {
     /// The first key of a run (no rotation behind it).
@@ -84,7 +94,36 @@ impl GroupKey {
             previous: None,
             older: None,
             run,
+            earlier: [None; EARLIER_RUNS],
         }
+    }
+
+    /// `run` as the run, the run it replaces first among the earlier ones (a device side that
+    /// restarted).
+    pub fn next_run(self, run: Run) -> GroupKey {
+        let mut earlier = [None; EARLIER_RUNS];
+        earlier[0] = Some(self.run);
+        earlier[1..].copy_from_slice(&self.earlier[..EARLIER_RUNS - 1]);
+        GroupKey {
+            run,
+            earlier,
+            ..self
+        }
+    }
+
+    /// Where the first run after run `id` began, of the runs these keys name: a sender whose
+    /// frames were sealed under run `id` sends again those stored after it (the device
+    /// refuses them: they cannot be told from replays). `u64::MAX` when no named run is newer;
+    /// the oldest named run's start when `id` is older than every named one (more restarts
+    /// than [`EARLIER_RUNS`] went by unseen: what was stored between the first of them and
+    /// that start is lost).
+    pub fn began_after(&self, id: u64) -> u64 {
+        std::iter::once(self.run)
+            .chain(self.earlier.iter().flatten().copied())
+            .filter(|r| r.id > id)
+            .map(|r| r.began)
+            .min()
+            .unwrap_or(u64::MAX)
     }
 
     /// The stream sequence after which frames sealed under `key` no longer open: never
@@ -117,6 +156,7 @@ impl std::fmt::Debug for GroupKey {
             .field("previous", &self.previous.is_some())
             .field("older", &self.older.map(|(_, s)| s))
             .field("run", &self.run)
+            .field("earlier", &self.earlier)
             .finish_non_exhaustive()
     }
 }
@@ -163,6 +203,7 @@ pub fn rotation(
                 .filter(|_| current.since != SINCE_PENDING)
                 .map(|p| (p, current.since)),
             run: current.run,
+            earlier: current.earlier,
         },
     })
 }
@@ -329,12 +370,16 @@ impl<H> std::fmt::Debug for Opener<H> {
 impl<H: RunHalf> Opener<H> {
     /// A device side's: refuses any run but its own and earlier ones stored before it began.
     pub fn device(keys: GroupKey) -> Opener<H> {
-        Opener::new(keys, RunGuard::device(keys.run), false)
+        let mut guard = RunGuard::device(keys.run);
+        guard.know(keys.earlier.iter().flatten().copied());
+        Opener::new(keys, guard, false)
     }
 
     /// An app side's: follows the device to a newer run, asks for the key again.
     pub fn app(keys: GroupKey) -> Opener<H> {
-        Opener::new(keys, RunGuard::app(keys.run), true)
+        let mut guard = RunGuard::app(keys.run);
+        guard.know(keys.earlier.iter().flatten().copied());
+        Opener::new(keys, guard, true)
     }
 
     fn new(keys: GroupKey, guard: RunGuard, app: bool) -> Opener<H> {
@@ -392,6 +437,7 @@ impl<H: RunHalf> Opener<H> {
             && k.older == self.keys.older;
         self.keys = k;
         self.guard.learn(k.run);
+        self.guard.know(k.earlier.iter().flatten().copied());
         if same {
             return false;
         }
@@ -842,6 +888,29 @@ mod tests {
         // is 0 here), a frame under it is dropped (the revoked side holds it too).
         assert_eq!(feed(&mut o, now, 1, 1, RUN, Some(8)), (Verdict::Dropped, 0));
         assert_eq!(o.after_rotation, 1);
+    }
+
+    #[test]
+    fn the_keys_name_the_runs_before_and_where_the_first_one_missed_began() {
+        let r = |id, began| Run { id, began };
+        let k = keys(1, r(1, 0)).next_run(r(2, 100)).next_run(r(3, 200));
+        assert_eq!(k.run, r(3, 200));
+        assert_eq!(k.earlier, [Some(r(2, 100)), Some(r(1, 0)), None]);
+        // A sender of run 1 missed runs 2 and 3: from run 2's start.
+        assert_eq!(k.began_after(1), 100);
+        assert_eq!(k.began_after(2), 200);
+        assert_eq!(k.began_after(3), u64::MAX);
+        // Only EARLIER_RUNS are named: a sender older than all of them gets the oldest's.
+        let k = k.next_run(r(4, 300)).next_run(r(5, 400));
+        assert_eq!(
+            k.earlier,
+            [Some(r(4, 300)), Some(r(3, 200)), Some(r(2, 100))]
+        );
+        assert_eq!(k.began_after(1), 100);
+        assert_eq!(k.began_after(0), 100);
+        // A rotation keeps them.
+        let rot = rotation(k, &["x".into()], |_| false, [9; 32]).unwrap();
+        assert_eq!(rot.keys.earlier, k.earlier);
     }
 
     #[test]

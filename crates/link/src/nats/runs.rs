@@ -198,6 +198,22 @@ impl RunGuard {
         self.learn(run)
     }
 
+    /// Runs before the current one, learnt from the keys (a device side's own earlier runs,
+    /// or those a join named): a frame of a run before them must have been stored before the
+    /// first of them after it began.
+    pub fn know(&mut self, runs: impl IntoIterator<Item = Run>) {
+        for r in runs {
+            if r.id >= self.current.id || self.known.iter().any(|k| k.id == r.id) {
+                continue;
+            }
+            let at = self.known.partition_point(|k| k.id < r.id);
+            self.known.insert(at, r);
+            if self.known.len() > KNOWN_RUNS {
+                self.known.remove(0);
+            }
+        }
+    }
+
     /// A run learnt otherwise (an app side's join again): taken if newer. Whether it was.
     pub fn learn(&mut self, run: Run) -> bool {
         if self.follows && run.id > self.current.id {
@@ -241,6 +257,28 @@ mod tests {
         assert_eq!(b, a + 1);
         assert!(next_run_id(Some(b), t + 1_000_000_000, 1) > b);
         assert_eq!(next_run_id(Some(u64::MAX), 0, 0), u64::MAX);
+    }
+
+    #[test]
+    fn a_device_side_that_knows_its_earlier_runs_refuses_an_old_runs_frame_stored_after_the_next_began(
+    ) {
+        let (a, b, c) = (
+            Run { id: 1, began: 0 },
+            Run { id: 2, began: 100 },
+            Run { id: 3, began: 200 },
+        );
+        // Without the history, run 1's frame stored at 150 passes (before run 3 began) …
+        let mut g = RunGuard::device(c);
+        assert_eq!(g.check(a, Some(150)), Admit::Earlier);
+        // … but run 2 refused it (it began at 100): with the history it is refused here too,
+        // and its sender, told of run 2's start, sealed it again.
+        g.know([b, a, c, Run { id: 9, began: 1 }]);
+        assert_eq!(g.check(a, Some(150)), Admit::Refused(Refusal::EarlierRun));
+        assert_eq!(g.check(a, Some(100)), Admit::Earlier);
+        assert_eq!(g.check(b, Some(150)), Admit::Earlier);
+        assert_eq!(g.check(b, Some(201)), Admit::Refused(Refusal::EarlierRun));
+        // A newer run is not taken for an earlier one.
+        assert_eq!(g.current(), c);
     }
 
     #[test]
