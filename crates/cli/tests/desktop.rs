@@ -491,3 +491,110 @@ fn a_bare_xvfb_that_resets_between_clients_passes_the_start_up_probes() {
         );
     }
 }
+
+#[test]
+fn a_viewer_smaller_than_the_app_screen_shows_it_whole_and_clicks_land_where_they_point() {
+    let need = ["Xvfb", "xdotool", "xev", "xsetroot"];
+    if let Some(m) = missing(&need) {
+        println!("SKIPPED: scaled viewer test needs {m} (apt-get install xvfb xdotool x11-utils x11-xserver-utils)");
+        return;
+    }
+    // The app's screen is 1280×720; the viewer's screen only 640×480.
+    let app_x = Xvfb::start("1280x720x24").expect("start Xvfb");
+    let dev_x = Xvfb::start("640x480x24").expect("start Xvfb");
+    let _bg = app_x
+        .spawn("xsetroot", &["-solid", "#204060"])
+        .expect("xsetroot");
+    let mut xev = Command::new("xev")
+        .env("DISPLAY", &app_x.display)
+        .args(["-geometry", "1200x650+20+20", "-event", "button"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start xev");
+    let xev_text = Arc::new(Mutex::new(String::new()));
+    {
+        let mut out = xev.stdout.take().unwrap();
+        let t = xev_text.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = out.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                t.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+    }
+    let _xev = Killed(xev);
+    let dir = Dir::new("desktop-scaled");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let cfg = dir.0.join("desktop.toml");
+    std::fs::write(
+        &cfg,
+        DESKTOP
+            .replace("APP", &app_x.display)
+            .replace("DEV", &dev_x.display),
+    )
+    .unwrap();
+    let (app, dev) = start_pair(&cfg, &cfg, &app_home, &dev_home);
+    let (d, _) = x11rb::connect(Some(&dev_x.display)).expect("connect to the device display");
+    let mut viewer = None;
+    wait_for("the viewer window", Duration::from_secs(30), || {
+        viewer = window_named(&d, "ndd desktop test");
+        viewer.is_some()
+    });
+    let viewer = viewer.unwrap();
+    // Whole, not cropped: 95 % of the viewer's screen, 16:9 kept.
+    wait_for(
+        "the viewer fitted to its screen",
+        Duration::from_secs(30),
+        || {
+            d.get_geometry(viewer)
+                .ok()
+                .and_then(|c| c.reply().ok())
+                .is_some_and(|g| (g.width, g.height) == (608, 342))
+        },
+    );
+    // The app's background in its corner (outside xev's window), scaled.
+    wait_for(
+        "the app's screen in the viewer",
+        Duration::from_secs(30),
+        || {
+            pixels(&d, viewer, 608, 342).is_some_and(|p| {
+                let at = |x: usize, y: usize| p[(y * 608 + x) * 4..][..3].to_vec();
+                at(2, 2) == [0x60, 0x40, 0x20] && at(605, 339) == [0x60, 0x40, 0x20]
+            })
+        },
+    );
+    // A click at the middle of the scaled viewer lands at the middle of the app's screen.
+    let status = Command::new("xdotool")
+        .env("DISPLAY", &dev_x.display)
+        .args(["mousemove", "--window", &viewer.to_string(), "304", "171"])
+        .args(["click", "1"])
+        .status()
+        .expect("xdotool");
+    assert!(status.success());
+    wait_for("xev to see the click", Duration::from_secs(20), || {
+        xev_text.lock().unwrap().contains("ButtonRelease")
+    });
+    let t = xev_text.lock().unwrap().clone();
+    let root = t
+        .split("root:(")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .and_then(|r| {
+            let (x, y) = r.split_once(',')?;
+            Some((x.parse::<i32>().ok()?, y.parse::<i32>().ok()?))
+        })
+        .unwrap_or_else(|| panic!("no root coordinates in xev's output: {t}"));
+    // 304 of 0..=607 → 640 of 0..=1279; 171 of 0..=341 → 360 of 0..=719.
+    assert!(
+        (root.0 - 640).abs() <= 2 && (root.1 - 360).abs() <= 2,
+        "the click landed at {root:?} on the app's screen, not at its middle (640, 360); app: {}\ndevice: {}",
+        app.stderr_now(),
+        dev.stderr_now()
+    );
+}

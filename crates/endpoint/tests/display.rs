@@ -1091,3 +1091,151 @@ fn a_capture_in_several_updates_is_drawn_whole_in_one_request() {
     let r = rt.block_on(task).unwrap().expect("sink report");
     assert_eq!(r.frames, 4);
 }
+
+/// A display update of a `w`×`h` screen: rect `r` filled by `px(x, y)` (bgrx).
+fn update_of(w: u16, h: u16, r: (u16, u16, u16, u16), px: impl Fn(u16, u16) -> [u8; 4]) -> Vec<u8> {
+    let mut pixels = Vec::new();
+    for y in r.1..r.1 + r.3 {
+        for x in r.0..r.0 + r.2 {
+            pixels.extend_from_slice(&px(x, y));
+        }
+    }
+    Update {
+        header: ndd_endpoint::display::UpdateHeader {
+            width: w,
+            height: h,
+            format: ndd_endpoint::PixelFormat::Bgrx32,
+            flags: 0,
+        },
+        rects: vec![ndd_endpoint::display::RectPixels {
+            rect: ndd_endpoint::Rect::new(r.0, r.1, r.2, r.3),
+            encoding: ndd_endpoint::display::Encoding::Raw,
+            pixels: &pixels,
+        }],
+    }
+    .emit()
+    .unwrap()
+}
+
+#[test]
+fn a_screen_larger_than_the_viewers_is_scaled_to_fit_and_follows_a_resized_window() {
+    if let Some(m) = missing(&["Xvfb"]) {
+        println!("SKIPPED: scaling test needs {m} ({APT})");
+        return;
+    }
+    let dev = xvfb("320x240x24");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    // The app's screen: 640×360, four quadrants (blue, green / red, white).
+    let (w, h) = (640u16, 360u16);
+    let quadrant = |x: u16, y: u16| match (x < w / 2, y < h / 2) {
+        (true, true) => [0xff, 0, 0, 0],
+        (false, true) => [0, 0xff, 0, 0],
+        (true, false) => [0, 0, 0xff, 0],
+        (false, false) => [0xff, 0xff, 0xff, 0],
+    };
+    let frame = |seq: u64, p: Vec<u8>| {
+        Frame::new(
+            ndd_core::Meta {
+                seq,
+                ..Default::default()
+            },
+            &p,
+        )
+    };
+    let title = "ndd scaled viewer";
+    let (tx, rx) = mpsc::channel::<Frame>(16);
+    let task = {
+        let _rt = rt.enter();
+        window_sink(&dev.display, title).spawn(rx).expect("sink")
+    };
+    tx.blocking_send(frame(0, update_of(w, h, (0, 0, w, h), quadrant)))
+        .unwrap();
+    let d = dev.connect();
+    let mut viewer = None;
+    wait_for("the viewer window", Duration::from_secs(20), || {
+        viewer = window_named(&d, title);
+        viewer.is_some()
+    });
+    let viewer = viewer.unwrap();
+    let size = |d: &RustConnection| {
+        let g = d.get_geometry(viewer).unwrap().reply().unwrap();
+        (g.width, g.height)
+    };
+    // Not cropped to the 320×240 screen: fitted into 95 % of it, 16:9 kept.
+    wait_for(
+        "the window fitted to the screen",
+        Duration::from_secs(20),
+        || size(&d) == (304, 171),
+    );
+    let at = |p: &[u8], ww: u16, x: u16, y: u16| {
+        p[(usize::from(y) * usize::from(ww) + usize::from(x)) * 4..][..3].to_vec()
+    };
+    // Each quadrant where it belongs, at the window's size.
+    let shows_quadrants = |d: &RustConnection, (ww, wh): (u16, u16)| {
+        grab(d, viewer, ww, wh).is_some_and(|p| {
+            at(&p, ww, ww / 4, wh / 4) == [0xff, 0, 0]
+                && at(&p, ww, 3 * ww / 4, wh / 4) == [0, 0xff, 0]
+                && at(&p, ww, ww / 4, 3 * wh / 4) == [0, 0, 0xff]
+                && at(&p, ww, 3 * ww / 4, 3 * wh / 4) == [0xff, 0xff, 0xff]
+        })
+    };
+    wait_for(
+        "the screen scaled into the window",
+        Duration::from_secs(20),
+        || shows_quadrants(&d, (304, 171)),
+    );
+    // Someone (a window manager, the person) makes the window 200×100: the image follows.
+    d.configure_window(
+        viewer,
+        &xproto::ConfigureWindowAux::new().width(200).height(100),
+    )
+    .unwrap();
+    d.flush().unwrap();
+    wait_for(
+        "the screen scaled to the resized window",
+        Duration::from_secs(20),
+        || size(&d) == (200, 100) && shows_quadrants(&d, (200, 100)),
+    );
+    // An update of part of the screen lands where it belongs in the scaled window: the white
+    // quadrant's middle turns black.
+    tx.blocking_send(frame(
+        1,
+        update_of(w, h, (400, 220, 160, 100), |_, _| [0, 0, 0, 0]),
+    ))
+    .unwrap();
+    wait_for("the update drawn scaled", Duration::from_secs(20), || {
+        grab(&d, viewer, 200, 100).is_some_and(|p| {
+            // Image (480, 270) → window (150, 75); the rest of the quadrant stays white.
+            at(&p, 200, 150, 75) == [0, 0, 0] && at(&p, 200, 195, 95) == [0xff, 0xff, 0xff]
+        })
+    });
+    // Back at the image's own size: drawn as it is, no scaling.
+    d.configure_window(
+        viewer,
+        &xproto::ConfigureWindowAux::new()
+            .width(u32::from(w))
+            .height(u32::from(h)),
+    )
+    .unwrap();
+    d.flush().unwrap();
+    // (Only the part on the 320×240 screen can be read back.)
+    wait_for(
+        "the screen at its own size",
+        Duration::from_secs(20),
+        || {
+            size(&d) == (w, h)
+                && grab(&d, viewer, 320, 240).is_some_and(|p| {
+                    at(&p, 320, 10, 10) == [0xff, 0, 0]
+                        && at(&p, 320, 250, 200) == [0, 0, 0xff]
+                        && at(&p, 320, 319, 179) == [0xff, 0, 0]
+                })
+        },
+    );
+    drop(tx);
+    let r = rt.block_on(task).unwrap().expect("sink report");
+    assert_eq!(r.frames, 2);
+}

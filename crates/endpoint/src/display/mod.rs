@@ -22,10 +22,11 @@
 //!
 //! Files: `config.rs` ([`X11ScreenConfig`], [`X11WindowConfig`], [`FramebufferConfig`]),
 //! `x11.rs` (what the source and sinks share: screen format, MIT-SHM, the viewer
-//! registry), `source.rs` and `sink.rs` (the tasks).
+//! registry), `source.rs` and `sink.rs` (the tasks), `scale.rs` (the viewer's scaling, pure).
 
 mod config;
 mod cursor;
+pub mod scale;
 mod sink;
 mod source;
 mod x11;

@@ -7,6 +7,7 @@
 //! blocking APIs. A bad record is logged (at most once a second) and dropped.
 
 use super::config::{FramebufferConfig, X11WindowConfig};
+use super::scale;
 use super::x11::{
     attach_shm, check_screen, coord, lock, publish_viewer, shm_disabled, Shm, XFail, POLL,
 };
@@ -141,6 +142,31 @@ enum Store {
     Local(Framebuffer),
 }
 
+impl Store {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Store::Shm(shm) => shm.seg.bytes(),
+            Store::Local(fb) => fb.pixels(),
+        }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            Store::Shm(shm) => shm.seg.bytes_mut(),
+            Store::Local(fb) => fb.pixels_mut(),
+        }
+    }
+}
+
+/// The image as the window shows it when the window is not the image's size: scaled to the
+/// window (see [`super::scale`]), kept like the image.
+#[derive(Debug)]
+struct Scaled {
+    store: Store,
+    width: u16,
+    height: u16,
+}
+
 /// The window and its pixels, shared by the frame loop and the Expose thread.
 #[derive(Debug)]
 struct View {
@@ -148,9 +174,17 @@ struct View {
     win: xproto::Window,
     gc: xproto::Gcontext,
     depth: u8,
+    /// The image's size (the app's screen).
     width: u16,
     height: u16,
     store: Store,
+    /// The window's size, and the image scaled to it when it differs (someone resized the
+    /// window, or the app's screen is larger than this one).
+    win_width: u16,
+    win_height: u16,
+    scaled: Option<Scaled>,
+    /// The size of this display's screen (an image larger than it is shown scaled to fit).
+    screen: (u16, u16),
     use_shm: bool,
     max_put_bytes: usize,
     /// While the link is down: the image as it was (the store holds it dimmed).
@@ -185,32 +219,116 @@ impl View {
         Ok(())
     }
 
-    /// Resizes the window and its image (cleared to black).
+    /// A new image size (the app's screen changed): the image cleared to black, the window
+    /// at that size, or scaled to fit this display's screen when it is larger (never cropped),
+    /// its shape kept by the window manager when someone resizes it.
     fn resize(&mut self, width: u16, height: u16) -> Result<(), XFail> {
+        let (ww, wh) = scale::fit(width, height, self.screen.0, self.screen.1);
         self.conn.configure_window(
             self.win,
             &xproto::ConfigureWindowAux::new()
-                .width(u32::from(width))
-                .height(u32::from(height)),
+                .width(u32::from(ww))
+                .height(u32::from(wh)),
         )?;
+        let mut hints = x11rb::properties::WmSizeHints::new();
+        let shape = x11rb::properties::AspectRatio::new(i32::from(width), i32::from(height));
+        hints.aspect = Some((shape, shape));
+        hints.size = Some((
+            x11rb::properties::WmSizeHintsSpecification::ProgramSpecified,
+            i32::from(ww),
+            i32::from(wh),
+        ));
+        hints.set_normal_hints(&*self.conn, self.win)?;
         self.new_store(width, height)?;
-        self.draw(Rect::new(0, 0, width, height), None)?;
+        self.window_size(ww, wh)?;
         Ok(())
     }
 
-    /// Draws `rect` of the image; `pixels` are its pixels when the caller has them
+    /// The window is `width`×`height` now (resized by this side, or by someone else: a window
+    /// manager, the person): the image is shown scaled to it when the sizes differ, and the
+    /// whole window drawn again.
+    fn window_size(&mut self, width: u16, height: u16) -> Result<(), XFail> {
+        self.win_width = width;
+        self.win_height = height;
+        if let Some(Scaled {
+            store: Store::Shm(old),
+            ..
+        }) = &self.scaled
+        {
+            self.conn.shm_detach(old.xid)?;
+        }
+        self.scaled = None;
+        if (width, height) != (self.width, self.height) && width > 0 && height > 0 {
+            let len = usize::from(width) * usize::from(height) * 4;
+            let mut store = Store::Local(Framebuffer::new(width, height, PixelFormat::Bgrx32));
+            if self.use_shm {
+                if let Ok(shm) = attach_shm(&self.conn, len.max(4), true) {
+                    store = Store::Shm(shm);
+                }
+            }
+            self.scaled = Some(Scaled {
+                store,
+                width,
+                height,
+            });
+            tracing::info!(
+                width = self.width,
+                height = self.height,
+                window_width = width,
+                window_height = height,
+                "the viewer shows the app's screen scaled to its window"
+            );
+        }
+        self.draw(Rect::new(0, 0, self.width, self.height), None)
+    }
+
+    /// Shows `rect` of the image: draws it, or when the window is scaled, the part of the
+    /// window it lands in, scaled anew. `pixels` are its pixels when the caller has them
     /// contiguous (an update's rect), for the non-SHM path.
-    fn draw(&self, rect: Rect, pixels: Option<&[u8]>) -> Result<(), XFail> {
+    fn draw(&mut self, rect: Rect, pixels: Option<&[u8]>) -> Result<(), XFail> {
         let Some(rect) = rect.clip(self.width, self.height) else {
             return Ok(());
         };
-        match &self.store {
+        match self.scale_part(rect) {
+            Some(r) => self.put(r, None),
+            None => self.put(rect, pixels),
+        }
+    }
+
+    /// When the window is scaled: the window rect `rect` of the image lands in, scaled anew
+    /// into the window's pixels.
+    fn scale_part(&mut self, rect: Rect) -> Option<Rect> {
+        let sc = self.scaled.as_mut()?;
+        let r = scale::window_rect(rect, self.width, self.height, sc.width, sc.height)?;
+        scale::scale_into(
+            self.store.bytes(),
+            self.width,
+            self.height,
+            sc.store.bytes_mut(),
+            sc.width,
+            sc.height,
+            r,
+        );
+        Some(r)
+    }
+
+    /// Puts window rect `rect` on the screen from what the window shows (the image, or the
+    /// image scaled to the window); `pixels` as in [`View::draw`] (unscaled only).
+    fn put(&self, rect: Rect, pixels: Option<&[u8]>) -> Result<(), XFail> {
+        let (store, width, height, pixels) = match &self.scaled {
+            Some(sc) => (&sc.store, sc.width, sc.height, None),
+            None => (&self.store, self.width, self.height, pixels),
+        };
+        let Some(rect) = rect.clip(width, height) else {
+            return Ok(());
+        };
+        match store {
             Store::Shm(shm) => {
                 self.conn.shm_put_image(
                     self.win,
                     self.gc,
-                    self.width,
-                    self.height,
+                    width,
+                    height,
                     rect.x,
                     rect.y,
                     rect.w,
@@ -260,7 +378,8 @@ impl View {
     /// Waits until the server has done everything asked so far (the segment may then be
     /// written again).
     fn finish(&self) -> Result<(), XFail> {
-        match self.store {
+        let store = self.scaled.as_ref().map_or(&self.store, |sc| &sc.store);
+        match store {
             Store::Shm(_) => self.conn.sync().map_err(XFail::from),
             Store::Local(_) => self.conn.flush().map_err(XFail::from),
         }
@@ -268,10 +387,7 @@ impl View {
 
     /// The image's bytes (bgrx32, rows top to bottom).
     fn pixels_mut(&mut self) -> &mut [u8] {
-        match &mut self.store {
-            Store::Shm(shm) => shm.seg.bytes_mut(),
-            Store::Local(fb) => fb.pixels_mut(),
-        }
+        self.store.bytes_mut()
     }
 
     /// The link went down (the image is dimmed to half brightness and the title says why)
@@ -373,14 +489,25 @@ impl View {
     /// image of their bounding box, clipped to them, so the window never shows part of an
     /// update (nobody sees tearing, and DAMAGE on the viewer's server counts one update).
     fn draw_pending(&mut self) -> Result<(), XFail> {
-        let rects = std::mem::take(&mut self.pending);
+        let mut rects = std::mem::take(&mut self.pending);
+        if self.scaled.is_some() {
+            // Scaled: the window rects they land in, scaled anew.
+            rects = rects
+                .into_iter()
+                .filter_map(|r| self.scale_part(r.clip(self.width, self.height)?))
+                .collect();
+        }
         let Some(bbox) = rects.iter().copied().reduce(|a, b| a.union(&b)) else {
             return Ok(());
         };
-        if !matches!(self.store, Store::Shm(_)) {
+        let shm = match &self.scaled {
+            Some(sc) => matches!(sc.store, Store::Shm(_)),
+            None => matches!(self.store, Store::Shm(_)),
+        };
+        if !shm {
             // Requests of at most max_put_bytes each: one per rect (or band of it).
             for r in rects {
-                self.draw(r, None)?;
+                self.put(r, None)?;
             }
             return Ok(());
         }
@@ -403,7 +530,7 @@ impl View {
             self.conn
                 .set_clip_rectangles(xproto::ClipOrdering::UNSORTED, self.gc, 0, 0, &clip)?;
         }
-        self.draw(bbox, None)?;
+        self.put(bbox, None)?;
         if clipped {
             self.conn
                 .change_gc(self.gc, &xproto::ChangeGCAux::new().clip_mask(x11rb::NONE))?;
@@ -470,6 +597,10 @@ fn create_view(s: &X11WindowSink) -> Result<View, XFail> {
         width: w,
         height: h,
         store: Store::Local(Framebuffer::default()),
+        win_width: w,
+        win_height: h,
+        scaled: None,
+        screen: (s.screen.width_in_pixels, s.screen.height_in_pixels),
         use_shm: s.shm,
         max_put_bytes,
         dimmed: None,
@@ -511,8 +642,16 @@ fn expose_loop(endpoint: &'static str, view: Arc<Mutex<View>>, stop: Arc<AtomicB
                 XEvent::Expose(e) => {
                     let v = lock(&view);
                     let r = Rect::new(e.x, e.y, e.width, e.height);
-                    if let Err(e) = v.draw(r, None).and_then(|()| v.finish()) {
+                    if let Err(e) = v.put(r, None).and_then(|()| v.finish()) {
                         tracing::debug!(endpoint, error = ?e, "redraw failed");
+                    }
+                }
+                XEvent::ConfigureNotify(c) => {
+                    let mut v = lock(&view);
+                    if c.window == v.win && (c.width, c.height) != (v.win_width, v.win_height) {
+                        if let Err(e) = v.window_size(c.width, c.height).and_then(|()| v.finish()) {
+                            tracing::debug!(endpoint, error = ?e, "redraw at the new size failed");
+                        }
                     }
                 }
                 XEvent::Error(e) => {

@@ -593,7 +593,10 @@ mod tests {
         // The server restarts before it wrote them: the next reconnect sends both again,
         // 0 although it was first published more than the window ago.
         o.handle_reconnect();
-        let ids: Vec<_> = drain(&mut o).iter().map(|p| p.id.clone().unwrap()).collect();
+        let ids: Vec<_> = drain(&mut o)
+            .iter()
+            .map(|p| p.id.clone().unwrap())
+            .collect();
         assert_eq!(ids, vec!["ab-3-0-", "ab-3-1-"]);
     }
 
