@@ -402,13 +402,65 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
         );
         rows.push(row);
     }
-    let md = report(quick, &rows);
+    let mut md = report(quick, &rows);
+    md += &scaling(quick);
     println!("{md}");
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let path = out.join("display.md");
     std::fs::write(&path, md).with_context(|| format!("cannot write {}", path.display()))?;
     eprintln!("wrote {}", path.display());
     Ok(())
+}
+
+/// What the viewer's scaling costs a whole frame (`x11-window` shows an app screen larger than
+/// the person's, or a resized window, scaled: `ndd_endpoint::display::scale`), on one core,
+/// next to a memcpy of the same source frame in the same run. Only the part of the window an
+/// update lands in is scaled again, so this is the cost of a frame that changes everywhere.
+fn scaling(quick: bool) -> String {
+    use ndd_endpoint::display::scale::scale_into;
+    let cases: &[(u16, u16, u16, u16)] = if quick {
+        &[(640, 360, 304, 171)]
+    } else {
+        &[
+            (2560, 1440, 1824, 1026),
+            (1920, 1080, 1824, 1026),
+            (1920, 1080, 960, 540),
+            (1280, 720, 1920, 1080),
+        ]
+    };
+    let mut md = String::from(
+        "\n## The viewer's scaling\n\nA whole frame scaled as the `x11-window` sink scales it (area average shrinking, bilinear growing), one core, against a memcpy of the source frame in the same run.\n\n| app screen | window | ms per frame | memcpy ms |\n|---|---|---:|---:|\n",
+    );
+    for &(sw, sh, dw, dh) in cases {
+        let src: Vec<u8> = (0..usize::from(sw) * usize::from(sh) * 4)
+            .map(|i| (i * 7 % 251) as u8)
+            .collect();
+        let mut dst = vec![0u8; usize::from(dw) * usize::from(dh) * 4];
+        let n = if quick { 3 } else { 20 };
+        let t = Instant::now();
+        for _ in 0..n {
+            scale_into(
+                &src,
+                sw,
+                sh,
+                &mut dst,
+                dw,
+                dh,
+                ndd_endpoint::Rect::new(0, 0, dw, dh),
+            );
+        }
+        let per = t.elapsed().as_secs_f64() / f64::from(n) * 1e3;
+        let mut copy = vec![0u8; src.len()];
+        let t = Instant::now();
+        for _ in 0..n {
+            copy.copy_from_slice(&src);
+            std::hint::black_box(&copy);
+        }
+        let mc = t.elapsed().as_secs_f64() / f64::from(n) * 1e3;
+        eprintln!("bench display: scaling {sw}x{sh} to {dw}x{dh}: {per:.2} ms a frame (memcpy {mc:.3} ms)");
+        md += &format!("| {sw}×{sh} | {dw}×{dh} | {per:.2} | {mc:.3} |\n");
+    }
+    md
 }
 
 fn report(quick: bool, rows: &[Row]) -> String {

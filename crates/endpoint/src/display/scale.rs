@@ -63,96 +63,85 @@ fn tap(d: u32, s: u32, dn: u32) -> Tap {
     }
 }
 
+/// The source pixels of one window coordinate with their weights, which sum to 256.
+fn weights(t: Tap) -> Vec<(u32, u32)> {
+    match t {
+        Tap::Span(a, b) => {
+            let n = b - a;
+            let (w, extra) = (256 / n, 256 % n);
+            (a..b)
+                .enumerate()
+                .map(|(i, x)| (x, w + u32::from((i as u32) < extra)))
+                .collect()
+        }
+        Tap::Lerp(a, b, w) => vec![(a, 256 - w), (b, w)],
+    }
+}
+
 /// Writes the pixels of window rect `r` (in a `dw`×`dh` bgrx image `dst`) scaled from the whole
-/// `sw`×`sh` bgrx image `src`.
+/// `sw`×`sh` bgrx image `src`: each axis by itself (a row of the source weighed across, then
+/// the rows weighed down), each source row weighed once for the rows that read it.
 pub fn scale_into(src: &[u8], sw: u16, sh: u16, dst: &mut [u8], dw: u16, dh: u16, r: Rect) {
     let Some(r) = r.clip(dw, dh) else {
         return;
     };
-    let (sw32, sh32) = (u32::from(sw), u32::from(sh));
     if sw == 0 || sh == 0 || src.len() < usize::from(sw) * usize::from(sh) * 4 {
         return;
     }
     if dst.len() < usize::from(dw) * usize::from(dh) * 4 {
         return;
     }
-    let xs: Vec<Tap> = (u32::from(r.x)..u32::from(r.x) + u32::from(r.w))
-        .map(|x| tap(x, sw32, u32::from(dw)))
+    let (sw32, sh32) = (u32::from(sw), u32::from(sh));
+    let xs: Vec<Vec<(u32, u32)>> = (u32::from(r.x)..u32::from(r.x) + u32::from(r.w))
+        .map(|x| weights(tap(x, sw32, u32::from(dw))))
         .collect();
-    let px = |x: u32, y: u32| {
-        let i = (y as usize * usize::from(sw) + x as usize) * 4;
-        [
-            u32::from(src[i]),
-            u32::from(src[i + 1]),
-            u32::from(src[i + 2]),
-        ]
+    let width = usize::from(r.w);
+    // Source rows weighed across (×256), the last few kept: neighbouring window rows share
+    // them.
+    let mut rows: std::collections::VecDeque<(u32, Vec<u32>)> = std::collections::VecDeque::new();
+    let across = |sy: u32| {
+        let row = &src[sy as usize * usize::from(sw) * 4..][..usize::from(sw) * 4];
+        let mut out = vec![0u32; width * 3];
+        for (o, taps) in out.chunks_exact_mut(3).zip(&xs) {
+            let (mut b, mut g, mut rr) = (0u32, 0u32, 0u32);
+            for &(sx, w) in taps {
+                let p = &row[sx as usize * 4..sx as usize * 4 + 3];
+                b += u32::from(p[0]) * w;
+                g += u32::from(p[1]) * w;
+                rr += u32::from(p[2]) * w;
+            }
+            o[0] = b;
+            o[1] = g;
+            o[2] = rr;
+        }
+        out
     };
+    let mut sum = vec![0u32; width * 3];
     for y in u32::from(r.y)..u32::from(r.y) + u32::from(r.h) {
-        let ty = tap(y, sh32, u32::from(dh));
-        let row = y as usize * usize::from(dw) * 4;
-        for (i, tx) in xs.iter().enumerate() {
-            let mut sum = [0u32; 3];
-            let mut n = 0u32;
-            // Each axis by itself: a span averaged, or two pixels weighed.
-            let ys: [(u32, u32); 2] = match ty {
-                Tap::Span(a, b) => [(a, b), (0, 0)],
-                Tap::Lerp(a, b, w) => [(a, 256 - w), (b, w)],
-            };
-            let xw: [(u32, u32); 2] = match *tx {
-                Tap::Span(a, b) => [(a, b), (0, 0)],
-                Tap::Lerp(a, b, w) => [(a, 256 - w), (b, w)],
-            };
-            match (ty, *tx) {
-                (Tap::Span(y0, y1), Tap::Span(x0, x1)) => {
-                    for sy in y0..y1 {
-                        for sx in x0..x1 {
-                            let p = px(sx, sy);
-                            for c in 0..3 {
-                                sum[c] += p[c];
-                            }
-                            n += 1;
-                        }
-                    }
+        sum.iter_mut().for_each(|v| *v = 0);
+        for (sy, wy) in weights(tap(y, sh32, u32::from(dh))) {
+            if !rows.iter().any(|(k, _)| *k == sy) {
+                if rows.len() >= 4 {
+                    rows.pop_front();
                 }
-                (Tap::Span(y0, y1), Tap::Lerp(..)) => {
-                    for sy in y0..y1 {
-                        for &(sx, w) in &xw {
-                            let p = px(sx, sy);
-                            for c in 0..3 {
-                                sum[c] += p[c] * w;
-                            }
-                        }
-                        n += 256;
-                    }
-                }
-                (Tap::Lerp(..), Tap::Span(x0, x1)) => {
-                    for &(sy, w) in &ys {
-                        for sx in x0..x1 {
-                            let p = px(sx, sy);
-                            for c in 0..3 {
-                                sum[c] += p[c] * w;
-                            }
-                        }
-                    }
-                    n = 256 * (x1 - x0);
-                }
-                (Tap::Lerp(..), Tap::Lerp(..)) => {
-                    for &(sy, wy) in &ys {
-                        for &(sx, wx) in &xw {
-                            let p = px(sx, sy);
-                            for c in 0..3 {
-                                sum[c] += p[c] * wy * wx;
-                            }
-                        }
-                    }
-                    n = 256 * 256;
-                }
+                rows.push_back((sy, across(sy)));
             }
-            let o = row + (usize::from(r.x) + i) * 4;
-            for c in 0..3 {
-                dst[o + c] = ((sum[c] + n / 2) / n.max(1)) as u8;
+            let Some((_, row)) = rows.iter().find(|(k, _)| *k == sy) else {
+                continue;
+            };
+            for (s, v) in sum.iter_mut().zip(row) {
+                *s += v * wy;
             }
-            dst[o + 3] = 0;
+        }
+        let o = (y as usize * usize::from(dw) + usize::from(r.x)) * 4;
+        for (px, s) in dst[o..o + width * 4]
+            .chunks_exact_mut(4)
+            .zip(sum.chunks_exact(3))
+        {
+            px[0] = ((s[0] + 32768) >> 16) as u8;
+            px[1] = ((s[1] + 32768) >> 16) as u8;
+            px[2] = ((s[2] + 32768) >> 16) as u8;
+            px[3] = 0;
         }
     }
 }
