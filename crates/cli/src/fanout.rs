@@ -479,17 +479,7 @@ impl GroupSeal {
     fn rotated(&mut self) -> Result<Option<u64>> {
         let k = *self.key.borrow_and_update();
         let old = std::mem::replace(&mut self.keys, k);
-        let mut after = None::<u64>;
-        if k.key != old.key {
-            // The first rotation since the key it sealed under (two may have come as one).
-            after = Some(k.retired_after(&old.key));
-        }
-        if k.run != old.run {
-            // From the start of the first run after the one it sealed under (the device
-            // restarted, maybe more than once).
-            let began = k.began_after(old.run.id).min(k.run.began);
-            after = Some(after.map_or(began, |a| a.min(began)));
-        }
+        let after = k.resend_after(&old);
         if after.is_some() {
             self.seal = EncryptForward::new(&Key::given(k.run_key()), Cipher::Aes256Gcm)?;
         }

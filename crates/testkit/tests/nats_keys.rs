@@ -293,8 +293,8 @@ struct Device {
     rotating: bool,
     /// Rotations so far (the key's generation).
     rotations: u8,
-    /// The key it seals under.
-    sealing: [u8; 32],
+    /// The keys it seals under.
+    sealing: GroupKey,
     /// Every (key generation, frame) it sealed.
     sealed: HashSet<(u8, u64)>,
     /// Every app frame delivered, with where it was stored.
@@ -502,7 +502,7 @@ fn run(seed: u64) -> Result<String, String> {
         gen: 0,
         rotating: false,
         rotations: 0,
-        sealing: first.key,
+        sealing: first,
         sealed: HashSet::new(),
         got: HashMap::new(),
         runs: vec![(RUN, 0)],
@@ -594,7 +594,7 @@ fn run(seed: u64) -> Result<String, String> {
             d.consumer.redeliver();
             d.outbox = Outbox::new(DOWN, run, true, None, true);
             d.seal = forward(&d.keys);
-            d.sealing = d.keys.key;
+            d.sealing = d.keys;
             d.runs.push((run, d.next));
             for a in apps.iter_mut() {
                 a.notice = true;
@@ -652,11 +652,11 @@ fn run(seed: u64) -> Result<String, String> {
         if d.rotating {
             if d.keys.since != SINCE_PENDING && d.outbox.is_settled() {
                 // What it sealed under the key it held and was stored after that key's
-                // rotation (the first it had not followed) goes again.
-                let after = d.keys.retired_after(&d.sealing);
+                // rotation (the first it had not followed) goes again (fanout's rule).
+                let after = d.keys.resend_after(&d.sealing).unwrap_or(u64::MAX);
                 let again = d.outbox.rotate(d.keys.run, after);
                 d.seal = forward(&d.keys);
-                d.sealing = d.keys.key;
+                d.sealing = d.keys;
                 // Both rotations at once when it follows late: generation = key.
                 d.gen = d.rotations;
                 d.rotating = false;
@@ -687,16 +687,10 @@ fn run(seed: u64) -> Result<String, String> {
             }
             if let Some(k) = a.learning {
                 if a.outbox.is_settled() {
-                    // As fanout's GroupSeal: what was stored after the rotation of the key it
-                    // sealed under, or after the new device run began, goes again.
-                    let mut after = u64::MAX;
-                    if k.key != a.keys.key {
-                        after = k.retired_after(&a.keys.key);
-                    }
-                    if k.run != a.keys.run {
-                        // From the first run it missed (it may have missed several).
-                        after = after.min(k.began_after(a.keys.run.id));
-                    }
+                    // As fanout's GroupSeal (the same rule): what was stored after the rotation
+                    // of the key it sealed under, or after the first device run it missed
+                    // began, goes again.
+                    let after = k.resend_after(&a.keys).unwrap_or(u64::MAX);
                     let again = a.outbox.rotate(k.run, after);
                     a.keys = k;
                     a.seal = forward(&k);

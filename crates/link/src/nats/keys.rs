@@ -143,6 +143,26 @@ impl GroupKey {
         }
     }
 
+    /// A sender that sealed under `old` and now holds these keys: `Some(after)` when the run
+    /// key changed, `after` the JetStream stream sequence after which the device no longer
+    /// opens what was sealed under the old one, so the sender seals it again and publishes it
+    /// once more — the first rotation since the key it sealed under (two may have come as
+    /// one: [`GroupKey::retired_after`]), or the start of the first device run after the one it
+    /// sealed for (the device restarted, maybe more than once: [`GroupKey::began_after`]),
+    /// whichever is earlier. The binary's publishers and the simulations' senders follow this
+    /// one rule.
+    pub fn resend_after(&self, old: &GroupKey) -> Option<u64> {
+        let mut after = None::<u64>;
+        if self.key != old.key {
+            after = Some(self.retired_after(&old.key));
+        }
+        if self.run != old.run {
+            let began = self.began_after(old.run.id).min(self.run.began);
+            after = Some(after.map_or(began, |a| a.min(began)));
+        }
+        after
+    }
+
     /// The key frames of the run as it stands are sealed under.
     pub fn run_key(&self) -> [u8; 32] {
         run_key(&self.key, self.run)
@@ -911,6 +931,20 @@ mod tests {
         // A rotation keeps them.
         let rot = rotation(k, &["x".into()], |_| false, [9; 32]).unwrap();
         assert_eq!(rot.keys.earlier, k.earlier);
+        // What a sender seals again: nothing under the same keys; after a restart from the
+        // first run it missed; after a rotation from where it began; both: the earlier.
+        let first = keys(1, r(1, 0));
+        assert_eq!(k.resend_after(&k), None);
+        assert_eq!(k.resend_after(&first), Some(100));
+        let rotated = rot.keys.since_at(450);
+        assert_eq!(rotated.resend_after(&k), Some(450));
+        assert_eq!(rotated.resend_after(&first), Some(100));
+        assert_eq!(rotated.resend_after(&keys(1, r(5, 400))), Some(450));
+        assert_eq!(
+            rotated.resend_after(&keys(7, r(5, 400))),
+            Some(0),
+            "key 7 is none of these keys': everything again"
+        );
     }
 
     #[test]
