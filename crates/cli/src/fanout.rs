@@ -35,10 +35,10 @@ use ndd_link::nats::join::{Admission, Host, Joiner, Welcome};
 use ndd_link::nats::keys::{
     rotation, GroupKey, Outcome, RunHalf, EARLIER_RUNS, RUN_NOTICE_SPACING, SINCE_PENDING,
 };
-use ndd_link::nats::outbox::Outbox;
 use ndd_link::nats::receive::{Event, Poll, Receiver, Wait};
 use ndd_link::nats::record::{FrameRecord, END_SEQ, HEADER_LEN};
 use ndd_link::nats::runs::{next_run_id, Run};
+use ndd_link::nats::send::{Follow, RunSeal, Sender};
 use ndd_link::nats::subjects::Subjects;
 use ndd_link::nats::NatsConfig;
 use ndd_link::seal::LocalIdentity;
@@ -449,41 +449,21 @@ impl KeyKeeper {
 /// answered once it has asked the device.
 type Refresh = mpsc::Sender<tokio::sync::oneshot::Sender<()>>;
 
-/// The sending half under the run key as it stands: rebuilt when the group key rotates or
-/// (an app side) the device's run changes.
-struct GroupSeal {
-    key: watch::Receiver<GroupKey>,
-    keys: GroupKey,
-    seal: EncryptForward,
-}
+/// The `encrypt` pair's forward half as one run's sealing half ([`Sender`]).
+struct RunSealer(EncryptForward);
 
-impl GroupSeal {
-    fn new(mut key: watch::Receiver<GroupKey>) -> Result<GroupSeal> {
-        let keys = *key.borrow_and_update();
-        Ok(GroupSeal {
-            key,
-            keys,
-            seal: EncryptForward::new(&Key::given(keys.run_key()), Cipher::Aes256Gcm)?,
-        })
+impl RunSeal for RunSealer {
+    fn under(key: [u8; 32]) -> Result<RunSealer, ndd_core::ModuleError> {
+        EncryptForward::new(&Key::given(key), Cipher::Aes256Gcm).map(RunSealer)
     }
 
-    /// The run frames are sealed for.
-    fn run(&self) -> Run {
-        self.keys.run
-    }
-
-    /// Follows a rotation or a new device run: `Some(after)` when the run key changed since
-    /// the last call, `after` the JetStream stream sequence after which the device no longer
-    /// opens what was sealed under the old one (a rotation's [`GroupKey::since`], a new run's
-    /// start: whichever is earlier).
-    fn rotated(&mut self) -> Result<Option<u64>> {
-        let k = *self.key.borrow_and_update();
-        let old = std::mem::replace(&mut self.keys, k);
-        let after = k.resend_after(&old);
-        if after.is_some() {
-            self.seal = EncryptForward::new(&Key::given(k.run_key()), Cipher::Aes256Gcm)?;
-        }
-        Ok(after)
+    fn seal(
+        &mut self,
+        frame: Frame,
+        wseq: u64,
+        out: &mut Output,
+    ) -> Result<(), ndd_core::ModuleError> {
+        self.0.seal_bound(frame, wseq, out)
     }
 }
 
@@ -1836,13 +1816,13 @@ async fn spawn_stream(
                 )
             })?;
         let stack = user_stack(cfg, plan, Role::Source)?;
-        let seal = GroupSeal::new(key.clone())?;
-        let out = Publisher::new(ctx, plan, seal.run(), js);
+        let mut keys = key.clone();
+        let out = Publisher::new(ctx, plan, *keys.borrow_and_update(), js)?;
         let endpoint = source.abort_handle();
         let finish = finish.clone();
         tasks.spawn(async move {
             let mut stack = stack;
-            let r = pump_source(rx, finish, &mut stack, seal, out, stats.clone()).await;
+            let r = pump_source(rx, finish, &mut stack, keys, out, stats.clone()).await;
             lock(&stats).layers = stack.stats();
             source.abort();
             r.map(|()| None)
@@ -2006,7 +1986,8 @@ struct Publisher {
     ctx: Ctx,
     plan: Plan,
     js: Option<jetstream::Context>,
-    outbox: Outbox<Plain>,
+    /// The sans-IO sending half: sealing, the outbox, following the keys.
+    sender: Sender<RunSealer, Plain>,
     /// Acknowledgements as they come (each ack waited for by a task of its own, so a failed
     /// one goes again at once, not after the ones published before it).
     acks_tx: mpsc::UnboundedSender<AckResult>,
@@ -2018,7 +1999,12 @@ struct Publisher {
 }
 
 impl Publisher {
-    fn new(ctx: &Ctx, plan: &Plan, run: Run, js: Option<jetstream::Context>) -> Publisher {
+    fn new(
+        ctx: &Ctx,
+        plan: &Plan,
+        keys: GroupKey,
+        js: Option<jetstream::Context>,
+    ) -> Result<Publisher> {
         let js = js.filter(|_| plan.reliable);
         let app = ctx.side == SideName::App;
         // Many app sides publish on one up subject with the device's run id and their own
@@ -2027,16 +2013,16 @@ impl Publisher {
         // app side's frames never reached the device). Both sides keep their reliable frames
         // a while, to seal them again after a rotation (a device side's are all stored before
         // its rotation reads where the stream stands: [`RotationGate`]).
-        let outbox = Outbox::new(
+        let sender = Sender::new(
             plan.id,
-            run,
+            keys,
             js.is_some(),
             app.then(random_u64),
             plan.reliable,
-        );
+        )?;
         let gate = (!app && js.is_some()).then(|| ctx.gate.join());
         let (acks_tx, acks_rx) = mpsc::unbounded_channel();
-        Publisher {
+        Ok(Publisher {
             gate,
             budget: Budget::new(),
             dropped: 0,
@@ -2044,11 +2030,11 @@ impl Publisher {
             ctx: ctx.clone(),
             plan: plan.clone(),
             js,
-            outbox,
+            sender,
             acks_tx,
             acks_rx,
             connects: ctx.connects.load(std::sync::atomic::Ordering::Acquire),
-        }
+        })
     }
 
     fn subject(&self, route: Route) -> (String, Option<u16>) {
@@ -2070,46 +2056,36 @@ impl Publisher {
         (s, part)
     }
 
-    /// Seals `frame` for `subject` into `out`, bound to the subject sequence its record will
-    /// carry (a receiver keeps the sender's order, not one someone who may publish wrote into
-    /// a header: [`ndd_link::nats::record`]). Publish it next on that subject.
-    fn seal_for(
-        &self,
-        seal: &mut EncryptForward,
-        subject: &str,
-        frame: Frame,
-        out: &mut Output,
-    ) -> Result<()> {
-        let wseq = self.outbox.next_wseq(subject);
-        seal.seal_bound(frame, wseq, out)
-            .map_err(|e| anyhow!("stream \"{}\": encrypt: {e}", self.plan.name))
-    }
-
-    /// Publishes a sealed frame on `subject` (`part`: its part of a split stream; both from
-    /// [`Publisher::subject`], worked out once per frame); returns its JetStream message id
-    /// (reliable streams).
+    /// Seals `frame` for `subject` (`part`: its part of a split stream; both from
+    /// [`Publisher::subject`], worked out once per frame) and publishes it, kept with `keep`
+    /// to be sealed again after a rotation (app side, reliable streams); waits while too many
+    /// publishes wait for their acknowledgement. The sealed frame's length.
     async fn publish(
         &mut self,
         frame: Frame,
         subject: &str,
         part: Option<u16>,
-    ) -> Result<Option<String>> {
-        let len = frame.len() + HEADER_LEN;
-        if len > self.ctx.max_payload {
+        keep: Option<(usize, Plain)>,
+    ) -> Result<usize> {
+        self.catch_up();
+        let (_, len) = self
+            .sender
+            .send(Instant::now(), subject, part, frame, keep)
+            .map_err(|e| anyhow!("stream \"{}\": encrypt: {e}", self.plan.name))?;
+        if len + HEADER_LEN > self.ctx.max_payload {
             bail!(
-                "stream \"{}\": a frame of {len} bytes exceeds the NATS server's max_payload ({} bytes); raise max_payload in the server's configuration, or cut frames with multiplex split",
+                "stream \"{}\": a frame of {} bytes exceeds the NATS server's max_payload ({} bytes); raise max_payload in the server's configuration, or cut frames with multiplex split",
                 self.plan.name,
+                len + HEADER_LEN,
                 self.ctx.max_payload
             );
         }
-        self.catch_up();
-        let id = self.outbox.publish(Instant::now(), subject, part, frame);
         self.transmit().await?;
-        while self.outbox.in_flight() > JS_IN_FLIGHT {
+        while self.sender.outbox.in_flight() > JS_IN_FLIGHT {
             let ev = self.next_event().await;
             self.on_event(ev).await?;
         }
-        Ok(id)
+        Ok(len)
     }
 
     /// Takes what happened meanwhile: a reconnect, acknowledgements, retries now due.
@@ -2121,12 +2097,12 @@ impl Publisher {
                 stream = %self.plan.name,
                 "reconnected to NATS: publishing the recent frames again"
             );
-            self.outbox.handle_reconnect();
+            self.sender.outbox.handle_reconnect();
         }
         while let Ok((token, r)) = self.acks_rx.try_recv() {
-            self.outbox.handle_ack(Instant::now(), token, r);
+            self.sender.outbox.handle_ack(Instant::now(), token, r);
         }
-        self.outbox.handle_timeout(Instant::now());
+        self.sender.outbox.handle_timeout(Instant::now());
     }
 
     /// Its counters into the stream's stats: lossy frames dropped for want of room, and
@@ -2134,17 +2110,17 @@ impl Publisher {
     fn report(&self, stats: &Shared<StreamStats>) {
         let mut s = lock(stats);
         s.overflow = self.dropped;
-        s.retransmits = self.outbox.retried + self.outbox.republished;
+        s.retransmits = self.sender.outbox.retried + self.sender.outbox.republished;
     }
 
     /// Whether stored publishes wait for their acknowledgement.
     fn busy(&self) -> bool {
-        self.outbox.in_flight() > 0
+        self.sender.outbox.in_flight() > 0
     }
 
     /// The next acknowledgement, or `None` when a retry is due (cancel-safe).
     async fn next_event(&mut self) -> Option<AckResult> {
-        let wake = self.outbox.poll_timeout();
+        let wake = self.sender.outbox.poll_timeout();
         tokio::select! {
             r = self.acks_rx.recv() => r,
             _ = sleep_until_opt(wake) => None,
@@ -2153,7 +2129,7 @@ impl Publisher {
 
     async fn on_event(&mut self, ev: Option<AckResult>) -> Result<()> {
         if let Some((token, r)) = ev {
-            self.outbox.handle_ack(Instant::now(), token, r);
+            self.sender.outbox.handle_ack(Instant::now(), token, r);
         }
         self.catch_up();
         self.transmit().await
@@ -2162,7 +2138,7 @@ impl Publisher {
     /// Hands the outbox's messages to the client; a stored one's acknowledgement is waited
     /// for by a task of its own.
     async fn transmit(&mut self) -> Result<()> {
-        while let Some(p) = self.outbox.poll_transmit() {
+        while let Some(p) = self.sender.outbox.poll_transmit() {
             let (Some(js), Some(id)) = (self.js.as_ref(), p.id) else {
                 let rec = if self.ending {
                     self.budget.wrap(p.body).await
@@ -2202,28 +2178,23 @@ impl Publisher {
                 }
                 Err(e) => {
                     tracing::debug!(subject = %p.subject, error = %e, "JetStream publish failed; again");
-                    self.outbox.handle_ack(Instant::now(), p.token, Err(()));
+                    self.sender
+                        .outbox
+                        .handle_ack(Instant::now(), p.token, Err(()));
                 }
             }
         }
         Ok(())
     }
 
-    /// Notes a frame as it was before sealing (app side, reliable streams).
-    fn keep(&mut self, (meta, payload): (Meta, Bytes), route: Route, id: String) {
-        let len = payload.len();
-        self.outbox
-            .keep(Instant::now(), id, len, (meta, payload, route));
-    }
-
-    /// Follows `seal` to a rotated group key or a new device run: what the device no longer
+    /// Follows the keys to a rotated group key or a new device run: what the device no longer
     /// opens goes again under the new run key (the frames this side sealed under the old key
-    /// that were stored after the rotation began).
-    async fn follow(&mut self, seal: &mut GroupSeal) -> Result<()> {
-        if !seal.key.has_changed().unwrap_or(false) {
+    /// that were stored after the rotation began, or after the first run it missed began).
+    async fn follow(&mut self, key: &mut watch::Receiver<GroupKey>) -> Result<()> {
+        if !key.has_changed().unwrap_or(false) {
             return Ok(());
         }
-        if self.gate.is_some() && seal.key.borrow().since == SINCE_PENDING {
+        if self.gate.is_some() && key.borrow().since == SINCE_PENDING {
             // The device's rotation, a reliable stream: everything sealed under the old key is
             // stored before it reads where the stream stands ([`RotationGate`]); nothing new
             // is sealed meanwhile. (A lossy stream goes on under the new key at once.)
@@ -2231,27 +2202,24 @@ impl Publisher {
             if let Some(g) = &self.gate {
                 g.0.settled();
             }
-            let _ = seal.key.wait_for(|k| k.since != SINCE_PENDING).await;
+            let _ = key.wait_for(|k| k.since != SINCE_PENDING).await;
         }
-        let Some(after) = seal.rotated()? else {
-            return Ok(());
-        };
-        if self.outbox.keeps() {
-            // Every publish acknowledged: the stream sequence of each kept frame is known.
-            self.settle_all().await?;
-        }
-        let again = self.outbox.rotate(seal.run(), after);
-        let n = again.len();
-        let mut sealed = Output::new();
-        for (meta, payload, route) in again {
-            let frame = Frame::from_bytes(meta, payload.clone());
-            let (subject, part) = self.subject(route);
-            self.seal_for(&mut seal.seal, &subject, frame, &mut sealed)?;
-            for f in sealed.take_frames() {
-                if let Some(id) = self.publish(f, &subject, part).await? {
-                    self.keep((meta, payload.clone()), route, id);
-                }
+        let keys = *key.borrow_and_update();
+        let again = loop {
+            match self.sender.follow(keys).map_err(|e| anyhow!("{e}"))? {
+                Follow::Same => return Ok(()),
+                // Every publish acknowledged first: the stream sequence of each kept frame is
+                // known.
+                Follow::Settle => self.settle_all().await?,
+                Follow::Again(again) => break again,
             }
+        };
+        let n = again.len();
+        for (meta, payload, route) in again {
+            let (subject, part) = self.subject(route);
+            let frame = Frame::from_bytes(meta, payload.clone());
+            let keep = Some((payload.len(), (meta, payload, route)));
+            self.publish(frame, &subject, part, keep).await?;
         }
         if n > 0 {
             tracing::info!(
@@ -2268,14 +2236,14 @@ impl Publisher {
     /// a message may be lost (a slow consumer's, or one the server drops): the END goes
     /// [`END_REPEATS`] more times, so an app side under `--once` does not wait for it for
     /// good; app sides take the first and pass over the others.
-    async fn end(&mut self, seal: &mut EncryptForward) -> Result<()> {
+    async fn end(&mut self) -> Result<()> {
         self.ending = true;
-        self.send_end(seal).await?;
+        self.send_end().await?;
         self.flush().await?;
         if self.js.is_none() {
             for pause in END_REPEATS {
                 tokio::time::sleep(pause).await;
-                self.send_end(seal).await?;
+                self.send_end().await?;
                 self.flush().await?;
             }
         }
@@ -2283,7 +2251,7 @@ impl Publisher {
     }
 
     /// One END on every subject of the stream.
-    async fn send_end(&mut self, seal: &mut EncryptForward) -> Result<()> {
+    async fn send_end(&mut self) -> Result<()> {
         let routes: Vec<Route> = match self.plan.split {
             Some(parts) => (0..parts).map(|part| Route::Part { part, parts }).collect(),
             None => vec![Route::All],
@@ -2295,21 +2263,20 @@ impl Publisher {
                 timestamp_ns: wall_ns(),
                 flags: 0,
             };
-            let mut out = Output::new();
             if self.plan.round_robin {
                 // Every member hears it (on core NATS), sealed with that subject's sequence.
                 let subject = self.ctx.subjects.end(self.plan.id);
-                self.seal_for(seal, &subject, Frame::new(meta, &[]), &mut out)?;
-                for f in out.take_frames() {
-                    let rec = self.outbox.record(&subject, f);
+                let rec = self
+                    .sender
+                    .record(&subject, Frame::new(meta, &[]))
+                    .map_err(|e| anyhow!("stream \"{}\": encrypt: {e}", self.plan.name))?;
+                if let Some(rec) = rec {
                     let _ = self.ctx.client.publish(subject.clone(), rec).await;
                 }
             }
             let (subject, part) = self.subject(route);
-            self.seal_for(seal, &subject, Frame::new(meta, &[]), &mut out)?;
-            for f in out.take_frames() {
-                self.publish(f, &subject, part).await?;
-            }
+            self.publish(Frame::new(meta, &[]), &subject, part, None)
+                .await?;
         }
         Ok(())
     }
@@ -2319,7 +2286,7 @@ impl Publisher {
         loop {
             self.catch_up();
             self.transmit().await?;
-            if self.outbox.is_settled() {
+            if self.sender.outbox.is_settled() {
                 return Ok(());
             }
             let ev = self.next_event().await;
@@ -2341,15 +2308,14 @@ async fn pump_source(
     mut rx: mpsc::Receiver<Frame>,
     mut finish: watch::Receiver<bool>,
     stack: &mut Stack,
-    mut seal: GroupSeal,
+    mut keys: watch::Receiver<GroupKey>,
     mut out: Publisher,
     stats: Shared<StreamStats>,
 ) -> Result<()> {
     let name = out.plan.name.clone();
-    let mut sealed = Output::new();
     let mut closed = false;
     // A rotation also reaches a stream with nothing to send (its kept frames go again).
-    let mut rotation = seal.key.clone();
+    let mut rotation = keys.clone();
     loop {
         let wake = stack.poll_timeout();
         let frame = tokio::select! {
@@ -2367,40 +2333,39 @@ async fn pump_source(
                 out.report(&stats);
                 continue;
             }
-            r = rotation.changed(), if out.outbox.keeps() => {
+            r = rotation.changed(), if out.sender.outbox.keeps() => {
                 if r.is_err() {
-                    out.outbox.stop_keeping();
+                    out.sender.outbox.stop_keeping();
                 } else {
-                    out.follow(&mut seal).await?;
+                    out.follow(&mut keys).await?;
                 }
                 continue;
             }
             _ = sleep_until_opt(wake) => {
                 stack.handle_timeout(Instant::now()).map_err(|e| anyhow!("{e}"))?;
-                drain(stack, &mut seal, &mut sealed, &mut out, &stats, &name).await?;
+                drain(stack, &mut keys, &mut out, &stats, &name).await?;
                 continue;
             }
         };
         let Some(frame) = frame else {
             stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
-            drain(stack, &mut seal, &mut sealed, &mut out, &stats, &name).await?;
+            drain(stack, &mut keys, &mut out, &stats, &name).await?;
             out.flush().await?;
-            out.follow(&mut seal).await?;
-            out.end(&mut seal.seal).await?;
+            out.follow(&mut keys).await?;
+            out.end().await?;
             return Ok(());
         };
         lock(&stats).produced(frame.len());
         stack
             .handle_frame(Instant::now(), frame)
             .map_err(|e| anyhow!("{e}"))?;
-        drain(stack, &mut seal, &mut sealed, &mut out, &stats, &name).await?;
+        drain(stack, &mut keys, &mut out, &stats, &name).await?;
     }
 }
 
 async fn drain(
     stack: &mut Stack,
-    seal: &mut GroupSeal,
-    sealed: &mut Output,
+    keys: &mut watch::Receiver<GroupKey>,
     out: &mut Publisher,
     stats: &Shared<StreamStats>,
     name: &str,
@@ -2411,28 +2376,26 @@ async fn drain(
         } else {
             Route::All
         };
-        out.follow(seal).await?;
+        out.follow(keys).await?;
         // Kept as it is before sealing (the seal then copies it: app → device frames only).
-        let (f, plain) = if out.outbox.keeps() {
+        let (f, keep) = if out.sender.outbox.keeps() {
             let meta = f.meta;
             let b = f.into_bytes();
-            (Frame::from_bytes(meta, b.clone()), Some((meta, b)))
+            (
+                Frame::from_bytes(meta, b.clone()),
+                Some((b.len(), (meta, b, route))),
+            )
         } else {
             (f, None)
         };
         let (subject, part) = out.subject(route);
-        out.seal_for(&mut seal.seal, &subject, f, sealed)?;
-        for f in sealed.take_frames() {
-            {
-                let mut s = lock(stats);
-                s.wire_frames += 1;
-                s.wire_bytes += f.len() as u64;
-                if s.layers_due(Instant::now()) {
-                    s.layers = stack.stats();
-                }
-            }
-            if let (Some(id), Some(p)) = (out.publish(f, &subject, part).await?, plain.clone()) {
-                out.keep(p, route, id);
+        let len = out.publish(f, &subject, part, keep).await?;
+        {
+            let mut s = lock(stats);
+            s.wire_frames += 1;
+            s.wire_bytes += len as u64;
+            if s.layers_due(Instant::now()) {
+                s.layers = stack.stats();
             }
         }
         out.report(stats);

@@ -59,16 +59,15 @@
 mod common;
 
 use bytes::Bytes;
-use common::RunInverse;
-use ndd_core::{Frame, Meta, Output};
+use common::{RunInverse, RunSealer};
+use ndd_core::{Frame, Meta};
 use ndd_link::nats::intake::REORDER_WAIT;
 use ndd_link::nats::keys::{rotation, GroupKey, SINCE_PENDING};
-use ndd_link::nats::outbox::{Outbox, Publish};
+use ndd_link::nats::outbox::Publish;
 use ndd_link::nats::receive::{Event, Poll, Receiver, Wait};
 use ndd_link::nats::record::FrameRecord;
 use ndd_link::nats::runs::Run;
-use ndd_modules::encrypt::key::Key;
-use ndd_modules::encrypt::{Cipher, EncryptForward};
+use ndd_link::nats::send::{Follow, Sender};
 use ndd_testkit::SimRng;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -84,23 +83,16 @@ const ACK_WAIT: Duration = Duration::from_secs(5);
 /// Frames each app side publishes, and the device.
 const FRAMES: u64 = 60;
 
-fn forward(keys: &GroupKey) -> EncryptForward {
-    EncryptForward::new(&Key::given(keys.run_key()), Cipher::Aes256Gcm).unwrap()
-}
-
-/// Frame `seq` of `stream` sealed as fanout's Publisher seals it: bound to the subject
-/// sequence its record will carry (`wseq`).
-fn seal(f: &mut EncryptForward, stream: u16, seq: u64, wseq: u64, body: &[u8]) -> Frame {
+/// Frame `seq` of `stream`, before sealing (the binary's `Sender` seals it bound to the
+/// subject sequence its record will carry).
+fn plain(stream: u16, seq: u64, body: &[u8]) -> Frame {
     let meta = Meta {
         stream,
         seq,
         timestamp_ns: seq,
         flags: 0,
     };
-    let mut out = Output::new();
-    f.seal_bound(Frame::new(meta, body), wseq, &mut out)
-        .unwrap();
-    out.take_frames().pop().unwrap()
+    Frame::new(meta, body)
 }
 
 /// App side `app`'s frame `n`.
@@ -216,10 +208,8 @@ impl Consumer {
 struct App {
     /// How likely it reads at a step (a slow one lags behind the stream).
     pace: f64,
-    /// The keys it seals under.
-    keys: GroupKey,
-    seal: EncryptForward,
-    outbox: Outbox<u64>,
+    /// Its sending half of the app → device stream (the binary's: sealing, outbox, keys).
+    tx: Sender<RunSealer, u64>,
     next: u64,
     /// Keys learnt, applied to sealing once every publish is acknowledged.
     learning: Option<GroupKey>,
@@ -243,9 +233,7 @@ impl App {
         rx.intake().consumer_start(0);
         App {
             pace,
-            keys,
-            seal: forward(&keys),
-            outbox: Outbox::new(UP, keys.run, true, Some(id as u64), true),
+            tx: Sender::new(UP, keys, true, Some(id as u64), true).unwrap(),
             next: 0,
             learning: None,
             rx,
@@ -262,17 +250,14 @@ impl App {
     fn learn(&mut self, keys: GroupKey, now: Instant) {
         // What did not open meanwhile goes again.
         self.rx.handle_keys(now, keys);
-        if keys.key != self.keys.key || keys.run != self.keys.run {
+        if keys.resend_after(&self.tx.keys()).is_some() {
             self.learning = Some(keys);
         }
     }
 
     fn publish(&mut self, now: Instant, n: u64, app: usize) {
-        let wseq = self.outbox.next_wseq("up");
-        let frame = seal(&mut self.seal, UP, n, wseq, &up_payload(app, n));
-        if let Some(id) = self.outbox.publish(now, "up", None, frame) {
-            self.outbox.keep(now, id, 16, n);
-        }
+        let frame = plain(UP, n, &up_payload(app, n));
+        self.tx.send(now, "up", None, frame, Some((16, n))).unwrap();
     }
 }
 
@@ -285,16 +270,14 @@ struct Device {
     consumer: Consumer,
     /// Its receiver waits for where the rotation began ([`Wait::Rotation`]).
     held: bool,
-    seal: EncryptForward,
-    outbox: Outbox<u64>,
+    /// Its sending half of the device → app stream (the binary's).
+    tx: Sender<RunSealer, u64>,
     next: u64,
     gen: u8,
     /// A rotation its publisher has not followed yet (it publishes nothing meanwhile).
     rotating: bool,
     /// Rotations so far (the key's generation).
     rotations: u8,
-    /// The keys it seals under.
-    sealing: GroupKey,
     /// Every (key generation, frame) it sealed.
     sealed: HashSet<(u8, u64)>,
     /// Every app frame delivered, with where it was stored.
@@ -312,12 +295,11 @@ struct Device {
 
 impl Device {
     fn publish(&mut self, now: Instant, n: u64) {
-        let wseq = self.outbox.next_wseq("down");
-        let frame = seal(&mut self.seal, DOWN, n, wseq, &down_payload(self.gen, n));
+        let frame = plain(DOWN, n, &down_payload(self.gen, n));
         self.sealed.insert((self.gen, n));
-        if let Some(id) = self.outbox.publish(now, "down", None, frame) {
-            self.outbox.keep(now, id, 16, n);
-        }
+        self.tx
+            .send(now, "down", None, frame, Some((16, n)))
+            .unwrap();
     }
 }
 
@@ -496,13 +478,11 @@ fn run(seed: u64) -> Result<String, String> {
         rx: Receiver::new(UP, false, first, false, WAIT),
         consumer: Consumer::new(UP),
         held: false,
-        seal: forward(&first),
-        outbox: Outbox::new(DOWN, RUN, true, None, true),
+        tx: Sender::new(DOWN, first, true, None, true).unwrap(),
         next: 0,
         gen: 0,
         rotating: false,
         rotations: 0,
-        sealing: first,
         sealed: HashSet::new(),
         got: HashMap::new(),
         runs: vec![(RUN, 0)],
@@ -535,7 +515,7 @@ fn run(seed: u64) -> Result<String, String> {
                         a.rx.holds_nothing(),
                         a.asking,
                         a.learning.is_some(),
-                        a.outbox.is_settled()
+                        a.tx.outbox.is_settled()
                     )
                 })
                 .collect();
@@ -545,7 +525,7 @@ fn run(seed: u64) -> Result<String, String> {
                 d.rx.holds_nothing(),
                 d.held,
                 d.rotating,
-                d.outbox.is_settled()
+                d.tx.outbox.is_settled()
             );
             return Err(format!(
                 "did not settle (revoked {revoked:?}, adversary {adversary}): device got {} frames, apps got {:?} of {}, in flight {}",
@@ -592,9 +572,7 @@ fn run(seed: u64) -> Result<String, String> {
             d.rx = Receiver::new(UP, false, d.keys, false, WAIT);
             d.held = false;
             d.consumer.redeliver();
-            d.outbox = Outbox::new(DOWN, run, true, None, true);
-            d.seal = forward(&d.keys);
-            d.sealing = d.keys;
+            d.tx = Sender::new(DOWN, d.keys, true, None, true).unwrap();
             d.runs.push((run, d.next));
             for a in apps.iter_mut() {
                 a.notice = true;
@@ -633,7 +611,7 @@ fn run(seed: u64) -> Result<String, String> {
         // fanout's RotationGate: where the stream stands is read once the device's reliable
         // publisher has every publish under the old key acknowledged.
         if let Some(began) = rotating_since {
-            if step >= began + since_delay && d.outbox.is_settled() {
+            if step >= began + since_delay && d.tx.outbox.is_settled() {
                 let since = js.last();
                 d.keys = d.keys.since_at(since);
                 if let Some(r) = revoked.last_mut() {
@@ -650,18 +628,21 @@ fn run(seed: u64) -> Result<String, String> {
         // rotation began and every publish is acknowledged, what it sealed under the old key
         // and was stored after goes again under the new one first.
         if d.rotating {
-            if d.keys.since != SINCE_PENDING && d.outbox.is_settled() {
+            if d.keys.since != SINCE_PENDING {
                 // What it sealed under the key it held and was stored after that key's
-                // rotation (the first it had not followed) goes again (fanout's rule).
-                let after = d.keys.resend_after(&d.sealing).unwrap_or(u64::MAX);
-                let again = d.outbox.rotate(d.keys.run, after);
-                d.seal = forward(&d.keys);
-                d.sealing = d.keys;
-                // Both rotations at once when it follows late: generation = key.
-                d.gen = d.rotations;
-                d.rotating = false;
-                for n in again {
-                    d.publish(now, n);
+                // rotation (the first it had not followed) goes again, once every publish is
+                // acknowledged (the binary's Sender).
+                match d.tx.follow(d.keys).map_err(|e| e.to_string())? {
+                    Follow::Settle => {}
+                    Follow::Same => d.rotating = false,
+                    Follow::Again(again) => {
+                        // Both rotations at once when it follows late: generation = key.
+                        d.gen = d.rotations;
+                        d.rotating = false;
+                        for n in again {
+                            d.publish(now, n);
+                        }
+                    }
                 }
             }
         } else if d.next < FRAMES && busy && rng.chance(0.15) {
@@ -669,8 +650,8 @@ fn run(seed: u64) -> Result<String, String> {
             d.publish(now, n);
             d.next += 1;
         }
-        d.outbox.handle_timeout(now);
-        while let Some(p) = d.outbox.poll_transmit() {
+        d.tx.outbox.handle_timeout(now);
+        while let Some(p) = d.tx.outbox.poll_transmit() {
             flight.push((DOWN, None, p));
         }
         // The app sides: act on a notice, follow a rotation, publish.
@@ -686,17 +667,17 @@ fn run(seed: u64) -> Result<String, String> {
                 }
             }
             if let Some(k) = a.learning {
-                if a.outbox.is_settled() {
-                    // As fanout's GroupSeal (the same rule): what was stored after the rotation
-                    // of the key it sealed under, or after the first device run it missed
-                    // began, goes again.
-                    let after = k.resend_after(&a.keys).unwrap_or(u64::MAX);
-                    let again = a.outbox.rotate(k.run, after);
-                    a.keys = k;
-                    a.seal = forward(&k);
-                    a.learning = None;
-                    for n in again {
-                        a.publish(now, n, i);
+                // What was stored after the rotation of the key it sealed under, or after the
+                // first device run it missed began, goes again, once every publish is
+                // acknowledged (the binary's Sender).
+                match a.tx.follow(k).map_err(|e| e.to_string())? {
+                    Follow::Settle => {}
+                    Follow::Same => a.learning = None,
+                    Follow::Again(again) => {
+                        a.learning = None;
+                        for n in again {
+                            a.publish(now, n, i);
+                        }
                     }
                 }
             } else if a.next < FRAMES && busy && rng.chance(0.1) {
@@ -704,8 +685,8 @@ fn run(seed: u64) -> Result<String, String> {
                 a.publish(now, n, i);
                 a.next += 1;
             }
-            a.outbox.handle_timeout(now);
-            while let Some(p) = a.outbox.poll_transmit() {
+            a.tx.outbox.handle_timeout(now);
+            while let Some(p) = a.tx.outbox.poll_transmit() {
                 flight.push((UP, Some(i), p));
             }
         }
@@ -754,8 +735,8 @@ fn run(seed: u64) -> Result<String, String> {
                 }
             };
             match who {
-                Some(a) => apps[a].outbox.handle_ack(now, p.token, result),
-                None => d.outbox.handle_ack(now, p.token, result),
+                Some(a) => apps[a].tx.outbox.handle_ack(now, p.token, result),
+                None => d.tx.outbox.handle_ack(now, p.token, result),
             }
         }
         // The adversary.
@@ -931,11 +912,11 @@ fn run(seed: u64) -> Result<String, String> {
         let read_all = |c: &Consumer| c.next >= js.log.len();
         if !busy
             && flight.is_empty()
-            && d.outbox.is_settled()
+            && d.tx.outbox.is_settled()
             && read_all(&d.consumer)
             && apps
                 .iter()
-                .all(|a| a.outbox.is_settled() && read_all(&a.consumer))
+                .all(|a| a.tx.outbox.is_settled() && read_all(&a.consumer))
         {
             skew += Duration::from_secs(1);
         }
@@ -951,7 +932,7 @@ fn run(seed: u64) -> Result<String, String> {
             && d.rx.holds_nothing()
             && d.keys.since != SINCE_PENDING
             && !d.rotating
-            && d.outbox.is_settled()
+            && d.tx.outbox.is_settled()
             && apps.iter().enumerate().all(|(i, a)| {
                 // The revoked side's order waits for good at the first frame it cannot open
                 // (to it, a forgery): it takes nothing more.
@@ -959,7 +940,7 @@ fn run(seed: u64) -> Result<String, String> {
                 (through || !d.trusted[i])
                     && !a.asking
                     && (!d.trusted[i] || (a.learning.is_none() && !a.notice))
-                    && a.outbox.is_settled()
+                    && a.tx.outbox.is_settled()
             })
         {
             break;

@@ -1,6 +1,6 @@
 //! The NATS fan-out's reliable path end to end over 1000 random schedules (issue 31, items 2
-//! and 3): the device side's real `ndd_link::nats::outbox::Outbox` publishing sealed frames
-//! into a model of JetStream, an app side's real `ndd_link::nats::receive::Receiver` taking
+//! and 3): the device side's real `ndd_link::nats::send::Sender` (its `Outbox`) publishing
+//! sealed frames into a model of JetStream, an app side's real `ndd_link::nats::receive::Receiver` taking
 //! them from its consumer (its `Intake`) and opening them (its `Opener`: the `encrypt` inverse
 //! under the run's key, the subject sequence sealed in each frame checked).
 //!
@@ -24,16 +24,15 @@
 mod common;
 
 use bytes::Bytes;
-use common::RunInverse;
-use ndd_core::{Frame, Meta, Output};
+use common::{RunInverse, RunSealer};
+use ndd_core::{Frame, Meta};
 use ndd_link::nats::intake::REORDER_WAIT;
 use ndd_link::nats::keys::GroupKey;
-use ndd_link::nats::outbox::{Outbox, Publish};
+use ndd_link::nats::outbox::Publish;
 use ndd_link::nats::receive::{Event as ReceiverEvent, Poll as ReceiverPoll, Receiver};
 use ndd_link::nats::record::END_SEQ;
-use ndd_link::nats::runs::{run_key, Run};
-use ndd_modules::encrypt::key::Key;
-use ndd_modules::encrypt::{Cipher, EncryptForward};
+use ndd_link::nats::runs::Run;
+use ndd_link::nats::send::Sender;
 use ndd_testkit::SimRng;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -143,9 +142,10 @@ fn run(seed: u64) -> Result<String, String> {
     faults.sort();
     let mut faults = std::collections::VecDeque::from(faults);
 
-    let mut outbox: Outbox<()> = Outbox::new(STREAM, RUN, true, None, false);
-    let mut seal =
-        EncryptForward::new(&Key::given(run_key(&GROUP, RUN)), Cipher::Aes256Gcm).unwrap();
+    // The binary's sending half: sealing bound to the subject sequence, the tx.outbox.
+    let mut tx: Sender<RunSealer, ()> =
+        Sender::new(STREAM, GroupKey::first(GROUP, RUN), true, None, false)
+            .map_err(|e| e.to_string())?;
     let mut rx: Receiver<RunInverse, u64> =
         Receiver::new(STREAM, true, GroupKey::first(GROUP, RUN), true, WAIT);
     rx.intake().consumer_start(1);
@@ -162,12 +162,12 @@ fn run(seed: u64) -> Result<String, String> {
         println!("faults (at, restart, pause): {faults:?}; {broker:?}");
     }
     // Until the stream is settled and its END reached the app side.
-    while !(ended && outbox.is_settled() && delivered.last() == Some(&END_SEQ)) {
+    while !(ended && tx.outbox.is_settled() && delivered.last() == Some(&END_SEQ)) {
         if sim.now > limit {
             return Err(format!(
                 "stalled: {} of {n} frames delivered, ended {ended}, {} in flight, {} queued events",
                 delivered.len(),
-                outbox.in_flight(),
+                tx.outbox.in_flight(),
                 sim.events.len()
             ));
         }
@@ -194,7 +194,7 @@ fn run(seed: u64) -> Result<String, String> {
             }
         }
         // The source: a frame every `spacing` ms while the outbox has room, then the END.
-        if !ended && sim.now >= next_at && outbox.in_flight() <= IN_FLIGHT {
+        if !ended && sim.now >= next_at && tx.outbox.in_flight() <= IN_FLIGHT {
             let seq = if next < n { next } else { END_SEQ };
             let body = if seq == END_SEQ {
                 Vec::new()
@@ -207,14 +207,8 @@ fn run(seed: u64) -> Result<String, String> {
                 timestamp_ns: sim.now,
                 flags: 0,
             };
-            let mut out = Output::new();
-            // As fanout's Publisher: bound to the subject sequence of its record.
-            let wseq = outbox.next_wseq(&subject);
-            seal.seal_bound(Frame::new(meta, &body), wseq, &mut out)
+            tx.send(at(sim.now), &subject, None, Frame::new(meta, &body), None)
                 .map_err(|e| e.to_string())?;
-            for f in out.take_frames() {
-                outbox.publish(at(sim.now), &subject, None, f);
-            }
             if seq == END_SEQ {
                 ended = true;
             }
@@ -222,8 +216,8 @@ fn run(seed: u64) -> Result<String, String> {
             next_at = sim.now + spacing;
         }
         // The client.
-        outbox.handle_timeout(at(sim.now));
-        while let Some(p) = outbox.poll_transmit() {
+        tx.outbox.handle_timeout(at(sim.now));
+        while let Some(p) = tx.outbox.poll_transmit() {
             let t = sim.now;
             if trace
                 .as_deref()
@@ -277,9 +271,9 @@ fn run(seed: u64) -> Result<String, String> {
                     if trace.is_some() {
                         println!("{} ms: ack {token} {r:?}", sim.now);
                     }
-                    outbox.handle_ack(at(sim.now), token, r)
+                    tx.outbox.handle_ack(at(sim.now), token, r)
                 }
-                Event::Reconnect => outbox.handle_reconnect(),
+                Event::Reconnect => tx.outbox.handle_reconnect(),
             }
         }
         // The app side's consumer.
@@ -345,7 +339,7 @@ fn run(seed: u64) -> Result<String, String> {
     }
     Ok(format!(
         "{n} frames exact in {} ms; {} retried, {} republished after a reconnect, {} copies dropped",
-        sim.now, outbox.retried, outbox.republished, rx.intake().copies
+        sim.now, tx.outbox.retried, tx.outbox.republished, rx.intake().copies
     ))
 }
 

@@ -27,6 +27,7 @@ pub mod outbox;
 pub mod receive;
 pub mod record;
 pub mod runs;
+pub mod send;
 pub mod subjects;
 
 use crate::LinkError;

@@ -2,8 +2,9 @@
 
 use ndd_core::{Frame, ModuleError, Output};
 use ndd_link::nats::keys::{Outcome, RunHalf};
+use ndd_link::nats::send::RunSeal;
 use ndd_modules::encrypt::key::Key;
-use ndd_modules::encrypt::{Cipher, EncryptInverse, Opening};
+use ndd_modules::encrypt::{Cipher, EncryptForward, EncryptInverse, Opening};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -33,5 +34,20 @@ impl RunHalf for RunInverse {
             Opening::Replayed => Outcome::Replayed,
             Opening::Rejected => Outcome::Rejected,
         })
+    }
+}
+
+/// The `encrypt` forward half as one run's sealing half of an
+/// [`ndd_link::nats::send::Sender`], as the binary's `RunSealer`.
+#[allow(dead_code)]
+pub struct RunSealer(EncryptForward);
+
+impl RunSeal for RunSealer {
+    fn under(key: [u8; 32]) -> Result<RunSealer, ModuleError> {
+        EncryptForward::new(&Key::given(key), Cipher::Aes256Gcm).map(RunSealer)
+    }
+
+    fn seal(&mut self, frame: Frame, wseq: u64, out: &mut Output) -> Result<(), ModuleError> {
+        self.0.seal_bound(frame, wseq, out)
     }
 }
