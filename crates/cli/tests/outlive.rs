@@ -186,8 +186,33 @@ fn with_once_the_first_connect_gives_up_after_the_connect_timeout() {
     wait_for("the waiting line", WAIT, || {
         let e = dev.stderr_now();
         e.contains(&format!("cannot connect to {addr}"))
-            && e.contains("waiting for the peer, retrying every 0.2 s at most")
+            && e.contains("(nothing listens there yet: start the other side with --listen on that address); waiting for the peer, retrying every 0.2 s at most")
     });
     assert!(dev.running());
     dev.kill();
+}
+
+#[test]
+fn a_side_listening_alone_says_what_its_peer_needs() {
+    let dir = Dir::new("outlive-alone");
+    let (_, app_home, _, _) = homes(&dir.0, true, true);
+    let (cfg, _, _) = config(&dir.0);
+    let addr = free_addr();
+    let mut app = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &addr]));
+    // After five seconds alone, once: how to start the other side, and that a loopback
+    // address is this machine's only.
+    wait_for("the hint", Duration::from_secs(20), || {
+        app.stderr_now().contains(&format!(
+            "no device side has connected to {addr} yet: start it on this machine with `ndd run CONFIG --side device --connect {addr}`; 127.0.0.1 is this machine only: for a peer on another machine, listen with --listen 0.0.0.0:"
+        ))
+    });
+    std::thread::sleep(Duration::from_millis(5500));
+    assert_eq!(
+        app.stderr_now()
+            .matches("no device side has connected")
+            .count(),
+        1
+    );
+    assert!(app.running());
+    app.kill();
 }

@@ -761,9 +761,16 @@ impl Connector {
             };
             if first && !bounded {
                 if let Some(n) = told.admit(Instant::now()) {
+                    // Refused at once: nothing listens there (the other side is not started,
+                    // or started without --listen: both sides connecting wait for good).
+                    let why = if err.to_string().contains("Connection refused") {
+                        " (nothing listens there yet: start the other side with --listen on that address)"
+                    } else {
+                        ""
+                    };
                     tracing::info!(
                         side = ctx.side,
-                        "{err}; waiting for the peer, retrying every {} s at most{}",
+                        "{err}{why}; waiting for the peer, retrying every {} s at most{}",
                         ctx.max_backoff.as_secs_f64(),
                         more(n)
                     );

@@ -322,27 +322,42 @@ pub async fn run_side(
     }
 
     // The first link: any failure here ends the run (mismatch, untrusted, nobody there).
-    let first = tokio::select! {
-        e = connector.establish(&ctx, true) => e?,
-        _ = stop.changed() => {
-            if opts.once {
-                bail!("stopped before a peer connected");
+    // A listener left alone says once, after a few seconds, what the other side needs.
+    let lonely = connector.local_addr().map(|a| lonely_hint(side, &a));
+    let alone = tokio::time::sleep(LONELY_AFTER);
+    tokio::pin!(alone);
+    let establish = connector.establish(&ctx, true);
+    tokio::pin!(establish);
+    let mut told = lonely.is_none();
+    let first = loop {
+        tokio::select! {
+            e = &mut establish => break e?,
+            _ = &mut alone, if !told => {
+                told = true;
+                if let Some(h) = &lonely {
+                    note!(quiet, side, "{h}");
+                }
             }
-            // A side that outlives its peers stopped cleanly: nothing to report.
-            note!(quiet, side, "stopped before a peer connected");
-            return Ok(RunReport {
-                streams: Vec::new(),
-                checks: Vec::new(),
-                peer: String::new(),
-                clock_offset: None,
-                recoveries: Vec::new(),
-                link_drops: None,
-            });
+            _ = stop.changed() => {
+                if opts.once {
+                    bail!("stopped before a peer connected");
+                }
+                // A side that outlives its peers stopped cleanly: nothing to report.
+                note!(quiet, side, "stopped before a peer connected");
+                return Ok(RunReport {
+                    streams: Vec::new(),
+                    checks: Vec::new(),
+                    peer: String::new(),
+                    clock_offset: None,
+                    recoveries: Vec::new(),
+                    link_drops: None,
+                });
+            }
+            _ = sleep_until_opt(deadline) => bail!(
+                "no peer connected within --duration ({:.1} s)",
+                opts.duration.unwrap_or_default().as_secs_f64()
+            ),
         }
-        _ = sleep_until_opt(deadline) => bail!(
-            "no peer connected within --duration ({:.1} s)",
-            opts.duration.unwrap_or_default().as_secs_f64()
-        ),
     };
     note!(quiet, side, "connected to {}; streams agreed", first.peer);
     let (plans, io) = streams::start(cfg, side)?;
@@ -377,6 +392,34 @@ pub async fn run_side(
     );
     let result = driver.run(&mut stop).await;
     driver.finish(result).await
+}
+
+/// How long a listening side waits for its peer before it says what the peer needs.
+const LONELY_AFTER: Duration = Duration::from_secs(5);
+
+/// What a side listening on `addr` with no peer yet says: how to start the other side, and
+/// that a loopback address is this machine's only.
+fn lonely_hint(side: SideName, addr: &str) -> String {
+    let other = match side {
+        SideName::App => "device",
+        SideName::Device => "app",
+    };
+    let sock: Option<std::net::SocketAddr> = addr.split(' ').next().and_then(|a| a.parse().ok());
+    match sock {
+        Some(a) if a.ip().is_loopback() => format!(
+            "no {other} side has connected to {addr} yet: start it on this machine with `ndd run CONFIG --side {other} --connect {a}`; {} is this machine only: for a peer on another machine, listen with --listen 0.0.0.0:{}",
+            a.ip(),
+            a.port()
+        ),
+        Some(a) => format!(
+            "no {other} side has connected to {addr} yet: start it with `ndd run CONFIG --side {other} --connect THIS_HOST:{}` (and check that a firewall lets port {} in)",
+            a.port(),
+            a.port()
+        ),
+        None => format!(
+            "no {other} side has connected to {addr} yet: start it with `ndd run CONFIG --side {other} --connect` to this address"
+        ),
+    }
 }
 
 /// Aborts its task when dropped.
