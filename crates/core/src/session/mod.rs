@@ -167,7 +167,9 @@ pub enum Event {
     },
     /// The peer confirmed the new link.
     Resumed {
-        /// From the loss to the peer's RESUME.
+        /// From the outage's start as this side saw it (the last message heard from the peer
+        /// before the loss: a link cut in silence is noticed only at the keepalive timeout)
+        /// to the peer's RESUME.
         after: Duration,
         /// Unacknowledged frames about to be sent again.
         resending: usize,
@@ -755,7 +757,9 @@ impl Session {
             return self.after(now, Err(SessionError::LinkFailed(reason.to_string())));
         }
         self.state = State::Disconnected;
-        self.lost_at.get_or_insert(now);
+        // The outage began when the peer went silent, not when its silence was noticed.
+        let since = self.last_rx.filter(|&r| r <= now).unwrap_or(now);
+        self.lost_at.get_or_insert(since);
         for s in self.streams.iter_mut().filter(|s| !s.plan.replay_outage) {
             s.forget_unsent();
         }

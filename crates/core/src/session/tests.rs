@@ -988,3 +988,24 @@ fn a_frame_begun_in_chunks_ends_in_chunks_when_the_chunk_size_grows_meanwhile() 
         "the rest of frame 0 in one last chunk, then frame 1 whole"
     );
 }
+
+#[test]
+fn a_recovery_counts_from_when_the_peer_went_silent_not_from_when_it_was_noticed() {
+    let t0 = Instant::now();
+    let mut s = resumed(session(vec![plan(1, Role::Sink, true)], 1 << 20), t0);
+    // Last heard at 1 s; the cut is noticed at the keepalive timeout, 5 s later.
+    let heard = t0 + Duration::from_secs(1);
+    s.handle_message(heard, 1, data(1, 0)).unwrap();
+    let noticed = heard + Duration::from_secs(5);
+    s.handle_link_lost(noticed, "keepalive").unwrap();
+    let back = noticed + Duration::from_millis(700);
+    let mut s = reconnected(s, back);
+    let after = std::iter::from_fn(|| s.poll_event())
+        .find_map(|e| match e {
+            Event::Resumed { after, .. } => Some(after),
+            _ => None,
+        })
+        .expect("resumed");
+    assert_eq!(after, Duration::from_millis(5700));
+    assert_eq!(s.recoveries(), &[Duration::from_millis(5700)]);
+}
