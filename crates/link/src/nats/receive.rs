@@ -88,6 +88,20 @@ enum Pending {
     Asked(FrameRecord, Option<u64>),
 }
 
+/// What the driver is told next: a signal, or an opened frame (an END or a frame), which the
+/// intake classifies as it is handed over (so a device restart is told in the order the
+/// frames go to the stack).
+#[derive(Debug)]
+enum Due {
+    Said(Event),
+    Opened {
+        frame: Frame,
+        run: Run,
+        seq: u64,
+        stored: Option<u64>,
+    },
+}
+
 /// One sink stream's receiving half (see the module's documentation); `M` is the broker's
 /// handle of a stored message, `H` the half that opens one run's frames.
 pub struct Receiver<H, M> {
@@ -95,13 +109,12 @@ pub struct Receiver<H, M> {
     opener: Opener<H>,
     pending: Option<Pending>,
     out: Output,
-    events: VecDeque<Event>,
-    /// Events of a newer run held back while records of an earlier one, released when it
-    /// opened (its gaps given up: [`super::record::Reorder::genuine`]), are opened first, so
-    /// that the earlier run's last frames go to the stack before the newer run's first. With
-    /// the newer run's id.
-    deferred: VecDeque<Event>,
-    deferred_run: u64,
+    events: VecDeque<Due>,
+    /// Frames of a newer run held back, by run, while records of an earlier one, released
+    /// when it opened (its gaps given up: [`super::record::Reorder::genuine`]), are opened
+    /// first, so that the earlier run's last frames go to the stack before the newer run's
+    /// first (found by `testkit/tests/nats_keys.rs` with device restarts).
+    deferred: std::collections::BTreeMap<u64, VecDeque<Due>>,
     /// Records handed to the opener, and their bytes.
     pub records: u64,
     /// Their payload bytes.
@@ -133,8 +146,7 @@ impl<H: RunHalf, M> Receiver<H, M> {
             pending: None,
             out: Output::new(),
             events: VecDeque::new(),
-            deferred: VecDeque::new(),
-            deferred_run: 0,
+            deferred: std::collections::BTreeMap::new(),
             records: 0,
             record_bytes: 0,
         }
@@ -197,8 +209,8 @@ impl<H: RunHalf, M> Receiver<H, M> {
     /// open: counted as forged); polling goes on after it.
     pub fn poll(&mut self, now: Instant) -> Result<Poll, ModuleError> {
         loop {
-            if let Some(e) = self.events.pop_front() {
-                return Ok(Poll::Event(e));
+            if let Some(due) = self.events.pop_front() {
+                return Ok(Poll::Event(self.hand_over(due)));
             }
             match self.pending.take() {
                 Some(Pending::Held(rec, stored)) => {
@@ -215,9 +227,13 @@ impl<H: RunHalf, M> Receiver<H, M> {
                 }
                 None => {}
             }
-            if !self.deferred.is_empty() && !self.intake.readies_earlier_than(self.deferred_run) {
-                self.events.append(&mut self.deferred);
-                continue;
+            if let Some(run) = self.deferred.keys().next().copied() {
+                if !self.intake.readies_earlier_than(run) {
+                    if let Some(mut q) = self.deferred.remove(&run) {
+                        self.events.append(&mut q);
+                    }
+                    continue;
+                }
             }
             let Some((rec, stored)) = self.intake.poll_record() else {
                 return Ok(Poll::Idle);
@@ -258,8 +274,10 @@ impl<H: RunHalf, M> Receiver<H, M> {
             }
         }
         match v {
-            Verdict::Opened { newer_run: true } => self.events.push_back(Event::NewerRun),
-            Verdict::Refused { tell: true, .. } => self.events.push_back(Event::TellRun),
+            Verdict::Opened { newer_run: true } => {
+                self.events.push_back(Due::Said(Event::NewerRun))
+            }
+            Verdict::Refused { tell: true, .. } => self.events.push_back(Due::Said(Event::TellRun)),
             _ => {}
         }
         if let Some(e) = err {
@@ -268,17 +286,37 @@ impl<H: RunHalf, M> Receiver<H, M> {
         if no_place {
             return Ok(());
         }
-        // A newer run's frames wait while an earlier run's records go first.
-        let defer = (!self.deferred.is_empty() && rec.run >= self.deferred_run)
+        // A newer run's frames wait while an earlier run's records go first; a run's frames
+        // keep their order among themselves.
+        let defer = self.deferred.keys().next().is_some_and(|&r| r <= rec.run)
             || (stored.is_some() && self.intake.readies_earlier_than(rec.run));
-        if defer {
-            self.deferred_run = self.deferred_run.max(rec.run);
-        }
         for frame in frames {
             let end = frame.meta.seq == END_SEQ && frame.is_empty();
-            let seq = if end { END_SEQ } else { rec.seq };
-            let run = rec.device_run();
-            let event = match self.intake.opened(rec.run, seq) {
+            let due = Due::Opened {
+                frame,
+                run: rec.device_run(),
+                seq: if end { END_SEQ } else { rec.seq },
+                stored,
+            };
+            if defer {
+                self.deferred.entry(rec.run).or_default().push_back(due);
+            } else {
+                self.events.push_back(due);
+            }
+        }
+        Ok(())
+    }
+
+    /// What `due` tells the driver, classified by the intake as it goes to the stack.
+    fn hand_over(&mut self, due: Due) -> Event {
+        match due {
+            Due::Said(e) => e,
+            Due::Opened {
+                frame,
+                run,
+                seq,
+                stored,
+            } => match self.intake.opened(run.id, seq) {
                 Opened::End { first } => Event::End { run, first },
                 Opened::Frame { restarted } => Event::Frame {
                     frame,
@@ -286,14 +324,8 @@ impl<H: RunHalf, M> Receiver<H, M> {
                     stored,
                     restarted,
                 },
-            };
-            if defer {
-                self.deferred.push_back(event);
-            } else {
-                self.events.push_back(event);
-            }
+            },
         }
-        Ok(())
     }
 
     /// When a gap is given up ([`Intake::poll_timeout`]).
@@ -363,6 +395,24 @@ mod tests {
             seq,
             timestamp_ns: 0,
             wseq: seq,
+            payload: Bytes::from(p),
+        }
+        .encode()
+    }
+
+    /// As [`message`], at subject sequence `wseq`.
+    fn message_at(k: u8, run: Run, seq: u64, wseq: u64, data: &[u8]) -> Bytes {
+        let mut p = run_key(&[k; 32], run)[..8].to_vec();
+        p.extend_from_slice(&wseq.to_be_bytes());
+        p.extend_from_slice(data);
+        FrameRecord {
+            stream: STREAM,
+            flags: 0,
+            run: run.id,
+            began: run.began,
+            seq,
+            timestamp_ns: 0,
+            wseq,
             payload: Bytes::from(p),
         }
         .encode()
@@ -484,5 +534,33 @@ mod tests {
             Poll::Event(Event::End { first: false, .. })
         ));
         assert!(matches!(next(&mut rx, now), Poll::Idle));
+    }
+
+    #[test]
+    fn after_a_device_restart_the_old_runs_last_frames_go_to_the_stack_before_the_new_runs() {
+        let now = Instant::now();
+        let mut rx = app();
+        let newer = Run { id: 11, began: 2 };
+        // Run 10: frame 0, then frame 2 behind a gap (frame 1 died with the process).
+        rx.handle_message(now, &message_at(1, RUN, 0, 0, b"a0"), Some((Some(1), 1)));
+        rx.handle_message(now, &message_at(1, RUN, 2, 2, b"a2"), Some((Some(2), 2)));
+        let payload = |p: Poll| match p {
+            Poll::Event(Event::Frame {
+                frame, restarted, ..
+            }) => (frame.payload().to_vec(), restarted),
+            p => panic!("{p:?}"),
+        };
+        assert_eq!(payload(next(&mut rx, now)), (b"a0".to_vec(), None));
+        assert!(matches!(next(&mut rx, now), Poll::Idle));
+        // Run 11's first two frames: the first opens, run 10's gap is given up at once, and
+        // run 10's frame 2 goes first.
+        rx.handle_message(now, &message_at(1, newer, 3, 0, b"b3"), Some((Some(3), 3)));
+        rx.handle_message(now, &message_at(1, newer, 4, 1, b"b4"), Some((Some(4), 4)));
+        assert!(matches!(next(&mut rx, now), Poll::Event(Event::NewerRun)));
+        assert_eq!(payload(next(&mut rx, now)), (b"a2".to_vec(), None));
+        assert_eq!(payload(next(&mut rx, now)), (b"b3".to_vec(), Some((10, 2))));
+        assert_eq!(payload(next(&mut rx, now)), (b"b4".to_vec(), None));
+        assert!(matches!(next(&mut rx, now), Poll::Idle));
+        assert_eq!(rx.intake().skipped(), 1);
     }
 }
