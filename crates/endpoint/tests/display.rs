@@ -1024,8 +1024,9 @@ fn a_capture_in_several_updates_is_drawn_whole_in_one_request() {
         let _rt = rt.enter();
         window_sink(&dev.display, title).spawn(rx).expect("sink")
     };
-    // The screen, black, first: the window at its size.
-    tx.blocking_send(frame(0, update(0, &[(0, 0, w, h)], &[0, 0, 0, 0])))
+    // The screen, blue, first: the window at its size. (Blue, not black: a new window is
+    // black before the sink drew anything.)
+    tx.blocking_send(frame(0, update(0, &[(0, 0, w, h)], &[0xff, 0, 0, 0])))
         .unwrap();
     let d = dev.connect();
     let mut viewer = None;
@@ -1034,9 +1035,17 @@ fn a_capture_in_several_updates_is_drawn_whole_in_one_request() {
         viewer.is_some()
     });
     let viewer = viewer.unwrap();
+    wait_for("the blue screen drawn", Duration::from_secs(20), || {
+        grab(&d, viewer, w, h).is_some_and(|p| p.chunks(4).all(|x| x[..3] == [0xff, 0, 0]))
+    });
+    // Then black, as the checks below expect.
+    tx.blocking_send(frame(4, update(0, &[(0, 0, w, h)], &[0, 0, 0, 0])))
+        .unwrap();
     wait_for("the black screen drawn", Duration::from_secs(20), || {
         grab(&d, viewer, w, h).is_some_and(|p| p.iter().all(|b| *b == 0))
     });
+    // The window's first Expose (at its mapping) is behind us.
+    std::thread::sleep(Duration::from_millis(200));
     d.damage_query_version(1, 1).unwrap().reply().unwrap();
     let dmg = d.generate_id().unwrap();
     d.damage_create(dmg, viewer, damage::ReportLevel::DELTA_RECTANGLES)
@@ -1089,7 +1098,7 @@ fn a_capture_in_several_updates_is_drawn_whole_in_one_request() {
     assert_eq!(area, 48 * 38, "one request over the rects' bounding box");
     drop(tx);
     let r = rt.block_on(task).unwrap().expect("sink report");
-    assert_eq!(r.frames, 4);
+    assert_eq!(r.frames, 5);
 }
 
 /// A display update of a `w`×`h` screen: rect `r` filled by `px(x, y)` (bgrx).

@@ -194,6 +194,9 @@ struct View {
     /// Rects in the image not drawn yet: a capture in several updates (all but the last with
     /// `FLAG_MORE`) is drawn once it is whole, in one request.
     pending: Vec<Rect>,
+    /// Window rects exposed while a capture was half applied: redrawn with it once it is
+    /// whole (redrawn at once they would show the half capture).
+    exposed: Vec<Rect>,
 }
 
 impl View {
@@ -497,6 +500,9 @@ impl View {
                 .filter_map(|r| self.scale_part(r.clip(self.width, self.height)?))
                 .collect();
         }
+        // What was exposed while the capture was half applied goes with it, now that it is
+        // whole (window rects, as the rects are now).
+        rects.append(&mut self.exposed);
         let Some(bbox) = rects.iter().copied().reduce(|a, b| a.union(&b)) else {
             return Ok(());
         };
@@ -606,6 +612,7 @@ fn create_view(s: &X11WindowSink) -> Result<View, XFail> {
         dimmed: None,
         resized: RateLimit::with_burst(Duration::from_secs(1), 5),
         pending: Vec::new(),
+        exposed: Vec::new(),
     };
     view.new_store(w, h)?;
     conn.map_window(win)?;
@@ -640,8 +647,13 @@ fn expose_loop(endpoint: &'static str, view: Arc<Mutex<View>>, stop: Arc<AtomicB
             };
             match ev {
                 XEvent::Expose(e) => {
-                    let v = lock(&view);
+                    let mut v = lock(&view);
                     let r = Rect::new(e.x, e.y, e.width, e.height);
+                    if !v.pending.is_empty() {
+                        // Half a capture is in the image: redrawn with the rest of it.
+                        v.exposed.push(r);
+                        continue;
+                    }
                     if let Err(e) = v.put(r, None).and_then(|()| v.finish()) {
                         tracing::debug!(endpoint, error = ?e, "redraw failed");
                     }
