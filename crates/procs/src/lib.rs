@@ -318,8 +318,8 @@ pub fn read_s16le(path: &std::path::Path) -> Vec<i16> {
 }
 
 /// What a 48 kHz mono recording of a tone shows: the length of its loud part (samples), its
-/// frequency (zero crossings), and its quietest 5 ms window relative to its RMS (a gap shows
-/// as a low one).
+/// frequency (zero crossings, the median over 500 ms windows), and its quietest 5 ms window
+/// relative to its RMS (a gap shows as a low one).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Tone {
     /// Samples from the first to the last loud one.
@@ -337,7 +337,21 @@ impl Tone {
         let start = s.iter().position(loud)?;
         let end = s.len() - s.iter().rev().position(loud)?;
         let t = &s[start..end];
-        let crossings = t.windows(2).filter(|w| (w[0] < 0) != (w[1] < 0)).count();
+        // The pitch: the median over 500 ms windows of their zero crossings, so one window a
+        // glitch disturbed (a loaded machine: seen once as 446 Hz for a 440 Hz tone whose length
+        // was right) does not move it; a short tone is measured whole.
+        let crossings = |w: &[i16]| w.windows(2).filter(|p| (p[0] < 0) != (p[1] < 0)).count();
+        let mut per: Vec<f64> = t
+            .chunks_exact(24_000)
+            .map(|w| crossings(w) as f64 / 2.0 / 0.5)
+            .collect();
+        per.sort_by(|a, b| a.total_cmp(b));
+        let whole = crossings(t) as f64 / 2.0 / (t.len() as f64 / 48_000.0);
+        let hz = if per.len() >= 3 {
+            per[per.len() / 2]
+        } else {
+            whole
+        };
         let rms = |w: &[i16]| {
             (w.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>() / w.len().max(1) as f64).sqrt()
         };
@@ -345,7 +359,7 @@ impl Tone {
         let weakest = t.chunks_exact(240).map(rms).fold(f64::INFINITY, f64::min) / all;
         Some(Tone {
             len: t.len(),
-            hz: crossings as f64 / 2.0 / (t.len() as f64 / 48_000.0),
+            hz,
             weakest,
         })
     }
