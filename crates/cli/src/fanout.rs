@@ -2654,13 +2654,7 @@ async fn pump_sink(
         let polled = match polled {
             Ok(p) => p,
             Err(e) => {
-                if let Some(suppressed) = bad.admit(Instant::now()) {
-                    tracing::warn!(
-                        suppressed,
-                        "dropped a frame that does not open under the group key: {}",
-                        printable(&e.to_string(), MAX_REASON)
-                    );
-                }
+                unopened(&mut bad, &e);
                 continue;
             }
         };
@@ -2670,15 +2664,7 @@ async fn pump_sink(
                 match keys.bring(&mut rx, w).await {
                     Ok(true) => {}
                     Ok(false) => return Ok(()),
-                    Err(e) => {
-                        if let Some(suppressed) = bad.admit(Instant::now()) {
-                            tracing::warn!(
-                                suppressed,
-                                "dropped a frame that does not open under the group key: {}",
-                                printable(&e.to_string(), MAX_REASON)
-                            );
-                        }
-                    }
+                    Err(e) => unopened(&mut bad, &e),
                 }
                 continue;
             }
@@ -2894,6 +2880,17 @@ async fn pump_sink(
                 handed += deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
             }
         }
+    }
+}
+
+/// Says (a few times a second at most) that a record did not open under the group key.
+fn unopened(bad: &mut ndd_core::RateLimit, e: &ndd_core::ModuleError) {
+    if let Some(suppressed) = bad.admit(Instant::now()) {
+        tracing::warn!(
+            suppressed,
+            "dropped a frame that does not open under the group key: {}",
+            printable(&e.to_string(), MAX_REASON)
+        );
     }
 }
 

@@ -99,9 +99,9 @@ pub fn scale_into(src: &[u8], sw: u16, sh: u16, dst: &mut [u8], dw: u16, dh: u16
     // Source rows weighed across (×256), the last few kept: neighbouring window rows share
     // them.
     let mut rows: std::collections::VecDeque<(u32, Vec<u32>)> = std::collections::VecDeque::new();
-    let across = |sy: u32| {
+    let across = |sy: u32, mut out: Vec<u32>| {
         let row = &src[sy as usize * usize::from(sw) * 4..][..usize::from(sw) * 4];
-        let mut out = vec![0u32; width * 3];
+        out.resize(width * 3, 0);
         for (o, taps) in out.chunks_exact_mut(3).zip(&xs) {
             let (mut b, mut g, mut rr) = (0u32, 0u32, 0u32);
             for &(sx, w) in taps {
@@ -121,10 +121,13 @@ pub fn scale_into(src: &[u8], sw: u16, sh: u16, dst: &mut [u8], dw: u16, dh: u16
         sum.iter_mut().for_each(|v| *v = 0);
         for (sy, wy) in weights(tap(y, sh32, u32::from(dh))) {
             if !rows.iter().any(|(k, _)| *k == sy) {
-                if rows.len() >= 4 {
-                    rows.pop_front();
-                }
-                rows.push_back((sy, across(sy)));
+                // The oldest row's buffer is weighed into again (no allocation a row).
+                let spare = if rows.len() >= 4 {
+                    rows.pop_front().map(|(_, v)| v).unwrap_or_default()
+                } else {
+                    Vec::new()
+                };
+                rows.push_back((sy, across(sy, spare)));
             }
             let Some((_, row)) = rows.iter().find(|(k, _)| *k == sy) else {
                 continue;

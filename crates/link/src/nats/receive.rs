@@ -384,20 +384,7 @@ mod tests {
 
     /// The message of frame `seq` of `run` at subject sequence `seq`, under group key `k`.
     fn message(k: u8, run: Run, seq: u64, data: &[u8]) -> Bytes {
-        let mut p = run_key(&[k; 32], run)[..8].to_vec();
-        p.extend_from_slice(&seq.to_be_bytes());
-        p.extend_from_slice(data);
-        FrameRecord {
-            stream: STREAM,
-            flags: 0,
-            run: run.id,
-            began: run.began,
-            seq,
-            timestamp_ns: 0,
-            wseq: seq,
-            payload: Bytes::from(p),
-        }
-        .encode()
+        message_at(k, run, seq, seq, data)
     }
 
     /// As [`message`], at subject sequence `wseq`.
