@@ -1,0 +1,96 @@
+//! An app side's start: joining, following the group key, its streams and its ready heartbeat.
+
+use super::*;
+
+/// Starts an app side: joins the device side, follows its group key, runs its streams and
+/// says it is ready (and keeps saying so). Returns the device side joined.
+pub(super) async fn start(
+    s: &Start<'_>,
+    ctx: &Ctx,
+    t: &mut Tasks,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<String> {
+    let (cfg, opts, side, quiet) = (s.cfg, s.opts, ctx.side, ctx.quiet);
+    let (plans, local) = (s.plans, s.local);
+    let hello = OwnedMessage::Hello(cfg.hello(side))
+        .as_message()
+        .emit_to_vec()
+        .context("encoding HELLO")?;
+    let js = if plans.iter().any(|p| p.reliable) {
+        Some(jetstream::new(ctx.client.clone()))
+    } else {
+        None
+    };
+    let (admission, device, start) = tokio::select! {
+        a = join(ctx, local, &hello, opts, cfg, js.as_ref()) => a?,
+        _ = stop.changed() => bail!("stopped before the device side admitted this side"),
+    };
+    if !quiet {
+        let slot = admission
+            .slot
+            .map(|s| format!(", split slot {s}"))
+            .unwrap_or_default();
+        tracing::info!(side = %side, "joined device {device} through NATS{slot}; streams agreed");
+    }
+    let me = short_id(&local.fingerprint());
+    // The device may rotate the group key: follow it (joining again when told, or
+    // when a frame does not open).
+    let (key_tx, key) = watch::channel(admission.keys());
+    let (refresh, asks) = mpsc::channel(16);
+    let follower = KeyFollower {
+        ctx: ctx.clone(),
+        local: local.clone(),
+        hello: hello.clone(),
+        home: opts.home.clone(),
+        per_try: Duration::from_millis(cfg.link.handshake_timeout_ms),
+        key: key_tx,
+        slot: admission.slot,
+    };
+    let notices = follower.subscribe().await?;
+    t.set.spawn(async move {
+        follower.serve(notices, asks).await?;
+        Ok(None)
+    });
+    for p in plans {
+        t.endpoints.extend(
+            spawn_stream(
+                cfg,
+                ctx,
+                p,
+                &key,
+                Some(&refresh),
+                js.clone(),
+                Some((&admission, me.as_str(), start)),
+                opts.once,
+                s.finish,
+                s.stats,
+                &mut t.set,
+            )
+            .await?,
+        );
+    }
+    // Every subscription is in place at the server: tell the device, and keep telling
+    // it (a device that restarts learns who is there).
+    ctx.client.flush().await.map_err(|e| anyhow!("NATS: {e}"))?;
+    let fp = local.fingerprint();
+    let ready = ready_message(&key.borrow(), &fp)?;
+    ctx.client
+        .publish(ctx.subjects.ready(), ready)
+        .await
+        .map_err(|e| anyhow!("NATS: {e}"))?;
+    let (c, subject) = (ctx.client.clone(), ctx.subjects.ready());
+    let every = Duration::from_millis(cfg.link.ping_interval_ms.max(100));
+    t.set.spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            // Sealed under the key as it stands (the device may have rotated it).
+            let ready = ready_message(&key.borrow(), &fp)?;
+            let _ = c.publish(subject.clone(), ready).await;
+        }
+    });
+    t.services += 2;
+    let peer = device;
+    Ok(peer)
+}

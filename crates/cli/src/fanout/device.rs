@@ -1,0 +1,125 @@
+//! The device side's start: what it sets up before its streams run, and its streams.
+
+use super::*;
+
+/// Starts the device side: its JetStream stream, run and group key, the key keeper, the claim
+/// on the driver, the join service and its streams (sources once enough app sides joined).
+/// Returns who the peer is.
+pub(super) async fn start(
+    s: &Start<'_>,
+    ctx: &Ctx,
+    t: &mut Tasks,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<String> {
+    let (cfg, opts, side, quiet) = (s.cfg, s.opts, ctx.side, ctx.quiet);
+    let (nats, plans, local) = (&cfg.link.nats, s.plans, s.local);
+    // The JetStream stream exists before any app side can join (they read where it
+    // stands when they join), and before a rotation notes where it stands.
+    let js = if plans.iter().any(|p| p.reliable) {
+        Some(ensure_jetstream(ctx, nats).await?)
+    } else {
+        None
+    };
+    // This run begins after what the stream holds now: earlier runs' frames stored
+    // later are replays (`ndd_link::nats::runs`).
+    let began = match &js {
+        Some(js) => stored_up_to(ctx, js).await?.1,
+        None => 0,
+    };
+    let (run, earlier) = new_run(&opts.home, &nats.subject_prefix, &cfg.driver, began)?;
+    let (key_tx, key) = watch::channel(group_key(
+        &opts.home,
+        &nats.subject_prefix,
+        &cfg.driver,
+        run,
+        earlier,
+    )?);
+    let keeper = KeyKeeper {
+        local: local.clone(),
+        home: opts.home.clone(),
+        prefix: nats.subject_prefix.clone(),
+        driver: cfg.driver.clone(),
+        tx: key_tx,
+        js: js.clone(),
+    };
+    // An app side revoked while this side was away never sees a frame under its key.
+    keeper.check(ctx).await?;
+    let holders = keeper.holders_path();
+    let every = Duration::from_millis(cfg.link.ping_interval_ms.clamp(100, 2000));
+    let kctx = ctx.clone();
+    t.set.spawn(async move {
+        keeper.watch(kctx, every).await?;
+        Ok(None)
+    });
+    claim_device(ctx, &cfg.driver, run.id, local, &opts.home).await?;
+    let slots = plans.iter().filter_map(|p| p.split).max().unwrap_or(0);
+    let (joined, mut joined_rx) = watch::channel(std::collections::HashSet::new());
+    let admitter: Shared<Admitter> = Arc::new(Mutex::new(Admitter::new(
+        cfg.hello(side),
+        &local.fingerprint(),
+        &opts.home.display().to_string(),
+        slots,
+        Duration::from_millis(cfg.link.keepalive_timeout_ms),
+        ctx.quiet,
+    )));
+    serve_ready(ctx, key.clone(), joined, admitter.clone()).await?;
+    let host = JoinService {
+        admitter,
+        ctx: ctx.clone(),
+        local: local.clone(),
+        home: opts.home.clone(),
+        key: key.clone(),
+        holders,
+        expiry: Duration::from_millis(cfg.link.handshake_timeout_ms.max(1000) * 2),
+    };
+    let joins = host.serve().await?;
+    t.set.spawn(async move {
+        joins.await.map_err(|e| anyhow!("join service: {e}"))??;
+        Ok(None)
+    });
+    let (actx, stale, local) = (ctx.clone(), ctx.run_stale.clone(), local.clone());
+    t.set.spawn(async move {
+        announce_run(actx, local, run.id, stale).await;
+        Ok(None)
+    });
+    t.services += 3;
+    // Sinks at once (what app sides send, and sent while this side was away, comes
+    // in now); sources once enough app sides are there to get their frames.
+    let want = nats.min_app_sides as usize;
+    for sources in [false, true] {
+        if sources && want > 0 && plans.iter().any(|p| p.source) {
+            if !quiet {
+                tracing::info!(side = %side, "waiting for {want} app side(s) to join before starting the sources");
+            }
+            let enough = joined_rx.wait_for(|j| j.len() >= want);
+            tokio::select! {
+                r = enough => { r.map_err(|_| anyhow!("the join service stopped"))?; }
+                _ = stop.changed() => bail!("stopped while waiting for {want} app side(s) to join"),
+                _ = sleep_until_opt(s.deadline) => bail!("fewer than {want} app side(s) joined within --duration"),
+            }
+        }
+        for p in plans.iter().filter(|p| p.source == sources) {
+            t.endpoints.extend(
+                spawn_stream(
+                    cfg,
+                    ctx,
+                    p,
+                    &key,
+                    None,
+                    js.clone(),
+                    None,
+                    opts.once,
+                    s.finish,
+                    s.stats,
+                    &mut t.set,
+                )
+                .await?,
+            );
+        }
+    }
+    let peer = format!("NATS {}", nats.servers.join(","));
+    if !quiet {
+        tracing::info!(side = %side, join = %ctx.subjects.join(), "serving app sides through NATS");
+    }
+    Ok(peer)
+}

@@ -1,0 +1,384 @@
+//! Joining: the device side's join service and an app side's join and key follower.
+
+use super::*;
+
+/// The device's join service: the key exchange ([`Host`]) and the admission rules
+/// ([`Admitter`]) driven on `P.D.join`; who is handed the key is written to `holders`.
+pub(super) struct JoinService {
+    pub(super) ctx: Ctx,
+    pub(super) local: LocalIdentity,
+    pub(super) home: std::path::PathBuf,
+    /// The group key as it stands (rotated by [`KeyKeeper`]).
+    pub(super) key: watch::Receiver<GroupKey>,
+    /// Who was handed it.
+    pub(super) holders: std::path::PathBuf,
+    /// Shared with the ready heartbeats ([`serve_ready`]).
+    pub(super) admitter: Shared<Admitter>,
+    pub(super) expiry: Duration,
+}
+
+impl JoinService {
+    pub(super) async fn serve(mut self) -> Result<tokio::task::JoinHandle<Result<()>>> {
+        let subject = self.ctx.subjects.join();
+        let mut sub = self
+            .ctx
+            .client
+            .subscribe(subject.clone())
+            .await
+            .map_err(|e| anyhow!("cannot subscribe to {subject}: {e}"))?;
+        Ok(tokio::spawn(async move {
+            let mut host = Host::new(self.expiry);
+            let mut logs = ndd_core::RateLimit::with_burst(Duration::from_secs(1), 5);
+            while let Some(m) = sub.next().await {
+                let Some(reply) = m.reply.clone() else {
+                    continue;
+                };
+                // Mid-rotation: an app side learns the new key with where it began.
+                let _ = self.key.wait_for(|k| k.since != SINCE_PENDING).await;
+                let answer = self.answer(&mut host, &m.payload, Instant::now());
+                match answer {
+                    Ok(a) => {
+                        let _ = self.ctx.client.publish(reply, a.into()).await;
+                    }
+                    Err(e) => {
+                        if let Some(n) = logs.admit(Instant::now()) {
+                            let more = if n > 0 {
+                                format!(" ({n} more like it not shown)")
+                            } else {
+                                String::new()
+                            };
+                            tracing::warn!(side = "device", "rejected a join request: {e}{more}");
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }))
+    }
+
+    /// The answer to the join message `msg`, taken at `now`.
+    pub(super) fn answer(&mut self, host: &mut Host, msg: &[u8], now: Instant) -> Result<Vec<u8>> {
+        match ndd_link::nats::join::message_type(msg) {
+            Some(1) => Ok(host.handle_init(now, &self.local, msg)?),
+            Some(3) => {
+                let f = host.handle_finish(now, msg)?;
+                let welcome = self.decide(&f.peer_fingerprint, &f.hello, now);
+                Ok(f.welcome(&welcome)?)
+            }
+            _ => bail!("not a join message"),
+        }
+    }
+
+    pub(super) fn decide(&mut self, fp: &str, hello: &[u8], now: Instant) -> Welcome {
+        let trust = match KnownPeers::load(&self.home) {
+            Ok(k) => match k.lookup(fp) {
+                Some(t) => Trust::Trusted(t.name.clone().unwrap_or_else(|| fp.to_string())),
+                None => Trust::Untrusted,
+            },
+            Err(e) => Trust::Unreadable(format!("{e:#}")),
+        };
+        let decision = {
+            let mut a = lock(&self.admitter);
+            let d = a.decide(now, fp, trust, hello);
+            while let Some(l) = a.poll_line() {
+                log_admission(&l);
+            }
+            d
+        };
+        let slot = match decision {
+            Decision::Admitted { slot } => slot,
+            Decision::Refused { code, reason } => {
+                return Welcome::Refused {
+                    code: code.to_u16(),
+                    reason,
+                }
+            }
+        };
+        if let Err(e) = add_holder(&self.holders, fp) {
+            tracing::warn!(
+                side = "device",
+                "refused app side {fp}: cannot note who holds the group key: {e:#}"
+            );
+            return Welcome::Refused {
+                code: CloseCode::InternalError.to_u16(),
+                reason: format!("the device side cannot note who holds its group key: {e:#}"),
+            };
+        }
+        Welcome::Admitted(Admission::of(&self.key.borrow(), slot))
+    }
+}
+
+/// A line of the admission rules in the device's log.
+pub(super) fn log_admission(l: &AdmitLine) {
+    let s = l.suppressed;
+    match l.level {
+        Level::Warn if s > 0 => tracing::warn!(side = "device", suppressed = s, "{}", l.text),
+        Level::Warn => tracing::warn!(side = "device", "{}", l.text),
+        Level::Info => tracing::info!(side = "device", "{}", l.text),
+        Level::Debug => tracing::debug!(side = "device", "{}", l.text),
+    }
+}
+
+/// The app side's join: retried while no device answers (unless `--once` and the connect
+/// timeout passed); a refusal or an untrusted device ends it.
+pub(super) async fn join(
+    ctx: &Ctx,
+    local: &LocalIdentity,
+    hello: &[u8],
+    opts: &RunOptions,
+    cfg: &Config,
+    js: Option<&jetstream::Context>,
+) -> Result<(Admission, String, u64)> {
+    let started = Instant::now();
+    let give_up = Duration::from_millis(cfg.link.connect_timeout_ms);
+    let per_try = Duration::from_millis(cfg.link.handshake_timeout_ms);
+    let subject = ctx.subjects.join();
+    let mut backoff = Duration::from_millis(100);
+    let mut said = false;
+    loop {
+        let attempt = join_once(ctx, local, hello, &opts.home, js, per_try);
+        match attempt.await {
+            Ok(final_answer) => return final_answer,
+            Err(e) => {
+                if opts.once && started.elapsed() >= give_up {
+                    return Err(e.context(format!(
+                        "no device side answered on {subject} within {:.1} s",
+                        give_up.as_secs_f64()
+                    )));
+                }
+                if !said && !ctx.quiet {
+                    tracing::info!(
+                        side = "app",
+                        "waiting for the device side on {subject}: {e:#}"
+                    );
+                    said = true;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff =
+                    (backoff * 2).min(Duration::from_millis(cfg.link.max_backoff_ms.max(100)));
+            }
+        }
+    }
+}
+
+/// One join: `Err` when it could not be done (nobody answered, the server), `Ok(Err)` when
+/// the device side refused this side or is not trusted here (final), `Ok(Ok)` admitted:
+/// the admission, the device's name, and (with `js`) where its stored streams stood.
+pub(super) async fn join_once(
+    ctx: &Ctx,
+    local: &LocalIdentity,
+    hello: &[u8],
+    home: &Path,
+    js: Option<&jetstream::Context>,
+    per_try: Duration,
+) -> Result<Result<(Admission, String, u64)>> {
+    let subject = ctx.subjects.join();
+    let mut j = Joiner::new()?;
+    let reply = request(ctx, &subject, j.init(), per_try).await?;
+    let (fp, finish) = j.handle_reply(local, &reply, hello)?;
+    let known = KnownPeers::load(home)?;
+    let Some(t) = known.lookup(&fp) else {
+        return Ok(Err(anyhow!(
+            "refused untrusted device side with fingerprint {fp} (answering on {subject}); if you trust it, run: ndd trust {fp} --home {}",
+            home.display()
+        )));
+    };
+    let name = t.name.clone().unwrap_or(fp);
+    // Where the device's stored streams stand before it admits us: everything after this
+    // is ours.
+    let start = match js {
+        Some(js) => stored_up_to(ctx, js).await?.1 + 1,
+        None => 1,
+    };
+    let welcome = request(ctx, &subject, finish, per_try).await?;
+    Ok(match j.handle_welcome(&welcome)? {
+        Welcome::Admitted(a) => Ok((a, name, start)),
+        Welcome::Refused { reason, .. } => {
+            Err(anyhow!("the device side refused this side: {reason}"))
+        }
+    })
+}
+
+/// An app side's follower of the group key: joins again when the device says it rotated
+/// the key (`P.D.rekey`) or a stream asks (a frame that does not open), at most every
+/// [`REJOIN_SPACING`]. A refusal (this side is no longer trusted) ends the app side.
+pub(super) struct KeyFollower {
+    pub(super) ctx: Ctx,
+    pub(super) local: LocalIdentity,
+    pub(super) hello: Vec<u8>,
+    pub(super) home: std::path::PathBuf,
+    pub(super) per_try: Duration,
+    pub(super) key: watch::Sender<GroupKey>,
+    /// The split slot this side reads (its first join's).
+    pub(super) slot: Option<u16>,
+}
+
+/// Joins for a new group key come at least this far apart.
+pub(super) const REJOIN_SPACING: Duration = Duration::from_millis(250);
+
+impl KeyFollower {
+    /// A rekey notice worth a join: signed by a device side in `known_peers`, for this
+    /// driver, newer than the last one taken. Its time, or why not.
+    pub(super) fn check_notice(
+        &self,
+        note: &[u8],
+        label: &[u8],
+        newest: Option<(u64, u64)>,
+    ) -> Result<(u64, u64), String> {
+        let (body, fp) = ndd_link::seal::open_note(note, label)
+            .map_err(|e| format!("not a signed notice of this driver ({e})"))?;
+        let known = KnownPeers::load(&self.home).map_err(|e| format!("{e:#}"))?;
+        if known.lookup(&fp).is_none() {
+            return Err(format!("signed by {fp}, which is not in known_peers"));
+        }
+        let at = body
+            .strip_prefix(b"rekey")
+            .and_then(|t| <[u8; 16]>::try_from(t).ok())
+            .map(|t| {
+                let (run, at) = t.split_at(8);
+                let n = |b: &[u8]| u64::from_be_bytes(b.try_into().unwrap_or_default());
+                (n(run), n(at))
+            })
+            .ok_or_else(|| "its body is not a rekey notice".to_string())?;
+        if newest.is_some_and(|n| at <= n) {
+            return Err("not newer than the last one (a replay)".into());
+        }
+        Ok(at)
+    }
+
+    pub(super) async fn subscribe(&self) -> Result<async_nats::Subscriber> {
+        let subject = self.ctx.subjects.rekey();
+        self.ctx
+            .client
+            .subscribe(subject.clone())
+            .await
+            .map_err(|e| anyhow!("cannot subscribe to {subject}: {e}"))
+    }
+
+    pub(super) async fn serve(
+        self,
+        mut notices: async_nats::Subscriber,
+        mut asks: mpsc::Receiver<tokio::sync::oneshot::Sender<()>>,
+    ) -> Result<()> {
+        let mut last: Option<Instant> = None;
+        // No stream may ask (a side without sink streams): then notices alone.
+        let mut asking = true;
+        // The newest rekey notice taken (the device run, then its clock).
+        let mut newest: Option<(u64, u64)> = None;
+        let label = rekey_label(&self.ctx.subjects);
+        let mut ignored = ndd_core::RateLimit::with_burst(Duration::from_secs(10), 1);
+        loop {
+            let mut waiting = Vec::new();
+            tokio::select! {
+                a = asks.recv(), if asking => match a {
+                    Some(a) => waiting.push(a),
+                    None => {
+                        asking = false;
+                        continue;
+                    }
+                },
+                n = notices.next() => match n {
+                    None => return Ok(()),
+                    Some(m) => match self.check_notice(&m.payload, &label, newest) {
+                        Ok(at) => newest = Some(at),
+                        Err(why) => {
+                            if let Some(more) = ignored.admit(Instant::now()) {
+                                let more = match more {
+                                    0 => String::new(),
+                                    n => format!(" ({n} more since the last warning)"),
+                                };
+                                tracing::warn!(side = "app", "ignored a rekey notice: {why}{more}");
+                            }
+                            continue;
+                        }
+                    },
+                },
+            }
+            if let Some(t) = last {
+                tokio::time::sleep_until((t + REJOIN_SPACING).into()).await;
+            }
+            // Everyone who asked meanwhile gets this join's answer.
+            while let Ok(a) = asks.try_recv() {
+                waiting.push(a);
+            }
+            last = Some(Instant::now());
+            match join_once(
+                &self.ctx,
+                &self.local,
+                &self.hello,
+                &self.home,
+                None,
+                self.per_try,
+            )
+            .await
+            {
+                Ok(Ok((a, _, _))) => {
+                    if a.slot != self.slot {
+                        // Silent for longer than the device's keepalive timeout, it lost its
+                        // slot to another side; reading the old one would share it.
+                        bail!(
+                            "the device side gave this side's split slot ({:?}) to another app side while this one was silent and now hands it slot {:?}; start this side again",
+                            self.slot,
+                            a.slot
+                        );
+                    }
+                    let mut said = (false, false);
+                    self.key.send_if_modified(|k| {
+                        let rotated = k.key != a.group_key;
+                        // A join never takes an app side back to an earlier run.
+                        let restarted = a.run > k.run.id;
+                        *k = GroupKey {
+                            run: if restarted { a.device_run() } else { k.run },
+                            ..a.keys()
+                        };
+                        said = (rotated, restarted);
+                        rotated || restarted
+                    });
+                    if said.0 && !self.ctx.quiet {
+                        tracing::info!(
+                            side = "app",
+                            "the device side rotated its group key; this side has the new one"
+                        );
+                    }
+                    if said.1 && !self.ctx.quiet {
+                        tracing::info!(
+                            side = "app",
+                            run = format_args!("{:016x}", a.run),
+                            "the device side restarted; this side seals for its new run"
+                        );
+                    }
+                }
+                Ok(Err(refused)) => {
+                    return Err(refused.context(
+                        "the device side changed its group key and no longer admits this side",
+                    ))
+                }
+                Err(e) => tracing::debug!(
+                    side = "app",
+                    "asking the device side for its group key: {e:#}"
+                ),
+            }
+            for a in waiting {
+                let _ = a.send(());
+            }
+        }
+    }
+}
+
+pub(super) async fn request(
+    ctx: &Ctx,
+    subject: &str,
+    body: Vec<u8>,
+    limit: Duration,
+) -> Result<Bytes> {
+    let r = tokio::time::timeout(limit, ctx.client.request(subject.to_string(), body.into()))
+        .await
+        .map_err(|_| anyhow!("no answer within {:.1} s", limit.as_secs_f64()))?;
+    match r {
+        Ok(m) => Ok(m.payload),
+        Err(e) if e.kind() == async_nats::client::RequestErrorKind::NoResponders => {
+            bail!("no device side is serving {subject}")
+        }
+        Err(e) => bail!("join request on {subject}: {e}"),
+    }
+}

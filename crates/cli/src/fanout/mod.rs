@@ -1,0 +1,334 @@
+//! The NATS link's driver (`[link] transport = "nats"`): one device side, any number of app
+//! sides, all talking to a NATS server instead of to each other (docs/links.md "NATS").
+//!
+//! - The device side answers joins on `P.D.join` ([`ndd_link::nats::join`]): it checks the
+//!   app side's pinned identity and HELLO exactly as a direct link does, then hands it the
+//!   group key (and a split slot) sealed for it alone.
+//! - Every frame leaves its stack encrypted under the group key (the `encrypt` pair's format,
+//!   [`ndd_modules::encrypt`]), so the server and any subscriber that was not admitted see
+//!   ciphertext only. The key is kept in the ndd home (`nats-group-PREFIX-DRIVER.key`, mode
+//!   0600) so a restarted device side keeps the app sides it had. Once an app side that
+//!   was handed it is no longer trusted, the device rotates it ([`KeyKeeper`]) and the app
+//!   sides still trusted follow by joining again ([`KeyFollower`]).
+//! - Device → app frames of lossy streams go over core NATS (the newest frame wins; a slow
+//!   app side loses frames, never stalls the device); those of reliable streams are stored by
+//!   JetStream (a durable consumer per app side, acknowledged once its sink completed them),
+//!   so an app side that goes away and comes back resumes where it stopped, no loss, no
+//!   duplicates.
+//! - A `multiplex` layer at the end of a device → app stack says where each frame goes: to
+//!   every app side, to one of them (queue group / shared consumer), or piece `i` to slot `i`.
+//! - App → device frames go to `P.D.u.S` on core NATS: the device receives every app side's.
+//!
+//! The rules are the sans-IO machines of [`ndd_link::nats`]; this driver runs them on async-nats,
+//! a file per concern: [`device`] and [`app`] start each side, [`join`] admits and follows the
+//! key, [`claim`] keeps one device side per driver and hears the app sides' ready heartbeats,
+//! [`keeper`] rotates the key, [`home`] keeps the key and run files, [`store`] the JetStream
+//! stream, [`source`] and [`sink`] are a stream's two halves, [`streams`] starts them.
+
+use crate::config::{Config, Reliability, SideName};
+use crate::session::{load_identity, wall_ns, RunOptions, RunReport};
+use crate::stats::StreamStats;
+use anyhow::{anyhow, bail, Context, Result};
+use async_nats::jetstream;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use ndd_core::{Frame, Half, Meta, Output, Pair, Role, Stack};
+use ndd_endpoint::Delivered;
+use ndd_link::nats::admit::{Admitter, Decision, Level, Line as AdmitLine, Trust};
+use ndd_link::nats::async_nats;
+use ndd_link::nats::intake::{Intake, Taken, REORDER_WAIT};
+use ndd_link::nats::join::{Admission, Host, Joiner, Welcome};
+use ndd_link::nats::keys::{
+    rotation, GroupKey, Outcome, RunHalf, EARLIER_RUNS, RUN_NOTICE_SPACING, SINCE_PENDING,
+};
+use ndd_link::nats::receive::{Event, Poll, Receiver, Wait};
+use ndd_link::nats::record::{FrameRecord, END_SEQ, HEADER_LEN};
+use ndd_link::nats::runs::{next_run_id, Run};
+use ndd_link::nats::send::{Follow, RunSeal, Sender};
+use ndd_link::nats::subjects::Subjects;
+use ndd_link::nats::NatsConfig;
+use ndd_link::seal::LocalIdentity;
+use ndd_link::KnownPeers;
+use ndd_modules::encrypt::key::Key;
+use ndd_modules::encrypt::{Cipher, EncryptForward, EncryptInverse, Opening};
+use ndd_modules::multiplex::{route_of, Route};
+use ndd_modules::ModuleConfig;
+use ndd_wire::text::{printable, MAX_REASON};
+use ndd_wire::{CloseCode, OwnedMessage};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+mod app;
+mod claim;
+mod device;
+mod home;
+mod join;
+mod keeper;
+mod sink;
+mod source;
+mod store;
+mod streams;
+#[cfg(test)]
+mod tests;
+
+use claim::*;
+use home::*;
+use join::*;
+use keeper::*;
+use sink::*;
+use source::*;
+use store::*;
+use streams::*;
+
+type Shared<T> = Arc<Mutex<T>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// An app side's way to ask for the group key again (after a frame that does not open):
+/// answered once it has asked the device.
+type Refresh = mpsc::Sender<tokio::sync::oneshot::Sender<()>>;
+
+/// A random u64 (run ids).
+fn random_u64() -> u64 {
+    use ring::rand::SecureRandom;
+    let mut b = [0u8; 8];
+    if ring::rand::SystemRandom::new().fill(&mut b).is_err() {
+        return wall_ns() ^ u64::from(std::process::id()).rotate_left(32);
+    }
+    u64::from_be_bytes(b)
+}
+
+/// A short, subject-safe id of an identity (durable consumer names).
+fn short_id(fingerprint: &str) -> String {
+    let h = ndd_wire::param_hash(fingerprint);
+    format!("a{h:016x}")
+}
+
+/// Runs one side over NATS until stopped, the duration ends, or (with `--once`) the
+/// sources end.
+pub async fn run_side(
+    cfg: &Config,
+    opts: RunOptions,
+    mut stop: watch::Receiver<bool>,
+) -> Result<RunReport> {
+    let side = opts.side;
+    let quiet = opts.quiet;
+    if opts.insecure || cfg.link.insecure {
+        bail!("the NATS link always authenticates both sides and encrypts every frame: drop --insecure / link.insecure");
+    }
+    cfg.probe_side(side)?;
+    let nats = &cfg.link.nats;
+    let subjects = Subjects::new(&nats.subject_prefix, &cfg.driver).map_err(|e| anyhow!(e))?;
+    let identity = load_identity(&opts.home)?;
+    KnownPeers::load(&opts.home)?;
+    let local = LocalIdentity::new(&identity).context("identity")?;
+    // Live lines name the app side (many run at once): `[app 7M2Xq3J5]`.
+    let label = match side {
+        SideName::Device => "device".to_string(),
+        SideName::App => format!(
+            "app {}",
+            local
+                .fingerprint()
+                .trim_start_matches("SHA256:")
+                .chars()
+                .take(8)
+                .collect::<String>()
+        ),
+    };
+    if !nats.tls_required() && !quiet {
+        // Off loopback only because the config says so: say that, not "loopback" (found by
+        // hand across two network namespaces).
+        let why = if nats.all_loopback() {
+            "allowed on loopback"
+        } else {
+            "link.nats.require_tls = false"
+        };
+        tracing::warn!(side = %side, "the connection to the NATS server is plain TCP ({why}); frames are still encrypted end to end");
+    }
+    let connects = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let client = ndd_link::nats::connect(
+        nats,
+        &format!("ndd {side} {}", cfg.driver),
+        Duration::from_millis(cfg.link.connect_timeout_ms),
+        connects.clone(),
+    )
+    .await?;
+    if !quiet {
+        tracing::info!(side = %side, servers = %nats.servers.join(","), "connected to NATS");
+    }
+    let deadline = opts.duration.map(|d| Instant::now() + d);
+    let plans = plans(cfg, side);
+    let stats: Vec<Shared<StreamStats>> = plans
+        .iter()
+        .map(|p| {
+            Arc::new(Mutex::new(StreamStats::new(
+                &p.name,
+                if p.source { "source" } else { "sink" },
+                cfg.streams[p.index].direction.wire().to_string(),
+            )))
+        })
+        .collect();
+    let ctx = Ctx {
+        client: client.clone(),
+        subjects,
+        side,
+        quiet,
+        connects,
+        // The server's INFO may not be in yet right after connecting; 1 MiB is its default.
+        max_payload: match client.server_info().max_payload {
+            0 => 1 << 20,
+            n => n,
+        },
+        run_stale: Arc::default(),
+        gate: Arc::default(),
+    };
+    let mut t = Tasks {
+        set: JoinSet::new(),
+        endpoints: Vec::new(),
+        services: 0,
+    };
+    // Turns true when this side stops: sink streams hand over what they hold and end, so
+    // their sinks finish (and `check` sinks report).
+    let (finish_tx, finish_rx) = watch::channel(false);
+    let start = Start {
+        cfg,
+        opts: &opts,
+        local: &local,
+        plans: &plans,
+        stats: &stats,
+        finish: &finish_rx,
+        deadline,
+    };
+    let peer = match side {
+        SideName::Device => device::start(&start, &ctx, &mut t, &mut stop).await?,
+        SideName::App => app::start(&start, &ctx, &mut t, &mut stop).await?,
+    };
+    let Tasks {
+        set: mut tasks,
+        endpoints,
+        services,
+    } = t;
+
+    // Live stats and the stop conditions.
+    let mut checks = Vec::new();
+    let tick = opts.live_stats.unwrap_or(Duration::from_secs(3600));
+    let mut next = tokio::time::Instant::now() + tick;
+    let mut result = Ok(());
+    loop {
+        tokio::select! {
+            _ = stop.changed() => break,
+            _ = sleep_until_opt(deadline) => break,
+            _ = tokio::time::sleep_until(next) => {
+                next += tick;
+                if opts.live_stats.is_some() {
+                    for s in &stats {
+                        let mut s = lock(s);
+                        if s.due(Instant::now()) {
+                            eprintln!("{}", s.live_line(&label));
+                        }
+                    }
+                }
+            }
+            done = tasks.join_next() => match done {
+                None => break,
+                Some(Ok(Ok(c))) => {
+                    checks.extend(c);
+                    // A stream ended; with --once the side ends with its last stream.
+                    if opts.once && tasks.len() <= services {
+                        break;
+                    }
+                }
+                Some(Ok(Err(e))) => { result = Err(e); break; }
+                Some(Err(e)) => { result = Err(anyhow!("stream task failed: {e}")); break; }
+            },
+        }
+    }
+    // Sources stop first: their streams flush and say END; sink streams hand over what
+    // they hold; then what is left stops.
+    for e in &endpoints {
+        e.abort();
+    }
+    let _ = finish_tx.send(true);
+    let drain = async {
+        while tasks.len() > services {
+            match tasks.join_next().await {
+                Some(Ok(Ok(Some(c)))) => checks.push(c),
+                Some(_) => {}
+                None => break,
+            }
+        }
+    };
+    if result.is_ok() {
+        let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
+    } else {
+        drop(drain);
+    }
+    let _ = client.flush().await;
+    tasks.abort_all();
+    // Closes the connection for every clone (no reconnect attempts after this side ended).
+    let _ = tokio::time::timeout(Duration::from_secs(1), client.drain()).await;
+    while let Some(r) = tasks.join_next().await {
+        if let Ok(Ok(Some(c))) = r {
+            checks.push(c);
+        }
+    }
+    result?;
+    Ok(RunReport {
+        streams: stats.iter().map(|s| lock(s).summary()).collect(),
+        checks,
+        peer,
+        clock_offset: None,
+        recoveries: Vec::new(),
+        link_drops: None,
+    })
+}
+
+/// A side's tasks: its streams' and the services that run beside them.
+struct Tasks {
+    set: JoinSet<Result<Option<(String, ndd_endpoint::CheckReport)>>>,
+    /// The source endpoints' tasks: stopping them ends their streams cleanly (flushed, END).
+    endpoints: Vec<tokio::task::AbortHandle>,
+    /// How many of `set` serve as long as the side runs (the device's join service and key
+    /// keeper, the app side's key follower and ready heartbeat).
+    services: usize,
+}
+
+/// What starting a side reads.
+struct Start<'a> {
+    cfg: &'a Config,
+    opts: &'a RunOptions,
+    local: &'a LocalIdentity,
+    plans: &'a [Plan],
+    stats: &'a [Shared<StreamStats>],
+    /// Turns true when the side stops.
+    finish: &'a watch::Receiver<bool>,
+    deadline: Option<Instant>,
+}
+
+async fn sleep_until_opt(t: Option<Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What every task needs.
+#[derive(Clone)]
+struct Ctx {
+    client: async_nats::Client,
+    subjects: Subjects,
+    side: SideName,
+    quiet: bool,
+    /// Connections made to the server so far (a reconnect adds one).
+    connects: Arc<std::sync::atomic::AtomicU64>,
+    max_payload: usize,
+    /// Device side: rung when a frame sealed for an earlier run comes in ([`announce_run`]).
+    run_stale: Arc<tokio::sync::Notify>,
+    /// Device side: a rotation waits for the reliable publishers ([`RotationGate`]).
+    gate: Arc<RotationGate>,
+}

@@ -1,0 +1,687 @@
+//! A sink stream's receiving half: subscriptions or JetStream consumers, the [`Receiver`]
+//! with its keys, and frames handed to the endpoint.
+
+use super::*;
+
+/// Replay window of the group key's inverse halves, in frames.
+pub(super) const SEAL_WINDOW: u32 = 4096;
+/// Sending halves (epochs) a group key's inverse keeps at once: one per app side feeding an
+/// app → device stream, and one more for each rotation it follows. With the `encrypt`
+/// pair's default of two, a third app side's frames retired the first one's epoch and the
+/// device refused the rest of them as replays (found by a four-app-side test).
+pub(super) const SENDERS: usize = 128;
+/// How long an app side that got a stream's END waits for stored frames still on their way.
+pub(super) const ENDING_WAIT: Duration = Duration::from_secs(15);
+
+/// The `encrypt` pair's inverse as one run's receiving half. This side warns about a frame
+/// that opens under no key it has (not the half). Every app side feeding an app → device
+/// stream seals under its own epoch: the device keeps [`SENDERS`] of them live.
+pub(super) struct RunInverse(pub(super) EncryptInverse);
+
+impl RunHalf for RunInverse {
+    fn under(key: [u8; 32]) -> RunInverse {
+        RunInverse(
+            EncryptInverse::new(Arc::new(Key::given(key)), Cipher::Aes256Gcm, SEAL_WINDOW)
+                .without_auth_warnings()
+                .with_live_epochs(SENDERS),
+        )
+    }
+
+    fn open(
+        &mut self,
+        now: Instant,
+        frame: Frame,
+        wseq: u64,
+        out: &mut Output,
+    ) -> Result<Outcome, ndd_core::ModuleError> {
+        Ok(match self.0.open_bound(now, frame, wseq, out)? {
+            Opening::Opened => Outcome::Opened,
+            Opening::Replayed => Outcome::Replayed,
+            Opening::Rejected => Outcome::Rejected,
+        })
+    }
+}
+
+/// The key side of a sink's [`Receiver`] (the rules live there, sans-IO): it hands in the
+/// keys as they change, asks the device for the key when the receiver waits for it (an app
+/// side), waits for where a rotation began, joins again on a newer run (an app side) and
+/// tells the app sides of this run (a device side) when the receiver says so.
+pub(super) struct KeyWatch {
+    pub(super) key: watch::Receiver<GroupKey>,
+    pub(super) refresh: Option<Refresh>,
+    /// Device side: rung when a genuine frame of an earlier run is refused (app sides that did
+    /// not hear of this run are told to join again).
+    pub(super) stale: Option<Arc<tokio::sync::Notify>>,
+}
+
+/// A sink's receiving half.
+pub(super) type SinkReceiver = Receiver<RunInverse, jetstream::Message>;
+
+impl KeyWatch {
+    /// The receiver of stream `id` under the keys as they stand.
+    pub(super) fn receiver(&mut self, side: SideName, id: u16, ordered: bool) -> SinkReceiver {
+        let k = *self.key.borrow_and_update();
+        Receiver::new(id, side == SideName::App, k, ordered, REORDER_WAIT)
+    }
+
+    /// Hands the keys to `rx` if they changed.
+    pub(super) fn follow(&mut self, rx: &mut SinkReceiver) {
+        if self.key.has_changed().unwrap_or(false) {
+            let k = *self.key.borrow_and_update();
+            rx.handle_keys(Instant::now(), k);
+        }
+    }
+
+    /// Brings what `rx` waits for; `false` once the keys are gone (the side stops). An error
+    /// names a record that did not open (dropped).
+    pub(super) async fn bring(
+        &mut self,
+        rx: &mut SinkReceiver,
+        wait: Wait,
+    ) -> Result<bool, ndd_core::ModuleError> {
+        match wait {
+            Wait::Rotation => {
+                // Mid-rotation: where it began decides; it comes in a moment.
+                let Ok(k) = self.key.wait_for(|k| k.since != SINCE_PENDING).await else {
+                    return Ok(false);
+                };
+                let k = *k;
+                rx.handle_keys(Instant::now(), k);
+            }
+            Wait::Key => {
+                if let Some(r) = &self.refresh {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    if r.send(tx).await.is_ok() {
+                        let _ = rx.await;
+                    }
+                }
+                self.follow(rx);
+                rx.asked(Instant::now())?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// A newer run opened (an app side joins again to learn it, so what it sends follows,
+    /// without waiting), or a genuine frame of an earlier run came (a device side tells the
+    /// app sides).
+    pub(super) fn said(&self, e: &Event) {
+        match e {
+            Event::NewerRun => {
+                if let Some(r) = &self.refresh {
+                    let (tx, _) = tokio::sync::oneshot::channel();
+                    let _ = r.try_send(tx);
+                }
+            }
+            Event::TellRun => {
+                if let Some(n) = &self.stale {
+                    n.notify_one();
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Where a sink's records come from.
+pub(super) enum Input {
+    Core(async_nats::Subscriber),
+    Stored(Box<Stored>),
+}
+
+pub(super) async fn subscribe(
+    ctx: &Ctx,
+    plan: &Plan,
+    js: Option<jetstream::Context>,
+    app: Option<(&Admission, &str, u64)>,
+) -> Result<Input> {
+    let Some((adm, me, start)) = app else {
+        // The device side's sinks: every app side's frames on the stream's up subject;
+        // reliable ones through the device's own durable consumer (what app sides sent
+        // while the device was away waits there).
+        if let Some(js) = js.filter(|_| plan.reliable) {
+            let (stream, last) = stored_up_to(ctx, &js).await?;
+            let start = last + 1;
+            let mut stored = Stored {
+                stream,
+                durable: ctx.subjects.device_durable(plan.id),
+                filter: ctx.subjects.up_stored(plan.id),
+                shared: false,
+                resume: true,
+                ordered: false,
+                messages: None,
+                connects: ctx.connects.clone(),
+                seen: ctx.connects.load(std::sync::atomic::Ordering::Acquire),
+                start: 0,
+            };
+            stored.attach(start).await?;
+            return Ok(Input::Stored(Box::new(stored)));
+        }
+        let subject = ctx.subjects.up(plan.id);
+        let sub = ctx
+            .client
+            .subscribe(subject.clone())
+            .await
+            .map_err(|e| anyhow!("cannot subscribe to {subject}: {e}"))?;
+        return Ok(Input::Core(sub));
+    };
+    let part = match plan.split {
+        Some(parts) => match adm.slot {
+            Some(s) if s < parts => Some(s),
+            _ => bail!(
+                "stream \"{}\": the device side split it in {parts} parts but gave this side no slot below {parts}",
+                plan.name
+            ),
+        },
+        None => None,
+    };
+    match js.filter(|_| plan.reliable) {
+        None => {
+            let subject = ctx.subjects.down(plan.id, false, part);
+            let sub = if plan.round_robin {
+                ctx.client
+                    .queue_subscribe(subject.clone(), ctx.subjects.group(plan.id))
+                    .await
+            } else {
+                ctx.client.subscribe(subject.clone()).await
+            }
+            .map_err(|e| anyhow!("cannot subscribe to {subject}: {e}"))?;
+            Ok(Input::Core(sub))
+        }
+        Some(js) => {
+            let stream = js.get_stream(ctx.subjects.jetstream()).await.map_err(|e| {
+                anyhow!(
+                    "JetStream stream {}: {e} (the device side creates it when it starts)",
+                    ctx.subjects.jetstream()
+                )
+            })?;
+            let durable = if plan.round_robin {
+                ctx.subjects.group(plan.id)
+            } else {
+                ctx.subjects.durable(me, plan.id, part)
+            };
+            let mut stored = Stored {
+                stream,
+                durable,
+                filter: ctx.subjects.down(plan.id, true, part),
+                shared: plan.round_robin,
+                resume: !plan.now_only,
+                ordered: !plan.round_robin,
+                messages: None,
+                connects: ctx.connects.clone(),
+                seen: ctx.connects.load(std::sync::atomic::Ordering::Acquire),
+                start: 0,
+            };
+            stored.attach(start).await?;
+            Ok(Input::Stored(Box::new(stored)))
+        }
+    }
+}
+
+/// A JetStream consumer of one app side (or the shared one of a round-robin stream).
+pub(super) struct Stored {
+    pub(super) stream: jetstream::stream::Stream,
+    pub(super) durable: String,
+    pub(super) filter: String,
+    /// Round-robin: shared with the other members, never deleted.
+    pub(super) shared: bool,
+    /// A consumer this side left behind resumes where it stopped (else it starts afresh at
+    /// the start given: see [`Plan::now_only`]).
+    pub(super) resume: bool,
+    /// One publisher whose subject sequence orders the frames (not round-robin members, not
+    /// the many app sides of an app → device stream).
+    pub(super) ordered: bool,
+    pub(super) messages: Option<jetstream::consumer::pull::Stream>,
+    pub(super) connects: Arc<std::sync::atomic::AtomicU64>,
+    pub(super) seen: u64,
+    /// The stream sequence the consumer delivers from (as attached last).
+    pub(super) start: u64,
+}
+
+impl Stored {
+    /// (Re)attaches: this side's own consumer, if it exists (a restart, a crash, a server
+    /// that came back), starts over at the first message it had not acknowledged, so frames
+    /// come in order and none is lost; what it had delivered but not yet acknowledged comes
+    /// again and is dropped by its stream sequence. A new consumer starts at `start` (the
+    /// first message stored after this side asked to join).
+    pub(super) async fn attach(&mut self, start: u64) -> Result<()> {
+        let durable = self.durable.clone();
+        let mut start = start;
+        if !self.shared {
+            if let Ok(c) = self
+                .stream
+                .get_consumer::<jetstream::consumer::pull::Config>(&durable)
+                .await
+            {
+                if self.resume {
+                    start = c.cached_info().ack_floor.stream_sequence + 1;
+                }
+                let _ = self.stream.delete_consumer(&durable).await;
+            }
+        }
+        self.start = start;
+        let config = jetstream::consumer::pull::Config {
+            durable_name: Some(durable.clone()),
+            filter_subject: self.filter.clone(),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: start,
+            },
+            ack_wait: Duration::from_secs(5),
+            max_ack_pending: 4096,
+            ..Default::default()
+        };
+        let consumer = self
+            .stream
+            .get_or_create_consumer(&durable, config)
+            .await
+            .map_err(|e| anyhow!("JetStream consumer {durable}: {e}"))?;
+        self.messages = Some(
+            consumer
+                .messages()
+                .await
+                .map_err(|e| anyhow!("JetStream consumer {durable}: {e}"))?,
+        );
+        Ok(())
+    }
+
+    /// Whether nothing is left for this consumer: every stored frame delivered and
+    /// acknowledged (by this side or, round-robin, by another member).
+    pub(super) async fn drained(&mut self) -> bool {
+        match self.stream.consumer_info(&self.durable).await {
+            Ok(i) => i.num_pending == 0 && i.num_ack_pending == 0,
+            Err(_) => false,
+        }
+    }
+
+    /// Whether the connection to the server was made again since the last look.
+    pub(super) fn reconnected(&mut self) -> bool {
+        let now = self.connects.load(std::sync::atomic::Ordering::Acquire);
+        std::mem::replace(&mut self.seen, now) != now
+    }
+
+    pub(super) async fn next(&mut self) -> Option<Result<jetstream::Message>> {
+        match self.messages.as_mut() {
+            Some(m) => m
+                .next()
+                .await
+                .map(|r| r.map_err(|e| anyhow!("JetStream: {e}"))),
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// Builds a stream's sink stack afresh.
+pub(super) type Rebuild = Box<dyn Fn() -> Result<Stack> + Send>;
+
+/// NATS → group key → stack → sink endpoint; JetStream messages are acknowledged once the
+/// sink completed everything handed to it.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn pump_sink(
+    stream: u16,
+    mut input: Input,
+    mut end_sub: Option<async_nats::Subscriber>,
+    once: bool,
+    mut finish: watch::Receiver<bool>,
+    lossy: bool,
+    stack: &mut Stack,
+    rebuild: Rebuild,
+    mut keys: KeyWatch,
+    side: SideName,
+    tx: mpsc::Sender<Frame>,
+    done: Delivered,
+    stats: Shared<StreamStats>,
+    peer: &'static str,
+) -> Result<()> {
+    let mut handed = 0u64;
+    // Stored frames of this side's own consumer come back in their order after a server
+    // restart (round-robin members each see only some of a subject's frames: no order).
+    let ordered = matches!(&input, Input::Stored(s) if s.ordered);
+    let mut rx = keys.receiver(side, stream, ordered);
+    if let Input::Stored(s) = &input {
+        rx.intake().consumer_start(s.start);
+    }
+    // What the counters said when the stats were last told.
+    let (mut records, mut bytes, mut dropped) = (0u64, 0u64, 0u64);
+    // When the END came, if this side waits for stored frames still on their way.
+    let mut ending: Option<Instant> = None;
+    let mut bad = ndd_core::RateLimit::with_burst(Duration::from_secs(1), 5);
+    // What the server says goes wrong may come with every message, or every 20 ms tick.
+    let (mut gaps, mut attach_failed, mut server_errors) = (
+        ndd_core::RateLimit::default(),
+        ndd_core::RateLimit::default(),
+        ndd_core::RateLimit::default(),
+    );
+    let mut check = tokio::time::interval(Duration::from_millis(20));
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Lossy: while the sink is busy only the newest frame waits (older ones are stale).
+    let mut newest: Option<Frame> = None;
+    let mut spare = lossy.then_some(&mut newest);
+    loop {
+        keys.follow(&mut rx);
+        let polled = rx.poll(Instant::now());
+        if rx.records != records || rx.dropped() != dropped {
+            let mut s = lock(&stats);
+            s.wire_frames += rx.records - records;
+            s.wire_bytes += rx.record_bytes - bytes;
+            s.refused += rx.dropped() - dropped;
+            (records, bytes, dropped) = (rx.records, rx.record_bytes, rx.dropped());
+        }
+        let polled = match polled {
+            Ok(p) => p,
+            Err(e) => {
+                unopened(&mut bad, &e);
+                continue;
+            }
+        };
+        let event = match polled {
+            Poll::Event(e) => e,
+            Poll::Wait(w) => {
+                match keys.bring(&mut rx, w).await {
+                    Ok(true) => {}
+                    Ok(false) => return Ok(()),
+                    Err(e) => unopened(&mut bad, &e),
+                }
+                continue;
+            }
+            Poll::Idle => {
+                let wake = stack.poll_timeout();
+                let waiting = spare.as_ref().is_some_and(|n| n.is_some());
+                let next = tokio::select! {
+                    _ = finish.changed() => {
+                        // This side stops: what the stack holds goes to the sink, and the
+                        // stream ends (its sink finishes and reports).
+                        stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
+                        deliver(stack, &tx, &stats, None).await?;
+                        if let Some(f) = spare.as_mut().and_then(|n| n.take()) {
+                            let _ = tx.send(f).await;
+                        }
+                        return Ok(());
+                    }
+                    // Lossy: the frame that waited for a busy sink goes as soon as it has room.
+                    permit = tx.reserve(), if waiting => {
+                        if let (Ok(p), Some(f)) = (permit, spare.as_mut().and_then(|n| n.take())) {
+                            p.send(f);
+                            handed += 1;
+                        }
+                        continue;
+                    }
+                    m = async {
+                        match &mut input {
+                            Input::Core(s) => s.next().await.map(|m| Ok((m.payload, None))),
+                            Input::Stored(s) => s.next().await.map(|r| r.map(|m| (m.payload.clone(), Some(m)))),
+                        }
+                    } => m,
+                    Some(m) = async {
+                        match end_sub.as_mut() {
+                            Some(s) => s.next().await,
+                            None => std::future::pending().await,
+                        }
+                    } => Some(Ok((m.payload, None))),
+                    _ = sleep_until_opt(wake) => {
+                        stack.handle_timeout(Instant::now()).map_err(|e| anyhow!("{e}"))?;
+                        handed += deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
+                        continue;
+                    }
+                    _ = check.tick() => {
+                        if rx.handle_timeout(Instant::now()) {
+                            let skipped = rx.intake().skipped();
+                            lock(&stats).given_up = skipped;
+                            if let Some(suppressed) = gaps.admit(Instant::now()) {
+                                tracing::warn!(
+                                    skipped,
+                                    suppressed,
+                                    "stored frames that never came were given up after {REORDER_WAIT:?}"
+                                );
+                            }
+                        }
+                        // Acknowledged only once everything taken is through the sink
+                        // (nothing held behind a gap, nothing in the stack).
+                        let through = done.count() >= handed && stack.poll_timeout().is_none();
+                        let due = rx.acks_due(through);
+                        ack_in_order(rx.intake(), due).await;
+                        if let (Some(t), Input::Stored(st)) = (ending, &mut input) {
+                            if !rx.intake().has_unacked() && (st.drained().await || t.elapsed() > ENDING_WAIT) {
+                                if t.elapsed() > ENDING_WAIT {
+                                    tracing::warn!("the stream ended with stored frames still unacknowledged after {ENDING_WAIT:?}; stopping anyway");
+                                }
+                                stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
+                                deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
+                                return Ok(());
+                            }
+                        }
+                        // Back from a server restart: what was on its way to this side when
+                        // the server went comes again at once and in order (not after the
+                        // ack wait).
+                        if let Input::Stored(s) = &mut input {
+                            if s.reconnected() {
+                                let r = s.attach(rx.intake().acked_to() + 1).await;
+                                rx.intake().consumer_start(s.start);
+                                if let Err(e) = r {
+                                    // The server's words in it: escaped.
+                                    if let Some(suppressed) = attach_failed.admit(Instant::now()) {
+                                        tracing::warn!(
+                                            suppressed,
+                                            "{}; trying again",
+                                            printable(&e.to_string(), MAX_REASON)
+                                        );
+                                    }
+                                    s.seen = s.seen.wrapping_sub(1);
+                                }
+                            }
+                        }
+                        continue;
+                    }
+                };
+                let (payload, stored) = match next {
+                    None => return Ok(()),
+                    Some(Ok(x)) => x,
+                    Some(Err(e)) => {
+                        // The server's words in it: escaped.
+                        if let Some(suppressed) = server_errors.admit(Instant::now()) {
+                            tracing::warn!(
+                                suppressed,
+                                "JetStream: {}; going on",
+                                printable(&e.to_string(), MAX_REASON)
+                            );
+                        }
+                        continue;
+                    }
+                };
+                let stored = stored.map(|m| {
+                    let seq = m.info().ok().map(|i| i.stream_sequence);
+                    tracing::trace!(stream_seq = seq, "stored frame");
+                    (seq, m)
+                });
+                match rx.handle_message(Instant::now(), &payload, stored) {
+                    Taken::Queued => {}
+                    Taken::Copy => lock(&stats).duplicates += 1,
+                    Taken::Malformed => {
+                        if let Some(suppressed) = bad.admit(Instant::now()) {
+                            tracing::warn!(
+                                suppressed,
+                                "dropped a NATS message shorter than a frame record"
+                            );
+                        }
+                    }
+                    Taken::Foreign => {
+                        // Every stream has subjects of its own: a record naming another
+                        // stream was moved here by someone who may publish.
+                        lock(&stats).refused += 1;
+                        if let Some(suppressed) = bad.admit(Instant::now()) {
+                            tracing::warn!(
+                                subject_stream = stream,
+                                suppressed,
+                                "dropped a frame of another stream published on this stream's subject"
+                            );
+                        }
+                    }
+                }
+                continue;
+            }
+        };
+        keys.said(&event);
+        match event {
+            Event::NewerRun | Event::TellRun => {}
+            Event::End { first, .. } => {
+                if once {
+                    // Stored frames still on their way to this side (delivered before a
+                    // server restart, or to a round-robin member that left) come first.
+                    if let Input::Stored(st) = &mut input {
+                        if ending.is_none() {
+                            ending = Some(Instant::now());
+                        }
+                        if !st.drained().await {
+                            continue;
+                        }
+                    }
+                    stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
+                    handed += deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
+                    if let Some(f) = spare.as_mut().and_then(|n| n.take()) {
+                        if tx.send(f).await.is_ok() {
+                            handed += 1;
+                        }
+                    }
+                    // Everything before the end is acknowledged once the sink completed it.
+                    drop(tx);
+                    let t0 = Instant::now();
+                    while done.count() < handed && t0.elapsed() < Duration::from_secs(10) {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    if done.count() >= handed {
+                        let all = rx.intake().take_acks();
+                        ack_in_order(rx.intake(), all).await;
+                    }
+                    return Ok(());
+                }
+                if first {
+                    tracing::info!(
+                        "{peer} source of this stream ended; waiting for it to start again"
+                    );
+                }
+            }
+            Event::Frame {
+                frame,
+                run,
+                restarted,
+                ..
+            } => {
+                if let Some((old, old_seq)) = restarted {
+                    // The device side restarted: its forward halves start from nothing (an
+                    // `image` zstd stream and credit numbers, a `delta` reference). What ours
+                    // still hold of its last run goes to the sink, then they start afresh too,
+                    // as on a direct link (found by hand: after a device restart every app
+                    // side's `image` inverse refused the new run's frames, `credit number did
+                    // not increase`).
+                    stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
+                    handed += deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
+                    *stack = rebuild()?;
+                    tracing::info!(
+                        old = format_args!("{old:016x}"),
+                        old_seq,
+                        new = format_args!("{:016x}", run.id),
+                        seq = frame.meta.seq,
+                        "the device side restarted; this stream's pairs start afresh"
+                    );
+                }
+                if let Err(e) = stack.handle_frame(Instant::now(), frame) {
+                    if let Some(suppressed) = bad.admit(Instant::now()) {
+                        tracing::warn!(
+                            suppressed,
+                            "{}; frame dropped",
+                            printable(&e.to_string(), MAX_REASON)
+                        );
+                    }
+                }
+                handed += deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
+            }
+        }
+    }
+}
+
+/// Says (a few times a second at most) that a record did not open under the group key.
+pub(super) fn unopened(bad: &mut ndd_core::RateLimit, e: &ndd_core::ModuleError) {
+    if let Some(suppressed) = bad.admit(Instant::now()) {
+        tracing::warn!(
+            suppressed,
+            "dropped a frame that does not open under the group key: {}",
+            printable(&e.to_string(), MAX_REASON)
+        );
+    }
+}
+
+/// Acknowledges `msgs` in order; the last one waits for the server's confirmation, which
+/// covers the others.
+pub(super) async fn ack_in_order(
+    intake: &mut Intake<jetstream::Message>,
+    msgs: Vec<jetstream::Message>,
+) {
+    let n = msgs.len();
+    for (i, m) in msgs.into_iter().enumerate() {
+        let r = if i + 1 == n {
+            m.double_ack().await
+        } else {
+            m.ack().await
+        };
+        if r.is_ok() {
+            if let Ok(info) = m.info() {
+                intake.acked(info.stream_sequence);
+            }
+        }
+    }
+}
+
+/// Hands the stack's frames to the sink. With `newest` (a lossy stream), a frame the sink
+/// has no room for waits there, replacing (and counting as stale) the one that waited.
+pub(super) async fn deliver(
+    stack: &mut Stack,
+    tx: &mpsc::Sender<Frame>,
+    stats: &Shared<StreamStats>,
+    mut newest: Option<&mut Option<Frame>>,
+) -> Result<u64> {
+    let mut n = 0;
+    while let Some(f) = stack.poll_frame() {
+        {
+            let mut s = lock(stats);
+            s.delivered(f.len(), f.meta.timestamp_ns, wall_ns());
+            if s.layers_due(Instant::now()) {
+                s.layers = stack.stats();
+            }
+        }
+        match newest.as_deref_mut() {
+            Some(slot) => {
+                let f = match slot.take() {
+                    // Order: what waited goes first when there is room.
+                    Some(old) => match tx.try_send(old) {
+                        Ok(()) => {
+                            n += 1;
+                            f
+                        }
+                        Err(mpsc::error::TrySendError::Full(_)) => {
+                            lock(stats).stale += 1;
+                            f
+                        }
+                        Err(mpsc::error::TrySendError::Closed(_)) => {
+                            bail!("the sink endpoint stopped accepting frames")
+                        }
+                    },
+                    None => f,
+                };
+                match tx.try_send(f) {
+                    Ok(()) => n += 1,
+                    Err(mpsc::error::TrySendError::Full(f)) => *slot = Some(f),
+                    Err(mpsc::error::TrySendError::Closed(_)) => {
+                        bail!("the sink endpoint stopped accepting frames")
+                    }
+                }
+            }
+            None => {
+                if tx.send(f).await.is_err() {
+                    bail!("the sink endpoint stopped accepting frames");
+                }
+                n += 1;
+            }
+        }
+    }
+    Ok(n)
+}

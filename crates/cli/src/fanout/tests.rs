@@ -1,0 +1,198 @@
+use super::*;
+
+#[test]
+fn a_device_notes_its_runs_and_names_the_ones_before() {
+    let home = std::env::temp_dir().join(format!("ndd-runs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&home);
+    std::fs::create_dir_all(&home).unwrap();
+    let path = run_path(&home, "P", "d");
+    // The file of an earlier version: the last id alone (its start unknown).
+    std::fs::write(&path, 7u64.to_be_bytes()).unwrap();
+    let (a, earlier) = new_run(&home, "P", "d", 10).unwrap();
+    assert!(a.id > 7);
+    assert_eq!(earlier, [None; EARLIER_RUNS]);
+    let (b, earlier) = new_run(&home, "P", "d", 20).unwrap();
+    assert!(b.id > a.id);
+    assert_eq!(earlier, [Some(a), None, None]);
+    let mut runs = vec![a, b];
+    for began in [30, 40, 50] {
+        let (r, earlier) = new_run(&home, "P", "d", began).unwrap();
+        let mut want = [None; EARLIER_RUNS];
+        for (w, r) in want.iter_mut().zip(runs.iter().rev()) {
+            *w = Some(*r);
+        }
+        assert_eq!(earlier, want);
+        runs.push(r);
+    }
+    // Four runs kept, 16 bytes each.
+    assert_eq!(std::fs::read(&path).unwrap().len(), 16 * (EARLIER_RUNS + 1));
+    std::fs::write(&path, [1u8; 5]).unwrap();
+    let e = new_run(&home, "P", "d", 60).unwrap_err().to_string();
+    assert!(
+        e.contains("holds 5 bytes, not run ids (8, or 16 per run)"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&home);
+}
+use ndd_core::testlog::Captured;
+
+/// Strangers (fresh identities nobody trusts) ask to join a thousand times in a second,
+/// each finishing the key exchange: a few lines of each kind, then one with the count held
+/// back; every one is refused.
+#[tokio::test]
+async fn a_thousand_strangers_asking_to_join_in_a_second_are_a_few_lines() {
+    let dir = std::env::temp_dir().join(format!("ndd-joins-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let local = |name: &str| {
+        let (id, _) = ndd_link::Identity::load_or_create(&dir.join(name)).unwrap();
+        LocalIdentity::new(&id).unwrap()
+    };
+    let (device, stranger) = (local("device"), local("stranger"));
+    // No server is needed to answer joins: a client that would connect in the background.
+    let client = async_nats::ConnectOptions::new()
+        .retry_on_initial_connect()
+        .connect("127.0.0.1:1")
+        .await
+        .unwrap();
+    let hello = |side| ndd_wire::HelloRepr {
+        side,
+        max_body: 1 << 20,
+        driver: "joins".into(),
+        streams: vec![],
+    };
+    let (_keys, key) = watch::channel(GroupKey::first([1; 32], Run { id: 1, began: 0 }));
+    let mut svc = JoinService {
+        admitter: Arc::new(Mutex::new(Admitter::new(
+            hello(ndd_wire::Side::Device),
+            &device.fingerprint(),
+            "home",
+            0,
+            Duration::from_secs(5),
+            false,
+        ))),
+        ctx: Ctx {
+            client,
+            subjects: Subjects::new("ndd", "joins").unwrap(),
+            side: SideName::Device,
+            quiet: false,
+            connects: Arc::default(),
+            max_payload: 1 << 20,
+            run_stale: Arc::default(),
+            gate: Arc::default(),
+        },
+        local: device,
+        home: dir.join("device"),
+        key,
+        holders: dir.join("holders"),
+        expiry: Duration::from_secs(10),
+    };
+    let theirs = OwnedMessage::Hello(hello(ndd_wire::Side::App))
+        .as_message()
+        .emit_to_vec()
+        .unwrap();
+    let mut host = Host::new(Duration::from_secs(10));
+    let t0 = Instant::now();
+    let ((), log) = Captured::run(|| {
+        for i in 0..=1000u64 {
+            let now = t0 + Duration::from_millis(if i == 1000 { 2000 } else { i });
+            let mut j = Joiner::new().unwrap();
+            let reply = svc.answer(&mut host, &j.init(), now).unwrap();
+            let (_, finish) = j.handle_reply(&stranger, &reply, &theirs).unwrap();
+            let welcome = svc.answer(&mut host, &finish, now).unwrap();
+            assert!(matches!(
+                j.handle_welcome(&welcome).unwrap(),
+                Welcome::Refused { .. }
+            ));
+        }
+    });
+    let lines = log.matching("refused untrusted app side");
+    assert_eq!(lines.len(), 6, "{lines:#?}");
+    assert!(lines[5].contains("suppressed=995"), "{lines:#?}");
+    // One line per refusal, not a second one in other words.
+    assert_eq!(log.matching("refused an app side").len(), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A stream's room in the client's queue: taken by what it hands the client, given back
+/// when the client lets the bytes go (written), never before; a lossy frame finds no room
+/// while it is full, a reliable one waits for it.
+#[tokio::test]
+async fn the_client_queue_budget_is_given_back_when_the_bytes_are_gone() {
+    let b = Budget::new();
+    let big = Bytes::from(vec![7u8; QUEUED_BYTES / 2]);
+    let one = b.try_wrap(big.clone()).expect("room for half");
+    let two = b.try_wrap(big.clone()).expect("room for the other half");
+    assert_eq!(&one[..], &big[..], "the bytes are the frame's");
+    assert!(b.try_wrap(Bytes::from_static(b"x")).is_none(), "full");
+    // A clone the client keeps (its write queue) holds the room as well.
+    let kept = two.clone();
+    drop(two);
+    assert!(b.try_wrap(Bytes::from_static(b"x")).is_none(), "still held");
+    let waiter = {
+        let b = b.clone();
+        let big = big.clone();
+        tokio::spawn(async move { b.wrap(big).await.len() })
+    };
+    tokio::task::yield_now().await;
+    assert!(!waiter.is_finished(), "a reliable frame waits for room");
+    drop(kept);
+    assert_eq!(
+        waiter.await.unwrap(),
+        QUEUED_BYTES / 2,
+        "and gets it once written"
+    );
+    drop(one);
+    // A frame larger than the whole budget takes all of it, not forever.
+    let huge = Bytes::from(vec![1u8; QUEUED_BYTES * 2]);
+    assert_eq!(b.wrap(huge).await.len(), QUEUED_BYTES * 2);
+}
+
+fn frame(seq: u64) -> Frame {
+    Frame::new(
+        Meta {
+            stream: 1,
+            seq,
+            timestamp_ns: 0,
+            flags: 0,
+        },
+        &[seq as u8],
+    )
+}
+
+#[tokio::test]
+async fn a_lossy_stream_keeps_only_the_newest_frame_while_the_sink_is_busy() {
+    let mut stack = Stack::build(Role::Sink, "s", &[]).unwrap();
+    let (tx, mut rx) = mpsc::channel(1);
+    let stats = Arc::new(Mutex::new(StreamStats::new("s", "sink", "d".into())));
+    let mut newest = None;
+    for seq in 0..5 {
+        stack.handle_frame(Instant::now(), frame(seq)).unwrap();
+    }
+    let n = deliver(&mut stack, &tx, &stats, Some(&mut newest))
+        .await
+        .unwrap();
+    assert_eq!(n, 1, "the sink had room for one");
+    assert_eq!(rx.recv().await.unwrap().meta.seq, 0);
+    assert_eq!(
+        newest.as_ref().map(|f| f.meta.seq),
+        Some(4),
+        "the newest waits"
+    );
+    assert_eq!(lock(&stats).stale, 3, "1, 2 and 3 were stale");
+    // The next frame: what waited goes first, then this one waits.
+    stack.handle_frame(Instant::now(), frame(5)).unwrap();
+    deliver(&mut stack, &tx, &stats, Some(&mut newest))
+        .await
+        .unwrap();
+    assert_eq!(rx.recv().await.unwrap().meta.seq, 4);
+    assert_eq!(newest.as_ref().map(|f| f.meta.seq), Some(5));
+    // A reliable stream waits for room instead: nothing dropped.
+    let (tx, mut rx) = mpsc::channel(8);
+    for seq in 0..5 {
+        stack.handle_frame(Instant::now(), frame(seq)).unwrap();
+    }
+    assert_eq!(deliver(&mut stack, &tx, &stats, None).await.unwrap(), 5);
+    for seq in 0..5 {
+        assert_eq!(rx.recv().await.unwrap().meta.seq, seq);
+    }
+}
