@@ -459,6 +459,19 @@ fn reliable_streams_lose_nothing_when_an_app_side_is_killed_or_the_server_restar
     wait_for("frames to flow", WAIT, || got() > 100);
     // The app side dies without a goodbye; its frames wait in JetStream meanwhile.
     a1.kill();
+    // What it kept for its next process: where the stream stood when it last acknowledged
+    // (one file per durable consumer, 56 bytes with its check; docs/links.md).
+    let kept: Vec<u64> = std::fs::read_dir(&apps[0])
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("nats-position-")
+        })
+        .map(|e| e.metadata().unwrap().len())
+        .collect();
+    assert_eq!(kept, vec![56], "the app side's position file");
     std::thread::sleep(Duration::from_millis(500));
     let mut c = run_cmd(&cfg, "app", &apps[0], &["--once"]);
     c.env(

@@ -11,7 +11,10 @@
 //! durable consumer goes on from what it acknowledged; what it had handed the client and not
 //! seen acknowledged is stored or not): the app sides hear of the run (the announcement, a
 //! newer run's frame, a refused frame of theirs), join again and seal again what the device
-//! refused.
+//! refused. In 30 % of schedules an app side's process also ends between two publishes and a
+//! new one starts (a new sender id and frame numbers from 0; it joins again; its durable
+//! consumer starts over at JetStream's ack floor; its receiver takes up what the one before
+//! kept when it last acknowledged: `intake::Kept`).
 //!
 //! Every part that decides is the binary's own, sans-IO: the device's and each app side's
 //! `ndd_link::nats::keys::Opener` (runs, the key as it stands, the key before the rotation,
@@ -44,7 +47,8 @@
 //! delivers again what the one before took and did not acknowledge, and a copy stored
 //! before the restart: counted), only genuine ones, none of the
 //! revoked side's stored after the rotation, and every frame of every trusted app side; each
-//! trusted app side delivers every device frame exactly once (of a run before a restart, those
+//! trusted app side delivers every device frame exactly once per process and at least once
+//! across its processes (of a run before a restart, those
 //! stored before the next run began: the others died with the process or are replays); the
 //! revoked side delivers no device frame sealed after the rotation (frames whose last stored
 //! copy JetStream lost are not owed); each trusted app side takes the device's frames in order; and everything
@@ -52,7 +56,9 @@
 //! (only two earlier keys are kept: `GroupKey::older`), the gate's timeout
 //! and publishers joining mid-rotation (the gate is modelled as the device's one publisher
 //! settling), a forger active for long after the sources stop, more than three device restarts
-//! before an app side joins again (`EARLIER_RUNS`), an app side's restart.
+//! before an app side joins again (`EARLIER_RUNS`), an app side's process ending with publishes
+//! in flight (their frames are not owed; the ones its Sender would seal again after a rotation
+//! would not be either).
 //!
 //! `SEED=n cargo test -p ndd-testkit --test nats_keys` replays one schedule.
 
@@ -61,7 +67,7 @@ mod common;
 use bytes::Bytes;
 use common::{RunInverse, RunSealer};
 use ndd_core::{Frame, Meta};
-use ndd_link::nats::intake::REORDER_WAIT;
+use ndd_link::nats::intake::{Kept, REORDER_WAIT};
 use ndd_link::nats::keys::{rotation, GroupKey, SINCE_PENDING};
 use ndd_link::nats::outbox::Publish;
 use ndd_link::nats::receive::{Event, Poll, Receiver, Wait};
@@ -95,10 +101,10 @@ fn plain(stream: u16, seq: u64, body: &[u8]) -> Frame {
     Frame::new(meta, body)
 }
 
-/// App side `app`'s frame `n`.
-fn up_payload(app: usize, n: u64) -> Vec<u8> {
+/// Frame `n` of app side process `app` ([`App::id`]).
+fn up_payload(app: u8, n: u64) -> Vec<u8> {
     let mut p = b"up".to_vec();
-    p.push(app as u8);
+    p.push(app);
     p.extend_from_slice(&n.to_be_bytes());
     p
 }
@@ -154,6 +160,7 @@ struct Consumer {
     next: usize,
     again: VecDeque<u64>,
     unacked: std::collections::BTreeSet<u64>,
+    acked: std::collections::BTreeSet<u64>,
 }
 
 impl Consumer {
@@ -163,7 +170,15 @@ impl Consumer {
             next: 0,
             again: VecDeque::new(),
             unacked: std::collections::BTreeSet::new(),
+            acked: std::collections::BTreeSet::new(),
         }
+    }
+
+    /// JetStream's ack floor: the last message acknowledged with every one delivered before
+    /// it acknowledged too (0: none).
+    fn ack_floor(&self) -> u64 {
+        let below = self.unacked.first().copied().unwrap_or(u64::MAX);
+        self.acked.range(..below).next_back().copied().unwrap_or(0)
     }
 
     fn poll(&mut self, js: &Js, rng: &mut SimRng) -> Option<(u64, Bytes)> {
@@ -188,7 +203,9 @@ impl Consumer {
     }
 
     fn ack(&mut self, seq: u64) {
-        self.unacked.remove(&seq);
+        if self.unacked.remove(&seq) {
+            self.acked.insert(seq);
+        }
     }
 
     /// The acknowledgement wait ran out: everything unacknowledged comes again.
@@ -206,6 +223,11 @@ impl Consumer {
 }
 
 struct App {
+    /// Its process: the app side's index, and how many times it restarted (<< 4); the
+    /// frames it publishes say it.
+    id: u8,
+    /// Its processes before this one: (id, frames published).
+    before: Vec<(u8, u64)>,
     /// How likely it reads at a step (a slow one lags behind the stream).
     pace: f64,
     /// Its sending half of the app → device stream (the binary's: sealing, outbox, keys).
@@ -216,34 +238,73 @@ struct App {
     /// Its receiver of the device's stream (the binary's: intake and opener).
     rx: Receiver<RunInverse, u64>,
     consumer: Consumer,
+    /// What its receiver kept when it last acknowledged (the binary's file in the home).
+    kept: Option<Kept>,
     /// Waiting for a join's answer before its receiver tries a record again ([`Wait::Key`]).
     asking: bool,
     /// A rekey notice it has not acted on.
     notice: bool,
+    /// Device frames any of its processes delivered, and this one.
     got: HashSet<u64>,
-    /// The device frame it delivered last, and how many came after a later one.
+    got_now: HashSet<u64>,
+    /// Device frames a process delivered that an earlier one had delivered (its durable
+    /// consumer starts over at the first message the one before had not acknowledged).
+    again: u64,
+    /// The device frame this process delivered last, and how many came after a later one.
     last: Option<u64>,
     out_of_order: u64,
 }
 
 impl App {
-    fn new(id: usize, keys: GroupKey, pace: f64) -> App {
+    fn new(id: u8, keys: GroupKey, pace: f64) -> App {
         // Its consumer was made before anything was stored: the device's run is seen whole.
         let mut rx = Receiver::new(DOWN, true, keys, true, WAIT);
         rx.intake().consumer_start(0);
         App {
+            id,
+            before: Vec::new(),
             pace,
-            tx: Sender::new(UP, keys, true, Some(id as u64), true).unwrap(),
+            // Each process has a sender id of its own (the binary draws one): the message
+            // ids of its frames are not the ones before's.
+            tx: Sender::new(UP, keys, true, Some(u64::from(id)), true).unwrap(),
             next: 0,
             learning: None,
             rx,
             consumer: Consumer::new(DOWN),
+            kept: None,
             asking: false,
             notice: false,
             got: HashSet::new(),
+            got_now: HashSet::new(),
+            again: 0,
             last: None,
             out_of_order: 0,
         }
+    }
+
+    /// The app side's process ends and a new one starts: it joined (`keys`), its stack starts
+    /// from frame 0, its durable consumer starts over at the first message the one before had
+    /// not acknowledged (JetStream's ack floor: what was acknowledged after it comes again
+    /// too), and nothing of the process before is kept but what the server stored.
+    fn restart(&mut self, keys: GroupKey) {
+        // (At the latest at the first record its receiver kept aside for a key: acknowledged,
+        // not yet opened.)
+        let floor = match self.kept.and_then(|k| k.again_from) {
+            Some(s) => self.consumer.ack_floor().min(s - 1),
+            None => self.consumer.ack_floor(),
+        } as usize;
+        let mut next = App::new(self.id + 0x10, keys, self.pace);
+        next.before = std::mem::take(&mut self.before);
+        next.before.push((self.id, self.next));
+        next.consumer.next = floor;
+        next.rx.intake().consumer_start(floor as u64 + 1);
+        if let Some(k) = self.kept {
+            next.rx.intake().take_up(k);
+        }
+        next.kept = self.kept;
+        next.got = std::mem::take(&mut self.got);
+        next.again = self.again;
+        *self = next;
     }
 
     /// The answer to a join: the keys as the device holds them.
@@ -255,8 +316,8 @@ impl App {
         }
     }
 
-    fn publish(&mut self, now: Instant, n: u64, app: usize) {
-        let frame = plain(UP, n, &up_payload(app, n));
+    fn publish(&mut self, now: Instant, n: u64) {
+        let frame = plain(UP, n, &up_payload(self.id, n));
         self.tx.send(now, "up", None, frame, Some((16, n))).unwrap();
     }
 }
@@ -280,12 +341,12 @@ struct Device {
     rotations: u8,
     /// Every (key generation, frame) it sealed.
     sealed: HashSet<(u8, u64)>,
-    /// Every app frame delivered, with where it was stored.
-    got: HashMap<(usize, u64), Option<u64>>,
+    /// Every app frame delivered (by app process, [`App::id`]), with where it was stored.
+    got: HashMap<(u8, u64), Option<u64>>,
     /// Its runs: each with the first frame it published in it.
     runs: Vec<(Run, u64)>,
     /// App frames this process delivered.
-    got_now: HashSet<(usize, u64)>,
+    got_now: HashSet<(u8, u64)>,
     /// App frames a process delivered that an earlier one had delivered: its durable
     /// consumer delivers again what the one before had not acknowledged, and a process
     /// starts with no memory of what the one before took (a copy stored before the restart
@@ -309,7 +370,7 @@ fn device_took(
     f: &Frame,
     stored: Option<u64>,
     revoked: &[(usize, u64, u8)],
-    published: &[u64],
+    published: &HashMap<u8, u64>,
 ) -> Result<(), String> {
     let p = f.payload();
     if p.len() != 11 || &p[..2] != b"up" {
@@ -317,9 +378,9 @@ fn device_took(
             "the device delivered a payload no app side sealed: {p:?}"
         ));
     }
-    let app = p[2] as usize;
+    let (process, app) = (p[2], usize::from(p[2] & 0x0f));
     let n = u64::from_be_bytes(p[3..].try_into().unwrap());
-    if app >= published.len() || n >= published[app] || f.meta.seq != n {
+    if published.get(&process).is_none_or(|&m| n >= m) || f.meta.seq != n {
         return Err(format!(
             "the device delivered a frame never published: app {app} frame {n}"
         ));
@@ -331,13 +392,13 @@ fn device_took(
             ));
         }
     }
-    if !d.got_now.insert((app, n)) {
+    if !d.got_now.insert((process, n)) {
         return Err(format!(
             "the device delivered app {app}'s frame {n} twice (stored at {:?}, then at {stored:?})",
-            d.got.get(&(app, n))
+            d.got.get(&(process, n))
         ));
     }
-    if d.got.insert((app, n), stored).is_some() {
+    if d.got.insert((process, n), stored).is_some() {
         d.again += 1;
     }
     Ok(())
@@ -367,8 +428,11 @@ fn app_took(
             "the revoked app side delivered device frame {n}, sealed after the rotation"
         ));
     }
-    if !a.got.insert(n) {
+    if !a.got_now.insert(n) {
         return Err(format!("an app side delivered device frame {n} twice"));
+    }
+    if !a.got.insert(n) {
+        a.again += 1;
     }
     // In order, but for frames JetStream lost (their places are given up).
     if a.last.is_some_and(|l| n < l) {
@@ -455,10 +519,20 @@ fn run(seed: u64) -> Result<String, String> {
         at.sort_unstable();
         restarts.extend(at);
     }
+    // When an app side's process ends and a new one starts, in some schedules: (side, step).
+    let mut app_restarts: VecDeque<(usize, u64)> = VecDeque::new();
+    if rng.chance(0.3) {
+        let mut at: Vec<(usize, u64)> = (0..rng.range(1, 2))
+            .map(|_| (rng.range(0, n_apps as u64 - 1) as usize, rng.range(30, 560)))
+            .collect();
+        at.sort_by_key(|r| r.1);
+        app_restarts.extend(at);
+    }
+    let mut app_processes = 0u32;
     // How often JetStream loses what it acknowledged (none in most schedules).
     let lose = if rng.chance(0.3) { 0.01 } else { 0.0 };
     // Where each genuine frame was stored: (publisher, frame) → stream sequences.
-    let mut stores: HashMap<(Option<usize>, u64), Vec<u64>> = HashMap::new();
+    let mut stores: HashMap<(Option<u8>, u64), Vec<u64>> = HashMap::new();
     // When the consumers last delivered their unacknowledged messages again.
     let mut redelivered = t0;
     let adversary = rng.range(0, 3) as f64 * 0.02;
@@ -468,7 +542,7 @@ fn run(seed: u64) -> Result<String, String> {
     let mut apps: Vec<App> = (0..n_apps)
         .map(|i| {
             let pace = if rng.chance(0.3) { 0.15 } else { 1.0 };
-            App::new(i, first, pace)
+            App::new(i as u8, first, pace)
         })
         .collect();
     let mut d = Device {
@@ -654,6 +728,32 @@ fn run(seed: u64) -> Result<String, String> {
         while let Some(p) = d.tx.outbox.poll_transmit() {
             flight.push((DOWN, None, p));
         }
+        // An app side's process ends between two publishes (each one before acknowledged, all
+        // sealed under the device's keys as they stand: frames a newer run or key refused
+        // would be sealed again by it, and die with it) and a new one starts: it joins again (answered once a rotation is complete; a side no
+        // longer trusted is refused and stays down) and takes the device's stream from its
+        // durable consumer's ack floor on.
+        if let Some(&(i, at)) = app_restarts.front() {
+            let a = &mut apps[i];
+            let complete = d.keys.since != SINCE_PENDING;
+            if !busy || !d.trusted[i] {
+                app_restarts.pop_front();
+            } else if step >= at
+                && complete
+                && a.tx.outbox.is_settled()
+                && a.learning.is_none()
+                && !a.asking
+                && !a.notice
+                && a.tx.keys() == d.keys
+            {
+                app_restarts.pop_front();
+                a.restart(d.keys);
+                app_processes += 1;
+                if !d.holders.contains(&fps[i]) {
+                    d.holders.push(fps[i].clone());
+                }
+            }
+        }
         // The app sides: act on a notice, follow a rotation, publish.
         for (i, a) in apps.iter_mut().enumerate() {
             let complete = d.keys.since != SINCE_PENDING;
@@ -676,13 +776,13 @@ fn run(seed: u64) -> Result<String, String> {
                     Follow::Again(again) => {
                         a.learning = None;
                         for n in again {
-                            a.publish(now, n, i);
+                            a.publish(now, n);
                         }
                     }
                 }
             } else if a.next < FRAMES && busy && rng.chance(0.1) {
                 let n = a.next;
-                a.publish(now, n, i);
+                a.publish(now, n);
                 a.next += 1;
             }
             a.tx.outbox.handle_timeout(now);
@@ -710,6 +810,7 @@ fn run(seed: u64) -> Result<String, String> {
                     let s = js.store(subject, p.id.as_deref(), p.body.clone());
                     recorded.push((subject, p.body.clone()));
                     if let Some(r) = FrameRecord::parse(&p.body) {
+                        let who = who.map(|a| apps[a].id);
                         stores.entry((who, r.seq)).or_default().push(s);
                     }
                     // Acknowledged, then lost in a restart before it was written.
@@ -789,7 +890,10 @@ fn run(seed: u64) -> Result<String, String> {
             );
         }
         // The device's sink: what its intake lets through, then one more message.
-        let published: Vec<u64> = apps.iter().map(|a| a.next).collect();
+        let published: HashMap<u8, u64> = apps
+            .iter()
+            .flat_map(|a| a.before.iter().copied().chain([(a.id, a.next)]))
+            .collect();
         for _ in 0..rng.range(0, 4) {
             // The keys as they stand when it reads (fanout's sinks follow a watch: two
             // changes between two reads are seen as one).
@@ -893,7 +997,11 @@ fn run(seed: u64) -> Result<String, String> {
             d.consumer.ack(s);
         }
         for a in apps.iter_mut() {
-            for s in a.rx.acks_due(true) {
+            let due = a.rx.acks_due(true);
+            if !due.is_empty() {
+                a.kept = a.rx.kept().or(a.kept);
+            }
+            for s in due {
                 a.consumer.ack(s);
             }
         }
@@ -954,20 +1062,25 @@ fn run(seed: u64) -> Result<String, String> {
         }
         // What JetStream lost for good is not owed: a frame whose last copy stored (the one
         // published last, after a rotation the one sealed again) it lost.
-        let lost = |who: Option<usize>, n: u64| {
+        let lost = |who: Option<u8>, n: u64| {
             stores
                 .get(&(who, n))
                 .and_then(|v| v.iter().max())
                 .is_some_and(|s| js.lost.contains(s))
         };
-        if let Some(n) = (0..a.next).find(|n| !d.got.contains_key(&(i, *n)) && !lost(Some(i), *n)) {
-            return Err(format!(
-                "app {i}'s frame {n} never reached the device (of {}; revoked {revoked:?}; stored at {:?}, lost {:?}; {:?})",
-                a.next,
-                stores.get(&(Some(i), n)),
-                stores.get(&(Some(i), n)).map(|v| v.iter().map(|s| js.lost.contains(s)).collect::<Vec<_>>()),
-                d.rx.opener()
-            ));
+        // Every process's frames: the one that ended had each publish acknowledged.
+        for (id, next) in a.before.iter().copied().chain([(a.id, a.next)]) {
+            if let Some(n) =
+                (0..next).find(|n| !d.got.contains_key(&(id, *n)) && !lost(Some(id), *n))
+            {
+                return Err(format!(
+                    "app {i} (process {}) frame {n} never reached the device (of {next}; revoked {revoked:?}; stored at {:?}, lost {:?}; {:?})",
+                    id >> 4,
+                    stores.get(&(Some(id), n)),
+                    stores.get(&(Some(id), n)).map(|v| v.iter().map(|s| js.lost.contains(s)).collect::<Vec<_>>()),
+                    d.rx.opener()
+                ));
+            }
         }
         if a.out_of_order > 0 {
             return Err(format!(
@@ -1007,7 +1120,8 @@ fn run(seed: u64) -> Result<String, String> {
         }
     }
     Ok(format!(
-        "{n_apps} app sides, {} device run(s), revoked (side, since, generation) {revoked:?}, {} messages stored, device took {} frames ({} again after a restart), dropped {} ({} under the old key after the rotation)",
+        "{n_apps} app sides ({app_processes} restarted, {} device frames delivered again), {} device run(s), revoked (side, since, generation) {revoked:?}, {} messages stored, device took {} frames ({} again after a restart), dropped {} ({} under the old key after the rotation)",
+        apps.iter().map(|a| a.again).sum::<u64>(),
         d.runs.len(),
         js.last(),
         d.got.len(),

@@ -191,6 +191,71 @@ pub(super) fn current_key(home: &Path, prefix: &str, driver: &str) -> Result<[u8
     }
 }
 
+/// What an app side keeps for the next process of an ordered stored stream ([`Kept`]: where
+/// its consumer first started and where the stream stands), in the ndd home: one file per
+/// durable consumer (`nats-position-PREFIX-DRIVER-DURABLE`, mode 0600), written in place
+/// before each acknowledgement (one 48-byte write: the last one survives the process, and a
+/// torn one fails its check and keeps nothing). The next process of this app side takes its
+/// consumer up from the first message not acknowledged and its order from here.
+pub(super) struct PositionFile {
+    file: std::fs::File,
+    path: std::path::PathBuf,
+    /// A write failed and was said (once).
+    failed: bool,
+}
+
+impl PositionFile {
+    pub(super) fn open(
+        home: &Path,
+        prefix: &str,
+        driver: &str,
+        durable: &str,
+    ) -> Result<PositionFile> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = home.join(format!("nats-position-{prefix}-{driver}-{durable}"));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        Ok(PositionFile {
+            file,
+            path,
+            failed: false,
+        })
+    }
+
+    /// What is kept (none: never written, cleared, or torn).
+    pub(super) fn read(&self) -> Option<Kept> {
+        use std::os::unix::fs::FileExt;
+        let mut b = [0u8; Kept::LEN + 1];
+        let n = self.file.read_at(&mut b, 0).ok()?;
+        Kept::parse(&b[..n])
+    }
+
+    /// Keeps `p`.
+    pub(super) fn write(&mut self, p: Kept) {
+        use std::os::unix::fs::FileExt;
+        if let Err(e) = self.file.write_all_at(&p.encode(), 0) {
+            if !std::mem::replace(&mut self.failed, true) {
+                tracing::warn!(
+                    side = "app",
+                    "cannot note where the stream stands in {}: {e} (after a restart, frames this side took already may come again)",
+                    self.path.display()
+                );
+            }
+        }
+    }
+
+    /// Forgets the position (a new consumer: the one it belonged to is gone).
+    pub(super) fn clear(&mut self) {
+        let _ = self.file.set_len(0);
+    }
+}
+
 /// The fingerprints in a holders file (missing: none).
 pub(super) fn holders(path: &Path) -> Result<Vec<String>> {
     match std::fs::read_to_string(path) {

@@ -36,7 +36,7 @@ use ndd_core::{Frame, Half, Meta, Output, Pair, Role, Stack};
 use ndd_endpoint::Delivered;
 use ndd_link::nats::admit::{Admitter, Decision, Level, Line as AdmitLine, Trust};
 use ndd_link::nats::async_nats;
-use ndd_link::nats::intake::{Intake, Taken, REORDER_WAIT};
+use ndd_link::nats::intake::{Intake, Kept, Taken, REORDER_WAIT};
 use ndd_link::nats::join::{Admission, Host, Joiner, Welcome};
 use ndd_link::nats::keys::{
     rotation, GroupKey, Outcome, RunHalf, EARLIER_RUNS, RUN_NOTICE_SPACING, SINCE_PENDING,
@@ -186,6 +186,7 @@ pub async fn run_side(
         },
         run_stale: Arc::default(),
         gate: Arc::default(),
+        home: opts.home.clone(),
     };
     let mut t = Tasks {
         set: JoinSet::new(),
@@ -331,4 +332,6 @@ struct Ctx {
     run_stale: Arc<tokio::sync::Notify>,
     /// Device side: a rotation waits for the reliable publishers ([`RotationGate`]).
     gate: Arc<RotationGate>,
+    /// The ndd home (an app side keeps where its stored streams stand there).
+    home: std::path::PathBuf,
 }

@@ -153,6 +153,8 @@ pub(super) async fn subscribe(
                 connects: ctx.connects.clone(),
                 seen: ctx.connects.load(std::sync::atomic::Ordering::Acquire),
                 start: 0,
+                resumed: false,
+                position: None,
             };
             stored.attach(start).await?;
             return Ok(Input::Stored(Box::new(stored)));
@@ -200,6 +202,17 @@ pub(super) async fn subscribe(
             } else {
                 ctx.subjects.durable(me, plan.id, part)
             };
+            // Where this side stood, for its next process (its own ordered consumer only).
+            let position = if plan.round_robin {
+                None
+            } else {
+                Some(PositionFile::open(
+                    &ctx.home,
+                    ctx.subjects.prefix(),
+                    ctx.subjects.driver(),
+                    &durable,
+                )?)
+            };
             let mut stored = Stored {
                 stream,
                 durable,
@@ -211,6 +224,8 @@ pub(super) async fn subscribe(
                 connects: ctx.connects.clone(),
                 seen: ctx.connects.load(std::sync::atomic::Ordering::Acquire),
                 start: 0,
+                resumed: false,
+                position,
             };
             stored.attach(start).await?;
             Ok(Input::Stored(Box::new(stored)))
@@ -236,6 +251,10 @@ pub(super) struct Stored {
     pub(super) seen: u64,
     /// The stream sequence the consumer delivers from (as attached last).
     pub(super) start: u64,
+    /// It took up a consumer this side left behind (at its first unacknowledged message).
+    pub(super) resumed: bool,
+    /// Where the stream stands, kept for the next process (an app side's ordered consumer).
+    pub(super) position: Option<PositionFile>,
 }
 
 impl Stored {
@@ -255,8 +274,20 @@ impl Stored {
             {
                 if self.resume {
                     start = c.cached_info().ack_floor.stream_sequence + 1;
+                    // Records acknowledged and kept aside for a key, not yet opened, come
+                    // again (the process that kept them may be gone).
+                    let aside = self.position.as_ref().and_then(PositionFile::read);
+                    if let Some(a) = aside.and_then(|k| k.again_from) {
+                        start = start.min(a);
+                    }
+                    self.resumed = true;
                 }
                 let _ = self.stream.delete_consumer(&durable).await;
+            }
+        }
+        if !self.resumed {
+            if let Some(p) = self.position.as_mut() {
+                p.clear();
             }
         }
         self.start = start;
@@ -340,6 +371,16 @@ pub(super) async fn pump_sink(
     let mut rx = keys.receiver(side, stream, ordered);
     if let Input::Stored(s) = &input {
         rx.intake().consumer_start(s.start);
+        // Where the process before this one stood when it acknowledged last: what it handed
+        // on is behind the order.
+        if let Some(p) = s
+            .position
+            .as_ref()
+            .filter(|_| s.resumed)
+            .and_then(PositionFile::read)
+        {
+            rx.intake().take_up(p);
+        }
     }
     // What the counters said when the stats were last told.
     let (mut records, mut bytes, mut dropped) = (0u64, 0u64, 0u64);
@@ -439,6 +480,7 @@ pub(super) async fn pump_sink(
                         // (nothing held behind a gap, nothing in the stack).
                         let through = done.count() >= handed && stack.poll_timeout().is_none();
                         let due = rx.acks_due(through);
+                        keep_position(&mut input, &rx, &due);
                         ack_in_order(rx.intake(), due).await;
                         if let (Some(t), Input::Stored(st)) = (ending, &mut input) {
                             if !rx.intake().has_unacked() && (st.drained().await || t.elapsed() > ENDING_WAIT) {
@@ -550,6 +592,7 @@ pub(super) async fn pump_sink(
                     }
                     if done.count() >= handed {
                         let all = rx.intake().take_acks();
+                        keep_position(&mut input, &rx, &all);
                         ack_in_order(rx.intake(), all).await;
                     }
                     return Ok(());
@@ -607,6 +650,18 @@ pub(super) fn unopened(bad: &mut ndd_core::RateLimit, e: &ndd_core::ModuleError)
             "dropped a frame that does not open under the group key: {}",
             printable(&e.to_string(), MAX_REASON)
         );
+    }
+}
+
+/// Before `acks` go: where the stream stands, for the next process ([`PositionFile`]).
+pub(super) fn keep_position(input: &mut Input, rx: &SinkReceiver, acks: &[jetstream::Message]) {
+    if acks.is_empty() {
+        return;
+    }
+    if let (Input::Stored(s), Some(p)) = (input, rx.kept()) {
+        if let Some(f) = s.position.as_mut() {
+            f.write(p);
+        }
     }
 }
 

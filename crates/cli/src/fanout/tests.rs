@@ -79,6 +79,7 @@ async fn a_thousand_strangers_asking_to_join_in_a_second_are_a_few_lines() {
             max_payload: 1 << 20,
             run_stale: Arc::default(),
             gate: Arc::default(),
+            home: dir.join("device"),
         },
         local: device,
         home: dir.join("device"),

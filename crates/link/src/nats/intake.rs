@@ -33,6 +33,94 @@ use bytes::Bytes;
 use std::collections::{HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
+/// Where an ordered stored stream stands: the device run of the last frame opened, the next
+/// subject sequence its order expects, and the frame's number ([`Intake::position`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    /// The device run of the last frame opened.
+    pub run: u64,
+    /// The next subject sequence the run's order expects.
+    pub next: u64,
+    /// The last frame's number.
+    pub seq: u64,
+}
+
+/// What an app side keeps in its home for the next process of its ordered stored stream,
+/// written before each acknowledgement ([`Intake::kept`]): the stream sequence its consumer
+/// first delivered from (a run that began after it is seen whole) and where the stream
+/// stood. The next process takes its consumer up at the first message not acknowledged and
+/// its order from here ([`Intake::take_up`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kept {
+    /// The stream sequence the consumer first delivered from.
+    pub start: u64,
+    /// Where the stream stood (none before its first frame opened).
+    pub position: Option<Position>,
+    /// The lowest stream sequence of a record acknowledged but not yet opened (kept aside
+    /// until a key comes: [`super::keys::Opener::aside_from`]): the next consumer starts
+    /// there at the latest, or that frame would be lost with this process.
+    pub again_from: Option<u64>,
+}
+
+impl Kept {
+    /// Its encoding: start, run, next, seq, which of position (1) and `again_from` (2) there
+    /// are, `again_from`, and a check (u64 BE each).
+    pub const LEN: usize = 56;
+
+    fn words(&self) -> [u64; 6] {
+        let p = self.position.unwrap_or(Position {
+            run: 0,
+            next: 0,
+            seq: 0,
+        });
+        [
+            self.start,
+            p.run,
+            p.next,
+            p.seq,
+            u64::from(self.position.is_some()) | u64::from(self.again_from.is_some()) << 1,
+            self.again_from.unwrap_or(0),
+        ]
+    }
+
+    fn check(words: &[u64; 6]) -> u64 {
+        words.iter().fold(0x6e64_6420_6b65_7074u64, |h, w| {
+            (h ^ w).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(23)
+        })
+    }
+
+    /// The bytes kept in the home.
+    pub fn encode(&self) -> [u8; Kept::LEN] {
+        let w = self.words();
+        let mut b = [0u8; Kept::LEN];
+        for (i, v) in w.iter().chain([Kept::check(&w)].iter()).enumerate() {
+            b[i * 8..i * 8 + 8].copy_from_slice(&v.to_be_bytes());
+        }
+        b
+    }
+
+    /// `None` unless `b` is one whole encoding (a torn or foreign file keeps nothing).
+    pub fn parse(b: &[u8]) -> Option<Kept> {
+        if b.len() != Kept::LEN {
+            return None;
+        }
+        let n = |i: usize| u64::from_be_bytes(b[i * 8..i * 8 + 8].try_into().unwrap_or_default());
+        let w = [n(0), n(1), n(2), n(3), n(4), n(5)];
+        if Kept::check(&w) != n(6) || w[4] > 3 {
+            return None;
+        }
+        Some(Kept {
+            start: w[0],
+            position: (w[4] & 1 == 1).then_some(Position {
+                run: w[1],
+                next: w[2],
+                seq: w[3],
+            }),
+            again_from: (w[4] & 2 == 2).then_some(w[5]),
+        })
+    }
+}
+
 /// Stored frames remembered for dropping copies.
 pub const SEEN: usize = 16_384;
 
@@ -164,6 +252,8 @@ pub struct Intake<M> {
     handed: Handed,
     /// The (run, seq) taken last.
     last: Option<(u64, u64)>,
+    /// The stream sequence the consumer first delivered from ([`Intake::kept`]).
+    first_start: Option<u64>,
     /// The run whose END was taken last.
     ended: Option<u64>,
     ready: VecDeque<Stored>,
@@ -188,6 +278,7 @@ impl<M> Intake<M> {
             seen: Seen::default(),
             handed: Handed::default(),
             last: None,
+            first_start: None,
             ended: None,
             ready: VecDeque::new(),
             unacked: VecDeque::new(),
@@ -201,6 +292,7 @@ impl<M> Intake<M> {
     /// The consumer delivers everything stored from stream sequence `start` on (a run that
     /// began after it is seen whole: [`Reorder::whole_runs_from`]).
     pub fn consumer_start(&mut self, start: u64) {
+        self.first_start.get_or_insert(start);
         if let Some(r) = self.reorder.as_mut() {
             r.whole_runs_from(start);
         }
@@ -293,6 +385,18 @@ impl<M> Intake<M> {
         None
     }
 
+    /// Whether a stored record with `rec`'s sealed header opened already: `rec`, opened too,
+    /// is a copy taken before that one opened (both held behind the same gap, say); a key
+    /// change in between gives the opener fresh replay windows, so it opened again. Counted
+    /// as a copy.
+    pub fn known_copy(&mut self, rec: &FrameRecord) -> bool {
+        let known = self.seen.contains(&rec.payload);
+        if known {
+            self.copies += 1;
+        }
+        known
+    }
+
     /// Stored record `rec` opened (it is genuine, at its subject sequence): its copies are
     /// dropped from now on, and the order is past it for good.
     pub fn authentic(&mut self, rec: &FrameRecord, now: Instant) {
@@ -335,6 +439,40 @@ impl<M> Intake<M> {
         let restarted = self.last.filter(|(r, _)| *r != run);
         self.last = Some((run, seq));
         Opened::Frame { restarted }
+    }
+
+    /// Where this ordered stream stands (`None` before its first frame, or unordered).
+    pub fn position(&self) -> Option<Position> {
+        let (run, seq) = self.last?;
+        let next = self.reorder.as_ref()?.next_of(run)?;
+        Some(Position { run, next, seq })
+    }
+
+    /// What the next process of this stream needs, read when acknowledging (everything
+    /// taken is through then); `None` unordered or before the consumer started.
+    pub fn kept(&self) -> Option<Kept> {
+        self.reorder.as_ref()?;
+        Some(Kept {
+            start: self.first_start?,
+            position: self.position(),
+            again_from: None,
+        })
+    }
+
+    /// Takes the stream up where a process before this one stood when it acknowledged last
+    /// (its durable consumer delivers again from the first message it had not
+    /// acknowledged): runs that began after its consumer's first start are seen whole, what
+    /// it handed on is behind the order, and frames numbered at or below its last are copies.
+    pub fn take_up(&mut self, k: Kept) {
+        let Some(r) = self.reorder.as_mut() else {
+            return;
+        };
+        self.first_start = Some(k.start);
+        r.whole_runs_from(k.start);
+        if let Some(p) = k.position {
+            r.resume(p.run, p.next);
+            self.last = Some((p.run, p.seq));
+        }
     }
 
     /// When a gap is given up.
@@ -468,6 +606,69 @@ mod tests {
             i.handle_message(t, &Bytes::from_static(b"x"), None),
             Taken::Malformed
         );
+    }
+
+    #[test]
+    fn a_next_process_takes_up_where_the_last_one_acknowledged() {
+        let t = Instant::now();
+        // The first process: frames 0..=3 stored in order at 1..=4, frame 5 stored at 5
+        // (before frame 4: its first publish failed), delivered, 4 at 6: acknowledged up to 4.
+        let mut a: Intake<u64> = Intake::new(1, true, Duration::from_secs(10));
+        a.consumer_start(1);
+        for s in 0..4u64 {
+            a.handle_message(t, &rec(1, 7, s, s, s as u8), Some((Some(s + 1), s + 1)));
+        }
+        assert_eq!(seqs(&mut a, t), vec![0, 1, 2, 3]);
+        assert_eq!(a.acks_due(true), vec![1, 2, 3, 4]);
+        let p = a.position().expect("a position once frames opened");
+        assert_eq!(
+            p,
+            Position {
+                run: 7,
+                next: 4,
+                seq: 3
+            }
+        );
+        let k = a.kept().expect("kept once the consumer started");
+        assert_eq!(
+            k,
+            Kept {
+                start: 1,
+                position: Some(p),
+                again_from: None,
+            }
+        );
+        assert_eq!(Kept::parse(&k.encode()), Some(k));
+        let none = Kept {
+            start: 9,
+            position: None,
+            again_from: Some(4),
+        };
+        assert_eq!(Kept::parse(&none.encode()), Some(none));
+        let mut torn = k.encode();
+        torn[9] ^= 1;
+        assert_eq!(Kept::parse(&torn), None, "a torn file keeps nothing");
+        assert_eq!(Kept::parse(&k.encode()[..55]), None);
+        // It ends; its consumer goes on from its ack floor: frame 5 (at 5), then 4 (at 6),
+        // then a copy of frame 3 stored again (at 7).
+        let next = |resume: bool| {
+            let mut b: Intake<u64> = Intake::new(1, true, Duration::from_secs(10));
+            b.consumer_start(5);
+            if resume {
+                b.take_up(k);
+            }
+            b.handle_message(t, &rec(1, 7, 5, 5, 5), Some((Some(5), 5)));
+            b.handle_message(t, &rec(1, 7, 4, 4, 4), Some((Some(6), 6)));
+            b.handle_message(t, &rec(1, 7, 3, 3, 3), Some((Some(7), 7)));
+            seqs(&mut b, t)
+        };
+        assert_eq!(
+            next(true),
+            vec![4, 5],
+            "frame 4 waited for, the copy dropped"
+        );
+        // Without the position, the first record started the order and frame 4 was lost.
+        assert!(!next(false).contains(&4));
     }
 
     #[test]

@@ -593,6 +593,13 @@ impl<H: RunHalf> Opener<H> {
         Ok(None)
     }
 
+    /// The lowest stream sequence of the stored records kept aside (their messages are
+    /// acknowledged: a process that takes the stream up after this one must have them
+    /// delivered again, see [`super::intake::Kept::again_from`]).
+    pub fn aside_from(&self) -> Option<u64> {
+        self.unopened.iter().filter_map(|(_, s)| *s).min()
+    }
+
     /// An app side's stored record that opens under no key while it does not ask (or asked
     /// for nothing): kept aside in case a new key comes soon ([`Opener::take_unopened`]).
     fn set_aside(&mut self, rec: &FrameRecord, stored: Option<u64>) {

@@ -313,6 +313,35 @@ impl Reorder {
         out
     }
 
+    /// The next subject sequence the order of `run` expects.
+    pub fn next_of(&self, run: u64) -> Option<u64> {
+        self.runs.iter().find(|r| r.run == run).map(|r| r.next)
+    }
+
+    /// Takes up the order of `run` at subject sequence `next`, where the process before this
+    /// one left it with everything before it handed on and opened (see
+    /// [`super::intake::Position`]): a record of `run` before `next` is behind the order (a
+    /// copy); one after it waits for the ones between. Without it, the first record of a run
+    /// seen from the middle starts its order, and a record stored before it but numbered
+    /// earlier, never handed on before, was dropped as a copy (found by
+    /// `testkit/tests/nats_keys.rs` with app side restarts).
+    pub fn resume(&mut self, run: u64, next: u64) {
+        self.runs.retain(|r| r.run != run);
+        if self.runs.len() >= RUNS {
+            self.runs.remove(0);
+        }
+        self.runs.push(RunOrder {
+            run,
+            next,
+            held: Default::default(),
+            since: None,
+            genuine: true,
+            confirmed: next.checked_sub(1),
+            floor: next,
+            superseded: false,
+        });
+    }
+
     /// The highest subject sequence of `run` a record of which opened.
     pub fn confirmed(&self, run: u64) -> Option<u64> {
         self.runs

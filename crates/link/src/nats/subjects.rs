@@ -55,6 +55,16 @@ impl Subjects {
         })
     }
 
+    /// The subject prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The driver.
+    pub fn driver(&self) -> &str {
+        &self.driver
+    }
+
     /// Join requests.
     pub fn join(&self) -> String {
         format!("{}.join", self.base)
