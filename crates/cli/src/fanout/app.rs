@@ -44,7 +44,11 @@ pub(super) async fn start(
         home: opts.home.clone(),
         per_try: Duration::from_millis(cfg.link.handshake_timeout_ms),
         key: key_tx,
-        slot: admission.slot,
+        follower: Follower::new(
+            notice_label(&ctx.subjects),
+            admission.keys(),
+            admission.slot,
+        ),
     };
     let notices = follower.subscribe().await?;
     t.set.spawn(async move {

@@ -199,9 +199,10 @@ pub(super) async fn join_once(
     })
 }
 
-/// An app side's follower of the group key: joins again when the device says it rotated
-/// the key (`P.D.rekey`) or a stream asks (a frame that does not open), at most every
-/// [`REJOIN_SPACING`]. A refusal (this side is no longer trusted) ends the app side.
+/// An app side's follower of the group key: the driver of [`Follower`] (the rules live
+/// there, sans-IO). Joins again when the device says it rotated the key or restarted
+/// (`P.D.rekey`) or a stream asks (a frame that does not open), at most every
+/// [`ndd_link::nats::follow::REJOIN_SPACING`]. A refusal (this side is no longer trusted) ends the app side.
 pub(super) struct KeyFollower {
     pub(super) ctx: Ctx,
     pub(super) local: LocalIdentity,
@@ -209,43 +210,10 @@ pub(super) struct KeyFollower {
     pub(super) home: std::path::PathBuf,
     pub(super) per_try: Duration,
     pub(super) key: watch::Sender<GroupKey>,
-    /// The split slot this side reads (its first join's).
-    pub(super) slot: Option<u16>,
+    pub(super) follower: Follower,
 }
 
-/// Joins for a new group key come at least this far apart.
-pub(super) const REJOIN_SPACING: Duration = Duration::from_millis(250);
-
 impl KeyFollower {
-    /// A rekey notice worth a join: signed by a device side in `known_peers`, for this
-    /// driver, newer than the last one taken. Its time, or why not.
-    pub(super) fn check_notice(
-        &self,
-        note: &[u8],
-        label: &[u8],
-        newest: Option<(u64, u64)>,
-    ) -> Result<(u64, u64), String> {
-        let (body, fp) = ndd_link::seal::open_note(note, label)
-            .map_err(|e| format!("not a signed notice of this driver ({e})"))?;
-        let known = KnownPeers::load(&self.home).map_err(|e| format!("{e:#}"))?;
-        if known.lookup(&fp).is_none() {
-            return Err(format!("signed by {fp}, which is not in known_peers"));
-        }
-        let at = body
-            .strip_prefix(b"rekey")
-            .and_then(|t| <[u8; 16]>::try_from(t).ok())
-            .map(|t| {
-                let (run, at) = t.split_at(8);
-                let n = |b: &[u8]| u64::from_be_bytes(b.try_into().unwrap_or_default());
-                (n(run), n(at))
-            })
-            .ok_or_else(|| "its body is not a rekey notice".to_string())?;
-        if newest.is_some_and(|n| at <= n) {
-            return Err("not newer than the last one (a replay)".into());
-        }
-        Ok(at)
-    }
-
     pub(super) async fn subscribe(&self) -> Result<async_nats::Subscriber> {
         let subject = self.ctx.subjects.rekey();
         self.ctx
@@ -256,112 +224,105 @@ impl KeyFollower {
     }
 
     pub(super) async fn serve(
-        self,
+        mut self,
         mut notices: async_nats::Subscriber,
         mut asks: mpsc::Receiver<tokio::sync::oneshot::Sender<()>>,
     ) -> Result<()> {
-        let mut last: Option<Instant> = None;
         // No stream may ask (a side without sink streams): then notices alone.
         let mut asking = true;
-        // The newest rekey notice taken (the device run, then its clock).
-        let mut newest: Option<(u64, u64)> = None;
-        let label = rekey_label(&self.ctx.subjects);
         let mut ignored = ndd_core::RateLimit::with_burst(Duration::from_secs(10), 1);
+        // Who asked: answered once the next join is through.
+        let mut waiting = Vec::new();
         loop {
-            let mut waiting = Vec::new();
+            let join_at = self.follower.poll_join(Instant::now());
             tokio::select! {
                 a = asks.recv(), if asking => match a {
-                    Some(a) => waiting.push(a),
-                    None => {
-                        asking = false;
-                        continue;
+                    Some(a) => {
+                        waiting.push(a);
+                        self.follower.handle_ask();
                     }
+                    None => asking = false,
                 },
-                n = notices.next() => match n {
-                    None => return Ok(()),
-                    Some(m) => match self.check_notice(&m.payload, &label, newest) {
-                        Ok(at) => newest = Some(at),
-                        Err(why) => {
-                            if let Some(more) = ignored.admit(Instant::now()) {
-                                let more = match more {
-                                    0 => String::new(),
-                                    n => format!(" ({n} more since the last warning)"),
-                                };
-                                tracing::warn!(side = "app", "ignored a rekey notice: {why}{more}");
-                            }
-                            continue;
-                        }
-                    },
-                },
-            }
-            if let Some(t) = last {
-                tokio::time::sleep_until((t + REJOIN_SPACING).into()).await;
-            }
-            // Everyone who asked meanwhile gets this join's answer.
-            while let Ok(a) = asks.try_recv() {
-                waiting.push(a);
-            }
-            last = Some(Instant::now());
-            match join_once(
-                &self.ctx,
-                &self.local,
-                &self.hello,
-                &self.home,
-                None,
-                self.per_try,
-            )
-            .await
-            {
-                Ok(Ok((a, _, _))) => {
-                    if a.slot != self.slot {
-                        // Silent for longer than the device's keepalive timeout, it lost its
-                        // slot to another side; reading the old one would share it.
-                        bail!(
-                            "the device side gave this side's split slot ({:?}) to another app side while this one was silent and now hands it slot {:?}; start this side again",
-                            self.slot,
-                            a.slot
-                        );
-                    }
-                    let mut said = (false, false);
-                    self.key.send_if_modified(|k| {
-                        let rotated = k.key != a.group_key;
-                        // A join never takes an app side back to an earlier run.
-                        let restarted = a.run > k.run.id;
-                        *k = GroupKey {
-                            run: if restarted { a.device_run() } else { k.run },
-                            ..a.keys()
-                        };
-                        said = (rotated, restarted);
-                        rotated || restarted
+                n = notices.next() => {
+                    let Some(m) = n else { return Ok(()) };
+                    let known = KnownPeers::load(&self.home);
+                    let taken = self.follower.handle_notice(&m.payload, |fp| {
+                        known.as_ref().is_ok_and(|k| k.lookup(fp).is_some())
                     });
-                    if said.0 && !self.ctx.quiet {
-                        tracing::info!(
-                            side = "app",
-                            "the device side rotated its group key; this side has the new one"
-                        );
-                    }
-                    if said.1 && !self.ctx.quiet {
-                        tracing::info!(
-                            side = "app",
-                            run = format_args!("{:016x}", a.run),
-                            "the device side restarted; this side seals for its new run"
-                        );
+                    if let Err(why) = taken {
+                        if let Some(more) = ignored.admit(Instant::now()) {
+                            let more = match more {
+                                0 => String::new(),
+                                n => format!(" ({n} more since the last warning)"),
+                            };
+                            let known = match &known {
+                                Err(e) => format!("; cannot read known_peers: {e:#}"),
+                                Ok(_) => String::new(),
+                            };
+                            tracing::warn!(side = "app", "ignored a rekey notice: {why}{known}{more}");
+                        }
                     }
                 }
-                Ok(Err(refused)) => {
-                    return Err(refused.context(
-                        "the device side changed its group key and no longer admits this side",
-                    ))
+                _ = sleep_until_opt(join_at) => {
+                    while let Ok(a) = asks.try_recv() {
+                        waiting.push(a);
+                    }
+                    self.follower.joined(Instant::now());
+                    self.join_again().await?;
+                    for a in waiting.drain(..) {
+                        let _ = a.send(());
+                    }
                 }
-                Err(e) => tracing::debug!(
-                    side = "app",
-                    "asking the device side for its group key: {e:#}"
-                ),
-            }
-            for a in waiting {
-                let _ = a.send(());
             }
         }
+    }
+
+    /// Asks the device for the keys and follows its answer.
+    async fn join_again(&mut self) -> Result<()> {
+        let answer = join_once(
+            &self.ctx,
+            &self.local,
+            &self.hello,
+            &self.home,
+            None,
+            self.per_try,
+        )
+        .await;
+        let a = match answer {
+            Ok(Ok((a, _, _))) => a,
+            Ok(Err(refused)) => {
+                return Err(refused.context(
+                    "the device side changed its group key and no longer admits this side",
+                ))
+            }
+            Err(e) => {
+                tracing::debug!(
+                    side = "app",
+                    "asking the device side for its group key: {e:#}"
+                );
+                return Ok(());
+            }
+        };
+        let f = self.follower.handle_admission(a.keys(), a.slot)?;
+        self.key.send_if_modified(|k| {
+            let changed = *k != f.keys;
+            *k = f.keys;
+            changed
+        });
+        if f.rotated && !self.ctx.quiet {
+            tracing::info!(
+                side = "app",
+                "the device side rotated its group key; this side has the new one"
+            );
+        }
+        if f.restarted && !self.ctx.quiet {
+            tracing::info!(
+                side = "app",
+                run = format_args!("{:016x}", f.keys.run.id),
+                "the device side restarted; this side seals for its new run"
+            );
+        }
+        Ok(())
     }
 }
 

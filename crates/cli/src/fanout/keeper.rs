@@ -19,27 +19,11 @@ pub(super) struct KeyKeeper {
     pub(super) js: Option<jetstream::Context>,
 }
 
-/// What a rekey notice's signature covers besides its body: the kind of note and the
-/// driver's subjects (a notice for one driver is no use for another).
-pub(super) fn rekey_label(subjects: &Subjects) -> Vec<u8> {
-    format!("ndd nats rekey v1 {}", subjects.rekey()).into_bytes()
-}
-
-/// A rekey notice's body: `rekey`, the device run's id and the device side's wall clock in ns.
-/// App sides take only notices newer than the last they took, by run first (run ids only
-/// grow, even when the clock is set back), then by clock: a replayed one costs nothing.
-pub(super) fn rekey_body(run: u64, wall_ns: u64) -> Vec<u8> {
-    let mut b = b"rekey".to_vec();
-    b.extend_from_slice(&run.to_be_bytes());
-    b.extend_from_slice(&wall_ns.to_be_bytes());
-    b
-}
-
 /// Tells the app sides to join again (`P.D.rekey`): the group key rotated, or this device
 /// side started a new run. Signed by this side: only a device side the app sides trust can
 /// send them joining again (the notice still carries nothing secret).
 pub(super) async fn rekey_notice(ctx: &Ctx, local: &LocalIdentity, run: u64) {
-    match local.sign_note(&rekey_label(&ctx.subjects), &rekey_body(run, wall_ns())) {
+    match local.sign_note(&notice_label(&ctx.subjects), &notice_body(run, wall_ns())) {
         Ok(note) => {
             let _ = ctx
                 .client

@@ -36,6 +36,7 @@ use ndd_core::{Frame, Half, Meta, Output, Pair, Role, Stack};
 use ndd_endpoint::Delivered;
 use ndd_link::nats::admit::{Admitter, Decision, Level, Line as AdmitLine, Trust};
 use ndd_link::nats::async_nats;
+use ndd_link::nats::follow::{notice_body, notice_label, Follower};
 use ndd_link::nats::intake::{Intake, Kept, Taken, REORDER_WAIT};
 use ndd_link::nats::join::{Admission, Host, Joiner, Welcome};
 use ndd_link::nats::keys::{

@@ -1,0 +1,294 @@
+//! An app side's following of the device's group key (sans-IO): which rekey notices send it
+//! joining again, how far apart its joins are, and what a join's answer changes.
+//!
+//! - The device signs a notice on `P.D.rekey` when it rotates the key or starts a new run
+//!   ([`notice_body`], signed with its identity under [`notice_label`]). A notice counts only
+//!   if it is signed by a device side in `known_peers`, for this driver, and newer than the
+//!   last one taken — by run first (run ids only grow, even when the clock is set back), then
+//!   by the device's clock — so a recorded one replayed costs nothing ([`Follower::handle_notice`]).
+//! - A stream that meets a frame under no key it has asks too ([`Follower::handle_ask`]).
+//! - Joins go at most every [`REJOIN_SPACING`]; everyone who asked meanwhile gets the next
+//!   join's answer ([`Follower::poll_join`], [`Follower::joined`]).
+//! - A join's answer ([`Follower::handle_admission`]) brings the keys; it never takes the side
+//!   back to an earlier device run (an answer from before a restart, delivered late), and a
+//!   split slot other than the one this side reads ends the side: it lost its slot while it
+//!   was silent, and reading the new one would share it with another side.
+//!
+//! The driver verifies nothing itself: it hands in the notice's bytes and a way to ask
+//! `known_peers`, asks the device when [`Follower::poll_join`] says so, and hands the answer in.
+
+use super::keys::GroupKey;
+use super::runs::Run;
+use super::subjects::Subjects;
+use std::time::{Duration, Instant};
+
+/// Joins for a new group key come at least this far apart.
+pub const REJOIN_SPACING: Duration = Duration::from_millis(250);
+
+/// What a rekey notice's signature covers besides its body: the kind of note and the driver's
+/// subjects (a notice for one driver is no use for another).
+pub fn notice_label(subjects: &Subjects) -> Vec<u8> {
+    format!("ndd nats rekey v1 {}", subjects.rekey()).into_bytes()
+}
+
+/// A rekey notice's body: `rekey`, the device run's id and the device side's wall clock in ns.
+pub fn notice_body(run: u64, wall_ns: u64) -> Vec<u8> {
+    let mut b = b"rekey".to_vec();
+    b.extend_from_slice(&run.to_be_bytes());
+    b.extend_from_slice(&wall_ns.to_be_bytes());
+    b
+}
+
+/// The (run, clock) of a rekey notice's body; `None` if it is not one.
+pub fn parse_notice_body(body: &[u8]) -> Option<(u64, u64)> {
+    let t = <[u8; 16]>::try_from(body.strip_prefix(b"rekey")?).ok()?;
+    let n = |b: &[u8]| u64::from_be_bytes(b.try_into().unwrap_or_default());
+    Some((n(&t[..8]), n(&t[8..])))
+}
+
+/// Why a rekey notice was ignored.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Ignored {
+    /// Not a note signed under this driver's label.
+    #[error("not a signed notice of this driver ({0})")]
+    NotSigned(String),
+    /// Signed by someone this side does not trust.
+    #[error("signed by {0}, which is not in known_peers")]
+    Untrusted(String),
+    /// Signed, but its body is not a rekey notice.
+    #[error("its body is not a rekey notice")]
+    NotANotice,
+    /// Not newer than the last one taken.
+    #[error("not newer than the last one (a replay)")]
+    Replayed,
+}
+
+/// A join's answer, as it changed this side's keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Followed {
+    /// The keys now.
+    pub keys: GroupKey,
+    /// The group key is a new one (the device rotated it).
+    pub rotated: bool,
+    /// The device run is a newer one (the device restarted).
+    pub restarted: bool,
+}
+
+/// The device handed this side another split slot than the one it reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the device side gave this side's split slot ({had:?}) to another app side while this one was silent and now hands it slot {now:?}; start this side again")]
+pub struct SlotLost {
+    /// The slot this side reads.
+    pub had: Option<u16>,
+    /// The one the answer names.
+    pub now: Option<u16>,
+}
+
+/// One app side's following of the group key.
+#[derive(Debug)]
+pub struct Follower {
+    label: Vec<u8>,
+    keys: GroupKey,
+    slot: Option<u16>,
+    /// The newest notice taken: (run, device clock).
+    newest: Option<(u64, u64)>,
+    /// A join is due (a notice or an ask came since the last one went).
+    due: bool,
+    /// When the last join went.
+    last: Option<Instant>,
+}
+
+impl Follower {
+    /// Follows from a first join's keys and slot; notices are signed under `label`
+    /// ([`notice_label`]).
+    pub fn new(label: Vec<u8>, keys: GroupKey, slot: Option<u16>) -> Follower {
+        Follower {
+            label,
+            keys,
+            slot,
+            newest: None,
+            due: false,
+            last: None,
+        }
+    }
+
+    /// The keys as they stand.
+    pub fn keys(&self) -> GroupKey {
+        self.keys
+    }
+
+    /// A message on `P.D.rekey`; `trusted` says whether a fingerprint is in `known_peers`.
+    /// Taken, a join is due.
+    pub fn handle_notice(
+        &mut self,
+        note: &[u8],
+        trusted: impl Fn(&str) -> bool,
+    ) -> Result<(), Ignored> {
+        let (body, fp) = crate::seal::open_note(note, &self.label)
+            .map_err(|e| Ignored::NotSigned(e.to_string()))?;
+        if !trusted(&fp) {
+            return Err(Ignored::Untrusted(fp));
+        }
+        let at = parse_notice_body(body).ok_or(Ignored::NotANotice)?;
+        if self.newest.is_some_and(|n| at <= n) {
+            return Err(Ignored::Replayed);
+        }
+        self.newest = Some(at);
+        self.due = true;
+        Ok(())
+    }
+
+    /// A stream asks for the key (a frame that opens under no key this side has).
+    pub fn handle_ask(&mut self) {
+        self.due = true;
+    }
+
+    /// When the next join may go, if one is due (at or before `now`: go now).
+    pub fn poll_join(&self, now: Instant) -> Option<Instant> {
+        if !self.due {
+            return None;
+        }
+        Some(self.last.map_or(now, |t| t + REJOIN_SPACING))
+    }
+
+    /// A join goes at `now`: what asks or notices come from here on need another.
+    pub fn joined(&mut self, now: Instant) {
+        self.due = false;
+        self.last = Some(now);
+    }
+
+    /// A join's answer: `keys` as the device holds them, the slot it names.
+    pub fn handle_admission(
+        &mut self,
+        keys: GroupKey,
+        slot: Option<u16>,
+    ) -> Result<Followed, SlotLost> {
+        if slot != self.slot {
+            return Err(SlotLost {
+                had: self.slot,
+                now: slot,
+            });
+        }
+        let rotated = keys.key != self.keys.key;
+        // A join never takes an app side back to an earlier run.
+        let restarted = keys.run.id > self.keys.run.id;
+        let run: Run = if restarted { keys.run } else { self.keys.run };
+        self.keys = GroupKey { run, ..keys };
+        Ok(Followed {
+            keys: self.keys,
+            rotated,
+            restarted,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::seal::LocalIdentity;
+
+    fn identity(name: &str) -> LocalIdentity {
+        let d = std::env::temp_dir().join(format!("ndd-follow-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let (id, _) = crate::Identity::load_or_create(&d).unwrap();
+        LocalIdentity::new(&id).unwrap()
+    }
+
+    const RUN: Run = Run { id: 7, began: 0 };
+
+    fn follower(subjects: &Subjects) -> Follower {
+        Follower::new(
+            notice_label(subjects),
+            GroupKey::first([1; 32], RUN),
+            Some(1),
+        )
+    }
+
+    #[test]
+    fn only_newer_notices_signed_by_a_trusted_device_for_this_driver_send_a_join() {
+        let subjects = Subjects::new("ndd", "serial").unwrap();
+        let device = identity("device");
+        let stranger = identity("stranger");
+        let trusted = |fp: &str| fp == device.fingerprint();
+        let mut f = follower(&subjects);
+        let t0 = Instant::now();
+        assert_eq!(f.poll_join(t0), None, "nothing due at first");
+        let note = |who: &LocalIdentity, label: &[u8], run: u64, at: u64| {
+            who.sign_note(label, &notice_body(run, at)).unwrap()
+        };
+        let label = notice_label(&subjects);
+        let first = note(&device, &label, 7, 100);
+        assert_eq!(f.handle_notice(&first, trusted), Ok(()));
+        assert_eq!(f.poll_join(t0), Some(t0), "the first join goes at once");
+        f.joined(t0);
+        assert_eq!(f.poll_join(t0), None);
+        // The same notice again, an older one, one of another driver, one by a stranger,
+        // garbage, a signed note that is not a notice: none sends a join.
+        assert_eq!(f.handle_notice(&first, trusted), Err(Ignored::Replayed));
+        assert_eq!(
+            f.handle_notice(&note(&device, &label, 7, 99), trusted),
+            Err(Ignored::Replayed)
+        );
+        let other = notice_label(&Subjects::new("ndd", "camera").unwrap());
+        assert!(matches!(
+            f.handle_notice(&note(&device, &other, 7, 200), trusted),
+            Err(Ignored::NotSigned(_))
+        ));
+        assert_eq!(
+            f.handle_notice(&note(&stranger, &label, 8, 200), trusted),
+            Err(Ignored::Untrusted(stranger.fingerprint()))
+        );
+        assert!(matches!(
+            f.handle_notice(b"garbage", trusted),
+            Err(Ignored::NotSigned(_))
+        ));
+        let odd = device.sign_note(&label, b"rekey short").unwrap();
+        assert_eq!(f.handle_notice(&odd, trusted), Err(Ignored::NotANotice));
+        assert_eq!(f.poll_join(t0), None, "no join for any of them");
+        // A newer run counts even with an earlier clock (a clock set back after a restart).
+        assert_eq!(
+            f.handle_notice(&note(&device, &label, 8, 5), trusted),
+            Ok(())
+        );
+        // The next join waits for the spacing; an ask meanwhile rides on it.
+        assert_eq!(f.poll_join(t0), Some(t0 + REJOIN_SPACING));
+        f.handle_ask();
+        f.joined(t0 + REJOIN_SPACING);
+        assert_eq!(f.poll_join(t0 + REJOIN_SPACING), None);
+        f.handle_ask();
+        assert_eq!(
+            f.poll_join(t0 + REJOIN_SPACING),
+            Some(t0 + REJOIN_SPACING * 2)
+        );
+    }
+
+    #[test]
+    fn an_answer_brings_new_keys_never_an_earlier_run_and_a_lost_slot_ends_the_side() {
+        let subjects = Subjects::new("ndd", "serial").unwrap();
+        let mut f = follower(&subjects);
+        let newer = Run { id: 9, began: 40 };
+        // A rotation and a restart in one answer.
+        let mut k = GroupKey::first([2; 32], newer);
+        k.previous = Some([1; 32]);
+        k.since = 30;
+        let got = f.handle_admission(k, Some(1)).unwrap();
+        assert!(got.rotated && got.restarted);
+        assert_eq!(got.keys, k);
+        // An answer from before the restart, delivered late: its keys, the newer run kept.
+        let late = GroupKey::first([2; 32], RUN);
+        let got = f.handle_admission(late, Some(1)).unwrap();
+        assert!(!got.rotated && !got.restarted);
+        assert_eq!(got.keys.run, newer);
+        assert_eq!(f.keys().run, newer);
+        // Another slot: the side ends, its keys unchanged.
+        assert_eq!(
+            f.handle_admission(k, Some(2)),
+            Err(SlotLost {
+                had: Some(1),
+                now: Some(2)
+            })
+        );
+        assert_eq!(f.keys().run, newer);
+    }
+}
