@@ -43,11 +43,12 @@ fn stranger_first(transport: &str) {
     let addr = free_addr();
     let mut app = Side::spawn(run_cmd(&cfg, "app", &app_home, &["--listen", &addr]));
     let _ = app.addr();
+    // A one-off (`--once`): refused, it ends (without, it would wait to be trusted).
     let stranger = Side::spawn(run_cmd(
         &cfg,
         "device",
         &stranger_home,
-        &["--connect", &addr],
+        &["--connect", &addr, "--once"],
     ));
     let (ss, _, serr) = stranger.finish();
     assert!(!ss.success(), "the stranger is refused: {serr}");

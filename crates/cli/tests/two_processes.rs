@@ -73,7 +73,21 @@ fn stack_mismatch_is_reported_on_both_sides_naming_stream_and_layer() {
     let (dcfg, acfg) = (dir.0.join("d.toml"), dir.0.join("a.toml"));
     std::fs::write(&dcfg, SYNTH.replace("COUNT", "4")).unwrap();
     std::fs::write(&acfg, SYNTH.replace("COUNT", "5")).unwrap();
-    let (mut app, dev) = start_pair(&acfg, &dcfg, &app_home, &dev_home);
+    let mut app = Side::spawn(run_cmd(
+        &acfg,
+        "app",
+        &app_home,
+        &["--listen", "127.0.0.1:0"],
+    ));
+    let addr = app.addr();
+    // With --once a refusal ends the connecting side with the error (what a script wants);
+    // without, it waits for the peer as the listener does (the trust test below).
+    let dev = Side::spawn(run_cmd(
+        &dcfg,
+        "device",
+        &dev_home,
+        &["--connect", &addr, "--once"],
+    ));
     let (ds, _, derr) = dev.finish();
     assert!(!ds.success());
     let b = |n| format!("bundle(count={n}, max_delay_ms=100, max_bytes=1048576, playout_ms=0)");
@@ -107,29 +121,51 @@ fn stack_mismatch_is_reported_on_both_sides_naming_stream_and_layer() {
 }
 
 #[test]
-fn untrusted_peer_is_refused_on_both_sides_with_the_trust_command() {
+fn an_untrusted_connecting_side_waits_with_the_trust_command_and_connects_once_trusted() {
     let dir = Dir::new("untrusted");
     // The device trusts the app, the app does not know the device.
     let (dev_home, app_home, dfp, _) = homes(&dir.0, true, false);
     let cfg = dir.0.join("c.toml");
-    std::fs::write(&cfg, SYNTH.replace("COUNT", "4")).unwrap();
-    let (mut app, dev) = start_pair(&cfg, &cfg, &app_home, &dev_home);
-    let (ds, _, derr) = dev.finish();
-    assert!(!ds.success());
-    // The listener refuses the stranger with the trust command, and waits on.
-    wait_for("the app side's refusal", WAIT, || {
-        let aerr = app.stderr_now();
+    std::fs::write(
+        &cfg,
+        SYNTH.replace("COUNT", "4") + "[link]\nmax_backoff_ms = 300\n",
+    )
+    .unwrap();
+    let (mut app, mut dev) = start_pair(&cfg, &cfg, &app_home, &dev_home);
+    // Both sides refuse, say what to run on the other machine, and wait on (the connecting
+    // side exited before 2026-11-29; issue 34 item 7).
+    wait_for("both sides' refusal lines", WAIT, || {
+        let (aerr, derr) = (app.stderr_now(), dev.stderr_now());
         aerr.contains("refused untrusted peer")
             && aerr.contains(&format!("run: ndd trust {dfp} --home"))
+            && derr.contains(&format!("on the peer's machine run: ndd trust {dfp}"))
+            && derr
+                .contains("waiting for the peer to accept this side, retrying every 0.3 s at most")
     });
     assert!(
         app.running(),
         "an untrusted peer must not stop the listener"
     );
+    assert!(dev.running(), "a refused connecting side waits");
+    // Trusted on the app side's machine: the next attempt connects, neither side restarted.
+    let out = ndd()
+        .args(["trust", &dfp, "--name", "device", "--home"])
+        .arg(&app_home)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    wait_for("the session on both sides", WAIT, || {
+        app.stderr_now().contains("streams agreed") && dev.stderr_now().contains("streams agreed")
+    });
+    dev.terminate();
+    let (ds, _, derr) = dev.finish();
+    assert!(ds.success(), "{derr}");
     app.kill();
-    assert!(
-        derr.contains(&format!("on the peer's machine run: ndd trust {dfp}")),
-        "device stderr: {derr}"
+    // Said once while it waited, not at every attempt.
+    assert_eq!(
+        derr.matches("waiting for the peer to accept").count(),
+        1,
+        "{derr}"
     );
 }
 

@@ -732,8 +732,10 @@ impl Connector {
         }
     }
 
-    /// The next link. The first connection gives up on the connect timeout, on any refusal
-    /// (mismatch, untrusted) and on a local problem; later ones (reconnects) keep trying, with
+    /// The next link. The first connection gives up on a local problem and, when bounded
+    /// (`keep_trying` off: `--once`), on the connect timeout and on any refusal (mismatch,
+    /// untrusted); unbounded, it waits for the peer past both, saying so; later ones
+    /// (reconnects) keep trying, with
     /// capped exponential backoff and ±20 % jitter, and only log what goes wrong. A listener
     /// serves on past anything a connection does, and stops only on a local problem.
     pub async fn establish(
@@ -754,12 +756,23 @@ impl Connector {
             n += 1;
             let err = match self.attempt(ctx, bounded.then_some(deadline)).await {
                 Ok(x) => return Ok(x),
-                Err(e @ (EstablishError::Local(_) | EstablishError::Refused(_))) if first => {
-                    return Err(e)
-                }
+                Err(e @ EstablishError::Local(_)) if first => return Err(e),
+                // With a bound (`--once`), a refusal ends the first connection; without, the
+                // side waits for the peer to accept it, as a listener does (the peer's user
+                // runs `ndd trust`, or fixes a stack that disagrees).
+                Err(e @ EstablishError::Refused(_)) if bounded => return Err(e),
                 Err(e) => e,
             };
-            if first && !bounded {
+            if first && !bounded && matches!(err, EstablishError::Refused(_)) {
+                if let Some(n) = told.admit(Instant::now()) {
+                    tracing::warn!(
+                        side = ctx.side,
+                        "{err}; waiting for the peer to accept this side, retrying every {} s at most{}",
+                        ctx.max_backoff.as_secs_f64(),
+                        more(n)
+                    );
+                }
+            } else if first && !bounded {
                 if let Some(n) = told.admit(Instant::now()) {
                     // Refused at once: nothing listens there (the other side is not started,
                     // or started without --listen: both sides connecting wait for good).
