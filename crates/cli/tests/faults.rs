@@ -278,3 +278,49 @@ sink = { type = "check", seed = 4, size = 64, expect = 1600 }
         recoveries(&derr)
     );
 }
+
+/// With the link's default settings (no `[link]` section): a path that goes silent (a
+/// blackhole: nothing closed, nothing delivered) is declared dead by both sides after the
+/// default 1.5 s without a message, they reconnect once it carries again, and nothing is lost
+/// (issue 34 item 7: the defaults were 5 s, and up to 5 s of backoff).
+#[test]
+fn with_default_settings_a_silent_path_is_noticed_after_1_5_s_and_nothing_is_lost() {
+    let dir = Dir::new("fault-defaults");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let cfg = dir.0.join("c.toml");
+    let text = CFG.replace(
+        "[link]\nping_interval_ms = 100\nkeepalive_timeout_ms = 600\nmax_backoff_ms = 200\n",
+        "",
+    );
+    assert!(!text.contains("[link]"));
+    std::fs::write(&cfg, text).unwrap();
+    let app = Side::spawn(run_cmd(
+        &cfg,
+        "app",
+        &app_home,
+        &["--listen", "127.0.0.1:0"],
+    ));
+    let proxy = Proxy::start(app.addr());
+    let dev = Side::spawn(run_cmd(
+        &cfg,
+        "device",
+        &dev_home,
+        &["--connect", &proxy.addr],
+    ));
+    wait_for("a connection", WAIT, || proxy.accepted() >= 1);
+    std::thread::sleep(Duration::from_millis(500));
+    proxy.set(BLOCK);
+    wait_for("the loss on both sides", WAIT, || {
+        let said = |e: String| e.contains("no message from the peer for 1500 ms");
+        said(dev.stderr_now()) && said(app.stderr_now())
+    });
+    proxy.set(PASS);
+    let (ds, _, derr) = dev.finish();
+    let (as_, _, aerr) = app.finish();
+    assert!(ds.success(), "device: {derr}");
+    assert!(as_.success(), "app: {aerr}");
+    assert!(aerr.contains(&check_ok("events", 3000)), "{aerr}");
+    assert!(derr.contains(&check_ok("back", 1500)), "{derr}");
+    assert!(!recoveries(&derr).is_empty(), "{derr}");
+    println!("recoveries (device side): {:?}", recoveries(&derr));
+}
