@@ -15,6 +15,7 @@ pub mod logfmt;
 pub mod rfbaccel;
 pub mod session;
 pub mod stats;
+pub mod status;
 
 use anyhow::{Context, Result};
 use std::path::Path;

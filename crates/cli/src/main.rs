@@ -130,6 +130,17 @@ enum Command {
     },
     /// List every transformation pair and endpoint with its parameters.
     Modules,
+    /// What every ndd side running on this machine is doing: link, peer, round trip, each
+    /// stream's frames, rate, latency and drops, the last error (asked over each side's
+    /// socket in $NDD_STATUS_DIR, /run/ndd for root, $XDG_RUNTIME_DIR/ndd or /tmp/ndd-UID).
+    Status {
+        /// Redraw the table every second until Ctrl-C.
+        #[arg(long)]
+        watch: bool,
+        /// Print each side's status as JSON (one document a line).
+        #[arg(long, conflicts_with = "watch")]
+        json: bool,
+    },
     /// Check config files and print the plan for both sides; with --side, also probe that
     /// side's endpoints (files, device nodes, X displays) on this machine.
     Check {
@@ -474,6 +485,7 @@ fn run(cli: Cli) -> Result<i32> {
             println!("fingerprint: {}", id.fingerprint());
             Ok(0)
         }
+        Command::Status { watch, json } => status_cmd(watch, json),
         Command::Id { home } => {
             let id = session::load_identity(&home.dir())?;
             println!("{}", id.fingerprint());
@@ -657,6 +669,37 @@ fn catalogue_text() -> String {
         }
     }
     out
+}
+
+/// `ndd status`: the table of every side answering in the status directory.
+fn status_cmd(watch: bool, json: bool) -> Result<i32> {
+    let dir = ndd::status::status_dir();
+    loop {
+        let all = ndd::status::read_all(&dir)?;
+        if json {
+            for s in &all {
+                println!("{}", serde_json::to_string(s)?);
+            }
+            return Ok(if all.is_empty() { 1 } else { 0 });
+        }
+        let text = if all.is_empty() {
+            format!(
+                "no ndd side is running here (none answers in {}; `ndd run` serves its status there)\n",
+                dir.display()
+            )
+        } else {
+            ndd::status::table(&all)
+        };
+        if !watch {
+            print!("{text}");
+            return Ok(if all.is_empty() { 1 } else { 0 });
+        }
+        // Home, clear, the table.
+        print!("\x1b[H\x1b[2J{text}");
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
 }
 
 #[cfg(test)]

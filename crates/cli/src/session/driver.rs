@@ -49,6 +49,8 @@ pub(super) struct Wiring<'a> {
     pub(super) connector: &'a Connector,
     /// `--metrics`: the snapshot it serves and its server's task.
     pub(super) metrics: Option<(Metrics, AbortOnDrop)>,
+    /// What `ndd status` reads.
+    pub(super) status: Option<crate::status::Served>,
     /// `--duration`: when the side closes.
     pub(super) deadline: Option<Instant>,
 }
@@ -95,7 +97,7 @@ impl<'a> Driver<'a> {
     ) -> Driver<'a> {
         let tick = w
             .live_stats
-            .or(w.metrics.as_ref().map(|_| Duration::from_secs(1)));
+            .or((w.metrics.is_some() || w.status.is_some()).then_some(Duration::from_secs(1)));
         let peer = first.peer.clone();
         let busy: Busy<'a> = Box::pin(w.connector.refuse_while_busy(w.ctx, peer.clone()));
         Driver {
@@ -244,9 +246,11 @@ impl<'a> Driver<'a> {
             Event::StreamEnded { stream } => self.io[stream].sink_ended = true,
             Event::LinkLost { reason } => {
                 note!(quiet, side, "link lost: {reason}; reconnecting");
+                self.said_error(format!("link lost: {reason}"));
                 self.link_down(LinkState::Down, "down, reconnecting");
             }
             Event::PeerStopped { reason } => {
+                self.said_error(reason.clone());
                 note!(
                     quiet,
                     side,
@@ -464,7 +468,14 @@ impl<'a> Driver<'a> {
         Ok(())
     }
 
-    /// The live board (`--stats`) and the `--metrics` snapshot.
+    /// The last loss, for `ndd status`.
+    fn said_error(&self, e: String) {
+        if let Some(s) = &self.w.status {
+            s.update(|st| st.last_error = Some(e));
+        }
+    }
+
+    /// The live board (`--stats`), the `--metrics` snapshot and what `ndd status` reads.
     fn show_stats(&mut self, now: Instant) {
         let (side, live) = (self.side, self.w.live_stats.is_some());
         // On a terminal a table redrawn in place, every stream every tick; otherwise lines
@@ -502,6 +513,26 @@ impl<'a> Driver<'a> {
                 self.sess.recoveries().len()
             );
             crate::board::show(side.as_str(), crate::board::Panel { heading, rows });
+        }
+        if let Some(s) = &mut self.w.status {
+            let streams: Vec<StreamSummary> = self.io.iter().map(|e| e.stats.summary()).collect();
+            s.streams(now, &streams);
+            let rtt = self
+                .sess
+                .clock()
+                .filter(|_| self.link.is_some())
+                .map(|c| c.rtt_ns as f64 / 1e6);
+            let (link, peer, recoveries) = (
+                self.link_state.to_string(),
+                self.peer.clone(),
+                self.sess.recoveries().len(),
+            );
+            s.update(|st| {
+                st.link = link;
+                st.peer = Some(peer);
+                st.rtt_ms = rtt;
+                st.recoveries = recoveries;
+            });
         }
         if let Some((m, _)) = &self.w.metrics {
             let streams: Vec<StreamSummary> = self.io.iter().map(|e| e.stats.summary()).collect();

@@ -311,6 +311,10 @@ pub async fn run_side(
         }
         None => None,
     };
+    let target = match &opts.endpoint {
+        Endpoint::Connect(a) => Some(a.clone()),
+        _ => None,
+    };
     let connector = match opts.endpoint {
         Endpoint::ListenOn(l) if transport == TransportKind::Tcp => Connector::Listen(l),
         Endpoint::ListenOn(_) => bail!("a pre-bound listener is TCP only"),
@@ -320,6 +324,35 @@ pub async fn run_side(
     if let Some(a) = connector.local_addr() {
         note!(quiet, side, "listening on {a}");
     }
+    // `ndd status` asks this side over a socket (not for benchmarks' quiet sides).
+    let status = if quiet {
+        None
+    } else {
+        let address = match (connector.local_addr(), &target) {
+            (Some(a), _) => format!("listening on {a}"),
+            (None, Some(t)) => format!("connecting to {t}"),
+            (None, None) => String::new(),
+        };
+        match crate::status::serve(crate::status::SideStatus {
+            driver: cfg.driver.clone(),
+            side: side.as_str().to_string(),
+            pid: std::process::id(),
+            address,
+            link: "waiting for the peer".into(),
+            peer: None,
+            rtt_ms: None,
+            recoveries: 0,
+            last_error: None,
+            uptime_s: 0.0,
+            streams: Vec::new(),
+        }) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(side = %side, "ndd status will not see this side: {e:#}");
+                None
+            }
+        }
+    };
 
     // The first link: any failure here ends the run (mismatch, untrusted, nobody there).
     // A listener left alone says once, after a few seconds, what the other side needs.
@@ -384,6 +417,7 @@ pub async fn run_side(
             ctx: &ctx,
             connector: &connector,
             metrics,
+            status,
             deadline,
         },
         sess,
