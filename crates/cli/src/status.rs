@@ -157,12 +157,13 @@ pub fn serve_in(dir: &Path, first: SideStatus) -> Result<Served> {
         .mode(0o700)
         .create(dir)
         .with_context(|| format!("cannot create the status directory {}", dir.display()))?;
-    // Another user's directory, or one opened to others, is not used.
+    // Another user's directory, or one others may write to, is not used (systemd's
+    // RuntimeDirectory /run/ndd is 0755: others may look, the sockets answer only root).
     let meta = std::fs::metadata(dir)?;
     use std::os::unix::fs::MetadataExt;
-    if meta.uid() != rustix::process::getuid().as_raw() || meta.permissions().mode() & 0o077 != 0 {
+    if meta.uid() != rustix::process::getuid().as_raw() || meta.permissions().mode() & 0o022 != 0 {
         anyhow::bail!(
-            "{} is not a directory of this user's alone (mode {:04o}): set NDD_STATUS_DIR to one",
+            "{} is not a directory only this user may write to (mode {:04o}): set NDD_STATUS_DIR to one",
             dir.display(),
             meta.permissions().mode() & 0o7777
         );
@@ -172,6 +173,9 @@ pub fn serve_in(dir: &Path, first: SideStatus) -> Result<Served> {
     let _ = std::fs::remove_file(&path);
     let listener = tokio::net::UnixListener::bind(&path)
         .with_context(|| format!("cannot listen on {}", path.display()))?;
+    // Only this user may connect (connecting needs write permission on the socket).
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("cannot restrict {}", path.display()))?;
     let status = Arc::new(Mutex::new(first));
     let s = status.clone();
     let task = tokio::spawn(async move {
@@ -383,11 +387,12 @@ mod tests {
             "escape codes from the network are escaped: {t}"
         );
         let path = dir.join("serial-device-11.sock");
-        assert!(path.exists());
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "only its user may connect");
         drop(served);
         assert!(!path.exists(), "the socket goes with the side");
         let mode = std::fs::metadata(&dir).unwrap().permissions();
-        use std::os::unix::fs::PermissionsExt;
         assert_eq!(mode.mode() & 0o777, 0o700);
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -408,9 +413,13 @@ mod tests {
             .unwrap_err();
         assert!(
             e.to_string()
-                .contains("is not a directory of this user's alone (mode 0777)"),
+                .contains("is not a directory only this user may write to (mode 0777)"),
             "{e}"
         );
+        // systemd's RuntimeDirectory (0755): others may look, not write.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        rt.block_on(async { serve_in(&dir, side("x", 1)).map(drop) })
+            .unwrap();
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
