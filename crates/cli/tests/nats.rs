@@ -2078,3 +2078,51 @@ fn a_server_without_room_for_store_mib_is_named() {
         "{err}"
     );
 }
+
+/// `ndd status` sees NATS sides too: both answer, with their link to the server and their
+/// stream's frames moving.
+#[test]
+fn ndd_status_shows_both_sides_of_a_nats_driver() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-status");
+    let nats = Nats::start("status", &[]);
+    let (dev, apps) = homes_n(&dir.0, 1);
+    let sockets = dir.0.join("run");
+    let out = dir.0.join("out.bin");
+    let cfg = one_stream_to_file(
+        &dir.0,
+        "natstat",
+        &nats.url(),
+        "device-to-app",
+        (64, 10.0, 100_000, 4),
+        &out,
+    );
+    let spawn = |side: &str, home: &Path| {
+        let mut c = run_cmd(&cfg, side, home, &[]);
+        c.env("NDD_STATUS_DIR", &sockets);
+        Side::spawn(c)
+    };
+    let d = spawn("device", &dev);
+    let a = spawn("app", &apps[0]);
+    wait_for("both NATS sides in ndd status", WAIT, || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ndd"))
+            .args(["status", "--json"])
+            .env("NDD_STATUS_DIR", &sockets)
+            .output()
+            .unwrap();
+        let sides: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        sides.len() == 2
+            && sides.iter().all(|s| {
+                s["driver"] == "natstat"
+                    && s["link"] == "up (NATS)"
+                    && s["streams"][0]["frames"].as_u64().unwrap_or(0) > 10
+            })
+    });
+    a.kill();
+    d.kill();
+}

@@ -206,6 +206,29 @@ pub async fn run_side(
         finish: &finish_rx,
         deadline,
     };
+    // `ndd status` asks this side over a socket (not for benchmarks' quiet sides).
+    let mut status = (!quiet)
+        .then(|| {
+            crate::status::serve(crate::status::SideStatus {
+                driver: cfg.driver.clone(),
+                side: side.as_str().to_string(),
+                pid: std::process::id(),
+                address: format!("NATS {}", nats.servers.join(",")),
+                link: match side {
+                    SideName::Device => "starting (NATS)".into(),
+                    SideName::App => "joining (NATS)".into(),
+                },
+                peer: None,
+                rtt_ms: None,
+                recoveries: 0,
+                last_error: None,
+                uptime_s: 0.0,
+                streams: Vec::new(),
+            })
+            .map_err(|e| tracing::warn!(side = %side, "ndd status will not see this side: {e:#}"))
+            .ok()
+        })
+        .flatten();
     let peer = match side {
         SideName::Device => device::start(&start, &ctx, &mut t, &mut stop).await?,
         SideName::App => app::start(&start, &ctx, &mut t, &mut stop).await?,
@@ -218,7 +241,11 @@ pub async fn run_side(
 
     // Live stats and the stop conditions.
     let mut checks = Vec::new();
-    let tick = opts.live_stats.unwrap_or(Duration::from_secs(3600));
+    let tick = opts.live_stats.unwrap_or(if status.is_some() {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_secs(3600)
+    });
     let mut next = tokio::time::Instant::now() + tick;
     let mut result = Ok(());
     loop {
@@ -234,6 +261,21 @@ pub async fn run_side(
                             eprintln!("{}", s.live_line(&label));
                         }
                     }
+                }
+                if let Some(st) = &mut status {
+                    let sums: Vec<_> = stats.iter().map(|s| lock(s).summary()).collect();
+                    st.streams(Instant::now(), &sums);
+                    let link = match client.connection_state() {
+                        async_nats::connection::State::Connected => "up (NATS)",
+                        async_nats::connection::State::Disconnected => "down, reconnecting (NATS)",
+                        async_nats::connection::State::Pending => "connecting (NATS)",
+                    };
+                    let reconnects = ctx.connects.load(std::sync::atomic::Ordering::Acquire);
+                    st.update(|s| {
+                        s.link = link.to_string();
+                        s.peer = Some(peer.clone());
+                        s.recoveries = reconnects.saturating_sub(1) as usize;
+                    });
                 }
             }
             done = tasks.join_next() => match done {
