@@ -363,6 +363,10 @@ impl Accepted {
 /// strangers must not be able to flood the log.
 struct ServeLogs {
     refused: RateLimit,
+    /// Refusals said lately, by their text without port numbers: a refused peer that waits
+    /// and retries (it does since 2026-11-29) is said once per [`REPEAT_SAID`], not at
+    /// every attempt. (When it was said, and how many came since.)
+    said: std::collections::HashMap<String, (Instant, u64)>,
     rejected: RateLimit,
     evicted: RateLimit,
     /// A peer waiting for a busy listener retries every few seconds: one line per 30 s.
@@ -374,6 +378,7 @@ impl Default for ServeLogs {
         let limit = || RateLimit::with_burst(std::time::Duration::from_secs(1), 5);
         ServeLogs {
             refused: limit(),
+            said: std::collections::HashMap::new(),
             rejected: limit(),
             evicted: limit(),
             busy: RateLimit::new(std::time::Duration::from_secs(30)),
@@ -381,10 +386,58 @@ impl Default for ServeLogs {
     }
 }
 
+/// How often the same refusal (a peer that retries) is said again.
+const REPEAT_SAID: Duration = Duration::from_secs(30);
+
+/// Refusals remembered at once (distinct texts; the oldest goes first).
+const SAID_KEPT: usize = 256;
+
+/// `text` without the port numbers of the socket addresses in it (a retrying peer connects
+/// from a new port each time).
+fn without_ports(text: &str) -> String {
+    text.split(' ')
+        .map(|w| {
+            let core = w.trim_end_matches([';', ',', ':', ')']);
+            match core.parse::<std::net::SocketAddr>() {
+                Ok(a) => w.replacen(core, &a.ip().to_string(), 1),
+                Err(_) => w.to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 impl ServeLogs {
+    /// Whether refusal `e` is to be said now, and how many like it went unsaid before it.
+    fn fresh(&mut self, e: &str, now: Instant) -> Option<u64> {
+        let key = without_ports(e);
+        if let Some((at, n)) = self.said.get_mut(&key) {
+            if now.saturating_duration_since(*at) < REPEAT_SAID {
+                *n += 1;
+                return None;
+            }
+        }
+        let before = self.said.insert(key, (now, 0)).map_or(0, |(_, n)| n);
+        if self.said.len() > SAID_KEPT {
+            if let Some(oldest) = self
+                .said
+                .iter()
+                .min_by_key(|(_, (at, _))| *at)
+                .map(|(k, _)| k.clone())
+            {
+                self.said.remove(&oldest);
+            }
+        }
+        Some(before)
+    }
+
     fn refused(&mut self, side: &str, e: &str) {
-        if let Some(n) = self.refused.admit(Instant::now()) {
-            tracing::warn!(side, "refused a connection: {e}{}", more(n));
+        let now = Instant::now();
+        let Some(again) = self.fresh(e, now) else {
+            return;
+        };
+        if let Some(n) = self.refused.admit(now) {
+            tracing::warn!(side, "refused a connection: {e}{}{}", more(n), since(again));
         }
     }
 
@@ -396,8 +449,12 @@ impl ServeLogs {
 
     /// A peer past the trust check that this side refused (a UDP listener's handshake).
     fn refused_peer(&mut self, side: &str, e: &str) {
-        if let Some(n) = self.refused.admit(Instant::now()) {
-            tracing::warn!(side, "refused a peer: {e}{}", more(n));
+        let now = Instant::now();
+        let Some(again) = self.fresh(e, now) else {
+            return;
+        };
+        if let Some(n) = self.refused.admit(now) {
+            tracing::warn!(side, "refused a peer: {e}{}{}", more(n), since(again));
         }
     }
 
@@ -423,6 +480,15 @@ fn more(n: u64) -> String {
         String::new()
     } else {
         format!(" ({n} more like it not shown)")
+    }
+}
+
+/// How many times the same refusal came since it was last said.
+fn since(n: u64) -> String {
+    if n == 0 {
+        String::new()
+    } else {
+        format!(" (refused {n} more time(s) since it was last said)")
     }
 }
 
@@ -1025,6 +1091,38 @@ mod tests {
     use super::*;
     use crate::Conn;
     use ndd_core::testlog::Captured;
+
+    #[test]
+    fn a_peer_refused_again_and_again_is_said_once_per_30_s() {
+        assert_eq!(
+            without_ports("refused untrusted peer 10.9.0.1:52660 with fingerprint SHA256:x; run"),
+            "refused untrusted peer 10.9.0.1 with fingerprint SHA256:x; run"
+        );
+        assert_eq!(without_ports("from [::1]:7000:"), "from ::1:");
+        let mut logs = ServeLogs::default();
+        let t0 = Instant::now();
+        let e =
+            |port: u16| format!("refused untrusted peer 10.9.0.1:{port} with fingerprint SHA256:x");
+        assert_eq!(logs.fresh(&e(1000), t0), Some(0));
+        for i in 1..10u16 {
+            let at = t0 + Duration::from_millis(u64::from(i) * 500);
+            assert_eq!(logs.fresh(&e(1000 + i), at), None, "retry {i} unsaid");
+        }
+        // Another peer is said at once.
+        let other = "refused untrusted peer 10.9.0.7:5 with fingerprint SHA256:y";
+        assert_eq!(logs.fresh(other, t0 + Duration::from_secs(1)), Some(0));
+        // 30 s on: said again, with the count.
+        assert_eq!(logs.fresh(&e(2000), t0 + REPEAT_SAID), Some(9));
+        assert_eq!(since(9), " (refused 9 more time(s) since it was last said)");
+        // The memory is bounded.
+        for i in 0..(SAID_KEPT as u64 + 10) {
+            logs.fresh(
+                &format!("stranger {i}"),
+                t0 + REPEAT_SAID + Duration::from_millis(i),
+            );
+        }
+        assert!(logs.said.len() <= SAID_KEPT);
+    }
     use ndd_wire::{HelloRepr, Side};
 
     fn hello(side: Side, driver: &str) -> HelloRepr {
@@ -1104,8 +1202,8 @@ mod tests {
         let strangers = async {
             let other = OwnedMessage::Hello(hello(Side::Device, "someone-else"));
             let mut tries = 0u32;
-            while log.matching("more like it not shown").is_empty() {
-                assert!(started.elapsed() < Duration::from_secs(10), "no count");
+            // (The same refusal again and again is said once per 30 s since 2026-11-29.)
+            while started.elapsed() < Duration::from_millis(1500) {
                 let mut s = crate::udp_connect(&addr).await.unwrap();
                 let _ = s.send_message(&other.as_message()).await;
                 // Its CLOSE, or nothing while the listener binds again.
@@ -1121,7 +1219,7 @@ mod tests {
         let secs = started.elapsed().as_secs_f64().ceil() as usize;
         let lines = log.matching("refused a peer");
         assert!(
-            lines.len() <= 5 * (secs + 1) && (tries as usize) > lines.len(),
+            !lines.is_empty() && lines.len() <= 5 * (secs + 1) && (tries as usize) > lines.len(),
             "{tries} strangers, {} lines in {secs} s: {lines:#?}",
             lines.len()
         );
