@@ -14,6 +14,7 @@ pub mod fanout;
 pub mod logfmt;
 pub mod rfbaccel;
 pub mod session;
+pub mod share;
 pub mod stats;
 pub mod status;
 

@@ -42,6 +42,62 @@ impl HomeArg {
     }
 }
 
+/// What a one-line share runs, beside its device.
+#[derive(Debug, Args)]
+struct ShareRun {
+    /// Print the driver's config (TOML) instead of running it: save it under /etc/ndd to run
+    /// the share as a service.
+    #[arg(long)]
+    print_config: bool,
+    /// Print a live stats line per stream every second (on stderr).
+    #[arg(long)]
+    stats: bool,
+    #[command(flatten)]
+    home: HomeArg,
+}
+
+#[derive(Debug, Subcommand)]
+enum ShareWhat {
+    /// A serial port (the device side of examples/serial.toml).
+    #[command(group(clap::ArgGroup::new("way").required(true).args(["to", "listen"])))]
+    Serial {
+        /// The port: /dev/ttyUSB0, /dev/ttyACM0, …
+        port: PathBuf,
+        /// Connect to HOST[:PORT] (default port 7882), where `ndd attach serial` runs.
+        #[arg(long, value_name = "HOST")]
+        to: Option<String>,
+        /// Listen on ADDR instead (e.g. 0.0.0.0:7882), for `ndd attach serial --from`.
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<String>,
+        /// Line speed.
+        #[arg(long, default_value_t = 115200)]
+        baud: u32,
+        #[command(flatten)]
+        run: ShareRun,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum AttachWhat {
+    /// A serial port shared with `ndd share serial` (the app side of examples/serial.toml).
+    Serial {
+        /// Where the port appears (a symlink to a pty): /dev/ttyREMOTE, /tmp/ttyREMOTE, …
+        #[arg(long, value_name = "PATH")]
+        link: PathBuf,
+        /// Connect to HOST[:PORT] (a share that listens) instead of listening.
+        #[arg(long, value_name = "HOST", conflicts_with = "listen")]
+        from: Option<String>,
+        /// Listen on ADDR (the default: 0.0.0.0:7882).
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<String>,
+        /// Line speed.
+        #[arg(long, default_value_t = 115200)]
+        baud: u32,
+        #[command(flatten)]
+        run: ShareRun,
+    },
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run one side of a driver from a config file.
@@ -83,6 +139,20 @@ enum Command {
         metrics: Option<String>,
         #[command(flatten)]
         home: HomeArg,
+    },
+    /// Share a device on this machine in one line: `ndd share serial /dev/ttyUSB0 --to HOST`
+    /// (the machine running `ndd attach serial`). The same driver as examples/serial.toml;
+    /// trust is as for `ndd run` (`ndd id`, `ndd trust`).
+    Share {
+        #[command(subcommand)]
+        what: ShareWhat,
+    },
+    /// Attach a device shared from another machine in one line: `ndd attach serial --link
+    /// /dev/ttyREMOTE` listens for `ndd share serial … --to THIS_HOST` and makes the port
+    /// appear at --link.
+    Attach {
+        #[command(subcommand)]
+        what: AttachWhat,
     },
     /// Both halves on this machine over loopback TLS with a simulated 3D mouse, live stats.
     Demo {
@@ -273,6 +343,203 @@ fn bench(args: &[String]) -> Result<i32> {
     Ok(status.code().unwrap_or(1))
 }
 
+/// `ndd share …`: the device side of a one-line share.
+fn share(what: ShareWhat) -> Result<i32> {
+    use ndd::share::{serial_config, with_port, Link};
+    let ShareWhat::Serial {
+        port,
+        to,
+        listen,
+        baud,
+        run,
+    } = what;
+    let link = match (to, listen) {
+        (Some(h), _) => Link::Connect(with_port(&h)),
+        (None, Some(a)) => Link::Listen(a),
+        (None, None) => bail!("say where the program runs: --to HOST, or --listen ADDR"),
+    };
+    let text = serial_config(
+        SideName::Device,
+        &link,
+        &port,
+        Path::new("/dev/ttyREMOTE"),
+        baud,
+    );
+    one_line(text, SideName::Device, "ndd share serial", run)
+}
+
+/// `ndd attach …`: the app side of a one-line share.
+fn attach(what: AttachWhat) -> Result<i32> {
+    use ndd::share::{serial_config, with_port, Link, SHARE_PORT};
+    let AttachWhat::Serial {
+        link: pty,
+        from,
+        listen,
+        baud,
+        run,
+    } = what;
+    let link = match (from, listen) {
+        (Some(h), _) => Link::Connect(with_port(&h)),
+        (None, Some(a)) => Link::Listen(a),
+        (None, None) => Link::Listen(format!("0.0.0.0:{SHARE_PORT}")),
+    };
+    let text = serial_config(SideName::App, &link, Path::new("/dev/ttyUSB0"), &pty, baud);
+    one_line(text, SideName::App, "ndd attach serial", run)
+}
+
+/// Prints a one-line share's config, or runs it as `ndd run` would (outliving its peer).
+fn one_line(text: String, side: SideName, what: &str, run: ShareRun) -> Result<i32> {
+    if run.print_config {
+        print!("{text}");
+        return Ok(0);
+    }
+    let cfg = Config::parse(&text, Path::new(what))?;
+    run_config(
+        cfg,
+        RunArgs {
+            side,
+            listen: None,
+            connect: None,
+            insecure: false,
+            stats: run.stats,
+            stats_json: None,
+            duration: None,
+            once: false,
+            metrics: None,
+            home: run.home,
+        },
+    )
+}
+
+/// What `ndd run` (and a one-line share) does with a config: checks, runs the side, reports.
+struct RunArgs {
+    side: SideName,
+    listen: Option<String>,
+    connect: Option<String>,
+    insecure: bool,
+    stats: bool,
+    stats_json: Option<PathBuf>,
+    duration: Option<f64>,
+    once: bool,
+    metrics: Option<String>,
+    home: HomeArg,
+}
+
+fn run_config(cfg: Config, a: RunArgs) -> Result<i32> {
+    let RunArgs {
+        side,
+        listen,
+        connect,
+        insecure,
+        stats,
+        stats_json,
+        duration: d,
+        once,
+        metrics,
+        home,
+    } = a;
+    cfg.build_pairs()?;
+    let d = duration(d)?;
+    if let Some(a) = &listen {
+        config::check_address(a, "--listen")?;
+    }
+    if let Some(a) = &connect {
+        config::check_address(a, "--connect")?;
+    }
+    let from_flag = connect.is_some();
+    let endpoint = match (listen, connect) {
+        (Some(a), _) => Endpoint::Listen(a),
+        (None, Some(a)) => Endpoint::Connect(a),
+        (None, None) if cfg.link.listener == side => Endpoint::Listen(cfg.link.address.clone()),
+        (None, None) => Endpoint::Connect(cfg.link.address.clone()),
+    };
+    if let (Endpoint::Connect(a), false) = (
+        &endpoint,
+        cfg.link.transport == session::TransportKind::Nats,
+    ) {
+        let what = if from_flag {
+            "--connect"
+        } else {
+            "link.address"
+        };
+        config::check_connect_target(a, what)?;
+    }
+    if let Some(path) = &stats_json {
+        check_writable(path, "--stats-json")?;
+    }
+    let opts = RunOptions {
+        side,
+        home: home.dir(),
+        endpoint,
+        insecure,
+        live_stats: stats.then_some(Duration::from_secs(1)),
+        duration: d,
+        quiet: false,
+        once,
+        metrics,
+    };
+    let rt = runtime()?;
+    let report = rt.block_on(async {
+        let stop = ctrl_c();
+        session::run_side_task(std::sync::Arc::new(cfg), opts, stop).await
+    });
+    // The side has ended and said what it left behind; an endpoint's thread still in a
+    // system call (a FIFO nobody opens) is not waited for: dropped, the runtime waited
+    // for it forever.
+    rt.shutdown_timeout(Duration::from_secs(1));
+    let report = match report {
+        Ok(r) => r,
+        Err(e) => {
+            // What was counted until the error, then the error.
+            let failed = e.downcast_ref::<session::SideFailed>();
+            if let Some(d) = failed.and_then(|f| f.report.link_drops) {
+                say_drops(side, d);
+            }
+            if let Some(path) = &stats_json {
+                let mut v = failed.map(|f| stats_value(side, &f.report)).unwrap_or_else(
+                    || serde_json::json!({ "side": side.to_string(), "streams": [] }),
+                );
+                v["error"] = serde_json::Value::String(logfmt::error_text(&e));
+                if let Err(w) = write_json(path, &v) {
+                    eprintln!("ndd: warning: {}", logfmt::error_text(&w));
+                }
+            }
+            return Err(e);
+        }
+    };
+    if let Some(d) = report.link_drops {
+        say_drops(side, d);
+    }
+    if let Some((off, rtt)) = report.clock_offset {
+        eprintln!(
+            "ndd [{side}]: clock offset to the peer {:+.3} ms (round trip {:.3} ms)",
+            off as f64 / 1e6,
+            rtt as f64 / 1e6
+        );
+    }
+    if !report.recoveries.is_empty() {
+        let ms: Vec<String> = report
+            .recoveries
+            .iter()
+            .map(|d| format!("{:.0} ms", d.as_secs_f64() * 1e3))
+            .collect();
+        eprintln!(
+            "ndd [{side}]: {} reconnect(s), recovered in {}",
+            ms.len(),
+            ms.join(", ")
+        );
+    }
+    let mut ok = true;
+    for (name, c) in &report.checks {
+        eprintln!("ndd [{side}]: stream \"{name}\": {c}");
+        ok &= c.is_ok();
+    }
+    if let Some(path) = stats_json {
+        write_json(&path, &stats_value(side, &report))?;
+    }
+    Ok(if ok { 0 } else { 3 })
+}
+
 fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -353,115 +620,27 @@ fn run(cli: Cli) -> Result<i32> {
             insecure,
             stats,
             stats_json,
-            duration: d,
+            duration,
             once,
             metrics,
             home,
-        } => {
-            let cfg = Config::load(&config)?;
-            cfg.build_pairs()?;
-            let d = duration(d)?;
-            if let Some(a) = &listen {
-                config::check_address(a, "--listen")?;
-            }
-            if let Some(a) = &connect {
-                config::check_address(a, "--connect")?;
-            }
-            let from_flag = connect.is_some();
-            let endpoint = match (listen, connect) {
-                (Some(a), _) => Endpoint::Listen(a),
-                (None, Some(a)) => Endpoint::Connect(a),
-                (None, None) if cfg.link.listener == side => {
-                    Endpoint::Listen(cfg.link.address.clone())
-                }
-                (None, None) => Endpoint::Connect(cfg.link.address.clone()),
-            };
-            if let (Endpoint::Connect(a), false) = (
-                &endpoint,
-                cfg.link.transport == session::TransportKind::Nats,
-            ) {
-                let what = if from_flag {
-                    "--connect"
-                } else {
-                    "link.address"
-                };
-                config::check_connect_target(a, what)?;
-            }
-            if let Some(path) = &stats_json {
-                check_writable(path, "--stats-json")?;
-            }
-            let opts = RunOptions {
+        } => run_config(
+            Config::load(&config)?,
+            RunArgs {
                 side,
-                home: home.dir(),
-                endpoint,
+                listen,
+                connect,
                 insecure,
-                live_stats: stats.then_some(Duration::from_secs(1)),
-                duration: d,
-                quiet: false,
+                stats,
+                stats_json,
+                duration,
                 once,
                 metrics,
-            };
-            let rt = runtime()?;
-            let report = rt.block_on(async {
-                let stop = ctrl_c();
-                session::run_side_task(std::sync::Arc::new(cfg), opts, stop).await
-            });
-            // The side has ended and said what it left behind; an endpoint's thread still in a
-            // system call (a FIFO nobody opens) is not waited for: dropped, the runtime waited
-            // for it forever.
-            rt.shutdown_timeout(Duration::from_secs(1));
-            let report = match report {
-                Ok(r) => r,
-                Err(e) => {
-                    // What was counted until the error, then the error.
-                    let failed = e.downcast_ref::<session::SideFailed>();
-                    if let Some(d) = failed.and_then(|f| f.report.link_drops) {
-                        say_drops(side, d);
-                    }
-                    if let Some(path) = &stats_json {
-                        let mut v = failed.map(|f| stats_value(side, &f.report)).unwrap_or_else(
-                            || serde_json::json!({ "side": side.to_string(), "streams": [] }),
-                        );
-                        v["error"] = serde_json::Value::String(logfmt::error_text(&e));
-                        if let Err(w) = write_json(path, &v) {
-                            eprintln!("ndd: warning: {}", logfmt::error_text(&w));
-                        }
-                    }
-                    return Err(e);
-                }
-            };
-            if let Some(d) = report.link_drops {
-                say_drops(side, d);
-            }
-            if let Some((off, rtt)) = report.clock_offset {
-                eprintln!(
-                    "ndd [{side}]: clock offset to the peer {:+.3} ms (round trip {:.3} ms)",
-                    off as f64 / 1e6,
-                    rtt as f64 / 1e6
-                );
-            }
-            if !report.recoveries.is_empty() {
-                let ms: Vec<String> = report
-                    .recoveries
-                    .iter()
-                    .map(|d| format!("{:.0} ms", d.as_secs_f64() * 1e3))
-                    .collect();
-                eprintln!(
-                    "ndd [{side}]: {} reconnect(s), recovered in {}",
-                    ms.len(),
-                    ms.join(", ")
-                );
-            }
-            let mut ok = true;
-            for (name, c) in &report.checks {
-                eprintln!("ndd [{side}]: stream \"{name}\": {c}");
-                ok &= c.is_ok();
-            }
-            if let Some(path) = stats_json {
-                write_json(&path, &stats_value(side, &report))?;
-            }
-            Ok(if ok { 0 } else { 3 })
-        }
+                home,
+            },
+        ),
+        Command::Share { what } => share(what),
+        Command::Attach { what } => attach(what),
         Command::Demo {
             duration: d,
             fanout,

@@ -1,0 +1,124 @@
+//! One-line shares with real processes (issue 34 item 4): `ndd attach serial --link PATH`
+//! on one side, `ndd share serial PORT --to HOST` on the other, a socat pty pair playing the
+//! serial device; bytes go both ways. `--print-config` writes a config `ndd check` and `ndd
+//! run` take.
+
+mod common;
+
+use common::*;
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+#[test]
+fn a_serial_port_shared_in_one_line_carries_bytes_both_ways() {
+    if let Some(m) = missing(&["socat"]) {
+        println!("SKIPPED: needs {m} (apt-get install socat)");
+        return;
+    }
+    let dir = Dir::new("share-serial");
+    let (port, device, remote) = (
+        dir.0.join("port"),
+        dir.0.join("device"),
+        dir.0.join("ttyREMOTE"),
+    );
+    let _pair = Killed(
+        Command::new("socat")
+            .arg(format!("pty,raw,echo=0,link={}", port.display()))
+            .arg(format!("pty,raw,echo=0,link={}", device.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("socat"),
+    );
+    wait_for("the pty pair", WAIT, || port.exists() && device.exists());
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let addr = free_addr();
+    let mut attach = ndd();
+    attach
+        .args(["attach", "serial", "--link"])
+        .arg(&remote)
+        .args(["--listen", &addr, "--baud", "9600", "--home"])
+        .arg(&app_home);
+    let app = Side::spawn(attach);
+    let mut share = ndd();
+    share
+        .args(["share", "serial"])
+        .arg(&port)
+        .args(["--to", &addr, "--baud", "9600", "--home"])
+        .arg(&dev_home);
+    let dev = Side::spawn(share);
+    dev.wait_says("streams agreed", &[&app]);
+    wait_for("the remote port", WAIT, || remote.exists());
+    let open = |p: &std::path::Path| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(p)
+            .unwrap()
+    };
+    let (mut dev_end, mut prog_end) = (open(&device), open(&remote));
+    // The device speaks; the program hears it. And back.
+    dev_end.write_all(b"hello from the port\n").unwrap();
+    let read_line = |f: &mut std::fs::File| {
+        let mut got = Vec::new();
+        let mut b = [0u8; 64];
+        let t = std::time::Instant::now();
+        while !got.ends_with(b"\n") && t.elapsed() < Duration::from_secs(30) {
+            let n = f.read(&mut b).unwrap();
+            got.extend_from_slice(&b[..n]);
+        }
+        String::from_utf8_lossy(&got).to_string()
+    };
+    assert_eq!(read_line(&mut prog_end), "hello from the port\n");
+    prog_end.write_all(b"hello from the program\n").unwrap();
+    assert_eq!(read_line(&mut dev_end), "hello from the program\n");
+    dev.kill();
+    app.kill();
+    // The same share as a config file: `ndd check` takes it as it is.
+    let out = ndd()
+        .args(["share", "serial"])
+        .arg(&port)
+        .args(["--to", "10.0.0.5", "--print-config"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("address = \"10.0.0.5:7882\""), "{text}");
+    let cfg = dir.0.join("serial.toml");
+    std::fs::write(&cfg, &text).unwrap();
+    let check = ndd().arg("check").arg(&cfg).output().unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+}
+
+#[test]
+fn a_share_without_a_destination_or_with_no_port_says_what_is_missing() {
+    let out = ndd()
+        .args(["share", "serial", "/dev/ttyUSB0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("<--to <HOST>|--listen <ADDR>>"), "{err}");
+    let out = ndd()
+        .args([
+            "share",
+            "serial",
+            "/nonexistent/ttyX",
+            "--to",
+            "127.0.0.1:1",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("serial source: key `path`: /nonexistent/ttyX: No such file or directory"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+}
