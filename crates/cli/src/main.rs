@@ -75,6 +75,46 @@ enum ShareWhat {
         #[command(flatten)]
         run: ShareRun,
     },
+    /// This machine's X desktop, shown and used on the machine running `ndd attach
+    /// desktop` (the app side of examples/desktop.toml).
+    #[command(group(clap::ArgGroup::new("way").required(true).args(["to", "listen"])))]
+    Desktop {
+        /// Connect to HOST[:PORT] (default port 7890), where `ndd attach desktop` runs.
+        #[arg(long, value_name = "HOST")]
+        to: Option<String>,
+        /// Listen on ADDR instead, for `ndd attach desktop --from`.
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<String>,
+        /// The X display shared.
+        #[arg(long, default_value = ":0")]
+        display: String,
+        #[command(flatten)]
+        run: ShareRun,
+    },
+    /// This machine's microphone and speakers, for the programs on the machine running `ndd
+    /// attach audio` (the device side of examples/audio.toml).
+    #[command(group(clap::ArgGroup::new("way").required(true).args(["to", "listen"])))]
+    Audio {
+        /// Connect to HOST[:PORT] (default port 7884), where `ndd attach audio` runs.
+        #[arg(long, value_name = "HOST")]
+        to: Option<String>,
+        /// Listen on ADDR instead, for `ndd attach audio --from`.
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<String>,
+        #[command(flatten)]
+        run: ShareRun,
+    },
+}
+
+/// Where an attaching side's link goes.
+#[derive(Debug, Args)]
+struct AttachWay {
+    /// Connect to HOST[:PORT] (a share that listens) instead of listening.
+    #[arg(long, value_name = "HOST", conflicts_with = "listen")]
+    from: Option<String>,
+    /// Listen on ADDR (default: 0.0.0.0 on the share's port).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -84,15 +124,31 @@ enum AttachWhat {
         /// Where the port appears (a symlink to a pty): /dev/ttyREMOTE, /tmp/ttyREMOTE, …
         #[arg(long, value_name = "PATH")]
         link: PathBuf,
-        /// Connect to HOST[:PORT] (a share that listens) instead of listening.
-        #[arg(long, value_name = "HOST", conflicts_with = "listen")]
-        from: Option<String>,
-        /// Listen on ADDR (the default: 0.0.0.0:7882).
-        #[arg(long, value_name = "ADDR")]
-        listen: Option<String>,
+        #[command(flatten)]
+        way: AttachWay,
         /// Line speed.
         #[arg(long, default_value_t = 115200)]
         baud: u32,
+        #[command(flatten)]
+        run: ShareRun,
+    },
+    /// A desktop shared with `ndd share desktop`: shown in a window on this machine's X
+    /// display, used with its keyboard and mouse (the device side of examples/desktop.toml).
+    Desktop {
+        #[command(flatten)]
+        way: AttachWay,
+        /// The X display the window opens on.
+        #[arg(long, default_value = ":0")]
+        display: String,
+        #[command(flatten)]
+        run: ShareRun,
+    },
+    /// A microphone and speakers shared with `ndd share audio`: a virtual microphone
+    /// (ndd_mic) and speaker (ndd_speaker) in this machine's PulseAudio or PipeWire (the app
+    /// side of examples/audio.toml).
+    Audio {
+        #[command(flatten)]
+        way: AttachWay,
         #[command(flatten)]
         run: ShareRun,
     },
@@ -343,48 +399,93 @@ fn bench(args: &[String]) -> Result<i32> {
     Ok(status.code().unwrap_or(1))
 }
 
-/// `ndd share …`: the device side of a one-line share.
+/// `ndd share …`: the sharing side of a one-line share.
 fn share(what: ShareWhat) -> Result<i32> {
-    use ndd::share::{serial_config, with_port, Link};
-    let ShareWhat::Serial {
-        port,
-        to,
-        listen,
-        baud,
-        run,
-    } = what;
-    let link = match (to, listen) {
-        (Some(h), _) => Link::Connect(with_port(&h)),
-        (None, Some(a)) => Link::Listen(a),
-        (None, None) => bail!("say where the program runs: --to HOST, or --listen ADDR"),
+    use ndd::share::{config, with_port, Kind, Link, Local};
+    let (kind, to, listen, local, run) = match what {
+        ShareWhat::Serial {
+            port,
+            to,
+            listen,
+            baud,
+            run,
+        } => (
+            Kind::Serial,
+            to,
+            listen,
+            Local {
+                port: Some(port.display().to_string()),
+                baud: Some(baud),
+                ..Local::default()
+            },
+            run,
+        ),
+        ShareWhat::Desktop {
+            to,
+            listen,
+            display,
+            run,
+        } => (
+            Kind::Desktop,
+            to,
+            listen,
+            Local {
+                display: Some(display),
+                ..Local::default()
+            },
+            run,
+        ),
+        ShareWhat::Audio { to, listen, run } => (Kind::Audio, to, listen, Local::default(), run),
     };
-    let text = serial_config(
-        SideName::Device,
-        &link,
-        &port,
-        Path::new("/dev/ttyREMOTE"),
-        baud,
-    );
-    one_line(text, SideName::Device, "ndd share serial", run)
+    let link = match (to, listen) {
+        (Some(h), _) => Link::Connect(with_port(&h, kind.port())),
+        (None, Some(a)) => Link::Listen(a),
+        (None, None) => bail!("say where the other machine is: --to HOST, or --listen ADDR"),
+    };
+    let side = kind.sharing_side();
+    one_line(config(kind, side, &link, &local), side, "ndd share", run)
 }
 
-/// `ndd attach …`: the app side of a one-line share.
+/// `ndd attach …`: the attaching side of a one-line share.
 fn attach(what: AttachWhat) -> Result<i32> {
-    use ndd::share::{serial_config, with_port, Link, SHARE_PORT};
-    let AttachWhat::Serial {
-        link: pty,
-        from,
-        listen,
-        baud,
-        run,
-    } = what;
-    let link = match (from, listen) {
-        (Some(h), _) => Link::Connect(with_port(&h)),
-        (None, Some(a)) => Link::Listen(a),
-        (None, None) => Link::Listen(format!("0.0.0.0:{SHARE_PORT}")),
+    use ndd::share::{config, with_port, Kind, Link, Local};
+    let (kind, way, local, run) = match what {
+        AttachWhat::Serial {
+            link,
+            way,
+            baud,
+            run,
+        } => (
+            Kind::Serial,
+            way,
+            Local {
+                pty: Some(link.display().to_string()),
+                baud: Some(baud),
+                ..Local::default()
+            },
+            run,
+        ),
+        AttachWhat::Desktop { way, display, run } => (
+            Kind::Desktop,
+            way,
+            Local {
+                display: Some(display),
+                ..Local::default()
+            },
+            run,
+        ),
+        AttachWhat::Audio { way, run } => (Kind::Audio, way, Local::default(), run),
     };
-    let text = serial_config(SideName::App, &link, Path::new("/dev/ttyUSB0"), &pty, baud);
-    one_line(text, SideName::App, "ndd attach serial", run)
+    let link = match (way.from, way.listen) {
+        (Some(h), _) => Link::Connect(with_port(&h, kind.port())),
+        (None, Some(a)) => Link::Listen(a),
+        (None, None) => Link::Listen(format!("0.0.0.0:{}", kind.port())),
+    };
+    let side = match kind.sharing_side() {
+        SideName::Device => SideName::App,
+        SideName::App => SideName::Device,
+    };
+    one_line(config(kind, side, &link, &local), side, "ndd attach", run)
 }
 
 /// Prints a one-line share's config, or runs it as `ndd run` would (outliving its peer).

@@ -1,13 +1,60 @@
 //! One-line shares: `ndd share serial /dev/ttyUSB0 --to HOST` on the machine with the port,
-//! `ndd attach serial --link /dev/ttyREMOTE` on the machine with the program. Each builds the
-//! same driver as `examples/serial.toml` (so both sides agree), runs it as `ndd run` would,
-//! and `--print-config` writes the TOML instead, so a share becomes a service.
+//! `ndd attach serial --link /dev/ttyREMOTE` on the machine with the program; the same for a
+//! desktop (`share desktop` where the programs run, `attach desktop` where the person sits)
+//! and for sound (`share audio` where the microphone and speakers are). Each builds its driver
+//! from the config in `examples/` (embedded here, so both sides agree and the examples stay
+//! the one definition), runs it as `ndd run` would, and `--print-config` writes the TOML
+//! instead, so a share becomes a service.
 
 use crate::config::SideName;
-use std::path::Path;
 
-/// The port a one-line share listens on and connects to by default.
-pub const SHARE_PORT: u16 = 7882;
+/// What can be shared in one line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A serial port (`examples/serial.toml`): shared by the device side.
+    Serial,
+    /// An X desktop (`examples/desktop.toml`): shared by the app side (where the programs
+    /// run), attached by the device side (the screen, keyboard and mouse a person uses).
+    Desktop,
+    /// A microphone and speakers (`examples/audio.toml`): shared by the device side.
+    Audio,
+}
+
+impl Kind {
+    fn example(self) -> &'static str {
+        match self {
+            Kind::Serial => include_str!("../../../examples/serial.toml"),
+            Kind::Desktop => include_str!("../../../examples/desktop.toml"),
+            Kind::Audio => include_str!("../../../examples/audio.toml"),
+        }
+    }
+
+    /// The side that shares (the other one attaches).
+    pub fn sharing_side(self) -> SideName {
+        match self {
+            Kind::Desktop => SideName::App,
+            Kind::Serial | Kind::Audio => SideName::Device,
+        }
+    }
+
+    /// The port of the example's `link.address`: the share's default.
+    pub fn port(self) -> u16 {
+        self.example()
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("address = \""))
+            .and_then(|a| a.trim_end_matches('"').rsplit_once(':'))
+            .and_then(|(_, p)| p.parse().ok())
+            .unwrap_or(7878)
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Serial => "serial",
+            Kind::Desktop => "desktop",
+            Kind::Audio => "audio",
+        }
+    }
+}
 
 /// Where a one-line share's link goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,18 +65,32 @@ pub enum Link {
     Connect(String),
 }
 
-/// `HOST` or `HOST:PORT` as an address, the share's port when none is given; an IPv6
-/// address without a port is bracketed.
-pub fn with_port(host: &str) -> String {
+/// What this machine brings to a share (the rest stays as the example has it: it is the
+/// other machine's).
+#[derive(Debug, Clone, Default)]
+pub struct Local {
+    /// Serial: the port (device side).
+    pub port: Option<String>,
+    /// Serial: where the pty appears (app side).
+    pub pty: Option<String>,
+    /// Serial: line speed.
+    pub baud: Option<u32>,
+    /// Desktop: this machine's X display.
+    pub display: Option<String>,
+}
+
+/// `HOST` or `HOST:PORT` as an address, `port` when none is given; an IPv6 address without a
+/// port is bracketed.
+pub fn with_port(host: &str, port: u16) -> String {
     if host.parse::<std::net::SocketAddr>().is_ok() {
         return host.to_string();
     }
     if host.parse::<std::net::Ipv6Addr>().is_ok() {
-        return format!("[{host}]:{SHARE_PORT}");
+        return format!("[{host}]:{port}");
     }
     match host.rsplit_once(':') {
         Some((_, p)) if p.parse::<u16>().is_ok() => host.to_string(),
-        _ => format!("{host}:{SHARE_PORT}"),
+        _ => format!("{host}:{port}"),
     }
 }
 
@@ -48,10 +109,9 @@ fn quoted(s: &str) -> String {
     out
 }
 
-/// The serial driver of `examples/serial.toml` for side `side` linked as `link`: the port at
-/// `port` (the device side's; the other side's file names it too, unused there), the pty at
-/// `pty` (the app side's), both at `baud`.
-pub fn serial_config(side: SideName, link: &Link, port: &Path, pty: &Path, baud: u32) -> String {
+/// The driver of `kind`'s example for `side`, linked as `link`, with what this machine
+/// brings (`local`) in place of the example's values for this side.
+pub fn config(kind: Kind, side: SideName, link: &Link, local: &Local) -> String {
     let (address, listener) = match link {
         Link::Listen(a) => (a, side),
         Link::Connect(a) => (
@@ -62,94 +122,154 @@ pub fn serial_config(side: SideName, link: &Link, port: &Path, pty: &Path, baud:
             },
         ),
     };
-    let (port, pty) = (
-        quoted(&port.display().to_string()),
-        quoted(&pty.display().to_string()),
-    );
-    format!(
-        r#"# A serial port shared over ndd (the driver of examples/serial.toml), written by
-# `ndd {cmd} serial … --print-config`. Run it with: ndd run THIS_FILE --side {side}
-driver = "serial"
-
-[link]
-address = {address}
-listener = "{listener}"
-
-[[stream]]
-name = "rx"                          # what the device sends
-direction = "device-to-app"
-source = {{ type = "serial", path = {port}, baud = {baud} }}
-sink = {{ type = "pty", link = {pty}, baud = {baud} }}
-
-[[stream]]
-name = "tx"                          # what the program sends, and its line settings
-direction = "app-to-device"
-source = {{ type = "pty", link = {pty}, baud = {baud} }}
-sink = {{ type = "serial", path = {port}, baud = {baud} }}
-"#,
-        cmd = match side {
-            SideName::Device => "share",
-            SideName::App => "attach",
-        },
-        address = quoted(address),
-    )
+    let mut text = String::new();
+    let verb = if side == kind.sharing_side() {
+        "share"
+    } else {
+        "attach"
+    };
+    text.push_str(&format!(
+        "# examples/{}.toml as `ndd {verb} {} … --print-config` wrote it for the {side} side.\n# Run it with: ndd run THIS_FILE --side {side}\n",
+        kind.name(),
+        kind.name()
+    ));
+    let mut in_link = false;
+    for line in kind.example().lines() {
+        let t = line.trim_start();
+        if t.starts_with('[') {
+            in_link = t.starts_with("[link]");
+            text.push_str(line);
+            text.push('\n');
+            if in_link {
+                text.push_str(&format!(
+                    "address = {}\nlistener = \"{listener}\"\n",
+                    quoted(address)
+                ));
+            }
+            continue;
+        }
+        if in_link && (t.starts_with("address") || t.starts_with("listener")) {
+            continue;
+        }
+        let mut l = line.to_string();
+        if let Some(p) = &local.port {
+            l = l.replace("\"/dev/ttyUSB0\"", &quoted(p));
+        }
+        if let Some(p) = &local.pty {
+            l = l.replace("\"/tmp/ttyREMOTE\"", &quoted(p));
+        }
+        if let Some(b) = local.baud {
+            l = l.replace("baud = 115200", &format!("baud = {b}"));
+        }
+        if let Some(d) = &local.display {
+            // The example's app display is :1, the device's :0.
+            let mine = match side {
+                SideName::App => "display = \":1\"",
+                SideName::Device => "display = \":0\"",
+            };
+            l = l.replace(mine, &format!("display = {}", quoted(d)));
+        }
+        text.push_str(&l);
+        text.push('\n');
+    }
+    text
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::Config;
+    use std::path::Path;
+
+    fn both(kind: Kind, local_share: &Local, local_attach: &Local) -> (Config, Config) {
+        let share = kind.sharing_side();
+        let attach = match share {
+            SideName::Device => SideName::App,
+            SideName::App => SideName::Device,
+        };
+        let port = kind.port();
+        let a = config(
+            kind,
+            share,
+            &Link::Connect(with_port("10.0.0.5", port)),
+            local_share,
+        );
+        let b = config(
+            kind,
+            attach,
+            &Link::Listen(format!("0.0.0.0:{port}")),
+            local_attach,
+        );
+        (
+            Config::parse(&a, Path::new("share.toml")).unwrap(),
+            Config::parse(&b, Path::new("attach.toml")).unwrap(),
+        )
+    }
 
     #[test]
-    fn a_share_and_its_attach_are_one_driver_that_checks_and_agrees() {
-        assert_eq!(with_port("10.0.0.5"), "10.0.0.5:7882");
-        assert_eq!(with_port("pi.local"), "pi.local:7882");
-        assert_eq!(with_port("pi.local:9000"), "pi.local:9000");
-        assert_eq!(with_port("::1"), "[::1]:7882");
-        assert_eq!(with_port("[::1]:9000"), "[::1]:9000");
-        let (port, pty) = (Path::new("/dev/ttyUSB0"), Path::new("/tmp/tty \"odd\""));
-        let share = serial_config(
-            SideName::Device,
-            &Link::Connect("10.0.0.5:7882".into()),
-            port,
-            pty,
-            9600,
-        );
-        let attach = serial_config(
-            SideName::App,
-            &Link::Listen("0.0.0.0:7882".into()),
-            port,
-            pty,
-            9600,
-        );
-        let a = Config::parse(&share, Path::new("share.toml")).unwrap();
-        let b = Config::parse(&attach, Path::new("attach.toml")).unwrap();
-        // The app side listens in both files; the device side connects there.
-        assert_eq!(a.link.listener, SideName::App);
-        assert_eq!(b.link.listener, SideName::App);
-        assert_eq!(a.link.address, "10.0.0.5:7882");
+    fn each_share_and_its_attach_are_one_driver_that_checks_and_agrees() {
+        assert_eq!(with_port("10.0.0.5", 7882), "10.0.0.5:7882");
+        assert_eq!(with_port("pi.local", 7882), "pi.local:7882");
+        assert_eq!(with_port("pi.local:9000", 7882), "pi.local:9000");
+        assert_eq!(with_port("::1", 7882), "[::1]:7882");
+        assert_eq!(with_port("[::1]:9000", 7882), "[::1]:9000");
         assert_eq!(
-            a.hello(SideName::Device).streams,
-            b.hello(SideName::Device).streams
+            (
+                Kind::Serial.port(),
+                Kind::Desktop.port(),
+                Kind::Audio.port()
+            ),
+            (7882, 7890, 7884)
+        );
+        for kind in [Kind::Serial, Kind::Desktop, Kind::Audio] {
+            let (a, b) = both(kind, &Local::default(), &Local::default());
+            // The attaching side listens in both files; the sharing side connects there.
+            let attach = match kind.sharing_side() {
+                SideName::Device => SideName::App,
+                SideName::App => SideName::Device,
+            };
+            assert_eq!(a.link.listener, attach, "{kind:?}");
+            assert_eq!(b.link.listener, attach, "{kind:?}");
+            assert_eq!(a.link.address, format!("10.0.0.5:{}", kind.port()));
+            for s in [SideName::Device, SideName::App] {
+                assert_eq!(a.hello(s), b.hello(s), "{kind:?}: the sides agree");
+            }
+        }
+        // What this machine brings replaces the example's values for its side only.
+        let port = Local {
+            port: Some("/dev/serial/by-id/usb \"x\"".into()),
+            baud: Some(9600),
+            ..Local::default()
+        };
+        let pty = Local {
+            pty: Some("/tmp/ttyR".into()),
+            baud: Some(9600),
+            ..Local::default()
+        };
+        let share = config(
+            Kind::Serial,
+            SideName::Device,
+            &Link::Listen("0.0.0.0:1".into()),
+            &port,
         );
         assert!(
-            attach.contains(r#"link = "/tmp/tty \"odd\"", baud = 9600"#),
-            "{attach}"
+            share.contains(r#"path = "/dev/serial/by-id/usb \"x\"", baud = 9600"#),
+            "{share}"
         );
-        // The reverse: the sharing side listens, the attaching side connects.
-        let share = serial_config(
-            SideName::Device,
-            &Link::Listen("0.0.0.0:7882".into()),
-            port,
-            pty,
-            9600,
+        let (a, b) = both(Kind::Serial, &port, &pty);
+        assert_eq!(a.hello(SideName::App), b.hello(SideName::App));
+        let shown = Local {
+            display: Some(":5".into()),
+            ..Local::default()
+        };
+        let d = config(
+            Kind::Desktop,
+            SideName::App,
+            &Link::Connect("v:7890".into()),
+            &shown,
         );
-        assert_eq!(
-            Config::parse(&share, Path::new("s.toml"))
-                .unwrap()
-                .link
-                .listener,
-            SideName::Device
-        );
+        assert!(d.contains(r#"type = "x11-screen", display = ":5""#), "{d}");
+        assert!(d.contains(r#"type = "xtest", display = ":5""#), "{d}");
+        assert!(d.contains(r#"type = "x11-window", display = ":0""#), "{d}");
     }
 }

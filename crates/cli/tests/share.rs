@@ -122,3 +122,54 @@ fn a_share_without_a_destination_or_with_no_port_says_what_is_missing() {
     );
     assert_eq!(err.lines().count(), 1, "one line: {err}");
 }
+
+/// `ndd share desktop --display A --to HOST` and `ndd attach desktop --display B`: the
+/// sides agree on examples/desktop.toml's five streams and the viewer's window opens on B.
+#[test]
+fn a_desktop_shared_in_one_line_opens_its_window_on_the_other_display() {
+    if let Some(m) = missing(&["Xvfb", "xwininfo"]) {
+        println!("SKIPPED: needs {m} (apt-get install xvfb x11-utils)");
+        return;
+    }
+    let app_x = Xvfb::start("640x480x24").expect("start Xvfb");
+    let dev_x = Xvfb::start("800x600x24").expect("start Xvfb");
+    let dir = Dir::new("share-desktop");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let addr = free_addr();
+    let mut attach = ndd();
+    attach
+        .args([
+            "attach",
+            "desktop",
+            "--display",
+            &dev_x.display,
+            "--listen",
+            &addr,
+        ])
+        .arg("--home")
+        .arg(&dev_home);
+    let viewer = Side::spawn(attach);
+    let mut share = ndd();
+    share
+        .args([
+            "share",
+            "desktop",
+            "--display",
+            &app_x.display,
+            "--to",
+            &addr,
+        ])
+        .arg("--home")
+        .arg(&app_home);
+    let shared = Side::spawn(share);
+    shared.wait_says("streams agreed", &[&viewer]);
+    wait_for("the viewer's window on the other display", WAIT, || {
+        let out = Command::new("xwininfo")
+            .args(["-root", "-tree", "-display", &dev_x.display])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).contains("ndd desktop")
+    });
+    shared.kill();
+    viewer.kill();
+}
