@@ -441,6 +441,23 @@ impl Config {
             anyhow::anyhow!("{}{line}:{key} {msg}", path.display())
         })?;
         cfg.path = path.to_path_buf();
+        // A keepalive the file does not set follows its ping interval: six pings, at least
+        // the default (a file that sets `ping_interval_ms = 2000` alone must not fail the
+        // check below now that the default keepalive is 1.5 s).
+        let sets_keepalive = toml::from_str::<toml::Table>(text)
+            .ok()
+            .and_then(|t| {
+                t.get("link")
+                    .and_then(|l| l.get("keepalive_timeout_ms"))
+                    .cloned()
+            })
+            .is_some();
+        if !sets_keepalive {
+            cfg.link.keepalive_timeout_ms = cfg
+                .link
+                .keepalive_timeout_ms
+                .max(cfg.link.ping_interval_ms.saturating_mul(6));
+        }
         non_finite(text, path)?;
         cfg.resolve_paths();
         cfg.validate(text)?;
@@ -838,6 +855,31 @@ stack = [{ type = "checksum" }, { type = "bundle", count = 4 }]
         // Whatever stands before the key, the search stays on character boundaries.
         assert_eq!(key_before("é_count = 5", 11), Some("_count"));
         assert_eq!(key_before("x = 5", 99), None);
+    }
+
+    #[test]
+    fn a_keepalive_the_file_does_not_set_follows_its_ping_interval() {
+        let with = |link: &str| {
+            Config::parse(
+                &GOOD.replace("address = \"127.0.0.1:9000\"", link),
+                Path::new("x.toml"),
+            )
+        };
+        let c = with("address = \"127.0.0.1:9000\"").unwrap();
+        assert_eq!(
+            (c.link.ping_interval_ms, c.link.keepalive_timeout_ms),
+            (250, 1500)
+        );
+        // An older file setting the ping alone: six pings, not a refusal.
+        let c = with("ping_interval_ms = 2000").unwrap();
+        assert_eq!(c.link.keepalive_timeout_ms, 12_000);
+        // Set both, the check stands.
+        let e = with("ping_interval_ms = 2000\nkeepalive_timeout_ms = 1500").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("1500 must be larger than `link.ping_interval_ms` (2000)"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -107,6 +107,8 @@ pub fn status_dir() -> PathBuf {
 pub struct Served {
     status: Arc<Mutex<SideStatus>>,
     path: PathBuf,
+    /// The socket file's (device, inode): removed at the end only if it is still this one.
+    file: (u64, u64),
     task: tokio::task::JoinHandle<()>,
     started: Instant,
     /// Frames of each stream at the last refresh, and when.
@@ -139,9 +141,28 @@ impl Served {
 
 impl Drop for Served {
     fn drop(&mut self) {
+        use std::os::unix::fs::MetadataExt;
         self.task.abort();
-        let _ = std::fs::remove_file(&self.path);
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.file) {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
+}
+
+/// Whether `dir` is this user's and nobody else may write to it; why not.
+fn ours(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let meta =
+        std::fs::symlink_metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+    let mode = meta.permissions().mode();
+    if !meta.is_dir() || meta.uid() != rustix::process::getuid().as_raw() || mode & 0o022 != 0 {
+        anyhow::bail!(
+            "{} is not a directory only this user may write to (mode {:04o}): set NDD_STATUS_DIR to one",
+            dir.display(),
+            mode & 0o7777
+        );
+    }
+    Ok(())
 }
 
 /// Serves `first` on a socket in [`status_dir`] until the returned handle drops.
@@ -159,16 +180,11 @@ pub fn serve_in(dir: &Path, first: SideStatus) -> Result<Served> {
         .with_context(|| format!("cannot create the status directory {}", dir.display()))?;
     // Another user's directory, or one others may write to, is not used (systemd's
     // RuntimeDirectory /run/ndd is 0755: others may look, the sockets answer only root).
-    let meta = std::fs::metadata(dir)?;
-    use std::os::unix::fs::MetadataExt;
-    if meta.uid() != rustix::process::getuid().as_raw() || meta.permissions().mode() & 0o022 != 0 {
-        anyhow::bail!(
-            "{} is not a directory only this user may write to (mode {:04o}): set NDD_STATUS_DIR to one",
-            dir.display(),
-            meta.permissions().mode() & 0o7777
-        );
-    }
-    let name = format!("{}-{}-{}.sock", first.driver, first.side, first.pid);
+    ours(dir)?;
+    // Several sides may run in one process (`ndd demo --fanout`): each its own socket.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!("{}-{}-{}-{n}.sock", first.driver, first.side, first.pid);
     let path = dir.join(name);
     let _ = std::fs::remove_file(&path);
     let listener = tokio::net::UnixListener::bind(&path)
@@ -176,6 +192,11 @@ pub fn serve_in(dir: &Path, first: SideStatus) -> Result<Served> {
     // Only this user may connect (connecting needs write permission on the socket).
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
         .with_context(|| format!("cannot restrict {}", path.display()))?;
+    let file = {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::symlink_metadata(&path)?;
+        (m.dev(), m.ino())
+    };
     let status = Arc::new(Mutex::new(first));
     let s = status.clone();
     let task = tokio::spawn(async move {
@@ -202,6 +223,7 @@ pub fn serve_in(dir: &Path, first: SideStatus) -> Result<Served> {
     Ok(Served {
         status,
         path,
+        file,
         task,
         started: Instant::now(),
         last: None,
@@ -209,17 +231,22 @@ pub fn serve_in(dir: &Path, first: SideStatus) -> Result<Served> {
 }
 
 /// Every side answering in `dir`, sorted by driver, side and pid; sockets nobody answers on
-/// are removed (their side is gone).
+/// are removed (their side is gone). A directory another user could have filled is not read.
 pub fn read_all(dir: &Path) -> Result<Vec<SideStatus>> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e).with_context(|| format!("cannot read {}", dir.display())),
-    };
+    use std::os::unix::fs::FileTypeExt;
+    if !dir.exists() {
+        return Ok(Vec::new());
+    }
+    ours(dir)?;
+    let entries =
+        std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))?;
     let mut all = Vec::new();
     for e in entries.flatten() {
         let path = e.path();
-        if path.extension().is_none_or(|x| x != "sock") {
+        // Only sockets named as a side names them.
+        if path.extension().is_none_or(|x| x != "sock")
+            || !e.file_type().is_ok_and(|t| t.is_socket())
+        {
             continue;
         }
         match read_one(&path) {
@@ -277,12 +304,14 @@ pub fn table(all: &[SideStatus]) -> String {
     .map(String::from)];
     let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
     for s in all {
+        // What a socket says is shown escaped (another program could answer there).
+        let esc = |v: &str| ndd_wire::text::printable(v, 80);
         let side = [
-            s.driver.clone(),
-            s.side.clone(),
+            esc(&s.driver),
+            esc(&s.side),
             s.pid.to_string(),
-            s.link.clone(),
-            s.peer.clone().unwrap_or_else(|| "-".into()),
+            esc(&s.link),
+            s.peer.as_deref().map_or_else(|| "-".into(), esc),
             s.rtt_ms.map_or("-".into(), |r| format!("{r:.2} ms")),
         ];
         if s.streams.is_empty() {
@@ -297,8 +326,8 @@ pub fn table(all: &[SideStatus]) -> String {
                 vec![String::new(); 6]
             };
             r.extend([
-                t.name.clone(),
-                format!("{} ({})", t.direction, t.role),
+                esc(&t.name),
+                esc(&format!("{} ({})", t.direction, t.role)),
                 t.frames.to_string(),
                 format!("{:.0}/s", t.rate_fps),
                 format!("{}/{}", ms(t.latency_p50_ms), ms(t.latency_p99_ms)),
@@ -324,8 +353,8 @@ pub fn table(all: &[SideStatus]) -> String {
         if let Some(e) = &s.last_error {
             out.push_str(&format!(
                 "{} {} (pid {}): last error: {}\n",
-                s.driver,
-                s.side,
+                ndd_wire::text::printable(&s.driver, 80),
+                ndd_wire::text::printable(&s.side, 80),
                 s.pid,
                 ndd_wire::text::printable(e, 300)
             ));
@@ -364,29 +393,42 @@ mod tests {
             s.peer = Some("127.0.0.1:5555 (app)".into());
             s.last_error = Some("link lost: \u{1b}[31mno message".into());
         });
-        // A socket left behind by a side killed with SIGKILL.
+        // A socket left behind by a side killed with SIGKILL, and a file that is no socket.
         let stale = dir.join("gone-app-12.sock");
         drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+        let plain = dir.join("notes.sock");
+        std::fs::write(&plain, "x").unwrap();
+        // A second side in the same process (ndd demo --fanout runs three app sides).
+        let twin = serve_in(&dir, side("serial", 11)).unwrap();
         let all = tokio::task::spawn_blocking({
             let dir = dir.clone();
             move || read_all(&dir).unwrap()
         })
         .await
         .unwrap();
-        assert_eq!(all.len(), 1);
-        assert_eq!(all[0].link, "up");
+        assert_eq!(all.len(), 2, "both sides of the process");
+        assert!(all.iter().any(|s| s.link == "up"));
         assert!(!stale.exists(), "the stale socket is removed");
+        assert!(plain.exists(), "a file that is no socket is left alone");
+        drop(twin);
         let t = table(&all);
-        assert!(t.starts_with("DRIVER  SIDE    PID  LINK  PEER"), "{t}");
+        assert!(t.starts_with("DRIVER  SIDE    PID  LINK "), "{t}");
         assert!(
-            t.contains("serial  device  11   up    127.0.0.1:5555 (app)"),
+            t.lines()
+                .any(|l| l.starts_with("serial  device  11   up ")
+                    && l.contains("127.0.0.1:5555 (app)")),
             "{t}"
         );
         assert!(
             !t.contains('\u{1b}'),
             "escape codes from the network are escaped: {t}"
         );
-        let path = dir.join("serial-device-11.sock");
+        let path = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.to_string_lossy().contains("serial-device-11-"))
+            .expect("the side's socket");
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600, "only its user may connect");

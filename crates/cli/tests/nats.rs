@@ -869,9 +869,10 @@ stack = [{ type = "multiplex", mode = "split", parts = 2 }]
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("all 2 split slots are taken"), "{err}");
-    // App 0 goes away; after the keepalive its slot is app 2's.
+    // App 0 goes away; after 5 s of silence (the floor over NATS, above the keepalive) its
+    // slot is app 2's.
     a0.kill();
-    std::thread::sleep(Duration::from_millis(2000));
+    std::thread::sleep(Duration::from_millis(5500));
     let a2 = side(&cfg, "app", &apps[2], &[]);
     wait_for("app 2 took slot 0", WAIT, || {
         d.stderr_now().contains("split slot 0 is free again")

@@ -408,16 +408,23 @@ fn without_ports(text: &str) -> String {
 }
 
 impl ServeLogs {
-    /// Whether refusal `e` is to be said now, and how many like it went unsaid before it.
-    fn fresh(&mut self, e: &str, now: Instant) -> Option<u64> {
-        let key = without_ports(e);
-        if let Some((at, n)) = self.said.get_mut(&key) {
-            if now.saturating_duration_since(*at) < REPEAT_SAID {
+    /// Whether refusal `e` was said within [`REPEAT_SAID`] (then it is counted, not said).
+    fn repeated(&mut self, e: &str, now: Instant) -> bool {
+        match self.said.get_mut(&without_ports(e)) {
+            Some((at, n)) if now.saturating_duration_since(*at) < REPEAT_SAID => {
                 *n += 1;
-                return None;
+                true
             }
+            _ => false,
         }
-        let before = self.said.insert(key, (now, 0)).map_or(0, |(_, n)| n);
+    }
+
+    /// Refusal `e` is said now: how many like it went unsaid before.
+    fn said_now(&mut self, e: &str, now: Instant) -> u64 {
+        let before = self
+            .said
+            .insert(without_ports(e), (now, 0))
+            .map_or(0, |(_, n)| n);
         if self.said.len() > SAID_KEPT {
             if let Some(oldest) = self
                 .said
@@ -428,15 +435,22 @@ impl ServeLogs {
                 self.said.remove(&oldest);
             }
         }
-        Some(before)
+        before
+    }
+
+    /// Whether refusal `e` is to be said now (not said within [`REPEAT_SAID`], and within the
+    /// flood limit), and how many like it went unsaid before it. One the flood limit holds back
+    /// is not taken as said.
+    fn fresh(&mut self, e: &str, now: Instant) -> Option<(u64, u64)> {
+        if self.repeated(e, now) {
+            return None;
+        }
+        let n = self.refused.admit(now)?;
+        Some((n, self.said_now(e, now)))
     }
 
     fn refused(&mut self, side: &str, e: &str) {
-        let now = Instant::now();
-        let Some(again) = self.fresh(e, now) else {
-            return;
-        };
-        if let Some(n) = self.refused.admit(now) {
+        if let Some((n, again)) = self.fresh(e, Instant::now()) {
             tracing::warn!(side, "refused a connection: {e}{}{}", more(n), since(again));
         }
     }
@@ -449,11 +463,7 @@ impl ServeLogs {
 
     /// A peer past the trust check that this side refused (a UDP listener's handshake).
     fn refused_peer(&mut self, side: &str, e: &str) {
-        let now = Instant::now();
-        let Some(again) = self.fresh(e, now) else {
-            return;
-        };
-        if let Some(n) = self.refused.admit(now) {
+        if let Some((n, again)) = self.fresh(e, Instant::now()) {
             tracing::warn!(side, "refused a peer: {e}{}{}", more(n), since(again));
         }
     }
@@ -817,7 +827,10 @@ impl Connector {
         let bounded = first && !ctx.keep_trying;
         let mut backoff = Duration::from_millis(20);
         let mut n: u64 = 0;
+        // Once every 30 s each: nobody there, and a refusal (which says what to do: a
+        // "nothing listens" line while the peer starts must not hide it).
         let mut told = RateLimit::new(Duration::from_secs(30));
+        let mut told_refused = RateLimit::new(Duration::from_secs(30));
         loop {
             n += 1;
             let err = match self.attempt(ctx, bounded.then_some(deadline)).await {
@@ -830,7 +843,7 @@ impl Connector {
                 Err(e) => e,
             };
             if first && !bounded && matches!(err, EstablishError::Refused(_)) {
-                if let Some(n) = told.admit(Instant::now()) {
+                if let Some(n) = told_refused.admit(Instant::now()) {
                     tracing::warn!(
                         side = ctx.side,
                         "{err}; waiting for the peer to accept this side, retrying every {} s at most{}",
@@ -857,7 +870,7 @@ impl Connector {
             } else if !first && matches!(err, EstablishError::Refused(_)) {
                 // A reconnect the peer refuses (it no longer trusts this side, or its stack
                 // changed) will not heal by itself: say so, once in a while.
-                if let Some(n) = told.admit(Instant::now()) {
+                if let Some(n) = told_refused.admit(Instant::now()) {
                     tracing::warn!(
                         side = ctx.side,
                         "reconnecting: {err}; retrying every {} s at most{}",
@@ -1103,16 +1116,25 @@ mod tests {
         let t0 = Instant::now();
         let e =
             |port: u16| format!("refused untrusted peer 10.9.0.1:{port} with fingerprint SHA256:x");
-        assert_eq!(logs.fresh(&e(1000), t0), Some(0));
+        assert_eq!(logs.fresh(&e(1000), t0), Some((0, 0)));
         for i in 1..10u16 {
             let at = t0 + Duration::from_millis(u64::from(i) * 500);
             assert_eq!(logs.fresh(&e(1000 + i), at), None, "retry {i} unsaid");
         }
         // Another peer is said at once.
         let other = "refused untrusted peer 10.9.0.7:5 with fingerprint SHA256:y";
-        assert_eq!(logs.fresh(other, t0 + Duration::from_secs(1)), Some(0));
+        assert_eq!(logs.fresh(other, t0 + Duration::from_secs(1)), Some((0, 0)));
         // 30 s on: said again, with the count.
-        assert_eq!(logs.fresh(&e(2000), t0 + REPEAT_SAID), Some(9));
+        assert_eq!(logs.fresh(&e(2000), t0 + REPEAT_SAID), Some((0, 9)));
+        // One the flood limit holds back is not taken as said: it is said once allowed.
+        let mut flood = ServeLogs::default();
+        for i in 0..5 {
+            assert!(flood.fresh(&format!("stranger {i}"), t0).is_some());
+        }
+        assert_eq!(flood.fresh("late one", t0), None, "over the flood limit");
+        assert!(flood
+            .fresh("late one", t0 + Duration::from_secs(2))
+            .is_some());
         assert_eq!(since(9), " (refused 9 more time(s) since it was last said)");
         // The memory is bounded.
         for i in 0..(SAID_KEPT as u64 + 10) {

@@ -999,7 +999,7 @@ fn run(seed: u64) -> Result<String, String> {
         for a in apps.iter_mut() {
             let due = a.rx.acks_due(true);
             if !due.is_empty() {
-                a.kept = a.rx.kept().or(a.kept);
+                a.kept = a.rx.kept(now).or(a.kept);
             }
             for s in due {
                 a.consumer.ack(s);

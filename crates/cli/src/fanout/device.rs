@@ -45,7 +45,8 @@ pub(super) async fn start(
     // An app side revoked while this side was away never sees a frame under its key.
     keeper.check(ctx).await?;
     let holders = keeper.holders_path();
-    let every = Duration::from_millis(cfg.link.ping_interval_ms.clamp(100, 2000));
+    // (At least 0.5 s apart: each check reads known_peers and the holders file.)
+    let every = Duration::from_millis(cfg.link.ping_interval_ms.clamp(500, 2000));
     let kctx = ctx.clone();
     t.set.spawn(async move {
         keeper.watch(kctx, every).await?;
@@ -59,7 +60,10 @@ pub(super) async fn start(
         &local.fingerprint(),
         &opts.home.display().to_string(),
         slots,
-        Duration::from_millis(cfg.link.keepalive_timeout_ms),
+        // A split slot is given to another app side only after 5 s of silence at least: the
+        // heartbeats cross the NATS server, whose hiccups the direct link's 1.5 s keepalive
+        // would turn into a holder losing its slot (and ending).
+        Duration::from_millis(cfg.link.keepalive_timeout_ms.max(5000)),
         ctx.quiet,
     )));
     serve_ready(ctx, key.clone(), joined, admitter.clone()).await?;

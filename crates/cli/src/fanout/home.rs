@@ -194,7 +194,7 @@ pub(super) fn current_key(home: &Path, prefix: &str, driver: &str) -> Result<[u8
 /// What an app side keeps for the next process of an ordered stored stream ([`Kept`]: where
 /// its consumer first started and where the stream stands), in the ndd home: one file per
 /// durable consumer (`nats-position-PREFIX-DRIVER-DURABLE`, mode 0600), written in place
-/// before each acknowledgement (one 48-byte write: the last one survives the process, and a
+/// before each acknowledgement (one 56-byte write: the last one survives the process, and a
 /// torn one fails its check and keeps nothing). The next process of this app side takes its
 /// consumer up from the first message not acknowledged and its order from here.
 pub(super) struct PositionFile {
@@ -240,6 +240,8 @@ impl PositionFile {
     pub(super) fn write(&mut self, p: Kept) {
         use std::os::unix::fs::FileExt;
         if let Err(e) = self.file.write_all_at(&p.encode(), 0) {
+            // An older position left in place would be wrong: none at all is safe.
+            let _ = self.file.set_len(0);
             if !std::mem::replace(&mut self.failed, true) {
                 tracing::warn!(
                     side = "app",

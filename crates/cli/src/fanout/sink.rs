@@ -658,7 +658,7 @@ pub(super) fn keep_position(input: &mut Input, rx: &SinkReceiver, acks: &[jetstr
     if acks.is_empty() {
         return;
     }
-    if let (Input::Stored(s), Some(p)) = (input, rx.kept()) {
+    if let (Input::Stored(s), Some(p)) = (input, rx.kept(Instant::now())) {
         if let Some(f) = s.position.as_mut() {
             f.write(p);
         }

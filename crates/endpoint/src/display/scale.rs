@@ -63,18 +63,21 @@ fn tap(d: u32, s: u32, dn: u32) -> Tap {
     }
 }
 
-/// The source pixels of one window coordinate with their weights, which sum to 256.
-fn weights(t: Tap) -> Vec<(u32, u32)> {
+/// The source pixels of one window coordinate with their weights, which sum to 256, each
+/// handed to `f` (no allocation: this runs for every column and row of every update).
+fn each_weight(t: Tap, mut f: impl FnMut(u32, u32)) {
     match t {
         Tap::Span(a, b) => {
             let n = b - a;
             let (w, extra) = (256 / n, 256 % n);
-            (a..b)
-                .enumerate()
-                .map(|(i, x)| (x, w + u32::from((i as u32) < extra)))
-                .collect()
+            for (i, x) in (a..b).enumerate() {
+                f(x, w + u32::from((i as u32) < extra));
+            }
         }
-        Tap::Lerp(a, b, w) => vec![(a, 256 - w), (b, w)],
+        Tap::Lerp(a, b, w) => {
+            f(a, 256 - w);
+            f(b, w);
+        }
     }
 }
 
@@ -92,8 +95,8 @@ pub fn scale_into(src: &[u8], sw: u16, sh: u16, dst: &mut [u8], dw: u16, dh: u16
         return;
     }
     let (sw32, sh32) = (u32::from(sw), u32::from(sh));
-    let xs: Vec<Vec<(u32, u32)>> = (u32::from(r.x)..u32::from(r.x) + u32::from(r.w))
-        .map(|x| weights(tap(x, sw32, u32::from(dw))))
+    let xs: Vec<Tap> = (u32::from(r.x)..u32::from(r.x) + u32::from(r.w))
+        .map(|x| tap(x, sw32, u32::from(dw)))
         .collect();
     let width = usize::from(r.w);
     // Source rows weighed across (×256), the last few kept: neighbouring window rows share
@@ -102,14 +105,14 @@ pub fn scale_into(src: &[u8], sw: u16, sh: u16, dst: &mut [u8], dw: u16, dh: u16
     let across = |sy: u32, mut out: Vec<u32>| {
         let row = &src[sy as usize * usize::from(sw) * 4..][..usize::from(sw) * 4];
         out.resize(width * 3, 0);
-        for (o, taps) in out.chunks_exact_mut(3).zip(&xs) {
+        for (o, &t) in out.chunks_exact_mut(3).zip(&xs) {
             let (mut b, mut g, mut rr) = (0u32, 0u32, 0u32);
-            for &(sx, w) in taps {
+            each_weight(t, |sx, w| {
                 let p = &row[sx as usize * 4..sx as usize * 4 + 3];
                 b += u32::from(p[0]) * w;
                 g += u32::from(p[1]) * w;
                 rr += u32::from(p[2]) * w;
-            }
+            });
             o[0] = b;
             o[1] = g;
             o[2] = rr;
@@ -119,7 +122,7 @@ pub fn scale_into(src: &[u8], sw: u16, sh: u16, dst: &mut [u8], dw: u16, dh: u16
     let mut sum = vec![0u32; width * 3];
     for y in u32::from(r.y)..u32::from(r.y) + u32::from(r.h) {
         sum.iter_mut().for_each(|v| *v = 0);
-        for (sy, wy) in weights(tap(y, sh32, u32::from(dh))) {
+        each_weight(tap(y, sh32, u32::from(dh)), |sy, wy| {
             if !rows.iter().any(|(k, _)| *k == sy) {
                 // The oldest row's buffer is weighed into again (no allocation a row).
                 let spare = if rows.len() >= 4 {
@@ -129,13 +132,12 @@ pub fn scale_into(src: &[u8], sw: u16, sh: u16, dst: &mut [u8], dw: u16, dh: u16
                 };
                 rows.push_back((sy, across(sy, spare)));
             }
-            let Some((_, row)) = rows.iter().find(|(k, _)| *k == sy) else {
-                continue;
-            };
-            for (s, v) in sum.iter_mut().zip(row) {
-                *s += v * wy;
+            if let Some((_, row)) = rows.iter().find(|(k, _)| *k == sy) {
+                for (s, v) in sum.iter_mut().zip(row) {
+                    *s += v * wy;
+                }
             }
-        }
+        });
         let o = (y as usize * usize::from(dw) + usize::from(r.x)) * 4;
         for (px, s) in dst[o..o + width * 4]
             .chunks_exact_mut(4)

@@ -53,6 +53,10 @@ pub const RUNS_KEPT: usize = 3;
 /// ([`FRUITLESS_PAUSE`]), to take them again once a new key comes.
 pub const UNOPENED_BYTES: usize = 4 << 20;
 
+/// How recently a record must have been set aside for a process that takes the stream up
+/// after this one to have it delivered again ([`Opener::aside_from`]).
+pub const ASIDE_RECENT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The group key as it stands, and what its last rotation left behind.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct GroupKey {
@@ -352,7 +356,7 @@ pub struct Opener<H> {
     parked: Option<Parked>,
     /// Stored records dropped without asking (the pause), with where they were stored, and
     /// their bytes; taken again after a new key.
-    unopened: std::collections::VecDeque<(FrameRecord, Option<u64>)>,
+    unopened: std::collections::VecDeque<(FrameRecord, Option<u64>, Instant)>,
     unopened_bytes: usize,
     /// Whether the key changed since they were set aside.
     unopened_due: bool,
@@ -479,7 +483,7 @@ impl<H: RunHalf> Opener<H> {
         }
         self.unopened_due = false;
         self.unopened_bytes = 0;
-        self.unopened.drain(..).collect()
+        self.unopened.drain(..).map(|(r, s, _)| (r, s)).collect()
     }
 
     /// Opens record `rec` (`stored`: its JetStream stream sequence, if it was stored) into
@@ -537,7 +541,7 @@ impl<H: RunHalf> Opener<H> {
             });
             return Ok(Verdict::AskKey);
         }
-        self.set_aside(rec, stored);
+        self.set_aside(now, rec, stored);
         self.unopened(now, &meta);
         Ok(Verdict::Forged)
     }
@@ -596,21 +600,29 @@ impl<H: RunHalf> Opener<H> {
     /// The lowest stream sequence of the stored records kept aside (their messages are
     /// acknowledged: a process that takes the stream up after this one must have them
     /// delivered again, see [`super::intake::Kept::again_from`]).
-    pub fn aside_from(&self) -> Option<u64> {
-        self.unopened.iter().filter_map(|(_, s)| *s).min()
+    ///
+    /// Only records set aside within [`ASIDE_RECENT`] count: a key that comes comes within
+    /// seconds of its frames, and garbage set aside (anyone may publish) must not pin the next
+    /// process's start far back for good.
+    pub fn aside_from(&self, now: Instant) -> Option<u64> {
+        self.unopened
+            .iter()
+            .filter(|(_, _, at)| now.saturating_duration_since(*at) < ASIDE_RECENT)
+            .filter_map(|(_, s, _)| *s)
+            .min()
     }
 
     /// An app side's stored record that opens under no key while it does not ask (or asked
     /// for nothing): kept aside in case a new key comes soon ([`Opener::take_unopened`]).
-    fn set_aside(&mut self, rec: &FrameRecord, stored: Option<u64>) {
+    fn set_aside(&mut self, now: Instant, rec: &FrameRecord, stored: Option<u64>) {
         if !self.app || stored.is_none() {
             return;
         }
         self.unopened_bytes += rec.payload.len();
-        self.unopened.push_back((rec.clone(), stored));
+        self.unopened.push_back((rec.clone(), stored, now));
         while self.unopened_bytes > UNOPENED_BYTES {
             match self.unopened.pop_front() {
-                Some((r, _)) => self.unopened_bytes -= r.payload.len(),
+                Some((r, _, _)) => self.unopened_bytes -= r.payload.len(),
                 None => break,
             }
         }
@@ -626,14 +638,14 @@ impl<H: RunHalf> Opener<H> {
             // Asking brought nothing (or no answer yet): not asked again for a while, and the
             // record is kept aside for the next key, as the ones that follow.
             self.fruitless = Some(now);
-            self.set_aside(&p.rec, p.stored);
+            self.set_aside(now, &p.rec, p.stored);
             self.unopened(now, &p.rec.meta());
             return Ok(Verdict::Forged);
         }
         if let Some(v) = self.try_all(now, &p.rec, p.stored, out)? {
             return Ok(v);
         }
-        self.set_aside(&p.rec, p.stored);
+        self.set_aside(now, &p.rec, p.stored);
         self.unopened(now, &p.rec.meta());
         Ok(Verdict::Forged)
     }

@@ -351,9 +351,9 @@ impl<H: RunHalf, M> Receiver<H, M> {
 
     /// What the next process of this stream needs ([`super::intake::Kept`]), read when
     /// acknowledging: the intake's, and where the records kept aside for a key begin.
-    pub fn kept(&self) -> Option<super::intake::Kept> {
+    pub fn kept(&self, now: Instant) -> Option<super::intake::Kept> {
         let mut k = self.intake.kept()?;
-        k.again_from = self.opener.aside_from();
+        k.again_from = self.opener.aside_from(now);
         Some(k)
     }
 
