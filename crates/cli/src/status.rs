@@ -1,7 +1,7 @@
 //! `ndd status`: what every side running on this machine is doing, asked over Unix sockets.
 //!
 //! Each `ndd run` serves a JSON snapshot of itself ([`SideStatus`], refreshed every second)
-//! on `DIR/DRIVER-SIDE-PID.sock`, where DIR is [`status_dir`]: `$NDD_STATUS_DIR`, else
+//! on `DIR/DRIVER-SIDE-PID-N.sock`, where DIR is [`status_dir`]: `$NDD_STATUS_DIR`, else
 //! `/run/ndd` for root, else `$XDG_RUNTIME_DIR/ndd`, else `/tmp/ndd-UID` (made 0700). A
 //! client connects, reads one JSON document and the side closes: the socket takes no
 //! commands. `ndd status` reads every socket there and prints a table (`--watch`: redrawn

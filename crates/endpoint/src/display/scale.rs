@@ -95,8 +95,15 @@ pub fn scale_into(src: &[u8], sw: u16, sh: u16, dst: &mut [u8], dw: u16, dh: u16
         return;
     }
     let (sw32, sh32) = (u32::from(sw), u32::from(sh));
-    let xs: Vec<Tap> = (u32::from(r.x)..u32::from(r.x) + u32::from(r.w))
-        .map(|x| tap(x, sw32, u32::from(dw)))
+    // Each window column's source pixels and weights, worked out once for the whole update
+    // (not for every source row it is weighed on): one flat list, and where each column's
+    // part ends.
+    let mut taps: Vec<(u32, u32)> = Vec::with_capacity(usize::from(r.w) * 2);
+    let ends: Vec<usize> = (u32::from(r.x)..u32::from(r.x) + u32::from(r.w))
+        .map(|x| {
+            each_weight(tap(x, sw32, u32::from(dw)), |sx, w| taps.push((sx * 4, w)));
+            taps.len()
+        })
         .collect();
     let width = usize::from(r.w);
     // Source rows weighed across (×256), the last few kept: neighbouring window rows share
@@ -105,14 +112,16 @@ pub fn scale_into(src: &[u8], sw: u16, sh: u16, dst: &mut [u8], dw: u16, dh: u16
     let across = |sy: u32, mut out: Vec<u32>| {
         let row = &src[sy as usize * usize::from(sw) * 4..][..usize::from(sw) * 4];
         out.resize(width * 3, 0);
-        for (o, &t) in out.chunks_exact_mut(3).zip(&xs) {
+        let mut from = 0;
+        for (o, &end) in out.chunks_exact_mut(3).zip(&ends) {
             let (mut b, mut g, mut rr) = (0u32, 0u32, 0u32);
-            each_weight(t, |sx, w| {
-                let p = &row[sx as usize * 4..sx as usize * 4 + 3];
+            for &(at, w) in &taps[from..end] {
+                let p = &row[at as usize..at as usize + 3];
                 b += u32::from(p[0]) * w;
                 g += u32::from(p[1]) * w;
                 rr += u32::from(p[2]) * w;
-            });
+            }
+            from = end;
             o[0] = b;
             o[1] = g;
             o[2] = rr;
