@@ -66,6 +66,25 @@ pub struct StreamStatus {
     pub drops: u64,
 }
 
+impl SideStatus {
+    /// A side of this process before its first peer; `link` says what it does meanwhile.
+    pub fn starting(driver: &str, side: &str, address: String, link: &str) -> SideStatus {
+        SideStatus {
+            driver: driver.to_string(),
+            side: side.to_string(),
+            pid: std::process::id(),
+            address,
+            link: link.to_string(),
+            peer: None,
+            rtt_ms: None,
+            recoveries: 0,
+            last_error: None,
+            uptime_s: 0.0,
+            streams: Vec::new(),
+        }
+    }
+}
+
 impl StreamStatus {
     /// From a stream's counters; `rate_fps` from the frames since `before` (`dt` ago).
     pub fn of(s: &StreamSummary, before: Option<u64>, dt: Duration) -> StreamStatus {
@@ -168,6 +187,14 @@ fn ours(dir: &Path) -> Result<()> {
 /// Serves `first` on a socket in [`status_dir`] until the returned handle drops.
 pub fn serve(first: SideStatus) -> Result<Served> {
     serve_in(&status_dir(), first)
+}
+
+/// [`serve`], or a warning that `ndd status` will not see the side (it runs on without).
+pub fn serve_or_say(first: SideStatus) -> Option<Served> {
+    let side = first.side.clone();
+    serve(first)
+        .map_err(|e| tracing::warn!(side = %side, "ndd status will not see this side: {e:#}"))
+        .ok()
 }
 
 /// [`serve`] in `dir`.
@@ -369,17 +396,13 @@ mod tests {
 
     fn side(driver: &str, pid: u32) -> SideStatus {
         SideStatus {
-            driver: driver.into(),
-            side: "device".into(),
             pid,
-            address: "127.0.0.1:7878".into(),
-            link: "waiting for the peer".into(),
-            peer: None,
-            rtt_ms: None,
-            recoveries: 0,
-            last_error: None,
-            uptime_s: 0.0,
-            streams: Vec::new(),
+            ..SideStatus::starting(
+                driver,
+                "device",
+                "127.0.0.1:7878".into(),
+                "waiting for the peer",
+            )
         }
     }
 

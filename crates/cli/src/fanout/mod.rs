@@ -209,24 +209,15 @@ pub async fn run_side(
     // `ndd status` asks this side over a socket (not for benchmarks' quiet sides).
     let mut status = (!quiet)
         .then(|| {
-            crate::status::serve(crate::status::SideStatus {
-                driver: cfg.driver.clone(),
-                side: side.as_str().to_string(),
-                pid: std::process::id(),
-                address: format!("NATS {}", nats.servers.join(",")),
-                link: match side {
-                    SideName::Device => "starting (NATS)".into(),
-                    SideName::App => "joining (NATS)".into(),
+            crate::status::serve_or_say(crate::status::SideStatus::starting(
+                &cfg.driver,
+                side.as_str(),
+                format!("NATS {}", nats.servers.join(",")),
+                match side {
+                    SideName::Device => "starting (NATS)",
+                    SideName::App => "joining (NATS)",
                 },
-                peer: None,
-                rtt_ms: None,
-                recoveries: 0,
-                last_error: None,
-                uptime_s: 0.0,
-                streams: Vec::new(),
-            })
-            .map_err(|e| tracing::warn!(side = %side, "ndd status will not see this side: {e:#}"))
-            .ok()
+            ))
         })
         .flatten();
     let peer = match side {

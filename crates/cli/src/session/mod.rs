@@ -333,25 +333,12 @@ pub async fn run_side(
             (None, Some(t)) => format!("connecting to {t}"),
             (None, None) => String::new(),
         };
-        match crate::status::serve(crate::status::SideStatus {
-            driver: cfg.driver.clone(),
-            side: side.as_str().to_string(),
-            pid: std::process::id(),
+        crate::status::serve_or_say(crate::status::SideStatus::starting(
+            &cfg.driver,
+            side.as_str(),
             address,
-            link: "waiting for the peer".into(),
-            peer: None,
-            rtt_ms: None,
-            recoveries: 0,
-            last_error: None,
-            uptime_s: 0.0,
-            streams: Vec::new(),
-        }) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                tracing::warn!(side = %side, "ndd status will not see this side: {e:#}");
-                None
-            }
-        }
+            "waiting for the peer",
+        ))
     };
 
     // The first link: any failure here ends the run (mismatch, untrusted, nobody there).
