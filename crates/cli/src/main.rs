@@ -276,6 +276,10 @@ enum Command {
         /// Probe the endpoints this side runs, as `ndd run --side` does before connecting.
         #[arg(long, value_enum)]
         side: Option<SideName>,
+        /// Also check the trust in this ndd home: this install's identity and the peers
+        /// known_peers trusts (none trusted is an error: the peer would be refused).
+        #[arg(long, value_name = "DIR")]
+        home: Option<PathBuf>,
     },
     /// The RFB Message Accelerator: a VNC proxy, run next to the VNC server, that keeps a
     /// client-pull viewer fast at high latency (docs/rfb-accel.md).
@@ -808,8 +812,18 @@ fn run(cli: Cli) -> Result<i32> {
             print!("{}", catalogue_text());
             Ok(0)
         }
-        Command::Check { configs, side } => {
+        Command::Check {
+            configs,
+            side,
+            home,
+        } => {
             let mut failed = 0;
+            if let Some(dir) = &home {
+                if let Err(e) = check_trust(dir) {
+                    failed += 1;
+                    eprintln!("ndd: error: {}", logfmt::error_text(&e));
+                }
+            }
             for config in &configs {
                 match check_one(config, side) {
                     Ok(()) => {}
@@ -872,6 +886,37 @@ fn run(cli: Cli) -> Result<i32> {
 }
 
 /// `ndd check` of one file: the plan, and with `side` that side's endpoints probed.
+/// `ndd check --home DIR`: this install's fingerprint and whom it trusts; none is an error.
+fn check_trust(dir: &Path) -> Result<()> {
+    let known = ndd_link::KnownPeers::load(dir)
+        .with_context(|| format!("cannot read known_peers in {}", dir.display()))?;
+    let mut peers: Vec<String> = known
+        .iter()
+        .map(|(fp, t)| match &t.name {
+            Some(n) => format!("{n} ({fp})"),
+            None => fp.to_string(),
+        })
+        .collect();
+    peers.sort();
+    let me = if dir.join("key.pem").exists() && dir.join("cert.pem").exists() {
+        session::load_identity(dir)
+            .map(|id| id.fingerprint())
+            .unwrap_or_else(|e| format!("unreadable ({e:#})"))
+    } else {
+        "none yet (`ndd id --home DIR` creates it)".to_string()
+    };
+    println!("{}: this install {me}", dir.display());
+    if peers.is_empty() {
+        bail!(
+            "{}: known_peers trusts nobody, so the peer would be refused: run `ndd id` on the other machine, then here `ndd trust FINGERPRINT --name NAME --home {}`",
+            dir.display(),
+            dir.display()
+        );
+    }
+    println!("  trusts {} peer(s): {}", peers.len(), peers.join(", "));
+    Ok(())
+}
+
 fn check_one(config: &Path, side: Option<SideName>) -> Result<()> {
     let cfg = Config::load(config)?;
     cfg.build_pairs()?;

@@ -586,3 +586,44 @@ fn metrics_are_served_in_prometheus_text_format() {
     let (st, _, err) = app.finish();
     assert!(st.success(), "{err}");
 }
+
+/// `ndd check --home DIR` says whom the home trusts, and that trusting nobody is an error
+/// (the peer would be refused) with what to run (issue 34 item 7).
+#[test]
+fn check_with_a_home_names_its_peers_and_refuses_one_that_trusts_nobody() {
+    let dir = Dir::new("check-home");
+    let (dev_home, app_home, dfp, afp) = homes(&dir.0, true, false);
+    let cfg = dir.0.join("c.toml");
+    std::fs::write(&cfg, SYNTH.replace("COUNT", "4")).unwrap();
+    let out = ndd()
+        .arg("check")
+        .arg(&cfg)
+        .arg("--home")
+        .arg(&dev_home)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains(&format!("this install {dfp}")), "{text}");
+    assert!(
+        text.contains(&format!("trusts 1 peer(s): app ({afp})")),
+        "{text}"
+    );
+    let out = ndd()
+        .arg("check")
+        .arg(&cfg)
+        .arg("--home")
+        .arg(&app_home)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("known_peers trusts nobody, so the peer would be refused: run `ndd id` on the other machine, then here `ndd trust FINGERPRINT"),
+        "{err}"
+    );
+}
