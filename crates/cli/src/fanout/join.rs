@@ -300,9 +300,9 @@ impl KeyFollower {
                     side = "app",
                     "asking the device side for its group key: {e:#}"
                 );
-                // Asked again after the spacing: a notice's join that failed is not lost
-                // (a side with idle sinks would go on sealing under the old key).
-                self.follower.handle_ask();
+                // Asked again, further apart each time: a notice's join that failed is not
+                // lost (a side with idle sinks would go on sealing under the old key).
+                self.follower.join_failed();
                 return Ok(());
             }
         };

@@ -132,13 +132,21 @@ impl KeyKeeper {
 
     /// Checks every `every` (the first check is the caller's, at start).
     pub(super) async fn watch(self, ctx: Ctx, every: Duration) -> Result<()> {
+        // A check that keeps failing (an unreadable known_peers) is said once a minute.
+        let mut said = ndd_core::RateLimit::new(Duration::from_secs(60));
         loop {
             tokio::time::sleep(every).await;
             if let Err(e) = self.check(&ctx).await {
-                tracing::warn!(
-                    side = "device",
-                    "cannot check who holds the group key: {e:#}"
-                );
+                if let Some(n) = said.admit(Instant::now()) {
+                    let more = match n {
+                        0 => String::new(),
+                        n => format!(" ({n} more failed checks since the last warning)"),
+                    };
+                    tracing::warn!(
+                        side = "device",
+                        "cannot check who holds the group key: {e:#}{more}"
+                    );
+                }
             }
         }
     }

@@ -25,6 +25,10 @@ use std::time::{Duration, Instant};
 /// Joins for a new group key come at least this far apart.
 pub const REJOIN_SPACING: Duration = Duration::from_millis(250);
 
+/// The longest spacing after joins that failed one after another (it doubles from
+/// [`REJOIN_SPACING`]): a device side that is away is not asked four times a second.
+pub const REJOIN_SPACING_MAX: Duration = Duration::from_secs(5);
+
 /// What a rekey notice's signature covers besides its body: the kind of note and the driver's
 /// subjects (a notice for one driver is no use for another).
 pub fn notice_label(subjects: &Subjects) -> Vec<u8> {
@@ -96,6 +100,8 @@ pub struct Follower {
     due: bool,
     /// When the last join went.
     last: Option<Instant>,
+    /// The spacing before the next join: doubles while joins fail.
+    spacing: Duration,
 }
 
 impl Follower {
@@ -109,6 +115,7 @@ impl Follower {
             newest: None,
             due: false,
             last: None,
+            spacing: REJOIN_SPACING,
         }
     }
 
@@ -148,7 +155,13 @@ impl Follower {
         if !self.due {
             return None;
         }
-        Some(self.last.map_or(now, |t| t + REJOIN_SPACING))
+        Some(self.last.map_or(now, |t| t + self.spacing))
+    }
+
+    /// The join went unanswered (or failed): another is due, after a longer spacing.
+    pub fn join_failed(&mut self) {
+        self.due = true;
+        self.spacing = (self.spacing * 2).min(REJOIN_SPACING_MAX);
     }
 
     /// A join goes at `now`: what asks or notices come from here on need another.
@@ -169,6 +182,7 @@ impl Follower {
                 now: slot,
             });
         }
+        self.spacing = REJOIN_SPACING;
         let rotated = keys.key != self.keys.key;
         // A join never takes an app side back to an earlier run.
         let restarted = keys.run.id > self.keys.run.id;
@@ -261,6 +275,22 @@ mod tests {
             f.poll_join(t0 + REJOIN_SPACING),
             Some(t0 + REJOIN_SPACING * 2)
         );
+        // Joins that fail are tried again, further apart each time, up to 5 s.
+        let mut at = t0 + REJOIN_SPACING * 2;
+        let mut gaps = Vec::new();
+        for _ in 0..7 {
+            f.joined(at);
+            f.join_failed();
+            let next = f.poll_join(at).unwrap();
+            gaps.push((next - at).as_millis());
+            at = next;
+        }
+        assert_eq!(gaps, vec![500, 1000, 2000, 4000, 5000, 5000, 5000]);
+        // An answer brings the spacing back.
+        f.joined(at);
+        f.handle_admission(f.keys(), Some(1)).unwrap();
+        f.handle_ask();
+        assert_eq!(f.poll_join(at), Some(at + REJOIN_SPACING));
     }
 
     #[test]
