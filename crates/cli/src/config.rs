@@ -111,6 +111,14 @@ pub enum SideName {
 }
 
 impl SideName {
+    /// The other side.
+    pub fn other(self) -> SideName {
+        match self {
+            SideName::Device => SideName::App,
+            SideName::App => SideName::Device,
+        }
+    }
+
     /// As the wire names it.
     pub fn wire(self) -> Side {
         match self {
@@ -163,10 +171,7 @@ impl DirectionName {
 
     /// The side that sinks this stream.
     pub fn sink_side(self) -> SideName {
-        match self.source_side() {
-            SideName::Device => SideName::App,
-            SideName::App => SideName::Device,
-        }
+        self.source_side().other()
     }
 }
 

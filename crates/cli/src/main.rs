@@ -485,10 +485,7 @@ fn attach(what: AttachWhat) -> Result<i32> {
         (None, Some(a)) => Link::Listen(a),
         (None, None) => Link::Listen(format!("0.0.0.0:{}", kind.port())),
     };
-    let side = match kind.sharing_side() {
-        SideName::Device => SideName::App,
-        SideName::App => SideName::Device,
-    };
+    let side = kind.sharing_side().other();
     one_line(config(kind, side, &link, &local), side, "ndd attach", run)
 }
 

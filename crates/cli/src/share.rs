@@ -114,13 +114,7 @@ fn quoted(s: &str) -> String {
 pub fn config(kind: Kind, side: SideName, link: &Link, local: &Local) -> String {
     let (address, listener) = match link {
         Link::Listen(a) => (a, side),
-        Link::Connect(a) => (
-            a,
-            match side {
-                SideName::Device => SideName::App,
-                SideName::App => SideName::Device,
-            },
-        ),
+        Link::Connect(a) => (a, side.other()),
     };
     let mut text = String::new();
     let verb = if side == kind.sharing_side() {
@@ -183,10 +177,7 @@ mod tests {
 
     fn both(kind: Kind, local_share: &Local, local_attach: &Local) -> (Config, Config) {
         let share = kind.sharing_side();
-        let attach = match share {
-            SideName::Device => SideName::App,
-            SideName::App => SideName::Device,
-        };
+        let attach = share.other();
         let port = kind.port();
         let a = config(
             kind,
@@ -224,10 +215,7 @@ mod tests {
         for kind in [Kind::Serial, Kind::Desktop, Kind::Audio] {
             let (a, b) = both(kind, &Local::default(), &Local::default());
             // The attaching side listens in both files; the sharing side connects there.
-            let attach = match kind.sharing_side() {
-                SideName::Device => SideName::App,
-                SideName::App => SideName::Device,
-            };
+            let attach = kind.sharing_side().other();
             assert_eq!(a.link.listener, attach, "{kind:?}");
             assert_eq!(b.link.listener, attach, "{kind:?}");
             assert_eq!(a.link.address, format!("10.0.0.5:{}", kind.port()));

@@ -314,7 +314,7 @@ fn read_one(path: &Path) -> Result<SideStatus, ReadError> {
 
 /// The table `ndd status` prints: a line per stream, the side's columns on its first.
 pub fn table(all: &[SideStatus]) -> String {
-    let mut rows: Vec<[String; 12]> = vec![[
+    let mut rows: Vec<Vec<String>> = vec![[
         "DRIVER",
         "SIDE",
         "PID",
@@ -328,7 +328,8 @@ pub fn table(all: &[SideStatus]) -> String {
         "P50/P99",
         "DROPS",
     ]
-    .map(String::from)];
+    .map(String::from)
+    .to_vec()];
     let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
     for s in all {
         // What a socket says is shown escaped (another program could answer there).
@@ -342,9 +343,9 @@ pub fn table(all: &[SideStatus]) -> String {
             s.rtt_ms.map_or("-".into(), |r| format!("{r:.2} ms")),
         ];
         if s.streams.is_empty() {
-            let mut r = side.clone().to_vec();
-            r.extend(["-", "-", "-", "-", "-", "-"].map(String::from));
-            rows.push(r.try_into().unwrap_or_else(|_| unreachable!()));
+            let mut r = side.to_vec();
+            r.resize(12, "-".to_string());
+            rows.push(r);
         }
         for (i, t) in s.streams.iter().enumerate() {
             let mut r: Vec<String> = if i == 0 {
@@ -360,10 +361,10 @@ pub fn table(all: &[SideStatus]) -> String {
                 format!("{}/{}", ms(t.latency_p50_ms), ms(t.latency_p99_ms)),
                 t.drops.to_string(),
             ]);
-            rows.push(r.try_into().unwrap_or_else(|_| unreachable!()));
+            rows.push(r);
         }
     }
-    let widths: Vec<usize> = (0..12)
+    let widths: Vec<usize> = (0..rows[0].len())
         .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();

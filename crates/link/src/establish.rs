@@ -408,9 +408,9 @@ fn without_ports(text: &str) -> String {
 }
 
 impl ServeLogs {
-    /// Whether refusal `e` was said within [`REPEAT_SAID`] (then it is counted, not said).
-    fn repeated(&mut self, e: &str, now: Instant) -> bool {
-        match self.said.get_mut(&without_ports(e)) {
+    /// Whether refusal `key` was said within [`REPEAT_SAID`] (then it is counted, not said).
+    fn repeated(&mut self, key: &str, now: Instant) -> bool {
+        match self.said.get_mut(key) {
             Some((at, n)) if now.saturating_duration_since(*at) < REPEAT_SAID => {
                 *n += 1;
                 true
@@ -419,12 +419,9 @@ impl ServeLogs {
         }
     }
 
-    /// Refusal `e` is said now: how many like it went unsaid before.
-    fn said_now(&mut self, e: &str, now: Instant) -> u64 {
-        let before = self
-            .said
-            .insert(without_ports(e), (now, 0))
-            .map_or(0, |(_, n)| n);
+    /// Refusal `key` is said now: how many like it went unsaid before.
+    fn said_now(&mut self, key: String, now: Instant) -> u64 {
+        let before = self.said.insert(key, (now, 0)).map_or(0, |(_, n)| n);
         if self.said.len() > SAID_KEPT {
             if let Some(oldest) = self
                 .said
@@ -442,11 +439,12 @@ impl ServeLogs {
     /// flood limit), and how many like it went unsaid before it. One the flood limit holds back
     /// is not taken as said.
     fn fresh(&mut self, e: &str, now: Instant) -> Option<(u64, u64)> {
-        if self.repeated(e, now) {
+        let key = without_ports(e);
+        if self.repeated(&key, now) {
             return None;
         }
         let n = self.refused.admit(now)?;
-        Some((n, self.said_now(e, now)))
+        Some((n, self.said_now(key, now)))
     }
 
     fn refused(&mut self, side: &str, e: &str) {
