@@ -16,7 +16,9 @@
 //! consumer starts over at JetStream's ack floor; its receiver takes up what the one before
 //! kept when it last acknowledged: `intake::Kept`).
 //!
-//! Every part that decides is the binary's own, sans-IO: the device's and each app side's
+//! Every part that decides is the binary's own, sans-IO: each app side's
+//! `ndd_link::nats::follow::Follower` (which rekey notices send it joining, how far apart its
+//! joins go, what an answer changes), the device's and each app side's
 //! `ndd_link::nats::keys::Opener` (runs, the key as it stands, the key before the rotation,
 //! asking for the key, holding a frame while the rotation reads where the stream stands), the
 //! `rotation` rule, each stream's `Intake` (copies, order) and `Outbox` (message ids,
@@ -33,14 +35,19 @@
 //! - the rotation reads where the stream stands some steps after it drew the key, once the
 //!   device's publisher has every publish under the old key acknowledged (fanout's
 //!   `RotationGate`; app frames stored meanwhile are held by the device), then tells the app
-//!   sides (a notice each takes at its own moment); a frame under a key an app side does not
-//!   have makes it ask (join again), answered once the rotation is complete; the revoked
-//!   side's joins are refused;
+//!   sides: a rekey notice signed by the device naming its keys, also sent at a restart, when
+//!   a frame of an earlier run or under a rotated key comes in, and every 2 s
+//!   (`NOTICE_EVERY`); on core NATS, so in half the schedules each app side loses one in
+//!   five, and the others come 0–40 steps later; a frame under a key an app side does not
+//!   have makes it ask; its `Follower` joins (answered 1–20 steps later, once the rotation is
+//!   complete); the revoked side's joins are refused;
 //! - the revoked app side goes on publishing under the old key, and an adversary records every
 //!   message (publishes the server did not store too, of the device) and publishes copies,
 //!   copies with another place in the order or frame number, flipped bytes, genuine sealed
 //!   headers with junk bodies or bodies too short for a sealed frame, and garbage, on both
-//!   subjects; and keeps storing records naming the run at the place the app sides wait for
+//!   subjects; replays recorded notices to any app side and forges them (signed by a
+//!   stranger, signed by the device for another driver, a byte changed: none may count); and
+//!   keeps storing records naming the run at the place the app sides wait for
 //!   next (or one JetStream lost) for 100 s after the sources stop.
 //!
 //! Properties: each device process delivers each app frame at most once (a new process
@@ -67,6 +74,9 @@ mod common;
 use bytes::Bytes;
 use common::{RunInverse, RunSealer};
 use ndd_core::{Frame, Meta};
+use ndd_link::nats::follow::{
+    key_id, notice_body, notice_label, Follower, Ignored, Notice, NOTICE_EVERY,
+};
 use ndd_link::nats::intake::{Kept, REORDER_WAIT};
 use ndd_link::nats::keys::{rotation, GroupKey, SINCE_PENDING};
 use ndd_link::nats::outbox::Publish;
@@ -74,6 +84,8 @@ use ndd_link::nats::receive::{Event, Poll, Receiver, Wait};
 use ndd_link::nats::record::FrameRecord;
 use ndd_link::nats::runs::Run;
 use ndd_link::nats::send::{Follow, Sender};
+use ndd_link::nats::subjects::Subjects;
+use ndd_link::seal::LocalIdentity;
 use ndd_testkit::SimRng;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -121,6 +133,61 @@ fn down_payload(gen: u8, n: u64) -> Vec<u8> {
 /// the run (the WELCOME's fields).
 fn welcome(keys: GroupKey) -> GroupKey {
     keys
+}
+
+/// What the rekey notices of the simulated driver are signed under.
+fn label() -> Vec<u8> {
+    notice_label(&Subjects::new("ndd", "keys").expect("valid subjects"))
+}
+
+thread_local! {
+    /// The device side's identity (it signs the rekey notices, as fanout's `rekey_notice`)
+    /// and a stranger's (the adversary's forged ones).
+    static IDS: (LocalIdentity, LocalIdentity) = {
+        let make = |name: &str| {
+            let d = std::env::temp_dir().join(format!(
+                "ndd-nats-keys-{name}-{}-{:?}",
+                std::process::id(),
+                std::thread::current().id()
+            ));
+            let _ = std::fs::remove_dir_all(&d);
+            std::fs::create_dir_all(&d).expect("temp dir");
+            let (id, _) = ndd_link::Identity::load_or_create(&d).expect("identity");
+            let local = LocalIdentity::new(&id).expect("local identity");
+            let _ = std::fs::remove_dir_all(&d);
+            local
+        };
+        (make("device"), make("stranger"))
+    };
+}
+
+/// The device's signed rekey notice naming `keys` at its clock `clock` (fanout's
+/// `rekey_notice`), published on core NATS: each app side gets it some steps later, or never
+/// (`loss`); the adversary records it.
+#[allow(clippy::too_many_arguments)]
+fn announce(
+    rng: &mut SimRng,
+    keys: &GroupKey,
+    clock: u64,
+    n_apps: usize,
+    step: u64,
+    loss: f64,
+    notices: &mut Vec<(usize, u64, Vec<u8>)>,
+    notes: &mut Vec<Vec<u8>>,
+) {
+    let notice = Notice {
+        run: keys.run.id,
+        clock,
+        key: key_id(keys),
+    };
+    let note = IDS.with(|(device, _)| device.sign_note(&label(), &notice_body(&notice)));
+    let note = note.expect("sign a notice");
+    for i in 0..n_apps {
+        if !rng.chance(loss) {
+            notices.push((i, step + rng.range(0, 40), note.clone()));
+        }
+    }
+    notes.push(note);
 }
 
 /// The JetStream stream: one sequence for every subject.
@@ -242,8 +309,14 @@ struct App {
     kept: Option<Kept>,
     /// Waiting for a join's answer before its receiver tries a record again ([`Wait::Key`]).
     asking: bool,
-    /// A rekey notice it has not acted on.
-    notice: bool,
+    /// Its following of the key (the binary's: which notices send it joining, how far apart
+    /// its joins go, what an answer changes).
+    follower: Follower,
+    /// The step its join's answer comes (once the device's rotation is complete).
+    join: Option<u64>,
+    /// Its join was refused (no longer trusted): the binary ends the side; here it goes on
+    /// publishing under the key it has, as an attacker would.
+    refused: bool,
     /// Device frames any of its processes delivered, and this one.
     got: HashSet<u64>,
     got_now: HashSet<u64>,
@@ -273,7 +346,9 @@ impl App {
             consumer: Consumer::new(DOWN),
             kept: None,
             asking: false,
-            notice: false,
+            follower: Follower::new(label(), keys, None),
+            join: None,
+            refused: false,
             got: HashSet::new(),
             got_now: HashSet::new(),
             again: 0,
@@ -536,6 +611,17 @@ fn run(seed: u64) -> Result<String, String> {
     // When the consumers last delivered their unacknowledged messages again.
     let mut redelivered = t0;
     let adversary = rng.range(0, 3) as f64 * 0.02;
+    // Rekey notices go on core NATS: in some schedules it loses some. On their way: (side,
+    // step due, note); every one sent, for the adversary to replay.
+    let notice_loss = if rng.chance(0.5) { 0.2 } else { 0.0 };
+    let mut notices: Vec<(usize, u64, Vec<u8>)> = Vec::new();
+    let mut notes: Vec<Vec<u8>> = Vec::new();
+    // The device's wall clock (ns) at step 0: set back at some restarts (notices count by run
+    // first, then by clock).
+    let mut clock0: u64 = 1 << 40;
+    let clock = |c0: u64, step: u64| c0 + step * 1_000_000;
+    let device_fp = IDS.with(|(device, _)| device.fingerprint());
+    let mut next_notice = t0 + NOTICE_EVERY;
     let mut js = Js::default();
     let mut recorded: Vec<(u16, Bytes)> = Vec::new();
     // Some app sides read slowly: they take frames under the old key after the new one.
@@ -648,9 +734,19 @@ fn run(seed: u64) -> Result<String, String> {
             d.consumer.redeliver();
             d.tx = Sender::new(DOWN, d.keys, true, None, true).unwrap();
             d.runs.push((run, d.next));
-            for a in apps.iter_mut() {
-                a.notice = true;
+            if rng.chance(0.3) {
+                clock0 -= rng.range(1, 5_000) * 1_000_000;
             }
+            announce(
+                &mut rng,
+                &d.keys,
+                clock(clock0, step),
+                n_apps,
+                step,
+                notice_loss,
+                &mut notices,
+                &mut notes,
+            );
         }
         // The revocation: the device draws a new key, seals under it, and reads where the
         // stream stands a little later. (fanout's KeyKeeper checks again only once a rotation
@@ -693,9 +789,16 @@ fn run(seed: u64) -> Result<String, String> {
                 }
                 rotating_since = None;
                 next_at = revokes.front().map(|r| step + r.1);
-                for a in apps.iter_mut() {
-                    a.notice = true;
-                }
+                announce(
+                    &mut rng,
+                    &d.keys,
+                    clock(clock0, step),
+                    n_apps,
+                    step,
+                    notice_loss,
+                    &mut notices,
+                    &mut notes,
+                );
             }
         }
         // The device publishes its frames; after a rotation, once it knows where the
@@ -743,7 +846,8 @@ fn run(seed: u64) -> Result<String, String> {
                 && a.tx.outbox.is_settled()
                 && a.learning.is_none()
                 && !a.asking
-                && !a.notice
+                && a.join.is_none()
+                && a.follower.poll_join(now).is_none()
                 && a.tx.keys() == d.keys
             {
                 app_restarts.pop_front();
@@ -754,17 +858,114 @@ fn run(seed: u64) -> Result<String, String> {
                 }
             }
         }
-        // The app sides: act on a notice, follow a rotation, publish.
+        // The device repeats its notice every NOTICE_EVERY (fanout's `announce_keys`), not
+        // while a rotation reads where the stream stands.
+        if now >= next_notice && d.keys.since != SINCE_PENDING {
+            next_notice = now + NOTICE_EVERY;
+            announce(
+                &mut rng,
+                &d.keys,
+                clock(clock0, step),
+                n_apps,
+                step,
+                notice_loss,
+                &mut notices,
+                &mut notes,
+            );
+        }
+        // Rekey notices reach the app sides; the adversary replays recorded ones to any of
+        // them, and forges: signed by a stranger, signed by the device for another driver,
+        // bytes changed. No forged one may send a side joining.
+        let mut k = 0;
+        while k < notices.len() {
+            if notices[k].1 > step {
+                k += 1;
+                continue;
+            }
+            let (i, _, note) = notices.swap_remove(k);
+            let _ = apps[i].follower.handle_notice(&note, |fp| fp == device_fp);
+        }
+        if rng.chance(adversary) {
+            let i = rng.range(0, n_apps as u64 - 1) as usize;
+            let f = &mut apps[i].follower;
+            match rng.range(0, 3) {
+                0 if !notes.is_empty() => {
+                    let note = &notes[rng.range(0, notes.len() as u64 - 1) as usize];
+                    let _ = f.handle_notice(note, |fp| fp == device_fp);
+                }
+                1 => {
+                    let note = IDS.with(|(_, stranger)| {
+                        let n = Notice {
+                            run: u64::MAX,
+                            clock: u64::MAX,
+                            key: [7; 8],
+                        };
+                        stranger.sign_note(&label(), &notice_body(&n))
+                    });
+                    let got = f.handle_notice(&note.expect("sign"), |fp| fp == device_fp);
+                    if !matches!(got, Err(Ignored::Untrusted(_))) {
+                        return Err(format!("a stranger's notice was taken: {got:?}"));
+                    }
+                }
+                2 => {
+                    let other = notice_label(&Subjects::new("ndd", "other").expect("subjects"));
+                    let note = IDS.with(|(device, _)| {
+                        let n = Notice {
+                            run: u64::MAX,
+                            clock: u64::MAX,
+                            key: [7; 8],
+                        };
+                        device.sign_note(&other, &notice_body(&n))
+                    });
+                    let got = f.handle_notice(&note.expect("sign"), |fp| fp == device_fp);
+                    if !matches!(got, Err(Ignored::NotSigned(_))) {
+                        return Err(format!("another driver's notice was taken: {got:?}"));
+                    }
+                }
+                _ if !notes.is_empty() => {
+                    let mut note = notes[rng.range(0, notes.len() as u64 - 1) as usize].clone();
+                    let at = rng.range(0, note.len() as u64 - 1) as usize;
+                    note[at] ^= 1 << rng.range(0, 7);
+                    let got = f.handle_notice(&note, |fp| fp == device_fp);
+                    if got.is_ok() {
+                        return Err(format!("a notice with byte {at} changed was taken"));
+                    }
+                }
+                _ => {}
+            }
+        }
+        // The app sides: join when their follower says (answered once a rotation is complete;
+        // a side no longer trusted is refused), follow a rotation, publish.
         for (i, a) in apps.iter_mut().enumerate() {
             let complete = d.keys.since != SINCE_PENDING;
-            if a.notice && complete && rng.chance(0.1) {
-                a.notice = false;
+            if a.join.is_some_and(|at| step >= at) && complete {
+                a.join = None;
                 if d.trusted[i] {
-                    a.learn(welcome(d.keys), now);
+                    let f = a
+                        .follower
+                        .handle_admission(welcome(d.keys), None)
+                        .map_err(|e| e.to_string())?;
+                    a.learn(f.keys, now);
                     if !d.holders.contains(&fps[i]) {
                         d.holders.push(fps[i].clone());
                     }
+                } else {
+                    a.refused = true;
                 }
+                // Whoever asked is answered once the join is through (fanout's KeyFollower).
+                if a.asking {
+                    a.asking = false;
+                    a.rx.asked(now).map_err(|e| format!("app receiver: {e}"))?;
+                }
+            }
+            if a.join.is_none() && !a.refused && a.follower.poll_join(now).is_some_and(|t| t <= now)
+            {
+                a.follower.joined(now);
+                a.join = Some(step + rng.range(1, 20));
+            }
+            if a.refused && a.asking {
+                a.asking = false;
+                a.rx.asked(now).map_err(|e| format!("app receiver: {e}"))?;
             }
             if let Some(k) = a.learning {
                 // What was stored after the rotation of the key it sealed under, or after the
@@ -910,11 +1111,16 @@ fn run(seed: u64) -> Result<String, String> {
                         device_took(&mut d, &frame, stored, &revoked, &published)?
                     }
                     // A genuine frame of its earlier run: the app sides are told to join.
-                    Poll::Event(Event::TellRun) => {
-                        for a in apps.iter_mut() {
-                            a.notice = true;
-                        }
-                    }
+                    Poll::Event(Event::TellRun) => announce(
+                        &mut rng,
+                        &d.keys,
+                        clock(clock0, step),
+                        n_apps,
+                        step,
+                        notice_loss,
+                        &mut notices,
+                        &mut notes,
+                    ),
                     Poll::Event(_) => {}
                     Poll::Wait(Wait::Key) => return Err("a device side asked for the key".into()),
                     Poll::Wait(Wait::Rotation) => {
@@ -936,7 +1142,6 @@ fn run(seed: u64) -> Result<String, String> {
             d.rx.handle_message(now, &body, Some((Some(seq), seq)));
         }
         // The app sides' sinks, the same way; a frame that asks waits for a join's answer.
-        let complete = d.keys.since != SINCE_PENDING;
         for (i, a) in apps.iter_mut().enumerate() {
             // The revoked side: nothing sealed after the rotation (a later generation).
             let revoked_after = revoked.iter().find(|(r, ..)| *r == i).map(|r| r.2);
@@ -951,18 +1156,8 @@ fn run(seed: u64) -> Result<String, String> {
             };
             for _ in 0..reads {
                 if a.asking {
-                    // Joining again: answered once the rotation is complete.
-                    if !complete {
-                        break;
-                    }
-                    if d.trusted[i] {
-                        a.learn(welcome(d.keys), now);
-                        if !d.holders.contains(&fps[i]) {
-                            d.holders.push(fps[i].clone());
-                        }
-                    }
-                    a.asking = false;
-                    a.rx.asked(now).map_err(|e| format!("app receiver: {e}"))?;
+                    // Waiting for its join's answer.
+                    break;
                 }
                 loop {
                     match a.rx.poll(now).map_err(|e| format!("app receiver: {e}"))? {
@@ -970,10 +1165,11 @@ fn run(seed: u64) -> Result<String, String> {
                             app_took(a, &frame, &d.sealed, revoked_after)?
                         }
                         // The device restarted: join again to learn its run.
-                        Poll::Event(Event::NewerRun) => a.notice = true,
+                        Poll::Event(Event::NewerRun) => a.follower.handle_ask(),
                         Poll::Event(_) => {}
                         Poll::Wait(Wait::Key) => {
                             a.asking = true;
+                            a.follower.handle_ask();
                             break;
                         }
                         Poll::Wait(Wait::Rotation) => {
@@ -1047,7 +1243,11 @@ fn run(seed: u64) -> Result<String, String> {
                 let through = a.consumer.caught_up(&js) && a.rx.holds_nothing();
                 (through || !d.trusted[i])
                     && !a.asking
-                    && (!d.trusted[i] || (a.learning.is_none() && !a.notice))
+                    && (!d.trusted[i]
+                        || (a.learning.is_none()
+                            && a.tx.keys() == d.keys
+                            && a.join.is_none()
+                            && a.follower.poll_join(now).is_none()))
                     && a.tx.outbox.is_settled()
             })
         {

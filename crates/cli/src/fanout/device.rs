@@ -35,7 +35,6 @@ pub(super) async fn start(
         earlier,
     )?);
     let keeper = KeyKeeper {
-        local: local.clone(),
         home: opts.home.clone(),
         prefix: nats.subject_prefix.clone(),
         driver: cfg.driver.clone(),
@@ -81,9 +80,14 @@ pub(super) async fn start(
         joins.await.map_err(|e| anyhow!("join service: {e}"))??;
         Ok(None)
     });
-    let (actx, stale, local) = (ctx.clone(), ctx.run_stale.clone(), local.clone());
+    let (actx, stale, local, akey) = (
+        ctx.clone(),
+        ctx.run_stale.clone(),
+        local.clone(),
+        key.clone(),
+    );
     t.set.spawn(async move {
-        announce_run(actx, local, run.id, stale).await;
+        announce_keys(actx, local, akey, stale).await;
         Ok(None)
     });
     t.services += 3;

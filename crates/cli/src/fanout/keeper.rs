@@ -13,17 +13,21 @@ pub(super) struct KeyKeeper {
     pub(super) prefix: String,
     pub(super) driver: String,
     pub(super) tx: watch::Sender<GroupKey>,
-    /// Signs the rekey notice.
-    pub(super) local: LocalIdentity,
     /// Where app → device reliable frames are stored: a rotation notes its sequence.
     pub(super) js: Option<jetstream::Context>,
 }
 
-/// Tells the app sides to join again (`P.D.rekey`): the group key rotated, or this device
-/// side started a new run. Signed by this side: only a device side the app sides trust can
-/// send them joining again (the notice still carries nothing secret).
-pub(super) async fn rekey_notice(ctx: &Ctx, local: &LocalIdentity, run: u64) {
-    match local.sign_note(&notice_label(&ctx.subjects), &notice_body(run, wall_ns())) {
+/// Tells the app sides which keys this side holds (`P.D.rekey`): those holding others (the
+/// group key rotated, or this device side started a new run) join again. Signed by this
+/// side: only a device side the app sides trust can send them joining again (the notice
+/// names the keys by a one-way id, nothing secret).
+pub(super) async fn rekey_notice(ctx: &Ctx, local: &LocalIdentity, keys: &GroupKey) {
+    let notice = Notice {
+        run: keys.run.id,
+        clock: wall_ns(),
+        key: key_id(keys),
+    };
+    match local.sign_note(&notice_label(&ctx.subjects), &notice_body(&notice)) {
         Ok(note) => {
             let _ = ctx
                 .client
@@ -34,19 +38,31 @@ pub(super) async fn rekey_notice(ctx: &Ctx, local: &LocalIdentity, run: u64) {
     }
 }
 
-/// A device side's new run: the app sides that ran on join again to learn it, at once and
-/// whenever frames sealed for an earlier run come in (`stale`), at most every
-/// [`RUN_NOTICE_SPACING`].
-pub(super) async fn announce_run(
+/// The rekey notice, at once (a new run: the app sides that ran on join again to learn it),
+/// every [`NOTICE_EVERY`] (an app side that missed one — core NATS may lose it — learns it
+/// must join), when a rotation is complete, and when frames sealed for an earlier run or
+/// under a rotated key come in (`stale`, said at most every [`ndd_link::nats::keys::RUN_NOTICE_SPACING`] by the
+/// streams). Not while a rotation reads where the stream stands (joins wait then).
+pub(super) async fn announce_keys(
     ctx: Ctx,
     local: LocalIdentity,
-    run: u64,
+    mut key: watch::Receiver<GroupKey>,
     stale: Arc<tokio::sync::Notify>,
 ) {
     loop {
-        rekey_notice(&ctx, &local, run).await;
-        tokio::time::sleep(RUN_NOTICE_SPACING).await;
-        stale.notified().await;
+        let keys = *key.borrow_and_update();
+        if keys.since != SINCE_PENDING {
+            rekey_notice(&ctx, &local, &keys).await;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(NOTICE_EVERY) => {}
+            _ = stale.notified() => {}
+            changed = key.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+        }
     }
 }
 
@@ -119,13 +135,12 @@ impl KeyKeeper {
     pub(super) async fn check(&self, ctx: &Ctx) -> Result<()> {
         let revoked = self.rotate_if_revoked(ctx).await?;
         if !revoked.is_empty() {
+            // (The notice goes from `announce_keys`, which sees the keys change.)
             tracing::warn!(
                 side = "device",
                 "rotated the group key: {} held it and is no longer trusted; trusted app sides get the new key by joining again",
                 revoked.join(", ")
             );
-            let run = self.tx.borrow().run.id;
-            rekey_notice(ctx, &self.local, run).await;
         }
         Ok(())
     }

@@ -36,12 +36,10 @@ use ndd_core::{Frame, Half, Meta, Output, Pair, Role, Stack};
 use ndd_endpoint::Delivered;
 use ndd_link::nats::admit::{Admitter, Decision, Level, Line as AdmitLine, Trust};
 use ndd_link::nats::async_nats;
-use ndd_link::nats::follow::{notice_body, notice_label, Follower};
+use ndd_link::nats::follow::{key_id, notice_body, notice_label, Follower, Notice, NOTICE_EVERY};
 use ndd_link::nats::intake::{Intake, Kept, Taken, REORDER_WAIT};
 use ndd_link::nats::join::{Admission, Host, Joiner, Welcome};
-use ndd_link::nats::keys::{
-    rotation, GroupKey, Outcome, RunHalf, EARLIER_RUNS, RUN_NOTICE_SPACING, SINCE_PENDING,
-};
+use ndd_link::nats::keys::{rotation, GroupKey, Outcome, RunHalf, EARLIER_RUNS, SINCE_PENDING};
 use ndd_link::nats::receive::{Event, Poll, Receiver, Wait};
 use ndd_link::nats::record::{FrameRecord, END_SEQ, HEADER_LEN};
 use ndd_link::nats::runs::{next_run_id, Run};
@@ -362,7 +360,8 @@ struct Ctx {
     /// Connections made to the server so far (a reconnect adds one).
     connects: Arc<std::sync::atomic::AtomicU64>,
     max_payload: usize,
-    /// Device side: rung when a frame sealed for an earlier run comes in ([`announce_run`]).
+    /// Device side: rung when a frame sealed for an earlier run or under a rotated key comes
+    /// in ([`announce_keys`]).
     run_stale: Arc<tokio::sync::Notify>,
     /// Device side: a rotation waits for the reliable publishers ([`RotationGate`]).
     gate: Arc<RotationGate>,

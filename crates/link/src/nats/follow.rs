@@ -1,11 +1,14 @@
 //! An app side's following of the device's group key (sans-IO): which rekey notices send it
 //! joining again, how far apart its joins are, and what a join's answer changes.
 //!
-//! - The device signs a notice on `P.D.rekey` when it rotates the key or starts a new run
-//!   ([`notice_body`], signed with its identity under [`notice_label`]). A notice counts only
-//!   if it is signed by a device side in `known_peers`, for this driver, and newer than the
-//!   last one taken — by run first (run ids only grow, even when the clock is set back), then
-//!   by the device's clock — so a recorded one replayed costs nothing ([`Follower::handle_notice`]).
+//! - The device signs a notice on `P.D.rekey` when it rotates the key or starts a new run,
+//!   and again every [`NOTICE_EVERY`] ([`notice_body`], signed with its identity under
+//!   [`notice_label`]): it names the keys as they stand by a one-way id ([`key_id`]), so an
+//!   app side that holds them does not join, and one that missed a notice (core NATS may lose
+//!   it) hears within seconds that it must. A notice counts only if it is signed by a device
+//!   side in `known_peers`, for this driver, and newer than the last one taken — by run first
+//!   (run ids only grow, even when the clock is set back), then by the device's clock — so a
+//!   recorded one replayed costs nothing ([`Follower::handle_notice`]).
 //! - A stream that meets a frame under no key it has asks too ([`Follower::handle_ask`]).
 //! - Joins go at most every [`REJOIN_SPACING`]; everyone who asked meanwhile gets the next
 //!   join's answer ([`Follower::poll_join`], [`Follower::joined`]).
@@ -18,7 +21,7 @@
 //! `known_peers`, asks the device when [`Follower::poll_join`] says so, and hands the answer in.
 
 use super::keys::GroupKey;
-use super::runs::Run;
+use super::runs::{run_key, Run};
 use super::subjects::Subjects;
 use std::time::{Duration, Instant};
 
@@ -29,25 +32,69 @@ pub const REJOIN_SPACING: Duration = Duration::from_millis(250);
 /// [`REJOIN_SPACING`]): a device side that is away is not asked four times a second.
 pub const REJOIN_SPACING_MAX: Duration = Duration::from_secs(5);
 
+/// How often a device side repeats its rekey notice: an app side that missed one learns
+/// within about this long that it must join again (what it sealed meanwhile under a key the
+/// device rotated goes again under the new one: [`super::outbox::KEPT_WINDOW`]).
+pub const NOTICE_EVERY: Duration = Duration::from_secs(2);
+
+/// A short one-way id of the run key of `keys` (the group key for the run as it stands): a
+/// rekey notice names it so that app sides holding it need not join. It tells nobody
+/// anything of the key.
+pub fn key_id(keys: &GroupKey) -> [u8; 8] {
+    let k = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &run_key(&keys.key, keys.run));
+    let tag = ring::hmac::sign(&k, b"ndd nats rekey notice key id v1");
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&tag.as_ref()[..8]);
+    id
+}
+
+/// What a rekey notice says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Notice {
+    /// The device run's id.
+    pub run: u64,
+    /// The device side's wall clock, ns.
+    pub clock: u64,
+    /// The keys as they stand ([`key_id`]).
+    pub key: [u8; 8],
+}
+
+/// What a rekey notice that counted asks of this side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Heard {
+    /// The device holds keys this side does not: a join is due.
+    Join,
+    /// It names the keys this side holds: nothing to do.
+    Current,
+}
+
 /// What a rekey notice's signature covers besides its body: the kind of note and the driver's
 /// subjects (a notice for one driver is no use for another).
 pub fn notice_label(subjects: &Subjects) -> Vec<u8> {
     format!("ndd nats rekey v1 {}", subjects.rekey()).into_bytes()
 }
 
-/// A rekey notice's body: `rekey`, the device run's id and the device side's wall clock in ns.
-pub fn notice_body(run: u64, wall_ns: u64) -> Vec<u8> {
+/// A rekey notice's body: `rekey`, the device run's id, the device side's wall clock in ns
+/// and the id of its keys ([`key_id`]).
+pub fn notice_body(n: &Notice) -> Vec<u8> {
     let mut b = b"rekey".to_vec();
-    b.extend_from_slice(&run.to_be_bytes());
-    b.extend_from_slice(&wall_ns.to_be_bytes());
+    b.extend_from_slice(&n.run.to_be_bytes());
+    b.extend_from_slice(&n.clock.to_be_bytes());
+    b.extend_from_slice(&n.key);
     b
 }
 
-/// The (run, clock) of a rekey notice's body; `None` if it is not one.
-pub fn parse_notice_body(body: &[u8]) -> Option<(u64, u64)> {
-    let t = <[u8; 16]>::try_from(body.strip_prefix(b"rekey")?).ok()?;
+/// A rekey notice's body read; `None` if it is not one.
+pub fn parse_notice_body(body: &[u8]) -> Option<Notice> {
+    let t = <[u8; 24]>::try_from(body.strip_prefix(b"rekey")?).ok()?;
     let n = |b: &[u8]| u64::from_be_bytes(b.try_into().unwrap_or_default());
-    Some((n(&t[..8]), n(&t[8..])))
+    let mut key = [0u8; 8];
+    key.copy_from_slice(&t[16..]);
+    Some(Notice {
+        run: n(&t[..8]),
+        clock: n(&t[8..16]),
+        key,
+    })
 }
 
 /// Why a rekey notice was ignored.
@@ -125,24 +172,28 @@ impl Follower {
     }
 
     /// A message on `P.D.rekey`; `trusted` says whether a fingerprint is in `known_peers`.
-    /// Taken, a join is due.
+    /// Taken, a join is due unless it names the keys this side holds.
     pub fn handle_notice(
         &mut self,
         note: &[u8],
         trusted: impl Fn(&str) -> bool,
-    ) -> Result<(), Ignored> {
+    ) -> Result<Heard, Ignored> {
         let (body, fp) = crate::seal::open_note(note, &self.label)
             .map_err(|e| Ignored::NotSigned(e.to_string()))?;
         if !trusted(&fp) {
             return Err(Ignored::Untrusted(fp));
         }
-        let at = parse_notice_body(body).ok_or(Ignored::NotANotice)?;
-        if self.newest.is_some_and(|n| at <= n) {
+        let n = parse_notice_body(body).ok_or(Ignored::NotANotice)?;
+        let at = (n.run, n.clock);
+        if self.newest.is_some_and(|newest| at <= newest) {
             return Err(Ignored::Replayed);
         }
         self.newest = Some(at);
+        if n.run == self.keys.run.id && n.key == key_id(&self.keys) {
+            return Ok(Heard::Current);
+        }
         self.due = true;
-        Ok(())
+        Ok(Heard::Join)
     }
 
     /// A stream asks for the key (a frame that opens under no key this side has).
@@ -229,11 +280,16 @@ mod tests {
         let t0 = Instant::now();
         assert_eq!(f.poll_join(t0), None, "nothing due at first");
         let note = |who: &LocalIdentity, label: &[u8], run: u64, at: u64| {
-            who.sign_note(label, &notice_body(run, at)).unwrap()
+            let n = Notice {
+                run,
+                clock: at,
+                key: [0; 8],
+            };
+            who.sign_note(label, &notice_body(&n)).unwrap()
         };
         let label = notice_label(&subjects);
         let first = note(&device, &label, 7, 100);
-        assert_eq!(f.handle_notice(&first, trusted), Ok(()));
+        assert_eq!(f.handle_notice(&first, trusted), Ok(Heard::Join));
         assert_eq!(f.poll_join(t0), Some(t0), "the first join goes at once");
         f.joined(t0);
         assert_eq!(f.poll_join(t0), None);
@@ -263,7 +319,7 @@ mod tests {
         // A newer run counts even with an earlier clock (a clock set back after a restart).
         assert_eq!(
             f.handle_notice(&note(&device, &label, 8, 5), trusted),
-            Ok(())
+            Ok(Heard::Join)
         );
         // The next join waits for the spacing; an ask meanwhile rides on it.
         assert_eq!(f.poll_join(t0), Some(t0 + REJOIN_SPACING));
@@ -291,6 +347,55 @@ mod tests {
         f.handle_admission(f.keys(), Some(1)).unwrap();
         f.handle_ask();
         assert_eq!(f.poll_join(at), Some(at + REJOIN_SPACING));
+    }
+
+    #[test]
+    fn a_notice_naming_the_keys_held_sends_no_join_and_one_naming_others_does() {
+        let subjects = Subjects::new("ndd", "serial").unwrap();
+        let device = identity("device-current");
+        let trusted = |fp: &str| fp == device.fingerprint();
+        let label = notice_label(&subjects);
+        let mut f = follower(&subjects);
+        let t0 = Instant::now();
+        let note = |clock: u64, keys: &GroupKey| {
+            let n = Notice {
+                run: keys.run.id,
+                clock,
+                key: key_id(keys),
+            };
+            device.sign_note(&label, &notice_body(&n)).unwrap()
+        };
+        // The repeated notice of the keys this side holds: nothing to do.
+        let held = f.keys();
+        assert_eq!(
+            f.handle_notice(&note(10, &held), trusted),
+            Ok(Heard::Current)
+        );
+        assert_eq!(f.poll_join(t0), None);
+        // The device rotated: the id names another key; a join is due.
+        let rotated = GroupKey::first([9; 32], RUN);
+        assert_ne!(key_id(&rotated), key_id(&held));
+        assert_eq!(
+            f.handle_notice(&note(11, &rotated), trusted),
+            Ok(Heard::Join)
+        );
+        assert_eq!(f.poll_join(t0), Some(t0));
+        f.joined(t0);
+        f.handle_admission(rotated, Some(1)).unwrap();
+        assert_eq!(
+            f.handle_notice(&note(12, &rotated), trusted),
+            Ok(Heard::Current)
+        );
+        // The same key in a new run (the device restarted) is other keys too.
+        let restarted = GroupKey::first([9; 32], Run { id: 8, began: 50 });
+        assert_ne!(key_id(&restarted), key_id(&rotated));
+        assert_eq!(
+            f.handle_notice(&note(1, &restarted), trusted),
+            Ok(Heard::Join)
+        );
+        // The id is the same for the same keys wherever it is computed, and reveals
+        // nothing of the key (a keyed one-way function of the run key).
+        assert_eq!(key_id(&rotated), key_id(&GroupKey::first([9; 32], RUN)));
     }
 
     #[test]

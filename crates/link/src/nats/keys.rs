@@ -338,6 +338,8 @@ struct Parked {
     stored: Option<u64>,
     /// Whether the keys changed since it was parked.
     changed: bool,
+    /// When it was first set aside, if it was ([`Opener::ask_again`]).
+    aside: Option<Instant>,
 }
 
 /// The receiving halves under the group key as it stands, one per device run (see the
@@ -364,6 +366,9 @@ pub struct Opener<H> {
     fruitless: Option<Instant>,
     /// When app sides were last told to join again.
     told: Option<Instant>,
+    /// A device side dropped a genuine frame under the key before a rotation, stored after
+    /// it ([`Opener::take_tell`]).
+    stale_key: bool,
     noisy: RateLimit,
     replays: RateLimit,
     /// Frames dropped: refused runs and frames that open under no key.
@@ -420,6 +425,7 @@ impl<H: RunHalf> Opener<H> {
             unopened_bytes: 0,
             unopened_due: false,
             fruitless: None,
+            stale_key: false,
             told: None,
             noisy: RateLimit::default(),
             replays: RateLimit::default(),
@@ -538,6 +544,7 @@ impl<H: RunHalf> Opener<H> {
                 rec: rec.clone(),
                 stored,
                 changed: false,
+                aside: None,
             });
             return Ok(Verdict::AskKey);
         }
@@ -612,6 +619,57 @@ impl<H: RunHalf> Opener<H> {
             .min()
     }
 
+    /// Whether to tell the app sides to join again (at most every [`RUN_NOTICE_SPACING`],
+    /// shared with [`Verdict::Refused`]'s `tell`) because a device side dropped a genuine
+    /// frame under the key before a rotation, stored after it: an app side that missed the
+    /// rotation's notice (core NATS may lose it) still seals under the old key, and without
+    /// a word its frames were dropped for good once it had nothing to receive that would
+    /// make it ask (found by `testkit/tests/nats_keys.rs` with notices lost). The revoked
+    /// side's frames tell too; its join is refused.
+    pub fn take_tell(&mut self, now: Instant) -> bool {
+        if !std::mem::take(&mut self.stale_key)
+            || self
+                .told
+                .is_some_and(|t| now.saturating_duration_since(t) < RUN_NOTICE_SPACING)
+        {
+            return false;
+        }
+        self.told = Some(now);
+        true
+    }
+
+    /// Once the pause after a fruitless ask is over, with stored records set aside within
+    /// [`ASIDE_RECENT`]: the first of them, parked to ask for the key with (the caller treats
+    /// it as [`Verdict::AskKey`] and goes on with [`Opener::retry`]).
+    ///
+    /// Without it a side that missed a rotation's notice (core NATS may lose it) while it
+    /// paused held the frames under the new key for good once no more came: the pause ended,
+    /// but only a frame that does not open made it ask (found by `testkit/tests/nats_keys.rs`
+    /// with notices lost). Garbage set aside (anyone may publish) makes it ask at most
+    /// twice: a record counts only while it was set aside recently.
+    pub fn ask_again(&mut self, now: Instant) -> Option<(FrameRecord, Option<u64>)> {
+        let paused_at = self.fruitless?;
+        if !self.app
+            || self.parked.is_some()
+            || now.saturating_duration_since(paused_at) < FRUITLESS_PAUSE
+        {
+            return None;
+        }
+        let i = self
+            .unopened
+            .iter()
+            .position(|(_, _, at)| now.saturating_duration_since(*at) < ASIDE_RECENT)?;
+        let (rec, stored, at) = self.unopened.remove(i)?;
+        self.unopened_bytes -= rec.payload.len();
+        self.parked = Some(Parked {
+            rec: rec.clone(),
+            stored,
+            changed: false,
+            aside: Some(at),
+        });
+        Some((rec, stored))
+    }
+
     /// An app side's stored record that opens under no key while it does not ask (or asked
     /// for nothing): kept aside in case a new key comes soon ([`Opener::take_unopened`]).
     fn set_aside(&mut self, now: Instant, rec: &FrameRecord, stored: Option<u64>) {
@@ -638,14 +696,14 @@ impl<H: RunHalf> Opener<H> {
             // Asking brought nothing (or no answer yet): not asked again for a while, and the
             // record is kept aside for the next key, as the ones that follow.
             self.fruitless = Some(now);
-            self.set_aside(now, &p.rec, p.stored);
+            self.set_aside(p.aside.unwrap_or(now), &p.rec, p.stored);
             self.unopened(now, &p.rec.meta());
             return Ok(Verdict::Forged);
         }
         if let Some(v) = self.try_all(now, &p.rec, p.stored, out)? {
             return Ok(v);
         }
-        self.set_aside(now, &p.rec, p.stored);
+        self.set_aside(p.aside.unwrap_or(now), &p.rec, p.stored);
         self.unopened(now, &p.rec.meta());
         Ok(Verdict::Forged)
     }
@@ -686,6 +744,7 @@ impl<H: RunHalf> Opener<H> {
         } else {
             self.after_rotation += 1;
             self.dropped += 1;
+            self.stale_key |= !self.app;
             tracing::trace!(
                 seq = h.seq,
                 stored = h.stored,
@@ -1023,6 +1082,91 @@ mod tests {
         assert_eq!((o.after_rotation, o.dropped), (1, 1));
         // A device side never asks: garbage is dropped.
         assert_eq!(feed(&mut o, now, 4, 7, RUN, Some(12)).0, Verdict::Forged);
+    }
+
+    #[test]
+    fn a_device_side_that_drops_old_key_frames_after_a_rotation_tells_app_sides_once_a_second() {
+        let t0 = Instant::now();
+        let r = rotation(keys(1, RUN), &["gone".to_owned()], |_| false, [2; 32]).unwrap();
+        let mut o = Opener::<Toy>::device(keys(1, RUN));
+        o.handle_keys(r.keys.since_at(10));
+        // Nothing dropped yet: nobody to tell.
+        assert!(!o.take_tell(t0));
+        // Taken (stored before the rotation): no word either.
+        assert_eq!(feed(&mut o, t0, 1, 1, RUN, Some(9)).1, 1);
+        assert!(!o.take_tell(t0));
+        // Stored after it: dropped, and the app sides are told (one that missed the notice
+        // seals under the old key still), at most once a second.
+        assert_eq!(feed(&mut o, t0, 2, 1, RUN, Some(11)), (Verdict::Dropped, 0));
+        assert!(o.take_tell(t0));
+        assert!(!o.take_tell(t0), "said once");
+        let soon = t0 + Duration::from_millis(300);
+        assert_eq!(
+            feed(&mut o, soon, 3, 1, RUN, Some(12)),
+            (Verdict::Dropped, 0)
+        );
+        assert!(!o.take_tell(soon), "not again within a second");
+        let later = t0 + RUN_NOTICE_SPACING;
+        assert_eq!(
+            feed(&mut o, later, 4, 1, RUN, Some(13)),
+            (Verdict::Dropped, 0)
+        );
+        assert!(o.take_tell(later));
+        // An app side never tells.
+        let mut a = Opener::<Toy>::app(keys(1, RUN));
+        a.handle_keys(r.keys.since_at(10));
+        assert_eq!(feed(&mut a, t0, 2, 1, RUN, Some(11)), (Verdict::Dropped, 0));
+        assert!(!a.take_tell(t0));
+    }
+
+    #[test]
+    fn frames_set_aside_in_a_pause_are_asked_for_again_once_it_is_over_and_garbage_not_for_long() {
+        let t0 = Instant::now();
+        let mut o = Opener::<Toy>::app(keys(1, RUN));
+        let mut out = Output::new();
+        // Garbage makes it ask; the ask brings nothing: the pause begins.
+        let junk = record(0, RUN, 0, Bytes::from_static(b"junk junk junk!!"));
+        assert_eq!(
+            o.handle_frame(t0, &junk, Some(1), &mut out).unwrap(),
+            Verdict::AskKey
+        );
+        assert_eq!(o.retry(t0, &mut out).unwrap(), Verdict::Forged);
+        // The device rotates; this side misses the notice. A frame under the new key comes in
+        // the pause: set aside without asking.
+        let at = t0 + Duration::from_secs(1);
+        let rec = record(1, RUN, 1, sealed(2, RUN, 1));
+        assert_eq!(
+            o.handle_frame(at, &rec, Some(2), &mut out).unwrap(),
+            Verdict::Forged
+        );
+        assert_eq!(
+            o.ask_again(t0 + Duration::from_secs(4)),
+            None,
+            "still paused"
+        );
+        // The pause is over: it asks with the first record set aside recently (the junk one
+        // too was set aside, at t0; both are recent).
+        let over = t0 + FRUITLESS_PAUSE;
+        let (first, stored) = o.ask_again(over).expect("asks again");
+        assert_eq!((first.seq, stored), (0, Some(1)));
+        assert_eq!(o.ask_again(over), None, "one ask at a time");
+        // Nothing new: the junk goes back aside (with its first time) and a pause begins.
+        assert_eq!(o.retry(over, &mut out).unwrap(), Verdict::Forged);
+        // The next pause is over: the junk is no longer recent, the frame is.
+        let next = over + FRUITLESS_PAUSE + Duration::from_millis(1);
+        assert!(next.saturating_duration_since(t0) >= ASIDE_RECENT);
+        let (again, _) = o.ask_again(next).expect("asks for the recent frame");
+        assert_eq!(again.seq, 1);
+        // This time the join brings the rotated key: the frame opens.
+        let k = rotation(keys(1, RUN), &["gone".to_owned()], |_| false, [2; 32]).unwrap();
+        o.handle_keys(k.keys.since_at(0));
+        assert_eq!(
+            o.retry(next, &mut out).unwrap(),
+            Verdict::Opened { newer_run: false }
+        );
+        assert_eq!(out.take_frames().len(), 1);
+        // Only junk left aside, long ago: no more asking.
+        assert_eq!(o.ask_again(next + FRUITLESS_PAUSE * 3), None);
     }
 
     #[test]

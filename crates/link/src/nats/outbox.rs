@@ -15,7 +15,8 @@
 //! - After a reconnect, everything of the last [`REPUBLISH_WINDOW`] (at most
 //!   [`REPUBLISH_BYTES`]) goes again, in order, before anything new: a server that died may
 //!   have acknowledged messages it had not written yet.
-//! - An app side keeps its reliable frames of that window as they were before sealing (`K`),
+//! - An app side keeps its reliable frames of the last [`KEPT_WINDOW`] as they were before
+//!   sealing (`K`),
 //!   with the stream sequence the server gave each: after a key rotation the ones stored after
 //!   it go again under the new key ([`Outbox::rotate`]).
 //!
@@ -32,6 +33,12 @@ use std::time::{Duration, Instant};
 
 /// How far back a publisher sends again after a reconnect.
 pub const REPUBLISH_WINDOW: Duration = Duration::from_secs(5);
+/// How long an app side keeps its reliable frames as they were before sealing, to seal them
+/// again after a rotation it hears of late (at most [`REPUBLISH_BYTES`] of them): a rotation's
+/// notice may be lost, and the next one comes [`super::follow::NOTICE_EVERY`] later (found by
+/// `testkit/tests/nats_keys.rs` with notices lost: frames sealed under the rotated key were
+/// no longer kept when the side heard of it, and lost).
+pub const KEPT_WINDOW: Duration = Duration::from_secs(60);
 /// At most this much of it.
 pub const REPUBLISH_BYTES: usize = 64 << 20;
 /// The first wait before a failed publish goes again; it doubles up to [`RETRY_MAX`].
@@ -71,18 +78,20 @@ pub struct Publish {
     pub body: Bytes,
 }
 
-/// Items of the last [`REPUBLISH_WINDOW`], at most [`REPUBLISH_BYTES`] of them, oldest first.
+/// Items of the last `window`, at most [`REPUBLISH_BYTES`] of them, oldest first.
 #[derive(Debug)]
 struct Recent<T> {
     items: VecDeque<(Instant, usize, T)>,
     bytes: usize,
+    window: Duration,
 }
 
 impl<T> Recent<T> {
-    fn new() -> Recent<T> {
+    fn new(window: Duration) -> Recent<T> {
         Recent {
             items: VecDeque::new(),
             bytes: 0,
+            window,
         }
     }
 
@@ -90,7 +99,7 @@ impl<T> Recent<T> {
         self.bytes += len;
         self.items.push_back((now, len, item));
         while self.items.front().is_some_and(|(t, ..)| {
-            now.saturating_duration_since(*t) > REPUBLISH_WINDOW || self.bytes > REPUBLISH_BYTES
+            now.saturating_duration_since(*t) > self.window || self.bytes > REPUBLISH_BYTES
         }) {
             if let Some((_, n, _)) = self.items.pop_front() {
                 self.bytes -= n;
@@ -198,8 +207,8 @@ impl<K> Outbox<K> {
             retries: BTreeSet::new(),
             queue: VecDeque::new(),
             unstored: VecDeque::new(),
-            recent: Recent::new(),
-            kept: (keep && stored).then(Recent::new),
+            recent: Recent::new(REPUBLISH_WINDOW),
+            kept: (keep && stored).then(|| Recent::new(KEPT_WINDOW)),
             retried: 0,
             republished: 0,
         }

@@ -54,7 +54,8 @@ pub enum Event {
     /// side sends follows), without waiting.
     NewerRun,
     /// A device side: a genuine frame of an earlier run came (an app side that did not hear of
-    /// this run): tell the app sides to join again.
+    /// this run), or one under the key before a rotation stored after it (an app side that
+    /// did not hear of the rotation): tell the app sides to join again.
     TellRun,
 }
 
@@ -227,6 +228,12 @@ impl<H: RunHalf, M> Receiver<H, M> {
                 }
                 None => {}
             }
+            // Frames set aside during a pause after a fruitless ask: asked for again once it
+            // is over (a rotation's notice may have been lost meanwhile).
+            if let Some((rec, stored)) = self.opener.ask_again(now) {
+                self.pending = Some(Pending::Asked(rec, stored));
+                return Ok(Poll::Wait(Wait::Key));
+            }
             if let Some(run) = self.deferred.keys().next().copied() {
                 if !self.intake.readies_earlier_than(run) {
                     if let Some(mut q) = self.deferred.remove(&run) {
@@ -289,6 +296,7 @@ impl<H: RunHalf, M> Receiver<H, M> {
                 self.events.push_back(Due::Said(Event::NewerRun))
             }
             Verdict::Refused { tell: true, .. } => self.events.push_back(Due::Said(Event::TellRun)),
+            _ if self.opener.take_tell(now) => self.events.push_back(Due::Said(Event::TellRun)),
             _ => {}
         }
         if let Some(e) = err {
