@@ -84,6 +84,15 @@ pub enum BenchCmd {
         /// With --vs-vnc: the screen size of both peers, WxH (e.g. 1920x1080).
         #[arg(long, value_name = "WxH", default_value = "800x600", value_parser = parse_size)]
         size: (u16, u16),
+        /// With --vs-vnc: the peers to measure, in order (xpra needs `xpra python3-gi-cairo
+        /// python3-pil`, FreeRDP `freerdp2-shadow-x11 freerdp2-x11`).
+        #[arg(
+            long,
+            value_name = "LIST",
+            value_delimiter = ',',
+            default_value = "tigervnc,ndd"
+        )]
+        peers: Vec<vnc::PeerName>,
         /// Directory for display.md.
         #[arg(long, value_name = "DIR", default_value = "docs/bench")]
         out: PathBuf,
@@ -270,8 +279,9 @@ pub async fn run(cmd: BenchCmd) -> Result<()> {
             typing_only,
             workload,
             size,
+            peers,
             out,
-        } => vnc::run(quick, no_netns, typing_only, workload, size, &out).await,
+        } => vnc::run(quick, no_netns, typing_only, workload, size, &peers, &out).await,
         BenchCmd::Display { quick, out, .. } => display::run(quick, &out).await,
         BenchCmd::E2e { quick, out, link } => e2e::run(quick, &out, &link).await,
         BenchCmd::Pairs { quick, out } => pairs::run(quick, &out),
