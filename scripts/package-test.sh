@@ -12,7 +12,8 @@ fail() { log "FAILED: $*"; exit 1; }
 ./run package
 deb=$(ls -t target/debian/ndd_*.deb | head -1)
 contents=$(dpkg -c "$deb")
-for f in ./usr/bin/ndd ./lib/systemd/system/ndd@.service ./usr/share/man/man1/ndd-run.1 \
+for f in ./usr/bin/ndd ./lib/systemd/system/ndd@.service ./lib/systemd/system/ndd.service \
+  ./usr/share/man/man1/ndd-run.1 \
   ./usr/share/bash-completion/completions/ndd ./usr/share/zsh/vendor-completions/_ndd \
   ./usr/share/fish/vendor_completions.d/ndd.fish ./usr/share/doc/ndd/service.md \
   ./usr/share/doc/ndd/examples/serial.toml ./usr/share/doc/ndd/examples/serial.env; do
@@ -45,11 +46,13 @@ sink = { type = "check", seed = 1, size = 64, expect = 100 }
 TOML
 printf 'NDD_SIDE=app\nNDD_ARGS="--once --insecure"\n' >/etc/ndd/pkgtest.env
 if command -v systemd-analyze >/dev/null; then
-  out=$(systemd-analyze verify /lib/systemd/system/ndd@pkgtest.service 2>&1) || {
-    printf '%s\n' "$out" >&2
-    fail "systemd-analyze verify ndd@pkgtest.service"
-  }
-  [[ -z "$out" ]] || { printf '%s\n' "$out" >&2; fail "systemd-analyze verify printed warnings"; }
+  for unit in ndd@pkgtest.service ndd.service; do
+    out=$(systemd-analyze verify "/lib/systemd/system/$unit" 2>&1) || {
+      printf '%s\n' "$out" >&2
+      fail "systemd-analyze verify $unit"
+    }
+    [[ -z "$out" ]] || { printf '%s\n' "$out" >&2; fail "systemd-analyze verify $unit printed warnings"; }
+  done
   log "systemd-analyze verify: clean"
 else
   log "systemd-analyze not installed: unit not verified"

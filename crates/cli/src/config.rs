@@ -19,6 +19,10 @@ pub const DEFAULT_PORT: u16 = 7878;
 pub struct Config {
     /// Name of the driver (both sides must use the same).
     pub driver: String,
+    /// Which side this machine runs (`device` or `app`), for `ndd serve` and for `ndd run`
+    /// without `--side` (a file both sides share leaves it out).
+    #[serde(default)]
+    pub side: Option<SideName>,
     /// How the two sides connect.
     #[serde(default)]
     pub link: LinkConfig,

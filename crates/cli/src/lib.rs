@@ -13,6 +13,7 @@ pub mod demo;
 pub mod fanout;
 pub mod logfmt;
 pub mod rfbaccel;
+pub mod serve;
 pub mod session;
 pub mod share;
 pub mod stats;

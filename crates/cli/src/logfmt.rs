@@ -10,6 +10,17 @@ use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
+thread_local! {
+    /// The driver this thread runs, under `ndd serve` (its lines say it).
+    static DRIVER: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Names the driver the calling thread runs (`ndd serve` runs each on threads of its own):
+/// its log lines start `ndd [NAME side]:`.
+pub fn set_thread_driver(name: Option<&str>) {
+    DRIVER.with(|d| *d.borrow_mut() = name.map(str::to_string));
+}
+
 /// The event formatter.
 #[derive(Debug, Default)]
 pub struct Compact;
@@ -60,8 +71,13 @@ where
         event.record(&mut f);
         let meta = event.metadata();
         write!(writer, "ndd")?;
-        if let Some(side) = &f.side {
-            write!(writer, " [{side}]")?;
+        // `ndd serve` runs each driver on threads of its own: its name goes first.
+        let driver = DRIVER.with(|d| d.borrow().clone());
+        match (&driver, &f.side) {
+            (Some(d), Some(side)) => write!(writer, " [{d} {side}]")?,
+            (Some(d), None) => write!(writer, " [{d}]")?,
+            (None, Some(side)) => write!(writer, " [{side}]")?,
+            (None, None) => {}
         }
         write!(writer, ": ")?;
         match *meta.level() {

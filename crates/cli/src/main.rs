@@ -163,9 +163,9 @@ enum Command {
     Run {
         /// The driver's config file (TOML; see examples/).
         config: PathBuf,
-        /// Which side this machine is.
+        /// Which side this machine is (default: the file's `side`).
         #[arg(long, value_enum)]
-        side: SideName,
+        side: Option<SideName>,
         /// Listen on ADDR (e.g. 0.0.0.0:7878) instead of what the config says.
         #[arg(long, value_name = "ADDR", conflicts_with = "connect")]
         listen: Option<String>,
@@ -193,6 +193,17 @@ enum Command {
         /// Prometheus' text format at http://ADDR/metrics (e.g. 127.0.0.1:9187).
         #[arg(long, value_name = "ADDR")]
         metrics: Option<String>,
+        #[command(flatten)]
+        home: HomeArg,
+    },
+    /// Run every driver in DIR in this one process: each `NAME.toml` there that names its
+    /// `side` (`ndd share … --print-config` writes one). One failing driver never stops
+    /// another; a changed file restarts its driver alone, a new one starts, a removed one
+    /// stops (the directory is read every 2 s, and at SIGHUP). `ndd status` shows them all.
+    Serve {
+        /// The directory of driver files.
+        #[arg(value_name = "DIR", default_value = "/etc/ndd")]
+        dir: PathBuf,
         #[command(flatten)]
         home: HomeArg,
     },
@@ -726,21 +737,49 @@ fn run(cli: Cli) -> Result<i32> {
             once,
             metrics,
             home,
-        } => run_config(
-            Config::load(&config)?,
-            RunArgs {
-                side,
-                listen,
-                connect,
-                insecure,
-                stats,
-                stats_json,
-                duration,
-                once,
-                metrics,
-                home,
-            },
-        ),
+        } => {
+            let cfg = Config::load(&config)?;
+            let side = side.or(cfg.side).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "say which side this machine is: --side device or --side app (or side = \"device\" in {})",
+                    config.display()
+                )
+            })?;
+            run_config(
+                cfg,
+                RunArgs {
+                    side,
+                    listen,
+                    connect,
+                    insecure,
+                    stats,
+                    stats_json,
+                    duration,
+                    once,
+                    metrics,
+                    home,
+                },
+            )
+        }
+        Command::Serve { dir, home } => {
+            let rt = runtime()?;
+            rt.block_on(async {
+                let stop = ctrl_c();
+                let reload = std::sync::Arc::new(tokio::sync::Notify::new());
+                let hup = reload.clone();
+                tokio::spawn(async move {
+                    use tokio::signal::unix::{signal, SignalKind};
+                    if let Ok(mut s) = signal(SignalKind::hangup()) {
+                        while s.recv().await.is_some() {
+                            hup.notify_one();
+                        }
+                    }
+                });
+                ndd::serve::serve(dir, home.dir(), stop, reload).await
+            })?;
+            rt.shutdown_timeout(Duration::from_secs(1));
+            Ok(0)
+        }
         Command::Share { what } => share(what),
         Command::Attach { what } => attach(what),
         Command::Demo {

@@ -123,7 +123,7 @@ pub fn config(kind: Kind, side: SideName, link: &Link, local: &Local) -> String 
         "attach"
     };
     text.push_str(&format!(
-        "# examples/{}.toml as `ndd {verb} {} … --print-config` wrote it for the {side} side.\n# Run it with: ndd run THIS_FILE --side {side}\n",
+        "# examples/{}.toml as `ndd {verb} {} … --print-config` wrote it for the {side} side.\n# Run it with: ndd run THIS_FILE, or put it in /etc/ndd for `ndd serve`.\n",
         kind.name(),
         kind.name()
     ));
@@ -143,6 +143,13 @@ pub fn config(kind: Kind, side: SideName, link: &Link, local: &Local) -> String 
             continue;
         }
         if in_link && (t.starts_with("address") || t.starts_with("listener")) {
+            continue;
+        }
+        if t.starts_with("driver") && !in_link {
+            text.push_str(line);
+            text.push_str(&format!(
+                "\nside = \"{side}\"                      # this machine's side\n"
+            ));
             continue;
         }
         let mut l = line.to_string();
@@ -218,6 +225,9 @@ mod tests {
             let attach = kind.sharing_side().other();
             assert_eq!(a.link.listener, attach, "{kind:?}");
             assert_eq!(b.link.listener, attach, "{kind:?}");
+            // Each file names its machine's side: `ndd run FILE` and `ndd serve` need no more.
+            assert_eq!(a.side, Some(kind.sharing_side()), "{kind:?}");
+            assert_eq!(b.side, Some(attach), "{kind:?}");
             assert_eq!(a.link.address, format!("10.0.0.5:{}", kind.port()));
             for s in [SideName::Device, SideName::App] {
                 assert_eq!(a.hello(s), b.hello(s), "{kind:?}: the sides agree");

@@ -137,6 +137,11 @@ impl Side {
         self.signal("-INT");
     }
 
+    /// Sends SIGHUP (reload, for `ndd serve`).
+    pub fn hangup(&self) {
+        self.signal("-HUP");
+    }
+
     fn signal(&self, sig: &str) {
         if let Some(c) = &self.child {
             let _ = Command::new("kill")
