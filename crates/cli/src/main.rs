@@ -376,7 +376,7 @@ fn init_tracing(verbose: u8) {
     // The session's notes (connected, link lost, restored) are ndd's own INFO lines: shown by
     // default; other crates' only from -v.
     let default = match verbose {
-        0 => "warn,ndd::session=info,ndd::fanout=info,ndd::rfbaccel=info,ndd_link::establish=info",
+        0 => "warn,ndd::session=info,ndd::fanout=info,ndd::rfbaccel=info,ndd::serve=info,ndd_link::establish=info",
         1 => "info",
         2 => "debug",
         _ => "trace",
