@@ -161,33 +161,35 @@ thread_local! {
     };
 }
 
-/// The device's signed rekey notice naming `keys` at its clock `clock` (fanout's
-/// `rekey_notice`), published on core NATS: each app side gets it some steps later, or never
-/// (`loss`); the adversary records it.
-#[allow(clippy::too_many_arguments)]
-fn announce(
-    rng: &mut SimRng,
-    keys: &GroupKey,
-    clock: u64,
-    n_apps: usize,
-    step: u64,
+/// `P.D.rekey` on core NATS: notices on their way to app sides, and every one sent (the
+/// adversary's recording).
+struct Rekeys {
+    /// How likely an app side misses a notice.
     loss: f64,
-    notices: &mut Vec<(usize, u64, Vec<u8>)>,
-    notes: &mut Vec<Vec<u8>>,
-) {
-    let notice = Notice {
-        run: keys.run.id,
-        clock,
-        key: key_id(keys),
-    };
-    let note = IDS.with(|(device, _)| device.sign_note(&label(), &notice_body(&notice)));
-    let note = note.expect("sign a notice");
-    for i in 0..n_apps {
-        if !rng.chance(loss) {
-            notices.push((i, step + rng.range(0, 40), note.clone()));
+    n_apps: usize,
+    /// (app side, step due, note).
+    on_way: Vec<(usize, u64, Vec<u8>)>,
+    sent: Vec<Vec<u8>>,
+}
+
+impl Rekeys {
+    /// The device's signed notice naming `keys` at its clock `clock` (fanout's
+    /// `rekey_notice`): each app side gets it some steps after `step`, or never.
+    fn announce(&mut self, rng: &mut SimRng, keys: &GroupKey, clock: u64, step: u64) {
+        let notice = Notice {
+            run: keys.run.id,
+            clock,
+            key: key_id(keys),
+        };
+        let note = IDS.with(|(device, _)| device.sign_note(&label(), &notice_body(&notice)));
+        let note = note.expect("sign a notice");
+        for i in 0..self.n_apps {
+            if !rng.chance(self.loss) {
+                self.on_way.push((i, step + rng.range(0, 40), note.clone()));
+            }
         }
+        self.sent.push(note);
     }
-    notes.push(note);
 }
 
 /// The JetStream stream: one sequence for every subject.
@@ -613,9 +615,12 @@ fn run(seed: u64) -> Result<String, String> {
     let adversary = rng.range(0, 3) as f64 * 0.02;
     // Rekey notices go on core NATS: in some schedules it loses some. On their way: (side,
     // step due, note); every one sent, for the adversary to replay.
-    let notice_loss = if rng.chance(0.5) { 0.2 } else { 0.0 };
-    let mut notices: Vec<(usize, u64, Vec<u8>)> = Vec::new();
-    let mut notes: Vec<Vec<u8>> = Vec::new();
+    let mut rekeys = Rekeys {
+        loss: if rng.chance(0.5) { 0.2 } else { 0.0 },
+        n_apps,
+        on_way: Vec::new(),
+        sent: Vec::new(),
+    };
     // The device's wall clock (ns) at step 0: set back at some restarts (notices count by run
     // first, then by clock).
     let mut clock0: u64 = 1 << 40;
@@ -737,16 +742,7 @@ fn run(seed: u64) -> Result<String, String> {
             if rng.chance(0.3) {
                 clock0 -= rng.range(1, 5_000) * 1_000_000;
             }
-            announce(
-                &mut rng,
-                &d.keys,
-                clock(clock0, step),
-                n_apps,
-                step,
-                notice_loss,
-                &mut notices,
-                &mut notes,
-            );
+            rekeys.announce(&mut rng, &d.keys, clock(clock0, step), step);
         }
         // The revocation: the device draws a new key, seals under it, and reads where the
         // stream stands a little later. (fanout's KeyKeeper checks again only once a rotation
@@ -789,16 +785,7 @@ fn run(seed: u64) -> Result<String, String> {
                 }
                 rotating_since = None;
                 next_at = revokes.front().map(|r| step + r.1);
-                announce(
-                    &mut rng,
-                    &d.keys,
-                    clock(clock0, step),
-                    n_apps,
-                    step,
-                    notice_loss,
-                    &mut notices,
-                    &mut notes,
-                );
+                rekeys.announce(&mut rng, &d.keys, clock(clock0, step), step);
             }
         }
         // The device publishes its frames; after a rotation, once it knows where the
@@ -862,35 +849,27 @@ fn run(seed: u64) -> Result<String, String> {
         // while a rotation reads where the stream stands.
         if now >= next_notice && d.keys.since != SINCE_PENDING {
             next_notice = now + NOTICE_EVERY;
-            announce(
-                &mut rng,
-                &d.keys,
-                clock(clock0, step),
-                n_apps,
-                step,
-                notice_loss,
-                &mut notices,
-                &mut notes,
-            );
+            rekeys.announce(&mut rng, &d.keys, clock(clock0, step), step);
         }
         // Rekey notices reach the app sides; the adversary replays recorded ones to any of
         // them, and forges: signed by a stranger, signed by the device for another driver,
         // bytes changed. No forged one may send a side joining.
         let mut k = 0;
-        while k < notices.len() {
-            if notices[k].1 > step {
+        while k < rekeys.on_way.len() {
+            if rekeys.on_way[k].1 > step {
                 k += 1;
                 continue;
             }
-            let (i, _, note) = notices.swap_remove(k);
+            let (i, _, note) = rekeys.on_way.swap_remove(k);
             let _ = apps[i].follower.handle_notice(&note, |fp| fp == device_fp);
         }
         if rng.chance(adversary) {
             let i = rng.range(0, n_apps as u64 - 1) as usize;
             let f = &mut apps[i].follower;
             match rng.range(0, 3) {
-                0 if !notes.is_empty() => {
-                    let note = &notes[rng.range(0, notes.len() as u64 - 1) as usize];
+                0 if !rekeys.sent.is_empty() => {
+                    let sent = &rekeys.sent;
+                    let note = &sent[rng.range(0, sent.len() as u64 - 1) as usize];
                     let _ = f.handle_notice(note, |fp| fp == device_fp);
                 }
                 1 => {
@@ -922,8 +901,9 @@ fn run(seed: u64) -> Result<String, String> {
                         return Err(format!("another driver's notice was taken: {got:?}"));
                     }
                 }
-                _ if !notes.is_empty() => {
-                    let mut note = notes[rng.range(0, notes.len() as u64 - 1) as usize].clone();
+                _ if !rekeys.sent.is_empty() => {
+                    let sent = &rekeys.sent;
+                    let mut note = sent[rng.range(0, sent.len() as u64 - 1) as usize].clone();
                     let at = rng.range(0, note.len() as u64 - 1) as usize;
                     note[at] ^= 1 << rng.range(0, 7);
                     let got = f.handle_notice(&note, |fp| fp == device_fp);
@@ -1111,16 +1091,9 @@ fn run(seed: u64) -> Result<String, String> {
                         device_took(&mut d, &frame, stored, &revoked, &published)?
                     }
                     // A genuine frame of its earlier run: the app sides are told to join.
-                    Poll::Event(Event::TellRun) => announce(
-                        &mut rng,
-                        &d.keys,
-                        clock(clock0, step),
-                        n_apps,
-                        step,
-                        notice_loss,
-                        &mut notices,
-                        &mut notes,
-                    ),
+                    Poll::Event(Event::TellRun) => {
+                        rekeys.announce(&mut rng, &d.keys, clock(clock0, step), step)
+                    }
                     Poll::Event(_) => {}
                     Poll::Wait(Wait::Key) => return Err("a device side asked for the key".into()),
                     Poll::Wait(Wait::Rotation) => {
