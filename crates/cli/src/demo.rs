@@ -150,6 +150,7 @@ pub async fn run_loopback(
             quiet,
             once: true,
             metrics: None,
+            peer_hint: None,
         },
         stop.clone(),
     );
@@ -165,6 +166,7 @@ pub async fn run_loopback(
             quiet,
             once: true,
             metrics: None,
+            peer_hint: None,
         },
         stop,
     );
@@ -326,6 +328,7 @@ pub async fn run_fanout(duration: Option<Duration>) -> Result<i32> {
         quiet: false,
         once: true,
         metrics: None,
+        peer_hint: None,
     };
     let cfg = Arc::new(cfg);
     let apps: Vec<_> = app_homes

@@ -458,7 +458,17 @@ fn share(what: ShareWhat) -> Result<i32> {
         (None, None) => bail!("say where the other machine is: --to HOST, or --listen ADDR"),
     };
     let side = kind.sharing_side();
-    one_line(config(kind, side, &link, &local), side, "ndd share", run)
+    let peer = match &link {
+        Link::Listen(a) => Some(ndd::share::peer_command(kind, side, a)),
+        Link::Connect(_) => None,
+    };
+    one_line(
+        config(kind, side, &link, &local),
+        side,
+        "ndd share",
+        run,
+        peer,
+    )
 }
 
 /// `ndd attach …`: the attaching side of a one-line share.
@@ -497,11 +507,27 @@ fn attach(what: AttachWhat) -> Result<i32> {
         (None, None) => Link::Listen(format!("0.0.0.0:{}", kind.port())),
     };
     let side = kind.sharing_side().other();
-    one_line(config(kind, side, &link, &local), side, "ndd attach", run)
+    let peer = match &link {
+        Link::Listen(a) => Some(ndd::share::peer_command(kind, side, a)),
+        Link::Connect(_) => None,
+    };
+    one_line(
+        config(kind, side, &link, &local),
+        side,
+        "ndd attach",
+        run,
+        peer,
+    )
 }
 
 /// Prints a one-line share's config, or runs it as `ndd run` would (outliving its peer).
-fn one_line(text: String, side: SideName, what: &str, run: ShareRun) -> Result<i32> {
+fn one_line(
+    text: String,
+    side: SideName,
+    what: &str,
+    run: ShareRun,
+    peer_hint: Option<String>,
+) -> Result<i32> {
     if run.print_config {
         print!("{text}");
         return Ok(0);
@@ -520,6 +546,7 @@ fn one_line(text: String, side: SideName, what: &str, run: ShareRun) -> Result<i
             once: false,
             metrics: None,
             home: run.home,
+            peer_hint,
         },
     )
 }
@@ -536,6 +563,8 @@ struct RunArgs {
     once: bool,
     metrics: Option<String>,
     home: HomeArg,
+    /// How the peer starts, for the lonely hint (a one-line share's other line).
+    peer_hint: Option<String>,
 }
 
 fn run_config(cfg: Config, a: RunArgs) -> Result<i32> {
@@ -550,6 +579,7 @@ fn run_config(cfg: Config, a: RunArgs) -> Result<i32> {
         once,
         metrics,
         home,
+        peer_hint,
     } = a;
     cfg.build_pairs()?;
     let d = duration(d)?;
@@ -590,6 +620,7 @@ fn run_config(cfg: Config, a: RunArgs) -> Result<i32> {
         quiet: false,
         once,
         metrics,
+        peer_hint,
     };
     let rt = runtime()?;
     let report = rt.block_on(async {
@@ -758,6 +789,7 @@ fn run(cli: Cli) -> Result<i32> {
                     once,
                     metrics,
                     home,
+                    peer_hint: None,
                 },
             )
         }

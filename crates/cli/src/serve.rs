@@ -435,6 +435,7 @@ fn start(
         quiet: false,
         once: false,
         metrics: None,
+        peer_hint: None,
     };
     tracing::info!("starting driver {name} ({side} side of \"{}\")", cfg.driver);
     let thread_name = format!("ndd-{name}");

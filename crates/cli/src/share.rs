@@ -109,6 +109,32 @@ fn quoted(s: &str) -> String {
     out
 }
 
+/// The one line that starts the other side of a share of `kind` whose `side` listens on
+/// `listen` (`THIS_HOST` stands for this machine): what a listener left alone suggests.
+pub fn peer_command(kind: Kind, side: SideName, listen: &str) -> String {
+    let port = listen
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse::<u16>().ok())
+        .filter(|&p| p != kind.port())
+        .map_or(String::new(), |p| format!(":{p}"));
+    let name = kind.name();
+    if side == kind.sharing_side() {
+        let what = match kind {
+            Kind::Serial => " --link /dev/ttyREMOTE",
+            _ => "",
+        };
+        format!("ndd attach {name}{what} --from THIS_HOST{port}")
+    } else {
+        let what = match kind {
+            Kind::Serial => " PORT",
+            Kind::Desktop => " --display :0",
+            Kind::Audio => "",
+        };
+        format!("ndd share {name}{what} --to THIS_HOST{port}")
+    }
+}
+
 /// The driver of `kind`'s example for `side`, linked as `link`, with what this machine
 /// brings (`local`) in place of the example's values for this side.
 pub fn config(kind: Kind, side: SideName, link: &Link, local: &Local) -> String {
@@ -202,6 +228,26 @@ mod tests {
             Config::parse(&a, Path::new("share.toml")).unwrap(),
             Config::parse(&b, Path::new("attach.toml")).unwrap(),
         )
+    }
+
+    #[test]
+    fn a_lonely_side_names_the_other_sides_one_line() {
+        assert_eq!(
+            peer_command(Kind::Serial, SideName::App, "0.0.0.0:7882"),
+            "ndd share serial PORT --to THIS_HOST"
+        );
+        assert_eq!(
+            peer_command(Kind::Desktop, SideName::Device, "0.0.0.0:9000"),
+            "ndd share desktop --display :0 --to THIS_HOST:9000"
+        );
+        assert_eq!(
+            peer_command(Kind::Serial, SideName::Device, "0.0.0.0:7882"),
+            "ndd attach serial --link /dev/ttyREMOTE --from THIS_HOST"
+        );
+        assert_eq!(
+            peer_command(Kind::Audio, SideName::Device, "[::]:7884"),
+            "ndd attach audio --from THIS_HOST"
+        );
     }
 
     #[test]

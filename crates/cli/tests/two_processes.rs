@@ -627,3 +627,52 @@ fn check_with_a_home_names_its_peers_and_refuses_one_that_trusts_nobody() {
         "{err}"
     );
 }
+
+/// A listener whose accept queue is full: the kernel drops further connection attempts, so a
+/// connect hangs as it does to a machine that is off (Python holds it for `secs`).
+fn unanswering_listener(secs: u32) -> (std::process::Child, String) {
+    let script = "import socket, time, sys\n\
+        s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(0)\n\
+        port = s.getsockname()[1]\n\
+        held = []\n\
+        for _ in range(3):\n    c = socket.socket(); c.setblocking(False)\n    try:\n        c.connect(('127.0.0.1', port))\n    except BlockingIOError:\n        pass\n    held.append(c)\n\
+        time.sleep(0.2)\n\
+        print(port, flush=True)\n\
+        time.sleep(float(sys.argv[1]))\n";
+    let mut child = std::process::Command::new("python3")
+        .args(["-c", script, &secs.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    (child, format!("127.0.0.1:{}", line.trim()))
+}
+
+#[test]
+fn a_peer_that_does_not_answer_is_said_within_seconds_not_after_the_connect_timeout() {
+    let dir = Dir::new("unanswered");
+    let (dev_home, _, _, _) = homes(&dir.0, false, false);
+    let cfg = dir.0.join("stdio.toml");
+    std::fs::write(&cfg, STDIO).unwrap();
+    let (mut holder, addr) = unanswering_listener(60);
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &addr]));
+    dev.wait_says("no answer after 3 s", &[]);
+    // Said while the first attempt still waits (it fails only at the 10 s connect timeout).
+    let early = dev.stderr_now();
+    let err = dev.kill();
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert!(
+        !early.contains("timed out") && !early.contains("cannot connect"),
+        "said only after the attempt failed: {early}"
+    );
+    assert!(
+        err.contains(&format!("connecting to {addr}: no answer after 3 s")),
+        "{err}"
+    );
+}

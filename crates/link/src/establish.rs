@@ -829,9 +829,30 @@ impl Connector {
         // "nothing listens" line while the peer starts must not hide it).
         let mut told = RateLimit::new(Duration::from_secs(30));
         let mut told_refused = RateLimit::new(Duration::from_secs(30));
+        // A first attempt nobody answers (a machine that is off, a firewall that drops) takes
+        // the whole connect timeout to fail: said once after a few seconds, not after it.
+        let mut said_slow = !first;
         loop {
             n += 1;
-            let err = match self.attempt(ctx, bounded.then_some(deadline)).await {
+            let attempt = self.attempt(ctx, bounded.then_some(deadline));
+            tokio::pin!(attempt);
+            let result = if said_slow {
+                attempt.await
+            } else {
+                tokio::select! {
+                    r = &mut attempt => r,
+                    _ = tokio::time::sleep(SLOW_CONNECT) => {
+                        said_slow = true;
+                        tracing::info!(
+                            side = ctx.side,
+                            "connecting to {addr}: no answer after {} s (a machine that is off or a firewall that drops the connection looks like this); still trying",
+                            SLOW_CONNECT.as_secs()
+                        );
+                        attempt.await
+                    }
+                }
+            };
+            let err = match result {
                 Ok(x) => return Ok(x),
                 Err(e @ EstablishError::Local(_)) if first => return Err(e),
                 // With a bound (`--once`), a refusal ends the first connection; without, the
@@ -891,6 +912,9 @@ impl Connector {
         }
     }
 }
+
+/// How long a first connection attempt may go unanswered before the side says so.
+pub const SLOW_CONNECT: Duration = Duration::from_secs(3);
 
 /// A sealed UDP link from the first peer on `addr` that finishes the key exchange and is in
 /// `known_peers` (untrusted ones are told why and logged, and the wait goes on), then the

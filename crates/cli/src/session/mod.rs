@@ -66,6 +66,9 @@ pub struct RunOptions {
     pub once: bool,
     /// Serve the counters in Prometheus' text format at `http://ADDR/metrics`.
     pub metrics: Option<String>,
+    /// How the peer is started, for a listener left alone to say (`THIS_HOST` stands for
+    /// this machine); `None`: `ndd run CONFIG --side … --connect …`.
+    pub peer_hint: Option<String>,
 }
 
 /// What `--metrics` serves, refreshed every second.
@@ -343,7 +346,9 @@ pub async fn run_side(
 
     // The first link: any failure here ends the run (mismatch, untrusted, nobody there).
     // A listener left alone says once, after a few seconds, what the other side needs.
-    let lonely = connector.local_addr().map(|a| lonely_hint(side, &a));
+    let lonely = connector
+        .local_addr()
+        .map(|a| lonely_hint(side, &a, opts.peer_hint.as_deref()));
     let alone = tokio::time::sleep(LONELY_AFTER);
     tokio::pin!(alone);
     let establish = connector.establish(&ctx, true);
@@ -420,12 +425,23 @@ const LONELY_AFTER: Duration = Duration::from_secs(5);
 
 /// What a side listening on `addr` with no peer yet says: how to start the other side, and
 /// that a loopback address is this machine's only.
-fn lonely_hint(side: SideName, addr: &str) -> String {
+fn lonely_hint(side: SideName, addr: &str, peer: Option<&str>) -> String {
     let other = match side {
         SideName::App => "device",
         SideName::Device => "app",
     };
     let sock: Option<std::net::SocketAddr> = addr.split(' ').next().and_then(|a| a.parse().ok());
+    if let Some(peer) = peer {
+        // A one-line share: the peer's one line, with this machine's address.
+        let here = match sock {
+            Some(a) if a.ip().is_loopback() => a.ip().to_string(),
+            _ => "THIS_HOST".to_string(),
+        };
+        return format!(
+            "no {other} side has connected to {addr} yet: on the {other}'s machine run `{}`",
+            peer.replace("THIS_HOST", &here)
+        );
+    }
     match sock {
         Some(a) if a.ip().is_loopback() => format!(
             "no {other} side has connected to {addr} yet: start it on this machine with `ndd run CONFIG --side {other} --connect {a}`; {} is this machine only: for a peer on another machine, listen with --listen 0.0.0.0:{}",
