@@ -29,13 +29,8 @@ pub(super) fn ready_message(key: &GroupKey, fingerprint: &str) -> Result<Bytes> 
 /// one (run `run`) as long as the side runs. Two device sides on one driver would both
 /// publish on its subjects: every app side would get two interleaved runs (found by hand: a
 /// device side started twice went unnoticed, and the app sides' pairs restarted at every
-/// frame). Two that start within the same few milliseconds are not caught.
-///
-/// Answers are signed notes (`device_claim_label`): only one signed by this install or by a
-/// peer in `known_peers` counts. Anyone who may publish on the server could answer otherwise
-/// and keep every device side from starting (found by hostile testing: a fake answer stopped a
-/// device side, its text, escape codes included, printed raw). Every answer within the wait
-/// is read, so a fast forged one cannot hide a real one.
+/// frame). The rules (signed answers only, every answer read, 5 s for one told to stop) are
+/// [`ndd_link::nats::claim::Claim`]'s; this drives it on the client.
 pub(super) async fn claim_device(
     ctx: &Ctx,
     driver: &str,
@@ -43,34 +38,56 @@ pub(super) async fn claim_device(
     local: &LocalIdentity,
     home: &std::path::Path,
 ) -> Result<()> {
+    use ndd_link::nats::claim::{claim_label, Claim, Step};
     let subject = ctx.subjects.device();
-    let label = device_claim_label(&ctx.subjects);
+    let label = claim_label(&ctx.subjects);
     let mut ignored = ndd_core::RateLimit::with_burst(Duration::from_secs(10), 1);
-    // One that was just told to stop answers until it is gone: it gets a few seconds.
-    let give_up = Instant::now() + Duration::from_secs(5);
+    let mut claim = Claim::new(label.clone(), Instant::now());
+    let mut answers: Option<async_nats::Subscriber> = None;
     loop {
-        let inbox = ctx.client.new_inbox();
-        let mut answers = ctx
-            .client
-            .subscribe(inbox.clone())
-            .await
-            .map_err(|e| anyhow!("cannot subscribe to {inbox}: {e}"))?;
-        ctx.client
-            .publish_with_reply(subject.clone(), inbox, Bytes::new())
-            .await
-            .map_err(|e| anyhow!("cannot ask on {subject}: {e}"))?;
-        let _ = ctx.client.flush().await;
-        let until = tokio::time::Instant::now() + Duration::from_millis(500);
-        let mut serving = None;
-        while let Ok(Some(m)) = tokio::time::timeout_at(until, answers.next()).await {
-            // The server's own status (503, no responders: nobody serves the driver yet) is
-            // no answer; warned about as a malformed claim before, by a cluster's servers.
-            if m.status.is_some() {
-                continue;
+        match claim.poll(Instant::now()) {
+            Step::Serve => break,
+            Step::Stop(who) => bail!(
+                "another device side is already serving driver \"{driver}\" through this \
+                 NATS server ({who}); stop it first, or give this one another driver name \
+                 or link.nats.subject_prefix"
+            ),
+            Step::Ask => {
+                let inbox = ctx.client.new_inbox();
+                answers = Some(
+                    ctx.client
+                        .subscribe(inbox.clone())
+                        .await
+                        .map_err(|e| anyhow!("cannot subscribe to {inbox}: {e}"))?,
+                );
+                ctx.client
+                    .publish_with_reply(subject.clone(), inbox, Bytes::new())
+                    .await
+                    .map_err(|e| anyhow!("cannot ask on {subject}: {e}"))?;
+                let _ = ctx.client.flush().await;
             }
-            match check_claim(&m.payload, &label, local, home) {
-                Ok(who) => serving = Some(who),
-                Err(why) => {
+            Step::Wait(until) => {
+                let next = async {
+                    match answers.as_mut() {
+                        Some(a) => a.next().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                let Ok(Some(m)) = tokio::time::timeout_at(until.into(), next).await else {
+                    continue;
+                };
+                // The server's own status (503, no responders: nobody serves the driver
+                // yet) is no answer; warned about as a malformed claim before, by a
+                // cluster's servers.
+                if m.status.is_some() {
+                    continue;
+                }
+                let known = KnownPeers::load(home);
+                let trusted = |fp: &str| {
+                    fp == local.fingerprint()
+                        || known.as_ref().is_ok_and(|k| k.lookup(fp).is_some())
+                };
+                if let Err(why) = claim.handle_answer(&m.payload, trusted) {
                     if let Some(suppressed) = ignored.admit(Instant::now()) {
                         tracing::warn!(
                             side = "device",
@@ -80,16 +97,6 @@ pub(super) async fn claim_device(
                     }
                 }
             }
-        }
-        match serving {
-            Some(who) if Instant::now() >= give_up => bail!(
-                "another device side is already serving driver \"{driver}\" through this \
-                 NATS server ({who}); stop it first, or give this one another driver name \
-                 or link.nats.subject_prefix"
-            ),
-            Some(_) => tokio::time::sleep(Duration::from_millis(250)).await,
-            // Nobody trusted answers: this side is the only one.
-            None => break,
         }
     }
     let mut sub = ctx
@@ -114,36 +121,6 @@ pub(super) async fn claim_device(
         }
     });
     Ok(())
-}
-
-/// What a device side's claim on `P.D.device` is signed over besides its body: the kind of
-/// note and the driver's subjects.
-pub(super) fn device_claim_label(subjects: &Subjects) -> Vec<u8> {
-    format!("ndd nats device claim v1 {}", subjects.device()).into_bytes()
-}
-
-/// Who serves the driver, from a signed claim by this install or a known peer (its text
-/// escaped and bounded); or why the answer does not count.
-pub(super) fn check_claim(
-    note: &[u8],
-    label: &[u8],
-    local: &LocalIdentity,
-    home: &std::path::Path,
-) -> std::result::Result<String, String> {
-    let shown = |b: &[u8]| ndd_wire::text::printable_bytes(b, 80);
-    let (body, fp) = ndd_link::seal::open_note(note, label)
-        .map_err(|e| format!("not a signed claim of a device side ({e}): {}", shown(note)))?;
-    let known =
-        fp == local.fingerprint() || KnownPeers::load(home).is_ok_and(|k| k.lookup(&fp).is_some());
-    if !known {
-        return Err(format!(
-            "signed by {fp}, which is neither this install nor in known_peers"
-        ));
-    }
-    Ok(ndd_wire::text::printable_bytes(
-        body,
-        ndd_wire::text::MAX_SHOWN,
-    ))
 }
 
 /// This machine's name, for messages (`?` if unknown).

@@ -18,9 +18,11 @@
 //! - [`runs`]: which device run a frame may come from, and its run key (sans-IO);
 //! - [`keys`]: the group key, its rotation, and the opening of frames under it (sans-IO);
 //! - [`follow`]: an app side's following of the key: rekey notices, joins, answers (sans-IO);
+//! - [`claim`]: one device side per driver: the signed claim and the wait (sans-IO);
 //! - [`NatsConfig`] / [`connect`]: the connection to the server (TLS, credentials).
 
 pub mod admit;
+pub mod claim;
 pub mod follow;
 pub mod intake;
 pub mod join;
