@@ -698,11 +698,23 @@ fn ndd_bench_without_its_program_says_how_to_build_it() {
     let dir = Dir::new("no-bench");
     let alone = dir.0.join("ndd");
     std::fs::copy(env!("CARGO_BIN_EXE_ndd"), &alone).unwrap();
-    let out = std::process::Command::new(&alone)
-        .args(["bench", "links", "--quick"])
-        .env("PATH", &dir.0)
-        .output()
-        .unwrap();
+    // A child another test thread forks while the copy is open for writing inherits that
+    // descriptor until it execs, and the kernel refuses to run a file open for writing
+    // ("Text file busy", seen with the machine loaded): tried again for up to 2 s.
+    let mut tries = 0;
+    let out = loop {
+        match std::process::Command::new(&alone)
+            .args(["bench", "links", "--quick"])
+            .env("PATH", &dir.0)
+            .output()
+        {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 100 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => break r.unwrap(),
+        }
+    };
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
