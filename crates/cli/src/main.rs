@@ -284,7 +284,8 @@ enum Command {
         /// The config files (each is checked; the exit code is 1 if any fails).
         #[arg(required = true, num_args = 1..)]
         configs: Vec<PathBuf>,
-        /// Probe the endpoints this side runs, as `ndd run --side` does before connecting.
+        /// Probe the endpoints this side runs, as `ndd run --side` does before connecting
+        /// (default: the side a file names, if it names one).
         #[arg(long, value_enum)]
         side: Option<SideName>,
         /// Also check the trust in this ndd home: this install's identity and the peers
@@ -988,6 +989,8 @@ fn check_trust(dir: &Path) -> Result<()> {
 fn check_one(config: &Path, side: Option<SideName>) -> Result<()> {
     let cfg = Config::load(config)?;
     cfg.build_pairs()?;
+    // A file that names its side (a driver for `ndd serve`) is checked as that side.
+    let side = side.or(cfg.side);
     if let Some(side) = side {
         cfg.probe_side(side)?;
     }

@@ -167,3 +167,25 @@ fn a_missing_directory_is_one_clear_line() {
     );
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
+
+#[test]
+fn check_probes_the_side_a_driver_file_names() {
+    let dir = Dir::new("serve-check");
+    let file = |side: &str| {
+        format!(
+            "driver = \"x\"\n{side}[[stream]]\nname = \"s\"\ndirection = \"device-to-app\"\n\
+             source = {{ type = \"file\", path = \"/nonexistent/input\" }}\nsink = {{ type = \"null\" }}\n"
+        )
+    };
+    let (named, shared) = (dir.0.join("named.toml"), dir.0.join("shared.toml"));
+    std::fs::write(&named, file("side = \"device\"\n")).unwrap();
+    std::fs::write(&shared, file("")).unwrap();
+    // The file both sides share: only parsed. The one naming the device side: its file
+    // source is opened, and fails.
+    let ok_out = ndd().arg("check").arg(&shared).output().unwrap();
+    assert!(ok_out.status.success(), "{ok_out:?}");
+    let out = ndd().arg("check").arg(&named).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("cannot open /nonexistent/input"), "{err}");
+}
