@@ -5,7 +5,8 @@
 //!
 //! The rules are the sans-IO [`Supervisor`]: the directory as it stands and the drivers'
 //! exits in, what to start and stop out, with restarts spaced (1 s doubling to a minute; back
-//! to 1 s once a driver ran a minute). [`serve`] runs it: it reads the directory, runs each
+//! to 1 s once a driver ran a minute, and at once 1 s after a session of 5 s or more that its
+//! peer ended cleanly: a listener is back for the next peer). [`serve`] runs it: it reads the directory, runs each
 //! driver on a runtime of its own (two worker threads, named `ndd-NAME`: a driver that
 //! blocks or spins cannot starve another; its name prefixes its log lines,
 //! [`crate::logfmt::set_thread_driver`]), and stops them all on SIGTERM or Ctrl-C.
@@ -28,8 +29,13 @@ pub const RESTART_FIRST: Duration = Duration::from_secs(1);
 /// The longest wait before a failed driver starts again.
 pub const RESTART_MAX: Duration = Duration::from_secs(60);
 
-/// A driver that ran this long before it ended starts again after [`RESTART_FIRST`].
+/// A driver that ran this long before it failed starts again after [`RESTART_FIRST`].
 pub const RAN_LONG: Duration = Duration::from_secs(60);
+
+/// A driver that ran this long before it ended cleanly (its peer ended its streams) starts
+/// again after [`RESTART_FIRST`]: a listener is back for the next peer at once. One that
+/// ends sooner, again and again, is spaced as a failing one.
+pub const RAN_SOME: Duration = Duration::from_secs(5);
 
 /// How long the drivers get to stop when the daemon stops.
 pub const STOP_WAIT: Duration = Duration::from_secs(10);
@@ -170,12 +176,19 @@ impl Supervisor {
             _ if again => State::Due(now),
             _ if asked => State::Due(now),
             Exit::Clean | Exit::Failed(_) => {
-                if ran.is_some_and(|r| r >= RAN_LONG) {
+                let settled = match exit {
+                    Exit::Clean => RAN_SOME,
+                    _ => RAN_LONG,
+                };
+                if ran.is_some_and(|r| r >= settled) {
+                    // It had settled: back at once, the spacing starting over.
                     slot.backoff = RESTART_FIRST;
+                    State::Due(now + RESTART_FIRST)
+                } else {
+                    let at = now + slot.backoff;
+                    slot.backoff = (slot.backoff * 2).min(RESTART_MAX);
+                    State::Due(at)
                 }
-                let at = now + slot.backoff;
-                slot.backoff = (slot.backoff * 2).min(RESTART_MAX);
-                State::Due(at)
             }
         };
     }
@@ -570,6 +583,33 @@ mod tests {
         // A change resets the spacing.
         s.handle_exit(later, "a", Exit::Failed("x".into()));
         assert_eq!(s.poll_timeout(), Some(later + RESTART_FIRST));
+    }
+
+    #[test]
+    fn a_driver_whose_peer_ended_is_back_after_a_second_unless_it_ends_at_once_again() {
+        let t = Instant::now();
+        let mut s = Supervisor::new();
+        s.handle_scan(t, &files(&[("a", 1)]));
+        drain(&mut s, t);
+        // Sessions of a minute, each ended cleanly by the peer: back after 1 s every time.
+        let mut at = t;
+        for _ in 0..5 {
+            let end = at + RAN_LONG;
+            s.handle_exit(end, "a", Exit::Clean);
+            assert_eq!(s.poll_timeout(), Some(end + RESTART_FIRST));
+            at = end + RESTART_FIRST;
+            assert_eq!(drain(&mut s, at), vec![start("a")]);
+        }
+        // Ending at once, again and again: spaced as failures are.
+        let mut gaps = Vec::new();
+        for _ in 0..4 {
+            s.handle_exit(at, "a", Exit::Clean);
+            let next = s.poll_timeout().unwrap();
+            gaps.push((next - at).as_secs());
+            drain(&mut s, next);
+            at = next;
+        }
+        assert_eq!(gaps, vec![1, 2, 4, 8]);
     }
 
     #[test]
