@@ -415,11 +415,14 @@ pub async fn serve(
     let until = tokio::time::Instant::now() + STOP_WAIT;
     while !sup.is_idle() {
         match tokio::time::timeout_at(until, exited.recv()).await {
-            Ok(Some((name, _))) => sup.handle_exit(Instant::now(), &name, Exit::Clean),
+            Ok(Some((name, _))) => {
+                stops.remove(&name);
+                sup.handle_exit(Instant::now(), &name, Exit::Clean);
+            }
             _ => {
                 tracing::warn!(
                     "{} driver(s) did not stop within {STOP_WAIT:?}; leaving them",
-                    sup.running().max(stops.len())
+                    stops.len()
                 );
                 break;
             }

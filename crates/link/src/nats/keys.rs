@@ -655,10 +655,16 @@ impl<H: RunHalf> Opener<H> {
         {
             return None;
         }
-        let i = self
+        let recent = self
             .unopened
             .iter()
-            .position(|(_, _, at)| now.saturating_duration_since(*at) < ASIDE_RECENT)?;
+            .position(|(_, _, at)| now.saturating_duration_since(*at) < ASIDE_RECENT);
+        let Some(i) = recent else {
+            // The pause is over and nothing recent is aside: no pause any more (the receiver
+            // calls this at every poll; without it, every poll scanned what is aside).
+            self.fruitless = None;
+            return None;
+        };
         let (rec, stored, at) = self.unopened.remove(i)?;
         self.unopened_bytes -= rec.payload.len();
         self.parked = Some(Parked {
