@@ -5,9 +5,11 @@
 //! device stops trusting one app side (`ndd untrust`) and rotates the key; in some schedules
 //! it then stops trusting a second one, often right after the first rotation is complete, so
 //! that its sinks (which follow the keys as a watch: two changes between two reads are one)
-//! and app sides that missed the first notice see both rotations as one change of keys. In
-//! 40 % of schedules the device side also restarts once or twice mid-stream, not during a
-//! rotation (a new run under the same group key, the run before it named in the keys; its
+//! and app sides that missed the first notice see both rotations as one change of keys; with
+//! four app sides or more, a third often follows at once (an app side that missed the
+//! notices meets keys three rotations on). In 40 % of schedules the device side also
+//! restarts once or twice mid-stream, in some of those three to five times more within a
+//! few hundred steps (up to seven runs after the first), not during a rotation (a new run under the same group key, the run before it named in the keys; its
 //! durable consumer goes on from what it acknowledged; what it had handed the client and not
 //! seen acknowledged is stored or not): the app sides hear of the run (the announcement, a
 //! newer run's frame, a refused frame of theirs), join again and seal again what the device
@@ -59,12 +61,12 @@
 //! stored before the next run began: the others died with the process or are replays); the
 //! revoked side delivers no device frame sealed after the rotation (frames whose last stored
 //! copy JetStream lost are not owed); each trusted app side takes the device's frames in order; and everything
-//! settles (no order held at a gap for good). Not covered: three rotations close together
-//! (only two earlier keys are kept: `GroupKey::older`), the gate's timeout
-//! and publishers joining mid-rotation (the gate is modelled as the device's one publisher
-//! settling), a forger active for long after the sources stop, more than three device restarts
-//! before an app side joins again (`EARLIER_RUNS`), an app side's process ending with publishes
-//! in flight (their frames are not owed; the ones its Sender would seal again after a rotation
+//! settles (no order held at a gap for good). Not covered: more than eight rotations close
+//! together (`GroupKey::retired` keeps six keys behind the previous and the older one), the
+//! gate's timeout and publishers joining mid-rotation (the gate is modelled as the device's
+//! one publisher settling), a forger active for long after the sources stop, more than eight
+//! device restarts before an app side joins again (`EARLIER_RUNS`), an app side's process
+//! ending with publishes in flight (their frames are not owed; the ones its Sender would seal again after a rotation
 //! would not be either).
 //!
 //! `SEED=n cargo test -p ndd-testkit --test nats_keys` replays one schedule.
@@ -583,6 +585,14 @@ fn run(seed: u64) -> Result<String, String> {
                 rng.range(0, 300)
             };
             revokes.push_back((second, gap));
+            // A third one close behind in some schedules: an app side that missed the
+            // notices meets keys two rotations on.
+            if n_apps >= 4 && rng.chance(0.4) {
+                let third = (0..n_apps)
+                    .find(|&i| i != first && i != second)
+                    .expect("four app sides");
+                revokes.push_back((third, rng.range(0, 5)));
+            }
         }
     }
     let since_delay = rng.range(0, 60);
@@ -592,6 +602,12 @@ fn run(seed: u64) -> Result<String, String> {
         let mut at = vec![rng.range(30, 560)];
         if rng.chance(0.3) {
             at.push(rng.range(30, 560));
+        }
+        // Several in a row in some schedules (up to seven restarts, each run short, before a
+        // slow app side joins again).
+        if rng.chance(0.2) {
+            let base = rng.range(30, 400);
+            at.extend((0..rng.range(3, 5)).map(|i| base + i * rng.range(1, 30)));
         }
         at.sort_unstable();
         restarts.extend(at);

@@ -47,7 +47,9 @@ pub(super) fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// Where the key before the last rotation of `driver` lives, with the JetStream sequence of
-/// the rotation: `key (32) ‖ since (u64 BE)`, mode 0600.
+/// the rotation: `key (32) ‖ since (u64 BE)`, then the key before it the same way, then the
+/// keys retired before those the same way, newest first, at most `RETIRED_KEYS` (since
+/// 2026-11-30); mode 0600.
 pub(super) fn previous_path(home: &Path, prefix: &str, driver: &str) -> std::path::PathBuf {
     home.join(format!("nats-group-{prefix}-{driver}.previous"))
 }
@@ -72,13 +74,19 @@ pub(super) fn group_key(
         n.copy_from_slice(&b[32..40]);
         (k, u64::from_be_bytes(n))
     };
+    let mut history = [None; RETIRED_KEYS];
     let (previous, older) = match std::fs::read(&path) {
         Ok(b) if b.len() == 40 => (Some(retired(&b)), None),
-        Ok(b) if b.len() == 80 => (Some(retired(&b[..40])), Some(retired(&b[40..]))),
+        Ok(b) if b.len() >= 80 && b.len() % 40 == 0 && b.len() <= 80 + 40 * RETIRED_KEYS => {
+            for (h, c) in history.iter_mut().zip(b[80..].chunks_exact(40)) {
+                *h = Some(retired(c));
+            }
+            (Some(retired(&b[..40])), Some(retired(&b[40..80])))
+        }
         Ok(b) => {
             tracing::warn!(
                 side = "device",
-                "{} holds {} bytes, not keys with their sequences (40 or 80); ignored: app → device frames sealed before the last rotation and not yet read will not open",
+                "{} holds {} bytes, not keys with their sequences (40 each); ignored: app → device frames sealed before the last rotation and not yet read will not open",
                 path.display(),
                 b.len()
             );
@@ -91,6 +99,7 @@ pub(super) fn group_key(
         since: previous.map_or(0, |p| p.1),
         previous: previous.map(|p| p.0),
         older,
+        retired: history,
         run,
         earlier,
     })

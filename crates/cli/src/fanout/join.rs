@@ -104,7 +104,7 @@ impl JoinService {
                 reason: format!("the device side cannot note who holds its group key: {e:#}"),
             };
         }
-        Welcome::Admitted(Admission::of(&self.key.borrow(), slot))
+        Welcome::Admitted(Box::new(Admission::of(&self.key.borrow(), slot)))
     }
 }
 
@@ -192,7 +192,7 @@ pub(super) async fn join_once(
     };
     let welcome = request(ctx, &subject, finish, per_try).await?;
     Ok(match j.handle_welcome(&welcome)? {
-        Welcome::Admitted(a) => Ok((a, name, start)),
+        Welcome::Admitted(a) => Ok((*a, name, start)),
         Welcome::Refused { reason, .. } => {
             Err(anyhow!("the device side refused this side: {reason}"))
         }

@@ -119,6 +119,10 @@ impl KeyKeeper {
         if let Some((k, s)) = r.keys.older {
             previous.extend_from_slice(&k);
             previous.extend_from_slice(&s.to_be_bytes());
+            for (k, s) in r.keys.retired.iter().flatten() {
+                previous.extend_from_slice(k);
+                previous.extend_from_slice(&s.to_be_bytes());
+            }
         }
         if let Err(e) = write_private(
             &previous_path(&self.home, &self.prefix, &self.driver),

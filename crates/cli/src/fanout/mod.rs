@@ -39,7 +39,9 @@ use ndd_link::nats::async_nats;
 use ndd_link::nats::follow::{key_id, notice_body, notice_label, Follower, Notice, NOTICE_EVERY};
 use ndd_link::nats::intake::{Intake, Kept, Taken, REORDER_WAIT};
 use ndd_link::nats::join::{Admission, Host, Joiner, Welcome};
-use ndd_link::nats::keys::{rotation, GroupKey, Outcome, RunHalf, EARLIER_RUNS, SINCE_PENDING};
+use ndd_link::nats::keys::{
+    rotation, GroupKey, Outcome, RunHalf, EARLIER_RUNS, RETIRED_KEYS, SINCE_PENDING,
+};
 use ndd_link::nats::receive::{Event, Poll, Receiver, Wait};
 use ndd_link::nats::record::{FrameRecord, END_SEQ, HEADER_LEN};
 use ndd_link::nats::runs::{next_run_id, Run};

@@ -21,8 +21,9 @@
 //! 2 REPLY, 3 FINISH, 4 WELCOME). FINISH: `u16 length ‖ seal FINISH ‖ seal DATA(HELLO
 //! message)`. WELCOME: seal DATA of `0 ‖ group key (32) ‖ slot (u16, 0xFFFF: none) ‖ run id
 //! (u64) ‖ run began (u64) ‖ key since (u64) ‖ previous key (32, zeros: none) ‖ older key
-//! (32, zeros: none) ‖ older since (u64) ‖ 3 × (earlier run id (u64, 0: none) ‖ its began
-//! (u64))` when admitted (run began: the JetStream stream
+//! (32, zeros: none) ‖ older since (u64) ‖ 8 × (earlier run id (u64, 0: none) ‖ its began
+//! (u64)) ‖ 6 × (retired key (32, zeros: none) ‖ where its rotation began (u64))` when
+//! admitted (run began: the JetStream stream
 //! sequence the device's run began after, [`super::runs::Run`]; key since: the device's
 //! JetStream stream sequence when a rotation drew this key, 0 for a key no rotation drew;
 //! previous key: the key before that rotation; older key and since: the key before the
@@ -46,7 +47,9 @@ pub const MAGIC: [u8; 2] = *b"NJ";
 /// Version 4: the WELCOME names the key before the last rotation.
 /// Version 5: … and the one before that, with where its rotation began.
 /// Version 6: … and the device's runs before the current one, with where each began.
-pub const VERSION: u8 = 6;
+/// Version 7: … and the keys retired before the older one, with where each was retired;
+/// eight earlier runs (not three).
+pub const VERSION: u8 = 7;
 /// Bytes of the group key.
 pub const GROUP_KEY_LEN: usize = 32;
 /// Slot value meaning "no slot" (modes other than split).
@@ -129,10 +132,15 @@ pub struct Admission {
     pub older: Option<([u8; GROUP_KEY_LEN], u64)>,
     /// The device's runs before `run`, newest first ([`super::keys::GroupKey::earlier`]).
     pub earlier: [Option<super::runs::Run>; super::keys::EARLIER_RUNS],
+    /// The keys retired before `older` ([`super::keys::GroupKey::retired`]).
+    pub retired: [Option<([u8; GROUP_KEY_LEN], u64)>; super::keys::RETIRED_KEYS],
 }
 
 /// Bytes of an admitted WELCOME after its first byte.
-const ADMITTED_LEN: usize = 3 * GROUP_KEY_LEN + 34 + super::keys::EARLIER_RUNS * 16;
+const ADMITTED_LEN: usize = 3 * GROUP_KEY_LEN
+    + 34
+    + super::keys::EARLIER_RUNS * 16
+    + super::keys::RETIRED_KEYS * (GROUP_KEY_LEN + 8);
 
 impl Admission {
     /// What a device side holding `keys` hands an app side in `slot`.
@@ -146,6 +154,7 @@ impl Admission {
             previous_key: keys.previous,
             older: keys.older,
             earlier: keys.earlier,
+            retired: keys.retired,
         }
     }
 
@@ -156,6 +165,7 @@ impl Admission {
             since: self.key_since,
             previous: self.previous_key,
             older: self.older,
+            retired: self.retired,
             run: self.device_run(),
             earlier: self.earlier,
         }
@@ -185,7 +195,7 @@ impl std::fmt::Debug for Admission {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Welcome {
     /// Admitted.
-    Admitted(Admission),
+    Admitted(Box<Admission>),
     /// Refused, with the device's close code and reason.
     Refused {
         /// `ndd_wire::CloseCode` value.
@@ -213,6 +223,11 @@ impl Welcome {
                     let r = r.unwrap_or(super::runs::Run { id: 0, began: 0 });
                     v.extend_from_slice(&r.id.to_be_bytes());
                     v.extend_from_slice(&r.began.to_be_bytes());
+                }
+                for r in a.retired {
+                    let (key, since) = r.unwrap_or(([0; GROUP_KEY_LEN], 0));
+                    v.extend_from_slice(&key);
+                    v.extend_from_slice(&since.to_be_bytes());
                 }
                 v
             }
@@ -256,7 +271,19 @@ impl Welcome {
                         began: u64::from_be_bytes(began),
                     });
                 }
-                Ok(Welcome::Admitted(Admission {
+                let u64_at = |at: usize| {
+                    let mut n = [0u8; 8];
+                    n.copy_from_slice(&rest[at..at + 8]);
+                    u64::from_be_bytes(n)
+                };
+                let mut retired = [None; super::keys::RETIRED_KEYS];
+                for (i, r) in retired.iter_mut().enumerate() {
+                    let at = 130 + 16 * super::keys::EARLIER_RUNS + (GROUP_KEY_LEN + 8) * i;
+                    let mut key = [0u8; GROUP_KEY_LEN];
+                    key.copy_from_slice(&rest[at..at + GROUP_KEY_LEN]);
+                    *r = (key != [0; GROUP_KEY_LEN]).then_some((key, u64_at(at + GROUP_KEY_LEN)));
+                }
+                Ok(Welcome::Admitted(Box::new(Admission {
                     group_key,
                     slot: (slot != NO_SLOT).then_some(slot),
                     run: u64::from_be_bytes(run),
@@ -266,7 +293,8 @@ impl Welcome {
                     older: (older != [0; GROUP_KEY_LEN])
                         .then_some((older, u64::from_be_bytes(older_since))),
                     earlier,
-                }))
+                    retired,
+                })))
             }
             Some((1, rest)) if rest.len() >= 2 => Ok(Welcome::Refused {
                 code: u16::from_be_bytes([rest[0], rest[1]]),
@@ -473,14 +501,32 @@ mod tests {
                 Some(crate::nats::runs::Run { id: 98, began: 50 }),
                 Some(crate::nats::runs::Run { id: 90, began: 10 }),
                 None,
+                None,
+                None,
+                None,
+                None,
+                None,
+            ],
+            retired: [
+                Some(([4; 32], 900)),
+                Some(([3; 32], 800)),
+                None,
+                None,
+                None,
+                None,
             ],
         };
-        let w = f.welcome(&Welcome::Admitted(adm.clone())).unwrap();
+        let w = f
+            .welcome(&Welcome::Admitted(Box::new(adm.clone())))
+            .unwrap();
         assert!(
             !w.windows(32).any(|x| x == [7; 32]),
             "the group key never travels in the clear"
         );
-        assert_eq!(j.handle_welcome(&w).unwrap(), Welcome::Admitted(adm));
+        assert_eq!(
+            j.handle_welcome(&w).unwrap(),
+            Welcome::Admitted(Box::new(adm))
+        );
         // A refusal reads back as sent.
         let refused = Welcome::Refused {
             code: 4,

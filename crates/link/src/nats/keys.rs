@@ -74,6 +74,14 @@ pub struct GroupKey {
     /// device's sink, or an app side that missed one, sees them as one change of keys) leave
     /// nothing sealed before them unopened.
     pub older: Option<([u8; 32], u64)>,
+    /// The keys retired before `older`, newest first, each with the sequence of the rotation
+    /// that retired it (at most [`RETIRED_KEYS`]; join version 7), kept as `older` is: frames
+    /// under them stored up to there still open, and a sender that sealed under one (three or
+    /// more rotations close together, all missed) seals again only what was stored after
+    /// (found by `testkit/tests/nats_keys.rs`: with two keys kept, a sender three rotations
+    /// behind sealed again everything it kept and the device took a frame twice, and a frame
+    /// under the key three rotations back that the device had not read yet was lost).
+    pub retired: [Option<([u8; 32], u64)>; RETIRED_KEYS],
     /// The device run frames are sealed under: the device's own; on an app side the newest
     /// its joins named.
     pub run: Run,
@@ -87,7 +95,10 @@ pub struct GroupKey {
 }
 
 /// Device runs before the current one a [`GroupKey`] names.
-pub const EARLIER_RUNS: usize = 3;
+pub const EARLIER_RUNS: usize = 8;
+
+/// Keys retired before the previous and the older one that a [`GroupKey`] keeps.
+pub const RETIRED_KEYS: usize = 6;
 
 impl GroupKey {
     /// The first key of a run (no rotation behind it).
@@ -97,6 +108,7 @@ impl GroupKey {
             since: 0,
             previous: None,
             older: None,
+            retired: [None; RETIRED_KEYS],
             run,
             earlier: [None; EARLIER_RUNS],
         }
@@ -142,7 +154,12 @@ impl GroupKey {
         } else {
             match self.older {
                 Some((k, since)) if k == *key => since,
-                _ => 0,
+                _ => self
+                    .retired
+                    .iter()
+                    .flatten()
+                    .find(|(k, _)| k == key)
+                    .map_or(0, |(_, since)| *since),
             }
         }
     }
@@ -179,6 +196,7 @@ impl std::fmt::Debug for GroupKey {
             .field("since", &self.since)
             .field("previous", &self.previous.is_some())
             .field("older", &self.older.map(|(_, s)| s))
+            .field("retired", &self.retired.iter().flatten().count())
             .field("run", &self.run)
             .field("earlier", &self.earlier)
             .finish_non_exhaustive()
@@ -215,17 +233,24 @@ pub fn rotation(
     if revoked.is_empty() {
         return None;
     }
+    // Only a complete rotation's keys are kept (the device rotates again only then).
+    let complete = current.since != SINCE_PENDING;
+    let mut retired = current.retired;
+    if let Some((k, since)) = current.older.filter(|_| complete) {
+        retired.rotate_right(1);
+        retired[0] = Some((k, since));
+    }
     Some(Rotation {
         revoked,
         keys: GroupKey {
             key: fresh,
             since: SINCE_PENDING,
             previous: Some(current.key),
-            // Only a complete rotation's keys are kept (the device rotates again only then).
             older: current
                 .previous
-                .filter(|_| current.since != SINCE_PENDING)
+                .filter(|_| complete)
                 .map(|p| (p, current.since)),
+            retired,
             run: current.run,
             earlier: current.earlier,
         },
@@ -354,6 +379,8 @@ pub struct Opener<H> {
     /// After a rotation: halves under the key before it, and the one before that.
     previous: Vec<(Run, H)>,
     older: Vec<(Run, H)>,
+    /// … and the keys retired before those ([`GroupKey::retired`]), in their order.
+    retired: Vec<Vec<(Run, H)>>,
     held: Option<Held>,
     parked: Option<Parked>,
     /// Stored records dropped without asking (the pause), with where they were stored, and
@@ -419,6 +446,7 @@ impl<H: RunHalf> Opener<H> {
             open: Vec::new(),
             previous: Vec::new(),
             older: Vec::new(),
+            retired: (0..RETIRED_KEYS).map(|_| Vec::new()).collect(),
             held: None,
             parked: None,
             unopened: std::collections::VecDeque::new(),
@@ -464,7 +492,8 @@ impl<H: RunHalf> Opener<H> {
         }
         let same = k.key == self.keys.key
             && k.previous == self.keys.previous
-            && k.older == self.keys.older;
+            && k.older == self.keys.older
+            && k.retired == self.keys.retired;
         self.keys = k;
         self.guard.learn(k.run);
         self.guard.know(k.earlier.iter().flatten().copied());
@@ -474,6 +503,7 @@ impl<H: RunHalf> Opener<H> {
         self.open.clear();
         self.previous.clear();
         self.older.clear();
+        self.retired.iter_mut().for_each(Vec::clear);
         if let Some(p) = &mut self.parked {
             p.changed = true;
         }
@@ -568,15 +598,17 @@ impl<H: RunHalf> Opener<H> {
         let earlier = [
             self.keys.previous.map(|k| (k, self.keys.since)),
             self.keys.older,
-        ];
-        for (i, (key, since)) in earlier.into_iter().flatten().enumerate() {
+        ]
+        .into_iter()
+        .chain(self.keys.retired);
+        for (i, (key, since)) in earlier.enumerate().filter_map(|(i, k)| k.map(|k| (i, k))) {
             let (current, run) = (self.guard.current(), rec.device_run());
             let mut old = Output::new();
             let frame = Frame::from_bytes(rec.meta(), rec.payload.clone());
-            let halves = if i == 0 {
-                &mut self.previous
-            } else {
-                &mut self.older
+            let halves = match i {
+                0 => &mut self.previous,
+                1 => &mut self.older,
+                i => &mut self.retired[i - 2],
             };
             let outcome = open_in(halves, key, run, current, now, frame, rec.wseq, &mut old)?;
             if outcome == Outcome::Replayed {
@@ -999,19 +1031,30 @@ mod tests {
         let r = |id, began| Run { id, began };
         let k = keys(1, r(1, 0)).next_run(r(2, 100)).next_run(r(3, 200));
         assert_eq!(k.run, r(3, 200));
-        assert_eq!(k.earlier, [Some(r(2, 100)), Some(r(1, 0)), None]);
+        assert_eq!(k.earlier[..3], [Some(r(2, 100)), Some(r(1, 0)), None]);
         // A sender of run 1 missed runs 2 and 3: from run 2's start.
         assert_eq!(k.began_after(1), 100);
         assert_eq!(k.began_after(2), 200);
         assert_eq!(k.began_after(3), u64::MAX);
         // Only EARLIER_RUNS are named: a sender older than all of them gets the oldest's.
-        let k = k.next_run(r(4, 300)).next_run(r(5, 400));
+        let mut k = k;
+        for id in 4..=(EARLIER_RUNS as u64 + 2) {
+            k = k.next_run(r(id, id * 100 - 100));
+        }
         assert_eq!(
-            k.earlier,
-            [Some(r(4, 300)), Some(r(3, 200)), Some(r(2, 100))]
+            k.earlier[0],
+            Some(r(EARLIER_RUNS as u64 + 1, EARLIER_RUNS as u64 * 100))
         );
+        assert_eq!(k.earlier[EARLIER_RUNS - 1], Some(r(2, 100)));
         assert_eq!(k.began_after(1), 100);
         assert_eq!(k.began_after(0), 100);
+        assert_eq!(k.began_after(3), 300);
+        let k = k.next_run(r(99, 9900));
+        assert_eq!(
+            k.began_after(1),
+            200,
+            "run 2 is no longer named: its start is lost"
+        );
         // A rotation keeps them.
         let rot = rotation(k, &["x".into()], |_| false, [9; 32]).unwrap();
         assert_eq!(rot.keys.earlier, k.earlier);
@@ -1019,13 +1062,13 @@ mod tests {
         // first run it missed; after a rotation from where it began; both: the earlier.
         let first = keys(1, r(1, 0));
         assert_eq!(k.resend_after(&k), None);
-        assert_eq!(k.resend_after(&first), Some(100));
+        assert_eq!(k.resend_after(&first), Some(200));
         let rotated = rot.keys.since_at(450);
         assert_eq!(rotated.resend_after(&k), Some(450));
-        assert_eq!(rotated.resend_after(&first), Some(100));
-        assert_eq!(rotated.resend_after(&keys(1, r(5, 400))), Some(450));
+        assert_eq!(rotated.resend_after(&first), Some(200));
+        assert_eq!(rotated.resend_after(&keys(1, r(99, 9900))), Some(450));
         assert_eq!(
-            rotated.resend_after(&keys(7, r(5, 400))),
+            rotated.resend_after(&keys(7, r(99, 9900))),
             Some(0),
             "key 7 is none of these keys': everything again"
         );
@@ -1173,6 +1216,37 @@ mod tests {
         assert_eq!(out.take_frames().len(), 1);
         // Only junk left aside, long ago: no more asking.
         assert_eq!(o.ask_again(next + FRUITLESS_PAUSE * 3), None);
+    }
+
+    #[test]
+    fn keys_many_rotations_back_are_named_with_where_they_were_retired() {
+        let holders = ["a".to_owned(), "b".to_owned()];
+        let mut k = keys(1, RUN);
+        // Nine rotations, each complete (rotation n retires key n at 10 n).
+        for n in 1..=9u8 {
+            k = rotation(k, &holders, |h| h != "a", [n + 1; 32])
+                .unwrap()
+                .keys
+                .since_at(10 * u64::from(n));
+        }
+        assert_eq!(k.retired_after(&[10; 32]), u64::MAX);
+        assert_eq!(k.retired_after(&[9; 32]), 90, "previous");
+        assert_eq!(k.retired_after(&[8; 32]), 80, "older");
+        // A sender that sealed under key 2 and missed seven rotations: only what was stored
+        // after 20 goes again (it sent everything it kept, and the device took some twice).
+        for n in 2..=7u8 {
+            assert_eq!(k.retired_after(&[n; 32]), 10 * u64::from(n), "key {n}");
+        }
+        // Past the history: nothing of it is known to have opened.
+        assert_eq!(k.retired_after(&[1; 32]), 0);
+        // The tenth retires key 8 to the history; one on top of a rotation still reading
+        // where it began keeps the history as it stands.
+        let pending = rotation(k, &holders, |h| h != "a", [11; 32]).unwrap().keys;
+        assert_eq!(pending.retired[0], Some(([8; 32], 80)));
+        let again = rotation(pending, &holders, |h| h != "a", [12; 32])
+            .unwrap()
+            .keys;
+        assert_eq!(again.retired, pending.retired);
     }
 
     #[test]

@@ -141,6 +141,8 @@ pub struct Reorder {
     /// The consumer's first stream sequence: a run that began at or after it is delivered
     /// whole, so its order starts at subject sequence 0 (see [`Reorder::whole_runs_from`]).
     start: Option<u64>,
+    /// The newest run a record of which opened.
+    newest_genuine: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -185,6 +187,7 @@ impl Reorder {
             max: max.max(1),
             skipped: 0,
             start: None,
+            newest_genuine: None,
         }
     }
 
@@ -204,11 +207,38 @@ impl Reorder {
     pub fn push(&mut self, item: Stored, now: std::time::Instant) -> Vec<Stored> {
         let (run, wseq) = (item.0.run, item.0.wseq);
         let Some(i) = self.runs.iter().position(|r| r.run == run) else {
+            // A run before one a genuine record of which opened waits for nothing: what of it
+            // is still taken was stored before the newer run began (`RunGuard`), so before
+            // that record, and what never came never will (as [`Reorder::genuine`] gives up
+            // such gaps). Its records (late copies, replays: their checks drop them) go on at
+            // once and take no order's place (they made a new run whose first record came
+            // late, its later ones held, give its place up and let those out ahead of it —
+            // found by `testkit/tests/nats_keys.rs` with six device restarts in a row).
+            if self.newest_genuine.is_some_and(|g| run < g) {
+                return vec![item];
+            }
             let mut out = Vec::new();
             if self.runs.len() >= RUNS {
-                // One no genuine record came in for goes first, else the one seen longest ago;
-                // what it held comes out as it is.
-                let i = self.runs.iter().position(|r| !r.genuine).unwrap_or(0);
+                // One a newer run's genuine record superseded goes first (it waits for
+                // nothing), then one no genuine record came in for and that holds nothing,
+                // then, of those no genuine record came in for, the one holding fewest, else
+                // the one seen longest ago; what it held comes out as it is (a forged run
+                // holding many must not push a genuine new run's order out first).
+                let i = self
+                    .runs
+                    .iter()
+                    .position(|r| r.superseded)
+                    .or_else(|| {
+                        self.runs
+                            .iter()
+                            .position(|r| !r.genuine && r.held.is_empty())
+                    })
+                    .or_else(|| {
+                        (0..self.runs.len())
+                            .filter(|&i| !self.runs[i].genuine)
+                            .min_by_key(|&i| self.runs[i].held.len())
+                    })
+                    .unwrap_or(0);
                 let old = self.runs.remove(i);
                 out.extend(old.held.into_values().flatten());
             }
@@ -276,6 +306,7 @@ impl Reorder {
     /// `testkit/tests/nats_keys.rs` with device restarts: the old run's last frames waited
     /// the whole `REORDER_WAIT` behind it and came after the new run's first ones.
     pub fn genuine(&mut self, run: u64, wseq: u64, now: std::time::Instant) -> Vec<Stored> {
+        self.newest_genuine = Some(self.newest_genuine.map_or(run, |g| g.max(run)));
         let mut earlier = Vec::new();
         for o in self.runs.iter_mut().filter(|r| r.run < run) {
             o.superseded = true;
@@ -577,6 +608,34 @@ mod tests {
         assert_eq!(w(r.push(rec_b(5, 999, 1), t)), vec![1, 2]);
         // A run that began before the consumer's start is seen from its middle.
         assert_eq!(w(r.push(rec_b(4, 998, 7), t)), vec![7]);
+    }
+
+    #[test]
+    fn after_many_restarts_a_new_runs_late_first_record_keeps_its_place() {
+        let t = std::time::Instant::now();
+        let mut r = Reorder::new(std::time::Duration::from_secs(30), 100);
+        r.whole_runs_from(0);
+        // Runs 1, 2, 3 each open a record (each supersedes the one before).
+        for run in 1..=3 {
+            assert_eq!(w(r.push(rec(run, 0), t)), vec![0]);
+            r.genuine(run, 0, t);
+        }
+        // Run 4's second record comes before its first: it waits.
+        assert_eq!(w(r.push(rec(4, 1), t)), Vec::<u64>::new());
+        // A record of run 5 (a fifth order): a superseded run makes way, not run 4.
+        assert_eq!(w(r.push(rec(5, 0), t)), vec![0]);
+        // Late copies and replays of earlier runs, whole ones too: they go on at once and
+        // take no order's place.
+        for (run, wseq) in [(1, 9), (2, 3), (1, 4), (2, 7), (2, 8)] {
+            assert_eq!(w(r.push(rec(run, wseq), t)), vec![wseq]);
+        }
+        // A forged run far ahead (whole: it waits for its 0) and another: the one holding
+        // fewest of those no genuine record came in for makes way, run 4 keeps its place.
+        assert_eq!(w(r.push(rec(90, 5), t)), Vec::<u64>::new());
+        assert_eq!(w(r.push(rec(4, 2), t)), Vec::<u64>::new());
+        assert_eq!(w(r.push(rec(91, 5), t)), Vec::<u64>::new());
+        assert_eq!(w(r.push(rec(4, 0), t)), vec![0, 1, 2]);
+        assert_eq!(r.skipped, 0);
     }
 
     #[test]
