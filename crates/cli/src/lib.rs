@@ -12,6 +12,7 @@ pub mod config;
 pub mod demo;
 pub mod fanout;
 pub mod logfmt;
+pub mod pair;
 pub mod rfbaccel;
 pub mod serve;
 pub mod session;

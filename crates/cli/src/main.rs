@@ -257,6 +257,27 @@ enum Command {
         #[command(flatten)]
         home: HomeArg,
     },
+    /// Pair with another machine by a one-time code, no fingerprints to copy: `ndd pair` here
+    /// shows a code and listens; `ndd pair CODE --connect THIS_HOST` there. Each side then
+    /// trusts the other (known_peers), as `ndd trust` would. A code lasts 5 minutes and takes
+    /// 3 wrong tries; it is never sent (SPAKE2).
+    Pair {
+        /// The code the other machine shows (with --connect: join it); `1234-5678`, `12345678`
+        /// and `1234 5678` are the same code.
+        #[arg(requires = "connect", num_args = 1..=2, value_name = "CODE")]
+        code: Vec<String>,
+        /// The machine showing the code: HOST, or HOST:PORT (port 7870 by default).
+        #[arg(long, value_name = "HOST", requires = "code")]
+        connect: Option<String>,
+        /// Where to listen while showing a code.
+        #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:7870")]
+        listen: String,
+        /// The name to remember the peer by (default: the name it gives: its host name).
+        #[arg(long)]
+        name: Option<String>,
+        #[command(flatten)]
+        home: HomeArg,
+    },
     /// Stop trusting a peer (removes it from known_peers): its next connection or join is
     /// refused; a NATS device side also rotates its group key.
     Untrust {
@@ -861,6 +882,20 @@ fn run(cli: Cli) -> Result<i32> {
                 println!("{fingerprint} was already trusted");
             }
             Ok(0)
+        }
+        Command::Pair {
+            code,
+            connect,
+            listen,
+            name,
+            home,
+        } => {
+            let rt = runtime()?;
+            let dir = home.dir();
+            match connect {
+                Some(h) => rt.block_on(ndd::pair::join(&code.join(" "), &h, &dir, name.as_deref())),
+                None => rt.block_on(ndd::pair::offer(&listen, &dir, name.as_deref())),
+            }
         }
         Command::Untrust { peer, home } => {
             let dir = home.dir();

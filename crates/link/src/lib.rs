@@ -53,6 +53,7 @@ pub mod establish;
 pub mod frag;
 pub mod identity;
 pub mod nats;
+pub mod pair;
 pub mod quic;
 pub mod seal;
 pub mod tls;
