@@ -104,6 +104,27 @@ enum ShareWhat {
         #[command(flatten)]
         run: ShareRun,
     },
+    /// This machine's keyboard and mouse, driving the programs on the machine running `ndd
+    /// attach input` (the device side of examples/input.toml): a window covering this X
+    /// display takes what you type and click, or --device takes an event device.
+    #[command(group(clap::ArgGroup::new("way").required(true).args(["to", "listen"])))]
+    Input {
+        /// Connect to HOST[:PORT] (default port 7886), where `ndd attach input` runs.
+        #[arg(long, value_name = "HOST")]
+        to: Option<String>,
+        /// Listen on ADDR instead, for `ndd attach input --from`.
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<String>,
+        /// The X display whose keyboard and mouse are shared.
+        #[arg(long, default_value = ":0", conflicts_with = "device")]
+        display: String,
+        /// A Linux event device instead (/dev/input/by-id/…-event-kbd), taken exclusively
+        /// while shared.
+        #[arg(long, value_name = "PATH")]
+        device: Option<PathBuf>,
+        #[command(flatten)]
+        run: ShareRun,
+    },
 }
 
 /// Where an attaching side's link goes.
@@ -149,6 +170,21 @@ enum AttachWhat {
     Audio {
         #[command(flatten)]
         way: AttachWay,
+        #[command(flatten)]
+        run: ShareRun,
+    },
+    /// A keyboard and mouse shared with `ndd share input`, typing and clicking into this
+    /// machine's X display (XTEST), or into a virtual input device with --uinput (the app
+    /// side of examples/input.toml).
+    Input {
+        #[command(flatten)]
+        way: AttachWay,
+        /// The X display the input goes to.
+        #[arg(long, default_value = ":0", conflicts_with = "uinput")]
+        display: String,
+        /// A virtual input device (/dev/uinput) every program sees, X11, Wayland or console.
+        #[arg(long)]
+        uinput: bool,
         #[command(flatten)]
         run: ShareRun,
     },
@@ -473,6 +509,23 @@ fn share(what: ShareWhat) -> Result<i32> {
             run,
         ),
         ShareWhat::Audio { to, listen, run } => (Kind::Audio, to, listen, Local::default(), run),
+        ShareWhat::Input {
+            to,
+            listen,
+            display,
+            device,
+            run,
+        } => (
+            Kind::Input,
+            to,
+            listen,
+            Local {
+                display: Some(display),
+                device: device.map(|d| d.display().to_string()),
+                ..Local::default()
+            },
+            run,
+        ),
     };
     let link = match (to, listen) {
         (Some(h), _) => Link::Connect(with_port(&h, kind.port())),
@@ -522,6 +575,21 @@ fn attach(what: AttachWhat) -> Result<i32> {
             run,
         ),
         AttachWhat::Audio { way, run } => (Kind::Audio, way, Local::default(), run),
+        AttachWhat::Input {
+            way,
+            display,
+            uinput,
+            run,
+        } => (
+            Kind::Input,
+            way,
+            Local {
+                display: Some(display),
+                uinput,
+                ..Local::default()
+            },
+            run,
+        ),
     };
     let link = match (way.from, way.listen) {
         (Some(h), _) => Link::Connect(with_port(&h, kind.port())),

@@ -1,7 +1,8 @@
 //! One-line shares: `ndd share serial /dev/ttyUSB0 --to HOST` on the machine with the port,
 //! `ndd attach serial --link /dev/ttyREMOTE` on the machine with the program; the same for a
 //! desktop (`share desktop` where the programs run, `attach desktop` where the person sits)
-//! and for sound (`share audio` where the microphone and speakers are). Each builds its driver
+//! and for sound (`share audio` where the microphone and speakers are), and a keyboard and
+//! mouse (`share input` where they are, `attach input` where the programs run). Each builds its driver
 //! from the config in `examples/` (embedded here, so both sides agree and the examples stay
 //! the one definition), runs it as `ndd run` would, and `--print-config` writes the TOML
 //! instead, so a share becomes a service.
@@ -18,6 +19,9 @@ pub enum Kind {
     Desktop,
     /// A microphone and speakers (`examples/audio.toml`): shared by the device side.
     Audio,
+    /// A keyboard and mouse (`examples/input.toml`): shared by the device side, driving the
+    /// app side's X display.
+    Input,
 }
 
 impl Kind {
@@ -26,6 +30,7 @@ impl Kind {
             Kind::Serial => include_str!("../../../examples/serial.toml"),
             Kind::Desktop => include_str!("../../../examples/desktop.toml"),
             Kind::Audio => include_str!("../../../examples/audio.toml"),
+            Kind::Input => include_str!("../../../examples/input.toml"),
         }
     }
 
@@ -33,7 +38,7 @@ impl Kind {
     pub fn sharing_side(self) -> SideName {
         match self {
             Kind::Desktop => SideName::App,
-            Kind::Serial | Kind::Audio => SideName::Device,
+            Kind::Serial | Kind::Audio | Kind::Input => SideName::Device,
         }
     }
 
@@ -52,6 +57,7 @@ impl Kind {
             Kind::Serial => "serial",
             Kind::Desktop => "desktop",
             Kind::Audio => "audio",
+            Kind::Input => "input",
         }
     }
 }
@@ -75,8 +81,12 @@ pub struct Local {
     pub pty: Option<String>,
     /// Serial: line speed.
     pub baud: Option<u32>,
-    /// Desktop: this machine's X display.
+    /// Desktop, input: this machine's X display.
     pub display: Option<String>,
+    /// Input: a Linux event device to share instead of the X display (taken exclusively).
+    pub device: Option<String>,
+    /// Input: a virtual input device (uinput) instead of the X display.
+    pub uinput: bool,
 }
 
 /// `HOST` or `HOST:PORT` as an address, `port` when none is given; an IPv6 address without a
@@ -129,7 +139,7 @@ pub fn peer_command(kind: Kind, side: SideName, listen: &str) -> String {
         let what = match kind {
             Kind::Serial => " PORT",
             Kind::Desktop => " --display :0",
-            Kind::Audio => "",
+            Kind::Audio | Kind::Input => "",
         };
         format!("ndd share {name}{what} --to THIS_HOST{port}")
     }
@@ -195,6 +205,18 @@ pub fn config(kind: Kind, side: SideName, link: &Link, local: &Local) -> String 
                 SideName::Device => "display = \":0\"",
             };
             l = l.replace(mine, &format!("display = {}", quoted(d)));
+        }
+        if let (Some(dev), true) = (
+            &local.device,
+            t.starts_with("source = { type = \"x11-input\""),
+        ) {
+            l = format!(
+                "source = {{ type = \"evdev\", path = {}, grab = true }}",
+                quoted(dev)
+            );
+        }
+        if local.uinput && t.starts_with("sink = { type = \"xtest\"") {
+            l = "sink = { type = \"uinput\", name = \"ndd remote input\" }".to_string();
         }
         text.push_str(&l);
         text.push('\n');
@@ -265,7 +287,7 @@ mod tests {
             ),
             (7882, 7890, 7884)
         );
-        for kind in [Kind::Serial, Kind::Desktop, Kind::Audio] {
+        for kind in [Kind::Serial, Kind::Desktop, Kind::Audio, Kind::Input] {
             let (a, b) = both(kind, &Local::default(), &Local::default());
             // The attaching side listens in both files; the sharing side connects there.
             let attach = kind.sharing_side().other();
@@ -315,5 +337,46 @@ mod tests {
         assert!(d.contains(r#"type = "x11-screen", display = ":5""#), "{d}");
         assert!(d.contains(r#"type = "xtest", display = ":5""#), "{d}");
         assert!(d.contains(r#"type = "x11-window", display = ":0""#), "{d}");
+        // Input: an event device instead of the X display here, a uinput device there; the
+        // sides still agree.
+        let kbd = Local {
+            device: Some("/dev/input/by-id/kbd".into()),
+            ..Local::default()
+        };
+        let virt = Local {
+            uinput: true,
+            ..Local::default()
+        };
+        let (a, b) = both(Kind::Input, &kbd, &virt);
+        for s in [SideName::Device, SideName::App] {
+            assert_eq!(a.hello(s), b.hello(s));
+        }
+        let share = config(
+            Kind::Input,
+            SideName::Device,
+            &Link::Connect("h:1".into()),
+            &kbd,
+        );
+        assert!(
+            share.contains(
+                r#"source = { type = "evdev", path = "/dev/input/by-id/kbd", grab = true }"#
+            ),
+            "{share}"
+        );
+        let attach = config(
+            Kind::Input,
+            SideName::App,
+            &Link::Listen("0.0.0.0:1".into()),
+            &virt,
+        );
+        assert!(
+            attach.contains(r#"sink = { type = "uinput", name = "ndd remote input" }"#),
+            "{attach}"
+        );
+        assert_eq!(Kind::Input.port(), 7886);
+        assert_eq!(
+            peer_command(Kind::Input, SideName::App, "0.0.0.0:7886"),
+            "ndd share input --to THIS_HOST"
+        );
     }
 }

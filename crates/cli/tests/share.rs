@@ -173,3 +173,77 @@ fn a_desktop_shared_in_one_line_opens_its_window_on_the_other_display() {
     shared.kill();
     viewer.kill();
 }
+
+/// `ndd share input --display A --to HOST` and `ndd attach input --display B`: a key typed and
+/// a click made on A (into the window the share opens) reach an unmodified `xev` on B.
+#[test]
+fn a_keyboard_and_mouse_shared_in_one_line_type_into_the_other_display() {
+    if let Some(m) = missing(&["Xvfb", "xdotool", "xev"]) {
+        println!("SKIPPED: needs {m} (apt-get install xvfb xdotool x11-utils)");
+        return;
+    }
+    let dev_x = Xvfb::start("640x480x24").expect("start Xvfb");
+    let app_x = Xvfb::start("640x480x24").expect("start Xvfb");
+    let dir = Dir::new("share-input");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    // xev on B, covering its screen (the pointer and the keys go where it is).
+    let mut xev = Command::new("xev")
+        .args(["-display", &app_x.display, "-geometry", "640x480+0+0"])
+        .args([
+            "-event",
+            "keyboard",
+            "-event",
+            "button",
+            "-event",
+            "structure",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start xev");
+    let mut out = xev.stdout.take().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let s2 = seen.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = out.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            s2.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    wait_for("xev's window", WAIT, || {
+        seen.lock().unwrap().contains("MapNotify")
+    });
+    let addr = free_addr();
+    let mut attach = ndd();
+    attach
+        .args(["attach", "input", "--display", &app_x.display])
+        .args(["--listen", &addr, "--home"])
+        .arg(&app_home);
+    let attached = Side::spawn(attach);
+    let mut share = ndd();
+    share
+        .args(["share", "input", "--display", &dev_x.display, "--to", &addr])
+        .arg("--home")
+        .arg(&dev_home);
+    let shared = Side::spawn(share);
+    shared.wait_says("streams agreed", &[&attached]);
+    // The share's window covers A and takes the focus once mapped: type until B sees it.
+    wait_for("a key typed on A at xev on B", WAIT, || {
+        let _ = Command::new("xdotool")
+            .env("DISPLAY", &dev_x.display)
+            .args(["mousemove", "100", "120", "key", "a", "click", "1"])
+            .status();
+        std::thread::sleep(Duration::from_millis(200));
+        let s = seen.lock().unwrap();
+        s.contains("(keysym 0x61, a)") && s.contains("ButtonPress")
+    });
+    let _ = xev.kill();
+    let _ = xev.wait();
+    shared.kill();
+    attached.kill();
+}
