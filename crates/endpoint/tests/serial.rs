@@ -139,6 +139,11 @@ fn fds_on(path: &Path) -> usize {
         .count()
 }
 
+/// One test at a time opens ptys: `/dev/pts/N` and fd numbers are the lowest free ones, so a
+/// pty another test opens right after one closed here takes its name, and the check that this
+/// test's pty was closed counted the other test's (seen with four test threads on two cores).
+static PTYS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
     while !cond() {
@@ -152,6 +157,7 @@ async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_megabyte_each_way_is_byte_identical() {
+    let _ptys = PTYS.lock().await;
     const N: usize = 1 << 20;
     let port = stand_in();
     let link = temp_path("bytes");
@@ -189,6 +195,7 @@ async fn one_megabyte_each_way_is_byte_identical() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn line_settings_set_by_the_app_reach_the_device_tty() {
+    let _ptys = PTYS.lock().await;
     let port = stand_in();
     let link = temp_path("stty");
     let d = driver(&port.path, &link);
@@ -240,6 +247,7 @@ async fn line_settings_set_by_the_app_reach_the_device_tty() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_app_can_close_and_reopen_the_port() {
+    let _ptys = PTYS.lock().await;
     let port = stand_in();
     let link = temp_path("reopen");
     let d = driver(&port.path, &link);
@@ -261,6 +269,7 @@ async fn the_app_can_close_and_reopen_the_port() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_streams_share_one_file_and_the_link_lives_until_both_end() {
+    let _ptys = PTYS.lock().await;
     let port = stand_in();
     let link = temp_path("shared");
     let d = driver(&port.path, &link);
@@ -289,6 +298,7 @@ async fn both_streams_share_one_file_and_the_link_lives_until_both_end() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_symlink_is_replaced_but_a_regular_file_is_refused() {
+    let _ptys = PTYS.lock().await;
     let link = temp_path("stale");
     let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink("/dev/pts/does-not-exist", &link).unwrap();
@@ -324,6 +334,7 @@ async fn a_stale_symlink_is_replaced_but_a_regular_file_is_refused() {
 
 #[tokio::test]
 async fn opening_errors_are_clear() {
+    let _ptys = PTYS.lock().await;
     let missing = temp_path("no-such-tty");
     let (tx, _rx) = mpsc::channel(1);
     let e = SourceConfig::Serial(SerialConfig::new(&missing))
@@ -430,6 +441,7 @@ fn frame(seq: u64, payload: &[u8]) -> Frame {
 
 #[tokio::test]
 async fn serial_sink_applies_settings_frames_and_refuses_malformed_ones() {
+    let _ptys = PTYS.lock().await;
     let port = stand_in();
     let (tx, rx) = mpsc::channel(8);
     let sink = SinkConfig::Serial(SerialConfig::new(&port.path))
@@ -523,6 +535,7 @@ ser.close()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pyserial_program_talks_to_the_device_unmodified() {
+    let _ptys = PTYS.lock().await;
     let Some(python) = python_with_pyserial() else {
         eprintln!("SKIPPED: no python3 with pyserial (Debian: apt-get install python3-serial)");
         return;
@@ -577,6 +590,7 @@ async fn a_pyserial_program_talks_to_the_device_unmodified() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pty_sink_marks_every_frame_delivered_once_written() {
+    let _ptys = PTYS.lock().await;
     const N: u64 = 40;
     let link = temp_path("delivered");
     let (tx, rx) = mpsc::channel(4);
