@@ -179,7 +179,8 @@ pub enum LinkError {
     /// The peer presented a key that is not in known_peers.
     #[error(
         "refusing unknown peer {fingerprint}: it is not listed in {}. If you trust this peer \
-         (compare with `ndd id` on the other machine), run: {trust_command}",
+         (compare with `ndd id` on the other machine), run: {trust_command} (or pair the two \
+         machines by a code: `ndd pair` on one, `ndd pair CODE --connect HOST` on the other)",
         known_peers.display()
     )]
     UnknownPeer {
