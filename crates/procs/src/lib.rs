@@ -705,3 +705,172 @@ impl Drop for Nats {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// A headless sway (wlroots' headless backend, the pixman renderer, no input devices) with
+/// one output of a given size, killed on drop: a Wayland compositor for tests. sway refuses
+/// to run as root, so as root it runs as `nobody` (setpriv) with a runtime directory of its
+/// own; root connects to its sockets all the same.
+#[derive(Debug)]
+pub struct Sway {
+    _child: Killed,
+    /// Its runtime directory (removed on drop), holding the sockets.
+    pub dir: PathBuf,
+    /// The Wayland socket's full path (an endpoint's `display`).
+    pub socket: PathBuf,
+    /// The IPC socket (`SWAYSOCK` for swaymsg).
+    pub ipc: PathBuf,
+}
+
+impl Sway {
+    /// Starts sway with its output `HEADLESS-1` at `width`x`height`, a solid background of
+    /// `color` (`#rrggbb`); returns once both sockets are there.
+    pub fn start(name: &str, width: u32, height: u32, color: &str) -> std::io::Result<Sway> {
+        let dir = std::env::temp_dir().join(format!("ndd-sway-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let config = dir.join("config");
+        std::fs::write(
+            &config,
+            format!("output HEADLESS-1 resolution {width}x{height} bg {color} solid_color\n"),
+        )?;
+        let root = Command::new("id")
+            .arg("-u")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+            .unwrap_or(false);
+        let mut cmd = if root {
+            // nobody: the directory must be its own, 0700.
+            let chown = Command::new("chown")
+                .args(["-R", "65534:65534"])
+                .arg(&dir)
+                .status()?;
+            if !chown.success() {
+                return Err(std::io::Error::other("chown of sway's directory failed"));
+            }
+            let mut c = Command::new("setpriv");
+            c.args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--",
+                "sway",
+            ]);
+            c
+        } else {
+            Command::new("sway")
+        };
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+        let child = cmd
+            .arg("-c")
+            .arg(&config)
+            .env("XDG_RUNTIME_DIR", &dir)
+            .env("WLR_BACKENDS", "headless")
+            .env("WLR_LIBINPUT_NO_DEVICES", "1")
+            .env("WLR_RENDERER", "pixman")
+            .env_remove("WAYLAND_DISPLAY")
+            .env_remove("DISPLAY")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(
+                std::env::temp_dir().join(format!("ndd-sway-{name}.log")),
+            )?)
+            .spawn()?;
+        let child = Killed(child);
+        let t0 = Instant::now();
+        loop {
+            let entries: Vec<PathBuf> = std::fs::read_dir(&dir)?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .collect();
+            let socket = entries.iter().find(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("wayland-") && !n.ends_with(".lock"))
+            });
+            let ipc = entries.iter().find(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("sway-ipc."))
+            });
+            if let (Some(s), Some(i)) = (socket, ipc) {
+                return Ok(Sway {
+                    _child: child,
+                    socket: s.clone(),
+                    ipc: i.clone(),
+                    dir,
+                });
+            }
+            if t0.elapsed() > Duration::from_secs(10) {
+                return Err(std::io::Error::other(format!(
+                    "sway made no sockets in 10 s (its log: {})",
+                    std::env::temp_dir()
+                        .join(format!("ndd-sway-{name}.log"))
+                        .display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Runs `swaymsg` with `args` against this sway; whether it succeeded.
+    pub fn msg(&self, args: &[&str]) -> bool {
+        Command::new("swaymsg")
+            .env("SWAYSOCK", &self.ipc)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// What `grim` captures of the output now: width, height and RGB rows (its PPM).
+    pub fn grim(&self) -> std::io::Result<(usize, usize, Vec<u8>)> {
+        let out = Command::new("grim")
+            .env("XDG_RUNTIME_DIR", &self.dir)
+            .env("WAYLAND_DISPLAY", &self.socket)
+            .args(["-t", "ppm", "-"])
+            .output()?;
+        if !out.status.success() {
+            return Err(std::io::Error::other(format!(
+                "grim failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        parse_ppm(&out.stdout)
+            .ok_or_else(|| std::io::Error::other("grim's output is not a binary PPM"))
+    }
+}
+
+impl Drop for Sway {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A binary PPM (`P6`, maxval 255): width, height, RGB bytes.
+pub fn parse_ppm(b: &[u8]) -> Option<(usize, usize, Vec<u8>)> {
+    let mut fields = Vec::new();
+    let mut at = 0;
+    while fields.len() < 4 {
+        while b.get(at)?.is_ascii_whitespace() {
+            at += 1;
+        }
+        if *b.get(at)? == b'#' {
+            while *b.get(at)? != b'\n' {
+                at += 1;
+            }
+            continue;
+        }
+        let start = at;
+        while !b.get(at)?.is_ascii_whitespace() {
+            at += 1;
+        }
+        fields.push(std::str::from_utf8(&b[start..at]).ok()?.to_string());
+    }
+    at += 1;
+    if fields[0] != "P6" || fields[3] != "255" {
+        return None;
+    }
+    let (w, h): (usize, usize) = (fields[1].parse().ok()?, fields[2].parse().ok()?);
+    let px = b.get(at..at + w * h * 3)?.to_vec();
+    Some((w, h, px))
+}

@@ -34,6 +34,36 @@ impl Default for X11ScreenConfig {
     }
 }
 
+/// `wayland-screen` source parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WaylandScreenConfig {
+    /// The compositor's socket: a name in `$XDG_RUNTIME_DIR` (`wayland-1`) or a full path;
+    /// empty: `$WAYLAND_DISPLAY`.
+    #[serde(default)]
+    pub display: String,
+    /// The output captured, by name (`HEADLESS-1`, `DP-1`); none: the first.
+    #[serde(default)]
+    pub output: Option<String>,
+    /// At most this many updates per second.
+    #[serde(default = "default_max_fps")]
+    pub max_fps: f64,
+    /// Seconds between keyframes of the whole output; 0 = only the first.
+    #[serde(default)]
+    pub refresh_s: f64,
+}
+
+impl Default for WaylandScreenConfig {
+    fn default() -> Self {
+        WaylandScreenConfig {
+            display: String::new(),
+            output: None,
+            max_fps: default_max_fps(),
+            refresh_s: 0.0,
+        }
+    }
+}
+
 fn default_window_title() -> String {
     "ndd display".to_string()
 }

@@ -22,20 +22,24 @@
 //!
 //! Files: `config.rs` ([`X11ScreenConfig`], [`X11WindowConfig`], [`FramebufferConfig`]),
 //! `x11.rs` (what the source and sinks share: screen format, MIT-SHM, the viewer
-//! registry), `source.rs` and `sink.rs` (the tasks), `scale.rs` (the viewer's scaling, pure).
+//! registry), `source.rs` and `sink.rs` (the tasks), `scale.rs` (the viewer's scaling, pure),
+//! `wayland.rs` (the `wayland-screen` source: wlr-screencopy on wlroots compositors).
 
 mod config;
 mod cursor;
 pub mod scale;
 mod sink;
 mod source;
+mod wayland;
 mod x11;
 
 pub use config::{
-    FramebufferConfig, X11CursorSinkConfig, X11CursorSourceConfig, X11ScreenConfig, X11WindowConfig,
+    FramebufferConfig, WaylandScreenConfig, X11CursorSinkConfig, X11CursorSourceConfig,
+    X11ScreenConfig, X11WindowConfig,
 };
 pub(crate) use cursor::{spawn_x11_cursor_sink, spawn_x11_cursor_source};
 pub use ndd_wire::display::*;
 pub(crate) use sink::{spawn_framebuffer_sink, spawn_x11_window_sink};
 pub(crate) use source::spawn_x11_screen_source;
+pub(crate) use wayland::{open_wayland_screen, spawn_wayland_screen_source};
 pub(crate) use x11::wait_for_viewer;

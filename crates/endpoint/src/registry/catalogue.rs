@@ -239,6 +239,16 @@ pub const SOURCES: &[EndpointInfo] = &[
             ("count", "integer", "none", "frames to send, then end; endless when absent"),
         ],
     },
+    EndpointInfo {
+        name: "wayland-screen",
+        summary: "an output of a wlroots Wayland compositor (sway, Hyprland, river, labwc) as display updates: the rectangles the compositor reports changed (wlr-screencopy with damage)",
+        params: &[
+            ("display", "string", "$WAYLAND_DISPLAY", "the compositor's socket: a name in $XDG_RUNTIME_DIR (wayland-1) or a full path"),
+            ("output", "string", "the first", "the output captured, by name (HEADLESS-1, DP-1: `swaymsg -t get_outputs`)"),
+            ("max_fps", "float > 0", "30", "at most this many updates per second; damage between two captures is merged"),
+            ("refresh_s", "float >= 0", "0", "a keyframe of the whole output every this many seconds; 0 = only the first"),
+        ],
+    },
 ];
 
 /// Every sink endpoint.

@@ -106,6 +106,10 @@ fn catalogue_params_match_the_config_keys() {
             ..Default::default()
         }),
         SourceConfig::V4l2(parse("{ path = \"/dev/video0\", count = 1 }").unwrap()),
+        SourceConfig::WaylandScreen(crate::display::WaylandScreenConfig {
+            output: Some("DP-1".into()),
+            ..Default::default()
+        }),
     ];
     let sinks = [
         SinkConfig::Stdout(StdoutConfig::default()),

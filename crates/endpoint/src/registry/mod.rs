@@ -35,7 +35,8 @@ use crate::common::error::EndpointError;
 use crate::common::framing::MAX_LENGTH_FRAME;
 use crate::common::report::{SinkTask, SourceTask};
 use crate::display::{
-    FramebufferConfig, X11CursorSinkConfig, X11CursorSourceConfig, X11ScreenConfig, X11WindowConfig,
+    FramebufferConfig, WaylandScreenConfig, X11CursorSinkConfig, X11CursorSourceConfig,
+    X11ScreenConfig, X11WindowConfig,
 };
 use crate::file::{FileSinkConfig, FileSourceConfig};
 use crate::input::{EvdevConfig, UinputConfig, X11InputConfig, XtestConfig};
@@ -105,6 +106,9 @@ pub enum SourceConfig {
     CameraSim(CameraSimConfig),
     /// A Video4Linux2 camera (device side).
     V4l2(V4l2Config),
+    /// An output of a wlroots Wayland compositor (app side).
+    #[serde(rename = "wayland-screen")]
+    WaylandScreen(WaylandScreenConfig),
 }
 
 /// Where a stream's frames go.
@@ -265,6 +269,7 @@ impl SourceConfig {
             SourceConfig::Synthetic(_)
             | SourceConfig::File(_)
             | SourceConfig::X11Screen(_)
+            | SourceConfig::WaylandScreen(_)
             | SourceConfig::CameraSim(_)
             | SourceConfig::V4l2(_) => false,
         }
@@ -284,6 +289,7 @@ impl SourceConfig {
             | SourceConfig::Serial(_)
             | SourceConfig::Pty(_)
             | SourceConfig::X11Screen(_)
+            | SourceConfig::WaylandScreen(_)
             | SourceConfig::X11Cursor(_)
             | SourceConfig::X11Clipboard(_)
             | SourceConfig::Rfc2217Server(_)
@@ -315,6 +321,7 @@ impl SourceConfig {
             | SourceConfig::Stdin(_)
             | SourceConfig::X11Input(_)
             | SourceConfig::X11Screen(_)
+            | SourceConfig::WaylandScreen(_)
             | SourceConfig::X11Cursor(_)
             | SourceConfig::X11Clipboard(_)
             | SourceConfig::Rfc2217Server(_)
@@ -343,6 +350,7 @@ impl SourceConfig {
             SourceConfig::PulseCapture(_) => &SOURCES[13],
             SourceConfig::CameraSim(_) => &SOURCES[14],
             SourceConfig::V4l2(_) => &SOURCES[15],
+            SourceConfig::WaylandScreen(_) => &SOURCES[16],
         }
     }
 
@@ -365,6 +373,7 @@ impl SourceConfig {
             SourceConfig::PulseCapture(_) => "pulse-capture source",
             SourceConfig::CameraSim(_) => "camera-sim source",
             SourceConfig::V4l2(_) => "v4l2 source",
+            SourceConfig::WaylandScreen(_) => "wayland-screen source",
         }
     }
 
@@ -402,6 +411,20 @@ impl SourceConfig {
             }
             SourceConfig::X11Screen(c) => {
                 let mut s = format!("x11-screen(display={}, max_fps={}", c.display, c.max_fps);
+                fmt_opt(&mut s, "refresh_s", Some(c.refresh_s).filter(|&r| r != 0.0));
+                s + ")"
+            }
+            SourceConfig::WaylandScreen(c) => {
+                let mut s = format!(
+                    "wayland-screen(display={}, max_fps={}",
+                    if c.display.is_empty() {
+                        "$WAYLAND_DISPLAY"
+                    } else {
+                        c.display.as_str()
+                    },
+                    c.max_fps
+                );
+                fmt_opt(&mut s, "output", c.output.as_deref());
                 fmt_opt(&mut s, "refresh_s", Some(c.refresh_s).filter(|&r| r != 0.0));
                 s + ")"
             }
@@ -465,11 +488,16 @@ impl SourceConfig {
                     return bad("rate_hz", "must be a finite number > 0");
                 }
             }
-            SourceConfig::X11Screen(c) => {
-                if !(c.max_fps.is_finite() && c.max_fps > 0.0) {
+            SourceConfig::X11Screen(X11ScreenConfig {
+                max_fps, refresh_s, ..
+            })
+            | SourceConfig::WaylandScreen(WaylandScreenConfig {
+                max_fps, refresh_s, ..
+            }) => {
+                if !(max_fps.is_finite() && *max_fps > 0.0) {
                     return bad("max_fps", "must be a finite number > 0");
                 }
-                if !(c.refresh_s.is_finite() && c.refresh_s >= 0.0) {
+                if !(refresh_s.is_finite() && *refresh_s >= 0.0) {
                     return bad("refresh_s", "must be a finite number >= 0 (0 = off)");
                 }
             }
@@ -515,7 +543,10 @@ impl SourceConfig {
 
     /// Whether this source captures on [`Demand`] (see [`SourceConfig::spawn_on_demand`]).
     pub fn captures_on_demand(&self) -> bool {
-        matches!(self, SourceConfig::X11Screen(_))
+        matches!(
+            self,
+            SourceConfig::X11Screen(_) | SourceConfig::WaylandScreen(_)
+        )
     }
 
     /// [`SourceConfig::spawn`], with the driver's [`Demand`] for a source that
@@ -550,6 +581,9 @@ impl SourceConfig {
             }
             SourceConfig::X11Screen(c) => {
                 display::spawn_x11_screen_source(&rt, endpoint, c, stream, tx, demand)
+            }
+            SourceConfig::WaylandScreen(c) => {
+                display::spawn_wayland_screen_source(&rt, endpoint, c, stream, tx, demand)
             }
             SourceConfig::X11Cursor(c) => {
                 display::spawn_x11_cursor_source(&rt, endpoint, c, stream, tx)

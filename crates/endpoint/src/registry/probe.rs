@@ -127,6 +127,9 @@ impl SourceConfig {
             SourceConfig::Pty(c) => creatable(endpoint, "link", &c.link),
             SourceConfig::X11Input(c) => display(endpoint, &c.display),
             SourceConfig::X11Screen(c) => display(endpoint, &c.display),
+            SourceConfig::WaylandScreen(c) => {
+                crate::display::open_wayland_screen(endpoint, c).map(drop)
+            }
             SourceConfig::X11Cursor(c) => display(endpoint, &c.display),
             SourceConfig::X11Clipboard(c) => display(endpoint, &c.display),
             SourceConfig::Rfc2217Server(c) => listenable(endpoint, &c.listen),

@@ -1,0 +1,747 @@
+//! The `wayland-screen` source: an output of a wlroots compositor (sway, Hyprland, river,
+//! labwc…) as display updates, through `wlr-screencopy-unstable-v1`: a keyframe of the whole
+//! output first, then the rectangles the compositor reports changed (`copy_with_damage`,
+//! protocol version 2 or later), at most `max_fps` times a second.
+//!
+//! The same updates as `x11-screen` (Bgrx32 rectangles, so every stack and sink that takes
+//! one takes the other), the same frame spoiling: a capture is asked for only when the path
+//! can take the update (the driver's [`Demand`], or the previous update having left the
+//! channel), and `copy_with_damage` is answered only once something changed, so a still
+//! screen costs nothing. The pixels come in a `wl_shm` buffer (a memfd shared with the
+//! compositor), copied row by row into the frames (upside down when the compositor says so).
+//!
+//! It runs as a blocking task and waits for the compositor at most [`POLL`] at a time, so it
+//! notices within that time that its receiver is gone, or that a keyframe is due.
+
+use super::config::WaylandScreenConfig;
+use crate::common::clock::pacing;
+use crate::common::demand::Demand;
+use crate::common::emitter::Emitter;
+use crate::common::error::EndpointError;
+use crate::common::report::{SourceReport, SourceTask};
+use ndd_core::frame::DEFAULT_HEADROOM;
+use ndd_core::Frame;
+use ndd_wire::display::{
+    coalesce, plan_frames, PixelFormat, Rect, UpdateHeader, UpdateLayout, FLAG_KEYFRAME, FLAG_MORE,
+    MAX_UPDATE_PAYLOAD,
+};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use tokio::runtime::Handle;
+use tokio::sync::mpsc::Sender;
+use wayland_client::globals::{registry_queue_init, GlobalListContents};
+use wayland_client::protocol::{wl_buffer, wl_output, wl_registry, wl_shm, wl_shm_pool};
+use wayland_client::{Connection, Dispatch, EventQueue, Proxy, QueueHandle, WEnum};
+use wayland_protocols_wlr::screencopy::v1::client::{
+    zwlr_screencopy_frame_v1 as frame_v1, zwlr_screencopy_manager_v1 as manager_v1,
+};
+
+/// Longest wait for the compositor in one go.
+const POLL: Duration = Duration::from_millis(100);
+
+/// How often a source with a capture due looks whether the path takes an update.
+const SPOIL_POLL: Duration = Duration::from_millis(2);
+
+/// Most rects one capture sends after damage coalescing.
+const MAX_RECTS: usize = 32;
+
+/// How long the compositor may take to describe the buffer a capture needs.
+const DESCRIBE_WAIT: Duration = Duration::from_secs(5);
+
+/// The socket of `display`: a path as given, else a name in `$XDG_RUNTIME_DIR` (or
+/// `$WAYLAND_DISPLAY` when `display` is empty).
+pub(crate) fn socket_path(display: &str) -> Result<PathBuf, String> {
+    let name = if display.is_empty() {
+        std::env::var("WAYLAND_DISPLAY")
+            .map_err(|_| "no display given and WAYLAND_DISPLAY is not set".to_string())?
+    } else {
+        display.to_string()
+    };
+    let p = PathBuf::from(&name);
+    if p.is_absolute() {
+        return Ok(p);
+    }
+    let dir = std::env::var_os("XDG_RUNTIME_DIR").ok_or_else(|| {
+        format!("XDG_RUNTIME_DIR is not set, so the Wayland display {name:?} cannot be found (give its socket's full path)")
+    })?;
+    Ok(PathBuf::from(dir).join(name))
+}
+
+fn unavailable(endpoint: &'static str, display: &str, what: String, hint: &str) -> EndpointError {
+    EndpointError::Unavailable {
+        endpoint,
+        what: format!("Wayland display {display:?}: {what}"),
+        hint: hint.to_string(),
+    }
+}
+
+/// What the compositor said about the capture under way.
+#[derive(Debug, Default)]
+struct Capture {
+    /// The shm buffer it needs: format, width, height, stride.
+    buffer: Option<(WEnum<wl_shm::Format>, u32, u32, u32)>,
+    /// Version 3: every buffer kind described.
+    described: bool,
+    y_invert: bool,
+    damage: Vec<(u32, u32, u32, u32)>,
+    ready: bool,
+    failed: bool,
+}
+
+struct State {
+    /// Each output and its name (wl_output version 4).
+    outputs: Vec<(wl_output::WlOutput, Option<String>)>,
+    capture: Capture,
+}
+
+impl Dispatch<wl_registry::WlRegistry, GlobalListContents> for State {
+    fn event(
+        _: &mut State,
+        _: &wl_registry::WlRegistry,
+        _: wl_registry::Event,
+        _: &GlobalListContents,
+        _: &Connection,
+        _: &QueueHandle<State>,
+    ) {
+    }
+}
+
+impl Dispatch<wl_output::WlOutput, usize> for State {
+    fn event(
+        s: &mut State,
+        _: &wl_output::WlOutput,
+        e: wl_output::Event,
+        i: &usize,
+        _: &Connection,
+        _: &QueueHandle<State>,
+    ) {
+        if let wl_output::Event::Name { name } = e {
+            if let Some(o) = s.outputs.get_mut(*i) {
+                o.1 = Some(name);
+            }
+        }
+    }
+}
+
+macro_rules! no_events {
+    ($($t:ty),*) => {$(
+        impl Dispatch<$t, ()> for State {
+            fn event(
+                _: &mut State,
+                _: &$t,
+                _: <$t as Proxy>::Event,
+                _: &(),
+                _: &Connection,
+                _: &QueueHandle<State>,
+            ) {
+            }
+        }
+    )*};
+}
+no_events!(
+    wl_shm::WlShm,
+    wl_shm_pool::WlShmPool,
+    wl_buffer::WlBuffer,
+    manager_v1::ZwlrScreencopyManagerV1
+);
+
+impl Dispatch<frame_v1::ZwlrScreencopyFrameV1, ()> for State {
+    fn event(
+        s: &mut State,
+        _: &frame_v1::ZwlrScreencopyFrameV1,
+        e: frame_v1::Event,
+        _: &(),
+        _: &Connection,
+        _: &QueueHandle<State>,
+    ) {
+        let c = &mut s.capture;
+        match e {
+            frame_v1::Event::Buffer {
+                format,
+                width,
+                height,
+                stride,
+            } => c.buffer = Some((format, width, height, stride)),
+            frame_v1::Event::BufferDone => c.described = true,
+            frame_v1::Event::Flags { flags } => {
+                c.y_invert =
+                    matches!(flags, WEnum::Value(f) if f.contains(frame_v1::Flags::YInvert));
+            }
+            frame_v1::Event::Damage {
+                x,
+                y,
+                width,
+                height,
+            } => c.damage.push((x, y, width, height)),
+            frame_v1::Event::Ready { .. } => c.ready = true,
+            frame_v1::Event::Failed => c.failed = true,
+            _ => {}
+        }
+    }
+}
+
+/// The shared-memory buffer the compositor copies into.
+struct ShmBuffer {
+    map: memmap2::MmapMut,
+    buffer: wl_buffer::WlBuffer,
+    pool: wl_shm_pool::WlShmPool,
+    /// Format, width, height, stride.
+    shape: (WEnum<wl_shm::Format>, u32, u32, u32),
+}
+
+impl Drop for ShmBuffer {
+    fn drop(&mut self) {
+        self.buffer.destroy();
+        self.pool.destroy();
+    }
+}
+
+/// A connected `wayland-screen` source.
+pub(crate) struct WaylandScreen {
+    display: String,
+    queue: EventQueue<State>,
+    conn: Connection,
+    state: State,
+    shm: wl_shm::WlShm,
+    manager: manager_v1::ZwlrScreencopyManagerV1,
+    output: wl_output::WlOutput,
+    buffer: Option<ShmBuffer>,
+    min_gap: Duration,
+    refresh: Option<Duration>,
+}
+
+impl std::fmt::Debug for WaylandScreen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WaylandScreen({})", self.display)
+    }
+}
+
+/// Connects a `wayland-screen` source to its compositor and starts it.
+pub(crate) fn spawn_wayland_screen_source(
+    rt: &Handle,
+    endpoint: &'static str,
+    c: &WaylandScreenConfig,
+    stream: u16,
+    tx: Sender<Frame>,
+    demand: Option<Demand>,
+) -> Result<SourceTask, EndpointError> {
+    let s = open_wayland_screen(endpoint, c)?;
+    Ok(rt.spawn_blocking(move || run_wayland_screen(endpoint, s, stream, tx, demand)))
+}
+
+/// Connects to the compositor, finds `wl_shm`, the screencopy manager and the output.
+pub(crate) fn open_wayland_screen(
+    endpoint: &'static str,
+    c: &WaylandScreenConfig,
+) -> Result<WaylandScreen, EndpointError> {
+    let d = c.display.as_str();
+    let path = socket_path(d).map_err(|e| {
+        unavailable(
+            endpoint,
+            d,
+            e,
+            "set display to the compositor's socket (wayland-1, or a full path)",
+        )
+    })?;
+    let stream = std::os::unix::net::UnixStream::connect(&path).map_err(|e| {
+        unavailable(
+            endpoint,
+            d,
+            format!("cannot connect to {}: {e}", path.display()),
+            "is the compositor running, and is this its socket? (`ls $XDG_RUNTIME_DIR`)",
+        )
+    })?;
+    let conn = Connection::from_socket(stream).map_err(|e| {
+        unavailable(
+            endpoint,
+            d,
+            e.to_string(),
+            "not a Wayland compositor's socket",
+        )
+    })?;
+    let (globals, mut queue) = registry_queue_init::<State>(&conn).map_err(|e| {
+        unavailable(
+            endpoint,
+            d,
+            e.to_string(),
+            "not a Wayland compositor's socket",
+        )
+    })?;
+    let qh = queue.handle();
+    let shm: wl_shm::WlShm = globals.bind(&qh, 1..=1, ()).map_err(|e| {
+        unavailable(
+            endpoint,
+            d,
+            format!("no wl_shm ({e})"),
+            "every compositor has it",
+        )
+    })?;
+    let manager: manager_v1::ZwlrScreencopyManagerV1 =
+        globals.bind(&qh, 1..=3, ()).map_err(|e| {
+            unavailable(
+                endpoint,
+                d,
+                format!("no zwlr_screencopy_manager_v1 ({e})"),
+                "the wayland-screen source needs a wlroots compositor (sway, Hyprland, river, labwc, wayfire); GNOME and KDE offer screen capture through the xdg-desktop-portal instead, not supported yet",
+            )
+        })?;
+    let mut state = State {
+        outputs: Vec::new(),
+        capture: Capture::default(),
+    };
+    let registry = globals.registry();
+    for g in globals.contents().clone_list() {
+        if g.interface == wl_output::WlOutput::interface().name {
+            let i = state.outputs.len();
+            let o: wl_output::WlOutput = registry.bind(g.name, g.version.min(4), &qh, i);
+            state.outputs.push((o, None));
+        }
+    }
+    queue.roundtrip(&mut state).map_err(|e| {
+        unavailable(
+            endpoint,
+            d,
+            e.to_string(),
+            "the compositor closed the connection",
+        )
+    })?;
+    let names: Vec<String> = state
+        .outputs
+        .iter()
+        .map(|(_, n)| n.clone().unwrap_or_else(|| "(unnamed)".into()))
+        .collect();
+    let output = match &c.output {
+        Some(want) => state
+            .outputs
+            .iter()
+            .find(|(_, n)| n.as_deref() == Some(want.as_str()))
+            .map(|(o, _)| o.clone())
+            .ok_or_else(|| {
+                unavailable(
+                    endpoint,
+                    d,
+                    format!("no output named {want:?} (outputs: {})", names.join(", ")),
+                    "set output to one of them (`swaymsg -t get_outputs`), or leave it out for the first",
+                )
+            })?,
+        None => state.outputs.first().map(|(o, _)| o.clone()).ok_or_else(|| {
+            unavailable(endpoint, d, "no output".into(), "the compositor shows nothing yet")
+        })?,
+    };
+    tracing::info!(
+        endpoint,
+        display = d,
+        outputs = %names.join(", "),
+        screencopy = manager.version(),
+        "capturing the output"
+    );
+    Ok(WaylandScreen {
+        display: d.to_string(),
+        queue,
+        conn,
+        state,
+        shm,
+        manager,
+        output,
+        buffer: None,
+        min_gap: Duration::try_from_secs_f64(1.0 / c.max_fps).unwrap_or(Duration::ZERO),
+        refresh: pacing(c.refresh_s),
+    })
+}
+
+/// Why a capture did not come.
+enum Fail {
+    /// The compositor is gone or broke the protocol.
+    Conn(String),
+    /// This capture failed (the output went away, or changed): try again with a keyframe.
+    Capture(String),
+}
+
+impl Fail {
+    fn text(self) -> String {
+        match self {
+            Fail::Conn(e) | Fail::Capture(e) => e,
+        }
+    }
+}
+
+/// What a copy gave.
+enum Copied {
+    /// The rects that changed (the whole output for a keyframe).
+    Rects(Vec<Rect>),
+    /// Given up before the compositor answered: the receiver is gone, or a keyframe is due.
+    Interrupted,
+}
+
+/// Whether `fd` becomes readable within `wait`.
+fn readable(fd: std::os::fd::BorrowedFd<'_>, wait: Duration) -> std::io::Result<bool> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    let t = Timespec {
+        tv_sec: 0,
+        tv_nsec: wait.min(Duration::from_millis(999)).as_nanos() as _,
+    };
+    match poll(&mut fds, Some(&t)) {
+        Ok(n) => Ok(n > 0),
+        Err(rustix::io::Errno::INTR) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+impl WaylandScreen {
+    /// Dispatches what the compositor sent, waiting at most `wait` for it.
+    fn pump(&mut self, wait: Duration) -> Result<(), Fail> {
+        let conn_err = |e: String| Fail::Conn(e);
+        self.queue
+            .dispatch_pending(&mut self.state)
+            .map_err(|e| conn_err(e.to_string()))?;
+        self.queue.flush().map_err(|e| conn_err(e.to_string()))?;
+        if let Some(guard) = self.queue.prepare_read() {
+            // Nothing readable in time: dropping the guard cancels the read.
+            if readable(guard.connection_fd(), wait).map_err(|e| conn_err(e.to_string()))? {
+                match guard.read() {
+                    Ok(_) => {}
+                    Err(wayland_client::backend::WaylandError::Io(e))
+                        if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(conn_err(e.to_string())),
+                }
+            }
+        }
+        self.queue
+            .dispatch_pending(&mut self.state)
+            .map_err(|e| conn_err(e.to_string()))?;
+        Ok(())
+    }
+
+    /// Asks for a capture and waits until the compositor describes its buffer.
+    fn start(&mut self) -> Result<frame_v1::ZwlrScreencopyFrameV1, Fail> {
+        self.state.capture = Capture::default();
+        let frame = self
+            .manager
+            .capture_output(0, &self.output, &self.queue.handle(), ());
+        let t0 = Instant::now();
+        let v3 = self.manager.version() >= 3;
+        loop {
+            let c = &self.state.capture;
+            if c.failed {
+                frame.destroy();
+                return Err(Fail::Capture("the compositor refused the capture".into()));
+            }
+            if c.buffer.is_some() && (!v3 || c.described) {
+                return Ok(frame);
+            }
+            if t0.elapsed() > DESCRIBE_WAIT {
+                frame.destroy();
+                return Err(Fail::Conn(format!(
+                    "the compositor did not describe the capture's buffer within {DESCRIBE_WAIT:?}"
+                )));
+            }
+            self.pump(POLL)?;
+        }
+    }
+
+    /// The buffer for `shape`, made anew when the shape changed; whether it is new.
+    fn buffer_for(&mut self, shape: (WEnum<wl_shm::Format>, u32, u32, u32)) -> Result<bool, Fail> {
+        if self.buffer.as_ref().is_some_and(|b| b.shape == shape) {
+            return Ok(false);
+        }
+        self.buffer = None;
+        let (format, w, h, stride) = shape;
+        let fmt = match format {
+            WEnum::Value(f @ (wl_shm::Format::Xrgb8888 | wl_shm::Format::Argb8888)) => f,
+            other => {
+                return Err(Fail::Conn(format!(
+                    "the compositor offers only a {other:?} buffer; this source takes XRGB8888 or ARGB8888"
+                )))
+            }
+        };
+        if w == 0 || h == 0 || w > u32::from(u16::MAX) || h > u32::from(u16::MAX) || stride < w * 4
+        {
+            return Err(Fail::Conn(format!(
+                "the compositor asks for a {w}x{h} buffer of stride {stride}"
+            )));
+        }
+        let len = stride as usize * h as usize;
+        let fd = rustix::fs::memfd_create("ndd-wayland-screen", rustix::fs::MemfdFlags::CLOEXEC)
+            .map_err(|e| Fail::Conn(format!("memfd_create: {e}")))?;
+        let file = std::fs::File::from(fd);
+        file.set_len(len as u64)
+            .map_err(|e| Fail::Conn(format!("sizing the capture buffer: {e}")))?;
+        // SAFETY: the memfd is this process's own, sized above and never truncated; the
+        // compositor writes into it only between `copy` and `ready`, while this side does not
+        // read it.
+        let map = unsafe { memmap2::MmapMut::map_mut(&file) }
+            .map_err(|e| Fail::Conn(format!("mapping the capture buffer: {e}")))?;
+        let qh = self.queue.handle();
+        let pool = self
+            .shm
+            .create_pool(std::os::fd::AsFd::as_fd(&file), len as i32, &qh, ());
+        let buffer = pool.create_buffer(0, w as i32, h as i32, stride as i32, fmt, &qh, ());
+        self.buffer = Some(ShmBuffer {
+            map,
+            buffer,
+            pool,
+            shape,
+        });
+        Ok(true)
+    }
+
+    /// Copies `frame` into the buffer (only once something changed, unless `whole`), and
+    /// gives the rects that changed (the whole output for a keyframe); `None` when the
+    /// receiver went away meanwhile.
+    fn copy(
+        &mut self,
+        frame: &frame_v1::ZwlrScreencopyFrameV1,
+        whole: bool,
+        interrupt: &mut dyn FnMut() -> bool,
+    ) -> Result<Copied, Fail> {
+        let Some(b) = &self.buffer else {
+            return Err(Fail::Conn("no capture buffer".into()));
+        };
+        let damage_ok = self.manager.version() >= 2;
+        if damage_ok && !whole {
+            frame.copy_with_damage(&b.buffer);
+        } else {
+            frame.copy(&b.buffer);
+        }
+        let (_, w, h, _) = b.shape;
+        let (w, h) = (w as u16, h as u16);
+        loop {
+            let c = &self.state.capture;
+            if c.failed {
+                return Err(Fail::Capture(
+                    "the copy failed (the output changed?)".into(),
+                ));
+            }
+            if c.ready {
+                break;
+            }
+            if interrupt() {
+                return Ok(Copied::Interrupted);
+            }
+            self.pump(POLL)?;
+        }
+        let c = &self.state.capture;
+        if whole || !damage_ok || c.damage.is_empty() {
+            return Ok(Copied::Rects(vec![Rect::new(0, 0, w, h)]));
+        }
+        let rects: Vec<Rect> = c
+            .damage
+            .iter()
+            .filter_map(|&(x, y, rw, rh)| {
+                let y = if c.y_invert {
+                    u32::from(h).checked_sub(y + rh)?
+                } else {
+                    y
+                };
+                Rect::from_signed(
+                    i16::try_from(x).ok()?,
+                    i16::try_from(y).ok()?,
+                    u16::try_from(rw).ok()?,
+                    u16::try_from(rh).ok()?,
+                    w,
+                    h,
+                )
+            })
+            .collect();
+        Ok(Copied::Rects(coalesce(&rects, w, h, MAX_RECTS)))
+    }
+
+    /// The pixels of every rect of `layout`, from the buffer into `payload`.
+    fn pixels_into(&self, layout: &UpdateLayout, payload: &mut [u8]) {
+        let Some(b) = &self.buffer else {
+            return;
+        };
+        let (_, _, h, stride) = b.shape;
+        let stride = stride as usize;
+        for (i, r) in layout.rects().iter().enumerate() {
+            let out = &mut payload[layout.pixels(i)];
+            let row = usize::from(r.w) * 4;
+            for dy in 0..usize::from(r.h) {
+                let y = usize::from(r.y) + dy;
+                let y = if self.state.capture.y_invert {
+                    h as usize - 1 - y
+                } else {
+                    y
+                };
+                let at = y * stride + usize::from(r.x) * 4;
+                out[dy * row..(dy + 1) * row].copy_from_slice(&b.map[at..at + row]);
+            }
+        }
+    }
+}
+
+/// The `wayland-screen` source loop.
+fn run_wayland_screen(
+    endpoint: &'static str,
+    mut s: WaylandScreen,
+    stream: u16,
+    tx: Sender<Frame>,
+    demand: Option<Demand>,
+) -> Result<SourceReport, EndpointError> {
+    let display = s.display.clone();
+    let fatal = |e: String| {
+        unavailable(
+            endpoint,
+            &display,
+            e,
+            "the compositor closed the connection or refused a request",
+        )
+    };
+    let mut em = Emitter::new(stream, tx);
+    let mut keyframe_due = true;
+    let mut next_capture = Instant::now();
+    let mut last_keyframe = Instant::now();
+    let mut failures = 0u32;
+    loop {
+        if em.tx.is_closed() {
+            break;
+        }
+        let now = Instant::now();
+        if s.refresh.is_some_and(|r| now >= last_keyframe + r) {
+            keyframe_due = true;
+        }
+        if demand.as_ref().is_some_and(Demand::take_keyframe) {
+            keyframe_due = true;
+        }
+        let path_free = match &demand {
+            Some(d) => d.wanted(),
+            None => em.tx.capacity() == em.tx.max_capacity(),
+        };
+        if !path_free || now < next_capture {
+            let wait = if path_free {
+                next_capture.saturating_duration_since(now)
+            } else {
+                SPOIL_POLL
+            };
+            // Keep the connection serviced (pings, output changes) while waiting.
+            s.pump(wait.clamp(Duration::from_millis(1), POLL))
+                .map_err(|e| fatal(e.text()))?;
+            continue;
+        }
+        let frame = match s.start() {
+            Ok(f) => f,
+            Err(Fail::Conn(e)) => return Err(fatal(e)),
+            Err(Fail::Capture(e)) => {
+                failures += 1;
+                if failures > 50 {
+                    return Err(fatal(e));
+                }
+                keyframe_due = true;
+                next_capture = Instant::now() + Duration::from_millis(100);
+                continue;
+            }
+        };
+        let shape = s.state.capture.buffer.expect("described");
+        let new_buffer = s.buffer_for(shape).map_err(|e| fatal(e.text()))?;
+        if new_buffer && s.buffer.is_some() && em.report.frames > 0 {
+            tracing::info!(
+                endpoint,
+                width = shape.1,
+                height = shape.2,
+                "output size changed"
+            );
+        }
+        let whole = keyframe_due || new_buffer;
+        // While the compositor waits for damage: the receiver may go, the peer may ask for a
+        // keyframe, the refresh may come due (the copy is given up, a keyframe taken next).
+        let (refresh, since) = (s.refresh, last_keyframe);
+        let mut interrupt = || {
+            if demand.as_ref().is_some_and(Demand::take_keyframe) {
+                keyframe_due = true;
+            }
+            em.tx.is_closed()
+                || (!whole && keyframe_due)
+                || (!whole && refresh.is_some_and(|r| since.elapsed() >= r))
+        };
+        let copied = s.copy(&frame, whole, &mut interrupt);
+        frame.destroy();
+        let rects = match copied {
+            Ok(Copied::Rects(r)) => r,
+            Ok(Copied::Interrupted) => continue,
+            Err(Fail::Conn(e)) => return Err(fatal(e)),
+            Err(Fail::Capture(e)) => {
+                failures += 1;
+                if failures > 50 {
+                    return Err(fatal(e));
+                }
+                tracing::debug!(endpoint, error = %e, "capture failed; a keyframe next");
+                keyframe_due = true;
+                continue;
+            }
+        };
+        failures = 0;
+        if let Some(d) = &demand {
+            d.take();
+        }
+        if whole {
+            keyframe_due = false;
+            last_keyframe = Instant::now();
+        }
+        next_capture = Instant::now() + s.min_gap.mul_f64(0.8);
+        if !send_update(&s, &mut em, &rects, whole).map_err(fatal)? {
+            break;
+        }
+    }
+    let _ = s.conn.flush();
+    Ok(em.report)
+}
+
+/// Sends `rects` of the buffer as display updates; `Ok(false)` when the receiver is gone.
+fn send_update(
+    s: &WaylandScreen,
+    em: &mut Emitter,
+    rects: &[Rect],
+    keyframe: bool,
+) -> Result<bool, String> {
+    let Some(b) = &s.buffer else {
+        return Ok(true);
+    };
+    let (_, w, h, _) = b.shape;
+    let (width, height) = (w as u16, h as u16);
+    let frames = plan_frames(rects, PixelFormat::Bgrx32, MAX_UPDATE_PAYLOAD);
+    let n = frames.len();
+    for (i, rects) in frames.into_iter().enumerate() {
+        let mut flags = 0;
+        if keyframe {
+            flags |= FLAG_KEYFRAME;
+        }
+        if i + 1 < n {
+            flags |= FLAG_MORE;
+        }
+        let header = UpdateHeader {
+            width,
+            height,
+            format: PixelFormat::Bgrx32,
+            flags,
+        };
+        let layout = UpdateLayout::new(header, rects).map_err(|e| e.to_string())?;
+        let mut frame = Frame::zeroed(em.next_meta(), DEFAULT_HEADROOM, layout.len());
+        let payload = frame.payload_mut();
+        layout.write_headers(payload).map_err(|e| e.to_string())?;
+        s.pixels_into(&layout, payload);
+        if !em.send_blocking(frame) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::socket_path;
+
+    #[test]
+    fn a_display_is_a_socket_path_or_a_name_in_the_runtime_dir() {
+        assert_eq!(
+            socket_path("/run/user/5/wayland-9").unwrap(),
+            std::path::PathBuf::from("/run/user/5/wayland-9")
+        );
+        if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR") {
+            assert_eq!(
+                socket_path("wayland-1").unwrap(),
+                std::path::PathBuf::from(dir).join("wayland-1")
+            );
+        }
+    }
+}
