@@ -186,3 +186,118 @@ fn what_is_not_a_wlroots_compositor_is_a_clear_error() {
     assert!(e.contains("Wayland display"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Records typed into the `wayland-input` sink reach an unmodified Wayland program (`wev`) on
+/// a headless sway: its keys as their US keysyms, a click, the wheel; a key held when the link
+/// drops (a release-all record) is released.
+#[test]
+fn keys_and_clicks_reach_a_wayland_program_and_held_keys_are_released() {
+    use ndd_endpoint::input::{
+        Capabilities, Event, InputMessage, BTN_LEFT, EV_KEY, EV_REL, REL_WHEEL, REL_X, REL_Y,
+    };
+    use ndd_endpoint::{SinkConfig, WaylandInputConfig};
+    use std::io::Read;
+    use std::sync::{Arc, Mutex};
+    if let Some(m) = missing(&["sway", "wev", "setpriv"]) {
+        println!("SKIPPED: needs {m} (apt-get install sway wev)");
+        return;
+    }
+    let sway = Sway::start("input", 640, 480, "#000000").expect("headless sway");
+    // Line-buffered: wev's printf output would wait in a pipe's buffer.
+    let mut wev = std::process::Command::new("stdbuf")
+        .args(["-oL", "wev"])
+        .env("WAYLAND_DISPLAY", &sway.socket)
+        .env("XDG_RUNTIME_DIR", &sway.dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start wev");
+    let seen = Arc::new(Mutex::new(String::new()));
+    let s2 = seen.clone();
+    let mut out = wev.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = out.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            s2.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    let wait = |what: &str, needle: &str| {
+        let t0 = Instant::now();
+        while !seen.lock().unwrap().contains(needle) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "{what}: {needle:?} not seen; wev said:\n{}",
+                seen.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait("wev's window", "xdg_toplevel");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let cfg = SinkConfig::WaylandInput(WaylandInputConfig {
+        display: sway.socket.display().to_string(),
+    });
+    cfg.probe().expect("the probe finds the compositor");
+    let (tx, rx) = mpsc::channel::<Frame>(16);
+    let task = rt.block_on(async { cfg.spawn(rx) }).expect("sink starts");
+    let mut seq = 0u64;
+    let mut send = |m: InputMessage| {
+        let f = Frame::new(
+            ndd_core::Meta {
+                stream: 1,
+                seq,
+                timestamp_ns: 0,
+                flags: 0,
+            },
+            &m.emit().unwrap(),
+        );
+        seq += 1;
+        tx.blocking_send(f).unwrap();
+    };
+    let ev = |ty, code, value| Event::new(ty, code, value);
+    send(InputMessage::Capabilities(
+        Capabilities::keyboard_and_mouse("test"),
+    ));
+    // The seat gains a keyboard with the sink's virtual one: wev takes it and gets the focus.
+    wait("the keyboard's focus", "wl_keyboard] enter");
+    // h, i (KEY_H = 35, KEY_I = 23), then the pointer onto the window and a click, the wheel.
+    for code in [35u16, 23] {
+        send(InputMessage::Events(vec![ev(EV_KEY, code, 1)]));
+        send(InputMessage::Events(vec![ev(EV_KEY, code, 0)]));
+    }
+    wait("h typed", "sym: h");
+    wait("i typed", "sym: i");
+    send(InputMessage::Events(vec![
+        ev(EV_REL, REL_X, 5),
+        ev(EV_REL, REL_Y, 5),
+    ]));
+    wait("the pointer on the window", "wl_pointer] enter");
+    send(InputMessage::Events(vec![ev(EV_KEY, BTN_LEFT, 1)]));
+    send(InputMessage::Events(vec![ev(EV_KEY, BTN_LEFT, 0)]));
+    wait("the click", "button: 272");
+    send(InputMessage::Events(vec![ev(EV_REL, REL_WHEEL, -1)]));
+    wait("the wheel", "axis: 0");
+    // Shift (KEY_LEFTSHIFT = 42, 50 as wev shows it) held when the link drops: the
+    // release-all record lets it go while the stream goes on (the compositor would release it
+    // only when the virtual keyboard goes away).
+    send(InputMessage::Events(vec![ev(EV_KEY, 42, 1)]));
+    wait("shift pressed", "sym: Shift_L");
+    send(InputMessage::ReleaseAll);
+    wait("shift released", "key: 50; state: 0 (released)");
+    drop(tx);
+    rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), task).await })
+        .expect("the sink ends")
+        .unwrap()
+        .expect("its report");
+    let _ = wev.kill();
+    let _ = wev.wait();
+}

@@ -24,4 +24,5 @@ pub mod error;
 pub mod framing;
 pub(crate) mod priority;
 pub mod report;
+pub(crate) mod wayland;
 pub(crate) mod x11;

@@ -19,13 +19,13 @@ use crate::common::demand::Demand;
 use crate::common::emitter::Emitter;
 use crate::common::error::EndpointError;
 use crate::common::report::{SourceReport, SourceTask};
+use crate::common::wayland::{memfd, unavailable, wayland_connect};
 use ndd_core::frame::DEFAULT_HEADROOM;
 use ndd_core::Frame;
 use ndd_wire::display::{
     coalesce, plan_frames, PixelFormat, Rect, UpdateHeader, UpdateLayout, FLAG_KEYFRAME, FLAG_MORE,
     MAX_UPDATE_PAYLOAD,
 };
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::Sender;
@@ -47,33 +47,6 @@ const MAX_RECTS: usize = 32;
 
 /// How long the compositor may take to describe the buffer a capture needs.
 const DESCRIBE_WAIT: Duration = Duration::from_secs(5);
-
-/// The socket of `display`: a path as given, else a name in `$XDG_RUNTIME_DIR` (or
-/// `$WAYLAND_DISPLAY` when `display` is empty).
-pub(crate) fn socket_path(display: &str) -> Result<PathBuf, String> {
-    let name = if display.is_empty() {
-        std::env::var("WAYLAND_DISPLAY")
-            .map_err(|_| "no display given and WAYLAND_DISPLAY is not set".to_string())?
-    } else {
-        display.to_string()
-    };
-    let p = PathBuf::from(&name);
-    if p.is_absolute() {
-        return Ok(p);
-    }
-    let dir = std::env::var_os("XDG_RUNTIME_DIR").ok_or_else(|| {
-        format!("XDG_RUNTIME_DIR is not set, so the Wayland display {name:?} cannot be found (give its socket's full path)")
-    })?;
-    Ok(PathBuf::from(dir).join(name))
-}
-
-fn unavailable(endpoint: &'static str, display: &str, what: String, hint: &str) -> EndpointError {
-    EndpointError::Unavailable {
-        endpoint,
-        what: format!("Wayland display {display:?}: {what}"),
-        hint: hint.to_string(),
-    }
-}
 
 /// What the compositor said about the capture under way.
 #[derive(Debug, Default)]
@@ -235,30 +208,7 @@ pub(crate) fn open_wayland_screen(
     c: &WaylandScreenConfig,
 ) -> Result<WaylandScreen, EndpointError> {
     let d = c.display.as_str();
-    let path = socket_path(d).map_err(|e| {
-        unavailable(
-            endpoint,
-            d,
-            e,
-            "set display to the compositor's socket (wayland-1, or a full path)",
-        )
-    })?;
-    let stream = std::os::unix::net::UnixStream::connect(&path).map_err(|e| {
-        unavailable(
-            endpoint,
-            d,
-            format!("cannot connect to {}: {e}", path.display()),
-            "is the compositor running, and is this its socket? (`ls $XDG_RUNTIME_DIR`)",
-        )
-    })?;
-    let conn = Connection::from_socket(stream).map_err(|e| {
-        unavailable(
-            endpoint,
-            d,
-            e.to_string(),
-            "not a Wayland compositor's socket",
-        )
-    })?;
+    let conn = wayland_connect(endpoint, d)?;
     let (globals, mut queue) = registry_queue_init::<State>(&conn).map_err(|e| {
         unavailable(
             endpoint,
@@ -462,11 +412,8 @@ impl WaylandScreen {
             )));
         }
         let len = stride as usize * h as usize;
-        let fd = rustix::fs::memfd_create("ndd-wayland-screen", rustix::fs::MemfdFlags::CLOEXEC)
-            .map_err(|e| Fail::Conn(format!("memfd_create: {e}")))?;
-        let file = std::fs::File::from(fd);
-        file.set_len(len as u64)
-            .map_err(|e| Fail::Conn(format!("sizing the capture buffer: {e}")))?;
+        let file = memfd("ndd-wayland-screen", len)
+            .map_err(|e| Fail::Conn(format!("the capture buffer (memfd): {e}")))?;
         // SAFETY: the memfd is this process's own, sized above and never truncated; the
         // compositor writes into it only between `copy` and `ready`, while this side does not
         // read it.
@@ -725,23 +672,4 @@ fn send_update(
         }
     }
     Ok(true)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::socket_path;
-
-    #[test]
-    fn a_display_is_a_socket_path_or_a_name_in_the_runtime_dir() {
-        assert_eq!(
-            socket_path("/run/user/5/wayland-9").unwrap(),
-            std::path::PathBuf::from("/run/user/5/wayland-9")
-        );
-        if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR") {
-            assert_eq!(
-                socket_path("wayland-1").unwrap(),
-                std::path::PathBuf::from(dir).join("wayland-1")
-            );
-        }
-    }
 }

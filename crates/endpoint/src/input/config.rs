@@ -82,6 +82,16 @@ impl Default for UinputConfig {
     }
 }
 
+/// `wayland-input` sink parameters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WaylandInputConfig {
+    /// The compositor's socket: a name in `$XDG_RUNTIME_DIR` (`wayland-1`) or a full path;
+    /// empty: `$WAYLAND_DISPLAY`.
+    #[serde(default)]
+    pub display: String,
+}
+
 /// `xtest` sink parameters.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -13,16 +13,21 @@
 //! mapping) are sans-IO, in `record.rs`, re-exported here.
 //!
 //! Files: `config.rs` ([`EvdevConfig`], [`X11InputConfig`], [`UinputConfig`],
-//! [`XtestConfig`]), `record.rs`, `source.rs` and `sink.rs` (the tasks: blocking, over the
-//! `evdev` crate and `x11rb`, with no unsafe code).
+//! [`XtestConfig`], [`WaylandInputConfig`]), `record.rs`, `source.rs` and `sink.rs` (the
+//! tasks: blocking, over the `evdev` crate and `x11rb`, with no unsafe code), `wayland.rs`
+//! (the `wayland-input` sink: virtual keyboard and pointer on wlroots compositors).
 
 mod config;
 pub mod keymap;
 mod record;
 mod sink;
 mod source;
+mod wayland;
 
-pub use config::{EvdevConfig, UinputConfig, X11InputConfig, X11Window, XtestConfig};
+pub use config::{
+    EvdevConfig, UinputConfig, WaylandInputConfig, X11InputConfig, X11Window, XtestConfig,
+};
 pub use record::*;
 pub(crate) use sink::{check_uinput, spawn_uinput_sink, spawn_xtest_sink, UINPUT_PATH};
 pub(crate) use source::{spawn_evdev_source, spawn_x11_input_source};
+pub(crate) use wayland::{open_wayland_input, spawn_wayland_input_sink};

@@ -53,7 +53,7 @@ pub(crate) fn spawn_xtest_sink(
 }
 
 /// What a sink endpoint does with decoded records.
-trait Injector {
+pub(crate) trait Injector {
     fn capabilities(&mut self, caps: &Capabilities) -> Result<(), EndpointError>;
     /// Applies one batch (already observed by `held`).
     fn events(&mut self, events: &[Event]) -> Result<(), EndpointError>;
@@ -62,7 +62,7 @@ trait Injector {
 /// Decodes records and applies them; releases everything held at a release-all record, at
 /// the end of the stream and before returning an error. Marks each frame in `delivered` once
 /// applied (injected and flushed; a bad record, which stops the sink, once rejected).
-fn run_injector(
+pub(crate) fn run_injector(
     endpoint: &'static str,
     inj: &mut dyn Injector,
     mut rx: Receiver<Frame>,

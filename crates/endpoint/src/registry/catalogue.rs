@@ -391,4 +391,9 @@ pub const SINKS: &[EndpointInfo] = &[
             ("path", "path", REQUIRED, "the v4l2loopback node (`modprobe v4l2loopback video_nr=10 exclusive_caps=1`: /dev/video10)"),
         ],
     },
+    EndpointInfo {
+        name: "wayland-input",
+        summary: "types and moves input records into a wlroots Wayland session (sway, Hyprland): a virtual keyboard (US layout) and a virtual pointer",
+        params: &[("display", "string", "$WAYLAND_DISPLAY", "the compositor's socket: a name in $XDG_RUNTIME_DIR (wayland-1) or a full path")],
+    },
 ];

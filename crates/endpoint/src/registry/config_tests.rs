@@ -128,6 +128,7 @@ fn catalogue_params_match_the_config_keys() {
         SinkConfig::Pty(PtyConfig::new("/tmp/ttyX")),
         SinkConfig::Uinput(UinputConfig::default()),
         SinkConfig::Xtest(XtestConfig::default()),
+        SinkConfig::WaylandInput(crate::input::WaylandInputConfig::default()),
         SinkConfig::X11Window(X11WindowConfig::default()),
         SinkConfig::Framebuffer(FramebufferConfig {
             path: "/dev/fb0".into(),

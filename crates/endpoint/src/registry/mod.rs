@@ -39,7 +39,7 @@ use crate::display::{
     X11ScreenConfig, X11WindowConfig,
 };
 use crate::file::{FileSinkConfig, FileSourceConfig};
-use crate::input::{EvdevConfig, UinputConfig, X11InputConfig, XtestConfig};
+use crate::input::{EvdevConfig, UinputConfig, WaylandInputConfig, X11InputConfig, XtestConfig};
 use crate::serial::rfc2217;
 use crate::serial::{
     check_address, check_listen, LineSettings, PtyConfig, Rfc2217ClientConfig, Rfc2217ServerConfig,
@@ -155,6 +155,9 @@ pub enum SinkConfig {
     Y4m(Y4mConfig),
     /// A v4l2loopback device: the remote camera as `/dev/videoN` (app side).
     V4l2loopback(V4l2LoopbackConfig),
+    /// A virtual keyboard and pointer in a wlroots Wayland session (app side).
+    #[serde(rename = "wayland-input")]
+    WaylandInput(WaylandInputConfig),
 }
 
 /// `x11-clipboard(display=:0, selections=CLIPBOARD+PRIMARY, max_bytes=8388608, images)`.
@@ -631,7 +634,8 @@ impl SinkConfig {
             | SinkConfig::X11Clipboard(_)
             | SinkConfig::Rfc2217Server(_)
             | SinkConfig::Rfc2217Client(_)
-            | SinkConfig::PulsePlayback(_) => vec![],
+            | SinkConfig::PulsePlayback(_)
+            | SinkConfig::WaylandInput(_) => vec![],
             SinkConfig::Y4m(c) => vec![&mut c.path],
             SinkConfig::V4l2loopback(c) => vec![&mut c.path],
         }
@@ -657,6 +661,7 @@ impl SinkConfig {
             SinkConfig::PulsePlayback(_) => &SINKS[14],
             SinkConfig::Y4m(_) => &SINKS[15],
             SinkConfig::V4l2loopback(_) => &SINKS[16],
+            SinkConfig::WaylandInput(_) => &SINKS[17],
         }
     }
 
@@ -671,6 +676,7 @@ impl SinkConfig {
             SinkConfig::Pty(_) => "pty sink",
             SinkConfig::Uinput(_) => "uinput sink",
             SinkConfig::Xtest(_) => "xtest sink",
+            SinkConfig::WaylandInput(_) => "wayland-input sink",
             SinkConfig::X11Window(_) => "x11-window sink",
             SinkConfig::X11Cursor(_) => "x11-cursor sink",
             SinkConfig::X11Clipboard(_) => "x11-clipboard sink",
@@ -708,6 +714,14 @@ impl SinkConfig {
             SinkConfig::Pty(c) => describe_pty(c),
             SinkConfig::Uinput(c) => format!("uinput(name={})", c.name),
             SinkConfig::Xtest(c) => format!("xtest(display={})", c.display),
+            SinkConfig::WaylandInput(c) => format!(
+                "wayland-input(display={})",
+                if c.display.is_empty() {
+                    "$WAYLAND_DISPLAY"
+                } else {
+                    c.display.as_str()
+                }
+            ),
             SinkConfig::X11Window(c) => {
                 format!("x11-window(display={}, title={})", c.display, c.title)
             }
@@ -762,6 +776,7 @@ impl SinkConfig {
             | SinkConfig::Check(_)
             | SinkConfig::Null(_)
             | SinkConfig::Xtest(_)
+            | SinkConfig::WaylandInput(_)
             | SinkConfig::Framebuffer(_)
             | SinkConfig::X11Cursor(_) => Ok(()),
             SinkConfig::X11Clipboard(c) => check_clipboard(endpoint, c),
@@ -787,7 +802,7 @@ impl SinkConfig {
     /// button, injected when the link to the device is lost. `None` for other sinks.
     pub fn release_record(&self) -> Option<Vec<u8>> {
         match self {
-            SinkConfig::Uinput(_) | SinkConfig::Xtest(_) => {
+            SinkConfig::Uinput(_) | SinkConfig::Xtest(_) | SinkConfig::WaylandInput(_) => {
                 Some(input::InputMessage::release_all_payload().to_vec())
             }
             _ => None,
@@ -830,6 +845,9 @@ impl SinkConfig {
             SinkConfig::Pty(c) => serial::spawn_pty_sink(&rt, endpoint, c, rx, delivered),
             SinkConfig::Uinput(c) => input::spawn_uinput_sink(&rt, endpoint, c, rx, delivered),
             SinkConfig::Xtest(c) => input::spawn_xtest_sink(&rt, endpoint, c, rx, delivered),
+            SinkConfig::WaylandInput(c) => {
+                input::spawn_wayland_input_sink(&rt, endpoint, c, rx, delivered)
+            }
             SinkConfig::X11Window(c) => {
                 display::spawn_x11_window_sink(&rt, endpoint, c, rx, delivered)
             }

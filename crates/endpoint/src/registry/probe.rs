@@ -158,6 +158,7 @@ impl SinkConfig {
                 crate::input::check_uinput(endpoint, Path::new(crate::input::UINPUT_PATH))
             }
             SinkConfig::Xtest(c) => display(endpoint, &c.display),
+            SinkConfig::WaylandInput(c) => crate::input::open_wayland_input(endpoint, c).map(drop),
             SinkConfig::X11Window(c) => display(endpoint, &c.display),
             SinkConfig::X11Cursor(c) => display(endpoint, &c.display),
             SinkConfig::X11Clipboard(c) => display(endpoint, &c.display),

@@ -1,0 +1,97 @@
+//! What the Wayland endpoints share: finding a compositor's socket ([`socket_path`]) and
+//! connecting to it ([`wayland_connect`]) with errors that say what to do.
+
+use super::error::EndpointError;
+use std::path::PathBuf;
+use wayland_client::Connection;
+
+/// The socket of `display`: a path as given, else a name in `$XDG_RUNTIME_DIR` (or
+/// `$WAYLAND_DISPLAY` when `display` is empty).
+pub(crate) fn socket_path(display: &str) -> Result<PathBuf, String> {
+    let name = if display.is_empty() {
+        std::env::var("WAYLAND_DISPLAY")
+            .map_err(|_| "no display given and WAYLAND_DISPLAY is not set".to_string())?
+    } else {
+        display.to_string()
+    };
+    let p = PathBuf::from(&name);
+    if p.is_absolute() {
+        return Ok(p);
+    }
+    let dir = std::env::var_os("XDG_RUNTIME_DIR").ok_or_else(|| {
+        format!("XDG_RUNTIME_DIR is not set, so the Wayland display {name:?} cannot be found (give its socket's full path)")
+    })?;
+    Ok(PathBuf::from(dir).join(name))
+}
+
+/// An error about Wayland display `display`.
+pub(crate) fn unavailable(
+    endpoint: &'static str,
+    display: &str,
+    what: String,
+    hint: &str,
+) -> EndpointError {
+    EndpointError::Unavailable {
+        endpoint,
+        what: format!("Wayland display {display:?}: {what}"),
+        hint: hint.to_string(),
+    }
+}
+
+/// Connects to the compositor of `display`.
+pub(crate) fn wayland_connect(
+    endpoint: &'static str,
+    display: &str,
+) -> Result<Connection, EndpointError> {
+    let path = socket_path(display).map_err(|e| {
+        unavailable(
+            endpoint,
+            display,
+            e,
+            "set display to the compositor's socket (wayland-1, or a full path)",
+        )
+    })?;
+    let stream = std::os::unix::net::UnixStream::connect(&path).map_err(|e| {
+        unavailable(
+            endpoint,
+            display,
+            format!("cannot connect to {}: {e}", path.display()),
+            "is the compositor running, and is this its socket? (`ls $XDG_RUNTIME_DIR`)",
+        )
+    })?;
+    Connection::from_socket(stream).map_err(|e| {
+        unavailable(
+            endpoint,
+            display,
+            e.to_string(),
+            "not a Wayland compositor's socket",
+        )
+    })
+}
+
+/// A memfd holding `bytes` (shared with the compositor: keymaps, pixel buffers).
+pub(crate) fn memfd(name: &str, len: usize) -> std::io::Result<std::fs::File> {
+    let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC)?;
+    let file = std::fs::File::from(fd);
+    file.set_len(len as u64)?;
+    Ok(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::socket_path;
+
+    #[test]
+    fn a_display_is_a_socket_path_or_a_name_in_the_runtime_dir() {
+        assert_eq!(
+            socket_path("/run/user/5/wayland-9").unwrap(),
+            std::path::PathBuf::from("/run/user/5/wayland-9")
+        );
+        if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR") {
+            assert_eq!(
+                socket_path("wayland-1").unwrap(),
+                std::path::PathBuf::from(dir).join("wayland-1")
+            );
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! The `wayland-input` sink: input records typed and moved into a wlroots Wayland session
+//! (sway, Hyprland, river, labwc) through a virtual keyboard (`zwp_virtual_keyboard_v1`) and
+//! a virtual pointer (`zwlr_virtual_pointer_v1`), as if from a keyboard and mouse plugged in
+//! there. The same loop as `uinput` and `xtest` ([`super::sink`]): held keys and buttons are
+//! released when the stream ends, on a release-all record and before an error.
+//!
+//! Keys go by their Linux code (a key's position). A virtual keyboard must bring its keymap:
+//! this one uploads xkeyboard-config's `us` layout (`keymap-us.xkb`, compiled by `xkbcomp`
+//! from an Xvfb with the default rules), so a key types what it types on a US keyboard; the
+//! keysym annotations of an `x11-input` source (layouts that differ) are not applied yet.
+//! Buttons, relative motion, the wheel, and absolute motion (scaled from the source's axis
+//! ranges to the output) go to the virtual pointer, one `frame` per record.
+
+use super::config::WaylandInputConfig;
+use super::record::{
+    Capabilities, Event, ABS_X, ABS_Y, BTN_LEFT, EV_ABS, EV_KEY, EV_REL, REL_HWHEEL, REL_WHEEL,
+    REL_X, REL_Y,
+};
+use super::sink::{run_injector, Injector};
+use crate::common::delivered::Delivered;
+use crate::common::error::EndpointError;
+use crate::common::report::SinkTask;
+use crate::common::wayland::{memfd, unavailable, wayland_connect};
+use ndd_core::Frame;
+use std::io::Write;
+use std::time::Instant;
+use tokio::runtime::Handle;
+use tokio::sync::mpsc::Receiver;
+use wayland_client::globals::{registry_queue_init, GlobalListContents};
+use wayland_client::protocol::{wl_pointer, wl_registry, wl_seat};
+use wayland_client::{Connection, Dispatch, EventQueue, Proxy, QueueHandle};
+use wayland_protocols_misc::zwp_virtual_keyboard_v1::client::{
+    zwp_virtual_keyboard_manager_v1 as kbd_manager, zwp_virtual_keyboard_v1 as kbd,
+};
+use wayland_protocols_wlr::virtual_pointer::v1::client::{
+    zwlr_virtual_pointer_manager_v1 as ptr_manager, zwlr_virtual_pointer_v1 as ptr,
+};
+
+/// xkeyboard-config's `us` layout as one resolved keymap (xkbcomp's output).
+const KEYMAP_US: &str = include_str!("keymap-us.xkb");
+
+/// Pixels of scroll per wheel notch (what libinput reports for one click).
+const WHEEL_STEP: f64 = 15.0;
+
+/// The range absolute motion is scaled into (the compositor maps it onto the output).
+const ABS_EXTENT: u32 = 65_535;
+
+struct State;
+
+impl Dispatch<wl_registry::WlRegistry, GlobalListContents> for State {
+    fn event(
+        _: &mut State,
+        _: &wl_registry::WlRegistry,
+        _: wl_registry::Event,
+        _: &GlobalListContents,
+        _: &Connection,
+        _: &QueueHandle<State>,
+    ) {
+    }
+}
+
+macro_rules! no_events {
+    ($($t:ty),*) => {$(
+        impl Dispatch<$t, ()> for State {
+            fn event(
+                _: &mut State,
+                _: &$t,
+                _: <$t as Proxy>::Event,
+                _: &(),
+                _: &Connection,
+                _: &QueueHandle<State>,
+            ) {
+            }
+        }
+    )*};
+}
+no_events!(
+    wl_seat::WlSeat,
+    kbd_manager::ZwpVirtualKeyboardManagerV1,
+    kbd::ZwpVirtualKeyboardV1,
+    ptr_manager::ZwlrVirtualPointerManagerV1,
+    ptr::ZwlrVirtualPointerV1
+);
+
+/// A connected `wayland-input` sink.
+pub(crate) struct WaylandInput {
+    display: String,
+    endpoint: &'static str,
+    conn: Connection,
+    queue: EventQueue<State>,
+    keyboard: kbd::ZwpVirtualKeyboardV1,
+    pointer: ptr::ZwlrVirtualPointerV1,
+    started: Instant,
+    /// The source's absolute axes (min, max), when it has them.
+    abs: Option<((i32, i32), (i32, i32))>,
+    /// The last absolute position (a record may move one axis only).
+    at: (i32, i32),
+}
+
+impl std::fmt::Debug for WaylandInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WaylandInput({})", self.display)
+    }
+}
+
+/// Connects and starts a `wayland-input` sink.
+pub(crate) fn spawn_wayland_input_sink(
+    rt: &Handle,
+    endpoint: &'static str,
+    c: &WaylandInputConfig,
+    rx: Receiver<Frame>,
+    delivered: Delivered,
+) -> Result<SinkTask, EndpointError> {
+    let mut w = open_wayland_input(endpoint, c)?;
+    Ok(rt.spawn_blocking(move || run_injector(endpoint, &mut w, rx, &delivered)))
+}
+
+/// Connects, creates the virtual keyboard (with its keymap) and pointer.
+pub(crate) fn open_wayland_input(
+    endpoint: &'static str,
+    c: &WaylandInputConfig,
+) -> Result<WaylandInput, EndpointError> {
+    let d = c.display.as_str();
+    let conn = wayland_connect(endpoint, d)?;
+    let broken = |e: String| unavailable(endpoint, d, e, "the compositor closed the connection");
+    let (globals, mut queue) =
+        registry_queue_init::<State>(&conn).map_err(|e| broken(e.to_string()))?;
+    let qh = queue.handle();
+    let seat: wl_seat::WlSeat = globals.bind(&qh, 1..=1, ()).map_err(|e| {
+        unavailable(
+            endpoint,
+            d,
+            format!("no wl_seat ({e})"),
+            "every compositor has one",
+        )
+    })?;
+    let missing = |what: &str, e: String| {
+        unavailable(
+            endpoint,
+            d,
+            format!("no {what} ({e})"),
+            "the wayland-input sink needs a wlroots compositor (sway, Hyprland, river, labwc, wayfire); GNOME and KDE take input through the xdg-desktop-portal's RemoteDesktop instead, not supported yet",
+        )
+    };
+    let km: kbd_manager::ZwpVirtualKeyboardManagerV1 = globals
+        .bind(&qh, 1..=1, ())
+        .map_err(|e| missing("zwp_virtual_keyboard_manager_v1", e.to_string()))?;
+    let pm: ptr_manager::ZwlrVirtualPointerManagerV1 = globals
+        .bind(&qh, 1..=2, ())
+        .map_err(|e| missing("zwlr_virtual_pointer_manager_v1", e.to_string()))?;
+    let keyboard = km.create_virtual_keyboard(&seat, &qh, ());
+    let pointer = pm.create_virtual_pointer(Some(&seat), &qh, ());
+    // The keymap, NUL-terminated, in a memfd the compositor maps.
+    let mut file = memfd("ndd-keymap", KEYMAP_US.len() + 1)
+        .map_err(|e| broken(format!("the keymap's memfd: {e}")))?;
+    file.write_all(KEYMAP_US.as_bytes())
+        .and_then(|()| file.write_all(&[0]))
+        .map_err(|e| broken(format!("writing the keymap: {e}")))?;
+    keyboard.keymap(
+        wayland_client::protocol::wl_keyboard::KeymapFormat::XkbV1.into(),
+        std::os::fd::AsFd::as_fd(&file),
+        (KEYMAP_US.len() + 1) as u32,
+    );
+    // Everything above reaches the compositor, and an error (the keymap refused) comes back.
+    queue
+        .roundtrip(&mut State)
+        .map_err(|e| broken(format!("setting up the virtual keyboard and pointer: {e}")))?;
+    tracing::info!(endpoint, display = d, "virtual keyboard and pointer ready");
+    Ok(WaylandInput {
+        display: d.to_string(),
+        endpoint,
+        conn,
+        queue,
+        keyboard,
+        pointer,
+        started: Instant::now(),
+        abs: None,
+        at: (0, 0),
+    })
+}
+
+impl WaylandInput {
+    fn ms(&self) -> u32 {
+        self.started.elapsed().as_millis() as u32
+    }
+
+    fn err(&self, e: impl std::fmt::Display) -> EndpointError {
+        unavailable(
+            self.endpoint,
+            &self.display,
+            e.to_string(),
+            "the compositor closed the connection or refused a request",
+        )
+    }
+}
+
+/// `v` in `[min, max]` scaled to `0..=ABS_EXTENT`.
+fn scale(v: i32, (min, max): (i32, i32)) -> u32 {
+    let span = i64::from(max) - i64::from(min);
+    if span <= 0 {
+        return 0;
+    }
+    let v = (i64::from(v) - i64::from(min)).clamp(0, span);
+    (v * i64::from(ABS_EXTENT) / span) as u32
+}
+
+impl Injector for WaylandInput {
+    fn capabilities(&mut self, caps: &Capabilities) -> Result<(), EndpointError> {
+        self.abs = match (caps.abs_axis(ABS_X), caps.abs_axis(ABS_Y)) {
+            (Some(x), Some(y)) => Some(((x.min, x.max), (y.min, y.max))),
+            _ => None,
+        };
+        Ok(())
+    }
+
+    fn events(&mut self, events: &[Event]) -> Result<(), EndpointError> {
+        let t = self.ms();
+        let (mut dx, mut dy) = (0.0f64, 0.0f64);
+        let mut moved_abs = false;
+        let mut pointer = false;
+        for e in events {
+            match (e.ty, e.code) {
+                (EV_KEY, code) if (BTN_LEFT..BTN_LEFT + 0x10).contains(&code) => {
+                    let state = if e.value != 0 {
+                        wl_pointer::ButtonState::Pressed
+                    } else {
+                        wl_pointer::ButtonState::Released
+                    };
+                    self.pointer.button(t, u32::from(code), state);
+                    pointer = true;
+                }
+                // Autorepeat (2) is the compositor's own business.
+                (EV_KEY, code) if e.value != 2 => {
+                    self.keyboard
+                        .key(t, u32::from(code), if e.value != 0 { 1 } else { 0 });
+                }
+                (EV_REL, REL_X) => dx += f64::from(e.value),
+                (EV_REL, REL_Y) => dy += f64::from(e.value),
+                (EV_REL, REL_WHEEL) => {
+                    self.pointer.axis(
+                        t,
+                        wl_pointer::Axis::VerticalScroll,
+                        -f64::from(e.value) * WHEEL_STEP,
+                    );
+                    pointer = true;
+                }
+                (EV_REL, REL_HWHEEL) => {
+                    self.pointer.axis(
+                        t,
+                        wl_pointer::Axis::HorizontalScroll,
+                        f64::from(e.value) * WHEEL_STEP,
+                    );
+                    pointer = true;
+                }
+                (EV_ABS, ABS_X) => {
+                    self.at.0 = e.value;
+                    moved_abs = true;
+                }
+                (EV_ABS, ABS_Y) => {
+                    self.at.1 = e.value;
+                    moved_abs = true;
+                }
+                _ => {}
+            }
+        }
+        if dx != 0.0 || dy != 0.0 {
+            self.pointer.motion(t, dx, dy);
+            pointer = true;
+        }
+        if let (true, Some((xr, yr))) = (moved_abs, self.abs) {
+            self.pointer.motion_absolute(
+                t,
+                scale(self.at.0, xr),
+                scale(self.at.1, yr),
+                ABS_EXTENT,
+                ABS_EXTENT,
+            );
+            pointer = true;
+        }
+        if pointer {
+            self.pointer.frame();
+        }
+        self.conn.flush().map_err(|e| self.err(e))?;
+        // A protocol error the compositor sent (a refused request) ends the sink.
+        self.queue
+            .dispatch_pending(&mut State)
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absolute_positions_scale_onto_the_whole_output() {
+        assert_eq!(scale(0, (0, 639)), 0);
+        assert_eq!(scale(639, (0, 639)), ABS_EXTENT);
+        assert_eq!(scale(-5, (0, 639)), 0, "clamped");
+        assert_eq!(scale(320, (0, 640)), ABS_EXTENT / 2);
+        assert_eq!(scale(7, (3, 3)), 0, "an empty range");
+    }
+
+    #[test]
+    fn the_keymap_is_a_whole_xkb_keymap() {
+        assert!(KEYMAP_US.starts_with("xkb_keymap {"));
+        assert!(KEYMAP_US.contains("xkb_symbols"));
+        assert!(!KEYMAP_US.contains('\0'));
+    }
+}
