@@ -18,6 +18,13 @@
 //!
 //! Both run as blocking tasks, like the other X endpoints.
 
+mod wayland;
+
+pub(crate) use wayland::{
+    probe as probe_wayland, spawn_wayland_clipboard_sink, spawn_wayland_clipboard_source,
+};
+pub use wayland::{WaylandClipboardConfig, OWN_MIME};
+
 use crate::common::delivered::Delivered;
 use crate::common::emitter::Emitter;
 use crate::common::error::EndpointError;
@@ -91,23 +98,28 @@ impl Default for X11ClipboardConfig {
 impl X11ClipboardConfig {
     /// The selections, checked.
     pub fn parsed_selections(&self) -> Result<Vec<Selection>, String> {
-        let mut out = Vec::new();
-        for s in &self.selections {
-            let sel = match s.as_str() {
-                "CLIPBOARD" => Selection::Clipboard,
-                "PRIMARY" => Selection::Primary,
-                other => {
-                    return Err(format!(
-                        "unknown selection {other:?} (known: \"CLIPBOARD\", \"PRIMARY\")"
-                    ))
-                }
-            };
-            if !out.contains(&sel) {
-                out.push(sel);
-            }
-        }
-        Ok(out)
+        parse_selections(&self.selections)
     }
+}
+
+/// Selection names (`CLIPBOARD`, `PRIMARY`), checked, without repeats.
+pub fn parse_selections(names: &[String]) -> Result<Vec<Selection>, String> {
+    let mut out = Vec::new();
+    for s in names {
+        let sel = match s.as_str() {
+            "CLIPBOARD" => Selection::Clipboard,
+            "PRIMARY" => Selection::Primary,
+            other => {
+                return Err(format!(
+                    "unknown selection {other:?} (known: \"CLIPBOARD\", \"PRIMARY\")"
+                ))
+            }
+        };
+        if !out.contains(&sel) {
+            out.push(sel);
+        }
+    }
+    Ok(out)
 }
 
 /// The atoms both ends use.

@@ -45,6 +45,20 @@ const CLIPBOARD_PARAMS: &[(&str, &str, &str, &str)] = &[
     ),
 ];
 
+const WAYLAND_CLIPBOARD_PARAMS: &[(&str, &str, &str, &str)] = &[
+    (
+        "display",
+        "string",
+        "$WAYLAND_DISPLAY",
+        "the compositor's socket: a name in $XDG_RUNTIME_DIR (wayland-1) or a full path",
+    ),
+    CLIPBOARD_PARAMS[1],
+    CLIPBOARD_PARAMS[2],
+    CLIPBOARD_PARAMS[3],
+];
+
+const WAYLAND_CLIPBOARD: &str = "the clipboard (and primary selection) of a wlroots Wayland session through wlr-data-control: text and PNG images, the same records as x11-clipboard (an X11 side and a Wayland side share one clipboard)";
+
 /// Every source endpoint.
 pub const SOURCES: &[EndpointInfo] = &[
     EndpointInfo {
@@ -249,6 +263,11 @@ pub const SOURCES: &[EndpointInfo] = &[
             ("refresh_s", "float >= 0", "0", "a keyframe of the whole output every this many seconds; 0 = only the first"),
         ],
     },
+    EndpointInfo {
+        name: "wayland-clipboard",
+        summary: WAYLAND_CLIPBOARD,
+        params: WAYLAND_CLIPBOARD_PARAMS,
+    },
 ];
 
 /// Every sink endpoint.
@@ -395,5 +414,10 @@ pub const SINKS: &[EndpointInfo] = &[
         name: "wayland-input",
         summary: "types and moves input records into a wlroots Wayland session (sway, Hyprland): a virtual keyboard (US layout) and a virtual pointer",
         params: &[("display", "string", "$WAYLAND_DISPLAY", "the compositor's socket: a name in $XDG_RUNTIME_DIR (wayland-1) or a full path")],
+    },
+    EndpointInfo {
+        name: "wayland-clipboard",
+        summary: WAYLAND_CLIPBOARD,
+        params: WAYLAND_CLIPBOARD_PARAMS,
     },
 ];

@@ -28,7 +28,7 @@ pub use catalogue::{EndpointInfo, REQUIRED, SINKS, SOURCES};
 use crate::audio::{PulseCaptureConfig, PulsePlaybackConfig};
 use crate::camera::{CameraSimConfig, V4l2Config, V4l2LoopbackConfig, Y4mConfig};
 use crate::check::{CheckConfig, NullConfig};
-use crate::clipboard::X11ClipboardConfig;
+use crate::clipboard::{WaylandClipboardConfig, X11ClipboardConfig};
 use crate::common::delivered::Delivered;
 use crate::common::demand::Demand;
 use crate::common::error::EndpointError;
@@ -109,6 +109,9 @@ pub enum SourceConfig {
     /// An output of a wlroots Wayland compositor (app side).
     #[serde(rename = "wayland-screen")]
     WaylandScreen(WaylandScreenConfig),
+    /// The clipboard of a wlroots Wayland session (either side).
+    #[serde(rename = "wayland-clipboard")]
+    WaylandClipboard(WaylandClipboardConfig),
 }
 
 /// Where a stream's frames go.
@@ -158,31 +161,67 @@ pub enum SinkConfig {
     /// A virtual keyboard and pointer in a wlroots Wayland session (app side).
     #[serde(rename = "wayland-input")]
     WaylandInput(WaylandInputConfig),
+    /// The clipboard of a wlroots Wayland session (either side).
+    #[serde(rename = "wayland-clipboard")]
+    WaylandClipboard(WaylandClipboardConfig),
 }
 
-/// `x11-clipboard(display=:0, selections=CLIPBOARD+PRIMARY, max_bytes=8388608, images)`.
-fn describe_clipboard(c: &X11ClipboardConfig) -> String {
+/// `x11-clipboard(display=:0, selections=CLIPBOARD+PRIMARY, max_bytes=8388608, images)`,
+/// and the same for `wayland-clipboard`.
+fn describe_clipboard(
+    kind: &str,
+    display: &str,
+    selections: &[String],
+    max_bytes: u64,
+    images: bool,
+) -> String {
     format!(
-        "x11-clipboard(display={}, selections={}, max_bytes={}{})",
-        c.display,
-        if c.selections.is_empty() {
+        "{kind}(display={display}, selections={}, max_bytes={max_bytes}{})",
+        if selections.is_empty() {
             "none (off)".to_string()
         } else {
-            c.selections.join("+")
+            selections.join("+")
         },
-        c.max_bytes,
-        if c.images { ", images" } else { "" }
+        if images { ", images" } else { "" }
     )
 }
 
-fn check_clipboard(endpoint: &'static str, c: &X11ClipboardConfig) -> Result<(), EndpointError> {
-    c.parsed_selections()
-        .map_err(|reason| EndpointError::Config {
-            endpoint,
-            param: "selections",
-            reason,
-        })?;
-    if c.max_bytes == 0 || c.max_bytes > MAX_LENGTH_FRAME as u64 {
+fn describe_x11_clipboard(c: &X11ClipboardConfig) -> String {
+    describe_clipboard(
+        "x11-clipboard",
+        &c.display,
+        &c.selections,
+        c.max_bytes,
+        c.images,
+    )
+}
+
+fn describe_wayland_clipboard(c: &WaylandClipboardConfig) -> String {
+    let display = if c.display.is_empty() {
+        "$WAYLAND_DISPLAY"
+    } else {
+        c.display.as_str()
+    };
+    describe_clipboard(
+        "wayland-clipboard",
+        display,
+        &c.selections,
+        c.max_bytes,
+        c.images,
+    )
+}
+
+fn check_clipboard(
+    endpoint: &'static str,
+    selections: &[String],
+    max_bytes: u64,
+) -> Result<(), EndpointError> {
+    crate::clipboard::parse_selections(selections).map_err(|reason| EndpointError::Config {
+        endpoint,
+        param: "selections",
+        reason,
+    })?;
+    if max_bytes == 0 || max_bytes > MAX_LENGTH_FRAME as u64 {
         return Err(EndpointError::Config {
             endpoint,
             param: "max_bytes",
@@ -263,6 +302,7 @@ impl SourceConfig {
             | SourceConfig::SpacenavSim(_)
             | SourceConfig::X11Cursor(_)
             | SourceConfig::X11Clipboard(_)
+            | SourceConfig::WaylandClipboard(_)
             | SourceConfig::Stdin(_)
             | SourceConfig::Serial(_)
             | SourceConfig::Pty(_)
@@ -295,6 +335,7 @@ impl SourceConfig {
             | SourceConfig::WaylandScreen(_)
             | SourceConfig::X11Cursor(_)
             | SourceConfig::X11Clipboard(_)
+            | SourceConfig::WaylandClipboard(_)
             | SourceConfig::Rfc2217Server(_)
             | SourceConfig::Rfc2217Client(_) => true,
             // Sound is only worth hearing now.
@@ -327,6 +368,7 @@ impl SourceConfig {
             | SourceConfig::WaylandScreen(_)
             | SourceConfig::X11Cursor(_)
             | SourceConfig::X11Clipboard(_)
+            | SourceConfig::WaylandClipboard(_)
             | SourceConfig::Rfc2217Server(_)
             | SourceConfig::Rfc2217Client(_)
             | SourceConfig::PulseCapture(_)
@@ -354,6 +396,7 @@ impl SourceConfig {
             SourceConfig::CameraSim(_) => &SOURCES[14],
             SourceConfig::V4l2(_) => &SOURCES[15],
             SourceConfig::WaylandScreen(_) => &SOURCES[16],
+            SourceConfig::WaylandClipboard(_) => &SOURCES[17],
         }
     }
 
@@ -377,6 +420,7 @@ impl SourceConfig {
             SourceConfig::CameraSim(_) => "camera-sim source",
             SourceConfig::V4l2(_) => "v4l2 source",
             SourceConfig::WaylandScreen(_) => "wayland-screen source",
+            SourceConfig::WaylandClipboard(_) => "wayland-clipboard source",
         }
     }
 
@@ -432,7 +476,8 @@ impl SourceConfig {
                 s + ")"
             }
             SourceConfig::X11Cursor(c) => format!("x11-cursor(display={})", c.display),
-            SourceConfig::X11Clipboard(c) => describe_clipboard(c),
+            SourceConfig::X11Clipboard(c) => describe_x11_clipboard(c),
+            SourceConfig::WaylandClipboard(c) => describe_wayland_clipboard(c),
             SourceConfig::Rfc2217Server(c) => describe_rfc2217_server(c),
             SourceConfig::Rfc2217Client(c) => describe_rfc2217_client(c),
             SourceConfig::PulseCapture(c) => {
@@ -509,7 +554,10 @@ impl SourceConfig {
             | SourceConfig::Evdev(_)
             | SourceConfig::X11Input(_)
             | SourceConfig::X11Cursor(_) => {}
-            SourceConfig::X11Clipboard(c) => check_clipboard(endpoint, c)?,
+            SourceConfig::X11Clipboard(c) => check_clipboard(endpoint, &c.selections, c.max_bytes)?,
+            SourceConfig::WaylandClipboard(c) => {
+                check_clipboard(endpoint, &c.selections, c.max_bytes)?
+            }
             SourceConfig::Serial(c) => check_settings(endpoint, &c.settings())?,
             SourceConfig::Pty(c) => check_settings(endpoint, &c.settings())?,
             SourceConfig::Rfc2217Server(c) => check_rfc2217_server(endpoint, c)?,
@@ -588,6 +636,9 @@ impl SourceConfig {
             SourceConfig::WaylandScreen(c) => {
                 display::spawn_wayland_screen_source(&rt, endpoint, c, stream, tx, demand)
             }
+            SourceConfig::WaylandClipboard(c) => {
+                clipboard::spawn_wayland_clipboard_source(&rt, endpoint, c, stream, tx)
+            }
             SourceConfig::X11Cursor(c) => {
                 display::spawn_x11_cursor_source(&rt, endpoint, c, stream, tx)
             }
@@ -632,6 +683,7 @@ impl SinkConfig {
             | SinkConfig::X11Window(_)
             | SinkConfig::X11Cursor(_)
             | SinkConfig::X11Clipboard(_)
+            | SinkConfig::WaylandClipboard(_)
             | SinkConfig::Rfc2217Server(_)
             | SinkConfig::Rfc2217Client(_)
             | SinkConfig::PulsePlayback(_)
@@ -662,6 +714,7 @@ impl SinkConfig {
             SinkConfig::Y4m(_) => &SINKS[15],
             SinkConfig::V4l2loopback(_) => &SINKS[16],
             SinkConfig::WaylandInput(_) => &SINKS[17],
+            SinkConfig::WaylandClipboard(_) => &SINKS[18],
         }
     }
 
@@ -677,6 +730,7 @@ impl SinkConfig {
             SinkConfig::Uinput(_) => "uinput sink",
             SinkConfig::Xtest(_) => "xtest sink",
             SinkConfig::WaylandInput(_) => "wayland-input sink",
+            SinkConfig::WaylandClipboard(_) => "wayland-clipboard sink",
             SinkConfig::X11Window(_) => "x11-window sink",
             SinkConfig::X11Cursor(_) => "x11-cursor sink",
             SinkConfig::X11Clipboard(_) => "x11-clipboard sink",
@@ -727,7 +781,8 @@ impl SinkConfig {
             }
             SinkConfig::Framebuffer(c) => format!("framebuffer(path={})", c.path.display()),
             SinkConfig::X11Cursor(c) => format!("x11-cursor(display={})", c.display),
-            SinkConfig::X11Clipboard(c) => describe_clipboard(c),
+            SinkConfig::X11Clipboard(c) => describe_x11_clipboard(c),
+            SinkConfig::WaylandClipboard(c) => describe_wayland_clipboard(c),
             SinkConfig::Rfc2217Server(c) => describe_rfc2217_server(c),
             SinkConfig::Rfc2217Client(c) => describe_rfc2217_client(c),
             SinkConfig::PulsePlayback(c) => {
@@ -779,7 +834,10 @@ impl SinkConfig {
             | SinkConfig::WaylandInput(_)
             | SinkConfig::Framebuffer(_)
             | SinkConfig::X11Cursor(_) => Ok(()),
-            SinkConfig::X11Clipboard(c) => check_clipboard(endpoint, c),
+            SinkConfig::X11Clipboard(c) => check_clipboard(endpoint, &c.selections, c.max_bytes),
+            SinkConfig::WaylandClipboard(c) => {
+                check_clipboard(endpoint, &c.selections, c.max_bytes)
+            }
             SinkConfig::Rfc2217Server(c) => check_rfc2217_server(endpoint, c),
             SinkConfig::Rfc2217Client(c) => check_rfc2217_client(endpoint, c),
             SinkConfig::PulsePlayback(c) => {
@@ -847,6 +905,9 @@ impl SinkConfig {
             SinkConfig::Xtest(c) => input::spawn_xtest_sink(&rt, endpoint, c, rx, delivered),
             SinkConfig::WaylandInput(c) => {
                 input::spawn_wayland_input_sink(&rt, endpoint, c, rx, delivered)
+            }
+            SinkConfig::WaylandClipboard(c) => {
+                clipboard::spawn_wayland_clipboard_sink(&rt, endpoint, c, rx, delivered)
             }
             SinkConfig::X11Window(c) => {
                 display::spawn_x11_window_sink(&rt, endpoint, c, rx, delivered)

@@ -132,6 +132,7 @@ impl SourceConfig {
             }
             SourceConfig::X11Cursor(c) => display(endpoint, &c.display),
             SourceConfig::X11Clipboard(c) => display(endpoint, &c.display),
+            SourceConfig::WaylandClipboard(c) => crate::clipboard::probe_wayland(endpoint, c),
             SourceConfig::Rfc2217Server(c) => listenable(endpoint, &c.listen),
             SourceConfig::Rfc2217Client(_) => Ok(()),
             SourceConfig::PulseCapture(c) => pulse(endpoint, &c.server),
@@ -162,6 +163,7 @@ impl SinkConfig {
             SinkConfig::X11Window(c) => display(endpoint, &c.display),
             SinkConfig::X11Cursor(c) => display(endpoint, &c.display),
             SinkConfig::X11Clipboard(c) => display(endpoint, &c.display),
+            SinkConfig::WaylandClipboard(c) => crate::clipboard::probe_wayland(endpoint, c),
             SinkConfig::Rfc2217Server(c) => listenable(endpoint, &c.listen),
             SinkConfig::Rfc2217Client(_) => Ok(()),
             SinkConfig::PulsePlayback(c) => pulse(endpoint, &c.server),
