@@ -18,12 +18,21 @@
 //!
 //! Both run as blocking tasks, like the other X endpoints.
 
+#[cfg(feature = "wayland")]
 mod wayland;
 
+#[cfg(not(feature = "wayland"))]
+pub(crate) use crate::common::no_wayland::{
+    probe_wayland, spawn_wayland_clipboard_sink, spawn_wayland_clipboard_source,
+};
+#[cfg(feature = "wayland")]
 pub(crate) use wayland::{
     probe as probe_wayland, spawn_wayland_clipboard_sink, spawn_wayland_clipboard_source,
 };
-pub use wayland::{WaylandClipboardConfig, OWN_MIME};
+
+/// The MIME type every offer of a `wayland-clipboard` sink carries: a source ignores such a
+/// selection.
+pub const OWN_MIME: &str = "application/x-ndd-clipboard";
 
 use crate::common::delivered::Delivered;
 use crate::common::emitter::Emitter;
@@ -96,6 +105,43 @@ impl Default for X11ClipboardConfig {
 }
 
 impl X11ClipboardConfig {
+    /// The selections, checked.
+    pub fn parsed_selections(&self) -> Result<Vec<Selection>, String> {
+        parse_selections(&self.selections)
+    }
+}
+
+/// `wayland-clipboard` parameters (source and sink).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WaylandClipboardConfig {
+    /// The compositor's socket: a name in `$XDG_RUNTIME_DIR` or a full path; empty:
+    /// `$WAYLAND_DISPLAY`.
+    #[serde(default)]
+    pub display: String,
+    /// Which selections: `CLIPBOARD`, `PRIMARY`; an empty list turns the endpoint off.
+    #[serde(default = "default_selections")]
+    pub selections: Vec<String>,
+    /// Largest selection (all formats together) sent or accepted, in bytes.
+    #[serde(default = "default_max_bytes")]
+    pub max_bytes: u64,
+    /// Share PNG images too (text always).
+    #[serde(default = "yes")]
+    pub images: bool,
+}
+
+impl Default for WaylandClipboardConfig {
+    fn default() -> Self {
+        WaylandClipboardConfig {
+            display: String::new(),
+            selections: default_selections(),
+            max_bytes: default_max_bytes(),
+            images: true,
+        }
+    }
+}
+
+impl WaylandClipboardConfig {
     /// The selections, checked.
     pub fn parsed_selections(&self) -> Result<Vec<Selection>, String> {
         parse_selections(&self.selections)

@@ -14,7 +14,7 @@
 //! **Loops**: the sink's offers carry the extra type [`OWN_MIME`]; a source ignores a
 //! selection offering it, so what a sink installed is never sent back.
 
-use super::{parse_selections, PNG, TEXT};
+use super::{WaylandClipboardConfig, OWN_MIME, PNG, TEXT};
 use crate::common::delivered::Delivered;
 use crate::common::emitter::Emitter;
 use crate::common::error::EndpointError;
@@ -22,7 +22,6 @@ use crate::common::report::{SinkReport, SinkTask, SourceReport, SourceTask};
 use crate::common::wayland::{unavailable, wayland_connect};
 use ndd_core::{Frame, RateLimit};
 use ndd_wire::clipboard::{Contents, Selection};
-use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
@@ -39,9 +38,6 @@ use wayland_protocols_wlr::data_control::v1::client::{
     zwlr_data_control_offer_v1 as offer_v1, zwlr_data_control_source_v1 as source_v1,
 };
 
-/// The MIME type every offer of a sink carries: a source ignores such a selection.
-pub const OWN_MIME: &str = "application/x-ndd-clipboard";
-
 /// Text types, in the order a source prefers them.
 const TEXT_TYPES: [&str; 5] = [TEXT, "UTF8_STRING", "text/plain", "STRING", "TEXT"];
 
@@ -50,53 +46,6 @@ const POLL: Duration = Duration::from_millis(20);
 
 /// How long a source waits for a program to hand over one format.
 const ANSWER_WAIT: Duration = Duration::from_secs(2);
-
-fn default_selections() -> Vec<String> {
-    vec!["CLIPBOARD".into(), "PRIMARY".into()]
-}
-fn default_max_bytes() -> u64 {
-    8 << 20
-}
-fn yes() -> bool {
-    true
-}
-
-/// `wayland-clipboard` parameters (source and sink).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WaylandClipboardConfig {
-    /// The compositor's socket: a name in `$XDG_RUNTIME_DIR` or a full path; empty:
-    /// `$WAYLAND_DISPLAY`.
-    #[serde(default)]
-    pub display: String,
-    /// Which selections: `CLIPBOARD`, `PRIMARY`; an empty list turns the endpoint off.
-    #[serde(default = "default_selections")]
-    pub selections: Vec<String>,
-    /// Largest selection (all formats together) sent or accepted, in bytes.
-    #[serde(default = "default_max_bytes")]
-    pub max_bytes: u64,
-    /// Share PNG images too (text always).
-    #[serde(default = "yes")]
-    pub images: bool,
-}
-
-impl Default for WaylandClipboardConfig {
-    fn default() -> Self {
-        WaylandClipboardConfig {
-            display: String::new(),
-            selections: default_selections(),
-            max_bytes: default_max_bytes(),
-            images: true,
-        }
-    }
-}
-
-impl WaylandClipboardConfig {
-    /// The selections, checked.
-    pub fn parsed_selections(&self) -> Result<Vec<Selection>, String> {
-        parse_selections(&self.selections)
-    }
-}
 
 /// What the compositor told this endpoint.
 #[derive(Default)]

@@ -22,7 +22,10 @@ pub mod demand;
 pub(crate) mod emitter;
 pub mod error;
 pub mod framing;
+#[cfg(not(feature = "wayland"))]
+pub(crate) mod no_wayland;
 pub(crate) mod priority;
 pub mod report;
+#[cfg(feature = "wayland")]
 pub(crate) mod wayland;
 pub(crate) mod x11;

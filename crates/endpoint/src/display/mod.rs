@@ -30,9 +30,12 @@ mod cursor;
 pub mod scale;
 mod sink;
 mod source;
+#[cfg(feature = "wayland")]
 mod wayland;
 mod x11;
 
+#[cfg(not(feature = "wayland"))]
+pub(crate) use crate::common::no_wayland::{open_wayland_screen, spawn_wayland_screen_source};
 pub use config::{
     FramebufferConfig, WaylandScreenConfig, X11CursorSinkConfig, X11CursorSourceConfig,
     X11ScreenConfig, X11WindowConfig,
@@ -41,5 +44,6 @@ pub(crate) use cursor::{spawn_x11_cursor_sink, spawn_x11_cursor_source};
 pub use ndd_wire::display::*;
 pub(crate) use sink::{spawn_framebuffer_sink, spawn_x11_window_sink};
 pub(crate) use source::spawn_x11_screen_source;
+#[cfg(feature = "wayland")]
 pub(crate) use wayland::{open_wayland_screen, spawn_wayland_screen_source};
 pub(crate) use x11::wait_for_viewer;

@@ -1,0 +1,83 @@
+//! Built without the `wayland` feature (the fuzz targets are): the Wayland endpoints parse,
+//! describe and check as always, and starting or probing one says it is not built in.
+
+use super::delivered::Delivered;
+use super::demand::Demand;
+use super::error::EndpointError;
+use super::report::{SinkTask, SourceTask};
+use crate::clipboard::WaylandClipboardConfig;
+use crate::display::WaylandScreenConfig;
+use crate::input::WaylandInputConfig;
+use ndd_core::Frame;
+use tokio::runtime::Handle;
+use tokio::sync::mpsc::{Receiver, Sender};
+
+fn off(endpoint: &'static str) -> EndpointError {
+    EndpointError::Unavailable {
+        endpoint,
+        what: "this ndd was built without Wayland support".to_string(),
+        hint: "build ndd-endpoint with its `wayland` feature (the default)".to_string(),
+    }
+}
+
+pub(crate) fn open_wayland_screen(
+    endpoint: &'static str,
+    _: &WaylandScreenConfig,
+) -> Result<(), EndpointError> {
+    Err(off(endpoint))
+}
+
+pub(crate) fn spawn_wayland_screen_source(
+    _: &Handle,
+    endpoint: &'static str,
+    _: &WaylandScreenConfig,
+    _: u16,
+    _: Sender<Frame>,
+    _: Option<Demand>,
+) -> Result<SourceTask, EndpointError> {
+    Err(off(endpoint))
+}
+
+pub(crate) fn open_wayland_input(
+    endpoint: &'static str,
+    _: &WaylandInputConfig,
+) -> Result<(), EndpointError> {
+    Err(off(endpoint))
+}
+
+pub(crate) fn spawn_wayland_input_sink(
+    _: &Handle,
+    endpoint: &'static str,
+    _: &WaylandInputConfig,
+    _: Receiver<Frame>,
+    _: Delivered,
+) -> Result<SinkTask, EndpointError> {
+    Err(off(endpoint))
+}
+
+pub(crate) fn probe_wayland(
+    endpoint: &'static str,
+    _: &WaylandClipboardConfig,
+) -> Result<(), EndpointError> {
+    Err(off(endpoint))
+}
+
+pub(crate) fn spawn_wayland_clipboard_source(
+    _: &Handle,
+    endpoint: &'static str,
+    _: &WaylandClipboardConfig,
+    _: u16,
+    _: Sender<Frame>,
+) -> Result<SourceTask, EndpointError> {
+    Err(off(endpoint))
+}
+
+pub(crate) fn spawn_wayland_clipboard_sink(
+    _: &Handle,
+    endpoint: &'static str,
+    _: &WaylandClipboardConfig,
+    _: Receiver<Frame>,
+    _: Delivered,
+) -> Result<SinkTask, EndpointError> {
+    Err(off(endpoint))
+}
