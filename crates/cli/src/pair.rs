@@ -149,7 +149,10 @@ pub async fn offer(listen: &str, home: &Path, name: Option<&str>) -> Result<i32>
             _ = tokio::signal::ctrl_c() => bail!("stopped before any machine paired (the code is void)"),
         };
         let mut x = offer.exchange(std::time::Instant::now(), me.clone(), spake2_rng());
-        let end = drive(&mut stream, &mut x).await;
+        let end = tokio::select! {
+            end = drive(&mut stream, &mut x) => end,
+            _ = tokio::signal::ctrl_c() => bail!("stopped before any machine paired (the code is void)"),
+        };
         offer.handle_end(&end);
         match end {
             Ok(peer) => {

@@ -93,3 +93,129 @@ fn a_sway_output_reaches_the_other_side_pixel_identical_to_grim() {
     app.kill();
     dev.kill();
 }
+
+/// examples/wayland-desktop.toml between a headless sway (app side) and an Xvfb (device side),
+/// two ndd processes: the viewer window opens on the Xvfb, a key typed into it reaches an
+/// unmodified `wev` on sway, and text copied on sway (`wl-copy`) pastes on the Xvfb (`xclip`).
+#[test]
+fn a_sway_desktop_is_seen_and_used_from_an_x11_display() {
+    if let Some(m) = missing(&[
+        "sway", "wev", "wl-copy", "setpriv", "Xvfb", "xdotool", "xclip", "xwininfo",
+    ]) {
+        println!("SKIPPED: needs {m} (apt-get install sway wev wl-clipboard xvfb xdotool xclip x11-utils)");
+        return;
+    }
+    let sway = Sway::start("desktop", 480, 320, "#203040").expect("headless sway");
+    let x = ndd_procs::Xvfb::start("800x600x24").expect("Xvfb");
+    let dir = Dir::new("wayland-desktop");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let example = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples/wayland-desktop.toml"),
+    )
+    .unwrap();
+    let text = example
+        .replace(
+            "\"wayland-1\"",
+            &format!("{:?}", sway.socket.display().to_string()),
+        )
+        .replace("\":0\"", &format!("{:?}", x.display))
+        .replace("127.0.0.1:7892", &free_addr());
+    let cfg = dir.0.join("wayland-desktop.toml");
+    std::fs::write(&cfg, text).unwrap();
+    let mut wev = std::process::Command::new("stdbuf")
+        .args(["-oL", "wev"])
+        .env("WAYLAND_DISPLAY", &sway.socket)
+        .env("XDG_RUNTIME_DIR", &sway.dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("wev");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let s2 = seen.clone();
+    let mut out = wev.stdout.take().unwrap();
+    // Killed on drop, a failing assertion included (a wev left behind spins on a dead
+    // compositor or display).
+    let _wev = ndd_procs::Killed(wev);
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = out.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            s2.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &[]));
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &[]));
+    app.wait_says("streams agreed", &[&dev]);
+    wait_for("the viewer window on the Xvfb", WAIT, || {
+        let out = std::process::Command::new("xwininfo")
+            .args(["-root", "-tree", "-display", &x.display])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).contains("ndd wayland desktop")
+    });
+    // Keys typed into the viewer (it covers the middle of the Xvfb) reach wev on sway.
+    let t0 = Instant::now();
+    while !seen.lock().unwrap().contains("sym: h") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the key never reached wev; wev said:\n{}\napp side: {}\ndevice side: {}",
+            seen.lock().unwrap(),
+            app.stderr_now(),
+            dev.stderr_now()
+        );
+        let _ = std::process::Command::new("xdotool")
+            .env("DISPLAY", &x.display)
+            .args([
+                "search",
+                "--name",
+                "ndd wayland desktop",
+                "mousemove",
+                "--window",
+                "%1",
+                "50",
+                "50",
+                "click",
+                "1",
+                "key",
+                "h",
+            ])
+            .stderr(std::process::Stdio::null())
+            .status();
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // Text copied on sway pastes on the Xvfb.
+    assert!(std::process::Command::new("wl-copy")
+        .arg("from sway")
+        .env("WAYLAND_DISPLAY", &sway.socket)
+        .env("XDG_RUNTIME_DIR", &sway.dir)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap()
+        .success());
+    let t0 = Instant::now();
+    loop {
+        let out = std::process::Command::new("xclip")
+            .args(["-selection", "clipboard", "-o"])
+            .env("DISPLAY", &x.display)
+            .stderr(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        if out.stdout == b"from sway" {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the copy never pasted on X11 (got {:?})",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    app.kill();
+    dev.kill();
+}

@@ -215,6 +215,9 @@ fn keys_and_clicks_reach_a_wayland_program_and_held_keys_are_released() {
     let seen = Arc::new(Mutex::new(String::new()));
     let s2 = seen.clone();
     let mut out = wev.stdout.take().unwrap();
+    // Killed on drop, a failing assertion included (a wev left behind spins on a dead
+    // compositor or display).
+    let _wev = ndd_procs::Killed(wev);
     std::thread::spawn(move || {
         let mut buf = [0u8; 4096];
         while let Ok(n) = out.read(&mut buf) {
@@ -281,6 +284,13 @@ fn keys_and_clicks_reach_a_wayland_program_and_held_keys_are_released() {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
+    // Shift+a types A: the sink says which modifiers are down (wlroots does not for a
+    // virtual keyboard).
+    send(InputMessage::Events(vec![ev(EV_KEY, 42, 1)]));
+    send(InputMessage::Events(vec![ev(EV_KEY, 30, 1)]));
+    send(InputMessage::Events(vec![ev(EV_KEY, 30, 0)]));
+    send(InputMessage::Events(vec![ev(EV_KEY, 42, 0)]));
+    wait("Shift+a", "utf8: 'A'");
     send(InputMessage::Events(vec![
         ev(EV_REL, REL_X, 5),
         ev(EV_REL, REL_Y, 5),
@@ -303,8 +313,6 @@ fn keys_and_clicks_reach_a_wayland_program_and_held_keys_are_released() {
         .expect("the sink ends")
         .unwrap()
         .expect("its report");
-    let _ = wev.kill();
-    let _ = wev.wait();
 }
 
 /// The `wayland-clipboard` endpoints on a headless sway with Debian's `wl-copy`/`wl-paste`:
@@ -448,6 +456,7 @@ fn the_clipboard_goes_both_ways_and_an_x11_side_shares_it() {
             .write_all(b"copied on x11")
             .unwrap();
     }
+    let _xclip = ndd_procs::Killed(xclip);
     let f = rt
         .block_on(async { tokio::time::timeout(Duration::from_secs(5), xrx.recv()).await })
         .expect("the X11 copy comes")
@@ -470,6 +479,4 @@ fn the_clipboard_goes_both_ways_and_an_x11_side_shares_it() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let _ = xclip.kill();
-    let _ = xclip.wait();
 }

@@ -39,6 +39,11 @@ pub const TRIES: u32 = 3;
 /// How long one exchange may take, from its first byte to its end.
 pub const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long the offering side waits for a connection's Hello, then for its Proof after the
+/// Reply: a joining side sends each at once, and connections are taken one at a time (a
+/// silent one must not hold the code for long).
+pub const STEP_WAIT: Duration = Duration::from_secs(3);
+
 /// Digits in a code (shown as `1234-5678`).
 pub const CODE_DIGITS: usize = 8;
 
@@ -78,6 +83,10 @@ pub enum Refusal {
     Void = 3,
     /// The message did not parse.
     Malformed = 4,
+    /// The joining side's identity proof did not check (its MAC did: it knew the code).
+    BadSignature = 5,
+    /// The joining side is the offering side's own install.
+    SelfPair = 6,
 }
 
 impl Refusal {
@@ -87,6 +96,8 @@ impl Refusal {
             2 => Refusal::Expired,
             3 => Refusal::Void,
             4 => Refusal::Malformed,
+            5 => Refusal::BadSignature,
+            6 => Refusal::SelfPair,
             _ => return None,
         })
     }
@@ -342,7 +353,11 @@ impl Exchange {
             state: State::Start,
             input: Vec::new(),
             out: VecDeque::new(),
-            deadline: now + EXCHANGE_TIMEOUT,
+            deadline: now
+                + match role {
+                    Role::Offer => STEP_WAIT,
+                    Role::Join => EXCHANGE_TIMEOUT,
+                },
             end: None,
             over,
             left_if_wrong: 0,
@@ -395,7 +410,7 @@ impl Exchange {
                 return;
             }
             let msg: Vec<u8> = self.input.drain(..2 + len).skip(2).collect();
-            self.handle_message(msg[0], &msg[1..]);
+            self.handle_message(now, msg[0], &msg[1..]);
         }
     }
 
@@ -455,11 +470,13 @@ impl Exchange {
             Refusal::Expired => PairError::Expired,
             Refusal::Void => PairError::Void,
             Refusal::Malformed => PairError::Malformed(detail),
+            Refusal::BadSignature => PairError::BadSignature(detail),
+            Refusal::SelfPair => PairError::SelfPair(detail),
         };
         self.finish(Err(err));
     }
 
-    fn handle_message(&mut self, kind: u8, body: &[u8]) {
+    fn handle_message(&mut self, now: Instant, kind: u8, body: &[u8]) {
         let state = std::mem::replace(&mut self.state, State::Done);
         match (self.role, kind, state) {
             (Role::Join, k, _) if k == Kind::Refused as u8 => {
@@ -470,6 +487,10 @@ impl Exchange {
                     }
                     Some(Refusal::Expired) => PairError::Expired,
                     Some(Refusal::Void) => PairError::Void,
+                    Some(Refusal::BadSignature) => PairError::BadSignature(
+                        "the other side could not check this install's signature".into(),
+                    ),
+                    Some(Refusal::SelfPair) => PairError::SelfPair(self.me.id.fingerprint()),
                     Some(Refusal::Malformed) | None => PairError::Malformed(
                         "the other side could not read what this side sent (another ndd version?)"
                             .into(),
@@ -498,6 +519,8 @@ impl Exchange {
                     return;
                 }
                 self.hello = body.to_vec();
+                // The Proof comes right after the Reply.
+                self.deadline = now + STEP_WAIT;
                 let mine = self.mine.clone();
                 self.send(Kind::Reply, &mine);
                 self.agree(theirs, &mine);
@@ -548,12 +571,12 @@ impl Exchange {
                             name: name.iter().take(64).copied().collect(),
                         },
                         Err(e) => {
-                            self.finish(Err(PairError::BadSignature(e.to_string())));
+                            self.refuse(Refusal::BadSignature, e.to_string());
                             return;
                         }
                     };
                 if peer.fingerprint == self.me.id.fingerprint() {
-                    self.finish(Err(PairError::SelfPair(peer.fingerprint)));
+                    self.refuse(Refusal::SelfPair, peer.fingerprint);
                     return;
                 }
                 if self.role == Role::Offer {
@@ -764,8 +787,9 @@ mod tests {
         relay(&mut j, &mut o, late, 100);
         assert_eq!(j.end(), Some(&Err(PairError::Expired)));
         let mut o = offer.exchange(t0, alice, rng(3));
-        assert_eq!(o.poll_timeout(), Some(t0 + EXCHANGE_TIMEOUT));
-        o.handle_timeout(t0 + EXCHANGE_TIMEOUT);
+        // A connection that says nothing holds the offer 3 s, not the exchange's 10.
+        assert_eq!(o.poll_timeout(), Some(t0 + STEP_WAIT));
+        o.handle_timeout(t0 + STEP_WAIT);
         assert_eq!(o.end(), Some(&Err(PairError::TimedOut)));
         let mut j = Exchange::join("1234-5678", t0, bob, rng(4)).unwrap();
         j.handle_closed();

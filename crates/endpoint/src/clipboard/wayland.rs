@@ -25,6 +25,7 @@ use ndd_wire::clipboard::{Contents, Selection};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::error::TryRecvError;
@@ -164,11 +165,21 @@ impl Dispatch<source_v1::ZwlrDataControlSourceV1, ()> for State {
                         .map(|(_, d)| d.clone())
                 });
                 if let Some(data) = data {
-                    // A slow reader must not hold up the session: the write has a thread.
-                    std::thread::spawn(move || {
-                        let mut f = std::fs::File::from(fd);
-                        let _ = f.write_all(&data);
-                    });
+                    // A slow reader must not hold up the session: the write has a thread of
+                    // its own, at most WRITERS at once, each given up after WRITE_WAIT (a
+                    // program that asks and never reads kept a thread and a copy for good:
+                    // found by review).
+                    if WRITING.fetch_add(1, Ordering::AcqRel) < WRITERS {
+                        std::thread::spawn(move || {
+                            write_within(fd, &data, WRITE_WAIT);
+                            WRITING.fetch_sub(1, Ordering::AcqRel);
+                        });
+                    } else {
+                        WRITING.fetch_sub(1, Ordering::AcqRel);
+                        tracing::warn!(
+                            "{WRITERS} pastes are still being written: this one is refused"
+                        );
+                    }
                 }
             }
             source_v1::Event::Cancelled => {
@@ -176,6 +187,47 @@ impl Dispatch<source_v1::ZwlrDataControlSourceV1, ()> for State {
                 s.cancelled.push(source.clone());
             }
             _ => {}
+        }
+    }
+}
+
+/// Pastes being written at once, at most.
+const WRITERS: usize = 8;
+/// How long one paste may take to be read by the program that asked.
+const WRITE_WAIT: Duration = Duration::from_secs(10);
+static WRITING: AtomicUsize = AtomicUsize::new(0);
+
+/// Writes `data` to `fd` (a pipe a program reads), giving up after `wait`.
+fn write_within(fd: std::os::fd::OwnedFd, data: &[u8], wait: Duration) {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    if rustix::fs::fcntl_setfl(&fd, rustix::fs::OFlags::NONBLOCK).is_err() {
+        return;
+    }
+    let mut f = std::fs::File::from(fd);
+    let t0 = Instant::now();
+    let mut at = 0;
+    while at < data.len() {
+        let left = wait.saturating_sub(t0.elapsed());
+        if left.is_zero() {
+            return;
+        }
+        let t = Timespec {
+            tv_sec: 0,
+            tv_nsec: left.min(Duration::from_millis(500)).as_nanos() as _,
+        };
+        let ready = {
+            let mut fds = [PollFd::new(&f, PollFlags::OUT)];
+            poll(&mut fds, Some(&t)).is_ok_and(|n| n > 0)
+        };
+        if !ready {
+            continue;
+        }
+        match f.write(&data[at..]) {
+            Ok(0) => return,
+            Ok(n) => at += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return,
         }
     }
 }

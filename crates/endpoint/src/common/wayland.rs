@@ -69,6 +69,36 @@ pub(crate) fn wayland_connect(
     })
 }
 
+/// Reads what the compositor sent without waiting, and dispatches it.
+pub(crate) fn read_pending<D>(
+    queue: &mut wayland_client::EventQueue<D>,
+    state: &mut D,
+) -> Result<(), String> {
+    queue.dispatch_pending(state).map_err(|e| e.to_string())?;
+    if let Some(guard) = queue.prepare_read() {
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        let readable = {
+            let fd = guard.connection_fd();
+            let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+            let zero = Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            poll(&mut fds, Some(&zero)).is_ok_and(|n| n > 0)
+        };
+        if readable {
+            match guard.read() {
+                Ok(_) => {}
+                Err(wayland_client::backend::WaylandError::Io(e))
+                    if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+    queue.dispatch_pending(state).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
 /// A memfd holding `bytes` (shared with the compositor: keymaps, pixel buffers).
 pub(crate) fn memfd(name: &str, len: usize) -> std::io::Result<std::fs::File> {
     let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC)?;

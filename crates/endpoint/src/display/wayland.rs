@@ -377,6 +377,12 @@ impl WaylandScreen {
                 frame.destroy();
                 return Err(Fail::Capture("the compositor refused the capture".into()));
             }
+            if v3 && c.described && c.buffer.is_none() {
+                frame.destroy();
+                return Err(Fail::Conn(
+                    "the compositor offers no shared-memory buffer for this output (only dmabuf), which this source cannot take".into(),
+                ));
+            }
             if c.buffer.is_some() && (!v3 || c.described) {
                 return Ok(frame);
             }
@@ -412,6 +418,11 @@ impl WaylandScreen {
             )));
         }
         let len = stride as usize * h as usize;
+        if len > i32::MAX as usize {
+            return Err(Fail::Conn(format!(
+                "the compositor asks for a {w}x{h} buffer of stride {stride}: {len} bytes, more than a wl_shm pool takes"
+            )));
+        }
         let file = memfd("ndd-wayland-screen", len)
             .map_err(|e| Fail::Conn(format!("the capture buffer (memfd): {e}")))?;
         // SAFETY: the memfd is this process's own, sized above and never truncated; the
@@ -476,16 +487,21 @@ impl WaylandScreen {
             .damage
             .iter()
             .filter_map(|&(x, y, rw, rh)| {
-                let y = if c.y_invert {
-                    u32::from(h).checked_sub(y + rh)?
+                // Clipped to the buffer first (a compositor may say anything: no overflow,
+                // and a rect running past an edge keeps the part inside).
+                let (bw, bh) = (u32::from(w), u32::from(h));
+                let (x0, x1) = (x.min(bw), x.saturating_add(rw).min(bw));
+                let (y0, y1) = (y.min(bh), y.saturating_add(rh).min(bh));
+                let (y0, y1) = if c.y_invert {
+                    (bh - y1, bh - y0)
                 } else {
-                    y
+                    (y0, y1)
                 };
                 Rect::from_signed(
-                    i16::try_from(x).ok()?,
-                    i16::try_from(y).ok()?,
-                    u16::try_from(rw).ok()?,
-                    u16::try_from(rh).ok()?,
+                    i16::try_from(x0).ok()?,
+                    i16::try_from(y0).ok()?,
+                    u16::try_from(x1 - x0).ok()?,
+                    u16::try_from(y1 - y0).ok()?,
                     w,
                     h,
                 )

@@ -45,6 +45,65 @@ const WHEEL_STEP: f64 = 15.0;
 /// The range absolute motion is scaled into (the compositor maps it onto the output).
 const ABS_EXTENT: u32 = 65_535;
 
+/// The modifier a key sets in the `us` keymap, as its bit in the keymap's modifier mask
+/// (Shift, Lock, Control, Mod1 … Mod5 are bits 0–7), and whether it locks (toggles) rather
+/// than holds. wlroots passes a virtual keyboard's keys on without updating the modifier
+/// state (`update_state = false`): the client says which modifiers are down (found by
+/// review: Shift+a typed `a`, Ctrl+C a plain `c`).
+fn modifier(code: u16) -> Option<(u32, bool)> {
+    Some(match code {
+        42 | 54 => (1 << 0, false),   // KEY_LEFTSHIFT, KEY_RIGHTSHIFT: Shift
+        58 => (1 << 1, true),         // KEY_CAPSLOCK: Lock
+        29 | 97 => (1 << 2, false),   // KEY_LEFTCTRL, KEY_RIGHTCTRL: Control
+        56 | 100 => (1 << 3, false),  // KEY_LEFTALT, KEY_RIGHTALT: Mod1 (Alt_L, Alt_R in us)
+        69 => (1 << 4, true),         // KEY_NUMLOCK: Mod2
+        125 | 126 => (1 << 6, false), // KEY_LEFTMETA, KEY_RIGHTMETA: Mod4 (Super)
+        _ => return None,
+    })
+}
+
+/// The modifiers as the keys held and toggled make them.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Mods {
+    /// Modifier keys held, by Linux code (a bitmask over the few codes [`modifier`] knows:
+    /// two keys for one modifier, one released, keep it down).
+    held: u32,
+    depressed: u32,
+    locked: u32,
+}
+
+impl Mods {
+    /// Applies a key press (`down`) or release; whether the modifiers changed.
+    fn key(&mut self, code: u16, down: bool) -> bool {
+        let Some((bit, locks)) = modifier(code) else {
+            return false;
+        };
+        let before = (self.depressed, self.locked);
+        if locks {
+            if down {
+                self.locked ^= bit;
+            }
+        } else {
+            let slot = 1u32 << (MOD_CODES.iter().position(|&c| c == code).unwrap_or(0));
+            if down {
+                self.held |= slot;
+            } else {
+                self.held &= !slot;
+            }
+            self.depressed = MOD_CODES
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| self.held & (1 << i) != 0)
+                .filter_map(|(_, &c)| modifier(c))
+                .fold(0, |m, (b, _)| m | b);
+        }
+        before != (self.depressed, self.locked)
+    }
+}
+
+/// The holding modifier keys [`Mods::held`] tracks.
+const MOD_CODES: [u16; 8] = [42, 54, 29, 97, 56, 100, 125, 126];
+
 struct State;
 
 impl Dispatch<wl_registry::WlRegistry, GlobalListContents> for State {
@@ -95,6 +154,7 @@ pub(crate) struct WaylandInput {
     abs: Option<((i32, i32), (i32, i32))>,
     /// The last absolute position (a record may move one axis only).
     at: (i32, i32),
+    mods: Mods,
 }
 
 impl std::fmt::Debug for WaylandInput {
@@ -176,6 +236,7 @@ pub(crate) fn open_wayland_input(
         started: Instant::now(),
         abs: None,
         at: (0, 0),
+        mods: Mods::default(),
     })
 }
 
@@ -231,8 +292,12 @@ impl Injector for WaylandInput {
                 }
                 // Autorepeat (2) is the compositor's own business.
                 (EV_KEY, code) if e.value != 2 => {
-                    self.keyboard
-                        .key(t, u32::from(code), if e.value != 0 { 1 } else { 0 });
+                    let down = e.value != 0;
+                    self.keyboard.key(t, u32::from(code), u32::from(down));
+                    if self.mods.key(code, down) {
+                        self.keyboard
+                            .modifiers(self.mods.depressed, 0, self.mods.locked, 0);
+                    }
                 }
                 (EV_REL, REL_X) => dx += f64::from(e.value),
                 (EV_REL, REL_Y) => dy += f64::from(e.value),
@@ -281,9 +346,9 @@ impl Injector for WaylandInput {
             self.pointer.frame();
         }
         self.conn.flush().map_err(|e| self.err(e))?;
-        // A protocol error the compositor sent (a refused request) ends the sink.
-        self.queue
-            .dispatch_pending(&mut State)
+        // A protocol error the compositor sent (a refused request) ends the sink, with the
+        // compositor's words (read now, not later as a broken pipe).
+        crate::common::wayland::read_pending(&mut self.queue, &mut State)
             .map_err(|e| self.err(e))?;
         Ok(())
     }
@@ -300,6 +365,25 @@ mod tests {
         assert_eq!(scale(-5, (0, 639)), 0, "clamped");
         assert_eq!(scale(320, (0, 640)), ABS_EXTENT / 2);
         assert_eq!(scale(7, (3, 3)), 0, "an empty range");
+    }
+
+    #[test]
+    fn modifier_keys_make_the_modifier_mask() {
+        let mut m = Mods::default();
+        assert!(m.key(42, true), "Shift down");
+        assert_eq!(m.depressed, 1);
+        assert!(!m.key(54, true), "the other Shift: no change");
+        assert!(!m.key(42, false), "one Shift still held");
+        assert!(m.key(54, false));
+        assert_eq!(m.depressed, 0);
+        assert!(m.key(29, true) && m.key(56, true));
+        assert_eq!(m.depressed, 0b1100, "Control and Mod1");
+        assert!(!m.key(30, true), "a letter changes nothing");
+        assert!(m.key(58, true), "Caps Lock toggles");
+        assert!(!m.key(58, false));
+        assert_eq!(m.locked, 0b10);
+        assert!(m.key(58, true));
+        assert_eq!(m.locked, 0);
     }
 
     #[test]

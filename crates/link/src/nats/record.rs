@@ -221,9 +221,10 @@ impl Reorder {
             if self.runs.len() >= RUNS {
                 // One a newer run's genuine record superseded goes first (it waits for
                 // nothing), then one no genuine record came in for and that holds nothing,
-                // then, of those no genuine record came in for, the one holding fewest, else
-                // the one seen longest ago; what it held comes out as it is (a forged run
-                // holding many must not push a genuine new run's order out first).
+                // then, of those no genuine record came in for, the one whose run is farthest
+                // above the newest genuine run (the one holding fewest among equals), else the
+                // one seen longest ago; what it held comes out as it is (forged runs, holding
+                // many or few, must not push a genuine new run's order out: found by review).
                 let i = self
                     .runs
                     .iter()
@@ -234,9 +235,19 @@ impl Reorder {
                             .position(|r| !r.genuine && r.held.is_empty())
                     })
                     .or_else(|| {
+                        // The farthest above the newest genuine run first (a device's next
+                        // run is just above it; a forged header names any run), then the
+                        // one holding fewest.
+                        let g = self.newest_genuine;
                         (0..self.runs.len())
                             .filter(|&i| !self.runs[i].genuine)
-                            .min_by_key(|&i| self.runs[i].held.len())
+                            .max_by_key(|&i| {
+                                let r = &self.runs[i];
+                                (
+                                    g.map_or(0, |g| r.run.saturating_sub(g)),
+                                    std::cmp::Reverse(r.held.len()),
+                                )
+                            })
                     })
                     .unwrap_or(0);
                 let old = self.runs.remove(i);
