@@ -1089,11 +1089,61 @@ fn check_trust(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// What desktop session this machine runs, for `ndd check --side`: the Wayland compositor's
+/// offer (each Wayland endpoint and the protocol it needs) and the X display, and a hint when
+/// the file uses X11 endpoints in a Wayland session (they reach only Xwayland programs there).
+fn session_here(cfg: &Config) {
+    let wayland = std::env::var("WAYLAND_DISPLAY")
+        .ok()
+        .filter(|d| !d.is_empty());
+    let x11 = std::env::var("DISPLAY").ok().filter(|d| !d.is_empty());
+    if let Some(d) = &wayland {
+        match ndd_endpoint::wayland_session(d) {
+            Ok(offer) => {
+                let list: Vec<String> = offer
+                    .iter()
+                    .map(|(what, proto, ok)| {
+                        if *ok {
+                            format!("{what} yes")
+                        } else {
+                            format!("{what} no ({proto} missing)")
+                        }
+                    })
+                    .collect();
+                println!(
+                    "session here: Wayland (WAYLAND_DISPLAY={d}): {}",
+                    list.join(", ")
+                );
+            }
+            Err(e) => println!("session here: WAYLAND_DISPLAY={d} is set, but {e}"),
+        }
+    }
+    if let Some(d) = &x11 {
+        println!("session here: X11 display {d} (DISPLAY)");
+    }
+    if wayland.is_none() && x11.is_none() {
+        println!("session here: no desktop session (neither WAYLAND_DISPLAY nor DISPLAY is set)");
+    }
+    let uses_x11 = cfg.streams.iter().any(|s| {
+        s.source.name().starts_with("x11-")
+            || s.sink.name().starts_with("x11-")
+            || s.sink.name() == "xtest"
+    });
+    if wayland.is_some() && uses_x11 {
+        println!(
+            "note: this session runs Wayland: X11 endpoints reach only Xwayland programs here; on a wlroots compositor use wayland-screen, wayland-input and wayland-clipboard (docs/devices.md \"Wayland\")"
+        );
+    }
+}
+
 fn check_one(config: &Path, side: Option<SideName>) -> Result<()> {
     let cfg = Config::load(config)?;
     cfg.build_pairs()?;
     // A file that names its side (a driver for `ndd serve`) is checked as that side.
     let side = side.or(cfg.side);
+    if side.is_some() {
+        session_here(&cfg);
+    }
     if let Some(side) = side {
         cfg.probe_side(side)?;
     }

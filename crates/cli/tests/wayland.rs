@@ -34,17 +34,44 @@ fn a_sway_output_reaches_the_other_side_pixel_identical_to_grim() {
         ),
     )
     .unwrap();
-    // `ndd check --side app` probes the compositor.
+    // `ndd check --side app` probes the compositor, and says what the session offers.
     let out = ndd()
         .args(["check", "--side", "app"])
         .arg(&cfg)
+        .env("WAYLAND_DISPLAY", &sway.socket)
+        .env_remove("DISPLAY")
         .output()
         .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "{}",
+        "{said}{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert!(
+        said.contains("session here: Wayland (WAYLAND_DISPLAY=")
+            && said.contains("wayland-screen yes")
+            && said.contains("wayland-input (keys) yes")
+            && said.contains("wayland-clipboard yes"),
+        "{said}"
+    );
+    // An X11 driver checked in that session: told X11 endpoints reach only Xwayland there.
+    let x11 = dir.0.join("x11.toml");
+    std::fs::write(
+        &x11,
+        "driver = \"x\"\n[[stream]]\nname = \"s\"\ndirection = \"app-to-device\"\n\
+         source = { type = \"synthetic\", size = 8, count = 1 }\n\
+         sink = { type = \"x11-clipboard\", display = \":99\" }\n",
+    )
+    .unwrap();
+    let out = ndd()
+        .args(["check", "--side", "app"])
+        .arg(&x11)
+        .env("WAYLAND_DISPLAY", &sway.socket)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("note: this session runs Wayland"), "{said}");
     let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &[]));
     let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &[]));
     app.wait_says("streams agreed", &[&dev]);

@@ -65,7 +65,11 @@ mod sys;
 pub use sys::{default_sigpipe, tune_allocator};
 
 pub use check::{CheckConfig, Checker, NullConfig};
+#[cfg(not(feature = "wayland"))]
+pub use common::no_wayland::wayland_session;
 pub use common::report::{CheckReport, SinkReport, SinkTask, SourceReport, SourceTask};
+#[cfg(feature = "wayland")]
+pub use common::wayland::wayland_session;
 pub use common::{clock, delivered, demand, error, framing, report};
 pub use delivered::Delivered;
 pub use demand::Demand;

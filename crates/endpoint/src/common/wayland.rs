@@ -107,6 +107,56 @@ pub(crate) fn memfd(name: &str, len: usize) -> std::io::Result<std::fs::File> {
     Ok(file)
 }
 
+/// What a session's compositor offers ndd, by the Wayland globals it lists: each endpoint
+/// kind with the protocol it needs and whether the compositor has it (`ndd check --side`).
+pub fn wayland_session(display: &str) -> Result<Vec<(&'static str, &'static str, bool)>, String> {
+    use wayland_client::globals::{registry_queue_init, GlobalListContents};
+    use wayland_client::protocol::wl_registry;
+    struct S;
+    impl wayland_client::Dispatch<wl_registry::WlRegistry, GlobalListContents> for S {
+        fn event(
+            _: &mut S,
+            _: &wl_registry::WlRegistry,
+            _: wl_registry::Event,
+            _: &GlobalListContents,
+            _: &Connection,
+            _: &wayland_client::QueueHandle<S>,
+        ) {
+        }
+    }
+    let conn = wayland_connect("ndd check", display).map_err(|e| e.to_string())?;
+    let (globals, _queue) = registry_queue_init::<S>(&conn).map_err(|e| e.to_string())?;
+    let names: Vec<String> = globals
+        .contents()
+        .clone_list()
+        .into_iter()
+        .map(|g| g.interface)
+        .collect();
+    let has = |n: &str| names.iter().any(|g| g == n);
+    Ok(vec![
+        (
+            "wayland-screen",
+            "zwlr_screencopy_manager_v1",
+            has("zwlr_screencopy_manager_v1"),
+        ),
+        (
+            "wayland-input (keys)",
+            "zwp_virtual_keyboard_manager_v1",
+            has("zwp_virtual_keyboard_manager_v1"),
+        ),
+        (
+            "wayland-input (pointer)",
+            "zwlr_virtual_pointer_manager_v1",
+            has("zwlr_virtual_pointer_manager_v1"),
+        ),
+        (
+            "wayland-clipboard",
+            "zwlr_data_control_manager_v1",
+            has("zwlr_data_control_manager_v1"),
+        ),
+    ])
+}
+
 #[cfg(test)]
 mod tests {
     use super::socket_path;
