@@ -410,10 +410,13 @@ enum Command {
 fn main() {
     ndd_endpoint::tune_allocator();
     let cli = Cli::parse();
-    // Commands that only print end quietly when their reader goes away (`| head`).
+    // Commands that only print end quietly when their reader goes away (`| head`). Not
+    // `check`: its probes talk to X servers and compositors, and one that resets under the
+    // probe (a bare Xvfb when its last client leaves) killed `ndd check` by SIGPIPE without a
+    // word (seen once in CI: `check --side` failing with nothing on stderr).
     if matches!(
         cli.cmd,
-        Command::Check { .. } | Command::Modules | Command::Id { .. } | Command::Completions { .. }
+        Command::Modules | Command::Id { .. } | Command::Completions { .. }
     ) {
         ndd_endpoint::default_sigpipe();
     }
