@@ -187,37 +187,22 @@ fn a_keyboard_and_mouse_shared_in_one_line_type_into_the_other_display() {
     let dir = Dir::new("share-input");
     let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
     // xev on B, covering its screen (the pointer and the keys go where it is).
-    let mut xev = Command::new("xev")
-        .args(["-display", &app_x.display, "-geometry", "640x480+0+0"])
-        .args([
-            "-event",
-            "keyboard",
-            "-event",
-            "button",
-            "-event",
-            "structure",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start xev");
-    let mut out = xev.stdout.take().unwrap();
-    // Killed on drop, a failing assertion included (a xev left behind spins on a dead
-    // compositor or display).
-    let _xev = ndd_procs::Killed(xev);
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let s2 = seen.clone();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = out.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            s2.lock()
-                .unwrap()
-                .push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
+    // Killed on drop, a failing assertion included.
+    let (_xev, seen) = ndd_procs::spawn_collecting(
+        Command::new("xev")
+            .args(["-display", &app_x.display, "-geometry", "640x480+0+0"])
+            .args([
+                "-event",
+                "keyboard",
+                "-event",
+                "button",
+                "-event",
+                "structure",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null()),
+    )
+    .expect("start xev");
     wait_for("xev's window", WAIT, || {
         seen.lock().unwrap().contains("MapNotify")
     });

@@ -150,32 +150,16 @@ fn a_sway_desktop_is_seen_and_used_from_an_x11_display() {
         .replace("127.0.0.1:7892", &free_addr());
     let cfg = dir.0.join("wayland-desktop.toml");
     std::fs::write(&cfg, text).unwrap();
-    let mut wev = std::process::Command::new("stdbuf")
-        .args(["-oL", "wev"])
-        .env("WAYLAND_DISPLAY", &sway.socket)
-        .env("XDG_RUNTIME_DIR", &sway.dir)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("wev");
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let s2 = seen.clone();
-    let mut out = wev.stdout.take().unwrap();
-    // Killed on drop, a failing assertion included (a wev left behind spins on a dead
-    // compositor or display).
-    let _wev = ndd_procs::Killed(wev);
-    std::thread::spawn(move || {
-        use std::io::Read;
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = out.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            s2.lock()
-                .unwrap()
-                .push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
+    // Killed on drop, a failing assertion included.
+    let (_wev, seen) = ndd_procs::spawn_collecting(
+        std::process::Command::new("stdbuf")
+            .args(["-oL", "wev"])
+            .env("WAYLAND_DISPLAY", &sway.socket)
+            .env("XDG_RUNTIME_DIR", &sway.dir)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null()),
+    )
+    .expect("wev");
     let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &[]));
     let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &[]));
     app.wait_says("streams agreed", &[&dev]);

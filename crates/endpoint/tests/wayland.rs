@@ -196,39 +196,22 @@ fn keys_and_clicks_reach_a_wayland_program_and_held_keys_are_released() {
         Capabilities, Event, InputMessage, BTN_LEFT, EV_KEY, EV_REL, REL_WHEEL, REL_X, REL_Y,
     };
     use ndd_endpoint::{SinkConfig, WaylandInputConfig};
-    use std::io::Read;
-    use std::sync::{Arc, Mutex};
     if let Some(m) = missing(&["sway", "wev", "setpriv"]) {
         println!("SKIPPED: needs {m} (apt-get install sway wev)");
         return;
     }
     let sway = Sway::start("input", 640, 480, "#000000").expect("headless sway");
     // Line-buffered: wev's printf output would wait in a pipe's buffer.
-    let mut wev = std::process::Command::new("stdbuf")
-        .args(["-oL", "wev"])
-        .env("WAYLAND_DISPLAY", &sway.socket)
-        .env("XDG_RUNTIME_DIR", &sway.dir)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("start wev");
-    let seen = Arc::new(Mutex::new(String::new()));
-    let s2 = seen.clone();
-    let mut out = wev.stdout.take().unwrap();
-    // Killed on drop, a failing assertion included (a wev left behind spins on a dead
-    // compositor or display).
-    let _wev = ndd_procs::Killed(wev);
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = out.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            s2.lock()
-                .unwrap()
-                .push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
+    // Killed on drop, a failing assertion included.
+    let (_wev, seen) = ndd_procs::spawn_collecting(
+        std::process::Command::new("stdbuf")
+            .args(["-oL", "wev"])
+            .env("WAYLAND_DISPLAY", &sway.socket)
+            .env("XDG_RUNTIME_DIR", &sway.dir)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null()),
+    )
+    .expect("start wev");
     let wait = |what: &str, needle: &str| {
         let t0 = Instant::now();
         while !seen.lock().unwrap().contains(needle) {

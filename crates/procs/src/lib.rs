@@ -874,3 +874,28 @@ pub fn parse_ppm(b: &[u8]) -> Option<(usize, usize, Vec<u8>)> {
     let px = b.get(at..at + w * h * 3)?.to_vec();
     Some((w, h, px))
 }
+
+/// Starts `cmd` with its standard output collected as it comes (for programs that report
+/// events: xev, wev); the process is killed on drop — a failed assertion included (left
+/// behind, such a program spins on a dead display or compositor).
+pub fn spawn_collecting(
+    cmd: &mut Command,
+) -> std::io::Result<(Killed, std::sync::Arc<std::sync::Mutex<String>>)> {
+    use std::io::Read;
+    let mut child = cmd.stdout(Stdio::piped()).spawn()?;
+    let mut out = child.stdout.take().expect("stdout is piped");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let s2 = seen.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = out.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            s2.lock()
+                .expect("no panic holds it")
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    Ok((Killed(child), seen))
+}

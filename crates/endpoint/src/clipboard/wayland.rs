@@ -19,7 +19,7 @@ use crate::common::delivered::Delivered;
 use crate::common::emitter::Emitter;
 use crate::common::error::EndpointError;
 use crate::common::report::{SinkReport, SinkTask, SourceReport, SourceTask};
-use crate::common::wayland::{unavailable, wayland_connect};
+use crate::common::wayland::{ignore_events, pump, readable, unavailable, wayland_connect};
 use ndd_core::{Frame, RateLimit};
 use ndd_wire::clipboard::{Contents, Selection};
 use std::collections::HashMap;
@@ -31,8 +31,8 @@ use tokio::runtime::Handle;
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::{Receiver, Sender};
 use wayland_client::backend::ObjectId;
-use wayland_client::globals::{registry_queue_init, GlobalListContents};
-use wayland_client::protocol::{wl_registry, wl_seat};
+use wayland_client::globals::registry_queue_init;
+use wayland_client::protocol::wl_seat;
 use wayland_client::{Connection, Dispatch, EventQueue, Proxy, QueueHandle};
 use wayland_protocols_wlr::data_control::v1::client::{
     zwlr_data_control_device_v1 as device_v1, zwlr_data_control_manager_v1 as manager_v1,
@@ -63,41 +63,7 @@ struct State {
     finished: bool,
 }
 
-impl Dispatch<wl_registry::WlRegistry, GlobalListContents> for State {
-    fn event(
-        _: &mut State,
-        _: &wl_registry::WlRegistry,
-        _: wl_registry::Event,
-        _: &GlobalListContents,
-        _: &Connection,
-        _: &QueueHandle<State>,
-    ) {
-    }
-}
-
-impl Dispatch<wl_seat::WlSeat, ()> for State {
-    fn event(
-        _: &mut State,
-        _: &wl_seat::WlSeat,
-        _: wl_seat::Event,
-        _: &(),
-        _: &Connection,
-        _: &QueueHandle<State>,
-    ) {
-    }
-}
-
-impl Dispatch<manager_v1::ZwlrDataControlManagerV1, ()> for State {
-    fn event(
-        _: &mut State,
-        _: &manager_v1::ZwlrDataControlManagerV1,
-        _: manager_v1::Event,
-        _: &(),
-        _: &Connection,
-        _: &QueueHandle<State>,
-    ) {
-    }
-}
+ignore_events!(State; wl_seat::WlSeat, manager_v1::ZwlrDataControlManagerV1);
 
 impl Dispatch<device_v1::ZwlrDataControlDeviceV1, ()> for State {
     fn event(
@@ -304,17 +270,6 @@ fn open(endpoint: &'static str, c: &WaylandClipboardConfig) -> Result<Session, E
     })
 }
 
-/// Whether `fd` becomes readable within `wait`.
-fn readable(fd: std::os::fd::BorrowedFd<'_>, wait: Duration) -> bool {
-    use rustix::event::{poll, PollFd, PollFlags, Timespec};
-    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
-    let t = Timespec {
-        tv_sec: 0,
-        tv_nsec: wait.min(Duration::from_millis(999)).as_nanos() as _,
-    };
-    poll(&mut fds, Some(&t)).is_ok_and(|n| n > 0)
-}
-
 impl Session {
     fn fatal(&self, e: impl std::fmt::Display) -> EndpointError {
         unavailable(
@@ -327,23 +282,7 @@ impl Session {
 
     /// Dispatches what came, waiting at most `wait` for more.
     fn pump(&mut self, wait: Duration) -> Result<(), EndpointError> {
-        self.queue
-            .dispatch_pending(&mut self.state)
-            .map_err(|e| self.fatal(e))?;
-        self.queue.flush().map_err(|e| self.fatal(e))?;
-        if let Some(guard) = self.queue.prepare_read() {
-            if readable(guard.connection_fd(), wait) {
-                match guard.read() {
-                    Ok(_) => {}
-                    Err(wayland_client::backend::WaylandError::Io(e))
-                        if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Err(self.fatal(e)),
-                }
-            }
-        }
-        self.queue
-            .dispatch_pending(&mut self.state)
-            .map_err(|e| self.fatal(e))?;
+        pump(&mut self.queue, &mut self.state, wait).map_err(|e| self.fatal(e))?;
         if self.state.finished {
             return Err(self.fatal("the seat's data device went away"));
         }
@@ -371,7 +310,7 @@ impl Session {
             if t0.elapsed() > ANSWER_WAIT {
                 return Ok(None);
             }
-            if !readable(f.as_fd(), POLL) {
+            if !readable(f.as_fd(), POLL).unwrap_or(false) {
                 // Keep the session going (the owner may be this compositor's other client).
                 self.pump(Duration::ZERO)?;
                 continue;

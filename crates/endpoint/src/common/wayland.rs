@@ -3,6 +3,7 @@
 
 use super::error::EndpointError;
 use std::path::PathBuf;
+use std::time::Duration;
 use wayland_client::Connection;
 
 /// The socket of `display`: a path as given, else a name in `$XDG_RUNTIME_DIR` (or
@@ -69,24 +70,34 @@ pub(crate) fn wayland_connect(
     })
 }
 
-/// Reads what the compositor sent without waiting, and dispatches it.
-pub(crate) fn read_pending<D>(
+/// Whether `fd` becomes readable within `wait` (at most a second); an interrupted wait is
+/// `false`.
+pub(crate) fn readable(fd: std::os::fd::BorrowedFd<'_>, wait: Duration) -> std::io::Result<bool> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    let t = Timespec {
+        tv_sec: 0,
+        tv_nsec: wait.min(Duration::from_millis(999)).as_nanos() as _,
+    };
+    match poll(&mut fds, Some(&t)) {
+        Ok(n) => Ok(n > 0),
+        Err(rustix::io::Errno::INTR) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Sends what is queued, reads what the compositor sent (waiting at most `wait` for it) and
+/// dispatches it: the one loop step of every Wayland endpoint.
+pub(crate) fn pump<D>(
     queue: &mut wayland_client::EventQueue<D>,
     state: &mut D,
+    wait: Duration,
 ) -> Result<(), String> {
     queue.dispatch_pending(state).map_err(|e| e.to_string())?;
+    queue.flush().map_err(|e| e.to_string())?;
     if let Some(guard) = queue.prepare_read() {
-        use rustix::event::{poll, PollFd, PollFlags, Timespec};
-        let readable = {
-            let fd = guard.connection_fd();
-            let mut fds = [PollFd::new(&fd, PollFlags::IN)];
-            let zero = Timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            };
-            poll(&mut fds, Some(&zero)).is_ok_and(|n| n > 0)
-        };
-        if readable {
+        // Nothing readable in time: dropping the guard cancels the read.
+        if readable(guard.connection_fd(), wait).map_err(|e| e.to_string())? {
             match guard.read() {
                 Ok(_) => {}
                 Err(wayland_client::backend::WaylandError::Io(e))
@@ -99,6 +110,41 @@ pub(crate) fn read_pending<D>(
     Ok(())
 }
 
+/// Implements `Dispatch` for an endpoint's state: the registry (its globals listed once) and
+/// each object type whose events the endpoint ignores.
+macro_rules! ignore_events {
+    ($state:ty; $($t:ty),* $(,)?) => {
+        impl wayland_client::Dispatch<
+            wayland_client::protocol::wl_registry::WlRegistry,
+            wayland_client::globals::GlobalListContents,
+        > for $state {
+            fn event(
+                _: &mut $state,
+                _: &wayland_client::protocol::wl_registry::WlRegistry,
+                _: wayland_client::protocol::wl_registry::Event,
+                _: &wayland_client::globals::GlobalListContents,
+                _: &wayland_client::Connection,
+                _: &wayland_client::QueueHandle<$state>,
+            ) {
+            }
+        }
+        $(
+            impl wayland_client::Dispatch<$t, ()> for $state {
+                fn event(
+                    _: &mut $state,
+                    _: &$t,
+                    _: <$t as wayland_client::Proxy>::Event,
+                    _: &(),
+                    _: &wayland_client::Connection,
+                    _: &wayland_client::QueueHandle<$state>,
+                ) {
+                }
+            }
+        )*
+    };
+}
+pub(crate) use ignore_events;
+
 /// A memfd holding `bytes` (shared with the compositor: keymaps, pixel buffers).
 pub(crate) fn memfd(name: &str, len: usize) -> std::io::Result<std::fs::File> {
     let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC)?;
@@ -110,20 +156,9 @@ pub(crate) fn memfd(name: &str, len: usize) -> std::io::Result<std::fs::File> {
 /// What a session's compositor offers ndd, by the Wayland globals it lists: each endpoint
 /// kind with the protocol it needs and whether the compositor has it (`ndd check --side`).
 pub fn wayland_session(display: &str) -> Result<Vec<(&'static str, &'static str, bool)>, String> {
-    use wayland_client::globals::{registry_queue_init, GlobalListContents};
-    use wayland_client::protocol::wl_registry;
+    use wayland_client::globals::registry_queue_init;
     struct S;
-    impl wayland_client::Dispatch<wl_registry::WlRegistry, GlobalListContents> for S {
-        fn event(
-            _: &mut S,
-            _: &wl_registry::WlRegistry,
-            _: wl_registry::Event,
-            _: &GlobalListContents,
-            _: &Connection,
-            _: &wayland_client::QueueHandle<S>,
-        ) {
-        }
-    }
+    ignore_events!(S;);
     let conn = wayland_connect("ndd check", display).map_err(|e| e.to_string())?;
     let (globals, _queue) = registry_queue_init::<S>(&conn).map_err(|e| e.to_string())?;
     let names: Vec<String> = globals

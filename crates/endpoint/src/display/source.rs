@@ -446,6 +446,22 @@ fn send_capture(
     }
     let whole = Rect::new(0, 0, s.width, s.height);
     let keyframe = keyframe || rects.contains(&whole);
+    let (width, height) = (s.width, s.height);
+    send_update(em, (width, height), rects, keyframe, |layout, payload| {
+        s.capture_into(layout, payload)
+    })
+}
+
+/// Sends `rects` of a `width`x`height` Bgrx32 screen as display updates, cut into frames under
+/// [`MAX_UPDATE_PAYLOAD`] (all but the last flagged `FLAG_MORE`), `fill` writing each frame's
+/// pixels; `Ok(false)` when the receiver is gone. Every screen source sends through it.
+pub(crate) fn send_update<E: From<String>>(
+    em: &mut Emitter,
+    (width, height): (u16, u16),
+    rects: &[Rect],
+    keyframe: bool,
+    mut fill: impl FnMut(&UpdateLayout, &mut [u8]) -> Result<(), E>,
+) -> Result<bool, E> {
     let frames = plan_frames(rects, PixelFormat::Bgrx32, MAX_UPDATE_PAYLOAD);
     let n = frames.len();
     for (i, rects) in frames.into_iter().enumerate() {
@@ -457,18 +473,18 @@ fn send_capture(
             flags |= FLAG_MORE;
         }
         let header = UpdateHeader {
-            width: s.width,
-            height: s.height,
+            width,
+            height,
             format: PixelFormat::Bgrx32,
             flags,
         };
-        let layout = UpdateLayout::new(header, rects).map_err(|e| XFail::Proto(e.to_string()))?;
+        let layout = UpdateLayout::new(header, rects).map_err(|e| E::from(e.to_string()))?;
         let mut frame = Frame::zeroed(em.next_meta(), DEFAULT_HEADROOM, layout.len());
         let payload = frame.payload_mut();
         layout
             .write_headers(payload)
-            .map_err(|e| XFail::Proto(e.to_string()))?;
-        s.capture_into(&layout, payload)?;
+            .map_err(|e| E::from(e.to_string()))?;
+        fill(&layout, payload)?;
         let len = layout.len() as u64;
         if !em.send_blocking(frame) {
             return Ok(false);

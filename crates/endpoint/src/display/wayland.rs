@@ -19,18 +19,14 @@ use crate::common::demand::Demand;
 use crate::common::emitter::Emitter;
 use crate::common::error::EndpointError;
 use crate::common::report::{SourceReport, SourceTask};
-use crate::common::wayland::{memfd, unavailable, wayland_connect};
-use ndd_core::frame::DEFAULT_HEADROOM;
+use crate::common::wayland::{ignore_events, memfd, pump, unavailable, wayland_connect};
 use ndd_core::Frame;
-use ndd_wire::display::{
-    coalesce, plan_frames, PixelFormat, Rect, UpdateHeader, UpdateLayout, FLAG_KEYFRAME, FLAG_MORE,
-    MAX_UPDATE_PAYLOAD,
-};
+use ndd_wire::display::{coalesce, Rect, UpdateLayout};
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::Sender;
-use wayland_client::globals::{registry_queue_init, GlobalListContents};
-use wayland_client::protocol::{wl_buffer, wl_output, wl_registry, wl_shm, wl_shm_pool};
+use wayland_client::globals::registry_queue_init;
+use wayland_client::protocol::{wl_buffer, wl_output, wl_shm, wl_shm_pool};
 use wayland_client::{Connection, Dispatch, EventQueue, Proxy, QueueHandle, WEnum};
 use wayland_protocols_wlr::screencopy::v1::client::{
     zwlr_screencopy_frame_v1 as frame_v1, zwlr_screencopy_manager_v1 as manager_v1,
@@ -67,18 +63,6 @@ struct State {
     capture: Capture,
 }
 
-impl Dispatch<wl_registry::WlRegistry, GlobalListContents> for State {
-    fn event(
-        _: &mut State,
-        _: &wl_registry::WlRegistry,
-        _: wl_registry::Event,
-        _: &GlobalListContents,
-        _: &Connection,
-        _: &QueueHandle<State>,
-    ) {
-    }
-}
-
 impl Dispatch<wl_output::WlOutput, usize> for State {
     fn event(
         s: &mut State,
@@ -96,26 +80,12 @@ impl Dispatch<wl_output::WlOutput, usize> for State {
     }
 }
 
-macro_rules! no_events {
-    ($($t:ty),*) => {$(
-        impl Dispatch<$t, ()> for State {
-            fn event(
-                _: &mut State,
-                _: &$t,
-                _: <$t as Proxy>::Event,
-                _: &(),
-                _: &Connection,
-                _: &QueueHandle<State>,
-            ) {
-            }
-        }
-    )*};
-}
-no_events!(
+ignore_events!(
+    State;
     wl_shm::WlShm,
     wl_shm_pool::WlShmPool,
     wl_buffer::WlBuffer,
-    manager_v1::ZwlrScreencopyManagerV1
+    manager_v1::ZwlrScreencopyManagerV1,
 );
 
 impl Dispatch<frame_v1::ZwlrScreencopyFrameV1, ()> for State {
@@ -323,44 +293,10 @@ enum Copied {
     Interrupted,
 }
 
-/// Whether `fd` becomes readable within `wait`.
-fn readable(fd: std::os::fd::BorrowedFd<'_>, wait: Duration) -> std::io::Result<bool> {
-    use rustix::event::{poll, PollFd, PollFlags, Timespec};
-    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
-    let t = Timespec {
-        tv_sec: 0,
-        tv_nsec: wait.min(Duration::from_millis(999)).as_nanos() as _,
-    };
-    match poll(&mut fds, Some(&t)) {
-        Ok(n) => Ok(n > 0),
-        Err(rustix::io::Errno::INTR) => Ok(false),
-        Err(e) => Err(e.into()),
-    }
-}
-
 impl WaylandScreen {
     /// Dispatches what the compositor sent, waiting at most `wait` for it.
     fn pump(&mut self, wait: Duration) -> Result<(), Fail> {
-        let conn_err = |e: String| Fail::Conn(e);
-        self.queue
-            .dispatch_pending(&mut self.state)
-            .map_err(|e| conn_err(e.to_string()))?;
-        self.queue.flush().map_err(|e| conn_err(e.to_string()))?;
-        if let Some(guard) = self.queue.prepare_read() {
-            // Nothing readable in time: dropping the guard cancels the read.
-            if readable(guard.connection_fd(), wait).map_err(|e| conn_err(e.to_string()))? {
-                match guard.read() {
-                    Ok(_) => {}
-                    Err(wayland_client::backend::WaylandError::Io(e))
-                        if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Err(conn_err(e.to_string())),
-                }
-            }
-        }
-        self.queue
-            .dispatch_pending(&mut self.state)
-            .map_err(|e| conn_err(e.to_string()))?;
-        Ok(())
+        pump(&mut self.queue, &mut self.state, wait).map_err(Fail::Conn)
     }
 
     /// Asks for a capture and waits until the compositor describes its buffer.
@@ -661,31 +597,14 @@ fn send_update(
         return Ok(true);
     };
     let (_, w, h, _) = b.shape;
-    let (width, height) = (w as u16, h as u16);
-    let frames = plan_frames(rects, PixelFormat::Bgrx32, MAX_UPDATE_PAYLOAD);
-    let n = frames.len();
-    for (i, rects) in frames.into_iter().enumerate() {
-        let mut flags = 0;
-        if keyframe {
-            flags |= FLAG_KEYFRAME;
-        }
-        if i + 1 < n {
-            flags |= FLAG_MORE;
-        }
-        let header = UpdateHeader {
-            width,
-            height,
-            format: PixelFormat::Bgrx32,
-            flags,
-        };
-        let layout = UpdateLayout::new(header, rects).map_err(|e| e.to_string())?;
-        let mut frame = Frame::zeroed(em.next_meta(), DEFAULT_HEADROOM, layout.len());
-        let payload = frame.payload_mut();
-        layout.write_headers(payload).map_err(|e| e.to_string())?;
-        s.pixels_into(&layout, payload);
-        if !em.send_blocking(frame) {
-            return Ok(false);
-        }
-    }
-    Ok(true)
+    super::source::send_update(
+        em,
+        (w as u16, h as u16),
+        rects,
+        keyframe,
+        |layout, payload| {
+            s.pixels_into(layout, payload);
+            Ok::<(), String>(())
+        },
+    )
 }

@@ -37,6 +37,13 @@ pub(super) enum XFail {
     Proto(String),
 }
 
+/// A display update that did not lay out (a protocol matter: the next capture is a keyframe).
+impl From<String> for XFail {
+    fn from(e: String) -> Self {
+        XFail::Proto(e)
+    }
+}
+
 impl From<ConnectionError> for XFail {
     fn from(e: ConnectionError) -> Self {
         XFail::Conn(e.to_string())

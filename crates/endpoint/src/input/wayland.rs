@@ -20,15 +20,15 @@ use super::sink::{run_injector, Injector};
 use crate::common::delivered::Delivered;
 use crate::common::error::EndpointError;
 use crate::common::report::SinkTask;
-use crate::common::wayland::{memfd, unavailable, wayland_connect};
+use crate::common::wayland::{ignore_events, memfd, pump, unavailable, wayland_connect};
 use ndd_core::Frame;
 use std::io::Write;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::Receiver;
-use wayland_client::globals::{registry_queue_init, GlobalListContents};
-use wayland_client::protocol::{wl_pointer, wl_registry, wl_seat};
-use wayland_client::{Connection, Dispatch, EventQueue, Proxy, QueueHandle};
+use wayland_client::globals::registry_queue_init;
+use wayland_client::protocol::{wl_pointer, wl_seat};
+use wayland_client::{Connection, EventQueue};
 use wayland_protocols_misc::zwp_virtual_keyboard_v1::client::{
     zwp_virtual_keyboard_manager_v1 as kbd_manager, zwp_virtual_keyboard_v1 as kbd,
 };
@@ -106,39 +106,13 @@ const MOD_CODES: [u16; 8] = [42, 54, 29, 97, 56, 100, 125, 126];
 
 struct State;
 
-impl Dispatch<wl_registry::WlRegistry, GlobalListContents> for State {
-    fn event(
-        _: &mut State,
-        _: &wl_registry::WlRegistry,
-        _: wl_registry::Event,
-        _: &GlobalListContents,
-        _: &Connection,
-        _: &QueueHandle<State>,
-    ) {
-    }
-}
-
-macro_rules! no_events {
-    ($($t:ty),*) => {$(
-        impl Dispatch<$t, ()> for State {
-            fn event(
-                _: &mut State,
-                _: &$t,
-                _: <$t as Proxy>::Event,
-                _: &(),
-                _: &Connection,
-                _: &QueueHandle<State>,
-            ) {
-            }
-        }
-    )*};
-}
-no_events!(
+ignore_events!(
+    State;
     wl_seat::WlSeat,
     kbd_manager::ZwpVirtualKeyboardManagerV1,
     kbd::ZwpVirtualKeyboardV1,
     ptr_manager::ZwlrVirtualPointerManagerV1,
-    ptr::ZwlrVirtualPointerV1
+    ptr::ZwlrVirtualPointerV1,
 );
 
 /// A connected `wayland-input` sink.
@@ -348,8 +322,7 @@ impl Injector for WaylandInput {
         self.conn.flush().map_err(|e| self.err(e))?;
         // A protocol error the compositor sent (a refused request) ends the sink, with the
         // compositor's words (read now, not later as a broken pipe).
-        crate::common::wayland::read_pending(&mut self.queue, &mut State)
-            .map_err(|e| self.err(e))?;
+        pump(&mut self.queue, &mut State, Duration::ZERO).map_err(|e| self.err(e))?;
         Ok(())
     }
 }
