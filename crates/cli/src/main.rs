@@ -1100,31 +1100,54 @@ fn session_here(cfg: &Config) {
         .ok()
         .filter(|d| !d.is_empty());
     let x11 = std::env::var("DISPLAY").ok().filter(|d| !d.is_empty());
-    if let Some(d) = &wayland {
-        match ndd_endpoint::wayland_session(d) {
-            Ok(offer) => {
-                let list: Vec<String> = offer
-                    .iter()
-                    .map(|(what, proto, ok)| {
-                        if *ok {
-                            format!("{what} yes")
-                        } else {
-                            format!("{what} no ({proto} missing)")
-                        }
-                    })
-                    .collect();
-                println!(
-                    "session here: Wayland (WAYLAND_DISPLAY={d}): {}",
-                    list.join(", ")
-                );
+    // The compositor the file names (a Wayland endpoint's `display`), when it is not the
+    // session's: a service run from a file has no WAYLAND_DISPLAY of its own.
+    let named = cfg
+        .streams
+        .iter()
+        .find_map(|s| {
+            use ndd_endpoint::{SinkConfig as K, SourceConfig as S};
+            match (&s.source, &s.sink) {
+                (S::WaylandScreen(c), _) => Some(c.display.clone()),
+                (S::WaylandClipboard(c), _) | (_, K::WaylandClipboard(c)) => {
+                    Some(c.display.clone())
+                }
+                (_, K::WaylandInput(c)) => Some(c.display.clone()),
+                _ => None,
             }
+        })
+        .filter(|d| !d.is_empty() && Some(d) != wayland.as_ref());
+    let offer = |d: &str| {
+        ndd_endpoint::wayland_session(d).map(|offer| {
+            offer
+                .iter()
+                .map(|(what, proto, ok)| {
+                    if *ok {
+                        format!("{what} yes")
+                    } else {
+                        format!("{what} no ({proto} missing)")
+                    }
+                })
+                .collect::<Vec<String>>()
+                .join(", ")
+        })
+    };
+    if let Some(d) = &wayland {
+        match offer(d) {
+            Ok(list) => println!("session here: Wayland (WAYLAND_DISPLAY={d}): {list}"),
             Err(e) => println!("session here: WAYLAND_DISPLAY={d} is set, but {e}"),
+        }
+    }
+    if let Some(d) = &named {
+        match offer(d) {
+            Ok(list) => println!("the file's compositor {d}: {list}"),
+            Err(e) => println!("the file's compositor {d}: {e}"),
         }
     }
     if let Some(d) = &x11 {
         println!("session here: X11 display {d} (DISPLAY)");
     }
-    if wayland.is_none() && x11.is_none() {
+    if wayland.is_none() && x11.is_none() && named.is_none() {
         println!("session here: no desktop session (neither WAYLAND_DISPLAY nor DISPLAY is set)");
     }
     let uses_x11 = cfg.streams.iter().any(|s| {

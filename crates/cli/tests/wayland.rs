@@ -55,6 +55,21 @@ fn a_sway_output_reaches_the_other_side_pixel_identical_to_grim() {
             && said.contains("wayland-clipboard yes"),
         "{said}"
     );
+    // Without WAYLAND_DISPLAY (a service): the compositor the file names is reported.
+    let out = ndd()
+        .args(["check", "--side", "app"])
+        .arg(&cfg)
+        .env_remove("WAYLAND_DISPLAY")
+        .env_remove("DISPLAY")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("the file's compositor")
+            && said.contains("wayland-screen yes")
+            && !said.contains("no desktop session"),
+        "{said}"
+    );
     // An X11 driver checked in that session: told X11 endpoints reach only Xwayland there.
     let x11 = dir.0.join("x11.toml");
     std::fs::write(
