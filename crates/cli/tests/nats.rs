@@ -22,7 +22,9 @@ fn nats_or_skip() -> bool {
 /// `ndd run` with the NATS driver's log lines on.
 fn side(cfg: &Path, side: &str, home: &Path, extra: &[&str]) -> Side {
     let mut c = run_cmd(cfg, side, home, extra);
-    c.env("NDD_LOG", "warn,ndd::fanout=info");
+    // NDD_TEST_LOG=debug (say) when a test fails and its sides' stderr must say more.
+    let log = std::env::var("NDD_TEST_LOG").unwrap_or_else(|_| "warn,ndd::fanout=info".into());
+    c.env("NDD_LOG", log);
     Side::spawn(c)
 }
 
@@ -1386,7 +1388,7 @@ fn a_viewer_back_on_a_broadcast_screen_shows_the_screen_now() {
     assert_eq!(
         second,
         (from..600).map(Some).collect::<Vec<_>>(),
-        "every picture from there on, in order"
+        "every picture from there on, in order\nAPP2 {berr}\nDEV {derr}"
     );
 }
 

@@ -6,7 +6,7 @@
 //! |---|---|
 //! | 1 | version, `3` |
 //! | 2, 2 | screen width, height |
-//! | 1 | display flags (keyframe, more), as in the display record |
+//! | 1 | display flags (keyframe, more), as in the display record, and [`FLAG_REPEAT`] |
 //! | 2 | rect count |
 //! | 4 | credit number of this frame (counts up from 1) |
 //! | 4 | `raw_len`: bytes the zstd block decompresses to |
@@ -37,6 +37,15 @@
 use super::PAIR;
 use ndd_core::FrameError;
 use ndd_wire::display::Rect;
+
+/// Frame flag beside the display flags (never in a display record): a broadcast keyframe made
+/// from the forward half's screen copy when its keyframe was due and no capture came, the
+/// picture of the frame before it. An app side that decoded that frame shows it already (its
+/// inverse decodes this one, to stay in step, and hands on nothing); one that starts here
+/// shows it. Without it, a source a little late for the keyframe's time made every app side
+/// show the same picture twice (seen under load: a 30 fps screen's picture written twice to
+/// a `y4m` sink).
+pub const FLAG_REPEAT: u8 = 0x80;
 
 /// Version byte (3: the `h264` kind).
 pub const VERSION: u8 = 3;

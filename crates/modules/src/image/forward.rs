@@ -781,7 +781,8 @@ impl Half for ImageForward {
             if let Some(meta) = self.last_meta {
                 let r = self.start_keyframe(now).and_then(|parts| {
                     let lossless = self.preset() == Quality::Lossless;
-                    self.encode(meta, FLAG_KEYFRAME, &parts, None, lossless, now, out)
+                    let flags = FLAG_KEYFRAME | format::FLAG_REPEAT;
+                    self.encode(meta, flags, &parts, None, lossless, now, out)
                 });
                 if let Err(e) = r {
                     tracing::warn!(error = %e, "image: keyframe failed");

@@ -1,13 +1,13 @@
 //! Sink half of `image`: decodes each frame into a display record of raw rectangles and
 //! gives credit back to the forward half.
 
-use super::format::{self, Kind, CREDIT_LEN, CTRL_CREDIT};
+use super::format::{self, Kind, CREDIT_LEN, CTRL_CREDIT, FLAG_REPEAT};
 use super::forward::WINDOW_LOG;
 use super::video::VideoDecoder;
 use super::{corrupt, library, tiles, PAIR};
 use ndd_core::frame::DEFAULT_HEADROOM;
 use ndd_core::{ForeignError, Frame, FrameError, Half, HalfStats, ModuleError, Output};
-use ndd_wire::display::{PixelFormat, UpdateHeader, UpdateLayout, FLAG_KEYFRAME};
+use ndd_wire::display::{PixelFormat, UpdateHeader, UpdateLayout, FLAG_KEYFRAME, KNOWN_FLAGS};
 use std::fmt;
 use std::time::{Duration, Instant};
 use zstd::stream::raw::{DParameter, InBuffer, Operation, OutBuffer};
@@ -32,6 +32,10 @@ pub struct ImageInverse {
     started: bool,
     /// Broadcast: frames dropped while waiting for the first keyframe.
     skipped: u64,
+    /// The frame before was decoded whole (see [`format::FLAG_REPEAT`]).
+    in_step: bool,
+    /// Broadcast: repeated pictures not handed on again ([`format::FLAG_REPEAT`]).
+    repeats: u64,
     /// The video region's decoder, and its last picture (BGRX).
     video: Option<VideoDecoder>,
     picture: Vec<u8>,
@@ -72,6 +76,8 @@ impl ImageInverse {
             broadcast,
             started: false,
             skipped: 0,
+            in_step: false,
+            repeats: 0,
             video: None,
             picture: Vec::new(),
             no_picture: 0,
@@ -121,6 +127,9 @@ impl Half for ImageInverse {
     ) -> Result<(), ModuleError> {
         let p = format::parse(frame.payload())?;
         let h = p.header;
+        // Whether the frame before this one was decoded whole (this one, a repeat of its
+        // picture, then brings nothing new to show).
+        let in_step = std::mem::replace(&mut self.in_step, false) && self.started;
         if self.broadcast {
             if h.flags & FLAG_KEYFRAME != 0 {
                 // The forward half started a new zstd stream with this frame.
@@ -190,7 +199,7 @@ impl Half for ImageInverse {
                 width: h.width,
                 height: h.height,
                 format: PixelFormat::Bgrx32,
-                flags: h.flags,
+                flags: h.flags & KNOWN_FLAGS,
             },
             rects.iter().map(|(r, _)| *r).collect(),
         )
@@ -272,9 +281,14 @@ impl Half for ImageInverse {
         }
         self.decoded += 1;
         self.credit = Some(h.credit);
+        self.in_step = true;
         if !self.broadcast {
             self.send_credit(out);
             self.credit_again = Some(now + CREDIT_AGAIN);
+        }
+        if self.broadcast && in_step && h.flags & FLAG_REPEAT != 0 {
+            self.repeats += 1;
+            return Ok(());
         }
         out.push(f);
         Ok(())
@@ -297,6 +311,7 @@ impl Half for ImageInverse {
                 ("decoded", self.decoded),
                 ("skipped", self.skipped),
                 ("video_no_picture", self.no_picture),
+                ("repeats", self.repeats),
             ],
             ..HalfStats::default()
         }
