@@ -2129,3 +2129,45 @@ fn ndd_status_shows_both_sides_of_a_nats_driver() {
     a.kill();
     d.kill();
 }
+
+/// A device side whose source fails while it runs (the X server it captures is gone) ends
+/// with the source's own words, not as if the stream were done (it said nothing, and a daemon
+/// had no failure to start the driver again for).
+#[test]
+fn a_source_that_fails_ends_the_device_side_with_its_error() {
+    if !nats_or_skip() {
+        return;
+    }
+    if let Some(m) = missing(&["Xvfb"]) {
+        println!("SKIPPED: needs {m} (apt-get install xvfb)");
+        return;
+    }
+    let x = ndd_procs::Xvfb::start("320x240x24").expect("start Xvfb");
+    let dir = Dir::new("nats-source-fails");
+    let nats = Nats::start("source-fails", &[]);
+    let (dev, apps) = homes_n(&dir.0, 1);
+    let fb = dir.0.join("screen.bgrx");
+    let cfg = write(
+        &dir.0,
+        "screen.toml",
+        &format!(
+            "driver = \"x-screen\"\n{}\n[[stream]]\nname = \"screen\"\ndirection = \"device-to-app\"\nsource = {{ type = \"x11-screen\", display = \"{}\", max_fps = 10 }}\nstack = [{{ type = \"image\", quality = \"high\", keyframe_ms = 500 }}]\nsink = {{ type = \"framebuffer\", path = \"{}\" }}\n",
+            link(&nats.url(), 1),
+            x.display,
+            fb.display()
+        ),
+    );
+    let a = side(&cfg, "app", &apps[0], &[]);
+    let d = side(&cfg, "device", &dev, &[]);
+    wait_for("the first picture at the app side", WAIT, || {
+        std::fs::metadata(&fb).is_ok_and(|m| m.len() == 320 * 240 * 4)
+    });
+    drop(x);
+    let (status, _, err) = d.finish();
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains("stream \"screen\": source x11-screen") && err.contains("failed"),
+        "{err}"
+    );
+    a.kill();
+}

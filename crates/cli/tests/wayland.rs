@@ -132,7 +132,21 @@ fn a_sway_output_reaches_the_other_side_pixel_identical_to_grim() {
         let took = wait_same(color);
         println!("{color}: identical after {took:?}");
     }
-    app.kill();
+    // The compositor goes away under the running app side: it ends with the source's error
+    // (a daemon starts it again), and the device side hears why. (It ended the stream as if
+    // done and said nothing but wayland-backend's raw "Io error: Broken pipe".)
+    drop(sway);
+    let (status, _, err) = app.finish();
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains("stream \"screen\": source wayland-screen") && err.contains("failed"),
+        "{err}"
+    );
+    assert!(
+        !err.lines().any(|l| l.starts_with("Io error")),
+        "a raw library line: {err}"
+    );
+    dev.wait_says("source wayland-screen", &[]);
     dev.kill();
 }
 

@@ -95,12 +95,22 @@ pub(super) async fn spawn_stream(
         let out = Publisher::new(ctx, plan, *keys.borrow_and_update(), js)?;
         let endpoint = source.abort_handle();
         let finish = finish.clone();
+        let described = s.source.describe();
         tasks.spawn(async move {
             let mut stack = stack;
+            let mut source = source;
             let r = pump_source(rx, finish, &mut stack, keys, out, stats.clone()).await;
             lock(&stats).layers = stack.stats();
+            // A source that failed fails the side with its words (its stream's END went).
+            let failed = match r {
+                Ok(()) => crate::session::source_failure(&mut source, &name, &described).await,
+                Err(_) => None,
+            };
             source.abort();
-            r.map(|()| None)
+            match failed {
+                Some(e) => Err(e),
+                None => r.map(|()| None),
+            }
         });
         return Ok(Some(endpoint));
     } else {

@@ -189,7 +189,7 @@ impl<'a> Driver<'a> {
                     self.busy = None;
                     return Err(anyhow!(e).context("the listener failed"));
                 }
-                (i, f) = source_next => self.on_source(i, f)?,
+                (i, f) = source_next => self.on_source(i, f).await?,
                 _ = sleep_until_opt(wake) => self.on_timer().await?,
             }
         }
@@ -412,7 +412,7 @@ impl<'a> Driver<'a> {
     }
 
     /// A source's frame, or its end (`None`).
-    fn on_source(&mut self, i: usize, f: Option<Frame>) -> Result<()> {
+    async fn on_source(&mut self, i: usize, f: Option<Frame>) -> Result<()> {
         self.cursor = (i + 1) % self.io.len();
         let now = Instant::now();
         match f {
@@ -422,6 +422,17 @@ impl<'a> Driver<'a> {
             }
             None => {
                 self.io[i].source = None;
+                // A source that failed ends the side with its error (a daemon starts the
+                // driver again): the peer hears the stream was aborted, not that it ended.
+                if let Some(t) = self.io[i].source_task.as_mut() {
+                    let s = &self.w.cfg.streams[i];
+                    if let Some(e) =
+                        super::streams::source_failure(t, s.name(), &s.source.describe()).await
+                    {
+                        self.io[i].source_task = None;
+                        return Err(e);
+                    }
+                }
                 self.sess.handle_source_end(now, i)?;
             }
         }

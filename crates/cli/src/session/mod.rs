@@ -221,6 +221,7 @@ macro_rules! note {
     };
 }
 pub(crate) use note;
+pub(crate) use streams::source_failure;
 
 /// [`run_side`] as a task of the runtime (what `ndd run`, the demo and the benches call).
 /// Run by `block_on` instead, the session would live on the thread that called it, outside

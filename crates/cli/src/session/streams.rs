@@ -44,6 +44,35 @@ pub(super) struct StreamIo {
 }
 
 type SourceTask = JoinHandle<std::result::Result<SourceReport, ndd_endpoint::EndpointError>>;
+
+/// How long a source whose channel closed has to say why (its task returns right after).
+const SOURCE_SAYS: Duration = Duration::from_secs(1);
+
+/// A source's frames stopped: why, in its own words, if it failed (its task's error: a
+/// compositor or X server gone, a device unplugged), else `None` (it ended: a count reached,
+/// a file read to its end, the side stopping it). A source that has not returned within
+/// [`SOURCE_SAYS`] is stopped. Without this a failing source ended its stream as if it were
+/// done and the side said nothing (found by hand: sway killed under a running device side).
+pub(crate) async fn source_failure(
+    task: &mut SourceTask,
+    stream: &str,
+    source: &str,
+) -> Option<anyhow::Error> {
+    match tokio::time::timeout(SOURCE_SAYS, &mut *task).await {
+        Ok(Ok(Ok(_))) => None,
+        Ok(Ok(Err(e))) => Some(
+            anyhow::Error::new(e).context(format!("stream \"{stream}\": source {source} failed")),
+        ),
+        Ok(Err(e)) if e.is_panic() => Some(anyhow::anyhow!(
+            "stream \"{stream}\": source {source} failed: its task panicked: {e}"
+        )),
+        Ok(Err(_)) => None,
+        Err(_) => {
+            task.abort();
+            None
+        }
+    }
+}
 type SinkTask = JoinHandle<std::result::Result<SinkReport, ndd_endpoint::EndpointError>>;
 
 fn role_name(role: Role) -> &'static str {
