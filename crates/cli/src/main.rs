@@ -405,6 +405,39 @@ enum Command {
         #[arg(value_name = "DIR")]
         dir: PathBuf,
     },
+    /// Keeps a pty for a side's next run (started by a `pty` endpoint; see its `keep_s`).
+    #[command(hide = true)]
+    PtyHold {
+        /// The Unix socket sides take the pty back from.
+        socket: PathBuf,
+        /// The pty's link (let go once it names another pty).
+        link: PathBuf,
+        /// Seconds kept after the last side let go.
+        keep_s: u64,
+    },
+}
+
+/// Starts `ndd pty-hold` (this executable) for a `pty` endpoint: in a process group of its
+/// own (a Ctrl-C at the terminal is for the side, not for it), reaped by a thread.
+fn spawn_pty_holder(
+    socket: &std::path::Path,
+    link: &std::path::Path,
+    keep: std::time::Duration,
+) -> std::io::Result<()> {
+    use std::os::unix::process::CommandExt as _;
+    use std::process::Stdio;
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .arg("pty-hold")
+        .arg(socket)
+        .arg(link)
+        .arg(keep.as_secs().to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()?;
+    std::thread::spawn(move || child.wait());
+    Ok(())
 }
 
 fn main() {
@@ -421,6 +454,7 @@ fn main() {
         ndd_endpoint::default_sigpipe();
     }
     init_tracing(cli.verbose);
+    ndd_endpoint::serial::hold::set_spawner(spawn_pty_holder);
     let code = match run(cli) {
         Ok(code) => code,
         Err(e) => {
@@ -437,7 +471,7 @@ fn init_tracing(verbose: u8) {
     // The session's notes (connected, link lost, restored) are ndd's own INFO lines: shown by
     // default; other crates' only from -v.
     let default = match verbose {
-        0 => "warn,ndd::session=info,ndd::fanout=info,ndd::rfbaccel=info,ndd::serve=info,ndd_link::establish=info",
+        0 => "warn,ndd::session=info,ndd::fanout=info,ndd::rfbaccel=info,ndd::serve=info,ndd_link::establish=info,ndd_endpoint::serial::tty=info",
         1 => "info",
         2 => "debug",
         _ => "trace",
@@ -1042,6 +1076,15 @@ fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Bench { args } => bench(&args),
+        Command::PtyHold {
+            socket,
+            link,
+            keep_s,
+        } => {
+            ndd_endpoint::serial::hold::hold(&socket, &link, Duration::from_secs(keep_s))
+                .with_context(|| format!("keeping the pty at {}", link.display()))?;
+            Ok(0)
+        }
         Command::Completions { shell } => {
             use clap::CommandFactory;
             clap_complete::generate(shell, &mut Cli::command(), "ndd", &mut std::io::stdout());

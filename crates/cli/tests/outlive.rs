@@ -28,13 +28,13 @@ max_backoff_ms = 200
 [[stream]]
 name = "rx"
 direction = "device-to-app"
-source = {{ type = "pty", link = "{dev}" }}
+source = {{ type = "pty", link = "{dev}", keep_s = 0 }}
 sink = {{ type = "pty", link = "{app}" }}
 [[stream]]
 name = "tx"
 direction = "app-to-device"
 source = {{ type = "pty", link = "{app}" }}
-sink = {{ type = "pty", link = "{dev}" }}
+sink = {{ type = "pty", link = "{dev}", keep_s = 0 }}
 "#,
             app = app_tty.display(),
             dev = dev_tty.display()
@@ -215,4 +215,123 @@ fn a_side_listening_alone_says_what_its_peer_needs() {
     );
     assert!(app.running());
     app.kill();
+}
+
+/// The app side, saying (as by default) when it takes up a kept pty.
+fn app_cmd(cfg: &std::path::Path, home: &std::path::Path, addr: &str) -> std::process::Command {
+    let mut c = run_cmd(cfg, "app", home, &["--listen", addr]);
+    c.env(
+        "NDD_LOG",
+        "warn,ndd::session=info,ndd_endpoint::serial::tty=info",
+    );
+    c
+}
+
+/// Issue 34, item 6: a program holding the app side's pty keeps a working port across a crash
+/// (SIGKILL) and a clean restart of the app side. It never sees an error, what it writes while
+/// the side is away reaches the device's port, and it reads on from the same open file (it
+/// got `Input/output error` for good, and had to open the port again).
+#[test]
+fn a_program_keeps_its_port_across_a_crash_and_a_restart_of_the_app_side() {
+    let dir = Dir::new("outlive-pty");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let (cfg, app_tty, dev_tty) = config(&dir.0);
+    let addr = free_addr();
+    let app = Side::spawn(app_cmd(&cfg, &app_home, &addr));
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &addr]));
+    dev.wait_says("streams agreed", &[&app]);
+    let (mut program, program_got) = open_collecting(&app_tty);
+    let (mut port, port_got) = open_collecting(&dev_tty);
+    program.write_all(b"before\n").unwrap();
+    port.write_all(b"hello program\n").unwrap();
+    wait_for("both ways", WAIT, || {
+        has(&port_got, "before\n") && has(&program_got, "hello program\n")
+    });
+    let slave = std::fs::read_link(&app_tty).unwrap();
+
+    // A crash: no goodbye, no cleanup.
+    let said = app.kill();
+    assert!(!said.contains("pty will go with this side"), "{said}");
+    std::thread::sleep(Duration::from_millis(300));
+    program
+        .write_all(b"while it was down\n")
+        .expect("the port works with the side down");
+    let app = Side::spawn(app_cmd(&cfg, &app_home, &addr));
+    app.wait_says("took up the pty kept since this side's last run", &[&dev]);
+    assert_eq!(std::fs::read_link(&app_tty).unwrap(), slave, "the same pty");
+    wait_for("what it wrote meanwhile, at the device", WAIT, || {
+        has(&port_got, "while it was down\n")
+    });
+    port.write_all(b"after the crash\n").unwrap();
+    wait_for("the program reads on", WAIT, || {
+        has(&program_got, "after the crash\n")
+    });
+
+    // A clean stop and start (a service restarted).
+    app.terminate();
+    let (status, _, err) = app.finish();
+    assert!(status.success(), "{err}");
+    assert_eq!(std::fs::read_link(&app_tty).unwrap(), slave, "kept");
+    program.write_all(b"between runs\n").unwrap();
+    let app = Side::spawn(app_cmd(&cfg, &app_home, &addr));
+    app.wait_says("took up the pty kept since this side's last run", &[&dev]);
+    wait_for("the line written between runs", WAIT, || {
+        has(&port_got, "between runs\n")
+    });
+    port.write_all(b"after the restart\n").unwrap();
+    wait_for("the program reads on again", WAIT, || {
+        has(&program_got, "after the restart\n")
+    });
+    // A second app side on the same pty (with a device side of its own) is refused while this
+    // one runs.
+    let cfg2 = dir.0.join("second.toml");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg2, text.replace("ttyDEVICE", "ttyDEVICE2")).unwrap();
+    let addr2 = free_addr();
+    let second = Side::spawn(app_cmd(&cfg2, &app_home, &addr2));
+    let dev2 = Side::spawn(run_cmd(&cfg2, "device", &dev_home, &["--connect", &addr2]));
+    let (status, _, err) = second.finish();
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains("another running ndd side uses this pty"),
+        "{err}"
+    );
+    dev2.kill();
+    wait_for("the first app side still serving", WAIT, || {
+        port.write_all(b"still\n").unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        has(&program_got, "still\n")
+    });
+    app.kill();
+    dev.kill();
+}
+
+/// With `keep_s` the holder lets go after that long without a side: the link goes, and a
+/// program holding the port sees it hang up (as it would without a holder).
+#[test]
+fn a_kept_pty_is_let_go_after_keep_s() {
+    let dir = Dir::new("outlive-keep");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let (cfg, app_tty, _) = config(&dir.0);
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        &format!("link = \"{}\" }}", app_tty.display()),
+        &format!("link = \"{}\", keep_s = 1 }}", app_tty.display()),
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let addr = free_addr();
+    let app = Side::spawn(app_cmd(&cfg, &app_home, &addr));
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &addr]));
+    dev.wait_says("streams agreed", &[&app]);
+    let (_program, _) = open_collecting(&app_tty);
+    let said = app.kill();
+    assert!(std::fs::symlink_metadata(&app_tty).is_ok(), "kept for now");
+    let t0 = std::time::Instant::now();
+    while std::fs::symlink_metadata(&app_tty).is_ok() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the link did not go after keep_s; the app side said: {said}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    dev.kill();
 }

@@ -156,6 +156,7 @@ pub const SOURCES: &[EndpointInfo] = &[
             ("parity", "none | odd | even | mark | space", "none", "parity bit"),
             ("stop_bits", "1 | 2", "1", "stop bits"),
             ("flow", "none | rtscts | xonxoff", "none", "flow control"),
+            ("keep_s", "0..=86400", "60", "seconds the pty is kept for this side's next run after it ends or dies (a program holding it keeps a working port); 0: it goes with the side"),
         ],
     },
     EndpointInfo {
@@ -322,6 +323,7 @@ pub const SINKS: &[EndpointInfo] = &[
             ("parity", "none | odd | even | mark | space", "none", "parity bit"),
             ("stop_bits", "1 | 2", "1", "stop bits"),
             ("flow", "none | rtscts | xonxoff", "none", "flow control"),
+            ("keep_s", "0..=86400", "60", "seconds the pty is kept for this side's next run after it ends or dies (a program holding it keeps a working port); 0: it goes with the side"),
         ],
     },
     EndpointInfo {

@@ -245,11 +245,27 @@ fn describe_serial(c: &SerialConfig) -> String {
 /// `pty(link=/tmp/ttyREMOTE)`, with the initial settings when they are not the default.
 fn describe_pty(c: &PtyConfig) -> String {
     let s = c.settings();
-    if s == LineSettings::default() {
-        format!("pty(link={})", c.link.display())
+    let keep = if c.keep_s == serial::hold::DEFAULT_KEEP_S {
+        String::new()
     } else {
-        format!("pty(link={}, {s})", c.link.display())
+        format!(", keep_s={}", c.keep_s)
+    };
+    if s == LineSettings::default() {
+        format!("pty(link={}{keep})", c.link.display())
+    } else {
+        format!("pty(link={}, {s}{keep})", c.link.display())
     }
+}
+
+/// A pty endpoint's line settings and `keep_s`.
+fn check_pty(endpoint: &'static str, c: &PtyConfig) -> Result<(), EndpointError> {
+    check_settings(endpoint, &c.settings())?;
+    c.check_keep()
+        .map_err(|(param, reason)| EndpointError::Config {
+            endpoint,
+            param,
+            reason: reason.to_string(),
+        })
 }
 
 /// `rfc2217-server(listen=127.0.0.1:2217)`, with the initial settings when not the default.
@@ -559,7 +575,7 @@ impl SourceConfig {
                 check_clipboard(endpoint, &c.selections, c.max_bytes)?
             }
             SourceConfig::Serial(c) => check_settings(endpoint, &c.settings())?,
-            SourceConfig::Pty(c) => check_settings(endpoint, &c.settings())?,
+            SourceConfig::Pty(c) => check_pty(endpoint, c)?,
             SourceConfig::Rfc2217Server(c) => check_rfc2217_server(endpoint, c)?,
             SourceConfig::Rfc2217Client(c) => check_rfc2217_client(endpoint, c)?,
             SourceConfig::PulseCapture(c) => {
@@ -803,7 +819,7 @@ impl SinkConfig {
         let endpoint = self.endpoint();
         match self {
             SinkConfig::Serial(c) => check_settings(endpoint, &c.settings()),
-            SinkConfig::Pty(c) => check_settings(endpoint, &c.settings()),
+            SinkConfig::Pty(c) => check_pty(endpoint, c),
             SinkConfig::Uinput(c) => {
                 if c.name.is_empty() || c.name.len() > 79 || c.name.contains('\0') {
                     Err(EndpointError::Config {

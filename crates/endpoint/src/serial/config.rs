@@ -59,6 +59,14 @@ pub struct PtyConfig {
     /// Initial flow control.
     #[serde(default)]
     pub flow: Flow,
+    /// Seconds the pty is kept for the next run of this side after it ends or dies, so a
+    /// program holding the port never sees it go (0: it goes with the side).
+    #[serde(default = "default_keep_s")]
+    pub keep_s: u32,
+}
+
+fn default_keep_s() -> u32 {
+    super::hold::DEFAULT_KEEP_S
 }
 
 /// `rfc2217-server` source and sink parameters: where RFC 2217 clients connect, and the line
@@ -186,6 +194,18 @@ impl PtyConfig {
             parity: Parity::None,
             stop_bits: default_stop_bits(),
             flow: Flow::None,
+            keep_s: default_keep_s(),
         }
+    }
+
+    /// Checks `keep_s` (the line settings are checked apart); the error names the key.
+    pub(crate) fn check_keep(&self) -> Result<(), (&'static str, &'static str)> {
+        if self.keep_s > 86_400 {
+            return Err((
+                "keep_s",
+                "must be 0..=86400 (seconds; 0: the pty goes with the side)",
+            ));
+        }
+        Ok(())
     }
 }

@@ -19,12 +19,16 @@
 //!   the first is the port to RFC 2217 clients such as pyserial's `rfc2217://`, the second
 //!   uses an RFC 2217 server such as ser2net as the device (`rfc2217/`).
 //!
+//! A pty outlives its side for `keep_s` seconds (a holder process keeps its master for the
+//! side's next run: `hold.rs`).
+//!
 //! Files: `config.rs` ([`SerialConfig`], [`PtyConfig`]), `record.rs` (the sans-IO
 //! [`SerialMessage`] and [`LineSettings`]), `tty.rs` (opening and sharing the tty or pty,
 //! termios, non-blocking I/O; its only unsafe code, modem-line ioctls and registering a
 //! descriptor with tokio, is in `sys`), `source.rs` and `sink.rs` (the tasks).
 
 mod config;
+pub mod hold;
 mod record;
 pub mod rfc2217;
 mod sink;

@@ -12,6 +12,7 @@
 //! latency, never a hang.
 
 use super::config::{PtyConfig, SerialConfig};
+use super::hold;
 use super::record::{Flow, LineSettings, ModemLines, Parity};
 use crate::common::error::EndpointError;
 use crate::sys;
@@ -181,6 +182,9 @@ pub(crate) struct Pty {
     opened_with: LineSettings,
     /// [`Pty::seen`] right after creation: the device tty starts with these.
     pub(super) baseline: LineSettings,
+    /// This side's claim on the holder that keeps the pty for its next run (`keep_s`); the
+    /// holder removes the link when it lets go.
+    claim: Option<hold::Claim>,
 }
 
 impl Pty {
@@ -198,6 +202,10 @@ impl Pty {
 
 impl Drop for Pty {
     fn drop(&mut self) {
+        if self.claim.is_some() {
+            // Kept for this side's next run: the holder removes the link when it lets go.
+            return;
+        }
         // Remove the link only while it still points at our slave: a newer pty for the same
         // link (created once our registry entry was dead) has another slave path.
         if std::fs::read_link(&self.link).is_ok_and(|t| t == self.slave_path) {
@@ -343,6 +351,23 @@ pub(crate) fn open_pty(endpoint: &'static str, c: &PtyConfig) -> Result<Arc<Pty>
         &c.link,
         || {
             let link_err = open_err(endpoint, &c.link);
+            // The pty a holder kept since this side's last run ended or died: a program that
+            // holds the port goes on with it.
+            match hold::take(&c.link) {
+                Ok(hold::Taken::Master(fd, claim)) => {
+                    if let Some(p) = adopt(endpoint, c, want, fd, claim)? {
+                        return Ok(Arc::new(p));
+                    }
+                }
+                Ok(hold::Taken::Busy) => {
+                    return Err(link_err(io::Error::other(
+                        "another running ndd side uses this pty (its holder gives it to one side at a time); stop that side first",
+                    )))
+                }
+                Ok(hold::Taken::Nothing) => {}
+                Err(e) => tracing::warn!(endpoint, link = %c.link.display(),
+                    "cannot ask for a pty kept since the last run: {e}; making a new one"),
+            }
             let replace = match std::fs::symlink_metadata(&c.link) {
                 Ok(m) if m.file_type().is_symlink() => true,
                 Ok(m) => {
@@ -391,6 +416,17 @@ pub(crate) fn open_pty(endpoint: &'static str, c: &PtyConfig) -> Result<Arc<Pty>
                     _ => {}
                 }
             }
+            // The holder has the pty before the link shows it: a program that opens it, and
+            // this side dying at once, still finds it kept.
+            let keep = Duration::from_secs(u64::from(c.keep_s));
+            let claim = match hold::hand_over(&c.link, master.get_ref(), keep) {
+                Ok(claim) => claim,
+                Err(e) => {
+                    tracing::warn!(endpoint, link = %c.link.display(),
+                        "the pty will go with this side (no holder keeps it for the next run): {e}");
+                    None
+                }
+            };
             std::os::unix::fs::symlink(&slave_path, &c.link).map_err(&link_err)?;
             tracing::debug!(
                 endpoint,
@@ -406,6 +442,7 @@ pub(crate) fn open_pty(endpoint: &'static str, c: &PtyConfig) -> Result<Arc<Pty>
                 link: c.link.clone(),
                 opened_with: want,
                 baseline: want,
+                claim,
             };
             if let Ok(t) = rustix::termios::tcgetattr(&pty.slave) {
                 pty.baseline = pty.seen(&t);
@@ -423,6 +460,54 @@ pub(crate) fn open_pty(endpoint: &'static str, c: &PtyConfig) -> Result<Arc<Pty>
 }
 
 use std::os::unix::ffi::OsStrExt as _;
+
+/// Takes up pty master `master` a holder kept for `c.link`: `None` if the link no longer
+/// names its slave (a new pty is made then).
+fn adopt(
+    endpoint: &'static str,
+    c: &PtyConfig,
+    want: LineSettings,
+    master: OwnedFd,
+    claim: hold::Claim,
+) -> Result<Option<Pty>, EndpointError> {
+    let pty_err = |e: Errno| EndpointError::Open {
+        endpoint,
+        path: PathBuf::from("/dev/ptmx"),
+        source: e.into(),
+    };
+    let Ok(name) = rustix::pty::ptsname(&master, Vec::new()) else {
+        return Ok(None);
+    };
+    let slave_path = PathBuf::from(std::ffi::OsStr::from_bytes(name.as_bytes()));
+    if std::fs::read_link(&c.link).ok().as_ref() != Some(&slave_path) {
+        return Ok(None);
+    }
+    let flags = rustix::fs::fcntl_getfl(&master).map_err(pty_err)?;
+    rustix::fs::fcntl_setfl(&master, flags | OFlags::NONBLOCK).map_err(pty_err)?;
+    let slave = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK)
+        .open(&slave_path)
+        .map_err(open_err(endpoint, &slave_path))?;
+    let master = sys::async_fd(master).map_err(open_err(endpoint, &slave_path))?;
+    let mut pty = Pty {
+        master,
+        slave: OwnedFd::from(slave),
+        slave_path,
+        link: c.link.clone(),
+        opened_with: want,
+        baseline: want,
+        claim: Some(claim),
+    };
+    // The program's settings, as it left them: the device's port takes them.
+    if let Ok(t) = rustix::termios::tcgetattr(&pty.slave) {
+        pty.baseline = pty.seen(&t);
+    }
+    tracing::info!(endpoint, link = %c.link.display(), slave = %pty.slave_path.display(),
+        "took up the pty kept since this side's last run (a program holding it goes on)");
+    Ok(Some(pty))
+}
 
 // ---------------------------------------------------------------------------------------
 // Non-blocking I/O helpers
