@@ -200,10 +200,21 @@ async fn run_pty_sink(
     while let Some(frame) = rx.recv().await {
         report.frames += 1;
         report.bytes += frame.len() as u64;
+        let (seq, ts) = (frame.meta.seq, frame.meta.timestamp_ns);
         match parse_or_reject(endpoint, &frame, &delivered)? {
-            SerialMessage::Data(d) => write_all(&pty.master, d)
-                .await
-                .map_err(|source| write_err(endpoint, &what, source))?,
+            // Sent again by the device after this side restarted: the last run wrote it into
+            // the kept pty already.
+            SerialMessage::Data(_) if pty.mark.as_ref().is_some_and(|m| m.written(seq, ts)) => {
+                tracing::debug!(endpoint, seq, "written by this side's last run; not again");
+            }
+            SerialMessage::Data(d) => {
+                write_all(&pty.master, d)
+                    .await
+                    .map_err(|source| write_err(endpoint, &what, source))?;
+                if let Some(m) = &pty.mark {
+                    m.record(seq, ts);
+                }
+            }
             SerialMessage::Settings(s) => {
                 tracing::trace!(endpoint, settings = %s, "line settings frame ignored by a pty")
             }

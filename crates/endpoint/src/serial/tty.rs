@@ -185,6 +185,8 @@ pub(crate) struct Pty {
     /// This side's claim on the holder that keeps the pty for its next run (`keep_s`); the
     /// holder removes the link when it lets go.
     claim: Option<hold::Claim>,
+    /// A kept pty: the last device frame written into it, across runs of this side.
+    pub(super) mark: Option<hold::Mark>,
 }
 
 impl Pty {
@@ -442,6 +444,10 @@ pub(crate) fn open_pty(endpoint: &'static str, c: &PtyConfig) -> Result<Arc<Pty>
                 link: c.link.clone(),
                 opened_with: want,
                 baseline: want,
+                mark: claim.as_ref().and_then(|_| {
+                    let socket = hold::socket_path(&c.link).ok()?;
+                    hold::Mark::open(&socket, true).ok()
+                }),
                 claim,
             };
             if let Ok(t) = rustix::termios::tcgetattr(&pty.slave) {
@@ -499,6 +505,9 @@ fn adopt(
         opened_with: want,
         baseline: want,
         claim: Some(claim),
+        mark: hold::socket_path(&c.link)
+            .ok()
+            .and_then(|s| hold::Mark::open(&s, false).ok()),
     };
     // The program's settings, as it left them: the device's port takes them.
     if let Ok(t) = rustix::termios::tcgetattr(&pty.slave) {
