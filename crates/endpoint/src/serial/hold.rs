@@ -309,13 +309,6 @@ pub(crate) fn hand_over(
     }
 }
 
-/// The slave path of pty master `fd`.
-fn slave_of(fd: &OwnedFd) -> Option<PathBuf> {
-    use std::os::unix::ffi::OsStrExt as _;
-    let name = rustix::pty::ptsname(fd, Vec::new()).ok()?;
-    Some(PathBuf::from(std::ffi::OsStr::from_bytes(name.as_bytes())))
-}
-
 /// What the holder does next, decided from what happened ([`Holder`] is sans-IO: the
 /// process loop feeds it and carries its answers out).
 #[derive(Debug, PartialEq, Eq)]
@@ -468,7 +461,7 @@ pub fn hold(socket: &Path, link: &Path, keep: Duration) -> io::Result<()> {
             match rules.handle_request(op, fd.is_some()) {
                 Answer::Claimed(b, give) => {
                     if op == b'G' {
-                        slave = fd.as_ref().and_then(slave_of);
+                        slave = fd.as_ref().and_then(|f| super::tty::slave_of(f).ok());
                         master = fd;
                     }
                     let sent = send_byte(&conn, b, master.as_ref().filter(|_| give));

@@ -398,17 +398,8 @@ pub(crate) fn open_pty(endpoint: &'static str, c: &PtyConfig) -> Result<Arc<Pty>
                     .map_err(pty_err)?;
             rustix::pty::grantpt(&master).map_err(pty_err)?;
             rustix::pty::unlockpt(&master).map_err(pty_err)?;
-            let name = rustix::pty::ptsname(&master, Vec::new()).map_err(pty_err)?;
-            let slave_path = PathBuf::from(std::ffi::OsStr::from_bytes(name.as_bytes()));
-            let flags = rustix::fs::fcntl_getfl(&master).map_err(pty_err)?;
-            rustix::fs::fcntl_setfl(&master, flags | OFlags::NONBLOCK).map_err(pty_err)?;
-            let slave = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK)
-                .open(&slave_path)
-                .map_err(open_err(endpoint, &slave_path))?;
-            let slave = OwnedFd::from(slave);
+            let slave_path = slave_of(&master).map_err(pty_err)?;
+            let slave = open_slave(endpoint, &master, &slave_path)?;
             let mut t = rustix::termios::tcgetattr(&slave).map_err(pty_err)?;
             set_termios(endpoint, &slave_path, &slave, &mut t, &want, true)?;
             let master = sys::async_fd(master).map_err(open_err(endpoint, &slave_path))?;
@@ -467,6 +458,34 @@ pub(crate) fn open_pty(endpoint: &'static str, c: &PtyConfig) -> Result<Arc<Pty>
 
 use std::os::unix::ffi::OsStrExt as _;
 
+/// The slave path of pty master `master` (`/dev/pts/N`).
+pub(super) fn slave_of(master: &OwnedFd) -> Result<PathBuf, Errno> {
+    let name = rustix::pty::ptsname(master, Vec::new())?;
+    Ok(PathBuf::from(std::ffi::OsStr::from_bytes(name.as_bytes())))
+}
+
+/// Makes `master` non-blocking and opens our own descriptor of its slave.
+fn open_slave(
+    endpoint: &'static str,
+    master: &OwnedFd,
+    slave_path: &Path,
+) -> Result<OwnedFd, EndpointError> {
+    let pty_err = |e: Errno| EndpointError::Open {
+        endpoint,
+        path: PathBuf::from("/dev/ptmx"),
+        source: e.into(),
+    };
+    let flags = rustix::fs::fcntl_getfl(master).map_err(pty_err)?;
+    rustix::fs::fcntl_setfl(master, flags | OFlags::NONBLOCK).map_err(pty_err)?;
+    let slave = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK)
+        .open(slave_path)
+        .map_err(open_err(endpoint, slave_path))?;
+    Ok(OwnedFd::from(slave))
+}
+
 /// Takes up pty master `master` a holder kept for `c.link`: `None` if the link no longer
 /// names its slave (a new pty is made then).
 fn adopt(
@@ -476,30 +495,17 @@ fn adopt(
     master: OwnedFd,
     claim: hold::Claim,
 ) -> Result<Option<Pty>, EndpointError> {
-    let pty_err = |e: Errno| EndpointError::Open {
-        endpoint,
-        path: PathBuf::from("/dev/ptmx"),
-        source: e.into(),
-    };
-    let Ok(name) = rustix::pty::ptsname(&master, Vec::new()) else {
+    let Ok(slave_path) = slave_of(&master) else {
         return Ok(None);
     };
-    let slave_path = PathBuf::from(std::ffi::OsStr::from_bytes(name.as_bytes()));
     if std::fs::read_link(&c.link).ok().as_ref() != Some(&slave_path) {
         return Ok(None);
     }
-    let flags = rustix::fs::fcntl_getfl(&master).map_err(pty_err)?;
-    rustix::fs::fcntl_setfl(&master, flags | OFlags::NONBLOCK).map_err(pty_err)?;
-    let slave = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK)
-        .open(&slave_path)
-        .map_err(open_err(endpoint, &slave_path))?;
+    let slave = open_slave(endpoint, &master, &slave_path)?;
     let master = sys::async_fd(master).map_err(open_err(endpoint, &slave_path))?;
     let mut pty = Pty {
         master,
-        slave: OwnedFd::from(slave),
+        slave,
         slave_path,
         link: c.link.clone(),
         opened_with: want,
