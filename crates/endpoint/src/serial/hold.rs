@@ -160,6 +160,8 @@ fn absolute(p: &Path) -> PathBuf {
 #[derive(Debug)]
 pub(crate) struct Claim {
     _conn: UnixStream,
+    /// The holder's socket (its mark file is beside it: [`Mark`]).
+    pub(crate) socket: PathBuf,
 }
 
 /// What [`take`] found.
@@ -249,7 +251,13 @@ pub(crate) fn take(link: &Path) -> io::Result<Taken> {
     match recv_byte(&conn)? {
         Some((b'F', Some(fd))) => {
             conn.set_read_timeout(None)?;
-            Ok(Taken::Master(fd, Claim { _conn: conn }))
+            Ok(Taken::Master(
+                fd,
+                Claim {
+                    _conn: conn,
+                    socket,
+                },
+            ))
         }
         Some((b'B', _)) => Ok(Taken::Busy),
         Some((b'N', _)) | None => Ok(Taken::Nothing),
@@ -299,7 +307,10 @@ pub(crate) fn hand_over(
     match recv_byte(&conn)? {
         Some((b'K', _)) => {
             conn.set_read_timeout(None)?;
-            Ok(Some(Claim { _conn: conn }))
+            Ok(Some(Claim {
+                _conn: conn,
+                socket,
+            }))
         }
         other => Err(io::Error::other(format!(
             "the pty holder at {} did not take the pty (answered {:?})",

@@ -190,6 +190,36 @@ pub(crate) struct Pty {
 }
 
 impl Pty {
+    /// A pty of `c.link` opened with `want`; its baseline is what its slave says now. A kept
+    /// one (with a claim) has its mark: `fresh` for a new pty.
+    fn new(
+        master: AsyncFd<OwnedFd>,
+        slave: OwnedFd,
+        slave_path: PathBuf,
+        c: &PtyConfig,
+        want: LineSettings,
+        claim: Option<hold::Claim>,
+        fresh: bool,
+    ) -> Pty {
+        let mark = claim
+            .as_ref()
+            .and_then(|k| hold::Mark::open(&k.socket, fresh).ok());
+        let mut pty = Pty {
+            master,
+            slave,
+            slave_path,
+            link: c.link.clone(),
+            opened_with: want,
+            baseline: want,
+            claim,
+            mark,
+        };
+        if let Ok(t) = rustix::termios::tcgetattr(&pty.slave) {
+            pty.baseline = pty.seen(&t);
+        }
+        pty
+    }
+
     /// The settings the app has set on the pty. A Linux pty forces `CS8` and clears `PARENB`
     /// on every `tcsetattr`, so data bits and parity cannot be seen there: they stay as
     /// configured; baud, stop bits and flow control come from the pty.
@@ -428,23 +458,9 @@ pub(crate) fn open_pty(endpoint: &'static str, c: &PtyConfig) -> Result<Arc<Pty>
                 settings = %want,
                 "pty created"
             );
-            let mut pty = Pty {
-                master,
-                slave,
-                slave_path,
-                link: c.link.clone(),
-                opened_with: want,
-                baseline: want,
-                mark: claim.as_ref().and_then(|_| {
-                    let socket = hold::socket_path(&c.link).ok()?;
-                    hold::Mark::open(&socket, true).ok()
-                }),
-                claim,
-            };
-            if let Ok(t) = rustix::termios::tcgetattr(&pty.slave) {
-                pty.baseline = pty.seen(&t);
-            }
-            Ok(Arc::new(pty))
+            Ok(Arc::new(Pty::new(
+                master, slave, slave_path, c, want, claim, true,
+            )))
         },
         |p| {
             if p.opened_with == want {
@@ -503,22 +519,8 @@ fn adopt(
     }
     let slave = open_slave(endpoint, &master, &slave_path)?;
     let master = sys::async_fd(master).map_err(open_err(endpoint, &slave_path))?;
-    let mut pty = Pty {
-        master,
-        slave,
-        slave_path,
-        link: c.link.clone(),
-        opened_with: want,
-        baseline: want,
-        claim: Some(claim),
-        mark: hold::socket_path(&c.link)
-            .ok()
-            .and_then(|s| hold::Mark::open(&s, false).ok()),
-    };
-    // The program's settings, as it left them: the device's port takes them.
-    if let Ok(t) = rustix::termios::tcgetattr(&pty.slave) {
-        pty.baseline = pty.seen(&t);
-    }
+    // Its baseline: the program's settings, as it left them (the device's port takes them).
+    let pty = Pty::new(master, slave, slave_path, c, want, Some(claim), false);
     tracing::info!(endpoint, link = %c.link.display(), slave = %pty.slave_path.display(),
         "took up the pty kept since this side's last run (a program holding it goes on)");
     Ok(Some(pty))
