@@ -229,7 +229,7 @@ impl ImageForward {
 
     /// Where the video region is after this capture, which changed the pixels of tiles
     /// `moved`.
-    fn video_region(&mut self, mut moved: Vec<usize>) -> Option<Rect> {
+    fn video_region(&mut self, now: Instant, mut moved: Vec<usize>) -> Option<Rect> {
         let s = self.screen.as_ref()?;
         match self.cfg.codec {
             Codec::Tiles => None,
@@ -242,7 +242,7 @@ impl ImageForward {
                 moved.sort_unstable();
                 moved.dedup();
                 let (t, w, h, grid_w) = (self.tile_size(), s.width, s.height, self.grid_w);
-                self.detector.handle_capture(&moved, grid_w, |i| {
+                self.detector.handle_capture(now, &moved, grid_w, |i| {
                     let t = u32::from(t);
                     let (tx, ty) = ((i % grid_w) as u32, (i / grid_w) as u32);
                     Rect::new((tx * t) as u16, (ty * t) as u16, t as u16, t as u16).clip(w, h)
@@ -720,7 +720,7 @@ impl Half for ImageForward {
         }
         let keyframe = flags & FLAG_KEYFRAME != 0;
         let moved = std::mem::take(&mut self.moved);
-        let region = self.video_region(moved);
+        let region = self.video_region(now, moved);
         // An IDR only where a decoder may start afresh: a broadcast keyframe (an app side
         // joining). On a direct link the pair's state is continuous (a restarted peer gets a
         // new pair, whose encoder starts with one); the source flags every capture of the
