@@ -8,6 +8,7 @@ mod audio;
 mod display;
 mod e2e;
 mod fanout;
+mod frames;
 mod jitter;
 mod links;
 mod mixed;
@@ -93,6 +94,10 @@ pub enum BenchCmd {
             default_value = "tigervnc,ndd"
         )]
         peers: Vec<vnc::PeerName>,
+        /// With --vs-vnc: measure each frame-rate row N times in a row (ndd's tiles and Q92
+        /// variants are left out), and report the worst and the median of each.
+        #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+        repeat: u32,
         /// Directory for display.md.
         #[arg(long, value_name = "DIR", default_value = "docs/bench")]
         out: PathBuf,
@@ -280,8 +285,21 @@ pub async fn run(cmd: BenchCmd) -> Result<()> {
             workload,
             size,
             peers,
+            repeat,
             out,
-        } => vnc::run(quick, no_netns, typing_only, workload, size, &peers, &out).await,
+        } => {
+            vnc::run(vnc::Options {
+                quick,
+                no_netns,
+                typing_only,
+                workload,
+                screen: size,
+                peers,
+                repeat,
+                out,
+            })
+            .await
+        }
         BenchCmd::Display { quick, out, .. } => display::run(quick, &out).await,
         BenchCmd::E2e { quick, out, link } => e2e::run(quick, &out, &link).await,
         BenchCmd::Pairs { quick, out } => pairs::run(quick, &out),
