@@ -598,3 +598,110 @@ fn a_viewer_smaller_than_the_app_screen_shows_it_whole_and_clicks_land_where_the
         dev.stderr_now()
     );
 }
+
+const TWO_MONITORS: &str = r#"
+driver = "two-monitors"
+[link]
+listener = "app"
+[[stream]]
+name = "left"
+direction = "app-to-device"
+source = { type = "x11-screen", display = "APP.0", max_fps = 30 }
+sink = { type = "x11-window", display = "DEV", title = "ndd left monitor" }
+stack = [{ type = "image", quality = "lossless" }]
+[[stream]]
+name = "right"
+direction = "app-to-device"
+source = { type = "x11-screen", display = "APP.1", max_fps = 30 }
+sink = { type = "x11-window", display = "DEV", title = "ndd right monitor" }
+stack = [{ type = "image", quality = "lossless" }]
+"#;
+
+/// Two monitors on the app's machine (two screens of one X server, `:N.0` and `:N.1`), each in
+/// a window of its own on the device side: each window the size of its monitor and showing its
+/// pixels, and a monitor whose size changes (RandR) takes its window along while the other one
+/// stays as it was (issue 33, item 7: a two-monitor layout, resizing with real Xvfb displays).
+#[test]
+fn two_monitors_show_in_two_windows_and_a_resized_one_takes_its_window_along() {
+    let need = ["Xvfb", "xsetroot", "xrandr"];
+    if let Some(m) = missing(&need) {
+        println!("SKIPPED: two-monitor test needs {m} (apt-get install xvfb x11-xserver-utils)");
+        return;
+    }
+    let app_x = Xvfb::start_screens(&["640x480x24", "800x600x24"]).expect("Xvfb");
+    let dev_x = Xvfb::start("1600x1000x24").expect("start Xvfb");
+    for (screen, colour) in [("0", "#204060"), ("1", "#a05010")] {
+        let status = Command::new("xsetroot")
+            .args(["-display", &format!("{}.{screen}", app_x.display)])
+            .args(["-solid", colour])
+            .status()
+            .expect("xsetroot");
+        assert!(status.success());
+    }
+    let dir = Dir::new("desktop-two-monitors");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let cfg = dir.0.join("two.toml");
+    std::fs::write(
+        &cfg,
+        TWO_MONITORS
+            .replace("APP", &app_x.display)
+            .replace("DEV", &dev_x.display),
+    )
+    .unwrap();
+    let (app, dev) = start_pair(&cfg, &cfg, &app_home, &dev_home);
+    let (d, _) = x11rb::connect(Some(&dev_x.display)).expect("connect to the device display");
+    let shows = |title: &str, (w, h): (u16, u16), bgr: [u8; 3]| {
+        let Some(win) = window_named(&d, title) else {
+            return false;
+        };
+        let fits = d
+            .get_geometry(win)
+            .ok()
+            .and_then(|c| c.reply().ok())
+            .is_some_and(|g| (g.width, g.height) == (w, h));
+        fits && pixels(&d, win, w, h).is_some_and(|p| {
+            p.len() == usize::from(w) * usize::from(h) * 4 && p.chunks(4).all(|q| q[..3] == bgr)
+        })
+    };
+    let (left, right) = ([0x60, 0x40, 0x20], [0x10, 0x50, 0xa0]);
+    // Both windows open at the top left; side by side (as a window manager, or the person,
+    // would place them), so that neither hides the other's pixels.
+    wait_for("both windows", Duration::from_secs(30), || {
+        window_named(&d, "ndd left monitor").is_some()
+            && window_named(&d, "ndd right monitor").is_some()
+    });
+    let right_win = window_named(&d, "ndd right monitor").unwrap();
+    d.configure_window(right_win, &xproto::ConfigureWindowAux::new().x(700).y(0))
+        .expect("move the right window");
+    d.flush().expect("flush");
+    let t0 = Instant::now();
+    while !(shows("ndd left monitor", (640, 480), left)
+        && shows("ndd right monitor", (800, 600), right))
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "each monitor not in its window after 30 s; app: {}\ndevice: {}",
+            app.stderr_now(),
+            dev.stderr_now()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The right monitor becomes 640x400 (Xvfb grants the smaller screen and refuses the
+    // output's old mode, so xrandr's exit status says nothing).
+    let _ = Command::new("xrandr")
+        .args(["-display", &format!("{}.1", app_x.display)])
+        .args(["--fb", "640x400"])
+        .stderr(Stdio::null())
+        .status();
+    wait_for(
+        "the right window at the new size",
+        Duration::from_secs(30),
+        || shows("ndd right monitor", (640, 400), right),
+    );
+    assert!(
+        shows("ndd left monitor", (640, 480), left),
+        "the left monitor's window changed; app: {}\ndevice: {}",
+        app.stderr_now(),
+        dev.stderr_now()
+    );
+}

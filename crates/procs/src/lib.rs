@@ -89,10 +89,19 @@ impl Xvfb {
     /// leaves, e.g. after `xsetroot`: the root background is lost and connections are
     /// refused meanwhile). Returns once the server has said which display it took.
     pub fn start(screen: &str) -> std::io::Result<Xvfb> {
-        let (child, display) = start_display(
-            "Xvfb",
-            &["-screen", "0", screen, "-nolisten", "tcp", "-noreset"],
-        )?;
+        Xvfb::start_screens(&[screen])
+    }
+
+    /// Starts Xvfb with one screen per entry of `screens` (`:N.0`, `:N.1`…: a machine with
+    /// several monitors, each its own screen), as [`Xvfb::start`] otherwise.
+    pub fn start_screens(screens: &[&str]) -> std::io::Result<Xvfb> {
+        let mut args: Vec<String> = Vec::new();
+        for (i, s) in screens.iter().enumerate() {
+            args.extend(["-screen".to_string(), i.to_string(), s.to_string()]);
+        }
+        args.extend(["-nolisten", "tcp", "-noreset"].map(String::from));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (child, display) = start_display("Xvfb", &args)?;
         Ok(Xvfb {
             _child: child,
             display,
