@@ -80,6 +80,8 @@ pub struct ImageForward {
     /// Tiles whose pixels this capture really changed (a keyframe sends every tile; only
     /// these are movement to the video detector).
     moved: Vec<usize>,
+    /// Of them, those that look like a picture ([`Screen::photo_like`]).
+    moved_photo: Vec<usize>,
     /// Where the screen moves in most captures (`codec = "auto"`).
     detector: Detector,
     /// The video region's encoder, and when a capture last changed the region.
@@ -149,6 +151,7 @@ impl ImageForward {
             held: Vec::new(),
             held_flags: 0,
             moved: Vec::new(),
+            moved_photo: Vec::new(),
             detector: Detector::default(),
             video: None,
             video_at: None,
@@ -205,6 +208,7 @@ impl ImageForward {
         self.held.clear();
         self.held_flags = 0;
         self.moved.clear();
+        self.moved_photo.clear();
         self.video = None;
         self.video_at = None;
         let t = usize::from(self.tile_size());
@@ -229,7 +233,12 @@ impl ImageForward {
 
     /// Where the video region is after this capture, which changed the pixels of tiles
     /// `moved`.
-    fn video_region(&mut self, now: Instant, mut moved: Vec<usize>) -> Option<Rect> {
+    fn video_region(
+        &mut self,
+        now: Instant,
+        mut moved: Vec<usize>,
+        mut photo: Vec<usize>,
+    ) -> Option<Rect> {
         let s = self.screen.as_ref()?;
         match self.cfg.codec {
             Codec::Tiles => None,
@@ -241,12 +250,15 @@ impl ImageForward {
             Codec::Auto => {
                 moved.sort_unstable();
                 moved.dedup();
+                photo.sort_unstable();
+                photo.dedup();
                 let (t, w, h, grid_w) = (self.tile_size(), s.width, s.height, self.grid_w);
-                self.detector.handle_capture(now, &moved, grid_w, |i| {
-                    let t = u32::from(t);
-                    let (tx, ty) = ((i % grid_w) as u32, (i / grid_w) as u32);
-                    Rect::new((tx * t) as u16, (ty * t) as u16, t as u16, t as u16).clip(w, h)
-                })
+                self.detector
+                    .handle_capture(now, &moved, &photo, grid_w, |i| {
+                        let t = u32::from(t);
+                        let (tx, ty) = ((i % grid_w) as u32, (i / grid_w) as u32);
+                        Rect::new((tx * t) as u16, (ty * t) as u16, t as u16, t as u16).clip(w, h)
+                    })
             }
         }
     }
@@ -370,6 +382,7 @@ impl ImageForward {
             let r = rp.rect;
             let w = usize::from(r.w) * 4;
             for (i, p) in self.parts(r) {
+                let tile = self.tile_rect(i);
                 let Some(s) = self.screen.as_mut() else {
                     return changed;
                 };
@@ -387,6 +400,10 @@ impl ImageForward {
                 }
                 if really {
                     self.moved.push(i);
+                    // Whether it looks like a picture (the detector wants a share of those).
+                    if tile.is_some_and(|t| s.photo_like(t)) {
+                        self.moved_photo.push(i);
+                    }
                 }
                 if really || force {
                     self.tiles[i].changed = now;
@@ -720,7 +737,8 @@ impl Half for ImageForward {
         }
         let keyframe = flags & FLAG_KEYFRAME != 0;
         let moved = std::mem::take(&mut self.moved);
-        let region = self.video_region(now, moved);
+        let photo = std::mem::take(&mut self.moved_photo);
+        let region = self.video_region(now, moved, photo);
         // An IDR only where a decoder may start afresh: a broadcast keyframe (an app side
         // joining). On a direct link the pair's state is continuous (a restarted peer gets a
         // new pair, whose encoder starts with one); the source flags every capture of the

@@ -13,7 +13,9 @@
 //!   link: 2 a second) time counts too: a candidate may stand once [`MIN_SEEN`] captures
 //!   spanning [`SLOW_SPAN`] were seen (the share of them as [`VIDEO_SHARE`] of [`HISTORY`]),
 //!   and is taken after [`MIN_STOOD`] captures spanning [`SETTLE_SPAN`] (it took 12 s to
-//!   find such a video by counting alone).
+//!   find such a video by counting alone). At least [`PHOTO_SHARE`] of a region's moving
+//!   tiles must look like pictures (`Screen::photo_like`): a terminal that scrolls in every
+//!   capture moves as much as a video, and travels far better as palette tiles.
 //! - **Coding** ([`VideoEncoder`]): the region's pixels from the forward half's screen copy,
 //!   BGRX → I420, one H.264 access unit per capture that changed any of it; no B-frames
 //!   (OpenH264's baseline profile has none), bit-rate control at a share of the path the pair
@@ -44,18 +46,23 @@ pub const MIN_DENSITY: f64 = 0.6;
 pub const SETTLE: u32 = 8;
 /// Captures without any candidate before a region is dropped.
 pub const LINGER: u32 = 30;
+/// Fewest of a region's moving tiles that must look like pictures
+/// ([`super::tiles::Screen::photo_like`]): none of a scrolling bitmap-font terminal's do.
+pub const PHOTO_SHARE: f64 = 1.0 / 3.0;
 /// Slow captures: fewest seen, and the time they must span, before a candidate.
-pub const MIN_SEEN: u32 = 4;
+pub const MIN_SEEN: u32 = 3;
 pub const SLOW_SPAN: Duration = Duration::from_secs(1);
 /// Slow captures: fewest a candidate stands, and the time they must span, to be taken.
-pub const MIN_STOOD: u32 = 3;
-pub const SETTLE_SPAN: Duration = Duration::from_millis(750);
+pub const MIN_STOOD: u32 = 2;
+pub const SETTLE_SPAN: Duration = Duration::from_millis(500);
 
 /// Where the video region is, sans-IO (see the module docs).
 #[derive(Debug, Default)]
 pub struct Detector {
     /// Per tile: bit `i` set if the capture `i` captures ago changed it.
     history: Vec<u16>,
+    /// Per tile: bit `i` set if that change left it looking like a picture.
+    photo: Vec<u16>,
     /// Captures seen (up to [`HISTORY`]), and when the last [`HISTORY`] came.
     seen: u32,
     times: std::collections::VecDeque<Instant>,
@@ -71,6 +78,7 @@ impl Detector {
     pub fn reset(&mut self, tiles: usize) {
         *self = Detector {
             history: vec![0; tiles],
+            photo: vec![0; tiles],
             ..Detector::default()
         };
     }
@@ -89,12 +97,14 @@ impl Detector {
         self.region
     }
 
-    /// One capture at `now`: `changed` the tiles it changed; `grid_w` tiles per row,
-    /// `tile_rect` a tile's rect on the screen. The region after it.
+    /// One capture at `now`: `changed` the tiles it changed, `photo` those of them that look
+    /// like a picture; `grid_w` tiles per row, `tile_rect` a tile's rect on the screen. The
+    /// region after it.
     pub fn handle_capture(
         &mut self,
         now: Instant,
         changed: &[usize],
+        photo: &[usize],
         grid_w: usize,
         tile_rect: impl Fn(usize) -> Option<Rect>,
     ) -> Option<Rect> {
@@ -103,6 +113,14 @@ impl Detector {
         }
         for &i in changed {
             if let Some(h) = self.history.get_mut(i) {
+                *h |= 1;
+            }
+        }
+        for h in &mut self.photo {
+            *h <<= 1;
+        }
+        for &i in photo {
+            if let Some(h) = self.photo.get_mut(i) {
                 *h |= 1;
             }
         }
@@ -166,6 +184,15 @@ impl Detector {
             .filter(|&i| self.history[i].count_ones() >= share)
             .collect();
         if moving.len() < MIN_TILES {
+            return None;
+        }
+        // Text that scrolls in every capture moves as much as a video does; what tells them
+        // apart is that a video's tiles look like pictures.
+        let pictures = moving
+            .iter()
+            .filter(|&&i| self.photo.get(i).is_some_and(|h| h.count_ones() >= share))
+            .count();
+        if (pictures as f64) < PHOTO_SHARE * moving.len() as f64 {
             return None;
         }
         let (mut x0, mut y0, mut x1, mut y1) = (usize::MAX, usize::MAX, 0, 0);
@@ -568,7 +595,7 @@ mod tests {
             if n % 2 == 0 {
                 changed.push(99);
             }
-            if d.handle_capture(clock.tick(), &changed, GRID_W, tile_rect)
+            if d.handle_capture(clock.tick(), &changed, &changed, GRID_W, tile_rect)
                 .is_some()
                 && took.is_none()
             {
@@ -582,7 +609,7 @@ mod tests {
         // LINGER more.
         let mut gone = None;
         for n in 0..60 {
-            if d.handle_capture(clock.tick(), &[], GRID_W, tile_rect)
+            if d.handle_capture(clock.tick(), &[], &[], GRID_W, tile_rect)
                 .is_none()
                 && gone.is_none()
             {
@@ -595,6 +622,31 @@ mod tests {
         );
     }
 
+    /// The same moving block: as pictures it is a region; as text (no tile of it looks like a
+    /// picture) it never is; with a third of its tiles pictures (a video with flat parts) it is.
+    #[test]
+    fn only_a_block_that_looks_like_pictures_is_video() {
+        let video = block(2, 8, 3, 6);
+        for (share, region) in [
+            (0usize, false),
+            (video.len() / 3, true),
+            (video.len(), true),
+        ] {
+            let mut d = Detector::default();
+            d.reset(100);
+            let mut clock = Clock::every(Duration::from_millis(16));
+            for _ in 0..40 {
+                d.handle_capture(clock.tick(), &video, &video[..share], GRID_W, tile_rect);
+            }
+            assert_eq!(
+                d.region().is_some(),
+                region,
+                "{share} of {} tiles pictures",
+                video.len()
+            );
+        }
+    }
+
     #[test]
     fn scattered_or_small_changes_are_no_region() {
         let mut d = Detector::default();
@@ -603,7 +655,13 @@ mod tests {
         // Typing: a few tiles on a line, every capture.
         for _ in 0..40 {
             assert_eq!(
-                d.handle_capture(clock.tick(), &[31, 32, 33], GRID_W, tile_rect),
+                d.handle_capture(
+                    clock.tick(),
+                    &[31, 32, 33],
+                    &[31, 32, 33],
+                    GRID_W,
+                    tile_rect
+                ),
                 None
             );
         }
@@ -615,7 +673,7 @@ mod tests {
         far.extend(block(8, 10, 8, 10));
         for _ in 0..40 {
             assert_eq!(
-                d.handle_capture(clock.tick(), &far, GRID_W, tile_rect),
+                d.handle_capture(clock.tick(), &far, &far, GRID_W, tile_rect),
                 None
             );
         }
@@ -627,7 +685,7 @@ mod tests {
         for n in 0..40 {
             let changed: &[usize] = if n % 3 == 0 { &all } else { &[] };
             assert_eq!(
-                d.handle_capture(clock.tick(), changed, GRID_W, tile_rect),
+                d.handle_capture(clock.tick(), changed, changed, GRID_W, tile_rect),
                 None
             );
         }
@@ -644,7 +702,7 @@ mod tests {
         let mut clock = Clock::every(Duration::from_millis(500));
         let mut took = None;
         for n in 0..20 {
-            if d.handle_capture(clock.tick(), &all, GRID_W, tile_rect)
+            if d.handle_capture(clock.tick(), &all, &all, GRID_W, tile_rect)
                 .is_some()
                 && took.is_none()
             {
@@ -660,7 +718,10 @@ mod tests {
             let mut clock = Clock::every(Duration::from_millis(500));
             for n in 0..40 {
                 let c: &[usize] = if n % every == 0 { changed } else { &[] };
-                assert_eq!(d.handle_capture(clock.tick(), c, GRID_W, tile_rect), None);
+                assert_eq!(
+                    d.handle_capture(clock.tick(), c, c, GRID_W, tile_rect),
+                    None
+                );
             }
         }
         // Captures as fast as ever: counted as before (no early region in the first 1 s).
@@ -669,12 +730,12 @@ mod tests {
         let mut clock = Clock::every(Duration::from_millis(16));
         for _ in 0..(HISTORY + SETTLE - 2) {
             assert_eq!(
-                d.handle_capture(clock.tick(), &all, GRID_W, tile_rect),
+                d.handle_capture(clock.tick(), &all, &all, GRID_W, tile_rect),
                 None
             );
         }
         assert!(d
-            .handle_capture(clock.tick(), &all, GRID_W, tile_rect)
+            .handle_capture(clock.tick(), &all, &all, GRID_W, tile_rect)
             .is_some());
     }
 
@@ -684,12 +745,24 @@ mod tests {
         let mut clock = Clock::every(Duration::from_millis(16));
         d.reset(100);
         for _ in 0..30 {
-            d.handle_capture(clock.tick(), &block(0, 4, 0, 3), GRID_W, tile_rect);
+            d.handle_capture(
+                clock.tick(),
+                &block(0, 4, 0, 3),
+                &block(0, 4, 0, 3),
+                GRID_W,
+                tile_rect,
+            );
         }
         assert_eq!(d.region(), Some(Rect::new(0, 0, 256, 192)));
         let mut moved_at = None;
         for n in 0..60 {
-            let r = d.handle_capture(clock.tick(), &block(5, 9, 5, 8), GRID_W, tile_rect);
+            let r = d.handle_capture(
+                clock.tick(),
+                &block(5, 9, 5, 8),
+                &block(5, 9, 5, 8),
+                GRID_W,
+                tile_rect,
+            );
             if r == Some(Rect::new(320, 320, 256, 192)) && moved_at.is_none() {
                 moved_at = Some(n);
             }
