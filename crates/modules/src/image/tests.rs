@@ -285,21 +285,22 @@ fn only_changed_tiles_travel() {
     assert_eq!(area, whole().area());
 }
 
+/// Two-colour text: 6×12 character cells of pseudo-random glyphs.
+fn glyphs(x: u16, y: u16) -> [u8; 3] {
+    let h =
+        (u32::from(x / 6).wrapping_mul(2_654_435_761) ^ u32::from(y / 12).wrapping_mul(40503)) >> 7;
+    if (h >> (u32::from(x % 6) + u32::from(y % 12))) & 1 == 1 {
+        [0, 0, 0]
+    } else {
+        [230, 230, 230]
+    }
+}
+
 #[test]
 fn scrolled_text_costs_less_than_new_text() {
     // The zstd stream remembers earlier frames: text that moved finds itself there.
     let t0 = Instant::now();
     let mut p = Pipe::new(cfg(Quality::Medium));
-    let glyphs = |x: u16, y: u16| {
-        let h = (u32::from(x / 6).wrapping_mul(2_654_435_761)
-            ^ u32::from(y / 12).wrapping_mul(40503))
-            >> 7;
-        if (h >> (u32::from(x % 6) + u32::from(y % 12))) & 1 == 1 {
-            [0, 0, 0]
-        } else {
-            [230, 230, 230]
-        }
-    };
     p.send(t0, update(FLAG_KEYFRAME, &[whole()], glyphs));
     let first = p.wire_bytes;
     p.send(t0, update(0, &[whole()], |x, y| glyphs(x, y + 12)));
@@ -322,16 +323,6 @@ fn scrolling_text_in_every_capture_is_no_video() {
     let c = ImageConfig {
         tile: 32,
         ..cfg(Quality::Medium)
-    };
-    let glyphs = |x: u16, y: u16| {
-        let h = (u32::from(x / 6).wrapping_mul(2_654_435_761)
-            ^ u32::from(y / 12).wrapping_mul(40503))
-            >> 7;
-        if (h >> (u32::from(x % 6) + u32::from(y % 12))) & 1 == 1 {
-            [0, 0, 0]
-        } else {
-            [230, 230, 230]
-        }
     };
     let video_frames = |p: &Pipe| {
         p.fwd
