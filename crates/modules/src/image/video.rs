@@ -276,6 +276,10 @@ const FPS_CHANGE: f32 = 0.15;
 /// H.264 shows it at 0.9168 in `ndd bench display --vs-vnc`). x264's default (CRF 23) is
 /// near it.
 const MIN_QP: u8 = 22;
+/// A target is not raised while the encoder used less than this share of it over the last
+/// second: with the QP floor a light video used 0.5 Mbit/s while the pacer, seeing no queue,
+/// raised the target to 40 Mbit/s on a 20 Mbit/s path.
+const USED_SHARE: f64 = 0.5;
 
 /// The H.264 encoder of one region.
 pub struct VideoEncoder {
@@ -285,9 +289,12 @@ pub struct VideoEncoder {
     since: Instant,
     yuv: YUVBuffer,
     /// The frame rate the encoder was told (its rate control gives each frame the bit rate
-    /// over this), and the captures counted since `window` to measure the real one.
+    /// over this), and the captures and bytes counted since `window` to measure the real one
+    /// and the bit rate used.
     fps: f32,
-    window: (Instant, u32),
+    window: (Instant, u32, u64),
+    /// The bit rate the last window used.
+    used: Option<f64>,
     /// Access units and their bytes.
     pub frames: u64,
     /// Bytes of access units.
@@ -327,7 +334,8 @@ impl VideoEncoder {
             since: now,
             yuv: YUVBuffer::new(usize::from(region.w), usize::from(region.h)),
             fps: START_FPS,
-            window: (now, 0),
+            window: (now, 0, 0),
+            used: None,
             frames: 0,
             bytes: 0,
         })
@@ -348,6 +356,15 @@ impl VideoEncoder {
     pub fn step(&mut self, up: bool, path_bps: Option<f64>) -> Result<(), ModuleError> {
         if self.frames == 0 {
             // Not initialized yet (its first frame does that).
+            return Ok(());
+        }
+        if up
+            && self
+                .used
+                .is_some_and(|u| u < f64::from(self.bps) * USED_SHARE)
+        {
+            // The picture needs less than the target already (the QP floor): a higher one
+            // would only let a scene that suddenly needs the bits burst past the path.
             return Ok(());
         }
         let bps = if up {
@@ -435,6 +452,7 @@ impl VideoEncoder {
         bits.write_vec(out);
         self.frames += 1;
         self.bytes += (out.len() - start) as u64;
+        self.window.2 += (out.len() - start) as u64;
         self.follow_rate(now);
         Ok(())
     }
@@ -448,7 +466,8 @@ impl VideoEncoder {
             return;
         }
         let fps = (f64::from(self.window.1) / spent.as_secs_f64()).clamp(1.0, 60.0) as f32;
-        self.window = (now, 0);
+        self.used = Some(self.window.2 as f64 * 8.0 / spent.as_secs_f64());
+        self.window = (now, 0, 0);
         if (fps - self.fps).abs() > self.fps * FPS_CHANGE {
             if self.set_frame_rate(fps) {
                 tracing::debug!(fps, "image: the H.264 encoder follows the capture rate");
@@ -782,6 +801,55 @@ mod tests {
         assert!(outside(r, p).is_empty());
     }
 
+    /// A smooth picture moving by odd steps (frame `n`), under noise of ±`noise` on every
+    /// value (the bench's test video), BGRX.
+    fn picture(w: u16, h: u16, n: u16, noise: u32, seed: &mut u32) -> Vec<u8> {
+        let mut frame = Vec::with_capacity(usize::from(w) * usize::from(h) * 4);
+        for y in 0..h {
+            for x in 0..w {
+                let (fx, fy) = (f64::from(x + 3 * n), f64::from(y + 2 * n));
+                for p in [0.0, 1.0, 2.0] {
+                    *seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12345);
+                    let d = f64::from((*seed >> 16) % (2 * noise + 1)) - f64::from(noise);
+                    let v = 128.0 + 90.0 * (fx / 11.0 + p).sin() * (fy / 13.0).cos() + d;
+                    frame.push(v.clamp(0.0, 255.0) as u8);
+                }
+                frame.push(0);
+            }
+        }
+        frame
+    }
+
+    /// A target the picture does not use (the QP floor) is not raised when the pacer steps up;
+    /// one it uses is.
+    #[test]
+    fn a_target_the_picture_does_not_use_is_not_raised() {
+        let (w, h) = (320u16, 240u16);
+        for (noise, path, raised) in [(0u32, 20e6, false), (12, 1.5e6, true)] {
+            let t0 = Instant::now();
+            let mut enc = VideoEncoder::new(Rect::new(0, 0, w, h), Some(path), t0).unwrap();
+            let mut seed = 7u32;
+            for n in 0..45u16 {
+                let mut au = Vec::new();
+                let at = t0 + Duration::from_millis(33 * u64::from(n));
+                enc.encode(&picture(w, h, n, noise, &mut seed), n == 0, at, &mut au)
+                    .unwrap();
+            }
+            let before = enc.bps();
+            enc.step(true, None).unwrap();
+            assert_eq!(
+                enc.bps() > before,
+                raised,
+                "noise ±{noise}: used {:?} bit/s of {before}",
+                enc.used
+            );
+            // Down is always taken.
+            let up = enc.bps();
+            enc.step(false, None).unwrap();
+            assert!(enc.bps() < up, "{} after {up}", enc.bps());
+        }
+    }
+
     /// Noise at 30 captures a second, more than the bit rate can carry: the encoder spends
     /// its target, not half of it (it was told 60 frames a second and gave each frame a 60th;
     /// found by SSIM in `ndd bench display --vs-vnc` at 1080p: 9 of 21 Mbit/s spent).
@@ -800,21 +868,7 @@ mod tests {
             let end = at + Duration::from_secs(4);
             let warm = at + Duration::from_millis(1500);
             while at < end {
-                // A smooth moving picture under noise of ±12 (the bench's test video).
-                let mut frame = Vec::with_capacity(usize::from(w) * usize::from(h) * 4);
-                for y in 0..h {
-                    for x in 0..w {
-                        let (fx, fy) = (f64::from(x + 3 * n as u16), f64::from(y + 2 * n as u16));
-                        for p in [0.0, 1.0, 2.0] {
-                            seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12345);
-                            let noise = f64::from((seed >> 16) % 25) - 12.0;
-                            let v =
-                                128.0 + 90.0 * (fx / 11.0 + p).sin() * (fy / 13.0).cos() + noise;
-                            frame.push(v.clamp(0.0, 255.0) as u8);
-                        }
-                        frame.push(0);
-                    }
-                }
+                let frame = picture(w, h, n as u16, 12, &mut seed);
                 let mut au = Vec::new();
                 enc.encode(&frame, n == 0, at, &mut au).unwrap();
                 if at >= warm {
