@@ -9,8 +9,8 @@
 //! the sink sees it, meta (sequence, timestamp, flags) included; bytes from the peer are never
 //! trusted: a malformed frame is a [`ModuleError`](ndd_core::ModuleError), never a panic.
 
-// No unsafe code but one audited call into OpenH264's raw API (the video bit rate,
-// `image::video`), allowed there alone.
+// No unsafe code but two audited calls into OpenH264's raw API (the video bit rate and frame
+// rate, `image::video`), allowed there alone.
 #![deny(unsafe_code)]
 
 pub mod average;

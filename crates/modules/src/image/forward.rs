@@ -82,6 +82,8 @@ pub struct ImageForward {
     moved: Vec<usize>,
     /// Of them, those that look like a picture ([`Screen::photo_like`]).
     moved_photo: Vec<usize>,
+    /// The screen copy was just reset: the next capture is no movement to the detector.
+    fresh: bool,
     /// Where the screen moves in most captures (`codec = "auto"`).
     detector: Detector,
     /// The video region's encoder, and when a capture last changed the region.
@@ -152,6 +154,7 @@ impl ImageForward {
             held_flags: 0,
             moved: Vec::new(),
             moved_photo: Vec::new(),
+            fresh: false,
             detector: Detector::default(),
             video: None,
             video_at: None,
@@ -209,6 +212,8 @@ impl ImageForward {
         self.held_flags = 0;
         self.moved.clear();
         self.moved_photo.clear();
+        // The first capture of a new size changes every tile from black: no movement.
+        self.fresh = true;
         self.video = None;
         self.video_at = None;
         let t = usize::from(self.tile_size());
@@ -381,8 +386,9 @@ impl ImageForward {
         for rp in &u.rects {
             let r = rp.rect;
             let w = usize::from(r.w) * 4;
+            let auto = self.cfg.codec == Codec::Auto;
             for (i, p) in self.parts(r) {
-                let tile = self.tile_rect(i);
+                let tile = self.tile_rect(i).filter(|_| auto);
                 let Some(s) = self.screen.as_mut() else {
                     return changed;
                 };
@@ -736,8 +742,12 @@ impl Half for ImageForward {
             flags |= FLAG_KEYFRAME;
         }
         let keyframe = flags & FLAG_KEYFRAME != 0;
-        let moved = std::mem::take(&mut self.moved);
-        let photo = std::mem::take(&mut self.moved_photo);
+        let mut moved = std::mem::take(&mut self.moved);
+        let mut photo = std::mem::take(&mut self.moved_photo);
+        if std::mem::take(&mut self.fresh) {
+            moved.clear();
+            photo.clear();
+        }
         let region = self.video_region(now, moved, photo);
         // An IDR only where a decoder may start afresh: a broadcast keyframe (an app side
         // joining). On a direct link the pair's state is continuous (a restarted peer gets a

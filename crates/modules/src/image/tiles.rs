@@ -34,18 +34,20 @@ impl Screen {
     }
 
     /// Whether `r` looks like a picture (a video frame, a 3D scene) rather than text or flat
-    /// drawing: its pixels sampled every 4th on every 4th row have more than
-    /// [`PHOTO_SAMPLE_COLOURS`] colours. On 1080p test video with light grain 9 tiles in 10 do
+    /// drawing: its pixels sampled on a grid of about 16×16 (every 4th on every 4th row of a
+    /// 64-pixel tile) have more than [`PHOTO_SAMPLE_COLOURS`] colours. On 1080p test video with light grain 9 tiles in 10 do
     /// (the flattest ones 11–13 colours); bitmap-font text 2; anti-aliased text 13 at the
     /// median, 37 at the 90th percentile, so the video detector wants such tiles to be a share
     /// of a region, not all of it ([`super::video::PHOTO_SHARE`]).
     pub fn photo_like(&self, r: Rect) -> bool {
         let mut seen: Vec<u32> = Vec::with_capacity(256);
-        for y in (r.y..r.y + r.h).step_by(4) {
+        // About 16 samples across and down whatever the tile size (16 to 256).
+        let step = usize::from((r.w.max(r.h) / 16).max(1));
+        for y in (r.y..r.y + r.h).step_by(step) {
             let Some(row) = self.px.get(self.row(r.x, y, r.w)) else {
                 return false;
             };
-            for p in row.chunks_exact(4).step_by(4) {
+            for p in row.chunks_exact(4).step_by(step) {
                 seen.push(u32::from_le_bytes([p[0], p[1], p[2], 0]));
             }
         }
@@ -223,4 +225,45 @@ pub(crate) fn merge(mut rects: Vec<Rect>) -> Vec<Rect> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod photo_tests {
+    use super::*;
+
+    /// A screen `side`×`side` whose pixels are `px(x, y)`.
+    fn screen(side: u16, px: impl Fn(u16, u16) -> [u8; 3]) -> Screen {
+        let mut s = Screen::new(side, side);
+        for y in 0..side {
+            for x in 0..side {
+                let i = (usize::from(y) * usize::from(side) + usize::from(x)) * 4;
+                s.px[i..i + 3].copy_from_slice(&px(x, y));
+            }
+        }
+        s
+    }
+
+    /// Every tile size the pair takes (16 to 256) samples about 16×16 pixels: noise is a
+    /// picture at each, two-colour text at none (16-pixel tiles once gave 16 samples, which
+    /// can never hold more than 16 colours: no video was ever found with `tile = 16`).
+    #[test]
+    fn photo_like_at_every_tile_size() {
+        let noise = |x: u16, y: u16| {
+            let h = (u32::from(x) * 2_654_435_761) ^ (u32::from(y) * 40503);
+            let h = h.wrapping_mul(2_246_822_519);
+            [(h >> 24) as u8, (h >> 16) as u8, (h >> 8) as u8]
+        };
+        let text = |x: u16, y: u16| {
+            if (x / 3 + y / 5).is_multiple_of(4) {
+                [0, 0, 0]
+            } else {
+                [255, 255, 255]
+            }
+        };
+        for side in [16u16, 32, 64, 128, 256] {
+            let whole = Rect::new(0, 0, side, side);
+            assert!(screen(side, noise).photo_like(whole), "noise at {side}");
+            assert!(!screen(side, text).photo_like(whole), "text at {side}");
+        }
+    }
 }

@@ -12,8 +12,10 @@
 //!   the link takes updates, so while they are slow (a 1080p video as tiles on a 20 Mbit/s
 //!   link: 2 a second) time counts too: a candidate may stand once [`MIN_SEEN`] captures
 //!   spanning [`SLOW_SPAN`] were seen (the share of them as [`VIDEO_SHARE`] of [`HISTORY`]),
-//!   and is taken after [`MIN_STOOD`] captures spanning [`SETTLE_SPAN`] (it took 12 s to
-//!   find such a video by counting alone). At least [`PHOTO_SHARE`] of a region's moving
+//!   none more than [`SLOW_GAP`] after the one before, and is taken after [`MIN_STOOD`]
+//!   captures spanning [`SETTLE_SPAN`] (it took 12 s to find such a video by counting alone).
+//!   This holds while fewer than [`HISTORY`] captures were seen (a session's start, a new
+//!   screen size); a video that starts later at that pace is counted. At least [`PHOTO_SHARE`] of a region's moving
 //!   tiles must look like pictures (`Screen::photo_like`): a terminal that scrolls in every
 //!   capture moves as much as a video, and travels far better as palette tiles.
 //! - **Coding** ([`VideoEncoder`]): the region's pixels from the forward half's screen copy,
@@ -52,6 +54,8 @@ pub const PHOTO_SHARE: f64 = 1.0 / 3.0;
 /// Slow captures: fewest seen, and the time they must span, before a candidate.
 pub const MIN_SEEN: u32 = 3;
 pub const SLOW_SPAN: Duration = Duration::from_secs(1);
+/// Slow captures come at a video's pace when none is further than this from the one before.
+pub const SLOW_GAP: Duration = Duration::from_millis(700);
 /// Slow captures: fewest a candidate stands, and the time they must span, to be taken.
 pub const MIN_STOOD: u32 = 2;
 pub const SETTLE_SPAN: Duration = Duration::from_millis(500);
@@ -174,7 +178,14 @@ impl Detector {
             .times
             .front()
             .map_or(Duration::ZERO, |t| now.saturating_duration_since(*t));
-        let slow = self.seen >= MIN_SEEN && span >= SLOW_SPAN;
+        // Slow, but at a video's pace: no gap between the captures longer than SLOW_GAP (a
+        // slideshow that changes every few seconds is counted by captures alone).
+        let paced = self
+            .times
+            .iter()
+            .zip(self.times.iter().skip(1))
+            .all(|(a, b)| b.saturating_duration_since(*a) <= SLOW_GAP);
+        let slow = self.seen >= MIN_SEEN && span >= SLOW_SPAN && paced;
         if (self.seen < HISTORY && !slow) || grid_w == 0 {
             return None;
         }
@@ -184,15 +195,6 @@ impl Detector {
             .filter(|&i| self.history[i].count_ones() >= share)
             .collect();
         if moving.len() < MIN_TILES {
-            return None;
-        }
-        // Text that scrolls in every capture moves as much as a video does; what tells them
-        // apart is that a video's tiles look like pictures.
-        let pictures = moving
-            .iter()
-            .filter(|&&i| self.photo.get(i).is_some_and(|h| h.count_ones() >= share))
-            .count();
-        if (pictures as f64) < PHOTO_SHARE * moving.len() as f64 {
             return None;
         }
         let (mut x0, mut y0, mut x1, mut y1) = (usize::MAX, usize::MAX, 0, 0);
@@ -212,6 +214,18 @@ impl Detector {
         let r = a.union(&b);
         // I420 wants even sizes: an odd edge column or row stays with the tiles.
         let r = Rect::new(r.x, r.y, r.w & !1, r.h & !1);
+        // Text that scrolls in every capture moves as much as a video does; what tells them
+        // apart is that a video's tiles look like pictures. (The region that stands keeps
+        // standing through dark or flat scenes.)
+        if self.region != Some(r) {
+            let pictures = moving
+                .iter()
+                .filter(|&&i| self.photo.get(i).is_some_and(|h| h.count_ones() >= share))
+                .count();
+            if (pictures as f64) < PHOTO_SHARE * moving.len() as f64 {
+                return None;
+            }
+        }
         codable(r).then_some(r)
     }
 }
@@ -742,6 +756,16 @@ mod tests {
                     None
                 );
             }
+        }
+        // A slideshow, a new picture every 3 s: not video by time (10 pictures, 30 s).
+        let mut d = Detector::default();
+        d.reset(100);
+        let mut clock = Clock::every(Duration::from_secs(3));
+        for _ in 0..10 {
+            assert_eq!(
+                d.handle_capture(clock.tick(), &all, &all, GRID_W, tile_rect),
+                None
+            );
         }
         // Captures as fast as ever: counted as before (no early region in the first 1 s).
         let mut d = Detector::default();
