@@ -249,7 +249,7 @@ mod photo_tests {
     #[test]
     fn photo_like_at_every_tile_size() {
         let noise = |x: u16, y: u16| {
-            let h = (u32::from(x) * 2_654_435_761) ^ (u32::from(y) * 40503);
+            let h = u32::from(x).wrapping_mul(2_654_435_761) ^ u32::from(y).wrapping_mul(40503);
             let h = h.wrapping_mul(2_246_822_519);
             [(h >> 24) as u8, (h >> 16) as u8, (h >> 8) as u8]
         };
