@@ -80,8 +80,6 @@ pub struct ImageForward {
     /// Tiles whose pixels this capture really changed (a keyframe sends every tile; only
     /// these are movement to the video detector).
     moved: Vec<usize>,
-    /// Of them, those that look like a picture ([`Screen::photo_like`]).
-    moved_photo: Vec<usize>,
     /// The screen copy was just reset: the next capture is no movement to the detector.
     fresh: bool,
     /// Where the screen moves in most captures (`codec = "auto"`).
@@ -153,7 +151,6 @@ impl ImageForward {
             held: Vec::new(),
             held_flags: 0,
             moved: Vec::new(),
-            moved_photo: Vec::new(),
             fresh: false,
             detector: Detector::default(),
             video: None,
@@ -211,7 +208,6 @@ impl ImageForward {
         self.held.clear();
         self.held_flags = 0;
         self.moved.clear();
-        self.moved_photo.clear();
         // The first capture of a new size changes every tile from black: no movement.
         self.fresh = true;
         self.video = None;
@@ -238,12 +234,7 @@ impl ImageForward {
 
     /// Where the video region is after this capture, which changed the pixels of tiles
     /// `moved`.
-    fn video_region(
-        &mut self,
-        now: Instant,
-        mut moved: Vec<usize>,
-        mut photo: Vec<usize>,
-    ) -> Option<Rect> {
+    fn video_region(&mut self, now: Instant, mut moved: Vec<usize>) -> Option<Rect> {
         let s = self.screen.as_ref()?;
         match self.cfg.codec {
             Codec::Tiles => None,
@@ -255,8 +246,13 @@ impl ImageForward {
             Codec::Auto => {
                 moved.sort_unstable();
                 moved.dedup();
-                photo.sort_unstable();
-                photo.dedup();
+                // Which of them look like a picture (the detector wants a share of those),
+                // judged once on the capture's final pixels.
+                let photo: Vec<usize> = moved
+                    .iter()
+                    .copied()
+                    .filter(|&i| self.tile_rect(i).is_some_and(|r| s.photo_like(r)))
+                    .collect();
                 let (t, w, h, grid_w) = (self.tile_size(), s.width, s.height, self.grid_w);
                 self.detector
                     .handle_capture(now, &moved, &photo, grid_w, |i| {
@@ -386,9 +382,7 @@ impl ImageForward {
         for rp in &u.rects {
             let r = rp.rect;
             let w = usize::from(r.w) * 4;
-            let auto = self.cfg.codec == Codec::Auto;
             for (i, p) in self.parts(r) {
-                let tile = self.tile_rect(i).filter(|_| auto);
                 let Some(s) = self.screen.as_mut() else {
                     return changed;
                 };
@@ -406,10 +400,6 @@ impl ImageForward {
                 }
                 if really {
                     self.moved.push(i);
-                    // Whether it looks like a picture (the detector wants a share of those).
-                    if tile.is_some_and(|t| s.photo_like(t)) {
-                        self.moved_photo.push(i);
-                    }
                 }
                 if really || force {
                     self.tiles[i].changed = now;
@@ -743,12 +733,10 @@ impl Half for ImageForward {
         }
         let keyframe = flags & FLAG_KEYFRAME != 0;
         let mut moved = std::mem::take(&mut self.moved);
-        let mut photo = std::mem::take(&mut self.moved_photo);
         if std::mem::take(&mut self.fresh) {
             moved.clear();
-            photo.clear();
         }
-        let region = self.video_region(now, moved, photo);
+        let region = self.video_region(now, moved);
         // An IDR only where a decoder may start afresh: a broadcast keyframe (an app side
         // joining). On a direct link the pair's state is continuous (a restarted peer gets a
         // new pair, whose encoder starts with one); the source flags every capture of the

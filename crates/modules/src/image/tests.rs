@@ -285,6 +285,16 @@ fn only_changed_tiles_travel() {
     assert_eq!(area, whole().area());
 }
 
+/// The forward half's counter `name`.
+fn counter(p: &Pipe, name: &str) -> u64 {
+    p.fwd
+        .stats()
+        .counters
+        .iter()
+        .find(|(k, _)| *k == name)
+        .map_or(0, |(_, v)| *v)
+}
+
 /// Two-colour text: 6×12 character cells of pseudo-random glyphs.
 fn glyphs(x: u16, y: u16) -> [u8; 3] {
     let h =
@@ -324,14 +334,6 @@ fn scrolling_text_in_every_capture_is_no_video() {
         tile: 32,
         ..cfg(Quality::Medium)
     };
-    let video_frames = |p: &Pipe| {
-        p.fwd
-            .stats()
-            .counters
-            .iter()
-            .find(|(k, _)| *k == "video_frames")
-            .map_or(0, |(_, v)| *v)
-    };
     for (moving, is_video) in [(false, false), (true, true)] {
         let mut p = Pipe::new(c.clone());
         let screen = move |n: u16| {
@@ -349,7 +351,11 @@ fn scrolling_text_in_every_capture_is_no_video() {
             let now = t0 + Duration::from_millis(16 * u64::from(n));
             p.send(now, update(0, &[whole()], screen(n)));
         }
-        assert_eq!(video_frames(&p) > 0, is_video, "moving picture: {moving}");
+        assert_eq!(
+            counter(&p, "video_frames") > 0,
+            is_video,
+            "moving picture: {moving}"
+        );
         if !moving {
             assert_eq!(p.shown(), expected(screen(40)));
             let per_capture = (p.wire_bytes - first) / 40;
@@ -891,15 +897,7 @@ fn a_moving_region_travels_as_h264_then_refines_to_identical_once_still() {
             worst = worst.min(psnr(&got, &want));
         }
     }
-    let counter = |p: &Pipe, name: &str| {
-        p.fwd
-            .stats()
-            .counters
-            .iter()
-            .find(|(k, _)| *k == name)
-            .map(|(_, v)| *v)
-            .unwrap()
-    };
+
     assert_eq!(
         (
             counter(&p, "video_x"),

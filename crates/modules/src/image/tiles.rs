@@ -40,20 +40,23 @@ impl Screen {
     /// median, 37 at the 90th percentile, so the video detector wants such tiles to be a share
     /// of a region, not all of it ([`super::video::PHOTO_SHARE`]).
     pub fn photo_like(&self, r: Rect) -> bool {
-        let mut seen: Vec<u32> = Vec::with_capacity(256);
-        // About 16 samples across and down whatever the tile size (16 to 256).
+        // About 16 samples across and down whatever the tile size (16 to 256: at most 31×31
+        // samples, for 31-pixel tiles), on the stack: this runs for every changed tile.
+        let mut seen = [0u32; 1024];
+        let mut n = 0;
         let step = usize::from((r.w.max(r.h) / 16).max(1));
         for y in (r.y..r.y + r.h).step_by(step) {
             let Some(row) = self.px.get(self.row(r.x, y, r.w)) else {
                 return false;
             };
-            for p in row.chunks_exact(4).step_by(step) {
-                seen.push(u32::from_le_bytes([p[0], p[1], p[2], 0]));
+            for p in row.chunks_exact(4).step_by(step).take(seen.len() - n) {
+                seen[n] = u32::from_le_bytes([p[0], p[1], p[2], 0]);
+                n += 1;
             }
         }
+        let seen = &mut seen[..n];
         seen.sort_unstable();
-        seen.dedup();
-        seen.len() > PHOTO_SAMPLE_COLOURS
+        seen.windows(2).filter(|w| w[0] != w[1]).count() + 1 > PHOTO_SAMPLE_COLOURS
     }
 
     /// Copies `r`'s pixels out as BGRX rows without padding.

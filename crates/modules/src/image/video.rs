@@ -68,8 +68,7 @@ pub struct Detector {
     history: Vec<u16>,
     /// Per tile: bit `i` set if that change left it looking like a picture.
     photo: Vec<u16>,
-    /// Captures seen (up to [`HISTORY`]), and when the last [`HISTORY`] came.
-    seen: u32,
+    /// When the last [`HISTORY`] captures came (their number: the captures seen, up to it).
     times: std::collections::VecDeque<Instant>,
     region: Option<Rect>,
     /// A candidate other than the region, for how many captures it stood, since when.
@@ -129,7 +128,6 @@ impl Detector {
                 *h |= 1;
             }
         }
-        self.seen = (self.seen + 1).min(HISTORY);
         self.times.push_back(now);
         if self.times.len() > HISTORY as usize {
             self.times.pop_front();
@@ -188,12 +186,13 @@ impl Detector {
             .skip(recent)
             .zip(self.times.iter().skip(recent + 1))
             .all(|(a, b)| b.saturating_duration_since(*a) <= SLOW_GAP);
-        let slow = self.seen >= MIN_SEEN && span >= SLOW_SPAN && paced;
-        if (self.seen < HISTORY && !slow) || grid_w == 0 {
+        let seen = self.times.len() as u32;
+        let slow = seen >= MIN_SEEN && span >= SLOW_SPAN && paced;
+        if (seen < HISTORY && !slow) || grid_w == 0 {
             return None;
         }
         // Of the captures seen (all of HISTORY once that many came), the same share.
-        let share = (VIDEO_SHARE * self.seen).div_ceil(HISTORY);
+        let share = (VIDEO_SHARE * seen).div_ceil(HISTORY);
         let moving: Vec<usize> = (0..self.history.len())
             .filter(|&i| self.history[i].count_ones() >= share)
             .collect();
