@@ -59,6 +59,10 @@ pub struct Scenario {
     pub limit: Duration,
     /// Seed of the link's randomness.
     pub seed: u64,
+    /// The driver hands each endpoint frame to its session up to this long after the
+    /// endpoint made (and stamped) it, a random lag, in order per stream: a loaded machine,
+    /// or a driver that took a new link before the frames waiting in a source's channel.
+    pub handoff: Duration,
 }
 
 /// What one stream's sink saw.
@@ -95,6 +99,41 @@ pub struct Outcome {
     pub states: [State; 2],
     /// Most bytes a reliable source held unacknowledged at once (backpressure bound).
     pub max_unacked_bytes: u64,
+    /// Per stream: when its endpoint made each frame (index: endpoint number), in the
+    /// source's current process run.
+    pub made_at: Vec<Vec<Duration>>,
+    /// Per side (device, app): the spans during which its session had no link up.
+    pub outages: [Vec<(Duration, Duration)>; 2],
+}
+
+impl Outcome {
+    /// Whether a frame stream `i`'s source made at `t` was made while the source's side had
+    /// no link.
+    pub fn made_in_outage(&self, source_side: usize, t: Duration) -> bool {
+        self.outages[source_side]
+            .iter()
+            .any(|&(from, to)| from <= t && t < to)
+    }
+}
+
+/// Link-down spans of one side, sampled as the harness goes.
+#[derive(Default)]
+struct Outages {
+    since: Option<Duration>,
+    spans: Vec<(Duration, Duration)>,
+}
+
+fn watch(sides: &[Side; 2], at: Duration, outages: &mut [Outages; 2]) {
+    for (s, o) in sides.iter().zip(outages.iter_mut()) {
+        match (s.sess.link_up(), o.since) {
+            (false, None) => o.since = Some(at),
+            (true, Some(from)) => {
+                o.spans.push((from, at));
+                o.since = None;
+            }
+            _ => {}
+        }
+    }
 }
 
 struct Side {
@@ -135,6 +174,9 @@ fn new_side(sc: &Scenario, device: bool, run_id: u64) -> Side {
     }
 }
 
+/// Frames a source's channel holds between its endpoint and the driver.
+const HANDOFF_QUEUE: usize = 64;
+
 /// A message on the simulated wire: the connection it belongs to and the message.
 type Wire = (u64, Incoming);
 
@@ -169,12 +211,22 @@ pub fn run(sc: &Scenario) -> Outcome {
     // streams' frames, timers and faults (a new chunk size) come between its chunks.
     let mut writer = SimRng::new(sc.seed ^ 0x5eed_c4a2);
     let mut busy = [false; 2];
+    // Frames made and not yet handed to their session: (when handed, frame).
+    let mut lag = SimRng::new(sc.seed ^ 0x4a9d_0ff5);
+    let mut handoff: Vec<std::collections::VecDeque<(Instant, Frame)>> =
+        (0..n).map(|_| Default::default()).collect();
+    let mut end_due = vec![false; n];
+    let mut made_at: Vec<Vec<Duration>> = vec![Vec::new(); n];
+    let mut outages: [Outages; 2] = Default::default();
 
     // The first connection.
     conn += 1;
     for s in sides.iter_mut() {
         s.conn = Some(conn);
-        s.sess.handle_link_up(clock.now());
+        s.sess.handle_link_up(
+            clock.now(),
+            EPOCH_NS + clock.since_start(clock.now()).as_nanos() as u64,
+        );
     }
 
     let delay = sc.link.delay;
@@ -219,6 +271,9 @@ pub fn run(sc: &Scenario) -> Outcome {
                     for (i, (p, _)) in sc.streams.iter().enumerate() {
                         if p.role == Role::Sink {
                             produced[i] = 0;
+                            handoff[i].clear();
+                            end_due[i] = false;
+                            made_at[i].clear();
                         }
                     }
                 }
@@ -240,6 +295,7 @@ pub fn run(sc: &Scenario) -> Outcome {
             }
             false
         });
+        watch(&sides, clock.since_start(now), &mut outages);
         // Arrivals.
         // A blackhole holds a stream link's bytes (TCP retransmits them once the path is back)
         // and loses datagrams.
@@ -257,6 +313,7 @@ pub fn run(sc: &Scenario) -> Outcome {
                 }
             }
         }
+        watch(&sides, clock.since_start(now), &mut outages);
         // Sources.
         for i in 0..n {
             let (_, spec) = &sc.streams[i];
@@ -265,10 +322,21 @@ pub fn run(sc: &Scenario) -> Outcome {
             } else {
                 1
             };
-            while produced[i] < spec.count
-                && next_frame[i] <= now
-                && sides[src].sess.source_ready(i)
-            {
+            loop {
+                // Due frames first: the session's readiness counts them.
+                while handoff[i].front().is_some_and(|f| f.0 <= now) {
+                    let (_, frame) = handoff[i].pop_front().expect("checked");
+                    if let Err(e) = sides[src].sess.handle_source_frame(now, i, frame) {
+                        error.get_or_insert(e.to_string());
+                    }
+                }
+                if !(produced[i] < spec.count
+                    && next_frame[i] <= now
+                    && sides[src].sess.source_ready(i)
+                    && handoff[i].len() < HANDOFF_QUEUE)
+                {
+                    break;
+                }
                 let seq = produced[i];
                 let mut payload = vec![(seq % 251) as u8; spec.size.max(8)];
                 payload[..8].copy_from_slice(&seq.to_be_bytes());
@@ -280,17 +348,21 @@ pub fn run(sc: &Scenario) -> Outcome {
                 };
                 produced[i] += 1;
                 next_frame[i] += spec.interval;
-                if let Err(e) =
-                    sides[src]
-                        .sess
-                        .handle_source_frame(now, i, Frame::new(meta, &payload))
-                {
+                made_at[i].push(clock.since_start(now));
+                let due = if sc.handoff.is_zero() {
+                    now
+                } else {
+                    now + Duration::from_nanos(lag.range(0, sc.handoff.as_nanos() as u64))
+                };
+                // In order: never before the frame ahead of it.
+                let due = handoff[i].back().map_or(due, |b| b.0.max(due));
+                handoff[i].push_back((due, Frame::new(meta, &payload)));
+                end_due[i] = produced[i] == spec.count;
+            }
+            if end_due[i] && handoff[i].is_empty() {
+                end_due[i] = false;
+                if let Err(e) = sides[src].sess.handle_source_end(now, i) {
                     error.get_or_insert(e.to_string());
-                }
-                if produced[i] == spec.count {
-                    if let Err(e) = sides[src].sess.handle_source_end(now, i) {
-                        error.get_or_insert(e.to_string());
-                    }
                 }
             }
         }
@@ -302,6 +374,7 @@ pub fn run(sc: &Scenario) -> Outcome {
                 }
             }
         }
+        watch(&sides, clock.since_start(now), &mut outages);
         // Events, completions, transmits.
         for k in 0..2 {
             let s = &mut sides[k];
@@ -385,14 +458,16 @@ pub fn run(sc: &Scenario) -> Outcome {
             if reconnect_at.is_some_and(|t| t <= now) && blackhole_until.is_none() {
                 reconnect_at = None;
                 conn += 1;
+                let wall = EPOCH_NS + clock.since_start(now).as_nanos() as u64;
                 for s in sides.iter_mut() {
                     s.conn = Some(conn);
-                    s.sess.handle_link_up(now);
+                    s.sess.handle_link_up(now, wall);
                 }
             }
         } else {
             reconnect_at = None;
         }
+        watch(&sides, clock.since_start(now), &mut outages);
         // Over when both sessions are; or when the device side has finished and a restarted
         // app side that never met it waits for a peer that has exited.
         let closed = sides.iter().all(|s| s.sess.state() == State::Closed)
@@ -427,6 +502,7 @@ pub fn run(sc: &Scenario) -> Outcome {
             if produced[i] < sc.streams[i].1.count && sides[src].sess.source_ready(i) {
                 next.push(Some(next_frame[i]));
             }
+            next.push(handoff[i].front().map(|f| f.0));
         }
         let next = next.into_iter().flatten().min();
         match next {
@@ -448,5 +524,13 @@ pub fn run(sc: &Scenario) -> Outcome {
         error,
         losses,
         max_unacked_bytes: max_unacked,
+        made_at,
+        outages: outages.map(|o| {
+            let mut spans = o.spans;
+            if let Some(from) = o.since {
+                spans.push((from, clock.elapsed()));
+            }
+            spans
+        }),
     }
 }

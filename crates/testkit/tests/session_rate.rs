@@ -86,6 +86,7 @@ fn scenario(path: Path, seed: u64) -> (Scenario, usize, Duration) {
         reconnect_delay: Duration::from_millis(50),
         limit,
         seed,
+        handoff: Duration::ZERO,
     };
     (sc, size, limit)
 }

@@ -407,7 +407,7 @@ impl<'a> Driver<'a> {
         let chunk = self.w.cfg.link.chunk_bytes as usize;
         self.link = Some(Link::new(e, &mut self.sess, chunk));
         self.link_state = "up";
-        self.sess.handle_link_up(Instant::now());
+        self.sess.handle_link_up(Instant::now(), wall_ns());
         Ok(())
     }
 

@@ -399,7 +399,7 @@ pub async fn run_side(
         ..SessionConfig::default()
     };
     let mut sess = Session::new(scfg, plans, run_id())?;
-    sess.handle_link_up(Instant::now());
+    sess.handle_link_up(Instant::now(), wall_ns());
     let mut driver = Driver::new(
         Wiring {
             cfg,

@@ -334,6 +334,10 @@ pub struct Session {
     /// The in-flight window of reliable source streams.
     flight: flight::Flight,
     lost_at: Option<Instant>,
+    /// When the current link came up, on both clocks: a frame of a stream that does not
+    /// replay its outage, made before then and handed to us after (a driver that took the
+    /// new link before the source's channel), is history too ([`HANDOFF_WINDOW`]).
+    up_at: Option<(Instant, u64)>,
     recoveries: Vec<Duration>,
     close: Option<Closing>,
     peer_closed: bool,
@@ -361,6 +365,11 @@ pub struct Session {
 /// How long a priority class counts as live after its last frame: while it is, the reliable
 /// streams of less urgent classes keep a smaller in-flight window (`Session::window_for`).
 const URGENT_LIVE: Duration = Duration::from_millis(250);
+
+/// How long after a link came up a source frame is checked against the time it came up (by
+/// its endpoint's wall-clock stamp): a driver hands frames over late by milliseconds, and a
+/// wall clock stepped back can only cost this much input.
+pub const HANDOFF_WINDOW: Duration = Duration::from_secs(1);
 
 /// Urgent messages; PING and PONG are stamped with the wall clock when they are polled.
 #[derive(Debug)]
@@ -426,6 +435,7 @@ impl Session {
             since_ack: 0,
             flight,
             lost_at: None,
+            up_at: None,
             recoveries: Vec::new(),
             close: None,
             peer_closed: false,
@@ -601,12 +611,14 @@ impl Session {
     // ---- inputs ----
 
     /// A new link passed the handshake: send our RESUME, and no data before the peer's second
-    /// RESUME (see `resume`).
-    pub fn handle_link_up(&mut self, now: Instant) {
+    /// RESUME (see `resume`). `wall_ns` is our wall clock now, the clock endpoints stamp
+    /// their frames with.
+    pub fn handle_link_up(&mut self, now: Instant, wall_ns: u64) {
         if self.state == State::Closed {
             return;
         }
         self.state = State::Resuming;
+        self.up_at = Some((now, wall_ns));
         self.last_rx = Some(now);
         // A new connection may take another path: its round trip is measured afresh.
         self.base_rtt_ns = None;
@@ -684,7 +696,11 @@ impl Session {
             return Ok(());
         }
         self.class_seen[s.plan.priority as usize] = Some(now);
-        if !link_up && !s.plan.replay_outage {
+        // Made while the link was down, even if handed over after it came back.
+        let made_before_up = self.up_at.is_some_and(|(at, wall)| {
+            now.saturating_duration_since(at) < HANDOFF_WINDOW && frame.meta.timestamp_ns < wall
+        });
+        if (!link_up || made_before_up) && !s.plan.replay_outage {
             s.counters.stale += 1;
             return Ok(());
         }

@@ -92,11 +92,11 @@ fn resume(instance: u64) -> Incoming {
 /// A sink that took in DATA 5 from peer run 9, lost the link and has a new one.
 fn sink_reconnected_after_seq_5(now: Instant) -> Session {
     let mut s = session(vec![plan(1, Role::Sink, true)], 1 << 20);
-    s.handle_link_up(now);
+    s.handle_link_up(now, 0);
     s.handle_message(now, 1, resume(9)).unwrap();
     s.handle_message(now, 1, data(1, 5)).unwrap();
     s.handle_link_lost(now, "cut").unwrap();
-    s.handle_link_up(now);
+    s.handle_link_up(now, 0);
     s
 }
 
@@ -156,7 +156,7 @@ fn a_full_resume_buffer_stops_a_reliable_source_but_not_a_lossy_one() {
         vec![plan(1, Role::Source, true), plan(2, Role::Source, false)],
         1000,
     );
-    s.handle_link_up(now);
+    s.handle_link_up(now, 0);
     for seq in 0..3 {
         assert!(s.source_ready(0));
         s.handle_source_frame(now, 0, frame(1, seq, 400)).unwrap();
@@ -205,7 +205,7 @@ fn a_source_that_keeps_no_frames_is_bounded_by_their_number_not_their_bytes() {
         }],
         1000,
     );
-    s.handle_link_up(now);
+    s.handle_link_up(now, 0);
     s.handle_message(now, 1, resume(9)).unwrap();
     s.handle_message(now, 1, resume(9)).unwrap();
     for seq in 0..stream::UNDELIVERED_FRAMES as u64 {
@@ -229,7 +229,7 @@ fn a_source_that_keeps_no_frames_is_bounded_by_their_number_not_their_bytes() {
     // The peer restarts: nothing is encoded again for it.
     s.handle_link_lost(now, "gone").unwrap();
     drain(&mut s, now);
-    s.handle_link_up(now);
+    s.handle_link_up(now, 0);
     s.handle_message(now, 1, resume(10)).unwrap();
     s.handle_message(now, 1, resume(10)).unwrap();
     let sent = drain(&mut s, now);
@@ -244,7 +244,7 @@ fn a_source_that_keeps_no_frames_is_bounded_by_their_number_not_their_bytes() {
 fn a_stray_hello_is_a_warning_and_an_unknown_stream_closes_with_a_reason() {
     let now = Instant::now();
     let mut s = session(vec![plan(1, Role::Sink, true)], 1 << 20);
-    s.handle_link_up(now);
+    s.handle_link_up(now, 0);
     s.handle_message(now, 1, Incoming::Other(OwnedMessage::Ready))
         .unwrap();
     assert!(matches!(s.poll_event(), Some(Event::Warning(w)) if w.contains("handshake")));
@@ -277,7 +277,7 @@ fn losing_the_link_releases_input_sinks_and_asks_for_a_new_link() {
         vec![plan(1, Role::Sink, true), plan(2, Role::Source, true)],
         1 << 20,
     );
-    s.handle_link_up(now);
+    s.handle_link_up(now, 0);
     s.handle_link_lost(now, "cut").unwrap();
     assert!(matches!(
         s.poll_event(),
@@ -287,7 +287,7 @@ fn losing_the_link_releases_input_sinks_and_asks_for_a_new_link() {
     assert_eq!(s.state(), State::Disconnected);
     let mut once = session(vec![plan(1, Role::Sink, true)], 1 << 20);
     once.cfg.reconnect = false;
-    once.handle_link_up(now);
+    once.handle_link_up(now, 0);
     assert_eq!(
         once.handle_link_lost(now, "cut").unwrap_err().to_string(),
         "link to the peer failed: cut"
@@ -298,7 +298,7 @@ fn losing_the_link_releases_input_sinks_and_asks_for_a_new_link() {
 fn keepalive_declares_a_silent_link_lost() {
     let now = Instant::now();
     let mut s = session(vec![plan(1, Role::Sink, true)], 1 << 20);
-    s.handle_link_up(now);
+    s.handle_link_up(now, 0);
     assert!(
         drain(&mut s, now).contains(&Transmit::Message(OwnedMessage::Ping { t1: 1 })),
         "the first PING goes at once, behind the RESUME"
@@ -331,7 +331,7 @@ fn outliving(plans: Vec<StreamPlan>) -> Session {
 fn told_to_stop_an_outliving_side_sends_its_frames_no_end_and_going_away() {
     let now = Instant::now();
     let mut s = outliving(vec![plan(1, Role::Source, true), plan(2, Role::Sink, true)]);
-    s.handle_link_up(now);
+    s.handle_link_up(now, 0);
     s.handle_message(now, 1, resume(9)).unwrap();
     s.handle_message(now, 1, resume(9)).unwrap();
     drain(&mut s, now);
@@ -373,7 +373,7 @@ fn a_peer_going_away_is_a_lost_link_for_an_outliving_side_and_the_end_with_once(
         reason: "stopped".into(),
     });
     let mut s = outliving(vec![plan(1, Role::Sink, true), plan(2, Role::Source, true)]);
-    s.handle_link_up(now);
+    s.handle_link_up(now, 0);
     s.handle_message(now, 1, resume(9)).unwrap();
     s.handle_message(now, 1, data(1, 0)).unwrap();
     s.handle_message(now, 1, going.clone()).unwrap();
@@ -392,13 +392,13 @@ fn a_peer_going_away_is_a_lost_link_for_an_outliving_side_and_the_end_with_once(
     );
     assert_eq!(s.state(), State::Disconnected, "waiting for the peer");
     // It comes back as a new run: its streams start again.
-    s.handle_link_up(now);
+    s.handle_link_up(now, 0);
     s.handle_message(now, 1, resume(10)).unwrap();
     assert!(std::iter::from_fn(|| s.poll_event()).any(|e| matches!(e, Event::PeerRestarted { .. })));
 
     // With --once (not outliving), going away ends the session as a normal close does.
     let mut once = session(vec![plan(1, Role::Sink, true)], 1 << 20);
-    once.handle_link_up(now);
+    once.handle_link_up(now, 0);
     once.handle_message(now, 1, resume(9)).unwrap();
     once.handle_message(now, 1, going).unwrap();
     let events: Vec<Event> = std::iter::from_fn(|| once.poll_event()).collect();
@@ -422,7 +422,7 @@ fn a_reliable_source_stops_at_its_in_flight_window_and_a_sink_acks_by_bytes() {
         ..SessionConfig::default()
     };
     let mut s = Session::new(cfg, vec![plan(1, Role::Source, true)], 7).unwrap();
-    s.handle_link_up(now);
+    s.handle_link_up(now, 0);
     s.handle_message(now, 1, resume(9)).unwrap();
     s.handle_message(now, 1, resume(9)).unwrap();
     s.handle_source_frame(now, 0, frame(1, 0, 600)).unwrap();
@@ -447,7 +447,7 @@ fn a_reliable_source_stops_at_its_in_flight_window_and_a_sink_acks_by_bytes() {
         ..SessionConfig::default()
     };
     let mut k = Session::new(cfg, vec![plan(1, Role::Sink, true)], 8).unwrap();
-    k.handle_link_up(now);
+    k.handle_link_up(now, 0);
     k.handle_message(now, 1, resume(9)).unwrap();
     k.handle_message(now, 1, resume(9)).unwrap();
     drain(&mut k, now);
@@ -471,7 +471,7 @@ fn a_sink_acks_a_window_floor_of_bytes_at_once_so_a_source_at_its_floor_is_never
     // window per `ack_every` (20 ms): 100 KB frames between two processes ran at 4.7 MB/s.
     let now = Instant::now();
     let mut k = session(vec![plan(1, Role::Sink, true)], 1 << 20);
-    k.handle_link_up(now);
+    k.handle_link_up(now, 0);
     k.handle_message(now, 1, resume(9)).unwrap();
     k.handle_message(now, 1, resume(9)).unwrap();
     drain(&mut k, now);
@@ -504,7 +504,7 @@ fn a_peer_that_revokes_us_mid_session_is_a_lost_link_with_its_reason_and_the_end
         reason: "removed from known_peers".into(),
     });
     let mut s = session(vec![plan(1, Role::Source, true)], 1 << 20);
-    s.handle_link_up(now);
+    s.handle_link_up(now, 0);
     s.handle_message(now, 1, resume(9)).unwrap();
     s.handle_message(now, 1, revoked.clone()).unwrap();
     let events: Vec<Event> = std::iter::from_fn(|| s.poll_event()).collect();
@@ -525,7 +525,7 @@ fn a_peer_that_revokes_us_mid_session_is_a_lost_link_with_its_reason_and_the_end
         7,
     )
     .unwrap();
-    once.handle_link_up(now);
+    once.handle_link_up(now, 0);
     once.handle_message(now, 1, resume(9)).unwrap();
     let e = once.handle_message(now, 1, revoked).unwrap_err();
     assert!(
@@ -550,7 +550,7 @@ fn a_peers_close_reason_is_escaped_and_bounded() {
         7,
     )
     .unwrap();
-    s.handle_link_up(now);
+    s.handle_link_up(now, 0);
     s.handle_message(now, 1, resume(9)).unwrap();
     let e = s
         .handle_message(
@@ -619,7 +619,7 @@ fn the_in_flight_window_is_sized_by_the_shortest_round_trip_since_the_link_came_
     // those round trips, the window would keep the queue full (and every small frame in it).
     let t0 = Instant::now();
     let mut s = session(vec![plan(1, Role::Source, true)], 64 << 20);
-    s.handle_link_up(t0);
+    s.handle_link_up(t0, 0);
     s.handle_message(t0, 1, resume(9)).unwrap();
     s.handle_message(t0, 1, resume(9)).unwrap();
     // PING at 0, answered at once, back 20 ms later: the path's own round trip.
@@ -656,7 +656,7 @@ fn the_in_flight_window_is_sized_by_the_shortest_round_trip_since_the_link_came_
     assert_eq!(s.flight_window(), path, "the window does not");
     // A new connection measures its path afresh.
     s.handle_link_lost(t0, "cut").unwrap();
-    s.handle_link_up(t0);
+    s.handle_link_up(t0, 0);
     let (at, p) = pong(20_000, 200);
     s.handle_message(t0, at, p).unwrap();
     assert!(s.flight_window() > 30_000_000, "{}", s.flight_window());
@@ -706,7 +706,7 @@ fn a_bulk_stream_keeps_a_smaller_window_while_a_more_urgent_stream_is_live() {
 
 /// A session past both RESUMEs of peer run 9, its first transmits drained.
 fn resumed(mut s: Session, now: Instant) -> Session {
-    s.handle_link_up(now);
+    s.handle_link_up(now, 0);
     s.handle_message(now, 1, resume(9)).unwrap();
     s.handle_message(now, 1, resume(9)).unwrap();
     drain(&mut s, now);
@@ -715,7 +715,7 @@ fn resumed(mut s: Session, now: Instant) -> Session {
 
 /// A new link to the same peer run 9, up to its second RESUME (what it resends not drained).
 fn reconnected(mut s: Session, now: Instant) -> Session {
-    s.handle_link_up(now);
+    s.handle_link_up(now, 0);
     s.handle_message(now, 1, resume(9)).unwrap();
     let greeting = drain(&mut s, now);
     assert!(data_shape(&greeting).is_empty());
