@@ -2,6 +2,7 @@
 //! with its keys, and frames handed to the endpoint.
 
 use super::*;
+use ndd_link::nats::deliver::{Action, Mode, Notice, Rebuild, SinkFlow, ENDING_WAIT, FINISH_WAIT};
 
 /// Replay window of the group key's inverse halves, in frames.
 pub(super) const SEAL_WINDOW: u32 = 4096;
@@ -10,8 +11,6 @@ pub(super) const SEAL_WINDOW: u32 = 4096;
 /// pair's default of two, a third app side's frames retired the first one's epoch and the
 /// device refused the rest of them as replays (found by a four-app-side test).
 pub(super) const SENDERS: usize = 128;
-/// How long an app side that got a stream's END waits for stored frames still on their way.
-pub(super) const ENDING_WAIT: Duration = Duration::from_secs(15);
 
 /// The `encrypt` pair's inverse as one run's receiving half. This side warns about a frame
 /// that opens under no key it has (not the half). Every app side feeding an app → device
@@ -343,10 +342,9 @@ impl Stored {
 }
 
 /// Builds a stream's sink stack afresh.
-pub(super) type Rebuild = Box<dyn Fn() -> Result<Stack> + Send>;
-
-/// NATS → group key → stack → sink endpoint; JetStream messages are acknowledged once the
-/// sink completed everything handed to it.
+/// NATS → [`SinkFlow`] (the rules: backpressure, acknowledgements, restarts, the END; sans-IO
+/// in `ndd-link`) → sink endpoint. This loop only moves messages, keys, the sink's
+/// completions and time in, and frames, acknowledgements and log lines out.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn pump_sink(
     stream: u16,
@@ -355,7 +353,7 @@ pub(super) async fn pump_sink(
     once: bool,
     mut finish: watch::Receiver<bool>,
     lossy: bool,
-    stack: &mut Stack,
+    stack: Stack,
     rebuild: Rebuild,
     mut keys: KeyWatch,
     side: SideName,
@@ -364,7 +362,6 @@ pub(super) async fn pump_sink(
     stats: Shared<StreamStats>,
     peer: &'static str,
 ) -> Result<()> {
-    let mut handed = 0u64;
     // Stored frames of this side's own consumer come back in their order after a server
     // restart (round-robin members each see only some of a subject's frames: no order).
     let ordered = matches!(&input, Input::Stored(s) if s.ordered);
@@ -382,263 +379,330 @@ pub(super) async fn pump_sink(
             rx.intake().take_up(p);
         }
     }
-    // What the counters said when the stats were last told.
-    let (mut records, mut bytes, mut dropped) = (0u64, 0u64, 0u64);
-    // When the END came, if this side waits for stored frames still on their way.
-    let mut ending: Option<Instant> = None;
-    let mut bad = ndd_core::RateLimit::with_burst(Duration::from_secs(1), 5);
-    // What the server says goes wrong may come with every message, or every 20 ms tick.
-    let (mut gaps, mut attach_failed, mut server_errors) = (
-        ndd_core::RateLimit::default(),
-        ndd_core::RateLimit::default(),
-        ndd_core::RateLimit::default(),
-    );
-    let mut check = tokio::time::interval(Duration::from_millis(20));
-    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Lossy: while the sink is busy only the newest frame waits (older ones are stale).
-    let mut newest: Option<Frame> = None;
-    let mut spare = lossy.then_some(&mut newest);
-    loop {
-        keys.follow(&mut rx);
-        let polled = rx.poll(Instant::now());
-        if rx.records != records || rx.dropped() != dropped {
-            let mut s = lock(&stats);
-            s.wire_frames += rx.records - records;
-            s.wire_bytes += rx.record_bytes - bytes;
-            s.refused += rx.dropped() - dropped;
-            (records, bytes, dropped) = (rx.records, rx.record_bytes, rx.dropped());
-        }
-        let polled = match polled {
-            Ok(p) => p,
-            Err(e) => {
-                unopened(&mut bad, &e);
-                continue;
-            }
-        };
-        let event = match polled {
-            Poll::Event(e) => e,
-            Poll::Wait(w) => {
-                match keys.bring(&mut rx, w).await {
+    let mode = Mode {
+        once,
+        lossy,
+        stored: matches!(&input, Input::Stored(_)),
+    };
+    let mut flow = SinkFlow::new(rx, stack, rebuild, mode);
+    let mut pump = SinkPump {
+        tx: Some(tx),
+        stats,
+        logs: Logs::default(),
+        told: FlowTold::default(),
+        peer,
+    };
+    let r = pump
+        .run(
+            &mut flow,
+            &mut input,
+            &mut end_sub,
+            &mut finish,
+            &mut keys,
+            &done,
+        )
+        .await;
+    lock(&pump.stats).layers = flow.stack().stats();
+    r
+}
+
+/// Rate limits of what a sink's stream says in the log: what the server says goes wrong may
+/// come with every message, or every 20 ms tick.
+#[derive(Default)]
+struct Logs {
+    bad: ndd_core::RateLimit,
+    gaps: ndd_core::RateLimit,
+    attach_failed: ndd_core::RateLimit,
+    server_errors: ndd_core::RateLimit,
+}
+
+/// What the stats were last told of the flow's counters.
+#[derive(Default)]
+struct FlowTold {
+    records: u64,
+    bytes: u64,
+    dropped: u64,
+    stale: u64,
+}
+
+struct SinkPump {
+    /// The sink's channel; closed when the END is final.
+    tx: Option<mpsc::Sender<Frame>>,
+    stats: Shared<StreamStats>,
+    logs: Logs,
+    told: FlowTold,
+    peer: &'static str,
+}
+
+type Flow = SinkFlow<RunInverse, jetstream::Message>;
+
+impl SinkPump {
+    async fn run(
+        &mut self,
+        flow: &mut Flow,
+        input: &mut Input,
+        end_sub: &mut Option<async_nats::Subscriber>,
+        finish: &mut watch::Receiver<bool>,
+        keys: &mut KeyWatch,
+        done: &Delivered,
+    ) -> Result<()> {
+        self.logs.bad = ndd_core::RateLimit::with_burst(Duration::from_secs(1), 5);
+        let mut check = tokio::time::interval(Duration::from_millis(20));
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut stopping = false;
+        loop {
+            keys.follow(flow.receiver());
+            self.count(flow);
+            self.hand_ready(flow).await?;
+            match flow.poll(Instant::now()).map_err(|e| anyhow!("{e}"))? {
+                Some(Action::Frames) => {}
+                Some(Action::Done) => return Ok(()),
+                Some(Action::Wait(w)) => match keys.bring(flow.receiver(), w).await {
                     Ok(true) => {}
                     Ok(false) => return Ok(()),
-                    Err(e) => unopened(&mut bad, &e),
+                    Err(e) => unopened(&mut self.logs.bad, &e),
+                },
+                Some(Action::Said(e)) => keys.said(&e),
+                Some(Action::Notice(n)) => self.notice(n),
+                Some(Action::Ack(msgs, kept)) => {
+                    if let (Input::Stored(s), Some(k)) = (&mut *input, kept) {
+                        if let Some(f) = s.position.as_mut() {
+                            f.write(k);
+                        }
+                    }
+                    ack_in_order(flow.receiver().intake(), msgs).await;
                 }
-                continue;
-            }
-            Poll::Idle => {
-                let wake = stack.poll_timeout();
-                let waiting = spare.as_ref().is_some_and(|n| n.is_some());
-                let next = tokio::select! {
-                    _ = finish.changed() => {
-                        // This side stops: what the stack holds goes to the sink, and the
-                        // stream ends (its sink finishes and reports).
-                        stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
-                        deliver(stack, &tx, &stats, None).await?;
-                        if let Some(f) = spare.as_mut().and_then(|n| n.take()) {
-                            let _ = tx.send(f).await;
+                Some(Action::CheckDrained) => {
+                    let drained = match &mut *input {
+                        Input::Stored(s) => s.drained().await,
+                        Input::Core(_) => true,
+                    };
+                    flow.handle_drained(Instant::now(), drained);
+                }
+                Some(Action::EndSink) => self.tx = None,
+                None => {
+                    let wake = flow.poll_timeout();
+                    let lossy_tx = self.tx.clone().filter(|_| flow.has_frame());
+                    let reading = flow.wants_input();
+                    tokio::select! {
+                        _ = finish.changed(), if !stopping => {
+                            // This side stops: what the stack holds goes to the sink, and the
+                            // stream ends (its sink finishes and reports).
+                            stopping = true;
+                            flow.handle_finish(Instant::now()).map_err(|e| anyhow!("{e}"))?;
                         }
-                        return Ok(());
-                    }
-                    // Lossy: the frame that waited for a busy sink goes as soon as it has room.
-                    permit = tx.reserve(), if waiting => {
-                        if let (Ok(p), Some(f)) = (permit, spare.as_mut().and_then(|n| n.take())) {
-                            p.send(f);
-                            handed += 1;
-                        }
-                        continue;
-                    }
-                    m = async {
-                        match &mut input {
-                            Input::Core(s) => s.next().await.map(|m| Ok((m.payload, None))),
-                            Input::Stored(s) => s.next().await.map(|r| r.map(|m| (m.payload.clone(), Some(m)))),
-                        }
-                    } => m,
-                    Some(m) = async {
-                        match end_sub.as_mut() {
-                            Some(s) => s.next().await,
-                            None => std::future::pending().await,
-                        }
-                    } => Some(Ok((m.payload, None))),
-                    _ = sleep_until_opt(wake) => {
-                        stack.handle_timeout(Instant::now()).map_err(|e| anyhow!("{e}"))?;
-                        handed += deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
-                        continue;
-                    }
-                    _ = check.tick() => {
-                        if rx.handle_timeout(Instant::now()) {
-                            let skipped = rx.intake().skipped();
-                            lock(&stats).given_up = skipped;
-                            if let Some(suppressed) = gaps.admit(Instant::now()) {
-                                tracing::warn!(
-                                    skipped,
-                                    suppressed,
-                                    "stored frames that never came were given up after {REORDER_WAIT:?}"
-                                );
+                        // Lossy: the frame that waited for a busy sink goes once it has room.
+                        permit = async { lossy_tx.as_ref().expect("waiting").reserve().await }, if lossy_tx.is_some() => {
+                            let permit = permit.map_err(|_| anyhow!("the sink endpoint stopped accepting frames"))?;
+                            if let Some(f) = flow.poll_frame() {
+                                self.delivered(&f, flow);
+                                permit.send(f);
                             }
                         }
-                        // Acknowledged only once everything taken is through the sink
-                        // (nothing held behind a gap, nothing in the stack).
-                        let through = done.count() >= handed && stack.poll_timeout().is_none();
-                        let due = rx.acks_due(through);
-                        keep_position(&mut input, &rx, &due);
-                        ack_in_order(rx.intake(), due).await;
-                        if let (Some(t), Input::Stored(st)) = (ending, &mut input) {
-                            if !rx.intake().has_unacked() && (st.drained().await || t.elapsed() > ENDING_WAIT) {
-                                if t.elapsed() > ENDING_WAIT {
-                                    tracing::warn!("the stream ended with stored frames still unacknowledged after {ENDING_WAIT:?}; stopping anyway");
-                                }
-                                stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
-                                deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
-                                return Ok(());
+                        m = next_input(input), if reading => self.take(flow, m),
+                        Some(m) = async {
+                            match end_sub.as_mut() {
+                                Some(s) => s.next().await,
+                                None => std::future::pending().await,
                             }
+                        }, if reading => {
+                            flow.handle_message(Instant::now(), &m.payload, None);
                         }
-                        // Back from a server restart: what was on its way to this side when
-                        // the server went comes again at once and in order (not after the
-                        // ack wait).
-                        if let Input::Stored(s) = &mut input {
-                            if s.reconnected() {
-                                let r = s.attach(rx.intake().acked_to() + 1).await;
-                                rx.intake().consumer_start(s.start);
-                                if let Err(e) = r {
-                                    // The server's words in it: escaped.
-                                    if let Some(suppressed) = attach_failed.admit(Instant::now()) {
-                                        tracing::warn!(
-                                            suppressed,
-                                            "{}; trying again",
-                                            printable(&e.to_string(), MAX_REASON)
-                                        );
-                                    }
-                                    s.seen = s.seen.wrapping_sub(1);
-                                }
-                            }
+                        _ = sleep_until_opt(wake) => {
+                            flow.handle_timeout(Instant::now()).map_err(|e| anyhow!("{e}"))?;
                         }
-                        continue;
-                    }
-                };
-                let (payload, stored) = match next {
-                    None => return Ok(()),
-                    Some(Ok(x)) => x,
-                    Some(Err(e)) => {
-                        // The server's words in it: escaped.
-                        if let Some(suppressed) = server_errors.admit(Instant::now()) {
-                            tracing::warn!(
-                                suppressed,
-                                "JetStream: {}; going on",
-                                printable(&e.to_string(), MAX_REASON)
-                            );
-                        }
-                        continue;
-                    }
-                };
-                let stored = stored.map(|m| {
-                    let seq = m.info().ok().map(|i| i.stream_sequence);
-                    tracing::trace!(stream_seq = seq, "stored frame");
-                    (seq, m)
-                });
-                match rx.handle_message(Instant::now(), &payload, stored) {
-                    Taken::Queued => {}
-                    Taken::Copy => lock(&stats).duplicates += 1,
-                    Taken::Malformed => {
-                        if let Some(suppressed) = bad.admit(Instant::now()) {
-                            tracing::warn!(
-                                suppressed,
-                                "dropped a NATS message shorter than a frame record"
-                            );
-                        }
-                    }
-                    Taken::Foreign => {
-                        // Every stream has subjects of its own: a record naming another
-                        // stream was moved here by someone who may publish.
-                        lock(&stats).refused += 1;
-                        if let Some(suppressed) = bad.admit(Instant::now()) {
-                            tracing::warn!(
-                                subject_stream = stream,
-                                suppressed,
-                                "dropped a frame of another stream published on this stream's subject"
-                            );
+                        _ = check.tick() => {
+                            let now = Instant::now();
+                            flow.handle_completed(now, done.count());
+                            flow.handle_tick(now);
+                            self.reattach(flow, input).await;
                         }
                     }
                 }
-                continue;
-            }
-        };
-        keys.said(&event);
-        match event {
-            Event::NewerRun | Event::TellRun => {}
-            Event::End { first, .. } => {
-                if once {
-                    // Stored frames still on their way to this side (delivered before a
-                    // server restart, or to a round-robin member that left) come first.
-                    if let Input::Stored(st) = &mut input {
-                        if ending.is_none() {
-                            ending = Some(Instant::now());
-                        }
-                        if !st.drained().await {
-                            continue;
-                        }
-                    }
-                    stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
-                    handed += deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
-                    if let Some(f) = spare.as_mut().and_then(|n| n.take()) {
-                        if tx.send(f).await.is_ok() {
-                            handed += 1;
-                        }
-                    }
-                    // Everything before the end is acknowledged once the sink completed it.
-                    drop(tx);
-                    let t0 = Instant::now();
-                    while done.count() < handed && t0.elapsed() < Duration::from_secs(10) {
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                    }
-                    if done.count() >= handed {
-                        let all = rx.intake().take_acks();
-                        keep_position(&mut input, &rx, &all);
-                        ack_in_order(rx.intake(), all).await;
-                    }
-                    return Ok(());
-                }
-                if first {
-                    tracing::info!(
-                        "{peer} source of this stream ended; waiting for it to start again"
-                    );
-                }
-            }
-            Event::Frame {
-                frame,
-                run,
-                restarted,
-                ..
-            } => {
-                if let Some((old, old_seq)) = restarted {
-                    // The device side restarted: its forward halves start from nothing (an
-                    // `image` zstd stream and credit numbers, a `delta` reference). What ours
-                    // still hold of its last run goes to the sink, then they start afresh too,
-                    // as on a direct link (found by hand: after a device restart every app
-                    // side's `image` inverse refused the new run's frames, `credit number did
-                    // not increase`).
-                    stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
-                    handed += deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
-                    *stack = rebuild()?;
-                    tracing::info!(
-                        old = format_args!("{old:016x}"),
-                        old_seq,
-                        new = format_args!("{:016x}", run.id),
-                        seq = frame.meta.seq,
-                        "the device side restarted; this stream's pairs start afresh"
-                    );
-                }
-                if let Err(e) = stack.handle_frame(Instant::now(), frame) {
-                    if let Some(suppressed) = bad.admit(Instant::now()) {
-                        tracing::warn!(
-                            suppressed,
-                            "{}; frame dropped",
-                            printable(&e.to_string(), MAX_REASON)
-                        );
-                    }
-                }
-                handed += deliver(stack, &tx, &stats, spare.as_deref_mut()).await?;
             }
         }
+    }
+
+    /// Hands the frames that wait to the sink: a reliable stream's as the sink takes them
+    /// (backpressure: no message is read meanwhile), a lossy one's while it has room now.
+    async fn hand_ready(&mut self, flow: &mut Flow) -> Result<()> {
+        let Some(tx) = self.tx.clone() else {
+            return Ok(());
+        };
+        let closed = || anyhow!("the sink endpoint stopped accepting frames");
+        while flow.has_frame() {
+            let permit = if flow.mode().lossy {
+                match tx.try_reserve() {
+                    Ok(p) => p,
+                    Err(mpsc::error::TrySendError::Full(())) => break,
+                    Err(mpsc::error::TrySendError::Closed(())) => return Err(closed()),
+                }
+            } else {
+                tx.reserve().await.map_err(|_| closed())?
+            };
+            if let Some(f) = flow.poll_frame() {
+                self.delivered(&f, flow);
+                permit.send(f);
+            }
+        }
+        Ok(())
+    }
+
+    fn delivered(&self, f: &Frame, flow: &Flow) {
+        let mut s = lock(&self.stats);
+        s.delivered(f.len(), f.meta.timestamp_ns, wall_ns());
+        if s.layers_due(Instant::now()) {
+            s.layers = flow.stack().stats();
+        }
+    }
+
+    /// The receiver's and the flow's counters into the stream's stats.
+    fn count(&mut self, flow: &mut Flow) {
+        let stale = flow.counters().stale;
+        let rx = flow.receiver();
+        let t = &mut self.told;
+        if rx.records != t.records || rx.dropped() != t.dropped || stale != t.stale {
+            let mut s = lock(&self.stats);
+            s.wire_frames += rx.records - t.records;
+            s.wire_bytes += rx.record_bytes - t.bytes;
+            s.refused += rx.dropped() - t.dropped;
+            s.stale += stale - t.stale;
+            (t.records, t.bytes, t.dropped, t.stale) =
+                (rx.records, rx.record_bytes, rx.dropped(), stale);
+        }
+    }
+
+    /// A message off a subscription or a JetStream consumer.
+    fn take(&mut self, flow: &mut Flow, m: Option<Result<(Bytes, Option<jetstream::Message>)>>) {
+        let (payload, stored) = match m {
+            // The subscription ended (the connection is gone for good): so does the stream.
+            None => {
+                let _ = flow.handle_finish(Instant::now());
+                return;
+            }
+            Some(Ok(x)) => x,
+            Some(Err(e)) => {
+                // The server's words in it: escaped.
+                if let Some(suppressed) = self.logs.server_errors.admit(Instant::now()) {
+                    tracing::warn!(
+                        suppressed,
+                        "JetStream: {}; going on",
+                        printable(&e.to_string(), MAX_REASON)
+                    );
+                }
+                return;
+            }
+        };
+        let stored = stored.map(|m| {
+            let seq = m.info().ok().map(|i| i.stream_sequence);
+            tracing::trace!(stream_seq = seq, "stored frame");
+            (seq, m)
+        });
+        match flow.handle_message(Instant::now(), &payload, stored) {
+            Taken::Queued => {}
+            Taken::Copy => lock(&self.stats).duplicates += 1,
+            Taken::Malformed => {
+                if let Some(suppressed) = self.logs.bad.admit(Instant::now()) {
+                    tracing::warn!(
+                        suppressed,
+                        "dropped a NATS message shorter than a frame record"
+                    );
+                }
+            }
+            Taken::Foreign => {
+                // Every stream has subjects of its own: a record naming another stream was
+                // moved here by someone who may publish.
+                lock(&self.stats).refused += 1;
+                if let Some(suppressed) = self.logs.bad.admit(Instant::now()) {
+                    tracing::warn!(
+                        suppressed,
+                        "dropped a frame of another stream published on this stream's subject"
+                    );
+                }
+            }
+        }
+    }
+
+    fn notice(&mut self, n: Notice) {
+        let now = Instant::now();
+        match n {
+            Notice::Unopened(e) => unopened(&mut self.logs.bad, &e),
+            Notice::Refused(e) => {
+                if let Some(suppressed) = self.logs.bad.admit(now) {
+                    tracing::warn!(
+                        suppressed,
+                        "{}; frame dropped",
+                        printable(&e.to_string(), MAX_REASON)
+                    );
+                }
+            }
+            Notice::GaveUp { skipped } => {
+                lock(&self.stats).given_up = skipped;
+                if let Some(suppressed) = self.logs.gaps.admit(now) {
+                    tracing::warn!(
+                        skipped,
+                        suppressed,
+                        "stored frames that never came were given up after {REORDER_WAIT:?}"
+                    );
+                }
+            }
+            // (Found by hand: after a device restart every app side's `image` inverse
+            // refused the new run's frames, `credit number did not increase`.)
+            Notice::Restarted { old, new } => tracing::info!(
+                old = format_args!("{:016x}", old.0),
+                old_seq = old.1,
+                new = format_args!("{:016x}", new.0),
+                seq = new.1,
+                "the device side restarted; this stream's pairs start afresh"
+            ),
+            Notice::SourceEnded => tracing::info!(
+                "{} source of this stream ended; waiting for it to start again",
+                self.peer
+            ),
+            Notice::EndingTimedOut => tracing::warn!(
+                "the stream ended with stored frames still unacknowledged after {ENDING_WAIT:?}; stopping anyway"
+            ),
+            Notice::SinkUnfinished { handed, completed } => tracing::warn!(
+                handed,
+                completed,
+                "the stream ended but the sink did not complete what it was handed within {FINISH_WAIT:?}; what it did not is left unacknowledged (it comes again)"
+            ),
+        }
+    }
+
+    /// Back from a server restart: what was on its way to this side when the server went
+    /// comes again at once and in order (not after the ack wait).
+    async fn reattach(&mut self, flow: &mut Flow, input: &mut Input) {
+        let Input::Stored(s) = input else {
+            return;
+        };
+        if !s.reconnected() {
+            return;
+        }
+        let r = s.attach(flow.receiver().intake().acked_to() + 1).await;
+        flow.receiver().intake().consumer_start(s.start);
+        if let Err(e) = r {
+            // The server's words in it: escaped.
+            if let Some(suppressed) = self.logs.attach_failed.admit(Instant::now()) {
+                tracing::warn!(
+                    suppressed,
+                    "{}; trying again",
+                    printable(&e.to_string(), MAX_REASON)
+                );
+            }
+            s.seen = s.seen.wrapping_sub(1);
+        }
+    }
+}
+
+/// The next message of a sink's input.
+async fn next_input(input: &mut Input) -> Option<Result<(Bytes, Option<jetstream::Message>)>> {
+    match input {
+        Input::Core(s) => s.next().await.map(|m| Ok((m.payload, None))),
+        Input::Stored(s) => s
+            .next()
+            .await
+            .map(|r| r.map(|m| (m.payload.clone(), Some(m)))),
     }
 }
 
@@ -650,18 +714,6 @@ pub(super) fn unopened(bad: &mut ndd_core::RateLimit, e: &ndd_core::ModuleError)
             "dropped a frame that does not open under the group key: {}",
             printable(&e.to_string(), MAX_REASON)
         );
-    }
-}
-
-/// Before `acks` go: where the stream stands, for the next process ([`PositionFile`]).
-pub(super) fn keep_position(input: &mut Input, rx: &SinkReceiver, acks: &[jetstream::Message]) {
-    if acks.is_empty() {
-        return;
-    }
-    if let (Input::Stored(s), Some(p)) = (input, rx.kept(Instant::now())) {
-        if let Some(f) = s.position.as_mut() {
-            f.write(p);
-        }
     }
 }
 
@@ -684,59 +736,4 @@ pub(super) async fn ack_in_order(
             }
         }
     }
-}
-
-/// Hands the stack's frames to the sink. With `newest` (a lossy stream), a frame the sink
-/// has no room for waits there, replacing (and counting as stale) the one that waited.
-pub(super) async fn deliver(
-    stack: &mut Stack,
-    tx: &mpsc::Sender<Frame>,
-    stats: &Shared<StreamStats>,
-    mut newest: Option<&mut Option<Frame>>,
-) -> Result<u64> {
-    let mut n = 0;
-    while let Some(f) = stack.poll_frame() {
-        {
-            let mut s = lock(stats);
-            s.delivered(f.len(), f.meta.timestamp_ns, wall_ns());
-            if s.layers_due(Instant::now()) {
-                s.layers = stack.stats();
-            }
-        }
-        match newest.as_deref_mut() {
-            Some(slot) => {
-                let f = match slot.take() {
-                    // Order: what waited goes first when there is room.
-                    Some(old) => match tx.try_send(old) {
-                        Ok(()) => {
-                            n += 1;
-                            f
-                        }
-                        Err(mpsc::error::TrySendError::Full(_)) => {
-                            lock(stats).stale += 1;
-                            f
-                        }
-                        Err(mpsc::error::TrySendError::Closed(_)) => {
-                            bail!("the sink endpoint stopped accepting frames")
-                        }
-                    },
-                    None => f,
-                };
-                match tx.try_send(f) {
-                    Ok(()) => n += 1,
-                    Err(mpsc::error::TrySendError::Full(f)) => *slot = Some(f),
-                    Err(mpsc::error::TrySendError::Closed(_)) => {
-                        bail!("the sink endpoint stopped accepting frames")
-                    }
-                }
-            }
-            None => {
-                if tx.send(f).await.is_err() {
-                    bail!("the sink endpoint stopped accepting frames");
-                }
-                n += 1;
-            }
-        }
-    }
-    Ok(n)
 }

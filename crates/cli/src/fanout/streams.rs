@@ -120,7 +120,7 @@ pub(super) async fn spawn_stream(
         })?;
         let stack = user_stack(cfg, plan, Role::Sink)?;
         // For a restarted device side: the same pairs, afresh.
-        let rebuild: Rebuild = {
+        let rebuild: ndd_link::nats::deliver::Rebuild = {
             let pairs: Vec<ModuleConfig> = cfg.streams[plan.index]
                 .pairs()
                 .into_iter()
@@ -129,7 +129,7 @@ pub(super) async fn spawn_stream(
             let name = plan.name.clone();
             Box::new(move || {
                 let pairs: Vec<&dyn Pair> = pairs.iter().map(|m| m as &dyn Pair).collect();
-                Stack::build(Role::Sink, &name, &pairs).map_err(|e| anyhow!("{e}"))
+                Stack::build(Role::Sink, &name, &pairs)
             })
         };
         let stale = (ctx.side == SideName::Device).then(|| ctx.run_stale.clone());
@@ -160,7 +160,6 @@ pub(super) async fn spawn_stream(
             "an app side's"
         };
         tasks.spawn(async move {
-            let mut stack = stack;
             let r = pump_sink(
                 id,
                 input,
@@ -168,7 +167,7 @@ pub(super) async fn spawn_stream(
                 once,
                 finish,
                 lossy,
-                &mut stack,
+                stack,
                 rebuild,
                 keys,
                 side,
@@ -178,7 +177,6 @@ pub(super) async fn spawn_stream(
                 peer,
             )
             .await;
-            lock(&stats).layers = stack.stats();
             let report = match sink.await {
                 Ok(Ok(rep)) => rep.check.map(|c| (name.clone(), c)),
                 Ok(Err(e)) => {

@@ -15,6 +15,8 @@
 //! - [`outbox`]: a source stream's records, message ids, acknowledgements and retries
 //!   (sans-IO);
 //! - [`intake`]: a sink stream's records: copies, order, END, acknowledgements (sans-IO);
+//! - [`deliver`]: a sink stream from its receiver through its stack to the sink: backpressure,
+//!   acknowledgements once the sink completed, device restarts, the END (sans-IO);
 //! - [`runs`]: which device run a frame may come from, and its run key (sans-IO);
 //! - [`keys`]: the group key, its rotation, and the opening of frames under it (sans-IO);
 //! - [`follow`]: an app side's following of the key: rekey notices, joins, answers (sans-IO);
@@ -23,6 +25,7 @@
 
 pub mod admit;
 pub mod claim;
+pub mod deliver;
 pub mod follow;
 pub mod intake;
 pub mod join;
