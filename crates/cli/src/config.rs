@@ -32,6 +32,10 @@ pub struct Config {
     /// Where the file was read from (for error messages).
     #[serde(skip)]
     pub path: PathBuf,
+    /// The text it was read from (a listener serving several peers reads it again for each,
+    /// with `{peer}` replaced: [`Config::for_peer`]).
+    #[serde(skip)]
+    pub text: String,
 }
 
 /// `[link]`.
@@ -78,6 +82,10 @@ pub struct LinkConfig {
     /// event need not wait behind a whole screen update on a slow link); 0 never cuts. QUIC
     /// and UDP do not use it.
     pub chunk_bytes: u64,
+    /// A listening side (TCP or QUIC) serves this many peers at once, each its own session,
+    /// streams and endpoints (`{peer}` in the file names each peer's); 1: one at a time, any
+    /// other is told the side is busy.
+    pub peers: u32,
 }
 
 impl Default for LinkConfig {
@@ -100,6 +108,7 @@ impl Default for LinkConfig {
             flight_min_bytes: 2 << 20,
             chunk_bytes: ndd_link::CHUNK_BYTES as u64,
             nats: ndd_link::nats::NatsConfig::default(),
+            peers: 1,
         }
     }
 }
@@ -450,6 +459,7 @@ impl Config {
             anyhow::anyhow!("{}{line}:{key} {msg}", path.display())
         })?;
         cfg.path = path.to_path_buf();
+        cfg.text = text.to_string();
         // A keepalive the file does not set follows its ping interval: six pings, at least
         // the default (a file that sets `ping_interval_ms = 2000` alone must not fail the
         // check below now that the default keepalive is 1.5 s).
@@ -472,6 +482,18 @@ impl Config {
         cfg.validate(text)?;
         cfg.join_sync_groups()?;
         Ok(cfg)
+    }
+
+    /// This config for the peer named `peer` of a listener serving several: the file read
+    /// again with every `{peer}` replaced by the name (so each peer's endpoints are its own:
+    /// `link = "/dev/ttyREMOTE-{peer}"`); the link settings stay this config's.
+    pub fn for_peer(&self, peer: &str) -> Result<Config> {
+        let name = peer_file_name(peer);
+        let mut c = Config::parse(&self.text.replace("{peer}", &name), &self.path)
+            .with_context(|| format!("the config for peer {name}"))?;
+        c.link = self.link.clone();
+        c.side = self.side;
+        Ok(c)
     }
 
     /// Builds both halves of every pair once and drops them, so what only building finds (an
@@ -547,6 +569,12 @@ impl Config {
         check_address(&self.link.address, &format!("{file}: key `link.address`"))?;
         if self.link.handshake_timeout_ms == 0 {
             bail!("{file}: key `link.handshake_timeout_ms`: must be at least 1 ms");
+        }
+        if !(1..=MAX_PEERS).contains(&self.link.peers) {
+            bail!(
+                "{file}: key `link.peers`: {} is out of range: 1 (one peer at a time) to {MAX_PEERS}",
+                self.link.peers
+            );
         }
         if self.link.chunk_bytes != 0 && self.link.chunk_bytes < 1024 {
             bail!(
@@ -820,6 +848,34 @@ impl Config {
                 .collect(),
         }
     }
+}
+
+/// Most peers a listener serves at once (`link.peers`).
+pub const MAX_PEERS: u32 = 1024;
+
+/// A peer's name as `{peer}` puts it in a config: its `known_peers` name, or the first 12
+/// characters of its fingerprint after `SHA256:` (or its address); only letters, digits, `.`,
+/// `_` and `-` (others become `_`), so it is safe in a file name.
+pub fn peer_file_name(peer: &str) -> String {
+    let short: String = match peer.strip_prefix("SHA256:") {
+        Some(fp) => fp.chars().take(12).collect(),
+        None => peer.chars().take(64).collect(),
+    };
+    let name: String = short
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    // Never `.` or `..` (a directory of its own), never empty.
+    if name.chars().all(|c| c == '.') {
+        return format!("_{name}");
+    }
+    name
 }
 
 #[cfg(test)]
@@ -1233,6 +1289,33 @@ sink = { type = "framebuffer", path = "fb.raw" }
             e.starts_with(
                 "x.toml: stream \"events\": file sink: key `path`: directory /nonexistent/dir: "
             ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_peer_name_in_a_config_is_safe_in_a_file_name() {
+        assert_eq!(peer_file_name("lab1"), "lab1");
+        assert_eq!(
+            peer_file_name("SHA256:/RV4GYERbd6IitM2UfsJhRZVTeZxzdLBw/OE4FDsRjM"),
+            "_RV4GYERbd6I"
+        );
+        assert_eq!(peer_file_name("../../etc/x y"), ".._.._etc_x_y");
+        assert_eq!(peer_file_name("10.0.0.7:40122"), "10.0.0.7_40122");
+        assert_eq!(peer_file_name(".."), "_..");
+        assert_eq!(peer_file_name(""), "_");
+    }
+
+    #[test]
+    fn peers_out_of_range_are_named() {
+        let e = Config::parse(
+            "driver = \"d\"\n[link]\npeers = 0\n[[stream]]\nname = \"s\"\ndirection = \"device-to-app\"\nsource = { type = \"synthetic\" }\nsink = { type = \"null\" }\n",
+            Path::new("x.toml"),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("key `link.peers`: 0 is out of range"),
             "{e}"
         );
     }

@@ -258,6 +258,22 @@ pub struct HandshakeCtx {
     /// The peer this (listening) side serves now: a trusted peer that connects meanwhile is
     /// refused with CLOSE code 7 (busy), naming it, instead of waiting in the listen queue.
     pub busy_with: Option<String>,
+    /// A listener serving several peers: asked about each trusted peer (by fingerprint, or
+    /// address without TLS) once it is known; a reason refuses it as busy (CLOSE code 7).
+    pub gate: Option<PeerGate>,
+}
+
+/// Whether a listener that serves several peers takes one more: `None`, or why not.
+#[derive(Clone)]
+pub struct PeerGate(pub Arc<GateFn>);
+
+/// [`PeerGate`]'s question: the peer's fingerprint (or address) → why it is turned away.
+pub type GateFn = dyn Fn(&str) -> Option<String> + Send + Sync;
+
+impl std::fmt::Debug for PeerGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PeerGate")
+    }
 }
 
 /// A link that passed the handshake.
@@ -712,6 +728,17 @@ impl Connector {
                 }
             }
         }
+        self.serve_streams(ctx, None).await
+    }
+
+    /// The TCP and QUIC part of [`Connector::serve`]: the first link that passes its
+    /// handshake, or with `each` every one, handed there.
+    async fn serve_streams(
+        &self,
+        ctx: &HandshakeCtx,
+        each: Option<&tokio::sync::mpsc::Sender<Established>>,
+    ) -> Result<Established, EstablishError> {
+        let mut logs = ServeLogs::default();
         let shared = Arc::new(ctx.clone());
         let mut tasks: JoinSet<Result<Established, EstablishError>> = JoinSet::new();
         // Oldest first: task id, source address, handle to evict it.
@@ -760,7 +787,14 @@ impl Connector {
                     };
                     pending.retain(|p| p.0 != id);
                     match done {
-                        Ok((_, Ok(x))) => return Ok(x),
+                        Ok((_, Ok(x))) => match each {
+                            Some(tx) => {
+                                if let Err(lost) = tx.send(x).await {
+                                    return Ok(lost.0);
+                                }
+                            }
+                            None => return Ok(x),
+                        },
                         Ok((_, Err(e @ EstablishError::Local(_)))) => return Err(e),
                         Ok((_, Err(EstablishError::Refused(e)))) => logs.refused(ctx.side, &e),
                         Ok((_, Err(EstablishError::Busy(e)))) => logs.busy(ctx.side, &e),
@@ -791,6 +825,25 @@ impl Connector {
             if let Err(e) = self.serve(&busy, false).await {
                 return e;
             }
+        }
+    }
+
+    /// A TCP or QUIC listener serving several peers: every link that passes the handshake
+    /// goes to `each`, and the listener serves on (handshakes in flight are never dropped for
+    /// one that finished). Returns only on a local problem, or once `each` is closed.
+    pub async fn serve_each(
+        &self,
+        ctx: &HandshakeCtx,
+        each: tokio::sync::mpsc::Sender<Established>,
+    ) -> EstablishError {
+        if !matches!(self, Connector::Listen(_) | Connector::QuicListen(_)) {
+            return EstablishError::Local(
+                "only a TCP or QUIC listener serves several peers".into(),
+            );
+        }
+        match self.serve_streams(ctx, Some(&each)).await {
+            Err(e) => e,
+            Ok(_) => EstablishError::Local("the listener's peers are no longer taken".into()),
         }
     }
 
@@ -870,7 +923,7 @@ impl Connector {
                         more(n)
                     );
                 }
-            } else if first && !bounded {
+            } else if first && (!bounded || matches!(err, EstablishError::Busy(_))) {
                 if let Some(n) = told.admit(Instant::now()) {
                     // Refused at once: nothing listens there (the other side is not started,
                     // or started without --listen: both sides connecting wait for good).
@@ -1017,6 +1070,18 @@ pub async fn handshake(
         refuse(&mut writer, CloseCode::Busy, &reason).await;
         return Err(EstablishError::Busy(format!(
             "{peer_name} at {}: busy serving {serving}",
+            info.addr
+        )));
+    }
+    if let Some(why) = ctx
+        .gate
+        .as_ref()
+        .and_then(|g| (g.0)(info.fingerprint.as_deref().unwrap_or(&peer_name)))
+    {
+        let reason = format!("busy: the {} side {why}", ctx.side);
+        refuse(&mut writer, CloseCode::Busy, &reason).await;
+        return Err(EstablishError::Busy(format!(
+            "{peer_name} at {}: {why}",
             info.addr
         )));
     }
@@ -1190,6 +1255,7 @@ mod tests {
             max_backoff: Duration::from_secs(1),
             side: "app",
             busy_with: None,
+            gate: None,
         }
     }
 

@@ -67,7 +67,8 @@ pub use conn::{
 };
 pub use error::{LinkError, Result};
 pub use establish::{
-    Connector, EstablishError, Established, HandshakeCtx, Rx, Tls, TransportKind, Tx, CHUNK_BYTES,
+    Connector, EstablishError, Established, HandshakeCtx, PeerGate, Rx, Tls, TransportKind, Tx,
+    CHUNK_BYTES,
 };
 pub use frag::{DatagramStats, ReassemblyConfig};
 pub use identity::{default_home, fingerprint_of_cert, fingerprint_of_spki, Identity};

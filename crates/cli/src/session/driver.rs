@@ -53,7 +53,14 @@ pub(super) struct Wiring<'a> {
     pub(super) status: Option<crate::status::Served>,
     /// `--duration`: when the side closes.
     pub(super) deadline: Option<Instant>,
+    /// A listener serving several peers (`link.peers`): this peer's links, reconnects too,
+    /// come from the side's dispatcher, which turns the others away; and whether this
+    /// driver's link is up, for it to read.
+    pub(super) inbox: Option<(Inbox, Arc<std::sync::atomic::AtomicBool>)>,
 }
+
+/// Where a driver of a listener serving several peers gets its links.
+pub(super) type Inbox = Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<Established>>>;
 
 /// One side's session, its link and its streams' endpoints, between the first link and the end.
 pub(super) struct Driver<'a> {
@@ -99,7 +106,10 @@ impl<'a> Driver<'a> {
             .live_stats
             .or((w.metrics.is_some() || w.status.is_some()).then_some(Duration::from_secs(1)));
         let peer = first.peer.clone();
-        let busy: Busy<'a> = Box::pin(w.connector.refuse_while_busy(w.ctx, peer.clone()));
+        let busy: Option<Busy<'a>> = w
+            .inbox
+            .is_none()
+            .then(|| Box::pin(w.connector.refuse_while_busy(w.ctx, peer.clone())) as Busy<'a>);
         Driver {
             side: w.side,
             quiet: w.quiet,
@@ -108,7 +118,7 @@ impl<'a> Driver<'a> {
             udp_drops: first.rx.drops().into_iter().collect(),
             link: Some(Link::new(first, &mut sess, w.cfg.link.chunk_bytes as usize)),
             reconnect: None,
-            busy: Some(busy),
+            busy,
             next_trust_check: Instant::now() + TRUST_CHECK,
             next_stats: tick.map(|d| Instant::now() + d),
             tick,
@@ -313,7 +323,18 @@ impl<'a> Driver<'a> {
         self.link_state = state;
         self.link = None;
         self.busy = None;
-        self.reconnect = Some(Box::pin(self.w.connector.establish(self.w.ctx, false)));
+        self.reconnect = Some(match &self.w.inbox {
+            Some((inbox, up)) => {
+                up.store(false, std::sync::atomic::Ordering::Release);
+                let inbox = inbox.clone();
+                Box::pin(async move {
+                    inbox.lock().await.recv().await.ok_or_else(|| {
+                        EstablishError::Local("the listener stopped taking peers".into())
+                    })
+                })
+            }
+            None => Box::pin(self.w.connector.establish(self.w.ctx, false)),
+        });
     }
 
     /// Before waiting: what the sinks completed goes to the session, what it has to send
@@ -396,11 +417,16 @@ impl<'a> Driver<'a> {
         self.reconnect = None;
         let e = est.map_err(|e| anyhow!(e).context("cannot reconnect"))?;
         note!(self.quiet, self.side, "reconnected to {}", e.peer);
-        self.busy = Some(Box::pin(
-            self.w
-                .connector
-                .refuse_while_busy(self.w.ctx, e.peer.clone()),
-        ));
+        match &self.w.inbox {
+            Some((_, up)) => up.store(true, std::sync::atomic::Ordering::Release),
+            None => {
+                self.busy = Some(Box::pin(
+                    self.w
+                        .connector
+                        .refuse_while_busy(self.w.ctx, e.peer.clone()),
+                ))
+            }
+        }
         self.peer_fp = e.fingerprint.clone();
         self.same_clock = e.addr.ip().is_loopback();
         self.udp_drops.extend(e.rx.drops());

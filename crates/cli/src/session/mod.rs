@@ -13,6 +13,7 @@
 
 mod driver;
 mod link;
+mod many;
 mod streams;
 
 use crate::config::{Config, SideName};
@@ -242,7 +243,7 @@ pub async fn run_side_task(
 /// Runs one side until all streams end, the peer closes, or `stop` turns true.
 pub async fn run_side(
     cfg: &Config,
-    opts: RunOptions,
+    mut opts: RunOptions,
     mut stop: watch::Receiver<bool>,
 ) -> Result<RunReport> {
     if cfg.link.transport == TransportKind::Nats {
@@ -303,6 +304,7 @@ pub async fn run_side(
         max_backoff: Duration::from_millis(cfg.link.max_backoff_ms),
         side: side.as_str(),
         busy_with: None,
+        gate: None,
     };
     let metrics = match &opts.metrics {
         Some(addr) => {
@@ -319,7 +321,9 @@ pub async fn run_side(
         Endpoint::Connect(a) => Some(a.clone()),
         _ => None,
     };
-    let connector = match opts.endpoint {
+    // (Taken out: the options go on to the drivers.)
+    let endpoint = std::mem::replace(&mut opts.endpoint, Endpoint::Connect(String::new()));
+    let connector = match endpoint {
         Endpoint::ListenOn(l) if transport == TransportKind::Tcp => Connector::Listen(l),
         Endpoint::ListenOn(_) => bail!("a pre-bound listener is TCP only"),
         Endpoint::Listen(addr) => Connector::new(transport, true, &addr, tls.as_deref()).await?,
@@ -327,6 +331,10 @@ pub async fn run_side(
     };
     if let Some(a) = connector.local_addr() {
         note!(quiet, side, "listening on {a}");
+    }
+    if cfg.link.peers > 1 && matches!(connector, Connector::Listen(_) | Connector::QuicListen(_)) {
+        drop(metrics);
+        return many::run_many(cfg, &opts, stop, ctx, connector, deadline).await;
     }
     // `ndd status` asks this side over a socket (not for benchmarks' quiet sides).
     let status = if quiet {
@@ -387,18 +395,7 @@ pub async fn run_side(
     };
     note!(quiet, side, "connected to {}; streams agreed", first.peer);
     let (plans, io) = streams::start(cfg, side)?;
-    let scfg = SessionConfig {
-        resume_buffer_bytes: cfg.link.resume_buffer_bytes as usize,
-        flight_min_bytes: cfg.link.flight_min_bytes as usize,
-        ping_interval: Duration::from_millis(cfg.link.ping_interval_ms.max(10)),
-        keepalive_timeout: Duration::from_millis(cfg.link.keepalive_timeout_ms),
-        reconnect: cfg.link.reconnect,
-        outlive_peer: !opts.once,
-        max_frame_bytes: cfg.link.max_frame_bytes as usize,
-        chunk_bytes: cfg.link.chunk_bytes as usize,
-        ..SessionConfig::default()
-    };
-    let mut sess = Session::new(scfg, plans, run_id())?;
+    let mut sess = Session::new(session_config(cfg, &opts), plans, run_id())?;
     sess.handle_link_up(Instant::now(), wall_ns());
     let mut driver = Driver::new(
         Wiring {
@@ -412,6 +409,7 @@ pub async fn run_side(
             metrics,
             status,
             deadline,
+            inbox: None,
         },
         sess,
         io,
@@ -419,6 +417,21 @@ pub async fn run_side(
     );
     let result = driver.run(&mut stop).await;
     driver.finish(result).await
+}
+
+/// The session's settings from the config's `[link]` and the run's options.
+fn session_config(cfg: &Config, opts: &RunOptions) -> SessionConfig {
+    SessionConfig {
+        resume_buffer_bytes: cfg.link.resume_buffer_bytes as usize,
+        flight_min_bytes: cfg.link.flight_min_bytes as usize,
+        ping_interval: Duration::from_millis(cfg.link.ping_interval_ms.max(10)),
+        keepalive_timeout: Duration::from_millis(cfg.link.keepalive_timeout_ms),
+        reconnect: cfg.link.reconnect,
+        outlive_peer: !opts.once,
+        max_frame_bytes: cfg.link.max_frame_bytes as usize,
+        chunk_bytes: cfg.link.chunk_bytes as usize,
+        ..SessionConfig::default()
+    }
 }
 
 /// How long a listening side waits for its peer before it says what the peer needs.

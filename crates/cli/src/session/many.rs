@@ -1,0 +1,253 @@
+//! A listener serving several peers at once (`link.peers` > 1, TCP or QUIC): one accept loop
+//! hands every link that passed its handshake to the driver of its peer (by fingerprint, or
+//! address without TLS), starting one for a new peer while there is room. Each driver is a
+//! whole side of its own (session, streams, endpoints from the config read again with
+//! `{peer}` replaced), so one peer's streams, stalls or failure never touch another's; its
+//! reconnects come through the same loop. A new peer beyond the limit takes the place of one
+//! whose link is down, else it is told the side is busy (CLOSE code 7) and retries.
+
+use super::driver::{Driver, Inbox, Wiring};
+use super::{note, run_id, session_config, sleep_until_opt, wall_ns, RunOptions, RunReport};
+use crate::config::{peer_file_name, Config};
+use anyhow::{anyhow, Result};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use ndd_core::session::Session;
+use ndd_link::{Connector, Established, HandshakeCtx, PeerGate};
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokio::sync::{mpsc, watch};
+
+/// Who holds a place: a peer's key → (its driver's number, whether its link is up).
+type Slots = Arc<Mutex<HashMap<String, (u64, Arc<AtomicBool>)>>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A peer's key: its fingerprint, or its address without TLS.
+fn key_of(e: &Established) -> String {
+    e.fingerprint.clone().unwrap_or_else(|| e.peer.clone())
+}
+
+/// The reason a listener full of live peers turns `key` away, if it does.
+fn turned_away(slots: &Slots, limit: usize, key: &str) -> Option<String> {
+    let s = lock(slots);
+    if s.contains_key(key)
+        || s.len() < limit
+        || s.values().any(|(_, up)| !up.load(Ordering::Acquire))
+    {
+        return None;
+    }
+    Some(format!(
+        "serves {} peers already, its limit (link.peers = {limit}), every one of them connected",
+        s.len()
+    ))
+}
+
+type Running<'a> =
+    Pin<Box<dyn Future<Output = (u64, String, String, Result<RunReport>)> + Send + 'a>>;
+
+/// Runs a listening side that serves up to `cfg.link.peers` peers, until `stop` (or, with
+/// `--once`, until every session it started has ended).
+pub(super) async fn run_many(
+    cfg: &Config,
+    opts: &RunOptions,
+    mut stop: watch::Receiver<bool>,
+    ctx: HandshakeCtx,
+    connector: Connector,
+    deadline: Option<Instant>,
+) -> Result<RunReport> {
+    let (side, quiet) = (opts.side, opts.quiet);
+    let limit = cfg.link.peers as usize;
+    if opts.metrics.is_some() {
+        tracing::warn!(side = %side, "--metrics serves one peer's side: with link.peers = {limit} it is off (`ndd status` shows every peer)");
+    }
+    if opts.live_stats.is_some() && !quiet {
+        note!(quiet, side, "with link.peers = {limit} each peer's board would overwrite the others': the live board is off (`ndd status --watch` shows every peer)");
+    }
+    note!(
+        quiet,
+        side,
+        "serving up to {limit} peers at once, each with its own streams"
+    );
+    let slots: Slots = Arc::default();
+    let gate = {
+        let slots = slots.clone();
+        PeerGate(Arc::new(move |key| turned_away(&slots, limit, key)))
+    };
+    let ctx = HandshakeCtx {
+        gate: Some(gate),
+        ..ctx
+    };
+    let (tx, mut links) = mpsc::channel::<Established>(16);
+    let serving = connector.serve_each(&ctx, tx);
+    tokio::pin!(serving);
+    let mut running: FuturesUnordered<Running<'_>> = FuturesUnordered::new();
+    // Each driver's way in and its own stop.
+    let mut doors: HashMap<String, (u64, mpsc::Sender<Established>, watch::Sender<bool>)> =
+        HashMap::new();
+    let mut next_id = 0u64;
+    let mut reports: Vec<(String, RunReport)> = Vec::new();
+    let mut failed: Option<anyhow::Error> = None;
+    let mut stopping = false;
+    loop {
+        tokio::select! {
+            e = &mut serving => return Err(anyhow!(e).context("the listener failed")),
+            Some(est) = links.recv(), if !stopping => {
+                let key = key_of(&est);
+                if let Some((_, door, _)) = doors.get(&key) {
+                    // Its driver waits for it (a reconnect); one that is ending drops it.
+                    let _ = door.send(est).await;
+                    continue;
+                }
+                if doors.len() >= limit {
+                    // The place of a peer whose link is down goes to the newcomer.
+                    let down = lock(&slots)
+                        .iter()
+                        .find(|(_, (_, up))| !up.load(Ordering::Acquire))
+                        .map(|(k, _)| k.clone());
+                    let Some(down) = down else {
+                        tracing::debug!(side = %side, "{} connected as the last place was taken; it retries", est.peer);
+                        continue;
+                    };
+                    if let Some((_, _, stop_it)) = doors.remove(&down) {
+                        note!(quiet, side, "{} takes the place of a peer whose link is down ({down}); that peer's session ends", est.peer);
+                        let _ = stop_it.send(true);
+                    }
+                    lock(&slots).remove(&down);
+                }
+                next_id += 1;
+                let id = next_id;
+                let up = Arc::new(AtomicBool::new(true));
+                let (door, inbox) = mpsc::channel::<Established>(2);
+                let (stop_one, stop_rx) = watch::channel(false);
+                lock(&slots).insert(key.clone(), (id, up.clone()));
+                doors.insert(key.clone(), (id, door, stop_one));
+                let inbox: Inbox = Arc::new(tokio::sync::Mutex::new(inbox));
+                let name = peer_file_name(&est.peer);
+                note!(quiet, side, "peer {} connected as \"{name}\"; streams agreed", est.peer);
+                let fut = serve_peer(cfg, opts, &ctx, &connector, deadline, est, name.clone(), (inbox, up), stop_rx);
+                running.push(Box::pin(async move { (id, key, name, fut.await) }));
+            }
+            Some((id, key, name, r)) = running.next(), if !running.is_empty() => {
+                if doors.get(&key).is_some_and(|d| d.0 == id) {
+                    doors.remove(&key);
+                    lock(&slots).remove(&key);
+                }
+                match r {
+                    Ok(rep) => {
+                        note!(quiet, side, "peer \"{name}\": session ended");
+                        reports.push((name, rep));
+                    }
+                    Err(e) => {
+                        tracing::warn!(side = %side, "peer \"{name}\": {}", crate::logfmt::error_text(&e));
+                        failed.get_or_insert(e);
+                    }
+                }
+                if running.is_empty() && (opts.once || stopping) {
+                    break;
+                }
+            }
+            _ = stop.changed(), if !stopping => {
+                stopping = true;
+                for (_, _, s) in doors.values() {
+                    let _ = s.send(true);
+                }
+                if running.is_empty() {
+                    break;
+                }
+            }
+            _ = sleep_until_opt(deadline), if running.is_empty() && !stopping => {
+                anyhow::bail!(
+                    "no peer connected within --duration ({:.1} s)",
+                    opts.duration.unwrap_or_default().as_secs_f64()
+                );
+            }
+        }
+    }
+    if let Some(e) = failed.filter(|_| opts.once) {
+        return Err(e);
+    }
+    Ok(merge(reports))
+}
+
+/// One peer's side: its config, streams, session and driver, until its session ends.
+#[allow(clippy::too_many_arguments)]
+async fn serve_peer(
+    cfg: &Config,
+    opts: &RunOptions,
+    ctx: &HandshakeCtx,
+    connector: &Connector,
+    deadline: Option<Instant>,
+    first: Established,
+    name: String,
+    inbox: (Inbox, Arc<AtomicBool>),
+    mut stop: watch::Receiver<bool>,
+) -> Result<RunReport> {
+    let side = opts.side;
+    let cfg = cfg.for_peer(&name)?;
+    cfg.probe_side(side)?;
+    let (plans, io) = super::streams::start(&cfg, side)?;
+    let mut sess = Session::new(session_config(&cfg, opts), plans, run_id())?;
+    sess.handle_link_up(Instant::now(), wall_ns());
+    let status = if opts.quiet {
+        None
+    } else {
+        crate::status::serve_or_say(crate::status::SideStatus::starting(
+            &format!("{} ({name})", cfg.driver),
+            side.as_str(),
+            connector.local_addr().unwrap_or_default(),
+            "up",
+        ))
+    };
+    let mut driver = Driver::new(
+        Wiring {
+            cfg: &cfg,
+            side,
+            quiet: opts.quiet,
+            home: &opts.home,
+            live_stats: None,
+            ctx,
+            connector,
+            metrics: None,
+            status,
+            deadline,
+            inbox: Some(inbox),
+        },
+        sess,
+        io,
+        first,
+    );
+    let result = driver.run(&mut stop).await;
+    driver.finish(result).await
+}
+
+/// The reports of every peer's session as one: streams and checks named `stream@peer`.
+fn merge(reports: Vec<(String, RunReport)>) -> RunReport {
+    let mut all = RunReport {
+        streams: Vec::new(),
+        checks: Vec::new(),
+        peer: String::new(),
+        clock_offset: None,
+        recoveries: Vec::new(),
+        link_drops: None,
+    };
+    let mut peers = Vec::new();
+    for (name, r) in reports {
+        for mut s in r.streams {
+            s.name = format!("{}@{name}", s.name);
+            all.streams.push(s);
+        }
+        for (stream, c) in r.checks {
+            all.checks.push((format!("{stream}@{name}"), c));
+        }
+        all.recoveries.extend(r.recoveries);
+        peers.push(r.peer);
+    }
+    all.peer = peers.join(", ");
+    all
+}

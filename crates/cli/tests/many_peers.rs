@@ -1,0 +1,152 @@
+//! One listener, many peers (issue 34 item 2), with real processes: an app side with
+//! `link.peers = 3` serves three device sides at once, each its own session and endpoints
+//! (`{peer}` in a sink's path), a fourth trusted one is told the side is busy while the three
+//! are connected, and a device side killed and started again gets its own session back.
+
+mod common;
+
+use common::*;
+use std::path::{Path, PathBuf};
+
+/// The app side's home trusting `n` device homes (named `lab0`…), each trusting the app.
+fn lab_homes(dir: &Path, n: usize) -> (PathBuf, Vec<PathBuf>) {
+    let app = dir.join("app");
+    let afp = ok(ndd().args(["id", "--home"]).arg(&app))
+        .trim()
+        .to_string();
+    let devs: Vec<PathBuf> = (0..n)
+        .map(|i| {
+            let d = dir.join(format!("dev{i}"));
+            let dfp = ok(ndd().args(["id", "--home"]).arg(&d)).trim().to_string();
+            ok(ndd()
+                .args(["trust", &afp, "--name", "app", "--home"])
+                .arg(&d));
+            ok(ndd()
+                .args(["trust", &dfp, "--name", &format!("lab{i}"), "--home"])
+                .arg(&app));
+            d
+        })
+        .collect();
+    (app, devs)
+}
+
+fn config(dir: &Path, count: u64) -> PathBuf {
+    let cfg = dir.join("lab.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"driver = "lab"
+[link]
+peers = 3
+ping_interval_ms = 100
+keepalive_timeout_ms = 600
+max_backoff_ms = 200
+
+[[stream]]
+name = "s"
+direction = "device-to-app"
+source = {{ type = "synthetic", size = 200, interval_ms = 2.0, count = {count}, seed = 7 }}
+sink = {{ type = "check", seed = 7, size = 200, expect = {count} }}
+
+[[stream]]
+name = "log"
+direction = "device-to-app"
+source = {{ type = "synthetic", size = 64, interval_ms = 5.0, count = 100, seed = 8 }}
+sink = {{ type = "file", path = "{}/out-{{peer}}.bin", framing = "length" }}
+"#,
+            dir.display()
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+#[test]
+fn one_listener_serves_three_device_sides_each_with_its_own_session_and_endpoints() {
+    let dir = Dir::new("many-peers");
+    let (app_home, devs) = lab_homes(&dir.0, 4);
+    // 3000 frames every 2 ms: the three sessions overlap for seconds.
+    let cfg = config(&dir.0, 3000);
+    let app = Side::spawn(run_cmd(
+        &cfg,
+        "app",
+        &app_home,
+        &["--listen", "127.0.0.1:0", "--once"],
+    ));
+    let addr = app.addr();
+    let sides: Vec<Side> = devs[..3]
+        .iter()
+        .map(|d| Side::spawn(run_cmd(&cfg, "device", d, &["--connect", &addr, "--once"])))
+        .collect();
+    wait_for("three peers served", WAIT, || {
+        app.stderr_now().matches("streams agreed").count() >= 3
+    });
+    // A fourth trusted device while the three are connected: busy, and told so.
+    let fourth = Side::spawn(run_cmd(&cfg, "device", &devs[3], &["--connect", &addr]));
+    wait_for(
+        "the fourth device side told the app side is busy",
+        WAIT,
+        || fourth.stderr_now().contains("serves 3 peers already"),
+    );
+    fourth.kill();
+    for (i, s) in sides.into_iter().enumerate() {
+        let (st, _, err) = s.finish();
+        assert!(st.success(), "device {i}: {err}");
+    }
+    let (st, _, err) = app.finish();
+    assert!(st.success(), "app: {err}");
+    for i in 0..3 {
+        assert!(
+            err.contains(&check_ok(&format!("s@lab{i}"), 3000)),
+            "lab{i}'s own check: {err}"
+        );
+        let out = std::fs::read(dir.0.join(format!("out-lab{i}.bin"))).unwrap();
+        assert_eq!(out.len(), 100 * (4 + 64), "lab{i}'s own file");
+    }
+}
+
+#[test]
+fn a_device_side_that_comes_back_gets_its_session_back_and_a_stranger_nothing() {
+    let dir = Dir::new("many-peers-back");
+    let (app_home, devs) = lab_homes(&dir.0, 2);
+    let cfg = config(&dir.0, 2000);
+    let app = Side::spawn(run_cmd(
+        &cfg,
+        "app",
+        &app_home,
+        &["--listen", "127.0.0.1:0"],
+    ));
+    let addr = app.addr();
+    let steady = Side::spawn(run_cmd(&cfg, "device", &devs[0], &["--connect", &addr]));
+    let first = Side::spawn(run_cmd(&cfg, "device", &devs[1], &["--connect", &addr]));
+    wait_for("two peers served", WAIT, || {
+        app.stderr_now().matches("streams agreed").count() >= 2
+    });
+    // lab1 goes away and comes back (a new process: the session sees the peer restart).
+    first.kill();
+    let again = Side::spawn(run_cmd(&cfg, "device", &devs[1], &["--connect", &addr]));
+    wait_for("lab1 back", WAIT, || {
+        again.stderr_now().contains("connected to") || again.stderr_now().contains("reconnected")
+    });
+    // A stranger (not in known_peers) is refused as ever, and names its fingerprint.
+    let stranger_home = dir.0.join("stranger");
+    let mut stranger = run_cmd(
+        &cfg,
+        "device",
+        &stranger_home,
+        &["--connect", &addr, "--once"],
+    );
+    let out = stranger.output().unwrap();
+    let serr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the stranger is refused: {serr}");
+    assert!(
+        serr.contains("known_peers") || serr.contains("trust"),
+        "{serr}"
+    );
+    let log = app.stderr_now();
+    assert!(!log.contains("panicked"), "the app side goes on: {log}");
+    app.interrupt();
+    let (_, _, aerr) = app.finish();
+    assert!(aerr.matches("peer lab1").count() >= 1, "{aerr}");
+    drop((steady, again));
+}
