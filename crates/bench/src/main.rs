@@ -13,6 +13,7 @@ mod jitter;
 mod links;
 mod mixed;
 mod pairs;
+mod peers;
 mod placement;
 mod raw_link;
 mod soak;
@@ -34,6 +35,17 @@ pub enum BenchCmd {
         #[arg(long)]
         quick: bool,
         /// Directory for audio.md.
+        #[arg(long, value_name = "DIR", default_value = "docs/bench")]
+        out: PathBuf,
+    },
+    /// One listener, many peers: 32 device sides with a 1 kHz input stream each into one app
+    /// side (`link.peers = 32`), beside one device side and beside 32 app side processes in
+    /// the same run: one-way p50/p99 and CPU; writes peers.md.
+    Peers {
+        /// A short run (CI smoke test): 4 device sides, 2 s.
+        #[arg(long)]
+        quick: bool,
+        /// Directory for peers.md.
         #[arg(long, value_name = "DIR", default_value = "docs/bench")]
         out: PathBuf,
     },
@@ -303,6 +315,11 @@ pub async fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Display { quick, out, .. } => display::run(quick, &out).await,
         BenchCmd::E2e { quick, out, link } => e2e::run(quick, &out, &link).await,
         BenchCmd::Pairs { quick, out } => pairs::run(quick, &out),
+        BenchCmd::Peers { quick, out } => {
+            tokio::task::spawn_blocking(move || peers::run(quick, &out))
+                .await
+                .context("bench peers task")?
+        }
         BenchCmd::Soak {
             quick,
             minutes,

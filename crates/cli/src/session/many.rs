@@ -14,8 +14,6 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use ndd_core::session::Session;
 use ndd_link::{Connector, Established, HandshakeCtx, PeerGate};
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -48,8 +46,18 @@ fn turned_away(slots: &Slots, limit: usize, key: &str) -> Option<String> {
     ))
 }
 
-type Running<'a> =
-    Pin<Box<dyn Future<Output = (u64, String, String, Result<RunReport>)> + Send + 'a>>;
+/// A peer's side as it ended: its driver's number, its key, its name, its report.
+type PeerEnd = (u64, String, String, Result<RunReport>);
+
+/// What a peer's side needs of the run's options.
+#[derive(Clone)]
+struct PeerRun {
+    side: crate::config::SideName,
+    quiet: bool,
+    once: bool,
+    home: std::path::PathBuf,
+    deadline: Option<Instant>,
+}
 
 /// Runs a listening side that serves up to `cfg.link.peers` peers, until `stop` (or, with
 /// `--once`, until every session it started has ended).
@@ -84,9 +92,19 @@ pub(super) async fn run_many(
         ..ctx
     };
     let (tx, mut links) = mpsc::channel::<Established>(16);
+    let connector = Arc::new(connector);
     let serving = connector.serve_each(&ctx, tx);
     tokio::pin!(serving);
-    let mut running: FuturesUnordered<Running<'_>> = FuturesUnordered::new();
+    let run = PeerRun {
+        side,
+        quiet,
+        once: opts.once,
+        home: opts.home.clone(),
+        deadline,
+    };
+    // Each peer's side is a task of its own: the runtime's workers share them out, and one
+    // peer's burst of work never holds another's frames.
+    let mut running: FuturesUnordered<tokio::task::JoinHandle<PeerEnd>> = FuturesUnordered::new();
     // Each driver's way in and its own stop.
     let mut doors: HashMap<String, (u64, mpsc::Sender<Established>, watch::Sender<bool>)> =
         HashMap::new();
@@ -130,10 +148,20 @@ pub(super) async fn run_many(
                 let inbox: Inbox = Arc::new(tokio::sync::Mutex::new(inbox));
                 let name = peer_file_name(&est.peer);
                 note!(quiet, side, "peer {} connected as \"{name}\"; streams agreed", est.peer);
-                let fut = serve_peer(cfg, opts, &ctx, &connector, deadline, est, name.clone(), (inbox, up), stop_rx);
-                running.push(Box::pin(async move { (id, key, name, fut.await) }));
+                let peer_cfg = cfg.for_peer(&name);
+                let (run, ctx, connector) = (run.clone(), ctx.clone(), connector.clone());
+                running.push(tokio::spawn(async move {
+                    let r = match peer_cfg {
+                        Ok(c) => serve_peer(c, run, ctx, connector, est, name.clone(), (inbox, up), stop_rx).await,
+                        Err(e) => Err(e),
+                    };
+                    (id, key, name, r)
+                }));
             }
-            Some((id, key, name, r)) = running.next(), if !running.is_empty() => {
+            Some(joined) = running.next(), if !running.is_empty() => {
+                let (id, key, name, r) = joined.unwrap_or_else(|e| {
+                    (0, String::new(), "?".into(), Err(anyhow!("a peer's task failed: {e}")))
+                });
                 if doors.get(&key).is_some_and(|d| d.0 == id) {
                     doors.remove(&key);
                     lock(&slots).remove(&key);
@@ -178,23 +206,21 @@ pub(super) async fn run_many(
 /// One peer's side: its config, streams, session and driver, until its session ends.
 #[allow(clippy::too_many_arguments)]
 async fn serve_peer(
-    cfg: &Config,
-    opts: &RunOptions,
-    ctx: &HandshakeCtx,
-    connector: &Connector,
-    deadline: Option<Instant>,
+    cfg: Config,
+    run: PeerRun,
+    ctx: HandshakeCtx,
+    connector: Arc<Connector>,
     first: Established,
     name: String,
     inbox: (Inbox, Arc<AtomicBool>),
     mut stop: watch::Receiver<bool>,
 ) -> Result<RunReport> {
-    let side = opts.side;
-    let cfg = cfg.for_peer(&name)?;
+    let side = run.side;
     cfg.probe_side(side)?;
     let (plans, io) = super::streams::start(&cfg, side)?;
-    let mut sess = Session::new(session_config(&cfg, opts), plans, run_id())?;
+    let mut sess = Session::new(session_config(&cfg, run.once), plans, run_id())?;
     sess.handle_link_up(Instant::now(), wall_ns());
-    let status = if opts.quiet {
+    let status = if run.quiet {
         None
     } else {
         crate::status::serve_or_say(crate::status::SideStatus::starting(
@@ -208,14 +234,14 @@ async fn serve_peer(
         Wiring {
             cfg: &cfg,
             side,
-            quiet: opts.quiet,
-            home: &opts.home,
+            quiet: run.quiet,
+            home: &run.home,
             live_stats: None,
-            ctx,
-            connector,
+            ctx: &ctx,
+            connector: &connector,
             metrics: None,
             status,
-            deadline,
+            deadline: run.deadline,
             inbox: Some(inbox),
         },
         sess,

@@ -395,7 +395,7 @@ pub async fn run_side(
     };
     note!(quiet, side, "connected to {}; streams agreed", first.peer);
     let (plans, io) = streams::start(cfg, side)?;
-    let mut sess = Session::new(session_config(cfg, &opts), plans, run_id())?;
+    let mut sess = Session::new(session_config(cfg, opts.once), plans, run_id())?;
     sess.handle_link_up(Instant::now(), wall_ns());
     let mut driver = Driver::new(
         Wiring {
@@ -420,14 +420,14 @@ pub async fn run_side(
 }
 
 /// The session's settings from the config's `[link]` and the run's options.
-fn session_config(cfg: &Config, opts: &RunOptions) -> SessionConfig {
+fn session_config(cfg: &Config, once: bool) -> SessionConfig {
     SessionConfig {
         resume_buffer_bytes: cfg.link.resume_buffer_bytes as usize,
         flight_min_bytes: cfg.link.flight_min_bytes as usize,
         ping_interval: Duration::from_millis(cfg.link.ping_interval_ms.max(10)),
         keepalive_timeout: Duration::from_millis(cfg.link.keepalive_timeout_ms),
         reconnect: cfg.link.reconnect,
-        outlive_peer: !opts.once,
+        outlive_peer: !once,
         max_frame_bytes: cfg.link.max_frame_bytes as usize,
         chunk_bytes: cfg.link.chunk_bytes as usize,
         ..SessionConfig::default()
