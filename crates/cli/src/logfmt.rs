@@ -1,12 +1,14 @@
 //! How `ndd` writes its log lines: `ndd [side]: message key=value`, plain text unless stderr
 //! is a terminal (no colour escapes in files), the level named only when it is not a plain
 //! note or warning. Messages come from `tracing` events anywhere in the workspace; a `side`
-//! field becomes the bracketed prefix, so both sides of the demo stay apart.
+//! field becomes the bracketed prefix, so both sides of the demo stay apart; inside a `peer`
+//! span (a listener serving several peers) the peer's name follows the side.
 
 use std::fmt::{self, Write as _};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::FormattedFields;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
@@ -63,7 +65,7 @@ where
 {
     fn format_event(
         &self,
-        _ctx: &FmtContext<'_, S, N>,
+        ctx: &FmtContext<'_, S, N>,
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
@@ -73,6 +75,22 @@ where
         write!(writer, "ndd")?;
         // `ndd serve` runs each driver on threads of its own: its name goes first.
         let driver = DRIVER.with(|d| d.borrow().clone());
+        // A listener serving several peers runs each peer's side in a `peer` span.
+        let peer = ctx.event_scope().and_then(|scope| {
+            scope
+                .from_root()
+                .find(|s| s.name() == "peer")
+                .and_then(|s| {
+                    let ext = s.extensions();
+                    let fields = ext.get::<FormattedFields<N>>()?;
+                    let v = fields.fields.split_once("name=")?.1;
+                    Some(v.split_whitespace().next().unwrap_or(v).to_string())
+                })
+        });
+        if let (Some(p), Some(side)) = (&peer, f.side.as_mut()) {
+            side.push(' ');
+            side.push_str(p);
+        }
         match (&driver, &f.side) {
             (Some(d), Some(side)) => write!(writer, " [{d} {side}]")?,
             (Some(d), None) => write!(writer, " [{d}]")?,

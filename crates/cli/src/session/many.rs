@@ -150,13 +150,15 @@ pub(super) async fn run_many(
                 note!(quiet, side, "peer {} connected as \"{name}\"; streams agreed", est.peer);
                 let peer_cfg = cfg.for_peer(&name);
                 let (run, ctx, connector) = (run.clone(), ctx.clone(), connector.clone());
-                running.push(tokio::spawn(async move {
+                // Its lines say whose they are: `ndd [app lab3]: …`.
+                let span = tracing::error_span!("peer", name = %name);
+                running.push(tokio::spawn(tracing::Instrument::instrument(async move {
                     let r = match peer_cfg {
                         Ok(c) => serve_peer(c, run, ctx, connector, est, name.clone(), (inbox, up), stop_rx).await,
                         Err(e) => Err(e),
                     };
                     (id, key, name, r)
-                }));
+                }, span)));
             }
             Some(joined) = running.next(), if !running.is_empty() => {
                 let (id, key, name, r) = joined.unwrap_or_else(|e| {
