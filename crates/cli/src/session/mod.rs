@@ -336,6 +336,9 @@ pub async fn run_side(
         drop(metrics);
         return many::run_many(cfg, &opts, stop, ctx, connector, deadline).await;
     }
+    if cfg.link.peers > 1 && matches!(connector, Connector::UdpListen(_)) {
+        tracing::warn!(side = %side, "link.peers = {}: a UDP listener serves one peer at a time (several peers need transport = \"tcp\" or \"quic\")", cfg.link.peers);
+    }
     // `ndd status` asks this side over a socket (not for benchmarks' quiet sides).
     let status = if quiet {
         None
