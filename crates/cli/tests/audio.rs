@@ -268,3 +268,162 @@ sink = {{ type = "pulse-playback", virtual_source = "ndd_mic", rate = 48000, cha
     drop(app.kill());
     drop(dev.kill());
 }
+
+/// Issue 34 item 6: a program recording from the app side's virtual microphone, and one
+/// playing into its virtual speaker, keep them across a restart of the app side (`keep_s`,
+/// default 60): the devices stay loaded while the side is down, the next run takes them up,
+/// and the recording program hears the sound played after the restart without having to
+/// start again; the player's sound never moves to another sink.
+#[test]
+fn programs_keep_the_virtual_microphone_and_speaker_across_an_app_side_restart() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(m) = missing(&["pulseaudio", "pactl", "paplay", "parecord", "sox", "setsid"]) {
+        println!("SKIPPED: audio test needs {m} (apt-get install pulseaudio pulseaudio-utils sox)");
+        return;
+    }
+    let pa = Pulse::start("cli-audio-keep");
+    pa.pactl(&[
+        "load-module",
+        "module-null-sink",
+        "sink_name=dev_mic",
+        "rate=48000",
+    ])
+    .expect("null sink");
+    let dir = Dir::new("audio-keep");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let cfg = dir.0.join("audio.toml");
+    let server = &pa.server;
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+driver = "audio"
+[link]
+ping_interval_ms = 100
+keepalive_timeout_ms = 600
+max_backoff_ms = 200
+[[stream]]
+name = "mic"
+direction = "device-to-app"
+reliability = "lossy"
+source = {{ type = "pulse-capture", device = "dev_mic.monitor", rate = 48000, channels = 1, server = "{server}" }}
+stack = [{{ type = "buffer", min = 3, max = 6, playout_ms = 30 }}]
+sink = {{ type = "pulse-playback", virtual_source = "ndd_mic", rate = 48000, channels = 1, server = "{server}" }}
+[[stream]]
+name = "speaker"
+direction = "app-to-device"
+reliability = "lossy"
+source = {{ type = "pulse-capture", virtual_sink = "ndd_speaker", rate = 48000, channels = 1, server = "{server}" }}
+sink = {{ type = "null" }}
+"#
+        ),
+    )
+    .unwrap();
+    let tone = pa
+        .sox("tone.wav", &["synth", "2", "sine", "440", "vol", "0.5"])
+        .expect("sox");
+    let silence = pa.sox("silence.wav", &["trim", "0", "60"]).expect("sox");
+    let _mic_running = pa.paplay("dev_mic", &silence).map(Killed).expect("paplay");
+    let link = free_addr();
+    let app_cmd = || {
+        let mut c = run_cmd(&cfg, "app", &app_home, &["--listen", &link]);
+        c.env("NDD_LOG", "info");
+        c
+    };
+    let app = Side::spawn(app_cmd());
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &["--connect", &link]));
+    let sources = || pa.pactl(&["list", "short", "sources"]).unwrap_or_default();
+    wait_for("the app side's virtual devices", WAIT, || {
+        let s = sources();
+        s.contains("ndd_mic\t") && s.contains("ndd_speaker.monitor\t")
+    });
+    std::thread::sleep(Duration::from_millis(2500));
+    // A program records the microphone; another plays into the speaker, for a minute.
+    let rec = pa.dir.join("mic.raw");
+    let mut recording = pa.parecord("ndd_mic", &rec).expect("parecord");
+    let mut playing = pa
+        .paplay("ndd_speaker", &silence)
+        .map(Killed)
+        .expect("paplay");
+    std::thread::sleep(Duration::from_millis(300));
+    // The app side stops (SIGTERM) and starts again.
+    app.terminate();
+    let (_, _, first_err) = app.finish();
+    assert!(
+        first_err.contains("kept for the side's next run"),
+        "the devices are kept: {first_err}"
+    );
+    let s = sources();
+    assert!(
+        s.contains("ndd_mic\t") && s.contains("ndd_speaker.monitor\t"),
+        "both devices stay while the side is down: {s}"
+    );
+    assert!(
+        recording.0.try_wait().unwrap().is_none() && playing.0.try_wait().unwrap().is_none(),
+        "the programs go on"
+    );
+    let app = Side::spawn(app_cmd());
+    wait_for("the next run takes the devices up", WAIT, || {
+        let e = app.stderr_now();
+        e.contains("took up the PulseAudio source ndd_mic")
+            && e.contains("took up the PulseAudio null sink ndd_speaker")
+    });
+    wait_for("the link back", WAIT, || {
+        dev.stderr_now().contains("link restored after")
+            || dev.stderr_now().matches("connected to").count() >= 2
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let mut p = pa.paplay("dev_mic", &tone).expect("paplay");
+    assert!(p.wait().unwrap().success());
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(
+        recording.0.try_wait().unwrap().is_none(),
+        "the recording program is still running"
+    );
+    // …on ndd_mic, not moved to another source (the default one might hear the tone too).
+    let mic = sources()
+        .lines()
+        .find(|l| l.split('\t').nth(1) == Some("ndd_mic"))
+        .and_then(|l| l.split('\t').next())
+        .expect("ndd_mic")
+        .to_string();
+    let outputs = pa
+        .pactl(&["list", "short", "source-outputs"])
+        .unwrap_or_default();
+    assert!(
+        outputs
+            .lines()
+            .any(|l| l.split('\t').nth(1) == Some(mic.as_str())),
+        "the recording is still on ndd_mic ({mic}): {outputs}"
+    );
+    drop(recording);
+    let samples = read_s16le(&rec);
+    let Some(Tone { len, hz, .. }) = Tone::of(&samples) else {
+        panic!(
+            "the tone played after the restart never reached the program recording since before it; app: {}",
+            app.stderr_now()
+        );
+    };
+    assert!((hz - 440.0).abs() < 3.0, "{hz} Hz");
+    assert!(len > 48_000, "{len} samples of tone");
+    // The player's stream stayed on ndd_speaker all along.
+    let inputs = pa
+        .pactl(&["list", "short", "sink-inputs"])
+        .unwrap_or_default();
+    let sinks = pa.pactl(&["list", "short", "sinks"]).unwrap_or_default();
+    let speaker = sinks
+        .lines()
+        .find(|l| l.split('\t').nth(1) == Some("ndd_speaker"))
+        .and_then(|l| l.split('\t').next())
+        .expect("ndd_speaker")
+        .to_string();
+    assert!(
+        inputs
+            .lines()
+            .any(|l| l.split('\t').nth(1) == Some(speaker.as_str())),
+        "the player still plays into ndd_speaker: {inputs}"
+    );
+    drop(playing);
+    drop(app.kill());
+    drop(dev.kill());
+}

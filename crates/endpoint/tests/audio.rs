@@ -93,6 +93,8 @@ fn tone_recorded_whole(pa: &Pulse) {
             rate: 48_000,
             channels: 1,
             server: server.clone(),
+            // Removed as the sink ends (checked below; keeping it is cli/tests/audio.rs's).
+            keep_s: 0,
             ..Default::default()
         })
         .spawn(rx)

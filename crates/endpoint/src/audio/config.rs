@@ -14,6 +14,14 @@ fn default_frame_ms() -> u32 {
 fn default_max_wait_ms() -> u32 {
     60
 }
+fn default_keep_s() -> u32 {
+    60
+}
+
+fn is_default_keep(k: &u32) -> bool {
+    *k == default_keep_s()
+}
+
 fn default_latency_ms() -> u32 {
     30
 }
@@ -29,6 +37,11 @@ pub struct PulseCaptureConfig {
     /// Create a null sink of this name and record its monitor: what programs play into it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub virtual_sink: Option<String>,
+    /// With `virtual_sink`: how long it stays after this side stops, s, so programs playing
+    /// into it keep it (and their sound never moves to the speakers) across a restart of the
+    /// side, whose next run takes it back; 0: removed as the side stops.
+    #[serde(default = "default_keep_s", skip_serializing_if = "is_default_keep")]
+    pub keep_s: u32,
     /// Samples per second.
     #[serde(default = "default_rate")]
     pub rate: u32,
@@ -54,6 +67,7 @@ impl Default for PulseCaptureConfig {
         PulseCaptureConfig {
             device: None,
             virtual_sink: None,
+            keep_s: default_keep_s(),
             rate: default_rate(),
             channels: default_channels(),
             frame_ms: default_frame_ms(),
@@ -74,6 +88,11 @@ pub struct PulsePlaybackConfig {
     /// Create a source of this name that programs record from, and play into it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub virtual_source: Option<String>,
+    /// With `virtual_source`: how long it stays after this side stops, s, so programs
+    /// recording from it keep it across a restart of the side, whose next run takes it back;
+    /// 0: removed as the side stops.
+    #[serde(default = "default_keep_s", skip_serializing_if = "is_default_keep")]
+    pub keep_s: u32,
     /// Sound the server keeps buffered ahead of the speaker, ms.
     #[serde(default = "default_latency_ms")]
     pub latency_ms: u32,
@@ -99,6 +118,7 @@ impl Default for PulsePlaybackConfig {
         PulsePlaybackConfig {
             device: None,
             virtual_source: None,
+            keep_s: default_keep_s(),
             latency_ms: default_latency_ms(),
             rate: default_rate(),
             channels: default_channels(),
@@ -107,6 +127,9 @@ impl Default for PulsePlaybackConfig {
         }
     }
 }
+
+/// Longest `keep_s` of a virtual device: a day.
+pub const MAX_KEEP_S: u32 = 86_400;
 
 /// Why `name` cannot be a PulseAudio device name given in a config, if it cannot.
 pub(crate) fn check_device_name(name: &str) -> Result<(), String> {
@@ -143,6 +166,9 @@ impl PulseCaptureConfig {
         if !(10..=10_000).contains(&self.max_wait_ms) {
             return Err(("max_wait_ms", "must be 10..=10000".into()));
         }
+        if self.keep_s > MAX_KEEP_S {
+            return Err(("keep_s", format!("must be 0..={MAX_KEEP_S} (s)")));
+        }
         if self.device.is_some() && self.virtual_sink.is_some() {
             return Err((
                 "virtual_sink",
@@ -177,6 +203,9 @@ impl PulsePlaybackConfig {
     pub fn check(&self) -> Result<(), (&'static str, String)> {
         if !(1..=2000).contains(&self.latency_ms) {
             return Err(("latency_ms", "must be 1..=2000".into()));
+        }
+        if self.keep_s > MAX_KEEP_S {
+            return Err(("keep_s", format!("must be 0..={MAX_KEEP_S} (s)")));
         }
         if !(8000..=192_000).contains(&self.rate) {
             return Err(("rate", "must be 8000..=192000 (Hz)".into()));

@@ -142,23 +142,135 @@ fn pactl(server: &Option<String>, args: &[&str]) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// A PulseAudio module this endpoint loaded; unloaded when dropped.
+/// A PulseAudio module this endpoint loaded (or took up from its last run): unloaded when
+/// dropped, or, kept (`keep_s`), left loaded for that long so programs that use it keep it
+/// across a restart of the side; the next run takes it back by its claim file.
 #[derive(Debug)]
 struct Module {
     index: String,
     server: Option<String>,
     what: String,
+    /// How long it stays, and the claim file that names its owner (`PID.N`: this process,
+    /// and which of its claims).
+    keep: Option<(Duration, PathBuf, String)>,
+}
+
+/// Claim files of the kept devices this process's endpoints hold now (`ndd serve` starts a
+/// driver again in the same process: its new run takes up what its last one kept).
+static HELD: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+fn held() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    HELD.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether a kept device whose claim names `pid` may be taken up by this process: its owner
+/// is gone, or it is this process and none of its endpoints holds the device now.
+fn free_to_take(pid: u32, claim_file: &std::path::Path) -> bool {
+    if pid == std::process::id() {
+        return !held().iter().any(|c| c == claim_file);
+    }
+    !alive(pid)
 }
 
 impl Drop for Module {
     fn drop(&mut self) {
+        if let Some((_, claim, _)) = &self.keep {
+            held().retain(|c| c != claim);
+        }
+        if let Some((keep, claim, token)) = &self.keep {
+            match keep_loaded(&self.server, &self.index, claim, token, *keep) {
+                Ok(()) => {
+                    tracing::info!(what = %self.what, keep_s = keep.as_secs(), "PulseAudio {} kept for the side's next run", self.what);
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(what = %self.what, "cannot keep the module: {e}; unloading it")
+                }
+            }
+        }
         match pactl(&self.server, &["unload-module", &self.index]) {
             Ok(_) => {
                 tracing::debug!(module = %self.index, what = %self.what, "PulseAudio module unloaded")
             }
             Err(e) => tracing::warn!(what = %self.what, "cannot unload PulseAudio module: {e}"),
         }
+        if let Some((_, claim, _)) = &self.keep {
+            let _ = std::fs::remove_file(claim);
+        }
     }
+}
+
+/// Leaves module `index` loaded and starts a detached `sh` that unloads it after `keep`
+/// unless a later run claimed it meanwhile (its claim file then names another process).
+fn keep_loaded(
+    server: &Option<String>,
+    index: &str,
+    claim: &std::path::Path,
+    token: &str,
+    keep: Duration,
+) -> Result<(), String> {
+    let quote_ok = |t: &str| !t.contains('\'');
+    let claim_s = claim.display().to_string();
+    let server_arg = match server {
+        Some(s) if quote_ok(s) => format!("'--server={s}'"),
+        Some(_) => return Err("a server string with a quote".into()),
+        None => String::new(),
+    };
+    if !quote_ok(&claim_s) || !index.bytes().all(|b| b.is_ascii_digit()) {
+        return Err("an unexpected module index or claim path".into());
+    }
+    let script = format!(
+        "sleep {secs}; [ \"$(cat '{claim_s}' 2>/dev/null)\" = {token} ] || exit 0; \
+         pactl {server_arg} unload-module {index}; rm -f '{claim_s}'",
+        secs = keep.as_secs()
+    );
+    Command::new("setsid")
+        .args(["-f", "sh", "-c", &script])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map_err(|e| format!("cannot start setsid: {e}"))
+        .and_then(|s| {
+            if s.success() {
+                Ok(())
+            } else {
+                Err(format!("setsid: {s}"))
+            }
+        })
+}
+
+/// The claim file of a kept device `name` of `kind` (`sink`, `source`) on `server`: it holds
+/// the pid of the ndd process that owns it.
+fn claim_path(server: &Option<String>, kind: &str, name: &str) -> PathBuf {
+    // FNV-1a of the server string: one file per server and name.
+    let h = server
+        .as_deref()
+        .unwrap_or("")
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    std::env::temp_dir().join(format!("ndd-pulse-{kind}-{:08x}-{name}.owner", h as u32))
+}
+
+/// The pid a claim file names, if it names one.
+fn claimed_by(claim: &std::path::Path) -> Option<u32> {
+    let text = std::fs::read_to_string(claim).ok()?;
+    text.trim().split('.').next()?.parse().ok()
+}
+
+fn alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Writes this claim's token (`PID.N`) into a claim file; the token.
+fn claim(claim: &std::path::Path) -> Result<String, String> {
+    static CLAIMS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = CLAIMS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let token = format!("{}.{n}", std::process::id());
+    std::fs::write(claim, &token).map_err(|e| format!("cannot write {}: {e}", claim.display()))?;
+    Ok(token)
 }
 
 /// Loads a module and puts the server's default sink and source back as they were: a new
@@ -192,6 +304,7 @@ fn load(server: &Option<String>, what: &str, args: &[&str]) -> Result<Module, St
         index,
         server: server.clone(),
         what: what.to_string(),
+        keep: None,
     })
 }
 
@@ -202,17 +315,74 @@ fn exists(server: &Option<String>, kind: &str, name: &str) -> Result<bool, Strin
         .any(|l| l.split('\t').nth(1) == Some(name)))
 }
 
-/// A null sink `name` (programs play into it; its monitor is what they played), unless one
-/// exists.
-fn null_sink(server: &Option<String>, name: &str, rate: u32) -> Result<Option<Module>, String> {
+/// The loaded `module` whose arguments say `key=name`: its index and arguments.
+fn module_named(
+    server: &Option<String>,
+    module: &str,
+    key: &str,
+    name: &str,
+) -> Result<Option<(String, String)>, String> {
+    let want = format!("{key}={name}");
+    Ok(pactl(server, &["list", "short", "modules"])?
+        .lines()
+        .find_map(|line| {
+            let mut f = line.split('\t');
+            let (Some(index), Some(m), Some(args)) = (f.next(), f.next(), f.next()) else {
+                return None;
+            };
+            (m == module && args.split(' ').any(|a| a == want))
+                .then(|| (index.to_string(), args.to_string()))
+        }))
+}
+
+/// A kept device's module, taken up by this run: `what` it is, `keep` for when this run ends.
+fn take_up(
+    server: &Option<String>,
+    index: String,
+    what: String,
+    claim_file: PathBuf,
+    keep: Duration,
+) -> Result<Module, String> {
+    let token = claim(&claim_file)?;
+    tracing::info!(module = %index, "took up the PulseAudio {what} kept since this side's last run");
+    if !keep.is_zero() {
+        held().push(claim_file.clone());
+    }
+    Ok(Module {
+        index,
+        server: server.clone(),
+        what,
+        keep: (!keep.is_zero()).then_some((keep, claim_file, token)),
+    })
+}
+
+/// A null sink `name` (programs play into it; its monitor is what they played): one this
+/// side's last run kept is taken up; one that exists otherwise is used as it is.
+fn null_sink(
+    server: &Option<String>,
+    name: &str,
+    rate: u32,
+    keep: Duration,
+) -> Result<Option<Module>, String> {
+    let claim_file = claim_path(server, "sink", name);
+    let what = format!("null sink {name}");
     if exists(server, "sinks", name)? {
+        let owner = claimed_by(&claim_file);
+        if let (Some(pid), Some((index, _))) = (
+            owner,
+            module_named(server, "module-null-sink", "sink_name", name)?,
+        ) {
+            if free_to_take(pid, &claim_file) {
+                return take_up(server, index, what, claim_file, keep).map(Some);
+            }
+        }
         tracing::info!(sink = name, "PulseAudio sink exists already; used as it is");
         return Ok(None);
     }
     let desc = format!("sink_properties=device.description=ndd:{name}");
-    load(
+    let mut m = load(
         server,
-        &format!("null sink {name}"),
+        &what,
         &[
             "module-null-sink",
             &format!("sink_name={name}"),
@@ -220,8 +390,13 @@ fn null_sink(server: &Option<String>, name: &str, rate: u32) -> Result<Option<Mo
             &format!("rate={rate}"),
             &desc,
         ],
-    )
-    .map(Some)
+    )?;
+    if !keep.is_zero() {
+        let token = claim(&claim_file)?;
+        held().push(claim_file.clone());
+        m.keep = Some((keep, claim_file, token));
+    }
+    Ok(Some(m))
 }
 
 /// The pid of the ndd process whose FIFO (`file=…/ndd-pulse-PID[.N]{suffix}`) a
@@ -235,60 +410,48 @@ fn fifo_owner(args: &str, suffix: &str) -> Option<u32> {
         .and_then(|pid| pid.parse::<u32>().ok())
 }
 
-/// Unloads a `module-pipe-source` named `name` that an ndd process no longer running left
-/// behind (killed before it could unload it): its FIFO is `…/ndd-pulse-PID.N-NAME.fifo`
-/// (`…/ndd-pulse-PID-NAME.fifo` before the sink counter `N`).
-fn unload_leftover(server: &Option<String>, name: &str) -> Result<(), String> {
-    let suffix = format!("-{name}.fifo");
-    for line in pactl(server, &["list", "short", "modules"])?.lines() {
-        let mut f = line.split('\t');
-        let (Some(index), Some("module-pipe-source"), Some(args)) = (f.next(), f.next(), f.next())
-        else {
-            continue;
-        };
-        if !args.split(' ').any(|a| a == format!("source_name={name}")) {
-            continue;
-        }
-        if let Some(pid) = fifo_owner(args, &suffix) {
-            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                tracing::info!(
-                    source = name,
-                    module = index,
-                    pid,
-                    "unloading the PulseAudio source an ndd that stopped left behind"
-                );
-                pactl(server, &["unload-module", index])?;
-            }
-        }
-    }
-    Ok(())
-}
-
 /// A source `name` programs record from, fed through a FIFO this process writes
 /// (`module-pipe-source`: what is written is recorded at once, at the writer's pace, with no
-/// sink clock in between), unless a source of that name exists. The FIFO's path, the module.
+/// sink clock in between): the one an ndd that is no longer running left (this side's last
+/// run, which kept it: programs recording from it go on) is taken up with its FIFO; else a
+/// new one, unless a source of that name exists. The FIFO's path, the module.
 fn virtual_source(
     server: &Option<String>,
     name: &str,
     rate: u32,
     channels: u8,
+    keep: Duration,
 ) -> Result<(PathBuf, Option<Module>), String> {
     // Numbered per sink: two sinks of one process (on two servers) may name the same source.
     static SINKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = SINKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let fifo =
-        std::env::temp_dir().join(format!("ndd-pulse-{}.{n}-{name}.fifo", std::process::id()));
-    unload_leftover(server, name)?;
+    let claim_file = claim_path(server, "source", name);
+    let what = format!("source {name}");
+    if let Some((index, args)) = module_named(server, "module-pipe-source", "source_name", name)? {
+        let owner = claimed_by(&claim_file).or_else(|| fifo_owner(&args, &format!("-{name}.fifo")));
+        let fifo = args
+            .split(' ')
+            .find_map(|a| a.strip_prefix("file="))
+            .map(PathBuf::from);
+        if let (Some(pid), Some(fifo)) = (owner, fifo) {
+            if free_to_take(pid, &claim_file) && fifo.exists() {
+                let m = take_up(server, index, what, claim_file, keep)?;
+                return Ok((fifo, Some(m)));
+            }
+        }
+    }
     if exists(server, "sources", name)? {
         return Err(format!(
             "a PulseAudio source named {name} exists already (another ndd, or a leftover: \
              `pactl list short modules | grep {name}` and `pactl unload-module N`)"
         ));
     }
+    let n = SINKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let fifo =
+        std::env::temp_dir().join(format!("ndd-pulse-{}.{n}-{name}.fifo", std::process::id()));
     let _ = std::fs::remove_file(&fifo);
-    let module = load(
+    let mut module = load(
         server,
-        &format!("source {name}"),
+        &what,
         &[
             "module-pipe-source",
             &format!("source_name={name}"),
@@ -299,6 +462,11 @@ fn virtual_source(
             &format!("source_properties=device.description=ndd:{name}"),
         ],
     )?;
+    if !keep.is_zero() {
+        let token = claim(&claim_file)?;
+        held().push(claim_file.clone());
+        module.keep = Some((keep, claim_file, token));
+    }
     Ok((fifo, Some(module)))
 }
 
@@ -322,8 +490,15 @@ pub(crate) fn spawn_pulse_capture(
     let mut modules = Vec::new();
     let device = match &c.virtual_sink {
         Some(name) => {
-            modules
-                .extend(null_sink(&c.server, name, c.rate).map_err(|e| unavailable(endpoint, e))?);
+            modules.extend(
+                null_sink(
+                    &c.server,
+                    name,
+                    c.rate,
+                    Duration::from_secs(u64::from(c.keep_s)),
+                )
+                .map_err(|e| unavailable(endpoint, e))?,
+            );
             Some(format!("{name}.monitor"))
         }
         None => c.device.clone(),
@@ -507,8 +682,14 @@ pub(crate) fn spawn_pulse_playback(
     };
     let (mut out, what) = match &c.virtual_source {
         Some(name) => {
-            let (fifo, module) = virtual_source(&c.server, name, c.rate, c.channels)
-                .map_err(|e| unavailable(endpoint, e))?;
+            let (fifo, module) = virtual_source(
+                &c.server,
+                name,
+                c.rate,
+                c.channels,
+                Duration::from_secs(u64::from(c.keep_s)),
+            )
+            .map_err(|e| unavailable(endpoint, e))?;
             modules.extend(module);
             // Non-blocking: when no program records from the source, the server does not read
             // the FIFO; sound is then dropped here (it is live) instead of blocking this sink
