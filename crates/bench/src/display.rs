@@ -248,6 +248,7 @@ async fn one_size(w: u32, h: u32, rate: u32, viewer: &Xvfb, quick: bool) -> Resu
     let sink = SinkConfig::X11Window(X11WindowConfig {
         display: viewer.display.clone(),
         title: format!("ndd bench display {w}x{h}"),
+        ..X11WindowConfig::default()
     })
     .spawn(rx)
     .context("x11-window sink")?;

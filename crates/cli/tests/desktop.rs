@@ -705,3 +705,147 @@ fn two_monitors_show_in_two_windows_and_a_resized_one_takes_its_window_along() {
         dev.stderr_now()
     );
 }
+
+/// `resize = "remote"` (issue 33, item 4): the person resizes the viewer window and the app's
+/// screen takes its size (RandR), as RDP and xpra do; the viewer then shows it unscaled. The
+/// app's X server is TigerVNC's Xvnc, whose RandR takes any size (Xvfb has one fixed mode).
+#[test]
+fn a_viewer_resized_with_resize_remote_gives_the_app_screen_its_size() {
+    let need = ["Xvfb", "Xtigervnc", "xev", "xdotool"];
+    if let Some(m) = missing(&need) {
+        println!("SKIPPED: remote resize test needs {m} (apt-get install xvfb tigervnc-standalone-server)");
+        return;
+    }
+    let (_app_server, app_display) = ndd_procs::start_display(
+        "Xtigervnc",
+        &[
+            "-geometry",
+            "1024x768",
+            "-depth",
+            "24",
+            "-SecurityTypes",
+            "None",
+            "-rfbport",
+            "-1",
+            "-nolisten",
+            "tcp",
+        ],
+    )
+    .expect("start Xtigervnc");
+    let dev_x = Xvfb::start("1600x1000x24").expect("start Xvfb");
+    let dir = Dir::new("desktop-resize-remote");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let cfg = dir.0.join("desktop.toml");
+    std::fs::write(
+        &cfg,
+        DESKTOP
+            .replace("APP", &app_display)
+            .replace("DEV", &dev_x.display)
+            .replace(
+                "title = \"ndd desktop test\" }",
+                "title = \"ndd desktop test\", resize = \"remote\" }",
+            ),
+    )
+    .unwrap();
+    assert!(std::fs::read_to_string(&cfg)
+        .unwrap()
+        .contains("resize = \"remote\""));
+    let (app, dev) = start_pair(&cfg, &cfg, &app_home, &dev_home);
+    let (d, _) = x11rb::connect(Some(&dev_x.display)).expect("connect to the device display");
+    let (a, a_screen) = x11rb::connect(Some(&app_display)).expect("connect to the app display");
+    let app_root = a.setup().roots[a_screen].root;
+    let mut viewer = None;
+    wait_for("the viewer window", Duration::from_secs(30), || {
+        viewer = window_named(&d, "ndd desktop test");
+        viewer.is_some()
+    });
+    let viewer = viewer.unwrap();
+    let size = |c: &x11rb::rust_connection::RustConnection, w: xproto::Window| {
+        c.get_geometry(w)
+            .ok()
+            .and_then(|c| c.reply().ok())
+            .map(|g| (g.width, g.height))
+    };
+    wait_for(
+        "the viewer at the app's size",
+        Duration::from_secs(30),
+        || size(&d, viewer) == Some((1024, 768)),
+    );
+    // The person makes the window 1280×720, then 900×600: each time the app's screen follows.
+    for want in [(1280u16, 720u16), (900, 600)] {
+        d.configure_window(
+            viewer,
+            &xproto::ConfigureWindowAux::new()
+                .width(u32::from(want.0))
+                .height(u32::from(want.1)),
+        )
+        .unwrap();
+        d.flush().unwrap();
+        wait_for(
+            &format!("the app's screen at {}x{}", want.0, want.1),
+            Duration::from_secs(30),
+            || size(&a, app_root) == Some(want),
+        );
+        // …and the viewer keeps the size the person gave it (unscaled now).
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(
+            size(&d, viewer),
+            Some(want),
+            "app: {}\ndevice: {}",
+            app.stderr_now(),
+            dev.stderr_now()
+        );
+    }
+    // A click in the viewer lands where it points on the resized screen (the xtest sink
+    // scales positions to the new size).
+    let mut xev = Command::new("xev")
+        .env("DISPLAY", &app_display)
+        .args(["-geometry", "900x600+0+0", "-event", "button"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start xev");
+    let xev_text = Arc::new(Mutex::new(String::new()));
+    {
+        let mut out = xev.stdout.take().unwrap();
+        let t = xev_text.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = out.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                t.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+    }
+    let _xev = Killed(xev);
+    std::thread::sleep(Duration::from_millis(1000));
+    let status = Command::new("xdotool")
+        .env("DISPLAY", &dev_x.display)
+        .args(["mousemove", "--window", &viewer.to_string(), "600", "450"])
+        .args(["click", "1"])
+        .status()
+        .expect("xdotool");
+    assert!(status.success());
+    wait_for("xev to see the click", Duration::from_secs(20), || {
+        xev_text.lock().unwrap().contains("ButtonRelease")
+    });
+    let t = xev_text.lock().unwrap().clone();
+    let root = t
+        .split("root:(")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .and_then(|r| {
+            let (x, y) = r.split_once(',')?;
+            Some((x.parse::<i32>().ok()?, y.parse::<i32>().ok()?))
+        })
+        .unwrap_or_else(|| panic!("no root coordinates in xev's output: {t}"));
+    assert!(
+        (root.0 - 600).abs() <= 2 && (root.1 - 450).abs() <= 2,
+        "the click landed at {root:?} on the 900x600 screen, not at (600, 450); app: {}",
+        app.stderr_now()
+    );
+}

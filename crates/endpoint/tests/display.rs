@@ -222,6 +222,7 @@ fn window_sink(display: &str, title: &str) -> SinkConfig {
     SinkConfig::X11Window(X11WindowConfig {
         display: display.to_string(),
         title: title.to_string(),
+        ..X11WindowConfig::default()
     })
 }
 

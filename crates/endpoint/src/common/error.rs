@@ -168,8 +168,16 @@ pub enum InputFrameError {
     #[error("input record: unsupported version {0} (this build speaks version 1)")]
     Version(u8),
     /// Unknown kind byte.
-    #[error("input record: unknown kind {0:#04x} (expected 0x00 events, 0x01 capabilities, 0x02 release-all)")]
+    #[error("input record: unknown kind {0:#04x} (expected 0x00 events, 0x01 capabilities, 0x02 release-all, 0x03 screen size)")]
     UnknownKind(u8),
+    /// A screen size outside 1..=32767 in either dimension.
+    #[error("input record: screen size {width}x{height} out of range (1..=32767 each)")]
+    ScreenSize {
+        /// Width asked for.
+        width: u16,
+        /// Height asked for.
+        height: u16,
+    },
     /// The body ends early or has bytes left over.
     #[error("input record: {kind} body must be {want} bytes, got {got}")]
     Length {

@@ -78,6 +78,28 @@ pub struct X11WindowConfig {
     /// The window's title.
     #[serde(default = "default_window_title")]
     pub title: String,
+    /// What resizing the window does: `scale` shows the app's screen scaled to it; `remote`
+    /// asks the app side to give its screen the window's size (RandR), as RDP and xpra do.
+    #[serde(default, skip_serializing_if = "Resize::is_scale")]
+    pub resize: Resize,
+}
+
+/// `x11-window`'s `resize`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Resize {
+    /// The app's screen scaled to the window (aspect kept).
+    #[default]
+    Scale,
+    /// The app's screen takes the window's size (through the `x11-input` source with
+    /// `window = "viewer"` and the app side's `xtest` sink).
+    Remote,
+}
+
+impl Resize {
+    fn is_scale(&self) -> bool {
+        *self == Resize::Scale
+    }
 }
 
 impl Default for X11WindowConfig {
@@ -85,6 +107,7 @@ impl Default for X11WindowConfig {
         X11WindowConfig {
             display: default_display(),
             title: default_window_title(),
+            resize: Resize::Scale,
         }
     }
 }

@@ -46,4 +46,4 @@ pub(crate) use sink::{spawn_framebuffer_sink, spawn_x11_window_sink};
 pub(crate) use source::spawn_x11_screen_source;
 #[cfg(feature = "wayland")]
 pub(crate) use wayland::{open_wayland_screen, spawn_wayland_screen_source};
-pub(crate) use x11::wait_for_viewer;
+pub(crate) use x11::{viewer_resizes_remote, wait_for_viewer};

@@ -9,7 +9,7 @@
 use super::config::{FramebufferConfig, X11WindowConfig};
 use super::scale;
 use super::x11::{
-    attach_shm, check_screen, coord, lock, publish_viewer, shm_disabled, Shm, XFail, POLL,
+    attach_shm, check_screen, coord, lock, publish_viewer_resizing, shm_disabled, Shm, XFail, POLL,
 };
 use crate::common::delivered::Delivered;
 use crate::common::error::EndpointError;
@@ -110,6 +110,8 @@ pub(crate) struct X11WindowSink {
     title: String,
     screen: xproto::Screen,
     shm: bool,
+    /// `resize = "remote"`: resizing the window asks the app's screen to follow.
+    remote: bool,
 }
 
 impl std::fmt::Debug for X11WindowSink {
@@ -131,6 +133,7 @@ fn open_x11_window(
         title: c.title.clone(),
         screen,
         shm: !shm_disabled(),
+        remote: c.resize == super::config::Resize::Remote,
     })
 }
 
@@ -185,6 +188,9 @@ struct View {
     scaled: Option<Scaled>,
     /// The size of this display's screen (an image larger than it is shown scaled to fit).
     screen: (u16, u16),
+    /// `resize = "remote"`: the window keeps no shape of its own (the app's screen follows
+    /// its size).
+    remote: bool,
     use_shm: bool,
     max_put_bytes: usize,
     /// While the link is down: the image as it was (the store holds it dimmed).
@@ -234,8 +240,10 @@ impl View {
                 .height(u32::from(wh)),
         )?;
         let mut hints = x11rb::properties::WmSizeHints::new();
-        let shape = x11rb::properties::AspectRatio::new(i32::from(width), i32::from(height));
-        hints.aspect = Some((shape, shape));
+        if !self.remote {
+            let shape = x11rb::properties::AspectRatio::new(i32::from(width), i32::from(height));
+            hints.aspect = Some((shape, shape));
+        }
         hints.size = Some((
             x11rb::properties::WmSizeHintsSpecification::ProgramSpecified,
             i32::from(ww),
@@ -607,6 +615,7 @@ fn create_view(s: &X11WindowSink) -> Result<View, XFail> {
         win_height: h,
         scaled: None,
         screen: (s.screen.width_in_pixels, s.screen.height_in_pixels),
+        remote: s.remote,
         use_shm: s.shm,
         max_put_bytes,
         dimmed: None,
@@ -743,7 +752,7 @@ fn run_x11_window_sink(
         draw = if matches!(view.store, Store::Shm(_)) { "MIT-SHM ShmPutImage" } else { "PutImage" },
         "viewer window shown"
     );
-    let _published = publish_viewer(&s.display, view.win);
+    let _published = publish_viewer_resizing(&s.display, view.win, s.remote);
     let view = Arc::new(Mutex::new(view));
     let stop = Arc::new(AtomicBool::new(false));
     let expose = {

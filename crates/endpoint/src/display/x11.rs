@@ -180,7 +180,8 @@ pub(super) fn coord(v: u16) -> Result<i16, XFail> {
 // Viewer registry
 
 struct Viewers {
-    map: Mutex<HashMap<String, u32>>,
+    /// Display → (window, whether a resize of it asks the app's screen to follow).
+    map: Mutex<HashMap<String, (u32, bool)>>,
     changed: Condvar,
 }
 
@@ -205,9 +206,16 @@ pub(crate) struct ViewerGuard {
 }
 
 /// Publishes `window` as the viewer of `display`.
+#[cfg(test)]
 pub(super) fn publish_viewer(display: &str, window: u32) -> ViewerGuard {
+    publish_viewer_resizing(display, window, false)
+}
+
+/// Publishes `window` as the viewer of `display`; `remote`: resizing it asks the app's screen
+/// to take its size (`resize = "remote"`).
+pub(super) fn publish_viewer_resizing(display: &str, window: u32, remote: bool) -> ViewerGuard {
     let v = viewers();
-    lock(&v.map).insert(display.to_string(), window);
+    lock(&v.map).insert(display.to_string(), (window, remote));
     v.changed.notify_all();
     ViewerGuard {
         display: display.to_string(),
@@ -218,10 +226,15 @@ pub(super) fn publish_viewer(display: &str, window: u32) -> ViewerGuard {
 impl Drop for ViewerGuard {
     fn drop(&mut self) {
         let mut map = lock(&viewers().map);
-        if map.get(&self.display) == Some(&self.window) {
+        if map.get(&self.display).map(|v| v.0) == Some(self.window) {
             map.remove(&self.display);
         }
     }
+}
+
+/// Whether the viewer `window` of `display` asks the app's screen to follow its size.
+pub(crate) fn viewer_resizes_remote(display: &str, window: u32) -> bool {
+    lock(&viewers().map).get(display) == Some(&(window, true))
 }
 
 /// Waits up to `timeout` for the viewer window of `display`; `None` after it, or as soon as
@@ -235,7 +248,7 @@ pub(crate) fn wait_for_viewer(
     let deadline = Instant::now() + timeout;
     let mut map = lock(&v.map);
     loop {
-        if let Some(&w) = map.get(display) {
+        if let Some(&(w, _)) = map.get(display) {
             return Some(w);
         }
         let now = Instant::now();

@@ -27,6 +27,11 @@ pub const KIND_EVENTS: u8 = 0x00;
 pub const KIND_CAPABILITIES: u8 = 0x01;
 /// Kind byte: release every held key and button.
 pub const KIND_RELEASE_ALL: u8 = 0x02;
+/// Kind: the viewer asks for the app's screen to be this size (`resize = "remote"`):
+/// width and height, u16 each, big-endian.
+pub const KIND_SCREEN_SIZE: u8 = 0x03;
+/// Largest screen side a screen-size record may ask for (X's coordinate range).
+pub const MAX_SCREEN: u16 = 32767;
 /// Bytes of one event in an events record.
 pub const EVENT_LEN: usize = 12;
 /// Bytes of one absolute axis in a capabilities record.
@@ -189,6 +194,14 @@ pub enum InputMessage {
     Capabilities(Capabilities),
     /// Release every held key and button (the link dropped, or the source stopped).
     ReleaseAll,
+    /// The viewer's window was resized to this (`x11-window` with `resize = "remote"`): the
+    /// app's screen is to take its size (RandR), as RDP and xpra resize a remote desktop.
+    ScreenSize {
+        /// Pixels, 1..=32767.
+        width: u16,
+        /// Pixels, 1..=32767.
+        height: u16,
+    },
 }
 
 /// A checked reader over a body.
@@ -387,6 +400,19 @@ impl InputMessage {
                     })
                 }
             }
+            KIND_SCREEN_SIZE => {
+                let mut r = Reader {
+                    buf: body,
+                    pos: 0,
+                    kind: "screen-size",
+                };
+                let (width, height) = (r.u16()?, r.u16()?);
+                r.finish()?;
+                if !(1..=MAX_SCREEN).contains(&width) || !(1..=MAX_SCREEN).contains(&height) {
+                    return Err(InputFrameError::ScreenSize { width, height });
+                }
+                Ok(InputMessage::ScreenSize { width, height })
+            }
             other => Err(InputFrameError::UnknownKind(other)),
         }
     }
@@ -443,6 +469,17 @@ impl InputMessage {
                 }
             }
             InputMessage::ReleaseAll => out.push(KIND_RELEASE_ALL),
+            InputMessage::ScreenSize { width, height } => {
+                if !(1..=MAX_SCREEN).contains(width) || !(1..=MAX_SCREEN).contains(height) {
+                    return Err(InputFrameError::ScreenSize {
+                        width: *width,
+                        height: *height,
+                    });
+                }
+                out.push(KIND_SCREEN_SIZE);
+                out.extend_from_slice(&width.to_be_bytes());
+                out.extend_from_slice(&height.to_be_bytes());
+            }
         }
         Ok(out)
     }
@@ -809,6 +846,12 @@ pub struct XMapper {
 }
 
 impl XMapper {
+    /// The screen changed size (RandR): absolute positions scale to the new one.
+    pub fn set_screen(&mut self, width: u16, height: u16) {
+        self.width = width;
+        self.height = height;
+    }
+
     /// A mapper for a screen of `width` × `height`; absolute axes default to the screen's
     /// own range until capabilities say otherwise.
     pub fn new(width: u16, height: u16) -> XMapper {
@@ -930,6 +973,45 @@ mod tests {
     }
 
     #[test]
+    fn a_screen_size_record_round_trips_and_bad_ones_are_named() {
+        // 1280x720: the docs' vector.
+        let p = hex("01 03 0500 02d0");
+        let m = InputMessage::ScreenSize {
+            width: 1280,
+            height: 720,
+        };
+        assert_eq!(InputMessage::parse(&p), Ok(m.clone()));
+        assert_eq!(m.emit().unwrap(), p);
+        assert_eq!(
+            InputMessage::parse(&hex("01 03 0000 02d0")),
+            Err(InputFrameError::ScreenSize {
+                width: 0,
+                height: 720
+            })
+        );
+        assert_eq!(
+            InputMessage::parse(&hex("01 03 8000 02d0"))
+                .unwrap_err()
+                .to_string(),
+            "input record: screen size 32768x720 out of range (1..=32767 each)"
+        );
+        assert!(matches!(
+            InputMessage::parse(&hex("01 03 0500")),
+            Err(InputFrameError::Length { .. })
+        ));
+        assert!(matches!(
+            InputMessage::parse(&hex("01 03 0500 02d0 00")),
+            Err(InputFrameError::Length { .. })
+        ));
+        assert!(InputMessage::ScreenSize {
+            width: 40000,
+            height: 1
+        }
+        .emit()
+        .is_err());
+    }
+
+    #[test]
     fn parse_emit_events() {
         // KEY_A press, REL_X -3 at +1000 us.
         let p = hex("01 00 0002 0001 001e 00000001 00000000 0002 0000 fffffffd 000003e8");
@@ -1025,7 +1107,7 @@ mod tests {
             ("", "input record: 0 bytes, shorter than the 2-byte header"),
             ("01", "input record: 1 bytes, shorter than the 2-byte header"),
             ("02 00 0000", "input record: unsupported version 2 (this build speaks version 1)"),
-            ("01 07", "input record: unknown kind 0x07 (expected 0x00 events, 0x01 capabilities, 0x02 release-all)"),
+            ("01 07", "input record: unknown kind 0x07 (expected 0x00 events, 0x01 capabilities, 0x02 release-all, 0x03 screen size)"),
             ("01 00 00", "input record: events body must be 2 bytes, got 1"),
             ("01 00 0001 0001 001e 00000001", "input record: events body must be 14 bytes, got 10"),
             ("01 00 0000 00", "input record: events body must be 2 bytes, got 3"),

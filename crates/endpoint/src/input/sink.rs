@@ -57,6 +57,15 @@ pub(crate) trait Injector {
     fn capabilities(&mut self, caps: &Capabilities) -> Result<(), EndpointError>;
     /// Applies one batch (already observed by `held`).
     fn events(&mut self, events: &[Event]) -> Result<(), EndpointError>;
+    /// The viewer asks for the screen to be this size; a sink with no screen ignores it.
+    fn screen_size(&mut self, width: u16, height: u16) -> Result<(), EndpointError> {
+        tracing::debug!(
+            width,
+            height,
+            "a screen size asked of a sink with no screen; ignored"
+        );
+        Ok(())
+    }
 }
 
 /// Decodes records and applies them; releases everything held at a release-all record, at
@@ -111,6 +120,7 @@ pub(crate) fn run_injector(
                     }
                 }
                 InputMessage::ReleaseAll => release(inj, &mut held)?,
+                InputMessage::ScreenSize { width, height } => inj.screen_size(width, height)?,
             }
             // Injected and flushed (xtest flushes, uinput writes, in `events`). The session's
             // own release-all records (seq `INJECTED_SEQ`) are not marked.
@@ -148,6 +158,8 @@ pub(crate) struct Xtest {
     /// it is released or anything else happens: while it is held alone, the X server's
     /// autorepeat repeats it as typed (`@` as Shift+2 repeats `@`, not `2`).
     held_with: Option<(u16, Vec<(u8, bool)>)>,
+    /// What the server refused to resize to, said once a second at most.
+    resize_refused: ndd_core::ratelimit::RateLimit,
 }
 
 impl std::fmt::Debug for Xtest {
@@ -209,6 +221,7 @@ fn open_xtest(endpoint: &'static str, c: &XtestConfig) -> Result<Xtest, Endpoint
         down: BTreeSet::new(),
         remapped: Vec::new(),
         held_with: None,
+        resize_refused: ndd_core::ratelimit::RateLimit::default(),
     })
 }
 
@@ -379,9 +392,182 @@ impl Xtest {
     }
 }
 
+/// Gives the screen of `root` the size `width` × `height` with RandR, as `xrandr --output O
+/// --mode WxH --fb WxH` would: the mode is made and added to the active output if it has
+/// none of that size, the screen grown to hold both the old and the new mode, the output's
+/// CRTC set to the mode, and the screen cut to the new size. `Ok(None)`: it has that size
+/// already. A server that cannot (Xvfb's one fixed mode, a size beyond its range) says why.
+fn resize_screen(
+    conn: &RustConnection,
+    root: xproto::Window,
+    width: u16,
+    height: u16,
+) -> Result<Option<(u16, u16)>, String> {
+    use x11rb::protocol::randr::{self, ConnectionExt as _};
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let g = conn
+        .get_geometry(root)
+        .map_err(|x| e(&x))?
+        .reply()
+        .map_err(|x| e(&x))?;
+    if (g.width, g.height) == (width, height) {
+        return Ok(None);
+    }
+    conn.randr_query_version(1, 3)
+        .map_err(|x| e(&x))?
+        .reply()
+        .map_err(|x| format!("no RandR 1.3 on this X server: {x}"))?;
+    let range = conn
+        .randr_get_screen_size_range(root)
+        .map_err(|x| e(&x))?
+        .reply()
+        .map_err(|x| e(&x))?;
+    if !(range.min_width..=range.max_width).contains(&width)
+        || !(range.min_height..=range.max_height).contains(&height)
+    {
+        return Err(format!(
+            "its X server takes screens of {}x{} to {}x{}",
+            range.min_width, range.min_height, range.max_width, range.max_height
+        ));
+    }
+    // Millimetres at 96 dpi.
+    let mm = |px: u16| (f64::from(px) * 25.4 / 96.0).round() as u32;
+    let set_size = |w: u16, h: u16| -> Result<(), String> {
+        conn.randr_set_screen_size(root, w, h, mm(w), mm(h))
+            .map_err(|x| e(&x))?
+            .check()
+            .map_err(|x| format!("screen size {w}x{h}: {x}"))
+    };
+    let res = conn
+        .randr_get_screen_resources_current(root)
+        .map_err(|x| e(&x))?
+        .reply()
+        .map_err(|x| e(&x))?;
+    let mut active = None;
+    for &o in &res.outputs {
+        let info = conn
+            .randr_get_output_info(o, res.config_timestamp)
+            .map_err(|x| e(&x))?
+            .reply()
+            .map_err(|x| e(&x))?;
+        if info.crtc != x11rb::NONE {
+            active = Some((o, info));
+            break;
+        }
+    }
+    let Some((output, info)) = active else {
+        // No output to drive: the screen alone.
+        set_size(width, height)?;
+        return Ok(Some((width, height)));
+    };
+    let sized = |m: &&randr::ModeInfo| m.width == width && m.height == height;
+    let mode = match res
+        .modes
+        .iter()
+        .filter(sized)
+        .find(|m| info.modes.contains(&m.id))
+    {
+        Some(m) => m.id,
+        None => {
+            let id = match res.modes.iter().find(sized) {
+                Some(m) => m.id,
+                None => {
+                    let name = format!("{width}x{height}");
+                    let mode = randr::ModeInfo {
+                        id: 0,
+                        width,
+                        height,
+                        dot_clock: u32::from(width) * u32::from(height) * 60,
+                        hsync_start: width,
+                        hsync_end: width,
+                        htotal: width,
+                        hskew: 0,
+                        vsync_start: height,
+                        vsync_end: height,
+                        vtotal: height,
+                        name_len: name.len() as u16,
+                        mode_flags: randr::ModeFlag::from(0u32),
+                    };
+                    conn.randr_create_mode(root, mode, name.as_bytes())
+                        .map_err(|x| e(&x))?
+                        .reply()
+                        .map_err(|x| format!("cannot make a {name} mode: {x}"))?
+                        .mode
+                }
+            };
+            conn.randr_add_output_mode(output, id)
+                .map_err(|x| e(&x))?
+                .check()
+                .map_err(|x| format!("cannot give the output a {width}x{height} mode: {x}"))?;
+            id
+        }
+    };
+    let crtc = conn
+        .randr_get_crtc_info(info.crtc, res.config_timestamp)
+        .map_err(|x| e(&x))?
+        .reply()
+        .map_err(|x| e(&x))?;
+    // Large enough for the old mode and the new one while the CRTC changes.
+    let (bw, bh) = (width.max(g.width), height.max(g.height));
+    if (bw, bh) != (g.width, g.height) {
+        set_size(bw, bh)?;
+    }
+    let set = conn
+        .randr_set_crtc_config(
+            info.crtc,
+            x11rb::CURRENT_TIME,
+            res.config_timestamp,
+            0,
+            0,
+            mode,
+            crtc.rotation,
+            &[output],
+        )
+        .map_err(|x| e(&x))?
+        .reply()
+        .map_err(|x| format!("cannot set the output to {width}x{height}: {x}"))?;
+    if set.status != randr::SetConfig::SUCCESS {
+        return Err(format!(
+            "the X server answered {:?} to the new mode",
+            set.status
+        ));
+    }
+    if (bw, bh) != (width, height) {
+        set_size(width, height)?;
+    }
+    Ok(Some((width, height)))
+}
+
 impl Injector for Xtest {
     fn capabilities(&mut self, caps: &Capabilities) -> Result<(), EndpointError> {
         self.mapper.set_capabilities(caps);
+        // A viewer resized follows the app's screen, which may have changed size meanwhile
+        // (xrandr on this machine): positions scale to the screen as it is now.
+        if let Some(g) = self
+            .conn
+            .get_geometry(self.root)
+            .ok()
+            .and_then(|c| c.reply().ok())
+        {
+            self.mapper.set_screen(g.width, g.height);
+        }
+        Ok(())
+    }
+
+    fn screen_size(&mut self, width: u16, height: u16) -> Result<(), EndpointError> {
+        match resize_screen(&self.conn, self.root, width, height) {
+            Ok(Some((w, h))) => {
+                self.mapper.set_screen(w, h);
+                tracing::info!(endpoint = self.endpoint, display = %self.display, width = w, height = h, "the screen takes the viewer's size");
+            }
+            Ok(None) => {}
+            Err(e) => {
+                if let Some(suppressed) = self.resize_refused.admit(std::time::Instant::now()) {
+                    tracing::warn!(endpoint = self.endpoint, display = %self.display, suppressed,
+                        "cannot give the screen the viewer's size {width}x{height}: {e}; the viewer shows it scaled");
+                }
+            }
+        }
         Ok(())
     }
 
@@ -723,7 +909,7 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "test sink: bad input record (seq 1): input record: unknown kind 0x09 \
-             (expected 0x00 events, 0x01 capabilities, 0x02 release-all)"
+             (expected 0x00 events, 0x01 capabilities, 0x02 release-all, 0x03 screen size)"
         );
         assert_eq!(log.0, vec![press(44), up(44)]);
     }

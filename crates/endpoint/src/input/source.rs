@@ -640,6 +640,12 @@ fn run_x11_source(
     }
     let mut last_motion: Option<(i32, i32)> = None;
     let mut down = Held::default();
+    // `resize = "remote"`: the size the viewer was resized to, sent once it held still for
+    // [`RESIZE_SETTLE`] (a drag resizes it many times a second), and the size sent last.
+    let remote = x.window == X11Window::Viewer
+        && crate::display::viewer_resizes_remote(&x.display, x.viewer);
+    let mut resize_to: Option<((u16, u16), Instant)> = None;
+    let mut asked = (x.width, x.height);
     loop {
         while let Some(ev) = x.conn.poll_for_event().map_err(|e| err(e.to_string()))? {
             if x.window == X11Window::Viewer {
@@ -647,11 +653,15 @@ fn run_x11_source(
                     XEvent::ConfigureNotify(c)
                         if c.window == x.viewer && (c.width, c.height) != (x.width, x.height) =>
                     {
-                        // The viewer was resized (the app's screen changed size): new ranges.
+                        // The viewer was resized (the app's screen changed size, or the person
+                        // resized it): new ranges.
                         x.width = c.width;
                         x.height = c.height;
                         if !em.send(&InputMessage::Capabilities(x.capabilities())) {
                             return em.done();
+                        }
+                        if remote {
+                            resize_to = Some(((c.width, c.height), Instant::now()));
                         }
                         continue;
                     }
@@ -700,9 +710,34 @@ fn run_x11_source(
                 return em.done();
             }
         }
+        if let Some((size, at)) = resize_to {
+            if at.elapsed() >= RESIZE_SETTLE {
+                resize_to = None;
+                if size != asked && size.0 > 0 && size.1 > 0 {
+                    asked = size;
+                    tracing::debug!(
+                        endpoint,
+                        width = size.0,
+                        height = size.1,
+                        "asking the app's screen to take the viewer's size"
+                    );
+                    let msg = InputMessage::ScreenSize {
+                        width: size.0.min(crate::input::record::MAX_SCREEN),
+                        height: size.1.min(crate::input::record::MAX_SCREEN),
+                    };
+                    if !em.send(&msg) {
+                        return em.done();
+                    }
+                }
+            }
+        }
         if em.is_closed() {
             return em.done();
         }
         wait_readable(x.conn.stream()).map_err(|e| err(e.to_string()))?;
     }
 }
+
+/// How long a viewer with `resize = "remote"` holds a new size before the app's screen is
+/// asked to take it.
+const RESIZE_SETTLE: Duration = Duration::from_millis(250);
