@@ -1393,7 +1393,7 @@ mod tests {
 
         #[test]
         fn parse_never_panics_on_plausible_headers(
-            kind in 0u8..3,
+            kind in 0u8..4,
             body in proptest::collection::vec(any::<u8>(), 0..200),
         ) {
             let mut p = vec![VERSION, kind];
@@ -1406,6 +1406,14 @@ mod tests {
             let m = InputMessage::Events(events);
             let bytes = m.emit().unwrap();
             prop_assert_eq!(bytes.len(), 4 + EVENT_LEN * match &m { InputMessage::Events(e) => e.len(), _ => 0 });
+            prop_assert_eq!(InputMessage::parse(&bytes).unwrap(), m);
+        }
+
+        #[test]
+        fn screen_sizes_round_trip(width in 1u16..=MAX_SCREEN, height in 1u16..=MAX_SCREEN) {
+            let m = InputMessage::ScreenSize { width, height };
+            let bytes = m.emit().unwrap();
+            prop_assert_eq!(bytes.len(), 6);
             prop_assert_eq!(InputMessage::parse(&bytes).unwrap(), m);
         }
 
