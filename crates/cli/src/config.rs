@@ -86,6 +86,9 @@ pub struct LinkConfig {
     /// streams and endpoints (`{peer}` in the file names each peer's); 1: one at a time, any
     /// other is told the side is busy.
     pub peers: u32,
+    /// A listening side (TCP or QUIC, not on loopback) says on the local network (mDNS) which
+    /// driver and side it is, where, and its fingerprint, for `ndd discover`.
+    pub announce: bool,
 }
 
 impl Default for LinkConfig {
@@ -109,6 +112,7 @@ impl Default for LinkConfig {
             chunk_bytes: ndd_link::CHUNK_BYTES as u64,
             nats: ndd_link::nats::NatsConfig::default(),
             peers: 1,
+            announce: false,
         }
     }
 }

@@ -10,6 +10,7 @@
 pub mod board;
 pub mod config;
 pub mod demo;
+pub mod discover;
 pub mod fanout;
 pub mod logfmt;
 pub mod pair;

@@ -324,6 +324,15 @@ enum Command {
     },
     /// List every transformation pair and endpoint with its parameters.
     Modules,
+    /// List the ndd sides on the local network that announce themselves (`announce = true`
+    /// in [link], mDNS), whether this machine trusts each, and the line that connects to it.
+    Discover {
+        /// How long to listen for answers, in seconds.
+        #[arg(long, default_value_t = 3.0, value_name = "S")]
+        seconds: f64,
+        #[command(flatten)]
+        home: HomeArg,
+    },
     /// What every ndd side running on this machine is doing: link, peer, round trip, each
     /// stream's frames, rate, latency and drops, the last error (asked over each side's
     /// socket in $NDD_STATUS_DIR, /run/ndd for root, $XDG_RUNTIME_DIR/ndd or /tmp/ndd-UID).
@@ -965,6 +974,12 @@ fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Status { watch, json } => status_cmd(watch, json),
+        Command::Discover { seconds, home } => {
+            if !(0.1..=600.0).contains(&seconds) {
+                anyhow::bail!("--seconds {seconds}: give 0.1 to 600");
+            }
+            ndd::discover::run(&home.dir(), Duration::from_secs_f64(seconds))
+        }
         Command::Id { home } => {
             let id = session::load_identity(&home.dir())?;
             println!("{}", id.fingerprint());

@@ -332,6 +332,11 @@ pub async fn run_side(
     if let Some(a) = connector.local_addr() {
         note!(quiet, side, "listening on {a}");
     }
+    let _announced = if cfg.link.announce {
+        announce(cfg, side, &connector, tls.as_deref(), quiet)
+    } else {
+        None
+    };
     if cfg.link.peers > 1 && matches!(connector, Connector::Listen(_) | Connector::QuicListen(_)) {
         drop(metrics);
         return many::run_many(cfg, &opts, stop, ctx, connector, deadline).await;
@@ -420,6 +425,53 @@ pub async fn run_side(
     );
     let result = driver.run(&mut stop).await;
     driver.finish(result).await
+}
+
+/// Announces a TCP or QUIC listener on the local network (`announce = true`); says why not
+/// where it cannot.
+fn announce(
+    cfg: &Config,
+    side: SideName,
+    connector: &Connector,
+    tls: Option<&ndd_link::Tls>,
+    quiet: bool,
+) -> Option<crate::discover::Announcement> {
+    let transport = match connector {
+        Connector::Listen(_) => "tcp",
+        Connector::QuicListen(_) => "quic",
+        _ => {
+            tracing::warn!(side = %side, "announce = true: only a TCP or QUIC listener is announced (this side connects, or listens on UDP)");
+            return None;
+        }
+    };
+    let addr: std::net::SocketAddr = connector.local_addr()?.split(' ').next()?.parse().ok()?;
+    if addr.ip().is_loopback() {
+        tracing::warn!(side = %side, "announce = true: {addr} is this machine only, not announced (listen on 0.0.0.0 or a LAN address)");
+        return None;
+    }
+    let me = crate::discover::this_side(
+        &cfg.driver,
+        side.as_str(),
+        transport,
+        tls.map(|t| t.identity.fingerprint()),
+    );
+    match crate::discover::announce(&me, addr.ip(), addr.port()) {
+        Ok(a) => {
+            note!(
+                quiet,
+                side,
+                "announced on the local network (mDNS) as \"{} {} on {}\"",
+                me.driver,
+                me.side,
+                me.host
+            );
+            Some(a)
+        }
+        Err(e) => {
+            tracing::warn!(side = %side, "cannot announce this side on the local network: {e:#}");
+            None
+        }
+    }
 }
 
 /// The session's settings from the config's `[link]` and the run's options.
