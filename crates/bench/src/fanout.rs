@@ -153,7 +153,8 @@ fn spawn(exe: &Path, args: &[&str]) -> Result<Child> {
         .context("cannot run ndd")
 }
 
-fn wait(mut c: Child, what: &str, limit: Duration) -> Result<()> {
+/// Waits up to `limit` for a child to end successfully; its stderr names a failure.
+pub(crate) fn wait(mut c: Child, what: &str, limit: Duration) -> Result<()> {
     let t0 = Instant::now();
     loop {
         if let Some(s) = c.try_wait()? {

@@ -6,7 +6,8 @@
 //! share of frames delivered, and the CPU the app side(s) and the device sides used, read from
 //! `/proc` (user + system time over the run's wall time).
 
-use anyhow::{bail, Context, Result};
+use super::fanout::wait;
+use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -49,27 +50,6 @@ fn cpu_s(pid: u32) -> f64 {
         .sum();
     // /proc counts in USER_HZ, which Linux fixes at 100 for user space on every architecture.
     ticks / 100.0
-}
-
-fn wait(mut c: Child, what: &str, limit: Duration) -> Result<()> {
-    let t0 = Instant::now();
-    loop {
-        if let Some(s) = c.try_wait()? {
-            if s.success() {
-                return Ok(());
-            }
-            let mut err = String::new();
-            if let Some(mut e) = c.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut e, &mut err);
-            }
-            bail!("{what} failed: {err}");
-        }
-        if t0.elapsed() > limit {
-            let _ = c.kill();
-            bail!("{what} did not finish within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn config(dir: &Path, peers: usize, count: u64) -> Result<PathBuf> {

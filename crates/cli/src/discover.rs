@@ -126,12 +126,19 @@ pub fn browse(wait: Duration) -> Result<Vec<Found>> {
     let mut found: BTreeMap<String, Found> = BTreeMap::new();
     let until = Instant::now() + wait;
     while let Some(left) = until.checked_duration_since(Instant::now()) {
-        let Ok(ev) = rx.recv_timeout(left.min(Duration::from_millis(200))) else {
-            continue;
+        let ev = match rx.recv_timeout(left.min(Duration::from_millis(200))) {
+            Ok(ev) => ev,
+            Err(_) if rx.is_disconnected() => break,
+            Err(_) => continue,
         };
         match ev {
             ServiceEvent::ServiceResolved(info) => {
-                let get = |k: &str| info.get_property_val_str(k).map(str::to_string);
+                // Anyone on the LAN writes these: escaped and bounded before they reach a
+                // terminal, and a fingerprint that is not one is left out.
+                let get = |k: &str| {
+                    info.get_property_val_str(k)
+                        .map(|v| ndd_wire::text::printable(v, 64))
+                };
                 let mut addrs: Vec<IpAddr> = info
                     .get_addresses()
                     .iter()
@@ -144,7 +151,10 @@ pub fn browse(wait: Duration) -> Result<Vec<Found>> {
                         driver: get("driver").unwrap_or_default(),
                         side: get("side").unwrap_or_default(),
                         transport: get("transport").unwrap_or_else(|| "tcp".into()),
-                        fingerprint: get("fp"),
+                        fingerprint: info
+                            .get_property_val_str("fp")
+                            .filter(|fp| ndd_link::validate_fingerprint(fp).is_ok())
+                            .map(str::to_string),
                         host: get("host").unwrap_or_default(),
                     },
                     addrs,

@@ -471,6 +471,9 @@ fn main() {
             1
         }
     };
+    // Virtual sound devices an endpoint thread still holds (one recording as the side ended)
+    // are unloaded, or kept for `keep_s`, before the process goes.
+    ndd_endpoint::audio::settle_modules();
     std::process::exit(code);
 }
 

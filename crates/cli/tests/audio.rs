@@ -424,6 +424,36 @@ sink = {{ type = "null" }}
         "the player still plays into ndd_speaker: {inputs}"
     );
     drop(playing);
-    drop(app.kill());
+    // With keep_s = 1 the next run takes the devices up, and once it stops they go a second
+    // later (the detached unload checks the module is still the one it kept).
+    app.terminate();
+    let _ = app.finish();
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace(
+            "virtual_source = \"ndd_mic\",",
+            "virtual_source = \"ndd_mic\", keep_s = 1,",
+        )
+        .replace(
+            "virtual_sink = \"ndd_speaker\",",
+            "virtual_sink = \"ndd_speaker\", keep_s = 1,",
+        );
+    assert_eq!(text.matches("keep_s = 1").count(), 2);
+    std::fs::write(&cfg, text).unwrap();
+    let app = Side::spawn(app_cmd());
+    wait_for("the last run's devices taken up", WAIT, || {
+        app.stderr_now()
+            .contains("took up the PulseAudio source ndd_mic")
+    });
+    app.terminate();
+    let _ = app.finish();
+    wait_for(
+        "both devices gone after keep_s",
+        Duration::from_secs(15),
+        || {
+            let s = sources();
+            !s.contains("ndd_mic\t") && !s.contains("ndd_speaker.monitor\t")
+        },
+    );
     drop(dev.kill());
 }

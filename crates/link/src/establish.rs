@@ -1028,6 +1028,22 @@ async fn refuse(writer: &mut Tx, code: CloseCode, reason: &str) {
     let _ = writer.shutdown().await;
 }
 
+impl Established {
+    /// Turns this link away after its handshake after all (a listener whose last place
+    /// went meanwhile): CLOSE with `code` and `reason`, then closed.
+    pub async fn refuse(mut self, code: CloseCode, reason: &str) {
+        refuse(&mut self.tx, code, reason).await;
+    }
+
+    /// What a listener serving several peers knows this peer by: its fingerprint, or its
+    /// address's IP without TLS (a reconnect comes from another port).
+    pub fn peer_key(&self) -> String {
+        self.fingerprint
+            .clone()
+            .unwrap_or_else(|| self.addr.ip().to_string())
+    }
+}
+
 /// Runs the handshake on a fresh connection: trust, HELLO, READY.
 pub async fn handshake(
     rx: Rx,
@@ -1073,11 +1089,12 @@ pub async fn handshake(
             info.addr
         )));
     }
-    if let Some(why) = ctx
-        .gate
-        .as_ref()
-        .and_then(|g| (g.0)(info.fingerprint.as_deref().unwrap_or(&peer_name)))
-    {
+    // The key a listener serving several peers knows a peer by (as `Established::peer_key`).
+    let gate_key = info
+        .fingerprint
+        .clone()
+        .unwrap_or_else(|| info.addr.ip().to_string());
+    if let Some(why) = ctx.gate.as_ref().and_then(|g| (g.0)(&gate_key)) {
         let reason = format!("busy: the {} side {why}", ctx.side);
         refuse(&mut writer, CloseCode::Busy, &reason).await;
         return Err(EstablishError::Busy(format!(

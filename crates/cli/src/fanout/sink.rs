@@ -453,7 +453,7 @@ impl SinkPump {
         loop {
             keys.follow(flow.receiver());
             self.count(flow);
-            self.hand_ready(flow).await?;
+            self.hand_ready(flow)?;
             match flow.poll(Instant::now()).map_err(|e| anyhow!("{e}"))? {
                 Some(Action::Frames) => {}
                 Some(Action::Done) => return Ok(()),
@@ -482,7 +482,7 @@ impl SinkPump {
                 Some(Action::EndSink) => self.tx = None,
                 None => {
                     let wake = flow.poll_timeout();
-                    let lossy_tx = self.tx.clone().filter(|_| flow.has_frame());
+                    let waiting_tx = self.tx.clone().filter(|_| flow.has_frame());
                     let reading = flow.wants_input();
                     tokio::select! {
                         _ = finish.changed(), if !stopping => {
@@ -491,8 +491,8 @@ impl SinkPump {
                             stopping = true;
                             flow.handle_finish(Instant::now()).map_err(|e| anyhow!("{e}"))?;
                         }
-                        // Lossy: the frame that waited for a busy sink goes once it has room.
-                        permit = async { lossy_tx.as_ref().expect("waiting").reserve().await }, if lossy_tx.is_some() => {
+                        // The frame that waited for a busy sink goes once it has room.
+                        permit = async { waiting_tx.as_ref().expect("waiting").reserve().await }, if waiting_tx.is_some() => {
                             let permit = permit.map_err(|_| anyhow!("the sink endpoint stopped accepting frames"))?;
                             if let Some(f) = flow.poll_frame() {
                                 self.delivered(&f, flow);
@@ -523,22 +523,20 @@ impl SinkPump {
         }
     }
 
-    /// Hands the frames that wait to the sink: a reliable stream's as the sink takes them
-    /// (backpressure: no message is read meanwhile), a lossy one's while it has room now.
-    async fn hand_ready(&mut self, flow: &mut Flow) -> Result<()> {
+    /// Hands the frames that wait to the sink while it has room (a reliable stream's reads no
+    /// message meanwhile: backpressure; a lossy one's newest replaces the one waiting).
+    fn hand_ready(&mut self, flow: &mut Flow) -> Result<()> {
         let Some(tx) = self.tx.clone() else {
             return Ok(());
         };
         let closed = || anyhow!("the sink endpoint stopped accepting frames");
         while flow.has_frame() {
-            let permit = if flow.mode().lossy {
-                match tx.try_reserve() {
-                    Ok(p) => p,
-                    Err(mpsc::error::TrySendError::Full(())) => break,
-                    Err(mpsc::error::TrySendError::Closed(())) => return Err(closed()),
-                }
-            } else {
-                tx.reserve().await.map_err(|_| closed())?
+            // Never waited for here: a sink with no room is waited for in the select, beside
+            // the stop, the ticks and the timers (a stuck sink must not hang the side).
+            let permit = match tx.try_reserve() {
+                Ok(p) => p,
+                Err(mpsc::error::TrySendError::Full(())) => break,
+                Err(mpsc::error::TrySendError::Closed(())) => return Err(closed()),
             };
             if let Some(f) = flow.poll_frame() {
                 self.delivered(&f, flow);

@@ -10,7 +10,6 @@ use super::driver::{Driver, Inbox, Wiring};
 use super::{note, run_id, session_config, sleep_until_opt, wall_ns, RunOptions, RunReport};
 use crate::config::{peer_file_name, Config};
 use anyhow::{anyhow, Result};
-use futures_util::stream::{FuturesUnordered, StreamExt};
 use ndd_core::session::Session;
 use ndd_link::{Connector, Established, HandshakeCtx, PeerGate};
 use std::collections::HashMap;
@@ -24,11 +23,6 @@ type Slots = Arc<Mutex<HashMap<String, (u64, Arc<AtomicBool>)>>>;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// A peer's key: its fingerprint, or its address without TLS.
-fn key_of(e: &Established) -> String {
-    e.fingerprint.clone().unwrap_or_else(|| e.peer.clone())
 }
 
 /// The reason a listener full of live peers turns `key` away, if it does.
@@ -45,9 +39,6 @@ fn turned_away(slots: &Slots, limit: usize, key: &str) -> Option<String> {
         s.len()
     ))
 }
-
-/// A peer's side as it ended: its driver's number, its key, its name, its report.
-type PeerEnd = (u64, String, String, Result<RunReport>);
 
 /// What a peer's side needs of the run's options.
 #[derive(Clone)]
@@ -103,12 +94,16 @@ pub(super) async fn run_many(
         deadline,
     };
     // Each peer's side is a task of its own: the runtime's workers share them out, and one
-    // peer's burst of work never holds another's frames.
-    let mut running: FuturesUnordered<tokio::task::JoinHandle<PeerEnd>> = FuturesUnordered::new();
+    // peer's burst of work never holds another's frames. Dropped (a listener that failed),
+    // the set aborts them.
+    let mut running: tokio::task::JoinSet<Result<RunReport>> = tokio::task::JoinSet::new();
+    // Which peer each task serves: its driver's number, its key, its name.
+    let mut tasks: HashMap<tokio::task::Id, (u64, String, String)> = HashMap::new();
     // Each driver's way in and its own stop.
     let mut doors: HashMap<String, (u64, mpsc::Sender<Established>, watch::Sender<bool>)> =
         HashMap::new();
     let mut next_id = 0u64;
+    let mut served = 0usize;
     let mut reports: Vec<(String, RunReport)> = Vec::new();
     let mut failed: Option<anyhow::Error> = None;
     let mut stopping = false;
@@ -116,10 +111,14 @@ pub(super) async fn run_many(
         tokio::select! {
             e = &mut serving => return Err(anyhow!(e).context("the listener failed")),
             Some(est) = links.recv(), if !stopping => {
-                let key = key_of(&est);
+                let key = est.peer_key();
                 if let Some((_, door, _)) = doors.get(&key) {
-                    // Its driver waits for it (a reconnect); one that is ending drops it.
-                    let _ = door.send(est).await;
+                    // Its driver takes it when its link is down (a reconnect). Never waited
+                    // for: a driver whose link is up (a second machine with the same
+                    // identity) must not hold every other peer back.
+                    if door.try_send(est).is_err() {
+                        tracing::debug!(side = %side, "a link of a peer whose session has one already was dropped");
+                    }
                     continue;
                 }
                 if doors.len() >= limit {
@@ -129,7 +128,10 @@ pub(super) async fn run_many(
                         .find(|(_, (_, up))| !up.load(Ordering::Acquire))
                         .map(|(k, _)| k.clone());
                     let Some(down) = down else {
-                        tracing::debug!(side = %side, "{} connected as the last place was taken; it retries", est.peer);
+                        // The last place went while this one's handshake ran: told it is busy,
+                        // as the handshake would have.
+                        let why = format!("busy: the {side} side serves {limit} peers already, its limit (link.peers = {limit})");
+                        tokio::spawn(async move { est.refuse(ndd_wire::CloseCode::Busy, &why).await });
                         continue;
                     };
                     if let Some((_, _, stop_it)) = doors.remove(&down) {
@@ -146,24 +148,33 @@ pub(super) async fn run_many(
                 lock(&slots).insert(key.clone(), (id, up.clone()));
                 doors.insert(key.clone(), (id, door, stop_one));
                 let inbox: Inbox = Arc::new(tokio::sync::Mutex::new(inbox));
-                let name = peer_file_name(&est.peer);
+                // Named as known_peers has it, or by fingerprint; by IP without TLS.
+                let name = if est.fingerprint.is_some() {
+                    peer_file_name(&est.peer)
+                } else {
+                    peer_file_name(&key)
+                };
                 note!(quiet, side, "peer {} connected as \"{name}\"; streams agreed", est.peer);
                 let peer_cfg = cfg.for_peer(&name);
                 let (run, ctx, connector) = (run.clone(), ctx.clone(), connector.clone());
                 // Its lines say whose they are: `ndd [app lab3]: …`.
                 let span = tracing::error_span!("peer", name = %name);
-                running.push(tokio::spawn(tracing::Instrument::instrument(async move {
-                    let r = match peer_cfg {
-                        Ok(c) => serve_peer(c, run, ctx, connector, est, name.clone(), (inbox, up), stop_rx).await,
+                let peer_name = name.clone();
+                let task = running.spawn(tracing::Instrument::instrument(async move {
+                    match peer_cfg {
+                        Ok(c) => serve_peer(c, run, ctx, connector, est, peer_name, (inbox, up), stop_rx).await,
                         Err(e) => Err(e),
-                    };
-                    (id, key, name, r)
-                }, span)));
+                    }
+                }, span));
+                tasks.insert(task.id(), (id, key, name));
+                served += 1;
             }
-            Some(joined) = running.next(), if !running.is_empty() => {
-                let (id, key, name, r) = joined.unwrap_or_else(|e| {
-                    (0, String::new(), "?".into(), Err(anyhow!("a peer's task failed: {e}")))
-                });
+            Some(joined) = running.join_next_with_id(), if !running.is_empty() => {
+                let (task, r) = match joined {
+                    Ok((task, r)) => (task, r),
+                    Err(e) => (e.id(), Err(anyhow!("a peer's task failed: {e}"))),
+                };
+                let (id, key, name) = tasks.remove(&task).unwrap_or_default();
                 if doors.get(&key).is_some_and(|d| d.0 == id) {
                     doors.remove(&key);
                     lock(&slots).remove(&key);
@@ -178,7 +189,8 @@ pub(super) async fn run_many(
                         failed.get_or_insert(e);
                     }
                 }
-                if running.is_empty() && (opts.once || stopping) {
+                let past_deadline = deadline.is_some_and(|d| Instant::now() >= d);
+                if running.is_empty() && (opts.once || stopping || past_deadline) {
                     break;
                 }
             }
@@ -192,10 +204,13 @@ pub(super) async fn run_many(
                 }
             }
             _ = sleep_until_opt(deadline), if running.is_empty() && !stopping => {
-                anyhow::bail!(
-                    "no peer connected within --duration ({:.1} s)",
-                    opts.duration.unwrap_or_default().as_secs_f64()
-                );
+                if served == 0 {
+                    anyhow::bail!(
+                        "no peer connected within --duration ({:.1} s)",
+                        opts.duration.unwrap_or_default().as_secs_f64()
+                    );
+                }
+                break;
             }
         }
     }
@@ -256,14 +271,7 @@ async fn serve_peer(
 
 /// The reports of every peer's session as one: streams and checks named `stream@peer`.
 fn merge(reports: Vec<(String, RunReport)>) -> RunReport {
-    let mut all = RunReport {
-        streams: Vec::new(),
-        checks: Vec::new(),
-        peer: String::new(),
-        clock_offset: None,
-        recoveries: Vec::new(),
-        link_drops: None,
-    };
+    let mut all = RunReport::default();
     let mut peers = Vec::new();
     for (name, r) in reports {
         for mut s in r.streams {

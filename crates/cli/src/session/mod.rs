@@ -142,7 +142,7 @@ async fn serve_metrics(addr: &str) -> Result<(Metrics, JoinHandle<()>)> {
 }
 
 /// What a side did.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct RunReport {
     /// Per-stream stats.
     pub streams: Vec<StreamSummary>,
@@ -386,14 +386,7 @@ pub async fn run_side(
                 }
                 // A side that outlives its peers stopped cleanly: nothing to report.
                 note!(quiet, side, "stopped before a peer connected");
-                return Ok(RunReport {
-                    streams: Vec::new(),
-                    checks: Vec::new(),
-                    peer: String::new(),
-                    clock_offset: None,
-                    recoveries: Vec::new(),
-                    link_drops: None,
-                });
+                return Ok(RunReport::default());
             }
             _ = sleep_until_opt(deadline) => bail!(
                 "no peer connected within --duration ({:.1} s)",

@@ -338,6 +338,8 @@ pub struct Session {
     /// replay its outage, made before then and handed to us after (a driver that took the
     /// new link before the source's channel), is history too ([`HANDOFF_WINDOW`]).
     up_at: Option<(Instant, u64)>,
+    /// A link came up before (the next one follows an outage).
+    had_link: bool,
     recoveries: Vec<Duration>,
     close: Option<Closing>,
     peer_closed: bool,
@@ -436,6 +438,7 @@ impl Session {
             flight,
             lost_at: None,
             up_at: None,
+            had_link: false,
             recoveries: Vec::new(),
             close: None,
             peer_closed: false,
@@ -618,7 +621,12 @@ impl Session {
             return;
         }
         self.state = State::Resuming;
-        self.up_at = Some((now, wall_ns));
+        // Only a link after an outage: the first comes up as the sources start, and what
+        // they make before it is no history (an input device's capabilities record).
+        if self.had_link {
+            self.up_at = Some((now, wall_ns));
+        }
+        self.had_link = true;
         self.last_rx = Some(now);
         // A new connection may take another path: its round trip is measured afresh.
         self.base_rtt_ns = None;

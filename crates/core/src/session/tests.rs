@@ -1009,3 +1009,52 @@ fn a_recovery_counts_from_when_the_peer_went_silent_not_from_when_it_was_noticed
     assert_eq!(after, Duration::from_millis(5700));
     assert_eq!(s.recoveries(), &[Duration::from_millis(5700)]);
 }
+
+/// A frame of a stream that does not replay its outage, stamped `ts` on the wall clock.
+fn stamped(seq: u64, ts: u64) -> Frame {
+    Frame::new(
+        Meta {
+            stream: 1,
+            seq,
+            timestamp_ns: ts,
+            flags: 0,
+        },
+        &[1; 8],
+    )
+}
+
+#[test]
+fn input_made_before_the_first_link_goes_and_input_made_during_an_outage_does_not() {
+    let now = Instant::now();
+    let mut s = session(
+        vec![StreamPlan {
+            replay_outage: false,
+            ..plan(1, Role::Source, false)
+        }],
+        1 << 20,
+    );
+    // The first link comes up as the sources start: a record they made just before it (an
+    // input device's capabilities) is no history.
+    s.handle_link_up(now, 1_000);
+    s.handle_source_frame(now, 0, stamped(0, 500)).unwrap();
+    assert_eq!(s.counters(0).stale, 0, "made before the first link: sent");
+    // An outage: made during it and handed over after the link came back is history.
+    s.handle_link_lost(now, "cut").unwrap();
+    // (What was unacknowledged when the link went counts as stale too.)
+    let base = s.counters(0).stale;
+    let later = now + Duration::from_millis(10);
+    s.handle_link_up(later, 5_000);
+    s.handle_source_frame(later, 0, stamped(1, 4_000)).unwrap();
+    assert_eq!(
+        s.counters(0).stale,
+        base + 1,
+        "made during the outage: stale"
+    );
+    s.handle_source_frame(later, 0, stamped(2, 6_000)).unwrap();
+    assert_eq!(s.counters(0).stale, base + 1, "made after: sent");
+    // Past the hand-over window the stamp is not looked at (a wall clock set back).
+    let much_later = later + HANDOFF_WINDOW + Duration::from_millis(1);
+    s.handle_source_frame(much_later, 0, stamped(3, 4_500))
+        .unwrap();
+    assert_eq!(s.counters(0).stale, base + 1, "the window is bounded");
+}

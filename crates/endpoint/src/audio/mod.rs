@@ -21,4 +21,5 @@ mod config;
 mod pulse;
 
 pub use config::{PulseCaptureConfig, PulsePlaybackConfig};
+pub use pulse::settle_modules;
 pub(crate) use pulse::{spawn_pulse_capture, spawn_pulse_playback};

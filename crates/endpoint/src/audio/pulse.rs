@@ -145,14 +145,21 @@ fn pactl(server: &Option<String>, args: &[&str]) -> Result<String, String> {
 /// A PulseAudio module this endpoint loaded (or took up from its last run): unloaded when
 /// dropped, or, kept (`keep_s`), left loaded for that long so programs that use it keep it
 /// across a restart of the side; the next run takes it back by its claim file.
-#[derive(Debug)]
-struct Module {
+#[derive(Debug, Clone)]
+struct ModuleData {
     index: String,
     server: Option<String>,
     what: String,
     /// How long it stays, and the claim file that names its owner (`PID.N`: this process,
     /// and which of its claims).
     keep: Option<(Duration, PathBuf, String)>,
+    /// The argument that names the device (`sink_name=NAME`): the delayed unload checks that
+    /// the module at its index is still this one (a restarted server reuses indices).
+    arg: String,
+    /// A claim file this process wrote for a module it does not keep: removed with it.
+    claimed: Option<PathBuf>,
+    /// Loaded by this run (not taken up from the last).
+    fresh: bool,
 }
 
 /// Claim files of the kept devices this process's endpoints hold now (`ndd serve` starts a
@@ -172,13 +179,62 @@ fn free_to_take(pid: u32, claim_file: &std::path::Path) -> bool {
     !alive(pid)
 }
 
+/// A loaded module, settled (unloaded or kept) when dropped, or by [`settle_modules`] as the
+/// process ends, whichever comes first.
+#[derive(Debug)]
+struct Module {
+    id: u64,
+    /// Loaded by this run (not taken up from the last).
+    fresh: bool,
+}
+
+/// The modules of this process not settled yet.
+static LIVE: std::sync::Mutex<Vec<(u64, ModuleData)>> = std::sync::Mutex::new(Vec::new());
+
+fn live() -> std::sync::MutexGuard<'static, Vec<(u64, ModuleData)>> {
+    LIVE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Module {
+    fn live(data: ModuleData) -> Module {
+        static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let id = IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let fresh = data.fresh;
+        live().push((id, data));
+        Module { id, fresh }
+    }
+}
+
 impl Drop for Module {
     fn drop(&mut self) {
+        let data = {
+            let mut l = live();
+            let at = l.iter().position(|(id, _)| *id == self.id);
+            at.map(|i| l.remove(i).1)
+        };
+        if let Some(d) = data {
+            d.settle();
+        }
+    }
+}
+
+/// Settles every PulseAudio module this process's endpoints still hold (unloaded, or kept for
+/// `keep_s`): the side calls it as it ends, since an endpoint's thread still recording then
+/// would not drop its modules before the process exits.
+pub fn settle_modules() {
+    let all: Vec<ModuleData> = live().drain(..).map(|(_, d)| d).collect();
+    for d in all {
+        d.settle();
+    }
+}
+
+impl ModuleData {
+    fn settle(&self) {
         if let Some((_, claim, _)) = &self.keep {
             held().retain(|c| c != claim);
         }
         if let Some((keep, claim, token)) = &self.keep {
-            match keep_loaded(&self.server, &self.index, claim, token, *keep) {
+            match keep_loaded(&self.server, &self.index, &self.arg, claim, token, *keep) {
                 Ok(()) => {
                     tracing::info!(what = %self.what, keep_s = keep.as_secs(), "PulseAudio {} kept for the side's next run", self.what);
                     return;
@@ -194,7 +250,7 @@ impl Drop for Module {
             }
             Err(e) => tracing::warn!(what = %self.what, "cannot unload PulseAudio module: {e}"),
         }
-        if let Some((_, claim, _)) = &self.keep {
+        if let Some(claim) = self.keep.as_ref().map(|k| &k.1).or(self.claimed.as_ref()) {
             let _ = std::fs::remove_file(claim);
         }
     }
@@ -205,6 +261,7 @@ impl Drop for Module {
 fn keep_loaded(
     server: &Option<String>,
     index: &str,
+    arg: &str,
     claim: &std::path::Path,
     token: &str,
     keep: Duration,
@@ -216,12 +273,18 @@ fn keep_loaded(
         Some(_) => return Err("a server string with a quote".into()),
         None => String::new(),
     };
-    if !quote_ok(&claim_s) || !index.bytes().all(|b| b.is_ascii_digit()) {
-        return Err("an unexpected module index or claim path".into());
+    if !quote_ok(&claim_s)
+        || !index.bytes().all(|b| b.is_ascii_digit())
+        || !arg
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-:=".contains(&b))
+    {
+        return Err("an unexpected module index, name or claim path".into());
     }
     let script = format!(
         "sleep {secs}; [ \"$(cat '{claim_s}' 2>/dev/null)\" = {token} ] || exit 0; \
-         pactl {server_arg} unload-module {index}; rm -f '{claim_s}'",
+         pactl {server_arg} list short modules | grep -q \"^{index}[[:space:]].*[[:space:]]{arg}\\( \\|\\$\\)\" \\
+         && pactl {server_arg} unload-module {index}; rm -f '{claim_s}'",
         secs = keep.as_secs()
     );
     Command::new("setsid")
@@ -277,7 +340,7 @@ fn claim(claim: &std::path::Path) -> Result<String, String> {
 /// null sink or virtual source may otherwise become the default (PulseAudio prefers any real
 /// source to a monitor), and streams that follow the default, this process's among them,
 /// would move into it.
-fn load(server: &Option<String>, what: &str, args: &[&str]) -> Result<Module, String> {
+fn load(server: &Option<String>, what: &str, args: &[&str]) -> Result<ModuleData, String> {
     let defaults: Vec<(&str, Option<String>)> = ["sink", "source"]
         .into_iter()
         .map(|kind| {
@@ -300,11 +363,14 @@ fn load(server: &Option<String>, what: &str, args: &[&str]) -> Result<Module, St
         }
     }
     tracing::debug!(module = %index, what, "PulseAudio module loaded");
-    Ok(Module {
+    Ok(ModuleData {
         index,
         server: server.clone(),
         what: what.to_string(),
         keep: None,
+        arg: String::new(),
+        claimed: None,
+        fresh: true,
     })
 }
 
@@ -340,6 +406,7 @@ fn take_up(
     server: &Option<String>,
     index: String,
     what: String,
+    arg: String,
     claim_file: PathBuf,
     keep: Duration,
 ) -> Result<Module, String> {
@@ -348,12 +415,15 @@ fn take_up(
     if !keep.is_zero() {
         held().push(claim_file.clone());
     }
-    Ok(Module {
+    Ok(Module::live(ModuleData {
         index,
         server: server.clone(),
         what,
+        arg,
+        claimed: keep.is_zero().then(|| claim_file.clone()),
         keep: (!keep.is_zero()).then_some((keep, claim_file, token)),
-    })
+        fresh: false,
+    }))
 }
 
 /// A null sink `name` (programs play into it; its monitor is what they played): one this
@@ -373,7 +443,8 @@ fn null_sink(
             module_named(server, "module-null-sink", "sink_name", name)?,
         ) {
             if free_to_take(pid, &claim_file) {
-                return take_up(server, index, what, claim_file, keep).map(Some);
+                let arg = format!("sink_name={name}");
+                return take_up(server, index, what, arg, claim_file, keep).map(Some);
             }
         }
         tracing::info!(sink = name, "PulseAudio sink exists already; used as it is");
@@ -395,8 +466,9 @@ fn null_sink(
         let token = claim(&claim_file)?;
         held().push(claim_file.clone());
         m.keep = Some((keep, claim_file, token));
+        m.arg = format!("sink_name={name}");
     }
-    Ok(Some(m))
+    Ok(Some(Module::live(m)))
 }
 
 /// The pid of the ndd process whose FIFO (`file=…/ndd-pulse-PID[.N]{suffix}`) a
@@ -434,7 +506,8 @@ fn virtual_source(
             .map(PathBuf::from);
         if let (Some(pid), Some(fifo)) = (owner, fifo) {
             if free_to_take(pid, &claim_file) && fifo.exists() {
-                let m = take_up(server, index, what, claim_file, keep)?;
+                let arg = format!("source_name={name}");
+                let m = take_up(server, index, what, arg, claim_file, keep)?;
                 return Ok((fifo, Some(m)));
             }
         }
@@ -466,8 +539,9 @@ fn virtual_source(
         let token = claim(&claim_file)?;
         held().push(claim_file.clone());
         module.keep = Some((keep, claim_file, token));
+        module.arg = format!("source_name={name}");
     }
-    Ok((fifo, Some(module)))
+    Ok((fifo, Some(Module::live(module))))
 }
 
 fn spec(rate: u32, channels: u8) -> Spec {
@@ -531,7 +605,8 @@ pub(crate) fn spawn_pulse_capture(
             ),
         )
     })?;
-    if let (Some(name), false) = (&c.virtual_sink, modules.is_empty()) {
+    // (Not a sink taken up from the last run: programs play into it.)
+    if let (Some(name), true) = (&c.virtual_sink, modules.iter().any(|m| m.fresh)) {
         // A new null sink starts rendering in blocks of its longest latency (2 s) before any
         // stream asked for less; restarted now that this recording asks for short blocks, it
         // renders in those at once instead of stuttering for its first seconds.

@@ -477,7 +477,9 @@ fn resize_screen(
                         id: 0,
                         width,
                         height,
-                        dot_clock: u32::from(width) * u32::from(height) * 60,
+                        // 60 Hz (a virtual output: the clock is nominal).
+                        dot_clock: (u64::from(width) * u64::from(height) * 60)
+                            .min(u64::from(u32::MAX)) as u32,
                         hsync_start: width,
                         hsync_end: width,
                         htotal: width,

@@ -128,8 +128,10 @@ enum Phase {
         until: Instant,
         told: bool,
     },
-    /// Stopping: the last frames go to the sink.
-    Stopping,
+    /// Stopping: the last frames go to the sink, until then.
+    Stopping {
+        until: Instant,
+    },
     Done,
 }
 
@@ -264,7 +266,9 @@ impl<H: RunHalf, M> SinkFlow<H, M> {
         }
         self.stack.flush(now)?;
         self.pull();
-        self.phase = Phase::Stopping;
+        self.phase = Phase::Stopping {
+            until: now + FINISH_WAIT,
+        };
         Ok(())
     }
 
@@ -307,8 +311,22 @@ impl<H: RunHalf, M> SinkFlow<H, M> {
                 self.actions.push_back(Action::CheckDrained);
             }
         }
+        if let Phase::Stopping { until } = self.phase {
+            if now >= until && !self.ready.is_empty() {
+                // A sink that takes nothing more does not keep a stopping side.
+                self.actions
+                    .push_back(Action::Notice(Notice::SinkUnfinished {
+                        handed: self.counters.handed,
+                        completed: self.completed,
+                    }));
+                self.ready.clear();
+            }
+        }
         if let Phase::Finishing { until, .. } = self.phase {
-            if now >= until && self.ready.is_empty() {
+            if now >= until {
+                // A sink that stopped taking frames, or completing them: what it did not take
+                // is dropped, what it did not complete stays unacknowledged (it comes again).
+                self.ready.clear();
                 self.actions
                     .push_back(Action::Notice(Notice::SinkUnfinished {
                         handed: self.counters.handed,
@@ -339,7 +357,7 @@ impl<H: RunHalf, M> SinkFlow<H, M> {
                 return Ok(Some(a));
             }
             match self.phase {
-                Phase::Stopping if self.ready.is_empty() => {
+                Phase::Stopping { .. } if self.ready.is_empty() => {
                     self.phase = Phase::Done;
                     return Ok(Some(Action::Done));
                 }
@@ -458,7 +476,9 @@ impl<H: RunHalf, M> SinkFlow<H, M> {
     /// The stack's frames, ready for the sink; lossy: only the newest waits.
     fn pull(&mut self) {
         while let Some(f) = self.stack.poll_frame() {
-            if self.mode.lossy && !matches!(self.phase, Phase::Stopping | Phase::Finishing { .. }) {
+            if self.mode.lossy
+                && !matches!(self.phase, Phase::Stopping { .. } | Phase::Finishing { .. })
+            {
                 self.counters.stale += self.ready.len() as u64;
                 self.ready.clear();
             }
@@ -756,6 +776,77 @@ mod tests {
             acks(&seen).is_empty(),
             "what the sink did not complete is not acknowledged"
         );
+    }
+
+    #[test]
+    fn a_sink_that_takes_nothing_does_not_keep_the_end_waiting_for_ever() {
+        let t0 = Instant::now();
+        let (mut f, _) = flow(Mode {
+            once: true,
+            lossy: false,
+            stored: false,
+        });
+        f.handle_message(t0, &frame_msg(0), None);
+        f.handle_message(t0, &end_msg(1), None);
+        // The sink never has room: frame 0 waits, the END is not read behind it.
+        let (a, got) = drive(&mut f, t0, 0);
+        assert!(got.is_empty() && a.is_empty(), "{a:?}");
+        let mut t = t0;
+        let mut seen = Vec::new();
+        while !f.is_done() && t < t0 + Duration::from_secs(60) {
+            t += Duration::from_millis(20);
+            f.handle_tick(t);
+            seen.extend(drive(&mut f, t, 0).0);
+            if f.wants_input() {
+                // (Backpressure lifted only if the frame were taken.)
+                break;
+            }
+        }
+        assert!(
+            !f.is_done(),
+            "the END was never read: the stream is not over by itself"
+        );
+        // Stopping then ends it within FINISH_WAIT, though the sink still takes nothing.
+        let stopped = t;
+        f.handle_finish(t).unwrap();
+        while !f.is_done() && t < stopped + FINISH_WAIT + Duration::from_secs(1) {
+            t += Duration::from_millis(20);
+            f.handle_tick(t);
+            seen.extend(drive(&mut f, t, 0).0);
+        }
+        assert!(f.is_done(), "{seen:?}");
+        assert!(t >= stopped + FINISH_WAIT);
+        assert!(seen
+            .iter()
+            .any(|a| matches!(a, Action::Notice(Notice::SinkUnfinished { .. }))));
+    }
+
+    #[test]
+    fn the_finish_wait_ends_even_while_frames_wait_for_a_full_sink() {
+        let t0 = Instant::now();
+        let (mut f, _) = flow(Mode {
+            once: true,
+            lossy: false,
+            stored: false,
+        });
+        f.handle_message(t0, &frame_msg(0), None);
+        f.handle_message(t0, &end_msg(1), None);
+        // Frame 0 is taken, then the END is read; the stack's flush leaves nothing, but a
+        // frame handed over is never completed and a second one never taken.
+        let (_, got) = drive(&mut f, t0, 1);
+        assert_eq!(got, [0]);
+        let _ = drive(&mut f, t0, 0);
+        let mut t = t0;
+        let mut seen = Vec::new();
+        while !f.is_done() && t < t0 + FINISH_WAIT + Duration::from_secs(1) {
+            t += Duration::from_millis(20);
+            f.handle_tick(t);
+            seen.extend(drive(&mut f, t, 0).0);
+        }
+        assert!(f.is_done(), "{seen:?}");
+        assert!(seen
+            .iter()
+            .any(|a| matches!(a, Action::Notice(Notice::SinkUnfinished { .. }))));
     }
 
     #[test]
