@@ -527,6 +527,13 @@ impl ImageForward {
         if !self.cfg.broadcast() {
             // (Broadcast: no credit comes back to settle what the pacer would keep.)
             self.pacer.on_send(now, self.sent, bytes.len() as u64);
+            // How long the link takes to carry this: the next capture may come that late
+            // because of the link, not of the content (the video detector's pace).
+            if let Some(bps) = self.path_bps().filter(|b| *b > 0.0) {
+                let carry = Duration::from_secs_f64(bytes.len() as f64 * 8.0 / bps);
+                let rtt = self.pacer.min_rtt().unwrap_or_default();
+                self.detector.set_link_gap(carry * 2 + rtt * 2);
+            }
         }
         self.stats.frames += 1;
         out.push(Frame::from_bytes(meta, Bytes::from(bytes)));

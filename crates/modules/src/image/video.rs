@@ -60,6 +60,9 @@ pub const SLOW_GAP: Duration = Duration::from_millis(1200);
 /// Slow captures: fewest a candidate stands, and the time they must span, to be taken.
 pub const MIN_STOOD: u32 = 2;
 pub const SETTLE_SPAN: Duration = Duration::from_millis(500);
+/// The most [`Detector::set_link_gap`] stretches the pace of slow captures to: a slideshow on
+/// a link that slow is still no video.
+pub const MAX_LINK_GAP: Duration = Duration::from_millis(2500);
 
 /// Where the video region is, sans-IO (see the module docs).
 #[derive(Debug, Default)]
@@ -75,9 +78,20 @@ pub struct Detector {
     candidate: Option<(Rect, u32, Instant)>,
     /// Captures since a candidate matched the region.
     idle: u32,
+    /// How far apart captures may come and still be a video's pace because the link is
+    /// what spaces them ([`Detector::set_link_gap`]).
+    link_gap: Duration,
 }
 
 impl Detector {
+    /// The link carries the last update in about this long (its bytes over the path's rate,
+    /// twice, and two round trips): captures that far apart come at the link's pace, not at
+    /// the content's, and count as a video's pace (1440p JPEG tiles of a video on 20 Mbit/s
+    /// come 1–2 s apart: past [`SLOW_GAP`] the detector counted 16 + 8 captures, 19 s).
+    pub fn set_link_gap(&mut self, gap: Duration) {
+        self.link_gap = gap.min(MAX_LINK_GAP);
+    }
+
     /// Forgets everything (a new screen size).
     pub fn reset(&mut self, tiles: usize) {
         *self = Detector {
@@ -185,7 +199,7 @@ impl Detector {
             .iter()
             .skip(recent)
             .zip(self.times.iter().skip(recent + 1))
-            .all(|(a, b)| b.saturating_duration_since(*a) <= SLOW_GAP);
+            .all(|(a, b)| b.saturating_duration_since(*a) <= SLOW_GAP.max(self.link_gap));
         let seen = self.times.len() as u32;
         let slow = seen >= MIN_SEEN && span >= SLOW_SPAN && paced;
         if (seen < HISTORY && !slow) || grid_w == 0 {
@@ -759,9 +773,31 @@ mod tests {
                 );
             }
         }
-        // A slideshow, a new picture every 3 s: not video by time (10 pictures, 30 s).
+        // 1.8 s apart: past SLOW_GAP, counted only (16 + 8 captures)…
         let mut d = Detector::default();
         d.reset(100);
+        let mut clock = Clock::every(Duration::from_millis(1800));
+        for _ in 0..6 {
+            assert_eq!(
+                d.handle_capture(clock.tick(), &all, &all, GRID_W, tile_rect),
+                None
+            );
+        }
+        // …unless the link is what spaces them (each update takes it a second or so).
+        let mut d = Detector::default();
+        d.reset(100);
+        d.set_link_gap(Duration::from_millis(2000));
+        let mut clock = Clock::every(Duration::from_millis(1800));
+        let found = (0..6).any(|_| {
+            d.handle_capture(clock.tick(), &all, &all, GRID_W, tile_rect)
+                .is_some()
+        });
+        assert!(found, "link-paced captures find the video");
+        // A slideshow, a new picture every 3 s: not video by time (10 pictures, 30 s), even
+        // on a link that takes that long per picture.
+        let mut d = Detector::default();
+        d.reset(100);
+        d.set_link_gap(Duration::from_secs(10));
         let mut clock = Clock::every(Duration::from_secs(3));
         for _ in 0..10 {
             assert_eq!(
