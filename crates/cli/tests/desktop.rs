@@ -46,6 +46,45 @@ fn window_named(conn: &impl Connection, title: &str) -> Option<xproto::Window> {
     })
 }
 
+/// `xev` on `display` with a window at `geometry`, reporting button events: the process
+/// (killed on drop) and what it printed so far.
+fn xev_buttons(display: &str, geometry: &str) -> (Killed, Arc<Mutex<String>>) {
+    let mut xev = Command::new("xev")
+        .env("DISPLAY", display)
+        .args(["-geometry", geometry, "-event", "button"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start xev");
+    let text = Arc::new(Mutex::new(String::new()));
+    let mut out = xev.stdout.take().unwrap();
+    let t = text.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = out.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            t.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    (Killed(xev), text)
+}
+
+/// The root coordinates of the first button event `xev` printed.
+fn clicked_at(t: &str) -> (i32, i32) {
+    t.split("root:(")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .and_then(|r| {
+            let (x, y) = r.split_once(',')?;
+            Some((x.parse::<i32>().ok()?, y.parse::<i32>().ok()?))
+        })
+        .unwrap_or_else(|| panic!("no root coordinates in xev's output: {t}"))
+}
+
 fn differing_pixels(a: &[u8], b: &[u8]) -> usize {
     a.chunks(4)
         .zip(b.chunks(4))
@@ -505,30 +544,7 @@ fn a_viewer_smaller_than_the_app_screen_shows_it_whole_and_clicks_land_where_the
     let _bg = app_x
         .spawn("xsetroot", &["-solid", "#204060"])
         .expect("xsetroot");
-    let mut xev = Command::new("xev")
-        .env("DISPLAY", &app_x.display)
-        .args(["-geometry", "1200x650+20+20", "-event", "button"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start xev");
-    let xev_text = Arc::new(Mutex::new(String::new()));
-    {
-        let mut out = xev.stdout.take().unwrap();
-        let t = xev_text.clone();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = out.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                t.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
-    }
-    let _xev = Killed(xev);
+    let (_xev, xev_text) = xev_buttons(&app_x.display, "1200x650+20+20");
     let dir = Dir::new("desktop-scaled");
     let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
     let cfg = dir.0.join("desktop.toml");
@@ -580,16 +596,7 @@ fn a_viewer_smaller_than_the_app_screen_shows_it_whole_and_clicks_land_where_the
     wait_for("xev to see the click", Duration::from_secs(20), || {
         xev_text.lock().unwrap().contains("ButtonRelease")
     });
-    let t = xev_text.lock().unwrap().clone();
-    let root = t
-        .split("root:(")
-        .nth(1)
-        .and_then(|r| r.split(')').next())
-        .and_then(|r| {
-            let (x, y) = r.split_once(',')?;
-            Some((x.parse::<i32>().ok()?, y.parse::<i32>().ok()?))
-        })
-        .unwrap_or_else(|| panic!("no root coordinates in xev's output: {t}"));
+    let root = clicked_at(&xev_text.lock().unwrap());
     // 304 of 0..=607 → 640 of 0..=1279; 171 of 0..=341 → 360 of 0..=719.
     assert!(
         (root.0 - 640).abs() <= 2 && (root.1 - 360).abs() <= 2,
@@ -798,30 +805,7 @@ fn a_viewer_resized_with_resize_remote_gives_the_app_screen_its_size() {
     }
     // A click in the viewer lands where it points on the resized screen (the xtest sink
     // scales positions to the new size).
-    let mut xev = Command::new("xev")
-        .env("DISPLAY", &app_display)
-        .args(["-geometry", "900x600+0+0", "-event", "button"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start xev");
-    let xev_text = Arc::new(Mutex::new(String::new()));
-    {
-        let mut out = xev.stdout.take().unwrap();
-        let t = xev_text.clone();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = out.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                t.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
-    }
-    let _xev = Killed(xev);
+    let (_xev, xev_text) = xev_buttons(&app_display, "900x600+0+0");
     std::thread::sleep(Duration::from_millis(1000));
     let status = Command::new("xdotool")
         .env("DISPLAY", &dev_x.display)
@@ -833,16 +817,7 @@ fn a_viewer_resized_with_resize_remote_gives_the_app_screen_its_size() {
     wait_for("xev to see the click", Duration::from_secs(20), || {
         xev_text.lock().unwrap().contains("ButtonRelease")
     });
-    let t = xev_text.lock().unwrap().clone();
-    let root = t
-        .split("root:(")
-        .nth(1)
-        .and_then(|r| r.split(')').next())
-        .and_then(|r| {
-            let (x, y) = r.split_once(',')?;
-            Some((x.parse::<i32>().ok()?, y.parse::<i32>().ok()?))
-        })
-        .unwrap_or_else(|| panic!("no root coordinates in xev's output: {t}"));
+    let root = clicked_at(&xev_text.lock().unwrap());
     assert!(
         (root.0 - 600).abs() <= 2 && (root.1 - 450).abs() <= 2,
         "the click landed at {root:?} on the 900x600 screen, not at (600, 450); app: {}",

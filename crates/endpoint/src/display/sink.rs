@@ -191,6 +191,8 @@ struct View {
     /// `resize = "remote"`: the window keeps no shape of its own (the app's screen follows
     /// its size).
     remote: bool,
+    /// The window was sized to the app's screen once (with `remote`, only the first time).
+    sized: bool,
     use_shm: bool,
     max_put_bytes: usize,
     /// While the link is down: the image as it was (the store holds it dimmed).
@@ -232,6 +234,15 @@ impl View {
     /// at that size, or scaled to fit this display's screen when it is larger (never cropped),
     /// its shape kept by the window manager when someone resizes it.
     fn resize(&mut self, width: u16, height: u16) -> Result<(), XFail> {
+        if self.remote && self.sized {
+            // `resize = "remote"`: the window's size is the person's, and the app's screen
+            // follows it; a new screen size (the one asked for, or one on its way before it)
+            // is shown in the window as it is, scaled if it differs. Resizing the window to
+            // it would undo a drag still going on.
+            self.new_store(width, height)?;
+            return self.window_size(self.win_width, self.win_height);
+        }
+        self.sized = true;
         let (ww, wh) = scale::fit(width, height, self.screen.0, self.screen.1);
         self.conn.configure_window(
             self.win,
@@ -616,6 +627,7 @@ fn create_view(s: &X11WindowSink) -> Result<View, XFail> {
         scaled: None,
         screen: (s.screen.width_in_pixels, s.screen.height_in_pixels),
         remote: s.remote,
+        sized: false,
         use_shm: s.shm,
         max_put_bytes,
         dimmed: None,
