@@ -136,6 +136,14 @@ struct AttachWay {
     /// Listen on ADDR (default: 0.0.0.0 on the share's port).
     #[arg(long, value_name = "ADDR")]
     listen: Option<String>,
+    /// Listening: attach up to N machines' devices at once, each its own session (a lab
+    /// server); `{peer}` in --link names each one's port (/dev/ttyLAB-{peer}).
+    #[arg(long, value_name = "N", default_value_t = 1, conflicts_with = "from")]
+    peers: u32,
+    /// Listening: say on the local network (mDNS) that this side is here, for `ndd
+    /// discover` on the sharing machine.
+    #[arg(long, conflicts_with = "from")]
+    announce: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -640,6 +648,24 @@ fn attach(what: AttachWhat) -> Result<i32> {
             run,
         ),
     };
+    let mut local = local;
+    if way.peers > 1 {
+        match (kind, &local.pty) {
+            (Kind::Audio, _) => bail!(
+                "--peers {}: one machine's sound at a time (the virtual microphone and speaker have one name each)",
+                way.peers
+            ),
+            (Kind::Serial, Some(p)) if !p.contains("{peer}") => bail!(
+                "--peers {}: each machine's port needs a path of its own: put {{peer}} in --link, e.g. --link /dev/ttyLAB-{{peer}} (each machine's name in known_peers)",
+                way.peers
+            ),
+            _ => {}
+        }
+        local.peers = Some(way.peers);
+    } else if local.pty.as_deref().is_some_and(|p| p.contains("{peer}")) {
+        bail!("--link with {{peer}} names one port per machine: give --peers N (how many at once)");
+    }
+    local.announce = way.announce;
     let link = match (way.from, way.listen) {
         (Some(h), _) => Link::Connect(with_port(&h, kind.port())),
         (None, Some(a)) => Link::Listen(a),

@@ -87,6 +87,10 @@ pub struct Local {
     pub device: Option<String>,
     /// Input: a virtual input device (uinput) instead of the X display.
     pub uinput: bool,
+    /// A listening side serving several machines at once (`link.peers`).
+    pub peers: Option<u32>,
+    /// A listening side announces itself on the LAN (`link.announce`).
+    pub announce: bool,
 }
 
 /// `HOST` or `HOST:PORT` as an address, `port` when none is given; an IPv6 address without a
@@ -175,6 +179,12 @@ pub fn config(kind: Kind, side: SideName, link: &Link, local: &Local) -> String 
                     "address = {}\nlistener = \"{listener}\"\n",
                     quoted(address)
                 ));
+                if let Some(n) = local.peers.filter(|_| listener == side) {
+                    text.push_str(&format!("peers = {n}\n"));
+                }
+                if local.announce && listener == side {
+                    text.push_str("announce = true\n");
+                }
             }
             continue;
         }
@@ -250,6 +260,31 @@ mod tests {
             Config::parse(&a, Path::new("share.toml")).unwrap(),
             Config::parse(&b, Path::new("attach.toml")).unwrap(),
         )
+    }
+
+    #[test]
+    fn an_attaching_side_for_several_machines_says_so_in_its_link() {
+        let local = Local {
+            pty: Some("/dev/ttyLAB-{peer}".into()),
+            peers: Some(8),
+            announce: true,
+            ..Local::default()
+        };
+        let text = config(
+            Kind::Serial,
+            SideName::App,
+            &Link::Listen("0.0.0.0:7882".into()),
+            &local,
+        );
+        let cfg = Config::parse(&text, Path::new("attach.toml")).unwrap();
+        assert_eq!((cfg.link.peers, cfg.link.announce), (8, true));
+        assert!(text.contains("\"/dev/ttyLAB-{peer}\""), "{text}");
+        let lab3 = cfg.for_peer("lab3").unwrap();
+        assert!(
+            format!("{:?}", lab3.streams).contains("/dev/ttyLAB-lab3"),
+            "{:?}",
+            lab3.streams
+        );
     }
 
     #[test]
