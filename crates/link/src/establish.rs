@@ -1029,12 +1029,6 @@ async fn refuse(writer: &mut Tx, code: CloseCode, reason: &str) {
 }
 
 impl Established {
-    /// Turns this link away after its handshake after all (a listener whose last place
-    /// went meanwhile): CLOSE with `code` and `reason`, then closed.
-    pub async fn refuse(mut self, code: CloseCode, reason: &str) {
-        refuse(&mut self.tx, code, reason).await;
-    }
-
     /// What a listener serving several peers knows this peer by: its fingerprint, or its
     /// address's IP without TLS (a reconnect comes from another port).
     pub fn peer_key(&self) -> String {

@@ -128,10 +128,11 @@ pub(super) async fn run_many(
                         .find(|(_, (_, up))| !up.load(Ordering::Acquire))
                         .map(|(k, _)| k.clone());
                     let Some(down) = down else {
-                        // The last place went while this one's handshake ran: told it is busy,
-                        // as the handshake would have.
-                        let why = format!("busy: the {side} side serves {limit} peers already, its limit (link.peers = {limit})");
-                        tokio::spawn(async move { est.refuse(ndd_wire::CloseCode::Busy, &why).await });
+                        // The last place went while this one's handshake ran: the link is
+                        // dropped (a CLOSE on a session would end the peer; a lost link makes it
+                        // connect again, and the handshake then says the side is busy).
+                        tracing::debug!(side = %side, "{} connected as the last place went; dropped, it connects again", est.peer);
+                        drop(est);
                         continue;
                     };
                     if let Some((_, _, stop_it)) = doors.remove(&down) {

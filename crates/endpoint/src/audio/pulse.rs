@@ -226,10 +226,17 @@ pub fn settle_modules() {
     for d in all {
         d.settle();
     }
+    // One an endpoint thread is settling right now is finished first.
+    drop(SETTLING.lock().unwrap_or_else(|p| p.into_inner()));
 }
+
+/// Held while a module is settled: the process does not end in the middle of one
+/// ([`settle_modules`] waits for it).
+static SETTLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl ModuleData {
     fn settle(&self) {
+        let _settling = SETTLING.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, claim, _)) = &self.keep {
             held().retain(|c| c != claim);
         }
@@ -283,7 +290,7 @@ fn keep_loaded(
     }
     let script = format!(
         "sleep {secs}; [ \"$(cat '{claim_s}' 2>/dev/null)\" = {token} ] || exit 0; \
-         pactl {server_arg} list short modules | grep -q \"^{index}[[:space:]].*[[:space:]]{arg}\\( \\|\\$\\)\" \\
+         pactl {server_arg} list short modules | grep -qE \"^{index}[[:space:]].*[[:space:]]{arg}( |\\$)\" \\
          && pactl {server_arg} unload-module {index}; rm -f '{claim_s}'",
         secs = keep.as_secs()
     );

@@ -482,6 +482,9 @@ impl View {
             }
             self.resize(h.width, h.height)?;
         }
+        // The first update sized the window (or found it at the app's size already): with
+        // `remote`, from now on its size is the person's.
+        self.sized = true;
         match &mut self.store {
             Store::Shm(shm) => {
                 for r in &u.rects {
