@@ -142,7 +142,8 @@ fn config(dir: &Path, nats: &Broker, load: Load, count: u64, n: usize, transport
     p
 }
 
-fn spawn(exe: &Path, args: &[&str]) -> Result<Child> {
+/// `ndd ARGS`, quiet but for errors, its stderr kept for a failure.
+pub(crate) fn spawn(exe: &Path, args: &[&str]) -> Result<Child> {
     Command::new(exe)
         .args(args)
         .env("NDD_LOG", "error")

@@ -6,10 +6,9 @@
 //! share of frames delivered, and the CPU the app side(s) and the device sides used, read from
 //! `/proc` (user + system time over the run's wall time).
 
-use super::fanout::wait;
+use super::fanout::{spawn, wait};
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 struct Row {
@@ -21,17 +20,6 @@ struct Row {
     delivered: f64,
     app_cpu: f64,
     dev_cpu: f64,
-}
-
-fn spawn(exe: &Path, args: &[String]) -> Result<Child> {
-    Command::new(exe)
-        .args(args)
-        .env("NDD_LOG", "error")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("cannot run ndd")
 }
 
 /// User + system CPU seconds of a running process so far.
@@ -120,7 +108,8 @@ fn row(
         .iter()
         .map(|s| s.to_string())
         .collect();
-        app_children.push(spawn(exe, &args)?);
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        app_children.push(spawn(exe, &a)?);
         files.push(f);
     }
     std::thread::sleep(Duration::from_millis(300));
@@ -142,7 +131,8 @@ fn row(
         .iter()
         .map(|s| s.to_string())
         .collect();
-        devices.push(spawn(exe, &args)?);
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        devices.push(spawn(exe, &a)?);
     }
     // CPU read just before each process ends: sampled while the devices run.
     let limit = Duration::from_secs(count / 1000 + 60);

@@ -46,12 +46,15 @@ fn window_named(conn: &impl Connection, title: &str) -> Option<xproto::Window> {
     })
 }
 
-/// `xev` on `display` with a window at `geometry`, reporting button events: the process
-/// (killed on drop) and what it printed so far.
-fn xev_buttons(display: &str, geometry: &str) -> (Killed, Arc<Mutex<String>>) {
-    let mut xev = Command::new("xev")
-        .env("DISPLAY", display)
-        .args(["-geometry", geometry, "-event", "button"])
+/// `xev` on `display` with a window at `geometry`, reporting the event kinds `events`
+/// (`button`, `keyboard`…): the process (killed on drop) and what it printed so far.
+fn xev_events(display: &str, geometry: &str, events: &[&str]) -> (Killed, Arc<Mutex<String>>) {
+    let mut xev = Command::new("xev");
+    xev.env("DISPLAY", display).args(["-geometry", geometry]);
+    for e in events {
+        xev.args(["-event", e]);
+    }
+    let mut xev = xev
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -160,37 +163,7 @@ fn a_remote_x_desktop_shows_the_same_pixels_and_takes_clicks_and_keys() {
         )
         .expect("ffplay");
     // xev's window at the top left of the app display records what reaches it.
-    let mut xev = Command::new("xev")
-        .env("DISPLAY", &app_x.display)
-        .args([
-            "-geometry",
-            "300x200+10+10",
-            "-event",
-            "keyboard",
-            "-event",
-            "button",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start xev");
-    let xev_text = Arc::new(Mutex::new(String::new()));
-    {
-        let mut out = xev.stdout.take().unwrap();
-        let t = xev_text.clone();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = out.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                t.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
-    }
-    let _xev = Killed(xev);
+    let (_xev, xev_text) = xev_events(&app_x.display, "300x200+10+10", &["keyboard", "button"]);
 
     let dir = Dir::new("desktop");
     let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
@@ -544,7 +517,7 @@ fn a_viewer_smaller_than_the_app_screen_shows_it_whole_and_clicks_land_where_the
     let _bg = app_x
         .spawn("xsetroot", &["-solid", "#204060"])
         .expect("xsetroot");
-    let (_xev, xev_text) = xev_buttons(&app_x.display, "1200x650+20+20");
+    let (_xev, xev_text) = xev_events(&app_x.display, "1200x650+20+20", &["button"]);
     let dir = Dir::new("desktop-scaled");
     let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
     let cfg = dir.0.join("desktop.toml");
@@ -805,7 +778,7 @@ fn a_viewer_resized_with_resize_remote_gives_the_app_screen_its_size() {
     }
     // A click in the viewer lands where it points on the resized screen (the xtest sink
     // scales positions to the new size).
-    let (_xev, xev_text) = xev_buttons(&app_display, "900x600+0+0");
+    let (_xev, xev_text) = xev_events(&app_display, "900x600+0+0", &["button"]);
     std::thread::sleep(Duration::from_millis(1000));
     let status = Command::new("xdotool")
         .env("DISPLAY", &dev_x.display)

@@ -490,37 +490,12 @@ impl<H: RunHalf, M> SinkFlow<H, M> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nats::keys::Outcome;
-    use crate::nats::record::{FrameRecord, END_SEQ};
-    use crate::nats::runs::{run_key, Run};
-    use ndd_core::{Output, Role};
+    use crate::nats::record::END_SEQ;
+    use crate::nats::runs::Run;
+    use crate::nats::toy::{toy_record, Toy};
+    use ndd_core::Role;
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
-
-    /// A toy half (as in `receive`'s tests): a frame opens when its payload starts with the
-    /// first 8 bytes of the key and the subject sequence it is bound to.
-    struct Toy([u8; 8]);
-
-    impl RunHalf for Toy {
-        fn under(key: [u8; 32]) -> Toy {
-            Toy(key[..8].try_into().unwrap())
-        }
-        fn open(
-            &mut self,
-            _: Instant,
-            mut frame: Frame,
-            wseq: u64,
-            out: &mut Output,
-        ) -> Result<Outcome, ModuleError> {
-            let p = frame.payload();
-            if p.starts_with(&self.0) && p.get(8..16) == Some(&wseq.to_be_bytes()[..]) {
-                frame.pop_header(16);
-                out.push(frame);
-                return Ok(Outcome::Opened);
-            }
-            Ok(Outcome::Rejected)
-        }
-    }
 
     const STREAM: u16 = 3;
     const RUN: Run = Run { id: 10, began: 5 };
@@ -528,20 +503,7 @@ mod tests {
 
     /// Frame `seq` of `run` (subject sequence `seq`; `END_SEQ`: the END, at `wseq`).
     fn message(run: Run, seq: u64, wseq: u64, data: &[u8]) -> Bytes {
-        let mut p = run_key(&[KEY; 32], run)[..8].to_vec();
-        p.extend_from_slice(&wseq.to_be_bytes());
-        p.extend_from_slice(data);
-        FrameRecord {
-            stream: STREAM,
-            flags: 0,
-            run: run.id,
-            began: run.began,
-            seq,
-            timestamp_ns: 0,
-            wseq,
-            payload: Bytes::from(p),
-        }
-        .encode()
+        toy_record(STREAM, KEY, run, seq, wseq, data)
     }
 
     fn frame_msg(seq: u64) -> Bytes {
@@ -614,6 +576,23 @@ mod tests {
             }
         }
         (actions, frames)
+    }
+
+    /// Ticks every 20 ms from `from`, the sink taking nothing, until the stream is over or
+    /// `limit` passed: when it stopped, and the actions seen.
+    fn tick_until_done(
+        f: &mut SinkFlow<Toy, u64>,
+        from: Instant,
+        limit: Duration,
+    ) -> (Instant, Vec<Action<u64>>) {
+        let mut t = from;
+        let mut seen = Vec::new();
+        while !f.is_done() && t < from + limit {
+            t += Duration::from_millis(20);
+            f.handle_tick(t);
+            seen.extend(drive(f, t, 0).0);
+        }
+        (t, seen)
     }
 
     fn acks(actions: &[Action<u64>]) -> Vec<u64> {
@@ -791,17 +770,7 @@ mod tests {
         // The sink never has room: frame 0 waits, the END is not read behind it.
         let (a, got) = drive(&mut f, t0, 0);
         assert!(got.is_empty() && a.is_empty(), "{a:?}");
-        let mut t = t0;
-        let mut seen = Vec::new();
-        while !f.is_done() && t < t0 + Duration::from_secs(60) {
-            t += Duration::from_millis(20);
-            f.handle_tick(t);
-            seen.extend(drive(&mut f, t, 0).0);
-            if f.wants_input() {
-                // (Backpressure lifted only if the frame were taken.)
-                break;
-            }
-        }
+        let (t, mut seen) = tick_until_done(&mut f, t0, Duration::from_secs(60));
         assert!(
             !f.is_done(),
             "the END was never read: the stream is not over by itself"
@@ -809,11 +778,8 @@ mod tests {
         // Stopping then ends it within FINISH_WAIT, though the sink still takes nothing.
         let stopped = t;
         f.handle_finish(t).unwrap();
-        while !f.is_done() && t < stopped + FINISH_WAIT + Duration::from_secs(1) {
-            t += Duration::from_millis(20);
-            f.handle_tick(t);
-            seen.extend(drive(&mut f, t, 0).0);
-        }
+        let (t, more) = tick_until_done(&mut f, t, FINISH_WAIT + Duration::from_secs(1));
+        seen.extend(more);
         assert!(f.is_done(), "{seen:?}");
         assert!(t >= stopped + FINISH_WAIT);
         assert!(seen
@@ -836,13 +802,7 @@ mod tests {
         let (_, got) = drive(&mut f, t0, 1);
         assert_eq!(got, [0]);
         let _ = drive(&mut f, t0, 0);
-        let mut t = t0;
-        let mut seen = Vec::new();
-        while !f.is_done() && t < t0 + FINISH_WAIT + Duration::from_secs(1) {
-            t += Duration::from_millis(20);
-            f.handle_tick(t);
-            seen.extend(drive(&mut f, t, 0).0);
-        }
+        let (_, seen) = tick_until_done(&mut f, t0, FINISH_WAIT + Duration::from_secs(1));
         assert!(f.is_done(), "{seen:?}");
         assert!(seen
             .iter()

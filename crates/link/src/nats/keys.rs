@@ -867,32 +867,7 @@ mod tests {
     use super::*;
     use bytes::Bytes;
 
-    /// A toy half: a frame "opens" when its payload starts with the first 8 bytes of the key
-    /// and the subject sequence it is bound to (the rules, not the cipher, are under test
-    /// here; the testkit's `nats_keys` runs the real `encrypt` inverse).
-    struct Toy([u8; 8]);
-
-    impl RunHalf for Toy {
-        fn under(key: [u8; 32]) -> Toy {
-            Toy(key[..8].try_into().unwrap())
-        }
-        fn open(
-            &mut self,
-            _: Instant,
-            frame: Frame,
-            wseq: u64,
-            out: &mut Output,
-        ) -> Result<Outcome, ModuleError> {
-            let mut frame = frame;
-            let p = frame.payload();
-            if p.starts_with(&self.0) && p.get(8..16) == Some(&wseq.to_be_bytes()[..]) {
-                frame.pop_header(16);
-                out.push(frame);
-                return Ok(Outcome::Opened);
-            }
-            Ok(Outcome::Rejected)
-        }
-    }
+    use crate::nats::toy::Toy;
 
     const RUN: Run = Run { id: 10, began: 5 };
 

@@ -36,6 +36,8 @@ pub mod record;
 pub mod runs;
 pub mod send;
 pub mod subjects;
+#[cfg(test)]
+mod toy;
 
 use crate::LinkError;
 use std::path::PathBuf;

@@ -378,33 +378,8 @@ impl<H: RunHalf, M> Receiver<H, M> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nats::keys::Outcome;
     use crate::nats::runs::run_key;
-
-    /// A toy half, as in `keys`' tests: a frame "opens" when its payload starts with the first
-    /// 8 bytes of the key and the subject sequence it is bound to.
-    struct Toy([u8; 8]);
-
-    impl RunHalf for Toy {
-        fn under(key: [u8; 32]) -> Toy {
-            Toy(key[..8].try_into().unwrap())
-        }
-        fn open(
-            &mut self,
-            _: Instant,
-            mut frame: Frame,
-            wseq: u64,
-            out: &mut Output,
-        ) -> Result<Outcome, ModuleError> {
-            let p = frame.payload();
-            if p.starts_with(&self.0) && p.get(8..16) == Some(&wseq.to_be_bytes()[..]) {
-                frame.pop_header(16);
-                out.push(frame);
-                return Ok(Outcome::Opened);
-            }
-            Ok(Outcome::Rejected)
-        }
-    }
+    use crate::nats::toy::{toy_record, Toy};
 
     const STREAM: u16 = 3;
     const RUN: Run = Run { id: 10, began: 5 };
@@ -416,20 +391,7 @@ mod tests {
 
     /// As [`message`], at subject sequence `wseq`.
     fn message_at(k: u8, run: Run, seq: u64, wseq: u64, data: &[u8]) -> Bytes {
-        let mut p = run_key(&[k; 32], run)[..8].to_vec();
-        p.extend_from_slice(&wseq.to_be_bytes());
-        p.extend_from_slice(data);
-        FrameRecord {
-            stream: STREAM,
-            flags: 0,
-            run: run.id,
-            began: run.began,
-            seq,
-            timestamp_ns: 0,
-            wseq,
-            payload: Bytes::from(p),
-        }
-        .encode()
+        toy_record(STREAM, k, run, seq, wseq, data)
     }
 
     fn app() -> Receiver<Toy, u64> {
