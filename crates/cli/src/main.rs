@@ -138,7 +138,8 @@ struct AttachWay {
     listen: Option<String>,
     /// Listening: attach up to N machines' devices at once, each its own session (a lab
     /// server); `{peer}` in --link names each one's port (/dev/ttyLAB-{peer}).
-    #[arg(long, value_name = "N", default_value_t = 1, conflicts_with = "from")]
+    #[arg(long, value_name = "N", default_value_t = 1, conflicts_with = "from",
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(ndd::config::MAX_PEERS)))]
     peers: u32,
     /// Listening: say on the local network (mDNS) that this side is here, for `ndd
     /// discover` on the sharing machine.
