@@ -81,7 +81,9 @@ fuzz_target!(|data: &[u8]| {
     let mut now = t0;
     // The first byte's low bit: a source that keeps its frames, or one that does not.
     let mut s = session(data.first().is_none_or(|b| b & 1 == 0));
-    s.handle_link_up(now);
+    // A simulated wall clock (ns), far from zero so frames can be stamped before "now".
+    let wall = |now: Instant| 10_000_000_000 + (now - t0).as_nanos() as u64;
+    s.handle_link_up(now, wall(now));
     let mut rest = data;
     let mut seq = 0u64;
     while let Some((&op, tail)) = rest.split_first() {
@@ -117,10 +119,12 @@ fuzz_target!(|data: &[u8]| {
             },
             10 => {
                 seq += 1;
+                // Made up to 15 × 97 ms before it is handed over: the fuzzer reaches the rule
+                // that input made during an outage and handed over late is stale.
                 let meta = Meta {
                     stream: 2,
                     seq,
-                    timestamp_ns: seq,
+                    timestamp_ns: wall(now) - u64::from(op & 0x0f) * 97_000_000,
                     flags: 0,
                 };
                 let len = usize::from(op & 0x0f) * 97;
@@ -133,7 +137,7 @@ fuzz_target!(|data: &[u8]| {
             11 => s.handle_source_end(now, 1),
             12 => s.handle_link_lost(now, "fuzz"),
             13 => {
-                s.handle_link_up(now);
+                s.handle_link_up(now, wall(now));
                 Ok(())
             }
             14 => s.handle_timeout(now),
