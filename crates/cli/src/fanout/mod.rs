@@ -43,9 +43,9 @@ use ndd_link::nats::keys::{
     rotation, GroupKey, Outcome, RunHalf, EARLIER_RUNS, RETIRED_KEYS, SINCE_PENDING,
 };
 use ndd_link::nats::receive::{Event, Receiver, Wait};
-use ndd_link::nats::record::{FrameRecord, END_SEQ, HEADER_LEN};
+use ndd_link::nats::record::FrameRecord;
 use ndd_link::nats::runs::{next_run_id, Run};
-use ndd_link::nats::send::{Follow, RunSeal, Sender};
+use ndd_link::nats::send::{RunSeal, Sender};
 use ndd_link::nats::subjects::Subjects;
 use ndd_link::nats::NatsConfig;
 use ndd_link::seal::LocalIdentity;

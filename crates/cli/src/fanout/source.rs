@@ -1,14 +1,9 @@
-//! A source stream's sending half: its stack's frames sealed and published (core NATS or
-//! JetStream), with the byte budget and the acknowledgements.
+//! A source stream's sending half, the driver of the sans-IO [`SourceFlow`]: its stack's
+//! frames sealed and published (core NATS or JetStream), with the byte budget and the
+//! acknowledgements.
 
 use super::*;
-
-/// JetStream publishes awaiting their acknowledgement, per stream, at most.
-pub(super) const JS_IN_FLIGHT: usize = 256;
-
-/// After a lossy stream's END, the pauses before it goes again (core NATS may lose one).
-pub(super) const END_REPEATS: [Duration; 2] =
-    [Duration::from_millis(20), Duration::from_millis(100)];
+use ndd_link::nats::source::{EndPlan, SendError, SourceFlow};
 
 /// The `encrypt` pair's forward half as one run's sealing half ([`Sender`]).
 pub(super) struct RunSealer(pub(super) EncryptForward);
@@ -94,20 +89,17 @@ pub(super) type Plain = (Meta, Bytes, Route);
 /// A stored publish's outcome: its token and the stream sequence it was stored at.
 pub(super) type AckResult = (u64, Result<u64, ()>);
 
-/// Where a source's frames go: the stream's [`Outbox`] (records, message ids, retries) and
-/// the client.
+/// Where a source's frames go: the sans-IO [`SourceFlow`] (sealing, the outbox, the keys, the
+/// rotation's gate, the END) and the client.
 pub(super) struct Publisher {
     /// This stream's room in the client's queue.
     pub(super) budget: Budget,
     /// Lossy frames dropped for want of it (the connection to the server is behind).
     pub(super) dropped: u64,
-    /// The stream's END is on its way: it waits for room, never dropped.
-    pub(super) ending: bool,
     pub(super) ctx: Ctx,
     pub(super) plan: Plan,
     pub(super) js: Option<jetstream::Context>,
-    /// The sans-IO sending half: sealing, the outbox, following the keys.
-    pub(super) sender: Sender<RunSealer, Plain>,
+    pub(super) flow: SourceFlow<RunSealer, Plain>,
     /// Acknowledgements as they come (each ack waited for by a task of its own, so a failed
     /// one goes again at once, not after the ones published before it).
     pub(super) acks_tx: mpsc::UnboundedSender<AckResult>,
@@ -116,6 +108,33 @@ pub(super) struct Publisher {
     pub(super) connects: u64,
     /// Device side, a reliable stream: its place in the rotation's gate.
     pub(super) gate: Option<GateTicket>,
+    /// The side's keys went (it stops).
+    pub(super) keys_gone: bool,
+}
+
+/// What a [`Publisher`] waits for besides frames.
+pub(super) enum Wake {
+    Ack(AckResult),
+    Time,
+    Keys(Result<(), watch::error::RecvError>),
+}
+
+/// The subject of `plan`'s frames on `route` (and its part of a split stream).
+fn subject_of(ctx: &Ctx, plan: &Plan, stored: bool, route: Route) -> (String, Option<u16>) {
+    let part = match route {
+        Route::Part { part, .. } => Some(part),
+        Route::All | Route::Any => None,
+    };
+    let s = if plan.source && ctx.side == SideName::App {
+        if stored {
+            ctx.subjects.up_stored(plan.id)
+        } else {
+            ctx.subjects.up(plan.id)
+        }
+    } else {
+        ctx.subjects.down(plan.id, stored, part)
+    };
+    (s, part)
 }
 
 impl Publisher {
@@ -126,6 +145,7 @@ impl Publisher {
         js: Option<jetstream::Context>,
     ) -> Result<Publisher> {
         let js = js.filter(|_| plan.reliable);
+        let stored = js.is_some();
         let app = ctx.side == SideName::App;
         // Many app sides publish on one up subject with the device's run id and their own
         // frame numbers: their message ids must differ, or JetStream drops all but the first
@@ -133,96 +153,121 @@ impl Publisher {
         // app side's frames never reached the device). Both sides keep their reliable frames
         // a while, to seal them again after a rotation (a device side's are all stored before
         // its rotation reads where the stream stands: [`RotationGate`]).
-        let sender = Sender::new(
+        let sender = Sender::new(plan.id, keys, stored, app.then(random_u64), plan.reliable)?;
+        let gate = (!app && stored).then(|| ctx.gate.join());
+        let routes: Vec<Route> = match plan.split {
+            Some(parts) => (0..parts).map(|part| Route::Part { part, parts }).collect(),
+            None => vec![Route::All],
+        };
+        let end = EndPlan {
+            subjects: routes
+                .into_iter()
+                .map(|r| subject_of(ctx, plan, stored, r))
+                .collect(),
+            // Every round-robin member hears it (on core NATS).
+            broadcast: plan.round_robin.then(|| ctx.subjects.end(plan.id)),
+        };
+        let flow = SourceFlow::new(
+            sender,
             plan.id,
-            keys,
-            js.is_some(),
-            app.then(random_u64),
-            plan.reliable,
-        )?;
-        let gate = (!app && js.is_some()).then(|| ctx.gate.join());
+            stored,
+            gate.is_some(),
+            ctx.max_payload,
+            end,
+        );
         let (acks_tx, acks_rx) = mpsc::unbounded_channel();
         Ok(Publisher {
             gate,
             budget: Budget::new(),
             dropped: 0,
-            ending: false,
             ctx: ctx.clone(),
             plan: plan.clone(),
             js,
-            sender,
+            flow,
             acks_tx,
             acks_rx,
             connects: ctx.connects.load(std::sync::atomic::Ordering::Acquire),
+            keys_gone: false,
         })
     }
 
-    pub(super) fn subject(&self, route: Route) -> (String, Option<u16>) {
-        let part = match route {
-            Route::Part { part, .. } => Some(part),
-            Route::All | Route::Any => None,
-        };
-        let s = if self.plan.source && self.ctx.side == SideName::App {
-            if self.js.is_some() {
-                self.ctx.subjects.up_stored(self.plan.id)
-            } else {
-                self.ctx.subjects.up(self.plan.id)
-            }
-        } else {
-            self.ctx
-                .subjects
-                .down(self.plan.id, self.js.is_some(), part)
-        };
-        (s, part)
+    fn err(&self, e: SendError) -> anyhow::Error {
+        anyhow!("stream \"{}\": {e}", self.plan.name)
     }
 
-    /// Seals `frame` for `subject` (`part`: its part of a split stream; both from
-    /// [`Publisher::subject`], worked out once per frame) and publishes it, kept with `keep`
-    /// to be sealed again after a rotation (app side, reliable streams); waits while too many
-    /// publishes wait for their acknowledgement. The sealed frame's length.
+    /// Seals and publishes `frame` on `route`, kept with `keep` to be sealed again after a
+    /// rotation (app side, reliable streams). The sealed frame's length.
     pub(super) async fn publish(
         &mut self,
         frame: Frame,
-        subject: &str,
-        part: Option<u16>,
+        route: Route,
         keep: Option<(usize, Plain)>,
     ) -> Result<usize> {
-        self.catch_up();
-        let (_, len) = self
-            .sender
-            .send(Instant::now(), subject, part, frame, keep)
-            .map_err(|e| anyhow!("stream \"{}\": encrypt: {e}", self.plan.name))?;
-        if len + HEADER_LEN > self.ctx.max_payload {
-            bail!(
-                "stream \"{}\": a frame of {} bytes exceeds the NATS server's max_payload ({} bytes); raise max_payload in the server's configuration, or cut frames with multiplex split",
-                self.plan.name,
-                len + HEADER_LEN,
-                self.ctx.max_payload
-            );
-        }
-        self.transmit().await?;
-        while self.sender.outbox.in_flight() > JS_IN_FLIGHT {
-            let ev = self.next_event().await;
-            self.on_event(ev).await?;
-        }
+        let (subject, part) = subject_of(&self.ctx, &self.plan, self.js.is_some(), route);
+        let len = self
+            .flow
+            .handle_frame(Instant::now(), &subject, part, frame, keep)
+            .map_err(|e| self.err(e))?;
+        self.step().await?;
         Ok(len)
     }
 
-    /// Takes what happened meanwhile: a reconnect, acknowledgements, retries now due.
-    pub(super) fn catch_up(&mut self) {
-        let now = self.ctx.connects.load(std::sync::atomic::Ordering::Acquire);
-        if now != self.connects {
-            self.connects = now;
-            tracing::debug!(
+    /// Takes what happened meanwhile (a reconnect, acknowledgements, retries due) and does
+    /// what the flow asks: messages to the client, the gate told, the client flushed, kept
+    /// frames sealed again under new keys.
+    pub(super) async fn step(&mut self) -> Result<()> {
+        let mut again = 0usize;
+        loop {
+            let now = self.ctx.connects.load(std::sync::atomic::Ordering::Acquire);
+            if now != self.connects {
+                self.connects = now;
+                tracing::debug!(
+                    stream = %self.plan.name,
+                    "reconnected to NATS: publishing the recent frames again"
+                );
+                self.flow.handle_reconnect();
+            }
+            while let Ok((token, r)) = self.acks_rx.try_recv() {
+                self.flow
+                    .handle_ack(Instant::now(), token, r)
+                    .map_err(|e| self.err(e))?;
+            }
+            self.flow
+                .handle_timeout(Instant::now())
+                .map_err(|e| self.err(e))?;
+            self.transmit().await?;
+            if self.flow.poll_gate() {
+                if let Some(g) = &self.gate {
+                    g.0.settled();
+                }
+            }
+            if self.flow.poll_flush() {
+                let _ = self.ctx.client.flush().await;
+                self.flow
+                    .handle_flushed(Instant::now())
+                    .map_err(|e| self.err(e))?;
+                continue;
+            }
+            if let Some((meta, payload, route)) = self.flow.poll_again() {
+                let (subject, part) = subject_of(&self.ctx, &self.plan, self.js.is_some(), route);
+                let frame = Frame::from_bytes(meta, payload.clone());
+                let keep = Some((payload.len(), (meta, payload, route)));
+                self.flow
+                    .handle_frame(Instant::now(), &subject, part, frame, keep)
+                    .map_err(|e| self.err(e))?;
+                again += 1;
+                continue;
+            }
+            break;
+        }
+        if again > 0 {
+            tracing::info!(
                 stream = %self.plan.name,
-                "reconnected to NATS: publishing the recent frames again"
+                frames = again,
+                "published again under the new group key what the device received under the old one after its rotation"
             );
-            self.sender.outbox.handle_reconnect();
         }
-        while let Ok((token, r)) = self.acks_rx.try_recv() {
-            self.sender.outbox.handle_ack(Instant::now(), token, r);
-        }
-        self.sender.outbox.handle_timeout(Instant::now());
+        Ok(())
     }
 
     /// Its counters into the stream's stats: lossy frames dropped for want of room, and
@@ -230,37 +275,67 @@ impl Publisher {
     pub(super) fn report(&self, stats: &Shared<StreamStats>) {
         let mut s = lock(stats);
         s.overflow = self.dropped;
-        s.retransmits = self.sender.outbox.retried + self.sender.outbox.republished;
+        s.retransmits = self.flow.sender.outbox.retried + self.flow.sender.outbox.republished;
     }
 
-    /// Whether stored publishes wait for their acknowledgement.
-    pub(super) fn busy(&self) -> bool {
-        self.sender.outbox.in_flight() > 0
-    }
-
-    /// The next acknowledgement, or `None` when a retry is due (cancel-safe).
-    pub(super) async fn next_event(&mut self) -> Option<AckResult> {
-        let wake = self.sender.outbox.poll_timeout();
+    /// The next acknowledgement, retry or END repeat due, or change of keys (cancel-safe).
+    pub(super) async fn next(&mut self, keys: &mut watch::Receiver<GroupKey>) -> Wake {
+        let wake = self.flow.poll_timeout();
         tokio::select! {
-            r = self.acks_rx.recv() => r,
-            _ = sleep_until_opt(wake) => None,
+            Some(a) = self.acks_rx.recv() => Wake::Ack(a),
+            _ = sleep_until_opt(wake) => Wake::Time,
+            r = keys.changed(), if !self.keys_gone => Wake::Keys(r),
         }
     }
 
-    pub(super) async fn on_event(&mut self, ev: Option<AckResult>) -> Result<()> {
-        if let Some((token, r)) = ev {
-            self.sender.outbox.handle_ack(Instant::now(), token, r);
+    /// Takes what [`Publisher::next`] gave and does what follows from it.
+    pub(super) async fn take(
+        &mut self,
+        w: Wake,
+        keys: &mut watch::Receiver<GroupKey>,
+    ) -> Result<()> {
+        match w {
+            Wake::Ack((token, r)) => self
+                .flow
+                .handle_ack(Instant::now(), token, r)
+                .map_err(|e| self.err(e))?,
+            // Retries and END repeats are taken by the step.
+            Wake::Time => {}
+            Wake::Keys(r) => self.keys_changed(r, keys)?,
         }
-        self.catch_up();
-        self.transmit().await
+        self.step().await
     }
 
-    /// Hands the outbox's messages to the client; a stored one's acknowledgement is waited
-    /// for by a task of its own.
+    /// Waits for the next [`Wake`] and takes it.
+    pub(super) async fn wait(&mut self, keys: &mut watch::Receiver<GroupKey>) -> Result<()> {
+        let w = self.next(keys).await;
+        self.take(w, keys).await
+    }
+
+    /// The side's keys changed (a rotation, a new device run) or went.
+    pub(super) fn keys_changed(
+        &mut self,
+        r: Result<(), watch::error::RecvError>,
+        keys: &mut watch::Receiver<GroupKey>,
+    ) -> Result<()> {
+        let now = Instant::now();
+        let r = if r.is_err() {
+            self.keys_gone = true;
+            self.flow.handle_keys_gone(now)
+        } else {
+            let k = *keys.borrow_and_update();
+            self.flow.handle_keys(now, k)
+        };
+        r.map_err(|e| self.err(e))
+    }
+
+    /// Hands the flow's messages to the client; a stored one's acknowledgement is waited for
+    /// by a task of its own.
     pub(super) async fn transmit(&mut self) -> Result<()> {
-        while let Some(p) = self.sender.outbox.poll_transmit() {
+        while let Some(p) = self.flow.poll_transmit() {
             let (Some(js), Some(id)) = (self.js.as_ref(), p.id) else {
-                let rec = if self.ending {
+                let rec = if self.flow.is_ending() {
+                    // The END waits for room, never dropped.
                     self.budget.wrap(p.body).await
                 } else {
                     match self.budget.try_wrap(p.body) {
@@ -298,132 +373,19 @@ impl Publisher {
                 }
                 Err(e) => {
                     tracing::debug!(subject = %p.subject, error = %e, "JetStream publish failed; again");
-                    self.sender
-                        .outbox
-                        .handle_ack(Instant::now(), p.token, Err(()));
+                    self.flow
+                        .handle_ack(Instant::now(), p.token, Err(()))
+                        .map_err(|e| self.err(e))?;
                 }
             }
         }
-        Ok(())
-    }
-
-    /// Follows the keys to a rotated group key or a new device run: what the device no longer
-    /// opens goes again under the new run key (the frames this side sealed under the old key
-    /// that were stored after the rotation began, or after the first run it missed began).
-    pub(super) async fn follow(&mut self, key: &mut watch::Receiver<GroupKey>) -> Result<()> {
-        if !key.has_changed().unwrap_or(false) {
-            return Ok(());
-        }
-        if self.gate.is_some() && key.borrow().since == SINCE_PENDING {
-            // The device's rotation, a reliable stream: everything sealed under the old key is
-            // stored before it reads where the stream stands ([`RotationGate`]); nothing new
-            // is sealed meanwhile. (A lossy stream goes on under the new key at once.)
-            self.settle_all().await?;
-            if let Some(g) = &self.gate {
-                g.0.settled();
-            }
-            let _ = key.wait_for(|k| k.since != SINCE_PENDING).await;
-        }
-        let keys = *key.borrow_and_update();
-        let again = loop {
-            match self.sender.follow(keys).map_err(|e| anyhow!("{e}"))? {
-                Follow::Same => return Ok(()),
-                // Every publish acknowledged first: the stream sequence of each kept frame is
-                // known.
-                Follow::Settle => self.settle_all().await?,
-                Follow::Again(again) => break again,
-            }
-        };
-        let n = again.len();
-        for (meta, payload, route) in again {
-            let (subject, part) = self.subject(route);
-            let frame = Frame::from_bytes(meta, payload.clone());
-            let keep = Some((payload.len(), (meta, payload, route)));
-            self.publish(frame, &subject, part, keep).await?;
-        }
-        if n > 0 {
-            tracing::info!(
-                stream = %self.plan.name,
-                frames = n,
-                "published again under the new group key what the device received under the old one after its rotation"
-            );
-        }
-        Ok(())
-    }
-
-    /// Tells the app sides the stream ended: a sealed empty frame numbered [`END_SEQ`] on
-    /// every subject the stream uses, after everything else. On core NATS (a lossy stream)
-    /// a message may be lost (a slow consumer's, or one the server drops): the END goes
-    /// [`END_REPEATS`] more times, so an app side under `--once` does not wait for it for
-    /// good; app sides take the first and pass over the others.
-    pub(super) async fn end(&mut self) -> Result<()> {
-        self.ending = true;
-        self.send_end().await?;
-        self.flush().await?;
-        if self.js.is_none() {
-            for pause in END_REPEATS {
-                tokio::time::sleep(pause).await;
-                self.send_end().await?;
-                self.flush().await?;
-            }
-        }
-        Ok(())
-    }
-
-    /// One END on every subject of the stream.
-    pub(super) async fn send_end(&mut self) -> Result<()> {
-        let routes: Vec<Route> = match self.plan.split {
-            Some(parts) => (0..parts).map(|part| Route::Part { part, parts }).collect(),
-            None => vec![Route::All],
-        };
-        for route in routes {
-            let meta = Meta {
-                stream: self.plan.id,
-                seq: END_SEQ,
-                timestamp_ns: wall_ns(),
-                flags: 0,
-            };
-            if self.plan.round_robin {
-                // Every member hears it (on core NATS), sealed with that subject's sequence.
-                let subject = self.ctx.subjects.end(self.plan.id);
-                let rec = self
-                    .sender
-                    .record(&subject, Frame::new(meta, &[]))
-                    .map_err(|e| anyhow!("stream \"{}\": encrypt: {e}", self.plan.name))?;
-                if let Some(rec) = rec {
-                    let _ = self.ctx.client.publish(subject.clone(), rec).await;
-                }
-            }
-            let (subject, part) = self.subject(route);
-            self.publish(Frame::new(meta, &[]), &subject, part, None)
-                .await?;
-        }
-        Ok(())
-    }
-
-    /// Waits until JetStream acknowledged everything published.
-    pub(super) async fn settle_all(&mut self) -> Result<()> {
-        loop {
-            self.catch_up();
-            self.transmit().await?;
-            if self.sender.outbox.is_settled() {
-                return Ok(());
-            }
-            let ev = self.next_event().await;
-            self.on_event(ev).await?;
-        }
-    }
-
-    pub(super) async fn flush(&mut self) -> Result<()> {
-        self.settle_all().await?;
-        let _ = self.ctx.client.flush().await;
         Ok(())
     }
 }
 
-/// Source endpoint → stack → route → group key → NATS. When this side stops (`finish`) the
-/// channel closes: the source sees it and ends (a blocking one, such as `x11-screen`, too:
-/// aborting its task does not stop it), what it sent goes out, then the stream's END.
+/// Source endpoint → stack → route → [`Publisher`] → NATS. When this side stops (`finish`)
+/// the channel closes: the source sees it and ends (a blocking one, such as `x11-screen`,
+/// too: aborting its task does not stop it), what it sent goes out, then the stream's END.
 pub(super) async fn pump_source(
     mut rx: mpsc::Receiver<Frame>,
     mut finish: watch::Receiver<bool>,
@@ -434,12 +396,11 @@ pub(super) async fn pump_source(
 ) -> Result<()> {
     let name = out.plan.name.clone();
     let mut closed = false;
-    // A rotation also reaches a stream with nothing to send (its kept frames go again).
-    let mut rotation = keys.clone();
     loop {
         let wake = stack.poll_timeout();
+        let ready = out.flow.ready();
         let frame = tokio::select! {
-            f = rx.recv() => f,
+            f = rx.recv(), if ready => f,
             r = finish.changed(), if !closed => {
                 if r.is_err() || *finish.borrow() {
                     closed = true;
@@ -447,21 +408,14 @@ pub(super) async fn pump_source(
                 }
                 continue;
             }
-            ev = out.next_event(), if out.busy() => {
-                // Acknowledgements and retries go on while the source is quiet.
-                out.on_event(ev).await?;
+            // Acknowledgements, retries and new keys go on while the source is quiet (or
+            // while the flow has no room).
+            w = out.next(&mut keys) => {
+                out.take(w, &mut keys).await?;
                 out.report(&stats);
                 continue;
             }
-            r = rotation.changed(), if out.sender.outbox.keeps() => {
-                if r.is_err() {
-                    out.sender.outbox.stop_keeping();
-                } else {
-                    out.follow(&mut keys).await?;
-                }
-                continue;
-            }
-            _ = sleep_until_opt(wake) => {
+            _ = sleep_until_opt(wake), if ready => {
                 stack.handle_timeout(Instant::now()).map_err(|e| anyhow!("{e}"))?;
                 drain(stack, &mut keys, &mut out, &stats, &name).await?;
                 continue;
@@ -470,9 +424,14 @@ pub(super) async fn pump_source(
         let Some(frame) = frame else {
             stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
             drain(stack, &mut keys, &mut out, &stats, &name).await?;
-            out.flush().await?;
-            out.follow(&mut keys).await?;
-            out.end().await?;
+            out.flow
+                .handle_end(Instant::now(), wall_ns())
+                .map_err(|e| out.err(e))?;
+            out.step().await?;
+            while !out.flow.is_done() {
+                out.wait(&mut keys).await?;
+            }
+            out.report(&stats);
             return Ok(());
         };
         lock(&stats).produced(frame.len());
@@ -483,6 +442,7 @@ pub(super) async fn pump_source(
     }
 }
 
+/// The stack's frames to the publisher, each once the flow has room for it.
 pub(super) async fn drain(
     stack: &mut Stack,
     keys: &mut watch::Receiver<GroupKey>,
@@ -490,15 +450,26 @@ pub(super) async fn drain(
     stats: &Shared<StreamStats>,
     name: &str,
 ) -> Result<()> {
-    while let Some(f) = stack.poll_frame() {
+    loop {
+        // New keys are followed before the next frame is sealed.
+        match keys.has_changed() {
+            Ok(true) => out.keys_changed(Ok(()), keys)?,
+            Err(e) if !out.keys_gone => out.keys_changed(Err(e), keys)?,
+            _ => {}
+        }
+        while !out.flow.ready() {
+            out.wait(keys).await?;
+        }
+        let Some(f) = stack.poll_frame() else {
+            return Ok(());
+        };
         let route = if out.plan.split.is_some() || out.plan.round_robin || has_mux(stack) {
             route_of(f.payload()).map_err(|e| anyhow!("stream \"{name}\": {e}"))?
         } else {
             Route::All
         };
-        out.follow(keys).await?;
         // Kept as it is before sealing (the seal then copies it: app → device frames only).
-        let (f, keep) = if out.sender.outbox.keeps() {
+        let (f, keep) = if out.flow.sender.outbox.keeps() {
             let meta = f.meta;
             let b = f.into_bytes();
             (
@@ -508,8 +479,7 @@ pub(super) async fn drain(
         } else {
             (f, None)
         };
-        let (subject, part) = out.subject(route);
-        let len = out.publish(f, &subject, part, keep).await?;
+        let len = out.publish(f, route, keep).await?;
         {
             let mut s = lock(stats);
             s.wire_frames += 1;
@@ -520,7 +490,6 @@ pub(super) async fn drain(
         }
         out.report(stats);
     }
-    Ok(())
 }
 
 pub(super) fn has_mux(stack: &Stack) -> bool {

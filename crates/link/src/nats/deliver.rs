@@ -492,7 +492,7 @@ mod tests {
     use super::*;
     use crate::nats::record::END_SEQ;
     use crate::nats::runs::Run;
-    use crate::nats::toy::{toy_record, Toy};
+    use crate::nats::toy::{toy_record, Rng, Toy};
     use ndd_core::Role;
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
@@ -860,20 +860,6 @@ mod tests {
         assert!(f.is_done());
     }
 
-    /// A tiny generator for the schedules below.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
-
     #[test]
     fn random_schedules_deliver_every_stored_frame_once_and_acknowledge_only_what_the_sink_completed(
     ) {
@@ -883,7 +869,7 @@ mod tests {
         // order, no message is acknowledged before the sink completed its frame, and the
         // stream ends with everything acknowledged.
         for seed in 1..=2000u64 {
-            let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+            let mut rng = Rng::seeded(seed);
             let n = 1 + rng.below(40);
             let t0 = Instant::now();
             let (mut f, _) = flow(STORED_ONCE);

@@ -14,6 +14,8 @@
 //! - [`record`]: the frame record every data message carries (packet/repr);
 //! - [`outbox`]: a source stream's records, message ids, acknowledgements and retries
 //!   (sans-IO);
+//! - [`source`]: a source stream from its stack to the broker: room, the rotation's gate, the
+//!   END and its repeats (sans-IO);
 //! - [`intake`]: a sink stream's records: copies, order, END, acknowledgements (sans-IO);
 //! - [`deliver`]: a sink stream from its receiver through its stack to the sink: backpressure,
 //!   acknowledgements once the sink completed, device restarts, the END (sans-IO);
@@ -35,6 +37,7 @@ pub mod receive;
 pub mod record;
 pub mod runs;
 pub mod send;
+pub mod source;
 pub mod subjects;
 #[cfg(test)]
 mod toy;

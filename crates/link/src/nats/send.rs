@@ -139,23 +139,8 @@ mod tests {
     use super::*;
     use crate::nats::record::FrameRecord;
     use crate::nats::runs::Run;
+    use crate::nats::toy::ToySeal as Toy;
     use ndd_core::Meta;
-
-    /// A toy half: the sealed frame is the key's first byte, the bound and the payload.
-    struct Toy(u8);
-
-    impl RunSeal for Toy {
-        fn under(key: [u8; 32]) -> Result<Toy, ModuleError> {
-            Ok(Toy(key[0]))
-        }
-        fn seal(&mut self, frame: Frame, wseq: u64, out: &mut Output) -> Result<(), ModuleError> {
-            let mut p = vec![self.0];
-            p.extend_from_slice(&wseq.to_be_bytes());
-            p.extend_from_slice(frame.payload());
-            out.push(Frame::new(frame.meta, &p));
-            Ok(())
-        }
-    }
 
     const RUN: Run = Run { id: 7, began: 0 };
 

@@ -1,8 +1,9 @@
-//! Test helpers of the NATS machines: a toy run half, and the records it opens.
+//! Test helpers of the NATS machines: toy run halves, and the records they open.
 
 use super::keys::{Outcome, RunHalf};
 use super::record::FrameRecord;
 use super::runs::{run_key, Run};
+use super::send::RunSeal;
 use bytes::Bytes;
 use ndd_core::{Frame, ModuleError, Output};
 use std::time::Instant;
@@ -50,4 +51,45 @@ pub(crate) fn toy_record(stream: u16, k: u8, run: Run, seq: u64, wseq: u64, data
         payload: Bytes::from(p),
     }
     .encode()
+}
+
+/// A toy sealing half: the sealed frame is the run key's first byte, the subject sequence it
+/// is bound to and the payload.
+pub(crate) struct ToySeal(pub(crate) u8);
+
+impl RunSeal for ToySeal {
+    fn under(key: [u8; 32]) -> Result<ToySeal, ModuleError> {
+        Ok(ToySeal(key[0]))
+    }
+    fn seal(&mut self, frame: Frame, wseq: u64, out: &mut Output) -> Result<(), ModuleError> {
+        let mut p = vec![self.0];
+        p.extend_from_slice(&wseq.to_be_bytes());
+        p.extend_from_slice(frame.payload());
+        out.push(Frame::new(frame.meta, &p));
+        Ok(())
+    }
+}
+
+/// A tiny generator for the machines' random schedules (xorshift).
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    /// A generator for schedule `seed`.
+    pub(crate) fn seeded(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// A number in `0..n` (`n` > 0).
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    /// True `percent` times in 100.
+    pub(crate) fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
 }
