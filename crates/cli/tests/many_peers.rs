@@ -152,6 +152,57 @@ fn a_device_side_that_comes_back_gets_its_session_back_and_a_stranger_nothing() 
 }
 
 #[test]
+fn a_second_machine_with_the_same_identity_is_told_so_and_gets_in_when_the_first_goes() {
+    let dir = Dir::new("many-peers-clone");
+    let (app_home, devs) = lab_homes(&dir.0, 1);
+    // The same home on a second machine: the same identity.
+    let clone_home = dir.0.join("dev0-clone");
+    std::fs::create_dir_all(&clone_home).unwrap();
+    for e in std::fs::read_dir(&devs[0]).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_file() {
+            std::fs::copy(e.path(), clone_home.join(e.file_name())).unwrap();
+        }
+    }
+    let cfg = config(&dir.0, 100_000);
+    let app = Side::spawn(run_cmd(
+        &cfg,
+        "app",
+        &app_home,
+        &["--listen", "127.0.0.1:0"],
+    ));
+    let addr = app.addr();
+    let first = Side::spawn(run_cmd(&cfg, "device", &devs[0], &["--connect", &addr]));
+    wait_for("lab0 served", WAIT, || {
+        app.stderr_now().contains("streams agreed")
+    });
+    let clone = Side::spawn(run_cmd(&cfg, "device", &clone_home, &["--connect", &addr]));
+    wait_for("the clone told why it waits", WAIT, || {
+        clone
+            .stderr_now()
+            .contains("is connected already to a side with this identity")
+    });
+    // The first keeps its link: nothing fights over it.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let ferr = first.stderr_now();
+    assert!(
+        !ferr.contains("link lost") && !ferr.contains("reconnect"),
+        "the first side keeps its link: {ferr}"
+    );
+    assert_eq!(app.stderr_now().matches("streams agreed").count(), 1);
+    // The first goes: the clone gets in (the same peer's session, taken back).
+    first.kill();
+    wait_for("the clone served", WAIT, || {
+        let e = clone.stderr_now();
+        e.contains("connected to") || e.contains("reconnected")
+    });
+    let log = app.stderr_now();
+    assert!(!log.contains("panicked"), "{log}");
+    app.interrupt();
+    drop((app, clone));
+}
+
+#[test]
 fn duration_ends_a_side_serving_several_peers_cleanly_and_insecure_peers_are_known_by_address() {
     let dir = Dir::new("many-peers-duration");
     let (app_home, devs) = lab_homes(&dir.0, 1);

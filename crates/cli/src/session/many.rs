@@ -18,20 +18,28 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::{mpsc, watch};
 
-/// Who holds a place: a peer's key → (its driver's number, whether its link is up).
-type Slots = Arc<Mutex<HashMap<String, (u64, Arc<AtomicBool>)>>>;
+/// Who holds a place: a peer's key → (its driver's number, whether its link is up, where its
+/// link comes from).
+type Slots = Arc<Mutex<HashMap<String, (u64, Arc<AtomicBool>, std::net::SocketAddr)>>>;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The reason a listener full of live peers turns `key` away, if it does.
+/// The reason a listener turns `key` away, if it does: full of live peers, or `key`'s own
+/// link up (a second machine with the same identity: served one at a time, never taking the
+/// link from the first; a peer coming back gets in once its old link is found down).
 fn turned_away(slots: &Slots, limit: usize, key: &str) -> Option<String> {
     let s = lock(slots);
-    if s.contains_key(key)
-        || s.len() < limit
-        || s.values().any(|(_, up)| !up.load(Ordering::Acquire))
-    {
+    if let Some((_, up, from)) = s.get(key) {
+        if !up.load(Ordering::Acquire) {
+            return None;
+        }
+        return Some(format!(
+            "is connected already to a side with this identity (from {from}); two machines sharing one identity are served one at a time: give each its own (`ndd init` on each, then `ndd trust` its fingerprint here)"
+        ));
+    }
+    if s.len() < limit || s.values().any(|(_, up, _)| !up.load(Ordering::Acquire)) {
         return None;
     }
     Some(format!(
@@ -113,6 +121,9 @@ pub(super) async fn run_many(
             Some(est) = links.recv(), if !stopping => {
                 let key = est.peer_key();
                 if let Some((_, door, _)) = doors.get(&key) {
+                    if let Some(slot) = lock(&slots).get_mut(&key) {
+                        slot.2 = est.addr;
+                    }
                     // Its driver takes it when its link is down (a reconnect). Never waited
                     // for: a driver whose link is up (a second machine with the same
                     // identity) must not hold every other peer back.
@@ -125,7 +136,7 @@ pub(super) async fn run_many(
                     // The place of a peer whose link is down goes to the newcomer.
                     let down = lock(&slots)
                         .iter()
-                        .find(|(_, (_, up))| !up.load(Ordering::Acquire))
+                        .find(|(_, (_, up, _))| !up.load(Ordering::Acquire))
                         .map(|(k, _)| k.clone());
                     let Some(down) = down else {
                         // The last place went while this one's handshake ran: the link is
@@ -146,7 +157,7 @@ pub(super) async fn run_many(
                 let up = Arc::new(AtomicBool::new(true));
                 let (door, inbox) = mpsc::channel::<Established>(2);
                 let (stop_one, stop_rx) = watch::channel(false);
-                lock(&slots).insert(key.clone(), (id, up.clone()));
+                lock(&slots).insert(key.clone(), (id, up.clone(), est.addr));
                 doors.insert(key.clone(), (id, door, stop_one));
                 let inbox: Inbox = Arc::new(tokio::sync::Mutex::new(inbox));
                 // Named as known_peers has it, or by fingerprint; by IP without TLS.
