@@ -229,6 +229,58 @@ fn a_sway_desktop_is_seen_and_used_from_an_x11_display() {
             .status();
         std::thread::sleep(Duration::from_millis(300));
     }
+    // The viewer's display switches to a German layout: what its keys type there arrives on
+    // sway (whose virtual keyboard is `us`): `y` and `z` swapped, `@` from AltGr+q, `ü`, and
+    // a capital by Shift.
+    assert!(std::process::Command::new("setxkbmap")
+        .args(["-display", &x.display, "de"])
+        .status()
+        .unwrap()
+        .success());
+    std::thread::sleep(Duration::from_millis(300));
+    let typed = ["y", "z", "at", "udiaeresis", "Z", "ssharp"];
+    let sent = std::process::Command::new("xdotool")
+        .env("DISPLAY", &x.display)
+        .args([
+            "search",
+            "--name",
+            "ndd wayland desktop",
+            "key",
+            "--window",
+            "%1",
+        ])
+        .args(typed)
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let syms = || -> Vec<String> {
+        let seen = seen.lock().unwrap();
+        let mut out = Vec::new();
+        let mut pressed = false;
+        for l in seen.lines() {
+            if l.contains("wl_keyboard] key:") {
+                pressed = l.contains("(pressed)");
+            } else if pressed && l.trim_start().starts_with("sym:") {
+                let s = l.trim_start()["sym:".len()..].split_whitespace().next();
+                out.push(s.unwrap_or("").to_string());
+                pressed = false;
+            }
+        }
+        // wev says each press's keysym twice; Shift is a key of its own.
+        out.dedup();
+        out.retain(|s| s != "Shift_L");
+        out
+    };
+    let t0 = Instant::now();
+    while !syms().ends_with(&typed.map(String::from)) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "typed {typed:?} on a German layout; wev saw {:?}\napp side: {}",
+            syms(),
+            app.stderr_now()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     // Text copied on sway pastes on the Xvfb.
     assert!(std::process::Command::new("wl-copy")
         .arg("from sway")

@@ -48,7 +48,8 @@ pub fn is_lock(k: u32) -> bool {
     matches!(k, XK_CAPS_LOCK | XK_SHIFT_LOCK | XK_NUM_LOCK)
 }
 
-fn is_keypad(k: u32) -> bool {
+/// Whether `k` is a keypad keysym.
+pub fn is_keypad(k: u32) -> bool {
     (0xff80..=0xffbd).contains(&k) || (0x11000000..=0x1100ffff).contains(&k)
 }
 

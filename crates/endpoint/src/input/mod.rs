@@ -15,7 +15,8 @@
 //! Files: `config.rs` ([`EvdevConfig`], [`X11InputConfig`], [`UinputConfig`],
 //! [`XtestConfig`], [`WaylandInputConfig`]), `record.rs`, `source.rs` and `sink.rs` (the
 //! tasks: blocking, over the `evdev` crate and `x11rb`, with no unsafe code), `wayland.rs`
-//! (the `wayland-input` sink: virtual keyboard and pointer on wlroots compositors).
+//! (the `wayland-input` sink: virtual keyboard and pointer on wlroots compositors), `xkb.rs`
+//! (its keymap: the source's keysyms on spare keys, sans-IO).
 
 mod config;
 pub mod keymap;
@@ -24,6 +25,7 @@ mod sink;
 mod source;
 #[cfg(feature = "wayland")]
 mod wayland;
+pub mod xkb;
 
 #[cfg(not(feature = "wayland"))]
 pub(crate) use crate::common::no_wayland::{open_wayland_input, spawn_wayland_input_sink};

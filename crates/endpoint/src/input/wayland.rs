@@ -4,19 +4,21 @@
 //! there. The same loop as `uinput` and `xtest` ([`super::sink`]): held keys and buttons are
 //! released when the stream ends, on a release-all record and before an error.
 //!
-//! Keys go by their Linux code (a key's position). A virtual keyboard must bring its keymap:
-//! this one uploads xkeyboard-config's `us` layout (`keymap-us.xkb`, compiled by `xkbcomp`
-//! from an Xvfb with the default rules), so a key types what it types on a US keyboard; the
-//! keysym annotations of an `x11-input` source (layouts that differ) are not applied yet.
+//! A virtual keyboard must bring its keymap: this one uploads xkeyboard-config's `us` layout
+//! (`keymap-us.xkb`, compiled by `xkbcomp` from an Xvfb with the default rules). Keys of an
+//! evdev source go by their Linux code (a key's position). Presses an `x11-input` source
+//! annotated with their keysym type that keysym, whatever the source's layout: by their own
+//! key where `us` has it there, else on a spare key given it in the keymap ([`super::xkb`]).
 //! Buttons, relative motion, the wheel, and absolute motion (scaled from the source's axis
 //! ranges to the output) go to the virtual pointer, one `frame` per record.
 
 use super::config::WaylandInputConfig;
 use super::record::{
-    Capabilities, Event, ABS_X, ABS_Y, BTN_LEFT, EV_ABS, EV_KEY, EV_REL, REL_HWHEEL, REL_WHEEL,
-    REL_X, REL_Y,
+    Capabilities, Event, ABS_X, ABS_Y, BTN_LEFT, EV_ABS, EV_KEY, EV_KEYSYM, EV_REL, REL_HWHEEL,
+    REL_WHEEL, REL_X, REL_Y,
 };
 use super::sink::{run_injector, Injector};
+use super::xkb::{Press, Typist, KEYMAP_US};
 use crate::common::delivered::Delivered;
 use crate::common::error::EndpointError;
 use crate::common::report::SinkTask;
@@ -35,9 +37,6 @@ use wayland_protocols_misc::zwp_virtual_keyboard_v1::client::{
 use wayland_protocols_wlr::virtual_pointer::v1::client::{
     zwlr_virtual_pointer_manager_v1 as ptr_manager, zwlr_virtual_pointer_v1 as ptr,
 };
-
-/// xkeyboard-config's `us` layout as one resolved keymap (xkbcomp's output).
-const KEYMAP_US: &str = include_str!("keymap-us.xkb");
 
 /// Pixels of scroll per wheel notch (what libinput reports for one click).
 const WHEEL_STEP: f64 = 15.0;
@@ -129,6 +128,8 @@ pub(crate) struct WaylandInput {
     /// The last absolute position (a record may move one axis only).
     at: (i32, i32),
     mods: Mods,
+    /// The source's keysyms on this keymap.
+    typist: Typist,
 }
 
 impl std::fmt::Debug for WaylandInput {
@@ -184,17 +185,7 @@ pub(crate) fn open_wayland_input(
         .map_err(|e| missing("zwlr_virtual_pointer_manager_v1", e.to_string()))?;
     let keyboard = km.create_virtual_keyboard(&seat, &qh, ());
     let pointer = pm.create_virtual_pointer(Some(&seat), &qh, ());
-    // The keymap, NUL-terminated, in a memfd the compositor maps.
-    let mut file = memfd("ndd-keymap", KEYMAP_US.len() + 1)
-        .map_err(|e| broken(format!("the keymap's memfd: {e}")))?;
-    file.write_all(KEYMAP_US.as_bytes())
-        .and_then(|()| file.write_all(&[0]))
-        .map_err(|e| broken(format!("writing the keymap: {e}")))?;
-    keyboard.keymap(
-        wayland_client::protocol::wl_keyboard::KeymapFormat::XkbV1.into(),
-        std::os::fd::AsFd::as_fd(&file),
-        (KEYMAP_US.len() + 1) as u32,
-    );
+    upload_keymap(&keyboard, KEYMAP_US).map_err(broken)?;
     // Everything above reaches the compositor, and an error (the keymap refused) comes back.
     queue
         .roundtrip(&mut State)
@@ -211,12 +202,81 @@ pub(crate) fn open_wayland_input(
         abs: None,
         at: (0, 0),
         mods: Mods::default(),
+        typist: Typist::new(),
     })
+}
+
+/// Gives the virtual keyboard `keymap` (NUL-terminated, in a memfd the compositor maps).
+fn upload_keymap(keyboard: &kbd::ZwpVirtualKeyboardV1, keymap: &str) -> Result<(), String> {
+    let mut file =
+        memfd("ndd-keymap", keymap.len() + 1).map_err(|e| format!("the keymap's memfd: {e}"))?;
+    file.write_all(keymap.as_bytes())
+        .and_then(|()| file.write_all(&[0]))
+        .map_err(|e| format!("writing the keymap: {e}"))?;
+    keyboard.keymap(
+        wayland_client::protocol::wl_keyboard::KeymapFormat::XkbV1.into(),
+        std::os::fd::AsFd::as_fd(&file),
+        (keymap.len() + 1) as u32,
+    );
+    Ok(())
 }
 
 impl WaylandInput {
     fn ms(&self) -> u32 {
         self.started.elapsed().as_millis() as u32
+    }
+
+    /// Presses or releases source key `code`, typing `sym` (its keysym on the source) if it
+    /// was annotated.
+    fn key(
+        &mut self,
+        t: u32,
+        code: u16,
+        down: bool,
+        sym: Option<u32>,
+    ) -> Result<(), EndpointError> {
+        let (sent, shift) = match (down, sym) {
+            (true, Some(sym)) => {
+                let shift_held = self.mods.depressed & 1 != 0;
+                match self.typist.press(code, sym, shift_held) {
+                    Press::Skip => return Ok(()),
+                    Press::Key {
+                        code,
+                        shift,
+                        keymap,
+                    } => {
+                        if let Some(km) = keymap {
+                            upload_keymap(&self.keyboard, &km).map_err(|e| self.err(e))?;
+                            tracing::debug!(
+                                endpoint = self.endpoint,
+                                keysym = sym,
+                                "spare key given a keysym the us layout lacks there"
+                            );
+                        }
+                        (code, shift)
+                    }
+                }
+            }
+            (true, None) => (code, None),
+            (false, _) => match self.typist.release(code) {
+                Some(c) => (c, None),
+                None => return Ok(()),
+            },
+        };
+        if let Some(s) = shift {
+            let depressed = if s {
+                self.mods.depressed | 1
+            } else {
+                self.mods.depressed & !1
+            };
+            self.keyboard.modifiers(depressed, 0, self.mods.locked, 0);
+        }
+        self.keyboard.key(t, u32::from(sent), u32::from(down));
+        if shift.is_some() || self.mods.key(sent, down) {
+            self.keyboard
+                .modifiers(self.mods.depressed, 0, self.mods.locked, 0);
+        }
+        Ok(())
     }
 
     fn err(&self, e: impl std::fmt::Display) -> EndpointError {
@@ -253,8 +313,11 @@ impl Injector for WaylandInput {
         let (mut dx, mut dy) = (0.0f64, 0.0f64);
         let mut moved_abs = false;
         let mut pointer = false;
+        // The keysym the next press of a key types (an `x11-input` source's annotation).
+        let mut sym: Option<(u16, u32)> = None;
         for e in events {
             match (e.ty, e.code) {
+                (EV_KEYSYM, code) => sym = Some((code, e.value as u32)),
                 (EV_KEY, code) if (BTN_LEFT..BTN_LEFT + 0x10).contains(&code) => {
                     let state = if e.value != 0 {
                         wl_pointer::ButtonState::Pressed
@@ -267,11 +330,11 @@ impl Injector for WaylandInput {
                 // Autorepeat (2) is the compositor's own business.
                 (EV_KEY, code) if e.value != 2 => {
                     let down = e.value != 0;
-                    self.keyboard.key(t, u32::from(code), u32::from(down));
-                    if self.mods.key(code, down) {
-                        self.keyboard
-                            .modifiers(self.mods.depressed, 0, self.mods.locked, 0);
-                    }
+                    let s = sym
+                        .take()
+                        .filter(|&(c, k)| c == code && k != 0 && down)
+                        .map(|(_, k)| k);
+                    self.key(t, code, down, s)?;
                 }
                 (EV_REL, REL_X) => dx += f64::from(e.value),
                 (EV_REL, REL_Y) => dy += f64::from(e.value),

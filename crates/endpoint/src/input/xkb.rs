@@ -1,0 +1,412 @@
+//! Layouts on a Wayland virtual keyboard, sans-IO: a key press annotated with the keysym the
+//! source's layout gave (`EV_KEYSYM`, from an `x11-input` source) types that keysym on a
+//! wlroots compositor, whatever the source's layout (`de`, `fr`, dead keys).
+//!
+//! A virtual keyboard brings its own keymap (xkeyboard-config's `us`, [`KEYMAP_US`]). A press
+//! whose keysym the `us` layout gives on the same key goes by its key (so shortcuts and games
+//! see the usual keys), with Shift set or cleared for that press when the keysym is on the
+//! key's other level (the source's Caps Lock). Any other keysym (`z` on a German keyboard's
+//! `y` key, `@` from AltGr+q, `ü`, `dead_circumflex`, the keypad's digits under Num Lock) is
+//! given to a spare keycode of the keymap, which is uploaded again, and that key is pressed
+//! with Shift cleared: one level, so it types that keysym and nothing else, as `wtype` does.
+//! Lock keys (Caps Lock, Num Lock) and AltGr are not pressed: the source already applied them
+//! to its keysyms. A spare given a keysym keeps it (no upload while the same keysyms are
+//! typed); when every spare is given, the one given longest ago and not held goes to the
+//! new keysym.
+
+use super::keymap::{is_keypad, is_lock, is_modifier, XK_ISO_LEVEL3_SHIFT, XK_MODE_SWITCH};
+use std::collections::HashMap;
+
+/// xkeyboard-config's `us` layout as one resolved keymap (xkbcomp's output).
+pub const KEYMAP_US: &str = include_str!("keymap-us.xkb");
+
+/// Keycodes (xkb, Linux code + 8) of the `us` keymap free for keysyms it lacks: first those
+/// with no symbols, then some launcher and radio keys (XF86Mail…XF86UWB, XF86Next_VMode…
+/// XF86RFKill) that a source rarely presses; their names are looked up in the keymap.
+const SPARES: [u16; 35] = [
+    97, 103, 120, 132, 149, 154, 168, 178, 183, 184, 197, 202, 217, 219, 222, 230, 248, 237, 238,
+    239, 240, 241, 242, 243, 244, 245, 246, 247, 249, 250, 251, 252, 253, 254, 255,
+];
+
+/// The `us` layout's two levels on the keys that type characters, by Linux code.
+const US: [(u16, u8, u8); 48] = [
+    (2, b'1', b'!'),
+    (3, b'2', b'@'),
+    (4, b'3', b'#'),
+    (5, b'4', b'$'),
+    (6, b'5', b'%'),
+    (7, b'6', b'^'),
+    (8, b'7', b'&'),
+    (9, b'8', b'*'),
+    (10, b'9', b'('),
+    (11, b'0', b')'),
+    (12, b'-', b'_'),
+    (13, b'=', b'+'),
+    (16, b'q', b'Q'),
+    (17, b'w', b'W'),
+    (18, b'e', b'E'),
+    (19, b'r', b'R'),
+    (20, b't', b'T'),
+    (21, b'y', b'Y'),
+    (22, b'u', b'U'),
+    (23, b'i', b'I'),
+    (24, b'o', b'O'),
+    (25, b'p', b'P'),
+    (26, b'[', b'{'),
+    (27, b']', b'}'),
+    (30, b'a', b'A'),
+    (31, b's', b'S'),
+    (32, b'd', b'D'),
+    (33, b'f', b'F'),
+    (34, b'g', b'G'),
+    (35, b'h', b'H'),
+    (36, b'j', b'J'),
+    (37, b'k', b'K'),
+    (38, b'l', b'L'),
+    (39, b';', b':'),
+    (40, b'\'', b'"'),
+    (41, b'`', b'~'),
+    (43, b'\\', b'|'),
+    (44, b'z', b'Z'),
+    (45, b'x', b'X'),
+    (46, b'c', b'C'),
+    (47, b'v', b'V'),
+    (48, b'b', b'B'),
+    (49, b'n', b'N'),
+    (50, b'm', b'M'),
+    (51, b',', b'<'),
+    (52, b'.', b'>'),
+    (53, b'/', b'?'),
+    (57, b' ', b' '),
+];
+
+/// How a press is typed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Press {
+    /// Not pressed at all (a lock key or AltGr: the source applied it to its keysyms).
+    Skip,
+    /// Key `code` (Linux code), with Shift as it is (`None`) or set / cleared for this press
+    /// (`Some`); the modifiers go back as they were after it.
+    Key {
+        /// Linux code to press.
+        code: u16,
+        /// Shift for this press, if it differs from the keys held.
+        shift: Option<bool>,
+        /// The keymap to upload first (a spare given a new keysym).
+        keymap: Option<String>,
+    },
+}
+
+/// The keys of a virtual keyboard and the keysyms its spares were given.
+#[derive(Debug)]
+pub struct Typist {
+    /// Spare keys: (xkb keycode, its name in the keymap).
+    spares: Vec<(u16, String)>,
+    /// The keysym each spare holds (same order as `spares`), and when it was last given or
+    /// typed (a counter).
+    given: Vec<Option<(u32, u64)>>,
+    clock: u64,
+    /// Source key (Linux code) → the key pressed for it (`None`: skipped).
+    held: HashMap<u16, Option<u16>>,
+    /// The `us` keymap, xkb_symbols' end (where spare keys' symbols go), and the entries of
+    /// the spares' own symbols to leave out.
+    base: &'static str,
+}
+
+impl Default for Typist {
+    fn default() -> Self {
+        Typist::new()
+    }
+}
+
+impl Typist {
+    /// A typist over the `us` keymap.
+    pub fn new() -> Typist {
+        let names = keycode_names(KEYMAP_US);
+        let spares: Vec<(u16, String)> = SPARES
+            .iter()
+            .filter_map(|&k| names.get(&k).map(|n| (k, n.clone())))
+            .collect();
+        Typist {
+            given: vec![None; spares.len()],
+            spares,
+            clock: 0,
+            held: HashMap::new(),
+            base: KEYMAP_US,
+        }
+    }
+
+    /// How to type the press of source key `code` annotated with `keysym`, while Shift is
+    /// `shift` (held on this keyboard).
+    pub fn press(&mut self, code: u16, keysym: u32, shift: bool) -> Press {
+        self.clock += 1;
+        if is_lock(keysym) || keysym == XK_ISO_LEVEL3_SHIFT || keysym == XK_MODE_SWITCH {
+            self.held.insert(code, None);
+            return Press::Skip;
+        }
+        let by_key = |shift: Option<bool>| Press::Key {
+            code,
+            shift,
+            keymap: None,
+        };
+        let p = if is_modifier(keysym) || (is_function(keysym) && !is_keypad(keysym)) {
+            // Shift, Control, Alt, Super; Return, BackSpace, the arrows, F1…: the same key in
+            // every layout.
+            by_key(None)
+        } else if let Some(&(_, lo, up)) = US.iter().find(|(c, ..)| *c == code) {
+            let (lo, up) = (u32::from(lo), u32::from(up));
+            if keysym == if shift { up } else { lo } {
+                by_key(None)
+            } else if keysym == if shift { lo } else { up } && lo != up {
+                by_key(Some(!shift))
+            } else {
+                self.spare(keysym)
+            }
+        } else {
+            self.spare(keysym)
+        };
+        if let Press::Key { code: sent, .. } = &p {
+            self.held.insert(code, Some(*sent));
+        }
+        p
+    }
+
+    /// The key to release for source key `code`: the one pressed for it (`None`: nothing, it
+    /// was skipped); a key never annotated goes by its own code.
+    pub fn release(&mut self, code: u16) -> Option<u16> {
+        self.held.remove(&code).unwrap_or(Some(code))
+    }
+
+    /// A spare key typing `keysym` (given it now if none holds it).
+    fn spare(&mut self, keysym: u32) -> Press {
+        let now = self.clock;
+        if let Some(i) = self
+            .given
+            .iter()
+            .position(|g| g.is_some_and(|(k, _)| k == keysym))
+        {
+            self.given[i] = Some((keysym, now));
+            return Press::Key {
+                code: self.spares[i].0 - 8,
+                shift: Some(false),
+                keymap: None,
+            };
+        }
+        let held: Vec<u16> = self.held.values().flatten().copied().collect();
+        // A spare never given, else the one given or typed longest ago that is not held.
+        let free = self.given.iter().position(|g| g.is_none()).or_else(|| {
+            (0..self.spares.len())
+                .filter(|&i| !held.contains(&(self.spares[i].0 - 8)))
+                .min_by_key(|&i| self.given[i].map_or(0, |(_, t)| t))
+        });
+        let Some(i) = free else {
+            // Every spare held at once (35 keys): this one goes by its key.
+            return Press::Skip;
+        };
+        self.given[i] = Some((keysym, now));
+        Press::Key {
+            code: self.spares[i].0 - 8,
+            shift: Some(false),
+            keymap: Some(self.keymap()),
+        }
+    }
+
+    /// The keymap with each spare's keysym: its own symbols (if it had any) left out, one
+    /// level with the keysym added at the end of `xkb_symbols`.
+    pub fn keymap(&self) -> String {
+        let mut ours: Vec<(&str, u32)> = Vec::new();
+        for ((_, name), g) in self.spares.iter().zip(&self.given) {
+            if let Some((k, _)) = g {
+                ours.push((name.as_str(), *k));
+            }
+        }
+        with_symbols(self.base, &ours)
+    }
+}
+
+/// TTY function, cursor, keypad, function-key and modifier keysyms (`0xff00…0xffff`).
+fn is_function(k: u32) -> bool {
+    (0xff00..=0xffff).contains(&k)
+}
+
+/// xkb keycode → its name, from a keymap's `xkb_keycodes` section.
+fn keycode_names(keymap: &str) -> HashMap<u16, String> {
+    let section = section(keymap, "xkb_keycodes").unwrap_or("");
+    section
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let (name, rest) = l.strip_prefix('<')?.split_once('>')?;
+            let code = rest.trim().strip_prefix('=')?.trim().strip_suffix(';')?;
+            Some((code.trim().parse().ok()?, name.to_string()))
+        })
+        .collect()
+}
+
+/// The text of section `name` (from its keyword to its closing `};` at the start of a line).
+fn section<'a>(keymap: &'a str, name: &str) -> Option<&'a str> {
+    let start = keymap.find(name)?;
+    let end = keymap[start..].find("\n};")? + start;
+    Some(&keymap[start..end])
+}
+
+/// `keymap` with `ours` (key name, keysym) as one-level keys at the end of `xkb_symbols`,
+/// those keys' own entries left out.
+fn with_symbols(keymap: &str, ours: &[(&str, u32)]) -> String {
+    let Some(start) = keymap.find("xkb_symbols") else {
+        return keymap.to_string();
+    };
+    let Some(end) = keymap[start..].find("\n};").map(|e| e + start) else {
+        return keymap.to_string();
+    };
+    let mut out = String::with_capacity(keymap.len() + ours.len() * 40);
+    out.push_str(&keymap[..start]);
+    let mut rest = &keymap[start..end];
+    // Leave out `key <NAME> { … };` of each spare (entries may span lines).
+    while let Some(at) = rest.find("key <") {
+        let name_end = rest[at + 5..].find('>').map(|e| at + 5 + e);
+        let entry_end = rest[at..].find("};").map(|e| at + e + 2);
+        let (Some(name_end), Some(entry_end)) = (name_end, entry_end) else {
+            break;
+        };
+        let name = &rest[at + 5..name_end];
+        out.push_str(&rest[..at]);
+        if !ours.iter().any(|(n, _)| *n == name) {
+            out.push_str(&rest[at..entry_end]);
+        }
+        rest = &rest[entry_end..];
+    }
+    out.push_str(rest);
+    for (name, k) in ours {
+        out.push_str(&format!("\n    key <{name}> {{ [ 0x{k:x} ] }};"));
+    }
+    out.push_str(&keymap[end..]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const AT: u32 = 0x40;
+    const Z: u32 = 0x7a;
+    const UDIAERESIS: u32 = 0xfc;
+    const F1: u32 = 0xffbe;
+    const KP_1: u32 = 0xffb1;
+
+    fn key(p: &Press) -> (u16, Option<bool>, bool) {
+        match p {
+            Press::Key {
+                code,
+                shift,
+                keymap,
+            } => (*code, *shift, keymap.is_some()),
+            Press::Skip => panic!("skipped"),
+        }
+    }
+
+    #[test]
+    fn keys_the_us_layout_types_the_same_go_by_their_key() {
+        let mut t = Typist::new();
+        // `a` on the a key; `A` with Shift held; `A` under the source's Caps Lock (Shift set
+        // for the press); Return, F1 and Shift itself by their keys.
+        assert_eq!(key(&t.press(30, 0x61, false)), (30, None, false));
+        assert_eq!(key(&t.press(30, 0x41, true)), (30, None, false));
+        assert_eq!(key(&t.press(30, 0x41, false)), (30, Some(true), false));
+        assert_eq!(key(&t.press(28, 0xff0d, false)), (28, None, false));
+        assert_eq!(key(&t.press(59, F1, false)), (59, None, false));
+        assert_eq!(key(&t.press(42, 0xffe1, false)), (42, None, false));
+        assert_eq!(t.release(30), Some(30));
+        assert_eq!(
+            t.release(99),
+            Some(99),
+            "a key never annotated goes by its code"
+        );
+    }
+
+    #[test]
+    fn other_layouts_keysyms_go_to_spare_keys_given_them_in_the_keymap() {
+        let mut t = Typist::new();
+        // A German keyboard: `z` on the us `y` key (Linux 21), `@` from AltGr+q (16), ü.
+        assert_eq!(t.press(100, XK_ISO_LEVEL3_SHIFT, false), Press::Skip);
+        let (z_key, shift, upload) = key(&t.press(21, Z, false));
+        assert_eq!((shift, upload), (Some(false), true));
+        assert_eq!(z_key, 97 - 8, "the first spare (keycode 97)");
+        let Press::Key {
+            keymap: Some(km), ..
+        } = t.press(16, AT, false)
+        else {
+            panic!("a new keysym uploads the keymap")
+        };
+        assert!(
+            km.contains("key <AB11> { [ 0x7a ] };"),
+            "z on the first spare"
+        );
+        assert!(km.contains("key <JPCM> { [ 0x40 ] };"), "@ on the second");
+        assert!(
+            km.contains("XF86KbdBrightnessUp"),
+            "spares not given keep theirs"
+        );
+        // A spare's own symbols are left out (I237: XF86KbdBrightnessDown).
+        let mut u = Typist::new();
+        for k in 0..18u32 {
+            u.press(0, 0x1000100 + k, false);
+            u.release(0);
+        }
+        let km = u.keymap();
+        assert!(
+            !km.contains("XF86KbdBrightnessDown"),
+            "the spare's own symbol went"
+        );
+        assert!(km.contains("key <I237> { [ 0x1000111 ] };"));
+        // The same keysym again: the same spare, no upload.
+        assert_eq!(key(&t.press(21, Z, true)), (z_key, Some(false), false));
+        assert_eq!(t.release(21), Some(z_key));
+        assert_eq!(t.release(100), None, "AltGr was not pressed here");
+        assert!(key(&t.press(26, UDIAERESIS, false)).2);
+        // The keypad's digits under the source's Num Lock, and Caps Lock itself.
+        assert_eq!(key(&t.press(79, KP_1, false)).1, Some(false));
+        assert_eq!(t.press(58, 0xffe5, false), Press::Skip);
+    }
+
+    #[test]
+    fn when_every_spare_is_given_the_longest_unused_one_not_held_goes() {
+        let mut t = Typist::new();
+        let n = t.spares.len() as u32;
+        assert_eq!(n, 35, "every spare named in the keymap");
+        // Spare 0 held down while all are given.
+        let (first, ..) = key(&t.press(1, 0x1000100, false));
+        for k in 1..n {
+            t.press(2, 0x1000100 + k, false);
+            t.release(2);
+        }
+        // Typing keysym 1 again makes spare 1 recent: the next new keysym takes spare 2.
+        t.press(2, 0x1000101, false);
+        t.release(2);
+        let (code, _, upload) = key(&t.press(3, 0x1000200, false));
+        assert!(upload);
+        assert_ne!(code, first, "a held spare is never taken");
+        assert_eq!(code, t.spares[2].0 - 8);
+    }
+
+    #[test]
+    fn the_keymap_stays_one_keymap() {
+        let mut t = Typist::new();
+        t.press(21, Z, false);
+        let km = t.keymap();
+        assert!(km.starts_with("xkb_keymap {"));
+        assert_eq!(km.matches("xkb_symbols").count(), 1);
+        assert_eq!(km.matches("xkb_geometry").count(), 1);
+        let symbols = section(&km, "xkb_symbols").unwrap();
+        assert!(
+            symbols.ends_with("key <AB11> { [ 0x7a ] };"),
+            "{}",
+            &symbols[symbols.len() - 80..]
+        );
+        assert_eq!(
+            km.len(),
+            KEYMAP_US.len() + "\n    key <AB11> { [ 0x7a ] };".len(),
+            "nothing else changed (keycode 97, AB11, had no symbols)"
+        );
+    }
+}
