@@ -1,8 +1,10 @@
 //! `ndd bench display`: the display stream (`x11-screen` source → channel → `x11-window`
 //! sink on a second Xvfb) with `ffplay` playing a test pattern on the app display, next to
 //! what the X server itself can hand over (full-screen ShmGetImage and GetImage in a tight
-//! loop) and memcpy of the same frame, all measured in the same run. Also the bytes a
-//! `compress` pair would put on the wire for this content.
+//! loop) and memcpy of the same frame, all measured in the same run; then the same video on a
+//! headless sway captured by the `wayland-screen` source (wlr-screencopy), with what each
+//! capture costs ndd's process per update. Also the bytes a `compress` pair would put on the
+//! wire for this content.
 
 use super::pairs::parse_case;
 use super::{hardware, today};
@@ -10,8 +12,10 @@ use anyhow::{bail, Context, Result};
 use ndd_core::{Frame, Meta, Pair, Role, Stack};
 use ndd_endpoint::clock::now_ns;
 use ndd_endpoint::display::{Update, FLAG_KEYFRAME};
-use ndd_endpoint::{SinkConfig, SourceConfig, X11ScreenConfig, X11WindowConfig};
-use ndd_procs::{have, Killed, Xvfb};
+use ndd_endpoint::{
+    SinkConfig, SourceConfig, WaylandScreenConfig, X11ScreenConfig, X11WindowConfig,
+};
+use ndd_procs::{have, Killed, Sway, Xvfb};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -35,27 +39,87 @@ fn xvfb(w: u32, h: u32) -> Result<Xvfb> {
     Xvfb::start(&format!("{w}x{h}x24")).context("cannot start Xvfb")
 }
 
-/// `ffplay` playing `testsrc` at the top left of `x`, borderless, until dropped.
-fn ffplay(x: &Xvfb, w: u32, h: u32, rate: u32) -> Result<Killed> {
-    let src = format!("testsrc=size={w}x{h}:rate={rate}");
-    x.spawn(
-        "ffplay",
-        &[
-            "-loglevel",
-            "quiet",
-            "-an",
-            "-noborder",
-            "-left",
-            "0",
-            "-top",
-            "0",
-            "-f",
-            "lavfi",
-            "-i",
-            &src,
-        ],
-    )
-    .context("cannot start ffplay")
+/// The app screen: an Xvfb, or a headless sway (wlroots, the pixman renderer).
+enum AppScreen {
+    X11(Xvfb),
+    Wayland(Sway),
+}
+
+impl AppScreen {
+    fn start(wayland: bool, w: u32, h: u32) -> Result<AppScreen> {
+        Ok(if wayland {
+            AppScreen::Wayland(
+                Sway::start(&format!("bench-{w}x{h}"), w, h, "#000000")
+                    .context("cannot start a headless sway")?,
+            )
+        } else {
+            AppScreen::X11(xvfb(w, h)?)
+        })
+    }
+
+    /// `ffplay` playing `testsrc` over the whole screen, until dropped: borderless at the
+    /// top left of the Xvfb, full screen on sway (SDL's Wayland driver).
+    fn play(&self, w: u32, h: u32, rate: u32) -> Result<Killed> {
+        let src = format!("testsrc=size={w}x{h}:rate={rate}");
+        let common = ["-loglevel", "quiet", "-an", "-f", "lavfi", "-i", &src];
+        match self {
+            AppScreen::X11(x) => {
+                let mut args = vec!["-noborder", "-left", "0", "-top", "0"];
+                args.extend(common);
+                x.spawn("ffplay", &args)
+            }
+            AppScreen::Wayland(s) => std::process::Command::new("ffplay")
+                .env("WAYLAND_DISPLAY", &s.socket)
+                .env("XDG_RUNTIME_DIR", &s.dir)
+                .env("SDL_VIDEODRIVER", "wayland")
+                .env("SDL_AUDIODRIVER", "dummy")
+                .env_remove("DISPLAY")
+                .arg("-fs")
+                .args(common)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .map(Killed),
+        }
+        .context("cannot start ffplay")
+    }
+
+    fn source(&self) -> SourceConfig {
+        match self {
+            AppScreen::X11(x) => SourceConfig::X11Screen(X11ScreenConfig {
+                display: x.display.clone(),
+                max_fps: MAX_FPS,
+                refresh_s: 0.0,
+            }),
+            AppScreen::Wayland(s) => SourceConfig::WaylandScreen(WaylandScreenConfig {
+                display: s.socket.display().to_string(),
+                max_fps: MAX_FPS,
+                ..WaylandScreenConfig::default()
+            }),
+        }
+    }
+
+    fn label(&self) -> &'static str {
+        match self {
+            AppScreen::X11(_) => "X11",
+            AppScreen::Wayland(_) => "Wayland",
+        }
+    }
+}
+
+/// CPU time this process used so far (every thread, user and system), from /proc.
+fn cpu_now() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // After the command name's closing parenthesis: state is field 3, utime 14, stime 15.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    // USER_HZ is 100 on Linux.
+    Duration::from_millis(ticks * 10)
 }
 
 /// What passed between source and sink.
@@ -84,6 +148,10 @@ const MAX_SAMPLES: usize = 30;
 /// One measured size.
 #[derive(Debug)]
 struct Row {
+    /// The app screen's server: "X11" (Xvfb) or "Wayland" (headless sway).
+    server: &'static str,
+    /// This process's CPU time over the measured window (source, channel and sink).
+    cpu: Duration,
     w: u32,
     h: u32,
     rate: u32,
@@ -105,6 +173,10 @@ impl Row {
     }
     fn fps(&self) -> f64 {
         self.tap.frames as f64 / self.secs
+    }
+    /// This process's CPU time per update delivered, ms.
+    fn cpu_per_update_ms(&self) -> f64 {
+        self.cpu.as_secs_f64() * 1e3 / self.tap.frames.max(1) as f64
     }
 }
 
@@ -229,22 +301,24 @@ fn compress(case: &str, samples: &[Vec<u8>]) -> Result<(u64, u64, f64)> {
     ))
 }
 
-/// One size: an app Xvfb of exactly the video's size with ffplay on it, the stream into a
-/// window on `viewer`, then the capture baselines on the same (still playing) display.
-async fn one_size(w: u32, h: u32, rate: u32, viewer: &Xvfb, quick: bool) -> Result<Row> {
-    let app = xvfb(w, h)?;
-    let _ffplay = ffplay(&app, w, h, rate)?;
+/// One size: an app screen (an Xvfb, or a headless sway with `wayland`) of exactly the
+/// video's size with ffplay on it, the stream into a window on `viewer`, then (X11) the
+/// capture baselines on the same (still playing) display.
+async fn one_size(
+    w: u32,
+    h: u32,
+    rate: u32,
+    viewer: &Xvfb,
+    quick: bool,
+    wayland: bool,
+) -> Result<Row> {
+    let app = AppScreen::start(wayland, w, h)?;
+    let _ffplay = app.play(w, h, rate)?;
     let shared = Arc::new(Mutex::new(Shared::default()));
     let (stop, stopped) = oneshot::channel::<()>();
     let (tx, mut mid) = mpsc::channel::<Frame>(8);
     let (fwd, rx) = mpsc::channel::<Frame>(8);
-    let source = SourceConfig::X11Screen(X11ScreenConfig {
-        display: app.display.clone(),
-        max_fps: MAX_FPS,
-        refresh_s: 0.0,
-    })
-    .spawn(3, tx)
-    .context("x11-screen source")?;
+    let source = app.source().spawn(3, tx).context("the screen source")?;
     let sink = SinkConfig::X11Window(X11WindowConfig {
         display: viewer.display.clone(),
         title: format!("ndd bench display {w}x{h}"),
@@ -292,8 +366,8 @@ async fn one_size(w: u32, h: u32, rate: u32, viewer: &Xvfb, quick: bool) -> Resu
     while snap(&shared).frames < 5 {
         if t0.elapsed() > Duration::from_secs(30) {
             bail!(
-                "no display updates from ffplay on {} within 30 s",
-                app.display
+                "no display updates from ffplay on the {} screen within 30 s",
+                app.label()
             );
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -301,10 +375,12 @@ async fn one_size(w: u32, h: u32, rate: u32, viewer: &Xvfb, quick: bool) -> Resu
     // Let it settle a little (ffplay's first frames, the viewer window mapping).
     tokio::time::sleep(Duration::from_millis(if quick { 200 } else { 500 })).await;
     let before = snap(&shared);
+    let cpu0 = cpu_now();
     shared.lock().unwrap_or_else(|p| p.into_inner()).sampling = true;
     let t = Instant::now();
     tokio::time::sleep(Duration::from_millis(if quick { 1500 } else { 3000 })).await;
     let after = snap(&shared);
+    let cpu = cpu_now().saturating_sub(cpu0);
     let secs = t.elapsed().as_secs_f64();
     let samples = {
         let mut s = shared.lock().unwrap_or_else(|p| p.into_inner());
@@ -316,7 +392,7 @@ async fn one_size(w: u32, h: u32, rate: u32, viewer: &Xvfb, quick: bool) -> Resu
         .await
         .context("source stops within 10 s")?
         .context("source task")?
-        .context("x11-screen source")?;
+        .context("the screen source")?;
     let _ = tap.await;
     let snk = tokio::time::timeout(Duration::from_secs(10), sink)
         .await
@@ -331,12 +407,17 @@ async fn one_size(w: u32, h: u32, rate: u32, viewer: &Xvfb, quick: bool) -> Resu
         lat_ns: after.lat_ns - before.lat_ns,
         lat_n: after.lat_n - before.lat_n,
     };
-    // Baselines on the same display, ffplay still playing.
+    // Baselines on the same display, ffplay still playing (the X server's own capture).
     let dur = Duration::from_millis(if quick { 300 } else { 600 });
-    let display = app.display.clone();
-    let (shm, get) = tokio::task::spawn_blocking(move || capture_rates(&display, dur))
-        .await
-        .context("capture baseline task")??;
+    let (shm, get) = match &app {
+        AppScreen::X11(x) => {
+            let display = x.display.clone();
+            tokio::task::spawn_blocking(move || capture_rates(&display, dur))
+                .await
+                .context("capture baseline task")??
+        }
+        AppScreen::Wayland(_) => (None, 0.0),
+    };
     let size = (w * h * 4) as usize;
     let memcpy = tokio::task::spawn_blocking(move || memcpy_gbs(size, dur))
         .await
@@ -356,6 +437,8 @@ async fn one_size(w: u32, h: u32, rate: u32, viewer: &Xvfb, quick: bool) -> Resu
         }
     }
     Ok(Row {
+        server: app.label(),
+        cpu,
         w,
         h,
         rate,
@@ -387,21 +470,37 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
     };
     let rates: &[u32] = if quick { &RATES[..1] } else { &RATES };
     let viewer = xvfb(1920, 1080)?;
+    // The same video on a headless sway too, where sway is installed.
+    let servers: &[bool] = if have("sway") {
+        &[false, true]
+    } else {
+        eprintln!("bench display: no Wayland rows (needs sway: apt-get install sway)");
+        &[false]
+    };
     let mut rows = Vec::new();
     for (&(w, h), &rate) in sizes.iter().flat_map(|s| rates.iter().map(move |r| (s, r))) {
-        let row = one_size(w, h, rate, &viewer, quick)
-            .await
-            .with_context(|| format!("bench display at {w}x{h}, {rate} fps"))?;
-        eprintln!(
-            "bench display {w}x{h} at {rate} fps: {:.1} fps delivered, {:.1} MB/s, {:.1} rects/frame; ShmGetImage {} /s, GetImage {:.0} /s, memcpy {:.1} GB/s",
+        for &wayland in servers {
+            let row = one_size(w, h, rate, &viewer, quick, wayland)
+                .await
+                .with_context(|| {
+                    format!(
+                        "bench display at {w}x{h}, {rate} fps, {}",
+                        if wayland { "Wayland" } else { "X11" }
+                    )
+                })?;
+            eprintln!(
+            "bench display {} {w}x{h} at {rate} fps: {:.1} fps delivered, {:.1} MB/s, {:.1} rects/frame, {:.2} ms CPU/update; ShmGetImage {} /s, GetImage {:.0} /s, memcpy {:.1} GB/s",
+            row.server,
             row.fps(),
             row.tap.bytes as f64 / row.secs / 1e6,
             row.tap.rects as f64 / row.tap.frames.max(1) as f64,
+            row.cpu_per_update_ms(),
             row.shm.map_or("-".into(), |r| format!("{r:.0}")),
             row.get,
             row.memcpy_gbs
         );
-        rows.push(row);
+            rows.push(row);
+        }
     }
     let mut md = report(quick, &rows);
     md += &scaling(quick);
@@ -485,7 +584,14 @@ fn report(quick: bool, rows: &[Row]) -> String {
          whole screen changes every video frame). The stream: `x11-screen` source \
          (`max_fps = {MAX_FPS}`, no periodic keyframes) → tokio channel → `x11-window` sink \
          on a second Xvfb, in one process, no link. Figures are taken over the measured window \
-         after the first updates.\n\n"
+         after the first updates. The `Wayland` rows play the same video full screen (`-fs`, \
+         SDL's Wayland driver) on a headless sway of the same size (wlroots' headless backend, \
+         the pixman renderer) captured by the `wayland-screen` source \
+         (`wlr-screencopy-unstable-v1` with damage into a `wl_shm` buffer), into the same sink. \
+         `ndd CPU ms/update` is this process's CPU time (every thread: capture, records, the \
+         sink's drawing) over the measured window per update delivered, so the two capture \
+         paths compare in the same run; the X server's or sway's own work (the copy it makes \
+         for the capture, and drawing the video) is not in it.\n\n"
     );
     md += "## Baseline: what the X server hands over, and memcpy\n\n\
            Full-screen captures of the app display in a tight loop (one request, wait for the \
@@ -494,7 +600,10 @@ fn report(quick: bool, rows: &[Row]) -> String {
            memcpy of one frame's bytes, same run.\n\n\
            | screen | frame | ShmGetImage /s | ShmGetImage MB/s | GetImage /s | GetImage MB/s | memcpy GB/s |\n\
            |---|---:|---:|---:|---:|---:|---:|\n";
-    for r in rows.iter().filter(|r| r.rate == RATES[0]) {
+    for r in rows
+        .iter()
+        .filter(|r| r.rate == RATES[0] && r.server == "X11")
+    {
         let fb = r.frame_bytes();
         let (shm, shm_mb) = r.shm.map_or(("n/a".into(), "n/a".into()), |s| {
             (format!("{s:.0}"), format!("{:.0}", s * fb / 1e6))
@@ -522,13 +631,14 @@ fn report(quick: bool, rows: &[Row]) -> String {
          processes share the machine's cores), so those rows show what the whole setup \
          reaches, not a ceiling of the stream alone; `MB/s / ShmGetImage` shows how far the \
          capture is from the server's limit.\n\n\
-         | screen | video fps | seconds | updates | fps | fps / video | MB/s / ShmGetImage | MB/s | KB/update | rects/update | keyframes | stamp → sink queue, mean ms | source / sink frames (whole run) |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+         | server | screen | video fps | seconds | updates | fps | fps / video | MB/s / ShmGetImage | MB/s | KB/update | rects/update | keyframes | stamp → sink queue, mean ms | ndd CPU ms/update | source / sink frames (whole run) |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     for r in rows {
         let fps = r.fps();
         let n = r.tap.frames.max(1) as f64;
         md += &format!(
-            "| {}x{} | {} | {:.1} | {} | {:.1} | {:.0} % | {} | {:.1} | {:.0} | {:.1} | {} | {:.2} | {} / {} |\n",
+            "| {} | {}x{} | {} | {:.1} | {} | {:.1} | {:.0} % | {} | {:.1} | {:.0} | {:.1} | {} | {:.2} | {:.2} | {} / {} |\n",
+            r.server,
             r.w,
             r.h,
             r.rate,
@@ -537,13 +647,14 @@ fn report(quick: bool, rows: &[Row]) -> String {
             fps,
             fps / f64::from(r.rate) * 100.0,
             r.shm
-                .or(Some(r.get))
+                .or(Some(r.get).filter(|g| *g > 0.0))
                 .map_or("n/a".into(), |s| format!("{:.1} %", r.tap.bytes as f64 / r.secs / (s * r.frame_bytes()) * 100.0)),
             r.tap.bytes as f64 / r.secs / 1e6,
             r.tap.bytes as f64 / n / 1e3,
             r.tap.rects as f64 / n,
             r.tap.keyframes,
             r.tap.lat_ns as f64 / r.tap.lat_n.max(1) as f64 / 1e6,
+            r.cpu_per_update_ms(),
             r.source_frames,
             r.sink_frames
         );
@@ -555,15 +666,16 @@ fn report(quick: bool, rows: &[Row]) -> String {
              through the source half of a one-pair stack, as a link would carry them; \
              MB/s = payload compressed per second of compress time (one core). Wire MB/s = \
              the stream's MB/s above × ratio.\n\n\
-             | screen | video fps | codec | updates | ratio (wire / raw) | saved | wire MB/s at the measured fps | compress MB/s |\n\
-             |---|---:|---|---:|---:|---:|---:|---:|\n"
+             | server | screen | video fps | codec | updates | ratio (wire / raw) | saved | wire MB/s at the measured fps | compress MB/s |\n\
+             |---|---|---:|---|---:|---:|---:|---:|---:|\n"
         );
         for r in rows {
             let mbs = r.tap.bytes as f64 / r.secs / 1e6;
             for &(name, a, b, speed) in &r.compress {
                 let ratio = b as f64 / a.max(1) as f64;
                 md += &format!(
-                    "| {}x{} | {} | {name} | {} | {:.3} | {:.1} % | {:.2} | {:.0} |\n",
+                    "| {} | {}x{} | {} | {name} | {} | {:.3} | {:.1} % | {:.2} | {:.0} |\n",
+                    r.server,
                     r.w,
                     r.h,
                     r.rate,
