@@ -734,13 +734,87 @@ impl Sway {
     /// Starts sway with its output `HEADLESS-1` at `width`x`height`, a solid background of
     /// `color` (`#rrggbb`); returns once both sockets are there.
     pub fn start(name: &str, width: u32, height: u32, color: &str) -> std::io::Result<Sway> {
+        Sway::start_with(name, width, height, color, "")
+    }
+
+    /// [`Sway::start`] with Xwayland: X programs run in the session (on the returned X
+    /// display, e.g. `:8`), as on a desktop where a person runs X11 programs under Wayland.
+    /// This process's user is let in (Xwayland admits only sway's own user).
+    pub fn start_with_xwayland(
+        name: &str,
+        width: u32,
+        height: u32,
+        color: &str,
+    ) -> std::io::Result<(Sway, String)> {
+        // sway's programs get DISPLAY once Xwayland's socket is made.
+        let sway = Sway::start_with(
+            name,
+            width,
+            height,
+            color,
+            "xwayland enable\nexec sh -c 'echo $DISPLAY > \"$XDG_RUNTIME_DIR/x-display\"'\n",
+        )?;
+        let file = sway.dir.join("x-display");
+        let t0 = Instant::now();
+        let display = loop {
+            if let Ok(d) = std::fs::read_to_string(&file) {
+                if d.trim().starts_with(':') {
+                    break d.trim().to_string();
+                }
+            }
+            if t0.elapsed() > Duration::from_secs(10) {
+                return Err(std::io::Error::other(
+                    "sway started no Xwayland in 10 s (apt-get install xwayland)",
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let me = Command::new("id")
+            .arg("-un")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())?;
+        let mut xhost = if me == "root" {
+            let mut c = Command::new("setpriv");
+            c.args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--",
+                "xhost",
+            ]);
+            c
+        } else {
+            Command::new("xhost")
+        };
+        let ok = xhost
+            .arg(format!("+si:localuser:{me}"))
+            .env("DISPLAY", &display)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?
+            .success();
+        if !ok {
+            return Err(std::io::Error::other(format!(
+                "xhost could not let {me} into Xwayland's {display}"
+            )));
+        }
+        Ok((sway, display))
+    }
+
+    fn start_with(
+        name: &str,
+        width: u32,
+        height: u32,
+        color: &str,
+        more: &str,
+    ) -> std::io::Result<Sway> {
         let dir = std::env::temp_dir().join(format!("ndd-sway-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
         let config = dir.join("config");
         std::fs::write(
             &config,
-            format!("output HEADLESS-1 resolution {width}x{height} bg {color} solid_color\n"),
+            format!("output HEADLESS-1 resolution {width}x{height} bg {color} solid_color\n{more}"),
         )?;
         let root = Command::new("id")
             .arg("-u")
