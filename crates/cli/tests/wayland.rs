@@ -453,3 +453,111 @@ fn an_x11_desktop_is_seen_and_used_from_sway_through_xwayland() {
     app.kill();
     dev.kill();
 }
+
+/// A compositor without the wlroots protocols (weston, headless): `ndd check --side` says
+/// which endpoint lacks which protocol and fails, and a side started anyway stops at once
+/// saying what it needs instead of hanging.
+#[test]
+fn on_weston_check_names_each_missing_protocol_and_a_side_says_what_it_needs() {
+    if let Some(m) = missing(&["weston", "setpriv"]) {
+        println!("SKIPPED: needs {m} (apt-get install weston)");
+        return;
+    }
+    let dir = Dir::new("weston");
+    let run_dir = dir.0.join("run");
+    std::fs::create_dir_all(&run_dir).unwrap();
+    let root = running_as_root();
+    if root {
+        assert!(std::process::Command::new("chown")
+            .args(["65534:65534"])
+            .arg(&run_dir)
+            .status()
+            .unwrap()
+            .success());
+    }
+    std::fs::set_permissions(
+        &run_dir,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let mut cmd = if root {
+        let mut c = std::process::Command::new("setpriv");
+        c.args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--",
+            "weston",
+        ]);
+        c
+    } else {
+        std::process::Command::new("weston")
+    };
+    let _weston = Killed(
+        cmd.args([
+            "--backend=headless-backend.so",
+            "--socket=wayland-w",
+            "--width=640",
+            "--height=480",
+            "--idle-time=0",
+        ])
+        .env("XDG_RUNTIME_DIR", &run_dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("weston"),
+    );
+    let socket = run_dir.join("wayland-w");
+    wait_for("weston's socket", WAIT, || socket.exists());
+    let example = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples/wayland-desktop.toml"),
+    )
+    .unwrap();
+    let cfg = dir.0.join("weston.toml");
+    std::fs::write(
+        &cfg,
+        example
+            .replace(
+                "\"wayland-1\"",
+                &format!("{:?}", socket.display().to_string()),
+            )
+            .replace("127.0.0.1:7892", &free_addr()),
+    )
+    .unwrap();
+    let out = ndd()
+        .args(["check", "--side", "app"])
+        .arg(&cfg)
+        .env_remove("WAYLAND_DISPLAY")
+        .env_remove("DISPLAY")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "check fails: {said}");
+    for need in [
+        "wayland-screen no (zwlr_screencopy_manager_v1 missing)",
+        "wayland-input (keys) no (zwp_virtual_keyboard_manager_v1 missing)",
+        "wayland-clipboard no (zwlr_data_control_manager_v1 missing)",
+    ] {
+        assert!(said.contains(need), "{need}: {said}");
+    }
+    let dev_home = dir.0.join("home");
+    let started = Instant::now();
+    let out = run_cmd(&cfg, "app", &dev_home, &["--insecure"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("needs a wlroots compositor") && started.elapsed() < Duration::from_secs(20),
+        "{err}"
+    );
+}
+
+/// Whether this process runs as root.
+fn running_as_root() -> bool {
+    std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
