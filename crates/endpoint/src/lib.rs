@@ -75,7 +75,7 @@ pub use delivered::Delivered;
 pub use demand::Demand;
 pub use display::{
     DisplayFrameError, Framebuffer, FramebufferConfig, PixelFormat, Rect, Update,
-    WaylandScreenConfig, X11ScreenConfig, X11WindowConfig,
+    WaylandScreenConfig, WaylandWindowConfig, X11ScreenConfig, X11WindowConfig,
 };
 pub use error::EndpointError;
 pub use file::{FileSinkConfig, FileSourceConfig};

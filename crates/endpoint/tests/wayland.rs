@@ -463,3 +463,132 @@ fn the_clipboard_goes_both_ways_and_an_x11_side_shares_it() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A display update of a `w`×`h` screen: `rects` of solid colours (`[r, g, b]`).
+fn solid_update(w: u16, h: u16, rects: &[(ndd_endpoint::Rect, [u8; 3])]) -> Vec<u8> {
+    let pixels: Vec<Vec<u8>> = rects
+        .iter()
+        .map(|(r, [red, g, b])| [*b, *g, *red, 0].repeat(usize::from(r.w) * usize::from(r.h)))
+        .collect();
+    Update {
+        header: ndd_endpoint::display::UpdateHeader {
+            width: w,
+            height: h,
+            format: PixelFormat::Bgrx32,
+            flags: 0,
+        },
+        rects: rects
+            .iter()
+            .zip(&pixels)
+            .map(|((r, _), p)| ndd_endpoint::display::RectPixels {
+                rect: *r,
+                encoding: ndd_endpoint::display::Encoding::Raw,
+                pixels: p,
+            })
+            .collect(),
+    }
+    .emit()
+    .unwrap()
+}
+
+/// Pixels of grim's picture near `rgb` (each channel within 8): how many, and their mean x.
+fn near(shot: &(usize, usize, Vec<u8>), rgb: [u8; 3]) -> (usize, f64) {
+    let (w, _, px) = shot;
+    let (mut n, mut xs) = (0usize, 0f64);
+    for (i, p) in px.chunks_exact(3).enumerate() {
+        if p.iter().zip(rgb).all(|(a, b)| a.abs_diff(b) <= 8) {
+            n += 1;
+            xs += (i % w) as f64;
+        }
+    }
+    (n, if n > 0 { xs / n as f64 } else { 0.0 })
+}
+
+/// The `wayland-window` sink on a headless sway: a 320×240 screen, blue on the left and
+/// orange on the right, shown in a window that sway tiles over its 640×480 output: scaled up
+/// with its shape kept (more pixels of each colour than the screen has), left stays left; a
+/// later update of a green square shows; the window closed by sway ends the sink cleanly.
+#[test]
+fn the_wayland_window_shows_updates_scaled_to_the_window() {
+    if let Some(m) = missing(&["sway", "grim", "swaymsg", "setpriv"]) {
+        println!("SKIPPED: needs {m} ({APT})");
+        return;
+    }
+    let sway = Sway::start("window", 640, 480, "#000000").expect("headless sway");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let cfg = ndd_endpoint::SinkConfig::WaylandWindow(ndd_endpoint::WaylandWindowConfig {
+        display: sway.socket.display().to_string(),
+        title: "ndd wayland viewer".into(),
+    });
+    cfg.probe().expect("the probe maps a window");
+    let (tx, rx) = mpsc::channel::<Frame>(4);
+    let delivered = ndd_endpoint::Delivered::default();
+    let task = rt
+        .block_on(async { cfg.spawn_tracked(rx, delivered.clone()) })
+        .expect("sink starts");
+    let send = |seq: u64, payload: Vec<u8>| {
+        let f = Frame::new(
+            ndd_core::Meta {
+                stream: 1,
+                seq,
+                timestamp_ns: 0,
+                flags: 0,
+            },
+            &payload,
+        );
+        rt.block_on(tx.send(f)).unwrap();
+    };
+    let (blue, orange, green) = ([0x33, 0x66, 0xcc], [0xcc, 0x66, 0x33], [0x22, 0xcc, 0x44]);
+    let r = ndd_endpoint::Rect::new;
+    send(
+        1,
+        solid_update(
+            320,
+            240,
+            &[(r(0, 0, 160, 240), blue), (r(160, 0, 160, 240), orange)],
+        ),
+    );
+    let t0 = Instant::now();
+    let (b, o) = loop {
+        let shot = sway.grim().expect("grim");
+        let (b, o) = (near(&shot, blue), near(&shot, orange));
+        if b.0 > 160 * 240 && o.0 > 160 * 240 {
+            break (b, o);
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the window shows {} blue and {} orange pixels",
+            b.0,
+            o.0
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(b.1 < o.1, "blue on the left: mean x {} vs {}", b.1, o.1);
+    // Scaled with its shape: as many of each colour, each half about square-ish in area.
+    let ratio = b.0 as f64 / o.0 as f64;
+    assert!((0.9..1.1).contains(&ratio), "{} vs {}", b.0, o.0);
+    assert_eq!(delivered.count(), 1, "a shown update is completed");
+    // A small change shows too.
+    send(2, solid_update(320, 240, &[(r(10, 10, 40, 40), green)]));
+    let t0 = Instant::now();
+    while near(&sway.grim().expect("grim"), green).0 < 40 * 40 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the green square never showed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // sway closes the window (as a person would): the sink ends by itself, cleanly.
+    assert!(sway.msg(&["[title=\"ndd wayland viewer\"]", "kill"]));
+    let report = rt
+        .block_on(async { tokio::time::timeout(Duration::from_secs(10), task).await })
+        .expect("the sink ends once its window is closed")
+        .expect("joins")
+        .expect("ends cleanly");
+    assert_eq!(report.frames, 2);
+    drop(tx);
+}

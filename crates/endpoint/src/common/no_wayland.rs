@@ -6,7 +6,7 @@ use super::demand::Demand;
 use super::error::EndpointError;
 use super::report::{SinkTask, SourceTask};
 use crate::clipboard::WaylandClipboardConfig;
-use crate::display::WaylandScreenConfig;
+use crate::display::{WaylandScreenConfig, WaylandWindowConfig};
 use crate::input::WaylandInputConfig;
 use ndd_core::Frame;
 use tokio::runtime::Handle;
@@ -35,6 +35,23 @@ pub(crate) fn spawn_wayland_screen_source(
     _: Sender<Frame>,
     _: Option<Demand>,
 ) -> Result<SourceTask, EndpointError> {
+    Err(off(endpoint))
+}
+
+pub(crate) fn open_wayland_window(
+    endpoint: &'static str,
+    _: &WaylandWindowConfig,
+) -> Result<(), EndpointError> {
+    Err(off(endpoint))
+}
+
+pub(crate) fn spawn_wayland_window_sink(
+    _: &Handle,
+    endpoint: &'static str,
+    _: &WaylandWindowConfig,
+    _: Receiver<Frame>,
+    _: Delivered,
+) -> Result<SinkTask, EndpointError> {
     Err(off(endpoint))
 }
 

@@ -189,6 +189,7 @@ pub fn wayland_session(display: &str) -> Result<Vec<(&'static str, &'static str,
             "zwlr_data_control_manager_v1",
             has("zwlr_data_control_manager_v1"),
         ),
+        ("wayland-window", "xdg_wm_base", has("xdg_wm_base")),
     ])
 }
 

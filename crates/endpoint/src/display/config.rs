@@ -84,6 +84,28 @@ pub struct X11WindowConfig {
     pub resize: Resize,
 }
 
+/// `wayland-window` sink parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WaylandWindowConfig {
+    /// The compositor's socket: a name in `$XDG_RUNTIME_DIR` (`wayland-1`) or a full path;
+    /// empty: `$WAYLAND_DISPLAY`.
+    #[serde(default)]
+    pub display: String,
+    /// The window's title.
+    #[serde(default = "default_window_title")]
+    pub title: String,
+}
+
+impl Default for WaylandWindowConfig {
+    fn default() -> Self {
+        WaylandWindowConfig {
+            display: String::new(),
+            title: default_window_title(),
+        }
+    }
+}
+
 /// `x11-window`'s `resize`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -32,13 +32,18 @@ mod sink;
 mod source;
 #[cfg(feature = "wayland")]
 mod wayland;
+#[cfg(feature = "wayland")]
+mod wayland_window;
 mod x11;
 
 #[cfg(not(feature = "wayland"))]
-pub(crate) use crate::common::no_wayland::{open_wayland_screen, spawn_wayland_screen_source};
+pub(crate) use crate::common::no_wayland::{
+    open_wayland_screen, open_wayland_window, spawn_wayland_screen_source,
+    spawn_wayland_window_sink,
+};
 pub use config::{
-    FramebufferConfig, WaylandScreenConfig, X11CursorSinkConfig, X11CursorSourceConfig,
-    X11ScreenConfig, X11WindowConfig,
+    FramebufferConfig, WaylandScreenConfig, WaylandWindowConfig, X11CursorSinkConfig,
+    X11CursorSourceConfig, X11ScreenConfig, X11WindowConfig,
 };
 pub(crate) use cursor::{spawn_x11_cursor_sink, spawn_x11_cursor_source};
 pub use ndd_wire::display::*;
@@ -46,4 +51,6 @@ pub(crate) use sink::{spawn_framebuffer_sink, spawn_x11_window_sink};
 pub(crate) use source::spawn_x11_screen_source;
 #[cfg(feature = "wayland")]
 pub(crate) use wayland::{open_wayland_screen, spawn_wayland_screen_source};
+#[cfg(feature = "wayland")]
+pub(crate) use wayland_window::{open_wayland_window, spawn_wayland_window_sink};
 pub(crate) use x11::{viewer_resizes_remote, wait_for_viewer};

@@ -422,4 +422,12 @@ pub const SINKS: &[EndpointInfo] = &[
         summary: WAYLAND_CLIPBOARD,
         params: WAYLAND_CLIPBOARD_PARAMS,
     },
+    EndpointInfo {
+        name: "wayland-window",
+        summary: "shows display updates in a window of a Wayland compositor (xdg-shell, wl_shm; scaled to the window with wp_viewporter): the viewer on a Wayland desktop without Xwayland",
+        params: &[
+            ("display", "string", "", "the compositor's socket (wayland-1, or a full path); empty: $WAYLAND_DISPLAY"),
+            ("title", "string", "ndd display", "the window's title"),
+        ],
+    },
 ];

@@ -131,6 +131,7 @@ fn catalogue_params_match_the_config_keys() {
         SinkConfig::Xtest(XtestConfig::default()),
         SinkConfig::WaylandInput(crate::input::WaylandInputConfig::default()),
         SinkConfig::X11Window(X11WindowConfig::default()),
+        SinkConfig::WaylandWindow(crate::display::WaylandWindowConfig::default()),
         SinkConfig::Framebuffer(FramebufferConfig {
             path: "/dev/fb0".into(),
         }),

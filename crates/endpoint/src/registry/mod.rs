@@ -35,8 +35,8 @@ use crate::common::error::EndpointError;
 use crate::common::framing::MAX_LENGTH_FRAME;
 use crate::common::report::{SinkTask, SourceTask};
 use crate::display::{
-    FramebufferConfig, WaylandScreenConfig, X11CursorSinkConfig, X11CursorSourceConfig,
-    X11ScreenConfig, X11WindowConfig,
+    FramebufferConfig, WaylandScreenConfig, WaylandWindowConfig, X11CursorSinkConfig,
+    X11CursorSourceConfig, X11ScreenConfig, X11WindowConfig,
 };
 use crate::file::{FileSinkConfig, FileSourceConfig};
 use crate::input::{EvdevConfig, UinputConfig, WaylandInputConfig, X11InputConfig, XtestConfig};
@@ -164,6 +164,9 @@ pub enum SinkConfig {
     /// The clipboard of a wlroots Wayland session (either side).
     #[serde(rename = "wayland-clipboard")]
     WaylandClipboard(WaylandClipboardConfig),
+    /// A window showing display updates on a Wayland desktop (device side).
+    #[serde(rename = "wayland-window")]
+    WaylandWindow(WaylandWindowConfig),
 }
 
 /// `x11-clipboard(display=:0, selections=CLIPBOARD+PRIMARY, max_bytes=8388608, images)`,
@@ -703,7 +706,8 @@ impl SinkConfig {
             | SinkConfig::Rfc2217Server(_)
             | SinkConfig::Rfc2217Client(_)
             | SinkConfig::PulsePlayback(_)
-            | SinkConfig::WaylandInput(_) => vec![],
+            | SinkConfig::WaylandInput(_)
+            | SinkConfig::WaylandWindow(_) => vec![],
             SinkConfig::Y4m(c) => vec![&mut c.path],
             SinkConfig::V4l2loopback(c) => vec![&mut c.path],
         }
@@ -731,6 +735,7 @@ impl SinkConfig {
             SinkConfig::V4l2loopback(_) => &SINKS[16],
             SinkConfig::WaylandInput(_) => &SINKS[17],
             SinkConfig::WaylandClipboard(_) => &SINKS[18],
+            SinkConfig::WaylandWindow(_) => &SINKS[19],
         }
     }
 
@@ -747,6 +752,7 @@ impl SinkConfig {
             SinkConfig::Xtest(_) => "xtest sink",
             SinkConfig::WaylandInput(_) => "wayland-input sink",
             SinkConfig::WaylandClipboard(_) => "wayland-clipboard sink",
+            SinkConfig::WaylandWindow(_) => "wayland-window sink",
             SinkConfig::X11Window(_) => "x11-window sink",
             SinkConfig::X11Cursor(_) => "x11-cursor sink",
             SinkConfig::X11Clipboard(_) => "x11-clipboard sink",
@@ -795,6 +801,15 @@ impl SinkConfig {
             SinkConfig::X11Window(c) => {
                 format!("x11-window(display={}, title={})", c.display, c.title)
             }
+            SinkConfig::WaylandWindow(c) => format!(
+                "wayland-window(display={}, title={})",
+                if c.display.is_empty() {
+                    "$WAYLAND_DISPLAY"
+                } else {
+                    c.display.as_str()
+                },
+                c.title
+            ),
             SinkConfig::Framebuffer(c) => format!("framebuffer(path={})", c.path.display()),
             SinkConfig::X11Cursor(c) => format!("x11-cursor(display={})", c.display),
             SinkConfig::X11Clipboard(c) => describe_x11_clipboard(c),
@@ -831,6 +846,12 @@ impl SinkConfig {
                     Ok(())
                 }
             }
+            SinkConfig::WaylandWindow(c) if c.title.contains('\0') => Err(EndpointError::Config {
+                endpoint,
+                param: "title",
+                reason: "must not contain NUL".to_string(),
+            }),
+            SinkConfig::WaylandWindow(_) => Ok(()),
             SinkConfig::X11Window(c) => {
                 if c.title.contains('\0') {
                     Err(EndpointError::Config {
@@ -927,6 +948,9 @@ impl SinkConfig {
             }
             SinkConfig::X11Window(c) => {
                 display::spawn_x11_window_sink(&rt, endpoint, c, rx, delivered)
+            }
+            SinkConfig::WaylandWindow(c) => {
+                display::spawn_wayland_window_sink(&rt, endpoint, c, rx, delivered)
             }
             SinkConfig::Framebuffer(c) => {
                 display::spawn_framebuffer_sink(&rt, endpoint, c, rx, delivered)

@@ -1,0 +1,484 @@
+//! The `wayland-window` sink: display updates in a window of a Wayland compositor, the viewer
+//! for a person on a Wayland desktop without Xwayland (any compositor with xdg-shell: sway,
+//! Hyprland, GNOME, KDE, weston).
+//!
+//! An xdg-shell toplevel whose surface shows `wl_shm` buffers (XRGB8888: the bytes of ndd's
+//! Bgrx32 pixels). Updates are applied to a framebuffer of the app's screen as they come;
+//! whenever one of two buffers is free again (the compositor released it), the framebuffer
+//! goes into it and is committed with the damage of what changed since: updates that come
+//! faster than the compositor shows them are drawn together, never queued up (frame
+//! spoiling, as the X11 viewer does it). With `wp_viewporter` (most compositors) the
+//! compositor scales the app's screen to the window the person or the tiling gives it, its
+//! shape kept; without it the window shows the screen at its own size.
+//!
+//! It runs as a blocking task and waits for the compositor at most [`POLL`] at a time between
+//! updates. The window closed by the person ends the stream (said once).
+
+use super::config::WaylandWindowConfig;
+use crate::common::delivered::Delivered;
+use crate::common::error::EndpointError;
+use crate::common::report::{SinkReport, SinkTask};
+use crate::common::wayland::{memfd, pump, unavailable, wayland_connect};
+use ndd_core::{Frame, RateLimit};
+use ndd_wire::display::{Framebuffer, PixelFormat, Rect, Update};
+use std::time::Duration;
+use tokio::runtime::Handle;
+use tokio::sync::mpsc::error::TryRecvError;
+use tokio::sync::mpsc::Receiver;
+use wayland_client::globals::registry_queue_init;
+use wayland_client::protocol::{wl_buffer, wl_compositor, wl_shm, wl_shm_pool, wl_surface};
+use wayland_client::{Connection, Dispatch, EventQueue, QueueHandle};
+use wayland_protocols::wp::viewporter::client::{wp_viewport, wp_viewporter};
+use wayland_protocols::xdg::shell::client::{xdg_surface, xdg_toplevel, xdg_wm_base};
+
+/// How long the loop waits for the compositor when no update is waiting.
+const POLL: Duration = Duration::from_millis(10);
+
+/// The window's size until the first update says the screen's.
+const INITIAL_SIZE: (u16, u16) = (640, 480);
+
+/// What the compositor told this client.
+#[derive(Debug, Default)]
+struct State {
+    /// The size the compositor gives the window (0: this client chooses).
+    size: (i32, i32),
+    /// Whether the first configure came (nothing may be attached before).
+    configured: bool,
+    /// The person closed the window.
+    closed: bool,
+    /// Which of the two buffers the compositor let go of.
+    free: [bool; 2],
+}
+
+impl Dispatch<xdg_wm_base::XdgWmBase, ()> for State {
+    fn event(
+        _: &mut State,
+        base: &xdg_wm_base::XdgWmBase,
+        event: xdg_wm_base::Event,
+        _: &(),
+        _: &Connection,
+        _: &QueueHandle<State>,
+    ) {
+        if let xdg_wm_base::Event::Ping { serial } = event {
+            base.pong(serial);
+        }
+    }
+}
+
+impl Dispatch<xdg_surface::XdgSurface, ()> for State {
+    fn event(
+        state: &mut State,
+        surface: &xdg_surface::XdgSurface,
+        event: xdg_surface::Event,
+        _: &(),
+        _: &Connection,
+        _: &QueueHandle<State>,
+    ) {
+        if let xdg_surface::Event::Configure { serial } = event {
+            surface.ack_configure(serial);
+            state.configured = true;
+        }
+    }
+}
+
+impl Dispatch<xdg_toplevel::XdgToplevel, ()> for State {
+    fn event(
+        state: &mut State,
+        _: &xdg_toplevel::XdgToplevel,
+        event: xdg_toplevel::Event,
+        _: &(),
+        _: &Connection,
+        _: &QueueHandle<State>,
+    ) {
+        match event {
+            xdg_toplevel::Event::Configure { width, height, .. } => state.size = (width, height),
+            xdg_toplevel::Event::Close => state.closed = true,
+            _ => {}
+        }
+    }
+}
+
+impl Dispatch<wl_buffer::WlBuffer, usize> for State {
+    fn event(
+        state: &mut State,
+        _: &wl_buffer::WlBuffer,
+        event: wl_buffer::Event,
+        which: &usize,
+        _: &Connection,
+        _: &QueueHandle<State>,
+    ) {
+        if let wl_buffer::Event::Release = event {
+            state.free[*which] = true;
+        }
+    }
+}
+
+crate::common::wayland::ignore_events!(
+    State;
+    wl_compositor::WlCompositor,
+    wl_surface::WlSurface,
+    wl_shm::WlShm,
+    wl_shm_pool::WlShmPool,
+    wp_viewporter::WpViewporter,
+    wp_viewport::WpViewport,
+);
+
+/// Two buffers of one size in one pool.
+struct Buffers {
+    map: memmap2::MmapMut,
+    pool: wl_shm_pool::WlShmPool,
+    buffers: [wl_buffer::WlBuffer; 2],
+    size: (u16, u16),
+    /// What changed in the framebuffer since each buffer was last filled.
+    stale: [Vec<Rect>; 2],
+}
+
+impl Drop for Buffers {
+    fn drop(&mut self) {
+        for b in &self.buffers {
+            b.destroy();
+        }
+        self.pool.destroy();
+    }
+}
+
+/// A connected `wayland-window` sink.
+pub(crate) struct WaylandWindow {
+    display: String,
+    endpoint: &'static str,
+    conn: Connection,
+    queue: EventQueue<State>,
+    state: State,
+    shm: wl_shm::WlShm,
+    surface: wl_surface::WlSurface,
+    toplevel: xdg_toplevel::XdgToplevel,
+    viewport: Option<wp_viewport::WpViewport>,
+    buffers: Option<Buffers>,
+    fb: Framebuffer,
+    /// What changed since the last commit (nothing to draw when empty).
+    dirty: Vec<Rect>,
+    /// Frames applied since the last commit (completed once it is shown).
+    applied: Vec<u64>,
+    /// The destination size given to the viewport last.
+    shown: Option<(i32, i32)>,
+}
+
+impl std::fmt::Debug for WaylandWindow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WaylandWindow({})", self.display)
+    }
+}
+
+/// Connects and starts a `wayland-window` sink.
+pub(crate) fn spawn_wayland_window_sink(
+    rt: &Handle,
+    endpoint: &'static str,
+    c: &WaylandWindowConfig,
+    rx: Receiver<Frame>,
+    delivered: Delivered,
+) -> Result<SinkTask, EndpointError> {
+    let w = open_wayland_window(endpoint, c)?;
+    Ok(rt.spawn_blocking(move || run_wayland_window(w, rx, &delivered)))
+}
+
+/// Connects, and maps the window (empty until the first update).
+pub(crate) fn open_wayland_window(
+    endpoint: &'static str,
+    c: &WaylandWindowConfig,
+) -> Result<WaylandWindow, EndpointError> {
+    let d = c.display.as_str();
+    let conn = wayland_connect(endpoint, d)?;
+    let broken = |e: String| unavailable(endpoint, d, e, "the compositor closed the connection");
+    let (globals, mut queue) =
+        registry_queue_init::<State>(&conn).map_err(|e| broken(e.to_string()))?;
+    let qh = queue.handle();
+    let need = |what: &str, e: String| {
+        unavailable(
+            endpoint,
+            d,
+            format!("no {what} ({e})"),
+            "the wayland-window sink needs a compositor with xdg-shell (every desktop compositor has it)",
+        )
+    };
+    let compositor: wl_compositor::WlCompositor = globals
+        .bind(&qh, 4..=5, ())
+        .map_err(|e| need("wl_compositor 4", e.to_string()))?;
+    let shm: wl_shm::WlShm = globals
+        .bind(&qh, 1..=1, ())
+        .map_err(|e| need("wl_shm", e.to_string()))?;
+    let base: xdg_wm_base::XdgWmBase = globals
+        .bind(&qh, 1..=2, ())
+        .map_err(|e| need("xdg_wm_base", e.to_string()))?;
+    let viewporter: Option<wp_viewporter::WpViewporter> = globals.bind(&qh, 1..=1, ()).ok();
+    let surface = compositor.create_surface(&qh, ());
+    let xdg = base.get_xdg_surface(&surface, &qh, ());
+    let toplevel = xdg.get_toplevel(&qh, ());
+    toplevel.set_title(c.title.clone());
+    toplevel.set_app_id("ndd".to_string());
+    let viewport = viewporter
+        .as_ref()
+        .map(|v| v.get_viewport(&surface, &qh, ()));
+    surface.commit();
+    let mut state = State {
+        free: [true; 2],
+        ..State::default()
+    };
+    // The first configure comes before anything may be shown.
+    while !state.configured {
+        queue
+            .blocking_dispatch(&mut state)
+            .map_err(|e| broken(format!("mapping the window: {e}")))?;
+    }
+    tracing::info!(
+        endpoint,
+        display = d,
+        scaling = viewport.is_some(),
+        "viewer window mapped"
+    );
+    Ok(WaylandWindow {
+        display: d.to_string(),
+        endpoint,
+        conn,
+        queue,
+        state,
+        shm,
+        surface,
+        toplevel,
+        viewport,
+        buffers: None,
+        fb: Framebuffer::new(INITIAL_SIZE.0, INITIAL_SIZE.1, PixelFormat::Bgrx32),
+        dirty: Vec::new(),
+        applied: Vec::new(),
+        shown: None,
+    })
+}
+
+/// The largest size of `screen`'s shape inside `window` (at least 1×1).
+fn fit(screen: (u16, u16), window: (i32, i32)) -> (i32, i32) {
+    let (sw, sh) = (f64::from(screen.0), f64::from(screen.1));
+    let (ww, wh) = (f64::from(window.0), f64::from(window.1));
+    let k = (ww / sw).min(wh / sh);
+    (
+        ((sw * k).round() as i32).max(1),
+        ((sh * k).round() as i32).max(1),
+    )
+}
+
+impl WaylandWindow {
+    fn err(&self, e: impl std::fmt::Display) -> EndpointError {
+        unavailable(
+            self.endpoint,
+            &self.display,
+            e.to_string(),
+            "the compositor closed the connection or refused a request",
+        )
+    }
+
+    /// Applies an update to the framebuffer (a new screen size makes new buffers).
+    fn apply(&mut self, u: &Update<'_>) -> Result<(), ndd_wire::display::DisplayFrameError> {
+        let resized = self.fb.apply(u)?;
+        if resized {
+            self.buffers = None;
+            self.dirty = vec![Rect::new(0, 0, self.fb.width(), self.fb.height())];
+            tracing::info!(
+                endpoint = self.endpoint,
+                width = self.fb.width(),
+                height = self.fb.height(),
+                "viewer window takes the app's screen size"
+            );
+        } else {
+            self.dirty.extend(u.rects.iter().map(|r| r.rect));
+        }
+        Ok(())
+    }
+
+    /// Two buffers of the framebuffer's size.
+    fn buffers(&mut self) -> Result<(), EndpointError> {
+        let size = (self.fb.width(), self.fb.height());
+        if self.buffers.as_ref().is_some_and(|b| b.size == size) {
+            return Ok(());
+        }
+        self.buffers = None;
+        let stride = usize::from(size.0) * 4;
+        let one = stride * usize::from(size.1);
+        let len = one * 2;
+        if len > i32::MAX as usize {
+            return Err(self.err(format!(
+                "a {}x{} screen needs {len} bytes of buffers, more than a wl_shm pool takes",
+                size.0, size.1
+            )));
+        }
+        let file = memfd("ndd-wayland-window", len).map_err(|e| self.err(e))?;
+        // SAFETY: the memfd is this process's own, sized above and never truncated; the
+        // compositor reads a buffer of it only between its commit and its release, while
+        // this side writes only buffers it released.
+        let map = unsafe { memmap2::MmapMut::map_mut(&file) }.map_err(|e| self.err(e))?;
+        let qh = self.queue.handle();
+        let pool = self
+            .shm
+            .create_pool(std::os::fd::AsFd::as_fd(&file), len as i32, &qh, ());
+        let mk = |i: usize| {
+            pool.create_buffer(
+                (i * one) as i32,
+                i32::from(size.0),
+                i32::from(size.1),
+                stride as i32,
+                wl_shm::Format::Xrgb8888,
+                &qh,
+                i,
+            )
+        };
+        let buffers = [mk(0), mk(1)];
+        let whole = vec![Rect::new(0, 0, size.0, size.1)];
+        self.state.free = [true; 2];
+        self.buffers = Some(Buffers {
+            map,
+            pool,
+            buffers,
+            size,
+            stale: [whole.clone(), whole],
+        });
+        Ok(())
+    }
+
+    /// Shows what changed, in a free buffer (nothing when both are still the compositor's).
+    fn draw(&mut self) -> Result<bool, EndpointError> {
+        if self.dirty.is_empty() || !self.state.configured {
+            return Ok(false);
+        }
+        self.buffers()?;
+        let Some(i) = (0..2).find(|&i| self.state.free[i]) else {
+            return Ok(false);
+        };
+        let dirty = std::mem::take(&mut self.dirty);
+        let Some(b) = self.buffers.as_mut() else {
+            return Ok(false);
+        };
+        for s in &mut b.stale {
+            s.extend(dirty.iter().copied());
+        }
+        let stride = usize::from(b.size.0) * 4;
+        let one = stride * usize::from(b.size.1);
+        let px = self.fb.pixels();
+        let dst = &mut b.map[i * one..(i + 1) * one];
+        for r in std::mem::take(&mut b.stale[i]) {
+            let (x, w) = (usize::from(r.x) * 4, usize::from(r.w) * 4);
+            for y in usize::from(r.y)..usize::from(r.y) + usize::from(r.h) {
+                let at = y * stride + x;
+                dst[at..at + w].copy_from_slice(&px[at..at + w]);
+            }
+        }
+        self.surface.attach(Some(&b.buffers[i]), 0, 0);
+        for r in &dirty {
+            self.surface.damage_buffer(
+                i32::from(r.x),
+                i32::from(r.y),
+                i32::from(r.w),
+                i32::from(r.h),
+            );
+        }
+        let screen = b.size;
+        if let Some(v) = &self.viewport {
+            let window = self.state.size;
+            let dest = if window.0 > 0 && window.1 > 0 {
+                fit(screen, window)
+            } else {
+                (i32::from(screen.0), i32::from(screen.1))
+            };
+            if self.shown != Some(dest) {
+                v.set_destination(dest.0, dest.1);
+                self.shown = Some(dest);
+            }
+        }
+        self.surface.commit();
+        self.state.free[i] = false;
+        self.conn.flush().map_err(|e| self.err(e))?;
+        Ok(true)
+    }
+}
+
+/// The sink's loop: updates into the framebuffer as they come, drawn whenever a buffer is
+/// free.
+fn run_wayland_window(
+    mut w: WaylandWindow,
+    mut rx: Receiver<Frame>,
+    delivered: &Delivered,
+) -> Result<SinkReport, EndpointError> {
+    let endpoint = w.endpoint;
+    let mut report = SinkReport::default();
+    let mut bad = RateLimit::new(Duration::from_secs(1));
+    let mut window = (0, 0);
+    // When the stream ended: what is left is shown within a second, or given up.
+    let mut ended_at: Option<std::time::Instant> = None;
+    loop {
+        if w.state.closed {
+            tracing::info!(endpoint, display = %w.display, "viewer window closed: the stream ends here");
+            break;
+        }
+        // Everything waiting goes into the framebuffer before one draw.
+        let mut ended = false;
+        loop {
+            match rx.try_recv() {
+                Ok(frame) => {
+                    report.frames += 1;
+                    report.bytes += frame.len() as u64;
+                    match Update::parse(frame.payload()).map(|u| w.apply(&u)) {
+                        Ok(Ok(())) => w.applied.push(frame.meta.seq),
+                        Ok(Err(e)) | Err(e) => {
+                            if let Some(n) = bad.admit(std::time::Instant::now()) {
+                                tracing::warn!(endpoint, seq = frame.meta.seq, error = %e, suppressed = n, "bad display update dropped");
+                            }
+                            delivered.mark(frame.meta.seq);
+                        }
+                    }
+                }
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    ended = true;
+                    break;
+                }
+            }
+        }
+        if w.state.size != window && w.state.size.0 > 0 {
+            // The window was resized: scaled anew at the next draw.
+            window = w.state.size;
+            if w.dirty.is_empty() && w.buffers.is_some() {
+                w.dirty.push(Rect::new(0, 0, w.fb.width(), w.fb.height()));
+            }
+        }
+        if w.draw()? {
+            for seq in w.applied.drain(..) {
+                delivered.mark(seq);
+            }
+        }
+        if ended {
+            let at = *ended_at.get_or_insert_with(std::time::Instant::now);
+            if w.dirty.is_empty() || at.elapsed() > Duration::from_secs(1) {
+                break;
+            }
+        }
+        pump(&mut w.queue, &mut w.state, POLL).map_err(|e| w.err(e))?;
+    }
+    // What was applied but never shown (the window closed, or the stream ended while both
+    // buffers were the compositor's) is done with all the same.
+    for seq in w.applied.drain(..) {
+        delivered.mark(seq);
+    }
+    w.toplevel.destroy();
+    let _ = w.conn.flush();
+    tracing::debug!(endpoint, frames = report.frames, "sink ended");
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fit;
+
+    #[test]
+    fn the_screen_fits_the_window_with_its_shape() {
+        assert_eq!(fit((640, 480), (640, 480)), (640, 480));
+        assert_eq!(fit((1920, 1080), (960, 1000)), (960, 540));
+        assert_eq!(fit((640, 480), (1280, 720)), (960, 720));
+        assert_eq!(fit((100, 100), (1, 1)), (1, 1));
+    }
+}
