@@ -745,6 +745,35 @@ impl Config {
                     && matches!(&o.sink, SinkConfig::X11Window(w) if w.display == display)
             })
         };
+        let wayland_viewer_on = |side: SideName, display: &str| {
+            self.streams.iter().any(|o| {
+                o.direction.sink_side() == side
+                    && matches!(&o.sink, SinkConfig::WaylandWindow(w) if w.display == display)
+            })
+        };
+        for s in &self.streams {
+            let SourceConfig::WaylandWindowInput(c) = &s.source else {
+                continue;
+            };
+            let side = s.direction.source_side();
+            if !wayland_viewer_on(side, &c.display) {
+                let line = line_of(text, s.name.span().start);
+                let (side, display) = (
+                    match side {
+                        SideName::Device => "device",
+                        SideName::App => "app",
+                    },
+                    &c.display,
+                );
+                bail!(
+                    "{file}:{line}: stream \"{}\": the wayland-window-input source takes the input \
+                     of the window of a wayland-window sink on display {display:?} on the {side} \
+                     side, and no stream has one; add a stream with sink = {{ type = \
+                     \"wayland-window\", display = \"{display}\" }}",
+                    s.name()
+                );
+            }
+        }
         for s in &self.streams {
             let (what, side, display) = match (&s.source, &s.sink) {
                 (_, SinkConfig::X11Cursor(c)) => {
@@ -1112,6 +1141,33 @@ stack = [{ type = "checksum" }, { type = "bundle", count = 4 }]
             "{ type = \"periodic\", interval_ms = 16 }",
         );
         assert!(err(&periodic).contains("`periodic` forwards only the latest value"));
+    }
+
+    #[test]
+    fn the_wayland_viewers_input_needs_its_wayland_window_sink() {
+        let input = r#"
+driver = "d"
+[[stream]]
+name = "input"
+direction = "device-to-app"
+source = { type = "wayland-window-input", display = "wayland-1" }
+sink = { type = "xtest", display = ":1" }
+"#;
+        assert_eq!(
+            err(input),
+            "x.toml:4: stream \"input\": the wayland-window-input source takes the input of the \
+             window of a wayland-window sink on display \"wayland-1\" on the device side, and no \
+             stream has one; add a stream with sink = { type = \"wayland-window\", display = \
+             \"wayland-1\" }"
+        );
+        let screen = r#"
+[[stream]]
+name = "screen"
+direction = "app-to-device"
+source = { type = "x11-screen", display = ":1" }
+sink = { type = "wayland-window", display = "wayland-1" }
+"#;
+        Config::parse(&format!("{input}{screen}"), Path::new("x.toml")).unwrap();
     }
 
     #[test]

@@ -561,3 +561,167 @@ fn running_as_root() -> bool {
         .output()
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }
+
+/// A keyboard plugged into a sway: a virtual keyboard with the `us` keymap (ndd's own
+/// `wayland-input` sink, in this process), which sway treats like a physical one. (`wtype`
+/// uploads a keymap of its own where `h` is the Escape key's code: a viewer that takes keys by
+/// code, as a remote desktop must, sees Escape.)
+struct Keyboard {
+    tx: tokio::sync::mpsc::Sender<ndd_core::Frame>,
+    seq: u64,
+    _task: ndd_endpoint::SinkTask,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Keyboard {
+    fn plug(sway: &Sway) -> Keyboard {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let cfg = ndd_endpoint::SinkConfig::WaylandInput(ndd_endpoint::WaylandInputConfig {
+            display: sway.socket.display().to_string(),
+        });
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let task = rt
+            .block_on(async { cfg.spawn(rx) })
+            .expect("virtual keyboard");
+        Keyboard {
+            tx,
+            seq: 0,
+            _task: task,
+            rt,
+        }
+    }
+
+    /// Presses and releases Linux key `codes` in order (each `(code, down)`).
+    fn keys(&mut self, codes: &[(u16, bool)]) {
+        for &(code, down) in codes {
+            self.seq += 1;
+            let payload = ndd_endpoint::InputMessage::Events(vec![ndd_endpoint::Event::new(
+                ndd_endpoint::input::EV_KEY,
+                code,
+                i32::from(down),
+            )])
+            .emit()
+            .unwrap();
+            let f = ndd_core::Frame::new(
+                ndd_core::Meta {
+                    stream: 1,
+                    seq: self.seq,
+                    timestamp_ns: 0,
+                    flags: 0,
+                },
+                &payload,
+            );
+            self.rt.block_on(self.tx.send(f)).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The native Wayland viewer, `examples/desktop-from-wayland.toml`: an X11 desktop (an Xvfb)
+/// shown by a `wayland-window` sink on sway and used through its `wayland-window-input`
+/// source, two ndd processes. The window
+/// shows the Xvfb's screen (`grim`); keys typed on sway reach an unmodified `xev` on the
+/// Xvfb; and a sway shortcut (Super+t, bound to make a file) typed while the viewer has the
+/// keyboard goes to the remote desktop, not to sway.
+#[test]
+fn a_native_wayland_viewer_shows_an_x11_desktop_and_passes_keys_and_shortcuts() {
+    if let Some(m) = missing(&["sway", "grim", "setpriv", "Xvfb", "xsetroot", "xev"]) {
+        println!("SKIPPED: needs {m} (apt-get install sway grim xvfb x11-xserver-utils x11-utils)");
+        return;
+    }
+    let (sway, _) = {
+        let s = Sway::start_with(
+            "native-viewer",
+            800,
+            600,
+            "#000000",
+            "bindsym Mod4+t exec touch \"$XDG_RUNTIME_DIR/shortcut-ran\"\n",
+        )
+        .expect("headless sway");
+        (s, ())
+    };
+    let ran = sway.dir.join("shortcut-ran");
+    let app_x = ndd_procs::Xvfb::start("640x480x24").expect("Xvfb");
+    assert!(std::process::Command::new("xsetroot")
+        .args(["-display", &app_x.display, "-solid", "#3366cc"])
+        .status()
+        .unwrap()
+        .success());
+    let dir = Dir::new("native-viewer");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    // examples/desktop-from-wayland.toml, its displays and address changed.
+    let example = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples/desktop-from-wayland.toml"),
+    )
+    .unwrap();
+    let cfg = dir.0.join("viewer.toml");
+    std::fs::write(
+        &cfg,
+        example
+            .replace("\":1\"", &format!("{:?}", app_x.display))
+            .replace(
+                "\"wayland-1\"",
+                &format!("{:?}", sway.socket.display().to_string()),
+            )
+            .replace("127.0.0.1:7893", &free_addr()),
+    )
+    .unwrap();
+    let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &[]));
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &[]));
+    app.wait_says("streams agreed", &[&dev]);
+    let t0 = Instant::now();
+    loop {
+        let shot = sway.grim().expect("grim");
+        let (w, h, rgb) = &shot;
+        let at = ((h / 2) * w + w / 2) * 3;
+        let px = &rgb[at..at + 3];
+        let near = |a: u8, b: u8| a.abs_diff(b) <= 12;
+        if near(px[0], 0x33) && near(px[1], 0x66) && near(px[2], 0xcc) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the middle of sway's output is {px:?}, not the Xvfb's #3366cc\ndevice side: {}",
+            dev.stderr_now()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (_xev, keys) = ndd_procs::spawn_collecting(
+        std::process::Command::new("xev")
+            .env("DISPLAY", &app_x.display)
+            .args(["-geometry", "640x480+0+0", "-event", "keyboard"])
+            .stderr(std::process::Stdio::null()),
+    )
+    .expect("xev");
+    let mut kb = Keyboard::plug(&sway);
+    let t0 = Instant::now();
+    while !keys.lock().unwrap().contains("(keysym 0x69, i)") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "keys typed into the viewer never reached xev; xev said:\n{}\ndevice side: {}",
+            keys.lock().unwrap(),
+            dev.stderr_now()
+        );
+        // KEY_H, KEY_I.
+        kb.keys(&[(35, true), (35, false), (23, true), (23, false)]);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // Super+t: sway's own binding, which the viewer keeps for the remote desktop.
+    kb.keys(&[(125, true), (20, true), (20, false), (125, false)]);
+    wait_for("Super+t on the remote desktop", WAIT, || {
+        let k = keys.lock().unwrap();
+        k.contains("Super_L") && k.matches("(keysym 0x74, t)").count() >= 1
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !ran.exists(),
+        "sway ran its own Super+t binding: the shortcut was not passed to the viewer"
+    );
+    app.kill();
+    dev.kill();
+}

@@ -82,7 +82,7 @@ pub use file::{FileSinkConfig, FileSourceConfig};
 pub use framing::{encode, FrameDecoder, Framing, FramingError};
 pub use input::{
     Capabilities, EvdevConfig, Event, InputFrameError, InputMessage, UinputConfig,
-    WaylandInputConfig, X11InputConfig, X11Window, XtestConfig,
+    WaylandInputConfig, WaylandWindowInputConfig, X11InputConfig, X11Window, XtestConfig,
 };
 pub use registry::{EndpointInfo, SinkConfig, SourceConfig, SINKS, SOURCES};
 pub use serial::{

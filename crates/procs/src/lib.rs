@@ -801,7 +801,8 @@ impl Sway {
         Ok((sway, display))
     }
 
-    fn start_with(
+    /// [`Sway::start`] with `more` lines of sway configuration (key bindings, `exec`…).
+    pub fn start_with(
         name: &str,
         width: u32,
         height: u32,

@@ -55,6 +55,14 @@ pub(crate) fn spawn_wayland_window_sink(
     Err(off(endpoint))
 }
 
+pub(crate) fn take_viewer_input(
+    _: &str,
+    _: std::time::Duration,
+    _: impl Fn() -> bool,
+) -> Option<tokio::sync::mpsc::UnboundedReceiver<crate::input::InputMessage>> {
+    None
+}
+
 pub(crate) fn open_wayland_input(
     endpoint: &'static str,
     _: &WaylandInputConfig,

@@ -31,6 +31,8 @@ pub mod scale;
 mod sink;
 mod source;
 #[cfg(feature = "wayland")]
+mod viewer_input;
+#[cfg(feature = "wayland")]
 mod wayland;
 #[cfg(feature = "wayland")]
 mod wayland_window;
@@ -39,7 +41,7 @@ mod x11;
 #[cfg(not(feature = "wayland"))]
 pub(crate) use crate::common::no_wayland::{
     open_wayland_screen, open_wayland_window, spawn_wayland_screen_source,
-    spawn_wayland_window_sink,
+    spawn_wayland_window_sink, take_viewer_input,
 };
 pub use config::{
     FramebufferConfig, WaylandScreenConfig, WaylandWindowConfig, X11CursorSinkConfig,
@@ -52,5 +54,7 @@ pub(crate) use source::spawn_x11_screen_source;
 #[cfg(feature = "wayland")]
 pub(crate) use wayland::{open_wayland_screen, spawn_wayland_screen_source};
 #[cfg(feature = "wayland")]
-pub(crate) use wayland_window::{open_wayland_window, spawn_wayland_window_sink};
+pub(crate) use wayland_window::{
+    open_wayland_window, spawn_wayland_window_sink, take_input as take_viewer_input,
+};
 pub(crate) use x11::{viewer_resizes_remote, wait_for_viewer};

@@ -11,23 +11,42 @@
 //! compositor scales the app's screen to the window the person or the tiling gives it, its
 //! shape kept; without it the window shows the screen at its own size.
 //!
+//! What the person does in the window (keys, pointer, wheel) goes to the
+//! `wayland-window-input` source of the same display in this process, if there is one
+//! ([`take_input`], [`super::viewer_input`]); while it takes the input, the window asks the
+//! compositor to pass its own shortcuts (Alt-Tab, Super…) to it while it has the keyboard
+//! (`zwp_keyboard_shortcuts_inhibit_manager_v1`, where offered), as a remote desktop viewer
+//! must.
+//!
 //! It runs as a blocking task and waits for the compositor at most [`POLL`] at a time between
 //! updates. The window closed by the person ends the stream (said once).
 
 use super::config::WaylandWindowConfig;
+use super::viewer_input::ViewerInput;
 use crate::common::delivered::Delivered;
 use crate::common::error::EndpointError;
 use crate::common::report::{SinkReport, SinkTask};
 use crate::common::wayland::{memfd, pump, unavailable, wayland_connect};
+use crate::input::InputMessage;
 use ndd_core::{Frame, RateLimit};
 use ndd_wire::display::{Framebuffer, PixelFormat, Rect, Update};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::Receiver;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use wayland_client::globals::registry_queue_init;
-use wayland_client::protocol::{wl_buffer, wl_compositor, wl_shm, wl_shm_pool, wl_surface};
-use wayland_client::{Connection, Dispatch, EventQueue, QueueHandle};
+use wayland_client::protocol::{
+    wl_buffer, wl_compositor, wl_keyboard, wl_pointer, wl_seat, wl_shm, wl_shm_pool, wl_surface,
+};
+use wayland_client::{Connection, Dispatch, EventQueue, QueueHandle, WEnum};
+use wayland_protocols::wp::keyboard_shortcuts_inhibit::zv1::client::{
+    zwp_keyboard_shortcuts_inhibit_manager_v1 as inhibit_manager,
+    zwp_keyboard_shortcuts_inhibitor_v1 as inhibitor,
+};
 use wayland_protocols::wp::viewporter::client::{wp_viewport, wp_viewporter};
 use wayland_protocols::xdg::shell::client::{xdg_surface, xdg_toplevel, xdg_wm_base};
 
@@ -36,6 +55,49 @@ const POLL: Duration = Duration::from_millis(10);
 
 /// The window's size until the first update says the screen's.
 const INITIAL_SIZE: (u16, u16) = (640, 480);
+
+/// A viewer's input waiting for its source, and whether a source took it.
+type Waiting = (UnboundedReceiver<InputMessage>, Arc<AtomicBool>);
+
+/// The viewers' input of this process, by display (their socket's path), waiting for a
+/// `wayland-window-input` source to take it.
+fn viewers() -> &'static Mutex<HashMap<String, Waiting>> {
+    static V: OnceLock<Mutex<HashMap<String, Waiting>>> = OnceLock::new();
+    V.get_or_init(Mutex::default)
+}
+
+/// The key of `display` in [`viewers`].
+fn viewer_key(display: &str) -> String {
+    crate::common::wayland::socket_path(display)
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| display.to_string())
+}
+
+/// The input of the `wayland-window` viewer on `display` in this process, once it is there
+/// (waiting up to `timeout`, checking `cancelled` every 50 ms); the viewer then sends what the
+/// person does in its window.
+pub(crate) fn take_input(
+    display: &str,
+    timeout: Duration,
+    cancelled: impl Fn() -> bool,
+) -> Option<UnboundedReceiver<InputMessage>> {
+    let key = viewer_key(display);
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some((rx, taken)) = viewers()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key)
+        {
+            taken.store(true, Ordering::Release);
+            return Some(rx);
+        }
+        if cancelled() || std::time::Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
 
 /// What the compositor told this client.
 #[derive(Debug, Default)]
@@ -48,6 +110,12 @@ struct State {
     closed: bool,
     /// Which of the two buffers the compositor let go of.
     free: [bool; 2],
+    /// The seat (the person's keyboard and pointer), once listed.
+    seat: Option<wl_seat::WlSeat>,
+    keyboard: Option<wl_keyboard::WlKeyboard>,
+    pointer: Option<wl_pointer::WlPointer>,
+    /// What the person does in the window, as records.
+    input: ViewerInput,
 }
 
 impl Dispatch<xdg_wm_base::XdgWmBase, ()> for State {
@@ -98,6 +166,93 @@ impl Dispatch<xdg_toplevel::XdgToplevel, ()> for State {
     }
 }
 
+impl Dispatch<wl_seat::WlSeat, ()> for State {
+    fn event(
+        state: &mut State,
+        seat: &wl_seat::WlSeat,
+        event: wl_seat::Event,
+        _: &(),
+        _: &Connection,
+        qh: &QueueHandle<State>,
+    ) {
+        if let wl_seat::Event::Capabilities {
+            capabilities: WEnum::Value(caps),
+        } = event
+        {
+            if caps.contains(wl_seat::Capability::Keyboard) && state.keyboard.is_none() {
+                state.keyboard = Some(seat.get_keyboard(qh, ()));
+            }
+            if caps.contains(wl_seat::Capability::Pointer) && state.pointer.is_none() {
+                state.pointer = Some(seat.get_pointer(qh, ()));
+            }
+        }
+    }
+}
+
+impl Dispatch<wl_keyboard::WlKeyboard, ()> for State {
+    fn event(
+        state: &mut State,
+        _: &wl_keyboard::WlKeyboard,
+        event: wl_keyboard::Event,
+        _: &(),
+        _: &Connection,
+        _: &QueueHandle<State>,
+    ) {
+        match event {
+            wl_keyboard::Event::Key {
+                key,
+                state: WEnum::Value(s),
+                ..
+            } => state.input.key(key, s == wl_keyboard::KeyState::Pressed),
+            wl_keyboard::Event::Leave { .. } => state.input.keyboard_left(),
+            // The keymap's fd is closed as it is dropped; keys go by code.
+            _ => {}
+        }
+    }
+}
+
+impl Dispatch<wl_pointer::WlPointer, ()> for State {
+    fn event(
+        state: &mut State,
+        _: &wl_pointer::WlPointer,
+        event: wl_pointer::Event,
+        _: &(),
+        _: &Connection,
+        _: &QueueHandle<State>,
+    ) {
+        let vertical = |a: &WEnum<wl_pointer::Axis>| {
+            matches!(a, WEnum::Value(wl_pointer::Axis::VerticalScroll))
+        };
+        match event {
+            wl_pointer::Event::Enter {
+                surface_x,
+                surface_y,
+                ..
+            }
+            | wl_pointer::Event::Motion {
+                surface_x,
+                surface_y,
+                ..
+            } => state.input.motion(surface_x, surface_y),
+            wl_pointer::Event::Button {
+                button,
+                state: WEnum::Value(s),
+                ..
+            } => state
+                .input
+                .button(button, s == wl_pointer::ButtonState::Pressed),
+            wl_pointer::Event::AxisDiscrete { axis, discrete } => {
+                state.input.notches(vertical(&axis), discrete);
+            }
+            wl_pointer::Event::Axis { axis, value, .. } => {
+                state.input.scroll(vertical(&axis), value);
+            }
+            wl_pointer::Event::Frame => state.input.frame(),
+            _ => {}
+        }
+    }
+}
+
 impl Dispatch<wl_buffer::WlBuffer, usize> for State {
     fn event(
         state: &mut State,
@@ -121,6 +276,8 @@ crate::common::wayland::ignore_events!(
     wl_shm_pool::WlShmPool,
     wp_viewporter::WpViewporter,
     wp_viewport::WpViewport,
+    inhibit_manager::ZwpKeyboardShortcutsInhibitManagerV1,
+    inhibitor::ZwpKeyboardShortcutsInhibitorV1,
 );
 
 /// Two buffers of one size in one pool.
@@ -161,6 +318,13 @@ pub(crate) struct WaylandWindow {
     applied: Vec<u64>,
     /// The destination size given to the viewport last.
     shown: Option<(i32, i32)>,
+    /// Where the person's input goes, once a `wayland-window-input` source took it.
+    input: (UnboundedSender<InputMessage>, Arc<AtomicBool>),
+    /// The compositor's shortcut inhibitor manager, if it offers one, and the inhibitor made.
+    inhibit: Option<inhibit_manager::ZwpKeyboardShortcutsInhibitManagerV1>,
+    inhibitor: Option<inhibitor::ZwpKeyboardShortcutsInhibitorV1>,
+    /// Seat version: `frame` events from 5 on (each pointer event is a frame before).
+    seat_version: u32,
 }
 
 impl std::fmt::Debug for WaylandWindow {
@@ -210,6 +374,11 @@ pub(crate) fn open_wayland_window(
         .bind(&qh, 1..=2, ())
         .map_err(|e| need("xdg_wm_base", e.to_string()))?;
     let viewporter: Option<wp_viewporter::WpViewporter> = globals.bind(&qh, 1..=1, ()).ok();
+    let inhibit: Option<inhibit_manager::ZwpKeyboardShortcutsInhibitManagerV1> =
+        globals.bind(&qh, 1..=1, ()).ok();
+    // Version 5 to 7: pointer frames and wheel notches (`axis_discrete`).
+    let seat: Option<wl_seat::WlSeat> = globals.bind(&qh, 5..=7, ()).ok();
+    let seat_version = seat.as_ref().map_or(0, wayland_client::Proxy::version);
     let surface = compositor.create_surface(&qh, ());
     let xdg = base.get_xdg_surface(&surface, &qh, ());
     let toplevel = xdg.get_toplevel(&qh, ());
@@ -221,6 +390,7 @@ pub(crate) fn open_wayland_window(
     surface.commit();
     let mut state = State {
         free: [true; 2],
+        seat,
         ..State::default()
     };
     // The first configure comes before anything may be shown.
@@ -233,8 +403,16 @@ pub(crate) fn open_wayland_window(
         endpoint,
         display = d,
         scaling = viewport.is_some(),
+        shortcuts_inhibit = inhibit.is_some(),
         "viewer window mapped"
     );
+    // Its input, for a `wayland-window-input` source to take.
+    let (tx, rx) = unbounded_channel();
+    let taken = Arc::new(AtomicBool::new(false));
+    viewers()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(viewer_key(d), (rx, taken.clone()));
     Ok(WaylandWindow {
         display: d.to_string(),
         endpoint,
@@ -250,6 +428,10 @@ pub(crate) fn open_wayland_window(
         dirty: Vec::new(),
         applied: Vec::new(),
         shown: None,
+        input: (tx, taken),
+        inhibit,
+        inhibitor: None,
+        seat_version,
     })
 }
 
@@ -265,6 +447,37 @@ fn fit(screen: (u16, u16), window: (i32, i32)) -> (i32, i32) {
 }
 
 impl WaylandWindow {
+    /// Hands what the person did to the input source (once one took it): first the
+    /// shortcut inhibitor, then the records.
+    fn forward_input(&mut self) {
+        if !self.input.1.load(Ordering::Acquire) {
+            // Nobody takes it: nothing piles up.
+            self.state.input.take();
+            return;
+        }
+        if self.inhibitor.is_none() {
+            if let (Some(m), Some(seat)) = (&self.inhibit, &self.state.seat) {
+                let qh = self.queue.handle();
+                self.inhibitor = Some(m.inhibit_shortcuts(&self.surface, seat, &qh, ()));
+                tracing::debug!(
+                    endpoint = self.endpoint,
+                    "the compositor's shortcuts go to the viewer while it has the keyboard"
+                );
+            }
+        }
+        if self.seat_version < 5 {
+            self.state.input.frame();
+        }
+        let screen = (self.fb.width(), self.fb.height());
+        let shown = self
+            .shown
+            .unwrap_or((i32::from(screen.0), i32::from(screen.1)));
+        self.state.input.set_screen(screen, shown);
+        for m in self.state.input.take() {
+            let _ = self.input.0.send(m);
+        }
+    }
+
     fn err(&self, e: impl std::fmt::Display) -> EndpointError {
         unavailable(
             self.endpoint,
@@ -458,12 +671,20 @@ fn run_wayland_window(
             }
         }
         pump(&mut w.queue, &mut w.state, POLL).map_err(|e| w.err(e))?;
+        w.forward_input();
     }
     // What was applied but never shown (the window closed, or the stream ended while both
     // buffers were the compositor's) is done with all the same.
     for seq in w.applied.drain(..) {
         delivered.mark(seq);
     }
+    // Keys still held are released on the app side.
+    w.state.input.keyboard_left();
+    w.forward_input();
+    viewers()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&viewer_key(&w.display));
     w.toplevel.destroy();
     let _ = w.conn.flush();
     tracing::debug!(endpoint, frames = report.frames, "sink ended");

@@ -92,6 +92,16 @@ pub struct WaylandInputConfig {
     pub display: String,
 }
 
+/// `wayland-window-input` source parameters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WaylandWindowInputConfig {
+    /// The viewer's compositor, as its `wayland-window` sink names it (a name in
+    /// `$XDG_RUNTIME_DIR` or a full path); empty: `$WAYLAND_DISPLAY`.
+    #[serde(default)]
+    pub display: String,
+}
+
 /// `xtest` sink parameters.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

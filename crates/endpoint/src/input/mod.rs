@@ -30,10 +30,13 @@ pub mod xkb;
 #[cfg(not(feature = "wayland"))]
 pub(crate) use crate::common::no_wayland::{open_wayland_input, spawn_wayland_input_sink};
 pub use config::{
-    EvdevConfig, UinputConfig, WaylandInputConfig, X11InputConfig, X11Window, XtestConfig,
+    EvdevConfig, UinputConfig, WaylandInputConfig, WaylandWindowInputConfig, X11InputConfig,
+    X11Window, XtestConfig,
 };
 pub use record::*;
 pub(crate) use sink::{check_uinput, spawn_uinput_sink, spawn_xtest_sink, UINPUT_PATH};
-pub(crate) use source::{spawn_evdev_source, spawn_x11_input_source};
+pub(crate) use source::{
+    spawn_evdev_source, spawn_wayland_window_input_source, spawn_x11_input_source,
+};
 #[cfg(feature = "wayland")]
 pub(crate) use wayland::{open_wayland_input, spawn_wayland_input_sink};

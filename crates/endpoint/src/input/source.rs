@@ -59,6 +59,52 @@ pub(crate) fn spawn_x11_input_source(
     Ok(rt.spawn_blocking(move || run_x11_source(endpoint, x, stream, tx)))
 }
 
+/// Starts a `wayland-window-input` source: what the person does in the `wayland-window`
+/// viewer of the same display in this process, as input records.
+pub(crate) fn spawn_wayland_window_input_source(
+    rt: &Handle,
+    endpoint: &'static str,
+    c: &super::WaylandWindowInputConfig,
+    stream: u16,
+    tx: Sender<Frame>,
+) -> Result<SourceTask, EndpointError> {
+    let display = c.display.clone();
+    let rt2 = rt.clone();
+    Ok(rt.spawn_blocking(move || {
+        let Some(mut input) =
+            crate::display::take_viewer_input(&display, VIEWER_WAIT, || tx.is_closed())
+        else {
+            if tx.is_closed() {
+                return Ok(SourceReport::default());
+            }
+            return Err(EndpointError::Unavailable {
+                endpoint,
+                what: format!(
+                    "no wayland-window sink showed a viewer on Wayland display {display:?} within {} s",
+                    VIEWER_WAIT.as_secs()
+                ),
+                hint: "the wayland-window-input source takes the input of the window of a                        wayland-window sink of the same `display` in the same ndd process"
+                    .to_string(),
+            });
+        };
+        let mut em = InputOut::new(endpoint, stream, tx);
+        loop {
+            let next = rt2.block_on(async { tokio::time::timeout(POLL, input.recv()).await });
+            match next {
+                Ok(Some(m)) => {
+                    if !em.send(&m) {
+                        return em.done();
+                    }
+                }
+                // The viewer ended (its window closed, or its stream ended).
+                Ok(None) => return em.done(),
+                Err(_) if em.is_closed() => return em.done(),
+                Err(_) => {}
+            }
+        }
+    }))
+}
+
 /// Longest wait for input before a source checks whether its receiver is still there.
 pub const POLL: Duration = Duration::from_millis(100);
 

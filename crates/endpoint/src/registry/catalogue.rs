@@ -269,6 +269,11 @@ pub const SOURCES: &[EndpointInfo] = &[
         summary: WAYLAND_CLIPBOARD,
         params: WAYLAND_CLIPBOARD_PARAMS,
     },
+    EndpointInfo {
+        name: "wayland-window-input",
+        summary: "what the person does in the wayland-window viewer of the same display in this process (keys by code, the pointer on the app's screen, buttons, the wheel) as input records; the compositor's shortcuts go to the viewer while it has the keyboard",
+        params: &[("display", "string", "", "the viewer's compositor, as its wayland-window sink names it; empty: $WAYLAND_DISPLAY")],
+    },
 ];
 
 /// Every sink endpoint.

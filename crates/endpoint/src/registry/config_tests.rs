@@ -87,6 +87,7 @@ fn catalogue_params_match_the_config_keys() {
             grab: true,
         }),
         SourceConfig::X11Input(X11InputConfig::default()),
+        SourceConfig::WaylandWindowInput(crate::input::WaylandWindowInputConfig::default()),
         SourceConfig::X11Screen(X11ScreenConfig {
             refresh_s: 5.0,
             ..Default::default()

@@ -39,7 +39,10 @@ use crate::display::{
     X11CursorSourceConfig, X11ScreenConfig, X11WindowConfig,
 };
 use crate::file::{FileSinkConfig, FileSourceConfig};
-use crate::input::{EvdevConfig, UinputConfig, WaylandInputConfig, X11InputConfig, XtestConfig};
+use crate::input::{
+    EvdevConfig, UinputConfig, WaylandInputConfig, WaylandWindowInputConfig, X11InputConfig,
+    XtestConfig,
+};
 use crate::serial::rfc2217;
 use crate::serial::{
     check_address, check_listen, LineSettings, PtyConfig, Rfc2217ClientConfig, Rfc2217ServerConfig,
@@ -109,6 +112,9 @@ pub enum SourceConfig {
     /// An output of a wlroots Wayland compositor (app side).
     #[serde(rename = "wayland-screen")]
     WaylandScreen(WaylandScreenConfig),
+    /// What the person does in the `wayland-window` viewer (device side).
+    #[serde(rename = "wayland-window-input")]
+    WaylandWindowInput(WaylandWindowInputConfig),
     /// The clipboard of a wlroots Wayland session (either side).
     #[serde(rename = "wayland-clipboard")]
     WaylandClipboard(WaylandClipboardConfig),
@@ -322,6 +328,7 @@ impl SourceConfig {
             | SourceConfig::X11Cursor(_)
             | SourceConfig::X11Clipboard(_)
             | SourceConfig::WaylandClipboard(_)
+            | SourceConfig::WaylandWindowInput(_)
             | SourceConfig::Stdin(_)
             | SourceConfig::Serial(_)
             | SourceConfig::Pty(_)
@@ -343,7 +350,9 @@ impl SourceConfig {
     /// frozen viewer must not be replayed seconds later).
     pub fn replays_outage(&self) -> bool {
         match self {
-            SourceConfig::Evdev(_) | SourceConfig::X11Input(_) => false,
+            SourceConfig::Evdev(_)
+            | SourceConfig::X11Input(_)
+            | SourceConfig::WaylandWindowInput(_) => false,
             SourceConfig::Synthetic(_)
             | SourceConfig::SpacenavSim(_)
             | SourceConfig::Stdin(_)
@@ -383,6 +392,7 @@ impl SourceConfig {
             | SourceConfig::SpacenavSim(_)
             | SourceConfig::Stdin(_)
             | SourceConfig::X11Input(_)
+            | SourceConfig::WaylandWindowInput(_)
             | SourceConfig::X11Screen(_)
             | SourceConfig::WaylandScreen(_)
             | SourceConfig::X11Cursor(_)
@@ -416,6 +426,7 @@ impl SourceConfig {
             SourceConfig::V4l2(_) => &SOURCES[15],
             SourceConfig::WaylandScreen(_) => &SOURCES[16],
             SourceConfig::WaylandClipboard(_) => &SOURCES[17],
+            SourceConfig::WaylandWindowInput(_) => &SOURCES[18],
         }
     }
 
@@ -440,6 +451,7 @@ impl SourceConfig {
             SourceConfig::V4l2(_) => "v4l2 source",
             SourceConfig::WaylandScreen(_) => "wayland-screen source",
             SourceConfig::WaylandClipboard(_) => "wayland-clipboard source",
+            SourceConfig::WaylandWindowInput(_) => "wayland-window-input source",
         }
     }
 
@@ -497,6 +509,14 @@ impl SourceConfig {
             SourceConfig::X11Cursor(c) => format!("x11-cursor(display={})", c.display),
             SourceConfig::X11Clipboard(c) => describe_x11_clipboard(c),
             SourceConfig::WaylandClipboard(c) => describe_wayland_clipboard(c),
+            SourceConfig::WaylandWindowInput(c) => format!(
+                "wayland-window-input(display={})",
+                if c.display.is_empty() {
+                    "$WAYLAND_DISPLAY"
+                } else {
+                    c.display.as_str()
+                }
+            ),
             SourceConfig::Rfc2217Server(c) => describe_rfc2217_server(c),
             SourceConfig::Rfc2217Client(c) => describe_rfc2217_client(c),
             SourceConfig::PulseCapture(c) => {
@@ -572,6 +592,7 @@ impl SourceConfig {
             | SourceConfig::File(_)
             | SourceConfig::Evdev(_)
             | SourceConfig::X11Input(_)
+            | SourceConfig::WaylandWindowInput(_)
             | SourceConfig::X11Cursor(_) => {}
             SourceConfig::X11Clipboard(c) => check_clipboard(endpoint, &c.selections, c.max_bytes)?,
             SourceConfig::WaylandClipboard(c) => {
@@ -657,6 +678,9 @@ impl SourceConfig {
             }
             SourceConfig::WaylandClipboard(c) => {
                 clipboard::spawn_wayland_clipboard_source(&rt, endpoint, c, stream, tx)
+            }
+            SourceConfig::WaylandWindowInput(c) => {
+                input::spawn_wayland_window_input_source(&rt, endpoint, c, stream, tx)
             }
             SourceConfig::X11Cursor(c) => {
                 display::spawn_x11_cursor_source(&rt, endpoint, c, stream, tx)

@@ -133,6 +133,8 @@ impl SourceConfig {
             SourceConfig::X11Cursor(c) => display(endpoint, &c.display),
             SourceConfig::X11Clipboard(c) => display(endpoint, &c.display),
             SourceConfig::WaylandClipboard(c) => crate::clipboard::probe_wayland(endpoint, c),
+            // The viewer it reads is another endpoint of this process: nothing to probe.
+            SourceConfig::WaylandWindowInput(_) => Ok(()),
             SourceConfig::Rfc2217Server(c) => listenable(endpoint, &c.listen),
             SourceConfig::Rfc2217Client(_) => Ok(()),
             SourceConfig::PulseCapture(c) => pulse(endpoint, &c.server),

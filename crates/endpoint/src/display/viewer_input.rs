@@ -1,0 +1,277 @@
+//! What a person does in the `wayland-window` viewer, as input records (sans-IO): the
+//! window's keyboard and pointer events (`wl_keyboard`, `wl_pointer`) become the same
+//! [input records](crate::input) an `x11-input` source makes of the X11 viewer, for the
+//! `wayland-window-input` source of the same display in this process.
+//!
+//! Keys go by their Linux code (a `wl_keyboard` key is one), with no keysym annotation: the
+//! app side's layout decides what a key types (set the same layout on both sides). Positions
+//! in the window (scaled to it) are mapped back onto the app's screen; buttons are Linux
+//! button codes already; the wheel goes by notches (`axis_discrete`), or by 15 px of smooth
+//! scrolling a notch. Keys still held when the window loses the keyboard are released, so no
+//! key stays down on the app side.
+
+use crate::input::{
+    AbsAxis, Capabilities, Event, InputMessage, ABS_X, ABS_Y, BTN_EXTRA, BTN_LEFT, EV_ABS, EV_KEY,
+    EV_REL, REL_HWHEEL, REL_WHEEL,
+};
+use std::collections::BTreeSet;
+
+/// Pixels of smooth scrolling per wheel notch.
+const NOTCH_PX: f64 = 15.0;
+
+/// The viewer's input, as records.
+#[derive(Debug, Default)]
+pub(crate) struct ViewerInput {
+    /// The app's screen (the axes' ranges).
+    screen: (u16, u16),
+    /// The size the screen is shown at in the window.
+    shown: (i32, i32),
+    /// Keys and buttons down, by Linux code.
+    held: BTreeSet<u16>,
+    /// Events of the pointer frame being built.
+    batch: Vec<Event>,
+    /// Smooth scrolling not yet a whole notch (vertical, horizontal), px.
+    smooth: (f64, f64),
+    /// Whether this frame had notches (then smooth values are not counted again).
+    notched: bool,
+    /// Records ready to go.
+    out: Vec<InputMessage>,
+}
+
+impl ViewerInput {
+    /// The app's screen is `screen`, shown at `shown` in the window: new axis ranges.
+    pub(crate) fn set_screen(&mut self, screen: (u16, u16), shown: (i32, i32)) {
+        if screen != self.screen {
+            self.screen = screen;
+            self.out
+                .push(InputMessage::Capabilities(self.capabilities()));
+        }
+        self.shown = shown;
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let axis = |code, size: u16| AbsAxis {
+            code,
+            max: i32::from(size.max(1)) - 1,
+            ..Default::default()
+        };
+        Capabilities {
+            name: "ndd wayland-window".to_string(),
+            keys: (1..=247)
+                .chain([
+                    BTN_LEFT,
+                    BTN_LEFT + 1,
+                    BTN_LEFT + 2,
+                    BTN_LEFT + 3,
+                    BTN_EXTRA,
+                ])
+                .collect(),
+            rel: vec![REL_HWHEEL, REL_WHEEL],
+            abs: vec![axis(ABS_X, self.screen.0), axis(ABS_Y, self.screen.1)],
+            ..Default::default()
+        }
+    }
+
+    /// A key pressed or released (`wl_keyboard.key`: a Linux code).
+    pub(crate) fn key(&mut self, code: u32, down: bool) {
+        let Ok(code) = u16::try_from(code) else {
+            return;
+        };
+        if down == self.held.contains(&code) {
+            return;
+        }
+        if down {
+            self.held.insert(code);
+        } else {
+            self.held.remove(&code);
+        }
+        self.out.push(InputMessage::Events(vec![Event::new(
+            EV_KEY,
+            code,
+            i32::from(down),
+        )]));
+    }
+
+    /// The window lost the keyboard: what is held is released.
+    pub(crate) fn keyboard_left(&mut self) {
+        let keys: Vec<u16> = self
+            .held
+            .iter()
+            .copied()
+            .filter(|&k| !(BTN_LEFT..BTN_LEFT + 0x10).contains(&k))
+            .collect();
+        if keys.is_empty() {
+            return;
+        }
+        for k in &keys {
+            self.held.remove(k);
+        }
+        self.out.push(InputMessage::Events(
+            keys.into_iter().map(|k| Event::new(EV_KEY, k, 0)).collect(),
+        ));
+    }
+
+    /// The pointer at `(x, y)` in the window's surface.
+    pub(crate) fn motion(&mut self, x: f64, y: f64) {
+        let map = |v: f64, shown: i32, size: u16| -> i32 {
+            let max = i32::from(size.max(1)) - 1;
+            if shown <= 0 {
+                return 0;
+            }
+            ((v * f64::from(size) / f64::from(shown)) as i32).clamp(0, max)
+        };
+        let (sx, sy) = (
+            map(x, self.shown.0, self.screen.0),
+            map(y, self.shown.1, self.screen.1),
+        );
+        self.batch.retain(|e| e.ty != EV_ABS);
+        self.batch.push(Event::new(EV_ABS, ABS_X, sx));
+        self.batch.push(Event::new(EV_ABS, ABS_Y, sy));
+    }
+
+    /// A button (`wl_pointer.button`: a Linux button code).
+    pub(crate) fn button(&mut self, code: u32, down: bool) {
+        let Ok(code) = u16::try_from(code) else {
+            return;
+        };
+        if down == self.held.contains(&code) {
+            return;
+        }
+        if down {
+            self.held.insert(code);
+        } else {
+            self.held.remove(&code);
+        }
+        self.batch.push(Event::new(EV_KEY, code, i32::from(down)));
+    }
+
+    /// Wheel notches (`axis_discrete`; Wayland's down is positive, Linux's wheel up).
+    pub(crate) fn notches(&mut self, vertical: bool, n: i32) {
+        self.notched = true;
+        if vertical {
+            self.batch.push(Event::new(EV_REL, REL_WHEEL, -n));
+        } else {
+            self.batch.push(Event::new(EV_REL, REL_HWHEEL, n));
+        }
+    }
+
+    /// Smooth scrolling of `px` (counted only in frames without notches).
+    pub(crate) fn scroll(&mut self, vertical: bool, px: f64) {
+        if vertical {
+            self.smooth.0 += px;
+        } else {
+            self.smooth.1 += px;
+        }
+    }
+
+    /// The end of a pointer frame: its events as one record.
+    pub(crate) fn frame(&mut self) {
+        if !self.notched {
+            for (vertical, acc) in [(true, &mut self.smooth.0), (false, &mut self.smooth.1)] {
+                let n = (*acc / NOTCH_PX).trunc();
+                if n != 0.0 {
+                    *acc -= n * NOTCH_PX;
+                    let n = n as i32;
+                    self.batch.push(if vertical {
+                        Event::new(EV_REL, REL_WHEEL, -n)
+                    } else {
+                        Event::new(EV_REL, REL_HWHEEL, n)
+                    });
+                }
+            }
+        } else {
+            self.smooth = (0.0, 0.0);
+        }
+        self.notched = false;
+        if !self.batch.is_empty() {
+            self.out
+                .push(InputMessage::Events(std::mem::take(&mut self.batch)));
+        }
+    }
+
+    /// The records made since the last call.
+    pub(crate) fn take(&mut self) -> Vec<InputMessage> {
+        std::mem::take(&mut self.out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn events(m: &[InputMessage]) -> Vec<(u16, u16, i32)> {
+        m.iter()
+            .flat_map(|m| match m {
+                InputMessage::Events(e) => e.iter().map(|e| (e.ty, e.code, e.value)).collect(),
+                _ => Vec::new(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn positions_in_a_scaled_window_land_on_the_app_screen() {
+        let mut v = ViewerInput::default();
+        v.set_screen((1920, 1080), (960, 540));
+        let caps = v.take();
+        assert!(
+            matches!(&caps[..], [InputMessage::Capabilities(c)] if c.abs[0].max == 1919 && c.abs[1].max == 1079)
+        );
+        v.motion(480.0, 270.0);
+        v.frame();
+        v.motion(2000.0, -5.0);
+        v.button(u32::from(BTN_LEFT), true);
+        v.frame();
+        assert_eq!(
+            events(&v.take()),
+            vec![
+                (EV_ABS, ABS_X, 960),
+                (EV_ABS, ABS_Y, 540),
+                (EV_ABS, ABS_X, 1919),
+                (EV_ABS, ABS_Y, 0),
+                (EV_KEY, BTN_LEFT, 1)
+            ]
+        );
+        // The same size again: no new capabilities.
+        v.set_screen((1920, 1080), (1920, 1080));
+        assert!(v.take().is_empty());
+    }
+
+    #[test]
+    fn keys_go_by_code_and_are_released_when_the_keyboard_leaves() {
+        let mut v = ViewerInput::default();
+        v.key(30, true);
+        v.key(30, true); // a repeat of a held key: nothing
+        v.key(42, true);
+        v.key(42, false);
+        v.button(u32::from(BTN_LEFT), true);
+        v.frame();
+        v.take();
+        v.keyboard_left();
+        assert_eq!(
+            events(&v.take()),
+            vec![(EV_KEY, 30, 0)],
+            "the key, not the button"
+        );
+        v.key(30, false);
+        assert!(v.take().is_empty(), "already released");
+    }
+
+    #[test]
+    fn the_wheel_goes_by_notches_or_by_15_px_of_smooth_scrolling() {
+        let mut v = ViewerInput::default();
+        v.notches(true, 1);
+        v.scroll(true, 10.0);
+        v.frame();
+        assert_eq!(events(&v.take()), vec![(EV_REL, REL_WHEEL, -1)]);
+        v.scroll(true, 10.0);
+        v.frame();
+        assert!(v.take().is_empty(), "not a notch yet");
+        v.scroll(true, 10.0);
+        v.scroll(false, -31.0);
+        v.frame();
+        assert_eq!(
+            events(&v.take()),
+            vec![(EV_REL, REL_WHEEL, -1), (EV_REL, REL_HWHEEL, -2)]
+        );
+    }
+}
