@@ -722,6 +722,32 @@ fn a_native_wayland_viewer_shows_an_x11_desktop_and_passes_keys_and_shortcuts() 
         !ran.exists(),
         "sway ran its own Super+t binding: the shortcut was not passed to the viewer"
     );
+    // What a key types is read from the keymap sway gives the viewer: `wtype` brings one of
+    // its own (`z` on the Escape key's code, and so on), and the Xvfb (`us`) gets `z`, `ü`
+    // and `@`, not Escape, 1 and 2.
+    if have("wtype") {
+        let typed = [
+            "(keysym 0x7a, z)",
+            "(keysym 0xfc, udiaeresis)",
+            "(keysym 0x40, at)",
+        ];
+        let t0 = Instant::now();
+        while !typed.iter().all(|t| keys.lock().unwrap().contains(t)) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "wtype's z ü @ did not arrive as such; xev said:\n{}",
+                keys.lock().unwrap()
+            );
+            assert!(std::process::Command::new("wtype")
+                .args(["-s", "300", "zü@"])
+                .env("WAYLAND_DISPLAY", &sway.socket)
+                .env("XDG_RUNTIME_DIR", &sway.dir)
+                .status()
+                .unwrap()
+                .success());
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
     app.kill();
     dev.kill();
 }

@@ -3,16 +3,19 @@
 //! [input records](crate::input) an `x11-input` source makes of the X11 viewer, for the
 //! `wayland-window-input` source of the same display in this process.
 //!
-//! Keys go by their Linux code (a `wl_keyboard` key is one), with no keysym annotation: the
-//! app side's layout decides what a key types (set the same layout on both sides). Positions
+//! Keys go by their Linux code (a `wl_keyboard` key is one) and, as from an `x11-input`
+//! source, each press with the keysym it gives here: read from the keymap the compositor
+//! sends and the modifiers it reports ([`XkbKeys`]), so the app side's `xtest` sink types what
+//! the person's layout gives, whatever the app's layout. Positions
 //! in the window (scaled to it) are mapped back onto the app's screen; buttons are Linux
 //! button codes already; the wheel goes by notches (`axis_discrete`), or by 15 px of smooth
 //! scrolling a notch. Keys still held when the window loses the keyboard are released, so no
 //! key stays down on the app side.
 
+use crate::input::xkb::XkbKeys;
 use crate::input::{
     AbsAxis, Capabilities, Event, InputMessage, ABS_X, ABS_Y, BTN_EXTRA, BTN_LEFT, EV_ABS, EV_KEY,
-    EV_REL, REL_HWHEEL, REL_WHEEL,
+    EV_KEYSYM, EV_REL, REL_HWHEEL, REL_WHEEL,
 };
 use std::collections::BTreeSet;
 
@@ -36,6 +39,10 @@ pub(crate) struct ViewerInput {
     notched: bool,
     /// Records ready to go.
     out: Vec<InputMessage>,
+    /// The compositor's keymap, once sent.
+    keymap: Option<XkbKeys>,
+    /// The modifiers as the compositor reports them (depressed, latched, locked).
+    mods: u32,
 }
 
 impl ViewerInput {
@@ -72,8 +79,24 @@ impl ViewerInput {
         }
     }
 
+    /// The compositor's keymap (its xkb text).
+    pub(crate) fn set_keymap(&mut self, text: &str) {
+        let k = XkbKeys::parse(text);
+        self.keymap = (!k.is_empty()).then_some(k);
+    }
+
+    /// The modifiers now (`wl_keyboard.modifiers`: depressed, latched, locked).
+    pub(crate) fn modifiers(&mut self, depressed: u32, latched: u32, locked: u32) {
+        self.mods = depressed | latched | locked;
+    }
+
     /// A key pressed or released (`wl_keyboard.key`: a Linux code).
     pub(crate) fn key(&mut self, code: u32, down: bool) {
+        let sym = if down {
+            self.keymap.as_ref().and_then(|k| k.keysym(code, self.mods))
+        } else {
+            None
+        };
         let Ok(code) = u16::try_from(code) else {
             return;
         };
@@ -85,11 +108,12 @@ impl ViewerInput {
         } else {
             self.held.remove(&code);
         }
-        self.out.push(InputMessage::Events(vec![Event::new(
-            EV_KEY,
-            code,
-            i32::from(down),
-        )]));
+        let mut events = Vec::with_capacity(2);
+        if let Some(s) = sym {
+            events.push(Event::new(EV_KEYSYM, code, s as i32));
+        }
+        events.push(Event::new(EV_KEY, code, i32::from(down)));
+        self.out.push(InputMessage::Events(events));
     }
 
     /// The window lost the keyboard: what is held is released.
@@ -254,6 +278,27 @@ mod tests {
         );
         v.key(30, false);
         assert!(v.take().is_empty(), "already released");
+    }
+
+    #[test]
+    fn presses_carry_the_keysym_the_compositors_keymap_gives() {
+        let mut v = ViewerInput::default();
+        v.key(30, true);
+        v.key(30, false);
+        assert_eq!(
+            events(&v.take()),
+            vec![(EV_KEY, 30, 1), (EV_KEY, 30, 0)],
+            "no keymap yet: by code"
+        );
+        v.set_keymap(crate::input::xkb::KEYMAP_US);
+        v.modifiers(1, 0, 0);
+        v.key(3, true);
+        v.key(3, false);
+        assert_eq!(
+            events(&v.take()),
+            vec![(EV_KEYSYM, 3, 0x40), (EV_KEY, 3, 1), (EV_KEY, 3, 0)],
+            "Shift+2 is @, said with the press only"
+        );
     }
 
     #[test]

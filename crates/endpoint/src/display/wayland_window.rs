@@ -205,7 +205,28 @@ impl Dispatch<wl_keyboard::WlKeyboard, ()> for State {
                 ..
             } => state.input.key(key, s == wl_keyboard::KeyState::Pressed),
             wl_keyboard::Event::Leave { .. } => state.input.keyboard_left(),
-            // The keymap's fd is closed as it is dropped; keys go by code.
+            wl_keyboard::Event::Keymap {
+                format: WEnum::Value(wl_keyboard::KeymapFormat::XkbV1),
+                fd,
+                size,
+            } => {
+                // Read where it is, not from the fd's offset (a compositor may share one file
+                // among its clients).
+                let file = std::fs::File::from(fd);
+                let mut text = vec![0u8; (size as usize).min(4 << 20)];
+                if std::os::unix::fs::FileExt::read_exact_at(&file, &mut text, 0).is_ok() {
+                    let text = String::from_utf8_lossy(&text);
+                    state.input.set_keymap(text.trim_end_matches('\0'));
+                }
+            }
+            wl_keyboard::Event::Modifiers {
+                mods_depressed,
+                mods_latched,
+                mods_locked,
+                ..
+            } => state
+                .input
+                .modifiers(mods_depressed, mods_latched, mods_locked),
             _ => {}
         }
     }

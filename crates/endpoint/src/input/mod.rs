@@ -20,6 +20,7 @@
 
 mod config;
 pub mod keymap;
+mod keysyms;
 mod record;
 mod sink;
 mod source;

@@ -410,3 +410,277 @@ mod tests {
         );
     }
 }
+
+/// The keysym named `name` in an xkb keymap: a name of keysymdef.h (`udiaeresis`), `Uxxxx` (a
+/// Unicode character), a number (`0x1000040`), or one character (`a`, `5`).
+pub fn keysym_by_name(name: &str) -> Option<u32> {
+    use super::keysyms::KEYSYMS;
+    if let Ok(i) = KEYSYMS.binary_search_by(|(n, _)| n.as_bytes().cmp(name.as_bytes())) {
+        return Some(KEYSYMS[i].1);
+    }
+    if let Some(hex) = name.strip_prefix("0x") {
+        return u32::from_str_radix(hex, 16).ok();
+    }
+    if let Some(hex) = name.strip_prefix('U') {
+        if let Ok(c) = u32::from_str_radix(hex, 16) {
+            // Latin-1 characters are their own keysyms; others are 0x01000000 + code point.
+            return Some(
+                if (0x20..=0x7e).contains(&c) || (0xa0..=0xff).contains(&c) {
+                    c
+                } else {
+                    0x0100_0000 + c
+                },
+            );
+        }
+    }
+    let mut chars = name.chars();
+    match (chars.next(), chars.next()) {
+        (Some(c), None) if c.is_ascii_graphic() => Some(c as u32),
+        _ => None,
+    }
+}
+
+/// A compositor's keymap (the xkb text a `wl_keyboard` gets), read as far as telling which
+/// keysym each key gives: group 1's levels of every key, and the modifier bits of Shift, Caps
+/// Lock, AltGr and Num Lock (xkb's real modifiers, in the `wl_keyboard.modifiers` masks).
+#[derive(Debug, Default, Clone)]
+pub struct XkbKeys {
+    /// Levels by Linux code (xkb keycode − 8).
+    keys: HashMap<u32, Vec<u32>>,
+    level3: u32,
+    num_lock: u32,
+}
+
+/// Shift and Lock (Caps Lock) as xkb's real modifier bits.
+const MOD_SHIFT: u32 = 1;
+const MOD_LOCK: u32 = 2;
+
+impl XkbKeys {
+    /// Reads `text`; keys and names it does not know are left out (they go without keysym).
+    pub fn parse(text: &str) -> XkbKeys {
+        let mut codes: HashMap<String, u32> = HashMap::new();
+        let kc = section(text, "xkb_keycodes").unwrap_or("");
+        for l in kc.lines() {
+            let l = l.trim();
+            if let Some((name, rest)) = l.strip_prefix('<').and_then(|l| l.split_once('>')) {
+                let v = rest
+                    .trim()
+                    .trim_start_matches('=')
+                    .trim()
+                    .trim_end_matches(';');
+                if let Ok(code) = v.trim().parse::<u32>() {
+                    codes.insert(name.to_string(), code);
+                }
+            }
+        }
+        for l in kc.lines() {
+            let l = l.trim();
+            if let Some(rest) = l.strip_prefix("alias") {
+                let parts: Vec<&str> = rest
+                    .split(['<', '>', '=', ';', ' '])
+                    .filter(|s| !s.is_empty())
+                    .collect();
+                if let [alias, real] = parts[..] {
+                    if let Some(&c) = codes.get(real) {
+                        codes.insert(alias.to_string(), c);
+                    }
+                }
+            }
+        }
+        let mut keys: HashMap<u32, Vec<u32>> = HashMap::new();
+        let syms = section(text, "xkb_symbols").unwrap_or("");
+        let mut rest = syms;
+        let mut modmaps: Vec<(u32, Vec<String>)> = Vec::new();
+        while let Some(at) = rest.find(['k', 'm']) {
+            let tail = &rest[at..];
+            if let Some(entry) = tail
+                .strip_prefix("key")
+                .and_then(|t| t.trim_start().strip_prefix('<'))
+            {
+                let Some(end) = entry.find("};") else {
+                    break;
+                };
+                let body = &entry[..end];
+                // `[ a, A ]`, or `symbols[Group1]= [ a, A ]` after a type.
+                let from = body
+                    .find("symbols[")
+                    .and_then(|i| body[i..].find(']').map(|j| i + j + 1))
+                    .unwrap_or(0);
+                let list = &body[from..];
+                if let (Some((name, _)), Some(open), Some(close)) =
+                    (body.split_once('>'), list.find('['), list.find(']'))
+                {
+                    if open < close {
+                        let levels: Vec<u32> = list[open + 1..close]
+                            .split(',')
+                            .map(|s| keysym_by_name(s.trim()).unwrap_or(0))
+                            .collect();
+                        if let Some(&code) = codes.get(name) {
+                            if code >= 8 {
+                                keys.insert(code - 8, levels);
+                            }
+                        }
+                    }
+                }
+                rest = &entry[end..];
+            } else if let Some(entry) = tail.strip_prefix("modifier_map ") {
+                let Some(end) = entry.find(';') else {
+                    break;
+                };
+                let body = &entry[..end];
+                let bit = [
+                    "Shift", "Lock", "Control", "Mod1", "Mod2", "Mod3", "Mod4", "Mod5",
+                ]
+                .iter()
+                .position(|m| body.starts_with(m));
+                if let Some(bit) = bit {
+                    let names = body
+                        .split(['{', '}', ',', '<', '>', ' '])
+                        .skip(1)
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_string)
+                        .collect();
+                    modmaps.push((1 << bit, names));
+                }
+                rest = &entry[end..];
+            } else {
+                rest = &tail[1..];
+            }
+        }
+        // The modifier a keysym's key sets (by the key names in `modifier_map`).
+        let mask_of = |keysym: u32, default: u32| {
+            modmaps
+                .iter()
+                .find(|(_, names)| {
+                    names.iter().any(|n| {
+                        codes
+                            .get(n.as_str())
+                            .and_then(|c| keys.get(&c.wrapping_sub(8)))
+                            .is_some_and(|l| l.contains(&keysym))
+                    })
+                })
+                .map_or(default, |(m, _)| *m)
+        };
+        XkbKeys {
+            level3: mask_of(XK_ISO_LEVEL3_SHIFT, 1 << 7),
+            num_lock: mask_of(super::keymap::XK_NUM_LOCK, 1 << 4),
+            keys,
+        }
+    }
+
+    /// Whether it knows any key (a keymap was read).
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The keysym key `code` (Linux) gives with modifiers `mods` (depressed, latched and
+    /// locked together), as `XLookupKeysym` picks levels: Shift (and Caps Lock for letters,
+    /// Num Lock for the keypad) the second, AltGr the third and fourth.
+    pub fn keysym(&self, code: u32, mods: u32) -> Option<u32> {
+        let levels = self.keys.get(&code)?;
+        let first = *levels.first()?;
+        let (lo, up) = super::keymap::case_pair(first);
+        let alphabetic = lo != up && levels.get(1).is_none_or(|&s| s == up);
+        let mut shift = mods & MOD_SHIFT != 0;
+        if (alphabetic && mods & MOD_LOCK != 0)
+            || (is_keypad(levels.get(1).copied().unwrap_or(0)) && mods & self.num_lock != 0)
+        {
+            shift = !shift;
+        }
+        let base = if mods & self.level3 != 0 { 2 } else { 0 };
+        let pick = |i: usize| levels.get(i).copied().filter(|&s| s != 0);
+        let k = pick(base + usize::from(shift))
+            .or_else(|| pick(base))
+            .or_else(|| pick(usize::from(shift)))
+            .or(Some(first).filter(|&s| s != 0))?;
+        // A letter on a key without a second level: Shift or Caps Lock make it upper case.
+        if levels.len() == 1 && alphabetic && shift {
+            return Some(up);
+        }
+        Some(k)
+    }
+}
+
+#[cfg(test)]
+mod keymap_tests {
+    use super::*;
+
+    #[test]
+    fn keysym_names_as_keymaps_write_them() {
+        assert_eq!(keysym_by_name("a"), Some(0x61));
+        assert_eq!(keysym_by_name("udiaeresis"), Some(0xfc));
+        assert_eq!(keysym_by_name("ISO_Level3_Shift"), Some(0xfe03));
+        assert_eq!(keysym_by_name("EuroSign"), Some(0x20ac));
+        assert_eq!(keysym_by_name("dead_circumflex"), Some(0xfe52));
+        assert_eq!(keysym_by_name("Cyrillic_a"), Some(0x6c1));
+        assert_eq!(keysym_by_name("U263A"), Some(0x100263a));
+        assert_eq!(keysym_by_name("U00E4"), Some(0xe4));
+        assert_eq!(keysym_by_name("0x1000040"), Some(0x1000040));
+        assert_eq!(keysym_by_name("NoSuchKeysym"), None);
+    }
+
+    /// xkbcomp's `us` keymap read as a compositor would send it: letters, Shift, Caps Lock,
+    /// digits and their symbols, the keypad under Num Lock.
+    #[test]
+    fn the_us_keymap_gives_the_keysyms_xlib_does() {
+        let k = XkbKeys::parse(KEYMAP_US);
+        assert!(!k.is_empty());
+        assert_eq!(k.keysym(30, 0), Some(0x61), "a");
+        assert_eq!(k.keysym(30, MOD_SHIFT), Some(0x41), "A");
+        assert_eq!(k.keysym(30, MOD_LOCK), Some(0x41), "Caps Lock");
+        assert_eq!(k.keysym(30, MOD_LOCK | MOD_SHIFT), Some(0x61));
+        assert_eq!(k.keysym(3, MOD_SHIFT), Some(0x40), "@ on 2");
+        assert_eq!(k.keysym(3, MOD_LOCK), Some(0x32), "Caps Lock leaves digits");
+        assert_eq!(k.keysym(1, 0), Some(0xff1b), "Escape");
+        assert_eq!(k.keysym(125, 0), Some(0xffeb), "Super_L");
+        assert_eq!(k.keysym(79, 0), Some(0xff9c), "KP_End");
+        assert_eq!(k.keysym(79, 1 << 4), Some(0xffb1), "KP_1 under Num Lock");
+        assert_eq!(k.keysym(250, 0), None, "no such key");
+    }
+
+    /// A German keymap's fragment as xkbcommon writes it (types, levels, AltGr on Mod5), and
+    /// the keymap `wtype` uploads (one level per key, keys numbered from 9).
+    #[test]
+    fn other_layouts_and_one_level_keymaps_are_read() {
+        let de = r#"xkb_keymap {
+xkb_keycodes "evdev+aliases(qwertz)" {
+    minimum = 8;
+    maximum = 255;
+    <AD01> = 24;
+    <AD06> = 29;
+    <AB01> = 52;
+    <RALT> = 108;
+    alias <LatZ> = <AB01>;
+};
+xkb_types "complete" { };
+xkb_symbols "pc+de" {
+    key <AD01> {
+        type= "FOUR_LEVEL_SEMIALPHABETIC",
+        symbols[Group1]= [               q,               Q,              at,     Greek_OMEGA ]
+    };
+    key <AD06> { type= "FOUR_LEVEL_ALPHABETIC", symbols[Group1]= [ z, Z, leftarrow, yen ] };
+    key <LatZ> { [ y, Y, guillemotright, U203A ] };
+    key <RALT> { type= "ONE_LEVEL", symbols[Group1]= [ ISO_Level3_Shift ] };
+    modifier_map Mod5 { <RALT> };
+};
+};"#;
+        let k = XkbKeys::parse(de);
+        assert_eq!(k.keysym(21, 0), Some(0x7a), "z on de's y key");
+        assert_eq!(k.keysym(44, MOD_SHIFT), Some(0x59), "Y through an alias");
+        assert_eq!(k.keysym(16, 1 << 7), Some(0x40), "AltGr+q is @");
+        assert_eq!(k.keysym(44, (1 << 7) | MOD_SHIFT), Some(0x100203a));
+        assert_eq!(k.keysym(100, 0), Some(0xfe03));
+        let wtype = "xkb_keymap {\nxkb_keycodes \"(unnamed)\" {\nminimum = 8;\nmaximum = 11;\n<K1> = 9;\n<K2> = 10;\n};\nxkb_types \"(unnamed)\" { include \"complete\" };\nxkb_compatibility \"(unnamed)\" { include \"complete\" };\nxkb_symbols \"(unnamed)\" {\nkey <K1> {[ h ]};\nkey <K2> {[ i ]};\n};\n};\n";
+        let k = XkbKeys::parse(wtype);
+        assert_eq!(
+            k.keysym(1, 0),
+            Some(0x68),
+            "wtype's h on the Escape key's code"
+        );
+        assert_eq!(
+            k.keysym(2, MOD_SHIFT),
+            Some(0x49),
+            "one level: Shift makes a capital"
+        );
+    }
+}
