@@ -568,6 +568,23 @@ fn the_wayland_window_shows_updates_scaled_to_the_window() {
         std::thread::sleep(Duration::from_millis(100));
     };
     assert!(b.1 < o.1, "blue on the left: mean x {} vs {}", b.1, o.1);
+    // Its shape kept: the blue half is 160×240 on the screen, 2:3 in the window too.
+    let shot = sway.grim().expect("grim");
+    let (w, _, px) = &shot;
+    let (mut x0, mut x1, mut y0, mut y1) = (usize::MAX, 0, usize::MAX, 0);
+    for (i, p) in px.chunks_exact(3).enumerate() {
+        if p.iter().zip(blue).all(|(a, b)| a.abs_diff(b) <= 8) {
+            let (x, y) = (i % w, i / w);
+            (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(y), y1.max(y));
+        }
+    }
+    let aspect = (x1 - x0 + 1) as f64 / (y1 - y0 + 1) as f64;
+    assert!(
+        (aspect - 2.0 / 3.0).abs() < 0.03,
+        "the blue half is {}x{} in the window",
+        x1 - x0 + 1,
+        y1 - y0 + 1
+    );
     // Scaled with its shape: as many of each colour, each half about square-ish in area.
     let ratio = b.0 as f64 / o.0 as f64;
     assert!((0.9..1.1).contains(&ratio), "{} vs {}", b.0, o.0);

@@ -452,9 +452,16 @@ pub(super) async fn drain(
 ) -> Result<()> {
     loop {
         // New keys are followed before the next frame is sealed.
+        // (Then what the flow asks: a rotation's gate may be told at once.)
         match keys.has_changed() {
-            Ok(true) => out.keys_changed(Ok(()), keys)?,
-            Err(e) if !out.keys_gone => out.keys_changed(Err(e), keys)?,
+            Ok(true) => {
+                out.keys_changed(Ok(()), keys)?;
+                out.step().await?;
+            }
+            Err(e) if !out.keys_gone => {
+                out.keys_changed(Err(e), keys)?;
+                out.step().await?;
+            }
             _ => {}
         }
         while !out.flow.ready() {

@@ -121,12 +121,20 @@ pub(super) async fn run_many(
             Some(est) = links.recv(), if !stopping => {
                 let key = est.peer_key();
                 if let Some((_, door, _)) = doors.get(&key) {
-                    if let Some(slot) = lock(&slots).get_mut(&key) {
+                    {
+                        let mut s = lock(&slots);
+                        let Some(slot) = s.get_mut(&key) else { continue };
+                        if slot.1.load(Ordering::Acquire) {
+                            // Its link came up while this one's handshake ran (a second
+                            // machine with the same identity): dropped, it connects again and
+                            // the handshake then says why it waits.
+                            tracing::debug!(side = %side, "{} connected while its peer's link is up; dropped", est.peer);
+                            continue;
+                        }
                         slot.2 = est.addr;
                     }
                     // Its driver takes it when its link is down (a reconnect). Never waited
-                    // for: a driver whose link is up (a second machine with the same
-                    // identity) must not hold every other peer back.
+                    // for: a driver busy elsewhere must not hold every other peer back.
                     if door.try_send(est).is_err() {
                         tracing::debug!(side = %side, "a link of a peer whose session has one already was dropped");
                     }

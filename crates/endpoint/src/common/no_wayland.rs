@@ -38,7 +38,7 @@ pub(crate) fn spawn_wayland_screen_source(
     Err(off(endpoint))
 }
 
-pub(crate) fn open_wayland_window(
+pub(crate) fn probe_wayland_window(
     endpoint: &'static str,
     _: &WaylandWindowConfig,
 ) -> Result<(), EndpointError> {

@@ -40,7 +40,7 @@ mod x11;
 
 #[cfg(not(feature = "wayland"))]
 pub(crate) use crate::common::no_wayland::{
-    open_wayland_screen, open_wayland_window, spawn_wayland_screen_source,
+    open_wayland_screen, probe_wayland_window, spawn_wayland_screen_source,
     spawn_wayland_window_sink, take_viewer_input,
 };
 pub use config::{
@@ -55,6 +55,6 @@ pub(crate) use source::spawn_x11_screen_source;
 pub(crate) use wayland::{open_wayland_screen, spawn_wayland_screen_source};
 #[cfg(feature = "wayland")]
 pub(crate) use wayland_window::{
-    open_wayland_window, spawn_wayland_window_sink, take_input as take_viewer_input,
+    probe_wayland_window, spawn_wayland_window_sink, take_input as take_viewer_input,
 };
 pub(crate) use x11::{viewer_resizes_remote, wait_for_viewer};

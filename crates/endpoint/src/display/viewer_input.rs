@@ -43,6 +43,9 @@ pub(crate) struct ViewerInput {
     keymap: Option<XkbKeys>,
     /// The modifiers as the compositor reports them (depressed, latched, locked).
     mods: u32,
+    /// The layout group in use: keysyms are read for the first only (with another, presses
+    /// go without one rather than with the first layout's).
+    group: u32,
 }
 
 impl ViewerInput {
@@ -85,14 +88,16 @@ impl ViewerInput {
         self.keymap = (!k.is_empty()).then_some(k);
     }
 
-    /// The modifiers now (`wl_keyboard.modifiers`: depressed, latched, locked).
-    pub(crate) fn modifiers(&mut self, depressed: u32, latched: u32, locked: u32) {
+    /// The modifiers now (`wl_keyboard.modifiers`: depressed, latched, locked) and the
+    /// layout group in use.
+    pub(crate) fn modifiers(&mut self, depressed: u32, latched: u32, locked: u32, group: u32) {
         self.mods = depressed | latched | locked;
+        self.group = group;
     }
 
     /// A key pressed or released (`wl_keyboard.key`: a Linux code).
     pub(crate) fn key(&mut self, code: u32, down: bool) {
-        let sym = if down {
+        let sym = if down && self.group == 0 {
             self.keymap.as_ref().and_then(|k| k.keysym(code, self.mods))
         } else {
             None
@@ -291,7 +296,7 @@ mod tests {
             "no keymap yet: by code"
         );
         v.set_keymap(crate::input::xkb::KEYMAP_US);
-        v.modifiers(1, 0, 0);
+        v.modifiers(1, 0, 0, 0);
         v.key(3, true);
         v.key(3, false);
         assert_eq!(
@@ -299,6 +304,11 @@ mod tests {
             vec![(EV_KEYSYM, 3, 0x40), (EV_KEY, 3, 1), (EV_KEY, 3, 0)],
             "Shift+2 is @, said with the press only"
         );
+        // A second layout (`us,ru` switched to ru): not read, so no keysym rather than a
+        // wrong one.
+        v.modifiers(0, 0, 0, 1);
+        v.key(30, true);
+        assert_eq!(events(&v.take()), vec![(EV_KEY, 30, 1)]);
     }
 
     #[test]

@@ -223,10 +223,11 @@ impl Dispatch<wl_keyboard::WlKeyboard, ()> for State {
                 mods_depressed,
                 mods_latched,
                 mods_locked,
+                group,
                 ..
             } => state
                 .input
-                .modifiers(mods_depressed, mods_latched, mods_locked),
+                .modifiers(mods_depressed, mods_latched, mods_locked, group),
             _ => {}
         }
     }
@@ -366,8 +367,38 @@ pub(crate) fn spawn_wayland_window_sink(
     Ok(rt.spawn_blocking(move || run_wayland_window(w, rx, &delivered)))
 }
 
+/// Whether the compositor of `c.display` can show the window (its globals, no window made):
+/// for `ndd check` and the start of a side.
+pub(crate) fn probe_wayland_window(
+    endpoint: &'static str,
+    c: &WaylandWindowConfig,
+) -> Result<(), EndpointError> {
+    let d = c.display.as_str();
+    let conn = wayland_connect(endpoint, d)?;
+    let (globals, _queue) = registry_queue_init::<State>(&conn).map_err(|e| {
+        unavailable(
+            endpoint,
+            d,
+            e.to_string(),
+            "not a Wayland compositor's socket",
+        )
+    })?;
+    let list = globals.contents().clone_list();
+    for need in ["wl_compositor", "wl_shm", "xdg_wm_base"] {
+        if !list.iter().any(|g| g.interface == need) {
+            return Err(unavailable(
+                endpoint,
+                d,
+                format!("no {need}"),
+                "the wayland-window sink needs a compositor with xdg-shell (every desktop compositor has it)",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Connects, and maps the window (empty until the first update).
-pub(crate) fn open_wayland_window(
+fn open_wayland_window(
     endpoint: &'static str,
     c: &WaylandWindowConfig,
 ) -> Result<WaylandWindow, EndpointError> {
@@ -456,6 +487,18 @@ pub(crate) fn open_wayland_window(
     })
 }
 
+/// Rects kept to be copied, at most: past this the whole screen is copied once (a buffer
+/// the compositor holds for long, or updates of many small rects, never pile up).
+const MAX_RECTS: usize = 64;
+
+/// `rects`, or the whole screen once they are more than [`MAX_RECTS`].
+fn bound(rects: &mut Vec<Rect>, whole: Rect) {
+    if rects.len() > MAX_RECTS {
+        rects.clear();
+        rects.push(whole);
+    }
+}
+
 /// The largest size of `screen`'s shape inside `window` (at least 1×1).
 fn fit(screen: (u16, u16), window: (i32, i32)) -> (i32, i32) {
     let (sw, sh) = (f64::from(screen.0), f64::from(screen.1));
@@ -468,6 +511,16 @@ fn fit(screen: (u16, u16), window: (i32, i32)) -> (i32, i32) {
 }
 
 impl WaylandWindow {
+    /// The screen's size and the size it is shown at, for mapping positions (a new size
+    /// queues a capabilities record before what comes next).
+    fn screen_to_input(&mut self) {
+        let screen = (self.fb.width(), self.fb.height());
+        let shown = self
+            .shown
+            .unwrap_or((i32::from(screen.0), i32::from(screen.1)));
+        self.state.input.set_screen(screen, shown);
+    }
+
     /// Hands what the person did to the input source (once one took it): first the
     /// shortcut inhibitor, then the records.
     fn forward_input(&mut self) {
@@ -489,11 +542,7 @@ impl WaylandWindow {
         if self.seat_version < 5 {
             self.state.input.frame();
         }
-        let screen = (self.fb.width(), self.fb.height());
-        let shown = self
-            .shown
-            .unwrap_or((i32::from(screen.0), i32::from(screen.1)));
-        self.state.input.set_screen(screen, shown);
+        self.screen_to_input();
         for m in self.state.input.take() {
             let _ = self.input.0.send(m);
         }
@@ -508,12 +557,17 @@ impl WaylandWindow {
         )
     }
 
+    /// The whole screen, as one rect.
+    fn whole(&self) -> Rect {
+        Rect::new(0, 0, self.fb.width(), self.fb.height())
+    }
+
     /// Applies an update to the framebuffer (a new screen size makes new buffers).
     fn apply(&mut self, u: &Update<'_>) -> Result<(), ndd_wire::display::DisplayFrameError> {
         let resized = self.fb.apply(u)?;
         if resized {
             self.buffers = None;
-            self.dirty = vec![Rect::new(0, 0, self.fb.width(), self.fb.height())];
+            self.dirty = vec![self.whole()];
             tracing::info!(
                 endpoint = self.endpoint,
                 width = self.fb.width(),
@@ -522,6 +576,8 @@ impl WaylandWindow {
             );
         } else {
             self.dirty.extend(u.rects.iter().map(|r| r.rect));
+            let whole = self.whole();
+            bound(&mut self.dirty, whole);
         }
         Ok(())
     }
@@ -588,8 +644,10 @@ impl WaylandWindow {
         let Some(b) = self.buffers.as_mut() else {
             return Ok(false);
         };
+        let whole = Rect::new(0, 0, b.size.0, b.size.1);
         for s in &mut b.stale {
             s.extend(dirty.iter().copied());
+            bound(s, whole);
         }
         let stride = usize::from(b.size.0) * 4;
         let one = stride * usize::from(b.size.1);
@@ -691,6 +749,8 @@ fn run_wayland_window(
                 break;
             }
         }
+        // Positions dispatched next map onto the screen as it is now.
+        w.screen_to_input();
         pump(&mut w.queue, &mut w.state, POLL).map_err(|e| w.err(e))?;
         w.forward_input();
     }
@@ -702,10 +762,14 @@ fn run_wayland_window(
     // Keys still held are released on the app side.
     w.state.input.keyboard_left();
     w.forward_input();
-    viewers()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&viewer_key(&w.display));
+    {
+        // Its own entry only (a newer viewer of the same display may have replaced it).
+        let mut v = viewers().lock().unwrap_or_else(|p| p.into_inner());
+        let key = viewer_key(&w.display);
+        if v.get(&key).is_some_and(|(_, t)| Arc::ptr_eq(t, &w.input.1)) {
+            v.remove(&key);
+        }
+    }
     w.toplevel.destroy();
     let _ = w.conn.flush();
     tracing::debug!(endpoint, frames = report.frames, "sink ended");

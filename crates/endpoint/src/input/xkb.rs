@@ -5,10 +5,12 @@
 //! A virtual keyboard brings its own keymap (xkeyboard-config's `us`, [`KEYMAP_US`]). A press
 //! whose keysym the `us` layout gives on the same key goes by its key (so shortcuts and games
 //! see the usual keys), with Shift set or cleared for that press when the keysym is on the
-//! key's other level (the source's Caps Lock). Any other keysym (`z` on a German keyboard's
-//! `y` key, `@` from AltGr+q, `ü`, `dead_circumflex`, the keypad's digits under Num Lock) is
-//! given to a spare keycode of the keymap, which is uploaded again, and that key is pressed
-//! with Shift cleared: one level, so it types that keysym and nothing else, as `wtype` does.
+//! key's other level (the source's Caps Lock, the keypad under its Num Lock). A keysym `us`
+//! has on another key (`z` on a German keyboard's `y` key, `@` from AltGr+q, Control on Caps
+//! Lock with `ctrl:nocaps`, Colemak's letters) goes to that key, Shift set as it needs. Any
+//! other keysym (`ü`, `ß`, `dead_circumflex`) is given to a spare keycode of the keymap, which
+//! is uploaded again, and that key is pressed with Shift cleared: one level, so it types that
+//! keysym and nothing else, as `wtype` does.
 //! Lock keys (Caps Lock, Num Lock) and AltGr are not pressed: the source already applied them
 //! to its keysyms. A spare given a keysym keeps it (no upload while the same keysyms are
 //! typed); when every spare is given, the one given longest ago and not held goes to the
@@ -26,58 +28,6 @@ pub const KEYMAP_US: &str = include_str!("keymap-us.xkb");
 const SPARES: [u16; 35] = [
     97, 103, 120, 132, 149, 154, 168, 178, 183, 184, 197, 202, 217, 219, 222, 230, 248, 237, 238,
     239, 240, 241, 242, 243, 244, 245, 246, 247, 249, 250, 251, 252, 253, 254, 255,
-];
-
-/// The `us` layout's two levels on the keys that type characters, by Linux code.
-const US: [(u16, u8, u8); 48] = [
-    (2, b'1', b'!'),
-    (3, b'2', b'@'),
-    (4, b'3', b'#'),
-    (5, b'4', b'$'),
-    (6, b'5', b'%'),
-    (7, b'6', b'^'),
-    (8, b'7', b'&'),
-    (9, b'8', b'*'),
-    (10, b'9', b'('),
-    (11, b'0', b')'),
-    (12, b'-', b'_'),
-    (13, b'=', b'+'),
-    (16, b'q', b'Q'),
-    (17, b'w', b'W'),
-    (18, b'e', b'E'),
-    (19, b'r', b'R'),
-    (20, b't', b'T'),
-    (21, b'y', b'Y'),
-    (22, b'u', b'U'),
-    (23, b'i', b'I'),
-    (24, b'o', b'O'),
-    (25, b'p', b'P'),
-    (26, b'[', b'{'),
-    (27, b']', b'}'),
-    (30, b'a', b'A'),
-    (31, b's', b'S'),
-    (32, b'd', b'D'),
-    (33, b'f', b'F'),
-    (34, b'g', b'G'),
-    (35, b'h', b'H'),
-    (36, b'j', b'J'),
-    (37, b'k', b'K'),
-    (38, b'l', b'L'),
-    (39, b';', b':'),
-    (40, b'\'', b'"'),
-    (41, b'`', b'~'),
-    (43, b'\\', b'|'),
-    (44, b'z', b'Z'),
-    (45, b'x', b'X'),
-    (46, b'c', b'C'),
-    (47, b'v', b'V'),
-    (48, b'b', b'B'),
-    (49, b'n', b'N'),
-    (50, b'm', b'M'),
-    (51, b',', b'<'),
-    (52, b'.', b'>'),
-    (53, b'/', b'?'),
-    (57, b' ', b' '),
 ];
 
 /// How a press is typed.
@@ -111,6 +61,8 @@ pub struct Typist {
     /// The `us` keymap, xkb_symbols' end (where spare keys' symbols go), and the entries of
     /// the spares' own symbols to leave out.
     base: &'static str,
+    /// What the `us` keymap's keys give.
+    us: XkbKeys,
 }
 
 impl Default for Typist {
@@ -133,6 +85,7 @@ impl Typist {
             clock: 0,
             held: HashMap::new(),
             base: KEYMAP_US,
+            us: XkbKeys::parse(KEYMAP_US),
         }
     }
 
@@ -149,22 +102,26 @@ impl Typist {
             shift,
             keymap: None,
         };
-        let p = if is_modifier(keysym) || (is_function(keysym) && !is_keypad(keysym)) {
-            // Shift, Control, Alt, Super; Return, BackSpace, the arrows, F1…: the same key in
-            // every layout.
+        let at = |c: u16, shift: bool| self.us.keysym(u32::from(c), u32::from(shift));
+        let p = if at(code, shift) == Some(keysym) {
             by_key(None)
-        } else if let Some(&(_, lo, up)) = US.iter().find(|(c, ..)| *c == code) {
-            let (lo, up) = (u32::from(lo), u32::from(up));
-            if keysym == if shift { up } else { lo } {
-                by_key(None)
-            } else if keysym == if shift { lo } else { up } && lo != up {
-                by_key(Some(!shift))
-            } else {
-                self.spare(keysym)
+        } else if at(code, !shift) == Some(keysym) && !is_modifier(keysym) {
+            // The source's Caps Lock, or the keypad under its Num Lock.
+            by_key(Some(!shift))
+        } else if let Some((c, needs_shift)) = self.us.find(keysym) {
+            // On another key here (`ctrl:nocaps`, `caps:escape`, Colemak, Dvorak): that key.
+            Press::Key {
+                code: c as u16,
+                shift: (!is_modifier(keysym) && needs_shift != shift).then_some(needs_shift),
+                keymap: None,
             }
         } else {
             self.spare(keysym)
         };
+        if p == Press::Skip {
+            // Not pressed here: nothing to release either.
+            self.held.insert(code, None);
+        }
         if let Press::Key { code: sent, .. } = &p {
             self.held.insert(code, Some(*sent));
         }
@@ -200,7 +157,7 @@ impl Typist {
                 .min_by_key(|&i| self.given[i].map_or(0, |(_, t)| t))
         });
         let Some(i) = free else {
-            // Every spare held at once (35 keys): this one goes by its key.
+            // Every spare held at once (35 keys): this one is not typed.
             return Press::Skip;
         };
         self.given[i] = Some((keysym, now));
@@ -222,11 +179,6 @@ impl Typist {
         }
         with_symbols(self.base, &ours)
     }
-}
-
-/// TTY function, cursor, keypad, function-key and modifier keysyms (`0xff00…0xffff`).
-fn is_function(k: u32) -> bool {
-    (0xff00..=0xffff).contains(&k)
 }
 
 /// xkb keycode → its name, from a keymap's `xkb_keycodes` section.
@@ -291,6 +243,7 @@ mod tests {
     const AT: u32 = 0x40;
     const Z: u32 = 0x7a;
     const UDIAERESIS: u32 = 0xfc;
+    const SSHARP: u32 = 0xdf;
     const F1: u32 = 0xffbe;
     const KP_1: u32 = 0xffb1;
 
@@ -327,22 +280,25 @@ mod tests {
     #[test]
     fn other_layouts_keysyms_go_to_spare_keys_given_them_in_the_keymap() {
         let mut t = Typist::new();
-        // A German keyboard: `z` on the us `y` key (Linux 21), `@` from AltGr+q (16), ü.
+        // A German keyboard: `z` on the us `y` key (Linux 21) and `@` from AltGr+q (16) go
+        // to the us keys that give them; `ü` and `ß`, which us lacks, to spare keys.
         assert_eq!(t.press(100, XK_ISO_LEVEL3_SHIFT, false), Press::Skip);
-        let (z_key, shift, upload) = key(&t.press(21, Z, false));
+        assert_eq!(key(&t.press(21, Z, false)), (44, None, false));
+        assert_eq!(key(&t.press(16, AT, false)), (3, Some(true), false));
+        let (u_key, shift, upload) = key(&t.press(26, UDIAERESIS, false));
         assert_eq!((shift, upload), (Some(false), true));
-        assert_eq!(z_key, 97 - 8, "the first spare (keycode 97)");
+        assert_eq!(u_key, 97 - 8, "the first spare (keycode 97)");
         let Press::Key {
             keymap: Some(km), ..
-        } = t.press(16, AT, false)
+        } = t.press(12, SSHARP, false)
         else {
             panic!("a new keysym uploads the keymap")
         };
         assert!(
-            km.contains("key <AB11> { [ 0x7a ] };"),
-            "z on the first spare"
+            km.contains("key <AB11> { [ 0xfc ] };"),
+            "ü on the first spare"
         );
-        assert!(km.contains("key <JPCM> { [ 0x40 ] };"), "@ on the second");
+        assert!(km.contains("key <JPCM> { [ 0xdf ] };"), "ß on the second");
         assert!(
             km.contains("XF86KbdBrightnessUp"),
             "spares not given keep theirs"
@@ -360,13 +316,39 @@ mod tests {
         );
         assert!(km.contains("key <I237> { [ 0x1000111 ] };"));
         // The same keysym again: the same spare, no upload.
-        assert_eq!(key(&t.press(21, Z, true)), (z_key, Some(false), false));
-        assert_eq!(t.release(21), Some(z_key));
+        assert_eq!(t.release(26), Some(u_key));
+        assert_eq!(
+            key(&t.press(26, UDIAERESIS, true)),
+            (u_key, Some(false), false)
+        );
+        assert_eq!(t.release(26), Some(u_key));
         assert_eq!(t.release(100), None, "AltGr was not pressed here");
-        assert!(key(&t.press(26, UDIAERESIS, false)).2);
-        // The keypad's digits under the source's Num Lock, and Caps Lock itself.
-        assert_eq!(key(&t.press(79, KP_1, false)).1, Some(false));
+        // The keypad's digits under the source's Num Lock (its key with Shift), and Caps Lock
+        // itself (not pressed: the source applied it).
+        assert_eq!(key(&t.press(79, KP_1, false)), (79, Some(true), false));
         assert_eq!(t.press(58, 0xffe5, false), Press::Skip);
+        assert_eq!(t.release(58), None);
+    }
+
+    /// Layouts and options that move keys: `ctrl:nocaps` (Caps is Control), `caps:escape`,
+    /// Colemak's `s` on the us `d` key; each goes to the key that gives it here.
+    #[test]
+    fn keysyms_on_other_keys_go_to_the_key_that_gives_them_here() {
+        let mut t = Typist::new();
+        assert_eq!(
+            key(&t.press(58, 0xffe3, false)),
+            (29, None, false),
+            "Control_L"
+        );
+        assert_eq!(t.release(58), Some(29));
+        assert_eq!(key(&t.press(58, 0xff1b, false)), (1, None, false), "Escape");
+        assert_eq!(key(&t.press(32, 0x73, false)), (31, None, false), "s");
+        assert_eq!(key(&t.press(32, 0x53, false)), (31, Some(true), false), "S");
+        assert_eq!(
+            key(&t.press(32, 0x53, true)),
+            (31, None, false),
+            "S, Shift held"
+        );
     }
 
     #[test]
@@ -392,20 +374,20 @@ mod tests {
     #[test]
     fn the_keymap_stays_one_keymap() {
         let mut t = Typist::new();
-        t.press(21, Z, false);
+        t.press(26, UDIAERESIS, false);
         let km = t.keymap();
         assert!(km.starts_with("xkb_keymap {"));
         assert_eq!(km.matches("xkb_symbols").count(), 1);
         assert_eq!(km.matches("xkb_geometry").count(), 1);
         let symbols = section(&km, "xkb_symbols").unwrap();
         assert!(
-            symbols.ends_with("key <AB11> { [ 0x7a ] };"),
+            symbols.ends_with("key <AB11> { [ 0xfc ] };"),
             "{}",
             &symbols[symbols.len() - 80..]
         );
         assert_eq!(
             km.len(),
-            KEYMAP_US.len() + "\n    key <AB11> { [ 0x7a ] };".len(),
+            KEYMAP_US.len() + "\n    key <AB11> { [ 0xfc ] };".len(),
             "nothing else changed (keycode 97, AB11, had no symbols)"
         );
     }
@@ -566,6 +548,20 @@ impl XkbKeys {
             num_lock: mask_of(super::keymap::XK_NUM_LOCK, 1 << 4),
             keys,
         }
+    }
+
+    /// A key giving `keysym` at its first or second level (the lowest such code): the key,
+    /// and whether it needs Shift.
+    pub fn find(&self, keysym: u32) -> Option<(u32, bool)> {
+        let mut codes: Vec<u32> = self.keys.keys().copied().collect();
+        codes.sort_unstable();
+        codes.into_iter().find_map(|c| {
+            self.keys[&c]
+                .iter()
+                .take(2)
+                .position(|&k| k == keysym)
+                .map(|i| (c, i == 1))
+        })
     }
 
     /// Whether it knows any key (a keymap was read).

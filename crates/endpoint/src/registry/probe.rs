@@ -163,9 +163,7 @@ impl SinkConfig {
             SinkConfig::Xtest(c) => display(endpoint, &c.display),
             SinkConfig::WaylandInput(c) => crate::input::open_wayland_input(endpoint, c).map(drop),
             SinkConfig::X11Window(c) => display(endpoint, &c.display),
-            SinkConfig::WaylandWindow(c) => {
-                crate::display::open_wayland_window(endpoint, c).map(drop)
-            }
+            SinkConfig::WaylandWindow(c) => crate::display::probe_wayland_window(endpoint, c),
             SinkConfig::X11Cursor(c) => display(endpoint, &c.display),
             SinkConfig::X11Clipboard(c) => display(endpoint, &c.display),
             SinkConfig::WaylandClipboard(c) => crate::clipboard::probe_wayland(endpoint, c),

@@ -191,7 +191,12 @@ impl<S: RunSeal, K> SourceFlow<S, K> {
             self.want = None;
         } else {
             self.gate = None;
-            self.want = Some(keys);
+            self.gate_notice = false;
+            // Once the END went nothing is sealed again: frames sealed anew would come after
+            // it (and the END is not kept to go again behind them).
+            if matches!(self.ending, Ending::No | Ending::Due) {
+                self.want = Some(keys);
+            }
         }
         self.advance(now)
     }
@@ -201,6 +206,7 @@ impl<S: RunSeal, K> SourceFlow<S, K> {
     pub fn handle_keys_gone(&mut self, now: Instant) -> Result<(), SendError> {
         self.sender.outbox.stop_keeping();
         self.gate = None;
+        self.gate_notice = false;
         self.want = None;
         self.advance(now)
     }
@@ -380,6 +386,18 @@ mod tests {
     type Flow = SourceFlow<ToySeal, u64>;
 
     fn flow(stored: bool, gated: bool, parts: Option<u16>, broadcast: bool) -> Flow {
+        flow_keeping(stored, gated, parts, broadcast, false)
+    }
+
+    /// `keep`: an app side's reliable stream, keeping its frames to seal them again after a
+    /// rotation.
+    fn flow_keeping(
+        stored: bool,
+        gated: bool,
+        parts: Option<u16>,
+        broadcast: bool,
+        keep: bool,
+    ) -> Flow {
         let keys = GroupKey::first([1; 32], RUN);
         let subjects = match parts {
             Some(n) => (0..n).map(|p| (format!("d.{p}"), Some(p))).collect(),
@@ -389,7 +407,7 @@ mod tests {
             subjects,
             broadcast: broadcast.then(|| "all".to_string()),
         };
-        let sender = Sender::new(2, keys, stored, None, false).unwrap();
+        let sender = Sender::new(2, keys, stored, keep.then_some(9), keep).unwrap();
         SourceFlow::new(sender, 2, stored, gated, MAX, end)
     }
 
@@ -421,7 +439,7 @@ mod tests {
         f.handle_end(t, 5).unwrap();
         assert!(!f.ready());
         let sent = drain(&mut f);
-        // The frame, then the END on both parts, each with the broadcast before it.
+        // The frame, then the END on both parts, the broadcast (once per part) after them.
         let seqs: Vec<(String, u64)> = sent
             .iter()
             .map(|p| (p.subject.clone(), seq_of(p)))
@@ -544,7 +562,8 @@ mod tests {
         let gated = stored && rng.chance(60);
         let parts = rng.chance(30).then(|| 2 + rng.below(2) as u16);
         let broadcast = !stored && rng.chance(30);
-        let mut f = flow(stored, gated, parts, broadcast);
+        let keep = stored && !gated && rng.chance(50);
+        let mut f = flow_keeping(stored, gated, parts, broadcast, keep);
         let subjects: Vec<(String, Option<u16>)> = f.end.subjects.clone();
         let t0 = Instant::now();
         let mut now = t0;
@@ -574,9 +593,20 @@ mod tests {
                         ended = true;
                     } else if f.ready() {
                         let (s, p) = subjects[(next as usize) % subjects.len()].clone();
-                        f.handle_frame(now, &s, p, frame(next), None).unwrap();
+                        let kept = keep.then_some((1, next));
+                        f.handle_frame(now, &s, p, frame(next), kept).unwrap();
                         next += 1;
                     }
+                }
+                4 if keep && !calm && rng.chance(30) => {
+                    // An app side follows a rotation (or a device restart named by a join):
+                    // what the device received under the old key after it began comes back.
+                    key_byte += 1;
+                    let mut k = GroupKey::first([key_byte; 32], RUN);
+                    k.previous = Some(keys.key);
+                    k.since = rng.below(stored_seq + 1);
+                    f.handle_keys(now, k).unwrap();
+                    keys = k;
                 }
                 4 if gated && !rotating && !calm => {
                     key_byte += 1;
@@ -614,6 +644,14 @@ mod tests {
                         f.handle_timeout(now).unwrap();
                     }
                 }
+            }
+            while let Some(n) = f.poll_again() {
+                assert!(
+                    ends.is_empty(),
+                    "seed {seed}: frame {n} sealed again after the END"
+                );
+                let (s, p) = subjects[(n as usize) % subjects.len()].clone();
+                f.handle_frame(now, &s, p, frame(n), Some((1, n))).unwrap();
             }
             if rotating && f.poll_gate() {
                 assert!(
