@@ -16,6 +16,10 @@ use std::time::{Duration, Instant};
 /// The DNS-SD service type of an ndd side.
 pub const SERVICE: &str = "_ndd._tcp.local.";
 
+/// The DNS-SD service type of a machine showing a pairing code (`ndd pair`): what
+/// `ndd pair CODE` without `--connect` looks for.
+pub const PAIR_SERVICE: &str = "_ndd-pair._tcp.local.";
+
 /// A side announced on the network, while this lives.
 pub struct Announcement {
     daemon: ServiceDaemon,
@@ -75,6 +79,11 @@ fn label(s: &str) -> String {
 
 /// Announces `side` listening on `ip` (unspecified: every address of this machine) `port`.
 pub fn announce(side: &Side, ip: IpAddr, port: u16) -> Result<Announcement> {
+    announce_as(SERVICE, side, ip, port)
+}
+
+/// [`announce`] as a `service` (DNS-SD type).
+pub fn announce_as(service: &str, side: &Side, ip: IpAddr, port: u16) -> Result<Announcement> {
     let daemon = ServiceDaemon::new().context("cannot start mDNS")?;
     // One instance per driver, side and machine: "lab app on bench3".
     let instance: String = format!("{} {} on {}", side.driver, side.side, side.host)
@@ -96,7 +105,7 @@ pub fn announce(side: &Side, ip: IpAddr, port: u16) -> Result<Announcement> {
     } else {
         ip.to_string()
     };
-    let mut info = ServiceInfo::new(SERVICE, &instance, &host, addr.as_str(), port, &props[..])
+    let mut info = ServiceInfo::new(service, &instance, &host, addr.as_str(), port, &props[..])
         .context("cannot describe this side for mDNS")?;
     if ip.is_unspecified() {
         info = info.enable_addr_auto();
@@ -119,10 +128,15 @@ pub struct Found {
     pub port: u16,
 }
 
-/// Listens for `seconds` and returns every ndd side that answered, by name.
+/// Listens for `wait` and returns every ndd side that answered, by name.
 pub fn browse(wait: Duration) -> Result<Vec<Found>> {
+    browse_for(SERVICE, wait)
+}
+
+/// [`browse`] for a `service` (DNS-SD type).
+pub fn browse_for(service: &str, wait: Duration) -> Result<Vec<Found>> {
     let daemon = ServiceDaemon::new().context("cannot start mDNS")?;
-    let rx = daemon.browse(SERVICE).context("cannot browse with mDNS")?;
+    let rx = daemon.browse(service).context("cannot browse with mDNS")?;
     let mut found: BTreeMap<String, Found> = BTreeMap::new();
     let until = Instant::now() + wait;
     while let Some(left) = until.checked_duration_since(Instant::now()) {

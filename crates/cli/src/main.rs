@@ -307,11 +307,13 @@ enum Command {
     /// trusts the other (known_peers), as `ndd trust` would. A code lasts 5 minutes and takes
     /// 3 wrong tries; it is never sent (SPAKE2).
     Pair {
-        /// The code the other machine shows (with --connect: join it); `1234-5678`, `12345678`
-        /// and `1234 5678` are the same code.
-        #[arg(requires = "connect", num_args = 1..=2, value_name = "CODE")]
+        /// The code the other machine shows: join it (found on the local network, or at
+        /// --connect); `1234-5678`, `12345678` and `1234 5678` are the same code. Without
+        /// one: show a code and wait.
+        #[arg(num_args = 1..=2, value_name = "CODE")]
         code: Vec<String>,
-        /// The machine showing the code: HOST, or HOST:PORT (port 7870 by default).
+        /// The machine showing the code: HOST, or HOST:PORT (port 7870 by default); without
+        /// it, the one machine on the local network announcing a pairing (mDNS).
         #[arg(long, value_name = "HOST", requires = "code")]
         connect: Option<String>,
         /// Where to listen while showing a code.
@@ -1042,9 +1044,15 @@ fn run(cli: Cli) -> Result<i32> {
         } => {
             let rt = runtime()?;
             let dir = home.dir();
-            match connect {
-                Some(h) => rt.block_on(ndd::pair::join(&code.join(" "), &h, &dir, name.as_deref())),
-                None => rt.block_on(ndd::pair::offer(&listen, &dir, name.as_deref())),
+            if code.is_empty() {
+                rt.block_on(ndd::pair::offer(&listen, &dir, name.as_deref()))
+            } else {
+                rt.block_on(ndd::pair::join(
+                    &code.join(" "),
+                    connect.as_deref(),
+                    &dir,
+                    name.as_deref(),
+                ))
             }
         }
         Command::Untrust { peer, home } => {

@@ -140,6 +140,31 @@ pub async fn offer(listen: &str, home: &Path, name: Option<&str>) -> Result<i32>
     for h in &hosts {
         println!("  ndd pair {code} --connect {h}{port}");
     }
+    // Announced on the LAN (not on loopback): `ndd pair CODE` there finds this machine
+    // without --connect. The code itself is never announced.
+    let _announced = if local.ip().is_loopback() {
+        None
+    } else {
+        let fp = signer_fingerprint(home);
+        let side = crate::discover::this_side("pairing", "offer", "tcp", fp);
+        match crate::discover::announce_as(
+            crate::discover::PAIR_SERVICE,
+            &side,
+            local.ip(),
+            local.port(),
+        ) {
+            Ok(a) => {
+                println!(
+                    "announced on the local network: `ndd pair {code}` there finds this machine"
+                );
+                Some(a)
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "pairing not announced on the local network");
+                None
+            }
+        }
+    };
     println!("waiting on {local} (Ctrl-C stops)");
     let expires = Instant::from_std(offer.expires());
     loop {
@@ -171,11 +196,64 @@ pub async fn offer(listen: &str, home: &Path, name: Option<&str>) -> Result<i32>
     }
 }
 
-/// Types `code` to the machine at `connect` and pairs with it.
-pub async fn join(code: &str, connect: &str, home: &Path, name: Option<&str>) -> Result<i32> {
+/// How long `ndd pair CODE` without `--connect` looks for the machine showing it.
+const FIND_WAIT: Duration = Duration::from_secs(3);
+
+/// The machine showing a pairing code on the local network, if exactly one does.
+async fn find_offer() -> Result<String> {
+    let found = tokio::task::spawn_blocking(|| {
+        crate::discover::browse_for(crate::discover::PAIR_SERVICE, FIND_WAIT)
+    })
+    .await
+    .context("looking for the machine showing the code")??;
+    let at = |f: &crate::discover::Found| {
+        f.addrs.first().map(|a| match a {
+            std::net::IpAddr::V6(v6) => format!("[{v6}]:{}", f.port),
+            std::net::IpAddr::V4(v4) => format!("{v4}:{}", f.port),
+        })
+    };
+    match &found[..] {
+        [] => bail!(
+            "no machine nearby shows a pairing code (none announced itself on the local network within {} s; mDNS needs UDP port 5353 open between the machines): give --connect HOST, the machine where `ndd pair` runs",
+            FIND_WAIT.as_secs()
+        ),
+        [one] => {
+            let addr = at(one).ok_or_else(|| anyhow!("{} announced a pairing code but no address: give --connect HOST", one.side.host))?;
+            eprintln!("ndd: the machine showing the code: {} at {addr}", one.side.host);
+            Ok(addr)
+        }
+        many => bail!(
+            "{} machines nearby show a pairing code ({}): give --connect HOST for the one whose code you typed",
+            many.len(),
+            many.iter()
+                .map(|f| format!("{} at {}", f.side.host, at(f).unwrap_or_else(|| "?".into())))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// This home's fingerprint, if it has an identity.
+fn signer_fingerprint(home: &Path) -> Option<String> {
+    crate::session::load_identity(home)
+        .ok()
+        .map(|id| id.fingerprint())
+}
+
+/// Types `code` to the machine at `connect` (found on the local network when `None`) and
+/// pairs with it.
+pub async fn join(
+    code: &str,
+    connect: Option<&str>,
+    home: &Path,
+    name: Option<&str>,
+) -> Result<i32> {
     ndd_link::pair::parse_code(code).map_err(|e| anyhow!("{e}"))?;
     let me = signer(home)?;
-    let addr = with_port(connect);
+    let addr = match connect {
+        Some(c) => with_port(c),
+        None => find_offer().await?,
+    };
     let mut stream = match tokio::time::timeout(CONNECT_WAIT, TcpStream::connect(&addr)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => bail!(

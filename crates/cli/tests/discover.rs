@@ -245,3 +245,78 @@ sink = { type = "null" }
             .contains("is this machine only, not announced")
     });
 }
+
+/// `ndd pair CODE` without `--connect`: the machine showing the code announces the pairing on
+/// the LAN (never the code), the other finds it and pairs; both then trust each other. With
+/// nothing announced the joining side says to give `--connect`.
+#[test]
+fn pair_without_an_address_finds_the_machine_showing_the_code() {
+    use std::io::BufRead;
+    let Some(lan) = Lan::new() else {
+        println!("SKIPPED: pairing discovery test needs network namespaces (root and `ip`)");
+        return;
+    };
+    let dir = Dir::new("pair-discover");
+    let (a_home, b_home) = (dir.0.join("a"), dir.0.join("b"));
+    // Nobody shows a code yet: told what to do.
+    let out = Lan::ndd(
+        &lan.b,
+        &["pair", "1234-5678", "--home", b_home.to_str().unwrap()],
+    )
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("no machine nearby shows a pairing code") && err.contains("--connect"),
+        "{err}"
+    );
+    let mut offer = Lan::ndd(
+        &lan.a,
+        &[
+            "pair",
+            "--listen",
+            "0.0.0.0:7871",
+            "--home",
+            a_home.to_str().unwrap(),
+        ],
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut stdout = std::io::BufReader::new(offer.stdout.take().unwrap());
+    let mut all = String::new();
+    while !all.contains("waiting on") {
+        let mut l = String::new();
+        assert!(stdout.read_line(&mut l).unwrap() > 0, "stdout ended: {all}");
+        all.push_str(&l);
+    }
+    assert!(all.contains("announced on the local network"), "{all}");
+    let code = all
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("pairing code: "))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap()
+        .to_string();
+    let out = Lan::ndd(&lan.b, &["pair", &code, "--home", b_home.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("the machine showing the code"), "{err}");
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = offer.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t0.elapsed() < WAIT, "the offering side did not end");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(status.success());
+    let fp = |h: &std::path::Path| ok(ndd().args(["id", "--home"]).arg(h)).trim().to_string();
+    let known = |h: &std::path::Path| std::fs::read_to_string(h.join("known_peers")).unwrap();
+    assert!(known(&a_home).contains(&fp(&b_home)));
+    assert!(known(&b_home).contains(&fp(&a_home)));
+}
