@@ -599,6 +599,37 @@ fn the_wayland_window_shows_updates_scaled_to_the_window() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // The link goes down: the picture at half brightness and the title says so; the next
+    // update brings it back.
+    send(3, ndd_endpoint::display::LinkState::Down.payload().to_vec());
+    let half = [0x33 / 2, 0x66 / 2, 0xcc / 2];
+    let t0 = Instant::now();
+    while near(&sway.grim().expect("grim"), half).0 < 160 * 240 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the picture never dimmed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let tree = std::process::Command::new("swaymsg")
+        .args(["-t", "get_tree"])
+        .env("SWAYSOCK", &sway.ipc)
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&tree.stdout)
+            .contains("ndd wayland viewer (link down, reconnecting)"),
+        "the title says the link is down"
+    );
+    send(4, solid_update(320, 240, &[(r(300, 0, 20, 20), green)]));
+    let t0 = Instant::now();
+    while near(&sway.grim().expect("grim"), blue).0 < 160 * 240 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the picture never came back"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     // sway closes the window (as a person would): the sink ends by itself, cleanly.
     assert!(sway.msg(&["[title=\"ndd wayland viewer\"]", "kill"]));
     let report = rt
@@ -606,6 +637,9 @@ fn the_wayland_window_shows_updates_scaled_to_the_window() {
         .expect("the sink ends once its window is closed")
         .expect("joins")
         .expect("ends cleanly");
-    assert_eq!(report.frames, 2);
+    assert_eq!(
+        report.frames, 3,
+        "the link-state record is not a frame of the peer's"
+    );
     drop(tx);
 }

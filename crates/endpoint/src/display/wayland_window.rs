@@ -29,7 +29,7 @@ use crate::common::report::{SinkReport, SinkTask};
 use crate::common::wayland::{memfd, pump, unavailable, wayland_connect};
 use crate::input::InputMessage;
 use ndd_core::{Frame, RateLimit};
-use ndd_wire::display::{Framebuffer, PixelFormat, Rect, Update};
+use ndd_wire::display::{Framebuffer, LinkState, PixelFormat, Rect, Update};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -347,6 +347,10 @@ pub(crate) struct WaylandWindow {
     inhibitor: Option<inhibitor::ZwpKeyboardShortcutsInhibitorV1>,
     /// Seat version: `frame` events from 5 on (each pointer event is a frame before).
     seat_version: u32,
+    /// The window's title as configured.
+    title: String,
+    /// The link is down: the picture is shown at half brightness.
+    dimmed: bool,
 }
 
 impl std::fmt::Debug for WaylandWindow {
@@ -484,6 +488,8 @@ fn open_wayland_window(
         inhibit,
         inhibitor: None,
         seat_version,
+        title: c.title.clone(),
+        dimmed: false,
     })
 }
 
@@ -562,8 +568,32 @@ impl WaylandWindow {
         Rect::new(0, 0, self.fb.width(), self.fb.height())
     }
 
+    /// The link went down (the picture at half brightness, the title says why) or came back.
+    fn link_state(&mut self, state: LinkState) {
+        let (name, dim) = match state {
+            LinkState::Up => (self.title.clone(), false),
+            LinkState::Down => (format!("{} (link down, reconnecting)", self.title), true),
+            LinkState::PeerStopped => (
+                format!("{} (the peer stopped, waiting for it)", self.title),
+                true,
+            ),
+        };
+        self.toplevel.set_title(name);
+        self.set_dimmed(dim);
+    }
+
+    /// Shows the picture dimmed or not (redrawn whole when it changes).
+    fn set_dimmed(&mut self, dim: bool) {
+        if dim != self.dimmed {
+            self.dimmed = dim;
+            self.dirty = vec![self.whole()];
+        }
+    }
+
     /// Applies an update to the framebuffer (a new screen size makes new buffers).
     fn apply(&mut self, u: &Update<'_>) -> Result<(), ndd_wire::display::DisplayFrameError> {
+        // Frames flow again: the picture as it is, the update on top.
+        self.set_dimmed(false);
         let resized = self.fb.apply(u)?;
         if resized {
             self.buffers = None;
@@ -657,7 +687,13 @@ impl WaylandWindow {
             let (x, w) = (usize::from(r.x) * 4, usize::from(r.w) * 4);
             for y in usize::from(r.y)..usize::from(r.y) + usize::from(r.h) {
                 let at = y * stride + x;
-                dst[at..at + w].copy_from_slice(&px[at..at + w]);
+                if self.dimmed {
+                    for (d, s) in dst[at..at + w].iter_mut().zip(&px[at..at + w]) {
+                        *d = s / 2;
+                    }
+                } else {
+                    dst[at..at + w].copy_from_slice(&px[at..at + w]);
+                }
             }
         }
         self.surface.attach(Some(&b.buffers[i]), 0, 0);
@@ -712,6 +748,11 @@ fn run_wayland_window(
         loop {
             match rx.try_recv() {
                 Ok(frame) => {
+                    if let Some(state) = LinkState::parse(frame.payload()) {
+                        // The session's own record (any 3-byte record of that form is one).
+                        w.link_state(state);
+                        continue;
+                    }
                     report.frames += 1;
                     report.bytes += frame.len() as u64;
                     match Update::parse(frame.payload()).map(|u| w.apply(&u)) {

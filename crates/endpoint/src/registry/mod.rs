@@ -928,11 +928,14 @@ impl SinkConfig {
         }
     }
 
-    /// Whether the sink shows the link's state (`x11-window`: a dimmed image and a title while
-    /// the link is down): the session then puts display link-state records
+    /// Whether the sink shows the link's state (`x11-window`, `wayland-window`: a dimmed image
+    /// and a title while the link is down): the session then puts display link-state records
     /// (`ndd_wire::display::LinkState`) in front of it.
     pub fn shows_link_state(&self) -> bool {
-        matches!(self, SinkConfig::X11Window(_))
+        matches!(
+            self,
+            SinkConfig::X11Window(_) | SinkConfig::WaylandWindow(_)
+        )
     }
 
     /// Starts the sink on the current tokio runtime, consuming `rx` until every sender is gone.
