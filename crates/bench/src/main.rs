@@ -276,8 +276,38 @@ pub(crate) fn ndd_exe() -> Result<PathBuf> {
     Ok(ndd)
 }
 
+/// Where a `--quick` run writes when `--out` is left at `docs/bench` (whose pages record full
+/// runs: a smoke run must not overwrite them).
+const QUICK_OUT: &str = "target/bench-quick";
+
+impl BenchCmd {
+    /// The run's `--quick` and `--out`.
+    fn quick_out(&mut self) -> (bool, &mut PathBuf) {
+        match self {
+            BenchCmd::Audio { quick, out }
+            | BenchCmd::Peers { quick, out }
+            | BenchCmd::Fanout { quick, out, .. }
+            | BenchCmd::Display { quick, out, .. }
+            | BenchCmd::E2e { quick, out, .. }
+            | BenchCmd::Jitter { quick, out }
+            | BenchCmd::Links { quick, out, .. }
+            | BenchCmd::Placement { quick, out }
+            | BenchCmd::Rfb { quick, out }
+            | BenchCmd::Soak { quick, out, .. }
+            | BenchCmd::Pairs { quick, out } => (*quick, out),
+        }
+    }
+}
+
 /// Dispatches.
-pub async fn run(cmd: BenchCmd) -> Result<()> {
+pub async fn run(mut cmd: BenchCmd) -> Result<()> {
+    let (quick, out) = cmd.quick_out();
+    if quick && out.as_path() == Path::new("docs/bench") {
+        eprintln!(
+            "bench: --quick writes into {QUICK_OUT} (docs/bench records full runs; give --out to write elsewhere)"
+        );
+        *out = PathBuf::from(QUICK_OUT);
+    }
     match cmd {
         BenchCmd::Audio { quick, out } => {
             tokio::task::spawn_blocking(move || audio::run(quick, &out))
