@@ -43,8 +43,7 @@ pub(crate) struct ViewerInput {
     keymap: Option<XkbKeys>,
     /// The modifiers as the compositor reports them (depressed, latched, locked).
     mods: u32,
-    /// The layout group in use: keysyms are read for the first only (with another, presses
-    /// go without one rather than with the first layout's).
+    /// The layout group in use (`us,ru` switched to `ru`: 1).
     group: u32,
 }
 
@@ -97,8 +96,10 @@ impl ViewerInput {
 
     /// A key pressed or released (`wl_keyboard.key`: a Linux code).
     pub(crate) fn key(&mut self, code: u32, down: bool) {
-        let sym = if down && self.group == 0 {
-            self.keymap.as_ref().and_then(|k| k.keysym(code, self.mods))
+        let sym = if down {
+            self.keymap
+                .as_ref()
+                .and_then(|k| k.keysym_in(code, self.mods, self.group))
         } else {
             None
         };
@@ -304,11 +305,16 @@ mod tests {
             vec![(EV_KEYSYM, 3, 0x40), (EV_KEY, 3, 1), (EV_KEY, 3, 0)],
             "Shift+2 is @, said with the press only"
         );
-        // A second layout (`us,ru` switched to ru): not read, so no keysym rather than a
-        // wrong one.
+        // A keymap of two layouts (`us,ru`), switched to the second: its keysyms.
+        let two = "xkb_keymap {\nxkb_keycodes \"x\" {\n<AC01> = 38;\n};\nxkb_symbols \"us+ru:2\" {\nkey <AC01> { [ a, A ], [ Cyrillic_ef, Cyrillic_EF ] };\n};\n};\n";
+        v.set_keymap(two);
         v.modifiers(0, 0, 0, 1);
         v.key(30, true);
-        assert_eq!(events(&v.take()), vec![(EV_KEY, 30, 1)]);
+        assert_eq!(
+            events(&v.take()),
+            vec![(EV_KEYSYM, 30, 0x6c6), (EV_KEY, 30, 1)],
+            "Cyrillic_ef"
+        );
     }
 
     #[test]

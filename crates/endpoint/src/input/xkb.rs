@@ -422,13 +422,62 @@ pub fn keysym_by_name(name: &str) -> Option<u32> {
     }
 }
 
+/// A key entry's groups of keysyms: `symbols[GroupN]= [ … ]` lists by their group, or, in the
+/// plain form, every `[ … ]` list in order (`[ a, A ], [ Cyrillic_ef, Cyrillic_EF ]`).
+fn groups_of(body: &str) -> Vec<Vec<u32>> {
+    let list = |s: &str| -> Option<Vec<u32>> {
+        let open = s.find('[')?;
+        let close = s[open..].find(']')? + open;
+        Some(
+            s[open + 1..close]
+                .split(',')
+                .map(|k| keysym_by_name(k.trim()).unwrap_or(0))
+                .collect(),
+        )
+    };
+    let mut groups: Vec<Vec<u32>> = Vec::new();
+    if body.contains("symbols[") {
+        let mut rest = body;
+        while let Some(at) = rest.find("symbols[") {
+            let tail = &rest[at + "symbols[".len()..];
+            let Some(close) = tail.find(']') else { break };
+            let n: usize = tail[..close]
+                .trim()
+                .trim_start_matches(['G', 'g'])
+                .trim_start_matches("roup")
+                .parse()
+                .unwrap_or(1);
+            let after = &tail[close + 1..];
+            if let Some(levels) = list(after) {
+                let i = n.clamp(1, 4) - 1;
+                if groups.len() <= i {
+                    groups.resize(i + 1, Vec::new());
+                }
+                groups[i] = levels;
+            }
+            rest = after;
+        }
+    } else {
+        let mut rest = body;
+        while let Some(open) = rest.find('[') {
+            let Some(levels) = list(&rest[open..]) else {
+                break;
+            };
+            groups.push(levels);
+            rest = &rest[open + 1..];
+            rest = rest.find(']').map_or("", |c| &rest[c + 1..]);
+        }
+    }
+    groups
+}
+
 /// A compositor's keymap (the xkb text a `wl_keyboard` gets), read as far as telling which
-/// keysym each key gives: group 1's levels of every key, and the modifier bits of Shift, Caps
-/// Lock, AltGr and Num Lock (xkb's real modifiers, in the `wl_keyboard.modifiers` masks).
+/// keysym each key gives: every group's levels of every key, and the modifier bits of Shift,
+/// Caps Lock, AltGr and Num Lock (xkb's real modifiers, in the `wl_keyboard.modifiers` masks).
 #[derive(Debug, Default, Clone)]
 pub struct XkbKeys {
-    /// Levels by Linux code (xkb keycode − 8).
-    keys: HashMap<u32, Vec<u32>>,
+    /// Each group's levels, by Linux code (xkb keycode − 8).
+    keys: HashMap<u32, Vec<Vec<u32>>>,
     level3: u32,
     num_lock: u32,
 }
@@ -469,7 +518,7 @@ impl XkbKeys {
                 }
             }
         }
-        let mut keys: HashMap<u32, Vec<u32>> = HashMap::new();
+        let mut keys: HashMap<u32, Vec<Vec<u32>>> = HashMap::new();
         let syms = section(text, "xkb_symbols").unwrap_or("");
         let mut rest = syms;
         let mut modmaps: Vec<(u32, Vec<String>)> = Vec::new();
@@ -483,25 +532,10 @@ impl XkbKeys {
                     break;
                 };
                 let body = &entry[..end];
-                // `[ a, A ]`, or `symbols[Group1]= [ a, A ]` after a type.
-                let from = body
-                    .find("symbols[")
-                    .and_then(|i| body[i..].find(']').map(|j| i + j + 1))
-                    .unwrap_or(0);
-                let list = &body[from..];
-                if let (Some((name, _)), Some(open), Some(close)) =
-                    (body.split_once('>'), list.find('['), list.find(']'))
-                {
-                    if open < close {
-                        let levels: Vec<u32> = list[open + 1..close]
-                            .split(',')
-                            .map(|s| keysym_by_name(s.trim()).unwrap_or(0))
-                            .collect();
-                        if let Some(&code) = codes.get(name) {
-                            if code >= 8 {
-                                keys.insert(code - 8, levels);
-                            }
-                        }
+                if let Some(&code) = body.split_once('>').and_then(|(n, _)| codes.get(n)) {
+                    let groups = groups_of(body);
+                    if code >= 8 && !groups.is_empty() {
+                        keys.insert(code - 8, groups);
                     }
                 }
                 rest = &entry[end..];
@@ -538,7 +572,7 @@ impl XkbKeys {
                         codes
                             .get(n.as_str())
                             .and_then(|c| keys.get(&c.wrapping_sub(8)))
-                            .is_some_and(|l| l.contains(&keysym))
+                            .is_some_and(|g| g.iter().any(|l| l.contains(&keysym)))
                     })
                 })
                 .map_or(default, |(m, _)| *m)
@@ -557,6 +591,7 @@ impl XkbKeys {
         codes.sort_unstable();
         codes.into_iter().find_map(|c| {
             self.keys[&c]
+                .first()?
                 .iter()
                 .take(2)
                 .position(|&k| k == keysym)
@@ -573,7 +608,14 @@ impl XkbKeys {
     /// locked together), as `XLookupKeysym` picks levels: Shift (and Caps Lock for letters,
     /// Num Lock for the keypad) the second, AltGr the third and fourth.
     pub fn keysym(&self, code: u32, mods: u32) -> Option<u32> {
-        let levels = self.keys.get(&code)?;
+        self.keysym_in(code, mods, 0)
+    }
+
+    /// [`XkbKeys::keysym`] in layout group `group` (0 is the first; past the key's last group
+    /// it wraps, as xkb's default does).
+    pub fn keysym_in(&self, code: u32, mods: u32, group: u32) -> Option<u32> {
+        let groups = self.keys.get(&code)?;
+        let levels = groups.get(group as usize % groups.len())?;
         let first = *levels.first()?;
         let (lo, up) = super::keymap::case_pair(first);
         let alphabetic = lo != up && levels.get(1).is_none_or(|&s| s == up);
@@ -666,6 +708,20 @@ xkb_symbols "pc+de" {
         assert_eq!(k.keysym(16, 1 << 7), Some(0x40), "AltGr+q is @");
         assert_eq!(k.keysym(44, (1 << 7) | MOD_SHIFT), Some(0x100203a));
         assert_eq!(k.keysym(100, 0), Some(0xfe03));
+        // Two groups, as xkbcommon writes them with a type: each its own list.
+        let two = "xkb_keymap {\nxkb_keycodes \"x\" {\n<AD01> = 24;\n};\nxkb_symbols \"x\" {\n    key <AD01> {\n        type[Group1]= \"ALPHABETIC\",\n        type[Group2]= \"ALPHABETIC\",\n        symbols[Group1]= [ q, Q ],\n        symbols[Group2]= [ Cyrillic_shorti, Cyrillic_SHORTI ]\n    };\n};\n};\n";
+        let k = XkbKeys::parse(two);
+        assert_eq!(k.keysym_in(16, 0, 0), Some(0x71));
+        assert_eq!(
+            k.keysym_in(16, MOD_SHIFT, 1),
+            Some(0x6ea),
+            "Cyrillic_SHORTI"
+        );
+        assert_eq!(
+            k.keysym_in(16, 0, 2),
+            Some(0x71),
+            "a group past the last wraps"
+        );
         let wtype = "xkb_keymap {\nxkb_keycodes \"(unnamed)\" {\nminimum = 8;\nmaximum = 11;\n<K1> = 9;\n<K2> = 10;\n};\nxkb_types \"(unnamed)\" { include \"complete\" };\nxkb_compatibility \"(unnamed)\" { include \"complete\" };\nxkb_symbols \"(unnamed)\" {\nkey <K1> {[ h ]};\nkey <K2> {[ i ]};\n};\n};\n";
         let k = XkbKeys::parse(wtype);
         assert_eq!(
