@@ -199,28 +199,58 @@ pub async fn offer(listen: &str, home: &Path, name: Option<&str>) -> Result<i32>
 /// How long `ndd pair CODE` without `--connect` looks for the machine showing it.
 const FIND_WAIT: Duration = Duration::from_secs(3);
 
-/// The machine showing a pairing code on the local network, if exactly one does.
-async fn find_offer() -> Result<String> {
+/// The machine showing a pairing code on the local network, if exactly one does: its
+/// addresses to try, in order (IPv4 first; loopback, unspecified, multicast and IPv6
+/// link-local ones, whose scope mDNS does not carry, left out).
+async fn find_offer() -> Result<Vec<String>> {
     let found = tokio::task::spawn_blocking(|| {
         crate::discover::browse_for(crate::discover::PAIR_SERVICE, FIND_WAIT)
     })
     .await
     .context("looking for the machine showing the code")??;
-    let at = |f: &crate::discover::Found| {
-        f.addrs.first().map(|a| match a {
-            std::net::IpAddr::V6(v6) => format!("[{v6}]:{}", f.port),
-            std::net::IpAddr::V4(v4) => format!("{v4}:{}", f.port),
-        })
+    let usable = |a: &std::net::IpAddr| match a {
+        std::net::IpAddr::V4(v4) => {
+            !(v4.is_loopback() || v4.is_unspecified() || v4.is_multicast() || v4.is_broadcast())
+        }
+        std::net::IpAddr::V6(v6) => {
+            !(v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || (v6.segments()[0] & 0xffc0) == 0xfe80)
+        }
     };
+    let found: Vec<crate::discover::Found> = found
+        .into_iter()
+        .filter(|f| f.port != 0)
+        .map(|mut f| {
+            f.addrs.retain(usable);
+            f
+        })
+        .filter(|f| !f.addrs.is_empty())
+        .collect();
+    let all = |f: &crate::discover::Found| -> Vec<String> {
+        f.addrs
+            .iter()
+            .map(|a| match a {
+                std::net::IpAddr::V6(v6) => format!("[{v6}]:{}", f.port),
+                std::net::IpAddr::V4(v4) => format!("{v4}:{}", f.port),
+            })
+            .collect()
+    };
+    let at = |f: &crate::discover::Found| all(f).into_iter().next();
     match &found[..] {
         [] => bail!(
             "no machine nearby shows a pairing code (none announced itself on the local network within {} s; mDNS needs UDP port 5353 open between the machines): give --connect HOST, the machine where `ndd pair` runs",
             FIND_WAIT.as_secs()
         ),
         [one] => {
-            let addr = at(one).ok_or_else(|| anyhow!("{} announced a pairing code but no address: give --connect HOST", one.side.host))?;
-            eprintln!("ndd: the machine showing the code: {} at {addr}", one.side.host);
-            Ok(addr)
+            let addrs = all(one);
+            eprintln!(
+                "ndd: the machine showing the code: {} at {}",
+                one.side.host,
+                addrs.join(", ")
+            );
+            Ok(addrs)
         }
         many => bail!(
             "{} machines nearby show a pairing code ({}): give --connect HOST for the one whose code you typed",
@@ -250,11 +280,27 @@ pub async fn join(
 ) -> Result<i32> {
     ndd_link::pair::parse_code(code).map_err(|e| anyhow!("{e}"))?;
     let me = signer(home)?;
-    let addr = match connect {
-        Some(c) => with_port(c),
+    let addrs = match connect {
+        Some(c) => vec![with_port(c)],
         None => find_offer().await?,
     };
-    let mut stream = match tokio::time::timeout(CONNECT_WAIT, TcpStream::connect(&addr)).await {
+    // Each address in turn (a machine found on the LAN may have several).
+    let mut tried = None;
+    for a in &addrs[..addrs.len().saturating_sub(1)] {
+        if let Ok(Ok(s)) = tokio::time::timeout(CONNECT_WAIT, TcpStream::connect(a)).await {
+            tried = Some((a.clone(), s));
+            break;
+        }
+    }
+    let (addr, stream) = match tried {
+        Some((a, s)) => (a, Ok(Ok(s))),
+        None => {
+            let a = addrs.last().cloned().unwrap_or_default();
+            let r = tokio::time::timeout(CONNECT_WAIT, TcpStream::connect(&a)).await;
+            (a, r)
+        }
+    };
+    let mut stream = match stream {
         Ok(Ok(s)) => s,
         Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => bail!(
             "nothing listens at {addr}: run `ndd pair` there first (it shows the code and listens on port {PORT})"

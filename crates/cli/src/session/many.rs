@@ -131,11 +131,15 @@ pub(super) async fn run_many(
                             tracing::debug!(side = %side, "{} connected while its peer's link is up; dropped", est.peer);
                             continue;
                         }
-                        slot.2 = est.addr;
                     }
                     // Its driver takes it when its link is down (a reconnect). Never waited
                     // for: a driver busy elsewhere must not hold every other peer back.
-                    if door.try_send(est).is_err() {
+                    let from = est.addr;
+                    if door.try_send(est).is_ok() {
+                        if let Some(slot) = lock(&slots).get_mut(&key) {
+                            slot.2 = from;
+                        }
+                    } else {
                         tracing::debug!(side = %side, "a link of a peer whose session has one already was dropped");
                     }
                     continue;

@@ -19,6 +19,9 @@ use crate::input::{
 };
 use std::collections::BTreeSet;
 
+/// Control, Mod1 (Alt) and Mod4 (Super) as xkb's real modifier bits.
+const SHORTCUT_MODS: u32 = (1 << 2) | (1 << 3) | (1 << 6);
+
 /// Pixels of smooth scrolling per wheel notch.
 const NOTCH_PX: f64 = 15.0;
 
@@ -81,6 +84,12 @@ impl ViewerInput {
         }
     }
 
+    /// The screen's size is said again at the next [`ViewerInput::set_screen`] (a source
+    /// that just attached has not heard it).
+    pub(crate) fn forget_screen(&mut self) {
+        self.screen = (0, 0);
+    }
+
     /// The compositor's keymap (its xkb text).
     pub(crate) fn set_keymap(&mut self, text: &str) {
         let k = XkbKeys::parse(text);
@@ -97,9 +106,16 @@ impl ViewerInput {
     /// A key pressed or released (`wl_keyboard.key`: a Linux code).
     pub(crate) fn key(&mut self, code: u32, down: bool) {
         let sym = if down {
-            self.keymap
-                .as_ref()
-                .and_then(|k| k.keysym_in(code, self.mods, self.group))
+            self.keymap.as_ref().and_then(|k| {
+                // Shortcuts (Control, Alt, Super held) by the first layout's keysym, as
+                // most programs match them: Ctrl+C on `ru` is Ctrl+C, not Ctrl+с.
+                let group = if self.mods & SHORTCUT_MODS != 0 {
+                    0
+                } else {
+                    self.group
+                };
+                k.keysym_in(code, self.mods, group)
+            })
         } else {
             None
         };
@@ -314,6 +330,14 @@ mod tests {
             events(&v.take()),
             vec![(EV_KEYSYM, 30, 0x6c6), (EV_KEY, 30, 1)],
             "Cyrillic_ef"
+        );
+        v.key(30, false);
+        v.modifiers(1 << 2, 0, 0, 1);
+        v.key(30, true);
+        assert_eq!(
+            events(&v.take()),
+            vec![(EV_KEY, 30, 0), (EV_KEYSYM, 30, 0x61), (EV_KEY, 30, 1)],
+            "Ctrl+a stays a shortcut"
         );
     }
 

@@ -351,6 +351,8 @@ pub(crate) struct WaylandWindow {
     title: String,
     /// The link is down: the picture is shown at half brightness.
     dimmed: bool,
+    /// A source took the input (its first record, the capabilities, went).
+    input_started: bool,
 }
 
 impl std::fmt::Debug for WaylandWindow {
@@ -388,12 +390,15 @@ pub(crate) fn probe_wayland_window(
         )
     })?;
     let list = globals.contents().clone_list();
-    for need in ["wl_compositor", "wl_shm", "xdg_wm_base"] {
-        if !list.iter().any(|g| g.interface == need) {
+    for (need, version) in [("wl_compositor", 4), ("wl_shm", 1), ("xdg_wm_base", 1)] {
+        if !list
+            .iter()
+            .any(|g| g.interface == need && g.version >= version)
+        {
             return Err(unavailable(
                 endpoint,
                 d,
-                format!("no {need}"),
+                format!("no {need} (version {version} or later)"),
                 "the wayland-window sink needs a compositor with xdg-shell (every desktop compositor has it)",
             ));
         }
@@ -490,6 +495,7 @@ fn open_wayland_window(
         seat_version,
         title: c.title.clone(),
         dimmed: false,
+        input_started: false,
     })
 }
 
@@ -534,6 +540,12 @@ impl WaylandWindow {
             // Nobody takes it: nothing piles up.
             self.state.input.take();
             return;
+        }
+        if !self.input_started {
+            // The source just took it: the screen's size first (said again even if known).
+            self.input_started = true;
+            self.state.input.forget_screen();
+            self.screen_to_input();
         }
         if self.inhibitor.is_none() {
             if let (Some(m), Some(seat)) = (&self.inhibit, &self.state.seat) {
@@ -791,7 +803,9 @@ fn run_wayland_window(
             }
         }
         // Positions dispatched next map onto the screen as it is now.
-        w.screen_to_input();
+        if w.input_started {
+            w.screen_to_input();
+        }
         pump(&mut w.queue, &mut w.state, POLL).map_err(|e| w.err(e))?;
         w.forward_input();
     }

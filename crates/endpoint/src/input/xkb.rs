@@ -108,7 +108,18 @@ impl Typist {
         } else if at(code, !shift) == Some(keysym) && !is_modifier(keysym) {
             // The source's Caps Lock, or the keypad under its Num Lock.
             by_key(Some(!shift))
-        } else if let Some((c, needs_shift)) = self.us.find(keysym) {
+        } else if let Some((c, needs_shift)) = self
+            .us
+            .find(keysym)
+            // A key another source key holds down (`"` and `'` both on the us `'` key for
+            // AZERTY, typed in a roll): a spare instead, so each releases its own.
+            .filter(|&(c, _)| {
+                !self
+                    .held
+                    .iter()
+                    .any(|(src, h)| *src != code && *h == Some(c as u16))
+            })
+        {
             // On another key here (`ctrl:nocaps`, `caps:escape`, Colemak, Dvorak): that key.
             Press::Key {
                 code: c as u16,
@@ -349,6 +360,14 @@ mod tests {
             (31, None, false),
             "S, Shift held"
         );
+        // AZERTY's `"` (key 4) held while `'` (key 5) is pressed: both are on the us `'` key;
+        // the second goes to a spare, so each key releases its own.
+        let mut t = Typist::new();
+        assert_eq!(key(&t.press(4, 0x22, false)), (40, Some(true), false));
+        let (second, _, upload) = key(&t.press(5, 0x27, false));
+        assert!(upload && second != 40, "a spare: {second}");
+        assert_eq!(t.release(4), Some(40));
+        assert_eq!(t.release(5), Some(second));
     }
 
     #[test]
