@@ -354,23 +354,8 @@ fn an_x11_desktop_is_seen_and_used_from_sway_through_xwayland() {
     let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &[]));
     app.wait_says("streams agreed", &[&dev]);
     // The viewer (an X client under Xwayland) shows the Xvfb's blue on sway's output.
-    let t0 = Instant::now();
-    loop {
-        let (w, h, rgb) = sway.grim().expect("grim");
-        let at = ((h / 2) * w + w / 2) * 3;
-        let px = &rgb[at..at + 3];
-        let near = |a: u8, b: u8| a.abs_diff(b) <= 12;
-        if near(px[0], 0x33) && near(px[1], 0x66) && near(px[2], 0xcc) {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "the middle of sway's output is {px:?}, not the Xvfb's #3366cc\napp side: {}\ndevice side: {}",
-            app.stderr_now(),
-            dev.stderr_now()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    // The viewer shows the Xvfb's blue in the middle of sway's output.
+    shows_blue_in_the_middle(&sway, &dev);
     // Keys typed on sway (the viewer has the focus) reach xev on the Xvfb (its window
     // over the whole screen, under the pointer).
     let (_xev, keys) = ndd_procs::spawn_collecting(
@@ -674,23 +659,8 @@ fn a_native_wayland_viewer_shows_an_x11_desktop_and_passes_keys_and_shortcuts() 
     let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &[]));
     let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &[]));
     app.wait_says("streams agreed", &[&dev]);
-    let t0 = Instant::now();
-    loop {
-        let shot = sway.grim().expect("grim");
-        let (w, h, rgb) = &shot;
-        let at = ((h / 2) * w + w / 2) * 3;
-        let px = &rgb[at..at + 3];
-        let near = |a: u8, b: u8| a.abs_diff(b) <= 12;
-        if near(px[0], 0x33) && near(px[1], 0x66) && near(px[2], 0xcc) {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "the middle of sway's output is {px:?}, not the Xvfb's #3366cc\ndevice side: {}",
-            dev.stderr_now()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    // The viewer shows the Xvfb's blue in the middle of sway's output.
+    shows_blue_in_the_middle(&sway, &dev);
     let (_xev, keys) = ndd_procs::spawn_collecting(
         std::process::Command::new("xev")
             .env("DISPLAY", &app_x.display)
@@ -750,4 +720,25 @@ fn a_native_wayland_viewer_shows_an_x11_desktop_and_passes_keys_and_shortcuts() 
     }
     app.kill();
     dev.kill();
+}
+
+/// Waits (30 s at most) until the middle of `sway`'s output is the Xvfb's `#3366cc` (the
+/// viewer showing the remote screen); fails with what is there and `dev`'s log.
+fn shows_blue_in_the_middle(sway: &Sway, dev: &Side) {
+    let t0 = Instant::now();
+    loop {
+        let (w, h, rgb) = sway.grim().expect("grim");
+        let at = ((h / 2) * w + w / 2) * 3;
+        let px = &rgb[at..at + 3];
+        let near = |a: u8, b: u8| a.abs_diff(b) <= 12;
+        if near(px[0], 0x33) && near(px[1], 0x66) && near(px[2], 0xcc) {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the middle of sway's output is {px:?}, not the Xvfb's #3366cc\ndevice side: {}",
+            dev.stderr_now()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

@@ -14,8 +14,8 @@
 
 use crate::input::xkb::XkbKeys;
 use crate::input::{
-    AbsAxis, Capabilities, Event, InputMessage, ABS_X, ABS_Y, BTN_EXTRA, BTN_LEFT, EV_ABS, EV_KEY,
-    EV_KEYSYM, EV_REL, REL_HWHEEL, REL_WHEEL,
+    Capabilities, Event, InputMessage, ABS_X, ABS_Y, BTN_LEFT, EV_ABS, EV_KEY, EV_KEYSYM, EV_REL,
+    REL_HWHEEL, REL_WHEEL,
 };
 use std::collections::BTreeSet;
 
@@ -62,26 +62,11 @@ impl ViewerInput {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let axis = |code, size: u16| AbsAxis {
-            code,
-            max: i32::from(size.max(1)) - 1,
-            ..Default::default()
-        };
-        Capabilities {
-            name: "ndd wayland-window".to_string(),
-            keys: (1..=247)
-                .chain([
-                    BTN_LEFT,
-                    BTN_LEFT + 1,
-                    BTN_LEFT + 2,
-                    BTN_LEFT + 3,
-                    BTN_EXTRA,
-                ])
-                .collect(),
-            rel: vec![REL_HWHEEL, REL_WHEEL],
-            abs: vec![axis(ABS_X, self.screen.0), axis(ABS_Y, self.screen.1)],
-            ..Default::default()
-        }
+        Capabilities::viewer(
+            "ndd wayland-window".to_string(),
+            self.screen.0,
+            self.screen.1,
+        )
     }
 
     /// The screen's size is said again at the next [`ViewerInput::set_screen`] (a source

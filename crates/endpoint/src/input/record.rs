@@ -281,6 +281,32 @@ fn count(n: usize, what: &'static str) -> Result<u16, InputFrameError> {
 }
 
 impl Capabilities {
+    /// A viewer window's keyboard and mouse (`x11-input`'s viewer, `wayland-window-input`):
+    /// keys 1–247, five buttons, both wheels, and absolute `ABS_X`/`ABS_Y` over a `width` ×
+    /// `height` screen.
+    pub fn viewer(name: String, width: u16, height: u16) -> Capabilities {
+        let axis = |code, size: u16| AbsAxis {
+            code,
+            max: i32::from(size.max(1)) - 1,
+            ..Default::default()
+        };
+        Capabilities {
+            name,
+            keys: (1..=247)
+                .chain([
+                    BTN_LEFT,
+                    BTN_LEFT + 1,
+                    BTN_LEFT + 2,
+                    BTN_LEFT + 3,
+                    BTN_EXTRA,
+                ])
+                .collect(),
+            rel: vec![REL_HWHEEL, REL_WHEEL],
+            abs: vec![axis(ABS_X, width), axis(ABS_Y, height)],
+            ..Default::default()
+        }
+    }
+
     /// Checks codes, order and ranges (what [`InputMessage::parse`] checks).
     pub fn check(&self) -> Result<(), InputFrameError> {
         ascending(self.keys.iter().copied(), KEY_MAX, "key")?;

@@ -13,8 +13,7 @@ use super::config::{EvdevConfig, X11InputConfig, X11Window};
 use super::keymap::Keymap;
 use super::record::{
     x_button_to_linux, x_keycode_to_linux, x_wheel, AbsAxis, Batcher, Capabilities, Event, Held,
-    InputMessage, RawDecoder, RawEvent, ABS_X, ABS_Y, BTN_EXTRA, BTN_LEFT, EV_ABS, EV_KEY,
-    EV_KEYSYM, RAW_EVENT_LEN, REL_HWHEEL, REL_WHEEL,
+    InputMessage, RawDecoder, RawEvent, ABS_X, ABS_Y, EV_ABS, EV_KEY, EV_KEYSYM, RAW_EVENT_LEN,
 };
 use super::sink::read_keymap;
 use crate::common::emitter::Emitter;
@@ -458,26 +457,11 @@ impl X11Input {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let axis = |code, size: u16| AbsAxis {
-            code,
-            max: i32::from(size.max(1)) - 1,
-            ..Default::default()
-        };
-        Capabilities {
-            name: format!("ndd x11-input {}", self.display),
-            keys: (1..=247)
-                .chain([
-                    BTN_LEFT,
-                    BTN_LEFT + 1,
-                    BTN_LEFT + 2,
-                    BTN_LEFT + 3,
-                    BTN_EXTRA,
-                ])
-                .collect(),
-            rel: vec![REL_HWHEEL, REL_WHEEL],
-            abs: vec![axis(ABS_X, self.width), axis(ABS_Y, self.height)],
-            ..Default::default()
-        }
+        Capabilities::viewer(
+            format!("ndd x11-input {}", self.display),
+            self.width,
+            self.height,
+        )
     }
 
     /// Selects the events to capture; for `create`, makes, maps and focuses the window; for
