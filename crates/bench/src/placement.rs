@@ -560,9 +560,14 @@ mod tests {
     #[test]
     #[ignore = "benchmark; run with --ignored"]
     fn write_placement_report() {
-        let out =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/bench/placement.md");
+        // A quick run (the default) never overwrites the recorded full run.
         let quick = std::env::var("NDD_BENCH_FULL").is_err();
-        super::bench_placement(quick, &out).unwrap();
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(if quick {
+            "../../target/bench-quick"
+        } else {
+            "../../docs/bench"
+        });
+        std::fs::create_dir_all(&dir).unwrap();
+        super::bench_placement(quick, &dir.join("placement.md")).unwrap();
     }
 }

@@ -447,10 +447,30 @@ fn groups_of(body: &str) -> Vec<Vec<u32>> {
     let list = |s: &str| -> Option<Vec<u32>> {
         let open = s.find('[')?;
         let close = s[open..].find(']')? + open;
+        // Levels split at top-level commas; a level of several keysyms (`{ a, b }`, which
+        // xkbcommon can write) counts as its first.
+        let mut levels = Vec::new();
+        let (mut depth, mut start) = (0usize, open + 1);
+        for (i, c) in s[open + 1..close].char_indices() {
+            let at = open + 1 + i;
+            match c {
+                '{' => depth += 1,
+                '}' => depth = depth.saturating_sub(1),
+                ',' if depth == 0 => {
+                    levels.push(&s[start..at]);
+                    start = at + 1;
+                }
+                _ => {}
+            }
+        }
+        levels.push(&s[start..close]);
         Some(
-            s[open + 1..close]
-                .split(',')
-                .map(|k| keysym_by_name(k.trim()).unwrap_or(0))
+            levels
+                .into_iter()
+                .map(|l| {
+                    let first = l.trim().trim_start_matches('{').split([',', '}']).next();
+                    keysym_by_name(first.unwrap_or("").trim()).unwrap_or(0)
+                })
                 .collect(),
         )
     };
@@ -731,6 +751,11 @@ xkb_symbols "pc+de" {
         let two = "xkb_keymap {\nxkb_keycodes \"x\" {\n<AD01> = 24;\n};\nxkb_symbols \"x\" {\n    key <AD01> {\n        type[Group1]= \"ALPHABETIC\",\n        type[Group2]= \"ALPHABETIC\",\n        symbols[Group1]= [ q, Q ],\n        symbols[Group2]= [ Cyrillic_shorti, Cyrillic_SHORTI ]\n    };\n};\n};\n";
         let k = XkbKeys::parse(two);
         assert_eq!(k.keysym_in(16, 0, 0), Some(0x71));
+        // A level of several keysyms counts as its first; the levels after it stay in place.
+        let multi = "xkb_keymap {\nxkb_keycodes \"x\" {\n<AD01> = 24;\n};\nxkb_symbols \"x\" {\n    key <AD01> { [ { q, x }, Q ] };\n};\n};\n";
+        let m = XkbKeys::parse(multi);
+        assert_eq!(m.keysym(16, 0), Some(0x71));
+        assert_eq!(m.keysym(16, MOD_SHIFT), Some(0x51));
         assert_eq!(
             k.keysym_in(16, MOD_SHIFT, 1),
             Some(0x6ea),
