@@ -383,16 +383,23 @@ pub fn human_bytes(b: f64) -> String {
     }
 }
 
-/// One side's counters at one moment, as `--metrics` exposes them (a `prometheus-client`
-/// collector: the values are a snapshot, taken every second, not counters kept in place).
-#[derive(Debug)]
-struct Snapshot {
-    side: String,
-    link_up: bool,
-    recoveries: usize,
-    drops: Option<ndd_link::udp::DropCounts>,
-    streams: Vec<StreamSummary>,
+/// One side's counters at one moment, as `--metrics` exposes them (the values are a
+/// snapshot, taken every second, not counters kept in place); `peer`: which peer's, on a side
+/// serving several (`link.peers`), as a label.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub side: String,
+    pub peer: Option<String>,
+    pub link_up: bool,
+    pub recoveries: usize,
+    pub drops: Option<ndd_link::udp::DropCounts>,
+    pub streams: Vec<StreamSummary>,
 }
+
+/// Every side's (or peer's) snapshot, as one `prometheus-client` collector: each metric family
+/// once, a sample per side, peer and stream.
+#[derive(Debug)]
+struct Snapshots(Vec<Snapshot>);
 
 /// Per-stream metrics: name (counters without their `_total`, which the encoder adds), help,
 /// and the value.
@@ -479,7 +486,14 @@ const STREAM_GAUGES: [(&str, &str, Get); 3] = [
     ),
 ];
 
-impl prometheus_client::collector::Collector for Snapshot {
+/// OpenMetrics label values are written as given: escaped here.
+fn label_value(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+impl prometheus_client::collector::Collector for Snapshots {
     fn encode(
         &self,
         mut encoder: prometheus_client::encoding::DescriptorEncoder<'_>,
@@ -489,20 +503,20 @@ impl prometheus_client::collector::Collector for Snapshot {
         use prometheus_client::metrics::gauge::ConstGauge;
         use prometheus_client::metrics::MetricType;
         type Labels = Vec<(&'static str, String)>;
-        let side = || vec![("side", self.side.clone())];
-        let stream = |st: &StreamSummary| -> Labels {
-            vec![
-                ("side", self.side.clone()),
-                // The encoder writes label values as given: escaped here (OpenMetrics).
-                (
-                    "stream",
-                    st.name
-                        .replace('\\', "\\\\")
-                        .replace('"', "\\\"")
-                        .replace('\n', "\\n"),
-                ),
+        let side = |s: &Snapshot| -> Labels {
+            let mut l = vec![("side", s.side.clone())];
+            if let Some(p) = &s.peer {
+                l.push(("peer", label_value(p)));
+            }
+            l
+        };
+        let stream = |s: &Snapshot, st: &StreamSummary| -> Labels {
+            let mut l = side(s);
+            l.extend([
+                ("stream", label_value(&st.name)),
                 ("role", st.role.to_string()),
-            ]
+            ]);
+            l
         };
         let mut e = encoder.encode_descriptor(
             "ndd_link_up",
@@ -510,44 +524,55 @@ impl prometheus_client::collector::Collector for Snapshot {
             None,
             MetricType::Gauge,
         )?;
-        ConstGauge::new(i64::from(self.link_up)).encode(e.encode_family(&side())?)?;
+        for s in &self.0 {
+            ConstGauge::new(i64::from(s.link_up)).encode(e.encode_family(&side(s))?)?;
+        }
         e = encoder.encode_descriptor(
             "ndd_link_recoveries",
             "Link losses recovered (reconnected and resumed)",
             None,
             MetricType::Counter,
         )?;
-        ConstCounter::new(self.recoveries as u64).encode(e.encode_family(&side())?)?;
-        if let Some(d) = self.drops {
+        for s in &self.0 {
+            ConstCounter::new(s.recoveries as u64).encode(e.encode_family(&side(s))?)?;
+        }
+        if self.0.iter().any(|s| s.drops.is_some()) {
             let mut e = encoder.encode_descriptor(
                 "ndd_link_dropped_datagrams",
                 "Datagrams a UDP link dropped: unauthenticated (forged, damaged, another peer's), replayed, garbage",
                 None,
                 MetricType::Counter,
             )?;
-            for (why, n) in [
-                ("unauthenticated", d.unauthenticated),
-                ("replayed", d.replayed),
-                ("garbage", d.garbage),
-            ] {
-                let mut labels = side();
-                labels.push(("reason", why.to_string()));
-                ConstCounter::new(n).encode(e.encode_family(&labels)?)?;
+            for s in &self.0 {
+                let Some(d) = s.drops else { continue };
+                for (why, n) in [
+                    ("unauthenticated", d.unauthenticated),
+                    ("replayed", d.replayed),
+                    ("garbage", d.garbage),
+                ] {
+                    let mut labels = side(s);
+                    labels.push(("reason", why.to_string()));
+                    ConstCounter::new(n).encode(e.encode_family(&labels)?)?;
+                }
             }
         }
         for (name, help, get) in STREAM_COUNTERS {
             let mut e = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-            for st in &self.streams {
-                if let Some(v) = get(st) {
-                    ConstCounter::new(v as u64).encode(e.encode_family(&stream(st))?)?;
+            for s in &self.0 {
+                for st in &s.streams {
+                    if let Some(v) = get(st) {
+                        ConstCounter::new(v as u64).encode(e.encode_family(&stream(s, st))?)?;
+                    }
                 }
             }
         }
         for (name, help, get) in STREAM_GAUGES {
             let mut e = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-            for st in &self.streams {
-                if let Some(v) = get(st) {
-                    ConstGauge::new(v).encode(e.encode_family(&stream(st))?)?;
+            for s in &self.0 {
+                for st in &s.streams {
+                    if let Some(v) = get(st) {
+                        ConstGauge::new(v).encode(e.encode_family(&stream(s, st))?)?;
+                    }
                 }
             }
         }
@@ -564,14 +589,21 @@ pub fn prometheus(
     drops: Option<ndd_link::udp::DropCounts>,
     streams: &[StreamSummary],
 ) -> String {
-    let mut registry = prometheus_client::registry::Registry::default();
-    registry.register_collector(Box::new(Snapshot {
+    prometheus_all(vec![Snapshot {
         side: side.to_string(),
+        peer: None,
         link_up,
         recoveries,
         drops,
         streams: streams.to_vec(),
-    }));
+    }])
+}
+
+/// [`prometheus`] of several snapshots (a side serving several peers: one per peer, each
+/// labelled with its `peer`), each metric family once.
+pub fn prometheus_all(snapshots: Vec<Snapshot>) -> String {
+    let mut registry = prometheus_client::registry::Registry::default();
+    registry.register_collector(Box::new(Snapshots(snapshots)));
     let mut text = String::new();
     // Writing into a String cannot fail.
     let _ = prometheus_client::encoding::text::encode(&mut text, &registry);

@@ -67,11 +67,12 @@ fn one_listener_serves_three_device_sides_each_with_its_own_session_and_endpoint
     let (app_home, devs) = lab_homes(&dir.0, 4);
     // 3000 frames every 2 ms: the three sessions overlap for seconds.
     let cfg = config(&dir.0, 3000);
+    let metrics = free_addr();
     let app = Side::spawn(run_cmd(
         &cfg,
         "app",
         &app_home,
-        &["--listen", "127.0.0.1:0", "--once"],
+        &["--listen", "127.0.0.1:0", "--once", "--metrics", &metrics],
     ));
     let addr = app.addr();
     let sides: Vec<Side> = devs[..3]
@@ -81,6 +82,23 @@ fn one_listener_serves_three_device_sides_each_with_its_own_session_and_endpoint
     wait_for("three peers served", WAIT, || {
         app.stderr_now().matches("streams agreed").count() >= 3
     });
+    // `--metrics` serves every peer's counters, each labelled with its peer.
+    wait_for("each peer in the metrics", WAIT, || {
+        let m = http_get(&metrics, "/metrics");
+        (0..3).all(|i| {
+            m.contains(&format!("ndd_link_up{{side=\"app\",peer=\"lab{i}\"}} 1"))
+                && m.contains(&format!(
+                    "ndd_stream_frames_total{{side=\"app\",peer=\"lab{i}\",stream=\"s\",role=\"sink\"}}"
+                ))
+        })
+    });
+    let m = http_get(&metrics, "/metrics");
+    assert_eq!(
+        m.matches("# TYPE ndd_link_up gauge").count(),
+        1,
+        "each family once: {m}"
+    );
+    assert!(m.trim_end().ends_with("# EOF"), "{m}");
     // A fourth trusted device while the three are connected: busy, and told so.
     let fourth = Side::spawn(run_cmd(&cfg, "device", &devs[3], &["--connect", &addr]));
     wait_for(

@@ -515,15 +515,6 @@ fn on_a_terminal_the_live_stats_are_a_table_redrawn_in_place() {
     assert!(!tty.contains("[app] motion     sink"), "{tty:?}");
 }
 
-/// GET `path` from `addr`; the whole response.
-fn http_get(addr: &str, path: &str) -> String {
-    let mut s = TcpStream::connect(addr).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
-}
-
 /// `--metrics ADDR`: the counters in Prometheus' text format, from before the peer comes
 /// (link down) to frames moving.
 #[test]

@@ -8,7 +8,8 @@
 use super::link::{Inbound, Link, Written};
 use super::streams::{hand_on, refresh, show_link, StreamIo, SINK_RETRY};
 use super::{
-    drop_counts, note, sleep_until_opt, wall_ns, AbortOnDrop, Metrics, RunReport, SideFailed,
+    drop_counts, lock_metrics, note, sleep_until_opt, wall_ns, AbortOnDrop, Metrics, PeerMetrics,
+    RunReport, SideFailed,
 };
 use crate::config::{Config, SideName};
 use crate::stats::StreamSummary;
@@ -49,6 +50,9 @@ pub(super) struct Wiring<'a> {
     pub(super) connector: &'a Connector,
     /// `--metrics`: the snapshot it serves and its server's task.
     pub(super) metrics: Option<(Metrics, AbortOnDrop)>,
+    /// `--metrics` on a side serving several peers: where this peer's snapshot goes, and its
+    /// name.
+    pub(super) peer_metrics: Option<(PeerMetrics, String)>,
     /// What `ndd status` reads.
     pub(super) status: Option<crate::status::Served>,
     /// `--duration`: when the side closes.
@@ -102,9 +106,10 @@ impl<'a> Driver<'a> {
         io: Vec<StreamIo>,
         first: Established,
     ) -> Driver<'a> {
-        let tick = w
-            .live_stats
-            .or((w.metrics.is_some() || w.status.is_some()).then_some(Duration::from_secs(1)));
+        let tick = w.live_stats.or((w.metrics.is_some()
+            || w.peer_metrics.is_some()
+            || w.status.is_some())
+        .then_some(Duration::from_secs(1)));
         let peer = first.peer.clone();
         let busy: Option<Busy<'a>> = w
             .inbox
@@ -570,6 +575,17 @@ impl<'a> Driver<'a> {
                 st.rtt_ms = rtt;
                 st.recoveries = recoveries;
             });
+        }
+        if let Some((m, peer)) = &self.w.peer_metrics {
+            let snap = crate::stats::Snapshot {
+                side: side.as_str().to_string(),
+                peer: Some(peer.clone()),
+                link_up: self.link.is_some(),
+                recoveries: self.sess.recoveries().len(),
+                drops: drop_counts(&self.udp_drops),
+                streams: self.io.iter().map(|e| e.stats.summary()).collect(),
+            };
+            lock_metrics(m).insert(peer.clone(), snap);
         }
         if let Some((m, _)) = &self.w.metrics {
             let streams: Vec<StreamSummary> = self.io.iter().map(|e| e.stats.summary()).collect();

@@ -7,7 +7,10 @@
 //! whose link is down, else it is told the side is busy (CLOSE code 7) and retries.
 
 use super::driver::{Driver, Inbox, Wiring};
-use super::{note, run_id, session_config, sleep_until_opt, wall_ns, RunOptions, RunReport};
+use super::{
+    lock_metrics, note, run_id, session_config, sleep_until_opt, wall_ns, AbortOnDrop, Metrics,
+    PeerMetrics, RunOptions, RunReport,
+};
 use crate::config::{peer_file_name, Config};
 use anyhow::{anyhow, Result};
 use ndd_core::session::Session;
@@ -56,6 +59,8 @@ struct PeerRun {
     once: bool,
     home: std::path::PathBuf,
     deadline: Option<Instant>,
+    /// `--metrics`: where each peer's snapshot goes.
+    metrics: Option<PeerMetrics>,
 }
 
 /// Runs a listening side that serves up to `cfg.link.peers` peers, until `stop` (or, with
@@ -67,12 +72,33 @@ pub(super) async fn run_many(
     ctx: HandshakeCtx,
     connector: Connector,
     deadline: Option<Instant>,
+    metrics: Option<(Metrics, AbortOnDrop)>,
 ) -> Result<RunReport> {
     let (side, quiet) = (opts.side, opts.quiet);
     let limit = cfg.link.peers as usize;
-    if opts.metrics.is_some() {
-        tracing::warn!(side = %side, "--metrics serves one peer's side: with link.peers = {limit} it is off (`ndd status` shows every peer)");
-    }
+    // `--metrics`: every peer's snapshot, served together (each labelled with its peer),
+    // encoded again every second.
+    let peer_metrics: PeerMetrics = Arc::default();
+    let _metrics_refresh = metrics.map(|(served, server)| {
+        let snaps = peer_metrics.clone();
+        let side_name = side.as_str().to_string();
+        let task = tokio::spawn(async move {
+            let _server = server;
+            loop {
+                let all: Vec<crate::stats::Snapshot> =
+                    lock_metrics(&snaps).values().cloned().collect();
+                let text = if all.is_empty() {
+                    // No peer yet: the side, its link down.
+                    crate::stats::prometheus(&side_name, false, 0, None, &[])
+                } else {
+                    crate::stats::prometheus_all(all)
+                };
+                *lock_metrics(&served) = text;
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        });
+        AbortOnDrop(task)
+    });
     if opts.live_stats.is_some() && !quiet {
         note!(quiet, side, "with link.peers = {limit} each peer's board would overwrite the others': the live board is off (`ndd status --watch` shows every peer)");
     }
@@ -100,6 +126,7 @@ pub(super) async fn run_many(
         once: opts.once,
         home: opts.home.clone(),
         deadline,
+        metrics: _metrics_refresh.as_ref().map(|_| peer_metrics.clone()),
     };
     // Each peer's side is a task of its own: the runtime's workers share them out, and one
     // peer's burst of work never holds another's frames. Dropped (a listener that failed),
@@ -202,6 +229,8 @@ pub(super) async fn run_many(
                 if doors.get(&key).is_some_and(|d| d.0 == id) {
                     doors.remove(&key);
                     lock(&slots).remove(&key);
+                    // Its session ended: no longer in `--metrics`.
+                    lock_metrics(&peer_metrics).remove(&name);
                 }
                 match r {
                     Ok(rep) => {
@@ -281,6 +310,7 @@ async fn serve_peer(
             ctx: &ctx,
             connector: &connector,
             metrics: None,
+            peer_metrics: run.metrics.clone().map(|m| (m, name.clone())),
             status,
             deadline: run.deadline,
             inbox: Some(inbox),

@@ -75,6 +75,15 @@ pub struct RunOptions {
 /// What `--metrics` serves, refreshed every second.
 type Metrics = Arc<std::sync::Mutex<String>>;
 
+/// A side serving several peers: each peer's latest snapshot, by name (`--metrics` serves them
+/// together, each labelled with its `peer`).
+type PeerMetrics =
+    Arc<std::sync::Mutex<std::collections::BTreeMap<String, crate::stats::Snapshot>>>;
+
+fn lock_metrics<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Binds `addr` and serves the latest snapshot at `GET /metrics` (404 elsewhere, 405 for
 /// another method) with hyper's HTTP/1.1 server; a client gets 5 s to send its request
 /// head and 10 s in all.
@@ -338,8 +347,7 @@ pub async fn run_side(
         None
     };
     if cfg.link.peers > 1 && matches!(connector, Connector::Listen(_) | Connector::QuicListen(_)) {
-        drop(metrics);
-        return many::run_many(cfg, &opts, stop, ctx, connector, deadline).await;
+        return many::run_many(cfg, &opts, stop, ctx, connector, deadline, metrics).await;
     }
     if cfg.link.peers > 1 && matches!(connector, Connector::UdpListen(_)) {
         tracing::warn!(side = %side, "link.peers = {}: a UDP listener serves one peer at a time (several peers need transport = \"tcp\" or \"quic\")", cfg.link.peers);
@@ -408,6 +416,7 @@ pub async fn run_side(
             ctx: &ctx,
             connector: &connector,
             metrics,
+            peer_metrics: None,
             status,
             deadline,
             inbox: None,

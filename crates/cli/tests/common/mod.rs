@@ -586,3 +586,13 @@ pub fn frame_numbers(
         .collect();
     (out, numbers)
 }
+
+/// GET `path` from `addr` (HTTP/1.1); the whole response.
+pub fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
