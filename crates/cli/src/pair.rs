@@ -284,21 +284,19 @@ pub async fn join(
         Some(c) => vec![with_port(c)],
         None => find_offer().await?,
     };
-    // Each address in turn (a machine found on the LAN may have several).
-    let mut tried = None;
-    for a in &addrs[..addrs.len().saturating_sub(1)] {
-        if let Ok(Ok(s)) = tokio::time::timeout(CONNECT_WAIT, TcpStream::connect(a)).await {
-            tried = Some((a.clone(), s));
+    // Each address in turn (a machine found on the LAN may have several); the last one's
+    // failure is the one said.
+    let (mut addr, mut stream) = (String::new(), None);
+    for a in addrs {
+        let r = tokio::time::timeout(CONNECT_WAIT, TcpStream::connect(&a)).await;
+        let connected = matches!(r, Ok(Ok(_)));
+        (addr, stream) = (a, Some(r));
+        if connected {
             break;
         }
     }
-    let (addr, stream) = match tried {
-        Some((a, s)) => (a, Ok(Ok(s))),
-        None => {
-            let a = addrs.last().cloned().unwrap_or_default();
-            let r = tokio::time::timeout(CONNECT_WAIT, TcpStream::connect(&a)).await;
-            (a, r)
-        }
+    let Some(stream) = stream else {
+        bail!("no address to connect to")
     };
     let mut stream = match stream {
         Ok(Ok(s)) => s,

@@ -329,12 +329,7 @@ fn an_x11_desktop_is_seen_and_used_from_sway_through_xwayland() {
     }
     let (sway, xw) =
         Sway::start_with_xwayland("xwayland", 800, 600, "#000000").expect("sway with Xwayland");
-    let app_x = ndd_procs::Xvfb::start("640x480x24").expect("Xvfb");
-    assert!(std::process::Command::new("xsetroot")
-        .args(["-display", &app_x.display, "-solid", "#3366cc"])
-        .status()
-        .unwrap()
-        .success());
+    let app_x = blue_xvfb();
     let dir = Dir::new("xwayland-viewer");
     let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
     let example = std::fs::read_to_string(
@@ -354,17 +349,10 @@ fn an_x11_desktop_is_seen_and_used_from_sway_through_xwayland() {
     let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &[]));
     app.wait_says("streams agreed", &[&dev]);
     // The viewer (an X client under Xwayland) shows the Xvfb's blue on sway's output.
-    // The viewer shows the Xvfb's blue in the middle of sway's output.
     shows_blue_in_the_middle(&sway, &dev);
     // Keys typed on sway (the viewer has the focus) reach xev on the Xvfb (its window
     // over the whole screen, under the pointer).
-    let (_xev, keys) = ndd_procs::spawn_collecting(
-        std::process::Command::new("xev")
-            .env("DISPLAY", &app_x.display)
-            .args(["-geometry", "640x480+0+0", "-event", "keyboard"])
-            .stderr(std::process::Stdio::null()),
-    )
-    .expect("xev");
+    let (_xev, keys) = xev_keyboard(&app_x);
     let wayland = |cmd: &mut std::process::Command| {
         cmd.env("WAYLAND_DISPLAY", &sway.socket)
             .env("XDG_RUNTIME_DIR", &sway.dir)
@@ -630,12 +618,7 @@ fn a_native_wayland_viewer_shows_an_x11_desktop_and_passes_keys_and_shortcuts() 
         (s, ())
     };
     let ran = sway.dir.join("shortcut-ran");
-    let app_x = ndd_procs::Xvfb::start("640x480x24").expect("Xvfb");
-    assert!(std::process::Command::new("xsetroot")
-        .args(["-display", &app_x.display, "-solid", "#3366cc"])
-        .status()
-        .unwrap()
-        .success());
+    let app_x = blue_xvfb();
     let dir = Dir::new("native-viewer");
     let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
     // examples/desktop-from-wayland.toml, its displays and address changed.
@@ -661,13 +644,7 @@ fn a_native_wayland_viewer_shows_an_x11_desktop_and_passes_keys_and_shortcuts() 
     app.wait_says("streams agreed", &[&dev]);
     // The viewer shows the Xvfb's blue in the middle of sway's output.
     shows_blue_in_the_middle(&sway, &dev);
-    let (_xev, keys) = ndd_procs::spawn_collecting(
-        std::process::Command::new("xev")
-            .env("DISPLAY", &app_x.display)
-            .args(["-geometry", "640x480+0+0", "-event", "keyboard"])
-            .stderr(std::process::Stdio::null()),
-    )
-    .expect("xev");
+    let (_xev, keys) = xev_keyboard(&app_x);
     let mut kb = Keyboard::plug(&sway);
     let t0 = Instant::now();
     while !keys.lock().unwrap().contains("(keysym 0x69, i)") {
@@ -741,4 +718,27 @@ fn shows_blue_in_the_middle(sway: &Sway, dev: &Side) {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// The app side's X11 desktop: a 640×480 Xvfb whose screen is `#3366cc`.
+fn blue_xvfb() -> ndd_procs::Xvfb {
+    let x = ndd_procs::Xvfb::start("640x480x24").expect("Xvfb");
+    assert!(std::process::Command::new("xsetroot")
+        .args(["-display", &x.display, "-solid", "#3366cc"])
+        .status()
+        .unwrap()
+        .success());
+    x
+}
+
+/// `xev` over the whole of `x`'s screen, reporting key events: the process (killed on drop)
+/// and what it printed so far.
+fn xev_keyboard(x: &ndd_procs::Xvfb) -> (Killed, std::sync::Arc<std::sync::Mutex<String>>) {
+    ndd_procs::spawn_collecting(
+        std::process::Command::new("xev")
+            .env("DISPLAY", &x.display)
+            .args(["-geometry", "640x480+0+0", "-event", "keyboard"])
+            .stderr(std::process::Stdio::null()),
+    )
+    .expect("xev")
 }

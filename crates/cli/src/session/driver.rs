@@ -576,27 +576,21 @@ impl<'a> Driver<'a> {
                 st.recoveries = recoveries;
             });
         }
-        if let Some((m, peer)) = &self.w.peer_metrics {
-            let snap = crate::stats::Snapshot {
-                side: side.as_str().to_string(),
-                peer: Some(peer.clone()),
-                link_up: self.link.is_some(),
-                recoveries: self.sess.recoveries().len(),
-                drops: drop_counts(&self.udp_drops),
-                streams: self.io.iter().map(|e| e.stats.summary()).collect(),
-            };
-            lock_metrics(m).insert(peer.clone(), snap);
+        if self.w.metrics.is_none() && self.w.peer_metrics.is_none() {
+            return;
         }
-        if let Some((m, _)) = &self.w.metrics {
-            let streams: Vec<StreamSummary> = self.io.iter().map(|e| e.stats.summary()).collect();
-            let text = crate::stats::prometheus(
-                side.as_str(),
-                self.link.is_some(),
-                self.sess.recoveries().len(),
-                drop_counts(&self.udp_drops),
-                &streams,
-            );
-            *m.lock().unwrap_or_else(|p| p.into_inner()) = text;
+        let snap = crate::stats::Snapshot {
+            side: side.as_str().to_string(),
+            peer: self.w.peer_metrics.as_ref().map(|(_, p)| p.clone()),
+            link_up: self.link.is_some(),
+            recoveries: self.sess.recoveries().len(),
+            drops: drop_counts(&self.udp_drops),
+            streams: self.io.iter().map(|e| e.stats.summary()).collect(),
+        };
+        if let Some((m, peer)) = &self.w.peer_metrics {
+            lock_metrics(m).insert(peer.clone(), snap);
+        } else if let Some((m, _)) = &self.w.metrics {
+            *lock_metrics(m) = crate::stats::prometheus_all(vec![snap]);
         }
     }
 

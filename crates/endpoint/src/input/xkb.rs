@@ -58,9 +58,6 @@ pub struct Typist {
     clock: u64,
     /// Source key (Linux code) → the key pressed for it (`None`: skipped).
     held: HashMap<u16, Option<u16>>,
-    /// The `us` keymap, xkb_symbols' end (where spare keys' symbols go), and the entries of
-    /// the spares' own symbols to leave out.
-    base: &'static str,
     /// What the `us` keymap's keys give.
     us: XkbKeys,
 }
@@ -84,7 +81,6 @@ impl Typist {
             spares,
             clock: 0,
             held: HashMap::new(),
-            base: KEYMAP_US,
             us: XkbKeys::parse(KEYMAP_US),
         }
     }
@@ -188,7 +184,7 @@ impl Typist {
                 ours.push((name.as_str(), *k));
             }
         }
-        with_symbols(self.base, &ours)
+        with_symbols(KEYMAP_US, &ours)
     }
 }
 
@@ -517,6 +513,8 @@ fn groups_of(body: &str) -> Vec<Vec<u32>> {
 pub struct XkbKeys {
     /// Each group's levels, by Linux code (xkb keycode − 8).
     keys: HashMap<u32, Vec<Vec<u32>>>,
+    /// Those codes, lowest first (where [`XkbKeys::find`] looks).
+    order: Vec<u32>,
     level3: u32,
     num_lock: u32,
 }
@@ -616,19 +614,20 @@ impl XkbKeys {
                 })
                 .map_or(default, |(m, _)| *m)
         };
+        let mut order: Vec<u32> = keys.keys().copied().collect();
+        order.sort_unstable();
         XkbKeys {
             level3: mask_of(XK_ISO_LEVEL3_SHIFT, 1 << 7),
             num_lock: mask_of(super::keymap::XK_NUM_LOCK, 1 << 4),
             keys,
+            order,
         }
     }
 
     /// A key giving `keysym` at its first or second level (the lowest such code): the key,
     /// and whether it needs Shift.
     pub fn find(&self, keysym: u32) -> Option<(u32, bool)> {
-        let mut codes: Vec<u32> = self.keys.keys().copied().collect();
-        codes.sort_unstable();
-        codes.into_iter().find_map(|c| {
+        self.order.iter().copied().find_map(|c| {
             self.keys[&c]
                 .first()?
                 .iter()
