@@ -39,7 +39,7 @@ fn turned_away(slots: &Slots, limit: usize, key: &str) -> Option<String> {
             return None;
         }
         return Some(format!(
-            "is connected already to a side with this identity (from {from}); two machines sharing one identity are served one at a time: give each its own (`ndd init` on each, then `ndd trust` its fingerprint here)"
+            "is connected already to a side with this identity (from {from}); two machines sharing one identity are served one at a time: give the copy its own (`ndd keygen --force` there, then `ndd pair` with this side)"
         ));
     }
     if s.len() < limit || s.values().any(|(_, up, _)| !up.load(Ordering::Acquire)) {
