@@ -72,7 +72,14 @@ fn one_listener_serves_three_device_sides_each_with_its_own_session_and_endpoint
         &cfg,
         "app",
         &app_home,
-        &["--listen", "127.0.0.1:0", "--once", "--metrics", &metrics],
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--once",
+            "--metrics",
+            &metrics,
+            "--stats",
+        ],
     ));
     let addr = app.addr();
     let sides: Vec<Side> = devs[..3]
@@ -120,6 +127,12 @@ fn one_listener_serves_three_device_sides_each_with_its_own_session_and_endpoint
         );
         let out = std::fs::read(dir.0.join(format!("out-lab{i}.bin"))).unwrap();
         assert_eq!(out.len(), 100 * (4 + 64), "lab{i}'s own file");
+        // `--stats`: each peer's streams on lines of their own (stderr is not a terminal).
+        assert!(
+            err.lines()
+                .any(|l| l.starts_with(&format!("[app@lab{i}] s "))),
+            "lab{i}'s live lines: {err}"
+        );
     }
 }
 

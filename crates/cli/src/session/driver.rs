@@ -46,6 +46,9 @@ pub(super) struct Wiring<'a> {
     pub(super) home: &'a std::path::Path,
     /// `--stats`: the live board's interval.
     pub(super) live_stats: Option<Duration>,
+    /// The live board's panel and the plain lines' tag: the side's name, or on a listener
+    /// serving several peers `side@peer` (each peer its own panel).
+    pub(super) panel: String,
     pub(super) ctx: &'a HandshakeCtx,
     pub(super) connector: &'a Connector,
     /// `--metrics`: the snapshot it serves and its server's task.
@@ -519,7 +522,7 @@ impl<'a> Driver<'a> {
 
     /// The live board (`--stats`), the `--metrics` snapshot and what `ndd status` reads.
     fn show_stats(&mut self, now: Instant) {
-        let (side, live) = (self.side, self.w.live_stats.is_some());
+        let live = self.w.live_stats.is_some();
         // On a terminal a table redrawn in place, every stream every tick; otherwise lines
         // for the streams that moved.
         let table = crate::board::live_table();
@@ -529,7 +532,7 @@ impl<'a> Driver<'a> {
             if live && table {
                 rows.push(e.stats.live_row());
             } else if live && e.stats.due(now) {
-                rows.push(e.stats.live_line(side.as_str()));
+                rows.push(e.stats.live_line(&self.w.panel));
             }
         }
         if live {
@@ -549,12 +552,13 @@ impl<'a> Driver<'a> {
                 })
                 .unwrap_or_default();
             let heading = format!(
-                "[{side}] link {} · peer {}{rtt} · {} recoveries{dropped}",
+                "[{}] link {} · peer {}{rtt} · {} recoveries{dropped}",
+                self.w.panel,
                 self.link_state,
                 self.peer,
                 self.sess.recoveries().len()
             );
-            crate::board::show(side.as_str(), crate::board::Panel { heading, rows });
+            crate::board::show(&self.w.panel, crate::board::Panel { heading, rows });
         }
         if let Some(s) = &mut self.w.status {
             let streams: Vec<StreamSummary> = self.io.iter().map(|e| e.stats.summary()).collect();
@@ -580,7 +584,7 @@ impl<'a> Driver<'a> {
             return;
         }
         let snap = crate::stats::Snapshot {
-            side: side.as_str().to_string(),
+            side: self.side.as_str().to_string(),
             peer: self.w.peer_metrics.as_ref().map(|(_, p)| p.clone()),
             link_up: self.link.is_some(),
             recoveries: self.sess.recoveries().len(),
@@ -599,7 +603,7 @@ impl<'a> Driver<'a> {
     pub(super) async fn finish(mut self, result: Result<()>) -> Result<RunReport> {
         self.reconnect = None;
         self.busy = None;
-        crate::board::leave(self.side.as_str());
+        crate::board::leave(&self.w.panel);
         if let Err(e) = &result {
             self.sess.abort(&crate::logfmt::error_text(e));
         }

@@ -61,6 +61,8 @@ struct PeerRun {
     deadline: Option<Instant>,
     /// `--metrics`: where each peer's snapshot goes.
     metrics: Option<PeerMetrics>,
+    /// `--stats`: each peer's panel on the live board.
+    live_stats: Option<std::time::Duration>,
 }
 
 /// Runs a listening side that serves up to `cfg.link.peers` peers, until `stop` (or, with
@@ -99,9 +101,6 @@ pub(super) async fn run_many(
         });
         AbortOnDrop(task)
     });
-    if opts.live_stats.is_some() && !quiet {
-        note!(quiet, side, "with link.peers = {limit} each peer's board would overwrite the others': the live board is off (`ndd status --watch` shows every peer)");
-    }
     note!(
         quiet,
         side,
@@ -127,6 +126,7 @@ pub(super) async fn run_many(
         home: opts.home.clone(),
         deadline,
         metrics: _metrics_refresh.as_ref().map(|_| peer_metrics.clone()),
+        live_stats: opts.live_stats.filter(|_| !quiet),
     };
     // Each peer's side is a task of its own: the runtime's workers share them out, and one
     // peer's burst of work never holds another's frames. Dropped (a listener that failed),
@@ -306,7 +306,8 @@ async fn serve_peer(
             side,
             quiet: run.quiet,
             home: &run.home,
-            live_stats: None,
+            live_stats: run.live_stats,
+            panel: format!("{}@{name}", side.as_str()),
             ctx: &ctx,
             connector: &connector,
             metrics: None,

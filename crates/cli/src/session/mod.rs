@@ -413,6 +413,7 @@ pub async fn run_side(
             quiet,
             home: &opts.home,
             live_stats: opts.live_stats,
+            panel: side.as_str().to_string(),
             ctx: &ctx,
             connector: &connector,
             metrics,
