@@ -23,7 +23,11 @@
 //! joins go, what an answer changes), the device's and each app side's
 //! `ndd_link::nats::keys::Opener` (runs, the key as it stands, the key before the rotation,
 //! asking for the key, holding a frame while the rotation reads where the stream stands), the
-//! `rotation` rule, each stream's `Intake` (copies, order) and `Outbox` (message ids,
+//! device's `ndd_link::nats::rotate::Keeper` (checking who holds the key every 1–20 ms, the
+//! rotation, its gate — the device's reliable publisher and, in some schedules, a second one
+//! that settles up to 200 ms later —, where the stream stood, the file of retired keys read
+//! back, and every rekey notice: at each run's start, every `NOTICE_EVERY`, on a frame of an
+//! earlier run, never while `since` is pending), each stream's `Intake` (copies, order) and `Outbox` (message ids,
 //! acknowledgements, retries, and what goes again under the new key), and the real `encrypt`
 //! pair. The simulation plays the broker and the drivers:
 //!
@@ -63,8 +67,7 @@
 //! copy JetStream lost are not owed); each trusted app side takes the device's frames in order; and everything
 //! settles (no order held at a gap for good). Not covered: more than eight rotations close
 //! together (`GroupKey::retired` keeps six keys behind the previous and the older one), the
-//! gate's timeout and publishers joining mid-rotation (the gate is modelled as the device's
-//! one publisher settling), a forger active for long after the sources stop, more than eight
+//! gate's timeout (frames published just before it may be lost: the binary warns), a forger active for long after the sources stop, more than eight
 //! device restarts before an app side joins again (`EARLIER_RUNS`), an app side's process
 //! ending with publishes in flight (their frames are not owed; the ones its Sender would seal again after a rotation
 //! would not be either).
@@ -76,14 +79,13 @@ mod common;
 use bytes::Bytes;
 use common::{RunInverse, RunSealer};
 use ndd_core::{Frame, Meta};
-use ndd_link::nats::follow::{
-    key_id, notice_body, notice_label, Follower, Ignored, Notice, NOTICE_EVERY,
-};
+use ndd_link::nats::follow::{key_id, notice_body, notice_label, Follower, Ignored, Notice};
 use ndd_link::nats::intake::{Kept, REORDER_WAIT};
-use ndd_link::nats::keys::{rotation, GroupKey, SINCE_PENDING};
+use ndd_link::nats::keys::{GroupKey, SINCE_PENDING};
 use ndd_link::nats::outbox::Publish;
 use ndd_link::nats::receive::{Event, Poll, Receiver, Wait};
 use ndd_link::nats::record::FrameRecord;
+use ndd_link::nats::rotate::{parse_retired, Action as KeeperAction, Keeper};
 use ndd_link::nats::runs::Run;
 use ndd_link::nats::send::{Follow, Sender};
 use ndd_link::nats::subjects::Subjects;
@@ -403,6 +405,8 @@ impl App {
 
 struct Device {
     keys: GroupKey,
+    /// Its keeper of the key (the binary's): checks, the rotation and its gate, notices.
+    keeper: Keeper,
     holders: Vec<String>,
     trusted: Vec<bool>,
     /// Its receiver of the app sides' stream (the binary's: intake and opener).
@@ -596,6 +600,12 @@ fn run(seed: u64) -> Result<String, String> {
         }
     }
     let since_delay = rng.range(0, 60);
+    // How often the keeper checks who holds the key (the binary's every 0.5–2 s, here
+    // sooner so that rotations come while the streams are busy).
+    let every = Duration::from_millis(rng.range(1, 20));
+    // In some schedules a second reliable publisher counts at the gate (a stream with
+    // nothing to send), settling up to 200 ms after a rotation begins.
+    let other_publisher = rng.chance(0.3).then(|| rng.range(0, 200));
     // When the device side restarts (a new run under the same group key), in some schedules.
     let mut restarts: VecDeque<u64> = VecDeque::new();
     if rng.chance(0.4) {
@@ -642,7 +652,6 @@ fn run(seed: u64) -> Result<String, String> {
     let mut clock0: u64 = 1 << 40;
     let clock = |c0: u64, step: u64| c0 + step * 1_000_000;
     let device_fp = IDS.with(|(device, _)| device.fingerprint());
-    let mut next_notice = t0 + NOTICE_EVERY;
     let mut js = Js::default();
     let mut recorded: Vec<(u16, Bytes)> = Vec::new();
     // Some app sides read slowly: they take frames under the old key after the new one.
@@ -654,6 +663,7 @@ fn run(seed: u64) -> Result<String, String> {
         .collect();
     let mut d = Device {
         keys: first,
+        keeper: Keeper::new(t0, first, every),
         holders: fps.clone(),
         trusted: vec![true; n_apps],
         rx: Receiver::new(UP, false, first, false, WAIT),
@@ -674,6 +684,10 @@ fn run(seed: u64) -> Result<String, String> {
     // (side, sequence, the last key generation it may hold)
     let mut revoked: Vec<(usize, u64, u8)> = Vec::new();
     let mut rotating_since: Option<u64> = None;
+    // When the keeper's read of where the stream stands answers.
+    let mut reading_at: Option<u64> = None;
+    // When the rotation under way began (the other publisher's clock).
+    let mut rotated_at: Option<Instant> = None;
     // The next rotation's step (the second one's counts from the first's completion).
     let mut next_at = revokes.front().map(|r| r.1);
     // Publishes on their way: (subject, publisher: an app or the device).
@@ -758,51 +772,90 @@ fn run(seed: u64) -> Result<String, String> {
             if rng.chance(0.3) {
                 clock0 -= rng.range(1, 5_000) * 1_000_000;
             }
-            rekeys.announce(&mut rng, &d.keys, clock(clock0, step), step);
+            // A new process, a new keeper: it checks at once, and its notice tells the app
+            // sides of the run.
+            d.keeper = Keeper::new(now, d.keys, every);
         }
-        // The revocation: the device draws a new key, seals under it, and reads where the
-        // stream stands a little later. (fanout's KeyKeeper checks again only once a rotation
-        // is complete.)
-        let complete = d.keys.since != SINCE_PENDING;
-        if complete && next_at.is_some_and(|at| step >= at) {
+        // The revocation (`ndd untrust`): the keeper's next check rotates the key. (It
+        // checks again only once a rotation is complete.)
+        if !d.keeper.rotating() && next_at.is_some_and(|at| step >= at) {
             let (r, _) = revokes.pop_front().expect("a revocation is due");
             d.trusted[r] = false;
-            let trusted = |h: &str| {
-                fps.iter()
-                    .position(|f| f == h)
-                    .is_some_and(|i| d.trusted[i])
-            };
-            let fresh = [0x22 + 0x11 * revoked.len() as u8; 32];
-            match rotation(d.keys, &d.holders, trusted, fresh) {
-                Some(rot) => {
-                    if rot.revoked != vec![fps[r].clone()] {
-                        return Err(format!("revoked {:?}, not {}", rot.revoked, fps[r]));
+            next_at = None;
+            if !d.holders.contains(&fps[r]) {
+                // It had not joined since the last rotation: it holds no key it could use,
+                // and no rotation comes.
+                revoked.push((r, js.last(), d.rotations));
+                next_at = revokes.front().map(|r| step + r.1);
+            }
+        }
+        // The keeper, driven as fanout's KeyKeeper drives it: the gate counts the device's
+        // reliable publisher settled once every publish under the old key is acknowledged
+        // (its SourceFlow says so), and the other one, if any, some steps after the rotation
+        // began; where the stream stands is read a little after the gate opens.
+        let others = other_publisher.map_or((0, 0), |after| {
+            let settled = rotated_at.is_some_and(|t| now >= t + Duration::from_millis(after));
+            (1, settled as usize)
+        });
+        d.keeper
+            .handle_gate(1 + others.0, d.tx.outbox.is_settled() as usize + others.1);
+        while let Some(a) = d.keeper.poll(now) {
+            match a {
+                KeeperAction::Check => {
+                    let trusted = |h: &str| {
+                        fps.iter()
+                            .position(|f| f == h)
+                            .is_some_and(|i| d.trusted[i])
+                    };
+                    let fresh = [0x22 + 0x11 * d.rotations; 32];
+                    d.keeper.handle_check(now, &d.holders, trusted, fresh);
+                }
+                KeeperAction::Rotate { keys, revoked: who } => {
+                    for fp in &who {
+                        let r = fps.iter().position(|f| f == fp).expect("a known side");
+                        if d.trusted[r] {
+                            return Err(format!("rotated away from {fp}, still trusted"));
+                        }
+                        revoked.push((r, SINCE_PENDING, d.rotations));
                     }
-                    d.keys = rot.keys;
+                    d.keys = keys;
                     d.holders.clear();
                     d.rotating = true;
-                    revoked.push((r, SINCE_PENDING, d.rotations));
                     d.rotations += 1;
                     rotating_since = Some(step);
+                    rotated_at = Some(now);
                 }
-                // It had not joined since the last rotation: it holds no key it could use.
-                None => revoked.push((r, js.last(), d.rotations)),
+                KeeperAction::ReadPosition { settled } => {
+                    if !settled {
+                        return Err("the rotation's gate ran out of time".into());
+                    }
+                    reading_at = Some(step + since_delay);
+                }
+                KeeperAction::Complete { keys, retired } => {
+                    // What a restarted device side would read back.
+                    let back = parse_retired(&retired)
+                        .map_err(|n| format!("the retired keys file has {n} bytes"))?
+                        .under(GroupKey::first(keys.key, keys.run));
+                    if (back.since, back.previous, back.older, back.retired)
+                        != (keys.since, keys.previous, keys.older, keys.retired)
+                    {
+                        return Err(format!("retired keys read back as {back:?}, not {keys:?}"));
+                    }
+                    d.keys = keys;
+                    for r in revoked.iter_mut().filter(|r| r.1 == SINCE_PENDING) {
+                        r.1 = keys.since;
+                    }
+                    rotating_since = None;
+                    next_at = revokes.front().map(|r| step + r.1);
+                }
+                KeeperAction::Announce(keys) => {
+                    rekeys.announce(&mut rng, &keys, clock(clock0, step), step)
+                }
             }
-            next_at = None;
         }
-        // fanout's RotationGate: where the stream stands is read once the device's reliable
-        // publisher has every publish under the old key acknowledged.
-        if let Some(began) = rotating_since {
-            if step >= began + since_delay && d.tx.outbox.is_settled() {
-                let since = js.last();
-                d.keys = d.keys.since_at(since);
-                if let Some(r) = revoked.last_mut() {
-                    r.1 = since;
-                }
-                rotating_since = None;
-                next_at = revokes.front().map(|r| step + r.1);
-                rekeys.announce(&mut rng, &d.keys, clock(clock0, step), step);
-            }
+        if reading_at.is_some_and(|at| step >= at) {
+            reading_at = None;
+            d.keeper.handle_position(now, js.last());
         }
         // The device publishes its frames; after a rotation, once it knows where the
         // rotation began and every publish is acknowledged, what it sealed under the old key
@@ -860,12 +913,6 @@ fn run(seed: u64) -> Result<String, String> {
                     d.holders.push(fps[i].clone());
                 }
             }
-        }
-        // The device repeats its notice every NOTICE_EVERY (fanout's `announce_keys`), not
-        // while a rotation reads where the stream stands.
-        if now >= next_notice && d.keys.since != SINCE_PENDING {
-            next_notice = now + NOTICE_EVERY;
-            rekeys.announce(&mut rng, &d.keys, clock(clock0, step), step);
         }
         // Rekey notices reach the app sides; the adversary replays recorded ones to any of
         // them, and forges: signed by a stranger, signed by the device for another driver,
@@ -1107,9 +1154,7 @@ fn run(seed: u64) -> Result<String, String> {
                         device_took(&mut d, &frame, stored, &revoked, &published)?
                     }
                     // A genuine frame of its earlier run: the app sides are told to join.
-                    Poll::Event(Event::TellRun) => {
-                        rekeys.announce(&mut rng, &d.keys, clock(clock0, step), step)
-                    }
+                    Poll::Event(Event::TellRun) => d.keeper.handle_stale(now),
                     Poll::Event(_) => {}
                     Poll::Wait(Wait::Key) => return Err("a device side asked for the key".into()),
                     Poll::Wait(Wait::Rotation) => {

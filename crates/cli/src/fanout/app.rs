@@ -51,10 +51,7 @@ pub(super) async fn start(
         ),
     };
     let notices = follower.subscribe().await?;
-    t.set.spawn(async move {
-        follower.serve(notices, asks).await?;
-        Ok(None)
-    });
+    t.service(async move { follower.serve(notices, asks).await });
     for p in plans {
         t.endpoints.extend(
             spawn_stream(
@@ -84,7 +81,7 @@ pub(super) async fn start(
         .map_err(|e| anyhow!("NATS: {e}"))?;
     let (c, subject) = (ctx.client.clone(), ctx.subjects.ready());
     let every = Duration::from_millis(cfg.link.ping_interval_ms.max(100));
-    t.set.spawn(async move {
+    t.service(async move {
         let mut tick = tokio::time::interval(every);
         tick.tick().await;
         loop {
@@ -94,7 +91,6 @@ pub(super) async fn start(
             let _ = c.publish(subject.clone(), ready).await;
         }
     });
-    t.services += 2;
     let peer = device;
     Ok(peer)
 }

@@ -34,23 +34,20 @@ pub(super) async fn start(
         run,
         earlier,
     )?);
-    let keeper = KeyKeeper {
+    // Checks at least 0.5 s apart: each reads known_peers and the holders file.
+    let every = Duration::from_millis(cfg.link.ping_interval_ms.clamp(500, 2000));
+    let mut keeper = KeyKeeper {
         home: opts.home.clone(),
         prefix: nats.subject_prefix.clone(),
         driver: cfg.driver.clone(),
-        tx: key_tx,
         js: js.clone(),
+        local: local.clone(),
+        keeper: Keeper::new(Instant::now(), *key.borrow(), every),
+        tx: key_tx,
     };
     // An app side revoked while this side was away never sees a frame under its key.
-    keeper.check(ctx).await?;
+    keeper.start(ctx).await?;
     let holders = keeper.holders_path();
-    // (At least 0.5 s apart: each check reads known_peers and the holders file.)
-    let every = Duration::from_millis(cfg.link.ping_interval_ms.clamp(500, 2000));
-    let kctx = ctx.clone();
-    t.set.spawn(async move {
-        keeper.watch(kctx, every).await?;
-        Ok(None)
-    });
     claim_device(ctx, &cfg.driver, run.id, local, &opts.home).await?;
     let slots = plans.iter().filter_map(|p| p.split).max().unwrap_or(0);
     let (joined, mut joined_rx) = watch::channel(std::collections::HashSet::new());
@@ -76,21 +73,11 @@ pub(super) async fn start(
         expiry: Duration::from_millis(cfg.link.handshake_timeout_ms.max(1000) * 2),
     };
     let joins = host.serve().await?;
-    t.set.spawn(async move {
-        joins.await.map_err(|e| anyhow!("join service: {e}"))??;
-        Ok(None)
-    });
-    let (actx, stale, local, akey) = (
-        ctx.clone(),
-        ctx.run_stale.clone(),
-        local.clone(),
-        key.clone(),
-    );
-    t.set.spawn(async move {
-        announce_keys(actx, local, akey, stale).await;
-        Ok(None)
-    });
-    t.services += 3;
+    t.service(async move { joins.await.map_err(|e| anyhow!("join service: {e}"))? });
+    // The keeper runs once the driver is claimed and joins are served: its notices send app
+    // sides joining.
+    let kctx = ctx.clone();
+    t.service(keeper.watch(kctx));
     // Sinks at once (what app sides send, and sent while this side was away, comes
     // in now); sources once enough app sides are there to get their frames.
     let want = nats.min_app_sides as usize;

@@ -2,6 +2,7 @@
 //! rotations retired, and its runs.
 
 use super::*;
+use ndd_link::nats::rotate::{parse_retired, Retired};
 
 /// Where the group key of `driver` lives in the ndd home.
 pub(super) fn key_path(home: &Path, prefix: &str, driver: &str) -> std::path::PathBuf {
@@ -65,44 +66,23 @@ pub(super) fn group_key(
 ) -> Result<GroupKey> {
     let key = current_key(home, prefix, driver)?;
     let path = previous_path(home, prefix, driver);
-    // A key and the sequence of the rotation that retired it: the previous key, then (since
-    // join version 5) the one before it.
-    let retired = |b: &[u8]| {
-        let mut k = [0u8; 32];
-        k.copy_from_slice(&b[..32]);
-        let mut n = [0u8; 8];
-        n.copy_from_slice(&b[32..40]);
-        (k, u64::from_be_bytes(n))
+    let keys = GroupKey {
+        earlier,
+        ..GroupKey::first(key, run)
     };
-    let mut history = [None; RETIRED_KEYS];
-    let (previous, older) = match std::fs::read(&path) {
-        Ok(b) if b.len() == 40 => (Some(retired(&b)), None),
-        Ok(b) if b.len() >= 80 && b.len() % 40 == 0 && b.len() <= 80 + 40 * RETIRED_KEYS => {
-            for (h, c) in history.iter_mut().zip(b[80..].chunks_exact(40)) {
-                *h = Some(retired(c));
-            }
-            (Some(retired(&b[..40])), Some(retired(&b[40..80])))
-        }
-        Ok(b) => {
+    let retired = match std::fs::read(&path).map(|b| parse_retired(&b)) {
+        Ok(Ok(r)) => r,
+        Ok(Err(len)) => {
             tracing::warn!(
                 side = "device",
-                "{} holds {} bytes, not keys with their sequences (40 each); ignored: app → device frames sealed before the last rotation and not yet read will not open",
+                "{} holds {len} bytes, not keys with their sequences (40 each); ignored: app → device frames sealed before the last rotation and not yet read will not open",
                 path.display(),
-                b.len()
             );
-            (None, None)
+            Retired::default()
         }
-        Err(_) => (None, None),
+        Err(_) => Retired::default(),
     };
-    Ok(GroupKey {
-        key,
-        since: previous.map_or(0, |p| p.1),
-        previous: previous.map(|p| p.0),
-        older,
-        retired: history,
-        run,
-        earlier,
-    })
+    Ok(retired.under(keys))
 }
 
 /// Where the device side notes its last runs, oldest first: `id (u64 BE) ‖ began (u64 BE)`

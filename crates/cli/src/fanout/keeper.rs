@@ -1,7 +1,9 @@
-//! Device side: the group key's rotation when a holder is no longer trusted, the notices that
-//! send app sides joining again, and the gate a rotation waits at.
+//! Device side: the group key's keeper ([`ndd_link::nats::rotate::Keeper`], the rules,
+//! sans-IO) driven on the files, the streams' keys, the rotation's gate and the client.
 
 use super::*;
+pub(super) use ndd_link::nats::rotate::Keeper;
+use ndd_link::nats::rotate::{Action as KeeperAction, GATE_WAIT};
 
 /// The device side's group key and who holds it. When a holder is no longer in
 /// `known_peers` (`ndd untrust`), the key is rotated: a new one is drawn and written, every
@@ -15,13 +17,15 @@ pub(super) struct KeyKeeper {
     pub(super) tx: watch::Sender<GroupKey>,
     /// Where app → device reliable frames are stored: a rotation notes its sequence.
     pub(super) js: Option<jetstream::Context>,
+    pub(super) local: LocalIdentity,
+    pub(super) keeper: Keeper,
 }
 
 /// Tells the app sides which keys this side holds (`P.D.rekey`): those holding others (the
 /// group key rotated, or this device side started a new run) join again. Signed by this
 /// side: only a device side the app sides trust can send them joining again (the notice
 /// names the keys by a one-way id, nothing secret).
-pub(super) async fn rekey_notice(ctx: &Ctx, local: &LocalIdentity, keys: &GroupKey) {
+async fn rekey_notice(ctx: &Ctx, local: &LocalIdentity, keys: &GroupKey) {
     let notice = Notice {
         run: keys.run.id,
         clock: wall_ns(),
@@ -38,159 +42,146 @@ pub(super) async fn rekey_notice(ctx: &Ctx, local: &LocalIdentity, keys: &GroupK
     }
 }
 
-/// The rekey notice, at once (a new run: the app sides that ran on join again to learn it),
-/// every [`NOTICE_EVERY`] (an app side that missed one — core NATS may lose it — learns it
-/// must join), when a rotation is complete, and when frames sealed for an earlier run or
-/// under a rotated key come in (`stale`, said at most every [`ndd_link::nats::keys::RUN_NOTICE_SPACING`] by the
-/// streams). Not while a rotation reads where the stream stands (joins wait then).
-pub(super) async fn announce_keys(
-    ctx: Ctx,
-    local: LocalIdentity,
-    mut key: watch::Receiver<GroupKey>,
-    stale: Arc<tokio::sync::Notify>,
-) {
-    loop {
-        let keys = *key.borrow_and_update();
-        if keys.since != SINCE_PENDING {
-            rekey_notice(&ctx, &local, &keys).await;
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(NOTICE_EVERY) => {}
-            _ = stale.notified() => {}
-            changed = key.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-            }
-        }
-    }
-}
-
 impl KeyKeeper {
     pub(super) fn holders_path(&self) -> std::path::PathBuf {
         holders_path(&self.home, &self.prefix, &self.driver)
     }
 
-    /// Rotates the key if one of its holders is no longer trusted; returns who was revoked.
-    /// The old key stays for the app → device frames stored before the rotation, in memory
-    /// and in the `.previous` file: up to the JetStream stream's last sequence once this side's
-    /// sinks open under the new key (any frame they took under the old one is at or below it,
-    /// so nothing they took is published again by its sender, and nothing stored later under
-    /// the old key opens).
-    pub(super) async fn rotate_if_revoked(&self, ctx: &Ctx) -> Result<Vec<String>> {
-        let known = KnownPeers::load(&self.home)?;
-        let current = *self.tx.borrow();
-        let holders = holders(&self.holders_path())?;
-        let Some(r) = rotation(
-            current,
-            &holders,
-            |h| known.lookup(h).is_some(),
-            draw_key()?,
-        ) else {
-            return Ok(Vec::new());
-        };
-        let (old, k) = (current.key, r.keys.key);
-        let path = key_path(&self.home, &self.prefix, &self.driver);
-        write_private(&path, &k)
-            .with_context(|| format!("cannot write the rotated group key {}", path.display()))?;
-        write_private(&self.holders_path(), b"")?;
-        ctx.gate.begin();
-        self.tx.send_replace(r.keys);
-        if !ctx.gate.wait().await {
-            tracing::warn!(
-                side = "device",
-                "the reliable streams did not settle within {} s of the rotation: device frames published just before it may not reach the app sides",
-                GATE_WAIT.as_secs()
-            );
-        }
-        let since = match &self.js {
-            None => Ok(0),
-            Some(js) => stored_up_to(ctx, js).await.map(|(_, n)| n),
-        };
-        let since = since.unwrap_or_else(|e| {
-            tracing::warn!(
-                side = "device",
-                "cannot read where the JetStream stream stands ({e:#}): app → device frames sealed under the old group key and not yet read are dropped"
-            );
-            0
-        });
-        let mut previous = old.to_vec();
-        previous.extend_from_slice(&since.to_be_bytes());
-        if let Some((k, s)) = r.keys.older {
-            previous.extend_from_slice(&k);
-            previous.extend_from_slice(&s.to_be_bytes());
-            for (k, s) in r.keys.retired.iter().flatten() {
-                previous.extend_from_slice(k);
-                previous.extend_from_slice(&s.to_be_bytes());
+    /// The first check, before the streams start (an app side revoked while this side was
+    /// away never sees a frame under its key): a rotation it brings completes at once (no
+    /// publisher waits at the gate yet). The notice waits for [`KeyKeeper::watch`], once the
+    /// driver is claimed.
+    pub(super) async fn start(&mut self, ctx: &Ctx) -> Result<()> {
+        loop {
+            let (publishers, settled) = ctx.gate.counts();
+            self.keeper.handle_gate(publishers, settled);
+            match self.keeper.poll(Instant::now()) {
+                Some(KeeperAction::Announce(_)) => {}
+                Some(a) => self.act(ctx, a).await?,
+                None if self.keeper.rotating() => {
+                    bail!("the group key's rotation did not complete at start")
+                }
+                None => return Ok(()),
             }
         }
-        if let Err(e) = write_private(
-            &previous_path(&self.home, &self.prefix, &self.driver),
-            &previous,
-        ) {
-            tracing::warn!(side = "device", "{e:#}: app → device frames sealed under the old group key and not yet read are dropped if this side restarts");
-        }
-        self.tx.send_replace(r.keys.since_at(since));
-        Ok(r.revoked)
     }
 
-    /// Rotates the key if a holder was revoked, and says so: in the log and, for the app
-    /// sides, on `P.D.rekey`.
-    pub(super) async fn check(&self, ctx: &Ctx) -> Result<()> {
-        let revoked = self.rotate_if_revoked(ctx).await?;
-        if !revoked.is_empty() {
-            // (The notice goes from `announce_keys`, which sees the keys change.)
-            tracing::warn!(
-                side = "device",
-                "rotated the group key: {} held it and is no longer trusted; trusted app sides get the new key by joining again",
-                revoked.join(", ")
-            );
+    /// Runs the keeper for as long as the side runs: checks, rotations, notices.
+    pub(super) async fn watch(mut self, ctx: Ctx) -> Result<()> {
+        // A check that keeps failing (an unreadable known_peers) is said once a minute.
+        let mut said = ndd_core::RateLimit::new(Duration::from_secs(60));
+        // The notice at once: the app sides that ran on join again to learn this run.
+        self.keeper.handle_stale(Instant::now());
+        loop {
+            // Registered before the count is read: a publisher settling in between wakes it.
+            let changed = ctx.gate.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let (publishers, settled) = ctx.gate.counts();
+            self.keeper.handle_gate(publishers, settled);
+            while let Some(a) = self.keeper.poll(Instant::now()) {
+                if let Err(e) = self.act(&ctx, a).await {
+                    if let Some(n) = said.admit(Instant::now()) {
+                        let more = match n {
+                            0 => String::new(),
+                            n => format!(" ({n} more failed checks since the last warning)"),
+                        };
+                        tracing::warn!(
+                            side = "device",
+                            "cannot check who holds the group key: {e:#}{more}"
+                        );
+                    }
+                }
+            }
+            tokio::select! {
+                _ = sleep_until_opt(self.keeper.poll_timeout()) => {}
+                _ = changed => {}
+                _ = ctx.run_stale.notified() => self.keeper.handle_stale(Instant::now()),
+            }
+        }
+    }
+
+    /// Does what the keeper asks.
+    async fn act(&mut self, ctx: &Ctx, a: KeeperAction) -> Result<()> {
+        match a {
+            KeeperAction::Check => {
+                let known = KnownPeers::load(&self.home)?;
+                let holders = holders(&self.holders_path())?;
+                let fresh = draw_key()?;
+                self.keeper.handle_check(
+                    Instant::now(),
+                    &holders,
+                    |h| known.lookup(h).is_some(),
+                    fresh,
+                );
+            }
+            KeeperAction::Rotate { keys, revoked } => {
+                // The revoked side is cut off now, whether or not the files can be written.
+                let path = key_path(&self.home, &self.prefix, &self.driver);
+                let written = write_private(&path, &keys.key)
+                    .with_context(|| {
+                        format!("cannot write the rotated group key {}", path.display())
+                    })
+                    .and_then(|()| write_private(&self.holders_path(), b""));
+                ctx.gate.begin();
+                self.tx.send_replace(keys);
+                tracing::warn!(
+                    side = "device",
+                    "rotated the group key: {} held it and is no longer trusted; trusted app sides get the new key by joining again",
+                    revoked.join(", ")
+                );
+                if let Err(e) = written {
+                    tracing::warn!(side = "device", "{e:#}: the new key is used, but a restart of this side would go back to the old one");
+                }
+            }
+            KeeperAction::ReadPosition { settled } => {
+                if !settled {
+                    tracing::warn!(
+                        side = "device",
+                        "the reliable streams did not settle within {} s of the rotation: device frames published just before it may not reach the app sides",
+                        GATE_WAIT.as_secs()
+                    );
+                }
+                let since = match &self.js {
+                    None => Ok(0),
+                    Some(js) => stored_up_to(ctx, js).await.map(|(_, n)| n),
+                };
+                let since = since.unwrap_or_else(|e| {
+                    tracing::warn!(
+                        side = "device",
+                        "cannot read where the JetStream stream stands ({e:#}): app → device frames sealed under the old group key and not yet read are dropped"
+                    );
+                    0
+                });
+                self.keeper.handle_position(Instant::now(), since);
+            }
+            KeeperAction::Complete { keys, retired } => {
+                // The old key stays for the app → device frames stored before the rotation,
+                // in memory and in the `.previous` file: up to the JetStream stream's last
+                // sequence once this side's sinks open under the new key.
+                if let Err(e) = write_private(
+                    &previous_path(&self.home, &self.prefix, &self.driver),
+                    &retired,
+                ) {
+                    tracing::warn!(side = "device", "{e:#}: app → device frames sealed under the old group key and not yet read are dropped if this side restarts");
+                }
+                self.tx.send_replace(keys);
+            }
+            KeeperAction::Announce(keys) => rekey_notice(ctx, &self.local, &keys).await,
         }
         Ok(())
     }
-
-    /// Checks every `every` (the first check is the caller's, at start).
-    pub(super) async fn watch(self, ctx: Ctx, every: Duration) -> Result<()> {
-        // A check that keeps failing (an unreadable known_peers) is said once a minute.
-        let mut said = ndd_core::RateLimit::new(Duration::from_secs(60));
-        loop {
-            tokio::time::sleep(every).await;
-            if let Err(e) = self.check(&ctx).await {
-                if let Some(n) = said.admit(Instant::now()) {
-                    let more = match n {
-                        0 => String::new(),
-                        n => format!(" ({n} more failed checks since the last warning)"),
-                    };
-                    tracing::warn!(
-                        side = "device",
-                        "cannot check who holds the group key: {e:#}{more}"
-                    );
-                }
-            }
-        }
-    }
 }
 
-/// Device side: how a rotation knows that nothing this side sealed under the old key is still
-/// on its way to JetStream. It reads where the stream stands (the rotation's `since`) only
-/// once every publisher of a reliable stream has had each publish under the old key
-/// acknowledged, so every device frame under the old key is stored at or before `since`. An
-/// app side drops a frame under the old key stored later (the revoked side holds that key):
-/// before this, a frame the device published just before a rotation and stored just after it
-/// was dropped by every app side, and an ordered stream could not take its copy sealed again
-/// (its later frames were through already). Found by `testkit/tests/nats_keys.rs`.
+/// Device side: the reliable publishers' count for a rotation's gate (the rule is the
+/// [`Keeper`]'s): how many there are, and how many settled under the old key since the
+/// rotation began (their `SourceFlow` says so).
 #[derive(Default)]
 pub(super) struct RotationGate {
-    /// Publishers of reliable streams on this side.
-    pub(super) publishers: std::sync::atomic::AtomicUsize,
-    /// Of them, those settled under the old key since the rotation began.
-    pub(super) settled: std::sync::atomic::AtomicUsize,
+    publishers: std::sync::atomic::AtomicUsize,
+    settled: std::sync::atomic::AtomicUsize,
     pub(super) changed: tokio::sync::Notify,
 }
-
-/// How long a rotation waits for the reliable publishers to settle before it reads where the
-/// stream stands anyway (a publisher whose acknowledgements do not come: the server is gone).
-pub(super) const GATE_WAIT: Duration = Duration::from_secs(10);
 
 impl RotationGate {
     pub(super) fn join(self: &Arc<Self>) -> GateTicket {
@@ -206,23 +197,14 @@ impl RotationGate {
     }
 
     /// A rotation begins: the count starts over.
-    pub(super) fn begin(&self) {
+    fn begin(&self) {
         self.settled.store(0, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// Waits until every reliable publisher settled, at most [`GATE_WAIT`]; whether they did.
-    pub(super) async fn wait(&self) -> bool {
+    /// Publishers, and those settled.
+    fn counts(&self) -> (usize, usize) {
         use std::sync::atomic::Ordering::SeqCst;
-        let deadline = tokio::time::Instant::now() + GATE_WAIT;
-        loop {
-            let changed = self.changed.notified();
-            if self.settled.load(SeqCst) >= self.publishers.load(SeqCst) {
-                return true;
-            }
-            if tokio::time::timeout_at(deadline, changed).await.is_err() {
-                return false;
-            }
-        }
+        (self.publishers.load(SeqCst), self.settled.load(SeqCst))
     }
 }
 

@@ -36,12 +36,10 @@ use ndd_core::{Frame, Half, Meta, Output, Pair, Role, Stack};
 use ndd_endpoint::Delivered;
 use ndd_link::nats::admit::{Admitter, Decision, Level, Line as AdmitLine, Trust};
 use ndd_link::nats::async_nats;
-use ndd_link::nats::follow::{key_id, notice_body, notice_label, Follower, Notice, NOTICE_EVERY};
+use ndd_link::nats::follow::{key_id, notice_body, notice_label, Follower, Notice};
 use ndd_link::nats::intake::{Intake, Kept, Taken, REORDER_WAIT};
 use ndd_link::nats::join::{Admission, Host, Joiner, Welcome};
-use ndd_link::nats::keys::{
-    rotation, GroupKey, Outcome, RunHalf, EARLIER_RUNS, RETIRED_KEYS, SINCE_PENDING,
-};
+use ndd_link::nats::keys::{GroupKey, Outcome, RunHalf, EARLIER_RUNS, SINCE_PENDING};
 use ndd_link::nats::receive::{Event, Receiver, Wait};
 use ndd_link::nats::record::FrameRecord;
 use ndd_link::nats::runs::{next_run_id, Run};
@@ -333,6 +331,17 @@ struct Tasks {
     services: usize,
 }
 
+impl Tasks {
+    /// Runs `f` beside the streams for as long as the side runs (counted in `services`).
+    fn service(&mut self, f: impl std::future::Future<Output = Result<()>> + Send + 'static) {
+        self.services += 1;
+        self.set.spawn(async move {
+            f.await?;
+            Ok(None)
+        });
+    }
+}
+
 /// What starting a side reads.
 struct Start<'a> {
     cfg: &'a Config,
@@ -363,7 +372,7 @@ struct Ctx {
     connects: Arc<std::sync::atomic::AtomicU64>,
     max_payload: usize,
     /// Device side: rung when a frame sealed for an earlier run or under a rotated key comes
-    /// in ([`announce_keys`]).
+    /// in (the [`KeyKeeper`]'s notice goes again).
     run_stale: Arc<tokio::sync::Notify>,
     /// Device side: a rotation waits for the reliable publishers ([`RotationGate`]).
     gate: Arc<RotationGate>,

@@ -21,6 +21,8 @@
 //!   acknowledgements once the sink completed, device restarts, the END (sans-IO);
 //! - [`runs`]: which device run a frame may come from, and its run key (sans-IO);
 //! - [`keys`]: the group key, its rotation, and the opening of frames under it (sans-IO);
+//! - [`rotate`]: the device side's keeper of the key: checks, the rotation and its gate, the
+//!   rekey notices (sans-IO);
 //! - [`follow`]: an app side's following of the key: rekey notices, joins, answers (sans-IO);
 //! - [`claim`]: one device side per driver: the signed claim and the wait (sans-IO);
 //! - [`NatsConfig`] / [`connect`]: the connection to the server (TLS, credentials).
@@ -35,6 +37,7 @@ pub mod keys;
 pub mod outbox;
 pub mod receive;
 pub mod record;
+pub mod rotate;
 pub mod runs;
 pub mod send;
 pub mod source;

@@ -1,0 +1,468 @@
+//! The device side's keeper of the group key (sans-IO): when it checks who holds the key, the
+//! rotation once a holder is no longer trusted, the gate the rotation waits at, where the
+//! stream stood when it did, and the signed rekey notices that send app sides joining again.
+//!
+//! A rotation goes in three steps. [`Action::Rotate`]: a fresh key is written and every
+//! stream seals under it from its next frame (its `since` still [`SINCE_PENDING`], so no
+//! app side is told yet and joins wait). Then the gate: every reliable publisher of this side
+//! says once everything it sealed under the old key is stored (the streams' `SourceFlow`
+//! tells it), or [`GATE_WAIT`] passes. [`Action::ReadPosition`]: the JetStream stream's last
+//! sequence is read — every device frame under the old key is stored at or before it, so an
+//! app side drops one under the old key stored later (the revoked side holds that key) and
+//! nothing genuine is lost. [`Action::Complete`]: the keys with that `since`, and the file of
+//! retired keys a restarted device side reads ([`encode_retired`]); the notice goes out.
+//!
+//! No new check while a rotation is under way; the notice goes at once when a run begins,
+//! every [`NOTICE_EVERY`] (core NATS may lose one), when a rotation completes and when frames
+//! of an earlier run or key come in ([`Keeper::handle_stale`]), never while `since` is
+//! pending. `fanout/keeper.rs` drives it on the client and the files; `testkit/tests/nats_keys.rs`
+//! drives it through revocations, restarts and a failing broker.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use super::follow::NOTICE_EVERY;
+use super::keys::{rotation, GroupKey, RETIRED_KEYS, SINCE_PENDING};
+
+/// How long a rotation waits for the reliable publishers to settle before it reads where the
+/// stream stands anyway (a publisher whose acknowledgements do not come: the server is gone).
+pub const GATE_WAIT: Duration = Duration::from_secs(10);
+
+/// What the keeper asks its driver to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Read `known_peers` and who holds the key, and answer with [`Keeper::handle_check`].
+    Check,
+    /// A rotation began: write `keys.key` as the group key (private) and empty the holders
+    /// file, start the gate's count over, then hand `keys` to the streams. `revoked` held the
+    /// key and are no longer trusted (say so).
+    Rotate {
+        /// The keys from now on, `since` pending.
+        keys: GroupKey,
+        /// Who held the key and is no longer trusted.
+        revoked: Vec<String>,
+    },
+    /// Read where the JetStream stream stands and answer with [`Keeper::handle_position`].
+    /// `settled`: every reliable publisher settled under the old key; `false` when
+    /// [`GATE_WAIT`] passed first (device frames published just before the rotation may not
+    /// reach the app sides: say so).
+    ReadPosition {
+        /// Whether the publishers settled (else the wait ran out).
+        settled: bool,
+    },
+    /// The rotation is complete: write `retired` (the file of retired keys, see
+    /// [`encode_retired`]) and hand `keys` to the streams.
+    Complete {
+        /// The keys with the rotation's `since`.
+        keys: GroupKey,
+        /// The file of retired keys.
+        retired: Vec<u8>,
+    },
+    /// Publish the signed rekey notice naming these keys.
+    Announce(GroupKey),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Idle,
+    /// The rotation waits for the publishers, at most until then.
+    Gate {
+        until: Instant,
+    },
+    /// Where the stream stands is being read.
+    Position,
+}
+
+/// The device side's keeper (see the module's text).
+#[derive(Debug)]
+pub struct Keeper {
+    keys: GroupKey,
+    state: State,
+    every: Duration,
+    next_check: Instant,
+    next_notice: Instant,
+    /// Reliable publishers of this side, and how many of them settled since the rotation
+    /// began.
+    publishers: usize,
+    settled: usize,
+    actions: VecDeque<Action>,
+}
+
+impl Keeper {
+    /// A run under `keys` begins: the first check is due at once (an app side revoked while
+    /// the side was away never sees a frame under its key), then every `every`; the notice at
+    /// once.
+    pub fn new(now: Instant, keys: GroupKey, every: Duration) -> Keeper {
+        Keeper {
+            keys,
+            state: State::Idle,
+            every,
+            next_check: now,
+            next_notice: now,
+            publishers: 0,
+            settled: 0,
+            actions: VecDeque::new(),
+        }
+    }
+
+    /// The keys as they stand.
+    pub fn keys(&self) -> GroupKey {
+        self.keys
+    }
+
+    /// Whether a rotation is under way.
+    pub fn rotating(&self) -> bool {
+        self.state != State::Idle
+    }
+
+    /// The answer to [`Action::Check`]: `holders` were handed the key; `trusted` says who is
+    /// still in `known_peers`; `fresh` is the key a rotation would draw.
+    pub fn handle_check(
+        &mut self,
+        now: Instant,
+        holders: &[String],
+        trusted: impl Fn(&str) -> bool,
+        fresh: [u8; 32],
+    ) {
+        if self.state != State::Idle {
+            return;
+        }
+        let Some(r) = rotation(self.keys, holders, trusted, fresh) else {
+            return;
+        };
+        self.keys = r.keys;
+        self.settled = 0;
+        self.state = State::Gate {
+            until: now + GATE_WAIT,
+        };
+        self.actions.push_back(Action::Rotate {
+            keys: r.keys,
+            revoked: r.revoked,
+        });
+    }
+
+    /// The gate's count as it stands: `publishers` reliable publishers on this side, of which
+    /// `settled` told, since the rotation's [`Action::Rotate`], that everything they sealed
+    /// under the old key is stored.
+    pub fn handle_gate(&mut self, publishers: usize, settled: usize) {
+        self.publishers = publishers;
+        self.settled = settled;
+    }
+
+    /// The answer to [`Action::ReadPosition`]: the stream's last sequence (`0`: it could not
+    /// be read, or there is no JetStream stream; app → device frames under the old key not yet
+    /// read are then dropped).
+    pub fn handle_position(&mut self, now: Instant, since: u64) {
+        if self.state != State::Position {
+            return;
+        }
+        self.keys = self.keys.since_at(since);
+        self.state = State::Idle;
+        self.next_check = now + self.every;
+        self.actions.push_back(Action::Complete {
+            keys: self.keys,
+            retired: encode_retired(&self.keys),
+        });
+        self.next_notice = now;
+    }
+
+    /// Frames sealed for an earlier run or under a rotated key came in: the notice goes again
+    /// now (the streams space these out).
+    pub fn handle_stale(&mut self, now: Instant) {
+        self.next_notice = self.next_notice.min(now);
+    }
+
+    /// The next thing to do, if any is due.
+    pub fn poll(&mut self, now: Instant) -> Option<Action> {
+        if let Some(a) = self.actions.pop_front() {
+            return Some(a);
+        }
+        match self.state {
+            State::Gate { until } => {
+                let settled = self.settled >= self.publishers;
+                if settled || now >= until {
+                    self.state = State::Position;
+                    return Some(Action::ReadPosition { settled });
+                }
+            }
+            State::Idle if now >= self.next_check => {
+                self.next_check = now + self.every;
+                return Some(Action::Check);
+            }
+            _ => {}
+        }
+        if self.keys.since != SINCE_PENDING && now >= self.next_notice {
+            self.next_notice = now + NOTICE_EVERY;
+            return Some(Action::Announce(self.keys));
+        }
+        None
+    }
+
+    /// When [`Keeper::poll`] has something next, unless an answer or the gate's count comes
+    /// first.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if !self.actions.is_empty() {
+            return Some(Instant::now());
+        }
+        let notice = (self.keys.since != SINCE_PENDING).then_some(self.next_notice);
+        let own = match self.state {
+            State::Idle => Some(self.next_check),
+            State::Gate { until } => Some(until),
+            State::Position => None,
+        };
+        match (own, notice) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// One retired key and the sequence of the rotation that retired it, as the file holds it.
+const RETIRED_LEN: usize = 32 + 8;
+
+/// The file of retired keys a completed rotation leaves: the previous key and `since`, then
+/// (since join version 5) the older one with its sequence, then the keys retired before it,
+/// newest first: 40 bytes each (`key ‖ sequence u64 BE`). A restarted device side reads it
+/// back with [`parse_retired`].
+pub fn encode_retired(keys: &GroupKey) -> Vec<u8> {
+    let mut b = Vec::with_capacity(RETIRED_LEN * (2 + RETIRED_KEYS));
+    let Some(previous) = keys.previous else {
+        return b;
+    };
+    b.extend_from_slice(&previous);
+    b.extend_from_slice(&keys.since.to_be_bytes());
+    if let Some((k, s)) = keys.older {
+        b.extend_from_slice(&k);
+        b.extend_from_slice(&s.to_be_bytes());
+        for (k, s) in keys.retired.iter().flatten() {
+            b.extend_from_slice(k);
+            b.extend_from_slice(&s.to_be_bytes());
+        }
+    }
+    b
+}
+
+/// What [`parse_retired`] read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Retired {
+    /// The previous key and the sequence of the rotation that retired it.
+    pub previous: Option<([u8; 32], u64)>,
+    /// The key before it, with its sequence.
+    pub older: Option<([u8; 32], u64)>,
+    /// The keys retired before that, newest first, with their sequences.
+    pub retired: [Option<([u8; 32], u64)>; RETIRED_KEYS],
+}
+
+impl Retired {
+    /// These retired keys under `keys` (its key and run stay).
+    pub fn under(self, keys: GroupKey) -> GroupKey {
+        GroupKey {
+            since: self.previous.map_or(0, |p| p.1),
+            previous: self.previous.map(|p| p.0),
+            older: self.older,
+            retired: self.retired,
+            ..keys
+        }
+    }
+}
+
+/// Reads the file [`encode_retired`] wrote; `Err(len)` when its length is not that of keys
+/// with their sequences.
+pub fn parse_retired(b: &[u8]) -> Result<Retired, usize> {
+    let one = |b: &[u8]| {
+        let mut k = [0u8; 32];
+        k.copy_from_slice(&b[..32]);
+        let mut n = [0u8; 8];
+        n.copy_from_slice(&b[32..RETIRED_LEN]);
+        (k, u64::from_be_bytes(n))
+    };
+    let mut r = Retired::default();
+    match b.len() {
+        0 => {}
+        RETIRED_LEN => r.previous = Some(one(b)),
+        n if n >= 2 * RETIRED_LEN
+            && n % RETIRED_LEN == 0
+            && n <= RETIRED_LEN * (2 + RETIRED_KEYS) =>
+        {
+            r.previous = Some(one(&b[..RETIRED_LEN]));
+            r.older = Some(one(&b[RETIRED_LEN..2 * RETIRED_LEN]));
+            for (h, c) in r
+                .retired
+                .iter_mut()
+                .zip(b[2 * RETIRED_LEN..].chunks_exact(RETIRED_LEN))
+            {
+                *h = Some(one(c));
+            }
+        }
+        n => return Err(n),
+    }
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nats::runs::Run;
+
+    fn keys() -> GroupKey {
+        GroupKey::first([1; 32], Run { id: 7, began: 0 })
+    }
+
+    fn fp(s: &str) -> Vec<String> {
+        vec![s.to_string()]
+    }
+
+    /// Polls everything due at `now`.
+    fn due(k: &mut Keeper, now: Instant) -> Vec<Action> {
+        std::iter::from_fn(|| k.poll(now)).collect()
+    }
+
+    #[test]
+    fn a_revoked_holder_rotates_the_key_through_the_gate_then_the_notice_goes() {
+        let t0 = Instant::now();
+        let every = Duration::from_secs(1);
+        let mut k = Keeper::new(t0, keys(), every);
+        // A run begins: the check and the notice at once.
+        assert_eq!(
+            due(&mut k, t0),
+            vec![Action::Check, Action::Announce(keys())]
+        );
+        k.handle_check(t0, &fp("a"), |_| true, [2; 32]);
+        assert_eq!(due(&mut k, t0), vec![]);
+        assert_eq!(k.poll_timeout(), Some(t0 + every));
+        // A second later: `a` was untrusted. The rotation begins: no notice while `since` is
+        // pending, no check, and the gate waits for the two reliable publishers.
+        let t1 = t0 + every;
+        assert_eq!(due(&mut k, t1), vec![Action::Check]);
+        k.handle_gate(2, 0);
+        k.handle_check(t1, &fp("a"), |_| false, [2; 32]);
+        let [Action::Rotate { keys: new, revoked }] = &due(&mut k, t1)[..] else {
+            panic!("a rotation");
+        };
+        assert_eq!(revoked, &fp("a"));
+        assert_eq!(
+            (new.key, new.since, new.previous),
+            ([2; 32], SINCE_PENDING, Some([1; 32]))
+        );
+        assert!(k.rotating());
+        k.handle_gate(2, 1);
+        assert_eq!(due(&mut k, t1 + Duration::from_secs(5)), vec![]);
+        assert_eq!(k.poll_timeout(), Some(t1 + GATE_WAIT));
+        // The second settles: where the stream stands is read, then the keys are complete.
+        k.handle_gate(2, 2);
+        let t2 = t1 + Duration::from_secs(6);
+        assert_eq!(
+            due(&mut k, t2),
+            vec![Action::ReadPosition { settled: true }]
+        );
+        assert_eq!(
+            due(&mut k, t2),
+            vec![],
+            "nothing until the position is read"
+        );
+        k.handle_position(t2, 42);
+        let done = k.keys();
+        assert_eq!((done.since, done.previous), (42, Some([1; 32])));
+        assert_eq!(
+            due(&mut k, t2),
+            vec![
+                Action::Complete {
+                    keys: done,
+                    retired: encode_retired(&done)
+                },
+                Action::Announce(done)
+            ]
+        );
+        assert!(!k.rotating());
+        // Checks go on, and the notice every NOTICE_EVERY.
+        assert_eq!(k.poll_timeout(), Some(t2 + every));
+        assert_eq!(due(&mut k, t2 + every), vec![Action::Check]);
+        assert_eq!(
+            due(&mut k, t2 + NOTICE_EVERY),
+            vec![Action::Check, Action::Announce(done)]
+        );
+    }
+
+    #[test]
+    fn a_gate_whose_publishers_never_settle_opens_after_the_wait_and_says_so() {
+        let t0 = Instant::now();
+        let mut k = Keeper::new(t0, keys(), Duration::from_secs(1));
+        due(&mut k, t0);
+        k.handle_gate(1, 0);
+        k.handle_check(t0, &fp("a"), |_| false, [2; 32]);
+        assert!(matches!(k.poll(t0), Some(Action::Rotate { .. })));
+        // No check while rotating, however long it takes.
+        assert_eq!(
+            due(&mut k, t0 + GATE_WAIT - Duration::from_millis(1)),
+            vec![]
+        );
+        assert_eq!(
+            due(&mut k, t0 + GATE_WAIT),
+            vec![Action::ReadPosition { settled: false }]
+        );
+        // A publisher that ended meanwhile counts no more: with none, the gate is open.
+        let mut k = Keeper::new(t0, keys(), Duration::from_secs(1));
+        due(&mut k, t0);
+        k.handle_gate(1, 0);
+        k.handle_check(t0, &fp("a"), |_| false, [2; 32]);
+        k.poll(t0);
+        k.handle_gate(0, 0);
+        assert_eq!(
+            due(&mut k, t0),
+            vec![Action::ReadPosition { settled: true }]
+        );
+    }
+
+    #[test]
+    fn a_check_while_rotating_and_a_position_unasked_change_nothing() {
+        let t0 = Instant::now();
+        let mut k = Keeper::new(t0, keys(), Duration::from_secs(1));
+        due(&mut k, t0);
+        k.handle_position(t0, 9);
+        assert_eq!(k.keys(), keys(), "no rotation under way");
+        k.handle_check(t0, &fp("a"), |_| false, [2; 32]);
+        k.poll(t0);
+        let rotating = k.keys();
+        k.handle_check(t0, &fp("b"), |_| false, [3; 32]);
+        assert_eq!(k.keys(), rotating, "one rotation at a time");
+    }
+
+    #[test]
+    fn stale_frames_bring_the_notice_forward_but_not_while_since_is_pending() {
+        let t0 = Instant::now();
+        let mut k = Keeper::new(t0, keys(), Duration::from_secs(60));
+        due(&mut k, t0);
+        let t1 = t0 + Duration::from_millis(300);
+        k.handle_stale(t1);
+        assert_eq!(due(&mut k, t1), vec![Action::Announce(keys())]);
+        k.handle_gate(1, 0);
+        k.handle_check(t1, &fp("a"), |_| false, [2; 32]);
+        k.poll(t1);
+        k.handle_stale(t1);
+        assert_eq!(due(&mut k, t1 + NOTICE_EVERY), vec![]);
+    }
+
+    #[test]
+    fn the_retired_keys_file_reads_back_as_written_and_a_wrong_length_is_refused() {
+        let mut k = keys();
+        assert_eq!(encode_retired(&k), Vec::<u8>::new());
+        assert_eq!(parse_retired(&[]).unwrap().under(k), k);
+        // Four rotations: previous, older and two retired.
+        let trusted = |_: &str| false;
+        for (i, since) in [(2u8, 10u64), (3, 20), (4, 30), (5, 40)] {
+            k = rotation(k, &fp("a"), trusted, [i; 32])
+                .unwrap()
+                .keys
+                .since_at(since);
+            let b = encode_retired(&k);
+            assert_eq!(parse_retired(&b).unwrap().under(k), k, "after key {i}");
+        }
+        assert_eq!(k.retired.iter().flatten().count(), 2);
+        assert_eq!(parse_retired(&[0; 41]), Err(41));
+        assert_eq!(parse_retired(&[0; 40 * (3 + RETIRED_KEYS)]), Err(360));
+        // The first format: the previous key alone.
+        let one = parse_retired(&[7; 40]).unwrap();
+        assert_eq!(one.previous, Some(([7; 32], u64::from_be_bytes([7; 8]))));
+        assert_eq!(one.older, None);
+    }
+}
