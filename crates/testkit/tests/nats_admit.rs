@@ -17,9 +17,15 @@
 //!   slots are present (a slot held by a side that left is free again);
 //! - a refusal for lack of a slot names every present holder.
 //!
+//! An adversary records every heartbeat (it may publish on the server, and a beat it cannot
+//! open it can still copy) and plays recorded ones again, a few at a time, in a third of the
+//! schedules; a side that comes back after a silence is in some schedules a new process
+//! (its beats numbered from 0 under a later process number). Checked after every step: only a
+//! side genuinely heard within `gone_after` is present, and no genuine beat is refused.
+//!
 //! `SEED=n cargo test -p ndd-testkit --test nats_admit` replays one schedule.
 
-use ndd_link::nats::admit::{Admitter, Decision, Trust};
+use ndd_link::nats::admit::{Admitter, Decision, Heard, Ready, Trust};
 use ndd_testkit::SimRng;
 use ndd_wire::{HelloRepr, OwnedMessage, Side};
 use std::time::{Duration, Instant};
@@ -45,6 +51,9 @@ struct Side_ {
     heard: Option<Instant>,
     /// The slot it was last admitted to, and since when it has been present without a break.
     slot: Option<u16>,
+    /// Its process (a start time) and the number of its last beat.
+    process: u64,
+    count: u64,
 }
 
 fn run(seed: u64) -> Result<String, String> {
@@ -76,8 +85,12 @@ fn run(seed: u64) -> Result<String, String> {
             beat: if rng.chance(0.7) { 0.5 } else { 0.05 },
             heard: None,
             slot: None,
+            process: 1_000 + rng.range(0, 100),
+            count: 0,
         })
         .collect();
+    let adversary = rng.chance(0.33);
+    let mut recorded: Vec<Ready> = Vec::new();
     let (mut admitted, mut refused) = (0u64, 0u64);
     for step in 0..600u64 {
         let now = t0 + Duration::from_millis(100 * step);
@@ -89,8 +102,15 @@ fn run(seed: u64) -> Result<String, String> {
         match rng.range(0, 9) {
             // Trust changes (ndd untrust / ndd trust).
             0 => sides[i].trusted = !sides[i].trusted,
-            // Goes silent, or comes back.
-            1 => sides[i].beat = if sides[i].beat > 0.0 { 0.0 } else { 0.5 },
+            // Goes silent, or comes back (a new process in some schedules).
+            1 => {
+                let s = &mut sides[i];
+                s.beat = if s.beat > 0.0 { 0.0 } else { 0.5 };
+                if s.beat > 0.0 && rng.chance(0.5) {
+                    s.process += rng.range(1, 1_000);
+                    s.count = 0;
+                }
+            }
             // Joins (again).
             2..=4 => {
                 let s = &sides[i];
@@ -183,8 +203,35 @@ fn run(seed: u64) -> Result<String, String> {
         // Heartbeats: only a side the device admitted sends them (it holds the key).
         for s in sides.iter_mut() {
             if s.heard.is_some() && s.beat > 0.0 && rng.chance(s.beat) {
-                a.handle_ready(now, &s.fp);
+                s.count += 1;
+                let beat = Ready {
+                    process: s.process,
+                    count: s.count,
+                    fingerprint: s.fp.clone(),
+                };
+                if a.handle_ready(now, &beat) == Heard::Stale {
+                    return Err(format!("step {step}: a genuine beat refused: {beat:?}"));
+                }
+                recorded.push(beat);
                 s.heard = Some(now);
+            }
+        }
+        // The adversary plays recorded beats again.
+        if adversary && !recorded.is_empty() {
+            for _ in 0..rng.range(0, 3) {
+                let b = &recorded[rng.range(0, recorded.len() as u64 - 1) as usize];
+                if a.handle_ready(now, b) != Heard::Stale {
+                    return Err(format!("step {step}: a beat played again was taken: {b:?}"));
+                }
+            }
+        }
+        for s in &sides {
+            if a.present(now, &s.fp) && !present(s) {
+                return Err(format!(
+                    "step {step}: {} counts as present, last heard {:?} ago",
+                    s.fp,
+                    s.heard.map(|h| now - h)
+                ));
             }
         }
     }

@@ -73,8 +73,14 @@ pub(super) async fn start(
     // Every subscription is in place at the server: tell the device, and keep telling
     // it (a device that restarts learns who is there).
     ctx.client.flush().await.map_err(|e| anyhow!("NATS: {e}"))?;
-    let fp = local.fingerprint();
-    let ready = ready_message(&key.borrow(), &fp)?;
+    // This process's beats: numbered from 0 under its start time (a beat played again by
+    // someone else says nothing: `Admitter::handle_ready`).
+    let mut beat = Ready {
+        process: wall_ns(),
+        count: 0,
+        fingerprint: local.fingerprint(),
+    };
+    let ready = ready_message(&key.borrow(), &beat)?;
     ctx.client
         .publish(ctx.subjects.ready(), ready)
         .await
@@ -87,7 +93,8 @@ pub(super) async fn start(
         loop {
             tick.tick().await;
             // Sealed under the key as it stands (the device may have rotated it).
-            let ready = ready_message(&key.borrow(), &fp)?;
+            beat.count += 1;
+            let ready = ready_message(&key.borrow(), &beat)?;
             let _ = c.publish(subject.clone(), ready).await;
         }
     });

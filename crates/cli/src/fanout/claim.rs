@@ -3,9 +3,10 @@
 
 use super::*;
 
-/// An app side's READY: its fingerprint in a frame sealed under the run key (a READY
-/// recorded in an earlier device run does not open in a later one).
-pub(super) fn ready_message(key: &GroupKey, fingerprint: &str) -> Result<Bytes> {
+/// An app side's READY ([`Ready`]) in a frame sealed under the run key (a READY recorded in an
+/// earlier device run does not open in a later one; one played again in this run is older
+/// than the last one taken).
+pub(super) fn ready_message(key: &GroupKey, beat: &Ready) -> Result<Bytes> {
     let mut seal = EncryptForward::new(&Key::given(key.run_key()), Cipher::Aes256Gcm)?;
     let mut out = Output::new();
     let meta = Meta {
@@ -14,11 +15,7 @@ pub(super) fn ready_message(key: &GroupKey, fingerprint: &str) -> Result<Bytes> 
         timestamp_ns: wall_ns(),
         flags: 0,
     };
-    seal.handle_frame(
-        Instant::now(),
-        Frame::new(meta, fingerprint.as_bytes()),
-        &mut out,
-    )?;
+    seal.handle_frame(Instant::now(), Frame::new(meta, &beat.emit()), &mut out)?;
     out.take_frames()
         .pop()
         .map(|f| ndd_link::nats::outbox::record(f, key.run, 0))
@@ -179,9 +176,12 @@ pub(super) async fn serve_ready(
                 continue;
             }
             for f in out.take_frames() {
-                let fp = String::from_utf8_lossy(f.payload()).into_owned();
-                lock(&admitter).handle_ready(Instant::now(), &fp);
-                joined.send_if_modified(|j| j.insert(fp));
+                let Some(beat) = Ready::parse(f.payload()) else {
+                    continue;
+                };
+                if lock(&admitter).handle_ready(Instant::now(), &beat) != Heard::Stale {
+                    joined.send_if_modified(|j| j.insert(beat.fingerprint));
+                }
             }
         }
     });

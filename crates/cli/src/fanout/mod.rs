@@ -34,7 +34,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use ndd_core::{Frame, Half, Meta, Output, Pair, Role, Stack};
 use ndd_endpoint::Delivered;
-use ndd_link::nats::admit::{Admitter, Decision, Level, Line as AdmitLine, Trust};
+use ndd_link::nats::admit::{Admitter, Decision, Heard, Level, Line as AdmitLine, Ready, Trust};
 use ndd_link::nats::async_nats;
 use ndd_link::nats::follow::{key_id, notice_body, notice_label, Follower, Notice};
 use ndd_link::nats::intake::{Intake, Kept, Taken, REORDER_WAIT};

@@ -12,7 +12,14 @@
 //!    ready heartbeat, [`Admitter::handle_ready`]) for `gone_after` is free again; none free
 //!    refuses, naming who holds them.
 //!
-//! Admitted, a side counts as present from that moment. Anyone who may publish on the server
+//! Admitted, a side counts as present from that moment; then each of its ready heartbeats
+//! ([`Ready`]: sealed under the run key by the caller) says it is still there, but only one
+//! newer than the last taken from that side: a process of the app side numbers its beats from
+//! 0 under its own process number (its wall clock when it started), so a beat recorded and
+//! played again later — by anyone who may publish on the server — says nothing (before, each
+//! beat was told from a replay only by the `encrypt` pair's memory of 258 epochs: a
+//! recording older than that kept an app side that had left "present", holding its split
+//! slot from the others, for as long as it was played). Anyone who may publish on the server
 //! can make an identity and ask to join as often as it likes, and a rekey notice (which
 //! carries nothing secret) makes every app side join again: the lines about refusals are at
 //! most five a second of each kind, with the count held back, and a side's join is said once
@@ -63,6 +70,64 @@ pub struct Line {
     pub suppressed: u64,
 }
 
+/// The most bytes of a fingerprint a [`Ready`] carries.
+pub const READY_FINGERPRINT_MAX: usize = 128;
+
+/// An app side's ready heartbeat, the body the caller seals under the run key:
+/// `process (u64 BE) ‖ count (u64 BE) ‖ fingerprint (UTF-8, at most`
+/// [`READY_FINGERPRINT_MAX`] `bytes)`. (Join version 8; before, the fingerprint alone.)
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ready {
+    /// The app side's process: its wall clock (ns) when it started, so a later process of
+    /// the same side numbers higher (a clock set back between two processes leaves the later
+    /// one unheard until it passes the earlier one's start: its slot may go to another side).
+    pub process: u64,
+    /// The beat's number within the process, from 0.
+    pub count: u64,
+    /// Who beats.
+    pub fingerprint: String,
+}
+
+impl Ready {
+    /// The body.
+    pub fn emit(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(16 + self.fingerprint.len());
+        b.extend_from_slice(&self.process.to_be_bytes());
+        b.extend_from_slice(&self.count.to_be_bytes());
+        b.extend_from_slice(self.fingerprint.as_bytes());
+        b
+    }
+
+    /// Reads a body; `None` unless it is one.
+    pub fn parse(b: &[u8]) -> Option<Ready> {
+        let (process, rest) = b.split_first_chunk::<8>()?;
+        let (count, fp) = rest.split_first_chunk::<8>()?;
+        if fp.is_empty() || fp.len() > READY_FINGERPRINT_MAX {
+            return None;
+        }
+        Some(Ready {
+            process: u64::from_be_bytes(*process),
+            count: u64::from_be_bytes(*count),
+            fingerprint: std::str::from_utf8(fp).ok()?.to_string(),
+        })
+    }
+}
+
+/// What [`Admitter::handle_ready`] made of a beat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Heard {
+    /// A side not known here before (it joined before this device side started).
+    New,
+    /// A side known here, still there.
+    Again,
+    /// Not newer than the last beat taken from that side (played again, or late): ignored.
+    Stale,
+}
+
+/// App sides whose last beat is remembered at most (beats come only from sides that hold the
+/// run key; past this the side heard longest ago is forgotten).
+const BEATS_KEPT: usize = 4096;
+
 /// What the join service answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
@@ -94,6 +159,8 @@ pub struct Admitter {
     taken: HashMap<String, u16>,
     /// When each app side last said it is there (admitted, or its ready heartbeat).
     seen: HashMap<String, Instant>,
+    /// The last beat taken from each app side: (process, count).
+    beats: HashMap<String, (u64, u64)>,
     /// An app side not heard from for this long has left.
     gone_after: Duration,
     /// When each app side's join was last said.
@@ -125,6 +192,7 @@ impl Admitter {
             slots,
             taken: HashMap::new(),
             seen: HashMap::new(),
+            beats: HashMap::new(),
             gone_after,
             said_joined: HashMap::new(),
             quiet,
@@ -151,10 +219,32 @@ impl Admitter {
         });
     }
 
-    /// App side `fingerprint` said it is there (its ready heartbeat, opened under the group
-    /// key). Whether it was not known to be before.
-    pub fn handle_ready(&mut self, now: Instant, fingerprint: &str) -> bool {
-        self.seen.insert(fingerprint.to_string(), now).is_none()
+    /// An app side said it is there: `beat`, opened under the run key. Taken only if newer
+    /// than the last one taken from that side.
+    pub fn handle_ready(&mut self, now: Instant, beat: &Ready) -> Heard {
+        let this = (beat.process, beat.count);
+        if self
+            .beats
+            .get(&beat.fingerprint)
+            .is_some_and(|last| this <= *last)
+        {
+            return Heard::Stale;
+        }
+        if self.beats.len() >= BEATS_KEPT && !self.beats.contains_key(&beat.fingerprint) {
+            let oldest = self
+                .beats
+                .keys()
+                .min_by_key(|fp| self.seen.get(*fp).copied())
+                .cloned();
+            if let Some(fp) = oldest {
+                self.beats.remove(&fp);
+            }
+        }
+        self.beats.insert(beat.fingerprint.clone(), this);
+        match self.seen.insert(beat.fingerprint.clone(), now) {
+            None => Heard::New,
+            Some(_) => Heard::Again,
+        }
     }
 
     /// Whether app side `fingerprint` was heard from within `gone_after` of `now`.
@@ -342,6 +432,10 @@ mod tests {
         Trust::Trusted("x".into())
     }
 
+    fn join(a: &mut Admitter, t: Instant, fp: &str) -> Decision {
+        a.decide(t, fp, trusted(), &app_hello("d"))
+    }
+
     #[test]
     fn only_a_trusted_side_whose_hello_agrees_is_admitted() {
         let now = Instant::now();
@@ -388,8 +482,6 @@ mod tests {
     fn a_split_slot_is_kept_by_its_side_and_freed_once_it_is_silent() {
         let t0 = Instant::now();
         let mut a = admitter(2);
-        let join =
-            |a: &mut Admitter, t: Instant, fp: &str| a.decide(t, fp, trusted(), &app_hello("d"));
         assert_eq!(join(&mut a, t0, "a"), Decision::Admitted { slot: Some(0) });
         assert_eq!(join(&mut a, t0, "b"), Decision::Admitted { slot: Some(1) });
         // Joining again (a rotation) keeps the slot.
@@ -405,12 +497,16 @@ mod tests {
         }
         // "a" keeps saying it is there, "b" goes quiet: after 5 s its slot is "c"'s.
         let t = t0 + Duration::from_secs(4);
-        assert!(!a.handle_ready(t, "a"));
+        assert_eq!(a.handle_ready(t, &beat("a", 1, 0)), Heard::Again);
         let t = t0 + Duration::from_secs(6);
         assert!(a.present(t, "a") && !a.present(t, "b"));
         assert_eq!(join(&mut a, t, "c"), Decision::Admitted { slot: Some(1) });
         assert_eq!(a.slot_of("b"), None);
-        assert!(a.handle_ready(t, "d"), "a side never admitted here is new");
+        assert_eq!(
+            a.handle_ready(t, &beat("d", 1, 0)),
+            Heard::New,
+            "a side never admitted here is new"
+        );
         // Quiet: joins are detail, the freed slot is said.
         let lines: Vec<Line> = std::iter::from_fn(|| a.poll_line()).collect();
         assert!(lines.iter().any(|l| l.level == Level::Info
@@ -448,5 +544,55 @@ mod tests {
             Decision::Admitted { slot: None }
         );
         assert_eq!(a.poll_line().unwrap().text, "app side x joined");
+    }
+
+    fn beat(fp: &str, process: u64, count: u64) -> Ready {
+        Ready {
+            process,
+            count,
+            fingerprint: fp.into(),
+        }
+    }
+
+    #[test]
+    fn a_beat_played_again_or_of_an_earlier_process_says_nothing() {
+        let t0 = Instant::now();
+        let mut a = admitter(1);
+        assert_eq!(join(&mut a, t0, "a"), Decision::Admitted { slot: Some(0) });
+        let mut recorded = Vec::new();
+        for n in 0..300u64 {
+            let t = t0 + Duration::from_secs(n);
+            let b = beat("a", 10, n);
+            assert_eq!(a.handle_ready(t, &b), Heard::Again);
+            recorded.push(b);
+        }
+        // "a" left. Every beat it sent, played again long after, is stale: it is not
+        // present, and its slot goes to "b".
+        let t = t0 + Duration::from_secs(400);
+        for b in &recorded {
+            assert_eq!(a.handle_ready(t, b), Heard::Stale);
+        }
+        assert!(!a.present(t, "a"));
+        assert_eq!(join(&mut a, t, "b"), Decision::Admitted { slot: Some(0) });
+        // A later process of "a" starts its count over and is heard; the earlier one's beats
+        // are not, even numbered higher.
+        assert_eq!(a.handle_ready(t, &beat("a", 11, 0)), Heard::Again);
+        assert_eq!(a.handle_ready(t, &beat("a", 10, 999)), Heard::Stale);
+        assert_eq!(a.handle_ready(t, &beat("a", 11, 0)), Heard::Stale);
+        assert_eq!(a.handle_ready(t, &beat("a", 11, 1)), Heard::Again);
+    }
+
+    #[test]
+    fn a_ready_body_reads_back_and_anything_else_is_refused() {
+        let b = beat("SHA256:abc", 7, 3);
+        assert_eq!(Ready::parse(&b.emit()), Some(b));
+        assert_eq!(Ready::parse(b"SHA256:abc"), None, "the earlier body");
+        assert_eq!(Ready::parse(&[0; 16]), None, "no fingerprint");
+        let mut long = vec![0; 16];
+        long.extend_from_slice(&[b'a'; READY_FINGERPRINT_MAX + 1]);
+        assert_eq!(Ready::parse(&long), None);
+        let mut bad = vec![0; 16];
+        bad.extend_from_slice(&[0xff, 0xfe]);
+        assert_eq!(Ready::parse(&bad), None, "not UTF-8");
     }
 }

@@ -49,7 +49,9 @@ pub const MAGIC: [u8; 2] = *b"NJ";
 /// Version 6: … and the device's runs before the current one, with where each began.
 /// Version 7: … and the keys retired before the older one, with where each was retired;
 /// eight earlier runs (not three).
-pub const VERSION: u8 = 7;
+/// Version 8: the app side's ready heartbeat carries its process and the beat's number
+/// ([`super::admit::Ready`]; a version 7 device takes none of them).
+pub const VERSION: u8 = 8;
 /// Bytes of the group key.
 pub const GROUP_KEY_LEN: usize = 32;
 /// Slot value meaning "no slot" (modes other than split).
