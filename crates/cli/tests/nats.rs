@@ -1603,37 +1603,11 @@ fn an_unsigned_answer_on_the_device_subject_does_not_stop_a_device_side() {
     let (dev, _) = homes_n(&dir.0, 1);
     let cfg = ticker(&dir.0, "claimed", &nats.url(), 0);
     // The attacker: answers every question on the subject, at once and again and again.
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", nats.port)).unwrap();
-    s.write_all(b"CONNECT {\"verbose\":false}\r\nSUB ndd.claimed.device 1\r\nPING\r\n")
-        .unwrap();
-    let mut r = BufReader::new(s.try_clone().unwrap());
-    let mut line = String::new();
-    while !line.starts_with("PONG") {
-        line.clear();
-        r.read_line(&mut line).unwrap();
-    }
-    let answering = std::thread::spawn(move || {
-        let payload = b"evil\x1b[2J\x1b[31m\nndd: error: forged";
-        let mut line = String::new();
-        let mut answered = 0;
-        while r.read_line(&mut line).is_ok_and(|n| n > 0) {
-            // MSG <subject> <sid> <reply> <len>
-            let w: Vec<&str> = line.split_whitespace().collect();
-            if w.first() == Some(&"MSG") && w.len() == 5 {
-                let mut pubmsg = format!("PUB {} {}\r\n", w[3], payload.len()).into_bytes();
-                pubmsg.extend_from_slice(payload);
-                pubmsg.extend_from_slice(b"\r\n");
-                if s.write_all(&pubmsg).is_err() {
-                    break;
-                }
-                answered += 1;
-                let mut body = String::new();
-                let _ = r.read_line(&mut body);
-            }
-            line.clear();
-        }
-        answered
-    });
+    let answering = answer_every_question(
+        nats.port,
+        "ndd.claimed.device",
+        b"evil\x1b[2J\x1b[31m\nndd: error: forged".to_vec(),
+    );
     let d = side(&cfg, "device", &dev, &[]);
     wait_for("the device side serves", WAIT, || {
         d.stderr_now().contains("serving app sides through NATS")
@@ -1651,6 +1625,109 @@ fn an_unsigned_answer_on_the_device_subject_does_not_stop_a_device_side() {
         "{err}"
     );
     assert!(!err.contains('\x1b'), "{err}");
+    drop(nats);
+    assert!(answering.join().unwrap() >= 1);
+}
+
+/// Raw NATS on `port`: answers every message on `subject` that has a reply subject with
+/// `payload`, until the server goes; how many it answered.
+fn answer_every_question(
+    port: u16,
+    subject: &str,
+    payload: Vec<u8>,
+) -> std::thread::JoinHandle<usize> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(format!("CONNECT {{\"verbose\":false}}\r\nSUB {subject} 1\r\nPING\r\n").as_bytes())
+        .unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("PONG") {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+    }
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let mut answered = 0;
+        while r.read_line(&mut line).is_ok_and(|n| n > 0) {
+            // MSG <subject> <sid> <reply> <len>
+            let w: Vec<&str> = line.split_whitespace().collect();
+            if w.first() == Some(&"MSG") && w.len() == 5 {
+                let mut pubmsg = format!("PUB {} {}\r\n", w[3], payload.len()).into_bytes();
+                pubmsg.extend_from_slice(&payload);
+                pubmsg.extend_from_slice(b"\r\n");
+                if s.write_all(&pubmsg).is_err() {
+                    break;
+                }
+                answered += 1;
+                let mut body = String::new();
+                let _ = r.read_line(&mut body);
+            }
+            line.clear();
+        }
+        answered
+    })
+}
+
+/// Raw NATS on `port`: asks on `subject` with `question` and returns the first answer.
+fn ask(port: u16, subject: &str, question: &[u8]) -> Vec<u8> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut msg = format!(
+        "CONNECT {{\"verbose\":false}}\r\nSUB _INBOX.rec 1\r\nPUB {subject} _INBOX.rec {}\r\n",
+        question.len()
+    )
+    .into_bytes();
+    msg.extend_from_slice(question);
+    msg.extend_from_slice(b"\r\n");
+    s.write_all(&msg).unwrap();
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        r.read_line(&mut line).expect("an answer");
+        let w: Vec<&str> = line.split_whitespace().collect();
+        if w.first() == Some(&"MSG") {
+            let n: usize = w.last().unwrap().parse().unwrap();
+            let mut body = vec![0; n + 2];
+            r.read_exact(&mut body).unwrap();
+            body.truncate(n);
+            return body;
+        }
+    }
+}
+
+/// A device side's signed answer on `P.D.device`, recorded (anyone may ask the side serving)
+/// and played to every question of a later device side once the first is gone, does not stop
+/// it: the answer signs the question's random bytes.
+#[test]
+fn a_recorded_claim_played_to_a_later_device_side_does_not_stop_it() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-replayed-claim");
+    let nats = Nats::start("replayed-claim", &[]);
+    let (dev, _) = homes_n(&dir.0, 1);
+    let cfg = ticker(&dir.0, "claimed", &nats.url(), 0);
+    let first = side(&cfg, "device", &dev, &[]);
+    wait_for("the first device side serves", WAIT, || {
+        first
+            .stderr_now()
+            .contains("serving app sides through NATS")
+    });
+    let recorded = ask(nats.port, "ndd.claimed.device", &[9; 16]);
+    assert!(!recorded.is_empty());
+    first.kill();
+    let answering = answer_every_question(nats.port, "ndd.claimed.device", recorded);
+    let d = side(&cfg, "device", &dev, &[]);
+    wait_for("the later device side serves", WAIT, || {
+        d.stderr_now().contains("serving app sides through NATS")
+    });
+    let err = d.kill();
+    assert!(!err.contains("already serving"), "{err}");
+    assert!(
+        err.contains("for another question (played again?)"),
+        "{err}"
+    );
     drop(nats);
     assert!(answering.join().unwrap() >= 1);
 }

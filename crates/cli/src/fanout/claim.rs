@@ -35,7 +35,7 @@ pub(super) async fn claim_device(
     local: &LocalIdentity,
     home: &std::path::Path,
 ) -> Result<()> {
-    use ndd_link::nats::claim::{claim_label, Claim, Step};
+    use ndd_link::nats::claim::{answer_body, claim_label, Claim, Step, QUESTION_LEN};
     let subject = ctx.subjects.device();
     let label = claim_label(&ctx.subjects);
     let mut ignored = ndd_core::RateLimit::with_burst(Duration::from_secs(10), 1);
@@ -50,6 +50,11 @@ pub(super) async fn claim_device(
                  or link.nats.subject_prefix"
             ),
             Step::Ask => {
+                // Random bytes the answer must sign (a recorded answer does not count).
+                let mut q = [0u8; QUESTION_LEN];
+                q[..8].copy_from_slice(&random_u64().to_be_bytes());
+                q[8..].copy_from_slice(&random_u64().to_be_bytes());
+                claim.asked(q);
                 let inbox = ctx.client.new_inbox();
                 answers = Some(
                     ctx.client
@@ -58,7 +63,7 @@ pub(super) async fn claim_device(
                         .map_err(|e| anyhow!("cannot subscribe to {inbox}: {e}"))?,
                 );
                 ctx.client
-                    .publish_with_reply(subject.clone(), inbox, Bytes::new())
+                    .publish_with_reply(subject.clone(), inbox, Bytes::copy_from_slice(&q))
                     .await
                     .map_err(|e| anyhow!("cannot ask on {subject}: {e}"))?;
                 let _ = ctx.client.flush().await;
@@ -107,13 +112,24 @@ pub(super) async fn claim_device(
         std::process::id(),
         hostname()
     );
-    let note = local
+    // Signed once per question (its random bytes in it); anyone may ask, so at most 50 a
+    // second.
+    local
         .sign_note(&label, me.as_bytes())
         .map_err(|e| anyhow!("cannot sign this side's claim on {subject}: {e}"))?;
+    let local = local.clone();
     tokio::spawn(async move {
+        let mut room = ndd_core::RateLimit::with_burst(Duration::from_secs(1), 50);
         while let Some(m) = sub.next().await {
-            if let Some(reply) = m.reply {
-                let _ = client.publish(reply, Bytes::from(note.clone())).await;
+            let (Some(reply), Some(body)) = (m.reply, answer_body(&m.payload, me.as_bytes()))
+            else {
+                continue;
+            };
+            if room.admit(Instant::now()).is_none() {
+                continue;
+            }
+            if let Ok(note) = local.sign_note(&label, &body) {
+                let _ = client.publish(reply, Bytes::from(note)).await;
             }
         }
     });

@@ -7,6 +7,11 @@
 //!   otherwise keep every device side from starting (found by hostile testing: a fake answer
 //!   stopped a device side, its text, escape codes included, printed raw). Its text is escaped
 //!   and bounded before anyone shows it.
+//! - Each question carries [`QUESTION_LEN`] random bytes and the answer signs them
+//!   ([`answer_body`]): an answer signed for another question does not count. Anyone may ask,
+//!   and the side serving answers everyone, so without it a signed answer recorded once could
+//!   be played to every later device side's question and keep the driver from ever starting
+//!   again once that side is gone.
 //! - [`Claim`] asks, reads every answer for [`ROUND`] (so a fast forged one cannot hide a real
 //!   one), and asks again [`AGAIN_AFTER`] later while one that was just told to stop still
 //!   answers, for at most [`GIVE_UP`]; then this side serves, or stops naming who does.
@@ -27,15 +32,27 @@ pub const GIVE_UP: Duration = Duration::from_secs(5);
 
 /// What a device side's answer on `P.D.device` is signed over besides its body: the kind of
 /// note and the driver's subjects.
+/// (Version 2: the answer signs the question's random bytes.)
 pub fn claim_label(subjects: &Subjects) -> Vec<u8> {
-    format!("ndd nats device claim v1 {}", subjects.device()).into_bytes()
+    format!("ndd nats device claim v2 {}", subjects.device()).into_bytes()
 }
 
-/// Who serves the driver, from a note signed under `label` by an identity `trusted` accepts
-/// (its text escaped and bounded); or why the answer does not count (escaped too).
+/// Random bytes a question carries.
+pub const QUESTION_LEN: usize = 16;
+
+/// What the side serving signs to answer `question` (its bytes, then who it is: `me`); `None`
+/// for a question that is not [`QUESTION_LEN`] bytes (not one this version asks).
+pub fn answer_body(question: &[u8], me: &[u8]) -> Option<Vec<u8>> {
+    (question.len() == QUESTION_LEN).then(|| [question, me].concat())
+}
+
+/// Who serves the driver, from a note answering `question`, signed under `label` by an
+/// identity `trusted` accepts (its text escaped and bounded); or why the answer does not count
+/// (escaped too).
 pub fn check_claim(
     note: &[u8],
     label: &[u8],
+    question: &[u8; QUESTION_LEN],
     trusted: impl Fn(&str) -> bool,
 ) -> Result<String, String> {
     let shown = |b: &[u8]| ndd_wire::text::printable_bytes(b, 80);
@@ -46,8 +63,13 @@ pub fn check_claim(
             "signed by {fp}, which is neither this install nor in known_peers"
         ));
     }
+    let Some(who) = body.strip_prefix(question.as_slice()) else {
+        return Err(format!(
+            "a claim signed by {fp} for another question (played again?)"
+        ));
+    };
     Ok(ndd_wire::text::printable_bytes(
-        body,
+        who,
         ndd_wire::text::MAX_SHOWN,
     ))
 }
@@ -55,7 +77,8 @@ pub fn check_claim(
 /// What the caller does next.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
-    /// Ask on `P.D.device` now (a fresh inbox: answers to an earlier question are old).
+    /// Ask on `P.D.device` now (a fresh inbox: answers to an earlier question are old), with
+    /// fresh random bytes: tell them with [`Claim::asked`].
     Ask,
     /// Nothing until this instant (or an answer).
     Wait(Instant),
@@ -76,6 +99,8 @@ pub struct Claim {
     next_ask: Instant,
     /// Who answered in this round.
     serving: Option<String>,
+    /// The question asked last.
+    question: Option<[u8; QUESTION_LEN]>,
     done: bool,
 }
 
@@ -88,8 +113,14 @@ impl Claim {
             round_end: None,
             next_ask: now,
             serving: None,
+            question: None,
             done: false,
         }
+    }
+
+    /// The question asked after [`Step::Ask`]: its random bytes.
+    pub fn asked(&mut self, question: [u8; QUESTION_LEN]) {
+        self.question = Some(question);
     }
 
     /// An answer to the question asked last. A trusted claim makes this side wait (and stop,
@@ -100,7 +131,10 @@ impl Claim {
         note: &[u8],
         trusted: impl Fn(&str) -> bool,
     ) -> Result<(), String> {
-        let who = check_claim(note, &self.label, trusted)?;
+        let Some(q) = &self.question else {
+            return Err("an answer before any question".into());
+        };
+        let who = check_claim(note, &self.label, q, trusted)?;
         if self.round_end.is_some() {
             self.serving = Some(who);
         }
@@ -160,6 +194,8 @@ mod tests {
         let t0 = Instant::now();
         let mut c = Claim::new(claim_label(&subjects), t0);
         assert_eq!(c.poll(t0), Step::Ask);
+        let q = [7; QUESTION_LEN];
+        c.asked(q);
         assert_eq!(c.poll(t0), Step::Wait(t0 + ROUND));
         // Garbage with escape codes, a stranger's signed claim, a claim for another driver:
         // ignored, said escaped.
@@ -172,15 +208,32 @@ mod tests {
         );
         assert!(!why.contains('\x1b') && !why.contains('\n'), "{why:?}");
         let note = stranger
-            .sign_note(&claim_label(&subjects), b"run 1, process 2 on x")
+            .sign_note(
+                &claim_label(&subjects),
+                &answer_body(&q, b"run 1, process 2 on x").unwrap(),
+            )
             .unwrap();
         assert!(c
             .handle_answer(&note, trusted)
             .unwrap_err()
             .contains("neither this install nor in known_peers"));
         let other = claim_label(&Subjects::new("ndd", "camera").unwrap());
-        let note = me.sign_note(&other, b"run 1").unwrap();
+        let note = me
+            .sign_note(&other, &answer_body(&q, b"run 1").unwrap())
+            .unwrap();
         assert!(c.handle_answer(&note, trusted).is_err());
+        // A genuine answer recorded from another question (anyone may ask the side that
+        // serves, and play its answer to later questions).
+        let note = me
+            .sign_note(
+                &claim_label(&subjects),
+                &answer_body(&[8; QUESTION_LEN], b"run 1").unwrap(),
+            )
+            .unwrap();
+        assert!(c
+            .handle_answer(&note, trusted)
+            .unwrap_err()
+            .contains("for another question (played again?)"));
         assert_eq!(c.poll(t0 + ROUND), Step::Serve);
         assert_eq!(c.poll(t0 + ROUND * 10), Step::Serve);
     }
@@ -192,16 +245,19 @@ mod tests {
         let peer = identity("peer");
         let trusted = |fp: &str| fp == peer.fingerprint();
         let who = "run 00ab, process 42 on pi\x1b[31m";
-        let note = peer.sign_note(&label, who.as_bytes()).unwrap();
         let t0 = Instant::now();
-        let mut c = Claim::new(label, t0);
+        let mut c = Claim::new(label.clone(), t0);
         let mut now = t0;
-        let mut asks = 0;
+        let mut asks = 0u8;
         let stopped = loop {
             match c.poll(now) {
                 Step::Ask => {
                     asks += 1;
-                    c.handle_answer(&note, trusted).unwrap();
+                    let q = [asks; QUESTION_LEN];
+                    c.asked(q);
+                    let body = answer_body(&q, who.as_bytes()).unwrap();
+                    c.handle_answer(&peer.sign_note(&label, &body).unwrap(), trusted)
+                        .unwrap();
                 }
                 Step::Wait(t) => {
                     assert!(t > now);
@@ -217,8 +273,10 @@ mod tests {
         // One that was told to stop and goes away in time: this side serves.
         let mut c = Claim::new(claim_label(&subjects), t0);
         assert_eq!(c.poll(t0), Step::Ask);
+        c.asked([1; QUESTION_LEN]);
+        let body = answer_body(&[1; QUESTION_LEN], b"old").unwrap();
         c.handle_answer(
-            &peer.sign_note(&claim_label(&subjects), b"old").unwrap(),
+            &peer.sign_note(&claim_label(&subjects), &body).unwrap(),
             trusted,
         )
         .unwrap();
