@@ -571,26 +571,38 @@ impl Keyboard {
     /// Presses and releases Linux key `codes` in order (each `(code, down)`).
     fn keys(&mut self, codes: &[(u16, bool)]) {
         for &(code, down) in codes {
-            self.seq += 1;
-            let payload = ndd_endpoint::InputMessage::Events(vec![ndd_endpoint::Event::new(
+            self.send(vec![ndd_endpoint::Event::new(
                 ndd_endpoint::input::EV_KEY,
                 code,
                 i32::from(down),
-            )])
-            .emit()
-            .unwrap();
-            let f = ndd_core::Frame::new(
-                ndd_core::Meta {
-                    stream: 1,
-                    seq: self.seq,
-                    timestamp_ns: 0,
-                    flags: 0,
-                },
-                &payload,
-            );
-            self.rt.block_on(self.tx.send(f)).unwrap();
-            std::thread::sleep(Duration::from_millis(20));
+            )]);
         }
+    }
+
+    /// Moves the pointer by `(dx, dy)` (the same device's virtual pointer).
+    fn move_by(&mut self, dx: i32, dy: i32) {
+        use ndd_endpoint::input::{EV_REL, REL_X, REL_Y};
+        self.send(vec![
+            ndd_endpoint::Event::new(EV_REL, REL_X, dx),
+            ndd_endpoint::Event::new(EV_REL, REL_Y, dy),
+        ]);
+    }
+
+    /// One input record.
+    fn send(&mut self, events: Vec<ndd_endpoint::Event>) {
+        self.seq += 1;
+        let payload = ndd_endpoint::InputMessage::Events(events).emit().unwrap();
+        let f = ndd_core::Frame::new(
+            ndd_core::Meta {
+                stream: 1,
+                seq: self.seq,
+                timestamp_ns: 0,
+                flags: 0,
+            },
+            &payload,
+        );
+        self.rt.block_on(self.tx.send(f)).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -612,7 +624,7 @@ fn a_native_wayland_viewer_shows_an_x11_desktop_and_passes_keys_and_shortcuts() 
             800,
             600,
             "#000000",
-            "bindsym Mod4+t exec touch \"$XDG_RUNTIME_DIR/shortcut-ran\"\n",
+            "bindsym Mod4+t exec touch \"$XDG_RUNTIME_DIR/shortcut-ran\"\nseat * pointer_constraint enable\n",
         )
         .expect("headless sway");
         (s, ())
@@ -695,6 +707,68 @@ fn a_native_wayland_viewer_shows_an_x11_desktop_and_passes_keys_and_shortcuts() 
             std::thread::sleep(Duration::from_millis(300));
         }
     }
+    // Pointer lock (Ctrl+Alt+G), for programs that grab the pointer: while locked the
+    // pointer stays in the window and its motion goes as relative moves (the Xvfb adds no
+    // acceleration once `xset m 1 1`).
+    assert!(std::process::Command::new("xset")
+        .args(["-display", &app_x.display, "m", "1", "1"])
+        .status()
+        .unwrap()
+        .success());
+    // Into the middle of the window (from wherever sway's cursor is: a corner first).
+    kb.move_by(-2000, -2000);
+    kb.move_by(400, 300);
+    let title = || {
+        let o = std::process::Command::new("swaymsg")
+            .args(["-t", "get_tree"])
+            .env("SWAYSOCK", &sway.ipc)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let lock_keys = [
+        (29, true),
+        (56, true),
+        (34, true),
+        (34, false),
+        (56, false),
+        (29, false),
+    ];
+    let t0 = Instant::now();
+    // (Asked again until it holds: the first press may come before the pointer is in.)
+    while !title().contains("pointer locked, Ctrl+Alt+G lets go") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the pointer never locked; device side: {}",
+            dev.stderr_now()
+        );
+        kb.keys(&lock_keys);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let at = xvfb_pointer(&app_x);
+    kb.move_by(37, 23);
+    wait_for("a relative move on the remote desktop", WAIT, || {
+        xvfb_pointer(&app_x) == (at.0 + 37, at.1 + 23)
+    });
+    // Far past the window's edge: the remote pointer goes on to its screen's edge (the
+    // window, 800 px wide, would have lost the pointer on the way).
+    for _ in 0..10 {
+        kb.move_by(-200, 0);
+    }
+    wait_for("the remote pointer at its screen's left edge", WAIT, || {
+        xvfb_pointer(&app_x).0 == 0
+    });
+    assert!(title().contains("pointer locked"), "still locked");
+    // Ctrl+Alt+G again lets go; the combination's G never reached the remote desktop.
+    kb.keys(&lock_keys);
+    wait_for("the pointer let go", WAIT, || {
+        !title().contains("pointer locked")
+    });
+    assert!(
+        !keys.lock().unwrap().contains("(keysym 0x67, g)"),
+        "the lock's G went to the remote desktop:\n{}",
+        keys.lock().unwrap()
+    );
     app.kill();
     dev.kill();
 }
@@ -741,4 +815,14 @@ fn xev_keyboard(x: &ndd_procs::Xvfb) -> (Killed, std::sync::Arc<std::sync::Mutex
             .stderr(std::process::Stdio::null()),
     )
     .expect("xev")
+}
+
+/// Where the pointer is on `x`'s screen.
+fn xvfb_pointer(x: &ndd_procs::Xvfb) -> (i16, i16) {
+    use x11rb::connection::Connection as _;
+    use x11rb::protocol::xproto::ConnectionExt as _;
+    let (conn, screen) = x11rb::connect(Some(&x.display)).expect("the Xvfb");
+    let root = conn.setup().roots[screen].root;
+    let p = conn.query_pointer(root).unwrap().reply().unwrap();
+    (p.root_x, p.root_y)
 }

@@ -11,11 +11,18 @@
 //! button codes already; the wheel goes by notches (`axis_discrete`), or by 15 px of smooth
 //! scrolling a notch. Keys still held when the window loses the keyboard are released, so no
 //! key stays down on the app side.
+//!
+//! **Pointer lock** for programs that grab the pointer (games, 3D views, a VM inside the
+//! remote desktop): Ctrl+Alt+G (as QEMU's viewer) asks the window to lock the pointer
+//! (`zwp_pointer_constraints_v1`, where offered): while locked the pointer stays in the window
+//! and its motion goes as relative moves (`REL_X`/`REL_Y`, from `zwp_relative_pointer_v1`),
+//! which the app side's `xtest` sink makes relative XTEST motion; Ctrl+Alt+G again, or the
+//! window losing focus, lets it go. The G of the combination is not sent.
 
 use crate::input::xkb::XkbKeys;
 use crate::input::{
     Capabilities, Event, InputMessage, ABS_X, ABS_Y, BTN_LEFT, EV_ABS, EV_KEY, EV_KEYSYM, EV_REL,
-    REL_HWHEEL, REL_WHEEL,
+    REL_HWHEEL, REL_WHEEL, REL_X, REL_Y,
 };
 use std::collections::BTreeSet;
 
@@ -24,6 +31,12 @@ const SHORTCUT_MODS: u32 = (1 << 2) | (1 << 3) | (1 << 6);
 
 /// Pixels of smooth scrolling per wheel notch.
 const NOTCH_PX: f64 = 15.0;
+
+/// Control and Mod1 (Alt): with G, the pointer lock's toggle.
+const LOCK_MODS: u32 = (1 << 2) | (1 << 3);
+
+/// `KEY_G`.
+const KEY_G: u32 = 34;
 
 /// The viewer's input, as records.
 #[derive(Debug, Default)]
@@ -48,6 +61,14 @@ pub(crate) struct ViewerInput {
     mods: u32,
     /// The layout group in use (`us,ru` switched to `ru`: 1).
     group: u32,
+    /// The pointer is locked: its motion goes as relative moves.
+    locked: bool,
+    /// The lock's toggle was pressed: the window is to lock (`true`) or let go (`false`).
+    lock_wanted: Option<bool>,
+    /// The toggle's G is down (its release is not sent either).
+    toggle_held: bool,
+    /// Relative motion not yet a whole pixel.
+    sub_px: (f64, f64),
 }
 
 impl ViewerInput {
@@ -62,11 +83,14 @@ impl ViewerInput {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::viewer(
+        let mut c = Capabilities::viewer(
             "ndd wayland-window".to_string(),
             self.screen.0,
             self.screen.1,
-        )
+        );
+        // Relative moves while the pointer is locked (ascending, before the wheels).
+        c.rel.splice(0..0, [REL_X, REL_Y]);
+        c
     }
 
     /// The screen's size is said again at the next [`ViewerInput::set_screen`] (a source
@@ -90,6 +114,14 @@ impl ViewerInput {
 
     /// A key pressed or released (`wl_keyboard.key`: a Linux code).
     pub(crate) fn key(&mut self, code: u32, down: bool) {
+        if code == KEY_G && down && self.mods & LOCK_MODS == LOCK_MODS {
+            self.toggle_held = true;
+            self.lock_wanted = Some(!self.locked);
+            return;
+        }
+        if code == KEY_G && !down && std::mem::take(&mut self.toggle_held) {
+            return;
+        }
         let sym = if down {
             self.keymap.as_ref().and_then(|k| {
                 // Shortcuts (Control, Alt, Super held) by the first layout's keysym, as
@@ -142,8 +174,48 @@ impl ViewerInput {
         ));
     }
 
+    /// Whether the person asked to lock (`Some(true)`) or let go of (`Some(false)`) the
+    /// pointer since the last call.
+    pub(crate) fn take_lock_wanted(&mut self) -> Option<bool> {
+        self.lock_wanted.take()
+    }
+
+    /// The compositor locked the pointer (`true`) or let it go (`false`).
+    pub(crate) fn set_locked(&mut self, locked: bool) {
+        self.locked = locked;
+        self.sub_px = (0.0, 0.0);
+    }
+
+    /// Whether the pointer is locked.
+    pub(crate) fn locked(&self) -> bool {
+        self.locked
+    }
+
+    /// Relative motion (`zwp_relative_pointer_v1.relative_motion`): a relative move while the
+    /// pointer is locked (nothing otherwise: the absolute position goes).
+    pub(crate) fn relative(&mut self, dx: f64, dy: f64) {
+        if !self.locked {
+            return;
+        }
+        self.sub_px.0 += dx;
+        self.sub_px.1 += dy;
+        let (x, y) = (self.sub_px.0.trunc(), self.sub_px.1.trunc());
+        self.sub_px.0 -= x;
+        self.sub_px.1 -= y;
+        if x != 0.0 {
+            self.batch.push(Event::new(EV_REL, REL_X, x as i32));
+        }
+        if y != 0.0 {
+            self.batch.push(Event::new(EV_REL, REL_Y, y as i32));
+        }
+    }
+
     /// The pointer at `(x, y)` in the window's surface.
     pub(crate) fn motion(&mut self, x: f64, y: f64) {
+        if self.locked {
+            // (A compositor may say where the locked pointer is: it does not move.)
+            return;
+        }
         let map = |v: f64, shown: i32, size: u16| -> i32 {
             let max = i32::from(size.max(1)) - 1;
             if shown <= 0 {
@@ -343,5 +415,63 @@ mod tests {
             events(&v.take()),
             vec![(EV_REL, REL_WHEEL, -1), (EV_REL, REL_HWHEEL, -2)]
         );
+    }
+
+    #[test]
+    fn ctrl_alt_g_asks_for_the_lock_and_a_locked_pointer_moves_by_relative_steps() {
+        let mut v = ViewerInput::default();
+        v.set_screen((1920, 1080), (960, 540));
+        let caps = v.take();
+        let [InputMessage::Capabilities(c)] = &caps[..] else {
+            panic!("capabilities first");
+        };
+        assert_eq!(c.rel, vec![REL_X, REL_Y, REL_HWHEEL, REL_WHEEL]);
+        c.check().unwrap();
+        // Unlocked, relative motion says nothing (the absolute position goes).
+        v.relative(5.0, 5.0);
+        v.motion(480.0, 270.0);
+        v.frame();
+        assert_eq!(
+            events(&v.take()),
+            vec![(EV_ABS, ABS_X, 960), (EV_ABS, ABS_Y, 540)]
+        );
+        // G alone types a g; with Control and Alt held it asks for the lock, and neither its
+        // press nor its release goes.
+        v.key(KEY_G, true);
+        v.key(KEY_G, false);
+        assert_eq!(events(&v.take()), vec![(EV_KEY, 34, 1), (EV_KEY, 34, 0)]);
+        v.key(29, true);
+        v.key(56, true);
+        v.modifiers(LOCK_MODS, 0, 0, 0);
+        v.key(KEY_G, true);
+        v.modifiers(0, 0, 0, 0);
+        v.key(KEY_G, false);
+        assert_eq!(
+            events(&v.take()),
+            vec![(EV_KEY, 29, 1), (EV_KEY, 56, 1)],
+            "the combination's G is not sent"
+        );
+        assert_eq!(v.take_lock_wanted(), Some(true));
+        assert_eq!(v.take_lock_wanted(), None);
+        // Locked: relative steps, fractions kept for the next; absolute positions say nothing.
+        v.set_locked(true);
+        v.relative(2.5, -1.25);
+        v.motion(10.0, 10.0);
+        v.frame();
+        v.relative(0.75, -0.75);
+        v.frame();
+        assert_eq!(
+            events(&v.take()),
+            vec![
+                (EV_REL, REL_X, 2),
+                (EV_REL, REL_Y, -1),
+                (EV_REL, REL_X, 1),
+                (EV_REL, REL_Y, -1)
+            ]
+        );
+        // Ctrl+Alt+G again lets go.
+        v.modifiers(LOCK_MODS, 0, 0, 0);
+        v.key(KEY_G, true);
+        assert_eq!(v.take_lock_wanted(), Some(false));
     }
 }

@@ -47,6 +47,12 @@ use wayland_protocols::wp::keyboard_shortcuts_inhibit::zv1::client::{
     zwp_keyboard_shortcuts_inhibit_manager_v1 as inhibit_manager,
     zwp_keyboard_shortcuts_inhibitor_v1 as inhibitor,
 };
+use wayland_protocols::wp::pointer_constraints::zv1::client::{
+    zwp_locked_pointer_v1 as locked_pointer, zwp_pointer_constraints_v1 as constraints,
+};
+use wayland_protocols::wp::relative_pointer::zv1::client::{
+    zwp_relative_pointer_manager_v1 as relative_manager, zwp_relative_pointer_v1 as relative,
+};
 use wayland_protocols::wp::viewporter::client::{wp_viewport, wp_viewporter};
 use wayland_protocols::xdg::shell::client::{xdg_surface, xdg_toplevel, xdg_wm_base};
 
@@ -116,6 +122,8 @@ struct State {
     pointer: Option<wl_pointer::WlPointer>,
     /// What the person does in the window, as records.
     input: ViewerInput,
+    /// The compositor let go of the pointer lock (the window lost focus): it is done with.
+    lock_ended: bool,
 }
 
 impl Dispatch<xdg_wm_base::XdgWmBase, ()> for State {
@@ -275,6 +283,44 @@ impl Dispatch<wl_pointer::WlPointer, ()> for State {
     }
 }
 
+impl Dispatch<relative::ZwpRelativePointerV1, ()> for State {
+    fn event(
+        state: &mut State,
+        _: &relative::ZwpRelativePointerV1,
+        event: relative::Event,
+        _: &(),
+        _: &Connection,
+        _: &QueueHandle<State>,
+    ) {
+        // The accelerated motion, as the person's pointer moves here (the app side's X
+        // server adds none to XTEST's relative moves once `xset m 1 1`; it adds its own
+        // otherwise, as to a mouse).
+        if let relative::Event::RelativeMotion { dx, dy, .. } = event {
+            state.input.relative(dx, dy);
+        }
+    }
+}
+
+impl Dispatch<locked_pointer::ZwpLockedPointerV1, ()> for State {
+    fn event(
+        state: &mut State,
+        _: &locked_pointer::ZwpLockedPointerV1,
+        event: locked_pointer::Event,
+        _: &(),
+        _: &Connection,
+        _: &QueueHandle<State>,
+    ) {
+        match event {
+            locked_pointer::Event::Locked => state.input.set_locked(true),
+            locked_pointer::Event::Unlocked => {
+                state.input.set_locked(false);
+                state.lock_ended = true;
+            }
+            _ => {}
+        }
+    }
+}
+
 impl Dispatch<wl_buffer::WlBuffer, usize> for State {
     fn event(
         state: &mut State,
@@ -300,6 +346,8 @@ crate::common::wayland::ignore_events!(
     wp_viewport::WpViewport,
     inhibit_manager::ZwpKeyboardShortcutsInhibitManagerV1,
     inhibitor::ZwpKeyboardShortcutsInhibitorV1,
+    constraints::ZwpPointerConstraintsV1,
+    relative_manager::ZwpRelativePointerManagerV1,
 );
 
 /// Two buffers of one size in one pool.
@@ -345,10 +393,20 @@ pub(crate) struct WaylandWindow {
     /// The compositor's shortcut inhibitor manager, if it offers one, and the inhibitor made.
     inhibit: Option<inhibit_manager::ZwpKeyboardShortcutsInhibitManagerV1>,
     inhibitor: Option<inhibitor::ZwpKeyboardShortcutsInhibitorV1>,
+    /// Pointer lock (Ctrl+Alt+G): the compositor's constraints and relative pointer
+    /// managers, if it offers them; the relative pointer and the lock made.
+    constraints: Option<constraints::ZwpPointerConstraintsV1>,
+    relative_manager: Option<relative_manager::ZwpRelativePointerManagerV1>,
+    relative: Option<relative::ZwpRelativePointerV1>,
+    lock: Option<locked_pointer::ZwpLockedPointerV1>,
+    /// Whether the title says the pointer is locked.
+    titled_locked: bool,
     /// Seat version: `frame` events from 5 on (each pointer event is a frame before).
     seat_version: u32,
     /// The window's title as configured.
     title: String,
+    /// What the title adds about the link (down, the peer stopped).
+    link_note: String,
     /// The link is down: the picture is shown at half brightness.
     dimmed: bool,
     /// A source took the input (its first record, the capabilities, went).
@@ -437,6 +495,10 @@ fn open_wayland_window(
     let viewporter: Option<wp_viewporter::WpViewporter> = globals.bind(&qh, 1..=1, ()).ok();
     let inhibit: Option<inhibit_manager::ZwpKeyboardShortcutsInhibitManagerV1> =
         globals.bind(&qh, 1..=1, ()).ok();
+    let constraints: Option<constraints::ZwpPointerConstraintsV1> =
+        globals.bind(&qh, 1..=1, ()).ok();
+    let relative_manager: Option<relative_manager::ZwpRelativePointerManagerV1> =
+        globals.bind(&qh, 1..=1, ()).ok();
     // Version 5 to 7: pointer frames and wheel notches (`axis_discrete`).
     let seat: Option<wl_seat::WlSeat> = globals.bind(&qh, 5..=7, ()).ok();
     let seat_version = seat.as_ref().map_or(0, wayland_client::Proxy::version);
@@ -465,6 +527,7 @@ fn open_wayland_window(
         display = d,
         scaling = viewport.is_some(),
         shortcuts_inhibit = inhibit.is_some(),
+        pointer_lock = constraints.is_some() && relative_manager.is_some(),
         "viewer window mapped"
     );
     // Its input, for a `wayland-window-input` source to take.
@@ -492,8 +555,14 @@ fn open_wayland_window(
         input: (tx, taken),
         inhibit,
         inhibitor: None,
+        constraints,
+        relative_manager,
+        relative: None,
+        lock: None,
+        titled_locked: false,
         seat_version,
         title: c.title.clone(),
+        link_note: String::new(),
         dimmed: false,
         input_started: false,
     })
@@ -557,6 +626,7 @@ impl WaylandWindow {
                 );
             }
         }
+        self.pointer_lock();
         if self.seat_version < 5 {
             self.state.input.frame();
         }
@@ -582,16 +652,81 @@ impl WaylandWindow {
 
     /// The link went down (the picture at half brightness, the title says why) or came back.
     fn link_state(&mut self, state: LinkState) {
-        let (name, dim) = match state {
-            LinkState::Up => (self.title.clone(), false),
-            LinkState::Down => (format!("{} (link down, reconnecting)", self.title), true),
-            LinkState::PeerStopped => (
-                format!("{} (the peer stopped, waiting for it)", self.title),
-                true,
-            ),
+        let (note, dim) = match state {
+            LinkState::Up => ("", false),
+            LinkState::Down => (" (link down, reconnecting)", true),
+            LinkState::PeerStopped => (" (the peer stopped, waiting for it)", true),
         };
-        self.toplevel.set_title(name);
+        self.link_note = note.to_string();
+        self.retitle();
         self.set_dimmed(dim);
+    }
+
+    /// The title: as configured, what the link is doing, whether the pointer is locked.
+    fn retitle(&mut self) {
+        let lock = if self.titled_locked {
+            " — pointer locked, Ctrl+Alt+G lets go"
+        } else {
+            ""
+        };
+        self.toplevel
+            .set_title(format!("{}{}{lock}", self.title, self.link_note));
+    }
+
+    /// The pointer lock (Ctrl+Alt+G): made or let go of as the person asks, done with once
+    /// the compositor let go of it, and said in the title.
+    fn pointer_lock(&mut self) {
+        let qh = self.queue.handle();
+        if self.relative.is_none() {
+            if let (Some(m), Some(p)) = (&self.relative_manager, &self.state.pointer) {
+                self.relative = Some(m.get_relative_pointer(p, &qh, ()));
+            }
+        }
+        if std::mem::take(&mut self.state.lock_ended) {
+            if let Some(l) = self.lock.take() {
+                l.destroy();
+            }
+        }
+        match self.state.input.take_lock_wanted() {
+            Some(true) => {
+                // (A lock asked for before and still waiting for the pointer to come in is
+                // asked for afresh.)
+                if let Some(l) = self.lock.take() {
+                    l.destroy();
+                }
+                match (&self.constraints, &self.state.pointer, &self.relative) {
+                    (Some(c), Some(p), Some(_)) => {
+                        tracing::debug!(
+                            endpoint = self.endpoint,
+                            "Ctrl+Alt+G: the pointer locks once it is in the window"
+                        );
+                        self.lock = Some(c.lock_pointer(
+                            &self.surface,
+                            p,
+                            None,
+                            constraints::Lifetime::Oneshot,
+                            &qh,
+                            (),
+                        ));
+                    }
+                    _ => tracing::warn!(
+                        endpoint = self.endpoint,
+                        "Ctrl+Alt+G: this compositor offers no pointer lock (zwp_pointer_constraints_v1 and zwp_relative_pointer_manager_v1)"
+                    ),
+                }
+            }
+            Some(false) => {
+                if let Some(l) = self.lock.take() {
+                    l.destroy();
+                }
+                self.state.input.set_locked(false);
+            }
+            _ => {}
+        }
+        if self.titled_locked != self.state.input.locked() {
+            self.titled_locked = self.state.input.locked();
+            self.retitle();
+        }
     }
 
     /// Shows the picture dimmed or not (redrawn whole when it changes).
