@@ -252,6 +252,10 @@ pub struct Intake<M> {
     handed: Handed,
     /// The (run, seq) taken last.
     last: Option<(u64, u64)>,
+    /// Frames of many senders, each numbering its own (a device side taking its app sides'
+    /// frames): a lossy frame is not told from a copy by its number (the `encrypt` pair's
+    /// replay window, one per sender, drops copies).
+    many_senders: bool,
     /// The stream sequence the consumer first delivered from ([`Intake::kept`]).
     first_start: Option<u64>,
     /// The run whose END was taken last.
@@ -278,6 +282,7 @@ impl<M> Intake<M> {
             seen: Seen::default(),
             handed: Handed::default(),
             last: None,
+            many_senders: false,
             first_start: None,
             ended: None,
             ready: VecDeque::new(),
@@ -287,6 +292,14 @@ impl<M> Intake<M> {
             foreign: 0,
             malformed: 0,
         }
+    }
+
+    /// Frames come from many senders, each numbering its own (a device side's sink: every app
+    /// side's frames). Before, a second app side's lossy frames numbered below the first
+    /// one's last were dropped as copies.
+    pub fn with_many_senders(mut self) -> Intake<M> {
+        self.many_senders = true;
+        self
     }
 
     /// The consumer delivers everything stored from stream sequence `start` on (a run that
@@ -333,7 +346,7 @@ impl<M> Intake<M> {
                 && stream_seq.is_none_or(|s| self.handed.insert(s, body))
         } else {
             match self.last {
-                Some((run, seq)) if run == rec.run => rec.seq > seq,
+                Some((run, seq)) if run == rec.run && !self.many_senders => rec.seq > seq,
                 _ => true,
             }
         };
@@ -786,5 +799,26 @@ mod tests {
             i.handle_message(t, &rec(2, 7, END_SEQ, 0, 2), None),
             Taken::Queued
         );
+    }
+
+    #[test]
+    fn a_device_side_takes_every_app_sides_lossy_frames_each_numbered_its_own() {
+        let t = Instant::now();
+        let mut i: Intake<u64> = Intake::new(2, false, Duration::from_secs(10)).with_many_senders();
+        // One app side is at frame 40, another starts at 0: both go on (copies are the
+        // encrypt pair's to drop, by each sender's window).
+        assert_eq!(
+            i.handle_message(t, &rec(2, 7, 40, 0, 0), None),
+            Taken::Queued
+        );
+        assert_eq!(
+            i.handle_message(t, &rec(2, 7, 0, 0, 1), None),
+            Taken::Queued
+        );
+        assert_eq!(
+            i.handle_message(t, &rec(2, 7, 1, 0, 2), None),
+            Taken::Queued
+        );
+        assert_eq!(seqs(&mut i, t), vec![40, 0, 1]);
     }
 }

@@ -138,7 +138,12 @@ impl<H: RunHalf, M> Receiver<H, M> {
     /// for the key). `ordered` and `wait` as [`Intake::new`].
     pub fn new(stream: u16, app: bool, keys: GroupKey, ordered: bool, wait: Duration) -> Self {
         Receiver {
-            intake: Intake::new(stream, ordered, wait),
+            intake: if app {
+                Intake::new(stream, ordered, wait)
+            } else {
+                // Every app side's frames, each numbering its own.
+                Intake::new(stream, ordered, wait).with_many_senders()
+            },
             opener: if app {
                 Opener::app(keys)
             } else {
