@@ -891,6 +891,60 @@ stack = [{ type = "multiplex", mode = "split", parts = 2 }]
     drop((a1, a2, d));
 }
 
+/// A restarted device side gives each app side of a split driver its slot back: the one that
+/// held slot 1 joins the new run first (the other is paused meanwhile) and keeps slot 1, and
+/// both go on. Before, the first to join took slot 0, and an app side whose slot changed
+/// ends: a restart ended about half the app sides.
+#[test]
+fn a_restarted_device_side_gives_each_app_side_its_split_slot_back() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-slots-restart");
+    let nats = Nats::start("slots-restart", &[]);
+    let (dev, apps) = homes_n(&dir.0, 2);
+    let cfg = write(
+        &dir.0,
+        "slots.toml",
+        &format!(
+            "driver = \"slots\"\n[link]\ntransport = \"nats\"\nkeepalive_timeout_ms = 1500\nping_interval_ms = 300\n[link.nats]\nservers = [\"{}\"]\n{}",
+            nats.url(),
+            r#"
+[[stream]]
+name = "bands"
+direction = "device-to-app"
+reliability = "lossy"
+source = { type = "synthetic", size = 100, interval_ms = 20.0, seed = 2 }
+sink = { type = "null" }
+stack = [{ type = "multiplex", mode = "split", parts = 2 }]
+"#
+        ),
+    );
+    let d = side(&cfg, "device", &dev, &[]);
+    let mut a0 = side(&cfg, "app", &apps[0], &[]);
+    wait_for("app 0 joined", WAIT, || {
+        d.stderr_now().contains("(split slot 0)")
+    });
+    let mut a1 = side(&cfg, "app", &apps[1], &[]);
+    wait_for("app 1 joined", WAIT, || {
+        d.stderr_now().contains("(split slot 1)")
+    });
+    d.kill();
+    a0.pause();
+    let d = side(&cfg, "device", &dev, &[]);
+    wait_for("app 1 joined the new run", WAIT, || {
+        d.stderr_now().contains("(split slot 1)")
+    });
+    a0.resume();
+    wait_for("app 0 joined the new run", WAIT, || {
+        d.stderr_now().contains("(split slot 0)")
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(a0.running(), "app 0 ended: {}", a0.stderr_now());
+    assert!(a1.running(), "app 1 ended: {}", a1.stderr_now());
+    drop((a0, a1, d));
+}
+
 #[test]
 fn an_app_side_told_to_stop_hands_over_what_it_holds_and_its_sinks_report() {
     if !nats_or_skip() {

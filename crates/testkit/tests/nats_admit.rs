@@ -25,7 +25,7 @@
 //!
 //! `SEED=n cargo test -p ndd-testkit --test nats_admit` replays one schedule.
 
-use ndd_link::nats::admit::{Admitter, Decision, Heard, Ready, Trust};
+use ndd_link::nats::admit::{encode_slots, parse_slots, Admitter, Decision, Heard, Ready, Trust};
 use ndd_testkit::SimRng;
 use ndd_wire::{HelloRepr, OwnedMessage, Side};
 use std::time::{Duration, Instant};
@@ -91,6 +91,7 @@ fn run(seed: u64) -> Result<String, String> {
         .collect();
     let adversary = rng.chance(0.33);
     let mut recorded: Vec<Ready> = Vec::new();
+    let mut restarts = 0u32;
     let (mut admitted, mut refused) = (0u64, 0u64);
     for step in 0..600u64 {
         let now = t0 + Duration::from_millis(100 * step);
@@ -99,6 +100,40 @@ fn run(seed: u64) -> Result<String, String> {
                 .is_some_and(|t| now.saturating_duration_since(t) < GONE_AFTER)
         };
         let i = rng.range(0, n as u64 - 1) as usize;
+        // The device side restarts now and then: a new process gives each app side its
+        // split slot back from the file the one before kept (each holder counts as present
+        // from then, its grace to join again); beats recorded before no longer open (a new
+        // run key).
+        if rng.chance(0.01) {
+            let (held, bad) = parse_slots(&encode_slots(&a.slots_held()));
+            if bad > 0 {
+                return Err(format!("step {step}: the slots file did not read back"));
+            }
+            a = Admitter::new(
+                hello(Side::Device, "d"),
+                "dev",
+                "/h",
+                slots,
+                GONE_AFTER,
+                true,
+            );
+            a.restore(now, &held);
+            for s in sides.iter_mut() {
+                let kept = held.iter().find(|(_, f)| *f == s.fp).map(|(sl, _)| *sl);
+                if s.slot.is_some() && kept != s.slot && present(s) {
+                    return Err(format!(
+                        "step {step}: {} held slot {:?} and was present; the restart kept {kept:?}",
+                        s.fp, s.slot
+                    ));
+                }
+                s.slot = kept;
+                if kept.is_some() {
+                    s.heard = Some(now);
+                }
+            }
+            recorded.clear();
+            restarts += 1;
+        }
         match rng.range(0, 9) {
             // Trust changes (ndd untrust / ndd trust).
             0 => sides[i].trusted = !sides[i].trusted,
@@ -236,7 +271,7 @@ fn run(seed: u64) -> Result<String, String> {
         }
     }
     Ok(format!(
-        "{n} identities, {slots} slots: {admitted} admitted, {refused} refused"
+        "{n} identities, {slots} slots: {admitted} admitted, {refused} refused, {restarts} device restarts"
     ))
 }
 

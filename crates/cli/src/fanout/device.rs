@@ -62,6 +62,12 @@ pub(super) async fn start(
         Duration::from_millis(cfg.link.keepalive_timeout_ms.max(5000)),
         ctx.quiet,
     )));
+    // The split slots the run before this one left: each app side gets its own back.
+    let slots_file = (slots > 0).then(|| slots_path(&opts.home, &nats.subject_prefix, &cfg.driver));
+    if let Some(p) = &slots_file {
+        restore_slots(p, &mut lock(&admitter));
+    }
+    let held = lock(&admitter).slots_held();
     serve_ready(ctx, key.clone(), joined, admitter.clone()).await?;
     let host = JoinService {
         admitter,
@@ -71,6 +77,7 @@ pub(super) async fn start(
         key: key.clone(),
         holders,
         expiry: Duration::from_millis(cfg.link.handshake_timeout_ms.max(1000) * 2),
+        slots: slots_file.map(|p| (p, held)),
     };
     let joins = host.serve().await?;
     t.service(async move { joins.await.map_err(|e| anyhow!("join service: {e}"))? });

@@ -15,6 +15,28 @@ pub(super) fn holders_path(home: &Path, prefix: &str, driver: &str) -> std::path
     home.join(format!("nats-group-{prefix}-{driver}.holders"))
 }
 
+/// The split slots held (`SLOT FINGERPRINT` a line): a restarted device side gives each app
+/// side its slot back (`Admitter::restore`).
+pub(super) fn slots_path(home: &Path, prefix: &str, driver: &str) -> std::path::PathBuf {
+    home.join(format!("nats-slots-{prefix}-{driver}"))
+}
+
+/// The slots the run before this one left, given back to `admitter`.
+pub(super) fn restore_slots(path: &Path, admitter: &mut Admitter) {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return;
+    };
+    let (held, bad) = ndd_link::nats::admit::parse_slots(&text);
+    if bad > 0 {
+        tracing::warn!(
+            side = "device",
+            "{}: {bad} lines are not a slot and a fingerprint; left out",
+            path.display()
+        );
+    }
+    admitter.restore(Instant::now(), &held);
+}
+
 /// 32 fresh random bytes.
 pub(super) fn draw_key() -> Result<[u8; 32]> {
     use ring::rand::SecureRandom;

@@ -15,6 +15,8 @@ pub(super) struct JoinService {
     /// Shared with the ready heartbeats ([`serve_ready`]).
     pub(super) admitter: Shared<Admitter>,
     pub(super) expiry: Duration,
+    /// Where the split slots held are kept (a driver that splits), and as written last.
+    pub(super) slots: Option<(std::path::PathBuf, Vec<(u16, String)>)>,
 }
 
 impl JoinService {
@@ -77,14 +79,21 @@ impl JoinService {
             },
             Err(e) => Trust::Unreadable(format!("{e:#}")),
         };
-        let decision = {
+        let (decision, held) = {
             let mut a = lock(&self.admitter);
             let d = a.decide(now, fp, trust, hello);
             while let Some(l) = a.poll_line() {
                 log_admission(&l);
             }
-            d
+            (d, a.slots_held())
         };
+        if let Some((path, written)) = self.slots.as_mut().filter(|(_, w)| *w != held) {
+            // A restarted device side gives each app side its slot back.
+            match write_private(path, ndd_link::nats::admit::encode_slots(&held).as_bytes()) {
+                Ok(()) => *written = held,
+                Err(e) => tracing::warn!(side = "device", "{e:#}: a restart of this side would not give the app sides their split slots back"),
+            }
+        }
         let slot = match decision {
             Decision::Admitted { slot } => slot,
             Decision::Refused { code, reason } => {

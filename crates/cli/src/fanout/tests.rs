@@ -70,6 +70,7 @@ async fn a_thousand_strangers_asking_to_join_in_a_second_are_a_few_lines() {
             Duration::from_secs(5),
             false,
         ))),
+        slots: None,
         ctx: Ctx {
             client,
             subjects: Subjects::new("ndd", "joins").unwrap(),

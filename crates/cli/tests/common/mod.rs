@@ -142,6 +142,16 @@ impl Side {
         self.signal("-HUP");
     }
 
+    /// Stops the process where it is (SIGSTOP), until [`Side::resume`].
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a paused process go on (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
     fn signal(&self, sig: &str) {
         if let Some(c) = &self.child {
             let _ = Command::new("kill")

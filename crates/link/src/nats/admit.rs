@@ -113,6 +113,30 @@ impl Ready {
     }
 }
 
+/// The split slots held, as the device's home keeps them: a line `SLOT FINGERPRINT` each.
+pub fn encode_slots(held: &[(u16, String)]) -> String {
+    held.iter().map(|(s, f)| format!("{s} {f}\n")).collect()
+}
+
+/// Reads what [`encode_slots`] wrote; lines that are not a slot and a fingerprint are left
+/// out (how many: the second value).
+pub fn parse_slots(text: &str) -> (Vec<(u16, String)>, usize) {
+    let mut bad = 0;
+    let mut held = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        match line
+            .split_once(' ')
+            .and_then(|(s, f)| Some((s.parse().ok()?, f.trim())))
+        {
+            Some((s, f)) if !f.is_empty() && !f.contains(char::is_whitespace) => {
+                held.push((s, f.to_string()))
+            }
+            _ => bad += 1,
+        }
+    }
+    (held, bad)
+}
+
 /// What [`Admitter::handle_ready`] made of a beat.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Heard {
@@ -257,6 +281,34 @@ impl Admitter {
     /// The split slot `fingerprint` holds, if any.
     pub fn slot_of(&self, fingerprint: &str) -> Option<u16> {
         self.taken.get(fingerprint).copied()
+    }
+
+    /// The split slots as they are held, by slot (what a restarted device side gives back:
+    /// [`Admitter::restore`], the file [`encode_slots`]).
+    pub fn slots_held(&self) -> Vec<(u16, String)> {
+        let mut v: Vec<(u16, String)> = self.taken.iter().map(|(f, s)| (*s, f.clone())).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// A restarted device side: the slots held before it, each kept for its app side, which
+    /// counts as present from `now` (it joins again once it hears of the new run; silent for
+    /// `gone_after`, its slot is free again). Before, every slot was free after a restart,
+    /// and the app side that joined first took slot 0 whichever it had held: an app side
+    /// whose slot changed ends, so a restart ended about half the app sides of a split
+    /// driver (found by a review). Slots beyond this driver's, and a second holder of one,
+    /// are left out.
+    pub fn restore(&mut self, now: Instant, held: &[(u16, String)]) {
+        for (slot, fp) in held {
+            if *slot >= self.slots
+                || self.taken.contains_key(fp)
+                || self.taken.values().any(|s| s == slot)
+            {
+                continue;
+            }
+            self.taken.insert(fp.clone(), *slot);
+            self.seen.insert(fp.clone(), now);
+        }
     }
 
     /// The answer to app side `fingerprint` (as `known_peers` has it: `trust`) asking to join
@@ -594,5 +646,33 @@ mod tests {
         let mut bad = vec![0; 16];
         bad.extend_from_slice(&[0xff, 0xfe]);
         assert_eq!(Ready::parse(&bad), None, "not UTF-8");
+    }
+
+    #[test]
+    fn a_restarted_device_side_gives_each_app_side_its_slot_back() {
+        let t0 = Instant::now();
+        let mut a = admitter(2);
+        assert_eq!(join(&mut a, t0, "a"), Decision::Admitted { slot: Some(0) });
+        assert_eq!(join(&mut a, t0, "b"), Decision::Admitted { slot: Some(1) });
+        let file = encode_slots(&a.slots_held());
+        assert_eq!(file, "0 a\n1 b\n");
+        // The restart: "b" joins again first, and keeps slot 1; a stranger finds none free.
+        let t1 = t0 + Duration::from_secs(60);
+        let mut a = admitter(2);
+        let (held, bad) = parse_slots(&(file + "junk\n9x y\n"));
+        assert_eq!(bad, 2);
+        a.restore(t1, &held);
+        assert_eq!(join(&mut a, t1, "b"), Decision::Admitted { slot: Some(1) });
+        assert!(matches!(join(&mut a, t1, "c"), Decision::Refused { .. }));
+        assert_eq!(join(&mut a, t1, "a"), Decision::Admitted { slot: Some(0) });
+        // One that does not come back within gone_after leaves its slot.
+        let mut a = admitter(2);
+        a.restore(t1, &held);
+        let t2 = t1 + Duration::from_secs(6);
+        assert_eq!(join(&mut a, t2, "c"), Decision::Admitted { slot: Some(0) });
+        // Slots beyond the driver's, and a second holder of one, are left out.
+        let mut a = admitter(1);
+        a.restore(t1, &[(0, "a".into()), (0, "b".into()), (3, "c".into())]);
+        assert_eq!(a.slots_held(), vec![(0, "a".to_string())]);
     }
 }
