@@ -1750,6 +1750,74 @@ fn ask(port: u16, subject: &str, question: &[u8]) -> Vec<u8> {
     }
 }
 
+/// Every JetStream consumer of the driver deleted mid-stream (by anyone with the JetStream
+/// API, or a status on a pull's inbox saying so): each side attaches again where it
+/// acknowledged last, and the reliable stream is exact. Before, a sink took the end of its
+/// consumer's messages for the stream's end and stopped for good.
+#[test]
+fn consumers_deleted_mid_stream_are_attached_again_and_nothing_is_lost() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-cdel");
+    let nats = Nats::start("cdel", &[]);
+    let (dev, apps) = homes_n(&dir.0, 1);
+    let m = 1000u64;
+    let out = dir.0.join("down.bin");
+    let cfg = stream_to_file_as(
+        &dir.0,
+        "cdel.toml",
+        "cdel",
+        &nats.url(),
+        "device-to-app",
+        (100, 3.0, m, 11),
+        &out,
+    );
+    let d = side(&cfg, "device", &dev, &["--once"]);
+    let a = side(&cfg, "app", &apps[0], &["--once"]);
+    wait_for("frames to flow", WAIT, || {
+        std::fs::metadata(&out).is_ok_and(|md| md.len() > 100 * 104)
+    });
+    let names =
+        String::from_utf8_lossy(&ask(nats.port, "$JS.API.CONSUMER.NAMES.NDD_ndd_cdel", b""))
+            .into_owned();
+    let consumers: Vec<&str> = names
+        .split('"')
+        .skip_while(|w| *w != "consumers")
+        .skip(1)
+        .filter(|w| w.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| !w.is_empty())
+        .collect();
+    assert!(!consumers.is_empty(), "{names}");
+    for c in &consumers {
+        let said = ask(
+            nats.port,
+            &format!("$JS.API.CONSUMER.DELETE.NDD_ndd_cdel.{c}"),
+            b"",
+        );
+        assert!(
+            String::from_utf8_lossy(&said).contains("\"success\":true"),
+            "{}",
+            String::from_utf8_lossy(&said)
+        );
+    }
+    let (s, _, aerr) = a.finish();
+    assert!(s.success(), "app: {aerr}");
+    assert!(
+        aerr.contains("stopped delivering; attaching again"),
+        "{aerr}"
+    );
+    drop(d);
+    let got = seeded_frames_in(&out, &[11], m);
+    let (next, dups, lost) = order(got.iter().map(|f| f.1));
+    assert_eq!(
+        next, m,
+        "every frame up to the last ({consumers:?} deleted)"
+    );
+    assert!(lost.is_empty(), "lost: {lost:?}");
+    assert_eq!(dups, 0);
+}
+
 /// A device side's signed answer on `P.D.device`, recorded (anyone may ask the side serving)
 /// and played to every question of a later device side once the first is gone, does not stop
 /// it: the answer signs the question's random bytes.

@@ -499,7 +499,10 @@ impl SinkPump {
                                 permit.send(f);
                             }
                         }
-                        m = next_input(input), if reading => self.take(flow, m),
+                        m = next_input(input), if reading => match (m, &mut *input) {
+                            (None, Input::Stored(s)) => self.consumer_ended(s),
+                            (m, _) => self.take(flow, m),
+                        },
                         Some(m) = async {
                             match end_sub.as_mut() {
                                 Some(s) => s.next().await,
@@ -666,6 +669,22 @@ impl SinkPump {
                 "the stream ended but the sink did not complete what it was handed within {FINISH_WAIT:?}; what it did not is left unacknowledged (it comes again)"
             ),
         }
+    }
+
+    /// The consumer's messages ended (the consumer deleted, or a status saying so — which
+    /// anyone who may publish on the pull's inbox can send): attached again at the next tick,
+    /// where this side acknowledged last. Before, the stream took it as its end and stopped
+    /// for good (found by a review).
+    fn consumer_ended(&mut self, s: &mut Stored) {
+        if let Some(suppressed) = self.logs.attach_failed.admit(Instant::now()) {
+            tracing::warn!(
+                suppressed,
+                "the JetStream consumer {} stopped delivering; attaching again",
+                printable(&s.durable, MAX_REASON)
+            );
+        }
+        s.messages = None;
+        s.seen = s.seen.wrapping_sub(1);
     }
 
     /// Back from a server restart: what was on its way to this side when the server went
