@@ -1690,6 +1690,17 @@ fn answer_every_question(
     subject: &str,
     payload: Vec<u8>,
 ) -> std::thread::JoinHandle<usize> {
+    answer_with(port, subject, move |_| Some(payload.clone()))
+}
+
+/// Raw NATS on `port`: answers each message on `subject` that has a reply subject with what
+/// `answer` makes of its payload (nothing for `None`), until the server goes; how many it
+/// answered.
+fn answer_with(
+    port: u16,
+    subject: &str,
+    answer: impl Fn(&[u8]) -> Option<Vec<u8>> + Send + 'static,
+) -> std::thread::JoinHandle<usize> {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.write_all(format!("CONNECT {{\"verbose\":false}}\r\nSUB {subject} 1\r\nPING\r\n").as_bytes())
         .unwrap();
@@ -1703,18 +1714,24 @@ fn answer_every_question(
         let mut line = String::new();
         let mut answered = 0;
         while r.read_line(&mut line).is_ok_and(|n| n > 0) {
-            // MSG <subject> <sid> <reply> <len>
+            // MSG <subject> <sid> [<reply>] <len>
             let w: Vec<&str> = line.split_whitespace().collect();
-            if w.first() == Some(&"MSG") && w.len() == 5 {
-                let mut pubmsg = format!("PUB {} {}\r\n", w[3], payload.len()).into_bytes();
-                pubmsg.extend_from_slice(&payload);
-                pubmsg.extend_from_slice(b"\r\n");
-                if s.write_all(&pubmsg).is_err() {
+            if w.first() == Some(&"MSG") && (w.len() == 4 || w.len() == 5) {
+                let n: usize = w[w.len() - 1].parse().unwrap();
+                let mut body = vec![0; n + 2];
+                if r.read_exact(&mut body).is_err() {
                     break;
                 }
-                answered += 1;
-                let mut body = String::new();
-                let _ = r.read_line(&mut body);
+                body.truncate(n);
+                if let (5, Some(payload)) = (w.len(), answer(&body)) {
+                    let mut pubmsg = format!("PUB {} {}\r\n", w[3], payload.len()).into_bytes();
+                    pubmsg.extend_from_slice(&payload);
+                    pubmsg.extend_from_slice(b"\r\n");
+                    if s.write_all(&pubmsg).is_err() {
+                        break;
+                    }
+                    answered += 1;
+                }
             }
             line.clear();
         }
@@ -1748,6 +1765,54 @@ fn ask(port: u16, subject: &str, question: &[u8]) -> Vec<u8> {
             return body;
         }
     }
+}
+
+/// Anyone who may publish on the server can answer an app side's join with a reply signed
+/// by an identity of its own, before the device side does: the app side leaves it aside and
+/// joins the device side it trusts. Before, the first such answer ended the app side
+/// ("refused untrusted device side").
+#[test]
+fn a_join_answered_first_by_a_stranger_still_joins_the_trusted_device_side() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-stranger-reply");
+    let nats = Nats::start("stranger-reply", &[]);
+    let (dev, apps) = homes_n(&dir.0, 1);
+    let m = 200u64;
+    let out = dir.0.join("down.bin");
+    let cfg = stream_to_file_as(
+        &dir.0,
+        "stranger.toml",
+        "stranger",
+        &nats.url(),
+        "device-to-app",
+        (100, 5.0, m, 12),
+        &out,
+    );
+    // The stranger: an identity of its own, answering every INIT at once.
+    let home = dir.0.join("stranger");
+    std::fs::create_dir_all(&home).unwrap();
+    let (id, _) = ndd_link::Identity::load_or_create(&home).unwrap();
+    let me = ndd_link::seal::LocalIdentity::new(&id).unwrap();
+    let host = std::sync::Mutex::new(ndd_link::nats::join::Host::new(Duration::from_secs(10)));
+    let answering = answer_with(nats.port, "ndd.stranger.join", move |msg| {
+        (ndd_link::nats::join::message_type(msg) == Some(1)).then(|| {
+            host.lock()
+                .unwrap()
+                .handle_init(std::time::Instant::now(), &me, msg)
+                .unwrap()
+        })
+    });
+    let d = side(&cfg, "device", &dev, &["--once"]);
+    let a = side(&cfg, "app", &apps[0], &["--once"]);
+    let (s, _, aerr) = a.finish();
+    assert!(s.success(), "app: {aerr}");
+    drop(d);
+    let got = seeded_frames_in(&out, &[12], m);
+    assert_eq!(order(got.iter().map(|f| f.1)).0, m, "every frame: {aerr}");
+    drop(nats);
+    assert!(answering.join().unwrap() >= 1, "the stranger answered");
 }
 
 /// Every JetStream consumer of the driver deleted mid-stream (by anyone with the JetStream

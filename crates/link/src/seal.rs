@@ -109,6 +109,9 @@ pub enum SealError {
     /// The peer's signature does not verify with the key it showed.
     #[error("the peer's signature over the key exchange does not verify")]
     BadSignature,
+    /// A REPLY signed by an identity the caller does not trust (its fingerprint).
+    #[error("a reply signed by {0}, not trusted here")]
+    Untrusted(String),
     /// A key or scheme we cannot verify.
     #[error("the peer's key cannot be checked: {0}")]
     BadKey(String),
@@ -552,6 +555,19 @@ impl Initiator {
     /// [`Initiator::finish`]) and gives the keys. Only the first good REPLY counts; an
     /// unrelated or forged one is an error and changes nothing.
     pub fn handle_reply(&mut self, me: &LocalIdentity, reply: &[u8]) -> Result<Keys, SealError> {
+        self.handle_reply_from(me, reply, |_| true)
+    }
+
+    /// [`Initiator::handle_reply`], taking only a REPLY whose signer `trusted` accepts: one
+    /// signed by another identity is [`SealError::Untrusted`] and changes nothing (a later
+    /// REPLY can still count). Where anyone may answer (NATS), the first answer may be a
+    /// stranger's.
+    pub fn handle_reply_from(
+        &mut self,
+        me: &LocalIdentity,
+        reply: &[u8],
+        trusted: impl Fn(&str) -> bool,
+    ) -> Result<Keys, SealError> {
         let Sealed::Reply {
             responder,
             initiator,
@@ -565,6 +581,9 @@ impl Initiator {
             return Err(SealError::Unrelated("REPLY"));
         }
         let peer_fingerprint = verify(&signed, reply, LABEL_REPLY, &[&self.init])?;
+        if !trusted(&peer_fingerprint) {
+            return Err(SealError::Untrusted(peer_fingerprint));
+        }
         let mut finish = header(FINISH);
         finish.extend_from_slice(&responder.to_be_bytes());
         finish.extend_from_slice(&self.index.to_be_bytes());

@@ -170,9 +170,15 @@ pub(super) async fn join(
     }
 }
 
-/// One join: `Err` when it could not be done (nobody answered, the server), `Ok(Err)` when
-/// the device side refused this side or is not trusted here (final), `Ok(Ok)` admitted:
-/// the admission, the device's name, and (with `js`) where its stored streams stood.
+/// One join: `Err` when it could not be done (nobody answered, the server, an answer signed
+/// by an identity not trusted here), `Ok(Err)` when the device side refused this side
+/// (final), `Ok(Ok)` admitted: the admission, the device's name, and (with `js`) where its
+/// stored streams stood.
+///
+/// An untrusted signer is not final: anyone who may publish on the server can answer a join
+/// with a reply signed by an identity of its own, and before, the first such answer ended
+/// the app side (found by a review). The side says so and asks again; the device it trusts
+/// answers too.
 pub(super) async fn join_once(
     ctx: &Ctx,
     local: &LocalIdentity,
@@ -183,24 +189,41 @@ pub(super) async fn join_once(
 ) -> Result<Result<(Admission, String, u64)>> {
     let subject = ctx.subjects.join();
     let mut j = Joiner::new()?;
-    let reply = request(ctx, &subject, j.init(), per_try).await?;
-    let (fp, finish) = j.handle_reply(local, &reply, hello)?;
     let known = KnownPeers::load(home)?;
-    let Some(t) = known.lookup(&fp) else {
-        return Ok(Err(anyhow!(
-            "refused untrusted device side with fingerprint {fp} (answering on {subject}); if you trust it, run: ndd trust {fp} --home {}",
+    // Every answer within the try is read: the first one signed by a device side trusted
+    // here counts; one signed by another identity (anyone may answer) is left aside.
+    let mut untrusted: Option<String> = None;
+    let taken = answers(ctx, &subject, j.init(), per_try, |reply| {
+        match j.handle_reply_from(local, reply, hello, |fp| known.lookup(fp).is_some()) {
+            Ok(x) => Some(x),
+            Err(ndd_link::nats::join::JoinError::Seal(ndd_link::seal::SealError::Untrusted(
+                fp,
+            ))) => {
+                untrusted.get_or_insert(fp);
+                None
+            }
+            Err(_) => None,
+        }
+    })
+    .await;
+    let (fp, finish) = match (taken, untrusted) {
+        (Ok(x), _) => x,
+        (Err(_), Some(fp)) => bail!(
+            "refused an answer from an untrusted device side with fingerprint {fp} (on {subject}); if you trust it, run: ndd trust {fp} --home {}",
             home.display()
-        )));
+        ),
+        (Err(e), None) => return Err(e),
     };
-    let name = t.name.clone().unwrap_or(fp);
+    let name = known.lookup(&fp).and_then(|t| t.name.clone()).unwrap_or(fp);
     // Where the device's stored streams stand before it admits us: everything after this
     // is ours.
     let start = match js {
         Some(js) => stored_up_to(ctx, js).await?.1 + 1,
         None => 1,
     };
-    let welcome = request(ctx, &subject, finish, per_try).await?;
-    Ok(match j.handle_welcome(&welcome)? {
+    // The WELCOME is sealed for this exchange: one that does not open is someone else's.
+    let welcome = answers(ctx, &subject, finish, per_try, |w| j.handle_welcome(w).ok()).await?;
+    Ok(match welcome {
         Welcome::Admitted(a) => Ok((*a, name, start)),
         Welcome::Refused { reason, .. } => {
             Err(anyhow!("the device side refused this side: {reason}"))
@@ -338,20 +361,47 @@ impl KeyFollower {
     }
 }
 
-pub(super) async fn request(
+/// Asks on `subject` and reads every answer for at most `limit` until `take` takes one.
+async fn answers<T>(
     ctx: &Ctx,
     subject: &str,
     body: Vec<u8>,
     limit: Duration,
-) -> Result<Bytes> {
-    let r = tokio::time::timeout(limit, ctx.client.request(subject.to_string(), body.into()))
+    mut take: impl FnMut(&[u8]) -> Option<T>,
+) -> Result<T> {
+    let deadline = tokio::time::Instant::now() + limit;
+    let inbox = ctx.client.new_inbox();
+    let mut sub = ctx
+        .client
+        .subscribe(inbox.clone())
         .await
-        .map_err(|_| anyhow!("no answer within {:.1} s", limit.as_secs_f64()))?;
-    match r {
-        Ok(m) => Ok(m.payload),
-        Err(e) if e.kind() == async_nats::client::RequestErrorKind::NoResponders => {
-            bail!("no device side is serving {subject}")
+        .map_err(|e| anyhow!("cannot subscribe to {inbox}: {e}"))?;
+    ctx.client
+        .publish_with_reply(subject.to_string(), inbox, body.into())
+        .await
+        .map_err(|e| anyhow!("join request on {subject}: {e}"))?;
+    let _ = ctx.client.flush().await;
+    let mut answered = false;
+    loop {
+        let Ok(m) = tokio::time::timeout_at(deadline, sub.next()).await else {
+            bail!(
+                "no answer {}within {:.1} s",
+                if answered { "that counts " } else { "" },
+                limit.as_secs_f64()
+            );
+        };
+        let Some(m) = m else {
+            bail!("join request on {subject}: the connection closed");
+        };
+        if m.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
+            bail!("no device side is serving {subject}");
         }
-        Err(e) => bail!("join request on {subject}: {e}"),
+        if m.status.is_some() {
+            continue;
+        }
+        answered = true;
+        if let Some(t) = take(&m.payload) {
+            return Ok(t);
+        }
     }
 }

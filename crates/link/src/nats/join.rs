@@ -339,8 +339,21 @@ impl Joiner {
         reply: &[u8],
         hello: &[u8],
     ) -> Result<(String, Vec<u8>), JoinError> {
+        self.handle_reply_from(me, reply, hello, |_| true)
+    }
+
+    /// [`Joiner::handle_reply`], taking only a REPLY signed by an identity `trusted` accepts
+    /// (another is `SealError::Untrusted` and changes nothing: anyone who may publish can
+    /// answer a join).
+    pub fn handle_reply_from(
+        &mut self,
+        me: &LocalIdentity,
+        reply: &[u8],
+        hello: &[u8],
+        trusted: impl Fn(&str) -> bool,
+    ) -> Result<(String, Vec<u8>), JoinError> {
         let reply = body(reply, REPLY)?;
-        let keys = self.init.handle_reply(me, reply)?;
+        let keys = self.init.handle_reply_from(me, reply, trusted)?;
         let finish = self.init.finish().ok_or(JoinError::Expired)?;
         let sealed = keys.tx.seal(hello)?;
         let mut m = head(FINISH);
