@@ -122,7 +122,9 @@ pub fn error_text(e: &anyhow::Error) -> String {
             _ => parts.push(t),
         }
     }
-    parts.join(": ")
+    // A cause may carry a server's or a peer's words (a JetStream error's description):
+    // nothing that steers the terminal gets through.
+    ndd_wire::text::terminal_safe(&parts.join(": "))
 }
 
 #[cfg(test)]
@@ -147,6 +149,16 @@ mod error_text_tests {
         fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
             Some(&self.source)
         }
+    }
+
+    #[test]
+    fn a_cause_carrying_escape_codes_is_shown_escaped_its_lines_kept() {
+        let e = anyhow::anyhow!("stream not found\x1b[2J\x1b[31m\u{202e}")
+            .context("JetStream stream NDD_x\ttwo\nlines");
+        assert_eq!(
+            error_text(&e),
+            "JetStream stream NDD_x\ttwo\nlines: stream not found\\u{1b}[2J\\u{1b}[31m\\u{202e}"
+        );
     }
 
     #[test]
