@@ -144,6 +144,8 @@ pub struct FlowCounters {
     pub stale: u64,
     /// Device restarts followed.
     pub restarts: u64,
+    /// ENDs of a run older than one this stream took a frame of, ignored.
+    pub old_ends: u64,
 }
 
 /// One sink stream's side (see the module's documentation).
@@ -157,6 +159,8 @@ pub struct SinkFlow<H, M> {
     phase: Phase,
     actions: VecDeque<Action<M>>,
     counters: FlowCounters,
+    /// The newest device run this stream took a frame of.
+    newest_run: Option<u64>,
 }
 
 impl<H, M> std::fmt::Debug for SinkFlow<H, M> {
@@ -183,6 +187,7 @@ impl<H: RunHalf, M> SinkFlow<H, M> {
             phase: Phase::Running,
             actions: VecDeque::new(),
             counters: FlowCounters::default(),
+            newest_run: None,
         }
     }
 
@@ -391,6 +396,7 @@ impl<H: RunHalf, M> SinkFlow<H, M> {
                     restarted,
                     ..
                 } => {
+                    self.newest_run = self.newest_run.max(Some(run.id));
                     if let Some(old) = restarted {
                         // The device side restarted: its forward halves start from nothing.
                         // What ours hold of its last run goes to the sink, then they start
@@ -411,6 +417,11 @@ impl<H: RunHalf, M> SinkFlow<H, M> {
                     if !self.ready.is_empty() {
                         self.actions.push_back(Action::Frames);
                     }
+                }
+                Event::End { run, .. } if self.newest_run.is_some_and(|n| run.id < n) => {
+                    // A run this stream has moved on from ended long ago (a stored END played
+                    // late, or again): it ends nothing now.
+                    self.counters.old_ends += 1;
                 }
                 Event::End { first, .. } => {
                     if self.mode.once {
@@ -519,11 +530,16 @@ mod tests {
     }
 
     fn flow(mode: Mode) -> (SinkFlow<Toy, u64>, Arc<AtomicU32>) {
+        flow_of(mode, true)
+    }
+
+    /// `ordered`: one publisher's stored frames, put back in their order.
+    fn flow_of(mode: Mode, ordered: bool) -> (SinkFlow<Toy, u64>, Arc<AtomicU32>) {
         let mut rx = Receiver::new(
             STREAM,
             true,
             GroupKey::first([KEY; 32], RUN),
-            true,
+            ordered,
             // Long: these schedules hold a message back for seconds, and a gap given up
             // would skip its frame (the intake's tests cover that).
             Duration::from_secs(600),
@@ -826,6 +842,29 @@ mod tests {
             "{a:?}"
         );
         assert!(f.wants_input() && !f.is_done());
+    }
+
+    #[test]
+    fn an_end_of_a_run_the_stream_moved_on_from_ends_nothing() {
+        let now = Instant::now();
+        // Stored frames taken as they come (a round-robin member's): in one publisher's
+        // order, a late END is below the order and dropped already.
+        let (mut f, _) = flow_of(STORED_ONCE, false);
+        let newer = Run { id: 11, began: 2 };
+        f.handle_message(now, &frame_msg(0), Some((Some(1), 1)));
+        f.handle_message(
+            now,
+            &message(newer, 0, 3, &7u64.to_be_bytes()),
+            Some((Some(3), 3)),
+        );
+        let (_, got) = drive(&mut f, now, usize::MAX);
+        assert_eq!(got, [0, 7]);
+        // Run 10's END, stored before run 11 began, comes late (delivered again, or played
+        // by someone who names its place): it ends nothing now.
+        f.handle_message(now, &end_msg(1), Some((Some(2), 2)));
+        drive(&mut f, now, usize::MAX);
+        assert!(!f.is_done() && f.wants_input());
+        assert_eq!(f.counters().old_ends, 1);
     }
 
     #[test]
