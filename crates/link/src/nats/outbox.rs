@@ -164,6 +164,12 @@ pub struct Outbox<K> {
     /// subject with the same frame numbers).
     sender: Option<u64>,
     rotations: u32,
+    /// Message ids are an HMAC of what names the frame under a key derived from the run key
+    /// ([`Outbox::set_id_key`]): JetStream drops a publish whose id it already holds, on any
+    /// subject of the stream, and anyone who may publish could otherwise store messages under
+    /// the ids coming next and have genuine frames and ENDs dropped as copies (found by a
+    /// review: the run id, stream and frame number are in every record header).
+    id_key: Option<ring::hmac::Key>,
     /// Next subject sequence, per subject.
     wseq: HashMap<String, u64>,
     next_token: u64,
@@ -199,6 +205,7 @@ impl<K> Outbox<K> {
             stored,
             sender,
             rotations: 0,
+            id_key: None,
             wseq: HashMap::new(),
             next_token: 0,
             pending: BTreeMap::new(),
@@ -212,6 +219,18 @@ impl<K> Outbox<K> {
             retried: 0,
             republished: 0,
         }
+    }
+
+    /// Message ids from now on are hidden under a key derived from `run_key` (the one frames
+    /// are sealed under): the same frame gets the same id (a publish again is a copy to
+    /// JetStream), and nobody without the key can tell the next one.
+    pub fn set_id_key(&mut self, run_key: &[u8; 32]) {
+        let k = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, run_key);
+        let derived = ring::hmac::sign(&k, b"ndd nats message id v1");
+        self.id_key = Some(ring::hmac::Key::new(
+            ring::hmac::HMAC_SHA256,
+            derived.as_ref(),
+        ));
     }
 
     /// The run frames are sealed for.
@@ -279,6 +298,13 @@ impl<K> Outbox<K> {
         }
         if self.rotations > 0 {
             id.push_str(&format!("-k{}", self.rotations));
+        }
+        if let Some(k) = &self.id_key {
+            let tag = ring::hmac::sign(k, id.as_bytes());
+            id = tag.as_ref()[..16]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
         }
         self.recent.push(
             now,
@@ -548,6 +574,29 @@ mod tests {
             .all(|r| r.run == 0xab && r.began == 4 && &r.payload[..] == b"sealed"));
         assert!(p.iter().all(|p| p.id.is_none()));
         assert!(o.is_settled(), "core NATS waits for no acknowledgement");
+    }
+
+    #[test]
+    fn message_ids_under_the_run_key_are_stable_per_frame_and_tell_nothing() {
+        let t = Instant::now();
+        let ids = |key: Option<[u8; 32]>| -> Vec<String> {
+            let mut o: Outbox<()> = Outbox::new(3, RUN, true, Some(0x11), false);
+            if let Some(k) = key {
+                o.set_id_key(&k);
+            }
+            (0..3)
+                .map(|s| o.publish(t, "s.r", Some(1), frame(s)).unwrap())
+                .collect()
+        };
+        let plain = ids(None);
+        assert_eq!(plain[1], "ab-3-1-1-a11");
+        let hidden = ids(Some([5; 32]));
+        assert_eq!(hidden, ids(Some([5; 32])), "the same frame, the same id");
+        assert_ne!(hidden, ids(Some([6; 32])), "another key, other ids");
+        assert!(hidden
+            .iter()
+            .all(|i| i.len() == 32 && i.chars().all(|c| c.is_ascii_hexdigit())));
+        assert!(hidden.iter().all(|i| !plain.contains(i)));
     }
 
     #[test]

@@ -70,10 +70,12 @@ impl<S: RunSeal, K> Sender<S, K> {
         sender: Option<u64>,
         keep: bool,
     ) -> Result<Self, ModuleError> {
+        let mut outbox = Outbox::new(stream, keys.run, stored, sender, keep);
+        outbox.set_id_key(&keys.run_key());
         Ok(Sender {
             keys,
             seal: S::under(keys.run_key())?,
-            outbox: Outbox::new(stream, keys.run, stored, sender, keep),
+            outbox,
             out: Output::new(),
         })
     }
@@ -129,6 +131,7 @@ impl<S: RunSeal, K> Sender<S, K> {
             return Ok(Follow::Settle);
         }
         self.seal = S::under(keys.run_key())?;
+        self.outbox.set_id_key(&keys.run_key());
         self.keys = keys;
         Ok(Follow::Again(self.outbox.rotate(keys.run, after)))
     }
