@@ -19,6 +19,9 @@ pub(super) struct JoinService {
     pub(super) slots: Option<(std::path::PathBuf, Vec<(u16, String)>)>,
 }
 
+/// Join INITs a device side answers a second at most.
+const JOIN_INITS_PER_S: u32 = 100;
+
 impl JoinService {
     pub(super) async fn serve(mut self) -> Result<tokio::task::JoinHandle<Result<()>>> {
         let subject = self.ctx.subjects.join();
@@ -31,10 +34,24 @@ impl JoinService {
         Ok(tokio::spawn(async move {
             let mut host = Host::new(self.expiry);
             let mut logs = ndd_core::RateLimit::with_burst(Duration::from_secs(1), 5);
+            // Each INIT costs a key pair, an agreement and a signature, and anyone who may
+            // publish can send thousands: at most this many a second are answered (as the
+            // UDP link's 200); a FINISH needs an INIT answered before.
+            let mut inits =
+                ndd_core::RateLimit::with_burst(Duration::from_secs(1), JOIN_INITS_PER_S);
+            let mut flood = ndd_core::RateLimit::new(Duration::from_secs(10));
             while let Some(m) = sub.next().await {
                 let Some(reply) = m.reply.clone() else {
                     continue;
                 };
+                if ndd_link::nats::join::message_type(&m.payload) == Some(1)
+                    && inits.admit(Instant::now()).is_none()
+                {
+                    if let Some(n) = flood.admit(Instant::now()) {
+                        tracing::warn!(side = "device", suppressed = n, "more than {JOIN_INITS_PER_S} join requests a second on {subject}: the rest are not answered");
+                    }
+                    continue;
+                }
                 // Mid-rotation: an app side learns the new key with where it began.
                 let _ = self.key.wait_for(|k| k.since != SINCE_PENDING).await;
                 let answer = self.answer(&mut host, &m.payload, Instant::now());
