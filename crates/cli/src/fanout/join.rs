@@ -280,6 +280,8 @@ impl KeyFollower {
         // No stream may ask (a side without sink streams): then notices alone.
         let mut asking = true;
         let mut ignored = ndd_core::RateLimit::with_burst(Duration::from_secs(10), 1);
+        // The device says one every 2 s.
+        let mut checks = ndd_core::RateLimit::with_burst(Duration::from_secs(1), 50);
         // Who asked: answered once the next join is through.
         let mut waiting = Vec::new();
         loop {
@@ -294,9 +296,17 @@ impl KeyFollower {
                 },
                 n = notices.next() => {
                     let Some(m) = n else { return Ok(()) };
-                    let known = KnownPeers::load(&self.home);
+                    // Anyone may publish here: at most so many a second are checked (each a
+                    // signature), and known_peers is read only for one whose signature holds.
+                    if checks.admit(Instant::now()).is_none() {
+                        continue;
+                    }
+                    let known = std::cell::OnceCell::new();
                     let taken = self.follower.handle_notice(&m.payload, |fp| {
-                        known.as_ref().is_ok_and(|k| k.lookup(fp).is_some())
+                        known
+                            .get_or_init(|| KnownPeers::load(&self.home))
+                            .as_ref()
+                            .is_ok_and(|k| k.lookup(fp).is_some())
                     });
                     if let Err(why) = taken {
                         if let Some(more) = ignored.admit(Instant::now()) {
@@ -304,9 +314,9 @@ impl KeyFollower {
                                 0 => String::new(),
                                 n => format!(" ({n} more since the last warning)"),
                             };
-                            let known = match &known {
-                                Err(e) => format!("; cannot read known_peers: {e:#}"),
-                                Ok(_) => String::new(),
+                            let known = match known.get() {
+                                Some(Err(e)) => format!("; cannot read known_peers: {e:#}"),
+                                _ => String::new(),
                             };
                             tracing::warn!(side = "app", "ignored a rekey notice: {why}{known}{more}");
                         }
