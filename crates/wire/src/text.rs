@@ -35,8 +35,6 @@ pub fn printable_bytes(bytes: &[u8], max: usize) -> String {
     printable(&String::from_utf8_lossy(bytes), max)
 }
 
-/// Characters that change how the text around them shows without being seen: the
-/// bidirectional embeddings, overrides and isolates, zero-width joiners and marks.
 /// `text` with what could steer a terminal escaped (control characters other than newline
 /// and tab, and the invisible format characters), whole: for messages of this program's own
 /// that may carry words from the network or a broker (an error's chain), whose lines it keeps.
@@ -52,6 +50,8 @@ pub fn terminal_safe(text: &str) -> String {
     out
 }
 
+/// Characters that change how the text around them shows without being seen: the
+/// bidirectional embeddings, overrides and isolates, zero-width joiners and marks.
 fn is_format(c: char) -> bool {
     matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}')
 }

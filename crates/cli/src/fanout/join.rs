@@ -145,8 +145,9 @@ pub(super) fn log_admission(l: &AdmitLine) {
     }
 }
 
-/// The app side's join: retried while no device answers (unless `--once` and the connect
-/// timeout passed); a refusal or an untrusted device ends it.
+/// The app side's join: retried while no device side it trusts answers (unless `--once` and
+/// the connect timeout passed), an untrusted one said with the `ndd trust` line every 30 s;
+/// a refusal ends it.
 pub(super) async fn join(
     ctx: &Ctx,
     local: &LocalIdentity,
@@ -161,18 +162,26 @@ pub(super) async fn join(
     let subject = ctx.subjects.join();
     let mut backoff = Duration::from_millis(100);
     let mut said = false;
+    let mut untrusted_said = ndd_core::RateLimit::new(Duration::from_secs(30));
     loop {
         let attempt = join_once(ctx, local, hello, &opts.home, js, per_try);
         match attempt.await {
             Ok(final_answer) => return final_answer,
             Err(e) => {
+                let untrusted = e.downcast_ref::<UntrustedDevice>().is_some();
                 if opts.once && started.elapsed() >= give_up {
+                    let whom = if untrusted { " it trusts" } else { "" };
                     return Err(e.context(format!(
-                        "no device side answered on {subject} within {:.1} s",
+                        "no device side{whom} answered on {subject} within {:.1} s",
                         give_up.as_secs_f64()
                     )));
                 }
-                if !said && !ctx.quiet {
+                if untrusted {
+                    // What the user must do, whatever came before (and never quiet).
+                    if untrusted_said.admit(Instant::now()).is_some() {
+                        tracing::warn!(side = "app", "{e}; still trying");
+                    }
+                } else if !said && !ctx.quiet {
                     tracing::info!(
                         side = "app",
                         "waiting for the device side on {subject}: {e:#}"
@@ -192,10 +201,11 @@ pub(super) async fn join(
 /// (final), `Ok(Ok)` admitted: the admission, the device's name, and (with `js`) where its
 /// stored streams stood.
 ///
-/// An untrusted signer is not final: anyone who may publish on the server can answer a join
-/// with a reply signed by an identity of its own, and before, the first such answer ended
-/// the app side (found by a review). The side says so and asks again; the device it trusts
-/// answers too.
+/// An untrusted signer is [`UntrustedDevice`]: anyone who may publish on the server can
+/// answer a join with a reply signed by an identity of its own, and before, the first such
+/// answer ended the app side (found by a review). Every answer within the try is read, so the
+/// device side it trusts is taken when it answers too; [`join`] says the `ndd trust` line and
+/// asks again, a join to follow the key ends the side (the device is no longer trusted).
 pub(super) async fn join_once(
     ctx: &Ctx,
     local: &LocalIdentity,
@@ -225,10 +235,12 @@ pub(super) async fn join_once(
     .await;
     let (fp, finish) = match (taken, untrusted) {
         (Ok(x), _) => x,
-        (Err(_), Some(fp)) => bail!(
-            "refused an answer from an untrusted device side with fingerprint {fp} (on {subject}); if you trust it, run: ndd trust {fp} --home {}",
-            home.display()
-        ),
+        (Err(_), Some(fp)) => {
+            return Err(anyhow::Error::new(UntrustedDevice(format!(
+                "refused an answer from an untrusted device side with fingerprint {fp} (on {subject}); if you trust it, run: ndd trust {fp} --home {}",
+                home.display()
+            ))))
+        }
         (Err(e), None) => return Err(e),
     };
     let name = known.lookup(&fp).and_then(|t| t.name.clone()).unwrap_or(fp);
@@ -280,8 +292,10 @@ impl KeyFollower {
         // No stream may ask (a side without sink streams): then notices alone.
         let mut asking = true;
         let mut ignored = ndd_core::RateLimit::with_burst(Duration::from_secs(10), 1);
-        // The device says one every 2 s.
-        let mut checks = ndd_core::RateLimit::with_burst(Duration::from_secs(1), 50);
+        // The device says one every 2 s; a signature check costs some 50 µs, so a flood costs
+        // at most a tenth of a core (a flood larger still crowds genuine notices out: a side
+        // with sink streams also learns of a rotation from a frame that does not open).
+        let mut checks = ndd_core::RateLimit::with_burst(Duration::from_secs(1), 2000);
         // Who asked: answered once the next join is through.
         let mut waiting = Vec::new();
         loop {
@@ -354,6 +368,11 @@ impl KeyFollower {
                     "the device side changed its group key and no longer admits this side",
                 ))
             }
+            // Only an untrusted device side answered within the try (`ndd untrust` of the
+            // device here, or its identity changed): this side takes nothing more from it.
+            Err(e) if e.downcast_ref::<UntrustedDevice>().is_some() => {
+                return Err(e.context("this side no longer trusts the device side that answers"))
+            }
             Err(e) => {
                 tracing::debug!(
                     side = "app",
@@ -388,6 +407,18 @@ impl KeyFollower {
     }
 }
 
+/// Only a device side this side does not trust answered a join (the `ndd trust` line).
+#[derive(Debug)]
+pub(super) struct UntrustedDevice(String);
+
+impl std::fmt::Display for UntrustedDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UntrustedDevice {}
+
 /// Asks on `subject` and reads every answer for at most `limit` until `take` takes one.
 async fn answers<T>(
     ctx: &Ctx,
@@ -397,17 +428,24 @@ async fn answers<T>(
     mut take: impl FnMut(&[u8]) -> Option<T>,
 ) -> Result<T> {
     let deadline = tokio::time::Instant::now() + limit;
-    let inbox = ctx.client.new_inbox();
-    let mut sub = ctx
-        .client
-        .subscribe(inbox.clone())
-        .await
-        .map_err(|e| anyhow!("cannot subscribe to {inbox}: {e}"))?;
-    ctx.client
-        .publish_with_reply(subject.to_string(), inbox, body.into())
-        .await
-        .map_err(|e| anyhow!("join request on {subject}: {e}"))?;
-    let _ = ctx.client.flush().await;
+    let no_answer = || anyhow!("no answer within {:.1} s", limit.as_secs_f64());
+    // (Bounded as a whole: while the server is away the client waits to reconnect.) The
+    // subscription goes to the server before the question, on the same connection.
+    let mut sub = tokio::time::timeout_at(deadline, async {
+        let inbox = ctx.client.new_inbox();
+        let sub = ctx
+            .client
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| anyhow!("cannot subscribe to {inbox}: {e}"))?;
+        ctx.client
+            .publish_with_reply(subject.to_string(), inbox, body.into())
+            .await
+            .map_err(|e| anyhow!("join request on {subject}: {e}"))?;
+        Ok::<_, anyhow::Error>(sub)
+    })
+    .await
+    .map_err(|_| no_answer())??;
     let mut answered = false;
     loop {
         let Ok(m) = tokio::time::timeout_at(deadline, sub.next()).await else {

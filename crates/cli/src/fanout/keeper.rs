@@ -77,9 +77,12 @@ impl KeyKeeper {
             let changed = ctx.gate.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let (publishers, settled) = ctx.gate.counts();
-            self.keeper.handle_gate(publishers, settled);
-            while let Some(a) = self.keeper.poll(Instant::now()) {
+            // The count read again before each step: a rotation's Rotate starts it over.
+            while let Some(a) = {
+                let (publishers, settled) = ctx.gate.counts();
+                self.keeper.handle_gate(publishers, settled);
+                self.keeper.poll(Instant::now())
+            } {
                 if let Err(e) = self.act(&ctx, a).await {
                     if let Some(n) = said.admit(Instant::now()) {
                         let more = match n {
@@ -178,44 +181,66 @@ impl KeyKeeper {
 /// rotation began (their `SourceFlow` says so).
 #[derive(Default)]
 pub(super) struct RotationGate {
-    publishers: std::sync::atomic::AtomicUsize,
-    settled: std::sync::atomic::AtomicUsize,
+    /// (publishers, settled in this rotation, the rotation's number): one lock, so a
+    /// publisher that settled and then ended is taken out of both at once.
+    counts: Mutex<(usize, usize, u64)>,
     pub(super) changed: tokio::sync::Notify,
 }
 
 impl RotationGate {
     pub(super) fn join(self: &Arc<Self>) -> GateTicket {
-        self.publishers
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        GateTicket(self.clone())
-    }
-
-    pub(super) fn settled(&self) {
-        self.settled
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.changed.notify_waiters();
+        lock(&self.counts).0 += 1;
+        GateTicket {
+            gate: self.clone(),
+            settled_in: None,
+        }
     }
 
     /// A rotation begins: the count starts over.
-    fn begin(&self) {
-        self.settled.store(0, std::sync::atomic::Ordering::SeqCst);
+    pub(super) fn begin(&self) {
+        let mut c = lock(&self.counts);
+        c.1 = 0;
+        c.2 += 1;
     }
 
     /// Publishers, and those settled.
-    fn counts(&self) -> (usize, usize) {
-        use std::sync::atomic::Ordering::SeqCst;
-        (self.publishers.load(SeqCst), self.settled.load(SeqCst))
+    pub(super) fn counts(&self) -> (usize, usize) {
+        let c = lock(&self.counts);
+        (c.0, c.1)
     }
 }
 
-/// A reliable publisher's place in the [`RotationGate`], given back when it ends.
-pub(super) struct GateTicket(pub(super) Arc<RotationGate>);
+/// A reliable publisher's place in the [`RotationGate`], given back when it ends (and its
+/// settling with it: before, a publisher that settled and ended left its count behind, and
+/// the gate opened while another still had publishes under the old key in flight; found by a
+/// review).
+pub(super) struct GateTicket {
+    gate: Arc<RotationGate>,
+    /// The rotation this publisher last said it settled in.
+    settled_in: Option<u64>,
+}
+
+impl GateTicket {
+    /// Everything this publisher sealed under the old key is stored.
+    pub(super) fn settled(&mut self) {
+        let mut c = lock(&self.gate.counts);
+        if self.settled_in != Some(c.2) {
+            self.settled_in = Some(c.2);
+            c.1 += 1;
+        }
+        drop(c);
+        self.gate.changed.notify_waiters();
+    }
+}
 
 impl Drop for GateTicket {
     fn drop(&mut self) {
-        self.0
-            .publishers
-            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-        self.0.changed.notify_waiters();
+        let mut c = lock(&self.gate.counts);
+        c.0 -= 1;
+        if self.settled_in == Some(c.2) {
+            c.1 -= 1;
+        }
+        drop(c);
+        self.gate.changed.notify_waiters();
     }
 }

@@ -237,8 +237,8 @@ impl Publisher {
                 .map_err(|e| self.err(e))?;
             self.transmit().await?;
             if self.flow.poll_gate() {
-                if let Some(g) = &self.gate {
-                    g.0.settled();
+                if let Some(g) = &mut self.gate {
+                    g.settled();
                 }
             }
             if self.flow.poll_flush() {

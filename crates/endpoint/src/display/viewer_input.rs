@@ -157,6 +157,8 @@ impl ViewerInput {
 
     /// The window lost the keyboard: what is held is released.
     pub(crate) fn keyboard_left(&mut self) {
+        // (The lock's G, if still down, is forgotten: a later G's release must go.)
+        self.toggle_held = false;
         let keys: Vec<u16> = self
             .held
             .iter()
@@ -473,5 +475,13 @@ mod tests {
         v.modifiers(LOCK_MODS, 0, 0, 0);
         v.key(KEY_G, true);
         assert_eq!(v.take_lock_wanted(), Some(false));
+        // The window loses the keyboard before that G comes up: a later plain g goes whole
+        // (its release is not taken for the combination's).
+        v.keyboard_left();
+        v.take();
+        v.modifiers(0, 0, 0, 0);
+        v.key(KEY_G, true);
+        v.key(KEY_G, false);
+        assert_eq!(events(&v.take()), vec![(EV_KEY, 34, 1), (EV_KEY, 34, 0)]);
     }
 }

@@ -70,11 +70,14 @@ pub struct Line {
     pub suppressed: u64,
 }
 
+/// What a [`Ready`] body begins with: its kind and format.
+const READY_TAG: &[u8] = b"NR\x01";
+
 /// The most bytes of a fingerprint a [`Ready`] carries.
 pub const READY_FINGERPRINT_MAX: usize = 128;
 
 /// An app side's ready heartbeat, the body the caller seals under the run key:
-/// `process (u64 BE) ‖ count (u64 BE) ‖ fingerprint (UTF-8, at most`
+/// `"NR" 1 ‖ process (u64 BE) ‖ count (u64 BE) ‖ fingerprint (UTF-8, at most`
 /// [`READY_FINGERPRINT_MAX`] `bytes)`. (Join version 8; before, the fingerprint alone.)
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ready {
@@ -91,7 +94,8 @@ pub struct Ready {
 impl Ready {
     /// The body.
     pub fn emit(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(16 + self.fingerprint.len());
+        let mut b = Vec::with_capacity(READY_TAG.len() + 16 + self.fingerprint.len());
+        b.extend_from_slice(READY_TAG);
         b.extend_from_slice(&self.process.to_be_bytes());
         b.extend_from_slice(&self.count.to_be_bytes());
         b.extend_from_slice(self.fingerprint.as_bytes());
@@ -100,6 +104,7 @@ impl Ready {
 
     /// Reads a body; `None` unless it is one.
     pub fn parse(b: &[u8]) -> Option<Ready> {
+        let b = b.strip_prefix(READY_TAG)?;
         let (process, rest) = b.split_first_chunk::<8>()?;
         let (count, fp) = rest.split_first_chunk::<8>()?;
         if fp.is_empty() || fp.len() > READY_FINGERPRINT_MAX {
@@ -638,14 +643,19 @@ mod tests {
     fn a_ready_body_reads_back_and_anything_else_is_refused() {
         let b = beat("SHA256:abc", 7, 3);
         assert_eq!(Ready::parse(&b.emit()), Some(b));
-        assert_eq!(Ready::parse(b"SHA256:abc"), None, "the earlier body");
-        assert_eq!(Ready::parse(&[0; 16]), None, "no fingerprint");
-        let mut long = vec![0; 16];
-        long.extend_from_slice(&[b'a'; READY_FINGERPRINT_MAX + 1]);
-        assert_eq!(Ready::parse(&long), None);
-        let mut bad = vec![0; 16];
-        bad.extend_from_slice(&[0xff, 0xfe]);
-        assert_eq!(Ready::parse(&bad), None, "not UTF-8");
+        assert_eq!(
+            Ready::parse(b"SHA256:NRVErCYXAxUNmJUzcdV+m3XydGbJzvqEGtNg+Dbdrd4"),
+            None,
+            "the earlier body (a fingerprint alone)"
+        );
+        let body = |rest: &[u8]| [READY_TAG, &[0; 16], rest].concat();
+        assert_eq!(Ready::parse(&body(b"")), None, "no fingerprint");
+        assert_eq!(
+            Ready::parse(&body(&[b'a'; READY_FINGERPRINT_MAX + 1])),
+            None
+        );
+        assert_eq!(Ready::parse(&body(&[0xff, 0xfe])), None, "not UTF-8");
+        assert!(Ready::parse(&body(b"x")).is_some());
     }
 
     #[test]

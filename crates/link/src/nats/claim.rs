@@ -56,8 +56,25 @@ pub fn check_claim(
     trusted: impl Fn(&str) -> bool,
 ) -> Result<String, String> {
     let shown = |b: &[u8]| ndd_wire::text::printable_bytes(b, 80);
-    let (body, fp) = crate::seal::open_note(note, label)
-        .map_err(|e| format!("not a signed claim of a device side ({e}): {}", shown(note)))?;
+    let (body, fp) = match crate::seal::open_note(note, label) {
+        Ok(x) => x,
+        Err(e) => {
+            // A device side of an ndd before claim v2 (join version 8) signs no question:
+            // said for what it is, not counted (it cannot be told from a recording).
+            let v1 = String::from_utf8_lossy(label).replacen(" claim v2 ", " claim v1 ", 1);
+            if let Ok((_, fp)) = crate::seal::open_note(note, v1.as_bytes()) {
+                if trusted(&fp) {
+                    return Err(format!(
+                        "a device side of an earlier ndd (signed by {fp}) answers; it cannot be told from a recording: if it serves this driver, stop it or update it"
+                    ));
+                }
+            }
+            return Err(format!(
+                "not a signed claim of a device side ({e}): {}",
+                shown(note)
+            ));
+        }
+    };
     if !trusted(&fp) {
         return Err(format!(
             "signed by {fp}, which is neither this install nor in known_peers"
@@ -234,6 +251,15 @@ mod tests {
             .handle_answer(&note, trusted)
             .unwrap_err()
             .contains("for another question (played again?)"));
+        // A device side of an earlier ndd (claim v1: no question signed) is said for what it
+        // is, and not counted.
+        let v1 = format!("ndd nats device claim v1 {}", subjects.device());
+        let note = me.sign_note(v1.as_bytes(), b"run 1").unwrap();
+        assert!(c
+            .handle_answer(&note, trusted)
+            .unwrap_err()
+            .contains("a device side of an earlier ndd"));
+        assert_eq!(answer_body(b"", b"x"), None, "an earlier ndd's question");
         assert_eq!(c.poll(t0 + ROUND), Step::Serve);
         assert_eq!(c.poll(t0 + ROUND * 10), Step::Serve);
     }
