@@ -643,3 +643,98 @@ fn the_wayland_window_shows_updates_scaled_to_the_window() {
     );
     drop(tx);
 }
+
+/// HiDPI: on an output at scale 2 the viewer's window is sized in logical pixels and shows
+/// the remote screen with every physical pixel (wp_viewporter's destination is logical): a
+/// 1280×960 screen in a fullscreen window on a 1280×960 output at scale 2 (640×480 logical)
+/// is shown pixel for pixel — a one-pixel checkerboard comes through as it is, where a window
+/// sized in physical pixels would be scaled (and the checkerboard a grey).
+#[test]
+fn on_a_scale_2_output_the_viewer_shows_the_screen_pixel_for_pixel() {
+    if let Some(m) = missing(&["sway", "grim", "swaymsg", "setpriv"]) {
+        println!("SKIPPED: needs {m} ({APT})");
+        return;
+    }
+    let sway = Sway::start_with(
+        "hidpi",
+        1280,
+        960,
+        "#000000",
+        "output HEADLESS-1 scale 2\nfor_window [app_id=\"ndd\"] fullscreen enable\n",
+    )
+    .expect("headless sway");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let cfg = ndd_endpoint::SinkConfig::WaylandWindow(ndd_endpoint::WaylandWindowConfig {
+        display: sway.socket.display().to_string(),
+        title: "ndd hidpi".into(),
+    });
+    let (tx, rx) = mpsc::channel::<Frame>(4);
+    let _task = rt.block_on(async { cfg.spawn(rx) }).expect("sink starts");
+    let (w, h) = (1280u16, 960u16);
+    // A one-pixel checkerboard of white and black over the whole screen.
+    let mut pixels = Vec::with_capacity(usize::from(w) * usize::from(h) * 4);
+    for y in 0..h {
+        for x in 0..w {
+            let v = if (x + y) % 2 == 0 { 0xff } else { 0x00 };
+            pixels.extend_from_slice(&[v, v, v, 0]);
+        }
+    }
+    let update = Update {
+        header: ndd_endpoint::display::UpdateHeader {
+            width: w,
+            height: h,
+            format: PixelFormat::Bgrx32,
+            flags: 0,
+        },
+        rects: vec![ndd_endpoint::display::RectPixels {
+            rect: ndd_endpoint::Rect::new(0, 0, w, h),
+            encoding: ndd_endpoint::display::Encoding::Raw,
+            pixels: &pixels,
+        }],
+    }
+    .emit()
+    .unwrap();
+    let f = Frame::new(
+        ndd_core::Meta {
+            stream: 1,
+            seq: 1,
+            timestamp_ns: 0,
+            flags: 0,
+        },
+        &update,
+    );
+    rt.block_on(tx.send(f)).unwrap();
+    // The middle 200×200 of the output, as grim takes it (physical pixels).
+    let checker = |shot: &(usize, usize, Vec<u8>)| -> (usize, usize) {
+        let (sw, sh, px) = shot;
+        let (mut exact, mut all) = (0, 0);
+        for y in sh / 2 - 100..sh / 2 + 100 {
+            for x in sw / 2 - 100..sw / 2 + 100 {
+                let p = px[(y * sw + x) * 3];
+                let want = if (x + y) % 2 == 0 { 0xff } else { 0x00 };
+                all += 1;
+                exact += usize::from(p.abs_diff(want) <= 8);
+            }
+        }
+        (exact, all)
+    };
+    let t0 = Instant::now();
+    loop {
+        let shot = sway.grim().expect("grim");
+        let (exact, all) = checker(&shot);
+        if (shot.0, shot.1) == (1280, 960) && exact == all {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "grim took {}x{}; {exact} of {all} pixels of the middle are the checkerboard's",
+            shot.0,
+            shot.1
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
