@@ -589,6 +589,52 @@ fn framebuffer_sink_file_equals_the_app_screen() {
     std::fs::remove_file(&path).unwrap();
 }
 
+/// HiDPI on X11: a viewer display whose resources say `Xft.dpi: 192` (as a desktop sets it for
+/// a HiDPI screen) shows the app's screen at twice its size, scaled, so its text is as large
+/// as the person's own; `scale = 1` keeps it at its own size.
+#[test]
+fn a_hidpi_viewer_display_shows_the_screen_at_its_scale() {
+    if let Some(m) = missing(&["Xvfb", "xsetroot", "xrdb"]) {
+        println!("SKIPPED: needs {m} ({APT})");
+        return;
+    }
+    let app = xvfb("320x240x24");
+    let dev = xvfb("1024x768x24");
+    app.call("xsetroot", &["-solid", "#336699"]);
+    let dpi = std::env::temp_dir().join(format!("ndd-hidpi-{}.xrdb", std::process::id()));
+    std::fs::write(&dpi, "Xft.dpi: 192\n").unwrap();
+    dev.call("xrdb", &["-merge", dpi.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&dpi);
+    let d = dev.connect();
+    let size_of = |title: &str| {
+        window_named(&d, title)
+            .and_then(|w| d.get_geometry(w).ok()?.reply().ok())
+            .map(|g| (g.width, g.height))
+    };
+    let p = Pipeline::start(
+        screen_source(&app.display),
+        window_sink(&dev.display, "hidpi auto"),
+    );
+    wait_for(
+        "the window at twice the screen",
+        Duration::from_secs(20),
+        || size_of("hidpi auto") == Some((640, 480)),
+    );
+    drop(p);
+    let one = SinkConfig::X11Window(X11WindowConfig {
+        display: dev.display.clone(),
+        title: "hidpi 1x".into(),
+        scale: ndd_endpoint::display::ViewScale::Hundredths(100),
+        ..X11WindowConfig::default()
+    });
+    let _p = Pipeline::start(screen_source(&app.display), one);
+    wait_for(
+        "the window at the screen's own size",
+        Duration::from_secs(20),
+        || size_of("hidpi 1x") == Some((320, 240)),
+    );
+}
+
 #[test]
 fn the_viewer_window_is_an_input_source() {
     if let Some(m) = missing(&["Xvfb", "xsetroot", "xdotool"]) {

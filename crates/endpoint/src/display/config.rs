@@ -82,6 +82,74 @@ pub struct X11WindowConfig {
     /// asks the app side to give its screen the window's size (RandR), as RDP and xpra do.
     #[serde(default, skip_serializing_if = "Resize::is_scale")]
     pub resize: Resize,
+    /// HiDPI: how many of this display's pixels one of the app's screen takes at first
+    /// (`auto`: the display's `Xft.dpi` / 96, as desktops set it for a HiDPI screen; 1 when
+    /// unset). The window still fits this display's screen.
+    #[serde(default, skip_serializing_if = "ViewScale::is_auto")]
+    pub scale: ViewScale,
+}
+
+/// `x11-window`'s `scale`: `"auto"` or a factor from 1 to 4.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "ViewScaleRepr", into = "ViewScaleRepr")]
+pub enum ViewScale {
+    /// From the display's `Xft.dpi`.
+    #[default]
+    Auto,
+    /// This factor, in hundredths (100 to 400).
+    Hundredths(u16),
+}
+
+impl ViewScale {
+    fn is_auto(&self) -> bool {
+        *self == ViewScale::Auto
+    }
+
+    /// The factor given, if any.
+    pub fn factor(&self) -> Option<f64> {
+        match self {
+            ViewScale::Auto => None,
+            ViewScale::Hundredths(h) => Some(f64::from(*h) / 100.0),
+        }
+    }
+}
+
+/// How `scale` is written: a word or a number.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ViewScaleRepr {
+    /// `"auto"`.
+    Word(String),
+    /// A factor.
+    Number(f64),
+}
+
+impl TryFrom<ViewScaleRepr> for ViewScale {
+    type Error = String;
+
+    fn try_from(r: ViewScaleRepr) -> Result<ViewScale, String> {
+        match r {
+            ViewScaleRepr::Word(w) if w == "auto" => Ok(ViewScale::Auto),
+            ViewScaleRepr::Number(f) if (1.0..=4.0).contains(&f) => {
+                Ok(ViewScale::Hundredths((f * 100.0).round() as u16))
+            }
+            ViewScaleRepr::Word(w) => Err(format!(
+                "scale = {w:?}: give \"auto\" or a number from 1 to 4"
+            )),
+            ViewScaleRepr::Number(f) => Err(format!(
+                "scale = {f}: give \"auto\" or a number from 1 to 4"
+            )),
+        }
+    }
+}
+
+impl From<ViewScale> for ViewScaleRepr {
+    fn from(s: ViewScale) -> ViewScaleRepr {
+        match s {
+            ViewScale::Auto => ViewScaleRepr::Word("auto".into()),
+            ViewScale::Hundredths(h) => ViewScaleRepr::Number(f64::from(h) / 100.0),
+        }
+    }
 }
 
 /// `wayland-window` sink parameters.
@@ -130,6 +198,7 @@ impl Default for X11WindowConfig {
             display: default_display(),
             title: default_window_title(),
             resize: Resize::Scale,
+            scale: ViewScale::Auto,
         }
     }
 }

@@ -44,8 +44,8 @@ pub(crate) use crate::common::no_wayland::{
     spawn_wayland_window_sink, take_viewer_input,
 };
 pub use config::{
-    FramebufferConfig, WaylandScreenConfig, WaylandWindowConfig, X11CursorSinkConfig,
-    X11CursorSourceConfig, X11ScreenConfig, X11WindowConfig,
+    FramebufferConfig, Resize, ViewScale, WaylandScreenConfig, WaylandWindowConfig,
+    X11CursorSinkConfig, X11CursorSourceConfig, X11ScreenConfig, X11WindowConfig,
 };
 pub(crate) use cursor::{spawn_x11_cursor_sink, spawn_x11_cursor_source};
 pub use ndd_wire::display::*;

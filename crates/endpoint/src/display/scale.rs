@@ -22,6 +22,26 @@ pub fn fit(w: u16, h: u16, sw: u16, sh: u16) -> (u16, u16) {
     (s(w), s(h))
 }
 
+/// HiDPI: the factor a display's X resources ask for (`Xft.dpi` / 96, what desktops set for
+/// a HiDPI screen), to the nearest quarter, from 1 to 4; 1 without one.
+pub fn dpi_scale(resources: &str) -> f64 {
+    let dpi = resources.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        (k.trim() == "Xft.dpi").then(|| v.trim().parse::<f64>().ok())?
+    });
+    match dpi {
+        Some(d) if d.is_finite() && d > 0.0 => ((d / 96.0 * 4.0).round() / 4.0).clamp(1.0, 4.0),
+        _ => 1.0,
+    }
+}
+
+/// `v` pixels at `factor` (at most `u16::MAX`).
+pub fn scaled(v: u16, factor: f64) -> u16 {
+    (f64::from(v) * factor)
+        .round()
+        .clamp(1.0, f64::from(u16::MAX)) as u16
+}
+
 /// The part of a `dw`×`dh` window whose pixels depend on `r` of a `sw`×`sh` image (a pixel
 /// reads the source pixels under it, and bilinear ones a neighbour more).
 pub fn window_rect(r: Rect, sw: u16, sh: u16, dw: u16, dh: u16) -> Option<Rect> {
@@ -163,6 +183,20 @@ pub fn scale_into(src: &[u8], sw: u16, sh: u16, dst: &mut [u8], dw: u16, dh: u16
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hidpi_factor_comes_from_xft_dpi_to_the_nearest_quarter() {
+        assert_eq!(dpi_scale("Xft.dpi:\t192\nXft.antialias:\t1\n"), 2.0);
+        assert_eq!(dpi_scale("Xcursor.size: 48\nXft.dpi: 144\n"), 1.5);
+        assert_eq!(dpi_scale("Xft.dpi:\t120"), 1.25);
+        assert_eq!(dpi_scale("Xft.dpi: 96"), 1.0);
+        assert_eq!(dpi_scale("Xft.dpi: 72"), 1.0, "never below 1");
+        assert_eq!(dpi_scale("Xft.dpi: 1000"), 4.0, "never above 4");
+        assert_eq!(dpi_scale("Xft.dpi: lots"), 1.0);
+        assert_eq!(dpi_scale(""), 1.0);
+        assert_eq!(scaled(320, 2.0), 640);
+        assert_eq!(scaled(40000, 2.0), u16::MAX);
+    }
 
     #[test]
     fn a_screen_that_fits_is_shown_as_it_is_and_a_larger_one_keeps_its_shape() {

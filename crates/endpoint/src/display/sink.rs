@@ -112,6 +112,8 @@ pub(crate) struct X11WindowSink {
     shm: bool,
     /// `resize = "remote"`: resizing the window asks the app's screen to follow.
     remote: bool,
+    /// HiDPI: this display's pixels per pixel of the app's screen, at first.
+    hidpi: f64,
 }
 
 impl std::fmt::Debug for X11WindowSink {
@@ -127,14 +129,47 @@ fn open_x11_window(
 ) -> Result<X11WindowSink, EndpointError> {
     let (conn, screen_num) = x11_connect(endpoint, &c.display)?;
     let screen = check_screen(endpoint, &c.display, &conn, screen_num)?;
+    let remote = c.resize == super::config::Resize::Remote;
+    // (With `resize = "remote"` the app's screen takes the window's size in pixels.)
+    let hidpi = match (remote, c.scale.factor()) {
+        (true, _) => 1.0,
+        (false, Some(f)) => f,
+        (false, None) => scale::dpi_scale(&x_resources(&conn, screen.root)),
+    };
+    if hidpi != 1.0 {
+        tracing::info!(
+            endpoint,
+            display = %c.display,
+            scale = hidpi,
+            "HiDPI: each pixel of the app's screen is shown {hidpi} of this display's wide"
+        );
+    }
     Ok(X11WindowSink {
         conn: Arc::new(conn),
         display: c.display.clone(),
         title: c.title.clone(),
         screen,
         shm: !shm_disabled(),
-        remote: c.resize == super::config::Resize::Remote,
+        remote,
+        hidpi,
     })
+}
+
+/// The display's X resources (`RESOURCE_MANAGER` on the root window, as `xrdb` sets them);
+/// empty when there are none.
+fn x_resources(conn: &RustConnection, root: u32) -> String {
+    conn.get_property(
+        false,
+        root,
+        xproto::AtomEnum::RESOURCE_MANAGER,
+        xproto::AtomEnum::STRING,
+        0,
+        1 << 16,
+    )
+    .ok()
+    .and_then(|c| c.reply().ok())
+    .map(|r| String::from_utf8_lossy(&r.value).into_owned())
+    .unwrap_or_default()
 }
 
 /// Where the window's pixels are kept: in a segment the server reads (MIT-SHM), or in this
@@ -193,6 +228,8 @@ struct View {
     remote: bool,
     /// The window was sized to the app's screen once (with `remote`, only the first time).
     sized: bool,
+    /// HiDPI: the window's first size is the app's screen at this factor.
+    hidpi: f64,
     use_shm: bool,
     max_put_bytes: usize,
     /// While the link is down: the image as it was (the store holds it dimmed).
@@ -243,7 +280,12 @@ impl View {
             return self.window_size(self.win_width, self.win_height);
         }
         self.sized = true;
-        let (ww, wh) = scale::fit(width, height, self.screen.0, self.screen.1);
+        let (ww, wh) = scale::fit(
+            scale::scaled(width, self.hidpi),
+            scale::scaled(height, self.hidpi),
+            self.screen.0,
+            self.screen.1,
+        );
         self.conn.configure_window(
             self.win,
             &xproto::ConfigureWindowAux::new()
@@ -631,6 +673,7 @@ fn create_view(s: &X11WindowSink) -> Result<View, XFail> {
         screen: (s.screen.width_in_pixels, s.screen.height_in_pixels),
         remote: s.remote,
         sized: false,
+        hidpi: s.hidpi,
         use_shm: s.shm,
         max_put_bytes,
         dimmed: None,

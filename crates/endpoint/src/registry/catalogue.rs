@@ -347,6 +347,8 @@ pub const SINKS: &[EndpointInfo] = &[
         params: &[
             ("display", "string", ":0", "the X display the person looks at, e.g. :0"),
             ("title", "string", "ndd display", "the window's title (WM_NAME)"),
+            ("resize", "scale | remote", "scale", "resizing the window: scale shows the app's screen scaled to it; remote asks the app side for the window's size (RandR)"),
+            ("scale", "auto | number 1..4", "auto", "HiDPI: the window's first size is the app's screen at this factor (auto: the display's Xft.dpi / 96)"),
         ],
     },
     EndpointInfo {

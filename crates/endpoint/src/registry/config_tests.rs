@@ -131,7 +131,11 @@ fn catalogue_params_match_the_config_keys() {
         SinkConfig::Uinput(UinputConfig::default()),
         SinkConfig::Xtest(XtestConfig::default()),
         SinkConfig::WaylandInput(crate::input::WaylandInputConfig::default()),
-        SinkConfig::X11Window(X11WindowConfig::default()),
+        SinkConfig::X11Window(X11WindowConfig {
+            resize: crate::display::Resize::Remote,
+            scale: crate::display::ViewScale::Hundredths(200),
+            ..X11WindowConfig::default()
+        }),
         SinkConfig::WaylandWindow(crate::display::WaylandWindowConfig::default()),
         SinkConfig::Framebuffer(FramebufferConfig {
             path: "/dev/fb0".into(),
@@ -228,6 +232,17 @@ fn defaults_are_the_documented_ones() {
     let c: SinkConfig = parse(r#"{ type = "x11-window" }"#).unwrap();
     assert_eq!(c, SinkConfig::X11Window(X11WindowConfig::default()));
     assert_eq!(c.describe(), "x11-window(display=:0, title=ndd display)");
+    let c: SinkConfig = parse(r#"{ type = "x11-window", scale = 1.5 }"#).unwrap();
+    assert!(
+        matches!(c, SinkConfig::X11Window(ref w) if w.scale.factor() == Some(1.5)),
+        "{c:?}"
+    );
+    for bad in [r#""big""#, "0.5", "9"] {
+        let e = parse::<SinkConfig>(&format!(r#"{{ type = "x11-window", scale = {bad} }}"#))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("give \"auto\" or a number from 1 to 4"), "{e}");
+    }
     let c: SourceConfig = parse(r#"{ type = "x11-input" }"#).unwrap();
     assert_eq!(c.describe(), "x11-input(display=:0, window=create)");
 }
