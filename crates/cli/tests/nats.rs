@@ -830,20 +830,13 @@ fn reliable_app_to_device_frames_wait_in_jetstream_while_the_device_is_away() {
     assert!(dups < 64, "{dups} duplicates");
 }
 
-#[test]
-fn a_split_slot_is_free_again_once_its_app_side_left() {
-    if !nats_or_skip() {
-        return;
-    }
-    let dir = Dir::new("nats-slots");
-    let nats = Nats::start("slots", &[]);
-    let (dev, apps) = homes_n(&dir.0, 3);
-    let cfg = write(
-        &dir.0,
+/// `slots.toml` in `dir`: a lossy stream split between two app sides (heartbeats every 300 ms).
+fn split_config(dir: &Path, url: &str) -> PathBuf {
+    write(
+        dir,
         "slots.toml",
         &format!(
-            "driver = \"slots\"\n[link]\ntransport = \"nats\"\nkeepalive_timeout_ms = 1500\nping_interval_ms = 300\n[link.nats]\nservers = [\"{}\"]\n{}",
-            nats.url(),
+            "driver = \"slots\"\n[link]\ntransport = \"nats\"\nkeepalive_timeout_ms = 1500\nping_interval_ms = 300\n[link.nats]\nservers = [\"{url}\"]\n{}",
             r#"
 [[stream]]
 name = "bands"
@@ -854,7 +847,18 @@ sink = { type = "null" }
 stack = [{ type = "multiplex", mode = "split", parts = 2 }]
 "#
         ),
-    );
+    )
+}
+
+#[test]
+fn a_split_slot_is_free_again_once_its_app_side_left() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-slots");
+    let nats = Nats::start("slots", &[]);
+    let (dev, apps) = homes_n(&dir.0, 3);
+    let cfg = split_config(&dir.0, &nats.url());
     let d = side(&cfg, "device", &dev, &[]);
     let a0 = side(&cfg, "app", &apps[0], &[]);
     wait_for("app 0 joined", WAIT, || {
@@ -903,23 +907,7 @@ fn a_restarted_device_side_gives_each_app_side_its_split_slot_back() {
     let dir = Dir::new("nats-slots-restart");
     let nats = Nats::start("slots-restart", &[]);
     let (dev, apps) = homes_n(&dir.0, 2);
-    let cfg = write(
-        &dir.0,
-        "slots.toml",
-        &format!(
-            "driver = \"slots\"\n[link]\ntransport = \"nats\"\nkeepalive_timeout_ms = 1500\nping_interval_ms = 300\n[link.nats]\nservers = [\"{}\"]\n{}",
-            nats.url(),
-            r#"
-[[stream]]
-name = "bands"
-direction = "device-to-app"
-reliability = "lossy"
-source = { type = "synthetic", size = 100, interval_ms = 20.0, seed = 2 }
-sink = { type = "null" }
-stack = [{ type = "multiplex", mode = "split", parts = 2 }]
-"#
-        ),
-    );
+    let cfg = split_config(&dir.0, &nats.url());
     let d = side(&cfg, "device", &dev, &[]);
     let mut a0 = side(&cfg, "app", &apps[0], &[]);
     wait_for("app 0 joined", WAIT, || {

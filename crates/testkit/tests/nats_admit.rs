@@ -41,6 +41,18 @@ fn hello(side: Side, driver: &str) -> HelloRepr {
     }
 }
 
+/// A device side's admission rules with `slots` split slots.
+fn device(slots: u16) -> Admitter {
+    Admitter::new(
+        hello(Side::Device, "d"),
+        "dev",
+        "/h",
+        slots,
+        GONE_AFTER,
+        true,
+    )
+}
+
 struct Side_ {
     fp: String,
     trusted: bool,
@@ -61,14 +73,7 @@ fn run(seed: u64) -> Result<String, String> {
     let t0 = Instant::now();
     let slots = rng.range(0, 4) as u16;
     let n = rng.range(2, 8) as usize;
-    let mut a = Admitter::new(
-        hello(Side::Device, "d"),
-        "dev",
-        "/h",
-        slots,
-        GONE_AFTER,
-        true,
-    );
+    let mut a = device(slots);
     let agreeing = OwnedMessage::Hello(hello(Side::App, "d"))
         .as_message()
         .emit_to_vec()
@@ -109,14 +114,7 @@ fn run(seed: u64) -> Result<String, String> {
             if bad > 0 {
                 return Err(format!("step {step}: the slots file did not read back"));
             }
-            a = Admitter::new(
-                hello(Side::Device, "d"),
-                "dev",
-                "/h",
-                slots,
-                GONE_AFTER,
-                true,
-            );
+            a = device(slots);
             a.restore(now, &held);
             for s in sides.iter_mut() {
                 let kept = held.iter().find(|(_, f)| *f == s.fp).map(|(sl, _)| *sl);
