@@ -1803,6 +1803,90 @@ fn a_join_answered_first_by_a_stranger_still_joins_the_trusted_device_side() {
     assert!(answering.join().unwrap() >= 1, "the stranger answered");
 }
 
+/// Anyone who may publish can store messages on the driver's JetStream subjects with the
+/// message ids a source's next publishes would carry (JetStream drops a publish whose id it
+/// holds, on any of the stream's subjects). With ids as they were (`run-stream-frame-part`,
+/// all readable in every record's header) the genuine frames were dropped as copies; the ids
+/// are keyed now, and the stream is exact.
+#[test]
+fn messages_stored_under_predicted_ids_drop_no_genuine_frame() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-squat");
+    let nats = Nats::start("squat", &[]);
+    let (dev, apps) = homes_n(&dir.0, 1);
+    let m = 600u64;
+    let out = dir.0.join("down.bin");
+    let cfg = stream_to_file_as(
+        &dir.0,
+        "squat.toml",
+        "squat",
+        &nats.url(),
+        "device-to-app",
+        (100, 5.0, m, 13),
+        &out,
+    );
+    // The squatter reads a record's header off the wire and stores junk under the ids of the
+    // frames to come, as the ids were made before.
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", nats.port)).unwrap();
+    s.write_all(b"CONNECT {\"verbose\":false,\"headers\":true}\r\nSUB ndd.squat.r.> 1\r\nPING\r\n")
+        .unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let d = side(&cfg, "device", &dev, &["--once"]);
+    let a = side(&cfg, "app", &apps[0], &["--once"]);
+    let mut line = String::new();
+    let header = loop {
+        line.clear();
+        assert!(r.read_line(&mut line).unwrap() > 0, "the server closed");
+        if line.starts_with("PING") {
+            s.write_all(b"PONG\r\n").unwrap();
+        }
+        let w: Vec<&str> = line.split_whitespace().collect();
+        if w.first() == Some(&"MSG") || w.first() == Some(&"HMSG") {
+            let n: usize = w.last().unwrap().parse().unwrap();
+            let mut body = vec![0; n + 2];
+            r.read_exact(&mut body).unwrap();
+            let skip = if w[0] == "HMSG" {
+                w[w.len() - 2].parse().unwrap()
+            } else {
+                0
+            };
+            body.truncate(n);
+            if let Some(rec) =
+                ndd_link::nats::record::FrameRecord::parse(&body[skip..].to_vec().into())
+            {
+                break rec;
+            }
+        }
+    };
+    let mut junk = Vec::new();
+    for seq in header.seq + 5..m + 5 {
+        let h = format!(
+            "NATS/1.0\r\nNats-Msg-Id: {:x}-{}-{seq}-\r\n\r\n",
+            header.run, header.stream
+        );
+        junk.extend_from_slice(
+            format!(
+                "HPUB ndd.squat.r.junk {} {}\r\n{h}x\r\n",
+                h.len(),
+                h.len() + 1
+            )
+            .as_bytes(),
+        );
+    }
+    s.write_all(&junk).unwrap();
+    s.write_all(b"PING\r\n").unwrap();
+    let (st, _, aerr) = a.finish();
+    assert!(st.success(), "app: {aerr}");
+    drop(d);
+    let got = seeded_frames_in(&out, &[13], m);
+    let (next, dups, lost) = order(got.iter().map(|f| f.1));
+    assert_eq!(next, m, "every frame: {aerr}");
+    assert!(lost.is_empty(), "lost: {lost:?}");
+    assert_eq!(dups, 0);
+}
+
 /// Every JetStream consumer of the driver deleted mid-stream (by anyone with the JetStream
 /// API, or a status on a pull's inbox saying so): each side attaches again where it
 /// acknowledged last, and the reliable stream is exact. Before, a sink took the end of its
