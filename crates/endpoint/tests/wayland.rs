@@ -466,10 +466,18 @@ fn the_clipboard_goes_both_ways_and_an_x11_side_shares_it() {
 
 /// A display update of a `w`×`h` screen: `rects` of solid colours (`[r, g, b]`).
 fn solid_update(w: u16, h: u16, rects: &[(ndd_endpoint::Rect, [u8; 3])]) -> Vec<u8> {
-    let pixels: Vec<Vec<u8>> = rects
+    let pixels: Vec<(ndd_endpoint::Rect, Vec<u8>)> = rects
         .iter()
-        .map(|(r, [red, g, b])| [*b, *g, *red, 0].repeat(usize::from(r.w) * usize::from(r.h)))
+        .map(|(r, [red, g, b])| {
+            let px = [*b, *g, *red, 0].repeat(usize::from(r.w) * usize::from(r.h));
+            (*r, px)
+        })
         .collect();
+    raw_update(w, h, &pixels)
+}
+
+/// A display update of a `w`×`h` screen: each rect with its BGRX pixels, raw.
+fn raw_update(w: u16, h: u16, rects: &[(ndd_endpoint::Rect, Vec<u8>)]) -> Vec<u8> {
     Update {
         header: ndd_endpoint::display::UpdateHeader {
             width: w,
@@ -479,8 +487,7 @@ fn solid_update(w: u16, h: u16, rects: &[(ndd_endpoint::Rect, [u8; 3])]) -> Vec<
         },
         rects: rects
             .iter()
-            .zip(&pixels)
-            .map(|((r, _), p)| ndd_endpoint::display::RectPixels {
+            .map(|(r, p)| ndd_endpoint::display::RectPixels {
                 rect: *r,
                 encoding: ndd_endpoint::display::Encoding::Raw,
                 pixels: p,
@@ -489,6 +496,28 @@ fn solid_update(w: u16, h: u16, rects: &[(ndd_endpoint::Rect, [u8; 3])]) -> Vec<
     }
     .emit()
     .unwrap()
+}
+
+/// Frame `seq` of the display stream (stream 1) carrying `payload`.
+fn display_frame(seq: u64, payload: &[u8]) -> Frame {
+    Frame::new(
+        ndd_core::Meta {
+            stream: 1,
+            seq,
+            timestamp_ns: 0,
+            flags: 0,
+        },
+        payload,
+    )
+}
+
+/// A runtime of one worker for a sink under test.
+fn one_worker() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 /// Pixels of grim's picture near `rgb` (each channel within 8): how many, and their mean x.
@@ -515,11 +544,7 @@ fn the_wayland_window_shows_updates_scaled_to_the_window() {
         return;
     }
     let sway = Sway::start("window", 640, 480, "#000000").expect("headless sway");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = one_worker();
     let cfg = ndd_endpoint::SinkConfig::WaylandWindow(ndd_endpoint::WaylandWindowConfig {
         display: sway.socket.display().to_string(),
         title: "ndd wayland viewer".into(),
@@ -531,16 +556,7 @@ fn the_wayland_window_shows_updates_scaled_to_the_window() {
         .block_on(async { cfg.spawn_tracked(rx, delivered.clone()) })
         .expect("sink starts");
     let send = |seq: u64, payload: Vec<u8>| {
-        let f = Frame::new(
-            ndd_core::Meta {
-                stream: 1,
-                seq,
-                timestamp_ns: 0,
-                flags: 0,
-            },
-            &payload,
-        );
-        rt.block_on(tx.send(f)).unwrap();
+        rt.block_on(tx.send(display_frame(seq, &payload))).unwrap();
     };
     let (blue, orange, green) = ([0x33, 0x66, 0xcc], [0xcc, 0x66, 0x33], [0x22, 0xcc, 0x44]);
     let r = ndd_endpoint::Rect::new;
@@ -663,11 +679,7 @@ fn on_a_scale_2_output_the_viewer_shows_the_screen_pixel_for_pixel() {
         "output HEADLESS-1 scale 2\nfor_window [app_id=\"ndd\"] fullscreen enable\n",
     )
     .expect("headless sway");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = one_worker();
     let cfg = ndd_endpoint::SinkConfig::WaylandWindow(ndd_endpoint::WaylandWindowConfig {
         display: sway.socket.display().to_string(),
         title: "ndd hidpi".into(),
@@ -683,31 +695,8 @@ fn on_a_scale_2_output_the_viewer_shows_the_screen_pixel_for_pixel() {
             pixels.extend_from_slice(&[v, v, v, 0]);
         }
     }
-    let update = Update {
-        header: ndd_endpoint::display::UpdateHeader {
-            width: w,
-            height: h,
-            format: PixelFormat::Bgrx32,
-            flags: 0,
-        },
-        rects: vec![ndd_endpoint::display::RectPixels {
-            rect: ndd_endpoint::Rect::new(0, 0, w, h),
-            encoding: ndd_endpoint::display::Encoding::Raw,
-            pixels: &pixels,
-        }],
-    }
-    .emit()
-    .unwrap();
-    let f = Frame::new(
-        ndd_core::Meta {
-            stream: 1,
-            seq: 1,
-            timestamp_ns: 0,
-            flags: 0,
-        },
-        &update,
-    );
-    rt.block_on(tx.send(f)).unwrap();
+    let update = raw_update(w, h, &[(ndd_endpoint::Rect::new(0, 0, w, h), pixels)]);
+    rt.block_on(tx.send(display_frame(1, &update))).unwrap();
     // The middle 200×200 of the output, as grim takes it (physical pixels).
     let checker = |shot: &(usize, usize, Vec<u8>)| -> (usize, usize) {
         let (sw, sh, px) = shot;

@@ -52,8 +52,7 @@ pub(super) async fn claim_device(
             Step::Ask => {
                 // Random bytes the answer must sign (a recorded answer does not count).
                 let mut q = [0u8; QUESTION_LEN];
-                q[..8].copy_from_slice(&random_u64().to_be_bytes());
-                q[8..].copy_from_slice(&random_u64().to_be_bytes());
+                q.copy_from_slice(&draw_key()?[..QUESTION_LEN]);
                 claim.asked(q);
                 let inbox = ctx.client.new_inbox();
                 answers = Some(

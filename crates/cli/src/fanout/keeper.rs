@@ -53,9 +53,7 @@ impl KeyKeeper {
     /// driver is claimed.
     pub(super) async fn start(&mut self, ctx: &Ctx) -> Result<()> {
         loop {
-            let (publishers, settled) = ctx.gate.counts();
-            self.keeper.handle_gate(publishers, settled);
-            match self.keeper.poll(Instant::now()) {
+            match self.next(ctx) {
                 Some(KeeperAction::Announce(_)) => {}
                 Some(a) => self.act(ctx, a).await?,
                 None if self.keeper.rotating() => {
@@ -77,12 +75,7 @@ impl KeyKeeper {
             let changed = ctx.gate.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            // The count read again before each step: a rotation's Rotate starts it over.
-            while let Some(a) = {
-                let (publishers, settled) = ctx.gate.counts();
-                self.keeper.handle_gate(publishers, settled);
-                self.keeper.poll(Instant::now())
-            } {
+            while let Some(a) = self.next(&ctx) {
                 if let Err(e) = self.act(&ctx, a).await {
                     if let Some(n) = said.admit(Instant::now()) {
                         let more = match n {
@@ -102,6 +95,14 @@ impl KeyKeeper {
                 _ = ctx.run_stale.notified() => self.keeper.handle_stale(Instant::now()),
             }
         }
+    }
+
+    /// The keeper's next step, the gate's count read just before (a rotation's `Rotate`
+    /// starts it over).
+    fn next(&mut self, ctx: &Ctx) -> Option<KeeperAction> {
+        let (publishers, settled) = ctx.gate.counts();
+        self.keeper.handle_gate(publishers, settled);
+        self.keeper.poll(Instant::now())
     }
 
     /// Does what the keeper asks.

@@ -301,10 +301,9 @@ impl<K> Outbox<K> {
         }
         if let Some(k) = &self.id_key {
             let tag = ring::hmac::sign(k, id.as_bytes());
-            id = tag.as_ref()[..16]
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
+            let mut first = [0u8; 16];
+            first.copy_from_slice(&tag.as_ref()[..16]);
+            id = format!("{:032x}", u128::from_be_bytes(first));
         }
         self.recent.push(
             now,

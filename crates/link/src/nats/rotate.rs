@@ -199,11 +199,8 @@ impl Keeper {
     }
 
     /// When [`Keeper::poll`] has something next, unless an answer or the gate's count comes
-    /// first.
+    /// first (asked once `poll` gave nothing: what was queued is out by then).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        if !self.actions.is_empty() {
-            return Some(Instant::now());
-        }
         let notice = (self.keys.since != SINCE_PENDING).then_some(self.next_notice);
         let own = match self.state {
             State::Idle => Some(self.next_check),
