@@ -281,7 +281,11 @@ pub async fn join(
     ndd_link::pair::parse_code(code).map_err(|e| anyhow!("{e}"))?;
     let me = signer(home)?;
     let addrs = match connect {
-        Some(c) => vec![with_port(c)],
+        Some(c) => {
+            let a = with_port(c);
+            crate::config::check_connect_target(&a, "--connect")?;
+            vec![a]
+        }
         None => find_offer().await?,
     };
     // Each address in turn (a machine found on the LAN may have several); the last one's
@@ -325,18 +329,7 @@ pub async fn join(
 
 /// `HOST` with pairing's port, unless it names one.
 fn with_port(connect: &str) -> String {
-    let has_port = match connect.rsplit_once(':') {
-        // `[v6]:port`, `host:port`; a bare IPv6 address has several colons and no brackets.
-        Some((h, p)) => p.parse::<u16>().is_ok() && (h.ends_with(']') || !h.contains(':')),
-        None => false,
-    };
-    if has_port {
-        connect.to_string()
-    } else if connect.contains(':') && !connect.starts_with('[') {
-        format!("[{connect}]:{PORT}")
-    } else {
-        format!("{connect}:{PORT}")
-    }
+    crate::share::with_port(connect, PORT)
 }
 
 /// The key exchange's random source: the operating system's.

@@ -94,17 +94,23 @@ pub struct Local {
 }
 
 /// `HOST` or `HOST:PORT` as an address, `port` when none is given; an IPv6 address without a
-/// port is bracketed.
+/// port is bracketed. A port written is kept as written, in range or not, so the address's
+/// check names it (`port 99999 is not a number from 0 to 65535`); before, `host:99999` became
+/// `host:99999:7882`, said as a host that does not resolve (found by trying it).
 pub fn with_port(host: &str, port: u16) -> String {
-    if host.parse::<std::net::SocketAddr>().is_ok() {
-        return host.to_string();
+    if let Some(v6) = host.strip_prefix('[') {
+        // `[v6]:port`, or `[v6]` alone.
+        return if v6.ends_with(']') {
+            format!("{host}:{port}")
+        } else {
+            host.to_string()
+        };
     }
-    if host.parse::<std::net::Ipv6Addr>().is_ok() {
-        return format!("[{host}]:{port}");
-    }
-    match host.rsplit_once(':') {
-        Some((_, p)) if p.parse::<u16>().is_ok() => host.to_string(),
-        _ => format!("{host}:{port}"),
+    match host.matches(':').count() {
+        0 => format!("{host}:{port}"),
+        1 => host.to_string(),
+        // A bare IPv6 address.
+        _ => format!("[{host}]:{port}"),
     }
 }
 
@@ -314,6 +320,14 @@ mod tests {
         assert_eq!(with_port("pi.local:9000", 7882), "pi.local:9000");
         assert_eq!(with_port("::1", 7882), "[::1]:7882");
         assert_eq!(with_port("[::1]:9000", 7882), "[::1]:9000");
+        assert_eq!(with_port("[fe80::1]", 7882), "[fe80::1]:7882");
+        // A port out of range stays for the check to name.
+        assert_eq!(with_port("10.0.0.5:99999", 7882), "10.0.0.5:99999");
+        let e = crate::config::check_connect_target("10.0.0.5:99999", "--to").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--to: \"10.0.0.5:99999\": port 99999 is not a number from 0 to 65535"
+        );
         assert_eq!(
             (
                 Kind::Serial.port(),

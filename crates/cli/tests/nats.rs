@@ -956,7 +956,10 @@ sink = { type = "check", seed = 4, size = 50 }
     );
     let d = side(&cfg, "device", &dev, &[]);
     let a = side(&cfg, "app", &apps[0], &["--stats"]);
-    wait_for("frames to flow", WAIT, || a.stderr_now().contains("] s "));
+    // Its live lines name the device as its `known_peers` does.
+    wait_for("frames to flow", WAIT, || {
+        a.stderr_now().contains("[app@device] s ")
+    });
     a.terminate();
     let (s, _, err) = a.finish();
     assert!(s.success(), "{err}");

@@ -24,8 +24,11 @@
 //! `ndd_link::nats::keys::Opener` (runs, the key as it stands, the key before the rotation,
 //! asking for the key, holding a frame while the rotation reads where the stream stands), the
 //! device's `ndd_link::nats::rotate::Keeper` (checking who holds the key every 1–20 ms, the
-//! rotation, its gate — the device's reliable publisher and, in some schedules, a second one
-//! that settles up to 200 ms later —, where the stream stood, the file of retired keys read
+//! rotation, its gate (`ndd_link::nats::rotate::Gate`, as `fanout/keeper.rs` keeps it) — the
+//! device's reliable publisher and, in some schedules, a second one that settles up to 200 ms
+//! later and in some of those ends mid-rotation, a new one taking its place (a gate that kept
+//! a departed publisher's settling opened early: seed 51, a frame delivered twice) —, where
+//! the stream stood, the file of retired keys read
 //! back, and every rekey notice: at each run's start, every `NOTICE_EVERY`, on a frame of an
 //! earlier run, never while `since` is pending), each stream's `Intake` (copies, order) and `Outbox` (message ids,
 //! acknowledgements, retries, and what goes again under the new key), and the real `encrypt`
@@ -39,8 +42,7 @@
 //! - time runs a millisecond a step while the sources publish (600 steps), then a second a
 //!   step once everything stored was read, so gaps are given up after fanout's 30 s;
 //! - the rotation reads where the stream stands some steps after it drew the key, once the
-//!   device's publisher has every publish under the old key acknowledged (fanout's
-//!   `RotationGate`; app frames stored meanwhile are held by the device), then tells the app
+//!   device's publisher has every publish under the old key acknowledged (the `Gate`; app frames stored meanwhile are held by the device), then tells the app
 //!   sides: a rekey notice signed by the device naming its keys, also sent at a restart, when
 //!   a frame of an earlier run or under a rotated key comes in, and every 2 s
 //!   (`NOTICE_EVERY`); on core NATS, so in half the schedules each app side loses one in
@@ -85,7 +87,7 @@ use ndd_link::nats::keys::{GroupKey, SINCE_PENDING};
 use ndd_link::nats::outbox::Publish;
 use ndd_link::nats::receive::{Event, Poll, Receiver, Wait};
 use ndd_link::nats::record::FrameRecord;
-use ndd_link::nats::rotate::{parse_retired, Action as KeeperAction, Keeper};
+use ndd_link::nats::rotate::{parse_retired, Action as KeeperAction, Gate, Keeper};
 use ndd_link::nats::runs::Run;
 use ndd_link::nats::send::{Follow, Sender};
 use ndd_link::nats::subjects::Subjects;
@@ -604,8 +606,11 @@ fn run(seed: u64) -> Result<String, String> {
     // sooner so that rotations come while the streams are busy).
     let every = Duration::from_millis(rng.range(1, 20));
     // In some schedules a second reliable publisher counts at the gate (a stream with
-    // nothing to send), settling up to 200 ms after a rotation begins.
+    // nothing to send), settling up to 200 ms after a rotation begins; in some of those it
+    // ends up to 150 ms into a rotation and a new one takes its place (a stream starting
+    // again), which settles that long after it joined.
     let other_publisher = rng.chance(0.3).then(|| rng.range(0, 200));
+    let other_restarts = other_publisher.and_then(|_| rng.chance(0.5).then(|| rng.range(0, 150)));
     // When the device side restarts (a new run under the same group key), in some schedules.
     let mut restarts: VecDeque<u64> = VecDeque::new();
     if rng.chance(0.4) {
@@ -688,6 +693,12 @@ fn run(seed: u64) -> Result<String, String> {
     let mut reading_at: Option<u64> = None;
     // When the rotation under way began (the other publisher's clock).
     let mut rotated_at: Option<Instant> = None;
+    // The gate's count, as `fanout/keeper.rs`'s `RotationGate` keeps it: the device's
+    // reliable publisher, and the other one (its number, since when it counts, the rotation
+    // it last started again in).
+    let mut gate = Gate::default();
+    let device_publisher = gate.join();
+    let mut other = other_publisher.map(|after| (gate.join(), after, None::<Instant>, 0u8));
     // The next rotation's step (the second one's counts from the first's completion).
     let mut next_at = revokes.front().map(|r| r.1);
     // Publishes on their way: (subject, publisher: an app or the device).
@@ -792,13 +803,28 @@ fn run(seed: u64) -> Result<String, String> {
         // The keeper, driven as fanout's KeyKeeper drives it: the gate counts the device's
         // reliable publisher settled once every publish under the old key is acknowledged
         // (its SourceFlow says so), and the other one, if any, some steps after the rotation
-        // began; where the stream stands is read a little after the gate opens.
-        let others = other_publisher.map_or((0, 0), |after| {
-            let settled = rotated_at.is_some_and(|t| now >= t + Duration::from_millis(after));
-            (1, settled as usize)
-        });
-        d.keeper
-            .handle_gate(1 + others.0, d.tx.outbox.is_settled() as usize + others.1);
+        // began (or after it joined, when it started again mid-rotation); where the stream
+        // stands is read a little after the gate opens.
+        if let Some(t) = rotated_at.filter(|_| d.rotating) {
+            if d.tx.outbox.is_settled() {
+                gate.settled(device_publisher);
+            }
+            if let Some((id, after, joined, restarted_in)) = other.as_mut() {
+                let ms = Duration::from_millis;
+                if other_restarts.is_some_and(|r| *restarted_in != d.rotations && now >= t + ms(r))
+                {
+                    gate.leave(*id);
+                    *id = gate.join();
+                    *joined = Some(now);
+                    *restarted_in = d.rotations;
+                }
+                if now >= joined.map_or(t, |j| j.max(t)) + ms(*after) {
+                    gate.settled(*id);
+                }
+            }
+        }
+        let (publishers, settled) = gate.counts();
+        d.keeper.handle_gate(publishers, settled);
         while let Some(a) = d.keeper.poll(now) {
             match a {
                 KeeperAction::Check => {
@@ -824,6 +850,7 @@ fn run(seed: u64) -> Result<String, String> {
                     d.rotations += 1;
                     rotating_since = Some(step);
                     rotated_at = Some(now);
+                    gate.begin();
                 }
                 KeeperAction::ReadPosition { settled } => {
                     if !settled {

@@ -145,7 +145,7 @@ pub(super) fn hostname() -> String {
 pub(super) async fn serve_ready(
     ctx: &Ctx,
     mut key: watch::Receiver<GroupKey>,
-    joined: watch::Sender<std::collections::HashSet<String>>,
+    joined: watch::Sender<usize>,
     admitter: Shared<Admitter>,
 ) -> Result<()> {
     let subject = ctx.subjects.ready();
@@ -194,8 +194,11 @@ pub(super) async fn serve_ready(
                 let Some(beat) = Ready::parse(f.payload()) else {
                     continue;
                 };
-                if lock(&admitter).handle_ready(Instant::now(), &beat) != Heard::Stale {
-                    joined.send_if_modified(|j| j.insert(beat.fingerprint));
+                let now = Instant::now();
+                let mut a = lock(&admitter);
+                if a.handle_ready(now, &beat) != Heard::Stale {
+                    let there = a.ready_present(now);
+                    joined.send_if_modified(|j| std::mem::replace(j, there) != there);
                 }
             }
         }

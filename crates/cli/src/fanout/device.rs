@@ -50,7 +50,8 @@ pub(super) async fn start(
     let holders = keeper.holders_path();
     claim_device(ctx, &cfg.driver, run.id, local, &opts.home).await?;
     let slots = plans.iter().filter_map(|p| p.split).max().unwrap_or(0);
-    let (joined, mut joined_rx) = watch::channel(std::collections::HashSet::new());
+    // How many app sides are there (beating), for `min_app_sides`.
+    let (joined, mut joined_rx) = watch::channel(0usize);
     let admitter: Shared<Admitter> = Arc::new(Mutex::new(Admitter::new(
         cfg.hello(side),
         &local.fingerprint(),
@@ -93,7 +94,7 @@ pub(super) async fn start(
             if !quiet {
                 tracing::info!(side = %side, "waiting for {want} app side(s) to join before starting the sources");
             }
-            let enough = joined_rx.wait_for(|j| j.len() >= want);
+            let enough = joined_rx.wait_for(|there| *there >= want);
             tokio::select! {
                 r = enough => { r.map_err(|_| anyhow!("the join service stopped"))?; }
                 _ = stop.changed() => bail!("stopped while waiting for {want} app side(s) to join"),

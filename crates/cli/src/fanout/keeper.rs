@@ -3,7 +3,7 @@
 
 use super::*;
 pub(super) use ndd_link::nats::rotate::Keeper;
-use ndd_link::nats::rotate::{Action as KeeperAction, GATE_WAIT};
+use ndd_link::nats::rotate::{Action as KeeperAction, Gate, GATE_WAIT};
 
 /// The device side's group key and who holds it. When a holder is no longer in
 /// `known_peers` (`ndd untrust`), the key is rotated: a new one is drawn and written, every
@@ -177,71 +177,56 @@ impl KeyKeeper {
     }
 }
 
-/// Device side: the reliable publishers' count for a rotation's gate (the rule is the
-/// [`Keeper`]'s): how many there are, and how many settled under the old key since the
-/// rotation began (their `SourceFlow` says so).
+/// Device side: the reliable publishers' [`Gate`] (the count a rotation waits for), shared by
+/// the streams' publishers and the keeper, with a wake-up for the keeper when it changes.
 #[derive(Default)]
 pub(super) struct RotationGate {
-    /// (publishers, settled in this rotation, the rotation's number): one lock, so a
-    /// publisher that settled and then ended is taken out of both at once.
-    counts: Mutex<(usize, usize, u64)>,
+    gate: Mutex<Gate>,
     pub(super) changed: tokio::sync::Notify,
 }
 
 impl RotationGate {
     pub(super) fn join(self: &Arc<Self>) -> GateTicket {
-        lock(&self.counts).0 += 1;
+        let id = lock(&self.gate).join();
         GateTicket {
             gate: self.clone(),
-            settled_in: None,
+            id,
         }
     }
 
     /// A rotation begins: the count starts over.
     pub(super) fn begin(&self) {
-        let mut c = lock(&self.counts);
-        c.1 = 0;
-        c.2 += 1;
+        lock(&self.gate).begin();
     }
 
     /// Publishers, and those settled.
     pub(super) fn counts(&self) -> (usize, usize) {
-        let c = lock(&self.counts);
-        (c.0, c.1)
+        lock(&self.gate).counts()
+    }
+
+    fn with(&self, f: impl FnOnce(&mut Gate)) {
+        f(&mut lock(&self.gate));
+        self.changed.notify_waiters();
     }
 }
 
-/// A reliable publisher's place in the [`RotationGate`], given back when it ends (and its
-/// settling with it: before, a publisher that settled and ended left its count behind, and
-/// the gate opened while another still had publishes under the old key in flight; found by a
-/// review).
+/// A reliable publisher's place in the [`RotationGate`], given back when it ends.
 pub(super) struct GateTicket {
     gate: Arc<RotationGate>,
-    /// The rotation this publisher last said it settled in.
-    settled_in: Option<u64>,
+    id: u64,
 }
 
 impl GateTicket {
     /// Everything this publisher sealed under the old key is stored.
     pub(super) fn settled(&mut self) {
-        let mut c = lock(&self.gate.counts);
-        if self.settled_in != Some(c.2) {
-            self.settled_in = Some(c.2);
-            c.1 += 1;
-        }
-        drop(c);
-        self.gate.changed.notify_waiters();
+        let id = self.id;
+        self.gate.with(|g| g.settled(id));
     }
 }
 
 impl Drop for GateTicket {
     fn drop(&mut self) {
-        let mut c = lock(&self.gate.counts);
-        c.0 -= 1;
-        if self.settled_in == Some(c.2) {
-            c.1 -= 1;
-        }
-        drop(c);
-        self.gate.changed.notify_waiters();
+        let id = self.id;
+        self.gate.with(|g| g.leave(id));
     }
 }

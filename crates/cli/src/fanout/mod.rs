@@ -126,19 +126,6 @@ pub async fn run_side(
     let identity = load_identity(&opts.home)?;
     KnownPeers::load(&opts.home)?;
     let local = LocalIdentity::new(&identity).context("identity")?;
-    // Live lines name the app side (many run at once): `[app 7M2Xq3J5]`.
-    let label = match side {
-        SideName::Device => "device".to_string(),
-        SideName::App => format!(
-            "app {}",
-            local
-                .fingerprint()
-                .trim_start_matches("SHA256:")
-                .chars()
-                .take(8)
-                .collect::<String>()
-        ),
-    };
     if !nats.tls_required() && !quiet {
         // Off loopback only because the config says so: say that, not "loopback" (found by
         // hand across two network namespaces).
@@ -221,6 +208,13 @@ pub async fn run_side(
     let peer = match side {
         SideName::Device => device::start(&start, &ctx, &mut t, &mut stop).await?,
         SideName::App => app::start(&start, &ctx, &mut t, &mut stop).await?,
+    };
+    // Live lines name an app side's device as `known_peers` does, as a listener serving
+    // several peers names each (`[app@board]`); before, a fragment of this side's own
+    // fingerprint (`[app Qasd0rM/]`), which told a user nothing.
+    let label = match side {
+        SideName::Device => "device".to_string(),
+        SideName::App => format!("app@{peer}"),
     };
     let Tasks {
         set: mut tasks,

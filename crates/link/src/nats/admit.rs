@@ -283,6 +283,15 @@ impl Admitter {
             .is_some_and(|t| now.saturating_duration_since(*t) < self.gone_after)
     }
 
+    /// How many app sides are there now: each beat within `gone_after` of `now` (what
+    /// `min_app_sides` waits for). A side the run before left a slot to ([`Admitter::restore`])
+    /// counts once it beats. Before, the device counted every side ever heard, so one that
+    /// beat once and left still counted and the sources started with fewer sides there than
+    /// asked (found by a review).
+    pub fn ready_present(&self, now: Instant) -> usize {
+        self.beats.keys().filter(|fp| self.present(now, fp)).count()
+    }
+
     /// The split slot `fingerprint` holds, if any.
     pub fn slot_of(&self, fingerprint: &str) -> Option<u16> {
         self.taken.get(fingerprint).copied()
@@ -601,6 +610,27 @@ mod tests {
             Decision::Admitted { slot: None }
         );
         assert_eq!(a.poll_line().unwrap().text, "app side x joined");
+    }
+
+    #[test]
+    fn only_sides_beating_now_count_as_there() {
+        let t0 = Instant::now();
+        let mut a = admitter(2);
+        // "r" held a slot in the run before: kept for it, but not there until it beats.
+        a.restore(t0, &[(1, "r".into())]);
+        assert_eq!(a.ready_present(t0), 0);
+        a.handle_ready(t0, &beat("a", 1, 0));
+        a.handle_ready(t0, &beat("b", 1, 0));
+        assert_eq!(a.ready_present(t0), 2);
+        // "a" goes quiet; "b" and "r" beat. Three were heard, two are there.
+        let t = t0 + Duration::from_secs(6);
+        a.handle_ready(t, &beat("b", 1, 1));
+        a.handle_ready(t, &beat("r", 1, 0));
+        assert_eq!(a.ready_present(t), 2);
+        // A beat played again makes no one there again.
+        assert_eq!(a.handle_ready(t, &beat("a", 1, 0)), Heard::Stale);
+        assert_eq!(a.ready_present(t), 2);
+        assert_eq!(a.ready_present(t + Duration::from_secs(6)), 0);
     }
 
     fn beat(fp: &str, process: u64, count: u64) -> Ready {

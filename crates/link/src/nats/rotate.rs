@@ -296,10 +296,90 @@ pub fn parse_retired(b: &[u8]) -> Result<Retired, usize> {
     Ok(r)
 }
 
+/// The count a rotation's gate reads ([`Keeper::handle_gate`]): the reliable publishers of
+/// this side, and which of them settled under the old key since the rotation began. A
+/// publisher settles once per rotation however often it says so, and one that ends takes its
+/// settling with it (before, one that settled and then ended left its count behind, and the
+/// gate opened while another still had publishes under the old key in flight; found by a
+/// review). `fanout/keeper.rs` keeps it under a lock beside a wake-up for the keeper;
+/// `testkit/tests/nats_keys.rs` drives it with publishers ending mid-rotation.
+#[derive(Debug, Default)]
+pub struct Gate {
+    /// Each publisher, by its number: the rotation it last settled in.
+    publishers: std::collections::HashMap<u64, Option<u64>>,
+    next: u64,
+    /// The rotation under way (or the last one).
+    rotation: u64,
+}
+
+impl Gate {
+    /// A publisher starts: its number, for [`Gate::settled`] and [`Gate::leave`].
+    pub fn join(&mut self) -> u64 {
+        self.next += 1;
+        self.publishers.insert(self.next, None);
+        self.next
+    }
+
+    /// A rotation begins: nobody has settled in it.
+    pub fn begin(&mut self) {
+        self.rotation += 1;
+    }
+
+    /// Publisher `id` stored everything it sealed under the old key.
+    pub fn settled(&mut self, id: u64) {
+        if let Some(s) = self.publishers.get_mut(&id) {
+            *s = Some(self.rotation);
+        }
+    }
+
+    /// Publisher `id` ended.
+    pub fn leave(&mut self, id: u64) {
+        self.publishers.remove(&id);
+    }
+
+    /// (Publishers, those settled in this rotation): what [`Keeper::handle_gate`] takes.
+    pub fn counts(&self) -> (usize, usize) {
+        let settled = self
+            .publishers
+            .values()
+            .filter(|s| **s == Some(self.rotation))
+            .count();
+        (self.publishers.len(), settled)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::nats::runs::Run;
+
+    /// A publisher that settled and then ended takes its settling with it: the gate counts
+    /// only the ones still there (before, the gate opened while another still had publishes
+    /// under the old key in flight).
+    #[test]
+    fn the_gate_forgets_a_publisher_that_settled_and_ended() {
+        let mut g = Gate::default();
+        let a = g.join();
+        let b = g.join();
+        g.begin();
+        g.settled(a);
+        g.settled(a);
+        assert_eq!(g.counts(), (2, 1), "once per rotation");
+        g.leave(a);
+        assert_eq!(g.counts(), (1, 0), "b has not settled");
+        // A settling of an earlier rotation does not count in the next.
+        let c = g.join();
+        g.settled(c);
+        g.begin();
+        assert_eq!(g.counts(), (2, 0));
+        g.leave(c);
+        g.settled(b);
+        assert_eq!(g.counts(), (1, 1));
+        // An unknown or departed number changes nothing.
+        g.settled(c);
+        g.leave(99);
+        assert_eq!(g.counts(), (1, 1));
+    }
 
     fn keys() -> GroupKey {
         GroupKey::first([1; 32], Run { id: 7, began: 0 })
