@@ -2464,6 +2464,15 @@ fn ndd_status_shows_both_sides_of_a_nats_driver() {
                     && s["link"] == "up (NATS)"
                     && s["streams"][0]["frames"].as_u64().unwrap_or(0) > 10
             })
+            // The app side names its device; the device side says how many app sides are
+            // there.
+            && sides.iter().any(|s| s["side"] == "app" && s["peer"] == "device")
+            && sides.iter().any(|s| {
+                s["side"] == "device"
+                    && s["peer"]
+                        .as_str()
+                        .is_some_and(|p| p.starts_with("1 app side, NATS nats://"))
+            })
     });
     a.kill();
     d.kill();

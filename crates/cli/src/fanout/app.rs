@@ -9,7 +9,7 @@ pub(super) async fn start(
     ctx: &Ctx,
     t: &mut Tasks,
     stop: &mut watch::Receiver<bool>,
-) -> Result<String> {
+) -> Result<PeerView> {
     let (cfg, opts, side, quiet) = (s.cfg, s.opts, ctx.side, ctx.quiet);
     let (plans, local) = (s.plans, s.local);
     let hello = OwnedMessage::Hello(cfg.hello(side))
@@ -98,6 +98,8 @@ pub(super) async fn start(
             let _ = c.publish(subject.clone(), ready).await;
         }
     });
-    let peer = device;
-    Ok(peer)
+    Ok(PeerView {
+        name: device,
+        admitter: None,
+    })
 }

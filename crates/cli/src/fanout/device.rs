@@ -10,7 +10,7 @@ pub(super) async fn start(
     ctx: &Ctx,
     t: &mut Tasks,
     stop: &mut watch::Receiver<bool>,
-) -> Result<String> {
+) -> Result<PeerView> {
     let (cfg, opts, side, quiet) = (s.cfg, s.opts, ctx.side, ctx.quiet);
     let (nats, plans, local) = (&cfg.link.nats, s.plans, s.local);
     // The JetStream stream exists before any app side can join (they read where it
@@ -69,6 +69,7 @@ pub(super) async fn start(
         restore_slots(p, &mut lock(&admitter));
     }
     let held = lock(&admitter).slots_held();
+    let admitter_view = admitter.clone();
     serve_ready(ctx, key.clone(), joined, admitter.clone()).await?;
     let host = JoinService {
         admitter,
@@ -120,9 +121,11 @@ pub(super) async fn start(
             );
         }
     }
-    let peer = format!("NATS {}", nats.servers.join(","));
     if !quiet {
         tracing::info!(side = %side, join = %ctx.subjects.join(), "serving app sides through NATS");
     }
-    Ok(peer)
+    Ok(PeerView {
+        name: format!("NATS {}", nats.servers.join(",")),
+        admitter: Some(admitter_view),
+    })
 }

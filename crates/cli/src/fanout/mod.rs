@@ -214,7 +214,7 @@ pub async fn run_side(
     // fingerprint (`[app Qasd0rM/]`), which told a user nothing.
     let label = match side {
         SideName::Device => "device".to_string(),
-        SideName::App => format!("app@{peer}"),
+        SideName::App => format!("app@{}", peer.name),
     };
     let Tasks {
         set: mut tasks,
@@ -256,7 +256,7 @@ pub async fn run_side(
                     let reconnects = ctx.connects.load(std::sync::atomic::Ordering::Acquire);
                     st.update(|s| {
                         s.link = link.to_string();
-                        s.peer = Some(peer.clone());
+                        s.peer = Some(peer.now());
                         s.recoveries = reconnects.saturating_sub(1) as usize;
                     });
                 }
@@ -308,11 +308,31 @@ pub async fn run_side(
     Ok(RunReport {
         streams: stats.iter().map(|s| lock(s).summary()).collect(),
         checks,
-        peer,
+        peer: peer.now(),
         clock_offset: None,
         recoveries: Vec::new(),
         link_drops: None,
     })
+}
+
+/// Who a side serves, as `ndd status` shows it: an app side's device (its name in
+/// `known_peers`); a device side's server and how many app sides are there now.
+pub(super) struct PeerView {
+    name: String,
+    admitter: Option<Shared<Admitter>>,
+}
+
+impl PeerView {
+    fn now(&self) -> String {
+        match &self.admitter {
+            Some(a) => {
+                let n = lock(a).ready_present(Instant::now());
+                let s = if n == 1 { "" } else { "s" };
+                format!("{n} app side{s}, {}", self.name)
+            }
+            None => self.name.clone(),
+        }
+    }
 }
 
 /// A side's tasks: its streams' and the services that run beside them.
