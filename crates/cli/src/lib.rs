@@ -8,6 +8,7 @@
 //! clear line on stderr and a non-zero exit code, never a panic.
 
 pub mod board;
+pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod discover;

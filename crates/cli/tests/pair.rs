@@ -212,3 +212,17 @@ fn a_code_that_is_not_one_is_refused_before_connecting() {
     assert!(err.contains("a pairing code is 8 digits"), "{err}");
     assert!(!err.contains("cannot reach"), "{err}");
 }
+
+/// A port out of range is named as such, before connecting (it became `HOST:99999:7870`,
+/// said as a host that does not resolve).
+#[test]
+fn a_port_out_of_range_is_named() {
+    let dir = Dir::new("pair-port");
+    let j = join(&dir.0.join("b"), "1234-5678", "127.0.0.1:99999", &[]);
+    assert!(!j.status.success());
+    let err = String::from_utf8_lossy(&j.stderr);
+    assert!(
+        err.contains("--connect: \"127.0.0.1:99999\": port 99999 is not a number from 0 to 65535"),
+        "{err}"
+    );
+}
