@@ -590,8 +590,8 @@ fn share(what: ShareWhat) -> Result<i32> {
         ),
     };
     let link = match (to, listen) {
-        (Some(h), _) => Link::Connect(with_port(&h, kind.port())),
-        (None, Some(a)) => Link::Listen(a),
+        (Some(h), _) => Link::Connect(checked(with_port(&h, kind.port()), "--to")?),
+        (None, Some(a)) => Link::Listen(checked(a, "--listen")?),
         (None, None) => bail!("say where the other machine is: --to HOST, or --listen ADDR"),
     };
     let side = kind.sharing_side();
@@ -672,8 +672,8 @@ fn attach(what: AttachWhat) -> Result<i32> {
     }
     local.announce = way.announce;
     let link = match (way.from, way.listen) {
-        (Some(h), _) => Link::Connect(with_port(&h, kind.port())),
-        (None, Some(a)) => Link::Listen(a),
+        (Some(h), _) => Link::Connect(checked(with_port(&h, kind.port()), "--from")?),
+        (None, Some(a)) => Link::Listen(checked(a, "--listen")?),
         (None, None) => Link::Listen(format!("0.0.0.0:{}", kind.port())),
     };
     let side = kind.sharing_side().other();
@@ -691,6 +691,13 @@ fn attach(what: AttachWhat) -> Result<i32> {
 }
 
 /// Prints a one-line share's config, or runs it as `ndd run` would (outliving its peer).
+/// `addr` once its port is a port (said under the option the user wrote, not the config key
+/// the share writes it to).
+fn checked(addr: String, option: &str) -> Result<String> {
+    config::check_address(&addr, option)?;
+    Ok(addr)
+}
+
 fn one_line(
     text: String,
     side: SideName,
@@ -791,6 +798,7 @@ fn run_config(cfg: Config, a: RunArgs) -> Result<i32> {
         once,
         metrics,
         peer_hint,
+        label: None,
     };
     let rt = runtime()?;
     let report = rt.block_on(async {

@@ -355,6 +355,9 @@ pub fn check_address(addr: &str, what: &str) -> Result<()> {
     if host.is_empty() {
         bail!("{what}: \"{addr}\" has no host; write host:port, e.g. 0.0.0.0:{port}");
     }
+    if port.is_empty() {
+        bail!("{what}: \"{addr}\" has no port after the ':'; write host:port");
+    }
     if port.parse::<u16>().is_err() {
         bail!("{what}: \"{addr}\": port {port} is not a number from 0 to 65535");
     }

@@ -151,6 +151,7 @@ pub async fn run_loopback(
             once: true,
             metrics: None,
             peer_hint: None,
+            label: None,
         },
         stop.clone(),
     );
@@ -167,6 +168,7 @@ pub async fn run_loopback(
             once: true,
             metrics: None,
             peer_hint: None,
+            label: None,
         },
         stop,
     );
@@ -309,7 +311,7 @@ pub async fn run_fanout(duration: Option<Duration>) -> Result<i32> {
     eprintln!(
         "  every frame is encrypted under a group key only the three admitted app sides hold;"
     );
-    eprintln!("  each line: [side fingerprint] stream, frames, rate, one-way latency.");
+    eprintln!("  each line: [side] stream, frames, rate, one-way latency.");
     match duration {
         Some(d) => eprintln!(
             "  running for {:.1} s (Ctrl-C stops earlier)\n",
@@ -318,7 +320,7 @@ pub async fn run_fanout(duration: Option<Duration>) -> Result<i32> {
         None => eprintln!("  press Ctrl-C to stop\n"),
     }
     let stop = crate::ctrl_c();
-    let opts = |side, home: PathBuf, duration| RunOptions {
+    let opts = |side, home: PathBuf, duration, label| RunOptions {
         side,
         home,
         endpoint: Endpoint::Connect(String::new()),
@@ -329,21 +331,24 @@ pub async fn run_fanout(duration: Option<Duration>) -> Result<i32> {
         once: true,
         metrics: None,
         peer_hint: None,
+        label,
     };
     let cfg = Arc::new(cfg);
     let apps: Vec<_> = app_homes
         .iter()
-        .map(|h| {
+        .enumerate()
+        .map(|(i, h)| {
             session::run_side_task(
                 cfg.clone(),
-                opts(SideName::App, h.clone(), None),
+                // Named as the device knows them (three in one process).
+                opts(SideName::App, h.clone(), None, Some(format!("app{i}"))),
                 stop.clone(),
             )
         })
         .collect();
     let dev = session::run_side_task(
         cfg,
-        opts(SideName::Device, dev_home, duration),
+        opts(SideName::Device, dev_home, duration, None),
         stop.clone(),
     );
     let (dev, apps) = tokio::join!(dev, futures_util::future::join_all(apps));

@@ -283,7 +283,8 @@ pub async fn join(
     let addrs = match connect {
         Some(c) => {
             let a = with_port(c);
-            crate::config::check_connect_target(&a, "--connect")?;
+            // The port only: the name is resolved when connecting, within its timeout.
+            crate::config::check_address(&a, "--connect")?;
             vec![a]
         }
         None => find_offer().await?,

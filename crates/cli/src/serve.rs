@@ -452,6 +452,7 @@ fn start(
         once: false,
         metrics: None,
         peer_hint: None,
+        label: None,
     };
     tracing::info!("starting driver {name} ({side} side of \"{}\")", cfg.driver);
     let thread_name = format!("ndd-{name}");

@@ -121,6 +121,34 @@ fn a_share_without_a_destination_or_with_no_port_says_what_is_missing() {
         "{err}"
     );
     assert_eq!(err.lines().count(), 1, "one line: {err}");
+    // A bad port is named under the option written, before anything starts (it was
+    // `HOST:99999:7882`, "does not resolve").
+    for (args, said) in [
+        (
+            &["share", "serial", "/dev/ttyUSB0", "--to", "10.0.0.5:99999"][..],
+            "ndd: error: --to: \"10.0.0.5:99999\": port 99999 is not a number from 0 to 65535",
+        ),
+        (
+            &[
+                "attach",
+                "serial",
+                "--link",
+                "/tmp/x",
+                "--from",
+                "pi.local:",
+            ][..],
+            "ndd: error: --from: \"pi.local:\" has no port after the ':'; write host:port",
+        ),
+        (
+            &["share", "serial", "/dev/ttyUSB0", "--listen", "0.0.0.0:7x"][..],
+            "ndd: error: --listen: \"0.0.0.0:7x\": port 7x is not a number from 0 to 65535",
+        ),
+    ] {
+        let out = ndd().args(args).output().unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim_end(), said, "{args:?}");
+    }
 }
 
 /// `ndd share desktop --display A --to HOST` and `ndd attach desktop --display B`: the

@@ -212,9 +212,10 @@ pub async fn run_side(
     // Live lines name an app side's device as `known_peers` does, as a listener serving
     // several peers names each (`[app@board]`); before, a fragment of this side's own
     // fingerprint (`[app Qasd0rM/]`), which told a user nothing.
-    let label = match side {
-        SideName::Device => "device".to_string(),
-        SideName::App => format!("app@{}", peer.name),
+    let label = match (&opts.label, side) {
+        (Some(l), _) => l.clone(),
+        (None, SideName::Device) => "device".to_string(),
+        (None, SideName::App) => format!("app@{}", peer.name),
     };
     let Tasks {
         set: mut tasks,
@@ -308,7 +309,9 @@ pub async fn run_side(
     Ok(RunReport {
         streams: stats.iter().map(|s| lock(s).summary()).collect(),
         checks,
-        peer: peer.now(),
+        // Who it served (`--stats-json`): the device's name, or the servers; how many app
+        // sides are there is for the live status only.
+        peer: peer.name.clone(),
         clock_offset: None,
         recoveries: Vec::new(),
         link_drops: None,

@@ -70,6 +70,9 @@ pub struct RunOptions {
     /// How the peer is started, for a listener left alone to say (`THIS_HOST` stands for
     /// this machine); `None`: `ndd run CONFIG --side … --connect …`.
     pub peer_hint: Option<String>,
+    /// The live lines' tag, instead of the side's own (`[app@DEVICE]` on NATS): for a process
+    /// running several app sides at once (`ndd demo --fanout`).
+    pub label: Option<String>,
 }
 
 /// What `--metrics` serves, refreshed every second.

@@ -120,6 +120,12 @@ impl<S: RunSeal, K> SourceFlow<S, K> {
         max_payload: usize,
         end: EndPlan,
     ) -> Self {
+        // A gated stream that starts mid-rotation (the device's sources start once enough app
+        // sides joined, while its keeper may be rotating) has nothing under the old key: it
+        // is settled at once and says so, and waits for the rotation's keys like the others.
+        // Before, it never said so (no new keys came for that rotation) and the gate waited
+        // its whole GATE_WAIT (found by a review).
+        let mid_rotation = gated && sender.keys().since == SINCE_PENDING;
         SourceFlow {
             sender,
             stream,
@@ -128,8 +134,8 @@ impl<S: RunSeal, K> SourceFlow<S, K> {
             max_payload,
             end,
             want: None,
-            gate: None,
-            gate_notice: false,
+            gate: mid_rotation.then_some(true),
+            gate_notice: mid_rotation,
             again: VecDeque::new(),
             records: VecDeque::new(),
             ending: Ending::No,
@@ -539,6 +545,47 @@ mod tests {
         // A lossy stream (not gated) goes on under the pending keys at once.
         let mut g = flow(false, false, None, false);
         g.handle_keys(t, pending).unwrap();
+        assert!(g.ready());
+    }
+
+    #[test]
+    fn a_gated_stream_starting_mid_rotation_is_settled_at_once_and_waits_for_the_keys() {
+        let t = Instant::now();
+        let mut pending = GroupKey::first([2; 32], RUN);
+        pending.previous = Some([1; 32]);
+        pending.since = SINCE_PENDING;
+        let end = || EndPlan {
+            subjects: vec![("d".to_string(), None)],
+            broadcast: None,
+        };
+        let mut f: Flow = SourceFlow::new(
+            Sender::new(2, pending, true, None, false).unwrap(),
+            2,
+            true,
+            true,
+            MAX,
+            end(),
+        );
+        assert!(f.poll_gate(), "settled: nothing under the old key");
+        assert!(!f.poll_gate(), "told once");
+        assert!(
+            !f.ready(),
+            "nothing new is sealed before the rotation's keys"
+        );
+        let mut done = pending;
+        done.since = 1;
+        f.handle_keys(t, done).unwrap();
+        assert!(f.ready());
+        // Not gated (an app side's, a lossy one): nothing to say, ready at once.
+        let mut g: Flow = SourceFlow::new(
+            Sender::new(2, pending, true, None, false).unwrap(),
+            2,
+            true,
+            false,
+            MAX,
+            end(),
+        );
+        assert!(!g.poll_gate());
         assert!(g.ready());
     }
 
