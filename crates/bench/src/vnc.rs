@@ -339,6 +339,9 @@ pub enum Workload {
     Text,
     /// glxgears (Mesa llvmpipe).
     Gears,
+    /// A web-page-like layout: text read on the left half (an xterm, a line every half
+    /// second), the film-like video in a window a quarter of the screen's area on the right.
+    Page,
 }
 
 impl Workload {
@@ -348,6 +351,19 @@ impl Workload {
             Workload::Film => "film-like video (testsrc + grain ±4, 30 fps)",
             Workload::Text => "scrolling text (xterm)",
             Workload::Gears => "3D (glxgears, llvmpipe)",
+            Workload::Page => "page: text beside a video window (grain ±4)",
+        }
+    }
+
+    /// Where the test video shows on the screen, `(left, top, width, height)`: the whole
+    /// screen, or the page's window; `None` without a video.
+    fn video_rect(self) -> Option<(u16, u16, u16, u16)> {
+        let (w, h) = size();
+        match self {
+            Workload::Video | Workload::Film => Some((0, 0, w, h)),
+            // Even sizes (the video is yuv420p).
+            Workload::Page => Some((w / 2, h / 4, (w / 2) & !1, (h / 2) & !1)),
+            Workload::Text | Workload::Gears => None,
         }
     }
 
@@ -355,7 +371,7 @@ impl Workload {
     fn grain(self) -> Option<u8> {
         match self {
             Workload::Video => Some(12),
-            Workload::Film => Some(4),
+            Workload::Film | Workload::Page => Some(4),
             Workload::Text | Workload::Gears => None,
         }
     }
@@ -367,6 +383,32 @@ impl Workload {
                 let (w, h) = size();
                 let grain = self.grain().unwrap_or(12);
                 vec![spawn_on(display, "ffplay", &video_args(w, h, 0, grain))?]
+            }
+            Workload::Page => {
+                let (left, top, vw, vh) = self.video_rect().unwrap_or_default();
+                let (w, h) = size();
+                // xterm's default font is 6x13: the left half, less a margin.
+                let geometry = format!("{}x{}+0+0", (w / 2) / 6 - 2, h / 13 - 2);
+                vec![
+                    spawn_on(
+                        display,
+                        "xterm",
+                        &[
+                            "-geometry",
+                            &geometry,
+                            "-e",
+                            "sh",
+                            "-c",
+                            "while :; do cat /usr/share/common-licenses/GPL-3; done | \
+                             while IFS= read -r l; do printf '%s\\n' \"$l\"; sleep 0.5; done",
+                        ],
+                    )?,
+                    spawn_on(
+                        display,
+                        "ffplay",
+                        &ffplay_args_at(&frames::video_graph(vw, vh, 4), left, top),
+                    )?,
+                ]
             }
             Workload::Text => vec![spawn_on(
                 display,
@@ -391,14 +433,19 @@ impl Workload {
 
 /// ffplay showing lavfi `source` borderless at (0, `top`), without sound.
 fn ffplay_args(source: &str, top: u16) -> Vec<String> {
-    let top = top.to_string();
+    ffplay_args_at(source, 0, top)
+}
+
+/// ffplay showing lavfi `source` borderless at (`left`, `top`), without sound.
+fn ffplay_args_at(source: &str, left: u16, top: u16) -> Vec<String> {
+    let (left, top) = (left.to_string(), top.to_string());
     [
         "-loglevel",
         "error",
         "-noborder",
         "-an",
         "-left",
-        "0",
+        &left,
         "-top",
         &top,
         "-f",
@@ -1038,14 +1085,38 @@ async fn measure_quality(
     s: &Setup,
     n: usize,
     grain: u8,
+    rect: (u16, u16, u16, u16),
 ) -> Result<(frames::Quality, frames::Quality)> {
-    let (w, h) = size();
+    let (_, _, w, h) = rect;
     let every = Duration::from_millis(230);
-    let viewer = pictures(&s.viewer_display, n, every).await?;
-    let app = pictures(&s.app_display, n, Duration::from_millis(50)).await?;
+    let crop = |p: Vec<Vec<u8>>| -> Vec<Vec<u8>> {
+        p.iter().map(|s| crop_bgrx(s, size().0, rect)).collect()
+    };
+    let viewer = crop(pictures(&s.viewer_display, n, every).await?);
+    let app = crop(pictures(&s.app_display, n, Duration::from_millis(50)).await?);
     let v = frames::score(w, h, grain, &viewer)?;
     let a = frames::score(w, h, grain, &app)?;
     Ok((v, a))
+}
+
+/// The rectangle `(left, top, width, height)` of a BGRX picture `stride` pixels wide.
+fn crop_bgrx(picture: &[u8], stride: u16, rect: (u16, u16, u16, u16)) -> Vec<u8> {
+    let (x, y, w, h) = (
+        usize::from(rect.0),
+        usize::from(rect.1),
+        usize::from(rect.2),
+        usize::from(rect.3),
+    );
+    let stride = usize::from(stride);
+    let mut out = Vec::with_capacity(w * h * 4);
+    for row in y..y + h {
+        let from = (row * stride + x) * 4;
+        match picture.get(from..from + w * 4) {
+            Some(line) => out.extend_from_slice(line),
+            None => out.resize(out.len() + w * 4, 0),
+        }
+    }
+    out
 }
 
 /// The JPEG quality in the last `--stats` line of ndd's app side (`image low q45 …`).
@@ -1069,9 +1140,9 @@ async fn measure_rate(peer: Peer, workload: Workload, net: Net, secs: f64) -> Re
     let (t1, b1, c1) = (Instant::now(), s.down.load(Ordering::Relaxed), s.cpu());
     let jpeg_q = s.app_log.as_deref().and_then(last_jpeg_quality);
     let updates = log.updates(t0, t1);
-    let quality = if let Some(grain) = workload.grain() {
+    let quality = if let (Some(grain), Some(rect)) = (workload.grain(), workload.video_rect()) {
         let n = if secs < 5.0 { 4 } else { QUALITY_PICTURES };
-        Some(measure_quality(&s, n, grain).await?)
+        Some(measure_quality(&s, n, grain, rect).await?)
     } else {
         None
     };
@@ -1412,6 +1483,7 @@ pub async fn run(o: Options) -> Result<()> {
                 Workload::Film,
                 Workload::Text,
                 Workload::Gears,
+                Workload::Page,
             ],
         )
     };
@@ -1776,7 +1848,7 @@ fn targets(rates: &[RateRow], stills: &[StillRow], typing: &[TypingRow]) -> Stri
             .iter()
             .find(|r| r.workload == w && r.net == slow && r.peer == p)
     };
-    for w in [Workload::Video, Workload::Film] {
+    for w in [Workload::Video, Workload::Film, Workload::Page] {
         let Some((q, n)) = find(w, Peer::Ndd).and_then(|r| Some((r.quality?.0, r))) else {
             continue;
         };
@@ -1815,6 +1887,7 @@ fn targets(rates: &[RateRow], stills: &[StillRow], typing: &[TypingRow]) -> Stri
         Workload::Film,
         Workload::Text,
         Workload::Gears,
+        Workload::Page,
     ] {
         if let (Some(n), Some(v)) = (find(w, Peer::Ndd), find(w, Peer::Vnc)) {
             let _ = writeln!(
@@ -1916,6 +1989,8 @@ mod tests {
     /// at a viewer is the remote display's doing.
     #[test]
     fn the_app_screen_equals_the_rendered_frame() {
+        // One size for every test in this process (the page's test needs 1280 wide).
+        let _ = SIZE.set(TEST_SIZE);
         let (_x, display) = start_xvfb().expect("Xvfb starts");
         let (w, h) = size();
         let _video = spawn_on(&display, "ffplay", &video_args(w, h, 0, 12)).expect("ffplay starts");
@@ -1934,6 +2009,40 @@ mod tests {
             })
             .collect();
         let q = frames::score(w, h, 12, &pictures).expect("scored");
+        assert_eq!(q.read, 4, "{q:?}");
+        assert!(q.distinct >= 2, "the video moves: {q:?}");
+        assert_eq!((q.ssim_min, q.psnr_mean), (1.0, 99.0), "{q:?}");
+    }
+
+    /// The screen size of these tests (set once for the process: the size is global).
+    const TEST_SIZE: (u16, u16) = (1280, 720);
+
+    /// The page workload's premise: its video window, cut out of the app's screen beside the
+    /// text, is the frame ffmpeg renders again, bit for bit (so the crop is where ffplay put
+    /// the window). A 1280x720 screen at least: the frame number needs 640 pixels.
+    #[test]
+    fn the_page_video_window_cut_out_equals_the_rendered_frame() {
+        let _ = SIZE.set(TEST_SIZE);
+        let (w, _) = size();
+        let (_x, display) = start_xvfb().expect("Xvfb starts");
+        let _page = Workload::Page.start(&display).expect("the page starts");
+        let rect = Workload::Page.video_rect().expect("a video");
+        let shot = || crop_bgrx(&screenshot(&display).expect("screenshot"), w, rect);
+        let t0 = Instant::now();
+        while frames::read_mark(&shot(), rect.2.into()).is_none() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "no frame number in the page's video window"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let pictures: Vec<Vec<u8>> = (0..4)
+            .map(|_| {
+                std::thread::sleep(Duration::from_millis(70));
+                shot()
+            })
+            .collect();
+        let q = frames::score(rect.2, rect.3, 4, &pictures).expect("scored");
         assert_eq!(q.read, 4, "{q:?}");
         assert!(q.distinct >= 2, "the video moves: {q:?}");
         assert_eq!((q.ssim_min, q.psnr_mean), (1.0, 99.0), "{q:?}");
