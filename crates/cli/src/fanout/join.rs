@@ -156,41 +156,40 @@ pub(super) async fn join(
     cfg: &Config,
     js: Option<&jetstream::Context>,
 ) -> Result<(Admission, String, u64)> {
-    let started = Instant::now();
-    let give_up = Duration::from_millis(cfg.link.connect_timeout_ms);
     let per_try = Duration::from_millis(cfg.link.handshake_timeout_ms);
     let subject = ctx.subjects.join();
-    let mut backoff = Duration::from_millis(100);
-    let mut said = false;
-    let mut untrusted_said = ndd_core::RateLimit::new(Duration::from_secs(30));
+    // The rules (backoff, what is said, when to give up) are `JoinRetry`'s.
+    let mut retry = JoinRetry::new(
+        Instant::now(),
+        opts.once
+            .then(|| Duration::from_millis(cfg.link.connect_timeout_ms)),
+        Duration::from_millis(cfg.link.max_backoff_ms),
+    );
     loop {
         let attempt = join_once(ctx, local, hello, &opts.home, js, per_try);
-        match attempt.await {
+        let e = match attempt.await {
             Ok(final_answer) => return final_answer,
-            Err(e) => {
-                let untrusted = e.downcast_ref::<UntrustedDevice>().is_some();
-                if opts.once && started.elapsed() >= give_up {
-                    let whom = if untrusted { " it trusts" } else { "" };
-                    return Err(e.context(format!(
-                        "no device side{whom} answered on {subject} within {:.1} s",
-                        give_up.as_secs_f64()
-                    )));
-                }
-                if untrusted {
-                    // What the user must do, whatever came before (and never quiet).
-                    if untrusted_said.admit(Instant::now()).is_some() {
-                        tracing::warn!(side = "app", "{e}; still trying");
-                    }
-                } else if !said && !ctx.quiet {
-                    tracing::info!(
+            Err(e) => e,
+        };
+        let untrusted = e.downcast_ref::<UntrustedDevice>().is_some();
+        match retry.handle_failure(Instant::now(), untrusted) {
+            Retry::GiveUp { untrusted, within } => {
+                let whom = if untrusted { " it trusts" } else { "" };
+                return Err(e.context(format!(
+                    "no device side{whom} answered on {subject} within {:.1} s",
+                    within.as_secs_f64()
+                )));
+            }
+            Retry::Again { after, say } => {
+                match say {
+                    Some(Say::Untrusted) => tracing::warn!(side = "app", "{e}; still trying"),
+                    Some(Say::Waiting) if !ctx.quiet => tracing::info!(
                         side = "app",
                         "waiting for the device side on {subject}: {e:#}"
-                    );
-                    said = true;
+                    ),
+                    _ => {}
                 }
-                tokio::time::sleep(backoff).await;
-                backoff =
-                    (backoff * 2).min(Duration::from_millis(cfg.link.max_backoff_ms.max(100)));
+                tokio::time::sleep(after).await;
             }
         }
     }

@@ -38,7 +38,7 @@ use ndd_link::nats::admit::{Admitter, Decision, Heard, Level, Line as AdmitLine,
 use ndd_link::nats::async_nats;
 use ndd_link::nats::follow::{key_id, notice_body, notice_label, Follower, Notice};
 use ndd_link::nats::intake::{Intake, Kept, Taken, REORDER_WAIT};
-use ndd_link::nats::join::{Admission, Host, Joiner, Welcome};
+use ndd_link::nats::join::{Admission, Host, JoinRetry, Joiner, Retry, Say, Welcome};
 use ndd_link::nats::keys::{GroupKey, Outcome, RunHalf, EARLIER_RUNS, SINCE_PENDING};
 use ndd_link::nats::receive::{Event, Receiver, Wait};
 use ndd_link::nats::record::FrameRecord;

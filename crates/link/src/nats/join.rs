@@ -474,6 +474,91 @@ impl Host {
     }
 }
 
+/// How long an app side waits after its first failed join.
+pub const FIRST_RETRY: Duration = Duration::from_millis(100);
+/// How often an app side says that only untrusted device sides answer (with the `ndd trust`
+/// line: what the user must do).
+pub const UNTRUSTED_EVERY: Duration = Duration::from_secs(30);
+
+/// What a failed join leads to ([`JoinRetry::handle_failure`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// Try again after `after`, first saying `say` (if any).
+    Again {
+        /// The wait.
+        after: Duration,
+        /// What to tell the user first.
+        say: Option<Say>,
+    },
+    /// Stop: no device side (`untrusted`: none this side trusts) answered within `within`.
+    GiveUp {
+        /// Only device sides this side does not trust answered.
+        untrusted: bool,
+        /// The time it was given.
+        within: Duration,
+    },
+}
+
+/// A line a failed join has the driver say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Say {
+    /// Waiting for the device side (once, at info level; nothing when quiet).
+    Waiting,
+    /// Only untrusted device sides answer: the `ndd trust` line (at once, then every
+    /// [`UNTRUSTED_EVERY`]; never quiet).
+    Untrusted,
+}
+
+/// An app side's first join, tried again while no device side it trusts answers (sans-IO):
+/// the backoff (from [`FIRST_RETRY`], doubling up to the configured most), what is said
+/// meanwhile, and when to give up (only with `--once`, after the connect timeout). A refusal
+/// or an admission ends it in the driver. `fanout/join.rs` drives it.
+#[derive(Debug)]
+pub struct JoinRetry {
+    started: Instant,
+    give_up: Option<Duration>,
+    backoff: Duration,
+    max_backoff: Duration,
+    said_waiting: bool,
+    untrusted_said: ndd_core::RateLimit,
+}
+
+impl JoinRetry {
+    /// Retries from `now`, giving up after `give_up` (none: never), waiting at most
+    /// `max_backoff` (at least [`FIRST_RETRY`]) between tries.
+    pub fn new(now: Instant, give_up: Option<Duration>, max_backoff: Duration) -> JoinRetry {
+        JoinRetry {
+            started: now,
+            give_up,
+            backoff: FIRST_RETRY,
+            max_backoff: max_backoff.max(FIRST_RETRY),
+            said_waiting: false,
+            untrusted_said: ndd_core::RateLimit::new(UNTRUSTED_EVERY),
+        }
+    }
+
+    /// A try failed at `now`; `untrusted`: only device sides this side does not trust
+    /// answered it.
+    pub fn handle_failure(&mut self, now: Instant, untrusted: bool) -> Retry {
+        if let Some(within) = self.give_up {
+            if now.saturating_duration_since(self.started) >= within {
+                return Retry::GiveUp { untrusted, within };
+            }
+        }
+        let say = if untrusted {
+            self.untrusted_said.admit(now).map(|_| Say::Untrusted)
+        } else if !self.said_waiting {
+            self.said_waiting = true;
+            Some(Say::Waiting)
+        } else {
+            None
+        };
+        let after = self.backoff;
+        self.backoff = (self.backoff * 2).min(self.max_backoff);
+        Retry::Again { after, say }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -488,6 +573,99 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d
+    }
+
+    #[test]
+    fn a_failed_join_waits_longer_each_time_says_why_and_gives_up_only_when_told() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut r = JoinRetry::new(t0, None, ms(500));
+        let waits: Vec<Retry> = (0..5)
+            .map(|i| r.handle_failure(t0 + ms(i), false))
+            .collect();
+        assert_eq!(
+            waits,
+            vec![
+                Retry::Again {
+                    after: ms(100),
+                    say: Some(Say::Waiting)
+                },
+                Retry::Again {
+                    after: ms(200),
+                    say: None
+                },
+                Retry::Again {
+                    after: ms(400),
+                    say: None
+                },
+                Retry::Again {
+                    after: ms(500),
+                    say: None
+                },
+                Retry::Again {
+                    after: ms(500),
+                    say: None
+                },
+            ],
+            "doubling up to the most, waiting said once"
+        );
+        // Only untrusted answers: the trust line at once, then not before 30 s, whatever
+        // failed between; never a give-up without a limit.
+        let t = t0 + ms(10);
+        assert!(matches!(
+            r.handle_failure(t, true),
+            Retry::Again {
+                say: Some(Say::Untrusted),
+                ..
+            }
+        ));
+        assert!(matches!(
+            r.handle_failure(t + ms(1), false),
+            Retry::Again { say: None, .. }
+        ));
+        assert!(matches!(
+            r.handle_failure(t + ms(29_000), true),
+            Retry::Again { say: None, .. }
+        ));
+        assert!(matches!(
+            r.handle_failure(t + UNTRUSTED_EVERY, true),
+            Retry::Again {
+                say: Some(Say::Untrusted),
+                ..
+            }
+        ));
+        assert!(matches!(
+            r.handle_failure(t + Duration::from_secs(3600), false),
+            Retry::Again { .. }
+        ));
+        // With a limit (`--once`): tries until it passes, then gives up saying who answered.
+        let mut r = JoinRetry::new(t0, Some(Duration::from_secs(5)), ms(50));
+        assert!(matches!(
+            r.handle_failure(t0 + ms(4999), true),
+            Retry::Again { .. }
+        ));
+        assert_eq!(
+            r.handle_failure(t0 + Duration::from_secs(5), true),
+            Retry::GiveUp {
+                untrusted: true,
+                within: Duration::from_secs(5)
+            }
+        );
+        assert_eq!(
+            r.handle_failure(t0 + Duration::from_secs(6), false),
+            Retry::GiveUp {
+                untrusted: false,
+                within: Duration::from_secs(5)
+            }
+        );
+        // A most below the first wait is the first wait.
+        let mut r = JoinRetry::new(t0, None, ms(10));
+        assert!(
+            matches!(r.handle_failure(t0, false), Retry::Again { after, .. } if after == ms(100))
+        );
+        assert!(
+            matches!(r.handle_failure(t0, false), Retry::Again { after, .. } if after == ms(100))
+        );
     }
 
     #[test]
