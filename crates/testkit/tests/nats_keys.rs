@@ -372,10 +372,7 @@ impl App {
     fn restart(&mut self, keys: GroupKey) {
         // (At the latest at the first record its receiver kept aside for a key: acknowledged,
         // not yet opened.)
-        let floor = match self.kept.and_then(|k| k.again_from) {
-            Some(s) => self.consumer.ack_floor().min(s - 1),
-            None => self.consumer.ack_floor(),
-        } as usize;
+        let floor = (Kept::resume_at(self.consumer.ack_floor(), self.kept.as_ref()) - 1) as usize;
         let mut next = App::new(self.id + 0x10, keys, self.pace);
         next.before = std::mem::take(&mut self.before);
         next.before.push((self.id, self.next));

@@ -272,13 +272,11 @@ impl Stored {
                 .await
             {
                 if self.resume {
-                    start = c.cached_info().ack_floor.stream_sequence + 1;
                     // Records acknowledged and kept aside for a key, not yet opened, come
                     // again (the process that kept them may be gone).
-                    let aside = self.position.as_ref().and_then(PositionFile::read);
-                    if let Some(a) = aside.and_then(|k| k.again_from) {
-                        start = start.min(a);
-                    }
+                    let kept = self.position.as_ref().and_then(PositionFile::read);
+                    start =
+                        Kept::resume_at(c.cached_info().ack_floor.stream_sequence, kept.as_ref());
                     self.resumed = true;
                 }
                 let _ = self.stream.delete_consumer(&durable).await;

@@ -63,6 +63,17 @@ pub struct Kept {
 }
 
 impl Kept {
+    /// Where a consumer this side left behind starts again: after JetStream's ack floor
+    /// `ack_floor`, or at the first record acknowledged and kept aside for a key (`kept`,
+    /// what the process before wrote), whichever is first.
+    pub fn resume_at(ack_floor: u64, kept: Option<&Kept>) -> u64 {
+        let after_floor = ack_floor + 1;
+        match kept.and_then(|k| k.again_from) {
+            Some(a) => after_floor.min(a),
+            None => after_floor,
+        }
+    }
+
     /// Its encoding: start, run, next, seq, which of position (1) and `again_from` (2) there
     /// are, `again_from`, and a check (u64 BE each).
     pub const LEN: usize = 56;
@@ -799,6 +810,23 @@ mod tests {
             i.handle_message(t, &rec(2, 7, END_SEQ, 0, 2), None),
             Taken::Queued
         );
+    }
+
+    #[test]
+    fn a_consumer_left_behind_starts_after_its_ack_floor_or_at_what_was_kept_aside() {
+        assert_eq!(Kept::resume_at(10, None), 11);
+        let kept = |again_from| Kept {
+            start: 1,
+            position: None,
+            again_from,
+        };
+        assert_eq!(Kept::resume_at(10, Some(&kept(None))), 11);
+        assert_eq!(
+            Kept::resume_at(10, Some(&kept(Some(7)))),
+            7,
+            "kept aside: comes again"
+        );
+        assert_eq!(Kept::resume_at(10, Some(&kept(Some(15)))), 11);
     }
 
     #[test]
