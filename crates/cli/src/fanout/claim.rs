@@ -55,12 +55,7 @@ pub(super) async fn claim_device(
                 q.copy_from_slice(&draw_key()?[..QUESTION_LEN]);
                 claim.asked(q);
                 let inbox = ctx.client.new_inbox();
-                answers = Some(
-                    ctx.client
-                        .subscribe(inbox.clone())
-                        .await
-                        .map_err(|e| anyhow!("cannot subscribe to {inbox}: {e}"))?,
-                );
+                answers = Some(ctx.subscribe(inbox.clone()).await?);
                 ctx.client
                     .publish_with_reply(subject.clone(), inbox, Bytes::copy_from_slice(&q))
                     .await
@@ -100,11 +95,7 @@ pub(super) async fn claim_device(
             }
         }
     }
-    let mut sub = ctx
-        .client
-        .subscribe(subject.clone())
-        .await
-        .map_err(|e| anyhow!("cannot subscribe to {subject}: {e}"))?;
+    let mut sub = ctx.subscribe(subject.clone()).await?;
     let client = ctx.client.clone();
     let me = format!(
         "run {run:016x}, process {} on {}",
@@ -149,11 +140,7 @@ pub(super) async fn serve_ready(
     admitter: Shared<Admitter>,
 ) -> Result<()> {
     let subject = ctx.subjects.ready();
-    let mut sub = ctx
-        .client
-        .subscribe(subject.clone())
-        .await
-        .map_err(|e| anyhow!("cannot subscribe to {subject}: {e}"))?;
+    let mut sub = ctx.subscribe(subject.clone()).await?;
     // A ready that does not open (an app side still under the key before a rotation or of an
     // earlier run, or anyone publishing there) is ignored without a word.
     let inverse = |k: &GroupKey| {

@@ -396,3 +396,13 @@ struct Ctx {
     /// The ndd home (an app side keeps where its stored streams stand there).
     home: std::path::PathBuf,
 }
+
+impl Ctx {
+    /// A subscription to `subject`, or an error naming it.
+    async fn subscribe(&self, subject: String) -> Result<async_nats::Subscriber> {
+        self.client
+            .subscribe(subject.clone())
+            .await
+            .map_err(|e| anyhow!("cannot subscribe to {subject}: {e}"))
+    }
+}

@@ -159,11 +159,7 @@ pub(super) async fn subscribe(
             return Ok(Input::Stored(Box::new(stored)));
         }
         let subject = ctx.subjects.up(plan.id);
-        let sub = ctx
-            .client
-            .subscribe(subject.clone())
-            .await
-            .map_err(|e| anyhow!("cannot subscribe to {subject}: {e}"))?;
+        let sub = ctx.subscribe(subject.clone()).await?;
         return Ok(Input::Core(sub));
     };
     let part = match plan.split {

@@ -142,12 +142,7 @@ pub(super) async fn spawn_stream(
         let lossy = !plan.reliable;
         let end_sub = if plan.round_robin && app.is_some() {
             let subject = ctx.subjects.end(plan.id);
-            Some(
-                ctx.client
-                    .subscribe(subject.clone())
-                    .await
-                    .map_err(|e| anyhow!("cannot subscribe to {subject}: {e}"))?,
-            )
+            Some(ctx.subscribe(subject.clone()).await?)
         } else {
             None
         };
