@@ -426,6 +426,12 @@ pub struct Nats {
 impl Nats {
     /// Starts one named after `name`, with `extra` arguments (`-c FILE` for TLS or users).
     pub fn start(name: &str, extra: &[&str]) -> Nats {
+        Nats::try_start(name, extra).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Nats::start`], or why the server did not come up (it exited, or reported no port
+    /// within 10 s).
+    pub fn try_start(name: &str, extra: &[&str]) -> Result<Nats, String> {
         let dir = std::env::temp_dir().join(format!("ndd-nats-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -438,8 +444,8 @@ impl Nats {
             dir,
             extra: extra.iter().map(|s| s.to_string()).collect(),
         };
-        n.restart();
-        n
+        n.try_restart()?;
+        Ok(n)
     }
 
     /// `nats://127.0.0.1:PORT`.
@@ -472,6 +478,16 @@ impl Nats {
     /// (Re)starts the server on its port and store (the first time on a port it picks,
     /// read from its ports file), and waits until it accepts connections.
     pub fn restart(&mut self) {
+        if let Err(e) = self.try_restart() {
+            panic!("{e}");
+        }
+    }
+
+    /// [`Nats::restart`], or why the server did not come up: it exited (a route port taken
+    /// by another test's server between the cluster picking it and the node binding it: seen
+    /// under load, where the wait for its ports file then timed out and the test panicked
+    /// instead of trying fresh ports), or it reported no port within 10 s.
+    fn try_restart(&mut self) -> Result<(), String> {
         self.daemon = None;
         let log = std::fs::File::create(self.dir.join("server.log")).unwrap();
         let ports = self.dir.join("ports");
@@ -512,24 +528,38 @@ impl Nats {
                 .collect();
             digits.parse::<u16>().ok()
         };
-        let mut reported = None;
-        wait_for(
-            "nats-server to report its port",
-            Duration::from_secs(10),
-            || {
-                reported = std::fs::read_to_string(&file)
-                    .ok()
-                    .and_then(|t| Some((port_of(&t, "nats")?, port_of(&t, "monitoring")?)));
-                reported.is_some()
-            },
-        );
-        if let Some((p, m)) = reported {
-            (self.port, self.monitor) = (p, m);
-        }
+        let t0 = Instant::now();
+        let (p, m) = loop {
+            let reported = std::fs::read_to_string(&file)
+                .ok()
+                .and_then(|t| Some((port_of(&t, "nats")?, port_of(&t, "monitoring")?)));
+            if let Some(r) = reported {
+                break r;
+            }
+            let exited = self
+                .daemon
+                .as_mut()
+                .is_some_and(|d| matches!(d.0.try_wait(), Ok(Some(_))));
+            if exited || t0.elapsed() > Duration::from_secs(10) {
+                let why = if exited {
+                    "exited"
+                } else {
+                    "reported no port within 10 s"
+                };
+                let tail: Vec<String> =
+                    self.log().lines().rev().take(3).map(String::from).collect();
+                return Err(format!(
+                    "nats-server {why}; last lines of its log: {tail:?}"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        (self.port, self.monitor) = (p, m);
         let port = self.port;
         wait_for("nats-server to listen", Duration::from_secs(10), || {
             std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
         });
+        Ok(())
     }
 
     /// What the server logged.
@@ -579,9 +609,16 @@ impl NatsCluster {
     pub fn start(name: &str) -> NatsCluster {
         // A route port given back to the kernel can be taken by another test's server before
         // its node binds it (seen once in CI: no leader within 30 s): a cluster that elects
-        // no leader is started again on fresh ports, up to three times.
+        // no leader, or one of whose nodes exits at start, is started again on fresh ports,
+        // up to three times.
         for attempt in 1..=3 {
-            let c = NatsCluster::start_once(name);
+            let c = match NatsCluster::start_once(name) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("a NATS cluster node did not start (attempt {attempt} of 3): {e}");
+                    continue;
+                }
+            };
             if c.ready_within(Duration::from_secs(30)) {
                 return c;
             }
@@ -598,10 +635,10 @@ impl NatsCluster {
                 "the NATS cluster elected no JetStream leader within 30 s (attempt {attempt} of 3); last lines of each node: {logs:?}"
             );
         }
-        panic!("timed out waiting for the NATS cluster to elect a JetStream leader (3 attempts)");
+        panic!("the NATS cluster did not come up with a JetStream leader in 3 attempts");
     }
 
-    fn start_once(name: &str) -> NatsCluster {
+    fn start_once(name: &str) -> Result<NatsCluster, String> {
         // Route ports must be known to every node before any starts: free ones, taken from
         // the kernel and given back (the only window in which another program could take
         // one; client and monitoring ports are picked by the servers themselves).
@@ -624,7 +661,7 @@ impl NatsCluster {
             .map(|(i, p)| {
                 let name_arg = format!("n{}", i + 1);
                 let cluster = format!("nats://127.0.0.1:{p}");
-                Nats::start(
+                Nats::try_start(
                     &format!("{name}-n{}", i + 1),
                     &[
                         "-n",
@@ -638,8 +675,8 @@ impl NatsCluster {
                     ],
                 )
             })
-            .collect();
-        NatsCluster { nodes }
+            .collect::<Result<Vec<Nats>, String>>()?;
+        Ok(NatsCluster { nodes })
     }
 
     /// Whether every running node knows the JetStream metadata leader within `limit`.
