@@ -1994,24 +1994,7 @@ mod tests {
         let (_x, display) = start_xvfb().expect("Xvfb starts");
         let (w, h) = size();
         let _video = spawn_on(&display, "ffplay", &video_args(w, h, 0, 12)).expect("ffplay starts");
-        let t0 = Instant::now();
-        while frames::read_mark(&screenshot(&display).expect("screenshot"), w.into()).is_none() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(20),
-                "no frame number on the screen"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let pictures: Vec<Vec<u8>> = (0..4)
-            .map(|_| {
-                std::thread::sleep(Duration::from_millis(70));
-                screenshot(&display).expect("screenshot")
-            })
-            .collect();
-        let q = frames::score(w, h, 12, &pictures).expect("scored");
-        assert_eq!(q.read, 4, "{q:?}");
-        assert!(q.distinct >= 2, "the video moves: {q:?}");
-        assert_eq!((q.ssim_min, q.psnr_mean), (1.0, 99.0), "{q:?}");
+        shows_the_rendered_frames(|| screenshot(&display).expect("screenshot"), w, h, 12);
     }
 
     /// The screen size of these tests (set once for the process: the size is global).
@@ -2028,11 +2011,17 @@ mod tests {
         let _page = Workload::Page.start(&display).expect("the page starts");
         let rect = Workload::Page.video_rect().expect("a video");
         let shot = || crop_bgrx(&screenshot(&display).expect("screenshot"), w, rect);
+        shows_the_rendered_frames(shot, rect.2, rect.3, 4);
+    }
+
+    /// Waits (20 s at most) until `shot`'s pictures (`w` x `h`) carry a frame number, then
+    /// checks four of them, 70 ms apart, are the test video's frames with `grain`, bit for bit.
+    fn shows_the_rendered_frames(shot: impl Fn() -> Vec<u8>, w: u16, h: u16, grain: u8) {
         let t0 = Instant::now();
-        while frames::read_mark(&shot(), rect.2.into()).is_none() {
+        while frames::read_mark(&shot(), w.into()).is_none() {
             assert!(
                 t0.elapsed() < Duration::from_secs(20),
-                "no frame number in the page's video window"
+                "no frame number in the pictures"
             );
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -2042,7 +2031,7 @@ mod tests {
                 shot()
             })
             .collect();
-        let q = frames::score(rect.2, rect.3, 4, &pictures).expect("scored");
+        let q = frames::score(w, h, grain, &pictures).expect("scored");
         assert_eq!(q.read, 4, "{q:?}");
         assert!(q.distinct >= 2, "the video moves: {q:?}");
         assert_eq!((q.ssim_min, q.psnr_mean), (1.0, 99.0), "{q:?}");

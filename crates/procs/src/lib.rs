@@ -555,10 +555,15 @@ impl Nats {
             std::thread::sleep(Duration::from_millis(10));
         };
         (self.port, self.monitor) = (p, m);
-        let port = self.port;
-        wait_for("nats-server to listen", Duration::from_secs(10), || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
+        let t0 = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", p)).is_err() {
+            if t0.elapsed() > Duration::from_secs(10) {
+                return Err(format!(
+                    "nats-server reported port {p} but did not listen within 10 s"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         Ok(())
     }
 

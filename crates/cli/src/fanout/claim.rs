@@ -55,7 +55,7 @@ pub(super) async fn claim_device(
                 q.copy_from_slice(&draw_key()?[..QUESTION_LEN]);
                 claim.asked(q);
                 let inbox = ctx.client.new_inbox();
-                answers = Some(ctx.subscribe(inbox.clone()).await?);
+                answers = Some(ctx.subscribe(&inbox).await?);
                 ctx.client
                     .publish_with_reply(subject.clone(), inbox, Bytes::copy_from_slice(&q))
                     .await
@@ -95,7 +95,7 @@ pub(super) async fn claim_device(
             }
         }
     }
-    let mut sub = ctx.subscribe(subject.clone()).await?;
+    let mut sub = ctx.subscribe(&subject).await?;
     let client = ctx.client.clone();
     let me = format!(
         "run {run:016x}, process {} on {}",
@@ -140,7 +140,7 @@ pub(super) async fn serve_ready(
     admitter: Shared<Admitter>,
 ) -> Result<()> {
     let subject = ctx.subjects.ready();
-    let mut sub = ctx.subscribe(subject.clone()).await?;
+    let mut sub = ctx.subscribe(&subject).await?;
     // A ready that does not open (an app side still under the key before a rotation or of an
     // earlier run, or anyone publishing there) is ignored without a word.
     let inverse = |k: &GroupKey| {

@@ -25,7 +25,7 @@ const JOIN_INITS_PER_S: u32 = 100;
 impl JoinService {
     pub(super) async fn serve(mut self) -> Result<tokio::task::JoinHandle<Result<()>>> {
         let subject = self.ctx.subjects.join();
-        let mut sub = self.ctx.subscribe(subject.clone()).await?;
+        let mut sub = self.ctx.subscribe(&subject).await?;
         Ok(tokio::spawn(async move {
             let mut host = Host::new(self.expiry);
             let mut logs = ndd_core::RateLimit::with_burst(Duration::from_secs(1), 5);
@@ -271,7 +271,7 @@ pub(super) struct KeyFollower {
 impl KeyFollower {
     pub(super) async fn subscribe(&self) -> Result<async_nats::Subscriber> {
         let subject = self.ctx.subjects.rekey();
-        self.ctx.subscribe(subject.clone()).await
+        self.ctx.subscribe(&subject).await
     }
 
     pub(super) async fn serve(
@@ -423,7 +423,7 @@ async fn answers<T>(
     // subscription goes to the server before the question, on the same connection.
     let mut sub = tokio::time::timeout_at(deadline, async {
         let inbox = ctx.client.new_inbox();
-        let sub = ctx.subscribe(inbox.clone()).await?;
+        let sub = ctx.subscribe(&inbox).await?;
         ctx.client
             .publish_with_reply(subject.to_string(), inbox, body.into())
             .await

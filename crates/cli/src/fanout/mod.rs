@@ -399,9 +399,9 @@ struct Ctx {
 
 impl Ctx {
     /// A subscription to `subject`, or an error naming it.
-    async fn subscribe(&self, subject: String) -> Result<async_nats::Subscriber> {
+    async fn subscribe(&self, subject: &str) -> Result<async_nats::Subscriber> {
         self.client
-            .subscribe(subject.clone())
+            .subscribe(subject.to_string())
             .await
             .map_err(|e| anyhow!("cannot subscribe to {subject}: {e}"))
     }

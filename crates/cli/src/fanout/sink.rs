@@ -159,7 +159,7 @@ pub(super) async fn subscribe(
             return Ok(Input::Stored(Box::new(stored)));
         }
         let subject = ctx.subjects.up(plan.id);
-        let sub = ctx.subscribe(subject.clone()).await?;
+        let sub = ctx.subscribe(&subject).await?;
         return Ok(Input::Core(sub));
     };
     let part = match plan.split {

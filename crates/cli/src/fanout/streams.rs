@@ -142,7 +142,7 @@ pub(super) async fn spawn_stream(
         let lossy = !plan.reliable;
         let end_sub = if plan.round_robin && app.is_some() {
             let subject = ctx.subjects.end(plan.id);
-            Some(ctx.subscribe(subject.clone()).await?)
+            Some(ctx.subscribe(&subject).await?)
         } else {
             None
         };

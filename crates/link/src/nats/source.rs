@@ -558,14 +558,17 @@ mod tests {
             subjects: vec![("d".to_string(), None)],
             broadcast: None,
         };
-        let mut f: Flow = SourceFlow::new(
-            Sender::new(2, pending, true, None, false).unwrap(),
-            2,
-            true,
-            true,
-            MAX,
-            end(),
-        );
+        let flow = |gated| -> Flow {
+            SourceFlow::new(
+                Sender::new(2, pending, true, None, false).unwrap(),
+                2,
+                true,
+                gated,
+                MAX,
+                end(),
+            )
+        };
+        let mut f = flow(true);
         assert!(f.poll_gate(), "settled: nothing under the old key");
         assert!(!f.poll_gate(), "told once");
         assert!(
@@ -577,14 +580,7 @@ mod tests {
         f.handle_keys(t, done).unwrap();
         assert!(f.ready());
         // Not gated (an app side's, a lossy one): nothing to say, ready at once.
-        let mut g: Flow = SourceFlow::new(
-            Sender::new(2, pending, true, None, false).unwrap(),
-            2,
-            true,
-            false,
-            MAX,
-            end(),
-        );
+        let mut g = flow(false);
         assert!(!g.poll_gate());
         assert!(g.ready());
     }
