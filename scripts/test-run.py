@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Runs the workspace's test binaries, two at a time: what `cargo test --workspace` does, in
+about half the time on two cores.
+
+Most of the slow binaries wait on real processes (nats-server, Xvfb, PulseAudio, pyserial's
+suite), sockets and clocks; the simulations are CPU-bound. `cargo test` runs the binaries one
+after the other; here the longest start first and two run side by side, each with its tests
+`RUST_TEST_THREADS` at a time, as under `cargo test`. Each binary runs in its package's
+directory (as cargo runs it); its output is printed whole when it ends (all of it when it
+fails), and the doc tests run last through cargo.
+
+    scripts/test-run.py [--jobs N] [CARGO TEST ARGS...]
+
+`--jobs` (or NDD_TEST_JOBS): binaries at once, 2 by default; 1 is `cargo test`'s order.
+Exit status: 0 when every binary and the doc tests passed.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+# Started first: the longest binaries here (seconds on two cores), so the two lanes end
+# together. Any other binary runs after them in cargo's order.
+SLOW_FIRST = [
+    "pyserial_suite",
+    "session_rate",
+    "nats",
+    "nats_publish",
+    "session",
+    "audio",
+    "nats_keys",
+    "two_processes",
+    "display",
+]
+
+
+def binaries(cargo_args):
+    """(name, executable, package directory) of every test binary, built first."""
+    cmd = ["cargo", "test", "--workspace", "--no-run", "--message-format=json-render-diagnostics"]
+    proc = subprocess.run(cmd + cargo_args, stdout=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"test-run: `{' '.join(cmd + cargo_args)}` failed (exit {proc.returncode})")
+    found = []
+    for line in proc.stdout.splitlines():
+        try:
+            m = json.loads(line)
+        except ValueError:
+            continue
+        if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+            found.append((m["target"]["name"], m["executable"], os.path.dirname(m["manifest_path"])))
+    rank = {n: i for i, n in enumerate(SLOW_FIRST)}
+    found.sort(key=lambda b: rank.get(b[0], len(SLOW_FIRST)))
+    return found
+
+
+def main():
+    args = sys.argv[1:]
+    jobs = int(os.environ.get("NDD_TEST_JOBS", "2"))
+    if args[:1] == ["--jobs"]:
+        jobs, args = int(args[1]), args[2:]
+    todo = binaries(args)
+    lock = threading.Lock()
+    failed = []
+    started = time.monotonic()
+
+    def run_one(name, exe, cwd):
+        t = time.monotonic()
+        p = subprocess.run([exe, "-q"], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+        took = time.monotonic() - t
+        rel = os.path.relpath(exe)
+        with lock:
+            print(f"     Running {name} ({rel}) [{took:.1f} s, +{time.monotonic() - started:.0f} s]", flush=True)
+            sys.stdout.write(p.stdout)
+            if p.returncode != 0:
+                failed.append(f"{name} ({rel}): exit {p.returncode}")
+            sys.stdout.flush()
+
+    def lane():
+        while True:
+            with lock:
+                if not todo:
+                    return
+                b = todo.pop(0)
+            run_one(*b)
+
+    lanes = [threading.Thread(target=lane) for _ in range(max(1, jobs))]
+    for t in lanes:
+        t.start()
+    for t in lanes:
+        t.join()
+    print("   Doc-tests (cargo test --workspace --doc)", flush=True)
+    doc = subprocess.run(["cargo", "test", "--workspace", "--doc", "-q"] + args)
+    if doc.returncode != 0:
+        failed.append(f"doc tests: exit {doc.returncode}")
+    if failed:
+        print("test-run: FAILED:\n  " + "\n  ".join(failed), flush=True)
+        return 1
+    print(f"test-run: every test binary passed ({time.monotonic() - started:.0f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
