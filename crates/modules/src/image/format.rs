@@ -22,8 +22,10 @@
 //! | `3` jpeg | length u32, JPEG data | — |
 //! | `4` h264 | length u32, one H.264 access unit (Annex B) of the video region | — |
 //!
-//! An `h264` rect is the video region: its access units form one H.264 stream for as long
-//! as the region keeps its place and size (a new region starts with an IDR).
+//! An `h264` rect is the video region, or one of its stripes: a region of 1.5 Mpixel or more
+//! (1080p, 1440p) comes as two `h264` rects, its top and bottom, at most two in a frame,
+//! never overlapping. Each rect's access units form one H.264 stream for as long as it keeps
+//! its place and size (a new region starts with an IDR in each).
 //!
 //! then the zstd block: one flushed chunk of a zstd stream that runs for the life of the pair
 //! (its window spans earlier frames), holding the rects' block data in rect order.

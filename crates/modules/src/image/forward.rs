@@ -282,7 +282,7 @@ impl ImageForward {
 
     /// Codes the video region of this capture (`region`) as H.264 when it changed (or an IDR
     /// is due: a keyframe, a new region); the parts left for the tile codec, and the access
-    /// unit.
+    /// units (one per stripe, with its rect).
     #[allow(clippy::type_complexity)]
     fn code_video(
         &mut self,
@@ -290,10 +290,10 @@ impl ImageForward {
         parts: Vec<(usize, Rect)>,
         keyframe: bool,
         now: Instant,
-    ) -> Result<(Vec<(usize, Rect)>, Option<(Rect, Vec<u8>)>), ModuleError> {
+    ) -> Result<(Vec<(usize, Rect)>, Vec<(Rect, Vec<u8>)>), ModuleError> {
         let Some(r) = region else {
             self.drop_video(now);
-            return Ok((parts, None));
+            return Ok((parts, Vec::new()));
         };
         let mut idr = keyframe;
         if self.video.as_ref().is_none_or(|v| v.region() != r) {
@@ -302,7 +302,7 @@ impl ImageForward {
                 Ok(v) => self.video = Some(v),
                 Err(e) => {
                     self.no_video(now, &e);
-                    return Ok((parts, None));
+                    return Ok((parts, Vec::new()));
                 }
             }
             idr = true;
@@ -314,28 +314,28 @@ impl ImageForward {
             rest.extend(video::outside(p, r).into_iter().map(|q| (i, q)));
         }
         if !touched {
-            return Ok((rest, None));
+            return Ok((rest, Vec::new()));
         }
         let Some(s) = self.screen.as_ref() else {
-            return Ok((parts, None));
+            return Ok((parts, Vec::new()));
         };
         s.copy_out(r, &mut self.scratch);
-        let mut au = Vec::new();
+        let mut aus = Vec::new();
         let coded = match self.video.as_mut() {
-            Some(v) => v.encode(&self.scratch, idr, now, &mut au),
-            None => return Ok((parts, None)),
+            Some(v) => v.encode(&self.scratch, idr, now, &mut aus),
+            None => return Ok((parts, Vec::new())),
         };
         if let Err(e) = coded {
             // The tiles take the region this time; the encoder is set up afresh (with an
             // IDR) when the region is next video.
             self.no_video(now, &e);
-            return Ok((parts, None));
+            return Ok((parts, Vec::new()));
         }
         // (Its tiles are marked lossy, to be refined, when the region ends: `drop_video`.)
         self.video_at = Some(now);
         self.video_frames += 1;
-        self.video_bytes += au.len() as u64;
-        Ok((rest, Some((r, au))))
+        self.video_bytes += aus.iter().map(|(_, au)| au.len() as u64).sum::<u64>();
+        Ok((rest, aus))
     }
 
     /// The encoder failed (`e`): the region goes back to the tiles, said a few times a
@@ -418,7 +418,7 @@ impl ImageForward {
         meta: Meta,
         flags: u8,
         parts: &[(usize, Rect)],
-        video: Option<(Rect, Vec<u8>)>,
+        video: Vec<(Rect, Vec<u8>)>,
         lossless: bool,
         now: Instant,
         out: &mut Output,
@@ -438,7 +438,7 @@ impl ImageForward {
         meta: Meta,
         flags: u8,
         parts: &[(usize, Rect)],
-        video: Option<(Rect, Vec<u8>)>,
+        video: Vec<(Rect, Vec<u8>)>,
         lossless: bool,
         now: Instant,
         out: &mut Output,
@@ -446,7 +446,7 @@ impl ImageForward {
         let palette_max = usize::from(self.cfg.palette_max);
         let jpeg = if lossless { None } else { self.jpeg_now() };
         let mut rects: Vec<(Rect, Owned)> = Vec::with_capacity(parts.len() + 1);
-        if let Some((r, au)) = video {
+        for (r, au) in video {
             rects.push((r, Owned::H264(au)));
         }
         let mut photos = Vec::new();
@@ -642,7 +642,7 @@ impl ImageForward {
         for &(i, _) in &parts {
             self.tiles[i].lossy = false;
         }
-        self.encode(meta, 0, &parts, None, true, now, out)
+        self.encode(meta, 0, &parts, Vec::new(), true, now, out)
     }
 
     /// Credit for everything up to `credit`: measure the path, maybe change the preset.
@@ -750,7 +750,7 @@ impl Half for ImageForward {
         // whole screen as a keyframe, and an IDR for each of those cost the video its quality.
         let idr = keyframe && self.cfg.broadcast();
         let (parts, au) = self.code_video(region, parts, idr, now)?;
-        if parts.is_empty() && au.is_none() {
+        if parts.is_empty() && au.is_empty() {
             self.stats.unchanged += 1;
             return Ok(());
         }
@@ -805,7 +805,7 @@ impl Half for ImageForward {
                 let r = self.start_keyframe(now).and_then(|parts| {
                     let lossless = self.preset() == Quality::Lossless;
                     let flags = FLAG_KEYFRAME | format::FLAG_REPEAT;
-                    self.encode(meta, flags, &parts, None, lossless, now, out)
+                    self.encode(meta, flags, &parts, Vec::new(), lossless, now, out)
                 });
                 if let Err(e) = r {
                     tracing::warn!(error = %e, "image: keyframe failed");

@@ -7,7 +7,9 @@ use super::video::VideoDecoder;
 use super::{corrupt, library, tiles, PAIR};
 use ndd_core::frame::DEFAULT_HEADROOM;
 use ndd_core::{ForeignError, Frame, FrameError, Half, HalfStats, ModuleError, Output};
-use ndd_wire::display::{PixelFormat, UpdateHeader, UpdateLayout, FLAG_KEYFRAME, KNOWN_FLAGS};
+use ndd_wire::display::{
+    PixelFormat, Rect, UpdateHeader, UpdateLayout, FLAG_KEYFRAME, KNOWN_FLAGS,
+};
 use std::fmt;
 use std::time::{Duration, Instant};
 use zstd::stream::raw::{DParameter, InBuffer, Operation, OutBuffer};
@@ -36,9 +38,8 @@ pub struct ImageInverse {
     in_step: bool,
     /// Broadcast: repeated pictures not handed on again ([`format::FLAG_REPEAT`]).
     repeats: u64,
-    /// The video region's decoder, and its last picture (BGRX).
-    video: Option<VideoDecoder>,
-    picture: Vec<u8>,
+    /// The video region's decoders, one per stripe, each with its last picture (BGRX).
+    video: Vec<(VideoDecoder, Vec<u8>)>,
     /// Access units that gave no picture (their region is left as it was).
     no_picture: u64,
 }
@@ -78,8 +79,7 @@ impl ImageInverse {
             skipped: 0,
             in_step: false,
             repeats: 0,
-            video: None,
-            picture: Vec::new(),
+            video: Vec::new(),
             no_picture: 0,
         })
     }
@@ -154,21 +154,23 @@ impl Half for ImageInverse {
                 max: self.max_size as u64,
             }));
         }
-        // The video region first: an access unit that gives no picture leaves its rect out.
+        // The video region first (its stripes): an access unit that gives no picture leaves
+        // its rect out.
         let mut rects = p.rects;
-        if rects
+        let video: Vec<(Rect, &[u8])> = rects
             .iter()
-            .filter(|(_, k)| matches!(k, Kind::H264(_)))
-            .count()
-            > 1
-        {
-            return Err(invalid("more than one video region in a frame"));
+            .filter_map(|(r, k)| match k {
+                Kind::H264(au) => Some((*r, *au)),
+                _ => None,
+            })
+            .collect();
+        if video.len() > super::video::MAX_STRIPES {
+            return Err(invalid(
+                "more video stripes in a frame than a region is coded as",
+            ));
         }
-        let video = rects.iter().enumerate().find_map(|(i, (r, k))| match k {
-            Kind::H264(au) => Some((i, *r, *au)),
-            _ => None,
-        });
-        if let Some((i, r, au)) = video {
+        let mut pixels = 0u64;
+        for (i, &(r, _)) in video.iter().enumerate() {
             if r.right() > u32::from(h.width) || r.bottom() > u32::from(h.height) {
                 return Err(invalid("video region outside the screen"));
             }
@@ -176,22 +178,37 @@ impl Half for ImageInverse {
             if !super::video::codable(r) {
                 return Err(invalid("video region of a size H.264 does not code"));
             }
-            if usize::from(r.w) * usize::from(r.h) * 4 > self.max_size {
-                return Err(ModuleError::from(FrameError::OverLimit {
-                    pair: PAIR,
-                    field: "video region",
-                    value: u64::from(r.w) * u64::from(r.h) * 4,
-                    limit: "max_size",
-                    max: self.max_size as u64,
-                }));
+            if video[..i].iter().any(|(q, _)| q.intersection(&r).is_some()) {
+                return Err(invalid("video stripes overlap"));
             }
-            let v = match &mut self.video {
-                Some(v) if v.region() == r => v,
-                slot => slot.insert(VideoDecoder::new(r)?),
-            };
-            if !v.decode(au, &mut self.picture)? {
-                self.no_picture += 1;
-                rects.remove(i);
+            pixels += u64::from(r.w) * u64::from(r.h);
+        }
+        if pixels * 4 > self.max_size as u64 {
+            return Err(ModuleError::from(FrameError::OverLimit {
+                pair: PAIR,
+                field: "video region",
+                value: pixels * 4,
+                limit: "max_size",
+                max: self.max_size as u64,
+            }));
+        }
+        if !video.is_empty() {
+            // The stripes of this frame's region: a decoder kept for each one that stays, a
+            // new one (from an IDR) for each that is new; those of an old region go.
+            let mut kept = std::mem::take(&mut self.video);
+            for &(r, _) in &video {
+                let d = match kept.iter().position(|(d, _)| d.region() == r) {
+                    Some(k) => kept.swap_remove(k),
+                    None => (VideoDecoder::new(r)?, Vec::new()),
+                };
+                self.video.push(d);
+            }
+            let gave = decode_stripes(&mut self.video, &video)?;
+            for (&(r, _), gave) in video.iter().zip(gave) {
+                if !gave {
+                    self.no_picture += 1;
+                    rects.retain(|(q, k)| !(*q == r && matches!(k, Kind::H264(_))));
+                }
             }
         }
         let layout = UpdateLayout::new(
@@ -272,10 +289,16 @@ impl Half for ImageInverse {
                         .map_err(|e| corrupt("jpeg", e))?;
                 }
                 Kind::H264(_) => {
-                    if self.picture.len() != px.len() {
+                    let picture = self
+                        .video
+                        .iter()
+                        .find(|(d, _)| d.region() == *r)
+                        .map(|(_, p)| p.as_slice())
+                        .unwrap_or_default();
+                    if picture.len() != px.len() {
                         return Err(invalid("video picture size differs from its rect"));
                     }
-                    px.copy_from_slice(&self.picture);
+                    px.copy_from_slice(picture);
                 }
             }
         }
@@ -315,5 +338,27 @@ impl Half for ImageInverse {
             ],
             ..HalfStats::default()
         }
+    }
+}
+
+/// Decodes each stripe's access unit (`video[i]` into `decoders[i]`, in the same order), two
+/// at once as they were coded; whether each gave a picture.
+fn decode_stripes(
+    decoders: &mut [(VideoDecoder, Vec<u8>)],
+    video: &[(Rect, &[u8])],
+) -> Result<Vec<bool>, ModuleError> {
+    match (decoders, video) {
+        ([(d, pic)], [(_, au)]) => Ok(vec![d.decode(au, pic)?]),
+        ([(da, pa), (db, pb)], [(_, aa), (_, ab)]) => std::thread::scope(|sc| {
+            let j = sc.spawn(|| db.decode(ab, pb));
+            let ra = da.decode(aa, pa);
+            let rb = j
+                .join()
+                .unwrap_or_else(|_| Err(corrupt("H.264", "the decoder thread panicked")));
+            Ok(vec![ra?, rb?])
+        }),
+        _ => Err(invalid(
+            "more video stripes in a frame than a region is coded as",
+        )),
     }
 }

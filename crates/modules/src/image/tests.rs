@@ -14,9 +14,19 @@ const H: u16 = 150;
 
 /// A screen image as a closure of (x, y) → B, G, R.
 fn update(flags: u8, rects: &[Rect], px: impl Fn(u16, u16) -> [u8; 3]) -> Frame {
+    update_of((W, H), flags, rects, px)
+}
+
+/// The same on a screen of `size`.
+fn update_of(
+    (width, height): (u16, u16),
+    flags: u8,
+    rects: &[Rect],
+    px: impl Fn(u16, u16) -> [u8; 3],
+) -> Frame {
     let header = UpdateHeader {
-        width: W,
-        height: H,
+        width,
+        height,
         format: PixelFormat::Bgrx32,
         flags,
     };
@@ -508,7 +518,24 @@ fn malformed_video_rects_are_refused_before_decoding() {
     let au = format::Kind::H264(&[0, 0, 0, 1, 0x67, 1, 2, 3]);
     let r = Rect::new(0, 0, 64, 64);
     let e = decode(1 << 20, &frame(64, 64, &[(r, au.clone()), (r, au.clone())])).unwrap_err();
-    assert!(e.contains("more than one video region"), "{e}");
+    assert!(e.contains("video stripes overlap"), "{e}");
+    let stripe = |y| (Rect::new(0, y, 64, 16), au.clone());
+    let e = decode(
+        1 << 20,
+        &frame(64, 64, &[stripe(0), stripe(16), stripe(32)]),
+    )
+    .unwrap_err();
+    assert!(e.contains("more video stripes in a frame"), "{e}");
+    let e = decode(
+        1 << 20,
+        &frame(
+            64,
+            64,
+            &[(r, au.clone()), (Rect::new(0, 0, 64, 64), au.clone())],
+        ),
+    )
+    .unwrap_err();
+    assert!(e.contains("video stripes overlap"), "{e}");
     let e = decode(
         1 << 20,
         &frame(64, 64, &[(Rect::new(0, 0, 63, 64), au.clone())]),
@@ -1026,4 +1053,67 @@ fn a_keyframe_restarts_the_video_stream_and_codec_chooses_the_coding() {
         .counters
         .iter()
         .any(|(k, v)| *k == "video_frames" && *v == 0));
+}
+
+/// Issue 33, item 3: a 1080p region is coded as two H.264 stripes (top and bottom, split on
+/// a macroblock row), coded and decoded two at once; the viewer shows the whole picture
+/// within the same bound as one stream, neither half left blank.
+#[test]
+fn a_full_hd_region_travels_as_two_stripes_and_shows_whole() {
+    let t0 = Instant::now();
+    let (w, h) = (1920u16, 1080u16);
+    let c = ImageConfig {
+        codec: Codec::H264,
+        max_size: 16 << 20,
+        ..cfg(Quality::Medium)
+    };
+    let mut fwd = ImageForward::new(c.clone()).unwrap();
+    let mut inv = ImageInverse::new(c.max_size as usize, false).unwrap();
+    let mut fb = Framebuffer::new(w, h, PixelFormat::Bgrx32);
+    let all = Rect::new(0, 0, w, h);
+    for n in 0..4u16 {
+        let now = t0 + Duration::from_millis(33 * u64::from(n));
+        let flags = if n == 0 { FLAG_KEYFRAME } else { 0 };
+        let mut out = Output::new();
+        fwd.handle_frame(now, update_of((w, h), flags, &[all], moving(n)), &mut out)
+            .unwrap();
+        let frames = out.take_frames();
+        assert_eq!(frames.len(), 1, "one frame per capture");
+        let wire = format::parse(frames[0].payload()).unwrap();
+        let video: Vec<Rect> = wire
+            .rects
+            .iter()
+            .filter(|(_, k)| matches!(k, format::Kind::H264(_)))
+            .map(|(r, _)| *r)
+            .collect();
+        assert_eq!(
+            video,
+            [Rect::new(0, 0, w, 528), Rect::new(0, 528, w, 552)],
+            "capture {n}: two stripes"
+        );
+        for f in frames {
+            let mut o = Output::new();
+            inv.handle_frame(now, f, &mut o).unwrap();
+            for d in o.take_frames() {
+                fb.apply(&Update::parse(d.payload()).unwrap()).unwrap();
+            }
+            for ctl in o.take_control() {
+                fwd.handle_control(now, ctl, &mut Output::new()).unwrap();
+            }
+        }
+    }
+    let shown: Vec<[u8; 3]> = fb
+        .pixels()
+        .chunks_exact(4)
+        .map(|p| [p[0], p[1], p[2]])
+        .collect();
+    let want: Vec<[u8; 3]> = (0..h)
+        .flat_map(|y| (0..w).map(move |x| moving(3)(x, y)))
+        .collect();
+    let got = psnr(&shown, &want);
+    assert!(got >= 35.0, "the whole screen at {got:.1} dB");
+    // Both halves of the screen are the picture (neither stripe left blank).
+    let half = shown.len() / 2;
+    assert!(psnr(&shown[..half], &want[..half]) >= 35.0);
+    assert!(psnr(&shown[half..], &want[half..]) >= 35.0);
 }

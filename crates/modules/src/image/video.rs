@@ -22,8 +22,14 @@
 //!   BGRX → I420, one H.264 access unit per capture that changed any of it; no B-frames
 //!   (OpenH264's baseline profile has none), bit-rate control at a share of the path the pair
 //!   measured, an IDR on a keyframe (a peer that restarted, a new region).
-//! - **Decoding** ([`VideoDecoder`]): the inverse keeps one decoder for the region; a new
-//!   region (other size or place) starts a new one, whose first access unit is an IDR.
+//!   A region of [`STRIPE_PIXELS`] or more (1080p, 1440p) is coded as two stripes, top and
+//!   bottom, each its own H.264 stream with its share of the bit rate, encoded at once on two
+//!   threads: OpenH264 codes a picture on one core (a 2560×1440 picture took 31.5 ms on this
+//!   machine's, 21.6 ms as two stripes side by side), and the pair's frame rate at 1440p was
+//!   bound by it.
+//! - **Decoding** ([`VideoDecoder`]): the inverse keeps one decoder per stripe of the region
+//!   (two stripes decode at once, as they were coded); a new region (other size or place)
+//!   starts new ones, whose first access units are IDRs.
 
 use super::{corrupt, library};
 use ndd_core::ModuleError;
@@ -311,13 +317,97 @@ const MIN_QP: u8 = 22;
 /// raised the target to 40 Mbit/s on a 20 Mbit/s path.
 const USED_SHARE: f64 = 0.5;
 
-/// The H.264 encoder of one region.
+/// A region this large (pixels) or larger is coded as two stripes ([`stripes`]).
+pub const STRIPE_PIXELS: u32 = 1_500_000;
+/// Stripes of one region at most (the inverse refuses more video rects in a frame).
+pub const MAX_STRIPES: usize = 2;
+
+/// The stripes `region` is coded as: itself, or (at [`STRIPE_PIXELS`] or more) its top and
+/// bottom, split on a macroblock row (a multiple of 16 pixels), each of a size H.264 codes.
+pub fn stripes(region: Rect) -> Vec<Rect> {
+    let top = (region.h / 2) & !15;
+    if u32::from(region.w) * u32::from(region.h) < STRIPE_PIXELS || top < 16 {
+        return vec![region];
+    }
+    vec![
+        Rect::new(region.x, region.y, region.w, top),
+        Rect::new(region.x, region.y + top, region.w, region.h - top),
+    ]
+}
+
+/// One stripe's encoder and its picture in I420.
+struct Stripe {
+    rect: Rect,
+    encoder: Encoder,
+    yuv: YUVBuffer,
+}
+
+impl Stripe {
+    /// Codes `bgrx` (the stripe's rows) into `out`.
+    fn encode(
+        &mut self,
+        bgrx: &[u8],
+        idr: bool,
+        ts: openh264::Timestamp,
+        out: &mut Vec<u8>,
+    ) -> Result<(), ModuleError> {
+        let r = self.rect;
+        self.yuv
+            .read_bgra8(BgraSliceU8::new(bgrx, (usize::from(r.w), usize::from(r.h))));
+        if idr {
+            self.encoder.force_intra_frame();
+        }
+        let bits = self
+            .encoder
+            .encode_at(&self.yuv, ts)
+            .map_err(|e| corrupt("H.264", e.to_string()))?;
+        bits.write_vec(out);
+        Ok(())
+    }
+
+    /// One bit-rate option of the layer the wrapper configures (spatial layer 0).
+    #[allow(unsafe_code)]
+    fn set_option(&mut self, option: openh264_sys2::ENCODER_OPTION, bps: u32) -> bool {
+        let mut info = openh264_sys2::SBitrateInfo {
+            iLayer: openh264_sys2::SPATIAL_LAYER_0,
+            iBitrate: std::os::raw::c_int::try_from(bps).unwrap_or(std::os::raw::c_int::MAX),
+        };
+        // SAFETY: `option` is one of the two bit-rate options, which read one `SBitrateInfo`
+        // through the pointer (it outlives the call) and change only the rate control's
+        // targets; the wrapper sets its own parameters again only for a new picture size,
+        // which a stripe never has. OpenH264 refuses any option before the encoder is
+        // initialized (the wrapper initializes it on its first frame; `step` waits for one).
+        let rc = unsafe {
+            self.encoder
+                .raw_api()
+                .set_option(option, (&raw mut info).cast())
+        };
+        rc == 0
+    }
+
+    /// Tells the encoder the frame rate its rate control divides the bit rate by.
+    #[allow(unsafe_code)]
+    fn set_frame_rate(&mut self, fps: f32) -> bool {
+        let mut value = fps;
+        // SAFETY: ENCODER_OPTION_FRAME_RATE reads one `float` through the pointer (it outlives
+        // the call) and sets the input frame rate the rate control uses; the encoder is
+        // initialized (this follows an encoded frame).
+        let rc = unsafe {
+            self.encoder.raw_api().set_option(
+                openh264_sys2::ENCODER_OPTION_FRAME_RATE,
+                (&raw mut value).cast(),
+            )
+        };
+        rc == 0
+    }
+}
+
+/// The H.264 encoders of one region: one per stripe ([`stripes`]).
 pub struct VideoEncoder {
     region: Rect,
-    encoder: Encoder,
+    stripes: Vec<Stripe>,
     bps: u32,
     since: Instant,
-    yuv: YUVBuffer,
     /// The frame rate the encoder was told (its rate control gives each frame the bit rate
     /// over this), and the captures and bytes counted since `window` to measure the real one
     /// and the bit rate used.
@@ -357,12 +447,23 @@ impl VideoEncoder {
     /// An encoder for `region`, at `path_bps` (the measured path, if any).
     pub fn new(region: Rect, path_bps: Option<f64>, now: Instant) -> Result<Self, ModuleError> {
         let bps = target(path_bps);
+        let area = f64::from(region.w) * f64::from(region.h);
+        let stripes = stripes(region)
+            .into_iter()
+            .map(|rect| {
+                let share = f64::from(rect.w) * f64::from(rect.h) / area;
+                Ok(Stripe {
+                    rect,
+                    encoder: encoder((f64::from(bps) * share) as u32)?,
+                    yuv: YUVBuffer::new(usize::from(rect.w), usize::from(rect.h)),
+                })
+            })
+            .collect::<Result<Vec<_>, ModuleError>>()?;
         Ok(VideoEncoder {
             region,
-            encoder: encoder(bps)?,
+            stripes,
             bps,
             since: now,
-            yuv: YUVBuffer::new(usize::from(region.w), usize::from(region.h)),
             fps: START_FPS,
             window: (now, 0, 0),
             used: None,
@@ -423,11 +524,32 @@ impl VideoEncoder {
         } else {
             [ENCODER_OPTION_BITRATE, ENCODER_OPTION_MAX_BITRATE]
         };
-        for (i, option) in order.into_iter().enumerate() {
-            if !self.set_option(option, bps) {
-                if i == 1 {
-                    // Put the first one back.
-                    self.set_option(order[0], self.bps);
+        // Each stripe its share, by area.
+        let area = f64::from(self.region.w) * f64::from(self.region.h);
+        let share =
+            |r: Rect, bps: u32| (f64::from(bps) * f64::from(r.w) * f64::from(r.h) / area) as u32;
+        let old = self.bps;
+        for k in 0..self.stripes.len() {
+            let st = &mut self.stripes[k];
+            let (new, was) = (share(st.rect, bps), share(st.rect, old));
+            let mut took = true;
+            for (i, option) in order.into_iter().enumerate() {
+                if !st.set_option(option, new) {
+                    if i == 1 {
+                        // Put the first one back.
+                        st.set_option(order[0], was);
+                    }
+                    took = false;
+                    break;
+                }
+            }
+            if !took {
+                // The stripes set before this one go back too: all or none.
+                for st in &mut self.stripes[..k] {
+                    let was = share(st.rect, old);
+                    for option in order.into_iter().rev() {
+                        st.set_option(option, was);
+                    }
                 }
                 return false;
             }
@@ -436,53 +558,51 @@ impl VideoEncoder {
         true
     }
 
-    /// One bit-rate option of the layer the wrapper configures (spatial layer 0).
-    #[allow(unsafe_code)]
-    fn set_option(&mut self, option: openh264_sys2::ENCODER_OPTION, bps: u32) -> bool {
-        let mut info = openh264_sys2::SBitrateInfo {
-            iLayer: openh264_sys2::SPATIAL_LAYER_0,
-            iBitrate: std::os::raw::c_int::try_from(bps).unwrap_or(std::os::raw::c_int::MAX),
-        };
-        // SAFETY: `option` is one of the two bit-rate options, which read one `SBitrateInfo`
-        // through the pointer (it outlives the call) and change only the rate control's
-        // targets; the wrapper sets its own parameters again only for a new picture size,
-        // which a region never has. OpenH264 refuses any option before the encoder is
-        // initialized (the wrapper initializes it on its first frame; `step` waits for one).
-        let rc = unsafe {
-            self.encoder
-                .raw_api()
-                .set_option(option, (&raw mut info).cast())
-        };
-        rc == 0
-    }
-
-    /// Codes the region's pixels `bgrx` (its rows, BGRX, no padding) into `out` (an access
-    /// unit: NAL units with start codes); `idr`: a picture that needs no earlier one.
+    /// Codes the region's pixels `bgrx` (its rows, BGRX, no padding) into `out`: one access
+    /// unit (NAL units with start codes) per stripe, with the stripe's rect; `idr`: pictures
+    /// that need no earlier one. Two stripes are coded at once, the second on a thread of its
+    /// own.
     pub fn encode(
         &mut self,
         bgrx: &[u8],
         idr: bool,
         now: Instant,
-        out: &mut Vec<u8>,
+        out: &mut Vec<(Rect, Vec<u8>)>,
     ) -> Result<(), ModuleError> {
-        let r = self.region;
-        self.yuv
-            .read_bgra8(BgraSliceU8::new(bgrx, (usize::from(r.w), usize::from(r.h))));
-        if idr {
-            self.encoder.force_intra_frame();
-        }
         let ts = openh264::Timestamp::from_millis(
             now.saturating_duration_since(self.since).as_millis() as u64,
         );
-        let bits = self
-            .encoder
-            .encode_at(&self.yuv, ts)
-            .map_err(|e| corrupt("H.264", e.to_string()))?;
-        let start = out.len();
-        bits.write_vec(out);
+        let row = usize::from(self.region.w) * 4;
+        let top = usize::from(self.region.y);
+        let rows = |r: Rect| {
+            let from = (usize::from(r.y) - top) * row;
+            from..from + usize::from(r.h) * row
+        };
+        let mut aus: Vec<Vec<u8>> = vec![Vec::new(); self.stripes.len()];
+        match (&mut self.stripes[..], &mut aus[..]) {
+            ([a], [out_a]) => a.encode(&bgrx[rows(a.rect)], idr, ts, out_a)?,
+            ([a, b], [out_a, out_b]) => {
+                let (pa, pb) = (&bgrx[rows(a.rect)], &bgrx[rows(b.rect)]);
+                let rb = std::thread::scope(|sc| {
+                    let j = sc.spawn(|| b.encode(pb, idr, ts, out_b));
+                    let ra = a.encode(pa, idr, ts, out_a);
+                    let rb = j
+                        .join()
+                        .unwrap_or_else(|_| Err(corrupt("H.264", "the encoder thread panicked")));
+                    ra.and(rb)
+                });
+                rb?;
+            }
+            _ => return Err(corrupt("H.264", "no stripe to code")),
+        }
+        let mut len = 0;
+        for (st, au) in self.stripes.iter().zip(aus) {
+            len += au.len();
+            out.push((st.rect, au));
+        }
         self.frames += 1;
-        self.bytes += (out.len() - start) as u64;
-        self.window.2 += (out.len() - start) as u64;
+        self.bytes += len as u64;
+        self.window.2 += len as u64;
         self.follow_rate(now);
         Ok(())
     }
@@ -499,29 +619,13 @@ impl VideoEncoder {
         self.used = Some(self.window.2 as f64 * 8.0 / spent.as_secs_f64());
         self.window = (now, 0, 0);
         if (fps - self.fps).abs() > self.fps * FPS_CHANGE {
-            if self.set_frame_rate(fps) {
+            if self.stripes.iter_mut().all(|st| st.set_frame_rate(fps)) {
                 tracing::debug!(fps, "image: the H.264 encoder follows the capture rate");
                 self.fps = fps;
             } else {
                 tracing::debug!(fps, "image: the H.264 encoder refused a frame rate");
             }
         }
-    }
-
-    /// Tells the encoder the frame rate its rate control divides the bit rate by.
-    #[allow(unsafe_code)]
-    fn set_frame_rate(&mut self, fps: f32) -> bool {
-        let mut value = fps;
-        // SAFETY: ENCODER_OPTION_FRAME_RATE reads one `float` through the pointer (it outlives
-        // the call) and sets the input frame rate the rate control uses; the encoder is
-        // initialized (this follows an encoded frame).
-        let rc = unsafe {
-            self.encoder.raw_api().set_option(
-                openh264_sys2::ENCODER_OPTION_FRAME_RATE,
-                (&raw mut value).cast(),
-            )
-        };
-        rc == 0
     }
 }
 
@@ -613,6 +717,37 @@ mod tests {
         fn tick(&mut self) -> Instant {
             self.at += self.step;
             self.at
+        }
+    }
+
+    #[test]
+    fn large_regions_split_in_two_stripes_on_a_macroblock_row() {
+        let r = Rect::new(0, 0, 1920, 1080);
+        assert_eq!(
+            stripes(r),
+            [Rect::new(0, 0, 1920, 528), Rect::new(0, 528, 1920, 552)]
+        );
+        let r = Rect::new(64, 32, 2560, 1440);
+        assert_eq!(
+            stripes(r),
+            [Rect::new(64, 32, 2560, 720), Rect::new(64, 752, 2560, 720)]
+        );
+        // Under STRIPE_PIXELS (720p, a video window): one stream.
+        for r in [Rect::new(0, 0, 1280, 720), Rect::new(960, 0, 960, 540)] {
+            assert_eq!(stripes(r), [r]);
+        }
+        // Every stripe is codable, and they tile the region.
+        for (w, h) in [
+            (1920, 1080),
+            (3840, 2160),
+            (1000, 1600),
+            (2000, 750),
+            (3840, 392),
+        ] {
+            let r = Rect::new(0, 0, w, h);
+            let s = stripes(r);
+            assert!(s.iter().all(|&q| codable(q)), "{w}x{h}: {s:?}");
+            assert_eq!(s.iter().map(|q| u32::from(q.h)).sum::<u32>(), u32::from(h));
         }
     }
 
@@ -934,7 +1069,7 @@ mod tests {
                 let mut au = Vec::new();
                 enc.encode(&frame, n == 0, at, &mut au).unwrap();
                 if at >= warm {
-                    bytes += au.len();
+                    bytes += au.iter().map(|(_, a)| a.len()).sum::<usize>();
                     counted += every;
                 }
                 n += 1;
@@ -976,12 +1111,14 @@ mod tests {
                     })
                 })
                 .collect();
-            let mut au = Vec::new();
+            let mut aus = Vec::new();
             let now = t0 + Duration::from_millis(33 * u64::from(n));
-            enc.encode(&frame, n == 0, now, &mut au).unwrap();
+            enc.encode(&frame, n == 0, now, &mut aus).unwrap();
+            assert_eq!(aus.len(), 1, "one stream under STRIPE_PIXELS");
+            assert_eq!(aus[0].0, region);
             let mut got = Vec::new();
             assert!(
-                dec.decode(&au, &mut got).unwrap(),
+                dec.decode(&aus[0].1, &mut got).unwrap(),
                 "frame {n} decoded nothing"
             );
             let mse: f64 = frame
@@ -1023,7 +1160,7 @@ mod tests {
             &mut au,
         )
         .unwrap();
-        assert!(dec.decode(&au, &mut Vec::new()).unwrap());
+        assert!(dec.decode(&au[0].1, &mut Vec::new()).unwrap());
         assert!(enc.frames == 31 && enc.bytes > 0);
     }
 }
