@@ -22,8 +22,8 @@
 //! | `3` jpeg | length u32, JPEG data | — |
 //! | `4` h264 | length u32, one H.264 access unit (Annex B) of the video region | — |
 //!
-//! An `h264` rect is the video region, or one of its stripes: a region of 1.5 Mpixel or more
-//! (1080p, 1440p) comes as two `h264` rects, its top and bottom, at most two in a frame,
+//! An `h264` rect is the video region, or one of its stripes: a region of 3 Mpixel or more
+//! (1440p and up) comes as two `h264` rects, its top and bottom, at most two in a frame,
 //! never overlapping. Each rect's access units form one H.264 stream for as long as it keeps
 //! its place and size (a new region starts with an IDR in each).
 //!

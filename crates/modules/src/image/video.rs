@@ -22,7 +22,7 @@
 //!   BGRX → I420, one H.264 access unit per capture that changed any of it; no B-frames
 //!   (OpenH264's baseline profile has none), bit-rate control at a share of the path the pair
 //!   measured, an IDR on a keyframe (a peer that restarted, a new region).
-//!   A region of [`STRIPE_PIXELS`] or more (1080p, 1440p) is coded as two stripes, top and
+//!   A region of [`STRIPE_PIXELS`] or more (1440p and up) is coded as two stripes, top and
 //!   bottom, each its own H.264 stream with its share of the bit rate, encoded at once on two
 //!   threads: OpenH264 codes a picture on one core (a 2560×1440 picture took 31.5 ms on this
 //!   machine's, 21.6 ms as two stripes side by side), and the pair's frame rate at 1440p was
@@ -318,7 +318,10 @@ const MIN_QP: u8 = 22;
 const USED_SHARE: f64 = 0.5;
 
 /// A region this large (pixels) or larger is coded as two stripes ([`stripes`]).
-pub const STRIPE_PIXELS: u32 = 1_500_000;
+/// At 1080p two stripes measured no faster than one stream in `ndd bench display --vs-vnc`
+/// (25.6 and 22.6 fps against 25.9 and 27.2, the machine shared with both X servers, the
+/// player and the viewer); at 1440p they were (12–13 fps steady against 10.5–11.3).
+pub const STRIPE_PIXELS: u32 = 3_000_000;
 /// Stripes of one region at most (the inverse refuses more video rects in a frame).
 pub const MAX_STRIPES: usize = 2;
 
@@ -722,27 +725,31 @@ mod tests {
 
     #[test]
     fn large_regions_split_in_two_stripes_on_a_macroblock_row() {
-        let r = Rect::new(0, 0, 1920, 1080);
+        let r = Rect::new(0, 0, 2560, 1600);
         assert_eq!(
             stripes(r),
-            [Rect::new(0, 0, 1920, 528), Rect::new(0, 528, 1920, 552)]
+            [Rect::new(0, 0, 2560, 800), Rect::new(0, 800, 2560, 800)]
         );
         let r = Rect::new(64, 32, 2560, 1440);
         assert_eq!(
             stripes(r),
             [Rect::new(64, 32, 2560, 720), Rect::new(64, 752, 2560, 720)]
         );
-        // Under STRIPE_PIXELS (720p, a video window): one stream.
-        for r in [Rect::new(0, 0, 1280, 720), Rect::new(960, 0, 960, 540)] {
+        // Under STRIPE_PIXELS (1080p, 720p, a video window): one stream.
+        for r in [
+            Rect::new(0, 0, 1920, 1080),
+            Rect::new(0, 0, 1280, 720),
+            Rect::new(960, 0, 960, 540),
+        ] {
             assert_eq!(stripes(r), [r]);
         }
         // Every stripe is codable, and they tile the region.
         for (w, h) in [
-            (1920, 1080),
+            (2560, 1440),
             (3840, 2160),
-            (1000, 1600),
-            (2000, 750),
-            (3840, 392),
+            (2000, 1600),
+            (3000, 1000),
+            (3840, 782),
         ] {
             let r = Rect::new(0, 0, w, h);
             let s = stripes(r);
