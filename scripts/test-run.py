@@ -11,7 +11,9 @@ fails), and the doc tests run last through cargo.
 
     scripts/test-run.py [--jobs N] [CARGO TEST ARGS...]
 
-`--jobs` (or NDD_TEST_JOBS): binaries at once, 2 by default; 1 is `cargo test`'s order.
+`--jobs` (or NDD_TEST_JOBS): binaries at once, 2 by default; 1 runs them one after the other
+(the longest still first). CARGO TEST ARGS go to the build (e.g. `-p ndd-core`), not to the
+binaries: filter tests by name with `cargo test` itself.
 Exit status: 0 when every binary and the doc tests passed.
 """
 
@@ -37,9 +39,15 @@ SLOW_FIRST = [
 ]
 
 
+def selection(cargo_args):
+    """`--workspace` unless the arguments name packages."""
+    named = any(a in ("-p", "--package") or a.startswith("--package=") for a in cargo_args)
+    return [] if named else ["--workspace"]
+
+
 def binaries(cargo_args):
     """(name, executable, package directory) of every test binary, built first."""
-    cmd = ["cargo", "test", "--workspace", "--no-run", "--message-format=json-render-diagnostics"]
+    cmd = ["cargo", "test"] + selection(cargo_args) + ["--no-run", "--message-format=json-render-diagnostics"]
     proc = subprocess.run(cmd + cargo_args, stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         sys.exit(f"test-run: `{' '.join(cmd + cargo_args)}` failed (exit {proc.returncode})")
@@ -68,14 +76,21 @@ def main():
 
     def run_one(name, exe, cwd):
         t = time.monotonic()
-        p = subprocess.run([exe, "-q"], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
-        took = time.monotonic() - t
         rel = os.path.relpath(exe)
         with lock:
+            # Said at once: a binary that hangs is named before anything kills the run.
+            print(f"    Starting {name} (+{t - started:.0f} s)", flush=True)
+        try:
+            p = subprocess.run([exe, "-q"], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+            output, code = p.stdout, p.returncode
+        except OSError as e:
+            output, code = f"test-run: cannot run {rel}: {e}\n", "not started"
+        took = time.monotonic() - t
+        with lock:
             print(f"     Running {name} ({rel}) [{took:.1f} s, +{time.monotonic() - started:.0f} s]", flush=True)
-            sys.stdout.write(p.stdout)
-            if p.returncode != 0:
-                failed.append(f"{name} ({rel}): exit {p.returncode}")
+            sys.stdout.write(output)
+            if code != 0:
+                failed.append(f"{name} ({rel}): exit {code}")
             sys.stdout.flush()
 
     def lane():
@@ -91,8 +106,8 @@ def main():
         t.start()
     for t in lanes:
         t.join()
-    print("   Doc-tests (cargo test --workspace --doc)", flush=True)
-    doc = subprocess.run(["cargo", "test", "--workspace", "--doc", "-q"] + args)
+    print("   Doc-tests (cargo test --doc)", flush=True)
+    doc = subprocess.run(["cargo", "test"] + selection(args) + ["--doc", "-q"] + args)
     if doc.returncode != 0:
         failed.append(f"doc tests: exit {doc.returncode}")
     if failed:

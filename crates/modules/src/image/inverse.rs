@@ -349,14 +349,11 @@ fn decode_stripes(
 ) -> Result<Vec<bool>, ModuleError> {
     match (decoders, video) {
         ([(d, pic)], [(_, au)]) => Ok(vec![d.decode(au, pic)?]),
-        ([(da, pa), (db, pb)], [(_, aa), (_, ab)]) => std::thread::scope(|sc| {
-            let j = sc.spawn(|| db.decode(ab, pb));
-            let ra = da.decode(aa, pa);
-            let rb = j
-                .join()
-                .unwrap_or_else(|_| Err(corrupt("H.264", "the decoder thread panicked")));
+        ([(da, pa), (db, pb)], [(_, aa), (_, ab)]) => {
+            let (ra, rb) = super::video::both(|| da.decode(aa, pa), || db.decode(ab, pb));
+            let rb = rb.unwrap_or_else(|| Err(corrupt("H.264", "the decoder thread panicked")));
             Ok(vec![ra?, rb?])
-        }),
+        }
         _ => Err(invalid(
             "more video stripes in a frame than a region is coded as",
         )),

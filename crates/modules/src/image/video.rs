@@ -24,9 +24,8 @@
 //!   measured, an IDR on a keyframe (a peer that restarted, a new region).
 //!   A region of [`STRIPE_PIXELS`] or more (1440p and up) is coded as two stripes, top and
 //!   bottom, each its own H.264 stream with its share of the bit rate, encoded at once on two
-//!   threads: OpenH264 codes a picture on one core (a 2560×1440 picture took 31.5 ms on this
-//!   machine's, 21.6 ms as two stripes side by side), and the pair's frame rate at 1440p was
-//!   bound by it.
+//!   threads: OpenH264 codes a picture on one core (a 2560×1440 picture took 31.5 ms to
+//!   convert and code here, 21.6 ms as two stripes side by side).
 //! - **Decoding** ([`VideoDecoder`]): the inverse keeps one decoder per stripe of the region
 //!   (two stripes decode at once, as they were coded); a new region (other size or place)
 //!   starts new ones, whose first access units are IDRs.
@@ -320,7 +319,7 @@ const USED_SHARE: f64 = 0.5;
 /// A region this large (pixels) or larger is coded as two stripes ([`stripes`]).
 /// At 1080p two stripes measured no faster than one stream in `ndd bench display --vs-vnc`
 /// (25.6 and 22.6 fps against 25.9 and 27.2, the machine shared with both X servers, the
-/// player and the viewer); at 1440p they were (12–13 fps steady against 10.5–11.3).
+/// player and the viewer); at 1440p they were (11.6–13.6 fps steady against 10.3–11.3).
 pub const STRIPE_PIXELS: u32 = 3_000_000;
 /// Stripes of one region at most (the inverse refuses more video rects in a frame).
 pub const MAX_STRIPES: usize = 2;
@@ -336,6 +335,25 @@ pub fn stripes(region: Rect) -> Vec<Rect> {
         Rect::new(region.x, region.y, region.w, top),
         Rect::new(region.x, region.y + top, region.w, region.h - top),
     ]
+}
+
+/// Stripe `part`'s share of `region`'s bit rate `bps`, by area.
+fn share(part: Rect, region: Rect, bps: u32) -> u32 {
+    let area = |r: Rect| f64::from(r.w) * f64::from(r.h);
+    (f64::from(bps) * area(part) / area(region)) as u32
+}
+
+/// Runs `a` here and `b` on a thread of its own, at once (two stripes coded or decoded);
+/// `b`'s result is `None` if its thread panicked.
+pub(crate) fn both<A, B: Send>(
+    a: impl FnOnce() -> A,
+    b: impl FnOnce() -> B + Send,
+) -> (A, Option<B>) {
+    std::thread::scope(|sc| {
+        let j = sc.spawn(b);
+        let ra = a();
+        (ra, j.join().ok())
+    })
 }
 
 /// One stripe's encoder and its picture in I420.
@@ -366,6 +384,19 @@ impl Stripe {
             .map_err(|e| corrupt("H.264", e.to_string()))?;
         bits.write_vec(out);
         Ok(())
+    }
+
+    /// Sets the two bit-rate options in `order` to `bps`; if the second is refused, the
+    /// first goes back to `was`. Whether both took it.
+    fn set_bps(&mut self, order: [openh264_sys2::ENCODER_OPTION; 2], bps: u32, was: u32) -> bool {
+        if !self.set_option(order[0], bps) {
+            return false;
+        }
+        if !self.set_option(order[1], bps) {
+            self.set_option(order[0], was);
+            return false;
+        }
+        true
     }
 
     /// One bit-rate option of the layer the wrapper configures (spatial layer 0).
@@ -450,14 +481,12 @@ impl VideoEncoder {
     /// An encoder for `region`, at `path_bps` (the measured path, if any).
     pub fn new(region: Rect, path_bps: Option<f64>, now: Instant) -> Result<Self, ModuleError> {
         let bps = target(path_bps);
-        let area = f64::from(region.w) * f64::from(region.h);
         let stripes = stripes(region)
             .into_iter()
             .map(|rect| {
-                let share = f64::from(rect.w) * f64::from(rect.h) / area;
                 Ok(Stripe {
                     rect,
-                    encoder: encoder((f64::from(bps) * share) as u32)?,
+                    encoder: encoder(share(rect, region, bps))?,
                     yuv: YUVBuffer::new(usize::from(rect.w), usize::from(rect.h)),
                 })
             })
@@ -527,29 +556,18 @@ impl VideoEncoder {
         } else {
             [ENCODER_OPTION_BITRATE, ENCODER_OPTION_MAX_BITRATE]
         };
-        // Each stripe its share, by area.
-        let area = f64::from(self.region.w) * f64::from(self.region.h);
-        let share =
-            |r: Rect, bps: u32| (f64::from(bps) * f64::from(r.w) * f64::from(r.h) / area) as u32;
-        let old = self.bps;
+        // Each stripe its share, by area; all or none.
+        let (region, old) = (self.region, self.bps);
         for k in 0..self.stripes.len() {
             let st = &mut self.stripes[k];
-            let (new, was) = (share(st.rect, bps), share(st.rect, old));
-            let mut took = true;
-            for (i, option) in order.into_iter().enumerate() {
-                if !st.set_option(option, new) {
-                    if i == 1 {
-                        // Put the first one back.
-                        st.set_option(order[0], was);
-                    }
-                    took = false;
-                    break;
-                }
-            }
-            if !took {
-                // The stripes set before this one go back too: all or none.
+            if !st.set_bps(
+                order,
+                share(st.rect, region, bps),
+                share(st.rect, region, old),
+            ) {
+                // The stripes set before this one go back too.
                 for st in &mut self.stripes[..k] {
-                    let was = share(st.rect, old);
+                    let was = share(st.rect, region, old);
                     for option in order.into_iter().rev() {
                         st.set_option(option, was);
                     }
@@ -586,15 +604,12 @@ impl VideoEncoder {
             ([a], [out_a]) => a.encode(&bgrx[rows(a.rect)], idr, ts, out_a)?,
             ([a, b], [out_a, out_b]) => {
                 let (pa, pb) = (&bgrx[rows(a.rect)], &bgrx[rows(b.rect)]);
-                let rb = std::thread::scope(|sc| {
-                    let j = sc.spawn(|| b.encode(pb, idr, ts, out_b));
-                    let ra = a.encode(pa, idr, ts, out_a);
-                    let rb = j
-                        .join()
-                        .unwrap_or_else(|_| Err(corrupt("H.264", "the encoder thread panicked")));
-                    ra.and(rb)
-                });
-                rb?;
+                let (ra, rb) = both(
+                    || a.encode(pa, idr, ts, out_a),
+                    || b.encode(pb, idr, ts, out_b),
+                );
+                ra?;
+                rb.unwrap_or_else(|| Err(corrupt("H.264", "the encoder thread panicked")))?;
             }
             _ => return Err(corrupt("H.264", "no stripe to code")),
         }
