@@ -26,20 +26,13 @@ pub(super) async fn start(
         Some(js) => stored_up_to(ctx, js).await?.1,
         None => 0,
     };
-    let (run, earlier) = new_run(&opts.home, &nats.subject_prefix, &cfg.driver, began)?;
-    let (key_tx, key) = watch::channel(group_key(
-        &opts.home,
-        &nats.subject_prefix,
-        &cfg.driver,
-        run,
-        earlier,
-    )?);
+    let files = Home::new(&opts.home, &nats.subject_prefix, &cfg.driver);
+    let (run, earlier) = files.new_run(began, wall_ns(), random_u64() as u16)?;
+    let (key_tx, key) = watch::channel(files.group_key(run, earlier)?);
     // Checks at least 0.5 s apart: each reads known_peers and the holders file.
     let every = Duration::from_millis(cfg.link.ping_interval_ms.clamp(500, 2000));
     let mut keeper = KeyKeeper {
-        home: opts.home.clone(),
-        prefix: nats.subject_prefix.clone(),
-        driver: cfg.driver.clone(),
+        files: files.clone(),
         js: js.clone(),
         local: local.clone(),
         keeper: Keeper::new(Instant::now(), *key.borrow(), every),
@@ -47,7 +40,6 @@ pub(super) async fn start(
     };
     // An app side revoked while this side was away never sees a frame under its key.
     keeper.start(ctx).await?;
-    let holders = keeper.holders_path();
     claim_device(ctx, &cfg.driver, run.id, local, &opts.home).await?;
     let slots = plans.iter().filter_map(|p| p.split).max().unwrap_or(0);
     // How many app sides are there (beating), for `min_app_sides`.
@@ -64,9 +56,8 @@ pub(super) async fn start(
         ctx.quiet,
     )));
     // The split slots the run before this one left: each app side gets its own back.
-    let slots_file = (slots > 0).then(|| slots_path(&opts.home, &nats.subject_prefix, &cfg.driver));
-    if let Some(p) = &slots_file {
-        restore_slots(p, &mut lock(&admitter));
+    if slots > 0 {
+        lock(&admitter).restore(Instant::now(), &files.slots());
     }
     let held = lock(&admitter).slots_held();
     let admitter_view = admitter.clone();
@@ -77,9 +68,9 @@ pub(super) async fn start(
         local: local.clone(),
         home: opts.home.clone(),
         key: key.clone(),
-        holders,
+        files: files.clone(),
         expiry: Duration::from_millis(cfg.link.handshake_timeout_ms.max(1000) * 2),
-        slots: slots_file.map(|p| (p, held)),
+        slots: (slots > 0).then_some(held),
     };
     let joins = host.serve().await?;
     t.service(async move { joins.await.map_err(|e| anyhow!("join service: {e}"))? });

@@ -3,20 +3,20 @@
 use super::*;
 
 /// The device's join service: the key exchange ([`Host`]) and the admission rules
-/// ([`Admitter`]) driven on `P.D.join`; who is handed the key is written to `holders`.
+/// ([`Admitter`]) driven on `P.D.join`; who is handed the key is noted in the home's holders file.
 pub(super) struct JoinService {
     pub(super) ctx: Ctx,
     pub(super) local: LocalIdentity,
     pub(super) home: std::path::PathBuf,
     /// The group key as it stands (rotated by [`KeyKeeper`]).
     pub(super) key: watch::Receiver<GroupKey>,
-    /// Who was handed it.
-    pub(super) holders: std::path::PathBuf,
+    /// Who was handed it, and the split slots held.
+    pub(super) files: Home,
     /// Shared with the ready heartbeats ([`serve_ready`]).
     pub(super) admitter: Shared<Admitter>,
     pub(super) expiry: Duration,
-    /// Where the split slots held are kept (a driver that splits), and as written last.
-    pub(super) slots: Option<(std::path::PathBuf, Vec<(u16, String)>)>,
+    /// The split slots held as written last (a driver that splits).
+    pub(super) slots: Option<Vec<(u16, String)>>,
 }
 
 /// Join INITs a device side answers a second at most.
@@ -99,9 +99,10 @@ impl JoinService {
             }
             (d, a.slots_held())
         };
-        if let Some((path, written)) = self.slots.as_mut().filter(|(_, w)| *w != held) {
+        if let Some(written) = self.slots.as_mut().filter(|w| **w != held) {
             // A restarted device side gives each app side its slot back.
-            match write_private(path, ndd_link::nats::admit::encode_slots(&held).as_bytes()) {
+            let path = self.files.slots_path();
+            match write_private(&path, ndd_link::nats::admit::encode_slots(&held).as_bytes()) {
                 Ok(()) => *written = held,
                 Err(e) => tracing::warn!(side = "device", "{e:#}: a restart of this side would not give the app sides their split slots back"),
             }
@@ -115,7 +116,7 @@ impl JoinService {
                 }
             }
         };
-        if let Err(e) = add_holder(&self.holders, fp) {
+        if let Err(e) = self.files.add_holder(fp) {
             tracing::warn!(
                 side = "device",
                 "refused app side {fp}: cannot note who holds the group key: {e:#}"

@@ -11,9 +11,7 @@ use ndd_link::nats::rotate::{Action as KeeperAction, Gate, GATE_WAIT};
 /// trusted app sides do so by themselves; the untrusted one is refused), and `P.D.rekey`
 /// tells the app sides.
 pub(super) struct KeyKeeper {
-    pub(super) home: std::path::PathBuf,
-    pub(super) prefix: String,
-    pub(super) driver: String,
+    pub(super) files: Home,
     pub(super) tx: watch::Sender<GroupKey>,
     /// Where app → device reliable frames are stored: a rotation notes its sequence.
     pub(super) js: Option<jetstream::Context>,
@@ -43,10 +41,6 @@ async fn rekey_notice(ctx: &Ctx, local: &LocalIdentity, keys: &GroupKey) {
 }
 
 impl KeyKeeper {
-    pub(super) fn holders_path(&self) -> std::path::PathBuf {
-        holders_path(&self.home, &self.prefix, &self.driver)
-    }
-
     /// The first check, before the streams start (an app side revoked while this side was
     /// away never sees a frame under its key): a rotation it brings completes at once (no
     /// publisher waits at the gate yet). The notice waits for [`KeyKeeper::watch`], once the
@@ -109,8 +103,8 @@ impl KeyKeeper {
     async fn act(&mut self, ctx: &Ctx, a: KeeperAction) -> Result<()> {
         match a {
             KeeperAction::Check => {
-                let known = KnownPeers::load(&self.home)?;
-                let holders = holders(&self.holders_path())?;
+                let known = KnownPeers::load(self.files.dir())?;
+                let holders = self.files.holders()?;
                 let fresh = draw_key()?;
                 self.keeper.handle_check(
                     Instant::now(),
@@ -121,12 +115,7 @@ impl KeyKeeper {
             }
             KeeperAction::Rotate { keys, revoked } => {
                 // The revoked side is cut off now, whether or not the files can be written.
-                let path = key_path(&self.home, &self.prefix, &self.driver);
-                let written = write_private(&path, &keys.key)
-                    .with_context(|| {
-                        format!("cannot write the rotated group key {}", path.display())
-                    })
-                    .and_then(|()| write_private(&self.holders_path(), b""));
+                let written = self.files.rotated(&keys.key);
                 ctx.gate.begin();
                 self.tx.send_replace(keys);
                 tracing::warn!(
@@ -135,7 +124,7 @@ impl KeyKeeper {
                     revoked.join(", ")
                 );
                 if let Err(e) = written {
-                    tracing::warn!(side = "device", "{e:#}: the new key is used, but a restart of this side would go back to the old one");
+                    tracing::warn!(side = "device", "the rotated group key: {e}: the new key is used, but a restart of this side would go back to the old one");
                 }
             }
             KeeperAction::ReadPosition { settled } => {
@@ -163,10 +152,7 @@ impl KeyKeeper {
                 // The old key stays for the app → device frames stored before the rotation,
                 // in memory and in the `.previous` file: up to the JetStream stream's last
                 // sequence once this side's sinks open under the new key.
-                if let Err(e) = write_private(
-                    &previous_path(&self.home, &self.prefix, &self.driver),
-                    &retired,
-                ) {
+                if let Err(e) = write_private(&self.files.previous_path(), &retired) {
                     tracing::warn!(side = "device", "{e:#}: app → device frames sealed under the old group key and not yet read are dropped if this side restarts");
                 }
                 self.tx.send_replace(keys);

@@ -201,12 +201,8 @@ pub(super) async fn subscribe(
             let position = if plan.round_robin {
                 None
             } else {
-                Some(PositionFile::open(
-                    &ctx.home,
-                    ctx.subjects.prefix(),
-                    ctx.subjects.driver(),
-                    &durable,
-                )?)
+                let files = Home::new(&ctx.home, ctx.subjects.prefix(), ctx.subjects.driver());
+                Some(PositionFile::open(&files, &durable)?)
             };
             let mut stored = Stored {
                 stream,

@@ -1,39 +1,5 @@
 use super::*;
 
-#[test]
-fn a_device_notes_its_runs_and_names_the_ones_before() {
-    let home = std::env::temp_dir().join(format!("ndd-runs-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&home);
-    std::fs::create_dir_all(&home).unwrap();
-    let path = run_path(&home, "P", "d");
-    // The file of an earlier version: the last id alone (its start unknown).
-    std::fs::write(&path, 7u64.to_be_bytes()).unwrap();
-    let (a, earlier) = new_run(&home, "P", "d", 10).unwrap();
-    assert!(a.id > 7);
-    assert_eq!(earlier, [None; EARLIER_RUNS]);
-    let (b, earlier) = new_run(&home, "P", "d", 20).unwrap();
-    assert!(b.id > a.id);
-    assert_eq!(earlier[..3], [Some(a), None, None]);
-    let mut runs = vec![a, b];
-    for began in (3..=EARLIER_RUNS as u64 + 2).map(|i| i * 10) {
-        let (r, earlier) = new_run(&home, "P", "d", began).unwrap();
-        let mut want = [None; EARLIER_RUNS];
-        for (w, r) in want.iter_mut().zip(runs.iter().rev()) {
-            *w = Some(*r);
-        }
-        assert_eq!(earlier, want);
-        runs.push(r);
-    }
-    // EARLIER_RUNS + 1 runs kept, 16 bytes each.
-    assert_eq!(std::fs::read(&path).unwrap().len(), 16 * (EARLIER_RUNS + 1));
-    std::fs::write(&path, [1u8; 5]).unwrap();
-    let e = new_run(&home, "P", "d", 60).unwrap_err().to_string();
-    assert!(
-        e.contains("holds 5 bytes, not run ids (8, or 16 per run)"),
-        "{e}"
-    );
-    let _ = std::fs::remove_dir_all(&home);
-}
 use ndd_core::testlog::Captured;
 
 /// Strangers (fresh identities nobody trusts) ask to join a thousand times in a second,
@@ -60,7 +26,10 @@ async fn a_thousand_strangers_asking_to_join_in_a_second_are_a_few_lines() {
         driver: "joins".into(),
         streams: vec![],
     };
-    let (_keys, key) = watch::channel(GroupKey::first([1; 32], Run { id: 1, began: 0 }));
+    let (_keys, key) = watch::channel(GroupKey::first(
+        [1; 32],
+        ndd_link::nats::runs::Run { id: 1, began: 0 },
+    ));
     let mut svc = JoinService {
         admitter: Arc::new(Mutex::new(Admitter::new(
             hello(ndd_wire::Side::Device),
@@ -85,7 +54,7 @@ async fn a_thousand_strangers_asking_to_join_in_a_second_are_a_few_lines() {
         local: device,
         home: dir.join("device"),
         key,
-        holders: dir.join("holders"),
+        files: Home::new(&dir, "P", "joins"),
         expiry: Duration::from_secs(10),
     };
     let theirs = OwnedMessage::Hello(hello(ndd_wire::Side::App))

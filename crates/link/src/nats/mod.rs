@@ -31,6 +31,7 @@ pub mod admit;
 pub mod claim;
 pub mod deliver;
 pub mod follow;
+pub mod home;
 pub mod intake;
 pub mod join;
 pub mod keys;
