@@ -19,8 +19,20 @@ use std::time::Duration;
 /// Each side runs `ndd run CONFIG --side device|app` with the same config file. Streams flow
 /// through stacks of paired transformation modules over a mutually authenticated TLS 1.3 link.
 /// Try `ndd demo` first.
+/// `ndd --version`: the version, and what this build leaves out (`./run demo` builds
+/// without the media pairs and Wayland).
+const VERSION: &str = match (cfg!(feature = "media"), cfg!(feature = "wayland")) {
+    (true, true) => env!("CARGO_PKG_VERSION"),
+    (false, true) => concat!(env!("CARGO_PKG_VERSION"), " (built without the media pairs and endpoints)"),
+    (true, false) => concat!(env!("CARGO_PKG_VERSION"), " (built without Wayland)"),
+    (false, false) => concat!(
+        env!("CARGO_PKG_VERSION"),
+        " (built without the media pairs and endpoints, and without Wayland: `./run ndd` builds them)"
+    ),
+};
+
 #[derive(Debug, Parser)]
-#[command(name = "ndd", version, about, long_about, max_term_width = 100)]
+#[command(name = "ndd", version = VERSION, about, long_about, max_term_width = 100)]
 struct Cli {
     /// Log verbosity (repeat for more). NDD_LOG=target=level also works.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]

@@ -440,3 +440,12 @@ mod tests {
         assert_eq!(a[0].param_hash(), ndd_wire::param_hash(&a[0].describe()));
     }
 }
+
+/// What starting `image` or `opus` says in a build without the `media` feature.
+#[cfg(not(feature = "media"))]
+pub(crate) fn not_built_in(pair: &'static str) -> ModuleError {
+    ModuleError::from(ndd_core::SetupError::Failed {
+        pair,
+        what: "this ndd was built without the media pairs (image, opus): build it with its default features (`./run ndd`, or `cargo build --release -p ndd-cli`)",
+    })
+}

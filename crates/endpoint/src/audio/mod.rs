@@ -18,8 +18,17 @@
 //! tasks and the `pactl` modules).
 
 mod config;
+#[cfg(not(feature = "media"))]
+mod no_pulse;
+#[cfg(feature = "media")]
 mod pulse;
 
 pub use config::{PulseCaptureConfig, PulsePlaybackConfig};
+#[cfg(not(feature = "media"))]
+pub use no_pulse::settle_modules;
+#[cfg(not(feature = "media"))]
+pub(crate) use no_pulse::{spawn_pulse_capture, spawn_pulse_playback};
+#[cfg(feature = "media")]
 pub use pulse::settle_modules;
+#[cfg(feature = "media")]
 pub(crate) use pulse::{spawn_pulse_capture, spawn_pulse_playback};

@@ -437,9 +437,28 @@ fn read_err(endpoint: &'static str, path: &Path, source: std::io::Error) -> Endp
     }
 }
 
-/// Decodes one MJPEG frame into `w`×`h` BGRX (a frame of another size is an error).
+/// The MJPEG decoder (libjpeg-turbo; none in a build without the `media` feature).
+#[cfg(feature = "media")]
+type Mjpeg = turbojpeg::Decompressor;
+#[cfg(not(feature = "media"))]
+type Mjpeg = ();
+
+/// Without the `media` feature there is no JPEG decoder: an MJPEG camera says so.
+#[cfg(not(feature = "media"))]
 fn decode_mjpeg(
-    jpeg: &mut Option<turbojpeg::Decompressor>,
+    _: &mut Option<Mjpeg>,
+    _: &[u8],
+    _: usize,
+    _: usize,
+    _: &mut [u8],
+) -> Result<(), String> {
+    Err("this ndd was built without the media libraries, which decode an MJPEG camera: build it with its default features (`./run ndd`, or `cargo build --release -p ndd-cli`)".into())
+}
+
+/// Decodes one MJPEG frame into `w`×`h` BGRX (a frame of another size is an error).
+#[cfg(feature = "media")]
+fn decode_mjpeg(
+    jpeg: &mut Option<Mjpeg>,
     data: &[u8],
     w: usize,
     h: usize,

@@ -24,6 +24,7 @@ pub mod error;
 pub mod framing;
 #[cfg(not(feature = "wayland"))]
 pub(crate) mod no_wayland;
+#[cfg(feature = "media")]
 pub(crate) mod priority;
 pub mod report;
 #[cfg(feature = "wayland")]

@@ -93,8 +93,8 @@ impl Kind<'_> {
         match self {
             Kind::Lossless => px * 3,
             Kind::Palette(p) => {
-                let bits = super::tiles::index_bits(p.len() / 3);
-                super::tiles::index_row_len(r.w, bits) * usize::from(r.h)
+                let bits = index_bits(p.len() / 3);
+                index_row_len(r.w, bits) * usize::from(r.h)
             }
             Kind::Solid(_) | Kind::Jpeg(_) | Kind::H264(_) => 0,
         }
@@ -321,4 +321,20 @@ pub fn parse(p: &[u8]) -> Result<Parsed<'_>, FrameError> {
         rects,
         blob,
     })
+}
+
+/// Bits per palette index for `colours` colours: 1, 2, 4 or 8 (as Tight's mono and indexed
+/// rects, with two steps between).
+pub(crate) fn index_bits(colours: usize) -> u32 {
+    match colours {
+        0..=2 => 1,
+        3..=4 => 2,
+        5..=16 => 4,
+        _ => 8,
+    }
+}
+
+/// Bytes of one packed index row `w` pixels wide (each row starts on a byte).
+pub(crate) fn index_row_len(w: u16, bits: u32) -> usize {
+    (usize::from(w) * bits as usize).div_ceil(8)
 }

@@ -52,15 +52,22 @@
 //! Errors read `image: …`.
 
 pub mod format;
+#[cfg(feature = "media")]
 mod forward;
+#[cfg(feature = "media")]
 mod inverse;
+#[cfg(feature = "media")]
 mod pacer;
-#[cfg(test)]
+#[cfg(all(test, feature = "media"))]
 mod tests;
+#[cfg(feature = "media")]
 mod tiles;
+#[cfg(feature = "media")]
 mod video;
 
+#[cfg(feature = "media")]
 pub use forward::ImageForward;
+#[cfg(feature = "media")]
 pub use inverse::ImageInverse;
 
 use crate::registry::{ModuleInfo, ParamInfo, IDS};
@@ -72,6 +79,7 @@ use std::fmt;
 pub(crate) const PAIR: &str = "image";
 
 /// A library (libjpeg-turbo, zstd) could not be set up.
+#[cfg_attr(not(feature = "media"), allow(dead_code))]
 pub(crate) fn library(
     context: &str,
     e: impl std::error::Error + Send + Sync + 'static,
@@ -84,6 +92,7 @@ pub(crate) fn library(
 }
 
 /// A codec refused the data of a frame.
+#[cfg_attr(not(feature = "media"), allow(dead_code))]
 pub(crate) fn corrupt(
     codec: &'static str,
     e: impl Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -193,6 +202,7 @@ impl Subsampling {
         }
     }
 
+    #[cfg(feature = "media")]
     pub(crate) fn turbo(self) -> turbojpeg::Subsamp {
         match self {
             Subsampling::S444 => turbojpeg::Subsamp::None,
@@ -362,11 +372,13 @@ impl ImageConfig {
     }
 
     /// The fixed JPEG settings, `None` for lossless; `auto` gives its starting preset.
+    #[cfg_attr(not(feature = "media"), allow(dead_code))]
     pub(crate) fn jpeg(&self, preset: Quality) -> Option<(u8, Subsampling)> {
         preset.jpeg().map(|base| self.jpeg_over(base))
     }
 
     /// `base` with the explicit `jpeg_quality` and `subsampling` put over it.
+    #[cfg_attr(not(feature = "media"), allow(dead_code))]
     pub(crate) fn jpeg_over(&self, (q, s): (u8, Subsampling)) -> (u8, Subsampling) {
         let q = if self.jpeg_quality > 0 {
             self.jpeg_quality
@@ -399,15 +411,27 @@ impl Pair for ImageConfig {
             self.keyframe_ms
         )
     }
+    #[cfg(feature = "media")]
     fn forward(&self) -> Result<Box<dyn Half>, ModuleError> {
         self.validate()?;
         Ok(Box::new(ImageForward::new(self.clone())?))
     }
+    #[cfg(feature = "media")]
     fn inverse(&self) -> Result<Box<dyn Half>, ModuleError> {
         self.validate()?;
         Ok(Box::new(ImageInverse::new(
             self.max_size as usize,
             self.broadcast(),
         )?))
+    }
+    #[cfg(not(feature = "media"))]
+    fn forward(&self) -> Result<Box<dyn Half>, ModuleError> {
+        self.validate()?;
+        Err(crate::registry::not_built_in(PAIR))
+    }
+    #[cfg(not(feature = "media"))]
+    fn inverse(&self) -> Result<Box<dyn Half>, ModuleError> {
+        self.validate()?;
+        Err(crate::registry::not_built_in(PAIR))
     }
 }

@@ -80,21 +80,7 @@ pub(crate) enum Class {
     Photo,
 }
 
-/// Bits per palette index for `colours` colours: 1, 2, 4 or 8 (as Tight's mono and indexed
-/// rects, with two steps between).
-pub(crate) fn index_bits(colours: usize) -> u32 {
-    match colours {
-        0..=2 => 1,
-        3..=4 => 2,
-        5..=16 => 4,
-        _ => 8,
-    }
-}
-
-/// Bytes of one packed index row `w` pixels wide (each row starts on a byte).
-pub(crate) fn index_row_len(w: u16, bits: u32) -> usize {
-    (usize::from(w) * bits as usize).div_ceil(8)
-}
+pub(crate) use super::format::{index_bits, index_row_len};
 
 /// Classifies `r` of `s` in one pass, stopping as soon as it has more than `palette_max`
 /// colours. For a palette, appends the rows of packed indices to `out` (most significant

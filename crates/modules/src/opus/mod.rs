@@ -17,12 +17,16 @@
 //! rate or channels change). No control messages. Stats: forward `coded`, `bytes_out`;
 //! inverse `decoded`, `concealed`.
 
+#[cfg(feature = "media")]
 mod forward;
+#[cfg(feature = "media")]
 mod inverse;
-#[cfg(test)]
+#[cfg(all(test, feature = "media"))]
 mod tests;
 
+#[cfg(feature = "media")]
 pub use forward::OpusForward;
+#[cfg(feature = "media")]
 pub use inverse::OpusInverse;
 
 use crate::registry::{ModuleInfo, ParamInfo, IDS};
@@ -54,6 +58,7 @@ impl Application {
         }
     }
 
+    #[cfg(feature = "media")]
     fn opus(self) -> opus::Application {
         match self {
             Application::Voip => opus::Application::Voip,
@@ -132,17 +137,30 @@ impl Pair for OpusConfig {
             self.bitrate, self.application
         )
     }
+    #[cfg(feature = "media")]
     fn forward(&self) -> Result<Box<dyn Half>, ModuleError> {
         self.validate()?;
         Ok(Box::new(OpusForward::new(self.bitrate, self.application)))
     }
+    #[cfg(feature = "media")]
     fn inverse(&self) -> Result<Box<dyn Half>, ModuleError> {
         self.validate()?;
         Ok(Box::new(OpusInverse::new()))
     }
+    #[cfg(not(feature = "media"))]
+    fn forward(&self) -> Result<Box<dyn Half>, ModuleError> {
+        self.validate()?;
+        Err(crate::registry::not_built_in(PAIR))
+    }
+    #[cfg(not(feature = "media"))]
+    fn inverse(&self) -> Result<Box<dyn Half>, ModuleError> {
+        self.validate()?;
+        Err(crate::registry::not_built_in(PAIR))
+    }
 }
 
 /// Opus's channel count for `channels`, if it codes it.
+#[cfg(feature = "media")]
 fn channels(channels: u8) -> Option<opus::Channels> {
     match channels {
         1 => Some(opus::Channels::Mono),
