@@ -1591,9 +1591,10 @@ fn report(
         today(),
         if quick { " --quick" } else { "" }
     );
+    let (w, h) = size();
     let _ = writeln!(
         s,
-        "Both peers show the same 800x600x24 screen on a second X server (Xvfb, 800x600): \
+        "Every peer shows the same {w}x{h}x24 screen on a second X server (Xvfb, {w}x{h}): \
          **TigerVNC** 1.12 from Debian (`Xtigervnc -SecurityTypes None`, `vncviewer -FullScreen`, \
          default encoding: Tight with automatic quality) and **ndd** (two `ndd` processes over \
          TLS: `x11-screen` (max_fps 60) → `image` (quality auto) → `x11-window`, plus the input \
@@ -1747,8 +1748,8 @@ VNC, a 24 fps video, LAN, inter-frame times in µs; fps = 10^6 / time):
 | 404 672 (VNC) / 420 000 (NDD) | 167 625 (6.0) | 132 071 (7.6) | 184 731 (5.4) |
 | 627 935 (VNC) / 560 000 (NDD) | 246 812 (4.1) | 190 754 (5.2) | 285 813 (3.5) |
 
-Here every video frame is 480 000 pixels (800x600) and both peers keep up with the 30 fps \
-source on every link above.
+The dissertation's frames are 0.06–0.63 Mpixel; the rows above say their own size in the \
+first paragraph (800x600 is 0.48 Mpixel, 1920x1080 2.07).
 
 **Seed 000** (VirtualGL/TurboVNC study, GLXSpheres 1240x900 = 1.1 Mpixel, 100 Mbit/s LAN):
 
@@ -1761,7 +1762,7 @@ source on every link above.
 | TurboVNC 4:2:0 Q30 (frame size only) | | | 0.57 |
 
 Per pixel, seed 000's Q95 frame is 1.9 bit/pixel, its Q80 frame 0.90 and its Q30 frame 0.51; \
-divide the Mbit/frame above by 0.48 Mpixel for ours (noise costs JPEG far more than \
+divide the Mbit/frame above by the screen's Mpixel for ours (0.48 at 800x600) (noise costs JPEG far more than \
 GLXSpheres' smooth shading).
 
 ";

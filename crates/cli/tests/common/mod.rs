@@ -606,3 +606,156 @@ pub fn http_get(addr: &str, path: &str) -> String {
     let _ = s.read_to_string(&mut out);
     out
 }
+
+/// Two network namespaces joined by a veth pair (10.231.N.1 and .2), removed on drop.
+pub struct Lan {
+    /// The first namespace (10.231.N.1).
+    pub a: String,
+    /// The second namespace (10.231.N.2).
+    pub b: String,
+    /// The veth end in `a`.
+    va: String,
+    net: u32,
+}
+
+impl Lan {
+    /// `None` where namespaces cannot be made (not root, no `ip`).
+    pub fn new() -> Option<Lan> {
+        let id = std::process::id() % 100_000;
+        let (a, b) = (format!("nddda{id}"), format!("ndddb{id}"));
+        let (va, vb) = (format!("dva{id}"), format!("dvb{id}"));
+        let net = id % 200 + 20;
+        let ok = |args: &[&str]| {
+            Command::new("ip")
+                .args(args)
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        if !ok(&["netns", "add", &a]) {
+            return None;
+        }
+        let lan = Lan {
+            a,
+            b,
+            va: va.clone(),
+            net,
+        };
+        let steps: Vec<Vec<String>> = vec![
+            vec!["netns".into(), "add".into(), lan.b.clone()],
+            vec![
+                "link".into(),
+                "add".into(),
+                va.clone(),
+                "type".into(),
+                "veth".into(),
+                "peer".into(),
+                "name".into(),
+                vb.clone(),
+            ],
+            vec![
+                "link".into(),
+                "set".into(),
+                va.clone(),
+                "netns".into(),
+                lan.a.clone(),
+            ],
+            vec![
+                "link".into(),
+                "set".into(),
+                vb.clone(),
+                "netns".into(),
+                lan.b.clone(),
+            ],
+            vec![
+                "-n".into(),
+                lan.a.clone(),
+                "addr".into(),
+                "add".into(),
+                format!("10.231.{net}.1/24"),
+                "dev".into(),
+                va.clone(),
+            ],
+            vec![
+                "-n".into(),
+                lan.b.clone(),
+                "addr".into(),
+                "add".into(),
+                format!("10.231.{net}.2/24"),
+                "dev".into(),
+                vb.clone(),
+            ],
+            vec![
+                "-n".into(),
+                lan.a.clone(),
+                "link".into(),
+                "set".into(),
+                va,
+                "up".into(),
+            ],
+            vec![
+                "-n".into(),
+                lan.b.clone(),
+                "link".into(),
+                "set".into(),
+                vb,
+                "up".into(),
+            ],
+            vec![
+                "-n".into(),
+                lan.a.clone(),
+                "link".into(),
+                "set".into(),
+                "lo".into(),
+                "up".into(),
+            ],
+            vec![
+                "-n".into(),
+                lan.b.clone(),
+                "link".into(),
+                "set".into(),
+                "lo".into(),
+                "up".into(),
+            ],
+        ];
+        for s in &steps {
+            let s: Vec<&str> = s.iter().map(String::as_str).collect();
+            if !ok(&s) {
+                return None;
+            }
+        }
+        Some(lan)
+    }
+
+    /// `ndd ARGS` run in namespace `ns`.
+    pub fn ndd(ns: &str, args: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", ns])
+            .arg(env!("CARGO_BIN_EXE_ndd"))
+            .args(args);
+        c
+    }
+
+    /// The address of namespace `b` (`.2`) at `port`.
+    pub fn b_addr(&self, port: u16) -> String {
+        format!("10.231.{}.2:{port}", self.net)
+    }
+
+    /// Takes the wire down (`up = false`: nothing passes either way, as a pulled cable) or
+    /// back up.
+    pub fn wire(&self, up: bool) {
+        let state = if up { "up" } else { "down" };
+        let ok = Command::new("ip")
+            .args(["-n", &self.a, "link", "set", &self.va, state])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        assert!(ok, "cannot set {} {state} in {}", self.va, self.a);
+    }
+}
+
+impl Drop for Lan {
+    fn drop(&mut self) {
+        for ns in [&self.a, &self.b] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).output();
+        }
+    }
+}
