@@ -865,7 +865,9 @@ fn run_config(cfg: Config, a: RunArgs) -> Result<i32> {
     }
     let mut ok = true;
     for (name, c) in &report.checks {
-        eprintln!("ndd [{side}]: stream \"{name}\": {c}");
+        if !report.checks_said {
+            eprintln!("ndd [{side}]: stream \"{name}\": {c}");
+        }
         ok &= c.is_ok();
     }
     if let Some(path) = stats_json {

@@ -493,9 +493,13 @@ fn said(side: SideName, report: &session::RunReport) -> Exit {
     let mut failed = Vec::new();
     for (stream, c) in &report.checks {
         if c.is_ok() {
-            tracing::info!(side = %side, "stream \"{stream}\": {c}");
+            if !report.checks_said {
+                tracing::info!(side = %side, "stream \"{stream}\": {c}");
+            }
         } else {
-            tracing::warn!(side = %side, "stream \"{stream}\": {c}");
+            if !report.checks_said {
+                tracing::warn!(side = %side, "stream \"{stream}\": {c}");
+            }
             failed.push(stream.as_str());
         }
     }

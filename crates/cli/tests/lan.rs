@@ -139,3 +139,129 @@ fn a_serial_share_between_two_machines_comes_back_after_the_wire_is_pulled() {
         detected.as_secs_f64() * 1e3
     );
 }
+
+/// The app side's home trusting `n` device homes (named `lab0`…), each trusting the app.
+fn lab_homes(dir: &std::path::Path, n: usize) -> (std::path::PathBuf, Vec<std::path::PathBuf>) {
+    let app = dir.join("app");
+    let afp = ok(ndd().args(["id", "--home"]).arg(&app))
+        .trim()
+        .to_string();
+    let devs = (0..n)
+        .map(|i| {
+            let d = dir.join(format!("dev{i}"));
+            let dfp = ok(ndd().args(["id", "--home"]).arg(&d)).trim().to_string();
+            ok(ndd()
+                .args(["trust", &afp, "--name", "app", "--home"])
+                .arg(&d));
+            ok(ndd()
+                .args(["trust", &dfp, "--name", &format!("lab{i}"), "--home"])
+                .arg(&app));
+            d
+        })
+        .collect();
+    (app, devs)
+}
+
+/// A lab server and three machines (issue 34, items 1, 2, 5 and 9): `ndd serve` on one
+/// namespace runs a driver whose app side takes three device sides at once, each `ndd run`
+/// on the other namespace; `ndd status` there lists the three peers; each device side's
+/// checked stream arrives whole in its own session.
+#[test]
+fn a_daemon_on_one_machine_serves_device_sides_from_another() {
+    let Some(lan) = Lan::new() else {
+        println!("SKIPPED: needs network namespaces (root and `ip`)");
+        return;
+    };
+    let dir = Dir::new("lan-serve");
+    let (app_home, devs) = lab_homes(&dir.0, 3);
+    let addr = lan.b_addr(7905);
+    let count = 3000;
+    let driver = |side: &str| {
+        format!(
+            "driver = \"lab\"\nside = \"{side}\"\n[link]\naddress = \"{addr}\"\nlistener = \"app\"\n\
+             peers = 3\n[[stream]]\nname = \"events\"\ndirection = \"device-to-app\"\n\
+             source = {{ type = \"synthetic\", size = 64, interval_ms = 2.0, count = {count}, seed = 5 }}\n\
+             sink = {{ type = \"check\", seed = 5, size = 64, expect = {count} }}\n"
+        )
+    };
+    let drivers = dir.0.join("drivers");
+    std::fs::create_dir_all(&drivers).unwrap();
+    std::fs::write(drivers.join("lab.toml"), driver("app")).unwrap();
+    let status_dir = dir.0.join("status");
+    std::fs::create_dir_all(&status_dir).unwrap();
+    let mut serve = Lan::ndd(
+        &lan.b,
+        &[
+            "serve",
+            drivers.to_str().unwrap(),
+            "--home",
+            app_home.to_str().unwrap(),
+        ],
+    );
+    serve
+        .env("NDD_LOG", "warn,ndd::session=info,ndd::serve=info")
+        .env("NDD_STATUS_DIR", &status_dir);
+    let daemon = Side::spawn(serve);
+    daemon.wait_says("starting driver lab", &[]);
+    let dev_cfg = dir.0.join("lab-device.toml");
+    std::fs::write(&dev_cfg, driver("device")).unwrap();
+    let sides: Vec<Side> = devs
+        .iter()
+        .map(|home| {
+            Side::spawn(Lan::ndd(
+                &lan.a,
+                &[
+                    "run",
+                    dev_cfg.to_str().unwrap(),
+                    "--home",
+                    home.to_str().unwrap(),
+                    "--once",
+                ],
+            ))
+        })
+        .collect();
+    wait_for("three peers served", WAIT, || {
+        daemon.stderr_now().matches("streams agreed").count() >= 3
+    });
+    // `ndd status` on the server's machine: the daemon's driver and its three peers.
+    let status = || {
+        let out = Lan::ndd(&lan.b, &["status"])
+            .env("NDD_STATUS_DIR", &status_dir)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    wait_for("the three peers in ndd status", WAIT, || {
+        let s = status();
+        (0..3).all(|i| s.contains(&format!("lab{i}")))
+    });
+    // Each peer's stream, its rate and latency, in its own rows.
+    wait_for("each peer's stream in ndd status", WAIT, || {
+        let s = status();
+        (0..3).all(|i| {
+            s.lines()
+                .any(|l| l.contains(&format!("(lab{i})")) && l.contains("events"))
+        })
+    });
+    println!("ndd status:\n{}", status());
+    for (i, s) in sides.into_iter().enumerate() {
+        let (st, _, err) = s.finish();
+        assert!(st.success(), "device {i}: {err}");
+    }
+    let t0 = std::time::Instant::now();
+    while !(0..3).all(|i| {
+        daemon
+            .stderr_now()
+            .contains(&check_ok(&format!("events@lab{i}"), count))
+    }) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "each peer's stream checked; the daemon said:\n{}",
+            daemon.stderr_now()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    daemon.terminate();
+    let (_, _, err) = daemon.finish();
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -313,6 +313,7 @@ pub async fn run_side(
         clock_offset: None,
         recoveries: Vec::new(),
         link_drops: None,
+        checks_said: false,
     })
 }
 

@@ -689,6 +689,7 @@ impl<'a> Driver<'a> {
             clock_offset: self.sess.clock().map(|c| (c.offset_ns, c.rtt_ns)),
             recoveries: self.sess.recoveries().to_vec(),
             link_drops: drop_counts(&self.udp_drops),
+            checks_said: false,
         };
         match result {
             Ok(()) => Ok(report),

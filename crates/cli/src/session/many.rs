@@ -235,6 +235,14 @@ pub(super) async fn run_many(
                 match r {
                     Ok(rep) => {
                         note!(quiet, side, "peer \"{name}\": session ended");
+                        // Its checks now, not when the listener ends (a daemon's may never).
+                        for (stream, c) in &rep.checks {
+                            if c.is_ok() {
+                                tracing::info!(side = %side, "stream \"{stream}@{name}\": {c}");
+                            } else {
+                                tracing::warn!(side = %side, "stream \"{stream}@{name}\": {c}");
+                            }
+                        }
                         reports.push((name, rep));
                     }
                     Err(e) => {
@@ -340,5 +348,6 @@ fn merge(reports: Vec<(String, RunReport)>) -> RunReport {
         peers.push(r.peer);
     }
     all.peer = peers.join(", ");
+    all.checks_said = true;
     all
 }

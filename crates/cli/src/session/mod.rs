@@ -160,6 +160,9 @@ pub struct RunReport {
     pub streams: Vec<StreamSummary>,
     /// Reports of `check` sinks.
     pub checks: Vec<(String, CheckReport)>,
+    /// The checks were said in the log already, each as its peer's session ended (a
+    /// listener serving several peers): count them, do not say them again.
+    pub checks_said: bool,
     /// The peer's fingerprint (TLS) or address.
     pub peer: String,
     /// Clock offset estimate to the peer (peer − local), ns, and the RTT it came with.
