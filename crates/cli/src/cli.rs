@@ -383,6 +383,22 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         home: Option<PathBuf>,
     },
+    /// Print nats-server permissions for each side of a NATS driver, one user per side.
+    ///
+    /// With one user for every side, any side may read and publish into the others' inboxes
+    /// (JetStream's answers to them included) and publish device frames. Each side its own
+    /// user with these permissions may do only what its side does; give each side's
+    /// [link.nats] its `user` and the `inbox_prefix` printed beside it (docs/links.md, "NATS").
+    NatsPermissions {
+        /// The driver's config file (`transport = "nats"`).
+        config: PathBuf,
+        /// The device side's NATS user.
+        #[arg(long, value_name = "USER")]
+        device: String,
+        /// An app side's NATS user (once for each app side).
+        #[arg(long = "app", value_name = "USER", required = true)]
+        apps: Vec<String>,
+    },
     /// The RFB Message Accelerator: a VNC proxy, run next to the VNC server, that keeps a
     /// client-pull viewer fast at high latency (docs/rfb-accel.md).
     ///
@@ -1098,6 +1114,14 @@ fn run(cli: Cli) -> Result<i32> {
             print!("{}", catalogue_text());
             Ok(0)
         }
+        Command::NatsPermissions {
+            config,
+            device,
+            apps,
+        } => {
+            print!("{}", nats_permissions(&config, &device, &apps)?);
+            Ok(0)
+        }
         Command::Check {
             configs,
             side,
@@ -1280,6 +1304,70 @@ fn session_here(cfg: &Config) {
             "note: this session runs Wayland: X11 endpoints reach only Xwayland programs here; on a wlroots compositor use wayland-screen, wayland-input and wayland-clipboard (docs/devices.md \"Wayland\")"
         );
     }
+}
+
+/// `ndd nats-permissions`: the permission blocks (as nats-server variables) and the lines
+/// each side's config needs.
+fn nats_permissions(config: &Path, device: &str, apps: &[String]) -> Result<String> {
+    use std::fmt::Write;
+    let cfg = Config::load(config)?;
+    if cfg.link.transport != session::TransportKind::Nats {
+        bail!(
+            "{}: driver \"{}\" does not use the NATS link (set transport = \"nats\" in [link])",
+            config.display(),
+            cfg.driver
+        );
+    }
+    let subjects =
+        ndd_link::nats::subjects::Subjects::new(&cfg.link.nats.subject_prefix, &cfg.driver)
+            .map_err(|e| anyhow::anyhow!(e))?;
+    let mut seen = std::collections::BTreeSet::new();
+    let mut users = vec![(device, true)];
+    users.extend(apps.iter().map(|a| (a.as_str(), false)));
+    let mut out = format!(
+        "# nats-server permissions for ndd driver \"{}\" (subjects {}.{}.>, JetStream stream {}),\n\
+         # one user per side. Put these lines before the server's authorization block and give\n\
+         # each user its permissions there, e.g.\n\
+         #   authorization {{ users = [ {{ user: \"{device}\", password: \"…\", permissions: $NDD_{}_DEVICE }} ] }}\n",
+        cfg.driver,
+        cfg.link.nats.subject_prefix,
+        cfg.driver,
+        subjects.jetstream(),
+        var_token(device),
+    );
+    for (user, is_device) in users {
+        if !seen.insert(user) {
+            bail!("--device/--app: user \"{user}\" given twice: each side needs its own user");
+        }
+        let inbox = format!("_INBOX_{user}");
+        let perms = subjects.permissions(is_device, &inbox).map_err(|e| {
+            anyhow::anyhow!("user \"{user}\": {e} (a user name here is letters, digits, - and _)")
+        })?;
+        let (var, side) = if is_device {
+            (format!("NDD_{}_DEVICE", var_token(user)), "device")
+        } else {
+            (format!("NDD_{}_APP", var_token(user)), "app")
+        };
+        let _ = write!(
+            out,
+            "\n# the {side} side: [link.nats] user = \"{user}\", inbox_prefix = \"{inbox}\"\n{var} = {}\n",
+            perms.to_conf()
+        );
+    }
+    Ok(out)
+}
+
+/// A user name as part of a nats-server variable name (letters, digits and `_`).
+fn var_token(user: &str) -> String {
+    user.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 fn check_one(config: &Path, side: Option<SideName>) -> Result<()> {

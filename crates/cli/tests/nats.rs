@@ -2519,3 +2519,112 @@ fn a_source_that_fails_ends_the_device_side_with_its_error() {
     );
     a.kill();
 }
+
+/// Every line a raw NATS client logged in as `user` gets back within 1.5 s after sending
+/// `ops` (the server's `-ERR 'Permissions Violation …'` lines among them).
+fn raw_as(port: u16, user: &str, password: &str, ops: &str) -> String {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(1500)))
+        .unwrap();
+    s.write_all(
+        format!(
+            "CONNECT {{\"verbose\":false,\"pedantic\":false,\"user\":\"{user}\",\"pass\":\"{password}\"}}\r\n{ops}PING\r\n"
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let mut got = Vec::new();
+    let mut b = [0u8; 4096];
+    while let Ok(n) = s.read(&mut b) {
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&b[..n]);
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// One NATS user per side with the permissions `ndd nats-permissions` prints (issue 31: the
+/// JetStream answers a side is sent must not be forgeable by other clients): the device and
+/// two app sides run the driver through them, reliable and lossy streams exact on both app
+/// sides; an app side's user (a revoked app side, say) can neither read nor publish into
+/// another side's inboxes, publish device frames, nor delete the JetStream stream.
+#[test]
+fn one_nats_user_per_side_keeps_each_sides_inboxes_its_own() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-perms");
+    let count = 400;
+    // The permissions as the command prints them.
+    let plain = fan_config(&dir.0, "perm", "nats://127.0.0.1:4222", 2, "[[stream]]\nname = \"r\"\ndirection = \"device-to-app\"\nsource = { type = \"synthetic\", size = 10, interval_ms = 10.0 }\nsink = { type = \"null\" }\n");
+    let perms = ok(ndd()
+        .arg("nats-permissions")
+        .arg(&plain)
+        .args(["--device", "dev", "--app", "app0", "--app", "app1"]));
+    let conf = write(
+        &dir.0,
+        "nats.conf",
+        &format!(
+            "{perms}\nauthorization {{ users = [\n\
+             {{ user: \"dev\", password: \"pw-dev\", permissions: $NDD_DEV_DEVICE }}\n\
+             {{ user: \"app0\", password: \"pw-app0\", permissions: $NDD_APP0_APP }}\n\
+             {{ user: \"app1\", password: \"pw-app1\", permissions: $NDD_APP1_APP }}\n] }}\n"
+        ),
+    );
+    let nats = Nats::start("perms", &["-c", conf.to_str().unwrap()]);
+    let (dev, apps) = homes_n(&dir.0, 2);
+    let up = dir.0.join("up.bin");
+    let side_cfg = |user: &str| {
+        let pw = write(&dir.0, &format!("{user}.pw"), &format!("pw-{user}\n"));
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o600)).unwrap();
+        write(
+            &dir.0,
+            &format!("perm-{user}.toml"),
+            &format!(
+                "driver = \"perm\"\n[link]\ntransport = \"nats\"\nconnect_timeout_ms = 20000\n[link.nats]\nservers = [\"{}\"]\nmin_app_sides = 2\nuser = \"{user}\"\npassword_file = \"{}\"\ninbox_prefix = \"_INBOX_{user}\"\n\
+                 [[stream]]\nname = \"r\"\ndirection = \"device-to-app\"\nsource = {{ type = \"synthetic\", size = 100, interval_ms = 2.0, count = {count}, seed = 3 }}\nsink = {{ type = \"check\", seed = 3, size = 100, expect = {count} }}\n\
+                 [[stream]]\nname = \"l\"\ndirection = \"device-to-app\"\nreliability = \"lossy\"\nsource = {{ type = \"synthetic\", size = 50, interval_ms = 10.0, count = 100 }}\nsink = {{ type = \"null\" }}\n\
+                 [[stream]]\nname = \"up\"\ndirection = \"app-to-device\"\nsource = {{ type = \"synthetic\", size = 30, interval_ms = 5.0, count = 100 }}\nsink = {{ type = \"file\", path = \"{}\", framing = \"length\", append = true }}\n",
+                nats.url(),
+                pw.display(),
+                up.display()
+            ),
+        )
+    };
+    let a0 = side(&side_cfg("app0"), "app", &apps[0], &["--once"]);
+    let a1 = side(&side_cfg("app1"), "app", &apps[1], &["--once"]);
+    let d = side(&side_cfg("dev"), "device", &dev, &["--once"]);
+    // While the driver runs, app1's user tries what a revoked app side would.
+    a1.wait_says("joined device", &[&d, &a0]);
+    let tries = raw_as(
+        nats.port,
+        "app1",
+        "pw-app1",
+        "SUB _INBOX_app0.> 1\r\nSUB _INBOX.> 2\r\nPUB _INBOX_app0.forged 1\r\nx\r\n\
+         PUB ndd.perm.r.1 1\r\nx\r\nPUB $JS.API.STREAM.DELETE.NDD_ndd_perm 0\r\n\r\n",
+    );
+    for refused in [
+        "Permissions Violation for Subscription to \"_INBOX_app0.>\"",
+        "Permissions Violation for Subscription to \"_INBOX.>\"",
+        "Permissions Violation for Publish to \"_INBOX_app0.forged\"",
+        "Permissions Violation for Publish to \"ndd.perm.r.1\"",
+        "Permissions Violation for Publish to \"$JS.API.STREAM.DELETE.NDD_ndd_perm\"",
+    ] {
+        assert!(tries.contains(refused), "not refused: {refused}\n{tries}");
+    }
+    let (ds, _, derr) = d.finish();
+    assert!(ds.success(), "device: {derr}");
+    for (i, a) in [a0, a1].into_iter().enumerate() {
+        let (st, _, err) = a.finish();
+        assert!(
+            st.success() && err.contains(&check_ok("r", count)),
+            "app{i}: {err}"
+        );
+        assert!(!err.contains("Permissions Violation"), "app{i}: {err}");
+    }
+    assert!(!derr.contains("Permissions Violation"), "device: {derr}");
+    // Both app sides' reliable frames reached the device through JetStream.
+    assert_eq!(frames_in(&up).len(), 200, "{derr}");
+}

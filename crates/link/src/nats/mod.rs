@@ -79,6 +79,11 @@ pub struct NatsConfig {
     pub replicas: u8,
     /// The device side starts its sources once this many app sides joined (0: at once).
     pub min_app_sides: u32,
+    /// First token of this side's reply subjects (NATS inboxes): each side its own
+    /// (`_INBOX_app1`), with server permissions that let a user subscribe to its own inboxes
+    /// only and publish into none (`ndd nats-permissions`), and nobody else can read or forge
+    /// the answers this side is sent (JetStream's included). Default `_INBOX`, shared.
+    pub inbox_prefix: String,
 }
 
 impl Default for NatsConfig {
@@ -95,6 +100,7 @@ impl Default for NatsConfig {
             store_mib: 256,
             replicas: 1,
             min_app_sides: 0,
+            inbox_prefix: "_INBOX".into(),
         }
     }
 }
@@ -131,6 +137,7 @@ impl NatsConfig {
             }
         }
         subjects::check_token("link.nats.subject_prefix", &self.subject_prefix)?;
+        subjects::check_token("link.nats.inbox_prefix", &self.inbox_prefix)?;
         let methods = [
             set(&self.credentials),
             set(&self.nkey_file),
@@ -269,7 +276,8 @@ pub async fn connect(
         .max_reconnects(None)
         .ping_interval(Duration::from_secs(2))
         .client_capacity(8192)
-        .subscription_capacity(1 << 16);
+        .subscription_capacity(1 << 16)
+        .custom_inbox_prefix(&cfg.inbox_prefix);
     if set(&cfg.credentials) {
         opts = opts.credentials_file(&cfg.credentials).await.map_err(|e| {
             LinkError::Nats(format!(

@@ -146,6 +146,86 @@ impl Subjects {
     }
 }
 
+/// What one side's NATS user may do, for the server's `authorization` block
+/// ([`Subjects::permissions`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Permissions {
+    /// Subjects it may publish on.
+    pub publish: Vec<String>,
+    /// Subjects it may subscribe to.
+    pub subscribe: Vec<String>,
+    /// Whether it may answer requests made to it (the device side answers joins and claims).
+    pub allow_responses: bool,
+}
+
+impl Permissions {
+    /// The block as nats-server's configuration writes it.
+    pub fn to_conf(&self) -> String {
+        let list = |v: &[String]| {
+            v.iter()
+                .map(|s| format!("\"{s}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        format!(
+            "{{\n  publish: {{ allow: [{}] }}\n  subscribe: {{ allow: [{}] }}\n  allow_responses: {}\n}}",
+            list(&self.publish),
+            list(&self.subscribe),
+            self.allow_responses
+        )
+    }
+}
+
+impl Subjects {
+    /// What a side's own NATS user needs on this driver and no more, its replies under
+    /// `inbox_prefix` (its `link.nats.inbox_prefix`). The device side publishes on the
+    /// driver's subjects, keeps its JetStream stream and answers requests; an app side
+    /// publishes only joins, its ready beats and app → device frames, reads only device →
+    /// app frames and rekey notices, and uses the JetStream stream but cannot create, change,
+    /// purge or delete it. Neither may read or publish into another client's inboxes, so
+    /// nobody forges the answers a side is sent (JetStream's own included).
+    pub fn permissions(&self, device: bool, inbox_prefix: &str) -> Result<Permissions, String> {
+        check_token("the inbox prefix", inbox_prefix)?;
+        let (b, js) = (&self.base, self.jetstream());
+        let mut publish = Vec::new();
+        let mut subscribe = Vec::new();
+        if device {
+            publish.push(format!("{b}.>"));
+            subscribe.push(format!("{b}.>"));
+            publish.extend([
+                format!("$JS.API.STREAM.CREATE.{js}"),
+                format!("$JS.API.STREAM.UPDATE.{js}"),
+            ]);
+        } else {
+            publish.extend([
+                self.join(),
+                self.ready(),
+                format!("{b}.u.>"),
+                format!("{b}.r.u.>"),
+            ]);
+            subscribe.extend([format!("{b}.d.>"), self.rekey()]);
+        }
+        publish.extend([
+            "$JS.API.INFO".to_string(),
+            format!("$JS.API.STREAM.INFO.{js}"),
+            format!("$JS.API.STREAM.MSG.GET.{js}"),
+            format!("$JS.API.CONSUMER.CREATE.{js}"),
+            format!("$JS.API.CONSUMER.CREATE.{js}.>"),
+            format!("$JS.API.CONSUMER.DURABLE.CREATE.{js}.*"),
+            format!("$JS.API.CONSUMER.INFO.{js}.*"),
+            format!("$JS.API.CONSUMER.MSG.NEXT.{js}.*"),
+            format!("$JS.API.CONSUMER.DELETE.{js}.*"),
+            format!("$JS.ACK.{js}.>"),
+        ]);
+        subscribe.push(format!("{inbox_prefix}.>"));
+        Ok(Permissions {
+            publish,
+            subscribe,
+            allow_responses: device,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,5 +251,32 @@ mod tests {
         assert!(Subjects::new("a>", "x").is_err());
         assert!(Subjects::new("", "x").is_err());
         assert!(Subjects::new("x", &"y".repeat(65)).is_err());
+    }
+
+    #[test]
+    fn an_app_sides_user_may_not_touch_inboxes_or_device_subjects() {
+        let s = Subjects::new("ndd", "cam").unwrap();
+        let app = s.permissions(false, "_INBOX_a1").unwrap();
+        assert!(!app.allow_responses);
+        assert!(app.subscribe.contains(&"_INBOX_a1.>".to_string()));
+        for p in app.publish.iter().chain(&app.subscribe) {
+            assert!(!p.starts_with("_INBOX") || p == "_INBOX_a1.>", "{p}");
+            assert!(
+                !p.contains("STREAM.DELETE") && !p.contains("STREAM.PURGE"),
+                "{p}"
+            );
+        }
+        assert!(!app
+            .publish
+            .iter()
+            .any(|p| p == "ndd.cam.>" || p.starts_with("ndd.cam.d")));
+        let dev = s.permissions(true, "_INBOX_d").unwrap();
+        assert!(dev.allow_responses);
+        assert!(dev.publish.contains(&"ndd.cam.>".to_string()));
+        assert!(dev
+            .publish
+            .contains(&"$JS.API.STREAM.CREATE.NDD_ndd_cam".to_string()));
+        assert!(dev.to_conf().contains("allow_responses: true"));
+        assert!(s.permissions(true, "_INBOX.x").is_err());
     }
 }
