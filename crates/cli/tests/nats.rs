@@ -2628,3 +2628,37 @@ fn one_nats_user_per_side_keeps_each_sides_inboxes_its_own() {
     // Both app sides' reliable frames reached the device through JetStream.
     assert_eq!(frames_in(&up).len(), 200, "{derr}");
 }
+
+/// `ndd nats-permissions` with wrong input: one clear line each, exit code 1.
+#[test]
+fn nats_permissions_names_what_is_wrong() {
+    let dir = Dir::new("nats-perms-bad");
+    let nats = fan_config(
+        &dir.0,
+        "p",
+        "nats://127.0.0.1:4222",
+        0,
+        "[[stream]]\nname = \"s\"\ndirection = \"device-to-app\"\nsource = { type = \"synthetic\", size = 10, interval_ms = 10.0 }\nsink = { type = \"null\" }\n",
+    );
+    let direct = write(
+        &dir.0,
+        "direct.toml",
+        "driver = \"d\"\n[[stream]]\nname = \"s\"\ndirection = \"device-to-app\"\nsource = { type = \"synthetic\", size = 10, interval_ms = 10.0 }\nsink = { type = \"null\" }\n",
+    );
+    let err = |cfg: &Path, users: &[&str]| {
+        let out = ndd()
+            .arg("nats-permissions")
+            .arg(cfg)
+            .args(users)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert!(err(&direct, &["--device", "a", "--app", "b"])
+        .contains("does not use the NATS link (set transport = \"nats\" in [link])"));
+    assert!(err(&nats, &["--device", "a", "--app", "a"])
+        .contains("user \"a\" given twice: each side needs its own user"));
+    assert!(err(&nats, &["--device", "a.b", "--app", "c"])
+        .contains("'.' cannot be part of a NATS subject token"));
+}
