@@ -226,9 +226,17 @@ async fn quic_carries_session_reliable_and_lossy_traffic_in_order() {
     assert!(stream2.iter().any(|(_, p)| &p[..] == b"m"));
     assert!(stream2.iter().any(|(_, p)| p[..] == lossy_big[..]));
     assert_eq!(c.stats().messages_sent, 2);
-    let fragments = (5000 + 26usize).div_ceil(max_dgram - 20) as u64;
-    assert!(fragments >= 2);
-    assert_eq!(c.stats().datagrams_sent, 1 + fragments);
+    // Path MTU discovery may raise the datagram size while the test runs (seen under load:
+    // one fragment fewer): the count lies between the fragments at the size read before
+    // sending and at the size now.
+    let fragments = |max: usize| (5000 + 26usize).div_ceil(max - 20) as u64;
+    let max_now = c.max_datagram_size().unwrap();
+    assert!(fragments(max_dgram) >= 2);
+    let sent = c.stats().datagrams_sent;
+    assert!(
+        (1 + fragments(max_now)..=1 + fragments(max_dgram)).contains(&sent),
+        "{sent} datagrams for a small frame and 5026 bytes in datagrams of {max_dgram}..={max_now} bytes"
+    );
     assert_eq!(s.stats().delivered, 2);
 }
 
