@@ -337,23 +337,67 @@ pub fn stripes(region: Rect) -> Vec<Rect> {
     ]
 }
 
-/// Stripe `part`'s share of `region`'s bit rate `bps`, by area.
-fn share(part: Rect, region: Rect, bps: u32) -> u32 {
-    let area = |r: Rect| f64::from(r.w) * f64::from(r.h);
-    (f64::from(bps) * area(part) / area(region)) as u32
+/// The least weight a stripe gets, however little it needed lately, against the others'
+/// shares of the need (with two stripes, a still one keeps a sixth of the bit rate).
+const LEAST_SHARE: f64 = 0.2;
+/// How far (a share of the region's bit rate) a stripe's need-based share must move from
+/// what it was given before the split is made again.
+const RESPLIT: f64 = 0.1;
+
+/// How `bps` is split among `parts` of a region: by what each stripe's pictures took over the
+/// last second (`need`, bytes per stripe), each weighed at least [`LEAST_SHARE`] — a film in
+/// the top half of a 1440p region gets most of the bits, not half —, or by area while
+/// nothing is measured.
+fn split(parts: &[Rect], need: Option<&[u64]>, bps: u32) -> Vec<u32> {
+    let weights: Vec<f64> = match need {
+        Some(n) if n.len() == parts.len() && n.iter().sum::<u64>() > 0 => {
+            let total = n.iter().sum::<u64>() as f64;
+            n.iter()
+                .map(|&b| (b as f64 / total).max(LEAST_SHARE))
+                .collect()
+        }
+        _ => parts
+            .iter()
+            .map(|r| f64::from(r.w) * f64::from(r.h))
+            .collect(),
+    };
+    let sum: f64 = weights.iter().sum();
+    weights
+        .iter()
+        .map(|w| (f64::from(bps) * w / sum) as u32)
+        .collect()
 }
 
 /// Runs `a` here and `b` on a thread of its own, at once (two stripes coded or decoded);
-/// `b`'s result is `None` if its thread panicked.
+/// `b`'s result is `None` if its thread panicked. Where the system refuses a thread, `b` runs
+/// here after `a`.
 pub(crate) fn both<A, B: Send>(
     a: impl FnOnce() -> A,
     b: impl FnOnce() -> B + Send,
 ) -> (A, Option<B>) {
-    std::thread::scope(|sc| {
-        let j = sc.spawn(b);
+    // `b` stays here if the thread could not be made (`spawn_scoped` would drop it).
+    let slot = std::sync::Mutex::new(Some(b));
+    let (ra, rb) = std::thread::scope(|sc| {
+        let spawned = std::thread::Builder::new()
+            .name("ndd-h264".into())
+            .spawn_scoped(sc, || {
+                let b = slot.lock().ok().and_then(|mut s| s.take());
+                b.map(|b| b())
+            });
         let ra = a();
-        (ra, j.join().ok())
-    })
+        let rb = match spawned {
+            Ok(j) => j.join().map_err(drop),
+            Err(_) => Ok(None),
+        };
+        (ra, rb)
+    });
+    match rb {
+        Ok(Some(r)) => (ra, Some(r)),
+        // No thread (or it found nothing to run): `b` runs here.
+        Ok(None) => (ra, slot.into_inner().ok().flatten().map(|b| b())),
+        // It panicked.
+        Err(()) => (ra, None),
+    }
 }
 
 /// One stripe's encoder and its picture in I420.
@@ -441,6 +485,10 @@ pub struct VideoEncoder {
     region: Rect,
     stripes: Vec<Stripe>,
     bps: u32,
+    /// The bit rate each stripe was given (its share of `bps`).
+    given: Vec<u32>,
+    /// Bytes each stripe's pictures took since `window` began, and over the last window.
+    need: (Vec<u64>, Option<Vec<u64>>),
     since: Instant,
     /// The frame rate the encoder was told (its rate control gives each frame the bit rate
     /// over this), and the captures and bytes counted since `window` to measure the real one
@@ -481,20 +529,25 @@ impl VideoEncoder {
     /// An encoder for `region`, at `path_bps` (the measured path, if any).
     pub fn new(region: Rect, path_bps: Option<f64>, now: Instant) -> Result<Self, ModuleError> {
         let bps = target(path_bps);
-        let stripes = stripes(region)
-            .into_iter()
-            .map(|rect| {
+        let rects = stripes(region);
+        let given = split(&rects, None, bps);
+        let stripes = rects
+            .iter()
+            .zip(&given)
+            .map(|(&rect, &b)| {
                 Ok(Stripe {
                     rect,
-                    encoder: encoder(share(rect, region, bps))?,
+                    encoder: encoder(b)?,
                     yuv: YUVBuffer::new(usize::from(rect.w), usize::from(rect.h)),
                 })
             })
             .collect::<Result<Vec<_>, ModuleError>>()?;
         Ok(VideoEncoder {
             region,
+            need: (vec![0; stripes.len()], None),
             stripes,
             bps,
+            given,
             since: now,
             fps: START_FPS,
             window: (now, 0, 0),
@@ -545,37 +598,39 @@ impl VideoEncoder {
         Ok(())
     }
 
-    /// Sets the encoder's target and peak bit rate (its one spatial layer's), without a new
-    /// encoder or an IDR; whether the encoder took it (if not, it keeps the old ones).
+    /// Sets the encoders' target and peak bit rate (their one spatial layer's), `bps` split
+    /// among the stripes by need ([`split`]), without a new encoder or an IDR; whether they
+    /// took it (if one did not, every stripe keeps its old one).
     fn set_bps(&mut self, bps: u32) -> bool {
         use openh264_sys2::{ENCODER_OPTION_BITRATE, ENCODER_OPTION_MAX_BITRATE};
-        // The peak is checked against the target and the target against the peak: going up
-        // the peak moves first, going down the target.
-        let order = if bps > self.bps {
-            [ENCODER_OPTION_MAX_BITRATE, ENCODER_OPTION_BITRATE]
-        } else {
-            [ENCODER_OPTION_BITRATE, ENCODER_OPTION_MAX_BITRATE]
-        };
-        // Each stripe its share, by area; all or none.
-        let (region, old) = (self.region, self.bps);
+        let rects: Vec<Rect> = self.stripes.iter().map(|s| s.rect).collect();
+        let want = split(&rects, self.need.1.as_deref(), bps);
         for k in 0..self.stripes.len() {
-            let st = &mut self.stripes[k];
-            if !st.set_bps(
-                order,
-                share(st.rect, region, bps),
-                share(st.rect, region, old),
-            ) {
-                // The stripes set before this one go back too.
-                for st in &mut self.stripes[..k] {
-                    let was = share(st.rect, region, old);
-                    for option in order.into_iter().rev() {
-                        st.set_option(option, was);
-                    }
+            let (new, was) = (want[k], self.given[k]);
+            // The peak is checked against the target and the target against the peak: going
+            // up the peak moves first, going down the target.
+            let order = if new > was {
+                [ENCODER_OPTION_MAX_BITRATE, ENCODER_OPTION_BITRATE]
+            } else {
+                [ENCODER_OPTION_BITRATE, ENCODER_OPTION_MAX_BITRATE]
+            };
+            if !self.stripes[k].set_bps(order, new, was) {
+                // The stripes set before this one go back too (all or none).
+                for ((st, &now_j), &was_j) in
+                    self.stripes[..k].iter_mut().zip(&want).zip(&self.given)
+                {
+                    let back = if was_j > now_j {
+                        [ENCODER_OPTION_MAX_BITRATE, ENCODER_OPTION_BITRATE]
+                    } else {
+                        [ENCODER_OPTION_BITRATE, ENCODER_OPTION_MAX_BITRATE]
+                    };
+                    st.set_bps(back, was_j, now_j);
                 }
                 return false;
             }
         }
         self.bps = bps;
+        self.given = want;
         true
     }
 
@@ -614,8 +669,9 @@ impl VideoEncoder {
             _ => return Err(corrupt("H.264", "no stripe to code")),
         }
         let mut len = 0;
-        for (st, au) in self.stripes.iter().zip(aus) {
+        for ((st, au), need) in self.stripes.iter().zip(aus).zip(&mut self.need.0) {
             len += au.len();
+            *need += au.len() as u64;
             out.push((st.rect, au));
         }
         self.frames += 1;
@@ -636,14 +692,39 @@ impl VideoEncoder {
         let fps = (f64::from(self.window.1) / spent.as_secs_f64()).clamp(1.0, 60.0) as f32;
         self.used = Some(self.window.2 as f64 * 8.0 / spent.as_secs_f64());
         self.window = (now, 0, 0);
+        let need = std::mem::replace(&mut self.need.0, vec![0; self.stripes.len()]);
+        self.need.1 = Some(need);
         if (fps - self.fps).abs() > self.fps * FPS_CHANGE {
-            if self.stripes.iter_mut().all(|st| st.set_frame_rate(fps)) {
-                tracing::debug!(fps, "image: the H.264 encoder follows the capture rate");
-                self.fps = fps;
-            } else {
-                tracing::debug!(fps, "image: the H.264 encoder refused a frame rate");
+            self.set_frame_rate(fps);
+        }
+        // Stripes whose needs moved apart get the bit rate split again (same total).
+        if self.stripes.len() > 1 {
+            let rects: Vec<Rect> = self.stripes.iter().map(|s| s.rect).collect();
+            let want = split(&rects, self.need.1.as_deref(), self.bps);
+            let moved = want
+                .iter()
+                .zip(&self.given)
+                .any(|(&w, &g)| f64::from(w.abs_diff(g)) > f64::from(self.bps) * RESPLIT);
+            if moved && !self.set_bps(self.bps) {
+                tracing::debug!("image: the H.264 encoders refused a new split of the bit rate");
             }
         }
+    }
+
+    /// Tells every stripe's encoder the frame rate, all or none.
+    fn set_frame_rate(&mut self, fps: f32) {
+        let old = self.fps;
+        for k in 0..self.stripes.len() {
+            if !self.stripes[k].set_frame_rate(fps) {
+                for st in &mut self.stripes[..k] {
+                    st.set_frame_rate(old);
+                }
+                tracing::debug!(fps, "image: the H.264 encoder refused a frame rate");
+                return;
+            }
+        }
+        tracing::debug!(fps, "image: the H.264 encoder follows the capture rate");
+        self.fps = fps;
     }
 }
 
@@ -717,6 +798,70 @@ impl VideoDecoder {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn a_regions_bit_rate_goes_to_the_stripe_that_needs_it_each_keeping_a_floor() {
+        let (top, bottom) = (Rect::new(0, 0, 2560, 720), Rect::new(0, 720, 2560, 720));
+        let parts = [top, bottom];
+        // Nothing measured yet: by area.
+        assert_eq!(split(&parts, None, 10_000_000), [5_000_000, 5_000_000]);
+        assert_eq!(split(&[top], None, 7_000_000), [7_000_000]);
+        // A film in the top half: most of the bits there.
+        assert_eq!(
+            split(&parts, Some(&[900, 100][..]), 10_000_000),
+            [8_181_818, 1_818_181]
+        );
+        // A still bottom keeps its floor (it may start moving).
+        let s = split(&parts, Some(&[1000, 0][..]), 10_000_000);
+        assert_eq!(s, [8_333_333, 1_666_666]);
+        assert!(s.iter().sum::<u32>() <= 10_000_000);
+        // Nothing coded in the window: by area again.
+        assert_eq!(
+            split(&parts, Some(&[0, 0][..]), 10_000_000),
+            [5_000_000, 5_000_000]
+        );
+    }
+
+    /// A 1440p region whose top half plays a grainy video and whose bottom half is still:
+    /// after a second of pictures the top stripe's encoder has most of the bit rate, and
+    /// the total stays what the region was given.
+    #[test]
+    fn the_moving_stripe_of_a_1440p_region_gets_most_of_its_bit_rate() {
+        let region = Rect::new(0, 0, 2560, 1440);
+        let t0 = Instant::now();
+        let mut enc = VideoEncoder::new(region, Some(20e6), t0).unwrap();
+        assert_eq!(enc.given.len(), 2);
+        assert_eq!(enc.given[0], enc.given[1], "by area at first");
+        let (w, h) = (2560usize, 1440usize);
+        let mut px = vec![0u8; w * h * 4];
+        let mut seed = 7u32;
+        let mut out = Vec::new();
+        for n in 0..40u64 {
+            for y in 0..h / 2 {
+                for x in 0..w {
+                    seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    let v = ((x + y + n as usize * 8) % 200) as u8 + (seed >> 28) as u8;
+                    px[(y * w + x) * 4..(y * w + x) * 4 + 3].copy_from_slice(&[v, v / 2, 255 - v]);
+                }
+            }
+            out.clear();
+            enc.encode(&px, n == 0, t0 + Duration::from_millis(33 * n), &mut out)
+                .unwrap();
+        }
+        let (top, bottom) = (enc.given[0], enc.given[1]);
+        assert!(top > 3 * bottom, "top {top}, bottom {bottom}");
+        // The still half keeps its floor: LEAST_SHARE against the other's whole need.
+        assert!(f64::from(bottom) >= f64::from(enc.bps) * LEAST_SHARE / (1.0 + LEAST_SHARE) - 2.0);
+        assert!(top + bottom <= enc.bps && top + bottom + 2 >= enc.bps);
+    }
+
+    #[test]
+    fn both_runs_two_jobs_at_once_and_says_when_the_second_panicked() {
+        let (a, b) = both(|| 1 + 1, || "two");
+        assert_eq!((a, b), (2, Some("two")));
+        let (a, b) = both(|| 3, || -> u8 { panic!("a coder thread fails") });
+        assert_eq!((a, b), (3, None));
+    }
 
     /// Capture times `step` apart.
     struct Clock {
