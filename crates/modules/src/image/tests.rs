@@ -1117,3 +1117,103 @@ fn a_1440p_region_travels_as_two_stripes_and_shows_whole() {
     assert!(psnr(&shown[..half], &want[..half]) >= 35.0);
     assert!(psnr(&shown[half..], &want[half..]) >= 35.0);
 }
+
+/// One inverse, the video region changing under it: two stripes (1440p), then one small
+/// region, then two stripes again. Each time the picture shows whole in the region's rects,
+/// a decoder made for each new stripe (from its IDR) and the old ones dropped; then a frame
+/// whose second stripe gives no picture (an access unit of parameter sets only) leaves that
+/// stripe's rect out and counts it, the first still shown.
+#[test]
+fn the_video_region_changing_between_one_and_two_stripes_shows_whole_each_time() {
+    let t0 = Instant::now();
+    let (w, h) = (2560u16, 1440u16);
+    let mut inv = ImageInverse::new(32 << 20, false).unwrap();
+    let mut fb = Framebuffer::new(w, h, PixelFormat::Bgrx32);
+    let pixels = |r: Rect, n: u16| {
+        let px = moving(n);
+        let mut v = Vec::with_capacity(usize::from(r.w) * usize::from(r.h) * 4);
+        for y in r.y..r.y + r.h {
+            for x in r.x..r.x + r.w {
+                let [b, g, rr] = px(x, y);
+                v.extend_from_slice(&[b, g, rr, 0]);
+            }
+        }
+        v
+    };
+    let mut credit = 0;
+    let mut send =
+        |inv: &mut ImageInverse, fb: &mut Framebuffer, rects: &[(Rect, format::Kind<'_>)]| {
+            credit += 1;
+            let header = format::Header {
+                width: w,
+                height: h,
+                flags: 0,
+                credit,
+                raw_len: 0,
+                blob_len: 0,
+            };
+            let mut b = Vec::new();
+            format::emit(&header, rects, &[], &mut b);
+            let mut o = Output::new();
+            inv.handle_frame(t0, Frame::new(Meta::default(), &b), &mut o)
+                .unwrap();
+            let frames = o.take_frames();
+            assert_eq!(frames.len(), 1);
+            let u = Update::parse(frames[0].payload()).unwrap();
+            let shown: Vec<Rect> = u.rects.iter().map(|r| r.rect).collect();
+            fb.apply(&u).unwrap();
+            shown
+        };
+    let whole = Rect::new(0, 0, w, h);
+    let small = Rect::new(640, 320, 640, 480);
+    for (step, region) in [whole, small, whole].into_iter().enumerate() {
+        let mut enc = super::video::VideoEncoder::new(region, Some(20e6), t0).unwrap();
+        let px = pixels(region, step as u16);
+        let mut aus = Vec::new();
+        enc.encode(&px, true, t0, &mut aus).unwrap();
+        let want = super::video::stripes(region);
+        assert_eq!(aus.iter().map(|(r, _)| *r).collect::<Vec<_>>(), want);
+        let rects: Vec<(Rect, format::Kind<'_>)> = aus
+            .iter()
+            .map(|(r, au)| (*r, format::Kind::H264(au)))
+            .collect();
+        assert_eq!(
+            send(&mut inv, &mut fb, &rects),
+            want,
+            "step {step}: every stripe shown"
+        );
+        let got: Vec<[u8; 3]> = (region.y..region.y + region.h)
+            .flat_map(|y| (region.x..region.x + region.w).map(move |x| (x, y)))
+            .map(|(x, y)| {
+                let i = (usize::from(y) * usize::from(w) + usize::from(x)) * 4;
+                let p = &fb.pixels()[i..i + 3];
+                [p[0], p[1], p[2]]
+            })
+            .collect();
+        let exp: Vec<[u8; 3]> = px.chunks_exact(4).map(|p| [p[0], p[1], p[2]]).collect();
+        let db = psnr(&got, &exp);
+        assert!(db >= 30.0, "step {step}: the region at {db:.1} dB");
+    }
+    // Two stripes again; the second's access unit carries no picture.
+    let mut enc = super::video::VideoEncoder::new(whole, Some(20e6), t0).unwrap();
+    let mut aus = Vec::new();
+    enc.encode(&pixels(whole, 7), true, t0, &mut aus).unwrap();
+    let (top, bottom) = (aus[0].0, aus[1].0);
+    // The parameter sets alone: everything before the first slice NAL (type 5, an IDR).
+    let au = &aus[1].1;
+    let slice = (0..au.len() - 4)
+        .find(|&i| au[i..i + 3] == [0, 0, 1] && au[i + 3] & 0x1f == 5)
+        .expect("an IDR slice");
+    let params = &au[..slice.saturating_sub(1)];
+    let shown = send(
+        &mut inv,
+        &mut fb,
+        &[
+            (top, format::Kind::H264(&aus[0].1)),
+            (bottom, format::Kind::H264(params)),
+        ],
+    );
+    assert_eq!(shown, [top], "the stripe without a picture is left out");
+    let counters = inv.stats().counters;
+    assert!(counters.contains(&("video_no_picture", 1)), "{counters:?}");
+}
