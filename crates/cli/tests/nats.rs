@@ -2627,6 +2627,23 @@ fn one_nats_user_per_side_keeps_each_sides_inboxes_its_own() {
     assert!(!derr.contains("Permissions Violation"), "device: {derr}");
     // Both app sides' reliable frames reached the device through JetStream.
     assert_eq!(frames_in(&up).len(), 200, "{derr}");
+    // app0's user with inbox_prefix left out: the server refuses its inboxes, and the side
+    // says so and where to look, not only that nobody answered.
+    let forgot = std::fs::read_to_string(side_cfg("app0"))
+        .unwrap()
+        .replace("inbox_prefix = \"_INBOX_app0\"\n", "")
+        .replace("connect_timeout_ms = 20000", "connect_timeout_ms = 3000");
+    let forgot = write(&dir.0, "forgot.toml", &forgot);
+    let out = run_cmd(&forgot, "app", &apps[0], &["--once"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("the NATS server refused this side: Permissions Violation for Subscription to \"_INBOX.")
+            && err.contains("link.nats.inbox_prefix is the one printed for this user"),
+        "{err}"
+    );
 }
 
 /// `ndd nats-permissions` with wrong input: one clear line each, exit code 1.

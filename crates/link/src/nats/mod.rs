@@ -218,6 +218,7 @@ fn read_secret(path: &std::path::Path, what: &str) -> Result<String, LinkError> 
 struct ServerEvents {
     lost: ndd_core::RateLimit,
     back: ndd_core::RateLimit,
+    refused: ndd_core::RateLimit,
 }
 
 impl Default for ServerEvents {
@@ -226,6 +227,8 @@ impl Default for ServerEvents {
         ServerEvents {
             lost: limit(),
             back: limit(),
+            // Each refusal said once in 10 s: a side refused a subscription keeps asking.
+            refused: ndd_core::RateLimit::with_burst(Duration::from_secs(10), 1),
         }
     }
 }
@@ -249,6 +252,19 @@ impl ServerEvents {
                 }
             }
             async_nats::Event::Connected => tracing::info!("{who}: connected to NATS"),
+            // The server's permissions refused a subscription or a publish: the side waits
+            // for answers that never come (an inbox_prefix left out, say), so say why.
+            async_nats::Event::ServerError(async_nats::ServerError::Other(e))
+                if e.to_ascii_lowercase().contains("permissions violation") =>
+            {
+                if let Some(suppressed) = self.refused.admit(now) {
+                    tracing::warn!(
+                        suppressed,
+                        "{who}: the NATS server refused this side: {}; check this user's permissions (ndd nats-permissions prints them) and that link.nats.inbox_prefix is the one printed for this user",
+                        ndd_wire::text::printable(e, ndd_wire::text::MAX_REASON)
+                    )
+                }
+            }
             // A server error carries the server's words.
             ev => tracing::debug!(
                 event = %ndd_wire::text::printable(&ev.to_string(), ndd_wire::text::MAX_REASON),
