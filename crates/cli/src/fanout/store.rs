@@ -9,9 +9,9 @@ pub(super) const JS_READY_WAIT: Duration = Duration::from_secs(15);
 pub(super) const JS_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 
 /// The JetStream stream of the driver's reliable streams, with the copies and room the
-/// config asks for (an existing stream is changed to them). In a cluster that has just
-/// started or lost a node, JetStream answers "temporarily unavailable" (or not at all) until
-/// its leaders are elected: that is waited out for up to `JS_READY_WAIT`.
+/// config asks for (an existing stream is changed to them). What a failure means (wait for a
+/// cluster's leaders up to `JS_READY_WAIT`, or give up saying what to change) is
+/// `ndd_link::nats::store::after_failure`'s.
 pub(super) async fn ensure_jetstream(ctx: &Ctx, nats: &NatsConfig) -> Result<jetstream::Context> {
     let js = jetstream::new(ctx.client.clone());
     let name = ctx.subjects.jetstream();
@@ -63,35 +63,19 @@ pub(super) async fn ensure_jetstream(ctx: &Ctx, nats: &NatsConfig) -> Result<jet
             Ok(()) => return Ok(js),
             Err(e) => e,
         };
-        // A cluster electing its leaders; anything else does not fix itself.
-        let passing = e.contains("temporarily unavailable")
-            || e.contains("timed out")
-            || e.contains("no responders")
-            || e.contains("insufficient resources") && nats.replicas > 1;
-        if !passing || Instant::now() >= give_up {
-            let replicas = e.contains("insufficient resources") || e.contains("replicas");
-            let hint = if e.contains("insufficient storage") {
-                format!(
-                    "the server has less JetStream room left than link.nats.store_mib = {} reserves (its other streams hold the rest, and it offers at most 75% of its free disk by default): lower store_mib, delete streams no driver uses (nats stream rm), or raise the server's jetstream max_file_store",
-                    nats.store_mib
-                )
-            } else if replicas && nats.replicas > 1 {
-                format!(
-                    "link.nats.replicas = {} needs a JetStream cluster of at least that many servers; one server keeps one copy: replicas = 1",
-                    nats.replicas
-                )
-            } else {
-                "reliable streams need JetStream: start nats-server with -js, or set reliability = \"lossy\"".into()
-            };
-            return Err(anyhow!("JetStream stream {name}: {e} ({hint})"));
+        // A cluster electing its leaders is waited out; anything else does not fix itself.
+        let waited_out = Instant::now() >= give_up;
+        match ndd_link::nats::store::after_failure(&e, nats.replicas, nats.store_mib, waited_out) {
+            ndd_link::nats::store::Attempt::Again => {}
+            ndd_link::nats::store::Attempt::GiveUp(hint) => {
+                return Err(anyhow!("JetStream stream {name}: {e} ({hint})"))
+            }
         }
         tracing::debug!(stream = %name, error = %e, "JetStream not ready yet");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
-/// Counts the app sides that said they are ready (a frame sealed under the group key
-/// carrying their fingerprint: nobody else can make one).
 /// The driver's JetStream stream and the sequence of the last message it holds.
 pub(super) async fn stored_up_to(
     ctx: &Ctx,

@@ -42,6 +42,7 @@ pub mod rotate;
 pub mod runs;
 pub mod send;
 pub mod source;
+pub mod store;
 pub mod subjects;
 #[cfg(test)]
 mod toy;
