@@ -38,8 +38,10 @@ SLOW_FIRST = [
     "display",
 ]
 
-# Binaries that keep both cores busy by themselves (the simulations in ndd-testkit)...
-CPU_BOUND = {"session_rate", "nats_publish", "nats_keys", "session", "nats_admit", "nats_runs", "pair_sim"}
+# Binaries that keep both cores busy by themselves (the simulations in ndd-testkit, the core
+# crates' own unit tests: 1440p pictures coded, many schedules)...
+CPU_BOUND = {"session_rate", "nats_publish", "nats_keys", "session", "nats_admit", "nats_runs", "pair_sim",
+             "ndd_core", "ndd_link", "ndd_modules"}
 # ...never run beside the ones whose real sound servers must keep time: a sound server
 # starved of CPU by a simulation in the other lane lost a 10 ms block of a tone and failed a
 # test that passes alone and beside two busy loops (a desktop runs its sound server at a

@@ -14,11 +14,6 @@ use session::{Endpoint, RunOptions};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// ndd — use an I/O device attached to another machine as if it were local.
-///
-/// Each side runs `ndd run CONFIG --side device|app` with the same config file. Streams flow
-/// through stacks of paired transformation modules over a mutually authenticated TLS 1.3 link.
-/// Try `ndd demo` first.
 /// `ndd --version`: the version, and what this build leaves out (`./run demo` builds
 /// without the media pairs and Wayland).
 const VERSION: &str = match (cfg!(feature = "media"), cfg!(feature = "wayland")) {
@@ -31,6 +26,11 @@ const VERSION: &str = match (cfg!(feature = "media"), cfg!(feature = "wayland"))
     ),
 };
 
+/// ndd — use an I/O device attached to another machine as if it were local.
+///
+/// Each side runs `ndd run CONFIG --side device|app` with the same config file. Streams flow
+/// through stacks of paired transformation modules over a mutually authenticated TLS 1.3 link.
+/// Try `ndd demo` first.
 #[derive(Debug, Parser)]
 #[command(name = "ndd", version = VERSION, about, long_about, max_term_width = 100)]
 struct Cli {
@@ -395,9 +395,14 @@ enum Command {
         /// The device side's NATS user.
         #[arg(long, value_name = "USER")]
         device: String,
-        /// An app side's NATS user (once for each app side).
-        #[arg(long = "app", value_name = "USER", required = true)]
+        /// An app side's NATS user and its identity (its name in known_peers, or its
+        /// fingerprint), once for each app side: its JetStream consumers are named after the
+        /// identity, and its user may use those alone. The identity may be left out when the
+        /// driver has no reliable device → app stream.
+        #[arg(long = "app", value_name = "USER[=PEER]", required = true)]
         apps: Vec<String>,
+        #[command(flatten)]
+        home: HomeArg,
     },
     /// The RFB Message Accelerator: a VNC proxy, run next to the VNC server, that keeps a
     /// client-pull viewer fast at high latency (docs/rfb-accel.md).
@@ -1118,8 +1123,12 @@ fn run(cli: Cli) -> Result<i32> {
             config,
             device,
             apps,
+            home,
         } => {
-            print!("{}", nats_permissions(&config, &device, &apps)?);
+            print!(
+                "{}",
+                nats_permissions(&config, &device, &apps, &home.dir())?
+            );
             Ok(0)
         }
         Command::Check {
@@ -1307,8 +1316,9 @@ fn session_here(cfg: &Config) {
 }
 
 /// `ndd nats-permissions`: the permission blocks (as nats-server variables) and the lines
-/// each side's config needs.
-fn nats_permissions(config: &Path, device: &str, apps: &[String]) -> Result<String> {
+/// each side's config needs. App sides' identities (`USER=PEER`) are looked up in `home`'s
+/// known_peers when not fingerprints.
+fn nats_permissions(config: &Path, device: &str, apps: &[String], home: &Path) -> Result<String> {
     use std::fmt::Write;
     let cfg = Config::load(config)?;
     if cfg.link.transport != session::TransportKind::Nats {
@@ -1321,9 +1331,51 @@ fn nats_permissions(config: &Path, device: &str, apps: &[String]) -> Result<Stri
     let subjects =
         ndd_link::nats::subjects::Subjects::new(&cfg.link.nats.subject_prefix, &cfg.driver)
             .map_err(|e| anyhow::anyhow!(e))?;
+    // An app side's consumers are named after its identity: without one none can be named.
+    let needs_identity = !crate::fanout::consumers(&cfg, SideName::App, "")?.is_empty();
+    let known = std::cell::OnceCell::new();
+    let identity = |user: &str, peer: Option<&str>| -> Result<String> {
+        let Some(peer) = peer else {
+            if needs_identity {
+                bail!(
+                    "--app {user}: give the app side's identity too, --app {user}=NAME (its name in known_peers) or --app {user}=FINGERPRINT: driver \"{}\" has reliable device → app streams, read through JetStream consumers named after it",
+                    cfg.driver
+                );
+            }
+            return Ok(String::new());
+        };
+        if ndd_link::trust::validate_fingerprint(peer).is_ok() {
+            return Ok(peer.to_string());
+        }
+        let peers = known
+            .get_or_init(|| ndd_link::KnownPeers::load(home).map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("--app {user}={peer}: {e}"))?;
+        let mut named = peers
+            .iter()
+            .filter(|(_, t)| t.name.as_deref() == Some(peer))
+            .map(|(fp, _)| fp.to_string());
+        match (named.next(), named.next()) {
+            (Some(fp), None) => Ok(fp),
+            (Some(_), Some(_)) => bail!(
+                "--app {user}={peer}: {} names more than one peer {peer}; give its fingerprint",
+                peers.path().display()
+            ),
+            (None, _) => bail!(
+                "--app {user}={peer}: no peer named {peer} in {} (and it is not a fingerprint); `ndd trust FP --name {peer}` or give the fingerprint",
+                peers.path().display()
+            ),
+        }
+    };
     let mut seen = std::collections::BTreeSet::new();
-    let mut users = vec![(device, true)];
-    users.extend(apps.iter().map(|a| (a.as_str(), false)));
+    let mut users = vec![(device.to_string(), None)];
+    for a in apps {
+        let (user, peer) = match a.split_once('=') {
+            Some((u, p)) => (u.to_string(), Some(p)),
+            None => (a.clone(), None),
+        };
+        users.push((user, Some(peer)));
+    }
     let mut out = format!(
         "# nats-server permissions for ndd driver \"{}\" (subjects {}.{}.>, JetStream stream {}),\n\
          # one user per side. Put these lines before the server's authorization block and give\n\
@@ -1335,18 +1387,38 @@ fn nats_permissions(config: &Path, device: &str, apps: &[String]) -> Result<Stri
         subjects.jetstream(),
         var_token(device),
     );
-    for (user, is_device) in users {
-        if !seen.insert(user) {
-            bail!("--device/--app: user \"{user}\" given twice: each side needs its own user");
+    for (user, _) in &users {
+        if !seen.insert(var_token(user)) {
+            bail!("--device/--app: user \"{user}\" given twice (or two users that differ only in case or - and _): each side needs its own user");
         }
+    }
+    for (user, app) in users {
         let inbox = format!("_INBOX_{user}");
-        let perms = subjects.permissions(is_device, &inbox).map_err(|e| {
-            anyhow::anyhow!("user \"{user}\": {e} (a user name here is letters, digits, - and _)")
-        })?;
+        let (side, consumers) = match app {
+            None => (
+                SideName::Device,
+                crate::fanout::consumers(&cfg, SideName::Device, "")?,
+            ),
+            Some(peer) => {
+                let fp = identity(&user, peer)?;
+                (
+                    SideName::App,
+                    crate::fanout::consumers(&cfg, SideName::App, &fp)?,
+                )
+            }
+        };
+        let is_device = side == SideName::Device;
+        let perms = subjects
+            .permissions(is_device, &inbox, &consumers)
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "user \"{user}\": {e} (a user name here is letters, digits, - and _)"
+                )
+            })?;
         let (var, side) = if is_device {
-            (format!("NDD_{}_DEVICE", var_token(user)), "device")
+            (format!("NDD_{}_DEVICE", var_token(&user)), "device")
         } else {
-            (format!("NDD_{}_APP", var_token(user)), "app")
+            (format!("NDD_{}_APP", var_token(&user)), "app")
         };
         let _ = write!(
             out,

@@ -2556,12 +2556,38 @@ fn one_nats_user_per_side_keeps_each_sides_inboxes_its_own() {
     }
     let dir = Dir::new("nats-perms");
     let count = 400;
-    // The permissions as the command prints them.
-    let plain = fan_config(&dir.0, "perm", "nats://127.0.0.1:4222", 2, "[[stream]]\nname = \"r\"\ndirection = \"device-to-app\"\nsource = { type = \"synthetic\", size = 10, interval_ms = 10.0 }\nsink = { type = \"null\" }\n");
+    let (dev, apps) = homes_n(&dir.0, 2);
+    let up = dir.0.join("up.bin");
+    let text = |url: &str, user: &str, pw: &Path| {
+        format!(
+            "driver = \"perm\"\n[link]\ntransport = \"nats\"\nconnect_timeout_ms = 20000\n[link.nats]\nservers = [\"{url}\"]\nmin_app_sides = 2\nuser = \"{user}\"\npassword_file = \"{}\"\ninbox_prefix = \"_INBOX_{user}\"\n\
+             [[stream]]\nname = \"r\"\ndirection = \"device-to-app\"\nsource = {{ type = \"synthetic\", size = 100, interval_ms = 2.0, count = {count}, seed = 3 }}\nsink = {{ type = \"check\", seed = 3, size = 100, expect = {count} }}\n\
+             [[stream]]\nname = \"l\"\ndirection = \"device-to-app\"\nreliability = \"lossy\"\nsource = {{ type = \"synthetic\", size = 50, interval_ms = 10.0, count = 100 }}\nsink = {{ type = \"null\" }}\n\
+             [[stream]]\nname = \"up\"\ndirection = \"app-to-device\"\nsource = {{ type = \"synthetic\", size = 30, interval_ms = 5.0, count = 100 }}\nsink = {{ type = \"file\", path = \"{}\", framing = \"length\", append = true }}\n",
+            pw.display(),
+            up.display()
+        )
+    };
+    // The permissions as the command prints them, for this driver (the app sides named as the
+    // device's known_peers names them).
+    let template = write(
+        &dir.0,
+        "perm.toml",
+        &text("nats://127.0.0.1:4222", "dev", &dir.0.join("dev.pw")),
+    );
     let perms = ok(ndd()
         .arg("nats-permissions")
-        .arg(&plain)
-        .args(["--device", "dev", "--app", "app0", "--app", "app1"]));
+        .arg(&template)
+        .args([
+            "--device",
+            "dev",
+            "--app",
+            "app0=app0",
+            "--app",
+            "app1=app1",
+            "--home",
+        ])
+        .arg(&dev));
     let conf = write(
         &dir.0,
         "nats.conf",
@@ -2573,8 +2599,6 @@ fn one_nats_user_per_side_keeps_each_sides_inboxes_its_own() {
         ),
     );
     let nats = Nats::start("perms", &["-c", conf.to_str().unwrap()]);
-    let (dev, apps) = homes_n(&dir.0, 2);
-    let up = dir.0.join("up.bin");
     let side_cfg = |user: &str| {
         let pw = write(&dir.0, &format!("{user}.pw"), &format!("pw-{user}\n"));
         use std::os::unix::fs::PermissionsExt;
@@ -2582,15 +2606,7 @@ fn one_nats_user_per_side_keeps_each_sides_inboxes_its_own() {
         write(
             &dir.0,
             &format!("perm-{user}.toml"),
-            &format!(
-                "driver = \"perm\"\n[link]\ntransport = \"nats\"\nconnect_timeout_ms = 20000\n[link.nats]\nservers = [\"{}\"]\nmin_app_sides = 2\nuser = \"{user}\"\npassword_file = \"{}\"\ninbox_prefix = \"_INBOX_{user}\"\n\
-                 [[stream]]\nname = \"r\"\ndirection = \"device-to-app\"\nsource = {{ type = \"synthetic\", size = 100, interval_ms = 2.0, count = {count}, seed = 3 }}\nsink = {{ type = \"check\", seed = 3, size = 100, expect = {count} }}\n\
-                 [[stream]]\nname = \"l\"\ndirection = \"device-to-app\"\nreliability = \"lossy\"\nsource = {{ type = \"synthetic\", size = 50, interval_ms = 10.0, count = 100 }}\nsink = {{ type = \"null\" }}\n\
-                 [[stream]]\nname = \"up\"\ndirection = \"app-to-device\"\nsource = {{ type = \"synthetic\", size = 30, interval_ms = 5.0, count = 100 }}\nsink = {{ type = \"file\", path = \"{}\", framing = \"length\", append = true }}\n",
-                nats.url(),
-                pw.display(),
-                up.display()
-            ),
+            &text(&nats.url(), user, &pw),
         )
     };
     let a0 = side(&side_cfg("app0"), "app", &apps[0], &["--once"]);
@@ -2603,7 +2619,11 @@ fn one_nats_user_per_side_keeps_each_sides_inboxes_its_own() {
         "app1",
         "pw-app1",
         "SUB _INBOX_app0.> 1\r\nSUB _INBOX.> 2\r\nPUB _INBOX_app0.forged 1\r\nx\r\n\
-         PUB ndd.perm.r.1 1\r\nx\r\nPUB $JS.API.STREAM.DELETE.NDD_ndd_perm 0\r\n\r\n",
+         PUB ndd.perm.r.1 1\r\nx\r\nPUB $JS.API.STREAM.DELETE.NDD_ndd_perm 0\r\n\r\n\
+         PUB $JS.API.CONSUMER.MSG.NEXT.NDD_ndd_perm.device_3 _INBOX_app1.x 1\r\n1\r\n\
+         PUB $JS.API.CONSUMER.DELETE.NDD_ndd_perm.device_3 0\r\n\r\n\
+         PUB $JS.ACK.NDD_ndd_perm.device_3.1.1.1.1.0 4\r\n+ACK\r\n\
+         PUB $JS.API.CONSUMER.CREATE.NDD_ndd_perm.mine.ndd.perm.r.1 2\r\n{}\r\n",
     );
     for refused in [
         "Permissions Violation for Subscription to \"_INBOX_app0.>\"",
@@ -2611,6 +2631,12 @@ fn one_nats_user_per_side_keeps_each_sides_inboxes_its_own() {
         "Permissions Violation for Publish to \"_INBOX_app0.forged\"",
         "Permissions Violation for Publish to \"ndd.perm.r.1\"",
         "Permissions Violation for Publish to \"$JS.API.STREAM.DELETE.NDD_ndd_perm\"",
+        // The device's consumer: not pulled from, deleted or acknowledged on by an app side.
+        "Permissions Violation for Publish to \"$JS.API.CONSUMER.MSG.NEXT.NDD_ndd_perm.device_3\"",
+        "Permissions Violation for Publish to \"$JS.API.CONSUMER.DELETE.NDD_ndd_perm.device_3\"",
+        "Permissions Violation for Publish to \"$JS.ACK.NDD_ndd_perm.device_3.1.1.1.1.0\"",
+        // Nor a consumer of a name not its own (one could deliver anywhere).
+        "Permissions Violation for Publish to \"$JS.API.CONSUMER.CREATE.NDD_ndd_perm.mine.ndd.perm.r.1\"",
     ] {
         assert!(tries.contains(refused), "not refused: {refused}\n{tries}");
     }
@@ -2674,8 +2700,27 @@ fn nats_permissions_names_what_is_wrong() {
     };
     assert!(err(&direct, &["--device", "a", "--app", "b"])
         .contains("does not use the NATS link (set transport = \"nats\" in [link])"));
-    assert!(err(&nats, &["--device", "a", "--app", "a"])
-        .contains("user \"a\" given twice: each side needs its own user"));
+    assert!(err(&nats, &["--device", "a", "--app", "a"]).contains("user \"a\" given twice"));
     assert!(err(&nats, &["--device", "a.b", "--app", "c"])
         .contains("'.' cannot be part of a NATS subject token"));
+    // The driver has a reliable device → app stream: an app side's identity is needed.
+    assert!(err(&nats, &["--device", "a", "--app", "c"])
+        .contains("--app c: give the app side's identity too, --app c=NAME"));
+    assert!(err(
+        &nats,
+        &[
+            "--device",
+            "a",
+            "--app",
+            "c=nobody",
+            "--home",
+            dir.0.to_str().unwrap()
+        ]
+    )
+    .contains("--app c=nobody: no peer named nobody in"));
+    assert!(err(
+        &nats,
+        &["--device", "a", "--app", "A-b=x", "--app", "a_B=y"]
+    )
+    .contains("given twice (or two users that differ only in case or - and _)"));
 }

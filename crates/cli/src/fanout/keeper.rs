@@ -78,7 +78,8 @@ impl KeyKeeper {
                         };
                         tracing::warn!(
                             side = "device",
-                            "cannot check who holds the group key: {e:#}{more}"
+                            "cannot check who holds the group key: {}{more}",
+                            crate::logfmt::error_text(&e)
                         );
                     }
                 }

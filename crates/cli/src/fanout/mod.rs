@@ -102,8 +102,33 @@ fn random_u64() -> u64 {
 
 /// A short, subject-safe id of an identity (durable consumer names).
 fn short_id(fingerprint: &str) -> String {
-    let h = ndd_wire::param_hash(fingerprint);
-    format!("a{h:016x}")
+    ndd_link::nats::subjects::who(fingerprint)
+}
+
+/// The JetStream consumers one side of `cfg` reads through (`ndd nats-permissions` grants
+/// those and no other): the device's `device_S` of each reliable app → device stream; an app
+/// side's (`fingerprint` its identity) own durable consumers of the reliable device → app
+/// streams, every split slot it may be given, and the round-robin groups' shared ones.
+pub fn consumers(cfg: &Config, side: SideName, fingerprint: &str) -> Result<Vec<String>> {
+    let subjects =
+        Subjects::new(&cfg.link.nats.subject_prefix, &cfg.driver).map_err(|e| anyhow!(e))?;
+    let me = short_id(fingerprint);
+    let mut names = Vec::new();
+    for p in streams::plans(cfg, side)
+        .iter()
+        .filter(|p| p.reliable && !p.source)
+    {
+        if side == SideName::Device {
+            names.push(subjects.device_durable(p.id));
+        } else if p.round_robin {
+            names.push(subjects.group(p.id));
+        } else if let Some(parts) = p.split {
+            names.extend((0..parts).map(|i| subjects.durable(&me, p.id, Some(i))));
+        } else {
+            names.push(subjects.durable(&me, p.id, None));
+        }
+    }
+    Ok(names)
 }
 
 /// Runs one side over NATS until stopped, the duration ends, or (with `--once`) the

@@ -226,10 +226,21 @@ fn negotiate(
 ) -> Result<sys::PixFormat, EndpointError> {
     let yuyv = sys::fourcc(b"YUYV");
     let mjpg = sys::fourcc(b"MJPG");
+    // Without the media libraries there is no JPEG decoder: MJPEG is not asked for (a camera
+    // that gives only MJPEG is refused here, by name, not a stream that delivers nothing).
+    let media = cfg!(feature = "media");
     let order: &[u32] = match c.format {
-        CaptureFormat::Auto => &[yuyv, mjpg],
+        CaptureFormat::Auto if media => &[yuyv, mjpg],
+        CaptureFormat::Auto => &[yuyv],
         CaptureFormat::Yuyv => &[yuyv],
-        CaptureFormat::Mjpeg => &[mjpg],
+        CaptureFormat::Mjpeg if media => &[mjpg],
+        CaptureFormat::Mjpeg => {
+            return Err(EndpointError::Unavailable {
+                endpoint,
+                what: "this ndd was built without the media libraries, which decode an MJPEG camera".into(),
+                hint: "build it with its default features (`./run ndd`, or `cargo build --release -p ndd-cli`), or use format = \"yuyv\"".into(),
+            })
+        }
     };
     let mut offered = Vec::new();
     for &want in order {

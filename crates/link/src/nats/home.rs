@@ -102,7 +102,11 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), HomeError> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(io_err("create", dir))?;
     }
-    let tmp = path.with_extension("new");
+    // Its own temporary file (`with_extension` would give `.key` and `.holders` the same
+    // one, and the join service and a rotation write those at once).
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".new");
+    let tmp = PathBuf::from(tmp);
     let _ = std::fs::remove_file(&tmp);
     (|| {
         let mut f = std::fs::OpenOptions::new()
@@ -127,12 +131,11 @@ pub fn parse_runs(b: &[u8]) -> Result<Vec<Run>, usize> {
         u64::from_be_bytes(n)
     };
     match b.len() {
-        0 => Ok(Vec::new()),
         8 => Ok(vec![Run {
             id: u64_at(0),
             began: 0,
         }]),
-        n if n % 16 == 0 => Ok((0..n / 16)
+        n if n > 0 && n % 16 == 0 => Ok((0..n / 16)
             .map(|i| Run {
                 id: u64_at(16 * i),
                 began: u64_at(16 * i + 8),
@@ -523,7 +526,8 @@ mod tests {
     fn run_files_parse_and_encode() {
         let runs = [Run { id: 9, began: 4 }, Run { id: 12, began: 80 }];
         assert_eq!(parse_runs(&encode_runs(&runs)).unwrap(), runs);
-        assert_eq!(parse_runs(&[]).unwrap(), []);
+        // An empty file is damaged (the last id lost), not "no runs": a missing file is that.
+        assert_eq!(parse_runs(&[]), Err(0));
         assert_eq!(parse_runs(&[0; 24]), Err(24));
         assert_eq!(
             parse_runs(&5u64.to_be_bytes()).unwrap(),

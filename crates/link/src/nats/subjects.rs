@@ -178,14 +178,26 @@ impl Permissions {
 
 impl Subjects {
     /// What a side's own NATS user needs on this driver and no more, its replies under
-    /// `inbox_prefix` (its `link.nats.inbox_prefix`). The device side publishes on the
-    /// driver's subjects, keeps its JetStream stream and answers requests; an app side
-    /// publishes only joins, its ready beats and app → device frames, reads only device →
-    /// app frames and rekey notices, and uses the JetStream stream but cannot create, change,
-    /// purge or delete it. Neither may read or publish into another client's inboxes, so
-    /// nobody forges the answers a side is sent (JetStream's own included).
-    pub fn permissions(&self, device: bool, inbox_prefix: &str) -> Result<Permissions, String> {
+    /// `inbox_prefix` (its `link.nats.inbox_prefix`), its JetStream consumers `consumers`
+    /// (the device's `device_S` of each reliable app → device stream; an app side's own
+    /// durable consumers and the round-robin groups it is in, [`Subjects::durable`],
+    /// [`Subjects::group`]). The device side publishes on the driver's subjects, keeps its
+    /// JetStream stream and answers requests; an app side publishes only joins, its ready
+    /// beats and app → device frames, reads only device → app frames and rekey notices, and
+    /// reads the JetStream stream only through its own consumers (it cannot create, change,
+    /// purge or delete the stream, nor pull from, acknowledge on or delete another side's
+    /// consumer). Neither may read or publish into another client's inboxes, so nobody forges
+    /// the answers a side is sent (JetStream's own included).
+    pub fn permissions(
+        &self,
+        device: bool,
+        inbox_prefix: &str,
+        consumers: &[String],
+    ) -> Result<Permissions, String> {
         check_token("the inbox prefix", inbox_prefix)?;
+        for c in consumers {
+            check_token("a JetStream consumer", c)?;
+        }
         let (b, js) = (&self.base, self.jetstream());
         let mut publish = Vec::new();
         let mut subscribe = Vec::new();
@@ -208,15 +220,18 @@ impl Subjects {
         publish.extend([
             "$JS.API.INFO".to_string(),
             format!("$JS.API.STREAM.INFO.{js}"),
-            format!("$JS.API.STREAM.MSG.GET.{js}"),
-            format!("$JS.API.CONSUMER.CREATE.{js}"),
-            format!("$JS.API.CONSUMER.CREATE.{js}.>"),
-            format!("$JS.API.CONSUMER.DURABLE.CREATE.{js}.*"),
-            format!("$JS.API.CONSUMER.INFO.{js}.*"),
-            format!("$JS.API.CONSUMER.MSG.NEXT.{js}.*"),
-            format!("$JS.API.CONSUMER.DELETE.{js}.*"),
-            format!("$JS.ACK.{js}.>"),
         ]);
+        for c in consumers {
+            publish.extend([
+                format!("$JS.API.CONSUMER.CREATE.{js}.{c}"),
+                format!("$JS.API.CONSUMER.CREATE.{js}.{c}.>"),
+                format!("$JS.API.CONSUMER.DURABLE.CREATE.{js}.{c}"),
+                format!("$JS.API.CONSUMER.INFO.{js}.{c}"),
+                format!("$JS.API.CONSUMER.MSG.NEXT.{js}.{c}"),
+                format!("$JS.API.CONSUMER.DELETE.{js}.{c}"),
+                format!("$JS.ACK.{js}.{c}.>"),
+            ]);
+        }
         subscribe.push(format!("{inbox_prefix}.>"));
         Ok(Permissions {
             publish,
@@ -224,6 +239,12 @@ impl Subjects {
             allow_responses: device,
         })
     }
+}
+
+/// The short id of an identity in its durable consumers' names (from its fingerprint).
+pub fn who(fingerprint: &str) -> String {
+    let h = ndd_wire::param_hash(fingerprint);
+    format!("a{h:016x}")
 }
 
 #[cfg(test)]
@@ -256,7 +277,7 @@ mod tests {
     #[test]
     fn an_app_sides_user_may_not_touch_inboxes_or_device_subjects() {
         let s = Subjects::new("ndd", "cam").unwrap();
-        let app = s.permissions(false, "_INBOX_a1").unwrap();
+        let app = s.permissions(false, "_INBOX_a1", &["a1_1".into()]).unwrap();
         assert!(!app.allow_responses);
         assert!(app.subscribe.contains(&"_INBOX_a1.>".to_string()));
         for p in app.publish.iter().chain(&app.subscribe) {
@@ -270,13 +291,27 @@ mod tests {
             .publish
             .iter()
             .any(|p| p == "ndd.cam.>" || p.starts_with("ndd.cam.d")));
-        let dev = s.permissions(true, "_INBOX_d").unwrap();
+        // Its own consumer only: nobody else's, no consumer of any name.
+        assert!(app
+            .publish
+            .contains(&"$JS.API.CONSUMER.MSG.NEXT.NDD_ndd_cam.a1_1".to_string()));
+        assert!(app
+            .publish
+            .contains(&"$JS.ACK.NDD_ndd_cam.a1_1.>".to_string()));
+        assert!(!app
+            .publish
+            .iter()
+            .any(|p| p.contains("device_") || p.ends_with(".*") || p.ends_with("NDD_ndd_cam.>")));
+        let dev = s
+            .permissions(true, "_INBOX_d", &["device_2".into()])
+            .unwrap();
         assert!(dev.allow_responses);
         assert!(dev.publish.contains(&"ndd.cam.>".to_string()));
         assert!(dev
             .publish
             .contains(&"$JS.API.STREAM.CREATE.NDD_ndd_cam".to_string()));
         assert!(dev.to_conf().contains("allow_responses: true"));
-        assert!(s.permissions(true, "_INBOX.x").is_err());
+        assert!(s.permissions(true, "_INBOX.x", &[]).is_err());
+        assert!(s.permissions(false, "_INBOX_a", &["a.>".into()]).is_err());
     }
 }
