@@ -337,35 +337,71 @@ pub fn stripes(region: Rect) -> Vec<Rect> {
     ]
 }
 
-/// The least weight a stripe gets, however little it needed lately, against the others'
-/// shares of the need (with two stripes, a still one keeps a sixth of the bit rate).
-const LEAST_SHARE: f64 = 0.2;
-/// How far (a share of the region's bit rate) a stripe's need-based share must move from
-/// what it was given before the split is made again.
+/// The least share of a region's bit rate a stripe keeps, however little it used lately.
+const LEAST_SHARE: f64 = 0.15;
+/// A stripe that used this much of what it was given over the last second wants more (its
+/// rate control held it back); one under it has what it needs.
+const SATURATED: f64 = 0.8;
+/// What a stripe that has what it needs is given: what it used, and this much room over it.
+const HEADROOM: f64 = 1.25;
+/// How far (a share of the region's bit rate) a stripe's share must move before the split is
+/// made again.
 const RESPLIT: f64 = 0.1;
 
-/// How `bps` is split among `parts` of a region: by what each stripe's pictures took over the
-/// last second (`need`, bytes per stripe), each weighed at least [`LEAST_SHARE`] — a film in
-/// the top half of a 1440p region gets most of the bits, not half —, or by area while
-/// nothing is measured.
-fn split(parts: &[Rect], need: Option<&[u64]>, bps: u32) -> Vec<u32> {
-    let weights: Vec<f64> = match need {
-        Some(n) if n.len() == parts.len() && n.iter().sum::<u64>() > 0 => {
-            let total = n.iter().sum::<u64>() as f64;
-            n.iter()
-                .map(|&b| (b as f64 / total).max(LEAST_SHARE))
-                .collect()
-        }
-        _ => parts
-            .iter()
-            .map(|r| f64::from(r.w) * f64::from(r.h))
-            .collect(),
+/// How `bps` is split among `parts` of a region, from how each stripe fared over the last
+/// second (`usage`: the bits per second it used and was given). A stripe that used under
+/// [`SATURATED`] of its share has what it needs: it gets what it used and [`HEADROOM`] (at
+/// least [`LEAST_SHARE`] of `bps`); the stripes held back by their share divide the rest by
+/// area — a film in the top half of a 1440p region gets most of the bits, not half. When every
+/// stripe, or none, is held back (or nothing is measured yet), by area: a still stripe that
+/// starts moving fills its small share, and takes its part back.
+fn split(parts: &[Rect], usage: Option<&[(f64, u32)]>, bps: u32) -> Vec<u32> {
+    let area = |r: &Rect| f64::from(r.w) * f64::from(r.h);
+    let by_area = |rs: &[Rect], total: f64| -> Vec<f64> {
+        let sum: f64 = rs.iter().map(area).sum();
+        rs.iter().map(|r| total * area(r) / sum).collect()
     };
-    let sum: f64 = weights.iter().sum();
-    weights
-        .iter()
-        .map(|w| (f64::from(bps) * w / sum) as u32)
-        .collect()
+    let total = f64::from(bps);
+    let shares = match usage.filter(|u| u.len() == parts.len()) {
+        Some(u) => {
+            let held = |&(used, given): &(f64, u32)| used >= SATURATED * f64::from(given);
+            let n_held = u.iter().filter(|x| held(x)).count();
+            if n_held == 0 || n_held == u.len() {
+                by_area(parts, total)
+            } else {
+                let mut s: Vec<f64> = u
+                    .iter()
+                    .map(|x| {
+                        if held(x) {
+                            0.0
+                        } else {
+                            (x.0 * HEADROOM).max(LEAST_SHARE * total)
+                        }
+                    })
+                    .collect();
+                let rest = total - s.iter().sum::<f64>();
+                if rest < LEAST_SHARE * total * n_held as f64 {
+                    by_area(parts, total)
+                } else {
+                    let held_parts: Vec<Rect> = parts
+                        .iter()
+                        .zip(u)
+                        .filter(|(_, x)| held(x))
+                        .map(|(r, _)| *r)
+                        .collect();
+                    let mut given = by_area(&held_parts, rest).into_iter();
+                    for (si, x) in s.iter_mut().zip(u) {
+                        if held(x) {
+                            *si = given.next().unwrap_or(0.0);
+                        }
+                    }
+                    s
+                }
+            }
+        }
+        None => by_area(parts, total),
+    };
+    shares.into_iter().map(|v| v as u32).collect()
 }
 
 /// Runs `a` here and `b` on a thread of its own, at once (two stripes coded or decoded);
@@ -487,8 +523,9 @@ pub struct VideoEncoder {
     bps: u32,
     /// The bit rate each stripe was given (its share of `bps`).
     given: Vec<u32>,
-    /// Bytes each stripe's pictures took since `window` began, and over the last window.
-    need: (Vec<u64>, Option<Vec<u64>>),
+    /// Bytes each stripe's pictures took since `window` began; and over the last window,
+    /// each stripe's bits per second used and given.
+    need: (Vec<u64>, Option<Vec<(f64, u32)>>),
     since: Instant,
     /// The frame rate the encoder was told (its rate control gives each frame the bit rate
     /// over this), and the captures and bytes counted since `window` to measure the real one
@@ -693,7 +730,13 @@ impl VideoEncoder {
         self.used = Some(self.window.2 as f64 * 8.0 / spent.as_secs_f64());
         self.window = (now, 0, 0);
         let need = std::mem::replace(&mut self.need.0, vec![0; self.stripes.len()]);
-        self.need.1 = Some(need);
+        let secs = spent.as_secs_f64();
+        self.need.1 = Some(
+            need.iter()
+                .zip(&self.given)
+                .map(|(&b, &g)| (b as f64 * 8.0 / secs, g))
+                .collect(),
+        );
         if (fps - self.fps).abs() > self.fps * FPS_CHANGE {
             self.set_frame_rate(fps);
         }
@@ -800,25 +843,31 @@ mod tests {
     use std::time::Duration;
 
     #[test]
-    fn a_regions_bit_rate_goes_to_the_stripe_that_needs_it_each_keeping_a_floor() {
+    fn a_regions_bit_rate_goes_to_the_stripe_held_back_by_its_share() {
         let (top, bottom) = (Rect::new(0, 0, 2560, 720), Rect::new(0, 720, 2560, 720));
         let parts = [top, bottom];
+        let m = 1_000_000;
         // Nothing measured yet: by area.
-        assert_eq!(split(&parts, None, 10_000_000), [5_000_000, 5_000_000]);
-        assert_eq!(split(&[top], None, 7_000_000), [7_000_000]);
-        // A film in the top half: most of the bits there.
-        assert_eq!(
-            split(&parts, Some(&[900, 100][..]), 10_000_000),
-            [8_181_818, 1_818_181]
+        assert_eq!(split(&parts, None, 10 * m), [5 * m, 5 * m]);
+        assert_eq!(split(&[top], None, 7 * m), [7 * m]);
+        // A film in the top half used all of its share, the still bottom little of its own:
+        // the bottom keeps what it used and room (at least 15 %), the top the rest.
+        let s = split(&parts, Some(&[(5e6, 5 * m), (0.2e6, 5 * m)][..]), 10 * m);
+        assert_eq!(s, [8_500_000, 1_500_000]);
+        let s = split(&parts, Some(&[(5e6, 5 * m), (2e6, 5 * m)][..]), 10 * m);
+        assert_eq!(s, [7_500_000, 2_500_000]);
+        // Then the bottom starts moving and fills its small share too: both held back, by
+        // area again (a split by what each used would stay 85/15 for ever).
+        let s = split(
+            &parts,
+            Some(&[(8.4e6, 8_500_000), (1.5e6, 1_500_000)][..]),
+            10 * m,
         );
-        // A still bottom keeps its floor (it may start moving).
-        let s = split(&parts, Some(&[1000, 0][..]), 10_000_000);
-        assert_eq!(s, [8_333_333, 1_666_666]);
-        assert!(s.iter().sum::<u32>() <= 10_000_000);
-        // Nothing coded in the window: by area again.
+        assert_eq!(s, [5 * m, 5 * m]);
+        // Neither held back: by area.
         assert_eq!(
-            split(&parts, Some(&[0, 0][..]), 10_000_000),
-            [5_000_000, 5_000_000]
+            split(&parts, Some(&[(1e6, 5 * m), (1e6, 5 * m)][..]), 10 * m),
+            [5 * m, 5 * m]
         );
     }
 
@@ -840,7 +889,9 @@ mod tests {
             for y in 0..h / 2 {
                 for x in 0..w {
                     seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                    let v = ((x + y + n as usize * 8) % 200) as u8 + (seed >> 28) as u8;
+                    // Noise: more than the region's share can carry (its rate control holds
+                    // it back).
+                    let v = ((x + y + n as usize * 8) % 128) as u8 + (seed >> 25) as u8;
                     px[(y * w + x) * 4..(y * w + x) * 4 + 3].copy_from_slice(&[v, v / 2, 255 - v]);
                 }
             }
@@ -850,9 +901,29 @@ mod tests {
         }
         let (top, bottom) = (enc.given[0], enc.given[1]);
         assert!(top > 3 * bottom, "top {top}, bottom {bottom}");
-        // The still half keeps its floor: LEAST_SHARE against the other's whole need.
-        assert!(f64::from(bottom) >= f64::from(enc.bps) * LEAST_SHARE / (1.0 + LEAST_SHARE) - 2.0);
+        // The still half keeps its floor.
+        assert!(f64::from(bottom) >= f64::from(enc.bps) * LEAST_SHARE - 2.0);
         assert!(top + bottom <= enc.bps && top + bottom + 2 >= enc.bps);
+        // Now the bottom half plays too: within two seconds it has its half back.
+        for n in 40..100u64 {
+            for y in 0..h {
+                for x in 0..w {
+                    seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    // Noise: more than the region's share can carry (its rate control holds
+                    // it back).
+                    let v = ((x + y + n as usize * 8) % 128) as u8 + (seed >> 25) as u8;
+                    px[(y * w + x) * 4..(y * w + x) * 4 + 3].copy_from_slice(&[v, v / 2, 255 - v]);
+                }
+            }
+            out.clear();
+            enc.encode(&px, false, t0 + Duration::from_millis(33 * n), &mut out)
+                .unwrap();
+        }
+        let (top, bottom) = (enc.given[0], enc.given[1]);
+        assert!(
+            bottom * 10 >= enc.bps * 4,
+            "top {top}, bottom {bottom} once both move"
+        );
     }
 
     #[test]
