@@ -447,6 +447,17 @@ impl<M> Intake<M> {
         }
     }
 
+    /// Stored record `rec` opened under the key before a rotation and was dropped for being
+    /// stored after it: the order is past its place, as after [`Intake::authentic`], but its
+    /// sealed header is not remembered — a copy of it stored before the rotation (the genuine
+    /// frame, delivered after this one) is not a copy to drop.
+    pub fn passed(&mut self, rec: &FrameRecord, now: Instant) {
+        if let Some(r) = self.reorder.as_mut() {
+            let behind = r.genuine(rec.run, rec.wseq, now);
+            self.ready.extend(behind);
+        }
+    }
+
     /// Whether a record of a run earlier than `run` waits to be opened (released by
     /// [`Intake::authentic`] when a record of `run` opened: see [`Reorder::genuine`]).
     pub fn readies_earlier_than(&self, run: u64) -> bool {

@@ -610,7 +610,18 @@ impl<H: RunHalf> Opener<H> {
                 1 => &mut self.older,
                 i => &mut self.retired[i - 2],
             };
-            let outcome = open_in(halves, key, run, current, now, frame, rec.wseq, &mut old)?;
+            let outcome = if since != SINCE_PENDING && stored.is_none_or(|s| s > since) {
+                // Dropped whether it opens or not (stored after the rotation, or not stored):
+                // opened by a half of its own, so that it spends nothing of the kept half's
+                // replay window. A copy stored after the rotation can come before the genuine
+                // frame stored before it (a new device process's consumer delivers again from
+                // its ack floor), and the genuine one must still open (found by
+                // `testkit/tests/nats_keys.rs`: an adversary's copy of an app frame, read
+                // first, made the genuine one a replay, and it was lost).
+                H::under(run_key(&key, run)).open(now, frame, rec.wseq, &mut old)?
+            } else {
+                open_in(halves, key, run, current, now, frame, rec.wseq, &mut old)?
+            };
             if outcome == Outcome::Replayed {
                 self.replayed += 1;
                 return Ok(Some(Verdict::Replayed));
