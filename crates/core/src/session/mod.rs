@@ -418,7 +418,8 @@ impl Session {
             .into_iter()
             .map(StreamRt::new)
             .collect::<Result<Vec<_>, _>>()?;
-        let flight = flight::Flight::new(cfg.flight_min_bytes, cfg.resume_buffer_bytes);
+        let flight =
+            flight::Flight::new(cfg.flight_min_bytes, cfg.resume_buffer_bytes, cfg.ack_bytes);
         Ok(Session {
             cfg,
             streams,
