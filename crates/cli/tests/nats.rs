@@ -2611,7 +2611,8 @@ fn one_nats_user_per_side_keeps_each_sides_inboxes_its_own() {
     };
     let a0 = side(&side_cfg("app0"), "app", &apps[0], &["--once"]);
     let a1 = side(&side_cfg("app1"), "app", &apps[1], &["--once"]);
-    let d = side(&side_cfg("dev"), "device", &dev, &["--once"]);
+    // The device side runs until told (its sinks take app frames as long as app sides send).
+    let d = side(&side_cfg("dev"), "device", &dev, &[]);
     // While the driver runs, app1's user tries what a revoked app side would.
     a1.wait_says("joined device", &[&d, &a0]);
     let tries = raw_as(
@@ -2640,8 +2641,6 @@ fn one_nats_user_per_side_keeps_each_sides_inboxes_its_own() {
     ] {
         assert!(tries.contains(refused), "not refused: {refused}\n{tries}");
     }
-    let (ds, _, derr) = d.finish();
-    assert!(ds.success(), "device: {derr}");
     for (i, a) in [a0, a1].into_iter().enumerate() {
         let (st, _, err) = a.finish();
         assert!(
@@ -2650,8 +2649,14 @@ fn one_nats_user_per_side_keeps_each_sides_inboxes_its_own() {
         );
         assert!(!err.contains("Permissions Violation"), "app{i}: {err}");
     }
+    // Both app sides' reliable frames reach the device through JetStream.
+    wait_for("every app frame at the device", WAIT, || {
+        up.exists() && frames_in(&up).len() >= 200
+    });
+    d.terminate();
+    let (ds, _, derr) = d.finish();
+    assert!(ds.success(), "device: {derr}");
     assert!(!derr.contains("Permissions Violation"), "device: {derr}");
-    // Both app sides' reliable frames reached the device through JetStream.
     assert_eq!(frames_in(&up).len(), 200, "{derr}");
     // app0's user with inbox_prefix left out: the server refuses its inboxes, and the side
     // says so and where to look, not only that nobody answered.
