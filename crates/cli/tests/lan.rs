@@ -140,28 +140,6 @@ fn a_serial_share_between_two_machines_comes_back_after_the_wire_is_pulled() {
     );
 }
 
-/// The app side's home trusting `n` device homes (named `lab0`…), each trusting the app.
-fn lab_homes(dir: &std::path::Path, n: usize) -> (std::path::PathBuf, Vec<std::path::PathBuf>) {
-    let app = dir.join("app");
-    let afp = ok(ndd().args(["id", "--home"]).arg(&app))
-        .trim()
-        .to_string();
-    let devs = (0..n)
-        .map(|i| {
-            let d = dir.join(format!("dev{i}"));
-            let dfp = ok(ndd().args(["id", "--home"]).arg(&d)).trim().to_string();
-            ok(ndd()
-                .args(["trust", &afp, "--name", "app", "--home"])
-                .arg(&d));
-            ok(ndd()
-                .args(["trust", &dfp, "--name", &format!("lab{i}"), "--home"])
-                .arg(&app));
-            d
-        })
-        .collect();
-    (app, devs)
-}
-
 /// A lab server and three machines (issue 34, items 1, 2, 5 and 9): `ndd serve` on one
 /// namespace runs a driver whose app side takes three device sides at once, each `ndd run`
 /// on the other namespace; `ndd status` there lists the three peers; each device side's

@@ -759,3 +759,25 @@ impl Drop for Lan {
         }
     }
 }
+
+/// The app side's home trusting `n` device homes (named `lab0`…), each trusting the app.
+pub fn lab_homes(dir: &Path, n: usize) -> (PathBuf, Vec<PathBuf>) {
+    let app = dir.join("app");
+    let afp = ok(ndd().args(["id", "--home"]).arg(&app))
+        .trim()
+        .to_string();
+    let devs: Vec<PathBuf> = (0..n)
+        .map(|i| {
+            let d = dir.join(format!("dev{i}"));
+            let dfp = ok(ndd().args(["id", "--home"]).arg(&d)).trim().to_string();
+            ok(ndd()
+                .args(["trust", &afp, "--name", "app", "--home"])
+                .arg(&d));
+            ok(ndd()
+                .args(["trust", &dfp, "--name", &format!("lab{i}"), "--home"])
+                .arg(&app));
+            d
+        })
+        .collect();
+    (app, devs)
+}
