@@ -10,7 +10,6 @@ mod common;
 
 use common::*;
 use std::io::{Read, Write};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 #[test]
@@ -24,21 +23,8 @@ fn a_serial_share_between_two_machines_comes_back_after_the_wire_is_pulled() {
         return;
     };
     let dir = Dir::new("lan-serial");
-    let (port, device, remote) = (
-        dir.0.join("port"),
-        dir.0.join("device"),
-        dir.0.join("ttyREMOTE"),
-    );
-    let _pair = Killed(
-        Command::new("socat")
-            .arg(format!("pty,raw,echo=0,link={}", port.display()))
-            .arg(format!("pty,raw,echo=0,link={}", device.display()))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("socat"),
-    );
-    wait_for("the pty pair", WAIT, || port.exists() && device.exists());
+    let (_pair, port, device) = pty_pair(&dir.0);
+    let remote = dir.0.join("ttyREMOTE");
     let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
     let addr = lan.b_addr(7904);
     let app = Side::spawn(Lan::ndd(

@@ -249,17 +249,7 @@ fn a_real_ser2net_port_is_the_device() {
         return;
     }
     let dir = Dir::new("rfc2217-ser2net");
-    let (port, device) = (dir.0.join("port"), dir.0.join("device"));
-    let _pair = Killed(
-        Command::new("socat")
-            .arg(format!("pty,raw,echo=0,link={}", port.display()))
-            .arg(format!("pty,raw,echo=0,link={}", device.display()))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("socat"),
-    );
-    wait_for("the pty pair", WAIT, || port.exists() && device.exists());
+    let (_pair, port, device) = pty_pair(&dir.0);
     let server_addr = free_addr();
     let (host, tcp) = server_addr.rsplit_once(':').unwrap();
     let yaml = dir.0.join("ser2net.yaml");

@@ -17,21 +17,8 @@ fn a_serial_port_shared_in_one_line_carries_bytes_both_ways() {
         return;
     }
     let dir = Dir::new("share-serial");
-    let (port, device, remote) = (
-        dir.0.join("port"),
-        dir.0.join("device"),
-        dir.0.join("ttyREMOTE"),
-    );
-    let _pair = Killed(
-        Command::new("socat")
-            .arg(format!("pty,raw,echo=0,link={}", port.display()))
-            .arg(format!("pty,raw,echo=0,link={}", device.display()))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("socat"),
-    );
-    wait_for("the pty pair", WAIT, || port.exists() && device.exists());
+    let (_pair, port, device) = pty_pair(&dir.0);
+    let remote = dir.0.join("ttyREMOTE");
     let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
     let addr = free_addr();
     let mut attach = ndd();

@@ -120,15 +120,23 @@ pub fn consumers(cfg: &Config, side: SideName, fingerprint: &str) -> Result<Vec<
     {
         if side == SideName::Device {
             names.push(subjects.device_durable(p.id));
-        } else if p.round_robin {
-            names.push(subjects.group(p.id));
-        } else if let Some(parts) = p.split {
-            names.extend((0..parts).map(|i| subjects.durable(&me, p.id, Some(i))));
+        } else if let (false, Some(parts)) = (p.round_robin, p.split) {
+            names.extend((0..parts).map(|i| consumer_name(&subjects, p, &me, Some(i))));
         } else {
-            names.push(subjects.durable(&me, p.id, None));
+            names.push(consumer_name(&subjects, p, &me, None));
         }
     }
     Ok(names)
+}
+
+/// The JetStream consumer an app side (`me`, its short id) reads stream `plan` through: the
+/// round-robin group's shared one, or its own (of split slot `part`).
+fn consumer_name(subjects: &Subjects, plan: &streams::Plan, me: &str, part: Option<u16>) -> String {
+    if plan.round_robin {
+        subjects.group(plan.id)
+    } else {
+        subjects.durable(me, plan.id, part)
+    }
 }
 
 /// Runs one side over NATS until stopped, the duration ends, or (with `--once`) the

@@ -192,11 +192,7 @@ pub(super) async fn subscribe(
                     ctx.subjects.jetstream()
                 )
             })?;
-            let durable = if plan.round_robin {
-                ctx.subjects.group(plan.id)
-            } else {
-                ctx.subjects.durable(me, plan.id, part)
-            };
+            let durable = consumer_name(&ctx.subjects, plan, me, part);
             // Where this side stood, for its next process (its own ordered consumer only).
             let position = if plan.round_robin {
                 None

@@ -781,3 +781,20 @@ pub fn lab_homes(dir: &Path, n: usize) -> (PathBuf, Vec<PathBuf>) {
         .collect();
     (app, devs)
 }
+
+/// A socat pty pair playing a serial device: `port` (what ndd opens) and `device` (the
+/// test's end), both links in `dir`; socat is killed with the returned guard.
+pub fn pty_pair(dir: &Path) -> (Killed, PathBuf, PathBuf) {
+    let (port, device) = (dir.join("port"), dir.join("device"));
+    let socat = Killed(
+        Command::new("socat")
+            .arg(format!("pty,raw,echo=0,link={}", port.display()))
+            .arg(format!("pty,raw,echo=0,link={}", device.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("socat"),
+    );
+    wait_for("the pty pair", WAIT, || port.exists() && device.exists());
+    (socat, port, device)
+}

@@ -411,27 +411,21 @@ impl Pair for ImageConfig {
             self.keyframe_ms
         )
     }
-    #[cfg(feature = "media")]
     fn forward(&self) -> Result<Box<dyn Half>, ModuleError> {
         self.validate()?;
+        #[cfg(not(feature = "media"))]
+        return Err(crate::registry::not_built_in(PAIR));
+        #[cfg(feature = "media")]
         Ok(Box::new(ImageForward::new(self.clone())?))
     }
-    #[cfg(feature = "media")]
     fn inverse(&self) -> Result<Box<dyn Half>, ModuleError> {
         self.validate()?;
+        #[cfg(not(feature = "media"))]
+        return Err(crate::registry::not_built_in(PAIR));
+        #[cfg(feature = "media")]
         Ok(Box::new(ImageInverse::new(
             self.max_size as usize,
             self.broadcast(),
         )?))
-    }
-    #[cfg(not(feature = "media"))]
-    fn forward(&self) -> Result<Box<dyn Half>, ModuleError> {
-        self.validate()?;
-        Err(crate::registry::not_built_in(PAIR))
-    }
-    #[cfg(not(feature = "media"))]
-    fn inverse(&self) -> Result<Box<dyn Half>, ModuleError> {
-        self.validate()?;
-        Err(crate::registry::not_built_in(PAIR))
     }
 }

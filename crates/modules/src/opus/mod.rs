@@ -137,25 +137,19 @@ impl Pair for OpusConfig {
             self.bitrate, self.application
         )
     }
-    #[cfg(feature = "media")]
     fn forward(&self) -> Result<Box<dyn Half>, ModuleError> {
         self.validate()?;
+        #[cfg(not(feature = "media"))]
+        return Err(crate::registry::not_built_in(PAIR));
+        #[cfg(feature = "media")]
         Ok(Box::new(OpusForward::new(self.bitrate, self.application)))
     }
-    #[cfg(feature = "media")]
     fn inverse(&self) -> Result<Box<dyn Half>, ModuleError> {
         self.validate()?;
+        #[cfg(not(feature = "media"))]
+        return Err(crate::registry::not_built_in(PAIR));
+        #[cfg(feature = "media")]
         Ok(Box::new(OpusInverse::new()))
-    }
-    #[cfg(not(feature = "media"))]
-    fn forward(&self) -> Result<Box<dyn Half>, ModuleError> {
-        self.validate()?;
-        Err(crate::registry::not_built_in(PAIR))
-    }
-    #[cfg(not(feature = "media"))]
-    fn inverse(&self) -> Result<Box<dyn Half>, ModuleError> {
-        self.validate()?;
-        Err(crate::registry::not_built_in(PAIR))
     }
 }
 
