@@ -52,7 +52,9 @@ KEEPS_TIME = {"audio"}
 def fits(name, running):
     """Whether binary `name` may start beside the ones `running`."""
     if name in KEEPS_TIME:
-        return not any(r in CPU_BOUND for r in running)
+        # Nor beside each other (cli's and ndd-endpoint's `audio`, each with its own sound
+        # servers: both lost tone blocks together under two busy loops).
+        return not any(r in CPU_BOUND or r in KEEPS_TIME for r in running)
     if name in CPU_BOUND:
         return not any(r in KEEPS_TIME for r in running)
     return True
