@@ -1285,9 +1285,23 @@ fn session_here(cfg: &Config) {
                 .join(", ")
         })
     };
+    // GNOME's screen cast is on the session bus, not a Wayland global.
+    let gnome = || {
+        let probe = ndd_endpoint::SourceConfig::GnomeScreen(Default::default()).probe();
+        match probe {
+            Ok(()) => ", gnome-screen yes".to_string(),
+            Err(e) if e.to_string().contains("not a GNOME Wayland session") => {
+                ", gnome-screen no (not GNOME)".to_string()
+            }
+            Err(e) => format!(", gnome-screen no ({e})"),
+        }
+    };
     if let Some(d) = &wayland {
         match offer(d) {
-            Ok(list) => println!("session here: Wayland (WAYLAND_DISPLAY={d}): {list}"),
+            Ok(list) => println!(
+                "session here: Wayland (WAYLAND_DISPLAY={d}): {list}{}",
+                gnome()
+            ),
             Err(e) => println!("session here: WAYLAND_DISPLAY={d} is set, but {e}"),
         }
     }
@@ -1310,7 +1324,7 @@ fn session_here(cfg: &Config) {
     });
     if wayland.is_some() && uses_x11 {
         println!(
-            "note: this session runs Wayland: X11 endpoints reach only Xwayland programs here; on a wlroots compositor use wayland-screen, wayland-input and wayland-clipboard (docs/devices.md \"Wayland\")"
+            "note: this session runs Wayland: X11 endpoints reach only Xwayland programs here; on a wlroots compositor use wayland-screen, wayland-input and wayland-clipboard, on GNOME gnome-screen (docs/devices.md \"Wayland\")"
         );
     }
 }

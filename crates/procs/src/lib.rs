@@ -972,6 +972,139 @@ impl Drop for Sway {
     }
 }
 
+/// A headless GNOME compositor for tests: mutter (`--headless --wayland --no-x11`, one
+/// virtual monitor of a given size, software rendering) on a D-Bus session bus and a PipeWire
+/// daemon (with WirePlumber) of its own, all in a runtime directory of its own and killed on
+/// drop. Its screen-cast API (`org.gnome.Mutter.ScreenCast`) answers on that bus, for this
+/// process's user (mutter, unlike sway, runs as root).
+#[derive(Debug)]
+pub struct Mutter {
+    // Dropped in this order: mutter before the PipeWire daemon and the bus it uses.
+    _mutter: Killed,
+    _wireplumber: Killed,
+    _pipewire: Killed,
+    _bus: Killed,
+    /// Its runtime directory (removed on drop): the bus, PipeWire's and the Wayland socket.
+    pub dir: PathBuf,
+    /// The session bus's address (`DBUS_SESSION_BUS_ADDRESS`).
+    pub bus: String,
+    /// The Wayland socket's name in `dir` (`WAYLAND_DISPLAY`).
+    pub wayland: String,
+}
+
+impl Mutter {
+    /// Starts the bus, PipeWire, WirePlumber and mutter with a `width`x`height` monitor;
+    /// returns once mutter's Wayland socket is there and its screen-cast API answers.
+    pub fn start(name: &str, width: u32, height: u32) -> std::io::Result<Mutter> {
+        let dir = std::env::temp_dir().join(format!("ndd-mutter-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+        let log = |what: &str| {
+            std::fs::File::create(
+                std::env::temp_dir().join(format!("ndd-mutter-{name}-{what}.log")),
+            )
+        };
+        let bus = format!("unix:path={}", dir.join("bus").display());
+        let spawn = |program: &str, args: &[&str], what: &str| -> std::io::Result<Killed> {
+            Command::new(program)
+                .args(args)
+                .env("XDG_RUNTIME_DIR", &dir)
+                .env("HOME", &dir)
+                .env("DBUS_SESSION_BUS_ADDRESS", &bus)
+                .env("LIBGL_ALWAYS_SOFTWARE", "1")
+                .env_remove("WAYLAND_DISPLAY")
+                .env_remove("DISPLAY")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log(what)?)
+                .spawn()
+                .map(Killed)
+        };
+        let wait = |what: &str, f: &dyn Fn() -> bool| -> std::io::Result<()> {
+            let t0 = Instant::now();
+            while !f() {
+                if t0.elapsed() > Duration::from_secs(15) {
+                    return Err(std::io::Error::other(format!(
+                        "{what} did not come up in 15 s (logs: {})",
+                        std::env::temp_dir()
+                            .join(format!("ndd-mutter-{name}-*.log"))
+                            .display()
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok(())
+        };
+        let address = format!("--address={bus}");
+        let bus_child = spawn(
+            "dbus-daemon",
+            &["--session", &address, "--nofork", "--nopidfile"],
+            "dbus",
+        )?;
+        wait("the session bus", &|| dir.join("bus").exists())?;
+        let pipewire = spawn("pipewire", &[], "pipewire")?;
+        wait("PipeWire", &|| dir.join("pipewire-0").exists())?;
+        let wireplumber = spawn("wireplumber", &[], "wireplumber")?;
+        let monitor = format!("{width}x{height}");
+        let wayland = format!("wayland-ndd-{name}");
+        let mutter = spawn(
+            "mutter",
+            &[
+                "--headless",
+                "--wayland",
+                "--no-x11",
+                "--virtual-monitor",
+                &monitor,
+                "--wayland-display",
+                &wayland,
+            ],
+            "mutter",
+        )?;
+        wait("mutter's Wayland socket", &|| dir.join(&wayland).exists())?;
+        wait("mutter's screen-cast API", &|| {
+            Command::new("dbus-send")
+                .args([
+                    &format!("--bus={bus}"),
+                    "--print-reply",
+                    "--dest=org.gnome.Mutter.ScreenCast",
+                    "/org/gnome/Mutter/ScreenCast",
+                    "org.freedesktop.DBus.Peer.Ping",
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })?;
+        Ok(Mutter {
+            _mutter: mutter,
+            _wireplumber: wireplumber,
+            _pipewire: pipewire,
+            _bus: bus_child,
+            dir,
+            bus,
+            wayland,
+        })
+    }
+
+    /// A command that runs as a Wayland client of this mutter (and on its bus).
+    pub fn client(&self, program: &str) -> Command {
+        let mut c = Command::new(program);
+        c.env("XDG_RUNTIME_DIR", &self.dir)
+            .env("WAYLAND_DISPLAY", &self.wayland)
+            .env("DBUS_SESSION_BUS_ADDRESS", &self.bus)
+            .env("SDL_VIDEODRIVER", "wayland")
+            .env_remove("DISPLAY");
+        c
+    }
+}
+
+impl Drop for Mutter {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// A binary PPM (`P6`, maxval 255): width, height, RGB bytes.
 pub fn parse_ppm(b: &[u8]) -> Option<(usize, usize, Vec<u8>)> {
     let mut fields = Vec::new();

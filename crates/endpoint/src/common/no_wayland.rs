@@ -6,7 +6,7 @@ use super::demand::Demand;
 use super::error::EndpointError;
 use super::report::{SinkTask, SourceTask};
 use crate::clipboard::WaylandClipboardConfig;
-use crate::display::{WaylandScreenConfig, WaylandWindowConfig};
+use crate::display::{GnomeScreenConfig, WaylandScreenConfig, WaylandWindowConfig};
 use crate::input::WaylandInputConfig;
 use ndd_core::Frame;
 use tokio::runtime::Handle;
@@ -31,6 +31,24 @@ pub(crate) fn spawn_wayland_screen_source(
     _: &Handle,
     endpoint: &'static str,
     _: &WaylandScreenConfig,
+    _: u16,
+    _: Sender<Frame>,
+    _: Option<Demand>,
+) -> Result<SourceTask, EndpointError> {
+    Err(off(endpoint))
+}
+
+pub(crate) fn probe_gnome_screen(
+    endpoint: &'static str,
+    _: &GnomeScreenConfig,
+) -> Result<(), EndpointError> {
+    Err(off(endpoint))
+}
+
+pub(crate) fn spawn_gnome_screen_source(
+    _: &Handle,
+    endpoint: &'static str,
+    _: &GnomeScreenConfig,
     _: u16,
     _: Sender<Frame>,
     _: Option<Demand>,

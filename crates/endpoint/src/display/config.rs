@@ -64,6 +64,36 @@ impl Default for WaylandScreenConfig {
     }
 }
 
+/// `gnome-screen` source parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GnomeScreenConfig {
+    /// The session bus of the GNOME session (a D-Bus address, `unix:path=/run/user/1000/bus`);
+    /// empty: `$DBUS_SESSION_BUS_ADDRESS`.
+    #[serde(default)]
+    pub bus: String,
+    /// The monitor captured, by connector (`DP-1`, `eDP-1`, `Meta-0`); none: the primary one.
+    #[serde(default)]
+    pub monitor: Option<String>,
+    /// At most this many updates per second.
+    #[serde(default = "default_max_fps")]
+    pub max_fps: f64,
+    /// Seconds between keyframes of the whole monitor; 0 = only the first.
+    #[serde(default)]
+    pub refresh_s: f64,
+}
+
+impl Default for GnomeScreenConfig {
+    fn default() -> Self {
+        GnomeScreenConfig {
+            bus: String::new(),
+            monitor: None,
+            max_fps: default_max_fps(),
+            refresh_s: 0.0,
+        }
+    }
+}
+
 fn default_window_title() -> String {
     "ndd display".to_string()
 }

@@ -23,10 +23,13 @@
 //! Files: `config.rs` ([`X11ScreenConfig`], [`X11WindowConfig`], [`FramebufferConfig`]),
 //! `x11.rs` (what the source and sinks share: screen format, MIT-SHM, the viewer
 //! registry), `source.rs` and `sink.rs` (the tasks), `scale.rs` (the viewer's scaling, pure),
-//! `wayland.rs` (the `wayland-screen` source: wlr-screencopy on wlroots compositors).
+//! `wayland.rs` (the `wayland-screen` source: wlr-screencopy on wlroots compositors),
+//! `gnome.rs` (the `gnome-screen` source: mutter's screen-cast API and its PipeWire stream).
 
 mod config;
 mod cursor;
+#[cfg(feature = "wayland")]
+mod gnome;
 pub mod scale;
 mod sink;
 mod source;
@@ -40,14 +43,17 @@ mod x11;
 
 #[cfg(not(feature = "wayland"))]
 pub(crate) use crate::common::no_wayland::{
-    open_wayland_screen, probe_wayland_window, spawn_wayland_screen_source,
-    spawn_wayland_window_sink, take_viewer_input,
+    open_wayland_screen, probe_gnome_screen, probe_wayland_window, spawn_gnome_screen_source,
+    spawn_wayland_screen_source, spawn_wayland_window_sink, take_viewer_input,
 };
 pub use config::{
-    FramebufferConfig, Resize, ViewScale, WaylandScreenConfig, WaylandWindowConfig,
-    X11CursorSinkConfig, X11CursorSourceConfig, X11ScreenConfig, X11WindowConfig,
+    FramebufferConfig, GnomeScreenConfig, Resize, ViewScale, WaylandScreenConfig,
+    WaylandWindowConfig, X11CursorSinkConfig, X11CursorSourceConfig, X11ScreenConfig,
+    X11WindowConfig,
 };
 pub(crate) use cursor::{spawn_x11_cursor_sink, spawn_x11_cursor_source};
+#[cfg(feature = "wayland")]
+pub(crate) use gnome::{probe_gnome_screen, spawn_gnome_screen_source};
 pub use ndd_wire::display::*;
 pub(crate) use sink::{spawn_framebuffer_sink, spawn_x11_window_sink};
 pub(crate) use source::spawn_x11_screen_source;

@@ -274,6 +274,16 @@ pub const SOURCES: &[EndpointInfo] = &[
         summary: "what the person does in the wayland-window viewer of the same display in this process (keys by code, the pointer on the app's screen, buttons, the wheel) as input records; the compositor's shortcuts go to the viewer while it has the keyboard",
         params: &[("display", "string", "", "the viewer's compositor, as its wayland-window sink names it; empty: $WAYLAND_DISPLAY")],
     },
+    EndpointInfo {
+        name: "gnome-screen",
+        summary: "a monitor of a GNOME Wayland session (mutter's screen-cast API, its PipeWire stream read by GStreamer's pipewiresrc) as display updates: the tiles that changed",
+        params: &[
+            ("bus", "string", "$DBUS_SESSION_BUS_ADDRESS", "the GNOME session's D-Bus address, e.g. unix:path=/run/user/1000/bus"),
+            ("monitor", "string", "the primary", "the monitor captured, by connector (DP-1, eDP-1; `gnome-monitor-config list`)"),
+            ("max_fps", "float > 0", "30", "at most this many updates per second"),
+            ("refresh_s", "float >= 0", "0", "a keyframe of the whole monitor every this many seconds; 0 = only the first"),
+        ],
+    },
 ];
 
 /// Every sink endpoint.

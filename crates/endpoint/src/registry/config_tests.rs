@@ -112,6 +112,10 @@ fn catalogue_params_match_the_config_keys() {
             output: Some("DP-1".into()),
             ..Default::default()
         }),
+        SourceConfig::GnomeScreen(crate::display::GnomeScreenConfig {
+            monitor: Some("DP-1".into()),
+            ..Default::default()
+        }),
     ];
     let sinks = [
         SinkConfig::Stdout(StdoutConfig::default()),

@@ -35,8 +35,8 @@ use crate::common::error::EndpointError;
 use crate::common::framing::MAX_LENGTH_FRAME;
 use crate::common::report::{SinkTask, SourceTask};
 use crate::display::{
-    FramebufferConfig, WaylandScreenConfig, WaylandWindowConfig, X11CursorSinkConfig,
-    X11CursorSourceConfig, X11ScreenConfig, X11WindowConfig,
+    FramebufferConfig, GnomeScreenConfig, WaylandScreenConfig, WaylandWindowConfig,
+    X11CursorSinkConfig, X11CursorSourceConfig, X11ScreenConfig, X11WindowConfig,
 };
 use crate::file::{FileSinkConfig, FileSourceConfig};
 use crate::input::{
@@ -112,6 +112,9 @@ pub enum SourceConfig {
     /// An output of a wlroots Wayland compositor (app side).
     #[serde(rename = "wayland-screen")]
     WaylandScreen(WaylandScreenConfig),
+    /// A monitor of a GNOME (mutter) Wayland session (app side).
+    #[serde(rename = "gnome-screen")]
+    GnomeScreen(GnomeScreenConfig),
     /// What the person does in the `wayland-window` viewer (device side).
     #[serde(rename = "wayland-window-input")]
     WaylandWindowInput(WaylandWindowInputConfig),
@@ -339,6 +342,7 @@ impl SourceConfig {
             | SourceConfig::File(_)
             | SourceConfig::X11Screen(_)
             | SourceConfig::WaylandScreen(_)
+            | SourceConfig::GnomeScreen(_)
             | SourceConfig::CameraSim(_)
             | SourceConfig::V4l2(_) => false,
         }
@@ -361,6 +365,7 @@ impl SourceConfig {
             | SourceConfig::Pty(_)
             | SourceConfig::X11Screen(_)
             | SourceConfig::WaylandScreen(_)
+            | SourceConfig::GnomeScreen(_)
             | SourceConfig::X11Cursor(_)
             | SourceConfig::X11Clipboard(_)
             | SourceConfig::WaylandClipboard(_)
@@ -395,6 +400,7 @@ impl SourceConfig {
             | SourceConfig::WaylandWindowInput(_)
             | SourceConfig::X11Screen(_)
             | SourceConfig::WaylandScreen(_)
+            | SourceConfig::GnomeScreen(_)
             | SourceConfig::X11Cursor(_)
             | SourceConfig::X11Clipboard(_)
             | SourceConfig::WaylandClipboard(_)
@@ -425,6 +431,7 @@ impl SourceConfig {
             SourceConfig::CameraSim(_) => &SOURCES[14],
             SourceConfig::V4l2(_) => &SOURCES[15],
             SourceConfig::WaylandScreen(_) => &SOURCES[16],
+            SourceConfig::GnomeScreen(_) => &SOURCES[19],
             SourceConfig::WaylandClipboard(_) => &SOURCES[17],
             SourceConfig::WaylandWindowInput(_) => &SOURCES[18],
         }
@@ -450,6 +457,7 @@ impl SourceConfig {
             SourceConfig::CameraSim(_) => "camera-sim source",
             SourceConfig::V4l2(_) => "v4l2 source",
             SourceConfig::WaylandScreen(_) => "wayland-screen source",
+            SourceConfig::GnomeScreen(_) => "gnome-screen source",
             SourceConfig::WaylandClipboard(_) => "wayland-clipboard source",
             SourceConfig::WaylandWindowInput(_) => "wayland-window-input source",
         }
@@ -503,6 +511,20 @@ impl SourceConfig {
                     c.max_fps
                 );
                 fmt_opt(&mut s, "output", c.output.as_deref());
+                fmt_opt(&mut s, "refresh_s", Some(c.refresh_s).filter(|&r| r != 0.0));
+                s + ")"
+            }
+            SourceConfig::GnomeScreen(c) => {
+                let mut s = format!(
+                    "gnome-screen(bus={}, max_fps={}",
+                    if c.bus.is_empty() {
+                        "$DBUS_SESSION_BUS_ADDRESS"
+                    } else {
+                        c.bus.as_str()
+                    },
+                    c.max_fps
+                );
+                fmt_opt(&mut s, "monitor", c.monitor.as_deref());
                 fmt_opt(&mut s, "refresh_s", Some(c.refresh_s).filter(|&r| r != 0.0));
                 s + ")"
             }
@@ -580,6 +602,9 @@ impl SourceConfig {
             })
             | SourceConfig::WaylandScreen(WaylandScreenConfig {
                 max_fps, refresh_s, ..
+            })
+            | SourceConfig::GnomeScreen(GnomeScreenConfig {
+                max_fps, refresh_s, ..
             }) => {
                 if !(max_fps.is_finite() && *max_fps > 0.0) {
                     return bad("max_fps", "must be a finite number > 0");
@@ -636,7 +661,9 @@ impl SourceConfig {
     pub fn captures_on_demand(&self) -> bool {
         matches!(
             self,
-            SourceConfig::X11Screen(_) | SourceConfig::WaylandScreen(_)
+            SourceConfig::X11Screen(_)
+                | SourceConfig::WaylandScreen(_)
+                | SourceConfig::GnomeScreen(_)
         )
     }
 
@@ -675,6 +702,9 @@ impl SourceConfig {
             }
             SourceConfig::WaylandScreen(c) => {
                 display::spawn_wayland_screen_source(&rt, endpoint, c, stream, tx, demand)
+            }
+            SourceConfig::GnomeScreen(c) => {
+                display::spawn_gnome_screen_source(&rt, endpoint, c, stream, tx, demand)
             }
             SourceConfig::WaylandClipboard(c) => {
                 clipboard::spawn_wayland_clipboard_source(&rt, endpoint, c, stream, tx)

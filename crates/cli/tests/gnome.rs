@@ -1,0 +1,259 @@
+//! A GNOME screen through two ndd processes (issue 35): a headless mutter's monitor captured
+//! by the app side's `gnome-screen` source (mutter's screen-cast API, its PipeWire stream read
+//! by GStreamer), sent over TLS to the device side's `framebuffer` sink. A program on mutter
+//! shows a picture ffmpeg renders; the same picture, rendered apart by ffmpeg, must be found
+//! pixel-identical in what arrives, before and after the program shows another one. Skipped
+//! (printing why) where mutter, PipeWire, GStreamer's pipewiresrc or ffmpeg is missing.
+
+mod common;
+
+use common::*;
+use ndd_procs::{Killed, Mutter};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `filter` (an ffmpeg source such as `smptebars`) at `w`x`h`, as ffmpeg renders it: BGRA.
+fn rendered(filter: &str, w: usize, h: usize) -> Vec<u8> {
+    let out = Command::new("ffmpeg")
+        .args(["-loglevel", "error", "-f", "lavfi", "-i"])
+        .arg(format!("{filter}=size={w}x{h},format=bgra"))
+        .args(["-frames:v", "1", "-f", "rawvideo", "-"])
+        .output()
+        .expect("ffmpeg");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout.len(), w * h * 4);
+    out.stdout
+}
+
+/// ffplay showing `filter` on `mutter`, in a window of its own size.
+fn show(mutter: &Mutter, filter: &str, w: usize, h: usize) -> Killed {
+    Killed(
+        mutter
+            .client("ffplay")
+            .args(["-hide_banner", "-loglevel", "error", "-f", "lavfi", "-i"])
+            .arg(format!("{filter}=size={w}x{h}:rate=5,format=bgra"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("ffplay"),
+    )
+}
+
+/// Where `pic` (`w`x`h` BGRA) is in `screen` (`sw` wide, BGRx), its colours exact; `Err` says
+/// what is wrong.
+fn find(
+    screen: &[u8],
+    sw: usize,
+    pic: &[u8],
+    w: usize,
+    h: usize,
+) -> Result<(usize, usize), String> {
+    let sh = screen.len() / (sw * 4);
+    let rgb =
+        |b: &[u8]| -> Vec<u8> { b.chunks_exact(4).flat_map(|p| [p[0], p[1], p[2]]).collect() };
+    let first = rgb(&pic[..w * 4]);
+    for y in 0..sh.saturating_sub(h) {
+        for x in 0..sw.saturating_sub(w) {
+            let at = (y * sw + x) * 4;
+            if screen[at..at + 3] != pic[..3] || rgb(&screen[at..at + w * 4]) != first {
+                continue;
+            }
+            let differ = (0..h)
+                .filter(|&j| {
+                    let a = ((y + j) * sw + x) * 4;
+                    rgb(&screen[a..a + w * 4]) != rgb(&pic[j * w * 4..(j + 1) * w * 4])
+                })
+                .count();
+            return if differ == 0 {
+                Ok((x, y))
+            } else {
+                Err(format!(
+                    "found at {x},{y} with {differ} of {h} rows differing"
+                ))
+            };
+        }
+    }
+    Err("not on the screen".into())
+}
+
+#[test]
+fn a_gnome_monitor_reaches_the_other_side_pixel_identical() {
+    if let Some(m) = missing(&[
+        "mutter",
+        "dbus-daemon",
+        "dbus-send",
+        "pipewire",
+        "wireplumber",
+        "gst-launch-1.0",
+        "gst-inspect-1.0",
+        "ffplay",
+        "ffmpeg",
+    ]) {
+        println!("SKIPPED: needs {m} (apt-get install mutter pipewire wireplumber gstreamer1.0-tools gstreamer1.0-pipewire ffmpeg)");
+        return;
+    }
+    let (sw, sh) = (480usize, 320usize);
+    let mutter = Mutter::start("two-processes", sw as u32, sh as u32).expect("headless mutter");
+    let dir = Dir::new("gnome-screen");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let fb = dir.0.join("screen.bgrx");
+    let cfg = dir.0.join("gnome.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "driver = \"gnome-desktop\"\n[link]\naddress = \"{}\"\nlistener = \"app\"\n\
+             [[stream]]\nname = \"screen\"\ndirection = \"app-to-device\"\n\
+             source = {{ type = \"gnome-screen\", bus = \"{}\", max_fps = 30 }}\n\
+             sink = {{ type = \"framebuffer\", path = \"{}\" }}\n\
+             stack = [{{ type = \"image\", quality = \"auto\" }}]\n",
+            free_addr(),
+            mutter.bus,
+            fb.display()
+        ),
+    )
+    .unwrap();
+    // `ndd check --side app` probes the session: GNOME's screen cast is there.
+    let out = ndd()
+        .args(["check", "--side", "app"])
+        .arg(&cfg)
+        .env("XDG_RUNTIME_DIR", &mutter.dir)
+        .env("WAYLAND_DISPLAY", &mutter.wayland)
+        .env("DBUS_SESSION_BUS_ADDRESS", &mutter.bus)
+        .env_remove("DISPLAY")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.contains("gnome-screen yes") && said.contains("wayland-screen no"),
+        "{said}"
+    );
+    let bars = rendered("smptebars", 200, 150);
+    let _player = show(&mutter, "smptebars", 200, 150);
+    // The app side runs in the session: its runtime directory holds PipeWire's socket.
+    let mut app = run_cmd(&cfg, "app", &app_home, &[]);
+    app.env("XDG_RUNTIME_DIR", &mutter.dir);
+    let app = Side::spawn(app);
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &[]));
+    app.wait_says("streams agreed", &[&dev]);
+    let wait_for = |what: &str, pic: &[u8]| {
+        let t0 = Instant::now();
+        loop {
+            let got = std::fs::read(&fb).unwrap_or_default();
+            let r = if got.len() == sw * sh * 4 {
+                find(&got, sw, pic, 200, 150)
+            } else {
+                Err(format!("{} bytes in the file", got.len()))
+            };
+            match r {
+                Ok(at) => return (at, t0.elapsed()),
+                Err(e) if t0.elapsed() > Duration::from_secs(20) => panic!(
+                    "{what}: {e}\napp side: {}\ndevice side: {}",
+                    app.stderr_now(),
+                    dev.stderr_now()
+                ),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    };
+    let (at, took) = wait_for("the bars", &bars);
+    println!("the bars at {at:?}, identical after {took:?}");
+    // Another picture in the program's place: the changed tiles come.
+    drop(_player);
+    let rgb = rendered("rgbtestsrc", 200, 150);
+    let _player = show(&mutter, "rgbtestsrc", 200, 150);
+    let (at, took) = wait_for("the next picture", &rgb);
+    println!("the next picture at {at:?}, identical after {took:?}");
+    // mutter goes away under the running app side: it ends with the source's error, and the
+    // device side hears why.
+    drop(mutter);
+    let (status, _, err) = app.finish();
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains("stream \"screen\": source gnome-screen") && err.contains("failed"),
+        "{err}"
+    );
+    dev.wait_says("source gnome-screen", &[]);
+    dev.kill();
+}
+
+#[test]
+fn a_gnome_screen_where_there_is_no_gnome_says_so() {
+    if let Some(m) = missing(&["dbus-daemon", "gst-launch-1.0", "gst-inspect-1.0"]) {
+        println!("SKIPPED: needs {m}");
+        return;
+    }
+    // A session bus with nobody on it: not GNOME.
+    let dir = Dir::new("gnome-none");
+    let sock = dir.0.join("bus");
+    let bus = format!("unix:path={}", sock.display());
+    let _daemon = Killed(
+        Command::new("dbus-daemon")
+            .args([
+                "--session",
+                &format!("--address={bus}"),
+                "--nofork",
+                "--nopidfile",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    ndd_procs::wait_for("the bus", Duration::from_secs(10), || sock.exists());
+    let cfg = dir.0.join("gnome.toml");
+    let write = |bus: &str| {
+        std::fs::write(
+            &cfg,
+            format!(
+                "driver = \"g\"\n[[stream]]\nname = \"screen\"\ndirection = \"app-to-device\"\n\
+                 source = {{ type = \"gnome-screen\", bus = \"{bus}\" }}\n\
+                 sink = {{ type = \"framebuffer\", path = \"/dev/null\" }}\n"
+            ),
+        )
+        .unwrap()
+    };
+    write(&bus);
+    let out = ndd()
+        .args(["check", "--side", "app"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("not a GNOME Wayland session") && said.contains("wayland-screen"),
+        "{said}"
+    );
+    // No bus at that address.
+    write("unix:path=/nonexistent/bus");
+    let out = ndd()
+        .args(["check", "--side", "app"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("cannot connect to the session bus")
+            && said.contains("unix:path=/nonexistent/bus"),
+        "{said}"
+    );
+}
