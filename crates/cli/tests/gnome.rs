@@ -257,3 +257,140 @@ fn a_gnome_screen_where_there_is_no_gnome_says_so() {
         "{said}"
     );
 }
+
+/// examples/gnome-desktop.toml between a headless mutter (app side) and an Xvfb (device side),
+/// two ndd processes: the viewer window opens on the Xvfb showing mutter's monitor, a click and
+/// keys typed into it reach an unmodified `wev` on mutter, and with a German layout on the
+/// Xvfb what its keys type there arrives (mutter's layout is `us`).
+#[test]
+fn a_gnome_desktop_is_seen_and_used_from_an_x11_display() {
+    if let Some(m) = missing(&[
+        "mutter",
+        "dbus-daemon",
+        "dbus-send",
+        "pipewire",
+        "wireplumber",
+        "gst-launch-1.0",
+        "gst-inspect-1.0",
+        "wev",
+        "Xvfb",
+        "xdotool",
+        "xwininfo",
+        "setxkbmap",
+    ]) {
+        println!("SKIPPED: needs {m}");
+        return;
+    }
+    let mutter = Mutter::start("desktop", 480, 320).expect("headless mutter");
+    let x = ndd_procs::Xvfb::start("800x600x24").expect("Xvfb");
+    let dir = Dir::new("gnome-desktop");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let example = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/gnome-desktop.toml"),
+    )
+    .unwrap();
+    let text = example
+        .replace("bus = \"\"", &format!("bus = {:?}", mutter.bus))
+        .replace("\":0\"", &format!("{:?}", x.display))
+        .replace("127.0.0.1:7893", &free_addr());
+    let cfg = dir.0.join("gnome-desktop.toml");
+    std::fs::write(&cfg, text).unwrap();
+    let (_wev, seen) = ndd_procs::spawn_collecting(
+        mutter
+            .client("stdbuf")
+            .args(["-oL", "wev"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null()),
+    )
+    .expect("wev");
+    let mut app = run_cmd(&cfg, "app", &app_home, &[]);
+    app.env("XDG_RUNTIME_DIR", &mutter.dir);
+    let app = Side::spawn(app);
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &[]));
+    app.wait_says("streams agreed", &[&dev]);
+    ndd_procs::wait_for(
+        "the viewer window on the Xvfb",
+        Duration::from_secs(30),
+        || {
+            let out = Command::new("xwininfo")
+                .args(["-root", "-tree", "-display", &x.display])
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).contains("ndd gnome desktop")
+        },
+    );
+    let xdotool = |args: &[&str]| {
+        Command::new("xdotool")
+            .env("DISPLAY", &x.display)
+            .args(["search", "--name", "ndd gnome desktop"])
+            .args(args)
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+    };
+    // A click in the viewer over wev's window, then a key: both reach wev.
+    let t0 = Instant::now();
+    loop {
+        let s = seen.lock().unwrap().clone();
+        if s.contains("sym: h") && s.contains("button: 272 (left), state: 1 (pressed)") {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the click and key never reached wev; wev said:\n{s}\napp side: {}\ndevice side: {}",
+            app.stderr_now(),
+            dev.stderr_now()
+        );
+        xdotool(&[
+            "mousemove",
+            "--window",
+            "%1",
+            "60",
+            "40",
+            "click",
+            "1",
+            "key",
+            "h",
+        ]);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // A German layout on the viewer's display: `y` and `z` swapped, `@` from AltGr+q and a
+    // capital by Shift arrive as typed there.
+    assert!(Command::new("setxkbmap")
+        .args(["-display", &x.display, "de"])
+        .status()
+        .unwrap()
+        .success());
+    std::thread::sleep(Duration::from_millis(300));
+    let typed = ["y", "z", "at", "Z"];
+    assert!(xdotool(&["key", "--window", "%1", "y", "z", "at", "Z"]).success());
+    let syms = || -> Vec<String> {
+        let seen = seen.lock().unwrap();
+        let mut out = Vec::new();
+        let mut pressed = false;
+        for l in seen.lines() {
+            if l.contains("wl_keyboard] key:") {
+                pressed = l.contains("(pressed)");
+            } else if pressed && l.trim_start().starts_with("sym:") {
+                let s = l.trim_start()["sym:".len()..].split_whitespace().next();
+                out.push(s.unwrap_or("").to_string());
+                pressed = false;
+            }
+        }
+        out.dedup();
+        out.retain(|s| !s.starts_with("Shift") && !s.starts_with("ISO_Level3"));
+        out
+    };
+    let t0 = Instant::now();
+    while !syms().ends_with(&typed.map(String::from)) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "typed {typed:?} on a German layout; wev saw {:?}\napp side: {}",
+            syms(),
+            app.stderr_now()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    app.kill();
+    dev.kill();
+}

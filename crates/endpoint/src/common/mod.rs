@@ -22,6 +22,8 @@ pub mod demand;
 pub(crate) mod emitter;
 pub mod error;
 pub mod framing;
+#[cfg(feature = "wayland")]
+pub(crate) mod gnome;
 #[cfg(not(feature = "wayland"))]
 pub(crate) mod no_wayland;
 #[cfg(feature = "media")]

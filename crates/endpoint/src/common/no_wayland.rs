@@ -7,7 +7,7 @@ use super::error::EndpointError;
 use super::report::{SinkTask, SourceTask};
 use crate::clipboard::WaylandClipboardConfig;
 use crate::display::{GnomeScreenConfig, WaylandScreenConfig, WaylandWindowConfig};
-use crate::input::WaylandInputConfig;
+use crate::input::{GnomeInputConfig, WaylandInputConfig};
 use ndd_core::Frame;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::{Receiver, Sender};
@@ -85,6 +85,23 @@ pub(crate) fn open_wayland_input(
     endpoint: &'static str,
     _: &WaylandInputConfig,
 ) -> Result<(), EndpointError> {
+    Err(off(endpoint))
+}
+
+pub(crate) fn open_gnome_input(
+    endpoint: &'static str,
+    _: &GnomeInputConfig,
+) -> Result<(), EndpointError> {
+    Err(off(endpoint))
+}
+
+pub(crate) fn spawn_gnome_input_sink(
+    _: &Handle,
+    endpoint: &'static str,
+    _: &GnomeInputConfig,
+    _: Receiver<Frame>,
+    _: Delivered,
+) -> Result<SinkTask, EndpointError> {
     Err(off(endpoint))
 }
 

@@ -23,6 +23,7 @@ use crate::common::clock::pacing;
 use crate::common::demand::Demand;
 use crate::common::emitter::Emitter;
 use crate::common::error::EndpointError;
+use crate::common::gnome::{connect, dbus_text, not_gnome, unavailable, CALL};
 use crate::common::report::{SourceReport, SourceTask};
 use dbus::arg::{PropMap, RefArg, Variant};
 use dbus::blocking::stdintf::org_freedesktop_dbus::Properties;
@@ -43,9 +44,6 @@ const ROOT: &str = "/org/gnome/Mutter/ScreenCast";
 const SESSION: &str = "org.gnome.Mutter.ScreenCast.Session";
 const STREAM: &str = "org.gnome.Mutter.ScreenCast.Stream";
 
-/// Longest wait for a D-Bus answer.
-const CALL: Duration = Duration::from_secs(5);
-
 /// Longest wait for a frame in one go.
 const POLL: Duration = Duration::from_millis(100);
 
@@ -64,15 +62,6 @@ const MAX_RECTS: usize = 32;
 /// What to install when GStreamer's PipeWire source is missing.
 const GST_HINT: &str =
     "apt-get install gstreamer1.0-tools gstreamer1.0-pipewire gstreamer1.0-plugins-base";
-
-/// An error about the session on bus `bus` (or about GStreamer, `bus` then naming it).
-fn unavailable(endpoint: &'static str, bus: &str, what: String, hint: &str) -> EndpointError {
-    EndpointError::Unavailable {
-        endpoint,
-        what: format!("{bus}: {what}"),
-        hint: hint.to_string(),
-    }
-}
 
 /// The tiles ([`TILE`] pixels square, cut at the edges) where `cur` differs from `prev`, two
 /// BGRx pictures of `w`x`h` packed rows, as rectangles (neighbours on a row of tiles merged).
@@ -282,50 +271,13 @@ impl std::fmt::Debug for GnomeScreen {
     }
 }
 
-/// The bus named by `c` (for messages) and a connection to it.
-fn connect(
-    endpoint: &'static str,
-    c: &GnomeScreenConfig,
-) -> Result<(String, Connection), EndpointError> {
-    let (name, r) = if c.bus.is_empty() {
-        let addr = std::env::var("DBUS_SESSION_BUS_ADDRESS").unwrap_or_default();
-        if addr.is_empty() {
-            return Err(unavailable(
-                endpoint,
-                "session bus",
-                "no session bus: DBUS_SESSION_BUS_ADDRESS is not set".into(),
-                "run ndd inside the GNOME session, or set `bus` (e.g. unix:path=/run/user/1000/bus)",
-            ));
-        }
-        (format!("session bus {addr}"), Connection::new_session())
-    } else {
-        let r = dbus::channel::Channel::open_private(&c.bus).and_then(|mut ch| {
-            ch.register()?;
-            Ok(Connection::from(ch))
-        });
-        (format!("session bus {}", c.bus), r)
-    };
-    let conn = r.map_err(|e| {
-        unavailable(
-            endpoint,
-            &name,
-            format!(
-                "cannot connect to the session bus: {}",
-                e.message().unwrap_or("no reason given")
-            ),
-            "ndd must run as the session's user, inside the session (or set `bus` to its address)",
-        )
-    })?;
-    Ok((name, conn))
-}
-
 /// Whether the session offers mutter's screen cast and this machine GStreamer's PipeWire
 /// source; without starting a cast (`ndd check`).
 pub(crate) fn probe_gnome_screen(
     endpoint: &'static str,
     c: &GnomeScreenConfig,
 ) -> Result<(), EndpointError> {
-    let (bus, conn) = connect(endpoint, c)?;
+    let (bus, conn) = connect(endpoint, &c.bus)?;
     let (has,): (bool,) = conn
         .with_proxy("org.freedesktop.DBus", "/org/freedesktop/DBus", CALL)
         .method_call("org.freedesktop.DBus", "NameHasOwner", (SERVICE,))
@@ -338,18 +290,9 @@ pub(crate) fn probe_gnome_screen(
             )
         })?;
     if !has {
-        return Err(not_gnome(endpoint, &bus));
+        return Err(not_gnome(endpoint, &bus, SERVICE));
     }
     gstreamer_here(endpoint)
-}
-
-fn not_gnome(endpoint: &'static str, bus: &str) -> EndpointError {
-    unavailable(
-        endpoint,
-        bus,
-        format!("nobody on this bus offers {SERVICE}: not a GNOME Wayland session"),
-        "gnome-screen needs GNOME on Wayland (mutter); on sway, Hyprland or river use wayland-screen, on X11 x11-screen",
-    )
 }
 
 /// Whether `gst-launch-1.0` and its `pipewiresrc` element are installed.
@@ -380,19 +323,6 @@ fn gstreamer_here(endpoint: &'static str) -> Result<(), EndpointError> {
     }
 }
 
-/// A D-Bus error's name and words, escaped (they come from another program).
-fn dbus_text(e: &dbus::Error) -> String {
-    let text = format!(
-        "{}: {}",
-        e.name().unwrap_or("D-Bus error"),
-        e.message().unwrap_or("no reason given")
-    );
-    text.chars()
-        .take(300)
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect()
-}
-
 /// The monitor's size, from the stream's parameters.
 fn monitor_size(conn: &Connection, stream: &dbus::Path<'static>) -> Result<(usize, usize), String> {
     let params: PropMap = conn
@@ -421,7 +351,7 @@ pub(crate) fn open_gnome_screen(
     c: &GnomeScreenConfig,
 ) -> Result<GnomeScreen, EndpointError> {
     gstreamer_here(endpoint)?;
-    let (bus, conn) = connect(endpoint, c)?;
+    let (bus, conn) = connect(endpoint, &c.bus)?;
     let fail = |what: String| {
         unavailable(
             endpoint,
@@ -435,7 +365,7 @@ pub(crate) fn open_gnome_screen(
         .method_call(SERVICE, "CreateSession", (PropMap::new(),))
         .map_err(|e| {
             if e.name() == Some("org.freedesktop.DBus.Error.ServiceUnknown") {
-                not_gnome(endpoint, &bus)
+                not_gnome(endpoint, &bus, SERVICE)
             } else {
                 fail(format!("CreateSession: {}", dbus_text(&e)))
             }

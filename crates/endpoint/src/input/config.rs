@@ -92,6 +92,19 @@ pub struct WaylandInputConfig {
     pub display: String,
 }
 
+/// `gnome-input` sink parameters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GnomeInputConfig {
+    /// The session bus of the GNOME session (a D-Bus address); empty:
+    /// `$DBUS_SESSION_BUS_ADDRESS`.
+    #[serde(default)]
+    pub bus: String,
+    /// The monitor absolute pointer positions are on, by connector; none: the primary one.
+    #[serde(default)]
+    pub monitor: Option<String>,
+}
+
 /// `wayland-window-input` source parameters.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -15,10 +15,13 @@
 //! Files: `config.rs` ([`EvdevConfig`], [`X11InputConfig`], [`UinputConfig`],
 //! [`XtestConfig`], [`WaylandInputConfig`]), `record.rs`, `source.rs` and `sink.rs` (the
 //! tasks: blocking, over the `evdev` crate and `x11rb`, with no unsafe code), `wayland.rs`
-//! (the `wayland-input` sink: virtual keyboard and pointer on wlroots compositors), `xkb.rs`
+//! (the `wayland-input` sink: virtual keyboard and pointer on wlroots compositors), `gnome.rs`
+//! (the `gnome-input` sink: mutter's remote-desktop API), `xkb.rs`
 //! (its keymap: the source's keysyms on spare keys, sans-IO).
 
 mod config;
+#[cfg(feature = "wayland")]
+mod gnome;
 pub mod keymap;
 mod keysyms;
 mod record;
@@ -29,11 +32,15 @@ mod wayland;
 pub mod xkb;
 
 #[cfg(not(feature = "wayland"))]
-pub(crate) use crate::common::no_wayland::{open_wayland_input, spawn_wayland_input_sink};
-pub use config::{
-    EvdevConfig, UinputConfig, WaylandInputConfig, WaylandWindowInputConfig, X11InputConfig,
-    X11Window, XtestConfig,
+pub(crate) use crate::common::no_wayland::{
+    open_gnome_input, open_wayland_input, spawn_gnome_input_sink, spawn_wayland_input_sink,
 };
+pub use config::{
+    EvdevConfig, GnomeInputConfig, UinputConfig, WaylandInputConfig, WaylandWindowInputConfig,
+    X11InputConfig, X11Window, XtestConfig,
+};
+#[cfg(feature = "wayland")]
+pub(crate) use gnome::{open_gnome_input, spawn_gnome_input_sink};
 pub use record::*;
 pub(crate) use sink::{check_uinput, spawn_uinput_sink, spawn_xtest_sink, UINPUT_PATH};
 pub(crate) use source::{

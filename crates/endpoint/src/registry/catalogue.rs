@@ -447,4 +447,12 @@ pub const SINKS: &[EndpointInfo] = &[
             ("title", "string", "ndd display", "the window's title"),
         ],
     },
+    EndpointInfo {
+        name: "gnome-input",
+        summary: "types and moves input records into a GNOME Wayland session through mutter's remote-desktop API: keys by their keysym (the session's layout types them) or code, buttons, motion, the wheel",
+        params: &[
+            ("bus", "string", "$DBUS_SESSION_BUS_ADDRESS", "the GNOME session's D-Bus address, e.g. unix:path=/run/user/1000/bus"),
+            ("monitor", "string", "the primary", "the monitor absolute pointer positions are on, by connector (DP-1, eDP-1)"),
+        ],
+    },
 ];

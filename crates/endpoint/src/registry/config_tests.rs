@@ -135,6 +135,10 @@ fn catalogue_params_match_the_config_keys() {
         SinkConfig::Uinput(UinputConfig::default()),
         SinkConfig::Xtest(XtestConfig::default()),
         SinkConfig::WaylandInput(crate::input::WaylandInputConfig::default()),
+        SinkConfig::GnomeInput(crate::input::GnomeInputConfig {
+            monitor: Some("DP-1".into()),
+            ..Default::default()
+        }),
         SinkConfig::X11Window(X11WindowConfig {
             resize: crate::display::Resize::Remote,
             scale: crate::display::ViewScale::Hundredths(200),

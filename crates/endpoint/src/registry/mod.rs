@@ -40,8 +40,8 @@ use crate::display::{
 };
 use crate::file::{FileSinkConfig, FileSourceConfig};
 use crate::input::{
-    EvdevConfig, UinputConfig, WaylandInputConfig, WaylandWindowInputConfig, X11InputConfig,
-    XtestConfig,
+    EvdevConfig, GnomeInputConfig, UinputConfig, WaylandInputConfig, WaylandWindowInputConfig,
+    X11InputConfig, XtestConfig,
 };
 use crate::serial::rfc2217;
 use crate::serial::{
@@ -176,6 +176,9 @@ pub enum SinkConfig {
     /// A window showing display updates on a Wayland desktop (device side).
     #[serde(rename = "wayland-window")]
     WaylandWindow(WaylandWindowConfig),
+    /// Keys and pointer typed into a GNOME Wayland session (app side).
+    #[serde(rename = "gnome-input")]
+    GnomeInput(GnomeInputConfig),
 }
 
 /// `x11-clipboard(display=:0, selections=CLIPBOARD+PRIMARY, max_bytes=8388608, images)`,
@@ -761,6 +764,7 @@ impl SinkConfig {
             | SinkConfig::Rfc2217Client(_)
             | SinkConfig::PulsePlayback(_)
             | SinkConfig::WaylandInput(_)
+            | SinkConfig::GnomeInput(_)
             | SinkConfig::WaylandWindow(_) => vec![],
             SinkConfig::Y4m(c) => vec![&mut c.path],
             SinkConfig::V4l2loopback(c) => vec![&mut c.path],
@@ -790,6 +794,7 @@ impl SinkConfig {
             SinkConfig::WaylandInput(_) => &SINKS[17],
             SinkConfig::WaylandClipboard(_) => &SINKS[18],
             SinkConfig::WaylandWindow(_) => &SINKS[19],
+            SinkConfig::GnomeInput(_) => &SINKS[20],
         }
     }
 
@@ -805,6 +810,7 @@ impl SinkConfig {
             SinkConfig::Uinput(_) => "uinput sink",
             SinkConfig::Xtest(_) => "xtest sink",
             SinkConfig::WaylandInput(_) => "wayland-input sink",
+            SinkConfig::GnomeInput(_) => "gnome-input sink",
             SinkConfig::WaylandClipboard(_) => "wayland-clipboard sink",
             SinkConfig::WaylandWindow(_) => "wayland-window sink",
             SinkConfig::X11Window(_) => "x11-window sink",
@@ -852,6 +858,18 @@ impl SinkConfig {
                     c.display.as_str()
                 }
             ),
+            SinkConfig::GnomeInput(c) => {
+                let mut s = format!(
+                    "gnome-input(bus={}",
+                    if c.bus.is_empty() {
+                        "$DBUS_SESSION_BUS_ADDRESS"
+                    } else {
+                        c.bus.as_str()
+                    }
+                );
+                fmt_opt(&mut s, "monitor", c.monitor.as_deref());
+                s + ")"
+            }
             SinkConfig::X11Window(c) => {
                 format!("x11-window(display={}, title={})", c.display, c.title)
             }
@@ -923,6 +941,7 @@ impl SinkConfig {
             | SinkConfig::Null(_)
             | SinkConfig::Xtest(_)
             | SinkConfig::WaylandInput(_)
+            | SinkConfig::GnomeInput(_)
             | SinkConfig::Framebuffer(_)
             | SinkConfig::X11Cursor(_) => Ok(()),
             SinkConfig::X11Clipboard(c) => check_clipboard(endpoint, &c.selections, c.max_bytes),
@@ -951,7 +970,10 @@ impl SinkConfig {
     /// button, injected when the link to the device is lost. `None` for other sinks.
     pub fn release_record(&self) -> Option<Vec<u8>> {
         match self {
-            SinkConfig::Uinput(_) | SinkConfig::Xtest(_) | SinkConfig::WaylandInput(_) => {
+            SinkConfig::Uinput(_)
+            | SinkConfig::Xtest(_)
+            | SinkConfig::WaylandInput(_)
+            | SinkConfig::GnomeInput(_) => {
                 Some(input::InputMessage::release_all_payload().to_vec())
             }
             _ => None,
@@ -999,6 +1021,9 @@ impl SinkConfig {
             SinkConfig::Xtest(c) => input::spawn_xtest_sink(&rt, endpoint, c, rx, delivered),
             SinkConfig::WaylandInput(c) => {
                 input::spawn_wayland_input_sink(&rt, endpoint, c, rx, delivered)
+            }
+            SinkConfig::GnomeInput(c) => {
+                input::spawn_gnome_input_sink(&rt, endpoint, c, rx, delivered)
             }
             SinkConfig::WaylandClipboard(c) => {
                 clipboard::spawn_wayland_clipboard_sink(&rt, endpoint, c, rx, delivered)

@@ -1,0 +1,330 @@
+//! The `gnome-input` sink: input records typed and moved into a GNOME Wayland session through
+//! mutter's remote-desktop API on the session bus (`org.gnome.Mutter.RemoteDesktop`, what
+//! GNOME's own remote desktop uses; mutter has none of the wlroots virtual-input protocols).
+//! The same loop as `uinput`, `xtest` and `wayland-input` ([`super::sink`]): held keys and
+//! buttons are released when the stream ends, on a release-all record and before an error.
+//!
+//! Keys an `x11-input` source annotated with their keysym go by that keysym
+//! (`NotifyKeyboardKeysym`): mutter finds the key for it in the session's own layout, Shift or
+//! AltGr included, so the person's layout travels; a keysym the session's layout lacks is not
+//! typed (mutter's rule). Other keys (an `evdev` source) go by their Linux code
+//! (`NotifyKeyboardKeycode`). Buttons, relative motion and the wheel go as themselves;
+//! absolute positions are scaled from the source's axis ranges onto the monitor, through a
+//! screen cast of it tied to the remote-desktop session (mutter places absolute motion on a
+//! stream's monitor).
+
+use super::config::GnomeInputConfig;
+use super::record::{
+    Capabilities, Event, ABS_X, ABS_Y, BTN_LEFT, EV_ABS, EV_KEY, EV_KEYSYM, EV_REL, REL_HWHEEL,
+    REL_WHEEL, REL_X, REL_Y,
+};
+use super::sink::{run_injector, Injector};
+use crate::common::delivered::Delivered;
+use crate::common::error::EndpointError;
+use crate::common::gnome::{connect, dbus_text, not_gnome, unavailable, CALL};
+use crate::common::report::SinkTask;
+use dbus::arg::{PropMap, RefArg, Variant};
+use dbus::blocking::stdintf::org_freedesktop_dbus::Properties;
+use dbus::blocking::Connection;
+use dbus::message::MatchRule;
+use ndd_core::Frame;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::runtime::Handle;
+use tokio::sync::mpsc::Receiver;
+
+const SERVICE: &str = "org.gnome.Mutter.RemoteDesktop";
+const ROOT: &str = "/org/gnome/Mutter/RemoteDesktop";
+const SESSION: &str = "org.gnome.Mutter.RemoteDesktop.Session";
+const CAST: &str = "org.gnome.Mutter.ScreenCast";
+const CAST_ROOT: &str = "/org/gnome/Mutter/ScreenCast";
+const CAST_SESSION: &str = "org.gnome.Mutter.ScreenCast.Session";
+const CAST_STREAM: &str = "org.gnome.Mutter.ScreenCast.Stream";
+
+/// A key pressed, as it was sent (its release goes the same way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    Keysym(u32),
+    Keycode(u16),
+}
+
+/// An open `gnome-input` sink: a remote-desktop session of mutter's.
+pub(crate) struct GnomeInput {
+    endpoint: &'static str,
+    bus: String,
+    conn: Connection,
+    session: dbus::Path<'static>,
+    /// The screen cast's stream absolute motion is placed on.
+    stream: dbus::Path<'static>,
+    /// The monitor's size, in the stream's coordinates.
+    size: (f64, f64),
+    /// The source's absolute axis ranges (x, y), once it said them.
+    abs: Option<((i32, i32), (i32, i32))>,
+    at: (i32, i32),
+    /// Keys down, by the source's code: how each was pressed.
+    down: HashMap<u16, Sent>,
+    /// mutter closed the session.
+    closed: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for GnomeInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GnomeInput({})", self.bus)
+    }
+}
+
+impl Drop for GnomeInput {
+    fn drop(&mut self) {
+        let _: Result<(), _> = self
+            .conn
+            .with_proxy(SERVICE, &self.session, CALL)
+            .method_call(SESSION, "Stop", ());
+    }
+}
+
+/// Opens and starts a `gnome-input` sink.
+pub(crate) fn spawn_gnome_input_sink(
+    rt: &Handle,
+    endpoint: &'static str,
+    c: &GnomeInputConfig,
+    rx: Receiver<Frame>,
+    delivered: Delivered,
+) -> Result<SinkTask, EndpointError> {
+    let mut g = open_gnome_input(endpoint, c)?;
+    Ok(rt.spawn_blocking(move || run_injector(endpoint, &mut g, rx, &delivered)))
+}
+
+/// Opens a remote-desktop session with a screen cast of the monitor, and starts it.
+pub(crate) fn open_gnome_input(
+    endpoint: &'static str,
+    c: &GnomeInputConfig,
+) -> Result<GnomeInput, EndpointError> {
+    let (bus, conn) = connect(endpoint, &c.bus)?;
+    let fail = |what: String| {
+        unavailable(
+            endpoint,
+            &bus,
+            what,
+            "mutter refused the remote-desktop session (is this GNOME 40 or later on Wayland?)",
+        )
+    };
+    let (session,): (dbus::Path<'static>,) = conn
+        .with_proxy(SERVICE, ROOT, CALL)
+        .method_call(SERVICE, "CreateSession", ())
+        .map_err(|e| {
+            if e.name() == Some("org.freedesktop.DBus.Error.ServiceUnknown") {
+                not_gnome(endpoint, &bus, SERVICE)
+            } else {
+                fail(format!("CreateSession: {}", dbus_text(&e)))
+            }
+        })?;
+    let id: String = conn
+        .with_proxy(SERVICE, &session, CALL)
+        .get(SESSION, "SessionId")
+        .map_err(|e| fail(format!("SessionId: {}", dbus_text(&e))))?;
+    // A screen cast in the same session: absolute motion is placed on its monitor.
+    let mut props = PropMap::new();
+    props.insert(
+        "remote-desktop-session-id".into(),
+        Variant(Box::new(id) as Box<dyn RefArg>),
+    );
+    let (cast,): (dbus::Path<'static>,) = conn
+        .with_proxy(CAST, CAST_ROOT, CALL)
+        .method_call(CAST, "CreateSession", (props,))
+        .map_err(|e| fail(format!("ScreenCast.CreateSession: {}", dbus_text(&e))))?;
+    let monitor = c.monitor.clone().unwrap_or_default();
+    let (stream,): (dbus::Path<'static>,) = conn
+        .with_proxy(CAST, &cast, CALL)
+        .method_call(CAST_SESSION, "RecordMonitor", (monitor.as_str(), PropMap::new()))
+        .map_err(|e| {
+            unavailable(
+                endpoint,
+                &bus,
+                format!(
+                    "RecordMonitor({}): {}",
+                    if monitor.is_empty() { "the primary monitor" } else { &monitor },
+                    dbus_text(&e)
+                ),
+                "set monitor to one of the session's connectors (`gnome-monitor-config list`), or leave it out for the primary one",
+            )
+        })?;
+    let closed = Arc::new(AtomicBool::new(false));
+    let cl = Arc::clone(&closed);
+    conn.add_match(
+        MatchRule::new_signal(SESSION, "Closed").with_path(session.clone()),
+        move |(): (), _, _| {
+            cl.store(true, Ordering::Release);
+            true
+        },
+    )
+    .map_err(|e| fail(dbus_text(&e)))?;
+    conn.with_proxy(SERVICE, &session, CALL)
+        .method_call::<(), _, _, _>(SESSION, "Start", ())
+        .map_err(|e| fail(format!("Start: {}", dbus_text(&e))))?;
+    let params: PropMap = conn
+        .with_proxy(CAST, &stream, CALL)
+        .get(CAST_STREAM, "Parameters")
+        .map_err(|e| fail(format!("the monitor's size: {}", dbus_text(&e))))?;
+    let size = params
+        .get("size")
+        .and_then(|v| {
+            let mut it = v.0.as_iter()?;
+            Some((it.next()?.as_i64()?, it.next()?.as_i64()?))
+        })
+        .filter(|&(w, h)| w > 0 && h > 0)
+        .ok_or_else(|| fail("the screen cast's parameters have no size".into()))?;
+    tracing::info!(endpoint, bus = %bus, width = size.0, height = size.1, "remote-desktop session ready");
+    Ok(GnomeInput {
+        endpoint,
+        bus,
+        conn,
+        session,
+        stream,
+        size: (size.0 as f64, size.1 as f64),
+        abs: None,
+        at: (0, 0),
+        down: HashMap::new(),
+        closed,
+    })
+}
+
+/// `v` in `[min, max]` onto `0..extent` (pixels of the monitor).
+fn scale(v: i32, (min, max): (i32, i32), extent: f64) -> f64 {
+    let span = f64::from(max) - f64::from(min);
+    if span <= 0.0 {
+        return 0.0;
+    }
+    let v = (f64::from(v) - f64::from(min)).clamp(0.0, span);
+    (v / span * (extent - 1.0)).max(0.0)
+}
+
+impl GnomeInput {
+    fn call<A: dbus::arg::AppendAll>(&self, method: &str, args: A) -> Result<(), EndpointError> {
+        self.conn
+            .with_proxy(SERVICE, &self.session, CALL)
+            .method_call::<(), _, _, _>(SESSION, method, args)
+            .map_err(|e| {
+                unavailable(
+                    self.endpoint,
+                    &self.bus,
+                    format!("{method}: {}", dbus_text(&e)),
+                    "the GNOME session ended, or mutter stopped the remote-desktop session",
+                )
+            })
+    }
+
+    fn key(&mut self, code: u16, down: bool, sym: Option<u32>) -> Result<(), EndpointError> {
+        let sent = if down {
+            let s = match sym {
+                Some(k) => Sent::Keysym(k),
+                None => Sent::Keycode(code),
+            };
+            self.down.insert(code, s);
+            s
+        } else {
+            self.down.remove(&code).unwrap_or(Sent::Keycode(code))
+        };
+        match sent {
+            Sent::Keysym(k) => self.call("NotifyKeyboardKeysym", (k, down)),
+            Sent::Keycode(c) => self.call("NotifyKeyboardKeycode", (u32::from(c), down)),
+        }
+    }
+}
+
+impl Injector for GnomeInput {
+    fn capabilities(&mut self, caps: &Capabilities) -> Result<(), EndpointError> {
+        self.abs = match (caps.abs_axis(ABS_X), caps.abs_axis(ABS_Y)) {
+            (Some(x), Some(y)) => Some(((x.min, x.max), (y.min, y.max))),
+            _ => None,
+        };
+        Ok(())
+    }
+
+    fn events(&mut self, events: &[Event]) -> Result<(), EndpointError> {
+        self.conn.process(Duration::ZERO).map_err(|e| {
+            unavailable(
+                self.endpoint,
+                &self.bus,
+                dbus_text(&e),
+                "the session bus went away",
+            )
+        })?;
+        if self.closed.load(Ordering::Acquire) {
+            return Err(unavailable(
+                self.endpoint,
+                &self.bus,
+                "mutter closed the remote-desktop session".into(),
+                "the GNOME session ended or the person stopped sharing it",
+            ));
+        }
+        let (mut dx, mut dy) = (0.0f64, 0.0f64);
+        let mut moved_abs = false;
+        // The keysym the next press of a key types (an `x11-input` source's annotation).
+        let mut sym: Option<(u16, u32)> = None;
+        for e in events {
+            match (e.ty, e.code) {
+                (EV_KEYSYM, code) => sym = Some((code, e.value as u32)),
+                (EV_KEY, code) if (BTN_LEFT..BTN_LEFT + 0x10).contains(&code) => {
+                    self.call("NotifyPointerButton", (i32::from(code), e.value != 0))?;
+                }
+                // Autorepeat (2) is the compositor's own business.
+                (EV_KEY, code) if e.value != 2 => {
+                    let down = e.value != 0;
+                    let s = sym
+                        .take()
+                        .filter(|&(c, k)| c == code && k != 0 && down)
+                        .map(|(_, k)| k);
+                    self.key(code, down, s)?;
+                }
+                (EV_REL, REL_X) => dx += f64::from(e.value),
+                (EV_REL, REL_Y) => dy += f64::from(e.value),
+                // One notch a step; mutter's vertical axis runs down, the wheel's up.
+                (EV_REL, REL_WHEEL) => {
+                    self.call("NotifyPointerAxisDiscrete", (0u32, -e.value))?;
+                }
+                (EV_REL, REL_HWHEEL) => {
+                    self.call("NotifyPointerAxisDiscrete", (1u32, e.value))?;
+                }
+                (EV_ABS, ABS_X) => {
+                    self.at.0 = e.value;
+                    moved_abs = true;
+                }
+                (EV_ABS, ABS_Y) => {
+                    self.at.1 = e.value;
+                    moved_abs = true;
+                }
+                _ => {}
+            }
+        }
+        if dx != 0.0 || dy != 0.0 {
+            self.call("NotifyPointerMotionRelative", (dx, dy))?;
+        }
+        if let (true, Some((xr, yr))) = (moved_abs, self.abs) {
+            let (x, y) = (
+                scale(self.at.0, xr, self.size.0),
+                scale(self.at.1, yr, self.size.1),
+            );
+            let stream = self.stream.to_string();
+            self.call("NotifyPointerMotionAbsolute", (stream.as_str(), x, y))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::scale;
+
+    #[test]
+    fn absolute_positions_scale_onto_the_monitor() {
+        assert_eq!(scale(0, (0, 1000), 1920.0), 0.0);
+        assert_eq!(scale(1000, (0, 1000), 1920.0), 1919.0);
+        assert_eq!(scale(500, (0, 1000), 1921.0), 960.0);
+        // Out of range clamps; an empty range is the corner.
+        assert_eq!(scale(-5, (0, 1000), 100.0), 0.0);
+        assert_eq!(scale(2000, (0, 1000), 100.0), 99.0);
+        assert_eq!(scale(3, (7, 7), 100.0), 0.0);
+    }
+}
