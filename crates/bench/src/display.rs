@@ -13,9 +13,10 @@ use ndd_core::{Frame, Meta, Pair, Role, Stack};
 use ndd_endpoint::clock::now_ns;
 use ndd_endpoint::display::{Update, FLAG_KEYFRAME};
 use ndd_endpoint::{
-    SinkConfig, SourceConfig, WaylandScreenConfig, X11ScreenConfig, X11WindowConfig,
+    GnomeScreenConfig, SinkConfig, SourceConfig, WaylandScreenConfig, X11ScreenConfig,
+    X11WindowConfig,
 };
-use ndd_procs::{have, Killed, Sway, Xvfb};
+use ndd_procs::{have, Killed, Mutter, Sway, Xvfb};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -39,21 +40,44 @@ fn xvfb(w: u32, h: u32) -> Result<Xvfb> {
     Xvfb::start(&format!("{w}x{h}x24")).context("cannot start Xvfb")
 }
 
-/// The app screen: an Xvfb, or a headless sway (wlroots, the pixman renderer).
+/// Which kind of app screen a row captures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Server {
+    X11,
+    Sway,
+    Gnome,
+}
+
+impl Server {
+    fn label(self) -> &'static str {
+        match self {
+            Server::X11 => "X11",
+            Server::Sway => "Wayland",
+            Server::Gnome => "GNOME",
+        }
+    }
+}
+
+/// The app screen: an Xvfb, a headless sway (wlroots, the pixman renderer), or a headless
+/// mutter (GNOME's compositor, software rendering).
 enum AppScreen {
     X11(Xvfb),
     Wayland(Sway),
+    Gnome(Mutter),
 }
 
 impl AppScreen {
-    fn start(wayland: bool, w: u32, h: u32) -> Result<AppScreen> {
-        Ok(if wayland {
-            AppScreen::Wayland(
+    fn start(server: Server, w: u32, h: u32) -> Result<AppScreen> {
+        Ok(match server {
+            Server::Sway => AppScreen::Wayland(
                 Sway::start(&format!("bench-{w}x{h}"), w, h, "#000000")
                     .context("cannot start a headless sway")?,
-            )
-        } else {
-            AppScreen::X11(xvfb(w, h)?)
+            ),
+            Server::Gnome => AppScreen::Gnome(
+                Mutter::start(&format!("bench-{w}x{h}"), w, h)
+                    .context("cannot start a headless mutter")?,
+            ),
+            Server::X11 => AppScreen::X11(xvfb(w, h)?),
         })
     }
 
@@ -81,6 +105,16 @@ impl AppScreen {
                 .stderr(std::process::Stdio::null())
                 .spawn()
                 .map(Killed),
+            AppScreen::Gnome(m) => m
+                .client("ffplay")
+                .env("SDL_AUDIODRIVER", "dummy")
+                .arg("-fs")
+                .args(common)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .map(Killed),
         }
         .context("cannot start ffplay")
     }
@@ -97,15 +131,48 @@ impl AppScreen {
                 max_fps: MAX_FPS,
                 ..WaylandScreenConfig::default()
             }),
+            AppScreen::Gnome(m) => SourceConfig::GnomeScreen(GnomeScreenConfig {
+                bus: m.bus.clone(),
+                pipewire: m.dir.join("pipewire-0").display().to_string(),
+                max_fps: MAX_FPS,
+                ..GnomeScreenConfig::default()
+            }),
         }
     }
 
     fn label(&self) -> &'static str {
         match self {
-            AppScreen::X11(_) => "X11",
-            AppScreen::Wayland(_) => "Wayland",
+            AppScreen::X11(_) => Server::X11.label(),
+            AppScreen::Wayland(_) => Server::Sway.label(),
+            AppScreen::Gnome(_) => Server::Gnome.label(),
         }
     }
+}
+
+/// CPU time (user and system) of this process's `gst-launch-1.0` children so far: the
+/// `gnome-screen` source reads PipeWire through one, and its work is the source's.
+fn gst_cpu() -> Duration {
+    let me = std::process::id().to_string();
+    let mut ticks = 0u64;
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        if !head.ends_with("(gst-launch-1.0") {
+            continue;
+        }
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        // After the name: state, ppid (field 4), … utime 14, stime 15.
+        if f.get(1) != Some(&me.as_str()) {
+            continue;
+        }
+        ticks += f.get(11).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0)
+            + f.get(12).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+    }
+    Duration::from_millis(ticks * 10)
 }
 
 /// CPU time this process used so far (every thread, user and system), from /proc.
@@ -148,7 +215,7 @@ const MAX_SAMPLES: usize = 30;
 /// One measured size.
 #[derive(Debug)]
 struct Row {
-    /// The app screen's server: "X11" (Xvfb) or "Wayland" (headless sway).
+    /// The app screen's server: "X11" (Xvfb), "Wayland" (headless sway) or "GNOME" (headless mutter).
     server: &'static str,
     /// This process's CPU time over the measured window (source, channel and sink).
     cpu: Duration,
@@ -301,7 +368,7 @@ fn compress(case: &str, samples: &[Vec<u8>]) -> Result<(u64, u64, f64)> {
     ))
 }
 
-/// One size: an app screen (an Xvfb, or a headless sway with `wayland`) of exactly the
+/// One size: an app screen (an Xvfb, a headless sway or a headless mutter) of exactly the
 /// video's size with ffplay on it, the stream into a window on `viewer`, then (X11) the
 /// capture baselines on the same (still playing) display.
 async fn one_size(
@@ -310,9 +377,9 @@ async fn one_size(
     rate: u32,
     viewer: &Xvfb,
     quick: bool,
-    wayland: bool,
+    server: Server,
 ) -> Result<Row> {
-    let app = AppScreen::start(wayland, w, h)?;
+    let app = AppScreen::start(server, w, h)?;
     let _ffplay = app.play(w, h, rate)?;
     let shared = Arc::new(Mutex::new(Shared::default()));
     let (stop, stopped) = oneshot::channel::<()>();
@@ -375,12 +442,12 @@ async fn one_size(
     // Let it settle a little (ffplay's first frames, the viewer window mapping).
     tokio::time::sleep(Duration::from_millis(if quick { 200 } else { 500 })).await;
     let before = snap(&shared);
-    let cpu0 = cpu_now();
+    let cpu0 = cpu_now() + gst_cpu();
     shared.lock().unwrap_or_else(|p| p.into_inner()).sampling = true;
     let t = Instant::now();
     tokio::time::sleep(Duration::from_millis(if quick { 1500 } else { 3000 })).await;
     let after = snap(&shared);
-    let cpu = cpu_now().saturating_sub(cpu0);
+    let cpu = (cpu_now() + gst_cpu()).saturating_sub(cpu0);
     let secs = t.elapsed().as_secs_f64();
     let samples = {
         let mut s = shared.lock().unwrap_or_else(|p| p.into_inner());
@@ -416,7 +483,7 @@ async fn one_size(
                 .await
                 .context("capture baseline task")??
         }
-        AppScreen::Wayland(_) => (None, 0.0),
+        AppScreen::Wayland(_) | AppScreen::Gnome(_) => (None, 0.0),
     };
     let size = (w * h * 4) as usize;
     let memcpy = tokio::task::spawn_blocking(move || memcpy_gbs(size, dur))
@@ -470,23 +537,28 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
     };
     let rates: &[u32] = if quick { &RATES[..1] } else { &RATES };
     let viewer = xvfb(1920, 1080)?;
-    // The same video on a headless sway too, where sway is installed.
-    let servers: &[bool] = if have("sway") {
-        &[false, true]
+    // The same video on a headless sway and a headless mutter too, where installed.
+    let mut servers = vec![Server::X11];
+    if have("sway") {
+        servers.push(Server::Sway);
     } else {
         eprintln!("bench display: no Wayland rows (needs sway: apt-get install sway)");
-        &[false]
-    };
+    }
+    if ["mutter", "pipewire", "wireplumber", "gst-launch-1.0"]
+        .iter()
+        .all(|p| have(p))
+    {
+        servers.push(Server::Gnome);
+    } else {
+        eprintln!("bench display: no GNOME rows (needs mutter, pipewire, wireplumber, gstreamer1.0-pipewire)");
+    }
     let mut rows = Vec::new();
     for (&(w, h), &rate) in sizes.iter().flat_map(|s| rates.iter().map(move |r| (s, r))) {
-        for &wayland in servers {
-            let row = one_size(w, h, rate, &viewer, quick, wayland)
+        for &server in &servers {
+            let row = one_size(w, h, rate, &viewer, quick, server)
                 .await
                 .with_context(|| {
-                    format!(
-                        "bench display at {w}x{h}, {rate} fps, {}",
-                        if wayland { "Wayland" } else { "X11" }
-                    )
+                    format!("bench display at {w}x{h}, {rate} fps, {}", server.label())
                 })?;
             eprintln!(
             "bench display {} {w}x{h} at {rate} fps: {:.1} fps delivered, {:.1} MB/s, {:.1} rects/frame, {:.2} ms CPU/update; ShmGetImage {} /s, GetImage {:.0} /s, memcpy {:.1} GB/s",
@@ -587,7 +659,10 @@ fn report(quick: bool, rows: &[Row]) -> String {
          after the first updates. The `Wayland` rows play the same video full screen (`-fs`, \
          SDL's Wayland driver) on a headless sway of the same size (wlroots' headless backend, \
          the pixman renderer) captured by the `wayland-screen` source \
-         (`wlr-screencopy-unstable-v1` with damage into a `wl_shm` buffer), into the same sink. \
+         (`wlr-screencopy-unstable-v1` with damage into a `wl_shm` buffer), into the same sink; \
+         the `GNOME` rows on a headless mutter (`--headless --virtual-monitor WxH`, software \
+         rendering) captured by the `gnome-screen` source (mutter's screen cast, its PipeWire \
+         stream read by a `gst-launch-1.0` child, whose CPU time is counted in the row). \
          `ndd CPU ms/update` is this process's CPU time (every thread: capture, records, the \
          sink's drawing) over the measured window per update delivered, so the two capture \
          paths compare in the same run; the X server's or sway's own work (the copy it makes \

@@ -108,11 +108,12 @@ fn a_gnome_monitor_reaches_the_other_side_pixel_identical() {
         format!(
             "driver = \"gnome-desktop\"\n[link]\naddress = \"{}\"\nlistener = \"app\"\n\
              [[stream]]\nname = \"screen\"\ndirection = \"app-to-device\"\n\
-             source = {{ type = \"gnome-screen\", bus = \"{}\", max_fps = 30 }}\n\
+             source = {{ type = \"gnome-screen\", bus = \"{}\", pipewire = \"{}\", max_fps = 30 }}\n\
              sink = {{ type = \"framebuffer\", path = \"{}\" }}\n\
              stack = [{{ type = \"image\", quality = \"auto\" }}]\n",
             free_addr(),
             mutter.bus,
+            mutter.dir.join("pipewire-0").display(),
             fb.display()
         ),
     )
@@ -139,10 +140,8 @@ fn a_gnome_monitor_reaches_the_other_side_pixel_identical() {
     );
     let bars = rendered("smptebars", 200, 150);
     let _player = show(&mutter, "smptebars", 200, 150);
-    // The app side runs in the session: its runtime directory holds PipeWire's socket.
-    let mut app = run_cmd(&cfg, "app", &app_home, &[]);
-    app.env("XDG_RUNTIME_DIR", &mutter.dir);
-    let app = Side::spawn(app);
+    // The file names the session's bus and PipeWire socket (a service outside the session).
+    let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &[]));
     let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &[]));
     app.wait_says("streams agreed", &[&dev]);
     let wait_for = |what: &str, pic: &[u8]| {

@@ -75,6 +75,10 @@ pub struct GnomeScreenConfig {
     /// The monitor captured, by connector (`DP-1`, `eDP-1`, `Meta-0`); none: the primary one.
     #[serde(default)]
     pub monitor: Option<String>,
+    /// The session's PipeWire socket (a full path, `/run/user/1000/pipewire-0`); empty: the
+    /// session's own (`$PIPEWIRE_REMOTE`, or `pipewire-0` in `$XDG_RUNTIME_DIR`).
+    #[serde(default)]
+    pub pipewire: String,
     /// At most this many updates per second.
     #[serde(default = "default_max_fps")]
     pub max_fps: f64,
@@ -88,6 +92,7 @@ impl Default for GnomeScreenConfig {
         GnomeScreenConfig {
             bus: String::new(),
             monitor: None,
+            pipewire: String::new(),
             max_fps: default_max_fps(),
             refresh_s: 0.0,
         }

@@ -137,9 +137,14 @@ struct Frames {
 }
 
 impl Pipeline {
-    fn start(node: u32, (w, h): (usize, usize)) -> std::io::Result<Pipeline> {
+    /// Reads node `node` of the PipeWire daemon at `remote` (empty: the session's).
+    fn start(node: u32, (w, h): (usize, usize), remote: &str) -> std::io::Result<Pipeline> {
         let caps = format!("video/x-raw,format=BGRx,width={w},height={h}");
-        let mut child = Command::new("gst-launch-1.0")
+        let mut cmd = Command::new("gst-launch-1.0");
+        if !remote.is_empty() {
+            cmd.env("PIPEWIRE_REMOTE", remote);
+        }
+        let mut child = cmd
             .args([
                 "-q",
                 "pipewiresrc",
@@ -259,6 +264,8 @@ impl Drop for Pipeline {
 /// An open `gnome-screen` source.
 pub(crate) struct GnomeScreen {
     bus: String,
+    /// The PipeWire socket (empty: the session's).
+    pipewire: String,
     cast: Cast,
     pipeline: Pipeline,
     min_gap: Duration,
@@ -434,7 +441,7 @@ pub(crate) fn open_gnome_screen(
         node,
         closed,
     };
-    let pipeline = Pipeline::start(node, size).map_err(|e| {
+    let pipeline = Pipeline::start(node, size, &c.pipewire).map_err(|e| {
         unavailable(
             endpoint,
             "GStreamer",
@@ -452,6 +459,7 @@ pub(crate) fn open_gnome_screen(
     );
     Ok(GnomeScreen {
         bus,
+        pipewire: c.pipewire.clone(),
         cast,
         pipeline,
         min_gap: Duration::try_from_secs_f64(1.0 / c.max_fps).unwrap_or(Duration::ZERO),
@@ -519,7 +527,7 @@ fn run_gnome_screen(
                 );
                 // The old pipeline goes first (one reader of the stream at a time).
                 let _ = s.pipeline.child.kill();
-                s.pipeline = Pipeline::start(s.cast.node, size)
+                s.pipeline = Pipeline::start(s.cast.node, size, &s.pipewire)
                     .map_err(|e| fatal(format!("cannot start gst-launch-1.0 again: {e}")))?;
                 shown = None;
                 keyframe_due = true;

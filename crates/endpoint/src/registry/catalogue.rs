@@ -280,6 +280,7 @@ pub const SOURCES: &[EndpointInfo] = &[
         params: &[
             ("bus", "string", "$DBUS_SESSION_BUS_ADDRESS", "the GNOME session's D-Bus address, e.g. unix:path=/run/user/1000/bus"),
             ("monitor", "string", "the primary", "the monitor captured, by connector (DP-1, eDP-1; `gnome-monitor-config list`)"),
+            ("pipewire", "string", "the session's", "the session's PipeWire socket, e.g. /run/user/1000/pipewire-0; empty: $PIPEWIRE_REMOTE or pipewire-0 in $XDG_RUNTIME_DIR"),
             ("max_fps", "float > 0", "30", "at most this many updates per second"),
             ("refresh_s", "float >= 0", "0", "a keyframe of the whole monitor every this many seconds; 0 = only the first"),
         ],

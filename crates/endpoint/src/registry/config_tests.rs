@@ -114,6 +114,7 @@ fn catalogue_params_match_the_config_keys() {
         }),
         SourceConfig::GnomeScreen(crate::display::GnomeScreenConfig {
             monitor: Some("DP-1".into()),
+            pipewire: "/run/user/1000/pipewire-0".into(),
             ..Default::default()
         }),
     ];

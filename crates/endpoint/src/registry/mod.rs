@@ -528,6 +528,11 @@ impl SourceConfig {
                     c.max_fps
                 );
                 fmt_opt(&mut s, "monitor", c.monitor.as_deref());
+                fmt_opt(
+                    &mut s,
+                    "pipewire",
+                    Some(c.pipewire.as_str()).filter(|p| !p.is_empty()),
+                );
                 fmt_opt(&mut s, "refresh_s", Some(c.refresh_s).filter(|&r| r != 0.0));
                 s + ")"
             }
