@@ -9,14 +9,21 @@
 //! four app sides or more, a third often follows at once (an app side that missed the
 //! notices meets keys three rotations on). In 40 % of schedules the device side also
 //! restarts once or twice mid-stream, in some of those three to five times more within a
-//! few hundred steps (up to seven runs after the first), not during a rotation (a new run under the same group key, the run before it named in the keys; its
-//! durable consumer goes on from what it acknowledged; what it had handed the client and not
-//! seen acknowledged is stored or not): the app sides hear of the run (the announcement, a
-//! newer run's frame, a refused frame of theirs), join again and seal again what the device
-//! refused. In 30 % of schedules an app side's process also ends between two publishes and a
-//! new one starts (a new sender id and frame numbers from 0; it joins again; its durable
-//! consumer starts over at JetStream's ack floor; its receiver takes up what the one before
-//! kept when it last acknowledged: `intake::Kept`).
+//! few hundred steps, and in 30 % it dies in some of its rotations, 1–90 steps after one
+//! begins (at the gate, while it reads where the stream stands, while its sink holds a frame
+//! under the old key, or just after the rotation completes), up to seven runs after the first
+//! in all. A restart is a new run under the keys as the device's files hold them, read back
+//! as `Home::group_key` reads them: the key file (the new key from the rotation's `Rotate`
+//! on), the file of retired keys (from `Rotate` on the rotation under way with where the
+//! stream stood as it began, `rotate::encode_pending`, completed there when read back;
+//! `encode_retired` from `Complete` on) and the holders file (emptied at `Rotate`); the run
+//! before it is named in the keys; its durable consumer goes on from what it acknowledged;
+//! what it had handed the client and not seen acknowledged is stored or not. The app sides
+//! hear of the run (the announcement, a newer run's frame, a refused frame of theirs), join
+//! again and seal again what the device refused. In 30 % of schedules an app side's process
+//! also ends between two publishes and a new one starts (a new sender id and frame numbers
+//! from 0; it joins again; its durable consumer starts over at JetStream's ack floor; its
+//! receiver takes up what the one before kept when it last acknowledged: `intake::Kept`).
 //!
 //! Every part that decides is the binary's own, sans-IO: each app side's
 //! `ndd_link::nats::follow::Follower` (which rekey notices send it joining, how far apart its
@@ -60,11 +67,14 @@
 //!
 //! Properties: each device process delivers each app frame at most once (a new process
 //! delivers again what the one before took and did not acknowledge, and a copy stored
-//! before the restart: counted), only genuine ones, none of the
-//! revoked side's stored after the rotation, and every frame of every trusted app side; each
-//! trusted app side delivers every device frame exactly once per process and at least once
-//! across its processes (of a run before a restart, those
-//! stored before the next run began: the others died with the process or are replays); the
+//! before the restart: counted), only genuine ones, none of the revoked side's stored after
+//! the rotation (after it began, for a rotation the device died in), and every frame of every
+//! trusted app side; each trusted app side delivers every device frame exactly once per
+//! process and at least once across its processes (of a run before a restart, those stored
+//! before the next run began: the others died with the process or are replays; of a key
+//! retired by a rotation the device died in, those stored before the rotation began: the
+//! others were in flight as it began, and only its gate, gone with the process, could tell
+//! them from the revoked side's); the
 //! revoked side delivers no device frame sealed after the rotation (frames whose last stored
 //! copy JetStream lost are not owed); each trusted app side takes the device's frames in order; and everything
 //! settles (no order held at a gap for good). Not covered: more than eight rotations close
@@ -87,7 +97,9 @@ use ndd_link::nats::keys::{GroupKey, SINCE_PENDING};
 use ndd_link::nats::outbox::Publish;
 use ndd_link::nats::receive::{Event, Poll, Receiver, Wait};
 use ndd_link::nats::record::FrameRecord;
-use ndd_link::nats::rotate::{parse_retired, Action as KeeperAction, Gate, Keeper};
+use ndd_link::nats::rotate::{
+    encode_pending, encode_retired, parse_retired, Action as KeeperAction, Gate, Keeper,
+};
 use ndd_link::nats::runs::Run;
 use ndd_link::nats::send::{Follow, Sender};
 use ndd_link::nats::subjects::Subjects;
@@ -423,6 +435,8 @@ struct Device {
     rotations: u8,
     /// Every (key generation, frame) it sealed.
     sealed: HashSet<(u8, u64)>,
+    /// The key generation of each message id it published.
+    ids: HashMap<String, u8>,
     /// Every app frame delivered (by app process, [`App::id`]), with where it was stored.
     got: HashMap<(u8, u64), Option<u64>>,
     /// Its runs: each with the first frame it published in it.
@@ -440,9 +454,11 @@ impl Device {
     fn publish(&mut self, now: Instant, n: u64) {
         let frame = plain(DOWN, n, &down_payload(self.gen, n));
         self.sealed.insert((self.gen, n));
-        self.tx
+        let (id, _) = self
+            .tx
             .send(now, "down", None, frame, Some((16, n)))
             .unwrap();
+        self.ids.insert(id.expect("a stored frame's id"), self.gen);
     }
 }
 
@@ -624,6 +640,10 @@ fn run(seed: u64) -> Result<String, String> {
         at.sort_unstable();
         restarts.extend(at);
     }
+    // In some schedules the device side also dies while a rotation is under way: a restart
+    // some steps after a rotation begins (at its gate, while it reads where the stream
+    // stands, while its sink holds a frame under the old key, or just after it completes).
+    let crash_in_rotation = rng.chance(0.3);
     // When an app side's process ends and a new one starts, in some schedules: (side, step).
     let mut app_restarts: VecDeque<(usize, u64)> = VecDeque::new();
     if rng.chance(0.3) {
@@ -638,6 +658,13 @@ fn run(seed: u64) -> Result<String, String> {
     let lose = if rng.chance(0.3) { 0.01 } else { 0.0 };
     // Where each genuine frame was stored: (publisher, frame) → stream sequences.
     let mut stores: HashMap<(Option<u8>, u64), Vec<u64>> = HashMap::new();
+    // The key generation each device message stored was sealed under, by stream sequence.
+    let mut down_gens: HashMap<u64, u8> = HashMap::new();
+    // The rotations the device died in, completed by the next process where the stream stood
+    // as they began: (the new key's generation, that sequence).
+    let mut crashed: Vec<(u8, u64)> = Vec::new();
+    // Restarts mid-rotation, and those with the device's sink holding a frame.
+    let (mut mid_rotation, mut held_at_restart) = (0u32, 0u32);
     // When the consumers last delivered their unacknowledged messages again.
     let mut redelivered = t0;
     let adversary = rng.range(0, 3) as f64 * 0.02;
@@ -677,6 +704,7 @@ fn run(seed: u64) -> Result<String, String> {
         rotating: false,
         rotations: 0,
         sealed: HashSet::new(),
+        ids: HashMap::new(),
         got: HashMap::new(),
         runs: vec![(RUN, 0)],
         got_now: HashSet::new(),
@@ -686,6 +714,14 @@ fn run(seed: u64) -> Result<String, String> {
     // (side, sequence, the last key generation it may hold)
     let mut revoked: Vec<(usize, u64, u8)> = Vec::new();
     let mut rotating_since: Option<u64> = None;
+    // Where the stream stood when the rotation under way began (a rotation the device did
+    // not complete keeps out what the revoked side stored after that).
+    let mut rotation_began: Option<u64> = None;
+    // The device's files in its home, as fanout's KeyKeeper writes them: the key file and
+    // the file of retired keys (the holders file is `d.holders`). A restarted device side
+    // reads its keys back from them (`Home::group_key`).
+    let mut key_file = first.key;
+    let mut previous_file: Vec<u8> = Vec::new();
     // When the keeper's read of where the stream stands answers.
     let mut reading_at: Option<u64> = None;
     // When the rotation under way began (the other publisher's clock).
@@ -694,7 +730,7 @@ fn run(seed: u64) -> Result<String, String> {
     // reliable publisher, and the other one (its number, since when it counts, the rotation
     // it last started again in).
     let mut gate = Gate::default();
-    let device_publisher = gate.join();
+    let mut device_publisher = gate.join();
     let mut other = other_publisher.map(|after| (gate.join(), after, None::<Instant>, 0u8));
     // The next rotation's step (the second one's counts from the first's completion).
     let mut next_at = revokes.front().map(|r| r.1);
@@ -738,17 +774,12 @@ fn run(seed: u64) -> Result<String, String> {
                 flight.len()
             ));
         }
-        // The device side restarts (not while a rotation is under way): a new run, the group
+        // The device side restarts, also while a rotation is under way: a new run, the group
         // key as its files keep it; its durable consumer delivers what the process before did
         // not acknowledge again; what it had handed the client and not seen acknowledged was
         // stored or not; every app side hears of the run (fanout's announcement) and joins
         // again.
-        if busy
-            && restarts.front().is_some_and(|&at| step >= at)
-            && d.keys.since != SINCE_PENDING
-            && !d.rotating
-            && rotating_since.is_none()
-        {
+        if busy && restarts.front().is_some_and(|&at| step >= at) {
             restarts.pop_front();
             let last = d.runs.last().map_or(RUN, |r| r.0);
             let run = Run {
@@ -768,10 +799,50 @@ fn run(seed: u64) -> Result<String, String> {
                     if let Some(r) = FrameRecord::parse(&p.body) {
                         stores.entry((None, r.seq)).or_default().push(s);
                     }
+                    if let Some(g) = p.id.as_deref().and_then(|id| d.ids.get(id)) {
+                        down_gens.insert(s, *g);
+                    }
                 }
             }
             d.got_now.clear();
-            d.keys = d.keys.next_run(run);
+            // The keys as the files hold them (`Home::group_key`): the key file, the retired
+            // keys, the runs.
+            let earlier = d.keys.next_run(run).earlier;
+            let back = parse_retired(&previous_file)
+                .map_err(|n| format!("the retired keys file has {n} bytes"))?;
+            d.keys = back.under(GroupKey {
+                earlier,
+                ..GroupKey::first(key_file, run)
+            });
+            if back.pending {
+                // A rotation under way, complete as of where the stream stood when it began,
+                // and written so.
+                previous_file = encode_retired(&d.keys);
+            }
+            if rotating_since.take().is_some() {
+                // It died mid-rotation: what the revoked side stored after the rotation began
+                // is out; the next revocation counts from now.
+                let began = rotation_began.expect("a rotation began");
+                for r in revoked.iter_mut().filter(|r| r.1 == SINCE_PENDING) {
+                    r.1 = began;
+                }
+                crashed.push((d.rotations, began));
+                mid_rotation += 1;
+                held_at_restart += u32::from(d.held);
+                next_at = revokes.front().map(|r| step + r.1);
+            }
+            // A new process: its publisher seals under the keys it read, and nothing of a
+            // rotation is under way; a new gate.
+            d.gen = d.rotations;
+            d.rotating = false;
+            reading_at = None;
+            rotated_at = None;
+            gate = Gate::default();
+            device_publisher = gate.join();
+            if let Some((id, _, joined, _)) = other.as_mut() {
+                *id = gate.join();
+                *joined = None;
+            }
             d.rx = Receiver::new(UP, false, d.keys, false, WAIT);
             d.held = false;
             d.consumer.redeliver();
@@ -842,12 +913,27 @@ fn run(seed: u64) -> Result<String, String> {
                         revoked.push((r, SINCE_PENDING, d.rotations));
                     }
                     d.keys = keys;
+                    // Its files: the retired keys with the rotation under way (where the
+                    // stream stands as it begins), the key file, the holders file emptied.
+                    previous_file = encode_pending(&keys, js.last());
+                    key_file = keys.key;
                     d.holders.clear();
                     d.rotating = true;
                     d.rotations += 1;
                     rotating_since = Some(step);
+                    rotation_began = Some(js.last());
                     rotated_at = Some(now);
                     gate.begin();
+                    // Up to eight runs in all (`EARLIER_RUNS`).
+                    if crash_in_rotation
+                        && busy
+                        && d.runs.len() + restarts.len() < 8
+                        && rng.chance(0.6)
+                    {
+                        let at = step + rng.range(1, 30 + since_delay);
+                        let i = restarts.partition_point(|&x| x <= at);
+                        restarts.insert(i, at);
+                    }
                 }
                 KeeperAction::ReadPosition { settled } => {
                     if !settled {
@@ -866,6 +952,7 @@ fn run(seed: u64) -> Result<String, String> {
                         return Err(format!("retired keys read back as {back:?}, not {keys:?}"));
                     }
                     d.keys = keys;
+                    previous_file = retired;
                     for r in revoked.iter_mut().filter(|r| r.1 == SINCE_PENDING) {
                         r.1 = keys.since;
                     }
@@ -1080,6 +1167,11 @@ fn run(seed: u64) -> Result<String, String> {
                     if let Some(r) = FrameRecord::parse(&p.body) {
                         let who = who.map(|a| apps[a].id);
                         stores.entry((who, r.seq)).or_default().push(s);
+                    }
+                    if let Some(g) = p.id.as_deref().filter(|_| who.is_none()) {
+                        if let Some(g) = d.ids.get(g) {
+                            down_gens.insert(s, *g);
+                        }
                     }
                     // Acknowledged, then lost in a restart before it was written.
                     if s == js.last() && busy && rng.chance(lose) {
@@ -1349,8 +1441,16 @@ fn run(seed: u64) -> Result<String, String> {
         }
         // A device frame of a run that was not the last is owed only if it was stored before
         // the next run began (one stored later is refused as a replay; one never stored died
-        // with its process).
+        // with its process). One sealed under a key a rotation retired that the device died
+        // in is owed only if stored before that rotation began: after it, only the gate, gone
+        // with the process, could tell it from one the revoked side stored.
         let owed = |n: u64| {
+            let last = stores.get(&(None, n)).and_then(|v| v.iter().max());
+            if crashed.iter().any(|&(gen, since)| {
+                last.is_some_and(|s| *s > since && down_gens.get(s).is_some_and(|g| *g < gen))
+            }) {
+                return false;
+            }
             let r = d
                 .runs
                 .iter()
@@ -1378,7 +1478,7 @@ fn run(seed: u64) -> Result<String, String> {
         }
     }
     Ok(format!(
-        "{n_apps} app sides ({app_processes} restarted, {} device frames delivered again), {} device run(s), revoked (side, since, generation) {revoked:?}, {} messages stored, device took {} frames ({} again after a restart), dropped {} ({} under the old key after the rotation)",
+        "{n_apps} app sides ({app_processes} restarted, {} device frames delivered again), {} device run(s) ({mid_rotation} begun mid-rotation, {held_at_restart} with a frame held), revoked (side, since, generation) {revoked:?}, {} messages stored, device took {} frames ({} again after a restart), dropped {} ({} under the old key after the rotation)",
         apps.iter().map(|a| a.again).sum::<u64>(),
         d.runs.len(),
         js.last(),

@@ -116,7 +116,6 @@ impl KeyKeeper {
             }
             KeeperAction::Rotate { keys, revoked } => {
                 // The revoked side is cut off now, whether or not the files can be written.
-                let written = self.files.rotated(&keys.key);
                 ctx.gate.begin();
                 self.tx.send_replace(keys);
                 tracing::warn!(
@@ -124,7 +123,21 @@ impl KeyKeeper {
                     "rotated the group key: {} held it and is no longer trusted; trusted app sides get the new key by joining again",
                     revoked.join(", ")
                 );
-                if let Err(e) = written {
+                // Where the stream stands as the rotation begins: if this side stops before
+                // the rotation completes, the next process completes it there (nothing the
+                // revoked side stores later opens, however long this side is away).
+                let began = match &self.js {
+                    None => Ok(0),
+                    Some(js) => stored_up_to(ctx, js).await.map(|(_, n)| n),
+                };
+                let began = began.unwrap_or_else(|e| {
+                    tracing::warn!(
+                        side = "device",
+                        "cannot read where the JetStream stream stands ({e:#}): should this side stop before the rotation completes, frames stored under the old group key in this run and not yet read will not open"
+                    );
+                    keys.run.began
+                });
+                if let Err(e) = self.files.rotated(&keys, began) {
                     tracing::warn!(side = "device", "the rotated group key: {e}: the new key is used, but a restart of this side would go back to the old one");
                 }
             }

@@ -7,7 +7,7 @@
 //! |---|---|
 //! | `nats-group-P-D.key` | the group key, 32 bytes |
 //! | `nats-group-P-D.holders` | who was handed that key, one fingerprint a line |
-//! | `nats-group-P-D.previous` | the keys the last rotations retired ([`parse_retired`]) |
+//! | `nats-group-P-D.previous` | the keys the last rotations retired, and a rotation under way ([`parse_retired`]) |
 //! | `nats-group-P-D.run` | the device side's last runs, oldest first ([`parse_runs`]) |
 //! | `nats-slots-P-D` | the split slots held (`SLOT FINGERPRINT` a line) |
 //! | `nats-position-P-D-DURABLE` | where an ordered stored stream stands ([`Kept`]) |
@@ -16,7 +16,7 @@
 
 use super::intake::Kept;
 use super::keys::{GroupKey, EARLIER_RUNS};
-use super::rotate::{parse_retired, Retired};
+use super::rotate::{encode_pending, encode_retired, parse_retired, Retired};
 use super::runs::{next_run_id, Run};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -192,7 +192,7 @@ impl Home {
     }
 
     /// The keys the last rotations retired, newest first, with the JetStream sequence of
-    /// each rotation ([`parse_retired`]); mode 0600.
+    /// each rotation, and whether the last one is under way ([`parse_retired`]); mode 0600.
     pub fn previous_path(&self) -> PathBuf {
         self.group_file("previous")
     }
@@ -246,7 +246,9 @@ impl Home {
 
     /// The group key and what its last rotations left, for the device run `run` after the
     /// runs `earlier`. A damaged `.previous` file is said and left out (frames sealed
-    /// before the last rotation and not yet read will not open).
+    /// before the last rotation and not yet read will not open). A rotation that was under
+    /// way when the side stopped is completed as of where the stream stood when it began
+    /// ([`Retired::under`]), said, and written so.
     pub fn group_key(
         &self,
         run: Run,
@@ -269,7 +271,24 @@ impl Home {
             }
             Err(_) => Retired::default(),
         };
-        Ok(retired.under(keys))
+        let unrotated = retired.previous.is_some_and(|(k, _)| k == keys.key);
+        let keys = retired.under(keys);
+        if retired.pending {
+            if !unrotated {
+                tracing::warn!(
+                    side = "device",
+                    since = keys.since,
+                    "the group key's rotation was under way when this side stopped: it is complete as of where the JetStream stream stood when it began (nothing the revoked side stored later opens); device frames published just before it may not reach the app sides"
+                );
+            } else {
+                tracing::warn!(
+                    side = "device",
+                    "the group key's rotation had begun when this side stopped, before its new key was written: it begins again"
+                );
+            }
+            write_private(&path, &encode_retired(&keys))?;
+        }
+        Ok(keys)
     }
 
     /// A new run of the device side, beginning after JetStream stream sequence `began`, and
@@ -336,9 +355,16 @@ impl Home {
         write_private(&self.holders_path(), (all.join("\n") + "\n").as_bytes())
     }
 
-    /// A rotated group key: the key file replaced, the holders file emptied.
-    pub fn rotated(&self, key: &[u8; 32]) -> Result<(), HomeError> {
-        write_private(&self.key_path(), key)?;
+    /// A rotation began ([`super::rotate::Action::Rotate`]): its `keys`, `since` still
+    /// pending, as the stream stood at `began`. In this order, so that a side that stops at
+    /// any point reads back keys that open what was stored ([`Home::group_key`]): the retired
+    /// keys with the rotation under way ([`encode_pending`]; stopped here, the rotation never
+    /// happened and its next check rotates again), the key file replaced (stopped here, the
+    /// rotation is complete as of `began`, and its next check rotates once more, harmlessly:
+    /// the holders file still names the revoked side), the holders file emptied.
+    pub fn rotated(&self, keys: &GroupKey, began: u64) -> Result<(), HomeError> {
+        write_private(&self.previous_path(), &encode_pending(keys, began))?;
+        write_private(&self.key_path(), &keys.key)?;
         write_private(&self.holders_path(), b"")
     }
 
@@ -502,7 +528,10 @@ mod tests {
         assert_eq!(h.holders().unwrap(), ["a", "b"]);
         let fresh = draw_key().unwrap();
         assert_ne!(fresh, k);
-        h.rotated(&fresh).unwrap();
+        let run = Run { id: 1, began: 0 };
+        let r =
+            crate::nats::keys::rotation(GroupKey::first(k, run), &["a".into()], |_| false, fresh);
+        h.rotated(&r.unwrap().keys, 9).unwrap();
         assert_eq!(h.current_key().unwrap(), fresh);
         assert!(h.holders().unwrap().is_empty());
         let path = h.key_path();
@@ -519,6 +548,57 @@ mod tests {
         write_private(&path, &[0u8; 7]).unwrap();
         let e = h.current_key().unwrap_err().to_string();
         assert!(e.contains("holds 7 bytes, not a 32-byte group key"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The files a rotation leaves at each point a device side may stop at, read back by the
+    /// next process: keys that open what was stored, the revoked side's key retired where the
+    /// stream stood when the rotation began.
+    #[test]
+    fn a_rotation_under_way_when_the_side_stopped_is_completed_where_it_began() {
+        use crate::nats::keys::rotation;
+        let dir = scratch("pending");
+        let h = Home::new(&dir, "P", "d");
+        let run = |id| Run { id, began: 3 };
+        let first = h.group_key(run(1), [None; EARLIER_RUNS]).unwrap();
+        h.add_holder("a").unwrap();
+        h.add_holder("b").unwrap();
+        let holders = h.holders().unwrap();
+        let fresh = draw_key().unwrap();
+        let r = rotation(first, &holders, |f| f != "a", fresh).unwrap();
+        h.rotated(&r.keys, 40).unwrap();
+        assert_eq!(
+            parse_retired(&std::fs::read(h.previous_path()).unwrap()).map(|r| r.pending),
+            Ok(true)
+        );
+        // It stops here (before `Complete`): the next process has the rotation complete as
+        // of 40, and the file says so from now on.
+        let back = h.group_key(run(2), [None; EARLIER_RUNS]).unwrap();
+        assert_eq!(
+            (back.key, back.previous, back.since, back.run),
+            (fresh, Some(first.key), 40, run(2))
+        );
+        assert!(h.holders().unwrap().is_empty());
+        let file = std::fs::read(h.previous_path()).unwrap();
+        assert_eq!(file, encode_retired(&back));
+        assert_eq!(h.group_key(run(2), [None; EARLIER_RUNS]).unwrap(), back);
+        let mode = std::fs::metadata(h.previous_path())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // The next rotation: it stops after the retired keys were written, before the key
+        // file was replaced. The rotation never happened: the keys before it, and the holders
+        // file still names the revoked side (the next check rotates again).
+        h.add_holder("b").unwrap();
+        let next = rotation(back, &["b".to_owned()], |_| false, [7; 32]).unwrap();
+        write_private(&h.previous_path(), &encode_pending(&next.keys, 55)).unwrap();
+        assert_eq!(h.group_key(run(2), [None; EARLIER_RUNS]).unwrap(), back);
+        assert_eq!(std::fs::read(h.previous_path()).unwrap(), file);
+        assert_eq!(h.holders().unwrap(), ["b"]);
+        // A file of an earlier version (complete, no mark) reads as before.
+        write_private(&h.previous_path(), &file).unwrap();
+        assert_eq!(h.group_key(run(2), [None; EARLIER_RUNS]).unwrap(), back);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

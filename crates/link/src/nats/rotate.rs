@@ -11,6 +11,9 @@
 //! app side drops one under the old key stored later (the revoked side holds that key) and
 //! nothing genuine is lost. [`Action::Complete`]: the keys with that `since`, and the file of
 //! retired keys a restarted device side reads ([`encode_retired`]); the notice goes out.
+//! Until then that file says a rotation is under way and where the stream stood when it
+//! began ([`encode_pending`], written at [`Action::Rotate`] before the key file): a device side
+//! that stops mid-rotation completes it there when it starts again.
 //!
 //! No new check while a rotation is under way; the notice goes at once when a run begins,
 //! every [`NOTICE_EVERY`] (core NATS may lose one), when a rotation completes and when frames
@@ -33,9 +36,13 @@ pub const GATE_WAIT: Duration = Duration::from_secs(10);
 pub enum Action {
     /// Read `known_peers` and who holds the key, and answer with [`Keeper::handle_check`].
     Check,
-    /// A rotation began: write `keys.key` as the group key (private) and empty the holders
-    /// file, start the gate's count over, then hand `keys` to the streams. `revoked` held the
-    /// key and are no longer trusted (say so).
+    /// A rotation began: start the gate's count over and hand `keys` to the streams (the
+    /// revoked side is cut off now), say so (`revoked` held the key and are no longer
+    /// trusted); then read where the JetStream stream stands (`began`; the run's start when
+    /// it cannot be read) and write the files: first the retired keys with the rotation under
+    /// way ([`encode_pending`]), then `keys.key` as the group key (private), then an empty
+    /// holders file. A device side that stops before [`Action::Complete`] completes the
+    /// rotation as of `began` when it starts again ([`Retired::under`]).
     Rotate {
         /// The keys from now on, `since` pending.
         keys: GroupKey,
@@ -217,12 +224,15 @@ impl Keeper {
 /// One retired key and the sequence of the rotation that retired it, as the file holds it.
 const RETIRED_LEN: usize = 32 + 8;
 
+/// What ends the file of retired keys while a rotation is under way ([`encode_pending`]).
+const PENDING_MARK: [u8; 8] = [0xff; 8];
+
 /// The file of retired keys a completed rotation leaves: the previous key and `since`, then
 /// (since join version 5) the older one with its sequence, then the keys retired before it,
 /// newest first: 40 bytes each (`key ‖ sequence u64 BE`). A restarted device side reads it
 /// back with [`parse_retired`].
 pub fn encode_retired(keys: &GroupKey) -> Vec<u8> {
-    let mut b = Vec::with_capacity(RETIRED_LEN * (2 + RETIRED_KEYS));
+    let mut b = Vec::with_capacity(RETIRED_LEN * (2 + RETIRED_KEYS) + PENDING_MARK.len());
     let Some(previous) = keys.previous else {
         return b;
     };
@@ -239,6 +249,30 @@ pub fn encode_retired(keys: &GroupKey) -> Vec<u8> {
     b
 }
 
+/// The file of retired keys while a rotation is under way ([`Action::Rotate`]; written before
+/// the key file is replaced): the rotation's `keys` as [`encode_retired`] writes them, with
+/// `began` (where the JetStream stream stood when the rotation began) for the `since` still
+/// pending, then 8 bytes `0xff`. [`Action::Complete`] replaces it.
+///
+/// A device side that stops before its rotation completes (killed, crashed, restarted) reads
+/// it back ([`parse_retired`], [`Retired::under`]) and the rotation is complete as of `began`:
+/// whatever the revoked side stored after the rotation began stays out however long this side
+/// was away; what trusted app sides sealed under the old key and stored after `began` they
+/// publish again under the new one (as after any rotation); device frames published just
+/// before the rotation and stored after `began` (what the gate would have waited for) may not
+/// reach the app sides. Before, the key file was replaced at once and the retired keys were
+/// written only on completion: a device side killed in between came back with the new key and
+/// the retired keys of the rotation before, the key just retired forgotten, and app sides that
+/// had not yet read device frames sealed under it dropped them (found by
+/// `testkit/tests/nats_keys.rs` with restarts mid-rotation).
+pub fn encode_pending(keys: &GroupKey, began: u64) -> Vec<u8> {
+    let mut b = encode_retired(&keys.since_at(began));
+    if !b.is_empty() {
+        b.extend_from_slice(&PENDING_MARK);
+    }
+    b
+}
+
 /// What [`parse_retired`] read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Retired {
@@ -248,24 +282,44 @@ pub struct Retired {
     pub older: Option<([u8; 32], u64)>,
     /// The keys retired before that, newest first, with their sequences.
     pub retired: [Option<([u8; 32], u64)>; RETIRED_KEYS],
+    /// The rotation that retired `previous` was under way when the file was written
+    /// ([`encode_pending`]): its sequence is where the stream stood when it began.
+    pub pending: bool,
 }
 
 impl Retired {
-    /// These retired keys under `keys` (its key and run stay).
+    /// These retired keys under `keys` (its key and run stay). A rotation under way when the
+    /// file was written is complete as of where the stream stood when it began; one that had
+    /// not replaced the key file yet (`previous` is the key: the side stopped in between)
+    /// never happened, and the keys it retired are the ones before it (its next check rotates
+    /// again: the holders file still names the revoked side).
     pub fn under(self, keys: GroupKey) -> GroupKey {
+        let mut r = self;
+        if r.pending && r.previous.is_some_and(|(k, _)| k == keys.key) {
+            r.previous = r.older;
+            r.older = r.retired[0];
+            r.retired.rotate_left(1);
+            r.retired[RETIRED_KEYS - 1] = None;
+        }
         GroupKey {
-            since: self.previous.map_or(0, |p| p.1),
-            previous: self.previous.map(|p| p.0),
-            older: self.older,
-            retired: self.retired,
+            since: r.previous.map_or(0, |p| p.1),
+            previous: r.previous.map(|p| p.0),
+            older: r.older,
+            retired: r.retired,
             ..keys
         }
     }
 }
 
-/// Reads the file [`encode_retired`] wrote; `Err(len)` when its length is not that of keys
-/// with their sequences.
+/// Reads the file [`encode_retired`] or [`encode_pending`] wrote; `Err(len)` when its length
+/// is not that of keys with their sequences (and the mark of a rotation under way).
 pub fn parse_retired(b: &[u8]) -> Result<Retired, usize> {
+    if let Some(keys) = b.strip_suffix(&PENDING_MARK) {
+        if keys.len() % RETIRED_LEN == 0 && !keys.is_empty() {
+            let r = parse_retired(keys).map_err(|_| b.len())?;
+            return Ok(Retired { pending: true, ..r });
+        }
+    }
     let one = |b: &[u8]| {
         let mut k = [0u8; 32];
         k.copy_from_slice(&b[..32]);
@@ -541,5 +595,82 @@ mod tests {
         let one = parse_retired(&[7; 40]).unwrap();
         assert_eq!(one.previous, Some(([7; 32], u64::from_be_bytes([7; 8]))));
         assert_eq!(one.older, None);
+        assert!(!one.pending);
+        // A sequence of all ones last is a sequence, not the mark of a rotation under way.
+        let r = parse_retired(&[0xff; 80]).unwrap();
+        assert_eq!((r.older.map(|o| o.1), r.pending), (Some(u64::MAX), false));
+    }
+
+    /// A device side that stops between a rotation's `Rotate` and its `Complete` comes back
+    /// with the rotation complete as of where the stream stood when it began, the key it
+    /// retired named (before, the key file held the new key and the file of retired keys the
+    /// rotation before: the retired key was forgotten and app sides dropped device frames
+    /// sealed under it that they had not read yet).
+    #[test]
+    fn a_rotation_under_way_reads_back_complete_as_of_where_it_began() {
+        let trusted = |_: &str| false;
+        // Two complete rotations, then a third under way.
+        let mut k = keys();
+        for (i, since) in [(2u8, 10u64), (3, 20)] {
+            k = rotation(k, &fp("a"), trusted, [i; 32])
+                .unwrap()
+                .keys
+                .since_at(since);
+        }
+        let pending = rotation(k, &fp("b"), trusted, [4; 32]).unwrap().keys;
+        assert_eq!(pending.since, SINCE_PENDING);
+        let b = encode_pending(&pending, 25);
+        assert_eq!(
+            b.len(),
+            3 * 40 + 8,
+            "previous, older, one retired, the mark"
+        );
+        let r = parse_retired(&b).unwrap();
+        assert!(r.pending);
+        // The key file was replaced: the rotation is complete as of 25.
+        let back = r.under(GroupKey::first([4; 32], keys().run));
+        assert_eq!(back, pending.since_at(25));
+        assert_eq!(back.retired_after(&[3; 32]), 25);
+        assert_eq!(back.retired_after(&[2; 32]), 20);
+        assert_eq!(back.retired_after(&[1; 32]), 10);
+        // Written complete, it reads back the same and no longer under way.
+        let done = parse_retired(&encode_retired(&back)).unwrap();
+        assert!(!done.pending);
+        assert_eq!(done.under(GroupKey::first([4; 32], keys().run)), back);
+        // The side stopped before the key file was replaced: the rotation never happened, the
+        // keys are the ones before it.
+        assert_eq!(r.under(GroupKey::first([3; 32], keys().run)), k);
+        // With all the history kept, the oldest retired key is the one a rotation that never
+        // happened leaves out.
+        let mut full = k;
+        for (i, since) in (5u8..=10).zip((30u64..).step_by(10)) {
+            full = rotation(full, &fp("a"), trusted, [i; 32])
+                .unwrap()
+                .keys
+                .since_at(since);
+        }
+        assert_eq!(full.retired.iter().flatten().count(), RETIRED_KEYS);
+        let pending = rotation(full, &fp("a"), trusted, [11; 32]).unwrap().keys;
+        let b = encode_pending(&pending, 99);
+        assert_eq!(b.len(), 40 * (2 + RETIRED_KEYS) + 8);
+        let r = parse_retired(&b).unwrap();
+        let before = r.under(GroupKey::first([10; 32], keys().run));
+        assert_eq!(
+            (before.since, before.previous, before.older),
+            (full.since, full.previous, full.older)
+        );
+        assert_eq!(
+            before.retired[..RETIRED_KEYS - 1],
+            full.retired[..RETIRED_KEYS - 1]
+        );
+        assert_eq!(before.retired[RETIRED_KEYS - 1], None);
+        // Wrong lengths: the mark alone, after a torn key, after too many keys.
+        assert_eq!(parse_retired(&PENDING_MARK), Err(8));
+        let mut torn = vec![0u8; 41];
+        torn.extend_from_slice(&PENDING_MARK);
+        assert_eq!(parse_retired(&torn), Err(49));
+        let mut many = vec![0u8; 40 * (3 + RETIRED_KEYS)];
+        many.extend_from_slice(&PENDING_MARK);
+        assert_eq!(parse_retired(&many), Err(40 * (3 + RETIRED_KEYS) + 8));
     }
 }
