@@ -221,35 +221,30 @@ fn a_gnome_screen_where_there_is_no_gnome_says_so() {
         )
         .unwrap()
     };
+    // `ndd check --side app` fails; what it says.
+    let refused = || {
+        let out = ndd()
+            .args(["check", "--side", "app"])
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "{said}");
+        said
+    };
     write(&bus);
-    let out = ndd()
-        .args(["check", "--side", "app"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(!out.status.success(), "{said}");
+    let said = refused();
     assert!(
         said.contains("not a GNOME Wayland session") && said.contains("wayland-screen"),
         "{said}"
     );
     // No bus at that address.
     write("unix:path=/nonexistent/bus");
-    let out = ndd()
-        .args(["check", "--side", "app"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(!out.status.success(), "{said}");
+    let said = refused();
     assert!(
         said.contains("cannot connect to the session bus")
             && said.contains("unix:path=/nonexistent/bus"),
@@ -364,19 +359,7 @@ fn a_gnome_desktop_is_seen_and_used_from_an_x11_display() {
     let typed = ["y", "z", "at", "Z"];
     assert!(xdotool(&["key", "--window", "%1", "y", "z", "at", "Z"]).success());
     let syms = || -> Vec<String> {
-        let seen = seen.lock().unwrap();
-        let mut out = Vec::new();
-        let mut pressed = false;
-        for l in seen.lines() {
-            if l.contains("wl_keyboard] key:") {
-                pressed = l.contains("(pressed)");
-            } else if pressed && l.trim_start().starts_with("sym:") {
-                let s = l.trim_start()["sym:".len()..].split_whitespace().next();
-                out.push(s.unwrap_or("").to_string());
-                pressed = false;
-            }
-        }
-        out.dedup();
+        let mut out = wev_pressed_syms(&seen.lock().unwrap());
         out.retain(|s| !s.starts_with("Shift") && !s.starts_with("ISO_Level3"));
         out
     };

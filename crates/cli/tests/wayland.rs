@@ -254,20 +254,8 @@ fn a_sway_desktop_is_seen_and_used_from_an_x11_display() {
         .unwrap();
     assert!(sent.success());
     let syms = || -> Vec<String> {
-        let seen = seen.lock().unwrap();
-        let mut out = Vec::new();
-        let mut pressed = false;
-        for l in seen.lines() {
-            if l.contains("wl_keyboard] key:") {
-                pressed = l.contains("(pressed)");
-            } else if pressed && l.trim_start().starts_with("sym:") {
-                let s = l.trim_start()["sym:".len()..].split_whitespace().next();
-                out.push(s.unwrap_or("").to_string());
-                pressed = false;
-            }
-        }
-        // wev says each press's keysym twice; Shift is a key of its own.
-        out.dedup();
+        // Shift is a key of its own.
+        let mut out = wev_pressed_syms(&seen.lock().unwrap());
         out.retain(|s| s != "Shift_L");
         out
     };

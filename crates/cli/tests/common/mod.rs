@@ -798,3 +798,21 @@ pub fn pty_pair(dir: &Path) -> (Killed, PathBuf, PathBuf) {
     wait_for("the pty pair", WAIT, || port.exists() && device.exists());
     (socat, port, device)
 }
+
+/// The keysyms of the key presses `wev` printed (its log), in order; wev says each press's
+/// keysym twice, once kept.
+pub fn wev_pressed_syms(log: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut pressed = false;
+    for l in log.lines() {
+        if l.contains("wl_keyboard] key:") {
+            pressed = l.contains("(pressed)");
+        } else if pressed && l.trim_start().starts_with("sym:") {
+            let s = l.trim_start()["sym:".len()..].split_whitespace().next();
+            out.push(s.unwrap_or("").to_string());
+            pressed = false;
+        }
+    }
+    out.dedup();
+    out
+}

@@ -2,8 +2,18 @@
 //! errors that say what is wrong with it.
 
 use crate::common::error::EndpointError;
+use dbus::arg::PropMap;
+use dbus::blocking::stdintf::org_freedesktop_dbus::Properties;
 use dbus::blocking::Connection;
+use dbus::message::MatchRule;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
+
+/// mutter's screen-cast service, and its session's and stream's interfaces.
+pub(crate) const CAST: &str = "org.gnome.Mutter.ScreenCast";
+pub(crate) const CAST_SESSION: &str = "org.gnome.Mutter.ScreenCast.Session";
+pub(crate) const CAST_STREAM: &str = "org.gnome.Mutter.ScreenCast.Stream";
 
 /// Longest wait for a D-Bus answer.
 pub(crate) const CALL: Duration = Duration::from_secs(5);
@@ -80,4 +90,77 @@ pub(crate) fn dbus_text(e: &dbus::Error) -> String {
         .take(300)
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect()
+}
+
+/// Asks screen-cast session `session` to record `monitor` (none: the primary one) with
+/// `props`; the stream's path. A monitor mutter does not know is said with what to do.
+pub(crate) fn record_monitor(
+    conn: &Connection,
+    endpoint: &'static str,
+    bus: &str,
+    session: &dbus::Path<'static>,
+    monitor: Option<&str>,
+    props: PropMap,
+) -> Result<dbus::Path<'static>, EndpointError> {
+    let monitor = monitor.unwrap_or_default();
+    let (stream,): (dbus::Path<'static>,) = conn
+        .with_proxy(CAST, session, CALL)
+        .method_call(CAST_SESSION, "RecordMonitor", (monitor, props))
+        .map_err(|e| {
+            unavailable(
+                endpoint,
+                bus,
+                format!(
+                    "RecordMonitor({}): {}",
+                    if monitor.is_empty() { "the primary monitor" } else { monitor },
+                    dbus_text(&e)
+                ),
+                "set monitor to one of the session's connectors (`gnome-monitor-config list`), or leave it out for the primary one",
+            )
+        })?;
+    Ok(stream)
+}
+
+/// A flag set when mutter closes `session` (its `Closed` signal on `interface`), seen as the
+/// connection is processed.
+pub(crate) fn watch_closed(
+    conn: &Connection,
+    interface: &'static str,
+    session: &dbus::Path<'static>,
+) -> Result<Arc<AtomicBool>, dbus::Error> {
+    let closed = Arc::new(AtomicBool::new(false));
+    let cl = Arc::clone(&closed);
+    conn.add_match(
+        MatchRule::new_signal(interface, "Closed").with_path(session.clone()),
+        move |(): (), _, _| {
+            cl.store(true, Ordering::Release);
+            true
+        },
+    )?;
+    Ok(closed)
+}
+
+/// The size of screen-cast stream `stream`'s monitor, from its parameters.
+pub(crate) fn monitor_size(
+    conn: &Connection,
+    stream: &dbus::Path<'static>,
+) -> Result<(usize, usize), String> {
+    let params: PropMap = conn
+        .with_proxy(CAST, stream, CALL)
+        .get(CAST_STREAM, "Parameters")
+        .map_err(|e| dbus_text(&e))?;
+    let size = params
+        .get("size")
+        .ok_or_else(|| "the stream's parameters have no size".to_string())?;
+    let mut it = size
+        .0
+        .as_iter()
+        .ok_or_else(|| "the stream's size is not a pair".to_string())?;
+    let mut next = || it.next().and_then(|v| v.as_i64());
+    match (next(), next()) {
+        (Some(w), Some(h)) if (2..=8192).contains(&w) && (2..=8192).contains(&h) => {
+            Ok((w as usize, h as usize))
+        }
+        (w, h) => Err(format!("the stream's size is {w:?}x{h:?}")),
+    }
 }

@@ -23,10 +23,11 @@ use crate::common::clock::pacing;
 use crate::common::demand::Demand;
 use crate::common::emitter::Emitter;
 use crate::common::error::EndpointError;
-use crate::common::gnome::{connect, dbus_text, not_gnome, unavailable, CALL};
+use crate::common::gnome::{
+    connect, dbus_text, monitor_size, not_gnome, record_monitor, unavailable, watch_closed, CALL,
+};
 use crate::common::report::{SourceReport, SourceTask};
 use dbus::arg::{PropMap, RefArg, Variant};
-use dbus::blocking::stdintf::org_freedesktop_dbus::Properties;
 use dbus::blocking::Connection;
 use dbus::message::MatchRule;
 use ndd_core::Frame;
@@ -39,10 +40,8 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::Sender;
 
-const SERVICE: &str = "org.gnome.Mutter.ScreenCast";
+use crate::common::gnome::{CAST as SERVICE, CAST_SESSION as SESSION, CAST_STREAM as STREAM};
 const ROOT: &str = "/org/gnome/Mutter/ScreenCast";
-const SESSION: &str = "org.gnome.Mutter.ScreenCast.Session";
-const STREAM: &str = "org.gnome.Mutter.ScreenCast.Stream";
 
 /// Longest wait for a frame in one go.
 const POLL: Duration = Duration::from_millis(100);
@@ -330,28 +329,6 @@ fn gstreamer_here(endpoint: &'static str) -> Result<(), EndpointError> {
     }
 }
 
-/// The monitor's size, from the stream's parameters.
-fn monitor_size(conn: &Connection, stream: &dbus::Path<'static>) -> Result<(usize, usize), String> {
-    let params: PropMap = conn
-        .with_proxy(SERVICE, stream, CALL)
-        .get(STREAM, "Parameters")
-        .map_err(|e| dbus_text(&e))?;
-    let size = params
-        .get("size")
-        .ok_or_else(|| "the stream's parameters have no size".to_string())?;
-    let mut it = size
-        .0
-        .as_iter()
-        .ok_or_else(|| "the stream's size is not a pair".to_string())?;
-    let mut next = || it.next().and_then(|v| v.as_i64());
-    match (next(), next()) {
-        (Some(w), Some(h)) if (2..=8192).contains(&w) && (2..=8192).contains(&h) => {
-            Ok((w as usize, h as usize))
-        }
-        (w, h) => Err(format!("the stream's size is {w:?}x{h:?}")),
-    }
-}
-
 /// Opens a screen cast of the configured monitor and starts reading it.
 pub(crate) fn open_gnome_screen(
     endpoint: &'static str,
@@ -383,24 +360,8 @@ pub(crate) fn open_gnome_screen(
         "cursor-mode".into(),
         Variant(Box::new(1u32) as Box<dyn RefArg>),
     );
-    let monitor = c.monitor.clone().unwrap_or_default();
-    let (stream,): (dbus::Path<'static>,) = conn
-        .with_proxy(SERVICE, &session, CALL)
-        .method_call(SESSION, "RecordMonitor", (monitor.as_str(), props))
-        .map_err(|e| {
-            unavailable(
-                endpoint,
-                &bus,
-                format!(
-                    "RecordMonitor({}): {}",
-                    if monitor.is_empty() { "the primary monitor" } else { &monitor },
-                    dbus_text(&e)
-                ),
-                "set monitor to one of the session's connectors (`gnome-monitor-config list`), or leave it out for the primary one",
-            )
-        })?;
+    let stream = record_monitor(&conn, endpoint, &bus, &session, c.monitor.as_deref(), props)?;
     let node = Arc::new(Mutex::new(None::<u32>));
-    let closed = Arc::new(AtomicBool::new(false));
     let n = Arc::clone(&node);
     conn.add_match(
         MatchRule::new_signal(STREAM, "PipeWireStreamAdded").with_path(stream.clone()),
@@ -410,15 +371,7 @@ pub(crate) fn open_gnome_screen(
         },
     )
     .map_err(|e| fail(dbus_text(&e)))?;
-    let cl = Arc::clone(&closed);
-    conn.add_match(
-        MatchRule::new_signal(SESSION, "Closed").with_path(session.clone()),
-        move |(): (), _, _| {
-            cl.store(true, Ordering::Release);
-            true
-        },
-    )
-    .map_err(|e| fail(dbus_text(&e)))?;
+    let closed = watch_closed(&conn, SESSION, &session).map_err(|e| fail(dbus_text(&e)))?;
     conn.with_proxy(SERVICE, &session, CALL)
         .method_call::<(), _, _, _>(SESSION, "Start", ())
         .map_err(|e| fail(format!("Start: {}", dbus_text(&e))))?;

@@ -21,12 +21,14 @@ use super::record::{
 use super::sink::{run_injector, Injector};
 use crate::common::delivered::Delivered;
 use crate::common::error::EndpointError;
-use crate::common::gnome::{connect, dbus_text, not_gnome, unavailable, CALL};
+use crate::common::gnome::{
+    connect, dbus_text, monitor_size, not_gnome, record_monitor, unavailable, watch_closed, CALL,
+    CAST,
+};
 use crate::common::report::SinkTask;
 use dbus::arg::{PropMap, RefArg, Variant};
 use dbus::blocking::stdintf::org_freedesktop_dbus::Properties;
 use dbus::blocking::Connection;
-use dbus::message::MatchRule;
 use ndd_core::Frame;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,10 +40,7 @@ use tokio::sync::mpsc::Receiver;
 const SERVICE: &str = "org.gnome.Mutter.RemoteDesktop";
 const ROOT: &str = "/org/gnome/Mutter/RemoteDesktop";
 const SESSION: &str = "org.gnome.Mutter.RemoteDesktop.Session";
-const CAST: &str = "org.gnome.Mutter.ScreenCast";
 const CAST_ROOT: &str = "/org/gnome/Mutter/ScreenCast";
-const CAST_SESSION: &str = "org.gnome.Mutter.ScreenCast.Session";
-const CAST_STREAM: &str = "org.gnome.Mutter.ScreenCast.Stream";
 
 /// A key pressed, as it was sent (its release goes the same way).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,47 +133,20 @@ pub(crate) fn open_gnome_input(
         .with_proxy(CAST, CAST_ROOT, CALL)
         .method_call(CAST, "CreateSession", (props,))
         .map_err(|e| fail(format!("ScreenCast.CreateSession: {}", dbus_text(&e))))?;
-    let monitor = c.monitor.clone().unwrap_or_default();
-    let (stream,): (dbus::Path<'static>,) = conn
-        .with_proxy(CAST, &cast, CALL)
-        .method_call(CAST_SESSION, "RecordMonitor", (monitor.as_str(), PropMap::new()))
-        .map_err(|e| {
-            unavailable(
-                endpoint,
-                &bus,
-                format!(
-                    "RecordMonitor({}): {}",
-                    if monitor.is_empty() { "the primary monitor" } else { &monitor },
-                    dbus_text(&e)
-                ),
-                "set monitor to one of the session's connectors (`gnome-monitor-config list`), or leave it out for the primary one",
-            )
-        })?;
-    let closed = Arc::new(AtomicBool::new(false));
-    let cl = Arc::clone(&closed);
-    conn.add_match(
-        MatchRule::new_signal(SESSION, "Closed").with_path(session.clone()),
-        move |(): (), _, _| {
-            cl.store(true, Ordering::Release);
-            true
-        },
-    )
-    .map_err(|e| fail(dbus_text(&e)))?;
+    let stream = record_monitor(
+        &conn,
+        endpoint,
+        &bus,
+        &cast,
+        c.monitor.as_deref(),
+        PropMap::new(),
+    )?;
+    let closed = watch_closed(&conn, SESSION, &session).map_err(|e| fail(dbus_text(&e)))?;
     conn.with_proxy(SERVICE, &session, CALL)
         .method_call::<(), _, _, _>(SESSION, "Start", ())
         .map_err(|e| fail(format!("Start: {}", dbus_text(&e))))?;
-    let params: PropMap = conn
-        .with_proxy(CAST, &stream, CALL)
-        .get(CAST_STREAM, "Parameters")
-        .map_err(|e| fail(format!("the monitor's size: {}", dbus_text(&e))))?;
-    let size = params
-        .get("size")
-        .and_then(|v| {
-            let mut it = v.0.as_iter()?;
-            Some((it.next()?.as_i64()?, it.next()?.as_i64()?))
-        })
-        .filter(|&(w, h)| w > 0 && h > 0)
-        .ok_or_else(|| fail("the screen cast's parameters have no size".into()))?;
+    let size =
+        monitor_size(&conn, &stream).map_err(|e| fail(format!("the monitor's size: {e}")))?;
     tracing::info!(endpoint, bus = %bus, width = size.0, height = size.1, "remote-desktop session ready");
     Ok(GnomeInput {
         endpoint,
