@@ -1285,16 +1285,22 @@ fn session_here(cfg: &Config) {
                 .join(", ")
         })
     };
-    // GNOME's screen cast is on the session bus, not a Wayland global.
+    // GNOME's screen cast and remote desktop are on the session bus, not Wayland globals.
     let gnome = || {
-        let probe = ndd_endpoint::SourceConfig::GnomeScreen(Default::default()).probe();
-        match probe {
-            Ok(()) => ", gnome-screen yes".to_string(),
+        use ndd_endpoint::SourceConfig as S;
+        let said = |what: &str, probe: Result<(), ndd_endpoint::EndpointError>| match probe {
+            Ok(()) => format!(", {what} yes"),
             Err(e) if e.to_string().contains("not a GNOME Wayland session") => {
-                ", gnome-screen no (not GNOME)".to_string()
+                format!(", {what} no (not GNOME)")
             }
-            Err(e) => format!(", gnome-screen no ({e})"),
+            Err(e) => format!(", {what} no ({e})"),
+        };
+        let screen = said("gnome-screen", S::GnomeScreen(Default::default()).probe());
+        if screen.ends_with("(not GNOME)") {
+            return screen;
         }
+        let remote = S::GnomeClipboard(Default::default()).probe();
+        screen + &said("gnome-input and gnome-clipboard", remote)
     };
     if let Some(d) = &wayland {
         match offer(d) {
@@ -1324,7 +1330,7 @@ fn session_here(cfg: &Config) {
     });
     if wayland.is_some() && uses_x11 {
         println!(
-            "note: this session runs Wayland: X11 endpoints reach only Xwayland programs here; on a wlroots compositor use wayland-screen, wayland-input and wayland-clipboard, on GNOME gnome-screen (docs/devices.md \"Wayland\")"
+            "note: this session runs Wayland: X11 endpoints reach only Xwayland programs here; on a wlroots compositor use wayland-screen, wayland-input and wayland-clipboard, on GNOME gnome-screen, gnome-input and gnome-clipboard (docs/devices.md \"Wayland\")"
         );
     }
 }

@@ -135,7 +135,34 @@ fn a_gnome_monitor_reaches_the_other_side_pixel_identical() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        said.contains("gnome-screen yes") && said.contains("wayland-screen no"),
+        said.contains("gnome-screen yes")
+            && said.contains("gnome-input and gnome-clipboard yes")
+            && said.contains("wayland-screen no"),
+        "{said}"
+    );
+    // A monitor the session does not have: `ndd check` says so, and names the session's.
+    let bad = dir.0.join("gnome-dp9.toml");
+    std::fs::write(
+        &bad,
+        std::fs::read_to_string(&cfg)
+            .unwrap()
+            .replace("max_fps = 30", "max_fps = 30, monitor = \"DP-9\""),
+    )
+    .unwrap();
+    let out = ndd()
+        .args(["check", "--side", "app"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("no monitor DP-9 in this GNOME session")
+            && said.contains("one of this session's: Meta-0"),
         "{said}"
     );
     let bars = rendered("smptebars", 200, 150);
@@ -242,6 +269,22 @@ fn a_gnome_screen_where_there_is_no_gnome_says_so() {
         said.contains("not a GNOME Wayland session") && said.contains("wayland-screen"),
         "{said}"
     );
+    // The clipboard the same way (mutter's remote-desktop API).
+    std::fs::write(
+        &cfg,
+        format!(
+            "driver = \"g\"\n[[stream]]\nname = \"clip\"\ndirection = \"app-to-device\"\n\
+             source = {{ type = \"gnome-clipboard\", bus = \"{bus}\" }}\n\
+             sink = {{ type = \"null\" }}\n"
+        ),
+    )
+    .unwrap();
+    let said = refused();
+    assert!(
+        said.contains("nobody on this bus offers org.gnome.Mutter.RemoteDesktop")
+            && said.contains("gnome-clipboard source"),
+        "{said}"
+    );
     // No bus at that address.
     write("unix:path=/nonexistent/bus");
     let said = refused();
@@ -255,7 +298,8 @@ fn a_gnome_screen_where_there_is_no_gnome_says_so() {
 /// examples/gnome-desktop.toml between a headless mutter (app side) and an Xvfb (device side),
 /// two ndd processes: the viewer window opens on the Xvfb showing mutter's monitor, a click and
 /// keys typed into it reach an unmodified `wev` on mutter, and with a German layout on the
-/// Xvfb what its keys type there arrives (mutter's layout is `us`).
+/// Xvfb what its keys type there arrives (mutter's layout is `us`); the clipboard goes both
+/// ways between `xclip` on the Xvfb and `wl-copy`/`wl-paste` on mutter.
 #[test]
 fn a_gnome_desktop_is_seen_and_used_from_an_x11_display() {
     if let Some(m) = missing(&[
@@ -271,6 +315,9 @@ fn a_gnome_desktop_is_seen_and_used_from_an_x11_display() {
         "xdotool",
         "xwininfo",
         "setxkbmap",
+        "xclip",
+        "wl-copy",
+        "wl-paste",
     ]) {
         println!("SKIPPED: needs {m}");
         return;
@@ -373,6 +420,145 @@ fn a_gnome_desktop_is_seen_and_used_from_an_x11_display() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // The clipboard both ways (the example's gnome-clipboard streams): text copied on the
+    // Xvfb pastes on mutter, text copied on mutter pastes on the Xvfb. (wl-copy and wl-paste
+    // need a keyboard on mutter's seat: the gnome-input sink's, since keys were typed.)
+    // (xclip -i stays in the background serving the selection: its output is not read.)
+    let on_x = |args: &[&str], input: Option<&str>| -> String {
+        let mut c = Command::new("xclip");
+        c.env("DISPLAY", &x.display)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(if input.is_some() {
+                Stdio::null()
+            } else {
+                Stdio::piped()
+            })
+            .stderr(Stdio::null());
+        let mut child = c.spawn().unwrap();
+        if let Some(text) = input {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(text.as_bytes())
+                .unwrap();
+        }
+        drop(child.stdin.take());
+        let out = child.wait_with_output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let on_mutter = |program: &str, args: &[&str]| -> String {
+        let out = mutter
+            .client("timeout")
+            .arg("5")
+            .arg(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let from_x = "copied on X11: grüße, 你好\nsecond line";
+    on_x(&["-selection", "clipboard", "-i"], Some(from_x));
+    let t0 = Instant::now();
+    loop {
+        let got = on_mutter("wl-paste", &["--no-newline"]);
+        if got == from_x {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "wl-paste on mutter gave {got:?}, not {from_x:?}\napp side: {}\ndevice side: {}",
+            app.stderr_now(),
+            dev.stderr_now()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    println!("X11 → GNOME clipboard in {:?}", t0.elapsed());
+    // (wl-copy stays, serving the selection, until another program takes it.)
+    let from_gnome = "copied on GNOME: ½ €";
+    let _copy = Killed(
+        mutter
+            .client("wl-copy")
+            .args(["--foreground", from_gnome])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let t0 = Instant::now();
+    loop {
+        let got = on_x(&["-selection", "clipboard", "-o"], None);
+        if got == from_gnome {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "xclip on the Xvfb gave {got:?}, not {from_gnome:?}\napp side: {}\ndevice side: {}",
+            app.stderr_now(),
+            dev.stderr_now()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    println!("GNOME → X11 clipboard in {:?}", t0.elapsed());
+    // What the sink installed is not sent back: the X11 side's clipboard stays the GNOME text,
+    // and mutter's the GNOME text too, a second later.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(on_mutter("wl-paste", &["--no-newline"]), from_gnome);
+    assert_eq!(on_x(&["-selection", "clipboard", "-o"], None), from_gnome);
+    // A PNG copied on the Xvfb pastes on mutter, byte for byte.
+    let png = dir.0.join("bars.png");
+    assert!(Command::new("ffmpeg")
+        .args([
+            "-loglevel",
+            "error",
+            "-f",
+            "lavfi",
+            "-i",
+            "smptebars=size=64x48"
+        ])
+        .args(["-frames:v", "1", "-y"])
+        .arg(&png)
+        .status()
+        .unwrap()
+        .success());
+    let png_bytes = std::fs::read(&png).unwrap();
+    assert!(Command::new("xclip")
+        .env("DISPLAY", &x.display)
+        .args(["-selection", "clipboard", "-t", "image/png", "-i"])
+        .arg(&png)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+        .success());
+    let t0 = Instant::now();
+    loop {
+        let got = mutter
+            .client("timeout")
+            .args(["5", "wl-paste", "--type", "image/png"])
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+            .unwrap()
+            .stdout;
+        if got == png_bytes {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "wl-paste --type image/png on mutter gave {} bytes, not the {} of the PNG\napp side: {}",
+            got.len(),
+            png_bytes.len(),
+            app.stderr_now()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    println!("X11 → GNOME PNG in {:?}", t0.elapsed());
     app.kill();
     dev.kill();
 }

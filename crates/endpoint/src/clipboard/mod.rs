@@ -19,11 +19,23 @@
 //! Both run as blocking tasks, like the other X endpoints.
 
 #[cfg(feature = "wayland")]
+mod gnome;
+#[cfg(feature = "wayland")]
+mod pipe;
+#[cfg(feature = "wayland")]
 mod wayland;
 
 #[cfg(not(feature = "wayland"))]
 pub(crate) use crate::common::no_wayland::{
+    probe_gnome_clipboard, spawn_gnome_clipboard_sink, spawn_gnome_clipboard_source,
+};
+#[cfg(not(feature = "wayland"))]
+pub(crate) use crate::common::no_wayland::{
     probe_wayland, spawn_wayland_clipboard_sink, spawn_wayland_clipboard_source,
+};
+#[cfg(feature = "wayland")]
+pub(crate) use gnome::{
+    probe as probe_gnome_clipboard, spawn_gnome_clipboard_sink, spawn_gnome_clipboard_source,
 };
 #[cfg(feature = "wayland")]
 pub(crate) use wayland::{
@@ -145,6 +157,31 @@ impl WaylandClipboardConfig {
     /// The selections, checked.
     pub fn parsed_selections(&self) -> Result<Vec<Selection>, String> {
         parse_selections(&self.selections)
+    }
+}
+
+/// `gnome-clipboard` parameters (source and sink).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GnomeClipboardConfig {
+    /// The GNOME session's D-Bus address; empty: `$DBUS_SESSION_BUS_ADDRESS`.
+    #[serde(default)]
+    pub bus: String,
+    /// Largest clipboard (all formats together) sent or accepted, in bytes.
+    #[serde(default = "default_max_bytes")]
+    pub max_bytes: u64,
+    /// Share PNG images too (text always).
+    #[serde(default = "yes")]
+    pub images: bool,
+}
+
+impl Default for GnomeClipboardConfig {
+    fn default() -> Self {
+        GnomeClipboardConfig {
+            bus: String::new(),
+            max_bytes: default_max_bytes(),
+            images: true,
+        }
     }
 }
 

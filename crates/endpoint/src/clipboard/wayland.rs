@@ -14,6 +14,7 @@
 //! **Loops**: the sink's offers carry the extra type [`OWN_MIME`]; a source ignores a
 //! selection offering it, so what a sink installed is never sent back.
 
+use super::pipe::{write_within, TEXT_TYPES, WRITERS, WRITE_WAIT};
 use super::{WaylandClipboardConfig, OWN_MIME, PNG, TEXT};
 use crate::common::delivered::Delivered;
 use crate::common::emitter::Emitter;
@@ -23,7 +24,7 @@ use crate::common::wayland::{ignore_events, pump, readable, unavailable, wayland
 use ndd_core::{Frame, RateLimit};
 use ndd_wire::clipboard::{Contents, Selection};
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -38,9 +39,6 @@ use wayland_protocols_wlr::data_control::v1::client::{
     zwlr_data_control_device_v1 as device_v1, zwlr_data_control_manager_v1 as manager_v1,
     zwlr_data_control_offer_v1 as offer_v1, zwlr_data_control_source_v1 as source_v1,
 };
-
-/// Text types, in the order a source prefers them.
-const TEXT_TYPES: [&str; 5] = [TEXT, "UTF8_STRING", "text/plain", "STRING", "TEXT"];
 
 /// How long the endpoints wait for the compositor at a time.
 const POLL: Duration = Duration::from_millis(20);
@@ -137,7 +135,7 @@ impl Dispatch<source_v1::ZwlrDataControlSourceV1, ()> for State {
                     // found by review).
                     if WRITING.fetch_add(1, Ordering::AcqRel) < WRITERS {
                         std::thread::spawn(move || {
-                            write_within(fd, &data, WRITE_WAIT);
+                            let _ = write_within(fd, &data, WRITE_WAIT);
                             WRITING.fetch_sub(1, Ordering::AcqRel);
                         });
                     } else {
@@ -157,46 +155,7 @@ impl Dispatch<source_v1::ZwlrDataControlSourceV1, ()> for State {
     }
 }
 
-/// Pastes being written at once, at most.
-const WRITERS: usize = 8;
-/// How long one paste may take to be read by the program that asked.
-const WRITE_WAIT: Duration = Duration::from_secs(10);
 static WRITING: AtomicUsize = AtomicUsize::new(0);
-
-/// Writes `data` to `fd` (a pipe a program reads), giving up after `wait`.
-fn write_within(fd: std::os::fd::OwnedFd, data: &[u8], wait: Duration) {
-    use rustix::event::{poll, PollFd, PollFlags, Timespec};
-    if rustix::fs::fcntl_setfl(&fd, rustix::fs::OFlags::NONBLOCK).is_err() {
-        return;
-    }
-    let mut f = std::fs::File::from(fd);
-    let t0 = Instant::now();
-    let mut at = 0;
-    while at < data.len() {
-        let left = wait.saturating_sub(t0.elapsed());
-        if left.is_zero() {
-            return;
-        }
-        let t = Timespec {
-            tv_sec: 0,
-            tv_nsec: left.min(Duration::from_millis(500)).as_nanos() as _,
-        };
-        let ready = {
-            let mut fds = [PollFd::new(&f, PollFlags::OUT)];
-            poll(&mut fds, Some(&t)).is_ok_and(|n| n > 0)
-        };
-        if !ready {
-            continue;
-        }
-        match f.write(&data[at..]) {
-            Ok(0) => return,
-            Ok(n) => at += n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => return,
-        }
-    }
-}
 
 /// One endpoint's connection: the queue, the manager and the seat's device.
 struct Session {

@@ -1,4 +1,5 @@
-//! What the GNOME endpoints share (`gnome-screen`, `gnome-input`): the session bus, and
+//! What the GNOME endpoints share (`gnome-screen`, `gnome-input`, `gnome-clipboard`): the
+//! session bus, and
 //! errors that say what is wrong with it.
 
 use crate::common::error::EndpointError;
@@ -14,6 +15,11 @@ use std::time::Duration;
 pub(crate) const CAST: &str = "org.gnome.Mutter.ScreenCast";
 pub(crate) const CAST_SESSION: &str = "org.gnome.Mutter.ScreenCast.Session";
 pub(crate) const CAST_STREAM: &str = "org.gnome.Mutter.ScreenCast.Stream";
+
+/// mutter's remote-desktop service, its root object and its session's interface.
+pub(crate) const REMOTE: &str = "org.gnome.Mutter.RemoteDesktop";
+pub(crate) const REMOTE_ROOT: &str = "/org/gnome/Mutter/RemoteDesktop";
+pub(crate) const REMOTE_SESSION: &str = "org.gnome.Mutter.RemoteDesktop.Session";
 
 /// Longest wait for a D-Bus answer.
 pub(crate) const CALL: Duration = Duration::from_secs(5);
@@ -79,6 +85,31 @@ pub(crate) fn not_gnome(endpoint: &'static str, bus: &str, service: &str) -> End
     )
 }
 
+/// Checks mutter's remote-desktop API answers on the bus at `bus` (for `ndd check`) without
+/// opening a session (that would show the person GNOME's sharing indicator); the bus's name
+/// and the connection.
+pub(crate) fn probe_remote_desktop(
+    endpoint: &'static str,
+    bus: &str,
+) -> Result<(String, Connection), EndpointError> {
+    let (bus, conn) = connect(endpoint, bus)?;
+    let r: Result<u32, _> = conn
+        .with_proxy(REMOTE, REMOTE_ROOT, CALL)
+        .get(REMOTE, "SupportedDeviceTypes");
+    match r {
+        Ok(_) => Ok((bus, conn)),
+        Err(e) if e.name() == Some("org.freedesktop.DBus.Error.ServiceUnknown") => {
+            Err(not_gnome(endpoint, &bus, REMOTE))
+        }
+        Err(e) => Err(unavailable(
+            endpoint,
+            &bus,
+            format!("mutter's remote-desktop API: {}", dbus_text(&e)),
+            "GNOME 40 or later on Wayland has it",
+        )),
+    }
+}
+
 /// A D-Bus error's name and words, escaped (they come from another program).
 pub(crate) fn dbus_text(e: &dbus::Error) -> String {
     let text = format!(
@@ -86,14 +117,82 @@ pub(crate) fn dbus_text(e: &dbus::Error) -> String {
         e.name().unwrap_or("D-Bus error"),
         e.message().unwrap_or("no reason given")
     );
-    text.chars()
-        .take(300)
+    escaped(&text, 300)
+}
+
+/// Text from another program, control characters blanked, at most `max` characters.
+fn escaped(s: &str, max: usize) -> String {
+    s.chars()
+        .take(max)
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect()
 }
 
+/// One display mode in mutter's `GetCurrentState`: id, size, refresh rate, preferred scale,
+/// supported scales, properties.
+type Mode = (String, i32, i32, f64, f64, Vec<f64>, PropMap);
+/// One monitor: (connector, vendor, product, serial), its modes, properties.
+type Monitor = ((String, String, String, String), Vec<Mode>, PropMap);
+/// One logical monitor: position, scale, transform, primary, its monitors, properties.
+type Logical = (
+    i32,
+    i32,
+    f64,
+    u32,
+    bool,
+    Vec<(String, String, String, String)>,
+    PropMap,
+);
+
+/// The connectors of the session's monitors (`DP-1`, `eDP-1`), from mutter's display
+/// configuration API.
+pub(crate) fn monitors(conn: &Connection) -> Result<Vec<String>, dbus::Error> {
+    let (_, list, _, _): (u32, Vec<Monitor>, Vec<Logical>, PropMap) = conn
+        .with_proxy(
+            "org.gnome.Mutter.DisplayConfig",
+            "/org/gnome/Mutter/DisplayConfig",
+            CALL,
+        )
+        .method_call("org.gnome.Mutter.DisplayConfig", "GetCurrentState", ())?;
+    Ok(list.into_iter().map(|(spec, _, _)| spec.0).collect())
+}
+
+/// The hint for a monitor the session does not have: its monitors, when mutter says them.
+fn monitor_hint(conn: &Connection) -> String {
+    match monitors(conn) {
+        Ok(list) if !list.is_empty() => format!(
+            "set monitor to one of this session's: {} (or leave it out for the primary one)",
+            list.iter()
+                .map(|m| escaped(m, 64))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        _ => "set monitor to one of the session's connectors (`gnome-monitor-config list`), or leave it out for the primary one".into(),
+    }
+}
+
+/// Checks the session has a monitor `monitor` (none: nothing to check), naming its monitors
+/// when not; a session whose display configuration cannot be read is not refused here.
+pub(crate) fn check_monitor(
+    conn: &Connection,
+    endpoint: &'static str,
+    bus: &str,
+    monitor: Option<&str>,
+) -> Result<(), EndpointError> {
+    let Some(m) = monitor else { return Ok(()) };
+    match monitors(conn) {
+        Ok(list) if !list.iter().any(|x| x == m) => Err(unavailable(
+            endpoint,
+            bus,
+            format!("no monitor {} in this GNOME session", escaped(m, 64)),
+            &monitor_hint(conn),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Asks screen-cast session `session` to record `monitor` (none: the primary one) with
-/// `props`; the stream's path. A monitor mutter does not know is said with what to do.
+/// `props`; the stream's path. A monitor mutter does not know is said with the session's.
 pub(crate) fn record_monitor(
     conn: &Connection,
     endpoint: &'static str,
@@ -112,10 +211,14 @@ pub(crate) fn record_monitor(
                 bus,
                 format!(
                     "RecordMonitor({}): {}",
-                    if monitor.is_empty() { "the primary monitor" } else { monitor },
+                    if monitor.is_empty() {
+                        "the primary monitor"
+                    } else {
+                        monitor
+                    },
                     dbus_text(&e)
                 ),
-                "set monitor to one of the session's connectors (`gnome-monitor-config list`), or leave it out for the primary one",
+                &monitor_hint(conn),
             )
         })?;
     Ok(stream)

@@ -5,7 +5,7 @@ use super::delivered::Delivered;
 use super::demand::Demand;
 use super::error::EndpointError;
 use super::report::{SinkTask, SourceTask};
-use crate::clipboard::WaylandClipboardConfig;
+use crate::clipboard::{GnomeClipboardConfig, WaylandClipboardConfig};
 use crate::display::{GnomeScreenConfig, WaylandScreenConfig, WaylandWindowConfig};
 use crate::input::{GnomeInputConfig, WaylandInputConfig};
 use ndd_core::Frame;
@@ -88,7 +88,7 @@ pub(crate) fn open_wayland_input(
     Err(off(endpoint))
 }
 
-pub(crate) fn open_gnome_input(
+pub(crate) fn probe_gnome_input(
     endpoint: &'static str,
     _: &GnomeInputConfig,
 ) -> Result<(), EndpointError> {
@@ -145,4 +145,31 @@ pub(crate) fn spawn_wayland_clipboard_sink(
 /// See the `wayland` feature's version: here, that it is not built in.
 pub fn wayland_session(_: &str) -> Result<Vec<(&'static str, &'static str, bool)>, String> {
     Err("this ndd was built without Wayland support".into())
+}
+
+pub(crate) fn probe_gnome_clipboard(
+    endpoint: &'static str,
+    _: &GnomeClipboardConfig,
+) -> Result<(), EndpointError> {
+    Err(off(endpoint))
+}
+
+pub(crate) fn spawn_gnome_clipboard_source(
+    _: &Handle,
+    endpoint: &'static str,
+    _: &GnomeClipboardConfig,
+    _: u16,
+    _: Sender<Frame>,
+) -> Result<SourceTask, EndpointError> {
+    Err(off(endpoint))
+}
+
+pub(crate) fn spawn_gnome_clipboard_sink(
+    _: &Handle,
+    endpoint: &'static str,
+    _: &GnomeClipboardConfig,
+    _: Receiver<Frame>,
+    _: Delivered,
+) -> Result<SinkTask, EndpointError> {
+    Err(off(endpoint))
 }

@@ -24,7 +24,8 @@ use crate::common::demand::Demand;
 use crate::common::emitter::Emitter;
 use crate::common::error::EndpointError;
 use crate::common::gnome::{
-    connect, dbus_text, monitor_size, not_gnome, record_monitor, unavailable, watch_closed, CALL,
+    check_monitor, connect, dbus_text, monitor_size, not_gnome, record_monitor, unavailable,
+    watch_closed, CALL,
 };
 use crate::common::report::{SourceReport, SourceTask};
 use dbus::arg::{PropMap, RefArg, Variant};
@@ -298,6 +299,7 @@ pub(crate) fn probe_gnome_screen(
     if !has {
         return Err(not_gnome(endpoint, &bus, SERVICE));
     }
+    check_monitor(&conn, endpoint, &bus, c.monitor.as_deref())?;
     gstreamer_here(endpoint)
 }
 

@@ -22,8 +22,8 @@ use super::sink::{run_injector, Injector};
 use crate::common::delivered::Delivered;
 use crate::common::error::EndpointError;
 use crate::common::gnome::{
-    connect, dbus_text, monitor_size, not_gnome, record_monitor, unavailable, watch_closed, CALL,
-    CAST,
+    check_monitor, connect, dbus_text, monitor_size, not_gnome, probe_remote_desktop,
+    record_monitor, unavailable, watch_closed, CALL, CAST, REMOTE, REMOTE_ROOT, REMOTE_SESSION,
 };
 use crate::common::report::SinkTask;
 use dbus::arg::{PropMap, RefArg, Variant};
@@ -37,9 +37,9 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::Receiver;
 
-const SERVICE: &str = "org.gnome.Mutter.RemoteDesktop";
-const ROOT: &str = "/org/gnome/Mutter/RemoteDesktop";
-const SESSION: &str = "org.gnome.Mutter.RemoteDesktop.Session";
+const SERVICE: &str = REMOTE;
+const ROOT: &str = REMOTE_ROOT;
+const SESSION: &str = REMOTE_SESSION;
 const CAST_ROOT: &str = "/org/gnome/Mutter/ScreenCast";
 
 /// A key pressed, as it was sent (its release goes the same way).
@@ -95,8 +95,18 @@ pub(crate) fn spawn_gnome_input_sink(
     Ok(rt.spawn_blocking(move || run_injector(endpoint, &mut g, rx, &delivered)))
 }
 
+/// Checks mutter's remote-desktop API answers and has the monitor (for `ndd check`), without
+/// opening a session.
+pub(crate) fn probe_gnome_input(
+    endpoint: &'static str,
+    c: &GnomeInputConfig,
+) -> Result<(), EndpointError> {
+    let (bus, conn) = probe_remote_desktop(endpoint, &c.bus)?;
+    check_monitor(&conn, endpoint, &bus, c.monitor.as_deref())
+}
+
 /// Opens a remote-desktop session with a screen cast of the monitor, and starts it.
-pub(crate) fn open_gnome_input(
+fn open_gnome_input(
     endpoint: &'static str,
     c: &GnomeInputConfig,
 ) -> Result<GnomeInput, EndpointError> {

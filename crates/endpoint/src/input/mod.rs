@@ -33,14 +33,14 @@ pub mod xkb;
 
 #[cfg(not(feature = "wayland"))]
 pub(crate) use crate::common::no_wayland::{
-    open_gnome_input, open_wayland_input, spawn_gnome_input_sink, spawn_wayland_input_sink,
+    open_wayland_input, probe_gnome_input, spawn_gnome_input_sink, spawn_wayland_input_sink,
 };
 pub use config::{
     EvdevConfig, GnomeInputConfig, UinputConfig, WaylandInputConfig, WaylandWindowInputConfig,
     X11InputConfig, X11Window, XtestConfig,
 };
 #[cfg(feature = "wayland")]
-pub(crate) use gnome::{open_gnome_input, spawn_gnome_input_sink};
+pub(crate) use gnome::{probe_gnome_input, spawn_gnome_input_sink};
 pub use record::*;
 pub(crate) use sink::{check_uinput, spawn_uinput_sink, spawn_xtest_sink, UINPUT_PATH};
 pub(crate) use source::{

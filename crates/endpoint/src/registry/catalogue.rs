@@ -59,6 +59,19 @@ const WAYLAND_CLIPBOARD_PARAMS: &[(&str, &str, &str, &str)] = &[
 
 const WAYLAND_CLIPBOARD: &str = "the clipboard (and primary selection) of a wlroots Wayland session through wlr-data-control: text and PNG images, the same records as x11-clipboard (an X11 side and a Wayland side share one clipboard)";
 
+const GNOME_CLIPBOARD_PARAMS: &[(&str, &str, &str, &str)] = &[
+    (
+        "bus",
+        "string",
+        "$DBUS_SESSION_BUS_ADDRESS",
+        "the GNOME session's D-Bus address, e.g. unix:path=/run/user/1000/bus",
+    ),
+    CLIPBOARD_PARAMS[2],
+    CLIPBOARD_PARAMS[3],
+];
+
+const GNOME_CLIPBOARD: &str = "the clipboard of a GNOME Wayland session through mutter's remote-desktop API: text and PNG images, the same records as x11-clipboard and wayland-clipboard (GNOME has no primary selection there)";
+
 /// Every source endpoint.
 pub const SOURCES: &[EndpointInfo] = &[
     EndpointInfo {
@@ -285,6 +298,11 @@ pub const SOURCES: &[EndpointInfo] = &[
             ("refresh_s", "float >= 0", "0", "a keyframe of the whole monitor every this many seconds; 0 = only the first"),
         ],
     },
+    EndpointInfo {
+        name: "gnome-clipboard",
+        summary: GNOME_CLIPBOARD,
+        params: GNOME_CLIPBOARD_PARAMS,
+    },
 ];
 
 /// Every sink endpoint.
@@ -455,5 +473,10 @@ pub const SINKS: &[EndpointInfo] = &[
             ("bus", "string", "$DBUS_SESSION_BUS_ADDRESS", "the GNOME session's D-Bus address, e.g. unix:path=/run/user/1000/bus"),
             ("monitor", "string", "the primary", "the monitor absolute pointer positions are on, by connector (DP-1, eDP-1)"),
         ],
+    },
+    EndpointInfo {
+        name: "gnome-clipboard",
+        summary: GNOME_CLIPBOARD,
+        params: GNOME_CLIPBOARD_PARAMS,
     },
 ];

@@ -95,6 +95,10 @@ fn catalogue_params_match_the_config_keys() {
         SourceConfig::X11Cursor(X11CursorSourceConfig::default()),
         SourceConfig::X11Clipboard(X11ClipboardConfig::default()),
         SourceConfig::WaylandClipboard(crate::clipboard::WaylandClipboardConfig::default()),
+        SourceConfig::GnomeClipboard(crate::clipboard::GnomeClipboardConfig {
+            bus: "unix:path=/run/user/1000/bus".into(),
+            ..Default::default()
+        }),
         SourceConfig::Rfc2217Server(parse("{ listen = \"127.0.0.1:2217\" }").unwrap()),
         SourceConfig::Rfc2217Client(parse("{ address = \"h:1\" }").unwrap()),
         SourceConfig::CameraSim(crate::camera::CameraSimConfig {
@@ -152,6 +156,7 @@ fn catalogue_params_match_the_config_keys() {
         SinkConfig::X11Cursor(X11CursorSinkConfig::default()),
         SinkConfig::X11Clipboard(X11ClipboardConfig::default()),
         SinkConfig::WaylandClipboard(crate::clipboard::WaylandClipboardConfig::default()),
+        SinkConfig::GnomeClipboard(crate::clipboard::GnomeClipboardConfig::default()),
         SinkConfig::Rfc2217Server(parse("{ listen = \"127.0.0.1:2217\" }").unwrap()),
         SinkConfig::Rfc2217Client(parse("{ address = \"h:1\" }").unwrap()),
         SinkConfig::Y4m(parse("{ path = \"/tmp/c.y4m\" }").unwrap()),

@@ -28,7 +28,7 @@ pub use catalogue::{EndpointInfo, REQUIRED, SINKS, SOURCES};
 use crate::audio::{PulseCaptureConfig, PulsePlaybackConfig};
 use crate::camera::{CameraSimConfig, V4l2Config, V4l2LoopbackConfig, Y4mConfig};
 use crate::check::{CheckConfig, NullConfig};
-use crate::clipboard::{WaylandClipboardConfig, X11ClipboardConfig};
+use crate::clipboard::{GnomeClipboardConfig, WaylandClipboardConfig, X11ClipboardConfig};
 use crate::common::delivered::Delivered;
 use crate::common::demand::Demand;
 use crate::common::error::EndpointError;
@@ -121,6 +121,9 @@ pub enum SourceConfig {
     /// The clipboard of a wlroots Wayland session (either side).
     #[serde(rename = "wayland-clipboard")]
     WaylandClipboard(WaylandClipboardConfig),
+    /// The clipboard of a GNOME (mutter) Wayland session (either side).
+    #[serde(rename = "gnome-clipboard")]
+    GnomeClipboard(GnomeClipboardConfig),
 }
 
 /// Where a stream's frames go.
@@ -179,6 +182,9 @@ pub enum SinkConfig {
     /// Keys and pointer typed into a GNOME Wayland session (app side).
     #[serde(rename = "gnome-input")]
     GnomeInput(GnomeInputConfig),
+    /// The clipboard of a GNOME (mutter) Wayland session (either side).
+    #[serde(rename = "gnome-clipboard")]
+    GnomeClipboard(GnomeClipboardConfig),
 }
 
 /// `x11-clipboard(display=:0, selections=CLIPBOARD+PRIMARY, max_bytes=8388608, images)`,
@@ -223,6 +229,19 @@ fn describe_wayland_clipboard(c: &WaylandClipboardConfig) -> String {
         &c.selections,
         c.max_bytes,
         c.images,
+    )
+}
+
+fn describe_gnome_clipboard(c: &GnomeClipboardConfig) -> String {
+    format!(
+        "gnome-clipboard(bus={}, max_bytes={}{})",
+        if c.bus.is_empty() {
+            "$DBUS_SESSION_BUS_ADDRESS"
+        } else {
+            c.bus.as_str()
+        },
+        c.max_bytes,
+        if c.images { ", images" } else { "" }
     )
 }
 
@@ -334,6 +353,7 @@ impl SourceConfig {
             | SourceConfig::X11Cursor(_)
             | SourceConfig::X11Clipboard(_)
             | SourceConfig::WaylandClipboard(_)
+            | SourceConfig::GnomeClipboard(_)
             | SourceConfig::WaylandWindowInput(_)
             | SourceConfig::Stdin(_)
             | SourceConfig::Serial(_)
@@ -372,6 +392,7 @@ impl SourceConfig {
             | SourceConfig::X11Cursor(_)
             | SourceConfig::X11Clipboard(_)
             | SourceConfig::WaylandClipboard(_)
+            | SourceConfig::GnomeClipboard(_)
             | SourceConfig::Rfc2217Server(_)
             | SourceConfig::Rfc2217Client(_) => true,
             // Sound is only worth hearing now.
@@ -407,6 +428,7 @@ impl SourceConfig {
             | SourceConfig::X11Cursor(_)
             | SourceConfig::X11Clipboard(_)
             | SourceConfig::WaylandClipboard(_)
+            | SourceConfig::GnomeClipboard(_)
             | SourceConfig::Rfc2217Server(_)
             | SourceConfig::Rfc2217Client(_)
             | SourceConfig::PulseCapture(_)
@@ -437,6 +459,7 @@ impl SourceConfig {
             SourceConfig::GnomeScreen(_) => &SOURCES[19],
             SourceConfig::WaylandClipboard(_) => &SOURCES[17],
             SourceConfig::WaylandWindowInput(_) => &SOURCES[18],
+            SourceConfig::GnomeClipboard(_) => &SOURCES[20],
         }
     }
 
@@ -462,6 +485,7 @@ impl SourceConfig {
             SourceConfig::WaylandScreen(_) => "wayland-screen source",
             SourceConfig::GnomeScreen(_) => "gnome-screen source",
             SourceConfig::WaylandClipboard(_) => "wayland-clipboard source",
+            SourceConfig::GnomeClipboard(_) => "gnome-clipboard source",
             SourceConfig::WaylandWindowInput(_) => "wayland-window-input source",
         }
     }
@@ -539,6 +563,7 @@ impl SourceConfig {
             SourceConfig::X11Cursor(c) => format!("x11-cursor(display={})", c.display),
             SourceConfig::X11Clipboard(c) => describe_x11_clipboard(c),
             SourceConfig::WaylandClipboard(c) => describe_wayland_clipboard(c),
+            SourceConfig::GnomeClipboard(c) => describe_gnome_clipboard(c),
             SourceConfig::WaylandWindowInput(c) => format!(
                 "wayland-window-input(display={})",
                 if c.display.is_empty() {
@@ -631,6 +656,7 @@ impl SourceConfig {
             SourceConfig::WaylandClipboard(c) => {
                 check_clipboard(endpoint, &c.selections, c.max_bytes)?
             }
+            SourceConfig::GnomeClipboard(c) => check_clipboard(endpoint, &[], c.max_bytes)?,
             SourceConfig::Serial(c) => check_settings(endpoint, &c.settings())?,
             SourceConfig::Pty(c) => check_pty(endpoint, c)?,
             SourceConfig::Rfc2217Server(c) => check_rfc2217_server(endpoint, c)?,
@@ -717,6 +743,9 @@ impl SourceConfig {
             SourceConfig::WaylandClipboard(c) => {
                 clipboard::spawn_wayland_clipboard_source(&rt, endpoint, c, stream, tx)
             }
+            SourceConfig::GnomeClipboard(c) => {
+                clipboard::spawn_gnome_clipboard_source(&rt, endpoint, c, stream, tx)
+            }
             SourceConfig::WaylandWindowInput(c) => {
                 input::spawn_wayland_window_input_source(&rt, endpoint, c, stream, tx)
             }
@@ -770,6 +799,7 @@ impl SinkConfig {
             | SinkConfig::PulsePlayback(_)
             | SinkConfig::WaylandInput(_)
             | SinkConfig::GnomeInput(_)
+            | SinkConfig::GnomeClipboard(_)
             | SinkConfig::WaylandWindow(_) => vec![],
             SinkConfig::Y4m(c) => vec![&mut c.path],
             SinkConfig::V4l2loopback(c) => vec![&mut c.path],
@@ -800,6 +830,7 @@ impl SinkConfig {
             SinkConfig::WaylandClipboard(_) => &SINKS[18],
             SinkConfig::WaylandWindow(_) => &SINKS[19],
             SinkConfig::GnomeInput(_) => &SINKS[20],
+            SinkConfig::GnomeClipboard(_) => &SINKS[21],
         }
     }
 
@@ -817,6 +848,7 @@ impl SinkConfig {
             SinkConfig::WaylandInput(_) => "wayland-input sink",
             SinkConfig::GnomeInput(_) => "gnome-input sink",
             SinkConfig::WaylandClipboard(_) => "wayland-clipboard sink",
+            SinkConfig::GnomeClipboard(_) => "gnome-clipboard sink",
             SinkConfig::WaylandWindow(_) => "wayland-window sink",
             SinkConfig::X11Window(_) => "x11-window sink",
             SinkConfig::X11Cursor(_) => "x11-cursor sink",
@@ -891,6 +923,7 @@ impl SinkConfig {
             SinkConfig::X11Cursor(c) => format!("x11-cursor(display={})", c.display),
             SinkConfig::X11Clipboard(c) => describe_x11_clipboard(c),
             SinkConfig::WaylandClipboard(c) => describe_wayland_clipboard(c),
+            SinkConfig::GnomeClipboard(c) => describe_gnome_clipboard(c),
             SinkConfig::Rfc2217Server(c) => describe_rfc2217_server(c),
             SinkConfig::Rfc2217Client(c) => describe_rfc2217_client(c),
             SinkConfig::PulsePlayback(c) => {
@@ -953,6 +986,7 @@ impl SinkConfig {
             SinkConfig::WaylandClipboard(c) => {
                 check_clipboard(endpoint, &c.selections, c.max_bytes)
             }
+            SinkConfig::GnomeClipboard(c) => check_clipboard(endpoint, &[], c.max_bytes),
             SinkConfig::Rfc2217Server(c) => check_rfc2217_server(endpoint, c),
             SinkConfig::Rfc2217Client(c) => check_rfc2217_client(endpoint, c),
             SinkConfig::PulsePlayback(c) => {
@@ -1032,6 +1066,9 @@ impl SinkConfig {
             }
             SinkConfig::WaylandClipboard(c) => {
                 clipboard::spawn_wayland_clipboard_sink(&rt, endpoint, c, rx, delivered)
+            }
+            SinkConfig::GnomeClipboard(c) => {
+                clipboard::spawn_gnome_clipboard_sink(&rt, endpoint, c, rx, delivered)
             }
             SinkConfig::X11Window(c) => {
                 display::spawn_x11_window_sink(&rt, endpoint, c, rx, delivered)

@@ -134,6 +134,7 @@ impl SourceConfig {
             SourceConfig::X11Cursor(c) => display(endpoint, &c.display),
             SourceConfig::X11Clipboard(c) => display(endpoint, &c.display),
             SourceConfig::WaylandClipboard(c) => crate::clipboard::probe_wayland(endpoint, c),
+            SourceConfig::GnomeClipboard(c) => crate::clipboard::probe_gnome_clipboard(endpoint, c),
             // The viewer it reads is another endpoint of this process: nothing to probe.
             SourceConfig::WaylandWindowInput(_) => Ok(()),
             SourceConfig::Rfc2217Server(c) => listenable(endpoint, &c.listen),
@@ -163,12 +164,13 @@ impl SinkConfig {
             }
             SinkConfig::Xtest(c) => display(endpoint, &c.display),
             SinkConfig::WaylandInput(c) => crate::input::open_wayland_input(endpoint, c).map(drop),
-            SinkConfig::GnomeInput(c) => crate::input::open_gnome_input(endpoint, c).map(drop),
+            SinkConfig::GnomeInput(c) => crate::input::probe_gnome_input(endpoint, c),
             SinkConfig::X11Window(c) => display(endpoint, &c.display),
             SinkConfig::WaylandWindow(c) => crate::display::probe_wayland_window(endpoint, c),
             SinkConfig::X11Cursor(c) => display(endpoint, &c.display),
             SinkConfig::X11Clipboard(c) => display(endpoint, &c.display),
             SinkConfig::WaylandClipboard(c) => crate::clipboard::probe_wayland(endpoint, c),
+            SinkConfig::GnomeClipboard(c) => crate::clipboard::probe_gnome_clipboard(endpoint, c),
             SinkConfig::Rfc2217Server(c) => listenable(endpoint, &c.listen),
             SinkConfig::Rfc2217Client(_) => Ok(()),
             SinkConfig::PulsePlayback(c) => pulse(endpoint, &c.server),
