@@ -449,35 +449,43 @@ fn a_gnome_desktop_is_seen_and_used_from_an_x11_display() {
         let out = child.wait_with_output().unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    let on_mutter = |program: &str, args: &[&str]| -> String {
-        let out = mutter
+    // What `wl-paste args…` gives on mutter.
+    let pasted = |args: &[&str]| -> Vec<u8> {
+        mutter
             .client("timeout")
-            .arg("5")
-            .arg(program)
+            .args(["5", "wl-paste"])
             .args(args)
             .stdin(Stdio::null())
             .stderr(Stdio::null())
             .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
+            .unwrap()
+            .stdout
+    };
+    // Until `got()` is `want` (20 s at most): how long it took.
+    let until = |what: &str, want: &[u8], got: &dyn Fn() -> Vec<u8>| -> Duration {
+        let t0 = Instant::now();
+        loop {
+            let g = got();
+            if g == want {
+                return t0.elapsed();
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "{what}: got {:?}, not {:?}\napp side: {}\ndevice side: {}",
+                String::from_utf8_lossy(&g[..g.len().min(200)]),
+                String::from_utf8_lossy(&want[..want.len().min(200)]),
+                app.stderr_now(),
+                dev.stderr_now()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
     };
     let from_x = "copied on X11: grüße, 你好\nsecond line";
     on_x(&["-selection", "clipboard", "-i"], Some(from_x));
-    let t0 = Instant::now();
-    loop {
-        let got = on_mutter("wl-paste", &["--no-newline"]);
-        if got == from_x {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "wl-paste on mutter gave {got:?}, not {from_x:?}\napp side: {}\ndevice side: {}",
-            app.stderr_now(),
-            dev.stderr_now()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    println!("X11 → GNOME clipboard in {:?}", t0.elapsed());
+    let took = until("wl-paste on mutter", from_x.as_bytes(), &|| {
+        pasted(&["--no-newline"])
+    });
+    println!("X11 → GNOME clipboard in {took:?}");
     // (wl-copy stays, serving the selection, until another program takes it.)
     let from_gnome = "copied on GNOME: ½ €";
     let _copy = Killed(
@@ -490,38 +498,19 @@ fn a_gnome_desktop_is_seen_and_used_from_an_x11_display() {
             .spawn()
             .unwrap(),
     );
-    let t0 = Instant::now();
-    loop {
-        let got = on_x(&["-selection", "clipboard", "-o"], None);
-        if got == from_gnome {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "xclip on the Xvfb gave {got:?}, not {from_gnome:?}\napp side: {}\ndevice side: {}",
-            app.stderr_now(),
-            dev.stderr_now()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    println!("GNOME → X11 clipboard in {:?}", t0.elapsed());
+    let copied_on_x = || on_x(&["-selection", "clipboard", "-o"], None).into_bytes();
+    let took = until("xclip -o on the Xvfb", from_gnome.as_bytes(), &copied_on_x);
+    println!("GNOME → X11 clipboard in {took:?}");
     // What the sink installed is not sent back: the X11 side's clipboard stays the GNOME text,
     // and mutter's the GNOME text too, a second later.
     std::thread::sleep(Duration::from_secs(1));
-    assert_eq!(on_mutter("wl-paste", &["--no-newline"]), from_gnome);
-    assert_eq!(on_x(&["-selection", "clipboard", "-o"], None), from_gnome);
+    assert_eq!(pasted(&["--no-newline"]), from_gnome.as_bytes());
+    assert_eq!(copied_on_x(), from_gnome.as_bytes());
     // A PNG copied on the Xvfb pastes on mutter, byte for byte.
     let png = dir.0.join("bars.png");
     assert!(Command::new("ffmpeg")
-        .args([
-            "-loglevel",
-            "error",
-            "-f",
-            "lavfi",
-            "-i",
-            "smptebars=size=64x48"
-        ])
-        .args(["-frames:v", "1", "-y"])
+        .args(["-loglevel", "error", "-f", "lavfi", "-i"])
+        .args(["smptebars=size=64x48", "-frames:v", "1", "-y"])
         .arg(&png)
         .status()
         .unwrap()
@@ -536,29 +525,10 @@ fn a_gnome_desktop_is_seen_and_used_from_an_x11_display() {
         .status()
         .unwrap()
         .success());
-    let t0 = Instant::now();
-    loop {
-        let got = mutter
-            .client("timeout")
-            .args(["5", "wl-paste", "--type", "image/png"])
-            .stdin(Stdio::null())
-            .stderr(Stdio::null())
-            .output()
-            .unwrap()
-            .stdout;
-        if got == png_bytes {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "wl-paste --type image/png on mutter gave {} bytes, not the {} of the PNG\napp side: {}",
-            got.len(),
-            png_bytes.len(),
-            app.stderr_now()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    println!("X11 → GNOME PNG in {:?}", t0.elapsed());
+    let took = until("wl-paste --type image/png on mutter", &png_bytes, &|| {
+        pasted(&["--type", "image/png"])
+    });
+    println!("X11 → GNOME PNG in {took:?}");
     app.kill();
     dev.kill();
 }

@@ -18,14 +18,14 @@
 //! **Loops**: the sink's selection carries the extra type [`OWN_MIME`]; a source ignores an
 //! owner offering it (or its own session), so what a sink installed is never sent back.
 
-use super::pipe::{read_within, write_within, TEXT_TYPES, WRITERS, WRITE_WAIT};
+use super::pipe::{read_formats, read_within, write_within, TEXT_TYPES, WRITERS, WRITE_WAIT};
 use super::{GnomeClipboardConfig, OWN_MIME, PNG, TEXT};
 use crate::common::delivered::Delivered;
 use crate::common::emitter::Emitter;
 use crate::common::error::EndpointError;
 use crate::common::gnome::{
-    connect, dbus_text, not_gnome, probe_remote_desktop, unavailable, watch_closed, CALL, REMOTE,
-    REMOTE_ROOT, REMOTE_SESSION,
+    connect, create_remote_session, dbus_text, probe_remote_desktop, unavailable, watch_closed,
+    CALL, REMOTE, REMOTE_SESSION,
 };
 use crate::common::report::{SinkReport, SinkTask, SourceReport, SourceTask};
 use dbus::arg::{prop_cast, PropMap, RefArg, Variant};
@@ -115,16 +115,7 @@ fn open(endpoint: &'static str, c: &GnomeClipboardConfig) -> Result<GnomeClipboa
             "mutter refused the remote-desktop session's clipboard (GNOME 40 or later on Wayland has it)",
         )
     };
-    let (session,): (dbus::Path<'static>,) = conn
-        .with_proxy(REMOTE, REMOTE_ROOT, CALL)
-        .method_call(REMOTE, "CreateSession", ())
-        .map_err(|e| {
-            if e.name() == Some("org.freedesktop.DBus.Error.ServiceUnknown") {
-                not_gnome(endpoint, &bus, REMOTE)
-            } else {
-                fail(format!("CreateSession: {}", dbus_text(&e)))
-            }
-        })?;
+    let session = create_remote_session(&conn, endpoint, &bus, &fail)?;
     let closed = watch_closed(&conn, REMOTE_SESSION, &session).map_err(|e| fail(dbus_text(&e)))?;
     let heard = Arc::new(Mutex::new(Heard::default()));
     let h = Arc::clone(&heard);
@@ -272,19 +263,8 @@ fn run_source(
                     formats: Vec::new(),
                 })
             } else {
-                let mut formats = Vec::new();
-                let mut room = g.max_bytes;
-                if let Some(t) = TEXT_TYPES.iter().find(|t| types.iter().any(|x| x == *t)) {
-                    if let Some(d) = g.read(t, room)? {
-                        room = room.saturating_sub(d.len() as u64);
-                        formats.push((TEXT.to_string(), d));
-                    }
-                }
-                if g.images && types.iter().any(|t| t == PNG) {
-                    if let Some(d) = g.read(PNG, room)? {
-                        formats.push((PNG.to_string(), d));
-                    }
-                }
+                let formats =
+                    read_formats(&types, g.images, g.max_bytes, |t, room| g.read(t, room))?;
                 if formats.is_empty() {
                     if let Some(suppressed) = skipped.admit(Instant::now()) {
                         tracing::warn!(endpoint = g.endpoint, suppressed, "clipboard not sent: no text or PNG handed over in time, or larger than max_bytes");

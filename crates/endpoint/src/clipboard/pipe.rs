@@ -1,7 +1,7 @@
 //! What the Wayland clipboards (`wayland-clipboard`, `gnome-clipboard`) share: the text types
 //! they read and offer, and the pipes pasted data goes through.
 
-use super::TEXT;
+use super::{PNG, TEXT};
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
@@ -13,6 +13,32 @@ pub(super) const TEXT_TYPES: [&str; 5] = [TEXT, "UTF8_STRING", "text/plain", "ST
 pub(super) const WRITERS: usize = 8;
 /// How long one paste may take to be read by the program that asked.
 pub(super) const WRITE_WAIT: Duration = Duration::from_secs(10);
+
+/// The formats a clipboard offering `types` is sent with: its text (the first of
+/// [`TEXT_TYPES`] it offers, as UTF-8) and, with `images`, its PNG, each read by `read(type,
+/// bytes left)` (`None`: not handed over in time, or past the bytes left), at most
+/// `max_bytes` together.
+pub(super) fn read_formats<E>(
+    types: &[String],
+    images: bool,
+    max_bytes: u64,
+    mut read: impl FnMut(&str, u64) -> Result<Option<Vec<u8>>, E>,
+) -> Result<Vec<(String, Vec<u8>)>, E> {
+    let mut formats = Vec::new();
+    let mut room = max_bytes;
+    if let Some(t) = TEXT_TYPES.iter().find(|t| types.iter().any(|x| x == *t)) {
+        if let Some(d) = read(t, room)? {
+            room = room.saturating_sub(d.len() as u64);
+            formats.push((TEXT.to_string(), d));
+        }
+    }
+    if images && types.iter().any(|t| t == PNG) {
+        if let Some(d) = read(PNG, room)? {
+            formats.push((PNG.to_string(), d));
+        }
+    }
+    Ok(formats)
+}
 
 /// Waits up to `left` (at most 0.5 s) for `f` to be ready for `flags`.
 fn ready(f: &std::fs::File, flags: rustix::event::PollFlags, left: Duration) -> bool {

@@ -14,7 +14,7 @@
 //! **Loops**: the sink's offers carry the extra type [`OWN_MIME`]; a source ignores a
 //! selection offering it, so what a sink installed is never sent back.
 
-use super::pipe::{write_within, TEXT_TYPES, WRITERS, WRITE_WAIT};
+use super::pipe::{read_formats, write_within, TEXT_TYPES, WRITERS, WRITE_WAIT};
 use super::{WaylandClipboardConfig, OWN_MIME, PNG, TEXT};
 use crate::common::delivered::Delivered;
 use crate::common::emitter::Emitter;
@@ -348,20 +348,10 @@ fn run_source(
                 // What a sink installed: never sent back.
                 None
             } else {
-                let mut formats = Vec::new();
-                let mut room = s.max_bytes;
                 let o = offer.as_ref().expect("an offer");
-                if let Some(t) = TEXT_TYPES.iter().find(|t| types.iter().any(|x| x == *t)) {
-                    if let Some(d) = s.receive(o, t, room)? {
-                        room = room.saturating_sub(d.len() as u64);
-                        formats.push((TEXT.to_string(), d));
-                    }
-                }
-                if s.images && types.iter().any(|t| t == PNG) {
-                    if let Some(d) = s.receive(o, PNG, room)? {
-                        formats.push((PNG.to_string(), d));
-                    }
-                }
+                let (images, max_bytes) = (s.images, s.max_bytes);
+                let formats =
+                    read_formats(&types, images, max_bytes, |t, room| s.receive(o, t, room))?;
                 if formats.is_empty() {
                     if let Some(suppressed) = skipped.admit(Instant::now()) {
                         tracing::warn!(endpoint = s.endpoint, selection = %sel, suppressed, "selection not sent: no text or PNG handed over in time, or larger than max_bytes");

@@ -85,6 +85,26 @@ pub(crate) fn not_gnome(endpoint: &'static str, bus: &str, service: &str) -> End
     )
 }
 
+/// A new remote-desktop session of mutter's (not started); `fail` words a refusal.
+pub(crate) fn create_remote_session(
+    conn: &Connection,
+    endpoint: &'static str,
+    bus: &str,
+    fail: &dyn Fn(String) -> EndpointError,
+) -> Result<dbus::Path<'static>, EndpointError> {
+    let (session,): (dbus::Path<'static>,) = conn
+        .with_proxy(REMOTE, REMOTE_ROOT, CALL)
+        .method_call(REMOTE, "CreateSession", ())
+        .map_err(|e| {
+            if e.name() == Some("org.freedesktop.DBus.Error.ServiceUnknown") {
+                not_gnome(endpoint, bus, REMOTE)
+            } else {
+                fail(format!("CreateSession: {}", dbus_text(&e)))
+            }
+        })?;
+    Ok(session)
+}
+
 /// Checks mutter's remote-desktop API answers on the bus at `bus` (for `ndd check`) without
 /// opening a session (that would show the person GNOME's sharing indicator); the bus's name
 /// and the connection.

@@ -22,8 +22,8 @@ use super::sink::{run_injector, Injector};
 use crate::common::delivered::Delivered;
 use crate::common::error::EndpointError;
 use crate::common::gnome::{
-    check_monitor, connect, dbus_text, monitor_size, not_gnome, probe_remote_desktop,
-    record_monitor, unavailable, watch_closed, CALL, CAST, REMOTE, REMOTE_ROOT, REMOTE_SESSION,
+    check_monitor, connect, create_remote_session, dbus_text, monitor_size, probe_remote_desktop,
+    record_monitor, unavailable, watch_closed, CALL, CAST, REMOTE, REMOTE_SESSION,
 };
 use crate::common::report::SinkTask;
 use dbus::arg::{PropMap, RefArg, Variant};
@@ -38,7 +38,6 @@ use tokio::runtime::Handle;
 use tokio::sync::mpsc::Receiver;
 
 const SERVICE: &str = REMOTE;
-const ROOT: &str = REMOTE_ROOT;
 const SESSION: &str = REMOTE_SESSION;
 const CAST_ROOT: &str = "/org/gnome/Mutter/ScreenCast";
 
@@ -119,16 +118,7 @@ fn open_gnome_input(
             "mutter refused the remote-desktop session (is this GNOME 40 or later on Wayland?)",
         )
     };
-    let (session,): (dbus::Path<'static>,) = conn
-        .with_proxy(SERVICE, ROOT, CALL)
-        .method_call(SERVICE, "CreateSession", ())
-        .map_err(|e| {
-            if e.name() == Some("org.freedesktop.DBus.Error.ServiceUnknown") {
-                not_gnome(endpoint, &bus, SERVICE)
-            } else {
-                fail(format!("CreateSession: {}", dbus_text(&e)))
-            }
-        })?;
+    let session = create_remote_session(&conn, endpoint, &bus, &fail)?;
     let id: String = conn
         .with_proxy(SERVICE, &session, CALL)
         .get(SESSION, "SessionId")
