@@ -422,6 +422,7 @@ fn run_sink(
                 Ok((fd,)) => fd,
                 Err(e) => {
                     tracing::debug!(endpoint = g.endpoint, serial, error = %dbus_text(&e), "SelectionWrite refused");
+                    say_done(serial, false);
                     continue;
                 }
             };

@@ -41,14 +41,12 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::Sender;
 
+use super::pacer::{CapturePacer, Pace};
 use crate::common::gnome::{CAST as SERVICE, CAST_SESSION as SESSION, CAST_STREAM as STREAM};
 const ROOT: &str = "/org/gnome/Mutter/ScreenCast";
 
 /// Longest wait for a frame in one go.
 const POLL: Duration = Duration::from_millis(100);
-
-/// How often a source with a capture due looks whether the path takes an update.
-const SPOIL_POLL: Duration = Duration::from_millis(2);
 
 /// How often the monitor's size is read again.
 const SIZE_EVERY: Duration = Duration::from_secs(1);
@@ -452,9 +450,7 @@ fn run_gnome_screen(
         )
     };
     let mut em = Emitter::new(stream, tx);
-    let mut keyframe_due = true;
-    let mut next_capture = Instant::now();
-    let mut last_keyframe = Instant::now();
+    let mut pace = CapturePacer::new(s.min_gap, s.refresh, Instant::now());
     let mut next_size = Instant::now() + SIZE_EVERY;
     // The picture the other side has (what the next update is compared with).
     let mut shown: Option<Vec<u8>> = None;
@@ -485,28 +481,23 @@ fn run_gnome_screen(
                 s.pipeline = Pipeline::start(s.cast.node, size, &s.pipewire)
                     .map_err(|e| fatal(format!("cannot start gst-launch-1.0 again: {e}")))?;
                 shown = None;
-                keyframe_due = true;
+                pace.keyframe();
             }
         }
-        if s.refresh.is_some_and(|r| now >= last_keyframe + r) {
-            keyframe_due = true;
-        }
         if demand.as_ref().is_some_and(Demand::take_keyframe) {
-            keyframe_due = true;
+            pace.keyframe();
         }
         let path_free = match &demand {
             Some(d) => d.wanted(),
             None => em.tx.capacity() == em.tx.max_capacity(),
         };
-        if !path_free || now < next_capture {
-            let wait = if path_free {
-                next_capture.saturating_duration_since(now)
-            } else {
-                SPOIL_POLL
-            };
-            std::thread::sleep(wait.clamp(Duration::from_millis(1), POLL));
-            continue;
-        }
+        let keyframe_due = match pace.poll(now, path_free) {
+            Pace::Capture { whole } => whole,
+            Pace::Wait(wait) => {
+                std::thread::sleep(wait.clamp(Duration::from_millis(1), POLL));
+                continue;
+            }
+        };
         // A keyframe of the picture shown when the screen is still; otherwise the newest.
         let cur = match s.pipeline.next(if keyframe_due && shown.is_some() {
             Duration::ZERO
@@ -540,11 +531,7 @@ fn run_gnome_screen(
         if let Some(d) = &demand {
             d.take();
         }
-        if whole {
-            keyframe_due = false;
-            last_keyframe = Instant::now();
-        }
-        next_capture = Instant::now() + s.min_gap.mul_f64(0.8);
+        pace.captured(Instant::now(), whole);
         let sent = super::source::send_update(
             &mut em,
             (w as u16, h as u16),

@@ -24,12 +24,15 @@
 //! `x11.rs` (what the source and sinks share: screen format, MIT-SHM, the viewer
 //! registry), `source.rs` and `sink.rs` (the tasks), `scale.rs` (the viewer's scaling, pure),
 //! `wayland.rs` (the `wayland-screen` source: wlr-screencopy on wlroots compositors),
-//! `gnome.rs` (the `gnome-screen` source: mutter's screen-cast API and its PipeWire stream).
+//! `gnome.rs` (the `gnome-screen` source: mutter's screen-cast API and its PipeWire stream),
+//! `pacer.rs` (when those two capture: sans-IO).
 
 mod config;
 mod cursor;
 #[cfg(feature = "wayland")]
 mod gnome;
+#[cfg(feature = "wayland")]
+mod pacer;
 pub mod scale;
 mod sink;
 mod source;

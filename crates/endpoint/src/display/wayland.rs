@@ -14,6 +14,7 @@
 //! notices within that time that its receiver is gone, or that a keyframe is due.
 
 use super::config::WaylandScreenConfig;
+use super::pacer::{CapturePacer, Pace};
 use crate::common::clock::pacing;
 use crate::common::demand::Demand;
 use crate::common::emitter::Emitter;
@@ -34,9 +35,6 @@ use wayland_protocols_wlr::screencopy::v1::client::{
 
 /// Longest wait for the compositor in one go.
 const POLL: Duration = Duration::from_millis(100);
-
-/// How often a source with a capture due looks whether the path takes an update.
-const SPOIL_POLL: Duration = Duration::from_millis(2);
 
 /// Most rects one capture sends after damage coalescing.
 const MAX_RECTS: usize = 32;
@@ -488,36 +486,29 @@ fn run_wayland_screen(
         )
     };
     let mut em = Emitter::new(stream, tx);
-    let mut keyframe_due = true;
-    let mut next_capture = Instant::now();
-    let mut last_keyframe = Instant::now();
+    let mut pace = CapturePacer::new(s.min_gap, s.refresh, Instant::now());
     let mut failures = 0u32;
     loop {
         if em.tx.is_closed() {
             break;
         }
         let now = Instant::now();
-        if s.refresh.is_some_and(|r| now >= last_keyframe + r) {
-            keyframe_due = true;
-        }
         if demand.as_ref().is_some_and(Demand::take_keyframe) {
-            keyframe_due = true;
+            pace.keyframe();
         }
         let path_free = match &demand {
             Some(d) => d.wanted(),
             None => em.tx.capacity() == em.tx.max_capacity(),
         };
-        if !path_free || now < next_capture {
-            let wait = if path_free {
-                next_capture.saturating_duration_since(now)
-            } else {
-                SPOIL_POLL
-            };
-            // Keep the connection serviced (pings, output changes) while waiting.
-            s.pump(wait.clamp(Duration::from_millis(1), POLL))
-                .map_err(|e| fatal(e.text()))?;
-            continue;
-        }
+        let keyframe_due = match pace.poll(now, path_free) {
+            Pace::Capture { whole } => whole,
+            Pace::Wait(wait) => {
+                // Keep the connection serviced (pings, output changes) while waiting.
+                s.pump(wait.clamp(Duration::from_millis(1), POLL))
+                    .map_err(|e| fatal(e.text()))?;
+                continue;
+            }
+        };
         let frame = match s.start() {
             Ok(f) => f,
             Err(Fail::Conn(e)) => return Err(fatal(e)),
@@ -526,8 +517,8 @@ fn run_wayland_screen(
                 if failures > 50 {
                     return Err(fatal(e));
                 }
-                keyframe_due = true;
-                next_capture = Instant::now() + Duration::from_millis(100);
+                pace.keyframe();
+                pace.retry_after(Instant::now(), Duration::from_millis(100));
                 continue;
             }
         };
@@ -544,14 +535,11 @@ fn run_wayland_screen(
         let whole = keyframe_due || new_buffer;
         // While the compositor waits for damage: the receiver may go, the peer may ask for a
         // keyframe, the refresh may come due (the copy is given up, a keyframe taken next).
-        let (refresh, since) = (s.refresh, last_keyframe);
         let mut interrupt = || {
             if demand.as_ref().is_some_and(Demand::take_keyframe) {
-                keyframe_due = true;
+                pace.keyframe();
             }
-            em.tx.is_closed()
-                || (!whole && keyframe_due)
-                || (!whole && refresh.is_some_and(|r| since.elapsed() >= r))
+            em.tx.is_closed() || (!whole && pace.keyframe_due(Instant::now()))
         };
         let copied = s.copy(&frame, whole, &mut interrupt);
         frame.destroy();
@@ -565,7 +553,7 @@ fn run_wayland_screen(
                     return Err(fatal(e));
                 }
                 tracing::debug!(endpoint, error = %e, "capture failed; a keyframe next");
-                keyframe_due = true;
+                pace.keyframe();
                 continue;
             }
         };
@@ -573,11 +561,7 @@ fn run_wayland_screen(
         if let Some(d) = &demand {
             d.take();
         }
-        if whole {
-            keyframe_due = false;
-            last_keyframe = Instant::now();
-        }
-        next_capture = Instant::now() + s.min_gap.mul_f64(0.8);
+        pace.captured(Instant::now(), whole);
         if !send_update(&s, &mut em, &rects, whole).map_err(fatal)? {
             break;
         }
