@@ -1247,8 +1247,9 @@ fn check_trust(dir: &Path) -> Result<()> {
 
 /// What desktop session this machine runs, for `ndd check --side`: the Wayland compositor's
 /// offer (each Wayland endpoint and the protocol it needs) and the X display, and a hint when
-/// the file uses X11 endpoints in a Wayland session (they reach only Xwayland programs there).
-fn session_here(cfg: &Config) {
+/// the file uses X11 endpoints on `side` in a Wayland session (they reach only Xwayland
+/// programs there).
+fn session_here(cfg: &Config, side: SideName) {
     let wayland = std::env::var("WAYLAND_DISPLAY")
         .ok()
         .filter(|d| !d.is_empty());
@@ -1323,10 +1324,11 @@ fn session_here(cfg: &Config) {
     if wayland.is_none() && x11.is_none() && named.is_none() {
         println!("session here: no desktop session (neither WAYLAND_DISPLAY nor DISPLAY is set)");
     }
+    // Only this side's endpoints: a GNOME app side's file names the device side's X11 viewer.
     let uses_x11 = cfg.streams.iter().any(|s| {
-        s.source.name().starts_with("x11-")
-            || s.sink.name().starts_with("x11-")
-            || s.sink.name() == "xtest"
+        (s.direction.source_side() == side && s.source.name().starts_with("x11-"))
+            || (s.direction.sink_side() == side
+                && (s.sink.name().starts_with("x11-") || s.sink.name() == "xtest"))
     });
     if wayland.is_some() && uses_x11 {
         println!(
@@ -1467,10 +1469,8 @@ fn check_one(config: &Path, side: Option<SideName>) -> Result<()> {
     cfg.build_pairs()?;
     // A file that names its side (a driver for `ndd serve`) is checked as that side.
     let side = side.or(cfg.side);
-    if side.is_some() {
-        session_here(&cfg);
-    }
     if let Some(side) = side {
+        session_here(&cfg, side);
         cfg.probe_side(side)?;
     }
     println!(

@@ -70,23 +70,27 @@ fn a_sway_output_reaches_the_other_side_pixel_identical_to_grim() {
             && !said.contains("no desktop session"),
         "{said}"
     );
-    // An X11 driver checked in that session: told X11 endpoints reach only Xwayland there.
+    // An X11 endpoint on the side checked in that session: told X11 endpoints reach only
+    // Xwayland there; not when the X11 endpoint is the other side's.
     let x11 = dir.0.join("x11.toml");
     std::fs::write(
         &x11,
-        "driver = \"x\"\n[[stream]]\nname = \"s\"\ndirection = \"app-to-device\"\n\
+        "driver = \"x\"\n[[stream]]\nname = \"s\"\ndirection = \"device-to-app\"\n\
          source = { type = \"synthetic\", size = 8, count = 1 }\n\
          sink = { type = \"x11-clipboard\", display = \":99\" }\n",
     )
     .unwrap();
-    let out = ndd()
-        .args(["check", "--side", "app"])
-        .arg(&x11)
-        .env("WAYLAND_DISPLAY", &sway.socket)
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(said.contains("note: this session runs Wayland"), "{said}");
+    let noted = |side: &str| {
+        let out = ndd()
+            .args(["check", "--side", side])
+            .arg(&x11)
+            .env("WAYLAND_DISPLAY", &sway.socket)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).contains("note: this session runs Wayland")
+    };
+    assert!(noted("app"), "the app side's x11-clipboard sink");
+    assert!(!noted("device"), "the device side has no X11 endpoint");
     let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &[]));
     let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &[]));
     app.wait_says("streams agreed", &[&dev]);
