@@ -585,8 +585,28 @@ fn encoder(bps: u32, small: bool) -> Result<Encoder, ModuleError> {
         // without it the 1080p noisy video cost the app side nearly twice the CPU a frame
         // (47.5 frames per CPU-second instead of 83, 27.2 fps at the viewer instead of 30).
         .background_detection(!small);
-    Encoder::with_api_config(OpenH264API::from_source(), cfg)
-        .map_err(|e| library("H.264 encoder", e))
+    let mut enc = Encoder::with_api_config(OpenH264API::from_source(), cfg)
+        .map_err(|e| library("H.264 encoder", e))?;
+    errors_only(&mut enc);
+    Ok(enc)
+}
+
+/// OpenH264 says only its errors on stderr. It warns as it initializes on the first frame
+/// that a bit rate "can't be controlled … without enabling skip frame" (this pair drops
+/// frames itself, before the encoder): before, each new region printed that line raw among
+/// ndd's own on the person's terminal.
+#[allow(unsafe_code)]
+fn errors_only(enc: &mut Encoder) {
+    let mut level: std::os::raw::c_int = openh264_sys2::WELS_LOG_ERROR as _;
+    // SAFETY: ENCODER_OPTION_TRACE_LEVEL reads one `int` through the pointer (it outlives the
+    // call) and sets the encoder's log level; OpenH264 takes it before initialization (it
+    // refuses other options then, this one not).
+    let _ = unsafe {
+        enc.raw_api().set_option(
+            openh264_sys2::ENCODER_OPTION_TRACE_LEVEL,
+            (&raw mut level).cast(),
+        )
+    };
 }
 
 impl VideoEncoder {
