@@ -487,6 +487,23 @@ fn a_gnome_desktop_is_seen_and_used_from_an_x11_display() {
         pasted(&["--no-newline"])
     });
     println!("X11 → GNOME clipboard in {took:?}");
+    // Not sent back: xclip still owns the Xvfb's clipboard (ndd's x11-clipboard sink would
+    // answer TARGETS with TIMESTAMP and the text types too).
+    std::thread::sleep(Duration::from_millis(500));
+    let targets = on_x(&["-selection", "clipboard", "-o", "-t", "TARGETS"], None);
+    assert!(
+        targets.contains("UTF8_STRING") && !targets.contains("TIMESTAMP"),
+        "the Xvfb's clipboard owner changed: TARGETS {targets:?}"
+    );
+    // xclip quits: the X11 side sends the clipboard as cleared; GNOME keeps what it had (as
+    // it does for its own programs), and the sink goes on (the PNG below goes through it).
+    assert!(Command::new("pkill")
+        .args(["-f", "xclip -selection clipboard -i"])
+        .status()
+        .unwrap()
+        .success());
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(pasted(&["--no-newline"]), from_x.as_bytes());
     // (wl-copy stays, serving the selection, until another program takes it.)
     let from_gnome = "copied on GNOME: ½ €";
     let _copy = Killed(
@@ -507,6 +524,12 @@ fn a_gnome_desktop_is_seen_and_used_from_an_x11_display() {
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(pasted(&["--no-newline"]), from_gnome.as_bytes());
     assert_eq!(copied_on_x(), from_gnome.as_bytes());
+    // wl-copy still owns mutter's clipboard (the sink's selection would offer ndd's marker).
+    let types = String::from_utf8_lossy(&pasted(&["--list-types"])).into_owned();
+    assert!(
+        types.contains("text/plain") && !types.contains("application/x-ndd-clipboard"),
+        "mutter's clipboard owner changed: {types:?}"
+    );
     // A PNG copied on the Xvfb pastes on mutter, byte for byte.
     let png = dir.0.join("bars.png");
     assert!(Command::new("ffmpeg")

@@ -13,7 +13,8 @@
 //!   formats (`SetSelection`; text under every text type programs ask for); when a program
 //!   pastes, mutter asks (`SelectionTransfer`) and the sink writes the data to the pipe it
 //!   gets (`SelectionWrite`), saying how it went (`SelectionWriteDone`). A cleared record
-//!   gives the clipboard up (`DisableClipboard`, then enabled again).
+//!   leaves the clipboard as it is (GNOME keeps a clipboard whose owner quit; mutter 43
+//!   cannot take a selection back).
 //!
 //! **Loops**: the sink's selection carries the extra type [`OWN_MIME`]; a source ignores an
 //! owner offering it (or its own session), so what a sink installed is never sent back.
@@ -376,19 +377,12 @@ fn run_sink(
                             );
                         }
                     }
-                    Ok(c) if offered(&c.formats, g.images).len() == 1 => {
-                        // Cleared (or nothing this sink may offer): give the clipboard up
-                        // if this session holds it.
-                        if !serving.is_empty() {
-                            serving.clear();
-                            g.proxy()
-                                .method_call::<(), _, _, _>(REMOTE_SESSION, "DisableClipboard", ())
-                                .map_err(|e| {
-                                    g.fatal(format!("DisableClipboard: {}", dbus_text(&e)))
-                                })?;
-                            g.enable()?;
-                        }
-                    }
+                    // Cleared (its owner quit), or nothing this sink may offer: the clipboard
+                    // stays as it is, as GNOME keeps a clipboard whose owner quit. (mutter 43
+                    // cannot take it back either: SetSelection refuses an empty list, and
+                    // DisableClipboard keeps the selection and makes EnableClipboard fail
+                    // with "Already enabled" — which ended the stream, found by review.)
+                    Ok(c) if offered(&c.formats, g.images).len() == 1 => {}
                     Ok(c) => {
                         let mut opts = PropMap::new();
                         opts.insert(
@@ -411,10 +405,10 @@ fn run_sink(
         lock(&g.heard).owners.clear();
         let transfers = std::mem::take(&mut lock(&g.heard).transfers);
         for (mime, serial) in transfers {
-            let Some(data) = answer(&serving, &mime).map(<[u8]>::to_vec) else {
-                say_done(serial, false);
-                continue;
-            };
+            // Every paste takes its pipe first, answerable or not: mutter forgets a transfer
+            // only once SelectionWrite took its serial (SelectionWriteDone alone left the
+            // program pasting waiting some 15 s, found by review); one this sink cannot answer
+            // gets the pipe closed empty.
             let r: Result<(OwnedFd,), _> =
                 g.proxy()
                     .method_call(REMOTE_SESSION, "SelectionWrite", (serial,));
@@ -425,6 +419,11 @@ fn run_sink(
                     say_done(serial, false);
                     continue;
                 }
+            };
+            let Some(data) = answer(&serving, &mime).map(<[u8]>::to_vec) else {
+                drop(fd);
+                say_done(serial, false);
+                continue;
             };
             // A slow reader must not hold up the session: the write has a thread of its own,
             // at most WRITERS at once, each given up after WRITE_WAIT.
@@ -437,6 +436,7 @@ fn run_sink(
                 });
             } else {
                 writing.fetch_sub(1, Ordering::AcqRel);
+                drop(fd);
                 say_done(serial, false);
                 if let Some(suppressed) = refused.admit(Instant::now()) {
                     tracing::warn!(

@@ -1,5 +1,7 @@
 //! The `x11-clipboard` source and sink: the X selections (CLIPBOARD, PRIMARY) of one display
-//! shared with another, text (UTF-8) and images (PNG), as [`Contents`] records.
+//! shared with another, text (UTF-8) and images (PNG), as [`Contents`] records; the same
+//! records for wlroots compositors (`wayland.rs`: `wayland-clipboard`) and GNOME (`gnome.rs`:
+//! `gnome-clipboard`), whose pipes `pipe.rs` reads and writes.
 //!
 //! - source: an unmapped window asks XFIXES for every change of a selection's owner; when a
 //!   program takes a selection, the source asks it for its `TARGETS`, then for its text
@@ -42,8 +44,8 @@ pub(crate) use wayland::{
     probe as probe_wayland, spawn_wayland_clipboard_sink, spawn_wayland_clipboard_source,
 };
 
-/// The MIME type every offer of a `wayland-clipboard` sink carries: a source ignores such a
-/// selection.
+/// The MIME type every offer of a `wayland-clipboard` or `gnome-clipboard` sink carries: a
+/// source of either ignores such a selection.
 pub const OWN_MIME: &str = "application/x-ndd-clipboard";
 
 use crate::common::delivered::Delivered;

@@ -40,15 +40,20 @@ pub(super) fn read_formats<E>(
     Ok(formats)
 }
 
-/// Waits up to `left` (at most 0.5 s) for `f` to be ready for `flags`.
-fn ready(f: &std::fs::File, flags: rustix::event::PollFlags, left: Duration) -> bool {
+/// Waits up to `left` (at most 0.5 s) for `f` to be ready for `flags`; `None` when poll
+/// fails (other than interrupted): the caller gives up rather than spin.
+fn ready(f: &std::fs::File, flags: rustix::event::PollFlags, left: Duration) -> Option<bool> {
     use rustix::event::{poll, PollFd, Timespec};
     let t = Timespec {
         tv_sec: 0,
         tv_nsec: left.min(Duration::from_millis(500)).as_nanos() as _,
     };
     let mut fds = [PollFd::new(f, flags)];
-    poll(&mut fds, Some(&t)).is_ok_and(|n| n > 0)
+    match poll(&mut fds, Some(&t)) {
+        Ok(n) => Some(n > 0),
+        Err(rustix::io::Errno::INTR) => Some(false),
+        Err(_) => None,
+    }
 }
 
 /// Writes `data` to `fd` (a pipe a program reads), giving up after `wait`; whether all of it
@@ -65,8 +70,10 @@ pub(super) fn write_within(fd: OwnedFd, data: &[u8], wait: Duration) -> bool {
         if left.is_zero() {
             return false;
         }
-        if !ready(&f, rustix::event::PollFlags::OUT, left) {
-            continue;
+        match ready(&f, rustix::event::PollFlags::OUT, left) {
+            Some(true) => {}
+            Some(false) => continue,
+            None => return false,
         }
         match f.write(&data[at..]) {
             Ok(0) => return false,
@@ -94,7 +101,7 @@ pub(super) fn read_within(fd: OwnedFd, limit: u64, wait: Duration) -> Option<Vec
         if left.is_zero() {
             return None;
         }
-        if !ready(&f, rustix::event::PollFlags::IN, left) {
+        if !ready(&f, rustix::event::PollFlags::IN, left)? {
             continue;
         }
         match f.read(&mut buf) {

@@ -177,9 +177,10 @@ pub(crate) fn monitors(conn: &Connection) -> Result<Vec<String>, dbus::Error> {
     Ok(list.into_iter().map(|(spec, _, _)| spec.0).collect())
 }
 
-/// The hint for a monitor the session does not have: its monitors, when mutter says them.
-fn monitor_hint(conn: &Connection) -> String {
-    match monitors(conn) {
+/// The hint for a monitor the session does not have: its monitors `list`, when mutter said
+/// them.
+fn monitor_hint(list: Result<Vec<String>, dbus::Error>) -> String {
+    match list {
         Ok(list) if !list.is_empty() => format!(
             "set monitor to one of this session's: {} (or leave it out for the primary one)",
             list.iter()
@@ -205,7 +206,7 @@ pub(crate) fn check_monitor(
             endpoint,
             bus,
             format!("no monitor {} in this GNOME session", escaped(m, 64)),
-            &monitor_hint(conn),
+            &monitor_hint(Ok(list)),
         )),
         _ => Ok(()),
     }
@@ -238,7 +239,7 @@ pub(crate) fn record_monitor(
                     },
                     dbus_text(&e)
                 ),
-                &monitor_hint(conn),
+                &monitor_hint(monitors(conn)),
             )
         })?;
     Ok(stream)

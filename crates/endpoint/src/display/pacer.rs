@@ -59,9 +59,7 @@ impl CapturePacer {
 
     /// What to do at `now`; `path_free`: the path takes an update now.
     pub(super) fn poll(&mut self, now: Instant, path_free: bool) -> Pace {
-        if self.refresh.is_some_and(|r| now >= self.last_keyframe + r) {
-            self.keyframe_due = true;
-        }
+        self.keyframe_due = self.keyframe_due(now);
         if !path_free {
             Pace::Wait(SPOIL_POLL)
         } else if now < self.next_capture {

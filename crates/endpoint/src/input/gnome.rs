@@ -37,8 +37,6 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::Receiver;
 
-const SERVICE: &str = REMOTE;
-const SESSION: &str = REMOTE_SESSION;
 const CAST_ROOT: &str = "/org/gnome/Mutter/ScreenCast";
 
 /// A key pressed, as it was sent (its release goes the same way).
@@ -77,8 +75,8 @@ impl Drop for GnomeInput {
     fn drop(&mut self) {
         let _: Result<(), _> = self
             .conn
-            .with_proxy(SERVICE, &self.session, CALL)
-            .method_call(SESSION, "Stop", ());
+            .with_proxy(REMOTE, &self.session, CALL)
+            .method_call(REMOTE_SESSION, "Stop", ());
     }
 }
 
@@ -120,8 +118,8 @@ fn open_gnome_input(
     };
     let session = create_remote_session(&conn, endpoint, &bus, &fail)?;
     let id: String = conn
-        .with_proxy(SERVICE, &session, CALL)
-        .get(SESSION, "SessionId")
+        .with_proxy(REMOTE, &session, CALL)
+        .get(REMOTE_SESSION, "SessionId")
         .map_err(|e| fail(format!("SessionId: {}", dbus_text(&e))))?;
     // A screen cast in the same session: absolute motion is placed on its monitor.
     let mut props = PropMap::new();
@@ -141,9 +139,9 @@ fn open_gnome_input(
         c.monitor.as_deref(),
         PropMap::new(),
     )?;
-    let closed = watch_closed(&conn, SESSION, &session).map_err(|e| fail(dbus_text(&e)))?;
-    conn.with_proxy(SERVICE, &session, CALL)
-        .method_call::<(), _, _, _>(SESSION, "Start", ())
+    let closed = watch_closed(&conn, REMOTE_SESSION, &session).map_err(|e| fail(dbus_text(&e)))?;
+    conn.with_proxy(REMOTE, &session, CALL)
+        .method_call::<(), _, _, _>(REMOTE_SESSION, "Start", ())
         .map_err(|e| fail(format!("Start: {}", dbus_text(&e))))?;
     let size =
         monitor_size(&conn, &stream).map_err(|e| fail(format!("the monitor's size: {e}")))?;
@@ -175,8 +173,8 @@ fn scale(v: i32, (min, max): (i32, i32), extent: f64) -> f64 {
 impl GnomeInput {
     fn call<A: dbus::arg::AppendAll>(&self, method: &str, args: A) -> Result<(), EndpointError> {
         self.conn
-            .with_proxy(SERVICE, &self.session, CALL)
-            .method_call::<(), _, _, _>(SESSION, method, args)
+            .with_proxy(REMOTE, &self.session, CALL)
+            .method_call::<(), _, _, _>(REMOTE_SESSION, method, args)
             .map_err(|e| {
                 unavailable(
                     self.endpoint,

@@ -591,10 +591,10 @@ fn encoder(bps: u32, small: bool) -> Result<Encoder, ModuleError> {
     Ok(enc)
 }
 
-/// OpenH264 says only its errors on stderr. It warns as it initializes on the first frame
-/// that a bit rate "can't be controlled … without enabling skip frame" (this pair drops
-/// frames itself, before the encoder): before, each new region printed that line raw among
-/// ndd's own on the person's terminal.
+/// OpenH264 says only its errors on stderr while it initializes on the first frame (the
+/// wrapper sets it quiet right after): there it warned that a bit rate "can't be controlled
+/// … without enabling skip frame" (this pair drops frames itself, before the encoder), and
+/// each new region printed that line raw among ndd's own on the person's terminal.
 #[allow(unsafe_code)]
 fn errors_only(enc: &mut Encoder) {
     let mut level: std::os::raw::c_int = openh264_sys2::WELS_LOG_ERROR as _;
