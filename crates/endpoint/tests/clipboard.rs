@@ -158,6 +158,14 @@ fn text_goes_both_ways_in_both_selections_and_is_never_echoed() {
     copy(&a.display, "clipboard", None, text);
     let got = paste_until(&b.display, "clipboard", "UTF8_STRING", text);
     assert_eq!(got.as_deref(), Some(text), "CLIPBOARD a → b");
+    // The sink's targets name ndd's marker type (what a Wayland source seeing this selection
+    // through Xwayland ignores), beside the text types.
+    let targets = paste(&b.display, "clipboard", "TARGETS").unwrap_or_default();
+    let targets = String::from_utf8_lossy(&targets);
+    assert!(
+        targets.contains("application/x-ndd-clipboard") && targets.contains("UTF8_STRING"),
+        "{targets}"
+    );
     // Old programs ask for Latin-1 STRING: what it can show, `?` for the rest.
     assert_eq!(
         paste(&b.display, "clipboard", "STRING").as_deref(),

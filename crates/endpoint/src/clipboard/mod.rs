@@ -14,7 +14,10 @@
 //!   `INCR`. A program that takes the selection over ends the sink's ownership.
 //!
 //! **Loops**: the sink's window is named `ndd clipboard`; a source ignores an owner with that
-//! name, so what a sink installed is never sent back, whatever process owns it.
+//! name, so what a sink installed is never sent back, whatever process owns it. Its targets
+//! also name [`OWN_MIME`], which a Wayland source seeing the selection through Xwayland
+//! ignores (as it does a Wayland sink's); a source ignores an owner offering it too (a
+//! Wayland sink's selection seen through Xwayland).
 //! **Size**: a selection whose data exceeds `max_bytes` is not sent (one warning); a record
 //! larger than that is dropped by the sink.
 //!
@@ -220,11 +223,14 @@ struct Atoms {
     png: xproto::Atom,
     /// The property a source receives conversions in.
     transfer: xproto::Atom,
+    /// [`OWN_MIME`]: among a sink's targets, so a Wayland source that sees the selection
+    /// through Xwayland (`gnome-clipboard`, `wayland-clipboard`) knows it for ndd's own.
+    own: xproto::Atom,
 }
 
 impl Atoms {
     fn intern(conn: &RustConnection) -> Result<Atoms, String> {
-        let names: [&[u8]; 11] = [
+        let names: [&[u8]; 12] = [
             b"CLIPBOARD",
             b"PRIMARY",
             b"TARGETS",
@@ -236,6 +242,7 @@ impl Atoms {
             b"text/plain",
             b"image/png",
             b"NDD_CLIPBOARD_TRANSFER",
+            OWN_MIME.as_bytes(),
         ];
         let cookies = names
             .iter()
@@ -257,6 +264,7 @@ impl Atoms {
             text_plain: a[8],
             png: a[9],
             transfer: a[10],
+            own: a[11],
         })
     }
 
@@ -537,6 +545,14 @@ impl Source {
             .chunks_exact(4)
             .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
+        if offered.contains(&self.atoms.own) {
+            // What a sink installed, seen through another process (a Wayland sink's
+            // selection through Xwayland): never sent back.
+            return Ok(Contents {
+                selection: s,
+                formats: vec![],
+            });
+        }
         let mut formats = Vec::new();
         let mut total = 0u64;
         let text_target = [
@@ -874,7 +890,7 @@ impl Sink {
 
     fn targets(&self, c: &Contents) -> Vec<xproto::Atom> {
         let a = &self.atoms;
-        let mut t = vec![a.targets, a.timestamp];
+        let mut t = vec![a.targets, a.timestamp, a.own];
         if c.get(TEXT).is_some() {
             t.extend([
                 a.utf8,
