@@ -86,37 +86,31 @@ impl AppScreen {
     fn play(&self, w: u32, h: u32, rate: u32) -> Result<Killed> {
         let src = format!("testsrc=size={w}x{h}:rate={rate}");
         let common = ["-loglevel", "quiet", "-an", "-f", "lavfi", "-i", &src];
-        match self {
+        let mut cmd = match self {
             AppScreen::X11(x) => {
                 let mut args = vec!["-noborder", "-left", "0", "-top", "0"];
                 args.extend(common);
-                x.spawn("ffplay", &args)
+                return x.spawn("ffplay", &args).context("cannot start ffplay");
             }
-            AppScreen::Wayland(s) => std::process::Command::new("ffplay")
-                .env("WAYLAND_DISPLAY", &s.socket)
-                .env("XDG_RUNTIME_DIR", &s.dir)
-                .env("SDL_VIDEODRIVER", "wayland")
-                .env("SDL_AUDIODRIVER", "dummy")
-                .env_remove("DISPLAY")
-                .arg("-fs")
-                .args(common)
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .map(Killed),
-            AppScreen::Gnome(m) => m
-                .client("ffplay")
-                .env("SDL_AUDIODRIVER", "dummy")
-                .arg("-fs")
-                .args(common)
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .map(Killed),
-        }
-        .context("cannot start ffplay")
+            AppScreen::Wayland(s) => {
+                let mut c = std::process::Command::new("ffplay");
+                c.env("WAYLAND_DISPLAY", &s.socket)
+                    .env("XDG_RUNTIME_DIR", &s.dir)
+                    .env("SDL_VIDEODRIVER", "wayland")
+                    .env_remove("DISPLAY");
+                c
+            }
+            AppScreen::Gnome(m) => m.client("ffplay"),
+        };
+        cmd.env("SDL_AUDIODRIVER", "dummy")
+            .arg("-fs")
+            .args(common)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map(Killed)
+            .context("cannot start ffplay")
     }
 
     fn source(&self) -> SourceConfig {

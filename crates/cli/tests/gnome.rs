@@ -81,6 +81,22 @@ fn find(
     Err("not on the screen".into())
 }
 
+/// What `ndd check --side app` says of `cfg`, which it must refuse.
+fn check_refused(cfg: &std::path::Path) -> String {
+    let out = ndd()
+        .args(["check", "--side", "app"])
+        .arg(cfg)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{said}");
+    said
+}
+
 #[test]
 fn a_gnome_monitor_reaches_the_other_side_pixel_identical() {
     if let Some(m) = missing(&[
@@ -150,17 +166,7 @@ fn a_gnome_monitor_reaches_the_other_side_pixel_identical() {
             .replace("max_fps = 30", "max_fps = 30, monitor = \"DP-9\""),
     )
     .unwrap();
-    let out = ndd()
-        .args(["check", "--side", "app"])
-        .arg(&bad)
-        .output()
-        .unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(!out.status.success(), "{said}");
+    let said = check_refused(&bad);
     assert!(
         said.contains("no monitor DP-9 in this GNOME session")
             && said.contains("one of this session's: Meta-0"),
@@ -249,21 +255,7 @@ fn a_gnome_screen_where_there_is_no_gnome_says_so() {
         )
         .unwrap()
     };
-    // `ndd check --side app` fails; what it says.
-    let refused = || {
-        let out = ndd()
-            .args(["check", "--side", "app"])
-            .arg(&cfg)
-            .output()
-            .unwrap();
-        let said = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(!out.status.success(), "{said}");
-        said
-    };
+    let refused = || check_refused(&cfg);
     write(&bus);
     let said = refused();
     assert!(

@@ -377,22 +377,25 @@ fn run_sink(
                             );
                         }
                     }
-                    // Cleared (its owner quit), or nothing this sink may offer: the clipboard
-                    // stays as it is, as GNOME keeps a clipboard whose owner quit. (mutter 43
-                    // cannot take it back either: SetSelection refuses an empty list, and
-                    // DisableClipboard keeps the selection and makes EnableClipboard fail
-                    // with "Already enabled" — which ended the stream, found by review.)
-                    Ok(c) if offered(&c.formats, g.images).len() == 1 => {}
                     Ok(c) => {
-                        let mut opts = PropMap::new();
-                        opts.insert(
-                            "mime-types".into(),
-                            Variant(Box::new(offered(&c.formats, g.images)) as Box<dyn RefArg>),
-                        );
-                        g.proxy()
-                            .method_call::<(), _, _, _>(REMOTE_SESSION, "SetSelection", (opts,))
-                            .map_err(|e| g.fatal(format!("SetSelection: {}", dbus_text(&e))))?;
-                        serving = c.formats;
+                        // Cleared (its owner quit), or nothing this sink may offer but its
+                        // marker: the clipboard stays as it is, as GNOME keeps a clipboard
+                        // whose owner quit. (mutter 43 cannot take it back either:
+                        // SetSelection refuses an empty list, and DisableClipboard keeps the
+                        // selection and makes EnableClipboard fail with "Already enabled" —
+                        // which ended the stream, found by review.)
+                        let types = offered(&c.formats, g.images);
+                        if types.len() > 1 {
+                            let mut opts = PropMap::new();
+                            opts.insert(
+                                "mime-types".into(),
+                                Variant(Box::new(types) as Box<dyn RefArg>),
+                            );
+                            g.proxy()
+                                .method_call::<(), _, _, _>(REMOTE_SESSION, "SetSelection", (opts,))
+                                .map_err(|e| g.fatal(format!("SetSelection: {}", dbus_text(&e))))?;
+                            serving = c.formats;
+                        }
                     }
                 }
                 delivered.mark(frame.meta.seq);
