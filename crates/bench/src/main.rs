@@ -15,6 +15,7 @@ mod mixed;
 mod pairs;
 mod peers;
 mod placement;
+mod player;
 mod raw_link;
 mod soak;
 mod vnc;

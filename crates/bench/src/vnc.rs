@@ -26,7 +26,7 @@
 //! [`MAX_QUEUE`] (a bottleneck router's buffer; the kernel's socket buffers before it fill as
 //! they would behind a real one). The report says which.
 
-use super::{frames, hardware, today};
+use super::{frames, hardware, player, today};
 use anyhow::{bail, Context, Result};
 use ndd_procs::Killed;
 use std::fmt::Write as _;
@@ -377,12 +377,12 @@ impl Workload {
     }
 
     /// Starts the workload's programs on `display`.
-    fn start(self, display: &str) -> Result<Vec<Killed>> {
+    fn start(self, display: &str) -> Result<Vec<Running>> {
         Ok(match self {
             Workload::Video | Workload::Film => {
                 let (w, h) = size();
                 let grain = self.grain().unwrap_or(12);
-                vec![spawn_on(display, "ffplay", &video_args(w, h, 0, grain))?]
+                vec![video(display, (0, 0, w, h), grain)?]
             }
             Workload::Page => {
                 let (left, top, vw, vh) = self.video_rect().unwrap_or_default();
@@ -390,7 +390,7 @@ impl Workload {
                 // xterm's default font is 6x13: the left half, less a margin.
                 let geometry = format!("{}x{}+0+0", (w / 2) / 6 - 2, h / 13 - 2);
                 vec![
-                    spawn_on(
+                    Running::Proc(spawn_on(
                         display,
                         "xterm",
                         &[
@@ -402,15 +402,11 @@ impl Workload {
                             "while :; do cat /usr/share/common-licenses/GPL-3; done | \
                              while IFS= read -r l; do printf '%s\\n' \"$l\"; sleep 0.5; done",
                         ],
-                    )?,
-                    spawn_on(
-                        display,
-                        "ffplay",
-                        &ffplay_args_at(&frames::video_graph(vw, vh, 4), left, top),
-                    )?,
+                    )?),
+                    video(display, (left, top, vw, vh), 4)?,
                 ]
             }
-            Workload::Text => vec![spawn_on(
+            Workload::Text => vec![Running::Proc(spawn_on(
                 display,
                 "xterm",
                 &[
@@ -421,14 +417,27 @@ impl Workload {
                     "-c",
                     "while :; do ls -lR /usr/share/doc /usr/lib; done",
                 ],
-            )?],
-            Workload::Gears => vec![spawn_on(
+            )?)],
+            Workload::Gears => vec![Running::Proc(spawn_on(
                 display,
                 "glxgears",
                 &["-geometry", &format!("{}+0+0", size_arg())],
-            )?],
+            )?)],
         })
     }
+}
+
+/// A workload's program, stopped when dropped.
+enum Running {
+    Proc(#[allow(dead_code)] Killed),
+    Video(#[allow(dead_code)] player::Player),
+}
+
+/// The test video with `grain` in the rectangle `(left, top, width, height)` of `display`
+/// ([`player`]: ffplay rendering it live took most of the two cores at 2560x1440).
+fn video(display: &str, (left, top, w, h): (u16, u16, u16, u16), grain: u8) -> Result<Running> {
+    let at = |v: u16| i16::try_from(v).context("the video's place is beyond the X range");
+    player::Player::start(display, w, h, at(left)?, at(top)?, grain).map(Running::Video)
 }
 
 /// ffplay showing lavfi `source` borderless at (0, `top`), without sound.
@@ -456,12 +465,6 @@ fn ffplay_args_at(source: &str, left: u16, top: u16) -> Vec<String> {
     .iter()
     .map(|s| s.to_string())
     .collect()
-}
-
-/// The noisy 30 fps test video, `w`x`h`, at (0, `top`), its frame numbers burnt in
-/// ([`frames::video_graph`]).
-fn video_args(w: u16, h: u16, top: u16, grain: u8) -> Vec<String> {
-    ffplay_args(&frames::video_graph(w, h, grain), top)
 }
 
 fn spawn_on<S: AsRef<str>>(display: &str, program: &str, args: &[S]) -> Result<Killed> {
@@ -1104,6 +1107,9 @@ struct RateRow {
     net: Net,
     peer: Peer,
     fps: f64,
+    /// Updates a second on the app's own screen, in the same window (the most a viewer can
+    /// show).
+    source_fps: f64,
     cpu_fps: f64,
     mbit_per_frame: f64,
     mbit_s: f64,
@@ -1182,12 +1188,16 @@ async fn measure_rate(peer: Peer, workload: Workload, net: Net, secs: f64) -> Re
     let s = Setup::start(peer, net).await?;
     let _work = workload.start(&s.app_display)?;
     let log = DamageLog::start(&s.viewer_display)?;
+    // The baseline: the updates on the app's own screen in the same window.
+    let source = DamageLog::start(&s.app_display)?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (t0, b0, c0) = (Instant::now(), s.down.load(Ordering::Relaxed), s.cpu());
     tokio::time::sleep(Duration::from_secs_f64(secs)).await;
     let (t1, b1, c1) = (Instant::now(), s.down.load(Ordering::Relaxed), s.cpu());
     let jpeg_q = s.app_log.as_deref().and_then(last_jpeg_quality);
     let updates = log.updates(t0, t1);
+    let source_updates = source.updates(t0, t1);
+    drop(source);
     let quality = if let (Some(grain), Some(rect)) = (workload.grain(), workload.video_rect()) {
         let n = if secs < 5.0 { 4 } else { QUALITY_PICTURES };
         Some(measure_quality(&s, n, grain, rect).await?)
@@ -1217,6 +1227,7 @@ async fn measure_rate(peer: Peer, workload: Workload, net: Net, secs: f64) -> Re
         net,
         peer: s.peer,
         fps: updates as f64 / el,
+        source_fps: source_updates as f64 / el,
         cpu_fps: if c1 > c0 {
             updates as f64 / (c1 - c0)
         } else {
@@ -1232,11 +1243,12 @@ async fn measure_rate(peer: Peer, workload: Workload, net: Net, secs: f64) -> Re
         quality,
     };
     eprintln!(
-        "  {:<9} {:<34} {:<18} {:6.1} fps  {:7.1} fps/CPU-s  {:6.3} Mbit/frame  {:6.2} Mbit/s{}{}",
+        "  {:<9} {:<34} {:<18} {:6.1} fps (source {:.1})  {:7.1} fps/CPU-s  {:6.3} Mbit/frame  {:6.2} Mbit/s{}{}",
         row.peer.name(),
         row.workload.name(),
         row.net.name,
         row.fps,
+        row.source_fps,
         row.cpu_fps,
         row.mbit_per_frame,
         row.mbit_s,
@@ -1319,21 +1331,21 @@ struct TypingRow {
 
 async fn measure_typing(peer: Peer, net: Net, video: bool, keys: usize) -> Result<TypingRow> {
     let s = Setup::start(peer, net).await?;
-    let mut work = vec![spawn_on(
+    let mut work = vec![Running::Proc(spawn_on(
         &s.app_display,
         "xterm",
         &["-geometry", "80x12+0+0", "-e", "sh"],
-    )?];
+    )?)];
     if video {
-        work.push(spawn_on(
+        let (w, h) = size();
+        work.push(self::video(
             &s.app_display,
-            "ffplay",
-            &video_args(size().0, size().1.saturating_sub(300).max(16), 300, 12),
+            (0, 300, w, h.saturating_sub(300).max(16)),
+            12,
         )?);
     }
-    // ffplay takes the keyboard focus when it maps its window: give it back to the window
-    // under the pointer (the xterm) once it has, as a user clicking there would with a
-    // window manager.
+    // The keyboard focus to the window under the pointer (the xterm), as a user clicking
+    // there would with a window manager (ffplay, which played the video before, took it).
     tokio::time::sleep(Duration::from_millis(1500)).await;
     {
         let (app, _) = x11rb::connect(Some(&s.app_display))?;
@@ -1661,9 +1673,13 @@ fn report(
          stream). {} Everything is counted from \
          outside both programs: **fps** = updates drawn on the viewer's X server (DAMAGE \
          bursts more than 12 ms apart: a viewer draws one update's rects as it decodes them); **Mbit/frame** = bytes the proxy carried towards the \
-         viewer per update; **CPU-limited fps** = updates per CPU-second of the app side \
+         viewer per update; **source fps** = updates on the app's own screen in the same \
+         window (the most a viewer can show); **CPU-limited fps** = updates per CPU-second of the app side \
          (Xtigervnc, which is both X server and encoder; for ndd the app's Xvfb plus the `ndd` \
-         app process; for xpra and FreeRDP the app's Xvfb plus their shadow server). 3 s of \
+         app process; for xpra and FreeRDP the app's Xvfb plus their shadow server). The test \
+         videos are rendered once by ffmpeg and drawn 30 times a second with `ShmPutImage` \
+         from the rendered file, looping every 3 s (ffplay rendering them live took most of \
+         the two cores at 2560x1440). 3 s of \
          warm-up, then the measured window.{}\n",
         if kernel {
             "The viewer side (vncviewer, or ndd's device side) runs in a network namespace \
@@ -1691,9 +1707,12 @@ fn report(
     let _ = writeln!(s, "## Frame rate and bytes per frame\n");
     let _ = writeln!(
         s,
-        "| workload | network | peer | fps | CPU-limited fps | Mbit/frame | Mbit/s | ndd JPEG quality at the end | SSIM (lowest) | PSNR | frames read |"
+        "| workload | network | peer | fps | source fps | CPU-limited fps | Mbit/frame | Mbit/s | ndd JPEG quality at the end | SSIM (lowest) | PSNR | frames read |"
     );
-    let _ = writeln!(s, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        s,
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
     for r in rates {
         let (ssim, psnr, read) = match &r.quality {
             Some((v, _)) => (
@@ -1705,11 +1724,12 @@ fn report(
         };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.1} | {:.0} | {:.3} | {:.2} | {} | {ssim} | {psnr} | {read} |",
+            "| {} | {} | {} | {:.1} | {:.1} | {:.0} | {:.3} | {:.2} | {} | {ssim} | {psnr} | {read} |",
             r.workload.name(),
             r.net.name,
             r.peer.name(),
             r.fps,
+            r.source_fps,
             r.cpu_fps,
             r.mbit_per_frame,
             r.mbit_s,
@@ -2045,16 +2065,16 @@ fn plot(rates: &[RateRow]) -> String {
 mod tests {
     use super::*;
 
-    /// The measurement's premise, with the real Xvfb, ffplay and ffmpeg: what ffplay puts on
-    /// the app's screen is the frame ffmpeg renders again, bit for bit, so whatever differs
-    /// at a viewer is the remote display's doing.
+    /// The measurement's premise, with the real Xvfb and ffmpeg: what the player puts on the
+    /// app's screen is the frame ffmpeg renders again, bit for bit, so whatever differs at a
+    /// viewer is the remote display's doing.
     #[test]
     fn the_app_screen_equals_the_rendered_frame() {
         // One size for every test in this process (the page's test needs 1280 wide).
         let _ = SIZE.set(TEST_SIZE);
         let (_x, display) = start_xvfb().expect("Xvfb starts");
         let (w, h) = size();
-        let _video = spawn_on(&display, "ffplay", &video_args(w, h, 0, 12)).expect("ffplay starts");
+        let _video = video(&display, (0, 0, w, h), 12).expect("the video plays");
         shows_the_rendered_frames(|| screenshot(&display).expect("screenshot"), w, h, 12);
     }
 
@@ -2062,7 +2082,7 @@ mod tests {
     const TEST_SIZE: (u16, u16) = (1280, 720);
 
     /// The page workload's premise: its video window, cut out of the app's screen beside the
-    /// text, is the frame ffmpeg renders again, bit for bit (so the crop is where ffplay put
+    /// text, is the frame ffmpeg renders again, bit for bit (so the crop is where the player put
     /// the window). A 1280x720 screen at least: the frame number needs 640 pixels.
     #[test]
     fn the_page_video_window_cut_out_equals_the_rendered_frame() {

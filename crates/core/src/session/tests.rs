@@ -218,7 +218,11 @@ fn a_source_that_keeps_no_frames_is_bounded_by_their_number_not_their_bytes() {
         let ack = OwnedMessage::Ack { stream: 1, seq };
         s.handle_message(now, 1, Incoming::Other(ack)).unwrap();
     }
-    assert!(!s.source_ready(0), "16 frames the peer has not completed");
+    assert!(
+        !s.source_ready(0),
+        "{} frames the peer has not completed",
+        stream::UNDELIVERED_FRAMES
+    );
     s.handle_message(
         now,
         1,

@@ -319,10 +319,17 @@ impl ImageForward {
         let Some(s) = self.screen.as_ref() else {
             return Ok((parts, Vec::new()));
         };
-        s.copy_out(r, &mut self.scratch);
+        // A region as wide as the screen is rows of the screen copy as they are (a full-screen
+        // video: copying it out cost 6 % of the app side at 1440p); any other is copied out.
+        let pixels = if r.x == 0 && r.w == s.width && r.h > 0 {
+            &s.px[s.row(0, r.y, r.w).start..s.row(0, r.y + r.h - 1, r.w).end]
+        } else {
+            s.copy_out(r, &mut self.scratch);
+            &self.scratch[..]
+        };
         let mut aus = Vec::new();
         let coded = match self.video.as_mut() {
-            Some(v) => v.encode(&self.scratch, idr, now, &mut aus),
+            Some(v) => v.encode(pixels, idr, now, &mut aus),
             None => return Ok((parts, Vec::new())),
         };
         if let Err(e) = coded {
