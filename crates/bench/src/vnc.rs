@@ -381,8 +381,7 @@ impl Workload {
         Ok(match self {
             Workload::Video | Workload::Film => {
                 let (w, h) = size();
-                let grain = self.grain().unwrap_or(12);
-                vec![video(display, (0, 0, w, h), grain)?]
+                vec![video(display, (0, 0, w, h), self.grain().unwrap_or(12))?]
             }
             Workload::Page => {
                 let (left, top, vw, vh) = self.video_rect().unwrap_or_default();
@@ -425,6 +424,18 @@ impl Workload {
             )?)],
         })
     }
+}
+
+/// Renders the test video clips of `clips` (`(width, height, grain)`: ffmpeg, seconds at
+/// 2560x1440) on a blocking thread, before the peers start (once a size, [`player::clip`]).
+async fn render_clips(clips: Vec<(u16, u16, u8)>) -> Result<()> {
+    tokio::task::spawn_blocking(move || {
+        clips
+            .into_iter()
+            .try_for_each(|(w, h, grain)| player::clip(w, h, grain).map(drop))
+    })
+    .await
+    .context("the clip renderer")?
 }
 
 /// A workload's program, stopped when dropped.
@@ -579,7 +590,8 @@ async fn shaped_pipe(
 /// One damage notify: when, and the rects damaged.
 type Damaged = (Instant, Vec<xproto::Rectangle>);
 
-/// Damage on the viewer's X server: (when, rects) per notify, recorded by a thread.
+/// Damage on an X server (the viewer's, or the app's for the source's own rate): (when,
+/// rects) per notify, recorded by a thread.
 struct DamageLog {
     events: Arc<Mutex<Vec<Damaged>>>,
     stop: Arc<AtomicBool>,
@@ -589,7 +601,7 @@ struct DamageLog {
 impl DamageLog {
     fn start(display: &str) -> Result<DamageLog> {
         let (conn, screen) = x11rb::connect(Some(display))
-            .with_context(|| format!("cannot connect to the viewer display {display}"))?;
+            .with_context(|| format!("cannot connect to the X display {display}"))?;
         let root = conn.setup().roots[screen].root;
         conn.damage_query_version(1, 1)?.reply()?;
         conn.xfixes_query_version(5, 0)?.reply()?;
@@ -1185,6 +1197,9 @@ fn last_jpeg_quality(log: &Path) -> Option<u32> {
 }
 
 async fn measure_rate(peer: Peer, workload: Workload, net: Net, secs: f64) -> Result<RateRow> {
+    if let (Some((_, _, w, h)), Some(grain)) = (workload.video_rect(), workload.grain()) {
+        render_clips(vec![(w, h, grain)]).await?;
+    }
     let s = Setup::start(peer, net).await?;
     let _work = workload.start(&s.app_display)?;
     let log = DamageLog::start(&s.viewer_display)?;
@@ -1329,7 +1344,17 @@ struct TypingRow {
     keys: usize,
 }
 
+/// Where the typing rows' video plays: below the xterm.
+fn typing_video_rect() -> (u16, u16, u16, u16) {
+    let (w, h) = size();
+    (0, 300, w, h.saturating_sub(300).max(16))
+}
+
 async fn measure_typing(peer: Peer, net: Net, video: bool, keys: usize) -> Result<TypingRow> {
+    let (_, _, vw, vh) = typing_video_rect();
+    if video {
+        render_clips(vec![(vw, vh, 12)]).await?;
+    }
     let s = Setup::start(peer, net).await?;
     let mut work = vec![Running::Proc(spawn_on(
         &s.app_display,
@@ -1337,12 +1362,7 @@ async fn measure_typing(peer: Peer, net: Net, video: bool, keys: usize) -> Resul
         &["-geometry", "80x12+0+0", "-e", "sh"],
     )?)];
     if video {
-        let (w, h) = size();
-        work.push(self::video(
-            &s.app_display,
-            (0, 300, w, h.saturating_sub(300).max(16)),
-            12,
-        )?);
+        work.push(self::video(&s.app_display, typing_video_rect(), 12)?);
     }
     // The keyboard focus to the window under the pointer (the xterm), as a user clicking
     // there would with a window manager (ffplay, which played the video before, took it).
@@ -1678,8 +1698,8 @@ fn report(
          (Xtigervnc, which is both X server and encoder; for ndd the app's Xvfb plus the `ndd` \
          app process; for xpra and FreeRDP the app's Xvfb plus their shadow server). The test \
          videos are rendered once by ffmpeg and drawn 30 times a second with `ShmPutImage` \
-         from the rendered file, looping every 3 s (ffplay rendering them live took most of \
-         the two cores at 2560x1440). 3 s of \
+         from the rendered file, looping every 3 s (less above 2560x1440; ffplay rendering \
+         them live took most of the two cores at 2560x1440). 3 s of \
          warm-up, then the measured window.{}\n",
         if kernel {
             "The viewer side (vncviewer, or ndd's device side) runs in a network namespace \

@@ -608,7 +608,9 @@ impl Session {
         !s.plan.reliable
             || ((src.out.is_empty() || src.out_bytes < window)
                 && (src.kept.is_empty() || src.kept_bytes < self.cfg.resume_buffer_bytes)
-                && (s.plan.keeps_frames || src.kept.len() < stream::UNDELIVERED_FRAMES)
+                && (s.plan.keeps_frames
+                    || (src.kept.len() < stream::UNDELIVERED_FRAMES
+                        && s.kept_captures() < stream::UNDELIVERED_CAPTURES))
                 && s.stack.ready())
     }
 

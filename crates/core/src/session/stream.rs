@@ -10,11 +10,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// A reliable source that does not keep its frames ([`StreamPlan::keeps_frames`]) has at
-/// most this many not yet completed by the peer's endpoint. A screen capture is one frame per
-/// 4 MiB (1920×1080: two, 2560×1440: four) and a frame completes a round trip and a draw
-/// after it went: 16 held 2560×1440 at 24 of 30 frames/s over a 120 ms round trip; 64 let 30
-/// frames/s of 1440p cross about 500 ms, or of 1080p a second.
-pub const UNDELIVERED_FRAMES: usize = 64;
+/// most this many captures not yet completed by the peer's endpoint: consecutive frames
+/// stamped with the same time are one capture (a screen capture goes as one frame per 4 MiB:
+/// 1920×1080 in two, 2560×1440 in four). Counting frames, 16 held 2560×1440 at 24 of 30
+/// frames/s over a 120 ms round trip; a viewer slower than the path still holds the source
+/// back by as many updates as before.
+/// (The rest of the capture whose first frame reaches the bound waits for the peer.)
+pub const UNDELIVERED_CAPTURES: usize = 16;
+/// And at most this many frames, however they are stamped.
+pub const UNDELIVERED_FRAMES: usize = 256;
 
 /// One stream as the session runs it: what the config says about it.
 #[derive(Clone)]
@@ -43,7 +47,7 @@ pub struct StreamPlan {
     /// for a source that sends its whole state again when the peer restarts (the
     /// `x11-screen` source's keyframe): keeping its frames would only hold it back (a
     /// 1920×1080 capture is 8 MB: 16 MiB of them held a 100 ms path to about two captures a
-    /// round trip, 12 frames/s); it is bounded by [`UNDELIVERED_FRAMES`] instead.
+    /// round trip, 12 frames/s); it is bounded by [`UNDELIVERED_CAPTURES`] instead.
     pub keeps_frames: bool,
     /// Which streams' frames go out first when several have frames ready: every `High`
     /// stream's before any `Normal` one's, and those before `Low` ones (round-robin within a
@@ -334,10 +338,23 @@ impl StreamRt {
         }
     }
 
+    /// Source: the captures among the frames kept (consecutive frames stamped with the same
+    /// time are one, [`UNDELIVERED_CAPTURES`]).
+    pub fn kept_captures(&self) -> usize {
+        let End::Source(s) = &self.end else {
+            return 0;
+        };
+        let mut last = None;
+        s.kept
+            .iter()
+            .filter(|(m, _)| last.replace(m.timestamp_ns) != Some(m.timestamp_ns))
+            .count()
+    }
+
     /// Source, reliable: keeps an endpoint frame until the peer completes it and returns it
     /// for the stack. Both share the bytes: no copy here. A stream that does not keep its
     /// frames ([`StreamPlan::keeps_frames`]) notes only that the frame is not completed yet
-    /// (at most [`UNDELIVERED_FRAMES`] of them, so a sink slower than the path still holds
+    /// (at most [`UNDELIVERED_CAPTURES`] of them, so a sink slower than the path still holds
     /// the source back).
     pub fn keep(&mut self, f: Frame) -> Frame {
         let keeps = self.plan.keeps_frames;

@@ -192,11 +192,10 @@ fn a_full_resume_buffer_stops_a_reliable_source_but_not_a_lossy_one() {
     assert!(s.source_ready(0));
 }
 
-/// A source that sends its whole state to a restarted peer (`keeps_frames = false`, the
-/// screen) is not held back by the bytes of its frames (a 1920×1080 capture is 8 MB) but by
-/// how many the peer has not completed, and a restarted peer gets none of them again.
+/// However its frames are stamped, such a source has at most [`stream::UNDELIVERED_FRAMES`]
+/// the peer has not completed.
 #[test]
-fn a_source_that_keeps_no_frames_is_bounded_by_their_number_not_their_bytes() {
+fn frames_stamped_alike_are_still_bounded_by_their_number() {
     let now = Instant::now();
     let mut s = session(
         vec![StreamPlan {
@@ -209,20 +208,60 @@ fn a_source_that_keeps_no_frames_is_bounded_by_their_number_not_their_bytes() {
     s.handle_message(now, 1, resume(9)).unwrap();
     s.handle_message(now, 1, resume(9)).unwrap();
     for seq in 0..stream::UNDELIVERED_FRAMES as u64 {
-        assert!(
-            s.source_ready(0),
-            "frame {seq} of 4000 bytes, over a 1000-byte budget"
-        );
-        s.handle_source_frame(now, 0, frame(1, seq, 4000)).unwrap();
+        assert!(s.source_ready(0), "frame {seq}");
+        s.handle_source_frame(now, 0, frame(1, seq, 10)).unwrap();
         drain(&mut s, now);
         let ack = OwnedMessage::Ack { stream: 1, seq };
         s.handle_message(now, 1, Incoming::Other(ack)).unwrap();
     }
+    assert!(!s.source_ready(0));
+}
+
+/// A source that sends its whole state to a restarted peer (`keeps_frames = false`, the
+/// screen) is not held back by the bytes of its frames (a 1920×1080 capture is 8 MB) but by
+/// how many captures the peer has not completed (a capture's frames carry one time), and a
+/// restarted peer gets none of them again.
+#[test]
+fn a_source_that_keeps_no_frames_is_bounded_by_its_captures_not_their_bytes() {
+    let now = Instant::now();
+    let mut s = session(
+        vec![StreamPlan {
+            keeps_frames: false,
+            ..plan(1, Role::Source, true)
+        }],
+        1000,
+    );
+    s.handle_link_up(now, 0);
+    s.handle_message(now, 1, resume(9)).unwrap();
+    s.handle_message(now, 1, resume(9)).unwrap();
+    // Captures of four frames each (2560×1440), each frame over the byte budget: the last
+    // capture the bound lets start holds the source once its first frame went.
+    let mut seq = 0u64;
+    let last = stream::UNDELIVERED_CAPTURES as u64 - 1;
+    for capture in 0..=last {
+        for part in 0..4 {
+            if capture == last && part > 0 {
+                break;
+            }
+            assert!(
+                s.source_ready(0),
+                "capture {capture}, frame {seq}: 4000 bytes over a 1000-byte budget"
+            );
+            let mut f = frame(1, seq, 4000);
+            f.meta.timestamp_ns = 1_000 + capture;
+            s.handle_source_frame(now, 0, f).unwrap();
+            drain(&mut s, now);
+            let ack = OwnedMessage::Ack { stream: 1, seq };
+            s.handle_message(now, 1, Incoming::Other(ack)).unwrap();
+            seq += 1;
+        }
+    }
     assert!(
         !s.source_ready(0),
-        "{} frames the peer has not completed",
-        stream::UNDELIVERED_FRAMES
+        "{} captures the peer has not completed",
+        stream::UNDELIVERED_CAPTURES
     );
+    // The peer completed the first capture's four frames.
     s.handle_message(
         now,
         1,

@@ -20,7 +20,7 @@ use crate::common::error::EndpointError;
 use crate::common::report::{SourceReport, SourceTask};
 use crate::common::x11::{wait_readable_for, x11_connect, x11_err};
 use ndd_core::frame::DEFAULT_HEADROOM;
-use ndd_core::{Frame, RateLimit};
+use ndd_core::{Frame, Meta, RateLimit};
 use ndd_wire::display::{
     bands, coalesce, plan_frames, PixelFormat, Rect, UpdateHeader, UpdateLayout, FLAG_KEYFRAME,
     FLAG_MORE, MAX_UPDATE_PAYLOAD,
@@ -464,6 +464,10 @@ pub(crate) fn send_update<E: From<String>>(
 ) -> Result<bool, E> {
     let frames = plan_frames(rects, PixelFormat::Bgrx32, MAX_UPDATE_PAYLOAD);
     let n = frames.len();
+    // Every frame of one capture carries the capture's time: the session counts a capture's
+    // frames as one when it bounds what the peer has not completed
+    // (`ndd_core::session::stream::UNDELIVERED_CAPTURES`).
+    let taken = em.next_meta().timestamp_ns;
     for (i, rects) in frames.into_iter().enumerate() {
         let mut flags = 0;
         if keyframe {
@@ -479,7 +483,11 @@ pub(crate) fn send_update<E: From<String>>(
             flags,
         };
         let layout = UpdateLayout::new(header, rects).map_err(|e| E::from(e.to_string()))?;
-        let mut frame = Frame::zeroed(em.next_meta(), DEFAULT_HEADROOM, layout.len());
+        let meta = Meta {
+            timestamp_ns: taken,
+            ..em.next_meta()
+        };
+        let mut frame = Frame::zeroed(meta, DEFAULT_HEADROOM, layout.len());
         let payload = frame.payload_mut();
         layout
             .write_headers(payload)

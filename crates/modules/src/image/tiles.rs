@@ -239,9 +239,8 @@ mod photo_tests {
         s
     }
 
-    /// Every tile size the pair takes (16 to 256) samples about 16×16 pixels: noise is a
-    /// picture at each, two-colour text at none (16-pixel tiles once gave 16 samples, which
-    /// can never hold more than 16 colours: no video was ever found with `tile = 16`).
+    /// A picture is more than [`PHOTO_SAMPLE_COLOURS`] colours among the samples: 16 are
+    /// not, 17 are (counted up to the 17th, no further).
     #[test]
     fn a_picture_is_more_than_sixteen_sampled_colours() {
         for (colours, photo) in [(1u16, false), (16, false), (17, true), (200, true)] {
@@ -258,6 +257,9 @@ mod photo_tests {
         }
     }
 
+    /// Every tile size the pair takes (16 to 256) samples about 16×16 pixels: noise is a
+    /// picture at each, two-colour text at none (16-pixel tiles once gave 16 samples, which
+    /// can never hold more than 16 colours: no video was ever found with `tile = 16`).
     #[test]
     fn photo_like_at_every_tile_size() {
         let noise = |x: u16, y: u16| {
