@@ -136,6 +136,15 @@ fn a_sway_output_reaches_the_other_side_pixel_identical_to_grim() {
         let took = wait_same(color);
         println!("{color}: identical after {took:?}");
     }
+    // The output changes size while it is captured: the other side's picture follows it,
+    // whole and identical, at the new size.
+    for (mode, size) in [("640x400", (640, 400)), ("320x480", (320, 480))] {
+        assert!(sway.msg(&["output", "HEADLESS-1", "mode", mode]));
+        let (w, h, _) = sway.grim().expect("grim");
+        assert_eq!((w, h), size, "sway took mode {mode}");
+        let took = wait_same(mode);
+        println!("resized to {mode}: identical after {took:?}");
+    }
     // The compositor goes away under the running app side: it ends with the source's error
     // (a daemon starts it again), and the device side hears why. (It ended the stream as if
     // done and said nothing but wayland-backend's raw "Io error: Broken pipe".)
