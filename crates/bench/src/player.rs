@@ -39,13 +39,13 @@ pub fn clip(w: u16, h: u16, grain: u8) -> Result<(PathBuf, u64)> {
     let hash = graph.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
     });
-    let path = std::env::temp_dir().join(format!("ndd-bench-clip-{w}x{h}-{n}-{hash:016x}.bgra"));
+    let prefix = format!("ndd-bench-clip-{w}x{h}-g{grain}-");
+    let path = std::env::temp_dir().join(format!("{prefix}{n}-{hash:016x}.bgra"));
     if std::fs::metadata(&path).is_ok_and(|m| m.len() == n * frame) {
         return Ok((path, n));
     }
-    // Clips of this size from an older graph go (each is up to 1.5 GB).
+    // Clips of this size and grain from an older graph go (each is up to 1.5 GB).
     if let Ok(dir) = std::fs::read_dir(std::env::temp_dir()) {
-        let prefix = format!("ndd-bench-clip-{w}x{h}-");
         for e in dir.flatten() {
             let name = e.file_name();
             let name = name.to_string_lossy();
@@ -79,6 +79,11 @@ pub fn clip(w: u16, h: u16, grain: u8) -> Result<(PathBuf, u64)> {
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
+    // Written out before it plays, not flushed during a row's window (a row right after its
+    // clip was rendered once counted the source at 20 frames a second: likely that).
+    std::fs::File::open(&part)
+        .and_then(|f| f.sync_all())
+        .context("cannot write the rendered clip out")?;
     std::fs::rename(&part, &path).context("cannot keep the rendered clip")?;
     Ok((path, n))
 }
