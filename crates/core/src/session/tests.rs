@@ -192,11 +192,9 @@ fn a_full_resume_buffer_stops_a_reliable_source_but_not_a_lossy_one() {
     assert!(s.source_ready(0));
 }
 
-/// However its frames are stamped, such a source has at most [`stream::UNDELIVERED_FRAMES`]
-/// the peer has not completed.
-#[test]
-fn frames_stamped_alike_are_still_bounded_by_their_number() {
-    let now = Instant::now();
+/// A session with one reliable source that keeps no frames (a screen), resumed, its resume
+/// budget 1000 bytes.
+fn screen_source(now: Instant) -> Session {
     let mut s = session(
         vec![StreamPlan {
             keeps_frames: false,
@@ -207,6 +205,15 @@ fn frames_stamped_alike_are_still_bounded_by_their_number() {
     s.handle_link_up(now, 0);
     s.handle_message(now, 1, resume(9)).unwrap();
     s.handle_message(now, 1, resume(9)).unwrap();
+    s
+}
+
+/// However its frames are stamped, such a source has at most [`stream::UNDELIVERED_FRAMES`]
+/// the peer has not completed.
+#[test]
+fn frames_stamped_alike_are_still_bounded_by_their_number() {
+    let now = Instant::now();
+    let mut s = screen_source(now);
     for seq in 0..stream::UNDELIVERED_FRAMES as u64 {
         assert!(s.source_ready(0), "frame {seq}");
         s.handle_source_frame(now, 0, frame(1, seq, 10)).unwrap();
@@ -224,16 +231,7 @@ fn frames_stamped_alike_are_still_bounded_by_their_number() {
 #[test]
 fn a_source_that_keeps_no_frames_is_bounded_by_its_captures_not_their_bytes() {
     let now = Instant::now();
-    let mut s = session(
-        vec![StreamPlan {
-            keeps_frames: false,
-            ..plan(1, Role::Source, true)
-        }],
-        1000,
-    );
-    s.handle_link_up(now, 0);
-    s.handle_message(now, 1, resume(9)).unwrap();
-    s.handle_message(now, 1, resume(9)).unwrap();
+    let mut s = screen_source(now);
     // Captures of four frames each (2560×1440), each frame over the byte budget: the last
     // capture the bound lets start holds the source once its first frame went.
     let mut seq = 0u64;
