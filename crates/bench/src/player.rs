@@ -20,7 +20,6 @@ use x11rb::connection::Connection;
 use x11rb::protocol::shm::{self, ConnectionExt as _};
 use x11rb::protocol::xproto::{self, ConnectionExt as _};
 use x11rb::rust_connection::RustConnection;
-use x11rb::wrapper::ConnectionExt as _;
 
 /// The clip's frame rate.
 const FPS: u32 = 30;
@@ -97,7 +96,7 @@ pub struct Player {
 
 impl Player {
     /// Plays the clip of `w`x`h` and `grain` at (`left`, `top`) on `display` (rendering the
-    /// clip first if it is not there yet); errors once the window shows, or before.
+    /// clip first if it is not there yet); errors unless the window shows its first picture.
     pub fn start(display: &str, w: u16, h: u16, left: i16, top: i16, grain: u8) -> Result<Player> {
         let (path, n) = clip(w, h, grain)?;
         let screen = Screen::open(display, &path, w, h, left, top)?;
@@ -181,15 +180,43 @@ impl Screen {
         let gc = conn.generate_id()?;
         conn.create_gc(gc, window, &xproto::CreateGCAux::new())?;
         conn.map_window(window)?;
-        conn.sync()?;
-        Ok(Screen {
+        let screen = Screen {
             conn,
             window,
             gc,
             seg,
             size: (w, h),
             depth: root.root_depth,
-        })
+        };
+        // The first picture, checked here: a server that refuses it would leave the window
+        // black for the whole row.
+        screen
+            .put(0)?
+            .check()
+            .with_context(|| format!("{display} refused the test video's first picture"))?;
+        Ok(screen)
+    }
+
+    /// Draws the picture `offset` bytes into the clip.
+    fn put(&self, offset: u32) -> Result<x11rb::cookie::VoidCookie<'_, RustConnection>> {
+        let (w, h) = self.size;
+        Ok(self.conn.shm_put_image(
+            self.window,
+            self.gc,
+            w,
+            h,
+            0,
+            0,
+            w,
+            h,
+            0,
+            0,
+            self.depth,
+            xproto::ImageFormat::Z_PIXMAP.into(),
+            false,
+            self.seg,
+            offset,
+        )?)
     }
 
     /// Draws the clip's `n` frames in a loop, [`FPS`] a second, until `stop`.
@@ -207,36 +234,13 @@ impl Screen {
                 None => k = k.max((start.elapsed().as_secs_f64() * f64::from(FPS)) as u64),
             }
             let offset = u32::try_from((k % n) * frame).context("the clip is over 4 GB")?;
-            let put = self.conn.shm_put_image(
-                self.window,
-                self.gc,
-                w,
-                h,
-                0,
-                0,
-                w,
-                h,
-                0,
-                0,
-                self.depth,
-                xproto::ImageFormat::Z_PIXMAP.into(),
-                false,
-                self.seg,
-                offset,
-            )?;
-            if k == 0 {
-                // A server that refuses the picture would leave the window black.
-                put.check()
-                    .context("the X server refused the first picture")?;
-            } else {
-                // A round trip a frame: a server that falls behind holds the player back
-                // instead of queueing frames (as a player waiting for vsync is).
-                put.ignore_error();
-                self.conn
-                    .get_input_focus()?
-                    .reply()
-                    .context("the X server went")?;
-            }
+            self.put(offset)?.ignore_error();
+            // A round trip a frame: a server that falls behind holds the player back instead
+            // of queueing frames (as a player waiting for vsync is).
+            self.conn
+                .get_input_focus()?
+                .reply()
+                .context("the X server went")?;
             k += 1;
         }
         Ok(())

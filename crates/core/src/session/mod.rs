@@ -609,6 +609,8 @@ impl Session {
             || ((src.out.is_empty() || src.out_bytes < window)
                 && (src.kept.is_empty() || src.kept_bytes < self.cfg.resume_buffer_bytes)
                 && (s.plan.keeps_frames
+                    // (Fewer frames are fewer captures: not counted on every turn.)
+                    || src.kept.len() < stream::UNDELIVERED_CAPTURES
                     || (src.kept.len() < stream::UNDELIVERED_FRAMES
                         && s.kept_captures() < stream::UNDELIVERED_CAPTURES))
                 && s.stack.ready())

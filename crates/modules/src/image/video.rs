@@ -1180,18 +1180,23 @@ mod tests {
     #[test]
     fn slow_captures_find_a_video_within_seconds() {
         let all: Vec<usize> = (0..100).collect();
-        let mut d = Detector::default();
-        d.reset(100);
-        let mut clock = Clock::every(Duration::from_millis(500));
-        let mut took = None;
-        for n in 0..20 {
-            if d.handle_capture(clock.tick(), &all, &all, GRID_W, tile_rect)
-                .is_some()
-                && took.is_none()
-            {
-                took = Some(n);
+        // Every tile changing in each of 20 captures `every` apart, the link's time for an
+        // update `link_gap`: the detector, and the first capture that gave a region.
+        let first_region = |every: u64, link_gap: Duration| {
+            let mut d = Detector::default();
+            d.reset(100);
+            let mut clock = Clock::every(Duration::from_millis(every));
+            let mut took = None;
+            for n in 0..20 {
+                d.set_link_gap(link_gap);
+                let r = d.handle_capture(clock.tick(), &all, &all, GRID_W, tile_rect);
+                if r.is_some() && took.is_none() {
+                    took = Some(n);
+                }
             }
-        }
+            (d, took)
+        };
+        let (d, took) = first_region(500, Duration::ZERO);
         // MIN_SEEN captures spanning SLOW_SPAN, then MIN_STOOD spanning SETTLE_SPAN.
         assert_eq!(took, Some(MIN_SEEN as usize + MIN_STOOD as usize - 2));
         assert_eq!(d.region(), Some(Rect::new(0, 0, 640, 640)));
@@ -1229,19 +1234,7 @@ mod tests {
         assert!(found, "link-paced captures find the video");
         // Link-paced captures a little further apart than the link's estimated time (1440p
         // JPEG tiles on 20 Mbit/s): found at the fourth capture, as at 500 ms.
-        let mut d = Detector::default();
-        d.reset(100);
-        let mut clock = Clock::every(Duration::from_millis(1650));
-        let mut took = None;
-        for n in 0..12 {
-            d.set_link_gap(Duration::from_millis(1600));
-            if d.handle_capture(clock.tick(), &all, &all, GRID_W, tile_rect)
-                .is_some()
-                && took.is_none()
-            {
-                took = Some(n);
-            }
-        }
+        let (_, took) = first_region(1650, Duration::from_millis(1600));
         assert_eq!(took, Some(MIN_SEEN as usize + MIN_STOOD as usize - 2));
         // A slideshow, a new picture every 3 s: not video by time (10 pictures, 30 s), even
         // on a link that takes that long per picture.
