@@ -267,7 +267,26 @@ impl Stored {
                         Kept::resume_at(c.cached_info().ack_floor.stream_sequence, kept.as_ref());
                     self.resumed = true;
                 }
-                let _ = self.stream.delete_consumer(&durable).await;
+                // nats-server's file store can fail a delete that races its own writes
+                // ("directory not empty"); the consumer left behind would go on from its own
+                // position, not `start`, so the delete is tried again.
+                for _ in 0..5 {
+                    match self.stream.delete_consumer(&durable).await {
+                        Ok(_) => break,
+                        Err(e) => {
+                            tracing::debug!(%durable, error = %e, "consumer delete failed; trying again");
+                            if self
+                                .stream
+                                .get_consumer::<jetstream::consumer::pull::Config>(&durable)
+                                .await
+                                .is_err()
+                            {
+                                break;
+                            }
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    }
+                }
             }
         }
         if !self.resumed {
