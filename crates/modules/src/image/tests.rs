@@ -377,6 +377,41 @@ fn scrolling_text_in_every_capture_is_no_video() {
     }
 }
 
+/// A test pattern's saturated bars under noise (`testsrc2` with ±4 grain as ffplay shows it)
+/// clip to a few colours a tile, 6 here, new grain in every capture: a video, though few of
+/// its tiles have more than 16 colours (it stayed on JPEG and palette tiles at 3 frames a
+/// second at 1080p).
+#[test]
+fn grain_in_few_colours_in_every_capture_is_video() {
+    let t0 = Instant::now();
+    let c = ImageConfig {
+        tile: 32,
+        ..cfg(Quality::Medium)
+    };
+    let mut p = Pipe::new(c);
+    let bars = |n: u16| {
+        move |x: u16, y: u16| {
+            let h = (u32::from(x).wrapping_mul(2_654_435_761)
+                ^ u32::from(y).wrapping_mul(40503)
+                ^ u32::from(n).wrapping_mul(97_531))
+            .wrapping_mul(2_246_822_519)
+                >> 24;
+            let d = [0u8, 4, 8][h as usize % 3];
+            if x < W / 2 {
+                [0, d, 255 - d]
+            } else {
+                [255 - d, d, 0]
+            }
+        }
+    };
+    p.send(t0, update(FLAG_KEYFRAME, &[whole()], bars(0)));
+    for n in 1..=40u16 {
+        let now = t0 + Duration::from_millis(33 * u64::from(n));
+        p.send(now, update(0, &[whole()], bars(n)));
+    }
+    assert!(counter(&p, "video_frames") > 0);
+}
+
 #[test]
 fn the_window_closes_until_credit_comes_back() {
     let t0 = Instant::now();

@@ -13,6 +13,11 @@ pub(crate) struct Screen {
 
 /// Colours among a tile's samples above which it looks like a picture ([`Screen::photo_like`]).
 pub(crate) const PHOTO_SAMPLE_COLOURS: usize = 16;
+/// Share of a tile's samples that differ from both their right and lower neighbours above
+/// which it looks like a picture whatever its colours ([`Screen::photo_like`]): grain. 50–70 %
+/// in `testsrc2` under ±4 noise as ffplay shows it (6–9 colours a tile), under 10 % in
+/// bitmap-font and anti-aliased terminal text.
+pub(crate) const GRAIN_SHARE: f64 = 0.25;
 
 impl Screen {
     pub fn new(width: u16, height: u16) -> Screen {
@@ -35,10 +40,14 @@ impl Screen {
 
     /// Whether `r` looks like a picture (a video frame, a 3D scene) rather than text or flat
     /// drawing: its pixels sampled on a grid of about 16×16 (every 4th on every 4th row of a
-    /// 64-pixel tile) have more than [`PHOTO_SAMPLE_COLOURS`] colours. On 1080p test video with light grain 9 tiles in 10 do
-    /// (the flattest ones 11–13 colours); bitmap-font text 2; anti-aliased text 13 at the
+    /// 64-pixel tile) have more than [`PHOTO_SAMPLE_COLOURS`] colours, or fewer but grain
+    /// ([`GRAIN_SHARE`]). On 1080p test video with light grain 9 tiles in 10 have that many
+    /// colours (the flattest ones 11–13); bitmap-font text 2; anti-aliased text 13 at the
     /// median, 37 at the 90th percentile, so the video detector wants such tiles to be a share
-    /// of a region, not all of it ([`super::video::PHOTO_SHARE`]).
+    /// of a region, not all of it ([`super::video::PHOTO_SHARE`]). `testsrc2`'s saturated bars
+    /// under ±4 noise, as ffplay shows them, clip to 6–9 colours a tile: only 1 tile in 3 had
+    /// more than 16 and a full-screen such video stayed on JPEG and palette tiles at 3 frames
+    /// a second; their grain tells them.
     pub fn photo_like(&self, r: Rect) -> bool {
         // About 16 samples across and down whatever the tile size (16 to 256: at most 31×31
         // samples, for 31-pixel tiles). This runs for every changed tile: the colours found
@@ -63,7 +72,37 @@ impl Screen {
                 }
             }
         }
-        false
+        // Few colours, but grain: most samples differ from the pixels right of and below them
+        // (a test pattern's saturated bars under noise clip to 6–9 colours a tile; text, even
+        // anti-aliased, differs from both at a stroke's corners only). Two colours are text or
+        // line drawing, whatever their pattern.
+        n > 2 && self.grainy(r, step)
+    }
+
+    /// Whether at least [`GRAIN_SHARE`] of `r`'s samples (every `step`th pixel of every
+    /// `step`th row) differ from both the pixel right of them and the one below.
+    fn grainy(&self, r: Rect, step: usize) -> bool {
+        let (w, h) = (usize::from(self.width), usize::from(self.height));
+        let stride = self.stride();
+        let (mut samples, mut grain) = (0usize, 0usize);
+        for y in (usize::from(r.y)..usize::from(r.y + r.h)).step_by(step) {
+            for x in (usize::from(r.x)..usize::from(r.x + r.w)).step_by(step) {
+                if x + 1 >= w || y + 1 >= h {
+                    continue;
+                }
+                let i = y * stride + x * 4;
+                let (Some(p), Some(right), Some(below)) = (
+                    self.px.get(i..i + 3),
+                    self.px.get(i + 4..i + 7),
+                    self.px.get(i + stride..i + stride + 3),
+                ) else {
+                    return false;
+                };
+                samples += 1;
+                grain += usize::from(p != right && p != below);
+            }
+        }
+        samples > 0 && grain as f64 >= GRAIN_SHARE * samples as f64
     }
 
     /// Copies `r`'s pixels out as BGRX rows without padding.
@@ -278,6 +317,48 @@ mod photo_tests {
             let whole = Rect::new(0, 0, side, side);
             assert!(screen(side, noise).photo_like(whole), "noise at {side}");
             assert!(!screen(side, text).photo_like(whole), "text at {side}");
+        }
+    }
+
+    /// Grain in few colours is a picture (a test pattern's clipped bars under noise: 6
+    /// colours here, the count `testsrc2` showed); text in as many colours (one a glyph
+    /// cell, 1-pixel strokes on a 6×13 cell, as a terminal with syntax colours) is not.
+    #[test]
+    fn grain_in_few_colours_is_a_picture_and_coloured_text_is_not() {
+        let colours = [
+            [0, 0, 255],
+            [4, 0, 251],
+            [0, 4, 255],
+            [0, 0, 247],
+            [8, 0, 255],
+            [0, 8, 251],
+        ];
+        let grain = |x: u16, y: u16| {
+            let h = u32::from(x).wrapping_mul(2_654_435_761) ^ u32::from(y).wrapping_mul(40503);
+            colours[(h.wrapping_mul(2_246_822_519) >> 24) as usize % colours.len()]
+        };
+        let text = |x: u16, y: u16| {
+            let (cx, cy, col) = (
+                x % 6,
+                y % 13,
+                usize::from(x / 6 + y / 13) % (colours.len() - 1),
+            );
+            let stroke = (2..11).contains(&cy) && (cx == 1 || cx == 4 || cy == 6 && cx < 5);
+            if stroke {
+                colours[1 + col]
+            } else {
+                colours[0]
+            }
+        };
+        for side in [16u16, 32, 64, 128, 256] {
+            let whole = Rect::new(0, 0, side, side);
+            let (g, t) = (screen(side, grain), screen(side, text));
+            assert!(
+                g.grainy(whole, usize::from((side / 16).max(1))),
+                "grain at {side}"
+            );
+            assert!(g.photo_like(whole), "grain at {side}");
+            assert!(!t.photo_like(whole), "text at {side}");
         }
     }
 }
