@@ -384,33 +384,53 @@ impl ImageForward {
 
     /// Copies an update into the screen copy; returns the parts that changed (all of them
     /// when `force`).
+    ///
+    /// Row by row across each band of tiles the rect crosses, not tile by tile: the screen
+    /// copy and the update are read and written in address order (tile by tile, 64 short
+    /// strided copies a tile, this copy was 14 % of the app side on a 1080p video), and a row
+    /// whose parts all changed already is one copy.
     fn absorb(&mut self, u: &Update<'_>, force: bool, now: Instant) -> Vec<(usize, Rect)> {
         let mut changed = Vec::new();
         for rp in &u.rects {
             let r = rp.rect;
             let w = usize::from(r.w) * 4;
-            for (i, p) in self.parts(r) {
-                let Some(s) = self.screen.as_mut() else {
-                    return changed;
-                };
-                // `really`: its pixels differ (a forced part is sent whether or not, but only
-                // a real difference is movement to the video detector).
-                let mut really = false;
-                for y in p.y..p.y + p.h {
-                    let src_row = usize::from(y - r.y) * w + usize::from(p.x - r.x) * 4;
-                    let src = &rp.pixels[src_row..src_row + usize::from(p.w) * 4];
-                    let dst = s.row(p.x, y, p.w);
-                    if really || s.px[dst.clone()] != *src {
+            let parts = self.parts(r);
+            let Some(s) = self.screen.as_mut() else {
+                return changed;
+            };
+            // `really`: a part's pixels differ (a forced part is sent whether or not, but only
+            // a real difference is movement to the video detector).
+            let mut really = Vec::new();
+            for band in parts.chunk_by(|a, b| a.1.y == b.1.y) {
+                let (y0, h) = (band[0].1.y, band[0].1.h);
+                really.clear();
+                really.resize(band.len(), false);
+                let mut all = false;
+                for y in y0..y0 + h {
+                    let src = &rp.pixels[usize::from(y - r.y) * w..][..w];
+                    let dst = s.row(r.x, y, r.w);
+                    if all {
                         s.px[dst].copy_from_slice(src);
-                        really = true;
+                        continue;
                     }
+                    let dst = &mut s.px[dst];
+                    for (k, (_, p)) in band.iter().enumerate() {
+                        let seg = usize::from(p.x - r.x) * 4..usize::from(p.x - r.x + p.w) * 4;
+                        if really[k] || dst[seg.clone()] != src[seg.clone()] {
+                            dst[seg.clone()].copy_from_slice(&src[seg]);
+                            really[k] = true;
+                        }
+                    }
+                    all = really.iter().all(|&c| c);
                 }
-                if really {
-                    self.moved.push(i);
-                }
-                if really || force {
-                    self.tiles[i].changed = now;
-                    changed.push((i, p));
+                for (&(i, p), &really) in band.iter().zip(&really) {
+                    if really {
+                        self.moved.push(i);
+                    }
+                    if really || force {
+                        self.tiles[i].changed = now;
+                        changed.push((i, p));
+                    }
                 }
             }
         }
