@@ -830,6 +830,56 @@ fn reliable_app_to_device_frames_wait_in_jetstream_while_the_device_is_away() {
     assert!(dups < 64, "{dups} duplicates");
 }
 
+/// The device side restarts just before an app side's reliable stream ends: the new device
+/// run begins (it reads where the stream stands), spends its claim's 500 ms, and the app side's
+/// last frames and END, sealed for the run before and stored after the new one began, are
+/// refused by it. The app side confirms the device's run before its stream is done and seals
+/// them again for the new run; the device side, deaf to joins no longer while it claims,
+/// answers. Before, the app side ended unaware and the new device side waited for the frames
+/// for good (seen once in a loaded run of the test above).
+#[test]
+fn an_app_side_ending_while_the_device_restarts_leaves_nothing_behind() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-up-end");
+    let nats = Nats::start("upend", &[]);
+    let (dev, apps) = homes_n(&dir.0, 1);
+    // 400 frames, one every 5 ms: the source ends 2 s after it starts.
+    let n = 400u64;
+    let out = dir.0.join("up.bin");
+    let cfg = one_stream_to_file(
+        &dir.0,
+        "upend",
+        &nats.url(),
+        "app-to-device",
+        (120, 5.0, n, 14),
+        &out,
+    );
+    let d1 = side(&cfg, "device", &dev, &["--once"]);
+    wait_for("the first device side serves", WAIT, || {
+        d1.stderr_now().contains("serving app sides through NATS")
+    });
+    let a = side(&cfg, "app", &apps[0], &["--once"]);
+    let started = std::time::Instant::now();
+    wait_for("frames to flow", WAIT, || complete_frames(&out) > 20);
+    d1.kill();
+    // The next device side starts some 200 ms before the app side's source ends: it is
+    // still claiming the driver when the last frames and the END are stored.
+    let ends = Duration::from_secs(2);
+    let start_at = ends.saturating_sub(Duration::from_millis(200));
+    std::thread::sleep(start_at.saturating_sub(started.elapsed()));
+    let d2 = side(&cfg, "device", &dev, &["--once"]);
+    let (as_, _, aerr) = a.finish();
+    assert!(as_.success(), "app: {aerr}");
+    let (ds, _, derr) = d2.finish();
+    assert!(ds.success(), "device: {derr}");
+    let seqs = synthetic_seqs_in(&out, 14, n);
+    let (next, _, lost) = order(seqs.iter().copied());
+    assert_eq!(next, n, "every frame up to the last: {derr}");
+    assert!(lost.is_empty(), "frames lost: {lost:?}");
+}
+
 /// `slots.toml` in `dir`: a lossy stream split between two app sides (heartbeats every 300 ms).
 fn split_config(dir: &Path, url: &str) -> PathBuf {
     write(

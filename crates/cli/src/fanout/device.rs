@@ -20,6 +20,14 @@ pub(super) async fn start(
     } else {
         None
     };
+    // Joins are heard from before this run begins: an app side's reliable stream asks for
+    // the keys once its END is stored (`ndd_link::nats::source`, confirming the device's run),
+    // and that question must either reach this side, to be answered with this run, or find
+    // nobody and come before the run began — never fall between (found under load: a device
+    // side that read where the stream stood, then spent its claim's 500 ms deaf to joins,
+    // refused the last frames an app side sealed for the run before, which had ended meanwhile,
+    // and waited for them for good).
+    let join_sub = ctx.subscribe(&ctx.subjects.join()).await?;
     // This run begins after what the stream holds now: earlier runs' frames stored
     // later are replays (`ndd_link::nats::runs`).
     let began = match &js {
@@ -72,7 +80,7 @@ pub(super) async fn start(
         expiry: Duration::from_millis(cfg.link.handshake_timeout_ms.max(1000) * 2),
         slots: (slots > 0).then_some(held),
     };
-    let joins = host.serve().await?;
+    let joins = host.serve(join_sub);
     t.service(async move { joins.await.map_err(|e| anyhow!("join service: {e}"))? });
     // The keeper runs once the driver is claimed and joins are served: its notices send app
     // sides joining.

@@ -23,10 +23,14 @@ pub(super) struct JoinService {
 const JOIN_INITS_PER_S: u32 = 100;
 
 impl JoinService {
-    pub(super) async fn serve(mut self) -> Result<tokio::task::JoinHandle<Result<()>>> {
+    /// Answers the joins that come on `sub` (the join subject, subscribed to before this
+    /// side's run began: see [`super::device::start`]).
+    pub(super) fn serve(
+        mut self,
+        mut sub: async_nats::Subscriber,
+    ) -> tokio::task::JoinHandle<Result<()>> {
         let subject = self.ctx.subjects.join();
-        let mut sub = self.ctx.subscribe(&subject).await?;
-        Ok(tokio::spawn(async move {
+        tokio::spawn(async move {
             let mut host = Host::new(self.expiry);
             let mut logs = ndd_core::RateLimit::with_burst(Duration::from_secs(1), 5);
             // Each INIT costs a key pair, an agreement and a signature, and anyone who may
@@ -67,7 +71,7 @@ impl JoinService {
                 }
             }
             Ok(())
-        }))
+        })
     }
 
     /// The answer to the join message `msg`, taken at `now`.

@@ -110,6 +110,10 @@ pub(super) struct Publisher {
     pub(super) gate: Option<GateTicket>,
     /// The side's keys went (it stops).
     pub(super) keys_gone: bool,
+    /// App side: asks the key follower to join again (the device's run confirmed before a
+    /// reliable stream is done), and the answer waited for.
+    refresh: Option<Refresh>,
+    confirming: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
 /// What a [`Publisher`] waits for besides frames.
@@ -117,6 +121,8 @@ pub(super) enum Wake {
     Ack(AckResult),
     Time,
     Keys(Result<(), watch::error::RecvError>),
+    /// The join asked for to confirm the device's run is through (or failed).
+    Confirmed,
 }
 
 /// The subject of `plan`'s frames on `route` (and its part of a split stream).
@@ -143,6 +149,7 @@ impl Publisher {
         plan: &Plan,
         keys: GroupKey,
         js: Option<jetstream::Context>,
+        refresh: Option<Refresh>,
     ) -> Result<Publisher> {
         let js = js.filter(|_| plan.reliable);
         let stored = js.is_some();
@@ -188,6 +195,8 @@ impl Publisher {
             acks_rx,
             connects: ctx.connects.load(std::sync::atomic::Ordering::Acquire),
             keys_gone: false,
+            refresh,
+            confirming: None,
         })
     }
 
@@ -248,6 +257,25 @@ impl Publisher {
                     .map_err(|e| self.err(e))?;
                 continue;
             }
+            if self.flow.poll_confirm() {
+                // The device may have restarted while the last frames went: the key follower
+                // joins again and says when it is through; without one (or with it gone) the
+                // keys as they stand are the answer.
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                let asked = match &self.refresh {
+                    Some(r) => r.send(tx).await.is_ok(),
+                    None => false,
+                };
+                if asked {
+                    self.confirming = Some(rx);
+                } else {
+                    let k = self.flow.sender.keys();
+                    self.flow
+                        .handle_confirmed(Instant::now(), k)
+                        .map_err(|e| self.err(e))?;
+                    continue;
+                }
+            }
             if let Some((meta, payload, route)) = self.flow.poll_again() {
                 let (subject, part) = subject_of(&self.ctx, &self.plan, self.js.is_some(), route);
                 let frame = Frame::from_bytes(meta, payload.clone());
@@ -281,10 +309,19 @@ impl Publisher {
     /// The next acknowledgement, retry or END repeat due, or change of keys (cancel-safe).
     pub(super) async fn next(&mut self, keys: &mut watch::Receiver<GroupKey>) -> Wake {
         let wake = self.flow.poll_timeout();
+        let confirming = &mut self.confirming;
         tokio::select! {
             Some(a) = self.acks_rx.recv() => Wake::Ack(a),
             _ = sleep_until_opt(wake) => Wake::Time,
             r = keys.changed(), if !self.keys_gone => Wake::Keys(r),
+            _ = async {
+                match confirming.as_mut() {
+                    Some(rx) => {
+                        let _ = rx.await;
+                    }
+                    None => std::future::pending().await,
+                }
+            }, if confirming.is_some() => Wake::Confirmed,
         }
     }
 
@@ -302,6 +339,13 @@ impl Publisher {
             // Retries and END repeats are taken by the step.
             Wake::Time => {}
             Wake::Keys(r) => self.keys_changed(r, keys)?,
+            Wake::Confirmed => {
+                self.confirming = None;
+                let k = *keys.borrow_and_update();
+                self.flow
+                    .handle_confirmed(Instant::now(), k)
+                    .map_err(|e| self.err(e))?;
+            }
         }
         self.step().await
     }

@@ -92,7 +92,7 @@ pub(super) async fn spawn_stream(
             })?;
         let stack = user_stack(cfg, plan, Role::Source)?;
         let mut keys = key.clone();
-        let out = Publisher::new(ctx, plan, *keys.borrow_and_update(), js)?;
+        let out = Publisher::new(ctx, plan, *keys.borrow_and_update(), js, refresh.cloned())?;
         let endpoint = source.abort_handle();
         let finish = finish.clone();
         let described = s.source.describe();

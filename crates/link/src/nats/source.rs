@@ -14,7 +14,12 @@
 //!   (and to every round-robin member), waits for room rather than being dropped, is stored
 //!   (JetStream) and flushed; on core NATS it goes again after each of [`END_REPEATS`] (a
 //!   message may be lost there; app sides take the first and pass over the others). Then the
-//!   stream is done.
+//!   stream is done — except an app side's reliable stream, which first **confirms the
+//!   device's run** ([`SourceFlow::poll_confirm`]): the device may have restarted while the
+//!   last frames went, and a new run refuses what was sealed for the old one and stored after
+//!   it began (`super::runs`); only this side can seal them again, so before it is done it asks
+//!   the device for the keys once more ([`SourceFlow::handle_confirmed`]) and, under a new run,
+//!   seals again what the device no longer opens, and the END after it.
 //!
 //! The driver hands in frames (while [`SourceFlow::ready`]), keys, acknowledgements,
 //! reconnects and time, hands [`SourceFlow::poll_transmit`]'s messages to the client, flushes
@@ -73,6 +78,8 @@ enum Ending {
     Flushing { sent: usize },
     /// The next END goes at `at`.
     Pause { sent: usize, at: Instant },
+    /// Stored and flushed; the device's run is being confirmed (asked: the driver was told).
+    Confirm { asked: bool },
     /// Done.
     Done,
 }
@@ -88,6 +95,8 @@ pub struct SourceFlow<S, K> {
     stored: bool,
     /// A device side's reliable stream: it takes part in the rotation's gate.
     gated: bool,
+    /// An app side's reliable stream: it confirms the device's run before it is done.
+    confirms: bool,
     max_payload: usize,
     end: EndPlan,
     /// Keys to follow once the outbox is settled (or the rotation's final ones).
@@ -126,11 +135,13 @@ impl<S: RunSeal, K> SourceFlow<S, K> {
         // Before, it never said so (no new keys came for that rotation) and the gate waited
         // its whole GATE_WAIT (found by a review).
         let mid_rotation = gated && sender.keys().since == SINCE_PENDING;
+        let confirms = stored && !gated && sender.outbox.keeps();
         SourceFlow {
             sender,
             stream,
             stored,
             gated,
+            confirms,
             max_payload,
             end,
             want: None,
@@ -257,6 +268,7 @@ impl<S: RunSeal, K> SourceFlow<S, K> {
                     sent,
                     at: now + *pause,
                 },
+                _ if self.confirms => Ending::Confirm { asked: false },
                 _ => Ending::Done,
             };
         }
@@ -312,6 +324,33 @@ impl<S: RunSeal, K> SourceFlow<S, K> {
         std::mem::take(&mut self.gate_notice)
     }
 
+    /// Whether the driver is to ask the device for its keys now (once per confirmation; then
+    /// [`SourceFlow::handle_confirmed`]).
+    pub fn poll_confirm(&mut self) -> bool {
+        if self.ending == (Ending::Confirm { asked: false }) {
+            self.ending = Ending::Confirm { asked: true };
+            return true;
+        }
+        false
+    }
+
+    /// The device was asked for its keys (answered or not): `keys` are the side's keys now.
+    /// The run the stream sealed for stands: done. A newer one: what it no longer opens is
+    /// sealed again, then the END, then the run is confirmed again.
+    pub fn handle_confirmed(&mut self, now: Instant, keys: GroupKey) -> Result<(), SendError> {
+        // Only the answer to the question asked (one that comes after new keys sent the END
+        // again is stale: the next confirmation asks anew).
+        if self.ending != (Ending::Confirm { asked: true }) {
+            return Ok(());
+        }
+        if keys.resend_after(&self.sender.keys()).is_none() && self.want.is_none() {
+            self.ending = Ending::Done;
+            return Ok(());
+        }
+        self.want = Some(keys);
+        self.advance(now)
+    }
+
     /// Whether the client is to be flushed now (then [`SourceFlow::handle_flushed`]).
     pub fn poll_flush(&self) -> bool {
         matches!(self.ending, Ending::Flushing { .. })
@@ -331,7 +370,10 @@ impl<S: RunSeal, K> SourceFlow<S, K> {
                     self.again.extend(again);
                     if matches!(
                         self.ending,
-                        Ending::Sent { .. } | Ending::Flushing { .. } | Ending::Pause { .. }
+                        Ending::Sent { .. }
+                            | Ending::Flushing { .. }
+                            | Ending::Pause { .. }
+                            | Ending::Confirm { .. }
                     ) {
                         // The END went under the old keys, maybe before frames now sealed
                         // again: it goes again behind them, under the new ones.
@@ -520,6 +562,91 @@ mod tests {
         assert_eq!(f.ends_sent, 1);
     }
 
+    /// An app side's reliable stream is not done once its END is stored: it asks the
+    /// device for its keys first. The device restarted while the last frames went (its new
+    /// run began after stream sequence 5, so it refuses what was sealed for the old run and
+    /// stored later): those frames are sealed again for the new run, the END after them, and
+    /// the run is confirmed again before the stream is done. (Found under load: the app side
+    /// ended before it heard of the new run, and the device waited for those frames for good.)
+    #[test]
+    fn an_app_sides_reliable_stream_confirms_the_devices_run_before_it_is_done() {
+        let t = Instant::now();
+        let mut f = flow_keeping(true, false, None, false, true);
+        for n in 0..10u64 {
+            f.handle_frame(t, "d", None, frame(n), Some((1, n)))
+                .unwrap();
+        }
+        let sent = drain(&mut f);
+        for (i, p) in sent.iter().enumerate() {
+            f.handle_ack(t, p.token, Ok(i as u64 + 1)).unwrap();
+        }
+        f.handle_end(t, 5).unwrap();
+        let end = drain(&mut f);
+        assert_eq!(end.iter().map(seq_of).collect::<Vec<_>>(), vec![END_SEQ]);
+        f.handle_ack(t, end[0].token, Ok(11)).unwrap();
+        assert!(f.poll_flush());
+        f.handle_flushed(t).unwrap();
+        assert!(!f.is_done(), "the device's run is confirmed first");
+        assert!(f.is_ending());
+        assert!(f.poll_confirm());
+        assert!(!f.poll_confirm(), "asked once");
+        let restarted = f.sender.keys().next_run(Run { id: 8, began: 5 });
+        // The device restarted: frames stored at 6..=10 (numbers 5..=9) go again, then END.
+        f.handle_confirmed(t, restarted).unwrap();
+        assert!(!f.is_done());
+        let again: Vec<u64> = std::iter::from_fn(|| f.poll_again()).collect();
+        assert_eq!(again, vec![5, 6, 7, 8, 9]);
+        for n in again {
+            f.handle_frame(t, "d", None, frame(n), Some((1, n)))
+                .unwrap();
+        }
+        let resent = drain(&mut f);
+        assert!(resent
+            .iter()
+            .all(|p| FrameRecord::parse(&p.body).unwrap().run == 8));
+        for (i, p) in resent.iter().enumerate() {
+            f.handle_ack(t, p.token, Ok(12 + i as u64)).unwrap();
+        }
+        let end = drain(&mut f);
+        assert_eq!(end.iter().map(seq_of).collect::<Vec<_>>(), vec![END_SEQ]);
+        assert_eq!(FrameRecord::parse(&end[0].body).unwrap().run, 8);
+        f.handle_ack(t, end[0].token, Ok(17)).unwrap();
+        f.handle_flushed(t).unwrap();
+        assert!(!f.is_done(), "confirmed again");
+        assert!(f.poll_confirm());
+        f.handle_confirmed(t, restarted).unwrap();
+        assert!(f.is_done(), "the same run: done");
+    }
+
+    /// A device side's reliable stream and a lossy one never ask.
+    #[test]
+    fn only_an_app_sides_reliable_stream_confirms() {
+        let t = Instant::now();
+        for (stored, gated, keep) in [
+            (true, true, true),
+            (false, false, true),
+            (true, false, false),
+        ] {
+            let mut f = flow_keeping(stored, gated, None, false, keep);
+            f.handle_end(t, 5).unwrap();
+            let mut now = t;
+            for _ in 0..8 {
+                for p in drain(&mut f) {
+                    f.handle_ack(now, p.token, Ok(1)).unwrap();
+                }
+                if f.poll_flush() {
+                    f.handle_flushed(now).unwrap();
+                }
+                if let Some(at) = f.poll_timeout() {
+                    now = at;
+                    f.handle_timeout(now).unwrap();
+                }
+            }
+            assert!(!f.poll_confirm());
+            assert!(f.is_done(), "{stored} {gated} {keep}");
+        }
+    }
+
     #[test]
     fn the_rotations_gate_closes_until_everything_under_the_old_key_is_stored() {
         let t = Instant::now();
@@ -638,6 +765,8 @@ mod tests {
         let mut key_byte = 1u8;
         let mut rotating = false;
         let mut end_owed = false;
+        // A confirmation of the device's run asked for and not yet answered; answers given.
+        let (mut confirming, mut confirms) = (false, 0u32);
         for step in 0..20_000 {
             if f.is_done() {
                 break;
@@ -682,6 +811,20 @@ mod tests {
                     rotating = false;
                 }
                 5 if !calm && rng.chance(10) => f.handle_reconnect(),
+                6 if confirming => {
+                    // The join that confirms the device's run is through: sometimes the
+                    // device restarted (or rotated) meanwhile.
+                    confirming = false;
+                    if !calm && rng.chance(40) {
+                        key_byte += 1;
+                        let mut k = GroupKey::first([key_byte; 32], RUN);
+                        k.previous = Some(keys.key);
+                        k.since = rng.below(stored_seq + 1);
+                        keys = k;
+                    }
+                    f.handle_confirmed(now, keys).unwrap();
+                    confirms += 1;
+                }
                 _ => {
                     // The broker answers some, or time passes.
                     if let Some((&tok, &n)) = waiting
@@ -747,6 +890,13 @@ mod tests {
                 flushed_at.push(now);
                 f.handle_flushed(now).unwrap();
             }
+            if f.poll_confirm() {
+                assert!(
+                    keep,
+                    "seed {seed}: only an app side's reliable stream confirms"
+                );
+                confirming = true;
+            }
         }
         if !ended {
             // The source ends later than the schedule let it: done within bounded time.
@@ -759,6 +909,7 @@ mod tests {
         );
         let rounds = if stored { 1 } else { 1 + END_REPEATS.len() };
         assert_eq!(f.ends_sent, rounds, "seed {seed}");
+        assert_eq!(confirms > 0, keep, "seed {seed}: confirmed before done");
         assert!(
             !end_owed,
             "seed {seed}: frames sealed again after the last END"
