@@ -261,7 +261,8 @@ pub(super) async fn join_once(
 
 /// An app side's follower of the group key: the driver of [`Follower`] (the rules live
 /// there, sans-IO). Joins again when the device says it rotated the key or restarted
-/// (`P.D.rekey`) or a stream asks (a frame that does not open), at most every
+/// (`P.D.rekey`) or a stream asks (a frame that does not open; a reliable source confirming
+/// the device's run at its END), at most every
 /// [`ndd_link::nats::follow::REJOIN_SPACING`]. A refusal (this side is no longer trusted) ends the app side.
 pub(super) struct KeyFollower {
     pub(super) ctx: Ctx,
@@ -282,9 +283,10 @@ impl KeyFollower {
     pub(super) async fn serve(
         mut self,
         mut notices: async_nats::Subscriber,
-        mut asks: mpsc::Receiver<tokio::sync::oneshot::Sender<()>>,
+        mut asks: mpsc::Receiver<tokio::sync::oneshot::Sender<bool>>,
     ) -> Result<()> {
-        // No stream may ask (a side without sink streams): then notices alone.
+        // No stream may ask (the streams gone): then notices alone. (Sinks ask for a frame
+        // under no key they have; reliable sources to confirm the device's run at their END.)
         let mut asking = true;
         let mut ignored = ndd_core::RateLimit::with_burst(Duration::from_secs(10), 1);
         // The device says one every 2 s; a signature check costs some 50 µs, so a flood costs
@@ -336,17 +338,18 @@ impl KeyFollower {
                         waiting.push(a);
                     }
                     self.follower.joined(Instant::now());
-                    self.join_again().await?;
+                    let settled = self.join_again().await?;
                     for a in waiting.drain(..) {
-                        let _ = a.send(());
+                        let _ = a.send(settled);
                     }
                 }
             }
         }
     }
 
-    /// Asks the device for the keys and follows its answer.
-    async fn join_again(&mut self) -> Result<()> {
+    /// Asks the device for the keys and follows its answer; whether the question was settled:
+    /// answered, or no device side serving (not: no answer within the try).
+    async fn join_again(&mut self) -> Result<bool> {
         let answer = join_once(
             &self.ctx,
             &self.local,
@@ -376,7 +379,7 @@ impl KeyFollower {
                 // Asked again, further apart each time: a notice's join that failed is not
                 // lost (a side with idle sinks would go on sealing under the old key).
                 self.follower.join_failed();
-                return Ok(());
+                return Ok(e.downcast_ref::<NoDeviceServing>().is_some());
             }
         };
         let f = self.follower.handle_admission(a.keys(), a.slot)?;
@@ -398,7 +401,7 @@ impl KeyFollower {
                 "the device side restarted; this side seals for its new run"
             );
         }
-        Ok(())
+        Ok(true)
     }
 }
 
@@ -413,6 +416,19 @@ impl std::fmt::Display for UntrustedDevice {
 }
 
 impl std::error::Error for UntrustedDevice {}
+
+/// No device side was subscribed to the join subject when the question came (the server said
+/// so at once): a settled answer, unlike no answer within the try.
+#[derive(Debug)]
+pub(super) struct NoDeviceServing(String);
+
+impl std::fmt::Display for NoDeviceServing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "no device side is serving {}", self.0)
+    }
+}
+
+impl std::error::Error for NoDeviceServing {}
 
 /// Asks on `subject` and reads every answer for at most `limit` until `take` takes one.
 async fn answers<T>(
@@ -450,7 +466,7 @@ async fn answers<T>(
             bail!("join request on {subject}: the connection closed");
         };
         if m.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
-            bail!("no device side is serving {subject}");
+            return Err(NoDeviceServing(subject.to_string()).into());
         }
         if m.status.is_some() {
             continue;

@@ -88,7 +88,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// An app side's way to ask for the group key again (after a frame that does not open):
 /// answered once it has asked the device.
-type Refresh = mpsc::Sender<tokio::sync::oneshot::Sender<()>>;
+/// Asks the key follower to join again; the answer says whether the question was settled (a
+/// device side answered, or none was serving) rather than left without an answer.
+type Refresh = mpsc::Sender<tokio::sync::oneshot::Sender<bool>>;
 
 /// A random u64 (run ids).
 fn random_u64() -> u64 {

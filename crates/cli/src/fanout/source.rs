@@ -113,7 +113,7 @@ pub(super) struct Publisher {
     /// App side: asks the key follower to join again (the device's run confirmed before a
     /// reliable stream is done), and the answer waited for.
     refresh: Option<Refresh>,
-    confirming: Option<tokio::sync::oneshot::Receiver<()>>,
+    confirming: Option<tokio::sync::oneshot::Receiver<bool>>,
 }
 
 /// What a [`Publisher`] waits for besides frames.
@@ -121,8 +121,9 @@ pub(super) enum Wake {
     Ack(AckResult),
     Time,
     Keys(Result<(), watch::error::RecvError>),
-    /// The join asked for to confirm the device's run is through (or failed).
-    Confirmed,
+    /// The join asked for to confirm the device's run is through: settled (answered, or no
+    /// device side serving) or not (no answer within the try).
+    Confirmed(bool),
 }
 
 /// The subject of `plan`'s frames on `route` (and its part of a split stream).
@@ -314,14 +315,13 @@ impl Publisher {
             Some(a) = self.acks_rx.recv() => Wake::Ack(a),
             _ = sleep_until_opt(wake) => Wake::Time,
             r = keys.changed(), if !self.keys_gone => Wake::Keys(r),
-            _ = async {
+            settled = async {
                 match confirming.as_mut() {
-                    Some(rx) => {
-                        let _ = rx.await;
-                    }
+                    // The follower gone: the keys as they stand are all there is.
+                    Some(rx) => rx.await.unwrap_or(true),
                     None => std::future::pending().await,
                 }
-            }, if confirming.is_some() => Wake::Confirmed,
+            }, if confirming.is_some() => Wake::Confirmed(settled),
         }
     }
 
@@ -339,12 +339,22 @@ impl Publisher {
             // Retries and END repeats are taken by the step.
             Wake::Time => {}
             Wake::Keys(r) => self.keys_changed(r, keys)?,
-            Wake::Confirmed => {
+            Wake::Confirmed(settled) => {
                 self.confirming = None;
-                let k = *keys.borrow_and_update();
-                self.flow
-                    .handle_confirmed(Instant::now(), k)
-                    .map_err(|e| self.err(e))?;
+                let now = Instant::now();
+                if settled {
+                    // (Not marked seen: a change of keys still comes as `Wake::Keys`.)
+                    let k = *keys.borrow();
+                    self.flow
+                        .handle_confirmed(now, k)
+                        .map_err(|e| self.err(e))?;
+                } else if self.flow.handle_unconfirmed(now) {
+                    tracing::warn!(
+                        stream = %self.plan.name,
+                        "no device side answered within {:?} to confirm its run before this stream ended: if it restarted meanwhile, it may wait for this stream's last frames",
+                        ndd_link::nats::source::CONFIRM_WAIT
+                    );
+                }
             }
         }
         self.step().await

@@ -37,6 +37,11 @@ use std::time::{Duration, Instant};
 /// Stored publishes awaiting their acknowledgement, per stream, at most.
 pub const IN_FLIGHT: usize = 256;
 
+/// How long an app side's reliable stream asks the device for its keys, once its END is
+/// stored, while no answer comes (a device side that is there but does not answer: frozen, or
+/// still starting under load); past it the stream is done unconfirmed.
+pub const CONFIRM_WAIT: Duration = Duration::from_secs(20);
+
 /// After a lossy stream's END, the pauses before it goes again (core NATS may lose one).
 pub const END_REPEATS: [Duration; 2] = [Duration::from_millis(20), Duration::from_millis(100)];
 
@@ -78,8 +83,9 @@ enum Ending {
     Flushing { sent: usize },
     /// The next END goes at `at`.
     Pause { sent: usize, at: Instant },
-    /// Stored and flushed; the device's run is being confirmed (asked: the driver was told).
-    Confirm { asked: bool },
+    /// Stored and flushed; the device's run is being confirmed (asked: the driver was told;
+    /// `until`: unanswered questions are asked again until then).
+    Confirm { asked: bool, until: Instant },
     /// Done.
     Done,
 }
@@ -268,7 +274,10 @@ impl<S: RunSeal, K> SourceFlow<S, K> {
                     sent,
                     at: now + *pause,
                 },
-                _ if self.confirms => Ending::Confirm { asked: false },
+                _ if self.confirms => Ending::Confirm {
+                    asked: false,
+                    until: now + CONFIRM_WAIT,
+                },
                 _ => Ending::Done,
             };
         }
@@ -327,10 +336,31 @@ impl<S: RunSeal, K> SourceFlow<S, K> {
     /// Whether the driver is to ask the device for its keys now (once per confirmation; then
     /// [`SourceFlow::handle_confirmed`]).
     pub fn poll_confirm(&mut self) -> bool {
-        if self.ending == (Ending::Confirm { asked: false }) {
-            self.ending = Ending::Confirm { asked: true };
+        if let Ending::Confirm {
+            asked: false,
+            until,
+        } = self.ending
+        {
+            self.ending = Ending::Confirm { asked: true, until };
             return true;
         }
+        false
+    }
+
+    /// The question got no answer within its try: asked again, unless [`CONFIRM_WAIT`] is
+    /// over — then the stream is done unconfirmed, and `true` says so.
+    pub fn handle_unconfirmed(&mut self, now: Instant) -> bool {
+        let Ending::Confirm { asked: true, until } = self.ending else {
+            return false;
+        };
+        if now >= until {
+            self.ending = Ending::Done;
+            return true;
+        }
+        self.ending = Ending::Confirm {
+            asked: false,
+            until,
+        };
         false
     }
 
@@ -340,7 +370,7 @@ impl<S: RunSeal, K> SourceFlow<S, K> {
     pub fn handle_confirmed(&mut self, now: Instant, keys: GroupKey) -> Result<(), SendError> {
         // Only the answer to the question asked (one that comes after new keys sent the END
         // again is stale: the next confirmation asks anew).
-        if self.ending != (Ending::Confirm { asked: true }) {
+        if !matches!(self.ending, Ending::Confirm { asked: true, .. }) {
             return Ok(());
         }
         if keys.resend_after(&self.sender.keys()).is_none() && self.want.is_none() {
@@ -348,7 +378,12 @@ impl<S: RunSeal, K> SourceFlow<S, K> {
             return Ok(());
         }
         self.want = Some(keys);
-        self.advance(now)
+        self.advance(now)?;
+        // Keys that change nothing the device opens: the run stands.
+        if matches!(self.ending, Ending::Confirm { asked: true, .. }) && self.want.is_none() {
+            self.ending = Ending::Done;
+        }
+        Ok(())
     }
 
     /// Whether the client is to be flushed now (then [`SourceFlow::handle_flushed`]).
@@ -614,8 +649,35 @@ mod tests {
         f.handle_flushed(t).unwrap();
         assert!(!f.is_done(), "confirmed again");
         assert!(f.poll_confirm());
+        // No answer within the try: asked again, until the wait is over.
+        assert!(!f.handle_unconfirmed(t + CONFIRM_WAIT / 2));
+        assert!(!f.is_done());
+        assert!(f.poll_confirm(), "asked again");
         f.handle_confirmed(t, restarted).unwrap();
         assert!(f.is_done(), "the same run: done");
+    }
+
+    /// A device side that never answers (frozen, its subscription still there): the stream is
+    /// done unconfirmed once [`CONFIRM_WAIT`] is over, and says so.
+    #[test]
+    fn an_unanswered_confirmation_ends_after_its_wait() {
+        let t = Instant::now();
+        let mut f = flow_keeping(true, false, None, false, true);
+        f.handle_end(t, 5).unwrap();
+        let end = drain(&mut f);
+        f.handle_ack(t, end[0].token, Ok(1)).unwrap();
+        f.handle_flushed(t).unwrap();
+        let mut now = t;
+        let mut asked = 0;
+        while !f.is_done() {
+            assert!(f.poll_confirm());
+            asked += 1;
+            now += Duration::from_secs(3);
+            let gave_up = f.handle_unconfirmed(now);
+            assert_eq!(gave_up, f.is_done());
+        }
+        assert!(now >= t + CONFIRM_WAIT && now < t + CONFIRM_WAIT + Duration::from_secs(3));
+        assert_eq!(asked, 7);
     }
 
     /// A device side's reliable stream and a lossy one never ask.
@@ -811,6 +873,12 @@ mod tests {
                     rotating = false;
                 }
                 5 if !calm && rng.chance(10) => f.handle_reconnect(),
+                6 if confirming && !calm && rng.chance(20) => {
+                    // No answer within the try: asked again (or, past the wait, done).
+                    confirming = false;
+                    f.handle_unconfirmed(now);
+                    confirms += 1;
+                }
                 6 if confirming => {
                     // The join that confirms the device's run is through: sometimes the
                     // device restarted (or rotated) meanwhile.
