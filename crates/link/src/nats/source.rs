@@ -373,13 +373,9 @@ impl<S: RunSeal, K> SourceFlow<S, K> {
         if !matches!(self.ending, Ending::Confirm { asked: true, .. }) {
             return Ok(());
         }
-        if keys.resend_after(&self.sender.keys()).is_none() && self.want.is_none() {
-            self.ending = Ending::Done;
-            return Ok(());
-        }
         self.want = Some(keys);
         self.advance(now)?;
-        // Keys that change nothing the device opens: the run stands.
+        // Keys that change nothing the device opens (followed at once): the run stands.
         if matches!(self.ending, Ending::Confirm { asked: true, .. }) && self.want.is_none() {
             self.ending = Ending::Done;
         }
