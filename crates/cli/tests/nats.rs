@@ -880,6 +880,146 @@ fn an_app_side_ending_while_the_device_restarts_leaves_nothing_behind() {
     assert!(lost.is_empty(), "frames lost: {lost:?}");
 }
 
+/// A device run's mark (`Subjects::run_mark`) signed by the identity in `home`.
+fn run_mark(home: &Path, driver: &str, run: u64) -> Vec<u8> {
+    use ndd_link::nats::follow::{notice_body, notice_label, Notice};
+    let (id, _) = ndd_link::Identity::load_or_create(home).unwrap();
+    let who = ndd_link::seal::LocalIdentity::new(&id).unwrap();
+    let subjects = ndd_link::nats::subjects::Subjects::new("ndd", driver).unwrap();
+    let clock = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let n = Notice {
+        run,
+        clock,
+        key: [0; 8],
+    };
+    who.sign_note(&notice_label(&subjects), &notice_body(&n))
+        .unwrap()
+}
+
+/// An app side whose reliable stream ends while no device side serves is done at once when
+/// the run it sealed for is the device's newest
+/// (`reliable_app_to_device_frames_wait_in_jetstream_while_the_device_is_away`), but not
+/// when the JetStream stream holds the device's mark of a newer run (a process that marked
+/// its run and died, or one whose notices this side missed): that run may have refused its
+/// last frames, so it asks again until a device side answers, then is done; the device side
+/// gets every frame. A mark signed by anyone else changes nothing.
+#[test]
+fn an_app_side_ending_while_a_newer_device_run_is_marked_waits_for_a_device_side() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-up-mark");
+    let nats = Nats::start("upmark", &[]);
+    let (dev, apps) = homes_n(&dir.0, 1);
+    // 200 frames, one every 5 ms: the source ends 1 s after it starts.
+    let n = 200u64;
+    let out = dir.0.join("up.bin");
+    let cfg = one_stream_to_file(
+        &dir.0,
+        "upmark",
+        &nats.url(),
+        "app-to-device",
+        (120, 5.0, n, 14),
+        &out,
+    );
+    let d1 = side(&cfg, "device", &dev, &["--once"]);
+    wait_for("the first device side serves", WAIT, || {
+        d1.stderr_now().contains("serving app sides through NATS")
+    });
+    let mut a = side(&cfg, "app", &apps[0], &["--once"]);
+    wait_for("frames to flow", WAIT, || complete_frames(&out) > 20);
+    d1.kill();
+    // The next run's id, marked by the device's identity; a stranger marks one newer still.
+    let home = ndd_link::nats::home::Home::new(&dev, "ndd", "upmark");
+    let clock = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let run = home.next_run_id(clock, 7).unwrap();
+    let subjects = ndd_link::nats::subjects::Subjects::new("ndd", "upmark").unwrap();
+    let stranger = dir.0.join("stranger");
+    ok(ndd().args(["id", "--home"]).arg(&stranger));
+    for (who, r) in [(&stranger, run + 1), (&dev, run)] {
+        let ack = ask(
+            nats.port,
+            &subjects.run_mark(r),
+            &run_mark(who, "upmark", r),
+        );
+        let ack = String::from_utf8_lossy(&ack);
+        assert!(ack.contains("\"seq\""), "stored: {ack}");
+    }
+    // The source ended long ago: the app side still asks for a device side.
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        a.running(),
+        "the app side finished with a newer run marked: {}",
+        a.stderr_now()
+    );
+    let d2 = side(&cfg, "device", &dev, &["--once"]);
+    let (as_, _, aerr) = a.finish();
+    assert!(as_.success(), "app: {aerr}");
+    assert!(
+        aerr.contains("the device marked a run newer than the one this side sealed for"),
+        "{aerr}"
+    );
+    let (ds, _, derr) = d2.finish();
+    assert!(ds.success(), "device: {derr}");
+    let seqs = synthetic_seqs_in(&out, 14, n);
+    let (next, _, lost) = order(seqs.iter().copied());
+    assert_eq!(next, n, "every frame up to the last: {derr}");
+    assert!(lost.is_empty(), "frames lost: {lost:?}");
+}
+
+/// The same with only a stranger's mark: done at once (well before the 20 s a confirmation
+/// is asked again for).
+#[test]
+fn a_run_mark_signed_by_a_stranger_keeps_no_app_side_waiting() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-up-forged-mark");
+    let nats = Nats::start("upfmark", &[]);
+    let (dev, apps) = homes_n(&dir.0, 1);
+    let n = 100u64;
+    let out = dir.0.join("up.bin");
+    let cfg = one_stream_to_file(
+        &dir.0,
+        "upfmark",
+        &nats.url(),
+        "app-to-device",
+        (120, 5.0, n, 14),
+        &out,
+    );
+    let d1 = side(&cfg, "device", &dev, &["--once"]);
+    wait_for("the device side serves", WAIT, || {
+        d1.stderr_now().contains("serving app sides through NATS")
+    });
+    let a = side(&cfg, "app", &apps[0], &["--once"]);
+    wait_for("frames to flow", WAIT, || complete_frames(&out) > 20);
+    d1.kill();
+    let subjects = ndd_link::nats::subjects::Subjects::new("ndd", "upfmark").unwrap();
+    let stranger = dir.0.join("stranger");
+    ok(ndd().args(["id", "--home"]).arg(&stranger));
+    let r = u64::MAX - 1;
+    let ack = ask(
+        nats.port,
+        &subjects.run_mark(r),
+        &run_mark(&stranger, "upfmark", r),
+    );
+    assert!(String::from_utf8_lossy(&ack).contains("\"seq\""));
+    let started = std::time::Instant::now();
+    let (as_, _, aerr) = a.finish();
+    assert!(as_.success(), "app: {aerr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the app side waited {:?}: {aerr}",
+        started.elapsed()
+    );
+}
+
 /// `slots.toml` in `dir`: a lossy stream split between two app sides (heartbeats every 300 ms).
 fn split_config(dir: &Path, url: &str) -> PathBuf {
     write(

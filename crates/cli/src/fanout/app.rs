@@ -49,6 +49,7 @@ pub(super) async fn start(
             admission.keys(),
             admission.slot,
         ),
+        said_behind: false,
     };
     let notices = follower.subscribe().await?;
     t.service(async move { follower.serve(notices, asks).await });

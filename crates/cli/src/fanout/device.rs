@@ -28,14 +28,21 @@ pub(super) async fn start(
     // refused the last frames an app side sealed for the run before, which had ended meanwhile,
     // and waited for them for good).
     let join_sub = ctx.subscribe(&ctx.subjects.join()).await?;
+    let files = Home::new(&opts.home, &nats.subject_prefix, &cfg.driver);
+    let id = files.next_run_id(wall_ns(), random_u64() as u16)?;
+    // The run is marked in the stream before it reads where the stream stands: an app side
+    // that confirms the device's run while no device side serves (between two processes)
+    // finds the mark of any run that may refuse its last frames (`Follower::behind`).
+    if let Some(js) = &js {
+        mark_run(ctx, js, local, id).await?;
+    }
     // This run begins after what the stream holds now: earlier runs' frames stored
     // later are replays (`ndd_link::nats::runs`).
     let began = match &js {
         Some(js) => stored_up_to(ctx, js).await?.1,
         None => 0,
     };
-    let files = Home::new(&opts.home, &nats.subject_prefix, &cfg.driver);
-    let (run, earlier) = files.new_run(began, wall_ns(), random_u64() as u16)?;
+    let (run, earlier) = files.begin_run(id, began)?;
     let (key_tx, key) = watch::channel(files.group_key(run, earlier)?);
     // Checks at least 0.5 s apart: each reads known_peers and the holders file.
     let every = Duration::from_millis(cfg.link.ping_interval_ms.clamp(500, 2000));
@@ -127,4 +134,31 @@ pub(super) async fn start(
         name: format!("NATS {}", nats.servers.join(",")),
         admitter: Some(admitter_view),
     })
+}
+
+/// Marks run `id` in the JetStream stream ([`ndd_link::nats::subjects::Subjects::run_mark`]):
+/// a rekey notice naming it, signed by this side's identity, stored before the run reads
+/// where the stream stands.
+async fn mark_run(
+    ctx: &Ctx,
+    js: &jetstream::Context,
+    local: &LocalIdentity,
+    id: u64,
+) -> Result<()> {
+    let notice = Notice {
+        run: id,
+        clock: wall_ns(),
+        // The run's keys are not known yet (its key id covers where it begins).
+        key: [0; 8],
+    };
+    let note = local
+        .sign_note(&notice_label(&ctx.subjects), &notice_body(&notice))
+        .context("signing this run's mark")?;
+    let subject = ctx.subjects.run_mark(id);
+    js.publish(subject.clone(), note.into())
+        .await
+        .map_err(|e| anyhow!("marking this run in JetStream ({subject}): {e}"))?
+        .await
+        .map_err(|e| anyhow!("marking this run in JetStream ({subject}): {e}"))?;
+    Ok(())
 }

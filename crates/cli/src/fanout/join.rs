@@ -272,6 +272,8 @@ pub(super) struct KeyFollower {
     pub(super) per_try: Duration,
     pub(super) key: watch::Sender<GroupKey>,
     pub(super) follower: Follower,
+    /// Said once that a newer device run's mark keeps a stream waiting.
+    pub(super) said_behind: bool,
 }
 
 impl KeyFollower {
@@ -338,7 +340,7 @@ impl KeyFollower {
                         waiting.push(a);
                     }
                     self.follower.joined(Instant::now());
-                    let settled = self.join_again().await?;
+                    let settled = self.join_again(!waiting.is_empty()).await?;
                     for a in waiting.drain(..) {
                         let _ = a.send(settled);
                     }
@@ -348,8 +350,9 @@ impl KeyFollower {
     }
 
     /// Asks the device for the keys and follows its answer; whether the question was settled:
-    /// answered, or no device side serving (not: no answer within the try).
-    async fn join_again(&mut self) -> Result<bool> {
+    /// answered, or no device side serving while no notice named a newer run (not: no answer
+    /// within the try).
+    async fn join_again(&mut self, asked: bool) -> Result<bool> {
         let answer = join_once(
             &self.ctx,
             &self.local,
@@ -379,7 +382,18 @@ impl KeyFollower {
                 // Asked again, further apart each time: a notice's join that failed is not
                 // lost (a side with idle sinks would go on sealing under the old key).
                 self.follower.join_failed();
-                return Ok(e.downcast_ref::<NoDeviceServing>().is_some());
+                // "No responders" settles a question only while no notice named a newer run
+                // than this side's (`Follower::behind`), nor a run's mark in the stream.
+                if e.downcast_ref::<NoDeviceServing>().is_none() {
+                    return Ok(false);
+                }
+                if asked {
+                    if let Err(e) = self.read_run_marks().await {
+                        tracing::debug!(side = "app", "reading the device's run marks: {e:#}");
+                        return Ok(false);
+                    }
+                }
+                return Ok(!self.follower.behind());
             }
         };
         let f = self.follower.handle_admission(a.keys(), a.slot)?;
@@ -404,6 +418,72 @@ impl KeyFollower {
         Ok(true)
     }
 }
+
+impl KeyFollower {
+    /// Takes the marks of device runs newer than this side's from the JetStream stream
+    /// (`Subjects::run_mark`: a device side marks each run before it reads where the stream
+    /// stands) as the notices they are: one signed by a trusted device side makes this side
+    /// [`Follower::behind`]. The newest [`MARKS_READ`] at most (anyone who may publish could
+    /// add marks; a forged one is ignored, as a forged notice is).
+    async fn read_run_marks(&mut self) -> Result<()> {
+        let js = jetstream::new(self.ctx.client.clone());
+        let name = self.ctx.subjects.jetstream();
+        let stream = js
+            .get_stream(&name)
+            .await
+            .map_err(|e| anyhow!("JetStream stream {name}: {e}"))?;
+        let mut subjects = stream
+            .info_with_subjects(self.ctx.subjects.run_marks())
+            .await
+            .map_err(|e| anyhow!("JetStream stream {name}: {e}"))?;
+        let mine = self.follower.keys().run.id;
+        let mut newer = Vec::new();
+        while let Some(s) = subjects.next().await {
+            let (subject, _) = s.map_err(|e| anyhow!("JetStream stream {name}: {e}"))?;
+            if let Some(run) = self
+                .ctx
+                .subjects
+                .run_of_mark(&subject)
+                .filter(|&r| r > mine)
+            {
+                newer.push((run, subject));
+            }
+        }
+        newer.sort_unstable();
+        let known = KnownPeers::load(&self.home).ok();
+        for (run, subject) in newer.into_iter().rev().take(MARKS_READ) {
+            let m = stream
+                .get_last_raw_message_by_subject(&subject)
+                .await
+                .map_err(|e| anyhow!("JetStream stream {name}, {subject}: {e}"))?;
+            let taken = self.follower.handle_notice(&m.payload, |fp| {
+                known.as_ref().is_some_and(|k| k.lookup(fp).is_some())
+            });
+            tracing::debug!(
+                side = "app",
+                run = format_args!("{run:016x}"),
+                ?taken,
+                "the device's run mark"
+            );
+            if self.follower.behind() {
+                if !self.said_behind && !self.ctx.quiet {
+                    self.said_behind = true;
+                    tracing::info!(
+                        side = "app",
+                        run = format_args!("{run:016x}"),
+                        "no device side serves, and the device marked a run newer than the one this side sealed for: a stream that ended waits (up to {:?}) for a device side to say what it must send again",
+                        ndd_link::nats::source::CONFIRM_WAIT
+                    );
+                }
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Run marks an app side reads at most when it confirms the device's run (the newest first).
+const MARKS_READ: usize = 16;
 
 /// Only a device side this side does not trust answered a join (the `ndd trust` line).
 #[derive(Debug)]

@@ -196,6 +196,18 @@ impl Follower {
         Ok(Heard::Join)
     }
 
+    /// Whether a notice that counted named a newer device run than the keys this side holds
+    /// (no join has brought its keys yet). A join that finds no device side serving (between
+    /// two of its processes) then settles nothing: the run this side seals for is not the
+    /// device's newest, and an app side's reliable stream that is ending must learn it before
+    /// it is done (found by `testkit/tests/nats_ending.rs`: a device that restarted twice
+    /// within half a second, its second run's joins unanswered, then away when the stream's
+    /// END was confirmed; the app side took "no responders" for "the same run" and its last
+    /// frames, refused by the newer runs, were never sealed again).
+    pub fn behind(&self) -> bool {
+        self.newest.is_some_and(|(run, _)| run > self.keys.run.id)
+    }
+
     /// A stream asks for the key (a frame that opens under no key this side has).
     pub fn handle_ask(&mut self) {
         self.due = true;
@@ -389,10 +401,19 @@ mod tests {
         // The same key in a new run (the device restarted) is other keys too.
         let restarted = GroupKey::first([9; 32], Run { id: 8, began: 50 });
         assert_ne!(key_id(&restarted), key_id(&rotated));
+        assert!(!f.behind(), "a rotation of the run held is not a newer run");
         assert_eq!(
             f.handle_notice(&note(1, &restarted), trusted),
             Ok(Heard::Join)
         );
+        // Until a join brings that run's keys, this side knows it seals for an earlier run
+        // (a join that meets no device side settles nothing then).
+        assert!(f.behind());
+        f.joined(t0);
+        f.join_failed();
+        assert!(f.behind(), "a failed join brings nothing");
+        f.handle_admission(restarted, Some(1)).unwrap();
+        assert!(!f.behind());
         // The id is the same for the same keys wherever it is computed, and reveals
         // nothing of the key (a keyed one-way function of the run key).
         assert_eq!(key_id(&rotated), key_id(&GroupKey::first([9; 32], RUN)));

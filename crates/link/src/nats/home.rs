@@ -301,33 +301,58 @@ impl Home {
         wall_ns: u64,
         random: u16,
     ) -> Result<(Run, [Option<Run>; EARLIER_RUNS]), HomeError> {
-        let path = self.run_path();
-        let (last, mut runs) = match std::fs::read(&path) {
-            Ok(b) => {
-                let runs = parse_runs(&b).map_err(|len| HomeError::RunFile {
-                    path: path.clone(),
-                    len,
-                })?;
-                let last = runs.last().map(|r| r.id);
-                // The 8-byte file of an earlier version names a run without its start: no
-                // earlier run to give the app sides.
-                (last, if b.len() == 8 { Vec::new() } else { runs })
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => (None, Vec::new()),
-            Err(e) => return Err(io_err("read", &path)(e)),
-        };
-        let run = Run {
-            id: next_run_id(last, wall_ns, random),
-            began,
-        };
+        let id = self.next_run_id(wall_ns, random)?;
+        self.begin_run(id, began)
+    }
+
+    /// The id the next run takes ([`next_run_id`] of the last one noted, `wall_ns` and
+    /// `random`): a device side marks it in the JetStream stream before it reads where the
+    /// stream stands, then begins it with [`Home::begin_run`].
+    pub fn next_run_id(&self, wall_ns: u64, random: u16) -> Result<u64, HomeError> {
+        let (runs, _) = self.runs()?;
+        Ok(next_run_id(runs.last().map(|r| r.id), wall_ns, random))
+    }
+
+    /// Run `id` (from [`Home::next_run_id`]), beginning after JetStream stream sequence
+    /// `began`, noted in the run file; the runs before it, newest first.
+    pub fn begin_run(
+        &self,
+        id: u64,
+        began: u64,
+    ) -> Result<(Run, [Option<Run>; EARLIER_RUNS]), HomeError> {
+        let (_, mut runs) = self.runs()?;
+        let run = Run { id, began };
         let mut earlier = [None; EARLIER_RUNS];
         for (e, r) in earlier.iter_mut().zip(runs.iter().rev()) {
             *e = Some(*r);
         }
         runs.push(run);
         let keep = runs.len().saturating_sub(EARLIER_RUNS + 1);
-        write_private(&path, &encode_runs(&runs[keep..]))?;
+        write_private(&self.run_path(), &encode_runs(&runs[keep..]))?;
         Ok((run, earlier))
+    }
+
+    /// The runs noted, oldest first (the last id alone counts for the 8-byte file of an
+    /// earlier version, whose start is unknown: no earlier run to give the app sides), and
+    /// the runs to go on from.
+    fn runs(&self) -> Result<(Vec<Run>, Vec<Run>), HomeError> {
+        let path = self.run_path();
+        match std::fs::read(&path) {
+            Ok(b) => {
+                let runs = parse_runs(&b).map_err(|len| HomeError::RunFile {
+                    path: path.clone(),
+                    len,
+                })?;
+                let kept = if b.len() == 8 {
+                    Vec::new()
+                } else {
+                    runs.clone()
+                };
+                Ok((runs, kept))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok((Vec::new(), Vec::new())),
+            Err(e) => Err(io_err("read", &path)(e)),
+        }
     }
 
     /// The fingerprints in the holders file (none when it is missing).
@@ -503,6 +528,14 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
+        // Marked first, begun after: the id the run takes is the one marked.
+        let later = 2_000_000_000u64;
+        let id = h.next_run_id(later, 3).unwrap();
+        assert!(id > runs.last().unwrap().id);
+        assert_eq!(h.next_run_id(later, 3).unwrap(), id, "nothing noted yet");
+        let (r, earlier) = h.begin_run(id, 999).unwrap();
+        assert_eq!(r, Run { id, began: 999 });
+        assert_eq!(earlier[0], runs.last().copied());
         std::fs::write(h.run_path(), [1u8; 5]).unwrap();
         let e = new_run(60).unwrap_err().to_string();
         assert!(

@@ -126,6 +126,27 @@ impl Subjects {
         format!("NDD_{}_{}", self.prefix, self.driver)
     }
 
+    /// Where a device side marks run `run` (in hex) in the JetStream stream before it reads
+    /// where the stream stands (a rekey notice signed by its identity): an app side that
+    /// confirms the device's run while no device side serves reads here whether a run newer
+    /// than its own began (`super::follow::Follower::behind`).
+    pub fn run_mark(&self, run: u64) -> String {
+        format!("{}.r.runs.{run:016x}", self.base)
+    }
+
+    /// Every run's mark (a filter of [`Subjects::run_mark`]'s).
+    pub fn run_marks(&self) -> String {
+        format!("{}.r.runs.>", self.base)
+    }
+
+    /// The run a mark's subject names ([`Subjects::run_mark`]).
+    pub fn run_of_mark(&self, subject: &str) -> Option<u64> {
+        let hex = subject.strip_prefix(&self.base)?.strip_prefix(".r.runs.")?;
+        (hex.len() == 16)
+            .then(|| u64::from_str_radix(hex, 16).ok())
+            .flatten()
+    }
+
     /// What the JetStream stream holds.
     pub fn jetstream_subjects(&self) -> String {
         format!("{}.r.>", self.base)
@@ -220,6 +241,11 @@ impl Subjects {
         publish.extend([
             "$JS.API.INFO".to_string(),
             format!("$JS.API.STREAM.INFO.{js}"),
+            // An app side reads the device's run marks ([`Subjects::run_mark`]) when it
+            // confirms the device's run while no device side serves: NATS cannot narrow a
+            // stored message's read to a subject (it is in the request's body), so it may read
+            // any; every record in the stream is sealed under keys an admitted app side holds.
+            format!("$JS.API.STREAM.MSG.GET.{js}"),
         ]);
         for c in consumers {
             publish.extend([
@@ -261,6 +287,17 @@ mod tests {
         assert_eq!(s.jetstream(), "NDD_ndd_cam");
         assert_eq!(s.jetstream_subjects(), "ndd.cam.r.>");
         assert_eq!(s.group(1), "ndd_cam_1");
+        assert_eq!(s.run_mark(0x2a), "ndd.cam.r.runs.000000000000002a");
+        assert_eq!(s.run_marks(), "ndd.cam.r.runs.>");
+        assert_eq!(s.run_of_mark(&s.run_mark(u64::MAX)), Some(u64::MAX));
+        for other in [
+            "ndd.cam.r.runs.2a",
+            "ndd.cam.r.runs.00000000000000zz",
+            "ndd.cat.r.runs.000000000000002a",
+            "ndd.cam.r.1",
+        ] {
+            assert_eq!(s.run_of_mark(other), None, "{other}");
+        }
     }
 
     #[test]
