@@ -1020,6 +1020,98 @@ fn a_run_mark_signed_by_a_stranger_keeps_no_app_side_waiting() {
     );
 }
 
+/// The first `n` messages on `subject` (a wildcard may be), subject and body, as anyone who
+/// may subscribe records them (in a thread).
+fn record(port: u16, subject: &str, n: usize) -> std::thread::JoinHandle<Vec<(String, Vec<u8>)>> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(format!("CONNECT {{\"verbose\":false}}\r\nSUB {subject} 1\r\nPING\r\n").as_bytes())
+        .unwrap();
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    // Subscribed once the server answers the PING.
+    while !line.starts_with("PONG") {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+    }
+    std::thread::spawn(move || {
+        let mut got = Vec::new();
+        while got.len() < n {
+            line.clear();
+            if r.read_line(&mut line).unwrap_or(0) == 0 {
+                break;
+            }
+            let w: Vec<&str> = line.split_whitespace().collect();
+            if w.first() == Some(&"MSG") {
+                let len: usize = w.last().unwrap().parse().unwrap();
+                let mut body = vec![0; len + 2];
+                r.read_exact(&mut body).unwrap();
+                body.truncate(len);
+                got.push((w[1].to_string(), body));
+            }
+        }
+        got
+    })
+}
+
+/// A copy of an app frame the device side took and acknowledged, stored by someone who may
+/// publish while the device side restarts (before its next run begins, where frames of its
+/// earlier run still count), is dropped by the next process: it knows from the home what the
+/// one before opened (`ndd_link::nats::opened`). Before, the copy was delivered again.
+#[test]
+fn a_copy_stored_while_the_device_restarts_is_not_taken_again() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-up-copy");
+    let nats = Nats::start("upcopy", &[]);
+    let (dev, apps) = homes_n(&dir.0, 1);
+    let n = 300u64;
+    let out = dir.0.join("up.bin");
+    let cfg = one_stream_to_file(
+        &dir.0,
+        "upcopy",
+        &nats.url(),
+        "app-to-device",
+        (120, 5.0, n, 14),
+        &out,
+    );
+    let d1 = side(&cfg, "device", &dev, &["--once"]);
+    wait_for("the first device side serves", WAIT, || {
+        d1.stderr_now().contains("serving app sides through NATS")
+    });
+    let recorder = record(nats.port, "ndd.upcopy.r.u.>", 10);
+    let a = side(&cfg, "app", &apps[0], &["--once"]);
+    let recorded = recorder.join().unwrap();
+    let (subject, copy) = recorded.last().unwrap().clone();
+    let seq = u64::from_be_bytes(copy[20..28].try_into().unwrap());
+    // Well past it: taken and acknowledged.
+    wait_for("frames to flow", WAIT, || complete_frames(&out) > 100);
+    assert_eq!(
+        synthetic_seqs_in(&out, 14, n)
+            .iter()
+            .filter(|&&s| s == seq)
+            .count(),
+        1
+    );
+    d1.kill();
+    let ack = ask(nats.port, &subject, &copy);
+    assert!(String::from_utf8_lossy(&ack).contains("\"seq\""), "stored");
+    let d2 = side(&cfg, "device", &dev, &["--once"]);
+    let (as_, _, aerr) = a.finish();
+    assert!(as_.success(), "app: {aerr}");
+    let (ds, _, derr) = d2.finish();
+    assert!(ds.success(), "device: {derr}");
+    let seqs = synthetic_seqs_in(&out, 14, n);
+    assert_eq!(
+        seqs.iter().filter(|&&s| s == seq).count(),
+        1,
+        "frame {seq} taken again from its copy: {derr}"
+    );
+    let (next, _, lost) = order(seqs.iter().copied());
+    assert_eq!(next, n, "every frame up to the last: {derr}");
+    assert!(lost.is_empty(), "frames lost: {lost:?}");
+}
+
 /// `slots.toml` in `dir`: a lossy stream split between two app sides (heartbeats every 300 ms).
 fn split_config(dir: &Path, url: &str) -> PathBuf {
     write(

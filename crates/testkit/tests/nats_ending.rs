@@ -32,15 +32,16 @@
 //!   recorded ones (frames and ENDs of any run, run marks) and garbage, without message ids.
 //!
 //! Properties: every frame a device process delivers is genuine, delivered at most once by
-//! it, and again by a later process only if stored before that process's run began (one the
-//! process before did not acknowledge, or a copy the adversary stored while no process had
-//! read it: a new process has no memory of what the one before opened — a replay within the
-//! device's earlier run that the run guard cannot refuse); no new frame after an END; an END
-//! is taken only once every frame was delivered; the app side's stream is done, confirmed,
-//! only once every frame and the END were delivered (by the device process that runs or one
-//! before it), and that process holds nothing back.
+//! it, and again by a later process only from the same message, which the process before
+//! did not acknowledge (a copy stored elsewhere is dropped: each process writes the windows of
+//! what it opened, `ndd_link::nats::opened`, before it acknowledges, and the next takes them
+//! up); no new frame after an END; an END is taken only once every frame was delivered; the
+//! app side's stream is done, confirmed, only once every frame and the END were delivered (by
+//! the device process that runs or one before it), and that process holds nothing back.
 //!
 //! What it found (each a mutation of the rules that fails within the first 1000 schedules):
+//! a new device process without the windows of the one before delivered a copy of a frame
+//! that process had taken, stored by the adversary while the device restarted (seed 4);
 //! without the confirmation, 36 schedules in 1000 left a device waiting for good for frames
 //! sealed for its earlier run and stored after its new one began (the defect a loaded suite
 //! run found); with "no responders" settling it as it did, 12 in 1000 (a device that
@@ -56,6 +57,7 @@ use bytes::Bytes;
 use common::{RunInverse, RunSealer};
 use ndd_core::{Frame, Meta};
 use ndd_link::nats::keys::GroupKey;
+use ndd_link::nats::opened::OpenedWindows;
 use ndd_link::nats::outbox::Publish;
 use ndd_link::nats::receive::{Event, Poll, Receiver};
 use ndd_link::nats::record::END_SEQ;
@@ -280,6 +282,11 @@ fn run(seed: u64) -> Result<String, String> {
     // Every frame some device process delivered.
     let mut delivered: HashSet<u64> = HashSet::new();
     let mut again_after_restart = 0u64;
+    // Where each frame was delivered from, what was acknowledged, and the opened windows the
+    // device's last process kept in its home.
+    let mut delivered_at: HashMap<u64, HashSet<u64>> = HashMap::new();
+    let mut acked: HashSet<u64> = HashSet::new();
+    let mut windows: Option<Vec<u8>> = None;
     let mut end_taken = false;
 
     // The app side: its flow, its keys as a watch, what it handed in.
@@ -342,7 +349,11 @@ fn run(seed: u64) -> Result<String, String> {
             if trace {
                 println!("{now} ms: device run {} begins after {}", run.id, run.began);
             }
-            device = Some(Device::new(device_keys, now, rng.range(0, 500)));
+            let mut d = Device::new(device_keys, now, rng.range(0, 500));
+            if let Some(w) = windows.as_deref().and_then(OpenedWindows::parse) {
+                d.rx.intake().carry(w);
+            }
+            device = Some(d);
             runs += 1;
         }
 
@@ -585,14 +596,15 @@ fn run(seed: u64) -> Result<String, String> {
                                     d.keys.run.id
                                 ));
                             }
+                            let at = stored.ok_or("a stored stream's frame without its place")?;
+                            let before = delivered_at.entry(s).or_default();
                             if !delivered.insert(s) {
-                                // A frame an earlier process delivered: one it did not
-                                // acknowledge, or a copy stored before this run began (the
-                                // adversary's: a new process has no memory of what the one
-                                // before opened).
-                                if stored.is_none_or(|x| x > d.keys.run.began) {
+                                // A frame an earlier process delivered: only the same message
+                                // again, which that process did not acknowledge (a copy stored
+                                // elsewhere is refused: the windows the process before kept).
+                                if !before.contains(&at) || acked.contains(&at) {
                                     return Err(format!(
-                                        "device run {} delivered frame {s} again, stored at {stored:?} after it began",
+                                        "device run {} delivered frame {s} again from stream sequence {at} (before: {before:?})",
                                         d.keys.run.id
                                     ));
                                 }
@@ -600,6 +612,7 @@ fn run(seed: u64) -> Result<String, String> {
                             } else if d.ended {
                                 return Err(format!("frame {s} delivered after the END"));
                             }
+                            before.insert(at);
                         }
                         Ok(Poll::Event(Event::End { first, run })) => {
                             if trace {
@@ -637,7 +650,13 @@ fn run(seed: u64) -> Result<String, String> {
                 };
                 d.rx.handle_message(t, &body, Some((Some(s), s)));
             }
-            for s in d.rx.acks_due(true) {
+            let due = d.rx.acks_due(true);
+            if !due.is_empty() {
+                // Written before the acknowledgements (`fanout/sink.rs`).
+                windows = d.rx.intake().opened_windows().map(|w| w.encode());
+            }
+            for s in due {
+                acked.insert(s);
                 consumer.unacked.remove(&s);
             }
             // Its keeper's notices, on core NATS.

@@ -74,7 +74,7 @@ mod tests;
 use claim::*;
 use join::*;
 use keeper::*;
-use ndd_link::nats::home::{draw_key, write_private, Home, PositionFile};
+use ndd_link::nats::home::{draw_key, write_private, Home, PositionFile, WindowsFile};
 use sink::*;
 use source::*;
 use store::*;

@@ -154,6 +154,10 @@ pub(super) async fn subscribe(
                 start: 0,
                 resumed: false,
                 position: None,
+                windows: Some(WindowsFile::open(
+                    &Home::new(&ctx.home, ctx.subjects.prefix(), ctx.subjects.driver()),
+                    &ctx.subjects.device_durable(plan.id),
+                )?),
             };
             stored.attach(start).await?;
             return Ok(Input::Stored(Box::new(stored)));
@@ -213,6 +217,7 @@ pub(super) async fn subscribe(
                 start: 0,
                 resumed: false,
                 position,
+                windows: None,
             };
             stored.attach(start).await?;
             Ok(Input::Stored(Box::new(stored)))
@@ -242,6 +247,9 @@ pub(super) struct Stored {
     pub(super) resumed: bool,
     /// Where the stream stands, kept for the next process (an app side's ordered consumer).
     pub(super) position: Option<PositionFile>,
+    /// What it opened, kept for the next process (a device side's: copies of frames taken
+    /// already are dropped, `ndd_link::nats::opened`).
+    pub(super) windows: Option<WindowsFile>,
 }
 
 impl Stored {
@@ -383,6 +391,17 @@ pub(super) async fn pump_sink(
         {
             rx.intake().take_up(p);
         }
+        // What the process before this one had opened when it acknowledged last: copies of
+        // those frames stored since are dropped.
+        match s.windows.as_ref().map(WindowsFile::read) {
+            Some(Ok(Some(w))) => rx.intake().carry(w),
+            Some(Err(path)) => tracing::warn!(
+                side = "device",
+                "{} is damaged (a crash of the machine?): this side does not know what the process before it opened, and copies of frames it took may be taken again",
+                path.display()
+            ),
+            _ => {}
+        }
     }
     let mode = Mode {
         once,
@@ -470,9 +489,15 @@ impl SinkPump {
                 Some(Action::Said(e)) => keys.said(&e),
                 Some(Action::Notice(n)) => self.notice(n),
                 Some(Action::Ack(msgs, kept)) => {
-                    if let (Input::Stored(s), Some(k)) = (&mut *input, kept) {
-                        if let Some(f) = s.position.as_mut() {
+                    if let Input::Stored(s) = &mut *input {
+                        if let (Some(f), Some(k)) = (s.position.as_mut(), kept) {
                             f.write(k);
+                        }
+                        if let (Some(f), Some(w)) = (
+                            s.windows.as_mut(),
+                            flow.receiver().intake().opened_windows(),
+                        ) {
+                            f.write(w);
                         }
                     }
                     ack_in_order(flow.receiver().intake(), msgs).await;

@@ -16,6 +16,7 @@
 
 use super::intake::Kept;
 use super::keys::{GroupKey, EARLIER_RUNS};
+use super::opened::OpenedWindows;
 use super::rotate::{encode_pending, encode_retired, parse_retired, Retired};
 use super::runs::{next_run_id, Run};
 use std::io;
@@ -210,7 +211,15 @@ impl Home {
             .join(format!("nats-slots-{}-{}", self.prefix, self.driver))
     }
 
-    /// Where an app side's ordered stored stream read by consumer `durable` stands.
+    /// What a device side's sink read by consumer `durable` opened ([`WindowsFile`]).
+    pub fn windows_path(&self, durable: &str) -> PathBuf {
+        self.dir.join(format!(
+            "nats-opened-{}-{}-{durable}",
+            self.prefix, self.driver
+        ))
+    }
+
+    /// Where an app side keeps the position of its ordered consumer `durable`.
     pub fn position_path(&self, durable: &str) -> PathBuf {
         self.dir.join(format!(
             "nats-position-{}-{}-{durable}",
@@ -473,6 +482,88 @@ impl PositionFile {
     /// Forgets the position (a new consumer: the one it belonged to is gone).
     pub fn clear(&mut self) {
         let _ = self.file.set_len(0);
+    }
+}
+
+/// What a device side's sink of a reliable app → device stream opened, kept in its home for
+/// its next process ([`OpenedWindows`]): written before each acknowledgement, so a copy of a
+/// frame acknowledged already is known for one by the next process.
+#[derive(Debug)]
+pub struct WindowsFile {
+    file: std::fs::File,
+    path: PathBuf,
+    /// The bytes written last (nothing is written again while they stand).
+    last: Vec<u8>,
+    /// A write failed and was said (once).
+    failed: bool,
+}
+
+impl WindowsFile {
+    /// Opens (or creates) the windows of consumer `durable`.
+    pub fn open(home: &Home, durable: &str) -> Result<WindowsFile, HomeError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = home.windows_path(durable);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(io_err("create", dir))?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io_err("open", &path))?;
+        Ok(WindowsFile {
+            file,
+            path,
+            last: Vec::new(),
+            failed: false,
+        })
+    }
+
+    /// What the process before kept: `Ok(None)` when nothing was (a first run), `Err` with
+    /// the path when the file is damaged (torn by a crash of the machine, or not ours).
+    pub fn read(&self) -> Result<Option<OpenedWindows>, PathBuf> {
+        use std::io::Read;
+        let mut b = Vec::new();
+        let mut f = &self.file;
+        if f.read_to_end(&mut b).is_err() {
+            return Err(self.path.clone());
+        }
+        if b.is_empty() {
+            return Ok(None);
+        }
+        OpenedWindows::parse(&b)
+            .map(Some)
+            .ok_or_else(|| self.path.clone())
+    }
+
+    /// Keeps `w` (a failed write empties the file, said once).
+    pub fn write(&mut self, w: &OpenedWindows) {
+        use std::os::unix::fs::FileExt;
+        let b = w.encode();
+        if b == self.last {
+            return;
+        }
+        let r = self
+            .file
+            .write_all_at(&b, 0)
+            .and_then(|()| self.file.set_len(b.len() as u64));
+        match r {
+            Ok(()) => self.last = b,
+            Err(e) => {
+                let _ = self.file.set_len(0);
+                self.last.clear();
+                if !std::mem::replace(&mut self.failed, true) {
+                    tracing::warn!(
+                        side = "device",
+                        "cannot note what this side opened in {}: {e} (after a restart, copies of frames it took already may be taken again)",
+                        self.path.display()
+                    );
+                }
+            }
+        }
     }
 }
 

@@ -28,6 +28,7 @@
 //! Stored messages are acknowledged only once everything taken is through the sink: nothing
 //! held behind a gap, nothing waiting to be opened ([`Intake::acks_due`]).
 
+use super::opened::OpenedWindows;
 use super::record::{FrameRecord, Reorder, Stored, END_SEQ};
 use bytes::Bytes;
 use std::collections::{HashSet, VecDeque};
@@ -267,6 +268,9 @@ pub struct Intake<M> {
     /// frames): a lossy frame is not told from a copy by its number (the `encrypt` pair's
     /// replay window, one per sender, drops copies).
     many_senders: bool,
+    /// A device side's stored frames: the sealed headers opened, taken up from the process
+    /// before and kept for the next ([`super::opened`]).
+    opened: Option<OpenedWindows>,
     /// The stream sequence the consumer first delivered from ([`Intake::kept`]).
     first_start: Option<u64>,
     /// The run whose END was taken last.
@@ -294,6 +298,7 @@ impl<M> Intake<M> {
             handed: Handed::default(),
             last: None,
             many_senders: false,
+            opened: None,
             first_start: None,
             ended: None,
             ready: VecDeque::new(),
@@ -310,7 +315,22 @@ impl<M> Intake<M> {
     /// one's last were dropped as copies.
     pub fn with_many_senders(mut self) -> Intake<M> {
         self.many_senders = true;
+        self.opened = Some(OpenedWindows::default());
         self
+    }
+
+    /// Takes up what the process before opened (a device side's stored frames: its copies
+    /// are dropped, [`super::opened`]).
+    pub fn carry(&mut self, opened: OpenedWindows) {
+        if self.opened.is_some() {
+            self.opened = Some(opened);
+        }
+    }
+
+    /// What a device side's stored frames opened under, for its next process (written
+    /// before each acknowledgement).
+    pub fn opened_windows(&self) -> Option<&OpenedWindows> {
+        self.opened.as_ref()
     }
 
     /// The consumer delivers everything stored from stream sequence `start` on (a run that
@@ -354,6 +374,7 @@ impl<M> Intake<M> {
         }
         let fresh = if is_stored {
             !self.seen.contains(&rec.payload)
+                && !self.opened.as_ref().is_some_and(|o| o.covers(&rec.payload))
                 && stream_seq.is_none_or(|s| self.handed.insert(s, body))
         } else {
             match self.last {
@@ -441,6 +462,9 @@ impl<M> Intake<M> {
     /// dropped from now on, and the order is past it for good.
     pub fn authentic(&mut self, rec: &FrameRecord, now: Instant) {
         self.seen.insert(&rec.payload);
+        if let Some(o) = self.opened.as_mut() {
+            o.mark(&rec.payload);
+        }
         if let Some(r) = self.reorder.as_mut() {
             let behind = r.genuine(rec.run, rec.wseq, now);
             self.ready.extend(behind);

@@ -35,6 +35,7 @@ pub mod home;
 pub mod intake;
 pub mod join;
 pub mod keys;
+pub mod opened;
 pub mod outbox;
 pub mod receive;
 pub mod record;
