@@ -298,15 +298,114 @@ fn keys_and_clicks_reach_a_wayland_program_and_held_keys_are_released() {
         .expect("its report");
 }
 
-/// The `wayland-clipboard` endpoints on a headless sway with Debian's `wl-copy`/`wl-paste`:
-/// what a program copies is sent; a record becomes the selection programs paste (text and
-/// PNG) and is not sent back; what an X11 program copies on an Xvfb (`x11-clipboard`) pastes
-/// on the Wayland side.
-#[test]
-fn the_clipboard_goes_both_ways_and_an_x11_side_shares_it() {
-    use ndd_endpoint::clipboard::{WaylandClipboardConfig, X11ClipboardConfig};
+/// What [`clipboard_both_ways`] leaves running: the sink's input and both endpoints.
+struct ClipboardRig {
+    ktx: mpsc::Sender<Frame>,
+    _source: ndd_endpoint::SourceTask,
+    _sink: ndd_endpoint::SinkTask,
+}
+
+/// The `wayland-clipboard` endpoints on compositor `display`, with Debian's
+/// `wl-copy`/`wl-paste` run by `wl`: what a program copies is sent; a record becomes the
+/// selection programs paste (text and PNG) and is not sent back.
+fn clipboard_both_ways(
+    rt: &tokio::runtime::Runtime,
+    wl: &dyn Fn(&str) -> std::process::Command,
+    display: &str,
+) -> ClipboardRig {
+    use ndd_endpoint::clipboard::WaylandClipboardConfig;
     use ndd_endpoint::SinkConfig;
     use ndd_wire::clipboard::{Contents, Selection};
+    use std::process::Stdio;
+    let paste = |ty: &str| -> Vec<u8> {
+        wl("wl-paste")
+            .args(["--no-newline", "--type", ty])
+            .output()
+            .map(|o| o.stdout)
+            .unwrap_or_default()
+    };
+    let cfg = WaylandClipboardConfig {
+        display: display.to_string(),
+        selections: vec!["CLIPBOARD".into()],
+        ..Default::default()
+    };
+    // The source: what wl-copy copies comes as a record.
+    let (stx, mut srx) = mpsc::channel::<Frame>(8);
+    let src = SourceConfig::WaylandClipboard(cfg.clone());
+    src.probe().expect("the probe finds data-control");
+    let source = rt.block_on(async { src.spawn(1, stx) }).expect("source");
+    let mut next = |wait: Duration| {
+        rt.block_on(async { tokio::time::timeout(wait, srx.recv()).await })
+            .ok()
+            .flatten()
+            .map(|f| Contents::parse(f.payload()).expect("a clipboard record"))
+    };
+    assert!(wl("wl-copy")
+        .arg("copied on wayland")
+        .stdout(Stdio::null())
+        .status()
+        .unwrap()
+        .success());
+    let got = loop {
+        let c = next(Duration::from_secs(5)).expect("a record for the copy");
+        if !c.formats.is_empty() {
+            break c;
+        }
+    };
+    assert_eq!(got.selection, Selection::Clipboard);
+    assert_eq!(
+        got.get("text/plain;charset=utf-8"),
+        Some(&b"copied on wayland"[..])
+    );
+
+    // The sink: a record becomes the selection; the source does not send it back.
+    let (ktx, krx) = mpsc::channel::<Frame>(8);
+    let sink = rt
+        .block_on(async { SinkConfig::WaylandClipboard(cfg.clone()).spawn(krx) })
+        .expect("sink");
+    let png: Vec<u8> = b"\x89PNG\r\n\x1a\n fake but bytes are bytes".to_vec();
+    let c = Contents {
+        selection: Selection::Clipboard,
+        formats: vec![
+            ("text/plain;charset=utf-8".into(), b"from the peer".to_vec()),
+            ("image/png".into(), png.clone()),
+        ],
+    };
+    ktx.blocking_send(Frame::new(
+        ndd_core::Meta {
+            stream: 2,
+            seq: 0,
+            timestamp_ns: 0,
+            flags: 0,
+        },
+        &c.emit().unwrap(),
+    ))
+    .unwrap();
+    let t0 = Instant::now();
+    while paste("text/plain") != b"from the peer" {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the record was not pasted"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(paste("image/png"), png);
+    assert!(
+        next(Duration::from_millis(400)).is_none(),
+        "the sink's selection came back through the source"
+    );
+    ClipboardRig {
+        ktx,
+        _source: source,
+        _sink: sink,
+    }
+}
+
+/// The `wayland-clipboard` endpoints on a headless sway ([`clipboard_both_ways`]), and what an
+/// X11 program copies on an Xvfb (`x11-clipboard`) pastes on the Wayland side.
+#[test]
+fn the_clipboard_goes_both_ways_and_an_x11_side_shares_it() {
+    use ndd_endpoint::clipboard::X11ClipboardConfig;
     use std::process::{Command, Stdio};
     if let Some(m) = missing(&["sway", "wl-copy", "wl-paste", "setpriv"]) {
         println!("SKIPPED: needs {m} (apt-get install sway wl-clipboard)");
@@ -331,82 +430,8 @@ fn the_clipboard_goes_both_ways_and_an_x11_side_shares_it() {
         .enable_all()
         .build()
         .unwrap();
-    let cfg = WaylandClipboardConfig {
-        display: sway.socket.display().to_string(),
-        selections: vec!["CLIPBOARD".into()],
-        ..Default::default()
-    };
-    // The source: what wl-copy copies comes as a record.
-    let (stx, mut srx) = mpsc::channel::<Frame>(8);
-    let src = SourceConfig::WaylandClipboard(cfg.clone());
-    src.probe().expect("the probe finds data-control");
-    let _source = rt.block_on(async { src.spawn(1, stx) }).expect("source");
-    let next = |rx: &mut mpsc::Receiver<Frame>, wait: Duration| {
-        rt.block_on(async { tokio::time::timeout(wait, rx.recv()).await })
-            .ok()
-            .flatten()
-            .map(|f| Contents::parse(f.payload()).expect("a clipboard record"))
-    };
-    assert!(wl("wl-copy")
-        .arg("copied on wayland")
-        .stdout(Stdio::null())
-        .status()
-        .unwrap()
-        .success());
-    let got = loop {
-        let c = next(&mut srx, Duration::from_secs(5)).expect("a record for the copy");
-        if !c.formats.is_empty() {
-            break c;
-        }
-    };
-    assert_eq!(got.selection, Selection::Clipboard);
-    assert_eq!(
-        got.get("text/plain;charset=utf-8"),
-        Some(&b"copied on wayland"[..])
-    );
-
-    // The sink: a record becomes the selection; the source does not send it back.
-    let (ktx, krx) = mpsc::channel::<Frame>(8);
-    let _sink = rt
-        .block_on(async { SinkConfig::WaylandClipboard(cfg.clone()).spawn(krx) })
-        .expect("sink");
-    let png: Vec<u8> = b"\x89PNG\r\n\x1a\n fake but bytes are bytes".to_vec();
-    let record = |formats: Vec<(String, Vec<u8>)>, seq| {
-        let c = Contents {
-            selection: Selection::Clipboard,
-            formats,
-        };
-        Frame::new(
-            ndd_core::Meta {
-                stream: 2,
-                seq,
-                timestamp_ns: 0,
-                flags: 0,
-            },
-            &c.emit().unwrap(),
-        )
-    };
-    ktx.blocking_send(record(
-        vec![
-            ("text/plain;charset=utf-8".into(), b"from the peer".to_vec()),
-            ("image/png".into(), png.clone()),
-        ],
-        0,
-    ))
-    .unwrap();
-    let t0 = Instant::now();
-    while paste("text/plain") != b"from the peer" {
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "the record was not pasted"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert_eq!(paste("image/png"), png);
-    assert!(
-        next(&mut srx, Duration::from_millis(400)).is_none(),
-        "the sink's selection came back through the source"
-    );
+    let rig = clipboard_both_ways(&rt, &wl, &sway.socket.display().to_string());
+    let ktx = rig.ktx.clone();
 
     // An X11 program's copy, through x11-clipboard, pastes on the Wayland side.
     if let Some(m) = missing(&["Xvfb", "xclip"]) {
@@ -462,6 +487,29 @@ fn the_clipboard_goes_both_ways_and_an_x11_side_shares_it() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// The same endpoints on KDE Plasma's compositor (Debian's KWin 5.27, headless): it offers
+/// wlr-data-control to every client, and the clipboard goes both ways as on sway.
+#[test]
+fn the_clipboard_goes_both_ways_on_kwin() {
+    if let Some(m) = missing(&[
+        "kwin_wayland",
+        "wl-copy",
+        "wl-paste",
+        "dbus-daemon",
+        "pipewire",
+    ]) {
+        println!("SKIPPED: needs {m} (apt-get install kwin-wayland wl-clipboard)");
+        return;
+    }
+    let kwin = ndd_procs::Kwin::start("clipboard", 320, 240, false).expect("headless KWin");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let _rig = clipboard_both_ways(&rt, &|p| kwin.client(p), &kwin.socket.display().to_string());
 }
 
 /// A display update of a `w`×`h` screen: `rects` of solid colours (`[r, g, b]`).

@@ -8,7 +8,7 @@
 #![forbid(unsafe_code)]
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -1105,6 +1105,142 @@ impl Mutter {
 }
 
 impl Drop for Mutter {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A headless KWin (KDE Plasma's compositor, Debian's kwin-wayland 5.27: its virtual backend,
+/// software rendering) with its own session bus, PipeWire and WirePlumber, killed on drop.
+/// Debian installs `kwin_wayland` with file capabilities (`cap_sys_nice`), which a container
+/// may not grant on exec ("Operation not permitted"): a copy in its runtime directory runs
+/// without them. KDE's restricted protocols (`org_kde_kwin_fake_input`,
+/// `zkde_screencast_unstable_v1`) are offered only to programs a `.desktop` file lists, or to
+/// all with `no_permission_checks`.
+#[derive(Debug)]
+pub struct Kwin {
+    // Dropped in this order: kwin before the PipeWire daemon and the bus it uses.
+    _kwin: Killed,
+    _wireplumber: Killed,
+    _pipewire: Killed,
+    _bus: Killed,
+    /// Its runtime directory (removed on drop): the bus, PipeWire's and the Wayland socket.
+    pub dir: PathBuf,
+    /// The session bus's address (`DBUS_SESSION_BUS_ADDRESS`).
+    pub bus: String,
+    /// The Wayland socket's full path (an endpoint's `display`).
+    pub socket: PathBuf,
+}
+
+impl Kwin {
+    /// Starts the bus, PipeWire, WirePlumber and KWin with one `width`x`height` output;
+    /// returns once its Wayland socket is there. `no_permission_checks`: every client gets
+    /// KDE's restricted protocols (`KWIN_WAYLAND_NO_PERMISSION_CHECKS`).
+    pub fn start(
+        name: &str,
+        width: u32,
+        height: u32,
+        no_permission_checks: bool,
+    ) -> std::io::Result<Kwin> {
+        let dir = std::env::temp_dir().join(format!("ndd-kwin-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+        let installed = ["/usr/bin/kwin_wayland", "/usr/local/bin/kwin_wayland"]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists())
+            .ok_or_else(|| {
+                std::io::Error::other(
+                    "kwin_wayland is not installed (apt-get install kwin-wayland)",
+                )
+            })?;
+        let kwin_bin = dir.join("kwin_wayland");
+        std::fs::copy(&installed, &kwin_bin)?;
+        let logs = std::env::temp_dir();
+        let log =
+            |what: &str| std::fs::File::create(logs.join(format!("ndd-kwin-{name}-{what}.log")));
+        let bus = format!("unix:path={}", dir.join("bus").display());
+        let spawn = |program: &Path, args: &[&str], what: &str| -> std::io::Result<Killed> {
+            let mut c = Command::new(program);
+            c.args(args)
+                .env("XDG_RUNTIME_DIR", &dir)
+                .env("HOME", &dir)
+                .env("DBUS_SESSION_BUS_ADDRESS", &bus)
+                .env("LIBGL_ALWAYS_SOFTWARE", "1")
+                .env_remove("WAYLAND_DISPLAY")
+                .env_remove("DISPLAY")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log(what)?);
+            if no_permission_checks {
+                c.env("KWIN_WAYLAND_NO_PERMISSION_CHECKS", "1");
+            }
+            c.spawn().map(Killed)
+        };
+        let wait = |what: &str, f: &dyn Fn() -> bool| -> std::io::Result<()> {
+            let t0 = Instant::now();
+            while !f() {
+                if t0.elapsed() > Duration::from_secs(15) {
+                    return Err(std::io::Error::other(format!(
+                        "{what} did not come up in 15 s (logs: {})",
+                        logs.join(format!("ndd-kwin-{name}-*.log")).display()
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok(())
+        };
+        let address = format!("--address={bus}");
+        let bus_child = spawn(
+            Path::new("dbus-daemon"),
+            &["--session", &address, "--nofork", "--nopidfile"],
+            "dbus",
+        )?;
+        wait("the session bus", &|| dir.join("bus").exists())?;
+        let pipewire = spawn(Path::new("pipewire"), &[], "pipewire")?;
+        wait("PipeWire", &|| dir.join("pipewire-0").exists())?;
+        let wireplumber = spawn(Path::new("wireplumber"), &[], "wireplumber")?;
+        let (w, h) = (width.to_string(), height.to_string());
+        let kwin = spawn(
+            &kwin_bin,
+            &[
+                "--virtual",
+                "--no-lockscreen",
+                "--width",
+                &w,
+                "--height",
+                &h,
+                "--socket",
+                "wayland-ndd",
+            ],
+            "kwin",
+        )?;
+        let socket = dir.join("wayland-ndd");
+        wait("KWin's Wayland socket", &|| socket.exists())?;
+        Ok(Kwin {
+            _kwin: kwin,
+            _wireplumber: wireplumber,
+            _pipewire: pipewire,
+            _bus: bus_child,
+            dir,
+            bus,
+            socket,
+        })
+    }
+
+    /// A command that runs as a Wayland client of this KWin (and on its bus).
+    pub fn client(&self, program: &str) -> Command {
+        let mut c = Command::new(program);
+        c.env("XDG_RUNTIME_DIR", &self.dir)
+            .env("WAYLAND_DISPLAY", &self.socket)
+            .env("DBUS_SESSION_BUS_ADDRESS", &self.bus)
+            .env_remove("DISPLAY");
+        c
+    }
+}
+
+impl Drop for Kwin {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }

@@ -200,7 +200,7 @@ fn open(endpoint: &'static str, c: &WaylandClipboardConfig) -> Result<Session, E
                 endpoint,
                 d,
                 format!("no zwlr_data_control_manager_v1 ({e})"),
-                "the wayland-clipboard endpoints need a wlroots compositor (sway, Hyprland, river, labwc, wayfire)",
+                "the wayland-clipboard endpoints need a compositor with wlr-data-control: a wlroots one (sway, Hyprland, river, labwc, wayfire) or KDE Plasma's KWin; on GNOME use gnome-clipboard",
             )
         })?;
     if manager.version() < 2 && selections.contains(&Selection::Primary) {

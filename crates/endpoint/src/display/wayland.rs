@@ -200,7 +200,7 @@ pub(crate) fn open_wayland_screen(
                 endpoint,
                 d,
                 format!("no zwlr_screencopy_manager_v1 ({e})"),
-                "the wayland-screen source needs a wlroots compositor (sway, Hyprland, river, labwc, wayfire); GNOME and KDE offer screen capture through the xdg-desktop-portal instead, not supported yet",
+                "the wayland-screen source needs a wlroots compositor (sway, Hyprland, river, labwc, wayfire); on GNOME use the gnome-screen source; KDE Plasma (KWin: zkde_screencast, or the xdg-desktop-portal) is not supported yet",
             )
         })?;
     let mut state = State {
