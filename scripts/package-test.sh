@@ -16,6 +16,7 @@ for f in ./usr/bin/ndd ./lib/systemd/system/ndd@.service ./lib/systemd/system/nd
   ./usr/share/man/man1/ndd-run.1 \
   ./usr/share/bash-completion/completions/ndd ./usr/share/zsh/vendor-completions/_ndd \
   ./usr/share/fish/vendor_completions.d/ndd.fish ./usr/share/doc/ndd/service.md \
+  ./usr/share/applications/ndd.desktop \
   ./usr/share/doc/ndd/examples/serial.toml ./usr/share/doc/ndd/examples/serial.env; do
   grep -qE " ${f}(\.gz)?\$" <<<"$contents" || fail "$deb does not hold $f"
 done

@@ -1332,7 +1332,7 @@ fn session_here(cfg: &Config, side: SideName) {
     });
     if wayland.is_some() && uses_x11 {
         println!(
-            "note: this session runs Wayland: X11 endpoints reach only Xwayland programs here; on a wlroots compositor use wayland-screen, wayland-input and wayland-clipboard, on GNOME gnome-screen, gnome-input and gnome-clipboard (docs/devices.md \"Wayland\")"
+            "note: this session runs Wayland: X11 endpoints reach only Xwayland programs here; on a wlroots compositor use wayland-screen, wayland-input and wayland-clipboard, on GNOME gnome-screen, gnome-input and gnome-clipboard, on KDE Plasma kde-input and wayland-clipboard (docs/devices.md \"Wayland\")"
         );
     }
 }

@@ -187,31 +187,20 @@ fn what_is_not_a_wlroots_compositor_is_a_clear_error() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Records typed into the `wayland-input` sink reach an unmodified Wayland program (`wev`) on
-/// a headless sway: its keys as their US keysyms, a click, the wheel; a key held when the link
-/// drops (a release-all record) is released.
-#[test]
-fn keys_and_clicks_reach_a_wayland_program_and_held_keys_are_released() {
+/// Records typed into `cfg` (an input sink) reach an unmodified Wayland program (`wev`, run by
+/// `wl`) on a compositor: its keys as their US keysyms, a click, the wheel; a key held when
+/// the link drops (a release-all record) is released.
+fn input_reaches_wev(wl: &dyn Fn(&str) -> std::process::Command, cfg: ndd_endpoint::SinkConfig) {
     use ndd_endpoint::input::{
         Capabilities, Event, InputMessage, BTN_LEFT, EV_KEY, EV_REL, REL_WHEEL, REL_X, REL_Y,
     };
-    use ndd_endpoint::{SinkConfig, WaylandInputConfig};
-    if let Some(m) = missing(&["sway", "wev", "setpriv"]) {
-        println!("SKIPPED: needs {m} (apt-get install sway wev)");
-        return;
-    }
-    let sway = Sway::start("input", 640, 480, "#000000").expect("headless sway");
     // Line-buffered: wev's printf output would wait in a pipe's buffer.
     // Killed on drop, a failing assertion included.
-    let (_wev, seen) = ndd_procs::spawn_collecting(
-        std::process::Command::new("stdbuf")
-            .args(["-oL", "wev"])
-            .env("WAYLAND_DISPLAY", &sway.socket)
-            .env("XDG_RUNTIME_DIR", &sway.dir)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null()),
-    )
-    .expect("start wev");
+    let mut cmd = wl("stdbuf");
+    cmd.args(["-oL", "wev"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let (_wev, seen) = ndd_procs::spawn_collecting(&mut cmd).expect("start wev");
     let wait = |what: &str, needle: &str| {
         let t0 = Instant::now();
         while !seen.lock().unwrap().contains(needle) {
@@ -229,9 +218,6 @@ fn keys_and_clicks_reach_a_wayland_program_and_held_keys_are_released() {
         .enable_all()
         .build()
         .unwrap();
-    let cfg = SinkConfig::WaylandInput(WaylandInputConfig {
-        display: sway.socket.display().to_string(),
-    });
     cfg.probe().expect("the probe finds the compositor");
     let (tx, rx) = mpsc::channel::<Frame>(16);
     let task = rt.block_on(async { cfg.spawn(rx) }).expect("sink starts");
@@ -253,32 +239,42 @@ fn keys_and_clicks_reach_a_wayland_program_and_held_keys_are_released() {
     send(InputMessage::Capabilities(
         Capabilities::keyboard_and_mouse("test"),
     ));
-    // The seat gains a keyboard with the sink's virtual one: wev takes it and gets the focus.
-    wait("the keyboard's focus", "wl_keyboard] enter");
     // h, i (KEY_H = 35, KEY_I = 23), then the pointer onto the window and a click, the wheel.
-    // (Typed again until seen: sway sets the new keyboard up in steps, and a key typed in
-    // the first milliseconds after the focus came can be lost — one in eight runs here.)
+    // (Typed again until seen: the seat gains its keyboard with the sink's first key, and the
+    // compositor sets it up in steps; a key typed in the first milliseconds after the focus
+    // came can be lost — one in eight runs on sway.)
     for (code, sym) in [(35u16, "sym: h"), (23, "sym: i")] {
         let t0 = Instant::now();
         while !seen.lock().unwrap().contains(sym) {
-            assert!(t0.elapsed() < Duration::from_secs(10), "{sym} never seen");
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "{sym} never seen; wev said:\n{}",
+                seen.lock().unwrap()
+            );
             send(InputMessage::Events(vec![ev(EV_KEY, code, 1)]));
             send(InputMessage::Events(vec![ev(EV_KEY, code, 0)]));
             std::thread::sleep(Duration::from_millis(200));
         }
     }
-    // Shift+a types A: the sink says which modifiers are down (wlroots does not for a
-    // virtual keyboard).
+    // Shift+a types A.
     send(InputMessage::Events(vec![ev(EV_KEY, 42, 1)]));
     send(InputMessage::Events(vec![ev(EV_KEY, 30, 1)]));
     send(InputMessage::Events(vec![ev(EV_KEY, 30, 0)]));
     send(InputMessage::Events(vec![ev(EV_KEY, 42, 0)]));
     wait("Shift+a", "utf8: 'A'");
-    send(InputMessage::Events(vec![
-        ev(EV_REL, REL_X, 5),
-        ev(EV_REL, REL_Y, 5),
-    ]));
-    wait("the pointer on the window", "wl_pointer] enter");
+    let t0 = Instant::now();
+    while !seen.lock().unwrap().contains("wl_pointer] enter") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the pointer never entered the window; wev said:\n{}",
+            seen.lock().unwrap()
+        );
+        send(InputMessage::Events(vec![
+            ev(EV_REL, REL_X, 5),
+            ev(EV_REL, REL_Y, 5),
+        ]));
+        std::thread::sleep(Duration::from_millis(100));
+    }
     send(InputMessage::Events(vec![ev(EV_KEY, BTN_LEFT, 1)]));
     send(InputMessage::Events(vec![ev(EV_KEY, BTN_LEFT, 0)]));
     wait("the click", "button: 272");
@@ -296,6 +292,78 @@ fn keys_and_clicks_reach_a_wayland_program_and_held_keys_are_released() {
         .expect("the sink ends")
         .unwrap()
         .expect("its report");
+}
+
+/// The `wayland-input` sink on a headless sway ([`input_reaches_wev`]).
+#[test]
+fn keys_and_clicks_reach_a_wayland_program_and_held_keys_are_released() {
+    use ndd_endpoint::{SinkConfig, WaylandInputConfig};
+    if let Some(m) = missing(&["sway", "wev", "setpriv"]) {
+        println!("SKIPPED: needs {m} (apt-get install sway wev)");
+        return;
+    }
+    let sway = Sway::start("input", 640, 480, "#000000").expect("headless sway");
+    let wl = |program: &str| {
+        let mut c = std::process::Command::new(program);
+        c.env("WAYLAND_DISPLAY", &sway.socket)
+            .env("XDG_RUNTIME_DIR", &sway.dir);
+        c
+    };
+    input_reaches_wev(
+        &wl,
+        SinkConfig::WaylandInput(WaylandInputConfig {
+            display: sway.socket.display().to_string(),
+        }),
+    );
+}
+
+/// The `kde-input` sink on KDE Plasma's compositor (Debian's KWin 5.27, headless), its fake
+/// input offered to every client here ([`input_reaches_wev`]); where KWin checks who may use
+/// it, the probe says how to allow it.
+#[test]
+fn keys_and_clicks_reach_a_program_on_kwin_and_held_keys_are_released() {
+    use ndd_endpoint::input::KdeInputConfig;
+    use ndd_endpoint::SinkConfig;
+    if let Some(m) = missing(&["kwin_wayland", "wev", "dbus-daemon", "pipewire"]) {
+        println!("SKIPPED: needs {m} (apt-get install kwin-wayland wev)");
+        return;
+    }
+    let kwin = ndd_procs::Kwin::start("input", 640, 480, true).expect("headless KWin");
+    let cfg = || {
+        SinkConfig::KdeInput(KdeInputConfig {
+            display: kwin.socket.display().to_string(),
+        })
+    };
+    input_reaches_wev(&|p| kwin.client(p), cfg());
+    drop(kwin);
+    let kwin = ndd_procs::Kwin::start("input-restricted", 320, 240, false).expect("headless KWin");
+    let e = SinkConfig::KdeInput(KdeInputConfig {
+        display: kwin.socket.display().to_string(),
+    })
+    .probe()
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("no org_kde_kwin_fake_input") && e.contains("X-KDE-Wayland-Interfaces"),
+        "{e}"
+    );
+    drop(kwin);
+    // The way a person allows it: a .desktop file naming the program (this test's binary here:
+    // the sink runs in it) with the protocol in X-KDE-Wayland-Interfaces, as
+    // packaging/ndd.desktop does for /usr/bin/ndd.
+    let exe = std::env::current_exe().unwrap();
+    let desktop = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging/ndd.desktop"),
+    )
+    .unwrap()
+    .replace("Exec=/usr/bin/ndd", &format!("Exec={}", exe.display()));
+    let kwin = ndd_procs::Kwin::start_with("input-allowed", 320, 240, false, Some(&desktop))
+        .expect("headless KWin");
+    SinkConfig::KdeInput(KdeInputConfig {
+        display: kwin.socket.display().to_string(),
+    })
+    .probe()
+    .expect("KWin offers its fake input to the program the .desktop file names");
 }
 
 /// What [`clipboard_both_ways`] leaves running: the sink's input and both endpoints.

@@ -1142,10 +1142,28 @@ impl Kwin {
         height: u32,
         no_permission_checks: bool,
     ) -> std::io::Result<Kwin> {
+        Kwin::start_with(name, width, height, no_permission_checks, None)
+    }
+
+    /// [`Kwin::start`] with `desktop_file` (its contents) among the person's applications
+    /// (`~/.local/share/applications/`, `HOME` being the runtime directory), as a program's
+    /// package or its user would install it: KWin reads `X-KDE-Wayland-Interfaces` there.
+    pub fn start_with(
+        name: &str,
+        width: u32,
+        height: u32,
+        no_permission_checks: bool,
+        desktop_file: Option<&str>,
+    ) -> std::io::Result<Kwin> {
         let dir = std::env::temp_dir().join(format!("ndd-kwin-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
         std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+        if let Some(contents) = desktop_file {
+            let apps = dir.join(".local/share/applications");
+            std::fs::create_dir_all(&apps)?;
+            std::fs::write(apps.join("ndd-test.desktop"), contents)?;
+        }
         let installed = ["/usr/bin/kwin_wayland", "/usr/local/bin/kwin_wayland"]
             .into_iter()
             .map(PathBuf::from)

@@ -7,7 +7,7 @@ use super::error::EndpointError;
 use super::report::{SinkTask, SourceTask};
 use crate::clipboard::{GnomeClipboardConfig, WaylandClipboardConfig};
 use crate::display::{GnomeScreenConfig, WaylandScreenConfig, WaylandWindowConfig};
-use crate::input::{GnomeInputConfig, WaylandInputConfig};
+use crate::input::{GnomeInputConfig, KdeInputConfig, WaylandInputConfig};
 use ndd_core::Frame;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::{Receiver, Sender};
@@ -99,6 +99,23 @@ pub(crate) fn spawn_gnome_input_sink(
     _: &Handle,
     endpoint: &'static str,
     _: &GnomeInputConfig,
+    _: Receiver<Frame>,
+    _: Delivered,
+) -> Result<SinkTask, EndpointError> {
+    Err(off(endpoint))
+}
+
+pub(crate) fn probe_kde_input(
+    endpoint: &'static str,
+    _: &KdeInputConfig,
+) -> Result<(), EndpointError> {
+    Err(off(endpoint))
+}
+
+pub(crate) fn spawn_kde_input_sink(
+    _: &Handle,
+    endpoint: &'static str,
+    _: &KdeInputConfig,
     _: Receiver<Frame>,
     _: Delivered,
 ) -> Result<SinkTask, EndpointError> {

@@ -168,7 +168,7 @@ pub fn wayland_session(display: &str) -> Result<Vec<(&'static str, &'static str,
         .map(|g| g.interface)
         .collect();
     let has = |n: &str| names.iter().any(|g| g == n);
-    Ok(vec![
+    let mut offer = vec![
         (
             "wayland-screen",
             "zwlr_screencopy_manager_v1",
@@ -190,7 +190,20 @@ pub fn wayland_session(display: &str) -> Result<Vec<(&'static str, &'static str,
             has("zwlr_data_control_manager_v1"),
         ),
         ("wayland-window", "xdg_wm_base", has("xdg_wm_base")),
-    ])
+    ];
+    // KDE Plasma's KWin: its own input protocol, offered only to programs a .desktop file
+    // lists (docs/devices.md).
+    if names
+        .iter()
+        .any(|g| g.starts_with("org_kde_") || g.starts_with("kde_"))
+    {
+        offer.push((
+            "kde-input",
+            "org_kde_kwin_fake_input, for this program,",
+            has("org_kde_kwin_fake_input"),
+        ));
+    }
+    Ok(offer)
 }
 
 #[cfg(test)]

@@ -92,6 +92,16 @@ pub struct WaylandInputConfig {
     pub display: String,
 }
 
+/// `kde-input` sink parameters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KdeInputConfig {
+    /// KWin's socket: a name in `$XDG_RUNTIME_DIR` (`wayland-0`) or a full path; empty:
+    /// `$WAYLAND_DISPLAY`.
+    #[serde(default)]
+    pub display: String,
+}
+
 /// `gnome-input` sink parameters.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

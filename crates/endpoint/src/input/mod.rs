@@ -16,12 +16,15 @@
 //! [`XtestConfig`], [`WaylandInputConfig`]), `record.rs`, `source.rs` and `sink.rs` (the
 //! tasks: blocking, over the `evdev` crate and `x11rb`, with no unsafe code), `wayland.rs`
 //! (the `wayland-input` sink: virtual keyboard and pointer on wlroots compositors), `gnome.rs`
-//! (the `gnome-input` sink: mutter's remote-desktop API), `xkb.rs`
+//! (the `gnome-input` sink: mutter's remote-desktop API), `kde.rs` (the `kde-input` sink:
+//! KWin's fake input), `xkb.rs`
 //! (its keymap: the source's keysyms on spare keys, sans-IO).
 
 mod config;
 #[cfg(feature = "wayland")]
 mod gnome;
+#[cfg(feature = "wayland")]
+mod kde;
 pub mod keymap;
 mod keysyms;
 mod record;
@@ -33,14 +36,17 @@ pub mod xkb;
 
 #[cfg(not(feature = "wayland"))]
 pub(crate) use crate::common::no_wayland::{
-    open_wayland_input, probe_gnome_input, spawn_gnome_input_sink, spawn_wayland_input_sink,
+    open_wayland_input, probe_gnome_input, probe_kde_input, spawn_gnome_input_sink,
+    spawn_kde_input_sink, spawn_wayland_input_sink,
 };
 pub use config::{
-    EvdevConfig, GnomeInputConfig, UinputConfig, WaylandInputConfig, WaylandWindowInputConfig,
-    X11InputConfig, X11Window, XtestConfig,
+    EvdevConfig, GnomeInputConfig, KdeInputConfig, UinputConfig, WaylandInputConfig,
+    WaylandWindowInputConfig, X11InputConfig, X11Window, XtestConfig,
 };
 #[cfg(feature = "wayland")]
 pub(crate) use gnome::{probe_gnome_input, spawn_gnome_input_sink};
+#[cfg(feature = "wayland")]
+pub(crate) use kde::{probe_kde_input, spawn_kde_input_sink};
 pub use record::*;
 pub(crate) use sink::{check_uinput, spawn_uinput_sink, spawn_xtest_sink, UINPUT_PATH};
 pub(crate) use source::{

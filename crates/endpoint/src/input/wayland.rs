@@ -174,7 +174,7 @@ pub(crate) fn open_wayland_input(
             endpoint,
             d,
             format!("no {what} ({e})"),
-            "the wayland-input sink needs a wlroots compositor (sway, Hyprland, river, labwc, wayfire); on GNOME use the gnome-input sink; KDE Plasma (KWin: org_kde_kwin_fake_input, or the portal's RemoteDesktop) is not supported yet",
+            "the wayland-input sink needs a wlroots compositor (sway, Hyprland, river, labwc, wayfire); on GNOME use the gnome-input sink, on KDE Plasma the kde-input sink",
         )
     };
     let km: kbd_manager::ZwpVirtualKeyboardManagerV1 = globals

@@ -479,4 +479,9 @@ pub const SINKS: &[EndpointInfo] = &[
         summary: GNOME_CLIPBOARD,
         params: GNOME_CLIPBOARD_PARAMS,
     },
+    EndpointInfo {
+        name: "kde-input",
+        summary: "input records typed and moved into a KDE Plasma Wayland session through KWin's fake input (keys by Linux code in the session's layout, buttons, relative and absolute motion, the wheel); KWin offers it to programs a .desktop file lists (Debian's package installs one)",
+        params: &[("display", "string", "$WAYLAND_DISPLAY", "KWin's socket: a name in $XDG_RUNTIME_DIR (wayland-0) or a full path")],
+    },
 ];

@@ -144,6 +144,7 @@ fn catalogue_params_match_the_config_keys() {
             monitor: Some("DP-1".into()),
             ..Default::default()
         }),
+        SinkConfig::KdeInput(crate::input::KdeInputConfig::default()),
         SinkConfig::X11Window(X11WindowConfig {
             resize: crate::display::Resize::Remote,
             scale: crate::display::ViewScale::Hundredths(200),

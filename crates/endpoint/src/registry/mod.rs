@@ -40,8 +40,8 @@ use crate::display::{
 };
 use crate::file::{FileSinkConfig, FileSourceConfig};
 use crate::input::{
-    EvdevConfig, GnomeInputConfig, UinputConfig, WaylandInputConfig, WaylandWindowInputConfig,
-    X11InputConfig, XtestConfig,
+    EvdevConfig, GnomeInputConfig, KdeInputConfig, UinputConfig, WaylandInputConfig,
+    WaylandWindowInputConfig, X11InputConfig, XtestConfig,
 };
 use crate::serial::rfc2217;
 use crate::serial::{
@@ -185,6 +185,9 @@ pub enum SinkConfig {
     /// The clipboard of a GNOME (mutter) Wayland session (either side).
     #[serde(rename = "gnome-clipboard")]
     GnomeClipboard(GnomeClipboardConfig),
+    /// Input into a KDE Plasma (KWin) Wayland session (app side).
+    #[serde(rename = "kde-input")]
+    KdeInput(KdeInputConfig),
 }
 
 /// `x11-clipboard(display=:0, selections=CLIPBOARD+PRIMARY, max_bytes=8388608, images)`,
@@ -799,6 +802,7 @@ impl SinkConfig {
             | SinkConfig::PulsePlayback(_)
             | SinkConfig::WaylandInput(_)
             | SinkConfig::GnomeInput(_)
+            | SinkConfig::KdeInput(_)
             | SinkConfig::GnomeClipboard(_)
             | SinkConfig::WaylandWindow(_) => vec![],
             SinkConfig::Y4m(c) => vec![&mut c.path],
@@ -831,6 +835,7 @@ impl SinkConfig {
             SinkConfig::WaylandWindow(_) => &SINKS[19],
             SinkConfig::GnomeInput(_) => &SINKS[20],
             SinkConfig::GnomeClipboard(_) => &SINKS[21],
+            SinkConfig::KdeInput(_) => &SINKS[22],
         }
     }
 
@@ -847,6 +852,7 @@ impl SinkConfig {
             SinkConfig::Xtest(_) => "xtest sink",
             SinkConfig::WaylandInput(_) => "wayland-input sink",
             SinkConfig::GnomeInput(_) => "gnome-input sink",
+            SinkConfig::KdeInput(_) => "kde-input sink",
             SinkConfig::WaylandClipboard(_) => "wayland-clipboard sink",
             SinkConfig::GnomeClipboard(_) => "gnome-clipboard sink",
             SinkConfig::WaylandWindow(_) => "wayland-window sink",
@@ -887,6 +893,14 @@ impl SinkConfig {
             SinkConfig::Pty(c) => describe_pty(c),
             SinkConfig::Uinput(c) => format!("uinput(name={})", c.name),
             SinkConfig::Xtest(c) => format!("xtest(display={})", c.display),
+            SinkConfig::KdeInput(c) => format!(
+                "kde-input(display={})",
+                if c.display.is_empty() {
+                    "$WAYLAND_DISPLAY"
+                } else {
+                    c.display.as_str()
+                }
+            ),
             SinkConfig::WaylandInput(c) => format!(
                 "wayland-input(display={})",
                 if c.display.is_empty() {
@@ -980,6 +994,7 @@ impl SinkConfig {
             | SinkConfig::Xtest(_)
             | SinkConfig::WaylandInput(_)
             | SinkConfig::GnomeInput(_)
+            | SinkConfig::KdeInput(_)
             | SinkConfig::Framebuffer(_)
             | SinkConfig::X11Cursor(_) => Ok(()),
             SinkConfig::X11Clipboard(c) => check_clipboard(endpoint, &c.selections, c.max_bytes),
@@ -1012,9 +1027,8 @@ impl SinkConfig {
             SinkConfig::Uinput(_)
             | SinkConfig::Xtest(_)
             | SinkConfig::WaylandInput(_)
-            | SinkConfig::GnomeInput(_) => {
-                Some(input::InputMessage::release_all_payload().to_vec())
-            }
+            | SinkConfig::GnomeInput(_)
+            | SinkConfig::KdeInput(_) => Some(input::InputMessage::release_all_payload().to_vec()),
             _ => None,
         }
     }
@@ -1064,6 +1078,7 @@ impl SinkConfig {
             SinkConfig::GnomeInput(c) => {
                 input::spawn_gnome_input_sink(&rt, endpoint, c, rx, delivered)
             }
+            SinkConfig::KdeInput(c) => input::spawn_kde_input_sink(&rt, endpoint, c, rx, delivered),
             SinkConfig::WaylandClipboard(c) => {
                 clipboard::spawn_wayland_clipboard_sink(&rt, endpoint, c, rx, delivered)
             }
