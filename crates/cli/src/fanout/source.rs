@@ -293,7 +293,7 @@ impl Publisher {
             tracing::info!(
                 stream = %self.plan.name,
                 frames = again,
-                "published again under the new group key what the device received under the old one after its rotation"
+                "published again, sealed anew, what the device side no longer opens since it restarted or rotated its key"
             );
         }
         Ok(())
