@@ -882,7 +882,7 @@ fn an_app_side_ending_while_the_device_restarts_leaves_nothing_behind() {
 
 /// A device run's mark (`Subjects::run_mark`) signed by the identity in `home`.
 fn run_mark(home: &Path, driver: &str, run: u64) -> Vec<u8> {
-    use ndd_link::nats::follow::{notice_body, notice_label, Notice};
+    use ndd_link::nats::follow::{mark_label, notice_body, Notice};
     let (id, _) = ndd_link::Identity::load_or_create(home).unwrap();
     let who = ndd_link::seal::LocalIdentity::new(&id).unwrap();
     let subjects = ndd_link::nats::subjects::Subjects::new("ndd", driver).unwrap();
@@ -895,7 +895,7 @@ fn run_mark(home: &Path, driver: &str, run: u64) -> Vec<u8> {
         clock,
         key: [0; 8],
     };
-    who.sign_note(&notice_label(&subjects), &notice_body(&n))
+    who.sign_note(&mark_label(&subjects), &notice_body(&n))
         .unwrap()
 }
 
@@ -938,7 +938,7 @@ fn an_app_side_ending_while_a_newer_device_run_is_marked_waits_for_a_device_side
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos() as u64;
-    let run = home.next_run_id(clock, 7).unwrap();
+    let run = home.reserve_run_id(clock, 7).unwrap();
     let subjects = ndd_link::nats::subjects::Subjects::new("ndd", "upmark").unwrap();
     let stranger = dir.0.join("stranger");
     ok(ndd().args(["id", "--home"]).arg(&stranger));

@@ -10,7 +10,7 @@
 //! | `forward` | [string] | required | argv of the source-side program |
 //! | `inverse` | [string] | required | argv of the sink-side program |
 //! | `placement` | `"pipe"` \| `"shm"` | `"pipe"` | how frames reach the child |
-//! | `timeout_ms` | 1..=600000 | 1000 | longest wait for a reply to one request |
+//! | `timeout_ms` | 1..=600000 | 1000 | longest wait for a reply to one request (its start, the answer to `HELLO`, may take up to [`HELLO_WAIT`] = 10 s) |
 //! | `restart` | `"never"` \| `"on-failure"` | `"never"` | restart a child that died, hung or wrote garbage, once per failure |
 //! | `ring_kib` | power of two, 4..=1048576 | 1024 | shm: bytes per ring direction |
 //! | `spin` | 0..=1000000 | 2000 | shm: polls of the ring index before sleeping on the futex |
@@ -139,6 +139,9 @@ pub enum Restart {
     /// Start a new child and retry the request once; a second failure is a module error.
     OnFailure,
 }
+
+/// How long a child may take to answer `HELLO` at least (its start), whatever `timeout_ms`.
+pub const HELLO_WAIT: Duration = Duration::from_secs(10);
 
 fn default_timeout_ms() -> u64 {
     1000
@@ -576,7 +579,8 @@ impl ExternalHalf {
         })
     }
 
-    /// Starts the child and sends `HELLO`.
+    /// Starts the child and sends `HELLO`, waiting up to `timeout_ms` or [`HELLO_WAIT`],
+    /// whichever is longer, for its answer.
     fn connect(&mut self) -> Result<(), ModuleError> {
         let conn = self.start().map_err(|source| {
             setup_error(ExternalError::Start {
@@ -593,7 +597,14 @@ impl ExternalHalf {
             name: &name,
         };
         let (h, t) = hello.encode();
-        match self.exchange(&h, t) {
+        // A program's start (exec, an interpreter's imports) is not a request's reply: under
+        // load a Python module took more than the default 1 s to answer HELLO (a loaded suite
+        // run, 2026-12-01), and setting up failed.
+        let timeout = self.timeout;
+        self.timeout = timeout.max(HELLO_WAIT);
+        let hello = self.exchange(&h, t);
+        self.timeout = timeout;
+        match hello {
             Ok(()) => {
                 if let Some(c) = &mut self.conn {
                     c.in_place = c.arena.as_ref().is_some_and(|a| a.child_in_place());

@@ -1119,11 +1119,13 @@ impl Drop for Mutter {
 /// all with `no_permission_checks`.
 #[derive(Debug)]
 pub struct Kwin {
-    // Dropped in this order: kwin before the PipeWire daemon and the bus it uses.
+    // Dropped in this order: kwin before the PipeWire daemon and the bus it uses, and the
+    // runtime directory once they are all gone.
     _kwin: Killed,
     _wireplumber: Killed,
     _pipewire: Killed,
     _bus: Killed,
+    _removed: RemovedDir,
     /// Its runtime directory (removed on drop): the bus, PipeWire's and the Wayland socket.
     pub dir: PathBuf,
     /// The session bus's address (`DBUS_SESSION_BUS_ADDRESS`).
@@ -1158,6 +1160,8 @@ impl Kwin {
         let dir = std::env::temp_dir().join(format!("ndd-kwin-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
+        // Removed however this returns (a step below failing included).
+        let removed = RemovedDir(dir.clone());
         std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
         if let Some(contents) = desktop_file {
             let apps = dir.join(".local/share/applications");
@@ -1241,6 +1245,7 @@ impl Kwin {
             _wireplumber: wireplumber,
             _pipewire: pipewire,
             _bus: bus_child,
+            _removed: removed,
             dir,
             bus,
             socket,
@@ -1258,9 +1263,13 @@ impl Kwin {
     }
 }
 
-impl Drop for Kwin {
+/// A directory removed on drop.
+#[derive(Debug)]
+struct RemovedDir(PathBuf);
+
+impl Drop for RemovedDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

@@ -56,6 +56,9 @@ mod common;
 use bytes::Bytes;
 use common::{RunInverse, RunSealer};
 use ndd_core::{Frame, Meta};
+use ndd_link::nats::follow::{
+    mark_label, marks_to_read, notice_body, notice_label, Follower, Notice,
+};
 use ndd_link::nats::keys::GroupKey;
 use ndd_link::nats::opened::OpenedWindows;
 use ndd_link::nats::outbox::Publish;
@@ -64,6 +67,8 @@ use ndd_link::nats::record::END_SEQ;
 use ndd_link::nats::runs::Run;
 use ndd_link::nats::send::Sender;
 use ndd_link::nats::source::{EndPlan, SourceFlow, CONFIRM_WAIT};
+use ndd_link::nats::subjects::Subjects;
+use ndd_link::seal::LocalIdentity;
 use ndd_testkit::SimRng;
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -84,6 +89,26 @@ const JOIN_TRY: u64 = 3_000;
 const NOTICE_EVERY: u64 = 2_000;
 /// How often, at most, a device's sink rings for frames of an earlier run.
 const STALE_SPACING: u64 = 200;
+
+thread_local! {
+    /// The device side's identity (it signs its run marks) and a stranger's (the adversary's).
+    static IDS: (LocalIdentity, LocalIdentity) = {
+        let make = |name: &str| {
+            let d = std::env::temp_dir().join(format!(
+                "ndd-nats-ending-{name}-{}-{:?}",
+                std::process::id(),
+                std::thread::current().id()
+            ));
+            let _ = std::fs::remove_dir_all(&d);
+            std::fs::create_dir_all(&d).expect("temp dir");
+            let (id, _) = ndd_link::Identity::load_or_create(&d).expect("identity");
+            let local = LocalIdentity::new(&id).expect("local identity");
+            let _ = std::fs::remove_dir_all(&d);
+            local
+        };
+        (make("device"), make("stranger"))
+    };
+}
 
 fn payload(seq: u64) -> Vec<u8> {
     let mut p = b"app".to_vec();
@@ -159,8 +184,9 @@ impl Sim {
 enum Entry {
     /// On the stream's up subject.
     Frame(Bytes),
-    /// A device run's mark (`Subjects::run_mark`), or a copy of one.
-    Mark(u64),
+    /// On the run-mark subject of run `run` (`Subjects::run_mark`): the device's signed mark,
+    /// a copy of one, or the adversary's.
+    Mark { run: u64, note: Bytes },
 }
 
 /// The device's durable consumer of the up subject: where it stands, what it delivers again.
@@ -251,6 +277,15 @@ fn run(seed: u64) -> Result<String, String> {
     };
     let mut unanswered_left = if rng.chance(0.5) { 3 } else { 0 };
     let adversary = rng.chance(0.5);
+    // Forged run-mark subjects the adversary stores (more than `MARKS_READ` in some).
+    let mut flood = if rng.chance(0.3) {
+        rng.range(10, 40)
+    } else {
+        0
+    };
+    let subjects = Subjects::new("ndd", "ending").expect("subjects");
+    // The app side's follower, as it reads run marks (`Follower::handle_mark`, `behind`).
+    let mut marks = Follower::new(notice_label(&subjects), GroupKey::first(GROUP, FIRST), None);
     // Restarts: 0–3 at random moments of the stream, and in half the schedules one close to
     // where its END is stored (the moment is found as it comes).
     let span = n * spacing.max(1) + 200;
@@ -339,8 +374,24 @@ fn run(seed: u64) -> Result<String, String> {
         if device.is_none() && now >= down_until {
             // Its mark first, then where the stream stands.
             let id = device_keys.run.id + 1;
-            log.push(Entry::Mark(id));
-            recorded.push(Entry::Mark(id));
+            let note = IDS.with(|(device, _)| {
+                device
+                    .sign_note(
+                        &mark_label(&subjects),
+                        &notice_body(&Notice {
+                            run: id,
+                            clock: now,
+                            key: [0; 8],
+                        }),
+                    )
+                    .expect("signed")
+            });
+            let mark = Entry::Mark {
+                run: id,
+                note: Bytes::from(note),
+            };
+            log.push(mark.clone());
+            recorded.push(mark);
             let run = Run {
                 id,
                 began: log.len() as u64,
@@ -493,6 +544,7 @@ fn run(seed: u64) -> Result<String, String> {
                     if keys.run.id >= watch.run.id {
                         watch = *keys;
                     }
+                    let _ = marks.handle_admission(*keys, None);
                     if confirm {
                         // The keys' change and the confirmation wake the publisher in
                         // either order.
@@ -506,14 +558,31 @@ fn run(seed: u64) -> Result<String, String> {
                 }
                 Ev::NoResponders => {
                     confirming = false;
-                    // The follower reads the marks of runs newer than its own (a copy of an
-                    // older one changes nothing; forged ones do not count).
-                    for e in &log {
-                        if let Entry::Mark(r) = e {
-                            heard = heard.max(*r);
+                    // The follower reads the marks of runs newer than its own, as
+                    // `fanout/join.rs` does: the newest few, each the last on its subject,
+                    // signed by the device for that run (copies, forgeries and subjects naming
+                    // another run do not count); more unchecked ones settle nothing.
+                    let runs = log.iter().filter_map(|e| match e {
+                        Entry::Mark { run, .. } => Some(*run),
+                        _ => None,
+                    });
+                    let plan = marks_to_read(marks.keys().run.id, runs);
+                    for r in plan.read {
+                        let note = log.iter().rev().find_map(|e| match e {
+                            Entry::Mark { run, note } if *run == r => Some(note.clone()),
+                            _ => None,
+                        });
+                        if let Some(note) = note {
+                            let trusted = IDS.with(|(d, _)| d.fingerprint());
+                            let _ = marks
+                                .handle_mark(&note, r, &mark_label(&subjects), |fp| fp == trusted);
+                        }
+                        if marks.behind() {
+                            break;
                         }
                     }
-                    if heard > watch.run.id {
+                    let unsure = plan.unchecked > 0 && !marks.behind();
+                    if heard > watch.run.id || marks.behind() || unsure {
                         // A notice or a mark named a newer run than this side's
                         // (`Follower::behind`): not settled; asked again after the follower's
                         // spacing.
@@ -538,6 +607,32 @@ fn run(seed: u64) -> Result<String, String> {
                     }
                 }
             }
+        }
+        // The adversary floods the run-mark subjects in some schedules: marks of runs far
+        // ahead signed by a stranger, and copies of the device's marks under subjects of
+        // other runs.
+        if flood > 0 && rng.chance(0.05) {
+            flood -= 1;
+            let run = device_keys.run.id + rng.range(2, 1 << 40);
+            let note = match log.iter().rev().find_map(|e| match e {
+                Entry::Mark { note, .. } if rng.chance(0.5) => Some(note.clone()),
+                _ => None,
+            }) {
+                Some(copy) => copy,
+                None => Bytes::from(IDS.with(|(_, stranger)| {
+                    stranger
+                        .sign_note(
+                            &mark_label(&subjects),
+                            &notice_body(&Notice {
+                                run,
+                                clock: now,
+                                key: [0; 8],
+                            }),
+                        )
+                        .expect("signed")
+                })),
+            };
+            log.push(Entry::Mark { run, note });
         }
         // The adversary: copies of recorded messages (any run, ENDs too) and garbage.
         if adversary && !recorded.is_empty() && rng.chance(0.01) {

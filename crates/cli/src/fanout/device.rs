@@ -29,7 +29,11 @@ pub(super) async fn start(
     // and waited for them for good).
     let join_sub = ctx.subscribe(&ctx.subjects.join()).await?;
     let files = Home::new(&opts.home, &nats.subject_prefix, &cfg.driver);
-    let id = files.next_run_id(wall_ns(), random_u64() as u16)?;
+    // The run's id, reserved in the home (a process that dies before its run begins leaves
+    // it taken), then the driver claimed with it: a device side that finds another serving
+    // stops here, before it marks anything.
+    let id = files.reserve_run_id(wall_ns(), random_u64() as u16)?;
+    claim_device(ctx, &cfg.driver, id, local, &opts.home).await?;
     // The run is marked in the stream before it reads where the stream stands: an app side
     // that confirms the device's run while no device side serves (between two processes)
     // finds the mark of any run that may refuse its last frames (`Follower::behind`).
@@ -55,7 +59,6 @@ pub(super) async fn start(
     };
     // An app side revoked while this side was away never sees a frame under its key.
     keeper.start(ctx).await?;
-    claim_device(ctx, &cfg.driver, run.id, local, &opts.home).await?;
     let slots = plans.iter().filter_map(|p| p.split).max().unwrap_or(0);
     // How many app sides are there (beating), for `min_app_sides`.
     let (joined, mut joined_rx) = watch::channel(0usize);
@@ -152,7 +155,7 @@ async fn mark_run(
         key: [0; 8],
     };
     let note = local
-        .sign_note(&notice_label(&ctx.subjects), &notice_body(&notice))
+        .sign_note(&mark_label(&ctx.subjects), &notice_body(&notice))
         .context("signing this run's mark")?;
     let subject = ctx.subjects.run_mark(id);
     js.publish(subject.clone(), note.into())

@@ -420,11 +420,13 @@ impl KeyFollower {
 }
 
 impl KeyFollower {
-    /// Takes the marks of device runs newer than this side's from the JetStream stream
+    /// Reads the marks of device runs newer than this side's from the JetStream stream
     /// (`Subjects::run_mark`: a device side marks each run before it reads where the stream
-    /// stands) as the notices they are: one signed by a trusted device side makes this side
-    /// [`Follower::behind`]. The newest [`MARKS_READ`] at most (anyone who may publish could
-    /// add marks; a forged one is ignored, as a forged notice is).
+    /// stands): one signed by a trusted device side for the run its subject names makes this
+    /// side [`Follower::behind`]. Anyone who may publish can add subjects: the newest
+    /// `MARKS_READ` are checked, and when more newer subjects are there than were checked
+    /// (or more than [`MARK_SUBJECTS`] in all) and none proved a newer run, the question is
+    /// not settled (`Err`): a flood costs a confirmation its wait, never the last frames.
     async fn read_run_marks(&mut self) -> Result<()> {
         let js = jetstream::new(self.ctx.client.clone());
         let name = self.ctx.subjects.jetstream();
@@ -437,26 +439,28 @@ impl KeyFollower {
             .await
             .map_err(|e| anyhow!("JetStream stream {name}: {e}"))?;
         let mine = self.follower.keys().run.id;
-        let mut newer = Vec::new();
+        let (mut runs, mut listed) = (Vec::new(), 0usize);
         while let Some(s) = subjects.next().await {
             let (subject, _) = s.map_err(|e| anyhow!("JetStream stream {name}: {e}"))?;
-            if let Some(run) = self
-                .ctx
-                .subjects
-                .run_of_mark(&subject)
-                .filter(|&r| r > mine)
-            {
-                newer.push((run, subject));
+            listed += 1;
+            if listed > MARK_SUBJECTS {
+                bail!("more than {MARK_SUBJECTS} run-mark subjects in {name}: not read");
+            }
+            if let Some(run) = self.ctx.subjects.run_of_mark(&subject) {
+                runs.push(run);
             }
         }
-        newer.sort_unstable();
+        let plan = ndd_link::nats::follow::marks_to_read(mine, runs);
         let known = KnownPeers::load(&self.home).ok();
-        for (run, subject) in newer.into_iter().rev().take(MARKS_READ) {
+        let label = mark_label(&self.ctx.subjects);
+        let unchecked = plan.unchecked;
+        for run in plan.read {
+            let subject = self.ctx.subjects.run_mark(run);
             let m = stream
                 .get_last_raw_message_by_subject(&subject)
                 .await
                 .map_err(|e| anyhow!("JetStream stream {name}, {subject}: {e}"))?;
-            let taken = self.follower.handle_notice(&m.payload, |fp| {
+            let taken = self.follower.handle_mark(&m.payload, run, &label, |fp| {
                 known.as_ref().is_some_and(|k| k.lookup(fp).is_some())
             });
             tracing::debug!(
@@ -475,15 +479,18 @@ impl KeyFollower {
                         ndd_link::nats::source::CONFIRM_WAIT
                     );
                 }
-                break;
+                return Ok(());
             }
+        }
+        if unchecked > 0 {
+            bail!("{unchecked} more run-mark subjects newer than this side's run than the {} checked, none of those a genuine mark", ndd_link::nats::follow::MARKS_READ);
         }
         Ok(())
     }
 }
 
-/// Run marks an app side reads at most when it confirms the device's run (the newest first).
-const MARKS_READ: usize = 16;
+/// Run-mark subjects an app side lists at most (one per device start; more is a flood).
+const MARK_SUBJECTS: usize = 4096;
 
 /// Only a device side this side does not trust answered a join (the `ndd trust` line).
 #[derive(Debug)]

@@ -5,7 +5,7 @@ use super::*;
 use ndd_link::nats::deliver::{Action, Mode, Notice, Rebuild, SinkFlow, ENDING_WAIT, FINISH_WAIT};
 
 /// Replay window of the group key's inverse halves, in frames.
-pub(super) const SEAL_WINDOW: u32 = 4096;
+pub(super) const SEAL_WINDOW: u32 = ndd_link::nats::opened::WINDOW as u32;
 /// Sending halves (epochs) a group key's inverse keeps at once: one per app side feeding an
 /// app → device stream, and one more for each rotation it follows. With the `encrypt`
 /// pair's default of two, a third app side's frames retired the first one's epoch and the
@@ -397,7 +397,7 @@ pub(super) async fn pump_sink(
             Some(Ok(Some(w))) => rx.intake().carry(w),
             Some(Err(path)) => tracing::warn!(
                 side = "device",
-                "{} is damaged (a crash of the machine?): this side does not know what the process before it opened, and copies of frames it took may be taken again",
+                "{} is damaged (cut short by a crash of the machine, or not ndd's): this side does not know what the process before it opened, and copies of frames it took may be taken again",
                 path.display()
             ),
             _ => {}

@@ -10,7 +10,8 @@
 //! their Linux code, typed in the session's own layout: fake input brings no keymap, so a
 //! person whose layout differs from the session's gets the session's symbols (the keysym an
 //! `x11-input` source annotates is not used). Absolute positions are scaled from the source's
-//! axis ranges onto the output (its logical size).
+//! axis ranges onto the first output, taken at the origin with its mode divided by its integer
+//! scale (a fractionally scaled, rotated or second output is not placed right).
 
 use super::config::KdeInputConfig;
 use super::record::{
@@ -185,6 +186,26 @@ fn scale(v: i32, (min, max): (i32, i32), extent: f64) -> f64 {
     (v / span * (extent - 1.0)).max(0.0)
 }
 
+impl KdeInput {
+    /// Sends the motion gathered so far (relative, then absolute) and clears it.
+    fn flush_motion(&mut self, dx: &mut f64, dy: &mut f64, moved_abs: &mut bool) {
+        if *dx != 0.0 || *dy != 0.0 {
+            self.input.pointer_motion(*dx, *dy);
+        }
+        (*dx, *dy) = (0.0, 0.0);
+        if let (true, Some((xr, yr)), Some((w, h))) =
+            (std::mem::take(moved_abs), self.abs, self.state.mode)
+        {
+            let s = f64::from(self.state.scale.max(1));
+            let (x, y) = (
+                scale(self.at.0, xr, f64::from(w) / s),
+                scale(self.at.1, yr, f64::from(h) / s),
+            );
+            self.input.pointer_motion_absolute(x, y);
+        }
+    }
+}
+
 impl Injector for KdeInput {
     fn capabilities(&mut self, caps: &Capabilities) -> Result<(), EndpointError> {
         self.abs = match (caps.abs_axis(ABS_X), caps.abs_axis(ABS_Y)) {
@@ -198,6 +219,13 @@ impl Injector for KdeInput {
         let (mut dx, mut dy) = (0.0f64, 0.0f64);
         let mut moved_abs = false;
         for e in events {
+            // Motion before a button or the wheel in one record goes first (a move, then a
+            // click where it ended).
+            let pointer = e.ty == EV_REL && (e.code == REL_WHEEL || e.code == REL_HWHEEL)
+                || e.ty == EV_KEY && (BTN_LEFT..BTN_LEFT + 0x10).contains(&e.code);
+            if pointer {
+                self.flush_motion(&mut dx, &mut dy, &mut moved_abs);
+            }
             match (e.ty, e.code) {
                 (EV_KEY, code) if (BTN_LEFT..BTN_LEFT + 0x10).contains(&code) => {
                     self.input.button(u32::from(code), u32::from(e.value != 0));
@@ -223,17 +251,7 @@ impl Injector for KdeInput {
                 _ => {}
             }
         }
-        if dx != 0.0 || dy != 0.0 {
-            self.input.pointer_motion(dx, dy);
-        }
-        if let (true, Some((xr, yr)), Some((w, h))) = (moved_abs, self.abs, self.state.mode) {
-            let s = f64::from(self.state.scale.max(1));
-            let (x, y) = (
-                scale(self.at.0, xr, f64::from(w) / s),
-                scale(self.at.1, yr, f64::from(h) / s),
-            );
-            self.input.pointer_motion_absolute(x, y);
-        }
+        self.flush_motion(&mut dx, &mut dy, &mut moved_abs);
         pump(&mut self.queue, &mut self.state, Duration::ZERO).map_err(|e| {
             unavailable(
                 self.endpoint,

@@ -74,6 +74,42 @@ pub fn notice_label(subjects: &Subjects) -> Vec<u8> {
     format!("ndd nats rekey v1 {}", subjects.rekey()).into_bytes()
 }
 
+/// What a device run's mark in the JetStream stream is signed under
+/// ([`super::subjects::Subjects::run_mark`]): a label of its own, so that a mark is never
+/// taken for a rekey notice (a mark names a run that may never serve: one whose process died
+/// before it began, or lost the driver to another).
+pub fn mark_label(subjects: &Subjects) -> Vec<u8> {
+    format!("ndd nats run mark v1 {}", subjects.run_marks()).into_bytes()
+}
+
+/// Run marks an app side checks at most when it confirms the device's run.
+pub const MARKS_READ: usize = 16;
+
+/// Which run marks to check ([`marks_to_read`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MarkPlan {
+    /// The runs whose marks to read and check ([`Follower::handle_mark`]), newest first.
+    pub read: Vec<u64>,
+    /// Newer runs' subjects left unchecked: when none of those read proves a newer run, the
+    /// question is not settled (anyone who may publish can add subjects; a flood costs a
+    /// confirmation its wait, never the last frames).
+    pub unchecked: usize,
+}
+
+/// Of the runs the stream's mark subjects name (`runs`), those newer than this side's (`mine`)
+/// to check, the newest [`MARKS_READ`] first.
+pub fn marks_to_read(mine: u64, runs: impl IntoIterator<Item = u64>) -> MarkPlan {
+    let mut newer: Vec<u64> = runs.into_iter().filter(|&r| r > mine).collect();
+    newer.sort_unstable_by(|a, b| b.cmp(a));
+    newer.dedup();
+    let unchecked = newer.len().saturating_sub(MARKS_READ);
+    newer.truncate(MARKS_READ);
+    MarkPlan {
+        read: newer,
+        unchecked,
+    }
+}
+
 /// A rekey notice's body: `rekey`, the device run's id, the device side's wall clock in ns
 /// and the id of its keys ([`key_id`]).
 pub fn notice_body(n: &Notice) -> Vec<u8> {
@@ -112,6 +148,9 @@ pub enum Ignored {
     /// Not newer than the last one taken.
     #[error("not newer than the last one (a replay)")]
     Replayed,
+    /// A run mark whose signed run is not the one its subject names.
+    #[error("its signed run is not the one its subject names")]
+    OtherRun,
 }
 
 /// A join's answer, as it changed this side's keys.
@@ -143,6 +182,8 @@ pub struct Follower {
     slot: Option<u16>,
     /// The newest notice taken: (run, device clock).
     newest: Option<(u64, u64)>,
+    /// The newest run a mark in the stream named ([`Follower::handle_mark`]).
+    marked: Option<u64>,
     /// A join is due (a notice or an ask came since the last one went).
     due: bool,
     /// When the last join went.
@@ -160,6 +201,7 @@ impl Follower {
             keys,
             slot,
             newest: None,
+            marked: None,
             due: false,
             last: None,
             spacing: REJOIN_SPACING,
@@ -205,7 +247,33 @@ impl Follower {
     /// END was confirmed; the app side took "no responders" for "the same run" and its last
     /// frames, refused by the newer runs, were never sealed again).
     pub fn behind(&self) -> bool {
-        self.newest.is_some_and(|(run, _)| run > self.keys.run.id)
+        let run = self.keys.run.id;
+        self.newest.is_some_and(|(r, _)| r > run) || self.marked.is_some_and(|m| m > run)
+    }
+
+    /// A device run's mark read from the JetStream stream (`note`, stored on the subject of
+    /// run `subject_run`), signed under `label` ([`mark_label`]) by a side `trusted` says is
+    /// in `known_peers`: its run counts for [`Follower::behind`] (it never steers the notices'
+    /// order, nor sends a join: the run it names may never serve). Its run: the one signed,
+    /// which must be the subject's (a subject names anything anyone may publish).
+    pub fn handle_mark(
+        &mut self,
+        note: &[u8],
+        subject_run: u64,
+        label: &[u8],
+        trusted: impl Fn(&str) -> bool,
+    ) -> Result<u64, Ignored> {
+        let (body, fp) =
+            crate::seal::open_note(note, label).map_err(|e| Ignored::NotSigned(e.to_string()))?;
+        if !trusted(&fp) {
+            return Err(Ignored::Untrusted(fp));
+        }
+        let n = parse_notice_body(body).ok_or(Ignored::NotANotice)?;
+        if n.run != subject_run {
+            return Err(Ignored::OtherRun);
+        }
+        self.marked = Some(self.marked.map_or(n.run, |m| m.max(n.run)));
+        Ok(n.run)
     }
 
     /// A stream asks for the key (a frame that opens under no key this side has).
@@ -417,6 +485,78 @@ mod tests {
         // The id is the same for the same keys wherever it is computed, and reveals
         // nothing of the key (a keyed one-way function of the run key).
         assert_eq!(key_id(&rotated), key_id(&GroupKey::first([9; 32], RUN)));
+    }
+
+    #[test]
+    fn the_newest_marks_above_this_sides_run_are_read_and_the_rest_counted() {
+        assert_eq!(
+            marks_to_read(10, [3, 12, 11, 12, 40]),
+            MarkPlan {
+                read: vec![40, 12, 11],
+                unchecked: 0
+            }
+        );
+        let plan = marks_to_read(0, 1..=(MARKS_READ as u64 + 5));
+        assert_eq!(plan.read.len(), MARKS_READ);
+        assert_eq!(plan.read[0], MARKS_READ as u64 + 5);
+        assert_eq!(plan.unchecked, 5);
+        assert_eq!(marks_to_read(9, [1, 2, 9]).read, Vec::<u64>::new());
+    }
+
+    #[test]
+    fn a_run_mark_makes_a_side_behind_and_never_steers_its_notices() {
+        let subjects = Subjects::new("ndd", "serial").unwrap();
+        let device = identity("device-mark");
+        let stranger = identity("stranger-mark");
+        let trusted = |fp: &str| fp == device.fingerprint();
+        let mut f = follower(&subjects);
+        let body = |run: u64| {
+            notice_body(&Notice {
+                run,
+                clock: 50,
+                key: [0; 8],
+            })
+        };
+        let marks = mark_label(&subjects);
+        let notices = notice_label(&subjects);
+        // A mark of this side's own run, or an older one: not behind.
+        let own = device.sign_note(&marks, &body(RUN.id)).unwrap();
+        assert_eq!(f.handle_mark(&own, RUN.id, &marks, trusted), Ok(RUN.id));
+        assert!(!f.behind());
+        // Refused: another run than its subject's, a rekey notice passed off as a mark (and a
+        // mark as a notice), a stranger's.
+        let newer = device.sign_note(&marks, &body(100)).unwrap();
+        assert_eq!(
+            f.handle_mark(&newer, 101, &marks, trusted),
+            Err(Ignored::OtherRun)
+        );
+        let notice = device.sign_note(&notices, &body(100)).unwrap();
+        assert!(matches!(
+            f.handle_mark(&notice, 100, &marks, trusted),
+            Err(Ignored::NotSigned(_))
+        ));
+        assert!(matches!(
+            f.handle_notice(&newer, trusted),
+            Err(Ignored::NotSigned(_))
+        ));
+        let forged = stranger.sign_note(&marks, &body(100)).unwrap();
+        assert_eq!(
+            f.handle_mark(&forged, 100, &marks, trusted),
+            Err(Ignored::Untrusted(stranger.fingerprint()))
+        );
+        assert!(!f.behind(), "nothing refused counts");
+        // The device's mark of a newer run: behind, with no join due (the run may never
+        // serve), and a notice of a run before it still counts (a mark never takes the
+        // notices' order).
+        assert_eq!(f.handle_mark(&newer, 100, &marks, trusted), Ok(100));
+        assert!(f.behind());
+        assert_eq!(f.poll_join(Instant::now()), None);
+        let eight = device.sign_note(&notices, &body(8)).unwrap();
+        assert_eq!(f.handle_notice(&eight, trusted), Ok(Heard::Join));
+        // Keys of a run at or past the mark: no longer behind.
+        f.handle_admission(GroupKey::first([1; 32], Run { id: 100, began: 9 }), Some(1))
+            .unwrap();
+        assert!(!f.behind());
     }
 
     #[test]

@@ -72,6 +72,20 @@ pub enum HomeError {
         /// What it holds.
         len: usize,
     },
+    /// A run began with an id not above the last one noted (two device sides starting in
+    /// the same home at once).
+    #[error(
+        "{} names run {last:016x}, and this run's id {id:016x} is not above it: another device side began a run in this home meanwhile (only one may run a driver)",
+        path.display()
+    )]
+    RunOrder {
+        /// The run file.
+        path: PathBuf,
+        /// The id this run was to take.
+        id: u64,
+        /// The last one noted.
+        last: u64,
+    },
     /// The system's random number generator failed.
     #[error("the system random number generator failed")]
     Random,
@@ -211,6 +225,14 @@ impl Home {
             .join(format!("nats-slots-{}-{}", self.prefix, self.driver))
     }
 
+    /// The id reserved last for a run ([`Home::reserve_run_id`]).
+    pub fn reserved_path(&self) -> PathBuf {
+        self.dir.join(format!(
+            "nats-group-{}-{}.reserved",
+            self.prefix, self.driver
+        ))
+    }
+
     /// What a device side's sink read by consumer `durable` opened ([`WindowsFile`]).
     pub fn windows_path(&self, durable: &str) -> PathBuf {
         self.dir.join(format!(
@@ -310,16 +332,36 @@ impl Home {
         wall_ns: u64,
         random: u16,
     ) -> Result<(Run, [Option<Run>; EARLIER_RUNS]), HomeError> {
-        let id = self.next_run_id(wall_ns, random)?;
+        let id = self.reserve_run_id(wall_ns, random)?;
         self.begin_run(id, began)
     }
 
-    /// The id the next run takes ([`next_run_id`] of the last one noted, `wall_ns` and
-    /// `random`): a device side marks it in the JetStream stream before it reads where the
-    /// stream stands, then begins it with [`Home::begin_run`].
-    pub fn next_run_id(&self, wall_ns: u64, random: u16) -> Result<u64, HomeError> {
+    /// The id the next run takes ([`next_run_id`] of the last one noted or reserved,
+    /// `wall_ns` and `random`), noted as reserved (`nats-group-P-D.reserved`) before it is
+    /// returned: a device side claims the driver with it and marks it in the JetStream stream
+    /// before it reads where the stream stands, then begins it with [`Home::begin_run`]. A
+    /// process that dies in between leaves the reservation, so the next run's id is higher
+    /// than every id marked (an app side that read a mark is behind only until it joins a
+    /// run that began).
+    pub fn reserve_run_id(&self, wall_ns: u64, random: u16) -> Result<u64, HomeError> {
         let (runs, _) = self.runs()?;
-        Ok(next_run_id(runs.last().map(|r| r.id), wall_ns, random))
+        let path = self.reserved_path();
+        let reserved = match std::fs::read(&path) {
+            Ok(b) => Some(
+                <[u8; 8]>::try_from(b.as_slice())
+                    .map(u64::from_be_bytes)
+                    .map_err(|_| HomeError::RunFile {
+                        path: path.clone(),
+                        len: b.len(),
+                    })?,
+            ),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io_err("read", &path)(e)),
+        };
+        let last = runs.last().map(|r| r.id).max(reserved);
+        let id = next_run_id(last, wall_ns, random);
+        write_private(&path, &id.to_be_bytes())?;
+        Ok(id)
     }
 
     /// Run `id` (from [`Home::next_run_id`]), beginning after JetStream stream sequence
@@ -329,7 +371,14 @@ impl Home {
         id: u64,
         began: u64,
     ) -> Result<(Run, [Option<Run>; EARLIER_RUNS]), HomeError> {
-        let (_, mut runs) = self.runs()?;
+        let (all, mut runs) = self.runs()?;
+        if let Some(last) = all.last().filter(|r| r.id >= id) {
+            return Err(HomeError::RunOrder {
+                path: self.run_path(),
+                id,
+                last: last.id,
+            });
+        }
         let run = Run { id, began };
         let mut earlier = [None; EARLIER_RUNS];
         for (e, r) in earlier.iter_mut().zip(runs.iter().rev()) {
@@ -486,11 +535,11 @@ impl PositionFile {
 }
 
 /// What a device side's sink of a reliable app → device stream opened, kept in its home for
-/// its next process ([`OpenedWindows`]): written before each acknowledgement, so a copy of a
-/// frame acknowledged already is known for one by the next process.
+/// its next process ([`OpenedWindows`]): written before each acknowledgement (a new file
+/// renamed over the old, so a process killed mid-write leaves the one before whole), so a
+/// copy of a frame acknowledged already is known for one by the next process.
 #[derive(Debug)]
 pub struct WindowsFile {
-    file: std::fs::File,
     path: PathBuf,
     /// The bytes written last (nothing is written again while they stand).
     last: Vec<u8>,
@@ -499,23 +548,13 @@ pub struct WindowsFile {
 }
 
 impl WindowsFile {
-    /// Opens (or creates) the windows of consumer `durable`.
+    /// The windows of consumer `durable` (the file is made at the first write).
     pub fn open(home: &Home, durable: &str) -> Result<WindowsFile, HomeError> {
-        use std::os::unix::fs::OpenOptionsExt;
         let path = home.windows_path(durable);
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(io_err("create", dir))?;
         }
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&path)
-            .map_err(io_err("open", &path))?;
         Ok(WindowsFile {
-            file,
             path,
             last: Vec::new(),
             failed: false,
@@ -523,37 +562,44 @@ impl WindowsFile {
     }
 
     /// What the process before kept: `Ok(None)` when nothing was (a first run), `Err` with
-    /// the path when the file is damaged (torn by a crash of the machine, or not ours).
+    /// the path when the file is damaged (written by something else, or cut short by a
+    /// crash of the machine).
     pub fn read(&self) -> Result<Option<OpenedWindows>, PathBuf> {
-        use std::io::Read;
-        let mut b = Vec::new();
-        let mut f = &self.file;
-        if f.read_to_end(&mut b).is_err() {
-            return Err(self.path.clone());
+        match std::fs::read(&self.path) {
+            Ok(b) => OpenedWindows::parse(&b)
+                .map(Some)
+                .ok_or_else(|| self.path.clone()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(_) => Err(self.path.clone()),
         }
-        if b.is_empty() {
-            return Ok(None);
-        }
-        OpenedWindows::parse(&b)
-            .map(Some)
-            .ok_or_else(|| self.path.clone())
     }
 
-    /// Keeps `w` (a failed write empties the file, said once).
+    /// Keeps `w` (a failed write removes the file, said once: windows that lag behind what
+    /// was acknowledged would let copies through as surely as none).
     pub fn write(&mut self, w: &OpenedWindows) {
-        use std::os::unix::fs::FileExt;
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
         let b = w.encode();
         if b == self.last {
             return;
         }
-        let r = self
-            .file
-            .write_all_at(&b, 0)
-            .and_then(|()| self.file.set_len(b.len() as u64));
+        let mut tmp = self.path.as_os_str().to_owned();
+        tmp.push(".new");
+        let tmp = PathBuf::from(tmp);
+        let r = (|| {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            f.write_all(&b)?;
+            std::fs::rename(&tmp, &self.path)
+        })();
         match r {
             Ok(()) => self.last = b,
             Err(e) => {
-                let _ = self.file.set_len(0);
+                let _ = std::fs::remove_file(&self.path);
                 self.last.clear();
                 if !std::mem::replace(&mut self.failed, true) {
                     tracing::warn!(
@@ -619,14 +665,25 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
-        // Marked first, begun after: the id the run takes is the one marked.
+        // Reserved (and marked) first, begun after: the id the run takes is the one reserved;
+        // one reserved by a process that died before it began is never taken again, whatever
+        // the clock says.
         let later = 2_000_000_000u64;
-        let id = h.next_run_id(later, 3).unwrap();
-        assert!(id > runs.last().unwrap().id);
-        assert_eq!(h.next_run_id(later, 3).unwrap(), id, "nothing noted yet");
+        let died = h.reserve_run_id(later, 3).unwrap();
+        assert!(died > runs.last().unwrap().id);
+        let id = h.reserve_run_id(later, 3).unwrap();
+        assert!(id > died, "a reserved id is never taken again");
         let (r, earlier) = h.begin_run(id, 999).unwrap();
         assert_eq!(r, Run { id, began: 999 });
         assert_eq!(earlier[0], runs.last().copied());
+        // Two device sides in one home: the second to begin, with an id not above the first's,
+        // is refused by name.
+        let e = h.begin_run(died, 1000).unwrap_err().to_string();
+        assert!(
+            e.contains("another device side began a run in this home"),
+            "{e}"
+        );
+        assert!(h.reserve_run_id(1, 3).unwrap() > id, "a clock set back");
         std::fs::write(h.run_path(), [1u8; 5]).unwrap();
         let e = new_run(60).unwrap_err().to_string();
         assert!(

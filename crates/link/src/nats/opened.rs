@@ -17,9 +17,10 @@
 
 use std::collections::VecDeque;
 
-/// Counters below an epoch's highest that its window covers (the binary's `encrypt` inverse
-/// keeps the same window: a counter further behind does not open there either).
-pub const WINDOW: u64 = 1024;
+/// Counters below an epoch's highest that its window covers: the binary's `encrypt` inverse
+/// for the fan-out keeps the same window (its `SEAL_WINDOW` is this), so a counter further
+/// behind does not open there either.
+pub const WINDOW: u64 = 4096;
 
 /// Epochs kept (the most recently opened).
 pub const EPOCHS: usize = 64;
@@ -221,9 +222,13 @@ mod tests {
         assert!(w.covers(&sealed(1, 5000 - WINDOW)));
         assert!(!w.covers(&sealed(1, 5000 - WINDOW + 1)));
         assert!(w.covers(&sealed(1, 2)), "below the window");
-        // A slide of more than the whole bitmap forgets the words it passes.
-        w.mark(&sealed(1, 5000 + 64 * 40));
-        assert!(!w.covers(&sealed(1, 5000 + 64 * 40 - 1)));
+        // A slide of more than the whole bitmap forgets the words it passes: 90 and 4250 share
+        // a word and a bit.
+        let mut v = OpenedWindows::default();
+        v.mark(&sealed(3, 90));
+        v.mark(&sealed(3, 90 + 64 * WORDS as u64 + 10));
+        assert!(!v.covers(&sealed(3, 4250)));
+        assert!(v.covers(&sealed(3, 90)), "too old by now");
     }
 
     #[test]
