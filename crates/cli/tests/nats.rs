@@ -813,7 +813,7 @@ fn reliable_app_to_device_frames_wait_in_jetstream_while_the_device_is_away() {
     let got = || complete_frames(&out);
     let d1 = side(&cfg, "device", &dev, &["--once"]);
     let a = side(&cfg, "app", &apps[0], &["--once"]);
-    wait_for("frames to flow", WAIT, || got() > 100);
+    wait_for("frames to flow", WAIT, || got() > 300);
     // The device dies; the app side goes on sending into JetStream.
     d1.kill();
     std::thread::sleep(Duration::from_millis(800));
@@ -827,7 +827,11 @@ fn reliable_app_to_device_frames_wait_in_jetstream_while_the_device_is_away() {
     assert_eq!(next, n, "every frame up to the last");
     assert!(lost.is_empty(), "frames lost: {lost:?}");
     println!("duplicates after the device's kill: {dups}");
-    assert!(dups < 64, "{dups} duplicates");
+    // What the killed process took and had not acknowledged comes again (0-10 here; 99 once
+    // in a CI run, whose load kept the sink from being through, so from acknowledging, for
+    // half a second): the next process resumed where the first stood, not from the start
+    // (more than 300 would come again).
+    assert!(dups < 150, "{dups} duplicates");
 }
 
 /// The device side restarts just before an app side's reliable stream ends: the new device

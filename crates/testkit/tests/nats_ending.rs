@@ -54,7 +54,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::{RunInverse, RunSealer};
+use common::{RunInverse, RunSealer, IDS};
 use ndd_core::{Frame, Meta};
 use ndd_link::nats::follow::{
     mark_label, marks_to_read, notice_body, notice_label, Follower, Notice,
@@ -68,7 +68,6 @@ use ndd_link::nats::runs::Run;
 use ndd_link::nats::send::Sender;
 use ndd_link::nats::source::{EndPlan, SourceFlow, CONFIRM_WAIT};
 use ndd_link::nats::subjects::Subjects;
-use ndd_link::seal::LocalIdentity;
 use ndd_testkit::SimRng;
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -89,26 +88,6 @@ const JOIN_TRY: u64 = 3_000;
 const NOTICE_EVERY: u64 = 2_000;
 /// How often, at most, a device's sink rings for frames of an earlier run.
 const STALE_SPACING: u64 = 200;
-
-thread_local! {
-    /// The device side's identity (it signs its run marks) and a stranger's (the adversary's).
-    static IDS: (LocalIdentity, LocalIdentity) = {
-        let make = |name: &str| {
-            let d = std::env::temp_dir().join(format!(
-                "ndd-nats-ending-{name}-{}-{:?}",
-                std::process::id(),
-                std::thread::current().id()
-            ));
-            let _ = std::fs::remove_dir_all(&d);
-            std::fs::create_dir_all(&d).expect("temp dir");
-            let (id, _) = ndd_link::Identity::load_or_create(&d).expect("identity");
-            let local = LocalIdentity::new(&id).expect("local identity");
-            let _ = std::fs::remove_dir_all(&d);
-            local
-        };
-        (make("device"), make("stranger"))
-    };
-}
 
 fn payload(seq: u64) -> Vec<u8> {
     let mut p = b"app".to_vec();

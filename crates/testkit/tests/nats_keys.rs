@@ -89,7 +89,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::{RunInverse, RunSealer};
+use common::{RunInverse, RunSealer, IDS};
 use ndd_core::{Frame, Meta};
 use ndd_link::nats::follow::{key_id, notice_body, notice_label, Follower, Ignored, Notice};
 use ndd_link::nats::intake::{Kept, REORDER_WAIT};
@@ -103,7 +103,6 @@ use ndd_link::nats::rotate::{
 use ndd_link::nats::runs::Run;
 use ndd_link::nats::send::{Follow, Sender};
 use ndd_link::nats::subjects::Subjects;
-use ndd_link::seal::LocalIdentity;
 use ndd_testkit::SimRng;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -156,27 +155,6 @@ fn welcome(keys: GroupKey) -> GroupKey {
 /// What the rekey notices of the simulated driver are signed under.
 fn label() -> Vec<u8> {
     notice_label(&Subjects::new("ndd", "keys").expect("valid subjects"))
-}
-
-thread_local! {
-    /// The device side's identity (it signs the rekey notices, as fanout's `rekey_notice`)
-    /// and a stranger's (the adversary's forged ones).
-    static IDS: (LocalIdentity, LocalIdentity) = {
-        let make = |name: &str| {
-            let d = std::env::temp_dir().join(format!(
-                "ndd-nats-keys-{name}-{}-{:?}",
-                std::process::id(),
-                std::thread::current().id()
-            ));
-            let _ = std::fs::remove_dir_all(&d);
-            std::fs::create_dir_all(&d).expect("temp dir");
-            let (id, _) = ndd_link::Identity::load_or_create(&d).expect("identity");
-            let local = LocalIdentity::new(&id).expect("local identity");
-            let _ = std::fs::remove_dir_all(&d);
-            local
-        };
-        (make("device"), make("stranger"))
-    };
 }
 
 /// `P.D.rekey` on core NATS: notices on their way to app sides, and every one sent (the

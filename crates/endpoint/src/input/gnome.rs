@@ -160,8 +160,9 @@ fn open_gnome_input(
     })
 }
 
-/// `v` in `[min, max]` onto `0..extent` (pixels of the monitor).
-fn scale(v: i32, (min, max): (i32, i32), extent: f64) -> f64 {
+/// `v` in `[min, max]` onto `0..extent` (pixels of the monitor; the `kde-input` sink's
+/// logical pixels of the output too).
+pub(super) fn scale(v: i32, (min, max): (i32, i32), extent: f64) -> f64 {
     let span = f64::from(max) - f64::from(min);
     if span <= 0.0 {
         return 0.0;

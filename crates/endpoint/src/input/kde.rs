@@ -14,6 +14,7 @@
 //! scale (a fractionally scaled, rotated or second output is not placed right).
 
 use super::config::KdeInputConfig;
+use super::gnome::scale;
 use super::record::{
     Capabilities, Event, ABS_X, ABS_Y, BTN_LEFT, EV_ABS, EV_KEY, EV_REL, REL_HWHEEL, REL_WHEEL,
     REL_X, REL_Y,
@@ -174,16 +175,6 @@ fn open_kde_input(endpoint: &'static str, c: &KdeInputConfig) -> Result<KdeInput
         abs: None,
         at: (0, 0),
     })
-}
-
-/// `v` in `[min, max]` onto `0..extent` (logical pixels of the output).
-fn scale(v: i32, (min, max): (i32, i32), extent: f64) -> f64 {
-    let span = f64::from(max) - f64::from(min);
-    if span <= 0.0 {
-        return 0.0;
-    }
-    let v = (f64::from(v) - f64::from(min)).clamp(0.0, span);
-    (v / span * (extent - 1.0)).max(0.0)
 }
 
 impl KdeInput {

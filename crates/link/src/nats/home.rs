@@ -535,11 +535,16 @@ impl PositionFile {
 }
 
 /// What a device side's sink of a reliable app → device stream opened, kept in its home for
-/// its next process ([`OpenedWindows`]): written before each acknowledgement (a new file
-/// renamed over the old, so a process killed mid-write leaves the one before whole), so a
-/// copy of a frame acknowledged already is known for one by the next process.
+/// its next process ([`OpenedWindows`]): written before each acknowledgement, so a copy of a
+/// frame acknowledged already is known for one by the next process. Written in place (one
+/// `pwrite` of a few KB: a new file renamed over the old each time blocked the sink's
+/// acknowledgements under load, and a kill before its next process began then let more
+/// frames come twice); the encoding only grows (epochs are added, up to 64), so a write never
+/// leaves an older tail, and one cut short by a kill fails its check: nothing is carried, as
+/// before there were windows.
 #[derive(Debug)]
 pub struct WindowsFile {
+    file: std::fs::File,
     path: PathBuf,
     /// The bytes written last (nothing is written again while they stand).
     last: Vec<u8>,
@@ -548,13 +553,23 @@ pub struct WindowsFile {
 }
 
 impl WindowsFile {
-    /// The windows of consumer `durable` (the file is made at the first write).
+    /// Opens (or creates) the windows of consumer `durable`.
     pub fn open(home: &Home, durable: &str) -> Result<WindowsFile, HomeError> {
+        use std::os::unix::fs::OpenOptionsExt;
         let path = home.windows_path(durable);
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(io_err("create", dir))?;
         }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io_err("open", &path))?;
         Ok(WindowsFile {
+            file,
             path,
             last: Vec::new(),
             failed: false,
@@ -562,44 +577,38 @@ impl WindowsFile {
     }
 
     /// What the process before kept: `Ok(None)` when nothing was (a first run), `Err` with
-    /// the path when the file is damaged (written by something else, or cut short by a
-    /// crash of the machine).
+    /// the path when the file is damaged (cut short by a kill or a crash, or not ndd's).
     pub fn read(&self) -> Result<Option<OpenedWindows>, PathBuf> {
-        match std::fs::read(&self.path) {
-            Ok(b) => OpenedWindows::parse(&b)
-                .map(Some)
-                .ok_or_else(|| self.path.clone()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(_) => Err(self.path.clone()),
+        use std::io::Read;
+        let mut b = Vec::new();
+        let mut f = &self.file;
+        if f.read_to_end(&mut b).is_err() {
+            return Err(self.path.clone());
         }
+        if b.is_empty() {
+            return Ok(None);
+        }
+        OpenedWindows::parse(&b)
+            .map(Some)
+            .ok_or_else(|| self.path.clone())
     }
 
-    /// Keeps `w` (a failed write removes the file, said once: windows that lag behind what
+    /// Keeps `w` (a failed write empties the file, said once: windows that lag behind what
     /// was acknowledged would let copies through as surely as none).
     pub fn write(&mut self, w: &OpenedWindows) {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
+        use std::os::unix::fs::FileExt;
         let b = w.encode();
         if b == self.last {
             return;
         }
-        let mut tmp = self.path.as_os_str().to_owned();
-        tmp.push(".new");
-        let tmp = PathBuf::from(tmp);
-        let r = (|| {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            f.write_all(&b)?;
-            std::fs::rename(&tmp, &self.path)
-        })();
+        let r = self
+            .file
+            .write_all_at(&b, 0)
+            .and_then(|()| self.file.set_len(b.len() as u64));
         match r {
             Ok(()) => self.last = b,
             Err(e) => {
-                let _ = std::fs::remove_file(&self.path);
+                let _ = self.file.set_len(0);
                 self.last.clear();
                 if !std::mem::replace(&mut self.failed, true) {
                     tracing::warn!(

@@ -51,3 +51,25 @@ impl RunSeal for RunSealer {
         self.0.seal_bound(frame, wseq, out)
     }
 }
+
+thread_local! {
+    /// The device side's identity (it signs rekey notices and run marks, as fanout does) and a
+    /// stranger's (the adversary's forged ones), one pair per test thread.
+    #[allow(dead_code)]
+    pub static IDS: (ndd_link::seal::LocalIdentity, ndd_link::seal::LocalIdentity) = {
+        let make = |name: &str| {
+            let d = std::env::temp_dir().join(format!(
+                "ndd-nats-sim-{name}-{}-{:?}",
+                std::process::id(),
+                std::thread::current().id()
+            ));
+            let _ = std::fs::remove_dir_all(&d);
+            std::fs::create_dir_all(&d).expect("temp dir");
+            let (id, _) = ndd_link::Identity::load_or_create(&d).expect("identity");
+            let local = ndd_link::seal::LocalIdentity::new(&id).expect("local identity");
+            let _ = std::fs::remove_dir_all(&d);
+            local
+        };
+        (make("device"), make("stranger"))
+    };
+}
