@@ -977,8 +977,7 @@ fn an_app_side_ending_while_a_newer_device_run_is_marked_waits_for_a_device_side
     assert!(lost.is_empty(), "frames lost: {lost:?}");
 }
 
-/// The same with only a stranger's mark: done at once (well before the 20 s a confirmation
-/// is asked again for).
+/// The same with only a stranger's mark: done without waiting for a device side.
 #[test]
 fn a_run_mark_signed_by_a_stranger_keeps_no_app_side_waiting() {
     if !nats_or_skip() {
@@ -1014,13 +1013,14 @@ fn a_run_mark_signed_by_a_stranger_keeps_no_app_side_waiting() {
         &run_mark(&stranger, "upfmark", r),
     );
     assert!(String::from_utf8_lossy(&ack).contains("\"seq\""));
-    let started = std::time::Instant::now();
     let (as_, _, aerr) = a.finish();
     assert!(as_.success(), "app: {aerr}");
+    // Said by an app side that counts a newer run's mark, then by one whose confirmation
+    // ran out: neither here (events, not a duration: the app side did not wait).
     assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "the app side waited {:?}: {aerr}",
-        started.elapsed()
+        !aerr.contains("the device marked a run newer")
+            && !aerr.contains("no device side answered"),
+        "the stranger's mark kept the app side waiting: {aerr}"
     );
 }
 

@@ -23,13 +23,13 @@ use super::sink::{run_injector, Injector};
 use crate::common::delivered::Delivered;
 use crate::common::error::EndpointError;
 use crate::common::report::SinkTask;
-use crate::common::wayland::{pump, unavailable, wayland_connect};
+use crate::common::wayland::{ignore_events, pump, unavailable, wayland_connect};
 use ndd_core::Frame;
 use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::Receiver;
-use wayland_client::globals::{registry_queue_init, GlobalListContents};
-use wayland_client::protocol::{wl_output, wl_registry};
+use wayland_client::globals::registry_queue_init;
+use wayland_client::protocol::wl_output;
 use wayland_client::{Connection, Dispatch, EventQueue, Proxy, QueueHandle, WEnum};
 use wayland_protocols_plasma::fake_input::client::org_kde_kwin_fake_input as fake;
 
@@ -46,17 +46,7 @@ struct State {
     scale: i32,
 }
 
-impl Dispatch<wl_registry::WlRegistry, GlobalListContents> for State {
-    fn event(
-        _: &mut Self,
-        _: &wl_registry::WlRegistry,
-        _: wl_registry::Event,
-        _: &GlobalListContents,
-        _: &Connection,
-        _: &QueueHandle<Self>,
-    ) {
-    }
-}
+ignore_events!(State; fake::OrgKdeKwinFakeInput);
 
 impl Dispatch<wl_output::WlOutput, ()> for State {
     fn event(
@@ -77,18 +67,6 @@ impl Dispatch<wl_output::WlOutput, ()> for State {
             wl_output::Event::Scale { factor } => state.scale = factor,
             _ => {}
         }
-    }
-}
-
-impl Dispatch<fake::OrgKdeKwinFakeInput, ()> for State {
-    fn event(
-        _: &mut Self,
-        _: &fake::OrgKdeKwinFakeInput,
-        _: fake::Event,
-        _: &(),
-        _: &Connection,
-        _: &QueueHandle<Self>,
-    ) {
     }
 }
 

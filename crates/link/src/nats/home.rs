@@ -487,16 +487,8 @@ pub struct PositionFile {
 impl PositionFile {
     /// Opens (or creates) the position of consumer `durable`.
     pub fn open(home: &Home, durable: &str) -> Result<PositionFile, HomeError> {
-        use std::os::unix::fs::OpenOptionsExt;
         let path = home.position_path(durable);
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&path)
-            .map_err(io_err("open", &path))?;
+        let file = open_kept(&path)?;
         Ok(PositionFile {
             file,
             path,
@@ -534,6 +526,20 @@ impl PositionFile {
     }
 }
 
+/// Opens (or creates, mode 0600) a file a stream keeps for its next process, read and
+/// written in place ([`PositionFile`], [`WindowsFile`]).
+fn open_kept(path: &Path) -> Result<std::fs::File, HomeError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .map_err(io_err("open", path))
+}
+
 /// What a device side's sink of a reliable app → device stream opened, kept in its home for
 /// its next process ([`OpenedWindows`]): written before each acknowledgement, so a copy of a
 /// frame acknowledged already is known for one by the next process. Written in place (one
@@ -555,19 +561,11 @@ pub struct WindowsFile {
 impl WindowsFile {
     /// Opens (or creates) the windows of consumer `durable`.
     pub fn open(home: &Home, durable: &str) -> Result<WindowsFile, HomeError> {
-        use std::os::unix::fs::OpenOptionsExt;
         let path = home.windows_path(durable);
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(io_err("create", dir))?;
         }
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&path)
-            .map_err(io_err("open", &path))?;
+        let file = open_kept(&path)?;
         Ok(WindowsFile {
             file,
             path,
