@@ -975,6 +975,23 @@ fn an_app_side_ending_while_a_newer_device_run_is_marked_waits_for_a_device_side
     let (next, _, lost) = order(seqs.iter().copied());
     assert_eq!(next, n, "every frame up to the last: {derr}");
     assert!(lost.is_empty(), "frames lost: {lost:?}");
+    // Four marks were stored (the first run's, the stranger's, the reserved run's, the second
+    // device side's): the second device side purged those before its own.
+    let info = ask(
+        nats.port,
+        &format!("$JS.API.STREAM.INFO.{}", subjects.jetstream()),
+        format!(r#"{{"subjects_filter":"{}"}}"#, subjects.run_marks()).as_bytes(),
+    );
+    let info: serde_json::Value = serde_json::from_slice(&info).unwrap();
+    let marks = info["state"]["subjects"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        marks.len(),
+        1,
+        "run-mark subjects left: {marks:?}; device: {derr}"
+    );
 }
 
 /// The same with only a stranger's mark: done without waiting for a device side.

@@ -166,6 +166,8 @@ enum Entry {
     /// On the run-mark subject of run `run` (`Subjects::run_mark`): the device's signed mark,
     /// a copy of one, or the adversary's.
     Mark { run: u64, note: Bytes },
+    /// Purged: a device side purges the marks stored before its own.
+    Purged,
 }
 
 /// The device's durable consumer of the up subject: where it stands, what it delivers again.
@@ -371,6 +373,16 @@ fn run(seed: u64) -> Result<String, String> {
             };
             log.push(mark.clone());
             recorded.push(mark);
+            // Then the marks stored before it are purged (`fanout/device.rs`), unless its
+            // NATS user may not (permissions printed by an earlier ndd).
+            if rng.chance(0.8) {
+                let mine = log.len() - 1;
+                for e in &mut log[..mine] {
+                    if matches!(e, Entry::Mark { .. }) {
+                        *e = Entry::Purged;
+                    }
+                }
+            }
             let run = Run {
                 id,
                 began: log.len() as u64,

@@ -141,7 +141,11 @@ pub(super) async fn start(
 
 /// Marks run `id` in the JetStream stream ([`ndd_link::nats::subjects::Subjects::run_mark`]):
 /// a rekey notice naming it, signed by this side's identity, stored before the run reads
-/// where the stream stands.
+/// where the stream stands. Then the marks stored before it are purged: an app side needs one
+/// genuine mark newer than its run, and this one is newer than any earlier run's (before,
+/// every device start left its mark for good, and after 4096 starts every confirmation that
+/// found no device side waited its 20 s). A purge refused (permissions printed by an earlier
+/// ndd) costs nothing but the room.
 async fn mark_run(
     ctx: &Ctx,
     js: &jetstream::Context,
@@ -158,10 +162,35 @@ async fn mark_run(
         .sign_note(&mark_label(&ctx.subjects), &notice_body(&notice))
         .context("signing this run's mark")?;
     let subject = ctx.subjects.run_mark(id);
-    js.publish(subject.clone(), note.into())
+    let stored = js
+        .publish(subject.clone(), note.into())
         .await
         .map_err(|e| anyhow!("marking this run in JetStream ({subject}): {e}"))?
         .await
         .map_err(|e| anyhow!("marking this run in JetStream ({subject}): {e}"))?;
+    // (A purge "below" sequence 1 is nats-server's purge of every mark: this one too.)
+    if stored.sequence <= 1 {
+        return Ok(());
+    }
+    let name = ctx.subjects.jetstream();
+    let purged = async {
+        js.get_stream(&name)
+            .await
+            .map_err(|e| e.to_string())?
+            .purge()
+            .filter(ctx.subjects.run_marks())
+            .sequence(stored.sequence)
+            .await
+            .map_err(|e| e.to_string())
+    }
+    .await;
+    match purged {
+        Ok(p) => tracing::debug!(side = "device", purged = p.purged, "earlier run marks purged"),
+        Err(e) => tracing::info!(
+            side = "device",
+            "cannot purge the earlier runs' marks from JetStream stream {name} ({}): they stay; print this side's NATS permissions again (ndd nats-permissions) to let it",
+            printable(&e, MAX_REASON)
+        ),
+    }
     Ok(())
 }

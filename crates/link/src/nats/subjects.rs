@@ -228,6 +228,8 @@ impl Subjects {
             publish.extend([
                 format!("$JS.API.STREAM.CREATE.{js}"),
                 format!("$JS.API.STREAM.UPDATE.{js}"),
+                // Its earlier runs' marks, once its own is stored.
+                format!("$JS.API.STREAM.PURGE.{js}"),
             ]);
         } else {
             publish.extend([
@@ -347,6 +349,9 @@ mod tests {
         assert!(dev
             .publish
             .contains(&"$JS.API.STREAM.CREATE.NDD_ndd_cam".to_string()));
+        assert!(dev
+            .publish
+            .contains(&"$JS.API.STREAM.PURGE.NDD_ndd_cam".to_string()));
         assert!(dev.to_conf().contains("allow_responses: true"));
         assert!(s.permissions(true, "_INBOX.x", &[]).is_err());
         assert!(s.permissions(false, "_INBOX_a", &["a.>".into()]).is_err());
