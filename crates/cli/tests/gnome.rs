@@ -545,6 +545,48 @@ fn a_gnome_desktop_is_seen_and_used_from_an_x11_display() {
         pasted(&["--type", "image/png"])
     });
     println!("X11 → GNOME PNG in {took:?}");
-    app.kill();
+    // Stopped as systemd or Ctrl-C stops it, the app side takes its screen cast's
+    // gst-launch-1.0 with it (before, the pipeline was killed only when the source's thread
+    // got to drop it, which the runtime's one-second shutdown did not always wait for).
+    let pipelines = children_named(app.pid().expect("running"), "gst-launch-1.0");
+    assert!(
+        !pipelines.is_empty(),
+        "no gst-launch-1.0 under the app side"
+    );
+    app.terminate();
+    let (_, _, err) = app.finish();
+    std::thread::sleep(Duration::from_millis(300));
+    let left: Vec<_> = pipelines.iter().filter(|p| alive(**p)).collect();
+    assert!(
+        left.is_empty(),
+        "gst-launch-1.0 {left:?} outlived the app side: {err}"
+    );
     dev.kill();
+}
+
+/// The children of process `pid` whose command is `name`.
+fn children_named(pid: u32, name: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    for t in tasks.flatten() {
+        let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+        for k in kids
+            .split_whitespace()
+            .filter_map(|k| k.parse::<u32>().ok())
+        {
+            let comm = std::fs::read_to_string(format!("/proc/{k}/comm")).unwrap_or_default();
+            if comm.trim() == name.get(..15).unwrap_or(name) {
+                found.push(k);
+            }
+        }
+    }
+    found
+}
+
+/// Whether process `pid` runs (a zombie does not).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, r)| !r.starts_with('Z')))
+        .unwrap_or(false)
 }

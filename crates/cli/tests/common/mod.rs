@@ -160,6 +160,11 @@ impl Side {
         }
     }
 
+    /// The process's id (while it runs).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     /// Whether the process is still running (it has not exited, cleanly or not).
     pub fn running(&mut self) -> bool {
         self.child
