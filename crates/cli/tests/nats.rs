@@ -2972,6 +2972,16 @@ fn one_nats_user_per_side_keeps_each_sides_inboxes_its_own() {
     assert!(ds.success(), "device: {derr}");
     assert!(!derr.contains("Permissions Violation"), "device: {derr}");
     assert_eq!(frames_in(&up).len(), 200, "{derr}");
+    // A second device run purges the first one's mark: allowed too.
+    let d = side(&side_cfg("dev"), "device", &dev, &["-v"]);
+    d.wait_says("serving app sides through NATS", &[]);
+    d.terminate();
+    let (ds, _, derr) = d.finish();
+    assert!(ds.success(), "device: {derr}");
+    assert!(
+        derr.contains("earlier run marks purged") && !derr.contains("cannot purge"),
+        "device: {derr}"
+    );
     // app0's user with inbox_prefix left out: the server refuses its inboxes, and the side
     // says so and where to look, not only that nobody answered.
     let forgot = std::fs::read_to_string(side_cfg("app0"))

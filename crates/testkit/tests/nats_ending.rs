@@ -56,9 +56,7 @@ mod common;
 use bytes::Bytes;
 use common::{RunInverse, RunSealer, IDS};
 use ndd_core::{Frame, Meta};
-use ndd_link::nats::follow::{
-    mark_label, marks_to_read, notice_body, notice_label, Follower, Notice,
-};
+use ndd_link::nats::follow::{mark_label, notice_body, notice_label, Follower, Notice};
 use ndd_link::nats::keys::GroupKey;
 use ndd_link::nats::opened::OpenedWindows;
 use ndd_link::nats::outbox::Publish;
@@ -549,16 +547,19 @@ fn run(seed: u64) -> Result<String, String> {
                 }
                 Ev::NoResponders => {
                     confirming = false;
-                    // The follower reads the marks of runs newer than its own, as
-                    // `fanout/join.rs` does: the newest few, each the last on its subject,
-                    // signed by the device for that run (copies, forgeries and subjects naming
-                    // another run do not count); more unchecked ones settle nothing.
-                    let runs = log.iter().filter_map(|e| match e {
-                        Entry::Mark { run, .. } => Some(*run),
-                        _ => None,
-                    });
-                    let plan = marks_to_read(marks.keys().run.id, runs);
-                    for r in plan.read {
+                    // The follower reads the marks of runs newer than its own that
+                    // `Follower::no_responders` names, as `fanout/join.rs` does: the newest
+                    // few subjects, each mark the last on its subject, signed by the device
+                    // for that run (copies, forgeries and subjects naming another run do not
+                    // count); more unchecked ones settle nothing (`Follower::settled`).
+                    let subjects_listed: BTreeSet<u64> = log
+                        .iter()
+                        .filter_map(|e| match e {
+                            Entry::Mark { run, .. } => Some(*run),
+                            _ => None,
+                        })
+                        .collect();
+                    for r in marks.no_responders(Some(subjects_listed.into_iter().collect())) {
                         let note = log.iter().rev().find_map(|e| match e {
                             Entry::Mark { run, note } if *run == r => Some(note.clone()),
                             _ => None,
@@ -572,8 +573,7 @@ fn run(seed: u64) -> Result<String, String> {
                             break;
                         }
                     }
-                    let unsure = plan.unchecked > 0 && !marks.behind();
-                    if heard > watch.run.id || marks.behind() || unsure {
+                    if heard > watch.run.id || !marks.settled() {
                         // A notice or a mark named a newer run than this side's
                         // (`Follower::behind`): not settled; asked again after the follower's
                         // spacing.

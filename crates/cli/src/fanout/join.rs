@@ -1,6 +1,7 @@
 //! Joining: the device side's join service and an app side's join and key follower.
 
 use super::*;
+use ndd_link::nats::follow::MARK_SUBJECTS;
 
 /// The device's join service: the key exchange ([`Host`]) and the admission rules
 /// ([`Admitter`]) driven on `P.D.join`; who is handed the key is noted in the home's holders file.
@@ -387,13 +388,11 @@ impl KeyFollower {
                 if e.downcast_ref::<NoDeviceServing>().is_none() {
                     return Ok(false);
                 }
-                if asked {
-                    if let Err(e) = self.read_run_marks().await {
-                        tracing::debug!(side = "app", "reading the device's run marks: {e:#}");
-                        return Ok(false);
-                    }
+                if !asked {
+                    return Ok(!self.follower.behind());
                 }
-                return Ok(!self.follower.behind());
+                self.read_run_marks().await;
+                return Ok(self.follower.settled());
             }
         };
         let f = self.follower.handle_admission(a.keys(), a.slot)?;
@@ -422,44 +421,57 @@ impl KeyFollower {
 impl KeyFollower {
     /// Reads the marks of device runs newer than this side's from the JetStream stream
     /// (`Subjects::run_mark`: a device side marks each run before it reads where the stream
-    /// stands): one signed by a trusted device side for the run its subject names makes this
-    /// side [`Follower::behind`]. Anyone who may publish can add subjects: the newest
-    /// `MARKS_READ` are checked, and when more newer subjects are there than were checked
-    /// (or more than [`MARK_SUBJECTS`] in all) and none proved a newer run, the question is
-    /// not settled (`Err`): a flood costs a confirmation its wait, never the last frames.
-    async fn read_run_marks(&mut self) -> Result<()> {
-        let js = jetstream::new(self.ctx.client.clone());
+    /// stands) that [`Follower::no_responders`] names, until one makes this side
+    /// [`Follower::behind`]; what could not be read leaves the question open
+    /// ([`Follower::settled`]).
+    async fn read_run_marks(&mut self) {
         let name = self.ctx.subjects.jetstream();
-        let stream = js
+        let stream = match jetstream::new(self.ctx.client.clone())
             .get_stream(&name)
             .await
-            .map_err(|e| anyhow!("JetStream stream {name}: {e}"))?;
-        let mut subjects = stream
-            .info_with_subjects(self.ctx.subjects.run_marks())
-            .await
-            .map_err(|e| anyhow!("JetStream stream {name}: {e}"))?;
-        let mine = self.follower.keys().run.id;
-        let (mut runs, mut listed) = (Vec::new(), 0usize);
-        while let Some(s) = subjects.next().await {
-            let (subject, _) = s.map_err(|e| anyhow!("JetStream stream {name}: {e}"))?;
-            listed += 1;
-            if listed > MARK_SUBJECTS {
-                bail!("more than {MARK_SUBJECTS} run-mark subjects in {name}: not read");
+        {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(side = "app", "JetStream stream {name}: {e}");
+                self.follower.no_responders(None);
+                return;
             }
-            if let Some(run) = self.ctx.subjects.run_of_mark(&subject) {
-                runs.push(run);
+        };
+        let listed = async {
+            let mut subjects = stream
+                .info_with_subjects(self.ctx.subjects.run_marks())
+                .await
+                .map_err(|e| e.to_string())?;
+            let (mut runs, mut listed) = (Vec::new(), 0usize);
+            while let Some(s) = subjects.next().await {
+                let (subject, _) = s.map_err(|e| e.to_string())?;
+                listed += 1;
+                if listed > MARK_SUBJECTS {
+                    return Err(format!("more than {MARK_SUBJECTS} run-mark subjects"));
+                }
+                runs.extend(self.ctx.subjects.run_of_mark(&subject));
             }
+            Ok(runs)
         }
-        let plan = ndd_link::nats::follow::marks_to_read(mine, runs);
+        .await;
+        if let Err(e) = &listed {
+            tracing::debug!(
+                side = "app",
+                "listing the device's run marks in {name}: {e}"
+            );
+        }
         let known = KnownPeers::load(&self.home).ok();
         let label = mark_label(&self.ctx.subjects);
-        let unchecked = plan.unchecked;
-        for run in plan.read {
+        for run in self.follower.no_responders(listed.ok()) {
             let subject = self.ctx.subjects.run_mark(run);
-            let m = stream
-                .get_last_raw_message_by_subject(&subject)
-                .await
-                .map_err(|e| anyhow!("JetStream stream {name}, {subject}: {e}"))?;
+            let m = match stream.get_last_raw_message_by_subject(&subject).await {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::debug!(side = "app", "JetStream stream {name}, {subject}: {e}");
+                    self.follower.mark_unread();
+                    return;
+                }
+            };
             let taken = self.follower.handle_mark(&m.payload, run, &label, |fp| {
                 known.as_ref().is_some_and(|k| k.lookup(fp).is_some())
             });
@@ -479,18 +491,11 @@ impl KeyFollower {
                         ndd_link::nats::source::CONFIRM_WAIT
                     );
                 }
-                return Ok(());
+                return;
             }
         }
-        if unchecked > 0 {
-            bail!("{unchecked} more run-mark subjects newer than this side's run than the {} checked, none of those a genuine mark", ndd_link::nats::follow::MARKS_READ);
-        }
-        Ok(())
     }
 }
-
-/// Run-mark subjects an app side lists at most (one per device start; more is a flood).
-const MARK_SUBJECTS: usize = 4096;
 
 /// Only a device side this side does not trust answered a join (the `ndd trust` line).
 #[derive(Debug)]

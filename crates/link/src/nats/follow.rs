@@ -85,6 +85,10 @@ pub fn mark_label(subjects: &Subjects) -> Vec<u8> {
 /// Run marks an app side checks at most when it confirms the device's run.
 pub const MARKS_READ: usize = 16;
 
+/// Run-mark subjects an app side lists at most (a device side purges its earlier runs' marks:
+/// more is a flood, or a device user refused the purge).
+pub const MARK_SUBJECTS: usize = 4096;
+
 /// Which run marks to check ([`marks_to_read`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MarkPlan {
@@ -184,6 +188,10 @@ pub struct Follower {
     newest: Option<(u64, u64)>,
     /// The newest run a mark in the stream named ([`Follower::handle_mark`]).
     marked: Option<u64>,
+    /// The marks read after "no device side serving" leave the question open: more newer
+    /// subjects than were read, too many to list, or one that could not be read
+    /// ([`Follower::no_responders`]).
+    unsure: bool,
     /// A join is due (a notice or an ask came since the last one went).
     due: bool,
     /// When the last join went.
@@ -202,6 +210,7 @@ impl Follower {
             slot,
             newest: None,
             marked: None,
+            unsure: false,
             due: false,
             last: None,
             spacing: REJOIN_SPACING,
@@ -274,6 +283,41 @@ impl Follower {
         }
         self.marked = Some(self.marked.map_or(n.run, |m| m.max(n.run)));
         Ok(n.run)
+    }
+
+    /// A join asked for a stream found no device side serving (the server said so at once:
+    /// between two device processes). Whether that settles the question (the run this side
+    /// seals for is the device's newest) the stream's run marks decide: `listed` are the runs
+    /// its mark subjects name (`None`: more than [`MARK_SUBJECTS`] of them, or they could not
+    /// be listed). Returns the runs whose marks to read, newest first ([`marks_to_read`]):
+    /// each goes to [`Follower::handle_mark`] (or [`Follower::mark_unread`]) until the side
+    /// is [`Follower::behind`]; then [`Follower::settled`] answers. Anyone who may publish can
+    /// add subjects: when more newer ones are there than were read and none proved a newer
+    /// run, nothing is settled (a flood costs a confirmation its wait, never the last frames).
+    pub fn no_responders(&mut self, listed: Option<Vec<u64>>) -> Vec<u64> {
+        match listed {
+            Some(runs) if runs.len() <= MARK_SUBJECTS => {
+                let plan = marks_to_read(self.keys.run.id, runs);
+                self.unsure = plan.unchecked > 0;
+                plan.read
+            }
+            _ => {
+                self.unsure = true;
+                Vec::new()
+            }
+        }
+    }
+
+    /// A mark [`Follower::no_responders`] named could not be read: nothing is settled.
+    pub fn mark_unread(&mut self) {
+        self.unsure = true;
+    }
+
+    /// Whether "no device side serving" settled the question, once the marks
+    /// [`Follower::no_responders`] named were read: no notice nor mark named a newer run, and
+    /// none was left unread.
+    pub fn settled(&self) -> bool {
+        !self.behind() && !self.unsure
     }
 
     /// A stream asks for the key (a frame that opens under no key this side has).
@@ -501,6 +545,49 @@ mod tests {
         assert_eq!(plan.read[0], MARKS_READ as u64 + 5);
         assert_eq!(plan.unchecked, 5);
         assert_eq!(marks_to_read(9, [1, 2, 9]).read, Vec::<u64>::new());
+    }
+
+    #[test]
+    fn no_responders_settles_only_once_every_newer_mark_was_read_and_none_is_genuine() {
+        let subjects = Subjects::new("ndd", "serial").unwrap();
+        let device = identity("device-settle");
+        let trusted = |fp: &str| fp == device.fingerprint();
+        let marks = mark_label(&subjects);
+        let mark = |run: u64| {
+            let body = notice_body(&Notice {
+                run,
+                clock: 50,
+                key: [0; 8],
+            });
+            device.sign_note(&marks, &body).unwrap()
+        };
+        // Only older runs' marks (and this side's own): nothing to read, settled.
+        let mut f = follower(&subjects);
+        assert_eq!(f.no_responders(Some(vec![3, RUN.id])), Vec::<u64>::new());
+        assert!(f.settled());
+        // A newer run's subject whose mark is a copy of another run's: read, not counted.
+        assert_eq!(f.no_responders(Some(vec![3, 9])), vec![9]);
+        assert!(f.handle_mark(&mark(8), 9, &marks, trusted).is_err());
+        assert!(f.settled());
+        // One that could not be read, too many subjects to list, more newer subjects than
+        // are read: open.
+        assert_eq!(f.no_responders(Some(vec![9])), vec![9]);
+        f.mark_unread();
+        assert!(!f.settled());
+        assert_eq!(f.no_responders(None), Vec::<u64>::new());
+        assert!(!f.settled());
+        assert!(f.no_responders(Some(vec![1; MARK_SUBJECTS + 1])).is_empty());
+        assert!(!f.settled());
+        let flood: Vec<u64> = (100..100 + MARKS_READ as u64 + 1).collect();
+        assert_eq!(f.no_responders(Some(flood)).len(), MARKS_READ);
+        assert!(!f.settled(), "one newer subject left unread");
+        // The next question starts afresh; a genuine newer mark leaves it open for good.
+        assert_eq!(f.no_responders(Some(vec![9])), vec![9]);
+        assert!(f.settled());
+        assert_eq!(f.handle_mark(&mark(9), 9, &marks, trusted), Ok(9));
+        assert!(f.behind() && !f.settled());
+        assert!(f.no_responders(Some(Vec::new())).is_empty());
+        assert!(!f.settled(), "still behind run 9");
     }
 
     #[test]
