@@ -94,6 +94,10 @@ struct Pictures {
     follow_size: bool,
     fb: Option<Framebuffer>,
     bad: ndd_core::ratelimit::RateLimit,
+    /// The capture time of the last picture made whole: an update of the same capture (the
+    /// `image` pair's lossless refinement of a still picture) improves the picture but is not
+    /// another video frame.
+    shown: Option<u64>,
 }
 
 impl Pictures {
@@ -103,12 +107,16 @@ impl Pictures {
             follow_size,
             fb: None,
             bad: ndd_core::ratelimit::RateLimit::default(),
+            shown: None,
         }
     }
 
-    /// Applies `frame`'s record; the picture once an update is complete (the last record of a
-    /// capture cut in several). A record that does not parse or apply is dropped with a
-    /// rate-limited warning.
+    /// Applies `frame`'s record; the picture once an update of a new capture is complete (the
+    /// last record of a capture cut in several). An update of the capture shown last (the
+    /// `image` pair refines a picture that stood still for `refine_ms`) is applied and not
+    /// shown again: a camera gives one video frame per capture (before, a camera stalled for
+    /// 300 ms under load had its last picture written twice into the y4m stream). A record
+    /// that does not parse or apply is dropped with a rate-limited warning.
     fn apply(&mut self, frame: &Frame) -> Option<&Framebuffer> {
         let endpoint = self.endpoint;
         let seq = frame.meta.seq;
@@ -136,7 +144,14 @@ impl Pictures {
             }
             return None;
         }
-        (!u.header.more()).then_some(&*f)
+        if u.header.more() {
+            return None;
+        }
+        let ts = frame.meta.timestamp_ns;
+        if self.shown.replace(ts) == Some(ts) && !stale {
+            return None;
+        }
+        Some(&*f)
     }
 
     /// Says (rate-limited) that a picture was dropped for `why`.
