@@ -2902,12 +2902,22 @@ fn one_nats_user_per_side_keeps_each_sides_inboxes_its_own() {
             "--home",
         ])
         .arg(&dev));
+    // And the device's as an ndd before 2026-12-01 printed them: no purge.
+    let dev_perms = perms
+        .split("\nNDD_DEV_DEVICE = ")
+        .nth(1)
+        .and_then(|p| p.split("\n}").next())
+        .expect("the device's permissions");
+    let purge = ", \"$JS.API.STREAM.PURGE.NDD_ndd_perm\"";
+    assert!(dev_perms.contains(purge), "{dev_perms}");
+    let old_perms = format!("NDD_OLD_DEVICE = {}\n}}", dev_perms.replace(purge, ""));
     let conf = write(
         &dir.0,
         "nats.conf",
         &format!(
-            "{perms}\nauthorization {{ users = [\n\
+            "{perms}\n{old_perms}\nauthorization {{ users = [\n\
              {{ user: \"dev\", password: \"pw-dev\", permissions: $NDD_DEV_DEVICE }}\n\
+             {{ user: \"old\", password: \"pw-old\", permissions: $NDD_OLD_DEVICE }}\n\
              {{ user: \"app0\", password: \"pw-app0\", permissions: $NDD_APP0_APP }}\n\
              {{ user: \"app1\", password: \"pw-app1\", permissions: $NDD_APP1_APP }}\n] }}\n"
         ),
@@ -2982,6 +2992,24 @@ fn one_nats_user_per_side_keeps_each_sides_inboxes_its_own() {
     let (_, _, derr) = d.finish();
     assert!(
         derr.contains("earlier run marks purged") && !derr.contains("cannot purge"),
+        "device: {derr}"
+    );
+    // A device user whose permissions predate the purge: the server never answers it (the
+    // request waits out its 10 s), and the run does not wait for it; the side says so.
+    let old_cfg = std::fs::read_to_string(side_cfg("old"))
+        .unwrap()
+        .replace("_INBOX_old", "_INBOX_dev");
+    let old_cfg = write(&dir.0, "perm-old-device.toml", &old_cfg);
+    let d = side(&old_cfg, "device", &dev, &[]);
+    d.wait_says("cannot purge the earlier runs' marks", &[]);
+    d.terminate();
+    let (_, _, derr) = d.finish();
+    let (waiting, refused) = (
+        derr.find("waiting for 2 app side(s) to join"),
+        derr.find("cannot purge the earlier runs' marks"),
+    );
+    assert!(
+        waiting.is_some() && waiting < refused && derr.contains("print them again"),
         "device: {derr}"
     );
     // app0's user with inbox_prefix left out: the server refuses its inboxes, and the side

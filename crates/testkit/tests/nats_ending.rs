@@ -371,12 +371,12 @@ fn run(seed: u64) -> Result<String, String> {
             };
             log.push(mark.clone());
             recorded.push(mark);
-            // Then the marks stored before it are purged (`fanout/device.rs`), unless its
-            // NATS user may not (permissions printed by an earlier ndd).
+            // Then the marks of earlier runs stored before it are purged (`fanout/device.rs`),
+            // unless its NATS user may not (permissions printed by an earlier ndd).
             if rng.chance(0.8) {
                 let mine = log.len() - 1;
                 for e in &mut log[..mine] {
-                    if matches!(e, Entry::Mark { .. }) {
+                    if matches!(e, Entry::Mark { run, .. } if *run < id) {
                         *e = Entry::Purged;
                     }
                 }

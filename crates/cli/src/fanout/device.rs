@@ -141,11 +141,8 @@ pub(super) async fn start(
 
 /// Marks run `id` in the JetStream stream ([`ndd_link::nats::subjects::Subjects::run_mark`]):
 /// a rekey notice naming it, signed by this side's identity, stored before the run reads
-/// where the stream stands. Then the marks stored before it are purged: an app side needs one
-/// genuine mark newer than its run, and this one is newer than any earlier run's (before,
-/// every device start left its mark for good, and after 4096 starts every confirmation that
-/// found no device side waited its 20 s). A purge refused (permissions printed by an earlier
-/// ndd) costs nothing but the room.
+/// where the stream stands. Then earlier runs' marks are purged, beside the run
+/// ([`purge_earlier_marks`]).
 async fn mark_run(
     ctx: &Ctx,
     js: &jetstream::Context,
@@ -168,29 +165,61 @@ async fn mark_run(
         .map_err(|e| anyhow!("marking this run in JetStream ({subject}): {e}"))?
         .await
         .map_err(|e| anyhow!("marking this run in JetStream ({subject}): {e}"))?;
-    // (A purge "below" sequence 1 is nats-server's purge of every mark: this one too.)
-    if stored.sequence <= 1 {
-        return Ok(());
+    tokio::spawn(purge_earlier_marks(
+        js.clone(),
+        ctx.subjects.clone(),
+        id,
+        stored.sequence,
+    ));
+    Ok(())
+}
+
+/// Purges the marks of runs before run `id` stored before its own mark (stream sequence
+/// `seq`): an app side needs one genuine mark newer than its run, and this run's is newer
+/// than theirs (before, every device start left its mark for good, and after 4096 starts every
+/// confirmation that found no device side waited its 20 s). Subject by subject, only runs
+/// below `id`: a newer run's mark stays whatever the order marks were stored in. Beside the
+/// run, never before it: a user whose permissions predate the purge gets no answer (a
+/// permissions violation is not one; the request waits out its 10 s), and the marks then
+/// stay, said once.
+async fn purge_earlier_marks(js: jetstream::Context, subjects: Subjects, id: u64, seq: u64) {
+    // (A purge "below" sequence 1 is nats-server's purge of the whole subject; nothing is
+    // stored before the first message anyway.)
+    if seq <= 1 {
+        return;
     }
-    let name = ctx.subjects.jetstream();
+    let name = subjects.jetstream();
     let purged = async {
-        js.get_stream(&name)
+        let stream = js.get_stream(&name).await.map_err(|e| e.to_string())?;
+        let mut listed = stream
+            .info_with_subjects(subjects.run_marks())
             .await
-            .map_err(|e| e.to_string())?
-            .purge()
-            .filter(ctx.subjects.run_marks())
-            .sequence(stored.sequence)
-            .await
-            .map_err(|e| e.to_string())
-    }
-    .await;
-    match purged {
-        Ok(p) => tracing::debug!(side = "device", purged = p.purged, "earlier run marks purged"),
+            .map_err(|e| e.to_string())?;
+        let mut earlier = Vec::new();
+        while let Some(s) = listed.next().await {
+            let (subject, _) = s.map_err(|e| e.to_string())?;
+            if subjects.run_of_mark(&subject).is_some_and(|run| run < id) {
+                earlier.push(subject);
+            }
+        }
+        let mut purged = 0;
+        for subject in earlier {
+            purged += stream
+                .purge()
+                .filter(subject)
+                .sequence(seq)
+                .await
+                .map_err(|e| e.to_string())?
+                .purged;
+        }
+        Ok::<u64, String>(purged)
+    };
+    match purged.await {
+        Ok(n) => tracing::debug!(side = "device", purged = n, "earlier run marks purged"),
         Err(e) => tracing::info!(
             side = "device",
-            "cannot purge the earlier runs' marks from JetStream stream {name} ({}): they stay; print this side's NATS permissions again (ndd nats-permissions) to let it",
+            "cannot purge the earlier runs' marks from JetStream stream {name} ({}): they stay; if this side's NATS user lacks $JS.API.STREAM.PURGE (permissions printed by an earlier ndd), print them again (ndd nats-permissions)",
             printable(&e, MAX_REASON)
         ),
     }
-    Ok(())
 }
