@@ -128,19 +128,25 @@ pub(super) enum Input {
     Stored(Box<Stored>),
 }
 
+/// A sink's input: an app side's (`app`: its admission, its name, where the stored streams
+/// stood when it joined) or the device side's, whose run began after stream sequence `began`.
 pub(super) async fn subscribe(
     ctx: &Ctx,
     plan: &Plan,
     js: Option<jetstream::Context>,
     app: Option<(&Admission, &str, u64)>,
+    began: u64,
 ) -> Result<Input> {
     let Some((adm, me, start)) = app else {
         // The device side's sinks: every app side's frames on the stream's up subject;
         // reliable ones through the device's own durable consumer (what app sides sent
-        // while the device was away waits there).
+        // while the device was away waits there). A new one starts where this run began:
+        // app sides join as soon as the join service runs, before the sinks start, and a
+        // consumer made at the stream's end then missed what they sent first (a clean CI
+        // run lost frame 0 so).
         if let Some(js) = js.filter(|_| plan.reliable) {
-            let (stream, last) = stored_up_to(ctx, &js).await?;
-            let start = last + 1;
+            let (stream, _) = stored_up_to(ctx, &js).await?;
+            let start = began + 1;
             let mut stored = Stored {
                 stream,
                 durable: ctx.subjects.device_durable(plan.id),

@@ -138,7 +138,8 @@ pub(super) async fn spawn_stream(
             refresh: refresh.cloned(),
             stale,
         };
-        let input = subscribe(ctx, plan, js, app).await?;
+        let began = key.borrow().run.began;
+        let input = subscribe(ctx, plan, js, app, began).await?;
         let lossy = !plan.reliable;
         let end_sub = if plan.round_robin && app.is_some() {
             let subject = ctx.subjects.end(plan.id);
