@@ -82,11 +82,14 @@ sink = {{ type = "y4m", path = "{}", fps = 30 }}
     .unwrap();
     // Every record the device's `image` pair sent, once: a picture each, and those it refined
     // (a camera held up for `refine_ms` on a loaded machine has its picture sent again,
-    // losslessly).
+    // losslessly) — but a refinement made after the stream's END, which the app side drops.
     let sent = image_records(dev, &dev_stats);
-    let s = &json["streams"][0];
+    let taken = json["streams"][0]["frames"].as_u64().unwrap_or(0);
     assert!(sent >= 60, "the image pair sent {sent} records");
-    assert_eq!(s["frames"].as_u64(), Some(sent), "{s}");
+    assert!(
+        taken <= sent && taken + 1 >= sent && taken >= 60,
+        "the sink took {taken} records of the {sent} sent: {json}"
+    );
 }
 
 /// The records the device side's `image` pair sent, from its final stats (it is stopped as a
@@ -176,7 +179,11 @@ sink = {{ type = "y4m", path = "{}", fps = 5 }}
         frames > 10,
         "no refinement reached the sink: {frames} records; {json}"
     );
-    assert_eq!(frames, image_records(dev, &dev_stats));
+    let sent = image_records(dev, &dev_stats);
+    assert!(
+        frames <= sent && frames + 1 >= sent,
+        "the sink took {frames} records of the {sent} sent"
+    );
     // ...and each picture is one video frame.
     assert_eq!(
         numbers,

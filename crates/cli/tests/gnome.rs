@@ -546,8 +546,9 @@ fn a_gnome_desktop_is_seen_and_used_from_an_x11_display() {
     });
     println!("X11 → GNOME PNG in {took:?}");
     // Stopped as systemd or Ctrl-C stops it, the app side takes its screen cast's
-    // gst-launch-1.0 with it (before, the pipeline was killed only when the source's thread
-    // got to drop it, which the runtime's one-second shutdown did not always wait for).
+    // gst-launch-1.0 with it: the source's thread sees its stream closed and drops the
+    // pipeline within the runtime's one-second shutdown (a pipeline whose drop does not kill
+    // it, or a thread that does not get there, leaves the child behind: this fails).
     let pipelines = children_named(app.pid().expect("running"), "gst-launch-1.0");
     assert!(
         !pipelines.is_empty(),

@@ -94,29 +94,32 @@ struct Pictures {
     follow_size: bool,
     fb: Option<Framebuffer>,
     bad: ndd_core::ratelimit::RateLimit,
-    /// The capture time of the last picture made whole: an update of the same capture (the
-    /// `image` pair's lossless refinement of a still picture) improves the picture but is not
-    /// another video frame.
+    /// The capture time of the last picture made whole.
     shown: Option<u64>,
+    /// An update of the capture shown last (the `image` pair's lossless refinement of a still
+    /// picture) improves the picture but is not another video frame (`y4m`: a file or pipe
+    /// of frames at a fixed rate); a live device (`v4l2loopback`) shows the better picture.
+    one_per_capture: bool,
 }
 
 impl Pictures {
-    fn new(endpoint: &'static str, follow_size: bool) -> Pictures {
+    fn new(endpoint: &'static str, follow_size: bool, one_per_capture: bool) -> Pictures {
         Pictures {
             endpoint,
             follow_size,
             fb: None,
             bad: ndd_core::ratelimit::RateLimit::default(),
             shown: None,
+            one_per_capture,
         }
     }
 
-    /// Applies `frame`'s record; the picture once an update of a new capture is complete (the
-    /// last record of a capture cut in several). An update of the capture shown last (the
-    /// `image` pair refines a picture that stood still for `refine_ms`) is applied and not
-    /// shown again: a camera gives one video frame per capture (before, a camera stalled for
-    /// 300 ms under load had its last picture written twice into the y4m stream). A record
-    /// that does not parse or apply is dropped with a rate-limited warning.
+    /// Applies `frame`'s record; the picture once an update is complete (the last record of a
+    /// capture cut in several). With `one_per_capture`, an update of the capture shown last
+    /// (the `image` pair refines a picture that stood still for `refine_ms`) is applied and
+    /// not shown again: one video frame per capture (before, a camera stalled for 300 ms under
+    /// load had its last picture written twice into the y4m stream). A record that does not
+    /// parse or apply is dropped with a rate-limited warning.
     fn apply(&mut self, frame: &Frame) -> Option<&Framebuffer> {
         let endpoint = self.endpoint;
         let seq = frame.meta.seq;
@@ -148,7 +151,7 @@ impl Pictures {
             return None;
         }
         let ts = frame.meta.timestamp_ns;
-        if self.shown.replace(ts) == Some(ts) && !stale {
+        if self.shown.replace(ts) == Some(ts) && !stale && self.one_per_capture {
             return None;
         }
         Some(&*f)
@@ -258,7 +261,7 @@ pub(crate) fn spawn_y4m(
     let fps = c.fps;
     Ok(rt.spawn_blocking(move || {
         let mut report = SinkReport::default();
-        let mut pictures = Pictures::new(endpoint, false);
+        let mut pictures = Pictures::new(endpoint, false, true);
         let mut out: Option<std::io::BufWriter<std::fs::File>> = None;
         let mut yuv = Vec::new();
         let write_err = |e: std::io::Error| EndpointError::Write {

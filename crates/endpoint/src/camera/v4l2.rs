@@ -511,7 +511,7 @@ pub(crate) fn spawn_v4l2loopback(
     let mut file = open_output(endpoint, &path)?;
     Ok(rt.spawn_blocking(move || {
         let mut report = SinkReport::default();
-        let mut pictures = super::Pictures::new(endpoint, true);
+        let mut pictures = super::Pictures::new(endpoint, true, false);
         let mut size = None;
         // The peer may change the size with every picture (each one sets the format again).
         let mut resized = RateLimit::with_burst(Duration::from_secs(1), 5);

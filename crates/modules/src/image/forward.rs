@@ -746,7 +746,6 @@ impl Half for ImageForward {
             self.reset_screen(w, h, now);
             force = true;
         }
-        self.last_meta = Some(frame.meta);
         // A keyframe's parts are all forced, as its first frame says.
         force |= self.held_flags & FLAG_KEYFRAME != 0;
         let mut parts = self.absorb(&u, force, now);
@@ -755,6 +754,11 @@ impl Half for ImageForward {
             self.held_flags |= u.header.flags;
             return Ok(());
         }
+        // The capture is whole: refinements and keyframes sent from here on carry its meta
+        // (before, the first piece of a capture cut in several set it, and a refinement sent
+        // between its pieces went out with the next capture's time: a camera sink then took
+        // the capture itself, when it came, for a refinement of one already shown).
+        self.last_meta = Some(frame.meta);
         if !self.held.is_empty() {
             let mut whole = std::mem::take(&mut self.held);
             whole.append(&mut parts);
