@@ -129,7 +129,8 @@ pub(super) enum Input {
 }
 
 /// A sink's input: an app side's (`app`: its admission, its name, where the stored streams
-/// stood when it joined) or the device side's, whose run began after stream sequence `began`.
+/// stood when it joined) or the device side's, whose new consumer starts after stream
+/// sequence `began` ([`GroupKey::oldest_began`]).
 pub(super) async fn subscribe(
     ctx: &Ctx,
     plan: &Plan,
@@ -140,10 +141,8 @@ pub(super) async fn subscribe(
     let Some((adm, me, start)) = app else {
         // The device side's sinks: every app side's frames on the stream's up subject;
         // reliable ones through the device's own durable consumer (what app sides sent
-        // while the device was away waits there). A new one starts where this run began:
-        // app sides join as soon as the join service runs, before the sinks start, and a
-        // consumer made at the stream's end then missed what they sent first (a clean CI
-        // run lost frame 0 so).
+        // while the device was away waits there). A new one starts where the oldest run
+        // the keys name began ([`GroupKey::oldest_began`]), not at the stream's end.
         if let Some(js) = js.filter(|_| plan.reliable) {
             let (stream, _) = stored_up_to(ctx, &js).await?;
             let start = began + 1;

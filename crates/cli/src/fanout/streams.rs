@@ -138,7 +138,7 @@ pub(super) async fn spawn_stream(
             refresh: refresh.cloned(),
             stale,
         };
-        let began = key.borrow().run.began;
+        let began = key.borrow().oldest_began();
         let input = subscribe(ctx, plan, js, app, began).await?;
         let lossy = !plan.reliable;
         let end_sub = if plan.round_robin && app.is_some() {

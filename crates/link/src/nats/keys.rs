@@ -114,6 +114,22 @@ impl GroupKey {
         }
     }
 
+    /// Where the oldest run these keys name began (a stream sequence): a device side's new
+    /// durable consumer of what app sides send starts after it. Frames of the earlier runs
+    /// stored before this run began still count, so a consumer made at this run's own start
+    /// (or, as before, at the stream's end when the sink started, after the join service
+    /// admitted app sides that sent at once) missed them: a device process that died before
+    /// its sink made the consumer left the next one blind to what was sent meanwhile (found by
+    /// `testkit/tests/nats_ending.rs`; a clean CI run lost an app side's frame 0 so).
+    /// Anything stored before is of runs the device no longer knows, refused anyway.
+    pub fn oldest_began(&self) -> u64 {
+        self.earlier
+            .iter()
+            .flatten()
+            .map(|r| r.began)
+            .fold(self.run.began, u64::min)
+    }
+
     /// `run` as the run, the run it replaces first among the earlier ones (a device side that
     /// restarted).
     pub fn next_run(self, run: Run) -> GroupKey {
@@ -1332,5 +1348,28 @@ mod tests {
             }
         );
         assert_eq!(o.dropped, 5);
+    }
+
+    #[test]
+    fn a_new_device_consumer_starts_where_the_oldest_run_named_began() {
+        let first = GroupKey::first([1; 32], Run { id: 5, began: 40 });
+        assert_eq!(first.oldest_began(), 40);
+        let keys = first
+            .next_run(Run { id: 6, began: 90 })
+            .next_run(Run { id: 7, began: 120 });
+        assert_eq!(keys.oldest_began(), 40);
+        let mut far = keys;
+        for i in 0..EARLIER_RUNS as u64 {
+            far = far.next_run(Run {
+                id: 8 + i,
+                began: 200 + i,
+            });
+        }
+        // Runs older than the keys name no longer count: their start neither.
+        assert_eq!(
+            far.oldest_began(),
+            120,
+            "run 7 is the oldest of the eight earlier runs named"
+        );
     }
 }
