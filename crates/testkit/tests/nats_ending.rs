@@ -53,7 +53,9 @@
 //! driver did until a clean CI run lost frame 0), seed 0 lost the first frames; made where
 //! that process's own run began, seed 1 lost those sent to a process that died before its
 //! sink started; made where the oldest run the keys name began (`GroupKey::oldest_began`),
-//! none in 10 000.
+//! none in 10 000. In half the schedules the stream first holds frames an app side sent to a
+//! run older than the keys name: a consumer made at the stream's start delivers frame 0
+//! twice (seed 1).
 //!
 //! `SEED=n cargo test -p ndd-testkit --test nats_ending` replays one schedule.
 
@@ -274,7 +276,6 @@ fn run(seed: u64) -> Result<String, String> {
     };
     let subjects = Subjects::new("ndd", "ending").expect("subjects");
     // The app side's follower, as it reads run marks (`Follower::handle_mark`, `behind`).
-    let mut marks = Follower::new(notice_label(&subjects), GroupKey::first(GROUP, FIRST), None);
     // Restarts: 0–3 at random moments of the stream, and in half the schedules one close to
     // where its END is stored (the moment is found as it comes).
     let span = n * spacing.max(1) + 200;
@@ -297,7 +298,45 @@ fn run(seed: u64) -> Result<String, String> {
     let mut consumer = Consumer::default();
     let mut last_redelivery = 0u64;
 
-    let first = GroupKey::first(GROUP, FIRST);
+    // In half the schedules the stream holds history first: frames an app side sent to a run
+    // older than any the device's keys name (runs the processes before took), under the same
+    // group key, numbered as the new stream's are. The device's keys begin after it: a
+    // consumer made before (at the stream's start) would deliver it again.
+    if rng.chance(0.5) {
+        let old = GroupKey::first(
+            GROUP,
+            Run {
+                id: FIRST.id - 100,
+                began: 0,
+            },
+        );
+        let history: Sender<RunSealer, u64> =
+            Sender::new(UP, old, true, Some(rng.next_u64()), true).map_err(|e| e.to_string())?;
+        let end = EndPlan {
+            subjects: vec![(SUBJECT.to_string(), None)],
+            broadcast: None,
+        };
+        let mut old_flow = SourceFlow::new(history, UP, true, false, 1 << 20, end);
+        for seq in 0..rng.range(1, 20) {
+            let f = frame(seq, 0);
+            let len = f.payload().len();
+            old_flow
+                .handle_frame(at(0), SUBJECT, None, f, Some((len, seq)))
+                .map_err(|e| e.to_string())?;
+            while let Some(p) = old_flow.poll_transmit() {
+                log.push(Entry::Frame(p.body));
+            }
+        }
+    }
+    let first = GroupKey::first(
+        GROUP,
+        Run {
+            id: FIRST.id,
+            began: log.len() as u64,
+        },
+    );
+    // The app side's follower, as it reads run marks (`Follower::handle_mark`, `behind`).
+    let mut marks = Follower::new(notice_label(&subjects), first, None);
     let mut device: Option<Device> = Some(Device::new(first, 0, 0, rng.range(0, 300)));
     // The device's durable consumer is made by the first process whose sink starts, where the
     // oldest run its keys name began (`GroupKey::oldest_began`, `fanout/sink.rs`).

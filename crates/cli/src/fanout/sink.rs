@@ -731,7 +731,12 @@ impl SinkPump {
         if !s.reconnected() {
             return;
         }
-        let r = s.attach(flow.receiver().intake().acked_to() + 1).await;
+        // (A consumer that is not there any more is made again after what this process
+        // acknowledged, and never before where its first one started: before, a reconnect
+        // ahead of the first acknowledgement made it at stream sequence 1, and frames of runs
+        // older than the device's keys name came again. Found by a review.)
+        let from = (flow.receiver().intake().acked_to() + 1).max(s.start);
+        let r = s.attach(from).await;
         flow.receiver().intake().consumer_start(s.start);
         if let Err(e) = r {
             // The server's words in it: escaped.

@@ -121,7 +121,10 @@ impl GroupKey {
     /// admitted app sides that sent at once) missed them: a device process that died before
     /// its sink made the consumer left the next one blind to what was sent meanwhile (found by
     /// `testkit/tests/nats_ending.rs`; a clean CI run lost an app side's frame 0 so).
-    /// Anything stored before is of runs the device no longer knows, refused anyway.
+    /// What is stored before belongs to runs the keys no longer name: their frames were taken
+    /// by the processes of those runs, and the start is what keeps them out (the `RunGuard`
+    /// takes a frame of a run older than any it knows, stored before the oldest one began, as
+    /// one of an earlier run).
     pub fn oldest_began(&self) -> u64 {
         self.earlier
             .iter()
