@@ -85,7 +85,10 @@ fn tone_recorded_whole(pa: &Pulse) {
         .expect("pulse-capture source");
         let sink = SinkConfig::PulsePlayback(PulsePlaybackConfig {
             virtual_source: Some("ndd_mic".into()),
-            latency_ms: 30,
+            // What the FIFO is primed with, so a writer held off the core for less never
+            // leaves the reader without sound: 30 (the default) left PipeWire's reader a 5 ms
+            // dip (weakest 0.45) in a loaded suite run, two busy loops and four test threads.
+            latency_ms: 100,
             // Whole, as for the capture above: PipeWire's pipe source stalled by a loaded host
             // must not cost a block (at the default, less than one block may wait in the
             // FIFO: the freshest sound, and a block dropped on a stall).
