@@ -8,13 +8,22 @@ mod common;
 
 use common::*;
 
-#[test]
-fn every_camera_frame_reaches_ffmpeg_once_in_order() {
-    if let Some(m) = missing(&["ffmpeg"]) {
-        println!("SKIPPED: camera test needs {m} (apt-get install ffmpeg)");
-        return;
-    }
-    let dir = Dir::new("camera");
+/// What one run of a camera-sim stream into y4m between two real processes gave.
+struct CameraRun {
+    /// The frame numbers read back from what ffmpeg decoded.
+    numbers: Vec<Option<u32>>,
+    /// Records the app side's sink took (its final stats).
+    taken: u64,
+    /// Records the device side's `image` pair sent (its final stats).
+    sent: u64,
+    /// The app side's final stats.
+    json: serde_json::Value,
+}
+
+/// Runs `camera` (a `camera-sim` table's fields) through `stack` into a `y4m` pipe at `fps`,
+/// read by ffmpeg; both sides are stopped as a user stops them, after ffmpeg read the stream.
+fn camera_run(name: &str, camera: &str, stack: &str, fps: u32) -> CameraRun {
+    let dir = Dir::new(name);
     let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
     let fifo = dir.0.join("camera.y4m");
     let cfg = dir.0.join("camera.toml");
@@ -26,9 +35,9 @@ driver = "camera"
 [[stream]]
 name = "camera"
 direction = "device-to-app"
-source = {{ type = "camera-sim", width = 640, height = 480, fps = 30, count = 60 }}
-stack = [{{ type = "image", quality = "high" }}]
-sink = {{ type = "y4m", path = "{}", fps = 30 }}
+source = {{ type = "camera-sim", {camera} }}
+stack = [{stack}]
+sink = {{ type = "y4m", path = "{}", fps = {fps} }}
 "#,
             fifo.display()
         ),
@@ -36,14 +45,13 @@ sink = {{ type = "y4m", path = "{}", fps = 30 }}
     .unwrap();
     let link = free_addr();
     let stats = dir.0.join("app-stats.json");
-    let stats_s = stats.display().to_string();
+    let dev_stats = dir.0.join("dev-stats.json");
     let app = Side::spawn(run_cmd(
         &cfg,
         "app",
         &app_home,
-        &["--listen", &link, "--stats-json", &stats_s],
+        &["--listen", &link, "--stats-json", stats.to_str().unwrap()],
     ));
-    let dev_stats = dir.0.join("dev-stats.json");
     let dev = Side::spawn(run_cmd(
         &cfg,
         "device",
@@ -66,29 +74,49 @@ sink = {{ type = "y4m", path = "{}", fps = 30 }}
         app.stderr_now(),
         dev.stderr_now()
     );
-    assert_eq!(
-        numbers,
-        (0..60).map(Some).collect::<Vec<_>>(),
-        "frame numbers ffmpeg decoded"
-    );
-    // Every frame counted once at the sink. (The pace, 30 a second, is measured by `ndd bench
-    // fanout`'s shared-screen rows, `pictures/s`, not asserted here: a duration fails on a busy
-    // or slow machine.)
     app.terminate();
     let (_, _, app_err) = app.finish();
     let json: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(&stats).unwrap_or_else(|e| panic!("{e}: app: {app_err}")),
     )
     .unwrap();
+    let taken = json["streams"][0]["frames"].as_u64().unwrap_or(0);
+    CameraRun {
+        numbers,
+        taken,
+        sent: image_records(dev, &dev_stats),
+        json,
+    }
+}
+
+#[test]
+fn every_camera_frame_reaches_ffmpeg_once_in_order() {
+    if let Some(m) = missing(&["ffmpeg"]) {
+        println!("SKIPPED: camera test needs {m} (apt-get install ffmpeg)");
+        return;
+    }
+    let r = camera_run(
+        "camera",
+        "width = 640, height = 480, fps = 30, count = 60",
+        r#"{ type = "image", quality = "high" }"#,
+        30,
+    );
+    assert_eq!(
+        r.numbers,
+        (0..60).map(Some).collect::<Vec<_>>(),
+        "frame numbers ffmpeg decoded"
+    );
     // Every record the device's `image` pair sent, once: a picture each, and those it refined
     // (a camera held up for `refine_ms` on a loaded machine has its picture sent again,
     // losslessly) — but a refinement made after the stream's END, which the app side drops.
-    let sent = image_records(dev, &dev_stats);
-    let taken = json["streams"][0]["frames"].as_u64().unwrap_or(0);
+    // (The pace, 30 a second, is measured by `ndd bench fanout`'s shared-screen rows,
+    // `pictures/s`, not asserted here: a duration fails on a busy or slow machine.)
+    let (taken, sent) = (r.taken, r.sent);
     assert!(sent >= 60, "the image pair sent {sent} records");
     assert!(
         taken <= sent && taken + 1 >= sent && taken >= 60,
-        "the sink took {taken} records of the {sent} sent: {json}"
+        "the sink took {taken} records of the {sent} sent: {}",
+        r.json
     );
 }
 
@@ -118,75 +146,27 @@ fn a_refined_picture_is_not_another_video_frame() {
         println!("SKIPPED: camera test needs {m} (apt-get install ffmpeg)");
         return;
     }
-    let dir = Dir::new("camera-refined");
-    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
-    let fifo = dir.0.join("camera.y4m");
-    let cfg = dir.0.join("camera.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            r#"
-driver = "camera"
-[[stream]]
-name = "camera"
-direction = "device-to-app"
-source = {{ type = "camera-sim", width = 640, height = 480, fps = 5, count = 10 }}
-stack = [{{ type = "image", quality = "high", refine_ms = 50 }}]
-sink = {{ type = "y4m", path = "{}", fps = 5 }}
-"#,
-            fifo.display()
-        ),
-    )
-    .unwrap();
-    let link = free_addr();
-    let stats = dir.0.join("app-stats.json");
-    let stats_s = stats.display().to_string();
-    let app = Side::spawn(run_cmd(
-        &cfg,
-        "app",
-        &app_home,
-        &["--listen", &link, "--stats-json", &stats_s],
-    ));
-    let dev_stats = dir.0.join("dev-stats.json");
-    let dev = Side::spawn(run_cmd(
-        &cfg,
-        "device",
-        &dev_home,
-        &[
-            "--connect",
-            &link,
-            "--stats-json",
-            dev_stats.to_str().unwrap(),
-        ],
-    ));
-    wait_for("the y4m pipe", WAIT, || fifo.exists());
-    let (out, numbers) = frame_numbers(&fifo, &dir.0.join("strip.raw"), None, None);
-    assert!(
-        out.status.success(),
-        "ffmpeg: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let r = camera_run(
+        "camera-refined",
+        "width = 640, height = 480, fps = 5, count = 10",
+        r#"{ type = "image", quality = "high", refine_ms = 50 }"#,
+        5,
     );
-    app.terminate();
-    let (_, _, app_err) = app.finish();
-    let json: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(&stats).unwrap_or_else(|e| panic!("{e}: app: {app_err}")),
-    )
-    .unwrap();
     // The refinements did come (the sink took more records than pictures, each that the
     // image pair sent)...
-    let frames = json["streams"][0]["frames"].as_u64().unwrap_or(0);
+    let (frames, sent) = (r.taken, r.sent);
     assert!(
         frames > 10,
-        "no refinement reached the sink: {frames} records; {json}"
+        "no refinement reached the sink: {frames} records; {}",
+        r.json
     );
-    let sent = image_records(dev, &dev_stats);
     assert!(
         frames <= sent && frames + 1 >= sent,
         "the sink took {frames} records of the {sent} sent"
     );
     // ...and each picture is one video frame.
     assert_eq!(
-        numbers,
+        r.numbers,
         (0..10).map(Some).collect::<Vec<_>>(),
         "frame numbers ffmpeg decoded ({frames} records)"
     );

@@ -144,7 +144,11 @@ pub(super) async fn subscribe(
         // while the device was away waits there). A new one starts where the oldest run
         // the keys name began ([`GroupKey::oldest_began`]), not at the stream's end.
         if let Some(js) = js.filter(|_| plan.reliable) {
-            let (stream, _) = stored_up_to(ctx, &js).await?;
+            let name = ctx.subjects.jetstream();
+            let stream = js
+                .get_stream(&name)
+                .await
+                .map_err(|e| anyhow!("JetStream stream {name}: {e}"))?;
             let start = began + 1;
             let mut stored = Stored {
                 stream,
