@@ -22,12 +22,14 @@
 //!   genuine frame of an earlier run comes in (at most every 200 ms): on core NATS, each lost
 //!   in a third of the schedules one time in two, in another third one time in ten; while no
 //!   device process runs (pauses of 0–0.8 s between them), a join gets "no responders";
-//! - the app side follows a notice by joining (its keys as a watch: the newest run named);
-//!   it confirms the run as `fanout/source.rs` and `fanout/join.rs` do: an answer settles
-//!   it; "no responders" settles it unless a notice, or a run mark read then, named a newer
-//!   run than its own (`Follower::behind`: then it asks again 0.25–1 s later); a join that
-//!   goes unanswered within its 3 s (a device frozen: in half the schedules one try in five,
-//!   at most three) is asked again;
+//! - the app side's real `ndd_link::nats::follow::Follower` takes the device's signed notices
+//!   and the source's question (the confirmation of the device's run at the END) and says
+//!   what to do, one question at a time, as the binary's `fanout/join.rs` does it: the
+//!   simulation joins (an answer after 1–20 ms; "no responders" at once while no device
+//!   process runs; in half the schedules one try in five, at most three, unanswered within its
+//!   3 s: a device frozen; a process that dies with the join waiting for its claim leaves it
+//!   unanswered too), lists the stream's run-mark subjects and reads the marks it names, and
+//!   hands each outcome back; its keys go to the source as a watch;
 //! - an adversary in half the schedules records every stored message and stores copies of
 //!   recorded ones (frames and ENDs of any run, run marks) and garbage, without message ids.
 //!
@@ -64,7 +66,9 @@ mod common;
 use bytes::Bytes;
 use common::{RunInverse, RunSealer, IDS};
 use ndd_core::{Frame, Meta};
-use ndd_link::nats::follow::{mark_label, notice_body, notice_label, Follower, Notice};
+use ndd_link::nats::follow::{
+    key_id, mark_label, notice_body, notice_label, FollowEvent, FollowIo, Follower, Joined, Notice,
+};
 use ndd_link::nats::keys::GroupKey;
 use ndd_link::nats::opened::OpenedWindows;
 use ndd_link::nats::outbox::Publish;
@@ -124,20 +128,16 @@ enum Ev {
     Arrive(Publish),
     /// Its acknowledgement (or failure) reaches the client.
     Ack(u64, Result<u64, ()>),
-    /// A rekey notice naming the device's run reaches the app side.
-    Notice(u64),
-    /// A join (`confirm`: the confirmation's) reaches the device side's subject.
-    Join {
-        confirm: bool,
-    },
-    /// The device's answer reaches the app side.
-    Answer {
-        keys: Box<GroupKey>,
-        confirm: bool,
-    },
-    /// The confirmation's join got no answer within its try, or "no responders".
-    Unanswered,
-    NoResponders,
+    /// A rekey notice the device signed reaches the app side.
+    Notice(Bytes),
+    /// The app side's join `n` reaches the device side's subject.
+    Join(u64),
+    /// The device's answer to join `n` reaches the app side.
+    Answer(u64, Box<GroupKey>),
+    /// Join `n`'s try is over (unanswered, unless its answer came before).
+    TryOver(u64),
+    /// The server's "no responders" to join `n`.
+    NoResponders(u64),
 }
 
 struct Sim {
@@ -224,7 +224,7 @@ struct Device {
     /// joined may have sent already (`fanout/device.rs`).
     sink_from: u64,
     /// Joins that came during its claim.
-    waiting: Vec<bool>,
+    waiting: Vec<u64>,
     /// Frames it delivered.
     got: HashSet<u64>,
     /// It took the END.
@@ -335,8 +335,9 @@ fn run(seed: u64) -> Result<String, String> {
             began: log.len() as u64,
         },
     );
-    // The app side's follower, as it reads run marks (`Follower::handle_mark`, `behind`).
-    let mut marks = Follower::new(notice_label(&subjects), first, None);
+    // The app side's follower of the keys (the binary's).
+    let mut follower = Follower::new(&subjects, first, None);
+    let trusted = IDS.with(|(d, _)| d.fingerprint());
     let mut device: Option<Device> = Some(Device::new(first, 0, 0, rng.range(0, 300)));
     // The device's durable consumer is made by the first process whose sink starts, where the
     // oldest run its keys name began (`GroupKey::oldest_began`, `fanout/sink.rs`).
@@ -367,10 +368,11 @@ fn run(seed: u64) -> Result<String, String> {
     let mut followed = first;
     let mut next = 0u64;
     let mut next_at = 0u64;
-    let mut confirming = false;
-    // The newest run a notice named; when the confirmation may be asked again.
-    let mut heard = FIRST.id;
-    let mut ask_after = 0u64;
+    // The source asked for the confirmation, and it rides on the question under way; the
+    // join under way (its answer or its try's end counts only for it).
+    let (mut confirming, mut asking, mut answering) = (false, false, false);
+    let mut join: Option<u64> = None;
+    let mut joins = 0u64;
     let (mut confirmations, mut unanswered, mut resealed) = (0u32, 0u32, 0u64);
     let mut done_at: Option<u64> = None;
     let mut end_stored_at: Option<u64> = None;
@@ -484,10 +486,11 @@ fn run(seed: u64) -> Result<String, String> {
                 }
                 continue;
             }
-            if now >= ask_after && flow.poll_confirm() {
+            if flow.poll_confirm() {
                 confirming = true;
+                asking = true;
                 confirmations += 1;
-                sim.at(now + rng.range(0, 10), Ev::Join { confirm: true });
+                follower.handle_ask();
             }
             if let Some(seq) = flow.poll_again() {
                 let f = frame(seq, now);
@@ -513,19 +516,77 @@ fn run(seed: u64) -> Result<String, String> {
             restarts.insert(i, r);
         }
 
+        // The app side's follower: the I/O it asks for (a join goes to the device; the marks
+        // are read from the stream as it stands), then what it says.
+        while let Some(io) = follower.poll_io(t) {
+            match io {
+                FollowIo::Join => {
+                    answering |= std::mem::take(&mut asking);
+                    joins += 1;
+                    join = Some(joins);
+                    sim.at(now + rng.range(0, 10), Ev::Join(joins));
+                    sim.at(now + JOIN_TRY, Ev::TryOver(joins));
+                }
+                FollowIo::ListMarks => {
+                    let listed: BTreeSet<u64> = log
+                        .iter()
+                        .filter_map(|e| match e {
+                            Entry::Mark { run, .. } => Some(*run),
+                            _ => None,
+                        })
+                        .collect();
+                    follower.handle_listed(Some(listed.into_iter().collect()));
+                }
+                FollowIo::ReadMark(r) => {
+                    let note = log.iter().rev().find_map(|e| match e {
+                        Entry::Mark { run, note } if *run == r => Some(note.clone()),
+                        _ => None,
+                    });
+                    follower.handle_mark_read(r, note.as_deref(), |fp| fp == trusted);
+                }
+            }
+        }
+        while let Some(e) = follower.poll_event() {
+            if trace {
+                println!("{now} ms: the follower says {e:?}");
+            }
+            match e {
+                FollowEvent::Followed(f) => watch = f.keys,
+                FollowEvent::Answered { settled } if std::mem::take(&mut answering) => {
+                    // The keys' change and the confirmation wake the publisher in either
+                    // order.
+                    if rng.chance(0.5) && watch != followed {
+                        followed = watch;
+                        flow.handle_keys(t, watch).map_err(|e| e.to_string())?;
+                    }
+                    confirming = false;
+                    if settled {
+                        flow.handle_confirmed(t, watch).map_err(|e| e.to_string())?;
+                    } else {
+                        unanswered += 1;
+                        if flow.handle_unconfirmed(t) {
+                            return Err(format!(
+                                "done unconfirmed after {CONFIRM_WAIT:?}: no device side came back"
+                            ));
+                        }
+                    }
+                }
+                FollowEvent::Answered { .. } | FollowEvent::Behind { .. } => {}
+            }
+        }
+
         // The broker and the messages.
         while let Some(e) = sim.due() {
             if trace {
                 match &e {
                     Ev::Arrive(_) | Ev::Ack(..) => {}
-                    Ev::Notice(r) => println!("{now} ms: a notice of run {r} reaches the app side"),
-                    Ev::Join { confirm } => println!("{now} ms: a join (confirm {confirm})"),
-                    Ev::Answer { keys, confirm } => println!(
-                        "{now} ms: answer naming run {} (confirm {confirm})",
-                        keys.run.id
-                    ),
-                    Ev::Unanswered => println!("{now} ms: the confirmation goes unanswered"),
-                    Ev::NoResponders => println!("{now} ms: no responders"),
+                    Ev::Notice(_) => println!("{now} ms: a notice reaches the app side"),
+                    Ev::Join(n) => println!("{now} ms: join {n}"),
+                    Ev::Answer(n, keys) => {
+                        println!("{now} ms: answer to join {n} naming run {}", keys.run.id)
+                    }
+                    Ev::TryOver(n) => println!("{now} ms: join {n}'s try is over"),
+                    Ev::NoResponders(n) => println!("{now} ms: no responders to join {n}"),
                 }
             }
             match e {
@@ -557,98 +618,36 @@ fn run(seed: u64) -> Result<String, String> {
                     }
                 }
                 Ev::Ack(token, r) => flow.handle_ack(t, token, r).map_err(|e| e.to_string())?,
-                Ev::Notice(r) => {
-                    // The follower takes it (newer runs count) and joins.
-                    heard = heard.max(r);
-                    if !flow.is_done() {
-                        sim.at(now + rng.range(0, 10), Ev::Join { confirm: false });
-                    }
+                Ev::Notice(note) => {
+                    let _ = follower.handle_notice(&note, |fp| fp == trusted);
                 }
-                Ev::Join { confirm } => match device.as_mut() {
-                    None if confirm => sim.at(now, Ev::NoResponders),
-                    None => {}
-                    Some(_) if confirm && unanswered_left > 0 && rng.chance(0.2) => {
-                        unanswered_left -= 1;
-                        sim.at(now + JOIN_TRY, Ev::Unanswered);
-                    }
-                    Some(d) if now < d.answers_from => d.waiting.push(confirm),
-                    Some(d) => sim.at(
-                        now + rng.range(1, 20),
-                        Ev::Answer {
-                            keys: Box::new(d.keys),
-                            confirm,
-                        },
-                    ),
+                Ev::Join(n) => match device.as_mut() {
+                    None => sim.at(now, Ev::NoResponders(n)),
+                    // Frozen: the try runs out.
+                    Some(_) if unanswered_left > 0 && rng.chance(0.2) => unanswered_left -= 1,
+                    Some(d) if now < d.answers_from => d.waiting.push(n),
+                    Some(d) => sim.at(now + rng.range(1, 20), Ev::Answer(n, Box::new(d.keys))),
                 },
-                Ev::Answer { keys, confirm } => {
-                    // The follower keeps the newest run it heard of.
-                    if keys.run.id >= watch.run.id {
-                        watch = *keys;
-                    }
-                    let _ = marks.handle_admission(*keys, None);
-                    if confirm {
-                        // The keys' change and the confirmation wake the publisher in
-                        // either order.
-                        if rng.chance(0.5) && watch != followed {
-                            followed = watch;
-                            flow.handle_keys(t, watch).map_err(|e| e.to_string())?;
-                        }
-                        confirming = false;
-                        flow.handle_confirmed(t, watch).map_err(|e| e.to_string())?;
-                    }
+                // What answers a join its driver no longer waits for is dropped (its inbox).
+                Ev::Answer(n, keys) if join == Some(n) => {
+                    join = None;
+                    follower
+                        .handle_join(Joined::Admitted { keys, slot: None })
+                        .map_err(|e| e.to_string())?;
                 }
-                Ev::NoResponders => {
-                    confirming = false;
-                    // The follower reads the marks of runs newer than its own that
-                    // `Follower::no_responders` names, as `fanout/join.rs` does: the newest
-                    // few subjects, each mark the last on its subject, signed by the device
-                    // for that run (copies, forgeries and subjects naming another run do not
-                    // count); more unchecked ones settle nothing (`Follower::settled`).
-                    let subjects_listed: BTreeSet<u64> = log
-                        .iter()
-                        .filter_map(|e| match e {
-                            Entry::Mark { run, .. } => Some(*run),
-                            _ => None,
-                        })
-                        .collect();
-                    for r in marks.no_responders(Some(subjects_listed.into_iter().collect())) {
-                        let note = log.iter().rev().find_map(|e| match e {
-                            Entry::Mark { run, note } if *run == r => Some(note.clone()),
-                            _ => None,
-                        });
-                        if let Some(note) = note {
-                            let trusted = IDS.with(|(d, _)| d.fingerprint());
-                            let _ = marks
-                                .handle_mark(&note, r, &mark_label(&subjects), |fp| fp == trusted);
-                        }
-                        if marks.behind() {
-                            break;
-                        }
-                    }
-                    if heard > watch.run.id || !marks.settled() {
-                        // A notice or a mark named a newer run than this side's
-                        // (`Follower::behind`): not settled; asked again after the follower's
-                        // spacing.
-                        unanswered += 1;
-                        if flow.handle_unconfirmed(t) {
-                            return Err(format!(
-                                "done unconfirmed after {CONFIRM_WAIT:?}: no device side came back"
-                            ));
-                        }
-                        ask_after = now + rng.range(250, 1000);
-                    } else {
-                        flow.handle_confirmed(t, watch).map_err(|e| e.to_string())?;
-                    }
+                Ev::NoResponders(n) if join == Some(n) => {
+                    join = None;
+                    follower
+                        .handle_join(Joined::NoDeviceServing)
+                        .map_err(|e| e.to_string())?;
                 }
-                Ev::Unanswered => {
-                    confirming = false;
-                    unanswered += 1;
-                    if flow.handle_unconfirmed(t) {
-                        return Err(format!(
-                            "done unconfirmed after {CONFIRM_WAIT:?} (only three tries may go unanswered)"
-                        ));
-                    }
+                Ev::TryOver(n) if join == Some(n) => {
+                    join = None;
+                    follower
+                        .handle_join(Joined::Failed)
+                        .map_err(|e| e.to_string())?;
                 }
+                Ev::Answer(..) | Ev::NoResponders(_) | Ev::TryOver(_) => {}
             }
         }
         // The adversary floods the run-mark subjects in some schedules: marks of runs far
@@ -692,14 +691,8 @@ fn run(seed: u64) -> Result<String, String> {
         // The device process: joins that waited for its claim, then what its consumer reads.
         if let Some(d) = device.as_mut() {
             if now >= d.answers_from {
-                for confirm in std::mem::take(&mut d.waiting) {
-                    sim.at(
-                        now + rng.range(1, 20),
-                        Ev::Answer {
-                            keys: Box::new(d.keys),
-                            confirm,
-                        },
-                    );
+                for n in std::mem::take(&mut d.waiting) {
+                    sim.at(now + rng.range(1, 20), Ev::Answer(n, Box::new(d.keys)));
                 }
             }
             if now >= d.sink_from && !consumer_made {
@@ -810,7 +803,16 @@ fn run(seed: u64) -> Result<String, String> {
             if now >= d.next_notice {
                 d.next_notice = now + NOTICE_EVERY;
                 if !rng.chance(notice_lost) {
-                    sim.at(now + rng.range(1, 40), Ev::Notice(d.keys.run.id));
+                    let n = Notice {
+                        run: d.keys.run.id,
+                        clock: now,
+                        key: key_id(&d.keys),
+                    };
+                    let note = IDS.with(|(device, _)| {
+                        device.sign_note(&notice_label(&subjects), &notice_body(&n))
+                    });
+                    let note = Bytes::from(note.map_err(|e| e.to_string())?);
+                    sim.at(now + rng.range(1, 40), Ev::Notice(note));
                 }
             }
             d.rx.handle_timeout(t);

@@ -91,7 +91,10 @@ mod common;
 use bytes::Bytes;
 use common::{RunInverse, RunSealer, IDS};
 use ndd_core::{Frame, Meta};
-use ndd_link::nats::follow::{key_id, notice_body, notice_label, Follower, Ignored, Notice};
+use ndd_link::nats::follow::{
+    key_id, notice_body, notice_label, FollowEnd, FollowEvent, FollowIo, Follower, Ignored, Joined,
+    Notice,
+};
 use ndd_link::nats::intake::{Kept, REORDER_WAIT};
 use ndd_link::nats::keys::{GroupKey, SINCE_PENDING};
 use ndd_link::nats::outbox::Publish;
@@ -153,8 +156,12 @@ fn welcome(keys: GroupKey) -> GroupKey {
 }
 
 /// What the rekey notices of the simulated driver are signed under.
+fn subjects() -> Subjects {
+    Subjects::new("ndd", "keys").expect("valid subjects")
+}
+
 fn label() -> Vec<u8> {
-    notice_label(&Subjects::new("ndd", "keys").expect("valid subjects"))
+    notice_label(&subjects())
 }
 
 /// `P.D.rekey` on core NATS: notices on their way to app sides, and every one sent (the
@@ -307,6 +314,8 @@ struct App {
     kept: Option<Kept>,
     /// Waiting for a join's answer before its receiver tries a record again ([`Wait::Key`]).
     asking: bool,
+    /// It asked before the question under way went: its answer is that question's.
+    answering: bool,
     /// Its following of the key (the binary's: which notices send it joining, how far apart
     /// its joins go, what an answer changes).
     follower: Follower,
@@ -344,7 +353,8 @@ impl App {
             consumer: Consumer::new(DOWN),
             kept: None,
             asking: false,
-            follower: Follower::new(label(), keys, None),
+            answering: false,
+            follower: Follower::new(&subjects(), keys, None),
             join: None,
             refused: false,
             got: HashSet::new(),
@@ -992,7 +1002,7 @@ fn run(seed: u64) -> Result<String, String> {
                 && a.learning.is_none()
                 && !a.asking
                 && a.join.is_none()
-                && a.follower.poll_join(now).is_none()
+                && a.follower.is_idle()
                 && a.tx.keys() == d.keys
             {
                 app_restarts.pop_front();
@@ -1072,28 +1082,50 @@ fn run(seed: u64) -> Result<String, String> {
             let complete = d.keys.since != SINCE_PENDING;
             if a.join.is_some_and(|at| step >= at) && complete {
                 a.join = None;
-                if d.trusted[i] {
-                    let f = a
-                        .follower
-                        .handle_admission(welcome(d.keys), None)
-                        .map_err(|e| e.to_string())?;
-                    a.learn(f.keys, now);
-                    if !d.holders.contains(&fps[i]) {
-                        d.holders.push(fps[i].clone());
+                let joined = if d.trusted[i] {
+                    Joined::Admitted {
+                        keys: Box::new(welcome(d.keys)),
+                        slot: None,
                     }
                 } else {
-                    a.refused = true;
+                    Joined::Refused("no longer trusted".into())
+                };
+                match a.follower.handle_join(joined) {
+                    Ok(()) => {}
+                    Err(FollowEnd::Refused(_)) => a.refused = true,
+                    Err(e) => return Err(e.to_string()),
                 }
-                // Whoever asked is answered once the join is through (fanout's KeyFollower).
-                if a.asking {
-                    a.asking = false;
-                    a.rx.asked(now).map_err(|e| format!("app receiver: {e}"))?;
+                // What the follower says (fanout's KeyFollower): new keys, and the answer to
+                // whoever asked before the join went.
+                while let Some(e) = a.follower.poll_event() {
+                    match e {
+                        FollowEvent::Followed(f) => {
+                            a.learn(f.keys, now);
+                            if !d.holders.contains(&fps[i]) {
+                                d.holders.push(fps[i].clone());
+                            }
+                        }
+                        FollowEvent::Answered { .. } if std::mem::take(&mut a.answering) => {
+                            a.asking = false;
+                            a.rx.asked(now).map_err(|e| format!("app receiver: {e}"))?;
+                        }
+                        FollowEvent::Answered { .. } | FollowEvent::Behind { .. } => {}
+                    }
                 }
             }
-            if a.join.is_none() && !a.refused && a.follower.poll_join(now).is_some_and(|t| t <= now)
-            {
-                a.follower.joined(now);
-                a.join = Some(step + rng.range(1, 20));
+            if a.join.is_none() && !a.refused {
+                match a.follower.poll_io(now) {
+                    Some(FollowIo::Join) => {
+                        a.answering = a.asking;
+                        a.join = Some(step + rng.range(1, 20));
+                    }
+                    Some(io) => {
+                        return Err(format!(
+                            "{io:?} asked, with a device side that always answers"
+                        ))
+                    }
+                    None => {}
+                }
             }
             if a.refused && a.asking {
                 a.asking = false;
@@ -1375,7 +1407,7 @@ fn run(seed: u64) -> Result<String, String> {
                         || (a.learning.is_none()
                             && a.tx.keys() == d.keys
                             && a.join.is_none()
-                            && a.follower.poll_join(now).is_none()))
+                            && a.follower.is_idle()))
                     && a.tx.outbox.is_settled()
             })
         {

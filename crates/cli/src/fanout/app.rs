@@ -44,12 +44,7 @@ pub(super) async fn start(
         home: opts.home.clone(),
         per_try: Duration::from_millis(cfg.link.handshake_timeout_ms),
         key: key_tx,
-        follower: Follower::new(
-            notice_label(&ctx.subjects),
-            admission.keys(),
-            admission.slot,
-        ),
-        said_behind: false,
+        follower: Follower::new(&ctx.subjects, admission.keys(), admission.slot),
     };
     let notices = follower.subscribe().await?;
     t.service(async move { follower.serve(notices, asks).await });

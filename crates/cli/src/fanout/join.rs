@@ -1,7 +1,7 @@
 //! Joining: the device side's join service and an app side's join and key follower.
 
 use super::*;
-use ndd_link::nats::follow::MARK_SUBJECTS;
+use ndd_link::nats::follow::{FollowEvent, FollowIo, Joined, MARK_SUBJECTS};
 
 /// The device's join service: the key exchange ([`Host`]) and the admission rules
 /// ([`Admitter`]) driven on `P.D.join`; who is handed the key is noted in the home's holders file.
@@ -260,11 +260,12 @@ pub(super) async fn join_once(
     })
 }
 
-/// An app side's follower of the group key: the driver of [`Follower`] (the rules live
-/// there, sans-IO). Joins again when the device says it rotated the key or restarted
-/// (`P.D.rekey`) or a stream asks (a frame that does not open; a reliable source confirming
-/// the device's run at its END), at most every
-/// [`ndd_link::nats::follow::REJOIN_SPACING`]. A refusal (this side is no longer trusted) ends the app side.
+/// An app side's follower of the group key: the driver of [`Follower`] (the rules and their
+/// sequencing live there, sans-IO: this does the I/O it asks for). Joins again when the
+/// device says it rotated the key or restarted (`P.D.rekey`) or a stream asks (a frame that
+/// does not open; a reliable source confirming the device's run at its END), at most every
+/// [`ndd_link::nats::follow::REJOIN_SPACING`]. A refusal (this side is no longer trusted)
+/// ends the app side.
 pub(super) struct KeyFollower {
     pub(super) ctx: Ctx,
     pub(super) local: LocalIdentity,
@@ -273,9 +274,10 @@ pub(super) struct KeyFollower {
     pub(super) per_try: Duration,
     pub(super) key: watch::Sender<GroupKey>,
     pub(super) follower: Follower,
-    /// Said once that a newer device run's mark keeps a stream waiting.
-    pub(super) said_behind: bool,
 }
+
+/// A stream's question to the key follower: answered `true` once settled.
+type Asker = tokio::sync::oneshot::Sender<bool>;
 
 impl KeyFollower {
     pub(super) async fn subscribe(&self) -> Result<async_nats::Subscriber> {
@@ -286,7 +288,7 @@ impl KeyFollower {
     pub(super) async fn serve(
         mut self,
         mut notices: async_nats::Subscriber,
-        mut asks: mpsc::Receiver<tokio::sync::oneshot::Sender<bool>>,
+        mut asks: mpsc::Receiver<Asker>,
     ) -> Result<()> {
         // No stream may ask (the streams gone): then notices alone. (Sinks ask for a frame
         // under no key they have; reliable sources to confirm the device's run at their END.)
@@ -296,10 +298,32 @@ impl KeyFollower {
         // at most a tenth of a core (a flood larger still crowds genuine notices out: a side
         // with sink streams also learns of a rotation from a frame that does not open).
         let mut checks = ndd_core::RateLimit::with_burst(Duration::from_secs(1), 2000);
-        // Who asked: answered once the next join is through.
-        let mut waiting = Vec::new();
+        // Who asked, and who asked before the question under way went (they get its answer).
+        let (mut waiting, mut answering) = (Vec::new(), Vec::new());
+        let mut stream = None;
         loop {
-            let join_at = self.follower.poll_join(Instant::now());
+            while let Ok(a) = asks.try_recv() {
+                waiting.push(a);
+                self.follower.handle_ask();
+            }
+            while let Some(io) = self.follower.poll_io(Instant::now()) {
+                match io {
+                    FollowIo::Join => {
+                        answering.append(&mut waiting);
+                        let joined = self.join().await;
+                        self.follower.handle_join(joined)?;
+                    }
+                    FollowIo::ListMarks => {
+                        let listed = self.list_marks(&mut stream).await;
+                        self.follower.handle_listed(listed);
+                    }
+                    FollowIo::ReadMark(run) => self.read_mark(stream.as_ref(), run).await,
+                }
+                while let Some(e) = self.follower.poll_event() {
+                    self.take(e, &mut answering);
+                }
+            }
+            let wake = self.follower.poll_timeout(Instant::now());
             tokio::select! {
                 a = asks.recv(), if asking => match a {
                     Some(a) => {
@@ -336,24 +360,51 @@ impl KeyFollower {
                         }
                     }
                 }
-                _ = sleep_until_opt(join_at) => {
-                    while let Ok(a) = asks.try_recv() {
-                        waiting.push(a);
-                    }
-                    self.follower.joined(Instant::now());
-                    let settled = self.join_again(!waiting.is_empty()).await?;
-                    for a in waiting.drain(..) {
-                        let _ = a.send(settled);
-                    }
-                }
+                _ = sleep_until_opt(wake) => {}
             }
         }
     }
 
-    /// Asks the device for the keys and follows its answer; whether the question was settled:
-    /// answered, or no device side serving while no notice named a newer run (not: no answer
-    /// within the try).
-    async fn join_again(&mut self, asked: bool) -> Result<bool> {
+    /// Does what the follower says.
+    fn take(&mut self, e: FollowEvent, answering: &mut Vec<Asker>) {
+        match e {
+            FollowEvent::Followed(f) => {
+                self.key.send_if_modified(|k| {
+                    let changed = *k != f.keys;
+                    *k = f.keys;
+                    changed
+                });
+                if f.rotated && !self.ctx.quiet {
+                    tracing::info!(
+                        side = "app",
+                        "the device side rotated its group key; this side has the new one"
+                    );
+                }
+                if f.restarted && !self.ctx.quiet {
+                    tracing::info!(
+                        side = "app",
+                        run = format_args!("{:016x}", f.keys.run.id),
+                        "the device side restarted; this side seals for its new run"
+                    );
+                }
+            }
+            FollowEvent::Answered { settled } => {
+                for a in answering.drain(..) {
+                    let _ = a.send(settled);
+                }
+            }
+            FollowEvent::Behind { run } if !self.ctx.quiet => tracing::info!(
+                side = "app",
+                run = format_args!("{run:016x}"),
+                "no device side serves, and the device marked a run newer than the one this side sealed for: a stream that ended waits (up to {:?}) for a device side to say what it must send again",
+                ndd_link::nats::source::CONFIRM_WAIT
+            ),
+            FollowEvent::Behind { .. } => {}
+        }
+    }
+
+    /// Asks the device for the keys ([`FollowIo::Join`]).
+    async fn join(&self) -> Joined {
         let answer = join_once(
             &self.ctx,
             &self.local,
@@ -363,88 +414,50 @@ impl KeyFollower {
             self.per_try,
         )
         .await;
-        let a = match answer {
-            Ok(Ok((a, _, _))) => a,
-            Ok(Err(refused)) => {
-                return Err(refused.context(
-                    "the device side changed its group key and no longer admits this side",
-                ))
-            }
+        match answer {
+            Ok(Ok((a, _, _))) => Joined::Admitted {
+                keys: Box::new(a.keys()),
+                slot: a.slot,
+            },
+            Ok(Err(refused)) => Joined::Refused(format!("{refused:#}")),
             // Only an untrusted device side answered within the try (`ndd untrust` of the
             // device here, or its identity changed): this side takes nothing more from it.
             Err(e) if e.downcast_ref::<UntrustedDevice>().is_some() => {
-                return Err(e.context("this side no longer trusts the device side that answers"))
+                Joined::Untrusted(format!("{e:#}"))
             }
+            Err(e) if e.downcast_ref::<NoDeviceServing>().is_some() => Joined::NoDeviceServing,
             Err(e) => {
                 tracing::debug!(
                     side = "app",
                     "asking the device side for its group key: {e:#}"
                 );
-                // Asked again, further apart each time: a notice's join that failed is not
-                // lost (a side with idle sinks would go on sealing under the old key).
-                self.follower.join_failed();
-                // "No responders" settles a question only while no notice named a newer run
-                // than this side's (`Follower::behind`), nor a run's mark in the stream.
-                if e.downcast_ref::<NoDeviceServing>().is_none() {
-                    return Ok(false);
-                }
-                if !asked {
-                    return Ok(!self.follower.behind());
-                }
-                self.read_run_marks().await;
-                return Ok(self.follower.settled());
+                Joined::Failed
             }
-        };
-        let f = self.follower.handle_admission(a.keys(), a.slot)?;
-        self.key.send_if_modified(|k| {
-            let changed = *k != f.keys;
-            *k = f.keys;
-            changed
-        });
-        if f.rotated && !self.ctx.quiet {
-            tracing::info!(
-                side = "app",
-                "the device side rotated its group key; this side has the new one"
-            );
         }
-        if f.restarted && !self.ctx.quiet {
-            tracing::info!(
-                side = "app",
-                run = format_args!("{:016x}", f.keys.run.id),
-                "the device side restarted; this side seals for its new run"
-            );
-        }
-        Ok(true)
     }
-}
 
-impl KeyFollower {
-    /// Reads the marks of device runs newer than this side's from the JetStream stream
-    /// (`Subjects::run_mark`: a device side marks each run before it reads where the stream
-    /// stands) that [`Follower::no_responders`] names, until one makes this side
-    /// [`Follower::behind`]; what could not be read leaves the question open
-    /// ([`Follower::settled`]).
-    async fn read_run_marks(&mut self) {
+    /// The runs the device's run-mark subjects name ([`FollowIo::ListMarks`]; `None`: too
+    /// many, or they could not be listed); keeps the stream for the marks' reading.
+    async fn list_marks(&self, stream: &mut Option<jetstream::stream::Stream>) -> Option<Vec<u64>> {
         let name = self.ctx.subjects.jetstream();
-        let stream = match jetstream::new(self.ctx.client.clone())
+        let s = match jetstream::new(self.ctx.client.clone())
             .get_stream(&name)
             .await
         {
-            Ok(s) => s,
+            Ok(s) => stream.insert(s),
             Err(e) => {
                 tracing::debug!(side = "app", "JetStream stream {name}: {e}");
-                self.follower.no_responders(None);
-                return;
+                return None;
             }
         };
         let listed = async {
-            let mut subjects = stream
+            let mut subjects = s
                 .info_with_subjects(self.ctx.subjects.run_marks())
                 .await
                 .map_err(|e| e.to_string())?;
             let (mut runs, mut listed) = (Vec::new(), 0usize);
-            while let Some(s) = subjects.next().await {
-                let (subject, _) = s.map_err(|e| e.to_string())?;
+            while let Some(subject) = subjects.next().await {
+                let (subject, _) = subject.map_err(|e| e.to_string())?;
                 listed += 1;
                 if listed > MARK_SUBJECTS {
                     return Err(format!("more than {MARK_SUBJECTS} run-mark subjects"));
@@ -454,46 +467,39 @@ impl KeyFollower {
             Ok(runs)
         }
         .await;
-        if let Err(e) = &listed {
-            tracing::debug!(
-                side = "app",
-                "listing the device's run marks in {name}: {e}"
-            );
-        }
+        listed
+            .inspect_err(|e| {
+                tracing::debug!(
+                    side = "app",
+                    "listing the device's run marks in {name}: {e}"
+                )
+            })
+            .ok()
+    }
+
+    /// Reads run `run`'s mark ([`FollowIo::ReadMark`]) and hands it to the follower.
+    async fn read_mark(&mut self, stream: Option<&jetstream::stream::Stream>, run: u64) {
+        let subject = self.ctx.subjects.run_mark(run);
+        let note = match stream {
+            Some(s) => s
+                .get_last_raw_message_by_subject(&subject)
+                .await
+                .inspect_err(|e| tracing::debug!(side = "app", "JetStream, {subject}: {e}"))
+                .ok(),
+            None => None,
+        };
         let known = KnownPeers::load(&self.home).ok();
-        let label = mark_label(&self.ctx.subjects);
-        for run in self.follower.no_responders(listed.ok()) {
-            let subject = self.ctx.subjects.run_mark(run);
-            let m = match stream.get_last_raw_message_by_subject(&subject).await {
-                Ok(m) => m,
-                Err(e) => {
-                    tracing::debug!(side = "app", "JetStream stream {name}, {subject}: {e}");
-                    self.follower.mark_unread();
-                    return;
-                }
-            };
-            let taken = self.follower.handle_mark(&m.payload, run, &label, |fp| {
-                known.as_ref().is_some_and(|k| k.lookup(fp).is_some())
-            });
-            tracing::debug!(
-                side = "app",
-                run = format_args!("{run:016x}"),
-                ?taken,
-                "the device's run mark"
-            );
-            if self.follower.behind() {
-                if !self.said_behind && !self.ctx.quiet {
-                    self.said_behind = true;
-                    tracing::info!(
-                        side = "app",
-                        run = format_args!("{run:016x}"),
-                        "no device side serves, and the device marked a run newer than the one this side sealed for: a stream that ended waits (up to {:?}) for a device side to say what it must send again",
-                        ndd_link::nats::source::CONFIRM_WAIT
-                    );
-                }
-                return;
-            }
-        }
+        let taken =
+            self.follower
+                .handle_mark_read(run, note.as_ref().map(|m| &m.payload[..]), |fp| {
+                    known.as_ref().is_some_and(|k| k.lookup(fp).is_some())
+                });
+        tracing::debug!(
+            side = "app",
+            run = format_args!("{run:016x}"),
+            ?taken,
+            "the device's run mark"
+        );
     }
 }
 

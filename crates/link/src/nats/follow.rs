@@ -17,12 +17,21 @@
 //!   split slot other than the one this side reads ends the side: it lost its slot while it
 //!   was silent, and reading the new one would share it with another side.
 //!
-//! The driver verifies nothing itself: it hands in the notice's bytes and a way to ask
-//! `known_peers`, asks the device when [`Follower::poll_join`] says so, and hands the answer in.
+//! - One question at a time goes to the device ([`Follower::poll_io`]): a join; when the server
+//!   says no device side serves and a stream asked, the stream's run marks are listed and the
+//!   newest read ([`Follower::no_responders`]), and the question ends settled or not
+//!   ([`FollowEvent::Answered`]).
+//!
+//! The driver verifies nothing itself and sequences nothing: it does the I/O
+//! [`Follower::poll_io`] asks for (join, list the marks, read one), hands each outcome back,
+//! hands in the notices' bytes and a way to ask `known_peers`, and does what
+//! [`Follower::poll_event`] says (new keys; the askers' answer). The simulations
+//! (`testkit/tests/nats_ending.rs`, `nats_keys.rs`) drive the same calls over their broker.
 
 use super::keys::GroupKey;
 use super::runs::{run_key, Run};
 use super::subjects::Subjects;
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// Joins for a new group key come at least this far apart.
@@ -178,10 +187,80 @@ pub struct SlotLost {
     pub now: Option<u16>,
 }
 
+/// The I/O a [`Follower`] asks its driver for, one at a time ([`Follower::poll_io`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FollowIo {
+    /// Join again (ask the device side for its keys, within the join's try): the outcome to
+    /// [`Follower::handle_join`].
+    Join,
+    /// List the runs the JetStream stream's run-mark subjects name (at most
+    /// [`MARK_SUBJECTS`] subjects): to [`Follower::handle_listed`].
+    ListMarks,
+    /// Read the last message on this run's mark subject (`Subjects::run_mark`): to
+    /// [`Follower::handle_mark_read`].
+    ReadMark(u64),
+}
+
+/// How a join went, as the driver saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Joined {
+    /// The device side admitted this side: its keys and the split slot it names.
+    Admitted {
+        /// The keys as the device holds them.
+        keys: Box<GroupKey>,
+        /// The split slot the answer names.
+        slot: Option<u16>,
+    },
+    /// The device side refused this side (it is no longer trusted there): final.
+    Refused(String),
+    /// Only a device side this side does not trust answered within the try: final.
+    Untrusted(String),
+    /// No device side was subscribed when the question came (the server said so at once).
+    NoDeviceServing,
+    /// No answer within the try, or the server failed.
+    Failed,
+}
+
+/// What a [`Follower`] tells its driver ([`Follower::poll_event`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FollowEvent {
+    /// A join's answer: the keys now (to hand to the streams when they changed).
+    Followed(Box<Followed>),
+    /// The question is through; those who asked before it went get this answer. `settled`:
+    /// the device answered, or no device side serves while nothing names a newer run than this
+    /// side's (a reliable stream's END is confirmed); not settled, they ask again.
+    Answered {
+        /// Whether the question was settled.
+        settled: bool,
+    },
+    /// No device side serves, and a run mark it signed names a newer run than the one this
+    /// side seals for (said once per side): an ending stream waits for a device side.
+    Behind {
+        /// The newest run marked.
+        run: u64,
+    },
+}
+
+/// Why a [`Follower`] ends its side.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FollowEnd {
+    /// The device side refused this side's join.
+    #[error("the device side changed its group key and no longer admits this side: {0}")]
+    Refused(String),
+    /// Only a device side this side does not trust answers.
+    #[error("this side no longer trusts the device side that answers: {0}")]
+    Untrusted(String),
+    /// The answer named another split slot.
+    #[error(transparent)]
+    SlotLost(#[from] SlotLost),
+}
+
 /// One app side's following of the group key.
 #[derive(Debug)]
 pub struct Follower {
     label: Vec<u8>,
+    /// What run marks are signed under ([`mark_label`]).
+    marks: Vec<u8>,
     keys: GroupKey,
     slot: Option<u16>,
     /// The newest notice taken: (run, device clock).
@@ -198,14 +277,27 @@ pub struct Follower {
     last: Option<Instant>,
     /// The spacing before the next join: doubles while joins fail.
     spacing: Duration,
+    /// A stream asked since the last question went.
+    asked: bool,
+    /// A question is under way, and whether a stream had asked before it went.
+    question: Option<bool>,
+    /// Its next I/O, not yet handed to the driver.
+    pending: Option<FollowIo>,
+    /// The I/O handed out whose outcome is awaited.
+    awaited: Option<FollowIo>,
+    /// The marks left to read.
+    to_read: VecDeque<u64>,
+    /// Said [`FollowEvent::Behind`].
+    said_behind: bool,
+    events: VecDeque<FollowEvent>,
 }
 
 impl Follower {
-    /// Follows from a first join's keys and slot; notices are signed under `label`
-    /// ([`notice_label`]).
-    pub fn new(label: Vec<u8>, keys: GroupKey, slot: Option<u16>) -> Follower {
+    /// Follows the driver of `subjects` from a first join's keys and slot.
+    pub fn new(subjects: &Subjects, keys: GroupKey, slot: Option<u16>) -> Follower {
         Follower {
-            label,
+            label: notice_label(subjects),
+            marks: mark_label(subjects),
             keys,
             slot,
             newest: None,
@@ -214,6 +306,157 @@ impl Follower {
             due: false,
             last: None,
             spacing: REJOIN_SPACING,
+            asked: false,
+            question: None,
+            pending: None,
+            awaited: None,
+            to_read: VecDeque::new(),
+            said_behind: false,
+            events: VecDeque::new(),
+        }
+    }
+
+    /// The next I/O to do at `now`, if any: a question's next step, or a new question when a
+    /// join is due and its spacing passed ([`Follower::poll_timeout`] says when).
+    pub fn poll_io(&mut self, now: Instant) -> Option<FollowIo> {
+        if let Some(io) = self.pending.take() {
+            self.awaited = Some(io);
+            return Some(io);
+        }
+        if self.question.is_some() || self.poll_join(now).is_none_or(|at| at > now) {
+            return None;
+        }
+        self.joined(now);
+        self.question = Some(std::mem::take(&mut self.asked));
+        self.awaited = Some(FollowIo::Join);
+        Some(FollowIo::Join)
+    }
+
+    /// When the next question may go (nothing while one is under way).
+    pub fn poll_timeout(&self, now: Instant) -> Option<Instant> {
+        if self.question.is_some() || self.pending.is_some() {
+            return None;
+        }
+        self.poll_join(now)
+    }
+
+    /// Nothing due and no question under way.
+    pub fn is_idle(&self) -> bool {
+        !self.due && self.question.is_none()
+    }
+
+    /// What the driver must do next: new keys, the askers' answer.
+    pub fn poll_event(&mut self) -> Option<FollowEvent> {
+        self.events.pop_front()
+    }
+
+    /// Whether `io`'s outcome is the one awaited (anything else is ignored).
+    fn take_awaited(&mut self, io: impl Fn(FollowIo) -> bool) -> bool {
+        if self.awaited.is_some_and(io) {
+            self.awaited = None;
+            return true;
+        }
+        false
+    }
+
+    /// The question is through.
+    fn finish(&mut self, settled: bool) {
+        self.question = None;
+        self.pending = None;
+        self.to_read.clear();
+        self.events.push_back(FollowEvent::Answered { settled });
+    }
+
+    /// How the join [`FollowIo::Join`] asked for went. A refusal, or an answer only from a
+    /// device side this side does not trust, or another split slot, ends the side.
+    pub fn handle_join(&mut self, joined: Joined) -> Result<(), FollowEnd> {
+        if !self.take_awaited(|io| io == FollowIo::Join) {
+            return Ok(());
+        }
+        let asked = self.question.unwrap_or(false);
+        match joined {
+            Joined::Admitted { keys, slot } => {
+                let f = self.handle_admission(*keys, slot)?;
+                self.events.push_back(FollowEvent::Followed(Box::new(f)));
+                self.finish(true);
+            }
+            Joined::Refused(why) => {
+                self.question = None;
+                return Err(FollowEnd::Refused(why));
+            }
+            Joined::Untrusted(why) => {
+                self.question = None;
+                return Err(FollowEnd::Untrusted(why));
+            }
+            // Asked again, further apart each time: a notice's join that failed is not lost
+            // (a side with idle sinks would go on sealing under the old key).
+            Joined::Failed => {
+                self.join_failed();
+                self.finish(false);
+            }
+            // "No responders" settles a question only while no notice named a newer run than
+            // this side's, nor a run's mark in the stream (read only when a stream asked).
+            Joined::NoDeviceServing => {
+                self.join_failed();
+                if asked {
+                    self.pending = Some(FollowIo::ListMarks);
+                } else {
+                    let settled = !self.behind();
+                    self.finish(settled);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The runs the stream's mark subjects name, as [`FollowIo::ListMarks`] asked (`None`:
+    /// more than [`MARK_SUBJECTS`], or they could not be listed).
+    pub fn handle_listed(&mut self, listed: Option<Vec<u64>>) {
+        if !self.take_awaited(|io| io == FollowIo::ListMarks) {
+            return;
+        }
+        self.to_read = self.no_responders(listed).into();
+        self.next_mark();
+    }
+
+    /// The last message on run `run`'s mark subject, as [`FollowIo::ReadMark`] asked (`None`:
+    /// it could not be read); `trusted` says whether a fingerprint is in `known_peers`. What
+    /// the mark's check said, if it was read.
+    pub fn handle_mark_read(
+        &mut self,
+        run: u64,
+        note: Option<&[u8]>,
+        trusted: impl Fn(&str) -> bool,
+    ) -> Option<Result<u64, Ignored>> {
+        if !self.take_awaited(|io| io == FollowIo::ReadMark(run)) {
+            return None;
+        }
+        let Some(note) = note else {
+            self.mark_unread();
+            self.finish(false);
+            return None;
+        };
+        let taken = self.handle_mark(note, run, trusted);
+        if self.behind() {
+            if !std::mem::replace(&mut self.said_behind, true) {
+                let run = self.marked.unwrap_or(run);
+                self.events.push_back(FollowEvent::Behind { run });
+            }
+            self.finish(false);
+        } else {
+            self.next_mark();
+        }
+        Some(taken)
+    }
+
+    /// The next mark to read, or the question's end.
+    fn next_mark(&mut self) {
+        match self.to_read.pop_front() {
+            Some(run) if !self.behind() => self.pending = Some(FollowIo::ReadMark(run)),
+            _ => {
+                let settled = self.settled();
+                self.finish(settled);
+            }
         }
     }
 
@@ -261,7 +504,7 @@ impl Follower {
     }
 
     /// A device run's mark read from the JetStream stream (`note`, stored on the subject of
-    /// run `subject_run`), signed under `label` ([`mark_label`]) by a side `trusted` says is
+    /// run `subject_run`), signed under [`mark_label`] by a side `trusted` says is
     /// in `known_peers`: its run counts for [`Follower::behind`] (it never steers the notices'
     /// order, nor sends a join: the run it names may never serve). Its run: the one signed,
     /// which must be the subject's (a subject names anything anyone may publish).
@@ -269,11 +512,10 @@ impl Follower {
         &mut self,
         note: &[u8],
         subject_run: u64,
-        label: &[u8],
         trusted: impl Fn(&str) -> bool,
     ) -> Result<u64, Ignored> {
-        let (body, fp) =
-            crate::seal::open_note(note, label).map_err(|e| Ignored::NotSigned(e.to_string()))?;
+        let (body, fp) = crate::seal::open_note(note, &self.marks)
+            .map_err(|e| Ignored::NotSigned(e.to_string()))?;
         if !trusted(&fp) {
             return Err(Ignored::Untrusted(fp));
         }
@@ -294,7 +536,7 @@ impl Follower {
     /// is [`Follower::behind`]; then [`Follower::settled`] answers. Anyone who may publish can
     /// add subjects: when more newer ones are there than were read and none proved a newer
     /// run, nothing is settled (a flood costs a confirmation its wait, never the last frames).
-    pub fn no_responders(&mut self, listed: Option<Vec<u64>>) -> Vec<u64> {
+    fn no_responders(&mut self, listed: Option<Vec<u64>>) -> Vec<u64> {
         match listed {
             Some(runs) if runs.len() <= MARK_SUBJECTS => {
                 let plan = marks_to_read(self.keys.run.id, runs);
@@ -309,24 +551,25 @@ impl Follower {
     }
 
     /// A mark [`Follower::no_responders`] named could not be read: nothing is settled.
-    pub fn mark_unread(&mut self) {
+    fn mark_unread(&mut self) {
         self.unsure = true;
     }
 
     /// Whether "no device side serving" settled the question, once the marks
     /// [`Follower::no_responders`] named were read: no notice nor mark named a newer run, and
     /// none was left unread.
-    pub fn settled(&self) -> bool {
+    fn settled(&self) -> bool {
         !self.behind() && !self.unsure
     }
 
     /// A stream asks for the key (a frame that opens under no key this side has).
     pub fn handle_ask(&mut self) {
         self.due = true;
+        self.asked = true;
     }
 
     /// When the next join may go, if one is due (at or before `now`: go now).
-    pub fn poll_join(&self, now: Instant) -> Option<Instant> {
+    fn poll_join(&self, now: Instant) -> Option<Instant> {
         if !self.due {
             return None;
         }
@@ -334,13 +577,13 @@ impl Follower {
     }
 
     /// The join went unanswered (or failed): another is due, after a longer spacing.
-    pub fn join_failed(&mut self) {
+    fn join_failed(&mut self) {
         self.due = true;
         self.spacing = (self.spacing * 2).min(REJOIN_SPACING_MAX);
     }
 
     /// A join goes at `now`: what asks or notices come from here on need another.
-    pub fn joined(&mut self, now: Instant) {
+    fn joined(&mut self, now: Instant) {
         self.due = false;
         self.last = Some(now);
     }
@@ -387,11 +630,7 @@ mod tests {
     const RUN: Run = Run { id: 7, began: 0 };
 
     fn follower(subjects: &Subjects) -> Follower {
-        Follower::new(
-            notice_label(subjects),
-            GroupKey::first([1; 32], RUN),
-            Some(1),
-        )
+        Follower::new(subjects, GroupKey::first([1; 32], RUN), Some(1))
     }
 
     #[test]
@@ -567,7 +806,7 @@ mod tests {
         assert!(f.settled());
         // A newer run's subject whose mark is a copy of another run's: read, not counted.
         assert_eq!(f.no_responders(Some(vec![3, 9])), vec![9]);
-        assert!(f.handle_mark(&mark(8), 9, &marks, trusted).is_err());
+        assert!(f.handle_mark(&mark(8), 9, trusted).is_err());
         assert!(f.settled());
         // One that could not be read, too many subjects to list, more newer subjects than
         // are read: open.
@@ -584,7 +823,7 @@ mod tests {
         // The next question starts afresh; a genuine newer mark leaves it open for good.
         assert_eq!(f.no_responders(Some(vec![9])), vec![9]);
         assert!(f.settled());
-        assert_eq!(f.handle_mark(&mark(9), 9, &marks, trusted), Ok(9));
+        assert_eq!(f.handle_mark(&mark(9), 9, trusted), Ok(9));
         assert!(f.behind() && !f.settled());
         assert!(f.no_responders(Some(Vec::new())).is_empty());
         assert!(!f.settled(), "still behind run 9");
@@ -608,18 +847,15 @@ mod tests {
         let notices = notice_label(&subjects);
         // A mark of this side's own run, or an older one: not behind.
         let own = device.sign_note(&marks, &body(RUN.id)).unwrap();
-        assert_eq!(f.handle_mark(&own, RUN.id, &marks, trusted), Ok(RUN.id));
+        assert_eq!(f.handle_mark(&own, RUN.id, trusted), Ok(RUN.id));
         assert!(!f.behind());
         // Refused: another run than its subject's, a rekey notice passed off as a mark (and a
         // mark as a notice), a stranger's.
         let newer = device.sign_note(&marks, &body(100)).unwrap();
-        assert_eq!(
-            f.handle_mark(&newer, 101, &marks, trusted),
-            Err(Ignored::OtherRun)
-        );
+        assert_eq!(f.handle_mark(&newer, 101, trusted), Err(Ignored::OtherRun));
         let notice = device.sign_note(&notices, &body(100)).unwrap();
         assert!(matches!(
-            f.handle_mark(&notice, 100, &marks, trusted),
+            f.handle_mark(&notice, 100, trusted),
             Err(Ignored::NotSigned(_))
         ));
         assert!(matches!(
@@ -628,14 +864,14 @@ mod tests {
         ));
         let forged = stranger.sign_note(&marks, &body(100)).unwrap();
         assert_eq!(
-            f.handle_mark(&forged, 100, &marks, trusted),
+            f.handle_mark(&forged, 100, trusted),
             Err(Ignored::Untrusted(stranger.fingerprint()))
         );
         assert!(!f.behind(), "nothing refused counts");
         // The device's mark of a newer run: behind, with no join due (the run may never
         // serve), and a notice of a run before it still counts (a mark never takes the
         // notices' order).
-        assert_eq!(f.handle_mark(&newer, 100, &marks, trusted), Ok(100));
+        assert_eq!(f.handle_mark(&newer, 100, trusted), Ok(100));
         assert!(f.behind());
         assert_eq!(f.poll_join(Instant::now()), None);
         let eight = device.sign_note(&notices, &body(8)).unwrap();
@@ -644,6 +880,189 @@ mod tests {
         f.handle_admission(GroupKey::first([1; 32], Run { id: 100, began: 9 }), Some(1))
             .unwrap();
         assert!(!f.behind());
+    }
+
+    /// Every event the follower has for its driver.
+    fn events(f: &mut Follower) -> Vec<FollowEvent> {
+        std::iter::from_fn(|| f.poll_event()).collect()
+    }
+
+    #[test]
+    fn one_question_at_a_time_and_an_answer_settles_it_with_the_keys() {
+        let subjects = Subjects::new("ndd", "serial").unwrap();
+        let mut f = follower(&subjects);
+        let t0 = Instant::now();
+        assert_eq!(f.poll_io(t0), None, "nothing asked");
+        assert!(f.is_idle());
+        f.handle_ask();
+        assert_eq!(f.poll_io(t0), Some(FollowIo::Join));
+        assert_eq!(f.poll_io(t0), None, "one question at a time");
+        assert_eq!(f.poll_timeout(t0), None);
+        // Outcomes not asked for are ignored.
+        f.handle_listed(Some(vec![99]));
+        assert_eq!(f.handle_mark_read(99, Some(b"x"), |_| true), None);
+        assert!(events(&mut f).is_empty());
+        // A stream asks while the join is under way: its answer is the next question's.
+        f.handle_ask();
+        let newer = GroupKey::first([1; 32], Run { id: 8, began: 3 });
+        f.handle_join(Joined::Admitted {
+            keys: Box::new(newer),
+            slot: Some(1),
+        })
+        .unwrap();
+        let got = events(&mut f);
+        assert!(
+            matches!(&got[..], [FollowEvent::Followed(f), FollowEvent::Answered { settled: true }] if f.restarted && f.keys == newer),
+            "{got:?}"
+        );
+        // A second answer to the same join changes nothing.
+        f.handle_join(Joined::Refused("late".into())).unwrap();
+        assert!(events(&mut f).is_empty());
+        assert_eq!(f.poll_io(t0), None, "the spacing first");
+        assert_eq!(f.poll_timeout(t0), Some(t0 + REJOIN_SPACING));
+        assert_eq!(f.poll_io(t0 + REJOIN_SPACING), Some(FollowIo::Join));
+        // No answer within the try: not settled, and the next join goes further apart.
+        f.handle_join(Joined::Failed).unwrap();
+        assert_eq!(
+            events(&mut f),
+            vec![FollowEvent::Answered { settled: false }]
+        );
+        assert!(!f.is_idle(), "a failed join is due again");
+        assert_eq!(
+            f.poll_timeout(t0),
+            Some(t0 + REJOIN_SPACING + REJOIN_SPACING * 2)
+        );
+    }
+
+    #[test]
+    fn a_refusal_an_untrusted_answer_or_another_slot_ends_the_side() {
+        let subjects = Subjects::new("ndd", "serial").unwrap();
+        let t0 = Instant::now();
+        let ends = [
+            (
+                Joined::Refused("revoked".into()),
+                FollowEnd::Refused("revoked".into()),
+            ),
+            (
+                Joined::Untrusted("fp".into()),
+                FollowEnd::Untrusted("fp".into()),
+            ),
+            (
+                Joined::Admitted {
+                    keys: Box::new(GroupKey::first([1; 32], RUN)),
+                    slot: Some(2),
+                },
+                FollowEnd::SlotLost(SlotLost {
+                    had: Some(1),
+                    now: Some(2),
+                }),
+            ),
+        ];
+        for (joined, end) in ends {
+            let mut f = follower(&subjects);
+            f.handle_ask();
+            assert_eq!(f.poll_io(t0), Some(FollowIo::Join));
+            assert_eq!(f.handle_join(joined), Err(end));
+            assert!(
+                events(&mut f).is_empty(),
+                "no answer to give: the side ends"
+            );
+        }
+    }
+
+    #[test]
+    fn no_device_serving_reads_the_newest_marks_only_when_a_stream_asked() {
+        let subjects = Subjects::new("ndd", "serial").unwrap();
+        let device = identity("device-question");
+        let stranger = identity("stranger-question");
+        let trusted = |fp: &str| fp == device.fingerprint();
+        let mark = |who: &LocalIdentity, run: u64| {
+            let body = notice_body(&Notice {
+                run,
+                clock: 50,
+                key: [0; 8],
+            });
+            who.sign_note(&mark_label(&subjects), &body).unwrap()
+        };
+        let mut t = Instant::now();
+        let mut f = follower(&subjects);
+        let ask = |f: &mut Follower, asked: bool, t: &mut Instant| {
+            if asked {
+                f.handle_ask();
+            } else {
+                f.due = true;
+            }
+            *t += REJOIN_SPACING_MAX;
+            assert_eq!(f.poll_io(*t), Some(FollowIo::Join));
+            f.handle_join(Joined::NoDeviceServing).unwrap();
+        };
+        // A notice's join (no stream asked): no marks read, settled while nothing is newer.
+        ask(&mut f, false, &mut t);
+        assert_eq!(f.poll_io(t), None);
+        assert_eq!(
+            events(&mut f),
+            vec![FollowEvent::Answered { settled: true }]
+        );
+        // A stream asked: the mark subjects are listed, the newest above this side's run read
+        // (a stranger's mark does not count), until one proves a newer run.
+        ask(&mut f, true, &mut t);
+        assert_eq!(f.poll_io(t), Some(FollowIo::ListMarks));
+        assert_eq!(f.poll_io(t), None);
+        f.handle_listed(Some(vec![3, RUN.id, 9, 12]));
+        assert_eq!(f.poll_io(t), Some(FollowIo::ReadMark(12)));
+        let forged = mark(&stranger, 12);
+        assert_eq!(
+            f.handle_mark_read(12, Some(&forged), trusted),
+            Some(Err(Ignored::Untrusted(stranger.fingerprint())))
+        );
+        assert_eq!(f.poll_io(t), Some(FollowIo::ReadMark(9)));
+        assert!(events(&mut f).is_empty());
+        assert_eq!(
+            f.handle_mark_read(9, Some(&mark(&device, 9)), trusted),
+            Some(Ok(9))
+        );
+        assert_eq!(
+            events(&mut f),
+            vec![
+                FollowEvent::Behind { run: 9 },
+                FollowEvent::Answered { settled: false }
+            ]
+        );
+        // Behind already: the next question reads nothing and says it once only.
+        ask(&mut f, true, &mut t);
+        assert_eq!(f.poll_io(t), Some(FollowIo::ListMarks));
+        f.handle_listed(Some(vec![9, 12]));
+        assert_eq!(f.poll_io(t), None);
+        assert_eq!(
+            events(&mut f),
+            vec![FollowEvent::Answered { settled: false }]
+        );
+        // A mark that cannot be read, or subjects that cannot be listed: not settled.
+        let mut f = follower(&subjects);
+        ask(&mut f, true, &mut t);
+        assert_eq!(f.poll_io(t), Some(FollowIo::ListMarks));
+        f.handle_listed(Some(vec![9]));
+        assert_eq!(f.poll_io(t), Some(FollowIo::ReadMark(9)));
+        assert_eq!(f.handle_mark_read(9, None, trusted), None);
+        assert_eq!(
+            events(&mut f),
+            vec![FollowEvent::Answered { settled: false }]
+        );
+        ask(&mut f, true, &mut t);
+        assert_eq!(f.poll_io(t), Some(FollowIo::ListMarks));
+        f.handle_listed(None);
+        assert_eq!(
+            events(&mut f),
+            vec![FollowEvent::Answered { settled: false }]
+        );
+        // Only older marks: settled.
+        ask(&mut f, true, &mut t);
+        assert_eq!(f.poll_io(t), Some(FollowIo::ListMarks));
+        f.handle_listed(Some(vec![2, 3]));
+        assert_eq!(
+            events(&mut f),
+            vec![FollowEvent::Answered { settled: true }]
+        );
     }
 
     #[test]
