@@ -55,7 +55,10 @@
 //!   (`NOTICE_EVERY`); on core NATS, so in half the schedules each app side loses one in
 //!   five, and the others come 0–40 steps later; a frame under a key an app side does not
 //!   have makes it ask; its `Follower` joins (answered 1–20 steps later, once the rotation is
-//!   complete); the revoked side's joins are refused;
+//!   complete, by the device's `join::HandOut`: the keys taken then, the side's trust decided
+//!   and the side noted as a holder, in half the schedules up to 30 steps later, then the keys
+//!   taken sent; a rotation writes its holders file as late after its keys change); the
+//!   revoked side's joins are refused;
 //! - the revoked app side goes on publishing under the old key, and an adversary records every
 //!   message (publishes the server did not store too, of the device) and publishes copies,
 //!   copies with another place in the order or frame number, flipped bytes, genuine sealed
@@ -96,6 +99,7 @@ use ndd_link::nats::follow::{
     Notice,
 };
 use ndd_link::nats::intake::{Kept, REORDER_WAIT};
+use ndd_link::nats::join::{HandOut, Welcome};
 use ndd_link::nats::keys::{GroupKey, SINCE_PENDING};
 use ndd_link::nats::outbox::Publish;
 use ndd_link::nats::receive::{Event, Poll, Receiver, Wait};
@@ -151,10 +155,6 @@ fn down_payload(gen: u8, n: u64) -> Vec<u8> {
 
 /// What a join hands an app side: the key, where its rotation began, the key before it and
 /// the run (the WELCOME's fields).
-fn welcome(keys: GroupKey) -> GroupKey {
-    keys
-}
-
 /// What the rekey notices of the simulated driver are signed under.
 fn subjects() -> Subjects {
     Subjects::new("ndd", "keys").expect("valid subjects")
@@ -321,6 +321,9 @@ struct App {
     follower: Follower,
     /// The step its join's answer comes (once the device's rotation is complete).
     join: Option<u64>,
+    /// The device took the keys for its answer (`HandOut::take`) and notes it as a holder at
+    /// this step (its admission decided then too), then answers with the keys taken.
+    handout: Option<(HandOut, u64)>,
     /// Its join was refused (no longer trusted): the binary ends the side; here it goes on
     /// publishing under the key it has, as an attacker would.
     refused: bool,
@@ -356,6 +359,7 @@ impl App {
             answering: false,
             follower: Follower::new(&subjects(), keys, None),
             join: None,
+            handout: None,
             refused: false,
             got: HashSet::new(),
             got_now: HashSet::new(),
@@ -632,6 +636,11 @@ fn run(seed: u64) -> Result<String, String> {
     // some steps after a rotation begins (at its gate, while it reads where the stream
     // stands, while its sink holds a frame under the old key, or just after it completes).
     let crash_in_rotation = rng.chance(0.3);
+    // How many steps the device's join answer may take between taking the keys and noting
+    // the holder, and its rotation between the keys' change and the holders file (none in
+    // half the schedules).
+    let note_gap = if rng.chance(0.5) { 30 } else { 0 };
+    let mut holders_cleared_at: Option<u64> = None;
     // When an app side's process ends and a new one starts, in some schedules: (side, step).
     let mut app_restarts: VecDeque<(usize, u64)> = VecDeque::new();
     if rng.chance(0.3) {
@@ -823,6 +832,13 @@ fn run(seed: u64) -> Result<String, String> {
             // rotation is under way; a new gate.
             d.gen = d.rotations;
             d.rotating = false;
+            // A rotation whose holders file was not written yet: it still names the revoked
+            // side, whose next check rotates once more.
+            holders_cleared_at = None;
+            // Answers under way die with the process (their joins are answered by the next).
+            for a in apps.iter_mut() {
+                a.handout = None;
+            }
             reading_at = None;
             rotated_at = None;
             gate = Gate::default();
@@ -879,9 +895,18 @@ fn run(seed: u64) -> Result<String, String> {
                 }
             }
         }
+        if holders_cleared_at.is_some_and(|at| step >= at) {
+            holders_cleared_at = None;
+            d.holders.clear();
+        }
         let (publishers, settled) = gate.counts();
         d.keeper.handle_gate(publishers, settled);
-        while let Some(a) = d.keeper.poll(now) {
+        // (Its next action once the rotation's files are written.)
+        while let Some(a) = holders_cleared_at
+            .is_none()
+            .then(|| d.keeper.poll(now))
+            .flatten()
+        {
             match a {
                 KeeperAction::Check => {
                     let trusted = |h: &str| {
@@ -905,7 +930,9 @@ fn run(seed: u64) -> Result<String, String> {
                     // stream stands as it begins), the key file, the holders file emptied.
                     previous_file = encode_pending(&keys, js.last());
                     key_file = keys.key;
-                    d.holders.clear();
+                    // (The holders file last, after where the stream stands is read: fanout's
+                    // KeyKeeper awaits it between the keys' change and the files.)
+                    holders_cleared_at = Some(step + rng.range(0, note_gap));
                     d.rotating = true;
                     d.rotations += 1;
                     rotating_since = Some(step);
@@ -1080,12 +1107,26 @@ fn run(seed: u64) -> Result<String, String> {
         // a side no longer trusted is refused), follow a rotation, publish.
         for (i, a) in apps.iter_mut().enumerate() {
             let complete = d.keys.since != SINCE_PENDING;
-            if a.join.is_some_and(|at| step >= at) && complete {
+            // The device's answer: the keys taken once no rotation is under way, then, some
+            // steps later in some schedules (fanout's JoinService between its wait for the
+            // rotation and its admission: another thread's keeper may begin a rotation there),
+            // the admission decided, the side noted as a holder, and the keys taken sent.
+            if a.join.is_some_and(|at| step >= at) && complete && a.handout.is_none() {
+                let out = HandOut::take(d.keys, None).ok_or("keys taken mid-rotation")?;
+                a.handout = Some((out, step + rng.range(0, note_gap)));
+            }
+            if let Some((out, _)) = a.handout.take_if(|h| step >= h.1) {
                 a.join = None;
                 let joined = if d.trusted[i] {
-                    Joined::Admitted {
-                        keys: Box::new(welcome(d.keys)),
-                        slot: None,
+                    if !d.holders.contains(&fps[i]) {
+                        d.holders.push(fps[i].clone());
+                    }
+                    match out.noted(Ok(())) {
+                        Welcome::Admitted(adm) => Joined::Admitted {
+                            keys: Box::new(adm.keys()),
+                            slot: adm.slot,
+                        },
+                        w => return Err(format!("noted and refused: {w:?}")),
                     }
                 } else {
                     Joined::Refused("no longer trusted".into())
@@ -1099,12 +1140,7 @@ fn run(seed: u64) -> Result<String, String> {
                 // whoever asked before the join went.
                 while let Some(e) = a.follower.poll_event() {
                     match e {
-                        FollowEvent::Followed(f) => {
-                            a.learn(f.keys, now);
-                            if !d.holders.contains(&fps[i]) {
-                                d.holders.push(fps[i].clone());
-                            }
-                        }
+                        FollowEvent::Followed(f) => a.learn(f.keys, now),
                         FollowEvent::Answered { .. } if std::mem::take(&mut a.answering) => {
                             a.asking = false;
                             a.rx.asked(now).map_err(|e| format!("app receiver: {e}"))?;

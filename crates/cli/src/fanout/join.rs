@@ -2,6 +2,7 @@
 
 use super::*;
 use ndd_link::nats::follow::{FollowEvent, FollowIo, Joined, MARK_SUBJECTS};
+use ndd_link::nats::join::HandOut;
 
 /// The device's join service: the key exchange ([`Host`]) and the admission rules
 /// ([`Admitter`]) driven on `P.D.join`; who is handed the key is noted in the home's holders file.
@@ -52,9 +53,17 @@ impl JoinService {
                     }
                     continue;
                 }
-                // Mid-rotation: an app side learns the new key with where it began.
-                let _ = self.key.wait_for(|k| k.since != SINCE_PENDING).await;
-                let answer = self.answer(&mut host, &m.payload, Instant::now());
+                // Mid-rotation: an app side learns the new key with where it began. The keys
+                // are taken here, before the app side is noted as a holder (`HandOut`).
+                let Ok(keys) = self
+                    .key
+                    .wait_for(|k| k.since != SINCE_PENDING)
+                    .await
+                    .map(|k| *k)
+                else {
+                    return Ok(());
+                };
+                let answer = self.answer(&mut host, &m.payload, keys, Instant::now());
                 match answer {
                     Ok(a) => {
                         let _ = self.ctx.client.publish(reply, a.into()).await;
@@ -75,20 +84,33 @@ impl JoinService {
         })
     }
 
-    /// The answer to the join message `msg`, taken at `now`.
-    pub(super) fn answer(&mut self, host: &mut Host, msg: &[u8], now: Instant) -> Result<Vec<u8>> {
+    /// The answer to the join message `msg`, taken at `now` with the keys as they stood
+    /// before (no rotation under way).
+    pub(super) fn answer(
+        &mut self,
+        host: &mut Host,
+        msg: &[u8],
+        keys: GroupKey,
+        now: Instant,
+    ) -> Result<Vec<u8>> {
         match ndd_link::nats::join::message_type(msg) {
             Some(1) => Ok(host.handle_init(now, &self.local, msg)?),
             Some(3) => {
                 let f = host.handle_finish(now, msg)?;
-                let welcome = self.decide(&f.peer_fingerprint, &f.hello, now);
+                let welcome = self.decide(&f.peer_fingerprint, &f.hello, keys, now);
                 Ok(f.welcome(&welcome)?)
             }
             _ => bail!("not a join message"),
         }
     }
 
-    pub(super) fn decide(&mut self, fp: &str, hello: &[u8], now: Instant) -> Welcome {
+    pub(super) fn decide(
+        &mut self,
+        fp: &str,
+        hello: &[u8],
+        keys: GroupKey,
+        now: Instant,
+    ) -> Welcome {
         let trust = match KnownPeers::load(&self.home) {
             Ok(k) => match k.lookup(fp) {
                 Some(t) => Trust::Trusted(t.name.clone().unwrap_or_else(|| fp.to_string())),
@@ -121,17 +143,21 @@ impl JoinService {
                 }
             }
         };
-        if let Err(e) = self.files.add_holder(fp) {
-            tracing::warn!(
-                side = "device",
-                "refused app side {fp}: cannot note who holds the group key: {e:#}"
-            );
+        // The keys taken before the note, never read after it (`HandOut`).
+        let Some(out) = HandOut::take(keys, slot) else {
             return Welcome::Refused {
                 code: CloseCode::InternalError.to_u16(),
-                reason: format!("the device side cannot note who holds its group key: {e:#}"),
+                reason: "the device side is rotating its group key; join again".into(),
             };
+        };
+        let noted = self.files.add_holder(fp).map_err(|e| format!("{e:#}"));
+        if let Err(e) = &noted {
+            tracing::warn!(
+                side = "device",
+                "refused app side {fp}: cannot note who holds the group key: {e}"
+            );
         }
-        Welcome::Admitted(Box::new(Admission::of(&self.key.borrow(), slot)))
+        out.noted(noted)
     }
 }
 

@@ -26,10 +26,8 @@ async fn a_thousand_strangers_asking_to_join_in_a_second_are_a_few_lines() {
         driver: "joins".into(),
         streams: vec![],
     };
-    let (_keys, key) = watch::channel(GroupKey::first(
-        [1; 32],
-        ndd_link::nats::runs::Run { id: 1, began: 0 },
-    ));
+    let keys = GroupKey::first([1; 32], ndd_link::nats::runs::Run { id: 1, began: 0 });
+    let (_keys, key) = watch::channel(keys);
     let mut svc = JoinService {
         admitter: Arc::new(Mutex::new(Admitter::new(
             hello(ndd_wire::Side::Device),
@@ -67,9 +65,9 @@ async fn a_thousand_strangers_asking_to_join_in_a_second_are_a_few_lines() {
         for i in 0..=1000u64 {
             let now = t0 + Duration::from_millis(if i == 1000 { 2000 } else { i });
             let mut j = Joiner::new().unwrap();
-            let reply = svc.answer(&mut host, &j.init(), now).unwrap();
+            let reply = svc.answer(&mut host, &j.init(), keys, now).unwrap();
             let (_, finish) = j.handle_reply(&stranger, &reply, &theirs).unwrap();
-            let welcome = svc.answer(&mut host, &finish, now).unwrap();
+            let welcome = svc.answer(&mut host, &finish, keys, now).unwrap();
             assert!(matches!(
                 j.handle_welcome(&welcome).unwrap(),
                 Welcome::Refused { .. }

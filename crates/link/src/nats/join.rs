@@ -193,6 +193,44 @@ impl std::fmt::Debug for Admission {
     }
 }
 
+/// The keys a device side hands an admitted app side, in the order that keeps its holders
+/// file true (the file a revocation reads to know whether a rotation is needed): the keys are
+/// taken as they stand when the app side is admitted, with no rotation under way
+/// ([`HandOut::take`]); the app side is noted as a holder; then the answer carries the keys
+/// taken ([`HandOut::noted`]), never keys read after the note. A rotation that begins in
+/// between empties the holders file after the note (`Home::rotated`): the side holds the old
+/// key, which it must join again to replace, and is noted then. Before, the device read the
+/// keys after the note, so a rotation that began there handed the side the new key while
+/// emptying the file of its name, and a later `ndd untrust` of that side rotated nothing (found
+/// by a review; `testkit/tests/nats_keys.rs` interleaves a join's answer with a rotation's
+/// files since).
+#[derive(Debug, Clone)]
+pub struct HandOut {
+    keys: super::keys::GroupKey,
+    slot: Option<u16>,
+}
+
+impl HandOut {
+    /// The keys as they stand as an app side is admitted to `slot`: `None` while a rotation
+    /// is under way (its `since` pending: the answer waits for the rotation to complete).
+    pub fn take(keys: super::keys::GroupKey, slot: Option<u16>) -> Option<HandOut> {
+        (keys.since != super::keys::SINCE_PENDING).then_some(HandOut { keys, slot })
+    }
+
+    /// The answer once the app side was noted as a holder of the key (`Err`: it could not be,
+    /// why): the keys taken, or a refusal (a holder the device cannot note would be out of
+    /// reach of a revocation).
+    pub fn noted(self, noted: Result<(), String>) -> Welcome {
+        match noted {
+            Ok(()) => Welcome::Admitted(Box::new(Admission::of(&self.keys, self.slot))),
+            Err(e) => Welcome::Refused {
+                code: ndd_wire::CloseCode::InternalError.to_u16(),
+                reason: format!("the device side cannot note who holds its group key: {e}"),
+            },
+        }
+    }
+}
+
 /// How a join ended for the app side.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Welcome {
@@ -562,6 +600,35 @@ impl JoinRetry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_keys_handed_out_are_the_ones_taken_before_the_holder_was_noted() {
+        use crate::nats::keys::{GroupKey, SINCE_PENDING};
+        use crate::nats::runs::Run;
+        let old = GroupKey::first([1; 32], Run { id: 3, began: 0 });
+        let mut rotating = GroupKey::first([2; 32], old.run);
+        rotating.since = SINCE_PENDING;
+        assert!(HandOut::take(rotating, None).is_none(), "not mid-rotation");
+        // Taken before the rotation began: the old keys go out, whatever stands when noted.
+        let out = HandOut::take(old, Some(1)).expect("no rotation under way");
+        match out.clone().noted(Ok(())) {
+            Welcome::Admitted(a) => {
+                assert_eq!(a.keys(), old);
+                assert_eq!(a.slot, Some(1));
+            }
+            w => panic!("{w:?}"),
+        }
+        match out.noted(Err("disk full".into())) {
+            Welcome::Refused { code, reason } => {
+                assert_eq!(code, ndd_wire::CloseCode::InternalError.to_u16());
+                assert_eq!(
+                    reason,
+                    "the device side cannot note who holds its group key: disk full"
+                );
+            }
+            w => panic!("{w:?}"),
+        }
+    }
 
     fn identity(dir: &std::path::Path) -> LocalIdentity {
         let (id, _) = crate::Identity::load_or_create(dir).unwrap();
