@@ -19,7 +19,7 @@
 //!   (`Subjects::run_mark`), then reads where its run begins (the stream's last sequence); it
 //!   answers joins after its claim (0–500 ms; joins meanwhile wait and die with it), and its
 //!   keeper sends a rekey notice naming its run when it starts, every 2 s, and at once when a
-//!   genuine frame of an earlier run comes in (at most every 200 ms): on core NATS, each lost
+//!   genuine frame of an earlier run comes in (as its opener spaces them): on core NATS, each lost
 //!   in a third of the schedules one time in two, in another third one time in ten; while no
 //!   device process runs (pauses of 0–0.8 s between them), a join gets "no responders";
 //! - the app side's real `ndd_link::nats::follow::Follower` takes the device's signed notices
@@ -96,8 +96,6 @@ const ACK_TIMEOUT: u64 = 5_000;
 const JOIN_TRY: u64 = 3_000;
 /// The keeper's notices (`follow::NOTICE_EVERY`).
 const NOTICE_EVERY: u64 = 2_000;
-/// How often, at most, a device's sink rings for frames of an earlier run.
-const STALE_SPACING: u64 = 200;
 
 fn payload(seq: u64) -> Vec<u8> {
     let mut p = b"app".to_vec();
@@ -232,8 +230,6 @@ struct Device {
     /// Its next rekey notice (the keeper's: at its start, every 2 s, and at once when a
     /// genuine frame of an earlier run comes in).
     next_notice: u64,
-    /// When a frame of an earlier run last rang (the sink spaces these out).
-    stale_at: Option<u64>,
 }
 
 impl Device {
@@ -247,7 +243,6 @@ impl Device {
             got: HashSet::new(),
             ended: false,
             next_notice: now,
-            stale_at: None,
         }
     }
 }
@@ -774,12 +769,8 @@ fn run(seed: u64) -> Result<String, String> {
                                 end_taken = true;
                             }
                         }
-                        Ok(Poll::Event(Event::TellRun)) => {
-                            if d.stale_at.is_none_or(|s| now >= s + STALE_SPACING) {
-                                d.stale_at = Some(now);
-                                d.next_notice = now;
-                            }
-                        }
+                        // (Spaced by the opener: `keys::RUN_NOTICE_SPACING`.)
+                        Ok(Poll::Event(Event::TellRun)) => d.next_notice = now,
                         Ok(Poll::Event(Event::NewerRun)) => {
                             return Err("a device side followed a newer run".into())
                         }

@@ -44,8 +44,8 @@ const RUN: Run = Run {
     id: 0x5eed,
     began: 0,
 };
-/// fanout's `JS_IN_FLIGHT`.
-const IN_FLIGHT: usize = 256;
+/// The publishers' room (`source::IN_FLIGHT`).
+const IN_FLIGHT: usize = ndd_link::nats::source::IN_FLIGHT;
 const WAIT: Duration = REORDER_WAIT;
 /// async-nats' acknowledgement timeout.
 const ACK_TIMEOUT: u64 = 5_000;

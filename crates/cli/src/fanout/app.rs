@@ -47,7 +47,9 @@ pub(super) async fn start(
         follower: Follower::new(&ctx.subjects, admission.keys(), admission.slot),
     };
     let notices = follower.subscribe().await?;
-    t.service(async move { follower.serve(notices, asks).await });
+    t.service("key follower", async move {
+        follower.serve(notices, asks).await
+    });
     for p in plans {
         t.endpoints.extend(
             spawn_stream(
@@ -83,7 +85,7 @@ pub(super) async fn start(
         .map_err(|e| anyhow!("NATS: {e}"))?;
     let (c, subject) = (ctx.client.clone(), ctx.subjects.ready());
     let every = Duration::from_millis(cfg.link.ping_interval_ms.max(100));
-    t.service(async move {
+    t.service("ready heartbeat", async move {
         let mut tick = tokio::time::interval(every);
         tick.tick().await;
         loop {

@@ -69,8 +69,15 @@ pub(super) async fn claim_device(
                         None => std::future::pending().await,
                     }
                 };
-                let Ok(Some(m)) = tokio::time::timeout_at(until.into(), next).await else {
-                    continue;
+                let m = match tokio::time::timeout_at(until.into(), next).await {
+                    Ok(Some(m)) => m,
+                    // The answers' subscription closed: nothing more comes; the wait runs
+                    // out (before, the loop spun on the closed subscription until then).
+                    Ok(None) => {
+                        answers = None;
+                        continue;
+                    }
+                    Err(_) => continue,
                 };
                 // The server's own status (503, no responders: nobody serves the driver
                 // yet) is no answer; warned about as a malformed claim before, by a

@@ -91,11 +91,13 @@ pub(super) async fn start(
         slots: (slots > 0).then_some(held),
     };
     let joins = host.serve(join_sub);
-    t.service(async move { joins.await.map_err(|e| anyhow!("join service: {e}"))? });
+    t.service("join service", async move {
+        joins.await.map_err(|e| anyhow!("join service: {e}"))?
+    });
     // The keeper runs once the driver is claimed and joins are served: its notices send app
     // sides joining.
     let kctx = ctx.clone();
-    t.service(keeper.watch(kctx));
+    t.service("key keeper", keeper.watch(kctx));
     // Sinks at once (what app sides send, and sent while this side was away, comes
     // in now); sources once enough app sides are there to get their frames.
     let want = nats.min_app_sides as usize;

@@ -383,12 +383,21 @@ struct Tasks {
 }
 
 impl Tasks {
-    /// Runs `f` beside the streams for as long as the side runs (counted in `services`).
-    fn service(&mut self, f: impl std::future::Future<Output = Result<()>> + Send + 'static) {
+    /// Runs `f` beside the streams for as long as the side runs (counted in `services`). A
+    /// service that ends before the side is an error naming it (`what`): counted as a stream
+    /// that ended, it ended a `--once` side, or its drain, while streams still ran (found by a
+    /// review).
+    fn service(
+        &mut self,
+        what: &'static str,
+        f: impl std::future::Future<Output = Result<()>> + Send + 'static,
+    ) {
         self.services += 1;
         self.set.spawn(async move {
             f.await?;
-            Ok(None)
+            Err(anyhow!(
+                "the {what} stopped while the side ran (the NATS connection closed)"
+            ))
         });
     }
 }

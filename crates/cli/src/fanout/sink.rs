@@ -167,6 +167,7 @@ pub(super) async fn subscribe(
                     &Home::new(&ctx.home, ctx.subjects.prefix(), ctx.subjects.driver()),
                     &ctx.subjects.device_durable(plan.id),
                 )?),
+                retry: None,
             };
             stored.attach(start).await?;
             return Ok(Input::Stored(Box::new(stored)));
@@ -227,6 +228,7 @@ pub(super) async fn subscribe(
                 resumed: false,
                 position,
                 windows: None,
+                retry: None,
             };
             stored.attach(start).await?;
             Ok(Input::Stored(Box::new(stored)))
@@ -259,6 +261,8 @@ pub(super) struct Stored {
     /// What it opened, kept for the next process (a device side's: copies of frames taken
     /// already are dropped, `ndd_link::nats::opened`).
     pub(super) windows: Option<WindowsFile>,
+    /// After a failed attach: when to try again, and the wait after the next failure.
+    pub(super) retry: Option<(Instant, Duration)>,
 }
 
 impl Stored {
@@ -732,7 +736,9 @@ impl SinkPump {
         let Input::Stored(s) = input else {
             return;
         };
-        if !s.reconnected() {
+        // Tried again further apart while it fails (before, every 20 ms tick, each attempt
+        // holding the pump up: found by a review).
+        if s.retry.is_some_and(|(at, _)| Instant::now() < at) || !s.reconnected() {
             return;
         }
         // (A consumer that is not there any more is made again after what this process
@@ -742,19 +748,29 @@ impl SinkPump {
         let from = (flow.receiver().intake().acked_to() + 1).max(s.start);
         let r = s.attach(from).await;
         flow.receiver().intake().consumer_start(s.start);
+        let wait = s.retry.map_or(ATTACH_RETRY, |(_, w)| w);
+        s.retry = r
+            .is_err()
+            .then(|| (Instant::now() + wait, (wait * 2).min(ATTACH_RETRY_MAX)));
         if let Err(e) = r {
             // The server's words in it: escaped.
             if let Some(suppressed) = self.logs.attach_failed.admit(Instant::now()) {
                 tracing::warn!(
                     suppressed,
-                    "{}; trying again",
-                    printable(&e.to_string(), MAX_REASON)
+                    "{}; trying again in {} ms",
+                    printable(&e.to_string(), MAX_REASON),
+                    wait.as_millis()
                 );
             }
             s.seen = s.seen.wrapping_sub(1);
         }
     }
 }
+
+/// The first wait before a failed attach is tried again; it doubles up to
+/// [`ATTACH_RETRY_MAX`].
+const ATTACH_RETRY: Duration = Duration::from_millis(100);
+const ATTACH_RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// The next message of a sink's input.
 async fn next_input(input: &mut Input) -> Option<Result<(Bytes, Option<jetstream::Message>)>> {
