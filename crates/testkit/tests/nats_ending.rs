@@ -781,12 +781,12 @@ fn run(seed: u64) -> Result<String, String> {
                 };
                 d.rx.handle_message(t, &body, Some((Some(s), s)));
             }
-            let due = d.rx.acks_due(true);
-            if !due.is_empty() {
-                // Written before the acknowledgements (`fanout/sink.rs`).
-                windows = d.rx.intake().opened_windows().map(|w| w.encode());
+            // What the acknowledgements name is written first (the binary's windows file).
+            let acks = d.rx.acks(t, true);
+            if let Some(w) = acks.as_ref().and_then(|a| a.windows.clone()) {
+                windows = Some(w);
             }
-            for s in due {
+            for s in acks.map(|a| a.msgs).unwrap_or_default() {
                 acked.insert(s);
                 consumer.unacked.remove(&s);
             }

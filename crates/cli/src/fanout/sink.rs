@@ -501,19 +501,16 @@ impl SinkPump {
                 },
                 Some(Action::Said(e)) => keys.said(&e),
                 Some(Action::Notice(n)) => self.notice(n),
-                Some(Action::Ack(msgs, kept)) => {
+                Some(Action::Ack(a)) => {
                     if let Input::Stored(s) = &mut *input {
-                        if let (Some(f), Some(k)) = (s.position.as_mut(), kept) {
+                        if let (Some(f), Some(k)) = (s.position.as_mut(), a.kept) {
                             f.write(k);
                         }
-                        if let (Some(f), Some(w)) = (
-                            s.windows.as_mut(),
-                            flow.receiver().intake().opened_windows(),
-                        ) {
+                        if let (Some(f), Some(w)) = (s.windows.as_mut(), &a.windows) {
                             f.write(w);
                         }
                     }
-                    ack_in_order(flow.receiver().intake(), msgs).await;
+                    ack_in_order(flow.receiver().intake(), a.msgs).await;
                 }
                 Some(Action::CheckDrained) => {
                     let drained = match &mut *input {

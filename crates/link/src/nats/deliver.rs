@@ -22,9 +22,9 @@
 //! sink out of [`SinkFlow::poll_frame`] when the sink has room, and [`Action`]s out of
 //! [`SinkFlow::poll`].
 
-use super::intake::{Kept, Taken};
+use super::intake::Taken;
 use super::keys::{GroupKey, RunHalf};
-use super::receive::{Event, Poll, Receiver, Wait};
+use super::receive::{Acks, Event, Poll, Receiver, Wait};
 use bytes::Bytes;
 use ndd_core::{Frame, ModuleError, Stack, StackError};
 use std::collections::VecDeque;
@@ -102,9 +102,9 @@ pub enum Action<M> {
     Said(Event),
     /// For the log.
     Notice(Notice),
-    /// Acknowledge these stored messages, in order; where the stream stands (for the next
-    /// process) is `kept`, to be written before.
-    Ack(Vec<M>, Option<Kept>),
+    /// Acknowledge these stored messages, in order, once what they name for the next
+    /// process (where the stream stands, what was opened) is written.
+    Ack(Acks<M>),
     /// Ask the broker whether every stored message of the stream reached this side, and say
     /// with [`SinkFlow::handle_drained`].
     CheckDrained,
@@ -299,8 +299,7 @@ impl<H: RunHalf, M> SinkFlow<H, M> {
                 .push_back(Action::Notice(Notice::GaveUp { skipped }));
         }
         if matches!(self.phase, Phase::Running | Phase::Draining { .. }) && self.through() {
-            let due = self.rx.acks_due(true);
-            self.ack(now, due);
+            self.ack(now, true);
         }
         if let Phase::Draining { since, asking } = self.phase {
             if now.saturating_duration_since(since) > ENDING_WAIT {
@@ -451,10 +450,9 @@ impl<H: RunHalf, M> SinkFlow<H, M> {
             && self.stack.poll_timeout().is_none()
     }
 
-    fn ack(&mut self, now: Instant, msgs: Vec<M>) {
-        if !msgs.is_empty() {
-            let kept = self.rx.kept(now);
-            self.actions.push_back(Action::Ack(msgs, kept));
+    fn ack(&mut self, now: Instant, through: bool) {
+        if let Some(a) = self.rx.acks(now, through) {
+            self.actions.push_back(Action::Ack(a));
         }
     }
 
@@ -478,8 +476,8 @@ impl<H: RunHalf, M> SinkFlow<H, M> {
             && self.ready.is_empty()
             && self.completed >= self.counters.handed
         {
-            let all = self.rx.acks_due(self.stack.poll_timeout().is_none());
-            self.ack(now, all);
+            let through = self.stack.poll_timeout().is_none();
+            self.ack(now, through);
             self.phase = Phase::Done;
         }
     }
@@ -615,7 +613,7 @@ mod tests {
         actions
             .iter()
             .filter_map(|a| match a {
-                Action::Ack(m, _) => Some(m.clone()),
+                Action::Ack(a) => Some(a.msgs.clone()),
                 _ => None,
             })
             .flatten()
@@ -956,8 +954,8 @@ mod tests {
                 got.extend(frames);
                 for a in actions {
                     match a {
-                        Action::Ack(msgs, _) => {
-                            for m in msgs {
+                        Action::Ack(a) => {
+                            for m in a.msgs {
                                 // Message s + 1 holds frame s; the END's frame is all of them.
                                 let needs = m.min(n);
                                 assert!(

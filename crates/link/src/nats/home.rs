@@ -591,20 +591,20 @@ impl WindowsFile {
             .ok_or_else(|| self.path.clone())
     }
 
-    /// Keeps `w` (a failed write empties the file, said once: windows that lag behind what
-    /// was acknowledged would let copies through as surely as none).
-    pub fn write(&mut self, w: &OpenedWindows) {
+    /// Keeps the windows `b` ([`OpenedWindows::encode`]; a failed write empties the file,
+    /// said once: windows that lag behind what was acknowledged would let copies through as
+    /// surely as none).
+    pub fn write(&mut self, b: &[u8]) {
         use std::os::unix::fs::FileExt;
-        let b = w.encode();
         if b == self.last {
             return;
         }
         let r = self
             .file
-            .write_all_at(&b, 0)
+            .write_all_at(b, 0)
             .and_then(|()| self.file.set_len(b.len() as u64));
         match r {
-            Ok(()) => self.last = b,
+            Ok(()) => self.last = b.to_vec(),
             Err(e) => {
                 let _ = self.file.set_len(0);
                 self.last.clear();

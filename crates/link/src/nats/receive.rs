@@ -16,7 +16,8 @@
 //!   (once per run) or a frame of a newer device run (the stack starts afresh).
 //!
 //! The driver feeds messages, keys and time in and takes [`Event`]s out; it acknowledges
-//! what [`Receiver::acks_due`] gives once its sink completed everything handed to it.
+//! what [`Receiver::acks`] gives once its sink completed everything handed to it, having
+//! written first what the [`Acks`] name for the next process.
 
 use super::intake::{Intake, Opened, Taken};
 use super::keys::{GroupKey, Opener, RunHalf, Verdict};
@@ -26,6 +27,19 @@ use bytes::Bytes;
 use ndd_core::{Frame, ModuleError, Output};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
+
+/// Stored messages to acknowledge, in order, once what they name is written
+/// ([`Receiver::acks`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acks<M> {
+    /// The messages, in order.
+    pub msgs: Vec<M>,
+    /// Where the stream stands, to write first (an ordered stream's: `home::PositionFile`).
+    pub kept: Option<super::intake::Kept>,
+    /// What was opened, encoded, to write first (a device side's:
+    /// `super::opened::OpenedWindows`, `home::WindowsFile`).
+    pub windows: Option<Vec<u8>>,
+}
 
 /// What the receiver has for its driver.
 #[derive(Debug)]
@@ -375,6 +389,24 @@ impl<H: RunHalf, M> Receiver<H, M> {
         let mut k = self.intake.kept()?;
         k.again_from = self.opener.aside_from(now);
         Some(k)
+    }
+
+    /// The messages to acknowledge now ([`Receiver::acks_due`]), and what to write to the
+    /// home first, at `now`, for the next process: where the stream stands (an ordered
+    /// stream's [`Receiver::kept`]) and what was opened (a device side's windows,
+    /// [`super::opened`]): a message acknowledged before they are written comes to no process
+    /// again while the next one lacks what tells it a copy from a frame (the driver and the
+    /// simulations each wrote this order out before). `None`: nothing to acknowledge.
+    pub fn acks(&mut self, now: Instant, through: bool) -> Option<Acks<M>> {
+        let msgs = self.acks_due(through);
+        if msgs.is_empty() {
+            return None;
+        }
+        Some(Acks {
+            msgs,
+            kept: self.kept(now),
+            windows: self.intake.opened_windows().map(|w| w.encode()),
+        })
     }
 
     /// The messages to acknowledge now, in order: all of them once `through` (everything
