@@ -76,7 +76,7 @@ use ndd_link::nats::receive::{Event, Poll, Receiver};
 use ndd_link::nats::record::END_SEQ;
 use ndd_link::nats::runs::Run;
 use ndd_link::nats::send::Sender;
-use ndd_link::nats::source::{EndPlan, SourceFlow, CONFIRM_WAIT};
+use ndd_link::nats::source::{EndPlan, SourceFlow, SourceIo, CONFIRM_WAIT};
 use ndd_link::nats::subjects::Subjects;
 use ndd_testkit::SimRng;
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
@@ -466,36 +466,34 @@ fn run(seed: u64) -> Result<String, String> {
             flow.handle_keys(t, watch).map_err(|e| e.to_string())?;
         }
         flow.handle_timeout(t).map_err(|e| e.to_string())?;
-        loop {
-            while let Some(p) = flow.poll_transmit() {
-                if rng.chance(lost) {
-                    sim.at(now + ACK_TIMEOUT, Ev::Ack(p.token, Err(())));
-                } else {
-                    sim.at(now + latency, Ev::Arrive(p));
+        // What the flow asks, as the binary's publisher does it (`SourceFlow::poll_io`).
+        while let Some(io) = flow.poll_io() {
+            match io {
+                SourceIo::Transmit(p) if rng.chance(lost) => {
+                    sim.at(now + ACK_TIMEOUT, Ev::Ack(p.token, Err(())))
+                }
+                SourceIo::Transmit(p) => sim.at(now + latency, Ev::Arrive(p)),
+                SourceIo::GateSettled => return Err("an app side's stream told a gate".into()),
+                SourceIo::Flush => {
+                    flow.handle_flushed(t).map_err(|e| e.to_string())?;
+                    if end_stored_at.is_none() {
+                        end_stored_at = Some(now);
+                    }
+                }
+                SourceIo::Confirm => {
+                    confirming = true;
+                    asking = true;
+                    confirmations += 1;
+                    follower.handle_ask();
+                }
+                SourceIo::Again(seq) => {
+                    let f = frame(seq, now);
+                    let len = f.payload().len();
+                    flow.handle_frame(t, SUBJECT, None, f, Some((len, seq)))
+                        .map_err(|e| e.to_string())?;
+                    resealed += 1;
                 }
             }
-            if flow.poll_flush() {
-                flow.handle_flushed(t).map_err(|e| e.to_string())?;
-                if end_stored_at.is_none() {
-                    end_stored_at = Some(now);
-                }
-                continue;
-            }
-            if flow.poll_confirm() {
-                confirming = true;
-                asking = true;
-                confirmations += 1;
-                follower.handle_ask();
-            }
-            if let Some(seq) = flow.poll_again() {
-                let f = frame(seq, now);
-                let len = f.payload().len();
-                flow.handle_frame(t, SUBJECT, None, f, Some((len, seq)))
-                    .map_err(|e| e.to_string())?;
-                resealed += 1;
-                continue;
-            }
-            break;
         }
         if flow.is_done() && done_at.is_none() {
             if confirming {

@@ -3,7 +3,8 @@
 //! acknowledgements.
 
 use super::*;
-use ndd_link::nats::source::{EndPlan, SendError, SourceFlow};
+use ndd_link::nats::outbox::Publish;
+use ndd_link::nats::source::{EndPlan, SendError, SourceFlow, SourceIo};
 
 /// The `encrypt` pair's forward half as one run's sealing half ([`Sender`]).
 pub(super) struct RunSealer(pub(super) EncryptForward);
@@ -223,11 +224,12 @@ impl Publisher {
     }
 
     /// Takes what happened meanwhile (a reconnect, acknowledgements, retries due) and does
-    /// what the flow asks: messages to the client, the gate told, the client flushed, kept
-    /// frames sealed again under new keys.
+    /// what the flow asks ([`SourceFlow::poll_io`]): messages to the client, the gate told,
+    /// the client flushed, the device's run confirmed, kept frames sealed again under new
+    /// keys.
     pub(super) async fn step(&mut self) -> Result<()> {
         let mut again = 0usize;
-        loop {
+        'step: loop {
             let now = self.ctx.connects.load(std::sync::atomic::Ordering::Acquire);
             if now != self.connects {
                 self.connects = now;
@@ -245,47 +247,52 @@ impl Publisher {
             self.flow
                 .handle_timeout(Instant::now())
                 .map_err(|e| self.err(e))?;
-            self.transmit().await?;
-            if self.flow.poll_gate() {
-                if let Some(g) = &mut self.gate {
-                    g.settled();
+            while let Some(io) = self.flow.poll_io() {
+                match io {
+                    SourceIo::Transmit(p) => self.transmit(p).await?,
+                    SourceIo::GateSettled => {
+                        if let Some(g) = &mut self.gate {
+                            g.settled();
+                        }
+                    }
+                    SourceIo::Flush => {
+                        let _ = self.ctx.client.flush().await;
+                        self.flow
+                            .handle_flushed(Instant::now())
+                            .map_err(|e| self.err(e))?;
+                        continue 'step;
+                    }
+                    // The device may have restarted while the last frames went: the key
+                    // follower joins again and says when it is through; without one (or with
+                    // it gone) the keys as they stand are the answer.
+                    SourceIo::Confirm => {
+                        let (tx, rx) = tokio::sync::oneshot::channel();
+                        let asked = match &self.refresh {
+                            Some(r) => r.send(tx).await.is_ok(),
+                            None => false,
+                        };
+                        if asked {
+                            self.confirming = Some(rx);
+                        } else {
+                            let k = self.flow.sender.keys();
+                            self.flow
+                                .handle_confirmed(Instant::now(), k)
+                                .map_err(|e| self.err(e))?;
+                            continue 'step;
+                        }
+                    }
+                    SourceIo::Again((meta, payload, route)) => {
+                        let (subject, part) =
+                            subject_of(&self.ctx, &self.plan, self.js.is_some(), route);
+                        let frame = Frame::from_bytes(meta, payload.clone());
+                        let keep = Some((payload.len(), (meta, payload, route)));
+                        self.flow
+                            .handle_frame(Instant::now(), &subject, part, frame, keep)
+                            .map_err(|e| self.err(e))?;
+                        again += 1;
+                        continue 'step;
+                    }
                 }
-            }
-            if self.flow.poll_flush() {
-                let _ = self.ctx.client.flush().await;
-                self.flow
-                    .handle_flushed(Instant::now())
-                    .map_err(|e| self.err(e))?;
-                continue;
-            }
-            if self.flow.poll_confirm() {
-                // The device may have restarted while the last frames went: the key follower
-                // joins again and says when it is through; without one (or with it gone) the
-                // keys as they stand are the answer.
-                let (tx, rx) = tokio::sync::oneshot::channel();
-                let asked = match &self.refresh {
-                    Some(r) => r.send(tx).await.is_ok(),
-                    None => false,
-                };
-                if asked {
-                    self.confirming = Some(rx);
-                } else {
-                    let k = self.flow.sender.keys();
-                    self.flow
-                        .handle_confirmed(Instant::now(), k)
-                        .map_err(|e| self.err(e))?;
-                    continue;
-                }
-            }
-            if let Some((meta, payload, route)) = self.flow.poll_again() {
-                let (subject, part) = subject_of(&self.ctx, &self.plan, self.js.is_some(), route);
-                let frame = Frame::from_bytes(meta, payload.clone());
-                let keep = Some((payload.len(), (meta, payload, route)));
-                self.flow
-                    .handle_frame(Instant::now(), &subject, part, frame, keep)
-                    .map_err(|e| self.err(e))?;
-                again += 1;
-                continue;
             }
             break;
         }
@@ -383,54 +390,52 @@ impl Publisher {
         r.map_err(|e| self.err(e))
     }
 
-    /// Hands the flow's messages to the client; a stored one's acknowledgement is waited for
-    /// by a task of its own.
-    pub(super) async fn transmit(&mut self) -> Result<()> {
-        while let Some(p) = self.flow.poll_transmit() {
-            let (Some(js), Some(id)) = (self.js.as_ref(), p.id) else {
-                let rec = if self.flow.is_ending() {
-                    // The END waits for room, never dropped.
-                    self.budget.wrap(p.body).await
-                } else {
-                    match self.budget.try_wrap(p.body) {
-                        Some(r) => r,
-                        None => {
-                            // The newest frames go; this one would only wait behind others.
-                            self.dropped += 1;
-                            continue;
-                        }
+    /// Hands one of the flow's messages to the client; a stored one's acknowledgement is
+    /// waited for by a task of its own.
+    pub(super) async fn transmit(&mut self, p: Publish) -> Result<()> {
+        let (Some(js), Some(id)) = (self.js.as_ref(), p.id) else {
+            let rec = if self.flow.is_ending() {
+                // The END waits for room, never dropped.
+                self.budget.wrap(p.body).await
+            } else {
+                match self.budget.try_wrap(p.body) {
+                    Some(r) => r,
+                    None => {
+                        // The newest frames go; this one would only wait behind others.
+                        self.dropped += 1;
+                        return Ok(());
                     }
-                };
-                self.ctx
-                    .client
-                    .publish(p.subject, rec)
-                    .await
-                    .map_err(|e| anyhow!("stream \"{}\": publish: {e}", self.plan.name))?;
-                continue;
+                }
             };
-            let mut headers = async_nats::HeaderMap::new();
-            headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
-            let held = self.budget.wrap(p.body).await;
-            match js
-                .publish_with_headers(p.subject.clone(), headers, held)
+            return self
+                .ctx
+                .client
+                .publish(p.subject, rec)
                 .await
-            {
-                Ok(fut) => {
-                    let tx = self.acks_tx.clone();
-                    let subject = p.subject;
-                    tokio::spawn(async move {
-                        let r = fut.await.map(|a| a.sequence).map_err(|e| {
-                            tracing::debug!(%subject, error = %e, "JetStream publish not acknowledged; again");
-                        });
-                        let _ = tx.send((p.token, r));
+                .map_err(|e| anyhow!("stream \"{}\": publish: {e}", self.plan.name));
+        };
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
+        let held = self.budget.wrap(p.body).await;
+        match js
+            .publish_with_headers(p.subject.clone(), headers, held)
+            .await
+        {
+            Ok(fut) => {
+                let tx = self.acks_tx.clone();
+                let subject = p.subject;
+                tokio::spawn(async move {
+                    let r = fut.await.map(|a| a.sequence).map_err(|e| {
+                        tracing::debug!(%subject, error = %e, "JetStream publish not acknowledged; again");
                     });
-                }
-                Err(e) => {
-                    tracing::debug!(subject = %p.subject, error = %e, "JetStream publish failed; again");
-                    self.flow
-                        .handle_ack(Instant::now(), p.token, Err(()))
-                        .map_err(|e| self.err(e))?;
-                }
+                    let _ = tx.send((p.token, r));
+                });
+            }
+            Err(e) => {
+                tracing::debug!(subject = %p.subject, error = %e, "JetStream publish failed; again");
+                self.flow
+                    .handle_ack(Instant::now(), p.token, Err(()))
+                    .map_err(|e| self.err(e))?;
             }
         }
         Ok(())

@@ -124,6 +124,24 @@ pub struct SourceFlow<S, K> {
     pub end_rounds: usize,
 }
 
+/// What a [`SourceFlow`] asks its driver for ([`SourceFlow::poll_io`]).
+#[derive(Debug)]
+pub enum SourceIo<K> {
+    /// Hand this message to the client (a stored one's acknowledgement, or its failure, to
+    /// [`SourceFlow::handle_ack`]).
+    Transmit(Publish),
+    /// Tell the rotation's gate this stream settled (once per rotation).
+    GateSettled,
+    /// Flush the client, then [`SourceFlow::handle_flushed`].
+    Flush,
+    /// Ask the device for its keys (the key follower), then [`SourceFlow::handle_confirmed`]
+    /// or [`SourceFlow::handle_unconfirmed`].
+    Confirm,
+    /// Seal this kept frame again under the new keys: [`SourceFlow::handle_frame`] with it,
+    /// kept again.
+    Again(K),
+}
+
 impl<S: RunSeal, K> SourceFlow<S, K> {
     /// A stream over `sender`; `stored`: on JetStream; `gated`: a device side's reliable
     /// stream (the rotation's gate); `max_payload`: the server's; `end`: where its END goes.
@@ -305,6 +323,28 @@ impl<S: RunSeal, K> SourceFlow<S, K> {
             }
         }
         self.advance(now)
+    }
+
+    /// What the driver does next for this stream, in the order the flow needs it: messages
+    /// for the client first, then the gate told, the client flushed (until
+    /// [`SourceFlow::handle_flushed`]), the device asked to confirm its run, kept frames
+    /// sealed again. The binary's publisher and `testkit/tests/nats_ending.rs` do what it says
+    /// (before 2026-12-02 each wrote out this order for itself); `None`: nothing until a frame,
+    /// an acknowledgement, new keys or time.
+    pub fn poll_io(&mut self) -> Option<SourceIo<K>> {
+        if let Some(p) = self.poll_transmit() {
+            return Some(SourceIo::Transmit(p));
+        }
+        if self.poll_gate() {
+            return Some(SourceIo::GateSettled);
+        }
+        if self.poll_flush() {
+            return Some(SourceIo::Flush);
+        }
+        if self.poll_confirm() {
+            return Some(SourceIo::Confirm);
+        }
+        self.poll_again().map(SourceIo::Again)
     }
 
     /// The next message for the client.
@@ -651,6 +691,75 @@ mod tests {
         assert!(f.poll_confirm(), "asked again");
         f.handle_confirmed(t, restarted).unwrap();
         assert!(f.is_done(), "the same run: done");
+    }
+
+    /// The same stream driven through [`SourceFlow::poll_io`] alone, as the binary's
+    /// publisher and the simulation drive it: each step comes when its turn is there.
+    #[test]
+    fn poll_io_asks_for_each_step_in_the_flows_order() {
+        let t = Instant::now();
+        let mut f = flow_keeping(true, false, None, false, true);
+        let kind = |io: &SourceIo<u64>| match io {
+            SourceIo::Transmit(p) => format!("transmit {}", seq_of(p)),
+            SourceIo::GateSettled => "gate".into(),
+            SourceIo::Flush => "flush".into(),
+            SourceIo::Confirm => "confirm".into(),
+            SourceIo::Again(n) => format!("again {n}"),
+        };
+        let mut seen = Vec::new();
+        let mut stored = 0u64;
+        let restarted = f.sender.keys().next_run(Run { id: 8, began: 2 });
+        for n in 0..3u64 {
+            f.handle_frame(t, "d", None, frame(n), Some((1, n)))
+                .unwrap();
+        }
+        let mut ended = false;
+        let mut confirmed = 0;
+        while !f.is_done() {
+            let Some(io) = f.poll_io() else {
+                assert!(!ended, "stuck: {seen:?}");
+                f.handle_end(t, 5).unwrap();
+                ended = true;
+                continue;
+            };
+            seen.push(kind(&io));
+            match io {
+                SourceIo::Transmit(p) => {
+                    stored += 1;
+                    f.handle_ack(t, p.token, Ok(stored)).unwrap();
+                }
+                SourceIo::Flush => f.handle_flushed(t).unwrap(),
+                // The first answer names the device's new run (it began after sequence 2).
+                SourceIo::Confirm => {
+                    confirmed += 1;
+                    f.handle_confirmed(t, restarted).unwrap();
+                }
+                SourceIo::Again(n) => {
+                    f.handle_frame(t, "d", None, frame(n), Some((1, n)))
+                        .unwrap();
+                }
+                SourceIo::GateSettled => panic!("no gate on an app side"),
+            }
+        }
+        let end = format!("transmit {END_SEQ}");
+        assert_eq!(
+            seen,
+            [
+                "transmit 0",
+                "transmit 1",
+                "transmit 2",
+                &end,
+                "flush",
+                "confirm",
+                "again 2",
+                "transmit 2",
+                &end,
+                "flush",
+                "confirm"
+            ]
+        );
+        assert_eq!(confirmed, 2);
+        assert!(f.poll_io().is_none());
     }
 
     /// A device side that never answers (frozen, its subscription still there): the stream is
