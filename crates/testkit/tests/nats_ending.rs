@@ -15,9 +15,15 @@
 //!   loses some acknowledgements (the outbox publishes again; JetStream drops the copy by its
 //!   message id), redelivers what a consumer read and did not acknowledge every 5 s and when
 //!   a consumer's process ends;
-//! - a device process subscribes to joins, marks its run in the stream
-//!   (`Subjects::run_mark`), then reads where its run begins (the stream's last sequence); it
-//!   answers joins after its claim (0–500 ms; joins meanwhile wait and die with it), and its
+//! - a device process starts as the binary's `ndd_link::nats::start::DeviceStart` orders it:
+//!   it subscribes to joins, reserves its run's id, claims the driver (0–500 ms), marks its
+//!   run in the stream (`Subjects::run_mark`), purges earlier runs' marks (four starts in
+//!   five), reads where its run begins (the stream's last sequence) and begins it; joins that
+//!   came meanwhile wait for it and die with it; each step reaches the server 0–15 ms after
+//!   it went and its outcome comes back 0–15 ms later, and in a quarter of the schedules a
+//!   process dies 0–40 ms after its run began, once or twice (before, the simulation marked the run
+//!   and read where it began at once, before the claim, where the binary does both after);
+//!   its
 //!   keeper sends a rekey notice naming its run when it starts, every 2 s, and at once when a
 //!   genuine frame of an earlier run comes in (as its opener spaces them): on core NATS, each lost
 //!   in a third of the schedules one time in two, in another third one time in ten; while no
@@ -77,6 +83,7 @@ use ndd_link::nats::record::END_SEQ;
 use ndd_link::nats::runs::Run;
 use ndd_link::nats::send::Sender;
 use ndd_link::nats::source::{EndPlan, SourceFlow, SourceIo, CONFIRM_WAIT};
+use ndd_link::nats::start::{DeviceStart, StartIo};
 use ndd_link::nats::subjects::Subjects;
 use ndd_testkit::SimRng;
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
@@ -201,15 +208,31 @@ impl Consumer {
         }
     }
 
-    /// Everything read and not acknowledged comes again (the acknowledgement wait ran out,
-    /// or the process reading it ended).
+    /// Everything read and not acknowledged comes again, in stream order (the acknowledgement
+    /// wait ran out, or the process reading it ended: the next one's consumer starts over at
+    /// the first message not acknowledged). Before, what was still to come again went first
+    /// and the rest after it, so a process that died twice before acknowledging had its
+    /// originals come after a copy stored later, unlike JetStream (found when processes that
+    /// die just after their run began were added: seed 5779 of 20 000).
     fn redeliver(&mut self) {
-        for &s in &self.unacked {
-            if !self.again.contains(&s) {
-                self.again.push_back(s);
-            }
-        }
+        self.again = self.unacked.iter().copied().collect();
     }
+}
+
+/// A device process that starts (`ndd_link::nats::start::DeviceStart`).
+struct Starting {
+    start: DeviceStart,
+    /// It hears joins (they wait for its run).
+    subscribed: bool,
+    /// How long its claim of the driver takes.
+    claim: u64,
+    /// The step under way: it takes effect (at the server) then, and its outcome comes back
+    /// then.
+    step: Option<(StartIo, u64, u64)>,
+    /// What the step's effect gave (the mark's stream sequence, where the stream stood).
+    got: u64,
+    /// Joins that came meanwhile.
+    waiting: Vec<u64>,
 }
 
 /// One device process.
@@ -279,6 +302,9 @@ fn run(seed: u64) -> Result<String, String> {
     let mut restarts = VecDeque::from(restarts);
     let near_end = rng.chance(0.5).then(|| rng.range(0, 700) as i64 - 200);
     let mut near_end_set = false;
+    // In a quarter of the schedules, a process dies 0–40 ms after its run began, once or
+    // twice (a crash at start: its run may have refused frames, and it never serves).
+    let mut early_deaths = if rng.chance(0.25) { rng.range(1, 2) } else { 0 };
 
     let mut sim = Sim {
         now: 0,
@@ -338,8 +364,11 @@ fn run(seed: u64) -> Result<String, String> {
     // oldest run its keys name began (`GroupKey::oldest_began`, `fanout/sink.rs`).
     let mut consumer_made = false;
     let mut device_keys = first;
-    // Until then no device process runs (a restart's pause).
+    // Until then no device process runs (a restart's pause); one that starts; the last run id
+    // reserved.
     let mut down_until = 0u64;
+    let mut starting: Option<Starting> = None;
+    let mut reserved = FIRST.id;
     let mut runs = 1u32;
     // Every frame some device process delivered.
     let mut delivered: HashSet<u64> = HashSet::new();
@@ -387,11 +416,11 @@ fn run(seed: u64) -> Result<String, String> {
             ));
         }
         // The device side restarts: the process ends (what it read and did not acknowledge
-        // comes again), and after a pause a new one subscribes to joins, then reads where its
-        // run begins.
+        // comes again; joins waiting for it die with it), and after a pause a new one starts.
         if done_at.is_none() && restarts.front().is_some_and(|&r| now >= r) {
             restarts.pop_front();
-            if device.take().is_some() {
+            let (ran, started) = (device.take(), starting.take());
+            if ran.is_some() || started.is_some() {
                 if trace {
                     println!("{now} ms: the device process ends");
                 }
@@ -399,51 +428,117 @@ fn run(seed: u64) -> Result<String, String> {
                 down_until = now + rng.range(0, 800);
             }
         }
-        if device.is_none() && now >= down_until {
-            // Its mark first, then where the stream stands.
-            let id = device_keys.run.id + 1;
-            let note = IDS.with(|(device, _)| {
-                device
-                    .sign_note(
-                        &mark_label(&subjects),
-                        &notice_body(&Notice {
-                            run: id,
-                            clock: now,
-                            key: [0; 8],
-                        }),
-                    )
-                    .expect("signed")
+        if device.is_none() && starting.is_none() && now >= down_until {
+            starting = Some(Starting {
+                start: DeviceStart::new(true),
+                subscribed: false,
+                claim: rng.range(0, 500),
+                step: None,
+                got: 0,
+                waiting: Vec::new(),
             });
-            let mark = Entry::Mark {
-                run: id,
-                note: Bytes::from(note),
-            };
-            log.push(mark.clone());
-            recorded.push(mark);
-            // Then the marks of earlier runs stored before it are purged (`fanout/device.rs`),
-            // unless its NATS user may not (permissions printed by an earlier ndd).
-            if rng.chance(0.8) {
-                let mine = log.len() - 1;
-                for e in &mut log[..mine] {
-                    if matches!(e, Entry::Mark { run, .. } if *run < id) {
-                        *e = Entry::Purged;
+        }
+        // Its start, as the binary's `DeviceStart` orders it: joins heard from (they wait),
+        // its run's id reserved, the driver claimed (0–500 ms), the run marked, the marks of
+        // earlier runs stored before it purged (unless its NATS user may not: permissions
+        // printed by an earlier ndd), where the stream stands read, the run begun.
+        if let Some(st) = starting.as_mut() {
+            // Each step reaches the server 0–15 ms after it went (the claim takes its time
+            // there), and its outcome comes back 0–15 ms later.
+            if st.step.is_none() {
+                if let Some(io) = st.start.poll_io() {
+                    let at = now
+                        + match io {
+                            StartIo::Claim { .. } => st.claim,
+                            _ => rng.range(0, 15),
+                        };
+                    st.step = Some((io, at, at + rng.range(0, 15)));
+                }
+            }
+            if let Some((io, at, back)) = st.step.as_mut() {
+                if now >= *at {
+                    *at = u64::MAX;
+                    match *io {
+                        StartIo::SubscribeJoins => st.subscribed = true,
+                        StartIo::Mark { run: id } => {
+                            let note = IDS.with(|(device, _)| {
+                                device
+                                    .sign_note(
+                                        &mark_label(&subjects),
+                                        &notice_body(&Notice {
+                                            run: id,
+                                            clock: now,
+                                            key: [0; 8],
+                                        }),
+                                    )
+                                    .expect("signed")
+                            });
+                            let mark = Entry::Mark {
+                                run: id,
+                                note: Bytes::from(note),
+                            };
+                            log.push(mark.clone());
+                            recorded.push(mark);
+                            st.got = log.len() as u64;
+                        }
+                        StartIo::PurgeEarlierMarks { run: id, before } if rng.chance(0.8) => {
+                            for e in &mut log[..before as usize - 1] {
+                                if matches!(e, Entry::Mark { run, .. } if *run < id) {
+                                    *e = Entry::Purged;
+                                }
+                            }
+                        }
+                        StartIo::ReadEnd => st.got = log.len() as u64,
+                        _ => {}
+                    }
+                }
+                // (The purge goes beside the run: nothing comes back.)
+                if matches!(io, StartIo::PurgeEarlierMarks { .. }) {
+                    *back = now;
+                }
+                if *at == u64::MAX && now >= *back {
+                    let io = *io;
+                    st.step = None;
+                    match io {
+                        StartIo::SubscribeJoins => st.start.handle_subscribed(),
+                        StartIo::ReserveRun => {
+                            reserved = reserved.max(device_keys.run.id) + 1;
+                            st.start.handle_reserved(reserved);
+                        }
+                        StartIo::Claim { .. } => st.start.handle_claimed(),
+                        StartIo::Mark { .. } => st.start.handle_marked(st.got),
+                        StartIo::PurgeEarlierMarks { .. } => {}
+                        StartIo::ReadEnd => st.start.handle_end(st.got),
+                        StartIo::Begin { run: id, began } => {
+                            st.start.handle_begun();
+                            let run = Run { id, began };
+                            device_keys = device_keys.next_run(run);
+                            if trace {
+                                println!(
+                                    "{now} ms: device run {} begins after {}",
+                                    run.id, run.began
+                                );
+                            }
+                            let mut d = Device::new(device_keys, now, 0, rng.range(0, 300));
+                            d.waiting = std::mem::take(&mut st.waiting);
+                            if let Some(w) = windows.as_deref().and_then(OpenedWindows::parse) {
+                                d.rx.intake().carry(w);
+                            }
+                            device = Some(d);
+                            runs += 1;
+                            if early_deaths > 0 && done_at.is_none() {
+                                early_deaths -= 1;
+                                let r = now + rng.range(1, 40);
+                                let i = restarts.partition_point(|&x| x <= r);
+                                restarts.insert(i, r);
+                            }
+                        }
                     }
                 }
             }
-            let run = Run {
-                id,
-                began: log.len() as u64,
-            };
-            device_keys = device_keys.next_run(run);
-            if trace {
-                println!("{now} ms: device run {} begins after {}", run.id, run.began);
+            if st.start.is_done() {
+                starting = None;
             }
-            let mut d = Device::new(device_keys, now, rng.range(0, 500), rng.range(0, 300));
-            if let Some(w) = windows.as_deref().and_then(OpenedWindows::parse) {
-                d.rx.intake().carry(w);
-            }
-            device = Some(d);
-            runs += 1;
         }
 
         // The app side's source: a frame every `spacing` ms while the flow takes one, then
@@ -615,7 +710,11 @@ fn run(seed: u64) -> Result<String, String> {
                     let _ = follower.handle_notice(&note, |fp| fp == trusted);
                 }
                 Ev::Join(n) => match device.as_mut() {
-                    None => sim.at(now, Ev::NoResponders(n)),
+                    // A process starting hears joins once it subscribed; they wait for its run.
+                    None => match starting.as_mut().filter(|st| st.subscribed) {
+                        Some(st) => st.waiting.push(n),
+                        None => sim.at(now, Ev::NoResponders(n)),
+                    },
                     // Frozen: the try runs out.
                     Some(_) if unanswered_left > 0 && rng.chance(0.2) => unanswered_left -= 1,
                     Some(d) if now < d.answers_from => d.waiting.push(n),

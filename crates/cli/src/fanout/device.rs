@@ -1,6 +1,7 @@
 //! The device side's start: what it sets up before its streams run, and its streams.
 
 use super::*;
+use ndd_link::nats::start::{DeviceStart, StartIo};
 
 /// Starts the device side: its JetStream stream, run and group key, the key keeper, the claim
 /// on the driver, the join service and its streams (sources once enough app sides joined).
@@ -20,33 +21,48 @@ pub(super) async fn start(
     } else {
         None
     };
-    // Joins are heard from before this run begins: an app side's reliable stream asks for
-    // the keys once its END is stored (`ndd_link::nats::source`, confirming the device's run),
-    // and that question must either reach this side, to be answered with this run, or find
-    // nobody and come before the run began — never fall between (found under load: a device
-    // side that read where the stream stood, then spent its claim's 500 ms deaf to joins,
-    // refused the last frames an app side sealed for the run before, which had ended meanwhile,
-    // and waited for them for good).
-    let join_sub = ctx.subscribe(&ctx.subjects.join()).await?;
+    // What comes before the run begins, in the order `DeviceStart` gives and explains: joins
+    // heard from, the run's id reserved, the driver claimed (a second device side stops
+    // here), the run marked in the stream (earlier marks purged beside it), where the stream
+    // stands read, the run begun.
     let files = Home::new(&opts.home, &nats.subject_prefix, &cfg.driver);
-    // The run's id, reserved in the home (a process that dies before its run begins leaves
-    // it taken), then the driver claimed with it: a device side that finds another serving
-    // stops here, before it marks anything.
-    let id = files.reserve_run_id(wall_ns(), random_u64() as u16)?;
-    claim_device(ctx, &cfg.driver, id, local, &opts.home).await?;
-    // The run is marked in the stream before it reads where the stream stands: an app side
-    // that confirms the device's run while no device side serves (between two processes)
-    // finds the mark of any run that may refuse its last frames (`Follower::behind`).
-    if let Some(js) = &js {
-        mark_run(ctx, js, local, id).await?;
+    let mut start = DeviceStart::new(js.is_some());
+    let (mut join_sub, mut begun) = (None, None);
+    let no_js = || anyhow!("the device's start asked for JetStream without a stream");
+    while let Some(io) = start.poll_io() {
+        match io {
+            StartIo::SubscribeJoins => {
+                join_sub = Some(ctx.subscribe(&ctx.subjects.join()).await?);
+                start.handle_subscribed();
+            }
+            StartIo::ReserveRun => {
+                start.handle_reserved(files.reserve_run_id(wall_ns(), random_u64() as u16)?)
+            }
+            StartIo::Claim { run } => {
+                claim_device(ctx, &cfg.driver, run, local, &opts.home).await?;
+                start.handle_claimed();
+            }
+            StartIo::Mark { run } => {
+                let js = js.as_ref().ok_or_else(no_js)?;
+                start.handle_marked(mark_run(ctx, js, local, run).await?);
+            }
+            StartIo::PurgeEarlierMarks { run, before } => {
+                let js = js.clone().ok_or_else(no_js)?;
+                tokio::spawn(purge_earlier_marks(js, ctx.subjects.clone(), run, before));
+            }
+            StartIo::ReadEnd => {
+                let js = js.as_ref().ok_or_else(no_js)?;
+                start.handle_end(stored_up_to(ctx, js).await?.1);
+            }
+            StartIo::Begin { run, began } => {
+                begun = Some(files.begin_run(run, began)?);
+                start.handle_begun();
+            }
+        }
     }
-    // This run begins after what the stream holds now: earlier runs' frames stored
-    // later are replays (`ndd_link::nats::runs`).
-    let began = match &js {
-        Some(js) => stored_up_to(ctx, js).await?.1,
-        None => 0,
+    let (Some(join_sub), Some((run, earlier))) = (join_sub, begun) else {
+        bail!("the device's start ended before its run began");
     };
-    let (run, earlier) = files.begin_run(id, began)?;
     let (key_tx, key) = watch::channel(files.group_key(run, earlier)?);
     // Checks at least 0.5 s apart: each reads known_peers and the holders file.
     let every = Duration::from_millis(cfg.link.ping_interval_ms.clamp(500, 2000));
@@ -142,15 +158,14 @@ pub(super) async fn start(
 }
 
 /// Marks run `id` in the JetStream stream ([`ndd_link::nats::subjects::Subjects::run_mark`]):
-/// a rekey notice naming it, signed by this side's identity, stored before the run reads
-/// where the stream stands. Then earlier runs' marks are purged, beside the run
-/// ([`purge_earlier_marks`]).
+/// a rekey notice naming it, signed by this side's identity. The stream sequence it was
+/// stored at.
 async fn mark_run(
     ctx: &Ctx,
     js: &jetstream::Context,
     local: &LocalIdentity,
     id: u64,
-) -> Result<()> {
+) -> Result<u64> {
     let notice = Notice {
         run: id,
         clock: wall_ns(),
@@ -167,13 +182,7 @@ async fn mark_run(
         .map_err(|e| anyhow!("marking this run in JetStream ({subject}): {e}"))?
         .await
         .map_err(|e| anyhow!("marking this run in JetStream ({subject}): {e}"))?;
-    tokio::spawn(purge_earlier_marks(
-        js.clone(),
-        ctx.subjects.clone(),
-        id,
-        stored.sequence,
-    ));
-    Ok(())
+    Ok(stored.sequence)
 }
 
 /// Purges the marks of runs before run `id` stored before its own mark (stream sequence
@@ -185,11 +194,7 @@ async fn mark_run(
 /// permissions violation is not one; the request waits out its 10 s), and the marks then
 /// stay, said once.
 async fn purge_earlier_marks(js: jetstream::Context, subjects: Subjects, id: u64, seq: u64) {
-    // (A purge "below" sequence 1 is nats-server's purge of the whole subject; nothing is
-    // stored before the first message anyway.)
-    if seq <= 1 {
-        return;
-    }
+    // (Never "below" sequence 1, nats-server's purge of the whole subject: `DeviceStart`.)
     let name = subjects.jetstream();
     let purged = async {
         let stream = js.get_stream(&name).await.map_err(|e| e.to_string())?;

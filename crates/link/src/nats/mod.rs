@@ -25,6 +25,8 @@
 //!   rekey notices (sans-IO);
 //! - [`follow`]: an app side's following of the key: rekey notices, joins, answers (sans-IO);
 //! - [`claim`]: one device side per driver: the signed claim and the wait (sans-IO);
+//! - [`start`]: a device side's start: joins heard, its run reserved, the driver claimed, the
+//!   run marked, where it begins (sans-IO);
 //! - [`NatsConfig`] / [`connect`]: the connection to the server (TLS, credentials).
 
 pub mod admit;
@@ -43,6 +45,7 @@ pub mod rotate;
 pub mod runs;
 pub mod send;
 pub mod source;
+pub mod start;
 pub mod store;
 pub mod subjects;
 #[cfg(test)]
