@@ -361,8 +361,12 @@ fn run(seed: u64) -> Result<String, String> {
     let trusted = IDS.with(|(d, _)| d.fingerprint());
     let mut device: Option<Device> = Some(Device::new(first, 0, 0, rng.range(0, 300)));
     // The device's durable consumer is made by the first process whose sink starts, where the
-    // oldest run its keys name began (`GroupKey::oldest_began`, `fanout/sink.rs`).
+    // oldest run its keys name began (`GroupKey::oldest_began`, `fanout/sink.rs`), or after
+    // what the windows kept say went through the sink (`OpenedWindows::through`). In some
+    // schedules it is lost at a restart (between the driver's delete and its make) and made
+    // afresh by the next process whose sink starts.
     let mut consumer_made = false;
+    let lose_consumer = if rng.chance(0.3) { 0.5 } else { 0.0 };
     let mut device_keys = first;
     // Until then no device process runs (a restart's pause); one that starts; the last run id
     // reserved.
@@ -425,6 +429,10 @@ fn run(seed: u64) -> Result<String, String> {
                     println!("{now} ms: the device process ends");
                 }
                 consumer.redeliver();
+                if consumer_made && rng.chance(lose_consumer) {
+                    consumer = Consumer::default();
+                    consumer_made = false;
+                }
                 down_until = now + rng.range(0, 800);
             }
         }
@@ -789,7 +797,11 @@ fn run(seed: u64) -> Result<String, String> {
             }
             if now >= d.sink_from && !consumer_made {
                 consumer_made = true;
-                consumer.next = d.keys.oldest_began() as usize;
+                let through = windows
+                    .as_deref()
+                    .and_then(OpenedWindows::parse)
+                    .map_or(0, |w| w.through());
+                consumer.next = d.keys.oldest_began().max(through) as usize;
             }
             let reads = if now >= d.sink_from {
                 rng.range(0, 8)
@@ -873,9 +885,17 @@ fn run(seed: u64) -> Result<String, String> {
                         }
                     }
                 }
+                let fresh = consumer.again.is_empty();
                 let Some((s, body)) = consumer.poll(&log) else {
                     break;
                 };
+                // A consumer reads again only what was not acknowledged (one made afresh
+                // after a loss starts after what went through).
+                if fresh && acked.contains(&s) {
+                    return Err(format!(
+                        "the device's consumer read stream sequence {s} again, acknowledged before"
+                    ));
+                }
                 d.rx.handle_message(t, &body, Some((Some(s), s)));
             }
             // What the acknowledgements name is written first (the binary's windows file).

@@ -130,7 +130,8 @@ pub(super) enum Input {
 
 /// A sink's input: an app side's (`app`: its admission, its name, where the stored streams
 /// stood when it joined) or the device side's, whose new consumer starts after stream
-/// sequence `began` ([`GroupKey::oldest_began`]).
+/// sequence `began` ([`GroupKey::oldest_began`]), or after what the process before noted as
+/// through its sink, if later.
 pub(super) async fn subscribe(
     ctx: &Ctx,
     plan: &Plan,
@@ -149,7 +150,15 @@ pub(super) async fn subscribe(
                 .get_stream(&name)
                 .await
                 .map_err(|e| anyhow!("JetStream stream {name}: {e}"))?;
-            let start = began + 1;
+            let windows = WindowsFile::open(
+                &Home::new(&ctx.home, ctx.subjects.prefix(), ctx.subjects.driver()),
+                &ctx.subjects.device_durable(plan.id),
+            )?;
+            // (A consumer made afresh while the process before had one — lost between its
+            // delete and its make, or by the server — starts after what that process's
+            // windows say went through its sink: `OpenedWindows::through`.)
+            let through = windows.read().ok().flatten().map_or(0, |w| w.through());
+            let start = (began + 1).max(through + 1);
             let mut stored = Stored {
                 stream,
                 durable: ctx.subjects.device_durable(plan.id),
@@ -163,10 +172,7 @@ pub(super) async fn subscribe(
                 start: 0,
                 resumed: false,
                 position: None,
-                windows: Some(WindowsFile::open(
-                    &Home::new(&ctx.home, ctx.subjects.prefix(), ctx.subjects.driver()),
-                    &ctx.subjects.device_durable(plan.id),
-                )?),
+                windows: Some(windows),
                 retry: None,
             };
             stored.attach(start).await?;

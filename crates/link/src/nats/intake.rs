@@ -277,6 +277,8 @@ pub struct Intake<M> {
     ended: Option<u64>,
     ready: VecDeque<Stored>,
     unacked: VecDeque<M>,
+    /// The highest stream sequence delivered to this side.
+    read_to: u64,
     acked_to: u64,
     /// Copies dropped.
     pub copies: u64,
@@ -303,6 +305,7 @@ impl<M> Intake<M> {
             ended: None,
             ready: VecDeque::new(),
             unacked: VecDeque::new(),
+            read_to: 0,
             acked_to: 0,
             copies: 0,
             foreign: 0,
@@ -355,6 +358,7 @@ impl<M> Intake<M> {
             Some((seq, m)) => {
                 // A copy is acknowledged with the others (its first copy is among them).
                 self.unacked.push_back(m);
+                self.read_to = self.read_to.max(seq.unwrap_or(0));
                 (seq, true)
             }
             None => (None, false),
@@ -585,6 +589,10 @@ impl<M> Intake<M> {
     /// handed to the sink is complete) and nothing is held here; else none.
     pub fn acks_due(&mut self, through: bool) -> Vec<M> {
         if through && self.holds_nothing() {
+            // Everything delivered went through: the windows say so for the next process.
+            if let Some(o) = self.opened.as_mut() {
+                o.handle_through(self.read_to);
+            }
             self.unacked.drain(..).collect()
         } else {
             Vec::new()

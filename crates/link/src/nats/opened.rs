@@ -29,8 +29,9 @@ pub const EPOCHS: usize = 64;
 /// number, so sliding forward clears whole words (RFC 6479).
 const WORDS: usize = (WINDOW / 64) as usize + 1;
 
-/// The encoding's first bytes (a version).
-const MAGIC: &[u8; 8] = b"nddopen1";
+/// The encoding's first bytes (a version): the first one had no [`OpenedWindows::through`].
+const MAGIC_V1: &[u8; 8] = b"nddopen1";
+const MAGIC: &[u8; 8] = b"nddopen2";
 
 /// One epoch's window.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,6 +91,8 @@ fn header(sealed: &[u8]) -> Option<([u8; 16], u64)> {
 pub struct OpenedWindows {
     /// Oldest first.
     epochs: VecDeque<Window>,
+    /// Every stored message up to this stream sequence went through the sink.
+    through: u64,
 }
 
 impl OpenedWindows {
@@ -124,6 +127,21 @@ impl OpenedWindows {
         }
     }
 
+    /// The stream sequence up to which every stored message the consumer delivered went
+    /// through the sink when these windows were written (they are written before those
+    /// messages are acknowledged): a consumer made afresh (the last one lost between its
+    /// delete and its make, or by the server) starts after it, not where the oldest run the
+    /// keys name began, so it does not read up to nine runs again with only the windows
+    /// between their frames and the sink.
+    pub fn through(&self) -> u64 {
+        self.through
+    }
+
+    /// Everything up to stream sequence `seq` went through the sink.
+    pub fn handle_through(&mut self, seq: u64) {
+        self.through = self.through.max(seq);
+    }
+
     /// Epochs kept.
     pub fn len(&self) -> usize {
         self.epochs.len()
@@ -134,12 +152,15 @@ impl OpenedWindows {
         self.epochs.is_empty()
     }
 
-    /// The bytes kept in the home: `nddopen1`, the number of epochs (u32 BE), each epoch's
-    /// `epoch (16) ‖ top (u64) ‖ 17 words (u64)`, then a check (u64), all big-endian.
+    /// The bytes kept in the home: `nddopen2`, the number of epochs (u32 BE),
+    /// [`OpenedWindows::through`] (u64), each epoch's `epoch (16) ‖ top (u64) ‖ 17 words
+    /// (u64)`, then a check (u64), all big-endian. (`nddopen1`, without `through`, is read
+    /// too.)
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(MAGIC.len() + 4 + self.epochs.len() * 160 + 8);
+        let mut b = Vec::with_capacity(MAGIC.len() + 12 + self.epochs.len() * 160 + 8);
         b.extend_from_slice(MAGIC);
         b.extend_from_slice(&(self.epochs.len() as u32).to_be_bytes());
+        b.extend_from_slice(&self.through.to_be_bytes());
         for w in &self.epochs {
             b.extend_from_slice(&w.epoch);
             b.extend_from_slice(&w.top.to_be_bytes());
@@ -158,9 +179,17 @@ impl OpenedWindows {
         if check(body) != u64::from_be_bytes(tail.try_into().ok()?) {
             return None;
         }
-        let rest = body.strip_prefix(MAGIC)?;
+        let (rest, v2) = match body.strip_prefix(MAGIC) {
+            Some(r) => (r, true),
+            None => (body.strip_prefix(MAGIC_V1)?, false),
+        };
         let n = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?) as usize;
-        let rest = &rest[4..];
+        let (through, rest) = if v2 {
+            let t = u64::from_be_bytes(rest.get(4..12)?.try_into().ok()?);
+            (t, &rest[12..])
+        } else {
+            (0, &rest[4..])
+        };
         const ONE: usize = 16 + 8 + WORDS * 8;
         if n > EPOCHS || rest.len() != n * ONE {
             return None;
@@ -180,7 +209,7 @@ impl OpenedWindows {
                 }
             })
             .collect();
-        Some(OpenedWindows { epochs })
+        Some(OpenedWindows { epochs, through })
     }
 }
 
@@ -257,5 +286,27 @@ mod tests {
             OpenedWindows::parse(&OpenedWindows::default().encode()),
             Some(OpenedWindows::default())
         );
+    }
+
+    #[test]
+    fn through_survives_the_encoding_and_the_first_version_still_reads() {
+        let mut w = OpenedWindows::default();
+        w.mark(&sealed(1, 5));
+        w.handle_through(40);
+        w.handle_through(12);
+        assert_eq!(w.through(), 40, "never back");
+        let back = OpenedWindows::parse(&w.encode()).unwrap();
+        assert_eq!(back.through(), 40);
+        assert!(back.covers(&sealed(1, 5)));
+        // A file an earlier ndd wrote (`nddopen1`, no `through`): its windows, through 0.
+        let mut v1 = MAGIC_V1.to_vec();
+        v1.extend_from_slice(&1u32.to_be_bytes());
+        let v2 = w.encode();
+        v1.extend_from_slice(&v2[MAGIC.len() + 12..v2.len() - 8]);
+        let c = check(&v1);
+        v1.extend_from_slice(&c.to_be_bytes());
+        let old = OpenedWindows::parse(&v1).unwrap();
+        assert_eq!(old.through(), 0);
+        assert!(old.covers(&sealed(1, 5)));
     }
 }
