@@ -577,10 +577,14 @@ impl WindowsFile {
     /// What the process before kept: `Ok(None)` when nothing was (a first run), `Err` with
     /// the path when the file is damaged (cut short by a kill or a crash, or not ndd's).
     pub fn read(&self) -> Result<Option<OpenedWindows>, PathBuf> {
-        use std::io::Read;
+        use std::io::{Read, Seek};
         let mut b = Vec::new();
         let mut f = &self.file;
-        if f.read_to_end(&mut b).is_err() {
+        // From the start, whatever was read before (the device's sink reads it twice: where a
+        // consumer made afresh starts, then the windows; the second read found nothing, and a
+        // copy of a frame the process before took was taken again: found by
+        // `a_copy_stored_while_the_device_restarts_is_not_taken_again`).
+        if f.rewind().is_err() || f.read_to_end(&mut b).is_err() {
             return Err(self.path.clone());
         }
         if b.is_empty() {
@@ -629,6 +633,27 @@ mod tests {
         let d = std::env::temp_dir().join(format!("ndd-home-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         d
+    }
+
+    #[test]
+    fn the_windows_kept_read_the_same_however_often_they_are_read() {
+        let dir = scratch("windows");
+        let h = Home::new(&dir, "P", "d");
+        let mut f = WindowsFile::open(&h, "dev-1").unwrap();
+        assert_eq!(f.read(), Ok(None), "nothing kept yet");
+        let mut w = OpenedWindows::default();
+        let mut sealed = vec![7u8; 16];
+        sealed.extend_from_slice(&5u64.to_be_bytes());
+        w.mark(&sealed);
+        w.handle_through(30);
+        f.write(&w.encode());
+        let again = WindowsFile::open(&h, "dev-1").unwrap();
+        for _ in 0..3 {
+            let back = again.read().unwrap().expect("kept");
+            assert_eq!(back.through(), 30);
+            assert!(back.covers(&sealed));
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
