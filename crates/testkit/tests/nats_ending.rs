@@ -34,8 +34,9 @@
 //!   simulation joins (an answer after 1–20 ms; "no responders" at once while no device
 //!   process runs; in half the schedules one try in five, at most three, unanswered within its
 //!   3 s: a device frozen; a process that dies with the join waiting for its claim leaves it
-//!   unanswered too), lists the stream's run-mark subjects and reads the marks it names, and
-//!   hands each outcome back; its keys go to the source as a watch;
+//!   unanswered too), lists the stream's run-mark subjects and reads the marks it names (each
+//!   a request reaching the server 0–10 ms after it went, its answer 0–10 ms later), and hands
+//!   each outcome back; its keys go to the source as a watch;
 //! - an adversary in half the schedules records every stored message and stores copies of
 //!   recorded ones (frames and ENDs of any run, run marks) and garbage, without message ids.
 //!
@@ -143,6 +144,20 @@ enum Ev {
     TryOver(u64),
     /// The server's "no responders" to join `n`.
     NoResponders(u64),
+    /// The app side's listing of the run-mark subjects reaches the server (read then; its
+    /// answer comes back with the given delay).
+    ListMarks(u64),
+    /// Its reading of run `run`'s mark reaches the server.
+    ReadMark {
+        run: u64,
+        back: u64,
+    },
+    /// What a listing or a reading found reaches the app side.
+    Listed(Vec<u64>),
+    MarkRead {
+        run: u64,
+        note: Option<Bytes>,
+    },
 }
 
 struct Sim {
@@ -623,23 +638,19 @@ fn run(seed: u64) -> Result<String, String> {
                     sim.at(now + rng.range(0, 10), Ev::Join(joins));
                     sim.at(now + JOIN_TRY, Ev::TryOver(joins));
                 }
+                // JetStream requests: each reaches the server 0–10 ms after it went and its
+                // answer comes back 0–10 ms later (a device process may mark its run between
+                // the listing and a reading).
                 FollowIo::ListMarks => {
-                    let listed: BTreeSet<u64> = log
-                        .iter()
-                        .filter_map(|e| match e {
-                            Entry::Mark { run, .. } => Some(*run),
-                            _ => None,
-                        })
-                        .collect();
-                    follower.handle_listed(Some(listed.into_iter().collect()));
+                    sim.at(now + rng.range(0, 10), Ev::ListMarks(rng.range(0, 10)))
                 }
-                FollowIo::ReadMark(r) => {
-                    let note = log.iter().rev().find_map(|e| match e {
-                        Entry::Mark { run, note } if *run == r => Some(note.clone()),
-                        _ => None,
-                    });
-                    follower.handle_mark_read(r, note.as_deref(), |fp| fp == trusted);
-                }
+                FollowIo::ReadMark(run) => sim.at(
+                    now + rng.range(0, 10),
+                    Ev::ReadMark {
+                        run,
+                        back: rng.range(0, 10),
+                    },
+                ),
             }
         }
         while let Some(e) = follower.poll_event() {
@@ -683,6 +694,11 @@ fn run(seed: u64) -> Result<String, String> {
                     }
                     Ev::TryOver(n) => println!("{now} ms: join {n}'s try is over"),
                     Ev::NoResponders(n) => println!("{now} ms: no responders to join {n}"),
+                    Ev::ListMarks(_) | Ev::ReadMark { .. } => {}
+                    Ev::Listed(runs) => println!("{now} ms: mark subjects {runs:?}"),
+                    Ev::MarkRead { run, note } => {
+                        println!("{now} ms: mark of run {run}: {}", note.is_some())
+                    }
                 }
             }
             match e {
@@ -748,6 +764,27 @@ fn run(seed: u64) -> Result<String, String> {
                         .map_err(|e| e.to_string())?;
                 }
                 Ev::Answer(..) | Ev::NoResponders(_) | Ev::TryOver(_) => {}
+                Ev::ListMarks(back) => {
+                    let listed: BTreeSet<u64> = log
+                        .iter()
+                        .filter_map(|e| match e {
+                            Entry::Mark { run, .. } => Some(*run),
+                            _ => None,
+                        })
+                        .collect();
+                    sim.at(now + back, Ev::Listed(listed.into_iter().collect()));
+                }
+                Ev::ReadMark { run: r, back } => {
+                    let note = log.iter().rev().find_map(|e| match e {
+                        Entry::Mark { run, note } if *run == r => Some(note.clone()),
+                        _ => None,
+                    });
+                    sim.at(now + back, Ev::MarkRead { run: r, note });
+                }
+                Ev::Listed(runs) => follower.handle_listed(Some(runs)),
+                Ev::MarkRead { run, note } => {
+                    follower.handle_mark_read(run, note.as_deref(), |fp| fp == trusted);
+                }
             }
         }
         // The adversary floods the run-mark subjects in some schedules: marks of runs far

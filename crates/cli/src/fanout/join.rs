@@ -144,10 +144,11 @@ impl JoinService {
             }
         };
         // The keys taken before the note, never read after it (`HandOut`).
+        // (`serve` waited for the rotation to complete: not reached.)
         let Some(out) = HandOut::take(keys, slot) else {
             return Welcome::Refused {
                 code: CloseCode::InternalError.to_u16(),
-                reason: "the device side is rotating its group key; join again".into(),
+                reason: "internal error: the device side took its keys mid-rotation".into(),
             };
         };
         let noted = self.files.add_holder(fp).map_err(|e| format!("{e:#}"));
@@ -328,11 +329,19 @@ impl KeyFollower {
         let (mut waiting, mut answering) = (Vec::new(), Vec::new());
         let mut stream = None;
         loop {
-            while let Ok(a) = asks.try_recv() {
-                waiting.push(a);
-                self.follower.handle_ask();
-            }
-            while let Some(io) = self.follower.poll_io(Instant::now()) {
+            // One question at a time, then back to the notices and asks (joins that keep
+            // failing follow one another at once when a try outlasts the spacing: before, the
+            // asks that came meanwhile waited for them all, found by a review).
+            let mut through = false;
+            while !through {
+                // Whoever asked before a join goes gets its answer.
+                while let Ok(a) = asks.try_recv() {
+                    waiting.push(a);
+                    self.follower.handle_ask();
+                }
+                let Some(io) = self.follower.poll_io(Instant::now()) else {
+                    break;
+                };
                 match io {
                     FollowIo::Join => {
                         answering.append(&mut waiting);
@@ -346,6 +355,7 @@ impl KeyFollower {
                     FollowIo::ReadMark(run) => self.read_mark(stream.as_ref(), run).await,
                 }
                 while let Some(e) = self.follower.poll_event() {
+                    through |= matches!(e, FollowEvent::Answered { .. });
                     self.take(e, &mut answering);
                 }
             }

@@ -315,10 +315,18 @@ pub async fn run_side(
         e.abort();
     }
     let _ = finish_tx.send(true);
+    // (A service that ends meanwhile is one fewer to leave running, and its error the
+    // side's: before, it counted as a stream and the drain ended early. Found by a review.)
+    let mut services = services;
+    let mut late = None;
     let drain = async {
         while tasks.len() > services {
             match tasks.join_next().await {
                 Some(Ok(Ok(Some(c)))) => checks.push(c),
+                Some(Ok(Err(e))) if e.is::<ServiceEnded>() => {
+                    services -= 1;
+                    late.get_or_insert(e);
+                }
                 Some(_) => {}
                 None => break,
             }
@@ -339,6 +347,9 @@ pub async fn run_side(
         }
     }
     result?;
+    if let Some(e) = late {
+        return Err(e);
+    }
     Ok(RunReport {
         streams: stats.iter().map(|s| lock(s).summary()).collect(),
         checks,
@@ -395,12 +406,26 @@ impl Tasks {
         self.services += 1;
         self.set.spawn(async move {
             f.await?;
-            Err(anyhow!(
-                "the {what} stopped while the side ran (the NATS connection closed)"
-            ))
+            Err(ServiceEnded(what).into())
         });
     }
 }
+
+/// A service of the side ([`Tasks::service`]) ended before the side did.
+#[derive(Debug)]
+struct ServiceEnded(&'static str);
+
+impl std::fmt::Display for ServiceEnded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the {} stopped while the side ran (its subscription or the NATS connection closed)",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for ServiceEnded {}
 
 /// What starting a side reads.
 struct Start<'a> {

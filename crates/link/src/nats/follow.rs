@@ -10,8 +10,8 @@
 //!   (run ids only grow, even when the clock is set back), then by the device's clock — so a
 //!   recorded one replayed costs nothing ([`Follower::handle_notice`]).
 //! - A stream that meets a frame under no key it has asks too ([`Follower::handle_ask`]).
-//! - Joins go at most every [`REJOIN_SPACING`]; everyone who asked meanwhile gets the next
-//!   join's answer ([`Follower::poll_join`], [`Follower::joined`]).
+//! - Joins go at most every [`REJOIN_SPACING`] (after failed ones further apart, up to
+//!   [`REJOIN_SPACING_MAX`]); everyone who asked before a join went gets its answer.
 //! - A join's answer ([`Follower::handle_admission`]) brings the keys; it never takes the side
 //!   back to an earlier device run (an answer from before a restart, delivered late), and a
 //!   split slot other than the one this side reads ends the side: it lost its slot while it
@@ -19,7 +19,7 @@
 //!
 //! - One question at a time goes to the device ([`Follower::poll_io`]): a join; when the server
 //!   says no device side serves and a stream asked, the stream's run marks are listed and the
-//!   newest read ([`Follower::no_responders`]), and the question ends settled or not
+//!   newest read ([`marks_to_read`]), and the question ends settled or not
 //!   ([`FollowEvent::Answered`]).
 //!
 //! The driver verifies nothing itself and sequences nothing: it does the I/O
@@ -376,7 +376,9 @@ impl Follower {
         let asked = self.question.unwrap_or(false);
         match joined {
             Joined::Admitted { keys, slot } => {
-                let f = self.handle_admission(*keys, slot)?;
+                let f = self.handle_admission(*keys, slot).inspect_err(|_| {
+                    self.question = None;
+                })?;
                 self.events.push_back(FollowEvent::Followed(Box::new(f)));
                 self.finish(true);
             }
@@ -963,6 +965,7 @@ mod tests {
             f.handle_ask();
             assert_eq!(f.poll_io(t0), Some(FollowIo::Join));
             assert_eq!(f.handle_join(joined), Err(end));
+            assert!(f.is_idle(), "the question is over");
             assert!(
                 events(&mut f).is_empty(),
                 "no answer to give: the side ends"

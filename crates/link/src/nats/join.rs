@@ -602,14 +602,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_keys_handed_out_are_the_ones_taken_before_the_holder_was_noted() {
+    fn keys_are_not_taken_mid_rotation_and_a_holder_not_noted_is_refused() {
         use crate::nats::keys::{GroupKey, SINCE_PENDING};
         use crate::nats::runs::Run;
         let old = GroupKey::first([1; 32], Run { id: 3, began: 0 });
         let mut rotating = GroupKey::first([2; 32], old.run);
         rotating.since = SINCE_PENDING;
         assert!(HandOut::take(rotating, None).is_none(), "not mid-rotation");
-        // Taken before the rotation began: the old keys go out, whatever stands when noted.
+        // (That the driver takes them before the note is `nats_keys`' to show: reading the
+        // keys at the note fails it.)
         let out = HandOut::take(old, Some(1)).expect("no rotation under way");
         match out.clone().noted(Ok(())) {
             Welcome::Admitted(a) => {
