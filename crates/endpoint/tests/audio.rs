@@ -94,8 +94,9 @@ fn tone_recorded_whole(pa: &Pulse) {
             // What the FIFO is primed with, so a writer held off the core for less never
             // leaves the reader without sound: 30 (the default) left PipeWire's reader a 5 ms
             // dip (weakest 0.45) in a loaded suite run, two busy loops and four test threads.
-            // (With 100, 2 of 8 runs with three busy loops still glitch, and with 250, 4 of
-            // 8: a CPU this starved starves the daemons too; see docs/devices.md.)
+            // (What still glitched with three busy loops, 2 runs in 8, was the test's own
+            // `paplay`, `parecord` and PipeWire daemons starved: they now run at the level a
+            // desktop gives them, `ndd_procs::Pulse`, and 8 of 8 pass.)
             latency_ms: 100,
             // Whole, as for the capture above: PipeWire's pipe source stalled by a loaded host
             // must not cost a block (at the default, less than one block may wait in the
