@@ -285,6 +285,17 @@ impl Device {
     }
 }
 
+/// An app side's reliable stream to the device under `keys`, its sender id `id` (the
+/// binary's publisher's flow).
+fn app_flow(keys: GroupKey, id: u64) -> Result<SourceFlow<RunSealer, u64>, String> {
+    let sender = Sender::new(UP, keys, true, Some(id), true).map_err(|e| e.to_string())?;
+    let end = EndPlan {
+        subjects: vec![(SUBJECT.to_string(), None)],
+        broadcast: None,
+    };
+    Ok(SourceFlow::new(sender, UP, true, false, 1 << 20, end))
+}
+
 fn run(seed: u64) -> Result<String, String> {
     let mut rng = SimRng::new(seed);
     let base = Instant::now();
@@ -346,13 +357,7 @@ fn run(seed: u64) -> Result<String, String> {
                 began: 0,
             },
         );
-        let history: Sender<RunSealer, u64> =
-            Sender::new(UP, old, true, Some(rng.next_u64()), true).map_err(|e| e.to_string())?;
-        let end = EndPlan {
-            subjects: vec![(SUBJECT.to_string(), None)],
-            broadcast: None,
-        };
-        let mut old_flow = SourceFlow::new(history, UP, true, false, 1 << 20, end);
+        let mut old_flow = app_flow(old, rng.next_u64())?;
         for seq in 0..rng.range(1, 20) {
             let f = frame(seq, 0);
             let len = f.payload().len();
@@ -400,13 +405,7 @@ fn run(seed: u64) -> Result<String, String> {
     let mut end_taken = false;
 
     // The app side: its flow, its keys as a watch, what it handed in.
-    let sender: Sender<RunSealer, u64> =
-        Sender::new(UP, first, true, Some(rng.next_u64()), true).map_err(|e| e.to_string())?;
-    let end = EndPlan {
-        subjects: vec![(SUBJECT.to_string(), None)],
-        broadcast: None,
-    };
-    let mut flow = SourceFlow::new(sender, UP, true, false, 1 << 20, end);
+    let mut flow = app_flow(first, rng.next_u64())?;
     let mut watch = first;
     let mut followed = first;
     let mut next = 0u64;
