@@ -419,7 +419,9 @@ fn a_gnome_desktop_is_seen_and_used_from_an_x11_display() {
     // (xclip -i stays in the background serving the selection: its output is not read.)
     let on_x = |args: &[&str], input: Option<&str>| -> String {
         let mut c = Command::new("xclip");
-        c.env("DISPLAY", &x.display)
+        // The display on the command line, so `pkill` below finds this test's xclip only
+        // (tests run side by side, each xclip on its own Xvfb).
+        c.args(["-display", &x.display])
             .args(args)
             .stdin(Stdio::piped())
             .stdout(if input.is_some() {
@@ -490,7 +492,10 @@ fn a_gnome_desktop_is_seen_and_used_from_an_x11_display() {
     // xclip quits: the X11 side sends the clipboard as cleared; GNOME keeps what it had (as
     // it does for its own programs), and the sink goes on (the PNG below goes through it).
     assert!(Command::new("pkill")
-        .args(["-f", "xclip -selection clipboard -i"])
+        .args([
+            "-f",
+            &format!("^xclip -display {} -selection clipboard -i", x.display),
+        ])
         .status()
         .unwrap()
         .success());

@@ -276,6 +276,85 @@ fn end_to_end(window: X11Window) {
     assert!(report.frames >= 12, "{report:?}");
 }
 
+/// Raw key events carry no modifier state. A source that asked the server for it when it took
+/// the event got the state *then*: `a` typed and Shift pressed before the source took the `a`
+/// was sent as `A` (seen in CI under load: `xdotool key a keydown shift key b` arrived as
+/// Shift+a). Here the server is grabbed between the events and the source's question, so the
+/// question is always answered late.
+#[test]
+fn a_raw_key_gives_the_keysym_of_the_modifiers_held_when_it_was_pressed() {
+    if let Some(m) = missing(&["Xvfb"]) {
+        println!("SKIPPED: needs {m} (apt-get install xvfb)");
+        return;
+    }
+    use x11rb::protocol::xtest::ConnectionExt as _;
+    use x11rb::wrapper::ConnectionExt as _;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let a = Xvfb::start("640x480x24").expect("start Xvfb");
+    let (tx, mut rx) = mpsc::channel::<Frame>(64);
+    let source = {
+        let _rt = rt.enter();
+        SourceConfig::X11Input(X11InputConfig {
+            display: a.display.clone(),
+            window: X11Window::Root,
+        })
+        .spawn(1, tx)
+        .expect("x11-input source")
+    };
+    let first = rx.blocking_recv().expect("capabilities frame");
+    assert!(matches!(decode(&first), InputMessage::Capabilities(_)));
+
+    let (conn, _) = x11rb::connect(Some(&a.display)).unwrap();
+    let fake = |ty: u8, keycode: u8| {
+        conn.xtest_fake_input(ty, keycode, x11rb::CURRENT_TIME, x11rb::NONE, 0, 0, 0)
+            .unwrap();
+    };
+    conn.grab_server().unwrap();
+    fake(2, 38); // a down (KeyPress)
+    fake(3, 38); // a up
+    fake(2, 50); // Shift_L down
+    conn.flush().unwrap();
+    // The source has the raw `a` by now and waits for the grab to end to ask its question.
+    std::thread::sleep(Duration::from_millis(300));
+    conn.ungrab_server().unwrap();
+    conn.sync().unwrap();
+    // Asked now, the server says Shift is down: the `a` came before it.
+    std::thread::sleep(Duration::from_millis(300));
+    conn.grab_server().unwrap();
+    fake(2, 56); // b down: B
+    fake(3, 56);
+    fake(3, 50); // Shift_L up before the source can ask about the `b`
+    conn.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    conn.ungrab_server().unwrap();
+    conn.sync().unwrap();
+
+    let mut syms = Vec::new();
+    while syms.len() < 3 {
+        let f = rx
+            .blocking_recv()
+            .expect("the source ended before the keys came");
+        if let InputMessage::Events(evs) = decode(&f) {
+            syms.extend(
+                evs.iter()
+                    .filter(|e| e.ty == EV_KEYSYM)
+                    .map(|e| (e.code, e.value)),
+            );
+        }
+    }
+    assert_eq!(
+        syms,
+        vec![(KEY_A, 0x61), (42, 0xffe1), (48, 0x42)],
+        "a, Shift_L, B"
+    );
+    drop(a);
+    let _ = rt.block_on(source);
+}
+
 fn keymap_has(conn: &impl Connection, keycode: u8) -> bool {
     let km = conn.query_keymap().unwrap().reply().unwrap();
     km.keys[usize::from(keycode / 8)] & (1 << (keycode % 8)) != 0

@@ -276,6 +276,39 @@ impl Keymap {
             .collect()
     }
 
+    /// The modifier bits a lock key toggles (Lock, and the modifiers of Caps Lock, Shift
+    /// Lock and Num Lock keys): a core event's state holds them while locked, not while the
+    /// key is held.
+    pub fn lock_mask(&self) -> u16 {
+        let mut mask = LOCK | self.num_lock_mask;
+        for (m, codes) in self.modmap.iter().enumerate() {
+            if codes
+                .iter()
+                .any(|&c| self.syms_of(c).iter().copied().any(is_lock))
+            {
+                mask |= 1 << m;
+            }
+        }
+        mask
+    }
+
+    /// The modifier bits held by the keys for which `down` is true (X keycodes), lock keys
+    /// left out: what a core event's state says of the keys held before it. A source that
+    /// sees raw events (which carry no state) tracks the keys itself, so a Shift pressed just
+    /// after a key does not change the keysym that key gave.
+    pub fn held_mask(&self, down: impl Fn(u8) -> bool) -> u16 {
+        let mut mask = 0;
+        for (m, codes) in self.modmap.iter().enumerate() {
+            if codes
+                .iter()
+                .any(|&c| down(c) && !self.syms_of(c).iter().copied().any(is_lock))
+            {
+                mask |= 1 << m;
+            }
+        }
+        mask
+    }
+
     /// A keycode that types `keysym` at level 1 (a modifier key to press), if any.
     pub fn key_of(&self, keysym: u32) -> Option<u8> {
         (self.min_keycode..=self.max_keycode()).find(|&c| self.syms_of(c).first() == Some(&keysym))
@@ -342,6 +375,21 @@ mod tests {
         assert_eq!(de.keysym(49, 0), Some(0xfe52), "dead_circumflex");
         assert_eq!(de.keysym(30, 0), None, "a key with no keysym");
         assert_eq!(de.keysym(255, 0), None, "outside the mapping");
+    }
+
+    #[test]
+    fn held_and_lock_masks_follow_the_modifier_map() {
+        let de = layout(true);
+        assert_eq!(de.lock_mask(), LOCK | 0x10, "Lock and Num Lock's Mod2");
+        let held = |codes: &[u8]| de.held_mask(|c| codes.contains(&c));
+        assert_eq!(held(&[]), 0);
+        assert_eq!(held(&[62]), SHIFT, "either Shift key");
+        assert_eq!(held(&[50, 108]), SHIFT | 0x80, "Shift and AltGr (Mod5)");
+        assert_eq!(held(&[66, 77]), 0, "lock keys held are not their lock");
+        assert_eq!(held(&[38, 24]), 0, "letters hold no modifier");
+        // `a` typed and Shift pressed right after: the state before `a` had no Shift.
+        assert_eq!(de.keysym(24, held(&[])), Some(0x71));
+        assert_eq!(de.keysym(24, held(&[50])), Some(0x51));
     }
 
     #[test]

@@ -385,6 +385,12 @@ pub(crate) struct X11Input {
     viewer: xproto::Window,
     /// The display's layout: each key press is sent with the keysym it gives here.
     keymap: Keymap,
+    /// `root`: the keys down (X keycodes, a bit each) as the raw events said so far, and the
+    /// modifiers they held before the event taken last. Raw events carry no state; asking
+    /// the server for it answers with its state *now*, which a Shift pressed right after a
+    /// key has already changed (`a` then Shift+`b`, typed fast, gave `A`).
+    raw_down: [u64; 4],
+    raw_held_before: u16,
 }
 
 /// How long an `x11-input` source with `window = "viewer"` waits for the `x11-window` sink of
@@ -433,6 +439,8 @@ fn open_x11_input(endpoint: &'static str, c: &X11InputConfig) -> Result<X11Input
         display: c.display.clone(),
         window: c.window,
         viewer: x11rb::NONE,
+        raw_down: [0; 4],
+        raw_held_before: 0,
     })
 }
 
@@ -443,13 +451,19 @@ impl X11Input {
         let (keycode, state) = match ev {
             XEvent::KeyPress(e) => (e.detail, u16::from(e.state)),
             XEvent::XinputRawKeyPress(e) => {
+                // The locks (Caps Lock, Num Lock) and the group as the server has them; the
+                // modifiers held as the raw events before this one left them.
                 let p = self
                     .conn
                     .query_pointer(self.root)
                     .map_err(|e| e.to_string())?
                     .reply()
                     .map_err(|e| e.to_string())?;
-                (u8::try_from(e.detail).unwrap_or(0), u16::from(p.mask))
+                let server = u16::from(p.mask) & (self.keymap.lock_mask() | !0xff);
+                (
+                    u8::try_from(e.detail).unwrap_or(0),
+                    server | self.raw_held_before,
+                )
             }
             _ => return Ok(None),
         };
@@ -468,6 +482,7 @@ impl X11Input {
     /// `viewer`, selects input on the viewer window (already found) and focuses it.
     fn setup(&mut self) -> Result<(), String> {
         let c = &self.conn;
+        let mut raw_down = [0u64; 4];
         match self.window {
             X11Window::Viewer => {
                 let win = self.viewer;
@@ -564,6 +579,21 @@ impl X11Input {
                     }],
                 )
                 .map_err(|e| e.to_string())?;
+                // The keys down already (a Shift held while the side starts).
+                let keys = c
+                    .query_keymap()
+                    .map_err(|e| e.to_string())?
+                    .reply()
+                    .map_err(|e| e.to_string())?
+                    .keys;
+                for (i, byte) in keys.iter().enumerate() {
+                    for b in 0..8 {
+                        if byte & (1 << b) != 0 {
+                            let k = i * 8 + b;
+                            raw_down[k / 64] |= 1 << (k % 64);
+                        }
+                    }
+                }
                 // Pointer warps (XWarpPointer, `xdotool mousemove`) make no raw events: take
                 // core motion that reaches the root window too.
                 c.change_window_attributes(
@@ -575,7 +605,30 @@ impl X11Input {
             }
         }
         c.sync().map_err(|e| e.to_string())?;
+        self.raw_down = raw_down;
         Ok(())
+    }
+
+    /// Follows the keys down through a raw key event (see `raw_down`).
+    fn track_raw(&mut self, ev: &XEvent) {
+        let (detail, press) = match ev {
+            XEvent::XinputRawKeyPress(e) => (e.detail, true),
+            XEvent::XinputRawKeyRelease(e) => (e.detail, false),
+            _ => return,
+        };
+        let down = self.raw_down;
+        self.raw_held_before = self
+            .keymap
+            .held_mask(|c| down[usize::from(c / 64)] & (1 << (c % 64)) != 0);
+        let Ok(k) = u8::try_from(detail) else {
+            return;
+        };
+        let (word, bit) = (usize::from(k / 64), 1u64 << (k % 64));
+        if press {
+            self.raw_down[word] |= bit;
+        } else {
+            self.raw_down[word] &= !bit;
+        }
     }
 
     /// The records for one X event (usually one batch, empty when it maps to nothing).
@@ -707,6 +760,7 @@ fn run_x11_source(
                 x.keymap = read_keymap(&x.conn).map_err(err)?;
                 continue;
             }
+            x.track_raw(&ev);
             let Some(mut events) = x.map_event(&ev).map_err(err)? else {
                 continue;
             };
