@@ -15,6 +15,12 @@
 //!   loses some acknowledgements (the outbox publishes again; JetStream drops the copy by its
 //!   message id), redelivers what a consumer read and did not acknowledge every 5 s and when
 //!   a consumer's process ends;
+//! - the device's durable consumer is kept by the server across the device's restarts (lost at
+//!   some); each process attaches to it when its sink starts, and again when its connection
+//!   comes back (1–3 times in half the schedules, the consumer lost at some), as the binary's
+//!   `ndd_link::nats::attach::Attach` and `Reattach` ask: looked up, resumed after its ack floor,
+//!   deleted (failing in some schedules, sometimes having deleted it) and made again, each step
+//!   0–20 ms; some of the device's acknowledgements are lost (in some schedules one in 20);
 //! - a device process starts as the binary's `ndd_link::nats::start::DeviceStart` orders it:
 //!   it subscribes to joins, reserves its run's id, claims the driver (0–500 ms), marks its
 //!   run in the stream (`Subjects::run_mark`), purges earlier runs' marks (four starts in
@@ -66,6 +72,11 @@
 //! run older than the keys name: a consumer made at the stream's start delivers frame 0
 //! twice (seed 1).
 //!
+//! Driving the real `Attach` (2026-12-02; before, the consumer was kept across restarts and
+//! never made again): a consumer lost at a reconnect was made again after what that process
+//! acknowledged, not after what went through the sink, and read again what the process before
+//! had taken (seed 159 without `through` in `Reattach::from`).
+//!
 //! `SEED=n cargo test -p ndd-testkit --test nats_ending` replays one schedule.
 
 mod common;
@@ -73,6 +84,7 @@ mod common;
 use bytes::Bytes;
 use common::{RunInverse, RunSealer, IDS};
 use ndd_core::{Frame, Meta};
+use ndd_link::nats::attach::{device_start, Attach, AttachIo, Reattach};
 use ndd_link::nats::follow::{
     key_id, mark_label, notice_body, notice_label, FollowEvent, FollowIo, Follower, Joined, Notice,
 };
@@ -232,6 +244,20 @@ impl Consumer {
     fn redeliver(&mut self) {
         self.again = self.unacked.iter().copied().collect();
     }
+
+    /// One made to deliver from stream sequence `start`.
+    fn made_at(start: u64) -> Consumer {
+        Consumer {
+            next: start.saturating_sub(1) as usize,
+            ..Consumer::default()
+        }
+    }
+
+    /// JetStream's ack floor: the last stream sequence up to which everything it delivered
+    /// was acknowledged.
+    fn floor(&self) -> u64 {
+        self.unacked.first().map_or(self.next as u64, |&m| m - 1)
+    }
 }
 
 /// A device process that starts (`ndd_link::nats::start::DeviceStart`).
@@ -268,6 +294,13 @@ struct Device {
     /// Its next rekey notice (the keeper's: at its start, every 2 s, and at once when a
     /// genuine frame of an earlier run comes in).
     next_notice: u64,
+    /// Its consumer's attach under way (`ndd_link::nats::attach::Attach`), and the step asked
+    /// with when it takes effect at the server; it reads only while none is.
+    attach: Option<(Attach, Option<(AttachIo, u64)>)>,
+    /// Where its consumer first started, once attached.
+    start: Option<u64>,
+    /// When it attaches again (the connection came back).
+    again: Reattach,
 }
 
 impl Device {
@@ -281,6 +314,9 @@ impl Device {
             got: HashSet::new(),
             ended: false,
             next_notice: now,
+            attach: None,
+            start: None,
+            again: Reattach::default(),
         }
     }
 }
@@ -385,7 +421,21 @@ fn run(seed: u64) -> Result<String, String> {
     // what the windows kept say went through the sink (`OpenedWindows::through`). In some
     // schedules it is lost at a restart (between the driver's delete and its make) and made
     // afresh by the next process whose sink starts.
-    let mut consumer_made = false;
+    let mut consumer_exists = false;
+    // Up to where every frame was acknowledged, and what that was when the consumer was made.
+    let (mut acked_prefix, mut made_after, mut made_fresh) = (0u64, 0u64, false);
+    let delete_fails = if rng.chance(0.3) { 0.4 } else { 0.0 };
+    let dev_ack_lost = if rng.chance(0.3) { 0.05 } else { 0.0 };
+    // The device's connection comes back 1–3 times in half the schedules; in half of those
+    // the server lost the consumer each time one time in two (a restart without its store).
+    let lose_at_reconnect = if rng.chance(0.5) { 0.5 } else { 0.0 };
+    let mut reconnects: VecDeque<u64> = if rng.chance(0.5) {
+        let mut r: Vec<u64> = (0..rng.range(1, 3)).map(|_| rng.range(1, span)).collect();
+        r.sort_unstable();
+        r.into()
+    } else {
+        VecDeque::new()
+    };
     let lose_consumer = if rng.chance(0.3) { 0.5 } else { 0.0 };
     let mut device_keys = first;
     // Until then no device process runs (a restart's pause); one that starts; the last run id
@@ -443,9 +493,8 @@ fn run(seed: u64) -> Result<String, String> {
                     println!("{now} ms: the device process ends");
                 }
                 consumer.redeliver();
-                if consumer_made && rng.chance(lose_consumer) {
-                    consumer = Consumer::default();
-                    consumer_made = false;
+                if consumer_exists && rng.chance(lose_consumer) {
+                    consumer_exists = false;
                 }
                 down_until = now + rng.range(0, 800);
             }
@@ -831,15 +880,91 @@ fn run(seed: u64) -> Result<String, String> {
                     sim.at(now + rng.range(1, 20), Ev::Answer(n, Box::new(d.keys)));
                 }
             }
-            if now >= d.sink_from && !consumer_made {
-                consumer_made = true;
+            // Its sink starts: its consumer is attached as the binary's `fanout/sink.rs` does,
+            // each step taking effect at the server 0–20 ms after it went. One it left behind
+            // (kept across restarts unless lost) resumes after its ack floor; else one is made
+            // at `device_start`, after where the oldest run its keys name began or after what
+            // the windows kept say went through the sink.
+            if now >= d.sink_from && d.start.is_none() && d.attach.is_none() {
                 let through = windows
                     .as_deref()
                     .and_then(OpenedWindows::parse)
                     .map_or(0, |w| w.through());
-                consumer.next = d.keys.oldest_began().max(through) as usize;
+                let start = device_start(d.keys.oldest_began(), through);
+                d.attach = Some((Attach::new(start, true, false), None));
             }
-            let reads = if now >= d.sink_from {
+            // The connection came back (a reconnect, or the server restarted and, in some
+            // schedules, lost the consumer): attached again.
+            if d.start.is_some() && reconnects.front().is_some_and(|&r| now >= r) {
+                reconnects.pop_front();
+                if trace {
+                    println!("{now} ms: the device's connection comes back");
+                }
+                d.again.handle_lost();
+                consumer.redeliver();
+                if rng.chance(lose_at_reconnect) {
+                    consumer_exists = false;
+                }
+            }
+            if let (Some(first), None) = (d.start, d.attach.as_ref()) {
+                if d.again.due(t) {
+                    let intake = d.rx.intake();
+                    let from = Reattach::from(intake.acked_to(), intake.through(), first);
+                    d.attach = Some((Attach::new(from, true, false), None));
+                }
+            }
+            if let Some((a, step)) = d.attach.as_mut() {
+                if step.is_none() {
+                    *step = a.poll_io(t).map(|io| (io, now + rng.range(0, 20)));
+                }
+                if let Some((io, _)) = step.take_if(|(_, when)| now >= *when) {
+                    match io {
+                        AttachIo::Look => {
+                            let floor = consumer_exists.then(|| consumer.floor());
+                            a.handle_looked(floor, None, t);
+                        }
+                        AttachIo::Delete => {
+                            // nats-server's file store can fail a delete ("directory not
+                            // empty"), having deleted it or not.
+                            let failed = rng.chance(delete_fails);
+                            if !failed || rng.chance(0.5) {
+                                consumer_exists = false;
+                            }
+                            a.handle_deleted(!failed);
+                        }
+                        AttachIo::Make { start } => {
+                            // (One still there after its deletes failed goes on from its
+                            // own position.)
+                            if !consumer_exists {
+                                consumer = Consumer::made_at(start);
+                                consumer_exists = true;
+                                made_fresh = true;
+                            }
+                            if trace {
+                                println!("{now} ms: the device's consumer starts at {start} (acked to {}, prefix {acked_prefix}, exists {consumer_exists})", d.rx.intake().acked_to());
+                            }
+                            a.handle_made(true);
+                        }
+                    }
+                }
+                if let Some(end) = a.poll_end() {
+                    let attached = end.map_err(|()| "an attach that cannot fail failed")?;
+                    d.rx.intake().consumer_start(attached.start);
+                    if std::mem::take(&mut made_fresh) {
+                        // One that resumed starts after its ack floor; one made afresh after
+                        // a loss must start after everything acknowledged.
+                        made_after = if attached.resumed {
+                            attached.start - 1
+                        } else {
+                            acked_prefix
+                        };
+                    }
+                    d.start.get_or_insert(attached.start);
+                    d.again.handle_attached(t, true);
+                    d.attach = None;
+                }
+            }
+            let reads = if d.start.is_some() && d.attach.is_none() {
                 rng.range(0, 8)
             } else {
                 0
@@ -925,23 +1050,39 @@ fn run(seed: u64) -> Result<String, String> {
                 let Some((s, body)) = consumer.poll(&log) else {
                     break;
                 };
-                // A consumer reads again only what was not acknowledged (one made afresh
-                // after a loss starts after what went through).
-                if fresh && acked.contains(&s) {
+                // A consumer made afresh after a loss never reads what was acknowledged before
+                // it was made (it starts after what went through). One that resumed reads
+                // again what it had not acknowledged, some of which may have been
+                // acknowledged before (a copy read again): the windows drop those.
+                if fresh && s <= made_after {
                     return Err(format!(
-                        "the device's consumer read stream sequence {s} again, acknowledged before"
+                        "the device's consumer read stream sequence {s} again, acknowledged before it was made (up to {made_after})"
                     ));
                 }
                 d.rx.handle_message(t, &body, Some((Some(s), s)));
             }
             // What the acknowledgements name is written first (the binary's windows file).
-            let acks = d.rx.acks(t, true);
+            // None while an attach is under way (the binary's pump waits for it).
+            let acks = d.attach.is_none().then(|| d.rx.acks(t, true)).flatten();
             if let Some(w) = acks.as_ref().and_then(|a| a.windows.clone()) {
                 windows = Some(w);
             }
             for s in acks.map(|a| a.msgs).unwrap_or_default() {
+                // (The binary's `ack_in_order`: the intake hears of the ones that went.)
+                // One the consumer made since did not deliver goes nowhere (its consumer
+                // is gone).
+                if rng.chance(dev_ack_lost) || !consumer.unacked.remove(&s) {
+                    continue;
+                }
                 acked.insert(s);
-                consumer.unacked.remove(&s);
+                d.rx.intake().acked(s);
+            }
+            // Every frame up to it acknowledged.
+            while log.get(acked_prefix as usize).is_some_and(|e| match e {
+                Entry::Frame(_) => acked.contains(&(acked_prefix + 1)),
+                _ => true,
+            }) {
+                acked_prefix += 1;
             }
             // Its keeper's notices, on core NATS.
             if now >= d.next_notice {

@@ -94,6 +94,7 @@ mod common;
 use bytes::Bytes;
 use common::{RunInverse, RunSealer, IDS};
 use ndd_core::{Frame, Meta};
+use ndd_link::nats::attach::{Attach, AttachIo};
 use ndd_link::nats::follow::{
     key_id, notice_body, notice_label, FollowEnd, FollowEvent, FollowIo, Follower, Ignored, Joined,
     Notice,
@@ -373,15 +374,32 @@ impl App {
     /// from frame 0, its durable consumer starts over at the first message the one before had
     /// not acknowledged (JetStream's ack floor: what was acknowledged after it comes again
     /// too), and nothing of the process before is kept but what the server stored.
-    fn restart(&mut self, keys: GroupKey) {
-        // (At the latest at the first record its receiver kept aside for a key: acknowledged,
-        // not yet opened.)
-        let floor = (Kept::resume_at(self.consumer.ack_floor(), self.kept.as_ref()) - 1) as usize;
+    /// Its consumer is attached as the binary's `fanout/sink.rs` does
+    /// (`ndd_link::nats::attach::Attach`): the one left behind is found, with its ack floor and
+    /// what the process before kept (at the latest at the first record its receiver kept
+    /// aside for a key: acknowledged, not yet opened), deleted, and made again there; a new
+    /// one would start after `stood`, where the stream stood when this process joined.
+    fn restart(&mut self, keys: GroupKey, stood: u64) {
+        let now = Instant::now();
+        let mut attach = Attach::new(stood + 1, true, false);
+        let attached = loop {
+            if let Some(end) = attach.poll_end() {
+                break end.expect("made");
+            }
+            match attach.poll_io(now).expect("no waits: deletes go") {
+                AttachIo::Look => {
+                    attach.handle_looked(Some(self.consumer.ack_floor()), self.kept.as_ref(), now)
+                }
+                AttachIo::Delete => attach.handle_deleted(true),
+                AttachIo::Make { .. } => attach.handle_made(true),
+            }
+        };
+        assert!(attached.resumed, "its consumer was left behind");
         let mut next = App::new(self.id + 0x10, keys, self.pace);
         next.before = std::mem::take(&mut self.before);
         next.before.push((self.id, self.next));
-        next.consumer.next = floor;
-        next.rx.intake().consumer_start(floor as u64 + 1);
+        next.consumer.next = (attached.start - 1) as usize;
+        next.rx.intake().consumer_start(attached.start);
         if let Some(k) = self.kept {
             next.rx.intake().take_up(k);
         }
@@ -1033,7 +1051,7 @@ fn run(seed: u64) -> Result<String, String> {
                 && a.tx.keys() == d.keys
             {
                 app_restarts.pop_front();
-                a.restart(d.keys);
+                a.restart(d.keys, js.log.len() as u64);
                 app_processes += 1;
                 if !d.holders.contains(&fps[i]) {
                     d.holders.push(fps[i].clone());

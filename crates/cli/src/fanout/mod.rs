@@ -37,7 +37,7 @@ use ndd_endpoint::Delivered;
 use ndd_link::nats::admit::{Admitter, Decision, Heard, Level, Line as AdmitLine, Ready, Trust};
 use ndd_link::nats::async_nats;
 use ndd_link::nats::follow::{key_id, mark_label, notice_body, notice_label, Follower, Notice};
-use ndd_link::nats::intake::{Intake, Kept, Taken, REORDER_WAIT};
+use ndd_link::nats::intake::{Intake, Taken, REORDER_WAIT};
 use ndd_link::nats::join::{Admission, Host, JoinRetry, Joiner, Retry, Say, Welcome};
 use ndd_link::nats::keys::{GroupKey, Outcome, RunHalf, SINCE_PENDING};
 use ndd_link::nats::receive::{Event, Receiver, Wait};

@@ -2,6 +2,7 @@
 //! with its keys, and frames handed to the endpoint.
 
 use super::*;
+use ndd_link::nats::attach::{device_start, Attach, AttachIo, Reattach};
 use ndd_link::nats::deliver::{Action, Mode, Notice, Rebuild, SinkFlow, ENDING_WAIT, FINISH_WAIT};
 
 /// Replay window of the group key's inverse halves, in frames.
@@ -158,7 +159,7 @@ pub(super) async fn subscribe(
             // delete and its make, or by the server — starts after what that process's
             // windows say went through its sink: `OpenedWindows::through`.)
             let through = windows.read().ok().flatten().map_or(0, |w| w.through());
-            let start = (began + 1).max(through + 1);
+            let start = device_start(began, through);
             let mut stored = Stored {
                 stream,
                 durable: ctx.subjects.device_durable(plan.id),
@@ -173,7 +174,7 @@ pub(super) async fn subscribe(
                 resumed: false,
                 position: None,
                 windows: Some(windows),
-                retry: None,
+                again: Reattach::default(),
             };
             stored.attach(start).await?;
             return Ok(Input::Stored(Box::new(stored)));
@@ -234,7 +235,7 @@ pub(super) async fn subscribe(
                 resumed: false,
                 position,
                 windows: None,
-                retry: None,
+                again: Reattach::default(),
             };
             stored.attach(start).await?;
             Ok(Input::Stored(Box::new(stored)))
@@ -267,61 +268,70 @@ pub(super) struct Stored {
     /// What it opened, kept for the next process (a device side's: copies of frames taken
     /// already are dropped, `ndd_link::nats::opened`).
     pub(super) windows: Option<WindowsFile>,
-    /// After a failed attach: when to try again, and the wait after the next failure.
-    pub(super) retry: Option<(Instant, Duration)>,
+    /// When it is attached again ([`Reattach`]).
+    pub(super) again: Reattach,
 }
 
 impl Stored {
-    /// (Re)attaches: this side's own consumer, if it exists (a restart, a crash, a server
-    /// that came back), starts over at the first message it had not acknowledged, so frames
-    /// come in order and none is lost; what it had delivered but not yet acknowledged comes
-    /// again and is dropped by its stream sequence. A new consumer starts at `start` (the
-    /// first message stored after this side asked to join).
+    /// (Re)attaches, as [`Attach`] asks (the rules live there, sans-IO): this side's own
+    /// consumer, if it exists, resumes where it stood; a new one starts at `start` (the first
+    /// message stored after this side asked to join, or [`device_start`]).
     pub(super) async fn attach(&mut self, start: u64) -> Result<()> {
         let durable = self.durable.clone();
-        let mut start = start;
-        if !self.shared {
-            if let Ok(c) = self
-                .stream
-                .get_consumer::<jetstream::consumer::pull::Config>(&durable)
-                .await
-            {
-                if self.resume {
+        let mut a = Attach::new(start, self.resume, self.shared);
+        let mut last_err = None;
+        let attached = loop {
+            if let Some(end) = a.poll_end() {
+                break end;
+            }
+            let Some(io) = a.poll_io(Instant::now()) else {
+                sleep_until_opt(a.poll_timeout()).await;
+                continue;
+            };
+            match io {
+                AttachIo::Look => {
+                    let floor = self
+                        .stream
+                        .get_consumer::<jetstream::consumer::pull::Config>(&durable)
+                        .await
+                        .ok()
+                        .map(|c| c.cached_info().ack_floor.stream_sequence);
                     // Records acknowledged and kept aside for a key, not yet opened, come
                     // again (the process that kept them may be gone).
                     let kept = self.position.as_ref().and_then(PositionFile::read);
-                    start =
-                        Kept::resume_at(c.cached_info().ack_floor.stream_sequence, kept.as_ref());
-                    self.resumed = true;
+                    a.handle_looked(floor, kept.as_ref(), Instant::now());
                 }
-                // nats-server's file store can fail a delete that races its own writes
-                // ("directory not empty"); the consumer left behind would go on from its own
-                // position, not `start`, so the delete is tried again.
-                for _ in 0..5 {
-                    match self.stream.delete_consumer(&durable).await {
-                        Ok(_) => break,
-                        Err(e) => {
-                            tracing::debug!(%durable, error = %e, "consumer delete failed; trying again");
-                            if self
-                                .stream
-                                .get_consumer::<jetstream::consumer::pull::Config>(&durable)
-                                .await
-                                .is_err()
-                            {
-                                break;
-                            }
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                        }
+                AttachIo::Delete => {
+                    let r = self.stream.delete_consumer(&durable).await;
+                    if let Err(e) = &r {
+                        tracing::debug!(%durable, error = %e, "consumer delete failed");
                     }
+                    a.handle_deleted(r.is_ok());
+                }
+                AttachIo::Make { start } => {
+                    let r = self.make(start).await;
+                    a.handle_made(r.is_ok());
+                    last_err = r.err();
                 }
             }
-        }
+        };
+        let Ok(attached) = attached else {
+            return Err(last_err.unwrap_or_else(|| anyhow!("JetStream consumer {durable}")));
+        };
+        self.resumed |= attached.resumed;
         if !self.resumed {
             if let Some(p) = self.position.as_mut() {
                 p.clear();
             }
         }
-        self.start = start;
+        self.start = attached.start;
+        Ok(())
+    }
+
+    /// Makes the durable consumer delivering from `start` (or takes the one there) and pulls
+    /// from it.
+    async fn make(&mut self, start: u64) -> Result<()> {
+        let durable = &self.durable;
         let config = jetstream::consumer::pull::Config {
             durable_name: Some(durable.clone()),
             filter_subject: self.filter.clone(),
@@ -335,7 +345,7 @@ impl Stored {
         };
         let consumer = self
             .stream
-            .get_or_create_consumer(&durable, config)
+            .get_or_create_consumer(durable, config)
             .await
             .map_err(|e| anyhow!("JetStream consumer {durable}: {e}"))?;
         self.messages = Some(
@@ -730,32 +740,29 @@ impl SinkPump {
             );
         }
         s.messages = None;
-        s.seen = s.seen.wrapping_sub(1);
+        s.again.handle_lost();
     }
 
-    /// Back from a server restart: what was on its way to this side when the server went
-    /// comes again at once and in order (not after the ack wait).
+    /// Back from a server restart, or the consumer stopped: attached again as [`Reattach`]
+    /// says (what was on its way to this side when the server went comes again at once and
+    /// in order, not after the ack wait).
     async fn reattach(&mut self, flow: &mut Flow, input: &mut Input) {
         let Input::Stored(s) = input else {
             return;
         };
-        // Tried again further apart while it fails (before, every 20 ms tick, each attempt
-        // holding the pump up: found by a review).
-        if s.retry.is_some_and(|(at, _)| Instant::now() < at) || !s.reconnected() {
+        if s.reconnected() {
+            s.again.handle_lost();
+        }
+        let now = Instant::now();
+        if !s.again.due(now) {
             return;
         }
-        // (A consumer that is not there any more is made again after what this process
-        // acknowledged, and never before where its first one started: before, a reconnect
-        // ahead of the first acknowledgement made it at stream sequence 1, and frames of runs
-        // older than the device's keys name came again. Found by a review.)
-        let from = (flow.receiver().intake().acked_to() + 1).max(s.start);
+        let intake = flow.receiver().intake();
+        let from = Reattach::from(intake.acked_to(), intake.through(), s.start);
         let r = s.attach(from).await;
         flow.receiver().intake().consumer_start(s.start);
-        let wait = s.retry.map_or(ATTACH_RETRY, |(_, w)| w);
-        s.retry = r
-            .is_err()
-            .then(|| (Instant::now() + wait, (wait * 2).min(ATTACH_RETRY_MAX)));
-        if let Err(e) = r {
+        let wait = s.again.handle_attached(Instant::now(), r.is_ok());
+        if let (Err(e), Some(wait)) = (r, wait) {
             // The server's words in it: escaped.
             if let Some(suppressed) = self.logs.attach_failed.admit(Instant::now()) {
                 tracing::warn!(
@@ -765,15 +772,9 @@ impl SinkPump {
                     wait.as_millis()
                 );
             }
-            s.seen = s.seen.wrapping_sub(1);
         }
     }
 }
-
-/// The first wait before a failed attach is tried again; it doubles up to
-/// [`ATTACH_RETRY_MAX`].
-const ATTACH_RETRY: Duration = Duration::from_millis(100);
-const ATTACH_RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// The next message of a sink's input.
 async fn next_input(input: &mut Input) -> Option<Result<(Bytes, Option<jetstream::Message>)>> {

@@ -336,6 +336,12 @@ impl<M> Intake<M> {
         self.opened.as_ref()
     }
 
+    /// Up to which stream sequence everything stored went through the sink (a device side's
+    /// [`OpenedWindows::through`], the process before's included; 0 for an app side).
+    pub fn through(&self) -> u64 {
+        self.opened.as_ref().map_or(0, OpenedWindows::through)
+    }
+
     /// The consumer delivers everything stored from stream sequence `start` on (a run that
     /// began after it is seen whole: [`Reorder::whole_runs_from`]).
     pub fn consumer_start(&mut self, start: u64) {

@@ -17,6 +17,8 @@
 //! - [`source`]: a source stream from its stack to the broker: room, the rotation's gate, the
 //!   END and its repeats (sans-IO);
 //! - [`intake`]: a sink stream's records: copies, order, END, acknowledgements (sans-IO);
+//! - [`attach`]: a sink's JetStream consumer: where it starts, the one left behind deleted,
+//!   attached again after a reconnect (sans-IO);
 //! - [`deliver`]: a sink stream from its receiver through its stack to the sink: backpressure,
 //!   acknowledgements once the sink completed, device restarts, the END (sans-IO);
 //! - [`runs`]: which device run a frame may come from, and its run key (sans-IO);
@@ -30,6 +32,7 @@
 //! - [`NatsConfig`] / [`connect`]: the connection to the server (TLS, credentials).
 
 pub mod admit;
+pub mod attach;
 pub mod claim;
 pub mod deliver;
 pub mod follow;

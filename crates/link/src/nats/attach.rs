@@ -1,0 +1,394 @@
+//! A sink's JetStream consumer, attached and attached again (sans-IO). The binary's
+//! `fanout/sink.rs` and `testkit/tests/nats_ending.rs` do what [`Attach::poll_io`] asks and
+//! hand the outcomes back, and both ask [`Reattach`] when to attach again; before 2026-12-02
+//! the binary wrote these steps out for itself and the simulation kept its consumer across
+//! process restarts, so the start a consumer is made again at was never explored.
+//!
+//! - **Where a consumer starts.** A consumer this side left behind (a restart, a crash) is
+//!   looked up first ([`AttachIo::Look`]): with `resume`, the new one starts where it stood,
+//!   after its ack floor or at the first record acknowledged and kept aside for a key
+//!   ([`Kept::resume_at`]), whichever is first; what it had delivered and not acknowledged
+//!   comes again (dropped by its stream sequence or by the opened windows). Without one, it
+//!   starts at the start given: for a device side [`device_start`], after where the oldest
+//!   run its keys name began or after what the process before noted as through its sink,
+//!   whichever is later; for an app side, the first message stored after it asked to join.
+//! - **The one left behind is deleted** ([`AttachIo::Delete`]) before the new one is made
+//!   ([`AttachIo::Make`]), or it would go on from its own position, not the start decided.
+//!   nats-server's file store can fail a delete that races its own writes ("directory not
+//!   empty"): the consumer is looked up again and, while it is still there, the delete is tried
+//!   again [`DELETE_RETRY`] later, [`DELETE_TRIES`] times at most.
+//! - **A shared consumer** (a round-robin stream's members) is never looked up nor deleted.
+//! - **Attached again** ([`Reattach`]) when the connection came back (what was on its way
+//!   comes again at once, not after the ack wait) or the consumer stopped delivering. One
+//!   still there resumes after its ack floor as above; one lost is made after what this process
+//!   acknowledged and what went through the sink, and never before where its first consumer
+//!   started ([`Reattach::from`]); a failed attach is tried again [`ATTACH_RETRY`] later, the wait
+//!   doubling up to [`ATTACH_RETRY_MAX`].
+
+use super::intake::Kept;
+use std::time::{Duration, Instant};
+
+/// How long a failed delete of a consumer that is still there waits before it is tried again.
+pub const DELETE_RETRY: Duration = Duration::from_millis(100);
+/// Deletes tried at most before the consumer is made anyway.
+pub const DELETE_TRIES: u32 = 5;
+/// The first wait before a failed attach is tried again; it doubles up to
+/// [`ATTACH_RETRY_MAX`].
+pub const ATTACH_RETRY: Duration = Duration::from_millis(100);
+/// The longest wait between attaches that fail.
+pub const ATTACH_RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// Where a device side's consumer made afresh starts: after stream sequence `oldest_began`
+/// (where the oldest run its keys name began: frames of older runs are refused anyway) or
+/// after `through` (what the process before noted as through its sink, `OpenedWindows::through`:
+/// a consumer lost between a delete and a make does not read those again), whichever is later.
+pub fn device_start(oldest_began: u64, through: u64) -> u64 {
+    oldest_began.max(through) + 1
+}
+
+/// What an [`Attach`] asks its driver for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttachIo {
+    /// Look the durable consumer up: [`Attach::handle_looked`] with its ack floor, or `None`
+    /// when there is none.
+    Look,
+    /// Delete the durable consumer: [`Attach::handle_deleted`].
+    Delete,
+    /// Make the durable consumer delivering from stream sequence `start` and pull from it:
+    /// [`Attach::handle_made`].
+    Make {
+        /// The first stream sequence it delivers.
+        start: u64,
+    },
+}
+
+/// A consumer attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attached {
+    /// The stream sequence it delivers from.
+    pub start: u64,
+    /// It took up a consumer this side left behind: where the process before stood (its
+    /// position file) still holds; otherwise that file is cleared.
+    pub resumed: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Look,
+    Delete,
+    /// The delete failed: is it still there?
+    Check,
+    /// Waiting to delete again.
+    Wait(Instant),
+    Make,
+    /// Asked, the outcome not handed back yet.
+    Asked,
+    Done(bool),
+}
+
+/// One attach of a sink's consumer. See the module docs.
+#[derive(Debug, Clone)]
+pub struct Attach {
+    resume: bool,
+    start: u64,
+    resumed: bool,
+    deletes: u32,
+    /// The look under way asks whether a consumer whose delete failed is still there.
+    checking: bool,
+    step: Step,
+}
+
+impl Attach {
+    /// Attaches the consumer, made at `start` unless one left behind resumes (`resume`);
+    /// `shared`: a round-robin stream's, never looked up nor deleted.
+    pub fn new(start: u64, resume: bool, shared: bool) -> Attach {
+        Attach {
+            resume,
+            start,
+            resumed: false,
+            deletes: 0,
+            checking: false,
+            step: if shared { Step::Make } else { Step::Look },
+        }
+    }
+
+    /// The next step to do, if one is due (`None` while one is under way, while a delete
+    /// waits to be tried again, and once done).
+    pub fn poll_io(&mut self, now: Instant) -> Option<AttachIo> {
+        let io = match self.step {
+            Step::Look | Step::Check => AttachIo::Look,
+            Step::Delete => AttachIo::Delete,
+            Step::Wait(at) if now >= at => AttachIo::Delete,
+            Step::Make => AttachIo::Make { start: self.start },
+            Step::Wait(_) | Step::Asked | Step::Done(_) => return None,
+        };
+        self.checking = self.step == Step::Check;
+        self.step = Step::Asked;
+        Some(io)
+    }
+
+    /// When a delete waits to be tried again.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match self.step {
+            Step::Wait(at) => Some(at),
+            _ => None,
+        }
+    }
+
+    /// The consumer left behind, with its ack floor, or none (`None`). `kept`: what the
+    /// process before wrote of the records it acknowledged and kept aside for a key.
+    pub fn handle_looked(&mut self, ack_floor: Option<u64>, kept: Option<&Kept>, now: Instant) {
+        self.step = match (self.checking, ack_floor) {
+            // Gone after all: made at the start decided.
+            (true, None) => Step::Make,
+            (true, Some(_)) if self.deletes >= DELETE_TRIES => Step::Make,
+            (true, Some(_)) => Step::Wait(now + DELETE_RETRY),
+            (false, None) => Step::Make,
+            (false, Some(floor)) => {
+                if self.resume {
+                    self.start = Kept::resume_at(floor, kept);
+                    self.resumed = true;
+                }
+                Step::Delete
+            }
+        };
+    }
+
+    /// The delete's outcome: a failed one is looked at again (it may be gone all the same).
+    pub fn handle_deleted(&mut self, ok: bool) {
+        self.deletes += 1;
+        self.step = if ok || self.deletes >= DELETE_TRIES {
+            Step::Make
+        } else {
+            Step::Check
+        };
+    }
+
+    /// Whether the consumer was made and pulled from.
+    pub fn handle_made(&mut self, ok: bool) {
+        self.step = Step::Done(ok);
+    }
+
+    /// The attach's end: `Some(Ok)` attached, `Some(Err(()))` the make failed; `None` while
+    /// it goes on.
+    pub fn poll_end(&self) -> Option<Result<Attached, ()>> {
+        match self.step {
+            Step::Done(true) => Some(Ok(Attached {
+                start: self.start,
+                resumed: self.resumed,
+            })),
+            Step::Done(false) => Some(Err(())),
+            _ => None,
+        }
+    }
+}
+
+/// When a sink's consumer is attached again. See the module docs.
+#[derive(Debug, Clone, Default)]
+pub struct Reattach {
+    /// The connection came back, or the consumer stopped delivering, since it attached last.
+    pending: bool,
+    /// After a failed attach: when to try again, and the wait after the next failure.
+    retry: Option<(Instant, Duration)>,
+}
+
+impl Reattach {
+    /// The connection to the server was made again, or the consumer's messages ended.
+    pub fn handle_lost(&mut self) {
+        self.pending = true;
+    }
+
+    /// Whether to attach again now.
+    pub fn due(&self, now: Instant) -> bool {
+        self.pending && self.retry.is_none_or(|(at, _)| now >= at)
+    }
+
+    /// Where the consumer is made again: after what this process acknowledged (`acked_to`)
+    /// and after what went through the sink (`through`, a device side's
+    /// `OpenedWindows::through`, the process before's included), never before where its first
+    /// one started (`first_start`). (Before, a reconnect ahead of the first acknowledgement
+    /// made it at stream sequence 1, and frames of runs older than the device's keys name came
+    /// again: found by a review. And a device side's consumer lost at a reconnect was made
+    /// again after what that process acknowledged, reading again what the process before had
+    /// taken: found by `nats_ending` seed 3320 once it drove this.)
+    pub fn from(acked_to: u64, through: u64, first_start: u64) -> u64 {
+        (acked_to.max(through) + 1).max(first_start)
+    }
+
+    /// The attach's outcome; a failure's wait before the next try.
+    pub fn handle_attached(&mut self, now: Instant, ok: bool) -> Option<Duration> {
+        if ok {
+            self.pending = false;
+            self.retry = None;
+            return None;
+        }
+        let wait = self.retry.map_or(ATTACH_RETRY, |(_, w)| w);
+        self.retry = Some((now + wait, (wait * 2).min(ATTACH_RETRY_MAX)));
+        Some(wait)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `a` to its end: `look` answers each look (in turn), `delete` each delete.
+    fn run(a: &mut Attach, looks: &[Option<u64>], deletes: &[bool]) -> (Vec<AttachIo>, Instant) {
+        let mut now = Instant::now();
+        let (mut looks, mut deletes) = (looks.iter(), deletes.iter());
+        let mut asked = Vec::new();
+        while a.poll_end().is_none() {
+            let Some(io) = a.poll_io(now) else {
+                now = a.poll_timeout().expect("a wait when nothing is asked");
+                continue;
+            };
+            asked.push(io);
+            match io {
+                AttachIo::Look => a.handle_looked(*looks.next().expect("a look"), None, now),
+                AttachIo::Delete => a.handle_deleted(*deletes.next().expect("a delete")),
+                AttachIo::Make { .. } => a.handle_made(true),
+            }
+        }
+        (asked, now)
+    }
+
+    #[test]
+    fn a_consumer_left_behind_resumes_after_its_ack_floor_and_is_made_again() {
+        let mut a = Attach::new(40, true, false);
+        let (asked, _) = run(&mut a, &[Some(17)], &[true]);
+        assert_eq!(
+            asked,
+            [
+                AttachIo::Look,
+                AttachIo::Delete,
+                AttachIo::Make { start: 18 }
+            ]
+        );
+        assert_eq!(
+            a.poll_end(),
+            Some(Ok(Attached {
+                start: 18,
+                resumed: true
+            }))
+        );
+        // Kept aside for a key before the floor: from there.
+        let kept = Kept {
+            start: 1,
+            position: None,
+            again_from: Some(9),
+        };
+        let mut a = Attach::new(40, true, false);
+        assert_eq!(a.poll_io(Instant::now()), Some(AttachIo::Look));
+        a.handle_looked(Some(17), Some(&kept), Instant::now());
+        assert_eq!(a.poll_io(Instant::now()), Some(AttachIo::Delete));
+        a.handle_deleted(true);
+        assert_eq!(a.poll_io(Instant::now()), Some(AttachIo::Make { start: 9 }));
+    }
+
+    #[test]
+    fn without_resume_or_with_none_left_it_starts_at_the_start_given() {
+        let mut a = Attach::new(40, false, false);
+        let (asked, _) = run(&mut a, &[Some(17)], &[true]);
+        assert_eq!(
+            asked,
+            [
+                AttachIo::Look,
+                AttachIo::Delete,
+                AttachIo::Make { start: 40 }
+            ]
+        );
+        assert_eq!(
+            a.poll_end(),
+            Some(Ok(Attached {
+                start: 40,
+                resumed: false
+            }))
+        );
+        let mut a = Attach::new(40, true, false);
+        let (asked, _) = run(&mut a, &[None], &[]);
+        assert_eq!(asked, [AttachIo::Look, AttachIo::Make { start: 40 }]);
+        let mut a = Attach::new(40, true, true);
+        let (asked, _) = run(&mut a, &[], &[]);
+        assert_eq!(asked, [AttachIo::Make { start: 40 }], "shared");
+    }
+
+    #[test]
+    fn a_failed_delete_is_looked_at_and_tried_again_a_while_later() {
+        // Fails twice while still there, then goes.
+        let mut a = Attach::new(40, true, false);
+        let t0 = Instant::now();
+        let (asked, end) = run(&mut a, &[Some(5), Some(5), Some(5)], &[false, false, true]);
+        assert_eq!(
+            asked,
+            [
+                AttachIo::Look,
+                AttachIo::Delete,
+                AttachIo::Look,
+                AttachIo::Delete,
+                AttachIo::Look,
+                AttachIo::Delete,
+                AttachIo::Make { start: 6 }
+            ]
+        );
+        assert!(end >= t0 + 2 * DELETE_RETRY);
+        // Failed, but gone: made at once.
+        let mut a = Attach::new(40, true, false);
+        let (asked, _) = run(&mut a, &[Some(5), None], &[false]);
+        assert_eq!(
+            asked,
+            [
+                AttachIo::Look,
+                AttachIo::Delete,
+                AttachIo::Look,
+                AttachIo::Make { start: 6 }
+            ]
+        );
+        // Never goes: made anyway after the last try.
+        let mut a = Attach::new(40, true, false);
+        let (asked, _) = run(&mut a, &[Some(5); 5], &[false; DELETE_TRIES as usize]);
+        assert_eq!(
+            asked.iter().filter(|io| **io == AttachIo::Delete).count(),
+            DELETE_TRIES as usize
+        );
+        assert_eq!(asked.last(), Some(&AttachIo::Make { start: 6 }));
+        // A failed make ends it.
+        let mut a = Attach::new(40, true, false);
+        assert_eq!(a.poll_io(t0), Some(AttachIo::Look));
+        a.handle_looked(None, None, t0);
+        assert_eq!(a.poll_io(t0), Some(AttachIo::Make { start: 40 }));
+        assert_eq!(a.poll_io(t0), None, "under way");
+        a.handle_made(false);
+        assert_eq!(a.poll_end(), Some(Err(())));
+    }
+
+    #[test]
+    fn it_is_attached_again_when_lost_and_backs_off_while_that_fails() {
+        let t0 = Instant::now();
+        let mut r = Reattach::default();
+        assert!(!r.due(t0), "nothing lost");
+        r.handle_lost();
+        assert!(r.due(t0));
+        assert_eq!(r.handle_attached(t0, false), Some(ATTACH_RETRY));
+        assert!(!r.due(t0 + ATTACH_RETRY / 2));
+        assert!(r.due(t0 + ATTACH_RETRY));
+        let mut waits = Vec::new();
+        let mut now = t0 + ATTACH_RETRY;
+        for _ in 0..8 {
+            let w = r.handle_attached(now, false).expect("a wait");
+            waits.push(w.as_millis());
+            now += w;
+        }
+        assert_eq!(waits, [200, 400, 800, 1600, 3200, 5000, 5000, 5000]);
+        assert_eq!(r.handle_attached(now, true), None);
+        assert!(!r.due(now), "attached");
+        assert_eq!(Reattach::from(0, 0, 12), 12, "before any acknowledgement");
+        assert_eq!(Reattach::from(30, 0, 12), 31);
+        assert_eq!(
+            Reattach::from(30, 45, 12),
+            46,
+            "the process before took up to 45"
+        );
+        assert_eq!(device_start(7, 0), 8);
+        assert_eq!(device_start(7, 20), 21);
+    }
+}
