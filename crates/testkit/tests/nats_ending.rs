@@ -75,7 +75,7 @@
 //! Driving the real `Attach` (2026-12-02; before, the consumer was kept across restarts and
 //! never made again): a consumer lost at a reconnect was made again after what that process
 //! acknowledged, not after what went through the sink, and read again what the process before
-//! had taken (seed 159 without `through` in `Reattach::from`).
+//! had taken (seed 54 without `through` in `Reattach::from`).
 //!
 //! `SEED=n cargo test -p ndd-testkit --test nats_ending` replays one schedule.
 
@@ -297,10 +297,12 @@ struct Device {
     /// Its consumer's attach under way (`ndd_link::nats::attach::Attach`), and the step asked
     /// with when it takes effect at the server; it reads only while none is.
     attach: Option<(Attach, Option<(AttachIo, u64)>)>,
-    /// Where its consumer first started, once attached.
+    /// Where its consumer started as attached last.
     start: Option<u64>,
     /// When it attaches again (the connection came back).
     again: Reattach,
+    /// Its connection came back since it looked last.
+    reconnected: bool,
 }
 
 impl Device {
@@ -317,6 +319,7 @@ impl Device {
             attach: None,
             start: None,
             again: Reattach::default(),
+            reconnected: false,
         }
     }
 }
@@ -423,7 +426,8 @@ fn run(seed: u64) -> Result<String, String> {
     // afresh by the next process whose sink starts.
     let mut consumer_exists = false;
     // Up to where every frame was acknowledged, and what that was when the consumer was made.
-    let (mut acked_prefix, mut made_after, mut made_fresh) = (0u64, 0u64, false);
+    let (mut made_after, mut made_fresh) = (0u64, false);
+    let make_fails = if rng.chance(0.3) { 0.3 } else { 0.0 };
     let delete_fails = if rng.chance(0.3) { 0.4 } else { 0.0 };
     let dev_ack_lost = if rng.chance(0.3) { 0.05 } else { 0.0 };
     // The device's connection comes back 1–3 times in half the schedules; in half of those
@@ -900,16 +904,21 @@ fn run(seed: u64) -> Result<String, String> {
                 if trace {
                     println!("{now} ms: the device's connection comes back");
                 }
-                d.again.handle_lost();
+                d.reconnected = true;
                 consumer.redeliver();
                 if rng.chance(lose_at_reconnect) {
                     consumer_exists = false;
                 }
             }
-            if let (Some(first), None) = (d.start, d.attach.as_ref()) {
+            if let (Some(last), None) = (d.start, d.attach.as_ref()) {
+                // (The binary looks at its connection's count of connects between attaches:
+                // one that came back during an attach is seen after it.)
+                if std::mem::take(&mut d.reconnected) {
+                    d.again.handle_lost();
+                }
                 if d.again.due(t) {
                     let intake = d.rx.intake();
-                    let from = Reattach::from(intake.acked_to(), intake.through(), first);
+                    let from = Reattach::from(intake.acked_to(), intake.through(), last);
                     d.attach = Some((Attach::new(from, true, false), None));
                 }
             }
@@ -932,6 +941,11 @@ fn run(seed: u64) -> Result<String, String> {
                             }
                             a.handle_deleted(!failed);
                         }
+                        // A make that fails (a reattach only: the first one failing ends the
+                        // binary's stream, here nothing would be left to explore).
+                        AttachIo::Make { .. } if d.start.is_some() && rng.chance(make_fails) => {
+                            a.handle_made(false)
+                        }
                         AttachIo::Make { start } => {
                             // (One still there after its deletes failed goes on from its
                             // own position.)
@@ -941,14 +955,17 @@ fn run(seed: u64) -> Result<String, String> {
                                 made_fresh = true;
                             }
                             if trace {
-                                println!("{now} ms: the device's consumer starts at {start} (acked to {}, prefix {acked_prefix}, exists {consumer_exists})", d.rx.intake().acked_to());
+                                println!("{now} ms: the device's consumer starts at {start}");
                             }
                             a.handle_made(true);
                         }
                     }
                 }
-                if let Some(end) = a.poll_end() {
-                    let attached = end.map_err(|()| "an attach that cannot fail failed")?;
+                let end = a.poll_end();
+                if let Some(Err(())) = end {
+                    d.again.handle_attached(t, false);
+                    d.attach = None;
+                } else if let Some(Ok(attached)) = end {
                     d.rx.intake().consumer_start(attached.start);
                     if std::mem::take(&mut made_fresh) {
                         // One that resumed starts after its ack floor; one made afresh after
@@ -956,10 +973,10 @@ fn run(seed: u64) -> Result<String, String> {
                         made_after = if attached.resumed {
                             attached.start - 1
                         } else {
-                            acked_prefix
+                            acked.iter().copied().max().unwrap_or(0)
                         };
                     }
-                    d.start.get_or_insert(attached.start);
+                    d.start = Some(attached.start);
                     d.again.handle_attached(t, true);
                     d.attach = None;
                 }
@@ -1051,7 +1068,8 @@ fn run(seed: u64) -> Result<String, String> {
                     break;
                 };
                 // A consumer made afresh after a loss never reads what was acknowledged before
-                // it was made (it starts after what went through). One that resumed reads
+                // it was made (it starts after what went through, which every acknowledgement
+                // followed). One that resumed reads
                 // again what it had not acknowledged, some of which may have been
                 // acknowledged before (a copy read again): the windows drop those.
                 if fresh && s <= made_after {
@@ -1068,21 +1086,14 @@ fn run(seed: u64) -> Result<String, String> {
                 windows = Some(w);
             }
             for s in acks.map(|a| a.msgs).unwrap_or_default() {
-                // (The binary's `ack_in_order`: the intake hears of the ones that went.)
-                // One the consumer made since did not deliver goes nowhere (its consumer
-                // is gone).
+                // (The binary's `ack_in_order`: the intake hears of each one published,
+                // which may be lost on its way, or go to a consumer deleted since, which
+                // did not deliver it.)
+                d.rx.intake().acked(s);
                 if rng.chance(dev_ack_lost) || !consumer.unacked.remove(&s) {
                     continue;
                 }
                 acked.insert(s);
-                d.rx.intake().acked(s);
-            }
-            // Every frame up to it acknowledged.
-            while log.get(acked_prefix as usize).is_some_and(|e| match e {
-                Entry::Frame(_) => acked.contains(&(acked_prefix + 1)),
-                _ => true,
-            }) {
-                acked_prefix += 1;
             }
             // Its keeper's notices, on core NATS.
             if now >= d.next_notice {

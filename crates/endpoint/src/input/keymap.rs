@@ -276,37 +276,65 @@ impl Keymap {
             .collect()
     }
 
+    /// Whether `keycode` is a lock key: its first keysym is Caps Lock, Shift Lock or Num
+    /// Lock (`shift:both_capslock` gives the Shift keys Caps_Lock at a higher level: they
+    /// stay Shift keys).
+    fn is_lock_key(&self, keycode: u8) -> bool {
+        self.syms_of(keycode).first().is_some_and(|&k| is_lock(k))
+    }
+
     /// The modifier bits a lock key toggles (Lock, and the modifiers of Caps Lock, Shift
     /// Lock and Num Lock keys): a core event's state holds them while locked, not while the
     /// key is held.
     pub fn lock_mask(&self) -> u16 {
         let mut mask = LOCK | self.num_lock_mask;
         for (m, codes) in self.modmap.iter().enumerate() {
-            if codes
-                .iter()
-                .any(|&c| self.syms_of(c).iter().copied().any(is_lock))
-            {
+            if codes.iter().any(|&c| self.is_lock_key(c)) {
                 mask |= 1 << m;
             }
         }
         mask
     }
 
-    /// The modifier bits held by the keys for which `down` is true (X keycodes), lock keys
-    /// left out: what a core event's state says of the keys held before it. A source that
-    /// sees raw events (which carry no state) tracks the keys itself, so a Shift pressed just
-    /// after a key does not change the keysym that key gave.
-    pub fn held_mask(&self, down: impl Fn(u8) -> bool) -> u16 {
+    /// The modifier bits [`Keymap::held_mask`] accounts for: those with a key that is not a
+    /// lock key. The others (a modifier no key is mapped to, a lock) come from the server.
+    pub fn held_bits(&self) -> u16 {
         let mut mask = 0;
         for (m, codes) in self.modmap.iter().enumerate() {
-            if codes
-                .iter()
-                .any(|&c| down(c) && !self.syms_of(c).iter().copied().any(is_lock))
-            {
+            if codes.iter().any(|&c| !self.is_lock_key(c)) {
                 mask |= 1 << m;
             }
         }
-        mask
+        mask & !self.lock_mask()
+    }
+
+    /// The modifier bits held by the keys `held` (X keycodes), lock keys left out: what a
+    /// core event's state says of the keys held before it. A source that sees raw events
+    /// (which carry no state) tracks the keys itself, so a Shift pressed just after a key
+    /// does not change the keysym that key gave. A key outside the modifier map whose first
+    /// keysym is a modifier's holds the modifiers of the keys that carry that keysym: the
+    /// right Alt key of `de`, `fr` and most AltGr layouts (`level3(ralt_switch)`) is
+    /// ISO_Level3_Shift by an XKB action, and only keycode 92 is in Mod5.
+    pub fn held_mask(&self, held: impl IntoIterator<Item = u8>) -> u16 {
+        let mut mask = 0;
+        for c in held {
+            if self.is_lock_key(c) {
+                continue;
+            }
+            let mut bits = 0;
+            for (m, codes) in self.modmap.iter().enumerate() {
+                if codes.contains(&c) {
+                    bits |= 1 << m;
+                }
+            }
+            if bits == 0 {
+                if let Some(&k) = self.syms_of(c).first().filter(|&&k| is_modifier(k)) {
+                    bits = self.mask_of(k);
+                }
+            }
+            mask |= bits;
+        }
+        mask & self.held_bits()
     }
 
     /// A keycode that types `keysym` at level 1 (a modifier key to press), if any.
@@ -381,7 +409,8 @@ mod tests {
     fn held_and_lock_masks_follow_the_modifier_map() {
         let de = layout(true);
         assert_eq!(de.lock_mask(), LOCK | 0x10, "Lock and Num Lock's Mod2");
-        let held = |codes: &[u8]| de.held_mask(|c| codes.contains(&c));
+        assert_eq!(de.held_bits(), SHIFT | 0x80, "Shift and Mod5 have keys");
+        let held = |codes: &[u8]| de.held_mask(codes.iter().copied());
         assert_eq!(held(&[]), 0);
         assert_eq!(held(&[62]), SHIFT, "either Shift key");
         assert_eq!(held(&[50, 108]), SHIFT | 0x80, "Shift and AltGr (Mod5)");
@@ -390,6 +419,39 @@ mod tests {
         // `a` typed and Shift pressed right after: the state before `a` had no Shift.
         assert_eq!(de.keysym(24, held(&[])), Some(0x71));
         assert_eq!(de.keysym(24, held(&[50])), Some(0x51));
+    }
+
+    #[test]
+    fn a_right_alt_outside_the_modifier_map_holds_altgr_and_shift_keys_stay_shift() {
+        // Xvfb's `de` as `xmodmap -pm` shows it: Mod5 holds keycode 92 (ISO_Level3_Shift)
+        // only; the right Alt key (108) is ISO_Level3_Shift by an XKB action.
+        let per = 7;
+        let mut syms = vec![0u32; (108 - 8 + 1) * per];
+        let mut set = |code: usize, s: &[u32]| {
+            let at = (code - 8) * per;
+            syms[at..at + s.len()].copy_from_slice(s);
+        };
+        set(24, &[0x71, 0x51, 0x71, 0x51, 0x40, 0x7d9]); // q Q q Q at Greek_OMEGA
+        set(92, &[XK_ISO_LEVEL3_SHIFT]);
+        set(108, &[XK_ISO_LEVEL3_SHIFT, NO_SYMBOL, XK_ISO_LEVEL3_SHIFT]);
+        // `shift:both_capslock`: Caps_Lock on the Shift keys' second level.
+        set(50, &[XK_SHIFT_L, XK_CAPS_LOCK]);
+        set(62, &[XK_SHIFT_R, XK_CAPS_LOCK]);
+        set(66, &[XK_CAPS_LOCK]);
+        let modmap = [50, 62, 66, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 92, 0];
+        let de = Keymap::new(8, per, syms, &modmap);
+        assert_eq!(de.held_mask([108]), 0x80, "right Alt: Mod5");
+        assert_eq!(
+            de.keysym(24, de.held_mask([108])),
+            Some(0x40),
+            "AltGr+q = @"
+        );
+        assert_eq!(
+            de.held_mask([50]),
+            SHIFT,
+            "a Shift key with Caps_Lock above"
+        );
+        assert_eq!(de.lock_mask(), LOCK);
     }
 
     #[test]

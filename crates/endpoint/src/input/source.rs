@@ -451,15 +451,17 @@ impl X11Input {
         let (keycode, state) = match ev {
             XEvent::KeyPress(e) => (e.detail, u16::from(e.state)),
             XEvent::XinputRawKeyPress(e) => {
-                // The locks (Caps Lock, Num Lock) and the group as the server has them; the
-                // modifiers held as the raw events before this one left them.
+                // The modifiers held as the raw events before this one left them; the locks
+                // (Caps Lock, Num Lock), modifiers no key holds and the group as the server
+                // has them now (a Caps Lock or a layout switch pressed right after the key
+                // still changes it; a Shift latched or locked by StickyKeys is not seen).
                 let p = self
                     .conn
                     .query_pointer(self.root)
                     .map_err(|e| e.to_string())?
                     .reply()
                     .map_err(|e| e.to_string())?;
-                let server = u16::from(p.mask) & (self.keymap.lock_mask() | !0xff);
+                let server = u16::from(p.mask) & !self.keymap.held_bits();
                 (
                     u8::try_from(e.detail).unwrap_or(0),
                     server | self.raw_held_before,
@@ -619,7 +621,7 @@ impl X11Input {
         let down = self.raw_down;
         self.raw_held_before = self
             .keymap
-            .held_mask(|c| down[usize::from(c / 64)] & (1 << (c % 64)) != 0);
+            .held_mask((0..=255u8).filter(|c| down[usize::from(c / 64)] & (1 << (c % 64)) != 0));
         let Ok(k) = u8::try_from(detail) else {
             return;
         };

@@ -21,8 +21,8 @@
 //! - **Attached again** ([`Reattach`]) when the connection came back (what was on its way
 //!   comes again at once, not after the ack wait) or the consumer stopped delivering. One
 //!   still there resumes after its ack floor as above; one lost is made after what this process
-//!   acknowledged and what went through the sink, and never before where its first consumer
-//!   started ([`Reattach::from`]); a failed attach is tried again [`ATTACH_RETRY`] later, the wait
+//!   acknowledged and what went through the sink, and never before where it started as
+//!   attached last ([`Reattach::from`]); a failed attach is tried again [`ATTACH_RETRY`] later, the wait
 //!   doubling up to [`ATTACH_RETRY_MAX`].
 
 use super::intake::Kept;
@@ -205,14 +205,14 @@ impl Reattach {
 
     /// Where the consumer is made again: after what this process acknowledged (`acked_to`)
     /// and after what went through the sink (`through`, a device side's
-    /// `OpenedWindows::through`, the process before's included), never before where its first
-    /// one started (`first_start`). (Before, a reconnect ahead of the first acknowledgement
+    /// `OpenedWindows::through`, the process before's included), never before where it started
+    /// as attached last (`started`). (Before, a reconnect ahead of the first acknowledgement
     /// made it at stream sequence 1, and frames of runs older than the device's keys name came
     /// again: found by a review. And a device side's consumer lost at a reconnect was made
     /// again after what that process acknowledged, reading again what the process before had
-    /// taken: found by `nats_ending` seed 3320 once it drove this.)
-    pub fn from(acked_to: u64, through: u64, first_start: u64) -> u64 {
-        (acked_to.max(through) + 1).max(first_start)
+    /// taken: found by `nats_ending` seed 54 once it drove this.)
+    pub fn from(acked_to: u64, through: u64, started: u64) -> u64 {
+        (acked_to.max(through) + 1).max(started)
     }
 
     /// The attach's outcome; a failure's wait before the next try.
