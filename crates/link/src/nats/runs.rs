@@ -101,10 +101,14 @@ impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Refusal::EarlierRun => {
-                "a frame of an earlier device run that was not stored before this run began (a replay)"
+                "a frame of an earlier device run that was not stored before this run began \
+                 (sent across a device restart, the app side seals it again for this run; \
+                 otherwise a replay)"
             }
             Refusal::OtherStart => "a frame naming this run with another start (forged)",
-            Refusal::NewerThanDevice => "a frame naming a device run newer than this device side's own",
+            Refusal::NewerThanDevice => {
+                "a frame naming a device run newer than this device side's own"
+            }
         })
     }
 }
