@@ -1,5 +1,5 @@
 //! An app side's reliable stream to the device, its END and the device's restarts, in one
-//! loop over 1000 random schedules (issue 31, item 2): the app side's real
+//! loop over 6000 random schedules (issue 31, item 2): the app side's real
 //! `ndd_link::nats::source::SourceFlow` (sealing under the device's run, its outbox, following
 //! the keys, sealing again what the device no longer opens, the END and the confirmation of
 //! the device's run before it is done) publishes into a model of JetStream; the device side's
@@ -1142,5 +1142,8 @@ fn run(seed: u64) -> Result<String, String> {
 
 #[test]
 fn an_app_sides_reliable_stream_ends_with_everything_delivered_whenever_the_device_restarts() {
-    ndd_testkit::explore("nats_ending", 1000, run);
+    // 6000: marking the run only after it began fails first at seed 5417 (a process that dies
+    // within milliseconds of its run's start, before its mark, while the app side's END
+    // asks whether the device's run is the one it sealed for).
+    ndd_testkit::explore("nats_ending", 6000, run);
 }
