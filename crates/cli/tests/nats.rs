@@ -2677,6 +2677,76 @@ sink = {{ type = "file", path = "{}", framing = "length" }}
     }
 }
 
+/// The node leading the stream's replicas is killed as soon as the device side made the
+/// stream, and an app side starts then: every frame arrives. When the device side's start was
+/// on that node (about one run in four here), its mark met the election ("no stream found for
+/// given subject") and, before `DeviceStart::handle_failed`, the device side exited with those
+/// words; it now tries again (`nats_ending` explores the retries).
+#[test]
+fn an_app_side_started_while_the_streams_leader_is_down_gets_every_frame() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-leader-down");
+    let mut cluster = ndd_procs::NatsCluster::start("leaderdown");
+    let (dev, apps) = homes_n(&dir.0, 1);
+    let servers = cluster
+        .urls()
+        .iter()
+        .map(|u| format!("{u:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let n = 500u64;
+    let out = dir.0.join("reliable.bin");
+    let cfg = write(
+        &dir.0,
+        "c.toml",
+        &format!(
+            r#"driver = "ld"
+[link]
+transport = "nats"
+connect_timeout_ms = 20000
+[link.nats]
+servers = [{servers}]
+replicas = 3
+min_app_sides = 1
+
+[[stream]]
+name = "reliable"
+direction = "device-to-app"
+source = {{ type = "synthetic", size = 100, interval_ms = 4.0, count = {n}, seed = 7 }}
+sink = {{ type = "file", path = "{}", framing = "length" }}
+"#,
+            out.display()
+        ),
+    );
+    let d = side(&cfg, "device", &dev, &[]);
+    let leader = std::cell::Cell::new(None);
+    wait_for("the device's stream to have a leader", WAIT, || {
+        leader.set(cluster.leader_of("NDD_ndd_ld"));
+        leader.get().is_some()
+    });
+    let leader = leader.get().expect("a leader");
+    cluster.nodes[leader].kill();
+    println!("killed node n{} (the stream's leader)", leader + 1);
+    let a = side(&cfg, "app", &apps[0], &["--once"]);
+    std::thread::sleep(Duration::from_secs(3));
+    cluster.nodes[leader].restart();
+    let (s, _, err) = a.finish();
+    let derr = d.stderr_now();
+    let again = |e: &str| e.matches("trying again").count();
+    println!(
+        "JetStream steps tried again: device {}, app {}",
+        again(&derr),
+        again(&err)
+    );
+    assert!(s.success(), "app: {err}\ndevice: {derr}");
+    let (next, dups, lost) = order(synthetic_seqs_in(&out, 7, n));
+    assert_eq!(next, n, "every frame up to the last\n{err}");
+    assert!(lost.is_empty(), "lost: {lost:?}\n{err}");
+    assert_eq!(dups, 0, "twice\n{err}");
+}
+
 /// `replicas = 3` on a single server: the device side says what to change, at once.
 #[test]
 fn more_replicas_than_servers_are_named() {

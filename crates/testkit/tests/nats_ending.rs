@@ -272,6 +272,8 @@ struct Starting {
     step: Option<(StartIo, u64, u64)>,
     /// What the step's effect gave (the mark's stream sequence, where the stream stood).
     got: u64,
+    /// The step failed (its outcome is a failure).
+    failed: bool,
     /// Joins that came meanwhile.
     waiting: Vec<u64>,
 }
@@ -370,6 +372,9 @@ fn run(seed: u64) -> Result<String, String> {
     // In a quarter of the schedules, a process dies 0–40 ms after its run began, once or
     // twice (a crash at start: its run may have refused frames, and it never serves).
     let mut early_deaths = if rng.chance(0.25) { rng.range(1, 2) } else { 0 };
+    // The device start's JetStream steps fail in a fifth of the schedules, one in three.
+    let step_fails = if rng.chance(0.2) { 0.3 } else { 0.0 };
+    let mut marked: HashMap<u64, u64> = HashMap::new();
 
     let mut sim = Sim {
         now: 0,
@@ -510,6 +515,7 @@ fn run(seed: u64) -> Result<String, String> {
                 claim: rng.range(0, 500),
                 step: None,
                 got: 0,
+                failed: false,
                 waiting: Vec::new(),
             });
         }
@@ -521,7 +527,7 @@ fn run(seed: u64) -> Result<String, String> {
             // Each step reaches the server 0–15 ms after it went (the claim takes its time
             // there), and its outcome comes back 0–15 ms later.
             if st.step.is_none() {
-                if let Some(io) = st.start.poll_io() {
+                if let Some(io) = st.start.poll_io(t) {
                     let at = now
                         + match io {
                             StartIo::Claim { .. } => st.claim,
@@ -533,9 +539,18 @@ fn run(seed: u64) -> Result<String, String> {
             if let Some((io, at, back)) = st.step.as_mut() {
                 if now >= *at {
                     *at = u64::MAX;
+                    // A JetStream step fails in some schedules (a cluster electing the
+                    // stream's leader): a mark sometimes stored all the same, its answer lost.
+                    st.failed = matches!(io, StartIo::Mark { .. } | StartIo::ReadEnd)
+                        && rng.chance(step_fails);
+                    let effect = !st.failed || rng.chance(0.5);
                     match *io {
                         StartIo::SubscribeJoins => st.subscribed = true,
-                        StartIo::Mark { run: id } => {
+                        // Its message id names its run: stored once.
+                        StartIo::Mark { run: id } if marked.contains_key(&id) => {
+                            st.got = marked[&id];
+                        }
+                        StartIo::Mark { run: id } if effect => {
                             let note = IDS.with(|(device, _)| {
                                 device
                                     .sign_note(
@@ -555,6 +570,7 @@ fn run(seed: u64) -> Result<String, String> {
                             log.push(mark.clone());
                             recorded.push(mark);
                             st.got = log.len() as u64;
+                            marked.insert(id, st.got);
                         }
                         StartIo::PurgeEarlierMarks { run: id, before } if rng.chance(0.8) => {
                             for e in &mut log[..before as usize - 1] {
@@ -571,7 +587,14 @@ fn run(seed: u64) -> Result<String, String> {
                 if matches!(io, StartIo::PurgeEarlierMarks { .. }) {
                     *back = now;
                 }
-                if *at == u64::MAX && now >= *back {
+                if *at == u64::MAX && now >= *back && st.failed {
+                    st.step = None;
+                    // Tried again as `DeviceStart` says; one that gives up ends the process
+                    // (never within these schedules: it tries for 20 s).
+                    st.start
+                        .handle_failed(t)
+                        .map_err(|_| "a device start gave up")?;
+                } else if *at == u64::MAX && now >= *back {
                     let io = *io;
                     st.step = None;
                     match io {

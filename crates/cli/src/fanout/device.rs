@@ -1,7 +1,7 @@
 //! The device side's start: what it sets up before its streams run, and its streams.
 
 use super::*;
-use ndd_link::nats::start::{DeviceStart, StartIo};
+use ndd_link::nats::start::{DeviceStart, GaveUp, StartIo, STEP_RETRY_FOR};
 
 /// Starts the device side: its JetStream stream, run and group key, the key keeper, the claim
 /// on the driver, the join service and its streams (sources once enough app sides joined).
@@ -29,7 +29,15 @@ pub(super) async fn start(
     let mut start = DeviceStart::new(js.is_some());
     let (mut join_sub, mut begun) = (None, None);
     let no_js = || anyhow!("the device's start asked for JetStream without a stream");
-    while let Some(io) = start.poll_io() {
+    while !start.is_done() {
+        let Some(io) = start.poll_io(Instant::now()) else {
+            match start.poll_timeout() {
+                // A failed JetStream step, asked again once its wait passed.
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => bail!("the device's start ended before its run began"),
+            }
+            continue;
+        };
         match io {
             StartIo::SubscribeJoins => {
                 join_sub = Some(ctx.subscribe(&ctx.subjects.join()).await?);
@@ -44,7 +52,10 @@ pub(super) async fn start(
             }
             StartIo::Mark { run } => {
                 let js = js.as_ref().ok_or_else(no_js)?;
-                start.handle_marked(mark_run(ctx, js, local, run).await?);
+                match mark_run(ctx, js, local, run).await {
+                    Ok(seq) => start.handle_marked(seq),
+                    Err(e) => again_or_fail(&mut start, e)?,
+                }
             }
             StartIo::PurgeEarlierMarks { run, before } => {
                 let js = js.clone().ok_or_else(no_js)?;
@@ -52,7 +63,10 @@ pub(super) async fn start(
             }
             StartIo::ReadEnd => {
                 let js = js.as_ref().ok_or_else(no_js)?;
-                start.handle_end(stored_up_to(ctx, js).await?.1);
+                match stored_up_to(ctx, js).await {
+                    Ok((_, last)) => start.handle_end(last),
+                    Err(e) => again_or_fail(&mut start, e)?,
+                }
             }
             StartIo::Begin { run, began } => {
                 begun = Some(files.begin_run(run, began)?);
@@ -157,6 +171,28 @@ pub(super) async fn start(
     })
 }
 
+/// A JetStream step of the start failed: tried again as [`DeviceStart`] says (a cluster
+/// electing the stream's leader answers "no stream found" for a few seconds), or the start
+/// fails with `e`.
+fn again_or_fail(start: &mut DeviceStart, e: anyhow::Error) -> Result<()> {
+    match start.handle_failed(Instant::now()) {
+        Ok(wait) => {
+            // The server's words in it: escaped.
+            tracing::warn!(
+                side = "device",
+                "{}; trying again in {} ms",
+                printable(&format!("{e:#}"), MAX_REASON),
+                wait.as_millis()
+            );
+            Ok(())
+        }
+        Err(GaveUp) => Err(e.context(format!(
+            "the device's start gave up after trying for {} s",
+            STEP_RETRY_FOR.as_secs()
+        ))),
+    }
+}
+
 /// Marks run `id` in the JetStream stream ([`ndd_link::nats::subjects::Subjects::run_mark`]):
 /// a rekey notice naming it, signed by this side's identity. The stream sequence it was
 /// stored at.
@@ -176,8 +212,12 @@ async fn mark_run(
         .sign_note(&mark_label(&ctx.subjects), &notice_body(&notice))
         .context("signing this run's mark")?;
     let subject = ctx.subjects.run_mark(id);
+    // Its message id names the run: a mark tried again after its acknowledgement was lost is
+    // not stored twice.
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(async_nats::header::NATS_MESSAGE_ID, subject.as_str());
     let stored = js
-        .publish(subject.clone(), note.into())
+        .publish_with_headers(subject.clone(), headers, note.into())
         .await
         .map_err(|e| anyhow!("marking this run in JetStream ({subject}): {e}"))?
         .await

@@ -26,6 +26,21 @@
 //!    join service answers from then on.
 //!
 //! Without JetStream (lossy streams only) there is no mark and the run begins after 0.
+//!
+//! A JetStream step that fails ([`DeviceStart::handle_failed`]: the mark, where the stream
+//! stands) is tried again, [`STEP_RETRY`] later and doubling up to 2 s, for
+//! [`STEP_RETRY_FOR`] from its first failure: a cluster electing the stream's leader after a
+//! node went answers "no stream found for given subject" for a few seconds. (Found by a test
+//! that kills the stream's leader as a device side starts: the side exited with those words.)
+//! The mark is published with a message id naming its run, so a retry of one that was stored
+//! is not stored twice.
+
+use std::time::{Duration, Instant};
+
+/// The first wait before a failed JetStream step is tried again (doubling up to 2 s).
+pub const STEP_RETRY: Duration = Duration::from_millis(250);
+/// How long a failed JetStream step is tried again before the start gives up.
+pub const STEP_RETRY_FOR: Duration = Duration::from_secs(20);
 
 /// What a [`DeviceStart`] asks its driver for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,6 +94,10 @@ enum Step {
     Done,
 }
 
+/// A start that gave up on a failed step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GaveUp;
+
 /// One device process's start (see the module's documentation).
 #[derive(Debug)]
 pub struct DeviceStart {
@@ -86,6 +105,9 @@ pub struct DeviceStart {
     step: Step,
     /// The step's I/O went to the driver; its outcome is awaited.
     asked: bool,
+    /// A failed step: when it failed first, when it is tried again, the wait after the next
+    /// failure.
+    retry: Option<(Instant, Instant, Duration)>,
 }
 
 impl DeviceStart {
@@ -95,12 +117,14 @@ impl DeviceStart {
             stored,
             step: Step::Subscribe,
             asked: false,
+            retry: None,
         }
     }
 
-    /// The next I/O, once the one before was handed back.
-    pub fn poll_io(&mut self) -> Option<StartIo> {
-        if self.asked {
+    /// The next I/O, once the one before was handed back (and, after a failure, once
+    /// [`DeviceStart::poll_timeout`] passed).
+    pub fn poll_io(&mut self, now: Instant) -> Option<StartIo> {
+        if self.asked || self.retry.is_some_and(|(_, at, _)| now < at) {
             return None;
         }
         let io = match self.step {
@@ -124,8 +148,30 @@ impl DeviceStart {
     fn next(&mut self, from: Step, to: Step) {
         if self.asked && self.step == from {
             self.asked = false;
+            self.retry = None;
             self.step = to;
         }
+    }
+
+    /// The step asked for failed at `now` (the driver says why when this gives up). `Ok`:
+    /// it is asked again once [`DeviceStart::poll_timeout`] passed; `Err`: the start gives
+    /// up (a step that is not JetStream's, or one that failed for [`STEP_RETRY_FOR`]).
+    pub fn handle_failed(&mut self, now: Instant) -> Result<Duration, GaveUp> {
+        if !self.asked || !matches!(self.step, Step::Mark(_) | Step::ReadEnd(_)) {
+            return Err(GaveUp);
+        }
+        let (first, _, wait) = self.retry.unwrap_or((now, now, STEP_RETRY));
+        if now.saturating_duration_since(first) >= STEP_RETRY_FOR {
+            return Err(GaveUp);
+        }
+        self.asked = false;
+        self.retry = Some((first, now + wait, (wait * 2).min(Duration::from_secs(2))));
+        Ok(wait)
+    }
+
+    /// When a failed step is asked again.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.retry.map(|(_, at, _)| at)
     }
 
     /// Subscribed to the join subject.
@@ -189,11 +235,12 @@ mod tests {
 
     /// Drives a start, answering each step; the steps asked for, in order.
     fn steps(stored: bool, mark_at: u64) -> Vec<StartIo> {
+        let now = Instant::now();
         let mut s = DeviceStart::new(stored);
         let mut seen = Vec::new();
-        while let Some(io) = s.poll_io() {
+        while let Some(io) = s.poll_io(now) {
             if !matches!(io, StartIo::PurgeEarlierMarks { .. }) {
-                assert_eq!(s.poll_io(), None, "one step at a time");
+                assert_eq!(s.poll_io(now), None, "one step at a time");
             }
             seen.push(io);
             match io {
@@ -243,17 +290,69 @@ mod tests {
 
     #[test]
     fn outcomes_not_asked_for_change_nothing() {
+        let now = Instant::now();
         let mut s = DeviceStart::new(true);
         s.handle_reserved(9);
         s.handle_claimed();
         s.handle_end(5);
-        assert_eq!(s.poll_io(), Some(StartIo::SubscribeJoins));
+        assert_eq!(s.poll_io(now), Some(StartIo::SubscribeJoins));
         s.handle_marked(3);
         s.handle_subscribed();
-        assert_eq!(s.poll_io(), Some(StartIo::ReserveRun));
+        assert_eq!(s.poll_io(now), Some(StartIo::ReserveRun));
         s.handle_claimed();
-        assert_eq!(s.poll_io(), None, "still waiting for the reservation");
+        assert_eq!(s.poll_io(now), None, "still waiting for the reservation");
         s.handle_reserved(9);
-        assert_eq!(s.poll_io(), Some(StartIo::Claim { run: 9 }));
+        assert_eq!(s.poll_io(now), Some(StartIo::Claim { run: 9 }));
+    }
+
+    #[test]
+    fn a_failed_jetstream_step_is_asked_again_for_a_while_and_others_give_up() {
+        let t0 = Instant::now();
+        let mut s = DeviceStart::new(true);
+        assert_eq!(s.poll_io(t0), Some(StartIo::SubscribeJoins));
+        assert_eq!(s.handle_failed(t0), Err(GaveUp), "not JetStream's");
+        let mut s = DeviceStart::new(true);
+        for io in [StartIo::SubscribeJoins, StartIo::ReserveRun] {
+            assert_eq!(s.poll_io(t0), Some(io));
+            match io {
+                StartIo::SubscribeJoins => s.handle_subscribed(),
+                _ => s.handle_reserved(4),
+            }
+        }
+        assert_eq!(s.poll_io(t0), Some(StartIo::Claim { run: 4 }));
+        s.handle_claimed();
+        // The mark fails (a cluster electing the stream's leader): asked again later,
+        // waits doubling.
+        let mut now = t0;
+        let mut waits = Vec::new();
+        loop {
+            assert_eq!(s.poll_io(now), Some(StartIo::Mark { run: 4 }));
+            match s.handle_failed(now) {
+                Ok(w) => {
+                    assert_eq!(s.poll_io(now), None, "not before the wait");
+                    assert_eq!(s.poll_timeout(), Some(now + w));
+                    waits.push(w.as_millis());
+                    now += w;
+                }
+                Err(GaveUp) => break,
+            }
+        }
+        assert_eq!(waits[..5], [250, 500, 1000, 2000, 2000]);
+        assert!(now - t0 >= STEP_RETRY_FOR && now - t0 < STEP_RETRY_FOR + Duration::from_secs(2));
+        // One that comes through goes on, its failures forgotten.
+        let mut s = DeviceStart::new(true);
+        s.poll_io(t0);
+        s.handle_subscribed();
+        s.poll_io(t0);
+        s.handle_reserved(4);
+        s.poll_io(t0);
+        s.handle_claimed();
+        assert_eq!(s.poll_io(t0), Some(StartIo::Mark { run: 4 }));
+        assert!(s.handle_failed(t0).is_ok());
+        let later = t0 + STEP_RETRY;
+        assert_eq!(s.poll_io(later), Some(StartIo::Mark { run: 4 }));
+        s.handle_marked(1);
+        assert_eq!(s.poll_timeout(), None);
+        assert_eq!(s.poll_io(later), Some(StartIo::ReadEnd));
     }
 }
