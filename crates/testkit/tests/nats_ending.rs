@@ -84,7 +84,7 @@ mod common;
 use bytes::Bytes;
 use common::{RunInverse, RunSealer, IDS};
 use ndd_core::{Frame, Meta};
-use ndd_link::nats::attach::{device_start, Attach, AttachIo, Reattach};
+use ndd_link::nats::attach::{device_start, Attach, AttachIo, Reattach, StartRetry};
 use ndd_link::nats::follow::{
     key_id, mark_label, notice_body, notice_label, FollowEvent, FollowIo, Follower, Joined, Notice,
 };
@@ -305,6 +305,9 @@ struct Device {
     again: Reattach,
     /// Its connection came back since it looked last.
     reconnected: bool,
+    /// Its first attach failed: tried again from then (`StartRetry`).
+    first_retry: Option<StartRetry>,
+    first_at: u64,
 }
 
 impl Device {
@@ -322,6 +325,8 @@ impl Device {
             start: None,
             again: Reattach::default(),
             reconnected: false,
+            first_retry: None,
+            first_at: 0,
         }
     }
 }
@@ -912,7 +917,7 @@ fn run(seed: u64) -> Result<String, String> {
             // (kept across restarts unless lost) resumes after its ack floor; else one is made
             // at `device_start`, after where the oldest run its keys name began or after what
             // the windows kept say went through the sink.
-            if now >= d.sink_from && d.start.is_none() && d.attach.is_none() {
+            if now >= d.sink_from && d.start.is_none() && d.attach.is_none() && now >= d.first_at {
                 let through = windows
                     .as_deref()
                     .and_then(OpenedWindows::parse)
@@ -964,11 +969,8 @@ fn run(seed: u64) -> Result<String, String> {
                             }
                             a.handle_deleted(!failed);
                         }
-                        // A make that fails (a reattach only: the first one failing ends the
-                        // binary's stream, here nothing would be left to explore).
-                        AttachIo::Make { .. } if d.start.is_some() && rng.chance(make_fails) => {
-                            a.handle_made(false)
-                        }
+                        // A make that fails (a cluster electing the stream's leader).
+                        AttachIo::Make { .. } if rng.chance(make_fails) => a.handle_made(false),
                         AttachIo::Make { start } => {
                             // (One still there after its deletes failed goes on from its
                             // own position.)
@@ -985,7 +987,13 @@ fn run(seed: u64) -> Result<String, String> {
                     }
                 }
                 let end = a.poll_end();
-                if let Some(Err(())) = end {
+                if let (Some(Err(())), None) = (end, d.start) {
+                    // The first attach, tried again as the binary's `StartRetry` says.
+                    let retry = d.first_retry.get_or_insert_with(|| StartRetry::new(t));
+                    let wait = retry.handle_failed(t).ok_or("a sink's start gave up")?;
+                    d.first_at = now + wait.as_millis() as u64;
+                    d.attach = None;
+                } else if let Some(Err(())) = end {
                     d.again.handle_attached(t, false);
                     d.attach = None;
                 } else if let Some(Ok(attached)) = end {

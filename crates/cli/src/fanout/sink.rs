@@ -2,7 +2,9 @@
 //! with its keys, and frames handed to the endpoint.
 
 use super::*;
-use ndd_link::nats::attach::{device_start, Attach, AttachIo, Reattach};
+use ndd_link::nats::attach::{
+    device_start, Attach, AttachIo, Reattach, StartRetry, FIRST_ATTACH_FOR,
+};
 use ndd_link::nats::deliver::{Action, Mode, Notice, Rebuild, SinkFlow, ENDING_WAIT, FINISH_WAIT};
 
 /// Replay window of the group key's inverse halves, in frames.
@@ -147,10 +149,12 @@ pub(super) async fn subscribe(
         // the keys name began ([`GroupKey::oldest_began`]), not at the stream's end.
         if let Some(js) = js.filter(|_| plan.reliable) {
             let name = ctx.subjects.jetstream();
-            let stream = js
-                .get_stream(&name)
-                .await
-                .map_err(|e| anyhow!("JetStream stream {name}: {e}"))?;
+            let stream = retried(|| async {
+                js.get_stream(&name)
+                    .await
+                    .map_err(|e| anyhow!("JetStream stream {name}: {e}"))
+            })
+            .await?;
             let windows = WindowsFile::open(
                 &Home::new(&ctx.home, ctx.subjects.prefix(), ctx.subjects.driver()),
                 &ctx.subjects.device_durable(plan.id),
@@ -176,7 +180,7 @@ pub(super) async fn subscribe(
                 windows: Some(windows),
                 again: Reattach::default(),
             };
-            stored.attach(start).await?;
+            stored.attach_first(start).await?;
             return Ok(Input::Stored(Box::new(stored)));
         }
         let subject = ctx.subjects.up(plan.id);
@@ -207,12 +211,15 @@ pub(super) async fn subscribe(
             Ok(Input::Core(sub))
         }
         Some(js) => {
-            let stream = js.get_stream(ctx.subjects.jetstream()).await.map_err(|e| {
-                anyhow!(
-                    "JetStream stream {}: {e} (the device side creates it when it starts)",
-                    ctx.subjects.jetstream()
-                )
-            })?;
+            let stream = retried(|| async {
+                js.get_stream(ctx.subjects.jetstream()).await.map_err(|e| {
+                    anyhow!(
+                        "JetStream stream {}: {e} (the device side creates it when it starts)",
+                        ctx.subjects.jetstream()
+                    )
+                })
+            })
+            .await?;
             let durable = consumer_name(&ctx.subjects, plan, me, part);
             // Where this side stood, for its next process (its own ordered consumer only).
             let position = if plan.round_robin {
@@ -237,7 +244,7 @@ pub(super) async fn subscribe(
                 windows: None,
                 again: Reattach::default(),
             };
-            stored.attach(start).await?;
+            stored.attach_first(start).await?;
             Ok(Input::Stored(Box::new(stored)))
         }
     }
@@ -272,7 +279,53 @@ pub(super) struct Stored {
     pub(super) again: Reattach,
 }
 
+/// A JetStream step of a sink's start, tried again while it fails as [`StartRetry`] says;
+/// then the stream fails with the last error.
+async fn retried<T, F, Fut>(mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut retry = StartRetry::new(Instant::now());
+    loop {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) => wait_or_give_up(&mut retry, e).await?,
+        }
+    }
+}
+
+/// Waits before a failed step of a sink's start is tried again, saying so; `Err` when it
+/// gives up.
+async fn wait_or_give_up(retry: &mut StartRetry, e: anyhow::Error) -> Result<()> {
+    let Some(wait) = retry.handle_failed(Instant::now()) else {
+        return Err(e.context(format!(
+            "this stream's start gave up after trying for {} s",
+            FIRST_ATTACH_FOR.as_secs()
+        )));
+    };
+    // The server's words in it: escaped.
+    tracing::warn!(
+        "{}; trying again in {} ms",
+        printable(&format!("{e:#}"), MAX_REASON),
+        wait.as_millis()
+    );
+    tokio::time::sleep(wait).await;
+    Ok(())
+}
+
 impl Stored {
+    /// The first attach, tried again while it fails ([`StartRetry`]).
+    async fn attach_first(&mut self, start: u64) -> Result<()> {
+        let mut retry = StartRetry::new(Instant::now());
+        loop {
+            match self.attach(start).await {
+                Ok(()) => return Ok(()),
+                Err(e) => wait_or_give_up(&mut retry, e).await?,
+            }
+        }
+    }
+
     /// (Re)attaches, as [`Attach`] asks (the rules live there, sans-IO): this side's own
     /// consumer, if it exists, resumes where it stood; a new one starts at `start` (the first
     /// message stored after this side asked to join, or [`device_start`]).

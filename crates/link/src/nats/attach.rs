@@ -22,8 +22,10 @@
 //!   comes again at once, not after the ack wait) or the consumer stopped delivering. One
 //!   still there resumes after its ack floor as above; one lost is made after what this process
 //!   acknowledged and what went through the sink, and never before where it started as
-//!   attached last ([`Reattach::from`]); a failed attach is tried again [`ATTACH_RETRY`] later, the wait
-//!   doubling up to [`ATTACH_RETRY_MAX`].
+//!   attached last ([`Reattach::from`]); a failed attach is tried again [`ATTACH_RETRY`] later,
+//!   the wait doubling up to [`ATTACH_RETRY_MAX`].
+//! - **A sink's start** ([`StartRetry`]): the stream looked up and the first attach are tried
+//!   again as reattaches are spaced, for [`FIRST_ATTACH_FOR`], before the stream fails.
 
 use super::intake::Kept;
 use std::time::{Duration, Instant};
@@ -37,6 +39,9 @@ pub const DELETE_TRIES: u32 = 5;
 pub const ATTACH_RETRY: Duration = Duration::from_millis(100);
 /// The longest wait between attaches that fail.
 pub const ATTACH_RETRY_MAX: Duration = Duration::from_secs(5);
+/// How long a sink's start tries its JetStream steps (the stream looked up, the first attach)
+/// again while they fail, before the stream fails.
+pub const FIRST_ATTACH_FOR: Duration = Duration::from_secs(20);
 
 /// Where a device side's consumer made afresh starts: after stream sequence `oldest_began`
 /// (where the oldest run its keys name began: frames of older runs are refused anyway) or
@@ -228,6 +233,36 @@ impl Reattach {
     }
 }
 
+/// A sink's start's JetStream steps (the stream looked up, the first attach), tried again
+/// while they fail, spaced as [`Reattach`] spaces attaches, for [`FIRST_ATTACH_FOR`]: a
+/// cluster electing the stream's leader after a node went fails them for a few seconds. (Before
+/// 2026-12-02 the first failure failed the stream, and with it the side.)
+#[derive(Debug, Clone)]
+pub struct StartRetry {
+    since: Instant,
+    again: Reattach,
+}
+
+impl StartRetry {
+    /// Steps that start at `now`.
+    pub fn new(now: Instant) -> StartRetry {
+        StartRetry {
+            since: now,
+            again: Reattach::default(),
+        }
+    }
+
+    /// A step failed at `now`: the wait before it is tried again, or `None`: the stream gives
+    /// up (the next try would begin after [`FIRST_ATTACH_FOR`]).
+    pub fn handle_failed(&mut self, now: Instant) -> Option<Duration> {
+        let wait = self
+            .again
+            .handle_attached(now, false)
+            .unwrap_or(ATTACH_RETRY);
+        (now.saturating_duration_since(self.since) + wait <= FIRST_ATTACH_FOR).then_some(wait)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -390,5 +425,19 @@ mod tests {
         );
         assert_eq!(device_start(7, 0), 8);
         assert_eq!(device_start(7, 20), 21);
+    }
+
+    #[test]
+    fn a_start_tries_its_steps_again_for_a_while() {
+        let t0 = Instant::now();
+        let mut r = StartRetry::new(t0);
+        let mut now = t0;
+        let mut waits = Vec::new();
+        while let Some(w) = r.handle_failed(now) {
+            waits.push(w.as_millis());
+            now += w;
+        }
+        assert_eq!(waits[..4], [100, 200, 400, 800]);
+        assert!(now - t0 <= FIRST_ATTACH_FOR && now - t0 > FIRST_ATTACH_FOR - ATTACH_RETRY_MAX);
     }
 }
