@@ -84,7 +84,7 @@ mod common;
 use bytes::Bytes;
 use common::{RunInverse, RunSealer, IDS};
 use ndd_core::{Frame, Meta};
-use ndd_link::nats::attach::{device_start, Attach, AttachIo, Reattach, StartRetry};
+use ndd_link::nats::attach::{device_start, Attach, AttachIo, Reattach};
 use ndd_link::nats::follow::{
     key_id, mark_label, notice_body, notice_label, FollowEvent, FollowIo, Follower, Joined, Notice,
 };
@@ -305,9 +305,6 @@ struct Device {
     again: Reattach,
     /// Its connection came back since it looked last.
     reconnected: bool,
-    /// Its first attach failed: tried again from then (`StartRetry`).
-    first_retry: Option<StartRetry>,
-    first_at: u64,
 }
 
 impl Device {
@@ -325,8 +322,6 @@ impl Device {
             start: None,
             again: Reattach::default(),
             reconnected: false,
-            first_retry: None,
-            first_at: 0,
         }
     }
 }
@@ -597,7 +592,7 @@ fn run(seed: u64) -> Result<String, String> {
                     // Tried again as `DeviceStart` says; one that gives up ends the process
                     // (never within these schedules: it tries for 20 s).
                     st.start
-                        .handle_failed(t)
+                        .handle_failed(t, true)
                         .map_err(|_| "a device start gave up")?;
                 } else if *at == u64::MAX && now >= *back {
                     let io = *io;
@@ -917,13 +912,14 @@ fn run(seed: u64) -> Result<String, String> {
             // (kept across restarts unless lost) resumes after its ack floor; else one is made
             // at `device_start`, after where the oldest run its keys name began or after what
             // the windows kept say went through the sink.
-            if now >= d.sink_from && d.start.is_none() && d.attach.is_none() && now >= d.first_at {
+            if now >= d.sink_from && d.start.is_none() && d.attach.is_none() {
                 let through = windows
                     .as_deref()
                     .and_then(OpenedWindows::parse)
                     .map_or(0, |w| w.through());
                 let start = device_start(d.keys.oldest_began(), through);
-                d.attach = Some((Attach::new(start, true, false), None));
+                // (Its failed steps are tried again within it: `Attach::retrying`.)
+                d.attach = Some((Attach::new(start, true, false).retrying(t), None));
             }
             // The connection came back (a reconnect, or the server restarted and, in some
             // schedules, lost the consumer): attached again.
@@ -956,6 +952,12 @@ fn run(seed: u64) -> Result<String, String> {
                 }
                 if let Some((io, _)) = step.take_if(|(_, when)| now >= *when) {
                     match io {
+                        // A look or a make fails in some schedules (a cluster electing the
+                        // stream's leader): a stream's first attach tries it again itself, a
+                        // reattach ends and `Reattach` spaces the next.
+                        AttachIo::Look if rng.chance(make_fails) => {
+                            a.handle_look_failed(t, true);
+                        }
                         AttachIo::Look => {
                             let floor = consumer_exists.then(|| consumer.floor());
                             a.handle_looked(floor, None, t);
@@ -970,7 +972,9 @@ fn run(seed: u64) -> Result<String, String> {
                             a.handle_deleted(!failed);
                         }
                         // A make that fails (a cluster electing the stream's leader).
-                        AttachIo::Make { .. } if rng.chance(make_fails) => a.handle_made(false),
+                        AttachIo::Make { .. } if rng.chance(make_fails) => {
+                            a.handle_make_failed(t, true);
+                        }
                         AttachIo::Make { start } => {
                             // (One still there after its deletes failed goes on from its
                             // own position.)
@@ -988,11 +992,7 @@ fn run(seed: u64) -> Result<String, String> {
                 }
                 let end = a.poll_end();
                 if let (Some(Err(())), None) = (end, d.start) {
-                    // The first attach, tried again as the binary's `StartRetry` says.
-                    let retry = d.first_retry.get_or_insert_with(|| StartRetry::new(t));
-                    let wait = retry.handle_failed(t).ok_or("a sink's start gave up")?;
-                    d.first_at = now + wait.as_millis() as u64;
-                    d.attach = None;
+                    return Err("a sink's first attach gave up".into());
                 } else if let Some(Err(())) = end {
                     d.again.handle_attached(t, false);
                     d.attach = None;

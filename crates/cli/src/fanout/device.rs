@@ -32,8 +32,12 @@ pub(super) async fn start(
     while !start.is_done() {
         let Some(io) = start.poll_io(Instant::now()) else {
             match start.poll_timeout() {
-                // A failed JetStream step, asked again once its wait passed.
-                Some(at) => tokio::time::sleep_until(at.into()).await,
+                // A failed JetStream step, asked again once its wait passed (or the side
+                // stops meanwhile).
+                Some(at) => tokio::select! {
+                    _ = tokio::time::sleep_until(at.into()) => {}
+                    _ = stop.changed() => bail!("stopped during the device side's start"),
+                },
                 None => bail!("the device's start ended before its run began"),
             }
             continue;
@@ -53,8 +57,18 @@ pub(super) async fn start(
             StartIo::Mark { run } => {
                 let js = js.as_ref().ok_or_else(no_js)?;
                 match mark_run(ctx, js, local, run).await {
+                    // (nats-server 2.10 answers a copy of a message still being replicated
+                    // as a duplicate at sequence 0: not stored yet, asked again.)
+                    Ok(0) => again_or_fail(
+                        &mut start,
+                        anyhow!("marking this run in JetStream: a duplicate not yet stored"),
+                        true,
+                    )?,
                     Ok(seq) => start.handle_marked(seq),
-                    Err(e) => again_or_fail(&mut start, e)?,
+                    Err(e) => {
+                        let passing = ndd_link::nats::store::passes(&format!("{e:#}"));
+                        again_or_fail(&mut start, e, passing)?
+                    }
                 }
             }
             StartIo::PurgeEarlierMarks { run, before } => {
@@ -65,7 +79,10 @@ pub(super) async fn start(
                 let js = js.as_ref().ok_or_else(no_js)?;
                 match stored_up_to(ctx, js).await {
                     Ok((_, last)) => start.handle_end(last),
-                    Err(e) => again_or_fail(&mut start, e)?,
+                    Err(e) => {
+                        let passing = ndd_link::nats::store::passes(&format!("{e:#}"));
+                        again_or_fail(&mut start, e, passing)?
+                    }
                 }
             }
             StartIo::Begin { run, began } => {
@@ -171,11 +188,12 @@ pub(super) async fn start(
     })
 }
 
-/// A JetStream step of the start failed: tried again as [`DeviceStart`] says (a cluster
+/// A JetStream step of the start failed with `e` (`passing`: an error that passes by
+/// itself, `ndd_link::nats::store::passes`): tried again as [`DeviceStart`] says (a cluster
 /// electing the stream's leader answers "no stream found" for a few seconds), or the start
 /// fails with `e`.
-fn again_or_fail(start: &mut DeviceStart, e: anyhow::Error) -> Result<()> {
-    match start.handle_failed(Instant::now()) {
+fn again_or_fail(start: &mut DeviceStart, e: anyhow::Error, passing: bool) -> Result<()> {
+    match start.handle_failed(Instant::now(), passing) {
         Ok(wait) => {
             // The server's words in it: escaped.
             tracing::warn!(
@@ -186,10 +204,11 @@ fn again_or_fail(start: &mut DeviceStart, e: anyhow::Error) -> Result<()> {
             );
             Ok(())
         }
-        Err(GaveUp) => Err(e.context(format!(
+        Err(GaveUp) if passing => Err(e.context(format!(
             "the device's start gave up after trying for {} s",
             STEP_RETRY_FOR.as_secs()
         ))),
+        Err(GaveUp) => Err(e),
     }
 }
 

@@ -141,6 +141,7 @@ pub(super) async fn subscribe(
     js: Option<jetstream::Context>,
     app: Option<(&Admission, &str, u64)>,
     began: u64,
+    stop: &watch::Receiver<bool>,
 ) -> Result<Input> {
     let Some((adm, me, start)) = app else {
         // The device side's sinks: every app side's frames on the stream's up subject;
@@ -149,7 +150,7 @@ pub(super) async fn subscribe(
         // the keys name began ([`GroupKey::oldest_began`]), not at the stream's end.
         if let Some(js) = js.filter(|_| plan.reliable) {
             let name = ctx.subjects.jetstream();
-            let stream = retried(|| async {
+            let stream = retried(stop, || async {
                 js.get_stream(&name)
                     .await
                     .map_err(|e| anyhow!("JetStream stream {name}: {e}"))
@@ -179,8 +180,9 @@ pub(super) async fn subscribe(
                 position: None,
                 windows: Some(windows),
                 again: Reattach::default(),
+                stop: stop.clone(),
             };
-            stored.attach_first(start).await?;
+            stored.attach(start, true).await?;
             return Ok(Input::Stored(Box::new(stored)));
         }
         let subject = ctx.subjects.up(plan.id);
@@ -211,7 +213,7 @@ pub(super) async fn subscribe(
             Ok(Input::Core(sub))
         }
         Some(js) => {
-            let stream = retried(|| async {
+            let stream = retried(stop, || async {
                 js.get_stream(ctx.subjects.jetstream()).await.map_err(|e| {
                     anyhow!(
                         "JetStream stream {}: {e} (the device side creates it when it starts)",
@@ -243,8 +245,9 @@ pub(super) async fn subscribe(
                 position,
                 windows: None,
                 again: Reattach::default(),
+                stop: stop.clone(),
             };
-            stored.attach_first(start).await?;
+            stored.attach(start, true).await?;
             Ok(Input::Stored(Box::new(stored)))
         }
     }
@@ -277,82 +280,111 @@ pub(super) struct Stored {
     pub(super) windows: Option<WindowsFile>,
     /// When it is attached again ([`Reattach`]).
     pub(super) again: Reattach,
+    /// This side stops: a wait between attempts ends.
+    pub(super) stop: watch::Receiver<bool>,
 }
 
-/// A JetStream step of a sink's start, tried again while it fails as [`StartRetry`] says;
-/// then the stream fails with the last error.
-async fn retried<T, F, Fut>(mut f: F) -> Result<T>
+/// A JetStream step of a sink's start, tried again while it fails as [`StartRetry`] says
+/// (or until this side stops); then the stream fails with the last error.
+async fn retried<T, F, Fut>(stop: &watch::Receiver<bool>, mut f: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T>>,
 {
     let mut retry = StartRetry::new(Instant::now());
     loop {
-        match f().await {
+        let e = match f().await {
             Ok(v) => return Ok(v),
-            Err(e) => wait_or_give_up(&mut retry, e).await?,
-        }
+            Err(e) => e,
+        };
+        let passing = ndd_link::nats::store::passes(&format!("{e:#}"));
+        let Some(wait) = retry.handle_failed(Instant::now(), passing) else {
+            return Err(gave_up(e, passing));
+        };
+        trying_again(&e, wait);
+        stopped_or_slept(stop, Instant::now() + wait).await?;
     }
 }
 
-/// Waits before a failed step of a sink's start is tried again, saying so; `Err` when it
-/// gives up.
-async fn wait_or_give_up(retry: &mut StartRetry, e: anyhow::Error) -> Result<()> {
-    let Some(wait) = retry.handle_failed(Instant::now()) else {
-        return Err(e.context(format!(
+/// The error of a step a sink's start gave up on.
+fn gave_up(e: anyhow::Error, passing: bool) -> anyhow::Error {
+    if passing {
+        e.context(format!(
             "this stream's start gave up after trying for {} s",
             FIRST_ATTACH_FOR.as_secs()
-        )));
-    };
-    // The server's words in it: escaped.
+        ))
+    } else {
+        e
+    }
+}
+
+/// Says that a failed step is tried again after `wait` (the server's words escaped).
+fn trying_again(e: &anyhow::Error, wait: Duration) {
     tracing::warn!(
         "{}; trying again in {} ms",
         printable(&format!("{e:#}"), MAX_REASON),
         wait.as_millis()
     );
-    tokio::time::sleep(wait).await;
-    Ok(())
+}
+
+/// Sleeps until `at`, or fails once this side stops.
+async fn stopped_or_slept(stop: &watch::Receiver<bool>, at: Instant) -> Result<()> {
+    let mut stop = stop.clone();
+    tokio::select! {
+        _ = tokio::time::sleep_until(at.into()) => Ok(()),
+        _ = stop.changed() => bail!("stopped while this stream started"),
+    }
 }
 
 impl Stored {
-    /// The first attach, tried again while it fails ([`StartRetry`]).
-    async fn attach_first(&mut self, start: u64) -> Result<()> {
-        let mut retry = StartRetry::new(Instant::now());
-        loop {
-            match self.attach(start).await {
-                Ok(()) => return Ok(()),
-                Err(e) => wait_or_give_up(&mut retry, e).await?,
-            }
-        }
-    }
-
     /// (Re)attaches, as [`Attach`] asks (the rules live there, sans-IO): this side's own
     /// consumer, if it exists, resumes where it stood; a new one starts at `start` (the first
-    /// message stored after this side asked to join, or [`device_start`]).
-    pub(super) async fn attach(&mut self, start: u64) -> Result<()> {
+    /// message stored after this side asked to join, or [`device_start`]). `first`: the
+    /// stream's first attach, whose failed steps are tried again ([`StartRetry`]).
+    pub(super) async fn attach(&mut self, start: u64, first: bool) -> Result<()> {
         let durable = self.durable.clone();
         let mut a = Attach::new(start, self.resume, self.shared);
+        if first {
+            a = a.retrying(Instant::now());
+        }
         let mut last_err = None;
         let attached = loop {
             if let Some(end) = a.poll_end() {
                 break end;
             }
             let Some(io) = a.poll_io(Instant::now()) else {
-                sleep_until_opt(a.poll_timeout()).await;
+                match a.poll_timeout() {
+                    Some(at) => stopped_or_slept(&self.stop, at).await?,
+                    None => bail!("JetStream consumer {durable}: its attach stalled"),
+                }
                 continue;
             };
             match io {
                 AttachIo::Look => {
-                    let floor = self
+                    let r = self
                         .stream
                         .get_consumer::<jetstream::consumer::pull::Config>(&durable)
-                        .await
-                        .ok()
-                        .map(|c| c.cached_info().ack_floor.stream_sequence);
-                    // Records acknowledged and kept aside for a key, not yet opened, come
-                    // again (the process that kept them may be gone).
-                    let kept = self.position.as_ref().and_then(PositionFile::read);
-                    a.handle_looked(floor, kept.as_ref(), Instant::now());
+                        .await;
+                    match r {
+                        Ok(c) => {
+                            // Records acknowledged and kept aside for a key, not yet opened,
+                            // come again (the process that kept them may be gone).
+                            let kept = self.position.as_ref().and_then(PositionFile::read);
+                            let floor = c.cached_info().ack_floor.stream_sequence;
+                            a.handle_looked(Some(floor), kept.as_ref(), Instant::now());
+                        }
+                        Err(e) if e.to_string().contains("not found") => {
+                            a.handle_looked(None, None, Instant::now())
+                        }
+                        Err(e) => {
+                            let e = anyhow!("JetStream consumer {durable}: {e}");
+                            let passing = ndd_link::nats::store::passes(&format!("{e:#}"));
+                            match a.handle_look_failed(Instant::now(), passing) {
+                                Some(wait) => trying_again(&e, wait),
+                                None => last_err = Some(gave_up(e, passing && first)),
+                            }
+                        }
+                    }
                 }
                 AttachIo::Delete => {
                     let r = self.stream.delete_consumer(&durable).await;
@@ -361,11 +393,16 @@ impl Stored {
                     }
                     a.handle_deleted(r.is_ok());
                 }
-                AttachIo::Make { start } => {
-                    let r = self.make(start).await;
-                    a.handle_made(r.is_ok());
-                    last_err = r.err();
-                }
+                AttachIo::Make { start } => match self.make(start).await {
+                    Ok(()) => a.handle_made(true),
+                    Err(e) => {
+                        let passing = ndd_link::nats::store::passes(&format!("{e:#}"));
+                        match a.handle_make_failed(Instant::now(), passing) {
+                            Some(wait) => trying_again(&e, wait),
+                            None => last_err = Some(gave_up(e, passing && first)),
+                        }
+                    }
+                },
             }
         };
         let Ok(attached) = attached else {
@@ -812,7 +849,7 @@ impl SinkPump {
         }
         let intake = flow.receiver().intake();
         let from = Reattach::from(intake.acked_to(), intake.through(), s.start);
-        let r = s.attach(from).await;
+        let r = s.attach(from, false).await;
         flow.receiver().intake().consumer_start(s.start);
         let wait = s.again.handle_attached(Instant::now(), r.is_ok());
         if let (Err(e), Some(wait)) = (r, wait) {

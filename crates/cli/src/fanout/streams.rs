@@ -139,7 +139,7 @@ pub(super) async fn spawn_stream(
             stale,
         };
         let began = key.borrow().oldest_began();
-        let input = subscribe(ctx, plan, js, app, began).await?;
+        let input = subscribe(ctx, plan, js, app, began, finish).await?;
         let lossy = !plan.reliable;
         let end_sub = if plan.round_robin && app.is_some() {
             let subject = ctx.subjects.end(plan.id);

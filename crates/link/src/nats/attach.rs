@@ -86,6 +86,10 @@ enum Step {
     /// Waiting to delete again.
     Wait(Instant),
     Make,
+    /// A first attach's make failed: made again then.
+    WaitMake(Instant),
+    /// A first attach's look failed (not "not found"): looked again then.
+    WaitLook(Instant),
     /// Asked, the outcome not handed back yet.
     Asked,
     Done(bool),
@@ -100,6 +104,9 @@ pub struct Attach {
     deletes: u32,
     /// The look under way asks whether a consumer whose delete failed is still there.
     checking: bool,
+    /// A stream's first attach: a failed make is made again, at the start decided, as this
+    /// says.
+    retry: Option<StartRetry>,
     step: Step,
 }
 
@@ -113,8 +120,18 @@ impl Attach {
             resumed: false,
             deletes: 0,
             checking: false,
+            retry: None,
             step: if shared { Step::Make } else { Step::Look },
         }
+    }
+
+    /// A stream's first attach, from `now`: a make that fails with an error that passes by
+    /// itself is made again at the start decided (a consumer left behind and deleted is not
+    /// there to be found again: looking again would start the new one where a fresh one
+    /// starts, past what the one left behind had not acknowledged), as [`StartRetry`] says.
+    pub fn retrying(mut self, now: Instant) -> Attach {
+        self.retry = Some(StartRetry::new(now));
+        self
     }
 
     /// The next step to do, if one is due (`None` while one is under way, while a delete
@@ -125,7 +142,11 @@ impl Attach {
             Step::Delete => AttachIo::Delete,
             Step::Wait(at) if now >= at => AttachIo::Delete,
             Step::Make => AttachIo::Make { start: self.start },
-            Step::Wait(_) | Step::Asked | Step::Done(_) => return None,
+            Step::WaitMake(at) if now >= at => AttachIo::Make { start: self.start },
+            Step::WaitLook(at) if now >= at => AttachIo::Look,
+            Step::Wait(_) | Step::WaitMake(_) | Step::WaitLook(_) | Step::Asked | Step::Done(_) => {
+                return None
+            }
         };
         self.checking = self.step == Step::Check;
         self.step = Step::Asked;
@@ -135,7 +156,7 @@ impl Attach {
     /// When a delete waits to be tried again.
     pub fn poll_timeout(&self) -> Option<Instant> {
         match self.step {
-            Step::Wait(at) => Some(at),
+            Step::Wait(at) | Step::WaitMake(at) | Step::WaitLook(at) => Some(at),
             _ => None,
         }
     }
@@ -172,6 +193,38 @@ impl Attach {
     /// Whether the consumer was made and pulled from.
     pub fn handle_made(&mut self, ok: bool) {
         self.step = Step::Done(ok);
+    }
+
+    /// The look failed at `now` with an error other than "not found" (`passing`: one that
+    /// passes by itself): whether a consumer is left behind is not known, so nothing is made
+    /// (made afresh, it would start past what that one had not acknowledged). A first
+    /// attach's is looked again after the wait given; otherwise (`None`) the attach ends
+    /// failed. (Before, any failed look counted as none left behind.)
+    pub fn handle_look_failed(&mut self, now: Instant, passing: bool) -> Option<Duration> {
+        let wait = self
+            .retry
+            .as_mut()
+            .and_then(|r| r.handle_failed(now, passing));
+        self.checking = false;
+        self.step = match wait {
+            Some(w) => Step::WaitLook(now + w),
+            None => Step::Done(false),
+        };
+        wait
+    }
+
+    /// The make failed at `now` (`passing`: with an error that passes by itself). A first
+    /// attach's is made again after the wait given; otherwise (`None`) the attach ends failed.
+    pub fn handle_make_failed(&mut self, now: Instant, passing: bool) -> Option<Duration> {
+        let wait = self
+            .retry
+            .as_mut()
+            .and_then(|r| r.handle_failed(now, passing));
+        self.step = match wait {
+            Some(w) => Step::WaitMake(now + w),
+            None => Step::Done(false),
+        };
+        wait
     }
 
     /// The attach's end: `Some(Ok)` attached, `Some(Err(()))` the make failed; `None` while
@@ -252,9 +305,14 @@ impl StartRetry {
         }
     }
 
-    /// A step failed at `now`: the wait before it is tried again, or `None`: the stream gives
-    /// up (the next try would begin after [`FIRST_ATTACH_FOR`]).
-    pub fn handle_failed(&mut self, now: Instant) -> Option<Duration> {
+    /// A step failed at `now` (`passing`: with an error that passes by itself,
+    /// `super::store::passes`): the wait before it is tried again, or `None`: the stream gives
+    /// up (an error that does not pass, or the next try would begin after
+    /// [`FIRST_ATTACH_FOR`]).
+    pub fn handle_failed(&mut self, now: Instant, passing: bool) -> Option<Duration> {
+        if !passing {
+            return None;
+        }
         let wait = self
             .again
             .handle_attached(now, false)
@@ -433,11 +491,70 @@ mod tests {
         let mut r = StartRetry::new(t0);
         let mut now = t0;
         let mut waits = Vec::new();
-        while let Some(w) = r.handle_failed(now) {
+        assert_eq!(r.clone().handle_failed(now, false), None, "does not pass");
+        while let Some(w) = r.handle_failed(now, true) {
             waits.push(w.as_millis());
             now += w;
         }
         assert_eq!(waits[..4], [100, 200, 400, 800]);
         assert!(now - t0 <= FIRST_ATTACH_FOR && now - t0 > FIRST_ATTACH_FOR - ATTACH_RETRY_MAX);
+    }
+
+    #[test]
+    fn a_first_attach_whose_make_fails_makes_it_again_where_it_resumed() {
+        let t0 = Instant::now();
+        let mut a = Attach::new(40, true, false).retrying(t0);
+        assert_eq!(a.poll_io(t0), Some(AttachIo::Look));
+        a.handle_looked(Some(17), None, t0);
+        assert_eq!(a.poll_io(t0), Some(AttachIo::Delete));
+        a.handle_deleted(true);
+        assert_eq!(a.poll_io(t0), Some(AttachIo::Make { start: 18 }));
+        let w = a.handle_make_failed(t0, true).expect("made again");
+        assert_eq!(a.poll_io(t0), None, "not before the wait");
+        assert_eq!(a.poll_timeout(), Some(t0 + w));
+        // Made again where it resumed, not looked up again (the one left behind is gone: a
+        // look would start afresh at 40 and skip 18..40).
+        assert_eq!(a.poll_io(t0 + w), Some(AttachIo::Make { start: 18 }));
+        a.handle_made(true);
+        assert_eq!(
+            a.poll_end(),
+            Some(Ok(Attached {
+                start: 18,
+                resumed: true
+            }))
+        );
+        // An error that does not pass, or a reattach's: the attach ends failed.
+        let mut a = Attach::new(40, true, false).retrying(t0);
+        a.poll_io(t0);
+        a.handle_looked(None, None, t0);
+        a.poll_io(t0);
+        assert_eq!(a.handle_make_failed(t0, false), None);
+        assert_eq!(a.poll_end(), Some(Err(())));
+        let mut a = Attach::new(40, true, false);
+        a.poll_io(t0);
+        a.handle_looked(None, None, t0);
+        a.poll_io(t0);
+        assert_eq!(a.handle_make_failed(t0, true), None);
+        assert_eq!(a.poll_end(), Some(Err(())));
+    }
+
+    #[test]
+    fn a_look_that_fails_makes_nothing() {
+        let t0 = Instant::now();
+        let mut a = Attach::new(40, true, false).retrying(t0);
+        assert_eq!(a.poll_io(t0), Some(AttachIo::Look));
+        let w = a.handle_look_failed(t0, true).expect("looked again");
+        assert_eq!(a.poll_io(t0), None);
+        assert_eq!(a.poll_io(t0 + w), Some(AttachIo::Look));
+        a.handle_looked(Some(17), None, t0 + w);
+        assert_eq!(a.poll_io(t0 + w), Some(AttachIo::Delete));
+        let mut a = Attach::new(40, true, false);
+        a.poll_io(t0);
+        assert_eq!(a.handle_look_failed(t0, true), None);
+        assert_eq!(
+            a.poll_end(),
+            Some(Err(())),
+            "a reattach's: tried again by Reattach"
+        );
     }
 }

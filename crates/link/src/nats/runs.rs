@@ -102,8 +102,7 @@ impl std::fmt::Display for Refusal {
         f.write_str(match self {
             Refusal::EarlierRun => {
                 "a frame of an earlier device run that was not stored before this run began \
-                 (sent across a device restart, the app side seals it again for this run; \
-                 otherwise a replay)"
+                 (sent just before a device restart, or a replay)"
             }
             Refusal::OtherStart => "a frame naming this run with another start (forged)",
             Refusal::NewerThanDevice => {

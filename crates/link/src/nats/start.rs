@@ -99,7 +99,7 @@ enum Step {
 pub struct GaveUp;
 
 /// One device process's start (see the module's documentation).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct DeviceStart {
     stored: bool,
     step: Step,
@@ -153,11 +153,12 @@ impl DeviceStart {
         }
     }
 
-    /// The step asked for failed at `now` (the driver says why when this gives up). `Ok`:
-    /// it is asked again once [`DeviceStart::poll_timeout`] passed; `Err`: the start gives
-    /// up (a step that is not JetStream's, or one that failed for [`STEP_RETRY_FOR`]).
-    pub fn handle_failed(&mut self, now: Instant) -> Result<Duration, GaveUp> {
-        if !self.asked || !matches!(self.step, Step::Mark(_) | Step::ReadEnd(_)) {
+    /// The step asked for failed at `now`; `passing`: with an error that passes by itself
+    /// (`super::store::passes`). `Ok`: it is asked again once [`DeviceStart::poll_timeout`]
+    /// passed; `Err`: the start gives up (an error that does not pass, a step that is not
+    /// JetStream's, or one that failed for [`STEP_RETRY_FOR`]).
+    pub fn handle_failed(&mut self, now: Instant, passing: bool) -> Result<Duration, GaveUp> {
+        if !passing || !self.asked || !matches!(self.step, Step::Mark(_) | Step::ReadEnd(_)) {
             return Err(GaveUp);
         }
         let (first, _, wait) = self.retry.unwrap_or((now, now, STEP_RETRY));
@@ -310,7 +311,7 @@ mod tests {
         let t0 = Instant::now();
         let mut s = DeviceStart::new(true);
         assert_eq!(s.poll_io(t0), Some(StartIo::SubscribeJoins));
-        assert_eq!(s.handle_failed(t0), Err(GaveUp), "not JetStream's");
+        assert_eq!(s.handle_failed(t0, true), Err(GaveUp), "not JetStream's");
         let mut s = DeviceStart::new(true);
         for io in [StartIo::SubscribeJoins, StartIo::ReserveRun] {
             assert_eq!(s.poll_io(t0), Some(io));
@@ -321,13 +322,20 @@ mod tests {
         }
         assert_eq!(s.poll_io(t0), Some(StartIo::Claim { run: 4 }));
         s.handle_claimed();
+        let mut hard = s.clone();
+        assert_eq!(hard.poll_io(t0), Some(StartIo::Mark { run: 4 }));
+        assert_eq!(
+            hard.handle_failed(t0, false),
+            Err(GaveUp),
+            "an error that does not pass"
+        );
         // The mark fails (a cluster electing the stream's leader): asked again later,
         // waits doubling.
         let mut now = t0;
         let mut waits = Vec::new();
         loop {
             assert_eq!(s.poll_io(now), Some(StartIo::Mark { run: 4 }));
-            match s.handle_failed(now) {
+            match s.handle_failed(now, true) {
                 Ok(w) => {
                     assert_eq!(s.poll_io(now), None, "not before the wait");
                     assert_eq!(s.poll_timeout(), Some(now + w));
@@ -348,7 +356,7 @@ mod tests {
         s.poll_io(t0);
         s.handle_claimed();
         assert_eq!(s.poll_io(t0), Some(StartIo::Mark { run: 4 }));
-        assert!(s.handle_failed(t0).is_ok());
+        assert!(s.handle_failed(t0, true).is_ok());
         let later = t0 + STEP_RETRY;
         assert_eq!(s.poll_io(later), Some(StartIo::Mark { run: 4 }));
         s.handle_marked(1);

@@ -12,13 +12,21 @@ pub enum Attempt {
     GiveUp(String),
 }
 
+/// Whether the JetStream error `e` (its text) passes by itself: what a cluster electing a
+/// stream's leader answers for a few seconds after a node went ("temporarily unavailable", no
+/// responders, a request timed out, a publish finding "no stream" for its subject). Anything
+/// else (permissions, limits, JetStream not enabled) does not, and is said at once.
+pub fn passes(e: &str) -> bool {
+    e.contains("temporarily unavailable")
+        || e.contains("timed out")
+        || e.contains("no responders")
+        || e.contains("no stream found")
+}
+
 /// What the JetStream error `e` (its text) means for a stream of `replicas` copies reserving
 /// `store_mib` MiB; `waited_out`: the time to wait for leaders is over.
 pub fn after_failure(e: &str, replicas: u8, store_mib: u64, waited_out: bool) -> Attempt {
-    let passing = e.contains("temporarily unavailable")
-        || e.contains("timed out")
-        || e.contains("no responders")
-        || e.contains("insufficient resources") && replicas > 1;
+    let passing = passes(e) || e.contains("insufficient resources") && replicas > 1;
     if passing && !waited_out {
         return Attempt::Again;
     }
@@ -70,5 +78,24 @@ mod tests {
             panic!("gave up")
         };
         assert!(h.contains("start nats-server with -js"), "{h}");
+    }
+
+    #[test]
+    fn what_a_leader_election_answers_passes_and_the_rest_does_not() {
+        for e in [
+            "jetstream error: JetStream system temporarily unavailable (code 503)",
+            "timed out: didn't receive a response",
+            "no responders",
+            "marking this run in JetStream (ndd.x.r.runs.1): no stream found for given subject",
+        ] {
+            assert!(passes(e), "{e}");
+        }
+        for e in [
+            "Permissions Violation for Publish to \"$JS.API.CONSUMER.CREATE\"",
+            "maximum consumers limit reached (code 400, error code 10026)",
+            "signing this run's mark: no key",
+        ] {
+            assert!(!passes(e), "{e}");
+        }
     }
 }
