@@ -220,6 +220,12 @@ fn sound_stays_whole_through_50_ms_of_jitter_with_the_buffer_sized_for_it() {
     // (buffer `late` 5, latency p99 288 ms: the machine, not the link) and the weakest 5 ms at
     // 0.497. 250 and 100, as one would size them for a busy machine behind a jittery link,
     // leave 200 ms for the machine's stalls before the buffer and 100 after it.
+    // The buffer's `min` and `max` count blocks of the capture's `frame_ms` (10 ms): sized as
+    // docs/modules.md says, `min` × 10 ms covers a refill's round trip (up to ~200 ms through
+    // this proxy, which holds each read for its jitter before the next) and `max` × 10 ms the
+    // delay plus that. With `min = 8, max = 16` (sized for 20 ms blocks) playout began after
+    // 80 ms, below the proxy's ~100 ms; a clean CI run then had 5 frames late, the delay
+    // ratcheted to 230 ms past the source's credit, and the tone had a gap (weakest 0.047).
     std::fs::write(
         &cfg,
         format!(
@@ -230,7 +236,7 @@ name = "mic"
 direction = "device-to-app"
 reliability = "lossy"
 source = {{ type = "pulse-capture", device = "dev_mic.monitor", rate = 48000, channels = 1, server = "{server}" }}
-stack = [{{ type = "opus", bitrate = 32000, application = "voip" }}, {{ type = "buffer", min = 8, max = 16, playout_ms = 250 }}]
+stack = [{{ type = "opus", bitrate = 32000, application = "voip" }}, {{ type = "buffer", min = 20, max = 48, playout_ms = 250 }}]
 sink = {{ type = "pulse-playback", virtual_source = "ndd_mic", rate = 48000, channels = 1, max_wait_ms = 1000, latency_ms = 100, server = "{server}" }}
 "#
         ),
