@@ -48,6 +48,15 @@ fn homes_n(dir: &Path, n: usize) -> (PathBuf, Vec<PathBuf>) {
     (d, apps)
 }
 
+/// `"a", "b"`: strings as the items of a TOML array.
+fn toml_list(items: &[String]) -> String {
+    items
+        .iter()
+        .map(|u| format!("{u:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, text).unwrap();
@@ -2552,12 +2561,7 @@ fn a_cluster_node_killed_mid_stream_loses_no_reliable_frame_and_lossy_frames_flo
     let dir = Dir::new("nats-cluster");
     let mut cluster = ndd_procs::NatsCluster::start("cluster");
     let (dev, apps) = homes_n(&dir.0, 2);
-    let servers = cluster
-        .urls()
-        .iter()
-        .map(|u| format!("{u:?}"))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let servers = toml_list(&cluster.urls());
     let (n, lossy_n) = (4000u64, 2500u64);
     let config = |i: usize| {
         let reliable = dir.0.join(format!("reliable{i}.bin"));
@@ -2690,12 +2694,7 @@ fn an_app_side_started_while_the_streams_leader_is_down_gets_every_frame() {
     let dir = Dir::new("nats-leader-down");
     let mut cluster = ndd_procs::NatsCluster::start("leaderdown");
     let (dev, apps) = homes_n(&dir.0, 1);
-    let servers = cluster
-        .urls()
-        .iter()
-        .map(|u| format!("{u:?}"))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let servers = toml_list(&cluster.urls());
     let n = 500u64;
     let out = dir.0.join("reliable.bin");
     let cfg = write(

@@ -289,27 +289,8 @@ fn a_raw_key_gives_the_keysym_of_the_modifiers_held_when_it_was_pressed() {
     }
     use x11rb::protocol::xtest::ConnectionExt as _;
     use x11rb::wrapper::ConnectionExt as _;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let a = Xvfb::start("640x480x24").expect("start Xvfb");
-    let (tx, mut rx) = mpsc::channel::<Frame>(64);
-    let source = {
-        let _rt = rt.enter();
-        SourceConfig::X11Input(X11InputConfig {
-            display: a.display.clone(),
-            window: X11Window::Root,
-        })
-        .spawn(1, tx)
-        .expect("x11-input source")
-    };
-    let first = rt
-        .block_on(async { tokio::time::timeout(Duration::from_secs(10), rx.recv()).await })
-        .expect("capabilities within 10 s")
-        .expect("capabilities frame");
-    assert!(matches!(decode(&first), InputMessage::Capabilities(_)));
+    let mut capture = RootCapture::start(Xvfb::start("640x480x24").expect("start Xvfb"));
+    let a = &capture.x;
 
     let (conn, _) = x11rb::connect(Some(&a.display)).unwrap();
     let fake = |ty: u8, keycode: u8| {
@@ -336,27 +317,12 @@ fn a_raw_key_gives_the_keysym_of_the_modifiers_held_when_it_was_pressed() {
     conn.ungrab_server().unwrap();
     conn.sync().unwrap();
 
-    let mut syms = Vec::new();
-    while syms.len() < 3 {
-        let f = rt
-            .block_on(async { tokio::time::timeout(Duration::from_secs(10), rx.recv()).await })
-            .unwrap_or_else(|_| panic!("keysyms after 10 s: {syms:?}"))
-            .expect("the source ended before the keys came");
-        if let InputMessage::Events(evs) = decode(&f) {
-            syms.extend(
-                evs.iter()
-                    .filter(|e| e.ty == EV_KEYSYM)
-                    .map(|e| (e.code, e.value)),
-            );
-        }
-    }
+    let syms = capture.keysyms(3);
     assert_eq!(
         syms,
         vec![(KEY_A, 0x61), (42, 0xffe1), (48, 0x42)],
         "a, Shift_L, B"
     );
-    drop(a);
-    let _ = rt.block_on(source);
 }
 
 /// The right Alt key of a German layout is AltGr by an XKB action: it is not in the core
@@ -370,56 +336,90 @@ fn a_raw_key_with_the_right_alt_of_a_german_layout_gives_its_altgr_level() {
     }
     use x11rb::protocol::xtest::ConnectionExt as _;
     use x11rb::wrapper::ConnectionExt as _;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let a = Xvfb::start("640x480x24").expect("start Xvfb");
-    setxkbmap(&a, &["de"]);
-    let (tx, mut rx) = mpsc::channel::<Frame>(64);
-    let source = {
-        let _rt = rt.enter();
-        SourceConfig::X11Input(X11InputConfig {
-            display: a.display.clone(),
-            window: X11Window::Root,
-        })
-        .spawn(1, tx)
-        .expect("x11-input source")
-    };
-    let first = rt
-        .block_on(async { tokio::time::timeout(Duration::from_secs(10), rx.recv()).await })
-        .expect("capabilities within 10 s")
-        .expect("capabilities frame");
-    assert!(matches!(decode(&first), InputMessage::Capabilities(_)));
+    let x = Xvfb::start("640x480x24").expect("start Xvfb");
+    setxkbmap(&x, &["de"]);
+    let mut capture = RootCapture::start(x);
+    let a = &capture.x;
     let (conn, _) = x11rb::connect(Some(&a.display)).unwrap();
     for (ty, keycode) in [(2, 108), (2, 24), (3, 24), (3, 108), (2, 24), (3, 24)] {
         conn.xtest_fake_input(ty, keycode, x11rb::CURRENT_TIME, x11rb::NONE, 0, 0, 0)
             .unwrap();
     }
     conn.sync().unwrap();
-    let mut syms = Vec::new();
-    while syms.len() < 3 {
-        let f = rt
-            .block_on(async { tokio::time::timeout(Duration::from_secs(10), rx.recv()).await })
-            .unwrap_or_else(|_| panic!("keysyms after 10 s: {syms:?}"))
-            .expect("the source ended before the keys came");
-        if let InputMessage::Events(evs) = decode(&f) {
-            syms.extend(
-                evs.iter()
-                    .filter(|e| e.ty == EV_KEYSYM)
-                    .map(|e| (e.code, e.value)),
-            );
-        }
-    }
+    let syms = capture.keysyms(3);
     // KEY_RIGHTALT (100) gives ISO_Level3_Shift, then KEY_Q (16) `@`, then `q` once it is up.
     assert_eq!(
         syms,
         vec![(100, 0xfe03), (16, 0x40), (16, 0x71)],
         "AltGr, AltGr+q, q"
     );
-    drop(a);
-    let _ = rt.block_on(source);
+}
+
+/// An `x11-input` source capturing display `x` whole (`window = "root"`), its capabilities
+/// record taken.
+struct RootCapture {
+    rx: mpsc::Receiver<Frame>,
+    _source:
+        tokio::task::JoinHandle<Result<ndd_endpoint::SourceReport, ndd_endpoint::EndpointError>>,
+    x: Xvfb,
+    // Last, so it is dropped after the display: the source's blocking task ends with it.
+    rt: tokio::runtime::Runtime,
+}
+
+impl RootCapture {
+    fn start(x: Xvfb) -> RootCapture {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (tx, rx) = mpsc::channel::<Frame>(64);
+        let source = {
+            let _rt = rt.enter();
+            SourceConfig::X11Input(X11InputConfig {
+                display: x.display.clone(),
+                window: X11Window::Root,
+            })
+            .spawn(1, tx)
+            .expect("x11-input source")
+        };
+        let mut c = RootCapture {
+            rx,
+            _source: source,
+            x,
+            rt,
+        };
+        let first = c.next().expect("capabilities within 10 s");
+        assert!(matches!(decode(&first), InputMessage::Capabilities(_)));
+        c
+    }
+
+    /// The next frame (10 s at most; `None` after that).
+    fn next(&mut self) -> Option<Frame> {
+        let rx = &mut self.rx;
+        self.rt
+            .block_on(async { tokio::time::timeout(Duration::from_secs(10), rx.recv()).await })
+            .ok()
+            .map(|f| f.expect("the source ended before the keys came"))
+    }
+
+    /// The keysym records (source key code, keysym) of the next `n`.
+    fn keysyms(&mut self, n: usize) -> Vec<(u16, i32)> {
+        let mut syms = Vec::new();
+        while syms.len() < n {
+            let f = self
+                .next()
+                .unwrap_or_else(|| panic!("keysyms after 10 s: {syms:?}"));
+            if let InputMessage::Events(evs) = decode(&f) {
+                syms.extend(
+                    evs.iter()
+                        .filter(|e| e.ty == EV_KEYSYM)
+                        .map(|e| (e.code, e.value)),
+                );
+            }
+        }
+        syms
+    }
 }
 
 fn keymap_has(conn: &impl Connection, keycode: u8) -> bool {

@@ -61,14 +61,11 @@ pub(super) async fn start(
                     // as a duplicate at sequence 0: not stored yet, asked again.)
                     Ok(0) => again_or_fail(
                         &mut start,
-                        anyhow!("marking this run in JetStream: a duplicate not yet stored"),
                         true,
+                        anyhow!("marking this run in JetStream: a duplicate not yet stored"),
                     )?,
                     Ok(seq) => start.handle_marked(seq),
-                    Err(e) => {
-                        let passing = ndd_link::nats::store::passes(&format!("{e:#}"));
-                        again_or_fail(&mut start, e, passing)?
-                    }
+                    Err(e) => again_or_fail(&mut start, passes(&e), e)?,
                 }
             }
             StartIo::PurgeEarlierMarks { run, before } => {
@@ -79,10 +76,7 @@ pub(super) async fn start(
                 let js = js.as_ref().ok_or_else(no_js)?;
                 match stored_up_to(ctx, js).await {
                     Ok((_, last)) => start.handle_end(last),
-                    Err(e) => {
-                        let passing = ndd_link::nats::store::passes(&format!("{e:#}"));
-                        again_or_fail(&mut start, e, passing)?
-                    }
+                    Err(e) => again_or_fail(&mut start, passes(&e), e)?,
                 }
             }
             StartIo::Begin { run, began } => {
@@ -192,7 +186,7 @@ pub(super) async fn start(
 /// itself, `ndd_link::nats::store::passes`): tried again as [`DeviceStart`] says (a cluster
 /// electing the stream's leader answers "no stream found" for a few seconds), or the start
 /// fails with `e`.
-fn again_or_fail(start: &mut DeviceStart, e: anyhow::Error, passing: bool) -> Result<()> {
+fn again_or_fail(start: &mut DeviceStart, passing: bool, e: anyhow::Error) -> Result<()> {
     match start.handle_failed(Instant::now(), passing) {
         Ok(wait) => {
             // The server's words in it: escaped.

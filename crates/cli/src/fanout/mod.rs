@@ -439,6 +439,12 @@ struct Start<'a> {
     deadline: Option<Instant>,
 }
 
+/// Whether the JetStream error `e` passes by itself (a cluster electing a leader):
+/// [`ndd_link::nats::store::passes`] on its whole text.
+fn passes(e: &anyhow::Error) -> bool {
+    ndd_link::nats::store::passes(&format!("{e:#}"))
+}
+
 async fn sleep_until_opt(t: Option<Instant>) {
     match t {
         Some(t) => tokio::time::sleep_until(t.into()).await,

@@ -297,34 +297,38 @@ where
             Ok(v) => return Ok(v),
             Err(e) => e,
         };
-        let passing = ndd_link::nats::store::passes(&format!("{e:#}"));
-        let Some(wait) = retry.handle_failed(Instant::now(), passing) else {
-            return Err(gave_up(e, passing));
-        };
-        trying_again(&e, wait);
-        stopped_or_slept(stop, Instant::now() + wait).await?;
+        let wait = retry.handle_failed(Instant::now(), passes(&e));
+        if let Some(e) = again_or_given_up(e, wait, true) {
+            return Err(e);
+        }
+        stopped_or_slept(stop, Instant::now() + wait.unwrap_or_default()).await?;
     }
 }
 
-/// The error of a step a sink's start gave up on.
-fn gave_up(e: anyhow::Error, passing: bool) -> anyhow::Error {
-    if passing {
-        e.context(format!(
+/// After a failed step of a sink's start (`wait`: before it is tried again): says so and
+/// gives `None`; or, given up, the error to fail with (after how long it was tried, for an
+/// error that passes by itself in a `first` attach).
+fn again_or_given_up(
+    e: anyhow::Error,
+    wait: Option<Duration>,
+    first: bool,
+) -> Option<anyhow::Error> {
+    if let Some(wait) = wait {
+        // The server's words in it: escaped.
+        tracing::warn!(
+            "{}; trying again in {} ms",
+            printable(&format!("{e:#}"), MAX_REASON),
+            wait.as_millis()
+        );
+        return None;
+    }
+    if first && passes(&e) {
+        return Some(e.context(format!(
             "this stream's start gave up after trying for {} s",
             FIRST_ATTACH_FOR.as_secs()
-        ))
-    } else {
-        e
+        )));
     }
-}
-
-/// Says that a failed step is tried again after `wait` (the server's words escaped).
-fn trying_again(e: &anyhow::Error, wait: Duration) {
-    tracing::warn!(
-        "{}; trying again in {} ms",
-        printable(&format!("{e:#}"), MAX_REASON),
-        wait.as_millis()
-    );
+    Some(e)
 }
 
 /// Sleeps until `at`, or fails once this side stops.
@@ -378,11 +382,8 @@ impl Stored {
                         }
                         Err(e) => {
                             let e = anyhow!("JetStream consumer {durable}: {e}");
-                            let passing = ndd_link::nats::store::passes(&format!("{e:#}"));
-                            match a.handle_look_failed(Instant::now(), passing) {
-                                Some(wait) => trying_again(&e, wait),
-                                None => last_err = Some(gave_up(e, passing && first)),
-                            }
+                            let wait = a.handle_look_failed(Instant::now(), passes(&e));
+                            last_err = again_or_given_up(e, wait, first);
                         }
                     }
                 }
@@ -396,11 +397,8 @@ impl Stored {
                 AttachIo::Make { start } => match self.make(start).await {
                     Ok(()) => a.handle_made(true),
                     Err(e) => {
-                        let passing = ndd_link::nats::store::passes(&format!("{e:#}"));
-                        match a.handle_make_failed(Instant::now(), passing) {
-                            Some(wait) => trying_again(&e, wait),
-                            None => last_err = Some(gave_up(e, passing && first)),
-                        }
+                        let wait = a.handle_make_failed(Instant::now(), passes(&e));
+                        last_err = again_or_given_up(e, wait, first);
                     }
                 },
             }

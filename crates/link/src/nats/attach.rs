@@ -201,29 +201,28 @@ impl Attach {
     /// attach's is looked again after the wait given; otherwise (`None`) the attach ends
     /// failed. (Before, any failed look counted as none left behind.)
     pub fn handle_look_failed(&mut self, now: Instant, passing: bool) -> Option<Duration> {
-        let wait = self
-            .retry
-            .as_mut()
-            .and_then(|r| r.handle_failed(now, passing));
         self.checking = false;
-        self.step = match wait {
-            Some(w) => Step::WaitLook(now + w),
-            None => Step::Done(false),
-        };
-        wait
+        self.failed(now, passing, Step::WaitLook)
     }
 
     /// The make failed at `now` (`passing`: with an error that passes by itself). A first
     /// attach's is made again after the wait given; otherwise (`None`) the attach ends failed.
     pub fn handle_make_failed(&mut self, now: Instant, passing: bool) -> Option<Duration> {
+        self.failed(now, passing, Step::WaitMake)
+    }
+
+    /// A step failed: a first attach waits (`again` at the end of the wait), any other ends.
+    fn failed(
+        &mut self,
+        now: Instant,
+        passing: bool,
+        again: fn(Instant) -> Step,
+    ) -> Option<Duration> {
         let wait = self
             .retry
             .as_mut()
             .and_then(|r| r.handle_failed(now, passing));
-        self.step = match wait {
-            Some(w) => Step::WaitMake(now + w),
-            None => Step::Done(false),
-        };
+        self.step = wait.map_or(Step::Done(false), |w| again(now + w));
         wait
     }
 
