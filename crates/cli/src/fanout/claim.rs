@@ -168,16 +168,10 @@ pub(super) async fn serve_ready(
             let Some(rec) = FrameRecord::parse(&m.payload) else {
                 continue;
             };
-            let meta = Meta {
-                stream: rec.stream,
-                seq: rec.seq,
-                timestamp_ns: rec.timestamp_ns,
-                flags: rec.flags,
-            };
             if open
                 .handle_frame(
                     Instant::now(),
-                    Frame::from_bytes(meta, rec.payload),
+                    Frame::from_bytes(rec.meta(), rec.payload),
                     &mut out,
                 )
                 .is_err()

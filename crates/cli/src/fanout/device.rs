@@ -16,8 +16,12 @@ pub(super) async fn start(
     let (nats, plans, local) = (&cfg.link.nats, s.plans, s.local);
     // The JetStream stream exists before any app side can join (they read where it
     // stands when they join), and before a rotation notes where it stands.
+    // (It waits up to `JS_READY_WAIT` for a cluster's leaders: a stop ends the wait.)
     let js = if plans.iter().any(|p| p.reliable) {
-        Some(ensure_jetstream(ctx, nats).await?)
+        Some(tokio::select! {
+            r = ensure_jetstream(ctx, nats) => r?,
+            _ = stop.changed() => bail!("stopped during the device side's start"),
+        })
     } else {
         None
     };
@@ -51,7 +55,11 @@ pub(super) async fn start(
                 start.handle_reserved(files.reserve_run_id(wall_ns(), random_u64() as u16)?)
             }
             StartIo::Claim { run } => {
-                claim_device(ctx, &cfg.driver, run, local, &opts.home).await?;
+                // (Its answers are waited for: a stop ends the wait.)
+                tokio::select! {
+                    r = claim_device(ctx, &cfg.driver, run, local, &opts.home) => r?,
+                    _ = stop.changed() => bail!("stopped during the device side's start"),
+                }
                 start.handle_claimed();
             }
             StartIo::Mark { run } => {

@@ -165,23 +165,21 @@ pub(super) async fn subscribe(
             // windows say went through its sink: `OpenedWindows::through`.)
             let through = windows.read().ok().flatten().map_or(0, |w| w.through());
             let start = device_start(began, through);
-            let mut stored = Stored {
+            let mut stored = Stored::new(
+                ctx,
                 stream,
-                durable: ctx.subjects.device_durable(plan.id),
-                filter: ctx.subjects.up_stored(plan.id),
-                shared: false,
-                resume: true,
-                ordered: false,
-                messages: None,
-                connects: ctx.connects.clone(),
-                seen: ctx.connects.load(std::sync::atomic::Ordering::Acquire),
-                start: 0,
-                resumed: false,
-                position: None,
-                windows: Some(windows),
-                again: Reattach::default(),
-                stop: stop.clone(),
-            };
+                (
+                    ctx.subjects.device_durable(plan.id),
+                    ctx.subjects.up_stored(plan.id),
+                ),
+                Flags {
+                    shared: false,
+                    resume: true,
+                    ordered: false,
+                },
+                (None, Some(windows)),
+                stop,
+            );
             stored.attach(start, true).await?;
             return Ok(Input::Stored(Box::new(stored)));
         }
@@ -230,23 +228,18 @@ pub(super) async fn subscribe(
                 let files = Home::new(&ctx.home, ctx.subjects.prefix(), ctx.subjects.driver());
                 Some(PositionFile::open(&files, &durable)?)
             };
-            let mut stored = Stored {
+            let mut stored = Stored::new(
+                ctx,
                 stream,
-                durable,
-                filter: ctx.subjects.down(plan.id, true, part),
-                shared: plan.round_robin,
-                resume: !plan.now_only,
-                ordered: !plan.round_robin,
-                messages: None,
-                connects: ctx.connects.clone(),
-                seen: ctx.connects.load(std::sync::atomic::Ordering::Acquire),
-                start: 0,
-                resumed: false,
-                position,
-                windows: None,
-                again: Reattach::default(),
-                stop: stop.clone(),
-            };
+                (durable, ctx.subjects.down(plan.id, true, part)),
+                Flags {
+                    shared: plan.round_robin,
+                    resume: !plan.now_only,
+                    ordered: !plan.round_robin,
+                },
+                (position, None),
+                stop,
+            );
             stored.attach(start, true).await?;
             Ok(Input::Stored(Box::new(stored)))
         }
@@ -282,6 +275,44 @@ pub(super) struct Stored {
     pub(super) again: Reattach,
     /// This side stops: a wait between attempts ends.
     pub(super) stop: watch::Receiver<bool>,
+}
+
+/// How a [`Stored`] consumer is shared, resumed and ordered (its fields of the same names).
+pub(super) struct Flags {
+    pub(super) shared: bool,
+    pub(super) resume: bool,
+    pub(super) ordered: bool,
+}
+
+impl Stored {
+    /// Not attached yet: the consumer `durable` of `stream` on `filter`, with where it
+    /// stands kept in a position file (an app side's) or a windows file (the device's).
+    fn new(
+        ctx: &Ctx,
+        stream: jetstream::stream::Stream,
+        (durable, filter): (String, String),
+        f: Flags,
+        (position, windows): (Option<PositionFile>, Option<WindowsFile>),
+        stop: &watch::Receiver<bool>,
+    ) -> Stored {
+        Stored {
+            stream,
+            durable,
+            filter,
+            shared: f.shared,
+            resume: f.resume,
+            ordered: f.ordered,
+            messages: None,
+            connects: ctx.connects.clone(),
+            seen: ctx.connects.load(std::sync::atomic::Ordering::Acquire),
+            start: 0,
+            resumed: false,
+            position,
+            windows,
+            again: Reattach::default(),
+            stop: stop.clone(),
+        }
+    }
 }
 
 /// A JetStream step of a sink's start, tried again while it fails as [`StartRetry`] says
@@ -365,19 +396,18 @@ impl Stored {
             };
             match io {
                 AttachIo::Look => {
-                    let r = self
-                        .stream
-                        .get_consumer::<jetstream::consumer::pull::Config>(&durable)
-                        .await;
-                    match r {
-                        Ok(c) => {
+                    use jetstream::context::ConsumerInfoErrorKind;
+                    match self.stream.consumer_info(&durable).await {
+                        Ok(info) => {
                             // Records acknowledged and kept aside for a key, not yet opened,
                             // come again (the process that kept them may be gone).
                             let kept = self.position.as_ref().and_then(PositionFile::read);
-                            let floor = c.cached_info().ack_floor.stream_sequence;
+                            let floor = info.ack_floor.stream_sequence;
                             a.handle_looked(Some(floor), kept.as_ref(), Instant::now());
                         }
-                        Err(e) if e.to_string().contains("not found") => {
+                        // (Only the consumer's absence: a stream not found, or any other
+                        // error, is a look that failed and makes nothing.)
+                        Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => {
                             a.handle_looked(None, None, Instant::now())
                         }
                         Err(e) => {
