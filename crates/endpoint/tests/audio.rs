@@ -26,21 +26,67 @@ fn a_tone_played_on_one_side_is_recorded_whole_on_the_other() {
 }
 
 /// The same through PipeWire (`pipewire` + `wireplumber` + `pipewire-pulse`, as current
-/// desktops run it): the endpoints speak PulseAudio's protocol to `pipewire-pulse`.
+/// desktops run it): the endpoints speak PulseAudio's protocol to `pipewire-pulse`. Its graph
+/// runs in periods of 1024 samples, as on a virtual machine: at the default (256 here, asked
+/// by the test's `paplay`; 480 by ndd's capture) PipeWire itself glitched on this kind of
+/// machine (`Pulse::start_pipewire_with`), and this test failed 4 of 21 runs with the same
+/// 256-sample holes of silence, found both in what ndd's capture recorded and after its sink.
 #[test]
 fn the_tone_goes_through_pipewire_too() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(pw) = pipewire("tone") {
+        tone_recorded_whole(&pw);
+    }
+}
+
+/// PipeWire at 1024-sample periods for a test named `name`, or `None` when what it needs is
+/// missing (said as SKIPPED).
+fn pipewire(name: &str) -> Option<Pulse> {
     if let Some(m) = missing(&["pactl", "paplay", "parecord", "sox"]) {
         println!("SKIPPED: audio test needs {m} (apt-get install pulseaudio-utils sox)");
-        return;
+        return None;
     }
-    match Pulse::start_pipewire("tone") {
-        Ok(pw) => tone_recorded_whole(&pw),
-        Err(e) => println!("SKIPPED: PipeWire test: {e}"),
+    Pulse::start_pipewire_with(name, Some(1024))
+        .map_err(|e| println!("SKIPPED: PipeWire test: {e}"))
+        .ok()
+}
+
+/// The virtual source as `examples/audio.toml` has it (no `max_wait_ms`, the default
+/// `latency_ms`), through PipeWire: the tone keeps its pitch and has no gap. PipeWire's pipe
+/// source takes a period (1024 samples here) at a time; when the FIFO held under one block,
+/// as it did, every period found half its sound missing and a 440 Hz tone came through as
+/// 234–240 Hz (4 of 4 runs; 3 of 4 broken at the default period too). At the default a block
+/// may still be dropped when sound comes in a burst (the freshest sound): one, in 1 of 14
+/// runs.
+#[test]
+fn the_example_virtual_source_through_pipewire_keeps_the_tone() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(pw) = pipewire("example") {
+        tone_through(&pw, PulsePlaybackConfig::default(), 2);
     }
 }
 
 fn tone_recorded_whole(pa: &Pulse) {
+    let playback = PulsePlaybackConfig {
+        // What the FIFO is primed with, so a writer held off the core for less never
+        // leaves the reader without sound: 30 (the default) left PipeWire's reader a 5 ms
+        // dip (weakest 0.45) in a loaded suite run, two busy loops and four test threads.
+        // (What still glitched with three busy loops, 2 runs in 8, was the test's own
+        // `paplay`, `parecord` and PipeWire daemons starved: they now run at the level a
+        // desktop gives them, `ndd_procs::Pulse`, and 8 of 8 pass.)
+        latency_ms: 100,
+        // Whole, as for the capture above: PipeWire's pipe source stalled by a loaded host
+        // must not cost a block (at the default a block is dropped while the cushion, a
+        // period and a block wait: the freshest sound).
+        max_wait_ms: Some(1000),
+        ..Default::default()
+    };
+    tone_through(pa, playback, 0);
+}
+
+/// A tone through `pulse-capture` and `pulse-playback` (`playback` with its virtual source,
+/// rate and server set here): whole, or with at most `lost` blocks dropped.
+fn tone_through(pa: &Pulse, playback: PulsePlaybackConfig, lost: i64) {
     // The device side's "microphone": a null sink the test plays into.
     pa.pactl(&[
         "load-module",
@@ -91,23 +137,12 @@ fn tone_recorded_whole(pa: &Pulse) {
         .expect("pulse-capture source");
         let sink = SinkConfig::PulsePlayback(PulsePlaybackConfig {
             virtual_source: Some("ndd_mic".into()),
-            // What the FIFO is primed with, so a writer held off the core for less never
-            // leaves the reader without sound: 30 (the default) left PipeWire's reader a 5 ms
-            // dip (weakest 0.45) in a loaded suite run, two busy loops and four test threads.
-            // (What still glitched with three busy loops, 2 runs in 8, was the test's own
-            // `paplay`, `parecord` and PipeWire daemons starved: they now run at the level a
-            // desktop gives them, `ndd_procs::Pulse`, and 8 of 8 pass.)
-            latency_ms: 100,
-            // Whole, as for the capture above: PipeWire's pipe source stalled by a loaded host
-            // must not cost a block (at the default, less than one block may wait in the
-            // FIFO: the freshest sound, and a block dropped on a stall).
-            max_wait_ms: Some(1000),
             rate: 48_000,
             channels: 1,
             server: server.clone(),
             // Removed as the sink ends (checked below; keeping it is cli/tests/audio.rs's).
             keep_s: 0,
-            ..Default::default()
+            ..playback
         })
         .spawn(rx)
         .expect("pulse-playback sink");
@@ -130,8 +165,8 @@ fn tone_recorded_whole(pa: &Pulse) {
 
     let t = Tone::of(&read_s16le(&rec)).expect("the tone reached parecord");
     assert!((t.hz - 440.0).abs() < 2.0, "{t:?}");
-    // 2 s of tone, whole: no block lost, none twice.
-    assert!((t.len as i64 - 96_000).abs() < 480, "{t:?}");
+    // 2 s of tone, whole: no block lost (but `lost`), none twice.
+    assert!((t.len as i64 - 96_000).abs() < 480 * (1 + lost), "{t:?}");
     assert!(t.weakest > 0.5, "a gap in the tone: {t:?}");
 
     network.abort();

@@ -93,7 +93,8 @@ pub struct PulsePlaybackConfig {
     /// 0: removed as the side stops.
     #[serde(default = "default_keep_s", skip_serializing_if = "is_default_keep")]
     pub keep_s: u32,
-    /// Sound the server keeps buffered ahead of the speaker, ms.
+    /// Sound the server keeps buffered ahead of the speaker, ms; with `virtual_source`, the
+    /// cushion its FIFO keeps (at least 40).
     #[serde(default = "default_latency_ms")]
     pub latency_ms: u32,
     /// With `virtual_source`: its sample rate (the blocks must have it).
@@ -102,10 +103,11 @@ pub struct PulsePlaybackConfig {
     /// With `virtual_source`: its channels (the blocks must have as many).
     #[serde(default = "default_channels")]
     pub channels: u8,
-    /// With `virtual_source`: how much sound may wait in its FIFO before a block is dropped,
-    /// ms. Absent: less than one block (the freshest sound: through PipeWire the level a
-    /// program found when it started recording stays as delay). More: whole sound through a
-    /// reader that stalls (a loaded machine), at up to this much delay.
+    /// With `virtual_source`: how much sound may wait in its FIFO while a program records
+    /// before a block is dropped, ms. Absent: the cushion (`latency_ms`, at least 40), the
+    /// reader's period and a block (the freshest sound that a reader taking a period at a
+    /// time, as PipeWire's, finds whole). More: whole sound through a reader that stalls (a
+    /// loaded machine), at up to this much delay.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_wait_ms: Option<u32>,
     /// The PulseAudio server, as for `pulse-capture`.
