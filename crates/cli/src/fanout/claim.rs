@@ -27,14 +27,16 @@ pub(super) fn ready_message(key: &GroupKey, beat: &Ready) -> Result<Bytes> {
 /// publish on its subjects: every app side would get two interleaved runs (found by hand: a
 /// device side started twice went unnoticed, and the app sides' pairs restarted at every
 /// frame). The rules (signed answers only, every answer read, 5 s for one told to stop) are
-/// [`ndd_link::nats::claim::Claim`]'s; this drives it on the client.
+/// [`ndd_link::nats::claim::Claim`]'s; this drives it on the client. Gives the answering, a
+/// service of the side ([`Tasks::service`]: if its subscription ends, the side fails rather
+/// than let a second device side in without a word).
 pub(super) async fn claim_device(
     ctx: &Ctx,
     driver: &str,
     run: u64,
     local: &LocalIdentity,
     home: &std::path::Path,
-) -> Result<()> {
+) -> Result<impl std::future::Future<Output = Result<()>> + Send + 'static> {
     use ndd_link::nats::claim::{answer_body, claim_label, Claim, Step, QUESTION_LEN};
     let subject = ctx.subjects.device();
     let label = claim_label(&ctx.subjects);
@@ -115,7 +117,7 @@ pub(super) async fn claim_device(
         .sign_note(&label, me.as_bytes())
         .map_err(|e| anyhow!("cannot sign this side's claim on {subject}: {e}"))?;
     let local = local.clone();
-    tokio::spawn(async move {
+    Ok(async move {
         let mut room = ndd_core::RateLimit::with_burst(Duration::from_secs(1), 50);
         while let Some(m) = sub.next().await {
             let (Some(reply), Some(body)) = (m.reply, answer_body(&m.payload, me.as_bytes()))
@@ -129,8 +131,8 @@ pub(super) async fn claim_device(
                 let _ = client.publish(reply, Bytes::from(note)).await;
             }
         }
-    });
-    Ok(())
+        Ok(())
+    })
 }
 
 /// This machine's name, for messages (`?` if unknown).
@@ -140,12 +142,14 @@ pub(super) fn hostname() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
+/// Hears the app sides' READY heartbeats (how many are there, for `min_app_sides` and the
+/// split slots): a service of the side ([`Tasks::service`]).
 pub(super) async fn serve_ready(
     ctx: &Ctx,
     mut key: watch::Receiver<GroupKey>,
     joined: watch::Sender<usize>,
     admitter: Shared<Admitter>,
-) -> Result<()> {
+) -> Result<impl std::future::Future<Output = Result<()>> + Send + 'static> {
     let subject = ctx.subjects.ready();
     let mut sub = ctx.subscribe(&subject).await?;
     // A ready that does not open (an app side still under the key before a rotation or of an
@@ -159,7 +163,7 @@ pub(super) async fn serve_ready(
         .without_auth_warnings()
     };
     let mut open = inverse(&key.borrow_and_update());
-    tokio::spawn(async move {
+    Ok(async move {
         let mut out = Output::new();
         while let Some(m) = sub.next().await {
             if key.has_changed().unwrap_or(false) {
@@ -190,6 +194,6 @@ pub(super) async fn serve_ready(
                 }
             }
         }
-    });
-    Ok(())
+        Ok(())
+    })
 }

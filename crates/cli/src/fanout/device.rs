@@ -57,7 +57,9 @@ pub(super) async fn start(
             StartIo::Claim { run } => {
                 // (Its answers are waited for: a stop ends the wait.)
                 tokio::select! {
-                    r = claim_device(ctx, &cfg.driver, run, local, &opts.home) => r?,
+                    r = claim_device(ctx, &cfg.driver, run, local, &opts.home) => {
+                        t.service("claim's answers", r?);
+                    }
                     _ = stop.changed() => bail!("stopped during the device side's start"),
                 }
                 start.handle_claimed();
@@ -128,7 +130,10 @@ pub(super) async fn start(
     }
     let held = lock(&admitter).slots_held();
     let admitter_view = admitter.clone();
-    serve_ready(ctx, key.clone(), joined, admitter.clone()).await?;
+    t.service(
+        "ready heartbeats' listener",
+        serve_ready(ctx, key.clone(), joined, admitter.clone()).await?,
+    );
     let host = JoinService {
         admitter,
         ctx: ctx.clone(),
@@ -259,22 +264,13 @@ async fn purge_earlier_marks(js: jetstream::Context, subjects: Subjects, id: u64
     let name = subjects.jetstream();
     let purged = async {
         let stream = js.get_stream(&name).await.map_err(|e| e.to_string())?;
-        let mut listed = stream
-            .info_with_subjects(subjects.run_marks())
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut earlier = Vec::new();
-        while let Some(s) = listed.next().await {
-            let (subject, _) = s.map_err(|e| e.to_string())?;
-            if subjects.run_of_mark(&subject).is_some_and(|run| run < id) {
-                earlier.push(subject);
-            }
-        }
+        let earlier = mark_runs(&stream, &subjects).await?;
+        let earlier = earlier.into_iter().filter(|&run| run < id);
         let mut purged = 0;
-        for subject in earlier {
+        for run in earlier {
             purged += stream
                 .purge()
-                .filter(subject)
+                .filter(subjects.run_mark(run))
                 .sequence(seq)
                 .await
                 .map_err(|e| e.to_string())?

@@ -1,7 +1,7 @@
 //! Joining: the device side's join service and an app side's join and key follower.
 
 use super::*;
-use ndd_link::nats::follow::{FollowEvent, FollowIo, Joined, MARK_SUBJECTS};
+use ndd_link::nats::follow::{FollowEvent, FollowIo, Joined};
 use ndd_link::nats::join::HandOut;
 
 /// The device's join service: the key exchange ([`Host`]) and the admission rules
@@ -486,23 +486,7 @@ impl KeyFollower {
                 return None;
             }
         };
-        let listed = async {
-            let mut subjects = s
-                .info_with_subjects(self.ctx.subjects.run_marks())
-                .await
-                .map_err(|e| e.to_string())?;
-            let (mut runs, mut listed) = (Vec::new(), 0usize);
-            while let Some(subject) = subjects.next().await {
-                let (subject, _) = subject.map_err(|e| e.to_string())?;
-                listed += 1;
-                if listed > MARK_SUBJECTS {
-                    return Err(format!("more than {MARK_SUBJECTS} run-mark subjects"));
-                }
-                runs.extend(self.ctx.subjects.run_of_mark(&subject));
-            }
-            Ok(runs)
-        }
-        .await;
+        let listed = mark_runs(s, &self.ctx.subjects).await;
         listed
             .inspect_err(|e| {
                 tracing::debug!(

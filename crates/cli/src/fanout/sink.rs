@@ -59,6 +59,9 @@ pub(super) struct KeyWatch {
 /// A sink's receiving half.
 pub(super) type SinkReceiver = Receiver<RunInverse, jetstream::Message>;
 
+/// A sink's ask for keys in flight ([`KeyWatch::ask`]).
+pub(super) type Asked = std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>;
+
 impl KeyWatch {
     /// The receiver of stream `id` under the keys as they stand.
     pub(super) fn receiver(&mut self, side: SideName, id: u16, ordered: bool) -> SinkReceiver {
@@ -74,34 +77,49 @@ impl KeyWatch {
         }
     }
 
-    /// Brings what `rx` waits for; `false` once the keys are gone (the side stops). An error
-    /// names a record that did not open (dropped).
-    pub(super) async fn bring(
-        &mut self,
-        rx: &mut SinkReceiver,
-        wait: Wait,
-    ) -> Result<bool, ndd_core::ModuleError> {
+    /// What `rx` waits for, as a future the sink's loop waits on beside its stop, ticks and
+    /// acknowledgements (a join that takes seconds must not stall them): `false` once the
+    /// keys are gone (the side stops). [`KeyWatch::brought`] hands in what came.
+    pub(super) fn ask(&self, wait: Wait) -> Asked {
         match wait {
             Wait::Rotation => {
                 // Mid-rotation: where it began decides; it comes in a moment.
-                let Ok(k) = self.key.wait_for(|k| k.since != SINCE_PENDING).await else {
-                    return Ok(false);
-                };
-                let k = *k;
+                let mut key = self.key.clone();
+                Box::pin(async move { key.wait_for(|k| k.since != SINCE_PENDING).await.is_ok() })
+            }
+            Wait::Key => {
+                let refresh = self.refresh.clone();
+                Box::pin(async move {
+                    if let Some(r) = refresh {
+                        let (tx, rx) = tokio::sync::oneshot::channel();
+                        if r.send(tx).await.is_ok() {
+                            let _ = rx.await;
+                        }
+                    }
+                    true
+                })
+            }
+        }
+    }
+
+    /// Hands `rx` what the [`KeyWatch::ask`] for `wait` brought. An error names a record that
+    /// did not open (dropped).
+    pub(super) fn brought(
+        &mut self,
+        rx: &mut SinkReceiver,
+        wait: Wait,
+    ) -> Result<(), ndd_core::ModuleError> {
+        match wait {
+            Wait::Rotation => {
+                let k = *self.key.borrow_and_update();
                 rx.handle_keys(Instant::now(), k);
             }
             Wait::Key => {
-                if let Some(r) = &self.refresh {
-                    let (tx, rx) = tokio::sync::oneshot::channel();
-                    if r.send(tx).await.is_ok() {
-                        let _ = rx.await;
-                    }
-                }
                 self.follow(rx);
                 rx.asked(Instant::now())?;
             }
         }
-        Ok(true)
+        Ok(())
     }
 
     /// A newer run opened (an app side joins again to learn it, so what it sends follows,
@@ -621,20 +639,27 @@ impl SinkPump {
         let mut check = tokio::time::interval(Duration::from_millis(20));
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut stopping = false;
+        let mut asking: Option<(Wait, Asked)> = None;
         loop {
             keys.follow(flow.receiver());
             self.count(flow);
             self.hand_ready(flow)?;
             match flow.poll(Instant::now()).map_err(|e| anyhow!("{e}"))? {
-                Some(Action::Frames) => {}
+                Some(Action::Frames) => continue,
                 Some(Action::Done) => return Ok(()),
-                Some(Action::Wait(w)) => match keys.bring(flow.receiver(), w).await {
-                    Ok(true) => {}
-                    Ok(false) => return Ok(()),
-                    Err(e) => unopened(&mut self.logs.bad, &e),
-                },
-                Some(Action::Said(e)) => keys.said(&e),
-                Some(Action::Notice(n)) => self.notice(n),
+                Some(Action::Wait(w)) => {
+                    // Asked once, and waited for in the select beside the rest (the receiver
+                    // says the same until what it waits for is brought).
+                    asking.get_or_insert_with(|| (w, keys.ask(w)));
+                }
+                Some(Action::Said(e)) => {
+                    keys.said(&e);
+                    continue;
+                }
+                Some(Action::Notice(n)) => {
+                    self.notice(n);
+                    continue;
+                }
                 Some(Action::Ack(a)) => {
                     if let Input::Stored(s) = &mut *input {
                         if let (Some(f), Some(k)) = (s.position.as_mut(), a.kept) {
@@ -645,6 +670,7 @@ impl SinkPump {
                         }
                     }
                     ack_in_order(flow.receiver().intake(), a.msgs).await;
+                    continue;
                 }
                 Some(Action::CheckDrained) => {
                     let drained = match &mut *input {
@@ -652,48 +678,61 @@ impl SinkPump {
                         Input::Core(_) => true,
                     };
                     flow.handle_drained(Instant::now(), drained);
+                    continue;
                 }
-                Some(Action::EndSink) => self.tx = None,
-                None => {
-                    let wake = flow.poll_timeout();
-                    let waiting_tx = self.tx.clone().filter(|_| flow.has_frame());
-                    let reading = flow.wants_input();
-                    tokio::select! {
-                        _ = finish.changed(), if !stopping => {
-                            // This side stops: what the stack holds goes to the sink, and the
-                            // stream ends (its sink finishes and reports).
-                            stopping = true;
-                            flow.handle_finish(Instant::now()).map_err(|e| anyhow!("{e}"))?;
-                        }
-                        // The frame that waited for a busy sink goes once it has room.
-                        permit = async { waiting_tx.as_ref().expect("waiting").reserve().await }, if waiting_tx.is_some() => {
-                            let permit = permit.map_err(|_| anyhow!("the sink endpoint stopped accepting frames"))?;
-                            if let Some(f) = flow.poll_frame() {
-                                self.delivered(&f, flow);
-                                permit.send(f);
-                            }
-                        }
-                        m = next_input(input), if reading => match (m, &mut *input) {
-                            (None, Input::Stored(s)) => self.consumer_ended(s),
-                            (m, _) => self.take(flow, m),
-                        },
-                        Some(m) = async {
-                            match end_sub.as_mut() {
-                                Some(s) => s.next().await,
-                                None => std::future::pending().await,
-                            }
-                        }, if reading => {
-                            flow.handle_message(Instant::now(), &m.payload, None);
-                        }
-                        _ = sleep_until_opt(wake) => {
-                            flow.handle_timeout(Instant::now()).map_err(|e| anyhow!("{e}"))?;
-                        }
-                        _ = check.tick() => {
-                            let now = Instant::now();
-                            flow.handle_completed(now, done.count());
-                            flow.handle_tick(now);
-                            self.reattach(flow, input).await;
-                        }
+                Some(Action::EndSink) => {
+                    self.tx = None;
+                    continue;
+                }
+                None => {}
+            }
+            // Nothing to do at once: wait for what comes first.
+            let wake = flow.poll_timeout();
+            let waiting_tx = self.tx.clone().filter(|_| flow.has_frame());
+            let reading = flow.wants_input();
+            tokio::select! {
+                _ = finish.changed(), if !stopping => {
+                    // This side stops: what the stack holds goes to the sink, and the
+                    // stream ends (its sink finishes and reports).
+                    stopping = true;
+                    flow.handle_finish(Instant::now()).map_err(|e| anyhow!("{e}"))?;
+                }
+                // The frame that waited for a busy sink goes once it has room.
+                permit = async { waiting_tx.as_ref().expect("waiting").reserve().await }, if waiting_tx.is_some() => {
+                    let permit = permit.map_err(|_| anyhow!("the sink endpoint stopped accepting frames"))?;
+                    if let Some(f) = flow.poll_frame() {
+                        self.delivered(&f, flow);
+                        permit.send(f);
+                    }
+                }
+                m = next_input(input), if reading => match (m, &mut *input) {
+                    (None, Input::Stored(s)) => self.consumer_ended(s),
+                    (m, _) => self.take(flow, m),
+                },
+                Some(m) = async {
+                    match end_sub.as_mut() {
+                        Some(s) => s.next().await,
+                        None => std::future::pending().await,
+                    }
+                }, if reading => {
+                    flow.handle_message(Instant::now(), &m.payload, None);
+                }
+                _ = sleep_until_opt(wake) => {
+                    flow.handle_timeout(Instant::now()).map_err(|e| anyhow!("{e}"))?;
+                }
+                _ = check.tick() => {
+                    let now = Instant::now();
+                    flow.handle_completed(now, done.count());
+                    flow.handle_tick(now);
+                    self.reattach(flow, input).await;
+                }
+                ok = async { asking.as_mut().expect("asking").1.as_mut().await }, if asking.is_some() => {
+                    let (w, _) = asking.take().expect("asking");
+                    if !ok {
+                        return Ok(());
+                    }
+                    if let Err(e) = keys.brought(flow.receiver(), w) {
+                        unopened(&mut self.logs.bad, &e);
                     }
                 }
             }

@@ -256,7 +256,15 @@ impl Publisher {
                         }
                     }
                     SourceIo::Flush => {
-                        let _ = self.ctx.client.flush().await;
+                        // Said, not hidden: an END the server may not have (a core NATS
+                        // stream's app sides then end theirs only when they stop).
+                        if let Err(e) = self.ctx.client.flush().await {
+                            tracing::warn!(
+                                stream = %self.plan.name,
+                                "the END may not have reached the NATS server (flushing the client failed: {})",
+                                printable(&e.to_string(), MAX_REASON)
+                            );
+                        }
                         self.flow
                             .handle_flushed(Instant::now())
                             .map_err(|e| self.err(e))?;

@@ -94,3 +94,27 @@ pub(super) async fn stored_up_to(
         .last_sequence;
     Ok((stream, last))
 }
+
+/// The runs the device's run-mark subjects in `stream` name. At most
+/// [`MARK_SUBJECTS`](ndd_link::nats::follow::MARK_SUBJECTS) are listed: more is an error (anyone
+/// who may publish on the server can make them; listing them all would not end).
+pub(super) async fn mark_runs(
+    stream: &jetstream::stream::Stream,
+    subjects: &Subjects,
+) -> Result<Vec<u64>, String> {
+    use ndd_link::nats::follow::MARK_SUBJECTS;
+    let mut listed = stream
+        .info_with_subjects(subjects.run_marks())
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut runs, mut n) = (Vec::new(), 0usize);
+    while let Some(subject) = listed.next().await {
+        let (subject, _) = subject.map_err(|e| e.to_string())?;
+        n += 1;
+        if n > MARK_SUBJECTS {
+            return Err(format!("more than {MARK_SUBJECTS} run-mark subjects"));
+        }
+        runs.extend(subjects.run_of_mark(&subject));
+    }
+    Ok(runs)
+}

@@ -139,10 +139,11 @@ impl Subjects {
         format!("{}.r.runs.>", self.base)
     }
 
-    /// The run a mark's subject names ([`Subjects::run_mark`]).
+    /// The run a mark's subject names ([`Subjects::run_mark`]): exactly its spelling, so the
+    /// run's mark subject is the subject listed.
     pub fn run_of_mark(&self, subject: &str) -> Option<u64> {
         let hex = subject.strip_prefix(&self.base)?.strip_prefix(".r.runs.")?;
-        (hex.len() == 16)
+        (hex.len() == 16 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
             .then(|| u64::from_str_radix(hex, 16).ok())
             .flatten()
     }
@@ -295,6 +296,8 @@ mod tests {
         for other in [
             "ndd.cam.r.runs.2a",
             "ndd.cam.r.runs.00000000000000zz",
+            "ndd.cam.r.runs.000000000000002A",
+            "ndd.cam.r.runs.+00000000000002a",
             "ndd.cat.r.runs.000000000000002a",
             "ndd.cam.r.1",
         ] {
