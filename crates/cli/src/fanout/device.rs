@@ -1,7 +1,7 @@
 //! The device side's start: what it sets up before its streams run, and its streams.
 
 use super::*;
-use ndd_link::nats::start::{DeviceStart, GaveUp, StartIo, STEP_RETRY_FOR};
+use ndd_link::nats::start::{DeviceStart, StartIo, STEP_RETRY_FOR};
 
 /// Starts the device side: its JetStream stream, run and group key, the key keeper, the claim
 /// on the driver, the join service and its streams (sources once enough app sides joined).
@@ -200,23 +200,9 @@ pub(super) async fn start(
 /// electing the stream's leader answers "no stream found" for a few seconds), or the start
 /// fails with `e`.
 fn again_or_fail(start: &mut DeviceStart, passing: bool, e: anyhow::Error) -> Result<()> {
-    match start.handle_failed(Instant::now(), passing) {
-        Ok(wait) => {
-            // The server's words in it: escaped.
-            tracing::warn!(
-                side = "device",
-                "{}; trying again in {} ms",
-                printable(&format!("{e:#}"), MAX_REASON),
-                wait.as_millis()
-            );
-            Ok(())
-        }
-        Err(GaveUp) if passing => Err(e.context(format!(
-            "the device's start gave up after trying for {} s",
-            STEP_RETRY_FOR.as_secs()
-        ))),
-        Err(GaveUp) => Err(e),
-    }
+    let wait = start.handle_failed(Instant::now(), passing).ok();
+    let tried = passing.then_some(("the device's start", STEP_RETRY_FOR));
+    again_or_given_up(e, wait, tried).map_or(Ok(()), Err)
 }
 
 /// Marks run `id` in the JetStream stream ([`ndd_link::nats::subjects::Subjects::run_mark`]):

@@ -333,6 +333,9 @@ impl Stored {
     }
 }
 
+/// What a sink's start says when it gives up on an error that passes by itself.
+const FIRST_TRIES: (&str, Duration) = ("this stream's start", FIRST_ATTACH_FOR);
+
 /// A JetStream step of a sink's start, tried again while it fails as [`StartRetry`] says
 /// (or until this side stops); then the stream fails with the last error.
 async fn retried<T, F, Fut>(stop: &watch::Receiver<bool>, mut f: F) -> Result<T>
@@ -346,38 +349,13 @@ where
             Ok(v) => return Ok(v),
             Err(e) => e,
         };
-        let wait = retry.handle_failed(Instant::now(), passes(&e));
-        if let Some(e) = again_or_given_up(e, wait, true) {
+        let passing = passes(&e);
+        let wait = retry.handle_failed(Instant::now(), passing);
+        if let Some(e) = again_or_given_up(e, wait, passing.then_some(FIRST_TRIES)) {
             return Err(e);
         }
         stopped_or_slept(stop, Instant::now() + wait.unwrap_or_default()).await?;
     }
-}
-
-/// After a failed step of a sink's start (`wait`: before it is tried again): says so and
-/// gives `None`; or, given up, the error to fail with (after how long it was tried, for an
-/// error that passes by itself in a `first` attach).
-fn again_or_given_up(
-    e: anyhow::Error,
-    wait: Option<Duration>,
-    first: bool,
-) -> Option<anyhow::Error> {
-    if let Some(wait) = wait {
-        // The server's words in it: escaped.
-        tracing::warn!(
-            "{}; trying again in {} ms",
-            printable(&format!("{e:#}"), MAX_REASON),
-            wait.as_millis()
-        );
-        return None;
-    }
-    if first && passes(&e) {
-        return Some(e.context(format!(
-            "this stream's start gave up after trying for {} s",
-            FIRST_ATTACH_FOR.as_secs()
-        )));
-    }
-    Some(e)
 }
 
 /// Sleeps until `at`, or fails once this side stops.
@@ -430,8 +408,13 @@ impl Stored {
                         }
                         Err(e) => {
                             let e = anyhow!("JetStream consumer {durable}: {e}");
-                            let wait = a.handle_look_failed(Instant::now(), passes(&e));
-                            last_err = again_or_given_up(e, wait, first);
+                            let passing = passes(&e);
+                            let wait = a.handle_look_failed(Instant::now(), passing);
+                            last_err = again_or_given_up(
+                                e,
+                                wait,
+                                (first && passing).then_some(FIRST_TRIES),
+                            );
                         }
                     }
                 }
@@ -445,8 +428,10 @@ impl Stored {
                 AttachIo::Make { start } => match self.make(start).await {
                     Ok(()) => a.handle_made(true),
                     Err(e) => {
-                        let wait = a.handle_make_failed(Instant::now(), passes(&e));
-                        last_err = again_or_given_up(e, wait, first);
+                        let passing = passes(&e);
+                        let wait = a.handle_make_failed(Instant::now(), passing);
+                        last_err =
+                            again_or_given_up(e, wait, (first && passing).then_some(FIRST_TRIES));
                     }
                 },
             }
@@ -917,6 +902,10 @@ impl SinkPump {
         let intake = flow.receiver().intake();
         let from = Reattach::from(intake.acked_to(), intake.through(), s.start);
         let r = s.attach(from, false).await;
+        if *s.stop.borrow() {
+            // (Ended by this side's stop: nothing to try again or say.)
+            return;
+        }
         flow.receiver().intake().consumer_start(s.start);
         let wait = s.again.handle_attached(Instant::now(), r.is_ok());
         if let (Err(e), Some(wait)) = (r, wait) {

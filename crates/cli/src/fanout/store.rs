@@ -118,3 +118,28 @@ pub(super) async fn mark_runs(
     }
     Ok(runs)
 }
+
+/// After a failed JetStream step (`wait`: before it is tried again, as its machine says):
+/// says so, the server's words escaped, and gives `None`; or, given up, the error to fail
+/// with, saying how long `tried` (what, for how long) tried an error that passes by itself.
+pub(super) fn again_or_given_up(
+    e: anyhow::Error,
+    wait: Option<Duration>,
+    tried: Option<(&str, Duration)>,
+) -> Option<anyhow::Error> {
+    match (wait, tried) {
+        (Some(wait), _) => {
+            tracing::warn!(
+                "{}; trying again in {} ms",
+                printable(&format!("{e:#}"), MAX_REASON),
+                wait.as_millis()
+            );
+            None
+        }
+        (None, Some((what, tried))) => Some(e.context(format!(
+            "{what} gave up after trying for {} s",
+            tried.as_secs()
+        ))),
+        (None, None) => Some(e),
+    }
+}
