@@ -527,9 +527,9 @@ fn init_tracing(verbose: u8) {
     use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     // The session's notes (connected, link lost, restored) are ndd's own INFO lines: shown by
-    // default; other crates' only from -v.
+    // default; other crates' only from -v (but the portal's: a dialog waits at the desktop).
     let default = match verbose {
-        0 => "warn,ndd::session=info,ndd::fanout=info,ndd::rfbaccel=info,ndd::serve=info,ndd_link::establish=info,ndd_endpoint::serial::tty=info",
+        0 => "warn,ndd::session=info,ndd::fanout=info,ndd::rfbaccel=info,ndd::serve=info,ndd_link::establish=info,ndd_endpoint::serial::tty=info,ndd_endpoint::display::portal=info",
         1 => "info",
         2 => "debug",
         _ => "trace",
@@ -1303,11 +1303,23 @@ fn session_here(cfg: &Config, side: SideName) {
         let remote = S::GnomeClipboard(Default::default()).probe();
         screen + &said("gnome-input and gnome-clipboard", remote)
     };
+    // The xdg-desktop-portal's ScreenCast, on any desktop whose portal offers it.
+    let portal = || {
+        use ndd_endpoint::SourceConfig as S;
+        match S::PortalScreen(Default::default()).probe() {
+            Ok(()) => ", portal-screen yes".to_string(),
+            Err(e) if e.to_string().contains("no xdg-desktop-portal ScreenCast") => {
+                ", portal-screen no (no xdg-desktop-portal with a ScreenCast)".to_string()
+            }
+            Err(e) => format!(", portal-screen no ({e})"),
+        }
+    };
     if let Some(d) = &wayland {
         match offer(d) {
             Ok(list) => println!(
-                "session here: Wayland (WAYLAND_DISPLAY={d}): {list}{}",
-                gnome()
+                "session here: Wayland (WAYLAND_DISPLAY={d}): {list}{}{}",
+                gnome(),
+                portal()
             ),
             Err(e) => println!("session here: WAYLAND_DISPLAY={d} is set, but {e}"),
         }
@@ -1332,7 +1344,7 @@ fn session_here(cfg: &Config, side: SideName) {
     });
     if wayland.is_some() && uses_x11 {
         println!(
-            "note: this session runs Wayland: X11 endpoints reach only Xwayland programs here; on a wlroots compositor use wayland-screen, wayland-input and wayland-clipboard, on GNOME gnome-screen, gnome-input and gnome-clipboard, on KDE Plasma kde-input and wayland-clipboard (docs/devices.md \"Wayland\")"
+            "note: this session runs Wayland: X11 endpoints reach only Xwayland programs here; on a wlroots compositor use wayland-screen, wayland-input and wayland-clipboard, on GNOME gnome-screen, gnome-input and gnome-clipboard, on KDE Plasma kde-input and wayland-clipboard, on any desktop with an xdg-desktop-portal portal-screen (docs/devices.md \"Wayland\")"
         );
     }
 }

@@ -74,8 +74,9 @@ pub use common::{clock, delivered, demand, error, framing, report};
 pub use delivered::Delivered;
 pub use demand::Demand;
 pub use display::{
-    DisplayFrameError, Framebuffer, FramebufferConfig, GnomeScreenConfig, PixelFormat, Rect,
-    Update, WaylandScreenConfig, WaylandWindowConfig, X11ScreenConfig, X11WindowConfig,
+    DisplayFrameError, Framebuffer, FramebufferConfig, GnomeScreenConfig, PixelFormat,
+    PortalScreenConfig, Rect, Update, WaylandScreenConfig, WaylandWindowConfig, X11ScreenConfig,
+    X11WindowConfig,
 };
 pub use error::EndpointError;
 pub use file::{FileSinkConfig, FileSourceConfig};

@@ -1146,6 +1146,63 @@ impl Mutter {
         })
     }
 
+    /// Starts the xdg-desktop-portal with GNOME's backend (xdg-desktop-portal-gnome, its
+    /// dialogs shown on this mutter) on this session's bus; returns once the portal's
+    /// ScreenCast answers. Its grants are kept in this session's home (the runtime directory):
+    /// a restore token holds while the returned portal runs, and after it is started again.
+    pub fn start_portal(&self) -> std::io::Result<Portal> {
+        let log = |what: &str| std::fs::File::create(self.dir.join(format!("{what}.log")));
+        let spawn = |program: &str, what: &str| -> std::io::Result<Killed> {
+            Command::new(program)
+                .args(["-r"])
+                .env("XDG_RUNTIME_DIR", &self.dir)
+                .env("HOME", &self.dir)
+                .env("DBUS_SESSION_BUS_ADDRESS", &self.bus)
+                .env("WAYLAND_DISPLAY", &self.wayland)
+                .env("XDG_CURRENT_DESKTOP", "GNOME")
+                .env("GDK_BACKEND", "wayland")
+                .env("LIBGL_ALWAYS_SOFTWARE", "1")
+                .env_remove("DISPLAY")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log(what)?)
+                .spawn()
+                .map(Killed)
+        };
+        let backend = spawn("/usr/libexec/xdg-desktop-portal-gnome", "portal-gnome")?;
+        let frontend = spawn("/usr/libexec/xdg-desktop-portal", "portal")?;
+        let t0 = Instant::now();
+        loop {
+            let ok = Command::new("dbus-send")
+                .args([
+                    &format!("--bus={}", self.bus),
+                    "--print-reply",
+                    "--dest=org.freedesktop.portal.Desktop",
+                    "/org/freedesktop/portal/desktop",
+                    "org.freedesktop.DBus.Properties.Get",
+                    "string:org.freedesktop.portal.ScreenCast",
+                    "string:version",
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok {
+                return Ok(Portal {
+                    _frontend: frontend,
+                    _backend: backend,
+                });
+            }
+            if t0.elapsed() > Duration::from_secs(15) {
+                return Err(std::io::Error::other(format!(
+                    "the xdg-desktop-portal's ScreenCast did not answer in 15 s (logs: {})",
+                    self.dir.join("portal*.log").display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// A command that runs as a Wayland client of this mutter (and on its bus).
     pub fn client(&self, program: &str) -> Command {
         let mut c = Command::new(program);
@@ -1156,6 +1213,13 @@ impl Mutter {
             .env_remove("DISPLAY");
         c
     }
+}
+
+/// The xdg-desktop-portal and its GNOME backend on a [`Mutter`]'s bus, killed on drop.
+#[derive(Debug)]
+pub struct Portal {
+    _frontend: Killed,
+    _backend: Killed,
 }
 
 impl Drop for Mutter {

@@ -6,7 +6,9 @@ use super::demand::Demand;
 use super::error::EndpointError;
 use super::report::{SinkTask, SourceTask};
 use crate::clipboard::{GnomeClipboardConfig, WaylandClipboardConfig};
-use crate::display::{GnomeScreenConfig, WaylandScreenConfig, WaylandWindowConfig};
+use crate::display::{
+    GnomeScreenConfig, PortalScreenConfig, WaylandScreenConfig, WaylandWindowConfig,
+};
 use crate::input::{GnomeInputConfig, KdeInputConfig, WaylandInputConfig};
 use ndd_core::Frame;
 use tokio::runtime::Handle;
@@ -188,5 +190,23 @@ pub(crate) fn spawn_gnome_clipboard_sink(
     _: Receiver<Frame>,
     _: Delivered,
 ) -> Result<SinkTask, EndpointError> {
+    Err(off(endpoint))
+}
+
+pub(crate) fn probe_portal_screen(
+    endpoint: &'static str,
+    _: &PortalScreenConfig,
+) -> Result<(), EndpointError> {
+    Err(off(endpoint))
+}
+
+pub(crate) fn spawn_portal_screen_source(
+    _: &Handle,
+    endpoint: &'static str,
+    _: &PortalScreenConfig,
+    _: u16,
+    _: Sender<Frame>,
+    _: Option<Demand>,
+) -> Result<SourceTask, EndpointError> {
     Err(off(endpoint))
 }

@@ -99,6 +99,65 @@ impl Default for GnomeScreenConfig {
     }
 }
 
+/// `portal-screen` source parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortalScreenConfig {
+    /// The desktop session's bus (a D-Bus address, `unix:path=/run/user/1000/bus`); empty:
+    /// `$DBUS_SESSION_BUS_ADDRESS`.
+    #[serde(default)]
+    pub bus: String,
+    /// Where the portal's restore token is kept between runs (the grant the person gave once
+    /// in the desktop's screen-share dialog: with it the next start asks nobody); none:
+    /// `portal-screen.token` in `$XDG_STATE_HOME/ndd` (`~/.local/state/ndd`).
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    /// How long a start waits for the person to answer the desktop's screen-share dialog.
+    #[serde(default = "default_grant_wait_s")]
+    pub grant_wait_s: f64,
+    /// At most this many updates per second.
+    #[serde(default = "default_max_fps")]
+    pub max_fps: f64,
+    /// Seconds between keyframes of the whole monitor; 0 = only the first.
+    #[serde(default)]
+    pub refresh_s: f64,
+}
+
+fn default_grant_wait_s() -> f64 {
+    300.0
+}
+
+impl Default for PortalScreenConfig {
+    fn default() -> Self {
+        PortalScreenConfig {
+            bus: String::new(),
+            token_file: None,
+            grant_wait_s: default_grant_wait_s(),
+            max_fps: default_max_fps(),
+            refresh_s: 0.0,
+        }
+    }
+}
+
+impl PortalScreenConfig {
+    /// The restore token's file, as configured or by default (`None`: no `$XDG_STATE_HOME`
+    /// or `$HOME` to put it in).
+    pub fn token_path(&self) -> Option<PathBuf> {
+        if let Some(p) = &self.token_file {
+            return Some(p.clone());
+        }
+        let state = std::env::var_os("XDG_STATE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME")
+                    .filter(|v| !v.is_empty())
+                    .map(|h| PathBuf::from(h).join(".local/state"))
+            })?;
+        Some(state.join("ndd").join("portal-screen.token"))
+    }
+}
+
 fn default_window_title() -> String {
     "ndd display".to_string()
 }

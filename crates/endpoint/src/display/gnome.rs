@@ -95,28 +95,45 @@ pub(crate) fn changed_tiles(prev: &[u8], cur: &[u8], w: usize, h: usize) -> Vec<
     out
 }
 
-/// A screen cast of one monitor, as mutter keeps it for this connection.
-struct Cast {
-    conn: Connection,
-    session: dbus::Path<'static>,
-    stream: dbus::Path<'static>,
-    node: u32,
-    /// mutter closed the session (the monitor went, the session ended).
-    closed: Arc<AtomicBool>,
+/// A screen cast of one monitor, as mutter (or the xdg-desktop-portal) keeps it for this
+/// connection.
+pub(super) struct Cast {
+    pub(super) conn: Connection,
+    pub(super) session: dbus::Path<'static>,
+    pub(super) via: Via,
+    pub(super) node: u32,
+    /// mutter (the portal) closed the session (the monitor went, the session ended).
+    pub(super) closed: Arc<AtomicBool>,
+}
+
+/// Whose screen cast a [`Cast`] is.
+pub(super) enum Via {
+    /// mutter's own API: the stream's object, whose parameters say the monitor's size.
+    Mutter { stream: dbus::Path<'static> },
+    /// The xdg-desktop-portal's ScreenCast (`portal-screen`): the PipeWire connection it
+    /// opened for this session (`OpenPipeWireRemote`), handed to GStreamer (kept while the
+    /// cast lasts).
+    Portal { _remote: std::os::fd::OwnedFd },
 }
 
 impl Drop for Cast {
     fn drop(&mut self) {
-        let _: Result<(), _> = self
-            .conn
-            .with_proxy(SERVICE, &self.session, CALL)
-            .method_call(SESSION, "Stop", ());
+        let _: Result<(), _> = match &self.via {
+            Via::Mutter { .. } => self
+                .conn
+                .with_proxy(SERVICE, &self.session, CALL)
+                .method_call(SESSION, "Stop", ()),
+            Via::Portal { .. } => self
+                .conn
+                .with_proxy(super::portal::PORTAL, &self.session, CALL)
+                .method_call(super::portal::PORTAL_SESSION, "Close", ()),
+        };
     }
 }
 
 /// The frames `gst-launch-1.0` puts out, the newest kept by a thread that reads them as
 /// they come.
-struct Pipeline {
+pub(super) struct Pipeline {
     child: Child,
     size: (usize, usize),
     shared: Arc<(Mutex<Frames>, Condvar)>,
@@ -135,20 +152,46 @@ struct Frames {
 }
 
 impl Pipeline {
-    /// Reads node `node` of the PipeWire daemon at `remote` (empty: the session's).
-    fn start(node: u32, (w, h): (usize, usize), remote: &str) -> std::io::Result<Pipeline> {
+    /// Reads node `node` of the PipeWire daemon at `remote` (empty: the session's), or
+    /// through the connection `fd` the portal opened.
+    pub(super) fn start(
+        node: u32,
+        (w, h): (usize, usize),
+        remote: &str,
+        fd: Option<&std::os::fd::OwnedFd>,
+    ) -> std::io::Result<Pipeline> {
         let caps = format!("video/x-raw,format=BGRx,width={w},height={h}");
         let mut cmd = Command::new("gst-launch-1.0");
         if !remote.is_empty() {
             cmd.env("PIPEWIRE_REMOTE", remote);
         }
+        cmd.args(["-q", "pipewiresrc"]);
+        if let Some(fd) = fd {
+            use std::os::fd::AsRawFd;
+            use std::os::unix::process::CommandExt;
+            let raw = fd.as_raw_fd();
+            // SAFETY: between fork and exec the child runs only `dup2` and `fcntl`, both
+            // async-signal-safe, on a descriptor this process keeps open for the child's
+            // life (the `Cast` owns it): the portal's PipeWire connection becomes the child's
+            // fd 3, without close-on-exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let r = if raw == 3 {
+                        let flags = libc::fcntl(3, libc::F_GETFD);
+                        libc::fcntl(3, libc::F_SETFD, flags & !libc::FD_CLOEXEC)
+                    } else {
+                        libc::dup2(raw, 3)
+                    };
+                    if r < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            cmd.arg("fd=3");
+        }
         let mut child = cmd
-            .args([
-                "-q",
-                "pipewiresrc",
-                &format!("path={node}"),
-                "always-copy=true",
-            ])
+            .args([&format!("path={node}"), "always-copy=true"])
             .args(["!", "videoconvert", "!", "videoscale", "!", &caps])
             .args(["!", "fdsink", "fd=1", "sync=false"])
             .stdin(Stdio::null())
@@ -259,15 +302,17 @@ impl Drop for Pipeline {
     }
 }
 
-/// An open `gnome-screen` source.
+/// An open `gnome-screen` (or `portal-screen`) source.
 pub(crate) struct GnomeScreen {
-    bus: String,
+    pub(super) bus: String,
     /// The PipeWire socket (empty: the session's).
-    pipewire: String,
-    cast: Cast,
-    pipeline: Pipeline,
-    min_gap: Duration,
-    refresh: Option<Duration>,
+    pub(super) pipewire: String,
+    pub(super) cast: Cast,
+    pub(super) pipeline: Pipeline,
+    pub(super) min_gap: Duration,
+    pub(super) refresh: Option<Duration>,
+    /// What to say when the cast ends under it.
+    pub(super) ended: &'static str,
 }
 
 impl std::fmt::Debug for GnomeScreen {
@@ -302,7 +347,7 @@ pub(crate) fn probe_gnome_screen(
 }
 
 /// Whether `gst-launch-1.0` and its `pipewiresrc` element are installed.
-fn gstreamer_here(endpoint: &'static str) -> Result<(), EndpointError> {
+pub(super) fn gstreamer_here(endpoint: &'static str) -> Result<(), EndpointError> {
     // (Not `--exists`: it also asks for a plugin version at least GStreamer's own, which
     // the PipeWire plugin, versioned as PipeWire, never has.)
     let ok = Command::new("gst-inspect-1.0")
@@ -390,11 +435,11 @@ pub(crate) fn open_gnome_screen(
     let cast = Cast {
         conn,
         session,
-        stream,
+        via: Via::Mutter { stream },
         node,
         closed,
     };
-    let pipeline = Pipeline::start(node, size, &c.pipewire).map_err(|e| {
+    let pipeline = Pipeline::start(node, size, &c.pipewire, None).map_err(|e| {
         unavailable(
             endpoint,
             "GStreamer",
@@ -417,6 +462,7 @@ pub(crate) fn open_gnome_screen(
         pipeline,
         min_gap: Duration::try_from_secs_f64(1.0 / c.max_fps).unwrap_or(Duration::ZERO),
         refresh: pacing(c.refresh_s),
+        ended: "the GNOME session ended, or its screen cast stopped",
     })
 }
 
@@ -433,22 +479,17 @@ pub(crate) fn spawn_gnome_screen_source(
     Ok(rt.spawn_blocking(move || run_gnome_screen(endpoint, s, stream, tx, demand)))
 }
 
-fn run_gnome_screen(
+/// Sends the cast's frames until the other side or the cast ends (`gnome-screen` and
+/// `portal-screen`).
+pub(super) fn run_gnome_screen(
     endpoint: &'static str,
     mut s: GnomeScreen,
     stream: u16,
     tx: Sender<Frame>,
     demand: Option<Demand>,
 ) -> Result<SourceReport, EndpointError> {
-    let bus = s.bus.clone();
-    let fatal = |e: String| {
-        unavailable(
-            endpoint,
-            &bus,
-            e,
-            "the GNOME session ended, or its screen cast stopped",
-        )
-    };
+    let (bus, ended) = (s.bus.clone(), s.ended);
+    let fatal = |e: String| unavailable(endpoint, &bus, e, ended);
     let mut em = Emitter::new(stream, tx);
     let mut pace = CapturePacer::new(s.min_gap, s.refresh, Instant::now());
     let mut next_size = Instant::now() + SIZE_EVERY;
@@ -463,12 +504,17 @@ fn run_gnome_screen(
             .process(Duration::ZERO)
             .map_err(|e| fatal(dbus_text(&e)))?;
         if s.cast.closed.load(Ordering::Acquire) {
-            return Err(fatal("mutter closed the screen cast".into()));
+            return Err(fatal(match s.cast.via {
+                Via::Mutter { .. } => "mutter closed the screen cast".into(),
+                Via::Portal { .. } => "the xdg-desktop-portal closed the screen cast".into(),
+            }));
         }
         let now = Instant::now();
-        if now >= next_size {
+        // (mutter's stream says the monitor's size; the portal's does not, and a monitor
+        // that changes size under it is scaled to the size it had.)
+        if let (true, Via::Mutter { stream }) = (now >= next_size, &s.cast.via) {
             next_size = now + SIZE_EVERY;
-            let size = monitor_size(&s.cast.conn, &s.cast.stream).map_err(fatal)?;
+            let size = monitor_size(&s.cast.conn, stream).map_err(fatal)?;
             if size != s.pipeline.size {
                 tracing::info!(
                     endpoint,
@@ -478,7 +524,7 @@ fn run_gnome_screen(
                 );
                 // The old pipeline goes first (one reader of the stream at a time).
                 let _ = s.pipeline.child.kill();
-                s.pipeline = Pipeline::start(s.cast.node, size, &s.pipewire)
+                s.pipeline = Pipeline::start(s.cast.node, size, &s.pipewire, None)
                     .map_err(|e| fatal(format!("cannot start gst-launch-1.0 again: {e}")))?;
                 shown = None;
                 pace.keyframe();

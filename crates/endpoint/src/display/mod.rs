@@ -33,6 +33,8 @@ mod cursor;
 mod gnome;
 #[cfg(feature = "wayland")]
 mod pacer;
+#[cfg(feature = "wayland")]
+mod portal;
 pub mod scale;
 mod sink;
 mod source;
@@ -46,18 +48,21 @@ mod x11;
 
 #[cfg(not(feature = "wayland"))]
 pub(crate) use crate::common::no_wayland::{
-    open_wayland_screen, probe_gnome_screen, probe_wayland_window, spawn_gnome_screen_source,
-    spawn_wayland_screen_source, spawn_wayland_window_sink, take_viewer_input,
+    open_wayland_screen, probe_gnome_screen, probe_portal_screen, probe_wayland_window,
+    spawn_gnome_screen_source, spawn_portal_screen_source, spawn_wayland_screen_source,
+    spawn_wayland_window_sink, take_viewer_input,
 };
 pub use config::{
-    FramebufferConfig, GnomeScreenConfig, Resize, ViewScale, WaylandScreenConfig,
-    WaylandWindowConfig, X11CursorSinkConfig, X11CursorSourceConfig, X11ScreenConfig,
-    X11WindowConfig,
+    FramebufferConfig, GnomeScreenConfig, PortalScreenConfig, Resize, ViewScale,
+    WaylandScreenConfig, WaylandWindowConfig, X11CursorSinkConfig, X11CursorSourceConfig,
+    X11ScreenConfig, X11WindowConfig,
 };
 pub(crate) use cursor::{spawn_x11_cursor_sink, spawn_x11_cursor_source};
 #[cfg(feature = "wayland")]
 pub(crate) use gnome::{probe_gnome_screen, spawn_gnome_screen_source};
 pub use ndd_wire::display::*;
+#[cfg(feature = "wayland")]
+pub(crate) use portal::{probe_portal_screen, spawn_portal_screen_source};
 pub(crate) use sink::{spawn_framebuffer_sink, spawn_x11_window_sink};
 pub(crate) use source::spawn_x11_screen_source;
 #[cfg(feature = "wayland")]

@@ -200,7 +200,7 @@ pub(crate) fn open_wayland_screen(
                 endpoint,
                 d,
                 format!("no zwlr_screencopy_manager_v1 ({e})"),
-                "the wayland-screen source needs a wlroots compositor (sway, Hyprland, river, labwc, wayfire); on GNOME use the gnome-screen source; KDE Plasma (KWin: zkde_screencast, or the xdg-desktop-portal) is not supported yet",
+                "the wayland-screen source needs a wlroots compositor (sway, Hyprland, river, labwc, wayfire); on GNOME use the gnome-screen source, on other desktops (KDE Plasma) the portal-screen source (the xdg-desktop-portal's ScreenCast)",
             )
         })?;
     let mut state = State {

@@ -303,6 +303,17 @@ pub const SOURCES: &[EndpointInfo] = &[
         summary: GNOME_CLIPBOARD,
         params: GNOME_CLIPBOARD_PARAMS,
     },
+    EndpointInfo {
+        name: "portal-screen",
+        summary: "a monitor the desktop shares through the xdg-desktop-portal's ScreenCast (GNOME, KDE Plasma, wlroots with xdg-desktop-portal-wlr), its PipeWire stream read by GStreamer's pipewiresrc, as display updates: the tiles that changed; asked once at the desktop, then started unattended with the portal's restore token",
+        params: &[
+            ("bus", "string", "$DBUS_SESSION_BUS_ADDRESS", "the desktop session's D-Bus address, e.g. unix:path=/run/user/1000/bus"),
+            ("token_file", "path", "$XDG_STATE_HOME/ndd/portal-screen.token", "where the portal's restore token (the grant given once in the screen-share dialog) is kept between starts"),
+            ("grant_wait_s", "float > 0", "300", "how long a start waits for the person to answer the screen-share dialog"),
+            ("max_fps", "float > 0", "30", "at most this many updates per second"),
+            ("refresh_s", "float >= 0", "0", "a keyframe of the whole monitor every this many seconds; 0 = only the first"),
+        ],
+    },
 ];
 
 /// Every sink endpoint.

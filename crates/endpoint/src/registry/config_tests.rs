@@ -121,6 +121,10 @@ fn catalogue_params_match_the_config_keys() {
             pipewire: "/run/user/1000/pipewire-0".into(),
             ..Default::default()
         }),
+        SourceConfig::PortalScreen(crate::display::PortalScreenConfig {
+            token_file: Some("/var/lib/ndd/portal.token".into()),
+            ..Default::default()
+        }),
     ];
     let sinks = [
         SinkConfig::Stdout(StdoutConfig::default()),
@@ -204,8 +208,16 @@ fn catalogue_params_match_the_config_keys() {
 
 #[test]
 fn paths_mut_names_every_path_parameter() {
+    // (Optional paths given too.)
+    let optional = |info: &EndpointInfo| -> String {
+        info.params
+            .iter()
+            .filter(|p| p.1 == "path" && p.2 != REQUIRED)
+            .map(|p| format!(", {} = \"/tmp/ndd-example\"", p.0))
+            .collect()
+    };
     for info in SOURCES {
-        let mut c: SourceConfig = parse(&minimal(info, "")).expect(info.name);
+        let mut c: SourceConfig = parse(&minimal(info, &optional(info))).expect(info.name);
         let want = info.params.iter().filter(|p| p.1 == "path").count();
         assert_eq!(c.paths_mut().len(), want, "{}", info.name);
         for p in c.paths_mut() {
@@ -213,7 +225,7 @@ fn paths_mut_names_every_path_parameter() {
         }
     }
     for info in SINKS {
-        let mut c: SinkConfig = parse(&minimal(info, "")).expect(info.name);
+        let mut c: SinkConfig = parse(&minimal(info, &optional(info))).expect(info.name);
         let want = info.params.iter().filter(|p| p.1 == "path").count();
         assert_eq!(c.paths_mut().len(), want, "{}", info.name);
         for p in c.paths_mut() {

@@ -35,8 +35,9 @@ use crate::common::error::EndpointError;
 use crate::common::framing::MAX_LENGTH_FRAME;
 use crate::common::report::{SinkTask, SourceTask};
 use crate::display::{
-    FramebufferConfig, GnomeScreenConfig, WaylandScreenConfig, WaylandWindowConfig,
-    X11CursorSinkConfig, X11CursorSourceConfig, X11ScreenConfig, X11WindowConfig,
+    FramebufferConfig, GnomeScreenConfig, PortalScreenConfig, WaylandScreenConfig,
+    WaylandWindowConfig, X11CursorSinkConfig, X11CursorSourceConfig, X11ScreenConfig,
+    X11WindowConfig,
 };
 use crate::file::{FileSinkConfig, FileSourceConfig};
 use crate::input::{
@@ -115,6 +116,9 @@ pub enum SourceConfig {
     /// A monitor of a GNOME (mutter) Wayland session (app side).
     #[serde(rename = "gnome-screen")]
     GnomeScreen(GnomeScreenConfig),
+    /// A monitor the desktop shares through the xdg-desktop-portal (app side).
+    #[serde(rename = "portal-screen")]
+    PortalScreen(PortalScreenConfig),
     /// What the person does in the `wayland-window` viewer (device side).
     #[serde(rename = "wayland-window-input")]
     WaylandWindowInput(WaylandWindowInputConfig),
@@ -369,6 +373,7 @@ impl SourceConfig {
             | SourceConfig::X11Screen(_)
             | SourceConfig::WaylandScreen(_)
             | SourceConfig::GnomeScreen(_)
+            | SourceConfig::PortalScreen(_)
             | SourceConfig::CameraSim(_)
             | SourceConfig::V4l2(_) => false,
         }
@@ -392,6 +397,7 @@ impl SourceConfig {
             | SourceConfig::X11Screen(_)
             | SourceConfig::WaylandScreen(_)
             | SourceConfig::GnomeScreen(_)
+            | SourceConfig::PortalScreen(_)
             | SourceConfig::X11Cursor(_)
             | SourceConfig::X11Clipboard(_)
             | SourceConfig::WaylandClipboard(_)
@@ -420,6 +426,7 @@ impl SourceConfig {
             SourceConfig::Pty(c) => vec![&mut c.link],
             SourceConfig::Evdev(c) => vec![&mut c.path],
             SourceConfig::V4l2(c) => vec![&mut c.path],
+            SourceConfig::PortalScreen(c) => c.token_file.iter_mut().collect(),
             SourceConfig::Synthetic(_)
             | SourceConfig::SpacenavSim(_)
             | SourceConfig::Stdin(_)
@@ -460,6 +467,7 @@ impl SourceConfig {
             SourceConfig::V4l2(_) => &SOURCES[15],
             SourceConfig::WaylandScreen(_) => &SOURCES[16],
             SourceConfig::GnomeScreen(_) => &SOURCES[19],
+            SourceConfig::PortalScreen(_) => &SOURCES[21],
             SourceConfig::WaylandClipboard(_) => &SOURCES[17],
             SourceConfig::WaylandWindowInput(_) => &SOURCES[18],
             SourceConfig::GnomeClipboard(_) => &SOURCES[20],
@@ -487,6 +495,7 @@ impl SourceConfig {
             SourceConfig::V4l2(_) => "v4l2 source",
             SourceConfig::WaylandScreen(_) => "wayland-screen source",
             SourceConfig::GnomeScreen(_) => "gnome-screen source",
+            SourceConfig::PortalScreen(_) => "portal-screen source",
             SourceConfig::WaylandClipboard(_) => "wayland-clipboard source",
             SourceConfig::GnomeClipboard(_) => "gnome-clipboard source",
             SourceConfig::WaylandWindowInput(_) => "wayland-window-input source",
@@ -560,6 +569,21 @@ impl SourceConfig {
                     "pipewire",
                     Some(c.pipewire.as_str()).filter(|p| !p.is_empty()),
                 );
+                fmt_opt(&mut s, "refresh_s", Some(c.refresh_s).filter(|&r| r != 0.0));
+                s + ")"
+            }
+            SourceConfig::PortalScreen(c) => {
+                let mut s = format!(
+                    "portal-screen(bus={}, max_fps={}",
+                    if c.bus.is_empty() {
+                        "$DBUS_SESSION_BUS_ADDRESS"
+                    } else {
+                        c.bus.as_str()
+                    },
+                    c.max_fps
+                );
+                let token = c.token_path().map(|p| p.display().to_string());
+                fmt_opt(&mut s, "token_file", token.as_deref());
                 fmt_opt(&mut s, "refresh_s", Some(c.refresh_s).filter(|&r| r != 0.0));
                 s + ")"
             }
@@ -641,7 +665,15 @@ impl SourceConfig {
             })
             | SourceConfig::GnomeScreen(GnomeScreenConfig {
                 max_fps, refresh_s, ..
+            })
+            | SourceConfig::PortalScreen(PortalScreenConfig {
+                max_fps, refresh_s, ..
             }) => {
+                if let SourceConfig::PortalScreen(c) = self {
+                    if !(c.grant_wait_s.is_finite() && c.grant_wait_s > 0.0) {
+                        return bad("grant_wait_s", "must be a finite number > 0");
+                    }
+                }
                 if !(max_fps.is_finite() && *max_fps > 0.0) {
                     return bad("max_fps", "must be a finite number > 0");
                 }
@@ -701,6 +733,7 @@ impl SourceConfig {
             SourceConfig::X11Screen(_)
                 | SourceConfig::WaylandScreen(_)
                 | SourceConfig::GnomeScreen(_)
+                | SourceConfig::PortalScreen(_)
         )
     }
 
@@ -742,6 +775,9 @@ impl SourceConfig {
             }
             SourceConfig::GnomeScreen(c) => {
                 display::spawn_gnome_screen_source(&rt, endpoint, c, stream, tx, demand)
+            }
+            SourceConfig::PortalScreen(c) => {
+                display::spawn_portal_screen_source(&rt, endpoint, c, stream, tx, demand)
             }
             SourceConfig::WaylandClipboard(c) => {
                 clipboard::spawn_wayland_clipboard_source(&rt, endpoint, c, stream, tx)

@@ -131,6 +131,7 @@ impl SourceConfig {
                 crate::display::open_wayland_screen(endpoint, c).map(drop)
             }
             SourceConfig::GnomeScreen(c) => crate::display::probe_gnome_screen(endpoint, c),
+            SourceConfig::PortalScreen(c) => crate::display::probe_portal_screen(endpoint, c),
             SourceConfig::X11Cursor(c) => display(endpoint, &c.display),
             SourceConfig::X11Clipboard(c) => display(endpoint, &c.display),
             SourceConfig::WaylandClipboard(c) => crate::clipboard::probe_wayland(endpoint, c),
