@@ -529,7 +529,7 @@ fn init_tracing(verbose: u8) {
     // The session's notes (connected, link lost, restored) are ndd's own INFO lines: shown by
     // default; other crates' only from -v (but the portal's: a dialog waits at the desktop).
     let default = match verbose {
-        0 => "warn,ndd::session=info,ndd::fanout=info,ndd::rfbaccel=info,ndd::serve=info,ndd_link::establish=info,ndd_endpoint::serial::tty=info,ndd_endpoint::display::portal=info",
+        0 => "warn,ndd::session=info,ndd::fanout=info,ndd::rfbaccel=info,ndd::serve=info,ndd_link::establish=info,ndd_endpoint::serial::tty=info,ndd_endpoint::display::portal=info,ndd_endpoint::input::portal=info",
         1 => "info",
         2 => "debug",
         _ => "trace",
@@ -1303,16 +1303,19 @@ fn session_here(cfg: &Config, side: SideName) {
         let remote = S::GnomeClipboard(Default::default()).probe();
         screen + &said("gnome-input and gnome-clipboard", remote)
     };
-    // The xdg-desktop-portal's ScreenCast, on any desktop whose portal offers it.
+    // The xdg-desktop-portal's ScreenCast and RemoteDesktop, on any desktop whose portal
+    // offers them.
     let portal = || {
-        use ndd_endpoint::SourceConfig as S;
-        match S::PortalScreen(Default::default()).probe() {
-            Ok(()) => ", portal-screen yes".to_string(),
-            Err(e) if e.to_string().contains("no xdg-desktop-portal ScreenCast") => {
-                ", portal-screen no (no xdg-desktop-portal with a ScreenCast)".to_string()
+        use ndd_endpoint::{SinkConfig as K, SourceConfig as S};
+        let said = |what: &str, probe: Result<(), ndd_endpoint::EndpointError>| match probe {
+            Ok(()) => format!(", {what} yes"),
+            Err(e) if e.to_string().contains("no xdg-desktop-portal") => {
+                format!(", {what} no (no xdg-desktop-portal offering it)")
             }
-            Err(e) => format!(", portal-screen no ({e})"),
-        }
+            Err(e) => format!(", {what} no ({e})"),
+        };
+        said("portal-screen", S::PortalScreen(Default::default()).probe())
+            + &said("portal-input", K::PortalInput(Default::default()).probe())
     };
     if let Some(d) = &wayland {
         match offer(d) {

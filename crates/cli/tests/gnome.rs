@@ -737,7 +737,7 @@ fn a_portal_screen_is_granted_once_and_then_starts_unattended() {
         .unwrap();
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(
-        out.status.success() && said.contains("portal-screen yes"),
+        out.status.success() && said.contains("portal-screen yes, portal-input yes"),
         "{said}{}",
         String::from_utf8_lossy(&out.stderr)
     );
@@ -811,6 +811,175 @@ fn a_portal_screen_is_granted_once_and_then_starts_unattended() {
     // the same one again; the specification lets it give a new one.)
     let second = std::fs::read_to_string(&token).expect("the restore token kept");
     assert!(!second.trim().is_empty(), "{first:?} then {second:?}");
+    app.kill();
+    dev.kill();
+}
+
+/// `struct input_event`s as a recording holds them (`evdev` source): `(type, code, value)`.
+fn recording(events: &[(u16, u16, i32)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for &(ty, code, value) in events {
+        out.extend_from_slice(&[0u8; 16]);
+        out.extend_from_slice(&ty.to_ne_bytes());
+        out.extend_from_slice(&code.to_ne_bytes());
+        out.extend_from_slice(&value.to_ne_bytes());
+    }
+    out
+}
+
+/// The `portal-input` sink (issue 35: the portal's RemoteDesktop and its Notify calls) on a
+/// headless mutter with xdg-desktop-portal-gnome, through two ndd processes: keys from a
+/// recorded keyboard (`evdev` source on the device side): one typed while GNOME's
+/// remote-desktop dialog is up is dropped once the test answers it as a person would (remote
+/// interaction switched on, Share); the keys typed then reach an unmodified `wev` on mutter. (xdg-desktop-portal 1.16's
+/// RemoteDesktop is version 1: it keeps no grant, and the sink says every start asks.)
+#[test]
+fn portal_input_types_into_a_gnome_session_once_the_desktop_allows_it() {
+    if let Some(m) = missing(&[
+        "mutter",
+        "dbus-daemon",
+        "dbus-send",
+        "pipewire",
+        "wireplumber",
+        "wev",
+        "stdbuf",
+        "/usr/libexec/xdg-desktop-portal",
+        "/usr/libexec/xdg-desktop-portal-gnome",
+    ]) {
+        println!("SKIPPED: needs {m} (apt-get install mutter pipewire wireplumber wev xdg-desktop-portal xdg-desktop-portal-gnome)");
+        return;
+    }
+    let mutter = Mutter::start("portal-input", 800, 600).expect("headless mutter");
+    let _portal = mutter.start_portal().expect("the portal");
+    let (_wev, seen) = ndd_procs::spawn_collecting(
+        mutter
+            .client("stdbuf")
+            .args(["-oL", "wev"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null()),
+    )
+    .expect("wev");
+    let dir = Dir::new("portal-input");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    // h, i typed on a recorded keyboard (KEY_H 35, KEY_I 23; EV_KEY 1, EV_SYN 0), through a
+    // named pipe kept open (a keyboard that stays: the stream does not end).
+    let keys = dir.0.join("keys.evdev");
+    assert!(Command::new("mkfifo")
+        .arg(&keys)
+        .status()
+        .unwrap()
+        .success());
+    // x typed while the dialog is up: stale once the desktop allows it, never typed.
+    let early = recording(&[(1, 45, 1), (0, 0, 0), (1, 45, 0), (0, 0, 0)]);
+    let (go, typing) = std::sync::mpsc::channel::<()>();
+    // (A headless mutter's seat has a keyboard only once a key was typed: wev binds it then,
+    // and misses the keys before. A Shift first, until wev has the keyboard.)
+    let warm = recording(&[(1, 42, 1), (0, 0, 0), (1, 42, 0), (0, 0, 0)]);
+    let typed = recording(&[
+        (1, 35, 1),
+        (0, 0, 0),
+        (1, 35, 0),
+        (0, 0, 0),
+        (1, 23, 1),
+        (0, 0, 0),
+        (1, 23, 0),
+        (0, 0, 0),
+    ]);
+    let (agreed, agreement) = std::sync::mpsc::channel::<()>();
+    let fifo = keys.clone();
+    let _keyboard = std::thread::spawn(move || {
+        use std::io::Write;
+        // The device side's start looks at the path (opens it and closes it) before its
+        // source reads it: what the first reader took is written again until, once the sides
+        // agreed, the reader is still there (a SYN event goes through).
+        let syn = recording(&[(0, 0, 0)]);
+        let mut agreed = false;
+        for _ in 0..20 {
+            let mut w = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+            if w.write_all(&early).is_err() {
+                continue;
+            }
+            if !agreed {
+                let _ = agreement.recv();
+                agreed = true;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            if w.write_all(&syn).is_ok() {
+                let _ = typing.recv();
+                w.write_all(&warm).unwrap();
+                let _ = typing.recv();
+                w.write_all(&typed).unwrap();
+                std::thread::sleep(Duration::from_secs(120));
+                return;
+            }
+        }
+    });
+    let cfg = dir.0.join("portal-input.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "driver = \"portal-keys\"\n[link]\naddress = \"{}\"\nlistener = \"app\"\n\
+             [[stream]]\nname = \"keys\"\ndirection = \"device-to-app\"\n\
+             source = {{ type = \"evdev\", path = \"{}\" }}\n\
+             sink = {{ type = \"portal-input\", bus = \"{}\" }}\n",
+            free_addr(),
+            keys.display(),
+            mutter.bus,
+        ),
+    )
+    .unwrap();
+    let mut app = run_cmd(&cfg, "app", &app_home, &[]);
+    app.env_remove("NDD_LOG");
+    let app = Side::spawn(app);
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &[]));
+    dev.wait_says("streams agreed", &[&app]);
+    agreed.send(()).unwrap();
+    app.wait_says("asking at the desktop to allow remote interaction", &[&dev]);
+    assert!(
+        app.stderr_now().contains("this portal keeps no grant"),
+        "{}",
+        app.stderr_now()
+    );
+    // Nothing is typed before the desktop allows it.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        wev_pressed_syms(&seen.lock().unwrap()).is_empty(),
+        "{}",
+        seen.lock().unwrap()
+    );
+    // The person switches remote interaction on and shares; then h and i are typed.
+    click(&mutter, 590.0, 372.0).expect("click");
+    click(&mutter, 612.0, 172.0).expect("click");
+    app.wait_says("remote-desktop session ready (portal)", &[&dev]);
+    app.wait_says(
+        "input that came while the desktop's dialog was up is dropped",
+        &[&dev],
+    );
+    // (wev's window, in the middle of the monitor, gets the keyboard as a person's click
+    // gives it.)
+    std::thread::sleep(Duration::from_millis(500));
+    click(&mutter, 400.0, 300.0).expect("click");
+    go.send(()).unwrap();
+    ndd_procs::wait_for("wev's keyboard", Duration::from_secs(20), || {
+        seen.lock().unwrap().contains("wl_keyboard] enter")
+    });
+    go.send(()).unwrap();
+    let t0 = Instant::now();
+    loop {
+        let mut syms = wev_pressed_syms(&seen.lock().unwrap());
+        syms.retain(|s| !s.starts_with("Shift"));
+        if syms == ["h", "i"] {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "wev saw {syms:?}\napp side: {}\ndevice side: {}\nwev: {}",
+            app.stderr_now(),
+            dev.stderr_now(),
+            seen.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     app.kill();
     dev.kill();
 }

@@ -83,8 +83,8 @@ pub use file::{FileSinkConfig, FileSourceConfig};
 pub use framing::{encode, FrameDecoder, Framing, FramingError};
 pub use input::{
     Capabilities, EvdevConfig, Event, GnomeInputConfig, InputFrameError, InputMessage,
-    KdeInputConfig, UinputConfig, WaylandInputConfig, WaylandWindowInputConfig, X11InputConfig,
-    X11Window, XtestConfig,
+    KdeInputConfig, PortalInputConfig, UinputConfig, WaylandInputConfig, WaylandWindowInputConfig,
+    X11InputConfig, X11Window, XtestConfig,
 };
 pub use registry::{EndpointInfo, SinkConfig, SourceConfig, SINKS, SOURCES};
 pub use serial::{

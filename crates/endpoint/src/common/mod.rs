@@ -26,9 +26,25 @@ pub mod framing;
 pub(crate) mod gnome;
 #[cfg(not(feature = "wayland"))]
 pub(crate) mod no_wayland;
+#[cfg(feature = "wayland")]
+pub(crate) mod portal;
 #[cfg(feature = "media")]
 pub(crate) mod priority;
 pub mod report;
 #[cfg(feature = "wayland")]
 pub(crate) mod wayland;
 pub(crate) mod x11;
+
+/// `name` in ndd's state directory: `$XDG_STATE_HOME/ndd`, else `~/.local/state/ndd` (`None`:
+/// neither variable set).
+pub fn state_file(name: &str) -> Option<std::path::PathBuf> {
+    let state = std::env::var_os("XDG_STATE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| std::path::PathBuf::from(h).join(".local/state"))
+        })?;
+    Some(state.join("ndd").join(name))
+}

@@ -9,7 +9,7 @@ use crate::clipboard::{GnomeClipboardConfig, WaylandClipboardConfig};
 use crate::display::{
     GnomeScreenConfig, PortalScreenConfig, WaylandScreenConfig, WaylandWindowConfig,
 };
-use crate::input::{GnomeInputConfig, KdeInputConfig, WaylandInputConfig};
+use crate::input::{GnomeInputConfig, KdeInputConfig, PortalInputConfig, WaylandInputConfig};
 use ndd_core::Frame;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::{Receiver, Sender};
@@ -208,5 +208,22 @@ pub(crate) fn spawn_portal_screen_source(
     _: Sender<Frame>,
     _: Option<Demand>,
 ) -> Result<SourceTask, EndpointError> {
+    Err(off(endpoint))
+}
+
+pub(crate) fn probe_portal_input(
+    endpoint: &'static str,
+    _: &PortalInputConfig,
+) -> Result<(), EndpointError> {
+    Err(off(endpoint))
+}
+
+pub(crate) fn spawn_portal_input_sink(
+    _: &Handle,
+    endpoint: &'static str,
+    _: &PortalInputConfig,
+    _: Receiver<Frame>,
+    _: Delivered,
+) -> Result<SinkTask, EndpointError> {
     Err(off(endpoint))
 }

@@ -143,18 +143,9 @@ impl PortalScreenConfig {
     /// The restore token's file, as configured or by default (`None`: no `$XDG_STATE_HOME`
     /// or `$HOME` to put it in).
     pub fn token_path(&self) -> Option<PathBuf> {
-        if let Some(p) = &self.token_file {
-            return Some(p.clone());
-        }
-        let state = std::env::var_os("XDG_STATE_HOME")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| {
-                std::env::var_os("HOME")
-                    .filter(|v| !v.is_empty())
-                    .map(|h| PathBuf::from(h).join(".local/state"))
-            })?;
-        Some(state.join("ndd").join("portal-screen.token"))
+        self.token_file
+            .clone()
+            .or_else(|| crate::common::state_file("portal-screen.token"))
     }
 }
 

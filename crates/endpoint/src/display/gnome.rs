@@ -125,8 +125,8 @@ impl Drop for Cast {
                 .method_call(SESSION, "Stop", ()),
             Via::Portal { .. } => self
                 .conn
-                .with_proxy(super::portal::PORTAL, &self.session, CALL)
-                .method_call(super::portal::PORTAL_SESSION, "Close", ()),
+                .with_proxy(crate::common::portal::PORTAL, &self.session, CALL)
+                .method_call(crate::common::portal::PORTAL_SESSION, "Close", ()),
         };
     }
 }

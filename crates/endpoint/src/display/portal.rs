@@ -24,168 +24,16 @@ use crate::common::clock::pacing;
 use crate::common::demand::Demand;
 use crate::common::error::EndpointError;
 use crate::common::gnome::{connect, dbus_text, unavailable, watch_closed, CALL};
+use crate::common::portal::{
+    check_portal, new_token, property, read_token, request, variant, write_token, PORTAL,
+    PORTAL_PATH, PORTAL_SESSION, SCREEN_CAST,
+};
 use crate::common::report::SourceTask;
-use dbus::arg::{ArgType, PropMap, RefArg, Variant};
-use dbus::blocking::Connection;
-use dbus::message::MatchRule;
-use dbus::Message;
+use dbus::arg::PropMap;
 use ndd_core::Frame;
-use std::path::Path;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::Sender;
-
-/// The portal's bus name and object.
-pub(super) const PORTAL: &str = "org.freedesktop.portal.Desktop";
-const PORTAL_PATH: &str = "/org/freedesktop/portal/desktop";
-const SCREEN_CAST: &str = "org.freedesktop.portal.ScreenCast";
-const REQUEST: &str = "org.freedesktop.portal.Request";
-pub(super) const PORTAL_SESSION: &str = "org.freedesktop.portal.Session";
-
-/// The ScreenCast version that keeps a grant (`persist_mode`, restore tokens).
-const PERSIST_VERSION: u32 = 4;
-
-/// What to do when the portal is missing.
-const PORTAL_HINT: &str = "install the desktop's portal (GNOME: xdg-desktop-portal and xdg-desktop-portal-gnome; KDE: xdg-desktop-portal-kde; sway, Hyprland: xdg-desktop-portal-wlr) and run ndd inside the session";
-
-/// An answer of the portal: its code (0 granted, 1 declined by the person, 2 otherwise
-/// refused), its results, and the streams among them (`Start`'s).
-struct Response {
-    code: u32,
-    results: PropMap,
-    streams: Vec<(u32, PropMap)>,
-}
-
-/// The streams of a `Response` signal's results (`streams`: `a(ua{sv})`), read as their
-/// types say (a `PropMap` holds them as untyped values).
-fn streams_of(msg: &Message) -> Vec<(u32, PropMap)> {
-    let mut it = msg.iter_init();
-    if !it.next() || it.arg_type() != ArgType::Array {
-        return Vec::new();
-    }
-    let Some(mut dict) = it.recurse(ArgType::Array) else {
-        return Vec::new();
-    };
-    loop {
-        if let Some(mut entry) = dict.recurse(ArgType::DictEntry) {
-            if entry.read::<&str>().ok() == Some("streams") {
-                return entry
-                    .recurse(ArgType::Variant)
-                    .and_then(|mut v| v.get::<Vec<(u32, PropMap)>>())
-                    .unwrap_or_default();
-            }
-        }
-        if !dict.next() {
-            return Vec::new();
-        }
-    }
-}
-
-/// This connection's request path for `token` (the portal's rule: the sender's unique name
-/// without its `:`, dots as underscores).
-fn request_path(conn: &Connection, token: &str) -> String {
-    let sender = conn.unique_name().trim_start_matches(':').replace('.', "_");
-    format!("{PORTAL_PATH}/request/{sender}/{token}")
-}
-
-/// A token of this process for a request or session handle.
-fn new_token(what: &str) -> String {
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("ndd_{what}_{}_{n}", std::process::id())
-}
-
-/// Calls ScreenCast `method` with `args` (whose options name `token` as their
-/// `handle_token`) and waits up to `wait` for its answer.
-fn request<A: dbus::arg::AppendAll>(
-    conn: &Connection,
-    method: &str,
-    args: A,
-    token: &str,
-    wait: Duration,
-) -> Result<Response, String> {
-    let path = dbus::Path::new(request_path(conn, token)).map_err(|e| e.to_string())?;
-    let got: Arc<Mutex<Option<Response>>> = Arc::default();
-    let g = Arc::clone(&got);
-    let id = conn
-        .add_match(
-            MatchRule::new_signal(REQUEST, "Response").with_path(path),
-            move |(): (), _, msg: &Message| {
-                let (code, results) = msg.read2::<u32, PropMap>().unwrap_or((2, PropMap::new()));
-                let streams = streams_of(msg);
-                *g.lock().unwrap_or_else(|p| p.into_inner()) = Some(Response {
-                    code,
-                    results,
-                    streams,
-                });
-                true
-            },
-        )
-        .map_err(|e| dbus_text(&e))?;
-    let called = conn
-        .with_proxy(PORTAL, PORTAL_PATH, CALL)
-        .method_call::<(dbus::Path<'static>,), _, _, _>(SCREEN_CAST, method, args)
-        .map_err(|e| format!("{method}: {}", dbus_text(&e)));
-    let t0 = Instant::now();
-    let r = called.and_then(|_| loop {
-        if let Some(r) = got.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            break Ok(r);
-        }
-        if t0.elapsed() > wait {
-            break Err(format!(
-                "{method}: no answer from the portal within {} s",
-                wait.as_secs()
-            ));
-        }
-        if let Err(e) = conn.process(Duration::from_millis(100)) {
-            break Err(format!("{method}: {}", dbus_text(&e)));
-        }
-    });
-    let _ = conn.remove_match(id);
-    let r = r?;
-    match r.code {
-        0 => Ok(r),
-        1 => Err(format!(
-            "{method}: the screen share was declined at the desktop"
-        )),
-        n => Err(format!("{method}: the portal refused it (response {n})")),
-    }
-}
-
-fn variant<T: RefArg + 'static>(v: T) -> Variant<Box<dyn RefArg>> {
-    Variant(Box::new(v))
-}
-
-/// The ScreenCast interface's version on this bus (`None`: no portal answers).
-fn screen_cast_version(conn: &Connection) -> Result<u32, dbus::Error> {
-    use dbus::blocking::stdintf::org_freedesktop_dbus::Properties;
-    conn.with_proxy(PORTAL, PORTAL_PATH, CALL)
-        .get::<u32>(SCREEN_CAST, "version")
-}
-
-/// Says what is wrong with the portal on `bus`, if anything: missing, or too old to keep a
-/// grant.
-fn check_portal(endpoint: &'static str, bus: &str, conn: &Connection) -> Result<(), EndpointError> {
-    match screen_cast_version(conn) {
-        Ok(v) if v >= PERSIST_VERSION => Ok(()),
-        Ok(v) => Err(unavailable(
-            endpoint,
-            bus,
-            format!("the xdg-desktop-portal's ScreenCast is version {v}: it keeps no grant (restore tokens came with version {PERSIST_VERSION}), so every start would ask at the desktop"),
-            "update xdg-desktop-portal (1.12 or later) and the desktop's portal backend",
-        )),
-        Err(e) => Err(unavailable(
-            endpoint,
-            bus,
-            format!(
-                "no xdg-desktop-portal ScreenCast on this bus ({})",
-                dbus_text(&e)
-            ),
-            PORTAL_HINT,
-        )),
-    }
-}
 
 /// Whether the session's portal offers a ScreenCast that keeps grants, and this machine
 /// GStreamer's PipeWire source; without asking anything at the desktop (`ndd check`).
@@ -208,44 +56,6 @@ fn no_token_file(endpoint: &'static str) -> EndpointError {
         reason: "no $XDG_STATE_HOME or $HOME to keep the portal's restore token in: set token_file"
             .into(),
     }
-}
-
-/// The token kept at `path`, if there is one.
-fn read_token(path: &Path) -> Option<String> {
-    let t = std::fs::read_to_string(path).ok()?;
-    let t = t.trim();
-    // (A token is the portal's: printable, short. Anything else is not handed back.)
-    (!t.is_empty() && t.len() <= 256 && t.chars().all(|c| c.is_ascii_graphic()))
-        .then(|| t.to_string())
-}
-
-/// Keeps `token` at `path` (its directory made, readable by this user only; written aside
-/// and renamed, so a crash leaves the old token or the new one).
-fn write_token(path: &Path, token: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)?;
-    }
-    let aside = path.with_extension("token-new");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&aside)?;
-    f.write_all(token.as_bytes())?;
-    f.write_all(b"\n")?;
-    f.sync_all()?;
-    std::fs::rename(&aside, path)
-}
-
-/// The `size` of a stream's properties (`(ii)`).
-fn size_of(props: &PropMap) -> Option<(usize, usize)> {
-    let mut it = props.get("size")?.0.as_iter()?;
-    let w = it.next()?.as_i64()?;
-    let h = it.next()?.as_i64()?;
-    (w > 0 && h > 0 && w <= 16384 && h <= 16384).then_some((w as usize, h as usize))
 }
 
 /// Opens a screen cast of a monitor through the portal (asking at the desktop unless the kept
@@ -271,7 +81,7 @@ pub(crate) fn open_portal_screen(
     let mut opts = PropMap::new();
     opts.insert("handle_token".into(), variant(t.clone()));
     opts.insert("session_handle_token".into(), variant(new_token("session")));
-    let r = request(&conn, "CreateSession", (opts,), &t, CALL).map_err(&fail)?;
+    let r = request(&conn, SCREEN_CAST, "CreateSession", (opts,), &t, CALL).map_err(&fail)?;
     let session: String = dbus::arg::prop_cast::<String>(&r.results, "session_handle")
         .cloned()
         .ok_or_else(|| fail("CreateSession: the portal gave no session".into()))?;
@@ -284,20 +94,22 @@ pub(crate) fn open_portal_screen(
     opts.insert("types".into(), variant(1u32));
     opts.insert("multiple".into(), variant(false));
     opts.insert("persist_mode".into(), variant(2u32));
-    let cursors = {
-        use dbus::blocking::stdintf::org_freedesktop_dbus::Properties;
-        conn.with_proxy(PORTAL, PORTAL_PATH, CALL)
-            .get::<u32>(SCREEN_CAST, "AvailableCursorModes")
-            .unwrap_or(0)
-    };
-    if cursors & 2 != 0 {
+    if property(&conn, SCREEN_CAST, "AvailableCursorModes") & 2 != 0 {
         opts.insert("cursor_mode".into(), variant(2u32));
     }
     let kept = read_token(&token_file);
     if let Some(k) = &kept {
         opts.insert("restore_token".into(), variant(k.clone()));
     }
-    request(&conn, "SelectSources", (session.clone(), opts), &t, CALL).map_err(&fail)?;
+    request(
+        &conn,
+        SCREEN_CAST,
+        "SelectSources",
+        (session.clone(), opts),
+        &t,
+        CALL,
+    )
+    .map_err(&fail)?;
     // Start: the dialog, unless the kept token holds.
     let t = new_token("start");
     let mut opts = PropMap::new();
@@ -311,7 +123,15 @@ pub(crate) fn open_portal_screen(
         );
     }
     let wait = Duration::try_from_secs_f64(c.grant_wait_s).unwrap_or(CALL);
-    let r = request(&conn, "Start", (session.clone(), "", opts), &t, wait).map_err(&fail)?;
+    let r = request(
+        &conn,
+        SCREEN_CAST,
+        "Start",
+        (session.clone(), "", opts),
+        &t,
+        wait,
+    )
+    .map_err(&fail)?;
     match dbus::arg::prop_cast::<String>(&r.results, "restore_token") {
         Some(new) => {
             if let Err(e) = write_token(&token_file, new) {
@@ -332,7 +152,8 @@ pub(crate) fn open_portal_screen(
         .first()
         .ok_or_else(|| fail("Start: the portal shared no stream".into()))?;
     let node = *node;
-    let size = size_of(props).ok_or_else(|| fail("Start: the portal gave no size".into()))?;
+    let size = crate::common::portal::size_of(props)
+        .ok_or_else(|| fail("Start: the portal gave no size".into()))?;
     let (remote,): (std::os::fd::OwnedFd,) = conn
         .with_proxy(PORTAL, PORTAL_PATH, CALL)
         .method_call(
@@ -424,17 +245,5 @@ mod tests {
             ..PortalScreenConfig::default()
         };
         assert_eq!(c.token_path(), Some("/x/t".into()));
-    }
-
-    #[test]
-    fn a_size_is_two_positive_integers() {
-        let mut p = PropMap::new();
-        assert_eq!(size_of(&p), None);
-        let pair: Box<dyn RefArg> = Box::new((800i32, 600i32));
-        p.insert("size".into(), Variant(pair));
-        assert_eq!(size_of(&p), Some((800, 600)));
-        let pair: Box<dyn RefArg> = Box::new((0i32, 600i32));
-        p.insert("size".into(), Variant(pair));
-        assert_eq!(size_of(&p), None);
     }
 }

@@ -115,6 +115,46 @@ pub struct GnomeInputConfig {
     pub monitor: Option<String>,
 }
 
+/// `portal-input` sink parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortalInputConfig {
+    /// The desktop session's bus (a D-Bus address); empty: `$DBUS_SESSION_BUS_ADDRESS`.
+    #[serde(default)]
+    pub bus: String,
+    /// Where the portal's restore token is kept between runs, where the portal keeps grants
+    /// (RemoteDesktop version 2); none: `portal-input.token` in `$XDG_STATE_HOME/ndd`.
+    #[serde(default)]
+    pub token_file: Option<std::path::PathBuf>,
+    /// How long a start waits for the person to answer the desktop's dialog.
+    #[serde(default = "default_grant_wait_s")]
+    pub grant_wait_s: f64,
+}
+
+fn default_grant_wait_s() -> f64 {
+    300.0
+}
+
+impl Default for PortalInputConfig {
+    fn default() -> Self {
+        PortalInputConfig {
+            bus: String::new(),
+            token_file: None,
+            grant_wait_s: default_grant_wait_s(),
+        }
+    }
+}
+
+impl PortalInputConfig {
+    /// The restore token's file, as configured or by default (`None`: no `$XDG_STATE_HOME`
+    /// or `$HOME` to put it in).
+    pub fn token_path(&self) -> Option<std::path::PathBuf> {
+        self.token_file
+            .clone()
+            .or_else(|| crate::common::state_file("portal-input.token"))
+    }
+}
+
 /// `wayland-window-input` source parameters.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

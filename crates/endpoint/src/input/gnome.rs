@@ -25,6 +25,7 @@ use crate::common::gnome::{
     check_monitor, connect, create_remote_session, dbus_text, monitor_size, probe_remote_desktop,
     record_monitor, unavailable, watch_closed, CALL, CAST, REMOTE, REMOTE_SESSION,
 };
+use crate::common::portal::{PORTAL, PORTAL_PATH, PORTAL_SESSION, REMOTE_DESKTOP};
 use crate::common::report::SinkTask;
 use dbus::arg::{PropMap, RefArg, Variant};
 use dbus::blocking::stdintf::org_freedesktop_dbus::Properties;
@@ -41,28 +42,56 @@ const CAST_ROOT: &str = "/org/gnome/Mutter/ScreenCast";
 
 /// A key pressed, as it was sent (its release goes the same way).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Sent {
+pub(super) enum Sent {
     Keysym(u32),
     Keycode(u16),
 }
 
-/// An open `gnome-input` sink: a remote-desktop session of mutter's.
+/// Whose remote-desktop session a [`GnomeInput`] drives.
+pub(super) enum Api {
+    /// mutter's own: its session object, and the screen cast's stream absolute motion is
+    /// placed on.
+    Mutter {
+        session: dbus::Path<'static>,
+        stream: dbus::Path<'static>,
+    },
+    /// The xdg-desktop-portal's RemoteDesktop (`portal-input`): its session handle, and the
+    /// stream (PipeWire node) it shared, absolute motion's place.
+    Portal {
+        session: dbus::Path<'static>,
+        stream: u32,
+    },
+}
+
+/// One call into the remote-desktop session.
+#[derive(Debug, Clone, Copy)]
+enum Notify {
+    Keysym(u32, bool),
+    Keycode(u32, bool),
+    Button(i32, bool),
+    Axis(u32, i32),
+    Relative(f64, f64),
+    Absolute(f64, f64),
+}
+
+/// An open `gnome-input` (or `portal-input`) sink: a remote-desktop session of mutter's (or
+/// the portal's).
 pub(crate) struct GnomeInput {
-    endpoint: &'static str,
-    bus: String,
-    conn: Connection,
-    session: dbus::Path<'static>,
-    /// The screen cast's stream absolute motion is placed on.
-    stream: dbus::Path<'static>,
+    pub(super) endpoint: &'static str,
+    pub(super) bus: String,
+    pub(super) conn: Connection,
+    pub(super) api: Api,
     /// The monitor's size, in the stream's coordinates.
-    size: (f64, f64),
+    pub(super) size: (f64, f64),
     /// The source's absolute axis ranges (x, y), once it said them.
-    abs: Option<((i32, i32), (i32, i32))>,
-    at: (i32, i32),
+    pub(super) abs: Option<((i32, i32), (i32, i32))>,
+    pub(super) at: (i32, i32),
     /// Keys down, by the source's code: how each was pressed.
-    down: HashMap<u16, Sent>,
-    /// mutter closed the session.
-    closed: Arc<AtomicBool>,
+    pub(super) down: HashMap<u16, Sent>,
+    /// mutter (the portal) closed the session.
+    pub(super) closed: Arc<AtomicBool>,
+    /// What to say when a call fails or the session closes.
+    pub(super) ended: &'static str,
 }
 
 impl std::fmt::Debug for GnomeInput {
@@ -73,10 +102,17 @@ impl std::fmt::Debug for GnomeInput {
 
 impl Drop for GnomeInput {
     fn drop(&mut self) {
-        let _: Result<(), _> = self
-            .conn
-            .with_proxy(REMOTE, &self.session, CALL)
-            .method_call(REMOTE_SESSION, "Stop", ());
+        let _: Result<(), _> =
+            match &self.api {
+                Api::Mutter { session, .. } => self
+                    .conn
+                    .with_proxy(REMOTE, session, CALL)
+                    .method_call(REMOTE_SESSION, "Stop", ()),
+                Api::Portal { session, .. } => self
+                    .conn
+                    .with_proxy(PORTAL, session, CALL)
+                    .method_call(PORTAL_SESSION, "Close", ()),
+            };
     }
 }
 
@@ -150,13 +186,13 @@ fn open_gnome_input(
         endpoint,
         bus,
         conn,
-        session,
-        stream,
+        api: Api::Mutter { session, stream },
         size: (size.0 as f64, size.1 as f64),
         abs: None,
         at: (0, 0),
         down: HashMap::new(),
         closed,
+        ended: "the GNOME session ended, or mutter stopped the remote-desktop session",
     })
 }
 
@@ -172,18 +208,95 @@ pub(super) fn scale(v: i32, (min, max): (i32, i32), extent: f64) -> f64 {
 }
 
 impl GnomeInput {
-    fn call<A: dbus::arg::AppendAll>(&self, method: &str, args: A) -> Result<(), EndpointError> {
-        self.conn
-            .with_proxy(REMOTE, &self.session, CALL)
-            .method_call::<(), _, _, _>(REMOTE_SESSION, method, args)
-            .map_err(|e| {
-                unavailable(
-                    self.endpoint,
-                    &self.bus,
-                    format!("{method}: {}", dbus_text(&e)),
-                    "the GNOME session ended, or mutter stopped the remote-desktop session",
-                )
-            })
+    /// Makes the call `n` in the session, as its API spells it.
+    fn call(&self, n: Notify) -> Result<(), EndpointError> {
+        let r = match &self.api {
+            Api::Mutter { session, stream } => {
+                let p = self.conn.with_proxy(REMOTE, session, CALL);
+                let m = |method: &'static str| move |r: Result<(), dbus::Error>| (method, r);
+                match n {
+                    Notify::Keysym(k, d) => m("NotifyKeyboardKeysym")(p.method_call(
+                        REMOTE_SESSION,
+                        "NotifyKeyboardKeysym",
+                        (k, d),
+                    )),
+                    Notify::Keycode(k, d) => m("NotifyKeyboardKeycode")(p.method_call(
+                        REMOTE_SESSION,
+                        "NotifyKeyboardKeycode",
+                        (k, d),
+                    )),
+                    Notify::Button(b, d) => m("NotifyPointerButton")(p.method_call(
+                        REMOTE_SESSION,
+                        "NotifyPointerButton",
+                        (b, d),
+                    )),
+                    Notify::Axis(a, v) => m("NotifyPointerAxisDiscrete")(p.method_call(
+                        REMOTE_SESSION,
+                        "NotifyPointerAxisDiscrete",
+                        (a, v),
+                    )),
+                    Notify::Relative(x, y) => m("NotifyPointerMotionRelative")(p.method_call(
+                        REMOTE_SESSION,
+                        "NotifyPointerMotionRelative",
+                        (x, y),
+                    )),
+                    Notify::Absolute(x, y) => {
+                        let s = stream.to_string();
+                        m("NotifyPointerMotionAbsolute")(p.method_call(
+                            REMOTE_SESSION,
+                            "NotifyPointerMotionAbsolute",
+                            (s.as_str(), x, y),
+                        ))
+                    }
+                }
+            }
+            Api::Portal { session, stream } => {
+                let p = self.conn.with_proxy(PORTAL, PORTAL_PATH, CALL);
+                let (s, o) = (session.clone(), PropMap::new());
+                let m = |method: &'static str| move |r: Result<(), dbus::Error>| (method, r);
+                match n {
+                    Notify::Keysym(k, d) => m("NotifyKeyboardKeysym")(p.method_call(
+                        REMOTE_DESKTOP,
+                        "NotifyKeyboardKeysym",
+                        (s, o, k as i32, u32::from(d)),
+                    )),
+                    Notify::Keycode(k, d) => m("NotifyKeyboardKeycode")(p.method_call(
+                        REMOTE_DESKTOP,
+                        "NotifyKeyboardKeycode",
+                        (s, o, k as i32, u32::from(d)),
+                    )),
+                    Notify::Button(b, d) => m("NotifyPointerButton")(p.method_call(
+                        REMOTE_DESKTOP,
+                        "NotifyPointerButton",
+                        (s, o, b, u32::from(d)),
+                    )),
+                    Notify::Axis(a, v) => m("NotifyPointerAxisDiscrete")(p.method_call(
+                        REMOTE_DESKTOP,
+                        "NotifyPointerAxisDiscrete",
+                        (s, o, a, v),
+                    )),
+                    Notify::Relative(x, y) => m("NotifyPointerMotion")(p.method_call(
+                        REMOTE_DESKTOP,
+                        "NotifyPointerMotion",
+                        (s, o, x, y),
+                    )),
+                    Notify::Absolute(x, y) => m("NotifyPointerMotionAbsolute")(p.method_call(
+                        REMOTE_DESKTOP,
+                        "NotifyPointerMotionAbsolute",
+                        (s, o, *stream, x, y),
+                    )),
+                }
+            }
+        };
+        let (method, r) = r;
+        r.map_err(|e| {
+            unavailable(
+                self.endpoint,
+                &self.bus,
+                format!("{method}: {}", dbus_text(&e)),
+                self.ended,
+            )
+        })
     }
 
     fn key(&mut self, code: u16, down: bool, sym: Option<u32>) -> Result<(), EndpointError> {
@@ -198,8 +311,8 @@ impl GnomeInput {
             self.down.remove(&code).unwrap_or(Sent::Keycode(code))
         };
         match sent {
-            Sent::Keysym(k) => self.call("NotifyKeyboardKeysym", (k, down)),
-            Sent::Keycode(c) => self.call("NotifyKeyboardKeycode", (u32::from(c), down)),
+            Sent::Keysym(k) => self.call(Notify::Keysym(k, down)),
+            Sent::Keycode(c) => self.call(Notify::Keycode(u32::from(c), down)),
         }
     }
 }
@@ -226,8 +339,13 @@ impl Injector for GnomeInput {
             return Err(unavailable(
                 self.endpoint,
                 &self.bus,
-                "mutter closed the remote-desktop session".into(),
-                "the GNOME session ended or the person stopped sharing it",
+                match self.api {
+                    Api::Mutter { .. } => "mutter closed the remote-desktop session".into(),
+                    Api::Portal { .. } => {
+                        "the xdg-desktop-portal closed the remote-desktop session".into()
+                    }
+                },
+                self.ended,
             ));
         }
         let (mut dx, mut dy) = (0.0f64, 0.0f64);
@@ -238,7 +356,7 @@ impl Injector for GnomeInput {
             match (e.ty, e.code) {
                 (EV_KEYSYM, code) => sym = Some((code, e.value as u32)),
                 (EV_KEY, code) if (BTN_LEFT..BTN_LEFT + 0x10).contains(&code) => {
-                    self.call("NotifyPointerButton", (i32::from(code), e.value != 0))?;
+                    self.call(Notify::Button(i32::from(code), e.value != 0))?;
                 }
                 // Autorepeat (2) is the compositor's own business.
                 (EV_KEY, code) if e.value != 2 => {
@@ -253,10 +371,10 @@ impl Injector for GnomeInput {
                 (EV_REL, REL_Y) => dy += f64::from(e.value),
                 // One notch a step; mutter's vertical axis runs down, the wheel's up.
                 (EV_REL, REL_WHEEL) => {
-                    self.call("NotifyPointerAxisDiscrete", (0u32, -e.value))?;
+                    self.call(Notify::Axis(0, -e.value))?;
                 }
                 (EV_REL, REL_HWHEEL) => {
-                    self.call("NotifyPointerAxisDiscrete", (1u32, e.value))?;
+                    self.call(Notify::Axis(1, e.value))?;
                 }
                 (EV_ABS, ABS_X) => {
                     self.at.0 = e.value;
@@ -270,15 +388,14 @@ impl Injector for GnomeInput {
             }
         }
         if dx != 0.0 || dy != 0.0 {
-            self.call("NotifyPointerMotionRelative", (dx, dy))?;
+            self.call(Notify::Relative(dx, dy))?;
         }
         if let (true, Some((xr, yr))) = (moved_abs, self.abs) {
             let (x, y) = (
                 scale(self.at.0, xr, self.size.0),
                 scale(self.at.1, yr, self.size.1),
             );
-            let stream = self.stream.to_string();
-            self.call("NotifyPointerMotionAbsolute", (stream.as_str(), x, y))?;
+            self.call(Notify::Absolute(x, y))?;
         }
         Ok(())
     }

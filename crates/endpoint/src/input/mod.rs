@@ -27,6 +27,8 @@ mod gnome;
 mod kde;
 pub mod keymap;
 mod keysyms;
+#[cfg(feature = "wayland")]
+mod portal;
 mod record;
 mod sink;
 mod source;
@@ -36,17 +38,20 @@ pub mod xkb;
 
 #[cfg(not(feature = "wayland"))]
 pub(crate) use crate::common::no_wayland::{
-    open_wayland_input, probe_gnome_input, probe_kde_input, spawn_gnome_input_sink,
-    spawn_kde_input_sink, spawn_wayland_input_sink,
+    open_wayland_input, probe_gnome_input, probe_kde_input, probe_portal_input,
+    spawn_gnome_input_sink, spawn_kde_input_sink, spawn_portal_input_sink,
+    spawn_wayland_input_sink,
 };
 pub use config::{
-    EvdevConfig, GnomeInputConfig, KdeInputConfig, UinputConfig, WaylandInputConfig,
-    WaylandWindowInputConfig, X11InputConfig, X11Window, XtestConfig,
+    EvdevConfig, GnomeInputConfig, KdeInputConfig, PortalInputConfig, UinputConfig,
+    WaylandInputConfig, WaylandWindowInputConfig, X11InputConfig, X11Window, XtestConfig,
 };
 #[cfg(feature = "wayland")]
 pub(crate) use gnome::{probe_gnome_input, spawn_gnome_input_sink};
 #[cfg(feature = "wayland")]
 pub(crate) use kde::{probe_kde_input, spawn_kde_input_sink};
+#[cfg(feature = "wayland")]
+pub(crate) use portal::{probe_portal_input, spawn_portal_input_sink};
 pub use record::*;
 pub(crate) use sink::{check_uinput, spawn_uinput_sink, spawn_xtest_sink, UINPUT_PATH};
 pub(crate) use source::{

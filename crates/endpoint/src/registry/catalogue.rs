@@ -495,4 +495,13 @@ pub const SINKS: &[EndpointInfo] = &[
         summary: "input records typed and moved into a KDE Plasma Wayland session through KWin's fake input (keys by Linux code in the session's layout, buttons, relative and absolute motion, the wheel); KWin offers it to programs a .desktop file lists (Debian's package installs one)",
         params: &[("display", "string", "$WAYLAND_DISPLAY", "KWin's socket: a name in $XDG_RUNTIME_DIR (wayland-0) or a full path")],
     },
+    EndpointInfo {
+        name: "portal-input",
+        summary: "types and moves input records into a desktop session through the xdg-desktop-portal's RemoteDesktop (GNOME, KDE Plasma): keys by their keysym (the session's layout types them) or code, buttons, motion, the wheel; the desktop asks at each start unless its portal keeps grants (RemoteDesktop version 2)",
+        params: &[
+            ("bus", "string", "$DBUS_SESSION_BUS_ADDRESS", "the desktop session's D-Bus address, e.g. unix:path=/run/user/1000/bus"),
+            ("token_file", "path", "$XDG_STATE_HOME/ndd/portal-input.token", "where the portal's restore token is kept between starts (portals that keep grants)"),
+            ("grant_wait_s", "float > 0", "300", "how long a start waits for the person to answer the desktop's remote-desktop dialog"),
+        ],
+    },
 ];

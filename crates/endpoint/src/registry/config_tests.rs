@@ -149,6 +149,10 @@ fn catalogue_params_match_the_config_keys() {
             ..Default::default()
         }),
         SinkConfig::KdeInput(crate::input::KdeInputConfig::default()),
+        SinkConfig::PortalInput(crate::input::PortalInputConfig {
+            token_file: Some("/var/lib/ndd/input.token".into()),
+            ..Default::default()
+        }),
         SinkConfig::X11Window(X11WindowConfig {
             resize: crate::display::Resize::Remote,
             scale: crate::display::ViewScale::Hundredths(200),

@@ -41,8 +41,8 @@ use crate::display::{
 };
 use crate::file::{FileSinkConfig, FileSourceConfig};
 use crate::input::{
-    EvdevConfig, GnomeInputConfig, KdeInputConfig, UinputConfig, WaylandInputConfig,
-    WaylandWindowInputConfig, X11InputConfig, XtestConfig,
+    EvdevConfig, GnomeInputConfig, KdeInputConfig, PortalInputConfig, UinputConfig,
+    WaylandInputConfig, WaylandWindowInputConfig, X11InputConfig, XtestConfig,
 };
 use crate::serial::rfc2217;
 use crate::serial::{
@@ -186,6 +186,9 @@ pub enum SinkConfig {
     /// Keys and pointer typed into a GNOME Wayland session (app side).
     #[serde(rename = "gnome-input")]
     GnomeInput(GnomeInputConfig),
+    /// Keys and pointer into a desktop session through the xdg-desktop-portal (app side).
+    #[serde(rename = "portal-input")]
+    PortalInput(PortalInputConfig),
     /// The clipboard of a GNOME (mutter) Wayland session (either side).
     #[serde(rename = "gnome-clipboard")]
     GnomeClipboard(GnomeClipboardConfig),
@@ -841,6 +844,7 @@ impl SinkConfig {
             | SinkConfig::KdeInput(_)
             | SinkConfig::GnomeClipboard(_)
             | SinkConfig::WaylandWindow(_) => vec![],
+            SinkConfig::PortalInput(c) => c.token_file.iter_mut().collect(),
             SinkConfig::Y4m(c) => vec![&mut c.path],
             SinkConfig::V4l2loopback(c) => vec![&mut c.path],
         }
@@ -872,6 +876,7 @@ impl SinkConfig {
             SinkConfig::GnomeInput(_) => &SINKS[20],
             SinkConfig::GnomeClipboard(_) => &SINKS[21],
             SinkConfig::KdeInput(_) => &SINKS[22],
+            SinkConfig::PortalInput(_) => &SINKS[23],
         }
     }
 
@@ -888,6 +893,7 @@ impl SinkConfig {
             SinkConfig::Xtest(_) => "xtest sink",
             SinkConfig::WaylandInput(_) => "wayland-input sink",
             SinkConfig::GnomeInput(_) => "gnome-input sink",
+            SinkConfig::PortalInput(_) => "portal-input sink",
             SinkConfig::KdeInput(_) => "kde-input sink",
             SinkConfig::WaylandClipboard(_) => "wayland-clipboard sink",
             SinkConfig::GnomeClipboard(_) => "gnome-clipboard sink",
@@ -955,6 +961,19 @@ impl SinkConfig {
                     }
                 );
                 fmt_opt(&mut s, "monitor", c.monitor.as_deref());
+                s + ")"
+            }
+            SinkConfig::PortalInput(c) => {
+                let mut s = format!(
+                    "portal-input(bus={}",
+                    if c.bus.is_empty() {
+                        "$DBUS_SESSION_BUS_ADDRESS"
+                    } else {
+                        c.bus.as_str()
+                    }
+                );
+                let token = c.token_path().map(|p| p.display().to_string());
+                fmt_opt(&mut s, "token_file", token.as_deref());
                 s + ")"
             }
             SinkConfig::X11Window(c) => {
@@ -1033,6 +1052,17 @@ impl SinkConfig {
             | SinkConfig::KdeInput(_)
             | SinkConfig::Framebuffer(_)
             | SinkConfig::X11Cursor(_) => Ok(()),
+            SinkConfig::PortalInput(c) => {
+                if c.grant_wait_s.is_finite() && c.grant_wait_s > 0.0 {
+                    Ok(())
+                } else {
+                    Err(EndpointError::Config {
+                        endpoint,
+                        param: "grant_wait_s",
+                        reason: "must be a finite number > 0".into(),
+                    })
+                }
+            }
             SinkConfig::X11Clipboard(c) => check_clipboard(endpoint, &c.selections, c.max_bytes),
             SinkConfig::WaylandClipboard(c) => {
                 check_clipboard(endpoint, &c.selections, c.max_bytes)
@@ -1064,6 +1094,7 @@ impl SinkConfig {
             | SinkConfig::Xtest(_)
             | SinkConfig::WaylandInput(_)
             | SinkConfig::GnomeInput(_)
+            | SinkConfig::PortalInput(_)
             | SinkConfig::KdeInput(_) => Some(input::InputMessage::release_all_payload().to_vec()),
             _ => None,
         }
@@ -1113,6 +1144,9 @@ impl SinkConfig {
             }
             SinkConfig::GnomeInput(c) => {
                 input::spawn_gnome_input_sink(&rt, endpoint, c, rx, delivered)
+            }
+            SinkConfig::PortalInput(c) => {
+                input::spawn_portal_input_sink(&rt, endpoint, c, rx, delivered)
             }
             SinkConfig::KdeInput(c) => input::spawn_kde_input_sink(&rt, endpoint, c, rx, delivered),
             SinkConfig::WaylandClipboard(c) => {

@@ -166,6 +166,7 @@ impl SinkConfig {
             SinkConfig::Xtest(c) => display(endpoint, &c.display),
             SinkConfig::WaylandInput(c) => crate::input::open_wayland_input(endpoint, c).map(drop),
             SinkConfig::GnomeInput(c) => crate::input::probe_gnome_input(endpoint, c),
+            SinkConfig::PortalInput(c) => crate::input::probe_portal_input(endpoint, c),
             SinkConfig::KdeInput(c) => crate::input::probe_kde_input(endpoint, c),
             SinkConfig::X11Window(c) => display(endpoint, &c.display),
             SinkConfig::WaylandWindow(c) => crate::display::probe_wayland_window(endpoint, c),

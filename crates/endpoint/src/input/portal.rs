@@ -1,0 +1,230 @@
+//! The `portal-input` sink: input records typed and moved into a desktop session through the
+//! xdg-desktop-portal's RemoteDesktop interface (`org.freedesktop.portal.RemoteDesktop`), the
+//! way desktops let a program drive them: GNOME (xdg-desktop-portal-gnome), KDE Plasma
+//! (xdg-desktop-portal-kde). The same injector as `gnome-input` ([`super::gnome`]): keys by
+//! keysym (the session's layout types them) or by Linux code, buttons, relative and absolute
+//! motion, the wheel; held keys released at the end, on a release-all record and before an
+//! error.
+//!
+//! Each start shows the desktop's remote-desktop dialog (GNOME: "Allow remote interaction",
+//! then Share), unless the portal keeps grants (RemoteDesktop version 2: its restore token is
+//! kept in `token_file` as `portal-screen` keeps its own). A monitor is shared with the
+//! session (a combined ScreenCast): the portal places absolute motion on its stream.
+
+use super::config::PortalInputConfig;
+use super::gnome::{Api, GnomeInput};
+use super::record::InputMessage;
+use super::sink::{run_injector, Injector};
+use crate::common::delivered::Delivered;
+use crate::common::error::EndpointError;
+use crate::common::gnome::{connect, dbus_text, unavailable, watch_closed, CALL};
+use crate::common::portal::{
+    new_token, read_token, request, variant, version, write_token, PORTAL_HINT, PORTAL_SESSION,
+    REMOTE_DESKTOP, SCREEN_CAST,
+};
+use crate::common::report::SinkTask;
+use dbus::arg::PropMap;
+use dbus::blocking::Connection;
+use ndd_core::Frame;
+use std::collections::HashMap;
+use std::time::Duration;
+use tokio::runtime::Handle;
+use tokio::sync::mpsc::Receiver;
+
+/// The RemoteDesktop version that keeps a grant (`persist_mode`, restore tokens).
+const PERSIST_VERSION: u32 = 2;
+
+/// The portal's RemoteDesktop version on this bus, or what is wrong.
+fn check(endpoint: &'static str, bus: &str, conn: &Connection) -> Result<u32, EndpointError> {
+    version(conn, REMOTE_DESKTOP).map_err(|e| {
+        unavailable(
+            endpoint,
+            bus,
+            format!(
+                "no xdg-desktop-portal RemoteDesktop on this bus ({})",
+                dbus_text(&e)
+            ),
+            PORTAL_HINT,
+        )
+    })
+}
+
+/// Whether the session's portal offers RemoteDesktop (for `ndd check`), without asking
+/// anything at the desktop.
+pub(crate) fn probe_portal_input(
+    endpoint: &'static str,
+    c: &PortalInputConfig,
+) -> Result<(), EndpointError> {
+    let (bus, conn) = connect(endpoint, &c.bus)?;
+    check(endpoint, &bus, &conn).map(drop)
+}
+
+/// Starts a `portal-input` sink: it opens the session in its own thread (the person at the
+/// desktop may take minutes to answer the dialog); what comes meanwhile is dropped once the
+/// session is there, but for the device's capabilities.
+pub(crate) fn spawn_portal_input_sink(
+    rt: &Handle,
+    endpoint: &'static str,
+    c: &PortalInputConfig,
+    rx: Receiver<Frame>,
+    delivered: Delivered,
+) -> Result<SinkTask, EndpointError> {
+    let c = c.clone();
+    let mut rx = rx;
+    Ok(rt.spawn_blocking(move || {
+        let mut g = open_portal_input(endpoint, &c)?;
+        // What was typed while the dialog was up is stale by now (minutes, maybe): dropped,
+        // as input is never replayed late; the device's capabilities still count.
+        let mut stale = 0u64;
+        while let Ok(frame) = rx.try_recv() {
+            match InputMessage::parse(frame.payload()) {
+                Ok(InputMessage::Capabilities(caps)) => g.capabilities(&caps)?,
+                _ => stale += 1,
+            }
+            delivered.mark(frame.meta.seq);
+        }
+        if stale > 0 {
+            tracing::info!(
+                endpoint,
+                stale,
+                "input that came while the desktop's dialog was up is dropped (stale by now)"
+            );
+        }
+        run_injector(endpoint, &mut g, rx, &delivered)
+    }))
+}
+
+/// Opens a remote-desktop session of the portal's, with a monitor shared for absolute motion,
+/// and starts it (the dialog, unless a kept grant holds).
+fn open_portal_input(
+    endpoint: &'static str,
+    c: &PortalInputConfig,
+) -> Result<GnomeInput, EndpointError> {
+    let (bus, conn) = connect(endpoint, &c.bus)?;
+    let v = check(endpoint, &bus, &conn)?;
+    let fail = |what: String| {
+        unavailable(
+            endpoint,
+            &bus,
+            what,
+            "the desktop's portal did not start a remote-desktop session (see its log: journalctl --user -u xdg-desktop-portal)",
+        )
+    };
+    let t = new_token("create");
+    let mut opts = PropMap::new();
+    opts.insert("handle_token".into(), variant(t.clone()));
+    opts.insert("session_handle_token".into(), variant(new_token("session")));
+    let r = request(&conn, REMOTE_DESKTOP, "CreateSession", (opts,), &t, CALL).map_err(&fail)?;
+    let session: String = dbus::arg::prop_cast::<String>(&r.results, "session_handle")
+        .cloned()
+        .ok_or_else(|| fail("CreateSession: the portal gave no session".into()))?;
+    let session = dbus::Path::new(session).map_err(|e| fail(format!("CreateSession: {e}")))?;
+    let closed = watch_closed(&conn, PORTAL_SESSION, &session).map_err(|e| fail(dbus_text(&e)))?;
+    // Keyboard and pointer; the grant kept where the portal can keep it.
+    let token_file = c.token_path();
+    let persist = v >= PERSIST_VERSION && token_file.is_some();
+    let kept = token_file
+        .as_deref()
+        .filter(|_| persist)
+        .and_then(read_token);
+    let t = new_token("devices");
+    let mut opts = PropMap::new();
+    opts.insert("handle_token".into(), variant(t.clone()));
+    opts.insert("types".into(), variant(3u32));
+    if persist {
+        opts.insert("persist_mode".into(), variant(2u32));
+        if let Some(k) = &kept {
+            opts.insert("restore_token".into(), variant(k.clone()));
+        }
+    }
+    request(
+        &conn,
+        REMOTE_DESKTOP,
+        "SelectDevices",
+        (session.clone(), opts),
+        &t,
+        CALL,
+    )
+    .map_err(&fail)?;
+    // A monitor in the same session: absolute motion is placed on its stream.
+    let t = new_token("sources");
+    let mut opts = PropMap::new();
+    opts.insert("handle_token".into(), variant(t.clone()));
+    opts.insert("types".into(), variant(1u32));
+    request(
+        &conn,
+        SCREEN_CAST,
+        "SelectSources",
+        (session.clone(), opts),
+        &t,
+        CALL,
+    )
+    .map_err(&fail)?;
+    if kept.is_none() {
+        tracing::info!(
+            endpoint,
+            bus = %bus,
+            "asking at the desktop to allow remote interaction (its remote-desktop dialog{})",
+            if persist { "; once: the grant is kept" } else { "; this portal keeps no grant: every start asks" }
+        );
+    }
+    let t = new_token("start");
+    let mut opts = PropMap::new();
+    opts.insert("handle_token".into(), variant(t.clone()));
+    let wait = Duration::try_from_secs_f64(c.grant_wait_s).unwrap_or(CALL);
+    let r = request(
+        &conn,
+        REMOTE_DESKTOP,
+        "Start",
+        (session.clone(), "", opts),
+        &t,
+        wait,
+    )
+    .map_err(&fail)?;
+    let devices = dbus::arg::prop_cast::<u32>(&r.results, "devices")
+        .copied()
+        .unwrap_or(0);
+    if devices & 3 != 3 {
+        return Err(fail(format!(
+            "Start: the desktop allowed {} only (remote interaction switched off in its dialog?)",
+            match devices & 3 {
+                0 => "no keyboard and no pointer",
+                1 => "the keyboard",
+                _ => "the pointer",
+            }
+        )));
+    }
+    if let (true, Some(path), Some(new)) = (
+        persist,
+        token_file.as_deref(),
+        dbus::arg::prop_cast::<String>(&r.results, "restore_token"),
+    ) {
+        if let Err(e) = write_token(path, new) {
+            tracing::warn!(
+                endpoint,
+                "cannot keep the portal's restore token in {}: {e}; the next start asks at the desktop again",
+                path.display()
+            );
+        }
+    }
+    let (stream, props) = r
+        .streams
+        .first()
+        .ok_or_else(|| fail("Start: the portal shared no monitor".into()))?;
+    let stream = *stream;
+    let size = crate::common::portal::size_of(props)
+        .ok_or_else(|| fail("Start: the portal gave no size".into()))?;
+    tracing::info!(endpoint, bus = %bus, width = size.0, height = size.1, restored = kept.is_some(), "remote-desktop session ready (portal)");
+    Ok(GnomeInput {
+        endpoint,
+        bus,
+        conn,
+        api: Api::Portal { session, stream },
+        size: (size.0 as f64, size.1 as f64),
+        abs: None,
+        at: (0, 0),
+        down: HashMap::new(),
+        closed,
+        ended: "the desktop session ended, or the remote desktop was stopped at the desktop",
+    })
+}
