@@ -134,6 +134,39 @@ pub(crate) fn request<A: dbus::arg::AppendAll>(
     }
 }
 
+/// A call's options naming a new request token (returned with them) as their
+/// `handle_token`.
+pub(crate) fn options(what: &str) -> (String, PropMap) {
+    let t = new_token(what);
+    let mut opts = PropMap::new();
+    opts.insert("handle_token".into(), variant(t.clone()));
+    (t, opts)
+}
+
+/// A new session of the portal's interface `iface` (ScreenCast, RemoteDesktop), and a flag
+/// set when the portal closes it (seen as the connection is processed).
+pub(crate) fn create_session(
+    conn: &Connection,
+    iface: &str,
+) -> Result<
+    (
+        dbus::Path<'static>,
+        std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ),
+    String,
+> {
+    let (t, mut opts) = options("create");
+    opts.insert("session_handle_token".into(), variant(new_token("session")));
+    let r = request(conn, iface, "CreateSession", (opts,), &t, CALL)?;
+    let session: String = dbus::arg::prop_cast::<String>(&r.results, "session_handle")
+        .cloned()
+        .ok_or("CreateSession: the portal gave no session")?;
+    let session = dbus::Path::new(session).map_err(|e| format!("CreateSession: {e}"))?;
+    let closed = crate::common::gnome::watch_closed(conn, PORTAL_SESSION, &session)
+        .map_err(|e| dbus_text(&e))?;
+    Ok((session, closed))
+}
+
 pub(crate) fn variant<T: RefArg + 'static>(v: T) -> Variant<Box<dyn RefArg>> {
     Variant(Box::new(v))
 }

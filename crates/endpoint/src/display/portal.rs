@@ -23,10 +23,10 @@ use super::gnome::{gstreamer_here, run_gnome_screen, Cast, GnomeScreen, Pipeline
 use crate::common::clock::pacing;
 use crate::common::demand::Demand;
 use crate::common::error::EndpointError;
-use crate::common::gnome::{connect, dbus_text, unavailable, watch_closed, CALL};
+use crate::common::gnome::{connect, dbus_text, unavailable, CALL};
 use crate::common::portal::{
-    check_portal, new_token, property, read_token, request, variant, write_token, PORTAL,
-    PORTAL_PATH, PORTAL_SESSION, SCREEN_CAST,
+    check_portal, create_session, options, property, read_token, request, variant, write_token,
+    PORTAL, PORTAL_PATH, SCREEN_CAST,
 };
 use crate::common::report::SourceTask;
 use dbus::arg::PropMap;
@@ -77,20 +77,9 @@ pub(crate) fn open_portal_screen(
         )
     };
     // Session.
-    let t = new_token("create");
-    let mut opts = PropMap::new();
-    opts.insert("handle_token".into(), variant(t.clone()));
-    opts.insert("session_handle_token".into(), variant(new_token("session")));
-    let r = request(&conn, SCREEN_CAST, "CreateSession", (opts,), &t, CALL).map_err(&fail)?;
-    let session: String = dbus::arg::prop_cast::<String>(&r.results, "session_handle")
-        .cloned()
-        .ok_or_else(|| fail("CreateSession: the portal gave no session".into()))?;
-    let session = dbus::Path::new(session).map_err(|e| fail(format!("CreateSession: {e}")))?;
-    let closed = watch_closed(&conn, PORTAL_SESSION, &session).map_err(|e| fail(dbus_text(&e)))?;
+    let (session, closed) = create_session(&conn, SCREEN_CAST).map_err(&fail)?;
     // One monitor, the pointer drawn in where the portal can, the grant kept until revoked.
-    let t = new_token("select");
-    let mut opts = PropMap::new();
-    opts.insert("handle_token".into(), variant(t.clone()));
+    let (t, mut opts) = options("select");
     opts.insert("types".into(), variant(1u32));
     opts.insert("multiple".into(), variant(false));
     opts.insert("persist_mode".into(), variant(2u32));
@@ -111,9 +100,7 @@ pub(crate) fn open_portal_screen(
     )
     .map_err(&fail)?;
     // Start: the dialog, unless the kept token holds.
-    let t = new_token("start");
-    let mut opts = PropMap::new();
-    opts.insert("handle_token".into(), variant(t.clone()));
+    let (t, opts) = options("start");
     if kept.is_none() {
         tracing::info!(
             endpoint,

@@ -17,13 +17,12 @@ use super::record::InputMessage;
 use super::sink::{run_injector, Injector};
 use crate::common::delivered::Delivered;
 use crate::common::error::EndpointError;
-use crate::common::gnome::{connect, dbus_text, unavailable, watch_closed, CALL};
+use crate::common::gnome::{connect, dbus_text, unavailable, CALL};
 use crate::common::portal::{
-    new_token, read_token, request, variant, version, write_token, PORTAL_HINT, PORTAL_SESSION,
+    create_session, options, read_token, request, variant, version, write_token, PORTAL_HINT,
     REMOTE_DESKTOP, SCREEN_CAST,
 };
 use crate::common::report::SinkTask;
-use dbus::arg::PropMap;
 use dbus::blocking::Connection;
 use ndd_core::Frame;
 use std::collections::HashMap;
@@ -110,16 +109,7 @@ fn open_portal_input(
             "the desktop's portal did not start a remote-desktop session (see its log: journalctl --user -u xdg-desktop-portal)",
         )
     };
-    let t = new_token("create");
-    let mut opts = PropMap::new();
-    opts.insert("handle_token".into(), variant(t.clone()));
-    opts.insert("session_handle_token".into(), variant(new_token("session")));
-    let r = request(&conn, REMOTE_DESKTOP, "CreateSession", (opts,), &t, CALL).map_err(&fail)?;
-    let session: String = dbus::arg::prop_cast::<String>(&r.results, "session_handle")
-        .cloned()
-        .ok_or_else(|| fail("CreateSession: the portal gave no session".into()))?;
-    let session = dbus::Path::new(session).map_err(|e| fail(format!("CreateSession: {e}")))?;
-    let closed = watch_closed(&conn, PORTAL_SESSION, &session).map_err(|e| fail(dbus_text(&e)))?;
+    let (session, closed) = create_session(&conn, REMOTE_DESKTOP).map_err(&fail)?;
     // Keyboard and pointer; the grant kept where the portal can keep it.
     let token_file = c.token_path();
     let persist = v >= PERSIST_VERSION && token_file.is_some();
@@ -127,9 +117,7 @@ fn open_portal_input(
         .as_deref()
         .filter(|_| persist)
         .and_then(read_token);
-    let t = new_token("devices");
-    let mut opts = PropMap::new();
-    opts.insert("handle_token".into(), variant(t.clone()));
+    let (t, mut opts) = options("devices");
     opts.insert("types".into(), variant(3u32));
     if persist {
         opts.insert("persist_mode".into(), variant(2u32));
@@ -147,9 +135,7 @@ fn open_portal_input(
     )
     .map_err(&fail)?;
     // A monitor in the same session: absolute motion is placed on its stream.
-    let t = new_token("sources");
-    let mut opts = PropMap::new();
-    opts.insert("handle_token".into(), variant(t.clone()));
+    let (t, mut opts) = options("sources");
     opts.insert("types".into(), variant(1u32));
     request(
         &conn,
@@ -168,9 +154,7 @@ fn open_portal_input(
             if persist { "; once: the grant is kept" } else { "; this portal keeps no grant: every start asks" }
         );
     }
-    let t = new_token("start");
-    let mut opts = PropMap::new();
-    opts.insert("handle_token".into(), variant(t.clone()));
+    let (t, opts) = options("start");
     let wait = Duration::try_from_secs_f64(c.grant_wait_s).unwrap_or(CALL);
     let r = request(
         &conn,
