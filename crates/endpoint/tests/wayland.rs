@@ -557,6 +557,206 @@ fn the_clipboard_goes_both_ways_and_an_x11_side_shares_it() {
     }
 }
 
+/// What docs/devices.md says of `wayland-clipboard` beyond text on CLIPBOARD, on a headless
+/// sway: the primary selection both ways (`wl-copy --primary`, `wl-paste --primary`), a PNG
+/// copied on sway sent as `image/png`, and PNGs between an X11 side and the Wayland side both
+/// ways (`xclip -t image/png` on an Xvfb through `x11-clipboard`, and back).
+#[test]
+fn the_primary_selection_and_images_go_between_sway_and_x11() {
+    use ndd_endpoint::clipboard::{WaylandClipboardConfig, X11ClipboardConfig};
+    use ndd_endpoint::SinkConfig;
+    use ndd_wire::clipboard::{Contents, Selection};
+    use std::process::{Command, Stdio};
+    if let Some(m) = missing(&["sway", "wl-copy", "wl-paste", "setpriv", "Xvfb", "xclip"]) {
+        println!("SKIPPED: needs {m} (apt-get install sway wl-clipboard xvfb xclip)");
+        return;
+    }
+    let sway = Sway::start("clip-more", 320, 240, "#000000").expect("headless sway");
+    let x = ndd_procs::Xvfb::start("320x240x24").expect("Xvfb");
+    let wl = |program: &str| {
+        let mut c = Command::new(program);
+        c.env("WAYLAND_DISPLAY", &sway.socket)
+            .env("XDG_RUNTIME_DIR", &sway.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        c
+    };
+    let wl_paste = |args: &[&str]| -> Vec<u8> {
+        let mut c = wl("wl-paste");
+        c.arg("--no-newline").args(args).stdout(Stdio::piped());
+        c.output().map(|o| o.stdout).unwrap_or_default()
+    };
+    let x_paste = |ty: &str| -> Vec<u8> {
+        Command::new("xclip")
+            .args(["-selection", "clipboard", "-o", "-t", ty])
+            .env("DISPLAY", &x.display)
+            .stderr(Stdio::null())
+            .output()
+            .map(|o| o.stdout)
+            .unwrap_or_default()
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let both = vec!["CLIPBOARD".to_string(), "PRIMARY".to_string()];
+    let wcfg = WaylandClipboardConfig {
+        display: sway.socket.display().to_string(),
+        selections: both.clone(),
+        ..Default::default()
+    };
+    let xcfg = X11ClipboardConfig {
+        display: x.display.clone(),
+        selections: vec!["CLIPBOARD".into()],
+        ..Default::default()
+    };
+    let (wstx, mut wsrx) = mpsc::channel::<Frame>(8);
+    let _wsource = rt
+        .block_on(async { SourceConfig::WaylandClipboard(wcfg.clone()).spawn(1, wstx) })
+        .expect("wayland source");
+    let (wktx, wkrx) = mpsc::channel::<Frame>(8);
+    let _wsink = rt
+        .block_on(async { SinkConfig::WaylandClipboard(wcfg.clone()).spawn(wkrx) })
+        .expect("wayland sink");
+    let (xstx, mut xsrx) = mpsc::channel::<Frame>(8);
+    let _xsource = rt
+        .block_on(async { SourceConfig::X11Clipboard(xcfg.clone()).spawn(3, xstx) })
+        .expect("x11 source");
+    let (xktx, xkrx) = mpsc::channel::<Frame>(8);
+    let _xsink = rt
+        .block_on(async { SinkConfig::X11Clipboard(xcfg.clone()).spawn(xkrx) })
+        .expect("x11 sink");
+    // The next record with something in it from `rx`.
+    let next = |rx: &mut mpsc::Receiver<Frame>, what: &str| -> Contents {
+        let t0 = Instant::now();
+        loop {
+            let left = Duration::from_secs(5).saturating_sub(t0.elapsed());
+            let f = rt
+                .block_on(async { tokio::time::timeout(left, rx.recv()).await })
+                .ok()
+                .flatten()
+                .unwrap_or_else(|| panic!("no record for {what}"));
+            let c = Contents::parse(f.payload()).expect("a clipboard record");
+            if !c.formats.is_empty() {
+                return c;
+            }
+        }
+    };
+    let mut seq = 0u64;
+    let mut send = |tx: &mpsc::Sender<Frame>, c: &Contents| {
+        seq += 1;
+        let meta = ndd_core::Meta {
+            stream: 2,
+            seq,
+            timestamp_ns: 0,
+            flags: 0,
+        };
+        tx.blocking_send(Frame::new(meta, &c.emit().unwrap()))
+            .unwrap();
+    };
+    let until = |what: &str, f: &dyn Fn() -> bool| {
+        let t0 = Instant::now();
+        while !f() {
+            assert!(t0.elapsed() < Duration::from_secs(5), "{what}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    // The primary selection, from sway.
+    assert!(wl("wl-copy")
+        .args(["--primary", "selected on sway"])
+        .status()
+        .unwrap()
+        .success());
+    let c = next(&mut wsrx, "the primary selection");
+    assert_eq!(c.selection, Selection::Primary);
+    assert_eq!(
+        c.get("text/plain;charset=utf-8"),
+        Some(&b"selected on sway"[..])
+    );
+    // The primary selection, to sway.
+    send(
+        &wktx,
+        &Contents {
+            selection: Selection::Primary,
+            formats: vec![("text/plain;charset=utf-8".into(), b"selected afar".to_vec())],
+        },
+    );
+    until("the primary record pasted with wl-paste --primary", &|| {
+        wl_paste(&["--primary"]) == b"selected afar"
+    });
+    // A PNG copied on sway: sent as image/png, and it pastes on the X11 side.
+    let png = rendered_png();
+    let mut copy = wl("wl-copy");
+    copy.args(["--type", "image/png"]).stdin(Stdio::piped());
+    let mut child = copy.spawn().unwrap();
+    {
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(&png).unwrap();
+    }
+    assert!(child.wait().unwrap().success());
+    let c = next(&mut wsrx, "the PNG copied on sway");
+    assert_eq!(c.selection, Selection::Clipboard);
+    assert_eq!(c.get("image/png"), Some(&png[..]), "the PNG as copied");
+    send(&xktx, &c);
+    until("the PNG from sway pasted on the Xvfb", &|| {
+        x_paste("image/png") == png
+    });
+    // A PNG copied on the Xvfb: it pastes on sway.
+    let mut xclip = Command::new("xclip")
+        .args([
+            "-selection",
+            "clipboard",
+            "-t",
+            "image/png",
+            "-i",
+            "-loops",
+            "5",
+        ])
+        .env("DISPLAY", &x.display)
+        .stdin(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let png2: Vec<u8> = png.iter().rev().copied().collect();
+    {
+        use std::io::Write;
+        xclip.stdin.take().unwrap().write_all(&png2).unwrap();
+    }
+    let _xclip = ndd_procs::Killed(xclip);
+    let c = loop {
+        let c = next(&mut xsrx, "the PNG copied on the Xvfb");
+        if c.get("image/png").is_some() {
+            break c;
+        }
+    };
+    assert_eq!(c.get("image/png"), Some(&png2[..]));
+    send(&wktx, &c);
+    until("the PNG from the Xvfb pasted on sway", &|| {
+        wl_paste(&["--type", "image/png"]) == png2
+    });
+}
+
+/// A small real PNG (ffmpeg's test pattern when ffmpeg is there; else fixed bytes with the
+/// PNG signature: the endpoints carry bytes, they do not decode them).
+fn rendered_png() -> Vec<u8> {
+    let out = std::process::Command::new("ffmpeg")
+        .args([
+            "-loglevel",
+            "error",
+            "-f",
+            "lavfi",
+            "-i",
+            "testsrc=size=64x48",
+        ])
+        .args(["-frames:v", "1", "-f", "image2pipe", "-vcodec", "png", "-"])
+        .output();
+    match out {
+        Ok(o) if o.status.success() && o.stdout.starts_with(b"\x89PNG") => o.stdout,
+        _ => b"\x89PNG\r\n\x1a\n a picture's bytes".to_vec(),
+    }
+}
+
 /// The same endpoints on KDE Plasma's compositor (Debian's KWin 5.27, headless): it offers
 /// wlr-data-control to every client, and the clipboard goes both ways as on sway.
 #[test]
