@@ -529,7 +529,7 @@ fn init_tracing(verbose: u8) {
     // The session's notes (connected, link lost, restored) are ndd's own INFO lines: shown by
     // default; other crates' only from -v (but the portal's: a dialog waits at the desktop).
     let default = match verbose {
-        0 => "warn,ndd::session=info,ndd::fanout=info,ndd::rfbaccel=info,ndd::serve=info,ndd_link::establish=info,ndd_endpoint::serial::tty=info,ndd_endpoint::display::portal=info,ndd_endpoint::input::portal=info",
+        0 => "warn,ndd::session=info,ndd::fanout=info,ndd::rfbaccel=info,ndd::serve=info,ndd_link::establish=info,ndd_endpoint::serial::tty=info,ndd_endpoint::display::portal=info,ndd_endpoint::input::portal=info,ndd_endpoint::common::portal=info",
         1 => "info",
         2 => "debug",
         _ => "trace",
@@ -1347,7 +1347,7 @@ fn session_here(cfg: &Config, side: SideName) {
     });
     if wayland.is_some() && uses_x11 {
         println!(
-            "note: this session runs Wayland: X11 endpoints reach only Xwayland programs here; on a wlroots compositor use wayland-screen, wayland-input and wayland-clipboard, on GNOME gnome-screen, gnome-input and gnome-clipboard, on KDE Plasma kde-input and wayland-clipboard, on any desktop with an xdg-desktop-portal portal-screen (docs/devices.md \"Wayland\")"
+            "note: this session runs Wayland: X11 endpoints reach only Xwayland programs here; on a wlroots compositor use wayland-screen, wayland-input and wayland-clipboard, on GNOME gnome-screen, gnome-input and gnome-clipboard, on KDE Plasma kde-input and wayland-clipboard, on any desktop with an xdg-desktop-portal portal-screen and portal-input (docs/devices.md \"Wayland\")"
         );
     }
 }

@@ -76,6 +76,9 @@ pub(crate) fn new_token(what: &str) -> String {
     format!("ndd_{what}_{}_{n}", std::process::id())
 }
 
+/// How long a portal call waits before it says it waits for the desktop.
+const SAY_WAITING: Duration = Duration::from_secs(3);
+
 /// Calls `method` of the portal's interface `iface` with `args` (whose options name `token`
 /// as their `handle_token`) and waits up to `wait` for its answer.
 pub(crate) fn request<A: dbus::arg::AppendAll>(
@@ -91,7 +94,10 @@ pub(crate) fn request<A: dbus::arg::AppendAll>(
     let g = Arc::clone(&got);
     let id = conn
         .add_match(
-            MatchRule::new_signal(REQUEST, "Response").with_path(path),
+            // (From the portal only: anyone on the bus may send a signal.)
+            MatchRule::new_signal(REQUEST, "Response")
+                .with_path(path)
+                .with_sender(PORTAL),
             move |(): (), _, msg: &Message| {
                 let (code, results) = msg.read2::<u32, PropMap>().unwrap_or((2, PropMap::new()));
                 let streams = streams_of(msg);
@@ -109,9 +115,19 @@ pub(crate) fn request<A: dbus::arg::AppendAll>(
         .method_call::<(dbus::Path<'static>,), _, _, _>(iface, method, args)
         .map_err(|e| format!("{method}: {}", dbus_text(&e)));
     let t0 = Instant::now();
+    let mut said = false;
     let r = called.and_then(|_| loop {
         if let Some(r) = got.lock().unwrap_or_else(|p| p.into_inner()).take() {
             break Ok(r);
+        }
+        // A wait the person must end (a dialog; a kept grant the desktop no longer takes):
+        // said, not silent.
+        if !said && t0.elapsed() > SAY_WAITING {
+            said = true;
+            tracing::info!(
+                "{method}: waiting for the desktop (its dialog may be up), at most {} s",
+                wait.as_secs()
+            );
         }
         if t0.elapsed() > wait {
             break Err(format!(
@@ -127,9 +143,7 @@ pub(crate) fn request<A: dbus::arg::AppendAll>(
     let r = r?;
     match r.code {
         0 => Ok(r),
-        1 => Err(format!(
-            "{method}: the screen share was declined at the desktop"
-        )),
+        1 => Err(format!("{method}: declined at the desktop")),
         n => Err(format!("{method}: the portal refused it (response {n})")),
     }
 }
@@ -161,7 +175,8 @@ pub(crate) fn create_session(
     let session: String = dbus::arg::prop_cast::<String>(&r.results, "session_handle")
         .cloned()
         .ok_or("CreateSession: the portal gave no session")?;
-    let session = dbus::Path::new(session).map_err(|e| format!("CreateSession: {e}"))?;
+    let session = dbus::Path::new(session)
+        .map_err(|_| "CreateSession: the portal's session handle is no object path".to_string())?;
     let closed = crate::common::gnome::watch_closed(conn, PORTAL_SESSION, &session)
         .map_err(|e| dbus_text(&e))?;
     Ok((session, closed))
@@ -230,11 +245,17 @@ pub(crate) fn write_token(path: &Path, token: &str) -> std::io::Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
-    let aside = path.with_extension("token-new");
+    // (Aside under a name of this process's own, made afresh, never through a link.)
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let aside = path.with_file_name(format!(
+        ".{}.{}",
+        name.unwrap_or_default(),
+        new_token("new")
+    ));
     let mut f = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
         .mode(0o600)
         .open(&aside)?;
     f.write_all(token.as_bytes())?;

@@ -101,7 +101,13 @@ pub(crate) fn open_portal_screen(
     .map_err(&fail)?;
     // Start: the dialog, unless the kept token holds.
     let (t, opts) = options("start");
-    if kept.is_none() {
+    if kept.is_some() {
+        tracing::info!(
+            endpoint,
+            "starting with the grant kept in {}",
+            token_file.display()
+        );
+    } else {
         tracing::info!(
             endpoint,
             bus = %bus,
@@ -129,10 +135,14 @@ pub(crate) fn open_portal_screen(
                 );
             }
         }
-        None => tracing::warn!(
-            endpoint,
-            "the portal gave no restore token: the next start asks at the desktop again"
-        ),
+        None => {
+            // (A kept token it did not renew is spent: not handed back again.)
+            let _ = std::fs::remove_file(&token_file);
+            tracing::warn!(
+                endpoint,
+                "the portal gave no restore token: the next start asks at the desktop again"
+            );
+        }
     }
     let (node, props) = r
         .streams

@@ -13,8 +13,7 @@
 
 use super::config::PortalInputConfig;
 use super::gnome::{Api, GnomeInput};
-use super::record::InputMessage;
-use super::sink::{run_injector, Injector};
+use super::sink::run_injector;
 use crate::common::delivered::Delivered;
 use crate::common::error::EndpointError;
 use crate::common::gnome::{connect, dbus_text, unavailable, CALL};
@@ -29,6 +28,12 @@ use std::collections::HashMap;
 use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::Receiver;
+
+/// How long after the session starts events stamped before it are dropped (they were typed
+/// while the desktop's dialog was up; input is never injected late). A device whose clock is
+/// behind this machine's by more than the time since the start loses its first events within
+/// this window, no more.
+const STALE_FOR: Duration = Duration::from_secs(10);
 
 /// The RemoteDesktop version that keeps a grant (`persist_mode`, restore tokens).
 const PERSIST_VERSION: u32 = 2;
@@ -59,8 +64,8 @@ pub(crate) fn probe_portal_input(
 }
 
 /// Starts a `portal-input` sink: it opens the session in its own thread (the person at the
-/// desktop may take minutes to answer the dialog); what comes meanwhile is dropped once the
-/// session is there, but for the device's capabilities.
+/// desktop may take minutes to answer the dialog); events stamped before the session was
+/// there are dropped for [`STALE_FOR`] after it (the device's capabilities still count).
 pub(crate) fn spawn_portal_input_sink(
     rt: &Handle,
     endpoint: &'static str,
@@ -69,26 +74,8 @@ pub(crate) fn spawn_portal_input_sink(
     delivered: Delivered,
 ) -> Result<SinkTask, EndpointError> {
     let c = c.clone();
-    let mut rx = rx;
     Ok(rt.spawn_blocking(move || {
         let mut g = open_portal_input(endpoint, &c)?;
-        // What was typed while the dialog was up is stale by now (minutes, maybe): dropped,
-        // as input is never replayed late; the device's capabilities still count.
-        let mut stale = 0u64;
-        while let Ok(frame) = rx.try_recv() {
-            match InputMessage::parse(frame.payload()) {
-                Ok(InputMessage::Capabilities(caps)) => g.capabilities(&caps)?,
-                _ => stale += 1,
-            }
-            delivered.mark(frame.meta.seq);
-        }
-        if stale > 0 {
-            tracing::info!(
-                endpoint,
-                stale,
-                "input that came while the desktop's dialog was up is dropped (stale by now)"
-            );
-        }
         run_injector(endpoint, &mut g, rx, &delivered)
     }))
 }
@@ -165,19 +152,6 @@ fn open_portal_input(
         wait,
     )
     .map_err(&fail)?;
-    let devices = dbus::arg::prop_cast::<u32>(&r.results, "devices")
-        .copied()
-        .unwrap_or(0);
-    if devices & 3 != 3 {
-        return Err(fail(format!(
-            "Start: the desktop allowed {} only (remote interaction switched off in its dialog?)",
-            match devices & 3 {
-                0 => "no keyboard and no pointer",
-                1 => "the keyboard",
-                _ => "the pointer",
-            }
-        )));
-    }
     if let (true, Some(path), Some(new)) = (
         persist,
         token_file.as_deref(),
@@ -190,6 +164,19 @@ fn open_portal_input(
                 path.display()
             );
         }
+    }
+    let devices = dbus::arg::prop_cast::<u32>(&r.results, "devices")
+        .copied()
+        .unwrap_or(0);
+    if devices & 3 != 3 {
+        return Err(fail(format!(
+            "Start: the desktop allowed {} only (remote interaction switched off in its dialog?)",
+            match devices & 3 {
+                0 => "no keyboard and no pointer",
+                1 => "the keyboard",
+                _ => "the pointer",
+            }
+        )));
     }
     let (stream, props) = r
         .streams
@@ -210,5 +197,10 @@ fn open_portal_input(
         down: HashMap::new(),
         closed,
         ended: "the desktop session ended, or the remote desktop was stopped at the desktop",
+        stale_before: Some((
+            crate::common::clock::now_ns(),
+            std::time::Instant::now() + STALE_FOR,
+        )),
+        dropped: 0,
     })
 }

@@ -57,6 +57,11 @@ pub(crate) trait Injector {
     fn capabilities(&mut self, caps: &Capabilities) -> Result<(), EndpointError>;
     /// Applies one batch (already observed by `held`).
     fn events(&mut self, events: &[Event]) -> Result<(), EndpointError>;
+    /// Whether a frame of events stamped as `meta` is stale (typed before the sink could
+    /// inject anything: dropped, never injected late); no sink's but `portal-input`'s.
+    fn stale(&mut self, _meta: &ndd_core::Meta) -> bool {
+        false
+    }
     /// The viewer asks for the screen to be this size; a sink with no screen ignores it.
     fn screen_size(&mut self, width: u16, height: u16) -> Result<(), EndpointError> {
         tracing::debug!(
@@ -108,6 +113,8 @@ pub(crate) fn run_injector(
                     release(inj, &mut held)?;
                     inj.capabilities(&c)?;
                 }
+                // (A stale key press dropped, its release is not held: not applied either.)
+                InputMessage::Events(_) if inj.stale(&frame.meta) => {}
                 InputMessage::Events(mut ev) => {
                     // A release of a key this sink does not hold (released already when the
                     // link went) is not applied: the application sees one release per press.

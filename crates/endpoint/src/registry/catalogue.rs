@@ -309,7 +309,7 @@ pub const SOURCES: &[EndpointInfo] = &[
         params: &[
             ("bus", "string", "$DBUS_SESSION_BUS_ADDRESS", "the desktop session's D-Bus address, e.g. unix:path=/run/user/1000/bus"),
             ("token_file", "path", "$XDG_STATE_HOME/ndd/portal-screen.token", "where the portal's restore token (the grant given once in the screen-share dialog) is kept between starts"),
-            ("grant_wait_s", "float > 0", "300", "how long a start waits for the person to answer the screen-share dialog"),
+            ("grant_wait_s", "float in (0, 86400]", "300", "how long a start waits for the person to answer the screen-share dialog"),
             ("max_fps", "float > 0", "30", "at most this many updates per second"),
             ("refresh_s", "float >= 0", "0", "a keyframe of the whole monitor every this many seconds; 0 = only the first"),
         ],
@@ -501,7 +501,7 @@ pub const SINKS: &[EndpointInfo] = &[
         params: &[
             ("bus", "string", "$DBUS_SESSION_BUS_ADDRESS", "the desktop session's D-Bus address, e.g. unix:path=/run/user/1000/bus"),
             ("token_file", "path", "$XDG_STATE_HOME/ndd/portal-input.token", "where the portal's restore token is kept between starts (portals that keep grants)"),
-            ("grant_wait_s", "float > 0", "300", "how long a start waits for the person to answer the desktop's remote-desktop dialog"),
+            ("grant_wait_s", "float in (0, 86400]", "300", "how long a start waits for the person to answer the desktop's remote-desktop dialog"),
         ],
     },
 ];

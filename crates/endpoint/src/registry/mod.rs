@@ -673,8 +673,8 @@ impl SourceConfig {
                 max_fps, refresh_s, ..
             }) => {
                 if let SourceConfig::PortalScreen(c) = self {
-                    if !(c.grant_wait_s.is_finite() && c.grant_wait_s > 0.0) {
-                        return bad("grant_wait_s", "must be a finite number > 0");
+                    if !(c.grant_wait_s > 0.0 && c.grant_wait_s <= 86400.0) {
+                        return bad("grant_wait_s", "must be a number > 0 and <= 86400 (a day)");
                     }
                 }
                 if !(max_fps.is_finite() && *max_fps > 0.0) {
@@ -1053,13 +1053,13 @@ impl SinkConfig {
             | SinkConfig::Framebuffer(_)
             | SinkConfig::X11Cursor(_) => Ok(()),
             SinkConfig::PortalInput(c) => {
-                if c.grant_wait_s.is_finite() && c.grant_wait_s > 0.0 {
+                if c.grant_wait_s > 0.0 && c.grant_wait_s <= 86400.0 {
                     Ok(())
                 } else {
                     Err(EndpointError::Config {
                         endpoint,
                         param: "grant_wait_s",
-                        reason: "must be a finite number > 0".into(),
+                        reason: "must be a number > 0 and <= 86400 (a day)".into(),
                     })
                 }
             }
