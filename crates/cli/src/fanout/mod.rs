@@ -37,6 +37,7 @@ use ndd_endpoint::Delivered;
 use ndd_link::nats::admit::{Admitter, Decision, Heard, Level, Line as AdmitLine, Ready, Trust};
 use ndd_link::nats::async_nats;
 use ndd_link::nats::follow::{key_id, mark_label, notice_body, notice_label, Follower, Notice};
+use ndd_link::nats::input::app_consumer;
 use ndd_link::nats::intake::{Intake, Taken, REORDER_WAIT};
 use ndd_link::nats::join::{Admission, Host, JoinRetry, Joiner, Retry, Say, Welcome};
 use ndd_link::nats::keys::{GroupKey, Outcome, RunHalf, SINCE_PENDING};
@@ -123,22 +124,12 @@ pub fn consumers(cfg: &Config, side: SideName, fingerprint: &str) -> Result<Vec<
         if side == SideName::Device {
             names.push(subjects.device_durable(p.id));
         } else if let (false, Some(parts)) = (p.round_robin, p.split) {
-            names.extend((0..parts).map(|i| consumer_name(&subjects, p, &me, Some(i))));
+            names.extend((0..parts).map(|i| app_consumer(&subjects, &p.shape(), &me, Some(i))));
         } else {
-            names.push(consumer_name(&subjects, p, &me, None));
+            names.push(app_consumer(&subjects, &p.shape(), &me, None));
         }
     }
     Ok(names)
-}
-
-/// The JetStream consumer an app side (`me`, its short id) reads stream `plan` through: the
-/// round-robin group's shared one, or its own (of split slot `part`).
-fn consumer_name(subjects: &Subjects, plan: &streams::Plan, me: &str, part: Option<u16>) -> String {
-    if plan.round_robin {
-        subjects.group(plan.id)
-    } else {
-        subjects.durable(me, plan.id, part)
-    }
 }
 
 /// Runs one side over NATS until stopped, the duration ends, or (with `--once`) the

@@ -161,107 +161,98 @@ pub(super) async fn subscribe(
     began: u64,
     stop: &watch::Receiver<bool>,
 ) -> Result<Input> {
-    let Some((adm, me, start)) = app else {
-        // The device side's sinks: every app side's frames on the stream's up subject;
-        // reliable ones through the device's own durable consumer (what app sides sent
-        // while the device was away waits there). A new one starts where the oldest run
-        // the keys name began ([`GroupKey::oldest_began`]), not at the stream's end.
-        if let Some(js) = js.filter(|_| plan.reliable) {
-            let name = ctx.subjects.jetstream();
-            let stream = retried(stop, || async {
-                js.get_stream(&name)
-                    .await
-                    .map_err(|e| anyhow!("JetStream stream {name}: {e}"))
-            })
-            .await?;
-            let windows = WindowsFile::open(
-                &Home::new(&ctx.home, ctx.subjects.prefix(), ctx.subjects.driver()),
-                &ctx.subjects.device_durable(plan.id),
-            )?;
-            // (A consumer made afresh while the process before had one — lost between its
-            // delete and its make, or by the server — starts after what that process's
-            // windows say went through its sink: `OpenedWindows::through`.)
-            let through = windows.read().ok().flatten().map_or(0, |w| w.through());
-            let start = device_start(began, through);
-            let mut stored = Stored::new(
-                ctx,
-                stream,
-                (
-                    ctx.subjects.device_durable(plan.id),
-                    ctx.subjects.up_stored(plan.id),
-                ),
-                Flags {
-                    shared: false,
-                    resume: true,
-                    ordered: false,
-                },
-                (None, Some(windows)),
-                stop,
-            );
-            stored.attach(start, true).await?;
-            return Ok(Input::Stored(Box::new(stored)));
-        }
-        let subject = ctx.subjects.up(plan.id);
-        let sub = ctx.subscribe(&subject).await?;
-        return Ok(Input::Core(sub));
+    use ndd_link::nats::input::{sink_input, Reader, SinkInput};
+    // Which subject or consumer, and what it keeps: ndd_link's rules (sans-IO).
+    let reader = match app {
+        Some((adm, me, _)) => Reader::App { me, slot: adm.slot },
+        None => Reader::Device,
     };
-    let part = match plan.split {
-        Some(parts) => match adm.slot {
-            Some(s) if s < parts => Some(s),
-            _ => bail!(
-                "stream \"{}\": the device side split it in {parts} parts but gave this side no slot below {parts}",
-                plan.name
-            ),
-        },
-        None => None,
-    };
-    match js.filter(|_| plan.reliable) {
-        None => {
-            let subject = ctx.subjects.down(plan.id, false, part);
-            let sub = if plan.round_robin {
-                ctx.client
-                    .queue_subscribe(subject.clone(), ctx.subjects.group(plan.id))
-                    .await
-            } else {
-                ctx.client.subscribe(subject.clone()).await
+    let how = sink_input(&ctx.subjects, &plan.shape(), reader, js.is_some())
+        .map_err(|e| anyhow!("stream \"{}\": {e}", plan.name))?;
+    let (durable, filter, shared, resume, ordered, keeps_position, keeps_windows) = match how {
+        SinkInput::Core { subject, queue } => {
+            let sub = match queue {
+                Some(q) => ctx.client.queue_subscribe(subject.clone(), q).await,
+                None => ctx.client.subscribe(subject.clone()).await,
             }
             .map_err(|e| anyhow!("cannot subscribe to {subject}: {e}"))?;
-            Ok(Input::Core(sub))
+            return Ok(Input::Core(sub));
         }
-        Some(js) => {
-            let stream = retried(stop, || async {
-                js.get_stream(ctx.subjects.jetstream()).await.map_err(|e| {
-                    anyhow!(
-                        "JetStream stream {}: {e} (the device side creates it when it starts)",
-                        ctx.subjects.jetstream()
-                    )
-                })
-            })
-            .await?;
-            let durable = consumer_name(&ctx.subjects, plan, me, part);
-            // Where this side stood, for its next process (its own ordered consumer only).
-            let position = if plan.round_robin {
-                None
-            } else {
-                let files = Home::new(&ctx.home, ctx.subjects.prefix(), ctx.subjects.driver());
-                Some(PositionFile::open(&files, &durable)?)
-            };
-            let mut stored = Stored::new(
-                ctx,
-                stream,
-                (durable, ctx.subjects.down(plan.id, true, part)),
-                Flags {
-                    shared: plan.round_robin,
-                    resume: !plan.now_only,
-                    ordered: !plan.round_robin,
-                },
-                (position, None),
-                stop,
-            );
-            stored.attach(start, true).await?;
-            Ok(Input::Stored(Box::new(stored)))
+        SinkInput::Stored {
+            durable,
+            filter,
+            shared,
+            resume,
+            ordered,
+            keeps_position,
+            keeps_windows,
+        } => (
+            durable,
+            filter,
+            shared,
+            resume,
+            ordered,
+            keeps_position,
+            keeps_windows,
+        ),
+    };
+    let js = js.ok_or_else(|| anyhow!("JetStream consumer {durable} without JetStream"))?;
+    let name = ctx.subjects.jetstream();
+    // (The device side made the stream; an app side may start before it has.)
+    let made_by = if app.is_some() {
+        " (the device side creates it when it starts)"
+    } else {
+        ""
+    };
+    let stream = retried(stop, || async {
+        js.get_stream(&name)
+            .await
+            .map_err(|e| anyhow!("JetStream stream {name}: {e}{made_by}"))
+    })
+    .await?;
+    let files = Home::new(&ctx.home, ctx.subjects.prefix(), ctx.subjects.driver());
+    // Where an app side's own consumer stood, for its next process.
+    let position = if keeps_position {
+        Some(PositionFile::open(&files, &durable)?)
+    } else {
+        None
+    };
+    // What the device's consumer opened, for its next process.
+    let windows = if keeps_windows {
+        Some(WindowsFile::open(&files, &durable)?)
+    } else {
+        None
+    };
+    let start = match app {
+        // The first message stored after this app side asked to join.
+        Some((_, _, start)) => start,
+        // A new device consumer starts where the oldest run the keys name began
+        // ([`GroupKey::oldest_began`]), or after what the process before noted as through its
+        // sink, if later: one made afresh while the process before had one (lost between its
+        // delete and its make, or by the server) starts after what that process's windows say
+        // went through its sink (`OpenedWindows::through`).
+        None => {
+            let through = windows
+                .as_ref()
+                .and_then(|w| w.read().ok().flatten())
+                .map_or(0, |w| w.through());
+            device_start(began, through)
         }
-    }
+    };
+    let mut stored = Stored::new(
+        ctx,
+        stream,
+        (durable, filter),
+        Flags {
+            shared,
+            resume,
+            ordered,
+        },
+        (position, windows),
+        stop,
+    );
+    stored.attach(start, true).await?;
+    Ok(Input::Stored(Box::new(stored)))
 }
 
 /// A JetStream consumer of one app side (or the shared one of a round-robin stream).

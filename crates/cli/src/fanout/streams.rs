@@ -21,6 +21,19 @@ pub(super) struct Plan {
     pub(super) now_only: bool,
 }
 
+impl Plan {
+    /// The stream as a sink sees it ([`ndd_link::nats::input::sink_input`]).
+    pub(super) fn shape(&self) -> ndd_link::nats::input::SinkShape {
+        ndd_link::nats::input::SinkShape {
+            id: self.id,
+            reliable: self.reliable,
+            split: self.split,
+            round_robin: self.round_robin,
+            now_only: self.now_only,
+        }
+    }
+}
+
 pub(super) fn plans(cfg: &Config, side: SideName) -> Vec<Plan> {
     cfg.streams
         .iter()

@@ -37,6 +37,7 @@ pub mod claim;
 pub mod deliver;
 pub mod follow;
 pub mod home;
+pub mod input;
 pub mod intake;
 pub mod join;
 pub mod keys;
