@@ -692,8 +692,8 @@ fn poke(mutter: &Mutter, x: f64, y: f64, keysym: Option<u32>) -> Result<(), Stri
 /// first start shows GNOME's screen-share dialog, which the test answers as a person would
 /// (a click on the monitor, a click on Share); the monitor's picture arrives pixel-identical
 /// and the portal's restore token is kept. Then the app side is started again and nobody
-/// clicks: the monitor arrives all the same (the dialog would wait for 300 s), and nothing
-/// was asked at the desktop.
+/// clicks: the monitor arrives all the same (the dialog would wait for 300 s). Started a third
+/// time without the token file, nothing arrives while nobody answers the dialog that is back.
 #[test]
 fn a_portal_screen_is_granted_once_and_then_starts_unattended() {
     if let Some(m) = missing(&[
