@@ -808,6 +808,20 @@ fn a_portal_screen_is_granted_once_and_then_starts_unattended() {
     // (Both sides: the device side's framebuffer sink holds its file.)
     app.kill();
     dev.kill();
+    // The app side killed (SIGKILL) takes its GStreamer with it: before, gst-launch went on
+    // reading the screen, for good.
+    ndd_procs::wait_for(
+        "gst-launch gone with the killed app side",
+        Duration::from_secs(5),
+        || {
+            !Command::new("pgrep")
+                .args(["-f", "pipewiresrc fd=3"])
+                .stdout(Stdio::null())
+                .status()
+                .unwrap()
+                .success()
+        },
+    );
     std::fs::remove_file(&fb).unwrap();
     let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &[]));
     let app = Side::spawn(app_cmd());

@@ -166,28 +166,38 @@ impl Pipeline {
             cmd.env("PIPEWIRE_REMOTE", remote);
         }
         cmd.args(["-q", "pipewiresrc"]);
-        if let Some(fd) = fd {
-            use std::os::fd::AsRawFd;
-            use std::os::unix::process::CommandExt;
-            let raw = fd.as_raw_fd();
-            // SAFETY: between fork and exec the child runs only `dup2` and `fcntl`, both
-            // async-signal-safe, on a descriptor this process keeps open for the child's
-            // life (the `Cast` owns it): the portal's PipeWire connection becomes the child's
-            // fd 3, without close-on-exec.
-            unsafe {
-                cmd.pre_exec(move || {
-                    let r = if raw == 3 {
+        use std::os::unix::process::CommandExt;
+        let raw = fd.map(std::os::fd::AsRawFd::as_raw_fd);
+        let parent = std::process::id();
+        // SAFETY: between fork and exec the child runs only `prctl`, `getppid`, `dup2` and
+        // `fcntl`, all async-signal-safe. It asks to be killed when the thread that started
+        // it ends (this source's own thread, or ndd killed: before, a `kill -9` of ndd left
+        // gst-launch reading the screen for good), gives up if ndd is already gone, and the
+        // portal's PipeWire connection (a descriptor this process keeps open for the
+        // child's life: the `Cast` owns it) becomes its fd 3, without close-on-exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if u32::try_from(libc::getppid()).ok() != Some(parent) {
+                    return Err(std::io::Error::other("ndd ended"));
+                }
+                let r = match raw {
+                    None => 0,
+                    Some(3) => {
                         let flags = libc::fcntl(3, libc::F_GETFD);
                         libc::fcntl(3, libc::F_SETFD, flags & !libc::FD_CLOEXEC)
-                    } else {
-                        libc::dup2(raw, 3)
-                    };
-                    if r < 0 {
-                        return Err(std::io::Error::last_os_error());
                     }
-                    Ok(())
-                });
-            }
+                    Some(raw) => libc::dup2(raw, 3),
+                };
+                if r < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        if fd.is_some() {
             cmd.arg("fd=3");
         }
         let mut child = cmd
@@ -475,8 +485,14 @@ pub(crate) fn spawn_gnome_screen_source(
     tx: Sender<Frame>,
     demand: Option<Demand>,
 ) -> Result<SourceTask, EndpointError> {
-    let s = open_gnome_screen(endpoint, c)?;
-    Ok(rt.spawn_blocking(move || run_gnome_screen(endpoint, s, stream, tx, demand)))
+    // (Opened in the source's own thread: GStreamer is killed when the thread that started
+    // it ends, `Pipeline::start`.)
+    gstreamer_here(endpoint)?;
+    let c = c.clone();
+    Ok(rt.spawn_blocking(move || {
+        let s = open_gnome_screen(endpoint, &c)?;
+        run_gnome_screen(endpoint, s, stream, tx, demand)
+    }))
 }
 
 /// Sends the cast's frames until the other side or the cast ends (`gnome-screen` and
