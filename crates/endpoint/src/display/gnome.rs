@@ -449,14 +449,7 @@ pub(crate) fn open_gnome_screen(
         node,
         closed,
     };
-    let pipeline = Pipeline::start(node, size, &c.pipewire, None).map_err(|e| {
-        unavailable(
-            endpoint,
-            "GStreamer",
-            format!("cannot start gst-launch-1.0: {e}"),
-            GST_HINT,
-        )
-    })?;
+    let pipeline = Pipeline::start(node, size, &c.pipewire, None).map_err(gst_failed(endpoint))?;
     tracing::info!(
         endpoint,
         bus = %bus,
@@ -485,14 +478,35 @@ pub(crate) fn spawn_gnome_screen_source(
     tx: Sender<Frame>,
     demand: Option<Demand>,
 ) -> Result<SourceTask, EndpointError> {
-    // (Opened in the source's own thread: GStreamer is killed when the thread that started
-    // it ends, `Pipeline::start`.)
-    gstreamer_here(endpoint)?;
     let c = c.clone();
-    Ok(rt.spawn_blocking(move || {
-        let s = open_gnome_screen(endpoint, &c)?;
-        run_gnome_screen(endpoint, s, stream, tx, demand)
-    }))
+    spawn_cast(rt, endpoint, (stream, tx, demand), move || {
+        open_gnome_screen(endpoint, &c)
+    })
+}
+
+/// Starts a screen-cast source (`gnome-screen`, `portal-screen`) whose cast `open` makes:
+/// opened in the source's own thread, as GStreamer is killed when the thread that started it
+/// ends (`Pipeline::start`), and a portal's dialog may take the person minutes.
+pub(super) fn spawn_cast(
+    rt: &Handle,
+    endpoint: &'static str,
+    (stream, tx, demand): (u16, Sender<Frame>, Option<Demand>),
+    open: impl FnOnce() -> Result<GnomeScreen, EndpointError> + Send + 'static,
+) -> Result<SourceTask, EndpointError> {
+    gstreamer_here(endpoint)?;
+    Ok(rt.spawn_blocking(move || run_gnome_screen(endpoint, open()?, stream, tx, demand)))
+}
+
+/// A pipeline that did not start, said as what to install.
+pub(super) fn gst_failed(endpoint: &'static str) -> impl Fn(std::io::Error) -> EndpointError {
+    move |e| {
+        unavailable(
+            endpoint,
+            "GStreamer",
+            format!("cannot start gst-launch-1.0: {e}"),
+            GST_HINT,
+        )
+    }
 }
 
 /// Sends the cast's frames until the other side or the cast ends (`gnome-screen` and

@@ -19,7 +19,7 @@
 //! request's path before calling, and waits for the answer while it processes the bus.
 
 use super::config::PortalScreenConfig;
-use super::gnome::{gstreamer_here, run_gnome_screen, Cast, GnomeScreen, Pipeline, Via};
+use super::gnome::{gst_failed, gstreamer_here, spawn_cast, Cast, GnomeScreen, Pipeline, Via};
 use crate::common::clock::pacing;
 use crate::common::demand::Demand;
 use crate::common::error::EndpointError;
@@ -159,14 +159,7 @@ pub(crate) fn open_portal_screen(
             (session.clone(), PropMap::new()),
         )
         .map_err(|e| fail(format!("OpenPipeWireRemote: {}", dbus_text(&e))))?;
-    let pipeline = Pipeline::start(node, size, "", Some(&remote)).map_err(|e| {
-        unavailable(
-            endpoint,
-            "GStreamer",
-            format!("cannot start gst-launch-1.0: {e}"),
-            "apt-get install gstreamer1.0-tools gstreamer1.0-pipewire gstreamer1.0-plugins-base",
-        )
-    })?;
+    let pipeline = Pipeline::start(node, size, "", Some(&remote)).map_err(gst_failed(endpoint))?;
     tracing::info!(
         endpoint,
         bus = %bus,
@@ -203,12 +196,10 @@ pub(crate) fn spawn_portal_screen_source(
     tx: Sender<Frame>,
     demand: Option<Demand>,
 ) -> Result<SourceTask, EndpointError> {
-    gstreamer_here(endpoint)?;
     let c = c.clone();
-    Ok(rt.spawn_blocking(move || {
-        let s = open_portal_screen(endpoint, &c)?;
-        run_gnome_screen(endpoint, s, stream, tx, demand)
-    }))
+    spawn_cast(rt, endpoint, (stream, tx, demand), move || {
+        open_portal_screen(endpoint, &c)
+    })
 }
 
 #[cfg(test)]
