@@ -43,10 +43,25 @@ pub(crate) fn probe_portal_screen(
 ) -> Result<(), EndpointError> {
     let (bus, conn) = connect(endpoint, &c.bus)?;
     check_portal(endpoint, &bus, &conn)?;
-    if c.token_path().is_none() {
-        return Err(no_token_file(endpoint));
-    }
+    let token_file = c.token_path().ok_or_else(|| no_token_file(endpoint))?;
+    token_dir(endpoint, &token_file)?;
     gstreamer_here(endpoint)
+}
+
+/// The token file's directory made, or why it cannot be (said before the person is asked,
+/// not after they granted what cannot be kept).
+fn token_dir(endpoint: &'static str, path: &std::path::Path) -> Result<(), EndpointError> {
+    match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(dir) => std::fs::create_dir_all(dir).map_err(|e| EndpointError::Config {
+            endpoint,
+            param: "token_file",
+            reason: format!(
+                "cannot make {} to keep the portal's restore token in: {e}",
+                dir.display()
+            ),
+        }),
+        None => Ok(()),
+    }
 }
 
 fn no_token_file(endpoint: &'static str) -> EndpointError {
@@ -66,6 +81,7 @@ pub(crate) fn open_portal_screen(
 ) -> Result<GnomeScreen, EndpointError> {
     gstreamer_here(endpoint)?;
     let token_file = c.token_path().ok_or_else(|| no_token_file(endpoint))?;
+    token_dir(endpoint, &token_file)?;
     let (bus, conn) = connect(endpoint, &c.bus)?;
     check_portal(endpoint, &bus, &conn)?;
     let fail = |what: String| {
