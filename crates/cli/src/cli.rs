@@ -1275,12 +1275,10 @@ fn session_here(cfg: &Config, side: SideName) {
         ndd_endpoint::wayland_session(d).map(|offer| {
             offer
                 .iter()
-                .map(|(what, proto, ok)| {
-                    if *ok {
-                        format!("{what} yes")
-                    } else {
-                        format!("{what} no ({proto} missing)")
-                    }
+                .map(|o| match (o.ok, o.via) {
+                    (true, Some(via)) => format!("{} yes ({via})", o.what),
+                    (true, None) => format!("{} yes", o.what),
+                    (false, _) => format!("{} no ({} missing)", o.what, o.needs),
                 })
                 .collect::<Vec<String>>()
                 .join(", ")

@@ -1,7 +1,9 @@
 //! A Wayland screen through two ndd processes (issue 35): a headless sway's output captured
 //! by the app side's `wayland-screen` source, sent over TLS to the device side's
 //! `framebuffer` sink, must be pixel-identical to what `grim` captures, before and after the
-//! screen changes. Skipped (printing why) where sway or grim is missing.
+//! screen changes. Skipped (printing why) where sway or grim is missing. The same on a newer
+//! sway (Debian forky's 1.12, the root `scripts/newer-wayland.sh` makes) through
+//! `ext-image-copy-capture-v1`, which `ndd check` says it takes there.
 
 mod common;
 
@@ -16,7 +18,19 @@ fn a_sway_output_reaches_the_other_side_pixel_identical_to_grim() {
         return;
     }
     let sway = Sway::start("two-processes", 480, 320, "#204060").expect("headless sway");
-    let dir = Dir::new("wayland-screen");
+    two_processes(sway, "wlr-screencopy", "wlr-data-control");
+}
+
+#[test]
+fn a_newer_sway_output_reaches_the_other_side_through_ext_image_copy_capture() {
+    let sway = Sway::start_newer("two-processes-ext", 480, 320, "#204060", "").expect("sway 1.12");
+    two_processes(sway, "ext-image-copy-capture", "ext-data-control");
+}
+
+/// `sway`'s output through two ndd processes, captured with `capture` (as `ndd check` says),
+/// and the clipboard taken with `clipboard`.
+fn two_processes(sway: Sway, capture: &str, clipboard: &str) {
+    let dir = Dir::new(&format!("wayland-screen-{capture}"));
     let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
     let fb = dir.0.join("screen.bgrx");
     let cfg = dir.0.join("wayland.toml");
@@ -50,9 +64,9 @@ fn a_sway_output_reaches_the_other_side_pixel_identical_to_grim() {
     );
     assert!(
         said.contains("session here: Wayland (WAYLAND_DISPLAY=")
-            && said.contains("wayland-screen yes")
+            && said.contains(&format!("wayland-screen yes ({capture})"))
             && said.contains("wayland-input (keys) yes")
-            && said.contains("wayland-clipboard yes"),
+            && said.contains(&format!("wayland-clipboard yes ({clipboard})")),
         "{said}"
     );
     // Without WAYLAND_DISPLAY (a service): the compositor the file names is reported.

@@ -67,7 +67,7 @@ pub use sys::{default_sigpipe, tune_allocator};
 pub use check::{CheckConfig, Checker, NullConfig};
 #[cfg(not(feature = "wayland"))]
 pub use common::no_wayland::wayland_session;
-pub use common::report::{CheckReport, SinkReport, SinkTask, SourceReport, SourceTask};
+pub use common::report::{CheckReport, Offered, SinkReport, SinkTask, SourceReport, SourceTask};
 #[cfg(feature = "wayland")]
 pub use common::wayland::wayland_session;
 pub use common::{clock, delivered, demand, error, framing, report};
@@ -75,8 +75,8 @@ pub use delivered::Delivered;
 pub use demand::Demand;
 pub use display::{
     DisplayFrameError, Framebuffer, FramebufferConfig, GnomeScreenConfig, PixelFormat,
-    PortalScreenConfig, Rect, Update, WaylandScreenConfig, WaylandWindowConfig, X11ScreenConfig,
-    X11WindowConfig,
+    PortalScreenConfig, Rect, Update, WaylandProtocol, WaylandScreenConfig, WaylandWindowConfig,
+    X11ScreenConfig, X11WindowConfig,
 };
 pub use error::EndpointError;
 pub use file::{FileSinkConfig, FileSourceConfig};

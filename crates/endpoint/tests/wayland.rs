@@ -2,11 +2,15 @@
 //! output captured through wlr-screencopy and rebuilt from the updates must be pixel-identical
 //! to what `grim` captures; a background changed with `swaymsg` comes as the next update, a
 //! still screen sends nothing; a socket that is not a compositor, or one without screencopy,
-//! is a clear error. Skipped (printing why) where sway or grim is missing.
+//! is a clear error. Skipped (printing why) where sway or grim is missing. The same through
+//! `ext-image-copy-capture-v1` on a newer sway (Debian forky's 1.12, wlroots 0.20: the root
+//! `scripts/newer-wayland.sh` makes, which these tests need), where also a keyframe of a still
+//! output comes without waiting for a change, and typing into a terminal sends only the part
+//! that changed.
 
 use ndd_core::Frame;
 use ndd_endpoint::display::{Framebuffer, PixelFormat, Update};
-use ndd_endpoint::{SourceConfig, WaylandScreenConfig};
+use ndd_endpoint::{SourceConfig, WaylandProtocol, WaylandScreenConfig};
 use ndd_procs::{missing, Sway};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -20,12 +24,20 @@ struct Capture {
     rx: mpsc::Receiver<Frame>,
     fb: Framebuffer,
     updates: usize,
+    /// Keyframes among them.
+    keyframes: usize,
+    /// The pixels the last update carried.
+    last_area: u64,
     _task: ndd_endpoint::SourceTask,
     rt: tokio::runtime::Runtime,
 }
 
 impl Capture {
     fn start(sway: &Sway) -> Capture {
+        Capture::with(sway, WaylandProtocol::Auto, 0.0)
+    }
+
+    fn with(sway: &Sway, protocol: WaylandProtocol, refresh_s: f64) -> Capture {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -36,7 +48,8 @@ impl Capture {
             display: sway.socket.display().to_string(),
             output: Some("HEADLESS-1".into()),
             max_fps: 60.0,
-            refresh_s: 0.0,
+            refresh_s,
+            protocol,
         });
         cfg.probe().expect("the probe finds the compositor");
         let task = rt
@@ -47,6 +60,8 @@ impl Capture {
             rx,
             fb: Framebuffer::new(1, 1, PixelFormat::Bgrx32),
             updates: 0,
+            keyframes: 0,
+            last_area: 0,
             _task: task,
         }
     }
@@ -64,6 +79,8 @@ impl Capture {
                     let u = Update::parse(f.payload()).expect("a display update");
                     self.fb.apply(&u).expect("applies");
                     self.updates += 1;
+                    self.keyframes += usize::from(u.header.keyframe());
+                    self.last_area = u.rects.iter().map(|r| r.rect.area()).sum();
                     any = true;
                 }
                 Ok(None) => panic!("the source ended"),
@@ -104,7 +121,24 @@ fn a_sway_output_is_captured_pixel_identical_to_grim_and_follows_its_changes() {
         return;
     }
     let sway = Sway::start("capture", 640, 480, "#336699").expect("headless sway");
-    let mut c = Capture::start(&sway);
+    follows_changes(&sway, Capture::start(&sway));
+}
+
+#[test]
+fn ext_image_copy_capture_on_a_newer_sway_is_pixel_identical_to_grim_and_follows_its_changes() {
+    let sway = Sway::start_newer("capture-ext", 640, 480, "#336699", "").expect("sway 1.12");
+    follows_changes(&sway, Capture::with(&sway, WaylandProtocol::Ext, 0.0));
+}
+
+#[test]
+fn wlr_screencopy_still_works_on_the_newer_sway() {
+    let sway = Sway::start_newer("capture-wlr", 640, 480, "#336699", "").expect("sway 1.12");
+    follows_changes(&sway, Capture::with(&sway, WaylandProtocol::Wlr, 0.0));
+}
+
+/// The first update is the output as grim sees it, a still output sends nothing, each
+/// background change comes, and so does a resize.
+fn follows_changes(sway: &Sway, mut c: Capture) {
     assert!(c.take(Duration::from_millis(500)), "a first update");
     let shot = sway.grim().expect("grim");
     assert_eq!(
@@ -112,6 +146,7 @@ fn a_sway_output_is_captured_pixel_identical_to_grim_and_follows_its_changes() {
         &[0x33, 0x66, 0x99],
         "grim sees the background"
     );
+    assert_eq!(c.keyframes, 1, "the first update is a keyframe");
     c.matches(&shot).expect("the first update is the output");
     // A still output: nothing more (copy_with_damage waits for damage).
     let before = c.updates;
@@ -150,6 +185,124 @@ fn a_sway_output_is_captured_pixel_identical_to_grim_and_follows_its_changes() {
         );
     }
     assert_eq!((c.fb.width(), c.fb.height()), (320, 200));
+}
+
+/// ext-image-copy-capture answers a capture only once the output changed: a keyframe due on
+/// a still output (`refresh_s`, a viewer that joined) must not wait for one. And what a key
+/// typed into a terminal changes is all that comes.
+#[test]
+fn ext_capture_sends_keyframes_of_a_still_output_and_only_what_changed() {
+    let sway = Sway::start_newer("capture-still", 640, 480, "#203040", "").expect("sway 1.12");
+    let mut c = Capture::with(&sway, WaylandProtocol::Ext, 0.3);
+    assert!(c.take(Duration::from_millis(500)), "a first update");
+    let shot = sway.grim().expect("grim");
+    c.matches(&shot).expect("the first update is the output");
+    // Still: a keyframe each 0.3 s all the same, each the whole output as it stands.
+    let before = c.keyframes;
+    c.take(Duration::from_millis(1600));
+    assert!(
+        c.keyframes >= before + 3,
+        "keyframes of a still output: {} in 1.6 s at refresh_s = 0.3",
+        c.keyframes - before
+    );
+    assert_eq!(c.last_area, 640 * 480, "a keyframe is the whole output");
+    c.matches(&shot).expect("still the output");
+
+    // A terminal on the output, then keys typed into it: the cells that changed come, not
+    // the output.
+    let _foot = ndd_procs::Killed(
+        sway.program("foot")
+            .args(["--override", "cursor.blink=no", "sh", "-c", "cat"])
+            .env("XDG_RUNTIME_DIR", &sway.dir)
+            .env("WAYLAND_DISPLAY", &sway.socket)
+            .env("HOME", &sway.dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("foot"),
+    );
+    let t0 = Instant::now();
+    loop {
+        c.take(Duration::from_millis(100));
+        let shot = sway.grim().expect("grim");
+        if c.matches(&shot).is_ok() && shot.2[..3] != [0x20, 0x30, 0x40] {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "foot never showed");
+    }
+    let mut c = Capture::with(&sway, WaylandProtocol::Ext, 0.0);
+    assert!(c.take(Duration::from_millis(500)), "a first update");
+    let (updates, t0) = (c.updates, Instant::now());
+    let typed = sway
+        .program("wtype")
+        .arg("hello")
+        .env("XDG_RUNTIME_DIR", &sway.dir)
+        .env("WAYLAND_DISPLAY", &sway.socket)
+        .status()
+        .expect("wtype");
+    assert!(typed.success(), "wtype hello");
+    let mut smallest = u64::MAX;
+    loop {
+        if c.take(Duration::from_millis(100)) {
+            smallest = smallest.min(c.last_area);
+        }
+        let shot = sway.grim().expect("grim");
+        if c.updates > updates && c.matches(&shot).is_ok() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the typed text never came"
+        );
+    }
+    assert!(
+        smallest < 640 * 480 / 10,
+        "a key typed into a terminal changed {smallest} pixels of {}",
+        640 * 480
+    );
+}
+
+/// `protocol = "ext"` on a compositor without it is a clear error, for the capture and the
+/// clipboard; `auto` falls back to wlr's.
+#[test]
+fn ext_protocols_asked_of_a_sway_without_them_say_so() {
+    if let Some(m) = missing(&["sway", "setpriv"]) {
+        println!("SKIPPED: needs {m} ({APT})");
+        return;
+    }
+    let sway = Sway::start("capture-no-ext", 320, 240, "#000000").expect("headless sway");
+    let cfg = |protocol| {
+        SourceConfig::WaylandScreen(WaylandScreenConfig {
+            display: sway.socket.display().to_string(),
+            protocol,
+            ..WaylandScreenConfig::default()
+        })
+    };
+    let e = cfg(WaylandProtocol::Ext).probe().unwrap_err().to_string();
+    assert!(
+        e.contains("no ext_image_copy_capture_manager_v1")
+            && e.contains("sway 1.11")
+            && e.contains("leave protocol out"),
+        "{e}"
+    );
+    cfg(WaylandProtocol::Auto)
+        .probe()
+        .expect("auto takes wlr-screencopy");
+    let clip = |protocol| {
+        SourceConfig::WaylandClipboard(ndd_endpoint::clipboard::WaylandClipboardConfig {
+            display: sway.socket.display().to_string(),
+            protocol,
+            ..Default::default()
+        })
+    };
+    let e = clip(WaylandProtocol::Ext).probe().unwrap_err().to_string();
+    assert!(
+        e.contains("no ext_data_control_manager_v1") && e.contains("leave protocol out"),
+        "{e}"
+    );
+    clip(WaylandProtocol::Auto)
+        .probe()
+        .expect("auto takes wlr-data-control");
 }
 
 #[test]
@@ -380,6 +533,7 @@ fn clipboard_both_ways(
     rt: &tokio::runtime::Runtime,
     wl: &dyn Fn(&str) -> std::process::Command,
     display: &str,
+    protocol: WaylandProtocol,
 ) -> ClipboardRig {
     use ndd_endpoint::clipboard::WaylandClipboardConfig;
     use ndd_endpoint::SinkConfig;
@@ -395,6 +549,7 @@ fn clipboard_both_ways(
     let cfg = WaylandClipboardConfig {
         display: display.to_string(),
         selections: vec!["CLIPBOARD".into()],
+        protocol,
         ..Default::default()
     };
     // The source: what wl-copy copies comes as a record.
@@ -498,7 +653,12 @@ fn the_clipboard_goes_both_ways_and_an_x11_side_shares_it() {
         .enable_all()
         .build()
         .unwrap();
-    let rig = clipboard_both_ways(&rt, &wl, &sway.socket.display().to_string());
+    let rig = clipboard_both_ways(
+        &rt,
+        &wl,
+        &sway.socket.display().to_string(),
+        WaylandProtocol::Auto,
+    );
     let ktx = rig.ktx.clone();
 
     // An X11 program's copy, through x11-clipboard, pastes on the Wayland side.
@@ -777,7 +937,71 @@ fn the_clipboard_goes_both_ways_on_kwin() {
         .enable_all()
         .build()
         .unwrap();
-    let _rig = clipboard_both_ways(&rt, &|p| kwin.client(p), &kwin.socket.display().to_string());
+    let _rig = clipboard_both_ways(
+        &rt,
+        &|p| kwin.client(p),
+        &kwin.socket.display().to_string(),
+        WaylandProtocol::Auto,
+    );
+}
+
+/// The same endpoints through `ext-data-control-v1` on a newer sway (Debian forky's 1.12),
+/// with its own `wl-copy`/`wl-paste` (2.3); and a primary selection a record sets pastes
+/// with `wl-paste --primary`.
+#[test]
+fn the_clipboard_goes_both_ways_through_ext_data_control_on_a_newer_sway() {
+    use ndd_endpoint::clipboard::WaylandClipboardConfig;
+    use ndd_endpoint::SinkConfig;
+    use ndd_wire::clipboard::{Contents, Selection};
+    let sway = Sway::start_newer("clip-ext", 320, 240, "#000000", "").expect("sway 1.12");
+    let wl = |program: &str| {
+        let mut c = sway.program(program);
+        c.env("WAYLAND_DISPLAY", &sway.socket)
+            .env("XDG_RUNTIME_DIR", &sway.dir);
+        c
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let display = sway.socket.display().to_string();
+    let _rig = clipboard_both_ways(&rt, &wl, &display, WaylandProtocol::Ext);
+    let (ptx, prx) = mpsc::channel::<Frame>(8);
+    let _primary = rt
+        .block_on(async {
+            SinkConfig::WaylandClipboard(WaylandClipboardConfig {
+                display: display.clone(),
+                selections: vec!["PRIMARY".into()],
+                protocol: WaylandProtocol::Ext,
+                ..Default::default()
+            })
+            .spawn(prx)
+        })
+        .expect("sink");
+    let c = Contents {
+        selection: Selection::Primary,
+        formats: vec![("text/plain;charset=utf-8".into(), b"primary, ext".to_vec())],
+    };
+    ptx.blocking_send(display_frame(0, &c.emit().unwrap()))
+        .unwrap();
+    let t0 = Instant::now();
+    loop {
+        let got = wl("wl-paste")
+            .args(["--primary", "--no-newline"])
+            .output()
+            .map(|o| o.stdout)
+            .unwrap_or_default();
+        if got == b"primary, ext" {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the primary selection was not pasted: {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// A display update of a `w`×`h` screen: `rects` of solid colours (`[r, g, b]`).

@@ -829,6 +829,55 @@ pub struct Sway {
     pub socket: PathBuf,
     /// The IPC socket (`SWAYSOCK` for swaymsg).
     pub ipc: PathBuf,
+    /// The Debian root it runs from ([`newer_wayland_root`]), if not this machine's own.
+    pub root: Option<PathBuf>,
+}
+
+/// A Debian root newer than this machine (forky: sway 1.12 on wlroots 0.20, grim 1.5,
+/// wl-clipboard 2.3), made by `scripts/newer-wayland.sh` (`./run test` makes it) in
+/// `target/newer-wayland/root`, or where `NDD_NEWER_WAYLAND` says: the protocols Debian 12's
+/// sway 1.7 lacks (`ext-image-copy-capture-v1`, `ext-data-control-v1`) are tested against its
+/// compositor. An error says how to make it.
+pub fn newer_wayland_root() -> Result<PathBuf, String> {
+    let root = match std::env::var_os("NDD_NEWER_WAYLAND") {
+        Some(r) => PathBuf::from(r),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/newer-wayland/root"),
+    };
+    if root.join("usr/bin/sway").is_file() {
+        Ok(root)
+    } else {
+        Err(format!(
+            "no newer Debian root with sway at {} (bash scripts/newer-wayland.sh makes it; ./run test does)",
+            root.display()
+        ))
+    }
+}
+
+/// `program` of the Debian root `root` ([`rooted`]), or of this machine.
+fn command_in(root: Option<&Path>, program: &str) -> Command {
+    match root {
+        Some(r) => rooted(r, program),
+        None => Command::new(program),
+    }
+}
+
+/// `program` of the Debian root `root`, run in a mount namespace of its own where the root
+/// sees this machine's `/dev`, `/proc` and temporary directory (where the tests' sockets
+/// are): the same process id (`unshare` and `chroot` exec it), so killing it kills it.
+pub fn rooted(root: &Path, program: &str) -> Command {
+    let tmp = std::env::temp_dir();
+    let mut c = Command::new("unshare");
+    c.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg(concat!(
+            "set -e; r=$1; t=$2; shift 2; mkdir -p \"$r$t\"; ",
+            "mount --bind \"$t\" \"$r$t\"; mount -t proc proc \"$r/proc\"; ",
+            "mount --rbind /dev \"$r/dev\"; exec chroot \"$r\" \"$@\""
+        ))
+        .arg("rooted")
+        .arg(root)
+        .arg(&tmp)
+        .arg(program);
+    c
 }
 
 impl Sway {
@@ -910,6 +959,34 @@ impl Sway {
         color: &str,
         more: &str,
     ) -> std::io::Result<Sway> {
+        Sway::start_in(None, name, width, height, color, more)
+    }
+
+    /// [`Sway::start_with`] the sway of the newer Debian root ([`newer_wayland_root`]).
+    pub fn start_newer(
+        name: &str,
+        width: u32,
+        height: u32,
+        color: &str,
+        more: &str,
+    ) -> std::io::Result<Sway> {
+        let root = newer_wayland_root().map_err(std::io::Error::other)?;
+        Sway::start_in(Some(root), name, width, height, color, more)
+    }
+
+    /// `program` of this sway's root (this machine's, or [`Sway::root`]).
+    pub fn program(&self, program: &str) -> Command {
+        command_in(self.root.as_deref(), program)
+    }
+
+    fn start_in(
+        root: Option<PathBuf>,
+        name: &str,
+        width: u32,
+        height: u32,
+        color: &str,
+        more: &str,
+    ) -> std::io::Result<Sway> {
         let dir = std::env::temp_dir().join(format!("ndd-sway-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
@@ -918,12 +995,12 @@ impl Sway {
             &config,
             format!("output HEADLESS-1 resolution {width}x{height} bg {color} solid_color\n{more}"),
         )?;
-        let root = Command::new("id")
+        let as_root = Command::new("id")
             .arg("-u")
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
             .unwrap_or(false);
-        let mut cmd = if root {
+        let mut cmd = if as_root {
             // nobody: the directory must be its own, 0700.
             let chown = Command::new("chown")
                 .args(["-R", "65534:65534"])
@@ -932,7 +1009,7 @@ impl Sway {
             if !chown.success() {
                 return Err(std::io::Error::other("chown of sway's directory failed"));
             }
-            let mut c = Command::new("setpriv");
+            let mut c = command_in(root.as_deref(), "setpriv");
             c.args([
                 "--reuid=65534",
                 "--regid=65534",
@@ -942,7 +1019,7 @@ impl Sway {
             ]);
             c
         } else {
-            Command::new("sway")
+            command_in(root.as_deref(), "sway")
         };
         std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
         let child = cmd
@@ -982,6 +1059,7 @@ impl Sway {
                     socket: s.clone(),
                     ipc: i.clone(),
                     dir,
+                    root,
                 });
             }
             if t0.elapsed() > Duration::from_secs(10) {
@@ -998,7 +1076,7 @@ impl Sway {
 
     /// Runs `swaymsg` with `args` against this sway; whether it succeeded.
     pub fn msg(&self, args: &[&str]) -> bool {
-        Command::new("swaymsg")
+        self.program("swaymsg")
             .env("SWAYSOCK", &self.ipc)
             .args(args)
             .stdout(Stdio::null())
@@ -1009,7 +1087,8 @@ impl Sway {
 
     /// What `grim` captures of the output now: width, height and RGB rows (its PPM).
     pub fn grim(&self) -> std::io::Result<(usize, usize, Vec<u8>)> {
-        let out = Command::new("grim")
+        let out = self
+            .program("grim")
             .env("XDG_RUNTIME_DIR", &self.dir)
             .env("WAYLAND_DISPLAY", &self.socket)
             .args(["-t", "ppm", "-"])

@@ -145,6 +145,11 @@ pub struct WaylandClipboardConfig {
     /// Share PNG images too (text always).
     #[serde(default = "yes")]
     pub images: bool,
+    /// The data-control protocol: `auto` (the default) takes `ext-data-control-v1` where
+    /// the compositor offers it, else `wlr-data-control-unstable-v1`; `ext` or `wlr` only
+    /// that one.
+    #[serde(default)]
+    pub protocol: crate::display::WaylandProtocol,
 }
 
 impl Default for WaylandClipboardConfig {
@@ -154,6 +159,7 @@ impl Default for WaylandClipboardConfig {
             selections: default_selections(),
             max_bytes: default_max_bytes(),
             images: true,
+            protocol: crate::display::WaylandProtocol::Auto,
         }
     }
 }

@@ -1,7 +1,9 @@
 //! The `wayland-clipboard` source and sink: the clipboard (and the primary selection) of a
-//! wlroots Wayland session (sway, Hyprland, river, labwc) through `wlr-data-control`, as the
-//! same [`Contents`] records as `x11-clipboard`, so an X11 side and a Wayland side share one
-//! clipboard.
+//! wlroots Wayland session (sway, Hyprland, river, labwc) through `ext-data-control-v1` where
+//! the compositor offers it (sway 1.11, wlroots 0.19 and later), else `wlr-data-control`
+//! (the same protocol under its older name: both run the same code here, [`Offer`],
+//! [`Source`], [`Control`]), as the same [`Contents`] records as `x11-clipboard`, so an X11
+//! side and a Wayland side share one clipboard.
 //!
 //! - source: a data-control device on the seat hears every new selection (an offer with its
 //!   MIME types); the source reads its text (`text/plain;charset=utf-8`, else `UTF8_STRING`,
@@ -21,6 +23,7 @@ use crate::common::emitter::Emitter;
 use crate::common::error::EndpointError;
 use crate::common::report::{SinkReport, SinkTask, SourceReport, SourceTask};
 use crate::common::wayland::{ignore_events, pump, readable, unavailable, wayland_connect};
+use crate::display::WaylandProtocol;
 use ndd_core::{Frame, RateLimit};
 use ndd_wire::clipboard::{Contents, Selection};
 use std::collections::HashMap;
@@ -35,9 +38,13 @@ use wayland_client::backend::ObjectId;
 use wayland_client::globals::registry_queue_init;
 use wayland_client::protocol::wl_seat;
 use wayland_client::{Connection, Dispatch, EventQueue, Proxy, QueueHandle};
+use wayland_protocols::ext::data_control::v1::client::{
+    ext_data_control_device_v1 as ext_device, ext_data_control_manager_v1 as ext_manager,
+    ext_data_control_offer_v1 as ext_offer, ext_data_control_source_v1 as ext_source,
+};
 use wayland_protocols_wlr::data_control::v1::client::{
-    zwlr_data_control_device_v1 as device_v1, zwlr_data_control_manager_v1 as manager_v1,
-    zwlr_data_control_offer_v1 as offer_v1, zwlr_data_control_source_v1 as source_v1,
+    zwlr_data_control_device_v1 as wlr_device, zwlr_data_control_manager_v1 as wlr_manager,
+    zwlr_data_control_offer_v1 as wlr_offer, zwlr_data_control_source_v1 as wlr_source,
 };
 
 /// How long the endpoints wait for the compositor at a time.
@@ -46,114 +53,272 @@ const POLL: Duration = Duration::from_millis(20);
 /// How long a source waits for a program to hand over one format.
 const ANSWER_WAIT: Duration = Duration::from_secs(2);
 
+/// An offer of a selection, in either protocol.
+#[derive(Clone)]
+enum Offer {
+    Ext(ext_offer::ExtDataControlOfferV1),
+    Wlr(wlr_offer::ZwlrDataControlOfferV1),
+}
+
+/// A data source this sink made, in either protocol.
+#[derive(Clone)]
+enum Source {
+    Ext(ext_source::ExtDataControlSourceV1),
+    Wlr(wlr_source::ZwlrDataControlSourceV1),
+}
+
+/// The manager and the seat's data device, in either protocol.
+enum Control {
+    Ext(
+        ext_manager::ExtDataControlManagerV1,
+        ext_device::ExtDataControlDeviceV1,
+    ),
+    Wlr(
+        wlr_manager::ZwlrDataControlManagerV1,
+        wlr_device::ZwlrDataControlDeviceV1,
+    ),
+}
+
+impl Offer {
+    fn id(&self) -> ObjectId {
+        match self {
+            Offer::Ext(o) => o.id(),
+            Offer::Wlr(o) => o.id(),
+        }
+    }
+
+    fn receive(&self, mime: String, fd: std::os::fd::BorrowedFd<'_>) {
+        match self {
+            Offer::Ext(o) => o.receive(mime, fd),
+            Offer::Wlr(o) => o.receive(mime, fd),
+        }
+    }
+
+    fn destroy(&self) {
+        match self {
+            Offer::Ext(o) => o.destroy(),
+            Offer::Wlr(o) => o.destroy(),
+        }
+    }
+}
+
+impl Source {
+    fn id(&self) -> ObjectId {
+        match self {
+            Source::Ext(o) => o.id(),
+            Source::Wlr(o) => o.id(),
+        }
+    }
+
+    fn offer(&self, mime: String) {
+        match self {
+            Source::Ext(o) => o.offer(mime),
+            Source::Wlr(o) => o.offer(mime),
+        }
+    }
+
+    fn destroy(&self) {
+        match self {
+            Source::Ext(o) => o.destroy(),
+            Source::Wlr(o) => o.destroy(),
+        }
+    }
+}
+
+impl Control {
+    /// Whether it has the primary selection (every ext version; wlr's from version 2).
+    fn has_primary(&self) -> bool {
+        match self {
+            Control::Ext(..) => true,
+            Control::Wlr(m, _) => m.version() >= 2,
+        }
+    }
+
+    fn create_source(&self, qh: &QueueHandle<State>) -> Source {
+        match self {
+            Control::Ext(m, _) => Source::Ext(m.create_data_source(qh, ())),
+            Control::Wlr(m, _) => Source::Wlr(m.create_data_source(qh, ())),
+        }
+    }
+
+    /// Makes `source` (none: nothing) the selection `sel`.
+    fn set(&self, sel: Selection, source: Option<&Source>) {
+        match (self, sel) {
+            (Control::Ext(_, d), Selection::Clipboard) => d.set_selection(ext_of(source)),
+            (Control::Ext(_, d), Selection::Primary) => d.set_primary_selection(ext_of(source)),
+            (Control::Wlr(_, d), Selection::Clipboard) => d.set_selection(wlr_of(source)),
+            (Control::Wlr(_, d), Selection::Primary) => d.set_primary_selection(wlr_of(source)),
+        }
+    }
+}
+
+/// The ext source of `s` (a sink makes its sources with its own protocol's manager).
+fn ext_of(s: Option<&Source>) -> Option<&ext_source::ExtDataControlSourceV1> {
+    match s {
+        Some(Source::Ext(s)) => Some(s),
+        _ => None,
+    }
+}
+
+/// The wlr source of `s`.
+fn wlr_of(s: Option<&Source>) -> Option<&wlr_source::ZwlrDataControlSourceV1> {
+    match s {
+        Some(Source::Wlr(s)) => Some(s),
+        _ => None,
+    }
+}
+
 /// What the compositor told this endpoint.
 #[derive(Default)]
 struct State {
     /// Each live offer's MIME types.
     offers: HashMap<ObjectId, Vec<String>>,
     /// New selections not yet read: which, and its offer (`None`: cleared).
-    changed: Vec<(Selection, Option<offer_v1::ZwlrDataControlOfferV1>)>,
+    changed: Vec<(Selection, Option<Offer>)>,
     /// Sink: the data of each of its data sources, by source.
     serving: HashMap<ObjectId, Vec<(String, Vec<u8>)>>,
     /// Sink: data sources the compositor cancelled (another program took the selection).
-    cancelled: Vec<source_v1::ZwlrDataControlSourceV1>,
+    cancelled: Vec<Source>,
     /// The device is gone (`finished`): the seat went away.
     finished: bool,
 }
 
-ignore_events!(State; wl_seat::WlSeat, manager_v1::ZwlrDataControlManagerV1);
+ignore_events!(
+    State;
+    wl_seat::WlSeat,
+    wlr_manager::ZwlrDataControlManagerV1,
+    ext_manager::ExtDataControlManagerV1,
+);
 
-impl Dispatch<device_v1::ZwlrDataControlDeviceV1, ()> for State {
-    fn event(
-        s: &mut State,
-        _: &device_v1::ZwlrDataControlDeviceV1,
-        e: device_v1::Event,
-        _: &(),
-        _: &Connection,
-        _: &QueueHandle<State>,
-    ) {
-        match e {
-            device_v1::Event::DataOffer { id } => {
-                s.offers.insert(id.id(), Vec::new());
-            }
-            device_v1::Event::Selection { id } => s.changed.push((Selection::Clipboard, id)),
-            device_v1::Event::PrimarySelection { id } => s.changed.push((Selection::Primary, id)),
-            device_v1::Event::Finished => s.finished = true,
-            _ => {}
+impl State {
+    /// A new offer (its MIME types come next).
+    fn offered(&mut self, id: ObjectId) {
+        self.offers.insert(id, Vec::new());
+    }
+
+    /// One MIME type of an offer.
+    fn offer_type(&mut self, id: ObjectId, mime_type: String) {
+        let types = self.offers.entry(id).or_default();
+        if types.len() < 64 {
+            types.push(mime_type);
         }
     }
 
-    wayland_client::event_created_child!(State, device_v1::ZwlrDataControlDeviceV1, [
-        device_v1::EVT_DATA_OFFER_OPCODE => (offer_v1::ZwlrDataControlOfferV1, ()),
-    ]);
-}
-
-impl Dispatch<offer_v1::ZwlrDataControlOfferV1, ()> for State {
-    fn event(
-        s: &mut State,
-        offer: &offer_v1::ZwlrDataControlOfferV1,
-        e: offer_v1::Event,
-        _: &(),
-        _: &Connection,
-        _: &QueueHandle<State>,
-    ) {
-        if let offer_v1::Event::Offer { mime_type } = e {
-            let types = s.offers.entry(offer.id()).or_default();
-            if types.len() < 64 {
-                types.push(mime_type);
-            }
-        }
-    }
-}
-
-impl Dispatch<source_v1::ZwlrDataControlSourceV1, ()> for State {
-    fn event(
-        s: &mut State,
-        source: &source_v1::ZwlrDataControlSourceV1,
-        e: source_v1::Event,
-        _: &(),
-        _: &Connection,
-        _: &QueueHandle<State>,
-    ) {
-        match e {
-            source_v1::Event::Send { mime_type, fd } => {
-                let data = s.serving.get(&source.id()).and_then(|formats| {
-                    let want = if TEXT_TYPES.contains(&mime_type.as_str()) {
-                        TEXT
-                    } else {
-                        mime_type.as_str()
-                    };
-                    formats
-                        .iter()
-                        .find(|(n, _)| n == want)
-                        .map(|(_, d)| d.clone())
+    /// A program pastes from `source` in `mime_type`: written to `fd`.
+    fn send(&mut self, source: ObjectId, mime_type: &str, fd: std::os::fd::OwnedFd) {
+        let data = self.serving.get(&source).and_then(|formats| {
+            let want = if TEXT_TYPES.contains(&mime_type) {
+                TEXT
+            } else {
+                mime_type
+            };
+            formats
+                .iter()
+                .find(|(n, _)| n == want)
+                .map(|(_, d)| d.clone())
+        });
+        if let Some(data) = data {
+            // A slow reader must not hold up the session: the write has a thread of its
+            // own, at most WRITERS at once, each given up after WRITE_WAIT (a program that
+            // asks and never reads kept a thread and a copy for good: found by review).
+            if WRITING.fetch_add(1, Ordering::AcqRel) < WRITERS {
+                std::thread::spawn(move || {
+                    let _ = write_within(fd, &data, WRITE_WAIT);
+                    WRITING.fetch_sub(1, Ordering::AcqRel);
                 });
-                if let Some(data) = data {
-                    // A slow reader must not hold up the session: the write has a thread of
-                    // its own, at most WRITERS at once, each given up after WRITE_WAIT (a
-                    // program that asks and never reads kept a thread and a copy for good:
-                    // found by review).
-                    if WRITING.fetch_add(1, Ordering::AcqRel) < WRITERS {
-                        std::thread::spawn(move || {
-                            let _ = write_within(fd, &data, WRITE_WAIT);
-                            WRITING.fetch_sub(1, Ordering::AcqRel);
-                        });
-                    } else {
-                        WRITING.fetch_sub(1, Ordering::AcqRel);
-                        tracing::warn!(
-                            "{WRITERS} pastes are still being written: this one is refused"
-                        );
+            } else {
+                WRITING.fetch_sub(1, Ordering::AcqRel);
+                tracing::warn!("{WRITERS} pastes are still being written: this one is refused");
+            }
+        }
+    }
+
+    /// Another program took the selection from `source`.
+    fn cancel(&mut self, source: Source) {
+        self.serving.remove(&source.id());
+        self.cancelled.push(source);
+    }
+}
+
+/// The `Dispatch` of one protocol's device, offer and source: the same events under two
+/// names, handed to [`State`].
+macro_rules! data_control_events {
+    ($device:ident :: $Device:ident, $offer:ident :: $Offer:ident, $source:ident :: $Source:ident, $wrap_offer:path, $wrap_source:path) => {
+        impl Dispatch<$device::$Device, ()> for State {
+            fn event(
+                s: &mut State,
+                _: &$device::$Device,
+                e: $device::Event,
+                _: &(),
+                _: &Connection,
+                _: &QueueHandle<State>,
+            ) {
+                match e {
+                    $device::Event::DataOffer { id } => s.offered(id.id()),
+                    $device::Event::Selection { id } => {
+                        s.changed.push((Selection::Clipboard, id.map($wrap_offer)))
                     }
+                    $device::Event::PrimarySelection { id } => {
+                        s.changed.push((Selection::Primary, id.map($wrap_offer)))
+                    }
+                    $device::Event::Finished => s.finished = true,
+                    _ => {}
                 }
             }
-            source_v1::Event::Cancelled => {
-                s.serving.remove(&source.id());
-                s.cancelled.push(source.clone());
-            }
-            _ => {}
+
+            wayland_client::event_created_child!(State, $device::$Device, [
+                $device::EVT_DATA_OFFER_OPCODE => ($offer::$Offer, ()),
+            ]);
         }
-    }
+
+        impl Dispatch<$offer::$Offer, ()> for State {
+            fn event(
+                s: &mut State,
+                offer: &$offer::$Offer,
+                e: $offer::Event,
+                _: &(),
+                _: &Connection,
+                _: &QueueHandle<State>,
+            ) {
+                if let $offer::Event::Offer { mime_type } = e {
+                    s.offer_type(offer.id(), mime_type);
+                }
+            }
+        }
+
+        impl Dispatch<$source::$Source, ()> for State {
+            fn event(
+                s: &mut State,
+                source: &$source::$Source,
+                e: $source::Event,
+                _: &(),
+                _: &Connection,
+                _: &QueueHandle<State>,
+            ) {
+                match e {
+                    $source::Event::Send { mime_type, fd } => s.send(source.id(), &mime_type, fd),
+                    $source::Event::Cancelled => s.cancel($wrap_source(source.clone())),
+                    _ => {}
+                }
+            }
+        }
+    };
 }
+
+data_control_events!(
+    ext_device::ExtDataControlDeviceV1,
+    ext_offer::ExtDataControlOfferV1,
+    ext_source::ExtDataControlSourceV1,
+    Offer::Ext,
+    Source::Ext
+);
+data_control_events!(
+    wlr_device::ZwlrDataControlDeviceV1,
+    wlr_offer::ZwlrDataControlOfferV1,
+    wlr_source::ZwlrDataControlSourceV1,
+    Offer::Wlr,
+    Source::Wlr
+);
 
 static WRITING: AtomicUsize = AtomicUsize::new(0);
 
@@ -164,8 +329,7 @@ struct Session {
     conn: Connection,
     queue: EventQueue<State>,
     state: State,
-    manager: manager_v1::ZwlrDataControlManagerV1,
-    device: device_v1::ZwlrDataControlDeviceV1,
+    control: Control,
     selections: Vec<Selection>,
     max_bytes: u64,
     images: bool,
@@ -193,24 +357,60 @@ fn open(endpoint: &'static str, c: &WaylandClipboardConfig) -> Result<Session, E
             "every compositor has one",
         )
     })?;
-    // Version 2 has the primary selection.
-    let manager: manager_v1::ZwlrDataControlManagerV1 =
-        globals.bind(&qh, 1..=2, ()).map_err(|e| {
-            unavailable(
-                endpoint,
-                d,
-                format!("no zwlr_data_control_manager_v1 ({e})"),
-                "the wayland-clipboard endpoints need a compositor with wlr-data-control: a wlroots one (sway, Hyprland, river, labwc, wayfire) or KDE Plasma's KWin; on GNOME use gnome-clipboard",
-            )
-        })?;
-    if manager.version() < 2 && selections.contains(&Selection::Primary) {
+    // ext-data-control where offered (and wanted), else wlr-data-control.
+    let ext = match c.protocol {
+        WaylandProtocol::Wlr => None,
+        WaylandProtocol::Auto | WaylandProtocol::Ext => {
+            match globals.bind::<ext_manager::ExtDataControlManagerV1, _, _>(&qh, 1..=1, ()) {
+                Ok(m) => Some(m),
+                Err(e) if c.protocol == WaylandProtocol::Ext => {
+                    return Err(unavailable(
+                        endpoint,
+                        d,
+                        format!("no ext_data_control_manager_v1 ({e})"),
+                        "protocol = \"ext\" needs a compositor offering ext-data-control-v1 (sway 1.11, wlroots 0.19 and later); leave protocol out (auto) to take wlr-data-control where it is not",
+                    ))
+                }
+                Err(_) => None,
+            }
+        }
+    };
+    let control = match ext {
+        Some(m) => {
+            let device = m.get_data_device(&seat, &qh, ());
+            Control::Ext(m, device)
+        }
+        None => {
+            // Version 2 has the primary selection.
+            let m: wlr_manager::ZwlrDataControlManagerV1 =
+                globals.bind(&qh, 1..=2, ()).map_err(|e| {
+                    unavailable(
+                        endpoint,
+                        d,
+                        format!("no zwlr_data_control_manager_v1 ({e})"),
+                        "the wayland-clipboard endpoints need a compositor with ext-data-control or wlr-data-control: a wlroots one (sway, Hyprland, river, labwc, wayfire) or KDE Plasma's KWin; on GNOME use gnome-clipboard",
+                    )
+                })?;
+            let device = m.get_data_device(&seat, &qh, ());
+            Control::Wlr(m, device)
+        }
+    };
+    if !control.has_primary() && selections.contains(&Selection::Primary) {
         tracing::info!(
             endpoint,
             display = d,
             "the compositor's data-control has no primary selection (version 1): CLIPBOARD only"
         );
     }
-    let device = manager.get_data_device(&seat, &qh, ());
+    tracing::debug!(
+        endpoint,
+        display = d,
+        protocol = match control {
+            Control::Ext(..) => "ext-data-control-v1",
+            Control::Wlr(..) => "wlr-data-control-unstable-v1",
+        },
+        "clipboard"
+    );
     let mut state = State::default();
     queue
         .roundtrip(&mut state)
@@ -221,8 +421,7 @@ fn open(endpoint: &'static str, c: &WaylandClipboardConfig) -> Result<Session, E
         conn,
         queue,
         state,
-        manager,
-        device,
+        control,
         selections,
         max_bytes: c.max_bytes,
         images: c.images,
@@ -252,7 +451,7 @@ impl Session {
     /// owner did not hand it over in time.
     fn receive(
         &mut self,
-        offer: &offer_v1::ZwlrDataControlOfferV1,
+        offer: &Offer,
         mime: &str,
         limit: u64,
     ) -> Result<Option<Vec<u8>>, EndpointError> {
@@ -396,7 +595,7 @@ fn run_sink(
     let mut report = SinkReport::default();
     let mut dropped = RateLimit::default();
     // The data source holding each selection now.
-    let mut held: HashMap<Selection, source_v1::ZwlrDataControlSourceV1> = HashMap::new();
+    let mut held: HashMap<Selection, Source> = HashMap::new();
     loop {
         match rx.try_recv() {
             Ok(frame) => {
@@ -414,12 +613,12 @@ fn run_sink(
                             tracing::warn!(endpoint = s.endpoint, selection = %c.selection, bytes = c.data_len(), max_bytes = s.max_bytes, suppressed, "clipboard record larger than max_bytes dropped");
                         }
                     }
-                    Ok(c) if c.selection == Selection::Primary && s.manager.version() < 2 => {}
+                    Ok(c) if c.selection == Selection::Primary && !s.control.has_primary() => {}
                     Ok(c) => {
                         let source = if c.formats.is_empty() {
                             None
                         } else {
-                            let src = s.manager.create_data_source(&s.queue.handle(), ());
+                            let src = s.control.create_source(&s.queue.handle());
                             for (name, _) in &c.formats {
                                 if name == TEXT {
                                     for t in TEXT_TYPES {
@@ -435,10 +634,7 @@ fn run_sink(
                             s.state.serving.insert(src.id(), c.formats.clone());
                             Some(src)
                         };
-                        match c.selection {
-                            Selection::Clipboard => s.device.set_selection(source.as_ref()),
-                            Selection::Primary => s.device.set_primary_selection(source.as_ref()),
-                        }
+                        s.control.set(c.selection, source.as_ref());
                         if let Some(old) = held.remove(&c.selection) {
                             s.state.serving.remove(&old.id());
                             old.destroy();

@@ -162,7 +162,7 @@ pub(crate) fn spawn_wayland_clipboard_sink(
 }
 
 /// See the `wayland` feature's version: here, that it is not built in.
-pub fn wayland_session(_: &str) -> Result<Vec<(&'static str, &'static str, bool)>, String> {
+pub fn wayland_session(_: &str) -> Result<Vec<crate::common::report::Offered>, String> {
     Err("this ndd was built without Wayland support".into())
 }
 

@@ -121,3 +121,16 @@ impl fmt::Display for CheckReport {
         f.write_str(")")
     }
 }
+
+/// One endpoint kind as a session's compositor offers it (`wayland_session`, for `ndd check --side`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Offered {
+    /// The endpoint (`wayland-screen`, `wayland-input (keys)`…).
+    pub what: &'static str,
+    /// The protocol it needs (said when missing).
+    pub needs: &'static str,
+    /// The compositor has it.
+    pub ok: bool,
+    /// Where it can speak either of two protocols: the one it takes here.
+    pub via: Option<&'static str>,
+}

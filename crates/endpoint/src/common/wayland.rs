@@ -2,6 +2,7 @@
 //! connecting to it ([`wayland_connect`]) with errors that say what to do.
 
 use super::error::EndpointError;
+use super::report::Offered;
 use std::path::PathBuf;
 use std::time::Duration;
 use wayland_client::Connection;
@@ -154,8 +155,9 @@ pub(crate) fn memfd(name: &str, len: usize) -> std::io::Result<std::fs::File> {
 }
 
 /// What a session's compositor offers ndd, by the Wayland globals it lists: each endpoint
-/// kind with the protocol it needs and whether the compositor has it (`ndd check --side`).
-pub fn wayland_session(display: &str) -> Result<Vec<(&'static str, &'static str, bool)>, String> {
+/// kind with the protocol it needs, whether the compositor has it and, for those that take
+/// either of two, which they take here (`ndd check --side`).
+pub fn wayland_session(display: &str) -> Result<Vec<Offered>, String> {
     use wayland_client::globals::registry_queue_init;
     struct S;
     ignore_events!(S;);
@@ -168,28 +170,49 @@ pub fn wayland_session(display: &str) -> Result<Vec<(&'static str, &'static str,
         .map(|g| g.interface)
         .collect();
     let has = |n: &str| names.iter().any(|g| g == n);
+    let one = |what, needs| Offered {
+        what,
+        needs,
+        ok: has(needs),
+        via: None,
+    };
+    // The ext protocol where offered, else wlr's (as the endpoints choose by default).
+    let either = |what, ext: &[&'static str], ext_name, wlr, wlr_name| {
+        if ext.iter().all(|n| has(n)) {
+            Offered {
+                what,
+                needs: ext[0],
+                ok: true,
+                via: Some(ext_name),
+            }
+        } else {
+            Offered {
+                via: has(wlr).then_some(wlr_name),
+                ..one(what, wlr)
+            }
+        }
+    };
     let mut offer = vec![
-        (
+        either(
             "wayland-screen",
+            &[
+                "ext_image_copy_capture_manager_v1",
+                "ext_output_image_capture_source_manager_v1",
+            ],
+            "ext-image-copy-capture",
             "zwlr_screencopy_manager_v1",
-            has("zwlr_screencopy_manager_v1"),
+            "wlr-screencopy",
         ),
-        (
-            "wayland-input (keys)",
-            "zwp_virtual_keyboard_manager_v1",
-            has("zwp_virtual_keyboard_manager_v1"),
-        ),
-        (
-            "wayland-input (pointer)",
-            "zwlr_virtual_pointer_manager_v1",
-            has("zwlr_virtual_pointer_manager_v1"),
-        ),
-        (
+        one("wayland-input (keys)", "zwp_virtual_keyboard_manager_v1"),
+        one("wayland-input (pointer)", "zwlr_virtual_pointer_manager_v1"),
+        either(
             "wayland-clipboard",
+            &["ext_data_control_manager_v1"],
+            "ext-data-control",
             "zwlr_data_control_manager_v1",
-            has("zwlr_data_control_manager_v1"),
+            "wlr-data-control",
         ),
-        ("wayland-window", "xdg_wm_base", has("xdg_wm_base")),
+        one("wayland-window", "xdg_wm_base"),
     ];
     // KDE Plasma's KWin: its own input protocol, offered only to programs a .desktop file
     // lists (docs/devices.md).
@@ -197,11 +220,10 @@ pub fn wayland_session(display: &str) -> Result<Vec<(&'static str, &'static str,
         .iter()
         .any(|g| g.starts_with("org_kde_") || g.starts_with("kde_"))
     {
-        offer.push((
-            "kde-input",
-            "org_kde_kwin_fake_input, for this program,",
-            has("org_kde_kwin_fake_input"),
-        ));
+        offer.push(Offered {
+            needs: "org_kde_kwin_fake_input, for this program,",
+            ..one("kde-input", "org_kde_kwin_fake_input")
+        });
     }
     Ok(offer)
 }

@@ -51,6 +51,37 @@ pub struct WaylandScreenConfig {
     /// Seconds between keyframes of the whole output; 0 = only the first.
     #[serde(default)]
     pub refresh_s: f64,
+    /// The capture protocol: `auto` (the default) takes `ext-image-copy-capture-v1` where
+    /// the compositor offers it, else `wlr-screencopy-unstable-v1`; `ext` or `wlr` only that
+    /// one.
+    #[serde(default)]
+    pub protocol: WaylandProtocol,
+}
+
+/// The protocol family a Wayland endpoint speaks: `wayland-screen`'s capture
+/// (ext-image-copy-capture or wlr-screencopy), `wayland-clipboard`'s data control
+/// (ext-data-control or wlr-data-control).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WaylandProtocol {
+    /// The ext protocol where offered (sway 1.11, wlroots 0.19 and later), else wlr's.
+    #[default]
+    Auto,
+    /// The ext protocol only.
+    Ext,
+    /// The wlr protocol only.
+    Wlr,
+}
+
+impl WaylandProtocol {
+    /// Its name in a config, if not the default.
+    pub fn named(self) -> Option<&'static str> {
+        match self {
+            WaylandProtocol::Auto => None,
+            WaylandProtocol::Ext => Some("ext"),
+            WaylandProtocol::Wlr => Some("wlr"),
+        }
+    }
 }
 
 impl Default for WaylandScreenConfig {
@@ -60,6 +91,7 @@ impl Default for WaylandScreenConfig {
             output: None,
             max_fps: default_max_fps(),
             refresh_s: 0.0,
+            protocol: WaylandProtocol::Auto,
         }
     }
 }

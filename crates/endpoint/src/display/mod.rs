@@ -53,7 +53,7 @@ pub(crate) use crate::common::no_wayland::{
     spawn_wayland_window_sink, take_viewer_input,
 };
 pub use config::{
-    FramebufferConfig, GnomeScreenConfig, PortalScreenConfig, Resize, ViewScale,
+    FramebufferConfig, GnomeScreenConfig, PortalScreenConfig, Resize, ViewScale, WaylandProtocol,
     WaylandScreenConfig, WaylandWindowConfig, X11CursorSinkConfig, X11CursorSourceConfig,
     X11ScreenConfig, X11WindowConfig,
 };

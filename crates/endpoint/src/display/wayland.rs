@@ -1,7 +1,16 @@
 //! The `wayland-screen` source: an output of a wlroots compositor (sway, Hyprland, river,
-//! labwc…) as display updates, through `wlr-screencopy-unstable-v1`: a keyframe of the whole
-//! output first, then the rectangles the compositor reports changed (`copy_with_damage`,
-//! protocol version 2 or later), at most `max_fps` times a second.
+//! labwc…) as display updates, through `ext-image-copy-capture-v1` where the compositor
+//! offers it (sway 1.11, wlroots 0.19 and later), else `wlr-screencopy-unstable-v1`: a
+//! keyframe of the whole output first, then the rectangles the compositor reports changed
+//! (the ext protocol's frame damage; wlr's `copy_with_damage`, version 2 or later), at most
+//! `max_fps` times a second.
+//!
+//! The ext protocol keeps one capture session: the compositor says the buffer it takes
+//! (size and shm formats) once and again when it changes, and answers a capture only once
+//! the output changed, with what changed since the last one. A keyframe of a still output
+//! (a viewer that joined, `refresh_s`) is sent from the buffer as the last capture left it,
+//! which is the output as it stands: the ext protocol, unlike wlr's `copy`, has no capture
+//! that does not wait for a change.
 //!
 //! The same updates as `x11-screen` (Bgrx32 rectangles, so every stack and sink that takes
 //! one takes the other), the same frame spoiling: a capture is asked for only when the path
@@ -13,7 +22,7 @@
 //! It runs as a blocking task and waits for the compositor at most [`POLL`] at a time, so it
 //! notices within that time that its receiver is gone, or that a keyframe is due.
 
-use super::config::WaylandScreenConfig;
+use super::config::{WaylandProtocol, WaylandScreenConfig};
 use super::pacer::{CapturePacer, Pace};
 use crate::common::clock::pacing;
 use crate::common::demand::Demand;
@@ -29,6 +38,15 @@ use tokio::sync::mpsc::Sender;
 use wayland_client::globals::registry_queue_init;
 use wayland_client::protocol::{wl_buffer, wl_output, wl_shm, wl_shm_pool};
 use wayland_client::{Connection, Dispatch, EventQueue, Proxy, QueueHandle, WEnum};
+use wayland_protocols::ext::image_capture_source::v1::client::{
+    ext_image_capture_source_v1 as source_v1,
+    ext_output_image_capture_source_manager_v1 as sources_v1,
+};
+use wayland_protocols::ext::image_copy_capture::v1::client::{
+    ext_image_copy_capture_frame_v1 as ext_frame_v1,
+    ext_image_copy_capture_manager_v1 as ext_manager_v1,
+    ext_image_copy_capture_session_v1 as session_v1,
+};
 use wayland_protocols_wlr::screencopy::v1::client::{
     zwlr_screencopy_frame_v1 as frame_v1, zwlr_screencopy_manager_v1 as manager_v1,
 };
@@ -42,6 +60,9 @@ const MAX_RECTS: usize = 32;
 /// How long the compositor may take to describe the buffer a capture needs.
 const DESCRIBE_WAIT: Duration = Duration::from_secs(5);
 
+/// A compositor that captures into GPU buffers only.
+const NO_SHM: &str = "the compositor offers no shared-memory buffer for this output (only dmabuf), which this source cannot take";
+
 /// What the compositor said about the capture under way.
 #[derive(Debug, Default)]
 struct Capture {
@@ -53,12 +74,32 @@ struct Capture {
     damage: Vec<(u32, u32, u32, u32)>,
     ready: bool,
     failed: bool,
+    /// Why an ext capture failed.
+    reason: Option<WEnum<ext_frame_v1::FailureReason>>,
+    /// The transform an ext capture says the compositor applied (normal: none).
+    transform: Option<WEnum<wl_output::Transform>>,
+}
+
+/// A buffer size and the shm formats the session takes for it.
+type Takes = ((u32, u32), Vec<WEnum<wl_shm::Format>>);
+
+/// What an ext-image-copy-capture session said of the buffers it takes.
+#[derive(Debug, Default)]
+struct Constraints {
+    /// The batch being said: size and shm formats.
+    size: Option<(u32, u32)>,
+    formats: Vec<WEnum<wl_shm::Format>>,
+    /// The last whole batch (`done`).
+    done: Option<Takes>,
+    /// The compositor ended the session.
+    stopped: bool,
 }
 
 struct State {
     /// Each output and its name (wl_output version 4).
     outputs: Vec<(wl_output::WlOutput, Option<String>)>,
     capture: Capture,
+    session: Constraints,
 }
 
 impl Dispatch<wl_output::WlOutput, usize> for State {
@@ -84,7 +125,73 @@ ignore_events!(
     wl_shm_pool::WlShmPool,
     wl_buffer::WlBuffer,
     manager_v1::ZwlrScreencopyManagerV1,
+    ext_manager_v1::ExtImageCopyCaptureManagerV1,
+    sources_v1::ExtOutputImageCaptureSourceManagerV1,
+    source_v1::ExtImageCaptureSourceV1,
 );
+
+impl Dispatch<session_v1::ExtImageCopyCaptureSessionV1, ()> for State {
+    fn event(
+        s: &mut State,
+        _: &session_v1::ExtImageCopyCaptureSessionV1,
+        e: session_v1::Event,
+        _: &(),
+        _: &Connection,
+        _: &QueueHandle<State>,
+    ) {
+        let c = &mut s.session;
+        match e {
+            session_v1::Event::BufferSize { width, height } => c.size = Some((width, height)),
+            session_v1::Event::ShmFormat { format } => c.formats.push(format),
+            session_v1::Event::Done => {
+                // A batch without its size is the compositor's error: kept as 0x0, refused
+                // when the buffer is made.
+                c.done = Some((
+                    c.size.take().unwrap_or((0, 0)),
+                    std::mem::take(&mut c.formats),
+                ));
+            }
+            session_v1::Event::Stopped => c.stopped = true,
+            _ => {}
+        }
+    }
+}
+
+impl Dispatch<ext_frame_v1::ExtImageCopyCaptureFrameV1, ()> for State {
+    fn event(
+        s: &mut State,
+        _: &ext_frame_v1::ExtImageCopyCaptureFrameV1,
+        e: ext_frame_v1::Event,
+        _: &(),
+        _: &Connection,
+        _: &QueueHandle<State>,
+    ) {
+        let c = &mut s.capture;
+        match e {
+            ext_frame_v1::Event::Damage {
+                x,
+                y,
+                width,
+                height,
+            } => {
+                // (Signed here: what lies left of or above the buffer is clipped off.)
+                let (x0, y0) = (x.max(0), y.max(0));
+                let (x1, y1) = (x.saturating_add(width), y.saturating_add(height));
+                if x1 > x0 && y1 > y0 {
+                    c.damage
+                        .push((x0 as u32, y0 as u32, (x1 - x0) as u32, (y1 - y0) as u32));
+                }
+            }
+            ext_frame_v1::Event::Transform { transform } => c.transform = Some(transform),
+            ext_frame_v1::Event::Ready => c.ready = true,
+            ext_frame_v1::Event::Failed { reason } => {
+                c.failed = true;
+                c.reason = Some(reason);
+            }
+            _ => {}
+        }
+    }
+}
 
 impl Dispatch<frame_v1::ZwlrScreencopyFrameV1, ()> for State {
     fn event(
@@ -137,6 +244,22 @@ impl Drop for ShmBuffer {
     }
 }
 
+/// The protocol a [`WaylandScreen`] captures with.
+enum Via {
+    /// `wlr-screencopy-unstable-v1`: a capture object per frame, on the output.
+    Wlr(manager_v1::ZwlrScreencopyManagerV1),
+    /// `ext-image-copy-capture-v1`: one session on the output's capture source.
+    Ext(session_v1::ExtImageCopyCaptureSessionV1),
+}
+
+/// A capture asked for ([`WaylandScreen::start`]).
+enum Started {
+    /// wlr: the frame the compositor described its buffer for.
+    Wlr(frame_v1::ZwlrScreencopyFrameV1),
+    /// ext: the session's buffer is known; the frame is made at the copy.
+    Ext,
+}
+
 /// A connected `wayland-screen` source.
 pub(crate) struct WaylandScreen {
     display: String,
@@ -144,9 +267,14 @@ pub(crate) struct WaylandScreen {
     conn: Connection,
     state: State,
     shm: wl_shm::WlShm,
-    manager: manager_v1::ZwlrScreencopyManagerV1,
+    via: Via,
     output: wl_output::WlOutput,
     buffer: Option<ShmBuffer>,
+    /// The buffer holds the output as the last capture into it left it (ext: a capture
+    /// given up before its end may have left it half written).
+    filled: bool,
+    /// A transform other than normal was said (once).
+    transform_said: bool,
     min_gap: Duration,
     refresh: Option<Duration>,
 }
@@ -194,18 +322,54 @@ pub(crate) fn open_wayland_screen(
             "every compositor has it",
         )
     })?;
-    let manager: manager_v1::ZwlrScreencopyManagerV1 =
-        globals.bind(&qh, 1..=3, ()).map_err(|e| {
-            unavailable(
-                endpoint,
-                d,
-                format!("no zwlr_screencopy_manager_v1 ({e})"),
-                "the wayland-screen source needs a wlroots compositor (sway, Hyprland, river, labwc, wayfire); on GNOME use the gnome-screen source, on other desktops (KDE Plasma) the portal-screen source (the xdg-desktop-portal's ScreenCast)",
-            )
-        })?;
+    // ext-image-copy-capture where offered (and wanted), else wlr-screencopy.
+    let ext = match c.protocol {
+        WaylandProtocol::Wlr => None,
+        WaylandProtocol::Auto | WaylandProtocol::Ext => {
+            let copy =
+                globals.bind::<ext_manager_v1::ExtImageCopyCaptureManagerV1, _, _>(&qh, 1..=1, ());
+            let sources = globals.bind::<sources_v1::ExtOutputImageCaptureSourceManagerV1, _, _>(
+                &qh,
+                1..=1,
+                (),
+            );
+            match (copy, sources) {
+                (Ok(copy), Ok(sources)) => Some((copy, sources)),
+                (copy, sources) if c.protocol == WaylandProtocol::Ext => {
+                    let missing = match (copy.is_err(), sources.is_err()) {
+                        (true, true) => "ext_image_copy_capture_manager_v1 and ext_output_image_capture_source_manager_v1",
+                        (true, false) => "ext_image_copy_capture_manager_v1",
+                        _ => "ext_output_image_capture_source_manager_v1",
+                    };
+                    return Err(unavailable(
+                        endpoint,
+                        d,
+                        format!("no {missing}"),
+                        "protocol = \"ext\" needs a compositor offering ext-image-copy-capture-v1 (sway 1.11, wlroots 0.19 and later); leave protocol out (auto) to take wlr-screencopy where it is not",
+                    ));
+                }
+                _ => None,
+            }
+        }
+    };
+    let wlr = if ext.is_none() {
+        let manager: manager_v1::ZwlrScreencopyManagerV1 =
+            globals.bind(&qh, 1..=3, ()).map_err(|e| {
+                unavailable(
+                    endpoint,
+                    d,
+                    format!("no zwlr_screencopy_manager_v1 ({e})"),
+                    "the wayland-screen source needs a wlroots compositor (sway, Hyprland, river, labwc, wayfire); on GNOME use the gnome-screen source, on other desktops (KDE Plasma) the portal-screen source (the xdg-desktop-portal's ScreenCast)",
+                )
+            })?;
+        Some(manager)
+    } else {
+        None
+    };
     let mut state = State {
         outputs: Vec::new(),
         capture: Capture::default(),
+        session: Constraints::default(),
     };
     let registry = globals.registry();
     for g in globals.contents().clone_list() {
@@ -246,11 +410,24 @@ pub(crate) fn open_wayland_screen(
             unavailable(endpoint, d, "no output".into(), "the compositor shows nothing yet")
         })?,
     };
+    let via = match (ext, wlr) {
+        (Some((copy, sources)), _) => {
+            let source = sources.create_source(&output, &qh, ());
+            // No cursor painted in, as wlr's `capture_output(0, …)`.
+            let session = copy.create_session(&source, ext_manager_v1::Options::empty(), &qh, ());
+            Via::Ext(session)
+        }
+        (None, Some(m)) => Via::Wlr(m),
+        (None, None) => unreachable!("one of the two was bound above"),
+    };
     tracing::info!(
         endpoint,
         display = d,
         outputs = %names.join(", "),
-        screencopy = manager.version(),
+        protocol = match &via {
+            Via::Ext(_) => "ext-image-copy-capture-v1".to_string(),
+            Via::Wlr(m) => format!("wlr-screencopy-unstable-v1 version {}", m.version()),
+        },
         "capturing the output"
     );
     Ok(WaylandScreen {
@@ -259,9 +436,11 @@ pub(crate) fn open_wayland_screen(
         conn,
         state,
         shm,
-        manager,
+        via,
         output,
         buffer: None,
+        filled: false,
+        transform_said: false,
         min_gap: Duration::try_from_secs_f64(1.0 / c.max_fps).unwrap_or(Duration::ZERO),
         refresh: pacing(c.refresh_s),
     })
@@ -297,14 +476,42 @@ impl WaylandScreen {
         pump(&mut self.queue, &mut self.state, wait).map_err(Fail::Conn)
     }
 
-    /// Asks for a capture and waits until the compositor describes its buffer.
-    fn start(&mut self) -> Result<frame_v1::ZwlrScreencopyFrameV1, Fail> {
+    /// Asks for a capture and waits until the compositor describes its buffer (wlr: for
+    /// this capture; ext: the session's, said once and again when it changes).
+    fn start(&mut self) -> Result<Started, Fail> {
         self.state.capture = Capture::default();
-        let frame = self
-            .manager
-            .capture_output(0, &self.output, &self.queue.handle(), ());
         let t0 = Instant::now();
-        let v3 = self.manager.version() >= 3;
+        let manager = match &self.via {
+            Via::Wlr(m) => m.clone(),
+            Via::Ext(_) => loop {
+                let c = &self.state.session;
+                if c.stopped {
+                    return Err(Fail::Conn(
+                        "the compositor stopped the capture session (the output went away?)".into(),
+                    ));
+                }
+                if let Some(((w, h), formats)) = &c.done {
+                    let preferred = [wl_shm::Format::Xrgb8888, wl_shm::Format::Argb8888]
+                        .into_iter()
+                        .map(WEnum::Value)
+                        .find(|f| formats.contains(f));
+                    // (Another one is refused with its name when the buffer is made.)
+                    let Some(format) = preferred.or_else(|| formats.first().copied()) else {
+                        return Err(Fail::Conn(NO_SHM.into()));
+                    };
+                    self.state.capture.buffer = Some((format, *w, *h, w.saturating_mul(4)));
+                    return Ok(Started::Ext);
+                }
+                if t0.elapsed() > DESCRIBE_WAIT {
+                    return Err(Fail::Conn(format!(
+                        "the compositor did not say the capture session's buffer within {DESCRIBE_WAIT:?}"
+                    )));
+                }
+                self.pump(POLL)?;
+            },
+        };
+        let frame = manager.capture_output(0, &self.output, &self.queue.handle(), ());
+        let v3 = manager.version() >= 3;
         loop {
             let c = &self.state.capture;
             if c.failed {
@@ -313,12 +520,10 @@ impl WaylandScreen {
             }
             if v3 && c.described && c.buffer.is_none() {
                 frame.destroy();
-                return Err(Fail::Conn(
-                    "the compositor offers no shared-memory buffer for this output (only dmabuf), which this source cannot take".into(),
-                ));
+                return Err(Fail::Conn(NO_SHM.into()));
             }
             if c.buffer.is_some() && (!v3 || c.described) {
-                return Ok(frame);
+                return Ok(Started::Wlr(frame));
             }
             if t0.elapsed() > DESCRIBE_WAIT {
                 frame.destroy();
@@ -336,6 +541,7 @@ impl WaylandScreen {
             return Ok(false);
         }
         self.buffer = None;
+        self.filled = false;
         let (format, w, h, stride) = shape;
         let fmt = match format {
             WEnum::Value(f @ (wl_shm::Format::Xrgb8888 | wl_shm::Format::Argb8888)) => f,
@@ -378,32 +584,88 @@ impl WaylandScreen {
         Ok(true)
     }
 
-    /// Copies `frame` into the buffer (only once something changed, unless `whole`), and
-    /// gives the rects that changed (the whole output for a keyframe); `None` when the
-    /// receiver went away meanwhile.
+    /// Copies the capture `started` into the buffer (only once something changed, unless
+    /// `whole` on wlr), and gives the rects that changed (the whole output for a keyframe);
+    /// [`Copied::Interrupted`] when given up first. The capture's objects are gone after.
     fn copy(
         &mut self,
-        frame: &frame_v1::ZwlrScreencopyFrameV1,
+        started: Started,
         whole: bool,
         interrupt: &mut dyn FnMut() -> bool,
     ) -> Result<Copied, Fail> {
         let Some(b) = &self.buffer else {
+            if let Started::Wlr(f) = started {
+                f.destroy();
+            }
             return Err(Fail::Conn("no capture buffer".into()));
         };
-        let damage_ok = self.manager.version() >= 2;
-        if damage_ok && !whole {
-            frame.copy_with_damage(&b.buffer);
-        } else {
-            frame.copy(&b.buffer);
-        }
         let (_, w, h, _) = b.shape;
-        let (w, h) = (w as u16, h as u16);
+        let (damage_ok, ext_frame) = match (&started, &self.via) {
+            (Started::Wlr(frame), Via::Wlr(m)) => {
+                let damage_ok = m.version() >= 2;
+                if damage_ok && !whole {
+                    frame.copy_with_damage(&b.buffer);
+                } else {
+                    frame.copy(&b.buffer);
+                }
+                (damage_ok, None)
+            }
+            (_, Via::Ext(session)) => {
+                let f = session.create_frame(&self.queue.handle(), ());
+                f.attach_buffer(&b.buffer);
+                // The compositor writes what changed since this buffer's last capture; one
+                // never filled (new, or a capture given up) is written whole.
+                if !self.filled {
+                    f.damage_buffer(0, 0, w as i32, h as i32);
+                }
+                f.capture();
+                (true, Some(f))
+            }
+            (Started::Ext, Via::Wlr(_)) => unreachable!("an ext capture on wlr"),
+        };
+        let r = self.copied((w as u16, h as u16), whole, damage_ok, interrupt);
+        if let Started::Wlr(f) = started {
+            f.destroy();
+        }
+        let ext = ext_frame.is_some();
+        if let Some(f) = ext_frame {
+            f.destroy();
+        }
+        if ext && matches!(r, Ok(Copied::Interrupted)) {
+            // The compositor may have been copying into the buffer: once it has taken the
+            // destroy, the buffer holds a whole frame, the last one said ready or one copied
+            // after it whose ready and damage are dropped with the frame (the keyframe that
+            // interrupted carries them).
+            self.queue
+                .roundtrip(&mut self.state)
+                .map_err(|e| Fail::Conn(e.to_string()))?;
+        } else {
+            self.filled = matches!(r, Ok(Copied::Rects(_)));
+        }
+        r
+    }
+
+    /// Waits for the copy under way, then gives its rects.
+    fn copied(
+        &mut self,
+        (w, h): (u16, u16),
+        whole: bool,
+        damage_ok: bool,
+        interrupt: &mut dyn FnMut() -> bool,
+    ) -> Result<Copied, Fail> {
         loop {
             let c = &self.state.capture;
             if c.failed {
-                return Err(Fail::Capture(
-                    "the copy failed (the output changed?)".into(),
-                ));
+                use ext_frame_v1::FailureReason as Why;
+                return Err(match c.reason {
+                    Some(WEnum::Value(Why::Stopped)) => Fail::Conn(
+                        "the compositor stopped the capture session (the output went away?)".into(),
+                    ),
+                    Some(WEnum::Value(Why::BufferConstraints)) => Fail::Capture(
+                        "the compositor takes another buffer now (the output changed)".into(),
+                    ),
+                    _ => Fail::Capture("the copy failed (the output changed?)".into()),
+                });
             }
             if c.ready {
                 break;
@@ -412,6 +674,20 @@ impl WaylandScreen {
                 return Ok(Copied::Interrupted);
             }
             self.pump(POLL)?;
+        }
+        let c = &self.state.capture;
+        if let Some(t) = c
+            .transform
+            .filter(|t| *t != WEnum::Value(wl_output::Transform::Normal))
+        {
+            if !self.transform_said {
+                self.transform_said = true;
+                tracing::warn!(
+                    display = %self.display,
+                    transform = ?t,
+                    "the compositor says the capture is transformed; it is sent as it comes"
+                );
+            }
         }
         let c = &self.state.capture;
         if whole || !damage_ok || c.damage.is_empty() {
@@ -509,7 +785,7 @@ fn run_wayland_screen(
                 continue;
             }
         };
-        let frame = match s.start() {
+        let started = match s.start() {
             Ok(f) => f,
             Err(Fail::Conn(e)) => return Err(fatal(e)),
             Err(Fail::Capture(e)) => {
@@ -533,6 +809,19 @@ fn run_wayland_screen(
             );
         }
         let whole = keyframe_due || new_buffer;
+        if whole && s.filled && matches!(started, Started::Ext) {
+            // The buffer is the output as it stands (what changed since comes with the next
+            // capture): the keyframe goes from it, not waiting for a change.
+            if let Some(d) = &demand {
+                d.take();
+            }
+            pace.captured(Instant::now(), true);
+            let all = [Rect::new(0, 0, shape.1 as u16, shape.2 as u16)];
+            if !send_update(&s, &mut em, &all, true).map_err(fatal)? {
+                break;
+            }
+            continue;
+        }
         // While the compositor waits for damage: the receiver may go, the peer may ask for a
         // keyframe, the refresh may come due (the copy is given up, a keyframe taken next).
         let mut interrupt = || {
@@ -541,8 +830,7 @@ fn run_wayland_screen(
             }
             em.tx.is_closed() || (!whole && pace.keyframe_due(Instant::now()))
         };
-        let copied = s.copy(&frame, whole, &mut interrupt);
-        frame.destroy();
+        let copied = s.copy(started, whole, &mut interrupt);
         let rects = match copied {
             Ok(Copied::Rects(r)) => r,
             Ok(Copied::Interrupted) => continue,

@@ -55,9 +55,15 @@ const WAYLAND_CLIPBOARD_PARAMS: &[(&str, &str, &str, &str)] = &[
     CLIPBOARD_PARAMS[1],
     CLIPBOARD_PARAMS[2],
     CLIPBOARD_PARAMS[3],
+    (
+        "protocol",
+        "auto, ext, wlr",
+        "auto",
+        "the data-control protocol: auto takes ext-data-control-v1 where the compositor offers it (sway 1.11 and later), else wlr-data-control-unstable-v1; ext or wlr only that one",
+    ),
 ];
 
-const WAYLAND_CLIPBOARD: &str = "the clipboard (and primary selection) of a wlroots Wayland session through wlr-data-control: text and PNG images, the same records as x11-clipboard (an X11 side and a Wayland side share one clipboard)";
+const WAYLAND_CLIPBOARD: &str = "the clipboard (and primary selection) of a wlroots Wayland session through ext-data-control or wlr-data-control: text and PNG images, the same records as x11-clipboard (an X11 side and a Wayland side share one clipboard)";
 
 const GNOME_CLIPBOARD_PARAMS: &[(&str, &str, &str, &str)] = &[
     (
@@ -269,12 +275,13 @@ pub const SOURCES: &[EndpointInfo] = &[
     },
     EndpointInfo {
         name: "wayland-screen",
-        summary: "an output of a wlroots Wayland compositor (sway, Hyprland, river, labwc) as display updates: the rectangles the compositor reports changed (wlr-screencopy with damage)",
+        summary: "an output of a wlroots Wayland compositor (sway, Hyprland, river, labwc) as display updates: the rectangles the compositor reports changed (ext-image-copy-capture or wlr-screencopy, with damage)",
         params: &[
             ("display", "string", "$WAYLAND_DISPLAY", "the compositor's socket: a name in $XDG_RUNTIME_DIR (wayland-1) or a full path"),
             ("output", "string", "the first", "the output captured, by name (HEADLESS-1, DP-1: `swaymsg -t get_outputs`)"),
             ("max_fps", "float > 0", "30", "at most this many updates per second; damage between two captures is merged"),
             ("refresh_s", "float >= 0", "0", "a keyframe of the whole output every this many seconds; 0 = only the first"),
+            ("protocol", "auto, ext, wlr", "auto", "the capture protocol: auto takes ext-image-copy-capture-v1 where the compositor offers it (sway 1.11 and later), else wlr-screencopy-unstable-v1; ext or wlr only that one"),
         ],
     },
     EndpointInfo {

@@ -114,6 +114,7 @@ fn catalogue_params_match_the_config_keys() {
         SourceConfig::V4l2(parse("{ path = \"/dev/video0\", count = 1 }").unwrap()),
         SourceConfig::WaylandScreen(crate::display::WaylandScreenConfig {
             output: Some("DP-1".into()),
+            protocol: crate::display::WaylandProtocol::Ext,
             ..Default::default()
         }),
         SourceConfig::GnomeScreen(crate::display::GnomeScreenConfig {

@@ -233,13 +233,19 @@ fn describe_wayland_clipboard(c: &WaylandClipboardConfig) -> String {
     } else {
         c.display.as_str()
     };
-    describe_clipboard(
+    let mut s = describe_clipboard(
         "wayland-clipboard",
         display,
         &c.selections,
         c.max_bytes,
         c.images,
-    )
+    );
+    if let Some(p) = c.protocol.named() {
+        // (Inside the closing parenthesis.)
+        s.pop();
+        let _ = write!(s, ", protocol={p})");
+    }
+    s
 }
 
 fn describe_gnome_clipboard(c: &GnomeClipboardConfig) -> String {
@@ -554,6 +560,7 @@ impl SourceConfig {
                 );
                 fmt_opt(&mut s, "output", c.output.as_deref());
                 fmt_opt(&mut s, "refresh_s", Some(c.refresh_s).filter(|&r| r != 0.0));
+                fmt_opt(&mut s, "protocol", c.protocol.named());
                 s + ")"
             }
             SourceConfig::GnomeScreen(c) => {
