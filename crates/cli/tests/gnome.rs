@@ -605,6 +605,12 @@ fn click(mutter: &Mutter, x: f64, y: f64) -> Result<(), String> {
 
 /// [`click`], then a key (`keysym`) pressed and released, if given.
 fn poke(mutter: &Mutter, x: f64, y: f64, keysym: Option<u32>) -> Result<(), String> {
+    pokes(mutter, &[(x, y)], keysym)
+}
+
+/// A click at each of `at` in turn in one remote-desktop session, then a key (`keysym`)
+/// pressed and released, if given.
+fn pokes(mutter: &Mutter, at: &[(f64, f64)], keysym: Option<u32>) -> Result<(), String> {
     use dbus::arg::{PropMap, RefArg, Variant};
     use dbus::blocking::stdintf::org_freedesktop_dbus::Properties;
     use dbus::blocking::Connection;
@@ -669,12 +675,15 @@ fn poke(mutter: &Mutter, x: f64, y: f64, keysym: Option<u32>) -> Result<(), Stri
         rs.method_call::<(), _, _, _>(session_if, m, (stream.as_str().unwrap_or(""), a.0, a.1))
             .map_err(e)
     };
-    call("NotifyPointerMotionAbsolute", (x, y))?;
-    std::thread::sleep(Duration::from_millis(100));
-    for down in [true, false] {
-        rs.method_call::<(), _, _, _>(session_if, "NotifyPointerButton", (272i32, down))
-            .map_err(e)?;
-        std::thread::sleep(Duration::from_millis(50));
+    for &(x, y) in at {
+        call("NotifyPointerMotionAbsolute", (x, y))?;
+        std::thread::sleep(Duration::from_millis(100));
+        for down in [true, false] {
+            rs.method_call::<(), _, _, _>(session_if, "NotifyPointerButton", (272i32, down))
+                .map_err(e)?;
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(200));
     }
     if let Some(k) = keysym {
         for down in [true, false] {
@@ -685,6 +694,27 @@ fn poke(mutter: &Mutter, x: f64, y: f64, keysym: Option<u32>) -> Result<(), Stri
     }
     let _ = rs.method_call::<(), _, _, _>(session_if, "Stop", ());
     Ok(())
+}
+
+/// An unmodified `wev` on `mutter`, with the keyboard (a click on it and a Shift: a headless
+/// mutter's seat has a keyboard only once a key was typed), and what it says.
+fn focused_wev(mutter: &Mutter) -> (Killed, std::sync::Arc<std::sync::Mutex<String>>) {
+    let (wev, seen) = ndd_procs::spawn_collecting(
+        mutter
+            .client("stdbuf")
+            .args(["-oL", "wev"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null()),
+    )
+    .expect("wev");
+    ndd_procs::wait_for("wev's window", Duration::from_secs(20), || {
+        seen.lock().unwrap().contains("configure")
+    });
+    poke(mutter, 400.0, 300.0, Some(0xffe1)).expect("wev focused");
+    ndd_procs::wait_for("wev's keyboard", Duration::from_secs(20), || {
+        seen.lock().unwrap().contains("wl_keyboard] enter")
+    });
+    (wev, seen)
 }
 
 /// The `portal-screen` source (issue 35: the xdg-desktop-portal's ScreenCast with its restore
@@ -891,23 +921,8 @@ fn portal_input_types_into_a_gnome_session_once_the_desktop_allows_it() {
     }
     let mutter = Mutter::start("portal-input", 800, 600).expect("headless mutter");
     let _portal = mutter.start_portal().expect("the portal");
-    let (_wev, seen) = ndd_procs::spawn_collecting(
-        mutter
-            .client("stdbuf")
-            .args(["-oL", "wev"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null()),
-    )
-    .expect("wev");
-    // wev gets the keyboard first (a click on it, a Shift: a headless mutter's seat has a
-    // keyboard only once a key was typed), so a key injected too early would show.
-    ndd_procs::wait_for("wev's window", Duration::from_secs(20), || {
-        seen.lock().unwrap().contains("configure")
-    });
-    poke(&mutter, 400.0, 300.0, Some(0xffe1)).expect("wev focused");
-    ndd_procs::wait_for("wev's keyboard", Duration::from_secs(20), || {
-        seen.lock().unwrap().contains("wl_keyboard] enter")
-    });
+    // wev gets the keyboard first, so a key injected too early would show.
+    let (_wev, seen) = focused_wev(&mutter);
     let dir = Dir::new("portal-input");
     let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
     // h, i typed on a recorded keyboard (KEY_H 35, KEY_I 23; EV_KEY 1, EV_SYN 0), through a
@@ -1025,6 +1040,128 @@ fn portal_input_types_into_a_gnome_session_once_the_desktop_allows_it() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    app.kill();
+    dev.kill();
+}
+
+/// `portal-input` on GNOME 50 (the newer Debian root: mutter 50, xdg-desktop-portal 1.22
+/// with RemoteDesktop version 2 and `ConnectToEIS`): the first start asks at the desktop and
+/// the grant is kept; input goes over EIS, keys by keysym looked up in the session's keymap
+/// (`h i`, then `y z @ Z` typed on a German layout on the Xvfb, arrive as typed); the app
+/// side started again gets the session with nobody asked, and types again.
+#[test]
+fn portal_input_on_gnome_50_keeps_its_grant_and_types_through_eis() {
+    if let Some(m) = missing(&["Xvfb", "xdotool", "setxkbmap", "dbus-send"]) {
+        println!("SKIPPED: needs {m}");
+        return;
+    }
+    let mutter = Mutter::start_newer("portal-eis", 800, 600).expect("mutter 50");
+    let _portal = mutter.start_portal().expect("the portal");
+    let x = ndd_procs::Xvfb::start("320x240x24").expect("Xvfb");
+    let dir = Dir::new("portal-eis");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let token = dir.0.join("portal-input.token");
+    let cfg = dir.0.join("portal-eis.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "driver = \"portal-eis\"\n[link]\naddress = \"{}\"\nlistener = \"app\"\n\
+             [[stream]]\nname = \"keys\"\ndirection = \"device-to-app\"\n\
+             source = {{ type = \"x11-input\", display = \"{}\" }}\n\
+             sink = {{ type = \"portal-input\", bus = \"{}\", token_file = \"{}\" }}\n",
+            free_addr(),
+            x.display,
+            mutter.bus,
+            token.display()
+        ),
+    )
+    .unwrap();
+    let app_cmd = || {
+        let mut c = run_cmd(&cfg, "app", &app_home, &[]);
+        c.env_remove("NDD_LOG");
+        c
+    };
+    let app = Side::spawn(app_cmd());
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &[]));
+    app.wait_says("asking at the desktop to allow remote interaction", &[&dev]);
+    assert!(
+        app.stderr_now().contains("once: the grant is kept"),
+        "{}",
+        app.stderr_now()
+    );
+    // The person switches remote interaction on and shares (GNOME 50's dialog, alone and
+    // so centred on the 800x600 monitor: the switch, then Share at the top right), once it
+    // is up (GTK 4 drawn in software takes a moment; the switch is clicked once, as it
+    // toggles).
+    // (GNOME 50 takes a click in the dialog before its switch answers one: a click on its
+    // text first.)
+    std::thread::sleep(Duration::from_secs(4));
+    pokes(
+        &mutter,
+        &[(400.0, 266.0), (655.0, 207.0), (682.0, 72.0)],
+        None,
+    )
+    .expect("clicks");
+    app.wait_says("remote-desktop session ready (portal)", &[&dev]);
+    let said = app.stderr_now();
+    assert!(
+        said.contains("via=EIS") && !said.contains("EIS did not start"),
+        "{said}"
+    );
+    assert!(token.exists(), "the grant's token is kept");
+    // wev, given the keyboard as a person's click gives it.
+    let (_wev, seen) = focused_wev(&mutter);
+    let xdotool = |args: &[&str]| {
+        Command::new("xdotool")
+            .env("DISPLAY", &x.display)
+            .args(["search", "--name", "ndd x11-input"])
+            .args(args)
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+    };
+    let syms = || -> Vec<String> {
+        let mut out = wev_pressed_syms(&seen.lock().unwrap());
+        out.retain(|s| !s.starts_with("Shift") && !s.starts_with("ISO_Level3"));
+        out
+    };
+    let typed = |keys: &[&str], app: &Side| {
+        let before = syms().len();
+        assert!(xdotool(&[&["key", "--window", "%1"], keys].concat()).success());
+        let t0 = Instant::now();
+        loop {
+            let got = syms();
+            let want: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+            if got.len() >= before + keys.len() && got[before..].starts_with(&want) {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "typed {keys:?}; wev saw {got:?}\napp side: {}",
+                app.stderr_now()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    typed(&["h", "i"], &app);
+    assert!(Command::new("setxkbmap")
+        .args(["-display", &x.display, "de"])
+        .status()
+        .unwrap()
+        .success());
+    std::thread::sleep(Duration::from_millis(300));
+    typed(&["y", "z", "at", "Z"], &app);
+    // Started again: the kept grant holds, nobody is asked.
+    app.kill();
+    let app = Side::spawn(app_cmd());
+    app.wait_says("remote-desktop session ready (portal)", &[&dev]);
+    assert!(
+        !app.stderr_now().contains("asking at the desktop"),
+        "{}",
+        app.stderr_now()
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    typed(&["o", "k"], &app);
     app.kill();
     dev.kill();
 }

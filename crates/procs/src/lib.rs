@@ -1128,12 +1128,30 @@ pub struct Mutter {
     pub bus: String,
     /// The Wayland socket's name in `dir` (`WAYLAND_DISPLAY`).
     pub wayland: String,
+    /// The Debian root it runs from ([`newer_wayland_root`]), if not this machine's own.
+    pub root: Option<PathBuf>,
 }
 
 impl Mutter {
     /// Starts the bus, PipeWire, WirePlumber and mutter with a `width`x`height` monitor;
     /// returns once mutter's Wayland socket is there and its screen-cast API answers.
     pub fn start(name: &str, width: u32, height: u32) -> std::io::Result<Mutter> {
+        Mutter::start_in(None, name, width, height)
+    }
+
+    /// [`Mutter::start`] with the GNOME of the newer Debian root ([`newer_wayland_root`]:
+    /// mutter 50, xdg-desktop-portal 1.22 with RemoteDesktop version 2 and `ConnectToEIS`).
+    pub fn start_newer(name: &str, width: u32, height: u32) -> std::io::Result<Mutter> {
+        let root = newer_wayland_root().map_err(std::io::Error::other)?;
+        Mutter::start_in(Some(root), name, width, height)
+    }
+
+    fn start_in(
+        root: Option<PathBuf>,
+        name: &str,
+        width: u32,
+        height: u32,
+    ) -> std::io::Result<Mutter> {
         let dir = std::env::temp_dir().join(format!("ndd-mutter-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
@@ -1145,7 +1163,7 @@ impl Mutter {
         };
         let bus = format!("unix:path={}", dir.join("bus").display());
         let spawn = |program: &str, args: &[&str], what: &str| -> std::io::Result<Killed> {
-            Command::new(program)
+            command_in(root.as_deref(), program)
                 .args(args)
                 .env("XDG_RUNTIME_DIR", &dir)
                 .env("HOME", &dir)
@@ -1222,6 +1240,7 @@ impl Mutter {
             dir,
             bus,
             wayland,
+            root,
         })
     }
 
@@ -1232,13 +1251,15 @@ impl Mutter {
     pub fn start_portal(&self) -> std::io::Result<Portal> {
         let log = |what: &str| std::fs::File::create(self.dir.join(format!("{what}.log")));
         let spawn = |program: &str, what: &str| -> std::io::Result<Killed> {
-            Command::new(program)
+            self.program(program)
                 .args(["-r"])
                 .env("XDG_RUNTIME_DIR", &self.dir)
                 .env("HOME", &self.dir)
                 .env("DBUS_SESSION_BUS_ADDRESS", &self.bus)
                 .env("WAYLAND_DISPLAY", &self.wayland)
                 .env("XDG_CURRENT_DESKTOP", "GNOME")
+                // (xdg-desktop-portal-gnome 50 shows no dialog without it.)
+                .env("XDG_SESSION_TYPE", "wayland")
                 .env("GDK_BACKEND", "wayland")
                 .env("LIBGL_ALWAYS_SOFTWARE", "1")
                 .env_remove("DISPLAY")
@@ -1282,9 +1303,14 @@ impl Mutter {
         }
     }
 
+    /// `program` of this mutter's root (this machine's, or [`Mutter::root`]).
+    pub fn program(&self, program: &str) -> Command {
+        command_in(self.root.as_deref(), program)
+    }
+
     /// A command that runs as a Wayland client of this mutter (and on its bus).
     pub fn client(&self, program: &str) -> Command {
-        let mut c = Command::new(program);
+        let mut c = self.program(program);
         c.env("XDG_RUNTIME_DIR", &self.dir)
             .env("WAYLAND_DISPLAY", &self.wayland)
             .env("DBUS_SESSION_BUS_ADDRESS", &self.bus)

@@ -129,6 +129,24 @@ pub struct PortalInputConfig {
     /// How long a start waits for the person to answer the desktop's dialog.
     #[serde(default = "default_grant_wait_s")]
     pub grant_wait_s: f64,
+    /// How input goes into the session: `auto` (the default) over EIS where the portal offers
+    /// `ConnectToEIS`, else by the portal's Notify calls; `eis` or `notify` only that way.
+    #[serde(default)]
+    pub via: PortalVia,
+}
+
+/// How a `portal-input` sink hands input to the session.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PortalVia {
+    /// EIS where the portal offers `ConnectToEIS` (xdg-desktop-portal 1.18 and later, on a
+    /// desktop speaking libei's protocol), else the Notify calls.
+    #[default]
+    Auto,
+    /// Over the EIS socket the portal hands out (`ConnectToEIS`) only.
+    Eis,
+    /// By the portal's Notify calls (one D-Bus call per event) only.
+    Notify,
 }
 
 fn default_grant_wait_s() -> f64 {
@@ -141,6 +159,7 @@ impl Default for PortalInputConfig {
             bus: String::new(),
             token_file: None,
             grant_wait_s: default_grant_wait_s(),
+            via: PortalVia::Auto,
         }
     }
 }

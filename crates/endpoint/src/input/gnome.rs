@@ -61,6 +61,12 @@ pub(super) enum Api {
         session: dbus::Path<'static>,
         stream: u32,
     },
+    /// The portal's RemoteDesktop over the EIS socket it handed out (`ConnectToEIS`): its
+    /// session handle (closed at the end) and the link.
+    Eis {
+        session: dbus::Path<'static>,
+        eis: Box<super::eis::Eis>,
+    },
 }
 
 /// One call into the remote-desktop session.
@@ -106,17 +112,17 @@ impl std::fmt::Debug for GnomeInput {
 
 impl Drop for GnomeInput {
     fn drop(&mut self) {
-        let _: Result<(), _> =
-            match &self.api {
-                Api::Mutter { session, .. } => self
-                    .conn
+        let _: Result<(), _> = match &self.api {
+            Api::Mutter { session, .. } => {
+                self.conn
                     .with_proxy(REMOTE, session, CALL)
-                    .method_call(REMOTE_SESSION, "Stop", ()),
-                Api::Portal { session, .. } => self
-                    .conn
-                    .with_proxy(PORTAL, session, CALL)
-                    .method_call(PORTAL_SESSION, "Close", ()),
-            };
+                    .method_call(REMOTE_SESSION, "Stop", ())
+            }
+            Api::Portal { session, .. } | Api::Eis { session, .. } => self
+                .conn
+                .with_proxy(PORTAL, session, CALL)
+                .method_call(PORTAL_SESSION, "Close", ()),
+        };
     }
 }
 
@@ -215,7 +221,29 @@ pub(super) fn scale(v: i32, (min, max): (i32, i32), extent: f64) -> f64 {
 
 impl GnomeInput {
     /// Makes the call `n` in the session, as its API spells it.
-    fn call(&self, n: Notify) -> Result<(), EndpointError> {
+    fn call(&mut self, n: Notify) -> Result<(), EndpointError> {
+        use super::eis::Sent;
+        let size = self.size;
+        if let Api::Eis { eis, .. } = &mut self.api {
+            let sent = match n {
+                Notify::Keysym(k, d) => Sent::Keysym(k, d),
+                Notify::Keycode(k, d) => Sent::Keycode(k, d),
+                Notify::Button(b, d) => Sent::Button(b as u32, d),
+                Notify::Axis(0, v) => Sent::Wheel(v, 0),
+                Notify::Axis(_, v) => Sent::Wheel(0, v),
+                Notify::Relative(x, y) => Sent::Relative(x, y),
+                Notify::Absolute(x, y) => Sent::Absolute(x, y, size),
+            };
+            return match eis.send(sent) {
+                Ok(_) => Ok(()),
+                Err(e) => Err(unavailable(
+                    self.endpoint,
+                    &self.bus,
+                    format!("EIS: {e}"),
+                    self.ended,
+                )),
+            };
+        }
         let r = match &self.api {
             Api::Mutter { session, stream } => {
                 let p = self.conn.with_proxy(REMOTE, session, CALL);
@@ -293,6 +321,7 @@ impl GnomeInput {
                     )),
                 }
             }
+            Api::Eis { .. } => unreachable!("taken above"),
         };
         let (method, r) = r;
         r.map_err(|e| {
@@ -370,7 +399,7 @@ impl Injector for GnomeInput {
                 &self.bus,
                 match self.api {
                     Api::Mutter { .. } => "mutter closed the remote-desktop session".into(),
-                    Api::Portal { .. } => {
+                    Api::Portal { .. } | Api::Eis { .. } => {
                         "the xdg-desktop-portal closed the remote-desktop session".into()
                     }
                 },

@@ -22,6 +22,8 @@
 
 mod config;
 #[cfg(feature = "wayland")]
+mod eis;
+#[cfg(feature = "wayland")]
 mod gnome;
 #[cfg(feature = "wayland")]
 mod kde;
@@ -43,7 +45,7 @@ pub(crate) use crate::common::no_wayland::{
     spawn_wayland_input_sink,
 };
 pub use config::{
-    EvdevConfig, GnomeInputConfig, KdeInputConfig, PortalInputConfig, UinputConfig,
+    EvdevConfig, GnomeInputConfig, KdeInputConfig, PortalInputConfig, PortalVia, UinputConfig,
     WaylandInputConfig, WaylandWindowInputConfig, X11InputConfig, X11Window, XtestConfig,
 };
 #[cfg(feature = "wayland")]

@@ -6,20 +6,25 @@
 //! motion, the wheel; held keys released at the end, on a release-all record and before an
 //! error.
 //!
+//! Where the portal offers `ConnectToEIS` (RemoteDesktop version 2: xdg-desktop-portal 1.18
+//! and later, GNOME 46 and later, KDE Plasma 6.1 and later), input goes over the EIS socket
+//! it hands out ([`super::eis`]), not one D-Bus call per event; `via` picks.
+//!
 //! Each start shows the desktop's remote-desktop dialog (GNOME: "Allow remote interaction",
 //! then Share), unless the portal keeps grants (RemoteDesktop version 2: its restore token is
 //! kept in `token_file` as `portal-screen` keeps its own). A monitor is shared with the
 //! session (a combined ScreenCast): the portal places absolute motion on its stream.
 
-use super::config::PortalInputConfig;
+use super::config::{PortalInputConfig, PortalVia};
+use super::eis::Eis;
 use super::gnome::{Api, GnomeInput};
 use super::sink::run_injector;
 use crate::common::delivered::Delivered;
 use crate::common::error::EndpointError;
 use crate::common::gnome::{connect, dbus_text, unavailable, CALL};
 use crate::common::portal::{
-    create_session, options, read_token, request, variant, version, write_token, PORTAL_HINT,
-    REMOTE_DESKTOP, SCREEN_CAST,
+    create_session, options, read_token, request, variant, version, write_token, PORTAL,
+    PORTAL_HINT, PORTAL_PATH, REMOTE_DESKTOP, SCREEN_CAST,
 };
 use crate::common::report::SinkTask;
 use dbus::blocking::Connection;
@@ -37,6 +42,22 @@ const STALE_FOR: Duration = Duration::from_secs(10);
 
 /// The RemoteDesktop version that keeps a grant (`persist_mode`, restore tokens).
 const PERSIST_VERSION: u32 = 2;
+
+/// The RemoteDesktop version with `ConnectToEIS`.
+const EIS_VERSION: u32 = 2;
+
+/// The EIS socket of a started remote-desktop session, set up.
+fn connect_eis(conn: &Connection, session: &dbus::Path<'static>) -> Result<Eis, String> {
+    let (fd,): (std::os::fd::OwnedFd,) = conn
+        .with_proxy(PORTAL, PORTAL_PATH, CALL)
+        .method_call(
+            REMOTE_DESKTOP,
+            "ConnectToEIS",
+            (session.clone(), dbus::arg::PropMap::new()),
+        )
+        .map_err(|e| format!("ConnectToEIS: {}", dbus_text(&e)))?;
+    Eis::connect(fd)
+}
 
 /// The portal's RemoteDesktop version on this bus, or what is wrong.
 fn check(endpoint: &'static str, bus: &str, conn: &Connection) -> Result<u32, EndpointError> {
@@ -185,12 +206,45 @@ fn open_portal_input(
     let stream = *stream;
     let size = crate::common::portal::size_of(props)
         .ok_or_else(|| fail("Start: the portal gave no size".into()))?;
-    tracing::info!(endpoint, bus = %bus, width = size.0, height = size.1, restored = kept.is_some(), "remote-desktop session ready (portal)");
+    // Over EIS where the portal offers it (and it is wanted), else the Notify calls.
+    let eis = match (c.via, v >= EIS_VERSION) {
+        (PortalVia::Notify, _) => None,
+        (PortalVia::Eis, false) => {
+            return Err(fail(format!(
+                "via = \"eis\": this portal has no ConnectToEIS (RemoteDesktop version {v}; it came with version {EIS_VERSION}, xdg-desktop-portal 1.18)"
+            )))
+        }
+        (via, true) => match connect_eis(&conn, &session) {
+            Ok(e) => Some(e),
+            Err(e) if via == PortalVia::Eis => return Err(fail(e)),
+            Err(e) => {
+                tracing::info!(endpoint, bus = %bus, "EIS did not start ({e}): the portal's Notify calls instead");
+                None
+            }
+        },
+        (PortalVia::Auto, false) => None,
+    };
+    tracing::info!(
+        endpoint,
+        bus = %bus,
+        width = size.0,
+        height = size.1,
+        restored = kept.is_some(),
+        via = if eis.is_some() { "EIS" } else { "Notify calls" },
+        "remote-desktop session ready (portal)"
+    );
+    let api = match eis {
+        Some(eis) => Api::Eis {
+            session,
+            eis: Box::new(eis),
+        },
+        None => Api::Portal { session, stream },
+    };
     Ok(GnomeInput {
         endpoint,
         bus,
         conn,
-        api: Api::Portal { session, stream },
+        api,
         size: (size.0 as f64, size.1 as f64),
         abs: None,
         at: (0, 0),

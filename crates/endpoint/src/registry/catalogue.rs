@@ -509,6 +509,7 @@ pub const SINKS: &[EndpointInfo] = &[
             ("bus", "string", "$DBUS_SESSION_BUS_ADDRESS", "the desktop session's D-Bus address, e.g. unix:path=/run/user/1000/bus"),
             ("token_file", "path", "$XDG_STATE_HOME/ndd/portal-input.token", "where the portal's restore token is kept between starts (portals that keep grants)"),
             ("grant_wait_s", "float in (0, 86400]", "300", "how long a start waits for the person to answer the desktop's remote-desktop dialog"),
+            ("via", "auto, eis, notify", "auto", "how input goes into the session: auto over EIS where the portal offers ConnectToEIS (xdg-desktop-portal 1.18 and later), else by its Notify calls; eis or notify only that way"),
         ],
     },
 ];

@@ -1,0 +1,383 @@
+//! The `portal-input` sink's EIS link: where the portal offers `ConnectToEIS`
+//! (xdg-desktop-portal 1.18 and later, with a compositor speaking libei's protocol: GNOME 46
+//! and later, KDE Plasma 6.1 and later), input goes over the socket it hands out, in libei's
+//! protocol (the `reis` crate), instead of one D-Bus call per event.
+//!
+//! The client binds the seat's keyboard, pointer, absolute pointer, button and scroll
+//! capabilities; each device the compositor then adds is used once it is resumed (it starts
+//! emulating), and every event is followed by the device's frame. Keys a source annotated
+//! with their keysym go by the key that gives that keysym in the keymap the compositor sent
+//! with its keyboard (Shift pressed around it where the keysym is on the key's second level),
+//! so the person's layout travels as through `NotifyKeyboardKeysym`; a keysym the session's
+//! layout lacks is not typed (the same rule). Other keys go by their Linux code.
+
+use super::xkb::XkbKeys;
+use reis::ei;
+use reis::handshake::EiHandshaker;
+use reis::PendingRequestResult;
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+/// How long the compositor may take to set the link up (handshake, devices resumed).
+const SETUP_WAIT: Duration = Duration::from_secs(5);
+
+/// Linux's KEY_LEFTSHIFT.
+const KEY_LEFTSHIFT: u32 = 42;
+
+/// The capabilities bound on each seat, by their interfaces.
+const WANTED: [&str; 5] = [
+    "ei_keyboard",
+    "ei_pointer",
+    "ei_pointer_absolute",
+    "ei_button",
+    "ei_scroll",
+];
+
+/// One device the compositor added: its interfaces, its regions (x, y, width, height in
+/// logical pixels), and whether it may send now (resumed).
+#[derive(Default)]
+struct Dev {
+    interfaces: HashMap<String, reis::Object>,
+    regions: Vec<(u32, u32, u32, u32)>,
+    emulating: bool,
+}
+
+/// What a [`Eis`] link sends: the same events as the portal's Notify calls.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Sent {
+    /// A key by keysym (looked up in the session's keymap), down or up.
+    Keysym(u32, bool),
+    /// A key by Linux code.
+    Keycode(u32, bool),
+    /// A button (Linux code), down or up.
+    Button(u32, bool),
+    /// Wheel steps, vertical (positive down) and horizontal (positive right).
+    Wheel(i32, i32),
+    /// Relative motion.
+    Relative(f64, f64),
+    /// A position on the monitor, in its pixels (of `size`, the monitor as shared).
+    Absolute(f64, f64, (f64, f64)),
+}
+
+/// An open EIS link.
+pub(super) struct Eis {
+    context: ei::Context,
+    /// Each seat and the capability bits it offers of [`WANTED`].
+    seats: HashMap<ei::Seat, u64>,
+    devices: HashMap<ei::Device, Dev>,
+    /// The last serial the compositor sent (frames name it).
+    serial: u32,
+    sequence: u32,
+    /// The keyboard's keymap, once sent.
+    keys: XkbKeys,
+    /// Keys pressed by keysym: the code each went by.
+    pressed: HashMap<u32, u32>,
+}
+
+impl std::fmt::Debug for Eis {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Eis({} devices)", self.devices.len())
+    }
+}
+
+/// The next events of `context`, waiting at most `wait` for them to be readable.
+fn read(context: &ei::Context, wait: Duration) -> Result<(), String> {
+    if crate::common::wayland::readable(context.as_fd(), wait).map_err(|e| e.to_string())? {
+        match context.read() {
+            Ok(0) => return Err("the compositor closed the EIS connection".into()),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(format!("reading the EIS connection: {e}")),
+        }
+    }
+    Ok(())
+}
+
+impl Eis {
+    /// Sets the link up on `fd` (from `ConnectToEIS`): the handshake, the seats bound, and
+    /// the devices the compositor adds resumed (a keyboard, buttons and a pointer, or what
+    /// came within [`SETUP_WAIT`]).
+    pub(super) fn connect(fd: OwnedFd) -> Result<Eis, String> {
+        let stream = std::os::unix::net::UnixStream::from(fd);
+        let context = ei::Context::new(stream).map_err(|e| format!("the EIS socket: {e}"))?;
+        let t0 = Instant::now();
+        let mut hs = EiHandshaker::new("ndd", ei::handshake::ContextType::Sender);
+        let resp = 'shake: loop {
+            if t0.elapsed() > SETUP_WAIT {
+                return Err(format!(
+                    "the compositor did not finish the EIS handshake within {SETUP_WAIT:?}"
+                ));
+            }
+            read(&context, Duration::from_millis(100))?;
+            while let Some(r) = context.pending_event() {
+                match r {
+                    PendingRequestResult::Request(e) => {
+                        if let Some(resp) = hs.handle_event(e).map_err(|e| e.to_string())? {
+                            break 'shake resp;
+                        }
+                    }
+                    PendingRequestResult::ParseError(e) => {
+                        return Err(format!("the EIS handshake: {e}"))
+                    }
+                    PendingRequestResult::InvalidObject(_) => {}
+                }
+            }
+            context.flush().map_err(|e| e.to_string())?;
+        };
+        context.flush().map_err(|e| e.to_string())?;
+        let mut eis = Eis {
+            context,
+            seats: HashMap::new(),
+            devices: HashMap::new(),
+            serial: resp.serial,
+            sequence: 0,
+            keys: XkbKeys::default(),
+            pressed: HashMap::new(),
+        };
+        while t0.elapsed() < SETUP_WAIT {
+            eis.pump(Duration::from_millis(50))?;
+            let can = |i: &str| eis.device(i).is_some();
+            if can("ei_keyboard")
+                && can("ei_button")
+                && (can("ei_pointer") || can("ei_pointer_absolute"))
+            {
+                break;
+            }
+        }
+        if !eis.devices.values().any(|d| d.emulating) {
+            return Err(format!(
+                "the compositor resumed no EIS device within {SETUP_WAIT:?}"
+            ));
+        }
+        Ok(eis)
+    }
+
+    /// Takes what the compositor sent (waiting at most `wait` for it): seats bound, devices
+    /// resumed and paused, its pings answered.
+    pub(super) fn pump(&mut self, wait: Duration) -> Result<(), String> {
+        read(&self.context, wait)?;
+        while let Some(r) = self.context.pending_event() {
+            match r {
+                PendingRequestResult::Request(e) => self.take(e)?,
+                PendingRequestResult::ParseError(e) => return Err(format!("EIS: {e}")),
+                PendingRequestResult::InvalidObject(_) => {}
+            }
+        }
+        self.context.flush().map_err(|e| e.to_string())
+    }
+
+    fn take(&mut self, e: ei::Event) -> Result<(), String> {
+        use ei::{connection, device, keyboard, seat};
+        match e {
+            ei::Event::Connection(_, connection::Event::Seat { seat }) => {
+                self.seats.insert(seat, 0);
+            }
+            ei::Event::Connection(_, connection::Event::Ping { ping }) => ping.done(0),
+            ei::Event::Connection(
+                _,
+                connection::Event::Disconnected {
+                    reason,
+                    explanation,
+                    ..
+                },
+            ) => {
+                return Err(format!(
+                    "the compositor ended the EIS connection ({reason:?}{})",
+                    explanation
+                        .map(|e| format!(": {}", ndd_wire::text::printable(&e, 200)))
+                        .unwrap_or_default()
+                ))
+            }
+            ei::Event::Seat(s, seat::Event::Capability { mask, interface })
+                if WANTED.contains(&interface.as_str()) =>
+            {
+                *self.seats.entry(s).or_default() |= mask;
+            }
+            ei::Event::Seat(s, seat::Event::Done) => {
+                s.bind(self.seats.get(&s).copied().unwrap_or(0));
+            }
+            ei::Event::Seat(_, seat::Event::Device { device }) => {
+                self.devices.insert(device, Dev::default());
+            }
+            ei::Event::Seat(s, seat::Event::Destroyed { serial }) => {
+                self.serial = serial;
+                self.seats.remove(&s);
+            }
+            ei::Event::Device(d, e) => {
+                let Some(dev) = self.devices.get_mut(&d) else {
+                    return Ok(());
+                };
+                match e {
+                    device::Event::Interface { object } => {
+                        dev.interfaces
+                            .insert(object.interface().to_string(), object);
+                    }
+                    device::Event::Region {
+                        offset_x,
+                        offset_y,
+                        width,
+                        hight,
+                        ..
+                    } => dev.regions.push((offset_x, offset_y, width, hight)),
+                    device::Event::Resumed { serial } => {
+                        self.serial = serial;
+                        d.start_emulating(serial, self.sequence);
+                        self.sequence = self.sequence.wrapping_add(1);
+                        dev.emulating = true;
+                    }
+                    device::Event::Paused { serial } => {
+                        self.serial = serial;
+                        dev.emulating = false;
+                    }
+                    device::Event::Destroyed { serial } => {
+                        self.serial = serial;
+                        self.devices.remove(&d);
+                    }
+                    _ => {}
+                }
+            }
+            ei::Event::Keyboard(
+                _,
+                keyboard::Event::Keymap {
+                    keymap_type: keyboard::KeymapType::Xkb,
+                    size,
+                    keymap: fd,
+                },
+            ) => {
+                self.keys = read_keymap(fd, size)?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The device that may send through interface `name` now, and its interface object.
+    fn device(&self, name: &str) -> Option<(&ei::Device, &Dev)> {
+        self.devices
+            .iter()
+            .find(|(_, d)| d.emulating && d.interfaces.contains_key(name))
+    }
+
+    /// Sends `s` and the frame after it. An event no device can send now (paused, or the
+    /// compositor offers none) is dropped: `Ok(false)`.
+    pub(super) fn send(&mut self, s: Sent) -> Result<bool, String> {
+        self.pump(Duration::ZERO)?;
+        let name = match s {
+            Sent::Keysym(..) | Sent::Keycode(..) => "ei_keyboard",
+            Sent::Button(..) => "ei_button",
+            Sent::Wheel(..) => "ei_scroll",
+            Sent::Relative(..) => "ei_pointer",
+            Sent::Absolute(..) => "ei_pointer_absolute",
+        };
+        let Some((device, dev)) = self.device(name) else {
+            return Ok(false);
+        };
+        let (device, object) = (device.clone(), dev.interfaces[name].clone());
+        let region = dev.regions.first().copied();
+        match s {
+            Sent::Keysym(sym, down) => {
+                let Some(k) = object.downcast::<ei::Keyboard>() else {
+                    return Ok(false);
+                };
+                if down {
+                    let Some((code, shift)) = self.keys.find(sym) else {
+                        tracing::debug!(
+                            keysym = sym,
+                            "no key gives this keysym in the session's layout: not typed"
+                        );
+                        return Ok(false);
+                    };
+                    // Shift around the press, where the keysym is on the second level.
+                    if shift {
+                        k.key(KEY_LEFTSHIFT, key_state(true));
+                    }
+                    k.key(code, key_state(true));
+                    if shift {
+                        k.key(KEY_LEFTSHIFT, key_state(false));
+                    }
+                    self.pressed.insert(sym, code);
+                } else if let Some(code) = self.pressed.remove(&sym) {
+                    k.key(code, key_state(false));
+                } else {
+                    return Ok(false);
+                }
+            }
+            Sent::Keycode(code, down) => {
+                let Some(k) = object.downcast::<ei::Keyboard>() else {
+                    return Ok(false);
+                };
+                k.key(code, key_state(down));
+            }
+            Sent::Button(b, down) => {
+                let Some(p) = object.downcast::<ei::Button>() else {
+                    return Ok(false);
+                };
+                p.button(
+                    b,
+                    if down {
+                        ei::button::ButtonState::Press
+                    } else {
+                        ei::button::ButtonState::Released
+                    },
+                );
+            }
+            Sent::Wheel(y, x) => {
+                let Some(w) = object.downcast::<ei::Scroll>() else {
+                    return Ok(false);
+                };
+                // One notch is 120.
+                w.scroll_discrete(x.saturating_mul(120), y.saturating_mul(120));
+            }
+            Sent::Relative(x, y) => {
+                let Some(p) = object.downcast::<ei::Pointer>() else {
+                    return Ok(false);
+                };
+                p.motion_relative(x as f32, y as f32);
+            }
+            Sent::Absolute(x, y, (w, h)) => {
+                let Some(p) = object.downcast::<ei::PointerAbsolute>() else {
+                    return Ok(false);
+                };
+                // The monitor is the device's first region (logical pixels).
+                let (rx, ry, rw, rh) = region.map_or((0.0, 0.0, w, h), |(x, y, w, h)| {
+                    (f64::from(x), f64::from(y), f64::from(w), f64::from(h))
+                });
+                let (sx, sy) = (rw / w.max(1.0), rh / h.max(1.0));
+                p.motion_absolute((rx + x * sx) as f32, (ry + y * sy) as f32);
+            }
+        }
+        device.frame(self.serial, monotonic_us());
+        self.context.flush().map_err(|e| e.to_string())?;
+        Ok(true)
+    }
+}
+
+fn key_state(down: bool) -> ei::keyboard::KeyState {
+    if down {
+        ei::keyboard::KeyState::Press
+    } else {
+        ei::keyboard::KeyState::Released
+    }
+}
+
+/// CLOCK_MONOTONIC now, in microseconds (EIS frames are stamped with it).
+fn monotonic_us() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (t.tv_sec as u64) * 1_000_000 + (t.tv_nsec as u64) / 1000
+}
+
+/// The keyboard's keymap (xkb text in a file of `size` bytes the compositor handed over),
+/// read.
+fn read_keymap(fd: OwnedFd, size: u32) -> Result<XkbKeys, String> {
+    use std::io::Read;
+    // (At most 4 MiB: a keymap is tens of KiB.)
+    let size = u64::from(size).min(4 << 20);
+    let mut text = Vec::new();
+    std::fs::File::from(fd)
+        .take(size)
+        .read_to_end(&mut text)
+        .map_err(|e| format!("reading the EIS keymap: {e}"))?;
+    let text = String::from_utf8_lossy(&text);
+    Ok(XkbKeys::parse(text.trim_end_matches('\0')))
+}
