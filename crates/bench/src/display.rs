@@ -2,7 +2,8 @@
 //! sink on a second Xvfb) with `ffplay` playing a test pattern on the app display, next to
 //! what the X server itself can hand over (full-screen ShmGetImage and GetImage in a tight
 //! loop) and memcpy of the same frame, all measured in the same run; then the same video on a
-//! headless sway captured by the `wayland-screen` source (wlr-screencopy), with what each
+//! headless sway captured by the `wayland-screen` source (wlr-screencopy; and on the newer
+//! root's sway 1.12 through ext-image-copy-capture and wlr-screencopy in turn), with what each
 //! capture costs ndd's process per update. Also the bytes a `compress` pair would put on the
 //! wire for this content.
 
@@ -13,8 +14,8 @@ use ndd_core::{Frame, Meta, Pair, Role, Stack};
 use ndd_endpoint::clock::now_ns;
 use ndd_endpoint::display::{Update, FLAG_KEYFRAME};
 use ndd_endpoint::{
-    GnomeScreenConfig, SinkConfig, SourceConfig, WaylandScreenConfig, X11ScreenConfig,
-    X11WindowConfig,
+    GnomeScreenConfig, SinkConfig, SourceConfig, WaylandProtocol, WaylandScreenConfig,
+    X11ScreenConfig, X11WindowConfig,
 };
 use ndd_procs::{have, Killed, Mutter, Sway, Xvfb};
 use std::path::Path;
@@ -45,6 +46,9 @@ fn xvfb(w: u32, h: u32) -> Result<Xvfb> {
 enum Server {
     X11,
     Sway,
+    /// The newer root's sway 1.12 (`ndd_procs::newer_wayland_root`), captured with this
+    /// protocol.
+    NewerSway(WaylandProtocol),
     Gnome,
 }
 
@@ -53,6 +57,8 @@ impl Server {
         match self {
             Server::X11 => "X11",
             Server::Sway => "Wayland",
+            Server::NewerSway(WaylandProtocol::Wlr) => "Wayland 1.12 wlr",
+            Server::NewerSway(_) => "Wayland 1.12 ext",
             Server::Gnome => "GNOME",
         }
     }
@@ -62,7 +68,7 @@ impl Server {
 /// mutter (GNOME's compositor, software rendering).
 enum AppScreen {
     X11(Xvfb),
-    Wayland(Sway),
+    Wayland(Sway, Server),
     Gnome(Mutter),
 }
 
@@ -72,6 +78,12 @@ impl AppScreen {
             Server::Sway => AppScreen::Wayland(
                 Sway::start(&format!("bench-{w}x{h}"), w, h, "#000000")
                     .context("cannot start a headless sway")?,
+                server,
+            ),
+            Server::NewerSway(_) => AppScreen::Wayland(
+                Sway::start_newer(&format!("bench-new-{w}x{h}"), w, h, "#000000", "")
+                    .context("cannot start the newer root's sway")?,
+                server,
             ),
             Server::Gnome => AppScreen::Gnome(
                 Mutter::start(&format!("bench-{w}x{h}"), w, h)
@@ -92,7 +104,7 @@ impl AppScreen {
                 args.extend(common);
                 return x.spawn("ffplay", &args).context("cannot start ffplay");
             }
-            AppScreen::Wayland(s) => {
+            AppScreen::Wayland(s, _) => {
                 let mut c = std::process::Command::new("ffplay");
                 c.env("WAYLAND_DISPLAY", &s.socket)
                     .env("XDG_RUNTIME_DIR", &s.dir)
@@ -120,9 +132,13 @@ impl AppScreen {
                 max_fps: MAX_FPS,
                 refresh_s: 0.0,
             }),
-            AppScreen::Wayland(s) => SourceConfig::WaylandScreen(WaylandScreenConfig {
+            AppScreen::Wayland(s, server) => SourceConfig::WaylandScreen(WaylandScreenConfig {
                 display: s.socket.display().to_string(),
                 max_fps: MAX_FPS,
+                protocol: match server {
+                    Server::NewerSway(p) => *p,
+                    _ => WaylandProtocol::Auto,
+                },
                 ..WaylandScreenConfig::default()
             }),
             AppScreen::Gnome(m) => SourceConfig::GnomeScreen(GnomeScreenConfig {
@@ -137,7 +153,7 @@ impl AppScreen {
     fn label(&self) -> &'static str {
         match self {
             AppScreen::X11(_) => Server::X11.label(),
-            AppScreen::Wayland(_) => Server::Sway.label(),
+            AppScreen::Wayland(_, server) => server.label(),
             AppScreen::Gnome(_) => Server::Gnome.label(),
         }
     }
@@ -477,7 +493,7 @@ async fn one_size(
                 .await
                 .context("capture baseline task")??
         }
-        AppScreen::Wayland(_) | AppScreen::Gnome(_) => (None, 0.0),
+        AppScreen::Wayland(..) | AppScreen::Gnome(_) => (None, 0.0),
     };
     let size = (w * h * 4) as usize;
     let memcpy = tokio::task::spawn_blocking(move || memcpy_gbs(size, dur))
@@ -537,6 +553,17 @@ pub async fn run(quick: bool, out: &Path) -> Result<()> {
         servers.push(Server::Sway);
     } else {
         eprintln!("bench display: no Wayland rows (needs sway: apt-get install sway)");
+    }
+    // sway 1.12 of the newer root: ext-image-copy-capture, and wlr-screencopy on the same
+    // compositor (the full run) for the two protocols' cost side by side.
+    match ndd_procs::newer_wayland_root() {
+        Ok(_) => {
+            servers.push(Server::NewerSway(WaylandProtocol::Ext));
+            if !quick {
+                servers.push(Server::NewerSway(WaylandProtocol::Wlr));
+            }
+        }
+        Err(e) => eprintln!("bench display: no sway 1.12 rows ({e})"),
     }
     if ["mutter", "pipewire", "wireplumber", "gst-launch-1.0"]
         .iter()
@@ -653,7 +680,10 @@ fn report(quick: bool, rows: &[Row]) -> String {
          after the first updates. The `Wayland` rows play the same video full screen (`-fs`, \
          SDL's Wayland driver) on a headless sway of the same size (wlroots' headless backend, \
          the pixman renderer) captured by the `wayland-screen` source \
-         (`wlr-screencopy-unstable-v1` with damage into a `wl_shm` buffer), into the same sink; \
+         (`wlr-screencopy-unstable-v1` with damage into a `wl_shm` buffer), into the same sink: \
+         `Wayland` is Debian 12's sway 1.7, `Wayland 1.12 ext` and `Wayland 1.12 wlr` Debian \
+         forky's sway 1.12 (the root `scripts/newer-wayland.sh` makes) captured through \
+         `ext-image-copy-capture-v1` and through `wlr-screencopy-unstable-v1` in turn; \
          the `GNOME` rows on a headless mutter (`--headless --virtual-monitor WxH`, software \
          rendering) captured by the `gnome-screen` source (mutter's screen cast, its PipeWire \
          stream read by a `gst-launch-1.0` child, whose CPU time is counted in the row). \
