@@ -27,6 +27,28 @@ fn a_newer_sway_output_reaches_the_other_side_through_ext_image_copy_capture() {
     two_processes(sway, "ext-image-copy-capture", "ext-data-control");
 }
 
+/// Whether the framebuffer file `fb` holds exactly what `grim` captures of `sway` now.
+fn identical(sway: &Sway, fb: &std::path::Path) -> Result<(), String> {
+    let (w, h, rgb) = sway.grim().map_err(|e| e.to_string())?;
+    let got = std::fs::read(fb).map_err(|e| e.to_string())?;
+    if got.len() != w * h * 4 {
+        return Err(format!(
+            "{} bytes in the file, {w}x{h} on screen",
+            got.len()
+        ));
+    }
+    let differ = got
+        .chunks_exact(4)
+        .zip(rgb.chunks_exact(3))
+        .filter(|(b, r)| [b[2], b[1], b[0]] != [r[0], r[1], r[2]])
+        .count();
+    if differ == 0 {
+        Ok(())
+    } else {
+        Err(format!("{differ} of {} pixels differ", w * h))
+    }
+}
+
 /// `sway`'s output through two ndd processes, captured with `capture` (as `ndd check` says),
 /// and the clipboard taken with `clipboard`.
 fn two_processes(sway: Sway, capture: &str, clipboard: &str) {
@@ -108,26 +130,7 @@ fn two_processes(sway: Sway, capture: &str, clipboard: &str) {
     let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &[]));
     let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &[]));
     app.wait_says("streams agreed", &[&dev]);
-    let same = || -> Result<(), String> {
-        let (w, h, rgb) = sway.grim().map_err(|e| e.to_string())?;
-        let got = std::fs::read(&fb).map_err(|e| e.to_string())?;
-        if got.len() != w * h * 4 {
-            return Err(format!(
-                "{} bytes in the file, {w}x{h} on screen",
-                got.len()
-            ));
-        }
-        let differ = got
-            .chunks_exact(4)
-            .zip(rgb.chunks_exact(3))
-            .filter(|(b, r)| [b[2], b[1], b[0]] != [r[0], r[1], r[2]])
-            .count();
-        if differ == 0 {
-            Ok(())
-        } else {
-            Err(format!("{differ} of {} pixels differ", w * h))
-        }
-    };
+    let same = || identical(&sway, &fb);
     let wait_same = |what: &str| {
         let t0 = Instant::now();
         loop {
