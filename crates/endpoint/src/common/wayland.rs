@@ -146,6 +146,21 @@ macro_rules! ignore_events {
 }
 pub(crate) use ignore_events;
 
+/// The xkb keymap in the file `fd` of `size` bytes a compositor handed over (Wayland's
+/// `wl_keyboard.keymap`, EIS's `ei_keyboard.keymap`), read where it is: from its start, not
+/// the fd's offset (a compositor may share one file among its clients), at most 4 MiB.
+/// `None` when it cannot be read.
+pub(crate) fn read_keymap(fd: std::os::fd::OwnedFd, size: u32) -> Option<String> {
+    let file = std::fs::File::from(fd);
+    let mut text = vec![0u8; (size as usize).min(4 << 20)];
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut text, 0).ok()?;
+    Some(
+        String::from_utf8_lossy(&text)
+            .trim_end_matches('\0')
+            .to_string(),
+    )
+}
+
 /// A memfd holding `bytes` (shared with the compositor: keymaps, pixel buffers).
 pub(crate) fn memfd(name: &str, len: usize) -> std::io::Result<std::fs::File> {
     let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC)?;

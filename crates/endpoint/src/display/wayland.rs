@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::Sender;
 use wayland_client::globals::registry_queue_init;
-use wayland_client::protocol::{wl_buffer, wl_output, wl_shm, wl_shm_pool};
+use wayland_client::protocol::{wl_buffer, wl_callback, wl_output, wl_shm, wl_shm_pool};
 use wayland_client::{Connection, Dispatch, EventQueue, Proxy, QueueHandle, WEnum};
 use wayland_protocols::ext::image_capture_source::v1::client::{
     ext_image_capture_source_v1 as source_v1,
@@ -100,6 +100,23 @@ struct State {
     outputs: Vec<(wl_output::WlOutput, Option<String>)>,
     capture: Capture,
     session: Constraints,
+    /// The last `wl_display.sync` was answered.
+    synced: bool,
+}
+
+impl Dispatch<wl_callback::WlCallback, ()> for State {
+    fn event(
+        s: &mut State,
+        _: &wl_callback::WlCallback,
+        e: wl_callback::Event,
+        _: &(),
+        _: &Connection,
+        _: &QueueHandle<State>,
+    ) {
+        if let wl_callback::Event::Done { .. } = e {
+            s.synced = true;
+        }
+    }
 }
 
 impl Dispatch<wl_output::WlOutput, usize> for State {
@@ -370,6 +387,7 @@ pub(crate) fn open_wayland_screen(
         outputs: Vec::new(),
         capture: Capture::default(),
         session: Constraints::default(),
+        synced: false,
     };
     let registry = globals.registry();
     for g in globals.contents().clone_list() {
@@ -635,14 +653,31 @@ impl WaylandScreen {
             // The compositor may have been copying into the buffer: once it has taken the
             // destroy, the buffer holds a whole frame, the last one said ready or one copied
             // after it whose ready and damage are dropped with the frame (the keyframe that
-            // interrupted carries them).
-            self.queue
-                .roundtrip(&mut self.state)
-                .map_err(|e| Fail::Conn(e.to_string()))?;
+            // interrupted carries them). This rests on the compositor copying when it says
+            // ready, not after (wlroots copies at once; the protocol does not say), and on it
+            // not writing a buffer whose frame is gone.
+            self.synced()?;
         } else {
             self.filled = matches!(r, Ok(Copied::Rects(_)));
         }
         r
+    }
+
+    /// Waits until the compositor has taken every request sent so far (a `wl_display.sync`),
+    /// at most [`DESCRIBE_WAIT`], dispatching what comes meanwhile.
+    fn synced(&mut self) -> Result<(), Fail> {
+        self.state.synced = false;
+        let _cb = self.conn.display().sync(&self.queue.handle(), ());
+        let t0 = Instant::now();
+        while !self.state.synced {
+            if t0.elapsed() > DESCRIBE_WAIT {
+                return Err(Fail::Conn(format!(
+                    "the compositor did not answer within {DESCRIBE_WAIT:?}"
+                )));
+            }
+            self.pump(POLL)?;
+        }
+        Ok(())
     }
 
     /// Waits for the copy under way, then gives its rects.

@@ -218,13 +218,8 @@ impl Dispatch<wl_keyboard::WlKeyboard, ()> for State {
                 fd,
                 size,
             } => {
-                // Read where it is, not from the fd's offset (a compositor may share one file
-                // among its clients).
-                let file = std::fs::File::from(fd);
-                let mut text = vec![0u8; (size as usize).min(4 << 20)];
-                if std::os::unix::fs::FileExt::read_exact_at(&file, &mut text, 0).is_ok() {
-                    let text = String::from_utf8_lossy(&text);
-                    state.input.set_keymap(text.trim_end_matches('\0'));
+                if let Some(text) = crate::common::wayland::read_keymap(fd, size) {
+                    state.input.set_keymap(&text);
                 }
             }
             wl_keyboard::Event::Modifiers {

@@ -149,6 +149,17 @@ pub enum PortalVia {
     Notify,
 }
 
+impl PortalVia {
+    /// Its name in a config, if not the default.
+    pub fn named(self) -> Option<&'static str> {
+        match self {
+            PortalVia::Auto => None,
+            PortalVia::Eis => Some("eis"),
+            PortalVia::Notify => Some("notify"),
+        }
+    }
+}
+
 fn default_grant_wait_s() -> f64 {
     300.0
 }

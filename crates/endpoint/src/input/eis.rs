@@ -22,8 +22,9 @@ use std::time::{Duration, Instant};
 /// How long the compositor may take to set the link up (handshake, devices resumed).
 const SETUP_WAIT: Duration = Duration::from_secs(5);
 
-/// Linux's KEY_LEFTSHIFT.
+/// Linux's KEY_LEFTSHIFT and KEY_RIGHTSHIFT.
 const KEY_LEFTSHIFT: u32 = 42;
+const KEY_RIGHTSHIFT: u32 = 54;
 
 /// The capabilities bound on each seat, by their interfaces.
 const WANTED: [&str; 5] = [
@@ -60,12 +61,21 @@ pub(super) enum Sent {
     Absolute(f64, f64, (f64, f64)),
 }
 
+/// A key or button held, by its Linux code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Held {
+    Key(u32),
+    Button(u32),
+}
+
 /// An open EIS link.
 pub(super) struct Eis {
     context: ei::Context,
     /// Each seat and the capability bits it offers of [`WANTED`].
     seats: HashMap<ei::Seat, u64>,
-    devices: HashMap<ei::Device, Dev>,
+    /// The devices in the order the compositor added them (the first that can send an event
+    /// sends it: the same one each time).
+    devices: Vec<(ei::Device, Dev)>,
     /// The last serial the compositor sent (frames name it).
     serial: u32,
     sequence: u32,
@@ -73,6 +83,8 @@ pub(super) struct Eis {
     keys: XkbKeys,
     /// Keys pressed by keysym: the code each went by.
     pressed: HashMap<u32, u32>,
+    /// Keys and buttons held, and the device each went to (its release goes there too).
+    held: HashMap<Held, ei::Device>,
 }
 
 impl std::fmt::Debug for Eis {
@@ -85,13 +97,25 @@ impl std::fmt::Debug for Eis {
 fn read(context: &ei::Context, wait: Duration) -> Result<(), String> {
     if crate::common::wayland::readable(context.as_fd(), wait).map_err(|e| e.to_string())? {
         match context.read() {
-            Ok(0) => return Err("the compositor closed the EIS connection".into()),
+            // (reis says the end as UnexpectedEof; 0 is a wake-up with nothing to read.)
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Err("the compositor closed the EIS connection".into())
+            }
             Err(e) => return Err(format!("reading the EIS connection: {e}")),
         }
     }
     Ok(())
+}
+
+/// Sends what is queued. A full socket keeps the rest queued for the next flush (a
+/// compositor that stalls for a moment does not end the input).
+fn flush(context: &ei::Context) -> Result<(), String> {
+    match context.flush() {
+        Ok(()) | Err(rustix::io::Errno::AGAIN) => Ok(()),
+        Err(e) => Err(format!("writing the EIS connection: {e}")),
+    }
 }
 
 impl Eis {
@@ -123,17 +147,18 @@ impl Eis {
                     PendingRequestResult::InvalidObject(_) => {}
                 }
             }
-            context.flush().map_err(|e| e.to_string())?;
+            flush(&context)?;
         };
-        context.flush().map_err(|e| e.to_string())?;
+        flush(&context)?;
         let mut eis = Eis {
             context,
             seats: HashMap::new(),
-            devices: HashMap::new(),
+            devices: Vec::new(),
             serial: resp.serial,
             sequence: 0,
             keys: XkbKeys::default(),
             pressed: HashMap::new(),
+            held: HashMap::new(),
         };
         while t0.elapsed() < SETUP_WAIT {
             eis.pump(Duration::from_millis(50))?;
@@ -145,7 +170,7 @@ impl Eis {
                 break;
             }
         }
-        if !eis.devices.values().any(|d| d.emulating) {
+        if !eis.devices.iter().any(|(_, d)| d.emulating) {
             return Err(format!(
                 "the compositor resumed no EIS device within {SETUP_WAIT:?}"
             ));
@@ -164,7 +189,7 @@ impl Eis {
                 PendingRequestResult::InvalidObject(_) => {}
             }
         }
-        self.context.flush().map_err(|e| e.to_string())
+        flush(&self.context)
     }
 
     fn take(&mut self, e: ei::Event) -> Result<(), String> {
@@ -174,6 +199,9 @@ impl Eis {
                 self.seats.insert(seat, 0);
             }
             ei::Event::Connection(_, connection::Event::Ping { ping }) => ping.done(0),
+            ei::Event::Connection(_, connection::Event::InvalidObject { last_serial, .. }) => {
+                self.serial = last_serial;
+            }
             ei::Event::Connection(
                 _,
                 connection::Event::Disconnected {
@@ -198,14 +226,19 @@ impl Eis {
                 s.bind(self.seats.get(&s).copied().unwrap_or(0));
             }
             ei::Event::Seat(_, seat::Event::Device { device }) => {
-                self.devices.insert(device, Dev::default());
+                self.devices.push((device, Dev::default()));
             }
             ei::Event::Seat(s, seat::Event::Destroyed { serial }) => {
                 self.serial = serial;
                 self.seats.remove(&s);
             }
             ei::Event::Device(d, e) => {
-                let Some(dev) = self.devices.get_mut(&d) else {
+                let Some(dev) = self
+                    .devices
+                    .iter_mut()
+                    .find(|(x, _)| *x == d)
+                    .map(|(_, dev)| dev)
+                else {
                     return Ok(());
                 };
                 match e {
@@ -226,13 +259,16 @@ impl Eis {
                         self.sequence = self.sequence.wrapping_add(1);
                         dev.emulating = true;
                     }
+                    // (What it held is the compositor's to release; it is forgotten here.)
                     device::Event::Paused { serial } => {
                         self.serial = serial;
                         dev.emulating = false;
+                        self.held.retain(|_, h| *h != d);
                     }
                     device::Event::Destroyed { serial } => {
                         self.serial = serial;
-                        self.devices.remove(&d);
+                        self.devices.retain(|(x, _)| *x != d);
+                        self.held.retain(|_, h| *h != d);
                     }
                     _ => {}
                 }
@@ -244,112 +280,184 @@ impl Eis {
                     size,
                     keymap: fd,
                 },
-            ) => {
-                self.keys = read_keymap(fd, size)?;
+            ) => match crate::common::wayland::read_keymap(fd, size) {
+                Some(text) => self.keys = XkbKeys::parse(&text),
+                None => tracing::warn!(
+                    "the compositor's keymap could not be read: keys typed by keysym are not typed"
+                ),
+            },
+            ei::Event::Keyboard(_, keyboard::Event::Modifiers { serial, .. }) => {
+                self.serial = serial;
             }
             _ => {}
         }
         Ok(())
     }
 
-    /// The device that may send through interface `name` now, and its interface object.
-    fn device(&self, name: &str) -> Option<(&ei::Device, &Dev)> {
+    /// The device that may send through interface `name` now: the first added, so the same
+    /// one each time.
+    fn device(&self, name: &str) -> Option<&ei::Device> {
         self.devices
             .iter()
             .find(|(_, d)| d.emulating && d.interfaces.contains_key(name))
+            .map(|(x, _)| x)
     }
 
-    /// Sends `s` and the frame after it. An event no device can send now (paused, or the
-    /// compositor offers none) is dropped: `Ok(false)`.
-    pub(super) fn send(&mut self, s: Sent) -> Result<bool, String> {
-        self.pump(Duration::ZERO)?;
-        let name = match s {
-            Sent::Keysym(..) | Sent::Keycode(..) => "ei_keyboard",
-            Sent::Button(..) => "ei_button",
-            Sent::Wheel(..) => "ei_scroll",
-            Sent::Relative(..) => "ei_pointer",
-            Sent::Absolute(..) => "ei_pointer_absolute",
+    /// Interface `name` of `device`, while it may send.
+    fn interface<T: reis::Interface>(&self, device: &ei::Device, name: &str) -> Option<T> {
+        self.devices
+            .iter()
+            .find(|(x, d)| x == device && d.emulating)
+            .and_then(|(_, d)| d.interfaces.get(name).cloned())
+            .and_then(|o| o.downcast::<T>())
+    }
+
+    /// The end of one event of `device`.
+    fn frame(&self, device: &ei::Device) {
+        device.frame(self.serial, monotonic_us());
+    }
+
+    /// A press or release of `what` on `device` (its keyboard or buttons): the press
+    /// remembered with its device, so the release goes where it went.
+    fn press(&mut self, device: &ei::Device, what: Held, down: bool) -> bool {
+        let sent = match what {
+            Held::Key(code) => self
+                .interface::<ei::Keyboard>(device, "ei_keyboard")
+                .map(|k| k.key(code, key_state(down)))
+                .is_some(),
+            Held::Button(code) => self
+                .interface::<ei::Button>(device, "ei_button")
+                .map(|b| {
+                    b.button(
+                        code,
+                        if down {
+                            ei::button::ButtonState::Press
+                        } else {
+                            ei::button::ButtonState::Released
+                        },
+                    )
+                })
+                .is_some(),
         };
-        let Some((device, dev)) = self.device(name) else {
-            return Ok(false);
-        };
-        let (device, object) = (device.clone(), dev.interfaces[name].clone());
-        let region = dev.regions.first().copied();
-        match s {
-            Sent::Keysym(sym, down) => {
-                let Some(k) = object.downcast::<ei::Keyboard>() else {
-                    return Ok(false);
-                };
-                if down {
-                    let Some((code, shift)) = self.keys.find(sym) else {
-                        tracing::debug!(
-                            keysym = sym,
-                            "no key gives this keysym in the session's layout: not typed"
-                        );
-                        return Ok(false);
-                    };
-                    // Shift around the press, where the keysym is on the second level.
-                    if shift {
-                        k.key(KEY_LEFTSHIFT, key_state(true));
-                    }
-                    k.key(code, key_state(true));
-                    if shift {
-                        k.key(KEY_LEFTSHIFT, key_state(false));
-                    }
-                    self.pressed.insert(sym, code);
-                } else if let Some(code) = self.pressed.remove(&sym) {
-                    k.key(code, key_state(false));
-                } else {
-                    return Ok(false);
-                }
-            }
-            Sent::Keycode(code, down) => {
-                let Some(k) = object.downcast::<ei::Keyboard>() else {
-                    return Ok(false);
-                };
-                k.key(code, key_state(down));
-            }
-            Sent::Button(b, down) => {
-                let Some(p) = object.downcast::<ei::Button>() else {
-                    return Ok(false);
-                };
-                p.button(
-                    b,
-                    if down {
-                        ei::button::ButtonState::Press
-                    } else {
-                        ei::button::ButtonState::Released
-                    },
-                );
-            }
-            Sent::Wheel(y, x) => {
-                let Some(w) = object.downcast::<ei::Scroll>() else {
-                    return Ok(false);
-                };
-                // One notch is 120.
-                w.scroll_discrete(x.saturating_mul(120), y.saturating_mul(120));
-            }
-            Sent::Relative(x, y) => {
-                let Some(p) = object.downcast::<ei::Pointer>() else {
-                    return Ok(false);
-                };
-                p.motion_relative(x as f32, y as f32);
-            }
-            Sent::Absolute(x, y, (w, h)) => {
-                let Some(p) = object.downcast::<ei::PointerAbsolute>() else {
-                    return Ok(false);
-                };
-                // The monitor is the device's first region (logical pixels).
-                let (rx, ry, rw, rh) = region.map_or((0.0, 0.0, w, h), |(x, y, w, h)| {
-                    (f64::from(x), f64::from(y), f64::from(w), f64::from(h))
-                });
-                let (sx, sy) = (rw / w.max(1.0), rh / h.max(1.0));
-                p.motion_absolute((rx + x * sx) as f32, (ry + y * sy) as f32);
+        if sent {
+            self.frame(device);
+            if down {
+                self.held.insert(what, device.clone());
+            } else {
+                self.held.remove(&what);
             }
         }
-        device.frame(self.serial, monotonic_us());
-        self.context.flush().map_err(|e| e.to_string())?;
-        Ok(true)
+        sent
+    }
+
+    /// A press or release of `what`: a release goes to the device its press went to.
+    fn press_or_release(&mut self, what: Held, down: bool) -> bool {
+        let name = match what {
+            Held::Key(_) => "ei_keyboard",
+            Held::Button(_) => "ei_button",
+        };
+        let device = if down {
+            self.device(name).cloned()
+        } else {
+            self.held.get(&what).cloned()
+        };
+        match device {
+            Some(d) => self.press(&d, what, down),
+            None => false,
+        }
+    }
+
+    /// Sends `s`, each key or button event followed by its device's frame (libei changes
+    /// nothing before the frame, and one key twice within a frame is a client's error). An
+    /// event no device can send now (paused, or the compositor offers none) is dropped:
+    /// `Ok(false)`.
+    pub(super) fn send(&mut self, s: Sent) -> Result<bool, String> {
+        self.pump(Duration::ZERO)?;
+        let sent = match s {
+            Sent::Keysym(sym, true) => {
+                let Some((code, shift)) = self.keys.find(sym) else {
+                    tracing::debug!(
+                        keysym = sym,
+                        "no key gives this keysym in the session's layout: not typed"
+                    );
+                    return Ok(false);
+                };
+                let Some(d) = self.device("ei_keyboard").cloned() else {
+                    return Ok(false);
+                };
+                // Shift around the press where the keysym is on the key's second level and
+                // no Shift is held already (the source's own, held on: left as it is).
+                let shift = shift
+                    && !self.held.contains_key(&Held::Key(KEY_LEFTSHIFT))
+                    && !self.held.contains_key(&Held::Key(KEY_RIGHTSHIFT));
+                if shift {
+                    self.press(&d, Held::Key(KEY_LEFTSHIFT), true);
+                }
+                let sent = self.press(&d, Held::Key(code), true);
+                if shift {
+                    self.press(&d, Held::Key(KEY_LEFTSHIFT), false);
+                }
+                if sent {
+                    self.pressed.insert(sym, code);
+                }
+                sent
+            }
+            Sent::Keysym(sym, false) => match self.pressed.remove(&sym) {
+                Some(code) => self.press_or_release(Held::Key(code), false),
+                None => false,
+            },
+            Sent::Keycode(code, down) => self.press_or_release(Held::Key(code), down),
+            Sent::Button(b, down) => self.press_or_release(Held::Button(b), down),
+            Sent::Wheel(y, x) => match self.device("ei_scroll").cloned() {
+                Some(d) => match self.interface::<ei::Scroll>(&d, "ei_scroll") {
+                    Some(w) => {
+                        // One notch is 120.
+                        w.scroll_discrete(x.saturating_mul(120), y.saturating_mul(120));
+                        self.frame(&d);
+                        true
+                    }
+                    None => false,
+                },
+                None => false,
+            },
+            Sent::Relative(x, y) => match self.device("ei_pointer").cloned() {
+                Some(d) => match self.interface::<ei::Pointer>(&d, "ei_pointer") {
+                    Some(p) => {
+                        p.motion_relative(x as f32, y as f32);
+                        self.frame(&d);
+                        true
+                    }
+                    None => false,
+                },
+                None => false,
+            },
+            Sent::Absolute(x, y, (w, h)) => match self.device("ei_pointer_absolute").cloned() {
+                Some(d) => {
+                    // The monitor is the device's first region (logical pixels).
+                    let region = self
+                        .devices
+                        .iter()
+                        .find(|(x, _)| *x == d)
+                        .and_then(|(_, dev)| dev.regions.first().copied());
+                    match self.interface::<ei::PointerAbsolute>(&d, "ei_pointer_absolute") {
+                        Some(p) => {
+                            let (rx, ry, rw, rh) =
+                                region.map_or((0.0, 0.0, w, h), |(x, y, w, h)| {
+                                    (f64::from(x), f64::from(y), f64::from(w), f64::from(h))
+                                });
+                            let (sx, sy) = (rw / w.max(1.0), rh / h.max(1.0));
+                            p.motion_absolute((rx + x * sx) as f32, (ry + y * sy) as f32);
+                            self.frame(&d);
+                            true
+                        }
+                        None => false,
+                    }
+                }
+                None => false,
+            },
+        };
+        flush(&self.context)?;
+        Ok(sent)
     }
 }
 
@@ -365,19 +473,4 @@ fn key_state(down: bool) -> ei::keyboard::KeyState {
 fn monotonic_us() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     (t.tv_sec as u64) * 1_000_000 + (t.tv_nsec as u64) / 1000
-}
-
-/// The keyboard's keymap (xkb text in a file of `size` bytes the compositor handed over),
-/// read.
-fn read_keymap(fd: OwnedFd, size: u32) -> Result<XkbKeys, String> {
-    use std::io::Read;
-    // (At most 4 MiB: a keymap is tens of KiB.)
-    let size = u64::from(size).min(4 << 20);
-    let mut text = Vec::new();
-    std::fs::File::from(fd)
-        .take(size)
-        .read_to_end(&mut text)
-        .map_err(|e| format!("reading the EIS keymap: {e}"))?;
-    let text = String::from_utf8_lossy(&text);
-    Ok(XkbKeys::parse(text.trim_end_matches('\0')))
 }

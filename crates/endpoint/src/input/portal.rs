@@ -46,8 +46,18 @@ const PERSIST_VERSION: u32 = 2;
 /// The RemoteDesktop version with `ConnectToEIS`.
 const EIS_VERSION: u32 = 2;
 
+/// Why EIS did not start.
+enum EisFailed {
+    /// The portal refused `ConnectToEIS` (the desktop's backend has no EIS): its Notify calls
+    /// still serve.
+    Call(String),
+    /// The socket came but the link did not set up: the portal refuses Notify calls from
+    /// then on.
+    Setup(String),
+}
+
 /// The EIS socket of a started remote-desktop session, set up.
-fn connect_eis(conn: &Connection, session: &dbus::Path<'static>) -> Result<Eis, String> {
+fn connect_eis(conn: &Connection, session: &dbus::Path<'static>) -> Result<Eis, EisFailed> {
     let (fd,): (std::os::fd::OwnedFd,) = conn
         .with_proxy(PORTAL, PORTAL_PATH, CALL)
         .method_call(
@@ -55,8 +65,8 @@ fn connect_eis(conn: &Connection, session: &dbus::Path<'static>) -> Result<Eis, 
             "ConnectToEIS",
             (session.clone(), dbus::arg::PropMap::new()),
         )
-        .map_err(|e| format!("ConnectToEIS: {}", dbus_text(&e)))?;
-    Eis::connect(fd)
+        .map_err(|e| EisFailed::Call(format!("ConnectToEIS: {}", dbus_text(&e))))?;
+    Eis::connect(fd).map_err(|e| EisFailed::Setup(format!("EIS: {e}")))
 }
 
 /// The portal's RemoteDesktop version on this bus, or what is wrong.
@@ -216,10 +226,16 @@ fn open_portal_input(
         }
         (via, true) => match connect_eis(&conn, &session) {
             Ok(e) => Some(e),
-            Err(e) if via == PortalVia::Eis => return Err(fail(e)),
-            Err(e) => {
+            Err(EisFailed::Call(e)) if via == PortalVia::Auto => {
                 tracing::info!(endpoint, bus = %bus, "EIS did not start ({e}): the portal's Notify calls instead");
                 None
+            }
+            Err(EisFailed::Call(e)) => return Err(fail(e)),
+            // (The portal refuses Notify calls once EIS was connected.)
+            Err(EisFailed::Setup(e)) => {
+                return Err(fail(format!(
+                    "{e} (set via = \"notify\" to use the portal's Notify calls instead)"
+                )))
             }
         },
         (PortalVia::Auto, false) => None,

@@ -981,12 +981,7 @@ impl SinkConfig {
                 );
                 let token = c.token_path().map(|p| p.display().to_string());
                 fmt_opt(&mut s, "token_file", token.as_deref());
-                let via = match c.via {
-                    crate::input::PortalVia::Auto => None,
-                    crate::input::PortalVia::Eis => Some("eis"),
-                    crate::input::PortalVia::Notify => Some("notify"),
-                };
-                fmt_opt(&mut s, "via", via);
+                fmt_opt(&mut s, "via", c.via.named());
                 s + ")"
             }
             SinkConfig::X11Window(c) => {
