@@ -1165,3 +1165,96 @@ fn portal_input_on_gnome_50_keeps_its_grant_and_types_through_eis() {
     app.kill();
     dev.kill();
 }
+
+/// The `portal-screen` source on GNOME 50 (the newer Debian root: mutter 50,
+/// xdg-desktop-portal 1.22, ScreenCast version 5): the first start shows GNOME 50's
+/// screen-share dialog, answered as a person would (with no other window up, so it is
+/// centred: a click in it, then Share); then ffplay shows the SMPTE bars and they
+/// arrive pixel-identical; the app side started again with the kept token gets the monitor
+/// with nobody asked.
+#[test]
+fn a_portal_screen_on_gnome_50_is_granted_once_and_then_starts_unattended() {
+    if let Some(m) = missing(&["gst-launch-1.0", "ffplay", "ffmpeg", "dbus-send"]) {
+        println!("SKIPPED: needs {m}");
+        return;
+    }
+    let (sw, sh) = (800usize, 600usize);
+    let mutter = Mutter::start_newer("portal-50", sw as u32, sh as u32).expect("mutter 50");
+    let _portal = mutter.start_portal().expect("the portal");
+    let dir = Dir::new("portal-screen-50");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let fb = dir.0.join("screen.bgrx");
+    let token = dir.0.join("portal-screen.token");
+    let cfg = dir.0.join("portal.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "driver = \"portal-50\"\n[link]\naddress = \"{}\"\nlistener = \"app\"\n\
+             [[stream]]\nname = \"screen\"\ndirection = \"app-to-device\"\n\
+             source = {{ type = \"portal-screen\", bus = \"{}\", token_file = \"{}\", max_fps = 30 }}\n\
+             sink = {{ type = \"framebuffer\", path = \"{}\" }}\n",
+            free_addr(),
+            mutter.bus,
+            token.display(),
+            fb.display()
+        ),
+    )
+    .unwrap();
+    let app_cmd = || {
+        let mut c = run_cmd(&cfg, "app", &app_home, &[]);
+        c.env_remove("NDD_LOG");
+        c
+    };
+    let bars = rendered("smptebars", 200, 150);
+    let wait_bars = |(app, dev): (&Side, &Side), what: &str| {
+        let t0 = Instant::now();
+        loop {
+            let got = std::fs::read(&fb).unwrap_or_default();
+            let r = if got.len() == sw * sh * 4 {
+                find(&got, sw, &bars, 200, 150)
+            } else {
+                Err(format!("{} bytes in the file", got.len()))
+            };
+            match r {
+                Ok(at) => return (at, t0.elapsed()),
+                Err(e) if t0.elapsed() > Duration::from_secs(30) => panic!(
+                    "{what}: {e}\napp side: {}\ndevice side: {}",
+                    app.stderr_now(),
+                    dev.stderr_now()
+                ),
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    };
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &[]));
+    let app = Side::spawn(app_cmd());
+    app.wait_says("asking at the desktop to share a monitor", &[&dev]);
+    // (GNOME 50 takes a click in the dialog before its buttons answer one; the only
+    // monitor is chosen already, and a click on it would unchoose it.)
+    std::thread::sleep(Duration::from_secs(4));
+    pokes(&mutter, &[(400.0, 136.0), (682.0, 72.0)], None).expect("clicks");
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&token).is_ok_and(|t| !t.trim().is_empty()) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no restore token kept\napp side: {}",
+            app.stderr_now()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _player = show(&mutter, "smptebars", 200, 150);
+    let (at, took) = wait_bars((&app, &dev), "the bars, after the dialog");
+    println!("first start: the bars at {at:?}, identical after {took:?}");
+    // Started again: nobody answers anything.
+    app.kill();
+    dev.kill();
+    std::fs::remove_file(&fb).unwrap();
+    let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &[]));
+    let app = Side::spawn(app_cmd());
+    let (at, took) = wait_bars((&app, &dev), "the bars, started again with the token");
+    println!("second start, unattended: the bars at {at:?}, identical after {took:?}");
+    let said = app.stderr_now();
+    assert!(!said.contains("asking at the desktop"), "{said}");
+    app.kill();
+    dev.kill();
+}

@@ -1270,9 +1270,36 @@ impl Mutter {
                 .map(Killed)
         };
         let backend = spawn("/usr/libexec/xdg-desktop-portal-gnome", "portal-gnome")?;
+        // The frontend looks for its backends when it starts (xdg-desktop-portal 1.22 then
+        // offers ScreenCast at version 0 for good, found with the machine loaded): the
+        // backend's name is owned first.
+        let t0 = Instant::now();
+        while !Command::new("dbus-send")
+            .args([
+                &format!("--bus={}", self.bus),
+                "--print-reply",
+                "--dest=org.freedesktop.DBus",
+                "/org/freedesktop/DBus",
+                "org.freedesktop.DBus.NameHasOwner",
+                "string:org.freedesktop.impl.portal.desktop.gnome",
+            ])
+            .stderr(Stdio::null())
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("boolean true"))
+        {
+            if t0.elapsed() > Duration::from_secs(15) {
+                return Err(std::io::Error::other(format!(
+                    "xdg-desktop-portal-gnome took no name on the bus in 15 s (its log: {})",
+                    self.dir.join("portal-gnome.log").display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let frontend = spawn("/usr/libexec/xdg-desktop-portal", "portal")?;
         let t0 = Instant::now();
         loop {
+            // Answered, and by a backend (xdg-desktop-portal 1.22 says version 0 until its
+            // backend is up).
             let ok = Command::new("dbus-send")
                 .args([
                     &format!("--bus={}", self.bus),
@@ -1283,10 +1310,11 @@ impl Mutter {
                     "string:org.freedesktop.portal.ScreenCast",
                     "string:version",
                 ])
-                .stdout(Stdio::null())
                 .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
+                .output()
+                .is_ok_and(|o| {
+                    o.status.success() && !String::from_utf8_lossy(&o.stdout).contains("uint32 0\n")
+                });
             if ok {
                 return Ok(Portal {
                     _frontend: frontend,
@@ -1294,9 +1322,18 @@ impl Mutter {
                 });
             }
             if t0.elapsed() > Duration::from_secs(15) {
+                // (The logs go with the session's directory: their ends are said here.)
+                let tail = |what: &str| {
+                    let text = std::fs::read_to_string(self.dir.join(format!("{what}.log")))
+                        .unwrap_or_default();
+                    let lines: Vec<&str> = text.lines().collect();
+                    lines[lines.len().saturating_sub(8)..].join("\n")
+                };
                 return Err(std::io::Error::other(format!(
-                    "the xdg-desktop-portal's ScreenCast did not answer in 15 s (logs: {})",
-                    self.dir.join("portal*.log").display()
+                    "the xdg-desktop-portal's ScreenCast did not answer in 15 s\n\
+                     portal-gnome.log:\n{}\nportal.log:\n{}",
+                    tail("portal-gnome"),
+                    tail("portal")
                 )));
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -1308,9 +1345,10 @@ impl Mutter {
         command_in(self.root.as_deref(), program)
     }
 
-    /// A command that runs as a Wayland client of this mutter (and on its bus).
+    /// A command that runs as a Wayland client of this mutter (and on its bus): this
+    /// machine's `program`, whichever root mutter runs from (the protocols are stable).
     pub fn client(&self, program: &str) -> Command {
-        let mut c = self.program(program);
+        let mut c = Command::new(program);
         c.env("XDG_RUNTIME_DIR", &self.dir)
             .env("WAYLAND_DISPLAY", &self.wayland)
             .env("DBUS_SESSION_BUS_ADDRESS", &self.bus)

@@ -201,8 +201,19 @@ pub(crate) fn property(conn: &Connection, iface: &str, name: &str) -> u32 {
         .unwrap_or(0)
 }
 
-/// Says what is wrong with the portal on `bus`, if anything: missing, or too old to keep a
-/// grant.
+/// The portal on `bus` says version 0 of `iface`: no backend of this desktop implements it
+/// (not installed, or not started yet: right after login it may still be starting).
+pub(crate) fn no_backend(endpoint: &'static str, bus: &str, iface: &str) -> EndpointError {
+    unavailable(
+        endpoint,
+        bus,
+        format!("the xdg-desktop-portal offers {iface} at version 0: no backend of this desktop implements it, or it has not started yet"),
+        "install and start the desktop's portal backend (Debian: xdg-desktop-portal-gnome, -kde or -wlr); right after login, start ndd again once the desktop is up",
+    )
+}
+
+/// Says what is wrong with the portal on `bus`, if anything: missing, without a backend, or
+/// too old to keep a grant.
 pub(crate) fn check_portal(
     endpoint: &'static str,
     bus: &str,
@@ -210,6 +221,7 @@ pub(crate) fn check_portal(
 ) -> Result<(), EndpointError> {
     match version(conn, SCREEN_CAST) {
         Ok(v) if v >= PERSIST_VERSION => Ok(()),
+        Ok(0) => Err(no_backend(endpoint, bus, SCREEN_CAST)),
         Ok(v) => Err(unavailable(
             endpoint,
             bus,

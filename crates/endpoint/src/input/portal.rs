@@ -23,8 +23,8 @@ use crate::common::delivered::Delivered;
 use crate::common::error::EndpointError;
 use crate::common::gnome::{connect, dbus_text, unavailable, CALL};
 use crate::common::portal::{
-    create_session, options, read_token, request, variant, version, write_token, PORTAL,
-    PORTAL_HINT, PORTAL_PATH, REMOTE_DESKTOP, SCREEN_CAST,
+    create_session, no_backend, options, read_token, request, variant, version, write_token,
+    PORTAL, PORTAL_HINT, PORTAL_PATH, REMOTE_DESKTOP, SCREEN_CAST,
 };
 use crate::common::report::SinkTask;
 use dbus::blocking::Connection;
@@ -71,7 +71,7 @@ fn connect_eis(conn: &Connection, session: &dbus::Path<'static>) -> Result<Eis, 
 
 /// The portal's RemoteDesktop version on this bus, or what is wrong.
 fn check(endpoint: &'static str, bus: &str, conn: &Connection) -> Result<u32, EndpointError> {
-    version(conn, REMOTE_DESKTOP).map_err(|e| {
+    let v = version(conn, REMOTE_DESKTOP).map_err(|e| {
         unavailable(
             endpoint,
             bus,
@@ -81,7 +81,11 @@ fn check(endpoint: &'static str, bus: &str, conn: &Connection) -> Result<u32, En
             ),
             PORTAL_HINT,
         )
-    })
+    })?;
+    if v == 0 {
+        return Err(no_backend(endpoint, bus, REMOTE_DESKTOP));
+    }
+    Ok(v)
 }
 
 /// Whether the session's portal offers RemoteDesktop (for `ndd check`), without asking
