@@ -1312,8 +1312,14 @@ fn session_here(cfg: &Config, side: SideName) {
             }
             Err(e) => format!(", {what} no ({e})"),
         };
-        said("portal-screen", S::PortalScreen(Default::default()).probe())
-            + &said("portal-input", K::PortalInput(Default::default()).probe())
+        let input = said("portal-input", K::PortalInput(Default::default()).probe());
+        // (Which way input goes: over EIS where the portal offers ConnectToEIS.)
+        let input = if input.ends_with(" yes") && ndd_endpoint::portal_input_offers_eis("") {
+            input + " (EIS)"
+        } else {
+            input
+        };
+        said("portal-screen", S::PortalScreen(Default::default()).probe()) + &input
     };
     if let Some(d) = &wayland {
         match offer(d) {

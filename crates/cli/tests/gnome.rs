@@ -1076,6 +1076,18 @@ fn portal_input_on_gnome_50_keeps_its_grant_and_types_through_eis() {
         ),
     )
     .unwrap();
+    // `ndd check --side app` in the session: the portal offers EIS there.
+    let out = ndd()
+        .args(["check", "--side", "app"])
+        .arg(&cfg)
+        .env("XDG_RUNTIME_DIR", &mutter.dir)
+        .env("WAYLAND_DISPLAY", &mutter.wayland)
+        .env("DBUS_SESSION_BUS_ADDRESS", &mutter.bus)
+        .env_remove("DISPLAY")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("portal-input yes (EIS)"), "{said}");
     let app_cmd = || {
         let mut c = run_cmd(&cfg, "app", &app_home, &[]);
         c.env_remove("NDD_LOG");

@@ -66,7 +66,7 @@ pub use sys::{default_sigpipe, tune_allocator};
 
 pub use check::{CheckConfig, Checker, NullConfig};
 #[cfg(not(feature = "wayland"))]
-pub use common::no_wayland::wayland_session;
+pub use common::no_wayland::{portal_input_offers_eis, wayland_session};
 pub use common::report::{CheckReport, Offered, SinkReport, SinkTask, SourceReport, SourceTask};
 #[cfg(feature = "wayland")]
 pub use common::wayland::wayland_session;
@@ -81,6 +81,8 @@ pub use display::{
 pub use error::EndpointError;
 pub use file::{FileSinkConfig, FileSourceConfig};
 pub use framing::{encode, FrameDecoder, Framing, FramingError};
+#[cfg(feature = "wayland")]
+pub use input::portal_input_offers_eis;
 pub use input::{
     Capabilities, EvdevConfig, Event, GnomeInputConfig, InputFrameError, InputMessage,
     KdeInputConfig, PortalInputConfig, UinputConfig, WaylandInputConfig, WaylandWindowInputConfig,

@@ -211,6 +211,11 @@ pub(crate) fn spawn_portal_screen_source(
     Err(off(endpoint))
 }
 
+/// See the `wayland` feature's version: here, never.
+pub fn portal_input_offers_eis(_: &str) -> bool {
+    false
+}
+
 pub(crate) fn probe_portal_input(
     endpoint: &'static str,
     _: &PortalInputConfig,

@@ -53,6 +53,8 @@ pub(crate) use gnome::{probe_gnome_input, spawn_gnome_input_sink};
 #[cfg(feature = "wayland")]
 pub(crate) use kde::{probe_kde_input, spawn_kde_input_sink};
 #[cfg(feature = "wayland")]
+pub use portal::portal_input_offers_eis;
+#[cfg(feature = "wayland")]
 pub(crate) use portal::{probe_portal_input, spawn_portal_input_sink};
 pub use record::*;
 pub(crate) use sink::{check_uinput, spawn_uinput_sink, spawn_xtest_sink, UINPUT_PATH};

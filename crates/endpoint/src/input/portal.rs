@@ -98,6 +98,16 @@ pub(crate) fn probe_portal_input(
     check(endpoint, &bus, &conn).map(drop)
 }
 
+/// Whether the portal on `bus` (empty: `$DBUS_SESSION_BUS_ADDRESS`) offers `ConnectToEIS`
+/// (RemoteDesktop version 2), so a `portal-input` sink with `via = "auto"` tries EIS there
+/// (`ndd check --side`).
+pub fn portal_input_offers_eis(bus: &str) -> bool {
+    connect("portal-input sink", bus)
+        .ok()
+        .and_then(|(_, conn)| version(&conn, REMOTE_DESKTOP).ok())
+        .is_some_and(|v| v >= EIS_VERSION)
+}
+
 /// Starts a `portal-input` sink: it opens the session in its own thread (the person at the
 /// desktop may take minutes to answer the dialog); events stamped before the session was
 /// there are dropped for [`STALE_FOR`] after it (the device's capabilities still count).
