@@ -44,6 +44,19 @@ fn show(mutter: &Mutter, filter: &str, w: usize, h: usize) -> Killed {
     )
 }
 
+/// `ndd check --side app CFG` run inside `mutter`'s session.
+fn check_in(mutter: &Mutter, cfg: &std::path::Path) -> std::process::Output {
+    ndd()
+        .args(["check", "--side", "app"])
+        .arg(cfg)
+        .env("XDG_RUNTIME_DIR", &mutter.dir)
+        .env("WAYLAND_DISPLAY", &mutter.wayland)
+        .env("DBUS_SESSION_BUS_ADDRESS", &mutter.bus)
+        .env_remove("DISPLAY")
+        .output()
+        .unwrap()
+}
+
 /// Where `pic` (`w`x`h` BGRA) is in `screen` (`sw` wide, BGRx), its colours exact; `Err` says
 /// what is wrong.
 fn find(
@@ -135,15 +148,7 @@ fn a_gnome_monitor_reaches_the_other_side_pixel_identical() {
     )
     .unwrap();
     // `ndd check --side app` probes the session: GNOME's screen cast is there.
-    let out = ndd()
-        .args(["check", "--side", "app"])
-        .arg(&cfg)
-        .env("XDG_RUNTIME_DIR", &mutter.dir)
-        .env("WAYLAND_DISPLAY", &mutter.wayland)
-        .env("DBUS_SESSION_BUS_ADDRESS", &mutter.bus)
-        .env_remove("DISPLAY")
-        .output()
-        .unwrap();
+    let out = check_in(&mutter, &cfg);
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -768,15 +773,7 @@ fn a_portal_screen_is_granted_once_and_then_starts_unattended() {
     )
     .unwrap();
     // `ndd check --side app` inside the session: the portal's ScreenCast is there.
-    let out = ndd()
-        .args(["check", "--side", "app"])
-        .arg(&cfg)
-        .env("XDG_RUNTIME_DIR", &mutter.dir)
-        .env("WAYLAND_DISPLAY", &mutter.wayland)
-        .env("DBUS_SESSION_BUS_ADDRESS", &mutter.bus)
-        .env_remove("DISPLAY")
-        .output()
-        .unwrap();
+    let out = check_in(&mutter, &cfg);
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && said.contains("portal-screen yes, portal-input yes"),
@@ -1077,15 +1074,7 @@ fn portal_input_on_gnome_50_keeps_its_grant_and_types_through_eis() {
     )
     .unwrap();
     // `ndd check --side app` in the session: the portal offers EIS there.
-    let out = ndd()
-        .args(["check", "--side", "app"])
-        .arg(&cfg)
-        .env("XDG_RUNTIME_DIR", &mutter.dir)
-        .env("WAYLAND_DISPLAY", &mutter.wayland)
-        .env("DBUS_SESSION_BUS_ADDRESS", &mutter.bus)
-        .env_remove("DISPLAY")
-        .output()
-        .unwrap();
+    let out = check_in(&mutter, &cfg);
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(said.contains("portal-input yes (EIS)"), "{said}");
     let app_cmd = || {
