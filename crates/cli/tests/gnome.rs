@@ -44,6 +44,67 @@ fn show(mutter: &Mutter, filter: &str, w: usize, h: usize) -> Killed {
     )
 }
 
+/// A config in `dir` sending `bus`'s monitor through a `portal-screen` source (its grant kept
+/// in `token`) to a `framebuffer` sink writing `fb`, through `stack` (a TOML line, or
+/// nothing).
+fn portal_screen_cfg(
+    dir: &std::path::Path,
+    bus: &str,
+    token: &std::path::Path,
+    fb: &std::path::Path,
+    stack: &str,
+) -> std::path::PathBuf {
+    let cfg = dir.join("portal.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "driver = \"portal-desktop\"\n[link]\naddress = \"{}\"\nlistener = \"app\"\n\
+             [[stream]]\nname = \"screen\"\ndirection = \"app-to-device\"\n\
+             source = {{ type = \"portal-screen\", bus = \"{bus}\", token_file = \"{}\", max_fps = 30 }}\n\
+             sink = {{ type = \"framebuffer\", path = \"{}\" }}\n{stack}",
+            free_addr(),
+            token.display(),
+            fb.display()
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+/// Waits until `bars` (200x150 BGRA) are found in the framebuffer file `fb` of a screen `sw`
+/// wide and `sh` high: where, and after how long. While they are not, `meanwhile` runs (the
+/// person answering a dialog) every 100 ms; after 30 s it fails with both sides' logs.
+fn wait_bars(
+    fb: &std::path::Path,
+    (sw, sh): (usize, usize),
+    bars: &[u8],
+    (app, dev): (&Side, &Side),
+    what: &str,
+    meanwhile: &mut dyn FnMut(),
+) -> ((usize, usize), Duration) {
+    let t0 = Instant::now();
+    loop {
+        let got = std::fs::read(fb).unwrap_or_default();
+        let r = if got.len() == sw * sh * 4 {
+            find(&got, sw, bars, 200, 150)
+        } else {
+            Err(format!("{} bytes in the file", got.len()))
+        };
+        match r {
+            Ok(at) => return (at, t0.elapsed()),
+            Err(e) if t0.elapsed() > Duration::from_secs(30) => panic!(
+                "{what}: {e}\napp side: {}\ndevice side: {}",
+                app.stderr_now(),
+                dev.stderr_now()
+            ),
+            Err(_) => {
+                meanwhile();
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
 /// `ndd check --side app CFG` run inside `mutter`'s session.
 fn check_in(mutter: &Mutter, cfg: &std::path::Path) -> std::process::Output {
     ndd()
@@ -756,22 +817,13 @@ fn a_portal_screen_is_granted_once_and_then_starts_unattended() {
     let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
     let fb = dir.0.join("screen.bgrx");
     let token = dir.0.join("state/portal-screen.token");
-    let cfg = dir.0.join("portal.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "driver = \"portal-desktop\"\n[link]\naddress = \"{}\"\nlistener = \"app\"\n\
-             [[stream]]\nname = \"screen\"\ndirection = \"app-to-device\"\n\
-             source = {{ type = \"portal-screen\", bus = \"{}\", token_file = \"{}\", max_fps = 30 }}\n\
-             sink = {{ type = \"framebuffer\", path = \"{}\" }}\n\
-             stack = [{{ type = \"image\", quality = \"auto\" }}]\n",
-            free_addr(),
-            mutter.bus,
-            token.display(),
-            fb.display()
-        ),
-    )
-    .unwrap();
+    let cfg = portal_screen_cfg(
+        &dir.0,
+        &mutter.bus,
+        &token,
+        &fb,
+        "stack = [{ type = \"image\", quality = \"auto\" }]\n",
+    );
     // `ndd check --side app` inside the session: the portal's ScreenCast is there.
     let out = check_in(&mutter, &cfg);
     let said = String::from_utf8_lossy(&out.stdout);
@@ -783,35 +835,15 @@ fn a_portal_screen_is_granted_once_and_then_starts_unattended() {
     let bars = rendered("smptebars", 200, 150);
     let _player = show(&mutter, "smptebars", 200, 150);
     let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &[]));
-    let wait_for = |(app, dev): (&Side, &Side), what: &str, answer: bool| {
-        let t0 = Instant::now();
-        let mut clicked = Instant::now() - Duration::from_secs(10);
-        loop {
-            let got = std::fs::read(&fb).unwrap_or_default();
-            let r = if got.len() == sw * sh * 4 {
-                find(&got, sw, &bars, 200, 150)
-            } else {
-                Err(format!("{} bytes in the file", got.len()))
-            };
-            match r {
-                Ok(at) => return (at, t0.elapsed()),
-                Err(e) if t0.elapsed() > Duration::from_secs(30) => panic!(
-                    "{what}: {e}\napp side: {}\ndevice side: {}",
-                    app.stderr_now(),
-                    dev.stderr_now()
-                ),
-                Err(_) => {
-                    // The person answers the dialog once it is up: the monitor, then Share.
-                    if answer && clicked.elapsed() > Duration::from_secs(3) {
-                        clicked = Instant::now();
-                        let r = click(&mutter, 400.0, 326.0)
-                            .and_then(|()| click(&mutter, 612.0, 172.0));
-                        if let Err(e) = r {
-                            println!("click: {e}");
-                        }
-                    }
-                    std::thread::sleep(Duration::from_millis(100));
-                }
+    // The person answers the dialog once it is up: the monitor, then Share (again every
+    // 3 s while nothing comes: both clicks leave the dialog as it is).
+    let mut clicked = Instant::now() - Duration::from_secs(10);
+    let mut answer = || {
+        if clicked.elapsed() > Duration::from_secs(3) {
+            clicked = Instant::now();
+            let r = click(&mutter, 400.0, 326.0).and_then(|()| click(&mutter, 612.0, 172.0));
+            if let Err(e) = r {
+                println!("click: {e}");
             }
         }
     };
@@ -822,7 +854,14 @@ fn a_portal_screen_is_granted_once_and_then_starts_unattended() {
         c
     };
     let app = Side::spawn(app_cmd());
-    let (at, took) = wait_for((&app, &dev), "the monitor, after the dialog", true);
+    let (at, took) = wait_bars(
+        &fb,
+        (sw, sh),
+        &bars,
+        (&app, &dev),
+        "the monitor, after the dialog",
+        &mut answer,
+    );
     println!("first start: the bars at {at:?}, identical after {took:?}");
     let first = std::fs::read_to_string(&token).expect("the restore token kept");
     assert!(!first.trim().is_empty(), "{first:?}");
@@ -852,10 +891,13 @@ fn a_portal_screen_is_granted_once_and_then_starts_unattended() {
     std::fs::remove_file(&fb).unwrap();
     let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &[]));
     let app = Side::spawn(app_cmd());
-    let (at, took) = wait_for(
+    let (at, took) = wait_bars(
+        &fb,
+        (sw, sh),
+        &bars,
         (&app, &dev),
         "the monitor, started again with the token",
-        false,
+        &mut || {},
     );
     println!("second start, unattended: the bars at {at:?}, identical after {took:?}");
     let said = app.stderr_now();
@@ -1186,65 +1228,45 @@ fn a_portal_screen_on_gnome_50_is_granted_once_and_then_starts_unattended() {
     let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
     let fb = dir.0.join("screen.bgrx");
     let token = dir.0.join("portal-screen.token");
-    let cfg = dir.0.join("portal.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "driver = \"portal-50\"\n[link]\naddress = \"{}\"\nlistener = \"app\"\n\
-             [[stream]]\nname = \"screen\"\ndirection = \"app-to-device\"\n\
-             source = {{ type = \"portal-screen\", bus = \"{}\", token_file = \"{}\", max_fps = 30 }}\n\
-             sink = {{ type = \"framebuffer\", path = \"{}\" }}\n",
-            free_addr(),
-            mutter.bus,
-            token.display(),
-            fb.display()
-        ),
-    )
-    .unwrap();
+    let cfg = portal_screen_cfg(&dir.0, &mutter.bus, &token, &fb, "");
     let app_cmd = || {
         let mut c = run_cmd(&cfg, "app", &app_home, &[]);
         c.env_remove("NDD_LOG");
         c
     };
     let bars = rendered("smptebars", 200, 150);
-    let wait_bars = |(app, dev): (&Side, &Side), what: &str| {
-        let t0 = Instant::now();
-        loop {
-            let got = std::fs::read(&fb).unwrap_or_default();
-            let r = if got.len() == sw * sh * 4 {
-                find(&got, sw, &bars, 200, 150)
-            } else {
-                Err(format!("{} bytes in the file", got.len()))
-            };
-            match r {
-                Ok(at) => return (at, t0.elapsed()),
-                Err(e) if t0.elapsed() > Duration::from_secs(30) => panic!(
-                    "{what}: {e}\napp side: {}\ndevice side: {}",
-                    app.stderr_now(),
-                    dev.stderr_now()
-                ),
-                Err(_) => std::thread::sleep(Duration::from_millis(100)),
-            }
-        }
-    };
     let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &[]));
     let app = Side::spawn(app_cmd());
     app.wait_says("asking at the desktop to share a monitor", &[&dev]);
-    // (GNOME 50 takes a click in the dialog before its buttons answer one; the only
-    // monitor is chosen already, and a click on it would unchoose it.)
-    std::thread::sleep(Duration::from_secs(4));
-    pokes(&mutter, &[(400.0, 136.0), (682.0, 72.0)], None).expect("clicks");
+    // The person answers once the dialog is up: a click in it (GNOME 50 takes one before its
+    // buttons answer), then Share; again every 3 s until the grant's token is kept (both
+    // clicks leave the dialog as it is, and the only monitor is chosen already: a click on
+    // it would unchoose it).
     let t0 = Instant::now();
+    let mut clicked = Instant::now() - Duration::from_secs(10);
     while !std::fs::read_to_string(&token).is_ok_and(|t| !t.trim().is_empty()) {
         assert!(
-            t0.elapsed() < Duration::from_secs(20),
+            t0.elapsed() < Duration::from_secs(30),
             "no restore token kept\napp side: {}",
             app.stderr_now()
         );
+        if clicked.elapsed() > Duration::from_secs(3) {
+            clicked = Instant::now();
+            if let Err(e) = pokes(&mutter, &[(400.0, 136.0), (682.0, 72.0)], None) {
+                println!("click: {e}");
+            }
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
     let _player = show(&mutter, "smptebars", 200, 150);
-    let (at, took) = wait_bars((&app, &dev), "the bars, after the dialog");
+    let (at, took) = wait_bars(
+        &fb,
+        (sw, sh),
+        &bars,
+        (&app, &dev),
+        "the bars, after the dialog",
+        &mut || {},
+    );
     println!("first start: the bars at {at:?}, identical after {took:?}");
     // Started again: nobody answers anything.
     app.kill();
@@ -1252,7 +1274,14 @@ fn a_portal_screen_on_gnome_50_is_granted_once_and_then_starts_unattended() {
     std::fs::remove_file(&fb).unwrap();
     let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &[]));
     let app = Side::spawn(app_cmd());
-    let (at, took) = wait_bars((&app, &dev), "the bars, started again with the token");
+    let (at, took) = wait_bars(
+        &fb,
+        (sw, sh),
+        &bars,
+        (&app, &dev),
+        "the bars, started again with the token",
+        &mut || {},
+    );
     println!("second start, unattended: the bars at {at:?}, identical after {took:?}");
     let said = app.stderr_now();
     assert!(!said.contains("asking at the desktop"), "{said}");

@@ -169,7 +169,7 @@ pub(super) async fn subscribe(
     };
     let how = sink_input(&ctx.subjects, &plan.shape(), reader, js.is_some())
         .map_err(|e| anyhow!("stream \"{}\": {e}", plan.name))?;
-    let (durable, filter, shared, resume, ordered, keeps_position, keeps_windows) = match how {
+    let (durable, filter, flags, keeps_position, keeps_windows) = match how {
         SinkInput::Core { subject, queue } => {
             let sub = match queue {
                 Some(q) => ctx.client.queue_subscribe(subject.clone(), q).await,
@@ -189,9 +189,11 @@ pub(super) async fn subscribe(
         } => (
             durable,
             filter,
-            shared,
-            resume,
-            ordered,
+            Flags {
+                shared,
+                resume,
+                ordered,
+            },
             keeps_position,
             keeps_windows,
         ),
@@ -243,11 +245,7 @@ pub(super) async fn subscribe(
         ctx,
         stream,
         (durable, filter),
-        Flags {
-            shared,
-            resume,
-            ordered,
-        },
+        flags,
         (position, windows),
         stop,
     );
