@@ -88,7 +88,9 @@ fn two_processes(sway: Sway, capture: &str, clipboard: &str) {
         said.contains("session here: Wayland (WAYLAND_DISPLAY=")
             && said.contains(&format!("wayland-screen yes ({capture})"))
             && said.contains("wayland-input (keys) yes")
-            && said.contains(&format!("wayland-clipboard yes ({clipboard})")),
+            && said.contains(&format!("wayland-clipboard yes ({clipboard})"))
+            // (sway offers KDE's decoration protocol: no sign of KWin.)
+            && !said.contains("kde-input"),
         "{said}"
     );
     // Without WAYLAND_DISPLAY (a service): the compositor the file names is reported.

@@ -169,6 +169,13 @@ pub(crate) fn memfd(name: &str, len: usize) -> std::io::Result<std::fs::File> {
     Ok(file)
 }
 
+/// KDE's protocols wlroots compositors offer too (sway 1.7 both, sway 1.12 the first): no
+/// sign of KWin.
+const KDE_ON_WLROOTS: [&str; 2] = [
+    "org_kde_kwin_server_decoration_manager",
+    "org_kde_kwin_idle",
+];
+
 /// What a session's compositor offers ndd, by the Wayland globals it lists: each endpoint
 /// kind with the protocol it needs, whether the compositor has it and, for those that take
 /// either of two, which they take here (`ndd check --side`).
@@ -233,6 +240,7 @@ pub fn wayland_session(display: &str) -> Result<Vec<Offered>, String> {
     // lists (docs/devices.md).
     if names
         .iter()
+        .filter(|g| !KDE_ON_WLROOTS.contains(&g.as_str()))
         .any(|g| g.starts_with("org_kde_") || g.starts_with("kde_"))
     {
         offer.push(Offered {
