@@ -527,9 +527,11 @@ fn init_tracing(verbose: u8) {
     use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     // The session's notes (connected, link lost, restored) are ndd's own INFO lines: shown by
-    // default; other crates' only from -v (but the portal's: a dialog waits at the desktop).
+    // default; other crates' only from -v (but the portal's: a dialog waits at the desktop;
+    // and the Wayland viewer's: whether the compositor let it keep its shortcuts, which GNOME
+    // Shell asks the person first).
     let default = match verbose {
-        0 => "warn,ndd::session=info,ndd::fanout=info,ndd::rfbaccel=info,ndd::serve=info,ndd_link::establish=info,ndd_endpoint::serial::tty=info,ndd_endpoint::display::portal=info,ndd_endpoint::input::portal=info,ndd_endpoint::common::portal=info",
+        0 => "warn,ndd::session=info,ndd::fanout=info,ndd::rfbaccel=info,ndd::serve=info,ndd_link::establish=info,ndd_endpoint::serial::tty=info,ndd_endpoint::display::portal=info,ndd_endpoint::input::portal=info,ndd_endpoint::common::portal=info,ndd_endpoint::display::wayland_window=info",
         1 => "info",
         2 => "debug",
         _ => "trace",

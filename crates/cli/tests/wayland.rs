@@ -868,29 +868,6 @@ fn shows_blue_in_the_middle(sway: &Sway, dev: &Side) {
     }
 }
 
-/// The app side's X11 desktop: a 640×480 Xvfb whose screen is `#3366cc`.
-fn blue_xvfb() -> ndd_procs::Xvfb {
-    let x = ndd_procs::Xvfb::start("640x480x24").expect("Xvfb");
-    assert!(std::process::Command::new("xsetroot")
-        .args(["-display", &x.display, "-solid", "#3366cc"])
-        .status()
-        .unwrap()
-        .success());
-    x
-}
-
-/// `xev` over the whole of `x`'s screen, reporting key events: the process (killed on drop)
-/// and what it printed so far.
-fn xev_keyboard(x: &ndd_procs::Xvfb) -> (Killed, std::sync::Arc<std::sync::Mutex<String>>) {
-    ndd_procs::spawn_collecting(
-        std::process::Command::new("xev")
-            .env("DISPLAY", &x.display)
-            .args(["-geometry", "640x480+0+0", "-event", "keyboard"])
-            .stderr(std::process::Stdio::null()),
-    )
-    .expect("xev")
-}
-
 /// Where the pointer is on `x`'s screen.
 fn xvfb_pointer(x: &ndd_procs::Xvfb) -> (i16, i16) {
     use x11rb::connection::Connection as _;

@@ -821,3 +821,26 @@ pub fn wev_pressed_syms(log: &str) -> Vec<String> {
     out.dedup();
     out
 }
+
+/// The app side's X11 desktop: a 640×480 Xvfb whose screen is `#3366cc`.
+pub fn blue_xvfb() -> ndd_procs::Xvfb {
+    let x = ndd_procs::Xvfb::start("640x480x24").expect("Xvfb");
+    assert!(std::process::Command::new("xsetroot")
+        .args(["-display", &x.display, "-solid", "#3366cc"])
+        .status()
+        .unwrap()
+        .success());
+    x
+}
+
+/// `xev` over the whole of `x`'s screen, reporting key events: the process (killed on drop)
+/// and what it printed so far.
+pub fn xev_keyboard(x: &ndd_procs::Xvfb) -> (Killed, Arc<Mutex<String>>) {
+    ndd_procs::spawn_collecting(
+        std::process::Command::new("xev")
+            .env("DISPLAY", &x.display)
+            .args(["-geometry", "640x480+0+0", "-event", "keyboard"])
+            .stderr(std::process::Stdio::null()),
+    )
+    .expect("xev")
+}

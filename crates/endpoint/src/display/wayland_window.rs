@@ -124,6 +124,10 @@ struct State {
     input: ViewerInput,
     /// The compositor let go of the pointer lock (the window lost focus): it is done with.
     lock_ended: bool,
+    /// Whether the compositor ever let the viewer keep its shortcuts (said once, at info).
+    inhibited_once: bool,
+    /// The seat lost its pointer: the relative pointer and lock made from it are done with.
+    pointer_lost: bool,
 }
 
 impl Dispatch<xdg_wm_base::XdgWmBase, ()> for State {
@@ -187,11 +191,33 @@ impl Dispatch<wl_seat::WlSeat, ()> for State {
             capabilities: WEnum::Value(caps),
         } = event
         {
-            if caps.contains(wl_seat::Capability::Keyboard) && state.keyboard.is_none() {
-                state.keyboard = Some(seat.get_keyboard(qh, ()));
+            // A seat may lose its keyboard or pointer and get one back (the last one
+            // unplugged; on GNOME, a remote-desktop session's virtual devices come and go
+            // with it): the old object is let go and a new one asked for, else the window
+            // never hears the new device (found on a headless mutter).
+            let keyboard = caps.contains(wl_seat::Capability::Keyboard);
+            match state.keyboard.take() {
+                None if keyboard => state.keyboard = Some(seat.get_keyboard(qh, ())),
+                Some(k) if !keyboard => {
+                    if wayland_client::Proxy::version(&k) >= 3 {
+                        k.release();
+                    }
+                    state.input.keyboard_left();
+                }
+                k => state.keyboard = k,
             }
-            if caps.contains(wl_seat::Capability::Pointer) && state.pointer.is_none() {
-                state.pointer = Some(seat.get_pointer(qh, ()));
+            let pointer = caps.contains(wl_seat::Capability::Pointer);
+            match state.pointer.take() {
+                None if pointer => state.pointer = Some(seat.get_pointer(qh, ())),
+                Some(p) if !pointer => {
+                    if wayland_client::Proxy::version(&p) >= 3 {
+                        p.release();
+                    }
+                    // Its relative pointer and lock go with it.
+                    state.pointer_lost = true;
+                    state.input.set_locked(false);
+                }
+                p => state.pointer = p,
             }
         }
     }
@@ -316,6 +342,36 @@ impl Dispatch<locked_pointer::ZwpLockedPointerV1, ()> for State {
     }
 }
 
+/// The compositor says when the viewer holds its shortcuts (while it has the keyboard, once
+/// allowed: GNOME Shell asks the person first) and when it takes them back (focus left, or
+/// the person pressed the compositor's way out, such as Super+Escape on GNOME).
+impl Dispatch<inhibitor::ZwpKeyboardShortcutsInhibitorV1, ()> for State {
+    fn event(
+        state: &mut State,
+        _: &inhibitor::ZwpKeyboardShortcutsInhibitorV1,
+        event: inhibitor::Event,
+        _: &(),
+        _: &Connection,
+        _: &QueueHandle<State>,
+    ) {
+        match event {
+            inhibitor::Event::Active if !state.inhibited_once => {
+                state.inhibited_once = true;
+                tracing::info!(
+                    "the compositor's shortcuts (Alt-Tab, Super…) go to the remote desktop while the viewer has the keyboard"
+                );
+            }
+            inhibitor::Event::Active => {
+                tracing::debug!("the viewer holds the compositor's shortcuts again");
+            }
+            inhibitor::Event::Inactive => {
+                tracing::debug!("the compositor took its shortcuts back");
+            }
+            _ => {}
+        }
+    }
+}
+
 impl Dispatch<wl_buffer::WlBuffer, usize> for State {
     fn event(
         state: &mut State,
@@ -340,7 +396,6 @@ crate::common::wayland::ignore_events!(
     wp_viewporter::WpViewporter,
     wp_viewport::WpViewport,
     inhibit_manager::ZwpKeyboardShortcutsInhibitManagerV1,
-    inhibitor::ZwpKeyboardShortcutsInhibitorV1,
     constraints::ZwpPointerConstraintsV1,
     relative_manager::ZwpRelativePointerManagerV1,
 );
@@ -672,6 +727,12 @@ impl WaylandWindow {
     /// the compositor let go of it, and said in the title.
     fn pointer_lock(&mut self) {
         let qh = self.queue.handle();
+        if std::mem::take(&mut self.state.pointer_lost) {
+            if let Some(r) = self.relative.take() {
+                r.destroy();
+            }
+            self.state.lock_ended = true;
+        }
         if self.relative.is_none() {
             if let (Some(m), Some(p)) = (&self.relative_manager, &self.state.pointer) {
                 self.relative = Some(m.get_relative_pointer(p, &qh, ()));
