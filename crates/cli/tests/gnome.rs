@@ -1333,6 +1333,51 @@ fn portal_input_on_gnome_50_keeps_its_grant_and_types_through_eis() {
         }
     };
     typed(&["h", "i"], &app);
+    // The pointer: x11-input's root positions on the Xvfb (0..=319, 0..=239) scaled onto the
+    // monitor (0..=799, 0..=599) through the EIS absolute pointer, in the monitor's region.
+    // wev says positions on its window: the monitor's (400, 300), where the click that
+    // focused it went, is its last one so far.
+    let points = || -> Vec<(f64, f64)> {
+        seen.lock()
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("wl_pointer] motion:") || l.contains("wl_pointer] enter:"))
+            .filter_map(|l| {
+                let (x, y) = l.split_once("x, y: ")?.1.split_once(", ")?;
+                Some((x.trim().parse().ok()?, y.trim().parse().ok()?))
+            })
+            .collect()
+    };
+    let (bx, by) = *points()
+        .last()
+        .expect("wev saw the focusing click's pointer");
+    let origin = (400.0 - bx, 300.0 - by);
+    for (px, py) in [(80u32, 60u32), (240, 180)] {
+        assert!(Command::new("xdotool")
+            .env("DISPLAY", &x.display)
+            .args(["mousemove", &px.to_string(), &py.to_string()])
+            .status()
+            .unwrap()
+            .success());
+        let want = (
+            f64::from(px) / 319.0 * 799.0 - origin.0,
+            f64::from(py) / 239.0 * 599.0 - origin.1,
+        );
+        let t0 = Instant::now();
+        loop {
+            let last = points().last().copied();
+            if last.is_some_and(|(px, py)| (px - want.0).abs() <= 1.0 && (py - want.1).abs() <= 1.0)
+            {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "the pointer moved to ({px}, {py}) on the Xvfb; wev's last position is {last:?}, not {want:?}\napp side: {}",
+                app.stderr_now()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
     assert!(Command::new("setxkbmap")
         .args(["-display", &x.display, "de"])
         .status()

@@ -35,13 +35,44 @@ const WANTED: [&str; 5] = [
     "ei_scroll",
 ];
 
-/// One device the compositor added: its interfaces, its regions (x, y, width, height in
-/// logical pixels), and whether it may send now (resumed).
+/// One device the compositor added: its interfaces, its regions, and whether it may send
+/// now (resumed).
 #[derive(Default)]
 struct Dev {
     interfaces: HashMap<String, reis::Object>,
-    regions: Vec<(u32, u32, u32, u32)>,
+    regions: Vec<Region>,
+    /// The mapping id said for the region that comes next.
+    next_mapping: Option<String>,
     emulating: bool,
+}
+
+/// A region of an absolute device: a monitor's place in the desktop, in logical pixels, and
+/// the mapping id that pairs it with a screen-cast stream (where the compositor says one).
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Region {
+    pub(super) x: u32,
+    pub(super) y: u32,
+    pub(super) width: u32,
+    pub(super) height: u32,
+    pub(super) mapping: Option<String>,
+}
+
+/// The region absolute positions go to: the one paired with the portal's stream (its
+/// `mapping_id`), else the one of the stream's size, else the first. (With several monitors,
+/// the first region is not necessarily the monitor the person shared.)
+pub(super) fn region_for<'a>(
+    regions: &'a [Region],
+    mapping: Option<&str>,
+    size: (f64, f64),
+) -> Option<&'a Region> {
+    mapping
+        .and_then(|m| regions.iter().find(|r| r.mapping.as_deref() == Some(m)))
+        .or_else(|| {
+            regions
+                .iter()
+                .find(|r| (f64::from(r.width), f64::from(r.height)) == size)
+        })
+        .or_else(|| regions.first())
 }
 
 /// What a [`Eis`] link sends: the same events as the portal's Notify calls.
@@ -85,6 +116,8 @@ pub(super) struct Eis {
     pressed: HashMap<u32, u32>,
     /// Keys and buttons held, and the device each went to (its release goes there too).
     held: HashMap<Held, ei::Device>,
+    /// The portal stream's `mapping_id`, if it said one ([`region_for`]).
+    pub(super) mapping: Option<String>,
 }
 
 impl std::fmt::Debug for Eis {
@@ -159,6 +192,7 @@ impl Eis {
             keys: XkbKeys::default(),
             pressed: HashMap::new(),
             held: HashMap::new(),
+            mapping: None,
         };
         while t0.elapsed() < SETUP_WAIT {
             eis.pump(Duration::from_millis(50))?;
@@ -246,13 +280,22 @@ impl Eis {
                         dev.interfaces
                             .insert(object.interface().to_string(), object);
                     }
+                    device::Event::RegionMappingId { mapping_id } => {
+                        dev.next_mapping = Some(mapping_id);
+                    }
                     device::Event::Region {
                         offset_x,
                         offset_y,
                         width,
                         hight,
                         ..
-                    } => dev.regions.push((offset_x, offset_y, width, hight)),
+                    } => dev.regions.push(Region {
+                        x: offset_x,
+                        y: offset_y,
+                        width,
+                        height: hight,
+                        mapping: dev.next_mapping.take(),
+                    }),
                     device::Event::Resumed { serial } => {
                         self.serial = serial;
                         d.start_emulating(serial, self.sequence);
@@ -433,18 +476,25 @@ impl Eis {
             },
             Sent::Absolute(x, y, (w, h)) => match self.device("ei_pointer_absolute").cloned() {
                 Some(d) => {
-                    // The monitor is the device's first region (logical pixels).
+                    // The shared monitor's region (logical pixels).
                     let region = self
                         .devices
                         .iter()
                         .find(|(x, _)| *x == d)
-                        .and_then(|(_, dev)| dev.regions.first().copied());
+                        .and_then(|(_, dev)| {
+                            region_for(&dev.regions, self.mapping.as_deref(), (w, h))
+                        })
+                        .map(|r| {
+                            (
+                                f64::from(r.x),
+                                f64::from(r.y),
+                                f64::from(r.width),
+                                f64::from(r.height),
+                            )
+                        });
                     match self.interface::<ei::PointerAbsolute>(&d, "ei_pointer_absolute") {
                         Some(p) => {
-                            let (rx, ry, rw, rh) =
-                                region.map_or((0.0, 0.0, w, h), |(x, y, w, h)| {
-                                    (f64::from(x), f64::from(y), f64::from(w), f64::from(h))
-                                });
+                            let (rx, ry, rw, rh) = region.unwrap_or((0.0, 0.0, w, h));
                             let (sx, sy) = (rw / w.max(1.0), rh / h.max(1.0));
                             p.motion_absolute((rx + x * sx) as f32, (ry + y * sy) as f32);
                             self.frame(&d);
@@ -473,4 +523,41 @@ fn key_state(down: bool) -> ei::keyboard::KeyState {
 fn monotonic_us() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     (t.tv_sec as u64) * 1_000_000 + (t.tv_nsec as u64) / 1000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region(x: u32, width: u32, height: u32, mapping: Option<&str>) -> Region {
+        Region {
+            x,
+            y: 0,
+            width,
+            height,
+            mapping: mapping.map(String::from),
+        }
+    }
+
+    #[test]
+    fn absolute_positions_go_to_the_shared_monitors_region() {
+        let two = [
+            region(0, 1920, 1080, Some("monitor-a")),
+            region(1920, 1280, 1024, Some("monitor-b")),
+        ];
+        // Paired by the stream's mapping id, whatever the order.
+        assert_eq!(
+            region_for(&two, Some("monitor-b"), (1920.0, 1080.0)),
+            Some(&two[1])
+        );
+        // No mapping id (an older portal), or one no region has: the stream's size.
+        assert_eq!(region_for(&two, None, (1280.0, 1024.0)), Some(&two[1]));
+        assert_eq!(
+            region_for(&two, Some("gone"), (1280.0, 1024.0)),
+            Some(&two[1])
+        );
+        // Nothing pairs: the first.
+        assert_eq!(region_for(&two, None, (800.0, 600.0)), Some(&two[0]));
+        assert_eq!(region_for(&[], Some("monitor-a"), (800.0, 600.0)), None);
+    }
 }

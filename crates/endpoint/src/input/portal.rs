@@ -230,6 +230,8 @@ fn open_portal_input(
     let stream = *stream;
     let size = crate::common::portal::size_of(props)
         .ok_or_else(|| fail("Start: the portal gave no size".into()))?;
+    // (What pairs the stream with its region of the EIS pointer: ScreenCast version 5 on.)
+    let mapping = dbus::arg::prop_cast::<String>(props, "mapping_id").cloned();
     // Over EIS where the portal offers it (and it is wanted), else the Notify calls.
     let eis = match (c.via, v >= EIS_VERSION) {
         (PortalVia::Notify, _) => None,
@@ -239,7 +241,10 @@ fn open_portal_input(
             )))
         }
         (via, true) => match connect_eis(&conn, &session) {
-            Ok(e) => Some(e),
+            Ok(mut e) => {
+                e.mapping = mapping;
+                Some(e)
+            }
             Err(EisFailed::Call(e)) if via == PortalVia::Auto => {
                 tracing::info!(endpoint, bus = %bus, "EIS did not start ({e}): the portal's Notify calls instead");
                 None
