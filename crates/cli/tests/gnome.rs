@@ -29,6 +29,55 @@ fn rendered(filter: &str, w: usize, h: usize) -> Vec<u8> {
     out.stdout
 }
 
+/// Turns `mutter`'s one monitor by `transform` quarters (0: upright, 1: 90°) through its
+/// display configuration API, as GNOME's Settings would.
+fn rotate(mutter: &Mutter, transform: u32) -> Result<(), String> {
+    use dbus::arg::PropMap;
+    let e = |e: dbus::Error| e.to_string();
+    let conn = dbus::channel::Channel::open_private(&mutter.bus)
+        .and_then(|mut ch| {
+            ch.register()?;
+            Ok(dbus::blocking::Connection::from(ch))
+        })
+        .map_err(e)?;
+    let (dest, path, iface) = (
+        "org.gnome.Mutter.DisplayConfig",
+        "/org/gnome/Mutter/DisplayConfig",
+        "org.gnome.Mutter.DisplayConfig",
+    );
+    let t = Duration::from_secs(5);
+    let ask = dbus::Message::new_method_call(dest, path, iface, "GetCurrentState")?;
+    let state = conn
+        .channel()
+        .send_with_reply_and_block(ask, t)
+        .map_err(e)?;
+    type Mode = (String, i32, i32, f64, f64, Vec<f64>, PropMap);
+    type Monitor = ((String, String, String, String), Vec<Mode>, PropMap);
+    let (serial, monitors): (Option<u32>, Option<Vec<Monitor>>) = state.get2();
+    let (serial, monitors) = serial
+        .zip(monitors)
+        .ok_or("GetCurrentState: not understood")?;
+    let ((connector, ..), modes, _) = monitors.into_iter().next().ok_or("no monitor")?;
+    let mode = modes.into_iter().next().ok_or("no mode")?.0;
+    // (The monitor keeps its one mode; method 1: for now, not saved.)
+    type Logical = (i32, i32, f64, u32, bool, Vec<(String, String, PropMap)>);
+    let logical: Vec<Logical> = vec![(
+        0,
+        0,
+        1.0,
+        transform,
+        true,
+        vec![(connector, mode, PropMap::new())],
+    )];
+    conn.with_proxy(dest, path, t)
+        .method_call::<(), _, _, _>(
+            iface,
+            "ApplyMonitorsConfig",
+            (serial, 1u32, logical, PropMap::new()),
+        )
+        .map_err(e)
+}
+
 /// ffplay showing `filter` on `mutter`, in a window of its own size.
 fn show(mutter: &Mutter, filter: &str, w: usize, h: usize) -> Killed {
     Killed(
@@ -241,10 +290,16 @@ fn a_gnome_monitor_reaches_the_other_side_pixel_identical() {
     let bars = rendered("smptebars", 200, 150);
     let _player = show(&mutter, "smptebars", 200, 150);
     // The file names the session's bus and PipeWire socket (a service outside the session).
-    let app = Side::spawn(run_cmd(&cfg, "app", &app_home, &[]));
+    // (The source's lines in the log too.)
+    let mut app = run_cmd(&cfg, "app", &app_home, &[]);
+    app.env(
+        "NDD_LOG",
+        "warn,ndd::session=info,ndd_endpoint::display::gnome=info",
+    );
+    let app = Side::spawn(app);
     let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &[]));
     app.wait_says("streams agreed", &[&dev]);
-    let wait_for = |what: &str, pic: &[u8]| {
+    let wait_for_in = |what: &str, pic: &[u8], (sw, sh): (usize, usize)| {
         let t0 = Instant::now();
         loop {
             let got = std::fs::read(&fb).unwrap_or_default();
@@ -264,6 +319,7 @@ fn a_gnome_monitor_reaches_the_other_side_pixel_identical() {
             }
         }
     };
+    let wait_for = |what: &str, pic: &[u8]| wait_for_in(what, pic, (sw, sh));
     let (at, took) = wait_for("the bars", &bars);
     println!("the bars at {at:?}, identical after {took:?}");
     // Another picture in the program's place: the changed tiles come.
@@ -272,6 +328,20 @@ fn a_gnome_monitor_reaches_the_other_side_pixel_identical() {
     let _player = show(&mutter, "rgbtestsrc", 200, 150);
     let (at, took) = wait_for("the next picture", &rgb);
     println!("the next picture at {at:?}, identical after {took:?}");
+    // The monitor turned a quarter (a new configuration, as a new mode or a monitor plugged
+    // in makes): mutter closes its screen casts, and the source opens one again: the picture
+    // comes 320 wide and 480 high, and again once turned back. (Before, the side ended.)
+    for (turn, size) in [(1u32, (sh, sw)), (0, (sw, sh))] {
+        rotate(&mutter, turn).expect("the monitor turned");
+        let (at, took) = wait_for_in("the picture on the turned monitor", &rgb, size);
+        println!("turned {turn}: the picture at {at:?} of {size:?}, identical after {took:?}");
+    }
+    assert!(
+        app.stderr_now()
+            .contains("mutter closed the screen cast (the monitors were reconfigured"),
+        "{}",
+        app.stderr_now()
+    );
     // mutter goes away under the running app side: it ends with the source's error, and the
     // device side hears why.
     drop(mutter);
@@ -1474,6 +1544,18 @@ fn a_portal_screen_on_gnome_50_is_granted_once_and_then_starts_unattended() {
         &mut || {},
     );
     println!("second start, unattended: the bars at {at:?}, identical after {took:?}");
+    // The monitor turned a quarter: the portal closes the cast, the source opens one again
+    // with the token the last start kept, nobody asked; the bars come 600 wide, 800 high.
+    rotate(&mutter, 1).expect("the monitor turned");
+    let (at, took) = wait_bars(
+        &fb,
+        (sh, sw),
+        &bars,
+        (&app, &dev),
+        "the bars on the turned monitor",
+        &mut || {},
+    );
+    println!("turned: the bars at {at:?}, identical after {took:?}");
     let said = app.stderr_now();
     assert!(!said.contains("asking at the desktop"), "{said}");
     app.kill();

@@ -51,6 +51,19 @@ const POLL: Duration = Duration::from_millis(100);
 /// How often the monitor's size is read again.
 const SIZE_EVERY: Duration = Duration::from_secs(1);
 
+/// How long a screen cast that mutter (or the portal) closed is asked for again before the
+/// source gives up: mutter closes its casts when the monitors are reconfigured (rotated, a
+/// new mode, one plugged in or out), and the new configuration takes a moment.
+const REOPEN_WAIT: Duration = Duration::from_secs(10);
+
+/// A cast is opened again at most this many times in [`REOPEN_SPAN`] (one that keeps closing
+/// is an error, not a loop).
+const REOPENS: usize = 5;
+const REOPEN_SPAN: Duration = Duration::from_secs(60);
+
+/// How long a pipeline that ended waits for the cast's Closed signal (which says why).
+const CLOSED_WAIT: Duration = Duration::from_secs(1);
+
 /// Side of the square tiles compared to find what changed.
 const TILE: usize = 64;
 
@@ -491,10 +504,32 @@ pub(super) fn spawn_cast(
     rt: &Handle,
     endpoint: &'static str,
     (stream, tx, demand): (u16, Sender<Frame>, Option<Demand>),
-    open: impl FnOnce() -> Result<GnomeScreen, EndpointError> + Send + 'static,
+    open: impl Fn() -> Result<GnomeScreen, EndpointError> + Send + 'static,
 ) -> Result<SourceTask, EndpointError> {
     gstreamer_here(endpoint)?;
-    Ok(rt.spawn_blocking(move || run_gnome_screen(endpoint, open()?, stream, tx, demand)))
+    Ok(rt.spawn_blocking(move || run_gnome_screen(endpoint, &open, stream, tx, demand)))
+}
+
+/// The cast `open` makes, asked for again for [`REOPEN_WAIT`] after mutter (the portal)
+/// closed the last one; `None` if none came.
+fn reopen(
+    endpoint: &'static str,
+    open: &dyn Fn() -> Result<GnomeScreen, EndpointError>,
+) -> Option<GnomeScreen> {
+    let t0 = Instant::now();
+    loop {
+        match open() {
+            Ok(s) => return Some(s),
+            Err(e) if t0.elapsed() < REOPEN_WAIT => {
+                tracing::debug!(endpoint, "the screen cast did not open again yet: {e}");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(e) => {
+                tracing::warn!(endpoint, "the screen cast did not open again: {e}");
+                return None;
+            }
+        }
+    }
 }
 
 /// A pipeline that did not start, said as what to install.
@@ -513,11 +548,12 @@ pub(super) fn gst_failed(endpoint: &'static str) -> impl Fn(std::io::Error) -> E
 /// `portal-screen`).
 pub(super) fn run_gnome_screen(
     endpoint: &'static str,
-    mut s: GnomeScreen,
+    open: &dyn Fn() -> Result<GnomeScreen, EndpointError>,
     stream: u16,
     tx: Sender<Frame>,
     demand: Option<Demand>,
 ) -> Result<SourceReport, EndpointError> {
+    let mut s = open()?;
     let (bus, ended) = (s.bus.clone(), s.ended);
     let fatal = |e: String| unavailable(endpoint, &bus, e, ended);
     let mut em = Emitter::new(stream, tx);
@@ -525,6 +561,8 @@ pub(super) fn run_gnome_screen(
     let mut next_size = Instant::now() + SIZE_EVERY;
     // The picture the other side has (what the next update is compared with).
     let mut shown: Option<Vec<u8>> = None;
+    // When the cast was opened again lately.
+    let mut reopened: Vec<Instant> = Vec::new();
     loop {
         if em.tx.is_closed() {
             break;
@@ -534,10 +572,31 @@ pub(super) fn run_gnome_screen(
             .process(Duration::ZERO)
             .map_err(|e| fatal(dbus_text(&e)))?;
         if s.cast.closed.load(Ordering::Acquire) {
-            return Err(fatal(match s.cast.via {
-                Via::Mutter { .. } => "mutter closed the screen cast".into(),
-                Via::Portal { .. } => "the xdg-desktop-portal closed the screen cast".into(),
-            }));
+            let why = match s.cast.via {
+                Via::Mutter { .. } => "mutter closed the screen cast",
+                Via::Portal { .. } => "the xdg-desktop-portal closed the screen cast",
+            };
+            let now = Instant::now();
+            reopened.retain(|t| now.duration_since(*t) < REOPEN_SPAN);
+            if reopened.len() >= REOPENS {
+                return Err(fatal(format!(
+                    "{why} {REOPENS} times within {} s",
+                    REOPEN_SPAN.as_secs()
+                )));
+            }
+            reopened.push(now);
+            tracing::info!(
+                endpoint,
+                "{why} (the monitors were reconfigured, or the cast was stopped): opening it again"
+            );
+            // The old cast and its pipeline go first (one reader of the monitor at a time).
+            drop(s);
+            s = reopen(endpoint, open).ok_or_else(|| fatal(why.to_string()))?;
+            // The other side gets the whole picture, of whatever size it now is.
+            shown = None;
+            pace.keyframe();
+            next_size = Instant::now() + SIZE_EVERY;
+            continue;
         }
         let now = Instant::now();
         // (mutter's stream says the monitor's size; the portal's does not, and a monitor
@@ -585,7 +644,21 @@ pub(super) fn run_gnome_screen(
                 (Some(p), true) => p.clone(),
                 _ => continue,
             },
-            Err(e) => return Err(fatal(e)),
+            Err(e) => {
+                // mutter closing the cast ends the pipeline too, often before its Closed
+                // signal is read: it is waited for a moment, and the cast opened again.
+                let t0 = Instant::now();
+                while !s.cast.closed.load(Ordering::Acquire) && t0.elapsed() < CLOSED_WAIT {
+                    s.cast
+                        .conn
+                        .process(Duration::from_millis(50))
+                        .map_err(|e| fatal(dbus_text(&e)))?;
+                }
+                if s.cast.closed.load(Ordering::Acquire) {
+                    continue;
+                }
+                return Err(fatal(e));
+            }
         };
         let (w, h) = s.pipeline.size;
         let whole = keyframe_due || shown.is_none();
