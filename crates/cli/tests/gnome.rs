@@ -549,6 +549,21 @@ fn a_gnome_desktop_is_seen_and_used_from_an_x11_display() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // The monitor turned a quarter: mutter closes the remote-desktop session with its screen
+    // casts, and the sink opens one again: a key typed then still arrives. (Before, the side
+    // ended.)
+    rotate(&mutter, 1).expect("the monitor turned");
+    let t0 = Instant::now();
+    while !syms().ends_with(&["k".to_string()]) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "typed k on the turned monitor; wev saw {:?}\napp side: {}",
+            syms(),
+            app.stderr_now()
+        );
+        assert!(xdotool(&["key", "--window", "%1", "k"]).success());
+        std::thread::sleep(Duration::from_millis(500));
+    }
     // The clipboard both ways (the example's gnome-clipboard streams): text copied on the
     // Xvfb pastes on mutter, text copied on mutter pastes on the Xvfb. (wl-copy and wl-paste
     // need a keyboard on mutter's seat: the gnome-input sink's, since keys were typed.)
@@ -1466,6 +1481,23 @@ fn portal_input_on_gnome_50_keeps_its_grant_and_types_through_eis() {
     );
     std::thread::sleep(Duration::from_millis(500));
     typed(&["o", "k"], &app);
+    // The monitor turned a quarter: the keys go on, nobody asked. (Over EIS the portal's
+    // session outlives the new configuration here; where it is closed, the sink opens it
+    // again with the grant the restart kept, as gnome-input's test shows for mutter's.)
+    rotate(&mutter, 1).expect("the monitor turned");
+    let t0 = Instant::now();
+    while !syms().ends_with(&["n".to_string()]) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "typed n on the turned monitor; wev saw {:?}\napp side: {}",
+            syms(),
+            app.stderr_now()
+        );
+        assert!(xdotool(&["key", "--window", "%1", "n"]).success());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let said = app.stderr_now();
+    assert!(!said.contains("asking at the desktop"), "{said}");
     app.kill();
     dev.kill();
 }

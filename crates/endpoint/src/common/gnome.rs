@@ -288,3 +288,80 @@ pub(crate) fn monitor_size(
         (w, h) => Err(format!("the stream's size is {w:?}x{h:?}")),
     }
 }
+
+/// How long a session that mutter (or the portal) closed is asked for again before the
+/// endpoint gives up: mutter closes its screen casts, and the remote-desktop sessions tied to
+/// them, when the monitors are reconfigured (turned, a new mode, one plugged in or out), and
+/// the new configuration takes a moment.
+const REOPEN_WAIT: Duration = Duration::from_secs(10);
+
+/// How long an endpoint whose call or pipeline failed waits for the session's Closed signal
+/// (which says why) before it takes the failure as its own.
+pub(crate) const CLOSED_WAIT: Duration = Duration::from_secs(1);
+
+/// A session is opened again at most this many times in [`REOPEN_SPAN`]: one that keeps
+/// closing is an error, not a loop.
+const REOPENS: usize = 5;
+const REOPEN_SPAN: Duration = Duration::from_secs(60);
+
+/// When a session was opened again lately ([`REOPENS`] in [`REOPEN_SPAN`] at most).
+#[derive(Debug, Default)]
+pub(crate) struct Reopens(Vec<std::time::Instant>);
+
+impl Reopens {
+    /// One more at `now`, or `Err` saying how many came within how long.
+    pub(crate) fn admit(&mut self, now: std::time::Instant) -> Result<(), String> {
+        self.0.retain(|t| now.duration_since(*t) < REOPEN_SPAN);
+        if self.0.len() >= REOPENS {
+            return Err(format!(
+                "{REOPENS} times within {} s",
+                REOPEN_SPAN.as_secs()
+            ));
+        }
+        self.0.push(now);
+        Ok(())
+    }
+}
+
+/// What `open` makes, asked for again for [`REOPEN_WAIT`] after mutter (the portal) closed
+/// the last one (`what` names it in the log); `None` if none came.
+pub(crate) fn reopen<T>(
+    endpoint: &'static str,
+    what: &str,
+    open: &dyn Fn() -> Result<T, EndpointError>,
+) -> Option<T> {
+    let t0 = std::time::Instant::now();
+    loop {
+        match open() {
+            Ok(s) => return Some(s),
+            Err(e) if t0.elapsed() < REOPEN_WAIT => {
+                tracing::debug!(endpoint, "{what} did not open again yet: {e}");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(e) => {
+                tracing::warn!(endpoint, "{what} did not open again: {e}");
+                return None;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod reopen_tests {
+    use super::*;
+
+    #[test]
+    fn a_session_is_opened_again_five_times_a_minute_at_most() {
+        let t0 = std::time::Instant::now();
+        let mut r = Reopens::default();
+        for i in 0..5 {
+            assert_eq!(r.admit(t0 + Duration::from_secs(i)), Ok(()));
+        }
+        assert_eq!(
+            r.admit(t0 + Duration::from_secs(10)),
+            Err("5 times within 60 s".to_string())
+        );
+        // A minute after the first, one more may come.
+        assert_eq!(r.admit(t0 + Duration::from_secs(61)), Ok(()));
+    }
+}

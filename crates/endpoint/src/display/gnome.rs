@@ -24,8 +24,8 @@ use crate::common::demand::Demand;
 use crate::common::emitter::Emitter;
 use crate::common::error::EndpointError;
 use crate::common::gnome::{
-    check_monitor, connect, dbus_text, monitor_size, not_gnome, record_monitor, unavailable,
-    watch_closed, CALL,
+    check_monitor, connect, dbus_text, monitor_size, not_gnome, record_monitor, reopen,
+    unavailable, watch_closed, Reopens, CALL, CLOSED_WAIT,
 };
 use crate::common::report::{SourceReport, SourceTask};
 use dbus::arg::{PropMap, RefArg, Variant};
@@ -50,19 +50,6 @@ const POLL: Duration = Duration::from_millis(100);
 
 /// How often the monitor's size is read again.
 const SIZE_EVERY: Duration = Duration::from_secs(1);
-
-/// How long a screen cast that mutter (or the portal) closed is asked for again before the
-/// source gives up: mutter closes its casts when the monitors are reconfigured (rotated, a
-/// new mode, one plugged in or out), and the new configuration takes a moment.
-const REOPEN_WAIT: Duration = Duration::from_secs(10);
-
-/// A cast is opened again at most this many times in [`REOPEN_SPAN`] (one that keeps closing
-/// is an error, not a loop).
-const REOPENS: usize = 5;
-const REOPEN_SPAN: Duration = Duration::from_secs(60);
-
-/// How long a pipeline that ended waits for the cast's Closed signal (which says why).
-const CLOSED_WAIT: Duration = Duration::from_secs(1);
 
 /// Side of the square tiles compared to find what changed.
 const TILE: usize = 64;
@@ -510,28 +497,6 @@ pub(super) fn spawn_cast(
     Ok(rt.spawn_blocking(move || run_gnome_screen(endpoint, &open, stream, tx, demand)))
 }
 
-/// The cast `open` makes, asked for again for [`REOPEN_WAIT`] after mutter (the portal)
-/// closed the last one; `None` if none came.
-fn reopen(
-    endpoint: &'static str,
-    open: &dyn Fn() -> Result<GnomeScreen, EndpointError>,
-) -> Option<GnomeScreen> {
-    let t0 = Instant::now();
-    loop {
-        match open() {
-            Ok(s) => return Some(s),
-            Err(e) if t0.elapsed() < REOPEN_WAIT => {
-                tracing::debug!(endpoint, "the screen cast did not open again yet: {e}");
-                std::thread::sleep(Duration::from_millis(500));
-            }
-            Err(e) => {
-                tracing::warn!(endpoint, "the screen cast did not open again: {e}");
-                return None;
-            }
-        }
-    }
-}
-
 /// A pipeline that did not start, said as what to install.
 pub(super) fn gst_failed(endpoint: &'static str) -> impl Fn(std::io::Error) -> EndpointError {
     move |e| {
@@ -561,8 +526,7 @@ pub(super) fn run_gnome_screen(
     let mut next_size = Instant::now() + SIZE_EVERY;
     // The picture the other side has (what the next update is compared with).
     let mut shown: Option<Vec<u8>> = None;
-    // When the cast was opened again lately.
-    let mut reopened: Vec<Instant> = Vec::new();
+    let mut reopens = Reopens::default();
     loop {
         if em.tx.is_closed() {
             break;
@@ -576,22 +540,16 @@ pub(super) fn run_gnome_screen(
                 Via::Mutter { .. } => "mutter closed the screen cast",
                 Via::Portal { .. } => "the xdg-desktop-portal closed the screen cast",
             };
-            let now = Instant::now();
-            reopened.retain(|t| now.duration_since(*t) < REOPEN_SPAN);
-            if reopened.len() >= REOPENS {
-                return Err(fatal(format!(
-                    "{why} {REOPENS} times within {} s",
-                    REOPEN_SPAN.as_secs()
-                )));
+            if let Err(too_many) = reopens.admit(Instant::now()) {
+                return Err(fatal(format!("{why} {too_many}")));
             }
-            reopened.push(now);
             tracing::info!(
                 endpoint,
                 "{why} (the monitors were reconfigured, or the cast was stopped): opening it again"
             );
             // The old cast and its pipeline go first (one reader of the monitor at a time).
             drop(s);
-            s = reopen(endpoint, open).ok_or_else(|| fatal(why.to_string()))?;
+            s = reopen(endpoint, "the screen cast", open).ok_or_else(|| fatal(why.to_string()))?;
             // The other side gets the whole picture, of whatever size it now is.
             shown = None;
             pace.keyframe();

@@ -23,7 +23,8 @@ use crate::common::delivered::Delivered;
 use crate::common::error::EndpointError;
 use crate::common::gnome::{
     check_monitor, connect, create_remote_session, dbus_text, monitor_size, probe_remote_desktop,
-    record_monitor, unavailable, watch_closed, CALL, CAST, REMOTE, REMOTE_SESSION,
+    record_monitor, reopen, unavailable, watch_closed, Reopens, CALL, CAST, CLOSED_WAIT, REMOTE,
+    REMOTE_SESSION,
 };
 use crate::common::portal::{PORTAL, PORTAL_PATH, PORTAL_SESSION, REMOTE_DESKTOP};
 use crate::common::report::SinkTask;
@@ -134,8 +135,71 @@ pub(crate) fn spawn_gnome_input_sink(
     rx: Receiver<Frame>,
     delivered: Delivered,
 ) -> Result<SinkTask, EndpointError> {
-    let mut g = open_gnome_input(endpoint, c)?;
+    let c = c.clone();
+    let mut g = Reopening::new(move || open_gnome_input(endpoint, &c))?;
     Ok(rt.spawn_blocking(move || run_injector(endpoint, &mut g, rx, &delivered)))
+}
+
+/// A remote-desktop session opened again when mutter (the portal) closes it: mutter closes
+/// it with its screen cast when the monitors are reconfigured (turned, a new mode, one
+/// plugged in or out), and before, the side ended there (found by turning a headless
+/// mutter's monitor: `NotifyPointerMotionAbsolute: Unknown stream`). The batch that found it
+/// closed goes to the new session; held keys and buttons went with the old one (mutter
+/// releases what a session held when it closes).
+pub(super) struct Reopening<F> {
+    g: GnomeInput,
+    open: F,
+    reopens: Reopens,
+}
+
+impl<F: Fn() -> Result<GnomeInput, EndpointError>> Reopening<F> {
+    /// The first session `open` makes.
+    pub(super) fn new(open: F) -> Result<Reopening<F>, EndpointError> {
+        Ok(Reopening {
+            g: open()?,
+            open,
+            reopens: Reopens::default(),
+        })
+    }
+}
+
+impl<F: Fn() -> Result<GnomeInput, EndpointError>> Injector for Reopening<F> {
+    fn stale(&mut self, meta: &ndd_core::Meta) -> bool {
+        self.g.stale(meta)
+    }
+
+    fn capabilities(&mut self, caps: &Capabilities) -> Result<(), EndpointError> {
+        self.g.capabilities(caps)
+    }
+
+    fn events(&mut self, events: &[Event]) -> Result<(), EndpointError> {
+        let e = match self.g.events(events) {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        // (mutter answers a call on a cast it closed with `Unknown stream`, often before its
+        // Closed signal is read.)
+        let gone = e.to_string().contains("Unknown stream") || self.g.closed_within(CLOSED_WAIT);
+        if !gone {
+            return Err(e);
+        }
+        let endpoint = self.g.endpoint;
+        if let Err(too_many) = self.reopens.admit(std::time::Instant::now()) {
+            tracing::warn!(endpoint, "the remote-desktop session closed {too_many}");
+            return Err(e);
+        }
+        tracing::info!(
+            endpoint,
+            "the remote-desktop session closed (the monitors were reconfigured, or it was stopped): opening it again"
+        );
+        let Some(mut g) = reopen(endpoint, "the remote-desktop session", &self.open) else {
+            return Err(e);
+        };
+        // The source's axis ranges and where its pointer was carry over.
+        (g.abs, g.at) = (self.g.abs, self.g.at);
+        self.g = g;
+        self.g.events(events)
+    }
 }
 
 /// Checks mutter's remote-desktop API answers and has the monitor (for `ndd check`), without
@@ -349,6 +413,20 @@ impl GnomeInput {
             Sent::Keysym(k) => self.call(Notify::Keysym(k, down)),
             Sent::Keycode(c) => self.call(Notify::Keycode(u32::from(c), down)),
         }
+    }
+}
+
+impl GnomeInput {
+    /// Whether mutter (the portal) closed the session, its Closed signal waited for `wait` at
+    /// most.
+    fn closed_within(&mut self, wait: Duration) -> bool {
+        let t0 = std::time::Instant::now();
+        while !self.closed.load(Ordering::Acquire) && t0.elapsed() < wait {
+            if self.conn.process(Duration::from_millis(50)).is_err() {
+                break;
+            }
+        }
+        self.closed.load(Ordering::Acquire)
     }
 }
 

@@ -17,7 +17,7 @@
 
 use super::config::{PortalInputConfig, PortalVia};
 use super::eis::Eis;
-use super::gnome::{Api, GnomeInput};
+use super::gnome::{Api, GnomeInput, Reopening};
 use super::sink::run_injector;
 use crate::common::delivered::Delivered;
 use crate::common::error::EndpointError;
@@ -120,7 +120,8 @@ pub(crate) fn spawn_portal_input_sink(
 ) -> Result<SinkTask, EndpointError> {
     let c = c.clone();
     Ok(rt.spawn_blocking(move || {
-        let mut g = open_portal_input(endpoint, &c)?;
+        // (Opened again with the grant the last start kept, where mutter closes it.)
+        let mut g = Reopening::new(move || open_portal_input(endpoint, &c))?;
         run_injector(endpoint, &mut g, rx, &delivered)
     }))
 }
