@@ -13,6 +13,7 @@ fail() { log "FAILED: $*"; exit 1; }
 deb=$(ls -t target/debian/ndd_*.deb | head -1)
 contents=$(dpkg -c "$deb")
 for f in ./usr/bin/ndd ./lib/systemd/system/ndd@.service ./lib/systemd/system/ndd.service \
+  ./usr/lib/systemd/user/ndd@.service ./usr/lib/systemd/user/ndd-session@.service \
   ./usr/share/man/man1/ndd-run.1 \
   ./usr/share/bash-completion/completions/ndd ./usr/share/zsh/vendor-completions/_ndd \
   ./usr/share/fish/vendor_completions.d/ndd.fish ./usr/share/doc/ndd/service.md \
@@ -54,6 +55,19 @@ if command -v systemd-analyze >/dev/null; then
     }
     [[ -z "$out" ]] || { printf '%s\n' "$out" >&2; fail "systemd-analyze verify $unit printed warnings"; }
   done
+  # The user units, as a user's manager reads them (a home with the instance's files).
+  uhome=$(mktemp -d)
+  mkdir -p "$uhome/.config/ndd" "$uhome/run" && chmod 700 "$uhome/run"
+  cp /etc/ndd/pkgtest.toml /etc/ndd/pkgtest.env "$uhome/.config/ndd/"
+  for unit in ndd@pkgtest.service ndd-session@pkgtest.service; do
+    cp "/usr/lib/systemd/user/${unit/pkgtest/}" "$uhome/$unit"
+    out=$(cd "$uhome" && HOME=$uhome XDG_RUNTIME_DIR=$uhome/run systemd-analyze --user verify "$unit" 2>&1) || {
+      printf '%s\n' "$out" >&2
+      fail "systemd-analyze --user verify $unit"
+    }
+    [[ -z "$out" ]] || { printf '%s\n' "$out" >&2; fail "systemd-analyze --user verify $unit printed warnings"; }
+  done
+  rm -rf "$uhome"
   log "systemd-analyze verify: clean"
 else
   log "systemd-analyze not installed: unit not verified"
