@@ -198,8 +198,9 @@ pub fn wayland_session(display: &str) -> Result<Vec<Offered>, String> {
         ok: has(needs),
         via: None,
     };
-    // The ext protocol where offered, else wlr's (as the endpoints choose by default).
-    let either = |what, ext: &[&'static str], ext_name, wlr, wlr_name| {
+    // The ext protocol where offered, else wlr's (as the endpoints choose by default); with
+    // neither, both are named missing (`neither`).
+    let either = |what, ext: &[&'static str], ext_name, (wlr, wlr_name), neither| {
         if ext.iter().all(|n| has(n)) {
             Offered {
                 what,
@@ -210,6 +211,7 @@ pub fn wayland_session(display: &str) -> Result<Vec<Offered>, String> {
         } else {
             Offered {
                 via: has(wlr).then_some(wlr_name),
+                needs: if has(wlr) { wlr } else { neither },
                 ..one(what, wlr)
             }
         }
@@ -222,8 +224,8 @@ pub fn wayland_session(display: &str) -> Result<Vec<Offered>, String> {
                 "ext_output_image_capture_source_manager_v1",
             ],
             "ext-image-copy-capture",
-            "zwlr_screencopy_manager_v1",
-            "wlr-screencopy",
+            ("zwlr_screencopy_manager_v1", "wlr-screencopy"),
+            "ext_image_copy_capture_manager_v1 and zwlr_screencopy_manager_v1",
         ),
         one("wayland-input (keys)", "zwp_virtual_keyboard_manager_v1"),
         one("wayland-input (pointer)", "zwlr_virtual_pointer_manager_v1"),
@@ -231,8 +233,8 @@ pub fn wayland_session(display: &str) -> Result<Vec<Offered>, String> {
             "wayland-clipboard",
             &["ext_data_control_manager_v1"],
             "ext-data-control",
-            "zwlr_data_control_manager_v1",
-            "wlr-data-control",
+            ("zwlr_data_control_manager_v1", "wlr-data-control"),
+            "ext_data_control_manager_v1 and zwlr_data_control_manager_v1",
         ),
         one("wayland-window", "xdg_wm_base"),
     ];
