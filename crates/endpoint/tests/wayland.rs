@@ -1280,3 +1280,130 @@ fn on_a_scale_2_output_the_viewer_shows_the_screen_pixel_for_pixel() {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// The viewer window (`wayland-window` with `wayland-window-input`) on KWin keeps the
+/// compositor's shortcuts for the remote desktop while it has the keyboard: Alt+Tab, typed
+/// into KWin through its fake input (`kde-input`, as a person's keyboard goes through KWin's
+/// shortcut handling), never reaches a plain program (`wev`, the control: KWin's window
+/// switcher takes the Tab), and reaches the viewer's input source whole.
+#[test]
+fn on_kwin_the_viewer_keeps_alt_tab_for_the_remote_desktop() {
+    use ndd_endpoint::input::{Capabilities, Event, InputMessage, EV_KEY};
+    if let Some(m) = missing(&["kwin_wayland", "wev", "dbus-daemon", "pipewire"]) {
+        println!("SKIPPED: needs {m} (apt-get install kwin-wayland wev)");
+        return;
+    }
+    let kwin = ndd_procs::Kwin::start("viewer-keys", 800, 600, true).expect("headless KWin");
+    let display = kwin.socket.display().to_string();
+    let rt = one_worker();
+    // Keys into KWin, as a keyboard would type them.
+    let (ktx, krx) = mpsc::channel::<Frame>(16);
+    let _keyboard = rt
+        .block_on(async {
+            ndd_endpoint::SinkConfig::KdeInput(ndd_endpoint::input::KdeInputConfig {
+                display: display.clone(),
+            })
+            .spawn(krx)
+        })
+        .expect("kde-input starts");
+    let mut seq = 0u64;
+    let mut type_in = |m: InputMessage| {
+        seq += 1;
+        let f = Frame::new(
+            ndd_core::Meta {
+                stream: 1,
+                seq,
+                timestamp_ns: 0,
+                flags: 0,
+            },
+            &m.emit().unwrap(),
+        );
+        ktx.blocking_send(f).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    type_in(InputMessage::Capabilities(
+        Capabilities::keyboard_and_mouse("test"),
+    ));
+    // KEY_LEFTALT = 56, KEY_TAB = 15.
+    let key = |code: u16, down: bool| {
+        InputMessage::Events(vec![Event::new(EV_KEY, code, i32::from(down))])
+    };
+    let alt_tab = [(56, true), (15, true), (15, false), (56, false)];
+    // The control: wev, focused as KWin's newest window, gets the Alt but not the Tab.
+    {
+        let mut cmd = kwin.client("stdbuf");
+        cmd.args(["-oL", "wev"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null());
+        let (_wev, seen) = ndd_procs::spawn_collecting(&mut cmd).expect("start wev");
+        let t0 = Instant::now();
+        while !seen.lock().unwrap().contains("sym: Alt_L") {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "wev never got the Alt; it said:\n{}",
+                seen.lock().unwrap()
+            );
+            for (c, d) in alt_tab {
+                type_in(key(c, d));
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            !seen.lock().unwrap().contains("sym: Tab"),
+            "KWin let a plain program have Alt+Tab (the control shows nothing):\n{}",
+            seen.lock().unwrap()
+        );
+    }
+    // The viewer and its input.
+    let sink = ndd_endpoint::SinkConfig::WaylandWindow(ndd_endpoint::WaylandWindowConfig {
+        display: display.clone(),
+        title: "ndd viewer on kwin".into(),
+    });
+    let (vtx, vrx) = mpsc::channel::<Frame>(4);
+    let _viewer = rt
+        .block_on(async { sink.spawn(vrx) })
+        .expect("the viewer starts");
+    rt.block_on(vtx.send(display_frame(
+        1,
+        &solid_update(
+            320,
+            240,
+            &[(ndd_endpoint::Rect::new(0, 0, 320, 240), [0x33, 0x66, 0xcc])],
+        ),
+    )))
+    .unwrap();
+    let (itx, mut irx) = mpsc::channel::<Frame>(64);
+    let _input = rt
+        .block_on(async {
+            SourceConfig::WaylandWindowInput(ndd_endpoint::input::WaylandWindowInputConfig {
+                display: display.clone(),
+            })
+            .spawn(1, itx)
+        })
+        .expect("the viewer's input starts");
+    // What the viewer sent: its key events, in order.
+    let mut keys: Vec<(u16, i32)> = Vec::new();
+    let t0 = Instant::now();
+    while !keys.windows(2).any(|w| w == [(56, 1), (15, 1)]) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "Alt+Tab typed into KWin never reached the viewer whole; it sent the keys {keys:?}"
+        );
+        for (c, d) in alt_tab {
+            type_in(key(c, d));
+        }
+        let until = Instant::now() + Duration::from_millis(300);
+        while let Ok(Some(f)) = rt.block_on(async {
+            tokio::time::timeout(until.saturating_duration_since(Instant::now()), irx.recv()).await
+        }) {
+            if let Ok(InputMessage::Events(ev)) = InputMessage::parse(f.payload()) {
+                keys.extend(
+                    ev.iter()
+                        .filter(|e| e.ty == EV_KEY)
+                        .map(|e| (e.code, e.value)),
+                );
+            }
+        }
+    }
+}
