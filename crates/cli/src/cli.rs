@@ -98,9 +98,14 @@ enum ShareWhat {
         /// Listen on ADDR instead, for `ndd attach desktop --from`.
         #[arg(long, value_name = "ADDR")]
         listen: Option<String>,
-        /// The X display shared.
+        /// The X display shared (an X11 session).
         #[arg(long, default_value = ":0")]
         display: String,
+        /// Which desktop this is: x11, wayland (sway, Hyprland, river…) or gnome; by default
+        /// found out (WAYLAND_DISPLAY and what its compositor offers, else X11). The other
+        /// machine says the same: `ndd attach desktop --session …`.
+        #[arg(long, value_enum)]
+        session: Option<crate::share::Session>,
         #[command(flatten)]
         run: ShareRun,
     },
@@ -183,6 +188,10 @@ enum AttachWhat {
         /// The X display the window opens on.
         #[arg(long, default_value = ":0")]
         display: String,
+        /// Which desktop the other machine shares, as its `ndd share desktop` said: x11,
+        /// wayland (sway, Hyprland, river…) or gnome.
+        #[arg(long, value_enum, default_value = "x11")]
+        session: crate::share::Session,
         #[command(flatten)]
         run: ShareRun,
     },
@@ -528,10 +537,11 @@ fn init_tracing(verbose: u8) {
     use tracing_subscriber::EnvFilter;
     // The session's notes (connected, link lost, restored) are ndd's own INFO lines: shown by
     // default; other crates' only from -v (but the portal's: a dialog waits at the desktop;
-    // and the Wayland viewer's: whether the compositor let it keep its shortcuts, which GNOME
-    // Shell asks the person first).
+    // the Wayland viewer's: whether the compositor let it keep its shortcuts, which GNOME
+    // Shell asks the person first; GNOME's casts and sessions: opened again after a new
+    // monitor configuration).
     let default = match verbose {
-        0 => "warn,ndd::session=info,ndd::fanout=info,ndd::rfbaccel=info,ndd::serve=info,ndd_link::establish=info,ndd_endpoint::serial::tty=info,ndd_endpoint::display::portal=info,ndd_endpoint::input::portal=info,ndd_endpoint::common::portal=info,ndd_endpoint::display::wayland_window=info",
+        0 => "warn,ndd::session=info,ndd::fanout=info,ndd::rfbaccel=info,ndd::serve=info,ndd_link::establish=info,ndd_endpoint::serial::tty=info,ndd_endpoint::display::portal=info,ndd_endpoint::input::portal=info,ndd_endpoint::common::portal=info,ndd_endpoint::display::wayland_window=info,ndd_endpoint::display::gnome=info,ndd_endpoint::input::gnome=info",
         1 => "info",
         2 => "debug",
         _ => "trace",
@@ -594,17 +604,23 @@ fn share(what: ShareWhat) -> Result<i32> {
             to,
             listen,
             display,
+            session,
             run,
-        } => (
-            Kind::Desktop,
-            to,
-            listen,
-            Local {
-                display: Some(display),
-                ..Local::default()
-            },
-            run,
-        ),
+        } => {
+            let (session, wayland) = desktop_session(session)?;
+            (
+                Kind::Desktop,
+                to,
+                listen,
+                Local {
+                    display: Some(display),
+                    session,
+                    wayland,
+                    ..Local::default()
+                },
+                run,
+            )
+        }
         ShareWhat::Audio { to, listen, run } => (Kind::Audio, to, listen, Local::default(), run),
         ShareWhat::Input {
             to,
@@ -631,9 +647,19 @@ fn share(what: ShareWhat) -> Result<i32> {
     };
     let side = kind.sharing_side();
     let peer = match &link {
-        Link::Listen(a) => Some(crate::share::peer_command(kind, side, a)),
+        Link::Listen(a) => Some(crate::share::peer_command(kind, side, a, local.session)),
         Link::Connect(_) => None,
     };
+    // A desktop other than X11: the other machine must say so too (its streams follow).
+    if let (Kind::Desktop, Link::Connect(_), false) = (kind, &link, run.print_config) {
+        if local.session != crate::share::Session::X11 {
+            eprintln!(
+                "ndd: sharing this {} desktop; on the other machine: ndd attach desktop --session {}",
+                local.session.name(),
+                local.session.name()
+            );
+        }
+    }
     one_line(
         config(kind, side, &link, &local),
         side,
@@ -641,6 +667,45 @@ fn share(what: ShareWhat) -> Result<i32> {
         run,
         peer,
     )
+}
+
+/// Which desktop `ndd share desktop` shares (`asked`, else found out) and, for a wlroots
+/// compositor, its Wayland display: a Wayland session (WAYLAND_DISPLAY) whose compositor
+/// offers capture and virtual input is `wayland`, one where mutter's screen cast answers is
+/// `gnome`; another Wayland desktop is an error naming what to use; no Wayland session is X11.
+fn desktop_session(
+    asked: Option<crate::share::Session>,
+) -> Result<(crate::share::Session, Option<String>)> {
+    use crate::share::Session;
+    let wayland = std::env::var("WAYLAND_DISPLAY")
+        .ok()
+        .filter(|d| !d.is_empty());
+    let wlroots = |d: &str| -> Result<bool> {
+        let offer = ndd_endpoint::wayland_session(d)
+            .map_err(|e| anyhow::anyhow!("WAYLAND_DISPLAY={d}: {e}"))?;
+        let ok = |what: &str| offer.iter().any(|o| o.what == what && o.ok);
+        Ok(ok("wayland-screen") && ok("wayland-input (keys)") && ok("wayland-input (pointer)"))
+    };
+    let gnome = || ndd_endpoint::SourceConfig::GnomeScreen(Default::default()).probe();
+    match (asked, wayland) {
+        (Some(Session::Wayland), None) => bail!(
+            "--session wayland: WAYLAND_DISPLAY is not set (run this in the Wayland session, or set it to the compositor's socket)"
+        ),
+        (Some(Session::Wayland), Some(d)) => Ok((Session::Wayland, Some(d))),
+        (Some(s), _) => Ok((s, None)),
+        (None, None) => Ok((Session::X11, None)),
+        (None, Some(d)) => {
+            if wlroots(&d)? {
+                Ok((Session::Wayland, Some(d)))
+            } else if gnome().is_ok() {
+                Ok((Session::Gnome, None))
+            } else {
+                bail!(
+                    "this is a Wayland session (WAYLAND_DISPLAY={d}) whose compositor offers neither wlroots' screen capture and virtual input nor GNOME's screen cast: on KDE Plasma or another desktop share it with a config of portal-screen and kde-input or portal-input (docs/devices.md \"Wayland\"; `ndd check --side app FILE` says what this session offers), or share its X11 programs only with --session x11"
+                )
+            }
+        }
+    }
 }
 
 /// `ndd attach …`: the attaching side of a one-line share.
@@ -662,11 +727,17 @@ fn attach(what: AttachWhat) -> Result<i32> {
             },
             run,
         ),
-        AttachWhat::Desktop { way, display, run } => (
+        AttachWhat::Desktop {
+            way,
+            display,
+            session,
+            run,
+        } => (
             Kind::Desktop,
             way,
             Local {
                 display: Some(display),
+                session,
                 ..Local::default()
             },
             run,
@@ -713,7 +784,7 @@ fn attach(what: AttachWhat) -> Result<i32> {
     };
     let side = kind.sharing_side().other();
     let peer = match &link {
-        Link::Listen(a) => Some(crate::share::peer_command(kind, side, a)),
+        Link::Listen(a) => Some(crate::share::peer_command(kind, side, a, local.session)),
         Link::Connect(_) => None,
     };
     one_line(

@@ -24,13 +24,46 @@ pub enum Kind {
     Input,
 }
 
+/// The kind of desktop a desktop share shows: both sides name the same one (its example
+/// decides the streams, which both sides must agree on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Session {
+    /// An X11 desktop (`examples/desktop.toml`).
+    #[default]
+    X11,
+    /// A wlroots compositor: sway, Hyprland, river, labwc (`examples/wayland-desktop.toml`).
+    Wayland,
+    /// GNOME on Wayland (`examples/gnome-desktop.toml`).
+    Gnome,
+}
+
+impl Session {
+    /// As `--session` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Session::X11 => "x11",
+            Session::Wayland => "wayland",
+            Session::Gnome => "gnome",
+        }
+    }
+}
+
 impl Kind {
     fn example(self) -> &'static str {
-        match self {
-            Kind::Serial => include_str!("../../../examples/serial.toml"),
-            Kind::Desktop => include_str!("../../../examples/desktop.toml"),
-            Kind::Audio => include_str!("../../../examples/audio.toml"),
-            Kind::Input => include_str!("../../../examples/input.toml"),
+        self.example_for(Session::X11)
+    }
+
+    /// The example a share of this kind is built from; a desktop's by its `session`.
+    fn example_for(self, session: Session) -> &'static str {
+        match (self, session) {
+            (Kind::Serial, _) => include_str!("../../../examples/serial.toml"),
+            (Kind::Desktop, Session::X11) => include_str!("../../../examples/desktop.toml"),
+            (Kind::Desktop, Session::Wayland) => {
+                include_str!("../../../examples/wayland-desktop.toml")
+            }
+            (Kind::Desktop, Session::Gnome) => include_str!("../../../examples/gnome-desktop.toml"),
+            (Kind::Audio, _) => include_str!("../../../examples/audio.toml"),
+            (Kind::Input, _) => include_str!("../../../examples/input.toml"),
         }
     }
 
@@ -83,6 +116,10 @@ pub struct Local {
     pub baud: Option<u32>,
     /// Desktop, input: this machine's X display.
     pub display: Option<String>,
+    /// Desktop: which kind of desktop is shared (both sides say the same).
+    pub session: Session,
+    /// Desktop shared from a wlroots compositor: its Wayland display (`$WAYLAND_DISPLAY`).
+    pub wayland: Option<String>,
     /// Input: a Linux event device to share instead of the X display (taken exclusively).
     pub device: Option<String>,
     /// Input: a virtual input device (uinput) instead of the X display.
@@ -130,8 +167,9 @@ fn quoted(s: &str) -> String {
 }
 
 /// The one line that starts the other side of a share of `kind` whose `side` listens on
-/// `listen` (`THIS_HOST` stands for this machine): what a listener left alone suggests.
-pub fn peer_command(kind: Kind, side: SideName, listen: &str) -> String {
+/// `listen` (`THIS_HOST` stands for this machine): what a listener left alone suggests. A
+/// desktop other than X11 is named (`--session`): the other side must build the same streams.
+pub fn peer_command(kind: Kind, side: SideName, listen: &str, session: Session) -> String {
     let port = listen
         .rsplit(':')
         .next()
@@ -139,19 +177,25 @@ pub fn peer_command(kind: Kind, side: SideName, listen: &str) -> String {
         .filter(|&p| p != kind.port())
         .map_or(String::new(), |p| format!(":{p}"));
     let name = kind.name();
+    let session = match (kind, session) {
+        (Kind::Desktop, Session::Wayland | Session::Gnome) => {
+            format!(" --session {}", session.name())
+        }
+        _ => String::new(),
+    };
     if side == kind.sharing_side() {
         let what = match kind {
             Kind::Serial => " --link /dev/ttyREMOTE",
             _ => "",
         };
-        format!("ndd attach {name}{what} --from THIS_HOST{port}")
+        format!("ndd attach {name}{what}{session} --from THIS_HOST{port}")
     } else {
         let what = match kind {
             Kind::Serial => " PORT",
-            Kind::Desktop => " --display :0",
-            Kind::Audio | Kind::Input => "",
+            Kind::Desktop if session.is_empty() => " --display :0",
+            Kind::Desktop | Kind::Audio | Kind::Input => "",
         };
-        format!("ndd share {name}{what} --to THIS_HOST{port}")
+        format!("ndd share {name}{what}{session} --to THIS_HOST{port}")
     }
 }
 
@@ -174,7 +218,7 @@ pub fn config(kind: Kind, side: SideName, link: &Link, local: &Local) -> String 
         kind.name()
     ));
     let mut in_link = false;
-    for line in kind.example().lines() {
+    for line in kind.example_for(local.session).lines() {
         let t = line.trim_start();
         if t.starts_with('[') {
             in_link = t.starts_with("[link]");
@@ -213,6 +257,13 @@ pub fn config(kind: Kind, side: SideName, link: &Link, local: &Local) -> String 
         }
         if let Some(b) = local.baud {
             l = l.replace("baud = 115200", &format!("baud = {b}"));
+        }
+        if let (Some(w), SideName::App) = (&local.wayland, side) {
+            // The wlroots example's compositor is wayland-1.
+            l = l.replace(
+                "display = \"wayland-1\"",
+                &format!("display = {}", quoted(w)),
+            );
         }
         if let Some(d) = &local.display {
             // The example's app display is :1, the device's :0.
@@ -296,21 +347,76 @@ mod tests {
     #[test]
     fn a_lonely_side_names_the_other_sides_one_line() {
         assert_eq!(
-            peer_command(Kind::Serial, SideName::App, "0.0.0.0:7882"),
+            peer_command(Kind::Serial, SideName::App, "0.0.0.0:7882", Session::X11),
             "ndd share serial PORT --to THIS_HOST"
         );
         assert_eq!(
-            peer_command(Kind::Desktop, SideName::Device, "0.0.0.0:9000"),
+            peer_command(
+                Kind::Desktop,
+                SideName::Device,
+                "0.0.0.0:9000",
+                Session::X11
+            ),
             "ndd share desktop --display :0 --to THIS_HOST:9000"
         );
         assert_eq!(
-            peer_command(Kind::Serial, SideName::Device, "0.0.0.0:7882"),
+            peer_command(Kind::Serial, SideName::Device, "0.0.0.0:7882", Session::X11),
             "ndd attach serial --link /dev/ttyREMOTE --from THIS_HOST"
         );
         assert_eq!(
-            peer_command(Kind::Audio, SideName::Device, "[::]:7884"),
+            peer_command(Kind::Audio, SideName::Device, "[::]:7884", Session::X11),
             "ndd attach audio --from THIS_HOST"
         );
+    }
+
+    #[test]
+    fn a_wayland_or_gnome_desktop_share_names_its_session_for_the_other_side() {
+        assert_eq!(
+            peer_command(Kind::Desktop, SideName::App, "0.0.0.0:7890", Session::Gnome),
+            "ndd attach desktop --session gnome --from THIS_HOST"
+        );
+        assert_eq!(
+            peer_command(
+                Kind::Desktop,
+                SideName::Device,
+                "0.0.0.0:7890",
+                Session::Wayland
+            ),
+            "ndd share desktop --session wayland --to THIS_HOST"
+        );
+    }
+
+    /// Each desktop session's share and attach: both parse, the share side's compositor is
+    /// the one given, and their HELLOs agree (the same streams, directions and stacks).
+    #[test]
+    fn a_desktop_share_and_its_attach_agree_for_each_session() {
+        for session in [Session::X11, Session::Wayland, Session::Gnome] {
+            let share = Local {
+                session,
+                wayland: Some("wayland-7".into()),
+                display: Some(":0".into()),
+                ..Local::default()
+            };
+            let attach = Local {
+                session,
+                display: Some(":5".into()),
+                ..Local::default()
+            };
+            let (a, d) = both(Kind::Desktop, &share, &attach);
+            ndd_wire::compare_hello(&a.hello(SideName::App), &d.hello(SideName::Device))
+                .unwrap_or_else(|e| panic!("{session:?}: {e}"));
+            let streams = format!("{:?} {:?}", a.streams, d.streams);
+            match session {
+                Session::X11 => assert!(streams.contains("X11Screen"), "{streams}"),
+                Session::Wayland => assert!(
+                    streams.contains("WaylandScreen") && streams.contains("wayland-7"),
+                    "{streams}"
+                ),
+                Session::Gnome => assert!(streams.contains("GnomeScreen"), "{streams}"),
+            }
+            // The viewer opens on the attaching side's display.
+            assert!(streams.contains("\":5\""), "{session:?}: {streams}");
+        }
     }
 
     #[test]
@@ -420,7 +526,7 @@ mod tests {
         );
         assert_eq!(Kind::Input.port(), 7886);
         assert_eq!(
-            peer_command(Kind::Input, SideName::App, "0.0.0.0:7886"),
+            peer_command(Kind::Input, SideName::App, "0.0.0.0:7886", Session::X11),
             "ndd share input --to THIS_HOST"
         );
     }

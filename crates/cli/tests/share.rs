@@ -175,7 +175,9 @@ fn a_desktop_shared_in_one_line_opens_its_window_on_the_other_display() {
             &addr,
         ])
         .arg("--home")
-        .arg(&app_home);
+        .arg(&app_home)
+        // (An X11 session: a Wayland one would be shared as such.)
+        .env_remove("WAYLAND_DISPLAY");
     let shared = Side::spawn(share);
     shared.wait_says("streams agreed", &[&viewer]);
     wait_for("the viewer's window on the other display", WAIT, || {
@@ -247,4 +249,96 @@ fn a_keyboard_and_mouse_shared_in_one_line_type_into_the_other_display() {
     });
     shared.kill();
     attached.kill();
+}
+
+/// `ndd share desktop --to HOST` run in a sway session finds it is one (WAYLAND_DISPLAY, a
+/// compositor with capture and virtual input) and shares it as examples/wayland-desktop.toml
+/// does, saying what the other machine runs; `ndd attach desktop --session wayland` there
+/// opens the viewer, and a key typed into it reaches an unmodified `wev` on sway. Attached
+/// as X11 instead, the share side says the drivers differ (and, at its start, what to run).
+#[test]
+fn a_sway_desktop_shared_in_one_line_is_found_to_be_wayland_and_used() {
+    if let Some(m) = missing(&["sway", "wev", "setpriv", "Xvfb", "xdotool", "xwininfo"]) {
+        println!("SKIPPED: needs {m} (apt-get install sway wev xvfb xdotool x11-utils)");
+        return;
+    }
+    let sway = ndd_procs::Sway::start("share", 480, 320, "#203040").expect("headless sway");
+    let x = Xvfb::start("800x600x24").expect("start Xvfb");
+    let dir = Dir::new("share-wayland");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let (_wev, seen) = ndd_procs::spawn_collecting(
+        Command::new("stdbuf")
+            .args(["-oL", "wev"])
+            .env("WAYLAND_DISPLAY", &sway.socket)
+            .env("XDG_RUNTIME_DIR", &sway.dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null()),
+    )
+    .expect("wev");
+    let attach = |session: &str, addr: &str| {
+        let mut c = ndd();
+        c.args(["attach", "desktop", "--session", session, "--display"])
+            .arg(&x.display)
+            .args(["--listen", addr, "--home"])
+            .arg(&dev_home);
+        Side::spawn(c)
+    };
+    let share = |addr: &str| {
+        let mut c = ndd();
+        c.args(["share", "desktop", "--to", addr, "--home"])
+            .arg(&app_home)
+            .env("WAYLAND_DISPLAY", &sway.socket)
+            .env("XDG_RUNTIME_DIR", &sway.dir);
+        Side::spawn(c)
+    };
+    // Attached as an X11 desktop: refused, and the reason says why.
+    let addr = free_addr();
+    let viewer = attach("x11", &addr);
+    let shared = share(&addr);
+    shared.wait_says("driver mismatch", &[&viewer]);
+    let said = shared.stderr_now();
+    assert!(
+        said.contains("sharing this wayland desktop; on the other machine: ndd attach desktop --session wayland")
+            && said.contains("this side runs driver `wayland-desktop`, the peer runs `desktop`"),
+        "{said}"
+    );
+    shared.kill();
+    viewer.kill();
+    // Attached as what the share said.
+    let addr = free_addr();
+    let viewer = attach("wayland", &addr);
+    let shared = share(&addr);
+    shared.wait_says("streams agreed", &[&viewer]);
+    wait_for("the viewer window on the Xvfb", WAIT, || {
+        let out = Command::new("xwininfo")
+            .args(["-root", "-tree", "-display", &x.display])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).contains("ndd wayland desktop")
+    });
+    let t0 = std::time::Instant::now();
+    while !seen.lock().unwrap().contains("sym: h") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the key never reached wev; wev said:\n{}\nshare: {}\nattach: {}",
+            seen.lock().unwrap(),
+            shared.stderr_now(),
+            viewer.stderr_now()
+        );
+        let _ = Command::new("xdotool")
+            .env("DISPLAY", &x.display)
+            .args([
+                "search",
+                "--name",
+                "ndd wayland desktop",
+                "mousemove",
+                "--window",
+                "%1",
+            ])
+            .args(["50", "50", "click", "1", "key", "h"])
+            .status();
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    shared.kill();
+    viewer.kill();
 }

@@ -264,6 +264,48 @@ pub(crate) fn watch_closed(
     Ok(closed)
 }
 
+/// When mutter last said on `conn`'s bus that its monitors changed (`MonitorsChanged` of its
+/// display configuration API): a session it closes then was closed by the new configuration,
+/// not by the person (who may stop a share at the desktop, and is not overridden).
+pub(crate) fn watch_monitors(conn: &Connection) -> Result<Reconfigured, dbus::Error> {
+    let seen: Reconfigured = Arc::default();
+    let s = Arc::clone(&seen);
+    conn.add_match(
+        MatchRule::new_signal("org.gnome.Mutter.DisplayConfig", "MonitorsChanged")
+            .with_path("/org/gnome/Mutter/DisplayConfig"),
+        move |(): (), _, _| {
+            *s.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
+            true
+        },
+    )?;
+    Ok(seen)
+}
+
+/// When mutter last said its monitors changed ([`watch_monitors`]).
+pub(crate) type Reconfigured = Arc<std::sync::Mutex<Option<std::time::Instant>>>;
+
+/// Whether a session that just closed went with a new monitor configuration: mutter's
+/// `MonitorsChanged` seen within [`RECONFIGURED_NEAR`], waited for on `conn` that long (it
+/// may come after the Closed signal).
+pub(crate) fn closed_by_reconfiguration(conn: &Connection, seen: &Reconfigured) -> bool {
+    let t0 = std::time::Instant::now();
+    loop {
+        let near = seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|t| t.elapsed() < RECONFIGURED_NEAR * 2);
+        if near {
+            return true;
+        }
+        if t0.elapsed() >= RECONFIGURED_NEAR || conn.process(Duration::from_millis(50)).is_err() {
+            return false;
+        }
+    }
+}
+
+/// How near a monitor change and a session's closing come when one made the other.
+const RECONFIGURED_NEAR: Duration = Duration::from_secs(2);
+
 /// The size of screen-cast stream `stream`'s monitor, from its parameters.
 pub(crate) fn monitor_size(
     conn: &Connection,
@@ -314,7 +356,7 @@ impl Reopens {
         self.0.retain(|t| now.duration_since(*t) < REOPEN_SPAN);
         if self.0.len() >= REOPENS {
             return Err(format!(
-                "{REOPENS} times within {} s",
+                "again, after it was opened again {REOPENS} times within {} s",
                 REOPEN_SPAN.as_secs()
             ));
         }
@@ -359,7 +401,7 @@ mod reopen_tests {
         }
         assert_eq!(
             r.admit(t0 + Duration::from_secs(10)),
-            Err("5 times within 60 s".to_string())
+            Err("again, after it was opened again 5 times within 60 s".to_string())
         );
         // A minute after the first, one more may come.
         assert_eq!(r.admit(t0 + Duration::from_secs(61)), Ok(()));

@@ -24,8 +24,9 @@ use crate::common::demand::Demand;
 use crate::common::emitter::Emitter;
 use crate::common::error::EndpointError;
 use crate::common::gnome::{
-    check_monitor, connect, dbus_text, monitor_size, not_gnome, record_monitor, reopen,
-    unavailable, watch_closed, Reopens, CALL, CLOSED_WAIT,
+    check_monitor, closed_by_reconfiguration, connect, dbus_text, monitor_size, not_gnome,
+    record_monitor, reopen, unavailable, watch_closed, watch_monitors, Reconfigured, Reopens, CALL,
+    CLOSED_WAIT,
 };
 use crate::common::report::{SourceReport, SourceTask};
 use dbus::arg::{PropMap, RefArg, Variant};
@@ -104,6 +105,8 @@ pub(super) struct Cast {
     pub(super) node: u32,
     /// mutter (the portal) closed the session (the monitor went, the session ended).
     pub(super) closed: Arc<AtomicBool>,
+    /// When mutter last said its monitors changed (a close then is theirs, not the person's).
+    pub(super) reconfigured: Reconfigured,
 }
 
 /// Whose screen cast a [`Cast`] is.
@@ -443,6 +446,7 @@ pub(crate) fn open_gnome_screen(
     };
     let size = monitor_size(&conn, &stream).map_err(fail)?;
     let cast = Cast {
+        reconfigured: watch_monitors(&conn).unwrap_or_default(),
         conn,
         session,
         via: Via::Mutter { stream },
@@ -479,22 +483,31 @@ pub(crate) fn spawn_gnome_screen_source(
     demand: Option<Demand>,
 ) -> Result<SourceTask, EndpointError> {
     let c = c.clone();
-    spawn_cast(rt, endpoint, (stream, tx, demand), move || {
-        open_gnome_screen(endpoint, &c)
-    })
+    spawn_cast(
+        rt,
+        endpoint,
+        (stream, tx, demand),
+        move || open_gnome_screen(endpoint, &c),
+        || true,
+    )
 }
 
 /// Starts a screen-cast source (`gnome-screen`, `portal-screen`) whose cast `open` makes:
 /// opened in the source's own thread, as GStreamer is killed when the thread that started it
 /// ends (`Pipeline::start`), and a portal's dialog may take the person minutes.
+/// `reopenable` says whether a cast mutter closed on a new monitor configuration may be
+/// opened again without asking anyone (the portal's: only with a kept grant).
 pub(super) fn spawn_cast(
     rt: &Handle,
     endpoint: &'static str,
     (stream, tx, demand): (u16, Sender<Frame>, Option<Demand>),
     open: impl Fn() -> Result<GnomeScreen, EndpointError> + Send + 'static,
+    reopenable: impl Fn() -> bool + Send + 'static,
 ) -> Result<SourceTask, EndpointError> {
     gstreamer_here(endpoint)?;
-    Ok(rt.spawn_blocking(move || run_gnome_screen(endpoint, &open, stream, tx, demand)))
+    Ok(rt.spawn_blocking(move || {
+        run_gnome_screen(endpoint, (&open, &reopenable), stream, tx, demand)
+    }))
 }
 
 /// A pipeline that did not start, said as what to install.
@@ -513,7 +526,10 @@ pub(super) fn gst_failed(endpoint: &'static str) -> impl Fn(std::io::Error) -> E
 /// `portal-screen`).
 pub(super) fn run_gnome_screen(
     endpoint: &'static str,
-    open: &dyn Fn() -> Result<GnomeScreen, EndpointError>,
+    (open, reopenable): (
+        &dyn Fn() -> Result<GnomeScreen, EndpointError>,
+        &dyn Fn() -> bool,
+    ),
     stream: u16,
     tx: Sender<Frame>,
     demand: Option<Demand>,
@@ -540,12 +556,23 @@ pub(super) fn run_gnome_screen(
                 Via::Mutter { .. } => "mutter closed the screen cast",
                 Via::Portal { .. } => "the xdg-desktop-portal closed the screen cast",
             };
+            // Only a close that came with a new monitor configuration is undone: a person
+            // who stopped the share at the desktop is not overridden, and a portal without a
+            // kept grant would ask at the desktop again.
+            if !closed_by_reconfiguration(&s.cast.conn, &s.cast.reconfigured) {
+                return Err(fatal(format!("{why} (stopped at the desktop?)")));
+            }
+            if !reopenable() {
+                return Err(fatal(format!(
+                    "{why} as the monitors were reconfigured; opening it again would ask at the desktop (no kept grant)"
+                )));
+            }
             if let Err(too_many) = reopens.admit(Instant::now()) {
                 return Err(fatal(format!("{why} {too_many}")));
             }
             tracing::info!(
                 endpoint,
-                "{why} (the monitors were reconfigured, or the cast was stopped): opening it again"
+                "{why} as the monitors were reconfigured: opening it again"
             );
             // The old cast and its pipeline go first (one reader of the monitor at a time).
             drop(s);
@@ -561,7 +588,16 @@ pub(super) fn run_gnome_screen(
         // that changes size under it is scaled to the size it had.)
         if let (true, Via::Mutter { stream }) = (now >= next_size, &s.cast.via) {
             next_size = now + SIZE_EVERY;
-            let size = monitor_size(&s.cast.conn, stream).map_err(fatal)?;
+            let size = match monitor_size(&s.cast.conn, stream) {
+                Ok(size) => size,
+                // (The stream goes with a closing cast, often before its Closed is read.)
+                Err(e) => {
+                    if closed_within(&s.cast, CLOSED_WAIT) {
+                        continue;
+                    }
+                    return Err(fatal(e));
+                }
+            };
             if size != s.pipeline.size {
                 tracing::info!(
                     endpoint,
@@ -604,15 +640,8 @@ pub(super) fn run_gnome_screen(
             },
             Err(e) => {
                 // mutter closing the cast ends the pipeline too, often before its Closed
-                // signal is read: it is waited for a moment, and the cast opened again.
-                let t0 = Instant::now();
-                while !s.cast.closed.load(Ordering::Acquire) && t0.elapsed() < CLOSED_WAIT {
-                    s.cast
-                        .conn
-                        .process(Duration::from_millis(50))
-                        .map_err(|e| fatal(dbus_text(&e)))?;
-                }
-                if s.cast.closed.load(Ordering::Acquire) {
+                // signal is read: it is waited for a moment (the loop then says why).
+                if closed_within(&s.cast, CLOSED_WAIT) {
                     continue;
                 }
                 return Err(fatal(e));
@@ -664,6 +693,17 @@ pub(super) fn run_gnome_screen(
         "frames replaced by newer ones before they were taken"
     );
     Ok(em.report)
+}
+
+/// Whether `cast` was closed, its Closed signal waited for `wait` at most.
+fn closed_within(cast: &Cast, wait: Duration) -> bool {
+    let t0 = Instant::now();
+    while !cast.closed.load(Ordering::Acquire) && t0.elapsed() < wait {
+        if cast.conn.process(Duration::from_millis(50)).is_err() {
+            break;
+        }
+    }
+    cast.closed.load(Ordering::Acquire)
 }
 
 /// The pixels of every rect of `layout`, from the packed BGRx picture `pic` (`w` wide).

@@ -189,6 +189,7 @@ pub(crate) fn open_portal_screen(
         bus,
         pipewire: String::new(),
         cast: Cast {
+            reconfigured: crate::common::gnome::watch_monitors(&conn).unwrap_or_default(),
             conn,
             session,
             via: Via::Portal { _remote: remote },
@@ -212,10 +213,14 @@ pub(crate) fn spawn_portal_screen_source(
     tx: Sender<Frame>,
     demand: Option<Demand>,
 ) -> Result<SourceTask, EndpointError> {
-    let c = c.clone();
-    spawn_cast(rt, endpoint, (stream, tx, demand), move || {
-        open_portal_screen(endpoint, &c)
-    })
+    let (c, kept) = (c.clone(), c.token_path());
+    spawn_cast(
+        rt,
+        endpoint,
+        (stream, tx, demand),
+        move || open_portal_screen(endpoint, &c),
+        move || kept.as_deref().and_then(read_token).is_some(),
+    )
 }
 
 #[cfg(test)]

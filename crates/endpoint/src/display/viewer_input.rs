@@ -155,6 +155,28 @@ impl ViewerInput {
         self.out.push(InputMessage::Events(events));
     }
 
+    /// The seat lost its pointer: the buttons held are released (a drag under way ends).
+    pub(crate) fn pointer_left(&mut self) {
+        let buttons: Vec<u16> = self
+            .held
+            .iter()
+            .copied()
+            .filter(|k| (BTN_LEFT..BTN_LEFT + 0x10).contains(k))
+            .collect();
+        if buttons.is_empty() {
+            return;
+        }
+        for b in &buttons {
+            self.held.remove(b);
+        }
+        self.out.push(InputMessage::Events(
+            buttons
+                .into_iter()
+                .map(|b| Event::new(EV_KEY, b, 0))
+                .collect(),
+        ));
+    }
+
     /// The window lost the keyboard: what is held is released.
     pub(crate) fn keyboard_left(&mut self) {
         // (The lock's G, if still down, is forgotten: a later G's release must go.)
@@ -358,6 +380,24 @@ mod tests {
             "the key, not the button"
         );
         v.key(30, false);
+        assert!(v.take().is_empty(), "already released");
+    }
+
+    #[test]
+    fn buttons_held_are_released_when_the_seat_loses_its_pointer() {
+        let mut v = ViewerInput::default();
+        v.key(30, true);
+        v.button(u32::from(BTN_LEFT), true);
+        v.frame();
+        v.take();
+        v.pointer_left();
+        assert_eq!(
+            events(&v.take()),
+            vec![(EV_KEY, BTN_LEFT, 0)],
+            "the button, not the key"
+        );
+        v.button(u32::from(BTN_LEFT), false);
+        v.frame();
         assert!(v.take().is_empty(), "already released");
     }
 

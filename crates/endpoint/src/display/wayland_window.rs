@@ -213,8 +213,9 @@ impl Dispatch<wl_seat::WlSeat, ()> for State {
                     if wayland_client::Proxy::version(&p) >= 3 {
                         p.release();
                     }
-                    // Its relative pointer and lock go with it.
+                    // Its relative pointer and lock go with it, and its held buttons.
                     state.pointer_lost = true;
+                    state.input.pointer_left();
                     state.input.set_locked(false);
                 }
                 p => state.pointer = p,

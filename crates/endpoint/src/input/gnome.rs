@@ -22,9 +22,9 @@ use super::sink::{run_injector, Injector};
 use crate::common::delivered::Delivered;
 use crate::common::error::EndpointError;
 use crate::common::gnome::{
-    check_monitor, connect, create_remote_session, dbus_text, monitor_size, probe_remote_desktop,
-    record_monitor, reopen, unavailable, watch_closed, Reopens, CALL, CAST, CLOSED_WAIT, REMOTE,
-    REMOTE_SESSION,
+    check_monitor, closed_by_reconfiguration, connect, create_remote_session, dbus_text,
+    monitor_size, probe_remote_desktop, record_monitor, reopen, unavailable, watch_closed,
+    watch_monitors, Reconfigured, Reopens, CALL, CAST, CLOSED_WAIT, REMOTE, REMOTE_SESSION,
 };
 use crate::common::portal::{PORTAL, PORTAL_PATH, PORTAL_SESSION, REMOTE_DESKTOP};
 use crate::common::report::SinkTask;
@@ -97,6 +97,10 @@ pub(crate) struct GnomeInput {
     pub(super) down: HashMap<u16, Sent>,
     /// mutter (the portal) closed the session.
     pub(super) closed: Arc<AtomicBool>,
+    /// When mutter last said its monitors changed (a close then is theirs, not the person's).
+    pub(super) reconfigured: Reconfigured,
+    /// How far the last batch got ([`Reopening`] goes on from there).
+    pub(super) progress: Progress,
     /// What to say when a call fails or the session closes.
     pub(super) ended: &'static str,
     /// `portal-input`: events stamped before this (wall clock, ns) are stale until the
@@ -136,34 +140,70 @@ pub(crate) fn spawn_gnome_input_sink(
     delivered: Delivered,
 ) -> Result<SinkTask, EndpointError> {
     let c = c.clone();
-    let mut g = Reopening::new(move || open_gnome_input(endpoint, &c))?;
+    let mut g = Reopening::new(move || open_gnome_input(endpoint, &c), || true)?;
     Ok(rt.spawn_blocking(move || run_injector(endpoint, &mut g, rx, &delivered)))
 }
 
-/// A remote-desktop session opened again when mutter (the portal) closes it: mutter closes
-/// it with its screen cast when the monitors are reconfigured (turned, a new mode, one
-/// plugged in or out), and before, the side ended there (found by turning a headless
-/// mutter's monitor: `NotifyPointerMotionAbsolute: Unknown stream`). The batch that found it
-/// closed goes to the new session; held keys and buttons went with the old one (mutter
-/// releases what a session held when it closes).
-pub(super) struct Reopening<F> {
+/// A remote-desktop session opened again when mutter (the portal) closes it as the
+/// monitors are reconfigured (turned, a new mode, one plugged in or out): before, the side
+/// ended there (found by turning a headless mutter's monitor: `NotifyPointerMotionAbsolute:
+/// Unknown stream`). A session the person stopped at the desktop is not opened again, nor a
+/// portal's without a kept grant (it would ask again). What the failed batch had not done
+/// goes to the new session, after the keys still held are pressed there again (mutter
+/// released them with the old one).
+pub(super) struct Reopening<F, R> {
     g: GnomeInput,
     open: F,
+    reopenable: R,
     reopens: Reopens,
+    /// A reopen failed: the session's errors are final from then on.
+    gave_up: bool,
 }
 
-impl<F: Fn() -> Result<GnomeInput, EndpointError>> Reopening<F> {
-    /// The first session `open` makes.
-    pub(super) fn new(open: F) -> Result<Reopening<F>, EndpointError> {
+impl<F, R> Reopening<F, R>
+where
+    F: Fn() -> Result<GnomeInput, EndpointError>,
+    R: Fn() -> bool,
+{
+    /// The first session `open` makes; `reopenable` says whether one may be made again
+    /// without asking anyone.
+    pub(super) fn new(open: F, reopenable: R) -> Result<Reopening<F, R>, EndpointError> {
         Ok(Reopening {
             g: open()?,
             open,
+            reopenable,
             reopens: Reopens::default(),
+            gave_up: false,
         })
+    }
+
+    /// A new session in place of the closed one, or `None` (said why).
+    fn reopened(&mut self) -> Option<GnomeInput> {
+        let endpoint = self.g.endpoint;
+        if !closed_by_reconfiguration(&self.g.conn, &self.g.reconfigured) {
+            return None;
+        }
+        if !(self.reopenable)() {
+            tracing::warn!(endpoint, "the remote-desktop session closed as the monitors were reconfigured; opening it again would ask at the desktop (no kept grant)");
+            return None;
+        }
+        if let Err(too_many) = self.reopens.admit(std::time::Instant::now()) {
+            tracing::warn!(endpoint, "the remote-desktop session closed {too_many}");
+            return None;
+        }
+        tracing::info!(
+            endpoint,
+            "the remote-desktop session closed as the monitors were reconfigured: opening it again"
+        );
+        reopen(endpoint, "the remote-desktop session", &self.open)
     }
 }
 
-impl<F: Fn() -> Result<GnomeInput, EndpointError>> Injector for Reopening<F> {
+impl<F, R> Injector for Reopening<F, R>
+where
+    F: Fn() -> Result<GnomeInput, EndpointError>,
+    R: Fn() -> bool,
+{
     fn stale(&mut self, meta: &ndd_core::Meta) -> bool {
         self.g.stale(meta)
     }
@@ -180,26 +220,50 @@ impl<F: Fn() -> Result<GnomeInput, EndpointError>> Injector for Reopening<F> {
         // (mutter answers a call on a cast it closed with `Unknown stream`, often before its
         // Closed signal is read.)
         let gone = e.to_string().contains("Unknown stream") || self.g.closed_within(CLOSED_WAIT);
-        if !gone {
+        if self.gave_up || !gone {
             return Err(e);
         }
-        let endpoint = self.g.endpoint;
-        if let Err(too_many) = self.reopens.admit(std::time::Instant::now()) {
-            tracing::warn!(endpoint, "the remote-desktop session closed {too_many}");
-            return Err(e);
-        }
-        tracing::info!(
-            endpoint,
-            "the remote-desktop session closed (the monitors were reconfigured, or it was stopped): opening it again"
-        );
-        let Some(mut g) = reopen(endpoint, "the remote-desktop session", &self.open) else {
+        let Some(mut g) = self.reopened() else {
+            self.gave_up = true;
             return Err(e);
         };
-        // The source's axis ranges and where its pointer was carry over.
-        (g.abs, g.at) = (self.g.abs, self.g.at);
-        self.g = g;
-        self.g.events(events)
+        // The source's axis ranges and where its pointer was carry over; nothing typed now
+        // is stale (no dialog was up).
+        (g.abs, g.at, g.stale_before) = (self.g.abs, self.g.at, None);
+        let old = std::mem::replace(&mut self.g, g);
+        // The keys still held, pressed again as they were.
+        for (&code, &sent) in &old.down {
+            match sent {
+                Sent::Keysym(k) => self.g.call(Notify::Keysym(k, true))?,
+                Sent::Keycode(c) => self.g.call(Notify::Keycode(u32::from(c), true))?,
+            }
+            self.g.down.insert(code, sent);
+        }
+        // What the batch had not done: from the event that failed (with the keysym that
+        // annotates it), then the motion summed or reached before it.
+        let p = old.progress;
+        let mut start = p.done.min(events.len());
+        while start > 0 && events[start - 1].ty == EV_KEYSYM {
+            start -= 1;
+        }
+        self.g.events(&events[start..])?;
+        if p.rel != (0.0, 0.0) {
+            self.g.call(Notify::Relative(p.rel.0, p.rel.1))?;
+        }
+        if p.abs {
+            self.g.move_abs()?;
+        }
+        Ok(())
     }
+}
+
+/// How far [`GnomeInput::events`] got with its batch: the events done, the relative motion
+/// summed and not yet sent, and whether an absolute position is still to go.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Progress {
+    done: usize,
+    rel: (f64, f64),
+    abs: bool,
 }
 
 /// Checks mutter's remote-desktop API answers and has the monitor (for `ndd check`), without
@@ -256,6 +320,7 @@ fn open_gnome_input(
     let size =
         monitor_size(&conn, &stream).map_err(|e| fail(format!("the monitor's size: {e}")))?;
     tracing::info!(endpoint, bus = %bus, width = size.0, height = size.1, "remote-desktop session ready");
+    let reconfigured = watch_monitors(&conn).unwrap_or_default();
     Ok(GnomeInput {
         endpoint,
         bus,
@@ -265,6 +330,8 @@ fn open_gnome_input(
         abs: None,
         at: (0, 0),
         down: HashMap::new(),
+        reconfigured,
+        progress: Progress::default(),
         closed,
         ended: "the GNOME session ended, or mutter stopped the remote-desktop session",
         stale_before: None,
@@ -417,6 +484,18 @@ impl GnomeInput {
 }
 
 impl GnomeInput {
+    /// The pointer to where the source's absolute axes put it, scaled onto the monitor.
+    fn move_abs(&mut self) -> Result<(), EndpointError> {
+        let Some((xr, yr)) = self.abs else {
+            return Ok(());
+        };
+        let (x, y) = (
+            scale(self.at.0, xr, self.size.0),
+            scale(self.at.1, yr, self.size.1),
+        );
+        self.call(Notify::Absolute(x, y))
+    }
+
     /// Whether mutter (the portal) closed the session, its Closed signal waited for `wait` at
     /// most.
     fn closed_within(&mut self, wait: Duration) -> bool {
@@ -486,9 +565,10 @@ impl Injector for GnomeInput {
         }
         let (mut dx, mut dy) = (0.0f64, 0.0f64);
         let mut moved_abs = false;
+        self.progress = Progress::default();
         // The keysym the next press of a key types (an `x11-input` source's annotation).
         let mut sym: Option<(u16, u32)> = None;
-        for e in events {
+        for (i, e) in events.iter().enumerate() {
             match (e.ty, e.code) {
                 (EV_KEYSYM, code) => sym = Some((code, e.value as u32)),
                 (EV_KEY, code) if (BTN_LEFT..BTN_LEFT + 0x10).contains(&code) => {
@@ -522,16 +602,19 @@ impl Injector for GnomeInput {
                 }
                 _ => {}
             }
+            self.progress = Progress {
+                done: i + 1,
+                rel: (dx, dy),
+                abs: moved_abs,
+            };
         }
         if dx != 0.0 || dy != 0.0 {
             self.call(Notify::Relative(dx, dy))?;
+            self.progress.rel = (0.0, 0.0);
         }
-        if let (true, Some((xr, yr))) = (moved_abs, self.abs) {
-            let (x, y) = (
-                scale(self.at.0, xr, self.size.0),
-                scale(self.at.1, yr, self.size.1),
-            );
-            self.call(Notify::Absolute(x, y))?;
+        if moved_abs {
+            self.move_abs()?;
+            self.progress.abs = false;
         }
         Ok(())
     }

@@ -118,10 +118,17 @@ pub(crate) fn spawn_portal_input_sink(
     rx: Receiver<Frame>,
     delivered: Delivered,
 ) -> Result<SinkTask, EndpointError> {
-    let c = c.clone();
+    let (c, kept) = (c.clone(), c.token_path());
     Ok(rt.spawn_blocking(move || {
         // (Opened again with the grant the last start kept, where mutter closes it.)
-        let mut g = Reopening::new(move || open_portal_input(endpoint, &c))?;
+        let mut g = Reopening::new(
+            move || open_portal_input(endpoint, &c),
+            move || {
+                kept.as_deref()
+                    .and_then(crate::common::portal::read_token)
+                    .is_some()
+            },
+        )?;
         run_injector(endpoint, &mut g, rx, &delivered)
     }))
 }
@@ -276,6 +283,7 @@ fn open_portal_input(
         },
         None => Api::Portal { session, stream },
     };
+    let reconfigured = crate::common::gnome::watch_monitors(&conn).unwrap_or_default();
     Ok(GnomeInput {
         endpoint,
         bus,
@@ -285,6 +293,8 @@ fn open_portal_input(
         abs: None,
         at: (0, 0),
         down: HashMap::new(),
+        reconfigured,
+        progress: Default::default(),
         closed,
         ended: "the desktop session ended, or the remote desktop was stopped at the desktop",
         stale_before: Some((
