@@ -681,8 +681,12 @@ fn desktop_session(
         .ok()
         .filter(|d| !d.is_empty());
     let wlroots = |d: &str| -> Result<bool> {
-        let offer = ndd_endpoint::wayland_session(d)
-            .map_err(|e| anyhow::anyhow!("WAYLAND_DISPLAY={d}: {e}"))?;
+        let offer = ndd_endpoint::wayland_session(d).map_err(|e| {
+            anyhow::anyhow!(
+                "this looks like a Wayland session (WAYLAND_DISPLAY={d}), but {}; --session x11 shares an X display instead",
+                e.trim_start_matches("ndd check: ")
+            )
+        })?;
         let ok = |what: &str| offer.iter().any(|o| o.what == what && o.ok);
         Ok(ok("wayland-screen") && ok("wayland-input (keys)") && ok("wayland-input (pointer)"))
     };
