@@ -192,6 +192,11 @@ enum AttachWhat {
         /// wayland (sway, Hyprland, river…) or gnome.
         #[arg(long, value_enum, default_value = "x11")]
         session: crate::share::Session,
+        /// The viewer: a native Wayland window (wayland) or an X11 one on --display (x11);
+        /// by default Wayland in a Wayland session (WAYLAND_DISPLAY), where it keeps the
+        /// compositor's shortcuts for the remote desktop.
+        #[arg(long, value_enum)]
+        viewer: Option<ViewerKind>,
         #[command(flatten)]
         run: ShareRun,
     },
@@ -712,6 +717,50 @@ fn desktop_session(
     }
 }
 
+/// The viewer `ndd attach desktop --viewer` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ViewerKind {
+    /// An X11 window on --display (Xwayland in a Wayland session).
+    X11,
+    /// A native Wayland window on WAYLAND_DISPLAY.
+    Wayland,
+}
+
+/// The Wayland viewer `ndd attach desktop` opens (`asked`, else in a Wayland session), and
+/// how that desktop's clipboard is reached: the data-control protocol where the compositor
+/// offers it, GNOME's API on GNOME, else Xwayland's.
+fn wayland_viewer(asked: Option<ViewerKind>) -> Result<Option<crate::share::WaylandViewer>> {
+    use crate::share::{ViewerClipboard, WaylandViewer};
+    let wayland = std::env::var("WAYLAND_DISPLAY")
+        .ok()
+        .filter(|d| !d.is_empty());
+    let display = match (asked, wayland) {
+        (Some(ViewerKind::X11), _) | (None, None) => return Ok(None),
+        (Some(ViewerKind::Wayland), None) => bail!(
+            "--viewer wayland: WAYLAND_DISPLAY is not set (run this in the Wayland session, or set it to the compositor's socket)"
+        ),
+        (_, Some(d)) => d,
+    };
+    let offer = ndd_endpoint::wayland_session(&display).map_err(|e| {
+        anyhow::anyhow!(
+            "this looks like a Wayland session (WAYLAND_DISPLAY={display}), but {}; --viewer x11 opens an X11 window on --display instead",
+            e.trim_start_matches("ndd check: ")
+        )
+    })?;
+    let offered = |what: &str| offer.iter().any(|o| o.what == what && o.ok);
+    let clipboard = if offered("wayland-clipboard") {
+        ViewerClipboard::DataControl
+    } else if ndd_endpoint::SourceConfig::GnomeClipboard(Default::default())
+        .probe()
+        .is_ok()
+    {
+        ViewerClipboard::Gnome
+    } else {
+        ViewerClipboard::Xwayland
+    };
+    Ok(Some(WaylandViewer { display, clipboard }))
+}
+
 /// `ndd attach …`: the attaching side of a one-line share.
 fn attach(what: AttachWhat) -> Result<i32> {
     use crate::share::{config, with_port, Kind, Link, Local};
@@ -735,17 +784,27 @@ fn attach(what: AttachWhat) -> Result<i32> {
             way,
             display,
             session,
+            viewer,
             run,
-        } => (
-            Kind::Desktop,
-            way,
-            Local {
-                display: Some(display),
-                session,
-                ..Local::default()
-            },
-            run,
-        ),
+        } => {
+            let viewer = wayland_viewer(viewer)?;
+            // The clipboard through Xwayland: the session's X display.
+            let display = match (&viewer, std::env::var("DISPLAY")) {
+                (Some(_), Ok(d)) if !d.is_empty() => d,
+                _ => display,
+            };
+            (
+                Kind::Desktop,
+                way,
+                Local {
+                    display: Some(display),
+                    session,
+                    viewer,
+                    ..Local::default()
+                },
+                run,
+            )
+        }
         AttachWhat::Audio { way, run } => (Kind::Audio, way, Local::default(), run),
         AttachWhat::Input {
             way,

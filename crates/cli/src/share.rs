@@ -48,6 +48,28 @@ impl Session {
     }
 }
 
+/// A desktop attached in a Wayland session: the native viewer window (`wayland-window`,
+/// keys and pointer through `wayland-window-input`) on `display`, the remote cursor's shapes
+/// not shown (the person's own pointer is), and the clipboard shared as this desktop does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaylandViewer {
+    /// The compositor (`$WAYLAND_DISPLAY`).
+    pub display: String,
+    /// How this desktop's clipboard is reached.
+    pub clipboard: ViewerClipboard,
+}
+
+/// How a Wayland viewer's desktop shares its clipboard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ViewerClipboard {
+    /// The data-control protocol (wlroots, KWin): `wayland-clipboard`.
+    DataControl,
+    /// mutter's remote-desktop API: `gnome-clipboard`.
+    Gnome,
+    /// Through Xwayland (`x11-clipboard` on `$DISPLAY`, as the example has it).
+    Xwayland,
+}
+
 impl Kind {
     fn example(self) -> &'static str {
         self.example_for(Session::X11)
@@ -120,6 +142,9 @@ pub struct Local {
     pub session: Session,
     /// Desktop shared from a wlroots compositor: its Wayland display (`$WAYLAND_DISPLAY`).
     pub wayland: Option<String>,
+    /// Desktop attached in a Wayland session: the native viewer on this compositor, and the
+    /// clipboard its way.
+    pub viewer: Option<WaylandViewer>,
     /// Input: a Linux event device to share instead of the X display (taken exclusively).
     pub device: Option<String>,
     /// Input: a virtual input device (uinput) instead of the X display.
@@ -199,6 +224,46 @@ pub fn peer_command(kind: Kind, side: SideName, listen: &str, session: Session) 
     }
 }
 
+/// A device-side line of a desktop example (its X display is `:0`) with the Wayland viewer's
+/// endpoints in place of the X11 viewer's.
+fn viewer_line(line: &str, v: &WaylandViewer) -> String {
+    let t = line.trim_start();
+    let display = quoted(&v.display);
+    let clipboard = |end: &str| match v.clipboard {
+        ViewerClipboard::DataControl => Some(format!(
+            "{end} = {{ type = \"wayland-clipboard\", display = {display} }}"
+        )),
+        ViewerClipboard::Gnome => Some(format!(
+            "{end} = {{ type = \"gnome-clipboard\", bus = \"\" }}"
+        )),
+        ViewerClipboard::Xwayland => None,
+    };
+    let replaced = if t.starts_with("sink = { type = \"x11-window\"") {
+        let title = t
+            .split_once("title = ")
+            .and_then(|(_, r)| r.split('"').nth(1))
+            .unwrap_or("ndd desktop");
+        Some(format!(
+            "sink = {{ type = \"wayland-window\", display = {display}, title = {} }}",
+            quoted(title)
+        ))
+    } else if t.starts_with("source = { type = \"x11-input\"") {
+        Some(format!(
+            "source = {{ type = \"wayland-window-input\", display = {display} }}"
+        ))
+    } else if t.starts_with("sink = { type = \"x11-cursor\"") {
+        // The person's own pointer is shown over the window.
+        Some("sink = { type = \"null\" }".to_string())
+    } else if t.starts_with("source = { type = \"x11-clipboard\"") && t.contains("\":0\"") {
+        clipboard("source")
+    } else if t.starts_with("sink = { type = \"x11-clipboard\"") && t.contains("\":0\"") {
+        clipboard("sink")
+    } else {
+        None
+    };
+    replaced.unwrap_or_else(|| line.to_string())
+}
+
 /// The driver of `kind`'s example for `side`, linked as `link`, with what this machine
 /// brings (`local`) in place of the example's values for this side.
 pub fn config(kind: Kind, side: SideName, link: &Link, local: &Local) -> String {
@@ -264,6 +329,9 @@ pub fn config(kind: Kind, side: SideName, link: &Link, local: &Local) -> String 
                 "display = \"wayland-1\"",
                 &format!("display = {}", quoted(w)),
             );
+        }
+        if let (Some(v), SideName::Device) = (&local.viewer, side) {
+            l = viewer_line(&l, v);
         }
         if let Some(d) = &local.display {
             // The example's app display is :1, the device's :0.
@@ -391,6 +459,54 @@ mod tests {
     #[test]
     fn a_desktop_share_and_its_attach_agree_for_each_session() {
         for session in [Session::X11, Session::Wayland, Session::Gnome] {
+            // Attached in a Wayland session: the native viewer, the clipboard each way.
+            for clipboard in [
+                ViewerClipboard::DataControl,
+                ViewerClipboard::Gnome,
+                ViewerClipboard::Xwayland,
+            ] {
+                let viewer = WaylandViewer {
+                    display: "wayland-3".into(),
+                    clipboard,
+                };
+                let attach = Local {
+                    session,
+                    display: Some(":7".into()),
+                    viewer: Some(viewer),
+                    ..Local::default()
+                };
+                let (a, d) = both(
+                    Kind::Desktop,
+                    &Local {
+                        session,
+                        ..Local::default()
+                    },
+                    &attach,
+                );
+                ndd_wire::compare_hello(&a.hello(SideName::App), &d.hello(SideName::Device))
+                    .unwrap_or_else(|e| panic!("{session:?} {clipboard:?}: {e}"));
+                let dev = format!("{:?}", d.streams);
+                assert!(
+                    dev.contains("WaylandWindow(")
+                        && dev.contains("WaylandWindowInput(")
+                        && dev.contains("wayland-3")
+                        && !dev.contains("X11Window")
+                        && !dev.contains("X11Input"),
+                    "{session:?}: {dev}"
+                );
+                let clip = match clipboard {
+                    ViewerClipboard::DataControl => "WaylandClipboard(",
+                    ViewerClipboard::Gnome => "GnomeClipboard(",
+                    ViewerClipboard::Xwayland => "X11Clipboard(",
+                };
+                assert!(dev.contains(clip), "{clipboard:?}: {dev}");
+                if session == Session::X11 {
+                    assert!(
+                        dev.contains("Null"),
+                        "the cursor's shapes go nowhere: {dev}"
+                    );
+                }
+            }
             let share = Local {
                 session,
                 wayland: Some("wayland-7".into()),

@@ -732,18 +732,7 @@ fn a_native_wayland_viewer_shows_an_x11_desktop_and_passes_keys_and_shortcuts() 
     shows_blue_in_the_middle(&sway, &dev);
     let (_xev, keys) = xev_keyboard(&app_x);
     let mut kb = Keyboard::plug(&sway);
-    let t0 = Instant::now();
-    while !keys.lock().unwrap().contains("(keysym 0x69, i)") {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "keys typed into the viewer never reached xev; xev said:\n{}\ndevice side: {}",
-            keys.lock().unwrap(),
-            dev.stderr_now()
-        );
-        // KEY_H, KEY_I.
-        kb.keys(&[(35, true), (35, false), (23, true), (23, false)]);
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    types_hi(&mut kb, &keys, &dev);
     // Super+t: sway's own binding, which the viewer keeps for the remote desktop.
     kb.keys(&[(125, true), (20, true), (20, false), (125, false)]);
     wait_for("Super+t on the remote desktop", WAIT, || {
@@ -876,4 +865,74 @@ fn xvfb_pointer(x: &ndd_procs::Xvfb) -> (i16, i16) {
     let root = conn.setup().roots[screen].root;
     let p = conn.query_pointer(root).unwrap().reply().unwrap();
     (p.root_x, p.root_y)
+}
+
+/// `ndd attach desktop` run in a sway session opens the native Wayland viewer there (not an
+/// X11 window through Xwayland) for `ndd share desktop` from an X11 desktop (an Xvfb): the
+/// window is on sway, and keys typed on sway reach an unmodified `xev` on the Xvfb.
+#[test]
+fn a_desktop_attached_in_a_sway_session_opens_the_native_viewer() {
+    if let Some(m) = missing(&["sway", "swaymsg", "setpriv", "Xvfb", "xsetroot", "xev"]) {
+        println!("SKIPPED: needs {m} (apt-get install sway xvfb x11-xserver-utils x11-utils)");
+        return;
+    }
+    let sway = Sway::start("attach-viewer", 800, 600, "#000000").expect("headless sway");
+    let app_x = blue_xvfb();
+    let dir = Dir::new("attach-viewer");
+    let (dev_home, app_home, _, _) = homes(&dir.0, true, true);
+    let addr = free_addr();
+    let mut attach = ndd();
+    attach
+        .args(["attach", "desktop", "--listen", &addr, "--home"])
+        .arg(&dev_home)
+        .env("WAYLAND_DISPLAY", &sway.socket)
+        .env("XDG_RUNTIME_DIR", &sway.dir)
+        .env_remove("DISPLAY");
+    let viewer = Side::spawn(attach);
+    let mut share = ndd();
+    share
+        .args([
+            "share",
+            "desktop",
+            "--display",
+            &app_x.display,
+            "--to",
+            &addr,
+            "--home",
+        ])
+        .arg(&app_home)
+        .env_remove("WAYLAND_DISPLAY");
+    let shared = Side::spawn(share);
+    shared.wait_says("streams agreed", &[&viewer]);
+    wait_for("the viewer window on sway", WAIT, || {
+        let o = std::process::Command::new("swaymsg")
+            .args(["-t", "get_tree"])
+            .env("SWAYSOCK", &sway.ipc)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).contains("\"ndd desktop\"")
+    });
+    let (_xev, keys) = xev_keyboard(&app_x);
+    let mut kb = Keyboard::plug(&sway);
+    types_hi(&mut kb, &keys, &viewer);
+    shared.kill();
+    viewer.kill();
+}
+
+/// Types `h i` on sway through `kb` until `xev`'s `keys` on the remote desktop show the `i`
+/// (the first keys may come before the viewer has the keyboard); 30 s at most, then fails
+/// with what xev and the viewer's side (`dev`) said.
+fn types_hi(kb: &mut Keyboard, keys: &std::sync::Mutex<String>, dev: &Side) {
+    let t0 = Instant::now();
+    while !keys.lock().unwrap().contains("(keysym 0x69, i)") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "keys typed into the viewer never reached xev; xev said:\n{}\nthe viewer's side: {}",
+            keys.lock().unwrap(),
+            dev.stderr_now()
+        );
+        // KEY_H, KEY_I.
+        kb.keys(&[(35, true), (35, false), (23, true), (23, false)]);
+        std::thread::sleep(Duration::from_millis(300));
+    }
 }
