@@ -98,9 +98,9 @@ enum ShareWhat {
         /// Listen on ADDR instead, for `ndd attach desktop --from`.
         #[arg(long, value_name = "ADDR")]
         listen: Option<String>,
-        /// The X display shared (an X11 session).
-        #[arg(long, default_value = ":0")]
-        display: String,
+        /// The X display shared [default: :0]; given, the desktop is an X11 one.
+        #[arg(long)]
+        display: Option<String>,
         /// Which desktop this is: x11, wayland (sway, Hyprland, river…) or gnome; by default
         /// found out (WAYLAND_DISPLAY and what its compositor offers, else X11). The other
         /// machine says the same: `ndd attach desktop --session …`.
@@ -185,9 +185,10 @@ enum AttachWhat {
     Desktop {
         #[command(flatten)]
         way: AttachWay,
-        /// The X display the window opens on.
-        #[arg(long, default_value = ":0")]
-        display: String,
+        /// The X display the window opens on [default: :0; in a Wayland session $DISPLAY, for
+        /// the clipboard through Xwayland]; given, the viewer is an X11 window.
+        #[arg(long)]
+        display: Option<String>,
         /// Which desktop the other machine shares, as its `ndd share desktop` said: x11,
         /// wayland (sway, Hyprland, river…) or gnome.
         #[arg(long, value_enum, default_value = "x11")]
@@ -612,6 +613,9 @@ fn share(what: ShareWhat) -> Result<i32> {
             session,
             run,
         } => {
+            // An X display named is an X11 desktop.
+            let session = session.or(display.as_ref().map(|_| crate::share::Session::X11));
+            let display = display.unwrap_or_else(|| ":0".into());
             let (session, wayland) = desktop_session(session)?;
             (
                 Kind::Desktop,
@@ -693,9 +697,17 @@ fn desktop_session(
             )
         })?;
         let ok = |what: &str| offer.iter().any(|o| o.what == what && o.ok);
-        Ok(ok("wayland-screen") && ok("wayland-input (keys)") && ok("wayland-input (pointer)"))
+        Ok(ok("wayland-screen")
+            && ok("wayland-input (keys)")
+            && ok("wayland-input (pointer)")
+            && ok("wayland-clipboard"))
     };
-    let gnome = || ndd_endpoint::SourceConfig::GnomeScreen(Default::default()).probe();
+    // GNOME is whoever answers mutter's screen-cast API (what else is missing, GStreamer's
+    // PipeWire source say, the run names).
+    let gnome = || match ndd_endpoint::SourceConfig::GnomeScreen(Default::default()).probe() {
+        Ok(()) => true,
+        Err(e) => !e.to_string().contains("not a GNOME Wayland session"),
+    };
     match (asked, wayland) {
         (Some(Session::Wayland), None) => bail!(
             "--session wayland: WAYLAND_DISPLAY is not set (run this in the Wayland session, or set it to the compositor's socket)"
@@ -706,7 +718,7 @@ fn desktop_session(
         (None, Some(d)) => {
             if wlroots(&d)? {
                 Ok((Session::Wayland, Some(d)))
-            } else if gnome().is_ok() {
+            } else if gnome() {
                 Ok((Session::Gnome, None))
             } else {
                 bail!(
@@ -741,22 +753,35 @@ fn wayland_viewer(asked: Option<ViewerKind>) -> Result<Option<crate::share::Wayl
         ),
         (_, Some(d)) => d,
     };
-    let offer = ndd_endpoint::wayland_session(&display).map_err(|e| {
-        anyhow::anyhow!(
-            "this looks like a Wayland session (WAYLAND_DISPLAY={display}), but {}; --viewer x11 opens an X11 window on --display instead",
-            e.trim_start_matches("ndd check: ")
-        )
-    })?;
+    let offer = match ndd_endpoint::wayland_session(&display) {
+        Ok(offer) => offer,
+        Err(e) => {
+            let e = e.trim_start_matches("ndd check: ").to_string();
+            if asked.is_some() {
+                bail!("--viewer wayland: WAYLAND_DISPLAY={display}: {e}");
+            }
+            // (A stale WAYLAND_DISPLAY, a build without Wayland: the X11 window, as before.)
+            eprintln!("ndd: WAYLAND_DISPLAY={display} does not answer ({e}): the viewer is an X11 window on --display");
+            return Ok(None);
+        }
+    };
     let offered = |what: &str| offer.iter().any(|o| o.what == what && o.ok);
+    // The clipboard: the compositor's data-control protocol, else Xwayland's (mutter bridges
+    // it, PRIMARY included), else GNOME's remote-desktop API.
+    let xwayland = std::env::var("DISPLAY").is_ok_and(|d| !d.is_empty());
     let clipboard = if offered("wayland-clipboard") {
         ViewerClipboard::DataControl
+    } else if xwayland {
+        ViewerClipboard::Xwayland
     } else if ndd_endpoint::SourceConfig::GnomeClipboard(Default::default())
         .probe()
         .is_ok()
     {
         ViewerClipboard::Gnome
     } else {
-        ViewerClipboard::Xwayland
+        bail!(
+            "this Wayland session (WAYLAND_DISPLAY={display}) offers the clipboard no way ndd takes: no data-control protocol, no Xwayland (DISPLAY), no GNOME remote-desktop API; --viewer x11 --display … opens an X11 window instead"
+        )
     };
     Ok(Some(WaylandViewer { display, clipboard }))
 }
@@ -787,11 +812,14 @@ fn attach(what: AttachWhat) -> Result<i32> {
             viewer,
             run,
         } => {
+            // An X display named is the X11 viewer's.
+            let viewer = viewer.or(display.as_ref().map(|_| ViewerKind::X11));
             let viewer = wayland_viewer(viewer)?;
             // The clipboard through Xwayland: the session's X display.
-            let display = match (&viewer, std::env::var("DISPLAY")) {
-                (Some(_), Ok(d)) if !d.is_empty() => d,
-                _ => display,
+            let display = match (display, &viewer, std::env::var("DISPLAY")) {
+                (Some(d), _, _) => d,
+                (None, Some(_), Ok(d)) if !d.is_empty() => d,
+                _ => ":0".to_string(),
             };
             (
                 Kind::Desktop,
