@@ -582,7 +582,7 @@ fn on_weston_check_names_each_missing_protocol_and_a_side_says_what_it_needs() {
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success(), "check fails: {said}");
     for need in [
-        "wayland-screen no (ext_image_copy_capture_manager_v1 and zwlr_screencopy_manager_v1 missing)",
+        "wayland-screen no (ext_image_copy_capture_manager_v1 and ext_output_image_capture_source_manager_v1 and zwlr_screencopy_manager_v1 missing)",
         "wayland-input (keys) no (zwp_virtual_keyboard_manager_v1 missing)",
         "wayland-clipboard no (ext_data_control_manager_v1 and zwlr_data_control_manager_v1 missing)",
     ] {

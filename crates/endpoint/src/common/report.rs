@@ -127,8 +127,8 @@ impl fmt::Display for CheckReport {
 pub struct Offered {
     /// The endpoint (`wayland-screen`, `wayland-input (keys)`…).
     pub what: &'static str,
-    /// The protocol it needs (said when missing).
-    pub needs: &'static str,
+    /// The protocol it needs (said when missing: the globals the compositor lacks).
+    pub needs: String,
     /// The compositor has it.
     pub ok: bool,
     /// Where it can speak either of two protocols: the one it takes here.

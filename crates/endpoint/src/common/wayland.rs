@@ -192,26 +192,36 @@ pub fn wayland_session(display: &str) -> Result<Vec<Offered>, String> {
         .map(|g| g.interface)
         .collect();
     let has = |n: &str| names.iter().any(|g| g == n);
-    let one = |what, needs| Offered {
+    let one = |what, needs: &str| Offered {
         what,
-        needs,
+        needs: needs.to_string(),
         ok: has(needs),
         via: None,
     };
-    // The ext protocol where offered, else wlr's (as the endpoints choose by default); with
-    // neither, both are named missing (`neither`).
-    let either = |what, ext: &[&'static str], ext_name, (wlr, wlr_name), neither| {
+    // The ext protocol where all its globals are offered, else wlr's (as the endpoints
+    // choose by default); with neither, the globals missing of both are named.
+    let either = |what, ext: &[&'static str], ext_name, (wlr, wlr_name): (&str, _)| {
         if ext.iter().all(|n| has(n)) {
             Offered {
                 what,
-                needs: ext[0],
+                needs: ext.join(" and "),
                 ok: true,
                 via: Some(ext_name),
             }
-        } else {
+        } else if has(wlr) {
             Offered {
-                via: has(wlr).then_some(wlr_name),
-                needs: if has(wlr) { wlr } else { neither },
+                via: Some(wlr_name),
+                ..one(what, wlr)
+            }
+        } else {
+            let missing: Vec<&str> = ext
+                .iter()
+                .copied()
+                .filter(|n| !has(n))
+                .chain([wlr])
+                .collect();
+            Offered {
+                needs: missing.join(" and "),
                 ..one(what, wlr)
             }
         }
@@ -225,7 +235,6 @@ pub fn wayland_session(display: &str) -> Result<Vec<Offered>, String> {
             ],
             "ext-image-copy-capture",
             ("zwlr_screencopy_manager_v1", "wlr-screencopy"),
-            "ext_image_copy_capture_manager_v1 and zwlr_screencopy_manager_v1",
         ),
         one("wayland-input (keys)", "zwp_virtual_keyboard_manager_v1"),
         one("wayland-input (pointer)", "zwlr_virtual_pointer_manager_v1"),
@@ -234,7 +243,6 @@ pub fn wayland_session(display: &str) -> Result<Vec<Offered>, String> {
             &["ext_data_control_manager_v1"],
             "ext-data-control",
             ("zwlr_data_control_manager_v1", "wlr-data-control"),
-            "ext_data_control_manager_v1 and zwlr_data_control_manager_v1",
         ),
         one("wayland-window", "xdg_wm_base"),
     ];
@@ -246,7 +254,7 @@ pub fn wayland_session(display: &str) -> Result<Vec<Offered>, String> {
         .any(|g| g.starts_with("org_kde_") || g.starts_with("kde_"))
     {
         offer.push(Offered {
-            needs: "org_kde_kwin_fake_input, for this program,",
+            needs: "org_kde_kwin_fake_input, for this program,".into(),
             ..one("kde-input", "org_kde_kwin_fake_input")
         });
     }
