@@ -692,8 +692,7 @@ fn desktop_session(
     let wlroots = |d: &str| -> Result<bool> {
         let offer = ndd_endpoint::wayland_session(d).map_err(|e| {
             anyhow::anyhow!(
-                "this looks like a Wayland session (WAYLAND_DISPLAY={d}), but {}; --session x11 shares an X display instead",
-                e.trim_start_matches("ndd check: ")
+                "this looks like a Wayland session (WAYLAND_DISPLAY={d}), but {e}; --session x11 shares an X display instead"
             )
         })?;
         let ok = |what: &str| offer.iter().any(|o| o.what == what && o.ok);
@@ -756,7 +755,6 @@ fn wayland_viewer(asked: Option<ViewerKind>) -> Result<Option<crate::share::Wayl
     let offer = match ndd_endpoint::wayland_session(&display) {
         Ok(offer) => offer,
         Err(e) => {
-            let e = e.trim_start_matches("ndd check: ").to_string();
             if asked.is_some() {
                 bail!("--viewer wayland: WAYLAND_DISPLAY={display}: {e}");
             }

@@ -299,25 +299,9 @@ fn a_gnome_monitor_reaches_the_other_side_pixel_identical() {
     let app = Side::spawn(app);
     let dev = Side::spawn(run_cmd(&cfg, "device", &dev_home, &[]));
     app.wait_says("streams agreed", &[&dev]);
-    let wait_for_in = |what: &str, pic: &[u8], (sw, sh): (usize, usize)| {
-        let t0 = Instant::now();
-        loop {
-            let got = std::fs::read(&fb).unwrap_or_default();
-            let r = if got.len() == sw * sh * 4 {
-                find(&got, sw, pic, 200, 150)
-            } else {
-                Err(format!("{} bytes in the file", got.len()))
-            };
-            match r {
-                Ok(at) => return (at, t0.elapsed()),
-                Err(e) if t0.elapsed() > Duration::from_secs(20) => panic!(
-                    "{what}: {e}\napp side: {}\ndevice side: {}",
-                    app.stderr_now(),
-                    dev.stderr_now()
-                ),
-                Err(_) => std::thread::sleep(Duration::from_millis(50)),
-            }
-        }
+    // The picture (200x150, as `wait_bars` finds it) in a screen of `size`.
+    let wait_for_in = |what: &str, pic: &[u8], size: (usize, usize)| {
+        wait_bars(&fb, size, pic, (&app, &dev), what, &mut || {})
     };
     let wait_for = |what: &str, pic: &[u8]| wait_for_in(what, pic, (sw, sh));
     let (at, took) = wait_for("the bars", &bars);

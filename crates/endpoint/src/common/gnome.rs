@@ -264,6 +264,18 @@ pub(crate) fn watch_closed(
     Ok(closed)
 }
 
+/// Whether a session watched by [`watch_closed`] (`closed`) was closed, its Closed signal
+/// waited for on `conn` for `wait` at most (a call on it, or its stream, fails first).
+pub(crate) fn closed_within(conn: &Connection, closed: &AtomicBool, wait: Duration) -> bool {
+    let t0 = std::time::Instant::now();
+    while !closed.load(Ordering::Acquire) && t0.elapsed() < wait {
+        if conn.process(Duration::from_millis(50)).is_err() {
+            break;
+        }
+    }
+    closed.load(Ordering::Acquire)
+}
+
 /// When mutter last said on `conn`'s bus that its monitors changed (`MonitorsChanged` of its
 /// display configuration API): a session it closes then was closed by the new configuration,
 /// not by the person (who may stop a share at the desktop, and is not overridden).

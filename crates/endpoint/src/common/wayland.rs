@@ -183,7 +183,11 @@ pub fn wayland_session(display: &str) -> Result<Vec<Offered>, String> {
     use wayland_client::globals::registry_queue_init;
     struct S;
     ignore_events!(S;);
-    let conn = wayland_connect("ndd check", display).map_err(|e| e.to_string())?;
+    // (Said without an endpoint's name: `ndd check` and the one-line shares say whose.)
+    let conn = wayland_connect("ndd check", display).map_err(|e| match e {
+        EndpointError::Unavailable { what, hint, .. } => format!("{what}; {hint}"),
+        e => e.to_string(),
+    })?;
     let (globals, _queue) = registry_queue_init::<S>(&conn).map_err(|e| e.to_string())?;
     let names: Vec<String> = globals
         .contents()

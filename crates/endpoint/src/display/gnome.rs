@@ -24,9 +24,9 @@ use crate::common::demand::Demand;
 use crate::common::emitter::Emitter;
 use crate::common::error::EndpointError;
 use crate::common::gnome::{
-    check_monitor, closed_by_reconfiguration, connect, dbus_text, monitor_size, not_gnome,
-    record_monitor, reopen, unavailable, watch_closed, watch_monitors, Reconfigured, Reopens, CALL,
-    CLOSED_WAIT,
+    check_monitor, closed_by_reconfiguration, closed_within, connect, dbus_text, monitor_size,
+    not_gnome, record_monitor, reopen, unavailable, watch_closed, watch_monitors, Reconfigured,
+    Reopens, CALL, CLOSED_WAIT,
 };
 use crate::common::report::{SourceReport, SourceTask};
 use dbus::arg::{PropMap, RefArg, Variant};
@@ -592,7 +592,7 @@ pub(super) fn run_gnome_screen(
                 Ok(size) => size,
                 // (The stream goes with a closing cast, often before its Closed is read.)
                 Err(e) => {
-                    if closed_within(&s.cast, CLOSED_WAIT) {
+                    if closed_within(&s.cast.conn, &s.cast.closed, CLOSED_WAIT) {
                         continue;
                     }
                     return Err(fatal(e));
@@ -641,7 +641,7 @@ pub(super) fn run_gnome_screen(
             Err(e) => {
                 // mutter closing the cast ends the pipeline too, often before its Closed
                 // signal is read: it is waited for a moment (the loop then says why).
-                if closed_within(&s.cast, CLOSED_WAIT) {
+                if closed_within(&s.cast.conn, &s.cast.closed, CLOSED_WAIT) {
                     continue;
                 }
                 return Err(fatal(e));
@@ -693,17 +693,6 @@ pub(super) fn run_gnome_screen(
         "frames replaced by newer ones before they were taken"
     );
     Ok(em.report)
-}
-
-/// Whether `cast` was closed, its Closed signal waited for `wait` at most.
-fn closed_within(cast: &Cast, wait: Duration) -> bool {
-    let t0 = Instant::now();
-    while !cast.closed.load(Ordering::Acquire) && t0.elapsed() < wait {
-        if cast.conn.process(Duration::from_millis(50)).is_err() {
-            break;
-        }
-    }
-    cast.closed.load(Ordering::Acquire)
 }
 
 /// The pixels of every rect of `layout`, from the packed BGRx picture `pic` (`w` wide).

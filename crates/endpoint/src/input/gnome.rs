@@ -22,9 +22,10 @@ use super::sink::{run_injector, Injector};
 use crate::common::delivered::Delivered;
 use crate::common::error::EndpointError;
 use crate::common::gnome::{
-    check_monitor, closed_by_reconfiguration, connect, create_remote_session, dbus_text,
-    monitor_size, probe_remote_desktop, record_monitor, reopen, unavailable, watch_closed,
-    watch_monitors, Reconfigured, Reopens, CALL, CAST, CLOSED_WAIT, REMOTE, REMOTE_SESSION,
+    check_monitor, closed_by_reconfiguration, closed_within, connect, create_remote_session,
+    dbus_text, monitor_size, probe_remote_desktop, record_monitor, reopen, unavailable,
+    watch_closed, watch_monitors, Reconfigured, Reopens, CALL, CAST, CLOSED_WAIT, REMOTE,
+    REMOTE_SESSION,
 };
 use crate::common::portal::{PORTAL, PORTAL_PATH, PORTAL_SESSION, REMOTE_DESKTOP};
 use crate::common::report::SinkTask;
@@ -219,7 +220,8 @@ where
         };
         // (mutter answers a call on a cast it closed with `Unknown stream`, often before its
         // Closed signal is read.)
-        let gone = e.to_string().contains("Unknown stream") || self.g.closed_within(CLOSED_WAIT);
+        let gone = e.to_string().contains("Unknown stream")
+            || closed_within(&self.g.conn, &self.g.closed, CLOSED_WAIT);
         if self.gave_up || !gone {
             return Err(e);
         }
@@ -494,18 +496,6 @@ impl GnomeInput {
             scale(self.at.1, yr, self.size.1),
         );
         self.call(Notify::Absolute(x, y))
-    }
-
-    /// Whether mutter (the portal) closed the session, its Closed signal waited for `wait` at
-    /// most.
-    fn closed_within(&mut self, wait: Duration) -> bool {
-        let t0 = std::time::Instant::now();
-        while !self.closed.load(Ordering::Acquire) && t0.elapsed() < wait {
-            if self.conn.process(Duration::from_millis(50)).is_err() {
-                break;
-            }
-        }
-        self.closed.load(Ordering::Acquire)
     }
 }
 
