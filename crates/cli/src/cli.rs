@@ -547,7 +547,7 @@ fn init_tracing(verbose: u8) {
     // Shell asks the person first; GNOME's casts and sessions: opened again after a new
     // monitor configuration).
     let default = match verbose {
-        0 => "warn,ndd::session=info,ndd::fanout=info,ndd::rfbaccel=info,ndd::serve=info,ndd_link::establish=info,ndd_endpoint::serial::tty=info,ndd_endpoint::display::portal=info,ndd_endpoint::input::portal=info,ndd_endpoint::common::portal=info,ndd_endpoint::display::wayland_window=info,ndd_endpoint::display::gnome=info,ndd_endpoint::input::gnome=info",
+        0 => "warn,ndd::session=info,ndd::fanout=info,ndd_link::nats::drive=info,ndd::rfbaccel=info,ndd::serve=info,ndd_link::establish=info,ndd_endpoint::serial::tty=info,ndd_endpoint::display::portal=info,ndd_endpoint::input::portal=info,ndd_endpoint::common::portal=info,ndd_endpoint::display::wayland_window=info,ndd_endpoint::display::gnome=info,ndd_endpoint::input::gnome=info",
         1 => "info",
         2 => "debug",
         _ => "trace",

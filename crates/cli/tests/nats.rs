@@ -23,7 +23,8 @@ fn nats_or_skip() -> bool {
 fn side(cfg: &Path, side: &str, home: &Path, extra: &[&str]) -> Side {
     let mut c = run_cmd(cfg, side, home, extra);
     // NDD_TEST_LOG=debug (say) when a test fails and its sides' stderr must say more.
-    let log = std::env::var("NDD_TEST_LOG").unwrap_or_else(|_| "warn,ndd::fanout=info".into());
+    let log = std::env::var("NDD_TEST_LOG")
+        .unwrap_or_else(|_| "warn,ndd::fanout=info,ndd_link::nats::drive=info".into());
     c.env("NDD_LOG", log);
     Side::spawn(c)
 }
@@ -464,7 +465,8 @@ fn reliable_streams_lose_nothing_when_an_app_side_is_killed_or_the_server_restar
     let mut c = run_cmd(&cfg, "device", &dev, &["--once"]);
     c.env(
         "NDD_LOG",
-        std::env::var("NDD_TEST_LOG").unwrap_or("warn,ndd::fanout=info".into()),
+        std::env::var("NDD_TEST_LOG")
+            .unwrap_or("warn,ndd::fanout=info,ndd_link::nats::drive=info".into()),
     );
     let d = Side::spawn(c);
     wait_for("frames to flow", WAIT, || got() > 100);
@@ -487,7 +489,8 @@ fn reliable_streams_lose_nothing_when_an_app_side_is_killed_or_the_server_restar
     let mut c = run_cmd(&cfg, "app", &apps[0], &["--once"]);
     c.env(
         "NDD_LOG",
-        std::env::var("NDD_TEST_LOG").unwrap_or("warn,ndd::fanout=info".into()),
+        std::env::var("NDD_TEST_LOG")
+            .unwrap_or("warn,ndd::fanout=info,ndd_link::nats::drive=info".into()),
     );
     let a2 = Side::spawn(c);
     wait_for("frames to flow again", WAIT, || got() > 500);
@@ -3054,7 +3057,10 @@ fn one_nats_user_per_side_keeps_each_sides_inboxes_its_own() {
     // A second device run purges the first one's mark: allowed too (it waits for its app
     // sides after that).
     let mut c = run_cmd(&side_cfg("dev"), "device", &dev, &[]);
-    c.env("NDD_LOG", "warn,ndd::fanout=debug");
+    c.env(
+        "NDD_LOG",
+        "warn,ndd::fanout=debug,ndd_link::nats::drive=debug",
+    );
     let d = Side::spawn(c);
     d.wait_says("waiting for 2 app side(s) to join", &[]);
     d.terminate();

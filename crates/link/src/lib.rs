@@ -32,8 +32,8 @@
 //!
 //! **Invariants**
 //! - Nothing read from a peer can panic this crate: every length is checked by `ndd-wire`
-//!   before it is used, and every failure is a typed [`LinkError`] whose text a user can act
-//!   on. After a read error the connection is to be closed.
+//!   before it is used, and every failure is a typed [`LinkError`] (the NATS driver's a
+//!   [`nats::drive::DriveError`]) whose text a user can act on. After a read error the connection is to be closed.
 //! - A reader never buffers more than one message past its `max_body` limit: the limit is
 //!   checked as soon as a message's 10-byte prefix is in.
 //! - DATA payloads are never copied: received ones are slices of the read buffer, sent ones

@@ -3,7 +3,7 @@
 //!
 //! The code is never sent. Both sides run SPAKE2 (the `spake2` crate, Ed25519 group) with it
 //! as the password over a plain connection, then each proves it derived the same key: a
-//! [`Proof`] is a note signed by the install's identity over the exchange's transcript (so it
+//! `Proof` is a note signed by the install's identity over the exchange's transcript (so it
 //! holds the key behind the fingerprint it shows) and a MAC under the PAKE key (so it knew the
 //! code). Only then does either side learn the other's fingerprint as trustworthy.
 //!

@@ -36,7 +36,7 @@
 //!   device process runs (pauses of 0–0.8 s between them), a join gets "no responders";
 //! - the app side's real `ndd_link::nats::follow::Follower` takes the device's signed notices
 //!   and the source's question (the confirmation of the device's run at the END) and says
-//!   what to do, one question at a time, as the binary's `fanout/join.rs` does it: the
+//!   what to do, one question at a time, as the driver's `drive/join.rs` does it: the
 //!   simulation joins (an answer after 1–20 ms; "no responders" at once while no device
 //!   process runs; in half the schedules one try in five, at most three, unanswered within its
 //!   3 s: a device frozen; a process that dies with the join waiting for its claim leaves it
@@ -112,7 +112,7 @@ const WAIT: Duration = ndd_link::nats::intake::REORDER_WAIT;
 const ACK_WAIT: u64 = 5_000;
 /// async-nats' publish acknowledgement timeout.
 const ACK_TIMEOUT: u64 = 5_000;
-/// The join's try (`fanout/join.rs`): a question without an answer by then is unanswered.
+/// The join's try (`drive/join.rs`): a question without an answer by then is unanswered.
 const JOIN_TRY: u64 = 3_000;
 /// The keeper's notices (`follow::NOTICE_EVERY`).
 const NOTICE_EVERY: u64 = 2_000;
@@ -285,7 +285,7 @@ struct Device {
     /// Joins are answered from then on (its claim of the driver is through).
     answers_from: u64,
     /// Its sink reads from then on: it starts after the join service, so app sides that
-    /// joined may have sent already (`fanout/device.rs`).
+    /// joined may have sent already (`drive/device.rs`).
     sink_from: u64,
     /// Joins that came during its claim.
     waiting: Vec<u64>,
@@ -425,7 +425,7 @@ fn run(seed: u64) -> Result<String, String> {
     let trusted = IDS.with(|(d, _)| d.fingerprint());
     let mut device: Option<Device> = Some(Device::new(first, 0, 0, rng.range(0, 300)));
     // The device's durable consumer is made by the first process whose sink starts, where the
-    // oldest run its keys name began (`GroupKey::oldest_began`, `fanout/sink.rs`), or after
+    // oldest run its keys name began (`GroupKey::oldest_began`, `drive/sink.rs`), or after
     // what the windows kept say went through the sink (`OpenedWindows::through`). In some
     // schedules it is lost at a restart (between the driver's delete and its make) and made
     // afresh by the next process whose sink starts.
@@ -653,7 +653,7 @@ fn run(seed: u64) -> Result<String, String> {
                 flow.handle_end(t, now).map_err(|e| e.to_string())?;
             }
         }
-        // Its publisher's step (`fanout/source.rs`).
+        // Its publisher's step (`drive/source.rs`).
         if watch != followed {
             followed = watch;
             flow.handle_keys(t, watch).map_err(|e| e.to_string())?;
@@ -907,7 +907,7 @@ fn run(seed: u64) -> Result<String, String> {
                     sim.at(now + rng.range(1, 20), Ev::Answer(n, Box::new(d.keys)));
                 }
             }
-            // Its sink starts: its consumer is attached as the binary's `fanout/sink.rs` does,
+            // Its sink starts: its consumer is attached as the driver's `drive/sink.rs` does,
             // each step taking effect at the server 0–20 ms after it went. One it left behind
             // (kept across restarts unless lost) resumes after its ack floor; else one is made
             // at `device_start`, after where the oldest run its keys name began or after what

@@ -31,7 +31,7 @@
 //! `ndd_link::nats::keys::Opener` (runs, the key as it stands, the key before the rotation,
 //! asking for the key, holding a frame while the rotation reads where the stream stands), the
 //! device's `ndd_link::nats::rotate::Keeper` (checking who holds the key every 1–20 ms, the
-//! rotation, its gate (`ndd_link::nats::rotate::Gate`, as `fanout/keeper.rs` keeps it) — the
+//! rotation, its gate (`ndd_link::nats::rotate::Gate`, as `drive/keeper.rs` keeps it) — the
 //! device's reliable publisher and, in some schedules, a second one that settles up to 200 ms
 //! later and in some of those ends mid-rotation, a new one taking its place (a gate that kept
 //! a departed publisher's settling opened early: seed 51, a frame delivered twice) —, where
@@ -374,7 +374,7 @@ impl App {
     /// from frame 0, its durable consumer starts over at the first message the one before had
     /// not acknowledged (JetStream's ack floor: what was acknowledged after it comes again
     /// too), and nothing of the process before is kept but what the server stored.
-    /// Its consumer is attached as the binary's `fanout/sink.rs` does
+    /// Its consumer is attached as the driver's `drive/sink.rs` does
     /// (`ndd_link::nats::attach::Attach`): the one left behind is found, with its ack floor and
     /// what the process before kept (at the latest at the first record its receiver kept
     /// aside for a key: acknowledged, not yet opened), deleted, and made again there; a new
@@ -741,7 +741,7 @@ fn run(seed: u64) -> Result<String, String> {
     let mut reading_at: Option<u64> = None;
     // When the rotation under way began (the other publisher's clock).
     let mut rotated_at: Option<Instant> = None;
-    // The gate's count, as `fanout/keeper.rs`'s `RotationGate` keeps it: the device's
+    // The gate's count, as `drive/keeper.rs`'s `RotationGate` keeps it: the device's
     // reliable publisher, and the other one (its number, since when it counts, the rotation
     // it last started again in).
     let mut gate = Gate::default();

@@ -7,7 +7,7 @@
 //! recorded ones back on either path, rewrites their headers to name the current run (or a
 //! newer one, or another start) and publishes garbage.
 //!
-//! The receiver is the app side's sink path of `crates/cli/src/fanout/sink.rs`: each stream's
+//! The receiver is the app side's sink path of `crates/link/src/nats/drive/sink.rs`: each stream's
 //! `ndd_link::nats::receive::Receiver`, the binary's own, made of its `Intake` (the record
 //! parsed, one naming
 //! another stream than its subject's refused, a stored copy known by its sealed header, a

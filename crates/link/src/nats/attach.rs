@@ -1,5 +1,5 @@
-//! A sink's JetStream consumer, attached and attached again (sans-IO). The binary's
-//! `fanout/sink.rs` and `testkit/tests/nats_ending.rs` do what [`Attach::poll_io`] asks and
+//! A sink's JetStream consumer, attached and attached again (sans-IO). The driver's
+//! `drive/sink.rs` and `testkit/tests/nats_ending.rs` do what [`Attach::poll_io`] asks and
 //! hand the outcomes back, and both ask [`Reattach`] when to attach again; before 2026-12-02
 //! the binary wrote these steps out for itself and the simulation kept its consumer across
 //! process restarts, so the start a consumer is made again at was never explored.

@@ -364,7 +364,7 @@ impl Home {
         Ok(id)
     }
 
-    /// Run `id` (from [`Home::next_run_id`]), beginning after JetStream stream sequence
+    /// Run `id` (from [`Home::reserve_run_id`]), beginning after JetStream stream sequence
     /// `began`, noted in the run file; the runs before it, newest first.
     pub fn begin_run(
         &self,

@@ -1,7 +1,7 @@
 //! Where a fan-out sink's records come from (sans-IO): core NATS or a JetStream consumer,
 //! which subject, which consumer, shared or not, resumed or not, and what it keeps for the
-//! next process, as the stream's shape, the side and the server decide. The binary's
-//! `fanout/sink.rs` does what [`SinkInput`] says; before, it decided this in its own
+//! next process, as the stream's shape, the side and the server decide. The driver's
+//! `drive/sink.rs` does what [`SinkInput`] says; before, it decided this in its own
 //! branches, where no test reached them.
 //!
 //! - **A device side** reads every app side's frames on the stream's up subject; a reliable

@@ -550,7 +550,7 @@ pub enum Say {
 /// An app side's first join, tried again while no device side it trusts answers (sans-IO):
 /// the backoff (from [`FIRST_RETRY`], doubling up to the configured most), what is said
 /// meanwhile, and when to give up (only with `--once`, after the connect timeout). A refusal
-/// or an admission ends it in the driver. `fanout/join.rs` drives it.
+/// or an admission ends it in the driver. `drive/join.rs` drives it.
 #[derive(Debug)]
 pub struct JoinRetry {
     started: Instant,

@@ -189,7 +189,7 @@ impl GroupKey {
     /// once more — the first rotation since the key it sealed under (two may have come as
     /// one: [`GroupKey::retired_after`]), or the start of the first device run after the one it
     /// sealed for (the device restarted, maybe more than once: [`GroupKey::began_after`]),
-    /// whichever is earlier. The binary's publishers and the simulations' senders follow this
+    /// whichever is earlier. The driver's publishers and the simulations' senders follow this
     /// one rule.
     pub fn resend_after(&self, old: &GroupKey) -> Option<u64> {
         let mut after = None::<u64>;
@@ -288,7 +288,7 @@ pub enum Outcome {
     Rejected,
 }
 
-/// A receiving half under one run key (the `encrypt` pair's inverse in the binary).
+/// A receiving half under one run key (the `encrypt` pair's inverse in [`crate::nats::drive`]).
 pub trait RunHalf: Sized {
     /// The half under `key` (a run key).
     fn under(key: [u8; 32]) -> Self;

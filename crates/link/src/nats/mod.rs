@@ -29,12 +29,14 @@
 //! - [`claim`]: one device side per driver: the signed claim and the wait (sans-IO);
 //! - [`start`]: a device side's start: joins heard, its run reserved, the driver claimed, the
 //!   run marked, where it begins (sans-IO);
-//! - [`NatsConfig`] / [`connect`]: the connection to the server (TLS, credentials).
+//! - [`NatsConfig`] / [`connect`]: the connection to the server (TLS, credentials);
+//! - [`drive`]: all of the above run on async-nats: a side's tasks, the streams' halves.
 
 pub mod admit;
 pub mod attach;
 pub mod claim;
 pub mod deliver;
+pub mod drive;
 pub mod follow;
 pub mod home;
 pub mod input;

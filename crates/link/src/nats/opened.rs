@@ -17,7 +17,7 @@
 
 use std::collections::VecDeque;
 
-/// Counters below an epoch's highest that its window covers: the binary's `encrypt` inverse
+/// Counters below an epoch's highest that its window covers: the driver's `encrypt` inverse
 /// for the fan-out keeps the same window (its `SEAL_WINDOW` is this), so a counter further
 /// behind does not open there either.
 pub const WINDOW: u64 = 4096;

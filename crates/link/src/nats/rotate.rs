@@ -18,7 +18,7 @@
 //! No new check while a rotation is under way; the notice goes at once when a run begins,
 //! every [`NOTICE_EVERY`] (core NATS may lose one), when a rotation completes and when frames
 //! of an earlier run or key come in ([`Keeper::handle_stale`]), never while `since` is
-//! pending. `fanout/keeper.rs` drives it on the client and the files; `testkit/tests/nats_keys.rs`
+//! pending. `drive/keeper.rs` drives it on the client and the files; `testkit/tests/nats_keys.rs`
 //! drives it through revocations, restarts and a failing broker.
 
 use std::collections::VecDeque;
@@ -355,7 +355,7 @@ pub fn parse_retired(b: &[u8]) -> Result<Retired, usize> {
 /// publisher settles once per rotation however often it says so, and one that ends takes its
 /// settling with it (before, one that settled and then ended left its count behind, and the
 /// gate opened while another still had publishes under the old key in flight; found by a
-/// review). `fanout/keeper.rs` keeps it under a lock beside a wake-up for the keeper;
+/// review). `drive/keeper.rs` keeps it under a lock beside a wake-up for the keeper;
 /// `testkit/tests/nats_keys.rs` drives it with publishers ending mid-rotation.
 #[derive(Debug, Default)]
 pub struct Gate {

@@ -11,7 +11,7 @@
 //!   stream sequence is known), and then what the device no longer opens
 //!   ([`GroupKey::resend_after`]) comes back to be sealed and published again under them.
 //!
-//! The driver hands frames and keys in, takes [`Publish`]es out of [`Sender::outbox`] for
+//! The driver hands frames and keys in, takes [`Publish`](crate::nats::outbox::Publish)es out of [`Sender::outbox`] for
 //! the broker and feeds its acknowledgements back there.
 
 use super::keys::GroupKey;
@@ -20,7 +20,7 @@ use bytes::Bytes;
 use ndd_core::{Frame, ModuleError, Output};
 use std::time::Instant;
 
-/// A sealing half under one run key (the `encrypt` pair's forward half in the binary).
+/// A sealing half under one run key (the `encrypt` pair's forward half in [`crate::nats::drive`]).
 pub trait RunSeal: Sized {
     /// The half under `key` (a run key).
     fn under(key: [u8; 32]) -> Result<Self, ModuleError>;

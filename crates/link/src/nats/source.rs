@@ -328,7 +328,7 @@ impl<S: RunSeal, K> SourceFlow<S, K> {
     /// What the driver does next for this stream, in the order the flow needs it: messages
     /// for the client first, then the gate told, the client flushed (until
     /// [`SourceFlow::handle_flushed`]), the device asked to confirm its run, kept frames
-    /// sealed again. The binary's publisher and `testkit/tests/nats_ending.rs` do what it says
+    /// sealed again. The driver's publisher and `testkit/tests/nats_ending.rs` do what it says
     /// (before 2026-12-02 each wrote out this order for itself); `None`: nothing until a frame,
     /// an acknowledgement, new keys or time.
     pub fn poll_io(&mut self) -> Option<SourceIo<K>> {
@@ -693,7 +693,7 @@ mod tests {
         assert!(f.is_done(), "the same run: done");
     }
 
-    /// The same stream driven through [`SourceFlow::poll_io`] alone, as the binary's
+    /// The same stream driven through [`SourceFlow::poll_io`] alone, as the driver's
     /// publisher and the simulation drive it: each step comes when its turn is there.
     #[test]
     fn poll_io_asks_for_each_step_in_the_flows_order() {

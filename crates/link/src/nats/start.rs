@@ -1,8 +1,8 @@
 //! A device side's start (sans-IO): what it does before its run begins, in the order each
-//! step's reason needs. The binary's `fanout/device.rs` and `testkit/tests/nats_ending.rs`
+//! step's reason needs. The driver's `drive/device.rs` and `testkit/tests/nats_ending.rs`
 //! do what [`DeviceStart::poll_io`] asks and hand the outcomes back; before 2026-12-02 each
 //! wrote the order out for itself, and the simulation marked its run and read where the stream
-//! stood before its claim of the driver, where the binary does both after.
+//! stood before its claim of the driver, where the driver does both after.
 //!
 //! 1. **Joins are heard from first** ([`StartIo::SubscribeJoins`]): an app side's reliable
 //!    stream asks for the keys once its END is stored (confirming the device's run), and that

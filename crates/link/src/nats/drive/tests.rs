@@ -10,7 +10,7 @@ async fn a_thousand_strangers_asking_to_join_in_a_second_are_a_few_lines() {
     let dir = std::env::temp_dir().join(format!("ndd-joins-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let local = |name: &str| {
-        let (id, _) = ndd_link::Identity::load_or_create(&dir.join(name)).unwrap();
+        let (id, _) = crate::Identity::load_or_create(&dir.join(name)).unwrap();
         LocalIdentity::new(&id).unwrap()
     };
     let (device, stranger) = (local("device"), local("stranger"));
@@ -26,7 +26,7 @@ async fn a_thousand_strangers_asking_to_join_in_a_second_are_a_few_lines() {
         driver: "joins".into(),
         streams: vec![],
     };
-    let keys = GroupKey::first([1; 32], ndd_link::nats::runs::Run { id: 1, began: 0 });
+    let keys = GroupKey::first([1; 32], crate::nats::runs::Run { id: 1, began: 0 });
     let (_keys, key) = watch::channel(keys);
     let mut svc = JoinService {
         admitter: Arc::new(Mutex::new(Admitter::new(
@@ -41,7 +41,7 @@ async fn a_thousand_strangers_asking_to_join_in_a_second_are_a_few_lines() {
         ctx: Ctx {
             client,
             subjects: Subjects::new("ndd", "joins").unwrap(),
-            side: SideName::Device,
+            side: Side::Device,
             quiet: false,
             connects: Arc::default(),
             max_payload: 1 << 20,
@@ -117,7 +117,7 @@ async fn the_client_queue_budget_is_given_back_when_the_bytes_are_gone() {
 }
 
 /// The driver's ticket gives its publisher's place back when dropped (the rules are
-/// `ndd_link::nats::rotate::Gate`'s).
+/// `crate::nats::rotate::Gate`'s).
 #[test]
 fn a_dropped_gate_ticket_leaves_the_gate() {
     let gate: Arc<RotationGate> = Arc::default();

@@ -1,15 +1,15 @@
 //! Joining: the device side's join service and an app side's join and key follower.
 
 use super::*;
-use ndd_link::nats::follow::{FollowEvent, FollowIo, Joined};
-use ndd_link::nats::join::HandOut;
+use crate::nats::follow::{FollowEvent, FollowIo, Joined};
+use crate::nats::join::HandOut;
 
 /// The device's join service: the key exchange ([`Host`]) and the admission rules
 /// ([`Admitter`]) driven on `P.D.join`; who is handed the key is noted in the home's holders file.
 pub(super) struct JoinService {
     pub(super) ctx: Ctx,
     pub(super) local: LocalIdentity,
-    pub(super) home: std::path::PathBuf,
+    pub(super) home: PathBuf,
     /// The group key as it stands (rotated by [`KeyKeeper`]).
     pub(super) key: watch::Receiver<GroupKey>,
     /// Who was handed it, and the split slots held.
@@ -45,7 +45,7 @@ impl JoinService {
                 let Some(reply) = m.reply.clone() else {
                     continue;
                 };
-                if ndd_link::nats::join::message_type(&m.payload) == Some(1)
+                if crate::nats::join::message_type(&m.payload) == Some(1)
                     && inits.admit(Instant::now()).is_none()
                 {
                     if let Some(n) = flood.admit(Instant::now()) {
@@ -93,7 +93,7 @@ impl JoinService {
         keys: GroupKey,
         now: Instant,
     ) -> Result<Vec<u8>> {
-        match ndd_link::nats::join::message_type(msg) {
+        match crate::nats::join::message_type(msg) {
             Some(1) => Ok(host.handle_init(now, &self.local, msg)?),
             Some(3) => {
                 let f = host.handle_finish(now, msg)?;
@@ -116,7 +116,7 @@ impl JoinService {
                 Some(t) => Trust::Trusted(t.name.clone().unwrap_or_else(|| fp.to_string())),
                 None => Trust::Untrusted,
             },
-            Err(e) => Trust::Unreadable(format!("{e:#}")),
+            Err(e) => Trust::Unreadable(e.to_string()),
         };
         let (decision, held) = {
             let mut a = lock(&self.admitter);
@@ -129,7 +129,7 @@ impl JoinService {
         if let Some(written) = self.slots.as_mut().filter(|w| **w != held) {
             // A restarted device side gives each app side its slot back.
             let path = self.files.slots_path();
-            match write_private(&path, ndd_link::nats::admit::encode_slots(&held).as_bytes()) {
+            match write_private(&path, crate::nats::admit::encode_slots(&held).as_bytes()) {
                 Ok(()) => *written = held,
                 Err(e) => tracing::warn!(side = "device", "{e:#}: a restart of this side would not give the app sides their split slots back"),
             }
@@ -151,7 +151,7 @@ impl JoinService {
                 reason: "internal error: the device side took its keys mid-rotation".into(),
             };
         };
-        let noted = self.files.add_holder(fp).map_err(|e| format!("{e:#}"));
+        let noted = self.files.add_holder(fp).map_err(|e| e.to_string());
         if let Err(e) = &noted {
             tracing::warn!(
                 side = "device",
@@ -180,30 +180,28 @@ pub(super) async fn join(
     ctx: &Ctx,
     local: &LocalIdentity,
     hello: &[u8],
-    opts: &RunOptions,
-    cfg: &Config,
+    setup: &Setup,
     js: Option<&jetstream::Context>,
 ) -> Result<(Admission, String, u64)> {
-    let per_try = Duration::from_millis(cfg.link.handshake_timeout_ms);
+    let per_try = setup.timing.handshake;
     let subject = ctx.subjects.join();
     // The rules (backoff, what is said, when to give up) are `JoinRetry`'s.
     let mut retry = JoinRetry::new(
         Instant::now(),
-        opts.once
-            .then(|| Duration::from_millis(cfg.link.connect_timeout_ms)),
-        Duration::from_millis(cfg.link.max_backoff_ms),
+        setup.once.then_some(setup.timing.connect),
+        setup.timing.max_backoff,
     );
     loop {
-        let attempt = join_once(ctx, local, hello, &opts.home, js, per_try);
+        let attempt = join_once(ctx, local, hello, &setup.home, js, per_try);
         let e = match attempt.await {
             Ok(final_answer) => return final_answer,
             Err(e) => e,
         };
-        let untrusted = e.downcast_ref::<UntrustedDevice>().is_some();
+        let untrusted = matches!(e, DriveError::UntrustedDevice(_));
         match retry.handle_failure(Instant::now(), untrusted) {
             Retry::GiveUp { untrusted, within } => {
                 let whom = if untrusted { " it trusts" } else { "" };
-                return Err(e.context(format!(
+                return Err(e.context(format_args!(
                     "no device side{whom} answered on {subject} within {:.1} s",
                     within.as_secs_f64()
                 )));
@@ -213,7 +211,7 @@ pub(super) async fn join(
                     Some(Say::Untrusted) => tracing::warn!(side = "app", "{e}; still trying"),
                     Some(Say::Waiting) if !ctx.quiet => tracing::info!(
                         side = "app",
-                        "waiting for the device side on {subject}: {e:#}"
+                        "waiting for the device side on {subject}: {e}"
                     ),
                     _ => {}
                 }
@@ -228,7 +226,7 @@ pub(super) async fn join(
 /// (final), `Ok(Ok)` admitted: the admission, the device's name, and (with `js`) where its
 /// stored streams stood.
 ///
-/// An untrusted signer is [`UntrustedDevice`]: anyone who may publish on the server can
+/// An untrusted signer is [`DriveError::UntrustedDevice`]: anyone who may publish on the server can
 /// answer a join with a reply signed by an identity of its own, and before, the first such
 /// answer ended the app side (found by a review). Every answer within the try is read, so the
 /// device side it trusts is taken when it answers too; [`join`] says the `ndd trust` line and
@@ -250,9 +248,7 @@ pub(super) async fn join_once(
     let taken = answers(ctx, &subject, j.init(), per_try, |reply| {
         match j.handle_reply_from(local, reply, hello, |fp| known.lookup(fp).is_some()) {
             Ok(x) => Some(x),
-            Err(ndd_link::nats::join::JoinError::Seal(ndd_link::seal::SealError::Untrusted(
-                fp,
-            ))) => {
+            Err(crate::nats::join::JoinError::Seal(crate::seal::SealError::Untrusted(fp))) => {
                 untrusted.get_or_insert(fp);
                 None
             }
@@ -263,10 +259,10 @@ pub(super) async fn join_once(
     let (fp, finish) = match (taken, untrusted) {
         (Ok(x), _) => x,
         (Err(_), Some(fp)) => {
-            return Err(anyhow::Error::new(UntrustedDevice(format!(
+            return Err(DriveError::UntrustedDevice(format!(
                 "refused an answer from an untrusted device side with fingerprint {fp} (on {subject}); if you trust it, run: ndd trust {fp} --home {}",
                 home.display()
-            ))))
+            )))
         }
         (Err(e), None) => return Err(e),
     };
@@ -282,7 +278,7 @@ pub(super) async fn join_once(
     Ok(match welcome {
         Welcome::Admitted(a) => Ok((*a, name, start)),
         Welcome::Refused { reason, .. } => {
-            Err(anyhow!("the device side refused this side: {reason}"))
+            Err(fail!("the device side refused this side: {reason}"))
         }
     })
 }
@@ -291,13 +287,13 @@ pub(super) async fn join_once(
 /// sequencing live there, sans-IO: this does the I/O it asks for). Joins again when the
 /// device says it rotated the key or restarted (`P.D.rekey`) or a stream asks (a frame that
 /// does not open; a reliable source confirming the device's run at its END), at most every
-/// [`ndd_link::nats::follow::REJOIN_SPACING`]. A refusal (this side is no longer trusted)
+/// [`crate::nats::follow::REJOIN_SPACING`]. A refusal (this side is no longer trusted)
 /// ends the app side.
 pub(super) struct KeyFollower {
     pub(super) ctx: Ctx,
     pub(super) local: LocalIdentity,
     pub(super) hello: Vec<u8>,
-    pub(super) home: std::path::PathBuf,
+    pub(super) home: PathBuf,
     pub(super) per_try: Duration,
     pub(super) key: watch::Sender<GroupKey>,
     pub(super) follower: Follower,
@@ -433,7 +429,7 @@ impl KeyFollower {
                 side = "app",
                 run = format_args!("{run:016x}"),
                 "no device side serves, and the device marked a run newer than the one this side sealed for: a stream that ended waits (up to {:?}) for a device side to say what it must send again",
-                ndd_link::nats::source::CONFIRM_WAIT
+                crate::nats::source::CONFIRM_WAIT
             ),
             FollowEvent::Behind { .. } => {}
         }
@@ -455,17 +451,15 @@ impl KeyFollower {
                 keys: Box::new(a.keys()),
                 slot: a.slot,
             },
-            Ok(Err(refused)) => Joined::Refused(format!("{refused:#}")),
+            Ok(Err(refused)) => Joined::Refused(refused.to_string()),
             // Only an untrusted device side answered within the try (`ndd untrust` of the
             // device here, or its identity changed): this side takes nothing more from it.
-            Err(e) if e.downcast_ref::<UntrustedDevice>().is_some() => {
-                Joined::Untrusted(format!("{e:#}"))
-            }
-            Err(e) if e.downcast_ref::<NoDeviceServing>().is_some() => Joined::NoDeviceServing,
+            Err(e @ DriveError::UntrustedDevice(_)) => Joined::Untrusted(e.to_string()),
+            Err(DriveError::NoDeviceServing(_)) => Joined::NoDeviceServing,
             Err(e) => {
                 tracing::debug!(
                     side = "app",
-                    "asking the device side for its group key: {e:#}"
+                    "asking the device side for its group key: {e}"
                 );
                 Joined::Failed
             }
@@ -523,31 +517,6 @@ impl KeyFollower {
     }
 }
 
-/// Only a device side this side does not trust answered a join (the `ndd trust` line).
-#[derive(Debug)]
-pub(super) struct UntrustedDevice(String);
-
-impl std::fmt::Display for UntrustedDevice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UntrustedDevice {}
-
-/// No device side was subscribed to the join subject when the question came (the server said
-/// so at once): a settled answer, unlike no answer within the try.
-#[derive(Debug)]
-pub(super) struct NoDeviceServing(String);
-
-impl std::fmt::Display for NoDeviceServing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "no device side is serving {}", self.0)
-    }
-}
-
-impl std::error::Error for NoDeviceServing {}
-
 /// Asks on `subject` and reads every answer for at most `limit` until `take` takes one.
 async fn answers<T>(
     ctx: &Ctx,
@@ -557,7 +526,7 @@ async fn answers<T>(
     mut take: impl FnMut(&[u8]) -> Option<T>,
 ) -> Result<T> {
     let deadline = tokio::time::Instant::now() + limit;
-    let no_answer = || anyhow!("no answer within {:.1} s", limit.as_secs_f64());
+    let no_answer = || fail!("no answer within {:.1} s", limit.as_secs_f64());
     // (Bounded as a whole: while the server is away the client waits to reconnect.) The
     // subscription goes to the server before the question, on the same connection.
     let mut sub = tokio::time::timeout_at(deadline, async {
@@ -566,8 +535,8 @@ async fn answers<T>(
         ctx.client
             .publish_with_reply(subject.to_string(), inbox, body.into())
             .await
-            .map_err(|e| anyhow!("join request on {subject}: {e}"))?;
-        Ok::<_, anyhow::Error>(sub)
+            .map_err(|e| fail!("join request on {subject}: {e}"))?;
+        Ok::<_, DriveError>(sub)
     })
     .await
     .map_err(|_| no_answer())??;
@@ -584,7 +553,7 @@ async fn answers<T>(
             bail!("join request on {subject}: the connection closed");
         };
         if m.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
-            return Err(NoDeviceServing(subject.to_string()).into());
+            return Err(DriveError::NoDeviceServing(subject.to_string()));
         }
         if m.status.is_some() {
             continue;

@@ -3,8 +3,8 @@
 //! acknowledgements.
 
 use super::*;
-use ndd_link::nats::outbox::Publish;
-use ndd_link::nats::source::{EndPlan, SendError, SourceFlow, SourceIo};
+use crate::nats::outbox::Publish;
+use crate::nats::source::{EndPlan, SendError, SourceFlow, SourceIo};
 
 /// The `encrypt` pair's forward half as one run's sealing half ([`Sender`]).
 pub(super) struct RunSealer(pub(super) EncryptForward);
@@ -133,7 +133,7 @@ fn subject_of(ctx: &Ctx, plan: &Plan, stored: bool, route: Route) -> (String, Op
         Route::Part { part, .. } => Some(part),
         Route::All | Route::Any => None,
     };
-    let s = if plan.source && ctx.side == SideName::App {
+    let s = if plan.source && ctx.side == Side::App {
         if stored {
             ctx.subjects.up_stored(plan.id)
         } else {
@@ -155,7 +155,7 @@ impl Publisher {
     ) -> Result<Publisher> {
         let js = js.filter(|_| plan.reliable);
         let stored = js.is_some();
-        let app = ctx.side == SideName::App;
+        let app = ctx.side == Side::App;
         // Many app sides publish on one up subject with the device's run id and their own
         // frame numbers: their message ids must differ, or JetStream drops all but the first
         // app side's frame of each number as a duplicate (found by the rotation test: a second
@@ -202,8 +202,8 @@ impl Publisher {
         })
     }
 
-    fn err(&self, e: SendError) -> anyhow::Error {
-        anyhow!("stream \"{}\": {e}", self.plan.name)
+    fn err(&self, e: SendError) -> DriveError {
+        fail!("stream \"{}\": {e}", self.plan.name)
     }
 
     /// Seals and publishes `frame` on `route`, kept with `keep` to be sealed again after a
@@ -316,10 +316,9 @@ impl Publisher {
 
     /// Its counters into the stream's stats: lossy frames dropped for want of room, and
     /// publishes sent again (failed, or after a reconnect).
-    pub(super) fn report(&self, stats: &Shared<StreamStats>) {
-        let mut s = lock(stats);
-        s.overflow = self.dropped;
-        s.retransmits = self.flow.sender.outbox.retried + self.flow.sender.outbox.republished;
+    pub(super) fn report(&self, tally: &dyn Tally) {
+        let outbox = &self.flow.sender.outbox;
+        tally.sending(self.dropped, outbox.retried + outbox.republished);
     }
 
     /// The next acknowledgement, retry or END repeat due, or change of keys (cancel-safe).
@@ -367,7 +366,7 @@ impl Publisher {
                     tracing::warn!(
                         stream = %self.plan.name,
                         "no device side answered within {:?} to confirm its run before this stream ended: if it restarted meanwhile, it may wait for this stream's last frames",
-                        ndd_link::nats::source::CONFIRM_WAIT
+                        crate::nats::source::CONFIRM_WAIT
                     );
                 }
             }
@@ -420,7 +419,7 @@ impl Publisher {
                 .client
                 .publish(p.subject, rec)
                 .await
-                .map_err(|e| anyhow!("stream \"{}\": publish: {e}", self.plan.name));
+                .map_err(|e| fail!("stream \"{}\": publish: {e}", self.plan.name));
         };
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
@@ -450,6 +449,34 @@ impl Publisher {
     }
 }
 
+/// A source stream's NATS half: its frames sealed and published.
+pub struct SourceHalf {
+    pub(super) keys: watch::Receiver<GroupKey>,
+    pub(super) out: Publisher,
+    pub(super) finish: watch::Receiver<bool>,
+}
+
+impl SourceHalf {
+    /// The stream.
+    pub fn plan(&self) -> &Plan {
+        &self.out.plan
+    }
+
+    /// Takes the source endpoint's `frames` through `stack` to the server until the
+    /// endpoint ends (its END published and acknowledged) or the side stops (`finish`: the
+    /// channel is closed, what the source sent goes out, then the END).
+    pub async fn run(
+        self: Box<Self>,
+        frames: mpsc::Receiver<Frame>,
+        stack: &mut Stack,
+        tally: Arc<dyn Tally>,
+    ) -> Result<()> {
+        let r = pump_source(frames, self.finish, stack, self.keys, self.out, &*tally).await;
+        tally.layers(stack, true);
+        r
+    }
+}
+
 /// Source endpoint → stack → route → [`Publisher`] → NATS. When this side stops (`finish`)
 /// the channel closes: the source sees it and ends (a blocking one, such as `x11-screen`,
 /// too: aborting its task does not stop it), what it sent goes out, then the stream's END.
@@ -459,7 +486,7 @@ pub(super) async fn pump_source(
     stack: &mut Stack,
     mut keys: watch::Receiver<GroupKey>,
     mut out: Publisher,
-    stats: Shared<StreamStats>,
+    stats: &dyn Tally,
 ) -> Result<()> {
     let name = out.plan.name.clone();
     let mut closed = false;
@@ -479,18 +506,18 @@ pub(super) async fn pump_source(
             // while the flow has no room).
             w = out.next(&mut keys) => {
                 out.take(w, &mut keys).await?;
-                out.report(&stats);
+                out.report(stats);
                 continue;
             }
             _ = sleep_until_opt(wake), if ready => {
-                stack.handle_timeout(Instant::now()).map_err(|e| anyhow!("{e}"))?;
-                drain(stack, &mut keys, &mut out, &stats, &name).await?;
+                stack.handle_timeout(Instant::now())?;
+                drain(stack, &mut keys, &mut out, stats, &name).await?;
                 continue;
             }
         };
         let Some(frame) = frame else {
-            stack.flush(Instant::now()).map_err(|e| anyhow!("{e}"))?;
-            drain(stack, &mut keys, &mut out, &stats, &name).await?;
+            stack.flush(Instant::now())?;
+            drain(stack, &mut keys, &mut out, stats, &name).await?;
             out.flow
                 .handle_end(Instant::now(), wall_ns())
                 .map_err(|e| out.err(e))?;
@@ -498,14 +525,12 @@ pub(super) async fn pump_source(
             while !out.flow.is_done() {
                 out.wait(&mut keys).await?;
             }
-            out.report(&stats);
+            out.report(stats);
             return Ok(());
         };
-        lock(&stats).produced(frame.len());
-        stack
-            .handle_frame(Instant::now(), frame)
-            .map_err(|e| anyhow!("{e}"))?;
-        drain(stack, &mut keys, &mut out, &stats, &name).await?;
+        stats.produced(frame.len());
+        stack.handle_frame(Instant::now(), frame)?;
+        drain(stack, &mut keys, &mut out, stats, &name).await?;
     }
 }
 
@@ -514,7 +539,7 @@ pub(super) async fn drain(
     stack: &mut Stack,
     keys: &mut watch::Receiver<GroupKey>,
     out: &mut Publisher,
-    stats: &Shared<StreamStats>,
+    stats: &dyn Tally,
     name: &str,
 ) -> Result<()> {
     loop {
@@ -538,7 +563,7 @@ pub(super) async fn drain(
             return Ok(());
         };
         let route = if out.plan.split.is_some() || out.plan.round_robin || has_mux(stack) {
-            route_of(f.payload()).map_err(|e| anyhow!("stream \"{name}\": {e}"))?
+            route_of(f.payload()).map_err(|e| fail!("stream \"{name}\": {e}"))?
         } else {
             Route::All
         };
@@ -554,14 +579,8 @@ pub(super) async fn drain(
             (f, None)
         };
         let len = out.publish(f, route, keep).await?;
-        {
-            let mut s = lock(stats);
-            s.wire_frames += 1;
-            s.wire_bytes += len as u64;
-            if s.layers_due(Instant::now()) {
-                s.layers = stack.stats();
-            }
-        }
+        stats.wire(1, len as u64);
+        stats.layers(stack, false);
         out.report(stats);
     }
 }

@@ -1,7 +1,7 @@
 //! The device side's start: what it sets up before its streams run, and its streams.
 
 use super::*;
-use ndd_link::nats::start::{DeviceStart, StartIo, STEP_RETRY_FOR};
+use crate::nats::start::{DeviceStart, StartIo, STEP_RETRY_FOR};
 
 /// Starts the device side: its JetStream stream, run and group key, the key keeper, the claim
 /// on the driver, the join service and its streams (sources once enough app sides joined).
@@ -9,11 +9,11 @@ use ndd_link::nats::start::{DeviceStart, StartIo, STEP_RETRY_FOR};
 pub(super) async fn start(
     s: &Start<'_>,
     ctx: &Ctx,
-    t: &mut Tasks,
+    t: &mut (dyn Run + Send),
     stop: &mut watch::Receiver<bool>,
 ) -> Result<PeerView> {
-    let (cfg, opts, side, quiet) = (s.cfg, s.opts, ctx.side, ctx.quiet);
-    let (nats, plans, local) = (&cfg.link.nats, s.plans, s.local);
+    let (setup, side, quiet) = (s.setup, ctx.side, ctx.quiet);
+    let (nats, plans, local) = (&setup.nats, &setup.plans, s.local);
     // The JetStream stream exists before any app side can join (they read where it
     // stands when they join), and before a rotation notes where it stands.
     // (It waits up to `JS_READY_WAIT` for a cluster's leaders: a stop ends the wait.)
@@ -29,10 +29,10 @@ pub(super) async fn start(
     // heard from, the run's id reserved, the driver claimed (a second device side stops
     // here), the run marked in the stream (earlier marks purged beside it), where the stream
     // stands read, the run begun.
-    let files = Home::new(&opts.home, &nats.subject_prefix, &cfg.driver);
+    let files = Home::new(&setup.home, &nats.subject_prefix, &setup.driver);
     let mut start = DeviceStart::new(js.is_some());
     let (mut join_sub, mut begun) = (None, None);
-    let no_js = || anyhow!("the device's start asked for JetStream without a stream");
+    let no_js = || fail!("the device's start asked for JetStream without a stream");
     while !start.is_done() {
         let Some(io) = start.poll_io(Instant::now()) else {
             match start.poll_timeout() {
@@ -57,8 +57,8 @@ pub(super) async fn start(
             StartIo::Claim { run } => {
                 // (Its answers are waited for: a stop ends the wait.)
                 tokio::select! {
-                    r = claim_device(ctx, &cfg.driver, run, local, &opts.home) => {
-                        t.service("claim's answers", r?);
+                    r = claim_device(ctx, &setup.driver, run, local, &setup.home) => {
+                        t.service("claim's answers", Box::pin(r?));
                     }
                     _ = stop.changed() => bail!("stopped during the device side's start"),
                 }
@@ -72,7 +72,7 @@ pub(super) async fn start(
                     Ok(0) => again_or_fail(
                         &mut start,
                         true,
-                        anyhow!("marking this run in JetStream: a duplicate not yet stored"),
+                        fail!("marking this run in JetStream: a duplicate not yet stored"),
                     )?,
                     Ok(seq) => start.handle_marked(seq),
                     Err(e) => again_or_fail(&mut start, passes(&e), e)?,
@@ -100,7 +100,10 @@ pub(super) async fn start(
     };
     let (key_tx, key) = watch::channel(files.group_key(run, earlier)?);
     // Checks at least 0.5 s apart: each reads known_peers and the holders file.
-    let every = Duration::from_millis(cfg.link.ping_interval_ms.clamp(500, 2000));
+    let every = setup
+        .timing
+        .ping_interval
+        .clamp(Duration::from_millis(500), Duration::from_secs(2));
     let mut keeper = KeyKeeper {
         files: files.clone(),
         js: js.clone(),
@@ -114,14 +117,14 @@ pub(super) async fn start(
     // How many app sides are there (beating), for `min_app_sides`.
     let (joined, mut joined_rx) = watch::channel(0usize);
     let admitter: Shared<Admitter> = Arc::new(Mutex::new(Admitter::new(
-        cfg.hello(side),
+        setup.hello.clone(),
         &local.fingerprint(),
-        &opts.home.display().to_string(),
+        &setup.home.display().to_string(),
         slots,
         // A split slot is given to another app side only after 5 s of silence at least: the
         // heartbeats cross the NATS server, whose hiccups the direct link's 1.5 s keepalive
         // would turn into a holder losing its slot (and ending).
-        Duration::from_millis(cfg.link.keepalive_timeout_ms.max(5000)),
+        setup.timing.keepalive.max(Duration::from_secs(5)),
         ctx.quiet,
     )));
     // The split slots the run before this one left: each app side gets its own back.
@@ -132,26 +135,27 @@ pub(super) async fn start(
     let admitter_view = admitter.clone();
     t.service(
         "ready heartbeats' listener",
-        serve_ready(ctx, key.clone(), joined, admitter.clone()).await?,
+        Box::pin(serve_ready(ctx, key.clone(), joined, admitter.clone()).await?),
     );
     let host = JoinService {
         admitter,
         ctx: ctx.clone(),
         local: local.clone(),
-        home: opts.home.clone(),
+        home: setup.home.clone(),
         key: key.clone(),
         files: files.clone(),
-        expiry: Duration::from_millis(cfg.link.handshake_timeout_ms.max(1000) * 2),
+        expiry: setup.timing.handshake.max(Duration::from_secs(1)) * 2,
         slots: (slots > 0).then_some(held),
     };
     let joins = host.serve(join_sub);
-    t.service("join service", async move {
-        joins.await.map_err(|e| anyhow!("join service: {e}"))?
-    });
+    t.service(
+        "join service",
+        Box::pin(async move { joins.await.map_err(|e| fail!("join service: {e}"))? }),
+    );
     // The keeper runs once the driver is claimed and joins are served: its notices send app
     // sides joining.
     let kctx = ctx.clone();
-    t.service("key keeper", keeper.watch(kctx));
+    t.service("key keeper", Box::pin(keeper.watch(kctx)));
     // Sinks at once (what app sides send, and sent while this side was away, comes
     // in now); sources once enough app sides are there to get their frames.
     let want = nats.min_app_sides as usize;
@@ -162,28 +166,14 @@ pub(super) async fn start(
             }
             let enough = joined_rx.wait_for(|there| *there >= want);
             tokio::select! {
-                r = enough => { r.map_err(|_| anyhow!("the join service stopped"))?; }
+                r = enough => { r.map_err(|_| fail!("the join service stopped"))?; }
                 _ = stop.changed() => bail!("stopped while waiting for {want} app side(s) to join"),
-                _ = sleep_until_opt(s.deadline) => bail!("fewer than {want} app side(s) joined within --duration"),
+                _ = sleep_until_opt(setup.deadline) => bail!("fewer than {want} app side(s) joined within --duration"),
             }
         }
         for p in plans.iter().filter(|p| p.source == sources) {
-            t.endpoints.extend(
-                spawn_stream(
-                    cfg,
-                    ctx,
-                    p,
-                    &key,
-                    None,
-                    js.clone(),
-                    None,
-                    opts.once,
-                    s.finish,
-                    s.stats,
-                    &mut t.set,
-                )
-                .await?,
-            );
+            let half = stream_half(s, ctx, p, &key, None, js.clone(), None).await?;
+            t.stream(half)?;
         }
     }
     if !quiet {
@@ -196,16 +186,16 @@ pub(super) async fn start(
 }
 
 /// A JetStream step of the start failed with `e` (`passing`: an error that passes by
-/// itself, `ndd_link::nats::store::passes`): tried again as [`DeviceStart`] says (a cluster
+/// itself, `crate::nats::store::passes`): tried again as [`DeviceStart`] says (a cluster
 /// electing the stream's leader answers "no stream found" for a few seconds), or the start
 /// fails with `e`.
-fn again_or_fail(start: &mut DeviceStart, passing: bool, e: anyhow::Error) -> Result<()> {
+fn again_or_fail(start: &mut DeviceStart, passing: bool, e: DriveError) -> Result<()> {
     let wait = start.handle_failed(Instant::now(), passing).ok();
     let tried = passing.then_some(("the device's start", STEP_RETRY_FOR));
     again_or_given_up(e, wait, tried).map_or(Ok(()), Err)
 }
 
-/// Marks run `id` in the JetStream stream ([`ndd_link::nats::subjects::Subjects::run_mark`]):
+/// Marks run `id` in the JetStream stream ([`crate::nats::subjects::Subjects::run_mark`]):
 /// a rekey notice naming it, signed by this side's identity. The stream sequence it was
 /// stored at.
 async fn mark_run(
@@ -231,9 +221,9 @@ async fn mark_run(
     let stored = js
         .publish_with_headers(subject.clone(), headers, note.into())
         .await
-        .map_err(|e| anyhow!("marking this run in JetStream ({subject}): {e}"))?
+        .map_err(|e| fail!("marking this run in JetStream ({subject}): {e}"))?
         .await
-        .map_err(|e| anyhow!("marking this run in JetStream ({subject}): {e}"))?;
+        .map_err(|e| fail!("marking this run in JetStream ({subject}): {e}"))?;
     Ok(stored.sequence)
 }
 

@@ -2,13 +2,11 @@
 //! with its keys, and frames handed to the endpoint.
 
 use super::*;
-use ndd_link::nats::attach::{
-    device_start, Attach, AttachIo, Reattach, StartRetry, FIRST_ATTACH_FOR,
-};
-use ndd_link::nats::deliver::{Action, Mode, Notice, Rebuild, SinkFlow, ENDING_WAIT, FINISH_WAIT};
+use crate::nats::attach::{device_start, Attach, AttachIo, Reattach, StartRetry, FIRST_ATTACH_FOR};
+use crate::nats::deliver::{Action, Mode, Notice, Rebuild, SinkFlow, ENDING_WAIT, FINISH_WAIT};
 
 /// Replay window of the group key's inverse halves, in frames.
-pub(super) const SEAL_WINDOW: u32 = ndd_link::nats::opened::WINDOW as u32;
+pub(super) const SEAL_WINDOW: u32 = crate::nats::opened::WINDOW as u32;
 /// Sending halves (epochs) a group key's inverse keeps at once: one per app side feeding an
 /// app → device stream, and one more for each rotation it follows. With the `encrypt`
 /// pair's default of two, a third app side's frames retired the first one's epoch and the
@@ -64,9 +62,9 @@ pub(super) type Asked = std::pin::Pin<Box<dyn std::future::Future<Output = bool>
 
 impl KeyWatch {
     /// The receiver of stream `id` under the keys as they stand.
-    pub(super) fn receiver(&mut self, side: SideName, id: u16, ordered: bool) -> SinkReceiver {
+    pub(super) fn receiver(&mut self, side: Side, id: u16, ordered: bool) -> SinkReceiver {
         let k = *self.key.borrow_and_update();
-        Receiver::new(id, side == SideName::App, k, ordered, REORDER_WAIT)
+        Receiver::new(id, side == Side::App, k, ordered, REORDER_WAIT)
     }
 
     /// Hands the keys to `rx` if they changed.
@@ -161,21 +159,21 @@ pub(super) async fn subscribe(
     began: u64,
     stop: &watch::Receiver<bool>,
 ) -> Result<Input> {
-    use ndd_link::nats::input::{sink_input, Reader, SinkInput};
+    use crate::nats::input::{sink_input, Reader, SinkInput};
     // Which subject or consumer, and what it keeps: ndd_link's rules (sans-IO).
     let reader = match app {
         Some((adm, me, _)) => Reader::App { me, slot: adm.slot },
         None => Reader::Device,
     };
     let how = sink_input(&ctx.subjects, &plan.shape(), reader, js.is_some())
-        .map_err(|e| anyhow!("stream \"{}\": {e}", plan.name))?;
+        .map_err(|e| fail!("stream \"{}\": {e}", plan.name))?;
     let (durable, filter, flags, keeps_position, keeps_windows) = match how {
         SinkInput::Core { subject, queue } => {
             let sub = match queue {
                 Some(q) => ctx.client.queue_subscribe(subject.clone(), q).await,
                 None => ctx.client.subscribe(subject.clone()).await,
             }
-            .map_err(|e| anyhow!("cannot subscribe to {subject}: {e}"))?;
+            .map_err(|e| fail!("cannot subscribe to {subject}: {e}"))?;
             return Ok(Input::Core(sub));
         }
         SinkInput::Stored {
@@ -198,7 +196,7 @@ pub(super) async fn subscribe(
             keeps_windows,
         ),
     };
-    let js = js.ok_or_else(|| anyhow!("JetStream consumer {durable} without JetStream"))?;
+    let js = js.ok_or_else(|| fail!("JetStream consumer {durable} without JetStream"))?;
     let name = ctx.subjects.jetstream();
     // (The device side made the stream; an app side may start before it has.)
     let made_by = if app.is_some() {
@@ -209,7 +207,7 @@ pub(super) async fn subscribe(
     let stream = retried(stop, || async {
         js.get_stream(&name)
             .await
-            .map_err(|e| anyhow!("JetStream stream {name}: {e}{made_by}"))
+            .map_err(|e| fail!("JetStream stream {name}: {e}{made_by}"))
     })
     .await?;
     let files = Home::new(&ctx.home, ctx.subjects.prefix(), ctx.subjects.driver());
@@ -276,7 +274,7 @@ pub(super) struct Stored {
     /// Where the stream stands, kept for the next process (an app side's ordered consumer).
     pub(super) position: Option<PositionFile>,
     /// What it opened, kept for the next process (a device side's: copies of frames taken
-    /// already are dropped, `ndd_link::nats::opened`).
+    /// already are dropped, `crate::nats::opened`).
     pub(super) windows: Option<WindowsFile>,
     /// When it is attached again ([`Reattach`]).
     pub(super) again: Reattach,
@@ -396,7 +394,7 @@ impl Stored {
                             a.handle_looked(None, None, Instant::now())
                         }
                         Err(e) => {
-                            let e = anyhow!("JetStream consumer {durable}: {e}");
+                            let e = fail!("JetStream consumer {durable}: {e}");
                             let passing = passes(&e);
                             let wait = a.handle_look_failed(Instant::now(), passing);
                             last_err = again_or_given_up(
@@ -426,7 +424,7 @@ impl Stored {
             }
         };
         let Ok(attached) = attached else {
-            return Err(last_err.unwrap_or_else(|| anyhow!("JetStream consumer {durable}")));
+            return Err(last_err.unwrap_or_else(|| fail!("JetStream consumer {durable}")));
         };
         self.resumed |= attached.resumed;
         if !self.resumed {
@@ -457,12 +455,12 @@ impl Stored {
             .stream
             .get_or_create_consumer(durable, config)
             .await
-            .map_err(|e| anyhow!("JetStream consumer {durable}: {e}"))?;
+            .map_err(|e| fail!("JetStream consumer {durable}: {e}"))?;
         self.messages = Some(
             consumer
                 .messages()
                 .await
-                .map_err(|e| anyhow!("JetStream consumer {durable}: {e}"))?,
+                .map_err(|e| fail!("JetStream consumer {durable}: {e}"))?,
         );
         Ok(())
     }
@@ -487,33 +485,70 @@ impl Stored {
             Some(m) => m
                 .next()
                 .await
-                .map(|r| r.map_err(|e| anyhow!("JetStream: {e}"))),
+                .map(|r| r.map_err(|e| fail!("JetStream: {e}"))),
             None => std::future::pending().await,
         }
     }
 }
 
-/// Builds a stream's sink stack afresh.
+/// A sink stream's NATS half: its subscription or JetStream consumer, its keys.
+pub struct SinkHalf {
+    pub(super) plan: Plan,
+    pub(super) input: Input,
+    pub(super) end_sub: Option<async_nats::Subscriber>,
+    pub(super) once: bool,
+    pub(super) finish: watch::Receiver<bool>,
+    pub(super) keys: KeyWatch,
+    pub(super) side: Side,
+    pub(super) peer: &'static str,
+}
+
+/// How many frames the sink endpoint completed so far.
+pub type Completed = Box<dyn Fn() -> u64 + Send + Sync>;
+
+impl SinkHalf {
+    /// The stream.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Takes the stream's records through `stack` (built afresh by `rebuild` for a restarted
+    /// device side) to the sink endpoint's `frames`, acknowledging what it `completed`, until
+    /// the stream's END or the side stops.
+    pub async fn run(
+        self,
+        frames: mpsc::Sender<Frame>,
+        stack: Stack,
+        rebuild: Rebuild,
+        completed: Completed,
+        tally: Arc<dyn Tally>,
+    ) -> Result<()> {
+        pump_sink(self, stack, rebuild, frames, completed, tally).await
+    }
+}
+
 /// NATS → [`SinkFlow`] (the rules: backpressure, acknowledgements, restarts, the END; sans-IO
 /// in `ndd-link`) → sink endpoint. This loop only moves messages, keys, the sink's
 /// completions and time in, and frames, acknowledgements and log lines out.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn pump_sink(
-    stream: u16,
-    mut input: Input,
-    mut end_sub: Option<async_nats::Subscriber>,
-    once: bool,
-    mut finish: watch::Receiver<bool>,
-    lossy: bool,
+async fn pump_sink(
+    half: SinkHalf,
     stack: Stack,
     rebuild: Rebuild,
-    mut keys: KeyWatch,
-    side: SideName,
     tx: mpsc::Sender<Frame>,
-    done: Delivered,
-    stats: Shared<StreamStats>,
-    peer: &'static str,
+    done: Completed,
+    stats: Arc<dyn Tally>,
 ) -> Result<()> {
+    let SinkHalf {
+        plan,
+        mut input,
+        mut end_sub,
+        once,
+        mut finish,
+        mut keys,
+        side,
+        peer,
+    } = half;
+    let (stream, lossy) = (plan.id, !plan.reliable);
     // Stored frames of this side's own consumer come back in their order after a server
     // restart (round-robin members each see only some of a subject's frames: no order).
     let ordered = matches!(&input, Input::Stored(s) if s.ordered);
@@ -565,7 +600,7 @@ pub(super) async fn pump_sink(
             &done,
         )
         .await;
-    lock(&pump.stats).layers = flow.stack().stats();
+    pump.stats.layers(flow.stack(), true);
     r
 }
 
@@ -591,7 +626,7 @@ struct FlowTold {
 struct SinkPump {
     /// The sink's channel; closed when the END is final.
     tx: Option<mpsc::Sender<Frame>>,
-    stats: Shared<StreamStats>,
+    stats: Arc<dyn Tally>,
     logs: Logs,
     told: FlowTold,
     peer: &'static str,
@@ -607,7 +642,7 @@ impl SinkPump {
         end_sub: &mut Option<async_nats::Subscriber>,
         finish: &mut watch::Receiver<bool>,
         keys: &mut KeyWatch,
-        done: &Delivered,
+        done: &Completed,
     ) -> Result<()> {
         self.logs.bad = ndd_core::RateLimit::with_burst(Duration::from_secs(1), 5);
         let mut check = tokio::time::interval(Duration::from_millis(20));
@@ -618,7 +653,7 @@ impl SinkPump {
             keys.follow(flow.receiver());
             self.count(flow);
             self.hand_ready(flow)?;
-            match flow.poll(Instant::now()).map_err(|e| anyhow!("{e}"))? {
+            match flow.poll(Instant::now()).map_err(|e| fail!("{e}"))? {
                 Some(Action::Frames) => continue,
                 Some(Action::Done) => return Ok(()),
                 Some(Action::Wait(w)) => {
@@ -669,11 +704,11 @@ impl SinkPump {
                     // This side stops: what the stack holds goes to the sink, and the
                     // stream ends (its sink finishes and reports).
                     stopping = true;
-                    flow.handle_finish(Instant::now()).map_err(|e| anyhow!("{e}"))?;
+                    flow.handle_finish(Instant::now()).map_err(|e| fail!("{e}"))?;
                 }
                 // The frame that waited for a busy sink goes once it has room.
                 permit = async { waiting_tx.as_ref().expect("waiting").reserve().await }, if waiting_tx.is_some() => {
-                    let permit = permit.map_err(|_| anyhow!("the sink endpoint stopped accepting frames"))?;
+                    let permit = permit.map_err(|_| fail!("the sink endpoint stopped accepting frames"))?;
                     if let Some(f) = flow.poll_frame() {
                         self.delivered(&f, flow);
                         permit.send(f);
@@ -692,11 +727,11 @@ impl SinkPump {
                     flow.handle_message(Instant::now(), &m.payload, None);
                 }
                 _ = sleep_until_opt(wake) => {
-                    flow.handle_timeout(Instant::now()).map_err(|e| anyhow!("{e}"))?;
+                    flow.handle_timeout(Instant::now()).map_err(|e| fail!("{e}"))?;
                 }
                 _ = check.tick() => {
                     let now = Instant::now();
-                    flow.handle_completed(now, done.count());
+                    flow.handle_completed(now, done());
                     flow.handle_tick(now);
                     self.reattach(flow, input).await;
                 }
@@ -719,7 +754,7 @@ impl SinkPump {
         let Some(tx) = self.tx.clone() else {
             return Ok(());
         };
-        let closed = || anyhow!("the sink endpoint stopped accepting frames");
+        let closed = || fail!("the sink endpoint stopped accepting frames");
         while flow.has_frame() {
             // Never waited for here: a sink with no room is waited for in the select, beside
             // the stop, the ticks and the timers (a stuck sink must not hang the side).
@@ -737,11 +772,8 @@ impl SinkPump {
     }
 
     fn delivered(&self, f: &Frame, flow: &Flow) {
-        let mut s = lock(&self.stats);
-        s.delivered(f.len(), f.meta.timestamp_ns, wall_ns());
-        if s.layers_due(Instant::now()) {
-            s.layers = flow.stack().stats();
-        }
+        self.stats.delivered(f.len(), f.meta.timestamp_ns);
+        self.stats.layers(flow.stack(), false);
     }
 
     /// The receiver's and the flow's counters into the stream's stats.
@@ -750,11 +782,10 @@ impl SinkPump {
         let rx = flow.receiver();
         let t = &mut self.told;
         if rx.records != t.records || rx.dropped() != t.dropped || stale != t.stale {
-            let mut s = lock(&self.stats);
-            s.wire_frames += rx.records - t.records;
-            s.wire_bytes += rx.record_bytes - t.bytes;
-            s.refused += rx.dropped() - t.dropped;
-            s.stale += stale - t.stale;
+            self.stats
+                .wire(rx.records - t.records, rx.record_bytes - t.bytes);
+            self.stats
+                .dropped(rx.dropped() - t.dropped, stale - t.stale, 0);
             (t.records, t.bytes, t.dropped, t.stale) =
                 (rx.records, rx.record_bytes, rx.dropped(), stale);
         }
@@ -788,7 +819,7 @@ impl SinkPump {
         });
         match flow.handle_message(Instant::now(), &payload, stored) {
             Taken::Queued => {}
-            Taken::Copy => lock(&self.stats).duplicates += 1,
+            Taken::Copy => self.stats.dropped(0, 0, 1),
             Taken::Malformed => {
                 if let Some(suppressed) = self.logs.bad.admit(Instant::now()) {
                     tracing::warn!(
@@ -800,7 +831,7 @@ impl SinkPump {
             Taken::Foreign => {
                 // Every stream has subjects of its own: a record naming another stream was
                 // moved here by someone who may publish.
-                lock(&self.stats).refused += 1;
+                self.stats.dropped(1, 0, 0);
                 if let Some(suppressed) = self.logs.bad.admit(Instant::now()) {
                     tracing::warn!(
                         suppressed,
@@ -825,7 +856,7 @@ impl SinkPump {
                 }
             }
             Notice::GaveUp { skipped } => {
-                lock(&self.stats).given_up = skipped;
+                self.stats.given_up(skipped);
                 if let Some(suppressed) = self.logs.gaps.admit(now) {
                     tracing::warn!(
                         skipped,

@@ -11,7 +11,7 @@ pub(super) const JS_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 /// The JetStream stream of the driver's reliable streams, with the copies and room the
 /// config asks for (an existing stream is changed to them). What a failure means (wait for a
 /// cluster's leaders up to `JS_READY_WAIT`, or give up saying what to change) is
-/// `ndd_link::nats::store::after_failure`'s.
+/// `crate::nats::store::after_failure`'s.
 pub(super) async fn ensure_jetstream(ctx: &Ctx, nats: &NatsConfig) -> Result<jetstream::Context> {
     let js = jetstream::new(ctx.client.clone());
     let name = ctx.subjects.jetstream();
@@ -65,10 +65,10 @@ pub(super) async fn ensure_jetstream(ctx: &Ctx, nats: &NatsConfig) -> Result<jet
         };
         // A cluster electing its leaders is waited out; anything else does not fix itself.
         let waited_out = Instant::now() >= give_up;
-        match ndd_link::nats::store::after_failure(&e, nats.replicas, nats.store_mib, waited_out) {
-            ndd_link::nats::store::Attempt::Again => {}
-            ndd_link::nats::store::Attempt::GiveUp(hint) => {
-                return Err(anyhow!("JetStream stream {name}: {e} ({hint})"))
+        match crate::nats::store::after_failure(&e, nats.replicas, nats.store_mib, waited_out) {
+            crate::nats::store::Attempt::Again => {}
+            crate::nats::store::Attempt::GiveUp(hint) => {
+                return Err(fail!("JetStream stream {name}: {e} ({hint})"))
             }
         }
         tracing::debug!(stream = %name, error = %e, "JetStream not ready yet");
@@ -85,24 +85,24 @@ pub(super) async fn stored_up_to(
     let stream = js
         .get_stream(&name)
         .await
-        .map_err(|e| anyhow!("JetStream stream {name}: {e}"))?;
+        .map_err(|e| fail!("JetStream stream {name}: {e}"))?;
     let last = stream
         .get_info()
         .await
-        .map_err(|e| anyhow!("JetStream stream {name}: {e}"))?
+        .map_err(|e| fail!("JetStream stream {name}: {e}"))?
         .state
         .last_sequence;
     Ok((stream, last))
 }
 
 /// The runs the device's run-mark subjects in `stream` name. At most
-/// [`MARK_SUBJECTS`](ndd_link::nats::follow::MARK_SUBJECTS) are listed: more is an error (anyone
+/// [`MARK_SUBJECTS`](crate::nats::follow::MARK_SUBJECTS) are listed: more is an error (anyone
 /// who may publish on the server can make them; listing them all would not end).
 pub(super) async fn mark_runs(
     stream: &jetstream::stream::Stream,
     subjects: &Subjects,
 ) -> Result<Vec<u64>, String> {
-    use ndd_link::nats::follow::MARK_SUBJECTS;
+    use crate::nats::follow::MARK_SUBJECTS;
     let mut listed = stream
         .info_with_subjects(subjects.run_marks())
         .await
@@ -123,10 +123,10 @@ pub(super) async fn mark_runs(
 /// says so, the server's words escaped, and gives `None`; or, given up, the error to fail
 /// with, saying how long `tried` (what, for how long) tried an error that passes by itself.
 pub(super) fn again_or_given_up(
-    e: anyhow::Error,
+    e: DriveError,
     wait: Option<Duration>,
     tried: Option<(&str, Duration)>,
-) -> Option<anyhow::Error> {
+) -> Option<DriveError> {
     match (wait, tried) {
         (Some(wait), _) => {
             tracing::warn!(

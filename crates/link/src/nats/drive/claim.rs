@@ -18,8 +18,8 @@ pub(super) fn ready_message(key: &GroupKey, beat: &Ready) -> Result<Bytes> {
     seal.handle_frame(Instant::now(), Frame::new(meta, &beat.emit()), &mut out)?;
     out.take_frames()
         .pop()
-        .map(|f| ndd_link::nats::outbox::record(f, key.run, 0))
-        .ok_or_else(|| anyhow!("encrypt made no frame"))
+        .map(|f| crate::nats::outbox::record(f, key.run, 0))
+        .ok_or_else(|| fail!("encrypt made no frame"))
 }
 
 /// Makes sure no other device side serves the driver on this server, then answers for this
@@ -27,8 +27,8 @@ pub(super) fn ready_message(key: &GroupKey, beat: &Ready) -> Result<Bytes> {
 /// publish on its subjects: every app side would get two interleaved runs (found by hand: a
 /// device side started twice went unnoticed, and the app sides' pairs restarted at every
 /// frame). The rules (signed answers only, every answer read, 5 s for one told to stop) are
-/// [`ndd_link::nats::claim::Claim`]'s; this drives it on the client. Gives the answering, a
-/// service of the side ([`Tasks::service`]: if its subscription ends, the side fails rather
+/// [`crate::nats::claim::Claim`]'s; this drives it on the client. Gives the answering, a
+/// service of the side ([`Run::service`]: if its subscription ends, the side fails rather
 /// than let a second device side in without a word).
 pub(super) async fn claim_device(
     ctx: &Ctx,
@@ -37,7 +37,7 @@ pub(super) async fn claim_device(
     local: &LocalIdentity,
     home: &std::path::Path,
 ) -> Result<impl std::future::Future<Output = Result<()>> + Send + 'static> {
-    use ndd_link::nats::claim::{answer_body, claim_label, Claim, Step, QUESTION_LEN};
+    use crate::nats::claim::{answer_body, claim_label, Claim, Step, QUESTION_LEN};
     let subject = ctx.subjects.device();
     let label = claim_label(&ctx.subjects);
     let mut ignored = ndd_core::RateLimit::with_burst(Duration::from_secs(10), 1);
@@ -61,7 +61,7 @@ pub(super) async fn claim_device(
                 ctx.client
                     .publish_with_reply(subject.clone(), inbox, Bytes::copy_from_slice(&q))
                     .await
-                    .map_err(|e| anyhow!("cannot ask on {subject}: {e}"))?;
+                    .map_err(|e| fail!("cannot ask on {subject}: {e}"))?;
                 let _ = ctx.client.flush().await;
             }
             Step::Wait(until) => {
@@ -115,7 +115,7 @@ pub(super) async fn claim_device(
     // second.
     local
         .sign_note(&label, me.as_bytes())
-        .map_err(|e| anyhow!("cannot sign this side's claim on {subject}: {e}"))?;
+        .map_err(|e| fail!("cannot sign this side's claim on {subject}: {e}"))?;
     let local = local.clone();
     Ok(async move {
         let mut room = ndd_core::RateLimit::with_burst(Duration::from_secs(1), 50);
@@ -143,7 +143,7 @@ pub(super) fn hostname() -> String {
 }
 
 /// Hears the app sides' READY heartbeats (how many are there, for `min_app_sides` and the
-/// split slots): a service of the side ([`Tasks::service`]).
+/// split slots): a service of the side ([`Run::service`]).
 pub(super) async fn serve_ready(
     ctx: &Ctx,
     mut key: watch::Receiver<GroupKey>,

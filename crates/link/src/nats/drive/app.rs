@@ -7,12 +7,12 @@ use super::*;
 pub(super) async fn start(
     s: &Start<'_>,
     ctx: &Ctx,
-    t: &mut Tasks,
+    t: &mut (dyn Run + Send),
     stop: &mut watch::Receiver<bool>,
 ) -> Result<PeerView> {
-    let (cfg, opts, side, quiet) = (s.cfg, s.opts, ctx.side, ctx.quiet);
-    let (plans, local) = (s.plans, s.local);
-    let hello = OwnedMessage::Hello(cfg.hello(side))
+    let (setup, side, quiet) = (s.setup, ctx.side, ctx.quiet);
+    let (plans, local) = (&setup.plans, s.local);
+    let hello = OwnedMessage::Hello(setup.hello.clone())
         .as_message()
         .emit_to_vec()
         .context("encoding HELLO")?;
@@ -22,7 +22,7 @@ pub(super) async fn start(
         None
     };
     let (admission, device, start) = tokio::select! {
-        a = join(ctx, local, &hello, opts, cfg, js.as_ref()) => a?,
+        a = join(ctx, local, &hello, setup, js.as_ref()) => a?,
         _ = stop.changed() => bail!("stopped before the device side admitted this side"),
     };
     if !quiet {
@@ -41,36 +41,24 @@ pub(super) async fn start(
         ctx: ctx.clone(),
         local: local.clone(),
         hello: hello.clone(),
-        home: opts.home.clone(),
-        per_try: Duration::from_millis(cfg.link.handshake_timeout_ms),
+        home: setup.home.clone(),
+        per_try: setup.timing.handshake,
         key: key_tx,
         follower: Follower::new(&ctx.subjects, admission.keys(), admission.slot),
     };
     let notices = follower.subscribe().await?;
-    t.service("key follower", async move {
-        follower.serve(notices, asks).await
-    });
+    t.service(
+        "key follower",
+        Box::pin(async move { follower.serve(notices, asks).await }),
+    );
     for p in plans {
-        t.endpoints.extend(
-            spawn_stream(
-                cfg,
-                ctx,
-                p,
-                &key,
-                Some(&refresh),
-                js.clone(),
-                Some((&admission, me.as_str(), start)),
-                opts.once,
-                s.finish,
-                s.stats,
-                &mut t.set,
-            )
-            .await?,
-        );
+        let app = Some((&admission, me.as_str(), start));
+        let half = stream_half(s, ctx, p, &key, Some(&refresh), js.clone(), app).await?;
+        t.stream(half)?;
     }
     // Every subscription is in place at the server: tell the device, and keep telling
     // it (a device that restarts learns who is there).
-    ctx.client.flush().await.map_err(|e| anyhow!("NATS: {e}"))?;
+    ctx.client.flush().await.map_err(|e| fail!("NATS: {e}"))?;
     // This process's beats: numbered from 0 under its start time (a beat played again by
     // someone else says nothing: `Admitter::handle_ready`).
     let mut beat = Ready {
@@ -82,20 +70,23 @@ pub(super) async fn start(
     ctx.client
         .publish(ctx.subjects.ready(), ready)
         .await
-        .map_err(|e| anyhow!("NATS: {e}"))?;
+        .map_err(|e| fail!("NATS: {e}"))?;
     let (c, subject) = (ctx.client.clone(), ctx.subjects.ready());
-    let every = Duration::from_millis(cfg.link.ping_interval_ms.max(100));
-    t.service("ready heartbeat", async move {
-        let mut tick = tokio::time::interval(every);
-        tick.tick().await;
-        loop {
+    let every = setup.timing.ping_interval.max(Duration::from_millis(100));
+    t.service(
+        "ready heartbeat",
+        Box::pin(async move {
+            let mut tick = tokio::time::interval(every);
             tick.tick().await;
-            // Sealed under the key as it stands (the device may have rotated it).
-            beat.count += 1;
-            let ready = ready_message(&key.borrow(), &beat)?;
-            let _ = c.publish(subject.clone(), ready).await;
-        }
-    });
+            loop {
+                tick.tick().await;
+                // Sealed under the key as it stands (the device may have rotated it).
+                beat.count += 1;
+                let ready = ready_message(&key.borrow(), &beat)?;
+                let _ = c.publish(subject.clone(), ready).await;
+            }
+        }),
+    );
     Ok(PeerView {
         name: device,
         admitter: None,

@@ -1,9 +1,9 @@
-//! Device side: the group key's keeper ([`ndd_link::nats::rotate::Keeper`], the rules,
+//! Device side: the group key's keeper ([`crate::nats::rotate::Keeper`], the rules,
 //! sans-IO) driven on the files, the streams' keys, the rotation's gate and the client.
 
 use super::*;
-pub(super) use ndd_link::nats::rotate::Keeper;
-use ndd_link::nats::rotate::{Action as KeeperAction, Gate, GATE_WAIT};
+pub(super) use crate::nats::rotate::Keeper;
+use crate::nats::rotate::{Action as KeeperAction, Gate, GATE_WAIT};
 
 /// The device side's group key and who holds it. When a holder is no longer in
 /// `known_peers` (`ndd untrust`), the key is rotated: a new one is drawn and written, every
@@ -79,7 +79,7 @@ impl KeyKeeper {
                         tracing::warn!(
                             side = "device",
                             "cannot check who holds the group key: {}{more}",
-                            crate::logfmt::error_text(&e)
+                            ndd_wire::text::terminal_safe(&e.to_string())
                         );
                     }
                 }
