@@ -528,14 +528,29 @@ pub fn main() {
     let code = match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("ndd: error: {}", logfmt::error_text(&e));
-            1
+            let said = logfmt::error_text(&e);
+            eprintln!("ndd: error: {said}");
+            error_code(&said)
         }
     };
     // Virtual sound devices an endpoint thread still holds (one recording as the side ended)
     // are unloaded, or kept for `keep_s`, before the process goes.
     ndd_endpoint::audio::settle_modules();
     std::process::exit(code);
+}
+
+/// Exit code 4: the person at the desktop declined a portal's dialog (a service that starts
+/// the side again would only ask again: `RestartPreventExitStatus=4` in ndd-session@); 1:
+/// any other error.
+pub const EXIT_DECLINED: i32 = 4;
+
+/// The exit code of a run that failed saying `said`.
+fn error_code(said: &str) -> i32 {
+    if said.contains(ndd_endpoint::DECLINED_AT_THE_DESKTOP) {
+        EXIT_DECLINED
+    } else {
+        1
+    }
 }
 
 fn init_tracing(verbose: u8) {
@@ -1762,6 +1777,23 @@ fn status_cmd(watch: bool, json: bool) -> Result<i32> {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    /// A dialog declined at the desktop ends the run with the code the desktop session's unit
+    /// does not restart on; any other error with 1.
+    #[test]
+    fn a_declined_dialog_exits_with_the_code_the_session_unit_does_not_restart_on() {
+        let unit = include_str!("../../../packaging/user/ndd-session@.service");
+        assert!(
+            unit.contains(&format!("\nRestartPreventExitStatus={EXIT_DECLINED}\n")),
+            "{unit}"
+        );
+        let said = format!(
+            "stream \"screen\": source portal-screen failed: SelectSources: {}",
+            ndd_endpoint::DECLINED_AT_THE_DESKTOP
+        );
+        assert_eq!(error_code(&said), EXIT_DECLINED);
+        assert_eq!(error_code("cannot connect to 10.0.0.2:7000: refused"), 1);
+    }
 
     #[test]
     fn cli_definition_is_consistent() {

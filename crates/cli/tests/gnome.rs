@@ -1005,7 +1005,9 @@ fn focused_wev(mutter: &Mutter) -> (Killed, std::sync::Arc<std::sync::Mutex<Stri
 /// (a click on the monitor, a click on Share); the monitor's picture arrives pixel-identical
 /// and the portal's restore token is kept. Then the app side is started again and nobody
 /// clicks: the monitor arrives all the same (the dialog would wait for 300 s). Started a third
-/// time without the token file, nothing arrives while nobody answers the dialog that is back.
+/// time without the token file, nothing arrives while nobody answers the dialog that is back;
+/// the person then declines it (Escape): the app side ends saying so, with exit code 4 (the
+/// one `ndd-session@` does not restart on).
 #[test]
 fn a_portal_screen_is_granted_once_and_then_starts_unattended() {
     if let Some(m) = missing(&[
@@ -1136,7 +1138,19 @@ fn a_portal_screen_is_granted_once_and_then_starts_unattended() {
         got.len() != sw * sh * 4 || find(&got, sw, &bars, 200, 150).is_err(),
         "the monitor came without the token, with nobody answering the dialog"
     );
-    app.kill();
+    // The person declines: a click on the dialog's title, then Escape (after a Shift: the
+    // session's first key comes as the keyboard arrives, which GTK does not take as a press).
+    let keys = [
+        (0xffe1, true),
+        (0xffe1, false),
+        (0xff1b, true),
+        (0xff1b, false),
+    ];
+    pokes(&mutter, &[(400.0, 172.0)], &keys).expect("Escape on the dialog");
+    let (status, _, said) = app.finish();
+    assert_eq!(status.code(), Some(4), "{said}");
+    assert!(said.contains("declined at the desktop"), "{said}");
+    assert!(!std::fs::exists(&token).unwrap(), "no token kept");
     dev.kill();
 }
 

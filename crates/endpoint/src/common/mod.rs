@@ -35,6 +35,11 @@ pub mod report;
 pub(crate) mod wayland;
 pub(crate) mod x11;
 
+/// What a desktop's portal request ends with when the person at the desktop declines it
+/// (cancels the dialog): a final answer, unlike a portal that fails. The binary exits with a
+/// code of its own on it, so a service does not ask again and again.
+pub const DECLINED_AT_THE_DESKTOP: &str = "declined at the desktop";
+
 /// `name` in ndd's state directory: `$XDG_STATE_HOME/ndd`, else `~/.local/state/ndd` (`None`:
 /// neither variable set).
 pub fn state_file(name: &str) -> Option<std::path::PathBuf> {

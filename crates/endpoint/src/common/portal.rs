@@ -143,7 +143,7 @@ pub(crate) fn request<A: dbus::arg::AppendAll>(
     let r = r?;
     match r.code {
         0 => Ok(r),
-        1 => Err(format!("{method}: declined at the desktop")),
+        1 => Err(format!("{method}: {}", super::DECLINED_AT_THE_DESKTOP)),
         n => Err(format!("{method}: the portal refused it (response {n})")),
     }
 }
