@@ -1788,6 +1788,26 @@ fn a_second_device_side_on_the_same_driver_is_refused() {
     });
 }
 
+/// An app side whose device side never comes ends at its `--duration`, saying so, as a direct
+/// link's side with no peer does (it waited for good, found by hand).
+#[test]
+fn an_app_side_with_no_device_side_ends_at_its_duration() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-no-device");
+    let nats = Nats::start("no-device", &[]);
+    let (_, apps) = homes_n(&dir.0, 1);
+    let cfg = ticker(&dir.0, "alone", &nats.url(), 0);
+    // (Bounded: a side that does not end fails the test with what it said.)
+    let (status, _, err) = side(&cfg, "app", &apps[0], &["--duration", "2"]).finish();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("no device side admitted this side within --duration"),
+        "{err}"
+    );
+}
+
 /// A device side that dies and comes back: an app side's pairs start afresh with the new run
 /// (an `image` inverse would otherwise refuse its frames: `credit number did not increase`),
 /// and the pictures go on, readable, numbered from the new run's start.

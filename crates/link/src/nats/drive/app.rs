@@ -24,6 +24,9 @@ pub(super) async fn start(
     let (admission, device, start) = tokio::select! {
         a = join(ctx, local, &hello, setup, js.as_ref()) => a?,
         _ = stop.changed() => bail!("stopped before the device side admitted this side"),
+        // (As a direct link's side with no peer: before, the side waited past its
+        // `--duration` for good, found by hand on two network namespaces.)
+        _ = sleep_until_opt(setup.deadline) => bail!("no device side admitted this side within --duration"),
     };
     if !quiet {
         let slot = admission
