@@ -1808,6 +1808,28 @@ fn an_app_side_with_no_device_side_ends_at_its_duration() {
     );
 }
 
+/// A side whose server went away stops when told (SIGTERM), saying what may not have gone;
+/// before, its last flush waited for the server to come back, for good.
+#[test]
+fn a_side_whose_server_is_gone_stops_when_told() {
+    if !nats_or_skip() {
+        return;
+    }
+    let dir = Dir::new("nats-server-gone");
+    let mut nats = Nats::start("server-gone", &[]);
+    let (dev, _) = homes_n(&dir.0, 1);
+    let cfg = ticker(&dir.0, "gone", &nats.url(), 0);
+    let device = side(&cfg, "device", &dev, &[]);
+    device.wait_says("serving app sides through NATS", &[]);
+    nats.kill();
+    device.wait_says("lost the NATS server", &[]);
+    device.terminate();
+    // (Bounded: a side that does not end fails the test with what it said.)
+    let (status, _, err) = device.finish();
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(err.contains("the NATS server is away"), "{err}");
+}
+
 /// A device side that dies and comes back: an app side's pairs start afresh with the new run
 /// (an `image` inverse would otherwise refuse its frames: `credit number did not increase`),
 /// and the pictures go on, readable, numbered from the new run's start.

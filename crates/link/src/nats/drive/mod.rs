@@ -327,9 +327,16 @@ impl Connection {
             .saturating_sub(1) as usize
     }
 
-    /// Hands the server what the client holds.
+    /// Hands the server what the client holds, waiting at most 2 s: the client waits for a
+    /// server that is away until it is back, and a side told to stop then never stopped (found
+    /// by hand: SIGTERM did nothing). Says so when it could not.
     pub async fn flush(&self) {
-        let _ = self.client.flush().await;
+        let flushed = tokio::time::timeout(Duration::from_secs(2), self.client.flush()).await;
+        if !matches!(flushed, Ok(Ok(()))) {
+            tracing::warn!(
+                "the NATS server is away: what this side last sent may not have reached it"
+            );
+        }
     }
 
     /// Closes the connection for every clone (no reconnect attempts after this side ended).
