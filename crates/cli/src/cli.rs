@@ -528,9 +528,8 @@ pub fn main() {
     let code = match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            let said = logfmt::error_text(&e);
-            eprintln!("ndd: error: {said}");
-            error_code(&said)
+            eprintln!("ndd: error: {}", logfmt::error_text(&e));
+            error_code(&e)
         }
     };
     // Virtual sound devices an endpoint thread still holds (one recording as the side ended)
@@ -544,9 +543,18 @@ pub fn main() {
 /// any other error.
 pub const EXIT_DECLINED: i32 = 4;
 
-/// The exit code of a run that failed saying `said`.
-fn error_code(said: &str) -> i32 {
-    if said.contains(ndd_endpoint::DECLINED_AT_THE_DESKTOP) {
+/// The exit code of a run that failed with `e`: [`EXIT_DECLINED`] when one of this side's
+/// own endpoints was declined at the desktop (not when a peer's words say so: a peer ending
+/// the session for it is no reason to stay stopped), else 1.
+fn error_code(e: &anyhow::Error) -> i32 {
+    let declined = e.chain().any(|c| {
+        c.downcast_ref::<ndd_endpoint::EndpointError>()
+            .is_some_and(|x| {
+                x.to_string()
+                    .contains(ndd_endpoint::DECLINED_AT_THE_DESKTOP)
+            })
+    });
+    if declined {
         EXIT_DECLINED
     } else {
         1
@@ -1787,12 +1795,24 @@ mod tests {
             unit.contains(&format!("\nRestartPreventExitStatus={EXIT_DECLINED}\n")),
             "{unit}"
         );
-        let said = format!(
-            "stream \"screen\": source portal-screen failed: SelectSources: {}",
+        // This side's endpoint, as a source's failure reaches the side.
+        let mine = anyhow::Error::new(ndd_endpoint::EndpointError::Unavailable {
+            endpoint: "portal-screen",
+            what: format!("Start: {}", ndd_endpoint::DECLINED_AT_THE_DESKTOP),
+            hint: "run it again to be asked again".into(),
+        })
+        .context("stream \"screen\": source portal-screen failed");
+        assert_eq!(error_code(&mine), EXIT_DECLINED);
+        // The peer's words (its CLOSE reason) say the same: not this side's refusal.
+        let theirs = anyhow::anyhow!(
+            "the peer closed the session (internal error): stream \"screen\": source portal-screen failed: portal-screen: Start: {}",
             ndd_endpoint::DECLINED_AT_THE_DESKTOP
         );
-        assert_eq!(error_code(&said), EXIT_DECLINED);
-        assert_eq!(error_code("cannot connect to 10.0.0.2:7000: refused"), 1);
+        assert_eq!(error_code(&theirs), 1);
+        assert_eq!(
+            error_code(&anyhow::anyhow!("cannot connect to 10.0.0.2:7000: refused")),
+            1
+        );
     }
 
     #[test]

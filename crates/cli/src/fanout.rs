@@ -162,8 +162,25 @@ pub async fn run_side(
             ))
         })
         .flatten();
-    let started = drive::start(&setup, &conn, &local, &finish_rx, &mut t, &mut stop).await;
-    let peer = started.map_err(said)?;
+    // The start's every step ends at a stop (a JetStream step tried again while the server is
+    // away went on for tens of seconds, past systemd's TimeoutStopSec: found by a review).
+    let mut told = stop.clone();
+    let started = tokio::select! {
+        // (The start first: where it waits on the stop itself, it says what it was doing.)
+        biased;
+        r = drive::start(&setup, &conn, &local, &finish_rx, &mut t, &mut told) => r.map_err(said),
+        _ = stop.changed() => Err(anyhow!("stopped while the side started")),
+    };
+    let peer = match started {
+        Ok(p) => p,
+        Err(e) => {
+            // (Its streams' tasks go with the set; their endpoints are stopped here.)
+            for e in &t.endpoints {
+                e.abort();
+            }
+            return Err(e);
+        }
+    };
     // Live lines name an app side's device as `known_peers` does, as a listener serving
     // several peers names each (`[app@board]`).
     let label = match (&opts.label, side) {

@@ -189,7 +189,13 @@ impl std::fmt::Display for SideFailed {
     }
 }
 
-impl std::error::Error for SideFailed {}
+impl std::error::Error for SideFailed {
+    /// What went wrong and its causes, for whoever looks down the chain (the exit code looks
+    /// for an endpoint's refusal at the desktop there).
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self.error.as_ref())
+    }
+}
 
 /// The drop counts of every UDP connection a side had, added (`None` if it had none).
 fn drop_counts(links: &[Arc<LinkDrops>]) -> Option<DropCounts> {

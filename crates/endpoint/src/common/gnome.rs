@@ -378,23 +378,29 @@ impl Reopens {
 }
 
 /// What `open` makes, asked for again for [`REOPEN_WAIT`] after mutter (the portal) closed
-/// the last one (`what` names it in the log); `None` if none came.
+/// the last one (`what` names it in the log); `Err(None)` if none came, `Err(Some(e))` if the
+/// person at the desktop declined its dialog (a kept grant the portal no longer honours):
+/// final, never asked again.
 pub(crate) fn reopen<T>(
     endpoint: &'static str,
     what: &str,
     open: &dyn Fn() -> Result<T, EndpointError>,
-) -> Option<T> {
+) -> Result<T, Option<EndpointError>> {
     let t0 = std::time::Instant::now();
     loop {
         match open() {
-            Ok(s) => return Some(s),
+            Ok(s) => return Ok(s),
+            Err(e) if e.to_string().contains(super::DECLINED_AT_THE_DESKTOP) => {
+                tracing::warn!(endpoint, "{what} was not opened again: {e}");
+                return Err(Some(e));
+            }
             Err(e) if t0.elapsed() < REOPEN_WAIT => {
                 tracing::debug!(endpoint, "{what} did not open again yet: {e}");
                 std::thread::sleep(Duration::from_millis(500));
             }
             Err(e) => {
                 tracing::warn!(endpoint, "{what} did not open again: {e}");
-                return None;
+                return Err(None);
             }
         }
     }
@@ -403,6 +409,44 @@ pub(crate) fn reopen<T>(
 #[cfg(test)]
 mod reopen_tests {
     use super::*;
+
+    /// A dialog declined while a session opens again is final: said at once, never asked
+    /// again (before, it was asked again every 0.5 s for 10 s, then lost for "closed").
+    #[test]
+    fn a_reopen_declined_at_the_desktop_is_final() {
+        let asked = std::cell::Cell::new(0);
+        let t0 = std::time::Instant::now();
+        let r = reopen("portal-screen", "the screen cast", &|| -> Result<(), _> {
+            asked.set(asked.get() + 1);
+            Err(EndpointError::Unavailable {
+                endpoint: "portal-screen",
+                what: format!("Start: {}", crate::common::DECLINED_AT_THE_DESKTOP),
+                hint: String::new(),
+            })
+        });
+        let e = r.expect_err("declined").expect("the refusal itself");
+        assert!(
+            e.to_string().contains("Start: declined at the desktop"),
+            "{e}"
+        );
+        assert_eq!(asked.get(), 1);
+        assert!(t0.elapsed() < Duration::from_millis(400));
+        // Anything else is asked again until `REOPEN_WAIT` passes.
+        let r = reopen("gnome-input", "the session", &|| -> Result<(), _> {
+            asked.set(asked.get() + 1);
+            if asked.get() < 3 {
+                Err(EndpointError::Unavailable {
+                    endpoint: "gnome-input",
+                    what: "Start: no such object".into(),
+                    hint: String::new(),
+                })
+            } else {
+                Ok(())
+            }
+        });
+        assert!(r.is_ok());
+        assert_eq!(asked.get(), 3);
+    }
 
     #[test]
     fn a_session_is_opened_again_five_times_a_minute_at_most() {

@@ -576,7 +576,12 @@ pub(super) fn run_gnome_screen(
             );
             // The old cast and its pipeline go first (one reader of the monitor at a time).
             drop(s);
-            s = reopen(endpoint, "the screen cast", open).ok_or_else(|| fatal(why.to_string()))?;
+            s = match reopen(endpoint, "the screen cast", open) {
+                Ok(s) => s,
+                // Declined at the desktop: said as such (the side ends with its own code).
+                Err(Some(declined)) => return Err(declined),
+                Err(None) => return Err(fatal(why.to_string())),
+            };
             // The other side gets the whole picture, of whatever size it now is.
             shown = None;
             pace.keyframe();

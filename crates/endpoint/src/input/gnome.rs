@@ -178,19 +178,20 @@ where
         })
     }
 
-    /// A new session in place of the closed one, or `None` (said why).
-    fn reopened(&mut self) -> Option<GnomeInput> {
+    /// A new session in place of the closed one, or `Err(None)` (said why), or the person's
+    /// refusal at the desktop ([`reopen`]).
+    fn reopened(&mut self) -> Result<GnomeInput, Option<EndpointError>> {
         let endpoint = self.g.endpoint;
         if !closed_by_reconfiguration(&self.g.conn, &self.g.reconfigured) {
-            return None;
+            return Err(None);
         }
         if !(self.reopenable)() {
             tracing::warn!(endpoint, "the remote-desktop session closed as the monitors were reconfigured; opening it again would ask at the desktop (no kept grant)");
-            return None;
+            return Err(None);
         }
         if let Err(too_many) = self.reopens.admit(std::time::Instant::now()) {
             tracing::warn!(endpoint, "the remote-desktop session closed {too_many}");
-            return None;
+            return Err(None);
         }
         tracing::info!(
             endpoint,
@@ -225,9 +226,13 @@ where
         if self.gave_up || !gone {
             return Err(e);
         }
-        let Some(mut g) = self.reopened() else {
-            self.gave_up = true;
-            return Err(e);
+        let mut g = match self.reopened() {
+            Ok(g) => g,
+            Err(declined) => {
+                self.gave_up = true;
+                // A refusal at the desktop is the error said (the side ends with its code).
+                return Err(declined.unwrap_or(e));
+            }
         };
         // The source's axis ranges and where its pointer was carry over; nothing typed now
         // is stale (no dialog was up).

@@ -61,7 +61,10 @@ pub(super) async fn start(
     }
     // Every subscription is in place at the server: tell the device, and keep telling
     // it (a device that restarts learns who is there).
-    ctx.client.flush().await.map_err(|e| fail!("NATS: {e}"))?;
+    // (Bounded: with the server away the beats say it again once it is back.)
+    if let Err(e) = flushed(&ctx.client).await {
+        tracing::debug!(side = "app", "before the first ready heartbeat: {e}");
+    }
     // This process's beats: numbered from 0 under its start time (a beat played again by
     // someone else says nothing: `Admitter::handle_ready`).
     let mut beat = Ready {

@@ -62,7 +62,7 @@ pub(super) async fn claim_device(
                     .publish_with_reply(subject.clone(), inbox, Bytes::copy_from_slice(&q))
                     .await
                     .map_err(|e| fail!("cannot ask on {subject}: {e}"))?;
-                let _ = ctx.client.flush().await;
+                let _ = flushed(&ctx.client).await;
             }
             Step::Wait(until) => {
                 let next = async {

@@ -147,11 +147,7 @@ pub(super) async fn start(
         expiry: setup.timing.handshake.max(Duration::from_secs(1)) * 2,
         slots: (slots > 0).then_some(held),
     };
-    let joins = host.serve(join_sub);
-    t.service(
-        "join service",
-        Box::pin(async move { joins.await.map_err(|e| fail!("join service: {e}"))? }),
-    );
+    t.service("join service", Box::pin(host.serve(join_sub)));
     // The keeper runs once the driver is claimed and joins are served: its notices send app
     // sides joining.
     let kctx = ctx.clone();

@@ -27,12 +27,11 @@ const JOIN_INITS_PER_S: u32 = 100;
 impl JoinService {
     /// Answers the joins that come on `sub` (the join subject, subscribed to before this
     /// side's run began: see [`super::device::start`]).
-    pub(super) fn serve(
-        mut self,
-        mut sub: async_nats::Subscriber,
-    ) -> tokio::task::JoinHandle<Result<()>> {
+    /// (The loop is the side's service itself: before, a task of its own, which went on
+    /// answering after the side stopped its services, found by a review.)
+    pub(super) async fn serve(mut self, mut sub: async_nats::Subscriber) -> Result<()> {
         let subject = self.ctx.subjects.join();
-        tokio::spawn(async move {
+        {
             let mut host = Host::new(self.expiry);
             let mut logs = ndd_core::RateLimit::with_burst(Duration::from_secs(1), 5);
             // Each INIT costs a key pair, an agreement and a signature, and anyone who may
@@ -81,7 +80,7 @@ impl JoinService {
                 }
             }
             Ok(())
-        })
+        }
     }
 
     /// The answer to the join message `msg`, taken at `now` with the keys as they stood

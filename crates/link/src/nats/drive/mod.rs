@@ -327,15 +327,10 @@ impl Connection {
             .saturating_sub(1) as usize
     }
 
-    /// Hands the server what the client holds, waiting at most 2 s: the client waits for a
-    /// server that is away until it is back, and a side told to stop then never stopped (found
-    /// by hand: SIGTERM did nothing). Says so when it could not.
+    /// Hands the server what the client holds ([`flushed`]), saying so when it could not.
     pub async fn flush(&self) {
-        let flushed = tokio::time::timeout(Duration::from_secs(2), self.client.flush()).await;
-        if !matches!(flushed, Ok(Ok(()))) {
-            tracing::warn!(
-                "the NATS server is away: what this side last sent may not have reached it"
-            );
+        if let Err(e) = flushed(&self.client).await {
+            tracing::warn!("what this side last sent may not have reached the NATS server: {e}");
         }
     }
 
@@ -382,6 +377,23 @@ pub async fn start(
     match setup.side {
         Side::Device => device::start(&s, &ctx, run, stop).await,
         Side::App => app::start(&s, &ctx, run, stop).await,
+    }
+}
+
+/// The longest a flush of the client is waited for.
+const FLUSH_WAIT: Duration = Duration::from_secs(2);
+
+/// Hands the server what `client` holds, waiting at most [`FLUSH_WAIT`]: the client waits for
+/// a server that is away until it is back, and a side told to stop then never stopped (found
+/// by hand: SIGTERM did nothing).
+async fn flushed(client: &async_nats::Client) -> Result<(), String> {
+    match tokio::time::timeout(FLUSH_WAIT, client.flush()).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(printable(&e.to_string(), MAX_REASON)),
+        Err(_) => Err(format!(
+            "the server did not take it within {} s (away or slow)",
+            FLUSH_WAIT.as_secs()
+        )),
     }
 }
 

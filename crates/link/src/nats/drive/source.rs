@@ -258,11 +258,10 @@ impl Publisher {
                     SourceIo::Flush => {
                         // Said, not hidden: an END the server may not have (a core NATS
                         // stream's app sides then end theirs only when they stop).
-                        if let Err(e) = self.ctx.client.flush().await {
+                        if let Err(e) = flushed(&self.ctx.client).await {
                             tracing::warn!(
                                 stream = %self.plan.name,
-                                "the END may not have reached the NATS server (flushing the client failed: {})",
-                                printable(&e.to_string(), MAX_REASON)
+                                "the END may not have reached the NATS server (flushing the client failed: {e})"
                             );
                         }
                         self.flow
