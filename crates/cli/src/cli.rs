@@ -538,21 +538,18 @@ pub fn main() {
     std::process::exit(code);
 }
 
-/// Exit code 4: the person at the desktop declined a portal's dialog (a service that starts
-/// the side again would only ask again: `RestartPreventExitStatus=4` in ndd-session@); 1:
-/// any other error.
+/// Exit code 4: the person at the desktop declined a portal's dialog or stopped a share there
+/// (a service that starts the side again would only ask again, or share again with the kept
+/// grant: `RestartPreventExitStatus=4` in ndd-session@); 1: any other error.
 pub const EXIT_DECLINED: i32 = 4;
 
 /// The exit code of a run that failed with `e`: [`EXIT_DECLINED`] when one of this side's
-/// own endpoints was declined at the desktop (not when a peer's words say so: a peer ending
+/// own endpoints was refused at the desktop (not when a peer's words say so: a peer ending
 /// the session for it is no reason to stay stopped), else 1.
 fn error_code(e: &anyhow::Error) -> i32 {
     let declined = e.chain().any(|c| {
         c.downcast_ref::<ndd_endpoint::EndpointError>()
-            .is_some_and(|x| {
-                x.to_string()
-                    .contains(ndd_endpoint::DECLINED_AT_THE_DESKTOP)
-            })
+            .is_some_and(|x| ndd_endpoint::refused_at_the_desktop(&x.to_string()))
     });
     if declined {
         EXIT_DECLINED
@@ -1803,6 +1800,16 @@ mod tests {
         })
         .context("stream \"screen\": source portal-screen failed");
         assert_eq!(error_code(&mine), EXIT_DECLINED);
+        // A share stopped at the desktop (GNOME's indicator) is as final.
+        let stopped = anyhow::Error::new(ndd_endpoint::EndpointError::Unavailable {
+            endpoint: "gnome-screen",
+            what: format!(
+                "mutter closed the screen cast: {}",
+                ndd_endpoint::STOPPED_AT_THE_DESKTOP
+            ),
+            hint: String::new(),
+        });
+        assert_eq!(error_code(&stopped), EXIT_DECLINED);
         // The peer's words (its CLOSE reason) say the same: not this side's refusal.
         let theirs = anyhow::anyhow!(
             "the peer closed the session (internal error): stream \"screen\": source portal-screen failed: portal-screen: Start: {}",

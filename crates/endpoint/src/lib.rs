@@ -70,7 +70,10 @@ pub use common::no_wayland::{portal_input_offers_eis, wayland_session};
 pub use common::report::{CheckReport, Offered, SinkReport, SinkTask, SourceReport, SourceTask};
 #[cfg(feature = "wayland")]
 pub use common::wayland::wayland_session;
-pub use common::{clock, delivered, demand, error, framing, report, DECLINED_AT_THE_DESKTOP};
+pub use common::{
+    clock, delivered, demand, error, framing, refused_at_the_desktop, report,
+    DECLINED_AT_THE_DESKTOP, STOPPED_AT_THE_DESKTOP,
+};
 pub use delivered::Delivered;
 pub use demand::Demand;
 pub use display::{

@@ -40,6 +40,17 @@ pub(crate) mod x11;
 /// code of its own on it, so a service does not ask again and again.
 pub const DECLINED_AT_THE_DESKTOP: &str = "declined at the desktop";
 
+/// What a share ends with when it was stopped at the desktop (GNOME's indicator, not a
+/// reconfiguration of the monitors): as final as a dialog declined. (Worded so that no hint
+/// of another failure says it: "… or the screen share was stopped at the desktop" is one.)
+pub const STOPPED_AT_THE_DESKTOP: &str = "stopped at the desktop (not by a change of monitors)";
+
+/// Whether `said` (an endpoint's error) is a person's answer at the desktop: a dialog
+/// declined or a share stopped there, which nothing may undo by starting again.
+pub fn refused_at_the_desktop(said: &str) -> bool {
+    said.contains(DECLINED_AT_THE_DESKTOP) || said.contains(STOPPED_AT_THE_DESKTOP)
+}
+
 /// `name` in ndd's state directory: `$XDG_STATE_HOME/ndd`, else `~/.local/state/ndd` (`None`:
 /// neither variable set).
 pub fn state_file(name: &str) -> Option<std::path::PathBuf> {

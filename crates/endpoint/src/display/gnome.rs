@@ -560,7 +560,8 @@ pub(super) fn run_gnome_screen(
             // who stopped the share at the desktop is not overridden, and a portal without a
             // kept grant would ask at the desktop again.
             if !closed_by_reconfiguration(&s.cast.conn, &s.cast.reconfigured) {
-                return Err(fatal(format!("{why} (stopped at the desktop?)")));
+                let stopped = crate::common::STOPPED_AT_THE_DESKTOP;
+                return Err(fatal(format!("{why}: {stopped}")));
             }
             if !reopenable() {
                 return Err(fatal(format!(

@@ -183,7 +183,15 @@ where
     fn reopened(&mut self) -> Result<GnomeInput, Option<EndpointError>> {
         let endpoint = self.g.endpoint;
         if !closed_by_reconfiguration(&self.g.conn, &self.g.reconfigured) {
-            return Err(None);
+            // The person stopped it at the desktop (or the session ended): final, as the
+            // screen cast's (a service starting the side again would take the kept grant).
+            let stopped = crate::common::STOPPED_AT_THE_DESKTOP;
+            return Err(Some(unavailable(
+                endpoint,
+                &self.g.bus,
+                format!("the remote-desktop session closed: {stopped}"),
+                "start the side again to be remote-controlled again",
+            )));
         }
         if !(self.reopenable)() {
             tracing::warn!(endpoint, "the remote-desktop session closed as the monitors were reconfigured; opening it again would ask at the desktop (no kept grant)");
