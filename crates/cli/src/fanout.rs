@@ -437,8 +437,21 @@ impl Tally for Tallied {
         s.wire_bytes += bytes;
     }
 
-    fn delivered(&self, len: usize, created_ns: u64) {
-        lock(&self.0).delivered(len, created_ns, wall_ns());
+    fn sent(&self, bytes: u64, stack: &Stack) {
+        let mut s = lock(&self.0);
+        s.wire_frames += 1;
+        s.wire_bytes += bytes;
+        if s.layers_due(Instant::now()) {
+            s.layers = stack.stats();
+        }
+    }
+
+    fn delivered(&self, len: usize, created_ns: u64, stack: &Stack) {
+        let mut s = lock(&self.0);
+        s.delivered(len, created_ns, wall_ns());
+        if s.layers_due(Instant::now()) {
+            s.layers = stack.stats();
+        }
     }
 
     fn dropped(&self, refused: u64, stale: u64, duplicates: u64) {
@@ -458,11 +471,8 @@ impl Tally for Tallied {
         lock(&self.0).given_up = skipped;
     }
 
-    fn layers(&self, stack: &Stack, now: bool) {
-        let mut s = lock(&self.0);
-        if now || s.layers_due(Instant::now()) {
-            s.layers = stack.stats();
-        }
+    fn layers(&self, stack: &Stack) {
+        lock(&self.0).layers = stack.stats();
     }
 }
 

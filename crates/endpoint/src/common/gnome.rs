@@ -415,7 +415,6 @@ mod reopen_tests {
     #[test]
     fn a_reopen_declined_at_the_desktop_is_final() {
         let asked = std::cell::Cell::new(0);
-        let t0 = std::time::Instant::now();
         let r = reopen("portal-screen", "the screen cast", &|| -> Result<(), _> {
             asked.set(asked.get() + 1);
             Err(EndpointError::Unavailable {
@@ -429,8 +428,7 @@ mod reopen_tests {
             e.to_string().contains("Start: declined at the desktop"),
             "{e}"
         );
-        assert_eq!(asked.get(), 1);
-        assert!(t0.elapsed() < Duration::from_millis(400));
+        assert_eq!(asked.get(), 1, "asked once, never again");
         // Anything else is asked again until `REOPEN_WAIT` passes.
         let r = reopen("gnome-input", "the session", &|| -> Result<(), _> {
             asked.set(asked.get() + 1);

@@ -31,56 +31,53 @@ impl JoinService {
     /// answering after the side stopped its services, found by a review.)
     pub(super) async fn serve(mut self, mut sub: async_nats::Subscriber) -> Result<()> {
         let subject = self.ctx.subjects.join();
-        {
-            let mut host = Host::new(self.expiry);
-            let mut logs = ndd_core::RateLimit::with_burst(Duration::from_secs(1), 5);
-            // Each INIT costs a key pair, an agreement and a signature, and anyone who may
-            // publish can send thousands: at most this many a second are answered (as the
-            // UDP link's 200); a FINISH needs an INIT answered before.
-            let mut inits =
-                ndd_core::RateLimit::with_burst(Duration::from_secs(1), JOIN_INITS_PER_S);
-            let mut flood = ndd_core::RateLimit::new(Duration::from_secs(10));
-            while let Some(m) = sub.next().await {
-                let Some(reply) = m.reply.clone() else {
-                    continue;
-                };
-                if crate::nats::join::message_type(&m.payload) == Some(1)
-                    && inits.admit(Instant::now()).is_none()
-                {
-                    if let Some(n) = flood.admit(Instant::now()) {
-                        tracing::warn!(side = "device", suppressed = n, "more than {JOIN_INITS_PER_S} join requests a second on {subject}: the rest are not answered");
-                    }
-                    continue;
+        let mut host = Host::new(self.expiry);
+        let mut logs = ndd_core::RateLimit::with_burst(Duration::from_secs(1), 5);
+        // Each INIT costs a key pair, an agreement and a signature, and anyone who may
+        // publish can send thousands: at most this many a second are answered (as the
+        // UDP link's 200); a FINISH needs an INIT answered before.
+        let mut inits = ndd_core::RateLimit::with_burst(Duration::from_secs(1), JOIN_INITS_PER_S);
+        let mut flood = ndd_core::RateLimit::new(Duration::from_secs(10));
+        while let Some(m) = sub.next().await {
+            let Some(reply) = m.reply.clone() else {
+                continue;
+            };
+            if crate::nats::join::message_type(&m.payload) == Some(1)
+                && inits.admit(Instant::now()).is_none()
+            {
+                if let Some(n) = flood.admit(Instant::now()) {
+                    tracing::warn!(side = "device", suppressed = n, "more than {JOIN_INITS_PER_S} join requests a second on {subject}: the rest are not answered");
                 }
-                // Mid-rotation: an app side learns the new key with where it began. The keys
-                // are taken here, before the app side is noted as a holder (`HandOut`).
-                let Ok(keys) = self
-                    .key
-                    .wait_for(|k| k.since != SINCE_PENDING)
-                    .await
-                    .map(|k| *k)
-                else {
-                    return Ok(());
-                };
-                let answer = self.answer(&mut host, &m.payload, keys, Instant::now());
-                match answer {
-                    Ok(a) => {
-                        let _ = self.ctx.client.publish(reply, a.into()).await;
-                    }
-                    Err(e) => {
-                        if let Some(n) = logs.admit(Instant::now()) {
-                            let more = if n > 0 {
-                                format!(" ({n} more like it not shown)")
-                            } else {
-                                String::new()
-                            };
-                            tracing::warn!(side = "device", "rejected a join request: {e}{more}");
-                        }
+                continue;
+            }
+            // Mid-rotation: an app side learns the new key with where it began. The keys
+            // are taken here, before the app side is noted as a holder (`HandOut`).
+            let Ok(keys) = self
+                .key
+                .wait_for(|k| k.since != SINCE_PENDING)
+                .await
+                .map(|k| *k)
+            else {
+                return Ok(());
+            };
+            let answer = self.answer(&mut host, &m.payload, keys, Instant::now());
+            match answer {
+                Ok(a) => {
+                    let _ = self.ctx.client.publish(reply, a.into()).await;
+                }
+                Err(e) => {
+                    if let Some(n) = logs.admit(Instant::now()) {
+                        let more = if n > 0 {
+                            format!(" ({n} more like it not shown)")
+                        } else {
+                            String::new()
+                        };
+                        tracing::warn!(side = "device", "rejected a join request: {e}{more}");
                     }
                 }
             }
-            Ok(())
         }
+        Ok(())
     }
 
     /// The answer to the join message `msg`, taken at `now` with the keys as they stood

@@ -219,10 +219,14 @@ pub type Task = std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> +
 pub trait Tally: Send + Sync + 'static {
     /// A frame of `len` bytes from the source endpoint.
     fn produced(&self, len: usize);
-    /// `frames` records of `bytes` sealed bytes to or from the server.
+    /// `frames` records of `bytes` sealed bytes from the server.
     fn wire(&self, frames: u64, bytes: u64);
-    /// A frame of `len` bytes handed to the sink, made at `created_ns` (wall clock).
-    fn delivered(&self, len: usize, created_ns: u64);
+    /// One record of `bytes` sealed bytes published from `stack` (its layers' counters taken
+    /// when due): one look at the stats per frame.
+    fn sent(&self, bytes: u64, stack: &Stack);
+    /// A frame of `len` bytes handed to the sink, made at `created_ns` (wall clock), from
+    /// `stack` (its layers' counters taken when due).
+    fn delivered(&self, len: usize, created_ns: u64, stack: &Stack);
     /// Dropped: `refused` records that did not open or were not this stream's, `stale` ones of
     /// an earlier device run, `duplicates` copies.
     fn dropped(&self, refused: u64, stale: u64, duplicates: u64);
@@ -231,8 +235,8 @@ pub trait Tally: Send + Sync + 'static {
     fn sending(&self, overflow: u64, retransmits: u64);
     /// Stored frames that never came, given up so far.
     fn given_up(&self, skipped: u64);
-    /// The stack's per-layer counters, when due (or `now`).
-    fn layers(&self, stack: &Stack, now: bool);
+    /// The stack's per-layer counters, as the stream ends.
+    fn layers(&self, stack: &Stack);
 }
 
 /// A stream's NATS half, for the binary to join to its endpoint and stack

@@ -600,7 +600,7 @@ async fn pump_sink(
             &done,
         )
         .await;
-    pump.stats.layers(flow.stack(), true);
+    pump.stats.layers(flow.stack());
     r
 }
 
@@ -772,8 +772,8 @@ impl SinkPump {
     }
 
     fn delivered(&self, f: &Frame, flow: &Flow) {
-        self.stats.delivered(f.len(), f.meta.timestamp_ns);
-        self.stats.layers(flow.stack(), false);
+        self.stats
+            .delivered(f.len(), f.meta.timestamp_ns, flow.stack());
     }
 
     /// The receiver's and the flow's counters into the stream's stats.

@@ -471,7 +471,7 @@ impl SourceHalf {
         tally: Arc<dyn Tally>,
     ) -> Result<()> {
         let r = pump_source(frames, self.finish, stack, self.keys, self.out, &*tally).await;
-        tally.layers(stack, true);
+        tally.layers(stack);
         r
     }
 }
@@ -578,8 +578,7 @@ pub(super) async fn drain(
             (f, None)
         };
         let len = out.publish(f, route, keep).await?;
-        stats.wire(1, len as u64);
-        stats.layers(stack, false);
+        stats.sent(len as u64, stack);
         out.report(stats);
     }
 }
